@@ -1,0 +1,48 @@
+# make demo / make test work on a fresh machine with Python 3.11 and make:
+# both create .venv and install what they need first.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# The editable install is a link tree (editable_mode=strict, so mypy sees
+# fencekeeper.kernel exactly as installed); a new or removed module needs a
+# reinstall, so the stamp depends on the list of package files.
+PACKAGE_FILES := $(shell find kernel adapters -name '*.py' -o -name py.typed | sort)
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit contracts bench specs docs clean
+
+demo: $(STAMP)
+	$(BIN)/fencekeeper demo
+
+test: $(STAMP)
+	$(BIN)/ruff check kernel adapters tests bench
+	$(BIN)/mypy kernel adapters
+	$(BIN)/python -m pytest -q
+
+
+contracts: $(STAMP)
+	$(BIN)/python -m tests.contracts.run_crosshair
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.kernel_steps
+
+# Regenerate specs/machines/*.toml and docs/machines.md from the kernel.
+specs: $(STAMP)
+	$(BIN)/fencekeeper export-specs specs/machines
+	$(BIN)/fencekeeper diagram --all-docs > docs/machines.md
+
+$(STAMP): pyproject.toml constraints.txt $(VENV)/.files
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]' --config-settings editable_mode=strict
+	touch $@
+
+$(VENV)/.files: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(PACKAGE_FILES)' | cmp -s - $@ || echo '$(PACKAGE_FILES)' > $@
+
+FORCE:
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""fencekeeper.adapters: everything that touches the world (files, stores, the command line)."""

@@ -1,0 +1,52 @@
+"""fencekeeper.kernel: the pure core (no I/O, no clock, no randomness)."""
+
+from .errors import IllegalTransition, InvalidSpec, KernelError
+from .machines import (
+    ATTEMPT,
+    DISPATCH,
+    EXECUTION,
+    MACHINES,
+    NODE,
+    OPERATION,
+    AttemptEvent,
+    AttemptState,
+    DispatchEvent,
+    DispatchState,
+    ExecutionEvent,
+    ExecutionState,
+    Machine,
+    NodeEvent,
+    NodeState,
+    OperationEvent,
+    OperationState,
+    step,
+)
+from .spec import MachineSpec, TransitionSpec, parse_machine_spec, render_machine_spec
+
+__all__ = [
+    "ATTEMPT",
+    "DISPATCH",
+    "EXECUTION",
+    "MACHINES",
+    "NODE",
+    "OPERATION",
+    "AttemptEvent",
+    "AttemptState",
+    "DispatchEvent",
+    "DispatchState",
+    "ExecutionEvent",
+    "ExecutionState",
+    "IllegalTransition",
+    "InvalidSpec",
+    "KernelError",
+    "Machine",
+    "MachineSpec",
+    "NodeEvent",
+    "NodeState",
+    "OperationEvent",
+    "OperationState",
+    "TransitionSpec",
+    "parse_machine_spec",
+    "render_machine_spec",
+    "step",
+]
