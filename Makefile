@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(BIN)/ruff check kernel adapters tests bench
 	$(BIN)/mypy kernel adapters
 	$(BIN)/python -m pytest -q
-
+	$(MAKE) --no-print-directory contracts
 
 contracts: $(STAMP)
 	$(BIN)/python -m tests.contracts.run_crosshair
@@ -30,7 +30,7 @@ bench: $(STAMP)
 # Regenerate specs/machines/*.toml and docs/machines.md from the kernel.
 specs: $(STAMP)
 	$(BIN)/fencekeeper export-specs specs/machines
-	$(BIN)/fencekeeper diagram --all-docs > docs/machines.md
+	$(BIN)/fencekeeper docs > docs/machines.md.tmp && mv docs/machines.md.tmp docs/machines.md
 
 $(STAMP): pyproject.toml constraints.txt $(VENV)/.files
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

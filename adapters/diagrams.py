@@ -5,9 +5,11 @@ Rules of this module:
 - Every diagram is drawn by ``transitions``' GraphMachine from a
   :class:`~fencekeeper.kernel.spec.MachineSpec`; nothing here knows a state
   name.  A transition that is not in a spec cannot appear in a diagram.
-- GraphMachine draws one initial state and no final ones; the few lines it
-  cannot express (further initial states, terminal markers) are appended
-  from the same spec, so the picture stays complete.
+- GraphMachine draws one initial state and no final ones, merges parallel
+  transitions into one edge and paints the initial state as "current".  The
+  mermaid edges are therefore written one per transition from the same spec,
+  the extra initial and terminal markers appended, and the "current" paint
+  removed, so the picture is complete and neutral.
 - Output is deterministic: ``docs/machines.md`` is compared with
   :func:`machines_markdown` byte for byte by the test suite.
 """
@@ -49,10 +51,21 @@ def render_diagram(spec: MachineSpec, fmt: DiagramFormat = "mermaid") -> str:
     """The diagram of ``spec`` as mermaid ``stateDiagram-v2`` or graphviz dot source."""
     if fmt == "mermaid":
         text: str = _graph_machine(spec, "mermaid").get_graph().draw(None)
-        extra = [f"  [*] --> {s}" for s in spec.initial[1:]]
-        extra += [f"  {s} --> [*]" for s in spec.terminal]
-        return text.rstrip("\n") + "\n" + "".join(line + "\n" for line in extra)
+        # Keep GraphMachine's header, classes and state declarations; drop its
+        # (merged) edges and write one edge per transition instead.
+        kept = [
+            line.replace("s_active", "s_default")
+            for line in text.rstrip("\n").split("\n")
+            if " --> " not in line
+        ]
+        while kept and not kept[-1].strip():
+            kept.pop()
+        edges = [f"  {t.source} --> {t.target}: {t.event}" for t in spec.transitions]
+        edges += [f"  [*] --> {s}" for s in spec.initial]
+        edges += [f"  {s} --> [*]" for s in spec.terminal]
+        return "\n".join([*kept, "", *edges]) + "\n"
     graph = _graph_machine(spec, "graphviz").get_graph()
+    graph.node(spec.initial[0], color="black", fillcolor="white")
     for state in spec.initial[1:]:
         graph.node(state, peripheries="2")
     for state in spec.terminal:

@@ -39,6 +39,18 @@ SEED_000 = "000_b48b716f7ed7660f.txt"
 SEED_001 = "001_24a1fd5f517dd332.txt"
 SEED_002 = "002_a0269be443952cd4.txt"
 
+class TableEnum(enum.Enum):
+    """An enum whose members hash by identity.
+
+    ``Enum.__hash__`` is a Python-level function (it hashes the member's
+    name); table lookups call it twice per step, which made it most of the
+    cost of :meth:`Machine.step`.  Members are singletons compared by
+    identity, so identity hashing is equivalent and runs in C.
+    """
+
+    __hash__ = object.__hash__
+
+
 S = TypeVar("S", bound=enum.Enum)
 E = TypeVar("E", bound=enum.Enum)
 
@@ -61,17 +73,34 @@ class Machine(Generic[S, E]):
         return self.spec.name
 
     def step(self, state: S, event: E) -> S:
-        """The state ``event`` leads to from ``state``, or :class:`IllegalTransition`."""
+        """The state ``event`` leads to from ``state``, or :class:`IllegalTransition`.
+
+        Contracts (PEP 316, checked by CrossHair; see tests/contracts):
+
+        raises: IllegalTransition
+        post: (state, event) in self.table
+        post: __return__ == self.table[(state, event)]
+        post: self.allows(state, event)
+        """
         try:
             return self.table[(state, event)]
         except KeyError:
             raise IllegalTransition(self.spec.name, str(state.value), str(event.value)) from None
 
     def allows(self, state: S, event: E) -> bool:
+        """Whether :meth:`step` would accept ``event`` in ``state``.
+
+        post: __return__ == (event in self.events_from(state))
+        """
         return (state, event) in self.table
 
     def events_from(self, state: S) -> tuple[E, ...]:
-        """The events legal in ``state``, in table order."""
+        """The events legal in ``state``, in table order.
+
+        post: len(set(__return__)) == len(__return__)
+        post: all((state, e) in self.table for e in __return__)
+        post: len(__return__) == sum(1 for (s, _) in self.table if s == state)
+        """
         return tuple(e for (s, e) in self.table if s == state)
 
     @property
@@ -131,7 +160,7 @@ def _t(event: str, source: str, target: str, cite: str, rationale: str | None = 
 # --- execution (seed 000: WorkflowExecution Lifecycle) ------------------------
 
 
-class ExecutionState(enum.Enum):
+class ExecutionState(TableEnum):
     ELIGIBLE = "eligible"
     RUNNING = "running"
     WAITING = "waiting"
@@ -142,7 +171,7 @@ class ExecutionState(enum.Enum):
     RECONCILIATION_REQUIRED = "reconciliation_required"
 
 
-class ExecutionEvent(enum.Enum):
+class ExecutionEvent(TableEnum):
     CLAIM = "claim"
     CANCEL = "cancel"
     RENEW = "renew"
@@ -227,7 +256,7 @@ EXECUTION: Machine[ExecutionState, ExecutionEvent] = machine_from_spec(
 # --- dispatch (seed 000: Dispatch Lifecycle) ---------------------------------
 
 
-class DispatchState(enum.Enum):
+class DispatchState(TableEnum):
     ELIGIBLE = "eligible"
     CLAIMED = "claimed"
     WAITING = "waiting"
@@ -272,14 +301,23 @@ DISPATCH: Machine[DispatchState, ExecutionEvent] = machine_from_spec(
 
 
 def dispatch_state_of(state: ExecutionState) -> DispatchState:
-    """The dispatch state that agrees with an execution state (seed 000, Dispatch Lifecycle)."""
+    """The dispatch state that agrees with an execution state (seed 000, Dispatch Lifecycle).
+
+    The two vocabularies differ only in running/claimed, and the mirrored
+    machines must admit the same events and move in lockstep:
+
+    post: isinstance(__return__, DispatchState)
+    post: __return__.value == ("claimed" if state.value == "running" else state.value)
+    post: DISPATCH.events_from(__return__) == EXECUTION.events_from(state)
+    post: all(dispatch_state_of(EXECUTION.step(state, e)) == DISPATCH.step(__return__, e) for e in EXECUTION.events_from(state))
+    """
     return DispatchState(_DISPATCH_OF.get(state.value, state.value))
 
 
 # --- node (seed 002: Closed state machine) -------------------------------------
 
 
-class NodeState(enum.Enum):
+class NodeState(TableEnum):
     PENDING = "pending"
     READY = "ready"
     ACTIVE = "active"
@@ -290,7 +328,7 @@ class NodeState(enum.Enum):
     SUPERSEDED = "superseded"
 
 
-class NodeEvent(enum.Enum):
+class NodeEvent(TableEnum):
     DEPENDENCIES_SATISFIED = "dependencies-satisfied"
     WORK_STARTED = "work-started"
     WORK_BLOCKED = "work-blocked"
@@ -337,14 +375,19 @@ NODE: Machine[NodeState, NodeEvent] = machine_from_spec(NODE_SPEC, NodeState, No
 
 
 def initial_node_state(has_predecessors: bool) -> NodeState:
-    """Seed 002: 'Root DAG nodes begin ready; nodes with predecessors begin pending.'"""
+    """Seed 002: 'Root DAG nodes begin ready; nodes with predecessors begin pending.'
+
+    post: __return__ in NODE.initial
+    post: (__return__ is NodeState.READY) == (not has_predecessors)
+    post: (__return__ is NodeState.PENDING) == has_predecessors
+    """
     return NodeState.PENDING if has_predecessors else NodeState.READY
 
 
 # --- step attempt (seed 000: Generic Step-Attempt Object) ----------------------
 
 
-class AttemptState(enum.Enum):
+class AttemptState(TableEnum):
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -353,7 +396,7 @@ class AttemptState(enum.Enum):
     RECONCILIATION_REQUIRED = "reconciliation_required"
 
 
-class AttemptEvent(enum.Enum):
+class AttemptEvent(TableEnum):
     START = "start"
     REJECT = "reject"
     COMPLETE = "complete"
@@ -426,7 +469,7 @@ ATTEMPT: Machine[AttemptState, AttemptEvent] = machine_from_spec(ATTEMPT_SPEC, A
 # --- durable operation (seed 001: Guaranteed behavior) ---------------------------
 
 
-class OperationState(enum.Enum):
+class OperationState(TableEnum):
     ADMITTED = "admitted"
     AWAITING_APPROVAL = "awaiting_approval"
     RUNNING = "running"
@@ -436,7 +479,7 @@ class OperationState(enum.Enum):
     OUTCOME_UNKNOWN = "outcome_unknown"
 
 
-class OperationEvent(enum.Enum):
+class OperationEvent(TableEnum):
     REQUIRE_APPROVAL = "require_approval"
     APPROVE = "approve"
     REJECT = "reject"
@@ -513,7 +556,7 @@ OPERATION_SPEC = build_machine_spec(
                "A retryable failure with Attempts left returns the operation to the queue at its next "
                "eligibility time; the failed Attempt stays recorded."),
             _t("outcome_unknown", "running", "outcome_unknown",
-               "External effects: 'An unreconcilable ambiguous result becomes external_outcome_unknown.'",
+               "Tasks, external effects, history, and retention: 'An unreconcilable ambiguous result becomes external_outcome_unknown.'",
                "No safe next step exists once an effect may or may not have happened and cannot be "
                "reconciled; the state is final and says so."),
             _t("cancel", "running", "cancelled",

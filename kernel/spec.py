@@ -45,7 +45,18 @@ class TransitionSpec:
     rationale: str | None = None
 
     def describe(self) -> str:
-        return f"{self.event}: {self.source} -> {self.target}"
+        return _describe(self.event, self.source, self.target)
+
+
+def _describe(event: object, source: object, target: object) -> str:
+    # Names are shown escaped so that an error message stays one line even
+    # when a malformed spec puts a newline in a name.
+    return f"{_show(event)}: {_show(source)} -> {_show(target)}"
+
+
+def _show(value: object) -> str:
+    text = str(value)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
 
 
 @attrs.frozen
@@ -95,6 +106,8 @@ def _validate(spec: MachineSpec, filename: str) -> None:
     if not spec.states:
         fail("field 'states' must list at least one state")
     known = set(spec.states)
+    if any(not state for state in spec.states):
+        fail("field 'states' must not contain an empty state name")
     if len(known) != len(spec.states):
         fail(f"field 'states' lists a state twice: {_first_duplicate(spec.states)!r}")
     for field, values in (
@@ -135,9 +148,9 @@ def _validate(spec: MachineSpec, filename: str) -> None:
             )
         seen[key] = t
 
-    for t in spec.transitions:
+    for number, t in enumerate(spec.transitions, start=1):
         if t.source in spec.terminal:
-            fail(f"transition ({t.describe()}) leaves terminal state {t.source!r}")
+            fail(f"transition #{number} ({t.describe()}) leaves terminal state {t.source!r}")
 
     successors: dict[str, set[str]] = {s: set() for s in spec.states}
     for t in spec.transitions:
@@ -205,8 +218,10 @@ def parse_machine_spec(text: str, filename: str) -> MachineSpec:
 def _parse_transition(raw: Any, number: int, filename: str) -> TransitionSpec:
     if not isinstance(raw, dict):
         raise InvalidSpec(filename, f"transition #{number} must be a table")
-    where = f"transition #{number} ({raw.get('event', '?')}: " f"{raw.get('source', '?')} -> {raw.get('target', '?')})"
+    where = f"transition #{number} ({_describe(raw.get('event', '?'), raw.get('source', '?'), raw.get('target', '?'))})"
     _refuse_unknown(raw, _TRANSITION_FIELDS, filename, where)
+    if "derived" not in raw:
+        raise InvalidSpec(filename, f"{where}: missing field 'derived'")
     derived = raw.get("derived")
     if not isinstance(derived, bool):
         raise InvalidSpec(filename, f"{where}: field 'derived' must be true or false")
@@ -273,6 +288,12 @@ def render_machine_spec(spec: MachineSpec) -> str:
 
 
 def _quote(value: str) -> str:
+    """``value`` as one TOML basic string that reads back as exactly ``value``.
+
+    post: __return__.startswith('"') and __return__.endswith('"') and len(__return__) >= 2
+    post: chr(10) not in __return__ and chr(13) not in __return__
+    post: tomllib.loads("k = " + __return__)["k"] == value
+    """
     # A TOML basic string: escape the backslash, the quote and every control
     # character (TOML forbids them raw); everything else is written as UTF-8.
     out = ['"']

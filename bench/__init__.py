@@ -1,0 +1,1 @@
+"""Measurements, each beside a reference measured in the same run (see bench/README.md)."""

@@ -1,0 +1,168 @@
+"""The distribution is laid out as promised, and its types reach a client.
+
+``kernel/`` and ``adapters/`` are installed as ``fencekeeper.kernel`` and
+``fencekeeper.adapters`` (pyproject.toml, ``package-dir``), in a strict
+editable install: a tree of links into the repository.  These tests check
+that what Python imports is the repository's code (not a stale copy), that
+every module and the ``py.typed`` markers are installed, that the console
+script exists, and that mypy, run from an unrelated directory, sees the
+kernel's real types.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.resources
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import fencekeeper
+import fencekeeper.adapters
+import fencekeeper.kernel
+from fencekeeper.adapters.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PACKAGES = {"fencekeeper.kernel": ROOT / "kernel", "fencekeeper.adapters": ROOT / "adapters"}
+REINSTALL = "a new module needs `make .venv/.installed` (the editable install is a strict link tree)"
+
+
+def test_fencekeeper_is_a_namespace_package() -> None:
+    # pyproject.toml keeps ``fencekeeper`` an implicit namespace so the two
+    # packages can be installed side by side; an __init__.py would break that.
+    assert getattr(fencekeeper, "__file__", None) is None
+    assert type(fencekeeper.__path__).__name__ == "_NamespacePath"
+
+
+@pytest.mark.parametrize("package", [fencekeeper.kernel, fencekeeper.adapters], ids=lambda m: m.__name__)
+def test_package_resolves_into_the_repository(package: ModuleType) -> None:
+    name = package.__name__
+    source = PACKAGES[name]
+    assert package.__file__ is not None
+    installed = Path(package.__file__)
+    # The link tree lives outside the repository; resolving the link must land in it.
+    assert installed.resolve() == source / "__init__.py", f"{name} is imported from {installed}, not {source}"
+    assert installed.read_bytes() == (source / "__init__.py").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "source",
+    sorted(p for directory in PACKAGES.values() for p in directory.rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_every_module_is_installed(source: Path) -> None:
+    directory = source.parent
+    package = next(name for name, d in PACKAGES.items() if d == directory)
+    module = package if source.stem == "__init__" else f"{package}.{source.stem}"
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, f"{module} is not installed; {REINSTALL}"
+    assert Path(spec.origin).resolve() == source, f"{module} comes from {spec.origin}; {REINSTALL}"
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_py_typed_is_installed(package: str) -> None:
+    assert (PACKAGES[package] / "py.typed").is_file()
+    marker = importlib.resources.files(package) / "py.typed"
+    assert marker.is_file(), f"{package} has no py.typed marker; mypy would treat it as untyped"
+
+
+def test_console_script() -> None:
+    script = BIN / "fencekeeper"
+    assert script.is_file() and os.access(script, os.X_OK), f"no executable {script}"
+    (entry,) = importlib.metadata.entry_points(group="console_scripts", name="fencekeeper")
+    assert entry.value == "fencekeeper.adapters.cli:main"
+    assert entry.load() is main
+
+
+# --- mypy on a client outside the repository ---------------------------------------------------
+
+CLIENT = '''\
+"""A client of the installed package, type-checked with --strict."""
+
+from fencekeeper.kernel import EXECUTION, ExecutionEvent, ExecutionState, IllegalTransition
+
+
+def advance(state: ExecutionState, event: ExecutionEvent) -> ExecutionState:
+    return EXECUTION.step(state, event)
+
+
+def refusal_code(state: ExecutionState, event: ExecutionEvent) -> str | None:
+    try:
+        EXECUTION.step(state, event)
+    except IllegalTransition as exc:
+        return exc.code
+    return None
+
+
+running: ExecutionState = advance(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)
+legal: tuple[ExecutionEvent, ...] = EXECUTION.events_from(running)
+done: frozenset[ExecutionState] = EXECUTION.terminal
+code: str | None = refusal_code(ExecutionState.SUCCEEDED, ExecutionEvent.CLAIM)
+reveal_type(EXECUTION)
+x: int = EXECUTION.step(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)
+'''
+DELIBERATE_LINE = (
+    CLIENT.splitlines().index("x: int = EXECUTION.step(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)") + 1
+)
+REVEAL_LINE = CLIENT.splitlines().index("reveal_type(EXECUTION)") + 1
+
+
+@pytest.fixture(scope="module")
+def mypy_on_client(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str]]:
+    workdir = tmp_path_factory.mktemp("client")
+    # Outside the repository, so mypy can only find the package the way a
+    # user's mypy would: installed, through the environment's site-packages.
+    assert ROOT not in workdir.resolve().parents
+    (workdir / "client.py").write_text(CLIENT, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in {"MYPYPATH", "PYTHONPATH"}}
+    result = subprocess.run(
+        [
+            str(BIN / "mypy"),
+            "--strict",
+            "--no-error-summary",
+            "--show-error-codes",
+            "--cache-dir",
+            ".mypy_cache",
+            "client.py",
+        ],
+        check=False,  # mypy exits 1 on the deliberate error; the tests read its output
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return result.returncode, (result.stdout + result.stderr).splitlines()
+
+
+def test_mypy_finds_the_installed_types(mypy_on_client: tuple[int, list[str]]) -> None:
+    _code, lines = mypy_on_client
+    output = "\n".join(lines)
+    for symptom in (
+        "py.typed",
+        "missing library stubs",
+        "Cannot find implementation",
+        "import-not-found",
+        "import-untyped",
+    ):
+        assert symptom not in output, output
+    # The revealed type proves mypy read the annotations rather than falling back to Any.
+    revealed = [line for line in lines if line.startswith(f"client.py:{REVEAL_LINE}: note: Revealed type")]
+    assert revealed, output
+    assert "fencekeeper.kernel.machines.Machine[fencekeeper.kernel.machines.ExecutionState" in revealed[0], output
+
+
+def test_mypy_reports_exactly_the_deliberate_error(mypy_on_client: tuple[int, list[str]]) -> None:
+    code, lines = mypy_on_client
+    errors = [line for line in lines if re.match(r"^[^:]+:\d+: error:", line)]
+    assert code == 1, "\n".join(lines)
+    assert len(errors) == 1, "\n".join(lines)
+    assert errors[0].startswith(f"client.py:{DELIBERATE_LINE}: error: Incompatible types in assignment")
+    assert '"ExecutionState"' in errors[0] and '"int"' in errors[0] and errors[0].endswith("[assignment]")
