@@ -19,6 +19,7 @@ test: $(STAMP)
 	$(BIN)/ruff check kernel adapters tests bench
 	$(BIN)/mypy kernel adapters
 	$(BIN)/python -m pytest -q
+	$(BIN)/fencekeeper modelcheck
 	$(MAKE) --no-print-directory contracts
 
 contracts: $(STAMP)

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
+
+from fencekeeper.kernel import modelcheck
 from fencekeeper.kernel.errors import KernelError
 from fencekeeper.kernel.machines import MACHINES
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
@@ -56,9 +60,30 @@ def _parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export-specs", help="write specs/machines/*.toml from the kernel's tables")
     export.add_argument("directory", type=Path)
 
+    mc = sub.add_parser(
+        "modelcheck",
+        help="explore every interleaving of the lease protocol and check every invariant",
+        description="Without options, runs the standard configurations of specs/protocol.md.",
+    )
+    mc.add_argument("--workers", type=_positive, metavar="N")
+    mc.add_argument("--executions", type=_positive, metavar="N")
+    mc.add_argument("--claims", type=_positive, metavar="N", help="claims per execution (the fence bound)")
+    mc.add_argument("--ticks", type=_positive, metavar="N", help="the last clock tick (leases last 2)")
+    mc.add_argument("--depth", type=_positive, metavar="N", help="cut the search at this many moves")
+
     check = sub.add_parser("check-spec", help="validate machine spec TOML files")
     check.add_argument("files", type=Path, nargs="+", metavar="FILE")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,10 +107,48 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout.write(machines_markdown())
     elif args.command == "export-specs":
         _export_specs(args.directory)
+    elif args.command == "modelcheck":
+        return _modelcheck(args)
     elif args.command == "check-spec":
         for path in args.files:
             spec = parse_machine_spec(_read(path), str(path))
             print(f"{path}: ok ({spec.name}: {len(spec.states)} states, {len(spec.transitions)} transitions)")
+    return EXIT_OK
+
+
+def _modelcheck(args: argparse.Namespace) -> int:
+    chosen = {
+        "workers": args.workers,
+        "executions": args.executions,
+        "claims_per_execution": args.claims,
+        "max_tick": args.ticks,
+        "max_depth": args.depth,
+    }
+    overrides = {k: v for k, v in chosen.items() if v is not None}
+    configs = (
+        [("custom", attrs.evolve(modelcheck.Bounds(), **overrides))] if overrides else list(modelcheck.STANDARD)
+    )
+    for title, bounds in configs:
+        started = time.perf_counter()
+        result = modelcheck.explore(bounds)
+        seconds = time.perf_counter() - started
+        scope = "complete" if result.complete else f"to depth {result.depth}"
+        print(
+            f"{title}: {bounds.workers} workers, {bounds.executions} executions, "
+            f"{bounds.claims_per_execution} claims each, ticks 0-{bounds.max_tick}: "
+            f"{result.states:,} states explored, {result.transitions:,} decisions, {scope}, {seconds:.1f}s"
+        )
+        if result.violation is not None:
+            violation = result.violation
+            print(f"VIOLATION {violation.invariant.value}: {violation.message}")
+            print("shortest trace:")
+            for number, label in enumerate(violation.trace, start=1):
+                print(f"  {number:>2}. {label}")
+            return EXIT_PROBLEM
+        if not result.complete and bounds.max_depth is None:
+            print(f"stopped at {bounds.max_states:,} states before the bounds were exhausted")
+            return EXIT_PROBLEM
+    print("every invariant of specs/protocol.md held in every explored state and write")
     return EXIT_OK
 
 

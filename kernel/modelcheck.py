@@ -1,0 +1,830 @@
+"""An exhaustive bounded model checker for the lease and fencing protocol.
+
+It explores, breadth first, every interleaving of a small world -- several
+workers, several executions, a clock that ticks past lease expiry, external
+wakes, cancellations and governed recovery commands -- applying each
+decision the way a store does (all of it under the guard, or nothing), and
+checks every invariant of ``specs/protocol.md`` in every reachable state and
+on every committed write.  A violation comes back with the shortest trace
+that reaches it, because breadth-first search finds shallow states first.
+
+Rules of this module:
+
+- It is pure and deterministic: the same :class:`Bounds` and
+  :class:`Protocol` always explore the same states in the same order.  It
+  reads no clock (time is the world's ``tick``) and makes no random choice
+  (lease tokens are derived from execution, fence and worker, so every claim
+  gets a token no earlier claim had).
+- The decisions under test come in a :class:`Protocol` bundle, so a broken
+  variant (the bug zoo in ``tests/protocol/zoo.py``) or another
+  implementation's decisions can be checked by the same explorer.
+- The checker is a store too: it applies a :class:`Decision` only if its
+  :class:`Guard` holds on the current world.  ``Protocol.apply_guard`` can
+  switch that off, which is how the zoo shows the guard is load-bearing.
+- Bounds make the space finite: claims per execution (the fence), node
+  steps, clock ticks and one in-flight decision (decided on one state and
+  committed later, after other actors moved: the race that guards exist for).
+  Within the bounds the search is complete unless ``max_depth`` cuts it,
+  and the result says which.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import attrs
+
+from . import protocol as p
+from .machines import (
+    EXECUTION,
+    DispatchState,
+    ExecutionState,
+    dispatch_state_of,
+)
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+TICK = timedelta(seconds=1)
+EVENT_TYPE = "payment.received"
+CORRELATION = (("order", "o-1"),)
+WAKE_AT = EPOCH + 3 * TICK
+"""The one-time UTC wake every waiter in the model registers (one value keeps the space small)."""
+GOVERNOR = "ops"
+"""The principal that issues governed recovery commands in the model."""
+
+
+class Invariant(enum.Enum):
+    """The invariants of specs/protocol.md, by stable id."""
+
+    AGREE = "INV-AGREE"
+    LEASE_IFF_CLAIMED = "INV-LEASE-IFF-CLAIMED"
+    ONE_LIVE_LEASE = "INV-ONE-LIVE-LEASE"
+    FENCED_WRITES = "INV-FENCED-WRITES"
+    TERMINAL_ABSORBING = "INV-TERMINAL-ABSORBING"
+    REVISION_PLUS_ONE = "INV-REVISION-PLUS-ONE"
+    STEP_LIMIT = "INV-STEP-LIMIT"
+    WAITING_REGISTERED = "INV-WAITING-REGISTERED"
+    ONE_WAKE = "INV-ONE-WAKE"
+    CANCEL_NOT_RUNNING = "INV-CANCEL-NOT-RUNNING"
+    FINALIZE_TARGETS = "INV-FINALIZE-TARGETS"
+    QUARANTINE_EXPIRED_ONLY = "INV-QUARANTINE-EXPIRED-ONLY"
+    REVIEW_GOVERNED = "INV-REVIEW-GOVERNED"
+    RECOVERY_IDEMPOTENT = "INV-RECOVERY-IDEMPOTENT"
+    SAFE_RESUME_PROVEN = "INV-SAFE-RESUME-PROVEN"
+    TABLES = "INV-TABLES"
+
+
+@attrs.frozen(cache_hash=True)
+class Protocol:
+    """The decision functions under test.  Defaults are the real ones."""
+
+    claim: Callable[..., p.Outcome] = p.claim
+    renew: Callable[..., p.Outcome] = p.renew
+    record_step: Callable[..., p.Outcome] = p.record_step
+    release: Callable[..., p.Outcome] = p.release
+    finalize: Callable[..., p.Outcome] = p.finalize
+    wake: Callable[..., p.Outcome] = p.wake
+    cancel: Callable[..., p.Outcome] = p.cancel
+    recover: Callable[..., p.Outcome] = p.recover
+    apply_guard: bool = True
+
+
+@attrs.frozen(cache_hash=True)
+class Bounds:
+    workers: int = 3
+    executions: int = 2
+    claims_per_execution: int = 2
+    steps_per_execution: int = 1
+    lease_ticks: int = 2
+    max_tick: int = 4
+    race_window: int = 2
+    """How many other moves (clock ticks included) may happen between an in-flight decision and its commit."""
+    max_depth: int | None = None
+    max_states: int = 2_000_000
+
+
+STANDARD: tuple[tuple[str, Bounds], ...] = (
+    (
+        "one execution, a holder and its replacement (complete)",
+        Bounds(workers=3, executions=1, claims_per_execution=2, max_tick=4),
+    ),
+    (
+        "two executions, three workers (every interleaving to depth 8)",
+        Bounds(workers=3, executions=2, claims_per_execution=2, max_tick=4, max_depth=8),
+    ),
+)
+"""The configurations ``fencekeeper modelcheck`` runs by default, and ``make test`` with it."""
+
+
+@attrs.frozen(cache_hash=True)
+class Holding:
+    """What a worker remembers about an execution: the credential its claim gave it.
+
+    Workers present the *current* revision with every request, as a
+    worker that re-reads the row before writing would: a stale revision is
+    refused by the revision check (covered by the unit tests), so a zombie
+    that knows the latest revision is the stronger adversary, and leaving
+    revisions out of worker memory keeps the state space small.
+    """
+
+    credential: p.LeaseCredential
+
+
+@attrs.frozen(cache_hash=True)
+class InFlight:
+    """A decision made on an earlier world, not yet committed."""
+
+    label: str
+    actor: str
+    credential: p.LeaseCredential | None
+    decision: p.Decision
+    kind: str
+    age: int = 0
+    """How many other moves have happened since the decision was made."""
+
+
+@attrs.frozen(cache_hash=True)
+class World:
+    tick: int
+    executions: tuple[p.Execution, ...]
+    dispatches: tuple[p.Dispatch, ...]
+    registrations: tuple[p.WaitRegistration, ...]
+    recoveries: tuple[p.RecoveryRecord, ...]
+    holdings: tuple[tuple[Holding | None, ...], ...]
+    """``holdings[worker][execution]``."""
+    inflight: InFlight | None
+
+    @property
+    def now(self) -> datetime:
+        return EPOCH + self.tick * TICK
+
+
+@attrs.frozen(cache_hash=True)
+class Violation:
+    invariant: Invariant
+    message: str
+    trace: tuple[str, ...]
+
+
+@attrs.frozen(cache_hash=True)
+class Result:
+    states: int
+    transitions: int
+    depth: int
+    complete: bool
+    """True when every reachable state within the bounds was explored."""
+    violation: Violation | None
+
+
+@attrs.frozen(cache_hash=True)
+class _Action:
+    label: str
+    actor: str
+    credential: p.LeaseCredential | None
+    kind: str
+    execution: int
+    outcome: p.Outcome
+    defer: bool = False
+    proof: p.SafeResumeEvidence | None = None
+    """The safe-resume evidence a recovery request carried, for INV-SAFE-RESUME-PROVEN."""
+
+
+def worker_id(index: int) -> str:
+    return f"w{index + 1}"
+
+
+def execution_id(index: int) -> str:
+    return f"e{index + 1}"
+
+
+def initial_world(bounds: Bounds) -> World:
+    executions = tuple(
+        p.Execution(
+            execution_id=execution_id(i),
+            business_id="b-1",
+            state=ExecutionState.ELIGIBLE,
+            revision=1,
+            definition_id="d-1",
+            definition_revision=1,
+            current_node_id="start",
+        )
+        for i in range(bounds.executions)
+    )
+    dispatches = tuple(
+        p.Dispatch(workflow_execution_id=execution_id(i), dispatch_state=DispatchState.ELIGIBLE, eligible_at=EPOCH)
+        for i in range(bounds.executions)
+    )
+    return World(
+        tick=0,
+        executions=executions,
+        dispatches=dispatches,
+        registrations=(),
+        recoveries=(),
+        holdings=tuple((None,) * bounds.executions for _ in range(bounds.workers)),
+        inflight=None,
+    )
+
+
+_GRANTED = p.Authority(True, GOVERNOR)
+_SIXTH_TARGET = ExecutionState.CANCELLED
+"""Not a permitted finalization target: the checker tries it to prove it is refused."""
+
+
+_ActionCache = dict[tuple[object, ...], list[_Action]]
+
+
+def _actions(world: World, bounds: Bounds, proto: Protocol, cache: _ActionCache) -> Iterator[_Action]:
+    """Every action any actor can take in ``world``, each with the outcome its decision returns.
+
+    An execution's actions depend only on its own rows, registrations,
+    recovery records, the workers' credentials for it, the time and who may
+    claim; they are computed once per such combination and reused across
+    every world that shares it, which is what keeps the product of several
+    executions affordable.
+    """
+    # Symmetry: workers that never claimed anything are interchangeable, so
+    # only the first of them is tried as a claimant.
+    claimants = {w for w, row in enumerate(world.holdings) if any(h is not None for h in row)}
+    fresh = [w for w in range(bounds.workers) if w not in claimants]
+    if fresh:
+        claimants.add(fresh[0])
+    frozen_claimants = frozenset(claimants)
+    for e, execution in enumerate(world.executions):
+        eid = execution.execution_id
+        key = (
+            e,
+            execution,
+            world.dispatches[e],
+            tuple(r for r in world.registrations if r.key.execution_id == eid),
+            tuple(r for r in world.recoveries if r.execution_id == eid),
+            tuple(row[e] for row in world.holdings),
+            world.tick,
+            frozen_claimants,
+        )
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = list(_execution_actions(world, bounds, proto, e, frozen_claimants))
+        yield from found
+    if world.inflight is not None:
+        flight = world.inflight
+        yield _Action(
+            f"commit in-flight: {flight.label}",
+            flight.actor,
+            flight.credential,
+            "commit",
+            -1,
+            flight.decision,
+        )
+
+
+def _execution_actions(
+    world: World, bounds: Bounds, proto: Protocol, e: int, claimants: frozenset[int]
+) -> Iterator[_Action]:
+    lease = bounds.lease_ticks * TICK
+    execution = world.executions[e]
+    eid = execution.execution_id
+    for w in range(bounds.workers):
+        wid = worker_id(w)
+        if execution.fence < bounds.claims_per_execution and w in claimants:
+            token = f"t.{eid}.{execution.fence + 1}.{wid}"
+            yield _Action(
+                f"{wid} claims {eid}",
+                wid,
+                None,
+                "claim",
+                e,
+                proto.claim(execution, world.dispatches[e], p.ClaimRequest(wid, token, lease), world.now),
+            )
+        held = world.holdings[w][e]
+        if held is not None:
+            yield from _holder_actions(world, bounds, proto, e, held)
+    yield from _external_actions(world, proto, e)
+
+
+def _holder_actions(world: World, bounds: Bounds, proto: Protocol, e: int, held: Holding) -> Iterator[_Action]:
+    cred = held.credential
+    wid = cred.worker_id
+    eid = execution_id(e)
+    lease = bounds.lease_ticks * TICK
+    yield _Action(
+        f"{wid} renews {eid} (fence {cred.fence})",
+        wid,
+        cred,
+        "renew",
+        e,
+        proto.renew(world.executions[e], world.dispatches[e], p.RenewRequest(cred, lease), world.now),
+    )
+    if world.executions[e].step_count < bounds.steps_per_execution:
+        step = p.StepRecord("n-1", f"a.{cred.fence}")
+        yield _Action(
+            f"{wid} records a step on {eid} (fence {cred.fence})",
+            wid,
+            cred,
+            "record_step",
+            e,
+            proto.record_step(
+                world.executions[e],
+                world.dispatches[e],
+                p.StepRequest(cred, world.executions[e].revision, step, p.Authority(True, wid)),
+                world.now,
+            ),
+        )
+    yield _Action(
+        f"{wid} releases {eid} (fence {cred.fence})",
+        wid,
+        cred,
+        "release",
+        e,
+        proto.release(
+            world.executions[e], world.dispatches[e], p.ReleaseRequest(cred, world.executions[e].revision), world.now
+        ),
+    )
+    for target in (*p.FINALIZE_TARGETS, _SIXTH_TARGET):
+        wait = (
+            p.WaitSpec(
+                node_id="n-wait",
+                attempt_id=f"a.{cred.fence}",
+                event_type=EVENT_TYPE,
+                correlation=CORRELATION,
+                wake_at=WAKE_AT,
+                timeout=True,
+            )
+            if target == ExecutionState.WAITING
+            else None
+        )
+        request = p.FinalizeRequest(
+            execution_id=eid,
+            dispatch_id=eid,
+            worker_id=wid,
+            lease_token=cred.lease_token,
+            fence=cred.fence,
+            target_state=target,
+            business_id="b-1",
+            expected_revision=world.executions[e].revision,
+            authority=p.Authority(True, wid),
+            wait=wait,
+        )
+        for defer in (False, True) if target == ExecutionState.SUCCEEDED else (False,):
+            yield _Action(
+                f"{wid} {'decides' if defer else 'commits'} finalize {eid} -> {target.value} (fence {cred.fence})",
+                wid,
+                cred,
+                "finalize",
+                e,
+                proto.finalize(world.executions[e], world.dispatches[e], request, world.now),
+                defer=defer,
+            )
+    # A worker trying to quarantine the execution it holds (or held: once
+    # replaced, it is just another actor, and INV-QUARANTINE-EXPIRED-ONLY
+    # only forbids the current holder).
+    yield _Action(
+        f"{wid} (fence {cred.fence}) tries to quarantine {eid}",
+        wid,
+        cred,
+        "recover",
+        e,
+        proto.recover(
+            world.executions[e],
+            world.dispatches[e],
+            _prior(world, f"self.{wid}.{eid}"),
+            p.RecoveryRequest(
+                f"self.{wid}.{eid}",
+                p.RecoveryKind.QUARANTINE_EXPIRED,
+                eid,
+                "b-1",
+                world.executions[e].revision,
+                wid,
+                p.Authority(True, wid),
+            ),
+            world.now,
+        ),
+    )
+
+
+def _prior(world: World, command_id: str) -> p.RecoveryRecord | None:
+    for record in world.recoveries:
+        if record.command_id == command_id:
+            return record
+    return None
+
+
+def _registration(world: World, key: p.WaitKey | None) -> p.WaitRegistration | None:
+    for registration in world.registrations:
+        if registration.key == key:
+            return registration
+    return None
+
+
+def _external_actions(world: World, proto: Protocol, e: int) -> Iterator[_Action]:
+    execution = world.executions[e]
+    eid = execution.execution_id
+    # Wakes target the latest registration of this execution, even after it
+    # was woken: that is how duplicates and racing wakes are exercised.
+    keys = [r.key for r in world.registrations if r.key.execution_id == eid]
+    if keys:
+        key = keys[-1]
+        wakes: list[tuple[str, p.WakeReason, tuple[tuple[str, str], ...]]] = [
+            ("ev-1", p.WakeReason.EVENT, CORRELATION),
+            ("ev-2", p.WakeReason.EVENT, CORRELATION),
+            ("ev-x", p.WakeReason.EVENT, (("order", "o-2"),)),
+            ("timer", p.WakeReason.TIMEOUT, ()),
+        ]
+        for source, reason, correlation in wakes:
+            request = p.WakeRequest(
+                key=key,
+                reason=reason,
+                source_id=f"{source}.{key.attempt_id}",
+                business_id="b-1",
+                authority=_GRANTED,
+                event_type=EVENT_TYPE if reason == p.WakeReason.EVENT else None,
+                correlation=correlation,
+            )
+            for defer in (False, True) if source == "ev-1" else (False,):
+                yield _Action(
+                    f"{source} {'decides' if defer else 'commits'} wake of {eid} ({key.attempt_id})",
+                    GOVERNOR,
+                    None,
+                    "wake",
+                    e,
+                    proto.wake(
+                        world.executions[e], world.dispatches[e], _registration(world, request.key), request, world.now
+                    ),
+                    defer=defer,
+                )
+    for defer in (False, True):
+        yield _Action(
+            f"ops {'decides' if defer else 'commits'} cancel of {eid}",
+            GOVERNOR,
+            None,
+            "cancel",
+            e,
+            proto.cancel(
+                world.executions[e],
+                world.dispatches[e],
+                p.CancelRequest(eid, "b-1", world.executions[e].revision, _GRANTED),
+                world.now,
+            ),
+            defer=defer,
+        )
+    proof_ok = p.SafeResumeEvidence(True, True, True, "idempotent by command identity")
+    proof_missing = p.SafeResumeEvidence(True, True, False, "")
+    for command in (f"r1.{eid}", f"r2.{eid}"):
+        for kind, proof, label in (
+            (p.RecoveryKind.QUARANTINE_EXPIRED, None, "quarantine"),
+            (p.RecoveryKind.FAIL, None, "fail"),
+            (p.RecoveryKind.RESUME_SAFE, proof_ok, "resume_safe"),
+            (p.RecoveryKind.RESUME_SAFE, proof_missing, "resume_safe without proof"),
+            (p.RecoveryKind.RECONCILE_COMMAND, None, "reconcile_command"),
+        ):
+            yield _Action(
+                f"ops {label} {eid} by {command}",
+                GOVERNOR,
+                None,
+                "recover",
+                e,
+                proto.recover(
+                    world.executions[e],
+                    world.dispatches[e],
+                    _prior(world, command),
+                    p.RecoveryRequest(
+                        command,
+                        kind,
+                        eid,
+                        "b-1",
+                        world.executions[e].revision,
+                        GOVERNOR,
+                        _GRANTED,
+                        safe_resume=proof,
+                        command_to_reconcile="cmd-1",
+                        command_unresolved=True,
+                    ),
+                    world.now,
+                ),
+                proof=proof,
+            )
+    for record in world.recoveries:
+        if record.execution_id != eid:
+            continue
+        # The identical command again, as a retrying client would send it.
+        yield _Action(
+            f"ops repeats {record.command_id} ({record.kind.value})",
+            GOVERNOR,
+            None,
+            "recover",
+            e,
+            proto.recover(
+                world.executions[e],
+                world.dispatches[e],
+                _prior(world, record.command_id),
+                p.RecoveryRequest(
+                    record.command_id,
+                    record.kind,
+                    eid,
+                    "b-1",
+                    record.expected_revision,
+                    GOVERNOR,
+                    _GRANTED,
+                    safe_resume=proof_ok,
+                    command_to_reconcile="cmd-1",
+                    command_unresolved=True,
+                ),
+                world.now,
+            ),
+            proof=proof_ok,
+        )
+
+
+# --- applying decisions ----------------------------------------------------------
+
+
+def _guard_holds(world: World, guard: p.Guard) -> bool:
+    index = _index(world, guard.execution_id)
+    if index is None:
+        return guard.holds(None, None, world.now)
+    return guard.holds(world.executions[index], world.dispatches[index], world.now)
+
+
+def _index(world: World, eid: str) -> int | None:
+    for i, execution in enumerate(world.executions):
+        if execution.execution_id == eid:
+            return i
+    return None
+
+
+def _apply(world: World, decision: p.Decision, actor: str, credential: p.LeaseCredential | None) -> World:
+    e = _index(world, decision.guard.execution_id)
+    assert e is not None, "the model admits every execution up front"
+    executions = list(world.executions)
+    dispatches = list(world.dispatches)
+    if decision.execution is not None:
+        executions[e] = decision.execution
+    if decision.dispatch is not None:
+        dispatches[e] = decision.dispatch
+    registrations = world.registrations
+    if decision.registration is not None:
+        others = tuple(r for r in registrations if r.key != decision.registration.key)
+        registrations = (*others, decision.registration)
+    recoveries = world.recoveries
+    if decision.recovery is not None:
+        recoveries = (*recoveries, decision.recovery)
+    holdings = [list(row) for row in world.holdings]
+    if decision.lease is not None:
+        w = int(decision.lease.worker_id[1:]) - 1
+        holdings[w][e] = Holding(decision.lease)
+    return attrs.evolve(
+        world,
+        executions=tuple(executions),
+        dispatches=tuple(dispatches),
+        registrations=registrations,
+        recoveries=recoveries,
+        holdings=tuple(tuple(row) for row in holdings),
+    )
+
+
+# --- invariants -------------------------------------------------------------------
+
+
+def check_state(world: World, bounds: Bounds) -> tuple[Invariant, str] | None:
+    """The state invariants of specs/protocol.md, in every reachable world."""
+    for execution, dispatch in zip(world.executions, world.dispatches, strict=True):
+        eid = execution.execution_id
+        if dispatch.dispatch_state != dispatch_state_of(execution.state):
+            return Invariant.AGREE, (
+                f"{eid}: execution {execution.state.value} but dispatch {dispatch.dispatch_state.value}"
+            )
+        lease_fields = (dispatch.lease_token, dispatch.leased_by, dispatch.lease_expires_at)
+        claimed = dispatch.dispatch_state == DispatchState.CLAIMED
+        if claimed != all(f is not None for f in lease_fields) or (
+            not claimed and any(f is not None for f in lease_fields)
+        ):
+            return Invariant.LEASE_IFF_CLAIMED, f"{eid}: dispatch {dispatch.dispatch_state.value} with lease {lease_fields}"
+        if execution.step_count > p.STEP_LIMIT or execution.step_count != dispatch.step_count:
+            return Invariant.STEP_LIMIT, (
+                f"{eid}: step_count {execution.step_count} (dispatch {dispatch.step_count}), limit {p.STEP_LIMIT}"
+            )
+        if execution.state == ExecutionState.WAITING:
+            registration = _registration(world, execution.wait)
+            if registration is None or registration.woken_by is not None:
+                return Invariant.WAITING_REGISTERED, f"{eid}: waiting without an open wait registration"
+        live = [
+            h.credential.worker_id
+            for row in world.holdings
+            for h in row
+            if h is not None
+            and h.credential.lease_token == dispatch.lease_token
+            and h.credential.worker_id == dispatch.leased_by
+            and h.credential.fence == execution.fence
+            and claimed
+            and dispatch.lease_expires_at is not None
+            and world.now < dispatch.lease_expires_at
+        ]
+        if len(live) > 1:
+            return Invariant.ONE_LIVE_LEASE, f"{eid}: live leases held by {live}"
+    return None
+
+
+_HOLDER_KINDS = frozenset({"renew", "record_step", "release", "finalize"})
+
+
+def check_write(
+    before: World, after: World, action: _Action, decision: p.Decision, kind: str
+) -> tuple[Invariant, str] | None:
+    """The invariants of one committed write (what may change, and who may change it).
+
+    The invariants about *who* may write come first, so that a broken
+    decision is named by the rule it breaks rather than by a consequence.
+    """
+    e = _index(before, decision.guard.execution_id)
+    assert e is not None
+    old, new = before.executions[e], after.executions[e]
+    old_d = before.dispatches[e]
+    eid = old.execution_id
+    if kind in _HOLDER_KINDS:
+        cred = action.credential
+        assert cred is not None
+        live = (
+            old_d.dispatch_state == DispatchState.CLAIMED
+            and old_d.lease_token == cred.lease_token
+            and old_d.leased_by == cred.worker_id
+            and old.fence == cred.fence
+            and old_d.lease_expires_at is not None
+            and before.now < old_d.lease_expires_at
+        )
+        if not live:
+            return Invariant.FENCED_WRITES, (
+                f"{eid}: {action.label} wrote with a stale, expired or foreign lease "
+                f"(row token {old_d.lease_token}, fence {old.fence}, expires {_tick(old_d.lease_expires_at)}, "
+                f"now {_tick(before.now)})"
+            )
+    if kind == "finalize" and new.state not in p.FINALIZE_TARGETS:
+        return Invariant.FINALIZE_TARGETS, f"{eid}: finalized to {new.state.value}"
+    if kind == "cancel" and old.state == ExecutionState.RUNNING:
+        return Invariant.CANCEL_NOT_RUNNING, f"{eid}: running work was cancelled"
+    if kind == "wake":
+        registration = decision.registration
+        prior = _registration(before, registration.key if registration else None)
+        if prior is None or prior.woken_by is not None or old.state != ExecutionState.WAITING:
+            return Invariant.ONE_WAKE, f"{eid}: a second wake continuation ({action.label})"
+    record = decision.recovery
+    if kind == "recover" and record is not None:
+        if _prior(before, record.command_id) is not None:
+            return Invariant.RECOVERY_IDEMPOTENT, (
+                f"{eid}: recovery command {record.command_id} wrote twice ({action.label})"
+            )
+        if record.kind == p.RecoveryKind.QUARANTINE_EXPIRED:
+            expired = old_d.lease_expires_at is not None and old_d.lease_expires_at <= before.now
+            if not expired or action.actor == old_d.leased_by:
+                return Invariant.QUARANTINE_EXPIRED_ONLY, (
+                    f"{eid}: quarantine by {action.actor} of a lease held by {old_d.leased_by} "
+                    f"expiring {_tick(old_d.lease_expires_at)} at {_tick(before.now)}"
+                )
+        proof = action.proof
+        if record.kind == p.RecoveryKind.RESUME_SAFE and not (
+            proof is not None
+            and proof.no_unresolved_command
+            and proof.dependencies_current
+            and proof.continuation_approved
+            and proof.idempotency_contract
+        ):
+            return Invariant.SAFE_RESUME_PROVEN, f"{eid}: resumed without the safe-resume proof ({action.label})"
+    if old.state in _TERMINAL and (old != new or old_d != after.dispatches[e]):
+        return Invariant.TERMINAL_ABSORBING, f"{eid}: {old.state.value} was rewritten by {action.label}"
+    if old.state in _REVIEW and old.state != new.state and (kind != "recover" or action.actor != GOVERNOR):
+        return Invariant.REVIEW_GOVERNED, f"{eid}: {old.state.value} left by {action.label}"
+    if decision.execution is not None and new.revision != old.revision + 1:
+        return Invariant.REVISION_PLUS_ONE, f"{eid}: revision {old.revision} -> {new.revision}"
+    if decision.execution is None and new.revision != old.revision:
+        return Invariant.REVISION_PLUS_ONE, f"{eid}: revision changed without an execution write"
+    if old.state != new.state and not any(
+        EXECUTION.step(old.state, event) == new.state for event in EXECUTION.events_from(old.state)
+    ):
+        return Invariant.TABLES, f"{eid}: {old.state.value} -> {new.state.value} is in no table row"
+    return None
+
+
+def _tick(moment: datetime | None) -> str:
+    return "never" if moment is None else f"tick {(moment - EPOCH) // TICK}"
+
+
+_TERMINAL = frozenset({ExecutionState.SUCCEEDED, ExecutionState.FAILED, ExecutionState.CANCELLED})
+_REVIEW = frozenset({ExecutionState.SUSPENDED, ExecutionState.RECONCILIATION_REQUIRED})
+
+
+# --- the search -------------------------------------------------------------------
+
+
+@attrs.frozen(cache_hash=True)
+class Move:
+    """One successor of a world: what happened, and the world after it.
+
+    ``broken`` is set (and ``world`` is the world the bad write produced)
+    when the move committed a write that breaks an invariant.
+    """
+
+    label: str
+    world: World
+    broken: tuple[Invariant, str] | None = None
+
+
+def moves(
+    world: World, bounds: Bounds, proto: Protocol, cache: _ActionCache | None = None
+) -> tuple[list[Move], int]:
+    """Every move possible from ``world``, and how many decisions were considered to find them.
+
+    Pass the same ``cache`` to every call of one exploration (and only of
+    one: it is specific to ``bounds`` and ``proto``).
+    """
+    found: list[Move] = []
+    decided = 0
+    forced = world.inflight is not None and world.inflight.age >= bounds.race_window
+    if world.tick < bounds.max_tick and not forced:
+        found.append(Move(f"clock ticks to {world.tick + 1}", attrs.evolve(world, tick=world.tick + 1)))
+    for action in _actions(world, bounds, proto, {} if cache is None else cache):
+        if forced and action.kind != "commit":
+            continue
+        outcome = action.outcome
+        decided += 1
+        if not isinstance(outcome, p.Decision):
+            continue
+        if action.defer:
+            if world.inflight is None:
+                flight = InFlight(action.label, action.actor, action.credential, outcome, action.kind)
+                found.append(Move(action.label, attrs.evolve(world, inflight=flight)))
+            continue
+        base, kind = world, action.kind
+        if kind == "commit":
+            assert world.inflight is not None
+            base, kind = attrs.evolve(world, inflight=None), world.inflight.kind
+        if proto.apply_guard and not _guard_holds(base, outcome.guard):
+            if action.kind == "commit":  # a failed commit still retires the in-flight decision
+                found.append(Move(f"{action.label}: guard fails, nothing written", base))
+            continue
+        after = _apply(base, outcome, action.actor, action.credential)
+        found.append(Move(action.label, after, check_write(base, after, action, outcome, kind)))
+    if world.inflight is not None:
+        # Every other move ages the decision still in flight.
+        aged = attrs.evolve(world.inflight, age=world.inflight.age + 1)
+        found = [
+            attrs.evolve(m, world=attrs.evolve(m.world, inflight=aged)) if m.world.inflight == world.inflight else m
+            for m in found
+        ]
+    return found, decided
+
+
+def explore(
+    bounds: Bounds = Bounds(),
+    proto: Protocol = Protocol(),
+    progress: Callable[[int, int], Any] | None = None,
+) -> Result:
+    """Breadth-first search of every interleaving within ``bounds``; stops at the first violation."""
+    start = initial_world(bounds)
+    parents: dict[World, tuple[World | None, str]] = {start: (None, "start")}
+    frontier: deque[tuple[World, int]] = deque([(start, 0)])
+    transitions = 0
+    depth_reached = 0
+    complete = True
+    cache: _ActionCache = {}
+
+    def trace(world: World) -> tuple[str, ...]:
+        steps: list[str] = []
+        node: World | None = world
+        while node is not None:
+            parent, label = parents[node]
+            if parent is not None:
+                steps.append(label)
+            node = parent
+        return tuple(reversed(steps))
+
+    def violated(world: World, broken: tuple[Invariant, str], last: str | None, depth: int) -> Result:
+        path = trace(world) + ((last,) if last is not None else ())
+        return Result(len(parents), transitions, depth, False, Violation(broken[0], broken[1], path))
+
+    found = check_state(start, bounds)
+    if found is not None:
+        return violated(start, found, None, 0)
+    while frontier:
+        world, depth = frontier.popleft()
+        depth_reached = max(depth_reached, depth)
+        if bounds.max_depth is not None and depth >= bounds.max_depth:
+            complete = False
+            continue
+        successors, decided = moves(world, bounds, proto, cache)
+        transitions += decided
+        for move in successors:
+            if move.broken is not None:
+                return violated(world, move.broken, move.label, depth + 1)
+            if move.world in parents:
+                continue
+            parents[move.world] = (world, move.label)
+            broken_state = check_state(move.world, bounds)
+            if broken_state is not None:
+                return violated(move.world, broken_state, None, depth + 1)
+            if len(parents) >= bounds.max_states:
+                return Result(len(parents), transitions, depth + 1, False, None)
+            frontier.append((move.world, depth + 1))
+        if progress is not None and len(parents) % 50_000 < len(successors):
+            progress(len(parents), depth)
+    return Result(len(parents), transitions, depth_reached, complete, None)

@@ -1,0 +1,1353 @@
+"""The lease and fencing protocol, as pure decisions.
+
+Seed 000 (000_b48b716f7ed7660f.txt: Lease; Fenced Execution Finalization;
+Recovery and reconciliation extension) says how a WorkflowExecution and its
+workflow_dispatch row move together under a lease.  Seed 001
+(001_24a1fd5f517dd332.txt: Claims, leases, and fencing) adds the fence
+counter: once fence N+1 owns an execution, fence N can no longer heartbeat,
+mutate or finalize.
+
+Rules of this module:
+
+- Every function here is a *decision*: it takes immutable snapshots, a
+  request and the authoritative time ``now`` (read by the store, once per
+  transaction) and returns one of three values, never raising for anything a
+  caller can send:
+
+  * :class:`Refusal` -- a stable code, a message naming the field or
+    precondition, and no writes;
+  * :class:`Unchanged` -- an idempotent repeat (a duplicate wake, a repeated
+    recovery command) that says so and writes nothing;
+  * :class:`Decision` -- exactly what must be written together (the new
+    execution revision, the new dispatch row, the wait registration, the
+    recovery record, the evidence) and the compare-and-set :class:`Guard`
+    the store must apply atomically.  If the guard does not hold when the
+    store applies it, nothing is written and the store re-decides.
+
+- State changes go through the machine tables (``machines.EXECUTION`` and
+  ``machines.DISPATCH``); this module decides *whether* an event may happen
+  (leases, tokens, fences, revisions, time, authority), never *where* it
+  leads.
+- The kernel never reads a clock and never makes a token: ``now`` and the
+  fresh lease token are arguments.
+- Lease ownership is never authority.  Decisions with business consequences
+  take an :class:`Authority` fact, the result of a check the caller made
+  against current facts, and refuse without it.
+- Preconditions are checked in the order the seed lists them, so the first
+  failing one names the refusal; malformed input is refused first, naming
+  the field, before any precondition is looked at.
+- Every write of the execution object is a new revision, exactly one higher.
+  A renewal writes only the dispatch row (lease metadata is coordination
+  data, not the generic object), so it leaves the revision alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Final
+
+import attrs
+
+from .machines import (
+    DISPATCH,
+    EXECUTION,
+    DispatchState,
+    ExecutionEvent,
+    ExecutionState,
+    dispatch_state_of,
+)
+
+STEP_LIMIT: Final = 100
+"""Seed 000, Dispatcher Pass: 'At 100 processed steps, the future dispatcher must stop.'"""
+
+FINALIZE_TARGETS: Final = (
+    ExecutionState.WAITING,
+    ExecutionState.SUCCEEDED,
+    ExecutionState.FAILED,
+    ExecutionState.SUSPENDED,
+    ExecutionState.RECONCILIATION_REQUIRED,
+)
+"""Seed 000, Fenced Execution Finalization: the exact five permitted targets."""
+
+_FINALIZE_EVENT: Final[Mapping[ExecutionState, ExecutionEvent]] = {
+    ExecutionState.WAITING: ExecutionEvent.FINALIZE_WAITING,
+    ExecutionState.SUCCEEDED: ExecutionEvent.FINALIZE_SUCCEEDED,
+    ExecutionState.FAILED: ExecutionEvent.FINALIZE_FAILED,
+    ExecutionState.SUSPENDED: ExecutionEvent.FINALIZE_SUSPENDED,
+    ExecutionState.RECONCILIATION_REQUIRED: ExecutionEvent.FINALIZE_RECONCILIATION_REQUIRED,
+}
+
+_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
+
+
+class RefusalCode(enum.Enum):
+    """Every reason a decision can refuse.  Values are stable and published in specs/protocol.md."""
+
+    INVALID_REQUEST = "invalid_request"
+    ALREADY_EXISTS = "already_exists"
+    # The twelve preconditions of finalization, in the seed's order; the
+    # other decisions reuse the ones that apply to them.
+    EXECUTION_NOT_FOUND = "execution_not_found"
+    DISPATCH_NOT_FOUND = "dispatch_not_found"
+    IDENTITY_MISMATCH = "identity_mismatch"
+    DISPATCH_NOT_CLAIMED = "dispatch_not_claimed"
+    EXECUTION_NOT_RUNNING = "execution_not_running"
+    LEASE_TOKEN_MISMATCH = "lease_token_mismatch"
+    WORKER_MISMATCH = "worker_mismatch"
+    LEASE_EXPIRED = "lease_expired"
+    BUSINESS_MISMATCH = "business_mismatch"
+    STALE_REVISION = "stale_revision"
+    NOT_AUTHORIZED = "not_authorized"
+    TARGET_NOT_PERMITTED = "target_not_permitted"
+    # Fence counter (seed 001): the credential's fence is not the current one.
+    STALE_FENCE = "stale_fence"
+    # Other decisions.
+    NOT_ELIGIBLE = "not_eligible"
+    ILLEGAL_TRANSITION = "illegal_transition"
+    STEP_LIMIT_REACHED = "step_limit_reached"
+    WAIT_REGISTRATION_REQUIRED = "wait_registration_required"
+    NOT_WAITING = "not_waiting"
+    WAKE_MISMATCH = "wake_mismatch"
+    WAKE_NOT_DUE = "wake_not_due"
+    CANCEL_RUNNING = "cancel_running"
+    LEASE_NOT_EXPIRED = "lease_not_expired"
+    WORKER_CANNOT_RECOVER = "worker_cannot_recover"
+    NOT_IN_RECONCILIATION = "not_in_reconciliation"
+    UNSAFE_RESUME = "unsafe_resume"
+    NO_UNRESOLVED_COMMAND = "no_unresolved_command"
+    RECOVERY_CONFLICT = "recovery_conflict"
+
+
+class UnchangedCode(enum.Enum):
+    """Why an idempotent repeat wrote nothing."""
+
+    ALREADY_WOKEN = "already_woken"
+    RECOVERY_REPLAYED = "recovery_replayed"
+
+
+# --- snapshots ----------------------------------------------------------------
+
+
+@attrs.frozen(cache_hash=True)
+class Execution:
+    """One revision of a WorkflowExecution object (seed 000: Persistence, generic object).
+
+    ``fence`` counts claims: the *n*-th claim hands out fence *n*, and only
+    a credential carrying the current fence can write (seed 001).  ``wait``
+    names the registration a waiting execution waits on.
+    """
+
+    execution_id: str
+    business_id: str
+    state: ExecutionState
+    revision: int
+    definition_id: str
+    definition_revision: int
+    current_node_id: str | None
+    step_count: int = 0
+    fence: int = 0
+    wait: WaitKey | None = None
+
+
+@attrs.frozen(cache_hash=True)
+class Dispatch:
+    """The workflow_dispatch row, with exactly the seed's fields (seed 000: Persistence)."""
+
+    workflow_execution_id: str
+    dispatch_state: DispatchState
+    eligible_at: datetime
+    lease_token: str | None = None
+    leased_by: str | None = None
+    lease_expires_at: datetime | None = None
+    step_count: int = 0
+    last_error_code: str | None = None
+
+
+@attrs.frozen(cache_hash=True)
+class WaitKey:
+    """A wait registration is unique per execution, node and attempt (seed 000: wait_for_event)."""
+
+    execution_id: str
+    node_id: str
+    attempt_id: str
+
+
+class WakeReason(enum.Enum):
+    EVENT = "event"
+    DECISION = "decision"
+    TIMER = "timer"
+    TIMEOUT = "timeout"
+
+
+@attrs.frozen(cache_hash=True)
+class WaitSpec:
+    """What a waiter waits for: an exact Event Type and exact equality predicates, or a UTC time.
+
+    ``correlation`` is a sorted tuple of ``(name, value)`` pairs: finite,
+    deterministic, exact (seed 000: wait_for_event).  ``wake_at`` is an
+    optional one-time UTC wake; ``timeout`` marks that wake as the declared
+    timeout continuation (recorded as a distinct wake reason).
+    """
+
+    node_id: str
+    attempt_id: str
+    event_type: str | None
+    correlation: tuple[tuple[str, str], ...] = ()
+    wake_at: datetime | None = None
+    timeout: bool = False
+
+
+@attrs.frozen(cache_hash=True)
+class WaitRegistration:
+    """A committed wait registration; ``woken_by`` is set by the first committed wake."""
+
+    key: WaitKey
+    business_id: str
+    spec: WaitSpec
+    woken_by: str | None = None
+    wake_reason: WakeReason | None = None
+
+
+@attrs.frozen
+class Authority:
+    """The result of an authorization check the caller made against current facts.
+
+    Seed 000, Security: 'A lease token proves only coordination ownership.'
+    """
+
+    granted: bool
+    principal_id: str
+    reason: str = ""
+
+
+@attrs.frozen(cache_hash=True)
+class LeaseCredential:
+    """What a worker presents: who it is, its token, and the fence its claim received."""
+
+    worker_id: str
+    lease_token: str
+    fence: int
+
+
+@attrs.frozen
+class StepRecord:
+    """One durable node visit (seed 000, Dispatcher Pass: one visit counts one step)."""
+
+    node_id: str
+    attempt_id: str
+
+
+class RecoveryKind(enum.Enum):
+    QUARANTINE_EXPIRED = "quarantine_expired"
+    FAIL = "fail"
+    RESUME_SAFE = "resume_safe"
+    RECONCILE_COMMAND = "reconcile_command"
+
+
+@attrs.frozen(cache_hash=True)
+class RecoveryRecord:
+    """The durable result of one governed recovery command (seed 000: workflow_reconcile).
+
+    Stored by command identity; a repeat of the identical command returns it.
+    """
+
+    command_id: str
+    kind: RecoveryKind
+    execution_id: str
+    expected_revision: int
+    resulting_revision: int
+    resulting_state: ExecutionState
+
+
+@attrs.frozen
+class SafeResumeEvidence:
+    """The safe-resume proof of seed 000 (Safe-resume proof).
+
+    Each field is a fact the recovery evidence establishes; all must hold.
+    ``current_node_id`` and ``step_count`` are deliberately absent: the seed
+    says they 'are not proof of safety by themselves'.
+    """
+
+    no_unresolved_command: bool
+    dependencies_current: bool
+    continuation_approved: bool
+    idempotency_contract: str
+
+
+# --- results ------------------------------------------------------------------
+
+
+@attrs.frozen
+class Refusal:
+    """No writes.  ``field`` names the malformed request field, if that is the reason."""
+
+    code: RefusalCode
+    message: str
+    field: str | None = None
+
+
+@attrs.frozen
+class Unchanged:
+    """An idempotent repeat: nothing is written; ``record`` is the durable result, if any."""
+
+    code: UnchangedCode
+    message: str
+    record: RecoveryRecord | None = None
+
+
+@attrs.frozen(cache_hash=True)
+class Guard:
+    """The compare-and-set the store applies: all of it holds, or nothing is written.
+
+    ``expected_revision`` of 0 means the execution must not exist yet.
+    ``expected_lease_token`` and ``expected_lease_expires_at`` of None mean
+    the row must hold no lease.  ``requires_live_lease`` asks the store to
+    check, with its own authoritative time at commit, that the lease has not
+    expired since the decision was made: a decision made while the lease was
+    valid must not commit after it expired.
+    """
+
+    execution_id: str
+    expected_revision: int
+    expected_state: ExecutionState | None
+    expected_dispatch_state: DispatchState | None
+    expected_lease_token: str | None
+    expected_lease_expires_at: datetime | None
+    expected_fence: int
+    requires_live_lease: bool = False
+
+    def holds(self, execution: Execution | None, dispatch: Dispatch | None, now: datetime) -> bool:
+        """Whether the store may apply the decision to these rows at ``now`` (the reference semantics)."""
+        if execution is None or dispatch is None:
+            return self.expected_revision == 0 and execution is None and dispatch is None
+        return (
+            execution.execution_id == self.execution_id
+            and execution.revision == self.expected_revision
+            and execution.state == self.expected_state
+            and execution.fence == self.expected_fence
+            and dispatch.dispatch_state == self.expected_dispatch_state
+            and dispatch.lease_token == self.expected_lease_token
+            and dispatch.lease_expires_at == self.expected_lease_expires_at
+            and (
+                not self.requires_live_lease
+                or (dispatch.lease_expires_at is not None and now < dispatch.lease_expires_at)
+            )
+        )
+
+
+@attrs.frozen(cache_hash=True)
+class TransitionRecord:
+    """Evidence of one decision: the history line ``fencekeeper inspect`` shows."""
+
+    execution_id: str
+    event: ExecutionEvent | None
+    from_state: ExecutionState | None
+    to_state: ExecutionState
+    revision: int
+    at: datetime
+    actor: str
+    lease_token: str | None
+    fence: int
+    reason: str
+
+
+@attrs.frozen(cache_hash=True)
+class Decision:
+    """Everything one decision writes, together, under ``guard``."""
+
+    guard: Guard
+    execution: Execution | None
+    dispatch: Dispatch | None
+    evidence: tuple[TransitionRecord, ...]
+    registration: WaitRegistration | None = None
+    recovery: RecoveryRecord | None = None
+    lease: LeaseCredential | None = None
+    """Set by a claim: the credential the claiming worker must present from now on."""
+
+
+Outcome = Decision | Refusal | Unchanged
+
+
+# --- requests -------------------------------------------------------------------
+
+
+@attrs.frozen
+class AdmitRequest:
+    execution_id: str
+    business_id: str
+    definition_id: str
+    definition_revision: int
+    start_node_id: str
+    authority: Authority
+
+
+@attrs.frozen
+class ClaimRequest:
+    worker_id: str
+    lease_token: str
+    """Fresh, made by the caller; the kernel never makes a token."""
+    lease_duration: timedelta
+
+
+@attrs.frozen
+class RenewRequest:
+    credential: LeaseCredential
+    lease_duration: timedelta
+
+
+@attrs.frozen
+class StepRequest:
+    credential: LeaseCredential
+    expected_revision: int
+    step: StepRecord
+    authority: Authority
+
+
+@attrs.frozen
+class ReleaseRequest:
+    credential: LeaseCredential
+    expected_revision: int
+
+
+@attrs.frozen
+class FinalizeRequest:
+    """Seed 000: finalizeLeasedExecution(execution_id, dispatch_id, worker_id, lease_token, target_state)."""
+
+    execution_id: str
+    dispatch_id: str
+    worker_id: str
+    lease_token: str
+    fence: int
+    target_state: ExecutionState | str
+    business_id: str
+    expected_revision: int
+    authority: Authority
+    step: StepRecord | None = None
+    """The final node visit, counted in the same commit (evidence and finalization together)."""
+    wait: WaitSpec | None = None
+    """Required exactly when the target is waiting: the registration commits with it."""
+    reason: str = ""
+    error_code: str | None = None
+    """A bounded, non-secret diagnostic code for dispatch.last_error_code (seed 000: Persistence)."""
+
+
+@attrs.frozen
+class WakeRequest:
+    """A wake from a committed Event, a Decision, or a one-time UTC timer.
+
+    ``source_id`` identifies the Event or Decision (or the timer firing);
+    ``authority`` carries the check that the source is authorized and
+    correctly bound (Event connectivity alone is not authority).
+    """
+
+    key: WaitKey
+    reason: WakeReason
+    source_id: str
+    business_id: str
+    authority: Authority
+    event_type: str | None = None
+    correlation: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class CancelRequest:
+    execution_id: str
+    business_id: str
+    expected_revision: int
+    authority: Authority
+
+
+@attrs.frozen
+class RecoveryRequest:
+    """A governed workflow_reconcile command (seed 000: Recovery Operation)."""
+
+    command_id: str
+    kind: RecoveryKind
+    execution_id: str
+    business_id: str
+    expected_revision: int
+    actor_id: str
+    authority: Authority
+    safe_resume: SafeResumeEvidence | None = None
+    command_to_reconcile: str | None = None
+    command_unresolved: bool = False
+
+
+# --- input validation -----------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """Internal: carries a refusal out of the validators; never escapes this module."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def _invalid(field: str, problem: str) -> _Invalid:
+    return _Invalid(Refusal(RefusalCode.INVALID_REQUEST, f"{field}: {problem}", field))
+
+
+def _check_id(field: str, value: object) -> None:
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise _invalid(field, f"malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -)")
+
+
+def _check_utc(field: str, value: object) -> None:
+    if not isinstance(value, datetime):
+        raise _invalid(field, f"must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise _invalid(field, "naive datetime; the protocol is UTC only")
+    if value.utcoffset() != timedelta(0):
+        raise _invalid(field, f"offset {value.utcoffset()} is not UTC; the protocol is UTC only")
+
+
+def _check_duration(field: str, value: object) -> None:
+    if not isinstance(value, timedelta):
+        raise _invalid(field, f"must be a timedelta, got {type(value).__name__}")
+    if value <= timedelta(0):
+        raise _invalid(field, f"must be positive, got {value}")
+
+
+def _check_revision(field: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _invalid(field, f"must be a positive integer, got {value!r}")
+
+
+def _check_fence(field: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _invalid(field, f"must be a positive integer, got {value!r}")
+
+
+def _check_authority(field: str, value: object) -> None:
+    if not isinstance(value, Authority):
+        raise _invalid(field, "must be an Authority fact")
+    _check_id(f"{field}.principal_id", value.principal_id)
+
+
+def _check_credential(value: object) -> None:
+    if not isinstance(value, LeaseCredential):
+        raise _invalid("credential", "must be a LeaseCredential")
+    _check_id("credential.worker_id", value.worker_id)
+    _check_id("credential.lease_token", value.lease_token)
+    _check_fence("credential.fence", value.fence)
+
+
+def _check_step(field: str, value: object) -> None:
+    if not isinstance(value, StepRecord):
+        raise _invalid(field, "must be a StepRecord")
+    _check_id(f"{field}.node_id", value.node_id)
+    _check_id(f"{field}.attempt_id", value.attempt_id)
+
+
+def _check_correlation(field: str, value: object) -> None:
+    if not isinstance(value, tuple) or not all(
+        isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in value
+    ):
+        raise _invalid(field, "must be a tuple of (name, value) string pairs")
+    names = [p[0] for p in value]
+    if names != sorted(set(names)):
+        raise _invalid(field, "names must be unique and sorted, so that equal descriptors compare equal")
+    for name, _ in value:
+        _check_id(f"{field}[{name!r}]", name)
+
+
+def _check_wait_spec(field: str, value: object) -> None:
+    if not isinstance(value, WaitSpec):
+        raise _invalid(field, "must be a WaitSpec")
+    _check_id(f"{field}.node_id", value.node_id)
+    _check_id(f"{field}.attempt_id", value.attempt_id)
+    if value.event_type is not None:
+        _check_id(f"{field}.event_type", value.event_type)
+    _check_correlation(f"{field}.correlation", value.correlation)
+    if value.wake_at is not None:
+        _check_utc(f"{field}.wake_at", value.wake_at)
+    if value.event_type is None and value.wake_at is None:
+        raise _invalid(field, "waits for nothing: give an event_type, a wake_at, or both")
+    if value.timeout and value.wake_at is None:
+        raise _invalid(f"{field}.timeout", "a timeout continuation needs a wake_at")
+
+
+def _parse_target(value: object) -> ExecutionState:
+    if isinstance(value, ExecutionState):
+        return value
+    if isinstance(value, str):
+        try:
+            return ExecutionState(value)
+        except ValueError:
+            pass
+    raise _invalid("target_state", f"unknown state {value!r}")
+
+
+# --- helpers ---------------------------------------------------------------------
+
+
+def _refuse(code: RefusalCode, message: str) -> Refusal:
+    return Refusal(code, message)
+
+
+def _guard(execution: Execution, dispatch: Dispatch, *, live: bool = False) -> Guard:
+    return Guard(
+        execution_id=execution.execution_id,
+        expected_revision=execution.revision,
+        expected_state=execution.state,
+        expected_dispatch_state=dispatch.dispatch_state,
+        expected_lease_token=dispatch.lease_token,
+        expected_lease_expires_at=dispatch.lease_expires_at,
+        expected_fence=execution.fence,
+        requires_live_lease=live,
+    )
+
+
+def _move(
+    execution: Execution,
+    dispatch: Dispatch,
+    event: ExecutionEvent,
+    *,
+    now: datetime,
+    actor: str,
+    reason: str,
+    keep_lease: bool,
+    eligible_at: datetime | None = None,
+    step: StepRecord | None = None,
+    error_code: str | None = None,
+    wait: WaitKey | None = None,
+    fence: int | None = None,
+) -> tuple[Execution, Dispatch, TransitionRecord]:
+    """Both rows after ``event``: the tables decide the states, this only carries fields over."""
+    new_state = EXECUTION.step(execution.state, event)
+    new_dispatch_state = DISPATCH.step(dispatch.dispatch_state, event)
+    # The two tables are built from one list and must agree; a mismatch here
+    # is a defect in machines.py, not a request problem.
+    assert new_dispatch_state == dispatch_state_of(new_state), (event, new_state, new_dispatch_state)
+    steps = execution.step_count + (1 if step is not None else 0)
+    new_execution = attrs.evolve(
+        execution,
+        state=new_state,
+        revision=execution.revision + 1,
+        step_count=steps,
+        current_node_id=step.node_id if step is not None else execution.current_node_id,
+        wait=wait,
+        fence=execution.fence if fence is None else fence,
+    )
+    lease_kept = keep_lease and new_dispatch_state == DispatchState.CLAIMED
+    new_dispatch = attrs.evolve(
+        dispatch,
+        dispatch_state=new_dispatch_state,
+        eligible_at=eligible_at if eligible_at is not None else dispatch.eligible_at,
+        lease_token=dispatch.lease_token if lease_kept else None,
+        leased_by=dispatch.leased_by if lease_kept else None,
+        lease_expires_at=dispatch.lease_expires_at if lease_kept else None,
+        step_count=steps,
+        last_error_code=error_code if error_code is not None else dispatch.last_error_code,
+    )
+    record = TransitionRecord(
+        execution_id=execution.execution_id,
+        event=event,
+        from_state=execution.state,
+        to_state=new_state,
+        revision=new_execution.revision,
+        at=now,
+        actor=actor,
+        lease_token=dispatch.lease_token,
+        fence=execution.fence,
+        reason=reason,
+    )
+    return new_execution, new_dispatch, record
+
+
+def _check_pair(execution: Execution | None, dispatch: Dispatch | None, execution_id: str) -> Refusal | None:
+    """Seed 000 finalization preconditions 1 to 3, shared by every decision on an existing execution."""
+    if execution is None:
+        return _refuse(RefusalCode.EXECUTION_NOT_FOUND, f"execution {execution_id!r} does not exist")
+    if dispatch is None:
+        return _refuse(RefusalCode.DISPATCH_NOT_FOUND, f"no dispatch row for execution {execution_id!r}")
+    if execution.execution_id != execution_id or dispatch.workflow_execution_id != execution.execution_id:
+        return _refuse(
+            RefusalCode.IDENTITY_MISMATCH,
+            f"execution {execution.execution_id!r} and dispatch row {dispatch.workflow_execution_id!r} "
+            f"do not both belong to {execution_id!r}",
+        )
+    return None
+
+
+def _check_lease(
+    execution: Execution, dispatch: Dispatch, credential: LeaseCredential, now: datetime
+) -> Refusal | None:
+    """Seed 000 finalization preconditions 4 to 8, plus seed 001's fence."""
+    if dispatch.dispatch_state != DispatchState.CLAIMED:
+        return _refuse(
+            RefusalCode.DISPATCH_NOT_CLAIMED, f"dispatch row is {dispatch.dispatch_state.value}, not claimed"
+        )
+    if execution.state != ExecutionState.RUNNING:
+        return _refuse(RefusalCode.EXECUTION_NOT_RUNNING, f"execution is {execution.state.value}, not running")
+    if dispatch.lease_token != credential.lease_token:
+        return _refuse(RefusalCode.LEASE_TOKEN_MISMATCH, "lease token is not the current one")
+    if dispatch.leased_by != credential.worker_id:
+        return _refuse(
+            RefusalCode.WORKER_MISMATCH,
+            f"lease is held by {dispatch.leased_by!r}, not {credential.worker_id!r}",
+        )
+    if dispatch.lease_expires_at is None or now >= dispatch.lease_expires_at:
+        return _refuse(
+            RefusalCode.LEASE_EXPIRED, f"lease expired at {_iso(dispatch.lease_expires_at)}; now is {_iso(now)}"
+        )
+    if credential.fence != execution.fence:
+        return _refuse(
+            RefusalCode.STALE_FENCE, f"credential carries fence {credential.fence}, current fence is {execution.fence}"
+        )
+    return None
+
+
+def _check_business(execution: Execution, business_id: str) -> Refusal | None:
+    if execution.business_id != business_id:
+        return _refuse(
+            RefusalCode.BUSINESS_MISMATCH,
+            f"execution belongs to business {execution.business_id!r}, request to {business_id!r}",
+        )
+    return None
+
+
+def _check_revision_current(execution: Execution, expected: int) -> Refusal | None:
+    if execution.revision != expected:
+        return _refuse(
+            RefusalCode.STALE_REVISION, f"expected revision {expected}, current revision is {execution.revision}"
+        )
+    return None
+
+
+def _check_authorized(authority: Authority) -> Refusal | None:
+    if not authority.granted:
+        why = f": {authority.reason}" if authority.reason else ""
+        return _refuse(RefusalCode.NOT_AUTHORIZED, f"{authority.principal_id!r} is not authorized{why}")
+    return None
+
+
+def _iso(value: datetime | None) -> str:
+    return "never" if value is None else value.isoformat()
+
+
+def _first(*checks: Refusal | None) -> Refusal | None:
+    for refusal in checks:
+        if refusal is not None:
+            return refusal
+    return None
+
+
+# --- decisions ---------------------------------------------------------------------
+
+
+def admit(existing: Execution | None, request: AdmitRequest, now: datetime) -> Outcome:
+    """A new eligible execution and its eligible dispatch row (seed 000, 007B's committed eligible row)."""
+    try:
+        _check_id("execution_id", request.execution_id)
+        _check_id("business_id", request.business_id)
+        _check_id("definition_id", request.definition_id)
+        _check_revision("definition_revision", request.definition_revision)
+        _check_id("start_node_id", request.start_node_id)
+        _check_authority("authority", request.authority)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    if existing is not None:
+        return _refuse(RefusalCode.ALREADY_EXISTS, f"execution {request.execution_id!r} already exists")
+    refusal = _check_authorized(request.authority)
+    if refusal is not None:
+        return refusal
+    execution = Execution(
+        execution_id=request.execution_id,
+        business_id=request.business_id,
+        state=EXECUTION.initial[0],
+        revision=1,
+        definition_id=request.definition_id,
+        definition_revision=request.definition_revision,
+        current_node_id=request.start_node_id,
+    )
+    dispatch = Dispatch(
+        workflow_execution_id=request.execution_id,
+        dispatch_state=DISPATCH.initial[0],
+        eligible_at=now,
+    )
+    record = TransitionRecord(
+        execution_id=request.execution_id,
+        event=None,
+        from_state=None,
+        to_state=execution.state,
+        revision=1,
+        at=now,
+        actor=request.authority.principal_id,
+        lease_token=None,
+        fence=0,
+        reason="admitted",
+    )
+    guard = Guard(request.execution_id, 0, None, None, None, None, 0)
+    return Decision(guard=guard, execution=execution, dispatch=dispatch, evidence=(record,))
+
+
+def claim(execution: Execution | None, dispatch: Dispatch | None, request: ClaimRequest, now: datetime) -> Outcome:
+    """Eligible only: assign the fresh token, the worker and the expiry, and advance the fence.
+
+    Seed 000, WorkflowExecution Lifecycle: 'Atomic claim assigns fresh lease
+    token, technical worker identity and expiry'; seed 001: a claim
+    'increments the fence, and establishes one owner atomically'.
+    """
+    try:
+        _check_id("worker_id", request.worker_id)
+        _check_id("lease_token", request.lease_token)
+        _check_duration("lease_duration", request.lease_duration)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    execution_id = execution.execution_id if execution is not None else "?"
+    refusal = _check_pair(execution, dispatch, execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    if execution.state != ExecutionState.ELIGIBLE or dispatch.dispatch_state != DispatchState.ELIGIBLE:
+        return _refuse(
+            RefusalCode.NOT_ELIGIBLE,
+            f"execution is {execution.state.value} and dispatch {dispatch.dispatch_state.value}; only eligible "
+            "work can be claimed",
+        )
+    if now < dispatch.eligible_at:
+        return _refuse(RefusalCode.NOT_ELIGIBLE, f"eligible only from {_iso(dispatch.eligible_at)}")
+    new_execution, new_dispatch, record = _move(
+        execution,
+        dispatch,
+        ExecutionEvent.CLAIM,
+        now=now,
+        actor=request.worker_id,
+        reason="claimed",
+        keep_lease=False,
+        fence=execution.fence + 1,
+    )
+    new_dispatch = attrs.evolve(
+        new_dispatch,
+        lease_token=request.lease_token,
+        leased_by=request.worker_id,
+        lease_expires_at=now + request.lease_duration,
+    )
+    record = attrs.evolve(record, lease_token=request.lease_token, fence=new_execution.fence)
+    lease = LeaseCredential(request.worker_id, request.lease_token, new_execution.fence)
+    return Decision(
+        guard=_guard(execution, dispatch),
+        execution=new_execution,
+        dispatch=new_dispatch,
+        evidence=(record,),
+        lease=lease,
+    )
+
+
+def renew(execution: Execution | None, dispatch: Dispatch | None, request: RenewRequest, now: datetime) -> Outcome:
+    """Only before expiry, only by the current token, worker and fence.  Writes the dispatch row only."""
+    try:
+        _check_credential(request.credential)
+        _check_duration("lease_duration", request.lease_duration)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    execution_id = execution.execution_id if execution is not None else "?"
+    refusal = _check_pair(execution, dispatch, execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    refusal = _check_lease(execution, dispatch, request.credential, now)
+    if refusal is not None:
+        return refusal
+    # The table must admit renewal from here; it always does for running.
+    EXECUTION.step(execution.state, ExecutionEvent.RENEW)
+    new_dispatch = attrs.evolve(dispatch, lease_expires_at=now + request.lease_duration)
+    record = TransitionRecord(
+        execution_id=execution.execution_id,
+        event=ExecutionEvent.RENEW,
+        from_state=execution.state,
+        to_state=execution.state,
+        revision=execution.revision,
+        at=now,
+        actor=request.credential.worker_id,
+        lease_token=request.credential.lease_token,
+        fence=execution.fence,
+        reason=f"renewed until {_iso(new_dispatch.lease_expires_at)}",
+    )
+    return Decision(guard=_guard(execution, dispatch, live=True), execution=None, dispatch=new_dispatch, evidence=(record,))
+
+
+def record_step(
+    execution: Execution | None, dispatch: Dispatch | None, request: StepRequest, now: datetime
+) -> Outcome:
+    """A committed node transition under the valid lease: one step, at most 100 (seed 000, Dispatcher Pass)."""
+    try:
+        _check_credential(request.credential)
+        _check_revision("expected_revision", request.expected_revision)
+        _check_step("step", request.step)
+        _check_authority("authority", request.authority)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    execution_id = execution.execution_id if execution is not None else "?"
+    refusal = _check_pair(execution, dispatch, execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    refusal = _first(
+        _check_lease(execution, dispatch, request.credential, now),
+        _check_revision_current(execution, request.expected_revision),
+        _check_authorized(request.authority),
+    )
+    if refusal is not None:
+        return refusal
+    if execution.step_count >= STEP_LIMIT:
+        return _refuse(
+            RefusalCode.STEP_LIMIT_REACHED,
+            f"{STEP_LIMIT} steps processed; finalize to suspended with reason step_limit",
+        )
+    new_execution, new_dispatch, record = _move(
+        execution,
+        dispatch,
+        ExecutionEvent.RECORD_STEP,
+        now=now,
+        actor=request.credential.worker_id,
+        reason=f"step at node {request.step.node_id} (attempt {request.step.attempt_id})",
+        keep_lease=True,
+        step=request.step,
+    )
+    return Decision(
+        guard=_guard(execution, dispatch, live=True), execution=new_execution, dispatch=new_dispatch, evidence=(record,)
+    )
+
+
+def release(
+    execution: Execution | None, dispatch: Dispatch | None, request: ReleaseRequest, now: datetime
+) -> Outcome:
+    """Ordinary continuation running -> eligible under the valid lease (seed 000: release())."""
+    try:
+        _check_credential(request.credential)
+        _check_revision("expected_revision", request.expected_revision)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    execution_id = execution.execution_id if execution is not None else "?"
+    refusal = _check_pair(execution, dispatch, execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    refusal = _first(
+        _check_lease(execution, dispatch, request.credential, now),
+        _check_revision_current(execution, request.expected_revision),
+    )
+    if refusal is not None:
+        return refusal
+    new_execution, new_dispatch, record = _move(
+        execution,
+        dispatch,
+        ExecutionEvent.RELEASE,
+        now=now,
+        actor=request.credential.worker_id,
+        reason="released for continuation",
+        keep_lease=False,
+        eligible_at=now,
+    )
+    return Decision(
+        guard=_guard(execution, dispatch, live=True), execution=new_execution, dispatch=new_dispatch, evidence=(record,)
+    )
+
+
+def finalize(
+    execution: Execution | None, dispatch: Dispatch | None, request: FinalizeRequest, now: datetime
+) -> Outcome:
+    """Seed 000, Fenced Execution Finalization: twelve preconditions in the seed's order, five targets.
+
+    The lease is released in the same decision.  A waiting target commits
+    its wait registration with it; a final node visit given as ``step`` is
+    counted in the same commit.
+    """
+    try:
+        _check_id("execution_id", request.execution_id)
+        _check_id("dispatch_id", request.dispatch_id)
+        _check_id("worker_id", request.worker_id)
+        _check_id("lease_token", request.lease_token)
+        _check_fence("fence", request.fence)
+        target = _parse_target(request.target_state)
+        _check_id("business_id", request.business_id)
+        _check_revision("expected_revision", request.expected_revision)
+        _check_authority("authority", request.authority)
+        if request.step is not None:
+            _check_step("step", request.step)
+        if request.wait is not None:
+            _check_wait_spec("wait", request.wait)
+        if request.error_code is not None:
+            _check_id("error_code", request.error_code)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    # 1-3: existence and identity.
+    refusal = _check_pair(execution, dispatch, request.execution_id)
+    if refusal is None and dispatch is not None and request.dispatch_id != dispatch.workflow_execution_id:
+        refusal = _refuse(
+            RefusalCode.IDENTITY_MISMATCH,
+            f"dispatch_id {request.dispatch_id!r} does not identify the dispatch row of {request.execution_id!r}",
+        )
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    credential = LeaseCredential(request.worker_id, request.lease_token, request.fence)
+    refusal = _first(
+        # 4-8: dispatch claimed, execution running, token, worker, expiry (and the fence).
+        _check_lease(execution, dispatch, credential, now),
+        # 9: business; 10: revision; 11: authorization.
+        _check_business(execution, request.business_id),
+        _check_revision_current(execution, request.expected_revision),
+        _check_authorized(request.authority),
+    )
+    if refusal is not None:
+        return refusal
+    # 12: the target.
+    if target not in FINALIZE_TARGETS:
+        return _refuse(
+            RefusalCode.TARGET_NOT_PERMITTED,
+            f"finalization may target only {', '.join(t.value for t in FINALIZE_TARGETS)}; not {target.value}",
+        )
+    if (target == ExecutionState.WAITING) != (request.wait is not None):
+        return Refusal(
+            RefusalCode.WAIT_REGISTRATION_REQUIRED,
+            "wait: a waiting target needs its wait registration, and only a waiting target may carry one",
+            "wait",
+        )
+    if request.step is not None and execution.step_count >= STEP_LIMIT:
+        return _refuse(
+            RefusalCode.STEP_LIMIT_REACHED,
+            f"{STEP_LIMIT} steps processed; finalize to suspended without another step",
+        )
+    wait_key = (
+        WaitKey(execution.execution_id, request.wait.node_id, request.wait.attempt_id)
+        if request.wait is not None
+        else None
+    )
+    new_execution, new_dispatch, record = _move(
+        execution,
+        dispatch,
+        _FINALIZE_EVENT[target],
+        now=now,
+        actor=request.worker_id,
+        reason=request.reason or f"finalized to {target.value}",
+        keep_lease=False,
+        step=request.step,
+        wait=wait_key,
+        error_code=request.error_code,
+    )
+    registration = (
+        WaitRegistration(key=wait_key, business_id=execution.business_id, spec=request.wait)
+        if wait_key is not None and request.wait is not None
+        else None
+    )
+    return Decision(
+        guard=_guard(execution, dispatch, live=True),
+        execution=new_execution,
+        dispatch=new_dispatch,
+        evidence=(record,),
+        registration=registration,
+    )
+
+
+def wake(
+    execution: Execution | None,
+    dispatch: Dispatch | None,
+    registration: WaitRegistration | None,
+    request: WakeRequest,
+    now: datetime,
+) -> Outcome:
+    """Waiting -> eligible on an exact match; the first committed wake wins (seed 000: wait_for_event).
+
+    A duplicate or later wake of an already woken registration is
+    :class:`Unchanged`.  A wake never touches a terminal or review state.
+    """
+    try:
+        if not isinstance(request.key, WaitKey):
+            raise _invalid("key", "must be a WaitKey")
+        _check_id("key.execution_id", request.key.execution_id)
+        _check_id("key.node_id", request.key.node_id)
+        _check_id("key.attempt_id", request.key.attempt_id)
+        _check_id("source_id", request.source_id)
+        _check_id("business_id", request.business_id)
+        _check_authority("authority", request.authority)
+        if request.event_type is not None:
+            _check_id("event_type", request.event_type)
+        _check_correlation("correlation", request.correlation)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    if registration is not None and registration.woken_by is not None:
+        same = registration.woken_by == request.source_id
+        return Unchanged(
+            UnchangedCode.ALREADY_WOKEN,
+            (
+                f"this {request.reason.value} already woke the waiter"
+                if same
+                else f"already woken by {registration.woken_by!r}; the first committed wake wins"
+            ),
+        )
+    refusal = _check_pair(execution, dispatch, request.key.execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    if execution.state != ExecutionState.WAITING or execution.wait != request.key or registration is None:
+        return _refuse(
+            RefusalCode.NOT_WAITING,
+            f"execution is {execution.state.value} and does not wait on node {request.key.node_id!r} "
+            f"attempt {request.key.attempt_id!r}",
+        )
+    refusal = _first(_check_business(execution, request.business_id), _check_authorized(request.authority))
+    if refusal is not None:
+        return refusal
+    spec = registration.spec
+    if request.reason in (WakeReason.EVENT, WakeReason.DECISION):
+        if spec.event_type is None or request.event_type != spec.event_type or request.correlation != spec.correlation:
+            return _refuse(RefusalCode.WAKE_MISMATCH, "event type or correlation does not match the registration exactly")
+    else:
+        if spec.wake_at is None or spec.timeout != (request.reason == WakeReason.TIMEOUT):
+            return _refuse(RefusalCode.WAKE_MISMATCH, f"the registration declares no {request.reason.value} wake")
+        if now < spec.wake_at:
+            return _refuse(RefusalCode.WAKE_NOT_DUE, f"wake is due at {_iso(spec.wake_at)}; now is {_iso(now)}")
+    new_execution, new_dispatch, record = _move(
+        execution,
+        dispatch,
+        ExecutionEvent.WAKE,
+        now=now,
+        actor=request.authority.principal_id,
+        reason=f"woken by {request.reason.value} {request.source_id}",
+        keep_lease=False,
+        eligible_at=now,
+        wait=None,
+    )
+    return Decision(
+        guard=_guard(execution, dispatch),
+        execution=new_execution,
+        dispatch=new_dispatch,
+        evidence=(record,),
+        registration=attrs.evolve(registration, woken_by=request.source_id, wake_reason=request.reason),
+    )
+
+
+def cancel(execution: Execution | None, dispatch: Dispatch | None, request: CancelRequest, now: datetime) -> Outcome:
+    """Eligible or waiting -> cancelled; running work is refused (seed 000: Cancellation).
+
+    Cancellation races claim and wake through the guard: whichever commits
+    first moves the revision, and the other's guard no longer holds.
+    """
+    try:
+        _check_id("execution_id", request.execution_id)
+        _check_id("business_id", request.business_id)
+        _check_revision("expected_revision", request.expected_revision)
+        _check_authority("authority", request.authority)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = _check_pair(execution, dispatch, request.execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    refusal = _first(
+        _check_business(execution, request.business_id),
+        _check_revision_current(execution, request.expected_revision),
+        _check_authorized(request.authority),
+    )
+    if refusal is not None:
+        return refusal
+    if execution.state == ExecutionState.RUNNING:
+        # The table has no running -> cancelled: the lease holder may be in
+        # the middle of a local Action, and only a reconciliation path may
+        # establish that no unsafe work remains.
+        return _refuse(
+            RefusalCode.CANCEL_RUNNING, "running work cannot be cancelled while its lease holder may be acting"
+        )
+    if not EXECUTION.allows(execution.state, ExecutionEvent.CANCEL):
+        return _refuse(RefusalCode.ILLEGAL_TRANSITION, f"a {execution.state.value} execution cannot be cancelled")
+    new_execution, new_dispatch, record = _move(
+        execution,
+        dispatch,
+        ExecutionEvent.CANCEL,
+        now=now,
+        actor=request.authority.principal_id,
+        reason="cancelled",
+        keep_lease=False,
+        wait=None,
+    )
+    return Decision(
+        guard=_guard(execution, dispatch), execution=new_execution, dispatch=new_dispatch, evidence=(record,)
+    )
+
+
+_RECOVERY_SOURCE: Final[Mapping[RecoveryKind, ExecutionState]] = {
+    RecoveryKind.QUARANTINE_EXPIRED: ExecutionState.RUNNING,
+    RecoveryKind.FAIL: ExecutionState.RECONCILIATION_REQUIRED,
+    RecoveryKind.RESUME_SAFE: ExecutionState.RECONCILIATION_REQUIRED,
+    RecoveryKind.RECONCILE_COMMAND: ExecutionState.RECONCILIATION_REQUIRED,
+}
+
+
+def recover(
+    execution: Execution | None,
+    dispatch: Dispatch | None,
+    prior: RecoveryRecord | None,
+    request: RecoveryRequest,
+    now: datetime,
+) -> Outcome:
+    """A governed workflow_reconcile decision: quarantine_expired, fail, resume_safe or reconcile_command.
+
+    ``prior`` is the stored result of an earlier command with the same
+    identity, if any.  The identical command returns it (:class:`Unchanged`);
+    the same identity with another decision, execution or expected revision
+    is a conflict that changes nothing (seed 000, Expired-lease quarantine).
+    """
+    try:
+        _check_id("command_id", request.command_id)
+        if not isinstance(request.kind, RecoveryKind):
+            raise _invalid("kind", f"unknown recovery decision {request.kind!r}")
+        _check_id("execution_id", request.execution_id)
+        _check_id("business_id", request.business_id)
+        _check_revision("expected_revision", request.expected_revision)
+        _check_id("actor_id", request.actor_id)
+        _check_authority("authority", request.authority)
+        if request.command_to_reconcile is not None:
+            _check_id("command_to_reconcile", request.command_to_reconcile)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    if prior is not None:
+        if (prior.kind, prior.execution_id, prior.expected_revision) == (
+            request.kind,
+            request.execution_id,
+            request.expected_revision,
+        ):
+            return Unchanged(
+                UnchangedCode.RECOVERY_REPLAYED,
+                f"recovery command {request.command_id!r} already decided {prior.kind.value}",
+                prior,
+            )
+        return _refuse(
+            RefusalCode.RECOVERY_CONFLICT,
+            f"recovery command {request.command_id!r} already decided {prior.kind.value} for "
+            f"{prior.execution_id!r} at revision {prior.expected_revision}",
+        )
+    refusal = _check_pair(execution, dispatch, request.execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    source = _RECOVERY_SOURCE[request.kind]
+    if request.kind == RecoveryKind.QUARANTINE_EXPIRED:
+        # Seed 000, Expired-lease quarantine, conditions 1 to 6 in order.
+        if execution.state != source:
+            return _refuse(RefusalCode.EXECUTION_NOT_RUNNING, f"execution is {execution.state.value}, not running")
+        if dispatch.dispatch_state != DispatchState.CLAIMED:
+            return _refuse(
+                RefusalCode.DISPATCH_NOT_CLAIMED, f"dispatch row is {dispatch.dispatch_state.value}, not claimed"
+            )
+        refusal = _check_business(execution, request.business_id)
+        if refusal is not None:
+            return refusal
+        if dispatch.lease_expires_at is None or dispatch.lease_expires_at > now:
+            return _refuse(
+                RefusalCode.LEASE_NOT_EXPIRED,
+                f"lease runs until {_iso(dispatch.lease_expires_at)}; now is {_iso(now)}",
+            )
+    else:
+        if execution.state != source:
+            return _refuse(
+                RefusalCode.NOT_IN_RECONCILIATION, f"execution is {execution.state.value}, not reconciliation_required"
+            )
+        refusal = _check_business(execution, request.business_id)
+        if refusal is not None:
+            return refusal
+    refusal = _first(
+        _check_revision_current(execution, request.expected_revision),
+        _check_authorized(request.authority),
+    )
+    if refusal is not None:
+        return refusal
+    if dispatch.leased_by is not None and request.actor_id == dispatch.leased_by:
+        # Seed 000: 'A technical worker identity or expired lease token is
+        # not recovery authority' and 'The expired worker cannot perform
+        # this transition.'
+        return _refuse(
+            RefusalCode.WORKER_CANNOT_RECOVER, f"{request.actor_id!r} holds the lease and cannot recover it"
+        )
+    if request.kind == RecoveryKind.RESUME_SAFE:
+        proof = request.safe_resume
+        missing = (
+            ["safe_resume"]
+            if proof is None
+            else [
+                name
+                for name, held in (
+                    ("no_unresolved_command", proof.no_unresolved_command),
+                    ("dependencies_current", proof.dependencies_current),
+                    ("continuation_approved", proof.continuation_approved),
+                    ("idempotency_contract", bool(proof.idempotency_contract)),
+                )
+                if not held
+            ]
+        )
+        if missing:
+            return Refusal(
+                RefusalCode.UNSAFE_RESUME,
+                f"safe-resume proof is missing {', '.join(missing)}",
+                "safe_resume",
+            )
+    if request.kind == RecoveryKind.RECONCILE_COMMAND and (
+        request.command_to_reconcile is None or not request.command_unresolved
+    ):
+        return Refusal(
+            RefusalCode.NO_UNRESOLVED_COMMAND,
+            "reconcile_command needs a persisted, unresolved Command to delegate to CommandHandler::reconcile",
+            "command_to_reconcile",
+        )
+    actor = request.actor_id
+    reason = f"recovery {request.kind.value} by command {request.command_id}"
+    if request.kind == RecoveryKind.RECONCILE_COMMAND:
+        # Not a state transition: the execution stays in review while the
+        # Command is reconciled; the new revision links the evidence.
+        new_execution = attrs.evolve(execution, revision=execution.revision + 1)
+        new_dispatch = dispatch
+        record = TransitionRecord(
+            execution_id=execution.execution_id,
+            event=None,
+            from_state=execution.state,
+            to_state=execution.state,
+            revision=new_execution.revision,
+            at=now,
+            actor=actor,
+            lease_token=None,
+            fence=execution.fence,
+            reason=f"{reason}: delegated {request.command_to_reconcile} to CommandHandler::reconcile",
+        )
+    else:
+        event = ExecutionEvent(request.kind.value)
+        new_execution, new_dispatch, record = _move(
+            execution,
+            dispatch,
+            event,
+            now=now,
+            actor=actor,
+            reason=reason,
+            keep_lease=False,
+            eligible_at=now if request.kind == RecoveryKind.RESUME_SAFE else None,
+            error_code=request.kind.value if request.kind != RecoveryKind.RESUME_SAFE else None,
+        )
+    recovery = RecoveryRecord(
+        command_id=request.command_id,
+        kind=request.kind,
+        execution_id=execution.execution_id,
+        expected_revision=request.expected_revision,
+        resulting_revision=new_execution.revision,
+        resulting_state=new_execution.state,
+    )
+    return Decision(
+        guard=_guard(execution, dispatch),
+        execution=new_execution,
+        dispatch=new_dispatch,
+        evidence=(record,),
+        recovery=recovery,
+    )
