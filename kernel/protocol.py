@@ -1052,6 +1052,31 @@ def finalize(
     )
 
 
+def fenced(
+    execution: Execution | None, dispatch: Dispatch | None, credential: LeaseCredential, now: datetime
+) -> Outcome:
+    """A decision that changes no row: it lets a store attach evidence under the current lease.
+
+    Evidence is a write like any other, so it is fenced like renewal:
+    finalization preconditions 1 to 8 and the fence, and a guard that asks
+    the store to recheck expiry at commit.
+    """
+    try:
+        _check_credential(credential)
+        _check_utc("now", now)
+    except _Invalid as exc:
+        return exc.refusal
+    execution_id = execution.execution_id if execution is not None else "?"
+    refusal = _check_pair(execution, dispatch, execution_id)
+    if refusal is not None:
+        return refusal
+    assert execution is not None and dispatch is not None
+    refusal = _check_lease(execution, dispatch, credential, now)
+    if refusal is not None:
+        return refusal
+    return Decision(guard=_guard(execution, dispatch, live=True), execution=None, dispatch=None, evidence=())
+
+
 def wake(
     execution: Execution | None,
     dispatch: Dispatch | None,

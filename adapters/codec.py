@@ -1,0 +1,132 @@
+"""How kernel values are written into database rows and read back, shared by every database store.
+
+Rules of this module:
+
+- Times are stored as ISO 8601 text in UTC with microseconds and an explicit
+  ``+00:00`` offset, always the same width, so that comparing the text in SQL
+  (``lease_expires_at > ?``, ``ORDER BY eligible_at``) compares the instants.
+- An execution revision is stored whole, as canonical JSON (sorted keys, no
+  spaces), so a revision row is the complete object at that revision and
+  reading it back gives an equal value.
+- Decoding is strict: a row that does not decode is a broken database, and
+  says so, rather than a value with holes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import ExecutionState
+
+
+def encode_time(moment: datetime) -> str:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"naive datetime {moment!r}: the stores keep UTC only")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def encode_optional_time(moment: datetime | None) -> str | None:
+    return None if moment is None else encode_time(moment)
+
+
+def decode_time(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise ValueError(f"stored time {text!r} has no offset")
+    return moment.astimezone(UTC)
+
+
+def decode_optional_time(text: str | None) -> datetime | None:
+    return None if text is None else decode_time(text)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def encode_execution(execution: p.Execution) -> str:
+    wait = execution.wait
+    return dumps(
+        {
+            "execution_id": execution.execution_id,
+            "business_id": execution.business_id,
+            "state": execution.state.value,
+            "revision": execution.revision,
+            "definition_id": execution.definition_id,
+            "definition_revision": execution.definition_revision,
+            "current_node_id": execution.current_node_id,
+            "step_count": execution.step_count,
+            "fence": execution.fence,
+            "wait": None if wait is None else [wait.execution_id, wait.node_id, wait.attempt_id],
+        }
+    )
+
+
+def decode_execution(text: str) -> p.Execution:
+    body = json.loads(text)
+    wait = body["wait"]
+    return p.Execution(
+        execution_id=body["execution_id"],
+        business_id=body["business_id"],
+        state=ExecutionState(body["state"]),
+        revision=body["revision"],
+        definition_id=body["definition_id"],
+        definition_revision=body["definition_revision"],
+        current_node_id=body["current_node_id"],
+        step_count=body["step_count"],
+        fence=body["fence"],
+        wait=None if wait is None else p.WaitKey(*wait),
+    )
+
+
+def encode_wait_spec(spec: p.WaitSpec) -> str:
+    return dumps(
+        {
+            "node_id": spec.node_id,
+            "attempt_id": spec.attempt_id,
+            "event_type": spec.event_type,
+            "correlation": [list(pair) for pair in spec.correlation],
+            "wake_at": encode_optional_time(spec.wake_at),
+            "timeout": spec.timeout,
+        }
+    )
+
+
+def decode_wait_spec(text: str) -> p.WaitSpec:
+    body = json.loads(text)
+    return p.WaitSpec(
+        node_id=body["node_id"],
+        attempt_id=body["attempt_id"],
+        event_type=body["event_type"],
+        correlation=tuple((name, value) for name, value in body["correlation"]),
+        wake_at=decode_optional_time(body["wake_at"]),
+        timeout=body["timeout"],
+    )
+
+
+def encode_recovery(record: p.RecoveryRecord) -> str:
+    return dumps(
+        {
+            "command_id": record.command_id,
+            "kind": record.kind.value,
+            "execution_id": record.execution_id,
+            "expected_revision": record.expected_revision,
+            "resulting_revision": record.resulting_revision,
+            "resulting_state": record.resulting_state.value,
+        }
+    )
+
+
+def decode_recovery(text: str) -> p.RecoveryRecord:
+    body = json.loads(text)
+    return p.RecoveryRecord(
+        command_id=body["command_id"],
+        kind=p.RecoveryKind(body["kind"]),
+        execution_id=body["execution_id"],
+        expected_revision=body["expected_revision"],
+        resulting_revision=body["resulting_revision"],
+        resulting_state=ExecutionState(body["resulting_state"]),
+    )
