@@ -512,6 +512,13 @@ def _check_duration(field: str, value: object) -> None:
         raise _invalid(field, f"must be positive, got {value}")
 
 
+def _expiry(field: str, now: datetime, duration: timedelta) -> datetime:
+    try:
+        return now + duration
+    except OverflowError:
+        raise _invalid(field, f"{duration} from {now.isoformat()} is past the last representable time") from None
+
+
 def _check_revision(field: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise _invalid(field, f"must be a positive integer, got {value!r}")
@@ -525,7 +532,23 @@ def _check_fence(field: str, value: object) -> None:
 def _check_authority(field: str, value: object) -> None:
     if not isinstance(value, Authority):
         raise _invalid(field, "must be an Authority fact")
+    # A fact that is not exactly True or False must never pass as granted.
+    _check_bool(f"{field}.granted", value.granted)
     _check_id(f"{field}.principal_id", value.principal_id)
+
+
+def _check_bool(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise _invalid(field, f"must be true or false, got {value!r}")
+
+
+def _check_proof(field: str, value: object) -> None:
+    if not isinstance(value, SafeResumeEvidence):
+        raise _invalid(field, "must be SafeResumeEvidence")
+    for name in ("no_unresolved_command", "dependencies_current", "continuation_approved"):
+        _check_bool(f"{field}.{name}", getattr(value, name))
+    if not isinstance(value.idempotency_contract, str):
+        raise _invalid(f"{field}.idempotency_contract", "must be a string")
 
 
 def _check_credential(value: object) -> None:
@@ -799,6 +822,7 @@ def claim(execution: Execution | None, dispatch: Dispatch | None, request: Claim
         _check_id("lease_token", request.lease_token)
         _check_duration("lease_duration", request.lease_duration)
         _check_utc("now", now)
+        expires = _expiry("lease_duration", now, request.lease_duration)
     except _Invalid as exc:
         return exc.refusal
     execution_id = execution.execution_id if execution is not None else "?"
@@ -828,7 +852,7 @@ def claim(execution: Execution | None, dispatch: Dispatch | None, request: Claim
         new_dispatch,
         lease_token=request.lease_token,
         leased_by=request.worker_id,
-        lease_expires_at=now + request.lease_duration,
+        lease_expires_at=expires,
     )
     record = attrs.evolve(record, lease_token=request.lease_token, fence=new_execution.fence)
     lease = LeaseCredential(request.worker_id, request.lease_token, new_execution.fence)
@@ -847,6 +871,7 @@ def renew(execution: Execution | None, dispatch: Dispatch | None, request: Renew
         _check_credential(request.credential)
         _check_duration("lease_duration", request.lease_duration)
         _check_utc("now", now)
+        expires = _expiry("lease_duration", now, request.lease_duration)
     except _Invalid as exc:
         return exc.refusal
     execution_id = execution.execution_id if execution is not None else "?"
@@ -859,7 +884,7 @@ def renew(execution: Execution | None, dispatch: Dispatch | None, request: Renew
         return refusal
     # The table must admit renewal from here; it always does for running.
     EXECUTION.step(execution.state, ExecutionEvent.RENEW)
-    new_dispatch = attrs.evolve(dispatch, lease_expires_at=now + request.lease_duration)
+    new_dispatch = attrs.evolve(dispatch, lease_expires_at=expires)
     record = TransitionRecord(
         execution_id=execution.execution_id,
         event=ExecutionEvent.RENEW,
@@ -1095,6 +1120,8 @@ def wake(
         _check_id("key.execution_id", request.key.execution_id)
         _check_id("key.node_id", request.key.node_id)
         _check_id("key.attempt_id", request.key.attempt_id)
+        if not isinstance(request.reason, WakeReason):
+            raise _invalid("reason", f"unknown wake reason {request.reason!r}")
         _check_id("source_id", request.source_id)
         _check_id("business_id", request.business_id)
         _check_authority("authority", request.authority)
@@ -1118,10 +1145,16 @@ def wake(
     if refusal is not None:
         return refusal
     assert execution is not None and dispatch is not None
-    if execution.state != ExecutionState.WAITING or execution.wait != request.key or registration is None:
+    if (
+        execution.state != ExecutionState.WAITING
+        or dispatch.dispatch_state != DispatchState.WAITING
+        or execution.wait != request.key
+        or registration is None
+    ):
         return _refuse(
             RefusalCode.NOT_WAITING,
-            f"execution is {execution.state.value} and does not wait on node {request.key.node_id!r} "
+            f"execution is {execution.state.value} (dispatch {dispatch.dispatch_state.value}) and does not wait "
+            f"on node {request.key.node_id!r} "
             f"attempt {request.key.attempt_id!r}",
         )
     refusal = _first(_check_business(execution, request.business_id), _check_authorized(request.authority))
@@ -1188,8 +1221,15 @@ def cancel(execution: Execution | None, dispatch: Dispatch | None, request: Canc
         return _refuse(
             RefusalCode.CANCEL_RUNNING, "running work cannot be cancelled while its lease holder may be acting"
         )
-    if not EXECUTION.allows(execution.state, ExecutionEvent.CANCEL):
-        return _refuse(RefusalCode.ILLEGAL_TRANSITION, f"a {execution.state.value} execution cannot be cancelled")
+    if not (
+        EXECUTION.allows(execution.state, ExecutionEvent.CANCEL)
+        and DISPATCH.allows(dispatch.dispatch_state, ExecutionEvent.CANCEL)
+        and dispatch.dispatch_state == dispatch_state_of(execution.state)
+    ):
+        return _refuse(
+            RefusalCode.ILLEGAL_TRANSITION,
+            f"a {execution.state.value} execution (dispatch {dispatch.dispatch_state.value}) cannot be cancelled",
+        )
     new_execution, new_dispatch, record = _move(
         execution,
         dispatch,
@@ -1238,6 +1278,9 @@ def recover(
         _check_authority("authority", request.authority)
         if request.command_to_reconcile is not None:
             _check_id("command_to_reconcile", request.command_to_reconcile)
+        _check_bool("command_unresolved", request.command_unresolved)
+        if request.safe_resume is not None:
+            _check_proof("safe_resume", request.safe_resume)
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
@@ -1279,9 +1322,11 @@ def recover(
                 f"lease runs until {_iso(dispatch.lease_expires_at)}; now is {_iso(now)}",
             )
     else:
-        if execution.state != source:
+        if execution.state != source or dispatch.dispatch_state != DispatchState.RECONCILIATION_REQUIRED:
             return _refuse(
-                RefusalCode.NOT_IN_RECONCILIATION, f"execution is {execution.state.value}, not reconciliation_required"
+                RefusalCode.NOT_IN_RECONCILIATION,
+                f"execution is {execution.state.value} and dispatch {dispatch.dispatch_state.value}, "
+                "not reconciliation_required",
             )
         refusal = _check_business(execution, request.business_id)
         if refusal is not None:
