@@ -30,21 +30,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import sqlite_utils
 
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
+from fencekeeper.kernel.machines import DispatchState, ExecutionState
 
 from . import codec
-from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore
+from .sql import Dialect, SqlBackend
+from .store import Backend, Clock, ExecutionView, StoreError, TransactionalStore
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -159,8 +159,6 @@ BEGIN SELECT RAISE(ABORT, 'commands is append-only'); END;
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
-EXECUTION_TYPE = "WorkflowExecution"
-RECOVERY_COMMAND_TYPE = "workflow_reconcile"
 
 
 def _checksum(sql: str) -> str:
@@ -186,53 +184,32 @@ def _expected_fingerprint(version: int) -> list[tuple[str, str, str]]:
         conn.close()
 
 
-class _SQLiteBackend(Backend):
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
+SQLITE = Dialect(
+    name="sqlite",
+    placeholder="?",
+    same="IS",
+    seq="rowid",
+    encode_time=codec.encode_time,
+    decode_time=codec.decode_time,
+    integrity_errors=(sqlite3.IntegrityError,),
+)
 
-    def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
-        row = self.conn.execute(
-            "SELECT r.body FROM objects o JOIN object_revisions r "
-            "ON r.object_id = o.object_id AND r.revision = o.revision "
-            "WHERE o.object_id = ? AND o.object_type = ?",
-            (execution_id, EXECUTION_TYPE),
-        ).fetchone()
-        execution = None if row is None else codec.decode_execution(row[0])
-        return execution, _load_dispatch(self.conn, execution_id)
 
-    def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
-        row = self.conn.execute(
-            "SELECT business_id, spec, woken_by, wake_reason FROM wait_registrations "
-            "WHERE execution_id = ? AND node_id = ? AND attempt_id = ?",
-            (key.execution_id, key.node_id, key.attempt_id),
-        ).fetchone()
-        if row is None:
-            return None
-        return p.WaitRegistration(
-            key=key,
-            business_id=row[0],
-            spec=codec.decode_wait_spec(row[1]),
-            woken_by=row[2],
-            wake_reason=None if row[3] is None else p.WakeReason(row[3]),
-        )
+class _SQLiteBackend(SqlBackend):
+    """BEGIN IMMEDIATE already holds the file's write lock, so no row locks are needed."""
 
-    def load_recovery(self, command_id: str) -> p.RecoveryRecord | None:
-        row = self.conn.execute(
-            "SELECT body FROM commands WHERE command_id = ? AND command_type = ?",
-            (command_id, RECOVERY_COMMAND_TYPE),
-        ).fetchone()
-        return None if row is None else codec.decode_recovery(row[0])
+    dialect = SQLITE
 
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
         if business_id is None:
-            row = self.conn.execute(
+            row = self._execute(
                 "SELECT workflow_execution_id FROM workflow_dispatch "
                 "WHERE dispatch_state = 'eligible' AND eligible_at <= ? "
                 "ORDER BY eligible_at, workflow_execution_id LIMIT 1",
                 (codec.encode_time(now),),
             ).fetchone()
         else:
-            row = self.conn.execute(
+            row = self._execute(
                 "SELECT d.workflow_execution_id FROM workflow_dispatch d "
                 "JOIN objects o ON o.object_id = d.workflow_execution_id "
                 "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND o.business_id = ? "
@@ -240,209 +217,6 @@ class _SQLiteBackend(Backend):
                 (codec.encode_time(now), business_id),
             ).fetchone()
         return None if row is None else str(row[0])
-
-    def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
-        guard = decision.guard
-        at = codec.encode_time(now)
-        eid = guard.execution_id
-        conn = self.conn
-        execution = decision.execution
-        if guard.expected_revision == 0:
-            if execution is None or decision.dispatch is None:
-                return False
-            try:
-                conn.execute(
-                    "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, "
-                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (eid, EXECUTION_TYPE, execution.business_id, execution.revision, execution.state.value, at, at),
-                )
-            except sqlite3.IntegrityError:
-                return False
-            conn.execute(
-                "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at, lease_token, "
-                "leased_by, lease_expires_at, step_count, last_error_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (eid, *_dispatch_values(decision.dispatch)),
-            )
-        else:
-            if execution is not None:
-                cursor = conn.execute(
-                    "UPDATE objects SET revision = ?, state = ?, updated_at = ? "
-                    "WHERE object_id = ? AND object_type = ? AND revision = ? AND state = ?",
-                    (
-                        execution.revision,
-                        execution.state.value,
-                        at,
-                        eid,
-                        EXECUTION_TYPE,
-                        guard.expected_revision,
-                        None if guard.expected_state is None else guard.expected_state.value,
-                    ),
-                )
-                if cursor.rowcount != 1:
-                    return False
-            # The dispatch row is always written under its part of the guard;
-            # when the execution object is not written, the guard's revision
-            # is checked by the same statement, so a renewal cannot land on a
-            # revision it did not see.
-            dispatch = decision.dispatch
-            values = _dispatch_values(dispatch) if dispatch is not None else None
-            sql = (
-                "UPDATE workflow_dispatch SET dispatch_state = ?, eligible_at = ?, lease_token = ?, leased_by = ?, "
-                "lease_expires_at = ?, step_count = ?, last_error_code = ? "
-                if values is not None
-                else "UPDATE workflow_dispatch SET dispatch_state = dispatch_state "
-            )
-            sql += (
-                "WHERE workflow_execution_id = ? AND dispatch_state = ? AND lease_token IS ? "
-                "AND lease_expires_at IS ?"
-            )
-            params: list[object] = list(values) if values is not None else []
-            params += [
-                eid,
-                None if guard.expected_dispatch_state is None else guard.expected_dispatch_state.value,
-                guard.expected_lease_token,
-                codec.encode_optional_time(guard.expected_lease_expires_at),
-            ]
-            if guard.requires_live_lease:
-                sql += " AND lease_expires_at > ?"
-                params.append(at)
-            if execution is None:
-                sql += (
-                    " AND EXISTS (SELECT 1 FROM objects WHERE object_id = ? AND revision = ? AND state = ?)"
-                )
-                params += [
-                    eid,
-                    guard.expected_revision,
-                    None if guard.expected_state is None else guard.expected_state.value,
-                ]
-            if conn.execute(sql, params).rowcount != 1:
-                return False
-        if execution is not None:
-            conn.execute(
-                "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) VALUES (?, ?, ?, ?, ?)",
-                (eid, execution.revision, execution.state.value, codec.encode_execution(execution), at),
-            )
-        if decision.registration is not None and not self._write_registration(decision.registration):
-            return False
-        if decision.recovery is not None:
-            business = execution.business_id if execution is not None else None
-            try:
-                conn.execute(
-                    "INSERT INTO commands (command_id, command_type, business_id, execution_id, body, recorded_at) "
-                    "VALUES (?, ?, COALESCE(?, (SELECT business_id FROM objects WHERE object_id = ?)), ?, ?, ?)",
-                    (
-                        decision.recovery.command_id,
-                        RECOVERY_COMMAND_TYPE,
-                        business,
-                        eid,
-                        eid,
-                        codec.encode_recovery(decision.recovery),
-                        at,
-                    ),
-                )
-            except sqlite3.IntegrityError:
-                return False
-        conn.executemany(
-            "INSERT INTO transitions (execution_id, event, from_state, to_state, revision, at, actor, lease_token, "
-            "fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    r.execution_id,
-                    None if r.event is None else r.event.value,
-                    None if r.from_state is None else r.from_state.value,
-                    r.to_state.value,
-                    r.revision,
-                    codec.encode_time(r.at),
-                    r.actor,
-                    r.lease_token,
-                    r.fence,
-                    r.reason,
-                )
-                for r in decision.evidence
-            ],
-        )
-        for item in evidence:
-            self._write_evidence(eid, item, at)
-        return True
-
-    def _write_registration(self, registration: p.WaitRegistration) -> bool:
-        key = registration.key
-        if registration.woken_by is None:
-            try:
-                self.conn.execute(
-                    "INSERT INTO wait_registrations (execution_id, node_id, attempt_id, business_id, spec) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (
-                        key.execution_id,
-                        key.node_id,
-                        key.attempt_id,
-                        registration.business_id,
-                        codec.encode_wait_spec(registration.spec),
-                    ),
-                )
-            except sqlite3.IntegrityError:
-                return False
-            return True
-        cursor = self.conn.execute(
-            "UPDATE wait_registrations SET woken_by = ?, wake_reason = ? "
-            "WHERE execution_id = ? AND node_id = ? AND attempt_id = ? AND woken_by IS NULL",
-            (
-                registration.woken_by,
-                None if registration.wake_reason is None else registration.wake_reason.value,
-                key.execution_id,
-                key.node_id,
-                key.attempt_id,
-            ),
-        )
-        return cursor.rowcount == 1
-
-    def _write_evidence(self, execution_id: str, item: Evidence, at: str) -> None:
-        try:
-            self.conn.execute(
-                "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, created_at, "
-                "updated_at) SELECT ?, ?, business_id, object_id, 1, NULL, ?, ? FROM objects WHERE object_id = ?",
-                (item.object_id, item.kind, at, at, execution_id),
-            )
-        except sqlite3.IntegrityError:
-            raise StoreError(
-                "evidence_conflict", f"evidence {item.object_id!r} already exists; evidence is never overwritten"
-            ) from None
-        self.conn.execute(
-            "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) VALUES (?, 1, NULL, ?, ?)",
-            (item.object_id, item.body_json(), at),
-        )
-
-
-def _dispatch_values(d: p.Dispatch) -> tuple[object, ...]:
-    return (
-        d.dispatch_state.value,
-        codec.encode_time(d.eligible_at),
-        d.lease_token,
-        d.leased_by,
-        codec.encode_optional_time(d.lease_expires_at),
-        d.step_count,
-        d.last_error_code,
-    )
-
-
-def _load_dispatch(conn: sqlite3.Connection, execution_id: str) -> p.Dispatch | None:
-    row = conn.execute(
-        "SELECT dispatch_state, eligible_at, lease_token, leased_by, lease_expires_at, step_count, last_error_code "
-        "FROM workflow_dispatch WHERE workflow_execution_id = ?",
-        (execution_id,),
-    ).fetchone()
-    if row is None:
-        return None
-    return p.Dispatch(
-        workflow_execution_id=execution_id,
-        dispatch_state=DispatchState(row[0]),
-        eligible_at=codec.decode_time(row[1]),
-        lease_token=row[2],
-        leased_by=row[3],
-        lease_expires_at=codec.decode_optional_time(row[4]),
-        step_count=row[5],
-        last_error_code=row[6],
-    )
 
 
 class SQLiteStore(TransactionalStore):
@@ -480,86 +254,17 @@ class SQLiteStore(TransactionalStore):
                 self._conn.execute("COMMIT")
 
     def expired(self) -> list[str]:
-        now = codec.encode_time(self.clock.now())
+        now = self.clock.now()
         with self._read() as conn:
-            rows = conn.execute(
-                "SELECT workflow_execution_id FROM workflow_dispatch WHERE dispatch_state = 'claimed' "
-                "AND lease_expires_at <= ? ORDER BY workflow_execution_id",
-                (now,),
-            ).fetchall()
-        return [str(r[0]) for r in rows]
+            return _SQLiteBackend(conn).expired(now)
 
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
         with self._read() as conn:
-            if state is None:
-                rows = conn.execute(
-                    "SELECT object_id FROM objects WHERE object_type = ? ORDER BY object_id", (EXECUTION_TYPE,)
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    "SELECT object_id FROM objects WHERE object_type = ? AND state = ? ORDER BY object_id",
-                    (EXECUTION_TYPE, state.value),
-                ).fetchall()
-        return [str(r[0]) for r in rows]
+            return _SQLiteBackend(conn).execution_ids(state)
 
     def read(self, execution_id: str) -> ExecutionView | None:
         with self._read() as conn:
-            backend = _SQLiteBackend(conn)
-            execution, dispatch = backend.load(execution_id)
-            if execution is None or dispatch is None:
-                return None
-            revisions = tuple(
-                codec.decode_execution(r[0])
-                for r in conn.execute(
-                    "SELECT body FROM object_revisions WHERE object_id = ? ORDER BY revision", (execution_id,)
-                )
-            )
-            history = tuple(
-                p.TransitionRecord(
-                    execution_id=execution_id,
-                    event=None if r[0] is None else ExecutionEvent(r[0]),
-                    from_state=None if r[1] is None else ExecutionState(r[1]),
-                    to_state=ExecutionState(r[2]),
-                    revision=r[3],
-                    at=codec.decode_time(r[4]),
-                    actor=r[5],
-                    lease_token=r[6],
-                    fence=r[7],
-                    reason=r[8],
-                )
-                for r in conn.execute(
-                    "SELECT event, from_state, to_state, revision, at, actor, lease_token, fence, reason "
-                    "FROM transitions WHERE execution_id = ? ORDER BY seq",
-                    (execution_id,),
-                )
-            )
-            keys = conn.execute(
-                "SELECT node_id, attempt_id FROM wait_registrations WHERE execution_id = ? "
-                "ORDER BY rowid",
-                (execution_id,),
-            ).fetchall()
-            registrations = tuple(
-                r
-                for r in (backend.load_registration(p.WaitKey(execution_id, k[0], k[1])) for k in keys)
-                if r is not None
-            )
-            recoveries = tuple(
-                codec.decode_recovery(r[0])
-                for r in conn.execute(
-                    "SELECT body FROM commands WHERE execution_id = ? AND command_type = ? ORDER BY rowid",
-                    (execution_id, RECOVERY_COMMAND_TYPE),
-                )
-            )
-            evidence = tuple(
-                Evidence(r[0], r[1], json.loads(r[2]))
-                for r in conn.execute(
-                    "SELECT o.object_id, o.object_type, v.body FROM objects o JOIN object_revisions v "
-                    "ON v.object_id = o.object_id AND v.revision = o.revision "
-                    "WHERE o.parent_id = ? ORDER BY o.rowid",
-                    (execution_id,),
-                )
-            )
-        return ExecutionView(execution, dispatch, revisions, history, registrations, recoveries, evidence)
+            return _SQLiteBackend(conn).read_view(execution_id)
 
     def close(self) -> None:
         with self._lock:

@@ -167,6 +167,17 @@ class Store(Protocol):
 class Backend(abc.ABC):
     """What one transaction of a concrete store can read and write."""
 
+    def lock(self, execution_id: str) -> None:  # noqa: B027 - a hook; most stores lock the whole file
+        """Take the row locks a decision on ``execution_id`` needs, before the time is read.
+
+        Reading the time after the locks are held means that waiting for a
+        lock can never make a lease look younger than it is.
+        """
+
+    def now(self, clock: Clock) -> datetime:
+        """The authoritative time of this transaction; by default the store's clock."""
+        return clock.now()
+
     @abc.abstractmethod
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]: ...
 
@@ -202,11 +213,15 @@ class TransactionalStore(abc.ABC):
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
         """A write transaction: commits on normal exit, rolls back on any exception."""
 
-    def _run(self, decide: Decide, evidence: Sequence[Evidence] = ()) -> p.Outcome | None:
+    def _run(
+        self, decide: Decide, evidence: Sequence[Evidence] = (), lock: str | None = None
+    ) -> p.Outcome | None:
         for _ in range(2):
             try:
                 with self._transaction() as tx:
-                    now = self.clock.now()
+                    if lock is not None:
+                        tx.lock(lock)
+                    now = tx.now(self.clock)
                     outcome = decide(tx, now)
                     if isinstance(outcome, p.Decision) and not tx.write(outcome, evidence, now):
                         raise _GuardFailed
@@ -217,8 +232,8 @@ class TransactionalStore(abc.ABC):
         # outside the store changes rows: refuse to guess.
         raise StoreError("guard_conflict", "the rows changed under a write-locked transaction twice")
 
-    def _one(self, decide: Decide, evidence: Sequence[Evidence] = ()) -> p.Outcome:
-        outcome = self._run(decide, evidence)
+    def _one(self, decide: Decide, evidence: Sequence[Evidence] = (), lock: str | None = None) -> p.Outcome:
+        outcome = self._run(decide, evidence, lock)
         assert outcome is not None
         return outcome
 
@@ -235,37 +250,47 @@ class TransactionalStore(abc.ABC):
         return self._run(decide)
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome:
-        return self._one(lambda tx, now: p.renew(*tx.load(execution_id), request, now))
+        return self._one(lambda tx, now: p.renew(*tx.load(execution_id), request, now), lock=execution_id)
 
     def record_step(
         self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence] = ()
     ) -> p.Outcome:
-        return self._one(lambda tx, now: p.record_step(*tx.load(execution_id), request, now), evidence)
+        return self._one(
+            lambda tx, now: p.record_step(*tx.load(execution_id), request, now), evidence, lock=execution_id
+        )
 
     def release(self, execution_id: str, request: p.ReleaseRequest) -> p.Outcome:
-        return self._one(lambda tx, now: p.release(*tx.load(execution_id), request, now))
+        return self._one(lambda tx, now: p.release(*tx.load(execution_id), request, now), lock=execution_id)
 
     def finalize(self, request: p.FinalizeRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
-        return self._one(lambda tx, now: p.finalize(*tx.load(request.execution_id), request, now), evidence)
+        return self._one(
+            lambda tx, now: p.finalize(*tx.load(request.execution_id), request, now),
+            evidence,
+            lock=request.execution_id,
+        )
 
     def append_evidence(
         self, execution_id: str, credential: p.LeaseCredential, evidence: Sequence[Evidence]
     ) -> p.Outcome:
-        return self._one(lambda tx, now: p.fenced(*tx.load(execution_id), credential, now), evidence)
+        return self._one(
+            lambda tx, now: p.fenced(*tx.load(execution_id), credential, now), evidence, lock=execution_id
+        )
 
     def wake(self, request: p.WakeRequest) -> p.Outcome:
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.key.execution_id)
             return p.wake(execution, dispatch, tx.load_registration(request.key), request, now)
 
-        return self._one(decide)
+        return self._one(decide, lock=request.key.execution_id)
 
     def cancel(self, request: p.CancelRequest) -> p.Outcome:
-        return self._one(lambda tx, now: p.cancel(*tx.load(request.execution_id), request, now))
+        return self._one(
+            lambda tx, now: p.cancel(*tx.load(request.execution_id), request, now), lock=request.execution_id
+        )
 
     def recover(self, request: p.RecoveryRequest) -> p.Outcome:
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.execution_id)
             return p.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now)
 
-        return self._one(decide)
+        return self._one(decide, lock=request.execution_id)

@@ -1,0 +1,442 @@
+"""The PostgreSQL store: many workers on many machines, fenced by the database.
+
+Rules of this module:
+
+- Same port, same decisions, same guarded SQL as every store
+  (``store.py``, ``sql.py``); what differs is how rows are locked and where
+  time comes from.
+- Isolation is READ COMMITTED with explicit row locks.  A decision on an
+  execution first locks its ``objects`` row and then its
+  ``workflow_dispatch`` row (always in that order, so two transactions can
+  never wait on each other in a cycle), and only then reads them; the
+  guard in every UPDATE's WHERE clause is then a second line of defence.
+  SERIALIZABLE is not needed: every decision reads only the rows it has
+  locked, so no other transaction can change them before it commits.
+- Claiming uses ``FOR UPDATE SKIP LOCKED`` on both rows in one statement,
+  ordered by ``eligible_at, workflow_execution_id``: many workers never
+  block on each other's rows, and never wait for a lock, so claim takes no
+  part in any lock cycle either.
+- Authoritative time is the database's ``clock_timestamp()``, read once per
+  transaction *after* the row locks are held: ``now()`` is the start of the
+  transaction, and a transaction that waited for a lock would judge a
+  lease by a moment before it got the lock, making an expired lease look
+  live.  A worker's clock is never consulted.  (Tests may inject a clock.)
+- Every query is scoped to one business when the store is opened with
+  ``business_id``: rows of another business do not exist for it.
+- Migrations are numbered, immutable and forward-only, applied by
+  ``fencekeeper migrate`` (:func:`migrate`) under an advisory lock; opening
+  a store checks the recorded version and refuses a missing or newer schema
+  with a blocking, clearly worded error, as seed 001's deployment check does.
+- Whatever makes work eligible sends ``NOTIFY fencekeeper_eligible`` in the
+  same transaction, so idle workers (:meth:`PostgresStore.wait_for_work`)
+  wake when it commits, not on their next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import ConnectionPool
+
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import DispatchState, ExecutionState
+
+from .sql import Dialect, SqlBackend
+from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore
+
+CHANNEL = "fencekeeper_eligible"
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_DISPATCH_STATES = ", ".join(f"'{s.value}'" for s in DispatchState)
+
+MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (
+        1,
+        "initial",
+        f"""
+CREATE TABLE objects (
+    seq          bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    object_id    text PRIMARY KEY,
+    object_type  text NOT NULL,
+    business_id  text NOT NULL,
+    parent_id    text REFERENCES objects(object_id),
+    revision     integer NOT NULL CHECK (revision >= 1),
+    state        text,
+    created_at   timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL
+);
+CREATE INDEX objects_parent ON objects (parent_id) WHERE parent_id IS NOT NULL;
+CREATE INDEX objects_type_state ON objects (object_type, state);
+CREATE INDEX objects_business ON objects (business_id, object_type);
+
+CREATE TABLE object_revisions (
+    object_id    text NOT NULL REFERENCES objects(object_id),
+    revision     integer NOT NULL CHECK (revision >= 1),
+    state        text,
+    body         text NOT NULL,
+    committed_at timestamptz NOT NULL,
+    PRIMARY KEY (object_id, revision)
+);
+
+CREATE TABLE workflow_dispatch (
+    workflow_execution_id text PRIMARY KEY REFERENCES objects(object_id),
+    dispatch_state        text NOT NULL CHECK (dispatch_state IN ({_DISPATCH_STATES})),
+    eligible_at           timestamptz NOT NULL,
+    lease_token           text,
+    leased_by             text,
+    lease_expires_at      timestamptz,
+    step_count            integer NOT NULL DEFAULT 0 CHECK (step_count BETWEEN 0 AND {p.STEP_LIMIT}),
+    last_error_code       text,
+    CHECK (
+        (dispatch_state = 'claimed'
+            AND lease_token IS NOT NULL AND leased_by IS NOT NULL AND lease_expires_at IS NOT NULL)
+        OR (dispatch_state <> 'claimed'
+            AND lease_token IS NULL AND leased_by IS NULL AND lease_expires_at IS NULL)
+    )
+);
+-- Only eligible rows are in this index, so finding the next one costs the
+-- same with ten rows waiting or a million.
+CREATE INDEX workflow_dispatch_eligible ON workflow_dispatch (eligible_at, workflow_execution_id)
+    WHERE dispatch_state = 'eligible';
+CREATE INDEX workflow_dispatch_claimed ON workflow_dispatch (lease_expires_at)
+    WHERE dispatch_state = 'claimed';
+
+CREATE TABLE transitions (
+    seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    execution_id text NOT NULL REFERENCES objects(object_id),
+    event        text,
+    from_state   text,
+    to_state     text NOT NULL,
+    revision     integer NOT NULL,
+    at           timestamptz NOT NULL,
+    actor        text NOT NULL,
+    lease_token  text,
+    fence        integer NOT NULL,
+    reason       text NOT NULL
+);
+CREATE INDEX transitions_execution ON transitions (execution_id, seq);
+
+CREATE TABLE wait_registrations (
+    seq          bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    execution_id text NOT NULL REFERENCES objects(object_id),
+    node_id      text NOT NULL,
+    attempt_id   text NOT NULL,
+    business_id  text NOT NULL,
+    spec         text NOT NULL,
+    woken_by     text,
+    wake_reason  text,
+    PRIMARY KEY (execution_id, node_id, attempt_id)
+);
+
+CREATE TABLE events (
+    event_id     text PRIMARY KEY,
+    business_id  text NOT NULL,
+    event_type   text NOT NULL,
+    correlation  text NOT NULL,
+    committed_at timestamptz NOT NULL
+);
+CREATE INDEX events_type ON events (business_id, event_type);
+
+CREATE TABLE commands (
+    seq          bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    command_id   text PRIMARY KEY,
+    command_type text NOT NULL,
+    business_id  text NOT NULL,
+    execution_id text REFERENCES objects(object_id),
+    body         text NOT NULL,
+    recorded_at  timestamptz NOT NULL
+);
+CREATE INDEX commands_execution ON commands (execution_id);
+
+CREATE FUNCTION fencekeeper_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME;
+END $$;
+CREATE TRIGGER object_revisions_append_only BEFORE UPDATE OR DELETE ON object_revisions
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+CREATE TRIGGER transitions_append_only BEFORE UPDATE OR DELETE ON transitions
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+CREATE TRIGGER commands_append_only BEFORE UPDATE OR DELETE ON commands
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+""",
+    ),
+)
+"""Numbered, immutable, forward-only.  Never edit one: add the next."""
+
+
+def _checksum(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _aware(value: Any) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise StoreError("schema_altered", f"a timestamp column returned {value!r}, not an aware datetime")
+    return value.astimezone(UTC)
+
+
+def _check_schema_name(schema: str) -> str:
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise StoreError("store_unavailable", f"schema name {schema!r} must match {_SCHEMA_NAME.pattern}")
+    return schema
+
+
+POSTGRES = Dialect(
+    name="postgresql",
+    placeholder="%s",
+    same="IS NOT DISTINCT FROM",
+    seq="seq",
+    encode_time=lambda moment: moment,
+    decode_time=_aware,
+    integrity_errors=(psycopg.errors.UniqueViolation,),
+)
+
+
+class _PostgresBackend(SqlBackend):
+    dialect = POSTGRES
+
+    def __init__(self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool) -> None:
+        super().__init__(conn)
+        self.business_id = business_id
+        self.database_clock = database_clock
+        self.made_eligible = False
+
+    def lock(self, execution_id: str) -> None:
+        # objects first, then workflow_dispatch: the one lock order of this store.
+        self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
+        self._execute(
+            "SELECT 1 FROM workflow_dispatch WHERE workflow_execution_id = ? FOR UPDATE", (execution_id,)
+        )
+
+    def now(self, clock: Clock) -> datetime:
+        if not self.database_clock:
+            return clock.now()
+        row = self._execute("SELECT clock_timestamp()").fetchone()
+        return _aware(row[0])
+
+    def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
+        if self.business_id is not None:
+            row = self._execute(
+                "SELECT business_id FROM objects WHERE object_id = ?", (execution_id,)
+            ).fetchone()
+            if row is None or row[0] != self.business_id:
+                return None, None
+        return super().load(execution_id)
+
+    def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
+        scope = business_id if business_id is not None else self.business_id
+        row = self._execute(
+            "SELECT d.workflow_execution_id FROM workflow_dispatch d "
+            "JOIN objects o ON o.object_id = d.workflow_execution_id "
+            "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND (CAST(? AS text) IS NULL OR o.business_id = ?) "
+            "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 "
+            "FOR UPDATE OF o, d SKIP LOCKED",
+            (now, scope, scope),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
+        if not super().write(decision, evidence, now):
+            return False
+        dispatch = decision.dispatch
+        if dispatch is not None and dispatch.dispatch_state == DispatchState.ELIGIBLE:
+            self.made_eligible = True
+        return True
+
+
+class PostgresStore(TransactionalStore):
+    """A store in one PostgreSQL schema, shared by many workers on many machines."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "fencekeeper",
+        clock: Clock | None = None,
+        business_id: str | None = None,
+        pool_size: int = 4,
+    ) -> None:
+        super().__init__(clock)
+        self.dsn = dsn
+        self.schema = _check_schema_name(schema)
+        self.business_id = business_id
+        self._database_clock = clock is None
+        self._listener: psycopg.Connection[Any] | None = None
+        self._listener_lock = threading.Lock()
+        try:
+            self._pool = ConnectionPool(
+                dsn,
+                min_size=1,
+                max_size=pool_size,
+                kwargs={"options": f"-c search_path={self.schema}"},
+                open=True,
+                timeout=10,
+            )
+            self._pool.wait(timeout=10)
+        except Exception as exc:
+            raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {exc}") from None
+        try:
+            with self._pool.connection() as conn:
+                check_schema(conn, self.schema)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Backend]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                backend = _PostgresBackend(conn, self.business_id, self._database_clock)
+                yield backend
+                if backend.made_eligible:
+                    conn.execute(pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(CHANNEL)))
+        except psycopg.OperationalError as exc:
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {exc}") from None
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[_PostgresBackend]:
+        with self._pool.connection() as conn, conn.transaction():
+            # One snapshot for the whole view.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield _PostgresBackend(conn, self.business_id, self._database_clock)
+
+    def expired(self) -> list[str]:
+        with self._read() as tx:
+            now = tx.now(self.clock)
+            return [eid for eid in tx.expired(now) if self._visible(tx, eid)]
+
+    def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
+        with self._read() as tx:
+            return [eid for eid in tx.execution_ids(state) if self._visible(tx, eid)]
+
+    def read(self, execution_id: str) -> ExecutionView | None:
+        with self._read() as tx:
+            if not self._visible(tx, execution_id):
+                return None
+            return tx.read_view(execution_id)
+
+    def _visible(self, tx: _PostgresBackend, execution_id: str) -> bool:
+        return self.business_id is None or tx.load(execution_id)[0] is not None
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until something may have become eligible, or ``timeout`` seconds pass.
+
+        True when a notification arrived.  Workers still poll after a
+        timeout: a notification is a hint, never the only way to find work.
+        """
+        with self._listener_lock:
+            if self._listener is None or self._listener.closed:
+                self._listener = psycopg.connect(self.dsn, autocommit=True)
+                self._listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(CHANNEL)))
+            listener = self._listener
+        for _ in listener.notifies(timeout=timeout, stop_after=1):
+            return True
+        return False
+
+    def close(self) -> None:
+        with self._listener_lock:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+        self._pool.close()
+
+
+def _safe(dsn: str) -> str:
+    """The DSN without its password, for messages."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "an unparsable DSN"
+    params.pop("password", None)
+    return make_conninfo("", **params)
+
+
+# --- migrations and the deployment check -------------------------------------------------
+
+
+def migrate(dsn: str, schema: str = "fencekeeper") -> list[int]:
+    """Apply every pending migration to ``schema``; returns the versions applied.  Safe to run concurrently."""
+    schema = _check_schema_name(schema)
+    try:
+        conn = psycopg.connect(dsn)
+    except psycopg.Error as exc:
+        raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {exc}") from None
+    applied: list[int] = []
+    try:
+        with conn.transaction():
+            # One migrator at a time, whatever the schema; released at commit.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('fencekeeper.migrate'))")
+            conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema)))
+            conn.execute(pgsql.SQL("SET LOCAL search_path TO {}").format(pgsql.Identifier(schema)))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
+                "checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            )
+            version = _recorded_version(conn, schema)
+            for number, name, text in MIGRATIONS:
+                if number <= version:
+                    continue
+                conn.execute(text)
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                    (number, name, _checksum(text)),
+                )
+                applied.append(number)
+    finally:
+        conn.close()
+    return applied
+
+
+def check_schema(conn: psycopg.Connection[Any], schema: str) -> int:
+    """The deployment check: the schema exists at exactly this code's version, unaltered migrations."""
+    exists = conn.execute(
+        "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'schema_migrations'",
+        (schema,),
+    ).fetchone()
+    newest = max(number for number, _, _ in MIGRATIONS)
+    if exists is None:
+        raise StoreError(
+            "schema_missing",
+            f"schema {schema!r} has no fencekeeper tables; run `fencekeeper migrate --db ...` first",
+        )
+    version = _recorded_version(conn, schema)
+    if version < newest:
+        raise StoreError(
+            "schema_outdated",
+            f"schema {schema!r} is at version {version}, this fencekeeper needs {newest}; run `fencekeeper migrate`",
+        )
+    return version
+
+
+def _recorded_version(conn: psycopg.Connection[Any], schema: str) -> int:
+    rows = conn.execute(
+        pgsql.SQL("SELECT version, name, checksum FROM {}.schema_migrations ORDER BY version").format(
+            pgsql.Identifier(schema)
+        )
+    ).fetchall()
+    known = {number: (name, _checksum(text)) for number, name, text in MIGRATIONS}
+    newest = max(known)
+    version = 0
+    for number, name, checksum in rows:
+        if number > newest:
+            raise StoreError(
+                "schema_too_new",
+                f"schema {schema!r} is at version {number} ({name}), newer than this fencekeeper (version "
+                f"{newest}); upgrade fencekeeper before running it against this database",
+            )
+        if known.get(number) != (name, checksum):
+            raise StoreError(
+                "schema_altered", f"schema {schema!r}: migration {number} ({name}) differs from this fencekeeper's"
+            )
+        version = number
+    return version
+
+
+__all__ = ["CHANNEL", "MIGRATIONS", "PostgresStore", "check_schema", "migrate"]

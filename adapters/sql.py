@@ -1,0 +1,408 @@
+"""SQL shared by the database stores: guarded writes and history reads, written once.
+
+Rules of this module:
+
+- One transaction's reads and writes for a decision live here, in SQL that
+  SQLite and PostgreSQL both speak; a store supplies its :class:`Dialect`
+  (placeholder, null-safe equality, how times are stored, which exception a
+  unique violation raises) and whatever it does differently (locking,
+  claiming, the clock).
+- Every UPDATE carries its part of the kernel's guard in its WHERE clause,
+  and every INSERT of something that must be unique relies on the database's
+  own constraint.  A write that touches no row, or hits a constraint, makes
+  :meth:`SqlBackend.write` return False, and the caller rolls the whole
+  transaction back: nothing partial is ever visible.
+- Execution revisions, transition records, commands and evidence are only
+  ever inserted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+import attrs
+
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
+
+from . import codec
+from .store import Backend, Evidence, ExecutionView, StoreError
+
+EXECUTION_TYPE = "WorkflowExecution"
+RECOVERY_COMMAND_TYPE = "workflow_reconcile"
+
+
+@attrs.frozen
+class Dialect:
+    name: str
+    placeholder: str
+    same: str
+    """Null-safe equality: ``IS`` in SQLite, ``IS NOT DISTINCT FROM`` in PostgreSQL."""
+    seq: str
+    """The column that orders rows by insertion."""
+    encode_time: Callable[[datetime], object]
+    decode_time: Callable[[Any], datetime]
+    integrity_errors: tuple[type[Exception], ...]
+
+
+class SqlBackend(Backend):
+    """The guarded reads and writes of one transaction, in SQL both SQLite and PostgreSQL speak.
+
+    Statements are written once, with ``?`` placeholders and ``IS ?`` for
+    null-safe equality; :meth:`_sql` turns them into the dialect's spelling.
+    """
+
+    dialect: ClassVar[Dialect]
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def _sql(self, sql: str) -> str:
+        d = self.dialect
+        return sql.replace(" IS ?", f" {d.same} ?").replace("{seq}", d.seq).replace("?", d.placeholder)
+
+    def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
+        return self.conn.execute(self._sql(sql), params)
+
+    def _executemany(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        for row in rows:
+            self._execute(sql, row)
+
+    def _encode_optional_time(self, moment: datetime | None) -> object:
+        return None if moment is None else self.dialect.encode_time(moment)
+
+    def _decode_optional_time(self, value: Any) -> datetime | None:
+        return None if value is None else self.dialect.decode_time(value)
+
+    def expired(self, now: datetime) -> list[str]:
+        rows = self._execute(
+            "SELECT workflow_execution_id FROM workflow_dispatch WHERE dispatch_state = 'claimed' "
+            "AND lease_expires_at <= ? ORDER BY workflow_execution_id",
+            (self.dialect.encode_time(now),),
+        ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def execution_ids(self, state: ExecutionState | None) -> list[str]:
+        if state is None:
+            rows = self._execute(
+                "SELECT object_id FROM objects WHERE object_type = ? ORDER BY object_id", (EXECUTION_TYPE,)
+            ).fetchall()
+        else:
+            rows = self._execute(
+                "SELECT object_id FROM objects WHERE object_type = ? AND state = ? ORDER BY object_id",
+                (EXECUTION_TYPE, state.value),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
+        row = self._execute(
+            "SELECT r.body FROM objects o JOIN object_revisions r "
+            "ON r.object_id = o.object_id AND r.revision = o.revision "
+            "WHERE o.object_id = ? AND o.object_type = ?",
+            (execution_id, EXECUTION_TYPE),
+        ).fetchone()
+        execution = None if row is None else codec.decode_execution(row[0])
+        return execution, self._load_dispatch(execution_id)
+
+    def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
+        row = self._execute(
+            "SELECT business_id, spec, woken_by, wake_reason FROM wait_registrations "
+            "WHERE execution_id = ? AND node_id = ? AND attempt_id = ?",
+            (key.execution_id, key.node_id, key.attempt_id),
+        ).fetchone()
+        if row is None:
+            return None
+        return p.WaitRegistration(
+            key=key,
+            business_id=row[0],
+            spec=codec.decode_wait_spec(row[1]),
+            woken_by=row[2],
+            wake_reason=None if row[3] is None else p.WakeReason(row[3]),
+        )
+
+    def load_recovery(self, command_id: str) -> p.RecoveryRecord | None:
+        row = self._execute(
+            "SELECT body FROM commands WHERE command_id = ? AND command_type = ?",
+            (command_id, RECOVERY_COMMAND_TYPE),
+        ).fetchone()
+        return None if row is None else codec.decode_recovery(row[0])
+
+    def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
+        if business_id is None:
+            row = self._execute(
+                "SELECT workflow_execution_id FROM workflow_dispatch "
+                "WHERE dispatch_state = 'eligible' AND eligible_at <= ? "
+                "ORDER BY eligible_at, workflow_execution_id LIMIT 1",
+                (self.dialect.encode_time(now),),
+            ).fetchone()
+        else:
+            row = self._execute(
+                "SELECT d.workflow_execution_id FROM workflow_dispatch d "
+                "JOIN objects o ON o.object_id = d.workflow_execution_id "
+                "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND o.business_id = ? "
+                "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1",
+                (self.dialect.encode_time(now), business_id),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
+        guard = decision.guard
+        at = self.dialect.encode_time(now)
+        eid = guard.execution_id
+        execution = decision.execution
+        if guard.expected_revision == 0:
+            if execution is None or decision.dispatch is None:
+                return False
+            try:
+                self._execute(
+                    "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (eid, EXECUTION_TYPE, execution.business_id, execution.revision, execution.state.value, at, at),
+                )
+            except self.dialect.integrity_errors:
+                return False
+            self._execute(
+                "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at, lease_token, "
+                "leased_by, lease_expires_at, step_count, last_error_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (eid, *self._dispatch_values(decision.dispatch)),
+            )
+        else:
+            if execution is not None:
+                cursor = self._execute(
+                    "UPDATE objects SET revision = ?, state = ?, updated_at = ? "
+                    "WHERE object_id = ? AND object_type = ? AND revision = ? AND state = ?",
+                    (
+                        execution.revision,
+                        execution.state.value,
+                        at,
+                        eid,
+                        EXECUTION_TYPE,
+                        guard.expected_revision,
+                        None if guard.expected_state is None else guard.expected_state.value,
+                    ),
+                )
+                if cursor.rowcount != 1:
+                    return False
+            # The dispatch row is always written under its part of the guard;
+            # when the execution object is not written, the guard's revision
+            # is checked by the same statement, so a renewal cannot land on a
+            # revision it did not see.
+            dispatch = decision.dispatch
+            values = self._dispatch_values(dispatch) if dispatch is not None else None
+            sql = (
+                "UPDATE workflow_dispatch SET dispatch_state = ?, eligible_at = ?, lease_token = ?, leased_by = ?, "
+                "lease_expires_at = ?, step_count = ?, last_error_code = ? "
+                if values is not None
+                else "UPDATE workflow_dispatch SET dispatch_state = dispatch_state "
+            )
+            sql += (
+                "WHERE workflow_execution_id = ? AND dispatch_state = ? AND lease_token IS ? "
+                "AND lease_expires_at IS ?"
+            )
+            params: list[object] = list(values) if values is not None else []
+            params += [
+                eid,
+                None if guard.expected_dispatch_state is None else guard.expected_dispatch_state.value,
+                guard.expected_lease_token,
+                self._encode_optional_time(guard.expected_lease_expires_at),
+            ]
+            if guard.requires_live_lease:
+                sql += " AND lease_expires_at > ?"
+                params.append(at)
+            if execution is None:
+                sql += (
+                    " AND EXISTS (SELECT 1 FROM objects WHERE object_id = ? AND revision = ? AND state = ?)"
+                )
+                params += [
+                    eid,
+                    guard.expected_revision,
+                    None if guard.expected_state is None else guard.expected_state.value,
+                ]
+            if self._execute(sql, params).rowcount != 1:
+                return False
+        if execution is not None:
+            self._execute(
+                "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) VALUES (?, ?, ?, ?, ?)",
+                (eid, execution.revision, execution.state.value, codec.encode_execution(execution), at),
+            )
+        if decision.registration is not None and not self._write_registration(decision.registration):
+            return False
+        if decision.recovery is not None:
+            business = execution.business_id if execution is not None else None
+            try:
+                self._execute(
+                    "INSERT INTO commands (command_id, command_type, business_id, execution_id, body, recorded_at) "
+                    "VALUES (?, ?, COALESCE(?, (SELECT business_id FROM objects WHERE object_id = ?)), ?, ?, ?)",
+                    (
+                        decision.recovery.command_id,
+                        RECOVERY_COMMAND_TYPE,
+                        business,
+                        eid,
+                        eid,
+                        codec.encode_recovery(decision.recovery),
+                        at,
+                    ),
+                )
+            except self.dialect.integrity_errors:
+                return False
+        self._executemany(
+            "INSERT INTO transitions (execution_id, event, from_state, to_state, revision, at, actor, lease_token, "
+            "fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    r.execution_id,
+                    None if r.event is None else r.event.value,
+                    None if r.from_state is None else r.from_state.value,
+                    r.to_state.value,
+                    r.revision,
+                    self.dialect.encode_time(r.at),
+                    r.actor,
+                    r.lease_token,
+                    r.fence,
+                    r.reason,
+                )
+                for r in decision.evidence
+            ],
+        )
+        for item in evidence:
+            self._write_evidence(eid, item, at)
+        return True
+
+    def _write_registration(self, registration: p.WaitRegistration) -> bool:
+        key = registration.key
+        if registration.woken_by is None:
+            try:
+                self._execute(
+                    "INSERT INTO wait_registrations (execution_id, node_id, attempt_id, business_id, spec) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (
+                        key.execution_id,
+                        key.node_id,
+                        key.attempt_id,
+                        registration.business_id,
+                        codec.encode_wait_spec(registration.spec),
+                    ),
+                )
+            except self.dialect.integrity_errors:
+                return False
+            return True
+        cursor = self._execute(
+            "UPDATE wait_registrations SET woken_by = ?, wake_reason = ? "
+            "WHERE execution_id = ? AND node_id = ? AND attempt_id = ? AND woken_by IS NULL",
+            (
+                registration.woken_by,
+                None if registration.wake_reason is None else registration.wake_reason.value,
+                key.execution_id,
+                key.node_id,
+                key.attempt_id,
+            ),
+        )
+        return bool(cursor.rowcount == 1)
+
+    def _write_evidence(self, execution_id: str, item: Evidence, at: object) -> None:
+        try:
+            self._execute(
+                "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, created_at, "
+                "updated_at) SELECT ?, ?, business_id, object_id, 1, NULL, ?, ? FROM objects WHERE object_id = ?",
+                (item.object_id, item.kind, at, at, execution_id),
+            )
+        except self.dialect.integrity_errors:
+            raise StoreError(
+                "evidence_conflict", f"evidence {item.object_id!r} already exists; evidence is never overwritten"
+            ) from None
+        self._execute(
+            "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) VALUES (?, 1, NULL, ?, ?)",
+            (item.object_id, item.body_json(), at),
+        )
+
+    def _dispatch_values(self, d: p.Dispatch) -> tuple[object, ...]:
+        return (
+            d.dispatch_state.value,
+            self.dialect.encode_time(d.eligible_at),
+            d.lease_token,
+            d.leased_by,
+            self._encode_optional_time(d.lease_expires_at),
+            d.step_count,
+            d.last_error_code,
+        )
+
+
+    def _load_dispatch(self, execution_id: str) -> p.Dispatch | None:
+        row = self._execute(
+            "SELECT dispatch_state, eligible_at, lease_token, leased_by, lease_expires_at, step_count, last_error_code "
+            "FROM workflow_dispatch WHERE workflow_execution_id = ?",
+            (execution_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return p.Dispatch(
+            workflow_execution_id=execution_id,
+            dispatch_state=DispatchState(row[0]),
+            eligible_at=self.dialect.decode_time(row[1]),
+            lease_token=row[2],
+            leased_by=row[3],
+            lease_expires_at=self._decode_optional_time(row[4]),
+            step_count=row[5],
+            last_error_code=row[6],
+        )
+
+    def read_view(self, execution_id: str) -> ExecutionView | None:
+        """The execution with its whole history, or None."""
+        execution, dispatch = self.load(execution_id)
+        if execution is None or dispatch is None:
+            return None
+        revisions = tuple(
+            codec.decode_execution(r[0])
+            for r in self._execute(
+                "SELECT body FROM object_revisions WHERE object_id = ? ORDER BY revision", (execution_id,)
+            )
+        )
+        history = tuple(
+            p.TransitionRecord(
+                execution_id=execution_id,
+                event=None if r[0] is None else ExecutionEvent(r[0]),
+                from_state=None if r[1] is None else ExecutionState(r[1]),
+                to_state=ExecutionState(r[2]),
+                revision=r[3],
+                at=self.dialect.decode_time(r[4]),
+                actor=r[5],
+                lease_token=r[6],
+                fence=r[7],
+                reason=r[8],
+            )
+            for r in self._execute(
+                "SELECT event, from_state, to_state, revision, at, actor, lease_token, fence, reason "
+                "FROM transitions WHERE execution_id = ? ORDER BY seq",
+                (execution_id,),
+            )
+        )
+        keys = self._execute(
+            "SELECT node_id, attempt_id FROM wait_registrations WHERE execution_id = ? "
+            "ORDER BY {seq}",
+            (execution_id,),
+        ).fetchall()
+        registrations = tuple(
+            r
+            for r in (self.load_registration(p.WaitKey(execution_id, k[0], k[1])) for k in keys)
+            if r is not None
+        )
+        recoveries = tuple(
+            codec.decode_recovery(r[0])
+            for r in self._execute(
+                "SELECT body FROM commands WHERE execution_id = ? AND command_type = ? ORDER BY {seq}",
+                (execution_id, RECOVERY_COMMAND_TYPE),
+            )
+        )
+        evidence = tuple(
+            Evidence(r[0], r[1], json.loads(r[2]))
+            for r in self._execute(
+                "SELECT o.object_id, o.object_type, v.body FROM objects o JOIN object_revisions v "
+                "ON v.object_id = o.object_id AND v.revision = o.revision "
+                "WHERE o.parent_id = ? ORDER BY o.{seq}",
+                (execution_id,),
+            )
+        )
+        return ExecutionView(execution, dispatch, revisions, history, registrations, recoveries, evidence)
