@@ -25,8 +25,9 @@ from fencekeeper.kernel.errors import KernelError
 from fencekeeper.kernel.machines import MACHINES
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import demo
+from . import demo, postgres_store, sqlite_store
 from .diagrams import machines_markdown, render_diagram
+from .store import StoreError
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -71,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     mc.add_argument("--ticks", type=_positive, metavar="N", help="the last clock tick (leases last 2)")
     mc.add_argument("--depth", type=_positive, metavar="N", help="cut the search at this many moves")
 
+    mig = sub.add_parser("migrate", help="create or upgrade a store's schema (forward-only, numbered migrations)")
+    mig.add_argument("--db", required=True, metavar="URL", help="a SQLite file path, or a postgresql:// DSN")
+    mig.add_argument("--schema", default="fencekeeper", help="PostgreSQL schema (default: fencekeeper)")
+
     check = sub.add_parser("check-spec", help="validate machine spec TOML files")
     check.add_argument("files", type=Path, nargs="+", metavar="FILE")
     return parser
@@ -109,6 +114,8 @@ def _run(args: argparse.Namespace) -> int:
         _export_specs(args.directory)
     elif args.command == "modelcheck":
         return _modelcheck(args)
+    elif args.command == "migrate":
+        _migrate(args.db, args.schema)
     elif args.command == "check-spec":
         for path in args.files:
             spec = parse_machine_spec(_read(path), str(path))
@@ -150,6 +157,20 @@ def _modelcheck(args: argparse.Namespace) -> int:
             return EXIT_PROBLEM
     print("every invariant of specs/protocol.md held in every explored state and write")
     return EXIT_OK
+
+
+def _migrate(url: str, schema: str) -> None:
+    try:
+        if url.startswith(("postgresql://", "postgres://")):
+            applied = postgres_store.migrate(url, schema)
+            where = f"schema {schema!r}"
+        else:
+            # A SQLite store migrates forward when it is opened, after checking the file is its own.
+            sqlite_store.SQLiteStore(url).close()
+            applied, where = [], url
+    except StoreError as exc:
+        raise CliError(f"{exc.message} [{exc.code}]", EXIT_PROBLEM) from None
+    print(f"{where}: " + (f"applied migrations {applied}" if applied else "schema is current"))
 
 
 def _read(path: Path) -> str:

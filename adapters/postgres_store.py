@@ -281,7 +281,7 @@ class PostgresStore(TransactionalStore):
             )
             self._pool.wait(timeout=10)
         except Exception as exc:
-            raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {exc}") from None
+            raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
         try:
             with self._pool.connection() as conn:
                 check_schema(conn, self.schema)
@@ -298,7 +298,7 @@ class PostgresStore(TransactionalStore):
                 if backend.made_eligible:
                     conn.execute(pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(CHANNEL)))
         except psycopg.OperationalError as exc:
-            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {exc}") from None
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[_PostgresBackend]:
@@ -348,6 +348,11 @@ class PostgresStore(TransactionalStore):
         self._pool.close()
 
 
+def _one_line(exc: BaseException) -> str:
+    # libpq's messages span lines ("... refused\n\tIs the server running..."); errors here are one line.
+    return " ".join(str(exc).split())
+
+
 def _safe(dsn: str) -> str:
     """The DSN without its password, for messages."""
     try:
@@ -367,7 +372,7 @@ def migrate(dsn: str, schema: str = "fencekeeper") -> list[int]:
     try:
         conn = psycopg.connect(dsn)
     except psycopg.Error as exc:
-        raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {exc}") from None
+        raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
     applied: list[int] = []
     try:
         with conn.transaction():
