@@ -1,10 +1,16 @@
-"""Shared fixtures: where the repository's committed files are."""
+"""Shared fixtures: where the committed files are, and a PostgreSQL schema per test where a server is reachable."""
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+
+from fencekeeper.adapters.postgres_store import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs" / "machines"
@@ -13,3 +19,42 @@ SPECS = ROOT / "specs" / "machines"
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------
+#
+# The PostgreSQL tests need a server.  Where none is reachable they are
+# skipped with one clear reason, unless FENCEKEEPER_REQUIRE_PG is set (CI sets
+# it), in which case an unreachable server fails the run.
+
+DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def pg_dsn_from_env() -> str:
+    return os.environ.get("FENCEKEEPER_PG_DSN", DEFAULT_PG_DSN)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    dsn = pg_dsn_from_env()
+    try:
+        psycopg.connect(dsn, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split())
+        if os.environ.get("FENCEKEEPER_REQUIRE_PG"):
+            pytest.fail(f"FENCEKEEPER_REQUIRE_PG is set but PostgreSQL is unreachable at {dsn}: {reason}")
+        pytest.skip(
+            f"PostgreSQL unreachable at {dsn}; start a server or set FENCEKEEPER_PG_DSN "
+            "(set FENCEKEEPER_REQUIRE_PG=1 to make this a failure)"
+        )
+    return dsn
+
+
+@pytest.fixture
+def pg_schema(pg_dsn: str) -> Iterator[str]:
+    """A fresh, migrated schema for one test, dropped afterwards."""
+    schema = f"fk_test_{uuid.uuid4().hex[:12]}"
+    migrate(pg_dsn, schema)
+    yield schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]

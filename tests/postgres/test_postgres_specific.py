@@ -1,0 +1,189 @@
+"""What only the PostgreSQL store does: its schema check, business isolation, LISTEN/NOTIFY, SKIP LOCKED, database time.
+
+The behaviour every store shares is proven by the shipped suite
+(tests/stores); these tests cover what that suite cannot see.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from fencekeeper.adapters.postgres_store import MIGRATIONS, PostgresStore, migrate
+from fencekeeper.adapters.store import StoreError
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import ExecutionState
+
+OPS = p.Authority(True, "ops")
+LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture
+def store(pg_dsn: str, pg_schema: str) -> Iterator[PostgresStore]:
+    s = PostgresStore(pg_dsn, schema=pg_schema)
+    yield s
+    s.close()
+
+
+def _admit(store: PostgresStore, eid: str, business: str = "acme") -> None:
+    outcome = store.admit(p.AdmitRequest(eid, business, "d", 1, "start", OPS))
+    assert isinstance(outcome, p.Decision), outcome
+
+
+def _sql(pg_dsn: str, schema: str, statement: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
+def test_a_missing_schema_is_a_blocking_error(pg_dsn: str) -> None:
+    with pytest.raises(StoreError) as raised:
+        PostgresStore(pg_dsn, schema="fk_never_migrated")
+    assert raised.value.code == "schema_missing"
+    assert "fencekeeper migrate" in raised.value.message
+
+
+def test_a_newer_schema_is_refused_naming_the_version(pg_dsn: str, pg_schema: str) -> None:
+    _sql(pg_dsn, pg_schema, "INSERT INTO schema_migrations (version, name, checksum) VALUES (99, 'future', 'x')")
+    with pytest.raises(StoreError) as raised:
+        PostgresStore(pg_dsn, schema=pg_schema)
+    assert raised.value.code == "schema_too_new"
+    assert "99" in raised.value.message
+
+
+def test_an_edited_migration_is_refused(pg_dsn: str, pg_schema: str) -> None:
+    _sql(pg_dsn, pg_schema, "UPDATE schema_migrations SET checksum = 'edited' WHERE version = 1")
+    with pytest.raises(StoreError) as raised:
+        PostgresStore(pg_dsn, schema=pg_schema)
+    assert raised.value.code == "schema_altered"
+
+
+def test_migrate_is_idempotent_and_records_every_migration(pg_dsn: str, pg_schema: str) -> None:
+    assert migrate(pg_dsn, pg_schema) == []
+    with psycopg.connect(pg_dsn) as conn:
+        versions = [r[0] for r in conn.execute(f"SELECT version FROM {pg_schema}.schema_migrations")]  # type: ignore[arg-type]
+    assert versions == [number for number, _, _ in MIGRATIONS]
+
+
+def test_a_bad_dsn_is_one_clear_error() -> None:
+    with pytest.raises(StoreError) as raised:
+        PostgresStore("postgresql://nobody@127.0.0.1:1/none", schema="x")
+    assert raised.value.code == "store_unavailable"
+    assert "\n" not in raised.value.message
+
+
+def test_one_business_can_neither_read_nor_change_another(pg_dsn: str, pg_schema: str) -> None:
+    everyone = PostgresStore(pg_dsn, schema=pg_schema)
+    acme = PostgresStore(pg_dsn, schema=pg_schema, business_id="acme")
+    other = PostgresStore(pg_dsn, schema=pg_schema, business_id="globex")
+    try:
+        _admit(everyone, "e-acme", "acme")
+        _admit(everyone, "e-globex", "globex")
+        assert other.read("e-acme") is None
+        assert other.execution_ids() == ["e-globex"]
+        assert acme.execution_ids() == ["e-acme"]
+        before = everyone.read("e-acme")
+        cancel = other.cancel(p.CancelRequest("e-acme", "globex", 1, OPS))
+        assert isinstance(cancel, p.Refusal) and cancel.code == p.RefusalCode.EXECUTION_NOT_FOUND
+        # Even presenting the right business, a store scoped to another cannot touch it.
+        cancel = other.cancel(p.CancelRequest("e-acme", "acme", 1, OPS))
+        assert isinstance(cancel, p.Refusal) and cancel.code == p.RefusalCode.EXECUTION_NOT_FOUND
+        claim = other.claim_next(p.ClaimRequest("w-globex", "t1", LEASE))
+        assert isinstance(claim, p.Decision) and claim.execution is not None
+        assert claim.execution.execution_id == "e-globex"
+        assert other.claim_next(p.ClaimRequest("w-globex", "t2", LEASE)) is None
+        assert everyone.read("e-acme") == before
+    finally:
+        for s in (everyone, acme, other):
+            s.close()
+
+
+def test_database_time_decides_lease_expiry(store: PostgresStore, pg_dsn: str) -> None:
+    _admit(store, "e1")
+    before = datetime.now(UTC)
+    claim = store.claim_next(p.ClaimRequest("w1", "t1", LEASE))
+    after = datetime.now(UTC)
+    assert isinstance(claim, p.Decision) and claim.dispatch is not None
+    expires = claim.dispatch.lease_expires_at
+    assert expires is not None
+    # The expiry is the server's clock_timestamp() plus the lease (same machine, so close to ours).
+    assert before + LEASE - timedelta(seconds=2) <= expires <= after + LEASE + timedelta(seconds=2)
+
+
+def test_concurrent_claims_skip_locked_rows(pg_dsn: str, pg_schema: str) -> None:
+    stores = [PostgresStore(pg_dsn, schema=pg_schema) for _ in range(4)]
+    try:
+        for i in range(40):
+            _admit(stores[0], f"e{i:03}")
+        claimed: list[str] = []
+        lock = threading.Lock()
+
+        def drain(s: PostgresStore, worker: str) -> None:
+            n = 0
+            while True:
+                n += 1
+                outcome = s.claim_next(p.ClaimRequest(worker, f"{worker}-{n}", LEASE))
+                if outcome is None:
+                    return
+                assert isinstance(outcome, p.Decision) and outcome.execution is not None
+                with lock:
+                    claimed.append(outcome.execution.execution_id)
+
+        threads = [threading.Thread(target=drain, args=(s, f"w{k}")) for k, s in enumerate(stores)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(claimed) == [f"e{i:03}" for i in range(40)], "every execution claimed exactly once"
+        assert stores[0].execution_ids(ExecutionState.RUNNING) == sorted(claimed)
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_an_idle_worker_is_woken_promptly_when_work_becomes_eligible(pg_dsn: str, pg_schema: str) -> None:
+    waiter = PostgresStore(pg_dsn, schema=pg_schema)
+    admitter = PostgresStore(pg_dsn, schema=pg_schema)
+    try:
+        assert waiter.wait_for_work(0.05) is False  # subscribes; nothing pending
+        woke: list[float] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            if waiter.wait_for_work(10.0):
+                woke.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.2)
+        _admit(admitter, "e-new")
+        thread.join(timeout=15)
+        assert woke, "the notification never arrived"
+        # Far sooner than the 10 s poll fallback: the admission's commit woke it.
+        assert woke[0] < 5.0
+        claim = waiter.claim_next(p.ClaimRequest("w1", "t1", LEASE))
+        assert isinstance(claim, p.Decision)
+    finally:
+        waiter.close()
+        admitter.close()
+
+
+def test_a_refused_decision_sends_no_notification(pg_dsn: str, pg_schema: str) -> None:
+    waiter = PostgresStore(pg_dsn, schema=pg_schema)
+    actor = PostgresStore(pg_dsn, schema=pg_schema)
+    try:
+        _admit(actor, "e1")
+        # Subscribe, and drain the admission's notice.
+        while waiter.wait_for_work(0.1):
+            pass
+        refused = actor.cancel(p.CancelRequest("e1", "acme", 99, OPS))
+        assert isinstance(refused, p.Refusal)
+        assert waiter.wait_for_work(0.5) is False
+    finally:
+        waiter.close()
+        actor.close()
