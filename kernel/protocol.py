@@ -320,7 +320,16 @@ class Guard:
     requires_live_lease: bool = False
 
     def holds(self, execution: Execution | None, dispatch: Dispatch | None, now: datetime) -> bool:
-        """Whether the store may apply the decision to these rows at ``now`` (the reference semantics)."""
+        """Whether the store may apply the decision to these rows at ``now`` (the reference semantics).
+
+        Contracts (PEP 316, checked by CrossHair; see tests/contracts).  It
+        never accepts half a pair of rows, and accepts no rows only for a
+        guard that expects none (rows exist from revision 1).  Its live-lease
+        clause is checked through ``_guard``'s contract.
+
+        pre: execution is None or execution.revision >= 1
+        post: not __return__ or (execution is None) == (dispatch is None) == (self.expected_revision == 0)
+        """
         if execution is None or dispatch is None:
             return self.expected_revision == 0 and execution is None and dispatch is None
         return (
@@ -613,6 +622,11 @@ def _refuse(code: RefusalCode, message: str) -> Refusal:
 
 
 def _guard(execution: Execution, dispatch: Dispatch, *, live: bool = False) -> Guard:
+    """The guard of a decision made on these rows: it holds on them exactly while any lease it needs is live.
+
+    pre: execution.revision >= 1
+    post: __return__.holds(execution, dispatch, dispatch.eligible_at) == (not live or (dispatch.lease_expires_at is not None and dispatch.eligible_at < dispatch.lease_expires_at))
+    """
     return Guard(
         execution_id=execution.execution_id,
         expected_revision=execution.revision,
@@ -640,7 +654,15 @@ def _move(
     wait: WaitKey | None = None,
     fence: int | None = None,
 ) -> tuple[Execution, Dispatch, TransitionRecord]:
-    """Both rows after ``event``: the tables decide the states, this only carries fields over."""
+    """Both rows after ``event``: the tables decide the states, this only carries fields over.
+
+    Every move is one new revision; the dispatch row follows the execution's
+    state; the lease survives only a move that keeps it and stays claimed.
+
+    pre: EXECUTION.allows(execution.state, event) and dispatch.dispatch_state == dispatch_state_of(execution.state)
+    post: __return__[0].revision == execution.revision + 1 and __return__[0].state == EXECUTION.step(execution.state, event) and __return__[1].dispatch_state == dispatch_state_of(__return__[0].state)
+    post: (__return__[1].lease_token, __return__[1].leased_by, __return__[1].lease_expires_at) == ((dispatch.lease_token, dispatch.leased_by, dispatch.lease_expires_at) if keep_lease and __return__[1].dispatch_state == DispatchState.CLAIMED else (None, None, None))
+    """
     new_state = EXECUTION.step(execution.state, event)
     new_dispatch_state = DISPATCH.step(dispatch.dispatch_state, event)
     # The two tables are built from one list and must agree; a mismatch here
@@ -683,7 +705,10 @@ def _move(
 
 
 def _check_pair(execution: Execution | None, dispatch: Dispatch | None, execution_id: str) -> Refusal | None:
-    """Seed 000 finalization preconditions 1 to 3, shared by every decision on an existing execution."""
+    """Seed 000 finalization preconditions 1 to 3, shared by every decision on an existing execution.
+
+    post: (None if __return__ is None else __return__.code) == (RefusalCode.EXECUTION_NOT_FOUND if execution is None else RefusalCode.DISPATCH_NOT_FOUND if dispatch is None else None if execution.execution_id == execution_id == dispatch.workflow_execution_id else RefusalCode.IDENTITY_MISMATCH)
+    """
     if execution is None:
         return _refuse(RefusalCode.EXECUTION_NOT_FOUND, f"execution {execution_id!r} does not exist")
     if dispatch is None:
@@ -700,7 +725,16 @@ def _check_pair(execution: Execution | None, dispatch: Dispatch | None, executio
 def _check_lease(
     execution: Execution, dispatch: Dispatch, credential: LeaseCredential, now: datetime
 ) -> Refusal | None:
-    """Seed 000 finalization preconditions 4 to 8, plus seed 001's fence."""
+    """Seed 000 finalization preconditions 4 to 8, plus seed 001's fence.
+
+    The lease is valid exactly when all of them hold, and the first that
+    fails, in the seed's order, names the refusal:
+
+    pre: now.tzinfo is not None
+    pre: dispatch.lease_expires_at is None or dispatch.lease_expires_at.tzinfo is not None
+    post: (__return__ is None) == (dispatch.dispatch_state == DispatchState.CLAIMED and execution.state == ExecutionState.RUNNING and dispatch.lease_token == credential.lease_token and dispatch.leased_by == credential.worker_id and dispatch.lease_expires_at is not None and now < dispatch.lease_expires_at and credential.fence == execution.fence)
+    post: __return__ is None or __return__.code == (RefusalCode.DISPATCH_NOT_CLAIMED if dispatch.dispatch_state != DispatchState.CLAIMED else RefusalCode.EXECUTION_NOT_RUNNING if execution.state != ExecutionState.RUNNING else RefusalCode.LEASE_TOKEN_MISMATCH if dispatch.lease_token != credential.lease_token else RefusalCode.WORKER_MISMATCH if dispatch.leased_by != credential.worker_id else RefusalCode.LEASE_EXPIRED if dispatch.lease_expires_at is None or now >= dispatch.lease_expires_at else RefusalCode.STALE_FENCE)
+    """
     if dispatch.dispatch_state != DispatchState.CLAIMED:
         return _refuse(
             RefusalCode.DISPATCH_NOT_CLAIMED, f"dispatch row is {dispatch.dispatch_state.value}, not claimed"
@@ -726,6 +760,10 @@ def _check_lease(
 
 
 def _check_business(execution: Execution, business_id: str) -> Refusal | None:
+    """Seed 000 finalization precondition 9.
+
+    post: (None if __return__ is None else __return__.code) == (None if execution.business_id == business_id else RefusalCode.BUSINESS_MISMATCH)
+    """
     if execution.business_id != business_id:
         return _refuse(
             RefusalCode.BUSINESS_MISMATCH,
@@ -735,6 +773,10 @@ def _check_business(execution: Execution, business_id: str) -> Refusal | None:
 
 
 def _check_revision_current(execution: Execution, expected: int) -> Refusal | None:
+    """Seed 000 finalization precondition 10.
+
+    post: (None if __return__ is None else __return__.code) == (None if execution.revision == expected else RefusalCode.STALE_REVISION)
+    """
     if execution.revision != expected:
         return _refuse(
             RefusalCode.STALE_REVISION, f"expected revision {expected}, current revision is {execution.revision}"
@@ -743,6 +785,10 @@ def _check_revision_current(execution: Execution, expected: int) -> Refusal | No
 
 
 def _check_authorized(authority: Authority) -> Refusal | None:
+    """Seed 000 finalization precondition 11 (the caller's check of current facts, never the lease).
+
+    post: (None if __return__ is None else __return__.code) == (None if authority.granted else RefusalCode.NOT_AUTHORIZED)
+    """
     if not authority.granted:
         why = f": {authority.reason}" if authority.reason else ""
         return _refuse(RefusalCode.NOT_AUTHORIZED, f"{authority.principal_id!r} is not authorized{why}")
@@ -754,6 +800,10 @@ def _iso(value: datetime | None) -> str:
 
 
 def _first(*checks: Refusal | None) -> Refusal | None:
+    """The first refusal, in the order given: the order of the seed's preconditions.
+
+    post: __return__ is next((check for check in checks if check is not None), None)
+    """
     for refusal in checks:
         if refusal is not None:
             return refusal
@@ -1132,6 +1182,15 @@ def wake(
     except _Invalid as exc:
         return exc.refusal
     if registration is not None and registration.woken_by is not None:
+        # Who woke a waiter is told only to a caller who may know it.
+        if registration.business_id != request.business_id:
+            return _refuse(
+                RefusalCode.BUSINESS_MISMATCH,
+                f"the registration belongs to another business than {request.business_id!r}",
+            )
+        refusal = _check_authorized(request.authority)
+        if refusal is not None:
+            return refusal
         same = registration.woken_by == request.source_id
         return Unchanged(
             UnchangedCode.ALREADY_WOKEN,
@@ -1285,6 +1344,13 @@ def recover(
     except _Invalid as exc:
         return exc.refusal
     if prior is not None:
+        # A stored result is returned only to a caller who may see it.
+        refusal = _first(
+            _check_business(execution, request.business_id) if execution is not None else None,
+            _check_authorized(request.authority),
+        )
+        if refusal is not None:
+            return refusal
         if (prior.kind, prior.execution_id, prior.expected_revision) == (
             request.kind,
             request.execution_id,

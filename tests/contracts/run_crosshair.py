@@ -23,6 +23,13 @@ CrossHair cannot make symbolic values for ``Machine`` on its own (its
 of the five real machines and draws ``state``/``event`` from *that*
 machine's enums.  The contracts are therefore checked against the real
 tables, every (machine, state, event) combination.
+
+Nor can it build the attrs classes of ``kernel/protocol.py`` (snapshots,
+requests, results): attrs generates their ``__init__`` outside the module,
+so its string annotations (``from __future__ import annotations``) do not
+resolve, and every attempt would be silently "not confirmed".  The same
+plugin registers a factory for each of them; see
+:func:`register_symbolic_protocol_values` for how it bounds the values.
 """
 
 from __future__ import annotations
@@ -46,20 +53,40 @@ PER_CONDITION_TIMEOUT = 4.0
 # A hard wall-clock stop for the whole run, so a CrossHair hang cannot stall CI.
 OVERALL_TIMEOUT = 150.0
 
-# Contracts whose whole input space is finite: CrossHair must exhaust it.
+# Contracts with finitely many paths: CrossHair must exhaust them.
 EXHAUSTIVE = frozenset(
     {
         "fencekeeper.kernel.machines.Machine.allows",
         "fencekeeper.kernel.machines.Machine.events_from",
         "fencekeeper.kernel.machines.dispatch_state_of",
         "fencekeeper.kernel.machines.initial_node_state",
+        # Its strings are only formatted, never branched on: three paths
+        # (granted; denied with or without a reason).
+        "fencekeeper.kernel.protocol._check_authorized",
     }
 )
 
 _PLUGIN = """\
-from tests.contracts.run_crosshair import register_symbolic_machines
+from tests.contracts.run_crosshair import register_symbolic_machines, register_symbolic_protocol_values
 register_symbolic_machines()
+register_symbolic_protocol_values()
 """
+
+# A deliberately false contract over protocol snapshots.  CrossHair can refute
+# it only if the plugin builds Execution, Dispatch and LeaseCredential values;
+# if the plugin ever stops doing so, every protocol contract would come back
+# "not confirmed" (a pass) without one path run, so the runner checks this
+# first-hand (see plugin_problems).
+_SENTINEL = '''\
+from fencekeeper.kernel.protocol import Dispatch, Execution, LeaseCredential
+
+
+def same_lease(execution: Execution, dispatch: Dispatch, credential: LeaseCredential) -> bool:
+    """
+    post: __return__
+    """
+    return not (execution.fence == credential.fence and dispatch.lease_token == credential.lease_token)
+'''
 
 _MESSAGE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<kind>error|info|warning): (?P<text>.*)$")
 _MAX_MESSAGE = 400
@@ -257,6 +284,141 @@ def register_symbolic_machines() -> None:
     core._ARG_GENERATION_RENAMES["event"] = argument_maker("event", lambda m: m.event_type)
 
 
+def register_symbolic_protocol_values() -> None:
+    """CrossHair plugin: build the attrs classes of ``kernel/protocol.py`` field by field.
+
+    Runs inside the ``crosshair`` process, like :func:`register_symbolic_machines`.
+    Each attrs class of the protocol module gets a factory that resolves its
+    field types against that module and builds each field:
+
+    - ``datetime``, and every argument named ``now``: half the time an
+      instant this path drew before, otherwise one of three UTC instants a
+      second apart.  The helpers only compare instants, and three of them
+      show every order (before, at, after); concrete instants also keep each
+      path cheap (CrossHair's symbolic dates cost a solver call per field).
+      Naive and non-UTC times never reach a helper: every decision refuses
+      them first (``_check_utc``), which tests/protocol/test_decisions.py
+      covers.
+    - enums: half the time a member this path drew before for that enum,
+      otherwise any member.  The protocol compares states across rows (a
+      guard's expected state with the row's, a dispatch row's with its
+      execution's); drawn independently, two states agree once in 64 paths
+      and a contract would rarely get past that comparison.  A dispatch
+      state may likewise be the one that mirrors the execution state drawn
+      before it (seed 000: "A dispatch row must agree with the authoritative
+      WorkflowExecution state").  Every combination stays reachable; equal
+      values are only made likely.
+    - ``X | None`` and other unions: any member, each equally likely;
+    - everything else (strings, ints, bools, nested attrs classes, tuples):
+      CrossHair's own symbolic values, so identifiers, tokens, revisions,
+      fences and counts are unrestricted.  (Drawing strings from a few fixed
+      values was tried: every string field then forks the path at creation,
+      and the lease contracts no longer got past the first comparisons in
+      budget; symbolic strings fork only where the helpers compare them.)
+
+    Each path is one value per argument, so a contract's counterexample is
+    real input; what the choices above change is only which inputs are
+    tried first within the budget.
+    """
+    # Imported here for the same reason as in register_symbolic_machines.
+    import enum  # noqa: PLC0415
+    import types  # noqa: PLC0415
+    import typing  # noqa: PLC0415
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    import attrs  # noqa: PLC0415
+    from crosshair import SymbolicFactory, core, register_type  # noqa: PLC0415
+    from crosshair.statespace import context_statespace  # noqa: PLC0415
+    from crosshair.tracers import ResumedTracing  # noqa: PLC0415
+    from crosshair.util import renamed_function  # noqa: PLC0415
+
+    from fencekeeper.kernel import protocol  # noqa: PLC0415
+    from fencekeeper.kernel.machines import DispatchState, ExecutionState, dispatch_state_of  # noqa: PLC0415
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    instants = [start + timedelta(seconds=n) for n in range(3)]
+
+    # What this path has drawn so far, by type.  Paths are told apart by
+    # their state space: a value drawn on another path must never be reused.
+    drawn: dict[str, Any] = {}
+
+    def drawn_on(factory: Any) -> dict[Any, list[Any]]:
+        if drawn.get("space") is not factory.space:
+            drawn.clear()
+            drawn["space"] = factory.space
+            drawn["values"] = {}
+        return cast(dict[Any, list[Any]], drawn["values"])
+
+    def choose(factory: Any, varname: str, options: Sequence[Any]) -> Any:
+        """One of ``options``, each equally likely to be tried first."""
+        for number, option in enumerate(options[:-1]):
+            if factory.space.smt_fork(desc=f"{varname}#{number}", probability_true=1 / (len(options) - number)):
+                return option
+        return options[-1]
+
+    def draw(factory: Any, hint: Any, varname: str, fresh: Sequence[Any]) -> Any:
+        """Half the time a value this path drew before for ``hint``, otherwise any of ``fresh``."""
+        values = drawn_on(factory)
+        earlier = list(values.get(hint, ()))
+        if hint is DispatchState and values.get(ExecutionState):
+            earlier.insert(0, dispatch_state_of(values[ExecutionState][0]))
+        earlier = list(dict.fromkeys(earlier))
+        again = bool(earlier) and factory.space.smt_fork(desc=f"{varname}:again", probability_true=0.5)
+        chosen = choose(factory, varname, earlier if again else fresh)
+        values.setdefault(hint, []).append(chosen)
+        return chosen
+
+    def value(factory: Any, hint: Any, varname: str) -> Any:
+        if hint is datetime:
+            return draw(factory, datetime, varname, instants)
+        if hint is type(None):
+            return None
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return draw(factory, hint, varname, list(hint))
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+            # Which member is itself drawn like an enum: rows that agree on
+            # "no lease" (None) or "a lease" are likely, as with states.
+            return value(factory, draw(factory, hint, varname, typing.get_args(hint)), varname)
+        return factory(hint, "_" + varname.rsplit("_", 1)[-1])
+
+    def register(cls: type) -> None:
+        hints = typing.get_type_hints(cls, vars(protocol))
+        names = [f.name for f in attrs.fields(cls)]
+
+        def make(factory: Any) -> Any:
+            fields = {name: value(factory, hints[name], f"{factory.varname}_{name}") for name in names}
+            with ResumedTracing():  # type: ignore[no-untyped-call]
+                return cls(**fields)
+
+        register_type(cls, make)
+
+    for candidate in vars(protocol).values():
+        if isinstance(candidate, type) and attrs.has(candidate) and candidate.__module__ == protocol.__name__:
+            register(candidate)
+
+    def make_now(typ: Any, varname: str, allow_subtypes: bool = False) -> Any:
+        if typ is datetime:
+            return draw(SymbolicFactory(context_statespace(), datetime, varname), datetime, varname, instants)
+        return core.proxy_for_type(typ, varname, allow_subtypes)
+
+    # Only the time arguments, by name, like "state" and "event" above.
+    core._ARG_GENERATION_RENAMES["now"] = renamed_function(cast(FunctionType, make_now), "proxy_arg_now")
+
+
+def plugin_problems(directory: Path, plugin: Path) -> list[str]:
+    """Problems if the plugin does not let CrossHair build protocol snapshots (the false sentinel survives)."""
+    sentinel = directory / "protocol_sentinel.py"
+    sentinel.write_text(_SENTINEL, encoding="utf-8")
+    line = next(n for n, text in enumerate(_SENTINEL.splitlines(), start=1) if "post: __return__" in text)
+    report = check([str(sentinel)], per_condition_timeout=2.0, plugins=[plugin], cwd=directory)
+    if (os.path.realpath(sentinel), line) in report.refuted:
+        return []
+    return [
+        "the plugin built no protocol snapshots: a false contract over Execution, Dispatch and LeaseCredential "
+        f"was not refuted, so the protocol contracts would pass without being checked ({report.errors or 'silent'})"
+    ]
+
+
 def _problems(report: Report, contracts: Iterable[Contract]) -> list[str]:
     problems = list(report.errors)
     for contract in contracts:
@@ -278,8 +440,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("crosshair: error: no PEP 316 contracts found under kernel/ or adapters/")
         return 1
     with tempfile.TemporaryDirectory(prefix="fencekeeper-crosshair-") as tmp:
-        report = check(sorted(modules), plugins=[write_plugin(Path(tmp))])
-    problems = _problems(report, contracts)
+        plugin = write_plugin(Path(tmp))
+        problems = plugin_problems(Path(tmp), plugin)
+        report = check(sorted(modules), plugins=[plugin])
+    problems += _problems(report, contracts)
     for problem in problems:
         print(f"crosshair: error: {problem}")
     if report.stderr.strip() and problems:
