@@ -23,7 +23,7 @@ import attrs
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 
-from .store import Backend, Clock, Evidence, ExecutionView, TransactionalStore
+from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, registration_conflict
 
 
 @attrs.frozen
@@ -78,12 +78,22 @@ class _MemoryBackend(Backend):
             dispatches[eid] = decision.dispatch
         history[eid] = (*history.get(eid, ()), *decision.evidence)
         registrations = dict(rows.registrations)
+        new = decision.registration
+        if new is not None and new.woken_by is None and new.key in registrations:
+            raise registration_conflict(new.key)
         if decision.registration is not None:
             registrations[decision.registration.key] = decision.registration
         recoveries = dict(rows.recoveries)
         if decision.recovery is not None:
             recoveries[decision.recovery.command_id] = decision.recovery
         stored = dict(rows.evidence)
+        ids = [item.object_id for item in evidence]
+        taken = {item.object_id for items in stored.values() for item in items}
+        if len(set(ids)) != len(ids) or taken.intersection(ids):
+            raise StoreError(
+                "evidence_conflict",
+                f"evidence {', '.join(map(repr, ids))}: an id already exists; evidence is never overwritten",
+            )
         if evidence:
             stored[eid] = (*stored.get(eid, ()), *evidence)
         self.rows = _Rows(executions, dispatches, revisions, history, registrations, recoveries, stored)

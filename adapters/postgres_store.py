@@ -27,8 +27,8 @@ Rules of this module:
   ``fencekeeper migrate`` (:func:`migrate`) under an advisory lock; opening
   a store checks the recorded version and refuses a missing or newer schema
   with a blocking, clearly worded error, as seed 001's deployment check does.
-- Whatever makes work eligible sends ``NOTIFY fencekeeper_eligible`` in the
-  same transaction, so idle workers (:meth:`PostgresStore.wait_for_work`)
+- Whatever makes work eligible sends ``NOTIFY "fencekeeper_eligible:<schema>"``
+  in the same transaction, so idle workers (:meth:`PostgresStore.wait_for_work`)
   wake when it commits, not on their next poll.
 """
 
@@ -208,6 +208,15 @@ class _PostgresBackend(SqlBackend):
         self.database_clock = database_clock
         self.made_eligible = False
 
+    def _batch(self) -> contextlib.AbstractContextManager[object]:
+        # One round trip for every write of a decision; errors and row counts
+        # arrive when the pipeline syncs, before write() checks them.
+        return self.conn.pipeline()  # type: ignore[no-any-return]
+
+    def _conflict_table(self, exc: Exception) -> str | None:
+        diag = getattr(exc, "diag", None)
+        return None if diag is None else diag.table_name
+
     def lock(self, execution_id: str) -> None:
         # objects first, then workflow_dispatch: the one lock order of this store.
         self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
@@ -268,6 +277,8 @@ class PostgresStore(TransactionalStore):
         self.schema = _check_schema_name(schema)
         self.business_id = business_id
         self._database_clock = clock is None
+        # One channel per schema: work made eligible in one deployment wakes only its own workers.
+        self.channel = f"{CHANNEL}:{self.schema}"
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_lock = threading.Lock()
         try:
@@ -296,7 +307,7 @@ class PostgresStore(TransactionalStore):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock)
                 yield backend
                 if backend.made_eligible:
-                    conn.execute(pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(CHANNEL)))
+                    conn.execute(pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
         except psycopg.OperationalError as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -334,7 +345,7 @@ class PostgresStore(TransactionalStore):
         with self._listener_lock:
             if self._listener is None or self._listener.closed:
                 self._listener = psycopg.connect(self.dsn, autocommit=True)
-                self._listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(CHANNEL)))
+                self._listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
             listener = self._listener
         for _ in listener.notifies(timeout=timeout, stop_after=1):
             return True

@@ -18,7 +18,10 @@ Rules of this module:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -29,7 +32,7 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
-from .store import Backend, Evidence, ExecutionView, StoreError
+from .store import Backend, Evidence, ExecutionView, StoreError, registration_conflict
 
 EXECUTION_TYPE = "WorkflowExecution"
 RECOVERY_COMMAND_TYPE = "workflow_reconcile"
@@ -48,6 +51,12 @@ class Dialect:
     integrity_errors: tuple[type[Exception], ...]
 
 
+@functools.lru_cache(maxsize=512)
+def _spell(dialect: Dialect, sql: str) -> str:
+    # Statements are few and fixed, so each is rewritten once, not per call.
+    return sql.replace(" IS ?", f" {dialect.same} ?").replace("{seq}", dialect.seq).replace("?", dialect.placeholder)
+
+
 class SqlBackend(Backend):
     """The guarded reads and writes of one transaction, in SQL both SQLite and PostgreSQL speak.
 
@@ -61,15 +70,10 @@ class SqlBackend(Backend):
         self.conn = conn
 
     def _sql(self, sql: str) -> str:
-        d = self.dialect
-        return sql.replace(" IS ?", f" {d.same} ?").replace("{seq}", d.seq).replace("?", d.placeholder)
+        return _spell(self.dialect, sql)
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         return self.conn.execute(self._sql(sql), params)
-
-    def _executemany(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
-        for row in rows:
-            self._execute(sql, row)
 
     def _encode_optional_time(self, moment: datetime | None) -> object:
         return None if moment is None else self.dialect.encode_time(moment)
@@ -149,30 +153,63 @@ class SqlBackend(Backend):
             ).fetchone()
         return None if row is None else str(row[0])
 
+    def _batch(self) -> contextlib.AbstractContextManager[object]:
+        """Where the writes of one decision are sent together; PostgreSQL pipelines them."""
+        return contextlib.nullcontext()
+
+    def _conflict_table(self, exc: Exception) -> str | None:
+        """The table whose unique constraint ``exc`` reports."""
+        match = re.search(r"constraint failed: (\w+)\.", str(exc))
+        return match.group(1) if match else None
+
+    def _guarded(self, sql: str, params: Sequence[object]) -> None:
+        """A write that must touch exactly one row, or the decision does not hold."""
+        self._checks.append(self._execute(sql, params))
+
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
+        # Every statement is queued first and every guard checked once, at the
+        # end: a store that pipelines pays one round trip for all of them, and
+        # one that does not loses nothing, since a failed guard rolls back all.
+        if decision.guard.expected_revision == 0 and (decision.execution is None or decision.dispatch is None):
+            return False
+        self._checks: list[Any] = []
+        try:
+            with self._batch():
+                self._queue_writes(decision, evidence, now)
+        except self.dialect.integrity_errors as exc:
+            table = self._conflict_table(exc)
+            if table == "wait_registrations" and decision.registration is not None:
+                raise registration_conflict(decision.registration.key) from None
+            if table == "objects" and evidence and decision.guard.expected_revision != 0:
+                raise StoreError(
+                    "evidence_conflict",
+                    f"evidence {', '.join(repr(e.object_id) for e in evidence)}: an id already exists; "
+                    "evidence is never overwritten",
+                ) from None
+            return False
+        return all(cursor.rowcount == 1 for cursor in self._checks)
+
+    def _queue_writes(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> None:
         guard = decision.guard
         at = self.dialect.encode_time(now)
         eid = guard.execution_id
         execution = decision.execution
         if guard.expected_revision == 0:
-            if execution is None or decision.dispatch is None:
-                return False
-            try:
-                self._execute(
-                    "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, "
-                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (eid, EXECUTION_TYPE, execution.business_id, execution.revision, execution.state.value, at, at),
-                )
-            except self.dialect.integrity_errors:
-                return False
+            assert execution is not None and decision.dispatch is not None
+            self._execute(
+                "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (eid, EXECUTION_TYPE, execution.business_id, execution.revision, execution.state.value, at, at),
+            )
             self._execute(
                 "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at, lease_token, "
                 "leased_by, lease_expires_at, step_count, last_error_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (eid, *self._dispatch_values(decision.dispatch)),
             )
         else:
+            expected_state = None if guard.expected_state is None else guard.expected_state.value
             if execution is not None:
-                cursor = self._execute(
+                self._guarded(
                     "UPDATE objects SET revision = ?, state = ?, updated_at = ? "
                     "WHERE object_id = ? AND object_type = ? AND revision = ? AND state = ?",
                     (
@@ -182,11 +219,9 @@ class SqlBackend(Backend):
                         eid,
                         EXECUTION_TYPE,
                         guard.expected_revision,
-                        None if guard.expected_state is None else guard.expected_state.value,
+                        expected_state,
                     ),
                 )
-                if cursor.rowcount != 1:
-                    return False
             # The dispatch row is always written under its part of the guard;
             # when the execution object is not written, the guard's revision
             # is checked by the same statement, so a renewal cannot land on a
@@ -214,45 +249,33 @@ class SqlBackend(Backend):
                 sql += " AND lease_expires_at > ?"
                 params.append(at)
             if execution is None:
-                sql += (
-                    " AND EXISTS (SELECT 1 FROM objects WHERE object_id = ? AND revision = ? AND state = ?)"
-                )
-                params += [
-                    eid,
-                    guard.expected_revision,
-                    None if guard.expected_state is None else guard.expected_state.value,
-                ]
-            if self._execute(sql, params).rowcount != 1:
-                return False
+                sql += " AND EXISTS (SELECT 1 FROM objects WHERE object_id = ? AND revision = ? AND state = ?)"
+                params += [eid, guard.expected_revision, expected_state]
+            self._guarded(sql, params)
         if execution is not None:
             self._execute(
                 "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) VALUES (?, ?, ?, ?, ?)",
                 (eid, execution.revision, execution.state.value, codec.encode_execution(execution), at),
             )
-        if decision.registration is not None and not self._write_registration(decision.registration):
-            return False
+        if decision.registration is not None:
+            self._queue_registration(decision.registration)
         if decision.recovery is not None:
-            business = execution.business_id if execution is not None else None
-            try:
-                self._execute(
-                    "INSERT INTO commands (command_id, command_type, business_id, execution_id, body, recorded_at) "
-                    "VALUES (?, ?, COALESCE(?, (SELECT business_id FROM objects WHERE object_id = ?)), ?, ?, ?)",
-                    (
-                        decision.recovery.command_id,
-                        RECOVERY_COMMAND_TYPE,
-                        business,
-                        eid,
-                        eid,
-                        codec.encode_recovery(decision.recovery),
-                        at,
-                    ),
-                )
-            except self.dialect.integrity_errors:
-                return False
-        self._executemany(
-            "INSERT INTO transitions (execution_id, event, from_state, to_state, revision, at, actor, lease_token, "
-            "fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
+            self._execute(
+                "INSERT INTO commands (command_id, command_type, business_id, execution_id, body, recorded_at) "
+                "VALUES (?, ?, (SELECT business_id FROM objects WHERE object_id = ?), ?, ?, ?)",
+                (
+                    decision.recovery.command_id,
+                    RECOVERY_COMMAND_TYPE,
+                    eid,
+                    eid,
+                    codec.encode_recovery(decision.recovery),
+                    at,
+                ),
+            )
+        for r in decision.evidence:
+            self._execute(
+                "INSERT INTO transitions (execution_id, event, from_state, to_state, revision, at, actor, "
+                "lease_token, fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     r.execution_id,
                     None if r.event is None else r.event.value,
@@ -264,33 +287,38 @@ class SqlBackend(Backend):
                     r.lease_token,
                     r.fence,
                     r.reason,
-                )
-                for r in decision.evidence
-            ],
-        )
+                ),
+            )
         for item in evidence:
-            self._write_evidence(eid, item, at)
-        return True
+            self._execute(
+                "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, created_at, "
+                "updated_at) SELECT ?, ?, business_id, object_id, 1, NULL, ?, ? FROM objects WHERE object_id = ?",
+                (item.object_id, item.kind, at, at, eid),
+            )
+            self._execute(
+                "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
+                "VALUES (?, 1, NULL, ?, ?)",
+                (item.object_id, item.body_json(), at),
+            )
 
-    def _write_registration(self, registration: p.WaitRegistration) -> bool:
+    def _queue_registration(self, registration: p.WaitRegistration) -> None:
         key = registration.key
         if registration.woken_by is None:
-            try:
-                self._execute(
-                    "INSERT INTO wait_registrations (execution_id, node_id, attempt_id, business_id, spec) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (
-                        key.execution_id,
-                        key.node_id,
-                        key.attempt_id,
-                        registration.business_id,
-                        codec.encode_wait_spec(registration.spec),
-                    ),
-                )
-            except self.dialect.integrity_errors:
-                return False
-            return True
-        cursor = self._execute(
+            # A registration is unique per execution, node and attempt; reusing
+            # one is a conflict the database refuses.
+            self._execute(
+                "INSERT INTO wait_registrations (execution_id, node_id, attempt_id, business_id, spec) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    key.execution_id,
+                    key.node_id,
+                    key.attempt_id,
+                    registration.business_id,
+                    codec.encode_wait_spec(registration.spec),
+                ),
+            )
+            return
+        self._guarded(
             "UPDATE wait_registrations SET woken_by = ?, wake_reason = ? "
             "WHERE execution_id = ? AND node_id = ? AND attempt_id = ? AND woken_by IS NULL",
             (
@@ -300,23 +328,6 @@ class SqlBackend(Backend):
                 key.node_id,
                 key.attempt_id,
             ),
-        )
-        return bool(cursor.rowcount == 1)
-
-    def _write_evidence(self, execution_id: str, item: Evidence, at: object) -> None:
-        try:
-            self._execute(
-                "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, created_at, "
-                "updated_at) SELECT ?, ?, business_id, object_id, 1, NULL, ?, ? FROM objects WHERE object_id = ?",
-                (item.object_id, item.kind, at, at, execution_id),
-            )
-        except self.dialect.integrity_errors:
-            raise StoreError(
-                "evidence_conflict", f"evidence {item.object_id!r} already exists; evidence is never overwritten"
-            ) from None
-        self._execute(
-            "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) VALUES (?, 1, NULL, ?, ?)",
-            (item.object_id, item.body_json(), at),
         )
 
     def _dispatch_values(self, d: p.Dispatch) -> tuple[object, ...]:

@@ -41,13 +41,23 @@ class StoreError(Exception):
     """A store cannot do what was asked (a broken file, a schema it does not know, a failed write).
 
     ``code`` is stable: ``store_unavailable``, ``schema_too_new``,
-    ``schema_altered``, ``not_a_database``, ``read_only``, ``guard_conflict``.
+    ``schema_altered``, ``schema_missing``, ``schema_outdated``, ``not_a_database``, ``read_only``,
+    ``guard_conflict``, ``evidence_conflict``, ``registration_conflict``.
     """
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def registration_conflict(key: p.WaitKey) -> StoreError:
+    """A wait registration key used twice: each visit must register under its own attempt identity."""
+    return StoreError(
+        "registration_conflict",
+        f"wait registration ({key.execution_id}, {key.node_id}, {key.attempt_id}) already exists; "
+        "a registration is unique per execution, node and attempt and is never reopened",
+    )
 
 
 # --- time -------------------------------------------------------------------------
