@@ -27,6 +27,7 @@ contracts: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.kernel_steps
+	$(BIN)/python -m bench.sqlite_store
 
 # Regenerate specs/machines/*.toml and docs/machines.md from the kernel.
 specs: $(STAMP)
