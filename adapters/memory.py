@@ -46,6 +46,11 @@ class _MemoryBackend(Backend):
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
         return self.rows.executions.get(execution_id), self.rows.dispatches.get(execution_id)
 
+    def object_exists(self, object_id: str) -> bool:
+        return object_id in self.rows.executions or any(
+            item.object_id == object_id for items in self.rows.evidence.values() for item in items
+        )
+
     def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
         return self.rows.registrations.get(key)
 
@@ -88,7 +93,8 @@ class _MemoryBackend(Backend):
             recoveries[decision.recovery.command_id] = decision.recovery
         stored = dict(rows.evidence)
         ids = [item.object_id for item in evidence]
-        taken = {item.object_id for items in stored.values() for item in items}
+        # Evidence shares one identity space with every other generic object.
+        taken = {item.object_id for items in stored.values() for item in items} | set(executions)
         if len(set(ids)) != len(ids) or taken.intersection(ids):
             raise StoreError(
                 "evidence_conflict",

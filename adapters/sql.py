@@ -112,6 +112,9 @@ class SqlBackend(Backend):
         execution = None if row is None else codec.decode_execution(row[0])
         return execution, self._load_dispatch(execution_id)
 
+    def object_exists(self, object_id: str) -> bool:
+        return self._execute("SELECT 1 FROM objects WHERE object_id = ?", (object_id,)).fetchone() is not None
+
     def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
         row = self._execute(
             "SELECT business_id, spec, woken_by, wake_reason FROM wait_registrations "

@@ -281,6 +281,12 @@ def _open(path: Path) -> sqlite3.Connection:
         raise StoreError("not_a_database", f"{path}: is a directory, not a SQLite database")
     if not existed and not path.parent.exists():
         raise StoreError("store_unavailable", f"{path}: directory {path.parent} does not exist")
+    # WAL mode writes the file and creates -wal and -shm beside it, so both the
+    # file and its directory must be writable; finding out later would leave
+    # those files behind or fail mid-request.
+    for needed, what in ((path, "the file"), (path.parent, "its directory")):
+        if needed.exists() and not os.access(needed, os.W_OK):
+            raise StoreError("read_only", f"{path}: {what} is read-only; a store must be able to write")
     try:
         conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
     except sqlite3.Error as exc:

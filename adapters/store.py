@@ -192,6 +192,10 @@ class Backend(abc.ABC):
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]: ...
 
     @abc.abstractmethod
+    def object_exists(self, object_id: str) -> bool:
+        """Whether any generic object (an execution, an evidence object, ...) has this identity."""
+
+    @abc.abstractmethod
     def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None: ...
 
     @abc.abstractmethod
@@ -248,7 +252,12 @@ class TransactionalStore(abc.ABC):
         return outcome
 
     def admit(self, request: p.AdmitRequest) -> p.Outcome:
-        return self._one(lambda tx, now: p.admit(tx.load(request.execution_id)[0], request, now))
+        def decide(tx: Backend, now: datetime) -> p.Outcome:
+            existing = tx.load(request.execution_id)[0]
+            taken = existing is None and tx.object_exists(request.execution_id)
+            return p.admit(existing, request, now, id_taken=taken)
+
+        return self._one(decide)
 
     def claim_next(self, request: p.ClaimRequest, *, business_id: str | None = None) -> p.Outcome | None:
         def decide(tx: Backend, now: datetime) -> p.Outcome | None:

@@ -813,8 +813,13 @@ def _first(*checks: Refusal | None) -> Refusal | None:
 # --- decisions ---------------------------------------------------------------------
 
 
-def admit(existing: Execution | None, request: AdmitRequest, now: datetime) -> Outcome:
-    """A new eligible execution and its eligible dispatch row (seed 000, 007B's committed eligible row)."""
+def admit(existing: Execution | None, request: AdmitRequest, now: datetime, *, id_taken: bool = False) -> Outcome:
+    """A new eligible execution and its eligible dispatch row (seed 000, 007B's committed eligible row).
+
+    ``id_taken`` says the identity already names another generic object (an
+    evidence object, say): object identities are one space, so that is
+    refused like an existing execution.
+    """
     try:
         _check_id("execution_id", request.execution_id)
         _check_id("business_id", request.business_id)
@@ -827,6 +832,10 @@ def admit(existing: Execution | None, request: AdmitRequest, now: datetime) -> O
         return exc.refusal
     if existing is not None:
         return _refuse(RefusalCode.ALREADY_EXISTS, f"execution {request.execution_id!r} already exists")
+    if id_taken:
+        return _refuse(
+            RefusalCode.ALREADY_EXISTS, f"{request.execution_id!r} already identifies another object"
+        )
     refusal = _check_authorized(request.authority)
     if refusal is not None:
         return refusal

@@ -58,9 +58,12 @@ def test_package_resolves_into_the_repository(package: ModuleType) -> None:
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_every_module_is_installed(source: Path) -> None:
-    directory = source.parent
-    package = next(name for name, d in PACKAGES.items() if d == directory)
-    module = package if source.stem == "__init__" else f"{package}.{source.stem}"
+    # The module name follows the path below its top-level package (subpackages included).
+    package, root = next((name, d) for name, d in PACKAGES.items() if d in source.parents)
+    parts = [*source.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    module = ".".join([package, *parts])
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None, f"{module} is not installed; {REINSTALL}"
     assert Path(spec.origin).resolve() == source, f"{module} comes from {spec.origin}; {REINSTALL}"

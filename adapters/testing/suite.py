@@ -1,0 +1,1007 @@
+"""Conformance tests every store inherits: the protocol through the Store port, request by request.
+
+Subclass :class:`StoreTests` and provide a ``store_factory`` fixture; each
+test below then runs against that store.  What the tests prove:
+
+- every decision (admit, claim, renew, record_step, release, finalize to
+  each of the five targets, wake by event, decision, timer and timeout,
+  cancel, the four recovery decisions) writes exactly what the kernel
+  decided, and ``read()`` shows it: the current rows, every revision
+  (1..n, each equal to the execution after that write), every transition
+  record in order, registrations, recovery records and evidence;
+- every refusal carries the kernel's exact :class:`RefusalCode` and leaves
+  the store exactly as it was: the whole ``read()`` view of every
+  execution, ``execution_ids()`` and ``expired()`` are compared before and
+  after (nothing partial is ever visible);
+- claims go in ``eligible_at`` then ``workflow_execution_id`` order, only
+  when due, scoped by business when asked, and ``claim_next`` returns None
+  when nothing is due;
+- a zombie (a worker whose lease expired and was quarantined, resumed and
+  claimed by another worker) can no longer renew, step, release, finalize
+  or attach evidence, and each attempt changes nothing;
+- evidence commits with its decision and only with it; an evidence id used
+  twice is a ``StoreError('evidence_conflict')`` that changes nothing, and a
+  wait registration key used twice a ``StoreError('registration_conflict')``
+  that changes nothing (a woken registration is never reopened);
+- ``expired()`` lists exactly the running executions whose lease has
+  expired (``lease_expires_at <= now``).
+
+Sources: seed 000 (``000_b48b716f7ed7660f.txt``), sections Persistence,
+Lease, Fenced Execution Finalization, Expired-lease quarantine, Safe-resume
+proof, wait_for_event and Cancellation; seed 001 for the fence.
+
+Every test is fast (no sleeping: the store's clock is a ManualClock the
+test moves), so the whole suite runs in seconds against a real database.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+import pytest
+
+from fencekeeper.adapters.store import Evidence, ExecutionView, ManualClock, Store, StoreError
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import DispatchState, ExecutionState, dispatch_state_of
+
+StoreFactory = Callable[[ManualClock], Store]
+"""Takes the clock the store must read its time from; returns a fresh, empty store."""
+
+RC = p.RefusalCode
+
+GOVERNOR = "ops"
+GRANTED = p.Authority(True, GOVERNOR)
+DENIED = p.Authority(False, "mallory", "no grant for this business")
+LEASE = timedelta(seconds=30)
+EVENT_TYPE = "payment.received"
+CORRELATION = (("order", "o-1"),)
+PROOF = p.SafeResumeEvidence(True, True, True, "idempotent by command identity")
+
+_tokens = itertools.count(1)
+
+
+# --- helpers a third party may reuse -------------------------------------------------------
+
+
+def decided(outcome: p.Outcome | None) -> p.Decision:
+    """``outcome`` must be a Decision (the request was applied)."""
+    assert isinstance(outcome, p.Decision), f"expected a Decision, got {outcome!r}"
+    return outcome
+
+
+def admit(store: Store, execution_id: str = "e-1", business_id: str = "b-1") -> p.Decision:
+    return decided(store.admit(p.AdmitRequest(execution_id, business_id, "d-1", 1, "start", GRANTED)))
+
+
+def claim(
+    store: Store, worker_id: str = "w-1", *, business_id: str | None = None, lease: timedelta = LEASE
+) -> tuple[str, p.LeaseCredential]:
+    """Claim the next eligible execution with a fresh token; its id and the credential."""
+    outcome = decided(
+        store.claim_next(p.ClaimRequest(worker_id, f"t-{next(_tokens)}", lease), business_id=business_id)
+    )
+    assert outcome.execution is not None and outcome.lease is not None
+    return outcome.execution.execution_id, outcome.lease
+
+
+def view(store: Store, execution_id: str) -> ExecutionView:
+    found = store.read(execution_id)
+    assert found is not None, f"read({execution_id!r}) returned None"
+    return found
+
+
+def revision(store: Store, execution_id: str) -> int:
+    return view(store, execution_id).execution.revision
+
+
+def finalize_request(
+    store: Store,
+    execution_id: str,
+    credential: p.LeaseCredential,
+    target: ExecutionState | str,
+    /,
+    **changes: Any,
+) -> p.FinalizeRequest:
+    """A finalize request that passes every precondition unless ``changes`` break one."""
+    fields: dict[str, Any] = {
+        "execution_id": execution_id,
+        "dispatch_id": execution_id,
+        "worker_id": credential.worker_id,
+        "lease_token": credential.lease_token,
+        "fence": credential.fence,
+        "target_state": target,
+        "business_id": view(store, execution_id).execution.business_id,
+        "expected_revision": revision(store, execution_id),
+        "authority": p.Authority(True, credential.worker_id),
+    }
+    fields.update(changes)
+    return p.FinalizeRequest(**fields)
+
+
+def step_request(store: Store, execution_id: str, credential: p.LeaseCredential, /, **changes: Any) -> p.StepRequest:
+    fields: dict[str, Any] = {
+        "credential": credential,
+        "expected_revision": revision(store, execution_id),
+        "step": p.StepRecord("n-1", f"a-{next(_tokens)}"),
+        "authority": p.Authority(True, credential.worker_id),
+    }
+    fields.update(changes)
+    return p.StepRequest(**fields)
+
+
+def recovery_request(
+    store: Store, execution_id: str, kind: p.RecoveryKind, command_id: str, /, **changes: Any
+) -> p.RecoveryRequest:
+    fields: dict[str, Any] = {
+        "command_id": command_id,
+        "kind": kind,
+        "execution_id": execution_id,
+        "business_id": view(store, execution_id).execution.business_id,
+        "expected_revision": revision(store, execution_id),
+        "actor_id": GOVERNOR,
+        "authority": GRANTED,
+        "safe_resume": PROOF if kind == p.RecoveryKind.RESUME_SAFE else None,
+        "command_to_reconcile": "cmd-1" if kind == p.RecoveryKind.RECONCILE_COMMAND else None,
+        "command_unresolved": kind == p.RecoveryKind.RECONCILE_COMMAND,
+    }
+    fields.update(changes)
+    return p.RecoveryRequest(**fields)
+
+
+def wait_spec(
+    attempt_id: str = "a-wait",
+    *,
+    event_type: str | None = EVENT_TYPE,
+    wake_at: datetime | None = None,
+    timeout: bool = False,
+) -> p.WaitSpec:
+    return p.WaitSpec(
+        node_id="n-wait",
+        attempt_id=attempt_id,
+        event_type=event_type,
+        correlation=CORRELATION if event_type is not None else (),
+        wake_at=wake_at,
+        timeout=timeout,
+    )
+
+
+def wake_request(
+    key: p.WaitKey,
+    reason: p.WakeReason = p.WakeReason.EVENT,
+    source_id: str = "ev-1",
+    **changes: Any,
+) -> p.WakeRequest:
+    event = reason in (p.WakeReason.EVENT, p.WakeReason.DECISION)
+    fields: dict[str, Any] = {
+        "key": key,
+        "reason": reason,
+        "source_id": source_id,
+        "business_id": "b-1",
+        "authority": GRANTED,
+        "event_type": EVENT_TYPE if event else None,
+        "correlation": CORRELATION if event else (),
+    }
+    fields.update(changes)
+    return p.WakeRequest(**fields)
+
+
+def evidence_key(found: ExecutionView | None) -> object:
+    """A view with its evidence bodies (``Evidence`` equality ignores the body)."""
+    if found is None:
+        return None
+    return found, tuple((e.object_id, e.kind, e.body_json()) for e in found.evidence)
+
+
+def snapshot(store: Store, *also: str) -> object:
+    """Everything a client can see: every execution's whole view, the id lists and ``expired()``."""
+    ids = store.execution_ids()
+    return (
+        tuple(ids),
+        tuple((state, tuple(store.execution_ids(state))) for state in ExecutionState),
+        tuple(store.expired()),
+        tuple((eid, evidence_key(store.read(eid))) for eid in sorted({*ids, *also})),
+    )
+
+
+def refused(store: Store, call: Callable[[], p.Outcome | None], code: p.RefusalCode, *also: str) -> p.Refusal:
+    """``call`` must be refused with exactly ``code`` and change nothing a client can see."""
+    before = snapshot(store, *also)
+    outcome = call()
+    assert isinstance(outcome, p.Refusal), f"expected refusal {code.value}, got {outcome!r}"
+    assert outcome.code == code, f"expected refusal {code.value}, got {outcome.code.value}: {outcome.message}"
+    assert snapshot(store, *also) == before, f"a request refused with {code.value} changed the store"
+    return outcome
+
+
+def unchanged(
+    store: Store, call: Callable[[], p.Outcome | None], code: p.UnchangedCode, *also: str
+) -> p.Unchanged:
+    before = snapshot(store, *also)
+    outcome = call()
+    assert isinstance(outcome, p.Unchanged), f"expected Unchanged({code.value}), got {outcome!r}"
+    assert outcome.code == code, outcome
+    assert snapshot(store, *also) == before, f"an idempotent repeat ({code.value}) changed the store"
+    return outcome
+
+
+def store_error(store: Store, call: Callable[[], object], code: str, *also: str) -> StoreError:
+    before = snapshot(store, *also)
+    with pytest.raises(StoreError) as caught:
+        call()
+    assert caught.value.code == code, f"expected StoreError({code!r}), got {caught.value.code!r}: {caught.value}"
+    assert snapshot(store, *also) == before, f"a request that raised {code} changed the store"
+    return caught.value
+
+
+def assert_coherent(found: ExecutionView) -> None:
+    """What must hold of every view: rows agree, lease iff claimed, history is the revision list."""
+    execution, dispatch = found.execution, found.dispatch
+    assert dispatch.workflow_execution_id == execution.execution_id
+    assert dispatch.dispatch_state == dispatch_state_of(execution.state), (execution.state, dispatch.dispatch_state)
+    lease = (dispatch.lease_token, dispatch.leased_by, dispatch.lease_expires_at)
+    if dispatch.dispatch_state == DispatchState.CLAIMED:
+        assert all(f is not None for f in lease), lease
+    else:
+        assert all(f is None for f in lease), lease
+    assert dispatch.step_count == execution.step_count <= p.STEP_LIMIT
+    assert [r.revision for r in found.revisions] == list(range(1, execution.revision + 1))
+    assert found.revisions[-1] == execution
+
+
+# --- the suite --------------------------------------------------------------------------------
+
+
+class StoreTests:
+    """Conformance tests for a store.  Subclass it and provide the ``store_factory`` fixture.
+
+    The class name does not start with ``Test``, so pytest collects only the
+    subclasses, once per store.
+    """
+
+    @pytest.fixture
+    def store_factory(self) -> StoreFactory:
+        raise NotImplementedError("subclass StoreTests and provide a store_factory fixture")
+
+    @pytest.fixture
+    def clock(self) -> ManualClock:
+        return ManualClock()
+
+    @pytest.fixture
+    def store(self, store_factory: StoreFactory, clock: ManualClock) -> Iterator[Store]:
+        made = store_factory(clock)
+        assert made.execution_ids() == [], "store_factory must return an empty store"
+        yield made
+        made.close()
+
+    def running(self, store: Store, execution_id: str = "e-1", worker_id: str = "w-1") -> p.LeaseCredential:
+        """Admit ``execution_id`` and claim it; the credential."""
+        admit(store, execution_id)
+        claimed, credential = claim(store, worker_id)
+        assert claimed == execution_id
+        return credential
+
+    def waiting(self, store: Store, spec: p.WaitSpec, execution_id: str = "e-1") -> p.WaitKey:
+        credential = self.running(store, execution_id)
+        decided(store.finalize(finalize_request(store, execution_id, credential, ExecutionState.WAITING, wait=spec)))
+        return p.WaitKey(execution_id, spec.node_id, spec.attempt_id)
+
+    def in_review(self, store: Store, clock: ManualClock, execution_id: str = "e-1") -> None:
+        """Claim, let the lease expire, quarantine: reconciliation_required."""
+        self.running(store, execution_id)
+        clock.advance(LEASE)
+        decided(store.recover(recovery_request(store, execution_id, p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")))
+
+    # --- admit ---------------------------------------------------------------------------
+
+    def test_admit_writes_an_eligible_execution_and_dispatch_row(self, store: Store, clock: ManualClock) -> None:
+        decision = admit(store, "e-1")
+        found = view(store, "e-1")
+        assert found.execution == decision.execution
+        assert found.execution.state == ExecutionState.ELIGIBLE and found.execution.revision == 1
+        assert found.dispatch == p.Dispatch("e-1", DispatchState.ELIGIBLE, eligible_at=clock.now())
+        assert found.revisions == (decision.execution,)
+        assert found.history == decision.evidence
+        assert (found.registrations, found.recoveries, found.evidence) == ((), (), ())
+        assert store.execution_ids() == ["e-1"]
+        assert store.execution_ids(ExecutionState.ELIGIBLE) == ["e-1"]
+        assert store.execution_ids(ExecutionState.RUNNING) == []
+
+    def test_read_of_an_unknown_execution_is_none(self, store: Store) -> None:
+        admit(store, "e-1")
+        assert store.read("e-2") is None
+
+    def test_admit_of_an_existing_execution_is_refused(self, store: Store) -> None:
+        admit(store, "e-1")
+        refused(
+            store,
+            lambda: store.admit(p.AdmitRequest("e-1", "b-2", "d-2", 1, "start", GRANTED)),
+            RC.ALREADY_EXISTS,
+        )
+
+    def test_admit_without_authority_is_refused(self, store: Store) -> None:
+        request = p.AdmitRequest("e-1", "b-1", "d-1", 1, "start", DENIED)
+        refused(store, lambda: store.admit(request), RC.NOT_AUTHORIZED, "e-1")
+        assert store.read("e-1") is None
+
+    def test_admit_of_a_malformed_id_names_the_field(self, store: Store) -> None:
+        refusal = refused(
+            store, lambda: store.admit(p.AdmitRequest("bad id", "b-1", "d-1", 1, "start", GRANTED)), RC.INVALID_REQUEST
+        )
+        assert refusal.field == "execution_id"
+
+    # --- claim ----------------------------------------------------------------------------
+
+    def test_claim_next_returns_none_when_there_is_nothing(self, store: Store) -> None:
+        assert store.claim_next(p.ClaimRequest("w-1", "t-1", LEASE)) is None
+
+    def test_claim_assigns_a_fresh_lease_and_the_next_fence(self, store: Store, clock: ManualClock) -> None:
+        admit(store, "e-1")
+        decision = decided(store.claim_next(p.ClaimRequest("w-1", "t-first", LEASE)))
+        assert decision.lease == p.LeaseCredential("w-1", "t-first", 1)
+        found = view(store, "e-1")
+        assert found.execution == decision.execution
+        assert found.execution.state == ExecutionState.RUNNING
+        assert (found.execution.revision, found.execution.fence) == (2, 1)
+        assert found.dispatch.dispatch_state == DispatchState.CLAIMED
+        assert (found.dispatch.lease_token, found.dispatch.leased_by) == ("t-first", "w-1")
+        assert found.dispatch.lease_expires_at == clock.now() + LEASE
+        assert_coherent(found)
+
+    def test_claim_next_returns_none_when_everything_is_claimed(self, store: Store) -> None:
+        self.running(store, "e-1")
+        assert store.claim_next(p.ClaimRequest("w-2", "t-2", LEASE)) is None
+
+    def test_claim_next_takes_only_work_that_is_due(self, store: Store, clock: ManualClock) -> None:
+        admitted = clock.now()
+        admit(store, "e-1")
+        clock.set(admitted - timedelta(seconds=1))
+        before = snapshot(store)
+        assert store.claim_next(p.ClaimRequest("w-1", "t-1", LEASE)) is None
+        assert snapshot(store) == before
+        clock.set(admitted)
+        assert claim(store)[0] == "e-1"
+
+    def test_claim_order_is_eligible_at_then_execution_id(self, store: Store, clock: ManualClock) -> None:
+        # Insertion order would give z, b, a; id order alone a, b, z; the
+        # protocol's order is eligible_at first, then id: z, a, b.
+        admit(store, "e-z")
+        clock.advance(timedelta(seconds=1))
+        admit(store, "e-b")
+        admit(store, "e-a")
+        order = [claim(store, f"w-{i}")[0] for i in range(3)]
+        assert order == ["e-z", "e-a", "e-b"]
+
+    def test_a_released_execution_queues_behind_older_work(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store, "e-a")
+        clock.advance(timedelta(seconds=1))
+        admit(store, "e-b")
+        clock.advance(timedelta(seconds=1))
+        decided(store.release("e-a", p.ReleaseRequest(credential, revision(store, "e-a"))))
+        assert view(store, "e-a").dispatch.eligible_at == clock.now()
+        assert [claim(store, "w-2")[0], claim(store, "w-3")[0]] == ["e-b", "e-a"]
+
+    def test_claim_next_is_scoped_by_business(self, store: Store) -> None:
+        admit(store, "e-1", "b-1")
+        admit(store, "e-2", "b-2")
+        before = snapshot(store)
+        assert store.claim_next(p.ClaimRequest("w-1", "t-x", LEASE), business_id="b-3") is None
+        assert snapshot(store) == before
+        assert claim(store, business_id="b-2")[0] == "e-2"
+        assert store.claim_next(p.ClaimRequest("w-1", "t-y", LEASE), business_id="b-2") is None
+        assert claim(store, business_id="b-1")[0] == "e-1"
+
+    def test_claim_with_a_non_positive_lease_is_refused(self, store: Store) -> None:
+        admit(store, "e-1")
+        refusal = refused(
+            store, lambda: store.claim_next(p.ClaimRequest("w-1", "t-1", timedelta(0))), RC.INVALID_REQUEST
+        )
+        assert refusal.field == "lease_duration"
+
+    # --- renew ----------------------------------------------------------------------------
+
+    def test_renew_extends_the_lease_and_leaves_the_revision(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store)
+        clock.advance(timedelta(seconds=10))
+        decision = decided(store.renew("e-1", p.RenewRequest(credential, timedelta(seconds=60))))
+        found = view(store, "e-1")
+        assert found.dispatch == decision.dispatch
+        assert found.dispatch.lease_expires_at == clock.now() + timedelta(seconds=60)
+        assert found.execution.revision == 2 and len(found.revisions) == 2
+        assert found.history[-1] == decision.evidence[0]
+
+    def test_renew_after_expiry_is_refused(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store)
+        clock.advance(LEASE)
+        refused(store, lambda: store.renew("e-1", p.RenewRequest(credential, LEASE)), RC.LEASE_EXPIRED)
+
+    def test_renew_with_another_token_is_refused(self, store: Store) -> None:
+        credential = attrs.evolve(self.running(store), lease_token="t-forged")
+        refused(store, lambda: store.renew("e-1", p.RenewRequest(credential, LEASE)), RC.LEASE_TOKEN_MISMATCH)
+
+    def test_renew_by_another_worker_is_refused(self, store: Store) -> None:
+        credential = attrs.evolve(self.running(store), worker_id="w-2")
+        refused(store, lambda: store.renew("e-1", p.RenewRequest(credential, LEASE)), RC.WORKER_MISMATCH)
+
+    def test_renew_with_another_fence_is_refused(self, store: Store) -> None:
+        credential = self.running(store)
+        stale = attrs.evolve(credential, fence=credential.fence + 1)
+        refused(store, lambda: store.renew("e-1", p.RenewRequest(stale, LEASE)), RC.STALE_FENCE)
+
+    def test_renew_of_unknown_or_unclaimed_work_is_refused(self, store: Store) -> None:
+        credential = self.running(store, "e-1")
+        admit(store, "e-2")
+        refused(store, lambda: store.renew("e-9", p.RenewRequest(credential, LEASE)), RC.EXECUTION_NOT_FOUND, "e-9")
+        refused(store, lambda: store.renew("e-2", p.RenewRequest(credential, LEASE)), RC.DISPATCH_NOT_CLAIMED)
+
+    # --- record_step ------------------------------------------------------------------------
+
+    def test_record_step_counts_on_both_rows_with_its_evidence(self, store: Store) -> None:
+        credential = self.running(store)
+        item = Evidence("ev-step-1", "step_attempt", {"node": "n-1", "attempt": 1})
+        request = step_request(store, "e-1", credential, step=p.StepRecord("n-1", "a-1"))
+        decision = decided(store.record_step("e-1", request, [item]))
+        found = view(store, "e-1")
+        assert found.execution == decision.execution
+        assert (found.execution.step_count, found.dispatch.step_count) == (1, 1)
+        assert found.execution.current_node_id == "n-1" and found.execution.revision == 3
+        assert found.dispatch.lease_token == credential.lease_token
+        assert [(e.object_id, e.kind, dict(e.body)) for e in found.evidence] == [
+            ("ev-step-1", "step_attempt", {"node": "n-1", "attempt": 1})
+        ]
+        assert_coherent(found)
+
+    def test_record_step_with_a_stale_revision_is_refused(self, store: Store) -> None:
+        credential = self.running(store)
+        request = step_request(store, "e-1", credential, expected_revision=1)
+        refused(store, lambda: store.record_step("e-1", request, [Evidence("ev-x", "step_attempt")]), RC.STALE_REVISION)
+
+    def test_record_step_without_authority_is_refused(self, store: Store) -> None:
+        credential = self.running(store)
+        request = step_request(store, "e-1", credential, authority=DENIED)
+        refused(store, lambda: store.record_step("e-1", request), RC.NOT_AUTHORIZED)
+
+    def test_record_step_stops_at_the_step_limit(self, store: Store) -> None:
+        credential = self.running(store)
+        for _ in range(p.STEP_LIMIT):
+            decided(store.record_step("e-1", step_request(store, "e-1", credential)))
+        assert view(store, "e-1").execution.step_count == p.STEP_LIMIT
+        refused(
+            store, lambda: store.record_step("e-1", step_request(store, "e-1", credential)), RC.STEP_LIMIT_REACHED
+        )
+        with_step = finalize_request(store, "e-1", credential, "suspended", step=p.StepRecord("n-2", "a-x"))
+        refused(store, lambda: store.finalize(with_step), RC.STEP_LIMIT_REACHED)
+        decided(store.finalize(finalize_request(store, "e-1", credential, "suspended", reason="step_limit")))
+        assert view(store, "e-1").execution.state == ExecutionState.SUSPENDED
+
+    # --- release ------------------------------------------------------------------------------
+
+    def test_release_makes_the_execution_eligible_again(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store)
+        clock.advance(timedelta(seconds=5))
+        decision = decided(store.release("e-1", p.ReleaseRequest(credential, revision(store, "e-1"))))
+        found = view(store, "e-1")
+        assert found.execution == decision.execution and found.dispatch == decision.dispatch
+        assert found.execution.state == ExecutionState.ELIGIBLE
+        assert found.dispatch == p.Dispatch("e-1", DispatchState.ELIGIBLE, eligible_at=clock.now())
+        refused(store, lambda: store.renew("e-1", p.RenewRequest(credential, LEASE)), RC.DISPATCH_NOT_CLAIMED)
+        _, again = claim(store, "w-2")
+        assert again.fence == 2 and again.lease_token != credential.lease_token
+
+    def test_release_with_a_stale_revision_is_refused(self, store: Store) -> None:
+        credential = self.running(store)
+        refused(store, lambda: store.release("e-1", p.ReleaseRequest(credential, 1)), RC.STALE_REVISION)
+
+    # --- finalize -------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "target",
+        [
+            ExecutionState.SUCCEEDED,
+            ExecutionState.FAILED,
+            ExecutionState.SUSPENDED,
+            ExecutionState.RECONCILIATION_REQUIRED,
+        ],
+        ids=lambda s: s.value,
+    )
+    def test_finalize_writes_the_target_and_its_evidence_together(
+        self, store: Store, target: ExecutionState
+    ) -> None:
+        credential = self.running(store)
+        item = Evidence("ev-outcome-1", "outcome", {"target": target.value})
+        request = finalize_request(
+            store, "e-1", credential, target, step=p.StepRecord("n-end", "a-end"), error_code="e.code"
+        )
+        decision = decided(store.finalize(request, [item]))
+        found = view(store, "e-1")
+        assert found.execution == decision.execution and found.dispatch == decision.dispatch
+        assert found.execution.state == target and found.execution.revision == 3
+        assert found.dispatch.dispatch_state == dispatch_state_of(target)
+        assert found.dispatch.last_error_code == "e.code"
+        assert (found.execution.step_count, found.execution.current_node_id) == (1, "n-end")
+        assert [(e.object_id, e.body_json()) for e in found.evidence] == [("ev-outcome-1", item.body_json())]
+        assert store.execution_ids(target) == ["e-1"]
+        assert_coherent(found)
+
+    def test_finalize_to_waiting_commits_the_registration(self, store: Store) -> None:
+        credential = self.running(store)
+        spec = wait_spec("a-7")
+        decision = decided(
+            store.finalize(finalize_request(store, "e-1", credential, ExecutionState.WAITING, wait=spec))
+        )
+        found = view(store, "e-1")
+        key = p.WaitKey("e-1", "n-wait", "a-7")
+        assert found.execution == decision.execution
+        assert found.execution.state == ExecutionState.WAITING and found.execution.wait == key
+        assert found.registrations == (p.WaitRegistration(key, "b-1", spec),)
+        assert_coherent(found)
+
+    def test_finalize_waiting_needs_exactly_its_registration(self, store: Store) -> None:
+        credential = self.running(store)
+        without = finalize_request(store, "e-1", credential, ExecutionState.WAITING)
+        refused(store, lambda: store.finalize(without), RC.WAIT_REGISTRATION_REQUIRED)
+        extra = finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED, wait=wait_spec())
+        refused(store, lambda: store.finalize(extra), RC.WAIT_REGISTRATION_REQUIRED)
+
+    @pytest.mark.parametrize("target", [ExecutionState.CANCELLED, ExecutionState.ELIGIBLE, ExecutionState.RUNNING])
+    def test_finalize_to_a_sixth_target_is_refused(self, store: Store, target: ExecutionState) -> None:
+        credential = self.running(store)
+        request = finalize_request(store, "e-1", credential, target)
+        refused(store, lambda: store.finalize(request, [Evidence("ev-1", "outcome")]), RC.TARGET_NOT_PERMITTED)
+
+    def test_finalize_to_an_unknown_state_names_the_field(self, store: Store) -> None:
+        credential = self.running(store)
+        refusal = refused(
+            store, lambda: store.finalize(finalize_request(store, "e-1", credential, "done")), RC.INVALID_REQUEST
+        )
+        assert refusal.field == "target_state"
+
+    @pytest.mark.parametrize(
+        ("changes", "code"),
+        [
+            ({"execution_id": "e-9", "dispatch_id": "e-9"}, RC.EXECUTION_NOT_FOUND),
+            ({"dispatch_id": "e-2"}, RC.IDENTITY_MISMATCH),
+            ({"lease_token": "t-forged"}, RC.LEASE_TOKEN_MISMATCH),
+            ({"worker_id": "w-2"}, RC.WORKER_MISMATCH),
+            ({"fence": 2}, RC.STALE_FENCE),
+            ({"business_id": "b-2"}, RC.BUSINESS_MISMATCH),
+            ({"expected_revision": 1}, RC.STALE_REVISION),
+            ({"authority": DENIED}, RC.NOT_AUTHORIZED),
+        ],
+        ids=[
+            "execution_not_found",
+            "identity_mismatch",
+            "lease_token_mismatch",
+            "worker_mismatch",
+            "stale_fence",
+            "business_mismatch",
+            "stale_revision",
+            "not_authorized",
+        ],
+    )
+    def test_finalize_preconditions_refuse_with_their_own_code(
+        self, store: Store, changes: dict[str, Any], code: p.RefusalCode
+    ) -> None:
+        credential = self.running(store)
+        admit(store, "e-2")
+        request = finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED, **changes)
+        refused(store, lambda: store.finalize(request, [Evidence("ev-outcome", "outcome")]), code, "e-9")
+
+    def test_finalize_after_expiry_is_refused(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store)
+        request = finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED)
+        clock.advance(LEASE)
+        refused(store, lambda: store.finalize(request, [Evidence("ev-late", "outcome")]), RC.LEASE_EXPIRED)
+
+    def test_finalize_of_finished_work_is_refused(self, store: Store) -> None:
+        credential = self.running(store)
+        decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED)))
+        again = finalize_request(store, "e-1", credential, ExecutionState.FAILED)
+        refused(store, lambda: store.finalize(again), RC.DISPATCH_NOT_CLAIMED)
+
+    def test_reusing_a_wait_registration_key_changes_nothing(self, store: Store) -> None:
+        # A registration is bound to its execution, node and attempt, and the
+        # first committed wake wins (seed 000, wait_for_event).  Registering
+        # the same key again must not reopen a woken registration.
+        key = self.waiting(store, wait_spec("a-1"))
+        decided(store.wake(wake_request(key)))
+        _, credential = claim(store, "w-2")
+        request = finalize_request(store, "e-1", credential, ExecutionState.WAITING, wait=wait_spec("a-1"))
+        store_error(store, lambda: store.finalize(request), "registration_conflict")
+
+    # --- wake -----------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("reason", [p.WakeReason.EVENT, p.WakeReason.DECISION], ids=lambda r: r.value)
+    def test_an_exact_event_or_decision_wakes_the_waiter(
+        self, store: Store, clock: ManualClock, reason: p.WakeReason
+    ) -> None:
+        key = self.waiting(store, wait_spec())
+        clock.advance(timedelta(seconds=3))
+        decision = decided(store.wake(wake_request(key, reason, "src-1")))
+        found = view(store, "e-1")
+        assert found.execution == decision.execution
+        assert found.execution.state == ExecutionState.ELIGIBLE and found.execution.wait is None
+        assert found.dispatch.eligible_at == clock.now()
+        assert found.registrations == (p.WaitRegistration(key, "b-1", wait_spec(), "src-1", reason),)
+        assert claim(store, "w-2")[0] == "e-1"
+
+    @pytest.mark.parametrize(
+        "changes",
+        [{"event_type": "payment.refunded"}, {"correlation": (("order", "o-2"),)}, {"correlation": ()}],
+        ids=["event_type", "correlation", "no_correlation"],
+    )
+    def test_a_mismatching_event_does_not_wake(self, store: Store, changes: dict[str, Any]) -> None:
+        key = self.waiting(store, wait_spec())
+        refused(store, lambda: store.wake(wake_request(key, **changes)), RC.WAKE_MISMATCH)
+
+    def test_a_timer_wakes_only_when_due(self, store: Store, clock: ManualClock) -> None:
+        due = clock.now() + timedelta(seconds=10)
+        key = self.waiting(store, wait_spec(event_type=None, wake_at=due))
+        refused(store, lambda: store.wake(wake_request(key, p.WakeReason.TIMER, "timer-1")), RC.WAKE_NOT_DUE)
+        refused(store, lambda: store.wake(wake_request(key, p.WakeReason.EVENT)), RC.WAKE_MISMATCH)
+        refused(store, lambda: store.wake(wake_request(key, p.WakeReason.TIMEOUT, "timer-1")), RC.WAKE_MISMATCH)
+        clock.set(due)
+        decided(store.wake(wake_request(key, p.WakeReason.TIMER, "timer-1")))
+        registration = view(store, "e-1").registrations[0]
+        assert (registration.woken_by, registration.wake_reason) == ("timer-1", p.WakeReason.TIMER)
+
+    def test_a_declared_timeout_wakes_as_a_timeout(self, store: Store, clock: ManualClock) -> None:
+        due = clock.now() + timedelta(seconds=10)
+        key = self.waiting(store, wait_spec(wake_at=due, timeout=True))
+        refused(store, lambda: store.wake(wake_request(key, p.WakeReason.TIMEOUT, "to-1")), RC.WAKE_NOT_DUE)
+        clock.advance(timedelta(seconds=10))
+        refused(store, lambda: store.wake(wake_request(key, p.WakeReason.TIMER, "to-1")), RC.WAKE_MISMATCH)
+        decided(store.wake(wake_request(key, p.WakeReason.TIMEOUT, "to-1")))
+        assert view(store, "e-1").registrations[0].wake_reason == p.WakeReason.TIMEOUT
+
+    def test_duplicate_and_racing_wakes_change_nothing(self, store: Store) -> None:
+        key = self.waiting(store, wait_spec())
+        decided(store.wake(wake_request(key, source_id="ev-1")))
+        unchanged(store, lambda: store.wake(wake_request(key, source_id="ev-1")), p.UnchangedCode.ALREADY_WOKEN)
+        unchanged(store, lambda: store.wake(wake_request(key, source_id="ev-2")), p.UnchangedCode.ALREADY_WOKEN)
+        assert view(store, "e-1").registrations[0].woken_by == "ev-1"
+
+    def test_wake_of_work_that_does_not_wait_is_refused(self, store: Store) -> None:
+        admit(store, "e-1")
+        key = p.WaitKey("e-1", "n-wait", "a-wait")
+        refused(store, lambda: store.wake(wake_request(key)), RC.NOT_WAITING)
+        refused(store, lambda: store.wake(wake_request(p.WaitKey("e-9", "n", "a"))), RC.EXECUTION_NOT_FOUND, "e-9")
+
+    def test_wake_of_another_registration_is_refused(self, store: Store) -> None:
+        self.waiting(store, wait_spec("a-1"))
+        refused(store, lambda: store.wake(wake_request(p.WaitKey("e-1", "n-wait", "a-2"))), RC.NOT_WAITING)
+
+    def test_wake_from_another_business_or_without_authority_is_refused(self, store: Store) -> None:
+        key = self.waiting(store, wait_spec())
+        refused(store, lambda: store.wake(wake_request(key, business_id="b-2")), RC.BUSINESS_MISMATCH)
+        refused(store, lambda: store.wake(wake_request(key, authority=DENIED)), RC.NOT_AUTHORIZED)
+
+    # --- cancel ---------------------------------------------------------------------------------
+
+    def test_cancel_of_eligible_work(self, store: Store) -> None:
+        admit(store, "e-1")
+        decision = decided(store.cancel(p.CancelRequest("e-1", "b-1", 1, GRANTED)))
+        found = view(store, "e-1")
+        assert found.execution == decision.execution and found.dispatch == decision.dispatch
+        assert found.execution.state == ExecutionState.CANCELLED
+        assert found.dispatch.dispatch_state == DispatchState.CANCELLED
+        assert store.claim_next(p.ClaimRequest("w-1", "t-1", LEASE)) is None
+
+    def test_cancel_of_waiting_work_and_the_wake_after_it(self, store: Store) -> None:
+        key = self.waiting(store, wait_spec())
+        decided(store.cancel(p.CancelRequest("e-1", "b-1", revision(store, "e-1"), GRANTED)))
+        assert view(store, "e-1").execution.state == ExecutionState.CANCELLED
+        refused(store, lambda: store.wake(wake_request(key)), RC.NOT_WAITING)
+
+    def test_cancel_of_running_work_is_refused(self, store: Store) -> None:
+        self.running(store)
+        request = p.CancelRequest("e-1", "b-1", revision(store, "e-1"), GRANTED)
+        refused(store, lambda: store.cancel(request), RC.CANCEL_RUNNING)
+
+    def test_cancel_of_finished_work_is_an_illegal_transition(self, store: Store) -> None:
+        credential = self.running(store)
+        decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED)))
+        request = p.CancelRequest("e-1", "b-1", revision(store, "e-1"), GRANTED)
+        refused(store, lambda: store.cancel(request), RC.ILLEGAL_TRANSITION)
+
+    @pytest.mark.parametrize(
+        ("request_fields", "code"),
+        [
+            (("e-1", "b-2", 1, GRANTED), RC.BUSINESS_MISMATCH),
+            (("e-1", "b-1", 2, GRANTED), RC.STALE_REVISION),
+            (("e-1", "b-1", 1, DENIED), RC.NOT_AUTHORIZED),
+            (("e-9", "b-1", 1, GRANTED), RC.EXECUTION_NOT_FOUND),
+        ],
+        ids=["business_mismatch", "stale_revision", "not_authorized", "execution_not_found"],
+    )
+    def test_cancel_checks_refuse_with_their_own_code(
+        self, store: Store, request_fields: tuple[Any, ...], code: p.RefusalCode
+    ) -> None:
+        admit(store, "e-1")
+        refused(store, lambda: store.cancel(p.CancelRequest(*request_fields)), code, "e-9")
+
+    # --- recover ----------------------------------------------------------------------------------
+
+    def test_quarantine_only_after_expiry(self, store: Store, clock: ManualClock) -> None:
+        self.running(store)
+        clock.advance(LEASE - timedelta(microseconds=1))
+        request = recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")
+        refused(store, lambda: store.recover(request), RC.LEASE_NOT_EXPIRED)
+        assert store.expired() == []
+        clock.advance(timedelta(microseconds=1))
+        assert store.expired() == ["e-1"]
+        decision = decided(store.recover(request))
+        found = view(store, "e-1")
+        assert found.execution == decision.execution and found.dispatch == decision.dispatch
+        assert found.execution.state == ExecutionState.RECONCILIATION_REQUIRED
+        assert found.dispatch.lease_token is None and found.dispatch.last_error_code == "quarantine_expired"
+        assert found.recoveries == (decision.recovery,)
+        assert store.expired() == []
+        assert_coherent(found)
+
+    def test_the_lease_holder_cannot_quarantine_itself(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store)
+        clock.advance(LEASE)
+        request = recovery_request(
+            store,
+            "e-1",
+            p.RecoveryKind.QUARANTINE_EXPIRED,
+            "q-self",
+            actor_id=credential.worker_id,
+            authority=p.Authority(True, credential.worker_id),
+        )
+        refused(store, lambda: store.recover(request), RC.WORKER_CANNOT_RECOVER)
+
+    def test_quarantine_of_work_that_is_not_running_is_refused(self, store: Store) -> None:
+        admit(store, "e-1")
+        request = recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")
+        refused(store, lambda: store.recover(request), RC.EXECUTION_NOT_RUNNING)
+
+    def test_fail_from_review(self, store: Store, clock: ManualClock) -> None:
+        self.in_review(store, clock)
+        decision = decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.FAIL, "f-1")))
+        found = view(store, "e-1")
+        assert found.execution.state == ExecutionState.FAILED
+        assert found.recoveries[-1] == decision.recovery and len(found.recoveries) == 2
+
+    def test_resume_safe_with_proof_gives_a_fresh_lease_later(self, store: Store, clock: ManualClock) -> None:
+        self.in_review(store, clock)
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")))
+        found = view(store, "e-1")
+        assert found.execution.state == ExecutionState.ELIGIBLE
+        assert found.dispatch.eligible_at == clock.now()
+        _, credential = claim(store, "w-2")
+        assert credential.fence == 2
+
+    @pytest.mark.parametrize(
+        "proof",
+        [None, p.SafeResumeEvidence(True, True, False, "contract"), p.SafeResumeEvidence(False, True, True, "c"),
+         p.SafeResumeEvidence(True, False, True, "c"), p.SafeResumeEvidence(True, True, True, "")],
+        ids=["none", "not_approved", "unresolved_command", "stale_dependencies", "no_contract"],
+    )
+    def test_resume_safe_without_the_whole_proof_is_refused(
+        self, store: Store, clock: ManualClock, proof: p.SafeResumeEvidence | None
+    ) -> None:
+        self.in_review(store, clock)
+        request = recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1", safe_resume=proof)
+        refused(store, lambda: store.recover(request), RC.UNSAFE_RESUME)
+
+    def test_reconcile_command_links_without_leaving_review(self, store: Store, clock: ManualClock) -> None:
+        self.in_review(store, clock)
+        missing = recovery_request(store, "e-1", p.RecoveryKind.RECONCILE_COMMAND, "c-1", command_unresolved=False)
+        refused(store, lambda: store.recover(missing), RC.NO_UNRESOLVED_COMMAND)
+        decision = decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RECONCILE_COMMAND, "c-1")))
+        found = view(store, "e-1")
+        assert found.execution.state == ExecutionState.RECONCILIATION_REQUIRED
+        assert found.execution.revision == 4 and found.execution == decision.execution
+        assert found.history[-1] == decision.evidence[0]
+
+    @pytest.mark.parametrize(
+        "kind",
+        [p.RecoveryKind.FAIL, p.RecoveryKind.RESUME_SAFE, p.RecoveryKind.RECONCILE_COMMAND],
+        ids=lambda k: k.value,
+    )
+    def test_governed_decisions_outside_review_are_refused(self, store: Store, kind: p.RecoveryKind) -> None:
+        admit(store, "e-1")
+        refused(store, lambda: store.recover(recovery_request(store, "e-1", kind, "g-1")), RC.NOT_IN_RECONCILIATION)
+
+    def test_an_identical_recovery_command_returns_the_same_record(self, store: Store, clock: ManualClock) -> None:
+        self.running(store)
+        clock.advance(LEASE)
+        request = recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")
+        decision = decided(store.recover(request))
+        replay = unchanged(store, lambda: store.recover(request), p.UnchangedCode.RECOVERY_REPLAYED)
+        assert replay.record == decision.recovery == view(store, "e-1").recoveries[0]
+
+    def test_a_reused_recovery_identity_is_a_conflict(self, store: Store, clock: ManualClock) -> None:
+        self.in_review(store, clock)  # command q-1 quarantined e-1 at revision 2
+        admit(store, "e-2")
+        other_kind = recovery_request(store, "e-1", p.RecoveryKind.FAIL, "q-1")
+        refused(store, lambda: store.recover(other_kind), RC.RECOVERY_CONFLICT)
+        other_revision = recovery_request(
+            store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1", expected_revision=3
+        )
+        refused(store, lambda: store.recover(other_revision), RC.RECOVERY_CONFLICT)
+        other_execution = recovery_request(store, "e-2", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1", expected_revision=2)
+        refused(store, lambda: store.recover(other_execution), RC.RECOVERY_CONFLICT)
+
+    def test_recovery_with_a_stale_revision_is_refused(self, store: Store, clock: ManualClock) -> None:
+        self.in_review(store, clock)
+        request = recovery_request(store, "e-1", p.RecoveryKind.FAIL, "f-1", expected_revision=2)
+        refused(store, lambda: store.recover(request), RC.STALE_REVISION)
+
+    def test_recovery_without_authority_is_refused(self, store: Store, clock: ManualClock) -> None:
+        self.in_review(store, clock)
+        request = recovery_request(store, "e-1", p.RecoveryKind.FAIL, "f-1", authority=DENIED)
+        refused(store, lambda: store.recover(request), RC.NOT_AUTHORIZED)
+
+    # --- the zombie -------------------------------------------------------------------------------
+
+    def test_a_zombie_cannot_write_after_its_replacement_claims(self, store: Store, clock: ManualClock) -> None:
+        zombie = self.running(store, "e-1", "w-1")
+        revision_seen = revision(store, "e-1")
+        clock.advance(LEASE)
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")))
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")))
+        _, live = claim(store, "w-2")
+        assert live.fence == zombie.fence + 1
+        current = revision(store, "e-1")
+        def zombie_writes(seen: int) -> None:
+            refused(store, lambda: store.renew("e-1", p.RenewRequest(zombie, LEASE)), RC.LEASE_TOKEN_MISMATCH)
+            step = step_request(store, "e-1", zombie, expected_revision=seen)
+            refused(
+                store,
+                lambda: store.record_step("e-1", step, [Evidence("ev-z1", "step_attempt")]),
+                RC.LEASE_TOKEN_MISMATCH,
+            )
+            refused(store, lambda: store.release("e-1", p.ReleaseRequest(zombie, seen)), RC.LEASE_TOKEN_MISMATCH)
+            final = finalize_request(store, "e-1", zombie, ExecutionState.SUCCEEDED, expected_revision=seen)
+            refused(store, lambda: store.finalize(final, [Evidence("ev-z2", "outcome")]), RC.LEASE_TOKEN_MISMATCH)
+            refused(
+                store,
+                lambda: store.append_evidence("e-1", zombie, [Evidence("ev-z3", "note")]),
+                RC.LEASE_TOKEN_MISMATCH,
+            )
+
+        # The zombie presents its own credential, with the revision it saw and
+        # with the current one (a zombie that re-read the row is the stronger one).
+        zombie_writes(revision_seen)
+        zombie_writes(current)
+        # Borrowing the replacement's token still fails on the worker, and
+        # borrowing its identity too still fails on the fence.
+        borrowed = attrs.evolve(zombie, lease_token=live.lease_token)
+        refused(store, lambda: store.renew("e-1", p.RenewRequest(borrowed, LEASE)), RC.WORKER_MISMATCH)
+        impostor = attrs.evolve(live, fence=zombie.fence)
+        refused(store, lambda: store.renew("e-1", p.RenewRequest(impostor, LEASE)), RC.STALE_FENCE)
+        # The replacement is unaffected.
+        decided(store.finalize(finalize_request(store, "e-1", live, ExecutionState.SUCCEEDED)))
+        assert view(store, "e-1").evidence == ()
+
+    # --- evidence ---------------------------------------------------------------------------------
+
+    def test_evidence_commits_with_each_kind_of_write(self, store: Store) -> None:
+        credential = self.running(store)
+        decided(store.append_evidence("e-1", credential, [Evidence("ev-a", "command", {"id": "cmd-1"})]))
+        decided(store.record_step("e-1", step_request(store, "e-1", credential), [Evidence("ev-b", "step_attempt")]))
+        items = [Evidence("ev-c", "outcome", {"ok": True}), Evidence("ev-d", "note", {"text": "done"})]
+        decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED), items))
+        found = view(store, "e-1")
+        assert [(e.object_id, e.kind, dict(e.body)) for e in found.evidence] == [
+            ("ev-a", "command", {"id": "cmd-1"}),
+            ("ev-b", "step_attempt", {}),
+            ("ev-c", "outcome", {"ok": True}),
+            ("ev-d", "note", {"text": "done"}),
+        ]
+
+    def test_append_evidence_changes_no_row(self, store: Store) -> None:
+        credential = self.running(store)
+        before = view(store, "e-1")
+        decision = decided(store.append_evidence("e-1", credential, [Evidence("ev-a", "command")]))
+        assert decision.execution is None and decision.dispatch is None
+        after = view(store, "e-1")
+        assert attrs.evolve(after, evidence=()) == before
+        assert [e.object_id for e in after.evidence] == ["ev-a"]
+
+    def test_append_evidence_after_expiry_is_refused(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store)
+        clock.advance(LEASE)
+        refused(
+            store, lambda: store.append_evidence("e-1", credential, [Evidence("ev-a", "note")]), RC.LEASE_EXPIRED
+        )
+
+    @pytest.mark.parametrize("where", ["same_execution", "other_execution", "same_request"])
+    def test_a_reused_evidence_id_is_a_conflict_that_changes_nothing(self, store: Store, where: str) -> None:
+        credential = self.running(store, "e-1", "w-1")
+        other = self.running(store, "e-2", "w-2")
+        decided(store.append_evidence("e-1", credential, [Evidence("ev-1", "note", {"first": True})]))
+        items: Sequence[Evidence]
+        if where == "same_execution":
+            holder, execution_id, items = credential, "e-1", [Evidence("ev-1", "outcome", {"first": False})]
+        elif where == "other_execution":
+            holder, execution_id, items = other, "e-2", [Evidence("ev-1", "outcome")]
+        else:
+            holder, execution_id, items = other, "e-2", [Evidence("ev-2", "outcome"), Evidence("ev-2", "note")]
+        request = finalize_request(store, execution_id, holder, ExecutionState.SUCCEEDED)
+        store_error(store, lambda: store.finalize(request, items), "evidence_conflict")
+        step = step_request(store, execution_id, holder)
+        store_error(store, lambda: store.record_step(execution_id, step, items), "evidence_conflict")
+        store_error(store, lambda: store.append_evidence(execution_id, holder, items), "evidence_conflict")
+        assert view(store, "e-1").evidence[0].body == {"first": True}
+
+    def test_evidence_of_a_refused_decision_is_not_visible(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store)
+        request = finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED)
+        clock.advance(LEASE)
+        refused(store, lambda: store.finalize(request, [Evidence("ev-lost", "outcome")]), RC.LEASE_EXPIRED)
+        # The id was not taken either: a later holder may use it.
+        clock.advance(timedelta(seconds=1))
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")))
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")))
+        _, live = claim(store, "w-2")
+        decided(
+            store.finalize(
+                finalize_request(store, "e-1", live, ExecutionState.SUCCEEDED), [Evidence("ev-lost", "outcome")]
+            )
+        )
+        assert [e.object_id for e in view(store, "e-1").evidence] == ["ev-lost"]
+
+    # --- history ----------------------------------------------------------------------------------
+
+    def test_history_is_every_revision_and_every_record_in_order(self, store: Store, clock: ManualClock) -> None:
+        decisions = [admit(store, "e-1")]
+        decisions.append(decided(store.claim_next(p.ClaimRequest("w-1", "t-1", LEASE))))
+        credential = decisions[-1].lease
+        assert credential is not None
+        decisions.append(decided(store.renew("e-1", p.RenewRequest(credential, LEASE))))
+        decisions.append(decided(store.record_step("e-1", step_request(store, "e-1", credential))))
+        spec = wait_spec("a-9")
+        decisions.append(
+            decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.WAITING, wait=spec)))
+        )
+        decisions.append(decided(store.wake(wake_request(p.WaitKey("e-1", "n-wait", "a-9")))))
+        decisions.append(decided(store.claim_next(p.ClaimRequest("w-2", "t-2", LEASE))))
+        clock.advance(LEASE)
+        decisions.append(
+            decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")))
+        )
+        decisions.append(decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.FAIL, "f-1"))))
+        found = view(store, "e-1")
+        written = [d.execution for d in decisions if d.execution is not None]
+        assert list(found.revisions) == written
+        assert [r.revision for r in found.revisions] == list(range(1, len(written) + 1))
+        assert list(found.history) == [record for d in decisions for record in d.evidence]
+        assert [r.command_id for r in found.recoveries] == ["q-1", "f-1"]
+        assert found.execution == written[-1] and found.dispatch == decisions[-1].dispatch
+        assert_coherent(found)
+
+    def test_refusals_leave_no_history(self, store: Store) -> None:
+        credential = self.running(store)
+        before = view(store, "e-1")
+        refused(store, lambda: store.release("e-1", p.ReleaseRequest(credential, 1)), RC.STALE_REVISION)
+        refused(store, lambda: store.cancel(p.CancelRequest("e-1", "b-1", 2, GRANTED)), RC.CANCEL_RUNNING)
+        assert view(store, "e-1").history == before.history
+
+    # --- expired ----------------------------------------------------------------------------------
+
+    def test_expired_lists_exactly_running_work_past_its_lease(self, store: Store, clock: ManualClock) -> None:
+        admit(store, "e-eligible")
+        admit(store, "e-long")
+        admit(store, "e-short")
+        admit(store, "e-done")
+        # Claim order is by id within the same eligible_at: done, eligible, long, short.
+        done_id, done = claim(store, "w-1", lease=timedelta(seconds=5))
+        assert done_id == "e-done"
+        decided(store.finalize(finalize_request(store, "e-done", done, ExecutionState.SUCCEEDED)))
+        decided(store.cancel(p.CancelRequest("e-eligible", "b-1", 1, GRANTED)))
+        admit(store, "e-fresh")
+        assert claim(store, "w-2", lease=timedelta(seconds=60))[0] == "e-fresh"
+        assert claim(store, "w-3", lease=timedelta(seconds=60))[0] == "e-long"
+        assert claim(store, "w-4", lease=timedelta(seconds=10))[0] == "e-short"
+        assert store.expired() == []
+        clock.advance(timedelta(seconds=10))  # exactly e-short's expiry
+        assert store.expired() == ["e-short"]
+        clock.advance(timedelta(seconds=60))
+        assert store.expired() == ["e-fresh", "e-long", "e-short"]

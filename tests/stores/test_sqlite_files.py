@@ -1,0 +1,488 @@
+"""What only the SQLite store has to get right: its file, its settings, its schema and bad input.
+
+What these tests prove:
+
+- the connection runs in WAL mode with foreign keys on, a busy timeout
+  (a write waits for another writer instead of failing) and synchronous
+  FULL;
+- the schema is built by the numbered migrations, each recorded in
+  ``schema_migrations`` with the SHA-256 of its text, and re-opening an
+  existing store keeps its data and migrates nothing again;
+- bad input is refused with a ``StoreError`` whose stable code says what is
+  wrong and whose message names the path, and the file is left exactly as
+  it was: same bytes, same modification time, and no ``-wal``/``-shm``
+  (or any other) file created beside it.  The cases: a corrupt database, a
+  file that is not SQLite, a SQLite database of something else, a read-only
+  path, a newer schema version, a schema altered by hand, a directory and a
+  path in a missing directory;
+- the append-only triggers refuse UPDATE and DELETE on object_revisions,
+  transitions and commands, the CHECK refuses a claimed row without lease
+  fields (and an unclaimed row with them), and ``PRAGMA integrity_check``
+  and ``foreign_key_check`` are clean after a run.
+
+Read-only for root: the tests run as root here, and root ignores permission
+bits, so ``chmod`` alone would not make a path read-only.  When the effective
+user is root the tests also set the immutable attribute (``FS_IMMUTABLE_FL``
+via the ``FS_IOC_SETFLAGS`` ioctl, what ``chattr +i`` does), which the kernel
+enforces for root too; every test checks first that the path really refuses
+writes, and fails (never skips) if it cannot make it so.  The attribute is
+always removed afterwards.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import hashlib
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from fencekeeper.adapters import sqlite_store
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.store import ManualClock, StoreError
+from fencekeeper.adapters.testing.suite import (
+    GRANTED,
+    LEASE,
+    admit,
+    claim,
+    decided,
+    finalize_request,
+    recovery_request,
+    step_request,
+    view,
+)
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import ExecutionState
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def populated_store(path: Path) -> Path:
+    """A real store file with some history (every table written), closed: no -wal or -shm left."""
+    clock = ManualClock()
+    store = SQLiteStore(path, clock=clock)
+    for i in range(12):
+        admit(store, f"e-{i:02d}")
+    execution_id, credential = claim(store, "w-1")
+    decided(store.record_step(execution_id, step_request(store, execution_id, credential)))
+    decided(store.finalize(finalize_request(store, execution_id, credential, ExecutionState.SUCCEEDED)))
+    execution_id, credential = claim(store, "w-2")
+    clock.advance(LEASE)
+    decided(store.recover(recovery_request(store, execution_id, p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")))
+    store.close()
+    assert sorted(os.listdir(path.parent)) == [path.name], "closing the store must leave only its file"
+    return path
+
+
+def file_state(path: Path) -> tuple[object, ...]:
+    """Everything a refusal must leave alone: the bytes, the mtime and what lies beside the file."""
+    info = path.lstat()
+    content = path.read_bytes() if path.is_file() else None
+    return content, info.st_mtime_ns, stat.S_IMODE(info.st_mode), sorted(os.listdir(path.parent))
+
+
+def refused_open(path: Path, code: str) -> StoreError:
+    """Opening ``path`` must raise StoreError(code) naming the path, and change nothing on disk."""
+    before = file_state(path)
+    with pytest.raises(StoreError) as caught:
+        SQLiteStore(path).close()
+    error = caught.value
+    assert error.code == code, f"expected {code}, got {error.code}: {error.message}"
+    assert str(path) in error.message and str(path) in str(error), error.message
+    assert file_state(path) == before, f"refusing {path} ({code}) changed it or created files beside it"
+    return error
+
+
+def store_connection(store: SQLiteStore) -> sqlite3.Connection:
+    """The store's own connection: per-connection PRAGMAs can only be read through it."""
+    conn = store._conn
+    assert isinstance(conn, sqlite3.Connection)
+    return conn
+
+
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IOC_SETFLAGS = 0x40086602
+_FS_IMMUTABLE_FL = 0x00000010
+
+
+def _set_immutable(path: Path, on: bool) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        flags = array.array("i", [0])
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+        flags[0] = flags[0] | _FS_IMMUTABLE_FL if on else flags[0] & ~_FS_IMMUTABLE_FL
+        fcntl.ioctl(fd, _FS_IOC_SETFLAGS, flags, True)
+    finally:
+        os.close(fd)
+
+
+def _refuses_writes(path: Path) -> bool:
+    try:
+        if path.is_dir():
+            probe = path / ".write-probe"
+            probe.touch()
+            probe.unlink()
+        else:
+            with path.open("r+b"):
+                pass
+    except PermissionError:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def read_only(*paths: Path) -> Iterator[None]:
+    """Make ``paths`` (files and directories) refuse writes, for this user even if it is root."""
+    modes = {path: stat.S_IMODE(path.stat().st_mode) for path in paths}
+    immutable: list[Path] = []
+    try:
+        for path in paths:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        if os.geteuid() == 0:
+            for path in paths:
+                try:
+                    _set_immutable(path, True)
+                except OSError as exc:
+                    pytest.fail(
+                        f"running as root, and {path} cannot be made immutable ({exc}): no honest read-only path"
+                    )
+                immutable.append(path)
+        for path in paths:
+            assert _refuses_writes(path), f"{path} still accepts writes; the test would prove nothing"
+        yield
+    finally:
+        for path in reversed(immutable):
+            _set_immutable(path, False)
+        for path, mode in modes.items():
+            path.chmod(mode)
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def test_wal_foreign_keys_busy_timeout_and_full_sync(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path)
+    try:
+        conn = store_connection(store)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+        assert conn.execute("PRAGMA busy_timeout").fetchone() == (sqlite_store.BUSY_TIMEOUT_MS,)
+        assert sqlite_store.BUSY_TIMEOUT_MS >= 1_000
+        assert conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+        # WAL is a property of the file, so a second connection sees it too.
+        other = sqlite3.connect(path)
+        try:
+            assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        finally:
+            other.close()
+    finally:
+        store.close()
+
+
+def test_foreign_keys_are_enforced_on_the_store_connection(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "store.db")
+    try:
+        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+            store_connection(store).execute(
+                "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at) "
+                "VALUES ('e-nobody', 'eligible', '2026-01-01T00:00:00.000000+00:00')"
+            )
+        assert store.execution_ids() == []
+    finally:
+        store.close()
+
+
+def test_a_write_waits_for_another_writer_instead_of_failing(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        released = threading.Event()
+
+        def release_later() -> None:
+            time.sleep(0.3)
+            other.execute("COMMIT")
+            released.set()
+
+        thread = threading.Thread(target=release_later)
+        started = time.monotonic()
+        thread.start()
+        admit(store, "e-1")  # blocks on the other writer, then commits
+        waited = time.monotonic() - started
+        thread.join()
+        assert released.is_set() and waited >= 0.25, f"the write did not wait for the lock ({waited:.3f}s)"
+        assert store.execution_ids() == ["e-1"]
+    finally:
+        other.close()
+        store.close()
+
+
+# --- migrations and re-opening -------------------------------------------------------------------
+
+
+def test_migrations_are_recorded_with_their_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    SQLiteStore(path).close()
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT version, name, checksum, applied_at FROM schema_migrations ORDER BY version"
+        ).fetchall()
+    finally:
+        conn.close()
+    expected = [(n, name, hashlib.sha256(sql.encode()).hexdigest()) for n, name, sql in sqlite_store.MIGRATIONS]
+    assert [row[:3] for row in rows] == expected
+    assert [row[0] for row in rows] == list(range(1, len(rows) + 1)), "versions are numbered from 1 without gaps"
+    assert all(isinstance(row[3], str) and row[3].startswith("20") for row in rows), rows
+
+
+def test_reopening_keeps_the_data_and_migrates_nothing_again(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    clock = ManualClock()
+    store = SQLiteStore(path, clock=clock)
+    admit(store, "e-1")
+    _, credential = claim(store, "w-1")
+    before = view(store, "e-1")
+    store.close()
+    conn = sqlite3.connect(path)
+    migrations = conn.execute("SELECT * FROM schema_migrations").fetchall()
+    conn.close()
+
+    again = SQLiteStore(path, clock=clock)
+    try:
+        assert view(again, "e-1") == before
+        assert again.execution_ids() == ["e-1"]
+        # The reopened store honours the lease taken before it closed.
+        decided(again.finalize(finalize_request(again, "e-1", credential, ExecutionState.SUCCEEDED)))
+    finally:
+        again.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT * FROM schema_migrations").fetchall() == migrations
+    finally:
+        conn.close()
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table", ["workflow_dispatch", "object_revisions", "sqlite_schema"])
+def test_a_corrupt_database_is_refused_untouched(tmp_path: Path, table: str) -> None:
+    path = populated_store(tmp_path / "store.db")
+    conn = sqlite3.connect(path)
+    try:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        # The table's fullest leaf page.
+        page = conn.execute(
+            "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = 'leaf' ORDER BY unused, pageno LIMIT 1", (table,)
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    start = (page - 1) * page_size
+    with path.open("r+b") as f:
+        # The b-tree page header (after the 100-byte file header on page 1)
+        # says where the cell content begins; overwrite the middle of it.
+        f.seek(start + (100 if page == 1 else 0) + 5)
+        content = int.from_bytes(f.read(2), "big") or 65536
+        offset = start + (content + page_size) // 2 - 64
+        f.seek(offset)
+        original = f.read(128)
+        assert original.count(0) < 64, f"the middle of page {page}'s content is not in use"
+        f.seek(offset)
+        f.write(bytes(b ^ 0xA5 for b in original))
+    refused_open(path, "not_a_database")
+
+
+def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 200)
+    refused_open(path, "not_a_database")
+
+
+def test_a_sqlite_database_of_something_else_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE parts (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO parts (name) VALUES ('bolt')")
+    conn.commit()
+    conn.close()
+    error = refused_open(path, "not_a_database")
+    assert "parts" in error.message
+
+
+def test_a_read_only_store_is_refused_untouched(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = populated_store(directory / "store.db")
+    with read_only(path, directory):
+        refused_open(path, "read_only")
+
+
+def test_a_read_only_store_file_in_a_writable_directory_is_refused_untouched(tmp_path: Path) -> None:
+    path = populated_store(tmp_path / "store.db")
+    with read_only(path):
+        refused_open(path, "read_only")
+
+
+def test_a_new_store_in_a_read_only_directory_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "store.db"
+    with read_only(directory):
+        with pytest.raises(StoreError) as caught:
+            SQLiteStore(path).close()
+        assert caught.value.code == "read_only", caught.value.message
+        assert str(path) in caught.value.message
+        assert os.listdir(directory) == []
+
+
+def test_a_newer_schema_version_is_refused_untouched(tmp_path: Path) -> None:
+    path = populated_store(tmp_path / "store.db")
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "INSERT INTO schema_migrations (version, name, checksum, applied_at) "
+        "VALUES (99, 'from_the_future', 'x', '2030-01-01T00:00:00Z')"
+    )
+    conn.commit()
+    conn.close()
+    error = refused_open(path, "schema_too_new")
+    assert "99" in error.message
+
+
+def test_an_altered_schema_is_refused_untouched(tmp_path: Path) -> None:
+    path = populated_store(tmp_path / "store.db")
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE workflow_dispatch ADD COLUMN priority INTEGER")
+    conn.commit()
+    conn.close()
+    refused_open(path, "schema_altered")
+
+
+def test_an_edited_migration_record_is_refused_untouched(tmp_path: Path) -> None:
+    path = populated_store(tmp_path / "store.db")
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE schema_migrations")
+    conn.execute(
+        "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL, "
+        "applied_at TEXT NOT NULL)"
+    )
+    conn.execute("INSERT INTO schema_migrations VALUES (1, 'initial', 'not-the-checksum', '2026-01-01T00:00:00Z')")
+    conn.commit()
+    conn.close()
+    refused_open(path, "schema_altered")
+
+
+def test_a_directory_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "a-directory"
+    path.mkdir()
+    (path / "keep.txt").write_text("mine")
+    refused_open(path, "not_a_database")
+    assert os.listdir(path) == ["keep.txt"]
+
+
+def test_a_path_in_a_missing_directory_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "store.db"
+    with pytest.raises(StoreError) as caught:
+        SQLiteStore(path).close()
+    assert caught.value.code == "store_unavailable", caught.value.message
+    assert str(path) in caught.value.message
+    assert not path.parent.exists(), "the store must not create directories"
+    assert os.listdir(tmp_path) == []
+
+
+# --- what the schema itself refuses -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE object_revisions SET state = 'succeeded'",
+        "DELETE FROM object_revisions",
+        "UPDATE transitions SET reason = 'rewritten'",
+        "DELETE FROM transitions",
+        "UPDATE commands SET body = '{}'",
+        "DELETE FROM commands",
+    ],
+)
+def test_append_only_tables_refuse_update_and_delete(tmp_path: Path, statement: str) -> None:
+    path = populated_store(tmp_path / "store.db")
+    table = statement.split()[2] if statement.startswith("DELETE") else statement.split()[1]
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(f"SELECT * FROM {table}").fetchall()
+        assert rows, f"{table} must have rows for the refusal to mean anything"
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute(statement)
+        assert conn.execute(f"SELECT * FROM {table}").fetchall() == rows
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        # claimed without its lease fields
+        "UPDATE workflow_dispatch SET dispatch_state = 'claimed' WHERE dispatch_state = 'eligible'",
+        "UPDATE workflow_dispatch SET lease_token = NULL WHERE dispatch_state = 'claimed'",
+        "UPDATE workflow_dispatch SET lease_expires_at = NULL WHERE dispatch_state = 'claimed'",
+        # a lease on a row that is not claimed
+        "UPDATE workflow_dispatch SET leased_by = 'w-9' WHERE dispatch_state = 'eligible'",
+        # a state the tables do not have; a step count past the limit
+        "UPDATE workflow_dispatch SET dispatch_state = 'running' WHERE dispatch_state = 'eligible'",
+        f"UPDATE workflow_dispatch SET step_count = {p.STEP_LIMIT + 1} WHERE dispatch_state = 'eligible'",
+    ],
+)
+def test_the_dispatch_check_refuses_incoherent_rows(tmp_path: Path, statement: str) -> None:
+    path = populated_store(tmp_path / "store.db")
+    store = SQLiteStore(path)
+    try:
+        claim(store, "w-3", lease=timedelta(hours=1))
+        conn = store_connection(store)
+        before = conn.execute("SELECT * FROM workflow_dispatch ORDER BY 1").fetchall()
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute(statement)
+        assert conn.execute("SELECT * FROM workflow_dispatch ORDER BY 1").fetchall() == before
+    finally:
+        store.close()
+
+
+def test_integrity_is_clean_after_a_run(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    clock = ManualClock()
+    store = SQLiteStore(path, clock=clock)
+    for i in range(30):
+        admit(store, f"e-{i:02d}", f"b-{i % 3}")
+    targets = [*p.FINALIZE_TARGETS[1:], ExecutionState.SUCCEEDED]
+    for i in range(20):
+        execution_id, credential = claim(store, f"w-{i % 4}")
+        decided(store.record_step(execution_id, step_request(store, execution_id, credential)))
+        if i % 5 == 4:
+            continue  # left running, to expire
+        request = finalize_request(store, execution_id, credential, targets[i % len(targets)])
+        decided(store.finalize(request))
+        clock.advance(timedelta(seconds=1))
+    clock.advance(LEASE)
+    for n, execution_id in enumerate(store.expired()):
+        decided(store.recover(recovery_request(store, execution_id, p.RecoveryKind.QUARANTINE_EXPIRED, f"q-{n}")))
+        decided(store.recover(recovery_request(store, execution_id, p.RecoveryKind.RESUME_SAFE, f"r-{n}")))
+    decided(store.cancel(p.CancelRequest("e-29", "b-2", 1, GRANTED)))
+    store.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        # 30 admissions, 20 claims, 20 steps, 16 finalizations, 4 quarantines, 4 resumptions, 1 cancel.
+        assert conn.execute("SELECT count(*) FROM transitions").fetchone()[0] == 95
+    finally:
+        conn.close()
