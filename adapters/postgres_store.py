@@ -230,15 +230,6 @@ class _PostgresBackend(SqlBackend):
         row = self._execute("SELECT clock_timestamp()").fetchone()
         return _aware(row[0])
 
-    def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
-        if self.business_id is not None:
-            row = self._execute(
-                "SELECT business_id FROM objects WHERE object_id = ?", (execution_id,)
-            ).fetchone()
-            if row is None or row[0] != self.business_id:
-                return None, None
-        return super().load(execution_id)
-
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
         scope = business_id if business_id is not None else self.business_id
         row = self._execute(

@@ -101,16 +101,24 @@ class SqlBackend(Backend):
             ).fetchall()
         return [str(r[0]) for r in rows]
 
+    business_id: str | None = None
+    """When set, rows of any other business do not exist for this backend."""
+
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
         row = self._execute(
-            # Two primary-key lookups, written so that no plan (and no missing
-            # statistics after a bulk load) can turn them into a scan.
-            "SELECT body FROM object_revisions WHERE object_id = ? AND revision = "
-            "(SELECT revision FROM objects WHERE object_id = ? AND object_type = ?)",
-            (execution_id, execution_id, EXECUTION_TYPE),
+            # One round trip: the current revision's body by primary key (a
+            # scalar subquery, so no plan, nor missing statistics after a bulk
+            # load, can turn it into a scan) beside the dispatch row.
+            "SELECT (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id "
+            "AND r.revision = o.revision), d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, "
+            "d.lease_expires_at, d.step_count, d.last_error_code "
+            "FROM objects o LEFT JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
+            "WHERE o.object_id = ? AND o.object_type = ? AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?)",
+            (execution_id, EXECUTION_TYPE, self.business_id, self.business_id),
         ).fetchone()
-        execution = None if row is None else codec.decode_execution(row[0])
-        return execution, self._load_dispatch(execution_id)
+        if row is None:
+            return None, None
+        return codec.decode_execution(row[0]), self._dispatch_from(execution_id, row[1:])
 
     def object_exists(self, object_id: str) -> bool:
         return self._execute("SELECT 1 FROM objects WHERE object_id = ?", (object_id,)).fetchone() is not None
@@ -345,13 +353,8 @@ class SqlBackend(Backend):
         )
 
 
-    def _load_dispatch(self, execution_id: str) -> p.Dispatch | None:
-        row = self._execute(
-            "SELECT dispatch_state, eligible_at, lease_token, leased_by, lease_expires_at, step_count, last_error_code "
-            "FROM workflow_dispatch WHERE workflow_execution_id = ?",
-            (execution_id,),
-        ).fetchone()
-        if row is None:
+    def _dispatch_from(self, execution_id: str, row: Sequence[Any]) -> p.Dispatch | None:
+        if row[0] is None:
             return None
         return p.Dispatch(
             workflow_execution_id=execution_id,
