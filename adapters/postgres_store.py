@@ -280,6 +280,10 @@ class PostgresStore(TransactionalStore):
                 kwargs={"options": f"-c search_path={self.schema}"},
                 open=True,
                 timeout=10,
+                # No check on checkout: it would cost a round trip on every
+                # request.  A connection killed while idle fails the one request
+                # that gets it, as StoreError('store_unavailable'), and is
+                # discarded; callers retry, as a worker does.
             )
             self._pool.wait(timeout=10)
         except Exception as exc:
@@ -287,6 +291,9 @@ class PostgresStore(TransactionalStore):
         try:
             with self._pool.connection() as conn:
                 check_schema(conn, self.schema)
+        except psycopg.OperationalError as exc:
+            self._pool.close()
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
         except BaseException:
             self._pool.close()
             raise
@@ -304,10 +311,13 @@ class PostgresStore(TransactionalStore):
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[_PostgresBackend]:
-        with self._pool.connection() as conn, conn.transaction():
-            # One snapshot for the whole view.
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            yield _PostgresBackend(conn, self.business_id, self._database_clock)
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                # One snapshot for the whole view.
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield _PostgresBackend(conn, self.business_id, self._database_clock)
+        except psycopg.OperationalError as exc:
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
     def expired(self) -> list[str]:
         with self._read() as tx:

@@ -187,3 +187,33 @@ def test_a_refused_decision_sends_no_notification(pg_dsn: str, pg_schema: str) -
     finally:
         waiter.close()
         actor.close()
+
+
+def test_a_killed_connection_is_replaced_or_reported_never_leaked(pg_dsn: str, pg_schema: str) -> None:
+    # pg_terminate_backend on the store's idle connections: the request that
+    # finds one dead fails as StoreError('store_unavailable'), never psycopg's
+    # own error, the pool discards it, and the next request works.
+    name = f"fk-kill-{pg_schema[-8:]}"
+    store = PostgresStore(f"{pg_dsn}?application_name={name}", schema=pg_schema)
+    try:
+        _admit(store, "e1")
+        assert store.expired() == []
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                (name,),
+            ).fetchone()
+        assert killed is not None and killed[0] >= 1
+        time.sleep(0.2)
+        for attempt in range(5):
+            try:
+                assert store.execution_ids() == ["e1"]
+                assert store.read("e1") is not None
+                _admit(store, f"e-after-{attempt}")
+                break
+            except StoreError as exc:
+                assert exc.code == "store_unavailable"
+        else:
+            pytest.fail("the store never recovered from killed connections")
+    finally:
+        store.close()

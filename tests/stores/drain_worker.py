@@ -60,7 +60,7 @@ from typing import Any, TextIO
 import attrs
 
 from fencekeeper.adapters.sqlite_store import SQLiteStore
-from fencekeeper.adapters.store import Evidence, SystemClock
+from fencekeeper.adapters.store import Evidence, Store, SystemClock
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 
@@ -113,8 +113,9 @@ class Held:
 
 
 class Worker:
-    def __init__(self, args: argparse.Namespace, ledger: TextIO) -> None:
-        self.store = SQLiteStore(args.db, SystemClock())
+    def __init__(self, args: argparse.Namespace, ledger: TextIO, store: Store | None = None) -> None:
+        # Any store: the PostgreSQL fault test runs this same worker against its store.
+        self.store: Store = store if store is not None else SQLiteStore(args.db, SystemClock())
         self.worker_id: str = args.worker
         self.rng = random.Random(args.seed)
         self.lease = timedelta(seconds=args.lease)
