@@ -147,6 +147,8 @@ class SqlBackend(Backend):
         return None if row is None else codec.decode_recovery(row[0])
 
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
+        # No row locks: right where the whole database is write-locked for the
+        # transaction (SQLite); PostgreSQL overrides this with SKIP LOCKED.
         if business_id is None:
             row = self._execute(
                 "SELECT workflow_execution_id FROM workflow_dispatch "

@@ -34,7 +34,6 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
 import sqlite_utils
@@ -200,23 +199,6 @@ class _SQLiteBackend(SqlBackend):
 
     dialect = SQLITE
 
-    def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
-        if business_id is None:
-            row = self._execute(
-                "SELECT workflow_execution_id FROM workflow_dispatch "
-                "WHERE dispatch_state = 'eligible' AND eligible_at <= ? "
-                "ORDER BY eligible_at, workflow_execution_id LIMIT 1",
-                (codec.encode_time(now),),
-            ).fetchone()
-        else:
-            row = self._execute(
-                "SELECT d.workflow_execution_id FROM workflow_dispatch d "
-                "JOIN objects o ON o.object_id = d.workflow_execution_id "
-                "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND o.business_id = ? "
-                "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1",
-                (codec.encode_time(now), business_id),
-            ).fetchone()
-        return None if row is None else str(row[0])
 
 
 class SQLiteStore(TransactionalStore):

@@ -759,6 +759,17 @@ def _check_lease(
     return None
 
 
+def _check_held(
+    execution: Execution | None, dispatch: Dispatch | None, credential: LeaseCredential, now: datetime
+) -> Refusal | None:
+    """Preconditions 1 to 8 and the fence, for a request that names its execution only by its rows."""
+    execution_id = execution.execution_id if execution is not None else "?"
+    refusal = _check_pair(execution, dispatch, execution_id)
+    if refusal is not None or execution is None or dispatch is None:
+        return refusal
+    return _check_lease(execution, dispatch, credential, now)
+
+
 def _check_business(execution: Execution, business_id: str) -> Refusal | None:
     """Seed 000 finalization precondition 9.
 
@@ -933,14 +944,10 @@ def renew(execution: Execution | None, dispatch: Dispatch | None, request: Renew
         expires = _expiry("lease_duration", now, request.lease_duration)
     except _Invalid as exc:
         return exc.refusal
-    execution_id = execution.execution_id if execution is not None else "?"
-    refusal = _check_pair(execution, dispatch, execution_id)
+    refusal = _check_held(execution, dispatch, request.credential, now)
     if refusal is not None:
         return refusal
     assert execution is not None and dispatch is not None
-    refusal = _check_lease(execution, dispatch, request.credential, now)
-    if refusal is not None:
-        return refusal
     # The table must admit renewal from here; it always does for running.
     EXECUTION.step(execution.state, ExecutionEvent.RENEW)
     new_dispatch = attrs.evolve(dispatch, lease_expires_at=expires)
@@ -971,13 +978,11 @@ def record_step(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
-    execution_id = execution.execution_id if execution is not None else "?"
-    refusal = _check_pair(execution, dispatch, execution_id)
+    refusal = _check_held(execution, dispatch, request.credential, now)
     if refusal is not None:
         return refusal
     assert execution is not None and dispatch is not None
     refusal = _first(
-        _check_lease(execution, dispatch, request.credential, now),
         _check_revision_current(execution, request.expected_revision),
         _check_authorized(request.authority),
     )
@@ -1013,13 +1018,11 @@ def release(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
-    execution_id = execution.execution_id if execution is not None else "?"
-    refusal = _check_pair(execution, dispatch, execution_id)
+    refusal = _check_held(execution, dispatch, request.credential, now)
     if refusal is not None:
         return refusal
     assert execution is not None and dispatch is not None
     refusal = _first(
-        _check_lease(execution, dispatch, request.credential, now),
         _check_revision_current(execution, request.expected_revision),
     )
     if refusal is not None:
@@ -1150,14 +1153,10 @@ def fenced(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
-    execution_id = execution.execution_id if execution is not None else "?"
-    refusal = _check_pair(execution, dispatch, execution_id)
+    refusal = _check_held(execution, dispatch, credential, now)
     if refusal is not None:
         return refusal
     assert execution is not None and dispatch is not None
-    refusal = _check_lease(execution, dispatch, credential, now)
-    if refusal is not None:
-        return refusal
     return Decision(guard=_guard(execution, dispatch, live=True), execution=None, dispatch=None, evidence=())
 
 
