@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PACKAGE_FILES := $(shell find kernel adapters -name '*.py' -o -name py.typed | sort)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit contracts bench specs docs clean
+.PHONY: demo test contracts bench bench-pg specs clean
 
 demo: $(STAMP)
 	$(BIN)/fencekeeper demo
@@ -28,6 +28,10 @@ contracts: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.kernel_steps
 	$(BIN)/python -m bench.sqlite_store
+
+# Needs a PostgreSQL server (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test).
+bench-pg: $(STAMP)
+	$(BIN)/python -m bench.postgres_store
 
 # Regenerate specs/machines/*.toml and docs/machines.md from the kernel.
 specs: $(STAMP)
