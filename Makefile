@@ -28,6 +28,7 @@ contracts: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.kernel_steps
 	$(BIN)/python -m bench.sqlite_store
+	$(BIN)/python -m bench.sqlite_hot_path
 
 # Needs a PostgreSQL server (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test).
 bench-pg: $(STAMP)
