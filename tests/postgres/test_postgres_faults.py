@@ -87,8 +87,9 @@ from psycopg.rows import dict_row
 
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import ExecutionState, dispatch_state_of
+from fencekeeper.kernel.machines import ExecutionState
 from tests.postgres.pg_drain_worker import APP_PREFIX, application_name, with_application_name
+from tests.stores.audit import check_finished_once, load
 from tests.stores.drain_worker import DEAD_CODES
 from tests.stores.test_sqlite_concurrency import MAX_RESUMES, Reconciler
 
@@ -118,8 +119,6 @@ POOL_SIZE = 4
 OPS = p.Authority(True, "ops")
 ADMIN = p.Authority(True, "admin")
 PROOF = p.SafeResumeEvidence(True, True, True, "idempotent by execution id")
-TERMINAL = frozenset({ExecutionState.SUCCEEDED.value, ExecutionState.FAILED.value, ExecutionState.CANCELLED.value})
-REVIEW = frozenset({ExecutionState.SUSPENDED.value, ExecutionState.RECONCILIATION_REQUIRED.value})
 LEASE_WRITES = frozenset({"renew", "record_step", "release"}) | {
     f"finalize_{s.value}"
     for s in (
@@ -521,51 +520,10 @@ class Lease:
 
 def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
     """Every check of the database against itself and against the ledgers; returns the counts for the report."""
-    executions = {
-        r["object_id"]: r for r in rows(conn, "SELECT * FROM objects WHERE object_type = 'WorkflowExecution'")
-    }
-    assert sorted(executions) == [f"ex-{n:04d}" for n in range(EXECUTIONS)], "an execution was lost or invented"
-    dispatch = {r["workflow_execution_id"]: r for r in rows(conn, "SELECT * FROM workflow_dispatch")}
-    assert dispatch.keys() == executions.keys()
-    revisions: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for r in rows(conn, "SELECT * FROM object_revisions ORDER BY object_id, revision"):
-        if r["object_id"] in executions:
-            revisions[r["object_id"]].append(r)
-    history: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for r in rows(conn, "SELECT * FROM transitions ORDER BY seq"):
-        history[r["execution_id"]].append(r)
-
-    # --- each execution: finished once, coherent rows -------------------------------------------
-    final_states: collections.Counter[str] = collections.Counter()
-    for execution_id, obj in executions.items():
-        state = obj["state"]
-        final_states[state] += 1
-        assert state in TERMINAL | REVIEW, (execution_id, state)
-        transitions = history[execution_id]
-        into_terminal = [t for t in transitions if t["to_state"] in TERMINAL]
-        if state in TERMINAL:
-            assert len(into_terminal) == 1, (execution_id, into_terminal)
-            assert into_terminal[0]["seq"] == transitions[-1]["seq"], f"{execution_id}: written after it ended"
-        else:
-            assert into_terminal == [], execution_id
-        assert transitions[-1]["to_state"] == state
-
-        d = dispatch[execution_id]
-        assert d["dispatch_state"] == dispatch_state_of(ExecutionState(state)).value, execution_id
-        assert (d["lease_token"], d["leased_by"], d["lease_expires_at"]) == (None, None, None), execution_id
-
-        revs = revisions[execution_id]
-        assert [r["revision"] for r in revs] == list(range(1, obj["revision"] + 1)), f"{execution_id}: gap"
-        body = json.loads(revs[-1]["body"])
-        assert revs[-1]["state"] == state == body["state"] and body["revision"] == obj["revision"]
-        assert body["step_count"] == d["step_count"]
-        # Every revision was written by exactly one transition (renewals write none).
-        writers = [t for t in transitions if t["event"] != "renew"]
-        assert [t["revision"] for t in writers] == [r["revision"] for r in revs], f"{execution_id}: shared revision"
-        previous = None
-        for t, r in zip(writers, revs, strict=True):
-            assert (t["from_state"], t["to_state"], t["at"]) == (previous, r["state"], r["committed_at"]), t
-            previous = r["state"]
+    loaded = load(lambda sql: rows(conn, sql))
+    assert sorted(loaded.executions) == [f"ex-{n:04d}" for n in range(EXECUTIONS)], "an execution was lost or invented"
+    final_states = check_finished_once(loaded)
+    history = loaded.history
 
     leases = replay_leases(history)
 

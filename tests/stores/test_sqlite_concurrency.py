@@ -49,7 +49,8 @@ from typing import Any
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import SystemClock
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import ExecutionState, dispatch_state_of
+from fencekeeper.kernel.machines import ExecutionState
+from tests.stores.audit import check_finished_once, load
 from tests.stores.drain_worker import DEAD_CODES, WAIT_EVENT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +63,6 @@ MAX_RESUMES = 2
 
 OPS = p.Authority(True, "ops")
 ADMIN = p.Authority(True, "admin")
-TERMINAL = frozenset({ExecutionState.SUCCEEDED.value, ExecutionState.FAILED.value, ExecutionState.CANCELLED.value})
-REVIEW = frozenset({ExecutionState.SUSPENDED.value, ExecutionState.RECONCILIATION_REQUIRED.value})
 PROOF = p.SafeResumeEvidence(True, True, True, "idempotent by execution id")
 
 
@@ -296,62 +295,10 @@ def audit(conn: sqlite3.Connection, entries: list[dict[str, Any]]) -> dict[str, 
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     conn.row_factory = sqlite3.Row
 
-    executions = {
-        r["object_id"]: r for r in rows(conn, "SELECT * FROM objects WHERE object_type = 'WorkflowExecution'")
-    }
-    assert len(executions) == EXECUTIONS
-    dispatch = {r["workflow_execution_id"]: r for r in rows(conn, "SELECT * FROM workflow_dispatch")}
-    assert dispatch.keys() == executions.keys()
-    revisions: dict[str, list[sqlite3.Row]] = collections.defaultdict(list)
-    for r in rows(conn, "SELECT * FROM object_revisions ORDER BY object_id, revision"):
-        if r["object_id"] in executions:
-            revisions[r["object_id"]].append(r)
-    history: dict[str, list[sqlite3.Row]] = collections.defaultdict(list)
-    for r in rows(conn, "SELECT * FROM transitions ORDER BY seq"):
-        history[r["execution_id"]].append(r)
-
-    # --- each execution: finished exactly once, coherent rows ---------------------------------
-    final_states: collections.Counter[str] = collections.Counter()
-    for execution_id, obj in executions.items():
-        state = obj["state"]
-        final_states[state] += 1
-        assert state in TERMINAL | REVIEW, (execution_id, state)
-        transitions = history[execution_id]
-        into_terminal = [t for t in transitions if t["to_state"] in TERMINAL]
-        if state in TERMINAL:
-            assert len(into_terminal) == 1, (execution_id, [dict(t) for t in into_terminal])
-            assert into_terminal[0]["seq"] == transitions[-1]["seq"], f"{execution_id}: written after it ended"
-        else:
-            assert into_terminal == [], execution_id
-        assert transitions[-1]["to_state"] == state
-
-        d = dispatch[execution_id]
-        assert d["dispatch_state"] == dispatch_state_of(ExecutionState(state)).value, execution_id
-        claimed = d["dispatch_state"] == "claimed"
-        for field in ("lease_token", "leased_by", "lease_expires_at"):
-            assert (d[field] is not None) == claimed, (execution_id, field)
-
-        revs = revisions[execution_id]
-        assert [r["revision"] for r in revs] == list(range(1, obj["revision"] + 1)), f"{execution_id}: gap"
-        newest = revs[-1]
-        body = json.loads(newest["body"])
-        assert newest["state"] == state == body["state"]
-        assert body["revision"] == obj["revision"]
-        assert body["step_count"] == d["step_count"]
-
-        # Every revision was written by exactly one transition (renewals write
-        # no revision and carry the one they renewed under).
-        writers = [t for t in transitions if t["event"] != "renew"]
-        assert [t["revision"] for t in writers] == [r["revision"] for r in revs], f"{execution_id}: shared revision"
-        previous = None
-        for t, r in zip(writers, revs, strict=True):
-            assert t["to_state"] == r["state"] and t["from_state"] == previous, (execution_id, dict(t))
-            assert t["at"] == r["committed_at"], (execution_id, dict(t))
-            previous = r["state"]
-        for t in transitions:
-            if t["event"] == "renew":
-                assert t["from_state"] == t["to_state"] == "running"
-                assert revs[t["revision"] - 1]["state"] == "running"
+    loaded = load(lambda sql: rows(conn, sql))
+    assert len(loaded.executions) == EXECUTIONS
+    final_states = check_finished_once(loaded)
+    history = loaded.history
 
     # --- the ledgers against the file ---------------------------------------------------------
     decided = [e for e in entries if e["result"] == "decision"]
