@@ -45,6 +45,7 @@ ALLOWED_MODULES = frozenset(
         "datetime",
         "tomllib",
         "json",
+        "hashlib",
         "math",
         "string",
         "dataclasses",
