@@ -91,6 +91,7 @@ def encode_wait_spec(spec: p.WaitSpec) -> str:
             "correlation": [list(pair) for pair in spec.correlation],
             "wake_at": encode_optional_time(spec.wake_at),
             "timeout": spec.timeout,
+            "continuations": [list(pair) for pair in spec.continuations],
         }
     )
 
@@ -104,6 +105,8 @@ def decode_wait_spec(text: str) -> p.WaitSpec:
         correlation=tuple((name, value) for name, value in body["correlation"]),
         wake_at=decode_optional_time(body["wake_at"]),
         timeout=body["timeout"],
+        # Registrations written before continuations existed have none.
+        continuations=tuple((outcome, node) for outcome, node in body.get("continuations", ())),
     )
 
 

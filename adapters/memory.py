@@ -21,6 +21,7 @@ from datetime import datetime
 import attrs
 
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 
 from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, registration_conflict
@@ -37,6 +38,12 @@ class _Rows:
     registrations: Mapping[p.WaitKey, p.WaitRegistration] = attrs.field(factory=dict)
     recoveries: Mapping[str, p.RecoveryRecord] = attrs.field(factory=dict)
     evidence: Mapping[str, tuple[Evidence, ...]] = attrs.field(factory=dict)
+    """Every revision of every evidence object, per execution, in commit order."""
+    objects: Mapping[str, tuple[str, Evidence]] = attrs.field(factory=dict)
+    """The current revision of every evidence object, with the execution it belongs to."""
+    definitions: Mapping[str, tuple[tuple[str, int, str], ...]] = attrs.field(factory=dict)
+    events: Mapping[str, Event] = attrs.field(factory=dict)
+    """Committed Events in commit order (dicts keep insertion order)."""
 
 
 class _MemoryBackend(Backend):
@@ -47,9 +54,85 @@ class _MemoryBackend(Backend):
         return self.rows.executions.get(execution_id), self.rows.dispatches.get(execution_id)
 
     def object_exists(self, object_id: str) -> bool:
-        return object_id in self.rows.executions or any(
-            item.object_id == object_id for items in self.rows.evidence.values() for item in items
+        return (
+            object_id in self.rows.executions
+            or object_id in self.rows.objects
+            or object_id in self.rows.definitions
         )
+
+    def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:
+        objects = self._checked(execution_id, evidence, dict(self.rows.objects))
+        if objects is None:
+            return False
+        stored = dict(self.rows.evidence)
+        stored[execution_id] = (*stored.get(execution_id, ()), *evidence)
+        self.rows = attrs.evolve(self.rows, evidence=stored, objects=objects)
+        return True
+
+    def _checked(
+        self, execution_id: str, evidence: Sequence[Evidence], objects: dict[str, tuple[str, Evidence]]
+    ) -> dict[str, tuple[str, Evidence]] | None:
+        """The object index after ``evidence``, None if a revision check fails; raises on a reused identity."""
+        for item in evidence:
+            if item.revision == 1:
+                if item.object_id in objects or item.object_id in self.rows.executions:
+                    raise StoreError(
+                        "evidence_conflict",
+                        f"evidence {item.object_id!r}: an id already exists; evidence is never overwritten",
+                    )
+            else:
+                current = objects.get(item.object_id)
+                if (
+                    current is None
+                    or current[0] != execution_id
+                    or current[1].revision != item.revision - 1
+                    or current[1].kind != item.kind
+                ):
+                    return None
+            objects[item.object_id] = (execution_id, item)
+        return objects
+
+    def load_evidence(self, object_id: str) -> Evidence | None:
+        found = self.rows.objects.get(object_id)
+        return None if found is None else found[1]
+
+    def definition_revisions(self, object_id: str) -> list[tuple[str, int, str]]:
+        return list(self.rows.definitions.get(object_id, ()))
+
+    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> None:
+        definitions = dict(self.rows.definitions)
+        known = definitions.get(object_id, ())
+        if len(known) != revision - 1:
+            raise StoreError("guard_conflict", f"definition {object_id!r} changed while registering")
+        definitions[object_id] = (*known, (business_id, revision, body))
+        self.rows = attrs.evolve(self.rows, definitions=definitions)
+
+    def load_event(self, event_id: str) -> Event | None:
+        return self.rows.events.get(event_id)
+
+    def insert_event(self, event: Event, now: datetime) -> None:
+        self.rows = attrs.evolve(self.rows, events={**self.rows.events, event.event_id: event})
+
+    def matching_events(self, spec: p.WaitSpec, business_id: str) -> list[Event]:
+        return [e for e in self.rows.events.values() if matches(spec, business_id, e)]
+
+    def waiting_registrations(self, business_id: str, event_type: str) -> list[p.WaitRegistration]:
+        return sorted(
+            (
+                r
+                for r in self.rows.registrations.values()
+                if r.woken_by is None and r.business_id == business_id and r.spec.event_type == event_type
+            ),
+            key=lambda r: (r.key.execution_id, r.key.node_id, r.key.attempt_id),
+        )
+
+    def due_registrations(self, now: datetime, limit: int) -> list[p.WaitKey]:
+        due = sorted(
+            (r.spec.wake_at, r.key.execution_id, r.key)
+            for r in self.rows.registrations.values()
+            if r.woken_by is None and r.spec.wake_at is not None and r.spec.wake_at <= now
+        )
+        return [key for _, _, key in due[:limit]]
 
     def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
         return self.rows.registrations.get(key)
@@ -92,17 +175,25 @@ class _MemoryBackend(Backend):
         if decision.recovery is not None:
             recoveries[decision.recovery.command_id] = decision.recovery
         stored = dict(rows.evidence)
-        ids = [item.object_id for item in evidence]
         # Evidence shares one identity space with every other generic object.
-        taken = {item.object_id for items in stored.values() for item in items} | set(executions)
-        if len(set(ids)) != len(ids) or taken.intersection(ids):
-            raise StoreError(
-                "evidence_conflict",
-                f"evidence {', '.join(map(repr, ids))}: an id already exists; evidence is never overwritten",
-            )
+        if decision.guard.expected_revision == 0 and eid in rows.objects:
+            return False
+        objects = self._checked(eid, evidence, dict(rows.objects))
+        if objects is None:
+            return False
         if evidence:
             stored[eid] = (*stored.get(eid, ()), *evidence)
-        self.rows = _Rows(executions, dispatches, revisions, history, registrations, recoveries, stored)
+        self.rows = attrs.evolve(
+            rows,
+            executions=executions,
+            dispatches=dispatches,
+            revisions=revisions,
+            history=history,
+            registrations=registrations,
+            recoveries=recoveries,
+            evidence=stored,
+            objects=objects,
+        )
         return True
 
 
@@ -143,6 +234,12 @@ class MemoryStore(TransactionalStore):
             dispatch = rows.dispatches.get(execution_id)
             if execution is None or dispatch is None:
                 return None
+            order = {
+                object_id: index
+                for index, object_id in enumerate(
+                    dict.fromkeys(item.object_id for item in rows.evidence.get(execution_id, ()))
+                )
+            }
             return ExecutionView(
                 execution=execution,
                 dispatch=dispatch,
@@ -150,7 +247,16 @@ class MemoryStore(TransactionalStore):
                 history=rows.history.get(execution_id, ()),
                 registrations=tuple(r for k, r in rows.registrations.items() if k.execution_id == execution_id),
                 recoveries=tuple(r for r in rows.recoveries.values() if r.execution_id == execution_id),
-                evidence=rows.evidence.get(execution_id, ()),
+                evidence=tuple(
+                    rows.objects[object_id][1]
+                    for object_id in dict.fromkeys(item.object_id for item in rows.evidence.get(execution_id, ()))
+                ),
+                evidence_revisions=tuple(
+                    sorted(
+                        rows.evidence.get(execution_id, ()),
+                        key=lambda item: (order[item.object_id], item.revision),
+                    )
+                ),
             )
 
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]:

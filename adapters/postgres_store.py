@@ -168,6 +168,34 @@ CREATE TRIGGER commands_append_only BEFORE UPDATE OR DELETE ON commands
     FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
 """,
     ),
+    (
+        2,
+        "interpreter",
+        """
+ALTER TABLE wait_registrations ADD COLUMN event_type text;
+ALTER TABLE wait_registrations ADD COLUMN wake_at timestamptz;
+UPDATE wait_registrations SET event_type = spec::jsonb->>'event_type',
+    wake_at = (spec::jsonb->>'wake_at')::timestamptz;
+CREATE INDEX wait_registrations_event ON wait_registrations (business_id, event_type) WHERE woken_by IS NULL;
+CREATE INDEX wait_registrations_due ON wait_registrations (wake_at) WHERE woken_by IS NULL AND wake_at IS NOT NULL;
+
+ALTER TABLE events ADD COLUMN payload text NOT NULL DEFAULT '{}';
+ALTER TABLE events ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE;
+CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+
+CREATE TABLE event_keys (
+    business_id text NOT NULL,
+    event_type  text NOT NULL,
+    name        text NOT NULL,
+    value       text NOT NULL,
+    event_id    text NOT NULL REFERENCES events(event_id),
+    PRIMARY KEY (business_id, event_type, name, value, event_id)
+);
+CREATE TRIGGER event_keys_append_only BEFORE UPDATE OR DELETE ON event_keys
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
@@ -222,6 +250,16 @@ class _PostgresBackend(SqlBackend):
         self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
         self._execute(
             "SELECT 1 FROM workflow_dispatch WHERE workflow_execution_id = ? FOR UPDATE", (execution_id,)
+        )
+
+    def lock_topic(self, business_id: str, event_type: str) -> None:
+        # Event publication and waiter registration of one Business and Event
+        # Type serialize on this lock, taken before any row lock by both, so
+        # neither can commit without seeing the other (seed 000,
+        # wait_for_event: the race is closed by the coordination boundary).
+        self._execute(
+            "SELECT pg_advisory_xact_lock(hashtext(?))",
+            (f"fencekeeper.topic:{business_id}:{event_type}",),
         )
 
     def now(self, clock: Clock) -> datetime:

@@ -29,12 +29,14 @@ from typing import Any, ClassVar
 import attrs
 
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
 from .store import Backend, Evidence, ExecutionView, StoreError, registration_conflict
 
 EXECUTION_TYPE = "WorkflowExecution"
+DEFINITION_TYPE = "WorkflowDefinition"
 RECOVERY_COMMAND_TYPE = "workflow_reconcile"
 
 
@@ -302,17 +304,152 @@ class SqlBackend(Backend):
                     r.reason,
                 ),
             )
+        self._queue_evidence(eid, evidence, at)
+
+    def _queue_evidence(self, eid: str, evidence: Sequence[Evidence], at: object) -> None:
         for item in evidence:
-            self._execute(
-                "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, created_at, "
-                "updated_at) SELECT ?, ?, business_id, object_id, 1, NULL, ?, ? FROM objects WHERE object_id = ?",
-                (item.object_id, item.kind, at, at, eid),
-            )
+            if item.revision == 1:
+                self._execute(
+                    "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, "
+                    "created_at, updated_at) SELECT ?, ?, business_id, object_id, 1, ?, ?, ? FROM objects "
+                    "WHERE object_id = ?",
+                    (item.object_id, item.kind, item.state, at, at, eid),
+                )
+            else:
+                # A new revision lands only on top of the one before it, on an
+                # object of this execution: a compare-and-set like the guard's.
+                self._guarded(
+                    "UPDATE objects SET revision = ?, state = ?, updated_at = ? "
+                    "WHERE object_id = ? AND revision = ? AND parent_id = ? AND object_type = ?",
+                    (item.revision, item.state, at, item.object_id, item.revision - 1, eid, item.kind),
+                )
             self._execute(
                 "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
-                "VALUES (?, 1, NULL, ?, ?)",
-                (item.object_id, item.body_json(), at),
+                "VALUES (?, ?, ?, ?, ?)",
+                (item.object_id, item.revision, item.state, item.body_json(), at),
             )
+
+    def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:
+        """Evidence that no execution row change accompanies (a decision kept in history)."""
+        self._checks = []
+        try:
+            with self._batch():
+                self._queue_evidence(execution_id, evidence, self.dialect.encode_time(now))
+        except self.dialect.integrity_errors:
+            return False
+        return all(cursor.rowcount == 1 for cursor in self._checks)
+
+    # --- evidence, definitions, events, timers ------------------------------------
+
+    def load_evidence(self, object_id: str) -> Evidence | None:
+        row = self._execute(
+            "SELECT o.object_type, o.revision, o.state, v.body FROM objects o JOIN object_revisions v "
+            "ON v.object_id = o.object_id AND v.revision = o.revision "
+            "WHERE o.object_id = ? AND o.parent_id IS NOT NULL AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?)",
+            (object_id, self.business_id, self.business_id),
+        ).fetchone()
+        if row is None:
+            return None
+        return Evidence(object_id, row[0], json.loads(row[3]), row[1], row[2])
+
+    def definition_revisions(self, object_id: str) -> list[tuple[str, int, str]]:
+        rows = self._execute(
+            "SELECT o.business_id, v.revision, v.body FROM objects o JOIN object_revisions v "
+            "ON v.object_id = o.object_id WHERE o.object_id = ? AND o.object_type = ? ORDER BY v.revision",
+            (object_id, DEFINITION_TYPE),
+        ).fetchall()
+        return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> None:
+        at = self.dialect.encode_time(now)
+        if revision == 1:
+            self._execute(
+                "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, 1, 'registered', ?, ?)",
+                (object_id, DEFINITION_TYPE, business_id, at, at),
+            )
+        else:
+            cursor = self._execute(
+                "UPDATE objects SET revision = ?, updated_at = ? WHERE object_id = ? AND revision = ? "
+                "AND object_type = ?",
+                (revision, at, object_id, revision - 1, DEFINITION_TYPE),
+            )
+            if cursor.rowcount != 1:
+                raise StoreError("guard_conflict", f"definition {object_id!r} changed while registering")
+        self._execute(
+            "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
+            "VALUES (?, ?, 'registered', ?, ?)",
+            (object_id, revision, body, at),
+        )
+
+    def _event_from(self, row: Sequence[Any]) -> Event:
+        return Event(
+            event_id=row[0],
+            business_id=row[1],
+            event_type=row[2],
+            correlation=tuple((n, v) for n, v in json.loads(row[3])),
+            payload=json.loads(row[4]),
+        )
+
+    def load_event(self, event_id: str) -> Event | None:
+        row = self._execute(
+            "SELECT event_id, business_id, event_type, correlation, payload FROM events WHERE event_id = ?",
+            (event_id,),
+        ).fetchone()
+        return None if row is None else self._event_from(row)
+
+    def insert_event(self, event: Event, now: datetime) -> None:
+        self._execute(
+            "INSERT INTO events (event_id, business_id, event_type, correlation, payload, committed_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                event.event_id,
+                event.business_id,
+                event.event_type,
+                codec.dumps([list(pair) for pair in event.correlation]),
+                codec.dumps(dict(event.payload)),
+                self.dialect.encode_time(now),
+            ),
+        )
+        for name, value in event.correlation:
+            self._execute(
+                "INSERT INTO event_keys (business_id, event_type, name, value, event_id) VALUES (?, ?, ?, ?, ?)",
+                (event.business_id, event.event_type, name, value, event.event_id),
+            )
+
+    def matching_events(self, spec: p.WaitSpec, business_id: str) -> list[Event]:
+        # Bounded by the index: only Events of this Business and type carrying
+        # the first predicate's exact value are read, then checked in full.
+        if spec.event_type is None or not spec.correlation:
+            return []
+        name, value = spec.correlation[0]
+        rows = self._execute(
+            "SELECT e.event_id, e.business_id, e.event_type, e.correlation, e.payload FROM event_keys k "
+            "JOIN events e ON e.event_id = k.event_id "
+            "WHERE k.business_id = ? AND k.event_type = ? AND k.name = ? AND k.value = ? ORDER BY e.{seq}",
+            (business_id, spec.event_type, name, value),
+        ).fetchall()
+        return [e for e in map(self._event_from, rows) if matches(spec, business_id, e)]
+
+    def waiting_registrations(self, business_id: str, event_type: str) -> list[p.WaitRegistration]:
+        rows = self._execute(
+            "SELECT execution_id, node_id, attempt_id, business_id, spec FROM wait_registrations "
+            "WHERE business_id = ? AND event_type = ? AND woken_by IS NULL ORDER BY execution_id, node_id, attempt_id",
+            (business_id, event_type),
+        ).fetchall()
+        return [
+            p.WaitRegistration(p.WaitKey(r[0], r[1], r[2]), r[3], codec.decode_wait_spec(r[4])) for r in rows
+        ]
+
+    def due_registrations(self, now: datetime, limit: int) -> list[p.WaitKey]:
+        rows = self._execute(
+            "SELECT r.execution_id, r.node_id, r.attempt_id FROM wait_registrations r "
+            "JOIN objects o ON o.object_id = r.execution_id "
+            "WHERE r.woken_by IS NULL AND r.wake_at IS NOT NULL AND r.wake_at <= ? "
+            "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) ORDER BY r.wake_at, r.execution_id LIMIT ?",
+            (self.dialect.encode_time(now), self.business_id, self.business_id, limit),
+        ).fetchall()
+        return [p.WaitKey(r[0], r[1], r[2]) for r in rows]
 
     def _queue_registration(self, registration: p.WaitRegistration) -> None:
         key = registration.key
@@ -320,14 +457,16 @@ class SqlBackend(Backend):
             # A registration is unique per execution, node and attempt; reusing
             # one is a conflict the database refuses.
             self._execute(
-                "INSERT INTO wait_registrations (execution_id, node_id, attempt_id, business_id, spec) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO wait_registrations (execution_id, node_id, attempt_id, business_id, spec, event_type, "
+                "wake_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     key.execution_id,
                     key.node_id,
                     key.attempt_id,
                     registration.business_id,
                     codec.encode_wait_spec(registration.spec),
+                    registration.spec.event_type,
+                    self._encode_optional_time(registration.spec.wake_at),
                 ),
             )
             return
@@ -416,13 +555,24 @@ class SqlBackend(Backend):
                 (execution_id, RECOVERY_COMMAND_TYPE),
             )
         )
-        evidence = tuple(
-            Evidence(r[0], r[1], json.loads(r[2]))
+        all_revisions = tuple(
+            (r[5], Evidence(r[0], r[1], json.loads(r[2]), r[3], r[4]))
             for r in self._execute(
-                "SELECT o.object_id, o.object_type, v.body FROM objects o JOIN object_revisions v "
-                "ON v.object_id = o.object_id AND v.revision = o.revision "
-                "WHERE o.parent_id = ? ORDER BY o.{seq}",
+                "SELECT o.object_id, o.object_type, v.body, v.revision, v.state, o.revision FROM objects o "
+                "JOIN object_revisions v ON v.object_id = o.object_id "
+                "WHERE o.parent_id = ? ORDER BY o.{seq}, v.revision",
                 (execution_id,),
             )
         )
-        return ExecutionView(execution, dispatch, revisions, history, registrations, recoveries, evidence)
+        current = {item.object_id: item for last, item in all_revisions if item.revision == last}
+        order = list(dict.fromkeys(item.object_id for _, item in all_revisions))
+        return ExecutionView(
+            execution,
+            dispatch,
+            revisions,
+            history,
+            registrations,
+            recoveries,
+            tuple(current[object_id] for object_id in order),
+            tuple(item for _, item in all_revisions),
+        )

@@ -156,6 +156,36 @@ CREATE TRIGGER commands_no_delete BEFORE DELETE ON commands
 BEGIN SELECT RAISE(ABORT, 'commands is append-only'); END;
 """,
     ),
+    (
+        2,
+        "interpreter",
+        """
+ALTER TABLE wait_registrations ADD COLUMN event_type TEXT;
+ALTER TABLE wait_registrations ADD COLUMN wake_at TEXT;
+UPDATE wait_registrations SET event_type = json_extract(spec, '$.event_type'), wake_at = json_extract(spec, '$.wake_at');
+CREATE INDEX wait_registrations_event ON wait_registrations (business_id, event_type) WHERE woken_by IS NULL;
+CREATE INDEX wait_registrations_due ON wait_registrations (wake_at) WHERE woken_by IS NULL AND wake_at IS NOT NULL;
+
+ALTER TABLE events ADD COLUMN payload TEXT NOT NULL DEFAULT '{}';
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'events is append-only'); END;
+
+CREATE TABLE event_keys (
+    business_id TEXT NOT NULL,
+    event_type  TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    value       TEXT NOT NULL,
+    event_id    TEXT NOT NULL REFERENCES events(event_id),
+    PRIMARY KEY (business_id, event_type, name, value, event_id)
+);
+CREATE TRIGGER event_keys_no_update BEFORE UPDATE ON event_keys
+BEGIN SELECT RAISE(ABORT, 'event_keys is append-only'); END;
+CREATE TRIGGER event_keys_no_delete BEFORE DELETE ON event_keys
+BEGIN SELECT RAISE(ABORT, 'event_keys is append-only'); END;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -33,8 +32,12 @@ from typing import Any, Protocol
 
 import attrs
 
+from fencekeeper.kernel import approvals, attempts
+from fencekeeper.kernel import definition as d
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import ExecutionState
+from fencekeeper.kernel.events import Event, matches, projection
+from fencekeeper.kernel.evidence import Evidence
+from fencekeeper.kernel.machines import AttemptEvent, AttemptState, ExecutionState
 
 
 class StoreError(Exception):
@@ -99,22 +102,6 @@ class ManualClock:
 
 
 @attrs.frozen
-class Evidence:
-    """A generic evidence object committed with a decision (seed 000: generic object/revision model).
-
-    ``object_id`` is its stable identity; ``kind`` its type (``step_attempt``,
-    ``outcome``, ``command``, ...); ``body`` any JSON-serializable mapping.
-    """
-
-    object_id: str
-    kind: str
-    body: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
-
-    def body_json(self) -> str:
-        return json.dumps(self.body, sort_keys=True, separators=(",", ":"), default=str)
-
-
-@attrs.frozen
 class ExecutionView:
     """An execution with its whole history, oldest first (what ``fencekeeper inspect`` shows)."""
 
@@ -125,6 +112,9 @@ class ExecutionView:
     registrations: tuple[p.WaitRegistration, ...]
     recoveries: tuple[p.RecoveryRecord, ...]
     evidence: tuple[Evidence, ...]
+    """The current revision of every evidence object, in creation order."""
+    evidence_revisions: tuple[Evidence, ...] = ()
+    """Every revision of every evidence object: objects in creation order, each object's revisions in order."""
 
 
 # --- the port -----------------------------------------------------------------------
@@ -174,6 +164,32 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def definition_object_id(business_id: str, definition_id: str) -> str:
+    """Definitions are generic objects named per Business: one Business never sees another's."""
+    return f"definition:{business_id}:{definition_id}"
+
+
+def _event_wake_evidence(tx: Backend, key: p.WaitKey, event: Event) -> list[Evidence]:
+    return _wake_evidence(
+        tx, key, p.WakeReason.EVENT, event.event_id, {"event_id": event.event_id, **dict(event.payload)}
+    )
+
+
+def _wake_evidence_after(evidence: Sequence[Evidence], key: p.WaitKey, event: Event) -> list[Evidence]:
+    """The wake evidence for an attempt whose newest revision is still in ``evidence`` (same transaction)."""
+    latest = [item for item in evidence if item.object_id == key.attempt_id]
+    if not latest or latest[-1].state != AttemptState.RUNNING.value:
+        return []
+    return [
+        attempts.advance(
+            latest[-1],
+            AttemptEvent.COMPLETE,
+            wake={"reason": p.WakeReason.EVENT.value, "source_id": event.event_id},
+            outputs={"event_id": event.event_id, **dict(event.payload)},
+        )
+    ]
+
+
 class Backend(abc.ABC):
     """What one transaction of a concrete store can read and write."""
 
@@ -209,12 +225,87 @@ class Backend(abc.ABC):
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         """Write everything ``decision`` lists under its guard; False (having written nothing) if it fails."""
 
+    def lock_topic(self, business_id: str, event_type: str) -> None:  # noqa: B027 - a hook, as lock() is
+        """Serialize Event publication with waiter registration for one Business and Event Type."""
+
+    @abc.abstractmethod
+    def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:
+        """Evidence of ``execution_id`` that no row change accompanies; False if a revision check fails."""
+
+    @abc.abstractmethod
+    def load_evidence(self, object_id: str) -> Evidence | None:
+        """The current revision of an evidence object."""
+
+    @abc.abstractmethod
+    def definition_revisions(self, object_id: str) -> list[tuple[str, int, str]]:
+        """Every registered revision of a definition object: (business_id, revision, canonical JSON)."""
+
+    @abc.abstractmethod
+    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> None:
+        """Register the next revision of a definition object."""
+
+    @abc.abstractmethod
+    def load_event(self, event_id: str) -> Event | None: ...
+
+    @abc.abstractmethod
+    def insert_event(self, event: Event, now: datetime) -> None: ...
+
+    @abc.abstractmethod
+    def matching_events(self, spec: p.WaitSpec, business_id: str) -> list[Event]:
+        """Committed Events that match a waiter exactly, oldest first."""
+
+    @abc.abstractmethod
+    def waiting_registrations(self, business_id: str, event_type: str) -> list[p.WaitRegistration]:
+        """Unwoken registrations waiting on this Business and Event Type."""
+
+    @abc.abstractmethod
+    def due_registrations(self, now: datetime, limit: int) -> list[p.WaitKey]:
+        """Unwoken registrations whose one-time UTC wake is due, earliest first."""
+
 
 class _GuardFailed(Exception):
     """Internal: unwinds a transaction whose guard did not hold, so that it rolls back."""
 
 
-Decide = Callable[[Backend, datetime], p.Outcome | None]
+@attrs.frozen
+class _Written:
+    """Internal: a composite decision already wrote what it decided; here is what to return."""
+
+    outcome: Any
+
+
+@attrs.frozen
+class PublishResult:
+    """What publishing an Event did: whether it was new, and which waiters it woke."""
+
+    event_id: str
+    duplicate: bool
+    woken: tuple[str, ...]
+
+
+def _apply(tx: Backend, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> None:
+    if not tx.write(decision, evidence, now):
+        raise _GuardFailed
+
+
+def _wake_evidence(
+    tx: Backend, key: p.WaitKey, reason: p.WakeReason, source_id: str, outputs: Mapping[str, Any]
+) -> list[Evidence]:
+    """The waiting attempt completes with what woke it (seed 000: the wake commits its evidence)."""
+    attempt = tx.load_evidence(key.attempt_id)
+    if attempt is None or attempt.state != AttemptState.RUNNING.value:
+        return []
+    return [
+        attempts.advance(
+            attempt,
+            AttemptEvent.COMPLETE,
+            wake={"reason": reason.value, "source_id": source_id},
+            outputs=dict(outputs),
+        )
+    ]
+
+
+Decide = Callable[[Backend, datetime], "p.Outcome | _Written | None"]
 
 
 class TransactionalStore(abc.ABC):
@@ -227,16 +318,39 @@ class TransactionalStore(abc.ABC):
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
         """A write transaction: commits on normal exit, rolls back on any exception."""
 
+    @abc.abstractmethod
+    def read(self, execution_id: str) -> ExecutionView | None:
+        """The execution with its whole history, from one consistent snapshot."""
+
+    @abc.abstractmethod
+    def expired(self) -> list[str]:
+        """Ids of running executions whose lease has expired now."""
+
+    @abc.abstractmethod
+    def execution_ids(self, state: ExecutionState | None = None) -> list[str]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
     def _run(
-        self, decide: Decide, evidence: Sequence[Evidence] = (), lock: str | None = None
+        self,
+        decide: Decide,
+        evidence: Sequence[Evidence] = (),
+        lock: str | None = None,
+        topic: tuple[str, str] | None = None,
     ) -> p.Outcome | None:
         for _ in range(2):
             try:
                 with self._transaction() as tx:
+                    # Topic first, then rows: the one lock order of every store.
+                    if topic is not None:
+                        tx.lock_topic(*topic)
                     if lock is not None:
                         tx.lock(lock)
                     now = tx.now(self.clock)
                     outcome = decide(tx, now)
+                    if isinstance(outcome, _Written):
+                        return outcome.outcome  # type: ignore[no-any-return]
                     if isinstance(outcome, p.Decision) and not tx.write(outcome, evidence, now):
                         raise _GuardFailed
                     return outcome
@@ -251,13 +365,13 @@ class TransactionalStore(abc.ABC):
         assert outcome is not None
         return outcome
 
-    def admit(self, request: p.AdmitRequest) -> p.Outcome:
+    def admit(self, request: p.AdmitRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             existing = tx.load(request.execution_id)[0]
             taken = existing is None and tx.object_exists(request.execution_id)
             return p.admit(existing, request, now, id_taken=taken)
 
-        return self._one(decide)
+        return self._one(decide, evidence)
 
     def claim_next(self, request: p.ClaimRequest, *, business_id: str | None = None) -> p.Outcome | None:
         def decide(tx: Backend, now: datetime) -> p.Outcome | None:
@@ -282,11 +396,53 @@ class TransactionalStore(abc.ABC):
         return self._one(lambda tx, now: p.release(*tx.load(execution_id), request, now), lock=execution_id)
 
     def finalize(self, request: p.FinalizeRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
-        return self._one(
-            lambda tx, now: p.finalize(*tx.load(request.execution_id), request, now),
-            evidence,
-            lock=request.execution_id,
+        """Finalization; a waiting target first looks for Events that already match its registration.
+
+        Seed 000, wait_for_event: 'if the Event commits first, waiter
+        registration performs a bounded lookup against committed Event/index
+        data before releasing'.  A match found here wakes the waiter in the
+        same transaction, so the Event that came first is never missed.
+        """
+        wait = request.wait
+
+        def decide(tx: Backend, now: datetime) -> p.Outcome | _Written:
+            execution, dispatch = tx.load(request.execution_id)
+            outcome = p.finalize(execution, dispatch, request, now)
+            if not isinstance(outcome, p.Decision) or outcome.registration is None or wait is None:
+                return outcome
+            registration = outcome.registration
+            found = tx.matching_events(wait, registration.business_id)
+            if not found:
+                return outcome
+            _apply(tx, outcome, evidence, now)
+            event = found[0]
+            woke = p.wake(
+                outcome.execution,
+                outcome.dispatch,
+                registration,
+                p.WakeRequest(
+                    key=registration.key,
+                    reason=p.WakeReason.EVENT,
+                    source_id=event.event_id,
+                    business_id=event.business_id,
+                    authority=request.authority,
+                    event_type=event.event_type,
+                    correlation=projection(wait, event),
+                ),
+                now,
+            )
+            if isinstance(woke, p.Decision):
+                _apply(tx, woke, _wake_evidence_after(evidence, registration.key, event), now)
+            return _Written(outcome)
+
+        topic = (
+            (request.business_id, wait.event_type)
+            if isinstance(wait, p.WaitSpec) and isinstance(wait.event_type, str)
+            else None
         )
+        outcome = self._run(decide, evidence, lock=request.execution_id, topic=topic)
+        assert outcome is not None
+        return outcome
 
     def append_evidence(
         self, execution_id: str, credential: p.LeaseCredential, evidence: Sequence[Evidence]
@@ -302,14 +458,221 @@ class TransactionalStore(abc.ABC):
 
         return self._one(decide, lock=request.key.execution_id)
 
-    def cancel(self, request: p.CancelRequest) -> p.Outcome:
+    def cancel(self, request: p.CancelRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
         return self._one(
-            lambda tx, now: p.cancel(*tx.load(request.execution_id), request, now), lock=request.execution_id
+            lambda tx, now: p.cancel(*tx.load(request.execution_id), request, now),
+            evidence,
+            lock=request.execution_id,
         )
 
-    def recover(self, request: p.RecoveryRequest) -> p.Outcome:
+    def recover(self, request: p.RecoveryRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.execution_id)
             return p.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now)
 
-        return self._one(decide, lock=request.execution_id)
+        return self._one(decide, evidence, lock=request.execution_id)
+
+    # --- definitions --------------------------------------------------------------
+
+    def register_definition(self, definition: d.Definition, business_id: str, authority: p.Authority) -> bool:
+        """Register a definition revision for ``business_id``: True if new, False if identical to a registered one.
+
+        Raises DefinitionError when the revision does not follow, or reuses a
+        revision or node revision with other content; StoreError
+        ``not_authorized`` when the caller may not register definitions.
+        """
+        if not authority.granted:
+            raise StoreError("not_authorized", f"{authority.principal_id!r} may not register definitions")
+        object_id = definition_object_id(business_id, definition.definition_id)
+
+        def decide(tx: Backend, now: datetime) -> _Written:
+            registered = [
+                d.from_json(body, strict=False, source=f"{definition.definition_id} revision {revision}")
+                for _, revision, body in tx.definition_revisions(object_id)
+            ]
+            if not d.check_registration(definition, registered):
+                return _Written(False)
+            tx.insert_definition(object_id, business_id, definition.revision, d.to_json(definition), now)
+            return _Written(True)
+
+        return bool(self._run(decide))
+
+    def load_definition(self, business_id: str, definition_id: str, revision: int | None = None) -> d.Definition | None:
+        """A registered definition revision of ``business_id`` (the latest when ``revision`` is None)."""
+        object_id = definition_object_id(business_id, definition_id)
+
+        def decide(tx: Backend, now: datetime) -> _Written:
+            rows = [r for r in tx.definition_revisions(object_id) if r[0] == business_id]
+            chosen = [r for r in rows if revision is None or r[1] == revision]
+            if not chosen:
+                return _Written(None)
+            _, number, body = chosen[-1]
+            # Lenient: a stored revision written by newer code still loads, and
+            # the interpreter suspends at whatever it cannot run.
+            return _Written(d.from_json(body, strict=False, source=f"{definition_id} revision {number}"))
+
+        result = self._run(decide)
+        return result if isinstance(result, d.Definition) else None
+
+    # --- events, approvals, timers -------------------------------------------------
+
+    def publish_event(self, event: Event, authority: p.Authority) -> PublishResult:
+        """Commit ``event`` and wake every waiter it matches exactly, in one transaction.
+
+        Seed 000, wait_for_event: 'if the waiter commits first, the Event
+        publication/wake path evaluates committed wait registrations before
+        releasing'.  Republishing the same Event is idempotent; the same
+        identity with other content is refused (StoreError ``event_conflict``).
+        """
+        if not authority.granted:
+            raise StoreError("not_authorized", f"{authority.principal_id!r} may not publish events")
+
+        def decide(tx: Backend, now: datetime) -> _Written:
+            existing = tx.load_event(event.event_id)
+            if existing is not None:
+                if not existing.same_content(event):
+                    raise StoreError(
+                        "event_conflict",
+                        f"event {event.event_id!r} was already published with other content; an Event is immutable",
+                    )
+                return _Written(PublishResult(event.event_id, True, ()))
+            tx.insert_event(event, now)
+            woken: list[str] = []
+            candidates = [
+                r for r in tx.waiting_registrations(event.business_id, event.event_type)
+                if matches(r.spec, r.business_id, event)
+            ]
+            for registration in sorted(candidates, key=lambda r: r.key.execution_id):
+                tx.lock(registration.key.execution_id)
+                execution, dispatch = tx.load(registration.key.execution_id)
+                outcome = p.wake(
+                    execution,
+                    dispatch,
+                    tx.load_registration(registration.key),
+                    p.WakeRequest(
+                        key=registration.key,
+                        reason=p.WakeReason.EVENT,
+                        source_id=event.event_id,
+                        business_id=event.business_id,
+                        authority=authority,
+                        event_type=event.event_type,
+                        correlation=projection(registration.spec, event),
+                    ),
+                    now,
+                )
+                if isinstance(outcome, p.Decision):
+                    _apply(tx, outcome, _event_wake_evidence(tx, registration.key, event), now)
+                    woken.append(registration.key.execution_id)
+            return _Written(PublishResult(event.event_id, False, tuple(woken)))
+
+        result = self._run(decide, topic=(event.business_id, event.event_type))
+        assert isinstance(result, PublishResult)
+        return result
+
+    def decide_approval(self, decision: approvals.ApprovalDecision) -> approvals.DecideOutcome | p.Decision:
+        """A reviewer's Decision: the first committed determination wakes the waiter with its continuation."""
+
+        def decide(tx: Backend, now: datetime) -> p.Outcome | _Written:
+            stored = tx.load_evidence(decision.request_id)
+            if stored is None or stored.kind != approvals.APPROVAL_REQUEST:
+                return _Written(approvals.decide(None, 0, None, decision))
+            request = approvals.ApprovalRequest.from_json(stored.body)
+            tx.lock(request.execution_id)
+            stored = tx.load_evidence(decision.request_id)
+            assert stored is not None
+            request = approvals.ApprovalRequest.from_json(stored.body)
+            prior = tx.load_evidence(approvals.decision_object_id(request.request_id, decision.decision_id))
+            result = approvals.decide(request, stored.revision, prior, decision)
+            if isinstance(result, approvals.Recorded):
+                if not tx.append_objects(request.execution_id, result.evidence, now):
+                    raise _GuardFailed
+                return _Written(result)
+            if not isinstance(result, approvals.Accepted):
+                return _Written(result)
+            key = p.WaitKey(request.execution_id, request.node_id, request.attempt_id)
+            execution, dispatch = tx.load(request.execution_id)
+            registration = tx.load_registration(key)
+            woke = p.wake(
+                execution,
+                dispatch,
+                registration,
+                p.WakeRequest(
+                    key=key,
+                    reason=p.WakeReason.DECISION,
+                    source_id=decision.decision_id,
+                    business_id=decision.business_id,
+                    authority=decision.authority,
+                    event_type=None if registration is None else registration.spec.event_type,
+                    correlation=() if registration is None else registration.spec.correlation,
+                    outcome=decision.determination,
+                ),
+                now,
+            )
+            if not isinstance(woke, p.Decision):
+                # Not waiting any more (cancelled, timed out): nothing is recorded.
+                return _Written(woke)
+            outputs = {
+                "determination": decision.determination,
+                "reviewer": decision.reviewer_id,
+                "decision_id": decision.decision_id,
+            }
+            wake_items = _wake_evidence(tx, key, p.WakeReason.DECISION, decision.decision_id, outputs)
+            _apply(tx, woke, [*result.evidence, *wake_items], now)
+            return _Written(woke)
+
+        return self._run(decide)  # type: ignore[return-value]
+
+    def due_wakes(self, limit: int = 100) -> list[p.WaitKey]:
+        """Registrations whose one-time UTC wake is due now, earliest first."""
+
+        def decide(tx: Backend, now: datetime) -> _Written:
+            return _Written(tx.due_registrations(now, limit))
+
+        result = self._run(decide)
+        assert isinstance(result, list)
+        return result
+
+    def fire_timer(self, key: p.WaitKey, authority: p.Authority) -> p.Outcome:
+        """A due one-time wake: a declared timeout is its own wake reason, never a matching Event."""
+
+        def decide(tx: Backend, now: datetime) -> p.Outcome | _Written:
+            registration = tx.load_registration(key)
+            execution, dispatch = tx.load(key.execution_id)
+            reason = (
+                p.WakeReason.TIMEOUT if registration is not None and registration.spec.timeout else p.WakeReason.TIMER
+            )
+            source = f"{key.attempt_id}/{reason.value}"
+            outcome = p.wake(
+                execution,
+                dispatch,
+                registration,
+                p.WakeRequest(key, reason, source, execution.business_id if execution else "unknown", authority),
+                now,
+            )
+            if not isinstance(outcome, p.Decision):
+                return outcome
+            items = _wake_evidence(tx, key, reason, source, {"timed_out": reason == p.WakeReason.TIMEOUT})
+            request = tx.load_evidence(f"{key.attempt_id}/approval")
+            if request is not None and request.state == approvals.ApprovalState.PENDING.value:
+                # A timed-out approval request accepts no later determination.
+                items.append(request.next(approvals.ApprovalState.CLOSED.value, {"state": "closed", "closed_by": reason.value}))
+            _apply(tx, outcome, items, now)
+            return _Written(outcome)
+
+        return self._one(decide, lock=key.execution_id)
+
+
+__all__ = [
+    "Backend",
+    "Clock",
+    "Evidence",
+    "ExecutionView",
+    "ManualClock",
+    "PublishResult",
+    "Store",
+    "StoreError",
+    "SystemClock",
+    "TransactionalStore",
+    "definition_object_id",
+    "registration_conflict",
+]

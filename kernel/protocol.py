@@ -119,6 +119,11 @@ class RefusalCode(enum.Enum):
     UNSAFE_RESUME = "unsafe_resume"
     NO_UNRESOLVED_COMMAND = "no_unresolved_command"
     RECOVERY_CONFLICT = "recovery_conflict"
+    # Approvals (seed 000: request_approval).
+    APPROVAL_NOT_FOUND = "approval_not_found"
+    APPROVAL_MISBOUND = "approval_misbound"
+    APPROVAL_CLOSED = "approval_closed"
+    DECISION_CONFLICT = "decision_conflict"
 
 
 class UnchangedCode(enum.Enum):
@@ -126,6 +131,8 @@ class UnchangedCode(enum.Enum):
 
     ALREADY_WOKEN = "already_woken"
     RECOVERY_REPLAYED = "recovery_replayed"
+    ALREADY_DECIDED = "already_decided"
+    EVENT_REPLAYED = "event_replayed"
 
 
 # --- snapshots ----------------------------------------------------------------
@@ -182,6 +189,13 @@ class WakeReason(enum.Enum):
     TIMEOUT = "timeout"
 
 
+DETERMINATIONS: Final = ("approved", "rejected")
+"""What an approval Decision determines (seed 000: request_approval)."""
+
+WAKE_OUTCOMES: Final = ("approved", "event", "rejected", "timeout", "timer")
+"""The outcomes a wait registration may name a continuation for."""
+
+
 @attrs.frozen(cache_hash=True)
 class WaitSpec:
     """What a waiter waits for: an exact Event Type and exact equality predicates, or a UTC time.
@@ -198,6 +212,17 @@ class WaitSpec:
     correlation: tuple[tuple[str, str], ...] = ()
     wake_at: datetime | None = None
     timeout: bool = False
+    wake_after: timedelta | None = None
+    """A one-time wake relative to the commit: finalization turns it into
+    ``wake_at`` with the store's authoritative time, so no worker's clock
+    decides when a timeout fires."""
+    continuations: tuple[tuple[str, str], ...] = ()
+    """Sorted ``(outcome, node_id)`` pairs committed with the registration, so
+    that a wake selects the continuation without consulting anything newer
+    (seed 000, request_approval: 'commits ... the selected continuation
+    before changing the execution to eligible').  Outcomes are ``event``,
+    ``timer``, ``timeout``, ``approved`` and ``rejected``; a wake whose outcome
+    has none leaves the execution at the waiting node."""
 
 
 @attrs.frozen(cache_hash=True)
@@ -234,10 +259,16 @@ class LeaseCredential:
 
 @attrs.frozen
 class StepRecord:
-    """One durable node visit (seed 000, Dispatcher Pass: one visit counts one step)."""
+    """One durable node visit (seed 000, Dispatcher Pass: one visit counts one step).
+
+    ``next_node_id`` is the continuation the visit selected; the execution's
+    ``current_node_id`` moves to it in the same commit.  Without one (a
+    waiting, terminal or suspended visit) the execution stays at the node.
+    """
 
     node_id: str
     attempt_id: str
+    next_node_id: str | None = None
 
 
 class RecoveryKind(enum.Enum):
@@ -459,6 +490,8 @@ class WakeRequest:
     authority: Authority
     event_type: str | None = None
     correlation: tuple[tuple[str, str], ...] = ()
+    outcome: str | None = None
+    """A Decision's determination (``approved`` or ``rejected``); only with reason DECISION."""
 
 
 @attrs.frozen
@@ -483,6 +516,10 @@ class RecoveryRequest:
     safe_resume: SafeResumeEvidence | None = None
     command_to_reconcile: str | None = None
     command_unresolved: bool = False
+    next_node_id: str | None = None
+    """resume_safe only: the approved continuation the execution resumes at
+    (seed 000: 'an explicit continuation only after current dependencies and
+    evidence are rechecked'); without one it resumes at its current node."""
 
 
 # --- input validation -----------------------------------------------------------
@@ -573,6 +610,8 @@ def _check_step(field: str, value: object) -> None:
         raise _invalid(field, "must be a StepRecord")
     _check_id(f"{field}.node_id", value.node_id)
     _check_id(f"{field}.attempt_id", value.attempt_id)
+    if value.next_node_id is not None:
+        _check_id(f"{field}.next_node_id", value.next_node_id)
 
 
 def _check_correlation(field: str, value: object) -> None:
@@ -597,10 +636,24 @@ def _check_wait_spec(field: str, value: object) -> None:
     _check_correlation(f"{field}.correlation", value.correlation)
     if value.wake_at is not None:
         _check_utc(f"{field}.wake_at", value.wake_at)
-    if value.event_type is None and value.wake_at is None:
+    if value.wake_after is not None:
+        _check_duration(f"{field}.wake_after", value.wake_after)
+        if value.wake_at is not None:
+            raise _invalid(f"{field}.wake_after", "give wake_at or wake_after, not both")
+    timed = value.wake_at is not None or value.wake_after is not None
+    if value.event_type is None and not timed:
         raise _invalid(field, "waits for nothing: give an event_type, a wake_at, or both")
-    if value.timeout and value.wake_at is None:
+    if value.timeout and not timed:
         raise _invalid(f"{field}.timeout", "a timeout continuation needs a wake_at")
+    pairs = value.continuations
+    if not isinstance(pairs, tuple) or not all(
+        isinstance(pair, tuple) and len(pair) == 2 and pair[0] in WAKE_OUTCOMES for pair in pairs
+    ):
+        raise _invalid(f"{field}.continuations", f"must be (outcome, node_id) pairs; outcomes are {WAKE_OUTCOMES}")
+    if [pair[0] for pair in pairs] != sorted({pair[0] for pair in pairs}):
+        raise _invalid(f"{field}.continuations", "outcomes must be unique and sorted")
+    for outcome, node_id in pairs:
+        _check_id(f"{field}.continuations[{outcome}]", node_id)
 
 
 def _parse_target(value: object) -> ExecutionState:
@@ -653,6 +706,7 @@ def _move(
     error_code: str | None = None,
     wait: WaitKey | None = None,
     fence: int | None = None,
+    node_id: str | None = None,
 ) -> tuple[Execution, Dispatch, TransitionRecord]:
     """Both rows after ``event``: the tables decide the states, this only carries fields over.
 
@@ -674,7 +728,13 @@ def _move(
         state=new_state,
         revision=execution.revision + 1,
         step_count=steps,
-        current_node_id=step.node_id if step is not None else execution.current_node_id,
+        current_node_id=(
+            node_id
+            if node_id is not None
+            else (step.next_node_id or step.node_id)
+            if step is not None
+            else execution.current_node_id
+        ),
         wait=wait,
         fence=execution.fence if fence is None else fence,
     )
@@ -1125,9 +1185,15 @@ def finalize(
         wait=wait_key,
         error_code=request.error_code,
     )
+    spec = request.wait
+    if spec is not None and spec.wake_after is not None:
+        try:
+            spec = attrs.evolve(spec, wake_at=_expiry("wait.wake_after", now, spec.wake_after), wake_after=None)
+        except _Invalid as exc:
+            return exc.refusal
     registration = (
-        WaitRegistration(key=wait_key, business_id=execution.business_id, spec=request.wait)
-        if wait_key is not None and request.wait is not None
+        WaitRegistration(key=wait_key, business_id=execution.business_id, spec=spec)
+        if wait_key is not None and spec is not None
         else None
     )
     return Decision(
@@ -1186,6 +1252,10 @@ def wake(
         if request.event_type is not None:
             _check_id("event_type", request.event_type)
         _check_correlation("correlation", request.correlation)
+        if request.outcome is not None and (
+            request.reason != WakeReason.DECISION or request.outcome not in DETERMINATIONS
+        ):
+            raise _invalid("outcome", f"only a decision wake carries an outcome, one of {DETERMINATIONS}")
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
@@ -1236,16 +1306,21 @@ def wake(
             return _refuse(RefusalCode.WAKE_MISMATCH, f"the registration declares no {request.reason.value} wake")
         if now < spec.wake_at:
             return _refuse(RefusalCode.WAKE_NOT_DUE, f"wake is due at {_iso(spec.wake_at)}; now is {_iso(now)}")
+    outcome = request.outcome if request.reason == WakeReason.DECISION else request.reason.value
+    continuation = dict(spec.continuations).get(outcome or "")
     new_execution, new_dispatch, record = _move(
         execution,
         dispatch,
         ExecutionEvent.WAKE,
         now=now,
         actor=request.authority.principal_id,
-        reason=f"woken by {request.reason.value} {request.source_id}",
+        reason=f"woken by {request.reason.value} {request.source_id}"
+        + (f" ({request.outcome})" if request.outcome is not None else "")
+        + (f"; continues at {continuation}" if continuation is not None else ""),
         keep_lease=False,
         eligible_at=now,
         wait=None,
+        node_id=continuation,
     )
     return Decision(
         guard=_guard(execution, dispatch),
@@ -1346,6 +1421,10 @@ def recover(
         if request.command_to_reconcile is not None:
             _check_id("command_to_reconcile", request.command_to_reconcile)
         _check_bool("command_unresolved", request.command_unresolved)
+        if request.next_node_id is not None:
+            _check_id("next_node_id", request.next_node_id)
+            if request.kind != RecoveryKind.RESUME_SAFE:
+                raise _invalid("next_node_id", "only resume_safe names a continuation")
         if request.safe_resume is not None:
             _check_proof("safe_resume", request.safe_resume)
         _check_utc("now", now)
@@ -1479,6 +1558,7 @@ def recover(
             keep_lease=False,
             eligible_at=now if request.kind == RecoveryKind.RESUME_SAFE else None,
             error_code=request.kind.value if request.kind != RecoveryKind.RESUME_SAFE else None,
+            node_id=request.next_node_id,
         )
     recovery = RecoveryRecord(
         command_id=request.command_id,

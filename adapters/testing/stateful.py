@@ -174,6 +174,8 @@ class KernelModel:
             registrations=tuple(r for k, r in self.registrations.items() if k.execution_id == execution_id),
             recoveries=tuple(r for r in self.recoveries.values() if r.execution_id == execution_id),
             evidence=tuple(self.evidence.get(execution_id, ())),
+            # The model appends first revisions only, so every revision is current.
+            evidence_revisions=tuple(self.evidence.get(execution_id, ())),
         )
 
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]:

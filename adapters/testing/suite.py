@@ -902,7 +902,7 @@ class StoreTests:
         decision = decided(store.append_evidence("e-1", credential, [Evidence("ev-a", "command")]))
         assert decision.execution is None and decision.dispatch is None
         after = view(store, "e-1")
-        assert attrs.evolve(after, evidence=()) == before
+        assert attrs.evolve(after, evidence=(), evidence_revisions=()) == before
         assert [e.object_id for e in after.evidence] == ["ev-a"]
 
     def test_append_evidence_after_expiry_is_refused(self, store: Store, clock: ManualClock) -> None:

@@ -1,0 +1,103 @@
+"""Step attempts: one generic object per node visit, its lifecycle driven by the attempt table.
+
+Seed 000 (000_b48b716f7ed7660f.txt: Generic Step-Attempt Object).  Rules of
+this module:
+
+- Every node visit is its own attempt with an immutable identity, its
+  execution/revision/node binding, start evidence and original inputs, all
+  in revision 1, which is created ``pending`` *before* the node's
+  consequential work.
+- A lifecycle change is a new revision whose state is what
+  ``machines.ATTEMPT`` says the event leads to: a change the table does not
+  admit raises :class:`~fencekeeper.kernel.errors.IllegalTransition`, so an
+  attempt can never, say, leave ``completed``.  Outcome evidence is added
+  to the body; nothing in an earlier revision is removed or changed.
+- An attempt's identity is derived from the execution revision at which the
+  visit starts.  Every visit ends in a new execution revision (a step, a
+  finalization) or in an expired lease, after which only a governed
+  recovery, itself a new revision, lets a visit happen again; so no two
+  visits share an identity, and a retry is always a new attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Final
+
+from .evidence import Evidence
+from .machines import ATTEMPT, AttemptEvent, AttemptState
+from .protocol import Execution
+
+STEP_ATTEMPT: Final = "StepAttempt"
+_MAX_ID: Final = 128
+
+
+def attempt_id(execution: Execution) -> str:
+    """The identity of the visit that starts at this execution revision."""
+    candidate = f"{execution.execution_id}/a{execution.revision}"
+    if len(candidate) <= _MAX_ID:
+        return candidate
+    # Identifiers are at most 128 characters; a long execution id keeps a
+    # readable prefix and a digest that still makes the identity unique.
+    digest = hashlib.sha256(candidate.encode()).hexdigest()[:24]
+    return f"{execution.execution_id[:_MAX_ID - 30]}/a{execution.revision}.{digest}"[:_MAX_ID]
+
+
+def start(
+    execution: Execution,
+    *,
+    node_id: str,
+    node_revision: int,
+    node_kind: str,
+    worker_id: str,
+    fence: int,
+    inputs: Mapping[str, Any],
+    now: datetime,
+) -> Evidence:
+    """Revision 1: identity, binding, start evidence and inputs; ``pending``."""
+    identity = attempt_id(execution)
+    return Evidence(
+        identity,
+        STEP_ATTEMPT,
+        {
+            "attempt_id": identity,
+            "execution_id": execution.execution_id,
+            "execution_revision": execution.revision,
+            "business_id": execution.business_id,
+            "definition_id": execution.definition_id,
+            "definition_revision": execution.definition_revision,
+            "node_id": node_id,
+            "node_revision": node_revision,
+            "node_kind": node_kind,
+            "step": execution.step_count + 1,
+            "started_at": now.isoformat(),
+            "worker_id": worker_id,
+            "fence": fence,
+            "inputs": dict(inputs),
+            "status": AttemptState.PENDING.value,
+        },
+        1,
+        AttemptState.PENDING.value,
+    )
+
+
+def state_of(attempt: Evidence) -> AttemptState:
+    return AttemptState(attempt.state)
+
+
+def advance(attempt: Evidence, event: AttemptEvent, **outcome: Any) -> Evidence:
+    """The next revision after ``event``; raises IllegalTransition if the attempt table does not admit it."""
+    state = ATTEMPT.step(state_of(attempt), event)
+    return attempt.next(state.value, {**outcome, "status": state.value})
+
+
+def settle(attempt: Evidence, *events: AttemptEvent, **outcome: Any) -> tuple[Evidence, ...]:
+    """Several lifecycle steps committed together (a pure node starts and completes in one commit)."""
+    revisions: list[Evidence] = []
+    current = attempt
+    for index, event in enumerate(events):
+        current = advance(current, event, **(outcome if index == len(events) - 1 else {}))
+        revisions.append(current)
+    return tuple(revisions)

@@ -1,0 +1,116 @@
+"""Events and the exact matching rule that lets one wake a waiter.
+
+Seed 000 (000_b48b716f7ed7660f.txt: Node Semantics, ``wait_for_event``).
+Rules of this module:
+
+- A match needs exact Event Type equality, the same Business, and every
+  predicate of the waiter's correlation descriptor equal to the Event's
+  value of the same name.  Nothing is normalised, nothing is fuzzy: values
+  are compared as the exact strings they are.  An Event may carry more
+  correlation values than a waiter asks for; it matches a waiter only on
+  the names the waiter declares.
+- Event connectivity is never authority: matching says only which waiters an
+  Event *could* wake; the wake itself is a protocol decision.
+- Correlation values are strings.  Definitions may compare with integers
+  and booleans; :func:`correlation_value` is the one canonical spelling of
+  those, used on both sides, so ``7`` and ``"7"`` match and ``True`` is
+  ``"true"``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from .protocol import WaitSpec
+
+MAX_CORRELATION: Final = 16
+MAX_VALUE_LENGTH: Final = 256
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
+
+
+class EventError(ValueError):
+    """A malformed Event; the message names the field."""
+
+    code = "invalid_event"
+
+
+def correlation_value(value: object) -> str:
+    """The canonical string of a correlation value (str as is, int in decimal, bool as true/false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    raise EventError(f"correlation values are strings, integers or booleans, not {type(value).__name__}")
+
+
+@attrs.frozen
+class Event:
+    """A committed Event: identity, Business, exact type, correlation values and an opaque payload."""
+
+    event_id: str
+    business_id: str
+    event_type: str
+    correlation: tuple[tuple[str, str], ...]
+    payload: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+
+    @classmethod
+    def build(
+        cls,
+        event_id: str,
+        business_id: str,
+        event_type: str,
+        correlation: Mapping[str, object],
+        payload: Mapping[str, Any] | None = None,
+    ) -> Event:
+        """Validate and canonicalise; raises :class:`EventError` naming the field."""
+        for field, given in (("event_id", event_id), ("business_id", business_id), ("event_type", event_type)):
+            if not isinstance(given, str) or not _ID.fullmatch(given):
+                raise EventError(f"{field}: malformed identifier {given!r}")
+        if not isinstance(correlation, Mapping):
+            raise EventError("correlation: must be an object of name -> value")
+        if len(correlation) > MAX_CORRELATION:
+            raise EventError(f"correlation: at most {MAX_CORRELATION} values, got {len(correlation)}")
+        pairs = []
+        for name, value in correlation.items():
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise EventError(f"correlation: malformed name {name!r} (lower-case letters, digits, _)")
+            try:
+                text = correlation_value(value)
+            except EventError as exc:
+                raise EventError(f"correlation.{name}: {exc}") from None
+            if len(text) > MAX_VALUE_LENGTH:
+                raise EventError(f"correlation.{name}: longer than {MAX_VALUE_LENGTH} characters")
+            pairs.append((name, text))
+        if payload is not None and not isinstance(payload, Mapping):
+            raise EventError("payload: must be an object")
+        return cls(event_id, business_id, event_type, tuple(sorted(pairs)), dict(payload or {}))
+
+    def same_content(self, other: Event) -> bool:
+        """Whether a second publication with this identity is the same Event (then it is idempotent)."""
+        return (self.business_id, self.event_type, self.correlation, dict(self.payload)) == (
+            other.business_id,
+            other.event_type,
+            other.correlation,
+            dict(other.payload),
+        )
+
+
+def matches(spec: WaitSpec, business_id: str, event: Event) -> bool:
+    """Whether ``event`` matches a waiter of ``business_id`` registered with ``spec``, exactly."""
+    if spec.event_type is None or event.event_type != spec.event_type or event.business_id != business_id:
+        return False
+    values = dict(event.correlation)
+    return all(values.get(name) == value for name, value in spec.correlation)
+
+
+def projection(spec: WaitSpec, event: Event) -> tuple[tuple[str, str], ...]:
+    """The event's values on exactly the waiter's names: what the wake request carries."""
+    values = dict(event.correlation)
+    return tuple((name, values[name]) for name, _ in spec.correlation if name in values)
