@@ -1,0 +1,144 @@
+"""The two ports the interpreter calls out through: authority and commands.
+
+Seed 000 (000_b48b716f7ed7660f.txt: Purpose and Invariants; Security;
+``local_command``).  Rules of this module:
+
+- :class:`AuthorityPolicy` answers "may this principal perform this
+  operation on these targets in this Business, now?" against *current*
+  facts (membership, grant, Policy).  It is asked at every consequential
+  node and for every operation a caller requests; its answer is evidence,
+  and a denial fails closed.  A lease, a worker identity or an Event is
+  never authority.
+- :class:`CommandHandler` is the sole mutation authority for a node's
+  consequential work.  It receives one stable Command envelope.  It must
+  report ``UNKNOWN`` whenever it cannot classify the result conclusively
+  (a timeout, a lost connection): the interpreter then never resends, and
+  ``reconcile`` later settles the Command by looking, not by repeating it.
+- The implementations here are small and explicit, for examples, the demo
+  and tests: a grant table and a scripted handler.  Real deployments
+  implement the two protocols against their own systems.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from fencekeeper.kernel.interpreter import Command, CommandResult, CommandStatus, Rejection
+from fencekeeper.kernel.protocol import Authority
+
+WORKFLOW_RUN = "workflow_run"
+WORKFLOW_DISPATCH = "workflow_dispatch"
+WORKFLOW_CANCEL = "workflow_cancel"
+WORKFLOW_RECONCILE = "workflow_reconcile"
+EVENT_PUBLISH = "event_publish"
+APPROVAL_DECIDE = "approval_decide"
+DEFINITION_REGISTER = "definition_register"
+
+SYSTEM_PRINCIPAL = "system:timer"
+"""The principal due one-time wakes are fired as."""
+SYSTEM_PRINCIPAL_GRANTS = ((SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH),)
+"""What a deployment's policy must grant for timeouts to fire: the timer dispatches, nothing else."""
+
+
+class AuthorityPolicy(Protocol):
+    def check(
+        self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
+    ) -> Authority: ...
+
+
+class CommandHandler(Protocol):
+    def execute(self, command: Command) -> CommandResult:
+        """Apply ``command`` once.  Report UNKNOWN whenever the result cannot be classified conclusively."""
+        ...
+
+    def reconcile(self, command: Command) -> CommandResult:
+        """Find out what became of an earlier ``command`` without applying it again."""
+        ...
+
+
+@attrs.frozen
+class Grant:
+    principal_id: str
+    business_id: str
+    operation: str
+    """An operation id, or ``*`` for every operation."""
+
+
+class GrantTable:
+    """An AuthorityPolicy over an explicit, mutable set of grants (revocation takes effect at once)."""
+
+    def __init__(self, grants: Iterable[Grant] = ()) -> None:
+        self._grants = set(grants)
+        self._lock = threading.Lock()
+
+    def grant(self, principal_id: str, business_id: str, operation: str = "*") -> None:
+        with self._lock:
+            self._grants.add(Grant(principal_id, business_id, operation))
+
+    def revoke(self, principal_id: str, business_id: str, operation: str = "*") -> None:
+        with self._lock:
+            self._grants.discard(Grant(principal_id, business_id, operation))
+
+    def check(
+        self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
+    ) -> Authority:
+        with self._lock:
+            held = (
+                Grant(principal_id, business_id, operation) in self._grants
+                or Grant(principal_id, business_id, "*") in self._grants
+            )
+        if held:
+            return Authority(True, principal_id, f"granted {operation} in {business_id}")
+        return Authority(False, principal_id, f"no grant of {operation} to {principal_id} in {business_id}")
+
+
+Script = Callable[[Command], CommandResult]
+
+
+def succeed(**outputs: object) -> Script:
+    return lambda command: CommandResult(CommandStatus.SUCCEEDED, None, f"{command.operation} applied", outputs)
+
+
+def reject(rejection: Rejection, detail: str) -> Script:
+    return lambda command: CommandResult(CommandStatus.REJECTED, rejection, detail)
+
+
+def unknown(detail: str) -> Script:
+    return lambda command: CommandResult(CommandStatus.UNKNOWN, None, detail)
+
+
+class ScriptedHandler:
+    """A CommandHandler whose results are scripted per operation, and which remembers every Command.
+
+    ``settled`` scripts what ``reconcile`` finds out later for an operation
+    whose execution reported UNKNOWN (by default: still unknown).
+    """
+
+    def __init__(
+        self, scripts: Mapping[str, Script], settled: Mapping[str, Script] | None = None
+    ) -> None:
+        self.scripts = dict(scripts)
+        self.settled = dict(settled or {})
+        self.executed: list[Command] = []
+        self.reconciled: list[Command] = []
+        self._lock = threading.Lock()
+
+    def execute(self, command: Command) -> CommandResult:
+        with self._lock:
+            self.executed.append(command)
+        script = self.scripts.get(command.operation)
+        if script is None:
+            return CommandResult(CommandStatus.REJECTED, Rejection.VALIDATION, f"no handler for {command.operation}")
+        return script(command)
+
+    def reconcile(self, command: Command) -> CommandResult:
+        with self._lock:
+            self.reconciled.append(command)
+        script = self.settled.get(command.operation)
+        if script is None:
+            return CommandResult(CommandStatus.UNKNOWN, None, "the outcome is still not known")
+        return script(command)

@@ -1,0 +1,351 @@
+"""The operations people and systems call: run, publish, decide, cancel, quarantine, reconcile.
+
+Seed 000 (000_b48b716f7ed7660f.txt: Cancellation; request_approval;
+wait_for_event; Recovery and reconciliation extension).  Rules of this
+module:
+
+- Every operation names the principal who asks, and asks the
+  AuthorityPolicy about *that* principal before anything else; the answer
+  goes to the kernel, which refuses without it.  Nothing a client sends
+  chooses a Business, a principal or a state.
+- Each operation is one store transaction (reconcile is two, each one
+  complete on its own: the Command is settled first, then the execution
+  resumes or fails).  A refused operation writes nothing.
+- Bad input raises :class:`OperationError` with a stable code and a message
+  naming the field, before anything is written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from fencekeeper.kernel import approvals, attempts
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import Definition, LocalCommandNode
+from fencekeeper.kernel.events import Event, EventError
+from fencekeeper.kernel.evidence import Evidence
+from fencekeeper.kernel.machines import AttemptEvent, ExecutionState
+
+from .ports import (
+    APPROVAL_DECIDE,
+    DEFINITION_REGISTER,
+    EVENT_PUBLISH,
+    WORKFLOW_CANCEL,
+    WORKFLOW_RECONCILE,
+    WORKFLOW_RUN,
+    AuthorityPolicy,
+    CommandHandler,
+)
+from .store import PublishResult, TransactionalStore
+
+
+class OperationError(Exception):
+    """A request that cannot be made as given; ``code`` is stable, the message names the field."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def register(
+    store: TransactionalStore, definition: Definition, business_id: str, principal_id: str, policy: AuthorityPolicy
+) -> bool:
+    """Register a definition revision; True if new, False if the identical revision was already there."""
+    authority = policy.check(principal_id, business_id, DEFINITION_REGISTER)
+    return store.register_definition(definition, business_id, authority)
+
+
+def run(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    *,
+    business_id: str,
+    principal_id: str,
+    definition_id: str,
+    input: Mapping[str, Any],
+    revision: int | None = None,
+    execution_id: str | None = None,
+) -> p.Outcome:
+    """Admit an execution pinned to a registered definition revision (the latest unless given)."""
+    definition = store.load_definition(business_id, definition_id, revision)
+    if definition is None:
+        which = f"revision {revision} of " if revision is not None else ""
+        raise OperationError("definition_not_found", f"definition: no {which}{definition_id!r} in {business_id!r}")
+    execution_id = execution_id or f"x-{uuid.uuid4().hex[:12]}"
+    try:
+        record = i.input_evidence(execution_id, definition, principal_id, input)
+    except i.InputError as exc:
+        raise OperationError(exc.code, str(exc)) from None
+    authority = policy.check(principal_id, business_id, WORKFLOW_RUN, ((definition_id, definition.revision),))
+    request = p.AdmitRequest(
+        execution_id, business_id, definition.definition_id, definition.revision, definition.start, authority
+    )
+    return store.admit(request, [record])
+
+
+def publish(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    *,
+    business_id: str,
+    principal_id: str,
+    event_type: str,
+    correlation: Mapping[str, object],
+    payload: Mapping[str, Any] | None = None,
+    event_id: str | None = None,
+) -> PublishResult:
+    """Commit an Event and wake every waiter it matches exactly."""
+    try:
+        event = Event.build(event_id or f"ev-{uuid.uuid4().hex[:12]}", business_id, event_type, correlation, payload)
+    except EventError as exc:
+        raise OperationError(EventError.code, str(exc)) from None
+    return store.publish_event(event, policy.check(principal_id, business_id, EVENT_PUBLISH))
+
+
+def approval_request(store: TransactionalStore, execution_id: str) -> approvals.ApprovalRequest | None:
+    """The newest approval request of an execution, as a reviewer would be shown it."""
+    view = store.read(execution_id)
+    if view is None:
+        return None
+    found = [e for e in view.evidence if e.kind == approvals.APPROVAL_REQUEST]
+    return approvals.ApprovalRequest.from_json(found[-1].body) if found else None
+
+
+def decide(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    *,
+    business_id: str,
+    reviewer_id: str,
+    request: approvals.ApprovalRequest,
+    determination: str,
+    decision_id: str | None = None,
+    rationale: str = "",
+) -> approvals.DecideOutcome | p.Decision:
+    """A reviewer's decision on ``request`` as shown to them (its binding is what they decide on)."""
+    authority = policy.check(
+        reviewer_id, business_id, APPROVAL_DECIDE, request.binding.targets
+    )
+    decision = approvals.ApprovalDecision(
+        decision_id=decision_id or f"d-{uuid.uuid4().hex[:12]}",
+        request_id=request.request_id,
+        business_id=business_id,
+        reviewer_id=reviewer_id,
+        determination=determination,
+        binding=request.binding,
+        authority=authority,
+        rationale=rationale,
+    )
+    return store.decide_approval(decision)
+
+
+def cancel(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    *,
+    business_id: str,
+    principal_id: str,
+    execution_id: str,
+    reason: str = "",
+) -> p.Outcome:
+    """Cancel an eligible or waiting execution (running work is refused)."""
+    view = store.read(execution_id)
+    revision = view.execution.revision if view is not None else 1
+    authority = policy.check(principal_id, business_id, WORKFLOW_CANCEL, ((execution_id, revision),))
+    # Cancellation is Command-mediated (seed 000, Cancellation): the Command
+    # commits with the decision, so a cancelled execution names who cancelled it.
+    command = Evidence(
+        f"{execution_id}/cancel/r{revision}",
+        i.COMMAND,
+        {
+            "operation": WORKFLOW_CANCEL,
+            "principal_id": principal_id,
+            "business_id": business_id,
+            "targets": [[execution_id, revision]],
+            "reason": reason,
+        },
+        1,
+        "succeeded",
+    )
+    return store.cancel(p.CancelRequest(execution_id, business_id, revision, authority), [command])
+
+
+def quarantine_expired(
+    store: TransactionalStore, policy: AuthorityPolicy, *, business_id: str, principal_id: str
+) -> dict[str, p.Outcome]:
+    """Move every expired running execution of ``business_id`` to reconciliation_required."""
+    results: dict[str, p.Outcome] = {}
+    for execution_id in store.expired():
+        view = store.read(execution_id)
+        if view is None or view.execution.business_id != business_id:
+            continue
+        authority = policy.check(
+            principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, view.execution.revision),)
+        )
+        # The interrupted visit's attempt becomes an explicit review item too:
+        # expiry is no proof that its work did or did not happen.
+        attempt = _unsettled_attempt(view.evidence)
+        evidence = [] if attempt is None else [
+            attempts.advance(attempt, AttemptEvent.QUARANTINE_EXPIRED, quarantined_by=principal_id)
+        ]
+        results[execution_id] = store.recover(
+            p.RecoveryRequest(
+                command_id=f"q-{execution_id}-r{view.execution.revision}",
+                kind=p.RecoveryKind.QUARANTINE_EXPIRED,
+                execution_id=execution_id,
+                business_id=business_id,
+                expected_revision=view.execution.revision,
+                actor_id=principal_id,
+                authority=authority,
+            ),
+            evidence,
+        )
+    return results
+
+
+@attrs.frozen
+class Reconciled:
+    """What reconcile did: the Command's settled result and the recovery decision that followed."""
+
+    command_id: str | None
+    result: i.CommandResult | None
+    outcome: p.Outcome
+
+
+def reconcile(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    handler: CommandHandler,
+    *,
+    business_id: str,
+    principal_id: str,
+    execution_id: str,
+    fail: bool = False,
+) -> Reconciled:
+    """Settle an execution in reconciliation_required, by evidence, never by replay.
+
+    With an unsettled Command: ask the handler what became of it
+    (``reconcile``, never ``execute``).  A conclusive answer is recorded
+    against the Command and its attempt, then the execution resumes at the
+    continuation that answer selects (success: ``next``; rejection:
+    ``on_failure``).  An answer that is still unknown changes nothing.
+    Without a Command (an interrupted visit that issued none), or with
+    ``fail``, the governed decision is ``fail`` or a safe resume at the
+    current node.
+    """
+    view = store.read(execution_id)
+    if view is None or view.execution.business_id != business_id:
+        raise OperationError("execution_not_found", f"execution_id: no execution {execution_id!r} in {business_id!r}")
+    execution = view.execution
+    if execution.state != ExecutionState.RECONCILIATION_REQUIRED:
+        raise OperationError(
+            "not_in_reconciliation", f"execution_id: {execution_id!r} is {execution.state.value}, not reconciliation_required"
+        )
+    authority = policy.check(principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
+
+    def recovery(kind: p.RecoveryKind, revision: int, **extra: Any) -> p.RecoveryRequest:
+        return p.RecoveryRequest(
+            command_id=f"r-{execution_id}-{kind.value}-r{revision}",
+            kind=kind,
+            execution_id=execution_id,
+            business_id=business_id,
+            expected_revision=revision,
+            actor_id=principal_id,
+            authority=authority,
+            **extra,
+        )
+
+    if fail:
+        return Reconciled(None, None, store.recover(recovery(p.RecoveryKind.FAIL, execution.revision)))
+    attempt = _unsettled_attempt(view.evidence)
+    command_item = None if attempt is None else _find(view.evidence, f"{attempt.object_id}/command")
+    if attempt is None or command_item is None:
+        proof = p.SafeResumeEvidence(True, True, True, "no Command was issued by the interrupted visit")
+        return Reconciled(None, None, store.recover(recovery(p.RecoveryKind.RESUME_SAFE, execution.revision, safe_resume=proof)))
+    command = _command_from(command_item)
+    result = handler.reconcile(command)
+    if result.status == i.CommandStatus.UNKNOWN:
+        return Reconciled(command.command_id, result, p.Refusal(p.RefusalCode.NO_UNRESOLVED_COMMAND, f"Command {command.command_id} is still unknown: {result.detail}"))
+    definition = store.load_definition(business_id, execution.definition_id, execution.definition_revision)
+    node = None if definition is None else definition.node(str(attempt.body["node_id"]))
+    if not isinstance(node, LocalCommandNode):
+        raise OperationError("definition_not_found", f"the node of {attempt.object_id} is not a local_command of the pinned definition")
+    applied = result.status == i.CommandStatus.SUCCEEDED
+    settled_attempt = attempts.advance(
+        attempt,
+        AttemptEvent.RECONCILE_APPLIED if applied else AttemptEvent.RECONCILE_NOT_APPLIED,
+        outputs=dict(result.outputs),
+        detail=result.detail,
+        reconciled_by=principal_id,
+    )
+    settled_command = command_item.next(
+        result.status.value,
+        {"status": result.status.value, "detail": result.detail, "outputs": dict(result.outputs), "reconciled": True},
+    )
+    linked = store.recover(
+        recovery(
+            p.RecoveryKind.RECONCILE_COMMAND,
+            execution.revision,
+            command_to_reconcile=command.command_id,
+            command_unresolved=True,
+        ),
+        [settled_attempt, settled_command],
+    )
+    if not isinstance(linked, p.Decision) or linked.execution is None:
+        return Reconciled(command.command_id, result, linked)
+    proof = p.SafeResumeEvidence(True, True, True, f"Command {command.command_id} settled by reconciliation")
+    resumed = store.recover(
+        recovery(
+            p.RecoveryKind.RESUME_SAFE,
+            linked.execution.revision,
+            safe_resume=proof,
+            next_node_id=node.next if applied else node.on_failure,
+        )
+    )
+    return Reconciled(command.command_id, result, resumed)
+
+
+def _find(evidence: tuple[Evidence, ...], object_id: str) -> Evidence | None:
+    return next((e for e in evidence if e.object_id == object_id), None)
+
+
+def _unsettled_attempt(evidence: tuple[Evidence, ...]) -> Evidence | None:
+    """The newest step attempt that is not terminal: the visit the execution stopped in."""
+    found = [
+        e for e in evidence if e.kind == attempts.STEP_ATTEMPT and e.state not in ("completed", "failed")
+    ]
+    return found[-1] if found else None
+
+
+def _command_from(item: Evidence) -> i.Command:
+    body = item.body
+    return i.Command(
+        command_id=body["command_id"],
+        execution_id=body["execution_id"],
+        attempt_id=body["attempt_id"],
+        principal_id=body["principal_id"],
+        business_id=body["business_id"],
+        operation=body["operation"],
+        targets=tuple((str(t), int(r)) for t, r in body["targets"]),
+        payload=dict(body["payload"]),
+    )
+
+
+__all__ = [
+    "OperationError",
+    "Reconciled",
+    "approval_request",
+    "cancel",
+    "decide",
+    "publish",
+    "quarantine_expired",
+    "reconcile",
+    "register",
+    "run",
+]

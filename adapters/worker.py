@@ -1,0 +1,216 @@
+"""The dispatcher pass: claim eligible executions in order and interpret them under their leases.
+
+Seed 000 (000_b48b716f7ed7660f.txt: Dispatcher Pass; Lease; Node Semantics).
+Rules of this module:
+
+- The worker decides nothing.  For every visit it reads the execution's
+  durable objects, asks the pure interpreter (``kernel.interpreter``) for a
+  plan, asks the AuthorityPolicy the questions the plan needs, and hands the
+  plan to the store as protocol requests under its lease credential.  The
+  store applies each under its guard, in one transaction, or not at all.
+- A pass first fires due one-time wakes, then claims eligible executions in
+  the store's order (eligible_at, then id) and drives each until it leaves
+  running.  One node visit is one step; renewal is not a step.  At 100
+  steps the interpreter suspends the execution with reason ``step_limit``;
+  nothing here resets the count or creates another execution.
+- Any refusal ends the worker's work on that execution at once: a refused
+  request means the lease expired, was replaced, or the rows moved on, and
+  a fenced worker must not try anything else.  The refusal is reported.
+- A Command is issued only after its attempt and envelope are committed
+  under the lease, and its result is committed with the visit's step.  A
+  handler that raises is treated as UNKNOWN: the work may have happened.
+- The lease is renewed when less than half of it remains before a visit.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+
+import attrs
+
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import ExecutionState
+
+from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler
+from .store import TransactionalStore
+
+
+@attrs.frozen
+class Refused:
+    execution_id: str
+    code: str
+    message: str
+
+
+@attrs.define
+class PassReport:
+    """What one dispatcher pass did."""
+
+    claimed: list[str] = attrs.field(factory=list)
+    steps: int = 0
+    timers_fired: int = 0
+    finished: Counter[str] = attrs.field(factory=Counter)
+    """Per state an execution left running for (waiting, succeeded, ...)."""
+    refused: list[Refused] = attrs.field(factory=list)
+
+
+@attrs.define
+class Worker:
+    store: TransactionalStore
+    worker_id: str
+    policy: AuthorityPolicy
+    handler: CommandHandler
+    lease: timedelta = timedelta(seconds=30)
+    business_id: str | None = None
+    make_token: Callable[[], str] = lambda: secrets.token_hex(16)
+    on_event: Callable[[str, str, str], None] | None = None
+    """Called with (execution_id, what, detail) for every visit and refusal: the live timeline."""
+
+    def _tell(self, execution_id: str, what: str, detail: str) -> None:
+        if self.on_event is not None:
+            self.on_event(execution_id, what, detail)
+
+    def fire_due_timers(self, report: PassReport) -> None:
+        for key in self.store.due_wakes():
+            authority = self.policy.check(SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
+            outcome = self.store.fire_timer(key, authority)
+            if isinstance(outcome, p.Decision):
+                report.timers_fired += 1
+                self._tell(key.execution_id, "timer", outcome.evidence[-1].reason)
+
+    def _business_of(self, execution_id: str) -> str:
+        view = self.store.read(execution_id)
+        return view.execution.business_id if view is not None else ""
+
+    def run_pass(self, *, max_claims: int | None = None) -> PassReport:
+        """One bounded pass: due timers, then every eligible execution (at most ``max_claims``)."""
+        report = PassReport()
+        self.fire_due_timers(report)
+        while max_claims is None or len(report.claimed) < max_claims:
+            outcome = self.store.claim_next(
+                p.ClaimRequest(self.worker_id, self.make_token(), self.lease), business_id=self.business_id
+            )
+            if outcome is None:
+                break
+            if not isinstance(outcome, p.Decision) or outcome.lease is None or outcome.execution is None:
+                break
+            execution_id = outcome.execution.execution_id
+            report.claimed.append(execution_id)
+            self._tell(execution_id, "claimed", f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}")
+            self.drive(execution_id, outcome.lease, report)
+        return report
+
+    def drive(self, execution_id: str, credential: p.LeaseCredential, report: PassReport) -> None:
+        """Visit nodes under ``credential`` until the execution leaves running or a request is refused."""
+        while True:
+            view = self.store.read(execution_id)
+            if view is None or view.execution.state != ExecutionState.RUNNING:
+                return
+            execution = view.execution
+            expires = view.dispatch.lease_expires_at
+            if expires is not None and expires - self.store.clock.now() < self.lease / 2:
+                renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
+                if not self._applied(execution_id, renewed, report, "renew"):
+                    return
+            definition = self.store.load_definition(
+                execution.business_id, execution.definition_id, execution.definition_revision
+            )
+            ctx = i.context_from_evidence(execution, definition, view.evidence)
+            query = i.authority_query(ctx)
+            node_authority = (
+                None
+                if query is None
+                else self.policy.check(query.principal_id, query.business_id, query.operation, query.targets)
+            )
+            plan = i.plan_visit(
+                ctx,
+                self.store.clock.now(),
+                worker_id=self.worker_id,
+                fence=credential.fence,
+                node_authority=node_authority,
+            )
+            dispatch_authority = self.policy.check(
+                ctx.principal_id, execution.business_id, WORKFLOW_DISPATCH, ((execution_id, execution.revision),)
+            )
+            if isinstance(plan, i.Invoke):
+                issued = self.store.append_evidence(execution_id, credential, plan.evidence)
+                if not self._applied(execution_id, issued, report, "issue command"):
+                    return
+                self._tell(execution_id, "command", f"{plan.command.operation} as {plan.command.command_id}")
+                try:
+                    result = self.handler.execute(plan.command)
+                except Exception as exc:
+                    result = i.CommandResult(i.CommandStatus.UNKNOWN, None, f"handler raised {exc!r}")
+                settled = i.settle(plan, result)
+            else:
+                settled = plan
+            if not self._commit(
+                execution_id=execution_id,
+                execution=execution,
+                credential=credential,
+                plan=settled,
+                authority=dispatch_authority,
+                report=report,
+            ):
+                return
+
+    def _commit(
+        self,
+        *,
+        execution_id: str,
+        execution: p.Execution,
+        credential: p.LeaseCredential,
+        plan: i.Step | i.Finish,
+        authority: p.Authority,
+        report: PassReport,
+    ) -> bool:
+        """Apply a visit's plan; True when the execution is still running under this lease."""
+        if isinstance(plan, i.Step):
+            outcome = self.store.record_step(
+                execution_id, p.StepRequest(credential, execution.revision, plan.step, authority), plan.evidence
+            )
+            if not self._applied(execution_id, outcome, report, "step"):
+                return False
+            report.steps += 1
+            self._tell(execution_id, "step", f"{plan.step.node_id} -> {plan.step.next_node_id}")
+            return True
+        outcome = self.store.finalize(
+            p.FinalizeRequest(
+                execution_id=execution_id,
+                dispatch_id=execution_id,
+                worker_id=credential.worker_id,
+                lease_token=credential.lease_token,
+                fence=credential.fence,
+                target_state=plan.target,
+                business_id=execution.business_id,
+                expected_revision=execution.revision,
+                authority=authority,
+                step=plan.step,
+                wait=plan.wait,
+                reason=plan.reason,
+                error_code=plan.error_code,
+            ),
+            plan.evidence,
+        )
+        if not self._applied(execution_id, outcome, report, "finalize"):
+            return False
+        if plan.step is not None:
+            report.steps += 1
+        report.finished[plan.target.value] += 1
+        self._tell(execution_id, plan.target.value, plan.reason)
+        return False
+
+    def _applied(self, execution_id: str, outcome: p.Outcome, report: PassReport, what: str) -> bool:
+        if isinstance(outcome, p.Decision):
+            return True
+        code = outcome.code.value
+        report.refused.append(Refused(execution_id, code, outcome.message))
+        self._tell(execution_id, "refused", f"{what}: {code}: {outcome.message}")
+        return False
+
+
+__all__ = ["SYSTEM_PRINCIPAL", "PassReport", "Refused", "Worker"]

@@ -1,0 +1,708 @@
+"""The workflow interpreter, as pure decisions: what one node visit must write.
+
+Seed 000 (000_b48b716f7ed7660f.txt: Purpose and Invariants; Node Semantics;
+Dispatcher Pass; Generic Step-Attempt Object; Failure and Recovery).
+
+Rules of this module:
+
+- A visit is planned from a :class:`Context`: the execution, its *pinned*
+  definition revision, the workflow principal and input recorded at
+  admission, and the outputs of earlier attempts.  Node resolution is
+  execution -> pinned definition revision -> exact node binding -> exact node
+  revision; nothing newer is ever consulted.
+- :func:`plan_visit` returns a :class:`Step` (continue at the selected node,
+  via the protocol's ``record_step``), a :class:`Finish` (leave running via
+  ``finalize``: waiting, succeeded, failed, suspended or
+  reconciliation_required) or an :class:`Invoke` (a local command: commit
+  the attempt and the Command first, then hand the Command to the
+  CommandHandler, then :func:`settle`).  Each carries every evidence
+  revision that must commit with it.  The caller (the worker) turns them into
+  protocol requests under its lease; this module never touches a store.
+- Every visit creates its step attempt (revision 1, ``pending``) before any
+  consequential work, and counts as exactly one step when it commits.  At
+  the 100-step limit no further visit is planned: the execution is
+  suspended with reason ``step_limit``.
+- Nothing unknown is ever guessed.  A condition whose result is unknown, a
+  binding that cannot be resolved, a node kind this code cannot run, a
+  continuation that names no node, a definition that is not the pinned one:
+  each suspends the execution with an inspectable reason.  A command whose
+  result is unknown makes the execution reconciliation_required, and a
+  Command once issued is never issued again: a visit that finds an earlier
+  attempt at the same node still unsettled goes to reconciliation instead.
+- Authority is rechecked at every consequential node (request_approval,
+  local_command) against current facts, supplied by the caller as an
+  :class:`~fencekeeper.kernel.protocol.Authority` answer to
+  :func:`authority_query`; a denial is evidence and fails closed.  The
+  lease is never authority.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import attrs
+
+from . import attempts
+from .approvals import APPROVAL_REQUEST, ApprovalRequest, Binding
+from .definition import (
+    ConditionNode,
+    Definition,
+    EndNode,
+    LocalCommandNode,
+    Node,
+    Operand,
+    Ref,
+    RequestApprovalNode,
+    Scalar,
+    Target,
+    WaitForEventNode,
+    reads,
+)
+from .events import correlation_value
+from .evidence import Evidence
+from .expr import Truth, evaluate
+from .machines import AttemptEvent, AttemptState, ExecutionState
+from .protocol import STEP_LIMIT, Authority, Execution, StepRecord, WaitSpec
+
+APPROVAL_EVENT_TYPE: Final = "fencekeeper.approval"
+"""The Event Type an approval request's registration waits on; Decisions wake it (reason ``decision``)."""
+
+EXECUTION_INPUT: Final = "ExecutionInput"
+COMMAND: Final = "Command"
+
+
+class Reason(enum.Enum):
+    """Why a visit suspended or failed: stable codes, stored as the dispatch row's last_error_code."""
+
+    STEP_LIMIT = "step_limit"
+    CONDITION_UNKNOWN = "condition_unknown"
+    UNRESOLVED_BINDING = "unresolved_binding"
+    UNSUPPORTED_NODE = "unsupported_node"
+    DANGLING_CONTINUATION = "dangling_continuation"
+    DEFINITION_NOT_PINNED = "definition_not_pinned"
+    NOT_AUTHORIZED = "not_authorized"
+    COMMAND_UNKNOWN = "command_unknown"
+    COMMAND_UNSETTLED = "command_unsettled"
+
+
+# --- what a visit reads ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class Context:
+    """Everything a visit may read, taken from durable objects by the caller."""
+
+    execution: Execution
+    definition: Definition | None
+    """The pinned revision, or None when it cannot be found (the visit suspends)."""
+    principal_id: str
+    """The workflow principal recorded at admission: server-supplied, never from a definition or payload."""
+    inputs: Mapping[str, Any]
+    outputs: Mapping[str, Mapping[str, Any]]
+    """Per node id, the outputs of its latest completed attempt."""
+    unsettled: tuple[Evidence, ...] = ()
+    """Attempts at the current node that never reached a terminal state (an interrupted visit)."""
+
+
+def context_from_evidence(
+    execution: Execution, definition: Definition | None, evidence: Sequence[Evidence]
+) -> Context:
+    """Build the context from an execution's current evidence objects (creation order)."""
+    principal = ""
+    inputs: Mapping[str, Any] = {}
+    outputs: dict[str, Mapping[str, Any]] = {}
+    unsettled: list[Evidence] = []
+    for item in evidence:
+        if item.kind == EXECUTION_INPUT:
+            principal = str(item.body.get("principal_id", ""))
+            inputs = dict(item.body.get("input", {}))
+        elif item.kind == attempts.STEP_ATTEMPT:
+            state = AttemptState(item.state)
+            if state == AttemptState.COMPLETED:
+                outputs[str(item.body["node_id"])] = dict(item.body.get("outputs", {}))
+            elif (
+                state not in (AttemptState.FAILED,)
+                and item.body.get("node_id") == execution.current_node_id
+                and item.body.get("node_kind") == LocalCommandNode.kind
+            ):
+                unsettled.append(item)
+    return Context(execution, definition, principal, inputs, outputs, tuple(unsettled))
+
+
+_MISSING: Final = object()
+
+
+def _resolve(operand: Operand, ctx: Context) -> object:
+    """The value of a literal or a declared binding; ``_MISSING`` when it has none."""
+    if not isinstance(operand, Ref):
+        return operand
+    head, _, field = operand.name.partition(".")
+    source = ctx.inputs if head == "input" else ctx.outputs.get(head, {})
+    value = source.get(field, _MISSING)
+    return _MISSING if value is None else value
+
+
+def _resolve_all(pairs: Sequence[tuple[str, Operand]], ctx: Context) -> tuple[dict[str, Any], list[str]]:
+    values: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, operand in pairs:
+        value = _resolve(operand, ctx)
+        if value is _MISSING or isinstance(value, (dict, list)):
+            missing.append(operand.name if isinstance(operand, Ref) else name)
+        else:
+            values[name] = value
+    return values, missing
+
+
+def _targets(targets: Sequence[Target], ctx: Context) -> tuple[list[tuple[str, int]], list[str]]:
+    resolved: list[tuple[str, int]] = []
+    missing: list[str] = []
+    for number, target in enumerate(targets):
+        object_id = _resolve(target.object_id, ctx)
+        revision = _resolve(target.revision, ctx)
+        if not isinstance(object_id, (str, int)) or isinstance(object_id, bool):
+            missing.append(f"targets[{number}].id")
+            continue
+        if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
+            missing.append(f"targets[{number}].revision")
+            continue
+        resolved.append((str(object_id), revision))
+    return resolved, missing
+
+
+# --- what a visit writes ------------------------------------------------------------------
+
+
+@attrs.frozen
+class Step:
+    """Continue at ``step.next_node_id``: one step, committed with ``evidence`` (``record_step``)."""
+
+    step: StepRecord
+    evidence: tuple[Evidence, ...]
+
+
+@attrs.frozen
+class Finish:
+    """Leave running for ``target`` (``finalize``), with the visit counted when ``step`` is set."""
+
+    target: ExecutionState
+    step: StepRecord | None
+    evidence: tuple[Evidence, ...]
+    reason: str
+    error_code: str | None = None
+    wait: WaitSpec | None = None
+
+
+@attrs.frozen
+class Command:
+    """One stable Command envelope (seed 000, local_command); ``command_id`` is its identity."""
+
+    command_id: str
+    execution_id: str
+    attempt_id: str
+    principal_id: str
+    business_id: str
+    operation: str
+    targets: tuple[tuple[str, int], ...]
+    payload: Mapping[str, Scalar] = attrs.field(eq=False, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command_id": self.command_id,
+            "execution_id": self.execution_id,
+            "attempt_id": self.attempt_id,
+            "principal_id": self.principal_id,
+            "business_id": self.business_id,
+            "operation": self.operation,
+            "targets": [list(t) for t in self.targets],
+            "payload": dict(self.payload),
+        }
+
+
+@attrs.frozen
+class Invoke:
+    """A local command: commit ``evidence`` under the lease, then invoke ``command``, then :func:`settle`."""
+
+    node: LocalCommandNode
+    command: Command
+    attempt: Evidence
+    """The attempt's newest revision (``running``) once ``evidence`` commits."""
+    evidence: tuple[Evidence, ...]
+
+
+Plan = Step | Finish | Invoke
+
+
+class CommandStatus(enum.Enum):
+    SUCCEEDED = "succeeded"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+
+
+class Rejection(enum.Enum):
+    """Deterministic rejections: explicit evidence, followed by the node's on_failure continuation."""
+
+    VALIDATION = "validation"
+    AUTHORIZATION = "authorization"
+    STALE_VERSION = "stale_version"
+    REJECTED = "rejected"
+
+
+@attrs.frozen
+class CommandResult:
+    """What the CommandHandler reports.  Anything it cannot classify conclusively is UNKNOWN."""
+
+    status: CommandStatus
+    rejection: Rejection | None = None
+    detail: str = ""
+    outputs: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+
+
+@attrs.frozen
+class AuthorityQuery:
+    """What the caller must ask its AuthorityPolicy before a consequential node."""
+
+    principal_id: str
+    business_id: str
+    operation: str
+    targets: tuple[tuple[str, int], ...]
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+def current_node(ctx: Context) -> Node | None:
+    definition = ctx.definition
+    node_id = ctx.execution.current_node_id
+    if definition is None or node_id is None:
+        return None
+    return definition.node(node_id)
+
+
+def authority_query(ctx: Context) -> AuthorityQuery | None:
+    """The check a consequential node needs before its visit is planned; None for the others."""
+    node = current_node(ctx)
+    if isinstance(node, (RequestApprovalNode, LocalCommandNode)):
+        targets, _ = _targets(node.targets, ctx)
+        return AuthorityQuery(ctx.principal_id, ctx.execution.business_id, node.operation, tuple(targets))
+    return None
+
+
+def plan_visit(
+    ctx: Context, now: datetime, *, worker_id: str, fence: int, node_authority: Authority | None = None
+) -> Plan:
+    """The next visit at the execution's current node."""
+    execution = ctx.execution
+    if execution.step_count >= STEP_LIMIT:
+        return Finish(
+            ExecutionState.SUSPENDED,
+            None,
+            (),
+            f"{STEP_LIMIT} steps processed and work remains at node {execution.current_node_id}",
+            Reason.STEP_LIMIT.value,
+        )
+    definition = ctx.definition
+    node_id = execution.current_node_id or ""
+    if definition is None or (definition.definition_id, definition.revision) != (
+        execution.definition_id,
+        execution.definition_revision,
+    ):
+        return _reject(
+            _unresolved_node(ctx, now, worker_id, fence),
+            Reason.DEFINITION_NOT_PINNED,
+            f"definition {execution.definition_id} revision {execution.definition_revision} is not available",
+        )
+    node = definition.node(node_id)
+    if node is None:
+        return _reject(
+            _unresolved_node(ctx, now, worker_id, fence),
+            Reason.DANGLING_CONTINUATION,
+            f"node {node_id!r} does not exist in definition {definition.definition_id} revision "
+            f"{definition.revision}",
+        )
+    attempt = attempts.start(
+        execution,
+        node_id=node.node_id,
+        node_revision=node.revision,
+        node_kind=node.kind,
+        worker_id=worker_id,
+        fence=fence,
+        inputs=_inputs_of(node, ctx),
+        now=now,
+    )
+    dangling = [target for target in definition.successors(node) if definition.node(target) is None]
+    if dangling:
+        return _reject(
+            attempt, Reason.DANGLING_CONTINUATION,
+            f"node {node.node_id!r} continues at {', '.join(map(repr, dangling))}, which names no node",
+        )
+    match node:
+        case ConditionNode():
+            return _condition(node, ctx, attempt)
+        case WaitForEventNode():
+            return _wait_for_event(node, ctx, attempt, now)
+        case RequestApprovalNode():
+            return _request_approval(node, ctx, attempt, now, node_authority)
+        case LocalCommandNode():
+            return _local_command(node, ctx, attempt, node_authority)
+        case EndNode():
+            return _end(node, attempt)
+        case _:
+            return _reject(
+                attempt, Reason.UNSUPPORTED_NODE,
+                f"node {node.node_id!r} is of kind {getattr(node, 'kind_name', node.kind)!r}, "
+                "which this interpreter does not run",
+            )
+
+
+def _inputs_of(node: Node, ctx: Context) -> dict[str, Any]:
+    """The values the visit reads, recorded with the attempt's identity (its original inputs)."""
+    recorded: dict[str, Any] = {}
+    for _field, name in reads(node):
+        value = _resolve(Ref(name), ctx)
+        recorded[name] = None if value is _MISSING else value
+    return recorded
+
+
+def _unresolved_node(ctx: Context, now: datetime, worker_id: str, fence: int) -> Evidence:
+    """The attempt of a visit that could not even resolve its node: still recorded, then rejected."""
+    return attempts.start(
+        ctx.execution,
+        node_id=ctx.execution.current_node_id or "none",
+        node_revision=0,
+        node_kind="unresolved",
+        worker_id=worker_id,
+        fence=fence,
+        inputs={},
+        now=now,
+    )
+
+
+def _reject(attempt: Evidence, reason: Reason, message: str) -> Finish:
+    """The node cannot run: the attempt fails before any work, the execution is suspended for review."""
+    failed = attempts.advance(attempt, AttemptEvent.REJECT, reason=reason.value, detail=message)
+    return Finish(
+        ExecutionState.SUSPENDED,
+        _step(attempt),
+        (attempt, failed),
+        message,
+        reason.value,
+    )
+
+
+def _step(attempt: Evidence, next_node_id: str | None = None) -> StepRecord:
+    return StepRecord(str(attempt.body["node_id"]), attempt.object_id, next_node_id)
+
+
+def _condition(node: ConditionNode, ctx: Context, attempt: Evidence) -> Plan:
+    bindings = {}
+    missing = []
+    for name in node.bindings:
+        value = _resolve(Ref(name), ctx)
+        if value is _MISSING:
+            missing.append(name)
+        else:
+            bindings[name] = value
+    truth = evaluate(node.ast, bindings)
+    if truth == Truth.UNKNOWN:
+        detail = (
+            f"condition {node.expression!r} is unknown"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + "; unknown is not false, so the execution is suspended for review"
+        )
+        return Finish(
+            ExecutionState.SUSPENDED,
+            _step(attempt),
+            (
+                attempt,
+                *attempts.settle(
+                    attempt,
+                    AttemptEvent.START,
+                    AttemptEvent.FAIL,
+                    result=truth.value,
+                    missing=missing,
+                    reason=Reason.CONDITION_UNKNOWN.value,
+                ),
+            ),
+            detail,
+            Reason.CONDITION_UNKNOWN.value,
+        )
+    chosen = node.true_next if truth == Truth.TRUE else node.false_next
+    return Step(
+        _step(attempt, chosen),
+        (
+            attempt,
+            *attempts.settle(
+                attempt,
+                AttemptEvent.START,
+                AttemptEvent.COMPLETE,
+                result=truth.value,
+                next_node_id=chosen,
+                outputs={"result": truth == Truth.TRUE},
+            ),
+        ),
+    )
+
+
+def _unresolved(attempt: Evidence, missing: Sequence[str]) -> Finish:
+    return _reject(
+        attempt,
+        Reason.UNRESOLVED_BINDING,
+        f"node {attempt.body['node_id']!r} cannot resolve {', '.join(missing)}",
+    )
+
+
+def _continuations(*pairs: tuple[str, str | None]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((outcome, node) for outcome, node in pairs if node is not None))
+
+
+def _wait_for_event(node: WaitForEventNode, ctx: Context, attempt: Evidence, now: datetime) -> Plan:
+    values, missing = _resolve_all(node.correlation, ctx)
+    correlation: list[tuple[str, str]] = []
+    for name, value in values.items():
+        try:
+            correlation.append((name, correlation_value(value)))
+        except ValueError:
+            missing.append(name)
+    if missing:
+        return _unresolved(attempt, missing)
+    timeout = node.timeout
+    spec = WaitSpec(
+        node_id=node.node_id,
+        attempt_id=attempt.object_id,
+        event_type=node.event_type,
+        correlation=tuple(sorted(correlation)),
+        wake_after=None if timeout is None else timeout.after,
+        timeout=timeout is not None,
+        continuations=_continuations(("event", node.next), ("timeout", None if timeout is None else timeout.next)),
+    )
+    running = attempts.advance(
+        attempt, AttemptEvent.START, waiting_for={"event_type": node.event_type, "correlation": dict(correlation)}
+    )
+    return Finish(
+        ExecutionState.WAITING,
+        _step(attempt),
+        (attempt, running),
+        f"waiting for {node.event_type} {dict(correlation)}",
+        wait=spec,
+    )
+
+
+def _request_approval(
+    node: RequestApprovalNode, ctx: Context, attempt: Evidence, now: datetime, authority: Authority | None
+) -> Plan:
+    targets, missing = _targets(node.targets, ctx)
+    if missing:
+        return _unresolved(attempt, missing)
+    if authority is None or not authority.granted:
+        return _reject(
+            attempt,
+            Reason.NOT_AUTHORIZED,
+            f"{ctx.principal_id!r} may not request {node.operation}: "
+            f"{'no authority check was made' if authority is None else authority.reason or 'denied'}",
+        )
+    request = ApprovalRequest(
+        request_id=f"{attempt.object_id}/approval",
+        execution_id=ctx.execution.execution_id,
+        business_id=ctx.execution.business_id,
+        node_id=node.node_id,
+        attempt_id=attempt.object_id,
+        binding=Binding(
+            node.operation, tuple(targets), tuple((p.policy_id, p.revision) for p in node.policies)
+        ),
+        requester_id=ctx.principal_id,
+        reviewers=node.reviewers,
+        distinct_reviewer=node.distinct_reviewer,
+    )
+    timeout = node.timeout
+    spec = WaitSpec(
+        node_id=node.node_id,
+        attempt_id=attempt.object_id,
+        event_type=APPROVAL_EVENT_TYPE,
+        correlation=(("request_id", request.request_id),),
+        wake_after=None if timeout is None else timeout.after,
+        timeout=timeout is not None,
+        continuations=_continuations(
+            ("approved", node.approved_next),
+            ("rejected", node.rejected_next),
+            ("timeout", None if timeout is None else timeout.next),
+        ),
+    )
+    running = attempts.advance(attempt, AttemptEvent.START, approval_request=request.request_id)
+    return Finish(
+        ExecutionState.WAITING,
+        _step(attempt),
+        (attempt, running, request.evidence()),
+        f"waiting for a decision on {request.request_id} ({node.operation})",
+        wait=spec,
+    )
+
+
+def _local_command(
+    node: LocalCommandNode, ctx: Context, attempt: Evidence, authority: Authority | None
+) -> Plan:
+    if ctx.unsettled:
+        # An earlier visit issued a Command whose result was never recorded:
+        # it may have been applied, so it is never sent again.
+        earlier = ", ".join(item.object_id for item in ctx.unsettled)
+        return Finish(
+            ExecutionState.RECONCILIATION_REQUIRED,
+            None,
+            (),
+            f"attempt {earlier} at node {node.node_id!r} never settled; its Command must be reconciled, not resent",
+            Reason.COMMAND_UNSETTLED.value,
+        )
+    targets, missing = _targets(node.targets, ctx)
+    values, missing_payload = _resolve_all(node.payload, ctx)
+    if missing or missing_payload:
+        return _unresolved(attempt, [*missing, *missing_payload])
+    if authority is None or not authority.granted:
+        denial = "no authority check was made" if authority is None else authority.reason or "denied"
+        failed = attempts.advance(
+            attempt, AttemptEvent.REJECT, reason=Reason.NOT_AUTHORIZED.value, detail=denial,
+            next_node_id=node.on_failure,
+        )
+        return Step(_step(attempt, node.on_failure), (attempt, failed))
+    command = Command(
+        command_id=f"{attempt.object_id}/command",
+        execution_id=ctx.execution.execution_id,
+        attempt_id=attempt.object_id,
+        principal_id=ctx.principal_id,
+        business_id=ctx.execution.business_id,
+        operation=node.operation,
+        targets=tuple(targets),
+        payload=values,
+    )
+    running = attempts.advance(attempt, AttemptEvent.START, command_id=command.command_id)
+    issued = Evidence(command.command_id, COMMAND, command.to_json(), 1, "issued")
+    return Invoke(node, command, running, (attempt, running, issued))
+
+
+def settle(invoke: Invoke, result: CommandResult) -> Step | Finish:
+    """What the Command's result commits: its outcome, the attempt's, and where the execution goes."""
+    node, attempt = invoke.node, invoke.attempt
+    outcome = {"status": result.status.value, "detail": result.detail, "outputs": dict(result.outputs)}
+    if result.rejection is not None:
+        outcome["rejection"] = result.rejection.value
+    command = Evidence(invoke.command.command_id, COMMAND, invoke.command.to_json(), 1, "issued").next(
+        result.status.value, outcome
+    )
+    if result.status == CommandStatus.SUCCEEDED:
+        done = attempts.advance(
+            attempt, AttemptEvent.COMPLETE, outputs=dict(result.outputs), next_node_id=node.next
+        )
+        return Step(_step(attempt, node.next), (done, command))
+    if result.status == CommandStatus.REJECTED and result.rejection is not None:
+        failed = attempts.advance(
+            attempt,
+            AttemptEvent.FAIL,
+            rejection=result.rejection.value,
+            detail=result.detail,
+            next_node_id=node.on_failure,
+        )
+        return Step(_step(attempt, node.on_failure), (failed, command))
+    unknown = attempts.advance(attempt, AttemptEvent.OUTCOME_UNKNOWN, detail=result.detail)
+    return Finish(
+        ExecutionState.RECONCILIATION_REQUIRED,
+        _step(attempt),
+        (unknown, command),
+        f"Command {invoke.command.command_id} ({node.operation}) has no conclusive result: {result.detail}",
+        Reason.COMMAND_UNKNOWN.value,
+    )
+
+
+def _end(node: EndNode, attempt: Evidence) -> Finish:
+    succeeded = node.outcome == "succeeded"
+    return Finish(
+        ExecutionState.SUCCEEDED if succeeded else ExecutionState.FAILED,
+        _step(attempt),
+        (
+            attempt,
+            *attempts.settle(
+                attempt, AttemptEvent.START, AttemptEvent.COMPLETE, outcome=node.outcome, error_code=node.error_code
+            ),
+        ),
+        f"end {node.node_id}: {node.outcome}" + (f" ({node.error_code})" if node.error_code else ""),
+        node.error_code,
+    )
+
+
+# --- admission ----------------------------------------------------------------------------------
+
+
+class InputError(ValueError):
+    """An admission input that does not fit the definition; the message names the field."""
+
+    code = "invalid_input"
+
+
+MAX_INPUT_TEXT: Final = 4096
+
+
+def input_evidence(
+    execution_id: str, definition: Definition, principal_id: str, data: Mapping[str, Any]
+) -> Evidence:
+    """The admission record of an execution: who runs it and with what input; raises InputError."""
+    if not isinstance(data, Mapping):
+        raise InputError("input: must be a JSON object")
+    declared = set(definition.inputs)
+    unknown = sorted(set(data) - declared)
+    if unknown:
+        raise InputError(
+            f"input.{unknown[0]}: not an input of {definition.definition_id} "
+            f"(declared: {', '.join(definition.inputs) or 'none'})"
+        )
+    missing = sorted(declared - set(data))
+    if missing:
+        raise InputError(f"input.{missing[0]}: required by {definition.definition_id} and missing")
+    for name, value in data.items():
+        if isinstance(value, str):
+            if len(value) > MAX_INPUT_TEXT:
+                raise InputError(f"input.{name}: longer than {MAX_INPUT_TEXT} characters")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InputError(f"input.{name}: must be a finite number")
+        elif not isinstance(value, (int, bool)):
+            raise InputError(f"input.{name}: must be a string, number or boolean, not {type(value).__name__}")
+    return Evidence(
+        f"{execution_id}/input",
+        EXECUTION_INPUT,
+        {
+            "principal_id": principal_id,
+            "definition_id": definition.definition_id,
+            "definition_revision": definition.revision,
+            "input": dict(data),
+        },
+        1,
+        "recorded",
+    )
+
+
+__all__ = [
+    "APPROVAL_EVENT_TYPE",
+    "APPROVAL_REQUEST",
+    "COMMAND",
+    "EXECUTION_INPUT",
+    "AuthorityQuery",
+    "Command",
+    "CommandResult",
+    "CommandStatus",
+    "Context",
+    "Finish",
+    "InputError",
+    "Invoke",
+    "Plan",
+    "Reason",
+    "Rejection",
+    "Step",
+    "authority_query",
+    "context_from_evidence",
+    "current_node",
+    "input_evidence",
+    "plan_visit",
+    "settle",
+]

@@ -1,0 +1,296 @@
+"""Node semantics, step attempts and the dispatcher pass, one rule per test, on every store."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from fencekeeper.adapters import service
+from fencekeeper.adapters.ports import WORKFLOW_DISPATCH, reject
+from fencekeeper.adapters.store import Backend, _Written, definition_object_id
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import from_json, parse_definition, to_json
+from fencekeeper.kernel.machines import ExecutionState
+
+from .conftest import BUSINESS, EXAMPLES, OPS, RUNNER, World, example
+
+LOOP = """
+id = "loop"
+revision = 1
+start = "poll"
+inputs = ["target"]
+
+[[nodes]]
+id = "poll"
+kind = "local_command"
+revision = 1
+operation = "job.poll"
+next = "done_yet"
+on_failure = "broken"
+
+[[nodes]]
+id = "done_yet"
+kind = "condition"
+revision = 1
+expression = "poll.count >= input.target"
+bindings = ["input.target", "poll.count"]
+true_next = "finished"
+false_next = "poll"
+
+[[nodes]]
+id = "finished"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+
+[[nodes]]
+id = "broken"
+kind = "end"
+revision = 1
+outcome = "failed"
+error_code = "poll_failed"
+"""
+
+
+def loop_world(world: World) -> None:
+    counter = {"n": 0}
+
+    def poll(command: i.Command) -> i.CommandResult:
+        counter["n"] += 1
+        return i.CommandResult(i.CommandStatus.SUCCEEDED, None, "polled", {"count": counter["n"]})
+
+    world.handler.scripts["job.poll"] = poll
+    world.register(parse_definition(LOOP, "loop.toml"))
+
+
+def test_the_step_limit_suspends_with_step_limit_and_never_resets(world: World) -> None:
+    loop_world(world)
+    world.admit("loop", "x-1", target=1000)
+    report = world.run_pass()
+    view = world.view("x-1")
+    assert view.execution.state == ExecutionState.SUSPENDED
+    assert view.dispatch.last_error_code == "step_limit"
+    assert view.execution.step_count == p.STEP_LIMIT == report.steps
+    assert world.store.execution_ids() == ["x-1"]  # no second execution
+    attempts = [e for e in view.evidence if e.kind == "StepAttempt"]
+    assert len(attempts) == p.STEP_LIMIT and len({a.object_id for a in attempts}) == p.STEP_LIMIT
+    assert world.run_pass().claimed == []  # suspended is a review state: nothing resumes it silently
+
+
+def test_a_loop_that_finishes_counts_one_step_per_visit(world: World) -> None:
+    loop_world(world)
+    world.admit("loop", "x-1", target=3)
+    report = world.run_pass()
+    view = world.view("x-1")
+    assert view.execution.state == ExecutionState.SUCCEEDED
+    # poll, done_yet three times each, then finished: 7 visits, 7 steps, 7 attempts.
+    assert view.execution.step_count == report.steps == 7
+    assert sum(1 for e in view.evidence if e.kind == "StepAttempt") == 7
+
+
+def test_an_unknown_condition_suspends_and_the_attempt_records_why(world: World) -> None:
+    loop_world(world)
+    world.admit("loop", "x-1", target="three")  # a string compared with a number: unknown, not false
+    world.run_pass()
+    view = world.view("x-1")
+    assert view.execution.state == ExecutionState.SUSPENDED
+    assert view.dispatch.last_error_code == "condition_unknown"
+    attempt = [e for e in view.evidence if e.body.get("node_id") == "done_yet"][-1]
+    assert attempt.state == "failed" and attempt.body["result"] == "unknown"
+    assert attempt.body["inputs"] == {"input.target": "three", "poll.count": 1}
+
+
+def test_an_unsupported_kind_reached_at_run_time_suspends_with_a_reason(world: World) -> None:
+    # A definition revision stored by newer code, with a kind this code does
+    # not know: it loads leniently, and the interpreter stops at that node.
+    loop_world(world)
+    stored = (
+        to_json(parse_definition(LOOP, "loop.toml"))
+        .replace('"kind":"condition"', '"kind":"parallel"')
+        .replace('"revision":1,"start"', '"revision":2,"start"')
+    )
+    lenient = from_json(stored, strict=False)
+    assert lenient.revision == 2
+    node = lenient.node("done_yet")
+    assert node is not None and node.kind == "unsupported"
+    _store_raw_definition(world, "loop", 2, stored)
+    world.admit("loop", "x-1", target=3)
+    world.run_pass()
+    view = world.view("x-1")
+    assert view.execution.definition_revision == 2
+    assert view.execution.state == ExecutionState.SUSPENDED
+    assert view.dispatch.last_error_code == "unsupported_node"
+    attempt = [e for e in view.evidence if e.body.get("node_id") == "done_yet"][-1]
+    assert attempt.state == "failed" and "parallel" in attempt.body["detail"]
+
+
+def _store_raw_definition(world: World, definition_id: str, revision: int, body: str) -> None:
+    """Write a definition revision the way a newer version of this code would have."""
+
+    def decide(tx: Backend, now: datetime) -> _Written:
+        tx.insert_definition(definition_object_id(BUSINESS, definition_id), BUSINESS, revision, body, now)
+        return _Written(True)
+
+    world.store._run(decide)
+
+
+def test_an_execution_follows_its_pinned_revision_not_the_newest(world: World) -> None:
+    world.register(example("purchase_approval"))
+    world.admit("purchase-approval", "x-1", amount=5000, order_id="o-1", order_revision=1)
+    text = (EXAMPLES / "purchase_approval.toml").read_text()
+    newer = parse_definition(
+        text.replace("revision = 1\ntitle", "revision = 2\ntitle")
+        .replace('"input.amount >= 1000"', '"input.amount >= 1000000"')
+        .replace('id = "check_amount"\nkind = "condition"\nrevision = 1', 'id = "check_amount"\nkind = "condition"\nrevision = 2'),
+        "purchase_approval.toml",
+    )
+    assert newer.revision == 2
+    world.register(newer)
+    world.run_pass()
+    view = world.view("x-1")
+    # Pinned to revision 1 (threshold 1000): it waits for approval; revision 2 would have placed the order.
+    assert view.execution.definition_revision == 1
+    assert view.execution.state == ExecutionState.WAITING
+    assert world.handler.executed == []
+    world.admit("purchase-approval", "x-2", amount=5000, order_id="o-2", order_revision=1)
+    world.run_pass()
+    assert world.view("x-2").execution.definition_revision == 2
+    assert world.view("x-2").execution.state == ExecutionState.SUCCEEDED
+
+
+def test_a_denied_command_is_evidence_and_follows_on_failure(world: World) -> None:
+    loop_world(world)
+    world.policy.revoke(RUNNER, BUSINESS)
+    world.policy.grant(RUNNER, BUSINESS, WORKFLOW_DISPATCH)
+    world.policy.grant(RUNNER, BUSINESS, "workflow_run")
+    world.admit("loop", "x-1", target=1)
+    world.run_pass()
+    view = world.view("x-1")
+    assert view.execution.state == ExecutionState.FAILED and view.dispatch.last_error_code == "poll_failed"
+    assert world.handler.executed == []  # fails closed: nothing was issued
+    denied = next(e for e in view.evidence if e.body.get("node_id") == "poll")
+    assert denied.state == "failed" and denied.body["reason"] == "not_authorized"
+
+
+def test_a_rejected_command_is_explicit_evidence_and_follows_on_failure(world: World) -> None:
+    loop_world(world)
+    world.handler.scripts["job.poll"] = reject(i.Rejection.STALE_VERSION, "target moved on")
+    world.admit("loop", "x-1", target=1)
+    world.run_pass()
+    view = world.view("x-1")
+    assert view.execution.state == ExecutionState.FAILED
+    command = next(e for e in view.evidence if e.kind == "Command")
+    assert command.state == "rejected" and command.body["rejection"] == "stale_version"
+    assert len(world.handler.executed) == 1
+
+
+def test_without_dispatch_authority_the_worker_commits_nothing(world: World) -> None:
+    loop_world(world)
+    world.admit("loop", "x-1", target=1)
+    world.policy.revoke(RUNNER, BUSINESS)
+    report = world.run_pass()
+    assert [r.code for r in report.refused] == ["not_authorized"]
+    view = world.view("x-1")
+    assert view.execution.state == ExecutionState.RUNNING and view.execution.step_count == 0
+    # The lease is left to expire; quarantine then makes it an explicit review item.
+    world.clock.advance(world.lease)
+    results = service.quarantine_expired(world.store, world.policy, business_id=BUSINESS, principal_id=OPS)
+    assert isinstance(results["x-1"], p.Decision)
+    assert world.view("x-1").execution.state == ExecutionState.RECONCILIATION_REQUIRED
+
+
+def test_a_worker_that_dies_after_issuing_a_command_never_has_it_resent(world: World) -> None:
+    world.register(example("refund_needs_reconciliation"))
+    world.admit("refund", "refund-1", payment_id="p-1", amount=40)
+
+    class Crash(BaseException):
+        pass
+
+    def crash(command: i.Command) -> i.CommandResult:
+        raise Crash
+
+    world.handler.scripts["payment.refund"] = crash
+    with pytest.raises(Crash):
+        world.run_pass()
+    assert world.view("refund-1").execution.state == ExecutionState.RUNNING
+    world.clock.advance(world.lease)
+    service.quarantine_expired(world.store, world.policy, business_id=BUSINESS, principal_id=OPS)
+    view = world.view("refund-1")
+    attempt = next(e for e in view.evidence if e.kind == "StepAttempt")
+    assert attempt.state == "reconciliation_required"
+    reconciled = service.reconcile(
+        world.store, world.policy, world.handler, business_id=BUSINESS, principal_id=OPS, execution_id="refund-1"
+    )
+    assert isinstance(reconciled.outcome, p.Decision)
+    world.run_pass()
+    assert world.view("refund-1").execution.state == ExecutionState.SUCCEEDED
+    assert len(world.handler.executed) == 1 and len(world.handler.reconciled) == 1
+
+
+def test_a_stale_worker_cannot_commit_its_visit(world: World) -> None:
+    loop_world(world)
+    world.admit("loop", "x-1", target=1)
+    claimed = world.store.claim_next(p.ClaimRequest("w-old", "tok-old", world.lease))
+    assert isinstance(claimed, p.Decision) and claimed.lease is not None and claimed.execution is not None
+    execution = claimed.execution
+    definition = world.store.load_definition(BUSINESS, "loop", 1)
+    ctx = i.context_from_evidence(execution, definition, world.view("x-1").evidence)
+    plan = i.plan_visit(ctx, world.clock.now(), worker_id="w-old", fence=claimed.lease.fence,
+                        node_authority=p.Authority(True, RUNNER))
+    assert isinstance(plan, i.Invoke)
+    world.clock.advance(world.lease + timedelta(seconds=1))  # paused past its lease
+    before = world.view("x-1")
+    refused = world.store.append_evidence("x-1", claimed.lease, plan.evidence)
+    assert isinstance(refused, p.Refusal) and refused.code == p.RefusalCode.LEASE_EXPIRED
+    assert world.view("x-1") == before
+    assert world.handler.executed == []
+
+
+def test_cancellation_of_a_waiter_wins_and_a_later_decision_cannot_wake_it(world: World) -> None:
+    world.register(example("purchase_approval"))
+    world.admit("purchase-approval", "x-1", amount=5000, order_id="o-1", order_revision=1)
+    world.run_pass()
+    cancelled = service.cancel(world.store, world.policy, business_id=BUSINESS, principal_id=OPS, execution_id="x-1")
+    assert isinstance(cancelled, p.Decision)
+    request = service.approval_request(world.store, "x-1")
+    assert request is not None
+    late = service.decide(world.store, world.policy, business_id=BUSINESS, reviewer_id="user:manager",
+                          request=request, determination="approved")
+    assert isinstance(late, p.Refusal)
+    assert world.view("x-1").execution.state == ExecutionState.CANCELLED
+
+
+def test_cancellation_of_running_work_is_refused(world: World) -> None:
+    loop_world(world)
+    world.admit("loop", "x-1", target=1)
+    assert isinstance(world.store.claim_next(p.ClaimRequest("w-1", "tok-1", world.lease)), p.Decision)
+    refused = service.cancel(world.store, world.policy, business_id=BUSINESS, principal_id=OPS, execution_id="x-1")
+    assert isinstance(refused, p.Refusal) and refused.code == p.RefusalCode.CANCEL_RUNNING
+
+
+def test_inputs_are_checked_against_the_definition_before_anything_is_written(world: World) -> None:
+    loop_world(world)
+    for data, field in (({}, "input.target"), ({"target": 1, "extra": 2}, "input.extra"),
+                        ({"target": [1]}, "input.target")):
+        try:
+            world.admit("loop", "x-1", **data)
+        except service.OperationError as exc:
+            assert exc.code == "invalid_input" and field in exc.message
+        else:
+            raise AssertionError(f"{data} was admitted")
+    assert world.store.execution_ids() == []
+
+
+def test_definitions_of_another_business_do_not_exist(world: World) -> None:
+    loop_world(world)
+    assert world.store.load_definition("globex", "loop") is None
+    world.policy.grant(RUNNER, "globex")
+    try:
+        service.run(world.store, world.policy, business_id="globex", principal_id=RUNNER, definition_id="loop",
+                    input={"target": 1})
+    except service.OperationError as exc:
+        assert exc.code == "definition_not_found"
+    else:
+        raise AssertionError("ran another business's definition")
