@@ -24,7 +24,16 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 
-from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, registration_conflict
+from .store import (
+    Backend,
+    Clock,
+    Evidence,
+    ExecutionView,
+    StoreError,
+    TransactionalStore,
+    evidence_revision_conflict,
+    registration_conflict,
+)
 
 
 @attrs.frozen
@@ -62,8 +71,6 @@ class _MemoryBackend(Backend):
 
     def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:
         objects = self._checked(execution_id, evidence, dict(self.rows.objects))
-        if objects is None:
-            return False
         stored = dict(self.rows.evidence)
         stored[execution_id] = (*stored.get(execution_id, ()), *evidence)
         self.rows = attrs.evolve(self.rows, evidence=stored, objects=objects)
@@ -71,8 +78,8 @@ class _MemoryBackend(Backend):
 
     def _checked(
         self, execution_id: str, evidence: Sequence[Evidence], objects: dict[str, tuple[str, Evidence]]
-    ) -> dict[str, tuple[str, Evidence]] | None:
-        """The object index after ``evidence``, None if a revision check fails; raises on a reused identity."""
+    ) -> dict[str, tuple[str, Evidence]]:
+        """The object index after ``evidence``; raises on a reused identity or a revision not on top of the last."""
         for item in evidence:
             if item.revision == 1:
                 if item.object_id in objects or item.object_id in self.rows.executions:
@@ -88,7 +95,7 @@ class _MemoryBackend(Backend):
                     or current[1].revision != item.revision - 1
                     or current[1].kind != item.kind
                 ):
-                    return None
+                    raise evidence_revision_conflict(item)
             objects[item.object_id] = (execution_id, item)
         return objects
 
@@ -179,8 +186,6 @@ class _MemoryBackend(Backend):
         if decision.guard.expected_revision == 0 and eid in rows.objects:
             return False
         objects = self._checked(eid, evidence, dict(rows.objects))
-        if objects is None:
-            return False
         if evidence:
             stored[eid] = (*stored.get(eid, ()), *evidence)
         self.rows = attrs.evolve(

@@ -33,7 +33,7 @@ from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
-from .store import Backend, Evidence, ExecutionView, StoreError, registration_conflict
+from .store import Backend, Evidence, ExecutionView, StoreError, evidence_revision_conflict, registration_conflict
 
 EXECUTION_TYPE = "WorkflowExecution"
 DEFINITION_TYPE = "WorkflowDefinition"
@@ -188,6 +188,7 @@ class SqlBackend(Backend):
         if decision.guard.expected_revision == 0 and (decision.execution is None or decision.dispatch is None):
             return False
         self._checks: list[Any] = []
+        self._revision_checks: list[tuple[Evidence, Any]] = []
         try:
             with self._batch():
                 self._queue_writes(decision, evidence, now)
@@ -195,6 +196,11 @@ class SqlBackend(Backend):
             table = self._conflict_table(exc)
             if table == "wait_registrations" and decision.registration is not None:
                 raise registration_conflict(decision.registration.key) from None
+            later = [item for item in evidence if item.revision > 1]
+            # Only when every guard so far held is the duplicate revision an
+            # evidence object's; otherwise the execution moved on (a guard failure).
+            if table == "object_revisions" and later and all(c.rowcount == 1 for c in self._checks):
+                raise evidence_revision_conflict(later[0]) from None
             if table == "objects" and evidence and decision.guard.expected_revision != 0:
                 raise StoreError(
                     "evidence_conflict",
@@ -202,7 +208,13 @@ class SqlBackend(Backend):
                     "evidence is never overwritten",
                 ) from None
             return False
+        self._check_revisions()
         return all(cursor.rowcount == 1 for cursor in self._checks)
+
+    def _check_revisions(self) -> None:
+        stale = [item for item, cursor in self._revision_checks if cursor.rowcount != 1]
+        if stale:
+            raise evidence_revision_conflict(stale[0])
 
     def _queue_writes(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> None:
         guard = decision.guard
@@ -318,11 +330,12 @@ class SqlBackend(Backend):
             else:
                 # A new revision lands only on top of the one before it, on an
                 # object of this execution: a compare-and-set like the guard's.
-                self._guarded(
+                cursor = self._execute(
                     "UPDATE objects SET revision = ?, state = ?, updated_at = ? "
                     "WHERE object_id = ? AND revision = ? AND parent_id = ? AND object_type = ?",
                     (item.revision, item.state, at, item.object_id, item.revision - 1, eid, item.kind),
                 )
+                self._revision_checks.append((item, cursor))
             self._execute(
                 "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -332,12 +345,18 @@ class SqlBackend(Backend):
     def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:
         """Evidence that no execution row change accompanies (a decision kept in history)."""
         self._checks = []
+        self._revision_checks = []
         try:
             with self._batch():
                 self._queue_evidence(execution_id, evidence, self.dialect.encode_time(now))
         except self.dialect.integrity_errors:
-            return False
-        return all(cursor.rowcount == 1 for cursor in self._checks)
+            raise StoreError(
+                "evidence_conflict",
+                f"evidence {', '.join(repr(e.object_id) for e in evidence)}: an id already exists; "
+                "evidence is never overwritten",
+            ) from None
+        self._check_revisions()
+        return True
 
     # --- evidence, definitions, events, timers ------------------------------------
 

@@ -63,6 +63,15 @@ def registration_conflict(key: p.WaitKey) -> StoreError:
     )
 
 
+def evidence_revision_conflict(item: Evidence) -> StoreError:
+    """A revision of an evidence object that is not on top of its current one: someone else moved it."""
+    return StoreError(
+        "evidence_conflict",
+        f"evidence {item.object_id!r}: revision {item.revision} is not on top of revision {item.revision - 1} "
+        "of this execution's object; an evidence revision is never overwritten",
+    )
+
+
 # --- time -------------------------------------------------------------------------
 
 
@@ -162,6 +171,26 @@ class Store(Protocol):
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]: ...
 
     def close(self) -> None: ...
+
+    # What the interpreter needs beyond the protocol's decisions.
+
+    def register_definition(self, definition: d.Definition, business_id: str, authority: p.Authority) -> bool:
+        """Register the next definition revision of a Business; False when identical to a registered one."""
+        ...
+
+    def load_definition(
+        self, business_id: str, definition_id: str, revision: int | None = None
+    ) -> d.Definition | None: ...
+
+    def publish_event(self, event: Event, authority: p.Authority) -> PublishResult:
+        """Commit an Event and wake every waiter it matches exactly, in one transaction."""
+        ...
+
+    def decide_approval(self, decision: approvals.ApprovalDecision) -> approvals.DecideOutcome | p.Decision: ...
+
+    def due_wakes(self, limit: int = 100) -> list[p.WaitKey]: ...
+
+    def fire_timer(self, key: p.WaitKey, authority: p.Authority) -> p.Outcome: ...
 
 
 def definition_object_id(business_id: str, definition_id: str) -> str:
@@ -674,5 +703,6 @@ __all__ = [
     "SystemClock",
     "TransactionalStore",
     "definition_object_id",
+    "evidence_revision_conflict",
     "registration_conflict",
 ]

@@ -25,6 +25,18 @@ test below then runs against that store.  What the tests prove:
   that changes nothing (a woken registration is never reopened);
 - ``expired()`` lists exactly the running executions whose lease has
   expired (``lease_expires_at <= now``).
+- what the interpreter needs: an evidence revision lands only on top of the
+  one before it, on the same execution's object (``evidence_conflict``
+  otherwise, changing nothing); a definition registers each revision once,
+  identically or not at all, per Business; an Event wakes exactly the
+  waiters of its Business and type whose predicates it matches, with the
+  continuation the registration committed, is idempotent when republished
+  and refused with other content; an Event committed before a waiter
+  registers wakes it as it registers; a timeout is due at the commit time
+  plus its delay and wakes as ``timeout``; the first approval determination
+  wins, a duplicate is ``Unchanged``, a contradicting one is kept in history,
+  and a misbound, unauthorized, out-of-scope, self-approving or foreign
+  decision writes nothing.
 
 Sources: seed 000 (``000_b48b716f7ed7660f.txt``), sections Persistence,
 Lease, Fenced Execution Finalization, Expired-lease quarantine, Safe-resume
@@ -45,7 +57,10 @@ import attrs
 import pytest
 
 from fencekeeper.adapters.store import Evidence, ExecutionView, ManualClock, Store, StoreError
+from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import Definition, DefinitionError, definition_from_mapping
+from fencekeeper.kernel.events import Event
 from fencekeeper.kernel.machines import DispatchState, ExecutionState, dispatch_state_of
 
 StoreFactory = Callable[[ManualClock], Store]
@@ -158,14 +173,19 @@ def wait_spec(
     event_type: str | None = EVENT_TYPE,
     wake_at: datetime | None = None,
     timeout: bool = False,
+    correlation: tuple[tuple[str, str], ...] | None = None,
+    wake_after: timedelta | None = None,
+    continuations: tuple[tuple[str, str], ...] = (),
 ) -> p.WaitSpec:
     return p.WaitSpec(
         node_id="n-wait",
         attempt_id=attempt_id,
         event_type=event_type,
-        correlation=CORRELATION if event_type is not None else (),
+        correlation=(correlation if correlation is not None else CORRELATION) if event_type is not None else (),
         wake_at=wake_at,
         timeout=timeout,
+        wake_after=wake_after,
+        continuations=continuations,
     )
 
 
@@ -1005,3 +1025,213 @@ class StoreTests:
         assert store.expired() == ["e-short"]
         clock.advance(timedelta(seconds=60))
         assert store.expired() == ["e-fresh", "e-long", "e-short"]
+
+    # --- evidence revisions ------------------------------------------------------------------------
+
+    def test_an_evidence_revision_lands_only_on_top_of_the_previous_one(self, store: Store) -> None:
+        credential = self.running(store)
+        first = Evidence("att-1", "StepAttempt", {"status": "pending"}, 1, "pending")
+        decided(store.append_evidence("e-1", credential, [first]))
+        second = first.next("running", {"status": "running"})
+        decided(store.append_evidence("e-1", credential, [second]))
+        before = view(store, "e-1")
+        for stale in (second, first.next("failed", {}), attrs.evolve(second, revision=4)):
+            with pytest.raises(StoreError) as caught:
+                store.append_evidence("e-1", credential, [stale])
+            assert caught.value.code == "evidence_conflict"
+        assert view(store, "e-1") == before
+        assert [(e.revision, e.state) for e in before.evidence_revisions] == [(1, "pending"), (2, "running")]
+        assert [(e.object_id, e.revision, e.state) for e in before.evidence] == [("att-1", 2, "running")]
+
+    def test_an_evidence_revision_of_another_execution_is_refused(self, store: Store) -> None:
+        credential = self.running(store)
+        decided(store.append_evidence("e-1", credential, [Evidence("att-1", "StepAttempt", {}, 1, "pending")]))
+        other = self.running(store, "e-2", "w-2")
+        before = view(store, "e-1")
+        with pytest.raises(StoreError) as caught:
+            store.append_evidence("e-2", other, [Evidence("att-1", "StepAttempt", {}, 2, "running")])
+        assert caught.value.code == "evidence_conflict"
+        assert view(store, "e-1") == before
+
+    # --- definitions ---------------------------------------------------------------------------------
+
+    def test_a_definition_registers_each_revision_once(self, store: Store) -> None:
+        first = _definition(1)
+        assert store.register_definition(first, "b-1", GRANTED) is True
+        assert store.register_definition(first, "b-1", GRANTED) is False  # identical: idempotent
+        with pytest.raises(DefinitionError):
+            store.register_definition(_definition(3), "b-1", GRANTED)  # a gap
+        with pytest.raises(DefinitionError):
+            store.register_definition(_definition(1, end="failed"), "b-1", GRANTED)  # same revision, other content
+        assert store.register_definition(_definition(2, node_revision=2, end="failed"), "b-1", GRANTED) is True
+        assert store.load_definition("b-1", "d-1") == _definition(2, node_revision=2, end="failed")
+        assert store.load_definition("b-1", "d-1", 1) == first
+        assert store.load_definition("b-1", "d-1", 3) is None
+        assert store.load_definition("b-2", "d-1") is None  # another Business's definitions do not exist
+        with pytest.raises(StoreError) as caught:
+            store.register_definition(_definition(1), "b-2", DENIED)
+        assert caught.value.code == "not_authorized"
+        assert store.load_definition("b-2", "d-1") is None
+
+    # --- events ----------------------------------------------------------------------------------------
+
+    def test_an_event_wakes_exactly_the_waiters_it_matches(self, store: Store) -> None:
+        spec = wait_spec(continuations=(("event", "n-next"),))
+        key = self.waiting(store, spec)
+        other = self.waiting(store, wait_spec(correlation=(("order", "o-2"),)), "e-2")
+        result = store.publish_event(_event("ev-1", ("order", "o-1"), ("extra", "x")), GRANTED)
+        assert (result.duplicate, result.woken) == (False, ("e-1",))
+        woken = view(store, "e-1")
+        assert woken.execution.state == ExecutionState.ELIGIBLE
+        assert woken.execution.current_node_id == "n-next"  # the registration's continuation for 'event'
+        assert woken.registrations[0].woken_by == "ev-1" and woken.registrations[0].key == key
+        assert view(store, "e-2").execution.state == ExecutionState.WAITING
+        assert view(store, "e-2").registrations[0].key == other
+
+    def test_an_event_of_another_business_or_type_wakes_nothing(self, store: Store) -> None:
+        self.waiting(store, wait_spec())
+        before = view(store, "e-1")
+        assert store.publish_event(_event("ev-1", ("order", "o-1"), business="b-2"), GRANTED).woken == ()
+        assert store.publish_event(_event("ev-2", ("order", "o-1"), event_type="payment.refunded"), GRANTED).woken == ()
+        assert view(store, "e-1") == before
+
+    def test_republishing_an_event_is_idempotent_and_other_content_is_refused(self, store: Store) -> None:
+        self.waiting(store, wait_spec())
+        assert store.publish_event(_event("ev-1", ("order", "o-1")), GRANTED).woken == ("e-1",)
+        after = view(store, "e-1")
+        again = store.publish_event(_event("ev-1", ("order", "o-1")), GRANTED)
+        assert (again.duplicate, again.woken) == (True, ())
+        with pytest.raises(StoreError) as caught:
+            store.publish_event(_event("ev-1", ("order", "o-9")), GRANTED)
+        assert caught.value.code == "event_conflict"
+        with pytest.raises(StoreError) as denied:
+            store.publish_event(_event("ev-3", ("order", "o-1")), DENIED)
+        assert denied.value.code == "not_authorized"
+        assert view(store, "e-1") == after
+
+    def test_an_event_committed_before_registration_wakes_the_waiter_as_it_registers(self, store: Store) -> None:
+        assert store.publish_event(_event("ev-early", ("order", "o-1")), GRANTED).woken == ()
+        credential = self.running(store)
+        spec = wait_spec(continuations=(("event", "n-next"),))
+        decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.WAITING, wait=spec)))
+        found = view(store, "e-1")
+        assert found.execution.state == ExecutionState.ELIGIBLE
+        assert found.execution.current_node_id == "n-next"
+        assert [r.to_state for r in found.history][-2:] == [ExecutionState.WAITING, ExecutionState.ELIGIBLE]
+        assert found.registrations[0].woken_by == "ev-early"
+
+    # --- timers --------------------------------------------------------------------------------------
+
+    def test_a_timeout_is_due_at_commit_time_plus_its_delay_and_wakes_as_timeout(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        spec = wait_spec(wake_after=timedelta(minutes=5), timeout=True, continuations=(("timeout", "n-late"),))
+        key = self.waiting(store, spec)
+        committed = view(store, "e-1").registrations[0].spec
+        assert committed.wake_at == clock.now() + timedelta(minutes=5) and committed.wake_after is None
+        clock.advance(timedelta(minutes=5) - timedelta(microseconds=1))
+        assert store.due_wakes() == []
+        clock.advance(timedelta(microseconds=1))
+        assert store.due_wakes() == [key]
+        decided(store.fire_timer(key, GRANTED))
+        found = view(store, "e-1")
+        assert found.execution.state == ExecutionState.ELIGIBLE and found.execution.current_node_id == "n-late"
+        assert found.registrations[0].wake_reason == p.WakeReason.TIMEOUT
+        assert store.due_wakes() == []
+        assert isinstance(store.fire_timer(key, GRANTED), p.Unchanged)
+
+    # --- approvals ------------------------------------------------------------------------------------
+
+    def test_the_first_determination_wins_and_later_ones_change_nothing(self, store: Store) -> None:
+        request = self.awaiting_approval(store)
+        accepted = store.decide_approval(_decision(request, "d-1", "approved"))
+        assert isinstance(accepted, p.Decision)
+        found = view(store, "e-1")
+        assert found.execution.state == ExecutionState.ELIGIBLE and found.execution.current_node_id == "n-yes"
+        same = store.decide_approval(_decision(request, "d-1", "approved"))
+        assert isinstance(same, p.Unchanged) and same.code == p.UnchangedCode.ALREADY_DECIDED
+        conflict = store.decide_approval(_decision(request, "d-2", "rejected"))
+        assert isinstance(conflict, approvals.Recorded)
+        after = view(store, "e-1")
+        assert after.execution == found.execution
+        assert {(e.object_id.rsplit("/", 1)[1], e.state) for e in after.evidence if e.kind == approvals.APPROVAL_DECISION} == {
+            ("d-1", "accepted"), ("d-2", "rejected_conflict")
+        }
+        reused = store.decide_approval(_decision(request, "d-1", "rejected"))
+        assert isinstance(reused, p.Refusal) and reused.code == RC.DECISION_CONFLICT
+
+    def test_a_refused_decision_writes_nothing(self, store: Store) -> None:
+        request = self.awaiting_approval(store)
+        before = view(store, "e-1")
+        misbound = attrs.evolve(
+            _decision(request, "d-1", "approved"), binding=approvals.Binding("other.op", request.binding.targets, ())
+        )
+        for decision, code in (
+            (misbound, RC.APPROVAL_MISBOUND),
+            (attrs.evolve(_decision(request, "d-2", "approved"), authority=DENIED), RC.NOT_AUTHORIZED),
+            (attrs.evolve(_decision(request, "d-3", "approved"), reviewer_id="rev-outside"), RC.NOT_AUTHORIZED),
+            (attrs.evolve(_decision(request, "d-4", "approved"), reviewer_id=request.requester_id), RC.NOT_AUTHORIZED),
+            (attrs.evolve(_decision(request, "d-5", "approved"), business_id="b-2"), RC.APPROVAL_NOT_FOUND),
+        ):
+            outcome = store.decide_approval(decision)
+            assert isinstance(outcome, p.Refusal) and outcome.code == code, (decision, outcome)
+        assert view(store, "e-1") == before
+
+    def awaiting_approval(self, store: Store) -> approvals.ApprovalRequest:
+        """e-1 waits on an approval request (as a request_approval visit leaves it)."""
+        credential = self.running(store)
+        request = approvals.ApprovalRequest(
+            request_id="att-1/approval",
+            execution_id="e-1",
+            business_id="b-1",
+            node_id="n-ask",
+            attempt_id="att-1",
+            binding=approvals.Binding("purchase.approve", (("o-1", 3),), (("policy-1", 2),)),
+            requester_id="user:requester",
+            reviewers=("rev-1", "user:requester"),
+            distinct_reviewer=True,
+        )
+        spec = p.WaitSpec(
+            "n-ask",
+            "att-1",
+            "fencekeeper.approval",
+            (("request_id", request.request_id),),
+            continuations=(("approved", "n-yes"), ("rejected", "n-no")),
+        )
+        decided(
+            store.finalize(
+                finalize_request(store, "e-1", credential, ExecutionState.WAITING, wait=spec), [request.evidence()]
+            )
+        )
+        return request
+
+
+def _decision(request: approvals.ApprovalRequest, decision_id: str, determination: str) -> approvals.ApprovalDecision:
+    return approvals.ApprovalDecision(
+        decision_id, request.request_id, request.business_id, "rev-1", determination, request.binding, GRANTED
+    )
+
+
+def _event(
+    event_id: str, *pairs: tuple[str, str], business: str = "b-1", event_type: str = EVENT_TYPE
+) -> Event:
+    return Event.build(event_id, business, event_type, dict(pairs), {"amount": 1})
+
+
+def _definition(revision: int, *, node_revision: int = 1, end: str = "succeeded") -> Definition:
+    return definition_from_mapping(
+        {
+            "id": "d-1",
+            "revision": revision,
+            "start": "start",
+            "nodes": [
+                {
+                    "id": "start",
+                    "kind": "end",
+                    "revision": node_revision,
+                    "outcome": end,
+                    **({"error_code": "e.code"} if end == "failed" else {}),
+                }
+            ],
+        }
+    )

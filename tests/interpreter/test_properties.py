@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -24,7 +26,8 @@ from hypothesis import strategies as st
 from fencekeeper.adapters import service
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.ports import ScriptedHandler
-from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.store import ManualClock, TransactionalStore
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
@@ -107,7 +110,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Definition, dict[str, Any], list[str], l
 class Checker:
     """The invariants, checked after every action."""
 
-    def __init__(self, store: MemoryStore, handler: ScriptedHandler) -> None:
+    def __init__(self, store: TransactionalStore, handler: ScriptedHandler) -> None:
         self.store = store
         self.handler = handler
         self.finished: dict[str, int] = {}
@@ -155,14 +158,31 @@ class Checker:
                 assert (registration.woken_by is None) == (registration.wake_reason is None)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+Scenario = tuple[Definition, dict[str, Any], list[str], list[tuple[Any, ...]]]
+HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=HEALTH)
 @given(scenarios(), st.data())
-def test_random_definitions_and_event_orders_keep_the_invariants(
-    scenario: tuple[Definition, dict[str, Any], list[str], list[tuple[Any, ...]]], data: st.DataObject
-) -> None:
-    definition, values, outcomes, actions = scenario
+def test_random_definitions_and_event_orders_keep_the_invariants(scenario: Scenario, data: st.DataObject) -> None:
     clock = ManualClock()
-    store = MemoryStore(clock)
+    _run_scenario(scenario, data, MemoryStore(clock), clock)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=HEALTH)
+@given(scenarios(), st.data())
+def test_the_same_holds_on_a_sqlite_file(scenario: Scenario, data: st.DataObject) -> None:
+    clock = ManualClock()
+    with tempfile.TemporaryDirectory() as directory:
+        store = SQLiteStore(Path(directory) / "p.db", clock)
+        try:
+            _run_scenario(scenario, data, store, clock)
+        finally:
+            store.close()
+
+
+def _run_scenario(scenario: Scenario, data: st.DataObject, store: TransactionalStore, clock: ManualClock) -> None:
+    definition, values, outcomes, actions = scenario
     policy = AllowAll()
     handler = _handler(outcomes)
     checker = Checker(store, handler)
@@ -185,7 +205,7 @@ def test_random_definitions_and_event_orders_keep_the_invariants(
             checker.check()
 
 
-def _open_event_waits(store: MemoryStore) -> list[p.WaitRegistration]:
+def _open_event_waits(store: TransactionalStore) -> list[p.WaitRegistration]:
     return [
         r
         for e in store.execution_ids()
@@ -194,7 +214,7 @@ def _open_event_waits(store: MemoryStore) -> list[p.WaitRegistration]:
     ]
 
 
-def _apply(action: tuple[Any, ...], store: MemoryStore, worker: Worker, clock: ManualClock) -> None:
+def _apply(action: tuple[Any, ...], store: TransactionalStore, worker: Worker, clock: ManualClock) -> None:
     policy, handler = AllowAll(), worker.handler
     kind = action[0]
     if kind == "pass":
