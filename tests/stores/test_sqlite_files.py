@@ -291,14 +291,17 @@ def test_a_corrupt_database_is_refused_untouched(tmp_path: Path, table: str) -> 
         conn.close()
     start = (page - 1) * page_size
     with path.open("r+b") as f:
-        # The b-tree page header (after the 100-byte file header on page 1)
-        # says where the cell content begins; overwrite the middle of it.
-        f.seek(start + (100 if page == 1 else 0) + 5)
-        content = int.from_bytes(f.read(2), "big") or 65536
-        offset = start + (content + page_size) // 2 - 64
+        # The leaf page's header (after the 100-byte file header on page 1) is
+        # followed by its cell pointer array; overwrite the start of a cell in
+        # the middle of the page, wherever the layout put it.
+        header = start + (100 if page == 1 else 0)
+        f.seek(header + 3)
+        cells = int.from_bytes(f.read(2), "big")
+        f.seek(header + 8 + 2 * (cells // 2))
+        offset = start + int.from_bytes(f.read(2), "big")
         f.seek(offset)
         original = f.read(128)
-        assert original.count(0) < 64, f"the middle of page {page}'s content is not in use"
+        assert original.count(0) < 64, f"the cell at {offset - start} of page {page} is not in use"
         f.seek(offset)
         f.write(bytes(b ^ 0xA5 for b in original))
     refused_open(path, "not_a_database")
