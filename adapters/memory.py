@@ -133,11 +133,14 @@ class _MemoryBackend(Backend):
             key=lambda r: (r.key.execution_id, r.key.node_id, r.key.attempt_id),
         )
 
-    def due_registrations(self, now: datetime, limit: int) -> list[p.WaitKey]:
+    def due_registrations(self, now: datetime, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
         due = sorted(
             (r.spec.wake_at, r.key.execution_id, r.key)
             for r in self.rows.registrations.values()
-            if r.woken_by is None and r.spec.wake_at is not None and r.spec.wake_at <= now
+            if r.woken_by is None
+            and r.spec.wake_at is not None
+            and r.spec.wake_at <= now
+            and (business_id is None or r.business_id == business_id)
         )
         return [key for _, _, key in due[:limit]]
 

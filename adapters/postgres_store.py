@@ -210,6 +210,11 @@ def _aware(value: Any) -> datetime:
     return value.astimezone(UTC)
 
 
+def check_schema_name(schema: str) -> str:
+    """``schema`` if it is a name this store accepts; StoreError ``store_unavailable`` otherwise."""
+    return _check_schema_name(schema)
+
+
 def _check_schema_name(schema: str) -> str:
     if not _SCHEMA_NAME.fullmatch(schema):
         raise StoreError("store_unavailable", f"schema name {schema!r} must match {_SCHEMA_NAME.pattern}")
@@ -494,4 +499,4 @@ def _recorded_version(conn: psycopg.Connection[Any], schema: str) -> int:
     return version
 
 
-__all__ = ["CHANNEL", "MIGRATIONS", "PostgresStore", "check_schema", "migrate"]
+__all__ = ["CHANNEL", "MIGRATIONS", "PostgresStore", "check_schema", "check_schema_name", "migrate"]

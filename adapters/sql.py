@@ -460,13 +460,15 @@ class SqlBackend(Backend):
             p.WaitRegistration(p.WaitKey(r[0], r[1], r[2]), r[3], codec.decode_wait_spec(r[4])) for r in rows
         ]
 
-    def due_registrations(self, now: datetime, limit: int) -> list[p.WaitKey]:
+    def due_registrations(self, now: datetime, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
+        scope = business_id if business_id is not None else self.business_id
+        if scope is not None and self.business_id is not None and scope != self.business_id:
+            return []
         rows = self._execute(
-            "SELECT r.execution_id, r.node_id, r.attempt_id FROM wait_registrations r "
-            "JOIN objects o ON o.object_id = r.execution_id "
-            "WHERE r.woken_by IS NULL AND r.wake_at IS NOT NULL AND r.wake_at <= ? "
-            "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) ORDER BY r.wake_at, r.execution_id LIMIT ?",
-            (self.dialect.encode_time(now), self.business_id, self.business_id, limit),
+            "SELECT execution_id, node_id, attempt_id FROM wait_registrations "
+            "WHERE woken_by IS NULL AND wake_at IS NOT NULL AND wake_at <= ? "
+            "AND (CAST(? AS TEXT) IS NULL OR business_id = ?) ORDER BY wake_at, execution_id LIMIT ?",
+            (self.dialect.encode_time(now), scope, scope, limit),
         ).fetchall()
         return [p.WaitKey(r[0], r[1], r[2]) for r in rows]
 

@@ -315,6 +315,16 @@ def _open(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def check_database(conn: sqlite3.Connection, path: Path) -> int:
+    """The checks opening a store makes, without migrating or writing: its schema version (0 when empty).
+
+    Raises StoreError (``not_a_database``, ``schema_too_new``, ``schema_altered``)
+    naming ``path``; ``fencekeeper check`` reports with it.
+    """
+    _check_readable(conn, path)
+    return _check_schema(conn, path)
+
+
 def _check_readable(conn: sqlite3.Connection, path: Path) -> None:
     # Reading the schema touches every page header SQLite needs; a file that is
     # not a database or is damaged fails here, before anything is written.

@@ -188,7 +188,7 @@ class Store(Protocol):
 
     def decide_approval(self, decision: approvals.ApprovalDecision) -> approvals.DecideOutcome | p.Decision: ...
 
-    def due_wakes(self, limit: int = 100) -> list[p.WaitKey]: ...
+    def due_wakes(self, limit: int = 100, *, business_id: str | None = None) -> list[p.WaitKey]: ...
 
     def fire_timer(self, key: p.WaitKey, authority: p.Authority) -> p.Outcome: ...
 
@@ -288,8 +288,8 @@ class Backend(abc.ABC):
         """Unwoken registrations waiting on this Business and Event Type."""
 
     @abc.abstractmethod
-    def due_registrations(self, now: datetime, limit: int) -> list[p.WaitKey]:
-        """Unwoken registrations whose one-time UTC wake is due, earliest first."""
+    def due_registrations(self, now: datetime, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
+        """Unwoken registrations whose one-time UTC wake is due, earliest first, of ``business_id`` if given."""
 
 
 class _GuardFailed(Exception):
@@ -651,11 +651,11 @@ class TransactionalStore(abc.ABC):
 
         return self._run(decide)  # type: ignore[return-value]
 
-    def due_wakes(self, limit: int = 100) -> list[p.WaitKey]:
-        """Registrations whose one-time UTC wake is due now, earliest first."""
+    def due_wakes(self, limit: int = 100, *, business_id: str | None = None) -> list[p.WaitKey]:
+        """Registrations whose one-time UTC wake is due now, earliest first (of one Business, when given)."""
 
         def decide(tx: Backend, now: datetime) -> _Written:
-            return _Written(tx.due_registrations(now, limit))
+            return _Written(tx.due_registrations(now, limit, business_id))
 
         result = self._run(decide)
         assert isinstance(result, list)

@@ -75,7 +75,7 @@ class Worker:
             self.on_event(execution_id, what, detail)
 
     def fire_due_timers(self, report: PassReport) -> None:
-        for key in self.store.due_wakes():
+        for key in self.store.due_wakes(business_id=self.business_id):
             authority = self.policy.check(SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
             outcome = self.store.fire_timer(key, authority)
             if isinstance(outcome, p.Decision):

@@ -9,6 +9,7 @@ import pytest
 from fencekeeper.adapters import service
 from fencekeeper.adapters.ports import WORKFLOW_DISPATCH, reject
 from fencekeeper.adapters.store import Backend, _Written, definition_object_id
+from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import from_json, parse_definition, to_json
@@ -294,3 +295,19 @@ def test_definitions_of_another_business_do_not_exist(world: World) -> None:
         assert exc.code == "definition_not_found"
     else:
         raise AssertionError("ran another business's definition")
+
+
+def test_a_worker_scoped_to_a_business_fires_only_that_business_timers(world: World) -> None:
+    world.policy.grant(RUNNER, "globex")
+    for business in (BUSINESS, "globex"):
+        service.register(world.store, example("payment_with_timeout"), business, RUNNER, world.policy)
+        service.run(world.store, world.policy, business_id=business, principal_id=RUNNER,
+                    definition_id="payment-with-timeout", input={"order_id": "o-1", "amount": 1},
+                    execution_id=f"x-{business}")
+    Worker(world.store, "w-all", world.policy, world.handler).run_pass()
+    world.clock.advance(timedelta(hours=2))
+    assert world.store.due_wakes(business_id="globex") == [world.view("x-globex").execution.wait]
+    scoped = Worker(world.store, "w-acme", world.policy, world.handler, business_id=BUSINESS).run_pass()
+    assert scoped.timers_fired == 1 and scoped.refused == []
+    assert world.view("x-acme").execution.state == ExecutionState.FAILED  # timed out and cancelled the order
+    assert world.view("x-globex").execution.state == ExecutionState.WAITING  # not this worker's Business

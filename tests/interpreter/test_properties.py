@@ -206,12 +206,20 @@ def _run_scenario(scenario: Scenario, data: st.DataObject, store: TransactionalS
 
 
 def _open_event_waits(store: TransactionalStore) -> list[p.WaitRegistration]:
-    return [
-        r
-        for e in store.execution_ids()
-        for r in (store.read(e).registrations or ())  # type: ignore[union-attr]
-        if r.woken_by is None and r.spec.event_type and r.spec.event_type != i.APPROVAL_EVENT_TYPE
-    ]
+    """Registrations an Event could wake now: unwoken, of an execution still waiting on them.
+
+    (A cancelled waiter's registration stays unwoken in history; it can never be woken.)
+    """
+    found = []
+    for execution_id in store.execution_ids(ExecutionState.WAITING):
+        view = store.read(execution_id)
+        assert view is not None
+        found += [
+            r
+            for r in view.registrations
+            if r.key == view.execution.wait and r.spec.event_type and r.spec.event_type != i.APPROVAL_EVENT_TYPE
+        ]
+    return found
 
 
 def _apply(action: tuple[Any, ...], store: TransactionalStore, worker: Worker, clock: ManualClock) -> None:
