@@ -5,9 +5,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 # The editable install is a link tree (editable_mode=strict, so mypy sees
-# fencekeeper.kernel exactly as installed); a new or removed module needs a
-# reinstall, so the stamp depends on the list of package files.
-PACKAGE_FILES := $(shell find kernel adapters -name '*.py' -o -name py.typed | sort)
+# fencekeeper.kernel exactly as installed); a new or removed module or data
+# file (adapters/workflows/*.toml) needs a reinstall, so the stamp depends on
+# the list of package files.
+PACKAGE_FILES := $(shell find kernel adapters -name '*.py' -o -name py.typed -o -name '*.toml' | sort)
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test contracts bench bench-pg specs clean

@@ -2,36 +2,106 @@
 
 Rules of this module:
 
-- It translates: arguments in, kernel calls, text out.  It decides nothing
-  the kernel or a store should decide.
-- Every error is one clear line on stderr naming the file or argument, and a
-  non-zero exit; a traceback appears only with ``--debug``.
-- Exit codes: 0 success, 1 a check found a problem (an invalid spec file),
-  2 bad usage or input.
+- It translates: arguments in, store and service calls, text out.  It
+  decides nothing the kernel or a store decides; every "refused" it prints is
+  a kernel refusal, with the kernel's code.
+- Input is checked before anything is opened or written: a definition file
+  that is missing or malformed, invalid JSON in ``--input``,
+  ``--correlation`` or ``--payload``, an ``--id`` that is no identifier, a
+  ``--db`` that does not parse or does not answer, an execution id that does
+  not exist.  Each is one error line naming the argument, and the store is
+  left exactly as it was.
+- Only ``run``, ``migrate`` and ``demo`` create a SQLite file; every other
+  command refuses a ``--db`` path that does not exist.  No command migrates
+  PostgreSQL except ``migrate`` (and ``demo``, which says so).
+- Every error is one line on stderr, ``fencekeeper: error: ...``; a traceback
+  appears only with ``--debug``.
+- Data goes to stdout and nothing else does; with ``--json`` stdout is one
+  JSON document.  Notes and live progress go to stderr.  On a terminal the
+  output is rich (tables, colour); in a pipe it is plain text
+  (``adapters/render.py``).
+
+Exit codes:
+
+- 0: success (including an idempotent repeat: a decision or event already
+  recorded changes nothing and is not an error);
+- 1: a check found a problem (``check``, ``check-spec``, ``modelcheck``), or
+  the kernel refused the request (the refusal code is printed), or the store
+  is reachable but its schema blocks (missing, outdated, newer, altered), or
+  an internal error (a bug: ``--debug`` shows its traceback);
+- 2: bad usage or input (an unknown option, a missing file, invalid JSON, an
+  unknown execution id, a ``--db`` that cannot be opened).
+
+Stopping a worker: SIGINT or SIGTERM lets each worker thread finish the node
+visit it is in (its Command may already have been sent; the visit's result
+must be committed), then release its lease (``running -> eligible``) so that
+another worker continues at once.  A worker holds no lease between visits it
+does not finish.  A second signal exits at once: a lease still held then,
+like the lease of a worker that was killed, simply expires, and
+``fencekeeper reconcile --quarantine`` finds it.
+
+Authority: the command line is the local operator's tool.  It answers every
+authority question with ``examples.grants(BUSINESS, PRINCIPAL)``: the
+principal named by ``--as`` (default ``user:operator``) holds every operation
+in the business named by ``--business`` (default ``default``), and the timer
+may dispatch there.  The kernel's own rules still apply on top: a reviewer
+outside an approval request's reviewer scope, or the requester deciding their
+own request, is refused whatever the grants say.  Deployments plug their own
+:class:`~fencekeeper.adapters.ports.AuthorityPolicy` into the Python API
+(``fencekeeper.adapters.service``, ``fencekeeper.adapters.worker``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import json
+import os
+import secrets
+import signal
+import socket
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import attrs
+from rich.live import Live
+from rich.text import Text
 
-from fencekeeper.kernel import modelcheck
+from fencekeeper.kernel import approvals, modelcheck
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import IDENTIFIER, Definition, DefinitionError, parse_definition
 from fencekeeper.kernel.errors import KernelError
-from fencekeeper.kernel.machines import MACHINES
+from fencekeeper.kernel.events import Event, EventError
+from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import demo, postgres_store, sqlite_store
-from .diagrams import machines_markdown, render_diagram
-from .store import StoreError
+from . import connect, demo, examples, render, service
+from .ports import CommandHandler
+from .render import Output, state, text
+from .service import OperationError
+from .store import ExecutionView, StoreError, TransactionalStore
+from .worker import PassReport, Worker
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
+
+DEFAULT_BUSINESS = "default"
+DEFAULT_PRINCIPAL = "user:operator"
+
+# StoreError codes that mean --db itself is wrong (usage), not that a reachable store blocks.
+_USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
+# OperationError codes that mean the input was wrong, not that a request was refused.
+_USAGE_OPERATION_CODES = frozenset({"execution_not_found", "definition_not_found", "invalid_input", "invalid_event"})
 
 
 class CliError(Exception):
@@ -42,28 +112,157 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+# --- arguments ------------------------------------------------------------------------------
+
+
 def _parser() -> argparse.ArgumentParser:
+    # --debug is accepted before or after the command name; --json after it, on commands that print data.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    data = argparse.ArgumentParser(add_help=False)
+    data.add_argument("--json", action="store_true", help="machine-readable output: one JSON document on stdout")
+
     parser = argparse.ArgumentParser(
         prog="fencekeeper",
         description="A formally specified kernel for durable workflow execution.",
+        epilog="Exit codes: 0 success, 1 a check found a problem or the kernel refused, 2 bad usage or input.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("demo", help="walk through the machines and the fencing protocol")
+    def command(name: str, help: str, *, prints_data: bool = False, **kwargs: Any) -> argparse.ArgumentParser:
+        parents = [common, data] if prints_data else [common]
+        return sub.add_parser(name, help=help, parents=parents, **kwargs)
 
-    diagram = sub.add_parser("diagram", help="render a machine's diagram from its spec")
+    demo = command(
+        "demo",
+        "a real scenario: two workers, an expired lease fenced out, a recovery, approvals",
+        description="Plays a real scenario through the kernel, a store, workers and the service functions. "
+        "Without --db it uses a fresh SQLite file in a temporary directory and keeps it, so the printed "
+        "inspect command works afterwards. With a PostgreSQL --db it migrates the schema first.",
+    )
+    _db_option(demo, required=False)
+
+    run = command("run", "register a definition file and admit an execution of it; prints its id", prints_data=True)
+    run.add_argument("definition", type=Path, metavar="DEFINITION.toml")
+    _db_option(run)
+    run.add_argument("--input", metavar="JSON", help="the execution's input, a JSON object (default: {})")
+    _who_options(run)
+    run.add_argument("--id", metavar="EXECUTION_ID", help="the execution's id (default: a fresh x-... id)")
+
+    worker = command(
+        "worker",
+        "run dispatcher passes until stopped (or until idle)",
+        prints_data=True,
+        description="Runs N workers in threads, each with its own worker id, claiming eligible executions "
+        "of --business and interpreting them under their leases. Commands go to the example handler "
+        "(fencekeeper.adapters.examples.handler) unless --handler names another. SIGINT or SIGTERM stops "
+        "each worker after its current node visit and releases what it holds; a second signal exits at once, "
+        "and a lease still held then expires, for `reconcile --quarantine` to find.",
+    )
+    _db_option(worker)
+    worker.add_argument("--concurrency", type=_positive, default=1, metavar="N", help="workers (threads; default 1)")
+    worker.add_argument("--lease", type=_seconds, default=30.0, metavar="SECONDS", help="lease length (default 30)")
+    worker.add_argument("--until-idle", action="store_true", help="stop when a pass finds nothing to do")
+    worker.add_argument("--poll", type=_seconds, default=1.0, metavar="SECONDS", help="idle poll interval (default 1)")
+    worker.add_argument(
+        "--business", default=DEFAULT_BUSINESS, help=f"the business served (default: {DEFAULT_BUSINESS})"
+    )
+    worker.add_argument(
+        "--as",
+        dest="principals",
+        action="append",
+        metavar="PRINCIPAL",
+        help=f"a workflow principal the worker may act for; repeatable (default: {DEFAULT_PRINCIPAL})",
+    )
+    worker.add_argument(
+        "--handler", metavar="MODULE:FACTORY", help="a CommandHandler factory (default: the example handler)"
+    )
+    worker.add_argument(
+        "--id", dest="worker_prefix", metavar="PREFIX", help="worker ids are PREFIX-1..N (default: host-pid)"
+    )
+    worker.add_argument("-v", "--verbose", action="store_true", help="print every visit on stderr")
+
+    inspect = command("inspect", "an execution's whole timeline", prints_data=True)
+    inspect.add_argument("execution_id", metavar="EXECUTION_ID")
+    _db_option(inspect)
+
+    listing = command("list", "executions, with their state and node", prints_data=True)
+    _db_option(listing)
+    listing.add_argument("--state", choices=[s.value for s in ExecutionState], metavar="STATE")
+    listing.add_argument("--business", help="only this business")
+
+    event = command("event", "publish an Event; prints which executions it woke", prints_data=True)
+    _db_option(event)
+    event.add_argument("event_type", metavar="TYPE")
+    event.add_argument(
+        "--correlation", required=True, metavar="JSON", help='exact correlation values, e.g. {"order_id": "o-7"}'
+    )
+    event.add_argument("--payload", metavar="JSON", help="the Event's payload, a JSON object")
+    event.add_argument(
+        "--id", metavar="EVENT_ID", help="the Event's identity (republishing the same Event is idempotent)"
+    )
+    _who_options(event)
+
+    decide = command("decide", "approve or reject an execution's pending approval request", prints_data=True)
+    _db_option(decide)
+    decide.add_argument("execution_id", metavar="EXECUTION_ID")
+    verdict = decide.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--approve", action="store_const", dest="determination", const="approved")
+    verdict.add_argument("--reject", action="store_const", dest="determination", const="rejected")
+    decide.add_argument("--as", dest="principal", required=True, metavar="REVIEWER", help="the reviewer deciding")
+    decide.add_argument("--business", default=DEFAULT_BUSINESS, help=f"default: {DEFAULT_BUSINESS}")
+    decide.add_argument("--id", metavar="DECISION_ID", help="the decision's identity (repeat it to retry idempotently)")
+    decide.add_argument("--rationale", default="", metavar="TEXT")
+
+    cancel = command("cancel", "cancel an eligible or waiting execution", prints_data=True)
+    _db_option(cancel)
+    cancel.add_argument("execution_id", metavar="EXECUTION_ID")
+    _who_options(cancel)
+
+    reconcile = command(
+        "reconcile",
+        "quarantine expired executions; settle one in reconciliation_required",
+        prints_data=True,
+        description="--quarantine moves every running execution whose lease has expired to "
+        "reconciliation_required. With EXECUTION_ID, settles that execution by evidence: an unsettled "
+        "Command is asked about through the handler's reconcile (never re-executed) and the execution "
+        "resumes at the continuation the answer selects; without a Command it resumes safely at its "
+        "node; with --fail it fails.",
+    )
+    _db_option(reconcile)
+    reconcile.add_argument("execution_id", nargs="?", metavar="EXECUTION_ID")
+    reconcile.add_argument("--quarantine", action="store_true", help="quarantine every expired execution first")
+    reconcile.add_argument("--fail", action="store_true", help="fail the execution instead of resuming it")
+    reconcile.add_argument(
+        "--handler", metavar="MODULE:FACTORY", help="a CommandHandler factory (default: the example handler)"
+    )
+    _who_options(reconcile)
+
+    mig = command("migrate", "create or upgrade a store's schema (forward-only, numbered migrations)", prints_data=True)
+    _db_option(mig)
+
+    check = command(
+        "check",
+        "the deployment check: schema version, migrations, registered definitions",
+        prints_data=True,
+        description="Reads, never writes. Exits 1 when anything blocks running: no database, a schema "
+        "that is missing, outdated (PostgreSQL), newer than this fencekeeper, altered or corrupt.",
+    )
+    _db_option(check)
+
+    diagram = command("diagram", "render a machine's diagram from its spec")
     diagram.add_argument("machine", choices=sorted(MACHINES), metavar="MACHINE", help=", ".join(MACHINES))
     diagram.add_argument("--format", choices=("mermaid", "dot"), default="mermaid")
 
-    sub.add_parser("docs", help="print docs/machines.md as generated from the kernel's tables")
+    command("docs", "print docs/machines.md as generated from the kernel's tables")
 
-    export = sub.add_parser("export-specs", help="write specs/machines/*.toml from the kernel's tables")
+    export = command("export-specs", "write specs/machines/*.toml from the kernel's tables")
     export.add_argument("directory", type=Path)
 
-    mc = sub.add_parser(
+    mc = command(
         "modelcheck",
-        help="explore every interleaving of the lease protocol and check every invariant",
+        "explore every interleaving of the lease protocol and check every invariant",
         description="Without options, runs the standard configurations of specs/protocol.md.",
     )
     mc.add_argument("--workers", type=_positive, metavar="N")
@@ -72,13 +271,26 @@ def _parser() -> argparse.ArgumentParser:
     mc.add_argument("--ticks", type=_positive, metavar="N", help="the last clock tick (leases last 2)")
     mc.add_argument("--depth", type=_positive, metavar="N", help="cut the search at this many moves")
 
-    mig = sub.add_parser("migrate", help="create or upgrade a store's schema (forward-only, numbered migrations)")
-    mig.add_argument("--db", required=True, metavar="URL", help="a SQLite file path, or a postgresql:// DSN")
-    mig.add_argument("--schema", default="fencekeeper", help="PostgreSQL schema (default: fencekeeper)")
-
-    check = sub.add_parser("check-spec", help="validate machine spec TOML files")
-    check.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    spec = command("check-spec", "validate machine spec TOML files")
+    spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
     return parser
+
+
+def _db_option(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument(
+        "--db",
+        required=required,
+        metavar="URL",
+        help="a SQLite file (path or sqlite:///path) or a postgresql:// DSN (optionally ?schema=NAME)",
+    )
+    parser.add_argument("--schema", metavar="NAME", help="PostgreSQL schema (default: fencekeeper)")
+
+
+def _who_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--business", default=DEFAULT_BUSINESS, help=f"default: {DEFAULT_BUSINESS}")
+    parser.add_argument(
+        "--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="PRINCIPAL", help=f"default: {DEFAULT_PRINCIPAL}"
+    )
 
 
 def _positive(text: str) -> int:
@@ -91,39 +303,837 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 86_400 * 366:
+        raise argparse.ArgumentTypeError(f"must be positive and under a year, got {text}")
+    return value
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except (CliError, KernelError) as exc:
+    except (CliError, KernelError, StoreError, OperationError) as exc:
         if args.debug:
             raise
-        code = exc.exit_code if isinstance(exc, CliError) else EXIT_PROBLEM
-        print(f"fencekeeper: error: {exc}", file=sys.stderr)
-        return code
+        print(f"fencekeeper: error: {_message(exc)}", file=sys.stderr)
+        return _exit_code(exc)
+    except KeyboardInterrupt:
+        # Ctrl-C outside a worker (which handles it itself): what was committed stays committed.
+        print("fencekeeper: error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`fencekeeper list | head -1`); that is not an error.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as exc:
+        # A bug, not bad input: still one line, with the way to the traceback.
+        if args.debug:
+            raise
+        detail = " ".join(str(exc).split())
+        print(
+            f"fencekeeper: error: internal error: {type(exc).__name__}: {detail} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEM
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, StoreError):
+        return f"{exc.message} [{exc.code}]"
+    if isinstance(exc, OperationError):
+        return f"{exc.message} [{exc.code}]"
+    return " ".join(str(exc).split())
+
+
+def _exit_code(exc: Exception) -> int:
+    if isinstance(exc, CliError):
+        return exc.exit_code
+    if isinstance(exc, StoreError):
+        return EXIT_USAGE if exc.code in _USAGE_STORE_CODES else EXIT_PROBLEM
+    if isinstance(exc, OperationError):
+        return EXIT_USAGE if exc.code in _USAGE_OPERATION_CODES else EXIT_PROBLEM
+    return EXIT_PROBLEM
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.command == "demo":
-        demo.run(sys.stdout)
-    elif args.command == "diagram":
-        sys.stdout.write(render_diagram(MACHINES[args.machine].spec, args.format))
-    elif args.command == "docs":
-        sys.stdout.write(machines_markdown())
-    elif args.command == "export-specs":
-        _export_specs(args.directory)
-    elif args.command == "modelcheck":
-        return _modelcheck(args)
-    elif args.command == "migrate":
-        _migrate(args.db, args.schema)
-    elif args.command == "check-spec":
-        for path in args.files:
-            spec = parse_machine_spec(_read(path), str(path))
-            print(f"{path}: ok ({spec.name}: {len(spec.states)} states, {len(spec.transitions)} transitions)")
+    out = Output(json_mode=getattr(args, "json", False))
+    handlers: dict[str, Callable[[argparse.Namespace, Output], int | None]] = {
+        "demo": _demo,
+        "run": _run_definition,
+        "worker": _worker,
+        "inspect": _inspect,
+        "list": _list,
+        "event": _event,
+        "decide": _decide,
+        "cancel": _cancel,
+        "reconcile": _reconcile,
+        "migrate": _migrate,
+        "check": _check,
+        "diagram": _diagram,
+        "docs": _docs,
+        "export-specs": _export_specs,
+        "modelcheck": _modelcheck,
+        "check-spec": _check_spec,
+    }
+    return handlers[args.command](args, out) or EXIT_OK
+
+
+@contextlib.contextmanager
+def _store(args: argparse.Namespace, *, create: bool = False, pool_size: int = 4) -> Iterator[TransactionalStore]:
+    store = connect.open_store(args.db, schema=args.schema, create=create, pool_size=pool_size)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _refused(outcome: p.Refusal | p.Unchanged, what: str) -> CliError:
+    code = EXIT_USAGE if outcome.code == p.RefusalCode.INVALID_REQUEST else EXIT_PROBLEM
+    return CliError(f"{what} refused [{outcome.code.value}]: {outcome.message}", code)
+
+
+def _json_object(option: str, value: str | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{option}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(parsed, dict):
+        raise CliError(f"{option}: must be a JSON object, not {type(parsed).__name__}")
+    return parsed
+
+
+def _identifier(option: str, value: str | None) -> None:
+    if value is not None and not IDENTIFIER.fullmatch(value):
+        raise CliError(
+            f"{option}: malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -, not starting with a symbol)"
+        )
+
+
+def _read_view(store: TransactionalStore, execution_id: str, db: str) -> ExecutionView:
+    _identifier("EXECUTION_ID", execution_id)
+    view = store.read(execution_id)
+    if view is None:
+        raise CliError(f"EXECUTION_ID: no execution {execution_id!r} in {db}")
+    return view
+
+
+def _handler_factory(spec: str | None) -> Callable[[], CommandHandler]:
+    """``module:factory``; the current directory is on the import path, as with ``python -m``."""
+    if spec is None:
+        return examples.handler
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise CliError(f"--handler: {spec!r}: write MODULE:FACTORY, e.g. mycompany.handlers:make_handler")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise CliError(f"--handler: cannot import {module_name!r}: {exc}") from None
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise CliError(f"--handler: {module_name!r} has no callable {attribute!r}")
+
+    def make() -> CommandHandler:
+        handler = factory()
+        if not callable(getattr(handler, "execute", None)) or not callable(getattr(handler, "reconcile", None)):
+            raise CliError(f"--handler: {spec} returned {type(handler).__name__}, which has no execute and reconcile")
+        return handler  # type: ignore[no-any-return]
+
+    return make
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace, out: Output) -> int:
+    return demo.run(out, db=args.db, schema=args.schema)
+
+
+# --- run ------------------------------------------------------------------------------------
+
+
+def _load_definition(path: Path) -> Definition:
+    try:
+        return parse_definition(_read(path), str(path))
+    except DefinitionError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _run_definition(args: argparse.Namespace, out: Output) -> int:
+    definition = _load_definition(args.definition)
+    inputs = _json_object("--input", args.input)
+    _identifier("--id", args.id)
+    _identifier("--business", args.business)
+    _identifier("--as", args.principal)
+    try:
+        # The admission record is pure: checking it first means bad input writes nothing.
+        i.input_evidence(args.id or "x-check", definition, args.principal, inputs)
+    except i.InputError as exc:
+        raise CliError(f"--input: {exc}") from None
+    policy = examples.grants(args.business, args.principal)
+    with _store(args, create=True) as store:
+        if args.id is not None and store.read(args.id) is not None:
+            raise CliError(f"--id: execution {args.id!r} already exists", EXIT_PROBLEM)
+        try:
+            registered = service.register(store, definition, args.business, args.principal, policy)
+        except DefinitionError as exc:
+            raise CliError(f"{args.definition}: {exc}", EXIT_PROBLEM) from None
+        outcome = service.run(
+            store,
+            policy,
+            business_id=args.business,
+            principal_id=args.principal,
+            definition_id=definition.definition_id,
+            input=inputs,
+            revision=definition.revision,
+            execution_id=args.id,
+        )
+    if not isinstance(outcome, p.Decision) or outcome.execution is None:
+        raise _refused(outcome, "admission")  # type: ignore[arg-type]
+    execution = outcome.execution
+    if out.json_mode:
+        out.data(
+            {
+                "execution_id": execution.execution_id,
+                "business_id": execution.business_id,
+                "definition_id": execution.definition_id,
+                "definition_revision": execution.definition_revision,
+                "definition_registered": registered,
+                "state": execution.state,
+                "current_node_id": execution.current_node_id,
+            }
+        )
+        return EXIT_OK
+    out.line(execution.execution_id)
+    out.note(
+        f"{definition.definition_id} revision {definition.revision} ",
+        "registered" if registered else "already registered",
+        f"; {execution.execution_id} admitted: ",
+        state(execution.state),
+        f" at {execution.current_node_id}",
+    )
     return EXIT_OK
 
 
-def _modelcheck(args: argparse.Namespace) -> int:
+# --- worker ---------------------------------------------------------------------------------
+
+
+@attrs.define
+class _Tally:
+    """What every worker thread did so far, summed under a lock."""
+
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    claimed: int = 0
+    steps: int = 0
+    timers_fired: int = 0
+    finished: Counter[str] = attrs.field(factory=Counter)
+    refused: list[dict[str, str]] = attrs.field(factory=list)
+    released: list[str] = attrs.field(factory=list)
+    errors: list[str] = attrs.field(factory=list)
+    in_flight: dict[str, str] = attrs.field(factory=dict)
+
+    def add(self, report: PassReport) -> None:
+        with self.lock:
+            self.claimed += len(report.claimed)
+            self.steps += report.steps
+            self.timers_fired += report.timers_fired
+            self.finished.update(report.finished)
+            self.refused.extend(
+                {"execution_id": r.execution_id, "code": r.code, "message": r.message} for r in report.refused
+            )
+
+    def line(self) -> Text:
+        with self.lock:
+            parts: list[str | Text | tuple[str, str]] = [
+                f"claimed {self.claimed}  steps {self.steps}  timers {self.timers_fired}  "
+            ]
+            for name, count in sorted(self.finished.items()):
+                parts += [state(name), f" {count}  "]
+            parts.append((f"refused {len(self.refused)}", render.REFUSED_STYLE if self.refused else ""))
+            if self.in_flight:
+                parts.append("  running: " + ", ".join(f"{x} ({w})" for x, w in sorted(self.in_flight.items())))
+        return text(*parts)
+
+
+class _Stop:
+    """Set by SIGINT/SIGTERM; wakes idle workers at once."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.work = threading.Condition()
+
+    def set(self) -> None:
+        self.event.set()
+        self.poke()
+
+    def poke(self) -> None:
+        with self.work:
+            self.work.notify_all()
+
+    def idle(self, seconds: float) -> None:
+        with self.work:
+            if not self.event.is_set():
+                self.work.wait(timeout=seconds)
+
+
+def _worker(args: argparse.Namespace, out: Output) -> int:
+    principals = args.principals or [DEFAULT_PRINCIPAL]
+    for principal in principals:
+        _identifier("--as", principal)
+    _identifier("--business", args.business)
+    prefix = args.worker_prefix or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    _identifier("--id", f"{prefix}-{args.concurrency}")
+    make_handler = _handler_factory(args.handler)
+    handlers = [make_handler() for _ in range(args.concurrency)]
+    policy = examples.grants(args.business, *principals)
+    lease = timedelta(seconds=args.lease)
+    tally = _Tally()
+    stop = _Stop()
+    stopped_by = ["idle" if args.until_idle else "signal"]
+    live_console = out.err if out.err.is_terminal else None
+
+    with _store(args, pool_size=args.concurrency + 1) as store:
+
+        def say(*parts: str | Text | tuple[str, str]) -> None:
+            if args.verbose or live_console is not None:
+                out.note(*parts)
+
+        def make_worker(number: int, handler: CommandHandler) -> Worker:
+            worker_id = f"{prefix}-{number}"
+            tokens: dict[str, str] = {}
+
+            def make_token() -> str:
+                tokens["last"] = secrets.token_hex(16)
+                return tokens["last"]
+
+            def on_event(execution_id: str, what: str, detail: str) -> None:
+                with tally.lock:
+                    if what == "claimed":
+                        tally.in_flight[execution_id] = worker_id
+                    elif what not in ("step", "command", "renew"):
+                        tally.in_flight.pop(execution_id, None)
+                if args.verbose:
+                    style = render.REFUSED_STYLE if what == "refused" else render.STATE_STYLES.get(what, "")
+                    out.note(f"{worker_id}  {execution_id}  ", (what, style), f"  {detail}")
+                if what in ("claimed", "step") and stop.event.is_set():
+                    # The clean shutdown: the visit that just committed was the last; the lease is
+                    # handed back so that another worker continues at once instead of after expiry.
+                    _release(
+                        store,
+                        worker_id=worker_id,
+                        lease_token=tokens.get("last"),
+                        execution_id=execution_id,
+                        tally=tally,
+                        say=say,
+                    )
+
+            return Worker(
+                store,
+                worker_id,
+                policy,
+                handler,
+                lease=lease,
+                business_id=args.business,
+                make_token=make_token,
+                on_event=on_event,
+            )
+
+        workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=1)]
+
+        def loop(worker: Worker) -> None:
+            failures = 0
+            while not stop.event.is_set():
+                try:
+                    report = worker.run_pass(max_claims=1)
+                except StoreError as exc:
+                    if exc.code != "store_unavailable" or failures >= 5:
+                        with tally.lock:
+                            tally.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
+                        stop.set()
+                        return
+                    failures += 1  # a lost connection: the pool replaces it; try again shortly
+                    stop.idle(min(2.0**failures / 10, 5.0))
+                    continue
+                except Exception as exc:
+                    with tally.lock:
+                        tally.errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+                    stop.set()
+                    if args.debug:
+                        raise
+                    return
+                failures = 0
+                tally.add(report)
+                if report.claimed or report.timers_fired:
+                    continue
+                if args.until_idle:
+                    return
+                stop.idle(args.poll)
+
+        wait_for_work = getattr(store, "wait_for_work", None)
+
+        def listen() -> None:
+            # PostgreSQL: NOTIFY wakes idle workers when work is committed, not on their next poll.
+            while not stop.event.is_set():
+                try:
+                    if wait_for_work is not None and wait_for_work(args.poll):
+                        stop.poke()
+                except Exception:
+                    stop.idle(args.poll)
+
+        threads = [threading.Thread(target=loop, args=(w,), name=w.worker_id, daemon=True) for w in workers]
+        if wait_for_work is not None and not args.until_idle:
+            threads.append(threading.Thread(target=listen, name="listen", daemon=True))
+
+        signals = 0
+
+        def on_signal(number: int, frame: FrameType | None) -> None:
+            nonlocal signals
+            signals += 1
+            stopped_by[0] = signal.Signals(number).name
+            if signals > 1:
+                # A second signal: leave now; leases still held simply expire and quarantine finds them.
+                os._exit(130)
+            out.note("stopping after the current visit; send the signal again to quit at once")
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            _watch(threads, tally, live_console)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            stop.set()
+    summary: dict[str, Any] = {
+        "workers": [w.worker_id for w in workers],
+        "stopped_by": stopped_by[0],
+        "claimed": tally.claimed,
+        "steps": tally.steps,
+        "timers_fired": tally.timers_fired,
+        "finished": dict(sorted(tally.finished.items())),
+        "refused": tally.refused,
+        "released": tally.released,
+        "errors": tally.errors,
+    }
+    if out.json_mode:
+        out.data(summary)
+    else:
+        rows = [
+            ("workers", ", ".join(summary["workers"])),
+            ("stopped by", stopped_by[0]),
+            ("claimed", str(tally.claimed)),
+            ("steps", str(tally.steps)),
+            ("timers fired", str(tally.timers_fired)),
+            *[(f"finished {name}", str(count)) for name, count in sorted(tally.finished.items())],
+            ("refused", str(len(tally.refused))),
+            *[("  " + r["execution_id"], f"{r['code']}: {r['message']}") for r in tally.refused],
+            *[("released", x) for x in tally.released],
+        ]
+        out.table(("worker", "summary"), rows)
+    if tally.errors:
+        raise CliError("; ".join(tally.errors), EXIT_PROBLEM)
+    return EXIT_OK
+
+
+def _watch(threads: list[threading.Thread], tally: _Tally, console: Any) -> None:
+    for thread in threads:
+        thread.start()
+    workers = [t for t in threads if t.name != "listen"]
+    if console is None:
+        while any(t.is_alive() for t in workers):
+            for t in workers:
+                t.join(0.2)
+        return
+    with Live(tally.line(), console=console, refresh_per_second=4, transient=False) as live:
+        while any(t.is_alive() for t in workers):
+            time.sleep(0.25)
+            live.update(tally.line())
+        live.update(tally.line())
+
+
+def _release(
+    store: TransactionalStore,
+    *,
+    worker_id: str,
+    lease_token: str | None,
+    execution_id: str,
+    tally: _Tally,
+    say: Callable[..., None],
+) -> None:
+    view = store.read(execution_id)
+    if view is None or lease_token is None:
+        return
+    credential = p.LeaseCredential(worker_id, lease_token, view.execution.fence)
+    outcome = store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))
+    if isinstance(outcome, p.Decision):
+        with tally.lock:
+            tally.released.append(execution_id)
+            tally.in_flight.pop(execution_id, None)
+        say(f"{worker_id}  {execution_id}  released: running -> eligible, for another worker to continue")
+    else:
+        say(f"{worker_id}  {execution_id}  release refused [{outcome.code.value}]: {outcome.message}")
+
+
+# --- inspect and list -----------------------------------------------------------------------
+
+
+def _inspect(args: argparse.Namespace, out: Output) -> int:
+    with _store(args) as store:
+        view = _read_view(store, args.execution_id, args.db)
+        expired = args.execution_id in store.expired()
+    if out.json_mode:
+        out.data(
+            {
+                "execution": view.execution,
+                "dispatch": view.dispatch,
+                "lease_expired": expired,
+                "revisions": view.revisions,
+                "history": view.history,
+                "registrations": view.registrations,
+                "recoveries": view.recoveries,
+                "evidence": view.evidence_revisions or view.evidence,
+            }
+        )
+        return EXIT_OK
+    x = view.execution
+    out.line(
+        ("execution ", "bold"),
+        (x.execution_id, "bold"),
+        f"  business {x.business_id}  definition {x.definition_id} revision {x.definition_revision}",
+    )
+    out.line(
+        "state ",
+        state(x.state),
+        f"  revision {x.revision}  node {x.current_node_id or '-'}  steps {x.step_count}  fence {x.fence}",
+    )
+    out.line("")
+    rows = [(r.time, r.revision, r.who, r.token, r.fence, r.what, r.detail) for r in render.timeline(view)]
+    out.table(render.TIMELINE_COLUMNS, rows)
+    out.line("")
+    out.table(("dispatch", ""), render.dispatch_rows(view, expired=expired))
+    return EXIT_OK
+
+
+def _list(args: argparse.Namespace, out: Output) -> int:
+    chosen = ExecutionState(args.state) if args.state else None
+    with _store(args) as store:
+        views = [v for v in (store.read(x) for x in store.execution_ids(chosen)) if v is not None]
+    if args.business is not None:
+        views = [v for v in views if v.execution.business_id == args.business]
+    items: list[dict[str, Any]] = [
+        {
+            "execution_id": v.execution.execution_id,
+            "business_id": v.execution.business_id,
+            "definition_id": v.execution.definition_id,
+            "definition_revision": v.execution.definition_revision,
+            "state": v.execution.state.value,
+            "current_node_id": v.execution.current_node_id,
+            "revision": v.execution.revision,
+            "step_count": v.execution.step_count,
+            "fence": v.execution.fence,
+            "last_error_code": v.dispatch.last_error_code,
+            "updated_at": v.history[-1].at if v.history else None,
+        }
+        for v in views
+    ]
+    if out.json_mode:
+        out.data(items)
+        return EXIT_OK
+    if not items:
+        out.note("no executions" + (f" in state {args.state}" if args.state else ""))
+        return EXIT_OK
+    out.table(
+        ("execution", "business", "definition", "state", "node", "steps", "fence", "last error", "updated (UTC)"),
+        [
+            (
+                item["execution_id"],
+                item["business_id"],
+                f"{item['definition_id']}@{item['definition_revision']}",
+                state(item["state"]),
+                item["current_node_id"] or "-",
+                str(item["step_count"]),
+                str(item["fence"]),
+                item["last_error_code"] or "-",
+                render.when(item["updated_at"]),
+            )
+            for item in items
+        ],
+    )
+    return EXIT_OK
+
+
+# --- event, decide, cancel, reconcile -------------------------------------------------------
+
+
+def _event(args: argparse.Namespace, out: Output) -> int:
+    correlation = _json_object("--correlation", args.correlation)
+    payload = _json_object("--payload", args.payload) if args.payload is not None else None
+    _identifier("--as", args.principal)
+    try:
+        Event.build(args.id or "ev-check", args.business, args.event_type, correlation, payload)
+    except EventError as exc:
+        field = str(exc).split(":", 1)[0].split(".", 1)[0]
+        option = {"correlation": "--correlation", "payload": "--payload", "event_type": "TYPE", "event_id": "--id"}
+        raise CliError(f"{option.get(field, '--' + field)}: {exc}") from None
+    policy = examples.grants(args.business, args.principal)
+    with _store(args) as store:
+        result = service.publish(
+            store,
+            policy,
+            business_id=args.business,
+            principal_id=args.principal,
+            event_type=args.event_type,
+            correlation=correlation,
+            payload=payload,
+            event_id=args.id,
+        )
+    if out.json_mode:
+        out.data({"event_id": result.event_id, "duplicate": result.duplicate, "woken": list(result.woken)})
+        return EXIT_OK
+    if result.duplicate:
+        out.line(f"{result.event_id}: already published (idempotent); nothing changed")
+    elif result.woken:
+        out.line(f"{result.event_id}: woke {', '.join(result.woken)}")
+    else:
+        out.line(f"{result.event_id}: published; no waiter matched")
+    return EXIT_OK
+
+
+def _binding(request: approvals.ApprovalRequest) -> str:
+    b = request.binding
+    targets = ", ".join(f"{t}@{r}" for t, r in b.targets) or "-"
+    policies = ", ".join(f"{t}@{r}" for t, r in b.policies) or "-"
+    return (
+        f"{b.operation} on {targets} under {policies}; reviewers {', '.join(request.reviewers)}"
+        f"{' (distinct from the requester)' if request.distinct_reviewer else ''}; requested by {request.requester_id}"
+    )
+
+
+def _decide(args: argparse.Namespace, out: Output) -> int:
+    _identifier("--as", args.principal)
+    _identifier("--id", args.id)
+    _identifier("--business", args.business)
+    policy = examples.grants(args.business, args.principal)
+    decision_id = args.id or f"d-{secrets.token_hex(6)}"
+    with _store(args) as store:
+        view = _read_view(store, args.execution_id, args.db)
+        request = service.approval_request(store, view.execution.execution_id)
+        if request is None:
+            raise CliError(
+                f"{args.execution_id} has no approval request (it is {view.execution.state.value})", EXIT_PROBLEM
+            )
+        outcome = service.decide(
+            store,
+            policy,
+            business_id=args.business,
+            reviewer_id=args.principal,
+            request=request,
+            determination=args.determination,
+            decision_id=decision_id,
+            rationale=args.rationale,
+        )
+    result: dict[str, Any] = {
+        "request": request.to_json(),
+        "decision_id": decision_id,
+        "reviewer_id": args.principal,
+        "determination": args.determination,
+        **render.outcome_json(outcome),
+    }
+    if isinstance(outcome, p.Decision):
+        result["outcome"] = "accepted"
+    elif isinstance(outcome, p.Unchanged):
+        result["outcome"] = "already_decided"
+    elif isinstance(outcome, approvals.Recorded):
+        result["outcome"] = "recorded_conflicting"
+    if out.json_mode:
+        out.data(result)
+    else:
+        out.line(f"request {request.request_id} (", state(request.state), f"): {_binding(request)}")
+        if isinstance(outcome, p.Decision) and outcome.execution is not None:
+            out.line(
+                ("accepted", "green"),
+                f": {decision_id} {args.determination} by {args.principal}; {outcome.execution.execution_id} woken, ",
+                state(outcome.execution.state),
+                f" at {outcome.execution.current_node_id}",
+            )
+        elif isinstance(outcome, p.Unchanged):
+            out.line(("already decided", "yellow"), f" (idempotent): {outcome.message}; nothing changed")
+        elif isinstance(outcome, approvals.Recorded):
+            out.line(("recorded as conflicting", "yellow"), f": {outcome.message}")
+    if isinstance(outcome, p.Refusal):
+        raise _refused(outcome, "decision")
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace, out: Output) -> int:
+    _identifier("--as", args.principal)
+    policy = examples.grants(args.business, args.principal)
+    with _store(args) as store:
+        view = _read_view(store, args.execution_id, args.db)
+        outcome = service.cancel(
+            store, policy, business_id=args.business, principal_id=args.principal, execution_id=args.execution_id
+        )
+    if not isinstance(outcome, p.Decision) or outcome.execution is None:
+        raise _refused(outcome, "cancellation")  # type: ignore[arg-type]
+    if out.json_mode:
+        out.data({"execution_id": args.execution_id, **render.outcome_json(outcome)})
+    else:
+        out.line(f"{args.execution_id}: ", state(view.execution.state), " -> ", state(outcome.execution.state))
+    return EXIT_OK
+
+
+def _reconcile(args: argparse.Namespace, out: Output) -> int:
+    if args.execution_id is None and not args.quarantine:
+        raise CliError("give EXECUTION_ID, --quarantine, or both")
+    if args.fail and args.execution_id is None:
+        raise CliError("--fail needs an EXECUTION_ID")
+    _identifier("--as", args.principal)
+    make_handler = _handler_factory(args.handler) if args.execution_id is not None else None
+    policy = examples.grants(args.business, args.principal)
+    result: dict[str, Any] = {}
+    refused = False
+    with _store(args) as store:
+        if args.execution_id is not None:
+            _read_view(store, args.execution_id, args.db)
+        if args.quarantine:
+            quarantined = service.quarantine_expired(
+                store, policy, business_id=args.business, principal_id=args.principal
+            )
+            result["quarantined"] = {x: render.outcome_json(o) for x, o in quarantined.items()}
+            if not quarantined:
+                out.line("no expired executions to quarantine")
+            for x, o in quarantined.items():
+                if isinstance(o, p.Decision) and o.execution is not None:
+                    out.line(f"{x}: quarantined, running -> ", state(o.execution.state))
+                elif not isinstance(o, p.Decision):
+                    refused = True
+                    out.line(f"{x}: ", ("refused", render.REFUSED_STYLE), f" [{o.code.value}] {o.message}")
+        if args.execution_id is not None:
+            assert make_handler is not None
+            reconciled = service.reconcile(
+                store,
+                policy,
+                make_handler(),
+                business_id=args.business,
+                principal_id=args.principal,
+                execution_id=args.execution_id,
+                fail=args.fail,
+            )
+            outcome = reconciled.outcome
+            result["reconciled"] = {
+                "execution_id": args.execution_id,
+                "command_id": reconciled.command_id,
+                "result": reconciled.result,
+                **render.outcome_json(outcome),
+            }
+            if reconciled.command_id is not None and reconciled.result is not None:
+                out.line(
+                    f"{reconciled.command_id}: the handler reports ",
+                    state(reconciled.result.status.value),
+                    f" ({reconciled.result.detail})",
+                )
+            if isinstance(outcome, p.Decision) and outcome.execution is not None:
+                record = outcome.evidence[-1] if outcome.evidence else None
+                out.line(
+                    f"{args.execution_id}: ",
+                    record.event.value if record is not None and record.event is not None else "recovered",
+                    ", reconciliation_required -> ",
+                    state(outcome.execution.state),
+                    f" at {outcome.execution.current_node_id}",
+                )
+    if out.json_mode:
+        out.data(result)
+    settled = result.get("reconciled", {})
+    if settled.get("outcome") in ("refused", "unchanged"):
+        raise CliError(f"reconciliation refused [{settled['code']}]: {settled['message']}", EXIT_PROBLEM)
+    return EXIT_PROBLEM if refused else EXIT_OK
+
+
+# --- migrate and check ----------------------------------------------------------------------
+
+
+def _migrate(args: argparse.Namespace, out: Output) -> int:
+    location, applied = connect.migrate(args.db, schema=args.schema)
+    if out.json_mode:
+        out.data({"store": location.kind, "location": location.describe(), "applied": applied})
+    else:
+        out.line(f"{location.describe()}: " + (f"applied migrations {applied}" if applied else "schema is current"))
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace, out: Output) -> int:
+    report = connect.check(args.db, schema=args.schema)
+    if out.json_mode:
+        out.data(
+            {
+                "ok": report.ok,
+                "store": report.location.kind,
+                "location": report.location.describe(),
+                "schema_version": report.schema_version,
+                "code_version": report.code_version,
+                "migrations": report.migrations,
+                "definitions": report.definitions,
+                "executions": dict(report.executions),
+                "problems": list(report.problems),
+                "notes": list(report.notes),
+            }
+        )
+    else:
+        version = "-" if report.schema_version is None else str(report.schema_version)
+        rows: list[tuple[str, str | Text]] = [
+            ("store", f"{report.location.kind} {report.location.describe()}"),
+            ("schema version", f"{version} (this fencekeeper: {report.code_version})"),
+            *[(f"migration {m.version}", f"{m.name}, applied {m.applied_at}") for m in report.migrations],
+            ("definitions", "-" if report.definitions is None else str(report.definitions)),
+            (
+                "executions",
+                text(*[part for name, n in report.executions.items() for part in (state(name), f" {n}  ")])
+                if report.executions
+                else "none",
+            ),
+            *[("note", note) for note in report.notes],
+            *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in report.problems],
+        ]
+        out.table(("check", "ok" if report.ok else "BLOCKED"), rows)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+# --- the machines ---------------------------------------------------------------------------
+
+
+def _diagram(args: argparse.Namespace, out: Output) -> int:
+    from .diagrams import render_diagram  # noqa: PLC0415 - transitions and graphviz load only when drawing
+
+    sys.stdout.write(render_diagram(MACHINES[args.machine].spec, args.format))
+    return EXIT_OK
+
+
+def _docs(args: argparse.Namespace, out: Output) -> int:
+    from .diagrams import machines_markdown  # noqa: PLC0415 - as in _diagram
+
+    sys.stdout.write(machines_markdown())
+    return EXIT_OK
+
+
+def _check_spec(args: argparse.Namespace, out: Output) -> int:
+    for path in args.files:
+        spec = parse_machine_spec(_read(path), str(path))
+        print(f"{path}: ok ({spec.name}: {len(spec.states)} states, {len(spec.transitions)} transitions)")
+    return EXIT_OK
+
+
+def _modelcheck(args: argparse.Namespace, out: Output) -> int:
     chosen = {
         "workers": args.workers,
         "executions": args.executions,
@@ -132,9 +1142,7 @@ def _modelcheck(args: argparse.Namespace) -> int:
         "max_depth": args.depth,
     }
     overrides = {k: v for k, v in chosen.items() if v is not None}
-    configs = (
-        [("custom", attrs.evolve(modelcheck.Bounds(), **overrides))] if overrides else list(modelcheck.STANDARD)
-    )
+    configs = [("custom", attrs.evolve(modelcheck.Bounds(), **overrides))] if overrides else list(modelcheck.STANDARD)
     for title, bounds in configs:
         started = time.perf_counter()
         result = modelcheck.explore(bounds)
@@ -159,20 +1167,6 @@ def _modelcheck(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _migrate(url: str, schema: str) -> None:
-    try:
-        if url.startswith(("postgresql://", "postgres://")):
-            applied = postgres_store.migrate(url, schema)
-            where = f"schema {schema!r}"
-        else:
-            # A SQLite store migrates forward when it is opened, after checking the file is its own.
-            sqlite_store.SQLiteStore(url).close()
-            applied, where = [], url
-    except StoreError as exc:
-        raise CliError(f"{exc.message} [{exc.code}]", EXIT_PROBLEM) from None
-    print(f"{where}: " + (f"applied migrations {applied}" if applied else "schema is current"))
-
-
 def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
@@ -182,11 +1176,13 @@ def _read(path: Path) -> str:
         raise CliError(f"{path}: not UTF-8 text") from None
 
 
-def _export_specs(directory: Path) -> None:
+def _export_specs(args: argparse.Namespace, out: Output) -> int:
+    directory: Path = args.directory
     if not directory.is_dir():
         raise CliError(f"{directory}: not a directory")
     for machine in MACHINES.values():
         (directory / f"{machine.name}.toml").write_text(render_machine_spec(machine.spec), encoding="utf-8")
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,73 +1,20 @@
-"""The ``fencekeeper`` command line, through the installed console script.
+"""The machine-facing commands: diagram, docs, export-specs, check-spec, and usage errors.
 
-Every test runs the real entry point in a subprocess, from a directory
-outside the repository, so what is tested is what a user types: argument
-parsing, exit codes, stdout and stderr, and that no traceback escapes.
-Exit codes (adapters/cli.py): 0 success, 1 a check found a problem, 2 bad
-usage or input.
+Every test runs the real entry point in a subprocess (tests/cli/runner.py),
+from a directory outside the repository.
 """
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fencekeeper.adapters.diagrams import render_diagram
-from fencekeeper.kernel import EXECUTION, MACHINES, ExecutionEvent, ExecutionState
+from fencekeeper.kernel import EXECUTION, MACHINES
+from tests.cli.runner import ROOT, assert_one_error_line, fencekeeper
 
-ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "specs" / "machines"
-FENCEKEEPER = Path(sys.executable).parent / "fencekeeper"
-
-
-def fencekeeper(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(FENCEKEEPER), *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        # The docs quote the seeds' box-drawing arrows; decode as the CLI writes.
-        encoding="utf-8",
-        check=False,  # exit codes are part of what is tested
-        timeout=60,
-    )
-
-
-def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
-    """The CLI's contract for errors: one line on stderr, a non-zero code, no traceback."""
-    assert result.returncode == code, result
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("fencekeeper: error: "), lines[0]
-    return lines[0]
-
-
-# --- demo ------------------------------------------------------------------------
-
-# "  running      --finalize_succeeded--> succeeded    dispatch: succeeded"
-_WALK_LINE = re.compile(r"^\s+(\w+)\s+--(\w+?)-*>\s+(\w+)\s+dispatch: (\w+)$")
-
-
-def test_demo_walks_to_succeeded_and_shows_a_refusal(tmp_path: Path) -> None:
-    result = fencekeeper("demo", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
-    assert "[illegal_transition]" in result.stdout
-    walk = [m.groups() for m in map(_WALK_LINE.match, result.stdout.splitlines()) if m]
-    assert walk, result.stdout
-    # Every line of the walk must be a step the kernel itself allows, each
-    # starting where the previous one ended, from the initial state.
-    state = EXECUTION.initial[0]
-    for source, event, target, _dispatch in walk:
-        assert source == state.value
-        state = EXECUTION.step(state, ExecutionEvent(event))
-        assert target == state.value
-    assert state is ExecutionState.SUCCEEDED
-    assert walk[-1][3] == "succeeded"
 
 
 # --- diagram ------------------------------------------------------------------------

@@ -1,0 +1,73 @@
+"""How the command-line tests run ``fencekeeper``: the installed console script, in a subprocess.
+
+What is tested is what a user types: argument parsing, exit codes, stdout
+and stderr, and that no traceback escapes.  Exit codes (adapters/cli.py):
+0 success, 1 a check found a problem or the kernel refused, 2 bad usage or
+input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "docs" / "examples"
+FENCEKEEPER = Path(sys.executable).parent / "fencekeeper"
+
+# Plain output must not depend on the environment the suite runs in.
+_COLOUR_VARIABLES = {"FORCE_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS"}
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _COLOUR_VARIABLES}
+    env.update(extra)
+    return env
+
+
+def fencekeeper(
+    *args: str | Path, cwd: Path, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(FENCEKEEPER), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        # The docs quote the seeds' box-drawing arrows; decode as the CLI writes.
+        encoding="utf-8",
+        check=False,  # exit codes are part of what is tested
+        timeout=timeout,
+        env=environment(**(env or {})),
+    )
+
+
+def ok(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A command that must succeed, with nothing on stderr that looks like an error."""
+    result = fencekeeper(*args, cwd=cwd)
+    assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    assert "error" not in result.stderr, result.stderr
+    return result
+
+
+def data(*args: str | Path, cwd: Path) -> Any:
+    """The one JSON document a ``--json`` command writes on stdout."""
+    return json.loads(ok(*args, "--json", cwd=cwd).stdout)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The CLI's contract for errors: one line on stderr, a non-zero code, no traceback."""
+    assert result.returncode == code, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fencekeeper: error: "), lines[0]
+    return lines[0]
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file in ``directory`` and its bytes: equal snapshots mean nothing was written."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}

@@ -1,0 +1,139 @@
+"""Bad input: one clear error line naming the argument, a non-zero exit, and nothing written.
+
+Each case starts from a copy of the same small database (one execution
+waiting for an approval) and compares every file in the directory, byte for
+byte, before and after: no row, no new file, no WAL left behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.worker import Worker
+from fencekeeper.kernel.definition import parse_definition
+from tests.cli.runner import EXAMPLES, assert_one_error_line, fencekeeper, snapshot
+
+PURCHASE = EXAMPLES / "purchase_approval.toml"
+GOOD_INPUT = '{"amount": 2500, "order_id": "o-1", "order_revision": 1}'
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """shop.db with po-1 waiting for a manager, built through the Python API (no subprocess needed)."""
+    directory = tmp_path_factory.mktemp("template")
+    store = SQLiteStore(directory / "shop.db")
+    try:
+        policy = examples.grants("default", "user:operator")
+        definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
+        service.register(store, definition, "default", "user:operator", policy)
+        service.run(
+            store,
+            policy,
+            business_id="default",
+            principal_id="user:operator",
+            definition_id=definition.definition_id,
+            input={"amount": 2500, "order_id": "o-1", "order_revision": 1},
+            execution_id="po-1",
+        )
+        Worker(store, "w-1", policy, examples.handler(), business_id="default").run_pass()
+    finally:
+        store.close()
+    (directory / "changed.toml").write_text(
+        PURCHASE.read_text(encoding="utf-8").replace('title = "Purchase approval"', 'title = "Purchases"'),
+        encoding="utf-8",
+    )
+    (directory / "broken.toml").write_text('id = "x"\nrevision = \n', encoding="utf-8")
+    (directory / "unknown_field.toml").write_text(
+        PURCHASE.read_text(encoding="utf-8").replace('operation = "order.place"', 'operation = "order.place"\ncolour = 1'),
+        encoding="utf-8",
+    )
+    (directory / "notes.txt").write_text("not a database\n", encoding="utf-8")
+    return directory
+
+
+# (name, arguments with {db} and {dir} placeholders, exit code, words the one error line must contain)
+CASES = [
+    ("run: missing definition", ["run", "{dir}/missing.toml", "--db", "{db}"], 2, ["missing.toml", "cannot read"]),
+    ("run: malformed TOML", ["run", "{dir}/broken.toml", "--db", "{db}"], 2, ["broken.toml", "not valid TOML"]),
+    (
+        "run: unknown field",
+        ["run", "{dir}/unknown_field.toml", "--db", "{db}", "--input", GOOD_INPUT],
+        2,
+        ["unknown_field.toml", "node 'place_order'", "colour"],
+    ),
+    ("run: --input not JSON", ["run", str(PURCHASE), "--db", "{db}", "--input", "{amount: 1}"], 2, ["--input", "not valid JSON"]),
+    ("run: --input not an object", ["run", str(PURCHASE), "--db", "{db}", "--input", "[1]"], 2, ["--input", "JSON object"]),
+    (
+        "run: --input incomplete",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": 1, "order_id": "o-2"}'],
+        2,
+        ["--input", "input.order_revision", "missing"],
+    ),
+    ("run: --id malformed", ["run", str(PURCHASE), "--db", "{db}", "--input", GOOD_INPUT, "--id", "a b"], 2, ["--id", "'a b'"]),
+    ("run: --id taken", ["run", str(PURCHASE), "--db", "{db}", "--input", GOOD_INPUT, "--id", "po-1"], 1, ["--id", "already exists"]),
+    (
+        "run: changed definition, same revision",
+        ["run", "{dir}/changed.toml", "--db", "{db}", "--input", GOOD_INPUT],
+        1,
+        ["changed.toml", "revision 1 is already registered with different content"],
+    ),
+    ("run: no such directory", ["run", str(PURCHASE), "--db", "{dir}/nowhere/x.db", "--input", GOOD_INPUT], 2, ["nowhere", "does not exist"]),
+    ("inspect: unknown id", ["inspect", "po-404", "--db", "{db}"], 2, ["EXECUTION_ID", "po-404"]),
+    ("inspect: no database file", ["inspect", "po-1", "--db", "{dir}/other.db"], 2, ["--db", "other.db", "migrate"]),
+    ("inspect: not a database", ["inspect", "po-1", "--db", "{dir}/notes.txt"], 2, ["notes.txt", "not a usable SQLite database"]),
+    ("list: unknown scheme", ["list", "--db", "mysql://localhost/x"], 2, ["--db", "unknown scheme 'mysql'"]),
+    ("list: unreachable server", ["list", "--db", "postgresql://nobody@127.0.0.1:1/x"], 2, ["--db", "cannot connect", "port=1"]),
+    ("list: unparsable DSN", ["list", "--db", "postgresql://[oops"], 2, ["--db", "not a valid PostgreSQL URL"]),
+    ("decide: unknown id", ["decide", "--db", "{db}", "po-404", "--approve", "--as", "user:manager"], 2, ["EXECUTION_ID", "po-404"]),
+    ("cancel: unknown id", ["cancel", "--db", "{db}", "po-404"], 2, ["EXECUTION_ID", "po-404"]),
+    ("reconcile: unknown id", ["reconcile", "--db", "{db}", "po-404"], 2, ["EXECUTION_ID", "po-404"]),
+    ("reconcile: nothing asked", ["reconcile", "--db", "{db}"], 2, ["EXECUTION_ID", "--quarantine"]),
+    (
+        "event: --correlation not JSON",
+        ["event", "--db", "{db}", "payment.received", "--correlation", "order_id=o-7"],
+        2,
+        ["--correlation", "not valid JSON"],
+    ),
+    (
+        "event: --payload not JSON",
+        ["event", "--db", "{db}", "payment.received", "--correlation", "{}", "--payload", "{'paid': 1}"],
+        2,
+        ["--payload", "not valid JSON"],
+    ),
+    (
+        "event: correlation value",
+        ["event", "--db", "{db}", "payment.received", "--correlation", '{"order_id": [1]}'],
+        2,
+        ["--correlation", "order_id"],
+    ),
+    ("worker: --handler", ["worker", "--db", "{db}", "--handler", "no_such_module:make"], 2, ["--handler", "no_such_module"]),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_writes_nothing(
+    template: Path, tmp_path: Path, args: list[str], code: int, words: list[str]
+) -> None:
+    for item in template.iterdir():
+        shutil.copy(item, tmp_path / item.name)
+    before = snapshot(tmp_path)
+    placeholders = {"{db}": str(tmp_path / "shop.db"), "{dir}": str(tmp_path)}
+    filled = [arg.replace("{db}", placeholders["{db}"]).replace("{dir}", placeholders["{dir}"]) for arg in args]
+    result = fencekeeper(*filled, cwd=tmp_path)
+    line = assert_one_error_line(result, code)
+    for word in words:
+        assert word in line, f"{word!r} not in {line!r}"
+    assert "Traceback" not in result.stdout
+    assert snapshot(tmp_path) == before, "the command wrote something"
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    result = fencekeeper("--debug", "inspect", "po-1", "--db", tmp_path / "none.db", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "no database at" in result.stderr
+    assert not (tmp_path / "none.db").exists()

@@ -1,0 +1,64 @@
+"""``fencekeeper demo`` (what ``make demo`` runs), through the installed console script.
+
+The demo is a real scenario, so the test checks what the store and kernel
+did, read from the demo's own output and then from the database it keeps:
+the paused worker's late writes are refused with the fencing codes, the
+final states are the ones the decisions lead to, and the ``inspect`` command
+the demo prints works on the file it names.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from tests.cli.runner import fencekeeper, ok
+
+FINAL_STATES = {"po-1": "succeeded", "po-2": "succeeded", "po-3": "failed", "po-4": "waiting"}
+
+
+def test_demo_fences_out_the_paused_worker_and_reaches_the_final_states(tmp_path: Path) -> None:
+    # The demo's fresh SQLite file goes to a temporary directory; here, one inside tmp_path.
+    result = fencekeeper("demo", cwd=tmp_path, env={"TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    out = result.stdout
+    lines = out.splitlines()
+
+    def first(pattern: str) -> int:
+        found = [n for n, line in enumerate(lines) if re.search(pattern, line)]
+        assert found, f"no line matches {pattern!r} in:\n{out}"
+        return found[0]
+
+    # w-1 claims, pauses past its lease, and is refused twice: expired, then replaced.
+    claimed = first(r"w-1\s+po-1\s+claim\s+eligible -> running\s+fence 1 token [0-9a-f]{8}")
+    expired = first(r"w-1\s+po-1\s+record_step\s+REFUSED \[lease_expired\]")
+    quarantined = first(r"user:operator\s+po-1\s+quarantine_expired\s+running -> reconciliation_required")
+    resumed = first(r"user:operator\s+po-1\s+resume_safe\s+reconciliation_required -> eligible")
+    reclaimed = first(r"w-2\s+po-1\s+claim\s+eligible -> running\s+fence 2 token [0-9a-f]{8}")
+    replaced = first(r"w-1\s+po-1\s+record_step\s+REFUSED \[lease_token_mismatch\]")
+    assert claimed < expired < quarantined < resumed < reclaimed < replaced
+    # The decisions: accepted and woken, idempotent, kept in history, a rejection, a refusal.
+    accepted = first(r"user:manager\s+po-1\s+decide approved\s+accepted")
+    assert first(r"user:manager\s+po-1\s+wake\s+waiting -> eligible") > accepted
+    assert first(r"user:manager\s+po-1\s+decide approved\s+unchanged \[already_decided\]") > accepted
+    assert "kept in history" in lines[first(r"user:cfo\s+po-1\s+decide rejected")]
+    assert first(r"user:operator\s+po-4\s+decide approved\s+REFUSED \[not_authorized\]") > accepted
+
+    table = lines[first(r"^execution\s+amount\s+state") + 1 :]
+    states = {row.split()[0]: row.split()[2] for row in table if row.startswith("po-")}
+    assert states == FINAL_STATES
+    assert "w-1 was refused twice and changed nothing" in out
+
+    # The inspect command it prints works: the database was kept.
+    command = shlex.split(lines[first(r"^\s+fencekeeper inspect po-1 --db ")])
+    database = Path(command[command.index("--db") + 1])
+    assert database.is_file() and tmp_path in database.parents
+    inspected = ok(*command[1:], cwd=tmp_path).stdout
+    assert re.search(r"\bw-1\s+[0-9a-f]{8}\s+1\s+claim: eligible -> running", inspected)
+    assert re.search(r"quarantine_expired: running -> reconciliation_required", inspected)
+    assert re.search(r"finalize_succeeded: running -> succeeded", inspected)
+    assert "decision d-po-1-2 by user:cfo: rejected" in inspected
+    listed = ok("list", "--db", database, "--json", cwd=tmp_path).stdout
+    assert '"state": "waiting"' in listed
