@@ -50,7 +50,8 @@ from psycopg_pool import ConnectionPool
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 
-from .sql import Dialect, SqlBackend
+from . import codec
+from .sql import EXECUTION_TYPE, Dialect, SqlBackend
 from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore
 
 CHANNEL = "fencekeeper_eligible"
@@ -232,30 +233,115 @@ POSTGRES = Dialect(
 )
 
 
+class _Deferred:
+    """The row count of a write that runs later, inside the decision's one statement."""
+
+    rowcount = -1
+
+
 class _PostgresBackend(SqlBackend):
     dialect = POSTGRES
+    _collecting: list[tuple[str, Sequence[object], _Deferred]] | None = None
 
     def __init__(self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool) -> None:
         super().__init__(conn)
         self.business_id = business_id
         self.database_clock = database_clock
         self.made_eligible = False
+        self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
 
-    def _batch(self) -> contextlib.AbstractContextManager[object]:
-        # One round trip for every write of a decision; errors and row counts
-        # arrive when the pipeline syncs, before write() checks them.
-        return self.conn.pipeline()  # type: ignore[no-any-return]
+    @contextlib.contextmanager
+    def _batch(self) -> Iterator[None]:
+        # Every write of a decision goes to the server as ONE statement: each
+        # INSERT or UPDATE becomes a data-modifying CTE, and the statement
+        # returns how many rows each touched, which is what write() checks.
+        # PostgreSQL runs all of them on one snapshot, to completion, all or
+        # nothing, and checks foreign keys at the end of the statement, so an
+        # evidence object and its first revision may be inserted side by side.
+        # One statement instead of six costs the client a sixth of the CPU
+        # (psycopg spends tens of microseconds on every statement) and the
+        # server a sixth of the parse and protocol work.
+        self._collecting = []
+        try:
+            yield
+            parts = self._collecting
+        finally:
+            self._collecting = None
+        if not parts:
+            return
+        ctes = ", ".join(f"w{n} AS ({sql} RETURNING 1)" for n, (sql, _, _) in enumerate(parts))
+        counts = ", ".join(f"(SELECT count(*) FROM w{n})" for n in range(len(parts)))
+        params = [value for _, values, _ in parts for value in values]
+        row = self.conn.execute(f"WITH {ctes} SELECT {counts}", params).fetchone()
+        assert row is not None
+        for (_, _, deferred), count in zip(parts, row, strict=True):
+            deferred.rowcount = int(count)
+
+    def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
+        if self._collecting is None:
+            return super()._execute(sql, params)
+        deferred = _Deferred()
+        self._collecting.append((self._sql(sql), params, deferred))
+        return deferred
 
     def _conflict_table(self, exc: Exception) -> str | None:
         diag = getattr(exc, "diag", None)
         return None if diag is None else diag.table_name
 
+    def _conflict_object(self, exc: Exception) -> str | None:
+        # "Key (object_id, revision)=(att-1, 2) already exists."; identifiers hold no comma.
+        diag = getattr(exc, "diag", None)
+        match = re.match(r"Key \(object_id, revision\)=\(([^,]+), \d+\)", (diag and diag.message_detail) or "")
+        return match.group(1) if match else None
+
+    # The rows a decision reads, selected by the same statement that locks
+    # them: once locked they cannot change until this transaction ends, so
+    # load() answers from here and saves a round trip.  A write of the
+    # execution drops its entry.
+    _ROWS = (
+        "SELECT (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id AND r.revision = o.revision), "
+        "d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, d.step_count, "
+        "d.last_error_code, o.business_id, o.object_id, o.revision "
+        "FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
+    )
+
+    def _remember(self, row: Sequence[Any] | None) -> str | None:
+        if row is None:
+            return None
+        execution_id = str(row[9])
+        # A row locked after waiting is re-read at its newest version, but the
+        # revision subquery still sees the statement's snapshot: if the body is
+        # not the object's current revision, load() reads afresh instead.
+        if row[0] is not None:
+            execution = codec.decode_execution(row[0])
+            if execution.revision == row[10]:
+                self._locked[execution_id] = (execution, self._dispatch_from(execution_id, row[1:8]), str(row[8]))
+        return execution_id
+
     def lock(self, execution_id: str) -> None:
-        # objects first, then workflow_dispatch: the one lock order of this store.
-        self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
-        self._execute(
-            "SELECT 1 FROM workflow_dispatch WHERE workflow_execution_id = ? FOR UPDATE", (execution_id,)
-        )
+        # One statement locks objects, then workflow_dispatch (the order of
+        # its row marks: the one lock order of this store), and reads both.
+        row = self._execute(
+            self._ROWS + "WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d",
+            (execution_id, EXECUTION_TYPE),
+        ).fetchone()
+        if row is None:
+            # Not an execution (or half of one): lock whatever row exists, as before.
+            self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
+            self._execute(
+                "SELECT 1 FROM workflow_dispatch WHERE workflow_execution_id = ? FOR UPDATE", (execution_id,)
+            )
+            return
+        self._remember(row)
+
+    def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
+        cached = self._locked.get(execution_id)
+        if cached is None:
+            return super().load(execution_id)
+        execution, dispatch, business_id = cached
+        if self.business_id is not None and business_id != self.business_id:
+            return None, None
+        return execution, dispatch
 
     def lock_topic(self, business_id: str, event_type: str) -> None:
         # Event publication and waiter registration of one Business and Event
@@ -275,17 +361,18 @@ class _PostgresBackend(SqlBackend):
 
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
         scope = business_id if business_id is not None else self.business_id
+        # The claimed rows come back with the lock, so the claim's load() is free.
         row = self._execute(
-            "SELECT d.workflow_execution_id FROM workflow_dispatch d "
-            "JOIN objects o ON o.object_id = d.workflow_execution_id "
-            "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND (CAST(? AS text) IS NULL OR o.business_id = ?) "
+            self._ROWS + "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? "
+            "AND (CAST(? AS text) IS NULL OR o.business_id = ?) "
             "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 "
             "FOR UPDATE OF o, d SKIP LOCKED",
             (now, scope, scope),
         ).fetchone()
-        return None if row is None else str(row[0])
+        return self._remember(row)
 
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
+        self._locked.pop(decision.guard.execution_id, None)
         if not super().write(decision, evidence, now):
             return False
         dispatch = decision.dispatch

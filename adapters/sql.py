@@ -177,6 +177,10 @@ class SqlBackend(Backend):
         match = re.search(r"constraint failed: (\w+)\.", str(exc))
         return match.group(1) if match else None
 
+    def _conflict_object(self, exc: Exception) -> str | None:
+        """The object id in the key ``exc`` reports as duplicated, where the database says."""
+        return None
+
     def _guarded(self, sql: str, params: Sequence[object]) -> None:
         """A write that must touch exactly one row, or the decision does not hold."""
         self._checks.append(self._execute(sql, params))
@@ -197,10 +201,16 @@ class SqlBackend(Backend):
             if table == "wait_registrations" and decision.registration is not None:
                 raise registration_conflict(decision.registration.key) from None
             later = [item for item in evidence if item.revision > 1]
-            # Only when every guard so far held is the duplicate revision an
-            # evidence object's; otherwise the execution moved on (a guard failure).
-            if table == "object_revisions" and later and all(c.rowcount == 1 for c in self._checks):
-                raise evidence_revision_conflict(later[0]) from None
+            # The duplicate revision is an evidence object's when the database
+            # names it, or (where it does not) when every guard so far held;
+            # otherwise the execution moved on: a guard failure.
+            if table == "object_revisions" and later:
+                named = self._conflict_object(exc)
+                ours = {item.object_id: item for item in later}
+                if named in ours:
+                    raise evidence_revision_conflict(ours[named]) from None
+                if named is None and all(c.rowcount == 1 for c in self._checks):
+                    raise evidence_revision_conflict(later[0]) from None
             if table == "objects" and evidence and decision.guard.expected_revision != 0:
                 raise StoreError(
                     "evidence_conflict",
@@ -316,16 +326,37 @@ class SqlBackend(Backend):
                     r.reason,
                 ),
             )
-        self._queue_evidence(eid, evidence, at)
+        self._queue_evidence(eid, evidence, at, None if execution is None else execution.business_id)
 
-    def _queue_evidence(self, eid: str, evidence: Sequence[Evidence], at: object) -> None:
+    def _queue_evidence(
+        self, eid: str, evidence: Sequence[Evidence], at: object, business_id: str | None = None
+    ) -> None:
+        # The object row is written once per object, at the newest revision
+        # the decision brings (an attempt may go pending -> running -> completed
+        # in one commit); every revision gets its own append-only row.  Besides
+        # saving statements, this lets a store send the whole decision as one
+        # statement (PostgreSQL), where no part may depend on another's write.
+        groups: dict[str, list[Evidence]] = {}
         for item in evidence:
-            if item.revision == 1:
+            groups.setdefault(item.object_id, []).append(item)
+        for items in groups.values():
+            first, last = items[0], items[-1]
+            if [item.revision for item in items] != list(range(first.revision, last.revision + 1)):
+                raise evidence_revision_conflict(items[1])
+            if first.revision == 1 and business_id is not None:
+                # The execution's Business is known: written directly, since a
+                # statement cannot read back an execution row it inserts itself.
                 self._execute(
                     "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, "
-                    "created_at, updated_at) SELECT ?, ?, business_id, object_id, 1, ?, ?, ? FROM objects "
+                    "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (first.object_id, first.kind, business_id, eid, last.revision, last.state, at, at),
+                )
+            elif first.revision == 1:
+                self._execute(
+                    "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, state, "
+                    "created_at, updated_at) SELECT ?, ?, business_id, object_id, ?, ?, ?, ? FROM objects "
                     "WHERE object_id = ?",
-                    (item.object_id, item.kind, item.state, at, at, eid),
+                    (first.object_id, first.kind, last.revision, last.state, at, at, eid),
                 )
             else:
                 # A new revision lands only on top of the one before it, on an
@@ -333,14 +364,15 @@ class SqlBackend(Backend):
                 cursor = self._execute(
                     "UPDATE objects SET revision = ?, state = ?, updated_at = ? "
                     "WHERE object_id = ? AND revision = ? AND parent_id = ? AND object_type = ?",
-                    (item.revision, item.state, at, item.object_id, item.revision - 1, eid, item.kind),
+                    (last.revision, last.state, at, first.object_id, first.revision - 1, eid, first.kind),
                 )
-                self._revision_checks.append((item, cursor))
-            self._execute(
-                "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (item.object_id, item.revision, item.state, item.body_json(), at),
-            )
+                self._revision_checks.append((first, cursor))
+            for item in items:
+                self._execute(
+                    "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (item.object_id, item.revision, item.state, item.body_json(), at),
+                )
 
     def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:
         """Evidence that no execution row change accompanies (a decision kept in history)."""
