@@ -268,26 +268,21 @@ def reconcile(
     if attempt is None or command_item is None:
         proof = p.SafeResumeEvidence(True, True, True, "no Command was issued by the interrupted visit")
         return Reconciled(None, None, store.recover(recovery(p.RecoveryKind.RESUME_SAFE, execution.revision, safe_resume=proof)))
-    command = _command_from(command_item)
+    command = i.Command.from_json(command_item.body)
     result = handler.reconcile(command)
-    if result.status == i.CommandStatus.UNKNOWN:
-        return Reconciled(command.command_id, result, p.Refusal(p.RefusalCode.NO_UNRESOLVED_COMMAND, f"Command {command.command_id} is still unknown: {result.detail}"))
     definition = store.load_definition(business_id, execution.definition_id, execution.definition_revision)
     node = None if definition is None else definition.node(str(attempt.body["node_id"]))
     if not isinstance(node, LocalCommandNode):
-        raise OperationError("definition_not_found", f"the node of {attempt.object_id} is not a local_command of the pinned definition")
-    applied = result.status == i.CommandStatus.SUCCEEDED
-    settled_attempt = attempts.advance(
-        attempt,
-        AttemptEvent.RECONCILE_APPLIED if applied else AttemptEvent.RECONCILE_NOT_APPLIED,
-        outputs=dict(result.outputs),
-        detail=result.detail,
-        reconciled_by=principal_id,
-    )
-    settled_command = command_item.next(
-        result.status.value,
-        {"status": result.status.value, "detail": result.detail, "outputs": dict(result.outputs), "reconciled": True},
-    )
+        raise OperationError(
+            "definition_not_found",
+            f"the node of {attempt.object_id} is not a local_command of the pinned definition",
+        )
+    settled = i.reconcile_command(node, attempt, command_item, result, principal_id)
+    if settled is None:
+        still = p.Refusal(
+            p.RefusalCode.NO_UNRESOLVED_COMMAND, f"Command {command.command_id} is still unknown: {result.detail}"
+        )
+        return Reconciled(command.command_id, result, still)
     linked = store.recover(
         recovery(
             p.RecoveryKind.RECONCILE_COMMAND,
@@ -295,7 +290,7 @@ def reconcile(
             command_to_reconcile=command.command_id,
             command_unresolved=True,
         ),
-        [settled_attempt, settled_command],
+        settled.evidence,
     )
     if not isinstance(linked, p.Decision) or linked.execution is None:
         return Reconciled(command.command_id, result, linked)
@@ -305,7 +300,7 @@ def reconcile(
             p.RecoveryKind.RESUME_SAFE,
             linked.execution.revision,
             safe_resume=proof,
-            next_node_id=node.next if applied else node.on_failure,
+            next_node_id=settled.next_node_id,
         )
     )
     return Reconciled(command.command_id, result, resumed)
@@ -321,20 +316,6 @@ def _unsettled_attempt(evidence: tuple[Evidence, ...]) -> Evidence | None:
         e for e in evidence if e.kind == attempts.STEP_ATTEMPT and e.state not in ("completed", "failed")
     ]
     return found[-1] if found else None
-
-
-def _command_from(item: Evidence) -> i.Command:
-    body = item.body
-    return i.Command(
-        command_id=body["command_id"],
-        execution_id=body["execution_id"],
-        attempt_id=body["attempt_id"],
-        principal_id=body["principal_id"],
-        business_id=body["business_id"],
-        operation=body["operation"],
-        targets=tuple((str(t), int(r)) for t, r in body["targets"]),
-        payload=dict(body["payload"]),
-    )
 
 
 __all__ = [

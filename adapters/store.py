@@ -37,7 +37,7 @@ from fencekeeper.kernel import definition as d
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.events import Event, matches, projection
 from fencekeeper.kernel.evidence import Evidence
-from fencekeeper.kernel.machines import AttemptEvent, AttemptState, ExecutionState
+from fencekeeper.kernel.machines import ExecutionState
 
 
 class StoreError(Exception):
@@ -198,25 +198,9 @@ def definition_object_id(business_id: str, definition_id: str) -> str:
     return f"definition:{business_id}:{definition_id}"
 
 
-def _event_wake_evidence(tx: Backend, key: p.WaitKey, event: Event) -> list[Evidence]:
-    return _wake_evidence(
-        tx, key, p.WakeReason.EVENT, event.event_id, {"event_id": event.event_id, **dict(event.payload)}
-    )
-
-
-def _wake_evidence_after(evidence: Sequence[Evidence], key: p.WaitKey, event: Event) -> list[Evidence]:
-    """The wake evidence for an attempt whose newest revision is still in ``evidence`` (same transaction)."""
-    latest = [item for item in evidence if item.object_id == key.attempt_id]
-    if not latest or latest[-1].state != AttemptState.RUNNING.value:
-        return []
-    return [
-        attempts.advance(
-            latest[-1],
-            AttemptEvent.COMPLETE,
-            wake={"reason": p.WakeReason.EVENT.value, "source_id": event.event_id},
-            outputs={"event_id": event.event_id, **dict(event.payload)},
-        )
-    ]
+def _event_outputs(event: Event) -> dict[str, Any]:
+    """What a matched Event gives the nodes after the wait: its identity and payload."""
+    return {"event_id": event.event_id, **dict(event.payload)}
 
 
 class Backend(abc.ABC):
@@ -321,17 +305,7 @@ def _wake_evidence(
     tx: Backend, key: p.WaitKey, reason: p.WakeReason, source_id: str, outputs: Mapping[str, Any]
 ) -> list[Evidence]:
     """The waiting attempt completes with what woke it (seed 000: the wake commits its evidence)."""
-    attempt = tx.load_evidence(key.attempt_id)
-    if attempt is None or attempt.state != AttemptState.RUNNING.value:
-        return []
-    return [
-        attempts.advance(
-            attempt,
-            AttemptEvent.COMPLETE,
-            wake={"reason": reason.value, "source_id": source_id},
-            outputs=dict(outputs),
-        )
-    ]
+    return list(attempts.completed_by_wake(tx.load_evidence(key.attempt_id), reason.value, source_id, outputs))
 
 
 Decide = Callable[[Backend, datetime], "p.Outcome | _Written | None"]
@@ -461,7 +435,12 @@ class TransactionalStore(abc.ABC):
                 now,
             )
             if isinstance(woke, p.Decision):
-                _apply(tx, woke, _wake_evidence_after(evidence, registration.key, event), now)
+                # The attempt's newest revision is in this very decision's evidence.
+                latest = [item for item in evidence if item.object_id == registration.key.attempt_id]
+                completed = attempts.completed_by_wake(
+                    latest[-1] if latest else None, p.WakeReason.EVENT.value, event.event_id, _event_outputs(event)
+                )
+                _apply(tx, woke, completed, now)
             return _Written(outcome)
 
         topic = (
@@ -590,7 +569,8 @@ class TransactionalStore(abc.ABC):
                     now,
                 )
                 if isinstance(outcome, p.Decision):
-                    _apply(tx, outcome, _event_wake_evidence(tx, registration.key, event), now)
+                    items = _wake_evidence(tx, registration.key, p.WakeReason.EVENT, event.event_id, _event_outputs(event))
+                    _apply(tx, outcome, items, now)
                     woken.append(registration.key.execution_id)
             return _Written(PublishResult(event.event_id, False, tuple(woken)))
 
@@ -681,10 +661,11 @@ class TransactionalStore(abc.ABC):
             if not isinstance(outcome, p.Decision):
                 return outcome
             items = _wake_evidence(tx, key, reason, source, {"timed_out": reason == p.WakeReason.TIMEOUT})
-            request = tx.load_evidence(f"{key.attempt_id}/approval")
-            if request is not None and request.state == approvals.ApprovalState.PENDING.value:
-                # A timed-out approval request accepts no later determination.
-                items.append(request.next(approvals.ApprovalState.CLOSED.value, {"state": "closed", "closed_by": reason.value}))
+            assert registration is not None  # wake() decided on it
+            # An approval's registration names its request: the request a timeout closes.
+            request_id = dict(registration.spec.correlation).get("request_id")
+            if request_id is not None:
+                items += approvals.closed_by_timeout(tx.load_evidence(request_id), reason.value)
             _apply(tx, outcome, items, now)
             return _Written(outcome)
 

@@ -256,3 +256,10 @@ def decide(
         f"approval request {request.request_id!r} was already {request.state.value} by "
         f"{request.decided_by!r}; the first committed determination wins; this decision is kept in history",
     )
+
+
+def closed_by_timeout(stored: Evidence | None, reason: str) -> tuple[Evidence, ...]:
+    """A pending request its declared timeout ends: closed, so that no later determination is accepted."""
+    if stored is None or stored.kind != APPROVAL_REQUEST or stored.state != ApprovalState.PENDING.value:
+        return ()
+    return (stored.next(ApprovalState.CLOSED.value, {"state": ApprovalState.CLOSED.value, "closed_by": reason}),)

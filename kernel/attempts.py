@@ -101,3 +101,18 @@ def settle(attempt: Evidence, *events: AttemptEvent, **outcome: Any) -> tuple[Ev
         current = advance(current, event, **(outcome if index == len(events) - 1 else {}))
         revisions.append(current)
     return tuple(revisions)
+
+
+def completed_by_wake(
+    attempt: Evidence | None, reason: str, source_id: str, outputs: Mapping[str, Any]
+) -> tuple[Evidence, ...]:
+    """The waiting attempt's completion, committed with the wake that ends its wait.
+
+    A wait or approval attempt stays ``running`` while it waits; whatever
+    wakes it (an Event, a Decision, a timeout) completes it, recording what
+    woke it and the outputs later nodes may read.  Nothing for an attempt that
+    is not waiting (absent, or already settled).
+    """
+    if attempt is None or attempt.state != AttemptState.RUNNING.value:
+        return ()
+    return (advance(attempt, AttemptEvent.COMPLETE, wake={"reason": reason, "source_id": source_id}, outputs=dict(outputs)),)

@@ -210,6 +210,19 @@ class Command:
     targets: tuple[tuple[str, int], ...]
     payload: Mapping[str, Scalar] = attrs.field(eq=False, hash=False)
 
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Command:
+        return cls(
+            command_id=body["command_id"],
+            execution_id=body["execution_id"],
+            attempt_id=body["attempt_id"],
+            principal_id=body["principal_id"],
+            business_id=body["business_id"],
+            operation=body["operation"],
+            targets=tuple((str(t), int(r)) for t, r in body["targets"]),
+            payload=dict(body["payload"]),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "command_id": self.command_id,
@@ -615,6 +628,43 @@ def settle(invoke: Invoke, result: CommandResult) -> Step | Finish:
     )
 
 
+@attrs.frozen
+class Reconciliation:
+    """What a conclusive answer about an unsettled Command commits, and where the execution resumes."""
+
+    evidence: tuple[Evidence, ...]
+    next_node_id: str
+
+
+def reconcile_command(
+    node: LocalCommandNode, attempt: Evidence, command: Evidence, result: CommandResult, principal_id: str
+) -> Reconciliation | None:
+    """Settle an unsettled Command by what the CommandHandler found out, never by sending it again.
+
+    Seed 000, local_command: 'Authorized reconciliation may settle the
+    existing Command/Attempt or create only the explicitly permitted next
+    evidence'.  Applied: the attempt completes and the execution resumes at
+    ``next``; not applied: the attempt fails and it resumes at
+    ``on_failure``.  None while the answer is still unknown: nothing may be
+    recorded or resumed then.
+    """
+    if result.status == CommandStatus.UNKNOWN:
+        return None
+    applied = result.status == CommandStatus.SUCCEEDED
+    settled_attempt = attempts.advance(
+        attempt,
+        AttemptEvent.RECONCILE_APPLIED if applied else AttemptEvent.RECONCILE_NOT_APPLIED,
+        outputs=dict(result.outputs),
+        detail=result.detail,
+        reconciled_by=principal_id,
+    )
+    settled_command = command.next(
+        result.status.value,
+        {"status": result.status.value, "detail": result.detail, "outputs": dict(result.outputs), "reconciled": True},
+    )
+    return Reconciliation((settled_attempt, settled_command), node.next if applied else node.on_failure)
+
+
 def _end(node: EndNode, attempt: Evidence) -> Finish:
     succeeded = node.outcome == "succeeded"
     return Finish(
@@ -697,6 +747,7 @@ __all__ = [
     "Invoke",
     "Plan",
     "Reason",
+    "Reconciliation",
     "Rejection",
     "Step",
     "authority_query",
@@ -704,5 +755,6 @@ __all__ = [
     "current_node",
     "input_evidence",
     "plan_visit",
+    "reconcile_command",
     "settle",
 ]
