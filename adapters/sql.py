@@ -169,7 +169,7 @@ class SqlBackend(Backend):
         return None if row is None else str(row[0])
 
     def _batch(self) -> contextlib.AbstractContextManager[object]:
-        """Where the writes of one decision are sent together; PostgreSQL pipelines them."""
+        """Where the writes of one decision are sent together; PostgreSQL makes them one statement."""
         return contextlib.nullcontext()
 
     def _conflict_table(self, exc: Exception) -> str | None:
@@ -187,8 +187,9 @@ class SqlBackend(Backend):
 
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         # Every statement is queued first and every guard checked once, at the
-        # end: a store that pipelines pays one round trip for all of them, and
-        # one that does not loses nothing, since a failed guard rolls back all.
+        # end: a store that batches them (PostgreSQL: one statement) pays one
+        # round trip for all, and one that does not loses nothing, since a
+        # failed guard rolls back all.
         if decision.guard.expected_revision == 0 and (decision.execution is None or decision.dispatch is None):
             return False
         self._checks: list[Any] = []
