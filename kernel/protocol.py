@@ -132,7 +132,6 @@ class UnchangedCode(enum.Enum):
     ALREADY_WOKEN = "already_woken"
     RECOVERY_REPLAYED = "recovery_replayed"
     ALREADY_DECIDED = "already_decided"
-    EVENT_REPLAYED = "event_replayed"
 
 
 # --- snapshots ----------------------------------------------------------------
