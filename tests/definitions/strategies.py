@@ -28,6 +28,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from fencekeeper.kernel.definition import MAX_INTEGER, Definition, definition_from_mapping
+from fencekeeper.kernel.expr import KEYWORDS
 
 KINDS = ("condition", "wait_for_event", "request_approval", "local_command", "end")
 ACTING_KINDS = ("wait_for_event", "request_approval", "local_command")
@@ -35,13 +36,14 @@ ACTING_KINDS = ("wait_for_event", "request_approval", "local_command")
 
 OUTPUT_FIELDS = ("status", "reviewer", "result", "amount")
 
-# At most 11 characters, so the fixed names corruptions use (longer) never collide.
+# At most 11 characters, so the fixed names corruptions use (longer) never collide;
+# never a word the expression language reserves, which no binding may use.
 # (Built from alphabets rather than from_regex, which is several times slower to draw from.)
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
 _ALNUM = _LOWER + _LOWER.upper() + "0123456789"
 names_ = st.builds(
     str.__add__, st.sampled_from(_LOWER), st.text(_LOWER + "0123456789_", max_size=10)
-).filter(lambda s: s != "input")
+).filter(lambda s: s != "input" and s not in KEYWORDS)
 identifiers = st.builds(str.__add__, st.sampled_from(_ALNUM), st.text(_ALNUM + "._:@/-", max_size=20))
 hostile_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=24)
 literals = st.one_of(hostile_text, st.integers(-MAX_INTEGER, MAX_INTEGER), st.booleans())
