@@ -10,11 +10,17 @@ Rules of this module:
   reading it back gives an equal value.
 - Decoding is strict: a row that does not decode is a broken database, and
   says so, rather than a value with holes.
+- A revision row is never changed once written, so the text of an execution
+  revision determines its value: decoded (and freshly encoded) revisions are
+  kept in a bounded cache keyed by that text, and a worker that reads back
+  the revision it has just written does not parse it again.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +29,8 @@ from fencekeeper.kernel.machines import ExecutionState
 
 
 def encode_time(moment: datetime) -> str:
+    if moment.tzinfo is UTC:  # what every store clock gives: no conversion to make
+        return moment.isoformat(timespec="microseconds")
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError(f"naive datetime {moment!r}: the stores keep UTC only")
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
@@ -34,6 +42,8 @@ def encode_optional_time(moment: datetime | None) -> str | None:
 
 def decode_time(text: str) -> datetime:
     moment = datetime.fromisoformat(text)
+    if moment.tzinfo is UTC:  # as every time this module writes reads back
+        return moment
     if moment.tzinfo is None:
         raise ValueError(f"stored time {text!r} has no offset")
     return moment.astimezone(UTC)
@@ -43,13 +53,43 @@ def decode_optional_time(text: str | None) -> datetime | None:
     return None if text is None else decode_time(text)
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+# json.dumps builds a new encoder on every call that passes options; one
+# shared encoder writes the same text (it keeps no state between calls).
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _ENCODER.encode(value)
+
+
+class _Revisions:
+    """A bounded map from the text of execution revisions to their value, least recently used first out."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._values: collections.OrderedDict[str, p.Execution] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> p.Execution | None:
+        with self._lock:
+            value = self._values.get(text)
+            if value is not None:
+                self._values.move_to_end(text)
+            return value
+
+    def put(self, text: str, value: p.Execution) -> None:
+        with self._lock:
+            self._values[text] = value
+            if len(self._values) > self.size:
+                self._values.popitem(last=False)
+
+
+_REVISIONS = _Revisions(4096)
 
 
 def encode_execution(execution: p.Execution) -> str:
     wait = execution.wait
-    return dumps(
+    text = dumps(
         {
             "execution_id": execution.execution_id,
             "business_id": execution.business_id,
@@ -63,12 +103,17 @@ def encode_execution(execution: p.Execution) -> str:
             "wait": None if wait is None else [wait.execution_id, wait.node_id, wait.attempt_id],
         }
     )
+    _REVISIONS.put(text, execution)
+    return text
 
 
 def decode_execution(text: str) -> p.Execution:
+    known = _REVISIONS.get(text)
+    if known is not None:
+        return known
     body = json.loads(text)
     wait = body["wait"]
-    return p.Execution(
+    execution = p.Execution(
         execution_id=body["execution_id"],
         business_id=body["business_id"],
         state=ExecutionState(body["state"]),
@@ -80,6 +125,8 @@ def decode_execution(text: str) -> p.Execution:
         fence=body["fence"],
         wait=None if wait is None else p.WaitKey(*wait),
     )
+    _REVISIONS.put(text, execution)
+    return execution
 
 
 def encode_wait_spec(spec: p.WaitSpec) -> str:

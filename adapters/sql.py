@@ -19,7 +19,6 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -39,6 +38,9 @@ EXECUTION_TYPE = "WorkflowExecution"
 DEFINITION_TYPE = "WorkflowDefinition"
 RECOVERY_COMMAND_TYPE = "workflow_reconcile"
 
+_DISPATCH_LISTED = {ExecutionState.ELIGIBLE: DispatchState.ELIGIBLE, ExecutionState.RUNNING: DispatchState.CLAIMED}
+"""Execution states listed through workflow_dispatch's partial indexes, with the dispatch state each mirrors."""
+
 
 @attrs.frozen
 class Dialect:
@@ -53,9 +55,7 @@ class Dialect:
     integrity_errors: tuple[type[Exception], ...]
 
 
-@functools.lru_cache(maxsize=512)
 def _spell(dialect: Dialect, sql: str) -> str:
-    # Statements are few and fixed, so each is rewritten once, not per call.
     return sql.replace(" IS ?", f" {dialect.same} ?").replace("{seq}", dialect.seq).replace("?", dialect.placeholder)
 
 
@@ -67,12 +67,26 @@ class SqlBackend(Backend):
     """
 
     dialect: ClassVar[Dialect]
+    _spellings: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Statements are few and fixed, so each is spelt once per dialect and
+        # looked up by its text: cheaper on every call than hashing the dialect.
+        cls._spellings = {}
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
+        self._picked: dict[str, tuple[p.Execution, p.Dispatch | None]] = {}
+        """Rows next_eligible() read for the load() that follows it; each is used once."""
 
     def _sql(self, sql: str) -> str:
-        return _spell(self.dialect, sql)
+        spelled = self._spellings.get(sql)
+        if spelled is None:
+            spelled = _spell(self.dialect, sql)
+            if len(self._spellings) < 4096:  # a bound, should a statement ever carry a value
+                self._spellings[sql] = spelled
+        return spelled
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         return self.conn.execute(self._sql(sql), params)
@@ -92,31 +106,52 @@ class SqlBackend(Backend):
         return [str(r[0]) for r in rows]
 
     def execution_ids(self, state: ExecutionState | None) -> list[str]:
+        # The state is an enum member, so it is spelt into the SQL: a bound
+        # value compared with a partial index's condition makes SQLite prepare
+        # the statement again on every call.
         if state is None:
-            rows = self._execute(
-                "SELECT object_id FROM objects WHERE object_type = ? ORDER BY object_id", (EXECUTION_TYPE,)
-            ).fetchall()
+            sql = f"SELECT object_id FROM objects WHERE object_type = '{EXECUTION_TYPE}' ORDER BY object_id"
+        elif state in _DISPATCH_LISTED:
+            # Eligible and running executions are found through the dispatch
+            # table's own partial indexes (the SQLite store does not index
+            # them a second time); the execution's state is still checked, as
+            # it is the authority.
+            # CROSS JOIN: SQLite keeps the written order, dispatch rows first;
+            # left to itself on a young file it walks every object instead.
+            sql = (
+                "SELECT o.object_id FROM workflow_dispatch d CROSS JOIN objects o "
+                f"WHERE d.dispatch_state = '{_DISPATCH_LISTED[state].value}' "
+                f"AND o.object_id = d.workflow_execution_id AND o.object_type = '{EXECUTION_TYPE}' "
+                f"AND o.state = '{state.value}' ORDER BY o.object_id"
+            )
         else:
-            rows = self._execute(
-                "SELECT object_id FROM objects WHERE object_type = ? AND state = ? ORDER BY object_id",
-                (EXECUTION_TYPE, state.value),
-            ).fetchall()
-        return [str(r[0]) for r in rows]
+            sql = (
+                f"SELECT object_id FROM objects WHERE object_type = '{EXECUTION_TYPE}' "
+                f"AND state NOT IN ('eligible', 'running') AND state = '{state.value}' ORDER BY object_id"
+            )
+        return [str(r[0]) for r in self._execute(sql).fetchall()]
 
     business_id: str | None = None
     """When set, rows of any other business do not exist for this backend."""
 
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
+        picked = self._picked.pop(execution_id, None)
+        if picked is not None:
+            return picked
         row = self._execute(
             # One round trip: the current revision's body by primary key (a
             # scalar subquery, so no plan, nor missing statistics after a bulk
-            # load, can turn it into a scan) beside the dispatch row.
+            # load, can turn it into a scan) beside the dispatch row.  The type
+            # is spelt, not bound: SQLite prepares a join again on every call
+            # when a bound value meets a partial index's condition (here
+            # objects_execution_state's), which cost more than the query.
             "SELECT (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id "
             "AND r.revision = o.revision), d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, "
             "d.lease_expires_at, d.step_count, d.last_error_code "
             "FROM objects o LEFT JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
-            "WHERE o.object_id = ? AND o.object_type = ? AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?)",
-            (execution_id, EXECUTION_TYPE, self.business_id, self.business_id),
+            f"WHERE o.object_id = ? AND o.object_type = '{EXECUTION_TYPE}' "
+            "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?)",
+            (execution_id, self.business_id, self.business_id),
         ).fetchone()
         if row is None:
             return None, None
@@ -151,22 +186,24 @@ class SqlBackend(Backend):
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
         # No row locks: right where the whole database is write-locked for the
         # transaction (SQLite); PostgreSQL overrides this with SKIP LOCKED.
-        if business_id is None:
-            row = self._execute(
-                "SELECT workflow_execution_id FROM workflow_dispatch "
-                "WHERE dispatch_state = 'eligible' AND eligible_at <= ? "
-                "ORDER BY eligible_at, workflow_execution_id LIMIT 1",
-                (self.dialect.encode_time(now),),
-            ).fetchone()
-        else:
-            row = self._execute(
-                "SELECT d.workflow_execution_id FROM workflow_dispatch d "
-                "JOIN objects o ON o.object_id = d.workflow_execution_id "
-                "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND o.business_id = ? "
-                "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1",
-                (self.dialect.encode_time(now), business_id),
-            ).fetchone()
-        return None if row is None else str(row[0])
+        # The rows load() reads come back with the id, so a claim reads once;
+        # nothing can change them before load() while the write lock is held.
+        scope = business_id if business_id is not None else self.business_id
+        row = self._execute(
+            "SELECT d.workflow_execution_id, (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id "
+            "AND r.revision = o.revision), d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, "
+            "d.lease_expires_at, d.step_count, d.last_error_code "
+            "FROM workflow_dispatch d JOIN objects o ON o.object_id = d.workflow_execution_id "
+            f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND o.object_type = '{EXECUTION_TYPE}' "
+            "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) "
+            "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1",
+            (self.dialect.encode_time(now), scope, scope),
+        ).fetchone()
+        if row is None:
+            return None
+        execution_id = str(row[0])
+        self._picked[execution_id] = (codec.decode_execution(row[1]), self._dispatch_from(execution_id, row[2:]))
+        return execution_id
 
     def _batch(self) -> contextlib.AbstractContextManager[object]:
         """Where the writes of one decision are sent together; PostgreSQL makes them one statement."""
@@ -320,7 +357,7 @@ class SqlBackend(Backend):
                     None if r.from_state is None else r.from_state.value,
                     r.to_state.value,
                     r.revision,
-                    self.dialect.encode_time(r.at),
+                    at if r.at is now else self.dialect.encode_time(r.at),
                     r.actor,
                     r.lease_token,
                     r.fence,
@@ -407,8 +444,9 @@ class SqlBackend(Backend):
     def definition_revisions(self, object_id: str) -> list[tuple[str, int, str]]:
         rows = self._execute(
             "SELECT o.business_id, v.revision, v.body FROM objects o JOIN object_revisions v "
-            "ON v.object_id = o.object_id WHERE o.object_id = ? AND o.object_type = ? ORDER BY v.revision",
-            (object_id, DEFINITION_TYPE),
+            f"ON v.object_id = o.object_id WHERE o.object_id = ? AND o.object_type = '{DEFINITION_TYPE}' "
+            "ORDER BY v.revision",
+            (object_id,),
         ).fetchall()
         return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
 

@@ -57,6 +57,7 @@ from fencekeeper.adapters.testing.suite import (
     decided,
     finalize_request,
     recovery_request,
+    snapshot,
     step_request,
     view,
 )
@@ -272,6 +273,83 @@ def test_reopening_keeps_the_data_and_migrates_nothing_again(tmp_path: Path) -> 
         assert conn.execute("SELECT * FROM schema_migrations").fetchall() == migrations
     finally:
         conn.close()
+
+
+def test_a_version_2_store_migrates_forward_keeping_every_row_and_its_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Migration 3 rebuilds the transitions table (without AUTOINCREMENT) and
+    # replaces an index; a store written at version 2 must come through with
+    # the same history, in the same order, and go on appending after it.
+    path = tmp_path / "store.db"
+    with monkeypatch.context() as patched:
+        patched.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:2])
+        populated_store(path)
+        old = SQLiteStore(path)
+        before = snapshot(old)
+        old.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (2,)
+        old_rows = conn.execute("SELECT * FROM transitions ORDER BY seq").fetchall()
+        assert conn.execute("SELECT count(*) FROM sqlite_sequence WHERE name = 'transitions'").fetchone() == (1,)
+    finally:
+        conn.close()
+    assert len(old_rows) > 12, "the version 2 store should hold some history"
+
+    store = SQLiteStore(path, clock=ManualClock())
+    try:
+        assert snapshot(store) == before, "migrating changed what a client sees"
+        execution_id, credential = claim(store, "w-3")
+        decided(store.finalize(finalize_request(store, execution_id, credential, ExecutionState.FAILED)))
+        assert store.execution_ids(ExecutionState.FAILED) == [execution_id]
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert [row[0] for row in conn.execute("SELECT version FROM schema_migrations ORDER BY version")] == [
+            n for n, _, _ in sqlite_store.MIGRATIONS
+        ]
+        rows = conn.execute("SELECT * FROM transitions ORDER BY seq").fetchall()
+        assert rows[: len(old_rows)] == old_rows, "every version 2 transition is kept, with its seq"
+        assert len(rows) == len(old_rows) + 2 and rows[-1][0] > old_rows[-1][0]
+        assert conn.execute("SELECT count(*) FROM sqlite_sequence WHERE name = 'transitions'").fetchone() == (0,)
+        assert "AUTOINCREMENT" not in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'transitions'"
+        ).fetchone()[0].upper()
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            conn.execute("DELETE FROM transitions")
+    finally:
+        conn.close()
+
+
+def test_listing_by_state_uses_an_index_for_every_state(tmp_path: Path) -> None:
+    # Eligible and running executions are listed through workflow_dispatch's
+    # partial indexes, the others through objects_execution_state: no state
+    # may fall back to scanning every object.
+    store = SQLiteStore(tmp_path / "store.db")
+    try:
+        conn = store_connection(store)
+        for state in ExecutionState:
+            sql = _listing_sql(store, state)
+            plan = " ".join(str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+            assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, (state, plan)
+            assert "SCAN o" not in plan and "SCAN objects" not in plan, (state, plan)
+    finally:
+        store.close()
+
+
+def _listing_sql(store: SQLiteStore, state: ExecutionState) -> str:
+    statements: list[str] = []
+    conn = store_connection(store)
+    conn.set_trace_callback(statements.append)
+    try:
+        store.execution_ids(state)
+    finally:
+        conn.set_trace_callback(None)
+    return next(s for s in statements if s.startswith("SELECT"))
 
 
 # --- bad input ----------------------------------------------------------------------------------
