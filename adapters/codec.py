@@ -87,8 +87,45 @@ class _Revisions:
 _REVISIONS = _Revisions(4096)
 
 
+_quote = json.encoder.encode_basestring_ascii
+"""How ``json.dumps`` writes a string (ensure_ascii, its default): quoted and escaped, in C."""
+
+
 def encode_execution(execution: p.Execution) -> str:
-    wait = execution.wait
+    e = execution
+    wait = e.wait
+    # Written out in canonical order (the keys sorted) when every field has
+    # the exact type the kernel gives it: the same text as the generic
+    # encoder, a few microseconds sooner on every decision.  Anything else
+    # goes through the generic encoder.
+    if (
+        type(e.execution_id) is str
+        and type(e.business_id) is str
+        and type(e.definition_id) is str
+        and (e.current_node_id is None or type(e.current_node_id) is str)
+        and type(e.revision) is int
+        and type(e.definition_revision) is int
+        and type(e.step_count) is int
+        and type(e.fence) is int
+        and (
+            wait is None
+            or (type(wait.execution_id) is str and type(wait.node_id) is str and type(wait.attempt_id) is str)
+        )
+    ):
+        node = "null" if e.current_node_id is None else _quote(e.current_node_id)
+        waits = (
+            "null"
+            if wait is None
+            else f"[{_quote(wait.execution_id)},{_quote(wait.node_id)},{_quote(wait.attempt_id)}]"
+        )
+        text = (
+            f'{{"business_id":{_quote(e.business_id)},"current_node_id":{node},'
+            f'"definition_id":{_quote(e.definition_id)},"definition_revision":{e.definition_revision},'
+            f'"execution_id":{_quote(e.execution_id)},"fence":{e.fence},"revision":{e.revision},'
+            f'"state":{_quote(e.state.value)},"step_count":{e.step_count},"wait":{waits}}}'
+        )
+        _REVISIONS.put(text, execution)
+        return text
     text = dumps(
         {
             "execution_id": execution.execution_id,

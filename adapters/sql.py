@@ -67,6 +67,8 @@ class SqlBackend(Backend):
     """
 
     dialect: ClassVar[Dialect]
+    revisions_carry_transitions: ClassVar[bool] = False
+    """Whether an execution revision row holds the transition that made it (SQLite, from migration 4)."""
     _spellings: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -124,10 +126,20 @@ class SqlBackend(Backend):
                 f"AND o.object_id = d.workflow_execution_id AND o.object_type = '{EXECUTION_TYPE}' "
                 f"AND o.state = '{state.value}' ORDER BY o.object_id"
             )
-        else:
+        elif state == ExecutionState.SUCCEEDED:
+            # Where nearly every execution ends: listing them reads about as
+            # many rows as there are executions, with or without an index, so
+            # the SQLite store keeps none (it would cost a page on every success).
             sql = (
                 f"SELECT object_id FROM objects WHERE object_type = '{EXECUTION_TYPE}' "
-                f"AND state NOT IN ('eligible', 'running') AND state = '{state.value}' ORDER BY object_id"
+                f"AND state = '{state.value}' ORDER BY object_id"
+            )
+        else:
+            # The partial index's own condition, repeated so SQLite sees it holds.
+            sql = (
+                f"SELECT object_id FROM objects WHERE object_type = '{EXECUTION_TYPE}' "
+                f"AND state NOT IN ('eligible', 'running', 'succeeded') AND state = '{state.value}' "
+                "ORDER BY object_id"
             )
         return [str(r[0]) for r in self._execute(sql).fetchall()]
 
@@ -327,11 +339,35 @@ class SqlBackend(Backend):
                 sql += " AND EXISTS (SELECT 1 FROM objects WHERE object_id = ? AND revision = ? AND state = ?)"
                 params += [eid, guard.expected_revision, expected_state]
             self._guarded(sql, params)
+        records = decision.evidence
         if execution is not None:
-            self._execute(
-                "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) VALUES (?, ?, ?, ?, ?)",
-                (eid, execution.revision, execution.state.value, codec.encode_execution(execution), at),
-            )
+            body = codec.encode_execution(execution)
+            carried = self._carried(records, execution, now) if self.revisions_carry_transitions else None
+            if carried is None:
+                self._execute(
+                    "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (eid, execution.revision, execution.state.value, body, at),
+                )
+            else:
+                self._execute(
+                    "INSERT INTO object_revisions (object_id, revision, state, body, committed_at, event, "
+                    "from_state, actor, lease_token, fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        eid,
+                        execution.revision,
+                        execution.state.value,
+                        body,
+                        at,
+                        None if carried.event is None else carried.event.value,
+                        None if carried.from_state is None else carried.from_state.value,
+                        carried.actor,
+                        carried.lease_token,
+                        carried.fence,
+                        carried.reason,
+                    ),
+                )
+                records = tuple(r for r in records if r is not carried)
         if decision.registration is not None:
             self._queue_registration(decision.registration)
         if decision.recovery is not None:
@@ -347,7 +383,7 @@ class SqlBackend(Backend):
                     at,
                 ),
             )
-        for r in decision.evidence:
+        for r in records:
             self._execute(
                 "INSERT INTO transitions (execution_id, event, from_state, to_state, revision, at, actor, "
                 "lease_token, fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -365,6 +401,21 @@ class SqlBackend(Backend):
                 ),
             )
         self._queue_evidence(eid, evidence, at, None if execution is None else execution.business_id)
+
+    @staticmethod
+    def _carried(
+        records: Sequence[p.TransitionRecord], execution: p.Execution, now: datetime
+    ) -> p.TransitionRecord | None:
+        """The record the new revision row can carry: the one that made exactly this revision, now."""
+        for r in records:
+            if (
+                r.execution_id == execution.execution_id
+                and r.revision == execution.revision
+                and r.to_state == execution.state
+                and r.at == now
+            ):
+                return r
+        return None
 
     def _queue_evidence(
         self, eid: str, evidence: Sequence[Evidence], at: object, business_id: str | None = None
@@ -600,6 +651,25 @@ class SqlBackend(Backend):
             last_error_code=row[6],
         )
 
+    def _history_query(self, execution_id: str) -> tuple[str, tuple[object, ...]]:
+        """The statement reading an execution's transitions, oldest first."""
+        if not self.revisions_carry_transitions:
+            return (
+                "SELECT event, from_state, to_state, revision, at, actor, lease_token, fence, reason "
+                "FROM transitions WHERE execution_id = ? ORDER BY seq",
+                (execution_id,),
+            )
+        # The execution_transitions view, written out so that each half is
+        # read through its own index.
+        return (
+            "SELECT event, from_state, to_state, revision, at, actor, lease_token, fence, reason FROM ("
+            "SELECT event, from_state, state AS to_state, revision, committed_at AS at, actor, lease_token, fence, "
+            "reason, 0 AS rank, NULL AS seq FROM object_revisions WHERE object_id = ? AND reason IS NOT NULL "
+            "UNION ALL SELECT event, from_state, to_state, revision, at, actor, lease_token, fence, reason, 1, seq "
+            "FROM transitions WHERE execution_id = ?) ORDER BY revision, rank, seq",
+            (execution_id, execution_id),
+        )
+
     def read_view(self, execution_id: str) -> ExecutionView | None:
         """The execution with its whole history, or None."""
         execution, dispatch = self.load(execution_id)
@@ -624,11 +694,7 @@ class SqlBackend(Backend):
                 fence=r[7],
                 reason=r[8],
             )
-            for r in self._execute(
-                "SELECT event, from_state, to_state, revision, at, actor, lease_token, fence, reason "
-                "FROM transitions WHERE execution_id = ? ORDER BY seq",
-                (execution_id,),
-            )
+            for r in self._execute(*self._history_query(execution_id))
         )
         keys = self._execute(
             "SELECT node_id, attempt_id FROM wait_registrations WHERE execution_id = ? "

@@ -195,9 +195,12 @@ BEGIN SELECT RAISE(ABORT, 'event_keys is append-only'); END;
         # needed:
         # - objects_type_state indexed every object by type and state, so each
         #   execution transition moved an index entry and each evidence object
-        #   added one.  Only executions are listed by state, and eligible and
+        #   added one.  Only executions are listed by state; eligible and
         #   running ones are found through workflow_dispatch's own partial
-        #   indexes, so the index keeps only executions in the other states.
+        #   indexes, and succeeded ones, where nearly every execution ends,
+        #   would be listed at the cost of reading them all anyway.  The index
+        #   keeps the executions in the other states: the few an operator
+        #   looks for (waiting, failed, cancelled and the review states).
         # - transitions was AUTOINCREMENT, which writes sqlite_sequence on every
         #   insert.  Its rows can never be deleted (a trigger refuses it), so the
         #   largest rowid is never freed and a plain INTEGER PRIMARY KEY already
@@ -205,7 +208,7 @@ BEGIN SELECT RAISE(ABORT, 'event_keys is append-only'); END;
         """
 DROP INDEX objects_type_state;
 CREATE INDEX objects_execution_state ON objects (state, object_id)
-    WHERE object_type = 'WorkflowExecution' AND state NOT IN ('eligible', 'running');
+    WHERE object_type = 'WorkflowExecution' AND state NOT IN ('eligible', 'running', 'succeeded');
 
 CREATE TABLE transitions_v3 (
     seq          INTEGER PRIMARY KEY,
@@ -230,6 +233,34 @@ CREATE TRIGGER transitions_no_update BEFORE UPDATE ON transitions
 BEGIN SELECT RAISE(ABORT, 'transitions is append-only'); END;
 CREATE TRIGGER transitions_no_delete BEFORE DELETE ON transitions
 BEGIN SELECT RAISE(ABORT, 'transitions is append-only'); END;
+""",
+    ),
+    (
+        4,
+        "revisions_carry_their_transition",
+        # A decision that writes an execution revision wrote the same change a
+        # second time as a transitions row, with the table's own index on
+        # top: two more pages in every commit.  The revision row now carries
+        # the transition that made it (to_state is the revision's state and
+        # at its committed_at); transitions keeps the ones that make no
+        # revision (renewals) and every row written before this migration.
+        # execution_transitions shows both, one row per transition, in order
+        # per execution: revision, then the revision's own before the rest,
+        # then seq.
+        """
+ALTER TABLE object_revisions ADD COLUMN event TEXT;
+ALTER TABLE object_revisions ADD COLUMN from_state TEXT;
+ALTER TABLE object_revisions ADD COLUMN actor TEXT;
+ALTER TABLE object_revisions ADD COLUMN lease_token TEXT;
+ALTER TABLE object_revisions ADD COLUMN fence INTEGER;
+ALTER TABLE object_revisions ADD COLUMN reason TEXT;
+CREATE VIEW execution_transitions AS
+    SELECT object_id AS execution_id, event, from_state, state AS to_state, revision, committed_at AS at, actor,
+        lease_token, fence, reason, 0 AS rank, NULL AS seq
+    FROM object_revisions WHERE reason IS NOT NULL
+    UNION ALL
+    SELECT execution_id, event, from_state, to_state, revision, at, actor, lease_token, fence, reason, 1 AS rank, seq
+    FROM transitions;
 """,
     ),
 )
@@ -275,6 +306,7 @@ class _SQLiteBackend(SqlBackend):
     """BEGIN IMMEDIATE already holds the file's write lock, so no row locks are needed."""
 
     dialect = SQLITE
+    revisions_carry_transitions = True
 
 
 

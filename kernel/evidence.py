@@ -25,6 +25,10 @@ from typing import Any
 
 import attrs
 
+# Built once: json.dumps with options builds a new encoder on every call.  It
+# keeps no state between calls, so sharing it writes the same text.
+_BODY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
 
 @attrs.frozen
 class Evidence:
@@ -37,7 +41,7 @@ class Evidence:
     state: str | None = None
 
     def body_json(self) -> str:
-        return json.dumps(self.body, sort_keys=True, separators=(",", ":"), default=str)
+        return _BODY_ENCODER.encode(self.body)
 
     def next(self, state: str | None, body: Mapping[str, Any]) -> Evidence:
         """The following revision of this object, with ``body`` merged over the current one."""

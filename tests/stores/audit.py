@@ -33,7 +33,17 @@ class Loaded:
     history: dict[str, list[Row]]
 
 
-def load(rows: Callable[[str], Iterable[Row]]) -> Loaded:
+HISTORY = {
+    # PostgreSQL keeps every transition in its own table.
+    "transitions": "SELECT * FROM transitions ORDER BY seq",
+    # SQLite (migration 4): a revision row carries the transition that made
+    # it; the view shows those and the transitions table's rows, in order
+    # per execution.
+    "execution_transitions": "SELECT * FROM execution_transitions ORDER BY execution_id, revision, rank, seq",
+}
+
+
+def load(rows: Callable[[str], Iterable[Row]], history_from: str = "transitions") -> Loaded:
     """Every execution with its dispatch row, revisions and transitions, in commit order."""
     executions = {r["object_id"]: r for r in rows("SELECT * FROM objects WHERE object_type = 'WorkflowExecution'")}
     dispatch = {r["workflow_execution_id"]: r for r in rows("SELECT * FROM workflow_dispatch")}
@@ -43,7 +53,7 @@ def load(rows: Callable[[str], Iterable[Row]]) -> Loaded:
         if r["object_id"] in executions:
             revisions[r["object_id"]].append(r)
     history: dict[str, list[Row]] = collections.defaultdict(list)
-    for r in rows("SELECT * FROM transitions ORDER BY seq"):
+    for r in rows(HISTORY[history_from]):
         history[r["execution_id"]].append(r)
     return Loaded(executions, dispatch, revisions, history)
 
@@ -59,7 +69,7 @@ def check_finished_once(loaded: Loaded) -> collections.Counter[str]:
         into_terminal = [t for t in transitions if t["to_state"] in TERMINAL]
         if state in TERMINAL:
             assert len(into_terminal) == 1, (execution_id, [dict(t) for t in into_terminal])
-            assert into_terminal[0]["seq"] == transitions[-1]["seq"], f"{execution_id}: written after it ended"
+            assert into_terminal[0] is transitions[-1], f"{execution_id}: written after it ended"
         else:
             assert into_terminal == [], execution_id
         assert transitions[-1]["to_state"] == state

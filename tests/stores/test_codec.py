@@ -8,7 +8,9 @@ What these tests prove:
 - times are written as UTC with microseconds and a ``+00:00`` offset whatever
   zone they come in, naive times are refused, and reading gives the same
   instant back, in UTC;
-- an execution revision reads back equal to what was written, and the
+- an execution revision is written as exactly the canonical JSON the
+  generic encoder writes (keys sorted, no spaces, non-ASCII escaped), and
+  reads back equal to what was written, and the
   revision cache answers exactly what parsing the text afresh answers, both
   for a revision this process wrote and for one it has only read;
 - the cache is bounded, least recently used first out.
@@ -27,7 +29,7 @@ from fencekeeper.adapters import codec
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 
-ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_:/é", min_size=1, max_size=20)
+ids = st.text(min_size=1, max_size=20) | st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_:/", min_size=1)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -43,10 +45,10 @@ executions = st.builds(
     revision=st.integers(min_value=1, max_value=10**6),
     definition_id=ids,
     definition_revision=st.integers(min_value=1, max_value=1000),
-    current_node_id=ids,
     step_count=st.integers(min_value=0, max_value=p.STEP_LIMIT),
     fence=st.integers(min_value=0, max_value=10**6),
     wait=st.none() | st.builds(p.WaitKey, ids, ids, ids),
+    current_node_id=st.none() | ids,
 )
 
 moments = st.datetimes(
@@ -90,6 +92,28 @@ def _read_with_a_cold_cache(text: str) -> tuple[p.Execution, p.Execution]:
         return codec.decode_execution(text), codec.decode_execution(text)
     finally:
         codec._REVISIONS = cache
+
+
+@given(executions)
+def test_an_execution_revision_is_written_as_canonical_json(execution: p.Execution) -> None:
+    wait = execution.wait
+    generic = json.dumps(
+        {
+            "execution_id": execution.execution_id,
+            "business_id": execution.business_id,
+            "state": execution.state.value,
+            "revision": execution.revision,
+            "definition_id": execution.definition_id,
+            "definition_revision": execution.definition_revision,
+            "current_node_id": execution.current_node_id,
+            "step_count": execution.step_count,
+            "fence": execution.fence,
+            "wait": None if wait is None else [wait.execution_id, wait.node_id, wait.attempt_id],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    assert codec.encode_execution(execution) == generic
 
 
 @given(executions)

@@ -57,11 +57,11 @@ PARK_OPS = ("admit", "claim", "step", "renew", "append", "release", "finalize", 
 # What each operation would write that nothing else ever does.
 MARKER_QUERIES = {
     "admit": "SELECT count(*) FROM objects WHERE object_id = ?",
-    "claim": "SELECT count(*) FROM transitions WHERE lease_token = ?",
+    "claim": "SELECT count(*) FROM execution_transitions WHERE lease_token = ?",
     "step": "SELECT count(*) FROM objects WHERE object_id = ?",
     "append": "SELECT count(*) FROM objects WHERE object_id = ?",
     "finalize": "SELECT count(*) FROM objects WHERE object_id = ?",
-    "release": "SELECT count(*) FROM transitions WHERE event = 'release' AND lease_token = ?",
+    "release": "SELECT count(*) FROM execution_transitions WHERE event = 'release' AND lease_token = ?",
     "recover": "SELECT count(*) FROM commands WHERE command_id = ?",
     "wake": "SELECT count(*) FROM wait_registrations WHERE woken_by = ?",
 }
@@ -97,7 +97,9 @@ def _torn(conn: sqlite3.Connection) -> list[str]:
     for r in conn.execute("SELECT * FROM object_revisions ORDER BY object_id, revision"):
         revisions[r["object_id"]].append(r)
     history: dict[str, list[sqlite3.Row]] = collections.defaultdict(list)
-    for r in conn.execute("SELECT * FROM transitions ORDER BY seq"):
+    # Revision rows carry the transition that made them (migration 4); the
+    # view shows those beside the transitions table's, in order per execution.
+    for r in conn.execute("SELECT * FROM execution_transitions ORDER BY execution_id, revision, rank, seq"):
         history[r["execution_id"]].append(r)
     registrations: dict[str, list[sqlite3.Row]] = collections.defaultdict(list)
     for r in conn.execute("SELECT * FROM wait_registrations"):
@@ -352,7 +354,7 @@ def test_sigkill_inside_transactions_leaves_no_torn_decision(tmp_path: Path) -> 
         assert torn_decisions(conn) == []
         counts = {
             table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-            for table in ("objects", "transitions", "commands", "wait_registrations")
+            for table in ("objects", "execution_transitions", "commands", "wait_registrations")
         }
     finally:
         conn.close()
