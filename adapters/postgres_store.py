@@ -197,6 +197,57 @@ CREATE TRIGGER event_keys_append_only BEFORE UPDATE OR DELETE ON event_keys
     FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
 """,
     ),
+    (
+        3,
+        "hot_object_updates",
+        # Every decision updates its execution's objects row (revision, state,
+        # updated_at).  objects_type_state indexed the state, so each of those
+        # updates wrote a new entry into every index of the table.  Without an
+        # index on any column a decision changes, PostgreSQL updates the row
+        # in place on its page (a HOT update) and touches no index at all;
+        # the fillfactor leaves room on each page for those new versions.
+        # Only executions are listed by state, and eligible and running ones
+        # are found through workflow_dispatch's partial indexes; succeeded
+        # ones, where nearly every execution ends, would be listed at the cost
+        # of reading them all anyway.  The rest (waiting, failed, cancelled and
+        # the review states) are found through the append-only revision rows
+        # that entered them, which are written once and never updated: the
+        # index costs nothing on the path from eligible to succeeded.
+        """
+DROP INDEX objects_type_state;
+ALTER TABLE objects SET (fillfactor = 80);
+CREATE INDEX object_revisions_listed ON object_revisions (state, object_id)
+    WHERE state IN ('waiting', 'failed', 'cancelled', 'suspended', 'reconciliation_required');
+""",
+    ),
+    (
+        4,
+        "revisions_carry_their_transition",
+        # A decision that writes an execution revision wrote the same change a
+        # second time as a transitions row, with two indexes and a foreign
+        # key check on top.  The revision row now carries the transition that
+        # made it (to_state is the revision's state and at its committed_at);
+        # transitions keeps the ones that make no revision (renewals) and
+        # every row written before this migration.  execution_transitions
+        # shows both, one row per transition, in order per execution:
+        # revision, then the revision's own before the rest, then seq.
+        """
+ALTER TABLE object_revisions
+    ADD COLUMN event text,
+    ADD COLUMN from_state text,
+    ADD COLUMN actor text,
+    ADD COLUMN lease_token text,
+    ADD COLUMN fence integer,
+    ADD COLUMN reason text;
+CREATE VIEW execution_transitions AS
+    SELECT object_id AS execution_id, event, from_state, state AS to_state, revision, committed_at AS at, actor,
+        lease_token, fence, reason, 0 AS rank, NULL::bigint AS seq
+    FROM object_revisions WHERE reason IS NOT NULL
+    UNION ALL
+    SELECT execution_id, event, from_state, to_state, revision, at, actor, lease_token, fence, reason, 1 AS rank, seq
+    FROM transitions;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
@@ -239,8 +290,28 @@ class _Deferred:
     rowcount = -1
 
 
+# Executions in these states are listed through the revision rows that
+# entered them (migration 3's object_revisions_listed; its condition, spelt
+# the same way).  Any other state is listed by reading every execution.
+_LISTED_BY_REVISION = ("waiting", "failed", "cancelled", "suspended", "reconciliation_required")
+_LISTED_CONDITION = "state IN (" + ", ".join(f"'{s}'" for s in _LISTED_BY_REVISION) + ")"
+
+
+def listing_sql(state: ExecutionState) -> str:
+    """The statement listing executions in one of ``_LISTED_BY_REVISION``'s states."""
+    # An execution is in the state when its current revision is one that
+    # entered it; the index's condition is repeated so the planner sees it holds.
+    return (
+        "SELECT o.object_id FROM object_revisions r JOIN objects o "
+        "ON o.object_id = r.object_id AND o.revision = r.revision "
+        f"WHERE r.{_LISTED_CONDITION} AND r.state = '{state.value}' "
+        f"AND o.object_type = '{EXECUTION_TYPE}' ORDER BY o.object_id"
+    )
+
+
 class _PostgresBackend(SqlBackend):
     dialect = POSTGRES
+    revisions_carry_transitions = True
     _collecting: list[tuple[str, Sequence[object], _Deferred]] | None = None
 
     def __init__(self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool) -> None:
@@ -283,6 +354,11 @@ class _PostgresBackend(SqlBackend):
         deferred = _Deferred()
         self._collecting.append((self._sql(sql), params, deferred))
         return deferred
+
+    def execution_ids(self, state: ExecutionState | None) -> list[str]:
+        if state is None or state.value not in _LISTED_BY_REVISION:
+            return super().execution_ids(state)
+        return [str(r[0]) for r in self._execute(listing_sql(state)).fetchall()]
 
     def _conflict_table(self, exc: Exception) -> str | None:
         diag = getattr(exc, "diag", None)

@@ -666,7 +666,7 @@ class SqlBackend(Backend):
             "SELECT event, from_state, state AS to_state, revision, committed_at AS at, actor, lease_token, fence, "
             "reason, 0 AS rank, NULL AS seq FROM object_revisions WHERE object_id = ? AND reason IS NOT NULL "
             "UNION ALL SELECT event, from_state, to_state, revision, at, actor, lease_token, fence, reason, 1, seq "
-            "FROM transitions WHERE execution_id = ?) ORDER BY revision, rank, seq",
+            "FROM transitions WHERE execution_id = ?) AS history ORDER BY revision, rank, seq",
             (execution_id, execution_id),
         )
 

@@ -616,17 +616,17 @@ def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str,
         )
         == 0
     ), "an object whose revision rows are not exactly 1..revision"
-    assert count(conn, "SELECT count(*) FROM transitions WHERE event IS DISTINCT FROM 'renew'") == count(
+    assert count(conn, "SELECT count(*) FROM execution_transitions WHERE event IS DISTINCT FROM 'renew'") == count(
         conn, "SELECT sum(revision) FROM objects WHERE object_type = 'WorkflowExecution'"
     )
     assert count(conn, "SELECT count(*) FROM commands") == count(
-        conn, "SELECT count(*) FROM transitions WHERE event IN ('quarantine_expired', 'fail', 'resume_safe')"
+        conn, "SELECT count(*) FROM execution_transitions WHERE event IN ('quarantine_expired', 'fail', 'resume_safe')"
     )
     assert count(conn, "SELECT count(*) FROM wait_registrations") == count(
-        conn, "SELECT count(*) FROM transitions WHERE event = 'finalize_waiting'"
+        conn, "SELECT count(*) FROM execution_transitions WHERE event = 'finalize_waiting'"
     )
     assert count(conn, "SELECT count(*) FROM wait_registrations WHERE woken_by IS NOT NULL") == count(
-        conn, "SELECT count(*) FROM transitions WHERE event = 'wake'"
+        conn, "SELECT count(*) FROM execution_transitions WHERE event = 'wake'"
     )
 
     by_op: collections.Counter[str] = collections.Counter(e["op"] for e in decided)
@@ -653,11 +653,13 @@ def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str,
     # lost connection, was SIGKILLed holding it (it was that worker's last
     # claim), or paused or ran slow past it.
     abandoned = {(e["worker"], e["abandoned"]) for e in ledger.abandoned}
-    last_claim: dict[str, tuple[str, int]] = {}
+    # A worker's claims are one after another, each at the database time of
+    # its own transaction (the revision rows that carry them have no seq).
+    last_claim: dict[str, tuple[str, datetime]] = {}
     for ts in history.values():
         for t in ts:
-            if t["event"] == "claim" and (t["actor"] not in last_claim or t["seq"] > last_claim[t["actor"]][1]):
-                last_claim[t["actor"]] = (t["execution_id"], t["seq"])
+            if t["event"] == "claim" and (t["actor"] not in last_claim or t["at"] > last_claim[t["actor"]][1]):
+                last_claim[t["actor"]] = (t["execution_id"], t["at"])
     quarantine_causes: collections.Counter[str] = collections.Counter()
     reclaims = 0
     for execution_id, held in leases.items():
@@ -712,7 +714,7 @@ def replay_leases(history: dict[str, list[dict[str, Any]]]) -> dict[str, list[Le
         fence = 0
         highest_seen = 0
         for t in transitions:
-            where = f"{execution_id} seq {t['seq']} {t['event']} by {t['actor']}"
+            where = f"{execution_id} revision {t['revision']} {t['event']} by {t['actor']}"
             if t["lease_token"] is not None:
                 # Fences carried by token-bearing records never go back.
                 assert t["fence"] >= highest_seen, f"{where}: fence {t['fence']} after fence {highest_seen}"

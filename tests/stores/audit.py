@@ -33,17 +33,14 @@ class Loaded:
     history: dict[str, list[Row]]
 
 
-HISTORY = {
-    # PostgreSQL keeps every transition in its own table.
-    "transitions": "SELECT * FROM transitions ORDER BY seq",
-    # SQLite (migration 4): a revision row carries the transition that made
-    # it; the view shows those and the transitions table's rows, in order
-    # per execution.
-    "execution_transitions": "SELECT * FROM execution_transitions ORDER BY execution_id, revision, rank, seq",
-}
+HISTORY = "SELECT * FROM execution_transitions ORDER BY execution_id, revision, rank, seq"
+"""Every transition, in order per execution.  In both databases a revision row
+carries the transition that made it (SQLite migration 4, PostgreSQL migration
+4); the execution_transitions view shows those beside the transitions table's
+rows (renewals, and rows written before that migration)."""
 
 
-def load(rows: Callable[[str], Iterable[Row]], history_from: str = "transitions") -> Loaded:
+def load(rows: Callable[[str], Iterable[Row]]) -> Loaded:
     """Every execution with its dispatch row, revisions and transitions, in commit order."""
     executions = {r["object_id"]: r for r in rows("SELECT * FROM objects WHERE object_type = 'WorkflowExecution'")}
     dispatch = {r["workflow_execution_id"]: r for r in rows("SELECT * FROM workflow_dispatch")}
@@ -53,7 +50,7 @@ def load(rows: Callable[[str], Iterable[Row]], history_from: str = "transitions"
         if r["object_id"] in executions:
             revisions[r["object_id"]].append(r)
     history: dict[str, list[Row]] = collections.defaultdict(list)
-    for r in rows(HISTORY[history_from]):
+    for r in rows(HISTORY):
         history[r["execution_id"]].append(r)
     return Loaded(executions, dispatch, revisions, history)
 

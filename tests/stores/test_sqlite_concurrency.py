@@ -295,7 +295,7 @@ def audit(conn: sqlite3.Connection, entries: list[dict[str, Any]]) -> dict[str, 
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     conn.row_factory = sqlite3.Row
 
-    loaded = load(lambda sql: rows(conn, sql), "execution_transitions")
+    loaded = load(lambda sql: rows(conn, sql))
     assert len(loaded.executions) == EXECUTIONS
     final_states = check_finished_once(loaded)
     history = loaded.history
