@@ -17,10 +17,13 @@ Rules of this module:
   block on each other's rows, and never wait for a lock, so claim takes no
   part in any lock cycle either.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
-  transaction *after* the row locks are held: ``now()`` is the start of the
-  transaction, and a transaction that waited for a lock would judge a
-  lease by a moment before it got the lock, making an expired lease look
-  live.  A worker's clock is never consulted.  (Tests may inject a clock.)
+  transaction, by the statement that takes the row locks when it gets them
+  without waiting (``SKIP LOCKED`` first; the claim never waits), and by a
+  statement of its own after the locks are held when it had to wait:
+  ``now()`` is the start of the transaction, and a transaction that waited
+  for a lock would judge a lease by a moment before it got the lock, making
+  an expired lease look live.  A worker's clock is never consulted.  (Tests
+  may inject a clock.)
 - Every query is scoped to one business when the store is opened with
   ``business_id``: rows of another business do not exist for it.
 - Migrations are numbered, immutable and forward-only, applied by
@@ -35,6 +38,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 import threading
@@ -297,6 +301,17 @@ _LISTED_BY_REVISION = ("waiting", "failed", "cancelled", "suspended", "reconcili
 _LISTED_CONDITION = "state IN (" + ", ".join(f"'{s}'" for s in _LISTED_BY_REVISION) + ")"
 
 
+@functools.cache
+def claim_sql(bound: str, *, scoped: bool) -> str:
+    """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``."""
+    return (
+        _PostgresBackend._ROWS
+        + f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= {bound} "
+        + ("AND o.business_id = ? " if scoped else "")
+        + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED"
+    )
+
+
 def listing_sql(state: ExecutionState) -> str:
     """The statement listing executions in one of ``_LISTED_BY_REVISION``'s states."""
     # An execution is in the state when its current revision is one that
@@ -320,6 +335,10 @@ class _PostgresBackend(SqlBackend):
         self.database_clock = database_clock
         self.made_eligible = False
         self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
+        # The time read by the statement that took this transaction's locks,
+        # and the claim's candidate found with it: each is used once.
+        self._time: datetime | None = None
+        self._candidate: tuple[datetime, str | None, str | None] | None = None
 
     @contextlib.contextmanager
     def _batch(self) -> Iterator[None]:
@@ -377,7 +396,7 @@ class _PostgresBackend(SqlBackend):
     _ROWS = (
         "SELECT (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id AND r.revision = o.revision), "
         "d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, d.step_count, "
-        "d.last_error_code, o.business_id, o.object_id, o.revision "
+        "d.last_error_code, o.business_id, o.object_id, o.revision, clock_timestamp() "
         "FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
     )
 
@@ -397,6 +416,18 @@ class _PostgresBackend(SqlBackend):
     def lock(self, execution_id: str) -> None:
         # One statement locks objects, then workflow_dispatch (the order of
         # its row marks: the one lock order of this store), and reads both.
+        # First without waiting: rows locked at once were locked at the time
+        # the same statement reads, so that time is the decision's (a round
+        # trip saved).  Rows another transaction holds are locked again,
+        # waiting, and the time is read after.
+        row = self._execute(
+            self._ROWS + "WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d SKIP LOCKED",
+            (execution_id, EXECUTION_TYPE),
+        ).fetchone()
+        if row is not None:
+            self._remember(row)
+            self._time = row[11]
+            return
         row = self._execute(
             self._ROWS + "WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d",
             (execution_id, EXECUTION_TYPE),
@@ -432,20 +463,49 @@ class _PostgresBackend(SqlBackend):
     def now(self, clock: Clock) -> datetime:
         if not self.database_clock:
             return clock.now()
-        row = self._execute("SELECT clock_timestamp()").fetchone()
-        return _aware(row[0])
+        moment, self._time = self._time, None
+        if moment is None:
+            moment = self._execute("SELECT clock_timestamp()").fetchone()[0]
+        return _aware(moment)
+
+    def _claim(self, bound: str, business_id: str | None, *values: object) -> Any:
+        # eligible_at, workflow_execution_id order through the partial index
+        # of eligible rows, up to ``bound``; locked rows are skipped, never
+        # waited for.  Unscoped and scoped claims are different statements:
+        # one statement with "(? IS NULL OR business_id = ?)" costs the
+        # planner more as a generic plan than as a custom one, so PostgreSQL
+        # planned it again on every claim.
+        scope = business_id if business_id is not None else self.business_id
+        if scope is not None:
+            values = (*values, scope)
+        return self._execute(claim_sql(bound, scoped=scope is not None), values).fetchone()
+
+    def claim_time(self, clock: Clock, business_id: str | None) -> datetime:
+        if not self.database_clock:
+            return clock.now()
+        # SKIP LOCKED never waits, so the time this statement reads is the
+        # time its rows were locked at: it is the claim's time, and the rows
+        # it returns are the candidate next_eligible() returns.  The bound is
+        # statement_timestamp(), the start of this statement and so no later
+        # than that time, because the index can only be searched up to a
+        # value that stays the same during the scan (clock_timestamp() would
+        # be a filter on every eligible row, due or not).
+        row = self._claim("statement_timestamp()", business_id)
+        if row is None:
+            # Nothing due: a claim at the time read next finds nothing either.
+            moment = self.now(clock)
+            self._candidate = (moment, business_id, None)
+            return moment
+        moment = _aware(row[11])
+        self._candidate = (moment, business_id, self._remember(row))
+        return moment
 
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
-        scope = business_id if business_id is not None else self.business_id
+        candidate, self._candidate = self._candidate, None
+        if candidate is not None and candidate[:2] == (now, business_id):
+            return candidate[2]
         # The claimed rows come back with the lock, so the claim's load() is free.
-        row = self._execute(
-            self._ROWS + "WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? "
-            "AND (CAST(? AS text) IS NULL OR o.business_id = ?) "
-            "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 "
-            "FOR UPDATE OF o, d SKIP LOCKED",
-            (now, scope, scope),
-        ).fetchone()
-        return self._remember(row)
+        return self._remember(self._claim("?", business_id, now))
 
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         self._locked.pop(decision.guard.execution_id, None)

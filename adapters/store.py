@@ -203,6 +203,13 @@ def _event_outputs(event: Event) -> dict[str, Any]:
     return {"event_id": event.event_id, **dict(event.payload)}
 
 
+@attrs.frozen
+class _Claim:
+    """A transaction that claims: its time may come with its candidate."""
+
+    business_id: str | None
+
+
 class Backend(abc.ABC):
     """What one transaction of a concrete store can read and write."""
 
@@ -216,6 +223,15 @@ class Backend(abc.ABC):
     def now(self, clock: Clock) -> datetime:
         """The authoritative time of this transaction; by default the store's clock."""
         return clock.now()
+
+    def claim_time(self, clock: Clock, business_id: str | None) -> datetime:
+        """The authoritative time of a claim's transaction.
+
+        A store may find the claim's candidate in the same statement that
+        reads the time (one round trip fewer); ``next_eligible`` with the
+        time returned here and the same ``business_id`` then returns it.
+        """
+        return self.now(clock)
 
     @abc.abstractmethod
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]: ...
@@ -341,6 +357,7 @@ class TransactionalStore(abc.ABC):
         evidence: Sequence[Evidence] = (),
         lock: str | None = None,
         topic: tuple[str, str] | None = None,
+        claim: _Claim | None = None,
     ) -> p.Outcome | None:
         for _ in range(2):
             try:
@@ -350,7 +367,7 @@ class TransactionalStore(abc.ABC):
                         tx.lock_topic(*topic)
                     if lock is not None:
                         tx.lock(lock)
-                    now = tx.now(self.clock)
+                    now = tx.now(self.clock) if claim is None else tx.claim_time(self.clock, claim.business_id)
                     outcome = decide(tx, now)
                     if isinstance(outcome, _Written):
                         return outcome.outcome  # type: ignore[no-any-return]
@@ -383,7 +400,7 @@ class TransactionalStore(abc.ABC):
                 return None
             return p.claim(*tx.load(execution_id), request, now)
 
-        return self._run(decide)
+        return self._run(decide, claim=_Claim(business_id))
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome:
         return self._one(lambda tx, now: p.renew(*tx.load(execution_id), request, now), lock=execution_id)
