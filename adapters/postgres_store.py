@@ -359,13 +359,17 @@ class _PostgresBackend(SqlBackend):
             self._collecting = None
         if not parts:
             return
-        ctes = ", ".join(f"w{n} AS ({sql} RETURNING 1)" for n, (sql, _, _) in enumerate(parts))
-        counts = ", ".join(f"(SELECT count(*) FROM w{n})" for n in range(len(parts)))
+        # Each part returns its own number once per row it touched, and the
+        # statement returns all of them: a plan of one Append, where a count
+        # per part would start an aggregate and a subquery for each.
+        ctes = ", ".join(f"w{n} AS ({sql} RETURNING {n})" for n, (sql, _, _) in enumerate(parts))
+        rows = " UNION ALL ".join(f"SELECT * FROM w{n}" for n in range(len(parts)))
         params = [value for _, values, _ in parts for value in values]
-        row = self.conn.execute(f"WITH {ctes} SELECT {counts}", params).fetchone()
-        assert row is not None
-        for (_, _, deferred), count in zip(parts, row, strict=True):
-            deferred.rowcount = int(count)
+        counts = [0] * len(parts)
+        for (part,) in self.conn.execute(f"WITH {ctes} {rows}", params).fetchall():
+            counts[part] += 1
+        for (_, _, deferred), count in zip(parts, counts, strict=True):
+            deferred.rowcount = count
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         if self._collecting is None:
