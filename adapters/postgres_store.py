@@ -301,6 +301,16 @@ _LISTED_BY_REVISION = ("waiting", "failed", "cancelled", "suspended", "reconcili
 _LISTED_CONDITION = "state IN (" + ", ".join(f"'{s}'" for s in _LISTED_BY_REVISION) + ")"
 
 
+@functools.lru_cache(maxsize=256)
+def _one_statement(parts: tuple[str, ...]) -> str:
+    """The writes of one decision as one statement (a decision's shape repeats, so its text is kept)."""
+    # Each part returns its own number once per row it touched, and the
+    # statement returns all of them: a plan of one Append, where a count per
+    # part would start an aggregate and a subquery for each.
+    ctes = ", ".join(f"w{n} AS ({sql} RETURNING {n})" for n, sql in enumerate(parts))
+    return f"WITH {ctes} " + " UNION ALL ".join(f"SELECT * FROM w{n}" for n in range(len(parts)))
+
+
 @functools.cache
 def claim_sql(bound: str, *, scoped: bool) -> str:
     """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``."""
@@ -327,7 +337,7 @@ def listing_sql(state: ExecutionState) -> str:
 class _PostgresBackend(SqlBackend):
     dialect = POSTGRES
     revisions_carry_transitions = True
-    _collecting: list[tuple[str, Sequence[object], _Deferred]] | None = None
+    _collecting: list[tuple[str, _Deferred]] | None = None
 
     def __init__(self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool) -> None:
         super().__init__(conn)
@@ -339,6 +349,8 @@ class _PostgresBackend(SqlBackend):
         # and the claim's candidate found with it: each is used once.
         self._time: datetime | None = None
         self._candidate: tuple[datetime, str | None, str | None] | None = None
+        # The parameters of the writes being collected into one statement, in order.
+        self._params: list[object] = []
 
     @contextlib.contextmanager
     def _batch(self) -> Iterator[None]:
@@ -352,6 +364,7 @@ class _PostgresBackend(SqlBackend):
         # (psycopg spends tens of microseconds on every statement) and the
         # server a sixth of the parse and protocol work.
         self._collecting = []
+        self._params = []
         try:
             yield
             parts = self._collecting
@@ -359,23 +372,18 @@ class _PostgresBackend(SqlBackend):
             self._collecting = None
         if not parts:
             return
-        # Each part returns its own number once per row it touched, and the
-        # statement returns all of them: a plan of one Append, where a count
-        # per part would start an aggregate and a subquery for each.
-        ctes = ", ".join(f"w{n} AS ({sql} RETURNING {n})" for n, (sql, _, _) in enumerate(parts))
-        rows = " UNION ALL ".join(f"SELECT * FROM w{n}" for n in range(len(parts)))
-        params = [value for _, values, _ in parts for value in values]
         counts = [0] * len(parts)
-        for (part,) in self.conn.execute(f"WITH {ctes} {rows}", params).fetchall():
+        for (part,) in self.conn.execute(_one_statement(tuple(sql for sql, _ in parts)), self._params).fetchall():
             counts[part] += 1
-        for (_, _, deferred), count in zip(parts, counts, strict=True):
+        for (_, deferred), count in zip(parts, counts, strict=True):
             deferred.rowcount = count
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         if self._collecting is None:
             return super()._execute(sql, params)
         deferred = _Deferred()
-        self._collecting.append((self._sql(sql), params, deferred))
+        self._collecting.append((self._sql(sql), deferred))
+        self._params.extend(params)
         return deferred
 
     def execution_ids(self, state: ExecutionState | None) -> list[str]:
