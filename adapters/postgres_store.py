@@ -17,9 +17,8 @@ Rules of this module:
   block on each other's rows, and never wait for a lock, so claim takes no
   part in any lock cycle either.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
-  transaction, by the statement that takes the row locks when it gets them
-  without waiting (``SKIP LOCKED`` first; the claim never waits), and by a
-  statement of its own after the locks are held when it had to wait:
+  transaction *after* the row locks are held, by the statement that takes
+  them (its outer query reads the time from the row the lock returned):
   ``now()`` is the start of the transaction, and a transaction that waited
   for a lock would judge a lease by a moment before it got the lock, making
   an expired lease look live.  A worker's clock is never consulted.  (Tests
@@ -311,12 +310,35 @@ def _one_statement(parts: tuple[str, ...]) -> str:
     return f"WITH {ctes} " + " UNION ALL ".join(f"SELECT * FROM w{n}" for n in range(len(parts)))
 
 
+def _locking_read(where: str) -> str:
+    """A statement that locks an execution's rows, then reads them and the time.
+
+    The inner query locks objects, then workflow_dispatch (the order of its
+    row marks: the one lock order of this store).  The outer one reads the
+    current revision's body and ``clock_timestamp()`` from the row the lock
+    returned, so the time is read after the lock is held, however long the
+    wait for it: the decision's time, in the same round trip.  The rows read
+    are what load() answers from: once locked they cannot change until this
+    transaction ends.
+    """
+    return (
+        "SELECT (SELECT body FROM object_revisions r WHERE r.object_id = c.object_id AND r.revision = c.revision), "
+        "c.dispatch_state, c.eligible_at, c.lease_token, c.leased_by, c.lease_expires_at, c.step_count, "
+        "c.last_error_code, c.business_id, c.object_id, c.revision, clock_timestamp() FROM ("
+        "SELECT d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, d.step_count, "
+        "d.last_error_code, o.business_id, o.object_id, o.revision "
+        f"FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id {where}) c"
+    )
+
+
+_LOCK_SQL = _locking_read("WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d")
+
+
 @functools.cache
 def claim_sql(bound: str, *, scoped: bool) -> str:
     """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``."""
-    return (
-        _PostgresBackend._ROWS
-        + f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= {bound} "
+    return _locking_read(
+        f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= {bound} "
         + ("AND o.business_id = ? " if scoped else "")
         + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED"
     )
@@ -346,7 +368,8 @@ class _PostgresBackend(SqlBackend):
         self.made_eligible = False
         self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
         # The time read by the statement that took this transaction's locks,
-        # and the claim's candidate found with it: each is used once.
+        # after it had them, and the claim's candidate found with it: each is
+        # used once.
         self._time: datetime | None = None
         self._candidate: tuple[datetime, str | None, str | None] | None = None
         # The parameters of the writes being collected into one statement, in order.
@@ -401,17 +424,6 @@ class _PostgresBackend(SqlBackend):
         match = re.match(r"Key \(object_id, revision\)=\(([^,]+), \d+\)", (diag and diag.message_detail) or "")
         return match.group(1) if match else None
 
-    # The rows a decision reads, selected by the same statement that locks
-    # them: once locked they cannot change until this transaction ends, so
-    # load() answers from here and saves a round trip.  A write of the
-    # execution drops its entry.
-    _ROWS = (
-        "SELECT (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id AND r.revision = o.revision), "
-        "d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, d.step_count, "
-        "d.last_error_code, o.business_id, o.object_id, o.revision, clock_timestamp() "
-        "FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
-    )
-
     def _remember(self, row: Sequence[Any] | None) -> str | None:
         if row is None:
             return None
@@ -426,24 +438,7 @@ class _PostgresBackend(SqlBackend):
         return execution_id
 
     def lock(self, execution_id: str) -> None:
-        # One statement locks objects, then workflow_dispatch (the order of
-        # its row marks: the one lock order of this store), and reads both.
-        # First without waiting: rows locked at once were locked at the time
-        # the same statement reads, so that time is the decision's (a round
-        # trip saved).  Rows another transaction holds are locked again,
-        # waiting, and the time is read after.
-        row = self._execute(
-            self._ROWS + "WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d SKIP LOCKED",
-            (execution_id, EXECUTION_TYPE),
-        ).fetchone()
-        if row is not None:
-            self._remember(row)
-            self._time = row[11]
-            return
-        row = self._execute(
-            self._ROWS + "WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d",
-            (execution_id, EXECUTION_TYPE),
-        ).fetchone()
+        row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
         if row is None:
             # Not an execution (or half of one): lock whatever row exists, as before.
             self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
@@ -452,6 +447,7 @@ class _PostgresBackend(SqlBackend):
             )
             return
         self._remember(row)
+        self._time = row[11]
 
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
         cached = self._locked.get(execution_id)
@@ -495,9 +491,8 @@ class _PostgresBackend(SqlBackend):
     def claim_time(self, clock: Clock, business_id: str | None) -> datetime:
         if not self.database_clock:
             return clock.now()
-        # SKIP LOCKED never waits, so the time this statement reads is the
-        # time its rows were locked at: it is the claim's time, and the rows
-        # it returns are the candidate next_eligible() returns.  The bound is
+        # The time the locking read brings is the claim's, and the rows it
+        # returns are the candidate next_eligible() returns.  The bound is
         # statement_timestamp(), the start of this statement and so no later
         # than that time, because the index can only be searched up to a
         # value that stays the same during the scan (clock_timestamp() would

@@ -129,10 +129,10 @@ def test_database_time_decides_lease_expiry(store: PostgresStore, pg_dsn: str) -
 
 
 def test_a_decision_that_waited_for_a_lock_reads_the_time_after_it(store: PostgresStore, pg_dsn: str) -> None:
-    # The locking read first tries without waiting and, when the rows are
-    # free, takes the decision's time from that same statement.  Rows held by
-    # another transaction are waited for, and the time must then be read after
-    # the wait: a time from before it could make an expired lease look live.
+    # The locking read brings the decision's time with the rows.  Rows held
+    # by another transaction are waited for, and the time must be read after
+    # the wait, not when the statement began: a time from before it could
+    # make an expired lease look live.
     _admit(store, "e1")
     claim = store.claim_next(p.ClaimRequest("w1", "t1", LEASE))
     assert isinstance(claim, p.Decision) and claim.lease is not None
@@ -464,7 +464,7 @@ def test_the_claim_is_planned_once_not_on_every_claim(
         with store._pool.connection() as conn:
             rows = conn.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                "WHERE statement LIKE '%LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED'"
+                "WHERE statement LIKE '%LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED) c'"
             ).fetchall()
     finally:
         store.close()
