@@ -36,6 +36,7 @@ import psycopg
 
 from fencekeeper.adapters.postgres_store import PostgresStore, migrate
 from fencekeeper.adapters.store import Evidence
+from fencekeeper.adapters.testing.bulk import admit_in_bulk
 from fencekeeper.kernel import protocol as p
 
 DSN = os.environ.get("FENCEKEEPER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -53,28 +54,6 @@ def _checkpoint() -> None:
     # Without the pg_checkpoint role both loops run as they find the server.
     with psycopg.connect(DSN, autocommit=True) as conn, contextlib.suppress(psycopg.errors.InsufficientPrivilege):
         conn.execute("CHECKPOINT")
-
-
-def _bulk_admit(schema: str, count: int, prefix: str) -> None:
-    """Exactly the rows admit() writes, for ``count`` executions, in three statements."""
-    with psycopg.connect(DSN) as conn:
-        conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
-        ids = f"SELECT '{prefix}' || lpad(g::text, 8, '0') AS id FROM generate_series(1, {count}) g"
-        conn.execute(
-            f"INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, updated_at) "  # type: ignore[arg-type]
-            f"SELECT id, 'WorkflowExecution', 'bench', 1, 'eligible', now(), now() FROM ({ids}) s"
-        )
-        conn.execute(
-            "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "  # type: ignore[arg-type]
-            "SELECT id, 1, 'eligible', json_build_object('execution_id', id, 'business_id', 'bench', "
-            "'state', 'eligible', 'revision', 1, 'definition_id', 'one-node', 'definition_revision', 1, "
-            "'current_node_id', 'end', 'step_count', 0, 'fence', 0, 'wait', NULL)::text, now() "
-            f"FROM ({ids}) s"
-        )
-        conn.execute(
-            "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at) "  # type: ignore[arg-type]
-            f"SELECT id, 'eligible', now() - interval '1 second' FROM ({ids}) s"
-        )
 
 
 def _worker(schema: str, worker: str, seconds: float, barrier: Any, counts: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -145,7 +124,7 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
     schema = f"fk_bench_{uuid.uuid4().hex[:8]}"
     migrate(DSN, schema)
     try:
-        _bulk_admit(schema, 200_000, "x")
+        admit_in_bulk(DSN, schema, 200_000, prefix="x", business_id="bench")
         with psycopg.connect(DSN) as conn:
             conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
             conn.execute("CREATE TABLE bare (id int PRIMARY KEY, n bigint NOT NULL)")
@@ -167,7 +146,7 @@ def claim_latency(backlogs: list[int], claims: int) -> list[tuple[int, float]]:
         store = PostgresStore(DSN, schema=schema, pool_size=1)
         have = 0
         for backlog in backlogs:
-            _bulk_admit(schema, backlog - have, f"b{backlog}.")
+            admit_in_bulk(DSN, schema, backlog - have, prefix=f"b{backlog}.", business_id="bench")
             have = backlog
             with psycopg.connect(DSN, autocommit=True) as conn:
                 # As autovacuum would after a load this size; the bench measures claims, not the planner.

@@ -19,6 +19,7 @@ import pytest
 from fencekeeper.adapters import postgres_store
 from fencekeeper.adapters.postgres_store import MIGRATIONS, PostgresStore, migrate
 from fencekeeper.adapters.store import ManualClock, StoreError
+from fencekeeper.adapters.testing.bulk import admit_in_bulk
 from fencekeeper.adapters.testing.suite import (
     admit,
     claim,
@@ -416,28 +417,6 @@ def test_a_claim_searches_the_eligible_index_only_up_to_its_time(pg_dsn: str, pg
 CLAIMS = 30
 
 
-def _bulk_eligible(pg_dsn: str, schema: str, count: int, business_id: str) -> None:
-    """The rows ``count`` admissions write, in three statements (admitting them one by one takes too long)."""
-    ids = f"SELECT 'bulk-' || lpad(g::text, 8, '0') AS id FROM generate_series(1, {count}) g"
-    with psycopg.connect(pg_dsn) as conn:
-        conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
-        conn.execute(
-            "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, updated_at) "  # type: ignore[arg-type]
-            f"SELECT id, 'WorkflowExecution', '{business_id}', 1, 'eligible', now(), now() FROM ({ids}) s"
-        )
-        conn.execute(
-            "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "  # type: ignore[arg-type]
-            f"SELECT id, 1, 'eligible', json_build_object('execution_id', id, 'business_id', '{business_id}', "
-            "'state', 'eligible', 'revision', 1, 'definition_id', 'd', 'definition_revision', 1, "
-            "'current_node_id', 'start', 'step_count', 0, 'fence', 0, 'wait', NULL)::text, now() "
-            f"FROM ({ids}) s"
-        )
-        conn.execute(
-            "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at) "  # type: ignore[arg-type]
-            f"SELECT id, 'eligible', now() - interval '1 second' FROM ({ids}) s"
-        )
-
-
 @pytest.mark.parametrize("business_id", [None, "acme"])
 @pytest.mark.parametrize("clock", ["database", "injected"])
 def test_the_claim_is_planned_once_not_on_every_claim(
@@ -457,7 +436,7 @@ def test_the_claim_is_planned_once_not_on_every_claim(
     try:
         # The planner's choice depends on the table: with a few rows even a
         # statement it would plan every time looks cheap enough as generic.
-        _bulk_eligible(pg_dsn, pg_schema, 20_000, "acme")
+        admit_in_bulk(pg_dsn, pg_schema, 20_000, prefix="bulk-", business_id="acme")
         for i in range(CLAIMS):
             claimed = store.claim_next(p.ClaimRequest("w1", f"t{i}", LEASE))
             assert isinstance(claimed, p.Decision)
