@@ -27,8 +27,9 @@ What it does, until the stop file appears (or the deadline passes):
   * when it claims an execution again that it held before, with the old
     credential while it holds the new one;
   * at random later on;
-  * and, now and then, with a forged credential: a running execution's live
-    token and fence (read from the store) under its own worker id.
+  * and, now and then, with a forged credential under its own worker id: a
+    running execution's live token and fence (read from the store), or a
+    token never issued with the live fence.
 
 - ``--reuse-token`` makes the worker careless: every claim uses the same
   token, so when it claims an execution again only the fence tells its old
@@ -324,7 +325,14 @@ class Worker:
             time.sleep(0.01)
 
     def forge(self) -> None:
-        """Present a running execution's live token and fence under our own identity: it must be refused."""
+        """Present a forged credential for a running execution under our own identity: it must be refused.
+
+        Half the time it carries the holder's live token and fence (only the
+        worker check can refuse it), otherwise a token never issued with the
+        live fence (the token check refuses it first).  The second kind comes
+        up in every run; a dead credential meets a live holder's token only
+        when a displaced worker sees its execution claimed again in time.
+        """
         running = self.store.execution_ids(ExecutionState.RUNNING)
         if not running:
             return
@@ -333,7 +341,8 @@ class Worker:
         d = view.dispatch
         if d.lease_token is None or d.leased_by == self.worker_id:
             return
-        forged = p.LeaseCredential(self.worker_id, d.lease_token, view.execution.fence)
+        token = d.lease_token if self.rng.random() < 0.5 else f"forged-{uuid.UUID(int=self.rng.getrandbits(128)).hex}"
+        forged = p.LeaseCredential(self.worker_id, token, view.execution.fence)
         self.zombie(
             Held(view.execution.execution_id, view.execution.business_id, forged, view.execution.revision), forged=True
         )
