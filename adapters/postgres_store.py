@@ -251,6 +251,24 @@ CREATE VIEW execution_transitions AS
     FROM transitions;
 """,
     ),
+    (
+        5,
+        "unread_object_indexes",
+        # Every evidence object a decision commits is an objects row, and
+        # each row was entered into four indexes.  Two of them no query
+        # reads: objects_business (objects are found by id, by parent, or
+        # through workflow_dispatch; a business is a condition on rows found
+        # so, never a way in) and the unique index on seq (seq is an
+        # identity column, GENERATED ALWAYS, whose values come from its
+        # sequence and are distinct by construction; it orders an
+        # execution's evidence, read through objects_parent and sorted).
+        # Both are written on every insert at the right-hand edge, where
+        # all workers' inserts meet on one page.
+        """
+DROP INDEX objects_business;
+ALTER TABLE objects DROP CONSTRAINT objects_seq_key;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -281,7 +281,8 @@ def test_a_version_2_schema_migrates_forward_keeping_every_row_and_its_order(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Migration 3 drops an index and adds another; migration 4 moves new
-    # transitions onto the revision rows they make.  A schema written at
+    # transitions onto the revision rows they make; migration 5 drops two
+    # indexes of objects, one of them a unique constraint.  A schema written at
     # version 2 (by the code of that version: every transition in its own
     # table) must come through with the same history, in the same order, and
     # go on appending after it.
@@ -313,14 +314,14 @@ def test_a_version_2_schema_migrates_forward_keeping_every_row_and_its_order(
         old_rows = _rows(pg_dsn, schema, "SELECT * FROM transitions ORDER BY seq")
         assert len(old_rows) > 12, "the version 2 schema should hold some history"
 
-        assert migrate(pg_dsn, schema) == [3, 4]
+        assert migrate(pg_dsn, schema) == [3, 4, 5]
         store = PostgresStore(pg_dsn, schema=schema, clock=clock)
         try:
             assert snapshot(store) == before, "migrating changed what a client sees"
             execution_id, credential = claim(store, "w-3")
             decided(store.finalize(finalize_request(store, execution_id, credential, ExecutionState.FAILED)))
             assert store.execution_ids(ExecutionState.FAILED) == [execution_id]
-            assert len(store.execution_ids(ExecutionState.WAITING)) == 1, "written at version 2, listed at 4"
+            assert len(store.execution_ids(ExecutionState.WAITING)) == 1, "written at version 2, listed at 5"
         finally:
             store.close()
         assert _rows(pg_dsn, schema, "SELECT * FROM transitions ORDER BY seq") == old_rows
@@ -394,6 +395,35 @@ def test_a_decision_updates_its_execution_row_in_place(pg_dsn: str, pg_schema: s
         time.sleep(0.05)
     assert updates == 20, "two execution updates per run: claim and finalize"
     assert hot == updates, f"only {hot} of {updates} updates of objects were HOT"
+
+
+def test_an_evidence_object_is_entered_into_two_indexes_and_its_seq_is_generated_always(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    # Migration 5 dropped the two indexes of objects that no query reads.
+    # The seq's uniqueness now rests on the identity column alone: values
+    # only from its sequence, never from an INSERT.
+    with psycopg.connect(pg_dsn) as conn:
+        indexes = {
+            r[0]
+            for r in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'objects'", (pg_schema,)
+            )
+        }
+        identity = conn.execute(
+            "SELECT a.attidentity FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = 'objects' AND a.attname = 'seq'",
+            (pg_schema,),
+        ).fetchone()
+        conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+        with pytest.raises(psycopg.errors.GeneratedAlways):
+            conn.execute(
+                "INSERT INTO objects (seq, object_id, object_type, business_id, revision, created_at, updated_at) "
+                "VALUES (1, 'x', 'step_attempt', 'acme', 1, now(), now())"
+            )
+    assert indexes == {"objects_pkey", "objects_parent"}
+    assert identity == ("a",)
 
 
 @pytest.mark.parametrize("scoped", [False, True])
