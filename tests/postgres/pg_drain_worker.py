@@ -19,7 +19,9 @@ SIGKILLs:
   ``intent`` line (operation, execution, credential, evidence ids, wall
   time) and after it a ``done`` line (``returned``, or ``unavailable`` with
   the exact error).  Ledgers are line buffered.  A request with an intent and no done line was cut by SIGKILL; one
-  whose done line says ``unavailable`` lost its connection.  Both have an
+  whose done line says ``unavailable`` lost its connection; one that returned
+  but has no result line was SIGKILLed between its done and result lines (only ever a
+  SIGKILLed worker's last request).  All three have an
   *unknown* outcome (the commit may have happened before the client heard of
   it) and the test treats them as "may or may not have written", never as
   accepted or refused;

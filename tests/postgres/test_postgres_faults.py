@@ -477,11 +477,23 @@ class Ledger:
         return ledger
 
     def unknown(self) -> list[dict[str, Any]]:
-        """Requests whose outcome the worker could not know: connection lost, or SIGKILLed before it returned."""
+        """Requests whose outcome the ledger does not hold.
+
+        The worker could not know it (connection lost, or SIGKILLed before
+        the request returned), or knew it and was SIGKILLed before writing
+        its result line: the done line and the result line are two writes,
+        and a kill can fall between them, only on a SIGKILLed worker's last
+        request.
+        """
+        last: dict[str, int] = {}
+        for worker, seq in self.intents:
+            last[worker] = max(seq, last.get(worker, seq))
         return [
             intent
             for key, intent in self.intents.items()
-            if key not in self.done or self.done[key]["done"] == "unavailable"
+            if key not in self.done
+            or self.done[key]["done"] == "unavailable"
+            or (key not in self.results and key[0] in self.sigkilled and key[1] == last[key[0]])
         ]
 
 
