@@ -18,7 +18,7 @@ import pytest
 
 from fencekeeper.adapters import postgres_store
 from fencekeeper.adapters.postgres_store import MIGRATIONS, PostgresStore, migrate
-from fencekeeper.adapters.store import ManualClock, StoreError
+from fencekeeper.adapters.store import Evidence, ManualClock, StoreError
 from fencekeeper.adapters.testing.bulk import admit_in_bulk
 from fencekeeper.adapters.testing.suite import (
     admit,
@@ -477,7 +477,92 @@ def test_the_claim_is_planned_once_not_on_every_claim(
             ).fetchall()
     finally:
         store.close()
-    # psycopg prepares a statement on its sixth run; PostgreSQL then plans
-    # the first five runs of the prepared statement for their parameters.
+    # The store prepares a statement on its first run; PostgreSQL then plans
+    # at most the first five runs of it for their parameters.
     [(generic, custom)] = rows
-    assert custom <= 5 and generic == CLAIMS - 5 - custom, (generic, custom)
+    assert custom <= 5 and generic == CLAIMS - custom, (generic, custom)
+
+
+def _drain(store: PostgresStore, prefix: str, count: int) -> None:
+    """Admit, claim and finalize ``count`` executions, each with one evidence object."""
+    for i in range(count):
+        _admit(store, f"{prefix}-{i}")
+        execution_id, credential = claim(store, "w-1")
+        request = finalize_request(store, execution_id, credential, ExecutionState.SUCCEEDED)
+        decided(store.finalize(request, [Evidence(f"{execution_id}.a1", "step_attempt", {"node": "end"})]))
+
+
+def _prepared(store: PostgresStore) -> dict[str, int]:
+    """The prepared statements of the store's one connection, each with how often it ran."""
+    with store._pool.connection() as conn:
+        rows = conn.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements").fetchall()
+    return {str(name): int(runs) for name, runs in rows}
+
+
+def test_each_statement_is_prepared_once_per_connection_and_then_run_by_name(pg_dsn: str, pg_schema: str) -> None:
+    store = PostgresStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        _drain(store, "a", 5)
+        first = _prepared(store)
+        _drain(store, "b", 20)
+        then = _prepared(store)
+    finally:
+        store.close()
+    assert first and all(name.startswith("fencekeeper_") for name in first), first
+    # Twenty more executions ran on the statements already there: none was
+    # prepared again, and each execution ran at least its admission's,
+    # claim's and finalization's writes by name.
+    assert then.keys() == first.keys()
+    assert sum(then.values()) - sum(first.values()) >= 20 * 3
+
+
+def test_a_rolled_back_decision_leaves_the_prepared_statements_in_place(pg_dsn: str, pg_schema: str) -> None:
+    # psycopg's own preparing deallocates every statement of a connection
+    # after a rollback; the store's statements must outlive one.
+    store = PostgresStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        _drain(store, "a", 2)
+        before = _prepared(store)
+        _admit(store, "c-1")
+        execution_id, credential = claim(store, "w-1")
+        request = finalize_request(store, execution_id, credential, ExecutionState.SUCCEEDED)
+        with pytest.raises(StoreError) as raised:
+            store.finalize(request, [Evidence("a-0.a1", "outcome")])  # an id already taken: rolled back
+        assert raised.value.code == "evidence_conflict"
+        assert before.keys() <= _prepared(store).keys()
+        decided(store.finalize(request, [Evidence("c-1.a1", "outcome")]))
+    finally:
+        store.close()
+
+
+def test_statements_beyond_the_prepared_limit_run_unprepared(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres_store, "PREPARED_MAX", 0)
+    store = PostgresStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        _drain(store, "a", 3)
+        assert _prepared(store) == {}
+        assert store.execution_ids(ExecutionState.SUCCEEDED) == ["a-0", "a-1", "a-2"]
+    finally:
+        store.close()
+
+
+def test_statements_deallocated_by_something_else_fail_one_request_then_are_prepared_again(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    store = PostgresStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        _drain(store, "a", 1)
+        before = snapshot(store, "b-1")
+        with store._pool.connection() as conn:
+            conn.execute("DEALLOCATE ALL")
+        with pytest.raises(StoreError) as raised:
+            _admit(store, "b-1")
+        assert raised.value.code == "store_unavailable" and "deallocated" in raised.value.message
+        assert snapshot(store, "b-1") == before
+        _admit(store, "b-1")
+        assert store.execution_ids(ExecutionState.ELIGIBLE) == ["b-1"]
+        assert _prepared(store)
+    finally:
+        store.close()
