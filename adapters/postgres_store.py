@@ -318,9 +318,10 @@ POSTGRES = Dialect(
 @functools.lru_cache(maxsize=1024)
 def _numbered(sql: str) -> bytes:
     """``sql`` with PostgreSQL's own ``$1, $2, ...`` for the store's ``%s`` placeholders."""
-    # The store's SQL holds no other "%" (sql.py and this module), so every
-    # "%s" is a placeholder.
     pieces = sql.split("%s")
+    if any("%" in piece for piece in pieces):
+        # The store's SQL holds no other "%"; one would need psycopg's own quoting rules.
+        raise ValueError(f"a '%' that is not a placeholder in {sql!r}")
     return ("".join(f"{piece}${n}" for n, piece in enumerate(pieces[:-1], 1)) + pieces[-1]).encode()
 
 
@@ -377,7 +378,8 @@ def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[object]) -> _
     and this path about 4 us (psycopg's own adapters dump the parameters and
     load the binary rows; libpq sends and receives).  At 8 workers that is
     about a tenth of the machine's CPU per execution (bench/README.md).
-    Errors are psycopg's own exceptions, as a cursor raises them.
+    Errors are psycopg's own exceptions, as a cursor raises them, but for
+    a statement something else deallocated (``store_unavailable``).
     """
     session = _SESSIONS.get(conn)
     if session is None:

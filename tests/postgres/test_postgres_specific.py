@@ -566,3 +566,10 @@ def test_statements_deallocated_by_something_else_fail_one_request_then_are_prep
         assert _prepared(store)
     finally:
         store.close()
+
+
+def test_every_statement_of_the_store_is_numbered_and_a_stray_percent_is_refused() -> None:
+    assert postgres_store._numbered("SELECT %s, x = %s") == b"SELECT $1, x = $2"
+    assert postgres_store._numbered("SELECT 1") == b"SELECT 1"
+    with pytest.raises(ValueError, match="not a placeholder"):
+        postgres_store._numbered("SELECT %s WHERE name LIKE 'a%'")
