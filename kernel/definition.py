@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -76,6 +77,15 @@ MAX_CORRELATION: Final = 16
 MAX_PAYLOAD: Final = 64
 MAX_TEXT: Final = 256
 """The longest title, object id literal, or string literal in a payload or correlation."""
+MAX_INPUT_TEXT: Final = 4096
+"""The longest string an admission input may be (and the bound on an input type's length keywords)."""
+MAX_INPUT_JSON: Final = 65_536
+"""The longest an object or array input may be, as compact JSON text."""
+MAX_INPUT_DEPTH: Final = 32
+"""How deeply an object or array input may nest."""
+MAX_ENUM: Final = 64
+INPUT_TYPES: Final = ("string", "integer", "number", "boolean", "object", "array")
+"""The JSON Schema types an input may declare (specs/definitions.md, Typed inputs)."""
 MAX_INTEGER: Final = 2**53 - 1
 """Integers beyond this lose precision in JSON readers that hold numbers as doubles."""
 MAX_TIMEOUT: Final = timedelta(days=366)
@@ -292,6 +302,145 @@ def _target_reads(targets: tuple[Target, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+@attrs.frozen
+class InputType:
+    """The type an input declares: a subset of JSON Schema, checked at admission.
+
+    ``required`` is said of the input itself (JSON Schema says it in a list on
+    the enclosing object; :func:`input_schema` writes it there).  The
+    keywords that apply depend on ``type``: ``minimum``/``maximum`` on
+    integer and number, ``min_length``/``max_length`` on string, ``enum`` on
+    the scalar types.
+    """
+
+    name: str
+    type: str
+    required: bool = True
+    description: str = ""
+    enum: tuple[Scalar, ...] | None = attrs.field(default=None, eq=lambda v: None if v is None else tuple(map(_typed, v)))
+    minimum: int | None = None
+    maximum: int | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+
+    def problem(self, value: object) -> str | None:
+        """Why ``value`` is not an admissible value of this input, or None (the message follows the field name)."""
+        found = _type_problem(self.type, value)
+        if found is not None:
+            return found
+        if isinstance(value, str):
+            if self.min_length is not None and len(value) < self.min_length:
+                return f"is {len(value)} characters long; at least {self.min_length} are required"
+            most = MAX_INPUT_TEXT if self.max_length is None else self.max_length
+            if len(value) > most:
+                return f"is {len(value)} characters long; at most {most} are allowed"
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            if self.minimum is not None and value < self.minimum:
+                return f"{value!r} is below the minimum {self.minimum}"
+            if self.maximum is not None and value > self.maximum:
+                return f"{value!r} is above the maximum {self.maximum}"
+        if self.enum is not None and not any(_same_value(value, allowed) for allowed in self.enum):
+            return f"{_spell(value)} is not one of {', '.join(_spell(v) for v in self.enum)}"
+        return None
+
+
+def _same_value(value: object, allowed: Scalar) -> bool:
+    # JSON Schema equality: 2 and 2.0 are equal numbers, true is not 1.
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return isinstance(value, bool) and isinstance(allowed, bool) and value == allowed
+    return value == allowed
+
+
+def _spell(value: object) -> str:
+    return json.dumps(value, ensure_ascii=True) if isinstance(value, str | bool | int | float) else type(value).__name__
+
+
+_JSON_TYPE_NAMES: Final = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "object", list: "array"}
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    for python_type, name in _JSON_TYPE_NAMES.items():
+        if isinstance(value, python_type):
+            return name
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _type_problem(kind: str, value: object) -> str | None:
+    """Whether ``value`` is of the JSON type ``kind``, stored whole (size, depth, text and numbers checked)."""
+    found = _json_kind(value)
+    if kind == "number":
+        if found not in ("integer", "number"):
+            return f"must be a number, found {found}"
+    elif kind == "integer" and found == "number":
+        # JSON Schema counts 2.0 as an integer; a node reading it would not.
+        return f"must be an integer, found {value!r} (write it without a fraction)"
+    elif found != kind:
+        return f"must be {_article(kind)}, found {found}"
+    return _stored_problem(value, 0)
+
+
+def _stored_problem(value: object, depth: int) -> str | None:
+    """What in a JSON value cannot be kept exactly: a NaN, an integer too long to read back, a nesting too deep."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+        return f"integer {value} is beyond +-{MAX_INTEGER}, which JSON readers cannot all hold exactly"
+    if isinstance(value, Mapping | list | tuple):
+        if depth >= MAX_INPUT_DEPTH:
+            return f"nests deeper than {MAX_INPUT_DEPTH} levels"
+        items = value.values() if isinstance(value, Mapping) else value
+        for item in items:
+            found = _stored_problem(item, depth + 1)
+            if found is not None:
+                return found
+        if depth == 0 and len(json.dumps(value, separators=(",", ":"), ensure_ascii=False)) > MAX_INPUT_JSON:
+            return f"is longer than {MAX_INPUT_JSON} characters as JSON"
+    elif not isinstance(value, str | int | float | bool):
+        return f"is a {type(value).__name__}, which is not a JSON value"
+    return None
+
+
+def input_schema(definition: Definition) -> dict[str, object]:
+    """The JSON Schema (draft 2020-12) of ``definition``'s admission input: what admission checks.
+
+    Names-only inputs are required scalars: a string, a number or a boolean.
+    """
+    properties: dict[str, object] = {}
+    required: list[str] = []
+    if definition.input_types is None:
+        for name in definition.inputs:
+            properties[name] = {"type": ["string", "number", "boolean"]}
+            required.append(name)
+    else:
+        for declared in definition.input_types:
+            schema: dict[str, object] = {"type": declared.type}
+            for keyword, value in (
+                ("description", declared.description or None),
+                ("enum", None if declared.enum is None else list(declared.enum)),
+                ("minimum", declared.minimum),
+                ("maximum", declared.maximum),
+                ("minLength", declared.min_length),
+                ("maxLength", declared.max_length),
+            ):
+                if value is not None:
+                    schema[keyword] = value
+            properties[declared.name] = schema
+            if declared.required:
+                required.append(declared.name)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"input of {definition.definition_id} revision {definition.revision}",
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
 def _index_nodes(definition: Definition) -> Mapping[str, Node]:
     return MappingProxyType({node.node_id: node for node in definition.nodes})
 
@@ -310,7 +459,10 @@ class Definition:
     title: str
     start: str
     inputs: tuple[str, ...]
+    """Every declared input name, sorted."""
     nodes: tuple[Node, ...]
+    input_types: tuple[InputType, ...] | None = None
+    """The declared types, in ``inputs`` order; None when the definition declares names only."""
     _index: Mapping[str, Node] = attrs.field(
         init=False, eq=False, repr=False, default=attrs.Factory(_index_nodes, takes_self=True)
     )
@@ -380,6 +532,7 @@ REQUIRED_FIELDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         ),
         "local_command": ("id", "kind", "revision", "operation", "next", "on_failure"),
         "end": ("id", "kind", "revision", "outcome"),
+        "input": ("type",),
         "timeout": ("after_seconds", "next"),
         "target": ("id", "revision"),
         "policy": ("id", "revision"),
@@ -389,6 +542,7 @@ REQUIRED_FIELDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
 OPTIONAL_FIELDS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "definition": ("title", "inputs"),
+        "input": ("description", "required", "enum", "minimum", "maximum", "minLength", "maxLength"),
         "condition": (),
         "wait_for_event": ("timeout",),
         "request_approval": ("policies", "distinct_reviewer", "timeout"),
@@ -512,7 +666,7 @@ class _Reader:
         definition_id = self.identifier(data["id"], "id", None, "definition id")
         revision = self.revision(data["revision"], "revision", None)
         title = self.text(data.get("title", ""), "title", None, allow_empty=True)
-        inputs = self.names_list(data.get("inputs", []), "inputs", None, "input name", MAX_INPUTS)
+        inputs, input_types = self.inputs(data.get("inputs", []))
         start = self.node_name(data["start"], "start", None)
         nodes = self.nodes(data["nodes"])
         definition = Definition(
@@ -522,6 +676,7 @@ class _Reader:
             start=start,
             inputs=inputs,
             nodes=nodes,
+            input_types=input_types,
         )
         self.graph(definition)
         return definition
@@ -692,6 +847,83 @@ class _Reader:
             name = self.node_name(key, field, node_id, "key")
             entries.append((name, self.operand(item, f"{field}.{name}", node_id)))
         return tuple(sorted(entries, key=lambda entry: entry[0]))
+
+    # --- inputs ---
+
+    def inputs(self, value: object) -> tuple[tuple[str, ...], tuple[InputType, ...] | None]:
+        """Names only (an array: each a required scalar), or a table of name -> type."""
+        if not isinstance(value, Mapping):
+            if not isinstance(value, list | tuple):
+                self.fail(
+                    f"must be an array of input names or a table of input name -> type, found {_kind_of(value)}",
+                    field="inputs",
+                )
+            return self.names_list(value, "inputs", None, "input name", MAX_INPUTS), None
+        if len(value) > MAX_INPUTS:
+            self.fail(f"must have at most {MAX_INPUTS} entries, found {len(value)}", field="inputs")
+        types = []
+        for name, declared in value.items():
+            self.node_name(name, "inputs", None, "input name")
+            types.append(self.input_type(name, declared))
+        types.sort(key=lambda t: t.name)
+        return tuple(t.name for t in types), tuple(types)
+
+    def input_type(self, name: str, value: object) -> InputType:
+        field = f"inputs.{name}"
+        data = self.table(value, field, None)
+        self.fields(data, "input", node_id=None, where="input", prefix=f"{field}.")
+        kind = self.string(data["type"], f"{field}.type", None)
+        if kind not in INPUT_TYPES:
+            self.fail(f"{kind!r} is not an input type; the types are {', '.join(INPUT_TYPES)}", field=f"{field}.type")
+        applies = {
+            "minimum": ("integer", "number"),
+            "maximum": ("integer", "number"),
+            "minLength": ("string",),
+            "maxLength": ("string",),
+            "enum": ("string", "integer", "number", "boolean"),
+        }
+        for keyword, types in applies.items():
+            if keyword in data and kind not in types:
+                self.fail(
+                    f"applies to {' and '.join(types)} inputs, not to {_article(kind)} input", field=f"{field}.{keyword}"
+                )
+        bounds = {
+            keyword: self.integer(data[keyword], f"{field}.{keyword}", None, -MAX_INTEGER, MAX_INTEGER)
+            if keyword in ("minimum", "maximum")
+            else self.integer(data[keyword], f"{field}.{keyword}", None, 0, MAX_INPUT_TEXT)
+            for keyword in ("minimum", "maximum", "minLength", "maxLength")
+            if keyword in data
+        }
+        for low, high in (("minimum", "maximum"), ("minLength", "maxLength")):
+            if low in bounds and high in bounds and bounds[low] > bounds[high]:
+                self.fail(f"is {bounds[high]}, below {low} {bounds[low]}", field=f"{field}.{high}")
+        declared = InputType(
+            name=name,
+            type=kind,
+            required=self.boolean(data.get("required", True), f"{field}.required", None),
+            description=self.text(data.get("description", ""), f"{field}.description", None, allow_empty=True),
+            minimum=bounds.get("minimum"),
+            maximum=bounds.get("maximum"),
+            min_length=bounds.get("minLength"),
+            max_length=bounds.get("maxLength"),
+        )
+        if "enum" not in data:
+            return declared
+        items = self.array(data["enum"], f"{field}.enum", None, 1, MAX_ENUM)
+        values: list[Scalar] = []
+        for number, item in enumerate(items):
+            where = f"{field}.enum[{number}]"
+            if isinstance(item, Mapping):
+                self.fail("must be a literal value, not a reference", field=where)
+            literal = self.operand(item, where, None)
+            assert not isinstance(literal, Ref)
+            problem = declared.problem(literal)
+            if problem is not None:
+                self.fail(f"{problem}, so it could never be admitted", field=where)
+            if any(_typed(literal) == _typed(earlier) for earlier in values):
+                self.fail(f"lists {_spell(literal)} twice", field=f"{field}.enum")
+            values.append(literal)
+        return attrs.evolve(declared, enum=tuple(values))
 
     # --- structured values ---
 
@@ -891,10 +1123,9 @@ class _Reader:
                 for field, target in continuations(node):
                     if target not in by_id:
                         self.fail(f"continuation {target!r} names no node", node_id=node.node_id, field=field)
-        inputs = set(definition.inputs)
         for node in definition.nodes:
             for field, name in reads(node):
-                self.binding(node, field, name, inputs, by_id)
+                self.binding(definition, node, field, name, by_id)
         self.condition_cycles(definition)
         # With an unsupported node the graph's edges are not all known, so a
         # node reached only through it would look unreachable.
@@ -908,11 +1139,18 @@ class _Reader:
                         node_id=node.node_id,
                     )
 
-    def binding(self, node: Node, field: str, name: str, inputs: set[str], by_id: Mapping[str, Node]) -> None:
+    def binding(self, definition: Definition, node: Node, field: str, name: str, by_id: Mapping[str, Node]) -> None:
         head, _dot, tail = name.partition(".")
         if head == INPUT:
-            if tail not in inputs:
+            if tail not in definition.inputs:
                 self.fail(f"reads {name!r}, but {tail!r} is not a declared input", node_id=node.node_id, field=field)
+            declared = next((t for t in definition.input_types or () if t.name == tail), None)
+            if declared is not None and declared.type in ("object", "array"):
+                self.fail(
+                    f"reads {name!r}, {_article(declared.type)} input; a node reads only strings, numbers and booleans",
+                    node_id=node.node_id,
+                    field=field,
+                )
             return
         source = by_id.get(head)
         if source is None:
@@ -993,9 +1231,30 @@ def to_mapping(definition: Definition) -> dict[str, object]:
         "revision": definition.revision,
         "title": definition.title,
         "start": definition.start,
-        "inputs": list(definition.inputs),
+        "inputs": list(definition.inputs) if definition.input_types is None else _input_types_mapping(definition),
         "nodes": [_node_mapping(node) for node in definition.nodes],
     }
+
+
+def _input_types_mapping(definition: Definition) -> dict[str, object]:
+    # Every keyword is written when it is set, and `required` always: the
+    # canonical form spells out the default so that both spellings hash alike.
+    written: dict[str, object] = {}
+    for declared in definition.input_types or ():
+        data: dict[str, object] = {"type": declared.type, "required": declared.required}
+        if declared.description:
+            data["description"] = declared.description
+        for keyword, value in (
+            ("enum", None if declared.enum is None else list(declared.enum)),
+            ("minimum", declared.minimum),
+            ("maximum", declared.maximum),
+            ("minLength", declared.min_length),
+            ("maxLength", declared.max_length),
+        ):
+            if value is not None:
+                data[keyword] = value
+        written[declared.name] = data
+    return written
 
 
 def _node_mapping(node: Node) -> dict[str, object]:

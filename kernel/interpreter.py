@@ -49,6 +49,7 @@ import attrs
 from . import attempts
 from .approvals import APPROVAL_REQUEST, ApprovalRequest, Binding
 from .definition import (
+    MAX_INPUT_TEXT,
     ConditionNode,
     Definition,
     EndNode,
@@ -67,6 +68,7 @@ from .evidence import Evidence
 from .expr import Truth, evaluate
 from .machines import AttemptEvent, AttemptState, ExecutionState
 from .protocol import STEP_LIMIT, Authority, Execution, StepRecord, WaitSpec
+from .text import first_problem
 
 APPROVAL_EVENT_TYPE: Final = "fencekeeper.approval"
 """The Event Type an approval request's registration waits on; Decisions wake it (reason ``decision``)."""
@@ -690,34 +692,53 @@ class InputError(ValueError):
     code = "invalid_input"
 
 
-MAX_INPUT_TEXT: Final = 4096
+def _untyped_problem(value: object) -> str | None:
+    """The rule for an input declared by name only: a string, a finite number or a boolean."""
+    if isinstance(value, str):
+        if len(value) > MAX_INPUT_TEXT:
+            return f"longer than {MAX_INPUT_TEXT} characters"
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return "must be a finite number"
+    elif not isinstance(value, int):
+        return f"must be a string, number or boolean, not {type(value).__name__}"
+    return None
 
 
 def input_evidence(
     execution_id: str, definition: Definition, principal_id: str, data: Mapping[str, Any]
 ) -> Evidence:
-    """The admission record of an execution: who runs it and with what input; raises InputError."""
+    """The admission record of an execution: who runs it and with what input; raises InputError.
+
+    Every declared input is checked against its type (specs/definitions.md,
+    Typed inputs); a names-only input takes a string, a number or a boolean.
+    Either way every string must be storable text (kernel/text.py).
+    """
     if not isinstance(data, Mapping):
         raise InputError("input: must be a JSON object")
     declared = set(definition.inputs)
-    unknown = sorted(set(data) - declared)
+    unknown = sorted(set(data) - declared, key=str)
     if unknown:
+        name = unknown[0] if str(unknown[0]).isprintable() else repr(unknown[0])
         raise InputError(
-            f"input.{unknown[0]}: not an input of {definition.definition_id} "
+            f"input.{name}: not an input of {definition.definition_id} "
             f"(declared: {', '.join(definition.inputs) or 'none'})"
         )
-    missing = sorted(declared - set(data))
+    types = {t.name: t for t in definition.input_types or ()}
+    required = [name for name in definition.inputs if name not in types or types[name].required]
+    missing = [name for name in required if name not in data]
     if missing:
         raise InputError(f"input.{missing[0]}: required by {definition.definition_id} and missing")
-    for name, value in data.items():
-        if isinstance(value, str):
-            if len(value) > MAX_INPUT_TEXT:
-                raise InputError(f"input.{name}: longer than {MAX_INPUT_TEXT} characters")
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise InputError(f"input.{name}: must be a finite number")
-        elif not isinstance(value, (int, bool)):
-            raise InputError(f"input.{name}: must be a string, number or boolean, not {type(value).__name__}")
+    for name in sorted(data):
+        value = data[name]
+        # What no store can keep is named first: it is the same problem whatever the type says.
+        unstorable = first_problem(value, f"input.{name}")
+        if unstorable is not None:
+            raise InputError(f"{unstorable[0]}: {unstorable[1]}")
+        declared_type = types.get(name)
+        found = _untyped_problem(value) if declared_type is None else declared_type.problem(value)
+        if found is not None:
+            raise InputError(f"input.{name}: {found}")
     return Evidence(
         f"{execution_id}/input",
         EXECUTION_INPUT,

@@ -111,6 +111,47 @@ def _timeout(draw: st.DrawFn) -> dict[str, object]:
 
 
 @st.composite
+def _input_type(draw: st.DrawFn, kind: str) -> dict[str, object]:
+    """A valid type declaration of ``kind``: every keyword that applies, each present or not."""
+    data: dict[str, object] = {"type": kind}
+    if draw(st.booleans()):
+        data["required"] = draw(st.booleans())
+    if draw(st.booleans()):
+        data["description"] = draw(hostile_text)
+    if kind in ("integer", "number"):
+        low, high = sorted(draw(st.lists(st.integers(-MAX_INTEGER, MAX_INTEGER), min_size=2, max_size=2)))
+        if draw(st.booleans()):
+            data["minimum"] = low
+        if draw(st.booleans()):
+            data["maximum"] = high
+        if draw(st.booleans()):
+            data["enum"] = draw(st.lists(st.integers(low, high), min_size=1, max_size=4, unique=True))
+            data["minimum"], data["maximum"] = low, high
+    elif kind == "string":
+        short, long = sorted(draw(st.lists(st.integers(0, 4096), min_size=2, max_size=2)))
+        if draw(st.booleans()):
+            data["minLength"] = short
+        if draw(st.booleans()):
+            data["maxLength"] = long
+        if draw(st.booleans()):
+            data.pop("minLength", None)
+            data.pop("maxLength", None)
+            data["enum"] = draw(st.lists(hostile_text, min_size=1, max_size=4, unique=True))
+    elif kind == "boolean" and draw(st.booleans()):
+        data["enum"] = draw(st.lists(st.booleans(), min_size=1, max_size=2, unique=True))
+    return data
+
+
+@st.composite
+def _typed_inputs(draw: st.DrawFn, read: list[str]) -> dict[str, object]:
+    """Types for the inputs nodes read (scalars only: no node reads an object or array), and maybe unread ones."""
+    table = {name: draw(_input_type(draw(st.sampled_from(["string", "integer", "number", "boolean"])))) for name in read}
+    for name in draw(st.lists(names_.filter(lambda n: n not in read), max_size=2, unique=True)):
+        table[name] = draw(_input_type(draw(st.sampled_from(["object", "array", "string"]))))
+    return table
+
+
+@st.composite
 def definition_mappings(draw: st.DrawFn, max_nodes: int = 10) -> dict[str, Any]:
     """The TOML/JSON structure of a random valid definition (see the module docstring)."""
     count = draw(st.integers(1, max_nodes))
@@ -197,7 +238,9 @@ def definition_mappings(draw: st.DrawFn, max_nodes: int = 10) -> dict[str, Any]:
     data: dict[str, Any] = {"id": draw(identifiers), "revision": draw(st.integers(1, 50)), "start": ids[0]}
     if draw(st.booleans()):
         data["title"] = draw(hostile_text)
-    if len(inputs) > 0 or draw(st.booleans()):
+    if draw(st.booleans()):
+        data["inputs"] = draw(_typed_inputs(inputs))
+    elif len(inputs) > 0 or draw(st.booleans()):
         data["inputs"] = inputs
     # File order is free: start need not come first.
     data["nodes"] = draw(st.permutations(nodes))

@@ -33,6 +33,7 @@ from fencekeeper.kernel.definition import (
     Definition,
     DefinitionError,
     EndNode,
+    InputType,
     LocalCommandNode,
     Node,
     PolicyRef,
@@ -300,6 +301,9 @@ def _changed(field: attrs.Attribute[Any], value: object) -> object:
     if isinstance(value, Timeout):
         return attrs.evolve(value, after=value.after + timedelta(seconds=1))
     assert value is None, field.name
+    if field.name == "input_types":
+        # Names only -> the same names typed: a different definition, with a different digest.
+        return tuple(InputType(name, "string") for name in ("amount", "order_id", "order_revision"))
     return Timeout(after=timedelta(seconds=5), next="done") if field.name == "timeout" else "code"
 
 
@@ -431,6 +435,22 @@ def condition(node_id: str, true_next: str, false_next: str) -> dict[str, Any]:
 
 
 ORDER_DATA = {"id": {"from": "input.order_id"}, "revision": {"from": "input.order_revision"}}
+
+
+def typed(**changes: Any) -> Callable[[dict[str, Any]], None]:
+    """The example's three inputs declared with types, ``changes`` merged into (or replacing) one each."""
+    inputs: dict[str, Any] = {
+        "amount": {"type": "integer", "minimum": 1},
+        "order_id": {"type": "string", "maxLength": 64},
+        "order_revision": {"type": "integer", "minimum": 1},
+    }
+    for name, change in changes.items():
+        if isinstance(change, dict):
+            merged = change if name not in inputs or "type" in change else inputs[name] | change
+            inputs[name] = {key: value for key, value in merged.items() if value is not DELETE}
+        else:
+            inputs[name] = change
+    return top(inputs=inputs)
 MANY = {f"k{i}": "v" for i in range(17)}
 
 REFUSALS: list[tuple[str, Callable[[dict[str, Any]], None], str | None, str | None, str]] = [
@@ -449,10 +469,32 @@ REFUSALS: list[tuple[str, Callable[[dict[str, Any]], None], str | None, str | No
     ("revision too big", top(revision=2**53), None, "revision", "must be between 1 and 9007199254740991"),
     ("title not a string", top(title=7), None, "title", "must be a string, found integer"),
     ("title too long", top(title="x" * 257), None, "title", "is 257 characters long; at most 256 are allowed"),
-    ("inputs not an array", top(inputs="amount"), None, "inputs", "must be an array, found string"),
+    ("inputs not an array", top(inputs="amount"), None, "inputs", "must be an array of input names or a table of input name -> type, found string"),
     ("bad input name", top(inputs=["Amount"]), None, "inputs[0]", "'Amount' is not a valid input name"),
     ("dotted input name", top(inputs=["order.id"]), None, "inputs[0]", "'order.id' is not a valid input name"),
     ("duplicate input", top(inputs=["amount", "order_id", "order_revision", "amount"]), None, "inputs", "lists input name 'amount' twice"),
+    # typed inputs
+    ("typed input not a table", typed(amount="integer"), None, "inputs.amount", "must be a table, found string"),
+    ("typed input without type", typed(amount={"minimum": 1, "type": DELETE}), None, "inputs.amount.type", "missing required input field 'type'"),
+    ("typed input bad name", typed(Amount={"type": "string"}), None, "inputs", "'Amount' is not a valid input name"),
+    ("unknown input type", typed(amount={"type": "money"}), None, "inputs.amount.type", "'money' is not an input type; the types are string, integer"),
+    ("unknown input keyword", typed(amount={"pattern": "x"}), None, "inputs.amount.pattern", "unknown input field 'pattern'; allowed: type, description, required"),
+    ("minimum on a string", typed(order_id={"minimum": 1}), None, "inputs.order_id.minimum", "applies to integer and number inputs, not to a string input"),
+    ("maxLength on an integer", typed(amount={"maxLength": 3}), None, "inputs.amount.maxLength", "applies to string inputs, not to an integer input"),
+    ("enum on an object", typed(extra={"type": "object", "enum": [1]}), None, "inputs.extra.enum", "applies to string and integer and number and boolean inputs"),
+    ("float minimum", typed(amount={"minimum": 0.5}), None, "inputs.amount.minimum", "floats are not allowed in definitions"),
+    ("minimum above maximum", typed(amount={"minimum": 10, "maximum": 9}), None, "inputs.amount.maximum", "is 9, below minimum 10"),
+    ("maxLength too long", typed(order_id={"maxLength": 5000}), None, "inputs.order_id.maxLength", "must be between 0 and 4096, found 5000"),
+    ("negative minLength", typed(order_id={"minLength": -1}), None, "inputs.order_id.minLength", "must be between 0 and 4096, found -1"),
+    ("required not a boolean", typed(amount={"required": "yes"}), None, "inputs.amount.required", "must be true or false, found string"),
+    ("empty enum", typed(order_id={"enum": []}), None, "inputs.order_id.enum", "must list 1 to 64 entries, found 0"),
+    ("enum of the wrong type", typed(order_id={"enum": ["o-1", 2]}), None, "inputs.order_id.enum[1]", "must be a string, found integer, so it could never be admitted"),
+    ("enum outside the bounds", typed(amount={"enum": [5, 50], "maximum": 10}), None, "inputs.amount.enum[1]", "50 is above the maximum 10, so it could never be admitted"),
+    ("enum repeats", typed(amount={"enum": [5, 5]}), None, "inputs.amount.enum", "lists 5 twice"),
+    ("enum reference", typed(amount={"enum": [{"from": "input.amount"}]}), None, "inputs.amount.enum[0]", "must be a literal value, not a reference"),
+    ("object input read by a node", typed(order_id={"type": "object"}), "ask_manager", "targets[0].id", "reads 'input.order_id', an object input; a node reads only strings, numbers and booleans"),
+    ("array input read by a condition", typed(amount={"type": "array"}), "check_amount", "bindings", "reads 'input.amount', an array input"),
+    ("typed input undeclared", top(inputs={"amount": {"type": "integer"}, "order_id": {"type": "string"}}), "ask_manager", "targets[0].revision", "'order_revision' is not a declared input"),
     ("too many inputs", top(inputs=[f"i{n}" for n in range(65)]), None, "inputs", "must list at most 64 entries, found 65"),
     ("start names no node", top(start="nowhere"), None, "start", "start 'nowhere' names no node"),
     ("bad start", top(start="Check"), None, "start", "'Check' is not a valid node id"),
