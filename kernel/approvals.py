@@ -32,6 +32,7 @@ import attrs
 
 from .evidence import Evidence
 from .protocol import DETERMINATIONS, Authority, Refusal, RefusalCode, Unchanged, UnchangedCode
+from .text import problem as text_problem
 
 APPROVAL_REQUEST: str = "ApprovalRequest"
 APPROVAL_DECISION: str = "ApprovalDecision"
@@ -187,6 +188,9 @@ def decide(
             f"determination: must be one of {', '.join(DETERMINATIONS)}, not {decision.determination!r}",
             "determination",
         )
+    unstorable = text_problem(decision.rationale) if isinstance(decision.rationale, str) else "must be a string"
+    if unstorable is not None:
+        return _refuse(RefusalCode.INVALID_REQUEST, f"rationale: {unstorable}", "rationale")
     if request is None or request.business_id != decision.business_id:
         # Another Business's request does not exist for this caller.
         return _refuse(RefusalCode.APPROVAL_NOT_FOUND, f"no approval request {decision.request_id!r}")

@@ -15,6 +15,9 @@ Rules of this module:
   and booleans; :func:`correlation_value` is the one canonical spelling of
   those, used on both sides, so ``7`` and ``"7"`` match and ``True`` is
   ``"true"``.
+- No string of an Event may hold what a store cannot keep as text (a NUL, a
+  lone surrogate: kernel/text.py); :meth:`Event.build` refuses it naming the
+  field, so that SQLite and PostgreSQL agree.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any, Final
 
 import attrs
 
+from . import text
 from .protocol import WaitSpec
 
 MAX_CORRELATION: Final = 16
@@ -82,14 +86,20 @@ class Event:
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise EventError(f"correlation: malformed name {name!r} (lower-case letters, digits, _)")
             try:
-                text = correlation_value(value)
+                value_text = correlation_value(value)
             except EventError as exc:
                 raise EventError(f"correlation.{name}: {exc}") from None
-            if len(text) > MAX_VALUE_LENGTH:
+            if len(value_text) > MAX_VALUE_LENGTH:
                 raise EventError(f"correlation.{name}: longer than {MAX_VALUE_LENGTH} characters")
-            pairs.append((name, text))
+            unstorable = text.problem(value_text)
+            if unstorable is not None:
+                raise EventError(f"correlation.{name}: {unstorable}")
+            pairs.append((name, value_text))
         if payload is not None and not isinstance(payload, Mapping):
             raise EventError("payload: must be an object")
+        found = text.first_problem(payload or {}, "payload")
+        if found is not None:
+            raise EventError(f"{found[0]}: {found[1]}")
         return cls(event_id, business_id, event_type, tuple(sorted(pairs)), dict(payload or {}))
 
     def same_content(self, other: Event) -> bool:

@@ -59,6 +59,7 @@ from .machines import (
     ExecutionState,
     dispatch_state_of,
 )
+from .text import problem as text_problem
 
 STEP_LIMIT: Final = 100
 """Seed 000, Dispatcher Pass: 'At 100 processed steps, the future dispatcher must stop.'"""
@@ -621,8 +622,18 @@ def _check_correlation(field: str, value: object) -> None:
     names = [p[0] for p in value]
     if names != sorted(set(names)):
         raise _invalid(field, "names must be unique and sorted, so that equal descriptors compare equal")
-    for name, _ in value:
+    for name, text in value:
         _check_id(f"{field}[{name!r}]", name)
+        _check_text(f"{field}[{name!r}]", text)
+
+
+def _check_text(field: str, value: object) -> None:
+    # A store keeps the value as text: see kernel/text.py for what it may not hold.
+    if not isinstance(value, str):
+        raise _invalid(field, f"must be a string, got {type(value).__name__}")
+    unstorable = text_problem(value)
+    if unstorable is not None:
+        raise _invalid(field, unstorable)
 
 
 def _check_wait_spec(field: str, value: object) -> None:
@@ -751,7 +762,14 @@ def _move(
         leased_by=dispatch.leased_by if lease_kept else None,
         lease_expires_at=dispatch.lease_expires_at if lease_kept else None,
         step_count=steps,
-        last_error_code=error_code if error_code is not None else dispatch.last_error_code,
+        # Success clears it: an error an execution got past is no longer its last word.
+        last_error_code=(
+            error_code
+            if error_code is not None
+            else None
+            if new_state == ExecutionState.SUCCEEDED
+            else dispatch.last_error_code
+        ),
     )
     record = TransitionRecord(
         execution_id=execution.execution_id,
@@ -1131,6 +1149,7 @@ def finalize(
             _check_wait_spec("wait", request.wait)
         if request.error_code is not None:
             _check_id("error_code", request.error_code)
+        _check_text("reason", request.reason)
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal

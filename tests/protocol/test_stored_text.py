@@ -1,0 +1,94 @@
+"""Strings the stores keep, and the error code a success leaves behind.
+
+What this module proves:
+
+- a string no store can keep as text (a NUL, which PostgreSQL's text type
+  refuses while SQLite accepts it, or a lone surrogate, which has no UTF-8
+  form) is refused by the kernel before any decision, naming the field: an
+  Event's correlation values and payload, a waiter's correlation values, a
+  finalization's reason and a reviewer's rationale (kernel/text.py);
+- other control characters are text and are accepted (they are escaped
+  only when shown);
+- a success clears the dispatch row's ``last_error_code``: an error the
+  execution got past is no longer its last word; a failure still records
+  its own code, and a move that is not a success keeps the earlier one.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from fencekeeper.kernel import approvals
+from fencekeeper.kernel.events import Event, EventError
+from fencekeeper.kernel.machines import ExecutionState
+from fencekeeper.kernel.protocol import RefusalCode, ReleaseRequest, finalize, release
+
+from .test_decisions import EVENT_SPEC, GRANTED, T0, decided, finalize_request, leased, refused
+
+
+@pytest.mark.parametrize(
+    ("correlation", "payload", "field", "problem"),
+    [
+        ({"order_id": "o-\x001"}, None, "correlation.order_id", "contains NUL (U+0000)"),
+        ({"order_id": "o-\ud800"}, None, "correlation.order_id", "contains an unpaired surrogate (U+D800)"),
+        ({"order_id": "o-1"}, {"lines": [{"sku": "a\x00"}]}, "payload.lines[0].sku", "contains NUL"),
+        ({"order_id": "o-1"}, {"note": "\udcff"}, "payload.note", "contains an unpaired surrogate (U+DCFF)"),
+    ],
+)
+def test_an_event_with_unstorable_text_is_refused_naming_the_field(
+    correlation: dict[str, object], payload: dict[str, object] | None, field: str, problem: str
+) -> None:
+    with pytest.raises(EventError) as caught:
+        Event.build("ev-1", "biz-1", "order.paid", correlation, payload)
+    assert str(caught.value).startswith(f"{field}: {problem}"), caught.value
+
+
+def test_other_control_characters_are_text() -> None:
+    event = Event.build("ev-1", "biz-1", "order.paid", {"order_id": "o-\x1b[31m1\t"}, {"note": "\x07"})
+    assert event.correlation == (("order_id", "o-\x1b[31m1\t"),)
+
+
+@pytest.mark.parametrize("value", ["o-\x00", "\ud800"])
+def test_a_waiter_correlation_value_no_store_can_keep_is_refused(value: str) -> None:
+    snap = leased()
+    spec = attrs.evolve(EVENT_SPEC, correlation=(("order_id", value), ("tenant", "t-1")))
+    request = finalize_request(snap, ExecutionState.WAITING, wait=spec)
+    refusal = refused(finalize(snap.execution, snap.dispatch, request, T0), RefusalCode.INVALID_REQUEST)
+    assert refusal.field == "wait.correlation['order_id']", refusal
+
+
+def test_a_finalization_reason_no_store_can_keep_is_refused() -> None:
+    snap = leased()
+    request = finalize_request(snap, ExecutionState.SUSPENDED, reason="bad \x00 reason")
+    refusal = refused(finalize(snap.execution, snap.dispatch, request, T0), RefusalCode.INVALID_REQUEST)
+    assert refusal.field == "reason"
+
+
+def test_a_rationale_no_store_can_keep_is_refused() -> None:
+    decision = approvals.ApprovalDecision(
+        decision_id="d-1",
+        request_id="x/a1/approval",
+        business_id="biz-1",
+        reviewer_id="user:m",
+        determination="approved",
+        binding=approvals.Binding("purchase.approve", (("o-1", 1),), ()),
+        authority=GRANTED,
+        rationale="ok\udcff",
+    )
+    outcome = approvals.decide(None, 1, None, decision)
+    assert outcome.code == RefusalCode.INVALID_REQUEST and outcome.field == "rationale", outcome
+
+
+def test_success_clears_the_last_error_code() -> None:
+    snap = leased()
+    with_error = attrs.evolve(snap.dispatch, last_error_code="command_unknown")
+    succeeded = decided(finalize(snap.execution, with_error, finalize_request(snap, ExecutionState.SUCCEEDED), T0))
+    assert succeeded.dispatch is not None and succeeded.dispatch.last_error_code is None
+    # A failure records its own code; a move that is not a success keeps the earlier one.
+    failed = decided(
+        finalize(snap.execution, with_error, finalize_request(snap, ExecutionState.FAILED, error_code="rejected"), T0)
+    )
+    assert failed.dispatch is not None and failed.dispatch.last_error_code == "rejected"
+    released = decided(release(snap.execution, with_error, ReleaseRequest(snap.lease, snap.execution.revision), T0))
+    assert released.dispatch is not None and released.dispatch.last_error_code == "command_unknown"
