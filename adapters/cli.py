@@ -58,6 +58,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -78,7 +79,7 @@ from rich.text import Text
 from fencekeeper.kernel import approvals, modelcheck
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.definition import IDENTIFIER, Definition, DefinitionError, parse_definition
+from fencekeeper.kernel.definition import IDENTIFIER, Definition, DefinitionError, from_json, parse_definition
 from fencekeeper.kernel.errors import KernelError
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
@@ -144,9 +145,13 @@ def _parser() -> argparse.ArgumentParser:
     _db_option(demo, required=False)
 
     run = command("run", "register a definition file and admit an execution of it; prints its id", prints_data=True)
-    run.add_argument("definition", type=Path, metavar="DEFINITION.toml")
+    run.add_argument("definition", type=Path, metavar="DEFINITION", help="a definition file, TOML or JSON (.json)")
     _db_option(run)
-    run.add_argument("--input", metavar="JSON", help="the execution's input, a JSON object (default: {})")
+    run.add_argument(
+        "--input",
+        metavar="JSON",
+        help="the execution's input, a JSON object (default: {}); @FILE reads it from FILE, - from stdin",
+    )
     _who_options(run)
     run.add_argument("--id", metavar="EXECUTION_ID", help="the execution's id (default: a fresh x-... id)")
 
@@ -196,9 +201,12 @@ def _parser() -> argparse.ArgumentParser:
     _db_option(event)
     event.add_argument("event_type", metavar="TYPE")
     event.add_argument(
-        "--correlation", required=True, metavar="JSON", help='exact correlation values, e.g. {"order_id": "o-7"}'
+        "--correlation",
+        required=True,
+        metavar="JSON",
+        help='exact correlation values, e.g. {"order_id": "o-7"}; @FILE reads them from FILE, - from stdin',
     )
-    event.add_argument("--payload", metavar="JSON", help="the Event's payload, a JSON object")
+    event.add_argument("--payload", metavar="JSON", help="the Event's payload, a JSON object; @FILE or - as above")
     event.add_argument(
         "--id", metavar="EVENT_ID", help="the Event's identity (republishing the same Event is idempotent)"
     )
@@ -402,15 +410,46 @@ def _refused(outcome: p.Refusal | p.Unchanged, what: str) -> CliError:
 
 
 def _json_object(option: str, value: str | None) -> dict[str, Any]:
+    """The JSON object an option gives: inline, ``@FILE`` (read from the file) or ``-`` (read from stdin)."""
     if value is None:
         return {}
+    where = option
+    if value == "-":
+        where, value = f"{option}: stdin", _read_stdin(option)
+    elif value.startswith("@"):
+        path = Path(value[1:])
+        where, value = f"{option}: {path}", _read(path, option=option)
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, parse_constant=_not_a_json_number)
     except json.JSONDecodeError as exc:
-        raise CliError(f"{option}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        raise CliError(f"{where}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:
+        raise CliError(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CliError(f"{where}: not valid JSON: nested too deeply") from None
     if not isinstance(parsed, dict):
-        raise CliError(f"{option}: must be a JSON object, not {type(parsed).__name__}")
+        raise CliError(f"{where}: must be a JSON object, not {type(parsed).__name__}")
     return parsed
+
+
+def _not_a_json_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _read_stdin(option: str) -> str:
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise CliError(f"{option}: stdin: not UTF-8 text") from None
+    except (OSError, AttributeError, ValueError) as exc:
+        raise CliError(f"{option}: stdin: cannot read: {exc}") from None
+
+
+def _one_stdin(**options: str | None) -> None:
+    """Standard input can be read once: refuse two options that both ask for it."""
+    reading = [name for name, value in options.items() if value == "-"]
+    if len(reading) > 1:
+        raise CliError(f"{' and '.join(reading)} both read stdin ('-'); give one of them @FILE or inline JSON")
 
 
 def _identifier(option: str, value: str | None) -> None:
@@ -465,8 +504,12 @@ def _demo(args: argparse.Namespace, out: Output) -> int:
 
 
 def _load_definition(path: Path) -> Definition:
+    """A definition file: JSON when its name ends in .json or its first non-blank character is '{', else TOML."""
+    content = _read(path)
     try:
-        return parse_definition(_read(path), str(path))
+        if path.suffix.lower() == ".json" or content.lstrip().startswith("{"):
+            return from_json(content, source=str(path))
+        return parse_definition(content, str(path))
     except DefinitionError as exc:
         raise CliError(str(exc)) from None
 
@@ -877,13 +920,14 @@ def _list(args: argparse.Namespace, out: Output) -> int:
 
 
 def _event(args: argparse.Namespace, out: Output) -> int:
+    _one_stdin(**{"--correlation": args.correlation, "--payload": args.payload})
     correlation = _json_object("--correlation", args.correlation)
     payload = _json_object("--payload", args.payload) if args.payload is not None else None
     _identifier("--as", args.principal)
     try:
         Event.build(args.id or "ev-check", args.business, args.event_type, correlation, payload)
     except EventError as exc:
-        field = str(exc).split(":", 1)[0].split(".", 1)[0]
+        field = re.split(r"[.\[ ]", str(exc).split(":", 1)[0], maxsplit=1)[0]
         option = {"correlation": "--correlation", "payload": "--payload", "event_type": "TYPE", "event_id": "--id"}
         raise CliError(f"{option.get(field, '--' + field)}: {exc}") from None
     policy = examples.grants(args.business, args.principal)
@@ -1167,19 +1211,24 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, *, option: str | None = None) -> str:
+    prefix = f"{option}: {path}" if option else str(path)
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise CliError(f"{path}: cannot read: {exc.strerror}") from None
+        raise CliError(f"{prefix}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise CliError(f"{path}: not UTF-8 text") from None
+        raise CliError(f"{prefix}: not UTF-8 text") from None
 
 
 def _export_specs(args: argparse.Namespace, out: Output) -> int:
     directory: Path = args.directory
-    if not directory.is_dir():
-        raise CliError(f"{directory}: not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CliError(f"{directory}: exists and is not a directory") from None
+    except OSError as exc:
+        raise CliError(f"{directory}: cannot create: {exc.strerror}") from None
     for machine in MACHINES.values():
         (directory / f"{machine.name}.toml").write_text(render_machine_spec(machine.spec), encoding="utf-8")
     return EXIT_OK

@@ -30,11 +30,17 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 def fencekeeper(
-    *args: str | Path, cwd: Path, timeout: float = 60, env: dict[str, str] | None = None
+    *args: str | Path,
+    cwd: Path,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(FENCEKEEPER), *map(str, args)],
         cwd=cwd,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
         capture_output=True,
         # The docs quote the seeds' box-drawing arrows; decode as the CLI writes.
         encoding="utf-8",

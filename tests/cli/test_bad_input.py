@@ -53,6 +53,8 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         encoding="utf-8",
     )
     (directory / "notes.txt").write_text("not a database\n", encoding="utf-8")
+    (directory / "not-json.json").write_text("{amount: 1}\n", encoding="utf-8")
+    (directory / "broken.json").write_text('{"id": "x", "revision": }', encoding="utf-8")
     return directory
 
 
@@ -110,6 +112,46 @@ CASES = [
         ["event", "--db", "{db}", "payment.received", "--correlation", '{"order_id": [1]}'],
         2,
         ["--correlation", "order_id"],
+    ),
+    (
+        "run: lone surrogate in --input",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": 2500, "order_id": "o-\\ud800", "order_revision": 1}'],
+        2,
+        ["--input", "input.order_id", "unpaired surrogate (U+D800)"],
+    ),
+    (
+        "run: NUL in --input",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": 2500, "order_id": "o-\\u0000", "order_revision": 1}'],
+        2,
+        ["--input", "input.order_id", "NUL"],
+    ),
+    (
+        "run: NaN in --input",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": NaN, "order_id": "o-1", "order_revision": 1}'],
+        2,
+        ["--input", "NaN is not a JSON number"],
+    ),
+    ("run: --input @missing", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/missing.json"], 2, ["--input", "missing.json", "cannot read"]),
+    ("run: --input @file not JSON", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/not-json.json"], 2, ["--input", "not-json.json", "not valid JSON"]),
+    ("run: --input - empty stdin", ["run", str(PURCHASE), "--db", "{db}", "--input", "-"], 2, ["--input: stdin", "not valid JSON"]),
+    ("run: broken JSON definition", ["run", "{dir}/broken.json", "--db", "{db}", "--input", GOOD_INPUT], 2, ["broken.json", "not valid JSON"]),
+    (
+        "event: NUL in --correlation",
+        ["event", "--db", "{db}", "payment.received", "--correlation", '{"order_id": "o-\\u0000"}'],
+        2,
+        ["--correlation", "correlation.order_id", "NUL"],
+    ),
+    (
+        "event: surrogate in --payload",
+        ["event", "--db", "{db}", "payment.received", "--correlation", '{"order_id": "o-1"}', "--payload", '{"n": {"\\udfff": 1}}'],
+        2,
+        ["--payload", "payload.n key", "unpaired surrogate"],
+    ),
+    (
+        "event: stdin twice",
+        ["event", "--db", "{db}", "payment.received", "--correlation", "-", "--payload", "-"],
+        2,
+        ["--correlation and --payload both read stdin"],
     ),
     ("worker: --handler", ["worker", "--db", "{db}", "--handler", "no_such_module:make"], 2, ["--handler", "no_such_module"]),
 ]

@@ -65,15 +65,22 @@ def test_export_specs_to_a_file_is_one_error_line(tmp_path: Path) -> None:
     target = tmp_path / "a-file"
     target.write_text("keep me\n", encoding="utf-8")
     line = assert_one_error_line(fencekeeper("export-specs", target, cwd=tmp_path), code=2)
-    assert str(target) in line and "not a directory" in line
+    assert str(target) in line and "is not a directory" in line
     assert target.read_text(encoding="utf-8") == "keep me\n"
 
 
-def test_export_specs_to_a_missing_directory_is_one_error_line(tmp_path: Path) -> None:
-    target = tmp_path / "missing"
+def test_export_specs_creates_a_missing_directory(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "machines"
+    result = fencekeeper("export-specs", target, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in SPECS.glob("*.toml"))
+
+
+def test_export_specs_under_a_file_is_one_error_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("keep me\n", encoding="utf-8")
+    target = tmp_path / "a-file" / "machines"
     line = assert_one_error_line(fencekeeper("export-specs", target, cwd=tmp_path), code=2)
-    assert str(target) in line
-    assert not target.exists()
+    assert str(target) in line and "cannot create" in line
 
 
 # --- docs ---------------------------------------------------------------------------
