@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, KernelError, StoreError, OperationError) as exc:
         if args.debug:
             raise
-        print(f"fencekeeper: error: {_message(exc)}", file=sys.stderr)
+        print(f"fencekeeper: error: {render.printable(_message(exc))}", file=sys.stderr)
         return _exit_code(exc)
     except KeyboardInterrupt:
         # Ctrl-C outside a worker (which handles it itself): what was committed stays committed.
@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A bug, not bad input: still one line, with the way to the traceback.
         if args.debug:
             raise
-        detail = " ".join(str(exc).split())
+        detail = render.printable(" ".join(str(exc).split()))
         print(
             f"fencekeeper: error: internal error: {type(exc).__name__}: {detail} (rerun with --debug for the traceback)",
             file=sys.stderr,

@@ -12,6 +12,14 @@ Rules of this module:
   stable lines whatever the terminal width.
 - Text is built as :class:`rich.text.Text`, never as markup, so a reason or
   an identifier containing ``[`` is shown as it is.
+- Stored values are shown, never obeyed: every string that reaches a line or
+  a table goes through :func:`printable`, which spells control characters
+  (C0, DEL, C1, so also terminal escape sequences), line and paragraph
+  separators, bidirectional overrides and lone surrogates as ``\\xNN`` or
+  ``\\uNNNN``, so a value cannot move the cursor, recolour the terminal,
+  reorder what follows it or break a line in two.  ``--json`` is the exact
+  form: JSON escapes control characters itself, and a lone surrogate is
+  written as its ``\\uNNNN`` escape, which reads back as the same string.
 - Nothing here decides anything: it shows values the kernel and the stores
   returned, and :func:`jsonable` turns them into JSON without losing a field.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -65,6 +74,20 @@ TOKEN_PREFIX = 8
 """How much of a lease token is shown: enough to tell two claims apart, not enough to present."""
 
 
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _spelled(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: str) -> str:
+    """``value`` with everything a terminal would obey rather than show spelled as an escape."""
+    return _UNPRINTABLE.sub(_spelled, value)
+
+
 def make_console(stream: TextIO) -> Console:
     """A console that is rich exactly when ``stream`` is a terminal."""
     terminal = _isatty(stream)
@@ -100,6 +123,8 @@ class Output:
     def data(self, value: object) -> None:
         """The one JSON document of a ``--json`` run."""
         text = json.dumps(jsonable(value), indent=2, ensure_ascii=False)
+        # A lone surrogate has no UTF-8 form; its JSON escape reads back as the same string.
+        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
         self.out.file.write(text + "\n")
         self.out.file.flush()
 
@@ -123,7 +148,9 @@ def text(*parts: str | Text | tuple[str, str]) -> Text:
     result = Text()
     for part in parts:
         if isinstance(part, tuple):
-            result.append(part[0], style=part[1])
+            result.append(printable(part[0]), style=part[1])
+        elif isinstance(part, str):
+            result.append(printable(part))
         else:
             result.append(part)
     return result
@@ -133,7 +160,7 @@ def render_table(
     console: Console, columns: Sequence[str], rows: Iterable[Sequence[str | Text]], *, title: str | None = None
 ) -> None:
     """A rich table on a terminal wide enough for it; aligned columns (coloured on a terminal) otherwise."""
-    cells = [[cell if isinstance(cell, Text) else Text(cell) for cell in row] for row in rows]
+    cells = [[cell if isinstance(cell, Text) else Text(printable(cell)) for cell in row] for row in rows]
     if console.is_terminal:
         table = Table(title=title, title_justify="left", header_style="bold", show_edge=False)
         for column in columns:
@@ -162,7 +189,7 @@ def render_table(
 def state(value: str | enum.Enum | None) -> Text:
     """A state, coloured by what it means."""
     name = "-" if value is None else value.value if isinstance(value, enum.Enum) else str(value)
-    return Text(name, style=STATE_STYLES.get(name, ""))
+    return Text(printable(name), style=STATE_STYLES.get(name, ""))
 
 
 def token(value: str | None) -> str:
@@ -430,6 +457,7 @@ __all__ = [
     "jsonable",
     "make_console",
     "outcome_json",
+    "printable",
     "render_table",
     "state",
     "text",
