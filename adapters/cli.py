@@ -21,16 +21,23 @@ Rules of this module:
   output is rich (tables, colour); in a pipe it is plain text
   (``adapters/render.py``).
 
-Exit codes:
+Exit codes, one rule for every command: **2 when what was typed cannot be
+acted on, 1 when it was understood and the answer is no** (0 is success,
+including an idempotent repeat: a decision or event already recorded changes
+nothing and is not an error).  So:
 
-- 0: success (including an idempotent repeat: a decision or event already
-  recorded changes nothing and is not an error);
-- 1: a check found a problem (``check``, ``check-spec``, ``modelcheck``), or
-  the kernel refused the request (the refusal code is printed), or the store
-  is reachable but its schema blocks (missing, outdated, newer, altered), or
-  an internal error (a bug: ``--debug`` shows its traceback);
-- 2: bad usage or input (an unknown option, a missing file, invalid JSON, an
-  unknown execution id, a ``--db`` that cannot be opened).
+- 2: an unknown option, a malformed value (an identifier, a number, JSON,
+  an input that does not fit the definition), or a file, ``--db`` or id
+  that names nothing usable (no such file, not a database, no server
+  answering, no such execution) -- whichever command it is given to,
+  ``check`` included;
+- 1: the kernel refused (the refusal code is printed; a refusal for a
+  malformed request field, ``invalid_request``, is the 2 above), the request
+  conflicts with what is stored (an id already taken, a registered revision
+  with other content), the store is there but cannot be used as it is (its
+  schema, read-only), a check found a problem (``check``, ``check-spec``,
+  ``modelcheck``), or an internal error (a bug: ``--debug`` shows its
+  traceback).
 
 Stopping a worker: SIGINT or SIGTERM lets each worker thread finish the node
 visit it is in (its Command may already have been sent; the visit's result
@@ -126,7 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fencekeeper",
         description="A formally specified kernel for durable workflow execution.",
-        epilog="Exit codes: 0 success, 1 a check found a problem or the kernel refused, 2 bad usage or input.",
+        epilog="Exit codes: 0 success; 2 when what was typed cannot be acted on (a malformed value, or a file, --db "
+        "or id that names nothing usable); 1 when it was understood and the answer is no (a refusal, a conflict, "
+        "a store that cannot be used as it is, a problem a check found).",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -374,6 +383,11 @@ def _exit_code(exc: Exception) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     out = Output(json_mode=getattr(args, "json", False))
+    # Who acts, checked alike for every command that takes them, before anything is opened.
+    _identifier("--business", getattr(args, "business", None))
+    _identifier("--as", getattr(args, "principal", None))
+    for principal in getattr(args, "principals", None) or ():
+        _identifier("--as", principal)
     handlers: dict[str, Callable[[argparse.Namespace, Output], int | None]] = {
         "demo": _demo,
         "run": _run_definition,
@@ -396,8 +410,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _store(args: argparse.Namespace, *, create: bool = False, pool_size: int = 4) -> Iterator[TransactionalStore]:
-    store = connect.open_store(args.db, schema=args.schema, create=create, pool_size=pool_size)
+def _store(
+    args: argparse.Namespace, *, create: bool = False, pool_size: int = 4, read_only: bool = False
+) -> Iterator[TransactionalStore]:
+    store = connect.open_store(args.db, schema=args.schema, create=create, pool_size=pool_size, read_only=read_only)
     try:
         yield store
     finally:
@@ -459,11 +475,17 @@ def _identifier(option: str, value: str | None) -> None:
         )
 
 
-def _read_view(store: TransactionalStore, execution_id: str, db: str) -> ExecutionView:
+def _read_view(store: TransactionalStore, execution_id: str, db: str, *, business: str | None = None) -> ExecutionView:
+    """The execution an EXECUTION_ID names; with ``business``, only one of that business.
+
+    An execution of another business does not exist for the caller (seed 000,
+    Business isolation): it is the same bad input as an id that names nothing.
+    """
     _identifier("EXECUTION_ID", execution_id)
     view = store.read(execution_id)
-    if view is None:
-        raise CliError(f"EXECUTION_ID: no execution {execution_id!r} in {db}")
+    if view is None or (business is not None and view.execution.business_id != business):
+        where = f"business {business!r} of {db}" if view is not None else db
+        raise CliError(f"EXECUTION_ID: no execution {execution_id!r} in {where}")
     return view
 
 
@@ -832,7 +854,7 @@ def _release(
 
 
 def _inspect(args: argparse.Namespace, out: Output) -> int:
-    with _store(args) as store:
+    with _store(args, read_only=True) as store:
         view = _read_view(store, args.execution_id, args.db)
         expired = args.execution_id in store.expired()
     if out.json_mode:
@@ -870,7 +892,7 @@ def _inspect(args: argparse.Namespace, out: Output) -> int:
 
 def _list(args: argparse.Namespace, out: Output) -> int:
     chosen = ExecutionState(args.state) if args.state else None
-    with _store(args) as store:
+    with _store(args, read_only=True) as store:
         views = [v for v in (store.read(x) for x in store.execution_ids(chosen)) if v is not None]
     if args.business is not None:
         views = [v for v in views if v.execution.business_id == args.business]
@@ -971,7 +993,7 @@ def _decide(args: argparse.Namespace, out: Output) -> int:
     policy = examples.grants(args.business, args.principal)
     decision_id = args.id or f"d-{secrets.token_hex(6)}"
     with _store(args) as store:
-        view = _read_view(store, args.execution_id, args.db)
+        view = _read_view(store, args.execution_id, args.db, business=args.business)
         request = service.approval_request(store, view.execution.execution_id)
         if request is None:
             raise CliError(
@@ -1024,7 +1046,7 @@ def _cancel(args: argparse.Namespace, out: Output) -> int:
     _identifier("--as", args.principal)
     policy = examples.grants(args.business, args.principal)
     with _store(args) as store:
-        view = _read_view(store, args.execution_id, args.db)
+        view = _read_view(store, args.execution_id, args.db, business=args.business)
         outcome = service.cancel(
             store, policy, business_id=args.business, principal_id=args.principal, execution_id=args.execution_id
         )
@@ -1150,6 +1172,9 @@ def _check(args: argparse.Namespace, out: Output) -> int:
             *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in report.problems],
         ]
         out.table(("check", "ok" if report.ok else "BLOCKED"), rows)
+    if not report.reachable:
+        # The same --db makes every other command exit 2: it names no usable store.
+        return EXIT_USAGE
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 

@@ -16,6 +16,9 @@ Rules of this module:
   store always does (docs/stores.md), brings an older file forward.  With
   ``create=False`` a path that does not exist is refused rather than created,
   so that reading, or a mistyped path, never leaves an empty database behind.
+  With ``read_only=True`` (commands that only read) the file is opened only
+  to read: a read-only file, directory or mount works, and nothing is
+  created beside the file or migrated.
 - :func:`check` looks without touching: it reads the recorded migrations and
   counts rows, and never migrates or writes, whatever it finds.
 - Every error is a :class:`StoreError` with a one-line message that names the
@@ -113,17 +116,23 @@ def open_store(
     schema: str | None = None,
     create: bool = True,
     pool_size: int = 4,
+    read_only: bool = False,
 ) -> TransactionalStore:
-    """The store ``url`` names (see the module's rules); raises StoreError with a one-line message."""
+    """The store ``url`` names (see the module's rules); raises StoreError with a one-line message.
+
+    ``read_only`` is for callers that only read: a SQLite file is then
+    opened without writing, creating or migrating anything (PostgreSQL
+    opening writes nothing anyway).
+    """
     location = parse_url(url, schema=schema)
     if location.kind == "sqlite":
         assert location.path is not None
-        if not create and not location.path.exists():
+        if (read_only or not create) and not location.path.exists():
             raise StoreError(
                 "store_unavailable",
                 f"--db: no database at {location.path} (`fencekeeper migrate --db {location.path}` creates one)",
             )
-        return sqlite_store.SQLiteStore(location.path, clock)
+        return sqlite_store.SQLiteStore(location.path, clock, read_only=read_only)
     from .postgres_store import PostgresStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
     assert location.dsn is not None and location.schema is not None
@@ -215,6 +224,8 @@ class CheckReport:
     executions: Mapping[str, int] = attrs.field(factory=dict)
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    reachable: bool = True
+    """False when the URL names no usable store (no file, not a database, no answer): bad input, as for any command."""
 
     @property
     def ok(self) -> bool:
@@ -234,30 +245,34 @@ def _check_sqlite(location: Location) -> CheckReport:
     assert path is not None
     newest = max(number for number, _, _ in sqlite_store.MIGRATIONS)
     blank = CheckReport(location, newest, None)
+    unusable = attrs.evolve(blank, reachable=False)
     if not path.exists():
         return attrs.evolve(
-            blank, problems=(f"{path}: no database here (`fencekeeper migrate --db {path}` creates one)",)
+            unusable, problems=(f"{path}: no database here (`fencekeeper migrate --db {path}` creates one)",)
         )
     if path.is_dir():
-        return attrs.evolve(blank, problems=(f"{path}: is a directory, not a SQLite database",))
+        return attrs.evolve(unusable, problems=(f"{path}: is a directory, not a SQLite database",))
     if not os.access(path, os.R_OK):
-        return attrs.evolve(blank, problems=(f"{path}: cannot be read",))
+        return attrs.evolve(unusable, problems=(f"{path}: cannot be read",))
     try:
-        conn = sqlite3.connect(path, timeout=sqlite_store.BUSY_TIMEOUT_MS / 1000)
-    except sqlite3.Error as exc:
-        return attrs.evolve(blank, problems=(f"{path}: cannot open: {exc}",))
+        # Read-only, so that checking a read-only file leaves nothing beside it.
+        conn = sqlite_store.connect_read_only(path)
+    except StoreError as exc:
+        return attrs.evolve(blank, problems=(exc.message,))
     with contextlib.closing(conn):
         try:
             # The SQLite store's own checks, run here without the migration
             # that opening the store would perform.
             version = sqlite_store.check_database(conn, path)
         except StoreError as exc:
-            return attrs.evolve(blank, problems=(exc.message,))
+            return attrs.evolve(
+                blank, problems=(exc.message,), reachable=exc.code not in ("not_a_database", "store_unavailable")
+            )
         problems: list[str] = []
         notes: list[str] = []
-        for needed, what in ((path, "the file"), (path.parent, "its directory")):
-            if not os.access(needed, os.W_OK):
-                problems.append(f"{path}: {what} is read-only; a store must be able to write")
+        read_only = sqlite_store.read_only_problem(path)
+        if read_only is not None:
+            problems.append(read_only)
         if version == 0:
             notes.append(f"{path}: an empty SQLite file; the store creates its schema when first opened")
             return attrs.evolve(blank, schema_version=0, problems=tuple(problems), notes=tuple(notes))
@@ -303,7 +318,7 @@ def _check_postgres(location: Location) -> CheckReport:
         conn = psycopg.connect(location.dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS, autocommit=True)
     except (StoreError, psycopg.Error) as exc:
         message = exc.message if isinstance(exc, StoreError) else _one_line(exc)
-        return attrs.evolve(blank, problems=(message,))
+        return attrs.evolve(blank, problems=(message,), reachable=False)
     with conn:
         try:
             version = postgres_store.check_schema(conn, location.schema)

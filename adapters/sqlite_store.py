@@ -34,6 +34,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -355,11 +356,18 @@ class _Write:
 class SQLiteStore(TransactionalStore):
     """A store in one SQLite file.  One connection per store object; safe to share between threads."""
 
-    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None, *, read_only: bool = False) -> None:
+        """Open (creating and migrating as needed) the store at ``path``.
+
+        With ``read_only`` the file must exist and be at this code's schema
+        version; it is opened only to read (:func:`connect_read_only`), so a
+        read-only file, directory or mount can still be listed and
+        inspected, and nothing is created beside it or migrated.
+        """
         super().__init__(clock)
         self.path = Path(path)
         self._lock = threading.RLock()
-        self._conn = _open(self.path)
+        self._conn = _open_read_only(self.path) if read_only else _open(self.path)
 
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
         return _Write(self)
@@ -405,9 +413,9 @@ def _open(path: Path) -> sqlite3.Connection:
     # WAL mode writes the file and creates -wal and -shm beside it, so both the
     # file and its directory must be writable; finding out later would leave
     # those files behind or fail mid-request.
-    for needed, what in ((path, "the file"), (path.parent, "its directory")):
-        if needed.exists() and not os.access(needed, os.W_OK):
-            raise StoreError("read_only", f"{path}: {what} is read-only; a store must be able to write")
+    problem = read_only_problem(path)
+    if problem is not None:
+        raise StoreError("read_only", problem)
     try:
         conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
     except sqlite3.Error as exc:
@@ -417,6 +425,79 @@ def _open(path: Path) -> sqlite3.Connection:
         version = _check_schema(conn, path)
         _configure(conn, path)
         _migrate(conn, path, version)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def read_only_problem(path: Path) -> str | None:
+    """Why a store at ``path`` could not write (a read-only mount, file or directory), or None."""
+    existing = [needed for needed in (path, path.parent) if needed.exists()]
+    with contextlib.suppress(OSError):
+        if existing and os.statvfs(existing[0]).f_flag & os.ST_RDONLY:
+            return f"{path}: is on a read-only file system (mount); a store must be able to write"
+    for needed, what in ((path, "the file"), (path.parent, "its directory")):
+        if needed.exists() and not os.access(needed, os.W_OK):
+            return f"{path}: {what} is read-only; a store must be able to write"
+    return None
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection to the existing file ``path`` that can only read and leaves nothing beside it.
+
+    Reading a WAL database needs its ``-shm`` index, which SQLite creates
+    beside the file, and a connection that can write removes it (with the
+    ``-wal``) when it is the last to close; one that cannot write leaves
+    both behind.  So:
+
+    - file and directory writable: an ordinary connection with
+      ``query_only``: it sees every commit, and cleans up as any store
+      connection does;
+    - otherwise, with a ``-wal`` beside the file (commits may be in it):
+      ``mode=ro``, which reads the WAL through the existing index;
+    - otherwise ``immutable=1``: nobody can write the file, and no WAL holds
+      commits it lacks, so nothing can change while it is read, and SQLite
+      then creates no file at all (a read-only directory or mount, an
+      immutable file).
+
+    Raises StoreError ``read_only`` when the file cannot be read this way.
+    """
+    writable = all(os.access(needed, os.W_OK) for needed in (path, path.parent))
+    if writable:
+        mode = "mode=rw"
+    elif Path(f"{path}-wal").exists():
+        mode = "mode=ro"
+    else:
+        mode = "immutable=1"
+    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?{mode}"
+    try:
+        conn = sqlite3.connect(
+            uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+        )
+        conn.execute("PRAGMA query_only=ON")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    except sqlite3.Error as exc:
+        raise StoreError("read_only", f"{path}: cannot be opened to read ({mode}): {exc}") from None
+    return conn
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """Open ``path`` to read: it must be a store at this code's schema version (nothing is migrated)."""
+    if not path.exists():
+        raise StoreError("store_unavailable", f"{path}: no database here")
+    if path.is_dir():
+        raise StoreError("not_a_database", f"{path}: is a directory, not a SQLite database")
+    conn = connect_read_only(path)
+    try:
+        version = check_database(conn, path)
+        newest = max(number for number, _, _ in MIGRATIONS)
+        if version < newest:
+            raise StoreError(
+                "schema_outdated",
+                f"{path}: schema version {version}, this fencekeeper's is {newest}; it is not migrated when only "
+                f"read (`fencekeeper migrate --db {path}` does it)",
+            )
     except BaseException:
         conn.close()
         raise
@@ -441,7 +522,16 @@ def _check_readable(conn: sqlite3.Connection, path: Path) -> None:
         if conn.execute("PRAGMA quick_check").fetchone() != ("ok",):
             raise StoreError("not_a_database", f"{path}: the database is corrupt (quick_check failed)")
     except sqlite3.DatabaseError as exc:
+        if _is_read_only_error(exc):
+            raise StoreError("read_only", f"{path}: cannot be read without writing beside it: {exc}") from None
         raise StoreError("not_a_database", f"{path}: not a usable SQLite database: {exc}") from None
+
+
+def _is_read_only_error(exc: sqlite3.Error) -> bool:
+    # A WAL database whose index cannot be created (a read-only mount or
+    # directory) fails to open with CANTOPEN or READONLY: the file is fine.
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY)
 
 
 def _check_schema(conn: sqlite3.Connection, path: Path) -> int:

@@ -210,14 +210,15 @@ def test_an_expired_lease_is_shown_quarantined_and_recovered(tmp_path: Path) -> 
     assert _states(tmp_path, db) == {"po-1": "succeeded"}
 
 
-def test_check_exits_1_when_the_store_cannot_be_used(tmp_path: Path) -> None:
+def test_check_exits_1_when_the_store_cannot_be_used_and_2_when_there_is_none(tmp_path: Path) -> None:
+    # No store at all is what every command calls a --db that names nothing usable: exit 2.
     missing = fencekeeper("check", "--db", "absent.db", "--json", cwd=tmp_path)
-    assert missing.returncode == 1 and json.loads(missing.stdout)["problems"][0].startswith("absent.db: no database")
+    assert missing.returncode == 2 and json.loads(missing.stdout)["problems"][0].startswith("absent.db: no database")
     assert not (tmp_path / "absent.db").exists()
 
     (tmp_path / "notes.db").write_text("shopping list\n", encoding="utf-8")
     garbage = fencekeeper("check", "--db", "notes.db", cwd=tmp_path)
-    assert garbage.returncode == 1
+    assert garbage.returncode == 2
     assert re.search(r"^PROBLEM\s+notes.db: not a usable SQLite database", garbage.stdout, re.MULTILINE), garbage.stdout
     assert (tmp_path / "notes.db").read_text(encoding="utf-8") == "shopping list\n"
 

@@ -578,3 +578,138 @@ def test_integrity_is_clean_after_a_run(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM transitions").fetchone()[0] == 0
     finally:
         conn.close()
+
+
+# --- opened only to read ----------------------------------------------------------------------
+#
+# Commands that only read (list, inspect) and the deployment check open the
+# file read-only: a read-only file, directory or mount is read, and nothing
+# is created beside it, migrated or changed.
+
+
+def _read_everything(path: Path) -> list[str]:
+    store = SQLiteStore(path, read_only=True)
+    try:
+        ids = store.execution_ids()
+        for execution_id in ids:
+            assert store.read(execution_id) is not None
+        return ids
+    finally:
+        store.close()
+
+
+def test_a_read_only_store_can_be_read_and_is_left_untouched(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = populated_store(directory / "store.db")
+    with read_only(path, directory):
+        before = file_state(path)
+        assert len(_read_everything(path)) == 12
+        assert file_state(path) == before
+
+
+def test_a_read_only_file_in_a_writable_directory_can_be_read_without_files_beside_it(tmp_path: Path) -> None:
+    path = populated_store(tmp_path / "store.db")
+    with read_only(path):
+        before = file_state(path)
+        assert len(_read_everything(path)) == 12
+        assert file_state(path) == before, "reading left -wal/-shm beside a read-only file"
+
+
+def test_a_writable_store_opened_to_read_leaves_nothing_beside_it(tmp_path: Path) -> None:
+    path = populated_store(tmp_path / "store.db")
+    before = file_state(path)
+    assert len(_read_everything(path)) == 12
+    assert file_state(path) == before
+
+
+def test_reading_sees_commits_still_in_the_wal(tmp_path: Path) -> None:
+    path = populated_store(tmp_path / "store.db")
+    writer = SQLiteStore(path)
+    try:
+        admit(writer, "e-late")
+        assert Path(f"{path}-wal").exists()
+        assert "e-late" in _read_everything(path)
+    finally:
+        writer.close()
+
+
+def test_opening_to_read_does_not_migrate_an_older_file(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    newest = max(number for number, _, _ in sqlite_store.MIGRATIONS)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+            "checksum TEXT NOT NULL, applied_at TEXT NOT NULL)"
+        )
+        for number, name, sql in sqlite_store.MIGRATIONS[:-1]:
+            for statement in sqlite_store._statements(sql):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations VALUES (?, ?, ?, '2026-01-01T00:00:00Z')",
+                (number, name, sqlite_store._checksum(sql)),
+            )
+    before = file_state(path)
+    with pytest.raises(StoreError) as caught:
+        SQLiteStore(path, read_only=True)
+    assert caught.value.code == "schema_outdated", caught.value.message
+    assert f"version {newest - 1}" in caught.value.message and "fencekeeper migrate" in caught.value.message
+    assert file_state(path) == before
+    missing = tmp_path / "absent.db"
+    with pytest.raises(StoreError) as absent:
+        SQLiteStore(missing, read_only=True)
+    assert absent.value.code == "store_unavailable" and not missing.exists()
+
+
+def test_the_check_of_a_read_only_store_reports_it_and_creates_nothing(tmp_path: Path) -> None:
+    from fencekeeper.adapters import connect  # noqa: PLC0415 - the deployment check under test
+
+    for directory_too in (False, True):
+        directory = tmp_path / f"ro-{directory_too}"
+        directory.mkdir()
+        path = populated_store(directory / "store.db")
+        with read_only(path, *([directory] if directory_too else [])):
+            before = file_state(path)
+            report = connect.check(str(path))
+            assert file_state(path) == before, "the check created files beside a read-only store"
+        assert report.schema_version == max(number for number, _, _ in sqlite_store.MIGRATIONS)
+        assert report.executions, report
+        assert report.problems and all("read-only" in problem for problem in report.problems), report.problems
+        assert not any("not a usable" in problem for problem in report.problems)
+
+
+def test_a_read_only_mount_is_reported_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a read-only mount does to SQLite (no -shm can be created, the file
+    # cannot be written) is made by read_only(); that the file system says
+    # "read-only" is what statvfs answers, stubbed here for this directory only.
+    from fencekeeper.adapters import connect  # noqa: PLC0415 - the deployment check under test
+
+    directory = tmp_path / "mnt"
+    directory.mkdir()
+    path = populated_store(directory / "store.db")
+    real = os.statvfs
+
+    def statvfs(target: str | os.PathLike[str]) -> object:
+        found = real(target)
+        if Path(target).resolve().is_relative_to(directory.resolve()):
+            return _StatvfsResult(found, f_flag=found.f_flag | os.ST_RDONLY)
+        return found
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    with read_only(path, directory):
+        before = file_state(path)
+        report = connect.check(str(path))
+        assert [p for p in report.problems if "read-only file system" in p], report.problems
+        assert not any("not a usable" in p for p in report.problems)
+        error = refused_open(path, "read_only")
+        assert "read-only file system" in error.message
+        assert len(_read_everything(path)) == 12
+        assert file_state(path) == before
+
+
+class _StatvfsResult:
+    """Stands in for os.statvfs_result, with some fields changed."""
+
+    def __init__(self, result: os.statvfs_result, **changes: int) -> None:
+        self.__dict__.update({name: getattr(result, name) for name in dir(result) if name.startswith("f_")})
+        self.__dict__.update(changes)
