@@ -1,7 +1,7 @@
 """docs/tutorial.md runs as written: every file it shows is written, every command it shows is run.
 
-The tutorial is read top to bottom.  A fenced ``toml`` block preceded by
-``<!-- file: NAME -->`` is written to NAME; a fenced ``console`` block holds
+The tutorial is read top to bottom.  A fenced ``toml`` or ``json`` block
+preceded by ``<!-- file: NAME -->`` is written to NAME; a fenced ``console`` block holds
 commands (lines starting with ``$ ``, continued with a trailing backslash)
 and what they print.  Each command runs in a shell in a fresh directory with
 the installed ``fencekeeper`` first on PATH, and:
@@ -61,7 +61,7 @@ def steps(markdown: str) -> Iterator[File | Command]:
             language = line[3:].strip()
             end = lines.index("```", n + 1)
             body = lines[n + 1 : end]
-            if language == "toml" and pending is not None:
+            if language in ("toml", "json") and pending is not None:
                 yield File(pending, "\n".join(body) + "\n")
                 pending = None
             elif language == "console":
