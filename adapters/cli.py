@@ -12,7 +12,14 @@ Rules of this module:
   not exist.  Each is one error line naming the argument, and the store is
   left exactly as it was.
 - Only ``run``, ``migrate`` and ``demo`` create a SQLite file; every other
-  command refuses a ``--db`` path that does not exist.  No command migrates
+  command refuses a ``--db`` path that does not exist.  ``list``,
+  ``inspect`` and ``check`` only read, and open the file only to read, so a
+  read-only store can be read and nothing is created beside it.
+- Every string shown in text output goes through ``render.printable``:
+  stored values are shown, never obeyed by the terminal.
+- JSON options (``--input``, ``--correlation``, ``--payload``) take inline
+  JSON, ``@FILE`` or ``-`` (stdin, for one option at a time); a definition
+  file is JSON when it is named ``.json`` or starts with ``{``, else TOML.  No command migrates
   PostgreSQL except ``migrate`` (and ``demo``, which says so).
 - Every error is one line on stderr, ``fencekeeper: error: ...``; a traceback
   appears only with ``--debug``.
