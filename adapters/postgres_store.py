@@ -279,6 +279,36 @@ DROP INDEX objects_business;
 ALTER TABLE objects DROP CONSTRAINT objects_seq_key;
 """,
     ),
+    (
+        6,
+        "closed_wait_registrations",
+        # A wait registration is open exactly while its execution waits on
+        # it.  Before this migration a cancelled waiter left its registration
+        # open, and the due-timer query returned such rows first, up to its
+        # limit, so enough of them starved every later timer.  closed_by
+        # records the event that took the execution out of waiting without a
+        # wake; every registration left open with nothing waiting on it is
+        # closed here ('cancel' for a cancelled execution, the only way out
+        # there was; 'left_waiting' for anything else), and the partial
+        # indexes of open registrations leave closed ones out.
+        """
+ALTER TABLE wait_registrations ADD COLUMN closed_by text;
+UPDATE wait_registrations w
+    SET closed_by = CASE WHEN o.state = 'cancelled' THEN 'cancel' ELSE 'left_waiting' END
+    FROM objects o
+    WHERE o.object_id = w.execution_id AND w.woken_by IS NULL AND NOT EXISTS (
+        SELECT 1 FROM object_revisions r
+        WHERE r.object_id = o.object_id AND r.revision = o.revision AND o.state = 'waiting'
+            AND (r.body::jsonb->'wait'->>1) = w.node_id AND (r.body::jsonb->'wait'->>2) = w.attempt_id
+    );
+DROP INDEX wait_registrations_event;
+DROP INDEX wait_registrations_due;
+CREATE INDEX wait_registrations_event ON wait_registrations (business_id, event_type)
+    WHERE woken_by IS NULL AND closed_by IS NULL;
+CREATE INDEX wait_registrations_due ON wait_registrations (wake_at)
+    WHERE woken_by IS NULL AND closed_by IS NULL AND wake_at IS NOT NULL;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
@@ -312,6 +342,7 @@ POSTGRES = Dialect(
     encode_time=lambda moment: moment,
     decode_time=_aware,
     integrity_errors=(psycopg.errors.UniqueViolation,),
+    wait_item="(({body})::jsonb->'wait'->>{index})",
 )
 
 

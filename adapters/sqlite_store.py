@@ -263,6 +263,37 @@ CREATE VIEW execution_transitions AS
     FROM transitions;
 """,
     ),
+    (
+        5,
+        "closed_wait_registrations",
+        # A wait registration is open exactly while its execution waits on
+        # it.  Before this migration a cancelled waiter left its registration
+        # open, and the due-timer query returned such rows first, up to its
+        # limit, so enough of them starved every later timer.  closed_by
+        # records the event that took the execution out of waiting without a
+        # wake; every registration left open with nothing waiting on it is
+        # closed here ('cancel' for a cancelled execution, the only way out
+        # there was; 'left_waiting' for anything else), and the partial
+        # indexes of open registrations leave closed ones out.
+        """
+ALTER TABLE wait_registrations ADD COLUMN closed_by TEXT;
+UPDATE wait_registrations
+    SET closed_by = CASE (SELECT o.state FROM objects o WHERE o.object_id = wait_registrations.execution_id)
+        WHEN 'cancelled' THEN 'cancel' ELSE 'left_waiting' END
+    WHERE woken_by IS NULL AND NOT EXISTS (
+        SELECT 1 FROM objects o JOIN object_revisions r ON r.object_id = o.object_id AND r.revision = o.revision
+        WHERE o.object_id = wait_registrations.execution_id AND o.state = 'waiting'
+            AND json_extract(r.body, '$.wait[1]') = wait_registrations.node_id
+            AND json_extract(r.body, '$.wait[2]') = wait_registrations.attempt_id
+    );
+DROP INDEX wait_registrations_event;
+DROP INDEX wait_registrations_due;
+CREATE INDEX wait_registrations_event ON wait_registrations (business_id, event_type)
+    WHERE woken_by IS NULL AND closed_by IS NULL;
+CREATE INDEX wait_registrations_due ON wait_registrations (wake_at)
+    WHERE woken_by IS NULL AND closed_by IS NULL AND wake_at IS NOT NULL;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
@@ -299,6 +330,7 @@ SQLITE = Dialect(
     encode_time=codec.encode_time,
     decode_time=codec.decode_time,
     integrity_errors=(sqlite3.IntegrityError,),
+    wait_item="json_extract({body}, '$.wait[{index}]')",
 )
 
 

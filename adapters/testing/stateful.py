@@ -156,6 +156,9 @@ class KernelModel:
         self.history.setdefault(eid, []).extend(outcome.evidence)
         if outcome.registration is not None:
             self.registrations[outcome.registration.key] = outcome.registration
+        closure = outcome.closes
+        if closure is not None and closure.key in self.registrations and self.registrations[closure.key].is_open:
+            self.registrations[closure.key] = attrs.evolve(self.registrations[closure.key], closed_by=closure.by.value)
         if outcome.recovery is not None:
             self.recoveries[outcome.recovery.command_id] = outcome.recovery
         if evidence:
