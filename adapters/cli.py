@@ -100,6 +100,8 @@ DEFAULT_PRINCIPAL = "user:operator"
 
 # StoreError codes that mean --db itself is wrong (usage), not that a reachable store blocks.
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
+# StoreError codes a worker retries: the store is reachable again soon, or a holder lets go.
+_RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
 # OperationError codes that mean the input was wrong, not that a request was refused.
 _USAGE_OPERATION_CODES = frozenset({"execution_not_found", "definition_not_found", "invalid_input", "invalid_event"})
 
@@ -658,12 +660,14 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 try:
                     report = worker.run_pass(max_claims=1)
                 except StoreError as exc:
-                    if exc.code != "store_unavailable" or failures >= 5:
+                    # A lost connection, or a row or file another transaction holds: the
+                    # pool replaces the one, the holder lets go of the other; try again shortly.
+                    if exc.code not in _RETRYABLE_STORE_CODES or failures >= 5:
                         with tally.lock:
                             tally.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                         stop.set()
                         return
-                    failures += 1  # a lost connection: the pool replaces it; try again shortly
+                    failures += 1
                     stop.idle(min(2.0**failures / 10, 5.0))
                     continue
                 except Exception as exc:
@@ -1007,18 +1011,28 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
         if args.execution_id is not None:
             _read_view(store, args.execution_id, args.db)
         if args.quarantine:
-            quarantined = service.quarantine_expired(
-                store, policy, business_id=args.business, principal_id=args.principal
-            )
-            result["quarantined"] = {x: render.outcome_json(o) for x, o in quarantined.items()}
-            if not quarantined:
+            sweep = service.quarantine_expired(store, policy, business_id=args.business, principal_id=args.principal)
+            # A lost race (another sweep got there first) and an identical repeat
+            # are not problems: only a refusal that is one, or a row left locked,
+            # makes the sweep exit 1.
+            result["quarantined"] = {x: render.outcome_json(o) for x, o in sweep.outcomes.items()}
+            result["moved_on"] = dict(sweep.moved_on)
+            result["locked"] = dict(sweep.locked)
+            if not (sweep.outcomes or sweep.moved_on or sweep.locked):
                 out.line("no expired executions to quarantine")
-            for x, o in quarantined.items():
+            for x, o in sweep.outcomes.items():
                 if isinstance(o, p.Decision) and o.execution is not None:
                     out.line(f"{x}: quarantined, running -> ", state(o.execution.state))
-                elif not isinstance(o, p.Decision):
+                elif isinstance(o, p.Unchanged):
+                    out.line(f"{x}: ", ("already quarantined", "yellow"), f" (idempotent): {o.message}")
+                elif isinstance(o, p.Refusal):
                     refused = True
                     out.line(f"{x}: ", ("refused", render.REFUSED_STYLE), f" [{o.code.value}] {o.message}")
+            for x, why in sweep.moved_on.items():
+                out.line(f"{x}: ", ("skipped", "yellow"), f", another sweep or recovery moved it first: {why}")
+            for x, why in sweep.locked.items():
+                refused = True
+                out.line(f"{x}: ", ("locked", render.REFUSED_STYLE), f", skipped for the next sweep: {why}")
         if args.execution_id is not None:
             assert make_handler is not None
             reconciled = service.reconcile(

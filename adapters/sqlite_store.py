@@ -342,6 +342,50 @@ class _SQLiteBackend(SqlBackend):
 
 
 
+_BUSY = frozenset(
+    code for code in (getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_BUSY_SNAPSHOT", 517)) if code
+)
+
+
+def _processes_with(path: Path) -> list[str]:
+    """Other processes that have ``path`` open (Linux's /proc), as ``pid NNN (command)``; best effort.
+
+    SQLite does not say which connection holds its write lock; a process
+    with the file open is where an operator looks first.  Where /proc is
+    absent or unreadable the list is empty and the message says so.
+    """
+    try:
+        target = path.resolve()
+        found: list[str] = []
+        for entry in sorted(Path("/proc").iterdir(), key=lambda e: e.name):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if not any(Path(os.readlink(fd)) == target for fd in (entry / "fd").iterdir()):
+                    continue
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            found.append(f"pid {entry.name} ({' '.join(command.split())[:80] or '?'})")
+            if len(found) == 5:
+                break
+        return found
+    except OSError:
+        return []
+
+
+def locked_error(path: Path, busy_timeout: float) -> StoreError:
+    """``store_locked``: another writer has held the file's write lock for longer than this store waits."""
+    holders = _processes_with(path)
+    who = f"open by {', '.join(holders)}" if holders else "find the process with the file open (fuser, lsof)"
+    return StoreError(
+        "store_locked",
+        f"{path}: the database is locked by another writer that has held its write transaction for over "
+        f"{busy_timeout:g} s ({who}); nothing was written. A stopped (SIGSTOP, a debugger) or hung process keeps "
+        "the lock until it resumes or exits: resume it (kill -CONT PID) or end it, then retry",
+    )
+
+
 class _Write:
     """One ``BEGIN IMMEDIATE`` transaction under the store's lock: commits on normal exit, else rolls back.
 
@@ -362,6 +406,8 @@ class _Write:
         except BaseException as exc:
             store._lock.release()
             if isinstance(exc, sqlite3.OperationalError):
+                if exc.sqlite_errorcode in _BUSY:
+                    raise locked_error(store.path, store.busy_timeout) from None
                 raise StoreError("store_unavailable", f"{store.path}: cannot begin a write: {exc}") from None
             raise
         return _SQLiteBackend(store._conn)
@@ -387,11 +433,17 @@ class _Write:
 class SQLiteStore(TransactionalStore):
     """A store in one SQLite file.  One connection per store object; safe to share between threads."""
 
-    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], clock: Clock | None = None, *, busy_timeout: float = BUSY_TIMEOUT_MS / 1000
+    ) -> None:
         super().__init__(clock)
+        if not 0 < busy_timeout <= 3600:
+            raise ValueError(f"busy_timeout: must be positive seconds, at most an hour, got {busy_timeout!r}")
         self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        """Seconds a write waits for another writer's lock before ``StoreError('store_locked')``."""
         self._lock = threading.RLock()
-        self._conn = _open(self.path)
+        self._conn = _open(self.path, busy_timeout)
 
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
         return _Write(self)
@@ -427,7 +479,7 @@ class SQLiteStore(TransactionalStore):
 # --- opening, checking and migrating ----------------------------------------------------
 
 
-def _open(path: Path) -> sqlite3.Connection:
+def _open(path: Path, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> sqlite3.Connection:
     """Open ``path``, refuse it without writing if it is not ours, then migrate it forward."""
     existed = path.exists()
     if existed and path.is_dir():
@@ -441,14 +493,14 @@ def _open(path: Path) -> sqlite3.Connection:
         if needed.exists() and not os.access(needed, os.W_OK):
             raise StoreError("read_only", f"{path}: {what} is read-only; a store must be able to write")
     try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout, check_same_thread=False)
     except sqlite3.Error as exc:
         raise StoreError("store_unavailable", f"{path}: cannot open: {exc}") from None
     try:
         _check_readable(conn, path)
         version = _check_schema(conn, path)
-        _configure(conn, path)
-        _migrate(conn, path, version)
+        _configure(conn, path, busy_timeout)
+        _migrate(conn, path, version, busy_timeout)
     except BaseException:
         conn.close()
         raise
@@ -511,20 +563,20 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> int:
     return version
 
 
-def _configure(conn: sqlite3.Connection, path: Path) -> None:
+def _configure(conn: sqlite3.Connection, path: Path, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> None:
     try:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
     except sqlite3.OperationalError as exc:
         raise StoreError("read_only", f"{path}: cannot be written: {exc}") from None
     if mode is None or str(mode[0]).lower() != "wal":
         raise StoreError("read_only", f"{path}: cannot switch to WAL mode (got {mode}); is it read-only?")
-    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn.execute(f"PRAGMA busy_timeout={round(busy_timeout * 1000)}")
     conn.execute("PRAGMA foreign_keys=ON")
     # FULL: a committed decision survives power loss, not only a crash.
     conn.execute("PRAGMA synchronous=FULL")
 
 
-def _migrate(conn: sqlite3.Connection, path: Path, version: int) -> None:
+def _migrate(conn: sqlite3.Connection, path: Path, version: int, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> None:
     pending = [(n, name, sql) for n, name, sql in MIGRATIONS if n > version]
     if not pending:
         return
@@ -546,6 +598,8 @@ def _migrate(conn: sqlite3.Connection, path: Path, version: int) -> None:
     except sqlite3.OperationalError as exc:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
+        if exc.sqlite_errorcode in _BUSY:
+            raise locked_error(path, busy_timeout) from None
         if "readonly" in str(exc) or "read-only" in str(exc):
             raise StoreError("read_only", f"{path}: cannot be written: {exc}") from None
         raise StoreError("store_unavailable", f"{path}: migration failed: {exc}") from None
