@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import secrets
 import signal
@@ -89,7 +90,7 @@ from .ports import CommandHandler
 from .render import Output, state, text
 from .service import OperationError
 from .store import ExecutionView, StoreError, TransactionalStore
-from .worker import PassReport, Worker
+from .worker import MAX_CONCURRENCY, MIN_LEASE, PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -163,8 +164,20 @@ def _parser() -> argparse.ArgumentParser:
         "and a lease still held then expires, for `reconcile --quarantine` to find.",
     )
     _db_option(worker)
-    worker.add_argument("--concurrency", type=_positive, default=1, metavar="N", help="workers (threads; default 1)")
-    worker.add_argument("--lease", type=_seconds, default=30.0, metavar="SECONDS", help="lease length (default 30)")
+    # Checked by _worker_settings, not by argparse: one error line naming the flag, and the same bounds
+    # as the Python API (fencekeeper.adapters.worker.check_concurrency, check_lease).
+    worker.add_argument(
+        "--concurrency",
+        default="1",
+        metavar="N",
+        help=f"workers (threads; default 1, at most {MAX_CONCURRENCY})",
+    )
+    worker.add_argument(
+        "--lease",
+        default="30",
+        metavar="SECONDS",
+        help=f"lease length (default 30, at least {MIN_LEASE.total_seconds():g})",
+    )
     worker.add_argument("--until-idle", action="store_true", help="stop when a pass finds nothing to do")
     worker.add_argument("--poll", type=_seconds, default=1.0, metavar="SECONDS", help="idle poll interval (default 1)")
     worker.add_argument(
@@ -590,7 +603,28 @@ class _Stop:
                 self.work.wait(timeout=seconds)
 
 
+def _worker_settings(args: argparse.Namespace) -> tuple[int, timedelta]:
+    """--concurrency and --lease, within the worker's bounds; CliError naming the flag otherwise."""
+    try:
+        concurrency = int(args.concurrency)
+    except ValueError:
+        raise CliError(f"--concurrency: not a whole number: {args.concurrency!r}") from None
+    try:
+        seconds = float(args.lease)
+    except ValueError:
+        raise CliError(f"--lease: not a number of seconds: {args.lease!r}") from None
+    if not math.isfinite(seconds) or seconds >= 86_400 * 366:
+        raise CliError(f"--lease: must be under a year, got {args.lease}")
+    try:
+        check_concurrency(concurrency)
+        lease = check_lease(timedelta(seconds=seconds))
+    except WorkerSettingError as exc:
+        raise CliError(f"--{exc.field}: {exc.message}") from None
+    return concurrency, lease
+
+
 def _worker(args: argparse.Namespace, out: Output) -> int:
+    args.concurrency, lease = _worker_settings(args)
     principals = args.principals or [DEFAULT_PRINCIPAL]
     for principal in principals:
         _identifier("--as", principal)
@@ -600,7 +634,6 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     make_handler = _handler_factory(args.handler)
     handlers = [make_handler() for _ in range(args.concurrency)]
     policy = examples.grants(args.business, *principals)
-    lease = timedelta(seconds=args.lease)
     tally = _Tally()
     stop = _Stop()
     stopped_by = ["idle" if args.until_idle else "signal"]
