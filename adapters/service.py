@@ -196,7 +196,8 @@ class Sweep:
     or a refusal that is a real problem).  ``moved_on``: executions that
     another sweep, or a recovery, moved first (a lost race, not a problem),
     with what was found.  ``locked``: executions whose rows another
-    transaction held, skipped without waiting; the next sweep takes them.
+    transaction held for longer than the store's ``SWEEP_LOCK_WAIT``
+    (a stalled session), skipped untouched; the next sweep takes them.
     """
 
     outcomes: dict[str, p.Outcome] = attrs.field(factory=dict)
@@ -222,8 +223,9 @@ def quarantine_expired(
     of the revision found expired, so the identical command from another
     sweep is an ``Unchanged`` replay.  An execution another sweep (or a
     recovery) moved first is reported in ``moved_on``, not as a problem.
-    Rows held by another transaction are not waited for (``locked``), so a
-    sweep ends after one pass over what was expired when it started.
+    Rows another transaction holds are waited for at most ``SWEEP_LOCK_WAIT``
+    seconds each, then reported in ``locked``, so a sweep ends after one pass
+    over what was expired when it started.
     """
     sweep = Sweep()
     for execution_id in store.expired():

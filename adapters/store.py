@@ -47,8 +47,8 @@ class StoreError(Exception):
     ``schema_altered``, ``schema_missing``, ``schema_outdated``, ``not_a_database``, ``read_only``,
     ``guard_conflict``, ``evidence_conflict``, ``registration_conflict``, ``store_locked`` (SQLite:
     another writer has held the database's write lock past the busy timeout), ``row_locked``
-    (PostgreSQL: a row the request needs is held by another transaction past the lock timeout, or at
-    once for a request that does not wait).  Nothing is written by a request that raises.
+    (PostgreSQL: a row the request needs is held by another transaction past the lock timeout, or
+    past a sweep's shorter wait).  Nothing is written by a request that raises.
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -173,7 +173,7 @@ class Store(Protocol):
         ...
 
     def quarantine(self, request: p.RecoveryRequest) -> p.Outcome:
-        """As recover, for a sweep: a row another transaction holds is StoreError('row_locked') at once."""
+        """As recover, for a sweep: a row held past a brief wait (SWEEP_LOCK_WAIT) is StoreError('row_locked')."""
         ...
 
     def expired(self) -> list[str]:
