@@ -225,7 +225,7 @@ def test_a_store_session_idle_inside_a_transaction_is_ended_and_lets_go_of_its_l
         with stalled._pool.connection() as conn:
             conn.execute("BEGIN")
             conn.execute("SELECT 1 FROM objects WHERE object_id = 'e-1' FOR UPDATE")
-            time.sleep(1.0)
+            time.sleep(2.0)  # four times the timeout: the server ends the session well within it
             with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
                 conn.execute("SELECT 1")
         decided(store.cancel(p.CancelRequest("e-1", BUSINESS, 1, GRANTED)))
@@ -249,7 +249,7 @@ def test_a_request_whose_session_the_server_ended_fails_as_store_unavailable(
         def stalled_lock(self: postgres_store._PostgresBackend, execution_id: str, *, wait: float | None = None) -> None:
             if stalls.pop() if stalls else False:
                 self.conn.execute("SELECT 1")  # inside the transaction now
-                time.sleep(0.8)  # stopped, then resumed
+                time.sleep(1.5)  # stopped, then resumed, well past the 0.3 s timeout
             original(self, execution_id, wait=wait)
 
         monkeypatch.setattr(postgres_store._PostgresBackend, "lock", stalled_lock)
