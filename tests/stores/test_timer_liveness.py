@@ -8,21 +8,28 @@ What these tests prove, beyond the shipped suite's own timer tests:
 - a SQLite file written before migration 5, where cancelling a waiter left
   its registration open, is migrated so that those registrations are closed
   (``closed_by = 'cancel'``), the one a live waiter waits on stays open, and
-  its timer fires.
+  its timer fires;
+- the stateful machine's liveness invariant can see: run against a memory
+  store that drops the closure (the old behaviour), it fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from datetime import timedelta
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 
+import attrs
+import hypothesis
 import pytest
 
 from fencekeeper.adapters import examples
-from fencekeeper.adapters.memory import MemoryStore
+from fencekeeper.adapters.memory import MemoryStore, _MemoryBackend
 from fencekeeper.adapters.sqlite_store import SQLiteStore
-from fencekeeper.adapters.store import ManualClock, TransactionalStore
+from fencekeeper.adapters.store import Backend, Evidence, ManualClock, TransactionalStore
+from fencekeeper.adapters.testing import stateful
 from fencekeeper.adapters.testing.suite import GRANTED, admit, claim, decided, finalize_request, revision, wait_spec
 from fencekeeper.adapters.worker import PassReport, Worker
 from fencekeeper.kernel import protocol as p
@@ -127,3 +134,28 @@ def test_migration_5_closes_registrations_left_open_by_earlier_cancellations(tmp
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         conn.close()
+
+
+class _ForgetsToCloseBackend(_MemoryBackend):
+    """The memory store as it was: a decision's closure of a registration is dropped on the floor."""
+
+    def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
+        return super().write(attrs.evolve(decision, closes=None), evidence, now)
+
+
+class _ForgetsToClose(MemoryStore):
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Backend]:
+        with self._lock:
+            backend = _ForgetsToCloseBackend(self._rows)
+            yield backend
+            self._rows = backend.rows
+
+
+def test_the_state_machine_sees_a_store_that_leaves_registrations_open() -> None:
+    # The proof can see: against a store that keeps the old behaviour (a
+    # cancelled waiter's registration stays open), the stateful machine fails
+    # on the invariant that a registration is open exactly while waited on.
+    settings = hypothesis.settings(stateful.DEFAULT_SETTINGS, max_examples=200, database=None)
+    with pytest.raises(AssertionError, match="open registrations"):
+        stateful.run_store_state_machine(_ForgetsToClose, settings)
