@@ -380,9 +380,9 @@ def locked_error(path: Path, busy_timeout: float) -> StoreError:
     who = f"open by {', '.join(holders)}" if holders else "find the process with the file open (fuser, lsof)"
     return StoreError(
         "store_locked",
-        f"{path}: the database is locked by another writer that has held its write transaction for over "
-        f"{busy_timeout:g} s ({who}); nothing was written. A stopped (SIGSTOP, a debugger) or hung process keeps "
-        "the lock until it resumes or exits: resume it (kill -CONT PID) or end it, then retry",
+        f"{path}: the database is locked by another writer: this write waited {busy_timeout:g} s for its write "
+        f"lock ({who}); nothing was written. A writer stopped (SIGSTOP, a debugger) or hung in the middle of a "
+        "write keeps the lock until it resumes or exits: resume it (kill -CONT PID) or end it, then retry",
     )
 
 
