@@ -71,6 +71,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import re
 import secrets
@@ -104,7 +105,7 @@ from .ports import CommandHandler
 from .render import Output, state, text
 from .service import OperationError
 from .store import ExecutionView, StoreError, TransactionalStore
-from .worker import PassReport, Worker
+from .worker import MAX_CONCURRENCY, MIN_LEASE, PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -115,6 +116,8 @@ DEFAULT_PRINCIPAL = "user:operator"
 
 # StoreError codes that mean --db itself is wrong (usage), not that a reachable store blocks.
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
+# StoreError codes a worker retries: the store is reachable again soon, or a holder lets go.
+_RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
 # OperationError codes that mean the input was wrong, not that a request was refused.
 _USAGE_OPERATION_CODES = frozenset({"execution_not_found", "definition_not_found", "invalid_input", "invalid_event"})
 
@@ -182,8 +185,20 @@ def _parser() -> argparse.ArgumentParser:
         "and a lease still held then expires, for `reconcile --quarantine` to find.",
     )
     _db_option(worker)
-    worker.add_argument("--concurrency", type=_positive, default=1, metavar="N", help="workers (threads; default 1)")
-    worker.add_argument("--lease", type=_seconds, default=30.0, metavar="SECONDS", help="lease length (default 30)")
+    # Checked by _worker_settings, not by argparse: one error line naming the flag, and the same bounds
+    # as the Python API (fencekeeper.adapters.worker.check_concurrency, check_lease).
+    worker.add_argument(
+        "--concurrency",
+        default="1",
+        metavar="N",
+        help=f"workers (threads; default 1, at most {MAX_CONCURRENCY})",
+    )
+    worker.add_argument(
+        "--lease",
+        default="30",
+        metavar="SECONDS",
+        help=f"lease length (default 30, at least {MIN_LEASE.total_seconds():g})",
+    )
     worker.add_argument("--until-idle", action="store_true", help="stop when a pass finds nothing to do")
     worker.add_argument("--poll", type=_seconds, default=1.0, metavar="SECONDS", help="idle poll interval (default 1)")
     worker.add_argument(
@@ -660,7 +675,28 @@ class _Stop:
                 self.work.wait(timeout=seconds)
 
 
+def _worker_settings(args: argparse.Namespace) -> tuple[int, timedelta]:
+    """--concurrency and --lease, within the worker's bounds; CliError naming the flag otherwise."""
+    try:
+        concurrency = int(args.concurrency)
+    except ValueError:
+        raise CliError(f"--concurrency: not a whole number: {args.concurrency!r}") from None
+    try:
+        seconds = float(args.lease)
+    except ValueError:
+        raise CliError(f"--lease: not a number of seconds: {args.lease!r}") from None
+    if not math.isfinite(seconds) or seconds >= 86_400 * 366:
+        raise CliError(f"--lease: must be under a year, got {args.lease}")
+    try:
+        check_concurrency(concurrency)
+        lease = check_lease(timedelta(seconds=seconds))
+    except WorkerSettingError as exc:
+        raise CliError(f"--{exc.field}: {exc.message}") from None
+    return concurrency, lease
+
+
 def _worker(args: argparse.Namespace, out: Output) -> int:
+    args.concurrency, lease = _worker_settings(args)
     principals = args.principals or [DEFAULT_PRINCIPAL]
     for principal in principals:
         _identifier("--as", principal)
@@ -670,7 +706,6 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     make_handler = _handler_factory(args.handler)
     handlers = [make_handler() for _ in range(args.concurrency)]
     policy = examples.grants(args.business, *principals)
-    lease = timedelta(seconds=args.lease)
     tally = _Tally()
     stop = _Stop()
     stopped_by = ["idle" if args.until_idle else "signal"]
@@ -730,12 +765,14 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 try:
                     report = worker.run_pass(max_claims=1)
                 except StoreError as exc:
-                    if exc.code != "store_unavailable" or failures >= 5:
+                    # A lost connection, or a row or file another transaction holds: the
+                    # pool replaces the one, the holder lets go of the other; try again shortly.
+                    if exc.code not in _RETRYABLE_STORE_CODES or failures >= 5:
                         with tally.lock:
                             tally.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                         stop.set()
                         return
-                    failures += 1  # a lost connection: the pool replaces it; try again shortly
+                    failures += 1
                     stop.idle(min(2.0**failures / 10, 5.0))
                     continue
                 except Exception as exc:
@@ -1080,18 +1117,28 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
         if args.execution_id is not None:
             _read_view(store, args.execution_id, args.db)
         if args.quarantine:
-            quarantined = service.quarantine_expired(
-                store, policy, business_id=args.business, principal_id=args.principal
-            )
-            result["quarantined"] = {x: render.outcome_json(o) for x, o in quarantined.items()}
-            if not quarantined:
+            sweep = service.quarantine_expired(store, policy, business_id=args.business, principal_id=args.principal)
+            # A lost race (another sweep got there first) and an identical repeat
+            # are not problems: only a refusal that is one, or a row left locked,
+            # makes the sweep exit 1.
+            result["quarantined"] = {x: render.outcome_json(o) for x, o in sweep.outcomes.items()}
+            result["moved_on"] = dict(sweep.moved_on)
+            result["locked"] = dict(sweep.locked)
+            if not (sweep.outcomes or sweep.moved_on or sweep.locked):
                 out.line("no expired executions to quarantine")
-            for x, o in quarantined.items():
+            for x, o in sweep.outcomes.items():
                 if isinstance(o, p.Decision) and o.execution is not None:
                     out.line(f"{x}: quarantined, running -> ", state(o.execution.state))
-                elif not isinstance(o, p.Decision):
+                elif isinstance(o, p.Unchanged):
+                    out.line(f"{x}: ", ("already quarantined", "yellow"), f" (idempotent): {o.message}")
+                elif isinstance(o, p.Refusal):
                     refused = True
                     out.line(f"{x}: ", ("refused", render.REFUSED_STYLE), f" [{o.code.value}] {o.message}")
+            for x, why in sweep.moved_on.items():
+                out.line(f"{x}: ", ("skipped", "yellow"), f", another sweep or recovery moved it first: {why}")
+            for x, why in sweep.locked.items():
+                refused = True
+                out.line(f"{x}: ", ("locked", render.REFUSED_STYLE), f", skipped for the next sweep: {why}")
         if args.execution_id is not None:
             assert make_handler is not None
             reconciled = service.reconcile(

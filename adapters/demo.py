@@ -255,7 +255,7 @@ def _play(
 
     _heading(out, "3. The operator quarantines and recovers it; w-2 claims it with a new fence")
     quarantined = service.quarantine_expired(store, policy, business_id=business, principal_id=REQUESTER)
-    if not isinstance(quarantined.get(first), p.Decision):
+    if not isinstance(quarantined.outcomes.get(first), p.Decision):
         raise _Unexpected(f"quarantine of {first} was not applied: {quarantined}")
     timeline.sync()
     reconciled = service.reconcile(

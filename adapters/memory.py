@@ -128,7 +128,7 @@ class _MemoryBackend(Backend):
             (
                 r
                 for r in self.rows.registrations.values()
-                if r.woken_by is None and r.business_id == business_id and r.spec.event_type == event_type
+                if r.is_open and r.business_id == business_id and r.spec.event_type == event_type
             ),
             key=lambda r: (r.key.execution_id, r.key.node_id, r.key.attempt_id),
         )
@@ -137,12 +137,18 @@ class _MemoryBackend(Backend):
         due = sorted(
             (r.spec.wake_at, r.key.execution_id, r.key)
             for r in self.rows.registrations.values()
-            if r.woken_by is None
+            if r.is_open
+            and self._waits_on(r.key)
             and r.spec.wake_at is not None
             and r.spec.wake_at <= now
             and (business_id is None or r.business_id == business_id)
         )
         return [key for _, _, key in due[:limit]]
+
+    def _waits_on(self, key: p.WaitKey) -> bool:
+        """Whether the execution still waits on this registration: only then can a timer act on it."""
+        execution = self.rows.executions.get(key.execution_id)
+        return execution is not None and execution.state == ExecutionState.WAITING and execution.wait == key
 
     def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
         return self.rows.registrations.get(key)
@@ -181,6 +187,12 @@ class _MemoryBackend(Backend):
             raise registration_conflict(new.key)
         if decision.registration is not None:
             registrations[decision.registration.key] = decision.registration
+        closure = decision.closes
+        if closure is not None:
+            # Closing an already closed (or woken) registration changes nothing.
+            current = registrations.get(closure.key)
+            if current is not None and current.is_open:
+                registrations[closure.key] = attrs.evolve(current, closed_by=closure.by.value)
         recoveries = dict(rows.recoveries)
         if decision.recovery is not None:
             recoveries[decision.recovery.command_id] = decision.recovery

@@ -279,6 +279,36 @@ DROP INDEX objects_business;
 ALTER TABLE objects DROP CONSTRAINT objects_seq_key;
 """,
     ),
+    (
+        6,
+        "closed_wait_registrations",
+        # A wait registration is open exactly while its execution waits on
+        # it.  Before this migration a cancelled waiter left its registration
+        # open, and the due-timer query returned such rows first, up to its
+        # limit, so enough of them starved every later timer.  closed_by
+        # records the event that took the execution out of waiting without a
+        # wake; every registration left open with nothing waiting on it is
+        # closed here ('cancel' for a cancelled execution, the only way out
+        # there was; 'left_waiting' for anything else), and the partial
+        # indexes of open registrations leave closed ones out.
+        """
+ALTER TABLE wait_registrations ADD COLUMN closed_by text;
+UPDATE wait_registrations w
+    SET closed_by = CASE WHEN o.state = 'cancelled' THEN 'cancel' ELSE 'left_waiting' END
+    FROM objects o
+    WHERE o.object_id = w.execution_id AND w.woken_by IS NULL AND NOT EXISTS (
+        SELECT 1 FROM object_revisions r
+        WHERE r.object_id = o.object_id AND r.revision = o.revision AND o.state = 'waiting'
+            AND (r.body::jsonb->'wait'->>1) = w.node_id AND (r.body::jsonb->'wait'->>2) = w.attempt_id
+    );
+DROP INDEX wait_registrations_event;
+DROP INDEX wait_registrations_due;
+CREATE INDEX wait_registrations_event ON wait_registrations (business_id, event_type)
+    WHERE woken_by IS NULL AND closed_by IS NULL;
+CREATE INDEX wait_registrations_due ON wait_registrations (wake_at)
+    WHERE woken_by IS NULL AND closed_by IS NULL AND wake_at IS NOT NULL;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
@@ -312,6 +342,7 @@ POSTGRES = Dialect(
     encode_time=lambda moment: moment,
     decode_time=_aware,
     integrity_errors=(psycopg.errors.UniqueViolation,),
+    wait_item="(({body})::jsonb->'wait'->>{index})",
 )
 
 
@@ -475,6 +506,22 @@ def _locking_read(where: str) -> str:
 
 _LOCK_SQL = _locking_read("WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d")
 
+LOCK_TIMEOUT = 5.0
+"""Seconds a statement of the store waits for a row lock before failing with ``row_locked``.
+
+A decision holds its rows for milliseconds; a wait this long means the
+holder has stalled (a stopped process, a hung client, an operator's open
+psql transaction), and failing the one request, with nothing written, is
+better than queueing every worker behind it."""
+
+IDLE_IN_TRANSACTION_TIMEOUT = 30.0
+"""Seconds the server lets one of the store's sessions sit idle inside a transaction before ending it.
+
+The store never waits for anything but the database inside a transaction,
+so a session idle that long belongs to a stopped or hung process; ending it
+releases its row locks (its transaction rolls back, so nothing partial is
+ever committed) and lets the rest of the deployment go on."""
+
 
 @functools.cache
 def claim_sql(bound: str, *, scoped: bool) -> str:
@@ -579,15 +626,27 @@ class _PostgresBackend(SqlBackend):
                 self._locked[execution_id] = (execution, self._dispatch_from(execution_id, row[1:8]), str(row[8]))
         return execution_id
 
-    def lock(self, execution_id: str) -> None:
-        row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
-        if row is None:
-            # Not an execution (or half of one): lock whatever row exists, as before.
-            self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
-            self._execute(
-                "SELECT 1 FROM workflow_dispatch WHERE workflow_execution_id = ? FOR UPDATE", (execution_id,)
-            )
-            return
+    def lock(self, execution_id: str, *, wait: float | None = None) -> None:
+        if wait is not None:
+            # For this transaction only; the session's lock_timeout comes back with the next one.
+            self._execute("SELECT set_config('lock_timeout', ?, true)", (f"{max(1, round(wait * 1000))}ms",))
+        try:
+            row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
+            if row is None:
+                # Not an execution (or half of one): lock whatever row exists, as before.
+                self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
+                self._execute(
+                    "SELECT 1 FROM workflow_dispatch WHERE workflow_execution_id = ? FOR UPDATE", (execution_id,)
+                )
+                return
+        except psycopg.errors.LockNotAvailable:
+            if wait is None:
+                raise
+            raise StoreError(
+                "row_locked",
+                f"execution {execution_id}: its rows have been locked by another transaction for over {wait:g} s; "
+                "skipped, nothing written",
+            ) from None
         self._remember(row)
         self._time = row[11]
 
@@ -666,6 +725,12 @@ class _PostgresBackend(SqlBackend):
         return True
 
 
+_CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
+"""What a request meets when its session is gone: the server ended it (idle in a transaction past
+the timeout: a process that was stopped and has resumed) or the connection broke.  The pool
+discards the connection; the request fails as ``store_unavailable``, which callers retry."""
+
+
 class PostgresStore(TransactionalStore):
     """A store in one PostgreSQL schema, shared by many workers on many machines."""
 
@@ -677,8 +742,14 @@ class PostgresStore(TransactionalStore):
         clock: Clock | None = None,
         business_id: str | None = None,
         pool_size: int = 4,
+        lock_timeout: float = LOCK_TIMEOUT,
+        idle_in_transaction_timeout: float = IDLE_IN_TRANSACTION_TIMEOUT,
     ) -> None:
         super().__init__(clock)
+        for name, seconds in (("lock_timeout", lock_timeout), ("idle_in_transaction_timeout", idle_in_transaction_timeout)):
+            if not 0 < seconds <= 86_400:
+                raise ValueError(f"{name}: must be positive seconds, at most a day, got {seconds!r}")
+        self.lock_timeout = lock_timeout
         self.dsn = dsn
         self.schema = _check_schema_name(schema)
         self.business_id = business_id
@@ -695,7 +766,13 @@ class PostgresStore(TransactionalStore):
                 # The store prepares its own statements (_run); psycopg's own
                 # preparing is off, because psycopg deallocates every prepared
                 # statement of a connection, the store's too, after a rollback.
-                kwargs={"options": f"-c search_path={self.schema}", "prepare_threshold": None},
+                # The session settings travel with the connection request: no
+                # round trip of their own (docs/operating-postgres.md, Timeouts).
+                kwargs={
+                    "options": f"-c search_path={self.schema} -c lock_timeout={round(lock_timeout * 1000)} "
+                    f"-c idle_in_transaction_session_timeout={round(idle_in_transaction_timeout * 1000)}",
+                    "prepare_threshold": None,
+                },
                 open=True,
                 timeout=10,
                 # No check on checkout: it would cost a round trip on every
@@ -724,7 +801,14 @@ class PostgresStore(TransactionalStore):
                 yield backend
                 if backend.made_eligible:
                     conn.execute(pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
-        except psycopg.OperationalError as exc:
+        except psycopg.errors.LockNotAvailable as exc:
+            raise StoreError(
+                "row_locked",
+                f"a row this request needs has been locked by another transaction for over {self.lock_timeout:g} s "
+                f"(lock_timeout); nothing was written. A stalled session holds it: find it in pg_stat_activity "
+                f"(state 'idle in transaction', or the oldest xact_start) and end it, or retry ({_one_line(exc)})",
+            ) from None
+        except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
     @contextlib.contextmanager
@@ -734,7 +818,7 @@ class PostgresStore(TransactionalStore):
                 # One snapshot for the whole view.
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 yield _PostgresBackend(conn, self.business_id, self._database_clock)
-        except psycopg.OperationalError as exc:
+        except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
     def expired(self) -> list[str]:

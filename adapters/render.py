@@ -422,7 +422,9 @@ def _registration_rows(registration: p.WaitRegistration, sub: Callable[..., None
         waits.append(f"{'timeout' if spec.timeout else 'wake'} at {when(spec.wake_at)}")
     continues = ", ".join(f"{outcome} -> {node}" for outcome, node in spec.continuations)
     sub(text("  wait registered"), "; ".join(waits) + (f"; continues {continues}" if continues else ""))
-    if registration.woken_by is None:
+    if registration.closed_by is not None:
+        sub(text("    closed by ", (registration.closed_by, "bold")), "the execution stopped waiting without a wake")
+    elif registration.woken_by is None:
         sub(text("    ", ("not woken yet", "yellow")))
     else:
         reason = registration.wake_reason.value if registration.wake_reason else "?"

@@ -41,7 +41,7 @@ from .ports import (
     AuthorityPolicy,
     CommandHandler,
 )
-from .store import PublishResult, TransactionalStore
+from .store import PublishResult, StoreError, TransactionalStore
 
 
 class OperationError(Exception):
@@ -176,37 +176,100 @@ def cancel(
     return store.cancel(p.CancelRequest(execution_id, business_id, revision, authority), [command])
 
 
+LOST_RACE: frozenset[p.RefusalCode] = frozenset(
+    {
+        p.RefusalCode.EXECUTION_NOT_RUNNING,
+        p.RefusalCode.DISPATCH_NOT_CLAIMED,
+        p.RefusalCode.LEASE_NOT_EXPIRED,
+        p.RefusalCode.STALE_REVISION,
+    }
+)
+"""Refusals of a sweep's quarantine that only mean something else moved the execution first."""
+
+
+@attrs.frozen
+class Sweep:
+    """What one quarantine sweep did, execution by execution.
+
+    ``outcomes``: the kernel's answer for every execution this sweep decided
+    on (a Decision it applied, an ``Unchanged`` replay of the same command,
+    or a refusal that is a real problem).  ``moved_on``: executions that
+    another sweep, or a recovery, moved first (a lost race, not a problem),
+    with what was found.  ``locked``: executions whose rows another
+    transaction held for longer than the store's ``SWEEP_LOCK_WAIT``
+    (a stalled session), skipped untouched; the next sweep takes them.
+    """
+
+    outcomes: dict[str, p.Outcome] = attrs.field(factory=dict)
+    moved_on: dict[str, str] = attrs.field(factory=dict)
+    locked: dict[str, str] = attrs.field(factory=dict)
+
+    @property
+    def quarantined(self) -> list[str]:
+        return [x for x, o in self.outcomes.items() if isinstance(o, p.Decision)]
+
+    @property
+    def problems(self) -> dict[str, p.Refusal]:
+        return {x: o for x, o in self.outcomes.items() if isinstance(o, p.Refusal)}
+
+
 def quarantine_expired(
     store: TransactionalStore, policy: AuthorityPolicy, *, business_id: str, principal_id: str
-) -> dict[str, p.Outcome]:
-    """Move every expired running execution of ``business_id`` to reconciliation_required."""
-    results: dict[str, p.Outcome] = {}
+) -> Sweep:
+    """Move every expired running execution of ``business_id`` to reconciliation_required.
+
+    Safe to run from many machines at once, and idempotent: each execution
+    is quarantined once, under the command identity ``q-<id>-r<revision>``
+    of the revision found expired, so the identical command from another
+    sweep is an ``Unchanged`` replay.  An execution another sweep (or a
+    recovery) moved first is reported in ``moved_on``, not as a problem.
+    Rows another transaction holds are waited for at most ``SWEEP_LOCK_WAIT``
+    seconds each, then reported in ``locked``, so a sweep ends after one pass
+    over what was expired when it started.
+    """
+    sweep = Sweep()
     for execution_id in store.expired():
         view = store.read(execution_id)
         if view is None or view.execution.business_id != business_id:
             continue
-        authority = policy.check(
-            principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, view.execution.revision),)
-        )
+        execution = view.execution
+        if execution.state != ExecutionState.RUNNING:
+            # Read from one snapshot: the execution and its attempt moved together.
+            sweep.moved_on[execution_id] = f"already {execution.state.value} at revision {execution.revision}"
+            continue
+        authority = policy.check(principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
         # The interrupted visit's attempt becomes an explicit review item too:
         # expiry is no proof that its work did or did not happen.
         attempt = _unsettled_attempt(view.evidence)
         evidence = [] if attempt is None else [
             attempts.advance(attempt, AttemptEvent.QUARANTINE_EXPIRED, quarantined_by=principal_id)
         ]
-        results[execution_id] = store.recover(
-            p.RecoveryRequest(
-                command_id=f"q-{execution_id}-r{view.execution.revision}",
-                kind=p.RecoveryKind.QUARANTINE_EXPIRED,
-                execution_id=execution_id,
-                business_id=business_id,
-                expected_revision=view.execution.revision,
-                actor_id=principal_id,
-                authority=authority,
-            ),
-            evidence,
+        request = p.RecoveryRequest(
+            command_id=f"q-{execution_id}-r{execution.revision}",
+            kind=p.RecoveryKind.QUARANTINE_EXPIRED,
+            execution_id=execution_id,
+            business_id=business_id,
+            expected_revision=execution.revision,
+            actor_id=principal_id,
+            authority=authority,
         )
-    return results
+        try:
+            outcome = store.quarantine(request, evidence)
+        except StoreError as exc:
+            if exc.code != "row_locked":
+                raise
+            again = store.read(execution_id)
+            if again is not None and again.execution.revision != execution.revision:
+                # The holder was a decision on this row that committed meanwhile.
+                sweep.moved_on[execution_id] = f"moved on to {again.execution.state.value} while locked"
+            else:
+                sweep.locked[execution_id] = exc.message
+            continue
+        if isinstance(outcome, p.Refusal) and outcome.code in LOST_RACE:
+            sweep.moved_on[execution_id] = f"moved on before this sweep committed [{outcome.code.value}]: {outcome.message}"
+            continue
+        sweep.outcomes[execution_id] = outcome
+    return sweep
 
 
 @attrs.frozen
@@ -321,6 +384,7 @@ def _unsettled_attempt(evidence: tuple[Evidence, ...]) -> Evidence | None:
 __all__ = [
     "OperationError",
     "Reconciled",
+    "Sweep",
     "approval_request",
     "cancel",
     "decide",

@@ -53,6 +53,8 @@ class Dialect:
     encode_time: Callable[[datetime], object]
     decode_time: Callable[[Any], datetime]
     integrity_errors: tuple[type[Exception], ...]
+    wait_item: str
+    """SQL for item ``{index}`` of the ``wait`` key stored in an execution revision's JSON ``{body}``."""
 
 
 def _spell(dialect: Dialect, sql: str) -> str:
@@ -174,7 +176,7 @@ class SqlBackend(Backend):
 
     def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
         row = self._execute(
-            "SELECT business_id, spec, woken_by, wake_reason FROM wait_registrations "
+            "SELECT business_id, spec, woken_by, wake_reason, closed_by FROM wait_registrations "
             "WHERE execution_id = ? AND node_id = ? AND attempt_id = ?",
             (key.execution_id, key.node_id, key.attempt_id),
         ).fetchone()
@@ -186,6 +188,7 @@ class SqlBackend(Backend):
             spec=codec.decode_wait_spec(row[1]),
             woken_by=row[2],
             wake_reason=None if row[3] is None else p.WakeReason(row[3]),
+            closed_by=row[4],
         )
 
     def load_recovery(self, command_id: str) -> p.RecoveryRecord | None:
@@ -370,6 +373,15 @@ class SqlBackend(Backend):
                 records = tuple(r for r in records if r is not carried)
         if decision.registration is not None:
             self._queue_registration(decision.registration)
+        closure = decision.closes
+        if closure is not None:
+            # Not guarded: closing a registration that is already closed (or
+            # woken) changes nothing, in every store.
+            self._execute(
+                "UPDATE wait_registrations SET closed_by = ? "
+                "WHERE execution_id = ? AND node_id = ? AND attempt_id = ? AND woken_by IS NULL AND closed_by IS NULL",
+                (closure.by.value, closure.key.execution_id, closure.key.node_id, closure.key.attempt_id),
+            )
         if decision.recovery is not None:
             self._execute(
                 "INSERT INTO commands (command_id, command_type, business_id, execution_id, body, recorded_at) "
@@ -575,7 +587,8 @@ class SqlBackend(Backend):
     def waiting_registrations(self, business_id: str, event_type: str) -> list[p.WaitRegistration]:
         rows = self._execute(
             "SELECT execution_id, node_id, attempt_id, business_id, spec FROM wait_registrations "
-            "WHERE business_id = ? AND event_type = ? AND woken_by IS NULL ORDER BY execution_id, node_id, attempt_id",
+            "WHERE business_id = ? AND event_type = ? AND woken_by IS NULL AND closed_by IS NULL "
+            "ORDER BY execution_id, node_id, attempt_id",
             (business_id, event_type),
         ).fetchall()
         return [
@@ -586,13 +599,26 @@ class SqlBackend(Backend):
         scope = business_id if business_id is not None else self.business_id
         if scope is not None and self.business_id is not None and scope != self.business_id:
             return []
-        rows = self._execute(
-            "SELECT execution_id, node_id, attempt_id FROM wait_registrations "
-            "WHERE woken_by IS NULL AND wake_at IS NOT NULL AND wake_at <= ? "
-            "AND (CAST(? AS TEXT) IS NULL OR business_id = ?) ORDER BY wake_at, execution_id LIMIT ?",
-            (self.dialect.encode_time(now), scope, scope, limit),
-        ).fetchall()
+        # Only registrations a timer can act on: open, and the one their
+        # execution's current revision still waits on.  A registration left
+        # open by anything else can then never fill the limit and starve the
+        # due ones behind it.
+        rows = self._execute(self._due_sql(), (self.dialect.encode_time(now), scope, scope, limit)).fetchall()
         return [p.WaitKey(r[0], r[1], r[2]) for r in rows]
+
+    def _due_sql(self) -> str:
+        def item(index: int) -> str:
+            return self.dialect.wait_item.format(body="r.body", index=index)
+
+        return (
+            "SELECT w.execution_id, w.node_id, w.attempt_id FROM wait_registrations w "
+            "JOIN objects o ON o.object_id = w.execution_id "
+            "JOIN object_revisions r ON r.object_id = o.object_id AND r.revision = o.revision "
+            "WHERE w.woken_by IS NULL AND w.closed_by IS NULL AND w.wake_at IS NOT NULL AND w.wake_at <= ? "
+            f"AND o.object_type = '{EXECUTION_TYPE}' AND o.state = 'waiting' "
+            f"AND {item(1)} = w.node_id AND {item(2)} = w.attempt_id "
+            "AND (CAST(? AS TEXT) IS NULL OR w.business_id = ?) ORDER BY w.wake_at, w.execution_id LIMIT ?"
+        )
 
     def _queue_registration(self, registration: p.WaitRegistration) -> None:
         key = registration.key

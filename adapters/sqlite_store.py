@@ -264,6 +264,37 @@ CREATE VIEW execution_transitions AS
     FROM transitions;
 """,
     ),
+    (
+        5,
+        "closed_wait_registrations",
+        # A wait registration is open exactly while its execution waits on
+        # it.  Before this migration a cancelled waiter left its registration
+        # open, and the due-timer query returned such rows first, up to its
+        # limit, so enough of them starved every later timer.  closed_by
+        # records the event that took the execution out of waiting without a
+        # wake; every registration left open with nothing waiting on it is
+        # closed here ('cancel' for a cancelled execution, the only way out
+        # there was; 'left_waiting' for anything else), and the partial
+        # indexes of open registrations leave closed ones out.
+        """
+ALTER TABLE wait_registrations ADD COLUMN closed_by TEXT;
+UPDATE wait_registrations
+    SET closed_by = CASE (SELECT o.state FROM objects o WHERE o.object_id = wait_registrations.execution_id)
+        WHEN 'cancelled' THEN 'cancel' ELSE 'left_waiting' END
+    WHERE woken_by IS NULL AND NOT EXISTS (
+        SELECT 1 FROM objects o JOIN object_revisions r ON r.object_id = o.object_id AND r.revision = o.revision
+        WHERE o.object_id = wait_registrations.execution_id AND o.state = 'waiting'
+            AND json_extract(r.body, '$.wait[1]') = wait_registrations.node_id
+            AND json_extract(r.body, '$.wait[2]') = wait_registrations.attempt_id
+    );
+DROP INDEX wait_registrations_event;
+DROP INDEX wait_registrations_due;
+CREATE INDEX wait_registrations_event ON wait_registrations (business_id, event_type)
+    WHERE woken_by IS NULL AND closed_by IS NULL;
+CREATE INDEX wait_registrations_due ON wait_registrations (wake_at)
+    WHERE woken_by IS NULL AND closed_by IS NULL AND wake_at IS NOT NULL;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
@@ -300,6 +331,7 @@ SQLITE = Dialect(
     encode_time=codec.encode_time,
     decode_time=codec.decode_time,
     integrity_errors=(sqlite3.IntegrityError,),
+    wait_item="json_extract({body}, '$.wait[{index}]')",
 )
 
 
@@ -309,6 +341,50 @@ class _SQLiteBackend(SqlBackend):
     dialect = SQLITE
     revisions_carry_transitions = True
 
+
+
+_BUSY = frozenset(
+    code for code in (getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_BUSY_SNAPSHOT", 517)) if code
+)
+
+
+def _processes_with(path: Path) -> list[str]:
+    """Other processes that have ``path`` open (Linux's /proc), as ``pid NNN (command)``; best effort.
+
+    SQLite does not say which connection holds its write lock; a process
+    with the file open is where an operator looks first.  Where /proc is
+    absent or unreadable the list is empty and the message says so.
+    """
+    try:
+        target = path.resolve()
+        found: list[str] = []
+        for entry in sorted(Path("/proc").iterdir(), key=lambda e: e.name):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if not any(Path(os.readlink(fd)) == target for fd in (entry / "fd").iterdir()):
+                    continue
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            found.append(f"pid {entry.name} ({' '.join(command.split())[:80] or '?'})")
+            if len(found) == 5:
+                break
+        return found
+    except OSError:
+        return []
+
+
+def locked_error(path: Path, busy_timeout: float) -> StoreError:
+    """``store_locked``: another writer has held the file's write lock for longer than this store waits."""
+    holders = _processes_with(path)
+    who = f"open by {', '.join(holders)}" if holders else "find the process with the file open (fuser, lsof)"
+    return StoreError(
+        "store_locked",
+        f"{path}: the database is locked by another writer: this write waited {busy_timeout:g} s for its write "
+        f"lock ({who}); nothing was written. A writer stopped (SIGSTOP, a debugger) or hung in the middle of a "
+        "write keeps the lock until it resumes or exits: resume it (kill -CONT PID) or end it, then retry",
+    )
 
 
 class _Write:
@@ -331,6 +407,8 @@ class _Write:
         except BaseException as exc:
             store._lock.release()
             if isinstance(exc, sqlite3.OperationalError):
+                if exc.sqlite_errorcode in _BUSY:
+                    raise locked_error(store.path, store.busy_timeout) from None
                 raise StoreError("store_unavailable", f"{store.path}: cannot begin a write: {exc}") from None
             raise
         return _SQLiteBackend(store._conn)
@@ -356,7 +434,14 @@ class _Write:
 class SQLiteStore(TransactionalStore):
     """A store in one SQLite file.  One connection per store object; safe to share between threads."""
 
-    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        clock: Clock | None = None,
+        *,
+        read_only: bool = False,
+        busy_timeout: float = BUSY_TIMEOUT_MS / 1000,
+    ) -> None:
         """Open (creating and migrating as needed) the store at ``path``.
 
         With ``read_only`` the file must exist and be at this code's schema
@@ -365,9 +450,13 @@ class SQLiteStore(TransactionalStore):
         inspected, and nothing is created beside it or migrated.
         """
         super().__init__(clock)
+        if not 0 < busy_timeout <= 3600:
+            raise ValueError(f"busy_timeout: must be positive seconds, at most an hour, got {busy_timeout!r}")
         self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        """Seconds a write waits for another writer's lock before ``StoreError('store_locked')``."""
         self._lock = threading.RLock()
-        self._conn = _open_read_only(self.path) if read_only else _open(self.path)
+        self._conn = _open_read_only(self.path) if read_only else _open(self.path, busy_timeout)
 
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
         return _Write(self)
@@ -403,7 +492,7 @@ class SQLiteStore(TransactionalStore):
 # --- opening, checking and migrating ----------------------------------------------------
 
 
-def _open(path: Path) -> sqlite3.Connection:
+def _open(path: Path, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> sqlite3.Connection:
     """Open ``path``, refuse it without writing if it is not ours, then migrate it forward."""
     existed = path.exists()
     if existed and path.is_dir():
@@ -417,14 +506,14 @@ def _open(path: Path) -> sqlite3.Connection:
     if problem is not None:
         raise StoreError("read_only", problem)
     try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout, check_same_thread=False)
     except sqlite3.Error as exc:
         raise StoreError("store_unavailable", f"{path}: cannot open: {exc}") from None
     try:
         _check_readable(conn, path)
         version = _check_schema(conn, path)
-        _configure(conn, path)
-        _migrate(conn, path, version)
+        _configure(conn, path, busy_timeout)
+        _migrate(conn, path, version, busy_timeout)
     except BaseException:
         conn.close()
         raise
@@ -569,20 +658,20 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> int:
     return version
 
 
-def _configure(conn: sqlite3.Connection, path: Path) -> None:
+def _configure(conn: sqlite3.Connection, path: Path, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> None:
     try:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
     except sqlite3.OperationalError as exc:
         raise StoreError("read_only", f"{path}: cannot be written: {exc}") from None
     if mode is None or str(mode[0]).lower() != "wal":
         raise StoreError("read_only", f"{path}: cannot switch to WAL mode (got {mode}); is it read-only?")
-    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn.execute(f"PRAGMA busy_timeout={round(busy_timeout * 1000)}")
     conn.execute("PRAGMA foreign_keys=ON")
     # FULL: a committed decision survives power loss, not only a crash.
     conn.execute("PRAGMA synchronous=FULL")
 
 
-def _migrate(conn: sqlite3.Connection, path: Path, version: int) -> None:
+def _migrate(conn: sqlite3.Connection, path: Path, version: int, busy_timeout: float = BUSY_TIMEOUT_MS / 1000) -> None:
     pending = [(n, name, sql) for n, name, sql in MIGRATIONS if n > version]
     if not pending:
         return
@@ -604,6 +693,8 @@ def _migrate(conn: sqlite3.Connection, path: Path, version: int) -> None:
     except sqlite3.OperationalError as exc:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
+        if exc.sqlite_errorcode in _BUSY:
+            raise locked_error(path, busy_timeout) from None
         if "readonly" in str(exc) or "read-only" in str(exc):
             raise StoreError("read_only", f"{path}: cannot be written: {exc}") from None
         raise StoreError("store_unavailable", f"{path}: migration failed: {exc}") from None

@@ -45,7 +45,10 @@ class StoreError(Exception):
 
     ``code`` is stable: ``store_unavailable``, ``schema_too_new``,
     ``schema_altered``, ``schema_missing``, ``schema_outdated``, ``not_a_database``, ``read_only``,
-    ``guard_conflict``, ``evidence_conflict``, ``registration_conflict``.
+    ``guard_conflict``, ``evidence_conflict``, ``registration_conflict``, ``store_locked`` (SQLite:
+    another writer has held the database's write lock past the busy timeout), ``row_locked``
+    (PostgreSQL: a row the request needs is held by another transaction past the lock timeout, or
+    past a sweep's shorter wait).  Nothing is written by a request that raises.
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -70,6 +73,13 @@ def evidence_revision_conflict(item: Evidence) -> StoreError:
         f"evidence {item.object_id!r}: revision {item.revision} is not on top of revision {item.revision - 1} "
         "of this execution's object; an evidence revision is never overwritten",
     )
+
+
+SWEEP_LOCK_WAIT = 2.0
+"""Seconds a sweep waits for a row another transaction holds before skipping it as locked.
+
+A decision holds its rows for milliseconds, so a sweep racing another one
+on the same row gets it well within this; a holder past it has stalled."""
 
 
 # --- time -------------------------------------------------------------------------
@@ -162,6 +172,10 @@ class Store(Protocol):
         """quarantine_expired, fail, resume_safe and reconcile_command."""
         ...
 
+    def quarantine(self, request: p.RecoveryRequest) -> p.Outcome:
+        """As recover, for a sweep: a row held past a brief wait (SWEEP_LOCK_WAIT) is StoreError('row_locked')."""
+        ...
+
     def expired(self) -> list[str]:
         """Ids of running executions whose lease has expired now: what quarantine would take."""
         ...
@@ -213,11 +227,14 @@ class _Claim:
 class Backend(abc.ABC):
     """What one transaction of a concrete store can read and write."""
 
-    def lock(self, execution_id: str) -> None:  # noqa: B027 - a hook; most stores lock the whole file
+    def lock(self, execution_id: str, *, wait: float | None = None) -> None:  # noqa: B027 - a hook; most stores lock the whole file
         """Take the row locks a decision on ``execution_id`` needs, before the time is read.
 
         Reading the time after the locks are held means that waiting for a
-        lock can never make a lease look younger than it is.
+        lock can never make a lease look younger than it is.  ``wait`` bounds,
+        in seconds, how long a row another transaction holds is waited for
+        (None: the store's own bound); past it the store raises
+        ``StoreError('row_locked')`` and writes nothing.
         """
 
     def now(self, clock: Clock) -> datetime:
@@ -358,6 +375,8 @@ class TransactionalStore(abc.ABC):
         lock: str | None = None,
         topic: tuple[str, str] | None = None,
         claim: _Claim | None = None,
+        *,
+        wait: float | None = None,
     ) -> p.Outcome | None:
         for _ in range(2):
             try:
@@ -366,7 +385,7 @@ class TransactionalStore(abc.ABC):
                     if topic is not None:
                         tx.lock_topic(*topic)
                     if lock is not None:
-                        tx.lock(lock)
+                        tx.lock(lock, wait=wait)
                     now = tx.now(self.clock) if claim is None else tx.claim_time(self.clock, claim.business_id)
                     outcome = decide(tx, now)
                     if isinstance(outcome, _Written):
@@ -496,6 +515,26 @@ class TransactionalStore(abc.ABC):
             return p.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now)
 
         return self._one(decide, evidence, lock=request.execution_id)
+
+    def quarantine(self, request: p.RecoveryRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
+        """A sweep's governed decision on one execution: as :meth:`recover`, waiting for its rows only briefly.
+
+        A row another transaction holds for longer than ``SWEEP_LOCK_WAIT``
+        raises ``StoreError('row_locked')``, so that one stalled transaction
+        cannot hold up a whole sweep: the sweep reports the row and goes on.
+        A transaction that is merely committing (another sweep on the same
+        row) lets go within milliseconds, and the kernel then sees the row
+        as it left it.  Stores that lock the whole database (SQLite) wait
+        for its lock as for any write.
+        """
+
+        def decide(tx: Backend, now: datetime) -> p.Outcome:
+            execution, dispatch = tx.load(request.execution_id)
+            return p.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now)
+
+        outcome = self._run(decide, evidence, request.execution_id, wait=SWEEP_LOCK_WAIT)
+        assert outcome is not None
+        return outcome
 
     # --- definitions --------------------------------------------------------------
 

@@ -20,6 +20,10 @@ Rules of this module:
   under the lease, and its result is committed with the visit's step.  A
   handler that raises is treated as UNKNOWN: the work may have happened.
 - The lease is renewed when less than half of it remains before a visit.
+- A lease shorter than :data:`MIN_LEASE` is refused when the worker is made
+  (:class:`WorkerSettingError`), and so is a process asking for more than
+  :data:`MAX_CONCURRENCY` workers: settings that cannot work are an error,
+  never executions claimed and left to expire.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, Final
 
 import attrs
 
@@ -37,6 +42,66 @@ from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler
 from .store import TransactionalStore
+
+MIN_LEASE: Final = timedelta(seconds=1)
+"""The shortest lease a worker takes.
+
+A lease must outlast one claim-and-visit cycle: the claim's commit, reading
+the execution and committing the node visit, which take milliseconds on a
+healthy store.  The worker renews when less than half the lease is left
+before a visit, so below a second the ordinary jitter of a loaded machine (an
+fsync, a garbage-collector pause, a scheduler stall) eats that half: work is
+claimed and its lease expires before the first commit, so every visit is
+refused and the execution waits, stranded, for a quarantine sweep.  The
+default is 30 seconds; a lease should also be well above the longest Command
+a handler runs between renewals."""
+
+MAX_CONCURRENCY: Final = 64
+"""The most workers (threads) one process runs.
+
+Each is a thread of one Python process sharing one interpreter lock and the
+store's connections (``--concurrency`` + 1 to PostgreSQL, whose default
+``max_connections`` is 100; SQLite serializes every write anyway): beyond a
+few dozen, threads only queue for those.  Run more processes instead."""
+
+
+class WorkerSettingError(ValueError):
+    """A worker setting outside its bounds; ``field`` names it and the message says the bound and why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def check_lease(lease: timedelta) -> timedelta:
+    """``lease`` if a worker may take it; WorkerSettingError('lease') otherwise."""
+    if not isinstance(lease, timedelta):
+        raise WorkerSettingError("lease", f"must be a timedelta, got {type(lease).__name__}")
+    if lease < MIN_LEASE:
+        raise WorkerSettingError(
+            "lease",
+            f"{lease.total_seconds():g} s is below the minimum of {MIN_LEASE.total_seconds():g} s: a shorter lease "
+            "expires before a visit can commit, leaving claimed work stranded until a quarantine sweep",
+        )
+    return lease
+
+
+def check_concurrency(concurrency: int) -> int:
+    """``concurrency`` if one process may run that many workers; WorkerSettingError('concurrency') otherwise."""
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool):
+        raise WorkerSettingError("concurrency", f"must be a whole number, got {concurrency!r}")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise WorkerSettingError(
+            "concurrency",
+            f"must be between 1 and {MAX_CONCURRENCY}, got {concurrency}: more threads in one process only "
+            "queue for its interpreter lock and the store's connections; run more processes instead",
+        )
+    return concurrency
+
+
+def _valid_lease(instance: Any, attribute: Any, value: timedelta) -> None:
+    check_lease(value)
 
 
 @attrs.frozen
@@ -64,7 +129,7 @@ class Worker:
     worker_id: str
     policy: AuthorityPolicy
     handler: CommandHandler
-    lease: timedelta = timedelta(seconds=30)
+    lease: timedelta = attrs.field(default=timedelta(seconds=30), validator=_valid_lease)
     business_id: str | None = None
     make_token: Callable[[], str] = lambda: secrets.token_hex(16)
     on_event: Callable[[str, str, str], None] | None = None
@@ -213,4 +278,14 @@ class Worker:
         return False
 
 
-__all__ = ["SYSTEM_PRINCIPAL", "PassReport", "Refused", "Worker"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MIN_LEASE",
+    "SYSTEM_PRINCIPAL",
+    "PassReport",
+    "Refused",
+    "Worker",
+    "WorkerSettingError",
+    "check_concurrency",
+    "check_lease",
+]

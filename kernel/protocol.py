@@ -36,6 +36,12 @@ Rules of this module:
 - Preconditions are checked in the order the seed lists them, so the first
   failing one names the refusal; malformed input is refused first, naming
   the field, before any precondition is looked at.
+- A wait registration is open exactly while its execution waits on it.  A
+  wake closes it by recording who woke it; every other way out of
+  ``waiting`` (cancel, suspend, any route added later) closes it in the
+  same decision through :attr:`Decision.closes` (built by
+  :func:`_closing`), so that no open registration is ever left for the
+  timer and Event paths to find and refuse forever.
 - Every write of the execution object is a new revision, exactly one higher.
   A renewal writes only the dispatch row (lease metadata is coordination
   data, not the generic object), so it leaves the revision alone.
@@ -227,13 +233,31 @@ class WaitSpec:
 
 @attrs.frozen(cache_hash=True)
 class WaitRegistration:
-    """A committed wait registration; ``woken_by`` is set by the first committed wake."""
+    """A committed wait registration; ``woken_by`` is set by the first committed wake.
+
+    ``closed_by`` is set instead when the execution left ``waiting`` by
+    another route: the event that moved it (``cancel``, ``suspend``).  A
+    closed registration is never due, never matched and never woken.
+    """
 
     key: WaitKey
     business_id: str
     spec: WaitSpec
     woken_by: str | None = None
     wake_reason: WakeReason | None = None
+    closed_by: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.woken_by is None and self.closed_by is None
+
+
+@attrs.frozen(cache_hash=True)
+class WaitClosure:
+    """A registration a decision closes without a wake: its execution leaves ``waiting`` by ``by``."""
+
+    key: WaitKey
+    by: ExecutionEvent
 
 
 @attrs.frozen
@@ -406,6 +430,8 @@ class Decision:
     recovery: RecoveryRecord | None = None
     lease: LeaseCredential | None = None
     """Set by a claim: the credential the claiming worker must present from now on."""
+    closes: WaitClosure | None = None
+    """The wait registration this decision closes: its execution leaves waiting other than by a wake."""
 
 
 Outcome = Decision | Refusal | Unchanged
@@ -784,6 +810,20 @@ def _move(
         reason=reason,
     )
     return new_execution, new_dispatch, record
+
+
+def _closing(execution: Execution, event: ExecutionEvent) -> WaitClosure | None:
+    """The registration ``event`` closes: the one a waiting execution waits on, unless a wake ends it.
+
+    A wake closes its registration itself (it records who woke it); any
+    other event out of ``waiting`` must close it here, or the registration
+    stays open with nothing waiting on it.
+
+    post: (__return__ is None) == (execution.state != ExecutionState.WAITING or execution.wait is None or event == ExecutionEvent.WAKE)
+    """
+    if execution.state != ExecutionState.WAITING or execution.wait is None or event == ExecutionEvent.WAKE:
+        return None
+    return WaitClosure(execution.wait, event)
 
 
 def _check_pair(execution: Execution | None, dispatch: Dispatch | None, execution_id: str) -> Refusal | None:
@@ -1310,6 +1350,7 @@ def wake(
         or dispatch.dispatch_state != DispatchState.WAITING
         or execution.wait != request.key
         or registration is None
+        or not registration.is_open
     ):
         return _refuse(
             RefusalCode.NOT_WAITING,
@@ -1406,7 +1447,11 @@ def cancel(execution: Execution | None, dispatch: Dispatch | None, request: Canc
         wait=None,
     )
     return Decision(
-        guard=_guard(execution, dispatch), execution=new_execution, dispatch=new_dispatch, evidence=(record,)
+        guard=_guard(execution, dispatch),
+        execution=new_execution,
+        dispatch=new_dispatch,
+        evidence=(record,),
+        closes=_closing(execution, ExecutionEvent.CANCEL),
     )
 
 

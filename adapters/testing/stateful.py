@@ -17,6 +17,20 @@ every execution the store shows, that execution and dispatch states agree,
 that the lease fields are set if and only if the row is claimed, and that
 the revisions are 1..n with the last one current.
 
+Two liveness properties are checked too (issue: timers that starve, sweeps
+that never end):
+
+- *every due timer fires*: a registration is open exactly while its
+  execution waits on it; ``due_wakes`` returns exactly the model's due
+  registrations that a timer can act on, and a timer pass (``due_wakes``
+  with a small limit, then ``fire_timer`` on each, repeated) fires every one
+  of them, each firing applied, within as many passes as there are
+  registrations; no registration nothing waits on can starve it;
+- *a sweep terminates*: a quarantine sweep of a business decides each
+  expired execution at most once, with the decision the kernel gives the
+  model, ends, and leaves nothing of that business expired; a second sweep
+  finds nothing to do.
+
 The model is not a store: it is a few dicts of kernel snapshots, updated by
 applying each :class:`~fencekeeper.kernel.protocol.Decision` only when
 ``Guard.holds`` on its rows (the guard's reference semantics; in a serial
@@ -46,7 +60,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from fencekeeper.adapters.store import Evidence, ExecutionView, ManualClock, StoreError
+from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.ports import SYSTEM_PRINCIPAL
+from fencekeeper.adapters.store import Evidence, ExecutionView, ManualClock, StoreError, TransactionalStore
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 
@@ -84,9 +100,14 @@ ACTIONS = (
     *("recover",) * 2,
     *("advance_clock",) * 2,
     *("admit",) * 2,
-    "cancel",
+    *("cancel",) * 2,
+    *("park",) * 2,
+    *("timer_pass",) * 2,
+    "sweep",
 )
 """What the machine does next, by weight: mostly lease holders (and zombies) acting."""
+TIMER = p.Authority(True, SYSTEM_PRINCIPAL)
+"""What the worker's timer loop presents: the dispatch grant of the system principal."""
 MISSING = "e-missing"
 """An execution id no run ever admits."""
 
@@ -156,6 +177,9 @@ class KernelModel:
         self.history.setdefault(eid, []).extend(outcome.evidence)
         if outcome.registration is not None:
             self.registrations[outcome.registration.key] = outcome.registration
+        closure = outcome.closes
+        if closure is not None and closure.key in self.registrations and self.registrations[closure.key].is_open:
+            self.registrations[closure.key] = attrs.evolve(self.registrations[closure.key], closed_by=closure.by.value)
         if outcome.recovery is not None:
             self.recoveries[outcome.recovery.command_id] = outcome.recovery
         if evidence:
@@ -189,6 +213,24 @@ class KernelModel:
             and d.lease_expires_at is not None
             and d.lease_expires_at <= now
         )
+
+    def waits_on(self, key: p.WaitKey) -> bool:
+        execution = self.executions.get(key.execution_id)
+        return execution is not None and execution.state == ExecutionState.WAITING and execution.wait == key
+
+    def due(self, now: datetime, limit: int | None = None) -> list[p.WaitKey]:
+        """Open registrations whose wake is due and that their execution still waits on, earliest first."""
+        due = sorted(
+            (r.spec.wake_at, key.execution_id, key)
+            for key, r in self.registrations.items()
+            if r.is_open and self.waits_on(key) and r.spec.wake_at is not None and r.spec.wake_at <= now
+        )
+        return [key for _, _, key in due][:limit]
+
+
+def _returning(outcome: p.Outcome) -> Callable[[], p.Outcome]:
+    """A call that returns what a store already returned, for ``_expect`` to compare."""
+    return lambda: outcome
 
 
 def _describe(value: object) -> str:
@@ -352,6 +394,9 @@ class StoreStateMachine(RuleBasedStateMachine):
             kind = "claim_next"
         if kind == "wake" and not self.model.registrations:
             kind = "cancel"
+        if kind in ("park", "timer_pass", "sweep"):
+            getattr(self, kind)(data)
+            return
         if kind == "advance_clock":
             # Mostly forward, past lease expiry and wake times; sometimes a
             # little back (a clock corrected by NTP), so that work admitted
@@ -467,7 +512,7 @@ class StoreStateMachine(RuleBasedStateMachine):
 
     def wake(self, data: st.DataObject) -> None:
         """An Event, a Decision or a timer, for an open registration, a woken one or one that does not exist."""
-        open_keys = [k for k, r in self.model.registrations.items() if r.woken_by is None]
+        open_keys = [k for k, r in self.model.registrations.items() if r.is_open]
         keys = open_keys if open_keys and _often(data, "open registration") else list(self.model.registrations)
         key = data.draw(st.sampled_from(keys), label="wait key")
         if not _often(data, "registered key", 8):
@@ -575,6 +620,107 @@ class StoreStateMachine(RuleBasedStateMachine):
     def advance_clock(self, seconds: int) -> None:
         self.clock.advance(timedelta(seconds=seconds))
 
+    def park(self, data: st.DataObject) -> None:
+        """The lease holder of running work finalizes it to waiting on a timer, as a wait node does."""
+        running = sorted(
+            eid for eid, _ in self.held if self.model.executions[eid].state == ExecutionState.RUNNING
+        )
+        if not running:
+            self.claim_next(data)
+            return
+        execution_id = data.draw(st.sampled_from(running), label="parked execution")
+        credential = [c for eid, c in self.held if eid == execution_id][-1]
+        execution, dispatch = self.model.load(execution_id)
+        assert execution is not None
+        now = self.clock.now()
+        with_event = not _often(data, "timer only", 3)
+        spec = p.WaitSpec(
+            node_id="n-wait",
+            attempt_id=f"a-{next(self.serial)}",
+            event_type=EVENT_TYPE if with_event else None,
+            correlation=CORRELATION if with_event else (),
+            wake_at=now + timedelta(seconds=data.draw(st.integers(0, 6), label="wake in")),
+            timeout=data.draw(st.booleans(), label="timeout"),
+        )
+        request = p.FinalizeRequest(
+            execution_id=execution_id,
+            dispatch_id=execution_id,
+            worker_id=credential.worker_id,
+            lease_token=credential.lease_token,
+            fence=credential.fence,
+            target_state=ExecutionState.WAITING,
+            business_id=execution.business_id,
+            expected_revision=execution.revision,
+            authority=p.Authority(True, credential.worker_id),
+            wait=spec,
+        )
+        expected = self.model.commit(p.finalize(execution, dispatch, request, now), now)
+        self._expect(f"park {execution_id} until {spec.wake_at}", expected, lambda: self.store.finalize(request))
+
+    def timer_pass(self, data: st.DataObject) -> None:
+        """The worker's timer loop with a small limit, until nothing is due: every due timer must fire."""
+        limit = data.draw(st.integers(min_value=1, max_value=3), label="due_wakes limit")
+        now = self.clock.now()
+        for _ in range(len(self.model.registrations) + 1):
+            keys = self.store.due_wakes(limit)
+            assert keys == self.model.due(now, limit), (
+                f"due_wakes({limit}) at {now.isoformat()}: the store returns {keys}, "
+                f"the model's due registrations are {self.model.due(now, limit)}"
+            )
+            if not keys:
+                break
+            for key in keys:
+                self._fire(key, now)
+        assert self.model.due(now) == [], f"due timers left unfired after a whole timer loop: {self.model.due(now)}"
+
+    def _fire(self, key: p.WaitKey, now: datetime) -> None:
+        registration = self.model.registrations[key]
+        execution, dispatch = self.model.load(key.execution_id)
+        assert execution is not None
+        reason = p.WakeReason.TIMEOUT if registration.spec.timeout else p.WakeReason.TIMER
+        request = p.WakeRequest(key, reason, f"{key.attempt_id}/{reason.value}", execution.business_id, TIMER)
+        expected = self.model.commit(p.wake(execution, dispatch, registration, request, now), now)
+        assert isinstance(expected, p.Decision), f"a due timer {key} the model cannot fire: {expected}"
+        self._expect(f"fire_timer {key}", expected, lambda: self.store.fire_timer(key, TIMER))
+
+    def sweep(self, data: st.DataObject) -> None:
+        """A quarantine sweep of one business: it ends, deciding each expired execution once, as the kernel does."""
+        if not isinstance(self.store, TransactionalStore):
+            return
+        business_id = data.draw(st.sampled_from(BUSINESSES), label="sweep business")
+        now = self.clock.now()
+        expected: dict[str, Expected] = {}
+        for execution_id in self.model.expired(now):
+            execution, dispatch = self.model.load(execution_id)
+            assert execution is not None
+            if execution.business_id != business_id:
+                continue
+            request = p.RecoveryRequest(
+                command_id=f"q-{execution_id}-r{execution.revision}",
+                kind=p.RecoveryKind.QUARANTINE_EXPIRED,
+                execution_id=execution_id,
+                business_id=business_id,
+                expected_revision=execution.revision,
+                actor_id=GOVERNOR,
+                authority=p.Authority(True, GOVERNOR),
+            )
+            prior = self.model.recoveries.get(request.command_id)
+            expected[execution_id] = self.model.commit(p.recover(execution, dispatch, prior, request, now), now)
+        policy = examples.grants(business_id, GOVERNOR)
+        result = service.quarantine_expired(self.store, policy, business_id=business_id, principal_id=GOVERNOR)
+        event(f"sweep: {len(result.outcomes)} decided")
+        assert result.moved_on == {} and result.locked == {}, f"a sweep run alone lost a race: {result}"
+        assert result.outcomes.keys() == expected.keys(), (
+            f"the sweep decided on {sorted(result.outcomes)}; the model's expired executions of "
+            f"{business_id} are {sorted(expected)}"
+        )
+        for execution_id, outcome in result.outcomes.items():
+            self._expect(f"sweep quarantine {execution_id}", expected[execution_id], _returning(outcome))
+        left = [x for x in self.store.expired() if self.model.executions[x].business_id == business_id]
+        assert left == [], f"expired executions of {business_id} left after the sweep: {left}"
+        again = service.quarantine_expired(self.store, policy, business_id=business_id, principal_id=GOVERNOR)
+        assert again == service.Sweep(), f"a second sweep found work the first left: {again}"
+
     # --- invariants --------------------------------------------------------------------------
 
     @invariant()
@@ -596,6 +742,13 @@ class StoreStateMachine(RuleBasedStateMachine):
             found = self.store.read(execution_id)
             assert found is not None, f"{execution_id} is listed but read() finds nothing"
             assert_coherent(found)
+            # A registration is open exactly while its execution waits on it.
+            open_keys = [r.key for r in found.registrations if r.is_open]
+            waits = found.execution.wait if found.execution.state == ExecutionState.WAITING else None
+            assert open_keys == ([] if waits is None else [waits]), (
+                f"{execution_id} is {found.execution.state.value} (waiting on {waits}) with open registrations "
+                f"{open_keys}: a registration nothing waits on would be returned by no timer and closed by nothing"
+            )
 
 
 def run_store_state_machine(store_factory: StoreFactory, settings: hypothesis_settings | None = None) -> None:

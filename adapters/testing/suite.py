@@ -61,7 +61,7 @@ from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import Definition, DefinitionError, definition_from_mapping
 from fencekeeper.kernel.events import Event
-from fencekeeper.kernel.machines import DispatchState, ExecutionState, dispatch_state_of
+from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState, dispatch_state_of
 
 StoreFactory = Callable[[ManualClock], Store]
 """Takes the clock the store must read its time from; returns a fresh, empty store."""
@@ -1139,6 +1139,35 @@ class StoreTests:
         assert found.registrations[0].wake_reason == p.WakeReason.TIMEOUT
         assert store.due_wakes() == []
         assert isinstance(store.fire_timer(key, GRANTED), p.Unchanged)
+
+    def test_cancelling_a_waiter_closes_its_registration(self, store: Store, clock: ManualClock) -> None:
+        due = clock.now() + timedelta(seconds=5)
+        key = self.waiting(store, wait_spec(wake_at=due, timeout=True))
+        decision = decided(store.cancel(p.CancelRequest("e-1", "b-1", revision(store, "e-1"), GRANTED)))
+        assert decision.closes == p.WaitClosure(key, ExecutionEvent.CANCEL)
+        (registration,) = view(store, "e-1").registrations
+        assert (registration.woken_by, registration.closed_by, registration.is_open) == (None, "cancel", False)
+        clock.set(due)
+        assert store.due_wakes() == []
+        refused(store, lambda: store.fire_timer(key, GRANTED), RC.NOT_WAITING)
+        assert store.publish_event(_event("ev-late", ("order", "o-1")), GRANTED).woken == ()
+        assert view(store, "e-1").registrations == (registration,)
+
+    def test_registrations_nothing_waits_on_never_starve_a_due_timer(self, store: Store, clock: ManualClock) -> None:
+        # More cancelled waiters than one pass's limit, all due before the
+        # live one: a pass must still return, and fire, the live one.
+        start = clock.now()
+        limit = 3
+        for n in range(limit + 2):
+            self.waiting(store, wait_spec(f"a-stale-{n}", event_type=None, wake_at=start), f"e-stale-{n}")
+            decided(store.cancel(p.CancelRequest(f"e-stale-{n}", "b-1", revision(store, f"e-stale-{n}"), GRANTED)))
+        live = self.waiting(store, wait_spec("a-live", event_type=None, wake_at=start + timedelta(seconds=1)), "e-live")
+        clock.set(start + timedelta(seconds=1))
+        assert store.due_wakes(limit) == [live]
+        assert store.due_wakes(limit, business_id="b-1") == [live]
+        decided(store.fire_timer(live, GRANTED))
+        assert view(store, "e-live").execution.state == ExecutionState.ELIGIBLE
+        assert store.due_wakes(limit) == []
 
     # --- approvals ------------------------------------------------------------------------------------
 

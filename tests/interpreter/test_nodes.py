@@ -198,7 +198,7 @@ def test_without_dispatch_authority_the_worker_commits_nothing(world: World) -> 
     # The lease is left to expire; quarantine then makes it an explicit review item.
     world.clock.advance(world.lease)
     results = service.quarantine_expired(world.store, world.policy, business_id=BUSINESS, principal_id=OPS)
-    assert isinstance(results["x-1"], p.Decision)
+    assert isinstance(results.outcomes["x-1"], p.Decision)
     assert world.view("x-1").execution.state == ExecutionState.RECONCILIATION_REQUIRED
 
 

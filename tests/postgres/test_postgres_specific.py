@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from fencekeeper.adapters import postgres_store
+from fencekeeper.adapters import codec, postgres_store, sql
 from fencekeeper.adapters.postgres_store import MIGRATIONS, PostgresStore, migrate
 from fencekeeper.adapters.store import Evidence, ManualClock, StoreError
 from fencekeeper.adapters.testing.bulk import admit_in_bulk
@@ -277,6 +277,19 @@ def _rows(pg_dsn: str, schema: str, query: str) -> list[tuple[Any, ...]]:
         return conn.execute(query).fetchall()  # type: ignore[arg-type]
 
 
+def _load_registration_before_closed_by(self: sql.SqlBackend, key: p.WaitKey) -> p.WaitRegistration | None:
+    """How the code of versions before 6 read a registration: there was no closed_by yet."""
+    row = self._execute(
+        "SELECT business_id, spec, woken_by, wake_reason FROM wait_registrations "
+        "WHERE execution_id = ? AND node_id = ? AND attempt_id = ?",
+        (key.execution_id, key.node_id, key.attempt_id),
+    ).fetchone()
+    if row is None:
+        return None
+    wake_reason = None if row[3] is None else p.WakeReason(row[3])
+    return p.WaitRegistration(key, row[0], codec.decode_wait_spec(row[1]), row[2], wake_reason)
+
+
 def test_a_version_2_schema_migrates_forward_keeping_every_row_and_its_order(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,6 +304,7 @@ def test_a_version_2_schema_migrates_forward_keeping_every_row_and_its_order(
         with monkeypatch.context() as patched:
             patched.setattr(postgres_store, "MIGRATIONS", MIGRATIONS[:2])
             patched.setattr(postgres_store._PostgresBackend, "revisions_carry_transitions", False)
+            patched.setattr(sql.SqlBackend, "load_registration", _load_registration_before_closed_by)
             assert migrate(pg_dsn, schema) == [1, 2]
             clock = ManualClock()
             old = PostgresStore(pg_dsn, schema=schema, clock=clock)
@@ -314,7 +328,7 @@ def test_a_version_2_schema_migrates_forward_keeping_every_row_and_its_order(
         old_rows = _rows(pg_dsn, schema, "SELECT * FROM transitions ORDER BY seq")
         assert len(old_rows) > 12, "the version 2 schema should hold some history"
 
-        assert migrate(pg_dsn, schema) == [3, 4, 5]
+        assert migrate(pg_dsn, schema) == [3, 4, 5, 6]
         store = PostgresStore(pg_dsn, schema=schema, clock=clock)
         try:
             assert snapshot(store) == before, "migrating changed what a client sees"

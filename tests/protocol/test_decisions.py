@@ -76,6 +76,7 @@ from fencekeeper.kernel.protocol import (
     StepRequest,
     Unchanged,
     UnchangedCode,
+    WaitClosure,
     WaitKey,
     WaitRegistration,
     WaitSpec,
@@ -965,6 +966,10 @@ def test_cancel_ends_eligible_and_waiting_work(state: ExecutionState) -> None:
     assert decision.execution.revision == snap.execution.revision + 1
     assert lease_cleared(decision.dispatch)
     assert decision.evidence[0].actor == GRANTED.principal_id
+    # Leaving waiting by any route but a wake closes the registration it waited on.
+    expected = None if snap.execution.wait is None else WaitClosure(snap.execution.wait, ExecutionEvent.CANCEL)
+    assert decision.closes == expected
+    assert (decision.closes is None) == (state == ExecutionState.ELIGIBLE)
 
 
 def test_cancel_refuses_running_work() -> None:
