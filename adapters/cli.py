@@ -101,7 +101,7 @@ from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
 from . import connect, demo, examples, render, service
-from .ports import CommandHandler
+from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
 from .store import ExecutionView, StoreError, TransactionalStore
@@ -261,18 +261,29 @@ def _parser() -> argparse.ArgumentParser:
 
     reconcile = command(
         "reconcile",
-        "quarantine expired executions; settle one in reconciliation_required",
+        "quarantine expired executions; review, settle, resume or fail one in review",
         prints_data=True,
         description="--quarantine moves every running execution whose lease has expired to "
-        "reconciliation_required. With EXECUTION_ID, settles that execution by evidence: an unsettled "
-        "Command is asked about through the handler's reconcile (never re-executed) and the execution "
-        "resumes at the continuation the answer selects; without a Command it resumes safely at its "
-        "node; with --fail it fails.",
+        "reconciliation_required. With EXECUTION_ID alone it writes nothing: it shows what is known "
+        "(unsettled Commands, the continuations the evidence permits) and the choices. Each choice is a "
+        "separate, authorized decision: --settle asks the handler what became of the unsettled Command "
+        "(its reconcile, never its execute) and records a conclusive answer; --resume-at NODE --because "
+        "TEXT resumes there once the kernel's safe-resume proof holds; --fail ends it as failed.",
     )
     _db_option(reconcile)
     reconcile.add_argument("execution_id", nargs="?", metavar="EXECUTION_ID")
     reconcile.add_argument("--quarantine", action="store_true", help="quarantine every expired execution first")
-    reconcile.add_argument("--fail", action="store_true", help="fail the execution instead of resuming it")
+    choice = reconcile.add_mutually_exclusive_group()
+    choice.add_argument("--settle", action="store_true", help="ask the handler about the unsettled Command and record it")
+    choice.add_argument("--resume-at", metavar="NODE", help="resume at NODE (a continuation the evidence permits)")
+    choice.add_argument("--fail", action="store_true", help="end the execution as failed")
+    reconcile.add_argument(
+        "--because", metavar="TEXT", default="",
+        help="why the choice is safe: the idempotency contract of a resume (required with --resume-at)",
+    )
+    reconcile.add_argument(
+        "--input", metavar="JSON", help="with --resume-at on a suspended execution: the corrected input"
+    )
     reconcile.add_argument(
         "--handler", metavar="MODULE:FACTORY", help="a CommandHandler factory (default: the example handler)"
     )
@@ -511,10 +522,14 @@ def _read_view(store: TransactionalStore, execution_id: str, db: str, *, busines
     return view
 
 
-def _handler_factory(spec: str | None) -> Callable[[], CommandHandler]:
-    """``module:factory``; the current directory is on the import path, as with ``python -m``."""
+def _handler_factory(spec: str | None, db: str) -> Callable[[], CommandHandler]:
+    """``module:factory``; the current directory is on the import path, as with ``python -m``.
+
+    The default is the example handler over the effect log kept for ``db``,
+    so that a worker and a later ``reconcile`` see the same effects.
+    """
     if spec is None:
-        return examples.handler
+        return lambda: examples.handler(examples.effect_log_for(db))
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise CliError(f"--handler: {spec!r}: write MODULE:FACTORY, e.g. mycompany.handlers:make_handler")
@@ -703,7 +718,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     _identifier("--business", args.business)
     prefix = args.worker_prefix or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
     _identifier("--id", f"{prefix}-{args.concurrency}")
-    make_handler = _handler_factory(args.handler)
+    make_handler = _handler_factory(args.handler, args.db)
     handlers = [make_handler() for _ in range(args.concurrency)]
     policy = examples.grants(args.business, *principals)
     tally = _Tally()
@@ -1106,10 +1121,16 @@ def _cancel(args: argparse.Namespace, out: Output) -> int:
 def _reconcile(args: argparse.Namespace, out: Output) -> int:
     if args.execution_id is None and not args.quarantine:
         raise CliError("give EXECUTION_ID, --quarantine, or both")
-    if args.fail and args.execution_id is None:
-        raise CliError("--fail needs an EXECUTION_ID")
+    if args.execution_id is None and (args.settle or args.resume_at or args.fail):
+        raise CliError("--settle, --resume-at and --fail need an EXECUTION_ID")
+    if args.resume_at is not None and not args.because.strip():
+        raise CliError("--because: say why resuming there is safe (it is recorded as the idempotency contract)")
+    if args.input is not None and args.resume_at is None:
+        raise CliError("--input: only with --resume-at, to correct a suspended execution's input")
     _identifier("--as", args.principal)
-    make_handler = _handler_factory(args.handler) if args.execution_id is not None else None
+    _identifier("--resume-at", args.resume_at)
+    corrected = _json_object("--input", args.input) if args.input is not None else None
+    make_handler = _handler_factory(args.handler, args.db) if args.settle else None
     policy = examples.grants(args.business, args.principal)
     result: dict[str, Any] = {}
     refused = False
@@ -1117,67 +1138,167 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
         if args.execution_id is not None:
             _read_view(store, args.execution_id, args.db)
         if args.quarantine:
-            sweep = service.quarantine_expired(store, policy, business_id=args.business, principal_id=args.principal)
-            # A lost race (another sweep got there first) and an identical repeat
-            # are not problems: only a refusal that is one, or a row left locked,
-            # makes the sweep exit 1.
-            result["quarantined"] = {x: render.outcome_json(o) for x, o in sweep.outcomes.items()}
-            result["moved_on"] = dict(sweep.moved_on)
-            result["locked"] = dict(sweep.locked)
-            if not (sweep.outcomes or sweep.moved_on or sweep.locked):
-                out.line("no expired executions to quarantine")
-            for x, o in sweep.outcomes.items():
-                if isinstance(o, p.Decision) and o.execution is not None:
-                    out.line(f"{x}: quarantined, running -> ", state(o.execution.state))
-                elif isinstance(o, p.Unchanged):
-                    out.line(f"{x}: ", ("already quarantined", "yellow"), f" (idempotent): {o.message}")
-                elif isinstance(o, p.Refusal):
-                    refused = True
-                    out.line(f"{x}: ", ("refused", render.REFUSED_STYLE), f" [{o.code.value}] {o.message}")
-            for x, why in sweep.moved_on.items():
-                out.line(f"{x}: ", ("skipped", "yellow"), f", another sweep or recovery moved it first: {why}")
-            for x, why in sweep.locked.items():
-                refused = True
-                out.line(f"{x}: ", ("locked", render.REFUSED_STYLE), f", skipped for the next sweep: {why}")
-        if args.execution_id is not None:
+            refused = _quarantine_sweep(store, policy, args, out, result)
+        if args.execution_id is None:
+            pass
+        elif args.settle:
             assert make_handler is not None
-            reconciled = service.reconcile(
-                store,
-                policy,
-                make_handler(),
-                business_id=args.business,
-                principal_id=args.principal,
-                execution_id=args.execution_id,
-                fail=args.fail,
-            )
-            outcome = reconciled.outcome
-            result["reconciled"] = {
-                "execution_id": args.execution_id,
-                "command_id": reconciled.command_id,
-                "result": reconciled.result,
-                **render.outcome_json(outcome),
-            }
-            if reconciled.command_id is not None and reconciled.result is not None:
-                out.line(
-                    f"{reconciled.command_id}: the handler reports ",
-                    state(reconciled.result.status.value),
-                    f" ({reconciled.result.detail})",
-                )
-            if isinstance(outcome, p.Decision) and outcome.execution is not None:
-                record = outcome.evidence[-1] if outcome.evidence else None
-                out.line(
-                    f"{args.execution_id}: ",
-                    record.event.value if record is not None and record.event is not None else "recovered",
-                    ", reconciliation_required -> ",
-                    state(outcome.execution.state),
-                    f" at {outcome.execution.current_node_id}",
-                )
+            _settle(store, policy, make_handler(), args, out=out, result=result)
+        elif args.resume_at is not None or args.fail:
+            _decide_review(store, policy, args, out=out, result=result, corrected=corrected)
+        else:
+            _show_review(store, args, out, result)
     if out.json_mode:
         out.data(result)
-    settled = result.get("reconciled", {})
-    if settled.get("outcome") in ("refused", "unchanged"):
-        raise CliError(f"reconciliation refused [{settled['code']}]: {settled['message']}", EXIT_PROBLEM)
+    decided = result.get("reconciled", {})
+    if decided.get("outcome") in ("refused", "unchanged") and decided.get("code") != "recovery_replayed":
+        raise CliError(f"reconciliation refused [{decided['code']}]: {decided['message']}", EXIT_PROBLEM)
     return EXIT_PROBLEM if refused else EXIT_OK
+
+
+def _quarantine_sweep(
+    store: TransactionalStore, policy: AuthorityPolicy, args: argparse.Namespace, out: Output, result: dict[str, Any]
+) -> bool:
+    """Quarantine every expired execution; True when a row was refused or left locked (exit 1)."""
+    refused = False
+    sweep = service.quarantine_expired(store, policy, business_id=args.business, principal_id=args.principal)
+    # A lost race (another sweep got there first) and an identical repeat
+    # are not problems: only a refusal that is one, or a row left locked,
+    # makes the sweep exit 1.
+    result["quarantined"] = {x: render.outcome_json(o) for x, o in sweep.outcomes.items()}
+    result["moved_on"] = dict(sweep.moved_on)
+    result["locked"] = dict(sweep.locked)
+    if not (sweep.outcomes or sweep.moved_on or sweep.locked):
+        out.line("no expired executions to quarantine")
+    for x, o in sweep.outcomes.items():
+        if isinstance(o, p.Decision) and o.execution is not None:
+            out.line(f"{x}: quarantined, running -> ", state(o.execution.state))
+        elif isinstance(o, p.Unchanged):
+            out.line(f"{x}: ", ("already quarantined", "yellow"), f" (idempotent): {o.message}")
+        elif isinstance(o, p.Refusal):
+            refused = True
+            out.line(f"{x}: ", ("refused", render.REFUSED_STYLE), f" [{o.code.value}] {o.message}")
+    for x, why in sweep.moved_on.items():
+        out.line(f"{x}: ", ("skipped", "yellow"), f", another sweep or recovery moved it first: {why}")
+    for x, why in sweep.locked.items():
+        refused = True
+        out.line(f"{x}: ", ("locked", render.REFUSED_STYLE), f", skipped for the next sweep: {why}")
+    return refused
+
+
+def _review(store: TransactionalStore, args: argparse.Namespace) -> service.RecoveryView:
+    try:
+        return service.recovery_view(store, business_id=args.business, execution_id=args.execution_id)
+    except service.OperationError as exc:
+        raise CliError(exc.message, EXIT_PROBLEM if exc.code == "not_in_review" else EXIT_USAGE) from None
+
+
+def _show_review(store: TransactionalStore, args: argparse.Namespace, out: Output, result: dict[str, Any]) -> None:
+    """What is known, and the explicit choices: nothing is written and no handler is asked."""
+    review = _review(store, args)
+    execution = review.execution
+    result["review"] = {
+        "execution_id": execution.execution_id,
+        "state": execution.state.value,
+        "node": execution.current_node_id,
+        "last_error_code": review.last_error_code,
+        "unresolved_commands": [c.to_json() for c in review.unresolved],
+        "inert_attempts": list(review.inert_attempts),
+        "permitted_continuations": list(review.permitted),
+        "definition_registered": review.definition_registered,
+    }
+    x = execution.execution_id
+    out.line(
+        f"{x}: ", state(execution.state), f" at {execution.current_node_id} (revision {execution.revision}, "
+        f"last error {review.last_error_code or '-'}, step {execution.step_count})"
+    )
+    for command in review.unresolved:
+        out.line(
+            f"  unsettled Command {command.command_id}: {command.operation} issued under fence {command.fence}; "
+            "it may have been applied, so it is never resent"
+        )
+    for attempt in review.inert_attempts:
+        out.line(f"  attempt {attempt} issued no Command: a resume settles it as not applied")
+    if not review.definition_registered:
+        out.line("  its pinned definition revision is not registered: register it before resuming")
+    out.line("choose one (each is recorded with who chose it):")
+    if review.unresolved:
+        out.line(f"  fencekeeper reconcile {x} --settle        ask the handler what became of it and record the answer")
+    for node in review.permitted:
+        out.line(f"  fencekeeper reconcile {x} --resume-at {node} --because TEXT")
+    out.line(f"  fencekeeper reconcile {x} --fail [--because TEXT]")
+
+
+def _settle(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    handler: CommandHandler,
+    args: argparse.Namespace,
+    *,
+    out: Output,
+    result: dict[str, Any],
+) -> None:
+    _review(store, args)
+    try:
+        reconciled = service.reconcile(
+            store, policy, handler, business_id=args.business, principal_id=args.principal,
+            execution_id=args.execution_id,
+        )
+    except service.OperationError as exc:
+        raise CliError(exc.message, EXIT_PROBLEM) from None
+    outcome = reconciled.outcome
+    result["reconciled"] = {
+        "execution_id": args.execution_id,
+        "command_id": reconciled.command_id,
+        "result": reconciled.result,
+        **render.outcome_json(outcome),
+    }
+    if reconciled.command_id is not None and reconciled.result is not None:
+        out.line(
+            f"{reconciled.command_id}: the handler reports ",
+            state(reconciled.result.status.value),
+            f" ({reconciled.result.detail})",
+        )
+    if isinstance(outcome, p.Decision) and outcome.execution is not None:
+        out.line(
+            f"{args.execution_id}: settled and recorded; it stays ", state(outcome.execution.state),
+            f" until a resume or fail is chosen (fencekeeper reconcile {args.execution_id})",
+        )
+
+
+def _decide_review(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    args: argparse.Namespace,
+    *,
+    out: Output,
+    result: dict[str, Any],
+    corrected: dict[str, Any] | None,
+) -> None:
+    before = _review(store, args).execution
+    try:
+        if args.fail:
+            outcome = service.fail(
+                store, policy, business_id=args.business, principal_id=args.principal,
+                execution_id=args.execution_id, rationale=args.because,
+            )
+        else:
+            outcome = service.resume(
+                store, policy, business_id=args.business, principal_id=args.principal,
+                execution_id=args.execution_id, at_node=args.resume_at, rationale=args.because, input=corrected,
+            )
+    except service.OperationError as exc:
+        raise CliError(exc.message, EXIT_USAGE) from None
+    result["reconciled"] = {"execution_id": args.execution_id, **render.outcome_json(outcome)}
+    if isinstance(outcome, p.Decision) and outcome.execution is not None:
+        record = outcome.evidence[-1] if outcome.evidence else None
+        out.line(
+            f"{args.execution_id}: ",
+            record.event.value if record is not None and record.event is not None else "recovered",
+            f", {before.state.value} -> ",
+            state(outcome.execution.state),
+            f" at {outcome.execution.current_node_id}",
+        )
 
 
 # --- migrate and check ----------------------------------------------------------------------

@@ -24,6 +24,8 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
+
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 
@@ -195,20 +197,22 @@ def decode_wait_spec(text: str) -> p.WaitSpec:
 
 
 def encode_recovery(record: p.RecoveryRecord) -> str:
-    return dumps(
-        {
-            "command_id": record.command_id,
-            "kind": record.kind.value,
-            "execution_id": record.execution_id,
-            "expected_revision": record.expected_revision,
-            "resulting_revision": record.resulting_revision,
-            "resulting_state": record.resulting_state.value,
-        }
-    )
+    body: dict[str, object] = {
+        "command_id": record.command_id,
+        "kind": record.kind.value,
+        "execution_id": record.execution_id,
+        "expected_revision": record.expected_revision,
+        "resulting_revision": record.resulting_revision,
+        "resulting_state": record.resulting_state.value,
+    }
+    if record.proof is not None:
+        body["proof"] = {**attrs.asdict(record.proof), "basis": list(record.proof.basis)}
+    return dumps(body)
 
 
 def decode_recovery(text: str) -> p.RecoveryRecord:
     body = json.loads(text)
+    proof = body.get("proof")
     return p.RecoveryRecord(
         command_id=body["command_id"],
         kind=p.RecoveryKind(body["kind"]),
@@ -216,4 +220,6 @@ def decode_recovery(text: str) -> p.RecoveryRecord:
         expected_revision=body["expected_revision"],
         resulting_revision=body["resulting_revision"],
         resulting_state=ExecutionState(body["resulting_state"]),
+        # Records written before the kernel kept its proof have none.
+        proof=None if proof is None else p.SafeResumeEvidence(**{**proof, "basis": tuple(proof.get("basis", ()))}),
     )

@@ -258,11 +258,23 @@ def _play(
     if not isinstance(quarantined.outcomes.get(first), p.Decision):
         raise _Unexpected(f"quarantine of {first} was not applied: {quarantined}")
     timeline.sync()
-    reconciled = service.reconcile(
-        store, policy, examples.handler(), business_id=business, principal_id=REQUESTER, execution_id=first
+    review = service.recovery_view(store, business_id=business, execution_id=first)
+    if review.unresolved or not review.permitted:
+        raise _Unexpected(f"{first} should be resumable at its node: {review}")
+    timeline.note(
+        f"the evidence: no Command issued, nothing to settle; the operator chooses to resume at {review.permitted[0]}"
     )
-    if not isinstance(reconciled.outcome, p.Decision):
-        raise _Unexpected(f"recovery of {first} was refused: {reconciled.outcome}")
+    resumed = service.resume(
+        store,
+        policy,
+        business_id=business,
+        principal_id=REQUESTER,
+        execution_id=first,
+        at_node=review.permitted[0],
+        rationale="w-1's visit committed nothing and its node has no external effect",
+    )
+    if not isinstance(resumed, p.Decision):
+        raise _Unexpected(f"recovery of {first} was refused: {resumed}")
     timeline.sync()
     reclaim = store.claim_next(p.ClaimRequest("w-2", secrets.token_hex(16), lease), business_id=business)
     if not isinstance(reclaim, p.Decision) or reclaim.lease is None:

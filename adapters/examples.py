@@ -9,9 +9,21 @@ Rules of this module:
 
   * ``order.place``, ``order.ship`` and ``order.cancel`` succeed;
   * ``order.place`` of an amount above 100,000 is rejected (validation);
-  * ``payment.refund`` never answers: its result is UNKNOWN, and asking
-    afterwards (``reconcile``) finds that the refund *was* applied.
+  * ``payment.refund`` is applied, but its reply is lost: the worker sees
+    UNKNOWN, and asking afterwards (``reconcile``) finds that the refund was
+    applied.
 
+- It tells the truth, because it keeps a real effect log
+  (:class:`EffectLog`): ``reconcile`` reports what the log holds, never an
+  invented outcome.  A Command the log has never seen is settled as *not
+  applied*, and that answer is made final by recording it first: the
+  Command is refused if a paused worker sends it later.  A Command issued
+  under a fence lower than one already seen for its execution is refused as
+  stale.  This is the handler contract of
+  :class:`~fencekeeper.adapters.ports.CommandHandler`, kept by example.
+- The effect log outlives the process when it is a file
+  (:func:`effect_log_for`), so that ``fencekeeper worker`` and a later
+  ``fencekeeper reconcile`` see the same effects.
 - Nothing here is used unless a caller asks for it: deployments implement
   :class:`~fencekeeper.adapters.ports.CommandHandler` and
   :class:`~fencekeeper.adapters.ports.AuthorityPolicy` themselves.
@@ -19,11 +31,156 @@ Rules of this module:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
 from fencekeeper.kernel.interpreter import Command, CommandResult, CommandStatus, Rejection
 
-from .ports import SYSTEM_PRINCIPAL_GRANTS, GrantTable, ScriptedHandler, succeed, unknown
+from .ports import SYSTEM_PRINCIPAL_GRANTS, GrantTable
 
 ORDER_LIMIT = 100_000
+
+APPLIED = "applied"
+REJECTED = "rejected"
+NOT_APPLIED = "not_applied"
+"""Settled by reconcile as never applied: final, so the Command is refused from then on."""
+REFUSED_STALE = "refused_stale"
+
+
+@attrs.frozen
+class Entry:
+    """What the effect log holds for one Command."""
+
+    command_id: str
+    execution_id: str
+    fence: int
+    operation: str
+    status: str
+    result: Mapping[str, Any] = attrs.field(factory=dict, eq=False)
+
+
+class EffectLog(Protocol):
+    """The external system's own record of what it applied: one entry per Command identity."""
+
+    def atomically(self) -> contextlib.AbstractContextManager[None]:
+        """A critical section: a lookup and the record that follows it cannot interleave with another's."""
+        ...
+
+    def get(self, command_id: str) -> Entry | None: ...
+
+    def put(self, entry: Entry) -> None: ...
+
+    def highest_fence(self, execution_id: str) -> int: ...
+
+    def entries(self) -> list[Entry]: ...
+
+
+class MemoryEffectLog:
+    """An effect log in memory (one process): for tests and the in-process demo."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Entry] = {}
+        self._lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def atomically(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def get(self, command_id: str) -> Entry | None:
+        return self._entries.get(command_id)
+
+    def put(self, entry: Entry) -> None:
+        self._entries[entry.command_id] = entry
+
+    def highest_fence(self, execution_id: str) -> int:
+        return max((e.fence for e in self._entries.values() if e.execution_id == execution_id), default=0)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+
+class FileEffectLog:
+    """An effect log in its own SQLite file, shared by every process on this machine that names it.
+
+    It is deliberately *not* the store: it stands for another system, with
+    its own transactions, which is exactly why a Command's outcome can be
+    unknown to the store.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._local = threading.local()
+        with self.atomically():
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS effects (command_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, "
+                "fence INTEGER NOT NULL, operation TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL)"
+            )
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._local.conn = conn
+        return conn
+
+    @contextlib.contextmanager
+    def atomically(self) -> Iterator[None]:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def get(self, command_id: str) -> Entry | None:
+        row = self._conn.execute(
+            "SELECT command_id, execution_id, fence, operation, status, result FROM effects WHERE command_id = ?",
+            (command_id,),
+        ).fetchone()
+        return None if row is None else Entry(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]))
+
+    def put(self, entry: Entry) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO effects VALUES (?, ?, ?, ?, ?, ?)",
+            (entry.command_id, entry.execution_id, entry.fence, entry.operation, entry.status,
+             json.dumps(dict(entry.result), sort_keys=True)),
+        )
+
+    def highest_fence(self, execution_id: str) -> int:
+        row = self._conn.execute("SELECT MAX(fence) FROM effects WHERE execution_id = ?", (execution_id,)).fetchone()
+        return int(row[0] or 0)
+
+    def entries(self) -> list[Entry]:
+        rows = self._conn.execute(
+            "SELECT command_id, execution_id, fence, operation, status, result FROM effects ORDER BY rowid"
+        ).fetchall()
+        return [Entry(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+
+
+def effect_log_for(db: str) -> FileEffectLog:
+    """The example system's effect log for a store: beside a SQLite file, or per DSN in the user's state directory."""
+    target = db.removeprefix("sqlite:///") if db.startswith("sqlite:///") else db
+    if "://" not in target and "=" not in target:
+        return FileEffectLog(f"{target}.effects")
+    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "fencekeeper"
+    state.mkdir(parents=True, exist_ok=True)
+    return FileEffectLog(state / f"example-effects-{hashlib.sha256(db.encode()).hexdigest()[:12]}.db")
+
+
+Effect = Callable[[Command], CommandResult]
 
 
 def _place(command: Command) -> CommandResult:
@@ -35,17 +192,122 @@ def _place(command: Command) -> CommandResult:
     return CommandResult(CommandStatus.SUCCEEDED, None, "order placed", {"placed": True})
 
 
-def handler() -> ScriptedHandler:
-    """A fresh example handler (it remembers the Commands it saw)."""
-    return ScriptedHandler(
-        {
-            "order.place": _place,
-            "order.ship": succeed(shipped=True),
-            "order.cancel": succeed(cancelled=True),
-            "payment.refund": unknown("the payment provider did not answer in time"),
-        },
-        settled={"payment.refund": succeed(refunded=True)},
+def _succeed(**outputs: object) -> Effect:
+    return lambda command: CommandResult(CommandStatus.SUCCEEDED, None, f"{command.operation} applied", outputs)
+
+
+EFFECTS: Mapping[str, Effect] = {
+    "order.place": _place,
+    "order.ship": _succeed(shipped=True),
+    "order.cancel": _succeed(cancelled=True),
+    "payment.refund": _succeed(refunded=True),
+}
+LOST_REPLIES = frozenset({"payment.refund"})
+"""Operations applied whose reply never reaches the worker: it sees UNKNOWN and must reconcile."""
+
+
+def _result_of(entry: Entry) -> CommandResult:
+    body = entry.result
+    rejection = body.get("rejection")
+    return CommandResult(
+        CommandStatus(body["status"]),
+        None if rejection is None else Rejection(rejection),
+        str(body.get("detail", "")),
+        dict(body.get("outputs", {})),
     )
+
+
+def _body(result: CommandResult) -> dict[str, Any]:
+    return {
+        "status": result.status.value,
+        "rejection": None if result.rejection is None else result.rejection.value,
+        "detail": result.detail,
+        "outputs": dict(result.outputs),
+    }
+
+
+class ExampleHandler:
+    """A CommandHandler over :data:`EFFECTS` and an :class:`EffectLog`, keeping the handler contract."""
+
+    def __init__(
+        self,
+        log: EffectLog | None = None,
+        effects: Mapping[str, Effect] = EFFECTS,
+        lost_replies: frozenset[str] = LOST_REPLIES,
+    ) -> None:
+        self.log: EffectLog = log if log is not None else MemoryEffectLog()
+        self.effects = effects
+        self.lost_replies = lost_replies
+        self.executed: list[Command] = []
+        self.reconciled: list[Command] = []
+
+    def execute(self, command: Command) -> CommandResult:
+        self.executed.append(command)
+        with self.log.atomically():
+            entry = self.log.get(command.command_id)
+            if entry is not None:
+                return self._repeat(entry)
+            highest = self.log.highest_fence(command.execution_id)
+            if command.fence < highest:
+                refusal = CommandResult(
+                    CommandStatus.REJECTED,
+                    Rejection.STALE_FENCE,
+                    f"issued under fence {command.fence}; fence {highest} already acts for {command.execution_id}",
+                )
+                self.log.put(self._entry(command, REFUSED_STALE, refusal))
+                return refusal
+            effect = self.effects.get(command.operation)
+            result = (
+                CommandResult(CommandStatus.REJECTED, Rejection.VALIDATION, f"no handler for {command.operation}")
+                if effect is None
+                else effect(command)
+            )
+            self.log.put(
+                self._entry(command, APPLIED if result.status == CommandStatus.SUCCEEDED else REJECTED, result)
+            )
+        if command.operation in self.lost_replies and result.status == CommandStatus.SUCCEEDED:
+            return CommandResult(CommandStatus.UNKNOWN, None, "the provider did not answer in time")
+        return result
+
+    def _repeat(self, entry: Entry) -> CommandResult:
+        if entry.status == NOT_APPLIED:
+            return CommandResult(
+                CommandStatus.REJECTED,
+                Rejection.REJECTED,
+                f"{entry.command_id} was settled as not applied by reconciliation; it is never applied",
+            )
+        # Applied, rejected or refused before: the same answer, and no second effect.
+        return _result_of(entry)
+
+    def reconcile(self, command: Command) -> CommandResult:
+        self.reconciled.append(command)
+        with self.log.atomically():
+            entry = self.log.get(command.command_id)
+            if entry is None:
+                # Recorded before answering: from now on the Command is
+                # refused, so "not applied" stays true (the answer is final).
+                answer = CommandResult(
+                    CommandStatus.REJECTED,
+                    Rejection.REJECTED,
+                    f"{command.command_id} never reached {command.operation}; recorded as not applied, and refused "
+                    "if it ever arrives",
+                )
+                self.log.put(self._entry(command, NOT_APPLIED, answer))
+                return answer
+        if entry.status == APPLIED:
+            return CommandResult(
+                CommandStatus.SUCCEEDED, None, f"{command.command_id} was applied", dict(entry.result.get("outputs", {}))
+            )
+        return _result_of(entry)
+
+    @staticmethod
+    def _entry(command: Command, status: str, result: CommandResult) -> Entry:
+        return Entry(command.command_id, command.execution_id, command.fence, command.operation, status, _body(result))
+
+
+def handler(log: EffectLog | None = None) -> ExampleHandler:
+    """A fresh example handler over ``log`` (a new in-memory log by default)."""
+    return ExampleHandler(log)
 
 
 def grants(business_id: str, *principals: str) -> GrantTable:

@@ -99,6 +99,10 @@ class _MemoryBackend(Backend):
             objects[item.object_id] = (execution_id, item)
         return objects
 
+    def execution_evidence(self, execution_id: str) -> list[Evidence]:
+        order = dict.fromkeys(item.object_id for item in self.rows.evidence.get(execution_id, ()))
+        return [self.rows.objects[object_id][1] for object_id in order]
+
     def load_evidence(self, object_id: str) -> Evidence | None:
         found = self.rows.objects.get(object_id)
         return None if found is None else found[1]

@@ -10,10 +10,14 @@ Seed 000 (000_b48b716f7ed7660f.txt: Purpose and Invariants; Security;
   and a denial fails closed.  A lease, a worker identity or an Event is
   never authority.
 - :class:`CommandHandler` is the sole mutation authority for a node's
-  consequential work.  It receives one stable Command envelope.  It must
-  report ``UNKNOWN`` whenever it cannot classify the result conclusively
-  (a timeout, a lost connection): the interpreter then never resends, and
-  ``reconcile`` later settles the Command by looking, not by repeating it.
+  consequential work.  It receives one stable Command envelope, carrying
+  its identity (``command_id``) and the fence of the lease it was issued
+  under.  It must report ``UNKNOWN`` whenever it cannot classify the result
+  conclusively (a timeout, a lost connection): the interpreter then never
+  resends, and ``reconcile`` later settles the Command by looking, not by
+  repeating it.  The contract a handler must keep is written out on
+  :class:`CommandHandler`; the store's fence stops a replaced worker's
+  writes, and only the handler can stop its effects.
 - The implementations here are small and explicit, for examples, the demo
   and tests: a grant table and a scripted handler.  Real deployments
   implement the two protocols against their own systems.
@@ -51,12 +55,31 @@ class AuthorityPolicy(Protocol):
 
 
 class CommandHandler(Protocol):
+    """The system that applies Commands, and the only one that can refuse a replaced worker's effect.
+
+    The contract (specs/interpreter.md, The handler contract):
+
+    - ``execute`` applies a Command at most once per ``command_id``: a
+      repeat of an applied Command returns its recorded result and applies
+      nothing.  It reports UNKNOWN whenever it cannot classify the result.
+    - It should refuse a Command whose ``fence`` is lower than the highest
+      fence it has seen for the same execution (``Rejection.STALE_FENCE``):
+      the Command comes from a worker whose lease was replaced.
+    - ``reconcile`` never applies anything.  It answers SUCCEEDED only if
+      the Command was applied, and "not applied" (REJECTED) only if it can
+      guarantee that the Command never will be: it must durably record the
+      ``command_id`` as settled-not-applied *before* answering, and refuse
+      it from then on, because a paused worker may still be about to send
+      it.  A "not applied" answer is final.  When it cannot guarantee
+      either, it answers UNKNOWN and nothing is recorded or resumed.
+    """
+
     def execute(self, command: Command) -> CommandResult:
-        """Apply ``command`` once.  Report UNKNOWN whenever the result cannot be classified conclusively."""
+        """Apply ``command`` at most once.  Report UNKNOWN whenever the result cannot be classified conclusively."""
         ...
 
     def reconcile(self, command: Command) -> CommandResult:
-        """Find out what became of an earlier ``command`` without applying it again."""
+        """Find out what became of an earlier ``command`` without applying it; "not applied" must be final."""
         ...
 
 

@@ -8,9 +8,11 @@ module:
   AuthorityPolicy about *that* principal before anything else; the answer
   goes to the kernel, which refuses without it.  Nothing a client sends
   chooses a Business, a principal or a state.
-- Each operation is one store transaction (reconcile is two, each one
-  complete on its own: the Command is settled first, then the execution
-  resumes or fails).  A refused operation writes nothing.
+- Each operation is one store transaction.  Settling a Command
+  (:func:`reconcile`) and resuming (:func:`resume`) are separate operations,
+  each separately authorized: the proof a resume needs is derived by the
+  kernel from what the store holds, never asserted here.  A refused
+  operation writes nothing.
 - Bad input raises :class:`OperationError` with a stable code and a message
   naming the field, before anything is written.
 """
@@ -23,13 +25,13 @@ from typing import Any
 
 import attrs
 
-from fencekeeper.kernel import approvals, attempts
+from fencekeeper.kernel import approvals, attempts, recovery
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import Definition, LocalCommandNode
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.evidence import Evidence
-from fencekeeper.kernel.machines import AttemptEvent, ExecutionState
+from fencekeeper.kernel.machines import AttemptEvent, AttemptState, ExecutionState
 
 from .ports import (
     APPROVAL_DECIDE,
@@ -41,7 +43,7 @@ from .ports import (
     AuthorityPolicy,
     CommandHandler,
 )
-from .store import PublishResult, StoreError, TransactionalStore
+from .store import ExecutionView, PublishResult, StoreError, TransactionalStore
 
 
 class OperationError(Exception):
@@ -274,11 +276,83 @@ def quarantine_expired(
 
 @attrs.frozen
 class Reconciled:
-    """What reconcile did: the Command's settled result and the recovery decision that followed."""
+    """What settling a Command did: the handler's answer and the recovery decision that recorded it."""
 
     command_id: str | None
     result: i.CommandResult | None
     outcome: p.Outcome
+
+
+@attrs.frozen
+class RecoveryView:
+    """What is known about an execution in a review state: what an operator sees before choosing.
+
+    Nothing here is a decision.  ``unresolved`` are Commands that must be
+    settled (:func:`reconcile`) before any resume; ``permitted`` are the
+    continuations the stored evidence allows a resume to name now.
+    """
+
+    execution: p.Execution
+    last_error_code: str | None
+    unresolved: tuple[i.Command, ...]
+    inert_attempts: tuple[str, ...]
+    permitted: tuple[str, ...]
+    definition_registered: bool
+
+
+def recovery_view(store: TransactionalStore, *, business_id: str, execution_id: str) -> RecoveryView:
+    """Read, never write: the facts a resume or a settlement would be decided on."""
+    view = _reviewable(store, business_id, execution_id)
+    execution = view.execution
+    evidence = view.evidence
+    inert = recovery.inert_attempts(evidence)
+    commands = [
+        i.Command.from_json(item.body)
+        for item in evidence
+        if item.kind == i.COMMAND and item.object_id in recovery.unresolved_commands(evidence)
+    ]
+    if execution.state == ExecutionState.SUSPENDED:
+        permitted: tuple[str, ...] = () if execution.current_node_id is None else (execution.current_node_id,)
+    else:
+        permitted = recovery.permitted_continuations(execution, evidence)
+    definition = store.load_definition(business_id, execution.definition_id, execution.definition_revision)
+    return RecoveryView(
+        execution,
+        view.dispatch.last_error_code,
+        tuple(commands),
+        tuple(item.object_id for item in inert),
+        permitted if not commands else (),
+        definition is not None,
+    )
+
+
+def _reviewable(store: TransactionalStore, business_id: str, execution_id: str) -> ExecutionView:
+    view = store.read(execution_id)
+    if view is None or view.execution.business_id != business_id:
+        raise OperationError("execution_not_found", f"execution_id: no execution {execution_id!r} in {business_id!r}")
+    if view.execution.state not in (ExecutionState.RECONCILIATION_REQUIRED, ExecutionState.SUSPENDED):
+        raise OperationError(
+            "not_in_review",
+            f"execution_id: {execution_id!r} is {view.execution.state.value}, "
+            "not reconciliation_required or suspended",
+        )
+    return view
+
+
+def _recovery_request(
+    view: ExecutionView, kind: p.RecoveryKind, principal_id: str, authority: p.Authority, **extra: Any
+) -> p.RecoveryRequest:
+    execution = view.execution
+    return p.RecoveryRequest(
+        command_id=f"r-{execution.execution_id}-{kind.value}-r{execution.revision}",
+        kind=kind,
+        execution_id=execution.execution_id,
+        business_id=execution.business_id,
+        expected_revision=execution.revision,
+        actor_id=principal_id,
+        authority=authority,
+        **extra,
+    )
 
 
 def reconcile(
@@ -289,84 +363,114 @@ def reconcile(
     business_id: str,
     principal_id: str,
     execution_id: str,
-    fail: bool = False,
 ) -> Reconciled:
-    """Settle an execution in reconciliation_required, by evidence, never by replay.
+    """Settle an execution's unresolved Command by asking what became of it, never by resending it.
 
-    With an unsettled Command: ask the handler what became of it
-    (``reconcile``, never ``execute``).  A conclusive answer is recorded
-    against the Command and its attempt, then the execution resumes at the
-    continuation that answer selects (success: ``next``; rejection:
-    ``on_failure``).  An answer that is still unknown changes nothing.
-    Without a Command (an interrupted visit that issued none), or with
-    ``fail``, the governed decision is ``fail`` or a safe resume at the
-    current node.
+    Seed 000, Governed reconciliation decisions, reconcile_command: the
+    handler's ``reconcile`` (never ``execute``) is asked; a conclusive answer
+    is recorded against the Command and its attempt.  The execution stays in
+    reconciliation_required: resuming it is a separate, separately authorized
+    decision (:func:`resume`).  An answer that is still unknown records
+    nothing and is returned as a ``no_unresolved_command`` refusal.
     """
-    view = store.read(execution_id)
-    if view is None or view.execution.business_id != business_id:
-        raise OperationError("execution_not_found", f"execution_id: no execution {execution_id!r} in {business_id!r}")
+    view = _reviewable(store, business_id, execution_id)
     execution = view.execution
-    if execution.state != ExecutionState.RECONCILIATION_REQUIRED:
-        raise OperationError(
-            "not_in_reconciliation", f"execution_id: {execution_id!r} is {execution.state.value}, not reconciliation_required"
-        )
     authority = policy.check(principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
-
-    def recovery(kind: p.RecoveryKind, revision: int, **extra: Any) -> p.RecoveryRequest:
-        return p.RecoveryRequest(
-            command_id=f"r-{execution_id}-{kind.value}-r{revision}",
-            kind=kind,
-            execution_id=execution_id,
-            business_id=business_id,
-            expected_revision=revision,
-            actor_id=principal_id,
-            authority=authority,
-            **extra,
+    unresolved = recovery.unresolved_commands(view.evidence)
+    if not unresolved:
+        raise OperationError(
+            "no_unresolved_command", f"execution_id: {execution_id!r} has no unresolved Command to reconcile"
         )
-
-    if fail:
-        return Reconciled(None, None, store.recover(recovery(p.RecoveryKind.FAIL, execution.revision)))
-    attempt = _unsettled_attempt(view.evidence)
-    command_item = None if attempt is None else _find(view.evidence, f"{attempt.object_id}/command")
-    if attempt is None or command_item is None:
-        proof = p.SafeResumeEvidence(True, True, True, "no Command was issued by the interrupted visit")
-        return Reconciled(None, None, store.recover(recovery(p.RecoveryKind.RESUME_SAFE, execution.revision, safe_resume=proof)))
+    command_item = _find(view.evidence, unresolved[-1])
+    assert command_item is not None
     command = i.Command.from_json(command_item.body)
-    result = handler.reconcile(command)
+    attempt = _find(view.evidence, command.attempt_id)
     definition = store.load_definition(business_id, execution.definition_id, execution.definition_revision)
-    node = None if definition is None else definition.node(str(attempt.body["node_id"]))
-    if not isinstance(node, LocalCommandNode):
+    node = None if definition is None or attempt is None else definition.node(str(attempt.body["node_id"]))
+    if attempt is None or not isinstance(node, LocalCommandNode):
         raise OperationError(
             "definition_not_found",
-            f"the node of {attempt.object_id} is not a local_command of the pinned definition",
+            f"the node of Command {command.command_id} is not a local_command of the pinned definition",
         )
+    result = handler.reconcile(command)
+    if attempt.state == AttemptState.RUNNING.value:
+        # An attempt left running by an earlier version's path: make it the
+        # explicit review item quarantine would have made it.
+        attempt = attempts.advance(attempt, AttemptEvent.QUARANTINE_EXPIRED, quarantined_by=principal_id)
     settled = i.reconcile_command(node, attempt, command_item, result, principal_id)
     if settled is None:
         still = p.Refusal(
             p.RefusalCode.NO_UNRESOLVED_COMMAND, f"Command {command.command_id} is still unknown: {result.detail}"
         )
         return Reconciled(command.command_id, result, still)
-    linked = store.recover(
-        recovery(
-            p.RecoveryKind.RECONCILE_COMMAND,
-            execution.revision,
-            command_to_reconcile=command.command_id,
-            command_unresolved=True,
+    outcome = store.recover(
+        _recovery_request(
+            view, p.RecoveryKind.RECONCILE_COMMAND, principal_id, authority, command_to_reconcile=command.command_id
         ),
         settled.evidence,
     )
-    if not isinstance(linked, p.Decision) or linked.execution is None:
-        return Reconciled(command.command_id, result, linked)
-    proof = p.SafeResumeEvidence(True, True, True, f"Command {command.command_id} settled by reconciliation")
-    resumed = store.recover(
-        recovery(
-            p.RecoveryKind.RESUME_SAFE,
-            linked.execution.revision,
-            safe_resume=proof,
-            next_node_id=settled.next_node_id,
-        )
+    return Reconciled(command.command_id, result, outcome)
+
+
+def resume(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    *,
+    business_id: str,
+    principal_id: str,
+    execution_id: str,
+    at_node: str | None,
+    rationale: str,
+    input: Mapping[str, Any] | None = None,
+) -> p.Outcome:
+    """The governed continuation out of a review state: an explicit, authorized operator decision.
+
+    From reconciliation_required this is resume_safe: the kernel derives the
+    safe-resume proof from the stored evidence (every Command settled, the
+    pinned definition registered, ``at_node`` a continuation the evidence
+    permits) and records it with ``rationale`` as the idempotency contract.
+    From suspended it is resume_suspended: re-enter the node the visit
+    stopped at, after a fix; ``input`` may correct the execution's input,
+    recorded as a new revision of it (the original stays in history).
+    """
+    view = _reviewable(store, business_id, execution_id)
+    execution = view.execution
+    authority = policy.check(principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
+    suspended = execution.state == ExecutionState.SUSPENDED
+    evidence: list[Evidence] = []
+    if input is not None:
+        if not suspended:
+            raise OperationError("invalid_input", "input: only a suspended execution's input may be corrected")
+        definition = store.load_definition(business_id, execution.definition_id, execution.definition_revision)
+        stored = _find(view.evidence, f"{execution_id}/input")
+        if definition is None or stored is None:
+            raise OperationError("definition_not_found", f"execution_id: {execution_id!r} has no pinned definition")
+        try:
+            corrected = i.input_evidence(execution_id, definition, str(stored.body["principal_id"]), input)
+        except i.InputError as exc:
+            raise OperationError(exc.code, str(exc)) from None
+        evidence.append(stored.next("corrected", {"input": corrected.body["input"], "corrected_by": principal_id}))
+    kind = p.RecoveryKind.RESUME_SUSPENDED if suspended else p.RecoveryKind.RESUME_SAFE
+    return store.recover(
+        _recovery_request(view, kind, principal_id, authority, next_node_id=at_node, rationale=rationale), evidence
     )
-    return Reconciled(command.command_id, result, resumed)
+
+
+def fail(
+    store: TransactionalStore,
+    policy: AuthorityPolicy,
+    *,
+    business_id: str,
+    principal_id: str,
+    execution_id: str,
+    rationale: str = "",
+) -> p.Outcome:
+    """End an execution in a review state as failed: an explicit terminal recovery Outcome, nothing replayed."""
+    view = _reviewable(store, business_id, execution_id)
+    authority = policy.check(
+        principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, view.execution.revision),)
+    )
+    return store.recover(_recovery_request(view, p.RecoveryKind.FAIL, principal_id, authority, rationale=rationale))
 
 
 def _find(evidence: tuple[Evidence, ...], object_id: str) -> Evidence | None:
@@ -384,13 +488,17 @@ def _unsettled_attempt(evidence: tuple[Evidence, ...]) -> Evidence | None:
 __all__ = [
     "OperationError",
     "Reconciled",
+    "RecoveryView",
     "Sweep",
     "approval_request",
     "cancel",
     "decide",
+    "fail",
     "publish",
     "quarantine_expired",
     "reconcile",
+    "recovery_view",
     "register",
+    "resume",
     "run",
 ]

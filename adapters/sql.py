@@ -493,6 +493,14 @@ class SqlBackend(Backend):
 
     # --- evidence, definitions, events, timers ------------------------------------
 
+    def execution_evidence(self, execution_id: str) -> list[Evidence]:
+        rows = self._execute(
+            "SELECT o.object_id, o.object_type, v.body, o.revision, o.state FROM objects o JOIN object_revisions v "
+            "ON v.object_id = o.object_id AND v.revision = o.revision WHERE o.parent_id = ? ORDER BY o.{seq}",
+            (execution_id,),
+        ).fetchall()
+        return [Evidence(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in rows]
+
     def load_evidence(self, object_id: str) -> Evidence | None:
         row = self._execute(
             "SELECT o.object_type, o.revision, o.state, v.body FROM objects o JOIN object_revisions v "

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from fencekeeper.kernel import approvals, attempts
+from fencekeeper.kernel import approvals, attempts, recovery
 from fencekeeper.kernel import definition as d
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.events import Event, matches, projection
@@ -168,7 +168,7 @@ class Store(Protocol):
 
     def cancel(self, request: p.CancelRequest) -> p.Outcome: ...
 
-    def recover(self, request: p.RecoveryRequest) -> p.Outcome:
+    def recover(self, request: p.RecoveryRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
         """quarantine_expired, fail, resume_safe and reconcile_command."""
         ...
 
@@ -279,6 +279,10 @@ class Backend(abc.ABC):
         """Evidence of ``execution_id`` that no row change accompanies; False if a revision check fails."""
 
     @abc.abstractmethod
+    def execution_evidence(self, execution_id: str) -> list[Evidence]:
+        """The current revision of every evidence object of an execution, in creation order."""
+
+    @abc.abstractmethod
     def load_evidence(self, object_id: str) -> Evidence | None:
         """The current revision of an evidence object."""
 
@@ -307,6 +311,20 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def due_registrations(self, now: datetime, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
         """Unwoken registrations whose one-time UTC wake is due, earliest first, of ``business_id`` if given."""
+
+
+_NEEDS_FACTS = frozenset(
+    {p.RecoveryKind.RECONCILE_COMMAND, p.RecoveryKind.RESUME_SAFE, p.RecoveryKind.RESUME_SUSPENDED}
+)
+
+
+def _pinned_definition(tx: Backend, execution: p.Execution) -> d.Definition | None:
+    """The execution's pinned definition revision as the store holds it now, or None."""
+    object_id = definition_object_id(execution.business_id, execution.definition_id)
+    for business_id, revision, body in tx.definition_revisions(object_id):
+        if business_id == execution.business_id and revision == execution.definition_revision:
+            return d.from_json(body, strict=False, source=f"{execution.definition_id} revision {revision}")
+    return None
 
 
 class _GuardFailed(Exception):
@@ -390,7 +408,9 @@ class TransactionalStore(abc.ABC):
                     outcome = decide(tx, now)
                     if isinstance(outcome, _Written):
                         return outcome.outcome  # type: ignore[no-any-return]
-                    if isinstance(outcome, p.Decision) and not tx.write(outcome, evidence, now):
+                    if isinstance(outcome, p.Decision) and not tx.write(
+                        outcome, (*evidence, *outcome.objects) if outcome.objects else evidence, now
+                    ):
                         raise _GuardFailed
                     return outcome
             except _GuardFailed:
@@ -510,9 +530,18 @@ class TransactionalStore(abc.ABC):
         )
 
     def recover(self, request: p.RecoveryRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
+        """A governed recovery decision, on facts read in its own transaction (seed 000, workflow_reconcile)."""
+
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.execution_id)
-            return p.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now)
+            facts = None
+            if execution is not None and request.kind in _NEEDS_FACTS:
+                facts = recovery.RecoveryFacts(
+                    tuple(tx.execution_evidence(execution.execution_id)),
+                    _pinned_definition(tx, execution),
+                    tuple(evidence),
+                )
+            return recovery.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now, facts=facts)
 
         return self._one(decide, evidence, lock=request.execution_id)
 
@@ -530,7 +559,7 @@ class TransactionalStore(abc.ABC):
 
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.execution_id)
-            return p.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now)
+            return recovery.recover(execution, dispatch, tx.load_recovery(request.command_id), request, now)
 
         outcome = self._run(decide, evidence, request.execution_id, wait=SWEEP_LOCK_WAIT)
         assert outcome is not None

@@ -201,7 +201,17 @@ class Finish:
 
 @attrs.frozen
 class Command:
-    """One stable Command envelope (seed 000, local_command); ``command_id`` is its identity."""
+    """One stable Command envelope (seed 000, local_command); ``command_id`` is its identity.
+
+    ``fence`` is the fence of the lease the Command was issued under.  It is
+    how the fence reaches the effect: the store refuses a replaced worker's
+    *writes*, but only the system that applies the Command can refuse its
+    *effect*.  A handler that remembers the highest fence it has seen for an
+    execution refuses a lower one (``Rejection.STALE_FENCE``), so a worker
+    paused past its lease cannot apply work its replacement now owns.  The
+    lease token is not passed: it is a coordination credential, and a fence
+    (a number that only grows) is what a remote system can compare.
+    """
 
     command_id: str
     execution_id: str
@@ -211,6 +221,7 @@ class Command:
     operation: str
     targets: tuple[tuple[str, int], ...]
     payload: Mapping[str, Scalar] = attrs.field(eq=False, hash=False)
+    fence: int = 0
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Command:
@@ -223,6 +234,8 @@ class Command:
             operation=body["operation"],
             targets=tuple((str(t), int(r)) for t, r in body["targets"]),
             payload=dict(body["payload"]),
+            # Commands recorded before the fence was carried have none.
+            fence=int(body.get("fence", 0)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -235,6 +248,7 @@ class Command:
             "operation": self.operation,
             "targets": [list(t) for t in self.targets],
             "payload": dict(self.payload),
+            "fence": self.fence,
         }
 
 
@@ -265,6 +279,8 @@ class Rejection(enum.Enum):
     AUTHORIZATION = "authorization"
     STALE_VERSION = "stale_version"
     REJECTED = "rejected"
+    STALE_FENCE = "stale_fence"
+    """The handler refused a Command issued under a fence older than one it has already seen: not applied."""
 
 
 @attrs.frozen
@@ -363,7 +379,7 @@ def plan_visit(
         case RequestApprovalNode():
             return _request_approval(node, ctx, attempt, now, node_authority)
         case LocalCommandNode():
-            return _local_command(node, ctx, attempt, node_authority)
+            return _local_command(node, ctx, attempt, node_authority, fence)
         case EndNode():
             return _end(node, attempt)
         case _:
@@ -558,7 +574,7 @@ def _request_approval(
 
 
 def _local_command(
-    node: LocalCommandNode, ctx: Context, attempt: Evidence, authority: Authority | None
+    node: LocalCommandNode, ctx: Context, attempt: Evidence, authority: Authority | None, fence: int
 ) -> Plan:
     if ctx.unsettled:
         # An earlier visit issued a Command whose result was never recorded:
@@ -591,6 +607,7 @@ def _local_command(
         operation=node.operation,
         targets=tuple(targets),
         payload=values,
+        fence=fence,
     )
     running = attempts.advance(attempt, AttemptEvent.START, command_id=command.command_id)
     issued = Evidence(command.command_id, COMMAND, command.to_json(), 1, "issued")
@@ -653,18 +670,20 @@ def reconcile_command(
     if result.status == CommandStatus.UNKNOWN:
         return None
     applied = result.status == CommandStatus.SUCCEEDED
+    continuation = node.next if applied else node.on_failure
     settled_attempt = attempts.advance(
         attempt,
         AttemptEvent.RECONCILE_APPLIED if applied else AttemptEvent.RECONCILE_NOT_APPLIED,
         outputs=dict(result.outputs),
         detail=result.detail,
         reconciled_by=principal_id,
+        next_node_id=continuation,
     )
     settled_command = command.next(
         result.status.value,
         {"status": result.status.value, "detail": result.detail, "outputs": dict(result.outputs), "reconciled": True},
     )
-    return Reconciliation((settled_attempt, settled_command), node.next if applied else node.on_failure)
+    return Reconciliation((settled_attempt, settled_command), continuation)
 
 
 def _end(node: EndNode, attempt: Evidence) -> Finish:

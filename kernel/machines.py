@@ -187,6 +187,7 @@ class ExecutionEvent(TableEnum):
     QUARANTINE_EXPIRED = "quarantine_expired"
     FAIL = "fail"
     RESUME_SAFE = "resume_safe"
+    RESUME_SUSPENDED = "resume_suspended"
 
 
 # The rows of seed 000's lifecycle table, in the table's order, then the
@@ -194,7 +195,7 @@ class ExecutionEvent(TableEnum):
 # mirrors these rows exactly (seed 000, Dispatch Lifecycle), so both machines
 # are built from this one list and cannot drift apart.
 _ROW = "WorkflowExecution Lifecycle row "
-_LIFECYCLE: tuple[tuple[str, str, str, str], ...] = (
+_LIFECYCLE: tuple[tuple[str, ...], ...] = (
     ("claim", "eligible", "running",
      _ROW + "'eligible | running': Atomic claim assigns fresh lease token, technical worker identity and expiry"),
     ("cancel", "eligible", "cancelled",
@@ -234,6 +235,25 @@ _LIFECYCLE: tuple[tuple[str, str, str, str], ...] = (
     ("resume_safe", "reconciliation_required", "eligible",
      "Governed reconciliation decisions row 'resume_safe | reconciliation_required only after the "
      "safe-resume proof': transitions execution/dispatch to eligible; a later claim receives a fresh lease"),
+    # Seed 000 leaves suspended without a way out in its current
+    # implementation and names the shape of one: 'A suspended execution ...
+    # requires an explicitly defined future governed continuation', added
+    # 'only after current dependencies and evidence are rechecked'.  These two
+    # rows define it, so that no execution is stuck without a governed exit
+    # (specs/protocol.md, Leaving suspended).
+    ("fail", "suspended", "failed",
+     _ROW + "'suspended | none in the current implementation': 'A future governed recovery operation may add an "
+     "explicit continuation'; Governed reconciliation decisions row 'fail': 'Records an explicit terminal "
+     "recovery Outcome and transitions execution/dispatch to failed'",
+     "Without it one mistyped input leaves an execution that can never finish.  An authorized operator may end "
+     "it explicitly, under fresh authority and the expected revision, as fail ends reconciliation_required; "
+     "no work is replayed."),
+    ("resume_suspended", "suspended", "eligible",
+     _ROW + "'suspended | none in the current implementation': 'A future governed recovery operation may add an "
+     "explicit continuation only after current dependencies and evidence are rechecked'",
+     "The governed continuation the seed anticipates: an authorized operator, after fixing what suspended it "
+     "(a grant, a missing definition revision, an input), re-enters the node the visit stopped at as a new "
+     "attempt.  The recovery decision rechecks the pinned definition and that no Command is unresolved."),
 )
 
 EXECUTION_SPEC = build_machine_spec(
@@ -244,7 +264,7 @@ EXECUTION_SPEC = build_machine_spec(
         initial=("eligible",),
         terminal=("succeeded", "failed", "cancelled"),
         review=("suspended", "reconciliation_required"),
-        transitions=tuple(_t(e, s, t, c) for e, s, t, c in _LIFECYCLE),
+        transitions=tuple(_t(*row) for row in _LIFECYCLE),
     ),
     "machine 'execution'",
 )
@@ -289,8 +309,9 @@ DISPATCH_SPEC = build_machine_spec(
                 _DISPATCH_OF.get(t, t),
                 "Dispatch Lifecycle: 'Allowed dispatch transitions mirror the execution transitions' "
                 f"(running is claimed); mirrors {c}",
+                *rationale,
             )
-            for e, s, t, c in _LIFECYCLE
+            for e, s, t, c, *rationale in _LIFECYCLE
         ),
     ),
     "machine 'dispatch'",

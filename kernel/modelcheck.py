@@ -39,6 +39,9 @@ from typing import Any
 import attrs
 
 from . import protocol as p
+from . import recovery
+from .definition import Definition, parse_definition
+from .evidence import Evidence
 from .machines import (
     EXECUTION,
     DispatchState,
@@ -74,6 +77,7 @@ class Invariant(enum.Enum):
     REVIEW_GOVERNED = "INV-REVIEW-GOVERNED"
     RECOVERY_IDEMPOTENT = "INV-RECOVERY-IDEMPOTENT"
     SAFE_RESUME_PROVEN = "INV-SAFE-RESUME-PROVEN"
+    GOVERNED_EXIT = "INV-GOVERNED-EXIT"
     TABLES = "INV-TABLES"
 
 
@@ -88,7 +92,7 @@ class Protocol:
     finalize: Callable[..., p.Outcome] = p.finalize
     wake: Callable[..., p.Outcome] = p.wake
     cancel: Callable[..., p.Outcome] = p.cancel
-    recover: Callable[..., p.Outcome] = p.recover
+    recover: Callable[..., p.Outcome] = recovery.recover
     apply_guard: bool = True
 
 
@@ -188,8 +192,9 @@ class _Action:
     execution: int
     outcome: p.Outcome
     defer: bool = False
-    proof: p.SafeResumeEvidence | None = None
-    """The safe-resume evidence a recovery request carried, for INV-SAFE-RESUME-PROVEN."""
+    facts: recovery.RecoveryFacts | None = None
+    """The store's facts a recovery was decided on, for INV-SAFE-RESUME-PROVEN."""
+    request: p.RecoveryRequest | None = None
 
 
 def worker_id(index: int) -> str:
@@ -469,46 +474,62 @@ def _external_actions(world: World, proto: Protocol, e: int) -> Iterator[_Action
             ),
             defer=defer,
         )
-    proof_ok = p.SafeResumeEvidence(True, True, True, "idempotent by command identity")
-    proof_missing = p.SafeResumeEvidence(True, True, False, "")
-    for command in (f"r1.{eid}", f"r2.{eid}"):
-        for kind, proof, label in (
-            (p.RecoveryKind.QUARANTINE_EXPIRED, None, "quarantine"),
-            (p.RecoveryKind.FAIL, None, "fail"),
-            (p.RecoveryKind.RESUME_SAFE, proof_ok, "resume_safe"),
-            (p.RecoveryKind.RESUME_SAFE, proof_missing, "resume_safe without proof"),
-            (p.RecoveryKind.RECONCILE_COMMAND, None, "reconcile_command"),
-        ):
+    execution = world.executions[e]
+    # A fresh command identity per revision, and an old one reused (a conflict
+    # or an idempotent repeat): the governor can always decide something new.
+    fresh = f"r{execution.revision}.{eid}"
+    settled = any(r.kind == p.RecoveryKind.RECONCILE_COMMAND for r in world.recoveries if r.execution_id == eid)
+    # What the store holds: an execution that entered reconciliation_required
+    # has an unknown Command until a reconcile_command settles it.
+    held = (
+        _FACTS_UNRESOLVED
+        if execution.state == ExecutionState.RECONCILIATION_REQUIRED and not settled
+        else _FACTS_SETTLED
+    )
+    for command in dict.fromkeys((fresh, f"r1.{eid}")):
+        for kind, variant, label, node in _RECOVERY_CHOICES if command == fresh else _RECOVERY_CHOICES[:3]:
+            facts = held if variant is None else variant
+            if variant is _FACTS_SETTLING and held is not _FACTS_UNRESOLVED:
+                # A settlement of a Command the store already holds as settled.
+                facts = attrs.evolve(held, submitted=_SETTLEMENT)
+            governed = p.RecoveryRequest(
+                command,
+                kind,
+                eid,
+                "b-1",
+                execution.revision,
+                GOVERNOR,
+                _GRANTED,
+                command_to_reconcile="cmd-1" if kind == p.RecoveryKind.RECONCILE_COMMAND else None,
+                next_node_id=node,
+                rationale="" if label.endswith("without a reason") else "idempotent by command identity",
+            )
             yield _Action(
                 f"ops {label} {eid} by {command}",
                 GOVERNOR,
                 None,
                 "recover",
                 e,
-                proto.recover(
-                    world.executions[e],
-                    world.dispatches[e],
-                    _prior(world, command),
-                    p.RecoveryRequest(
-                        command,
-                        kind,
-                        eid,
-                        "b-1",
-                        world.executions[e].revision,
-                        GOVERNOR,
-                        _GRANTED,
-                        safe_resume=proof,
-                        command_to_reconcile="cmd-1",
-                        command_unresolved=True,
-                    ),
-                    world.now,
-                ),
-                proof=proof,
+                proto.recover(execution, world.dispatches[e], _prior(world, command), governed, world.now, facts=facts),
+                facts=facts,
+                request=governed,
             )
     for record in world.recoveries:
         if record.execution_id != eid:
             continue
         # The identical command again, as a retrying client would send it.
+        governed = p.RecoveryRequest(
+            record.command_id,
+            record.kind,
+            eid,
+            "b-1",
+            record.expected_revision,
+            GOVERNOR,
+            _GRANTED,
+            command_to_reconcile="cmd-1" if record.kind == p.RecoveryKind.RECONCILE_COMMAND else None,
+            next_node_id=None if record.proof is None else record.proof.continuation,
+            rationale="idempotent by command identity",
+        )
         yield _Action(
             f"ops repeats {record.command_id} ({record.kind.value})",
             GOVERNOR,
@@ -516,25 +537,72 @@ def _external_actions(world: World, proto: Protocol, e: int) -> Iterator[_Action
             "recover",
             e,
             proto.recover(
-                world.executions[e],
-                world.dispatches[e],
-                _prior(world, record.command_id),
-                p.RecoveryRequest(
-                    record.command_id,
-                    record.kind,
-                    eid,
-                    "b-1",
-                    record.expected_revision,
-                    GOVERNOR,
-                    _GRANTED,
-                    safe_resume=proof_ok,
-                    command_to_reconcile="cmd-1",
-                    command_unresolved=True,
-                ),
-                world.now,
+                execution, world.dispatches[e], _prior(world, record.command_id), governed, world.now, facts=held
             ),
-            proof=proof_ok,
+            facts=held,
+            request=governed,
         )
+
+
+# The store's facts a recovery may be decided on, in the shapes that matter:
+# everything settled; a Command still unknown (with and without a submitted
+# settlement); the pinned definition missing.  The model's executions all
+# pin d-1 revision 1 and sit at node "start".
+_MODEL_DEFINITION: Definition = parse_definition(
+    'id = "d-1"\nrevision = 1\nstart = "start"\n'
+    '[[nodes]]\nid = "start"\nkind = "end"\nrevision = 1\noutcome = "succeeded"\n',
+    source="the model's definition",
+)
+_UNKNOWN_COMMAND = Evidence("cmd-1", recovery.COMMAND_KIND, {"attempt_id": "a-1"}, 2, "unknown")
+_QUARANTINED_ATTEMPT = Evidence(
+    "a-1", "StepAttempt", {"node_id": "start", "node_kind": "local_command", "command_id": "cmd-1"}, 3,
+    "reconciliation_required",
+)
+_SETTLEMENT = (
+    Evidence("cmd-1", recovery.COMMAND_KIND, {"attempt_id": "a-1"}, 3, "rejected"),
+    Evidence("a-1", "StepAttempt", {"node_id": "start", "node_kind": "local_command", "next_node_id": "start"}, 4,
+             "failed"),
+)
+_FACTS_UNRESOLVED = recovery.RecoveryFacts((_QUARANTINED_ATTEMPT, _UNKNOWN_COMMAND), _MODEL_DEFINITION, ())
+_FACTS_SETTLED = recovery.RecoveryFacts(_SETTLEMENT, _MODEL_DEFINITION, ())
+_FACTS_SETTLING = recovery.RecoveryFacts((_QUARANTINED_ATTEMPT, _UNKNOWN_COMMAND), _MODEL_DEFINITION, _SETTLEMENT)
+_FACTS_NO_DEFINITION = recovery.RecoveryFacts(_SETTLEMENT, None, ())
+_RECOVERY_CHOICES: tuple[tuple[p.RecoveryKind, recovery.RecoveryFacts | None, str, str | None], ...] = (
+    # None: the facts the store holds now.  The rest are deliberate
+    # mismatches the kernel must refuse, whatever the world looks like.
+    (p.RecoveryKind.QUARANTINE_EXPIRED, None, "quarantine", None),
+    (p.RecoveryKind.FAIL, None, "fail", None),
+    (p.RecoveryKind.RESUME_SAFE, None, "resume_safe", "start"),
+    (p.RecoveryKind.RESUME_SAFE, None, "resume_safe without a reason", "start"),
+    (p.RecoveryKind.RESUME_SAFE, None, "resume_safe at an unpermitted node", "elsewhere"),
+    (p.RecoveryKind.RESUME_SAFE, _FACTS_UNRESOLVED, "resume_safe over an unknown Command", "start"),
+    (p.RecoveryKind.RESUME_SAFE, _FACTS_NO_DEFINITION, "resume_safe without its definition", "start"),
+    (p.RecoveryKind.RECONCILE_COMMAND, _FACTS_SETTLING, "reconcile_command", None),
+    (p.RecoveryKind.RECONCILE_COMMAND, None, "reconcile_command without a settlement", None),
+    (p.RecoveryKind.RESUME_SUSPENDED, None, "resume_suspended", "start"),
+    (p.RecoveryKind.RESUME_SUSPENDED, _FACTS_UNRESOLVED, "resume_suspended over an unknown Command", "start"),
+)
+
+
+def _proof_holds(facts: recovery.RecoveryFacts | None, request: p.RecoveryRequest | None) -> bool:
+    """The safe-resume proof, checked independently of the kernel's derivation, on the model's facts."""
+    if facts is None or request is None or not request.rationale.strip():
+        return False
+    unsettled = [
+        item for item in facts.evidence
+        if (item.kind == recovery.COMMAND_KIND and item.state in ("issued", "unknown"))
+        or (item.kind == "StepAttempt" and item.state not in ("completed", "failed"))
+    ]
+    definition = facts.definition
+    # In the model no attempt settles at "start", so the evidence permits
+    # re-entering it and nothing else.
+    return (
+        not unsettled
+        and definition is not None
+        and (definition.definition_id, definition.revision) == ("d-1", 1)
+        and request.next_node_id == "start"
+        and definition.node("start") is not None
+    )
 
 
 # --- applying decisions ----------------------------------------------------------
@@ -681,13 +749,8 @@ def check_write(
                     f"{eid}: quarantine by {action.actor} of a lease held by {old_d.leased_by} "
                     f"expiring {_tick(old_d.lease_expires_at)} at {_tick(before.now)}"
                 )
-        proof = action.proof
-        if record.kind == p.RecoveryKind.RESUME_SAFE and not (
-            proof is not None
-            and proof.no_unresolved_command
-            and proof.dependencies_current
-            and proof.continuation_approved
-            and proof.idempotency_contract
+        if record.kind in (p.RecoveryKind.RESUME_SAFE, p.RecoveryKind.RESUME_SUSPENDED) and not _proof_holds(
+            action.facts, action.request
         ):
             return Invariant.SAFE_RESUME_PROVEN, f"{eid}: resumed without the safe-resume proof ({action.label})"
     if old.state in _TERMINAL and (old != new or old_d != after.dispatches[e]):
@@ -774,6 +837,29 @@ def moves(
     return found, decided
 
 
+def without_exit(world: World, bounds: Bounds, successors: list[Move]) -> tuple[Invariant, str] | None:
+    """INV-GOVERNED-EXIT: every execution that is not terminal can be moved on from here.
+
+    A running execution may also wait for its lease to expire; every other
+    state needs a decision some actor may take now (a claim or cancel, a
+    wake, a governed recovery).  A world whose in-flight decision must commit
+    next is skipped: only that commit may move there.
+    """
+    if world.inflight is not None and world.inflight.age >= bounds.race_window:
+        return None
+    ticks = any(m.world.tick != world.tick for m in successors)
+    for e, execution in enumerate(world.executions):
+        if execution.state in _TERMINAL:
+            continue
+        if execution.state == ExecutionState.RUNNING and ticks:
+            continue
+        if not any(m.world.executions[e].state != execution.state for m in successors):
+            return Invariant.GOVERNED_EXIT, (
+                f"{execution.execution_id}: {execution.state.value} at tick {world.tick} and no decision moves it on"
+            )
+    return None
+
+
 def explore(
     bounds: Bounds = Bounds(),
     proto: Protocol = Protocol(),
@@ -813,6 +899,9 @@ def explore(
             continue
         successors, decided = moves(world, bounds, proto, cache)
         transitions += decided
+        stuck = without_exit(world, bounds, successors)
+        if stuck is not None:
+            return violated(world, stuck, None, depth)
         for move in successors:
             if move.broken is not None:
                 return violated(world, move.broken, move.label, depth + 1)

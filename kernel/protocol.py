@@ -57,6 +57,7 @@ from typing import Final
 
 import attrs
 
+from .evidence import Evidence
 from .machines import (
     DISPATCH,
     EXECUTION,
@@ -125,6 +126,7 @@ class RefusalCode(enum.Enum):
     NOT_IN_RECONCILIATION = "not_in_reconciliation"
     UNSAFE_RESUME = "unsafe_resume"
     NO_UNRESOLVED_COMMAND = "no_unresolved_command"
+    NOT_SUSPENDED = "not_suspended"
     RECOVERY_CONFLICT = "recovery_conflict"
     # Approvals (seed 000: request_approval).
     APPROVAL_NOT_FOUND = "approval_not_found"
@@ -300,6 +302,7 @@ class RecoveryKind(enum.Enum):
     FAIL = "fail"
     RESUME_SAFE = "resume_safe"
     RECONCILE_COMMAND = "reconcile_command"
+    RESUME_SUSPENDED = "resume_suspended"
 
 
 @attrs.frozen(cache_hash=True)
@@ -315,21 +318,37 @@ class RecoveryRecord:
     expected_revision: int
     resulting_revision: int
     resulting_state: ExecutionState
+    proof: SafeResumeEvidence | None = None
+    """For a resume: the proof the kernel established, recorded with the decision."""
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class SafeResumeEvidence:
-    """The safe-resume proof of seed 000 (Safe-resume proof).
+    """The safe-resume proof of seed 000 (Safe-resume proof), as the kernel established it.
 
-    Each field is a fact the recovery evidence establishes; all must hold.
-    ``current_node_id`` and ``step_count`` are deliberately absent: the seed
-    says they 'are not proof of safety by themselves'.
+    It is never taken from a caller: ``kernel.recovery`` derives each fact
+    from the evidence the store holds (``RecoveryFacts``) and from the
+    operator's explicit, authorized choice, and refuses the resume when one
+    does not hold.  The record is kept with the recovery decision so that an
+    auditor can see what the resume rested on.  ``current_node_id`` and
+    ``step_count`` are deliberately absent: the seed says they 'are not proof
+    of safety by themselves'.
     """
 
     no_unresolved_command: bool
+    """No Command of the execution is issued or unknown, and no step attempt is left unexplained."""
     dependencies_current: bool
+    """The pinned definition revision is registered and holds the continuation node."""
     continuation_approved: bool
+    """An authorized operator chose this continuation explicitly, and the evidence permits it."""
     idempotency_contract: str
+    """The operator's recorded reason why entering the continuation is safe."""
+    continuation: str = ""
+    """The node the execution resumes at."""
+    approved_by: str = ""
+    """The principal whose explicit, authorized decision this was."""
+    basis: tuple[str, ...] = ()
+    """The evidence each fact rests on, one line each, for inspection."""
 
 
 # --- results ------------------------------------------------------------------
@@ -432,6 +451,9 @@ class Decision:
     """Set by a claim: the credential the claiming worker must present from now on."""
     closes: WaitClosure | None = None
     """The wait registration this decision closes: its execution leaves waiting other than by a wake."""
+    objects: tuple[Evidence, ...] = ()
+    """Evidence object revisions the decision itself writes (a recovery settles attempts it proved
+    inert); the store writes them with the caller's evidence, in the same transaction."""
 
 
 Outcome = Decision | Refusal | Unchanged
@@ -539,13 +561,15 @@ class RecoveryRequest:
     expected_revision: int
     actor_id: str
     authority: Authority
-    safe_resume: SafeResumeEvidence | None = None
     command_to_reconcile: str | None = None
-    command_unresolved: bool = False
+    """reconcile_command: the persisted Command whose settlement the caller's evidence records."""
     next_node_id: str | None = None
-    """resume_safe only: the approved continuation the execution resumes at
-    (seed 000: 'an explicit continuation only after current dependencies and
-    evidence are rechecked'); without one it resumes at its current node."""
+    """resume_safe and resume_suspended: the continuation the operator chose explicitly (seed 000:
+    'an explicit continuation only after current dependencies and evidence are rechecked').
+    Required: a resume never defaults to the current node, which 'is not proof of safety by itself'."""
+    rationale: str = ""
+    """resume_safe: the idempotency contract (why entering the continuation is safe); resume_suspended:
+    what was fixed.  Required for both, and recorded with the decision."""
 
 
 # --- input validation -----------------------------------------------------------
@@ -612,15 +636,6 @@ def _check_authority(field: str, value: object) -> None:
 def _check_bool(field: str, value: object) -> None:
     if not isinstance(value, bool):
         raise _invalid(field, f"must be true or false, got {value!r}")
-
-
-def _check_proof(field: str, value: object) -> None:
-    if not isinstance(value, SafeResumeEvidence):
-        raise _invalid(field, "must be SafeResumeEvidence")
-    for name in ("no_unresolved_command", "dependencies_current", "continuation_approved"):
-        _check_bool(f"{field}.{name}", getattr(value, name))
-    if not isinstance(value.idempotency_contract, str):
-        raise _invalid(f"{field}.idempotency_contract", "must be a string")
 
 
 def _check_credential(value: object) -> None:
@@ -1455,191 +1470,3 @@ def cancel(execution: Execution | None, dispatch: Dispatch | None, request: Canc
     )
 
 
-_RECOVERY_SOURCE: Final[Mapping[RecoveryKind, ExecutionState]] = {
-    RecoveryKind.QUARANTINE_EXPIRED: ExecutionState.RUNNING,
-    RecoveryKind.FAIL: ExecutionState.RECONCILIATION_REQUIRED,
-    RecoveryKind.RESUME_SAFE: ExecutionState.RECONCILIATION_REQUIRED,
-    RecoveryKind.RECONCILE_COMMAND: ExecutionState.RECONCILIATION_REQUIRED,
-}
-
-
-def recover(
-    execution: Execution | None,
-    dispatch: Dispatch | None,
-    prior: RecoveryRecord | None,
-    request: RecoveryRequest,
-    now: datetime,
-) -> Outcome:
-    """A governed workflow_reconcile decision: quarantine_expired, fail, resume_safe or reconcile_command.
-
-    ``prior`` is the stored result of an earlier command with the same
-    identity, if any.  The identical command returns it (:class:`Unchanged`);
-    the same identity with another decision, execution or expected revision
-    is a conflict that changes nothing (seed 000, Expired-lease quarantine).
-    """
-    try:
-        _check_id("command_id", request.command_id)
-        if not isinstance(request.kind, RecoveryKind):
-            raise _invalid("kind", f"unknown recovery decision {request.kind!r}")
-        _check_id("execution_id", request.execution_id)
-        _check_id("business_id", request.business_id)
-        _check_revision("expected_revision", request.expected_revision)
-        _check_id("actor_id", request.actor_id)
-        _check_authority("authority", request.authority)
-        if request.command_to_reconcile is not None:
-            _check_id("command_to_reconcile", request.command_to_reconcile)
-        _check_bool("command_unresolved", request.command_unresolved)
-        if request.next_node_id is not None:
-            _check_id("next_node_id", request.next_node_id)
-            if request.kind != RecoveryKind.RESUME_SAFE:
-                raise _invalid("next_node_id", "only resume_safe names a continuation")
-        if request.safe_resume is not None:
-            _check_proof("safe_resume", request.safe_resume)
-        _check_utc("now", now)
-    except _Invalid as exc:
-        return exc.refusal
-    if prior is not None:
-        # A stored result is returned only to a caller who may see it.
-        refusal = _first(
-            _check_business(execution, request.business_id) if execution is not None else None,
-            _check_authorized(request.authority),
-        )
-        if refusal is not None:
-            return refusal
-        if (prior.kind, prior.execution_id, prior.expected_revision) == (
-            request.kind,
-            request.execution_id,
-            request.expected_revision,
-        ):
-            return Unchanged(
-                UnchangedCode.RECOVERY_REPLAYED,
-                f"recovery command {request.command_id!r} already decided {prior.kind.value}",
-                prior,
-            )
-        return _refuse(
-            RefusalCode.RECOVERY_CONFLICT,
-            f"recovery command {request.command_id!r} already decided {prior.kind.value} for "
-            f"{prior.execution_id!r} at revision {prior.expected_revision}",
-        )
-    refusal = _check_pair(execution, dispatch, request.execution_id)
-    if refusal is not None:
-        return refusal
-    assert execution is not None and dispatch is not None
-    source = _RECOVERY_SOURCE[request.kind]
-    if request.kind == RecoveryKind.QUARANTINE_EXPIRED:
-        # Seed 000, Expired-lease quarantine, conditions 1 to 6 in order.
-        if execution.state != source:
-            return _refuse(RefusalCode.EXECUTION_NOT_RUNNING, f"execution is {execution.state.value}, not running")
-        if dispatch.dispatch_state != DispatchState.CLAIMED:
-            return _refuse(
-                RefusalCode.DISPATCH_NOT_CLAIMED, f"dispatch row is {dispatch.dispatch_state.value}, not claimed"
-            )
-        refusal = _check_business(execution, request.business_id)
-        if refusal is not None:
-            return refusal
-        if dispatch.lease_expires_at is None or dispatch.lease_expires_at > now:
-            return _refuse(
-                RefusalCode.LEASE_NOT_EXPIRED,
-                f"lease runs until {_iso(dispatch.lease_expires_at)}; now is {_iso(now)}",
-            )
-    else:
-        if execution.state != source or dispatch.dispatch_state != DispatchState.RECONCILIATION_REQUIRED:
-            return _refuse(
-                RefusalCode.NOT_IN_RECONCILIATION,
-                f"execution is {execution.state.value} and dispatch {dispatch.dispatch_state.value}, "
-                "not reconciliation_required",
-            )
-        refusal = _check_business(execution, request.business_id)
-        if refusal is not None:
-            return refusal
-    refusal = _first(
-        _check_revision_current(execution, request.expected_revision),
-        _check_authorized(request.authority),
-    )
-    if refusal is not None:
-        return refusal
-    if dispatch.leased_by is not None and request.actor_id == dispatch.leased_by:
-        # Seed 000: 'A technical worker identity or expired lease token is
-        # not recovery authority' and 'The expired worker cannot perform
-        # this transition.'
-        return _refuse(
-            RefusalCode.WORKER_CANNOT_RECOVER, f"{request.actor_id!r} holds the lease and cannot recover it"
-        )
-    if request.kind == RecoveryKind.RESUME_SAFE:
-        proof = request.safe_resume
-        missing = (
-            ["safe_resume"]
-            if proof is None
-            else [
-                name
-                for name, held in (
-                    ("no_unresolved_command", proof.no_unresolved_command),
-                    ("dependencies_current", proof.dependencies_current),
-                    ("continuation_approved", proof.continuation_approved),
-                    ("idempotency_contract", bool(proof.idempotency_contract)),
-                )
-                if not held
-            ]
-        )
-        if missing:
-            return Refusal(
-                RefusalCode.UNSAFE_RESUME,
-                f"safe-resume proof is missing {', '.join(missing)}",
-                "safe_resume",
-            )
-    if request.kind == RecoveryKind.RECONCILE_COMMAND and (
-        request.command_to_reconcile is None or not request.command_unresolved
-    ):
-        return Refusal(
-            RefusalCode.NO_UNRESOLVED_COMMAND,
-            "reconcile_command needs a persisted, unresolved Command to delegate to CommandHandler::reconcile",
-            "command_to_reconcile",
-        )
-    actor = request.actor_id
-    reason = f"recovery {request.kind.value} by command {request.command_id}"
-    if request.kind == RecoveryKind.RECONCILE_COMMAND:
-        # Not a state transition: the execution stays in review while the
-        # Command is reconciled; the new revision links the evidence.
-        new_execution = attrs.evolve(execution, revision=execution.revision + 1)
-        new_dispatch = dispatch
-        record = TransitionRecord(
-            execution_id=execution.execution_id,
-            event=None,
-            from_state=execution.state,
-            to_state=execution.state,
-            revision=new_execution.revision,
-            at=now,
-            actor=actor,
-            lease_token=None,
-            fence=execution.fence,
-            reason=f"{reason}: delegated {request.command_to_reconcile} to CommandHandler::reconcile",
-        )
-    else:
-        event = ExecutionEvent(request.kind.value)
-        new_execution, new_dispatch, record = _move(
-            execution,
-            dispatch,
-            event,
-            now=now,
-            actor=actor,
-            reason=reason,
-            keep_lease=False,
-            eligible_at=now if request.kind == RecoveryKind.RESUME_SAFE else None,
-            error_code=request.kind.value if request.kind != RecoveryKind.RESUME_SAFE else None,
-            node_id=request.next_node_id,
-        )
-    recovery = RecoveryRecord(
-        command_id=request.command_id,
-        kind=request.kind,
-        execution_id=execution.execution_id,
-        expected_revision=request.expected_revision,
-        resulting_revision=new_execution.revision,
-        resulting_state=new_execution.state,
-    )
-    return Decision(
-        guard=_guard(execution, dispatch),
-        execution=new_execution,
-        dispatch=new_dispatch,
-        evidence=(record,),
-        recovery=recovery,
-    )

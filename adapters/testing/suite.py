@@ -48,6 +48,7 @@ test moves), so the whole suite runs in seconds against a real database.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -74,7 +75,8 @@ DENIED = p.Authority(False, "mallory", "no grant for this business")
 LEASE = timedelta(seconds=30)
 EVENT_TYPE = "payment.received"
 CORRELATION = (("order", "o-1"),)
-PROOF = p.SafeResumeEvidence(True, True, True, "idempotent by command identity")
+CONTRACT = "idempotent by command identity"
+"""The reason a resume in these tests gives; the kernel derives the rest of the proof from the store."""
 
 _tokens = itertools.count(1)
 
@@ -159,12 +161,74 @@ def recovery_request(
         "expected_revision": revision(store, execution_id),
         "actor_id": GOVERNOR,
         "authority": GRANTED,
-        "safe_resume": PROOF if kind == p.RecoveryKind.RESUME_SAFE else None,
         "command_to_reconcile": "cmd-1" if kind == p.RecoveryKind.RECONCILE_COMMAND else None,
-        "command_unresolved": kind == p.RecoveryKind.RECONCILE_COMMAND,
     }
+    if kind in (p.RecoveryKind.RESUME_SAFE, p.RecoveryKind.RESUME_SUSPENDED):
+        # A resume is decided on the pinned definition as the store holds it.
+        register_pinned(store, fields["business_id"])
+        fields["next_node_id"] = view(store, execution_id).execution.current_node_id
+        fields["rationale"] = CONTRACT
     fields.update(changes)
     return p.RecoveryRequest(**fields)
+
+
+def register_pinned(store: Store, business_id: str = "b-1") -> None:
+    """Register ``d-1`` revision 1 (node ``start``), the definition :func:`admit` pins, if it is not there."""
+    # A test that registered its own revision 1 has its resume decided on that one.
+    with contextlib.suppress(DefinitionError):
+        store.register_definition(_definition(1), business_id, GRANTED)
+
+
+LOAD_TEST_NODES = ("start", "work", "end")
+"""The nodes the load and crash tests' executions visit."""
+
+
+def resume_at_current_node(
+    store: Store, found: ExecutionView, command_id: str, actor_id: str, authority: p.Authority
+) -> p.RecoveryRequest:
+    """resume_safe of a load-test execution at its current node, after registering the definition it pins.
+
+    The kernel derives the safe-resume proof from what the store holds, so
+    the pinned definition must be registered; these tests' executions visit
+    only :data:`LOAD_TEST_NODES`, and their visits issue no Command.
+    """
+    execution = found.execution
+    definition = definition_from_mapping(
+        {
+            "id": execution.definition_id,
+            "revision": execution.definition_revision,
+            "start": "start",
+            "nodes": [{"id": n, "kind": "end", "revision": 1, "outcome": "succeeded"} for n in LOAD_TEST_NODES],
+        }
+    )
+    store.register_definition(definition, execution.business_id, p.Authority(True, "admin"))
+    return p.RecoveryRequest(
+        command_id,
+        p.RecoveryKind.RESUME_SAFE,
+        execution.execution_id,
+        execution.business_id,
+        execution.revision,
+        actor_id,
+        authority,
+        next_node_id=execution.current_node_id,
+        rationale="a load-test visit has no external effect",
+    )
+
+
+def command_evidence(execution_id: str, attempt: str = "a-9") -> tuple[Evidence, Evidence]:
+    """A local_command visit's attempt and its issued Command, as a worker commits them before invoking it."""
+    attempt_id = f"{execution_id}/{attempt}"
+    return (
+        Evidence(
+            attempt_id,
+            "StepAttempt",
+            {"node_id": "start", "node_kind": "local_command", "command_id": f"{attempt_id}/command"},
+            1,
+            "running",
+        ),
+        Evidence(f"{attempt_id}/command", "Command", {"attempt_id": attempt_id, "command_id": f"{attempt_id}/command"},
+                 1, "issued"),
+    )
 
 
 def wait_spec(
@@ -789,35 +853,128 @@ class StoreTests:
 
     def test_resume_safe_with_proof_gives_a_fresh_lease_later(self, store: Store, clock: ManualClock) -> None:
         self.in_review(store, clock)
-        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")))
+        eligible_at = view(store, "e-1").dispatch.eligible_at
+        clock.advance(timedelta(seconds=5))
+        decision = decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")))
         found = view(store, "e-1")
         assert found.execution.state == ExecutionState.ELIGIBLE
-        assert found.dispatch.eligible_at == clock.now()
+        # Recovered work keeps its place in the queue (specs/protocol.md).
+        assert found.dispatch.eligible_at == eligible_at < clock.now()
+        proof = found.recoveries[-1].proof
+        assert decision.recovery is not None and proof is not None and proof == decision.recovery.proof
+        assert (proof.continuation, proof.approved_by, proof.idempotency_contract) == ("start", GOVERNOR, CONTRACT)
         _, credential = claim(store, "w-2")
         assert credential.fence == 2
 
     @pytest.mark.parametrize(
-        "proof",
-        [None, p.SafeResumeEvidence(True, True, False, "contract"), p.SafeResumeEvidence(False, True, True, "c"),
-         p.SafeResumeEvidence(True, False, True, "c"), p.SafeResumeEvidence(True, True, True, "")],
-        ids=["none", "not_approved", "unresolved_command", "stale_dependencies", "no_contract"],
+        "changes",
+        [{"next_node_id": None}, {"next_node_id": "elsewhere"}, {"rationale": ""}, {"rationale": "   "}],
+        ids=["no_continuation", "unpermitted_continuation", "no_contract", "blank_contract"],
     )
     def test_resume_safe_without_the_whole_proof_is_refused(
-        self, store: Store, clock: ManualClock, proof: p.SafeResumeEvidence | None
+        self, store: Store, clock: ManualClock, changes: dict[str, Any]
     ) -> None:
         self.in_review(store, clock)
-        request = recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1", safe_resume=proof)
+        request = recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1", **changes)
         refused(store, lambda: store.recover(request), RC.UNSAFE_RESUME)
 
-    def test_reconcile_command_links_without_leaving_review(self, store: Store, clock: ManualClock) -> None:
-        self.in_review(store, clock)
-        missing = recovery_request(store, "e-1", p.RecoveryKind.RECONCILE_COMMAND, "c-1", command_unresolved=False)
-        refused(store, lambda: store.recover(missing), RC.NO_UNRESOLVED_COMMAND)
-        decision = decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RECONCILE_COMMAND, "c-1")))
+    def test_resume_safe_needs_the_pinned_definition(self, store: Store, clock: ManualClock) -> None:
+        admit(store, "e-2", "b-2")  # no definition is registered in b-2
+        claim(store, "w-1", business_id="b-2")
+        clock.advance(LEASE)
+        decided(store.recover(recovery_request(store, "e-2", p.RecoveryKind.QUARANTINE_EXPIRED, "q-2")))
+        unpinned = p.RecoveryRequest(
+            "r-2", p.RecoveryKind.RESUME_SAFE, "e-2", "b-2", revision(store, "e-2"), GOVERNOR, GRANTED,
+            next_node_id="start", rationale=CONTRACT,
+        )
+        outcome = refused(store, lambda: store.recover(unpinned), RC.UNSAFE_RESUME)
+        assert "dependencies_current" in outcome.message
+        register_pinned(store, "b-2")
+        decided(store.recover(unpinned))
+
+    def test_resume_safe_waits_for_an_unresolved_command(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store, "e-1")
+        attempt, command = command_evidence("e-1")
+        decided(store.append_evidence("e-1", credential, [attempt, command]))
+        clock.advance(LEASE)
+        quarantined = attempt.next("reconciliation_required", {"status": "reconciliation_required"})
+        decided(
+            store.recover(recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1"), [quarantined])
+        )
+        resume = recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")
+        outcome = refused(store, lambda: store.recover(resume), RC.UNSAFE_RESUME)
+        assert command.object_id in outcome.message
+        # reconcile_command must name the Command and record a conclusive settlement.
+        unnamed = recovery_request(store, "e-1", p.RecoveryKind.RECONCILE_COMMAND, "c-1")
+        refused(store, lambda: store.recover(unnamed), RC.NO_UNRESOLVED_COMMAND)
+        named = recovery_request(
+            store, "e-1", p.RecoveryKind.RECONCILE_COMMAND, "c-1", command_to_reconcile=command.object_id
+        )
+        refused(store, lambda: store.recover(named), RC.NO_UNRESOLVED_COMMAND)
+        settlement = [
+            quarantined.next("failed", {"status": "failed", "next_node_id": "start"}),
+            command.next("rejected", {"status": "rejected"}),
+        ]
+        steps = view(store, "e-1").execution.step_count
+        decision = decided(store.recover(named, settlement))
         found = view(store, "e-1")
         assert found.execution.state == ExecutionState.RECONCILIATION_REQUIRED
-        assert found.execution.revision == 4 and found.execution == decision.execution
-        assert found.history[-1] == decision.evidence[0]
+        assert found.execution == decision.execution and found.history[-1] == decision.evidence[0]
+        # The quarantined visit was never counted; its settlement counts it.
+        assert found.execution.step_count == found.dispatch.step_count == steps + 1
+        again = recovery_request(
+            store, "e-1", p.RecoveryKind.RECONCILE_COMMAND, "c-2", command_to_reconcile=command.object_id
+        )
+        refused(store, lambda: store.recover(again, settlement), RC.NO_UNRESOLVED_COMMAND)
+        # Now, and only now, a separate decision may resume it.
+        resume = recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-2")
+        decided(store.recover(resume))
+        assert view(store, "e-1").execution.state == ExecutionState.ELIGIBLE
+
+    def test_resume_safe_settles_an_attempt_that_issued_no_command(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store, "e-1")
+        attempt, _ = command_evidence("e-1")
+        pending = Evidence(attempt.object_id, "StepAttempt", {"node_id": "start", "node_kind": "local_command"}, 1,
+                           "pending")
+        decided(store.append_evidence("e-1", credential, [pending]))
+        clock.advance(LEASE)
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")))
+        decision = decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")))
+        settled = [e for e in view(store, "e-1").evidence if e.object_id == pending.object_id]
+        assert [e.state for e in settled] == ["failed"] and decision.objects == tuple(settled)
+
+    def test_suspended_leaves_only_by_a_governed_decision(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store, "e-1")
+        decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.SUSPENDED)))
+        refused(
+            store,
+            lambda: store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SAFE, "r-1")),
+            RC.NOT_IN_RECONCILIATION,
+        )
+        no_reason = recovery_request(store, "e-1", p.RecoveryKind.RESUME_SUSPENDED, "s-1", rationale="")
+        refused(store, lambda: store.recover(no_reason), RC.UNSAFE_RESUME)
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SUSPENDED, "s-1")))
+        assert view(store, "e-1").execution.state == ExecutionState.ELIGIBLE
+        _, credential = claim(store, "w-2")
+        decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.SUSPENDED)))
+        decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.FAIL, "f-1")))
+        assert view(store, "e-1").execution.state == ExecutionState.FAILED
+        resume_waiting = recovery_request(store, "e-1", p.RecoveryKind.RESUME_SUSPENDED, "s-2")
+        refused(store, lambda: store.recover(resume_waiting), RC.NOT_SUSPENDED)
+
+    def test_a_step_limit_suspension_can_only_be_failed(self, store: Store, clock: ManualClock) -> None:
+        credential = self.running(store, "e-1")
+        decided(
+            store.finalize(
+                finalize_request(store, "e-1", credential, ExecutionState.SUSPENDED, error_code="step_limit")
+            )
+        )
+        outcome = refused(
+            store,
+            lambda: store.recover(recovery_request(store, "e-1", p.RecoveryKind.RESUME_SUSPENDED, "s-1")),
+            RC.UNSAFE_RESUME,
+        )
+        assert "step_limit" in outcome.message
 
     @pytest.mark.parametrize(
         "kind",

@@ -12,7 +12,7 @@ import pytest
 
 from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.memory import MemoryStore
-from fencekeeper.adapters.ports import GrantTable, ScriptedHandler
+from fencekeeper.adapters.ports import GrantTable, ScriptedHandler, unknown
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ExecutionView, ManualClock, TransactionalStore
@@ -105,4 +105,18 @@ def world(make_store: StoreMaker) -> World:
     clock = ManualClock()
     store = make_store(clock)
     policy = examples.grants(BUSINESS, RUNNER, MANAGER, OPS)
-    return World(store, clock, policy, examples.handler())
+    return World(store, clock, policy, scripted_handler())
+
+
+def scripted_handler() -> ScriptedHandler:
+    """The example operations as scripts a test can replace one by one: a refund's reply is lost, and
+    asking afterwards finds it applied."""
+    return ScriptedHandler(
+        {
+            "order.place": examples.EFFECTS["order.place"],
+            "order.ship": examples.EFFECTS["order.ship"],
+            "order.cancel": examples.EFFECTS["order.cancel"],
+            "payment.refund": unknown("the payment provider did not answer in time"),
+        },
+        settled={"payment.refund": examples.EFFECTS["payment.refund"]},
+    )

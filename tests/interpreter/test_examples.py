@@ -225,6 +225,16 @@ def test_an_unknown_refund_is_reconciled_never_resent(world: World) -> None:
         world.store, world.policy, world.handler, business_id=BUSINESS, principal_id=OPS, execution_id="refund-1"
     )
     assert isinstance(reconciled.outcome, p.Decision)
+    # Settled, but still in review until a separate, explicit resume.
+    assert world.view("refund-1").execution.state == ExecutionState.RECONCILIATION_REQUIRED
+    assert world.run_pass().claimed == []
+    review = service.recovery_view(world.store, business_id=BUSINESS, execution_id="refund-1")
+    assert review.unresolved == () and review.permitted == ("refunded",)
+    resumed = service.resume(
+        world.store, world.policy, business_id=BUSINESS, principal_id=OPS, execution_id="refund-1",
+        at_node="refunded", rationale="the provider reports the refund applied; only its end node remains",
+    )
+    assert isinstance(resumed, p.Decision)
     world.run_pass()
     view = world.view("refund-1")
     assert view.execution.state == ExecutionState.SUCCEEDED

@@ -225,6 +225,14 @@ def test_a_worker_that_dies_after_issuing_a_command_never_has_it_resent(world: W
         world.store, world.policy, world.handler, business_id=BUSINESS, principal_id=OPS, execution_id="refund-1"
     )
     assert isinstance(reconciled.outcome, p.Decision)
+    view = world.view("refund-1")
+    # The quarantined visit is counted once its Command is settled.
+    assert view.execution.step_count == view.dispatch.step_count == 1
+    resumed = service.resume(
+        world.store, world.policy, business_id=BUSINESS, principal_id=OPS, execution_id="refund-1",
+        at_node="refunded", rationale="the refund was applied; only its end node remains",
+    )
+    assert isinstance(resumed, p.Decision)
     world.run_pass()
     assert world.view("refund-1").execution.state == ExecutionState.SUCCEEDED
     assert len(world.handler.executed) == 1 and len(world.handler.reconciled) == 1

@@ -274,5 +274,11 @@ def _apply(action: tuple[Any, ...], store: TransactionalStore, worker: Worker, c
         elif kind == "reconcile":
             view = store.read(execution_id)
             if view is not None and view.execution.state == ExecutionState.RECONCILIATION_REQUIRED:
-                service.reconcile(store, policy, handler, business_id=BUSINESS, principal_id="user:ops",
-                                  execution_id=execution_id)
+                review = service.recovery_view(store, business_id=BUSINESS, execution_id=execution_id)
+                if review.unresolved:
+                    service.reconcile(store, policy, handler, business_id=BUSINESS, principal_id="user:ops",
+                                      execution_id=execution_id)
+                elif review.permitted:
+                    service.resume(store, policy, business_id=BUSINESS, principal_id="user:ops",
+                                   execution_id=execution_id, at_node=review.permitted[-1],
+                                   rationale="chosen by the property test")

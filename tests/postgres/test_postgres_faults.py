@@ -86,6 +86,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from fencekeeper.adapters.postgres_store import PostgresStore
+from fencekeeper.adapters.testing.suite import resume_at_current_node
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 from tests.postgres.pg_drain_worker import APP_PREFIX, application_name, with_application_name
@@ -118,7 +119,6 @@ POOL_SIZE = 4
 
 OPS = p.Authority(True, "ops")
 ADMIN = p.Authority(True, "admin")
-PROOF = p.SafeResumeEvidence(True, True, True, "idempotent by execution id")
 LEASE_WRITES = frozenset({"renew", "record_step", "release"}) | {
     f"finalize_{s.value}"
     for s in (
@@ -262,16 +262,18 @@ def kill_connections(conn: psycopg.Connection[dict[str, Any]], pattern: str) -> 
 def recover(store: PostgresStore, kind: p.RecoveryKind, execution_id: str) -> p.Outcome:
     view = store.read(execution_id)
     assert view is not None, execution_id
+    command_id = f"final-{uuid.uuid4().hex}"
+    if kind == p.RecoveryKind.RESUME_SAFE:
+        return store.recover(resume_at_current_node(store, view, command_id, "ops", OPS))
     return store.recover(
         p.RecoveryRequest(
-            command_id=f"final-{uuid.uuid4().hex}",
+            command_id=command_id,
             kind=kind,
             execution_id=execution_id,
             business_id=view.execution.business_id,
             expected_revision=view.execution.revision,
             actor_id="ops",
             authority=OPS,
-            safe_resume=PROOF if kind == p.RecoveryKind.RESUME_SAFE else None,
         )
     )
 

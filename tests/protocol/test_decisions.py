@@ -49,6 +49,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fencekeeper.kernel import recovery
+from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState, dispatch_state_of
 from fencekeeper.kernel.protocol import (
     FINALIZE_TARGETS,
@@ -71,7 +73,6 @@ from fencekeeper.kernel.protocol import (
     RefusalCode,
     ReleaseRequest,
     RenewRequest,
-    SafeResumeEvidence,
     StepRecord,
     StepRequest,
     Unchanged,
@@ -87,7 +88,6 @@ from fencekeeper.kernel.protocol import (
     claim,
     finalize,
     record_step,
-    recover,
     release,
     renew,
     wake,
@@ -124,12 +124,55 @@ TIMEOUT_SPEC = WaitSpec(
     wake_at=T0 + timedelta(hours=1),
     timeout=True,
 )
-PROOF = SafeResumeEvidence(
-    no_unresolved_command=True,
-    dependencies_current=True,
-    continuation_approved=True,
-    idempotency_contract="resume-from-node-2-v1",
+CONTRACT = "resume-from-node-2-v1"
+UNKNOWN_COMMAND = Evidence("cmd-unknown-7", "Command", {"attempt_id": "a-7"}, 2, "unknown")
+QUARANTINED_ATTEMPT = Evidence(
+    "a-7", "StepAttempt", {"node_id": "n", "node_kind": "local_command", "command_id": "cmd-unknown-7"}, 3,
+    "reconciliation_required",
 )
+SETTLEMENT = (
+    UNKNOWN_COMMAND.next("succeeded", {"status": "succeeded"}),
+    QUARANTINED_ATTEMPT.next("completed", {"status": "completed", "next_node_id": "n"}),
+)
+
+
+def facts_for(execution: Execution | None, *, command: bool = False, pinned: bool = True) -> recovery.RecoveryFacts:
+    """What a store would hold: the pinned definition (holding the current node) and, with ``command``,
+    an unknown Command of a quarantined visit with its settlement submitted."""
+    if execution is None or execution.current_node_id is None:
+        return recovery.RecoveryFacts()
+    definition = PinnedDefinition(execution.definition_id, execution.definition_revision, execution.current_node_id)
+    evidence = (QUARANTINED_ATTEMPT, UNKNOWN_COMMAND) if command else ()
+    return recovery.RecoveryFacts(
+        evidence, definition if pinned else None, SETTLEMENT if command else ()  # type: ignore[arg-type]
+    )
+
+
+@attrs.frozen
+class PinnedDefinition:
+    """What the kernel reads of a pinned definition: its identity and whether it holds a node."""
+
+    definition_id: str
+    revision: int
+    node_id: str
+
+    def node(self, node_id: str) -> object | None:
+        return object() if node_id == self.node_id else None
+
+
+def recover(
+    execution: Execution | None,
+    dispatch: Dispatch | None,
+    prior: RecoveryRecord | None,
+    request: RecoveryRequest,
+    now: datetime,
+    *,
+    facts: recovery.RecoveryFacts | None = None,
+) -> Outcome:
+    """The kernel's recover, on the facts a store holding a settled history would pass."""
+    if facts is None:
+        facts = facts_for(execution, command=request.kind == RecoveryKind.RECONCILE_COMMAND)
+    return recovery.recover(execution, dispatch, prior, request, now, facts=facts)
 
 
 @attrs.frozen
@@ -246,9 +289,13 @@ def recovery_request(snap: Snap, kind: RecoveryKind, **changes: Any) -> Recovery
         expected_revision=snap.execution.revision,
         actor_id=OPERATOR,
         authority=GRANTED,
-        safe_resume=PROOF if kind == RecoveryKind.RESUME_SAFE else None,
         command_to_reconcile="cmd-unknown-7" if kind == RecoveryKind.RECONCILE_COMMAND else None,
-        command_unresolved=kind == RecoveryKind.RECONCILE_COMMAND,
+        next_node_id=(
+            snap.execution.current_node_id
+            if kind in (RecoveryKind.RESUME_SAFE, RecoveryKind.RESUME_SUSPENDED)
+            else None
+        ),
+        rationale=CONTRACT,
     )
     return attrs.evolve(request, **changes)
 
@@ -1136,37 +1183,45 @@ def test_resume_safe_with_the_whole_proof_makes_the_execution_claimable_under_a_
     decision = decided(recover(snap.execution, snap.dispatch, None, request, now))
     assert decision.execution is not None and decision.dispatch is not None
     assert decision.execution.state == ExecutionState.ELIGIBLE
-    assert decision.dispatch.dispatch_state == DispatchState.ELIGIBLE and decision.dispatch.eligible_at == now
+    # Recovered work keeps its place in the queue: its first eligible_at, not now.
+    assert decision.dispatch.dispatch_state == DispatchState.ELIGIBLE
+    assert decision.dispatch.eligible_at == snap.dispatch.eligible_at < now
+    assert decision.recovery is not None and decision.recovery.proof is not None
+    assert decision.recovery.proof.idempotency_contract == CONTRACT
     assert lease_cleared(decision.dispatch)
     resumed = claimed(applied(snap, decision), now, worker="worker-2", token="token-2")
     assert resumed.lease.fence == 2
 
 
 @pytest.mark.parametrize(
-    ("proof", "missing"),
+    ("changes", "facts", "missing"),
     [
-        (None, "safe_resume"),
-        (attrs.evolve(PROOF, no_unresolved_command=False), "no_unresolved_command"),
-        (attrs.evolve(PROOF, dependencies_current=False), "dependencies_current"),
-        (attrs.evolve(PROOF, continuation_approved=False), "continuation_approved"),
-        (attrs.evolve(PROOF, idempotency_contract=""), "idempotency_contract"),
+        ({"next_node_id": None}, {}, "continuation_approved"),
+        ({"next_node_id": "elsewhere"}, {}, "dependencies_current"),
+        ({"rationale": ""}, {}, "idempotency_contract"),
+        ({}, {"pinned": False}, "dependencies_current"),
+        ({}, {"command": True}, "no_unresolved_command"),
     ],
-    ids=["no-proof", "unresolved-command", "stale-dependencies", "not-approved", "no-idempotency-contract"],
+    ids=["no-continuation", "unknown-node", "no-idempotency-contract", "definition-missing", "unresolved-command"],
 )
-def test_resume_safe_without_the_whole_proof_is_unsafe(proof: SafeResumeEvidence | None, missing: str) -> None:
+def test_resume_safe_without_the_whole_proof_is_unsafe(
+    changes: dict[str, Any], facts: dict[str, bool], missing: str
+) -> None:
     snap = _in_review()
-    request = recovery_request(snap, RecoveryKind.RESUME_SAFE, safe_resume=proof)
-    refusal = refused(recover(snap.execution, snap.dispatch, None, request, EXPIRES), RefusalCode.UNSAFE_RESUME)
-    assert refusal.field == "safe_resume"
+    request = recovery_request(snap, RecoveryKind.RESUME_SAFE, **changes)
+    outcome = recover(snap.execution, snap.dispatch, None, request, EXPIRES, facts=facts_for(snap.execution, **facts))
+    refusal = refused(outcome, RefusalCode.UNSAFE_RESUME)
+    assert refusal.field == "next_node_id"
     assert missing in refusal.message
 
 
-def test_reconcile_command_keeps_the_review_state_and_bumps_the_revision() -> None:
+def test_reconcile_command_keeps_the_review_state_and_counts_the_settled_visit() -> None:
     snap = _in_review()
     request = recovery_request(snap, RecoveryKind.RECONCILE_COMMAND, command_id="cmd-2")
     decision = decided(recover(snap.execution, snap.dispatch, None, request, EXPIRES))
-    assert decision.execution == attrs.evolve(snap.execution, revision=snap.execution.revision + 1)
-    assert decision.dispatch == snap.dispatch
+    steps = snap.execution.step_count + 1
+    assert decision.execution == attrs.evolve(snap.execution, revision=snap.execution.revision + 1, step_count=steps)
+    assert decision.dispatch == attrs.evolve(snap.dispatch, step_count=steps)
     (record,) = decision.evidence
     assert record.event is None and record.to_state == ExecutionState.RECONCILIATION_REQUIRED
     assert "cmd-unknown-7" in record.reason
@@ -1174,14 +1229,21 @@ def test_reconcile_command_keeps_the_review_state_and_bumps_the_revision() -> No
 
 
 @pytest.mark.parametrize(
-    "changes",
-    [{"command_to_reconcile": None}, {"command_unresolved": False}],
-    ids=["no-command", "command-resolved"],
+    ("changes", "facts"),
+    [
+        ({"command_to_reconcile": None}, None),
+        ({}, recovery.RecoveryFacts((attrs.evolve(UNKNOWN_COMMAND, state="succeeded"),), None, SETTLEMENT)),
+        ({}, recovery.RecoveryFacts((QUARANTINED_ATTEMPT, UNKNOWN_COMMAND), None, ())),
+    ],
+    ids=["no-command", "command-resolved", "no-settlement"],
 )
-def test_reconcile_command_needs_a_persisted_unresolved_command(changes: dict[str, Any]) -> None:
+def test_reconcile_command_needs_a_persisted_unresolved_command(
+    changes: dict[str, Any], facts: recovery.RecoveryFacts | None
+) -> None:
     snap = _in_review()
     request = recovery_request(snap, RecoveryKind.RECONCILE_COMMAND, **changes)
-    refusal = refused(recover(snap.execution, snap.dispatch, None, request, EXPIRES), RefusalCode.NO_UNRESOLVED_COMMAND)
+    outcome = recover(snap.execution, snap.dispatch, None, request, EXPIRES, facts=facts)
+    refusal = refused(outcome, RefusalCode.NO_UNRESOLVED_COMMAND)
     assert refusal.field == "command_to_reconcile"
 
 
@@ -1199,17 +1261,39 @@ def test_review_decisions_refuse_stale_revisions(kind: RecoveryKind) -> None:
 def test_terminal_executions_cannot_be_recovered(state: ExecutionState, kind: RecoveryKind) -> None:
     snap = in_state(state)
     outcome = recover(snap.execution, snap.dispatch, None, recovery_request(snap, kind), T0 + timedelta(days=1))
-    quarantine = kind == RecoveryKind.QUARANTINE_EXPIRED
-    refused(outcome, RefusalCode.EXECUTION_NOT_RUNNING if quarantine else RefusalCode.NOT_IN_RECONCILIATION)
+    expected = {
+        RecoveryKind.QUARANTINE_EXPIRED: RefusalCode.EXECUTION_NOT_RUNNING,
+        RecoveryKind.RESUME_SUSPENDED: RefusalCode.NOT_SUSPENDED,
+    }.get(kind, RefusalCode.NOT_IN_RECONCILIATION)
+    refused(outcome, expected)
 
 
-@pytest.mark.parametrize("kind", [RecoveryKind.FAIL, RecoveryKind.RESUME_SAFE, RecoveryKind.RECONCILE_COMMAND])
+@pytest.mark.parametrize("kind", [RecoveryKind.RESUME_SAFE, RecoveryKind.RECONCILE_COMMAND])
 def test_a_suspended_execution_is_not_in_reconciliation(kind: RecoveryKind) -> None:
     snap = in_state(ExecutionState.SUSPENDED)
     refused(
         recover(snap.execution, snap.dispatch, None, recovery_request(snap, kind), T0),
         RefusalCode.NOT_IN_RECONCILIATION,
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "state"),
+    [(RecoveryKind.FAIL, ExecutionState.FAILED), (RecoveryKind.RESUME_SUSPENDED, ExecutionState.ELIGIBLE)],
+)
+def test_a_suspended_execution_leaves_by_a_governed_decision(kind: RecoveryKind, state: ExecutionState) -> None:
+    snap = in_state(ExecutionState.SUSPENDED)
+    decision = decided(recover(snap.execution, snap.dispatch, None, recovery_request(snap, kind), T0))
+    assert decision.execution is not None and decision.execution.state == state
+    assert decision.execution.revision == snap.execution.revision + 1
+
+
+def test_resume_suspended_refuses_an_exhausted_step_bound() -> None:
+    snap = in_state(ExecutionState.SUSPENDED)
+    spent = attrs.evolve(snap.dispatch, last_error_code="step_limit")
+    request = recovery_request(snap, RecoveryKind.RESUME_SUSPENDED)
+    refusal = refused(recover(snap.execution, spent, None, request, T0), RefusalCode.UNSAFE_RESUME)
+    assert "step_limit" in refusal.message
 
 
 def test_an_identical_recovery_command_replays_its_durable_result() -> None:
@@ -1707,17 +1791,6 @@ def test_no_decision_raises_on_random_requests(
             rows = (_REVIEW.execution, _REVIEW.dispatch)
             revision = _REVIEW.execution.revision + revision_delta
         kind = data.draw(st.sampled_from(list(RecoveryKind)), label="kind")
-        proof = data.draw(
-            st.sampled_from(
-                [
-                    PROOF,
-                    None,
-                    attrs.evolve(PROOF, dependencies_current=False),
-                    "yes",
-                    attrs.evolve(PROOF, continuation_approved="no"),
-                ]
-            )
-        )
         request = RecoveryRequest(
             data.draw(_ids("cmd-1")),
             kind,
@@ -1726,9 +1799,9 @@ def test_no_decision_raises_on_random_requests(
             revision,
             data.draw(_ids(OPERATOR)),
             authority,
-            proof,
-            data.draw(st.sampled_from(["cmd-7", None])),
-            data.draw(st.sampled_from([True, False, "no"])),
+            data.draw(st.sampled_from(["cmd-unknown-7", "cmd-7", None])),
+            data.draw(st.sampled_from(["node-start", "elsewhere", None, 7])),
+            data.draw(st.sampled_from([CONTRACT, "", None])),
         )
         prior = data.draw(
             st.sampled_from([None, None, None, RecoveryRecord("cmd-1", kind, EXEC_ID, 3, 4, ExecutionState.FAILED)])
@@ -1779,57 +1852,28 @@ def test_a_wake_reason_that_is_not_a_wake_reason_is_refused(registration_woken: 
 @pytest.mark.parametrize(
     ("decision", "path", "value", "field"),
     [
-        # Was: ``safe_resume`` was never checked to be SafeResumeEvidence;
-        # "yes" reached ``proof.no_unresolved_command`` (AttributeError).
-        ("recover-resume", "safe_resume", "yes", "safe_resume"),
         # Was: facts were tested by truth, so a non-empty string such as
-        # "no" passed as granted / unresolved / proven: fail-open.
+        # "no" passed as granted: fail-open.
         ("admit", "authority.granted", "no", "authority.granted"),
         ("admit", "authority.granted", 1, "authority.granted"),
         ("cancel", "authority.granted", "false", "authority.granted"),
-        ("recover", "command_unresolved", "no", "command_unresolved"),
-        (
-            "recover-resume",
-            "safe_resume",
-            SafeResumeEvidence("false", True, True, "x"),  # type: ignore[arg-type]
-            "safe_resume.no_unresolved_command",
-        ),
-        (
-            "recover-resume",
-            "safe_resume",
-            SafeResumeEvidence(True, "false", True, "x"),  # type: ignore[arg-type]
-            "safe_resume.dependencies_current",
-        ),
-        (
-            "recover-resume",
-            "safe_resume",
-            SafeResumeEvidence(True, True, 1, "x"),  # type: ignore[arg-type]
-            "safe_resume.continuation_approved",
-        ),
-        (
-            "recover-resume",
-            "safe_resume",
-            SafeResumeEvidence(True, True, True, 7),  # type: ignore[arg-type]
-            "safe_resume.idempotency_contract",
-        ),
+        # A resume's reason and continuation are checked before any proof is derived.
+        ("recover-resume", "rationale", 7, "rationale"),
+        ("recover-resume", "next_node_id", 7, "next_node_id"),
     ],
     ids=[
-        "safe_resume-not-evidence",
         "admit-granted-'no'",
         "admit-granted-1",
         "cancel-granted-'false'",
-        "recover-unresolved-'no'",
-        "proof-flag-1",
-        "proof-flag-2",
-        "proof-flag-3",
-        "proof-contract-not-str",
+        "resume-rationale-not-str",
+        "resume-continuation-not-str",
     ],
 )
 def test_a_fact_of_the_wrong_type_is_refused_not_taken_as_true(
     decision: str, path: str, value: object, field: str
 ) -> None:
     if decision == "recover-resume":
-        request = recovery_request(_REVIEW, RecoveryKind.RESUME_SAFE, safe_resume=value)
+        request = recovery_request(_REVIEW, RecoveryKind.RESUME_SAFE, **{path: value})
         outcome = recover(_REVIEW.execution, _REVIEW.dispatch, None, request, EXPIRES)
     else:
         outcome = _outcome(decision, path, value)

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 import attrs
 
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel import recovery
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 from fencekeeper.kernel.modelcheck import Invariant, Protocol
 
@@ -149,11 +150,13 @@ def _quarantine_by_holder(
     prior: p.RecoveryRecord | None,
     request: p.RecoveryRequest,
     now: datetime,
+    *,
+    facts: recovery.RecoveryFacts | None = None,
 ) -> p.Outcome:
     # The check that the actor is not the lease holder is missing.
     if dispatch is not None and request.actor_id == dispatch.leased_by:
         request = attrs.evolve(request, actor_id="someone-else")
-    return p.recover(execution, dispatch, prior, request, now)
+    return recovery.recover(execution, dispatch, prior, request, now, facts=facts)
 
 
 def _quarantine_before_expiry(
@@ -162,6 +165,8 @@ def _quarantine_before_expiry(
     prior: p.RecoveryRecord | None,
     request: p.RecoveryRequest,
     now: datetime,
+    *,
+    facts: recovery.RecoveryFacts | None = None,
 ) -> p.Outcome:
     # The expiry condition is missing: any claimed running execution can be taken.
     if (
@@ -170,8 +175,8 @@ def _quarantine_before_expiry(
         and dispatch.lease_expires_at is not None
         and now < dispatch.lease_expires_at
     ):
-        return p.recover(execution, dispatch, prior, request, dispatch.lease_expires_at)
-    return p.recover(execution, dispatch, prior, request, now)
+        return recovery.recover(execution, dispatch, prior, request, dispatch.lease_expires_at, facts=facts)
+    return recovery.recover(execution, dispatch, prior, request, now, facts=facts)
 
 
 def _recovery_forgets_identity(
@@ -180,9 +185,11 @@ def _recovery_forgets_identity(
     prior: p.RecoveryRecord | None,
     request: p.RecoveryRequest,
     now: datetime,
+    *,
+    facts: recovery.RecoveryFacts | None = None,
 ) -> p.Outcome:
     # The command identity is not looked up: a reused identity decides again.
-    return p.recover(execution, dispatch, None, request, now)
+    return recovery.recover(execution, dispatch, None, request, now, facts=facts)
 
 
 def _resume_without_proof(
@@ -191,11 +198,29 @@ def _resume_without_proof(
     prior: p.RecoveryRecord | None,
     request: p.RecoveryRequest,
     now: datetime,
+    *,
+    facts: recovery.RecoveryFacts | None = None,
 ) -> p.Outcome:
-    # Any evidence is taken as proof of safety.
-    if request.kind == p.RecoveryKind.RESUME_SAFE:
-        request = attrs.evolve(request, safe_resume=p.SafeResumeEvidence(True, True, True, "assumed"))
-    return p.recover(execution, dispatch, prior, request, now)
+    # The store's evidence is not consulted: only the definition is, so an
+    # unknown Command is taken as settled.
+    if facts is not None and request.kind == p.RecoveryKind.RESUME_SAFE:
+        facts = recovery.RecoveryFacts((), facts.definition, facts.submitted)
+    return recovery.recover(execution, dispatch, prior, request, now, facts=facts)
+
+
+def _suspended_dead_end(
+    execution: p.Execution | None,
+    dispatch: p.Dispatch | None,
+    prior: p.RecoveryRecord | None,
+    request: p.RecoveryRequest,
+    now: datetime,
+    *,
+    facts: recovery.RecoveryFacts | None = None,
+) -> p.Outcome:
+    # As the seed's current implementation: 'suspended | none'.
+    if execution is not None and execution.state == ExecutionState.SUSPENDED:
+        return p.Refusal(p.RefusalCode.NOT_IN_RECONCILIATION, "suspended has no governed continuation")
+    return recovery.recover(execution, dispatch, prior, request, now, facts=facts)
 
 
 def _waiting_without_registration(
@@ -299,9 +324,15 @@ ZOO: tuple[Variant, ...] = (
     ),
     Variant(
         "resume-without-proof",
-        "resume_safe does not check the safe-resume proof",
+        "resume_safe derives its proof without the store's evidence, so an unknown Command passes",
         Protocol(recover=_resume_without_proof),
         Invariant.SAFE_RESUME_PROVEN,
+    ),
+    Variant(
+        "suspended-dead-end",
+        "a suspended execution can be neither failed nor resumed, as before its governed continuation existed",
+        Protocol(recover=_suspended_dead_end),
+        Invariant.GOVERNED_EXIT,
     ),
     Variant(
         "finalize-sixth-target",

@@ -53,6 +53,7 @@ import attrs
 
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import Evidence, SystemClock
+from fencekeeper.adapters.testing.suite import resume_at_current_node
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 
@@ -198,7 +199,6 @@ class Tripwire:
 # --- the work ------------------------------------------------------------------------------
 
 OPS_AUTHORITY = p.Authority(True, "ops")
-PROOF = p.SafeResumeEvidence(True, True, True, "idempotent by execution id")
 TARGETS = (
     ExecutionState.SUCCEEDED,
     ExecutionState.SUCCEEDED,
@@ -354,8 +354,10 @@ class Child:
             kind = self.rng.choice((p.RecoveryKind.RESUME_SAFE, p.RecoveryKind.FAIL))
             command_id = self._id("cmd")
             self.begin("recover", command_id)
-            self.store.recover(
-                p.RecoveryRequest(
+            if kind == p.RecoveryKind.RESUME_SAFE:
+                request = resume_at_current_node(self.store, view, command_id, "ops", OPS_AUTHORITY)
+            else:
+                request = p.RecoveryRequest(
                     command_id,
                     kind,
                     view.execution.execution_id,
@@ -363,9 +365,8 @@ class Child:
                     view.execution.revision,
                     "ops",
                     OPS_AUTHORITY,
-                    safe_resume=PROOF if kind == p.RecoveryKind.RESUME_SAFE else None,
                 )
-            )
+            self.store.recover(request)
 
     def wake(self) -> None:
         waiting = self.store.execution_ids(ExecutionState.WAITING)

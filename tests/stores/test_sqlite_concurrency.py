@@ -48,6 +48,7 @@ from typing import Any
 
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import SystemClock
+from fencekeeper.adapters.testing.suite import resume_at_current_node
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 from tests.stores.audit import check_finished_once, load
@@ -63,7 +64,6 @@ MAX_RESUMES = 2
 
 OPS = p.Authority(True, "ops")
 ADMIN = p.Authority(True, "admin")
-PROOF = p.SafeResumeEvidence(True, True, True, "idempotent by execution id")
 
 
 # --- the reconciler (parent process) -------------------------------------------------
@@ -81,16 +81,20 @@ class Reconciler:
     def _recover(
         self, kind: p.RecoveryKind, execution_id: str, business_id: str, revision: int, command_id: str | None = None
     ) -> p.Outcome:
+        command_id = command_id or f"cmd-{uuid.uuid4().hex}"
+        if kind == p.RecoveryKind.RESUME_SAFE:
+            found = self.store.read(execution_id)
+            assert found is not None
+            return self.store.recover(resume_at_current_node(self.store, found, command_id, "ops", OPS))
         return self.store.recover(
             p.RecoveryRequest(
-                command_id=command_id or f"cmd-{uuid.uuid4().hex}",
+                command_id=command_id,
                 kind=kind,
                 execution_id=execution_id,
                 business_id=business_id,
                 expected_revision=revision,
                 actor_id="ops",
                 authority=OPS,
-                safe_resume=PROOF if kind == p.RecoveryKind.RESUME_SAFE else None,
             )
         )
 
