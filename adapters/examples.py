@@ -120,17 +120,18 @@ class FileEffectLog:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._local = threading.local()
-        with self.atomically():
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS effects (command_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, "
-                "fence INTEGER NOT NULL, operation TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL)"
-            )
 
     @property
     def _conn(self) -> sqlite3.Connection:
+        # Opened on first use, not before: a command that fails on its input
+        # must not leave an effect log behind.
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS effects (command_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, "
+                "fence INTEGER NOT NULL, operation TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL)"
+            )
             self._local.conn = conn
         return conn
 
@@ -266,7 +267,7 @@ class ExampleHandler:
                 self._entry(command, APPLIED if result.status == CommandStatus.SUCCEEDED else REJECTED, result)
             )
         if command.operation in self.lost_replies and result.status == CommandStatus.SUCCEEDED:
-            return CommandResult(CommandStatus.UNKNOWN, None, "the provider did not answer in time")
+            return CommandResult(CommandStatus.UNKNOWN, None, "the payment provider did not answer in time")
         return result
 
     def _repeat(self, entry: Entry) -> CommandResult:
@@ -296,7 +297,7 @@ class ExampleHandler:
                 return answer
         if entry.status == APPLIED:
             return CommandResult(
-                CommandStatus.SUCCEEDED, None, f"{command.command_id} was applied", dict(entry.result.get("outputs", {}))
+                CommandStatus.SUCCEEDED, None, f"{command.operation} applied", dict(entry.result.get("outputs", {}))
             )
         return _result_of(entry)
 

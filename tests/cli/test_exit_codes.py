@@ -73,7 +73,7 @@ REFUSED: list[tuple[list[str], str]] = [
     (["decide", "--db", "{db}", "po-1", "--approve", "--as", "user:operator"], "[not_authorized]"),
     (["decide", "--db", "{db}", "po-done", "--approve", "--as", "user:manager"], "has no approval request"),
     (["cancel", "--db", "{db}", "po-done"], "[illegal_transition]"),
-    (["reconcile", "--db", "{db}", "po-1"], "[not_in_reconciliation]"),
+    (["reconcile", "--db", "{db}", "po-1"], "not reconciliation_required or suspended"),
 ]
 
 

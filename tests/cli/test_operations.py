@@ -125,11 +125,22 @@ def test_the_teaching_workflows_from_admission_to_the_end(tmp_path: Path) -> Non
     assert "cancellation refused [" in assert_one_error_line(refused, code=1)
 
     # reconcile: the unknown refund is settled by asking, not by resending.
-    settled = data("reconcile", "--db", db, "rf-1", cwd=tmp_path)["reconciled"]
+    # Without a choice, reconcile only shows what is known, and writes nothing.
+    review = data("reconcile", "--db", db, "rf-1", cwd=tmp_path)["review"]
+    assert [c["command_id"] for c in review["unresolved_commands"]] == ["rf-1/a2/command"]
+    assert review["permitted_continuations"] == [] and review["state"] == "reconciliation_required"
+    settled = data("reconcile", "--db", db, "rf-1", "--settle", cwd=tmp_path)["reconciled"]
     assert settled["command_id"] == "rf-1/a2/command"
     assert settled["result"]["status"] == "succeeded"
-    assert settled["outcome"] == "decision" and settled["execution"]["state"] == "eligible"
-    assert settled["execution"]["current_node_id"] == "refunded"
+    # Settled and recorded, but still in review: resuming is a separate decision.
+    assert settled["outcome"] == "decision" and settled["execution"]["state"] == "reconciliation_required"
+    unsafe = fencekeeper("reconcile", "--db", db, "rf-1", "--resume-at", "send_refund", "--because", "x", cwd=tmp_path)
+    assert "unsafe_resume" in assert_one_error_line(unsafe, code=1)
+    resumed = data(
+        "reconcile", "--db", db, "rf-1", "--resume-at", "refunded", "--because", "the refund was applied",
+        cwd=tmp_path,
+    )["reconciled"]
+    assert resumed["execution"]["state"] == "eligible" and resumed["execution"]["current_node_id"] == "refunded"
     nothing = ok("reconcile", "--db", db, "--quarantine", cwd=tmp_path)
     assert nothing.stdout == "no expired executions to quarantine\n"
 
@@ -201,11 +212,18 @@ def test_an_expired_lease_is_shown_quarantined_and_recovered(tmp_path: Path) -> 
     quarantined = data("reconcile", "--db", db, "--quarantine", cwd=tmp_path)["quarantined"]
     assert list(quarantined) == ["po-1"]
     assert quarantined["po-1"]["execution"]["state"] == "reconciliation_required"
-    # Without a Command the governed decision is a safe resume at the node; --fail would end it.
-    resumed = ok("reconcile", "--db", db, "po-1", cwd=tmp_path).stdout
+    # Without a choice it shows the facts and the choices; the operator then chooses explicitly.
+    shown = ok("reconcile", "--db", db, "po-1", cwd=tmp_path).stdout
+    assert "--resume-at check_amount --because TEXT" in shown and "--fail" in shown
+    unexplained = fencekeeper("reconcile", "--db", db, "po-1", "--resume-at", "check_amount", cwd=tmp_path)
+    assert "--because" in assert_one_error_line(unexplained, code=2)
+    resumed = ok(
+        "reconcile", "--db", db, "po-1", "--resume-at", "check_amount", "--because", "its visit committed nothing",
+        cwd=tmp_path,
+    ).stdout
     assert resumed == "po-1: resume_safe, reconciliation_required -> eligible at check_amount\n"
     again = fencekeeper("reconcile", "--db", db, "po-1", "--fail", cwd=tmp_path)
-    assert "not_in_reconciliation" in assert_one_error_line(again, code=1)
+    assert "not reconciliation_required or suspended" in assert_one_error_line(again, code=1)
     ok("worker", "--db", db, "--until-idle", cwd=tmp_path)
     assert _states(tmp_path, db) == {"po-1": "succeeded"}
 
