@@ -198,7 +198,15 @@ def resume_at_current_node(
             "id": execution.definition_id,
             "revision": execution.definition_revision,
             "start": "start",
-            "nodes": [{"id": n, "kind": "end", "revision": 1, "outcome": "succeeded"} for n in LOAD_TEST_NODES],
+            "nodes": [
+                # start and work each continue to the next node either way, so all three are reachable.
+                *(
+                    {"id": n, "kind": "condition", "revision": 1, "expression": "true", "bindings": [],
+                     "true_next": nxt, "false_next": nxt}
+                    for n, nxt in zip(LOAD_TEST_NODES, LOAD_TEST_NODES[1:], strict=False)
+                ),
+                {"id": LOAD_TEST_NODES[-1], "kind": "end", "revision": 1, "outcome": "succeeded"},
+            ],
         }
     )
     store.register_definition(definition, execution.business_id, p.Authority(True, "admin"))

@@ -564,7 +564,7 @@ def test_integrity_is_clean_after_a_run(tmp_path: Path) -> None:
     clock.advance(LEASE)
     for n, execution_id in enumerate(store.expired()):
         decided(store.recover(recovery_request(store, execution_id, p.RecoveryKind.QUARANTINE_EXPIRED, f"q-{n}")))
-        decided(store.recover(recovery_request(store, execution_id, p.RecoveryKind.RESUME_SAFE, f"r-{n}")))
+        decided(store.recover(recovery_request(store, execution_id, p.RecoveryKind.FAIL, f"f-{n}")))
     decided(store.cancel(p.CancelRequest("e-29", "b-2", 1, GRANTED)))
     store.close()
     conn = sqlite3.connect(path)

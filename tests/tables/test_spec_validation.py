@@ -172,8 +172,13 @@ CASES = [
          ("state 'orphan' is not reachable from an initial state",)),
     Case("transition-out-of-terminal", lambda: _append_block(_text("attempt"), "reopen", "completed", "running"),
          ("transition #12 (reopen: completed -> running)", "leaves terminal state 'completed'")),
-    Case("cannot-reach-terminal", lambda: _set_top(_text("execution"), "review", 'review = ["reconciliation_required"]'),
-         ("state 'suspended' cannot reach a terminal state",)),
+    # A dead end: a state entered but never left (no execution may be stuck without a governed exit).
+    Case("cannot-reach-terminal", lambda: _append_block(
+        _set_top(_text("execution"), "states",
+                 'states = ["eligible", "running", "waiting", "succeeded", "failed", "cancelled", "suspended", '
+                 '"reconciliation_required", "limbo"]'),
+        "vanish", "waiting", "limbo"),
+         ("state 'limbo' cannot reach a terminal state",)),
     Case("terminal-declared-with-exits", lambda: _set_top(_text("node"), "terminal", 'terminal = ["invalidated"]'),
          ("leaves terminal state 'invalidated'",)),
     Case("terminal-and-review", lambda: _set_top(_text("attempt"), "review",
