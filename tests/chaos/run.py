@@ -89,6 +89,7 @@ class Config:
     dsn: str = DEFAULT_PG_DSN
     keep: Path | None = None
     quiet: bool = False
+    max_executions: int | None = None
 
 
 def say(config: Config, text: str) -> None:
@@ -272,6 +273,10 @@ class Crew:
             try:
                 proc.wait(timeout=max(0.1, give_up - time.monotonic()))
                 self.exits[f"stopped by SIGTERM, exit {proc.returncode}"] += 1
+                if proc.returncode < 0:
+                    # Terminated before its handler was installed (it had just started): like a kill,
+                    # it may have left no ledger, or cut its last line.
+                    self.sigkilled.add(name)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -510,7 +515,10 @@ def run_one(config: Config, kind: str) -> RunOutcome:
             now = time.monotonic()
             crew.reap()
             crew.resume_due()
-            driver.tick(admitting=now < end - 3)
+            driver.tick(
+                admitting=now < end - 3
+                and (config.max_executions is None or len(driver.kinds) < config.max_executions)
+            )
             if now >= next_kill:
                 crew.sigkill_one()
                 faults["workers SIGKILLed (and restarted)"] += 1
@@ -536,8 +544,8 @@ def run_one(config: Config, kind: str) -> RunOutcome:
         crew.start(final=True)
         give_up = time.monotonic() + max(TIMEOUT_SECONDS.values()) + 25
         quiet_rounds = 0
-        while time.monotonic() < give_up and quiet_rounds < 3:
-            time.sleep(1.0)
+        while time.monotonic() < give_up and quiet_rounds < 2:
+            time.sleep(0.5)
             crew.reap()
             tally = recover(store, policy, handler, business_id=BUSINESS, principal_id=OPERATOR)
             final_recovery.update(tally)
@@ -630,9 +638,9 @@ def audit(
     refused = [e for e in results if e["result"] == "refusal"]
     landed, problems = compare_writes(loaded.history, ledger, is_worker=is_worker)
     committed = {
-        evidence_key(r["object_id"], r["revision"]): (r["parent_id"], r["committed_at"])
+        evidence_key(r["object_id"], r["revision"], r["body"]): (r["parent_id"], r["committed_at"])
         for r in rows(
-            "SELECT v.object_id, v.revision, v.committed_at, o.parent_id FROM object_revisions v "
+            "SELECT v.object_id, v.revision, v.body, v.committed_at, o.parent_id FROM object_revisions v "
             "JOIN objects o ON o.object_id = v.object_id WHERE o.object_type <> 'WorkflowExecution'"
         )
     }
@@ -681,6 +689,19 @@ def audit(
     stuck = [f"{x}: {o['state']}" for x, o in sorted(loaded.executions.items()) if o["state"] not in TERMINAL | LEFT_FOR_REVIEW]
     check("no execution is stuck", f"{len(listed)} left waiting or in review (listed)", stuck)
     return violations, checks, listed
+
+
+def audit_kept_sqlite(directory: Path, lease: float) -> tuple[list[str], dict[str, str], list[str]]:
+    """The audit again, over the files a SQLite run kept (``--keep``); the driver's own record is not kept.
+
+    Every admission is taken as present (the driver's list is gone), and every
+    ledger may end in a cut line (who was killed is not kept either).
+    """
+    target = SqliteTarget(directory)
+    ledgers = {path.stem: path for path in directory.glob(f"{WORKER_PREFIX}*.jsonl")}
+    ledger = Ledger.read(ledgers, set(ledgers))
+    config = Config("sqlite", 0, 0, lease=lease)
+    return audit(target.rows(), ledger, read_effects(directory / "effects.jsonl"), None, config)
 
 
 def check_commands(
@@ -766,8 +787,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=2.0, help="the workers' lease in seconds (default 2)")
     parser.add_argument("--dsn", default=os.environ.get("FENCEKEEPER_PG_DSN", DEFAULT_PG_DSN))
     parser.add_argument("--keep", type=Path, help="keep each run's files (and PostgreSQL schema) under this directory")
+    parser.add_argument("--max-executions", type=int, metavar="N", help="admit at most N executions per store")
     args = parser.parse_args(argv)
-    config = Config(args.store, args.seconds, args.seed, args.workers, args.lease, args.dsn, args.keep)
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    config = Config(
+        args.store, args.seconds, args.seed, args.workers, args.lease, args.dsn, args.keep,
+        max_executions=args.max_executions,
+    )
     kinds = ("sqlite", "postgres") if args.store == "both" else (args.store,)
     total = 0
     for kind in kinds:

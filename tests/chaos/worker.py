@@ -17,13 +17,14 @@ ledger in the format :mod:`tests.stores.ledger_audit` reads:
   written; every line carries the worker id of the credential and a
   sequence number unique in the process.
 
-Evidence is named ``object_id#revision`` in the ledger, since one evidence
-object (a step attempt) gets revisions from several requests.
+Evidence is named ``object_id#revision#digest`` in the ledger (:func:`evidence_key`),
+since one evidence object (a step attempt) gets revisions from several requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import threading
@@ -37,8 +38,14 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.evidence import Evidence
 
 
-def evidence_key(object_id: str, revision: int) -> str:
-    return f"{object_id}#{revision}"
+def evidence_key(object_id: str, revision: int, body: str) -> str:
+    """One committed revision of an evidence object, and what it says.
+
+    Two requests may carry the same revision of one object (a worker's
+    settlement of an attempt refused, then the reconciliation's): the digest
+    of the body tells whose landed.
+    """
+    return f"{object_id}#{revision}#{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 
 
 class LedgeredStore:
@@ -73,7 +80,7 @@ class LedgeredStore:
         """``who`` is the credential the request carries: worker id, lease token, fence."""
         worker, token, fence = who
         seq = self._next()
-        keys = [evidence_key(e.object_id, e.revision) for e in evidence]
+        keys = [evidence_key(e.object_id, e.revision, e.body_json()) for e in evidence]
         common = {"worker": worker, "seq": seq}
         self._line(
             {**common, "intent": op, "t": time.time(), "execution_id": execution_id, "token": token, "fence": fence,

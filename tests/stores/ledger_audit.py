@@ -252,7 +252,7 @@ def compare_writes(
     Returns how many writes of unknown outcome landed, and the problems.
     """
     problems: list[str] = []
-    decided = [e for e in ledger.results.values() if e["result"] == "decision"]
+    decided = [e for e in ledger.results.values() if e["result"] == "decision" and is_worker(e["worker"])]
     accepted = collections.Counter(
         (e["execution_id"], event, e["worker"], e["token"], e["fence"])
         for e in decided
