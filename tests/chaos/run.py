@@ -331,7 +331,7 @@ class Driver:
         except service.OperationError as exc:
             self.stats[f"{what}: error {exc.code}"] += 1
         except StoreError as exc:
-            self.stats[f"{what}: store error {exc.code}"] += 1
+            self.stats[f"{what}: store error {_store_error(exc)}"] += 1
         return None
 
     def admit(self) -> None:
@@ -354,7 +354,7 @@ class Driver:
             )
         except StoreError as exc:
             self.admission_unknown.append(execution_id)
-            self.stats[f"admit: store error {exc.code}"] += 1
+            self.stats[f"admit: store error {_store_error(exc)}"] += 1
             return
         if isinstance(outcome, p.Decision):
             self.admitted.append(execution_id)
@@ -456,7 +456,12 @@ def recover(
     run recovers; the service calls are the ones those commands make.
     """
     tally: collections.Counter[str] = collections.Counter()
-    quarantined = service.quarantine_expired(store, policy, business_id=business_id, principal_id=principal_id)
+    try:
+        quarantined = service.quarantine_expired(store, policy, business_id=business_id, principal_id=principal_id)
+    except StoreError as exc:
+        # As an operator's timer would, try again next time; what committed before the error stays.
+        tally[f"quarantine failed, retried later: {_store_error(exc)}"] += 1
+        quarantined = {}
     for outcome in quarantined.values():
         tally["quarantined" if isinstance(outcome, p.Decision) else f"quarantine refused: {outcome.code.value}"] += 1
     for execution_id in store.execution_ids(ExecutionState.RECONCILIATION_REQUIRED):
@@ -467,6 +472,9 @@ def recover(
         except service.OperationError as exc:
             tally[f"reconcile error: {exc.code}"] += 1
             continue
+        except StoreError as exc:
+            tally[f"reconcile failed, retried later: {_store_error(exc)}"] += 1
+            continue
         outcome = reconciled.outcome
         if isinstance(outcome, p.Decision) and outcome.execution is not None:
             how = "by its Command's answer" if reconciled.command_id is not None else "no Command was issued"
@@ -474,6 +482,11 @@ def recover(
         else:
             tally[f"left in review: {outcome.code.value}"] += 1
     return tally
+
+
+def _store_error(exc: StoreError) -> str:
+    # The message names the file or DSN; the report keeps what went wrong, e.g. "database is locked".
+    return f"{exc.code} ({exc.message.rsplit(': ', 1)[-1]})"
 
 
 # --- the run ---------------------------------------------------------------------------------------
