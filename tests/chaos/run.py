@@ -71,6 +71,8 @@ BUSINESS = "chaos"
 OPERATOR = "user:operator"
 REVIEWERS = ("user:manager", "user:cfo")
 WORKER_PREFIX = "chaos-w"
+THREADS = 2
+"""Worker threads per process; the command line names them PROCESS-1 .. PROCESS-THREADS."""
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 WORKFLOWS = ("purchase_approval.toml", "payment_with_timeout.toml", "refund_needs_reconciliation.toml")
 TIMEOUT_SECONDS = {"3600": 3, "86400": 5}
@@ -218,7 +220,7 @@ class Crew:
                 [
                     sys.executable, "-m", "tests.chaos.worker", "--ledger", str(self.directory / f"{name}.jsonl"), "--",
                     "worker", "--db", self.target.url(f"fk-chaos-{name}"), "--business", BUSINESS, "--as", OPERATOR,
-                    "--concurrency", "2", "--lease", str(self.config.lease), "--poll", "0.2", "--id", name,
+                    "--concurrency", str(THREADS), "--lease", str(self.config.lease), "--poll", "0.2", "--id", name,
                     "--handler", "tests.chaos.handler:make", "-v",
                 ],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
@@ -245,15 +247,23 @@ class Crew:
         proc.wait()
         self.sigkilled.add(name)
 
-    def sigkill_one(self) -> None:
-        self.sigkill(self.rng.choice(sorted(self.running)))
-        self.start()
+    def _pick(self, candidates: set[str], holders: set[str]) -> str | None:
+        """Mostly a worker holding a lease (so the fault strands work), else any."""
+        preferred = sorted(candidates & holders)
+        if preferred and self.rng.random() < 0.8:
+            return self.rng.choice(preferred)
+        return self.rng.choice(sorted(candidates)) if candidates else None
 
-    def sigstop_one(self) -> bool:
-        candidates = sorted(set(self.running) - set(self.stopped_until))
-        if not candidates:
+    def sigkill_one(self, holders: set[str]) -> None:
+        name = self._pick(set(self.running), holders)
+        if name is not None:
+            self.sigkill(name)
+            self.start()
+
+    def sigstop_one(self, holders: set[str]) -> bool:
+        name = self._pick(set(self.running) - set(self.stopped_until), holders)
+        if name is None:
             return False
-        name = self.rng.choice(candidates)
         self.running[name].send_signal(signal.SIGSTOP)
         self.stopped_until[name] = time.monotonic() + self.config.lease * self.rng.uniform(1.5, 2.5)
         return True
@@ -293,9 +303,27 @@ class Crew:
                 proc.wait()
         self.running.clear()
 
+    def killed_ids(self) -> set[str]:
+        """The processes killed mid-work, and the worker ids of their threads, as the ledger audit names them."""
+        return self.sigkilled | worker_ids(self.sigkilled)
+
     def ledgers(self) -> dict[str, Path]:
         # Every worker id of a process shares its ledger; the ledger keys lines by worker id and seq.
         return {name: self.directory / f"{name}.jsonl" for name in self.started}
+
+
+def worker_ids(processes: set[str]) -> set[str]:
+    return {f"{name}-{n}" for name in processes for n in range(1, THREADS + 1)}
+
+
+def lease_holders(store: TransactionalStore) -> set[str]:
+    """The worker processes holding a lease now."""
+    holders = set()
+    for execution_id in store.execution_ids(ExecutionState.RUNNING):
+        view = store.read(execution_id)
+        if view is not None and view.dispatch.leased_by is not None:
+            holders.add(view.dispatch.leased_by.rsplit("-", 1)[0])
+    return holders
 
 
 # --- the driver --------------------------------------------------------------------------------
@@ -534,11 +562,11 @@ def run_one(config: Config, kind: str) -> RunOutcome:
                 and (config.max_executions is None or len(driver.kinds) < config.max_executions)
             )
             if now >= next_kill:
-                crew.sigkill_one()
+                crew.sigkill_one(lease_holders(store))
                 faults["workers SIGKILLed (and restarted)"] += 1
                 next_kill = now + rng.uniform(3, 7)
             if now >= next_stop:
-                if crew.sigstop_one():
+                if crew.sigstop_one(lease_holders(store)):
                     faults["workers SIGSTOPped past their lease, then SIGCONTed"] += 1
                 next_stop = now + rng.uniform(2, 5)
             if kind == "postgres" and now >= next_cut:
@@ -573,7 +601,7 @@ def run_one(config: Config, kind: str) -> RunOutcome:
         crew.abort()
         store.close()
     audit_started = time.monotonic()
-    ledger = Ledger.read(crew.ledgers(), crew.sigkilled)
+    ledger = Ledger.read(crew.ledgers(), crew.killed_ids())
     violations, checks, listed = audit(target.rows(), ledger, read_effects(directory / "effects.jsonl"), driver, config)
     report = {
         "faults": dict(faults),
@@ -726,7 +754,7 @@ def audit_kept_sqlite(directory: Path, lease: float) -> tuple[list[str], dict[st
     """
     target = SqliteTarget(directory)
     ledgers = {path.stem: path for path in directory.glob(f"{WORKER_PREFIX}*.jsonl")}
-    ledger = Ledger.read(ledgers, set(ledgers))
+    ledger = Ledger.read(ledgers, set(ledgers) | worker_ids(set(ledgers)))
     config = Config("sqlite", 0, 0, lease=lease)
     return audit(target.rows(), ledger, read_effects(directory / "effects.jsonl"), None, config)
 
