@@ -44,6 +44,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -206,6 +207,7 @@ class Crew:
         self.rng = rng
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.stopped_until: dict[str, float] = {}
+        self.timers: dict[str, threading.Timer] = {}
         self.started: list[str] = []
         self.sigkilled: set[str] = set()
         self.exits: collections.Counter[str] = collections.Counter()
@@ -235,6 +237,9 @@ class Crew:
             if proc.poll() is not None:
                 del self.running[name]
                 self.stopped_until.pop(name, None)
+                timer = self.timers.pop(name, None)
+                if timer is not None:
+                    timer.cancel()
                 lines = (self.directory / f"{name}.err").read_text(errors="replace").strip().splitlines()
                 last = lines[-1] if lines else ""
                 self.exits[f"exited {proc.returncode} on its own: {last[:160]}"] += 1
@@ -243,6 +248,9 @@ class Crew:
     def sigkill(self, name: str) -> None:
         proc = self.running.pop(name)
         self.stopped_until.pop(name, None)
+        timer = self.timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         self.sigkilled.add(name)
@@ -264,14 +272,25 @@ class Crew:
         name = self._pick(set(self.running) - set(self.stopped_until), holders)
         if name is None:
             return False
-        self.running[name].send_signal(signal.SIGSTOP)
-        self.stopped_until[name] = time.monotonic() + self.config.lease * self.rng.uniform(1.5, 2.5)
+        proc = self.running[name]
+        seconds = self.config.lease * self.rng.uniform(1.5, 2.5)
+        proc.send_signal(signal.SIGSTOP)
+        # SIGCONT comes from a timer of its own, never from the driver's loop: on PostgreSQL a worker
+        # stopped inside its transaction holds row locks, and the driver may be the one waiting on them.
+        timer = threading.Timer(seconds, proc.send_signal, (signal.SIGCONT,))
+        timer.daemon = True
+        timer.start()
+        self.timers[name] = timer
+        self.stopped_until[name] = time.monotonic() + seconds
         return True
 
     def resume_due(self, *, all_now: bool = False) -> None:
         for name, until in list(self.stopped_until.items()):
             if all_now or time.monotonic() >= until:
-                self.running[name].send_signal(signal.SIGCONT)
+                self.timers.pop(name).cancel()
+                proc = self.running.get(name)
+                if proc is not None:
+                    proc.send_signal(signal.SIGCONT)  # again, or for the first time if the timer was cancelled
                 del self.stopped_until[name]
 
     def stop_all(self) -> None:
@@ -296,6 +315,8 @@ class Crew:
         self.running.clear()
 
     def abort(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
         for proc in self.running.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
@@ -545,6 +566,7 @@ def run_one(config: Config, kind: str) -> RunOutcome:
     faults: collections.Counter[str] = collections.Counter()
     recovery: collections.Counter[str] = collections.Counter()
     final_recovery: collections.Counter[str] = collections.Counter()
+    slowest = 0.0
     try:
         for _ in range(config.workers):
             crew.start()
@@ -557,6 +579,7 @@ def run_one(config: Config, kind: str) -> RunOutcome:
             now = time.monotonic()
             crew.reap()
             crew.resume_due()
+            step_started = time.monotonic()
             driver.tick(
                 admitting=now < end - 3
                 and (config.max_executions is None or len(driver.kinds) < config.max_executions)
@@ -576,6 +599,8 @@ def run_one(config: Config, kind: str) -> RunOutcome:
             if now >= next_recovery:
                 recovery.update(recover(store, policy, handler, business_id=BUSINESS, principal_id=OPERATOR))
                 next_recovery = now + 2
+            # A stopped worker's transaction makes people wait on its locks: the longest wait is reported.
+            slowest = max(slowest, time.monotonic() - step_started)
             time.sleep(0.05)
         chaos_seconds = time.monotonic() - started
 
@@ -615,6 +640,7 @@ def run_one(config: Config, kind: str) -> RunOutcome:
             "chaos": round(chaos_seconds, 1),
             "end and recovery": round(audit_started - started - chaos_seconds, 1),
             "audit": round(time.monotonic() - audit_started, 1),
+            "slowest round of the driver and recovery": round(slowest, 1),
         },
     }
     if isinstance(target, PostgresTarget):
