@@ -26,7 +26,7 @@ test: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/python -m tests.contracts.run_crosshair
 
-# Not part of `make test`: about three minutes of workers killed, stopped past their leases and
+# Not part of `make test`: about two minutes of workers killed, stopped past their leases and
 # cut off, on SQLite and on PostgreSQL (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test),
 # then the documented recovery and a full audit; exits 1 on any violation (docs/chaos.md).
 CHAOS_SECONDS ?= 50
