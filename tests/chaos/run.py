@@ -622,6 +622,10 @@ def run_one(config: Config, kind: str) -> RunOutcome:
         crew.stop_all()
         time.sleep(config.lease + 0.5)
         final_recovery.update(recover(store, policy, handler, business_id=BUSINESS, principal_id=OPERATOR))
+    except BaseException:
+        if isinstance(target, PostgresTarget):
+            target.close(drop=config.keep is None)  # a broken run leaves no schema behind unless asked to
+        raise
     finally:
         crew.abort()
         store.close()
