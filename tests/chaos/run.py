@@ -567,6 +567,7 @@ def run_one(config: Config, kind: str) -> RunOutcome:
     recovery: collections.Counter[str] = collections.Counter()
     final_recovery: collections.Counter[str] = collections.Counter()
     slowest = 0.0
+    completed = False
     try:
         for _ in range(config.workers):
             crew.start()
@@ -622,13 +623,12 @@ def run_one(config: Config, kind: str) -> RunOutcome:
         crew.stop_all()
         time.sleep(config.lease + 0.5)
         final_recovery.update(recover(store, policy, handler, business_id=BUSINESS, principal_id=OPERATOR))
-    except BaseException:
-        if isinstance(target, PostgresTarget):
-            target.close(drop=config.keep is None)  # a broken run leaves no schema behind unless asked to
-        raise
+        completed = True
     finally:
         crew.abort()
         store.close()
+        if not completed and isinstance(target, PostgresTarget):
+            target.close(drop=config.keep is None)  # a broken run leaves no schema behind unless asked to
     audit_started = time.monotonic()
     ledger = Ledger.read(crew.ledgers(), crew.killed_ids())
     violations, checks, listed = audit(target.rows(), ledger, read_effects(directory / "effects.jsonl"), driver, config)
