@@ -203,7 +203,7 @@ def resume_at_current_node(
                 *(
                     {"id": n, "kind": "condition", "revision": 1, "expression": "true", "bindings": [],
                      "true_next": nxt, "false_next": nxt}
-                    for n, nxt in zip(LOAD_TEST_NODES, LOAD_TEST_NODES[1:], strict=False)
+                    for n, nxt in itertools.pairwise(LOAD_TEST_NODES)
                 ),
                 {"id": LOAD_TEST_NODES[-1], "kind": "end", "revision": 1, "outcome": "succeeded"},
             ],

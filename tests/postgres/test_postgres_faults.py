@@ -81,7 +81,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import attrs
 import psycopg
 from psycopg.rows import dict_row
 
@@ -92,6 +91,7 @@ from fencekeeper.kernel.machines import ExecutionState
 from tests.postgres.pg_drain_worker import APP_PREFIX, application_name, with_application_name
 from tests.stores.audit import check_finished_once, load
 from tests.stores.drain_worker import DEAD_CODES
+from tests.stores.ledger_audit import Ledger, compare_writes, evidence_problems, replay_leases
 from tests.stores.test_sqlite_concurrency import MAX_RESUMES, Reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,17 +119,6 @@ POOL_SIZE = 4
 
 OPS = p.Authority(True, "ops")
 ADMIN = p.Authority(True, "admin")
-LEASE_WRITES = frozenset({"renew", "record_step", "release"}) | {
-    f"finalize_{s.value}"
-    for s in (
-        ExecutionState.WAITING,
-        ExecutionState.SUCCEEDED,
-        ExecutionState.FAILED,
-        ExecutionState.SUSPENDED,
-        ExecutionState.RECONCILIATION_REQUIRED,
-    )
-}
-LEASE_ENDS = LEASE_WRITES - {"renew", "record_step"}
 KILL_CONNECTIONS = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
     "WHERE datname = current_database() AND application_name LIKE %s"
@@ -435,71 +424,11 @@ def find_abandoned(conn: psycopg.Connection[dict[str, Any]], store: PostgresStor
     return running
 
 
-# --- the ledgers ------------------------------------------------------------------------------
-
-
-@attrs.define
-class Ledger:
-    """Every worker's lines, keyed by (worker, seq): intents, how they returned, and the results."""
-
-    intents: dict[tuple[str, int], dict[str, Any]]
-    done: dict[tuple[str, int], dict[str, Any]]
-    results: dict[tuple[str, int], dict[str, Any]]
-    read_errors: list[dict[str, Any]]
-    abandoned: list[dict[str, Any]]
-    sigkilled: set[str]
-
-    @classmethod
-    def read(cls, paths: dict[str, Path], sigkilled: set[str]) -> Ledger:
-        ledger = cls({}, {}, {}, [], [], sigkilled)
-        for worker_id, path in paths.items():
-            if not path.exists():
-                # SIGKILLed while starting, before it opened its ledger (and so before any request).
-                assert worker_id in sigkilled, f"{worker_id} left no ledger"
-                continue
-            lines = path.read_text(encoding="utf-8").splitlines()
-            for number, line in enumerate(lines):
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    # Only the last line of a SIGKILLed worker may be cut short.
-                    assert worker_id in sigkilled and number == len(lines) - 1, (worker_id, number, line)
-                    continue
-                if "intent" in entry:
-                    ledger.intents[(entry["worker"], entry["seq"])] = entry
-                elif "done" in entry:
-                    ledger.done[(entry["worker"], entry["seq"])] = entry
-                elif "result" in entry:
-                    ledger.results[(entry["worker"], entry["seq"])] = entry
-                elif "read_error" in entry:
-                    ledger.read_errors.append(entry)
-                else:
-                    assert "abandoned" in entry, entry
-                    ledger.abandoned.append(entry)
-        return ledger
-
-    def unknown(self) -> list[dict[str, Any]]:
-        """Requests whose outcome the ledger does not hold.
-
-        The worker could not know it (connection lost, or SIGKILLed before
-        the request returned), or knew it and was SIGKILLed before writing
-        its result line: the done line and the result line are two writes,
-        and a kill can fall between them, only on a SIGKILLed worker's last
-        request.
-        """
-        last: dict[str, int] = {}
-        for worker, seq in self.intents:
-            last[worker] = max(seq, last.get(worker, seq))
-        return [
-            intent
-            for key, intent in self.intents.items()
-            if key not in self.done
-            or self.done[key]["done"] == "unavailable"
-            or (key not in self.results and key[0] in self.sigkilled and key[1] == last[key[0]])
-        ]
-
-
 # --- the audit ----------------------------------------------------------------------------------
+
+
+def is_worker(actor: str) -> bool:
+    return actor not in ("ops", "admin")
 
 
 def rows(conn: psycopg.Connection[dict[str, Any]], sql: str) -> Iterator[dict[str, Any]]:
@@ -512,26 +441,6 @@ def count(conn: psycopg.Connection[dict[str, Any]], sql: str) -> int:
     return int(next(iter(row.values())))
 
 
-@attrs.define
-class Lease:
-    worker: str
-    token: str
-    fence: int
-    claimed_at: datetime
-    expires: datetime
-    renewals: list[tuple[datetime, datetime]]
-    """(at, new expiry) of each renewal, oldest first."""
-    ended_at: datetime | None = None
-    quarantined: bool = False
-
-    def expiry_at(self, moment: datetime) -> datetime:
-        expires = self.claimed_at + LEASE
-        for at, until in self.renewals:
-            if at <= moment:
-                expires = until
-        return expires
-
-
 def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
     """Every check of the database against itself and against the ledgers; returns the counts for the report."""
     loaded = load(lambda sql: rows(conn, sql))
@@ -539,7 +448,9 @@ def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str,
     final_states = check_finished_once(loaded)
     history = loaded.history
 
-    leases = replay_leases(history)
+    leases, problems = replay_leases(history, lambda worker: LEASE, is_worker=is_worker)
+    assert not problems, problems
+    assert not ledger.problems, ledger.problems
 
     # --- the ledgers against the database -----------------------------------------------------------
     results = list(ledger.results.values())
@@ -557,33 +468,9 @@ def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str,
     assert [e for e in zombies if e["result"] == "decision"] == [], "a zombie request was accepted"
     assert {e["code"] for e in refused} <= DEAD_CODES, collections.Counter(e["code"] for e in refused)
 
-    accepted = collections.Counter(
-        (e["execution_id"], event, e["worker"], e["token"], e["fence"]) for e in decided for event in e["events"]
-    )
-    written = collections.Counter(
-        (t["execution_id"], t["event"], t["actor"], t["lease_token"], t["fence"])
-        for ts in history.values()
-        for t in ts
-        if t["actor"] not in ("ops", "admin")
-    )
-    assert not accepted - written, f"accepted but not in the database: {accepted - written}"
-    # What a worker wrote beyond what it was told was accepted must be a
-    # request whose outcome it could not know; each explains one write.
+    landed, problems = compare_writes(history, ledger, is_worker=is_worker)
+    assert not problems, problems
     unknown = ledger.unknown()
-    candidates = collections.Counter(
-        (i["execution_id"], i["intent"], i["worker"], i["token"], i["fence"]) for i in unknown if i["intent"] != "claim"
-    )
-    claim_candidates = collections.Counter((i["worker"], i["token"]) for i in unknown if i["intent"] == "claim")
-    landed = 0
-    for (execution_id, event, actor, token, fence), n in (written - accepted).items():
-        for _ in range(n):
-            if event == "claim" and claim_candidates[(actor, token)] > 0:
-                claim_candidates[(actor, token)] -= 1
-            elif candidates[(execution_id, event, actor, token, fence)] > 0:
-                candidates[(execution_id, event, actor, token, fence)] -= 1
-            else:
-                raise AssertionError(f"written without an accepted or unknown request: {(execution_id, event, actor)}")
-            landed += 1
 
     # Evidence: exactly the accepted requests' (plus perhaps some of unknown
     # outcome), none of a refused request, each under the live lease it names.
@@ -592,7 +479,7 @@ def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str,
         for r in rows(
             conn,
             "SELECT o.object_id, o.object_type, o.parent_id, o.revision, o.created_at, v.body FROM objects o "
-            "JOIN object_revisions v ON v.object_id = o.object_id WHERE o.object_type <> 'WorkflowExecution'",
+            "JOIN object_revisions v ON v.object_id = o.object_id WHERE o.parent_id IS NOT NULL",
         )
     }
     accepted_evidence = {object_id for e in decided for object_id in e["evidence"]}
@@ -608,16 +495,20 @@ def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str,
         assert r["parent_id"] == execution_id and (body["token"], str(body["fence"])) == (token, fence)
         assert r["revision"] == 1
         assert any(
-            (lease.worker, lease.token, lease.fence) == (worker, token, int(fence))
-            and lease.claimed_at < r["created_at"]
-            and (lease.ended_at is None or r["created_at"] <= lease.ended_at)
-            and r["created_at"] < lease.expiry_at(r["created_at"])
+            (lease.worker, lease.token, lease.fence) == (worker, token, int(fence)) and lease.live_at(r["created_at"])
             for lease in leases[execution_id]
         ), f"evidence {object_id} was not committed under the live lease it names"
+    _, problems = evidence_problems(
+        {object_id: (r["parent_id"], r["created_at"]) for object_id, r in evidence.items()}, ledger, leases
+    )
+    assert not problems, problems
 
     # --- count(*) consistency ------------------------------------------------------------------------
     n_evidence = len(evidence)
-    assert count(conn, "SELECT count(*) FROM objects") == EXECUTIONS + n_evidence
+    # Definitions are registered only for resumes (the kernel derives a resume's proof from them).
+    assert count(conn, "SELECT count(*) FROM objects WHERE object_type <> 'WorkflowDefinition'") == (
+        EXECUTIONS + n_evidence
+    )
     assert count(conn, "SELECT count(*) FROM object_revisions") == count(
         conn, "SELECT coalesce(sum(revision), 0) FROM objects"
     )
@@ -713,56 +604,3 @@ def audit(conn: psycopg.Connection[dict[str, Any]], ledger: Ledger) -> dict[str,
         "refused evidence ids (absent)": len(refused_evidence),
         "transitions": sum(len(ts) for ts in history.values()),
     }
-
-
-def replay_leases(history: dict[str, list[dict[str, Any]]]) -> dict[str, list[Lease]]:
-    """Replay each execution's transitions in commit order against the one lease that may be open.
-
-    Fails on any write made with a credential other than the open lease's,
-    or after that lease's expiry; returns every execution's leases, oldest
-    first.
-    """
-    leases: dict[str, list[Lease]] = collections.defaultdict(list)
-    for execution_id, transitions in history.items():
-        lease: Lease | None = None
-        fence = 0
-        highest_seen = 0
-        for t in transitions:
-            where = f"{execution_id} revision {t['revision']} {t['event']} by {t['actor']}"
-            if t["lease_token"] is not None:
-                # Fences carried by token-bearing records never go back.
-                assert t["fence"] >= highest_seen, f"{where}: fence {t['fence']} after fence {highest_seen}"
-                highest_seen = t["fence"]
-            event = t["event"]
-            if event is None and t["from_state"] is None:
-                assert t["fence"] == 0 and lease is None, where  # admission
-            elif event == "claim":
-                assert lease is None, f"{where}: claimed while {lease} was open"
-                assert t["fence"] == fence + 1, f"{where}: fence {t['fence']} after {fence}"
-                fence = t["fence"]
-                lease = Lease(t["actor"], t["lease_token"], fence, t["at"], t["at"] + LEASE, [])
-                leases[execution_id].append(lease)
-            elif event in LEASE_WRITES:
-                assert lease is not None, f"{where}: a lease write with no lease open"
-                assert (t["actor"], t["lease_token"], t["fence"]) == (lease.worker, lease.token, lease.fence), (
-                    f"{where}: written with ({t['lease_token']}, fence {t['fence']}), the open lease is {lease}"
-                )
-                assert t["at"] < lease.expires, f"{where}: written at {t['at']}, the lease expired {lease.expires}"
-                if event == "renew":
-                    lease.expires = t["at"] + LEASE
-                    lease.renewals.append((t["at"], lease.expires))
-                elif event in LEASE_ENDS:
-                    lease.ended_at = t["at"]
-                    lease = None
-            elif event == "quarantine_expired":
-                assert lease is not None and t["actor"] == "ops", where
-                assert (t["lease_token"], t["fence"]) == (lease.token, lease.fence), where
-                assert t["at"] >= lease.expires, f"{where}: quarantined a live lease ({lease.expires})"
-                lease.quarantined = True
-                lease.ended_at = t["at"]
-                lease = None
-            else:
-                assert event in ("fail", "resume_safe", "wake"), where
-                assert lease is None and t["actor"] == "ops" and t["lease_token"] is None, where
-        assert lease is None, f"{execution_id}: a lease is still open at the end"
-    return leases

@@ -351,7 +351,7 @@ def audit(conn: sqlite3.Connection, entries: list[dict[str, Any]]) -> dict[str, 
         for r in rows(
             conn,
             "SELECT o.object_id, o.object_type, o.parent_id, o.created_at, v.body FROM objects o "
-            "JOIN object_revisions v ON v.object_id = o.object_id WHERE o.object_type <> 'WorkflowExecution'",
+            "JOIN object_revisions v ON v.object_id = o.object_id WHERE o.parent_id IS NOT NULL",
         )
     }
     accepted_evidence = {object_id for e in decided for object_id in e["evidence"]}

@@ -105,7 +105,7 @@ def _torn(conn: sqlite3.Connection) -> list[str]:
     for r in conn.execute("SELECT * FROM wait_registrations"):
         registrations[r["execution_id"]].append(r)
     evidence: dict[str, list[sqlite3.Row]] = collections.defaultdict(list)
-    for r in conn.execute("SELECT * FROM objects WHERE object_type <> 'WorkflowExecution'"):
+    for r in conn.execute("SELECT * FROM objects WHERE parent_id IS NOT NULL"):  # evidence, not definitions
         evidence[r["parent_id"]].append(r)
         if len(revisions.get(r["object_id"], [])) != 1:
             problems.append(f"evidence {r['object_id']} without exactly one revision row")
@@ -176,7 +176,8 @@ def _torn(conn: sqlite3.Connection) -> list[str]:
     # Recovery commands land with their transition.
     commands = {r["command_id"]: json.loads(r["body"]) for r in conn.execute("SELECT command_id, body FROM commands")}
     recoveries = {
-        t["reason"].rsplit(" by command ", 1)[1]: t
+        # "recovery KIND by command ID", then ": what it decided" for a resume.
+        t["reason"].split(" by command ", 1)[1].split(":", 1)[0]: t
         for ts in history.values()
         for t in ts
         if t["event"] in ("quarantine_expired", "fail", "resume_safe")
