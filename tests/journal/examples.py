@@ -7,46 +7,15 @@ search -> two independent human screenings -> extraction -> synthesis -> sign-of
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
+from fencekeeper.adapters import journal_fixtures as fixtures
 from fencekeeper.kernel import journal as j
-from fencekeeper.kernel.dag import (
-    ApprovalRequirement,
-    Artifact,
-    NodeDefinition,
-    NodeKind,
-    VerifiedWorkflow,
-    WorkflowDefinition,
-    verify_workflow,
-)
+from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
-T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
-
-REVIEW = WorkflowDefinition(
-    workflow_id="systematic-review",
-    nodes=(
-        NodeDefinition("search", NodeKind.AUTOMATED, (), ("searcher",), (Artifact("search-results", "search-results"),)),
-        NodeDefinition("screen-a", NodeKind.HUMAN, ("search",), ("screener",), (Artifact("screening", "screening-a"),)),
-        NodeDefinition("screen-b", NodeKind.HUMAN, ("search",), ("screener",), (Artifact("screening", "screening-b"),)),
-        NodeDefinition(
-            "extraction",
-            NodeKind.HYBRID,
-            ("screen-a", "screen-b"),
-            ("extractor",),
-            (Artifact("extraction", "extraction-table"),),
-        ),
-        NodeDefinition("synthesis", NodeKind.HUMAN, ("extraction",), ("synthesist",), (Artifact("synthesis", "report"),)),
-        NodeDefinition(
-            "sign-off",
-            NodeKind.APPROVAL,
-            ("synthesis",),
-            ("reviewer", "coordinator"),
-            (),
-            ApprovalRequirement(minimum=2, roles=("reviewer",), distinct_actors=True, human_only=True),
-        ),
-    ),
-)
+T0 = fixtures.T0
+REVIEW = fixtures.REVIEW
 
 
 def review_workflow() -> VerifiedWorkflow:
@@ -54,23 +23,7 @@ def review_workflow() -> VerifiedWorkflow:
 
 
 def review_policy(workflow: VerifiedWorkflow) -> j.VerifiedPolicy:
-    return j.verify_policy(
-        j.AuthorityPolicy(
-            policy_id="review-policy",
-            scope="review-2026-03",
-            workflow_digest=workflow.digest,
-            protocol="protocol-v1",
-            assignments=(
-                j.Assignment("bot:search", j.ActorKind.AUTOMATION, ("searcher", "scheduler")),
-                j.Assignment("bot:extract", j.ActorKind.AUTOMATION, ("extractor", "screener", "reviewer")),
-                j.Assignment("alice", j.ActorKind.HUMAN, ("screener", "reviewer")),
-                j.Assignment("bob", j.ActorKind.HUMAN, ("screener", "reviewer")),
-                j.Assignment("carol", j.ActorKind.HUMAN, ("extractor", "synthesist", "coordinator", "scheduler")),
-            ),
-            approved_by="carol",
-        ),
-        workflow,
-    )
+    return j.verify_policy(fixtures.review_policy(workflow), workflow)
 
 
 def fresh(execution_id: str = "review-1", supersedes: str | None = None) -> j.Journal:
