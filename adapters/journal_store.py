@@ -68,6 +68,9 @@ class StoredChain:
 class JournalStore(Protocol):
     """The journal port: what the command line and services need from any journal store."""
 
+    clock: Clock
+    """Where the time of every record comes from."""
+
     def create(self, journal: j.Journal) -> None:
         """Store a new journal's header (and its workflow and policy); StoreError ``journal_exists`` if taken."""
         ...

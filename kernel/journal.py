@@ -415,6 +415,8 @@ class Unchanged:
 
     journal: Journal
     request_id: str
+    events: tuple[Event, ...] = ()
+    """The events the request appended when it was first recorded (the last one's digest is the head it made)."""
 
 
 Outcome: TypeAlias = Appended | Unchanged | Refusal
@@ -618,7 +620,8 @@ def preview(journal: Journal, command: Command, now: datetime) -> Outcome:
     except JournalError as exc:
         return exc.refusal
     if repeated:
-        return Unchanged(journal, command.request_id)
+        recorded = tuple(e for e in journal.events if e.request_id == command.request_id)
+        return Unchanged(journal, command.request_id, recorded)
     return Appended(builder.journal(), tuple(builder.events))
 
 
@@ -1273,6 +1276,92 @@ def policy_from_json(value: object, where: str = "policy") -> AuthorityPolicy:
     )
 
 
+_COMMON_FIELDS = ("command", "request", "actor", "role")
+_COMMAND_FIELDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "transition": (
+        (*_COMMON_FIELDS, "node", "event", "prior_state"),
+        ("expected_head", "rationale", "attempt", "records", "approvals", "error"),
+    ),
+    "invalidate": ((*_COMMON_FIELDS, "source", "policy", "nodes"), ("expected_head", "rationale")),
+    "bind-successor": ((*_COMMON_FIELDS, "successor", "nodes"), ("expected_head", "rationale")),
+}
+
+
+def command_from_json(value: object, expected_head: str | None = None, where: str = "command") -> Command:
+    """A command from its JSON form (specs/journal.md, section 6, plus ``request``, the request id).
+
+    ``expected_head`` is used when the JSON does not name one; a command
+    always carries one in the end.  Raises JournalError (``unknown_field``,
+    ``missing_field``, ``malformed_record``) naming the field.
+    """
+    if not isinstance(value, dict) or not isinstance(value.get("command"), str):
+        raise JournalError(C.MALFORMED_RECORD, f'{where}: must be an object with "command" naming its kind')
+    kind = value["command"]
+    if kind not in _COMMAND_FIELDS:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}.command: {kind!r} is not one of {sorted(_COMMAND_FIELDS)}")
+    required, optional = _COMMAND_FIELDS[kind]
+    obj = strict_object(value, where, required=required, optional=optional)
+    head = obj.get("expected_head", expected_head)
+    if head is None:
+        raise JournalError(C.MISSING_FIELD, f"{where}: missing field 'expected_head'")
+    common = {
+        "request_id": strict_text(obj["request"], f"{where}.request"),
+        "expected_head": strict_text(head, f"{where}.expected_head"),
+        "actor_id": strict_text(obj["actor"], f"{where}.actor"),
+        "role": strict_text(obj["role"], f"{where}.role"),
+        "rationale": strict_text(obj.get("rationale", ""), f"{where}.rationale"),
+    }
+    if kind == "transition":
+        attempt = obj.get("attempt")
+        attempt_ref = None
+        if attempt is not None:
+            fields = strict_object(attempt, f"{where}.attempt", required=("id", "sequence"), optional=())
+            attempt_ref = AttemptRef(
+                strict_text(fields["id"], f"{where}.attempt.id"), _whole(fields["sequence"], f"{where}.attempt.sequence")
+            )
+        approvals = []
+        for n, item in enumerate(strict_list(obj.get("approvals", []), f"{where}.approvals")):
+            at = f"{where}.approvals[{n}]"
+            fields = strict_object(item, at, required=("actor", "record", "role"), optional=())
+            approvals.append(
+                Approval(
+                    strict_text(fields["actor"], f"{at}.actor"),
+                    strict_text(fields["role"], f"{at}.role"),
+                    _record_ref(fields["record"], f"{at}.record"),
+                )
+            )
+        return Transition(
+            node_id=strict_text(obj["node"], f"{where}.node"),
+            event=NodeEvent(_enum_member(NodeEvent, obj["event"], f"{where}.event").value),
+            prior_state=NodeState(_enum_member(NodeState, obj["prior_state"], f"{where}.prior_state").value),
+            attempt=attempt_ref,
+            records=tuple(
+                _record_ref(item, f"{where}.records[{n}]")
+                for n, item in enumerate(strict_list(obj.get("records", []), f"{where}.records"))
+            ),
+            approvals=tuple(approvals),
+            error=_optional_text(obj.get("error"), f"{where}.error"),
+            **common,
+        )
+    nodes = []
+    for n, item in enumerate(strict_list(obj["nodes"], f"{where}.nodes")):
+        fields = strict_object(item, f"{where}.nodes[{n}]", required=("node", "prior_state"), optional=())
+        nodes.append(
+            NodeExpectation(
+                strict_text(fields["node"], f"{where}.nodes[{n}].node"),
+                NodeState(_enum_member(NodeState, fields["prior_state"], f"{where}.nodes[{n}].prior_state").value),
+            )
+        )
+    if kind == "invalidate":
+        return Invalidate(
+            source=_record_ref(obj["source"], f"{where}.source"),
+            policy=strict_text(obj["policy"], f"{where}.policy"),
+            nodes=tuple(nodes),
+            **common,
+        )
+    return BindSuccessor(successor=_record_ref(obj["successor"], f"{where}.successor"), nodes=tuple(nodes), **common)
+
+
 def attempt_history(journal: Journal, node_id: str) -> tuple[Attempt, ...]:
     return journal.attempts.get(node_id, ())
 
@@ -1305,6 +1394,7 @@ __all__ = [
     "VerifiedPolicy",
     "append",
     "attempt_history",
+    "command_from_json",
     "create_header",
     "decode_event",
     "decode_header",

@@ -131,7 +131,9 @@ def test_same_request_is_idempotent_and_other_content_conflicts() -> None:
     assert again.journal is driver.journal
     assert len(driver.journal.events) == 1
     # The time is the record's, not the request's: a repeat later is still a repeat.
-    assert j.preview(driver.journal, command, T0.replace(year=2027)) == j.Unchanged(driver.journal, command.request_id)
+    assert j.preview(driver.journal, command, T0.replace(year=2027)) == j.Unchanged(
+        driver.journal, command.request_id, first.events
+    )
     refused(driver, attrs.evolve(command, rationale="different"), C.CONFLICTING_REQUEST)
 
 
