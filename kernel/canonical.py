@@ -47,7 +47,7 @@ _MAX_EXACT = 2**53 - 1
 
 
 def canonical_bytes(value: Json) -> bytes:
-    """The RFC 8785 canonical UTF-8 bytes of ``value``.
+    """The RFC 8785 canonical UTF-8 bytes of ``value``, from the ``rfc8785`` package.
 
     Raises JournalError(``malformed_record``) for a float, an integer outside
     JSON's exact range, or a string that is not valid Unicode.
@@ -57,6 +57,31 @@ def canonical_bytes(value: Json) -> bytes:
         return rfc8785.dumps(value)
     except (rfc8785.CanonicalizationError, UnicodeEncodeError, TypeError) as exc:
         raise JournalError(JournalCode.MALFORMED_RECORD, f"cannot canonicalise: {exc}") from None
+
+
+def record_bytes(value: Json) -> bytes:
+    """:func:`canonical_bytes` for the journal's own records, by the standard library's encoder.
+
+    For a value whose member names are ASCII and whose numbers are whole
+    numbers in JSON's exact range, ``json.dumps`` with sorted keys, no
+    whitespace and no ASCII escaping writes exactly the RFC 8785 bytes: for
+    ASCII names, code-point order is UTF-16 code-unit order, and both escape
+    exactly ``"``, ``\\`` and the control characters, with the same short
+    forms and lowercase ``\\u00xx`` for the rest.  The journal's headers,
+    events and requests are built from typed values that are always such
+    values (member names are the format's, numbers are ordinals and attempt
+    sequences, checked in range), so they are encoded in C, about twenty
+    times faster; tests/journal/test_codec.py checks the two encoders agree
+    on that domain.
+    """
+    try:
+        return _dumps(value)
+    except (UnicodeEncodeError, ValueError) as exc:
+        raise JournalError(JournalCode.MALFORMED_RECORD, f"cannot canonicalise: {exc}") from None
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def digest_bytes(data: bytes) -> str:
@@ -90,13 +115,11 @@ def _refuse_floats(value: Json) -> None:
         _refuse_floats(item)
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            raise JournalError(JournalCode.NON_CANONICAL, f"member {key!r} appears twice")
-        result[key] = value
-    return result
+def _exact_int(text: str) -> int:
+    value = int(text)
+    if not -_MAX_EXACT <= value <= _MAX_EXACT:
+        raise JournalError(JournalCode.MALFORMED_RECORD, f"integer {text} is outside JSON's exact range")
+    return value
 
 
 def _no_float(text: str) -> object:
@@ -119,13 +142,16 @@ def parse_canonical(data: bytes) -> dict[str, object]:
     except UnicodeDecodeError as exc:
         raise JournalError(JournalCode.NON_CANONICAL, f"not UTF-8 at byte {exc.start}") from None
     try:
-        value = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_float=_no_float, parse_constant=_no_constant
-        )
+        value = json.loads(text, parse_float=_no_float, parse_int=_exact_int, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise JournalError(JournalCode.NON_CANONICAL, f"not JSON: {exc.msg} at character {exc.pos}") from None
     if not isinstance(value, dict):
         raise JournalError(JournalCode.MALFORMED_RECORD, f"a record is a JSON object, not {type(value).__name__}")
-    if canonical_bytes(value) != data:
+    # A member given twice parses to one member and so re-encodes shorter:
+    # the comparison refuses duplicates too.  ASCII bytes have ASCII member
+    # names and (floats and big integers refused above) only exact whole
+    # numbers, where record_bytes is exact; anything else takes the package.
+    expected = record_bytes(value) if data.isascii() else canonical_bytes(value)
+    if expected != data:
         raise JournalError(JournalCode.NON_CANONICAL, "the bytes are not the RFC 8785 canonical form of their value")
     return value

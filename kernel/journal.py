@@ -52,7 +52,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from .canonical import Json, canonical_bytes, digest_bytes, digest_of, is_digest, parse_canonical
+from .canonical import Json, canonical_bytes, digest_bytes, digest_of, is_digest, parse_canonical, record_bytes
 from .dag import (
     NodeKind,
     VerifiedWorkflow,
@@ -75,6 +75,8 @@ _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
 
 C = JournalCode
+_MAX_WHOLE = 2**53 - 1
+"""The largest number a record holds (ordinals, attempt sequences): JSON's exact range."""
 
 
 # --- values -----------------------------------------------------------------------------------
@@ -375,7 +377,7 @@ def _expectations_json(nodes: Sequence[NodeExpectation]) -> list[Json]:
 
 def request_digest(command: Command) -> str:
     """The digest of the command's stable content (seed: "RequestDigest is computed over the stable request content")."""
-    return digest_of(command.request_json())
+    return digest_bytes(record_bytes(command.request_json()))
 
 
 # --- the journal ------------------------------------------------------------------------------
@@ -496,7 +498,7 @@ def create_header(
         created_at=format_time(now),
         supersedes=supersedes,
     )
-    header = attrs.evolve(header, digest=digest_of(header.body_json()))
+    header = attrs.evolve(header, digest=digest_bytes(record_bytes(header.body_json())))
     _check_header_binding(header, workflow, policy)
     return header
 
@@ -521,7 +523,7 @@ def _check_header_binding(header: Header, workflow: VerifiedWorkflow, policy: Ve
 def new_journal(header: Header, workflow: VerifiedWorkflow, policy: VerifiedPolicy) -> Journal:
     """The empty journal of ``header``: roots ``ready``, every other node ``pending``."""
     _check_header_binding(header, workflow, policy)
-    if header.digest != digest_of(header.body_json()):
+    if header.digest != digest_bytes(record_bytes(header.body_json())):
         raise JournalError(C.ALTERED_DIGEST, "the header's digest does not match its content", 0)
     states = {
         node_id: initial_node_state(bool(workflow.nodes[node_id].predecessors)) for node_id in workflow.order
@@ -565,7 +567,7 @@ class _Builder:
 
     def emit(self, event: Event) -> None:
         if self.stored is None:
-            event = attrs.evolve(event, digest=digest_bytes(canonical_bytes(event.body_json())))
+            event = attrs.evolve(event, digest=digest_bytes(record_bytes(event.body_json())))
         else:
             event = _matches_stored(event, self.stored)
         self.events.append(event)
@@ -672,6 +674,8 @@ def _check_common(command: Command) -> None:
             _check_record(approval.record, "approvals: record")
         if command.attempt is not None:
             _identifier(command.attempt.attempt_id, "attempt id")
+            if not 1 <= command.attempt.sequence <= _MAX_WHOLE:
+                raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence} is out of range")
         if len({(r.kind, r.ref_id) for r in command.records}) != len(command.records):
             raise JournalError(C.INVALID_REQUEST, "records: a kind/id is referenced twice")
         if command.event in (NodeEvent.WORK_INVALIDATED, NodeEvent.SUCCESSOR_BOUND):
@@ -969,11 +973,11 @@ def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: 
 
 
 def encode_header(header: Header) -> bytes:
-    return canonical_bytes(header.to_json())
+    return record_bytes(header.to_json())
 
 
 def encode_event(event: Event) -> bytes:
-    return canonical_bytes(event.to_json())
+    return record_bytes(event.to_json())
 
 
 def _digest_field(value: object, where: str) -> str:
@@ -997,8 +1001,8 @@ def _record_ref(value: object, where: str) -> RecordRef:
 
 
 def _whole(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: must be a whole number")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_WHOLE:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: must be a whole number from 0 to {_MAX_WHOLE}")
     return value
 
 

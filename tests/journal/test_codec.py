@@ -6,9 +6,11 @@ import json
 
 import pytest
 import rfc8785
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fencekeeper.kernel import journal as j
-from fencekeeper.kernel.canonical import canonical_bytes, digest_bytes, parse_canonical
+from fencekeeper.kernel.canonical import canonical_bytes, digest_bytes, parse_canonical, record_bytes
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.journal_codes import JournalError
 
@@ -169,3 +171,45 @@ def test_another_executions_header_does_not_adopt_these_events(chain: tuple[j.Jo
     error = refusal(journal, j.encode_header(other.header), events)
     # Another execution's header is a valid header; the events are not its.
     assert (error.reason, error.ordinal) == (C.FOREIGN_RECORD, 1)
+
+
+# The journal's own records are encoded with the standard library (record_bytes);
+# on their domain (ASCII member names, exact whole numbers, any string values)
+# that must be byte-identical to the rfc8785 package.
+_ascii_names = st.text(st.characters(max_codepoint=127), max_size=8)
+_scalars = st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text()
+_records = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_ascii_names, inner, max_size=5),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(_ascii_names, _records, max_size=5))
+def test_record_bytes_are_rfc8785_bytes_on_the_records_domain(value: dict[str, object]) -> None:
+    try:
+        expected = rfc8785.dumps(value)
+    except UnicodeEncodeError:
+        # Lone surrogates: neither encoder can write them, and both refuse.
+        with pytest.raises(JournalError):
+            record_bytes(value)  # type: ignore[arg-type]
+        return
+    assert record_bytes(value) == expected  # type: ignore[arg-type]
+    assert parse_canonical(expected) == value
+
+
+@settings(max_examples=100)
+@given(st.dictionaries(st.text(max_size=4), _scalars, max_size=6))
+def test_parse_canonical_agrees_with_rfc8785_whatever_the_member_names(value: dict[str, object]) -> None:
+    try:
+        data = rfc8785.dumps(value)
+    except UnicodeEncodeError:
+        return
+    assert parse_canonical(data) == value
+    python_order = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if python_order != data:
+        # Names whose code-point order differs from their UTF-16 order: the
+        # Python ordering is not canonical and must be refused.
+        with pytest.raises(JournalError):
+            parse_canonical(python_order)
