@@ -1233,6 +1233,26 @@ def replay(
     return builder.journal()
 
 
+def link_error(head: str, expected_ordinal: int, previous: str, ordinal: int) -> JournalCode | None:
+    """Which chain rule a record naming ``previous`` and ``ordinal`` breaks, where ``head`` and ``expected_ordinal`` are due.
+
+    The link is checked before the ordinal: a record removed, moved or
+    repeated names the wrong predecessor, which is what went wrong, whatever
+    its number says.
+
+    Contracts (PEP 316, checked by CrossHair; see tests/contracts):
+
+    post: (__return__ is None) == (previous == head and ordinal == expected_ordinal)
+    post: (__return__ is JournalCode.BROKEN_CHAIN) == (previous != head)
+    post: (__return__ is JournalCode.ORDINAL_GAP) == (previous == head and ordinal != expected_ordinal)
+    """
+    if previous != head:
+        return JournalCode.BROKEN_CHAIN
+    if ordinal != expected_ordinal:
+        return JournalCode.ORDINAL_GAP
+    return None
+
+
 def _next_event(events: Sequence[bytes], position: int, head: str, execution_id: str) -> Event:
     ordinal = position + 1
     event = decode_event(events[position], ordinal)
@@ -1240,10 +1260,11 @@ def _next_event(events: Sequence[bytes], position: int, head: str, execution_id:
         raise JournalError(
             C.FOREIGN_RECORD, f"belongs to execution {event.execution_id!r}, not {execution_id!r}", ordinal
         )
-    if event.previous != head:
-        raise JournalError(C.BROKEN_CHAIN, f"names previous {event.previous}, but the head is {head}", ordinal)
-    if event.ordinal != ordinal:
-        raise JournalError(C.ORDINAL_GAP, f"carries ordinal {event.ordinal}, expected {ordinal}", ordinal)
+    broken = link_error(head, ordinal, event.previous, event.ordinal)
+    if broken is C.BROKEN_CHAIN:
+        raise JournalError(broken, f"names previous {event.previous}, but the head is {head}", ordinal)
+    if broken is C.ORDINAL_GAP:
+        raise JournalError(broken, f"carries ordinal {event.ordinal}, expected {ordinal}", ordinal)
     return event
 
 
@@ -1405,6 +1426,7 @@ __all__ = [
     "encode_event",
     "encode_header",
     "format_time",
+    "link_error",
     "new_journal",
     "policy_from_json",
     "preview",
