@@ -223,7 +223,14 @@ class SQLiteJournalStore(JournalStoreBase):
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # A failed commit (disk full, I/O error) leaves the transaction
+                # open; end it, so that nothing of it is ever committed later.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise StoreError("store_unavailable", f"{self.path}: cannot commit: {exc}") from None
 
     def _insert_header(self, journal: j.Journal, workflow: bytes, policy: bytes) -> bool:
         header = journal.header
