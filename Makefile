@@ -25,6 +25,7 @@ test: $(STAMP)
 
 contracts: $(STAMP)
 	$(BIN)/python -m tests.contracts.run_crosshair
+	$(BIN)/python -m tests.contracts.run_journal_crosshair
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.kernel_steps
