@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, overload
 
 import attrs
 
@@ -381,6 +381,129 @@ def request_digest(command: Command) -> str:
 
 
 # --- the journal ------------------------------------------------------------------------------
+#
+# A journal is an immutable value, and appending makes a new one.  Copying
+# the whole history for every append would make an append cost grow with
+# the journal (about 40 ms at 50,000 events), so the history and the request
+# index are persistent structures: a new journal shares all but a small,
+# bounded part of them with the journal it extends, and nothing is ever
+# changed in place.
+
+
+_CHUNK = 256
+_BUCKETS = 64
+
+
+class EventLog(Sequence[Event]):
+    """The events of a journal, in order: an immutable sequence that shares its chunks with the log it extends.
+
+    Appending copies only the last chunk (at most 256 events) and the tuple
+    of chunks, so it costs the same at the ten-thousandth event as at the
+    tenth.  Every chunk but the last is full.
+    """
+
+    __slots__ = ("_chunks", "_length")
+
+    def __init__(self, chunks: tuple[tuple[Event, ...], ...] = (), length: int = 0) -> None:
+        self._chunks = chunks
+        self._length = length
+
+    def extended(self, events: Sequence[Event]) -> EventLog:
+        chunks = list(self._chunks)
+        for event in events:
+            if chunks and len(chunks[-1]) < _CHUNK:
+                chunks[-1] = (*chunks[-1], event)
+            else:
+                chunks.append((event,))
+        return EventLog(tuple(chunks), self._length + len(events))
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("event index out of range")
+        return self._chunks[index // _CHUNK][index % _CHUNK]
+
+    def __iter__(self) -> Iterator[Event]:
+        for chunk in self._chunks:
+            yield from chunk
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EventLog({self._length} events)"
+
+
+@attrs.frozen
+class _Recorded:
+    digest: str
+    first: int
+    """The ordinal of the request's first event."""
+    count: int
+
+
+class RequestIndex(Mapping[str, str]):
+    """Request id -> request digest, for idempotency: an immutable map sharing its buckets with the one it extends.
+
+    Extending copies only the buckets the new requests fall in.  Each entry
+    also knows the events its request appended (:meth:`recorded`).
+    """
+
+    __slots__ = ("_buckets", "_length")
+
+    def __init__(self, buckets: tuple[Mapping[str, _Recorded], ...] | None = None, length: int = 0) -> None:
+        self._buckets = buckets if buckets is not None else tuple({} for _ in range(_BUCKETS))
+        self._length = length
+
+    def extended(self, entries: Mapping[str, _Recorded]) -> RequestIndex:
+        if not entries:
+            return self
+        buckets = list(self._buckets)
+        copied: set[int] = set()
+        added = 0
+        for request_id, recorded in entries.items():
+            number = hash(request_id) % _BUCKETS
+            if number not in copied:
+                buckets[number] = dict(buckets[number])
+                copied.add(number)
+            bucket = buckets[number]
+            assert isinstance(bucket, dict)
+            added += request_id not in bucket
+            bucket[request_id] = recorded
+        return RequestIndex(tuple(MappingProxyType(b) if i in copied else b for i, b in enumerate(buckets)),
+                            self._length + added)  # fmt: skip
+
+    def recorded(self, request_id: str) -> _Recorded | None:
+        return self._buckets[hash(request_id) % _BUCKETS].get(request_id)
+
+    def __getitem__(self, request_id: str) -> str:
+        found = self.recorded(request_id)
+        if found is None:
+            raise KeyError(request_id)
+        return found.digest
+
+    def __iter__(self) -> Iterator[str]:
+        for bucket in self._buckets:
+            yield from bucket
+
+    def __len__(self) -> int:
+        return self._length
 
 
 @attrs.frozen(eq=False)
@@ -390,10 +513,10 @@ class Journal:
     header: Header
     workflow: VerifiedWorkflow
     policy: VerifiedPolicy
-    events: tuple[Event, ...]
+    events: EventLog
     states: Mapping[str, NodeState]
     attempts: Mapping[str, tuple[Attempt, ...]]
-    requests: Mapping[str, str]
+    requests: RequestIndex
     """Request id -> request digest, for idempotency."""
 
     @property
@@ -532,10 +655,10 @@ def new_journal(header: Header, workflow: VerifiedWorkflow, policy: VerifiedPoli
         header=header,
         workflow=workflow,
         policy=policy,
-        events=(),
+        events=EventLog(),
         states=MappingProxyType(states),
         attempts=MappingProxyType({}),
-        requests=MappingProxyType({}),
+        requests=RequestIndex(),
     )
 
 
@@ -555,15 +678,15 @@ class _Builder:
         self.base = base
         self.events: list[Event] = []
         self.head = base.head
-        self.requests: dict[str, str] = {}
+        self.requests: dict[str, _Recorded] = {}
         self.states = dict(base.states)
         self.attempts = dict(base.attempts)
         self.stored: list[Event] | None = None
         self.execution_id = base.header.execution_id
 
-    def known_request(self, request_id: str) -> str | None:
+    def known_request(self, request_id: str) -> _Recorded | None:
         found = self.requests.get(request_id)
-        return found if found is not None else self.base.requests.get(request_id)
+        return found if found is not None else self.base.requests.recorded(request_id)
 
     def emit(self, event: Event) -> None:
         if self.stored is None:
@@ -576,17 +699,14 @@ class _Builder:
 
     def journal(self) -> Journal:
         base = self.base
-        requests = base.requests
-        if self.requests:
-            requests = MappingProxyType({**base.requests, **self.requests})
         return Journal(
             header=base.header,
             workflow=base.workflow,
             policy=base.policy,
-            events=base.events + tuple(self.events),
+            events=base.events.extended(self.events),
             states=MappingProxyType(self.states),
             attempts=MappingProxyType(self.attempts),
-            requests=requests,
+            requests=base.requests.extended(self.requests),
         )
 
 
@@ -622,8 +742,9 @@ def preview(journal: Journal, command: Command, now: datetime) -> Outcome:
     except JournalError as exc:
         return exc.refusal
     if repeated:
-        recorded = tuple(e for e in journal.events if e.request_id == command.request_id)
-        return Unchanged(journal, command.request_id, recorded)
+        recorded = journal.requests.recorded(command.request_id)
+        assert recorded is not None
+        return Unchanged(journal, command.request_id, journal.events[recorded.first - 1 : recorded.first - 1 + recorded.count])
     return Appended(builder.journal(), tuple(builder.events))
 
 
@@ -641,20 +762,22 @@ def _apply(builder: _Builder, command: Command, at: str) -> bool:
     digest = request_digest(command)
     known = builder.known_request(command.request_id)
     if known is not None:
-        if known == digest:
+        if known.digest == digest:
             return True
         raise JournalError(
-            C.CONFLICTING_REQUEST, f"request {command.request_id!r} was recorded with other content ({known})"
+            C.CONFLICTING_REQUEST, f"request {command.request_id!r} was recorded with other content ({known.digest})"
         )
     if command.expected_head != builder.head:
         raise JournalError(C.STALE_HEAD, f"expected head {command.expected_head}, but the head is {builder.head}")
+    before = len(builder.events)
     if isinstance(command, Transition):
         _transition(builder, command, digest, at)
     elif isinstance(command, Invalidate):
         _invalidate(builder, command, digest, at)
     else:
         _bind_successor(builder, command, digest, at)
-    builder.requests[command.request_id] = digest
+    emitted = len(builder.events) - before
+    builder.requests[command.request_id] = _Recorded(digest, len(builder.base.events) + before + 1, emitted)
     return False
 
 
@@ -1405,6 +1528,7 @@ __all__ = [
     "BindSuccessor",
     "Command",
     "Event",
+    "EventLog",
     "Header",
     "Invalidate",
     "Invalidation",
@@ -1414,6 +1538,7 @@ __all__ = [
     "NodeExpectation",
     "RecordRef",
     "Refusal",
+    "RequestIndex",
     "Transition",
     "Unchanged",
     "VerifiedPolicy",

@@ -440,3 +440,42 @@ def test_replay_refuses_a_chain_recorded_under_a_broken_rule() -> None:
         j.replay(j.encode_header(journal.header), [j.encode_event(event)], journal.workflow, journal.policy)
     assert caught.value.reason is C.FORGED_ROLE
     assert caught.value.ordinal == 1
+
+
+# --- the persistent history ---------------------------------------------------------------
+
+
+def test_two_journals_extending_one_share_nothing_they_can_see() -> None:
+    base = fresh()
+    start = j.Transition("a", base.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search", "searcher",
+                         attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+    other = attrs.evolve(start, request_id="b", attempt=j.AttemptRef("s-9", 1))
+    first = j.append(base, start, T0)
+    second = j.append(base, other, T0)
+    assert isinstance(first, j.Journal) and isinstance(second, j.Journal)
+    assert len(base.events) == 0 and dict(base.requests) == {}
+    assert [e.request_id for e in first.events] == ["a"] and [e.request_id for e in second.events] == ["b"]
+    assert set(first.requests) == {"a"} and set(second.requests) == {"b"}
+    assert isinstance(j.preview(first, start, T0), j.Unchanged)
+    assert isinstance(j.preview(second, start, T0), j.Refusal)  # "a" is not second's: its head is stale
+
+
+def test_a_long_history_reads_like_a_tuple() -> None:
+    driver = Driver(fresh())
+    attempt = j.AttemptRef("s-1", 1)
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    for _ in range(300):
+        driver.do("search", NodeEvent.WORK_BLOCKED, "bot:search", "searcher", attempt=attempt)
+        driver.do("search", NodeEvent.BLOCK_CLEARED, "bot:search", "searcher", attempt=attempt)
+    events = driver.journal.events
+    as_tuple = tuple(events)
+    assert len(events) == len(as_tuple) == 601
+    assert [events[i].ordinal for i in range(601)] == list(range(1, 602))
+    assert events[-1] is as_tuple[-1] and events[-601] is as_tuple[0]
+    assert events[250:260] == as_tuple[250:260] and events == as_tuple
+    with pytest.raises(IndexError):
+        events[601]
+    assert len(driver.journal.requests) == 601
+    recorded = driver.journal.requests.recorded("r-300")
+    assert recorded is not None and (recorded.first, recorded.count) == (300, 1)
+    assert events[299].request_id == "r-300" and driver.journal.requests["r-300"] == events[299].request_digest
