@@ -27,6 +27,8 @@ record, so events are about 700 bytes, like the review's.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import hashlib
 import os
 import sqlite3
@@ -121,6 +123,19 @@ def build_chain(count: int) -> tuple[j.Journal, bytes, list[bytes]]:
     return built, j.encode_header(built.header), [j.encode_event(e) for e in built.events]
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Timed sections run without the cyclic garbage collector, on both sides, as the other benches do."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 # --- appends ---------------------------------------------------------------------------------
 
 
@@ -155,22 +170,23 @@ def measure_appends(
     for _ in range(rounds):
         store_time = bare_time = 0.0
         done = 0
-        while done < per_round:
-            size = min(chunk, per_round - done)
-            started = time.perf_counter()
-            for _ in range(size):
-                ordinal += 1
-                outcome = append(next(makers)(head, ordinal))
-                if not isinstance(outcome, j.Appended):
-                    raise AssertionError(outcome)
-                head = outcome.journal.head
-            store_time += time.perf_counter() - started
-            started = time.perf_counter()
-            for _ in range(size):
-                bare_n += 1
-                bare(bare_n, record)
-            bare_time += time.perf_counter() - started
-            done += size
+        with no_gc():
+            while done < per_round:
+                size = min(chunk, per_round - done)
+                started = time.perf_counter()
+                for _ in range(size):
+                    ordinal += 1
+                    outcome = append(next(makers)(head, ordinal))
+                    if not isinstance(outcome, j.Appended):
+                        raise AssertionError(outcome)
+                    head = outcome.journal.head
+                store_time += time.perf_counter() - started
+                started = time.perf_counter()
+                for _ in range(size):
+                    bare_n += 1
+                    bare(bare_n, record)
+                bare_time += time.perf_counter() - started
+                done += size
         results.append((per_round / store_time, per_round / bare_time))
     return results
 
@@ -256,15 +272,18 @@ def replay(events: int, rounds: int) -> float:
     print(f"{'round':>6} {'replay ev/s':>12} {'sha256 ev/s':>12} {'ratio':>7}")
     rates = []
     for number in range(1, rounds + 1):
-        started = time.perf_counter()
-        replayed = j.replay(header, lines, workflow, policy)
-        replay_time = time.perf_counter() - started
+        with no_gc():
+            started = time.perf_counter()
+            replayed = j.replay(header, lines, workflow, policy)
+            replay_time = time.perf_counter() - started
         if replayed.head != journal.head:
             raise AssertionError("replay reached another head")
-        started = time.perf_counter()
-        for line in lines:
-            hashlib.sha256(line).digest()
-        hash_time = time.perf_counter() - started
+        del replayed
+        with no_gc():
+            started = time.perf_counter()
+            for line in lines:
+                hashlib.sha256(line).digest()
+            hash_time = time.perf_counter() - started
         rates.append((events / replay_time, events / hash_time))
         print(f"{number:>6} {rates[-1][0]:>12.0f} {rates[-1][1]:>12.0f} {rates[-1][0] / rates[-1][1]:>7.1%}")
     ratio = statistics.median(r[0] / r[1] for r in rates)
