@@ -121,6 +121,11 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
     verify.add_argument("--file", type=Path, metavar="CHAIN.jsonl")
     verify.add_argument("--workflow", type=Path, metavar="WORKFLOW.json")
     verify.add_argument("--policy", type=Path, metavar="POLICY.json")
+    verify.add_argument(
+        "--kept-head",
+        metavar="HEAD",
+        help="a head kept elsewhere earlier: the chain must contain it (it may have grown since)",
+    )
 
     export = command("export", "write a journal as JSON lines (header first), exactly as stored")
     export.add_argument("execution_id", metavar="EXECUTION_ID")
@@ -486,11 +491,23 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
         else:
             out.line(("BAD", "bold red"), f" {what}: the first bad record is {where}: [{exc.code}] {exc.detail}")
         return EXIT_PROBLEM
+    if args.kept_head is not None and not _contains_head(journal, args.kept_head):
+        message = f"the chain does not contain the kept head {args.kept_head}: it was rewritten, not only extended"
+        if out.json_mode:
+            out.data({"ok": False, "journal": what, "code": "broken_chain", "ordinal": None, "message": message})
+        else:
+            out.line(("BAD", "bold red"), f" {what}: {message}")
+        return EXIT_PROBLEM
     if out.json_mode:
         out.data({"ok": True, "journal": what, "head": journal.head, "events": len(journal.events)})
     else:
         out.line(("ok", "green"), f" {what}: {len(journal.events)} events, every rule holds; head {journal.head}")
     return EXIT_OK
+
+
+def _contains_head(journal: j.Journal, head: str) -> bool:
+    """Whether ``head`` is the header's digest or an event's: a head this chain passed through."""
+    return head == journal.header.digest or any(e.digest == head for e in journal.events)
 
 
 def _chain_file(path: Path) -> tuple[bytes, list[bytes]]:
