@@ -36,6 +36,9 @@ module:
   rules (:func:`_apply`), so replaying a chain checks every rule every event
   was appended under, and a stored chain that breaks one is refused with
   that rule's code.  The projection is never stored as authority.
+- The values are ``journal_records.py``, the bytes ``journal_codec.py``;
+  this module re-exports both, so ``from fencekeeper.kernel import journal``
+  is the whole API.
 - Everything here is pure: the caller supplies the time (``now``, UTC) and
   receives values.  Nothing is half-applied: a refused command leaves the
   journal it was given exactly as it was.
@@ -43,529 +46,61 @@ module:
 
 from __future__ import annotations
 
-import enum
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import datetime
 from types import MappingProxyType
-from typing import Final, TypeAlias, overload
 
 import attrs
 
-from .canonical import Json, canonical_bytes, digest_bytes, digest_of, is_digest, parse_canonical, record_bytes
-from .dag import (
-    NodeKind,
-    VerifiedWorkflow,
-    strict_list,
-    strict_object,
-    strict_text,
-    strict_texts,
-)
+from .canonical import digest_bytes, digest_of, is_digest, record_bytes
+from .dag import NodeKind, VerifiedWorkflow
 from .definition import IDENTIFIER
+from .journal_codec import (
+    command_from_json,
+    decode_event,
+    decode_header,
+    encode_event,
+    encode_header,
+    policy_from_json,
+)
 from .journal_codes import JournalCode, JournalError, Refusal
+from .journal_records import (
+    FORMAT,
+    MAX_WHOLE,
+    SUCCESSOR_KIND,
+    ActorKind,
+    Appended,
+    Approval,
+    Assignment,
+    Attempt,
+    AttemptRef,
+    AttemptStatus,
+    AuthorityPolicy,
+    BindSuccessor,
+    Command,
+    Event,
+    EventLog,
+    Header,
+    Invalidate,
+    Invalidation,
+    Journal,
+    NodeExpectation,
+    Outcome,
+    RecordRef,
+    RequestIndex,
+    Transition,
+    Unchanged,
+    VerifiedPolicy,
+    _Recorded,
+    format_time,
+    request_digest,
+)
 from .machines import NODE, NodeEvent, NodeState, initial_node_state
 
-FORMAT: Final = "fencekeeper.journal/1"
-"""The header's ``format``: which version of specs/journal.md its chain follows."""
-
-SUCCESSOR_KIND: Final = "execution"
-"""The record kind a successor binding names: the successor execution's header."""
-
-_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
-
 C = JournalCode
-_MAX_WHOLE = 2**53 - 1
-"""The largest number a record holds (ordinals, attempt sequences): JSON's exact range."""
-
-
-# --- values -----------------------------------------------------------------------------------
-
-
-class ActorKind(enum.Enum):
-    HUMAN = "human"
-    AUTOMATION = "automation"
-
-
-@attrs.frozen
-class Assignment:
-    """One actor's immutable roles under a policy."""
-
-    actor_id: str
-    kind: ActorKind
-    roles: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Json]:
-        return {"actor": self.actor_id, "kind": self.kind.value, "roles": list(self.roles)}
-
-
-@attrs.frozen
-class AuthorityPolicy:
-    """Seed 002: ``WorkflowExecutionAuthorityPolicy``: one scope, one workflow, one protocol, fixed roles."""
-
-    policy_id: str
-    scope: str
-    workflow_digest: str
-    protocol: str
-    assignments: tuple[Assignment, ...]
-    approved_by: str
-    """The human who approved this policy; must be a human assignment of it."""
-
-    def to_json(self) -> dict[str, Json]:
-        return {
-            "approved_by": self.approved_by,
-            "assignments": [a.to_json() for a in self.assignments],
-            "policy": self.policy_id,
-            "protocol": self.protocol,
-            "scope": self.scope,
-            "workflow_digest": self.workflow_digest,
-        }
-
-
-@attrs.frozen(eq=False)
-class VerifiedPolicy:
-    policy: AuthorityPolicy
-    digest: str
-    actors: Mapping[str, Assignment]
-
-
-@attrs.frozen
-class Header:
-    """Seed 002: ``WorkflowExecutionHeader``.  Its digest is the chain root."""
-
-    execution_id: str
-    workflow_digest: str
-    policy_digest: str
-    protocol: str
-    nodes: tuple[str, ...]
-    created_by: str
-    created_at: str
-    supersedes: str | None = None
-    """The execution this one takes over from, if any."""
-    digest: str = attrs.field(default="", eq=False)
-
-    def body_json(self) -> dict[str, Json]:
-        return {
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-            "execution": self.execution_id,
-            "format": FORMAT,
-            "nodes": list(self.nodes),
-            "policy_digest": self.policy_digest,
-            "protocol": self.protocol,
-            "supersedes": self.supersedes,
-            "workflow_digest": self.workflow_digest,
-        }
-
-    def to_json(self) -> dict[str, Json]:
-        return {**self.body_json(), "digest": self.digest}
-
-
-@attrs.frozen
-class RecordRef:
-    """A stable reference to a record held elsewhere: kind, id and digest, never a path."""
-
-    kind: str
-    ref_id: str
-    digest: str
-
-    def to_json(self) -> dict[str, Json]:
-        return {"digest": self.digest, "id": self.ref_id, "kind": self.kind}
-
-
-@attrs.frozen
-class Approval:
-    actor_id: str
-    role: str
-    record: RecordRef
-    """The approval record itself (who decided what, held by the conduct module)."""
-
-    def to_json(self) -> dict[str, Json]:
-        return {"actor": self.actor_id, "record": self.record.to_json(), "role": self.role}
-
-
-@attrs.frozen
-class AttemptRef:
-    attempt_id: str
-    sequence: int
-
-    def to_json(self) -> dict[str, Json]:
-        return {"id": self.attempt_id, "sequence": self.sequence}
-
-
-@attrs.frozen
-class Invalidation:
-    source: RecordRef
-    """The independently resolvable record that made the work invalid (a retraction, say)."""
-    policy: str
-    """The workflow's invalidation-policy reference."""
-
-    def to_json(self) -> dict[str, Json]:
-        return {"policy": self.policy, "source": self.source.to_json()}
-
-
-@attrs.frozen
-class Event:
-    """Seed 002: ``WorkflowExecutionEvent``.  ``digest`` covers every other field."""
-
-    execution_id: str
-    ordinal: int
-    previous: str
-    request_id: str
-    request_digest: str
-    node_id: str
-    event: NodeEvent
-    prior_state: NodeState
-    resulting_state: NodeState
-    actor_id: str
-    role: str
-    at: str
-    rationale: str
-    attempt: AttemptRef | None
-    records: tuple[RecordRef, ...]
-    approvals: tuple[Approval, ...]
-    error: str | None
-    invalidation: Invalidation | None
-    successor: RecordRef | None
-    # Not compared: replay checks a stored event against the one its request
-    # produces field by field, and the stored digest separately.
-    digest: str = attrs.field(default="", eq=False)
-
-    def body_json(self) -> dict[str, Json]:
-        return {
-            "actor": self.actor_id,
-            "approvals": [a.to_json() for a in self.approvals],
-            "at": self.at,
-            "attempt": None if self.attempt is None else self.attempt.to_json(),
-            "error": self.error,
-            "event": self.event.value,
-            "execution": self.execution_id,
-            "invalidation": None if self.invalidation is None else self.invalidation.to_json(),
-            "node": self.node_id,
-            "ordinal": self.ordinal,
-            "previous": self.previous,
-            "prior_state": self.prior_state.value,
-            "rationale": self.rationale,
-            "records": [r.to_json() for r in self.records],
-            "request": {"digest": self.request_digest, "id": self.request_id},
-            "resulting_state": self.resulting_state.value,
-            "role": self.role,
-            "successor": None if self.successor is None else self.successor.to_json(),
-        }
-
-    def to_json(self) -> dict[str, Json]:
-        return {**self.body_json(), "digest": self.digest}
-
-
-class AttemptStatus(enum.Enum):
-    AUTHORIZED = "authorized"
-    ACTIVE = "active"
-    BLOCKED = "blocked"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-@attrs.frozen
-class Attempt:
-    attempt_id: str
-    sequence: int
-    status: AttemptStatus
-    error: str | None = None
-
-
-# --- commands ---------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class NodeExpectation:
-    node_id: str
-    prior_state: NodeState
-
-
-@attrs.frozen
-class Transition:
-    """Move one node by one event of the table (not ``work-invalidated`` or ``successor-bound``)."""
-
-    request_id: str
-    expected_head: str
-    node_id: str
-    event: NodeEvent
-    prior_state: NodeState
-    actor_id: str
-    role: str
-    rationale: str = ""
-    attempt: AttemptRef | None = None
-    records: tuple[RecordRef, ...] = ()
-    approvals: tuple[Approval, ...] = ()
-    error: str | None = None
-
-    def request_json(self) -> dict[str, Json]:
-        return {
-            "actor": self.actor_id,
-            "approvals": [a.to_json() for a in self.approvals],
-            "attempt": None if self.attempt is None else self.attempt.to_json(),
-            "command": "transition",
-            "error": self.error,
-            "event": self.event.value,
-            "expected_head": self.expected_head,
-            "node": self.node_id,
-            "prior_state": self.prior_state.value,
-            "rationale": self.rationale,
-            "records": [r.to_json() for r in self.records],
-            "role": self.role,
-        }
-
-
-@attrs.frozen
-class Invalidate:
-    """Invalidate ``nodes``, which must be the whole closure of what they name, because of ``source``."""
-
-    request_id: str
-    expected_head: str
-    source: RecordRef
-    policy: str
-    nodes: tuple[NodeExpectation, ...]
-    actor_id: str
-    role: str
-    rationale: str = ""
-
-    def request_json(self) -> dict[str, Json]:
-        return {
-            "actor": self.actor_id,
-            "command": "invalidate",
-            "expected_head": self.expected_head,
-            "nodes": _expectations_json(self.nodes),
-            "policy": self.policy,
-            "rationale": self.rationale,
-            "role": self.role,
-            "source": self.source.to_json(),
-        }
-
-
-@attrs.frozen
-class BindSuccessor:
-    """Bind the successor execution whose header is ``successor``; supersedes every invalidated node."""
-
-    request_id: str
-    expected_head: str
-    successor: RecordRef
-    nodes: tuple[NodeExpectation, ...]
-    actor_id: str
-    role: str
-    rationale: str = ""
-
-    def request_json(self) -> dict[str, Json]:
-        return {
-            "actor": self.actor_id,
-            "command": "bind-successor",
-            "expected_head": self.expected_head,
-            "nodes": _expectations_json(self.nodes),
-            "rationale": self.rationale,
-            "role": self.role,
-            "successor": self.successor.to_json(),
-        }
-
-
-Command: TypeAlias = Transition | Invalidate | BindSuccessor
-
-
-def _expectations_json(nodes: Sequence[NodeExpectation]) -> list[Json]:
-    # Sorted: a batch names a set of nodes, and replay rebuilds the command
-    # from events in the workflow's order, not in the order it was written.
-    return [{"node": n.node_id, "prior_state": n.prior_state.value} for n in sorted(nodes, key=lambda n: n.node_id)]
-
-
-def request_digest(command: Command) -> str:
-    """The digest of the command's stable content (seed: "RequestDigest is computed over the stable request content")."""
-    return digest_bytes(record_bytes(command.request_json()))
-
-
-# --- the journal ------------------------------------------------------------------------------
-#
-# A journal is an immutable value, and appending makes a new one.  Copying
-# the whole history for every append would make an append cost grow with
-# the journal (about 40 ms at 50,000 events), so the history and the request
-# index are persistent structures: a new journal shares all but a small,
-# bounded part of them with the journal it extends, and nothing is ever
-# changed in place.
-
-
-_CHUNK = 256
-_BUCKETS = 64
-
-
-class EventLog(Sequence[Event]):
-    """The events of a journal, in order: an immutable sequence that shares its chunks with the log it extends.
-
-    Appending copies only the last chunk (at most 256 events) and the tuple
-    of chunks, so it costs the same at the ten-thousandth event as at the
-    tenth.  Every chunk but the last is full.
-    """
-
-    __slots__ = ("_chunks", "_length")
-
-    def __init__(self, chunks: tuple[tuple[Event, ...], ...] = (), length: int = 0) -> None:
-        self._chunks = chunks
-        self._length = length
-
-    def extended(self, events: Sequence[Event]) -> EventLog:
-        chunks = list(self._chunks)
-        for event in events:
-            if chunks and len(chunks[-1]) < _CHUNK:
-                chunks[-1] = (*chunks[-1], event)
-            else:
-                chunks.append((event,))
-        return EventLog(tuple(chunks), self._length + len(events))
-
-    def __len__(self) -> int:
-        return self._length
-
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
-        if isinstance(index, slice):
-            return tuple(self)[index]
-        if index < 0:
-            index += self._length
-        if not 0 <= index < self._length:
-            raise IndexError("event index out of range")
-        return self._chunks[index // _CHUNK][index % _CHUNK]
-
-    def __iter__(self) -> Iterator[Event]:
-        for chunk in self._chunks:
-            yield from chunk
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"EventLog({self._length} events)"
-
-
-@attrs.frozen
-class _Recorded:
-    digest: str
-    first: int
-    """The ordinal of the request's first event."""
-    count: int
-
-
-class RequestIndex(Mapping[str, str]):
-    """Request id -> request digest, for idempotency: an immutable map sharing its buckets with the one it extends.
-
-    Extending copies only the buckets the new requests fall in.  Each entry
-    also knows the events its request appended (:meth:`recorded`).
-    """
-
-    __slots__ = ("_buckets", "_length")
-
-    def __init__(self, buckets: tuple[Mapping[str, _Recorded], ...] | None = None, length: int = 0) -> None:
-        self._buckets = buckets if buckets is not None else tuple({} for _ in range(_BUCKETS))
-        self._length = length
-
-    def extended(self, entries: Mapping[str, _Recorded]) -> RequestIndex:
-        if not entries:
-            return self
-        buckets = list(self._buckets)
-        copied: set[int] = set()
-        added = 0
-        for request_id, recorded in entries.items():
-            number = hash(request_id) % _BUCKETS
-            if number not in copied:
-                buckets[number] = dict(buckets[number])
-                copied.add(number)
-            bucket = buckets[number]
-            assert isinstance(bucket, dict)
-            added += request_id not in bucket
-            bucket[request_id] = recorded
-        return RequestIndex(tuple(MappingProxyType(b) if i in copied else b for i, b in enumerate(buckets)),
-                            self._length + added)  # fmt: skip
-
-    def recorded(self, request_id: str) -> _Recorded | None:
-        return self._buckets[hash(request_id) % _BUCKETS].get(request_id)
-
-    def __getitem__(self, request_id: str) -> str:
-        found = self.recorded(request_id)
-        if found is None:
-            raise KeyError(request_id)
-        return found.digest
-
-    def __iter__(self) -> Iterator[str]:
-        for bucket in self._buckets:
-            yield from bucket
-
-    def __len__(self) -> int:
-        return self._length
-
-
-@attrs.frozen(eq=False)
-class Journal:
-    """A header, its events, and the projection derived from them.  Build with :func:`new_journal` or :func:`replay`."""
-
-    header: Header
-    workflow: VerifiedWorkflow
-    policy: VerifiedPolicy
-    events: EventLog
-    states: Mapping[str, NodeState]
-    attempts: Mapping[str, tuple[Attempt, ...]]
-    requests: RequestIndex
-    """Request id -> request digest, for idempotency."""
-
-    @property
-    def head(self) -> str:
-        return self.events[-1].digest if self.events else self.header.digest
-
-    @property
-    def execution_id(self) -> str:
-        return self.header.execution_id
-
-
-@attrs.frozen
-class Appended:
-    journal: Journal
-    events: tuple[Event, ...]
-
-
-@attrs.frozen
-class Unchanged:
-    """The request was already recorded with the same digest: an idempotent repeat."""
-
-    journal: Journal
-    request_id: str
-    events: tuple[Event, ...] = ()
-    """The events the request appended when it was first recorded (the last one's digest is the head it made)."""
-
-
-Outcome: TypeAlias = Appended | Unchanged | Refusal
 
 
 # --- verification of the authority and the header ---------------------------------------------
-
-
-def format_time(now: datetime) -> str:
-    """``now`` as the record's time text; naive or non-UTC times are refused."""
-    offset = now.utcoffset()
-    if offset is None or offset.total_seconds() != 0:
-        raise JournalError(C.INVALID_REQUEST, f"time {now.isoformat()} must be timezone-aware UTC")
-    return now.astimezone(UTC).strftime(_TIME_FORMAT)
-
-
-def _check_time(text: str, where: str) -> None:
-    # Fixed widths make the spelling unique; fromisoformat then rejects dates that do not exist.
-    if _TIME.fullmatch(text) is None:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a UTC time like 2026-01-01T00:00:00.000000Z")
-    try:
-        datetime.fromisoformat(text[:-1])
-    except ValueError:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a real moment") from None
 
 
 def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -> None:
@@ -797,7 +332,7 @@ def _check_common(command: Command) -> None:
             _check_record(approval.record, "approvals: record")
         if command.attempt is not None:
             _identifier(command.attempt.attempt_id, "attempt id")
-            if not 1 <= command.attempt.sequence <= _MAX_WHOLE:
+            if not 1 <= command.attempt.sequence <= MAX_WHOLE:
                 raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence} is out of range")
         if len({(r.kind, r.ref_id) for r in command.records}) != len(command.records):
             raise JournalError(C.INVALID_REQUEST, "records: a kind/id is referenced twice")
@@ -1092,165 +627,6 @@ def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: 
         )
 
 
-# --- the codec: records to bytes and back -----------------------------------------------------
-
-
-def encode_header(header: Header) -> bytes:
-    return record_bytes(header.to_json())
-
-
-def encode_event(event: Event) -> bytes:
-    return record_bytes(event.to_json())
-
-
-def _digest_field(value: object, where: str) -> str:
-    text = strict_text(value, where)
-    if not is_digest(text):
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not sha256: and 64 lowercase hex digits")
-    return text
-
-
-def _optional_text(value: object, where: str) -> str | None:
-    return None if value is None else strict_text(value, where)
-
-
-def _record_ref(value: object, where: str) -> RecordRef:
-    obj = strict_object(value, where, required=("digest", "id", "kind"), optional=())
-    return RecordRef(
-        kind=strict_text(obj["kind"], f"{where}.kind"),
-        ref_id=strict_text(obj["id"], f"{where}.id"),
-        digest=_digest_field(obj["digest"], f"{where}.digest"),
-    )
-
-
-def _whole(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_WHOLE:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: must be a whole number from 0 to {_MAX_WHOLE}")
-    return value
-
-
-def _enum_member(kind: type[NodeState] | type[NodeEvent], value: object, where: str) -> NodeState | NodeEvent:
-    text = strict_text(value, where)
-    try:
-        return kind(text)
-    except ValueError:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a node {kind.__name__[4:].lower()}") from None
-
-
-_HEADER_FIELDS = (
-    "created_at", "created_by", "digest", "execution", "format", "nodes",
-    "policy_digest", "protocol", "supersedes", "workflow_digest",
-)  # fmt: skip
-_EVENT_FIELDS = (
-    "actor", "approvals", "at", "attempt", "digest", "error", "event", "execution", "invalidation", "node",
-    "ordinal", "previous", "prior_state", "rationale", "records", "request", "resulting_state", "role", "successor",
-)  # fmt: skip
-
-
-def decode_header(data: bytes) -> Header:
-    """Strictly rehydrate a header: canonical bytes, known fields only, and a digest that matches."""
-    try:
-        obj = strict_object(parse_canonical(data), "header", required=_HEADER_FIELDS, optional=())
-        if obj["format"] != FORMAT:
-            raise JournalError(C.MALFORMED_RECORD, f"format: {obj['format']!r} is not {FORMAT!r}")
-        header = Header(
-            execution_id=strict_text(obj["execution"], "execution"),
-            workflow_digest=_digest_field(obj["workflow_digest"], "workflow_digest"),
-            policy_digest=_digest_field(obj["policy_digest"], "policy_digest"),
-            protocol=strict_text(obj["protocol"], "protocol"),
-            nodes=strict_texts(obj["nodes"], "nodes"),
-            created_by=strict_text(obj["created_by"], "created_by"),
-            created_at=strict_text(obj["created_at"], "created_at"),
-            supersedes=_optional_text(obj["supersedes"], "supersedes"),
-            digest=_digest_field(obj["digest"], "digest"),
-        )
-        _check_time(header.created_at, "created_at")
-        if _body_digest(data, obj, header.digest) != header.digest:
-            raise JournalError(C.ALTERED_DIGEST, "the digest does not match the header's content")
-    except JournalError as exc:
-        raise exc.at(0) from None
-    return header
-
-
-def decode_event(data: bytes, ordinal: int | None = None) -> Event:
-    """Strictly rehydrate one event (``ordinal`` is where it was found, for messages)."""
-    try:
-        return _decode_event(data)
-    except JournalError as exc:
-        raise exc if ordinal is None else exc.at(ordinal) from None
-
-
-def _decode_event(data: bytes) -> Event:
-    obj = strict_object(parse_canonical(data), "event", required=_EVENT_FIELDS, optional=())
-    request = strict_object(obj["request"], "request", required=("digest", "id"), optional=())
-    attempt_obj = obj["attempt"]
-    attempt = None
-    if attempt_obj is not None:
-        fields = strict_object(attempt_obj, "attempt", required=("id", "sequence"), optional=())
-        attempt = AttemptRef(strict_text(fields["id"], "attempt.id"), _whole(fields["sequence"], "attempt.sequence"))
-    invalidation = None
-    if obj["invalidation"] is not None:
-        fields = strict_object(obj["invalidation"], "invalidation", required=("policy", "source"), optional=())
-        invalidation = Invalidation(
-            _record_ref(fields["source"], "invalidation.source"), strict_text(fields["policy"], "invalidation.policy")
-        )
-    approvals = []
-    for n, item in enumerate(strict_list(obj["approvals"], "approvals")):
-        fields = strict_object(item, f"approvals[{n}]", required=("actor", "record", "role"), optional=())
-        approvals.append(
-            Approval(
-                strict_text(fields["actor"], f"approvals[{n}].actor"),
-                strict_text(fields["role"], f"approvals[{n}].role"),
-                _record_ref(fields["record"], f"approvals[{n}].record"),
-            )
-        )
-    at = strict_text(obj["at"], "at")
-    _check_time(at, "at")
-    event = Event(
-        execution_id=strict_text(obj["execution"], "execution"),
-        ordinal=_whole(obj["ordinal"], "ordinal"),
-        previous=_digest_field(obj["previous"], "previous"),
-        request_id=strict_text(request["id"], "request.id"),
-        request_digest=_digest_field(request["digest"], "request.digest"),
-        node_id=strict_text(obj["node"], "node"),
-        event=NodeEvent(_enum_member(NodeEvent, obj["event"], "event").value),
-        prior_state=NodeState(_enum_member(NodeState, obj["prior_state"], "prior_state").value),
-        resulting_state=NodeState(_enum_member(NodeState, obj["resulting_state"], "resulting_state").value),
-        actor_id=strict_text(obj["actor"], "actor"),
-        role=strict_text(obj["role"], "role"),
-        at=at,
-        rationale=strict_text(obj["rationale"], "rationale"),
-        attempt=attempt,
-        records=tuple(_record_ref(item, f"records[{n}]") for n, item in enumerate(strict_list(obj["records"], "records"))),
-        approvals=tuple(approvals),
-        error=_optional_text(obj["error"], "error"),
-        invalidation=invalidation,
-        successor=None if obj["successor"] is None else _record_ref(obj["successor"], "successor"),
-        digest=_digest_field(obj["digest"], "digest"),
-    )
-    if _body_digest(data, obj, event.digest) != event.digest:
-        raise JournalError(C.ALTERED_DIGEST, "the digest does not match the event's content")
-    return event
-
-
-def _body_digest(data: bytes, obj: Mapping[str, object], digest: str) -> str:
-    """The digest of the record's bytes without its own ``digest`` member.
-
-    ``data`` is already known canonical, and the canonical form of an object
-    without one member is the canonical form with that member's text (and
-    the comma before it: ``digest`` is never a record's first key) cut out,
-    so the cut bytes are hashed without encoding the record again.  The
-    member's text can occur only once: a nested digest equal to the
-    record's own would be a fixed point of SHA-256.
-    """
-    member = b',"digest":"' + digest.encode("ascii") + b'"'
-    if data.count(member) == 1:
-        return digest_bytes(data.replace(member, b"", 1))
-    body = dict(obj)
-    del body["digest"]
-    return digest_bytes(canonical_bytes(body))  # type: ignore[arg-type]
-
-
 # --- replay -------------------------------------------------------------------------------------
 
 
@@ -1391,125 +767,6 @@ def _next_event(events: Sequence[bytes], position: int, head: str, execution_id:
     return event
 
 
-# --- reading a policy from JSON -----------------------------------------------------------------
-
-
-def policy_from_json(value: object, where: str = "policy") -> AuthorityPolicy:
-    """A policy from its JSON form (the same fields as :meth:`AuthorityPolicy.to_json`)."""
-    obj = strict_object(
-        value,
-        where,
-        required=("approved_by", "assignments", "policy", "protocol", "scope", "workflow_digest"),
-        optional=(),
-    )
-    assignments = []
-    for n, item in enumerate(strict_list(obj["assignments"], f"{where}.assignments")):
-        at = f"{where}.assignments[{n}]"
-        fields = strict_object(item, at, required=("actor", "kind", "roles"), optional=())
-        kind_text = strict_text(fields["kind"], f"{at}.kind")
-        try:
-            kind = ActorKind(kind_text)
-        except ValueError:
-            raise JournalError(C.MALFORMED_RECORD, f"{at}.kind: {kind_text!r} is not human or automation") from None
-        assignments.append(
-            Assignment(strict_text(fields["actor"], f"{at}.actor"), kind, strict_texts(fields["roles"], f"{at}.roles"))
-        )
-    return AuthorityPolicy(
-        policy_id=strict_text(obj["policy"], f"{where}.policy"),
-        scope=strict_text(obj["scope"], f"{where}.scope"),
-        workflow_digest=_digest_field(obj["workflow_digest"], f"{where}.workflow_digest"),
-        protocol=strict_text(obj["protocol"], f"{where}.protocol"),
-        assignments=tuple(assignments),
-        approved_by=strict_text(obj["approved_by"], f"{where}.approved_by"),
-    )
-
-
-_COMMON_FIELDS = ("command", "request", "actor", "role")
-_COMMAND_FIELDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "transition": (
-        (*_COMMON_FIELDS, "node", "event", "prior_state"),
-        ("expected_head", "rationale", "attempt", "records", "approvals", "error"),
-    ),
-    "invalidate": ((*_COMMON_FIELDS, "source", "policy", "nodes"), ("expected_head", "rationale")),
-    "bind-successor": ((*_COMMON_FIELDS, "successor", "nodes"), ("expected_head", "rationale")),
-}
-
-
-def command_from_json(value: object, expected_head: str | None = None, where: str = "command") -> Command:
-    """A command from its JSON form (specs/journal.md, section 6, plus ``request``, the request id).
-
-    ``expected_head`` is used when the JSON does not name one; a command
-    always carries one in the end.  Raises JournalError (``unknown_field``,
-    ``missing_field``, ``malformed_record``) naming the field.
-    """
-    if not isinstance(value, dict) or not isinstance(value.get("command"), str):
-        raise JournalError(C.MALFORMED_RECORD, f'{where}: must be an object with "command" naming its kind')
-    kind = value["command"]
-    if kind not in _COMMAND_FIELDS:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}.command: {kind!r} is not one of {sorted(_COMMAND_FIELDS)}")
-    required, optional = _COMMAND_FIELDS[kind]
-    obj = strict_object(value, where, required=required, optional=optional)
-    head = obj.get("expected_head", expected_head)
-    if head is None:
-        raise JournalError(C.MISSING_FIELD, f"{where}: missing field 'expected_head'")
-    common = {
-        "request_id": strict_text(obj["request"], f"{where}.request"),
-        "expected_head": strict_text(head, f"{where}.expected_head"),
-        "actor_id": strict_text(obj["actor"], f"{where}.actor"),
-        "role": strict_text(obj["role"], f"{where}.role"),
-        "rationale": strict_text(obj.get("rationale", ""), f"{where}.rationale"),
-    }
-    if kind == "transition":
-        attempt = obj.get("attempt")
-        attempt_ref = None
-        if attempt is not None:
-            fields = strict_object(attempt, f"{where}.attempt", required=("id", "sequence"), optional=())
-            attempt_ref = AttemptRef(
-                strict_text(fields["id"], f"{where}.attempt.id"), _whole(fields["sequence"], f"{where}.attempt.sequence")
-            )
-        approvals = []
-        for n, item in enumerate(strict_list(obj.get("approvals", []), f"{where}.approvals")):
-            at = f"{where}.approvals[{n}]"
-            fields = strict_object(item, at, required=("actor", "record", "role"), optional=())
-            approvals.append(
-                Approval(
-                    strict_text(fields["actor"], f"{at}.actor"),
-                    strict_text(fields["role"], f"{at}.role"),
-                    _record_ref(fields["record"], f"{at}.record"),
-                )
-            )
-        return Transition(
-            node_id=strict_text(obj["node"], f"{where}.node"),
-            event=NodeEvent(_enum_member(NodeEvent, obj["event"], f"{where}.event").value),
-            prior_state=NodeState(_enum_member(NodeState, obj["prior_state"], f"{where}.prior_state").value),
-            attempt=attempt_ref,
-            records=tuple(
-                _record_ref(item, f"{where}.records[{n}]")
-                for n, item in enumerate(strict_list(obj.get("records", []), f"{where}.records"))
-            ),
-            approvals=tuple(approvals),
-            error=_optional_text(obj.get("error"), f"{where}.error"),
-            **common,
-        )
-    nodes = []
-    for n, item in enumerate(strict_list(obj["nodes"], f"{where}.nodes")):
-        fields = strict_object(item, f"{where}.nodes[{n}]", required=("node", "prior_state"), optional=())
-        nodes.append(
-            NodeExpectation(
-                strict_text(fields["node"], f"{where}.nodes[{n}].node"),
-                NodeState(_enum_member(NodeState, fields["prior_state"], f"{where}.nodes[{n}].prior_state").value),
-            )
-        )
-    if kind == "invalidate":
-        return Invalidate(
-            source=_record_ref(obj["source"], f"{where}.source"),
-            policy=strict_text(obj["policy"], f"{where}.policy"),
-            nodes=tuple(nodes),
-            **common,
-        )
-    return BindSuccessor(successor=_record_ref(obj["successor"], f"{where}.successor"), nodes=tuple(nodes), **common)
-
-
 def attempt_history(journal: Journal, node_id: str) -> tuple[Attempt, ...]:
     return journal.attempts.get(node_id, ())
 
@@ -1536,6 +793,7 @@ __all__ = [
     "JournalCode",
     "JournalError",
     "NodeExpectation",
+    "Outcome",
     "RecordRef",
     "Refusal",
     "RequestIndex",
