@@ -171,3 +171,26 @@ def test_on_postgresql(workdir: Path, pg_dsn: str, pg_schema: str) -> None:
     assert data("journal", "verify", "review-1", "--db", url)["head"] == appended["head"]
     code, _, err = main("journal", "append", "review-1", "--db", url, "--file", "retraction.jsonl", "--expect", head)
     assert code == 1 and "stale_head" in one_error_line(err)
+
+
+def test_verify_names_the_first_bad_record_of_a_stored_journal(workdir: Path) -> None:
+    import sqlite3  # noqa: PLC0415
+
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    # Someone with the file rewrites event 7, putting the trigger back so that
+    # the schema looks untouched (opening the file checks it).
+    conn = sqlite3.connect(workdir / "review.db", isolation_level=None)
+    try:
+        (trigger,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'journal_events_no_update'").fetchone()
+        conn.execute("DROP TRIGGER journal_events_no_update")
+        conn.execute(
+            "UPDATE journal_events SET record = CAST(replace(CAST(record AS TEXT), 'alice', 'bob') AS BLOB) "
+            "WHERE ordinal = 7"
+        )
+        conn.execute(trigger)
+    finally:
+        conn.close()
+    code, out, err = main("journal", "verify", "review-1", "--db", "review.db")
+    assert code == 1, err
+    assert out.startswith("BAD review-1: the first bad record is event 7: [altered_digest]"), out + err
