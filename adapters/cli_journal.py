@@ -43,7 +43,7 @@ from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_f
 from fencekeeper.kernel.journal_codes import JournalError
 
 from . import connect, journal_fixtures
-from .journal_store import JournalStore, SQLiteJournalStore, authority_of, replay_stored
+from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, authority_of, replay_stored
 from .render import Output, state
 from .store import StoreError
 
@@ -93,6 +93,7 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
     )
     append.add_argument("execution_id", metavar="EXECUTION_ID")
     _db(append)
+    _records(append)
     source = append.add_mutually_exclusive_group(required=True)
     # dest: "command" is the top-level parser's (which command group runs).
     source.add_argument("--command", dest="command_json", metavar="JSON", help="one command")
@@ -121,6 +122,7 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
     verify.add_argument("--file", type=Path, metavar="CHAIN.jsonl")
     verify.add_argument("--workflow", type=Path, metavar="WORKFLOW.json")
     verify.add_argument("--policy", type=Path, metavar="POLICY.json")
+    _records(verify)
     verify.add_argument(
         "--kept-head",
         metavar="HEAD",
@@ -140,6 +142,24 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
 
     fixtures = command("fixtures", "write the fixture pack (specs/journal/fixtures) into DIRECTORY")
     fixtures.add_argument("directory", type=Path, metavar="DIRECTORY")
+
+
+def _records(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="resolve every referenced record as DIR/KIND/ID, whose SHA-256 must be its digest "
+        "(a successor execution's header through --db)",
+    )
+
+
+def _resolver(args: argparse.Namespace, store: JournalStore | None) -> j.Resolver | None:
+    if args.records is None:
+        return None
+    if not args.records.is_dir():
+        raise JournalCliError(f"--records {args.records}: not a directory")
+    return DirectoryResolver(args.records, store)
 
 
 def _db(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -362,13 +382,16 @@ def _append(args: argparse.Namespace, out: Output) -> int:
         _input(f"{where} command {number}", lambda v=shaped: j.command_from_json(v, args.expect or stand_in))
     results: list[dict[str, Any]] = []
     refusal: j.Refusal | None = None
+    if args.records is not None and not args.records.is_dir():
+        raise JournalCliError(f"--records {args.records}: not a directory")
     with _store(args) as store:
         _loaded(store, args.execution_id, args.db)
+        resolve = _resolver(args, store)
         expected = args.expect
         for number, value in enumerate(raw, start=1):
             resolved = _resolve_successor(store, value, f"{where} command {number}")
             command = _input(f"{where} command {number}", lambda v=resolved, e=expected: j.command_from_json(v, e))
-            outcome = store.append(args.execution_id, command)
+            outcome = store.append(args.execution_id, command, resolve)
             if isinstance(outcome, j.Refusal):
                 refusal = outcome
                 results.append({"request": command.request_id, "outcome": "refused", "code": outcome.code.value,
@@ -474,16 +497,16 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
             what = str(args.file)
             workflow, policy = _authority(args.workflow, args.policy)
             header, events = _chain_file(args.file)
-            journal = j.replay(header, events, workflow, policy)
+            journal = j.replay(header, events, workflow, policy, _resolver(args, None))
         else:
             if args.db is None:
                 raise JournalCliError("EXECUTION_ID needs --db")
             what = args.execution_id
             with _store(args) as store:
                 chain = store.stored(args.execution_id)
-            if chain is None:
-                raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
-            journal = replay_stored(chain)
+                if chain is None:
+                    raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
+                journal = replay_stored(chain, _resolver(args, store))
     except JournalError as exc:
         where = "header" if exc.ordinal == 0 else f"event {exc.ordinal}" if exc.ordinal is not None else "the chain"
         if out.json_mode:

@@ -44,7 +44,7 @@ from typing import Protocol
 import attrs
 
 from fencekeeper.kernel import journal as j
-from fencekeeper.kernel.canonical import canonical_bytes, parse_canonical
+from fencekeeper.kernel.canonical import canonical_bytes, digest_bytes, parse_canonical
 from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
@@ -75,7 +75,7 @@ class JournalStore(Protocol):
         """Store a new journal's header (and its workflow and policy); StoreError ``journal_exists`` if taken."""
         ...
 
-    def append(self, execution_id: str, command: j.Command) -> j.Outcome:
+    def append(self, execution_id: str, command: j.Command, resolve: j.Resolver | None = None) -> j.Outcome:
         """Append ``command`` atomically under the head guard: the kernel's outcome, written or not."""
         ...
 
@@ -96,10 +96,10 @@ def authority_of(workflow: bytes, policy: bytes) -> tuple[VerifiedWorkflow, j.Ve
     return verified, j.verify_policy(j.policy_from_json(parse_canonical(policy)), verified)
 
 
-def replay_stored(chain: StoredChain) -> j.Journal:
+def replay_stored(chain: StoredChain, resolve: j.Resolver | None = None) -> j.Journal:
     """The journal ``chain`` holds, checked against its head row; JournalError otherwise."""
     workflow, policy = authority_of(chain.workflow, chain.policy)
-    journal = j.replay(chain.header, chain.events, workflow, policy)
+    journal = j.replay(chain.header, chain.events, workflow, policy, resolve)
     if (journal.head, len(journal.events)) != (chain.head, chain.length):
         raise JournalError(
             JournalCode.BROKEN_CHAIN,
@@ -158,14 +158,14 @@ class JournalStoreBase:
             self._cache[execution_id] = journal
         return journal
 
-    def append(self, execution_id: str, command: j.Command) -> j.Outcome:
+    def append(self, execution_id: str, command: j.Command, resolve: j.Resolver | None = None) -> j.Outcome:
         with self._cache_lock:
             journal = self._cache.get(execution_id)
         if journal is None:
             journal = self._reload(execution_id)
         now = self.clock.now()
         for reloaded in (False, True):
-            outcome = j.preview(journal, command, now)
+            outcome = j.preview(journal, command, now, resolve)
             if isinstance(outcome, j.Appended):
                 if self._commit_events(execution_id, journal.head, outcome.events, len(outcome.journal.events)):
                     with self._cache_lock:
@@ -196,6 +196,31 @@ def _maybe_outdated(outcome: j.Outcome) -> bool:
         JournalCode.STALE_HEAD,
         JournalCode.PRIOR_STATE_MISMATCH,
     )
+
+
+# --- resolving records -----------------------------------------------------------------------------
+
+
+class DirectoryResolver:
+    """Records as files: ``DIRECTORY/<kind>/<id>``, whose SHA-256 must be the reference's digest.
+
+    A successor execution's header (kind ``execution``) resolves through
+    ``store`` when one is given: the stored header's digest must match.  A
+    reference whose path would leave the directory never resolves.
+    """
+
+    def __init__(self, directory: Path, store: JournalStore | None = None) -> None:
+        self.directory = directory.resolve()
+        self.store = store
+
+    def __call__(self, record: j.RecordRef) -> bool:
+        if record.kind == j.SUCCESSOR_KIND and self.store is not None:
+            chain = self.store.stored(record.ref_id)
+            return chain is not None and j.decode_header(chain.header).digest == record.digest
+        path = (self.directory / record.kind / record.ref_id).resolve()
+        if not path.is_relative_to(self.directory) or not path.is_file():
+            return False
+        return digest_bytes(path.read_bytes()) == record.digest
 
 
 # --- SQLite ----------------------------------------------------------------------------------------
@@ -299,6 +324,7 @@ class SQLiteJournalStore(JournalStoreBase):
 
 
 __all__ = [
+    "DirectoryResolver",
     "JournalStore",
     "JournalStoreBase",
     "SQLiteJournalStore",

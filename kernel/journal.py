@@ -46,9 +46,10 @@ module:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import MappingProxyType
+from typing import TypeAlias
 
 import attrs
 
@@ -207,10 +208,11 @@ class _Builder:
     the stored one instead of being signed, and the stored one is kept.
     """
 
-    __slots__ = ("attempts", "base", "events", "execution_id", "head", "requests", "states", "stored")
+    __slots__ = ("attempts", "base", "events", "execution_id", "head", "requests", "resolve", "states", "stored")
 
-    def __init__(self, base: Journal) -> None:
+    def __init__(self, base: Journal, resolve: Resolver | None = None) -> None:
         self.base = base
+        self.resolve = resolve
         self.events: list[Event] = []
         self.head = base.head
         self.requests: dict[str, _Recorded] = {}
@@ -265,13 +267,22 @@ def _matches_stored(produced: Event, stored: list[Event]) -> Event:
     raise JournalError(C.MALFORMED_RECORD, f"{differing}: differs from what its request produces")
 
 
-def preview(journal: Journal, command: Command, now: datetime) -> Outcome:
-    """What appending ``command`` at ``now`` would do: the new journal and its events, an idempotent repeat, or a refusal."""
+Resolver: TypeAlias = Callable[[RecordRef], bool]
+"""Seed 002's record resolver: whether a referenced record exists, held elsewhere, with exactly that digest."""
+
+
+def preview(journal: Journal, command: Command, now: datetime, resolve: Resolver | None = None) -> Outcome:
+    """What appending ``command`` at ``now`` would do: the new journal and its events, an idempotent repeat, or a refusal.
+
+    With ``resolve``, every record the command references (records,
+    approval records, an invalidation's source, a successor's header) must
+    resolve, or the command is refused ``unresolved_record``.
+    """
     try:
         at = format_time(now)
     except JournalError as exc:
         return exc.refusal
-    builder = _Builder(journal)
+    builder = _Builder(journal, resolve)
     try:
         repeated = _apply(builder, command, at)
     except JournalError as exc:
@@ -283,9 +294,9 @@ def preview(journal: Journal, command: Command, now: datetime) -> Outcome:
     return Appended(builder.journal(), tuple(builder.events))
 
 
-def append(journal: Journal, command: Command, now: datetime) -> Journal | Refusal:
+def append(journal: Journal, command: Command, now: datetime, resolve: Resolver | None = None) -> Journal | Refusal:
     """The journal with ``command`` appended (the same journal for an idempotent repeat), or a refusal."""
-    outcome = preview(journal, command, now)
+    outcome = preview(journal, command, now, resolve)
     if isinstance(outcome, Refusal):
         return outcome
     return outcome.journal
@@ -304,6 +315,12 @@ def _apply(builder: _Builder, command: Command, at: str) -> bool:
         )
     if command.expected_head != builder.head:
         raise JournalError(C.STALE_HEAD, f"expected head {command.expected_head}, but the head is {builder.head}")
+    if builder.resolve is not None:
+        for record in _references(command):
+            if not builder.resolve(record):
+                raise JournalError(
+                    C.UNRESOLVED_RECORD, f"record {record.kind}/{record.ref_id} with digest {record.digest} does not resolve"
+                )
     before = len(builder.events)
     if isinstance(command, Transition):
         _transition(builder, command, digest, at)
@@ -314,6 +331,14 @@ def _apply(builder: _Builder, command: Command, at: str) -> bool:
     emitted = len(builder.events) - before
     builder.requests[command.request_id] = _Recorded(digest, len(builder.base.events) + before + 1, emitted)
     return False
+
+
+def _references(command: Command) -> tuple[RecordRef, ...]:
+    if isinstance(command, Transition):
+        return (*command.records, *(a.record for a in command.approvals))
+    if isinstance(command, Invalidate):
+        return (command.source,)
+    return (command.successor,)
 
 
 def _check_common(command: Command) -> None:
@@ -675,7 +700,11 @@ def _command_of(group: Sequence[Event]) -> Command:
 
 
 def replay(
-    header: bytes, events: Sequence[bytes], workflow: VerifiedWorkflow, policy: VerifiedPolicy
+    header: bytes,
+    events: Sequence[bytes],
+    workflow: VerifiedWorkflow,
+    policy: VerifiedPolicy,
+    resolve: Resolver | None = None,
 ) -> Journal:
     """Rebuild the journal from its stored bytes alone, checking every rule; JournalError names the first bad record.
 
@@ -689,7 +718,7 @@ def replay(
     """
     head = decode_header(header)
     journal = new_journal(head, workflow, policy)
-    builder = _Builder(journal)
+    builder = _Builder(journal, resolve)
     builder.stored = []
     position = 0
     pending: Event | None = None
@@ -797,6 +826,7 @@ __all__ = [
     "RecordRef",
     "Refusal",
     "RequestIndex",
+    "Resolver",
     "Transition",
     "Unchanged",
     "VerifiedPolicy",

@@ -47,6 +47,8 @@ class JournalCode(enum.Enum):
     CONFLICTING_REQUEST = "conflicting_request"
     PARTIAL_INVALIDATION = "partial_invalidation"
     BAD_SUCCESSOR_BINDING = "bad_successor_binding"
+    # Key types and services: records are referenced "through a resolver".
+    UNRESOLVED_RECORD = "unresolved_record"
     INVALID_REQUEST = "invalid_request"
     # The canonical codec: "Canonical codecs reject unknown fields, noncanonical
     # bytes, altered digests, gaps, and cross-journal records."

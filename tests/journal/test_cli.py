@@ -194,3 +194,26 @@ def test_verify_names_the_first_bad_record_of_a_stored_journal(workdir: Path) ->
     code, out, err = main("journal", "verify", "review-1", "--db", "review.db")
     assert code == 1, err
     assert out.startswith("BAD review-1: the first bad record is event 7: [altered_digest]"), out + err
+
+
+def test_records_resolve_from_a_directory_by_digest(workdir: Path) -> None:
+    head = new()["head"]
+    records = workdir / "records"
+    (records / "search-results").mkdir(parents=True)
+    first_two = (workdir / "review-1.jsonl").read_text(encoding="utf-8").splitlines()[:5]
+    (workdir / "search.jsonl").write_text("\n".join(first_two) + "\n", encoding="utf-8")
+    # The example's record digests are SHA-256 of "kind/id"; a file with other content does not resolve ...
+    (records / "search-results" / "search-results").write_text("tampered", encoding="utf-8")
+    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "search.jsonl",
+                        "--expect", head, "--records", records)  # fmt: skip
+    assert code == 1 and "unresolved_record" in one_error_line(err)
+    # ... the record as referenced does, and the stored journal verifies against the directory.
+    # (Sent again from the same head: the four commands appended before the
+    # refusal are idempotent repeats, and the fifth follows them.)
+    (records / "search-results" / "search-results").write_text("search-results/search-results", encoding="utf-8")
+    assert data("journal", "append", "review-1", "--db", "review.db", "--file", "search.jsonl",
+                "--expect", head, "--records", records)["results"][-1]["outcome"] == "appended"  # fmt: skip
+    assert data("journal", "verify", "review-1", "--db", "review.db", "--records", records)["ok"]
+    (records / "search-results" / "search-results").write_text("changed later", encoding="utf-8")
+    code, out, _ = main("journal", "verify", "review-1", "--db", "review.db", "--records", records, "--json")
+    assert code == 1 and json.loads(out)["code"] == "unresolved_record"

@@ -479,3 +479,32 @@ def test_a_long_history_reads_like_a_tuple() -> None:
     recorded = driver.journal.requests.recorded("r-300")
     assert recorded is not None and (recorded.first, recorded.count) == (300, 1)
     assert events[299].request_id == "r-300" and driver.journal.requests["r-300"] == events[299].request_digest
+
+
+# --- resolving referenced records ---------------------------------------------------------------
+
+
+def test_with_a_resolver_every_referenced_record_must_resolve() -> None:
+    driver = Driver(fresh())
+    attempt = j.AttemptRef("s-1", 1)
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    results = ref("search-results", "search-results")
+    complete = driver.transition("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=attempt,
+                                 records=(results,))  # fmt: skip
+    asked: list[j.RecordRef] = []
+
+    def nothing_resolves(record: j.RecordRef) -> bool:
+        asked.append(record)
+        return False
+
+    outcome = j.preview(driver.journal, complete, T0, nothing_resolves)
+    assert isinstance(outcome, j.Refusal) and outcome.code is C.UNRESOLVED_RECORD
+    assert asked == [results]
+    appended = j.preview(driver.journal, complete, T0, lambda record: record == results)
+    assert isinstance(appended, j.Appended)
+    header, events = stored(appended.journal)
+    workflow, policy = appended.journal.workflow, appended.journal.policy
+    assert j.replay(header, events, workflow, policy, lambda record: True).head == appended.journal.head
+    with pytest.raises(j.JournalError) as caught:
+        j.replay(header, events, workflow, policy, nothing_resolves)
+    assert (caught.value.reason, caught.value.ordinal) == (C.UNRESOLVED_RECORD, 2)
