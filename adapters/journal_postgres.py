@@ -126,6 +126,13 @@ class PostgresJournalStore(JournalStoreBase):
             length=int(row[4]),
         )
 
+    def _stored_head(self, execution_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT head FROM journal_heads WHERE execution_id = %s", (execution_id,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
     def execution_ids(self) -> list[str]:
         with self._lock:
             rows = self._conn.execute("SELECT execution_id FROM journal_headers ORDER BY execution_id").fetchall()

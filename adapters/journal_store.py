@@ -23,7 +23,9 @@ module:
   rebased: when the head moved, the store reloads the journal from the
   database and asks the kernel again with the command unchanged, and the
   kernel refuses it unless its expected head is the new head (or it is an
-  idempotent repeat).
+  idempotent repeat).  A refusal decided on a cached journal is returned
+  only if the stored head is still the cached one, so the code is always
+  the one the stored journal earns.
 - A loaded journal is cached per execution with its head; the cache is
   only a shortcut to the projection the chain yields, and is refreshed
   whenever the database's head differs from it.
@@ -134,6 +136,9 @@ class JournalStoreBase:
     def stored(self, execution_id: str) -> StoredChain | None:
         raise NotImplementedError
 
+    def _stored_head(self, execution_id: str) -> str | None:
+        raise NotImplementedError
+
     def execution_ids(self) -> list[str]:
         raise NotImplementedError
 
@@ -175,10 +180,13 @@ class JournalStoreBase:
                     # Moved twice while this append ran: the command was
                     # decided against a head that is no longer the head.
                     return stale(journal.head, "a newer head")
-            elif reloaded or not _maybe_outdated(outcome):
+            elif reloaded or isinstance(outcome, j.Unchanged) or self._stored_head(execution_id) == journal.head:
+                # A repeat is one whatever else was appended since; a refusal
+                # stands when it was decided on the stored head.
                 return outcome
-            # The cached journal may be behind the database (another writer
-            # appended): read the chain again and ask the kernel again.
+            # The cached journal is behind the database (another writer
+            # appended): read the chain again and ask the kernel again, so
+            # that a refusal is always the one the stored journal earns.
             journal = self._reload(execution_id)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -187,15 +195,6 @@ class JournalStoreBase:
         if journal is None:
             raise StoreError("journal_not_found", f"no journal {execution_id!r}")
         return journal
-
-
-def _maybe_outdated(outcome: j.Outcome) -> bool:
-    # Only these refusals can come from a cache that is behind: the command
-    # names a head, state or request the cache has not seen yet.
-    return isinstance(outcome, j.Refusal) and outcome.code in (
-        JournalCode.STALE_HEAD,
-        JournalCode.PRIOR_STATE_MISMATCH,
-    )
 
 
 # --- resolving records -----------------------------------------------------------------------------
@@ -312,6 +311,11 @@ class SQLiteJournalStore(JournalStoreBase):
             head=str(row[3]),
             length=int(row[4]),
         )
+
+    def _stored_head(self, execution_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT head FROM journal_heads WHERE execution_id = ?", (execution_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def execution_ids(self) -> list[str]:
         with self._lock:
