@@ -375,6 +375,8 @@ def _check_common(command: Command) -> None:
         if isinstance(command, Invalidate):
             _check_record(command.source, "source")
             _identifier(command.policy, "policy")
+        else:
+            _check_record(command.successor, "successor")
 
 
 def _check_record(record: RecordRef, where: str) -> None:
