@@ -308,7 +308,7 @@ class JournalMachine(RuleBasedStateMachine):
 
 TestJournalMachine = JournalMachine.TestCase
 TestJournalMachine.settings = settings(
-    max_examples=25,
+    max_examples=50,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
