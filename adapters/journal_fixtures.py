@@ -49,7 +49,14 @@ REVIEW = WorkflowDefinition(
     nodes=(
         NodeDefinition("search", NodeKind.AUTOMATED, (), ("searcher",), (Artifact("search-results", "search-results"),)),
         NodeDefinition("screen-a", NodeKind.HUMAN, ("search",), ("screener",), (Artifact("screening", "screening-a"),)),
-        NodeDefinition("screen-b", NodeKind.HUMAN, ("search",), ("screener",), (Artifact("screening", "screening-b"),)),
+        NodeDefinition(
+            "screen-b",
+            NodeKind.HUMAN,
+            ("search",),
+            ("screener",),
+            (Artifact("screening", "screening-b"),),
+            independent_of=("screen-a",),
+        ),
         NodeDefinition(
             "extraction",
             NodeKind.HYBRID,
@@ -68,7 +75,9 @@ REVIEW = WorkflowDefinition(
         ),
     ),
 )
-"""search -> two independent human screenings -> extraction -> synthesis -> a two-reviewer sign-off."""
+"""search -> two independent human screenings -> extraction -> synthesis -> a two-reviewer sign-off.
+
+The screenings are independent: whoever works on one may not work on the other."""
 
 
 def review_policy(workflow: VerifiedWorkflow) -> j.AuthorityPolicy:
@@ -391,6 +400,13 @@ def _forged(complete: Script) -> list[Case]:
     forged("dependency-gap", "extraction made ready while both screenings are pending",
            j.Transition("f5", head, "extraction", NodeEvent.DEPENDENCIES_SATISFIED, NodeState.PENDING, "bot:search", "scheduler"),
            "dependency_gap", (("extraction", NodeEvent.DEPENDENCIES_SATISFIED, NodeState.READY),))  # fmt: skip
+    # alice screened screen-a; she may not also start screen-b.
+    at_second = _prefix(journal, 9)
+    found.append(Case("not-independent", "alice, who did screen-a, starts screen-b",
+                      [*lines(at_second), *forge(at_second, j.Transition(
+                          "f10", at_second.head, "screen-b", NodeEvent.WORK_STARTED, NodeState.READY, "alice",
+                          "screener", attempt=j.AttemptRef("screen-b-1", 1)), at)],
+                      "not_independent", len(at_second.events) + 1))  # fmt: skip
     forged("invalid-transition", "search, completed, started again",
            j.Transition("f6", head, "search", NodeEvent.WORK_STARTED, NodeState.COMPLETED, "bot:search", "searcher",
                         attempt=j.AttemptRef("search-3", 3)),

@@ -24,6 +24,8 @@ of this module:
   the digest-bound authority policy"); human and hybrid nodes must declare
   at least one output, their owning conduct record (seed: "Human-task
   completion must bind the owning conduct record").
+- ``independent_of`` names nodes whose work must be done by other actors
+  (the worked example's two independent screenings); it holds both ways.
 """
 
 from __future__ import annotations
@@ -83,11 +85,14 @@ class NodeDefinition:
     """The roles that may act on this node; empty admits any role the policy grants (automated nodes only)."""
     outputs: tuple[Artifact, ...] = ()
     approval: ApprovalRequirement | None = None
+    independent_of: tuple[str, ...] = ()
+    """Nodes whose workers may not work on this one, nor this one's on them (two independent screenings)."""
 
     def to_json(self) -> dict[str, Json]:
         return {
             "approval": None if self.approval is None else self.approval.to_json(),
             "id": self.node_id,
+            "independent_of": list(self.independent_of),
             "kind": self.kind.value,
             "outputs": [a.to_json() for a in self.outputs],
             "predecessors": list(self.predecessors),
@@ -118,6 +123,8 @@ class VerifiedWorkflow:
     """(predecessor, node) pairs."""
     rank: Mapping[str, int]
     """A node's position in ``order``."""
+    independent: Mapping[str, frozenset[str]]
+    """Node -> the nodes it must be independent of, both ways (``independent_of`` made symmetric)."""
 
     @property
     def workflow_id(self) -> str:
@@ -174,6 +181,11 @@ def verify_workflow(definition: WorkflowDefinition) -> VerifiedWorkflow:
     for node in definition.nodes:
         _check_node(node, by_id)
     order = _topological(definition.nodes)
+    independent: dict[str, set[str]] = {n.node_id: set() for n in definition.nodes}
+    for node in definition.nodes:
+        for other in node.independent_of:
+            independent[node.node_id].add(other)
+            independent[other].add(node.node_id)
     successors: dict[str, list[str]] = {n.node_id: [] for n in definition.nodes}
     edges: list[tuple[str, str]] = []
     for node_id in order:
@@ -188,6 +200,7 @@ def verify_workflow(definition: WorkflowDefinition) -> VerifiedWorkflow:
         successors=MappingProxyType({k: tuple(v) for k, v in successors.items()}),
         edges=tuple(edges),
         rank=MappingProxyType({node_id: n for n, node_id in enumerate(order)}),
+        independent=MappingProxyType({k: frozenset(v) for k, v in independent.items()}),
     )
 
 
@@ -200,6 +213,11 @@ def _check_node(node: NodeDefinition, by_id: Mapping[str, NodeDefinition]) -> No
             raise _fail(JournalCode.WORKFLOW_CYCLE, f"{where}: is its own predecessor")
         if before not in by_id:
             raise _fail(JournalCode.UNKNOWN_PREDECESSOR, f"{where}: predecessors: no node {before!r}")
+    for other in node.independent_of:
+        if other == node.node_id or other not in by_id:
+            raise _fail(JournalCode.INVALID_WORKFLOW, f"{where}: independent_of: {other!r} is not another node")
+    if len(set(node.independent_of)) != len(node.independent_of):
+        raise _fail(JournalCode.INVALID_WORKFLOW, f"{where}: independent_of: names a node twice")
     for role in node.roles:
         _identifier(role, f"{where}: roles")
     if len(set(node.roles)) != len(node.roles):
@@ -274,7 +292,9 @@ def workflow_from_json(value: object, where: str = "workflow") -> WorkflowDefini
 
 
 def _node(value: object, where: str) -> NodeDefinition:
-    obj = _object(value, where, required=("id", "kind"), optional=("predecessors", "roles", "outputs", "approval"))
+    obj = _object(
+        value, where, required=("id", "kind"), optional=("predecessors", "roles", "outputs", "approval", "independent_of")
+    )
     kind_text = _text(obj["kind"], f"{where}.kind")
     try:
         kind = NodeKind(kind_text)
@@ -292,6 +312,7 @@ def _node(value: object, where: str) -> NodeDefinition:
             _artifact(item, f"{where}.outputs[{n}]") for n, item in enumerate(_list(obj.get("outputs", []), where))
         ),
         approval=None if approval is None else _approval(approval, f"{where}.approval"),
+        independent_of=_texts(obj.get("independent_of", []), f"{where}.independent_of"),
     )
 
 

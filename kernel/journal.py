@@ -194,6 +194,7 @@ def new_journal(header: Header, workflow: VerifiedWorkflow, policy: VerifiedPoli
         events=EventLog(),
         states=MappingProxyType(states),
         attempts=MappingProxyType({}),
+        workers=MappingProxyType({}),
         requests=RequestIndex(),
     )
 
@@ -208,7 +209,9 @@ class _Builder:
     the stored one instead of being signed, and the stored one is kept.
     """
 
-    __slots__ = ("attempts", "base", "events", "execution_id", "head", "requests", "resolve", "states", "stored")
+    __slots__ = (
+        "attempts", "base", "events", "execution_id", "head", "requests", "resolve", "states", "stored", "workers",
+    )  # fmt: skip
 
     def __init__(self, base: Journal, resolve: Resolver | None = None) -> None:
         self.base = base
@@ -218,6 +221,7 @@ class _Builder:
         self.requests: dict[str, _Recorded] = {}
         self.states = dict(base.states)
         self.attempts = dict(base.attempts)
+        self.workers = dict(base.workers)
         self.stored: list[Event] | None = None
         self.execution_id = base.header.execution_id
 
@@ -243,6 +247,7 @@ class _Builder:
             events=base.events.extended(self.events),
             states=MappingProxyType(self.states),
             attempts=MappingProxyType(self.attempts),
+            workers=MappingProxyType(self.workers),
             requests=base.requests.extended(self.requests),
         )
 
@@ -454,7 +459,9 @@ def _transition(builder: _Builder, command: Transition, digest: str, at: str) ->
         if command.attempt is not None:
             raise JournalError(C.INVALID_ATTEMPT, f"{event.value} binds no attempt")
     else:
+        _check_independence(builder, node_id, command.actor_id)
         builder.attempts[node_id] = _attempts_after(node_id, event, command.attempt, command.error, attempts)
+        builder.workers[node_id] = builder.workers.get(node_id, frozenset()) | {command.actor_id}
     if event is NodeEvent.WORK_FAILED and not command.error:
         raise JournalError(C.INVALID_REQUEST, "work-failed must say what the error was")
     if event is not NodeEvent.WORK_FAILED and command.error is not None:
@@ -491,6 +498,15 @@ def _transition(builder: _Builder, command: Transition, digest: str, at: str) ->
             successor=None,
         )
     )
+
+
+def _check_independence(builder: _Builder, node_id: str, actor_id: str) -> None:
+    for other in sorted(builder.base.workflow.independent[node_id]):
+        if actor_id in builder.workers.get(other, ()):
+            raise JournalError(
+                C.NOT_INDEPENDENT,
+                f"node {node_id!r} must be worked independently of {other!r}, where {actor_id!r} has worked",
+            )
 
 
 def _attempts_after(

@@ -41,6 +41,7 @@ class JournalCode(enum.Enum):
     PRIOR_STATE_MISMATCH = "prior_state_mismatch"
     BROKEN_CHAIN = "broken_chain"
     FORGED_ROLE = "forged_role"
+    NOT_INDEPENDENT = "not_independent"
     AUTOMATION_CLAIMS_HUMAN = "automation_claims_human"
     MISSING_DECLARED_OUTPUT = "missing_declared_output"
     INVALID_APPROVAL = "invalid_approval"

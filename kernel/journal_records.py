@@ -485,6 +485,8 @@ class Journal:
     events: EventLog
     states: Mapping[str, NodeState]
     attempts: Mapping[str, tuple[Attempt, ...]]
+    workers: Mapping[str, frozenset[str]]
+    """Node -> every actor who has done work on it (started, blocked, cleared, completed, failed, retried)."""
     requests: RequestIndex
     """Request id -> request digest, for idempotency."""
 

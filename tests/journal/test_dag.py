@@ -42,6 +42,13 @@ def test_the_review_verifies_in_topological_order() -> None:
     assert workflow.digest.startswith("sha256:")
 
 
+def test_independence_holds_both_ways() -> None:
+    workflow = verify_workflow(REVIEW)
+    assert workflow.independent["screen-b"] == {"screen-a"}
+    assert workflow.independent["screen-a"] == {"screen-b"}
+    assert workflow.independent["search"] == frozenset()
+
+
 def test_order_breaks_ties_by_writing_order_whatever_the_input_order() -> None:
     workflow = verify_workflow(WorkflowDefinition("w", (auto("c", "a"), auto("b"), auto("a"))))
     assert workflow.order == ("b", "a", "c")
@@ -64,6 +71,8 @@ def test_order_breaks_ties_by_writing_order_whatever_the_input_order() -> None:
         ((NodeDefinition("p", NodeKind.APPROVAL, (), ("r",), (), ApprovalRequirement(1, ("q",))),), C.INVALID_WORKFLOW),
         ((NodeDefinition("a", NodeKind.AUTOMATED, (), (), (), ApprovalRequirement(1)),), C.INVALID_WORKFLOW),
         ((NodeDefinition("a", NodeKind.AUTOMATED, (), (), (Artifact("k", "i"), Artifact("k", "i"))),), C.INVALID_WORKFLOW),
+        ((NodeDefinition("a", NodeKind.AUTOMATED, independent_of=("a",)),), C.INVALID_WORKFLOW),
+        ((NodeDefinition("a", NodeKind.AUTOMATED, independent_of=("ghost",)),), C.INVALID_WORKFLOW),
     ],
 )
 def test_verification_refuses(nodes: tuple[NodeDefinition, ...], code: C) -> None:

@@ -39,6 +39,7 @@ REQUIRED = {
     "bad-successor": "bad_successor_binding",
     "invalid-approval": "invalid_approval",
     "dependency-gap": "dependency_gap",
+    "not-independent": "not_independent",
 }
 
 

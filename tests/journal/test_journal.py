@@ -232,6 +232,20 @@ def test_automation_cannot_claim_human_authority() -> None:
     )
 
 
+def test_the_two_screenings_are_done_by_different_people() -> None:
+    driver = searched()
+    driver.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    driver.do("screen-b", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    outcome = refused(
+        driver,
+        driver.transition("screen-b", NodeEvent.WORK_STARTED, "alice", "screener", attempt=j.AttemptRef("b-1", 1)),
+        C.NOT_INDEPENDENT,
+    )
+    assert "screen-a" in outcome.message
+    driver.do("screen-b", NodeEvent.WORK_STARTED, "bob", "screener", attempt=j.AttemptRef("b-1", 1))
+    assert driver.journal.workers == {"search": {"bot:search"}, "screen-a": {"alice"}, "screen-b": {"bob"}}
+
+
 def test_hybrid_work_may_be_automated_but_only_a_human_completes_it() -> None:
     driver = searched()
     driver.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
