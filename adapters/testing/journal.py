@@ -12,7 +12,9 @@ flow 5 and 6; specs/journal.md, Storage):
   stored exactly as the kernel encoded them, the head row agrees, and
   replay reproduces the states, attempt history and head;
 - of two writers appending concurrently from the same head exactly one
-  wins and the other is refused ``stale_head``, with one event stored;
+  wins and the other is refused ``stale_head``, with one event stored; four
+  writers racing for 32 appends leave exactly the winners' events, and
+  every loser was refused ``stale_head``;
 - a writer whose cache is behind the database is refused when its command
   expected the old head, and accepted when it names the new one (never
   rebased), and a repeat of a request another writer stored is an
@@ -179,3 +181,46 @@ class JournalStoreTests:
         appended = store.append("review-1", start)
         assert isinstance(appended, j.Appended)
         assert appended.events[0].at == j.format_time(fx.T0 + timedelta(minutes=5))
+
+    def test_many_writers_racing_leave_one_valid_chain(self, open_store: Opener) -> None:
+        # Four writers, each appending from the head it last loaded: every
+        # append that wins moves the head, every other is refused stale_head,
+        # and the chain is exactly the winners, in order, and replays.
+        stores = [open_store() for _ in range(4)]
+        created(stores[0])
+        wins: list[str] = []
+        refusals: list[C] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(len(stores))
+
+        def writer(number: int, store: JournalStore) -> None:
+            barrier.wait()
+            for attempt in range(8):
+                seen = store.load("review-1")
+                assert seen is not None
+                state = seen.states["search"]
+                event = NodeEvent.WORK_STARTED if state is NodeState.READY else (
+                    NodeEvent.WORK_BLOCKED if state is NodeState.ACTIVE else NodeEvent.BLOCK_CLEARED
+                )  # fmt: skip
+                command = j.Transition(
+                    request_id=f"w{number}-{attempt}", expected_head=seen.head, node_id="search", event=event,
+                    prior_state=state, actor_id="bot:search", role="searcher", attempt=j.AttemptRef("search-1", 1),
+                )  # fmt: skip
+                outcome = store.append("review-1", command)
+                with lock:
+                    if isinstance(outcome, j.Appended):
+                        wins.append(command.request_id)
+                    else:
+                        assert isinstance(outcome, j.Refusal), outcome
+                        refusals.append(outcome.code)
+
+        threads = [threading.Thread(target=writer, args=(n, s)) for n, s in enumerate(stores)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert set(refusals) <= {C.STALE_HEAD}
+        assert len(wins) + len(refusals) == 32 and wins
+        final = open_store().load("review-1")
+        assert final is not None
+        assert sorted(e.request_id for e in final.events) == sorted(wins)
