@@ -133,6 +133,24 @@ class PostgresJournalStore(JournalStoreBase):
             ).fetchone()
         return None if row is None else str(row[0])
 
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+        with self._lock:
+            try:
+                with self._conn.transaction():
+                    self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    row = self._conn.execute(
+                        "SELECT head, length FROM journal_heads WHERE execution_id = %s", (execution_id,)
+                    ).fetchone()
+                    if row is None:
+                        return None
+                    events = self._conn.execute(
+                        "SELECT record FROM journal_events WHERE execution_id = %s AND ordinal > %s ORDER BY ordinal",
+                        (execution_id, after),
+                    ).fetchall()
+            except psycopg.OperationalError as exc:
+                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+        return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
+
     def execution_ids(self) -> list[str]:
         with self._lock:
             rows = self._conn.execute("SELECT execution_id FROM journal_headers ORDER BY execution_id").fetchall()

@@ -28,7 +28,9 @@ module:
   the one the stored journal earns.
 - A loaded journal is cached per execution with its head; the cache is
   only a shortcut to the projection the chain yields, and is refreshed
-  whenever the database's head differs from it.
+  whenever the database's head differs from it, by replaying only the
+  events appended since (``journal.continue_replay``, which checks that
+  they follow the cached head).  ``load`` always replays the whole chain.
 - The time of a record is the store's clock's (``Clock``, UTC), read once
   per append.
 """
@@ -139,6 +141,10 @@ class JournalStoreBase:
     def _stored_head(self, execution_id: str) -> str | None:
         raise NotImplementedError
 
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+        """The events after ordinal ``after``, with the head row, from one snapshot; None if there is no journal."""
+        raise NotImplementedError
+
     def execution_ids(self) -> list[str]:
         raise NotImplementedError
 
@@ -191,10 +197,26 @@ class JournalStoreBase:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _reload(self, execution_id: str) -> j.Journal:
-        journal = self.load(execution_id)
-        if journal is None:
+        """The stored journal, catching the cached one up by the events appended since, or replaying it all."""
+        with self._cache_lock:
+            cached = self._cache.get(execution_id)
+        if cached is not None:
+            tail = self._tail(execution_id, len(cached.events))
+            if tail is None:
+                raise StoreError("journal_not_found", f"no journal {execution_id!r}")
+            events, head, length = tail
+            # The first new event must name the cached head: continue_replay
+            # checks the link, so a cache that is not a prefix of the stored
+            # chain is refused, never silently extended.
+            journal = j.continue_replay(cached, events)
+            if (journal.head, len(journal.events)) == (head, length):
+                with self._cache_lock:
+                    self._cache[execution_id] = journal
+                return journal
+        journal_or_none = self.load(execution_id)
+        if journal_or_none is None:
             raise StoreError("journal_not_found", f"no journal {execution_id!r}")
-        return journal
+        return journal_or_none
 
 
 # --- resolving records -----------------------------------------------------------------------------
@@ -316,6 +338,24 @@ class SQLiteJournalStore(JournalStoreBase):
         with self._lock:
             row = self._conn.execute("SELECT head FROM journal_heads WHERE execution_id = ?", (execution_id,)).fetchone()
         return None if row is None else str(row[0])
+
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute(
+                    "SELECT head, length FROM journal_heads WHERE execution_id = ?", (execution_id,)
+                ).fetchone()
+                if row is None:
+                    return None
+                events = conn.execute(
+                    "SELECT record FROM journal_events WHERE execution_id = ? AND ordinal > ? ORDER BY ordinal",
+                    (execution_id, after),
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
 
     def execution_ids(self) -> list[str]:
         with self._lock:

@@ -734,17 +734,31 @@ def replay(
     its ordinal (``ordinal_gap``), and then every rule its request was
     appended under, with that rule's code.
     """
-    head = decode_header(header)
-    journal = new_journal(head, workflow, policy)
+    return continue_replay(new_journal(decode_header(header), workflow, policy), events, resolve)
+
+
+def continue_replay(journal: Journal, events: Sequence[bytes], resolve: Resolver | None = None) -> Journal:
+    """``journal`` extended by the stored events that follow it, each checked exactly as :func:`replay` checks it.
+
+    ``events[0]`` must be the event with ordinal ``len(journal.events) + 1``
+    and name ``journal.head`` as its previous digest.  A store that holds a
+    journal it already verified reads only the events appended since, so
+    catching up costs what is new, not the whole history.
+    """
+    offset = len(journal.events)
     builder = _Builder(journal, resolve)
     builder.stored = []
     position = 0
     pending: Event | None = None
     while position < len(events) or pending is not None:
-        first = pending if pending is not None else _next_event(events, position, builder.head, builder.execution_id)
+        first = (
+            pending
+            if pending is not None
+            else _next_event(events, position, builder.head, builder.execution_id, offset)
+        )
         pending = None
         group = [first]
-        position = first.ordinal
+        position = first.ordinal - offset
         deferred: JournalError | None = None
         if first.event in (NodeEvent.WORK_INVALIDATED, NodeEvent.SUCCESSOR_BOUND):
             # A batch is the run of events of one request: gather it whole.
@@ -752,11 +766,11 @@ def replay(
             # is checked, so that the first bad record is the one named.
             while position < len(events):
                 try:
-                    following = _next_event(events, position, group[-1].digest, builder.execution_id)
+                    following = _next_event(events, position, group[-1].digest, builder.execution_id, offset)
                 except JournalError as exc:
                     deferred = exc
                     break
-                position = following.ordinal
+                position = following.ordinal - offset
                 if following.request_id != first.request_id or following.event is not first.event:
                     pending = following
                     break
@@ -799,8 +813,8 @@ def link_error(head: str, expected_ordinal: int, previous: str, ordinal: int) ->
     return None
 
 
-def _next_event(events: Sequence[bytes], position: int, head: str, execution_id: str) -> Event:
-    ordinal = position + 1
+def _next_event(events: Sequence[bytes], position: int, head: str, execution_id: str, offset: int) -> Event:
+    ordinal = offset + position + 1
     event = decode_event(events[position], ordinal)
     if event.execution_id != execution_id:
         raise JournalError(
@@ -851,6 +865,7 @@ __all__ = [
     "append",
     "attempt_history",
     "command_from_json",
+    "continue_replay",
     "create_header",
     "decode_event",
     "decode_header",

@@ -213,3 +213,23 @@ def test_parse_canonical_agrees_with_rfc8785_whatever_the_member_names(value: di
         # Python ordering is not canonical and must be refused.
         with pytest.raises(JournalError):
             parse_canonical(python_order)
+
+
+def test_continuing_a_verified_journal_checks_the_new_events_as_replay_does(
+    chain: tuple[j.Journal, bytes, list[bytes]],
+) -> None:
+    journal, header, events = chain
+    for cut in (0, 7, 20, len(events)):  # never inside a batch: a batch is appended whole
+        prefix = replay(journal, header, events[:cut])
+        continued = j.continue_replay(prefix, events[cut:])
+        assert continued.head == journal.head
+        assert dict(continued.states) == dict(journal.states)
+        assert dict(continued.attempts) == dict(journal.attempts)
+        assert dict(continued.requests) == dict(journal.requests)
+    prefix = replay(journal, header, events[:7])
+    with pytest.raises(JournalError) as caught:
+        j.continue_replay(prefix, events[8:])  # event 8 is missing
+    assert (caught.value.reason, caught.value.ordinal) == (C.BROKEN_CHAIN, 8)
+    with pytest.raises(JournalError) as caught:
+        j.continue_replay(prefix, [*events[7:10], _resigned(events[10], {"rationale": "x"})])
+    assert (caught.value.reason, caught.value.ordinal) == (C.ALTERED_DIGEST, 11)
