@@ -25,6 +25,7 @@ test: $(STAMP)
 
 contracts: $(STAMP)
 	$(BIN)/python -m tests.contracts.run_crosshair
+	$(BIN)/python -m tests.contracts.run_journal_crosshair
 
 # Not part of `make test`: about two minutes of workers killed, stopped past their leases and
 # cut off, on SQLite and on PostgreSQL (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test),

@@ -100,7 +100,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import connect, demo, examples, render, service
+from . import cli_journal, connect, demo, examples, render, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -323,6 +323,8 @@ def _parser() -> argparse.ArgumentParser:
 
     spec = command("check-spec", "validate machine spec TOML files")
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
+
+    cli_journal.register(sub, common, data)
     return parser
 
 
@@ -438,6 +440,7 @@ def _run(args: argparse.Namespace) -> int:
         "export-specs": _export_specs,
         "modelcheck": _modelcheck,
         "check-spec": _check_spec,
+        "journal": cli_journal.run,
     }
     return handlers[args.command](args, out) or EXIT_OK
 

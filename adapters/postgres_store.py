@@ -309,6 +309,40 @@ CREATE INDEX wait_registrations_due ON wait_registrations (wake_at)
     WHERE woken_by IS NULL AND closed_by IS NULL AND wake_at IS NOT NULL;
 """,
     ),
+    (
+        7,
+        "execution_journal",
+        # The execution journal (seed 002; specs/journal.md, Storage;
+        # adapters/journal_postgres.py).  Headers and events are kept as their
+        # canonical bytes, append-only; journal_heads is the compare-and-set
+        # guard of every append, derived from the events and checked
+        # against them whenever a journal is loaded.
+        """
+CREATE TABLE journal_headers (
+    execution_id text PRIMARY KEY,
+    header       bytea NOT NULL,
+    digest       text NOT NULL,
+    workflow     bytea NOT NULL,
+    policy       bytea NOT NULL
+);
+CREATE TABLE journal_events (
+    execution_id text NOT NULL REFERENCES journal_headers(execution_id),
+    ordinal      integer NOT NULL CHECK (ordinal >= 1),
+    digest       text NOT NULL,
+    record       bytea NOT NULL,
+    PRIMARY KEY (execution_id, ordinal)
+);
+CREATE TABLE journal_heads (
+    execution_id text PRIMARY KEY REFERENCES journal_headers(execution_id),
+    head         text NOT NULL,
+    length       integer NOT NULL CHECK (length >= 0)
+);
+CREATE TRIGGER journal_headers_append_only BEFORE UPDATE OR DELETE ON journal_headers
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+CREATE TRIGGER journal_events_append_only BEFORE UPDATE OR DELETE ON journal_events
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

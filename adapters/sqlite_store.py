@@ -295,6 +295,48 @@ CREATE INDEX wait_registrations_due ON wait_registrations (wake_at)
     WHERE woken_by IS NULL AND closed_by IS NULL AND wake_at IS NOT NULL;
 """,
     ),
+    (
+        6,
+        "execution_journal",
+        # The execution journal (seed 002; specs/journal.md, Storage;
+        # adapters/journal_store.py).  Headers and events are kept as their
+        # canonical bytes, append-only; journal_heads is the compare-and-set
+        # guard of every append, derived from the events and checked
+        # against them whenever a journal is loaded.
+        """
+CREATE TABLE journal_headers (
+    execution_id TEXT PRIMARY KEY,
+    header       BLOB NOT NULL,
+    digest       TEXT NOT NULL,
+    workflow     BLOB NOT NULL,
+    policy       BLOB NOT NULL
+);
+CREATE TRIGGER journal_headers_no_update BEFORE UPDATE ON journal_headers
+BEGIN SELECT RAISE(ABORT, 'journal_headers is append-only'); END;
+CREATE TRIGGER journal_headers_no_delete BEFORE DELETE ON journal_headers
+BEGIN SELECT RAISE(ABORT, 'journal_headers is append-only'); END;
+
+CREATE TABLE journal_events (
+    execution_id TEXT NOT NULL REFERENCES journal_headers(execution_id),
+    ordinal      INTEGER NOT NULL CHECK (ordinal >= 1),
+    digest       TEXT NOT NULL,
+    record       BLOB NOT NULL,
+    PRIMARY KEY (execution_id, ordinal)
+) WITHOUT ROWID;
+CREATE TRIGGER journal_events_no_update BEFORE UPDATE ON journal_events
+BEGIN SELECT RAISE(ABORT, 'journal_events is append-only'); END;
+CREATE TRIGGER journal_events_no_delete BEFORE DELETE ON journal_events
+BEGIN SELECT RAISE(ABORT, 'journal_events is append-only'); END;
+
+CREATE TABLE journal_heads (
+    execution_id TEXT PRIMARY KEY REFERENCES journal_headers(execution_id),
+    head         TEXT NOT NULL,
+    length       INTEGER NOT NULL CHECK (length >= 0)
+);
+CREATE TRIGGER journal_heads_no_delete BEFORE DELETE ON journal_heads
+BEGIN SELECT RAISE(ABORT, 'journal_heads rows are never deleted'); END;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

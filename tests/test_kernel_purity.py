@@ -51,6 +51,9 @@ ALLOWED_MODULES = frozenset(
         "dataclasses",
         "attrs",
         "attr",
+        # RFC 8785 canonical JSON for the journal's codec: pure (its only
+        # buffer is an in-memory BytesIO), no I/O, clock or randomness.
+        "rfc8785",
     }
 )
 """Modules the kernel may import; their submodules (``attr.validators``) too."""

@@ -25,7 +25,7 @@ import attrs
 import hypothesis
 import pytest
 
-from fencekeeper.adapters import examples
+from fencekeeper.adapters import examples, sqlite_store
 from fencekeeper.adapters.memory import MemoryStore, _MemoryBackend
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import Backend, Evidence, ManualClock, TransactionalStore
@@ -96,7 +96,10 @@ def _downgrade_to_version_4(path: Path) -> None:
             "CREATE INDEX wait_registrations_due ON wait_registrations (wake_at) "
             "WHERE woken_by IS NULL AND wake_at IS NOT NULL"
         )
-        conn.execute("DELETE FROM schema_migrations WHERE version = 5")
+        # Nothing of the migrations after 4 either.
+        for table in ("journal_heads", "journal_events", "journal_headers"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 5")
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -130,7 +133,8 @@ def test_migration_5_closes_registrations_left_open_by_earlier_cancellations(tmp
         store.close()
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (5,)
+        newest = max(number for number, _, _ in sqlite_store.MIGRATIONS)
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (newest,)
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         conn.close()

@@ -1,0 +1,608 @@
+"""``fencekeeper journal ...``: the execution journal on the command line.
+
+Registered from ``adapters/cli.py`` (:func:`register`, :func:`run`) and
+following its conventions: data on stdout (one JSON document with
+``--json``), one ``fencekeeper: error: ...`` line on stderr, a traceback only
+with ``--debug``; exit 0 for success (an idempotent repeat included), 1 when
+the journal refuses a command or a verification finds a bad record, 2 for
+bad usage or input (a missing or malformed file, a ``--db`` that cannot be
+opened, an unknown execution).  Rules of this module:
+
+- It translates.  Every refusal it prints is the kernel's, with the
+  kernel's code; every verification is ``journal.replay``.
+- Input is read and checked before a store is opened: a malformed workflow,
+  policy or command file writes nothing.
+- Commands carry the head they expect.  ``append --expect HEAD`` applies
+  the commands of a file in order, each expecting the head the one before
+  it produced, the first ``HEAD``; a command naming its own
+  ``expected_head`` keeps it.  ``--head-file FILE`` is the same with the
+  head read from FILE, and the head this writer last appended written back
+  to it: the operator's own record of the head it has seen.  Nothing here
+  ever reads the current head from the store to fill in a command: a writer
+  whose head is stale is refused.
+- A successor binding whose ``successor`` leaves out ``digest`` names the
+  successor execution's header digest as stored in the same database; an
+  execution that is not there is an input error.
+- Only ``new`` creates a SQLite file; every other command refuses a path
+  that does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fencekeeper.kernel import journal as j
+from fencekeeper.kernel.canonical import is_digest
+from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
+from fencekeeper.kernel.journal_codes import JournalError
+
+from . import connect, journal_fixtures
+from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, authority_of, replay_stored
+from .render import Output, state
+from .store import StoreError
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+
+_USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database", "journal_not_found"})
+
+
+class JournalCliError(Exception):
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --- arguments -------------------------------------------------------------------------------
+
+
+def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentParser) -> None:
+    """Add the ``journal`` command group to the top-level subparsers ``sub``."""
+    group = sub.add_parser(
+        "journal",
+        help="the execution journal: a hash-chained, replayable record of a DAG's node states",
+        description="Seed 002's execution journal (docs/journal.md, specs/journal.md).",
+        parents=[common],
+    )
+    commands = group.add_subparsers(dest="journal_command", required=True, metavar="SUBCOMMAND")
+
+    def command(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, parents=[common, data], **kwargs)  # type: ignore[no-any-return]
+
+    new = command("new", "create a journal: verify the workflow and policy, write the header")
+    new.add_argument("execution_id", metavar="EXECUTION_ID")
+    _db(new)
+    new.add_argument("--workflow", type=Path, required=True, metavar="WORKFLOW.json")
+    new.add_argument("--policy", type=Path, required=True, metavar="POLICY.json")
+    new.add_argument("--as", dest="creator", required=True, metavar="HUMAN", help="the creating human (a policy actor)")
+    new.add_argument("--supersedes", metavar="EXECUTION_ID", help="the execution this one takes over from")
+    new.add_argument("--head-file", type=Path, metavar="FILE", help="write the new head (the header's digest) here")
+
+    append = command(
+        "append",
+        "append commands (a JSON object, or a file of JSON lines) to a journal",
+        description="Each command is a JSON object (specs/journal.md, section 6). With --expect, commands "
+        "without expected_head expect the head the previous command produced, the first HEAD.",
+    )
+    append.add_argument("execution_id", metavar="EXECUTION_ID")
+    _db(append)
+    _records(append)
+    source = append.add_mutually_exclusive_group(required=True)
+    # dest: "command" is the top-level parser's (which command group runs).
+    source.add_argument("--command", dest="command_json", metavar="JSON", help="one command")
+    source.add_argument("--file", type=Path, metavar="COMMANDS.jsonl", help="commands, one JSON object a line")
+    expect = append.add_mutually_exclusive_group()
+    expect.add_argument("--expect", metavar="HEAD", help="the head the first command expects")
+    expect.add_argument(
+        "--head-file",
+        type=Path,
+        metavar="FILE",
+        help="the head the first command expects is in FILE; after the last append, FILE holds the new head",
+    )
+
+    show = command("show", "a journal's events and node states")
+    show.add_argument("execution_id", metavar="EXECUTION_ID")
+    _db(show)
+    show.add_argument("--head", action="store_true", help="print only the head digest")
+
+    verify = command(
+        "verify",
+        "replay a stored journal or an exported file and name the first bad record",
+        description="Give EXECUTION_ID and --db, or --file with --workflow and --policy.",
+    )
+    verify.add_argument("execution_id", nargs="?", metavar="EXECUTION_ID")
+    _db(verify, required=False)
+    verify.add_argument("--file", type=Path, metavar="CHAIN.jsonl")
+    verify.add_argument("--workflow", type=Path, metavar="WORKFLOW.json")
+    verify.add_argument("--policy", type=Path, metavar="POLICY.json")
+    _records(verify)
+    verify.add_argument(
+        "--kept-head",
+        metavar="HEAD",
+        help="a head kept elsewhere earlier: the chain must contain it (it may have grown since)",
+    )
+
+    export = command("export", "write a journal as JSON lines (header first), exactly as stored")
+    export.add_argument("execution_id", metavar="EXECUTION_ID")
+    _db(export)
+    export.add_argument("--out", type=Path, metavar="CHAIN.jsonl", help="write here instead of stdout")
+    export.add_argument("--workflow-out", type=Path, metavar="WORKFLOW.json", help="also write the workflow")
+    export.add_argument("--policy-out", type=Path, metavar="POLICY.json", help="also write the policy")
+
+    replay = command("replay", "rebuild node states, attempts and head from the stored chain alone")
+    replay.add_argument("execution_id", metavar="EXECUTION_ID")
+    _db(replay)
+
+    fixtures = command("fixtures", "write the fixture pack (specs/journal/fixtures) into DIRECTORY")
+    fixtures.add_argument("directory", type=Path, metavar="DIRECTORY")
+
+
+def _records(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="resolve every referenced record as DIR/KIND/ID, whose SHA-256 must be its digest "
+        "(a successor execution's header through --db)",
+    )
+
+
+def _resolver(args: argparse.Namespace, store: JournalStore | None) -> j.Resolver | None:
+    if args.records is None:
+        return None
+    if not args.records.is_dir():
+        raise JournalCliError(f"--records {args.records}: not a directory")
+    return DirectoryResolver(args.records, store)
+
+
+def _db(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument(
+        "--db", required=required, metavar="URL", help="a SQLite file or a postgresql:// DSN (optionally ?schema=NAME)"
+    )
+    parser.add_argument("--schema", metavar="NAME", help="PostgreSQL schema (default: fencekeeper)")
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    """Run one ``journal`` subcommand; errors become one line on stderr and an exit code."""
+    handlers = {
+        "new": _new,
+        "append": _append,
+        "show": _show,
+        "verify": _verify,
+        "export": _export,
+        "replay": _replay,
+        "fixtures": _fixtures,
+    }
+    try:
+        return handlers[args.journal_command](args, out)
+    except (JournalCliError, StoreError, JournalError) as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"fencekeeper: error: {_message(exc)}", file=sys.stderr)
+        if isinstance(exc, JournalCliError):
+            return exc.exit_code
+        if isinstance(exc, StoreError):
+            return EXIT_USAGE if exc.code in _USAGE_STORE_CODES else EXIT_PROBLEM
+        return EXIT_PROBLEM
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, StoreError):
+        return f"{' '.join(str(exc).split())} [{exc.code}]"
+    if isinstance(exc, JournalError):
+        return f"{exc.message} [{exc.code}]"
+    return " ".join(str(exc).split())
+
+
+@contextmanager
+def _store(args: argparse.Namespace, *, create: bool = False) -> Iterator[JournalStore]:
+    location = connect.parse_url(args.db, schema=args.schema)
+    store: JournalStore
+    if location.kind == "sqlite":
+        assert location.path is not None
+        if not create and not location.path.exists():
+            raise JournalCliError(f"--db: no database at {location.path} (`fencekeeper journal new` creates one)")
+        store = SQLiteJournalStore(location.path)
+    else:
+        from .journal_postgres import PostgresJournalStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL
+
+        assert location.dsn is not None and location.schema is not None
+        store = PostgresJournalStore(location.dsn, schema=location.schema)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _read_json(path: Path, option: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise JournalCliError(f"{option} {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise JournalCliError(f"{option} {path}: not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JournalCliError(f"{option} {path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+
+
+def _input(what: str, action: Any) -> Any:
+    """Run a parser of user input; its JournalError is an input error (exit 2), naming ``what``."""
+    try:
+        return action()
+    except JournalError as exc:
+        raise JournalCliError(f"{what}: {exc.message} [{exc.code}]") from None
+
+
+def _authority(workflow_path: Path, policy_path: Path) -> tuple[VerifiedWorkflow, j.VerifiedPolicy]:
+    workflow_json = _read_json(workflow_path, "--workflow")
+    policy_json = _read_json(policy_path, "--policy")
+    workflow = _input(f"--workflow {workflow_path}", lambda: verify_workflow(workflow_from_json(workflow_json)))
+    policy = _input(f"--policy {policy_path}", lambda: j.policy_from_json(policy_json))
+    # A policy that does not bind this workflow is a refusal of authority, not bad JSON.
+    return workflow, j.verify_policy(policy, workflow)
+
+
+def _loaded(store: JournalStore, execution_id: str, db: str) -> j.Journal:
+    journal = store.load(execution_id)
+    if journal is None:
+        raise JournalCliError(f"EXECUTION_ID: no journal {execution_id!r} in {db}")
+    return journal
+
+
+def _states_json(journal: j.Journal) -> dict[str, Any]:
+    return {
+        "execution_id": journal.execution_id,
+        "head": journal.head,
+        "events": len(journal.events),
+        "states": {n: journal.states[n].value for n in journal.workflow.order},
+        "attempts": {
+            n: [{"id": a.attempt_id, "sequence": a.sequence, "status": a.status.value, "error": a.error} for a in history]
+            for n, history in journal.attempts.items()
+        },
+    }
+
+
+def _print_states(journal: j.Journal, out: Output) -> None:
+    rows = []
+    for node_id in journal.workflow.order:
+        history = journal.attempts.get(node_id, ())
+        attempts = ", ".join(f"#{a.sequence} {a.attempt_id} {a.status.value}" for a in history) or "-"
+        rows.append((node_id, journal.workflow.nodes[node_id].kind.value, state(journal.states[node_id]), attempts))
+    out.table(("node", "kind", "state", "attempts"), rows)
+    out.line(f"head {journal.head} after {len(journal.events)} events")
+
+
+# --- the subcommands ---------------------------------------------------------------------------
+
+
+def _new(args: argparse.Namespace, out: Output) -> int:
+    workflow, policy = _authority(args.workflow, args.policy)
+    with _store(args, create=True) as store:
+        header = j.create_header(
+            args.execution_id, workflow, policy, created_by=args.creator, now=store.clock.now(), supersedes=args.supersedes
+        )
+        journal = j.new_journal(header, workflow, policy)
+        store.create(journal)
+    if args.head_file is not None:
+        _write_head(args.head_file, journal.head)
+    if out.json_mode:
+        out.data(_states_json(journal))
+    else:
+        out.line(f"{journal.execution_id}: created; head {journal.head}")
+    return EXIT_OK
+
+
+def _commands(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.command_json is not None:
+        try:
+            value = json.loads(args.command_json)
+        except json.JSONDecodeError as exc:
+            raise JournalCliError(f"--command: not valid JSON: {exc.msg} (column {exc.colno})") from None
+        return [_object(value, "--command")]
+    try:
+        text = args.file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise JournalCliError(f"--file {args.file}: cannot read: {exc.strerror}") from None
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise JournalCliError(f"--file {args.file}:{number}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+        found.append(_object(value, f"--file {args.file}:{number}"))
+    if not found:
+        raise JournalCliError(f"--file {args.file}: holds no command")
+    return found
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise JournalCliError(f"{where}: a command is a JSON object")
+    return value
+
+
+def _resolve_successor(store: JournalStore, value: dict[str, Any], where: str) -> dict[str, Any]:
+    successor = value.get("successor")
+    if value.get("command") != "bind-successor" or not isinstance(successor, dict) or "digest" in successor:
+        return value
+    successor_id = successor.get("id")
+    chain = store.stored(successor_id) if isinstance(successor_id, str) else None
+    if chain is None:
+        raise JournalCliError(f"{where}: successor {successor_id!r} is not in this database; give its digest")
+    return {**value, "successor": {**successor, "digest": json.loads(chain.header)["digest"]}}
+
+
+def _read_head(path: Path) -> str:
+    try:
+        head = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise JournalCliError(f"--head-file {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise JournalCliError(f"--head-file {path}: not UTF-8 text") from None
+    if not is_digest(head):
+        raise JournalCliError(f"--head-file {path}: holds {head[:80]!r}, not a sha256: digest")
+    return head
+
+
+def _write_head(path: Path, head: str) -> None:
+    try:
+        path.write_text(head + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise JournalCliError(f"--head-file {path}: cannot write: {exc.strerror}") from None
+
+
+def _append(args: argparse.Namespace, out: Output) -> int:
+    raw = _commands(args)
+    if args.head_file is not None:
+        args.expect = _read_head(args.head_file)
+    where = "--command" if args.command_json is not None else f"--file {args.file}"
+    # Checked before the store is opened: a malformed command writes nothing.
+    # (The head and a successor's digest are only known later; stand-ins
+    # let the shape be checked now.)
+    stand_in = "sha256:" + "0" * 64
+    for number, value in enumerate(raw, start=1):
+        shaped = value
+        successor = value.get("successor")
+        if value.get("command") == "bind-successor" and isinstance(successor, dict) and "digest" not in successor:
+            shaped = {**value, "successor": {**successor, "digest": stand_in}}
+        _input(f"{where} command {number}", lambda v=shaped: j.command_from_json(v, args.expect or stand_in))
+    results: list[dict[str, Any]] = []
+    refusal: j.Refusal | None = None
+    if args.records is not None and not args.records.is_dir():
+        raise JournalCliError(f"--records {args.records}: not a directory")
+    with _store(args) as store:
+        _loaded(store, args.execution_id, args.db)
+        resolve = _resolver(args, store)
+        expected = args.expect
+        for number, value in enumerate(raw, start=1):
+            resolved = _resolve_successor(store, value, f"{where} command {number}")
+            command = _input(f"{where} command {number}", lambda v=resolved, e=expected: j.command_from_json(v, e))
+            outcome = store.append(args.execution_id, command, resolve)
+            if isinstance(outcome, j.Refusal):
+                refusal = outcome
+                results.append({"request": command.request_id, "outcome": "refused", "code": outcome.code.value,
+                                "message": outcome.message})  # fmt: skip
+                break
+            if isinstance(outcome, j.Unchanged):
+                # The next command of a file being sent again expects the head
+                # this request made when it was first recorded.
+                expected = outcome.events[-1].digest if outcome.events else outcome.journal.head
+                results.append({"request": command.request_id, "outcome": "unchanged", "head": expected})
+                out.line(f"{command.request_id}: already recorded (idempotent); nothing changed")
+                continue
+            expected = outcome.journal.head
+            results.append(
+                {
+                    "request": command.request_id,
+                    "outcome": "appended",
+                    "events": [e.to_json() for e in outcome.events],
+                    "head": expected,
+                }
+            )
+            for event in outcome.events:
+                out.line(
+                    f"{event.ordinal:>4} {event.node_id}: {event.prior_state.value} --{event.event.value}--> ",
+                    state(event.resulting_state),
+                    f"  ({event.actor_id} as {event.role})",
+                )
+    if args.head_file is not None and expected is not None:
+        # Whatever was appended before a refusal is the head this writer now knows.
+        _write_head(args.head_file, expected)
+    if out.json_mode:
+        out.data({"execution_id": args.execution_id, "results": results, "head": expected})
+    elif refusal is None:
+        out.line(f"head {expected}")
+    if refusal is not None:
+        raise JournalCliError(
+            f"{where} command {len(results)} refused [{refusal.code.value}]: {refusal.message}", EXIT_PROBLEM
+        )
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace, out: Output) -> int:
+    with _store(args) as store:
+        journal = _loaded(store, args.execution_id, args.db)
+    if args.head:
+        if out.json_mode:
+            out.data({"execution_id": journal.execution_id, "head": journal.head})
+        else:
+            out.line(journal.head)
+        return EXIT_OK
+    if out.json_mode:
+        out.data({**_states_json(journal), "header": journal.header.to_json(), "records": [e.to_json() for e in journal.events]})
+        return EXIT_OK
+    header = journal.header
+    out.line(
+        f"{header.execution_id}: workflow {journal.workflow.workflow_id} ({header.workflow_digest[:19]}…), "
+        f"policy {journal.policy.policy.policy_id}, created by {header.created_by} at {header.created_at}"
+        + (f", supersedes {header.supersedes}" if header.supersedes else "")
+    )
+    out.table(
+        ("#", "at", "node", "event", "state", "who", "detail"),
+        [
+            (
+                str(e.ordinal),
+                e.at,
+                e.node_id,
+                e.event.value,
+                state(e.resulting_state),
+                f"{e.actor_id} as {e.role}",
+                _detail(e),
+            )
+            for e in journal.events
+        ],
+    )
+    _print_states(journal, out)
+    return EXIT_OK
+
+
+def _detail(event: j.Event) -> str:
+    parts = []
+    if event.attempt is not None:
+        parts.append(f"attempt {event.attempt.attempt_id} #{event.attempt.sequence}")
+    if event.error:
+        parts.append(f"error: {event.error}")
+    parts.extend(f"{r.kind}/{r.ref_id}" for r in event.records)
+    if event.approvals:
+        parts.append("approved by " + ", ".join(f"{a.actor_id} ({a.role})" for a in event.approvals))
+    if event.invalidation is not None:
+        source = event.invalidation.source
+        parts.append(f"because of {source.kind}/{source.ref_id} under {event.invalidation.policy}")
+    if event.successor is not None:
+        parts.append(f"succeeded by {event.successor.ref_id}")
+    return "; ".join(parts)
+
+
+def _verify(args: argparse.Namespace, out: Output) -> int:
+    if (args.file is None) == (args.execution_id is None):
+        raise JournalCliError("give EXECUTION_ID with --db, or --file with --workflow and --policy")
+    try:
+        if args.file is not None:
+            if args.workflow is None or args.policy is None:
+                raise JournalCliError("--file needs --workflow and --policy")
+            what = str(args.file)
+            workflow, policy = _authority(args.workflow, args.policy)
+            header, events = _chain_file(args.file)
+            journal = j.replay(header, events, workflow, policy, _resolver(args, None))
+        else:
+            if args.db is None:
+                raise JournalCliError("EXECUTION_ID needs --db")
+            what = args.execution_id
+            with _store(args) as store:
+                chain = store.stored(args.execution_id)
+                if chain is None:
+                    raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
+                journal = replay_stored(chain, _resolver(args, store))
+    except JournalError as exc:
+        where = "header" if exc.ordinal == 0 else f"event {exc.ordinal}" if exc.ordinal is not None else "the chain"
+        if out.json_mode:
+            out.data({"ok": False, "journal": what, "code": exc.code, "ordinal": exc.ordinal, "message": exc.detail})
+        else:
+            out.line(("BAD", "bold red"), f" {what}: the first bad record is {where}: [{exc.code}] {exc.detail}")
+        return EXIT_PROBLEM
+    if args.kept_head is not None and not _contains_head(journal, args.kept_head):
+        message = f"the chain does not contain the kept head {args.kept_head}: it was rewritten, not only extended"
+        if out.json_mode:
+            out.data({"ok": False, "journal": what, "code": "broken_chain", "ordinal": None, "message": message})
+        else:
+            out.line(("BAD", "bold red"), f" {what}: {message}")
+        return EXIT_PROBLEM
+    if out.json_mode:
+        out.data({"ok": True, "journal": what, "head": journal.head, "events": len(journal.events)})
+    else:
+        out.line(("ok", "green"), f" {what}: {len(journal.events)} events, every rule holds; head {journal.head}")
+    return EXIT_OK
+
+
+def _contains_head(journal: j.Journal, head: str) -> bool:
+    """Whether ``head`` is the header's digest or an event's: a head this chain passed through."""
+    return head == journal.header.digest or any(e.digest == head for e in journal.events)
+
+
+def _chain_file(path: Path) -> tuple[bytes, list[bytes]]:
+    try:
+        return journal_fixtures.read_chain(path)
+    except OSError as exc:
+        raise JournalCliError(f"--file {path}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise JournalCliError(str(exc)) from None
+
+
+def _export(args: argparse.Namespace, out: Output) -> int:
+    with _store(args) as store:
+        chain = store.stored(args.execution_id)
+    if chain is None:
+        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
+    data = b"".join(line + b"\n" for line in (chain.header, *chain.events))
+    written: dict[str, str] = {}
+    for path, payload, name in (
+        (args.out, data, "chain"),
+        (args.workflow_out, chain.workflow + b"\n", "workflow"),
+        (args.policy_out, chain.policy + b"\n", "policy"),
+    ):
+        if path is not None:
+            try:
+                path.write_bytes(payload)
+            except OSError as exc:
+                raise JournalCliError(f"{path}: cannot write: {exc.strerror}") from None
+            written[name] = str(path)
+    if args.out is None:
+        if out.json_mode:
+            out.data({"execution_id": chain.execution_id, "records": [json.loads(r) for r in (chain.header, *chain.events)]})
+        else:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+    elif out.json_mode:
+        out.data({"execution_id": chain.execution_id, "events": len(chain.events), "head": chain.head, "written": written})
+    return EXIT_OK
+
+
+def _replay(args: argparse.Namespace, out: Output) -> int:
+    with _store(args) as store:
+        chain = store.stored(args.execution_id)
+    if chain is None:
+        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
+    # Replay from the stored bytes alone: the header, the events, and the
+    # workflow and policy the header binds.
+    workflow, policy = authority_of(chain.workflow, chain.policy)
+    journal = j.replay(chain.header, chain.events, workflow, policy)
+    if out.json_mode:
+        out.data({**_states_json(journal), "stored_head": chain.head, "agrees": journal.head == chain.head})
+    else:
+        _print_states(journal, out)
+    if journal.head != chain.head or len(journal.events) != chain.length:
+        raise JournalCliError(
+            f"the chain replays to head {journal.head} after {len(journal.events)} events, but the store's head is "
+            f"{chain.head} after {chain.length}",
+            EXIT_PROBLEM,
+        )
+    return EXIT_OK
+
+
+def _fixtures(args: argparse.Namespace, out: Output) -> int:
+    if not args.directory.is_dir():
+        raise JournalCliError(f"{args.directory}: not a directory")
+    written = journal_fixtures.write_pack(args.directory)
+    if out.json_mode:
+        out.data({"written": [str(p) for p in written]})
+    else:
+        for path in written:
+            out.line(str(path))
+    return EXIT_OK
+
+
+__all__ = ["register", "run"]

@@ -1,0 +1,516 @@
+"""The journal's fixture pack: valid and adversarial chains another implementation can replay.
+
+``fencekeeper journal fixtures DIRECTORY`` writes the pack; the committed
+copy is ``specs/journal/fixtures`` (specs/journal.md, "Fixture pack"), and
+a test fails if regenerating it changes a byte.  Rules of this module:
+
+- Every chain is produced by the kernel itself (``kernel/journal.py``), from
+  the systematic review of docs/journal.md, with fixed times and ids, so the
+  pack is the same bytes on every run.
+- An adversarial chain is a valid chain changed the way an attacker or a
+  faulty store would change it: bytes tampered (removed, reordered,
+  inserted, duplicated, spliced from another execution, a digest altered, a
+  field added, the bytes re-encoded), or an event forged with every digest
+  recomputed so that only a rule of the journal can catch it (a forged
+  role, automation claiming human authority, a missing artifact, a partial
+  invalidation, a bad successor binding).  Each names the refusal code and
+  the ordinal of the first bad record it expects.
+- The pack is data only: JSON and JSON lines, one canonical record a line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from fencekeeper.kernel import journal as j
+from fencekeeper.kernel.canonical import Json, canonical_bytes, digest_bytes, digest_of
+from fencekeeper.kernel.dag import (
+    ApprovalRequirement,
+    Artifact,
+    NodeDefinition,
+    NodeKind,
+    VerifiedWorkflow,
+    WorkflowDefinition,
+    verify_workflow,
+)
+from fencekeeper.kernel.machines import NodeEvent, NodeState
+
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+
+REVIEW = WorkflowDefinition(
+    workflow_id="systematic-review",
+    nodes=(
+        NodeDefinition("search", NodeKind.AUTOMATED, (), ("searcher",), (Artifact("search-results", "search-results"),)),
+        NodeDefinition("screen-a", NodeKind.HUMAN, ("search",), ("screener",), (Artifact("screening", "screening-a"),)),
+        NodeDefinition(
+            "screen-b",
+            NodeKind.HUMAN,
+            ("search",),
+            ("screener",),
+            (Artifact("screening", "screening-b"),),
+            independent_of=("screen-a",),
+        ),
+        NodeDefinition(
+            "extraction",
+            NodeKind.HYBRID,
+            ("screen-a", "screen-b"),
+            ("extractor",),
+            (Artifact("extraction", "extraction-table"),),
+        ),
+        NodeDefinition("synthesis", NodeKind.HUMAN, ("extraction",), ("synthesist",), (Artifact("synthesis", "report"),)),
+        NodeDefinition(
+            "sign-off",
+            NodeKind.APPROVAL,
+            ("synthesis",),
+            ("reviewer", "coordinator"),
+            (),
+            ApprovalRequirement(minimum=2, roles=("reviewer",), distinct_actors=True, human_only=True),
+        ),
+    ),
+)
+"""search -> two independent human screenings -> extraction -> synthesis -> a two-reviewer sign-off.
+
+The screenings are independent: whoever works on one may not work on the other."""
+
+
+def review_policy(workflow: VerifiedWorkflow) -> j.AuthorityPolicy:
+    return j.AuthorityPolicy(
+        policy_id="review-policy",
+        scope="review-2026-03",
+        workflow_digest=workflow.digest,
+        protocol="protocol-v1",
+        assignments=(
+            j.Assignment("bot:search", j.ActorKind.AUTOMATION, ("searcher", "scheduler")),
+            j.Assignment("bot:extract", j.ActorKind.AUTOMATION, ("extractor", "screener", "reviewer")),
+            j.Assignment("alice", j.ActorKind.HUMAN, ("screener", "reviewer")),
+            j.Assignment("bob", j.ActorKind.HUMAN, ("screener", "reviewer")),
+            j.Assignment("carol", j.ActorKind.HUMAN, ("extractor", "synthesist", "coordinator", "scheduler")),
+        ),
+        approved_by="carol",
+    )
+
+
+def sha(text: str) -> str:
+    return digest_bytes(text.encode())
+
+
+def ref(kind: str, ref_id: str) -> j.RecordRef:
+    """A record reference whose digest stands for the record's content (the pack holds no records)."""
+    return j.RecordRef(kind, ref_id, sha(f"{kind}/{ref_id}"))
+
+
+RETRACTION = ref("retraction-notice", "doi-10.1000-retracted-42")
+DOWNSTREAM = ("screen-a", "screen-b", "extraction", "synthesis", "sign-off")
+
+
+class Script:
+    """Appends commands one second apart and fails loudly on anything but an append."""
+
+    def __init__(self, journal: j.Journal, start: datetime = T0) -> None:
+        self.journal = journal
+        self.clock = start
+        self.count = 0
+
+    def send(self, command: j.Command) -> j.Appended:
+        self.clock += timedelta(seconds=1)
+        outcome = j.preview(self.journal, command, self.clock)
+        if not isinstance(outcome, j.Appended):
+            raise AssertionError(f"the example's own command was not appended: {outcome}")
+        self.journal = outcome.journal
+        return outcome
+
+    def transition(self, node_id: str, event: NodeEvent, actor: str, role: str, **fields: Any) -> j.Transition:
+        self.count += 1
+        return j.Transition(
+            request_id=f"{self.journal.execution_id}-r{self.count}",
+            expected_head=self.journal.head,
+            node_id=node_id,
+            event=event,
+            prior_state=self.journal.states[node_id],
+            actor_id=actor,
+            role=role,
+            **fields,
+        )
+
+    def do(self, node_id: str, event: NodeEvent, actor: str, role: str, **fields: Any) -> j.Appended:
+        return self.send(self.transition(node_id, event, actor, role, **fields))
+
+    def work(self, node_id: str, actor: str, role: str, records: tuple[j.RecordRef, ...]) -> None:
+        if self.journal.states[node_id] is NodeState.PENDING:
+            self.do(node_id, NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+        sequence = len(self.journal.attempts.get(node_id, ())) + 1
+        attempt = j.AttemptRef(f"{node_id}-{sequence}", sequence)
+        self.do(node_id, NodeEvent.WORK_STARTED, actor, role, attempt=attempt)
+        self.do(node_id, NodeEvent.WORK_COMPLETED, actor, role, attempt=attempt, records=records)
+
+
+def verified() -> tuple[VerifiedWorkflow, j.VerifiedPolicy]:
+    workflow = verify_workflow(REVIEW)
+    return workflow, j.verify_policy(review_policy(workflow), workflow)
+
+
+def new(execution_id: str, supersedes: str | None = None, start: datetime = T0) -> Script:
+    workflow, policy = verified()
+    header = j.create_header(execution_id, workflow, policy, created_by="carol", now=start, supersedes=supersedes)
+    return Script(j.new_journal(header, workflow, policy), start)
+
+
+SIGN_OFF = (
+    j.Approval("alice", "reviewer", ref("approval", "alice-sign-off")),
+    j.Approval("bob", "reviewer", ref("approval", "bob-sign-off")),
+)
+
+
+def review(script: Script) -> Script:
+    """The whole review: the search fails once and is retried, everything else succeeds first time."""
+    attempt = j.AttemptRef("search-1", 1)
+    script.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    script.do("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=attempt, error="index timed out")
+    retry = j.AttemptRef("search-2", 2)
+    script.do("search", NodeEvent.RETRY_AUTHORIZED, "bot:search", "searcher", attempt=retry)
+    script.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=retry)
+    script.do("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=retry,
+              records=(ref("search-results", "search-results"),))  # fmt: skip
+    script.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    script.work("screen-b", "bob", "screener", (ref("screening", "screening-b"),))
+    script.work("extraction", "carol", "extractor", (ref("extraction", "extraction-table"),))
+    script.work("synthesis", "carol", "synthesist", (ref("synthesis", "report"),))
+    script.do("sign-off", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    sign_off = j.AttemptRef("sign-off-1", 1)
+    script.do("sign-off", NodeEvent.WORK_STARTED, "carol", "coordinator", attempt=sign_off)
+    script.do("sign-off", NodeEvent.WORK_COMPLETED, "carol", "coordinator", attempt=sign_off, approvals=SIGN_OFF)
+    return script
+
+
+def invalidation(script: Script) -> j.Invalidate:
+    journal = script.journal
+    return j.Invalidate(
+        request_id=f"{journal.execution_id}-retraction-42",
+        expected_head=journal.head,
+        source=RETRACTION,
+        policy="retraction-policy",
+        nodes=tuple(j.NodeExpectation(n, journal.states[n]) for n in DOWNSTREAM),
+        actor_id="carol",
+        role="coordinator",
+        rationale="a study included by both screenings was retracted",
+    )
+
+
+def binding(script: Script, successor: j.Journal) -> j.BindSuccessor:
+    journal = script.journal
+    return j.BindSuccessor(
+        request_id=f"{journal.execution_id}-bind-successor",
+        expected_head=journal.head,
+        successor=j.RecordRef(j.SUCCESSOR_KIND, successor.execution_id, successor.header.digest),
+        nodes=tuple(j.NodeExpectation(n, NodeState.INVALIDATED) for n in DOWNSTREAM),
+        actor_id="carol",
+        role="coordinator",
+        rationale=f"{successor.execution_id} takes over from the screening onwards",
+    )
+
+
+def successor_journal() -> Script:
+    """review-2, created after the retraction, taking over from review-1."""
+    return new("review-2", supersedes="review-1", start=T0 + timedelta(days=1))
+
+
+def superseded() -> tuple[Script, Script]:
+    """review-1 reviewed, invalidated by the retraction and superseded by review-2; review-2 redone."""
+    first = review(new("review-1"))
+    first.send(invalidation(first))
+    second = successor_journal()
+    first.send(binding(first, second.journal))
+    # The successor redoes the work without the retracted study: same declared
+    # artifacts, new content, so new digests.
+    second.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    second.work("screen-a", "alice", "screener", (j.RecordRef("screening", "screening-a", sha("screening-a without 42")),))
+    return first, second
+
+
+# --- forging and tampering ---------------------------------------------------------------------
+
+
+def lines(journal: j.Journal) -> list[bytes]:
+    return [j.encode_header(journal.header), *(j.encode_event(e) for e in journal.events)]
+
+
+def forge(journal: j.Journal, command: j.Command, at: datetime, nodes: tuple[tuple[str, NodeEvent, NodeState], ...] = ()) -> list[bytes]:
+    """Events recording ``command`` with every digest right, whether or not the rules admit it.
+
+    For a Transition the event is the one the rules would produce; ``nodes``
+    (node, event, resulting state) lists a batch's events explicitly.
+    """
+    out: list[bytes] = []
+    previous = journal.head
+    digest = j.request_digest(command)
+    rows = nodes or ((command.node_id, command.event, NodeState.ACTIVE),) if isinstance(command, j.Transition) else nodes
+    for number, (node_id, event, resulting) in enumerate(rows, start=len(journal.events) + 1):
+        fields: dict[str, Any] = {
+            "execution_id": journal.execution_id, "ordinal": number, "previous": previous,
+            "request_id": command.request_id, "request_digest": digest, "node_id": node_id, "event": event,
+            "prior_state": journal.states[node_id], "resulting_state": resulting, "actor_id": command.actor_id,
+            "role": command.role, "at": j.format_time(at), "rationale": command.rationale, "attempt": None,
+            "records": (), "approvals": (), "error": None, "invalidation": None, "successor": None,
+        }  # fmt: skip
+        if isinstance(command, j.Transition):
+            fields.update(attempt=command.attempt, records=command.records, approvals=command.approvals, error=command.error)
+        elif isinstance(command, j.Invalidate):
+            fields["invalidation"] = j.Invalidation(command.source, command.policy)
+        else:
+            fields["successor"] = command.successor
+        event_value = j.Event(**fields)
+        event_value = attrs.evolve(event_value, digest=digest_of(event_value.body_json()))
+        out.append(j.encode_event(event_value))
+        previous = event_value.digest
+    return out
+
+
+def resign(line: bytes, **changes: Json) -> bytes:
+    value = {**json.loads(line), **changes}
+    del value["digest"]
+    value["digest"] = digest_of(value)
+    return canonical_bytes(value)
+
+
+@attrs.frozen
+class Case:
+    name: str
+    description: str
+    lines: list[bytes]
+    code: str | None = None
+    ordinal: int | None = None
+    expect: dict[str, Json] | None = None
+
+
+def _valid(name: str, description: str, journal: j.Journal) -> Case:
+    expect: dict[str, Json] = {
+        "head": journal.head,
+        "events": len(journal.events),
+        "states": {n: journal.states[n].value for n in journal.workflow.order},
+        "attempts": {
+            n: [{"id": a.attempt_id, "sequence": a.sequence, "status": a.status.value} for a in attempts]
+            for n, attempts in sorted(journal.attempts.items())
+        },
+    }
+    return Case(name, description, lines(journal), expect=expect)
+
+
+def cases() -> list[Case]:
+    complete = review(new("review-1"))
+    first, second = superseded()
+    good = lines(complete.journal)
+    header, events = good[0], good[1:]
+    found: list[Case] = [
+        _valid("valid-review", "the whole review, with one failed and retried search attempt", complete.journal),
+        _valid("valid-superseded", "the review invalidated by a retraction and superseded by review-2", first.journal),
+        _valid("valid-successor", "review-2, which supersedes review-1, partly redone", second.journal),
+        _valid("valid-empty", "a header and no events", new("review-1").journal),
+    ]
+
+    def bad(name: str, description: str, chain: list[bytes], code: str, ordinal: int) -> None:
+        found.append(Case(name, description, chain, code, ordinal))
+
+    # Tampering with bytes.
+    bad("removal", "event 3 removed", [header, *events[:2], *events[3:]], "broken_chain", 3)
+    bad("reordering", "events 3 and 4 swapped", [header, *events[:2], events[3], events[2], *events[4:]], "broken_chain", 3)
+    inserted = forge(
+        _prefix(complete.journal, 2),
+        j.Transition("inserted", _prefix(complete.journal, 2).head, "search", NodeEvent.RETRY_AUTHORIZED,
+                     NodeState.FAILED, "bot:search", "searcher", attempt=j.AttemptRef("search-x", 2)),
+        T0 + timedelta(seconds=2, milliseconds=500),
+        (("search", NodeEvent.RETRY_AUTHORIZED, NodeState.READY),),
+    )  # fmt: skip
+    bad("insertion", "a well-formed event inserted after event 2", [header, *events[:2], *inserted, *events[2:]],
+        "broken_chain", 4)  # fmt: skip
+    bad("duplication", "event 3 recorded twice", [header, *events[:3], events[2], *events[3:]], "broken_chain", 4)
+    other = lines(review(new("review-9")).journal)
+    bad("cross-execution-splice", "event 3 of another execution spliced in", [header, *events[:2], other[3], *events[3:]],
+        "foreign_record", 3)  # fmt: skip
+    altered = json.loads(events[4])
+    altered["digest"] = sha("something else")
+    bad("altered-digest", "event 5's digest replaced", [header, *events[:4], canonical_bytes(altered), *events[5:]],
+        "altered_digest", 5)  # fmt: skip
+    rewritten = json.loads(events[4])
+    rewritten["rationale"] = "rewritten afterwards"
+    bad("altered-content", "event 5's rationale rewritten, digest kept", [header, *events[:4], canonical_bytes(rewritten), *events[5:]],
+        "altered_digest", 5)  # fmt: skip
+    bad("altered-header", "the header's creator rewritten, digest kept",
+        [canonical_bytes({**json.loads(header), "created_by": "alice"}), *events], "altered_digest", 0)  # fmt: skip
+    bad("unknown-field", "event 2 with an extra field, digest recomputed", [header, events[0], resign(events[1], note="x"), *events[2:]],
+        "unknown_field", 2)  # fmt: skip
+    spaced = json.dumps(json.loads(events[1]), sort_keys=True).encode()
+    bad("non-canonical", "event 2 re-encoded with spaces after separators", [header, events[0], spaced, *events[2:]],
+        "non_canonical", 2)  # fmt: skip
+    bad("ordinal-gap", "event 2 renumbered 3, digest recomputed", [header, events[0], resign(events[1], ordinal=3), *events[2:]],
+        "ordinal_gap", 2)  # fmt: skip
+    bad("request-digest", "event 2's content changed and its digest recomputed, its request digest not",
+        [header, events[0], resign(events[1], rationale="x"), *events[2:]], "altered_digest", 2)  # fmt: skip
+
+    # Forged events: every digest right, a rule broken.
+    found.extend(_forged(complete))
+    found.extend(_forged_batches(first))
+    return found
+
+
+def _prefix(journal: j.Journal, count: int) -> j.Journal:
+    workflow, policy = journal.workflow, journal.policy
+    chain = lines(journal)
+    return j.replay(chain[0], chain[1 : count + 1], workflow, policy)
+
+
+def _forged(complete: Script) -> list[Case]:
+    journal = complete.journal
+    found: list[Case] = []
+    # Up to screen-a's dependencies (after the search's five events and screen-a's dependencies-satisfied).
+    at_screening = _prefix(journal, 6)
+    chain = lines(at_screening)
+    at = T0 + timedelta(seconds=6, milliseconds=500)
+
+    def forged(name: str, description: str, command: j.Command, code: str, rows: tuple[tuple[str, NodeEvent, NodeState], ...] = ()) -> None:
+        found.append(Case(name, description, [*chain, *forge(at_screening, command, at, rows)], code, len(chain)))
+
+    start = j.AttemptRef("screen-a-1", 1)
+    head = at_screening.head
+    forged("forged-role", "mallory, who has no assignment, starts screen-a as a screener",
+           j.Transition("f1", head, "screen-a", NodeEvent.WORK_STARTED, NodeState.READY, "mallory", "screener", attempt=start),
+           "forged_role")  # fmt: skip
+    forged("automation-claims-human", "bot:extract starts the human screening screen-a",
+           j.Transition("f2", head, "screen-a", NodeEvent.WORK_STARTED, NodeState.READY, "bot:extract", "screener", attempt=start),
+           "automation_claims_human")  # fmt: skip
+    # Missing artifact: screen-a started by alice, then completed without its screening record.
+    started = forge(at_screening, j.Transition("f3", head, "screen-a", NodeEvent.WORK_STARTED, NodeState.READY, "alice",
+                                               "screener", attempt=start), at)  # fmt: skip
+    after = j.replay(chain[0], [*chain[1:], *started], journal.workflow, journal.policy)
+    completion = forge(
+        after,
+        j.Transition("f4", after.head, "screen-a", NodeEvent.WORK_COMPLETED, NodeState.ACTIVE, "alice", "screener",
+                     attempt=start, records=(ref("screening", "some-other-record"),)),
+        at + timedelta(seconds=1),
+        (("screen-a", NodeEvent.WORK_COMPLETED, NodeState.COMPLETED),),
+    )  # fmt: skip
+    found.append(Case("missing-artifact", "screen-a completed without referencing its declared screening-a",
+                      [*chain, *started, *completion], "missing_declared_output", len(chain) + 1))  # fmt: skip
+    forged("dependency-gap", "extraction made ready while both screenings are pending",
+           j.Transition("f5", head, "extraction", NodeEvent.DEPENDENCIES_SATISFIED, NodeState.PENDING, "bot:search", "scheduler"),
+           "dependency_gap", (("extraction", NodeEvent.DEPENDENCIES_SATISFIED, NodeState.READY),))  # fmt: skip
+    # alice screened screen-a; she may not also start screen-b.
+    at_second = _prefix(journal, 9)
+    found.append(Case("not-independent", "alice, who did screen-a, starts screen-b",
+                      [*lines(at_second), *forge(at_second, j.Transition(
+                          "f10", at_second.head, "screen-b", NodeEvent.WORK_STARTED, NodeState.READY, "alice",
+                          "screener", attempt=j.AttemptRef("screen-b-1", 1)), at)],
+                      "not_independent", len(at_second.events) + 1))  # fmt: skip
+    forged("invalid-transition", "search, completed, started again",
+           j.Transition("f6", head, "search", NodeEvent.WORK_STARTED, NodeState.COMPLETED, "bot:search", "searcher",
+                        attempt=j.AttemptRef("search-3", 3)),
+           "invalid_transition")  # fmt: skip
+    # Sign-off with one approval: forged at the end of the complete review, replacing its completion.
+    before_sign_off = _prefix(journal, len(journal.events) - 1)
+    one = forge(
+        before_sign_off,
+        j.Transition("f7", before_sign_off.head, "sign-off", NodeEvent.WORK_COMPLETED, NodeState.ACTIVE, "carol",
+                     "coordinator", attempt=j.AttemptRef("sign-off-1", 1), approvals=SIGN_OFF[:1]),
+        T0 + timedelta(hours=1),
+        (("sign-off", NodeEvent.WORK_COMPLETED, NodeState.COMPLETED),),
+    )  # fmt: skip
+    found.append(Case("invalid-approval", "the sign-off completed with one approval where two are required",
+                      [*lines(before_sign_off), *one], "invalid_approval", len(before_sign_off.events) + 1))  # fmt: skip
+    return found
+
+
+def _forged_batches(first: Script) -> list[Case]:
+    journal = first.journal
+    found: list[Case] = []
+    batch_start = next(e.ordinal for e in journal.events if e.event is NodeEvent.WORK_INVALIDATED)
+    reviewed = _prefix(journal, batch_start - 1)
+    chain = lines(reviewed)
+    at = T0 + timedelta(hours=2)
+    partial = j.Invalidate(
+        request_id="f8", expected_head=reviewed.head, source=RETRACTION, policy="retraction-policy",
+        nodes=(j.NodeExpectation("screen-a", NodeState.COMPLETED), j.NodeExpectation("screen-b", NodeState.COMPLETED),
+               j.NodeExpectation("extraction", NodeState.COMPLETED)),
+        actor_id="carol", role="coordinator",
+    )  # fmt: skip
+    rows = tuple((n.node_id, NodeEvent.WORK_INVALIDATED, NodeState.INVALIDATED) for n in partial.nodes)
+    found.append(Case("partial-invalidation", "the retraction invalidates the screenings and extraction but leaves "
+                      "synthesis and sign-off appearing current", [*chain, *forge(reviewed, partial, at, rows)],
+                      "partial_invalidation", len(chain)))  # fmt: skip
+    bind = j.BindSuccessor(
+        request_id="f9", expected_head=reviewed.head,
+        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", sha("review-2")),
+        nodes=(j.NodeExpectation("synthesis", NodeState.COMPLETED),), actor_id="carol", role="coordinator",
+    )  # fmt: skip
+    found.append(Case("bad-successor", "a successor bound to completed work that was never invalidated",
+                      [*chain, *forge(reviewed, bind, at, (("synthesis", NodeEvent.SUCCESSOR_BOUND, NodeState.SUPERSEDED),))],
+                      "bad_successor_binding", len(chain)))  # fmt: skip
+    return found
+
+
+def write_pack(directory: Path) -> list[Path]:
+    """Write the pack into ``directory`` (which must exist); returns the files written, sorted."""
+    workflow, policy = verified()
+    written: list[Path] = []
+
+    def put(relative: str, data: bytes) -> None:
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append(path)
+
+    put("workflow.json", canonical_bytes(REVIEW.to_json()) + b"\n")
+    put("policy.json", canonical_bytes(policy.policy.to_json()) + b"\n")
+    manifest: list[Json] = []
+    for case in cases():
+        chain = f"chains/{case.name}.jsonl"
+        put(chain, b"".join(line + b"\n" for line in case.lines))
+        entry: dict[str, Json] = {"name": case.name, "description": case.description, "chain": chain}
+        if case.code is None:
+            entry["valid"] = True
+            entry["expect"] = case.expect
+        else:
+            entry["valid"] = False
+            entry["expect"] = {"code": case.code, "ordinal": case.ordinal}
+        manifest.append(entry)
+    document: dict[str, Json] = {
+        "format": j.FORMAT,
+        "workflow": "workflow.json",
+        "workflow_digest": workflow.digest,
+        "policy": "policy.json",
+        "policy_digest": policy.digest,
+        "cases": manifest,
+    }
+    put("manifest.json", json.dumps(document, indent=2, ensure_ascii=False).encode() + b"\n")
+    return sorted(written)
+
+
+def read_chain(path: Path) -> tuple[bytes, list[bytes]]:
+    """A JSON-lines chain file: the header line, then one event a line (each line's final newline removed)."""
+    data = path.read_bytes()
+    records = data.split(b"\n")
+    if records and records[-1] == b"":
+        records.pop()
+    if not records:
+        raise ValueError(f"{path}: empty; the first line must be the header")
+    return records[0], records[1:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fencekeeper.adapters.journal_fixtures DIRECTORY``: write the pack there."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m fencekeeper.adapters.journal_fixtures DIRECTORY (an existing directory)", file=sys.stderr)
+        return 2
+    for path in write_pack(Path(args[0])):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""The PostgreSQL journal store: the rules of journal_store.py, on a shared server.
+
+Rules of this module (beyond those of ``journal_store.py``):
+
+- An append is one statement in autocommit: a data-modifying CTE moves the
+  head row from the expected head (``UPDATE ... WHERE head = %s``) and
+  inserts the events only if it did.  The statement is atomic, so nothing
+  is half-written; a concurrent appender that expected the same head waits
+  for the row lock, then finds the head changed, updates nothing and
+  inserts nothing, and is refused ``stale_head``.  One round trip per
+  append, the same as a bare insert.
+- A load reads the header, the head row and the events in one REPEATABLE
+  READ snapshot, so the head it checks is the head of the events it read.
+- The schema must have been migrated (``fencekeeper migrate``); opening
+  runs the same deployment check as the PostgreSQL execution store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from fencekeeper.kernel import journal as j
+
+from .journal_store import JournalStoreBase, StoredChain
+from .postgres_store import _one_line, _safe, check_schema, check_schema_name
+from .store import Clock, StoreError
+
+_APPEND = """
+WITH moved AS (
+    UPDATE journal_heads SET head = %s, length = %s
+    WHERE execution_id = %s AND head = %s
+    RETURNING execution_id
+)
+INSERT INTO journal_events (execution_id, ordinal, digest, record)
+SELECT moved.execution_id, e.ordinal, e.digest, e.record
+FROM moved, unnest(%s::integer[], %s::text[], %s::bytea[]) AS e(ordinal, digest, record)
+"""
+
+_CREATE = """
+WITH header AS (
+    INSERT INTO journal_headers (execution_id, header, digest, workflow, policy)
+    VALUES (%s, %s, %s, %s, %s)
+    ON CONFLICT (execution_id) DO NOTHING
+    RETURNING execution_id, digest
+)
+INSERT INTO journal_heads (execution_id, head, length) SELECT execution_id, digest, 0 FROM header
+"""
+
+
+class PostgresJournalStore(JournalStoreBase):
+    """Journals in one PostgreSQL schema; one connection per store object, shared between threads under a lock."""
+
+    def __init__(self, dsn: str, *, schema: str = "fencekeeper", clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        self.schema = check_schema_name(schema)
+        self._lock = threading.Lock()
+        try:
+            self._conn: psycopg.Connection[Any] = psycopg.connect(
+                dsn, autocommit=True, options=f"-c search_path={self.schema}", connect_timeout=10
+            )
+        except psycopg.Error as exc:
+            raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
+        try:
+            check_schema(self._conn, self.schema)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _run(self, sql: str, params: Sequence[Any]) -> int:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).rowcount
+            except psycopg.OperationalError as exc:
+                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+
+    def _insert_header(self, journal: j.Journal, workflow: bytes, policy: bytes) -> bool:
+        header = journal.header
+        inserted = self._run(
+            _CREATE, (header.execution_id, j.encode_header(header), header.digest, workflow, policy)
+        )
+        return inserted == 1
+
+    def _commit_events(self, execution_id: str, expected: str, events: Sequence[j.Event], length: int) -> bool:
+        written = self._run(
+            _APPEND,
+            (
+                events[-1].digest,
+                length,
+                execution_id,
+                expected,
+                [e.ordinal for e in events],
+                [e.digest for e in events],
+                [j.encode_event(e) for e in events],
+            ),
+        )
+        return written == len(events)
+
+    def stored(self, execution_id: str) -> StoredChain | None:
+        with self._lock:
+            try:
+                with self._conn.transaction():
+                    self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    row = self._conn.execute(
+                        "SELECT h.header, h.workflow, h.policy, g.head, g.length FROM journal_headers h "
+                        "JOIN journal_heads g USING (execution_id) WHERE h.execution_id = %s",
+                        (execution_id,),
+                    ).fetchone()
+                    if row is None:
+                        return None
+                    events = self._conn.execute(
+                        "SELECT record FROM journal_events WHERE execution_id = %s ORDER BY ordinal", (execution_id,)
+                    ).fetchall()
+            except psycopg.OperationalError as exc:
+                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+        return StoredChain(
+            execution_id=execution_id,
+            header=bytes(row[0]),
+            events=tuple(bytes(r[0]) for r in events),
+            workflow=bytes(row[1]),
+            policy=bytes(row[2]),
+            head=str(row[3]),
+            length=int(row[4]),
+        )
+
+    def _stored_head(self, execution_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT head FROM journal_heads WHERE execution_id = %s", (execution_id,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+        with self._lock:
+            try:
+                with self._conn.transaction():
+                    self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    row = self._conn.execute(
+                        "SELECT head, length FROM journal_heads WHERE execution_id = %s", (execution_id,)
+                    ).fetchone()
+                    if row is None:
+                        return None
+                    events = self._conn.execute(
+                        "SELECT record FROM journal_events WHERE execution_id = %s AND ordinal > %s ORDER BY ordinal",
+                        (execution_id, after),
+                    ).fetchall()
+            except psycopg.OperationalError as exc:
+                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+        return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
+
+    def execution_ids(self) -> list[str]:
+        with self._lock:
+            rows = self._conn.execute("SELECT execution_id FROM journal_headers ORDER BY execution_id").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,378 @@
+"""Journal stores: the port, the logic every store shares, and the SQLite store.
+
+Seed 002 (002_a0269be443952cd4.txt: Typical developer flow, 5 and 6:
+"Persist canonical header/events atomically in order; do not persist
+projection as authority"; "After restart, strictly rehydrate and replay the
+complete chain").  Storage is specs/journal.md section 10.  Rules of this
+module:
+
+- A store translates; the kernel decides.  Every append runs
+  ``journal.preview`` on the journal at the stored head and writes exactly
+  the events it returns, or nothing.
+- What is stored is the canonical bytes of the header and of each event,
+  never a projection.  ``journal_headers`` and ``journal_events`` are
+  append-only (triggers refuse UPDATE and DELETE).  ``journal_heads`` holds
+  one row per journal, the head digest and the event count: the
+  compare-and-set guard.  It is derived from the events and checked against
+  them on every load, so a head that disagrees with the chain is reported,
+  never believed.
+- An append writes its events and moves the head in one transaction, and
+  only if the head is still the one the kernel decided on (``UPDATE ...
+  WHERE head = ?``).  Of two writers that expected the same head exactly
+  one succeeds; the other is refused ``stale_head``.  A writer is never
+  rebased: when the head moved, the store reloads the journal from the
+  database and asks the kernel again with the command unchanged, and the
+  kernel refuses it unless its expected head is the new head (or it is an
+  idempotent repeat).  A refusal decided on a cached journal is returned
+  only if the stored head is still the cached one, so the code is always
+  the one the stored journal earns.
+- A loaded journal is cached per execution with its head; the cache is
+  only a shortcut to the projection the chain yields, and is refreshed
+  whenever the database's head differs from it, by replaying only the
+  events appended since (``journal.continue_replay``, which checks that
+  they follow the cached head).  ``load`` always replays the whole chain.
+- The time of a record is the store's clock's (``Clock``, UTC), read once
+  per append.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+
+from fencekeeper.kernel import journal as j
+from fencekeeper.kernel.canonical import canonical_bytes, digest_bytes, parse_canonical
+from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
+from fencekeeper.kernel.journal_codes import JournalCode, JournalError
+
+from . import sqlite_store
+from .store import Clock, StoreError, SystemClock
+
+
+@attrs.frozen
+class StoredChain:
+    """A journal exactly as stored: canonical bytes, and the head row that guards it."""
+
+    execution_id: str
+    header: bytes
+    events: tuple[bytes, ...]
+    workflow: bytes
+    policy: bytes
+    head: str
+    length: int
+
+
+class JournalStore(Protocol):
+    """The journal port: what the command line and services need from any journal store."""
+
+    clock: Clock
+    """Where the time of every record comes from."""
+
+    def create(self, journal: j.Journal) -> None:
+        """Store a new journal's header (and its workflow and policy); StoreError ``journal_exists`` if taken."""
+        ...
+
+    def append(self, execution_id: str, command: j.Command, resolve: j.Resolver | None = None) -> j.Outcome:
+        """Append ``command`` atomically under the head guard: the kernel's outcome, written or not."""
+        ...
+
+    def load(self, execution_id: str) -> j.Journal | None:
+        """Replay the stored chain (JournalError names the first bad record); None if there is no such journal."""
+        ...
+
+    def stored(self, execution_id: str) -> StoredChain | None: ...
+
+    def execution_ids(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def authority_of(workflow: bytes, policy: bytes) -> tuple[VerifiedWorkflow, j.VerifiedPolicy]:
+    """The verified workflow and policy a header was stored with."""
+    verified = verify_workflow(workflow_from_json(parse_canonical(workflow)))
+    return verified, j.verify_policy(j.policy_from_json(parse_canonical(policy)), verified)
+
+
+def replay_stored(chain: StoredChain, resolve: j.Resolver | None = None) -> j.Journal:
+    """The journal ``chain`` holds, checked against its head row; JournalError otherwise."""
+    workflow, policy = authority_of(chain.workflow, chain.policy)
+    journal = j.replay(chain.header, chain.events, workflow, policy, resolve)
+    if (journal.head, len(journal.events)) != (chain.head, chain.length):
+        raise JournalError(
+            JournalCode.BROKEN_CHAIN,
+            f"the stored head is {chain.head} after {chain.length} events, but the chain ends at {journal.head} "
+            f"after {len(journal.events)}: records were added or removed outside the store",
+            len(journal.events),
+        )
+    return journal
+
+
+def stale(expected: str, head: str) -> j.Refusal:
+    return j.Refusal(JournalCode.STALE_HEAD, f"expected head {expected}, but another writer moved it to {head}")
+
+
+class JournalStoreBase:
+    """What every SQL journal store does; subclasses supply the statements' transport."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self._cache: dict[str, j.Journal] = {}
+        self._cache_lock = threading.Lock()
+
+    # --- what a subclass provides ---------------------------------------------------------------
+
+    def _insert_header(self, journal: j.Journal, workflow: bytes, policy: bytes) -> bool:
+        raise NotImplementedError
+
+    def _commit_events(self, execution_id: str, expected: str, events: Sequence[j.Event], length: int) -> bool:
+        """Write ``events`` and move the head from ``expected``, atomically; False (nothing written) if it moved."""
+        raise NotImplementedError
+
+    def stored(self, execution_id: str) -> StoredChain | None:
+        raise NotImplementedError
+
+    def _stored_head(self, execution_id: str) -> str | None:
+        raise NotImplementedError
+
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+        """The events after ordinal ``after``, with the head row, from one snapshot; None if there is no journal."""
+        raise NotImplementedError
+
+    def execution_ids(self) -> list[str]:
+        raise NotImplementedError
+
+    # --- shared ------------------------------------------------------------------------------------
+
+    def create(self, journal: j.Journal) -> None:
+        if journal.events:
+            raise StoreError("journal_exists", "a journal is created empty; append its events afterwards")
+        workflow = canonical_bytes(journal.workflow.definition.to_json())
+        policy = canonical_bytes(journal.policy.policy.to_json())
+        if not self._insert_header(journal, workflow, policy):
+            raise StoreError("journal_exists", f"a journal {journal.execution_id!r} already exists")
+        with self._cache_lock:
+            self._cache[journal.execution_id] = journal
+
+    def load(self, execution_id: str) -> j.Journal | None:
+        chain = self.stored(execution_id)
+        if chain is None:
+            return None
+        journal = replay_stored(chain)
+        with self._cache_lock:
+            self._cache[execution_id] = journal
+        return journal
+
+    def append(self, execution_id: str, command: j.Command, resolve: j.Resolver | None = None) -> j.Outcome:
+        with self._cache_lock:
+            journal = self._cache.get(execution_id)
+        if journal is None:
+            journal = self._reload(execution_id)
+        now = self.clock.now()
+        for reloaded in (False, True):
+            outcome = j.preview(journal, command, now, resolve)
+            if isinstance(outcome, j.Appended):
+                if self._commit_events(execution_id, journal.head, outcome.events, len(outcome.journal.events)):
+                    with self._cache_lock:
+                        self._cache[execution_id] = outcome.journal
+                    return outcome
+                if reloaded:
+                    # Moved twice while this append ran: the command was
+                    # decided against a head that is no longer the head.
+                    return stale(journal.head, "a newer head")
+            elif reloaded or isinstance(outcome, j.Unchanged) or self._stored_head(execution_id) == journal.head:
+                # A repeat is one whatever else was appended since; a refusal
+                # stands when it was decided on the stored head.
+                return outcome
+            # The cached journal is behind the database (another writer
+            # appended): read the chain again and ask the kernel again, so
+            # that a refusal is always the one the stored journal earns.
+            journal = self._reload(execution_id)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _reload(self, execution_id: str) -> j.Journal:
+        """The stored journal, catching the cached one up by the events appended since, or replaying it all."""
+        with self._cache_lock:
+            cached = self._cache.get(execution_id)
+        if cached is not None:
+            tail = self._tail(execution_id, len(cached.events))
+            if tail is None:
+                raise StoreError("journal_not_found", f"no journal {execution_id!r}")
+            events, head, length = tail
+            # The first new event must name the cached head: continue_replay
+            # checks the link, so a cache that is not a prefix of the stored
+            # chain is refused, never silently extended.
+            journal = j.continue_replay(cached, events)
+            if (journal.head, len(journal.events)) == (head, length):
+                with self._cache_lock:
+                    self._cache[execution_id] = journal
+                return journal
+        journal_or_none = self.load(execution_id)
+        if journal_or_none is None:
+            raise StoreError("journal_not_found", f"no journal {execution_id!r}")
+        return journal_or_none
+
+
+# --- resolving records -----------------------------------------------------------------------------
+
+
+class DirectoryResolver:
+    """Records as files: ``DIRECTORY/<kind>/<id>``, whose SHA-256 must be the reference's digest.
+
+    A successor execution's header (kind ``execution``) resolves through
+    ``store`` when one is given: the stored header's digest must match.  A
+    reference whose path would leave the directory never resolves.
+    """
+
+    def __init__(self, directory: Path, store: JournalStore | None = None) -> None:
+        self.directory = directory.resolve()
+        self.store = store
+
+    def __call__(self, record: j.RecordRef) -> bool:
+        if record.kind == j.SUCCESSOR_KIND and self.store is not None:
+            chain = self.store.stored(record.ref_id)
+            return chain is not None and j.decode_header(chain.header).digest == record.digest
+        path = (self.directory / record.kind / record.ref_id).resolve()
+        if not path.is_relative_to(self.directory) or not path.is_file():
+            return False
+        return digest_bytes(path.read_bytes()) == record.digest
+
+
+# --- SQLite ----------------------------------------------------------------------------------------
+
+
+class SQLiteJournalStore(JournalStoreBase):
+    """Journals in a fencekeeper SQLite file (opened, checked and migrated as the SQLite store does)."""
+
+    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._conn = sqlite_store._open(self.path)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreError("store_unavailable", f"{self.path}: cannot begin a write: {exc}") from None
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # A failed commit (disk full, I/O error) leaves the transaction
+                # open; end it, so that nothing of it is ever committed later.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise StoreError("store_unavailable", f"{self.path}: cannot commit: {exc}") from None
+
+    def _insert_header(self, journal: j.Journal, workflow: bytes, policy: bytes) -> bool:
+        header = journal.header
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM journal_headers WHERE execution_id = ?", (header.execution_id,)).fetchone():
+                return False
+            conn.execute(
+                "INSERT INTO journal_headers (execution_id, header, digest, workflow, policy) VALUES (?, ?, ?, ?, ?)",
+                (header.execution_id, j.encode_header(header), header.digest, workflow, policy),
+            )
+            conn.execute(
+                "INSERT INTO journal_heads (execution_id, head, length) VALUES (?, ?, 0)",
+                (header.execution_id, header.digest),
+            )
+        return True
+
+    def _commit_events(self, execution_id: str, expected: str, events: Sequence[j.Event], length: int) -> bool:
+        with self._write() as conn:
+            moved = conn.execute(
+                "UPDATE journal_heads SET head = ?, length = ? WHERE execution_id = ? AND head = ?",
+                (events[-1].digest, length, execution_id, expected),
+            ).rowcount
+            if moved != 1:
+                return False
+            conn.executemany(
+                "INSERT INTO journal_events (execution_id, ordinal, digest, record) VALUES (?, ?, ?, ?)",
+                [(execution_id, e.ordinal, e.digest, j.encode_event(e)) for e in events],
+            )
+        return True
+
+    def stored(self, execution_id: str) -> StoredChain | None:
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute(
+                    "SELECT h.header, h.workflow, h.policy, g.head, g.length FROM journal_headers h "
+                    "JOIN journal_heads g USING (execution_id) WHERE h.execution_id = ?",
+                    (execution_id,),
+                ).fetchone()
+                if row is None:
+                    return None
+                events = conn.execute(
+                    "SELECT record FROM journal_events WHERE execution_id = ? ORDER BY ordinal", (execution_id,)
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        return StoredChain(
+            execution_id=execution_id,
+            header=bytes(row[0]),
+            events=tuple(bytes(r[0]) for r in events),
+            workflow=bytes(row[1]),
+            policy=bytes(row[2]),
+            head=str(row[3]),
+            length=int(row[4]),
+        )
+
+    def _stored_head(self, execution_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT head FROM journal_heads WHERE execution_id = ?", (execution_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute(
+                    "SELECT head, length FROM journal_heads WHERE execution_id = ?", (execution_id,)
+                ).fetchone()
+                if row is None:
+                    return None
+                events = conn.execute(
+                    "SELECT record FROM journal_events WHERE execution_id = ? AND ordinal > ? ORDER BY ordinal",
+                    (execution_id, after),
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
+
+    def execution_ids(self) -> list[str]:
+        with self._lock:
+            rows = self._conn.execute("SELECT execution_id FROM journal_headers ORDER BY execution_id").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+__all__ = [
+    "DirectoryResolver",
+    "JournalStore",
+    "JournalStoreBase",
+    "SQLiteJournalStore",
+    "StoredChain",
+    "authority_of",
+    "replay_stored",
+]

@@ -1,0 +1,882 @@
+"""The execution journal: a hash-chained record of a DAG's node states, and its replay.
+
+Seed 002 (002_a0269be443952cd4.txt), all sections; the byte-level format and
+every refusal code are specified in ``specs/journal.md``.  Rules of this
+module:
+
+- The journal is the only authority on what happened to a node.  A node's
+  state changes only by an event appended here, and only along the node
+  machine's table (``machines.NODE``), asked at run time for every event:
+  no transition is decided anywhere else.  Invalidated and superseded nodes
+  therefore never resume, because the table has no way out of them.
+- The header's digest is the chain root; event one names it as
+  ``previous``, every later event names the event before it.  Ordinals are
+  one-based and contiguous.  An event's digest covers its whole record, so
+  removing, reordering, inserting, duplicating or splicing a record, or
+  changing any byte of one, is found by :func:`replay`.
+- Every command names the head it expects and the prior state of every node
+  it touches.  A writer whose head is stale is refused (``stale_head``),
+  never rebased onto the new head.  A request id seen before with the same
+  request digest is an idempotent repeat (:class:`Unchanged`); with another
+  digest it is ``conflicting_request``.  The request digest covers the
+  stable content of the command (everything but the time, which belongs to
+  the record).
+- Authority is the digest-bound policy's: an actor must hold the role it
+  acts in, the node must admit that role, and only a human may do human
+  work, complete hybrid work, authorize a retry of non-automated work, give
+  a human-only approval or bind a successor execution.
+- An invalidation appends one event per node of the full descendant
+  closure of the nodes it names, in the workflow's topological order, as one
+  batch; a command whose nodes are not closed under descendants is
+  ``partial_invalidation``.  A successor binding supersedes every
+  invalidated node at once, and only invalidated nodes.
+- The projection (node states, attempt history, head, request digests) is
+  derived from the header and events by :func:`replay`, and by
+  :func:`preview`/:func:`append` one command at a time; both run the same
+  rules (:func:`_apply`), so replaying a chain checks every rule every event
+  was appended under, and a stored chain that breaks one is refused with
+  that rule's code.  The projection is never stored as authority.
+- The values are ``journal_records.py``, the bytes ``journal_codec.py``;
+  this module re-exports both, so ``from fencekeeper.kernel import journal``
+  is the whole API.
+- Everything here is pure: the caller supplies the time (``now``, UTC) and
+  receives values.  Nothing is half-applied: a refused command leaves the
+  journal it was given exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from types import MappingProxyType
+from typing import TypeAlias
+
+import attrs
+
+from .canonical import digest_bytes, digest_of, is_digest, record_bytes
+from .dag import NodeKind, VerifiedWorkflow
+from .definition import IDENTIFIER
+from .journal_codec import (
+    command_from_json,
+    decode_event,
+    decode_header,
+    encode_event,
+    encode_header,
+    policy_from_json,
+)
+from .journal_codes import JournalCode, JournalError, Refusal
+from .journal_records import (
+    FORMAT,
+    MAX_WHOLE,
+    SUCCESSOR_KIND,
+    ActorKind,
+    Appended,
+    Approval,
+    Assignment,
+    Attempt,
+    AttemptRef,
+    AttemptStatus,
+    AuthorityPolicy,
+    BindSuccessor,
+    Command,
+    Event,
+    EventLog,
+    Header,
+    Invalidate,
+    Invalidation,
+    Journal,
+    NodeExpectation,
+    Outcome,
+    RecordRef,
+    RequestIndex,
+    Transition,
+    Unchanged,
+    VerifiedPolicy,
+    _Recorded,
+    format_time,
+    request_digest,
+)
+from .machines import NODE, NodeEvent, NodeState, initial_node_state
+
+C = JournalCode
+
+
+# --- verification of the authority and the header ---------------------------------------------
+
+
+def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -> None:
+    if not IDENTIFIER.fullmatch(value):
+        raise JournalError(code, f"{where}: malformed identifier {value!r}")
+
+
+def verify_policy(policy: AuthorityPolicy, workflow: VerifiedWorkflow) -> VerifiedPolicy:
+    """The policy, if it is bound to ``workflow`` and approved by one of its humans; else ``unverified_authority``."""
+    bad = C.UNVERIFIED_AUTHORITY
+    for value, where in ((policy.policy_id, "policy"), (policy.scope, "scope"), (policy.protocol, "protocol")):
+        _identifier(value, f"policy: {where}", bad)
+    if policy.workflow_digest != workflow.digest:
+        raise JournalError(
+            bad, f"policy {policy.policy_id!r} is bound to workflow {policy.workflow_digest}, not {workflow.digest}"
+        )
+    actors: dict[str, Assignment] = {}
+    for assignment in policy.assignments:
+        _identifier(assignment.actor_id, "policy: assignments: actor", bad)
+        for role in assignment.roles:
+            _identifier(role, f"policy: actor {assignment.actor_id!r}: roles", bad)
+        if assignment.actor_id in actors:
+            raise JournalError(bad, f"policy: actor {assignment.actor_id!r} is assigned twice")
+        actors[assignment.actor_id] = assignment
+    approver = actors.get(policy.approved_by)
+    if approver is None or approver.kind is not ActorKind.HUMAN:
+        raise JournalError(bad, f"policy: approved_by {policy.approved_by!r} is not a human actor of the policy")
+    return VerifiedPolicy(policy=policy, digest=digest_of(policy.to_json()), actors=MappingProxyType(actors))
+
+
+def create_header(
+    execution_id: str,
+    workflow: VerifiedWorkflow,
+    policy: VerifiedPolicy,
+    *,
+    created_by: str,
+    now: datetime,
+    supersedes: str | None = None,
+) -> Header:
+    """A header binding ``workflow`` and ``policy``, created by one of the policy's humans."""
+    _identifier(execution_id, "execution id")
+    if supersedes is not None:
+        _identifier(supersedes, "supersedes")
+        if supersedes == execution_id:
+            raise JournalError(C.BAD_SUCCESSOR_BINDING, f"execution {execution_id!r} cannot supersede itself")
+    header = Header(
+        execution_id=execution_id,
+        workflow_digest=workflow.digest,
+        policy_digest=policy.digest,
+        protocol=policy.policy.protocol,
+        nodes=workflow.order,
+        created_by=created_by,
+        created_at=format_time(now),
+        supersedes=supersedes,
+    )
+    header = attrs.evolve(header, digest=digest_bytes(record_bytes(header.body_json())))
+    _check_header_binding(header, workflow, policy)
+    return header
+
+
+def _check_header_binding(header: Header, workflow: VerifiedWorkflow, policy: VerifiedPolicy) -> None:
+    bad = C.UNVERIFIED_AUTHORITY
+    if header.workflow_digest != workflow.digest:
+        raise JournalError(bad, f"the header is bound to workflow {header.workflow_digest}, not {workflow.digest}", 0)
+    if header.policy_digest != policy.digest:
+        raise JournalError(bad, f"the header is bound to policy {header.policy_digest}, not {policy.digest}", 0)
+    if policy.policy.workflow_digest != workflow.digest:
+        raise JournalError(bad, "the policy is not bound to the header's workflow", 0)
+    if header.protocol != policy.policy.protocol:
+        raise JournalError(bad, f"the header names protocol {header.protocol!r}, the policy {policy.policy.protocol!r}", 0)
+    if header.nodes != workflow.order:
+        raise JournalError(bad, "the header's node set is not the workflow's", 0)
+    creator = policy.actors.get(header.created_by)
+    if creator is None or creator.kind is not ActorKind.HUMAN:
+        raise JournalError(bad, f"created_by {header.created_by!r} is not a human actor of the policy", 0)
+
+
+def new_journal(header: Header, workflow: VerifiedWorkflow, policy: VerifiedPolicy) -> Journal:
+    """The empty journal of ``header``: roots ``ready``, every other node ``pending``."""
+    _check_header_binding(header, workflow, policy)
+    if header.digest != digest_bytes(record_bytes(header.body_json())):
+        raise JournalError(C.ALTERED_DIGEST, "the header's digest does not match its content", 0)
+    states = {
+        node_id: initial_node_state(bool(workflow.nodes[node_id].predecessors)) for node_id in workflow.order
+    }
+    return Journal(
+        header=header,
+        workflow=workflow,
+        policy=policy,
+        events=EventLog(),
+        states=MappingProxyType(states),
+        attempts=MappingProxyType({}),
+        workers=MappingProxyType({}),
+        requests=RequestIndex(),
+    )
+
+
+# --- preview and append -----------------------------------------------------------------------
+
+
+class _Builder:
+    """The projection being extended, one event at a time, without copying the journal's history.
+
+    In replay (``stored`` is set) each event a rule emits is checked against
+    the stored one instead of being signed, and the stored one is kept.
+    """
+
+    __slots__ = (
+        "attempts", "base", "events", "execution_id", "head", "requests", "resolve", "states", "stored", "workers",
+    )  # fmt: skip
+
+    def __init__(self, base: Journal, resolve: Resolver | None = None) -> None:
+        self.base = base
+        self.resolve = resolve
+        self.events: list[Event] = []
+        self.head = base.head
+        self.requests: dict[str, _Recorded] = {}
+        self.states = dict(base.states)
+        self.attempts = dict(base.attempts)
+        self.workers = dict(base.workers)
+        self.stored: list[Event] | None = None
+        self.execution_id = base.header.execution_id
+
+    def known_request(self, request_id: str) -> _Recorded | None:
+        found = self.requests.get(request_id)
+        return found if found is not None else self.base.requests.recorded(request_id)
+
+    def emit(self, event: Event) -> None:
+        if self.stored is None:
+            event = attrs.evolve(event, digest=digest_bytes(record_bytes(event.body_json())))
+        else:
+            event = _matches_stored(event, self.stored)
+        self.events.append(event)
+        self.head = event.digest
+        self.states[event.node_id] = event.resulting_state
+
+    def journal(self) -> Journal:
+        base = self.base
+        return Journal(
+            header=base.header,
+            workflow=base.workflow,
+            policy=base.policy,
+            events=base.events.extended(self.events),
+            states=MappingProxyType(self.states),
+            attempts=MappingProxyType(self.attempts),
+            workers=MappingProxyType(self.workers),
+            requests=base.requests.extended(self.requests),
+        )
+
+
+def _matches_stored(produced: Event, stored: list[Event]) -> Event:
+    if not stored:
+        raise JournalError(C.MALFORMED_RECORD, "the stored batch is shorter than its request produces")
+    expected = stored.pop(0)
+    if produced == expected:
+        return expected
+    if produced.resulting_state != expected.resulting_state:
+        raise JournalError(
+            C.INVALID_TRANSITION,
+            f"records {expected.prior_state.value} --{expected.event.value}--> {expected.resulting_state.value}; "
+            f"the node table says {produced.resulting_state.value}",
+        )
+    if produced.request_digest != expected.request_digest:
+        raise JournalError(C.ALTERED_DIGEST, "the request digest does not match the request the event records")
+    differing = next(
+        f.name for f in attrs.fields(Event) if f.eq and getattr(produced, f.name) != getattr(expected, f.name)
+    )
+    raise JournalError(C.MALFORMED_RECORD, f"{differing}: differs from what its request produces")
+
+
+Resolver: TypeAlias = Callable[[RecordRef], bool]
+"""Seed 002's record resolver: whether a referenced record exists, held elsewhere, with exactly that digest."""
+
+
+def preview(journal: Journal, command: Command, now: datetime, resolve: Resolver | None = None) -> Outcome:
+    """What appending ``command`` at ``now`` would do: the new journal and its events, an idempotent repeat, or a refusal.
+
+    With ``resolve``, every record the command references (records,
+    approval records, an invalidation's source, a successor's header) must
+    resolve, or the command is refused ``unresolved_record``.
+    """
+    try:
+        at = format_time(now)
+    except JournalError as exc:
+        return exc.refusal
+    builder = _Builder(journal, resolve)
+    try:
+        repeated = _apply(builder, command, at)
+    except JournalError as exc:
+        return exc.refusal
+    if repeated:
+        recorded = journal.requests.recorded(command.request_id)
+        assert recorded is not None
+        return Unchanged(journal, command.request_id, journal.events[recorded.first - 1 : recorded.first - 1 + recorded.count])
+    return Appended(builder.journal(), tuple(builder.events))
+
+
+def append(journal: Journal, command: Command, now: datetime, resolve: Resolver | None = None) -> Journal | Refusal:
+    """The journal with ``command`` appended (the same journal for an idempotent repeat), or a refusal."""
+    outcome = preview(journal, command, now, resolve)
+    if isinstance(outcome, Refusal):
+        return outcome
+    return outcome.journal
+
+
+def _apply(builder: _Builder, command: Command, at: str) -> bool:
+    """Run every rule for ``command``, emitting its events; True for an idempotent repeat (nothing emitted)."""
+    _check_common(command)
+    digest = request_digest(command)
+    known = builder.known_request(command.request_id)
+    if known is not None:
+        if known.digest == digest:
+            return True
+        raise JournalError(
+            C.CONFLICTING_REQUEST, f"request {command.request_id!r} was recorded with other content ({known.digest})"
+        )
+    if command.expected_head != builder.head:
+        raise JournalError(C.STALE_HEAD, f"expected head {command.expected_head}, but the head is {builder.head}")
+    if builder.resolve is not None:
+        for record in _references(command):
+            if not builder.resolve(record):
+                raise JournalError(
+                    C.UNRESOLVED_RECORD, f"record {record.kind}/{record.ref_id} with digest {record.digest} does not resolve"
+                )
+    before = len(builder.events)
+    if isinstance(command, Transition):
+        _transition(builder, command, digest, at)
+    elif isinstance(command, Invalidate):
+        _invalidate(builder, command, digest, at)
+    else:
+        _bind_successor(builder, command, digest, at)
+    emitted = len(builder.events) - before
+    builder.requests[command.request_id] = _Recorded(digest, len(builder.base.events) + before + 1, emitted)
+    return False
+
+
+def _references(command: Command) -> tuple[RecordRef, ...]:
+    if isinstance(command, Transition):
+        return (*command.records, *(a.record for a in command.approvals))
+    if isinstance(command, Invalidate):
+        return (command.source,)
+    return (command.successor,)
+
+
+def _check_common(command: Command) -> None:
+    _identifier(command.request_id, "request_id")
+    _identifier(command.actor_id, "actor")
+    _identifier(command.role, "role")
+    if not is_digest(command.expected_head):
+        raise JournalError(C.INVALID_REQUEST, f"expected_head: {command.expected_head!r} is not a sha256: digest")
+    if isinstance(command, Transition):
+        _identifier(command.node_id, "node")
+        for record in command.records:
+            _check_record(record, "records")
+        for approval in command.approvals:
+            _identifier(approval.actor_id, "approvals: actor")
+            _identifier(approval.role, "approvals: role")
+            _check_record(approval.record, "approvals: record")
+        if command.attempt is not None:
+            _identifier(command.attempt.attempt_id, "attempt id")
+            if not 1 <= command.attempt.sequence <= MAX_WHOLE:
+                raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence} is out of range")
+        if len({(r.kind, r.ref_id) for r in command.records}) != len(command.records):
+            raise JournalError(C.INVALID_REQUEST, "records: a kind/id is referenced twice")
+        if command.event in (NodeEvent.WORK_INVALIDATED, NodeEvent.SUCCESSOR_BOUND):
+            raise JournalError(
+                C.INVALID_REQUEST, f"{command.event.value} is appended by an invalidation or successor binding command"
+            )
+    else:
+        if not command.nodes:
+            raise JournalError(C.INVALID_REQUEST, "nodes: names no node")
+        for expectation in command.nodes:
+            _identifier(expectation.node_id, "nodes")
+        if len({n.node_id for n in command.nodes}) != len(command.nodes):
+            raise JournalError(C.INVALID_REQUEST, "nodes: names a node twice")
+        if isinstance(command, Invalidate):
+            _check_record(command.source, "source")
+            _identifier(command.policy, "policy")
+        else:
+            _check_record(command.successor, "successor")
+
+
+def _check_record(record: RecordRef, where: str) -> None:
+    _identifier(record.kind, f"{where}: kind")
+    _identifier(record.ref_id, f"{where}: id")
+    if not is_digest(record.digest):
+        raise JournalError(C.INVALID_REQUEST, f"{where}: digest {record.digest!r} is not sha256: and 64 hex digits")
+
+
+def _node(builder: _Builder, node_id: str, prior: NodeState) -> NodeState:
+    state = builder.states.get(node_id)
+    if state is None:
+        raise JournalError(C.UNKNOWN_NODE, f"node {node_id!r} is not in workflow {builder.base.workflow.workflow_id!r}")
+    if state is not prior:
+        raise JournalError(C.PRIOR_STATE_MISMATCH, f"node {node_id!r} is {state.value}, not {prior.value}")
+    return state
+
+
+def _step(node_id: str, state: NodeState, event: NodeEvent) -> NodeState:
+    if not NODE.allows(state, event):
+        raise JournalError(
+            C.INVALID_TRANSITION, f"node {node_id!r}: the node machine has no {event.value} from {state.value}"
+        )
+    return NODE.step(state, event)
+
+
+def _authorize(
+    builder: _Builder, actor_id: str, role: str, *, node_roles: Sequence[str], human: bool, what: str
+) -> None:
+    assignment = builder.base.policy.actors.get(actor_id)
+    if assignment is None:
+        raise JournalError(C.FORGED_ROLE, f"actor {actor_id!r} has no assignment in the policy")
+    if role not in assignment.roles:
+        raise JournalError(C.FORGED_ROLE, f"actor {actor_id!r} is not assigned role {role!r} by the policy")
+    if node_roles and role not in node_roles:
+        raise JournalError(C.FORGED_ROLE, f"{what} does not admit role {role!r}")
+    if human and assignment.kind is not ActorKind.HUMAN:
+        raise JournalError(C.AUTOMATION_CLAIMS_HUMAN, f"{what} needs a human; {actor_id!r} is automation")
+
+
+def _needs_human(kind: NodeKind, event: NodeEvent) -> bool:
+    if kind is NodeKind.HUMAN:
+        return event is not NodeEvent.DEPENDENCIES_SATISFIED
+    if kind is NodeKind.AUTOMATED:
+        return False
+    # Hybrid work may be done by automation, but completed only by a human;
+    # an approval node's work is its approvals, checked on their own.
+    return event in (NodeEvent.WORK_COMPLETED, NodeEvent.RETRY_AUTHORIZED)
+
+
+def _transition(builder: _Builder, command: Transition, digest: str, at: str) -> None:
+    node_id = command.node_id
+    state = _node(builder, node_id, command.prior_state)
+    resulting = _step(node_id, state, command.event)
+    node = builder.base.workflow.nodes[node_id]
+    _authorize(
+        builder,
+        command.actor_id,
+        command.role,
+        # That the dependencies are satisfied is a fact about other nodes, not
+        # work on this one: any role the policy grants may record it.
+        node_roles=() if command.event is NodeEvent.DEPENDENCIES_SATISFIED else node.roles,
+        human=_needs_human(node.kind, command.event),
+        what=f"{command.event.value} on {node.kind.value} node {node_id!r}",
+    )
+    event = command.event
+    attempts = builder.attempts.get(node_id, ())
+    if event is NodeEvent.DEPENDENCIES_SATISFIED:
+        gaps = [p for p in node.predecessors if builder.states[p] is not NodeState.COMPLETED]
+        if gaps:
+            raise JournalError(
+                C.DEPENDENCY_GAP,
+                f"node {node_id!r}: predecessors {gaps} are not completed and current",
+            )
+        if command.attempt is not None:
+            raise JournalError(C.INVALID_ATTEMPT, f"{event.value} binds no attempt")
+    else:
+        _check_independence(builder, node_id, command.actor_id)
+        builder.attempts[node_id] = _attempts_after(node_id, event, command.attempt, command.error, attempts)
+        builder.workers[node_id] = builder.workers.get(node_id, frozenset()) | {command.actor_id}
+    if event is NodeEvent.WORK_FAILED and not command.error:
+        raise JournalError(C.INVALID_REQUEST, "work-failed must say what the error was")
+    if event is not NodeEvent.WORK_FAILED and command.error is not None:
+        raise JournalError(C.INVALID_REQUEST, f"{event.value} carries no error")
+    if event is NodeEvent.WORK_COMPLETED:
+        held = {(r.kind, r.ref_id) for r in command.records}
+        missing = [f"{a.kind}/{a.artifact_id}" for a in node.outputs if (a.kind, a.artifact_id) not in held]
+        if missing:
+            raise JournalError(
+                C.MISSING_DECLARED_OUTPUT, f"node {node_id!r}: completion does not reference {', '.join(missing)}"
+            )
+    if command.approvals or (node.kind is NodeKind.APPROVAL and event is NodeEvent.WORK_COMPLETED):
+        _check_approvals(builder, command, node_id)
+    builder.emit(
+        Event(
+            execution_id=builder.execution_id,
+            ordinal=len(builder.base.events) + len(builder.events) + 1,
+            previous=builder.head,
+            request_id=command.request_id,
+            request_digest=digest,
+            node_id=node_id,
+            event=event,
+            prior_state=state,
+            resulting_state=resulting,
+            actor_id=command.actor_id,
+            role=command.role,
+            at=at,
+            rationale=command.rationale,
+            attempt=command.attempt,
+            records=command.records,
+            approvals=command.approvals,
+            error=command.error,
+            invalidation=None,
+            successor=None,
+        )
+    )
+
+
+def _check_independence(builder: _Builder, node_id: str, actor_id: str) -> None:
+    for other in sorted(builder.base.workflow.independent[node_id]):
+        if actor_id in builder.workers.get(other, ()):
+            raise JournalError(
+                C.NOT_INDEPENDENT,
+                f"node {node_id!r} must be worked independently of {other!r}, where {actor_id!r} has worked",
+            )
+
+
+def _attempts_after(
+    node_id: str, event: NodeEvent, attempt: AttemptRef | None, error: str | None, attempts: tuple[Attempt, ...]
+) -> tuple[Attempt, ...]:
+    """The node's attempt history after ``event``; every earlier attempt, failures included, is kept."""
+    where = f"node {node_id!r}: {event.value}"
+    if attempt is None:
+        raise JournalError(C.INVALID_ATTEMPT, f"{where} must bind an attempt id and sequence")
+    last = attempts[-1] if attempts else None
+    opens = event in (NodeEvent.WORK_STARTED, NodeEvent.RETRY_AUTHORIZED)
+    if event is NodeEvent.WORK_STARTED and last is not None and last.status is AttemptStatus.AUTHORIZED:
+        # A retry authorized this attempt; the work now starts it.
+        if (attempt.attempt_id, attempt.sequence) != (last.attempt_id, last.sequence):
+            raise JournalError(
+                C.INVALID_ATTEMPT, f"{where}: the authorized attempt is {last.attempt_id!r} #{last.sequence}"
+            )
+        return (*attempts[:-1], attrs.evolve(last, status=AttemptStatus.ACTIVE))
+    if opens:
+        if attempt.sequence != len(attempts) + 1:
+            raise JournalError(C.INVALID_ATTEMPT, f"{where}: the next attempt is #{len(attempts) + 1}, not #{attempt.sequence}")
+        if any(a.attempt_id == attempt.attempt_id for a in attempts):
+            raise JournalError(C.INVALID_ATTEMPT, f"{where}: attempt id {attempt.attempt_id!r} was used before")
+        status = AttemptStatus.ACTIVE if event is NodeEvent.WORK_STARTED else AttemptStatus.AUTHORIZED
+        return (*attempts, Attempt(attempt.attempt_id, attempt.sequence, status))
+    if last is None or (attempt.attempt_id, attempt.sequence) != (last.attempt_id, last.sequence):
+        current = "none" if last is None else f"{last.attempt_id!r} #{last.sequence}"
+        raise JournalError(C.INVALID_ATTEMPT, f"{where}: binds {attempt.attempt_id!r} #{attempt.sequence}; the current attempt is {current}")
+    status = {
+        NodeEvent.WORK_BLOCKED: AttemptStatus.BLOCKED,
+        NodeEvent.BLOCK_CLEARED: AttemptStatus.ACTIVE,
+        NodeEvent.WORK_COMPLETED: AttemptStatus.COMPLETED,
+        NodeEvent.WORK_FAILED: AttemptStatus.FAILED,
+    }[event]
+    return (*attempts[:-1], Attempt(last.attempt_id, last.sequence, status, error))
+
+
+def _check_approvals(builder: _Builder, command: Transition, node_id: str) -> None:
+    node = builder.base.workflow.nodes[node_id]
+    requirement = node.approval
+    if requirement is None or command.event is not NodeEvent.WORK_COMPLETED:
+        raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r}: approvals belong only to an approval node's completion")
+    actors = builder.base.policy.actors
+    for approval in command.approvals:
+        assignment = actors.get(approval.actor_id)
+        if assignment is None or approval.role not in assignment.roles:
+            raise JournalError(
+                C.FORGED_ROLE, f"approval by {approval.actor_id!r} as {approval.role!r} is not granted by the policy"
+            )
+        if approval.role not in (requirement.roles or node.roles):
+            raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} does not take approvals as {approval.role!r}")
+        if requirement.human_only and assignment.kind is not ActorKind.HUMAN:
+            raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} takes human approvals only; {approval.actor_id!r} is automation")
+    if len(command.approvals) < requirement.minimum:
+        raise JournalError(
+            C.INVALID_APPROVAL, f"node {node_id!r} needs {requirement.minimum} approvals, got {len(command.approvals)}"
+        )
+    approvers = [a.actor_id for a in command.approvals]
+    if requirement.distinct_actors and len(set(approvers)) != len(approvers):
+        raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} needs distinct approvers; got {approvers}")
+    missing = [r for r in requirement.roles if r not in {a.role for a in command.approvals}]
+    if missing:
+        raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} needs an approval as {', '.join(missing)}")
+
+
+def _batch_event(
+    builder: _Builder,
+    command: Invalidate | BindSuccessor,
+    *,
+    digest: str,
+    at: str,
+    node_id: str,
+    state: NodeState,
+    event: NodeEvent,
+) -> None:
+    builder.emit(
+        Event(
+            execution_id=builder.execution_id,
+            ordinal=len(builder.base.events) + len(builder.events) + 1,
+            previous=builder.head,
+            request_id=command.request_id,
+            request_digest=digest,
+            node_id=node_id,
+            event=event,
+            prior_state=state,
+            resulting_state=_step(node_id, state, event),
+            actor_id=command.actor_id,
+            role=command.role,
+            at=at,
+            rationale=command.rationale,
+            attempt=None,
+            records=(),
+            approvals=(),
+            error=None,
+            invalidation=Invalidation(command.source, command.policy) if isinstance(command, Invalidate) else None,
+            successor=command.successor if isinstance(command, BindSuccessor) else None,
+        )
+    )
+
+
+def _invalidate(builder: _Builder, command: Invalidate, digest: str, at: str) -> None:
+    named: dict[str, NodeState] = {}
+    for expectation in command.nodes:
+        named[expectation.node_id] = _node(builder, expectation.node_id, expectation.prior_state)
+        _step(expectation.node_id, expectation.prior_state, NodeEvent.WORK_INVALIDATED)
+    _authorize(builder, command.actor_id, command.role, node_roles=(), human=False, what="invalidation")
+    workflow = builder.base.workflow
+    closure = [
+        node_id
+        for node_id in workflow.closure(tuple(named))
+        if builder.states[node_id] not in (NodeState.INVALIDATED, NodeState.SUPERSEDED)
+    ]
+    missing = [node_id for node_id in closure if node_id not in named]
+    if missing:
+        raise JournalError(
+            C.PARTIAL_INVALIDATION,
+            f"invalidating {sorted(named)} leaves dependent nodes {missing} appearing current; the batch must name them too",
+        )
+    for node_id in closure:
+        _batch_event(
+            builder,
+            command,
+            digest=digest,
+            at=at,
+            node_id=node_id,
+            state=named[node_id],
+            event=NodeEvent.WORK_INVALIDATED,
+        )
+
+
+def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: str) -> None:
+    successor = command.successor
+    bad = C.BAD_SUCCESSOR_BINDING
+    if successor.kind != SUCCESSOR_KIND:
+        raise JournalError(bad, f"successor: names a {successor.kind!r} record, not an {SUCCESSOR_KIND!r} header")
+    _check_record(successor, "successor")
+    if successor.ref_id == builder.execution_id:
+        raise JournalError(bad, "successor: an execution cannot succeed itself")
+    named: dict[str, NodeState] = {}
+    for expectation in command.nodes:
+        named[expectation.node_id] = _node(builder, expectation.node_id, expectation.prior_state)
+    not_invalidated = [n for n, s in named.items() if s is not NodeState.INVALIDATED]
+    if not_invalidated:
+        raise JournalError(bad, f"nodes {not_invalidated} are not invalidated; only invalidated work can be superseded")
+    invalidated = [n for n in builder.base.workflow.order if builder.states[n] is NodeState.INVALIDATED]
+    left = [n for n in invalidated if n not in named]
+    if left:
+        raise JournalError(bad, f"invalidated nodes {left} would be left without the successor")
+    _authorize(
+        builder, command.actor_id, command.role, node_roles=(), human=True, what="binding a successor execution"
+    )
+    for node_id in invalidated:
+        _batch_event(
+            builder,
+            command,
+            digest=digest,
+            at=at,
+            node_id=node_id,
+            state=NodeState.INVALIDATED,
+            event=NodeEvent.SUCCESSOR_BOUND,
+        )
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+def _command_of(group: Sequence[Event]) -> Command:
+    """The command a stored event (or batch of events) records, rebuilt from the events alone."""
+    first = group[0]
+    nodes = tuple(NodeExpectation(e.node_id, e.prior_state) for e in group)
+    if first.event is NodeEvent.WORK_INVALIDATED and first.invalidation is not None:
+        return Invalidate(
+            request_id=first.request_id,
+            expected_head=first.previous,
+            source=first.invalidation.source,
+            policy=first.invalidation.policy,
+            nodes=nodes,
+            actor_id=first.actor_id,
+            role=first.role,
+            rationale=first.rationale,
+        )
+    if first.event is NodeEvent.SUCCESSOR_BOUND and first.successor is not None:
+        return BindSuccessor(
+            request_id=first.request_id,
+            expected_head=first.previous,
+            successor=first.successor,
+            nodes=nodes,
+            actor_id=first.actor_id,
+            role=first.role,
+            rationale=first.rationale,
+        )
+    if first.event in (NodeEvent.WORK_INVALIDATED, NodeEvent.SUCCESSOR_BOUND):
+        missing = "invalidation" if first.event is NodeEvent.WORK_INVALIDATED else "successor"
+        raise JournalError(C.MALFORMED_RECORD, f"a {first.event.value} event must carry its {missing}")
+    return Transition(
+        request_id=first.request_id,
+        expected_head=first.previous,
+        node_id=first.node_id,
+        event=first.event,
+        prior_state=first.prior_state,
+        actor_id=first.actor_id,
+        role=first.role,
+        rationale=first.rationale,
+        attempt=first.attempt,
+        records=first.records,
+        approvals=first.approvals,
+        error=first.error,
+    )
+
+
+def replay(
+    header: bytes,
+    events: Sequence[bytes],
+    workflow: VerifiedWorkflow,
+    policy: VerifiedPolicy,
+    resolve: Resolver | None = None,
+) -> Journal:
+    """Rebuild the journal from its stored bytes alone, checking every rule; JournalError names the first bad record.
+
+    Each record is checked in this order, so that the code says what is
+    wrong with the first record that is wrong: its bytes and fields
+    (``non_canonical``, ``unknown_field``, ``missing_field``,
+    ``malformed_record``, ``altered_digest``), that it belongs to this
+    journal (``foreign_record``), that it follows the head (``broken_chain``),
+    its ordinal (``ordinal_gap``), and then every rule its request was
+    appended under, with that rule's code.
+    """
+    return continue_replay(new_journal(decode_header(header), workflow, policy), events, resolve)
+
+
+def continue_replay(journal: Journal, events: Sequence[bytes], resolve: Resolver | None = None) -> Journal:
+    """``journal`` extended by the stored events that follow it, each checked exactly as :func:`replay` checks it.
+
+    ``events[0]`` must be the event with ordinal ``len(journal.events) + 1``
+    and name ``journal.head`` as its previous digest.  A store that holds a
+    journal it already verified reads only the events appended since, so
+    catching up costs what is new, not the whole history.
+    """
+    offset = len(journal.events)
+    builder = _Builder(journal, resolve)
+    builder.stored = []
+    position = 0
+    pending: Event | None = None
+    while position < len(events) or pending is not None:
+        first = (
+            pending
+            if pending is not None
+            else _next_event(events, position, builder.head, builder.execution_id, offset)
+        )
+        pending = None
+        group = [first]
+        position = first.ordinal - offset
+        deferred: JournalError | None = None
+        if first.event in (NodeEvent.WORK_INVALIDATED, NodeEvent.SUCCESSOR_BOUND):
+            # A batch is the run of events of one request: gather it whole.
+            # A bad record after it is reported only after the batch itself
+            # is checked, so that the first bad record is the one named.
+            while position < len(events):
+                try:
+                    following = _next_event(events, position, group[-1].digest, builder.execution_id, offset)
+                except JournalError as exc:
+                    deferred = exc
+                    break
+                position = following.ordinal - offset
+                if following.request_id != first.request_id or following.event is not first.event:
+                    pending = following
+                    break
+                group.append(following)
+        builder.stored = list(group)
+        try:
+            repeated = _apply(builder, _command_of(group), first.at)
+        except JournalError as exc:
+            raise exc.at(first.ordinal) from None
+        if repeated:
+            raise JournalError(C.CONFLICTING_REQUEST, f"request {first.request_id!r} is recorded twice", first.ordinal)
+        if builder.stored:
+            raise JournalError(
+                C.PARTIAL_INVALIDATION if first.event is NodeEvent.WORK_INVALIDATED else C.BAD_SUCCESSOR_BINDING,
+                "the batch holds more events than its request produces",
+                first.ordinal,
+            )
+        if deferred is not None:
+            raise deferred
+    return builder.journal()
+
+
+def link_error(head: str, expected_ordinal: int, previous: str, ordinal: int) -> JournalCode | None:
+    """Which chain rule a record naming ``previous`` and ``ordinal`` breaks, where ``head`` and ``expected_ordinal`` are due.
+
+    The link is checked before the ordinal: a record removed, moved or
+    repeated names the wrong predecessor, which is what went wrong, whatever
+    its number says.
+
+    Contracts (PEP 316, checked by CrossHair; see tests/contracts):
+
+    post: (__return__ is None) == (previous == head and ordinal == expected_ordinal)
+    post: (__return__ is JournalCode.BROKEN_CHAIN) == (previous != head)
+    post: (__return__ is JournalCode.ORDINAL_GAP) == (previous == head and ordinal != expected_ordinal)
+    """
+    if previous != head:
+        return JournalCode.BROKEN_CHAIN
+    if ordinal != expected_ordinal:
+        return JournalCode.ORDINAL_GAP
+    return None
+
+
+def _next_event(events: Sequence[bytes], position: int, head: str, execution_id: str, offset: int) -> Event:
+    ordinal = offset + position + 1
+    event = decode_event(events[position], ordinal)
+    if event.execution_id != execution_id:
+        raise JournalError(
+            C.FOREIGN_RECORD, f"belongs to execution {event.execution_id!r}, not {execution_id!r}", ordinal
+        )
+    broken = link_error(head, ordinal, event.previous, event.ordinal)
+    if broken is C.BROKEN_CHAIN:
+        raise JournalError(broken, f"names previous {event.previous}, but the head is {head}", ordinal)
+    if broken is C.ORDINAL_GAP:
+        raise JournalError(broken, f"carries ordinal {event.ordinal}, expected {ordinal}", ordinal)
+    return event
+
+
+def attempt_history(journal: Journal, node_id: str) -> tuple[Attempt, ...]:
+    return journal.attempts.get(node_id, ())
+
+
+__all__ = [
+    "FORMAT",
+    "SUCCESSOR_KIND",
+    "ActorKind",
+    "Appended",
+    "Approval",
+    "Assignment",
+    "Attempt",
+    "AttemptRef",
+    "AttemptStatus",
+    "AuthorityPolicy",
+    "BindSuccessor",
+    "Command",
+    "Event",
+    "EventLog",
+    "Header",
+    "Invalidate",
+    "Invalidation",
+    "Journal",
+    "JournalCode",
+    "JournalError",
+    "NodeExpectation",
+    "Outcome",
+    "RecordRef",
+    "Refusal",
+    "RequestIndex",
+    "Resolver",
+    "Transition",
+    "Unchanged",
+    "VerifiedPolicy",
+    "append",
+    "attempt_history",
+    "command_from_json",
+    "continue_replay",
+    "create_header",
+    "decode_event",
+    "decode_header",
+    "encode_event",
+    "encode_header",
+    "format_time",
+    "link_error",
+    "new_journal",
+    "policy_from_json",
+    "preview",
+    "replay",
+    "request_digest",
+    "verify_policy",
+]

@@ -1,0 +1,332 @@
+"""The execution journal's codec: records to canonical bytes and strictly back, and commands from JSON.
+
+Seed 002 (002_a0269be443952cd4.txt: Key types and services,
+``WorkflowExecutionCanonicalCodec``); specs/journal.md, sections 1 and 4-6.
+Rules of this module:
+
+- Reading is strict: canonical bytes only (``canonical.parse_canonical``),
+  exactly the format's members (``unknown_field``, ``missing_field``), each
+  of its type (``malformed_record``), and a digest that matches the record
+  (``altered_digest``).  Nothing is repaired or defaulted on the way in.
+- Commands and policies come from people and files, so their JSON readers
+  name the field that is wrong; they decide nothing (``journal.py`` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .canonical import canonical_bytes, digest_bytes, is_digest, parse_canonical, record_bytes
+from .dag import strict_list, strict_object, strict_text, strict_texts
+from .journal_codes import JournalCode, JournalError
+from .journal_records import (
+    FORMAT,
+    MAX_WHOLE,
+    ActorKind,
+    Approval,
+    Assignment,
+    AttemptRef,
+    AuthorityPolicy,
+    BindSuccessor,
+    Command,
+    Event,
+    Header,
+    Invalidate,
+    Invalidation,
+    NodeExpectation,
+    RecordRef,
+    Transition,
+    check_time,
+)
+from .machines import NodeEvent, NodeState
+
+C = JournalCode
+
+
+# --- the codec: records to bytes and back -----------------------------------------------------
+
+
+def encode_header(header: Header) -> bytes:
+    return record_bytes(header.to_json())
+
+
+def encode_event(event: Event) -> bytes:
+    return record_bytes(event.to_json())
+
+
+def _digest_field(value: object, where: str) -> str:
+    text = strict_text(value, where)
+    if not is_digest(text):
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not sha256: and 64 lowercase hex digits")
+    return text
+
+
+def _optional_text(value: object, where: str) -> str | None:
+    return None if value is None else strict_text(value, where)
+
+
+def _record_ref(value: object, where: str) -> RecordRef:
+    obj = strict_object(value, where, required=("digest", "id", "kind"), optional=())
+    return RecordRef(
+        kind=strict_text(obj["kind"], f"{where}.kind"),
+        ref_id=strict_text(obj["id"], f"{where}.id"),
+        digest=_digest_field(obj["digest"], f"{where}.digest"),
+    )
+
+
+def _whole(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_WHOLE:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: must be a whole number from 0 to {MAX_WHOLE}")
+    return value
+
+
+def _enum_member(kind: type[NodeState] | type[NodeEvent], value: object, where: str) -> NodeState | NodeEvent:
+    text = strict_text(value, where)
+    try:
+        return kind(text)
+    except ValueError:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a node {kind.__name__[4:].lower()}") from None
+
+
+_HEADER_FIELDS = (
+    "created_at", "created_by", "digest", "execution", "format", "nodes",
+    "policy_digest", "protocol", "supersedes", "workflow_digest",
+)  # fmt: skip
+_EVENT_FIELDS = (
+    "actor", "approvals", "at", "attempt", "digest", "error", "event", "execution", "invalidation", "node",
+    "ordinal", "previous", "prior_state", "rationale", "records", "request", "resulting_state", "role", "successor",
+)  # fmt: skip
+
+
+def decode_header(data: bytes) -> Header:
+    """Strictly rehydrate a header: canonical bytes, known fields only, and a digest that matches."""
+    try:
+        obj = strict_object(parse_canonical(data), "header", required=_HEADER_FIELDS, optional=())
+        if obj["format"] != FORMAT:
+            raise JournalError(C.MALFORMED_RECORD, f"format: {obj['format']!r} is not {FORMAT!r}")
+        header = Header(
+            execution_id=strict_text(obj["execution"], "execution"),
+            workflow_digest=_digest_field(obj["workflow_digest"], "workflow_digest"),
+            policy_digest=_digest_field(obj["policy_digest"], "policy_digest"),
+            protocol=strict_text(obj["protocol"], "protocol"),
+            nodes=strict_texts(obj["nodes"], "nodes"),
+            created_by=strict_text(obj["created_by"], "created_by"),
+            created_at=strict_text(obj["created_at"], "created_at"),
+            supersedes=_optional_text(obj["supersedes"], "supersedes"),
+            digest=_digest_field(obj["digest"], "digest"),
+        )
+        check_time(header.created_at, "created_at")
+        if _body_digest(data, obj, header.digest) != header.digest:
+            raise JournalError(C.ALTERED_DIGEST, "the digest does not match the header's content")
+    except JournalError as exc:
+        raise exc.at(0) from None
+    return header
+
+
+def decode_event(data: bytes, ordinal: int | None = None) -> Event:
+    """Strictly rehydrate one event (``ordinal`` is where it was found, for messages)."""
+    try:
+        return _decode_event(data)
+    except JournalError as exc:
+        raise exc if ordinal is None else exc.at(ordinal) from None
+
+
+def _decode_event(data: bytes) -> Event:
+    obj = strict_object(parse_canonical(data), "event", required=_EVENT_FIELDS, optional=())
+    request = strict_object(obj["request"], "request", required=("digest", "id"), optional=())
+    attempt_obj = obj["attempt"]
+    attempt = None
+    if attempt_obj is not None:
+        fields = strict_object(attempt_obj, "attempt", required=("id", "sequence"), optional=())
+        attempt = AttemptRef(strict_text(fields["id"], "attempt.id"), _whole(fields["sequence"], "attempt.sequence"))
+    invalidation = None
+    if obj["invalidation"] is not None:
+        fields = strict_object(obj["invalidation"], "invalidation", required=("policy", "source"), optional=())
+        invalidation = Invalidation(
+            _record_ref(fields["source"], "invalidation.source"), strict_text(fields["policy"], "invalidation.policy")
+        )
+    approvals = []
+    for n, item in enumerate(strict_list(obj["approvals"], "approvals")):
+        fields = strict_object(item, f"approvals[{n}]", required=("actor", "record", "role"), optional=())
+        approvals.append(
+            Approval(
+                strict_text(fields["actor"], f"approvals[{n}].actor"),
+                strict_text(fields["role"], f"approvals[{n}].role"),
+                _record_ref(fields["record"], f"approvals[{n}].record"),
+            )
+        )
+    at = strict_text(obj["at"], "at")
+    check_time(at, "at")
+    event = Event(
+        execution_id=strict_text(obj["execution"], "execution"),
+        ordinal=_whole(obj["ordinal"], "ordinal"),
+        previous=_digest_field(obj["previous"], "previous"),
+        request_id=strict_text(request["id"], "request.id"),
+        request_digest=_digest_field(request["digest"], "request.digest"),
+        node_id=strict_text(obj["node"], "node"),
+        event=NodeEvent(_enum_member(NodeEvent, obj["event"], "event").value),
+        prior_state=NodeState(_enum_member(NodeState, obj["prior_state"], "prior_state").value),
+        resulting_state=NodeState(_enum_member(NodeState, obj["resulting_state"], "resulting_state").value),
+        actor_id=strict_text(obj["actor"], "actor"),
+        role=strict_text(obj["role"], "role"),
+        at=at,
+        rationale=strict_text(obj["rationale"], "rationale"),
+        attempt=attempt,
+        records=tuple(_record_ref(item, f"records[{n}]") for n, item in enumerate(strict_list(obj["records"], "records"))),
+        approvals=tuple(approvals),
+        error=_optional_text(obj["error"], "error"),
+        invalidation=invalidation,
+        successor=None if obj["successor"] is None else _record_ref(obj["successor"], "successor"),
+        digest=_digest_field(obj["digest"], "digest"),
+    )
+    if _body_digest(data, obj, event.digest) != event.digest:
+        raise JournalError(C.ALTERED_DIGEST, "the digest does not match the event's content")
+    return event
+
+
+def _body_digest(data: bytes, obj: Mapping[str, object], digest: str) -> str:
+    """The digest of the record's bytes without its own ``digest`` member.
+
+    ``data`` is already known canonical, and the canonical form of an object
+    without one member is the canonical form with that member's text (and
+    the comma before it: ``digest`` is never a record's first key) cut out,
+    so the cut bytes are hashed without encoding the record again.  The
+    member's text can occur only once: a nested digest equal to the
+    record's own would be a fixed point of SHA-256.
+    """
+    member = b',"digest":"' + digest.encode("ascii") + b'"'
+    if data.count(member) == 1:
+        return digest_bytes(data.replace(member, b"", 1))
+    body = dict(obj)
+    del body["digest"]
+    return digest_bytes(canonical_bytes(body))  # type: ignore[arg-type]
+
+
+
+# --- reading a policy from JSON -----------------------------------------------------------------
+
+
+def policy_from_json(value: object, where: str = "policy") -> AuthorityPolicy:
+    """A policy from its JSON form (the same fields as :meth:`AuthorityPolicy.to_json`)."""
+    obj = strict_object(
+        value,
+        where,
+        required=("approved_by", "assignments", "policy", "protocol", "scope", "workflow_digest"),
+        optional=(),
+    )
+    assignments = []
+    for n, item in enumerate(strict_list(obj["assignments"], f"{where}.assignments")):
+        at = f"{where}.assignments[{n}]"
+        fields = strict_object(item, at, required=("actor", "kind", "roles"), optional=())
+        kind_text = strict_text(fields["kind"], f"{at}.kind")
+        try:
+            kind = ActorKind(kind_text)
+        except ValueError:
+            raise JournalError(C.MALFORMED_RECORD, f"{at}.kind: {kind_text!r} is not human or automation") from None
+        assignments.append(
+            Assignment(strict_text(fields["actor"], f"{at}.actor"), kind, strict_texts(fields["roles"], f"{at}.roles"))
+        )
+    return AuthorityPolicy(
+        policy_id=strict_text(obj["policy"], f"{where}.policy"),
+        scope=strict_text(obj["scope"], f"{where}.scope"),
+        workflow_digest=_digest_field(obj["workflow_digest"], f"{where}.workflow_digest"),
+        protocol=strict_text(obj["protocol"], f"{where}.protocol"),
+        assignments=tuple(assignments),
+        approved_by=strict_text(obj["approved_by"], f"{where}.approved_by"),
+    )
+
+
+_COMMON_FIELDS = ("command", "request", "actor", "role")
+_COMMAND_FIELDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "transition": (
+        (*_COMMON_FIELDS, "node", "event", "prior_state"),
+        ("expected_head", "rationale", "attempt", "records", "approvals", "error"),
+    ),
+    "invalidate": ((*_COMMON_FIELDS, "source", "policy", "nodes"), ("expected_head", "rationale")),
+    "bind-successor": ((*_COMMON_FIELDS, "successor", "nodes"), ("expected_head", "rationale")),
+}
+
+
+def command_from_json(value: object, expected_head: str | None = None, where: str = "command") -> Command:
+    """A command from its JSON form (specs/journal.md, section 6, plus ``request``, the request id).
+
+    ``expected_head`` is used when the JSON does not name one; a command
+    always carries one in the end.  Raises JournalError (``unknown_field``,
+    ``missing_field``, ``malformed_record``) naming the field.
+    """
+    if not isinstance(value, dict) or not isinstance(value.get("command"), str):
+        raise JournalError(C.MALFORMED_RECORD, f'{where}: must be an object with "command" naming its kind')
+    kind = value["command"]
+    if kind not in _COMMAND_FIELDS:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}.command: {kind!r} is not one of {sorted(_COMMAND_FIELDS)}")
+    required, optional = _COMMAND_FIELDS[kind]
+    obj = strict_object(value, where, required=required, optional=optional)
+    head = obj.get("expected_head", expected_head)
+    if head is None:
+        raise JournalError(C.MISSING_FIELD, f"{where}: missing field 'expected_head'")
+    common = {
+        "request_id": strict_text(obj["request"], f"{where}.request"),
+        "expected_head": strict_text(head, f"{where}.expected_head"),
+        "actor_id": strict_text(obj["actor"], f"{where}.actor"),
+        "role": strict_text(obj["role"], f"{where}.role"),
+        "rationale": strict_text(obj.get("rationale", ""), f"{where}.rationale"),
+    }
+    if kind == "transition":
+        attempt = obj.get("attempt")
+        attempt_ref = None
+        if attempt is not None:
+            fields = strict_object(attempt, f"{where}.attempt", required=("id", "sequence"), optional=())
+            attempt_ref = AttemptRef(
+                strict_text(fields["id"], f"{where}.attempt.id"), _whole(fields["sequence"], f"{where}.attempt.sequence")
+            )
+        approvals = []
+        for n, item in enumerate(strict_list(obj.get("approvals", []), f"{where}.approvals")):
+            at = f"{where}.approvals[{n}]"
+            fields = strict_object(item, at, required=("actor", "record", "role"), optional=())
+            approvals.append(
+                Approval(
+                    strict_text(fields["actor"], f"{at}.actor"),
+                    strict_text(fields["role"], f"{at}.role"),
+                    _record_ref(fields["record"], f"{at}.record"),
+                )
+            )
+        return Transition(
+            node_id=strict_text(obj["node"], f"{where}.node"),
+            event=NodeEvent(_enum_member(NodeEvent, obj["event"], f"{where}.event").value),
+            prior_state=NodeState(_enum_member(NodeState, obj["prior_state"], f"{where}.prior_state").value),
+            attempt=attempt_ref,
+            records=tuple(
+                _record_ref(item, f"{where}.records[{n}]")
+                for n, item in enumerate(strict_list(obj.get("records", []), f"{where}.records"))
+            ),
+            approvals=tuple(approvals),
+            error=_optional_text(obj.get("error"), f"{where}.error"),
+            **common,
+        )
+    nodes = []
+    for n, item in enumerate(strict_list(obj["nodes"], f"{where}.nodes")):
+        fields = strict_object(item, f"{where}.nodes[{n}]", required=("node", "prior_state"), optional=())
+        nodes.append(
+            NodeExpectation(
+                strict_text(fields["node"], f"{where}.nodes[{n}].node"),
+                NodeState(_enum_member(NodeState, fields["prior_state"], f"{where}.nodes[{n}].prior_state").value),
+            )
+        )
+    if kind == "invalidate":
+        return Invalidate(
+            source=_record_ref(obj["source"], f"{where}.source"),
+            policy=strict_text(obj["policy"], f"{where}.policy"),
+            nodes=tuple(nodes),
+            **common,
+        )
+    return BindSuccessor(successor=_record_ref(obj["successor"], f"{where}.successor"), nodes=tuple(nodes), **common)
+
+
+__all__ = [
+    "command_from_json",
+    "decode_event",
+    "decode_header",
+    "encode_event",
+    "encode_header",
+    "policy_from_json",
+]

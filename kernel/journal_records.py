@@ -1,0 +1,540 @@
+"""The execution journal's values: policy, header, events, commands, and the journal itself.
+
+Seed 002 (002_a0269be443952cd4.txt: Key types and services).  What the
+records mean and how they are written is specs/journal.md; the rules that
+decide which records may follow which are ``journal.py``.  Rules of this
+module:
+
+- Every value is immutable (attrs frozen classes, tuples, read-only
+  mappings).  A journal's history and request index are persistent
+  structures (:class:`EventLog`, :class:`RequestIndex`): a new journal
+  shares all but a small, bounded part of them with the journal it
+  extends, and nothing is changed in place.
+- ``body_json``/``request_json`` give the exact JSON value whose canonical
+  bytes are digested; member names are the format's, so they are ASCII,
+  and numbers are whole and in JSON's exact range (``canonical.record_bytes``
+  relies on both).
+- Nothing here decides: no rule, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Final, TypeAlias, overload
+
+import attrs
+
+from .canonical import Json, digest_bytes, record_bytes
+from .dag import VerifiedWorkflow
+from .journal_codes import JournalCode, JournalError, Refusal
+from .machines import NodeEvent, NodeState
+
+FORMAT: Final = "fencekeeper.journal/1"
+"""The header's ``format``: which version of specs/journal.md its chain follows."""
+
+SUCCESSOR_KIND: Final = "execution"
+"""The record kind a successor binding names: the successor execution's header."""
+
+MAX_WHOLE: Final = 2**53 - 1
+"""The largest number a record holds (ordinals, attempt sequences): JSON's exact range."""
+
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
+
+C = JournalCode
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+class ActorKind(enum.Enum):
+    HUMAN = "human"
+    AUTOMATION = "automation"
+
+
+@attrs.frozen
+class Assignment:
+    """One actor's immutable roles under a policy."""
+
+    actor_id: str
+    kind: ActorKind
+    roles: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Json]:
+        return {"actor": self.actor_id, "kind": self.kind.value, "roles": list(self.roles)}
+
+
+@attrs.frozen
+class AuthorityPolicy:
+    """Seed 002: ``WorkflowExecutionAuthorityPolicy``: one scope, one workflow, one protocol, fixed roles."""
+
+    policy_id: str
+    scope: str
+    workflow_digest: str
+    protocol: str
+    assignments: tuple[Assignment, ...]
+    approved_by: str
+    """The human who approved this policy; must be a human assignment of it."""
+
+    def to_json(self) -> dict[str, Json]:
+        return {
+            "approved_by": self.approved_by,
+            "assignments": [a.to_json() for a in self.assignments],
+            "policy": self.policy_id,
+            "protocol": self.protocol,
+            "scope": self.scope,
+            "workflow_digest": self.workflow_digest,
+        }
+
+
+@attrs.frozen(eq=False)
+class VerifiedPolicy:
+    policy: AuthorityPolicy
+    digest: str
+    actors: Mapping[str, Assignment]
+
+
+@attrs.frozen
+class Header:
+    """Seed 002: ``WorkflowExecutionHeader``.  Its digest is the chain root."""
+
+    execution_id: str
+    workflow_digest: str
+    policy_digest: str
+    protocol: str
+    nodes: tuple[str, ...]
+    created_by: str
+    created_at: str
+    supersedes: str | None = None
+    """The execution this one takes over from, if any."""
+    digest: str = attrs.field(default="", eq=False)
+
+    def body_json(self) -> dict[str, Json]:
+        return {
+            "created_at": self.created_at,
+            "created_by": self.created_by,
+            "execution": self.execution_id,
+            "format": FORMAT,
+            "nodes": list(self.nodes),
+            "policy_digest": self.policy_digest,
+            "protocol": self.protocol,
+            "supersedes": self.supersedes,
+            "workflow_digest": self.workflow_digest,
+        }
+
+    def to_json(self) -> dict[str, Json]:
+        return {**self.body_json(), "digest": self.digest}
+
+
+@attrs.frozen
+class RecordRef:
+    """A stable reference to a record held elsewhere: kind, id and digest, never a path."""
+
+    kind: str
+    ref_id: str
+    digest: str
+
+    def to_json(self) -> dict[str, Json]:
+        return {"digest": self.digest, "id": self.ref_id, "kind": self.kind}
+
+
+@attrs.frozen
+class Approval:
+    actor_id: str
+    role: str
+    record: RecordRef
+    """The approval record itself (who decided what, held by the conduct module)."""
+
+    def to_json(self) -> dict[str, Json]:
+        return {"actor": self.actor_id, "record": self.record.to_json(), "role": self.role}
+
+
+@attrs.frozen
+class AttemptRef:
+    attempt_id: str
+    sequence: int
+
+    def to_json(self) -> dict[str, Json]:
+        return {"id": self.attempt_id, "sequence": self.sequence}
+
+
+@attrs.frozen
+class Invalidation:
+    source: RecordRef
+    """The independently resolvable record that made the work invalid (a retraction, say)."""
+    policy: str
+    """The workflow's invalidation-policy reference."""
+
+    def to_json(self) -> dict[str, Json]:
+        return {"policy": self.policy, "source": self.source.to_json()}
+
+
+@attrs.frozen
+class Event:
+    """Seed 002: ``WorkflowExecutionEvent``.  ``digest`` covers every other field."""
+
+    execution_id: str
+    ordinal: int
+    previous: str
+    request_id: str
+    request_digest: str
+    node_id: str
+    event: NodeEvent
+    prior_state: NodeState
+    resulting_state: NodeState
+    actor_id: str
+    role: str
+    at: str
+    rationale: str
+    attempt: AttemptRef | None
+    records: tuple[RecordRef, ...]
+    approvals: tuple[Approval, ...]
+    error: str | None
+    invalidation: Invalidation | None
+    successor: RecordRef | None
+    # Not compared: replay checks a stored event against the one its request
+    # produces field by field, and the stored digest separately.
+    digest: str = attrs.field(default="", eq=False)
+
+    def body_json(self) -> dict[str, Json]:
+        return {
+            "actor": self.actor_id,
+            "approvals": [a.to_json() for a in self.approvals],
+            "at": self.at,
+            "attempt": None if self.attempt is None else self.attempt.to_json(),
+            "error": self.error,
+            "event": self.event.value,
+            "execution": self.execution_id,
+            "invalidation": None if self.invalidation is None else self.invalidation.to_json(),
+            "node": self.node_id,
+            "ordinal": self.ordinal,
+            "previous": self.previous,
+            "prior_state": self.prior_state.value,
+            "rationale": self.rationale,
+            "records": [r.to_json() for r in self.records],
+            "request": {"digest": self.request_digest, "id": self.request_id},
+            "resulting_state": self.resulting_state.value,
+            "role": self.role,
+            "successor": None if self.successor is None else self.successor.to_json(),
+        }
+
+    def to_json(self) -> dict[str, Json]:
+        return {**self.body_json(), "digest": self.digest}
+
+
+class AttemptStatus(enum.Enum):
+    AUTHORIZED = "authorized"
+    ACTIVE = "active"
+    BLOCKED = "blocked"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@attrs.frozen
+class Attempt:
+    attempt_id: str
+    sequence: int
+    status: AttemptStatus
+    error: str | None = None
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class NodeExpectation:
+    node_id: str
+    prior_state: NodeState
+
+
+@attrs.frozen
+class Transition:
+    """Move one node by one event of the table (not ``work-invalidated`` or ``successor-bound``)."""
+
+    request_id: str
+    expected_head: str
+    node_id: str
+    event: NodeEvent
+    prior_state: NodeState
+    actor_id: str
+    role: str
+    rationale: str = ""
+    attempt: AttemptRef | None = None
+    records: tuple[RecordRef, ...] = ()
+    approvals: tuple[Approval, ...] = ()
+    error: str | None = None
+
+    def request_json(self) -> dict[str, Json]:
+        return {
+            "actor": self.actor_id,
+            "approvals": [a.to_json() for a in self.approvals],
+            "attempt": None if self.attempt is None else self.attempt.to_json(),
+            "command": "transition",
+            "error": self.error,
+            "event": self.event.value,
+            "expected_head": self.expected_head,
+            "node": self.node_id,
+            "prior_state": self.prior_state.value,
+            "rationale": self.rationale,
+            "records": [r.to_json() for r in self.records],
+            "role": self.role,
+        }
+
+
+@attrs.frozen
+class Invalidate:
+    """Invalidate ``nodes``, which must be the whole closure of what they name, because of ``source``."""
+
+    request_id: str
+    expected_head: str
+    source: RecordRef
+    policy: str
+    nodes: tuple[NodeExpectation, ...]
+    actor_id: str
+    role: str
+    rationale: str = ""
+
+    def request_json(self) -> dict[str, Json]:
+        return {
+            "actor": self.actor_id,
+            "command": "invalidate",
+            "expected_head": self.expected_head,
+            "nodes": _expectations_json(self.nodes),
+            "policy": self.policy,
+            "rationale": self.rationale,
+            "role": self.role,
+            "source": self.source.to_json(),
+        }
+
+
+@attrs.frozen
+class BindSuccessor:
+    """Bind the successor execution whose header is ``successor``; supersedes every invalidated node."""
+
+    request_id: str
+    expected_head: str
+    successor: RecordRef
+    nodes: tuple[NodeExpectation, ...]
+    actor_id: str
+    role: str
+    rationale: str = ""
+
+    def request_json(self) -> dict[str, Json]:
+        return {
+            "actor": self.actor_id,
+            "command": "bind-successor",
+            "expected_head": self.expected_head,
+            "nodes": _expectations_json(self.nodes),
+            "rationale": self.rationale,
+            "role": self.role,
+            "successor": self.successor.to_json(),
+        }
+
+
+Command: TypeAlias = Transition | Invalidate | BindSuccessor
+
+
+def _expectations_json(nodes: Sequence[NodeExpectation]) -> list[Json]:
+    # Sorted: a batch names a set of nodes, and replay rebuilds the command
+    # from events in the workflow's order, not in the order it was written.
+    return [{"node": n.node_id, "prior_state": n.prior_state.value} for n in sorted(nodes, key=lambda n: n.node_id)]
+
+
+def request_digest(command: Command) -> str:
+    """The digest of the command's stable content (seed: "RequestDigest is computed over the stable request content")."""
+    return digest_bytes(record_bytes(command.request_json()))
+
+
+# --- the journal ------------------------------------------------------------------------------
+#
+# A journal is an immutable value, and appending makes a new one.  Copying
+# the whole history for every append would make an append cost grow with
+# the journal (about 40 ms at 50,000 events), so the history and the request
+# index are persistent structures: a new journal shares all but a small,
+# bounded part of them with the journal it extends, and nothing is ever
+# changed in place.
+
+
+_CHUNK = 256
+_BUCKETS = 64
+
+
+class EventLog(Sequence[Event]):
+    """The events of a journal, in order: an immutable sequence that shares its chunks with the log it extends.
+
+    Appending copies only the last chunk (at most 256 events) and the tuple
+    of chunks, so it costs the same at the ten-thousandth event as at the
+    tenth.  Every chunk but the last is full.
+    """
+
+    __slots__ = ("_chunks", "_length")
+
+    def __init__(self, chunks: tuple[tuple[Event, ...], ...] = (), length: int = 0) -> None:
+        self._chunks = chunks
+        self._length = length
+
+    def extended(self, events: Sequence[Event]) -> EventLog:
+        chunks = list(self._chunks)
+        for event in events:
+            if chunks and len(chunks[-1]) < _CHUNK:
+                chunks[-1] = (*chunks[-1], event)
+            else:
+                chunks.append((event,))
+        return EventLog(tuple(chunks), self._length + len(events))
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("event index out of range")
+        return self._chunks[index // _CHUNK][index % _CHUNK]
+
+    def __iter__(self) -> Iterator[Event]:
+        for chunk in self._chunks:
+            yield from chunk
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EventLog({self._length} events)"
+
+
+@attrs.frozen
+class _Recorded:
+    digest: str
+    first: int
+    """The ordinal of the request's first event."""
+    count: int
+
+
+class RequestIndex(Mapping[str, str]):
+    """Request id -> request digest, for idempotency: an immutable map sharing its buckets with the one it extends.
+
+    Extending copies only the buckets the new requests fall in.  Each entry
+    also knows the events its request appended (:meth:`recorded`).
+    """
+
+    __slots__ = ("_buckets", "_length")
+
+    def __init__(self, buckets: tuple[Mapping[str, _Recorded], ...] | None = None, length: int = 0) -> None:
+        self._buckets = buckets if buckets is not None else tuple({} for _ in range(_BUCKETS))
+        self._length = length
+
+    def extended(self, entries: Mapping[str, _Recorded]) -> RequestIndex:
+        if not entries:
+            return self
+        buckets = list(self._buckets)
+        copied: set[int] = set()
+        added = 0
+        for request_id, recorded in entries.items():
+            number = hash(request_id) % _BUCKETS
+            if number not in copied:
+                buckets[number] = dict(buckets[number])
+                copied.add(number)
+            bucket = buckets[number]
+            assert isinstance(bucket, dict)
+            added += request_id not in bucket
+            bucket[request_id] = recorded
+        return RequestIndex(tuple(MappingProxyType(b) if i in copied else b for i, b in enumerate(buckets)),
+                            self._length + added)  # fmt: skip
+
+    def recorded(self, request_id: str) -> _Recorded | None:
+        return self._buckets[hash(request_id) % _BUCKETS].get(request_id)
+
+    def __getitem__(self, request_id: str) -> str:
+        found = self.recorded(request_id)
+        if found is None:
+            raise KeyError(request_id)
+        return found.digest
+
+    def __iter__(self) -> Iterator[str]:
+        for bucket in self._buckets:
+            yield from bucket
+
+    def __len__(self) -> int:
+        return self._length
+
+
+@attrs.frozen(eq=False)
+class Journal:
+    """A header, its events, and the projection derived from them.  Build with :func:`new_journal` or :func:`replay`."""
+
+    header: Header
+    workflow: VerifiedWorkflow
+    policy: VerifiedPolicy
+    events: EventLog
+    states: Mapping[str, NodeState]
+    attempts: Mapping[str, tuple[Attempt, ...]]
+    workers: Mapping[str, frozenset[str]]
+    """Node -> every actor who has done work on it (started, blocked, cleared, completed, failed, retried)."""
+    requests: RequestIndex
+    """Request id -> request digest, for idempotency."""
+
+    @property
+    def head(self) -> str:
+        return self.events[-1].digest if self.events else self.header.digest
+
+    @property
+    def execution_id(self) -> str:
+        return self.header.execution_id
+
+
+@attrs.frozen
+class Appended:
+    journal: Journal
+    events: tuple[Event, ...]
+
+
+@attrs.frozen
+class Unchanged:
+    """The request was already recorded with the same digest: an idempotent repeat."""
+
+    journal: Journal
+    request_id: str
+    events: tuple[Event, ...] = ()
+    """The events the request appended when it was first recorded (the last one's digest is the head it made)."""
+
+
+Outcome: TypeAlias = Appended | Unchanged | Refusal
+
+
+
+# --- time ---------------------------------------------------------------------------------------
+
+
+def format_time(now: datetime) -> str:
+    """``now`` as the record's time text; naive or non-UTC times are refused."""
+    offset = now.utcoffset()
+    if offset is None or offset.total_seconds() != 0:
+        raise JournalError(C.INVALID_REQUEST, f"time {now.isoformat()} must be timezone-aware UTC")
+    return now.astimezone(UTC).strftime(_TIME_FORMAT)
+
+
+def check_time(text: str, where: str) -> None:
+    # Fixed widths make the spelling unique; fromisoformat then rejects dates that do not exist.
+    if _TIME.fullmatch(text) is None:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a UTC time like 2026-01-01T00:00:00.000000Z")
+    try:
+        datetime.fromisoformat(text[:-1])
+    except ValueError:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a real moment") from None

@@ -1,0 +1,524 @@
+"""The journal's rules, one refusal code at a time, on the systematic review of docs/journal.md.
+
+Each test drives a real journal to the point where a rule matters, then
+asserts the exact code and that the refused command changed nothing.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from fencekeeper.kernel import journal as j
+from fencekeeper.kernel.canonical import digest_of
+from fencekeeper.kernel.journal_codes import JournalCode as C
+from fencekeeper.kernel.machines import NodeEvent, NodeState
+
+from .examples import (
+    RETRACTION,
+    SIGN_OFF_APPROVALS,
+    T0,
+    Driver,
+    bind,
+    fresh,
+    invalidate_screening,
+    ref,
+    reviewed,
+    stored,
+)
+
+
+def refused(driver: Driver, command: j.Command, code: C) -> j.Refusal:
+    before = driver.journal
+    outcome = driver.apply(command)
+    assert isinstance(outcome, j.Refusal), outcome
+    assert outcome.code is code, outcome
+    assert driver.journal is before
+    return outcome
+
+
+def searched() -> Driver:
+    driver = Driver(fresh())
+    driver.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    return driver
+
+
+# --- starting states and the table ---------------------------------------------------------
+
+
+def test_roots_start_ready_and_others_pending() -> None:
+    journal = fresh()
+    assert journal.states["search"] is NodeState.READY
+    assert {journal.states[n] for n in ("screen-a", "screen-b", "extraction", "synthesis", "sign-off")} == {
+        NodeState.PENDING
+    }
+    assert journal.head == journal.header.digest
+    assert journal.events == ()
+
+
+def test_the_whole_review_completes_every_node() -> None:
+    driver = reviewed(Driver(fresh()))
+    assert set(driver.journal.states.values()) == {NodeState.COMPLETED}
+    # Ordinals are one-based and contiguous; each event names the one before it.
+    previous = driver.journal.header.digest
+    for number, event in enumerate(driver.journal.events, start=1):
+        assert event.ordinal == number
+        assert event.previous == previous
+        previous = event.digest
+    assert driver.journal.head == previous
+
+
+def test_a_transition_outside_the_table_is_refused() -> None:
+    driver = Driver(fresh())
+    command = driver.transition("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=j.AttemptRef("a", 1))
+    refused(driver, command, C.INVALID_TRANSITION)
+
+
+def test_dependencies_need_every_predecessor_completed() -> None:
+    driver = Driver(fresh())
+    refused(
+        driver, driver.transition("screen-a", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler"), C.DEPENDENCY_GAP
+    )
+    driver = searched()
+    driver.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    # screen-b is still only pending: extraction must wait for it.
+    refused(
+        driver,
+        driver.transition("extraction", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler"),
+        C.DEPENDENCY_GAP,
+    )
+
+
+def test_unknown_node() -> None:
+    driver = Driver(fresh())
+    command = attrs.evolve(
+        driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher"), node_id="meta-analysis"
+    )
+    refused(driver, command, C.UNKNOWN_NODE)
+
+
+# --- heads, prior states and requests -----------------------------------------------------------
+
+
+def test_a_stale_writer_is_refused_not_rebased() -> None:
+    driver = Driver(fresh())
+    stale_head = driver.journal.head
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))
+    command = attrs.evolve(
+        driver.transition("search", NodeEvent.WORK_BLOCKED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1)),
+        expected_head=stale_head,
+    )
+    refused(driver, command, C.STALE_HEAD)
+
+
+def test_a_wrong_prior_state_is_refused() -> None:
+    driver = Driver(fresh())
+    command = attrs.evolve(
+        driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1)),
+        prior_state=NodeState.PENDING,
+    )
+    refused(driver, command, C.PRIOR_STATE_MISMATCH)
+
+
+def test_same_request_is_idempotent_and_other_content_conflicts() -> None:
+    driver = Driver(fresh())
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))
+    first = driver.apply(command)
+    assert isinstance(first, j.Appended)
+    # The repeat carries the head it was first sent with: still a repeat, not stale.
+    again = driver.apply(command)
+    assert isinstance(again, j.Unchanged)
+    assert again.journal is driver.journal
+    assert len(driver.journal.events) == 1
+    # The time is the record's, not the request's: a repeat later is still a repeat.
+    assert j.preview(driver.journal, command, T0.replace(year=2027)) == j.Unchanged(
+        driver.journal, command.request_id, first.events
+    )
+    refused(driver, attrs.evolve(command, rationale="different"), C.CONFLICTING_REQUEST)
+
+
+def test_append_returns_the_same_journal_for_a_repeat() -> None:
+    journal = fresh()
+    command = j.Transition("r", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search", "searcher",
+                           attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+    once = j.append(journal, command, T0)
+    assert isinstance(once, j.Journal)
+    assert j.append(once, command, T0) is once
+
+
+def test_naive_time_and_malformed_fields_are_invalid_requests() -> None:
+    driver = Driver(fresh())
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))
+    outcome = j.preview(driver.journal, command, T0.replace(tzinfo=None))
+    assert isinstance(outcome, j.Refusal)
+    assert outcome.code is C.INVALID_REQUEST
+    for bad in (
+        attrs.evolve(command, request_id=" spaced"),
+        attrs.evolve(command, expected_head="sha256:XYZ"),
+        attrs.evolve(command, records=(j.RecordRef("k", "i", "md5:00"),)),
+        attrs.evolve(command, event=NodeEvent.WORK_INVALIDATED),
+    ):
+        refused(driver, bad, C.INVALID_REQUEST)
+
+
+# --- attempts ------------------------------------------------------------------------------------
+
+
+def test_attempts_bind_id_and_sequence_and_retries_keep_the_failure() -> None:
+    driver = Driver(fresh())
+    first = j.AttemptRef("s-1", 1)
+    refused(
+        driver,
+        driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 2)),
+        C.INVALID_ATTEMPT,
+    )
+    refused(driver, driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher"), C.INVALID_ATTEMPT)
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=first)
+    refused(
+        driver,
+        driver.transition("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=j.AttemptRef("s-2", 2), error="x"),
+        C.INVALID_ATTEMPT,
+    )
+    refused(driver, driver.transition("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=first), C.INVALID_REQUEST)
+    driver.do("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=first, error="index timed out")
+    # A retry cannot reuse the failed attempt's id, and is a new attempt #2.
+    refused(
+        driver,
+        driver.transition("search", NodeEvent.RETRY_AUTHORIZED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 2)),
+        C.INVALID_ATTEMPT,
+    )
+    second = j.AttemptRef("s-2", 2)
+    driver.do("search", NodeEvent.RETRY_AUTHORIZED, "bot:search", "searcher", attempt=second)
+    refused(
+        driver,
+        driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-3", 3)),
+        C.INVALID_ATTEMPT,
+    )
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=second)
+    driver.do("search", NodeEvent.WORK_BLOCKED, "bot:search", "searcher", attempt=second)
+    driver.do("search", NodeEvent.BLOCK_CLEARED, "bot:search", "searcher", attempt=second)
+    driver.do(
+        "search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=second,
+        records=(ref("search-results", "search-results"),),
+    )  # fmt: skip
+    history = j.attempt_history(driver.journal, "search")
+    assert history == (
+        j.Attempt("s-1", 1, j.AttemptStatus.FAILED, "index timed out"),
+        j.Attempt("s-2", 2, j.AttemptStatus.COMPLETED),
+    )
+
+
+# --- people, roles and outputs ---------------------------------------------------------------
+
+
+def test_roles_must_be_granted_by_the_policy_and_admitted_by_the_node() -> None:
+    driver = searched()
+    driver.do("screen-a", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    attempt = j.AttemptRef("a-1", 1)
+    # mallory is nobody; bob is a screener but not an extractor; carol is an extractor but the node wants screeners.
+    refused(driver, driver.transition("screen-a", NodeEvent.WORK_STARTED, "mallory", "screener", attempt=attempt), C.FORGED_ROLE)
+    refused(driver, driver.transition("screen-a", NodeEvent.WORK_STARTED, "bob", "extractor", attempt=attempt), C.FORGED_ROLE)
+    refused(driver, driver.transition("screen-a", NodeEvent.WORK_STARTED, "carol", "extractor", attempt=attempt), C.FORGED_ROLE)
+
+
+def test_automation_cannot_claim_human_authority() -> None:
+    driver = searched()
+    driver.do("screen-a", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    # bot:extract holds the screener role, but a human node needs a human.
+    refused(
+        driver,
+        driver.transition("screen-a", NodeEvent.WORK_STARTED, "bot:extract", "screener", attempt=j.AttemptRef("a-1", 1)),
+        C.AUTOMATION_CLAIMS_HUMAN,
+    )
+
+
+def test_the_two_screenings_are_done_by_different_people() -> None:
+    driver = searched()
+    driver.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    driver.do("screen-b", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    outcome = refused(
+        driver,
+        driver.transition("screen-b", NodeEvent.WORK_STARTED, "alice", "screener", attempt=j.AttemptRef("b-1", 1)),
+        C.NOT_INDEPENDENT,
+    )
+    assert "screen-a" in outcome.message
+    driver.do("screen-b", NodeEvent.WORK_STARTED, "bob", "screener", attempt=j.AttemptRef("b-1", 1))
+    assert driver.journal.workers == {"search": {"bot:search"}, "screen-a": {"alice"}, "screen-b": {"bob"}}
+
+
+def test_hybrid_work_may_be_automated_but_only_a_human_completes_it() -> None:
+    driver = searched()
+    driver.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    driver.work("screen-b", "bob", "screener", (ref("screening", "screening-b"),))
+    driver.do("extraction", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    attempt = j.AttemptRef("x-1", 1)
+    driver.do("extraction", NodeEvent.WORK_STARTED, "bot:extract", "extractor", attempt=attempt)
+    records = (ref("extraction", "extraction-table"),)
+    refused(
+        driver,
+        driver.transition("extraction", NodeEvent.WORK_COMPLETED, "bot:extract", "extractor", attempt=attempt, records=records),
+        C.AUTOMATION_CLAIMS_HUMAN,
+    )
+    driver.do("extraction", NodeEvent.WORK_COMPLETED, "carol", "extractor", attempt=attempt, records=records)
+
+
+def test_completion_must_reference_every_declared_output() -> None:
+    driver = Driver(fresh())
+    attempt = j.AttemptRef("s-1", 1)
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    refused(
+        driver,
+        driver.transition("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=attempt,
+                          records=(ref("search-results", "another-id"),)),
+        C.MISSING_DECLARED_OUTPUT,
+    )  # fmt: skip
+
+
+def _at_sign_off() -> tuple[Driver, j.AttemptRef]:
+    driver = searched()
+    driver.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    driver.work("screen-b", "bob", "screener", (ref("screening", "screening-b"),))
+    driver.work("extraction", "carol", "extractor", (ref("extraction", "extraction-table"),))
+    driver.work("synthesis", "carol", "synthesist", (ref("synthesis", "report"),))
+    driver.do("sign-off", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    attempt = j.AttemptRef("o-1", 1)
+    driver.do("sign-off", NodeEvent.WORK_STARTED, "carol", "coordinator", attempt=attempt)
+    return driver, attempt
+
+
+@pytest.mark.parametrize(
+    ("approvals", "code"),
+    [
+        ((), C.INVALID_APPROVAL),  # below the minimum
+        (SIGN_OFF_APPROVALS[:1], C.INVALID_APPROVAL),
+        ((SIGN_OFF_APPROVALS[0], SIGN_OFF_APPROVALS[0]), C.INVALID_APPROVAL),  # not distinct
+        ((SIGN_OFF_APPROVALS[0], j.Approval("bot:extract", "reviewer", ref("approval", "bot"))), C.INVALID_APPROVAL),
+        ((SIGN_OFF_APPROVALS[0], j.Approval("carol", "coordinator", ref("approval", "c"))), C.INVALID_APPROVAL),
+        ((SIGN_OFF_APPROVALS[0], j.Approval("carol", "reviewer", ref("approval", "c"))), C.FORGED_ROLE),
+    ],
+    ids=["none", "one", "same-actor-twice", "automation", "missing-required-role", "forged-role"],
+)
+def test_approval_rules(approvals: tuple[j.Approval, ...], code: C) -> None:
+    driver, attempt = _at_sign_off()
+    command = driver.transition(
+        "sign-off", NodeEvent.WORK_COMPLETED, "carol", "coordinator", attempt=attempt, approvals=approvals
+    )
+    refused(driver, command, code)
+
+
+def test_approvals_on_a_node_that_is_not_an_approval_node_are_refused() -> None:
+    driver = Driver(fresh())
+    attempt = j.AttemptRef("s-1", 1)
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    refused(
+        driver,
+        driver.transition("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=attempt,
+                          records=(ref("search-results", "search-results"),), approvals=SIGN_OFF_APPROVALS[:1]),
+        C.INVALID_APPROVAL,
+    )  # fmt: skip
+
+
+# --- invalidation and successors ------------------------------------------------------------
+
+
+def test_invalidation_covers_the_closure_in_topological_order() -> None:
+    driver = reviewed(Driver(fresh()))
+    appended = invalidate_screening(driver)
+    assert [e.node_id for e in appended.events] == ["screen-a", "screen-b", "extraction", "synthesis", "sign-off"]
+    assert {e.request_id for e in appended.events} == {"retract-42"}
+    assert all(e.invalidation == j.Invalidation(RETRACTION, "retraction-policy") for e in appended.events)
+    assert driver.journal.states["search"] is NodeState.COMPLETED
+    for node_id in ("screen-a", "screen-b", "extraction", "synthesis", "sign-off"):
+        assert driver.journal.states[node_id] is NodeState.INVALIDATED
+
+
+def test_a_partial_invalidation_batch_is_refused() -> None:
+    driver = reviewed(Driver(fresh()))
+    journal = driver.journal
+    command = j.Invalidate(
+        request_id="retract-partial",
+        expected_head=journal.head,
+        source=RETRACTION,
+        policy="retraction-policy",
+        nodes=(j.NodeExpectation("screen-a", NodeState.COMPLETED), j.NodeExpectation("extraction", NodeState.COMPLETED)),
+        actor_id="carol",
+        role="coordinator",
+    )
+    outcome = refused(driver, command, C.PARTIAL_INVALIDATION)
+    assert "synthesis" in outcome.message and "sign-off" in outcome.message
+
+
+def test_invalidated_and_superseded_nodes_never_resume() -> None:
+    driver = reviewed(Driver(fresh()))
+    invalidate_screening(driver)
+    for event in NodeEvent:
+        if event in (NodeEvent.WORK_INVALIDATED, NodeEvent.SUCCESSOR_BOUND):
+            continue
+        refused(
+            driver,
+            driver.transition("extraction", event, "carol", "extractor", attempt=j.AttemptRef("x-9", 9)),
+            C.INVALID_TRANSITION,
+        )
+    bind(driver, fresh("review-2", supersedes="review-1"))
+    assert driver.journal.states["extraction"] is NodeState.SUPERSEDED
+    refused(
+        driver,
+        driver.transition("extraction", NodeEvent.RETRY_AUTHORIZED, "carol", "extractor", attempt=j.AttemptRef("x-9", 2)),
+        C.INVALID_TRANSITION,
+    )
+
+
+def _binding(driver: Driver, **changes: object) -> j.BindSuccessor:
+    journal = driver.journal
+    command = j.BindSuccessor(
+        request_id="bind",
+        expected_head=journal.head,
+        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", ref("x", "y").digest),
+        nodes=tuple(
+            j.NodeExpectation(n, NodeState.INVALIDATED) for n, s in journal.states.items() if s is NodeState.INVALIDATED
+        ),
+        actor_id="carol",
+        role="coordinator",
+    )
+    return attrs.evolve(command, **changes)  # type: ignore[arg-type]
+
+
+def test_a_successor_is_bound_only_after_invalidation_and_to_all_of_it() -> None:
+    driver = reviewed(Driver(fresh()))
+    refused(
+        driver, _binding(driver, nodes=(j.NodeExpectation("extraction", NodeState.COMPLETED),)), C.BAD_SUCCESSOR_BINDING
+    )
+    invalidate_screening(driver)
+    good = _binding(driver)
+    refused(driver, attrs.evolve(good, nodes=good.nodes[:-1]), C.BAD_SUCCESSOR_BINDING)
+    refused(driver, attrs.evolve(good, successor=attrs.evolve(good.successor, ref_id="review-1")), C.BAD_SUCCESSOR_BINDING)
+    refused(driver, attrs.evolve(good, successor=attrs.evolve(good.successor, kind="report")), C.BAD_SUCCESSOR_BINDING)
+    refused(driver, attrs.evolve(good, actor_id="bot:search", role="scheduler"), C.AUTOMATION_CLAIMS_HUMAN)
+    appended = driver.apply(good)
+    assert isinstance(appended, j.Appended)
+    assert [e.resulting_state for e in appended.events] == [NodeState.SUPERSEDED] * 5
+    assert all(e.successor == good.successor for e in appended.events)
+
+
+# --- authority verification ---------------------------------------------------------------------
+
+
+def test_policy_and_header_must_bind_the_same_workflow_and_a_human() -> None:
+    journal = fresh()
+    workflow, policy = journal.workflow, journal.policy
+    with pytest.raises(j.JournalError) as caught:
+        j.verify_policy(attrs.evolve(policy.policy, workflow_digest=ref("a", "b").digest), workflow)
+    assert caught.value.reason is C.UNVERIFIED_AUTHORITY
+    with pytest.raises(j.JournalError) as caught:
+        j.verify_policy(attrs.evolve(policy.policy, approved_by="bot:search"), workflow)
+    assert caught.value.reason is C.UNVERIFIED_AUTHORITY
+    with pytest.raises(j.JournalError) as caught:
+        j.create_header("review-9", workflow, policy, created_by="bot:search", now=T0)
+    assert caught.value.reason is C.UNVERIFIED_AUTHORITY
+    other = j.verify_policy(attrs.evolve(policy.policy, scope="another-scope"), workflow)
+    with pytest.raises(j.JournalError) as caught:
+        j.new_journal(journal.header, workflow, other)
+    assert caught.value.reason is C.UNVERIFIED_AUTHORITY
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+
+def test_replay_reproduces_states_attempts_and_head() -> None:
+    driver = reviewed(Driver(fresh()))
+    invalidate_screening(driver)
+    bind(driver, fresh("review-2", supersedes="review-1"))
+    header, events = stored(driver.journal)
+    replayed = j.replay(header, events, driver.journal.workflow, driver.journal.policy)
+    assert replayed.head == driver.journal.head
+    assert dict(replayed.states) == dict(driver.journal.states)
+    assert dict(replayed.attempts) == dict(driver.journal.attempts)
+    assert dict(replayed.requests) == dict(driver.journal.requests)
+    assert [e.digest for e in replayed.events] == [e.digest for e in driver.journal.events]
+
+
+def test_replay_refuses_a_chain_recorded_under_a_broken_rule() -> None:
+    # A forged chain: every digest recomputed, so only the rule can catch it.
+    journal = fresh()
+    event = j.Event(
+        execution_id=journal.execution_id, ordinal=1, previous=journal.head, request_id="r", request_digest="",
+        node_id="search", event=NodeEvent.WORK_STARTED, prior_state=NodeState.READY, resulting_state=NodeState.ACTIVE,
+        actor_id="mallory", role="searcher", at="2026-03-01T09:00:01.000000Z", rationale="",
+        attempt=j.AttemptRef("s-1", 1), records=(), approvals=(), error=None, invalidation=None, successor=None,
+    )  # fmt: skip
+    command = j.Transition("r", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "mallory", "searcher",
+                           attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+    event = attrs.evolve(event, request_digest=j.request_digest(command))
+    event = attrs.evolve(event, digest=digest_of(event.body_json()))
+    with pytest.raises(j.JournalError) as caught:
+        j.replay(j.encode_header(journal.header), [j.encode_event(event)], journal.workflow, journal.policy)
+    assert caught.value.reason is C.FORGED_ROLE
+    assert caught.value.ordinal == 1
+
+
+# --- the persistent history ---------------------------------------------------------------
+
+
+def test_two_journals_extending_one_share_nothing_they_can_see() -> None:
+    base = fresh()
+    start = j.Transition("a", base.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search", "searcher",
+                         attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+    other = attrs.evolve(start, request_id="b", attempt=j.AttemptRef("s-9", 1))
+    first = j.append(base, start, T0)
+    second = j.append(base, other, T0)
+    assert isinstance(first, j.Journal) and isinstance(second, j.Journal)
+    assert len(base.events) == 0 and dict(base.requests) == {}
+    assert [e.request_id for e in first.events] == ["a"] and [e.request_id for e in second.events] == ["b"]
+    assert set(first.requests) == {"a"} and set(second.requests) == {"b"}
+    assert isinstance(j.preview(first, start, T0), j.Unchanged)
+    assert isinstance(j.preview(second, start, T0), j.Refusal)  # "a" is not second's: its head is stale
+
+
+def test_a_long_history_reads_like_a_tuple() -> None:
+    driver = Driver(fresh())
+    attempt = j.AttemptRef("s-1", 1)
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    for _ in range(300):
+        driver.do("search", NodeEvent.WORK_BLOCKED, "bot:search", "searcher", attempt=attempt)
+        driver.do("search", NodeEvent.BLOCK_CLEARED, "bot:search", "searcher", attempt=attempt)
+    events = driver.journal.events
+    as_tuple = tuple(events)
+    assert len(events) == len(as_tuple) == 601
+    assert [events[i].ordinal for i in range(601)] == list(range(1, 602))
+    assert events[-1] is as_tuple[-1] and events[-601] is as_tuple[0]
+    assert events[250:260] == as_tuple[250:260] and events == as_tuple
+    with pytest.raises(IndexError):
+        events[601]
+    assert len(driver.journal.requests) == 601
+    recorded = driver.journal.requests.recorded("r-300")
+    assert recorded is not None and (recorded.first, recorded.count) == (300, 1)
+    assert events[299].request_id == "r-300" and driver.journal.requests["r-300"] == events[299].request_digest
+
+
+# --- resolving referenced records ---------------------------------------------------------------
+
+
+def test_with_a_resolver_every_referenced_record_must_resolve() -> None:
+    driver = Driver(fresh())
+    attempt = j.AttemptRef("s-1", 1)
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    results = ref("search-results", "search-results")
+    complete = driver.transition("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=attempt,
+                                 records=(results,))  # fmt: skip
+    asked: list[j.RecordRef] = []
+
+    def nothing_resolves(record: j.RecordRef) -> bool:
+        asked.append(record)
+        return False
+
+    outcome = j.preview(driver.journal, complete, T0, nothing_resolves)
+    assert isinstance(outcome, j.Refusal) and outcome.code is C.UNRESOLVED_RECORD
+    assert asked == [results]
+    appended = j.preview(driver.journal, complete, T0, lambda record: record == results)
+    assert isinstance(appended, j.Appended)
+    header, events = stored(appended.journal)
+    workflow, policy = appended.journal.workflow, appended.journal.policy
+    assert j.replay(header, events, workflow, policy, lambda record: True).head == appended.journal.head
+    with pytest.raises(j.JournalError) as caught:
+        j.replay(header, events, workflow, policy, nothing_resolves)
+    assert (caught.value.reason, caught.value.ordinal) == (C.UNRESOLVED_RECORD, 2)

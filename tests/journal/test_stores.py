@@ -1,0 +1,106 @@
+"""The SQLite and PostgreSQL journal stores: the shipped conformance suite, and what each does with its SQL.
+
+Each store runs every test of ``fencekeeper.adapters.testing.journal.JournalStoreTests``
+(PostgreSQL where a server is reachable; see tests/conftest.py), then the
+tests of their SQL: the header and event tables refuse UPDATE and DELETE,
+and a head row that disagrees with the chain is reported on load.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from fencekeeper.adapters.journal_store import JournalStore, SQLiteJournalStore
+from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.testing.journal import JournalStoreTests, Opener, created
+from fencekeeper.kernel import journal as j
+from fencekeeper.kernel.journal_codes import JournalCode as C
+from fencekeeper.kernel.journal_codes import JournalError
+from fencekeeper.kernel.machines import NodeEvent, NodeState
+
+
+class SqlTests:
+    """Tests of what a SQL journal store does beyond the port; subclasses provide ``sql``."""
+
+    def test_headers_and_events_are_append_only(self, open_store: Opener, sql: Callable[[str], None]) -> None:
+        store = open_store()
+        journal = created(store)
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+        assert isinstance(store.append("review-1", start), j.Appended)
+        for statement in (
+            "UPDATE journal_events SET digest = 'x'",
+            "DELETE FROM journal_events",
+            "UPDATE journal_headers SET digest = 'x'",
+            "DELETE FROM journal_headers",
+        ):
+            with pytest.raises((sqlite3.DatabaseError, psycopg.Error), match="append-only"):
+                sql(statement)
+
+    def test_a_head_row_that_disagrees_with_the_chain_is_reported(
+        self, open_store: Opener, sql: Callable[[str], None]
+    ) -> None:
+        store = open_store()
+        journal = created(store)
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+        assert isinstance(store.append("review-1", start), j.Appended)
+        # Roll the guard back to the header, as if the last event had been lost.
+        sql(f"UPDATE journal_heads SET head = '{journal.head}', length = 0")
+        with pytest.raises(JournalError) as caught:
+            open_store().load("review-1")
+        assert caught.value.reason is C.BROKEN_CHAIN
+
+
+class TestSQLiteJournalStore(JournalStoreTests, SqlTests):
+    @pytest.fixture
+    def open_store(self, tmp_path: Path, clock: ManualClock) -> Iterator[Opener]:
+        opened: list[JournalStore] = []
+
+        def make() -> JournalStore:
+            opened.append(SQLiteJournalStore(tmp_path / "journal.db", clock=clock))
+            return opened[-1]
+
+        yield make
+        for store in opened:
+            store.close()
+
+    @pytest.fixture
+    def sql(self, tmp_path: Path) -> Callable[[str], None]:
+        def run(statement: str) -> None:
+            conn = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+            try:
+                conn.executescript(statement)
+            finally:
+                conn.close()
+
+        return run
+
+
+class TestPostgresJournalStore(JournalStoreTests, SqlTests):
+    @pytest.fixture
+    def open_store(self, pg_dsn: str, pg_schema: str, clock: ManualClock) -> Iterator[Opener]:
+        from fencekeeper.adapters.journal_postgres import PostgresJournalStore  # noqa: PLC0415
+
+        opened: list[JournalStore] = []
+
+        def make() -> JournalStore:
+            opened.append(PostgresJournalStore(pg_dsn, schema=pg_schema, clock=clock))
+            return opened[-1]
+
+        yield make
+        for store in opened:
+            store.close()
+
+    @pytest.fixture
+    def sql(self, pg_dsn: str, pg_schema: str) -> Callable[[str], None]:
+        def run(statement: str) -> None:
+            with psycopg.connect(pg_dsn, autocommit=True, options=f"-c search_path={pg_schema}") as conn:
+                conn.execute(statement)  # type: ignore[arg-type]
+
+        return run
