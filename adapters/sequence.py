@@ -346,6 +346,17 @@ class _Drawing:
                     STORE,
                     f"request approval {label(binding.get('operation'))} ({label(object_id)}) from {label(reviewers)}",
                 )
+        # A visit that refused its own node (no authority, a rejected Command) records why on the attempt.
+        for revision in revisions:
+            code = revision.body.get("reason") or revision.body.get("rejection")
+            if code and revision.state in ("failed", "rejected"):
+                detail = revision.body.get("detail")
+                self.note(
+                    worker,
+                    f"attempt {label(attempt)} {label(revision.state)} [{label(code)}]"
+                    + (f": {label(detail)}" if detail else ""),
+                )
+                break
 
     def _command(self, worker: str, object_id: str, items: list[Evidence]) -> None:
         first = items[0].body
@@ -378,7 +389,9 @@ class _Drawing:
     @staticmethod
     def _answer(item: Evidence) -> str:
         detail = item.body.get("detail")
-        return label(item.state) + (f": {label(detail)}" if detail else "")
+        rejection = item.body.get("rejection")
+        code = f" [{label(rejection)}]" if rejection else ""
+        return label(item.state) + code + (f": {label(detail)}" if detail else "")
 
 
 __all__ = ["Observed", "label", "sequence_diagram"]
