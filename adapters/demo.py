@@ -438,7 +438,7 @@ def _expect_refusal(
     refusals.append(outcome.code.value)
     view = timeline.store.read(execution_id)
     at = view.execution.revision if view is not None else 0
-    timeline.observed.append(Observed(at, who, f"{what} (its old lease)", f"REFUSED {outcome.code.value}"))
+    timeline.observed.append(Observed.refusal(at, who, f"{what} (its old lease)", outcome))
     timeline.refused(who, execution_id, what, outcome)
     timeline.sync()
 

@@ -111,7 +111,7 @@ def fenced_out() -> str:
     observed: list[Observed] = []
     clock.advance(LEASE + timedelta(seconds=1))  # w-1 pauses (a GC pause, a stopped VM) past its lease
     first = _refused(store.record_step("po-1", late, plan.evidence), "w-1's late step")
-    observed.append(Observed(2, "w-1", "record_step (fence 1), after its pause", f"REFUSED {first.code.value}"))
+    observed.append(Observed.refusal(2, "w-1", "record_step (fence 1), after its pause", first))
     service.quarantine_expired(store, policy, business_id=BUSINESS, principal_id=OPERATOR)
     review = service.recovery_view(store, business_id=BUSINESS, execution_id="po-1")
     _applied(
@@ -140,7 +140,7 @@ def fenced_out() -> str:
     )
     assert reclaim.lease is not None
     second = _refused(store.record_step("po-1", late, plan.evidence), "w-1's second try")
-    observed.append(Observed(5, "w-1", "record_step (fence 1), tries again", f"REFUSED {second.code.value}"))
+    observed.append(Observed.refusal(5, "w-1", "record_step (fence 1), tries again", second))
     worker.drive("po-1", reclaim.lease, PassReport())
     request = service.approval_request(store, "po-1")
     if request is None:
@@ -229,7 +229,7 @@ def zombie_after_reconciliation() -> str:
     if isinstance(settled, i.Step):
         write = p.StepRequest(claim.lease, revision, settled.step, p.Authority(True, OPERATOR))
         refusal = _refused(store.record_step("r-1", write, settled.evidence), "the zombie's step")
-        observed.append(Observed(revision, "w-1", "record_step (fence 1)", f"REFUSED {refusal.code.value}"))
+        observed.append(Observed.refusal(revision, "w-1", "record_step (fence 1)", refusal))
     _applied(
         service.reconcile(
             store, policy, handler, business_id=BUSINESS, principal_id=OPERATOR, execution_id="r-1"
@@ -280,12 +280,12 @@ def cancel_racing_a_claim() -> str:
     assert claim.lease is not None
     authority = policy.check(OPERATOR, BUSINESS, WORKFLOW_CANCEL, (("po-4", seen),))
     lost = _refused(store.cancel(p.CancelRequest("po-4", BUSINESS, seen, authority)), "the stale cancel")
-    observed = [Observed(2, OPERATOR, f"cancel (read at revision {seen})", f"REFUSED {lost.code.value}")]
+    observed = [Observed.refusal(2, OPERATOR, f"cancel (read at revision {seen})", lost)]
     running = _refused(
         service.cancel(store, policy, business_id=BUSINESS, principal_id=OPERATOR, execution_id="po-4"),
         "the cancel of running work",
     )
-    observed.append(Observed(2, OPERATOR, "cancel (read again: revision 2)", f"REFUSED {running.code.value}"))
+    observed.append(Observed.refusal(2, OPERATOR, "cancel (read again: revision 2)", running))
     worker.drive("po-4", claim.lease, PassReport())
     _applied(
         service.cancel(store, policy, business_id=BUSINESS, principal_id=OPERATOR, execution_id="po-4"),

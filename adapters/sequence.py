@@ -70,6 +70,11 @@ class Observed:
     answer: str
     to_handler: bool = False
 
+    @classmethod
+    def refusal(cls, after_revision: int, actor: str, request: str, refused: p.Refusal) -> Observed:
+        """The store's refusal, with its code and its message (which says, for example, when the lease expired)."""
+        return cls(after_revision, actor, request, f"REFUSED {refused.code.value}: {refused.message}")
+
 
 def sequence_diagram(view: ExecutionView, observed: Sequence[Observed] = ()) -> str:
     """The mermaid ``sequenceDiagram`` of ``view``'s history, ending with a newline."""
