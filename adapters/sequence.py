@@ -303,12 +303,22 @@ class _Drawing:
                     request = decision.body.get("request_id")
                     self._decision(decision, woke=True, move=f"{move}, {rev}: {label(record.reason)}")
         if request is None:
-            self.say(who, STORE, "wake")
+            self.say(who, STORE, self._waker(registration))
             self.say(STORE, who, f"{move}, {rev}: {label(record.reason)}", reply=True)
             return
         for decision in decisions:
             if decision.body.get("request_id") == request and (decision.object_id, decision.revision) not in self.drawn:
                 self._decision(decision, woke=False)
+
+    @staticmethod
+    def _waker(registration: p.WaitRegistration | None) -> str:
+        """What the wake's registration says woke it: an Event, or a timer or timeout that came due."""
+        if registration is None or registration.woken_by is None or registration.wake_reason is None:
+            return "wake"
+        reason = registration.wake_reason.value
+        if reason == "event":
+            return f"publish Event {label(registration.woken_by)} ({label(registration.spec.event_type)}): wake"
+        return f"wake: the {label(reason)} of {label(registration.key.attempt_id)} is due"
 
     def _decision(self, decision: Evidence, *, woke: bool, move: str = "") -> None:
         self.drawn.add((decision.object_id, decision.revision))

@@ -9,7 +9,9 @@ such thing must show none.
 
 from __future__ import annotations
 
-from fencekeeper.adapters import service
+from datetime import timedelta
+
+from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.demo import workflow_text
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.ports import (
@@ -84,3 +86,40 @@ def test_nothing_but_the_history_without_observations() -> None:
     seen = sequence_diagram(view, [Observed(2, "w-1", "renew (fence 1)", "REFUSED lease_expired")])
     extra = [line for line in seen.splitlines() if line not in plain.splitlines()]
     assert extra == ["    W1->>S: renew (fence 1)", "    S--xW1: REFUSED lease_expired (returned, not stored)"]
+
+
+def test_a_wake_names_what_woke_it() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    policy = examples.grants("default", OPS)
+    service.register(store, parse_definition(workflow_text("payment_with_timeout.toml")), "default", OPS, policy)
+    for execution_id, order in (("pay-1", "o-7"), ("pay-2", "o-8")):
+        service.run(
+            store,
+            policy,
+            business_id="default",
+            principal_id=OPS,
+            definition_id="payment-with-timeout",
+            input={"amount": 40, "order_id": order},
+            execution_id=execution_id,
+        )
+    worker = Worker(store, "w-1", policy, examples.handler(), business_id="default")
+    worker.run_pass()
+    service.publish(
+        store,
+        policy,
+        business_id="default",
+        principal_id=OPS,
+        event_type="payment.received",
+        correlation={"order_id": "o-7"},
+        payload={"paid": 40},
+        event_id="ev-1",
+    )
+    clock.advance(timedelta(days=2))
+    worker.run_pass()
+    paid, late = store.read("pay-1"), store.read("pay-2")
+    assert paid is not None and late is not None
+    assert "P1->>S: publish Event ev-1 (payment.received): wake" in sequence_diagram(paid)
+    timed_out = sequence_diagram(late)
+    assert "actor P2 as system:timer" in timed_out
+    assert "P2->>S: wake: the timeout of pay-2/a2 is due" in timed_out
