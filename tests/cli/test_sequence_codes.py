@@ -4,7 +4,8 @@ A refusal returned to a caller writes nothing, but a visit that refuses its
 own node records why: an attempt rejected for want of authority
 (``not_authorized``), a Command the handler rejected (``stale_fence``).
 Both must appear in the picture with their codes; a run that recorded no
-such thing must show none.
+such thing must show none.  A wake names what woke it (an Event by its id,
+or the timeout that came due, fired by the timer's principal).
 """
 
 from __future__ import annotations
