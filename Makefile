@@ -44,10 +44,12 @@ bench: $(STAMP)
 bench-pg: $(STAMP)
 	$(BIN)/python -m bench.postgres_store
 
-# Regenerate specs/machines/*.toml and docs/machines.md from the kernel.
+# Regenerate specs/machines/*.toml and docs/machines.md from the kernel, and
+# docs/concepts.md's sequence diagrams from fresh runs of their scenarios.
 specs: $(STAMP)
 	$(BIN)/fencekeeper export-specs specs/machines
 	$(BIN)/fencekeeper docs > docs/machines.md.tmp && mv docs/machines.md.tmp docs/machines.md
+	$(BIN)/python -m fencekeeper.adapters.scenarios docs/concepts.md
 
 $(STAMP): pyproject.toml constraints.txt $(VENV)/.files
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -100,7 +100,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import cli_journal, connect, demo, examples, render, service
+from . import cli_journal, connect, demo, examples, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -222,6 +222,10 @@ def _parser() -> argparse.ArgumentParser:
     inspect = command("inspect", "an execution's whole timeline", prints_data=True)
     inspect.add_argument("execution_id", metavar="EXECUTION_ID")
     _db_option(inspect)
+    inspect.add_argument(
+        "--format", choices=("table", "mermaid"), default="table",
+        help="table (default), or mermaid: the history as a sequence diagram (adapters/sequence.py)",
+    )
 
     listing = command("list", "executions, with their state and node", prints_data=True)
     _db_option(listing)
@@ -919,6 +923,13 @@ def _inspect(args: argparse.Namespace, out: Output) -> int:
     with _store(args, read_only=True) as store:
         view = _read_view(store, args.execution_id, args.db)
         expired = args.execution_id in store.expired()
+    if args.format == "mermaid":
+        diagram = sequence.sequence_diagram(view)
+        if out.json_mode:
+            out.data({"execution_id": args.execution_id, "mermaid": diagram})
+        else:
+            out.out.file.write(diagram)
+        return EXIT_OK
     if out.json_mode:
         out.data(
             {

@@ -28,7 +28,11 @@ Rules of this module:
   5. w-2 runs what was woken; a closing table shows every execution.
 
 - The database is kept, so the ``fencekeeper inspect`` command printed at the
-  end works.  With a PostgreSQL ``--db`` the demo migrates the schema first
+  end works.  Beside it (for PostgreSQL, in a new temporary directory) the
+  demo writes ``<id>.sequence.mmd``, the fenced-out execution's history as a
+  mermaid sequence diagram (``adapters/sequence.py``: what ``inspect
+  --format mermaid`` draws, plus the refusals w-1 was given, which no store
+  records because a refusal writes nothing), and prints where.  With a PostgreSQL ``--db`` the demo migrates the schema first
   (the one place besides ``fencekeeper migrate`` that does).
 - The demo checks its own story: if a late write by w-1 were ever accepted,
   or w-1 left any record but its claim, it says so and exits 1.
@@ -56,7 +60,8 @@ from fencekeeper.kernel.definition import parse_definition
 from . import connect, examples, service
 from .ports import WORKFLOW_DISPATCH, AuthorityPolicy
 from .render import REFUSED_STYLE, Output, render_table, state, text, token
-from .store import TransactionalStore
+from .sequence import Observed, sequence_diagram
+from .store import ExecutionView, TransactionalStore
 from .worker import PassReport, Worker
 
 BUSINESS = "default"
@@ -82,6 +87,8 @@ class _Timeline:
     ids: Sequence[str]
     seen: dict[str, int] = attrs.field(factory=dict)
     origin: datetime | None = None
+    observed: list[Observed] = attrs.field(factory=list)
+    """Refusals the store returned to w-1: they wrote nothing, so only the run knows them."""
 
     def _offset(self, moment: datetime) -> str:
         if self.origin is None:
@@ -392,7 +399,22 @@ def _play(
     out.line("Inspect any of them (the database is kept):")
     where = f"--db {shlex.quote(db)}" + ("" if schema is None else f" --schema {shlex.quote(schema)}")
     out.line(("  fencekeeper inspect ", "bold"), (f"{first} {where}", "bold"))
+    picture = _write_sequence(history, timeline.observed, location)
+    out.line(f"The history of {first} as a mermaid sequence diagram, with w-1's refusals:")
+    out.line("  ", (str(picture), "bold"))
     return 0
+
+
+def _write_sequence(view: ExecutionView, observed: Sequence[Observed], location: connect.Location) -> Path:
+    """The fenced-out execution's sequence diagram, beside a SQLite database (in a new temporary directory
+    for PostgreSQL); what ``fencekeeper inspect ID --format mermaid`` draws, plus the refusals w-1 was given."""
+    if location.kind == "sqlite" and location.path is not None:
+        directory = location.path.resolve().parent
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="fencekeeper-demo-"))
+    path = directory / f"{view.execution.execution_id}.sequence.mmd"
+    path.write_text(sequence_diagram(view, observed), encoding="utf-8")
+    return path
 
 
 def _heading(out: Output, title: str) -> None:
@@ -414,6 +436,9 @@ def _expect_refusal(
     if not isinstance(outcome, p.Refusal):
         raise _Unexpected(f"{who}'s late {what} on {execution_id} was not refused: {outcome}")
     refusals.append(outcome.code.value)
+    view = timeline.store.read(execution_id)
+    at = view.execution.revision if view is not None else 0
+    timeline.observed.append(Observed.refusal(at, who, f"{what} (its old lease)", outcome))
     timeline.refused(who, execution_id, what, outcome)
     timeline.sync()
 

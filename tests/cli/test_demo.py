@@ -62,3 +62,25 @@ def test_demo_fences_out_the_paused_worker_and_reaches_the_final_states(tmp_path
     assert "decision d-po-1-2 by user:cfo: rejected" in inspected
     listed = ok("list", "--db", database, "--json", cwd=tmp_path).stdout
     assert '"state": "waiting"' in listed
+
+
+def test_demo_writes_the_fenced_out_execution_as_a_sequence_diagram_beside_its_database(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    result = fencekeeper("demo", "--db", db, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    said = next(n for n, line in enumerate(lines) if "as a mermaid sequence diagram" in line)
+    picture = Path(lines[said + 1].strip())
+    assert picture == tmp_path / "po-1.sequence.mmd" and picture.is_file()
+    diagram = picture.read_text(encoding="utf-8")
+    # What inspect --format mermaid draws from the store, and the two refusals only the run saw, in order.
+    stored = ok("inspect", "po-1", "--db", db, "--format", "mermaid", cwd=tmp_path).stdout
+    refusals = [line for line in diagram.splitlines() if "--x" in line]
+    assert [re.sub(r".*REFUSED (\w+).*", r"\1", r) for r in refusals] == ["lease_expired", "lease_token_mismatch"]
+    assert all("(returned, not stored)" in r for r in refusals)
+    assert "--x" not in stored
+    without = [line for line in diagram.splitlines() if "--x" not in line and "(its old lease)" not in line]
+    assert without == stored.splitlines()
+    order = [diagram.index(s) for s in ("lease fence 1", "lease_expired", "quarantine_expired", "lease fence 2",
+                                        "lease_token_mismatch")]
+    assert order == sorted(order)
