@@ -84,7 +84,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import connect, demo, examples, render, service
+from . import cli_ops, connect, demo, examples, render, service
 from .ports import CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -1164,6 +1164,8 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
             print(f"stopped at {bounds.max_states:,} states before the bounds were exhausted")
             return EXIT_PROBLEM
     print("every invariant of specs/protocol.md held in every explored state and write")
+    if not overrides:
+        return cli_ops.modelcheck_operations()
     return EXIT_OK
 
 

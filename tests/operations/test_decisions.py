@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import attrs
 import pytest
@@ -317,8 +318,6 @@ def test_expire_waits_for_a_live_owner_then_abandons_it() -> None:
 
 
 def test_every_refusal_code_is_published() -> None:
-    from pathlib import Path
-
     text = (Path(__file__).resolve().parents[2] / "specs" / "operations.md").read_text()
     for code in (*o.RefusalCode, *o.TerminalOutcome, *o.UnchangedCode):
         assert f"`{code.value}`" in text, code
