@@ -1,0 +1,160 @@
+"""The PostgreSQL operation store: durable operations for many workers on many machines.
+
+Rules of this module:
+
+- Same decisions, same guarded SQL as the SQLite store (``sql.py``); what
+  differs is how rows are locked and where time comes from.
+- Isolation is READ COMMITTED with explicit row locks: every decision on an
+  Operation first locks its row ``FOR UPDATE``, then reads the time, then
+  decides.  Cancellation and the guarded effect therefore meet on that lock
+  and exactly one of them commits first (seed 001: "deterministically
+  competes with a guarded effect through Operation-row locking").  A claim
+  takes the row due longest with ``FOR UPDATE SKIP LOCKED`` through the
+  partial index ``operations_due``, so workers never wait on each other.
+- Submissions of one idempotency identity serialize on a transaction-scoped
+  advisory lock of the identity's key, taken before the identity is read:
+  the second of two concurrent identical submissions reads the first's
+  committed Operation (READ COMMITTED sees it once the lock is granted).
+- Authoritative time is the database's ``clock_timestamp()``, read after the
+  row lock is held (``now()`` is the transaction's start and would judge a
+  lease by a moment before the lock was granted).  Tests may inject a clock.
+- An atomic action's statements run on the same connection inside the same
+  transaction, so its writes commit with the Operation's success or roll
+  back with a refusal.
+- Opening the store checks the schema version (``postgres_store``'s
+  deployment check): a schema without the operation tables is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ..postgres_store import _check_schema_name, _one_line, _safe, check_schema
+from ..store import Clock, StoreError
+from .base import TransactionalOperationStore, Tx
+from .ports import OperationView
+from .sql import OpsDialect, SqlTx
+
+
+def _aware(value: Any) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise StoreError("schema_altered", f"a timestamp column returned {value!r}, not an aware datetime")
+    return value.astimezone(UTC)
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment
+
+
+POSTGRES_OPS = OpsDialect(
+    name="postgresql",
+    encode_time=_utc,
+    decode_time=_aware,
+    integrity_errors=(psycopg.errors.UniqueViolation,),
+    lock_suffix=" FOR UPDATE",
+)
+
+
+def to_pyformat(sql: str) -> str:
+    """The store's and the application's ``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _PgOpsTx(SqlTx):
+    def __init__(self, conn: psycopg.Connection[Any], clock: Clock | None) -> None:
+        super().__init__(lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)), POSTGRES_OPS)
+        self.conn = conn
+        self.clock = clock
+
+    def now(self) -> datetime:
+        if self.clock is not None:
+            return self.clock.now()
+        row = self.conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        return _aware(row[0])
+
+    def serialize_identity(self, identity: Any) -> None:
+        key = "\x1f".join((identity.namespace, identity.tenant, identity.principal, identity.client_key))
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (key,))
+
+    def due_bound(self) -> tuple[str, list[Any]]:
+        if self.clock is not None:
+            return "?", [self.clock.now()]
+        return "clock_timestamp()", []
+
+    def skip_locked(self) -> str:
+        return " FOR UPDATE SKIP LOCKED"
+
+
+class PostgresOperationStore(TransactionalOperationStore):
+    """Durable operations in one PostgreSQL schema (the executions' schema, migrated to version 6 or later)."""
+
+    def __init__(
+        self, dsn: str, *, schema: str = "fencekeeper", clock: Clock | None = None, pool_size: int = 4
+    ) -> None:
+        self.dsn = dsn
+        self.schema = _check_schema_name(schema)
+        self.clock = clock
+        try:
+            self._pool = ConnectionPool(
+                dsn,
+                min_size=1,
+                max_size=pool_size,
+                kwargs={"options": f"-c search_path={self.schema}"},
+                open=True,
+                timeout=10,
+            )
+            self._pool.wait(timeout=10)
+        except Exception as exc:
+            raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
+        try:
+            with self._pool.connection() as conn:
+                check_schema(conn, self.schema)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Tx]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield _PgOpsTx(conn, self.clock)
+        except psycopg.OperationalError as exc:
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[_PgOpsTx]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield _PgOpsTx(conn, self.clock)
+        except psycopg.OperationalError as exc:
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+
+    def now(self) -> datetime:
+        with self._reading() as tx:
+            return tx.now()
+
+    def view(self, operation_id: str) -> OperationView | None:
+        with self._reading() as tx:
+            return tx.read_view(operation_id)
+
+    def outbox(self, after: str | None = None, limit: int = 100) -> list[Any]:
+        with self._reading() as tx:
+            return tx.read_outbox(after, limit)
+
+    def application_execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """One statement of the application's own, committed on its own (setup, reports, tests)."""
+        with self._transaction() as tx:
+            assert isinstance(tx, SqlTx)
+            cursor = tx.run(sql, params)
+            return [tuple(r) for r in cursor.fetchall()] if cursor.description is not None else []
+
+    def close(self) -> None:
+        self._pool.close()
