@@ -273,6 +273,7 @@ def _parser() -> argparse.ArgumentParser:
 
     spec = command("check-spec", "validate machine spec TOML files")
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    cli_ops.add_parser(command)
     return parser
 
 
@@ -383,6 +384,7 @@ def _run(args: argparse.Namespace) -> int:
         "export-specs": _export_specs,
         "modelcheck": _modelcheck,
         "check-spec": _check_spec,
+        "op": cli_ops.run,
     }
     return handlers[args.command](args, out) or EXIT_OK
 

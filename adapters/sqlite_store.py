@@ -369,6 +369,24 @@ def _schema_fingerprint(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     return [(str(t), str(n), " ".join(str(s).split())) for t, n, s in rows]
 
 
+def _own_objects(conn: sqlite3.Connection, expected: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The fingerprint of fencekeeper's objects: everything named by its migrations or built on their tables.
+
+    An application's own tables (which atomic operations write in the same
+    file and transaction, seed 001) and their indexes are the
+    application's; an index or trigger added by hand to fencekeeper's tables
+    is still an alteration.
+    """
+    names = {name for _, name, _ in expected}
+    rows = conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
+        "AND name <> 'schema_migrations' ORDER BY type, name"
+    ).fetchall()
+    return [
+        (str(t), str(n), " ".join(str(sql).split())) for t, n, table, sql in rows if n in names or table in names
+    ]
+
+
 def _expected_fingerprint(version: int) -> list[tuple[str, str, str]]:
     conn = sqlite3.connect(":memory:")
     try:
@@ -561,7 +579,7 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> int:
                 "schema_altered", f"{path}: migration {number} ({name}) differs from this fencekeeper's version {number}"
             )
         version = number
-    if _schema_fingerprint(conn) != _expected_fingerprint(version):
+    if _own_objects(conn, _expected_fingerprint(version)) != _expected_fingerprint(version):
         raise StoreError(
             "schema_altered", f"{path}: the schema at version {version} was altered outside fencekeeper's migrations"
         )

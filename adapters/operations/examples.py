@@ -230,3 +230,14 @@ def resolvers() -> PrincipalResolverRegistry:
     registry = PrincipalResolverRegistry()
     registry.register("users", 1, directory)
     return registry
+
+
+def prepare(store: Any) -> None:
+    """Create the example's application tables and two demo accounts, if missing (what ``op worker`` calls)."""
+    run = getattr(store, "application_execute", None)
+    if run is None:
+        return
+    for statement in ACCOUNTS_SQL:
+        run(statement)
+    for account, amount in (("acc-1", 10_000), ("acc-2", 0)):
+        run("INSERT INTO app_accounts (account_id, balance) VALUES (?, ?) ON CONFLICT DO NOTHING", (account, amount))
