@@ -109,6 +109,10 @@ class TransactionalOperationStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def input_of(self, operation_id: str) -> str | None:
+        view = self.view(operation_id)
+        return None if view is None else view.input
+
     def get(self, operation_id: str) -> o.Operation | None:
         view = self.view(operation_id)
         return None if view is None else view.operation

@@ -519,7 +519,10 @@ class DurableOperationService:
         if isinstance(outcome, o.Refusal):
             raise _refused(outcome)
         operation = outcome.operation
-        return OperationAdmission(operation.operation_id, isinstance(outcome, o.Decision), self._record(operation.operation_id))
+        if isinstance(outcome, o.Decision):
+            # A new Operation has no Attempts yet: its record needs no read.
+            return OperationAdmission(operation.operation_id, True, _record(operation, canonical, ()))
+        return OperationAdmission(operation.operation_id, False, self._record(operation.operation_id))
 
     def get(self, operation_id: str) -> OperationRecord | None:
         view = self.store.view(operation_id)

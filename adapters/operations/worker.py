@@ -118,8 +118,8 @@ class DurableOperationWorker:
     # --- one attempt ------------------------------------------------------------------------
 
     def _run(self, operation: o.Operation, credential: o.Credential) -> WorkReport:
-        view = self.store.view(operation.operation_id)
-        payload = json.loads(view.input) if view is not None else None
+        stored = self.store.input_of(operation.operation_id)
+        payload = json.loads(stored) if stored is not None else None
         try:
             action = self.actions.get(operation.action_name, operation.action_version)
         except DurableOperationError as exc:
