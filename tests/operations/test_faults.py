@@ -154,7 +154,7 @@ def test_sigstop_past_the_lease_then_sigcont_is_refused(url: str) -> None:
 def test_eight_processes_submitting_one_identity_get_one_operation(url: str) -> None:
     store = opened(url)
     store.close()
-    start = time.time() + 3
+    start = time.time() + 2
     procs = [child("submit", url, str(start)) for _ in range(8)]
     answers = []
     for proc in procs:
