@@ -633,8 +633,9 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
     ``existing`` is the Operation the identity names, if any.  Within its
     window an identical submission (same action name, version and
     normalised-input digest) is the same Operation; anything else under the
-    identity is a deterministic ``idempotency_conflict``.  After the window
-    the identity is free again and names the new Operation.
+    identity is a deterministic ``idempotency_conflict``.  After the window,
+    once its Operation has ended, the identity is free again and names the
+    new Operation; an Operation still active keeps its identity.
     """
     try:
         _check_id("operation_id", request.operation_id)
@@ -657,7 +658,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
         _check("retention", later_problem(now, request.retention))
     except _Invalid as exc:
         return exc.refusal
-    if existing is not None and now < existing.retain_until:
+    if existing is not None and (now < existing.retain_until or existing.outcome is None):
         differs = [
             (name, getattr(existing, name), getattr(request, name))
             for name in ("action_name", "action_version", "input_digest")

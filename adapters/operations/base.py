@@ -75,6 +75,10 @@ class Tx(abc.ABC):
         """Apply ``decision`` under its guard; False (and nothing written) if the guard does not hold."""
 
     @abc.abstractmethod
+    def prune_identities(self, limit: int) -> int:
+        """Forget up to ``limit`` identities whose window has passed and whose Operation has ended."""
+
+    @abc.abstractmethod
     def context(self, operation: o.Operation) -> GuardedContext: ...
 
     @abc.abstractmethod
@@ -185,6 +189,23 @@ class TransactionalOperationStore(abc.ABC):
 
         outcome = self._run(body)
         return None if outcome is _NOTHING else outcome
+
+    def prune_identities(self, limit: int = 1000) -> int:
+        """One batch of identity pruning: identities are kept for their whole window, and while their work is active.
+
+        Returns how many were forgotten; call again until it returns 0.  The
+        Operations themselves and their history stay.
+        """
+        if not isinstance(limit, int) or limit < 1:
+            raise StoreError("invalid_input", f"limit: must be a positive integer, got {limit!r}")
+        pruned = [0]
+
+        def body(tx: Tx) -> o.Outcome:
+            pruned[0] = tx.prune_identities(limit)
+            return _NOTHING
+
+        self._run(body)
+        return pruned[0]
 
     def claim(self, operation_id: str, request: o.ClaimRequest) -> o.Outcome:
         return self._decide(operation_id, o.claim, request)

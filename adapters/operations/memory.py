@@ -119,6 +119,17 @@ class _MemoryTx(Tx):
         state.outbox.extend(decision.outbox)
         return True
 
+    def prune_identities(self, limit: int) -> int:
+        now = self.now()
+        expired = [
+            identity
+            for identity, holder in self.state.identities.items()
+            if self.state.operations[holder].retain_until <= now and self.state.operations[holder].outcome is not None
+        ][:limit]
+        for identity in expired:
+            del self.state.identities[identity]
+        return len(expired)
+
     def context(self, operation: o.Operation) -> GuardedContext:
         return _Context(self.state, operation)
 

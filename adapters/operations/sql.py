@@ -349,6 +349,16 @@ class SqlTx(Tx):
             )
         return True
 
+    def prune_identities(self, limit: int) -> int:
+        pruned = self.run(
+            "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key) IN ("
+            "SELECT i.namespace, i.tenant, i.principal, i.client_key FROM operation_identities i "
+            "JOIN operations o ON o.operation_id = i.operation_id "
+            "WHERE i.retain_until <= ? AND o.outcome IS NOT NULL LIMIT ?)",
+            (self.d.encode_time(self.now()), limit),
+        )
+        return int(pruned.rowcount)
+
     # -- the guarded context ---------------------------------------------------------------------
 
     def context(self, operation: o.Operation) -> GuardedContext:

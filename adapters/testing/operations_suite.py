@@ -8,7 +8,8 @@ go through the Python API (``DurableOperationService``,
 
 - scoped idempotency: an identical submission is the same Operation, a
   different one under the identity is ``idempotency_conflict`` and writes
-  nothing; after the window the identity names a new Operation;
+  nothing; after the window (once its Operation ended) the identity names a
+  new Operation, and pruning forgets only such identities;
 - bad input (unknown action or version, input the normaliser rejects, a
   decision on the wrong input digest, self-approval, an expired approval)
   is one error with a stable code, and nothing is written;
@@ -206,11 +207,25 @@ class OperationStoreTests:
 
     def test_the_identity_is_free_again_after_its_window(self, world: World) -> None:
         first = world.transfer("k1", 5)
-        record = world.service.get(first)
-        assert record is not None
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "succeeded"
         world.clock.advance(timedelta(days=2))
         second = world.transfer("k1", 6)
         assert second != first
+        assert world.service.get(first) is not None
+
+    def test_pruning_keeps_identities_for_their_window_and_while_work_is_active(self, world: World) -> None:
+        ended = world.transfer("k1", 5)
+        world.worker("w1").run_once()
+        active = world.transfer("k2", 5)
+        assert world.store.prune_identities() == 0
+        world.clock.advance(timedelta(days=2))
+        assert world.store.prune_identities(limit=10) == 1
+        assert world.store.prune_identities() == 0
+        # The ended operation stays readable; its key is free again, the active one's is not.
+        assert world.service.get(ended) is not None
+        assert world.transfer("k1", 6) not in (ended, active)
+        assert world.transfer("k2", 5) == active
 
     def test_a_disabled_principal_cannot_submit(self, world: World) -> None:
         world.directory.set("alice", ResolutionStatus.DISABLED)

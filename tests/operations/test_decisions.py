@@ -35,9 +35,12 @@ def test_identical_submission_is_the_same_operation_and_other_input_conflicts() 
         assert (outcome.code, outcome.field) == (o.RefusalCode.IDEMPOTENCY_CONFLICT, field)
 
 
-def test_after_the_window_the_identity_names_a_new_operation() -> None:
+def test_after_the_window_the_identity_names_a_new_operation_once_the_old_one_ended() -> None:
     existing = admitted()
     later = existing.retain_until
+    active = o.submit(existing, submit_request(operation_id="op-2", input_digest=digest("x")), later)
+    assert isinstance(active, o.Refusal) and active.code is o.RefusalCode.IDEMPOTENCY_CONFLICT
+    existing = attrs.evolve(existing, state=OperationState.FAILED, outcome=o.TerminalOutcome.DEADLINE_EXCEEDED)
     outcome = o.submit(existing, submit_request(operation_id="op-2", input_digest=digest("x")), later)
     assert isinstance(outcome, o.Decision)
     assert outcome.guard.expected_holder == "op-1"
