@@ -35,11 +35,13 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from fencekeeper.kernel import operations as o
+
 from ..postgres_store import _check_schema_name, _one_line, _safe, check_schema
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
-from .sql import OpsDialect, SqlTx, from_row
+from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, from_row, to_row
 
 
 def _aware(value: Any) -> datetime:
@@ -66,11 +68,113 @@ def to_pyformat(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
+_TIME = "timestamptz"
+_COLUMN_TYPES: dict[str, str] = {
+    **dict.fromkeys((*COLUMNS, "input"), "text"),
+    **dict.fromkeys(("action_version", "revision", "fence", "attempt_count"), "integer"),
+    **dict.fromkeys(("admitted_at", "deadline", "retain_until", "next_eligible_at", "lease_expires_at", "attempt_started_at", "due_at"), _TIME),
+    "requires_approval": "boolean",
+}
+
+
+class _Params:
+    """Parameters of one composed statement, each with its explicit type (INSERT ... SELECT cannot infer them)."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+
+    def __call__(self, value: Any, sql_type: str) -> str:
+        self.values.append(value)
+        return f"?::{sql_type}"
+
+    def row(self, values: Sequence[Any], types: Sequence[str]) -> str:
+        return ", ".join(self(v, t) for v, t in zip(values, types, strict=True))
+
+
 class _PgOpsTx(SqlTx):
     def __init__(self, conn: psycopg.Connection[Any], clock: Clock | None) -> None:
         super().__init__(lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)), POSTGRES_OPS)
         self.conn = conn
         self.clock = clock
+        self.checks_live_lease = clock is None
+
+    def write(self, decision: o.Decision, input_json: str | None) -> bool:
+        """The whole decision as one statement: one round trip, the guard in its WHERE clauses.
+
+        Every other part of the statement writes only if the Operation's own
+        write (``u``) touched its row, so a failed guard writes nothing; the
+        live-lease clause compares with the database's time at the write.
+        """
+        guard = decision.guard
+        op = decision.operation
+        row = to_row(op, self.d)
+        p = _Params()
+        parts: list[str] = []
+        if guard.expected_revision == 0:
+            columns = (*COLUMNS, "input")
+            values = p.row((*row, input_json if input_json is not None else "null"), [_COLUMN_TYPES[c] for c in columns])
+            parts.append(f"u AS (INSERT INTO operations ({', '.join(columns)}) VALUES ({values}) RETURNING 1)")
+        else:
+            # Parameters are numbered in the order they are made: build the text in that order too.
+            sets = ", ".join(f"{c} = {p(v, _COLUMN_TYPES[c])}" for c, v in zip(MUTABLE, row[9:], strict=True))
+            where = f"operation_id = {p(guard.operation_id, 'text')}"
+            where += f" AND revision = {p(guard.expected_revision, 'integer')}"
+            where += f" AND fence = {p(guard.expected_fence, 'integer')}"
+            if guard.live_until is not None and self.checks_live_lease:
+                where += f" AND clock_timestamp() < {p(guard.live_until, _TIME)}"
+            parts.append(f"u AS (UPDATE operations SET {sets} WHERE {where} RETURNING 1)")
+        identity_written = "1"
+        if guard.identity is not None:
+            key = (guard.identity.namespace, guard.identity.tenant, guard.identity.principal, guard.identity.client_key)
+            if guard.expected_holder is None:
+                values = p.row((*key, op.operation_id, op.retain_until), ("text",) * 5 + (_TIME,))
+                parts.append(
+                    "i AS (INSERT INTO operation_identities (namespace, tenant, principal, client_key, operation_id, "
+                    f"retain_until) SELECT {values} FROM u ON CONFLICT DO NOTHING RETURNING 1)"
+                )
+            else:
+                parts.append(
+                    f"i AS (UPDATE operation_identities SET operation_id = {p(op.operation_id, 'text')}, "
+                    f"retain_until = {p(op.retain_until, _TIME)} WHERE namespace = {p(key[0], 'text')} "
+                    f"AND tenant = {p(key[1], 'text')} AND principal = {p(key[2], 'text')} "
+                    f"AND client_key = {p(key[3], 'text')} AND operation_id = {p(guard.expected_holder, 'text')} "
+                    "AND EXISTS (SELECT 1 FROM u) RETURNING 1)"
+                )
+            identity_written = "(SELECT count(*) FROM i)"
+        for k, attempt in enumerate(decision.attempts):
+            values = p.row(
+                (attempt.operation_id, attempt.number, attempt.worker_id, attempt.state.value, attempt.started_at,
+                 attempt.ended_at, attempt.error_code),
+                ("text", "integer", "text", "text", _TIME, _TIME, "text"),
+            )
+            parts.append(
+                f"a{k} AS (INSERT INTO operation_attempts (operation_id, number, worker_id, state, started_at, "
+                f"ended_at, error_code) SELECT {values} FROM u ON CONFLICT (operation_id, number) DO UPDATE SET "
+                "state = excluded.state, ended_at = excluded.ended_at, error_code = excluded.error_code)"
+            )
+        t = decision.transition
+        values = p.row(
+            (t.operation_id, t.revision, None if t.event is None else t.event.value,
+             None if t.from_state is None else t.from_state.value, t.to_state.value, t.at, t.actor, t.fence, t.reason),
+            ("text", "integer", "text", "text", "text", _TIME, "text", "integer", "text"),
+        )
+        parts.append(
+            "t AS (INSERT INTO operation_transitions (operation_id, revision, event, from_state, to_state, at, actor, "
+            f"fence, reason) SELECT {values} FROM u)"
+        )
+        for k, message in enumerate(decision.outbox):
+            values = p.row(
+                (message.message_id, message.operation_id, message.topic, message.at), ("text", "text", "text", _TIME)
+            )
+            parts.append(
+                f"m{k} AS (INSERT INTO operation_outbox (message_id, operation_id, topic, at) SELECT {values} FROM u)"
+            )
+        sql = f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM u), {identity_written}"
+        try:
+            result = self.run(sql, p.values).fetchone()
+        except self.d.integrity_errors:
+            return False
+        return result is not None and int(result[0]) == 1 and int(result[1]) == 1
 
     _locked_at: datetime | None = None
 

@@ -65,7 +65,8 @@ COLUMNS = (
     "cancel_requested_by",
     "due_at",
 )
-_MUTABLE = COLUMNS[9:]
+MUTABLE = COLUMNS[9:]
+"""Every column but the identity and the action: what a decision on an existing Operation may change."""
 _SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM operations"
 
 
@@ -285,7 +286,7 @@ class SqlTx(Tx):
             except self.d.integrity_errors:
                 return False
         else:
-            assignments = ", ".join(f"{c} = ?" for c in _MUTABLE)
+            assignments = ", ".join(f"{c} = ?" for c in MUTABLE)
             changed = self.run(
                 f"UPDATE operations SET {assignments} WHERE operation_id = ? AND revision = ? AND fence = ?",
                 (*row[9:], guard.operation_id, guard.expected_revision, guard.expected_fence),

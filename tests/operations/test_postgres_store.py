@@ -60,3 +60,42 @@ def test_database_time_decides_without_an_injected_clock(pg_dsn: str, pg_schema:
         assert abs((store.now() - database_now[0]).total_seconds()) < 5
     finally:
         store.close()
+
+
+def test_a_lease_that_expires_during_the_action_is_judged_by_database_time(pg_dsn: str, shared_schema: str) -> None:
+    import time  # noqa: PLC0415
+    from datetime import timedelta  # noqa: PLC0415
+
+    from fencekeeper.adapters.operations import examples  # noqa: PLC0415
+    from fencekeeper.adapters.testing.operations_suite import accounts, open_accounts  # noqa: PLC0415
+    from fencekeeper.kernel import operations as o  # noqa: PLC0415
+
+    store = factory_for(pg_dsn, shared_schema)(None)  # emptied tables; no clock: the database's time
+    try:
+        open_accounts(store, {"acc-1": 100, "acc-2": 0})
+        service = examples.registry()
+        from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+            DurableOperationService,
+            PrincipalReference,
+        )
+
+        DurableOperationService(store, service, examples.resolvers()).submit(
+            tenant="t", principal=PrincipalReference("users", 1, "alice"), action="transfer",
+            input={"from": "acc-1", "to": "acc-2", "amount": 10}, client_key="k",
+        )
+        claim = store.claim_next("t", "w1", timedelta(milliseconds=400))
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        ran: list[int] = []
+
+        def slow(context: object) -> str:
+            ran.append(1)
+            examples.transfer(context, {"from": "acc-1", "to": "acc-2", "amount": 10})  # type: ignore[arg-type]
+            time.sleep(0.6)
+            return "null"
+
+        outcome = store.complete(o.CompleteRequest(claim.credential, o.Authority(True, "users:v1:alice")), slow)
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.LEASE_EXPIRED
+        assert ran == [1], "decided again after the failed write, the kernel refuses before running the action"
+        assert accounts(store) == {"acc-1": 100, "acc-2": 0}
+    finally:
+        store.close()
