@@ -468,8 +468,15 @@ class DurableOperationService:
 
     # --- authority ---------------------------------------------------------------------------
 
-    def _authority(self, principal: PrincipalReference, tenant: str, allowed: bool | None = None) -> o.Authority:
+    def _authority(
+        self,
+        principal: PrincipalReference,
+        tenant: str,
+        policy: Callable[[PrincipalResolution], bool] | None = None,
+    ) -> o.Authority:
+        """Resolve ``principal`` now (once) and ask ``policy`` only of an active member of ``tenant``."""
         resolution = self.resolvers.resolve(principal)
+        allowed = None if policy is None or not resolution.active else policy(resolution)
         if not resolution.active:
             why = resolution.reason or resolution.status.value
             return o.Authority(False, principal.ref, f"{resolution.status.value}: {why}")
@@ -501,8 +508,7 @@ class DurableOperationService:
         except (ValueError, TypeError, KeyError) as exc:
             raise DurableOperationError("invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {exc}") from None
         canonical = canonical_json(normalised)
-        resolution = self.resolvers.resolve(principal)
-        authority = self._authority(principal, tenant, chosen.authorize(resolution, normalised) if resolution.active else None)
+        authority = self._authority(principal, tenant, lambda resolution: chosen.authorize(resolution, normalised))
         request = o.SubmitRequest(
             operation_id=f"op-{uuid.uuid4().hex}",
             identity=o.Identity(self.namespace, tenant, principal.ref, client_key),
@@ -572,8 +578,7 @@ class DurableOperationService:
         ``approval_id`` is answered with the stored record.
         """
         record = self._record(operation_id)
-        resolution = self.resolvers.resolve(approver)
-        authority = self._authority(approver, record.tenant, self.may_decide(resolution, record) if resolution.active else None)
+        authority = self._authority(approver, record.tenant, lambda resolution: self.may_decide(resolution, record))
         name, version = action if action is not None else (record.action_name, record.action_version)
         request = o.DecideRequest(
             approval_id=approval_id or f"ap-{uuid.uuid4().hex}",
@@ -594,8 +599,7 @@ class DurableOperationService:
 
     def cancel(self, operation_id: str, *, principal: PrincipalReference, reason: str = "") -> OperationRecord:
         record = self._record(operation_id)
-        resolution = self.resolvers.resolve(principal)
-        authority = self._authority(principal, record.tenant, self.may_cancel(resolution, record) if resolution.active else None)
+        authority = self._authority(principal, record.tenant, lambda resolution: self.may_cancel(resolution, record))
         outcome = self.store.cancel(o.CancelRequest(operation_id, principal.ref, authority, reason))
         if isinstance(outcome, o.Refusal):
             raise _refused(outcome)
