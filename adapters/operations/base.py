@@ -78,6 +78,9 @@ class Tx(abc.ABC):
         """Apply ``decision`` under its guard; False (and nothing written) if the guard does not hold."""
 
     @abc.abstractmethod
+    def input_of(self, operation_id: str) -> str | None: ...
+
+    @abc.abstractmethod
     def prune_identities(self, limit: int) -> int:
         """Forget up to ``limit`` identities whose window has passed and whose Operation has ended."""
 
@@ -116,7 +119,24 @@ class TransactionalOperationStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    _claimed_inputs: dict[str, str | None]
+
+    @property
+    def _claimed(self) -> dict[str, str | None]:
+        """Inputs read by claims in their own transaction, until the claiming worker asks for them."""
+        try:
+            return self._claimed_inputs
+        except AttributeError:
+            self._claimed_inputs = {}
+            return self._claimed_inputs
+
     def input_of(self, operation_id: str) -> str | None:
+        remembered = self._claimed.pop(operation_id, None)
+        if remembered is not None:
+            return remembered
+        return self._read_input(operation_id)
+
+    def _read_input(self, operation_id: str) -> str | None:
         view = self.view(operation_id)
         return None if view is None else view.input
 
@@ -188,6 +208,12 @@ class TransactionalOperationStore(abc.ABC):
             outcome = o.claim(operation, request, tx.now())
             if isinstance(outcome, o.Decision):
                 self._write(tx, outcome)
+                if outcome.credential is not None:
+                    # The worker needs the input next: read it in this transaction, not in one of its own.
+                    claimed = self._claimed
+                    if len(claimed) > 1000:  # inputs nobody asked for (a worker that died): forget them
+                        claimed.clear()
+                    claimed[operation.operation_id] = tx.input_of(operation.operation_id)
             return outcome
 
         outcome = self._run(body)

@@ -119,6 +119,9 @@ class _MemoryTx(Tx):
         state.outbox.extend(decision.outbox)
         return True
 
+    def input_of(self, operation_id: str) -> str | None:
+        return self.state.inputs.get(operation_id)
+
     def prune_identities(self, limit: int) -> int:
         now = self.now()
         expired = [

@@ -204,10 +204,28 @@ class _PgOpsTx(SqlTx):
         self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (key,))
 
     def due_bound(self) -> tuple[str, list[Any]]:
-        # The database's time, read first and passed as a value: compared with
-        # clock_timestamp() itself (volatile), the index could not be used and
+        # The database's time as an uncorrelated sub-select: evaluated once, before
+        # the scan, so the index can use it.  Compared with clock_timestamp()
+        # itself (volatile, evaluated per row) the index could not be used and
         # every claim read every row.
-        return "?", [self.now()]
+        if self.clock is not None:
+            return "?", [self.clock.now()]
+        return "(SELECT clock_timestamp())", []
+
+    def lock_identity(self, identity: o.Identity) -> o.Operation | None:
+        self.serialize_identity(identity)
+        # After the lock: this statement's snapshot sees a submission that committed while we waited.
+        row = self.run(
+            "SELECT clock_timestamp(), (SELECT operation_id FROM operation_identities WHERE namespace = ? "
+            "AND tenant = ? AND principal = ? AND client_key = ?)",
+            (identity.namespace, identity.tenant, identity.principal, identity.client_key),
+        ).fetchone()
+        assert row is not None
+        if row[1] is None:
+            if self.clock is None:
+                self._locked_at = _aware(row[0])
+            return None
+        return self.lock_operation(str(row[1]))
 
     def skip_locked(self) -> str:
         return " FOR UPDATE SKIP LOCKED"
@@ -266,7 +284,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         with self._reading() as tx:
             return tx.read_view(operation_id)
 
-    def input_of(self, operation_id: str) -> str | None:
+    def _read_input(self, operation_id: str) -> str | None:
         with self._pool.connection() as conn:
             row = conn.execute("SELECT input FROM operations WHERE operation_id = %s", (operation_id,)).fetchone()
             conn.rollback()

@@ -350,6 +350,10 @@ class SqlTx(Tx):
             )
         return True
 
+    def input_of(self, operation_id: str) -> str | None:
+        row = self.run("SELECT input FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
+        return None if row is None else str(row[0])
+
     def prune_identities(self, limit: int) -> int:
         pruned = self.run(
             "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key) IN ("

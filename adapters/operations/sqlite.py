@@ -95,7 +95,7 @@ class SQLiteOperationStore(TransactionalOperationStore):
         with self._reading() as tx:
             return tx.read_view(operation_id)
 
-    def input_of(self, operation_id: str) -> str | None:
+    def _read_input(self, operation_id: str) -> str | None:
         with self._lock:
             row = self._conn.execute("SELECT input FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
         return None if row is None else str(row[0])
