@@ -46,6 +46,7 @@ from .operations.service import (
     OperationRecord,
     PrincipalReference,
     PrincipalResolverRegistry,
+    check_durable_operations,
 )
 from .operations.worker import DurableOperationWorker, WorkReport, default_worker_id
 from .render import Output
@@ -74,7 +75,7 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``op`` and its subcommands through ``cli.py``'s ``command`` helper."""
     op = command(
         "op",
-        "durable operations: submit, status, history, decide, cancel, worker",
+        "durable operations: submit, status, history, decide, cancel, check, worker",
         description="Durable operations (seed 001): one logical request under a scoped idempotency key, run by "
         "workers as fenced Attempts; an expired owner is replaced automatically.",
     )
@@ -117,6 +118,8 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     cancel.add_argument("operation_id", metavar="OPERATION_ID")
     cancel.add_argument("--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="RESOLVER:vN:SUBJECT")
     cancel.add_argument("--reason", default="", metavar="TEXT")
+
+    subcommand("check", "the deployment check: every action and resolver version active operations need")
 
     worker = subcommand("worker", "claim and run due operations of one tenant until stopped (or idle)")
     worker.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
@@ -335,7 +338,24 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+def _check(args: argparse.Namespace, out: Output) -> int:
+    with _service(args) as (service, store, _):
+        check = check_durable_operations(store, service.actions, service.resolvers)
+    if out.json_mode:
+        out.data(check.to_json())
+    else:
+        out.line("check: ok" if check.ok else "check: BLOCKED")
+        for name, version in check.missing_actions:
+            out.line(f"  action {name} v{version} is not registered; operations not yet ended need it")
+        for name, version in check.missing_resolvers:
+            out.line(f"  principal resolver {name} v{version} is not registered; operations not yet ended need it")
+        for principal in check.unreadable_principals:
+            out.line(f"  principal reference {principal!r} cannot be read")
+    return EXIT_OK if check.ok else EXIT_PROBLEM
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Output], int]] = {
+    "check": _check,
     "submit": _submit,
     "status": _status,
     "history": _history,

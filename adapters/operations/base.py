@@ -117,6 +117,9 @@ class TransactionalOperationStore(abc.ABC):
     def outbox(self, after: str | None = None, limit: int = 100) -> list[o.OutboxMessage]: ...
 
     @abc.abstractmethod
+    def active_references(self) -> list[tuple[str, int, str]]: ...
+
+    @abc.abstractmethod
     def close(self) -> None: ...
 
     _claimed_inputs: dict[str, str | None]

@@ -186,6 +186,13 @@ class MemoryOperationStore(TransactionalOperationStore):
         with self._lock:
             self._state.tables[name] = copy.deepcopy(rows)
 
+    def active_references(self) -> list[tuple[str, int, str]]:
+        with self._lock:
+            return sorted(
+                {(op.action_name, op.action_version, op.identity.principal)
+                 for op in self._state.operations.values() if op.outcome is None}
+            )
+
     def operation_ids(self) -> list[str]:
         with self._lock:
             return sorted(self._state.operations)

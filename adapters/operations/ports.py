@@ -105,6 +105,10 @@ class OperationStore(Protocol):
 
     def outbox(self, after: str | None = None, limit: int = 100) -> list[o.OutboxMessage]: ...
 
+    def active_references(self) -> list[tuple[str, int, str]]:
+        """(action name, action version, principal reference) of every Operation not yet ended."""
+        ...
+
     def prune_identities(self, limit: int = 1000) -> int:
         """One batch: forget identities past their window whose Operation has ended; how many."""
         ...

@@ -294,6 +294,13 @@ class PostgresOperationStore(TransactionalOperationStore):
         with self._reading() as tx:
             return tx.read_outbox(after, limit)
 
+    def active_references(self) -> list[tuple[str, int, str]]:
+        rows = self.application_execute(
+            "SELECT DISTINCT action_name, action_version, principal FROM operations WHERE outcome IS NULL "
+            "ORDER BY action_name, action_version, principal"
+        )
+        return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
     def application_execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """One statement of the application's own, committed on its own (setup, reports, tests)."""
         with self._transaction() as tx:

@@ -47,6 +47,7 @@ from .ports import OperationStore
 
 __all__ = [
     "ActionFailed",
+    "DeploymentCheck",
     "DurableAction",
     "DurableActionRegistry",
     "DurableOperationError",
@@ -65,6 +66,7 @@ __all__ = [
     "RetryPolicy",
     "TerminalOutcome",
     "canonical_json",
+    "check_durable_operations",
     "input_digest",
 ]
 
@@ -634,3 +636,47 @@ def _record(operation: o.Operation, input_json: str, attempts: tuple[o.Attempt, 
         ),
     )
 
+
+
+@attrs.frozen
+class DeploymentCheck:
+    """What ``check_durable_operations`` found; ``ok`` is False when anything blocks running what is stored."""
+
+    missing_actions: tuple[tuple[str, int], ...]
+    missing_resolvers: tuple[tuple[str, int], ...]
+    unreadable_principals: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing_actions or self.missing_resolvers or self.unreadable_principals)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "missing_actions": [{"name": n, "version": v} for n, v in self.missing_actions],
+            "missing_resolvers": [{"name": n, "version": v} for n, v in self.missing_resolvers],
+            "unreadable_principals": list(self.unreadable_principals),
+        }
+
+
+def check_durable_operations(
+    store: OperationStore, actions: DurableActionRegistry, resolvers: PrincipalResolverRegistry
+) -> DeploymentCheck:
+    """Seed 001 (Upgrade and operation, step 4): every action version and principal resolver version an
+    Operation not yet ended refers to must be registered before workers claim work.  Reads, never writes."""
+    registered_actions = set(actions.names())
+    registered_resolvers = set(resolvers.registered())
+    missing_actions: set[tuple[str, int]] = set()
+    missing_resolvers: set[tuple[str, int]] = set()
+    unreadable: set[str] = set()
+    for name, version, principal in store.active_references():
+        if (name, version) not in registered_actions:
+            missing_actions.add((name, version))
+        try:
+            reference = PrincipalReference.parse(principal)
+        except DurableOperationError:
+            unreadable.add(principal)
+            continue
+        if (reference.resolver, reference.version) not in registered_resolvers:
+            missing_resolvers.add((reference.resolver, reference.version))
+    return DeploymentCheck(tuple(sorted(missing_actions)), tuple(sorted(missing_resolvers)), tuple(sorted(unreadable)))

@@ -123,7 +123,9 @@ class DurableOperationWorker:
         try:
             action = self.actions.get(operation.action_name, operation.action_version)
         except DurableOperationError as exc:
-            return self._fail(credential, "action_not_registered", retryable=False, detail=exc.message)
+            # A deployment that lost an action version must not end the Operation for good: retried
+            # (within its limits) once the version is registered again; check_durable_operations finds it.
+            return self._fail(credential, "action_not_registered", retryable=True, detail=exc.message)
         reference = PrincipalReference.parse(operation.identity.principal)
         resolution = self.resolvers.resolve(reference)
         if resolution.status is ResolutionStatus.UNAVAILABLE:

@@ -446,6 +446,19 @@ class OperationStoreTests:
         record = world.service.get(op_id)
         assert record is not None and record.attempt_count == 0
 
+    def test_the_deployment_check_names_what_active_operations_need(self, world: World) -> None:
+        from fencekeeper.adapters.operations.service import check_durable_operations  # noqa: PLC0415
+
+        world.transfer("k1", 5)
+        assert check_durable_operations(world.store, world.actions, world.resolvers).ok
+        bare = DurableActionRegistry((examples.BALANCE,))
+        check = check_durable_operations(world.store, bare, PrincipalResolverRegistry())
+        assert not check.ok
+        assert check.missing_actions == (("transfer", 1),)
+        assert check.missing_resolvers == (("users", 1),)
+        world.worker("w1").run_once()
+        assert check_durable_operations(world.store, bare, PrincipalResolverRegistry()).ok
+
     def test_workers_see_only_their_tenant(self, world: World) -> None:
         world.transfer("k1", 10)
         other = DurableOperationWorker(world.store, world.actions, world.resolvers, tenant="tenant-b", worker_id="wb")

@@ -96,3 +96,15 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert result == code
     assert fragment in one_error(err)
     assert data(capsys, "worker", "--db", db, "--until-idle")["reports"] == []
+
+
+def test_the_deployment_check_blocks_on_a_missing_action(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(tmp_path / "ops.db")
+    data(capsys, "submit", "balance", "--db", db, "--key", "b-1", "--input", '{"account": "acc-1"}')
+    assert data(capsys, "check", "--db", db) == {
+        "ok": True, "missing_actions": [], "missing_resolvers": [], "unreadable_principals": [],
+    }
+    code, out, _ = run(capsys, "check", "--db", db, "--actions", "tests.operations.empty_actions")
+    assert code == 1
+    assert "action balance v1 is not registered" in out
+    assert "principal resolver users v1 is not registered" in out
