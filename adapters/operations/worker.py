@@ -21,6 +21,9 @@ external effects, history, and retention).  Rules of this module:
   with the same id only if the adapter is idempotent, and otherwise ends
   ``external_outcome_unknown``.  An ambiguous result is never resent
   blindly.
+- While a read-only or external action runs, a heartbeat renews the lease
+  every third of it; an atomic action runs inside the transaction that
+  holds the Operation's row, so its lease must cover it.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
   the policy's maximum attempts).  Every refusal the store returns (a stale
@@ -33,7 +36,9 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -139,10 +144,12 @@ class DurableOperationWorker:
         try:
             if action.effect_class is o.EffectClass.ATOMIC:
                 return self._atomic(action, credential, authority, payload)
-            if action.effect_class is o.EffectClass.READ_ONLY:
-                result = canonical_json(action.handler(payload))
-                return self._complete(credential, authority, result)
-            return self._external(action, operation, credential, authority, payload)
+            with self._heartbeats(credential):
+                if action.effect_class is o.EffectClass.READ_ONLY:
+                    result = canonical_json(action.handler(payload))
+                else:
+                    return self._external(action, operation, credential, authority, payload)
+            return self._complete(credential, authority, result)
         except ActionFailed as failure:
             return self._fail(credential, failure.code, retryable=failure.retryable, detail=str(failure))
         except DurableOperationError:
@@ -208,6 +215,32 @@ class DurableOperationWorker:
         if idempotent:
             return self._fail(credential, "effect_ambiguous", retryable=True, detail="the provider deduplicates by id")
         return self._unknown(credential, f"effect {effect_id}: ambiguous result and no reconciliation")
+
+    @contextmanager
+    def _heartbeats(self, credential: o.Credential) -> Iterator[None]:
+        """Renew the lease every third of it while a read-only or external action runs.
+
+        Not for atomic actions: they run inside the transaction that holds the
+        Operation's row, so their lease must cover them.  A refused heartbeat
+        (replaced, cancelled) stops renewing; the completion is then refused
+        by the store as well.
+        """
+        stop = threading.Event()
+        interval = self.lease.total_seconds() / 3
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                outcome = self.store.heartbeat(o.HeartbeatRequest(credential, self.lease))
+                if not isinstance(outcome, o.Decision):
+                    return
+
+        thread = threading.Thread(target=beat, name=f"{self.worker_id}-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     # --- reporting ----------------------------------------------------------------------------
 
