@@ -100,7 +100,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import cli_journal, connect, demo, examples, render, sequence, service
+from . import cli_journal, cli_ops, connect, demo, examples, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -329,6 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
 
     cli_journal.register(sub, common, data)
+    cli_ops.add_parser(command)
     return parser
 
 
@@ -445,6 +446,7 @@ def _run(args: argparse.Namespace) -> int:
         "modelcheck": _modelcheck,
         "check-spec": _check_spec,
         "journal": cli_journal.run,
+        "op": cli_ops.run,
     }
     return handlers[args.command](args, out) or EXIT_OK
 
@@ -1422,6 +1424,8 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
             print(f"stopped at {bounds.max_states:,} states before the bounds were exhausted")
             return EXIT_PROBLEM
     print("every invariant of specs/protocol.md held in every explored state and write")
+    if not overrides:
+        return cli_ops.modelcheck_operations()
     return EXIT_OK
 
 

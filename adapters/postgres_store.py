@@ -61,7 +61,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import DispatchState, ExecutionState
+from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
 from . import codec
 from .sql import EXECUTION_TYPE, Dialect, SqlBackend
@@ -70,6 +70,7 @@ from .store import Backend, Clock, Evidence, ExecutionView, StoreError, Transact
 CHANNEL = "fencekeeper_eligible"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _DISPATCH_STATES = ", ".join(f"'{s.value}'" for s in DispatchState)
+_OPERATION_STATES = ", ".join(f"'{s.value}'" for s in OperationState)
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -341,6 +342,92 @@ CREATE TRIGGER journal_headers_append_only BEFORE UPDATE OR DELETE ON journal_he
     FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
 CREATE TRIGGER journal_events_append_only BEFORE UPDATE OR DELETE ON journal_events
     FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+""",
+    ),
+    (
+        8,
+        "durable_operations",
+        # Seed 001's durable operations, in tables of their own: nothing of
+        # the executions' schema changes.  operations holds one row per
+        # Operation (its current revision), locked FOR UPDATE by every
+        # decision on it; operations_due covers exactly the rows a claim may
+        # take (FOR UPDATE SKIP LOCKED); operation_identities the scoped
+        # idempotency identities (submissions of one identity serialize on an
+        # advisory lock of its key); operation_attempts one row per claim;
+        # operation_transitions and operation_outbox are append-only.
+        f"""
+CREATE TABLE operations (
+    operation_id        text PRIMARY KEY,
+    namespace           text NOT NULL,
+    tenant              text NOT NULL,
+    principal           text NOT NULL,
+    client_key          text NOT NULL,
+    action_name         text NOT NULL,
+    action_version      integer NOT NULL CHECK (action_version >= 1),
+    effect_class        text NOT NULL CHECK (effect_class IN ('atomic', 'read_only', 'external')),
+    input_digest        text NOT NULL,
+    input               text NOT NULL,
+    state               text NOT NULL CHECK (state IN ({_OPERATION_STATES})),
+    revision            integer NOT NULL CHECK (revision >= 1),
+    fence               integer NOT NULL CHECK (fence >= 0),
+    attempt_count       integer NOT NULL CHECK (attempt_count >= 0),
+    policy              text NOT NULL,
+    admitted_at         timestamptz NOT NULL,
+    deadline            timestamptz NOT NULL,
+    retain_until        timestamptz NOT NULL,
+    next_eligible_at    timestamptz NOT NULL,
+    requires_approval   boolean NOT NULL,
+    approval            text,
+    owner               text,
+    lease_expires_at    timestamptz,
+    attempt_started_at  timestamptz,
+    effect_id           text,
+    outcome             text,
+    error_code          text,
+    result              text,
+    cancel_requested_by text,
+    due_at              timestamptz,
+    CHECK ((state = 'running') = (owner IS NOT NULL AND lease_expires_at IS NOT NULL))
+);
+CREATE INDEX operations_due ON operations (tenant, due_at) WHERE due_at IS NOT NULL;
+CREATE TABLE operation_identities (
+    namespace    text NOT NULL,
+    tenant       text NOT NULL,
+    principal    text NOT NULL,
+    client_key   text NOT NULL,
+    operation_id text NOT NULL REFERENCES operations(operation_id),
+    retain_until timestamptz NOT NULL,
+    PRIMARY KEY (namespace, tenant, principal, client_key)
+);
+CREATE TABLE operation_attempts (
+    operation_id text NOT NULL REFERENCES operations(operation_id),
+    number       integer NOT NULL CHECK (number >= 1),
+    worker_id    text NOT NULL,
+    state        text NOT NULL,
+    started_at   timestamptz NOT NULL,
+    ended_at     timestamptz,
+    error_code   text,
+    PRIMARY KEY (operation_id, number)
+);
+CREATE TABLE operation_transitions (
+    operation_id text NOT NULL REFERENCES operations(operation_id),
+    revision     integer NOT NULL,
+    event        text,
+    from_state   text,
+    to_state     text NOT NULL,
+    at           timestamptz NOT NULL,
+    actor        text NOT NULL,
+    fence        integer NOT NULL,
+    reason       text NOT NULL,
+    PRIMARY KEY (operation_id, revision)
+);
+CREATE TABLE operation_outbox (
+    seq          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id   text NOT NULL UNIQUE,
+    operation_id text NOT NULL REFERENCES operations(operation_id),
+    topic        text NOT NULL,
+    at           timestamptz NOT NULL
+);
 """,
     ),
 )

@@ -41,7 +41,7 @@ from pathlib import Path
 import sqlite_utils
 
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import DispatchState, ExecutionState
+from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
 from . import codec
 from .sql import Dialect, SqlBackend
@@ -50,6 +50,7 @@ from .store import Backend, Clock, ExecutionView, StoreError, TransactionalStore
 BUSY_TIMEOUT_MS = 10_000
 
 _DISPATCH_STATES = ", ".join(f"'{s.value}'" for s in DispatchState)
+_OPERATION_STATES = ", ".join(f"'{s.value}'" for s in OperationState)
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -337,6 +338,94 @@ CREATE TRIGGER journal_heads_no_delete BEFORE DELETE ON journal_heads
 BEGIN SELECT RAISE(ABORT, 'journal_heads rows are never deleted'); END;
 """,
     ),
+    (
+        7,
+        "durable_operations",
+        # Seed 001's durable operations, in tables of their own: nothing of
+        # the executions' schema changes.  operations holds one row per
+        # Operation (its current revision); operation_identities the scoped
+        # idempotency identities; operation_attempts one row per claim;
+        # operation_transitions and operation_outbox are append-only.
+        # operations_due covers exactly the rows a claim may take.
+        f"""
+CREATE TABLE operations (
+    operation_id        TEXT PRIMARY KEY,
+    namespace           TEXT NOT NULL,
+    tenant              TEXT NOT NULL,
+    principal           TEXT NOT NULL,
+    client_key          TEXT NOT NULL,
+    action_name         TEXT NOT NULL,
+    action_version      INTEGER NOT NULL CHECK (action_version >= 1),
+    effect_class        TEXT NOT NULL CHECK (effect_class IN ('atomic', 'read_only', 'external')),
+    input_digest        TEXT NOT NULL,
+    input               TEXT NOT NULL,
+    state               TEXT NOT NULL CHECK (state IN ({_OPERATION_STATES})),
+    revision            INTEGER NOT NULL CHECK (revision >= 1),
+    fence               INTEGER NOT NULL CHECK (fence >= 0),
+    attempt_count       INTEGER NOT NULL CHECK (attempt_count >= 0),
+    policy              TEXT NOT NULL,
+    admitted_at         TEXT NOT NULL,
+    deadline            TEXT NOT NULL,
+    retain_until        TEXT NOT NULL,
+    next_eligible_at    TEXT NOT NULL,
+    requires_approval   INTEGER NOT NULL,
+    approval            TEXT,
+    owner               TEXT,
+    lease_expires_at    TEXT,
+    attempt_started_at  TEXT,
+    effect_id           TEXT,
+    outcome             TEXT,
+    error_code          TEXT,
+    result              TEXT,
+    cancel_requested_by TEXT,
+    due_at              TEXT,
+    CHECK ((state = 'running') = (owner IS NOT NULL AND lease_expires_at IS NOT NULL))
+);
+CREATE INDEX operations_due ON operations (tenant, due_at) WHERE due_at IS NOT NULL;
+CREATE TABLE operation_identities (
+    namespace    TEXT NOT NULL,
+    tenant       TEXT NOT NULL,
+    principal    TEXT NOT NULL,
+    client_key   TEXT NOT NULL,
+    operation_id TEXT NOT NULL REFERENCES operations(operation_id),
+    retain_until TEXT NOT NULL,
+    PRIMARY KEY (namespace, tenant, principal, client_key)
+);
+CREATE TABLE operation_attempts (
+    operation_id TEXT NOT NULL REFERENCES operations(operation_id),
+    number       INTEGER NOT NULL CHECK (number >= 1),
+    worker_id    TEXT NOT NULL,
+    state        TEXT NOT NULL,
+    started_at   TEXT NOT NULL,
+    ended_at     TEXT,
+    error_code   TEXT,
+    PRIMARY KEY (operation_id, number)
+);
+CREATE TABLE operation_transitions (
+    operation_id TEXT NOT NULL REFERENCES operations(operation_id),
+    revision     INTEGER NOT NULL,
+    event        TEXT,
+    from_state   TEXT,
+    to_state     TEXT NOT NULL,
+    at           TEXT NOT NULL,
+    actor        TEXT NOT NULL,
+    fence        INTEGER NOT NULL,
+    reason       TEXT NOT NULL,
+    PRIMARY KEY (operation_id, revision)
+);
+CREATE TRIGGER operation_transitions_no_update BEFORE UPDATE ON operation_transitions
+BEGIN SELECT RAISE(ABORT, 'operation_transitions is append-only'); END;
+CREATE TRIGGER operation_transitions_no_delete BEFORE DELETE ON operation_transitions
+BEGIN SELECT RAISE(ABORT, 'operation_transitions is append-only'); END;
+CREATE TABLE operation_outbox (
+    seq          INTEGER PRIMARY KEY,
+    message_id   TEXT NOT NULL UNIQUE,
+    operation_id TEXT NOT NULL REFERENCES operations(operation_id),
+    topic        TEXT NOT NULL,
+    at           TEXT NOT NULL
+);
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 
@@ -352,6 +441,24 @@ def _schema_fingerprint(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
         "AND name <> 'schema_migrations' ORDER BY type, name"
     ).fetchall()
     return [(str(t), str(n), " ".join(str(s).split())) for t, n, s in rows]
+
+
+def _own_objects(conn: sqlite3.Connection, expected: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The fingerprint of fencekeeper's objects: everything named by its migrations or built on their tables.
+
+    An application's own tables (which atomic operations write in the same
+    file and transaction, seed 001) and their indexes are the
+    application's; an index or trigger added by hand to fencekeeper's tables
+    is still an alteration.
+    """
+    names = {name for _, name, _ in expected}
+    rows = conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
+        "AND name <> 'schema_migrations' ORDER BY type, name"
+    ).fetchall()
+    return [
+        (str(t), str(n), " ".join(str(sql).split())) for t, n, table, sql in rows if n in names or table in names
+    ]
 
 
 def _expected_fingerprint(version: int) -> list[tuple[str, str, str]]:
@@ -693,7 +800,7 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> int:
                 "schema_altered", f"{path}: migration {number} ({name}) differs from this fencekeeper's version {number}"
             )
         version = number
-    if _schema_fingerprint(conn) != _expected_fingerprint(version):
+    if _own_objects(conn, _expected_fingerprint(version)) != _expected_fingerprint(version):
         raise StoreError(
             "schema_altered", f"{path}: the schema at version {version} was altered outside fencekeeper's migrations"
         )

@@ -514,6 +514,7 @@ class OperationEvent(TableEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"
     CANCEL = "cancel"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    RECORD_INTENT = "record_intent"
 
 
 OPERATION_SPEC = build_machine_spec(
@@ -556,6 +557,21 @@ OPERATION_SPEC = build_machine_spec(
                "Approval, cancellation, and limits: 'Overall deadline, next eligibility, Attempt count, and "
                "maximum Attempts survive restart.'",
                "An operation past its overall deadline may not be claimed again, so it fails explicitly."),
+            _t("approval_expired", "admitted", "failed",
+               "Approval, cancellation, and limits: 'bound to the exact Operation, normalized input, "
+               "action/version, tenant, requester and approver provenance, and expiry.'",
+               "An approval that expired before the first Attempt consumed it authorizes nothing, so the "
+               "operation fails instead of running on it."),
+            _t("deadline_exceeded", "running", "failed",
+               "Approval, cancellation, and limits: 'Overall deadline, next eligibility, Attempt count, and "
+               "maximum Attempts survive restart.'",
+               "An owner whose lease expired after the overall deadline is recorded abandoned and no replacement "
+               "is made: the operation fails with its deadline named."),
+            _t("record_intent", "running", "running",
+               "Tasks, external effects, history, and retention: 'External effect intent and a stable "
+               "operation-scoped identity are stored before the provider boundary.'",
+               "The owner commits the intent and the stable effect id before it calls the provider, so a "
+               "replacement knows the effect may have been issued and reconciles instead of resending."),
             _t("heartbeat", "running", "running",
                "Claims, leases, and fencing: 'Once fence N+1 owns the Operation, N cannot heartbeat'",
                "The current owner extends its lease without changing state."),

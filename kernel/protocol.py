@@ -50,13 +50,13 @@ Rules of this module:
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Final
 
 import attrs
 
+from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, utc_problem
 from .evidence import Evidence
 from .machines import (
     DISPATCH,
@@ -88,7 +88,7 @@ _FINALIZE_EVENT: Final[Mapping[ExecutionState, ExecutionEvent]] = {
     ExecutionState.RECONCILIATION_REQUIRED: ExecutionEvent.FINALIZE_RECONCILIATION_REQUIRED,
 }
 
-_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
+_IDENTIFIER = IDENTIFIER
 
 
 class RefusalCode(enum.Enum):
@@ -587,32 +587,32 @@ def _invalid(field: str, problem: str) -> _Invalid:
     return _Invalid(Refusal(RefusalCode.INVALID_REQUEST, f"{field}: {problem}", field))
 
 
+# The identifier, UTC and duration rules are common.py's, shared with durable operations.
+
+
 def _check_id(field: str, value: object) -> None:
-    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise _invalid(field, f"malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -)")
+    problem = identifier_problem(value)
+    if problem is not None:
+        raise _invalid(field, problem)
 
 
 def _check_utc(field: str, value: object) -> None:
-    if not isinstance(value, datetime):
-        raise _invalid(field, f"must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise _invalid(field, "naive datetime; the protocol is UTC only")
-    if value.utcoffset() != timedelta(0):
-        raise _invalid(field, f"offset {value.utcoffset()} is not UTC; the protocol is UTC only")
+    problem = utc_problem(value)
+    if problem is not None:
+        raise _invalid(field, problem)
 
 
 def _check_duration(field: str, value: object) -> None:
-    if not isinstance(value, timedelta):
-        raise _invalid(field, f"must be a timedelta, got {type(value).__name__}")
-    if value <= timedelta(0):
-        raise _invalid(field, f"must be positive, got {value}")
+    problem = duration_problem(value)
+    if problem is not None:
+        raise _invalid(field, problem)
 
 
 def _expiry(field: str, now: datetime, duration: timedelta) -> datetime:
-    try:
-        return now + duration
-    except OverflowError:
-        raise _invalid(field, f"{duration} from {now.isoformat()} is past the last representable time") from None
+    problem = later_problem(now, duration)
+    if problem is not None:
+        raise _invalid(field, problem)
+    return now + duration
 
 
 def _check_revision(field: str, value: object) -> None:

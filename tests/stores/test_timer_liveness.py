@@ -97,7 +97,10 @@ def _downgrade_to_version_4(path: Path) -> None:
             "WHERE woken_by IS NULL AND wake_at IS NOT NULL"
         )
         # Nothing of the migrations after 4 either.
-        for table in ("journal_heads", "journal_events", "journal_headers"):
+        for table in (
+            "journal_heads", "journal_events", "journal_headers",
+            "operation_outbox", "operation_transitions", "operation_attempts", "operation_identities", "operations",
+        ):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("DELETE FROM schema_migrations WHERE version >= 5")
         conn.execute("COMMIT")

@@ -1,0 +1,393 @@
+"""The ``fencekeeper op`` commands (durable operations, seed 001) and the operations part of ``modelcheck``.
+
+Registered from ``cli.py`` (:func:`add_parser`, :func:`run`); the
+conventions are the command line's own (``cli.py`` module header): data on
+stdout (one JSON document with ``--json``), one ``fencekeeper: error: ...``
+line on stderr, exit 0 on success, 1 when a request is refused (the code is
+printed: ``idempotency_conflict``, ``cancel_too_late``, ...) or a store
+blocks, 2 for bad usage or input (invalid JSON, an unknown action, version
+or operation id, input the action's normaliser rejects).
+
+Actions and principal resolvers come from a module with ``registry()`` and
+``resolvers()`` (and optionally ``prepare(store)``, run before a worker
+starts): ``--actions MODULE``, by default the teaching examples
+(``fencekeeper.adapters.operations.examples``: ``transfer``,
+``capture_payment``, ``balance``; principals ``users:v1:NAME``, every one
+active in every tenant -- the local operator's tool).
+
+``op worker`` runs N worker threads for one tenant.  SIGINT or SIGTERM stops
+each after the operation it is running; a second signal exits at once, and
+a lease still held then simply expires: the next claim replaces it
+automatically (seed 001), unlike a workflow execution's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from types import FrameType, ModuleType
+from typing import Any
+
+from fencekeeper.kernel import opsmodel
+
+from .operations.base import TransactionalOperationStore
+from .operations.connect import open_operation_store
+from .operations.service import (
+    DurableActionRegistry,
+    DurableOperationError,
+    DurableOperationService,
+    OperationRecord,
+    PrincipalReference,
+    PrincipalResolverRegistry,
+    check_durable_operations,
+)
+from .operations.worker import DurableOperationWorker, WorkReport, default_worker_id
+from .render import Output
+from .store import StoreError
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+
+DEFAULT_ACTIONS = "fencekeeper.adapters.operations.examples"
+DEFAULT_TENANT = "default"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_PRINCIPAL = "users:v1:operator"
+_USAGE_CODES = frozenset({"invalid_input", "unknown_action", "operation_not_found", "invalid_request", "invalid_action"})
+_USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
+
+
+class _Usage(Exception):
+    pass
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+
+def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """Add ``op`` and its subcommands through ``cli.py``'s ``command`` helper."""
+    op = command(
+        "op",
+        "durable operations: submit, status, history, decide, cancel, check, worker",
+        description="Durable operations (seed 001): one logical request under a scoped idempotency key, run by "
+        "workers as fenced Attempts; an expired owner is replaced automatically.",
+    )
+    sub = op.add_subparsers(dest="op_command", required=True, metavar="OP_COMMAND")
+
+    def subcommand(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help, **kwargs)
+        parser.add_argument("--json", action="store_true", help="machine-readable output: one JSON document")
+        parser.add_argument("--db", required=True, metavar="URL", help="a SQLite file or a postgresql:// DSN")
+        parser.add_argument("--schema", metavar="NAME", help="PostgreSQL schema (default: fencekeeper)")
+        parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=f"default: {DEFAULT_NAMESPACE}")
+        parser.add_argument("--actions", default=DEFAULT_ACTIONS, metavar="MODULE", help="registry() and resolvers()")
+        return parser
+
+    submit = subcommand("submit", "submit an operation; an identical resubmission returns the same one")
+    submit.add_argument("action", metavar="ACTION")
+    submit.add_argument("--input", default="{}", metavar="JSON", help="the action's input (default: {})")
+    submit.add_argument("--key", required=True, metavar="KEY", help="the client's idempotency key")
+    submit.add_argument("--version", type=int, metavar="N", help="the action version (default: the newest)")
+    submit.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
+    submit.add_argument("--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="RESOLVER:vN:SUBJECT")
+
+    status = subcommand("status", "an operation's state, outcome, result and attempts")
+    status.add_argument("operation_id", metavar="OPERATION_ID")
+
+    history = subcommand("history", "an operation's transitions, oldest first")
+    history.add_argument("operation_id", metavar="OPERATION_ID")
+
+    decide = subcommand("decide", "approve or reject an operation awaiting approval")
+    decide.add_argument("operation_id", metavar="OPERATION_ID")
+    verdict = decide.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--approve", action="store_true")
+    verdict.add_argument("--reject", action="store_true")
+    decide.add_argument("--as", dest="principal", required=True, metavar="RESOLVER:vN:SUBJECT")
+    decide.add_argument("--digest", metavar="SHA256", help="the input digest the approver saw (binds the decision)")
+    decide.add_argument("--expires", type=float, default=86_400, metavar="SECONDS", help="validity (default 1 day)")
+    decide.add_argument("--id", dest="approval_id", metavar="APPROVAL_ID", help="repeat it to retry idempotently")
+
+    cancel = subcommand("cancel", "cancel an operation (it never undoes a committed effect)")
+    cancel.add_argument("operation_id", metavar="OPERATION_ID")
+    cancel.add_argument("--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="RESOLVER:vN:SUBJECT")
+    cancel.add_argument("--reason", default="", metavar="TEXT")
+
+    subcommand("check", "the deployment check: every action and resolver version active operations need")
+
+    worker = subcommand("worker", "claim and run due operations of one tenant until stopped (or idle)")
+    worker.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
+    worker.add_argument("--concurrency", type=int, default=1, metavar="N", help="worker threads (default 1)")
+    worker.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="lease length (default 30)")
+    worker.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="idle poll interval (default 1)")
+    worker.add_argument("--until-idle", action="store_true", help="stop when nothing is due")
+    worker.add_argument("--id", dest="worker_prefix", metavar="PREFIX", help="worker ids PREFIX-1..N")
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    """Run one ``op`` subcommand; errors are printed here, as one line, with the command line's exit codes."""
+    try:
+        return _COMMANDS[args.op_command](args, out)
+    except _Usage as exc:
+        out.note(f"fencekeeper: error: {exc}")
+        return EXIT_USAGE
+    except DurableOperationError as exc:
+        out.note(f"fencekeeper: error: {exc.message} [{exc.code}]")
+        return EXIT_USAGE if exc.code in _USAGE_CODES else EXIT_PROBLEM
+    except StoreError as exc:
+        out.note(f"fencekeeper: error: {exc.message} [{exc.code}]")
+        return EXIT_USAGE if exc.code in _USAGE_STORE_CODES else EXIT_PROBLEM
+
+
+def _module(name: str) -> ModuleType:
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        raise _Usage(f"--actions: cannot import {name!r}: {exc}") from None
+    for needed in ("registry", "resolvers"):
+        if not callable(getattr(module, needed, None)):
+            raise _Usage(f"--actions: {name} has no {needed}() function")
+    return module
+
+
+@contextmanager
+def _service(args: argparse.Namespace) -> Iterator[tuple[DurableOperationService, TransactionalOperationStore, ModuleType]]:
+    module = _module(args.actions)
+    actions: DurableActionRegistry = module.registry()
+    resolvers: PrincipalResolverRegistry = module.resolvers()
+    store = open_operation_store(args.db, schema=args.schema)
+    try:
+        yield DurableOperationService(store, actions, resolvers, namespace=args.namespace), store, module
+    finally:
+        store.close()
+
+
+def _principal(text: str) -> PrincipalReference:
+    return PrincipalReference.parse(text)
+
+
+def _show(out: Output, record: OperationRecord, extra: dict[str, Any] | None = None) -> None:
+    if out.json_mode:
+        out.data({**(extra or {}), **record.to_json()})
+        return
+    outcome = f" ({record.outcome.value})" if record.outcome is not None and record.outcome.value != record.state.value else ""
+    out.line(f"{record.operation_id}: {record.state.value}{outcome}")
+    out.line(f"  action {record.action_name} v{record.action_version} ({record.effect_class.value}), tenant {record.tenant}")
+    out.line(f"  attempts {record.attempt_count} of {record.maximum_attempts}; deadline {record.deadline.isoformat()}")
+    if record.requires_approval:
+        out.line(f"  approval: {record.approved_by or 'none yet'}; input digest {record.input_digest}")
+    if record.effect_id is not None:
+        out.line(f"  external effect id {record.effect_id}")
+    if record.result is not None:
+        out.line(f"  result {json.dumps(record.result, sort_keys=True)}")
+    if record.error_code is not None:
+        out.line(f"  error {record.error_code}")
+    for attempt in record.attempts:
+        ended = attempt.ended_at.isoformat() if attempt.ended_at else "-"
+        error = f" {attempt.error_code}" if attempt.error_code else ""
+        out.line(f"  attempt {attempt.number} by {attempt.worker_id}: {attempt.state}{error} (ended {ended})")
+
+
+def _submit(args: argparse.Namespace, out: Output) -> int:
+    try:
+        payload = json.loads(args.input)
+    except json.JSONDecodeError as exc:
+        raise _Usage(f"--input: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    with _service(args) as (service, _, _):
+        admission = service.submit(
+            tenant=args.tenant,
+            principal=_principal(args.principal),
+            action=args.action,
+            input=payload,
+            client_key=args.key,
+            version=args.version,
+        )
+    if out.json_mode:
+        out.data({"operation_id": admission.operation_id, "created": admission.created, **admission.record.to_json()})
+    else:
+        out.line(admission.operation_id)
+        out.note("admitted" if admission.created else "the same operation as an earlier identical submission")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace, out: Output) -> int:
+    with _service(args) as (service, _, _):
+        record = service.get(args.operation_id)
+    if record is None:
+        raise DurableOperationError("operation_not_found", f"operation {args.operation_id!r} does not exist")
+    _show(out, record)
+    return EXIT_OK
+
+
+def _history(args: argparse.Namespace, out: Output) -> int:
+    with _service(args) as (service, _, _):
+        lines = service.history(args.operation_id)
+    if out.json_mode:
+        out.data({"operation_id": args.operation_id, "history": [line.to_json() for line in lines]})
+        return EXIT_OK
+    out.table(
+        ("rev", "at", "event", "from", "to", "actor", "attempt", "reason"),
+        [
+            (str(h.revision), h.at.isoformat(), h.event or "admit", h.from_state or "-", h.to_state, h.actor,
+             str(h.attempt), h.reason)
+            for h in lines
+        ],
+        title=args.operation_id,
+    )
+    return EXIT_OK
+
+
+def _decide(args: argparse.Namespace, out: Output) -> int:
+    if not 0 < args.expires < 86_400 * 366:
+        raise _Usage(f"--expires: must be positive and under a year, got {args.expires}")
+    with _service(args) as (service, store, _):
+        record = service.decide(
+            args.operation_id,
+            approver=_principal(args.principal),
+            approve=bool(args.approve),
+            input_digest=args.digest,
+            expires_at=store.now() + timedelta(seconds=args.expires),
+            approval_id=args.approval_id,
+        )
+    _show(out, record)
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace, out: Output) -> int:
+    with _service(args) as (service, _, _):
+        record = service.cancel(args.operation_id, principal=_principal(args.principal), reason=args.reason)
+    _show(out, record)
+    return EXIT_OK
+
+
+def _worker(args: argparse.Namespace, out: Output) -> int:
+    if args.concurrency < 1 or args.lease <= 0 or args.poll <= 0:
+        raise _Usage("--concurrency, --lease and --poll must be positive")
+    stop = threading.Event()
+    signals = [0]
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        signals[0] += 1
+        if signals[0] > 1:
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    reports: list[WorkReport] = []
+    lock = threading.Lock()
+    prefix = args.worker_prefix or default_worker_id()
+    try:
+        with _service(args) as (service, store, module):
+            prepare = getattr(module, "prepare", None)
+            if callable(prepare):
+                prepare(store)
+
+            def loop(number: int) -> None:
+                worker = DurableOperationWorker(
+                    store,
+                    service.actions,
+                    service.resolvers,
+                    tenant=args.tenant,
+                    worker_id=f"{prefix}-{number}",
+                    lease=timedelta(seconds=args.lease),
+                    namespace=args.namespace,
+                )
+                while not stop.is_set():
+                    report = worker.run_once()
+                    if report is None:
+                        if args.until_idle:
+                            return
+                        stop.wait(args.poll)
+                        continue
+                    with lock:
+                        reports.append(report)
+                    if not out.json_mode:
+                        out.note(f"{worker.worker_id}: {report.operation_id} attempt {report.attempt}: {report.outcome}")
+
+            threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in range(1, args.concurrency + 1)]
+            for thread in threads:
+                thread.start()
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(timeout=0.2)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if out.json_mode:
+        out.data(
+            {
+                "stopped_by": "idle" if args.until_idle and not stop.is_set() else "signal",
+                "at": datetime.now(UTC).isoformat(),
+                "reports": [
+                    {"operation_id": r.operation_id, "attempt": r.attempt, "outcome": r.outcome, "detail": r.detail}
+                    for r in reports
+                ],
+            }
+        )
+    else:
+        out.line(f"{len(reports)} operation attempts reported")
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace, out: Output) -> int:
+    with _service(args) as (service, store, _):
+        check = check_durable_operations(store, service.actions, service.resolvers)
+    if out.json_mode:
+        out.data(check.to_json())
+    else:
+        out.line("check: ok" if check.ok else "check: BLOCKED")
+        for name, version in check.missing_actions:
+            out.line(f"  action {name} v{version} is not registered; operations not yet ended need it")
+        for name, version in check.missing_resolvers:
+            out.line(f"  principal resolver {name} v{version} is not registered; operations not yet ended need it")
+        for principal in check.unreadable_principals:
+            out.line(f"  principal reference {principal!r} cannot be read")
+    return EXIT_OK if check.ok else EXIT_PROBLEM
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, Output], int]] = {
+    "check": _check,
+    "submit": _submit,
+    "status": _status,
+    "history": _history,
+    "decide": _decide,
+    "cancel": _cancel,
+    "worker": _worker,
+}
+
+
+# --- modelcheck -------------------------------------------------------------------------------------
+
+
+def modelcheck_operations() -> int:
+    """Run the operation model checker's standard configurations; print as ``modelcheck`` does."""
+    for title, bounds in opsmodel.STANDARD:
+        started = time.perf_counter()
+        result = opsmodel.explore(bounds)
+        seconds = time.perf_counter() - started
+        scope = "complete" if result.complete else f"to depth {result.depth}"
+        print(
+            f"{title}: {bounds.workers} workers, {bounds.submitters} submitters, {bounds.max_claims} claims, "
+            f"ticks 0-{bounds.max_tick}: {result.states:,} states explored, {result.transitions:,} decisions, "
+            f"{scope}, {seconds:.1f}s"
+        )
+        if result.violation is not None:
+            print(f"VIOLATION {result.violation.invariant.value}: {result.violation.message}")
+            print("shortest trace:")
+            for number, label in enumerate(result.violation.trace, start=1):
+                print(f"  {number:>2}. {label}")
+            return EXIT_PROBLEM
+        if not result.complete and bounds.max_depth is None:
+            print(f"stopped at {bounds.max_states:,} states before the bounds were exhausted")
+            return EXIT_PROBLEM
+    print("every invariant of specs/operations.md held in every explored state and write")
+    return EXIT_OK

@@ -1,0 +1,295 @@
+"""What every operation store does the same way: one transaction per decision, under its guard.
+
+Rules of this module:
+
+- A store subclass supplies only a transaction (:class:`Tx`): how rows are
+  locked and read, where time comes from, how a decision is written under
+  its guard.  The order of a request is always: lock, read the time, decide
+  (the kernel), write under the guard, commit.  Nothing decides here.
+- A guard that fails at write time (which row locks make rare) rolls the
+  transaction back and the request is decided again on the rows as they now
+  are, a bounded number of times.
+- A live-lease guard is judged with the store's time read again just before
+  the write, so a decision made while the lease was live does not commit
+  after it expired (an atomic action may take time between the two).
+- A refusal leaves the store exactly as it was: its transaction is rolled
+  back, including whatever an atomic action wrote.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.machines import OperationState
+
+from ..store import StoreError
+from .ports import AtomicAction, GuardedContext, OperationView
+
+_ATTEMPTS = 5
+
+R = TypeVar("R")
+
+
+def due_at(operation: o.Operation) -> datetime | None:
+    """When a claim (or the deadline sweep) next has something to do with ``operation``; None: never.
+
+    The SQL stores index this column; ``operations.due`` is its reference.
+    """
+    state = operation.state
+    if state is OperationState.ADMITTED:
+        return min(operation.next_eligible_at, operation.deadline)
+    if state is OperationState.RUNNING:
+        return operation.lease_expires_at
+    if state is OperationState.AWAITING_APPROVAL:
+        return operation.deadline
+    return None
+
+
+class Tx(abc.ABC):
+    """One transaction of a store."""
+
+    checks_live_lease: bool = False
+    """True when :meth:`write` itself checks a guard's ``live_until`` against the store's time at write."""
+
+    @abc.abstractmethod
+    def now(self) -> datetime:
+        """The store's authoritative time, read now."""
+
+    @abc.abstractmethod
+    def lock_operation(self, operation_id: str) -> o.Operation | None: ...
+
+    @abc.abstractmethod
+    def lock_identity(self, identity: o.Identity) -> o.Operation | None:
+        """Serialize submissions of ``identity`` and return the Operation it names, if any."""
+
+    @abc.abstractmethod
+    def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
+        """Lock the Operation of ``tenant`` due longest at the store's time (skipping rows others hold)."""
+
+    @abc.abstractmethod
+    def write(self, decision: o.Decision, input_json: str | None) -> bool:
+        """Apply ``decision`` under its guard; False (and nothing written) if the guard does not hold."""
+
+    @abc.abstractmethod
+    def input_of(self, operation_id: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def prune_identities(self, limit: int) -> int:
+        """Forget up to ``limit`` identities whose window has passed and whose Operation has ended."""
+
+    @abc.abstractmethod
+    def context(self, operation: o.Operation) -> GuardedContext: ...
+
+    @abc.abstractmethod
+    def close_context(self, context: GuardedContext) -> None: ...
+
+
+class _GuardFailed(Exception):
+    pass
+
+
+class _Rollback(Exception):
+    def __init__(self, outcome: o.Outcome) -> None:
+        super().__init__("rolled back")
+        self.outcome = outcome
+
+
+class TransactionalOperationStore(abc.ABC):
+    """The operation port, for any store that can give a :class:`Tx`."""
+
+    @abc.abstractmethod
+    def _transaction(self) -> contextlib.AbstractContextManager[Tx]: ...
+
+    @abc.abstractmethod
+    def now(self) -> datetime: ...
+
+    @abc.abstractmethod
+    def view(self, operation_id: str) -> OperationView | None: ...
+
+    @abc.abstractmethod
+    def outbox(self, after: str | None = None, limit: int = 100) -> list[o.OutboxMessage]: ...
+
+    @abc.abstractmethod
+    def active_references(self) -> list[tuple[str, int, str]]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    _claimed_inputs: dict[str, str | None]
+
+    @property
+    def _claimed(self) -> dict[str, str | None]:
+        """Inputs read by claims in their own transaction, until the claiming worker asks for them."""
+        try:
+            return self._claimed_inputs
+        except AttributeError:
+            self._claimed_inputs = {}
+            return self._claimed_inputs
+
+    def input_of(self, operation_id: str) -> str | None:
+        remembered = self._claimed.pop(operation_id, None)
+        if remembered is not None:
+            return remembered
+        return self._read_input(operation_id)
+
+    def _read_input(self, operation_id: str) -> str | None:
+        view = self.view(operation_id)
+        return None if view is None else view.input
+
+    def get(self, operation_id: str) -> o.Operation | None:
+        view = self.view(operation_id)
+        return None if view is None else view.operation
+
+    # --- the request shape ------------------------------------------------------------
+
+    def _run(self, body: Callable[[Tx], o.Outcome]) -> o.Outcome:
+        for _ in range(_ATTEMPTS):
+            try:
+                with self._transaction() as tx:
+                    return body(tx)
+            except _GuardFailed:
+                continue
+            except _Rollback as rollback:
+                return rollback.outcome
+        raise StoreError("guard_contention", f"a decision's guard failed {_ATTEMPTS} times in a row; try again")
+
+    @staticmethod
+    def _write(tx: Tx, decision: o.Decision, input_json: str | None = None) -> None:
+        live = decision.guard.live_until
+        if live is not None and not tx.checks_live_lease:
+            now = tx.now()
+            if now >= live:
+                raise _Rollback(
+                    o.Refusal(
+                        o.RefusalCode.LEASE_EXPIRED,
+                        f"the lease expired at {live.isoformat()} before the commit at {now.isoformat()}",
+                    )
+                )
+        if not tx.write(decision, input_json):
+            raise _GuardFailed()
+
+    def _decide(
+        self, operation_id: str, decide: Callable[[o.Operation | None, R, datetime], o.Outcome], request: R
+    ) -> o.Outcome:
+        def body(tx: Tx) -> o.Outcome:
+            operation = tx.lock_operation(operation_id)
+            outcome = decide(operation, request, tx.now())
+            if isinstance(outcome, o.Decision):
+                self._write(tx, outcome)
+            return outcome
+
+        return self._run(body)
+
+    # --- the port -----------------------------------------------------------------------
+
+    def submit(self, request: o.SubmitRequest, input_json: str) -> o.Outcome:
+        def body(tx: Tx) -> o.Outcome:
+            existing = tx.lock_identity(request.identity)
+            outcome = o.submit(existing, request, tx.now())
+            if isinstance(outcome, o.Decision):
+                self._write(tx, outcome, input_json)
+            return outcome
+
+        return self._run(body)
+
+    def claim_next(
+        self, tenant: str, worker_id: str, lease: timedelta, *, namespace: str | None = None
+    ) -> o.Outcome | None:
+        request = o.ClaimRequest(worker_id, lease)
+
+        def body(tx: Tx) -> o.Outcome:
+            operation = tx.lock_next_due(tenant, namespace)
+            if operation is None:
+                raise _Rollback(_NOTHING)
+            outcome = o.claim(operation, request, tx.now())
+            if isinstance(outcome, o.Decision):
+                self._write(tx, outcome)
+                if outcome.credential is not None:
+                    # The worker needs the input next: read it in this transaction, not in one of its own.
+                    claimed = self._claimed
+                    if len(claimed) > 1000:  # inputs nobody asked for (a worker that died): forget them
+                        claimed.clear()
+                    claimed[operation.operation_id] = tx.input_of(operation.operation_id)
+            return outcome
+
+        outcome = self._run(body)
+        return None if outcome is _NOTHING else outcome
+
+    def prune_identities(self, limit: int = 1000) -> int:
+        """One batch of identity pruning: identities are kept for their whole window, and while their work is active.
+
+        Returns how many were forgotten; call again until it returns 0.  The
+        Operations themselves and their history stay.
+        """
+        if not isinstance(limit, int) or limit < 1:
+            raise StoreError("invalid_input", f"limit: must be a positive integer, got {limit!r}")
+        pruned = [0]
+
+        def body(tx: Tx) -> o.Outcome:
+            pruned[0] = tx.prune_identities(limit)
+            return _NOTHING
+
+        self._run(body)
+        return pruned[0]
+
+    def claim(self, operation_id: str, request: o.ClaimRequest) -> o.Outcome:
+        return self._decide(operation_id, o.claim, request)
+
+    def heartbeat(self, request: o.HeartbeatRequest) -> o.Outcome:
+        return self._decide(request.credential.operation_id, o.heartbeat, request)
+
+    def record_intent(self, request: o.IntentRequest) -> o.Outcome:
+        return self._decide(request.credential.operation_id, o.record_intent, request)
+
+    def fail(self, request: o.FailRequest) -> o.Outcome:
+        return self._decide(request.credential.operation_id, o.fail, request)
+
+    def outcome_unknown(self, request: o.UnknownRequest) -> o.Outcome:
+        return self._decide(request.credential.operation_id, o.outcome_unknown, request)
+
+    def decide(self, request: o.DecideRequest) -> o.Outcome:
+        return self._decide(request.operation_id, o.decide, request)
+
+    def cancel(self, request: o.CancelRequest) -> o.Outcome:
+        return self._decide(request.operation_id, o.cancel, request)
+
+    def complete(self, request: o.CompleteRequest, action: AtomicAction | None = None) -> o.Outcome:
+        """The guarded completion; with ``action``, the atomic action's writes commit with it or not at all."""
+
+        def body(tx: Tx) -> o.Outcome:
+            operation = tx.lock_operation(request.credential.operation_id)
+            now = tx.now()
+            outcome = o.complete(operation, request, now)
+            if not isinstance(outcome, o.Decision) or action is None:
+                if isinstance(outcome, o.Decision):
+                    self._write(tx, outcome)
+                return outcome
+            assert operation is not None
+            if operation.effect_class is not o.EffectClass.ATOMIC:
+                return o.Refusal(
+                    o.RefusalCode.WRONG_EFFECT_CLASS,
+                    f"{operation.effect_class.value} actions do not write through the guarded context",
+                )
+            context = tx.context(operation)
+            try:
+                result = action(context)
+            finally:
+                tx.close_context(context)
+            outcome = o.complete(operation, attrs.evolve(request, result=result), now)
+            if not isinstance(outcome, o.Decision):
+                raise _Rollback(outcome)
+            self._write(tx, outcome)
+            return outcome
+
+        return self._run(body)
+
+
+_NOTHING = o.Refusal(o.RefusalCode.NOT_ELIGIBLE, "nothing is due")
+

@@ -1,0 +1,201 @@
+"""The in-memory operation store: the reference every other store is compared with.
+
+Rules of this module:
+
+- One lock serializes every transaction (the memory store's row lock is
+  the whole store).  A transaction works on copies of the tables and
+  publishes them only when it commits, so a refusal, a failed guard or an
+  atomic action that raises leaves everything exactly as it was.
+- The application's own state lives here too (``tables``), so atomic
+  actions have something to write in the same transaction.
+- Time is the injected clock's, read inside the transaction.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+
+from ..store import Clock, SystemClock
+from .base import TransactionalOperationStore, Tx, due_at
+from .ports import GuardedContext, OperationView, StaleContext
+
+
+@attrs.define
+class _State:
+    operations: dict[str, o.Operation] = attrs.Factory(dict)
+    inputs: dict[str, str] = attrs.Factory(dict)
+    identities: dict[o.Identity, str] = attrs.Factory(dict)
+    attempts: dict[str, list[o.Attempt]] = attrs.Factory(dict)
+    history: dict[str, list[o.Transition]] = attrs.Factory(dict)
+    outbox: list[o.OutboxMessage] = attrs.Factory(list)
+    tables: dict[str, dict[Any, Any]] = attrs.Factory(dict)
+
+    def copy(self) -> _State:
+        return _State(
+            dict(self.operations),
+            dict(self.inputs),
+            dict(self.identities),
+            {k: list(v) for k, v in self.attempts.items()},
+            {k: list(v) for k, v in self.history.items()},
+            list(self.outbox),
+            copy.deepcopy(self.tables),
+        )
+
+
+class _Context:
+    def __init__(self, state: _State, operation: o.Operation) -> None:
+        self.operation_id = operation.operation_id
+        self.fence = operation.fence
+        self.dialect = "memory"
+        self._state: _State | None = state
+
+    @property
+    def tables(self) -> dict[str, dict[Any, Any]]:
+        if self._state is None:
+            raise StaleContext("the operation's transaction has ended; nothing more may be written through it")
+        return self._state.tables
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise StaleContext("the memory store has no SQL; write to context.tables")
+
+    def close(self) -> None:
+        self._state = None
+
+
+class _MemoryTx(Tx):
+    def __init__(self, state: _State, clock: Clock) -> None:
+        self.state = state
+        self.clock = clock
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def lock_operation(self, operation_id: str) -> o.Operation | None:
+        return self.state.operations.get(operation_id)
+
+    def lock_identity(self, identity: o.Identity) -> o.Operation | None:
+        holder = self.state.identities.get(identity)
+        return None if holder is None else self.state.operations[holder]
+
+    def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
+        now = self.now()
+        due = [
+            (when, op.operation_id)
+            for op in self.state.operations.values()
+            if op.identity.tenant == tenant
+            and (namespace is None or op.identity.namespace == namespace)
+            and (when := due_at(op)) is not None
+            and when <= now
+        ]
+        return self.state.operations[min(due)[1]] if due else None
+
+    def write(self, decision: o.Decision, input_json: str | None) -> bool:
+        state = self.state
+        guard = decision.guard
+        current = state.operations.get(guard.operation_id)
+        holder = state.identities.get(guard.identity) if guard.identity is not None else None
+        if not guard.holds(current, holder, self.now()):
+            return False
+        new = decision.operation
+        state.operations[new.operation_id] = new
+        if guard.identity is not None:
+            state.identities[guard.identity] = new.operation_id
+        if input_json is not None:
+            state.inputs[new.operation_id] = input_json
+        attempts = state.attempts.setdefault(new.operation_id, [])
+        for attempt in decision.attempts:
+            attempts[:] = [a for a in attempts if a.number != attempt.number] + [attempt]
+            attempts.sort(key=lambda a: a.number)
+        state.history.setdefault(new.operation_id, []).append(decision.transition)
+        state.outbox.extend(decision.outbox)
+        return True
+
+    def input_of(self, operation_id: str) -> str | None:
+        return self.state.inputs.get(operation_id)
+
+    def prune_identities(self, limit: int) -> int:
+        now = self.now()
+        expired = [
+            identity
+            for identity, holder in self.state.identities.items()
+            if self.state.operations[holder].retain_until <= now and self.state.operations[holder].outcome is not None
+        ][:limit]
+        for identity in expired:
+            del self.state.identities[identity]
+        return len(expired)
+
+    def context(self, operation: o.Operation) -> GuardedContext:
+        return _Context(self.state, operation)
+
+    def close_context(self, context: GuardedContext) -> None:
+        assert isinstance(context, _Context)
+        context.close()
+
+
+class MemoryOperationStore(TransactionalOperationStore):
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self._state = _State()
+        self._lock = threading.RLock()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Tx]:
+        with self._lock:
+            working = self._state.copy()
+            yield _MemoryTx(working, self.clock)
+            self._state = working
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def view(self, operation_id: str) -> OperationView | None:
+        with self._lock:
+            state = self._state
+            operation = state.operations.get(operation_id)
+            if operation is None:
+                return None
+            return OperationView(
+                operation,
+                state.inputs.get(operation_id, "null"),
+                tuple(state.attempts.get(operation_id, ())),
+                tuple(state.history.get(operation_id, ())),
+            )
+
+    def outbox(self, after: str | None = None, limit: int = 100) -> list[o.OutboxMessage]:
+        with self._lock:
+            messages = self._state.outbox
+            start = next((i + 1 for i, m in enumerate(messages) if m.message_id == after), 0) if after else 0
+            return messages[start : start + limit]
+
+    def tables(self) -> dict[str, dict[Any, Any]]:
+        """A copy of the application's tables as committed."""
+        with self._lock:
+            return copy.deepcopy(self._state.tables)
+
+    def seed_table(self, name: str, rows: dict[Any, Any]) -> None:
+        """Set an application table, as an application's own setup would (outside any Operation)."""
+        with self._lock:
+            self._state.tables[name] = copy.deepcopy(rows)
+
+    def active_references(self) -> list[tuple[str, int, str]]:
+        with self._lock:
+            return sorted(
+                {(op.action_name, op.action_version, op.identity.principal)
+                 for op in self._state.operations.values() if op.outcome is None}
+            )
+
+    def operation_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._state.operations)
+
+    def close(self) -> None:
+        pass

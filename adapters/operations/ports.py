@@ -1,0 +1,116 @@
+"""The port every operation store implements, and the guarded context atomic actions write through.
+
+Rules of this module:
+
+- One Protocol for the operations subsystem (:class:`OperationStore`),
+  beside the executions' ``store.Store``: a store implements the ports it
+  supports.
+- Every method that changes anything is one transaction that applies one
+  kernel decision (``fencekeeper.kernel.operations``) under its guard, or
+  nothing: a refusal leaves the store exactly as it was.  Time is the
+  store's (the database's on PostgreSQL), read inside the transaction after
+  the Operation's row is locked.
+- :meth:`OperationStore.complete` takes the atomic action's writes as a
+  callable.  The store locks the row, decides, and only on a Decision runs
+  the callable with a :class:`GuardedContext` bound to the same
+  transaction; the action's writes, the Attempt's success, the Operation's
+  success, its result, transition and outbox row commit together, or none
+  of them does.  The context refuses use once its transaction has ended,
+  and the store refuses the commit when the fence is no longer current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+
+
+class StaleContext(Exception):
+    """The guarded context was used outside its transaction (after commit or rollback)."""
+
+    code = "stale_context"
+
+
+class GuardedContext(Protocol):
+    """What an atomic action may do: write the application's own tables in the Operation's transaction.
+
+    ``execute`` takes SQL with ``?`` placeholders on every SQL store (the
+    PostgreSQL store translates them).  ``tables`` is the memory store's
+    application state: a dict of tables, each a dict of rows by key, copied
+    at the start of the transaction and published only with its commit.
+    """
+
+    operation_id: str
+    fence: int
+    dialect: str
+    """``memory``, ``sqlite`` or ``postgresql``: which of ``tables`` and ``execute`` the action uses."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    @property
+    def tables(self) -> dict[str, dict[Any, Any]]: ...
+
+
+AtomicAction = Callable[[GuardedContext], str]
+"""Runs inside the completion transaction and returns the result as JSON text."""
+
+
+@attrs.frozen
+class OperationView:
+    """An Operation with its Attempts and history, oldest first."""
+
+    operation: o.Operation
+    input: str
+    attempts: tuple[o.Attempt, ...]
+    history: tuple[o.Transition, ...]
+
+
+class OperationStore(Protocol):
+    def now(self) -> datetime: ...
+
+    def submit(self, request: o.SubmitRequest, input_json: str) -> o.Outcome: ...
+
+    def claim_next(
+        self, tenant: str, worker_id: str, lease: timedelta, *, namespace: str | None = None
+    ) -> o.Outcome | None:
+        """Claim (or end by its limits) the Operation of ``tenant`` that has been due longest; None if none is."""
+        ...
+
+    def heartbeat(self, request: o.HeartbeatRequest) -> o.Outcome: ...
+
+    def record_intent(self, request: o.IntentRequest) -> o.Outcome: ...
+
+    def complete(self, request: o.CompleteRequest, action: AtomicAction | None = None) -> o.Outcome: ...
+
+    def fail(self, request: o.FailRequest) -> o.Outcome: ...
+
+    def outcome_unknown(self, request: o.UnknownRequest) -> o.Outcome: ...
+
+    def decide(self, request: o.DecideRequest) -> o.Outcome: ...
+
+    def cancel(self, request: o.CancelRequest) -> o.Outcome: ...
+
+    def get(self, operation_id: str) -> o.Operation | None: ...
+
+    def view(self, operation_id: str) -> OperationView | None: ...
+
+    def input_of(self, operation_id: str) -> str | None:
+        """The Operation's normalised input (JSON text), without its history."""
+        ...
+
+    def outbox(self, after: str | None = None, limit: int = 100) -> list[o.OutboxMessage]: ...
+
+    def active_references(self) -> list[tuple[str, int, str]]:
+        """(action name, action version, principal reference) of every Operation not yet ended."""
+        ...
+
+    def prune_identities(self, limit: int = 1000) -> int:
+        """One batch: forget identities past their window whose Operation has ended; how many."""
+        ...
+
+    def close(self) -> None: ...

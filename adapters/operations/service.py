@@ -1,0 +1,682 @@
+"""The durable-operations Python API: actions, principals, the service, and the values it returns.
+
+Seed 001 (001_24a1fd5f517dd332.txt: Stable v0.7 additions) names the
+surface: ``DurableAction`` and a registry, ``PrincipalReference`` and a
+resolver registry, a service for admission, lookup, status, approval
+decision, cancellation and history, ``OperationRecord``,
+``OperationAdmission``, ``OperationState`` and ``EffectClass``.
+
+Rules of this module:
+
+- Bad input gets one :class:`DurableOperationError` whose code is stable and
+  whose message names the field, and nothing is written: an unknown action
+  or version, input the action's normaliser rejects, an identity reused with
+  other input, a decision on the wrong operation or input digest, an
+  expired approval.  Kernel refusals become errors with the refusal's code.
+- Stored provenance is never permission.  The service resolves the
+  principal's *current* identity (fail closed: missing, disabled or revoked
+  is ``not_authorized``) before admission, approval and cancellation; the
+  worker does so again before every side effect.  A resolver that answers
+  "temporarily unavailable" is asked again a bounded number of times.
+- Normalised input is canonical JSON (sorted keys, no insignificant
+  whitespace, UTF-8); its sha-256 is the digest idempotency and approvals
+  are bound to.  Floats that are not finite are refused.
+- Identifiers the service makes (operation ids, approval ids) are random
+  (uuid4): a store never trusts a caller's clock or counter.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.common import identifier_problem
+from fencekeeper.kernel.machines import OperationState
+from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
+
+from .ports import OperationStore
+
+__all__ = [
+    "ActionFailed",
+    "DeploymentCheck",
+    "DurableAction",
+    "DurableActionRegistry",
+    "DurableOperationError",
+    "DurableOperationService",
+    "EffectClass",
+    "EffectResult",
+    "EffectStatus",
+    "ExternalEffectAdapter",
+    "OperationAdmission",
+    "OperationRecord",
+    "OperationState",
+    "PrincipalReference",
+    "PrincipalResolution",
+    "PrincipalResolverRegistry",
+    "ResolutionStatus",
+    "RetryPolicy",
+    "TerminalOutcome",
+    "canonical_json",
+    "check_durable_operations",
+    "input_digest",
+]
+
+
+class DurableOperationError(Exception):
+    """One clear error: a stable ``code`` and a message naming the field or the operation."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} [{code}]")
+        self.code = code
+        self.message = message
+
+
+def _refused(outcome: o.Refusal) -> DurableOperationError:
+    return DurableOperationError(outcome.code.value, outcome.message)
+
+
+# --- canonical input --------------------------------------------------------------------------
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical text of a JSON value: sorted keys, no spaces, UTF-8, finite numbers only."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise DurableOperationError("invalid_input", f"input: not JSON: {exc}") from None
+
+
+def input_digest(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+# --- principals ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class PrincipalReference:
+    """Non-secret provenance: which resolver (name and version) and which subject.  Never a credential."""
+
+    resolver: str
+    version: int
+    subject: str
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("resolver", "subject"):
+            problem = identifier_problem(getattr(self, name))
+            if problem is not None or (":" in getattr(self, name) and name == "resolver"):
+                raise DurableOperationError("invalid_input", f"principal.{name}: {problem or 'may not contain :'}")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise DurableOperationError("invalid_input", f"principal.version: must be a positive integer, got {self.version!r}")
+
+    @property
+    def ref(self) -> str:
+        """The stored form: ``resolver:vN:subject``."""
+        return f"{self.resolver}:v{self.version}:{self.subject}"
+
+    @classmethod
+    def parse(cls, text: str) -> PrincipalReference:
+        parts = text.split(":", 2)
+        if len(parts) != 3 or not parts[1].startswith("v") or not parts[1][1:].isdigit():
+            raise DurableOperationError(
+                "invalid_input", f"principal: {text!r} is not RESOLVER:vVERSION:SUBJECT (e.g. users:v1:alice)"
+            )
+        return cls(parts[0], int(parts[1][1:]), parts[2])
+
+
+class ResolutionStatus(enum.Enum):
+    ACTIVE = "active"
+    MISSING = "missing"
+    DISABLED = "disabled"
+    REVOKED = "revoked"
+    UNAVAILABLE = "unavailable"
+    """Temporarily: the identity provider could not answer.  The only status that is retried."""
+
+
+@attrs.frozen
+class PrincipalResolution:
+    """What a resolver says about a reference *now*."""
+
+    status: ResolutionStatus
+    reference: PrincipalReference
+    tenants: frozenset[str] = frozenset()
+    """The tenants the principal currently belongs to."""
+    reason: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.status is ResolutionStatus.ACTIVE
+
+    def member_of(self, tenant: str) -> bool:
+        """``*`` among the tenants is an explicit grant of every tenant (a local operator's directory)."""
+        return tenant in self.tenants or "*" in self.tenants
+
+
+class PrincipalResolver(Protocol):
+    def resolve(self, reference: PrincipalReference) -> PrincipalResolution: ...
+
+
+class PrincipalResolverRegistry:
+    """Resolvers by (name, version).  An unregistered resolver fails closed.
+
+    ``retries`` bounds how often a temporarily unavailable answer is asked
+    again (with ``pause`` seconds between), after which it stays
+    unavailable: the caller treats that as a retryable failure, never as a
+    grant.
+    """
+
+    def __init__(self, *, retries: int = 2, pause: float = 0.05) -> None:
+        self._resolvers: dict[tuple[str, int], PrincipalResolver] = {}
+        self.retries = retries
+        self.pause = pause
+
+    def register(self, name: str, version: int, resolver: PrincipalResolver) -> None:
+        self._resolvers[(name, version)] = resolver
+
+    def registered(self) -> list[tuple[str, int]]:
+        return sorted(self._resolvers)
+
+    def resolve(self, reference: PrincipalReference) -> PrincipalResolution:
+        resolver = self._resolvers.get((reference.resolver, reference.version))
+        if resolver is None:
+            return PrincipalResolution(
+                ResolutionStatus.MISSING,
+                reference,
+                reason=f"no resolver {reference.resolver} v{reference.version} is registered",
+            )
+        for attempt in range(self.retries + 1):
+            try:
+                resolution = resolver.resolve(reference)
+            except Exception as exc:  # a resolver that breaks fails closed, never open
+                return PrincipalResolution(ResolutionStatus.MISSING, reference, reason=f"resolver failed: {exc}")
+            if resolution.status is not ResolutionStatus.UNAVAILABLE or attempt == self.retries:
+                return resolution
+            time.sleep(self.pause)
+        raise AssertionError("unreachable")
+
+
+# --- actions ---------------------------------------------------------------------------------------
+
+
+class ActionFailed(Exception):
+    """Raised by a handler for a failure it can classify: ``retryable`` or conclusive."""
+
+    def __init__(self, code: str, message: str = "", *, retryable: bool = False) -> None:
+        super().__init__(message or code)
+        self.code = code
+        self.retryable = retryable
+
+
+class EffectStatus(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    """Conclusively not applied."""
+    NOT_FOUND = "not_found"
+    """Reconciliation: the provider has no effect under this id (it was not applied)."""
+    AMBIGUOUS = "ambiguous"
+    """May or may not have been applied (a timeout, a lost connection)."""
+
+
+@attrs.frozen
+class EffectResult:
+    status: EffectStatus
+    result: Any = None
+    detail: str = ""
+    retryable: bool = False
+
+
+class ExternalEffectAdapter(Protocol):
+    """A provider boundary.  ``effect_id`` is stable for the whole Operation: pass it as the provider's idempotency key."""
+
+    idempotent: bool
+    """True if performing twice with one effect id applies the effect once."""
+
+    def perform(self, effect_id: str, payload: Any) -> EffectResult: ...
+
+    def reconcile(self, effect_id: str) -> EffectResult | None:
+        """What became of ``effect_id``, without performing it; None when the provider cannot say."""
+        ...
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _allow(resolution: PrincipalResolution, payload: Any) -> bool:
+    return True
+
+
+@attrs.frozen
+class DurableAction:
+    """A code-controlled action: name and version, effect class, handler, normaliser, authorizer and limits.
+
+    The handler's shape follows the effect class: ``atomic``:
+    ``handler(context, input) -> result`` (writes only through the guarded
+    context); ``read_only``: ``handler(input) -> result``; ``external``: the
+    ``adapter`` is the handler and ``handler`` builds its payload from the
+    input.  ``authorize(resolution, input)`` is the application's current
+    object and permission policy, asked before every side effect.
+    """
+
+    name: str
+    version: int
+    effect_class: EffectClass
+    handler: Callable[..., Any]
+    normalize: Callable[[Any], Any] = _same
+    authorize: Callable[[PrincipalResolution, Any], bool] = _allow
+    requires_approval: bool = False
+    policy: RetryPolicy = attrs.Factory(RetryPolicy)
+    adapter: ExternalEffectAdapter | None = None
+
+    def __attrs_post_init__(self) -> None:
+        problem = identifier_problem(self.name)
+        if problem is not None:
+            raise DurableOperationError("invalid_action", f"action name: {problem}")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise DurableOperationError("invalid_action", f"action {self.name}: version must be a positive integer")
+        if (self.effect_class is EffectClass.EXTERNAL) != (self.adapter is not None):
+            raise DurableOperationError(
+                "invalid_action", f"action {self.name} v{self.version}: an adapter is required exactly for external effects"
+            )
+
+
+class DurableActionRegistry:
+    """Actions by name and version.  Old versions stay registered while operations reference them."""
+
+    def __init__(self, actions: tuple[DurableAction, ...] = ()) -> None:
+        self._actions: dict[tuple[str, int], DurableAction] = {}
+        for action in actions:
+            self.register(action)
+
+    def register(self, action: DurableAction) -> None:
+        key = (action.name, action.version)
+        if key in self._actions and self._actions[key] != action:
+            raise DurableOperationError("invalid_action", f"action {action.name} v{action.version} is already registered")
+        self._actions[key] = action
+
+    def get(self, name: str, version: int | None = None) -> DurableAction:
+        if version is None:
+            versions = [v for (n, v) in self._actions if n == name]
+            if not versions:
+                raise DurableOperationError("unknown_action", f"action: no action {name!r} is registered")
+            version = max(versions)
+        action = self._actions.get((name, version))
+        if action is None:
+            known = sorted(v for (n, v) in self._actions if n == name)
+            raise DurableOperationError(
+                "unknown_action", f"action: {name!r} version {version} is not registered (registered: {known})"
+            )
+        return action
+
+    def names(self) -> list[tuple[str, int]]:
+        return sorted(self._actions)
+
+
+# --- values returned -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AttemptRecord:
+    number: int
+    worker_id: str
+    state: str
+    started_at: datetime
+    ended_at: datetime | None
+    error_code: str | None
+
+
+@attrs.frozen
+class OperationRecord:
+    """What a caller may know of an Operation (internal columns, fences' meaning and SQL are not the contract)."""
+
+    operation_id: str
+    namespace: str
+    tenant: str
+    principal: str
+    action_name: str
+    action_version: int
+    effect_class: EffectClass
+    state: OperationState
+    outcome: TerminalOutcome | None
+    input_digest: str
+    input: Any
+    result: Any
+    error_code: str | None
+    attempt_count: int
+    maximum_attempts: int
+    admitted_at: datetime
+    deadline: datetime
+    next_eligible_at: datetime
+    requires_approval: bool
+    approved_by: str | None
+    effect_id: str | None
+    attempts: tuple[AttemptRecord, ...]
+
+    @property
+    def terminal(self) -> bool:
+        return self.outcome is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "namespace": self.namespace,
+            "tenant": self.tenant,
+            "principal": self.principal,
+            "action": {"name": self.action_name, "version": self.action_version},
+            "effect_class": self.effect_class.value,
+            "state": self.state.value,
+            "outcome": None if self.outcome is None else self.outcome.value,
+            "input_digest": self.input_digest,
+            "input": self.input,
+            "result": self.result,
+            "error_code": self.error_code,
+            "attempt_count": self.attempt_count,
+            "maximum_attempts": self.maximum_attempts,
+            "admitted_at": self.admitted_at.isoformat(),
+            "deadline": self.deadline.isoformat(),
+            "next_eligible_at": self.next_eligible_at.isoformat(),
+            "requires_approval": self.requires_approval,
+            "approved_by": self.approved_by,
+            "effect_id": self.effect_id,
+            "attempts": [
+                {
+                    "number": a.number,
+                    "worker_id": a.worker_id,
+                    "state": a.state,
+                    "started_at": a.started_at.isoformat(),
+                    "ended_at": None if a.ended_at is None else a.ended_at.isoformat(),
+                    "error_code": a.error_code,
+                }
+                for a in self.attempts
+            ],
+        }
+
+
+@attrs.frozen
+class OperationAdmission:
+    """The answer to a submission: the Operation's id, and whether this submission created it."""
+
+    operation_id: str
+    created: bool
+    record: OperationRecord
+
+
+@attrs.frozen
+class HistoryLine:
+    revision: int
+    at: datetime
+    event: str | None
+    from_state: str | None
+    to_state: str
+    actor: str
+    attempt: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "at": self.at.isoformat(),
+            "event": self.event,
+            "from": self.from_state,
+            "to": self.to_state,
+            "actor": self.actor,
+            "attempt": self.attempt,
+            "reason": self.reason,
+        }
+
+
+# --- the service ------------------------------------------------------------------------------------
+
+
+class DurableOperationService:
+    """Admission, lookup, history, approval decisions and cancellation of one application namespace."""
+
+    def __init__(
+        self,
+        store: OperationStore,
+        actions: DurableActionRegistry,
+        resolvers: PrincipalResolverRegistry,
+        *,
+        namespace: str = "default",
+        retention: timedelta = timedelta(days=1),
+        approval_validity: timedelta = timedelta(hours=24),
+        may_decide: Callable[[PrincipalResolution, OperationRecord], bool] | None = None,
+        may_cancel: Callable[[PrincipalResolution, OperationRecord], bool] | None = None,
+    ) -> None:
+        problem = identifier_problem(namespace)
+        if problem is not None:
+            raise DurableOperationError("invalid_input", f"namespace: {problem}")
+        self.store = store
+        self.actions = actions
+        self.resolvers = resolvers
+        self.namespace = namespace
+        self.retention = retention
+        self.approval_validity = approval_validity
+        # By default any current member of the tenant may decide (not their own: the kernel refuses
+        # that) and the requester may cancel; deployments pass their own policy.
+        self.may_decide = may_decide or (lambda resolution, record: resolution.member_of(record.tenant))
+        self.may_cancel = may_cancel or (
+            lambda resolution, record: resolution.reference.ref == record.principal and resolution.member_of(record.tenant)
+        )
+
+    # --- authority ---------------------------------------------------------------------------
+
+    def _authority(
+        self,
+        principal: PrincipalReference,
+        tenant: str,
+        policy: Callable[[PrincipalResolution], bool] | None = None,
+    ) -> o.Authority:
+        """Resolve ``principal`` now (once) and ask ``policy`` only of an active member of ``tenant``."""
+        resolution = self.resolvers.resolve(principal)
+        allowed = None if policy is None or not resolution.active else policy(resolution)
+        if not resolution.active:
+            why = resolution.reason or resolution.status.value
+            return o.Authority(False, principal.ref, f"{resolution.status.value}: {why}")
+        if not resolution.member_of(tenant):
+            return o.Authority(False, principal.ref, f"not a current member of tenant {tenant}")
+        if allowed is False:
+            return o.Authority(False, principal.ref, "the action's authorizer refused")
+        return o.Authority(True, principal.ref)
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        tenant: str,
+        principal: PrincipalReference,
+        action: str,
+        input: Any,
+        client_key: str,
+        version: int | None = None,
+    ) -> OperationAdmission:
+        for name, value in (("tenant", tenant), ("client_key", client_key)):
+            problem = identifier_problem(value)
+            if problem is not None:
+                raise DurableOperationError("invalid_input", f"{name}: {problem}")
+        chosen = self.actions.get(action, version)
+        try:
+            normalised = chosen.normalize(input)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DurableOperationError("invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {exc}") from None
+        canonical = canonical_json(normalised)
+        authority = self._authority(principal, tenant, lambda resolution: chosen.authorize(resolution, normalised))
+        request = o.SubmitRequest(
+            operation_id=f"op-{uuid.uuid4().hex}",
+            identity=o.Identity(self.namespace, tenant, principal.ref, client_key),
+            action_name=chosen.name,
+            action_version=chosen.version,
+            effect_class=chosen.effect_class,
+            input_digest=input_digest(canonical),
+            authority=authority,
+            policy=chosen.policy,
+            retention=self.retention,
+            requires_approval=chosen.requires_approval,
+        )
+        outcome = self.store.submit(request, canonical)
+        if isinstance(outcome, o.Refusal):
+            raise _refused(outcome)
+        operation = outcome.operation
+        if isinstance(outcome, o.Decision):
+            # A new Operation has no Attempts yet: its record needs no read.
+            return OperationAdmission(operation.operation_id, True, _record(operation, canonical, ()))
+        return OperationAdmission(operation.operation_id, False, self._record(operation.operation_id))
+
+    def get(self, operation_id: str) -> OperationRecord | None:
+        view = self.store.view(operation_id)
+        if view is None or view.operation.identity.namespace != self.namespace:
+            return None
+        return _record(view.operation, view.input, view.attempts)
+
+    def _record(self, operation_id: str) -> OperationRecord:
+        record = self.get(operation_id)
+        if record is None:
+            raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
+        return record
+
+    def history(self, operation_id: str) -> list[HistoryLine]:
+        view = self.store.view(operation_id)
+        if view is None or view.operation.identity.namespace != self.namespace:
+            raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
+        return [
+            HistoryLine(
+                t.revision,
+                t.at,
+                None if t.event is None else t.event.value,
+                None if t.from_state is None else t.from_state.value,
+                t.to_state.value,
+                t.actor,
+                t.fence,
+                t.reason,
+            )
+            for t in view.history
+        ]
+
+    def decide(
+        self,
+        operation_id: str,
+        *,
+        approver: PrincipalReference,
+        approve: bool,
+        input_digest: str | None = None,
+        action: tuple[str, int] | None = None,
+        expires_at: datetime | None = None,
+        approval_id: str | None = None,
+    ) -> OperationRecord:
+        """Approve or reject.  ``input_digest`` and ``action`` bind the decision to what the approver saw.
+
+        Without them the decision binds to the stored Operation as it is
+        (an approver who saw nothing else).  A repeat with the same
+        ``approval_id`` is answered with the stored record.
+        """
+        record = self._record(operation_id)
+        authority = self._authority(approver, record.tenant, lambda resolution: self.may_decide(resolution, record))
+        name, version = action if action is not None else (record.action_name, record.action_version)
+        request = o.DecideRequest(
+            approval_id=approval_id or f"ap-{uuid.uuid4().hex}",
+            operation_id=operation_id,
+            input_digest=input_digest if input_digest is not None else record.input_digest,
+            action_name=name,
+            action_version=version,
+            tenant=record.tenant,
+            approver=approver.ref,
+            approved=approve,
+            expires_at=expires_at if expires_at is not None else self.store.now() + self.approval_validity,
+            authority=authority,
+        )
+        outcome = self.store.decide(request)
+        if isinstance(outcome, o.Refusal):
+            raise _refused(outcome)
+        return self._record(operation_id)
+
+    def cancel(self, operation_id: str, *, principal: PrincipalReference, reason: str = "") -> OperationRecord:
+        record = self._record(operation_id)
+        authority = self._authority(principal, record.tenant, lambda resolution: self.may_cancel(resolution, record))
+        outcome = self.store.cancel(o.CancelRequest(operation_id, principal.ref, authority, reason))
+        if isinstance(outcome, o.Refusal):
+            raise _refused(outcome)
+        return self._record(operation_id)
+
+
+def _record(operation: o.Operation, input_json: str, attempts: tuple[o.Attempt, ...]) -> OperationRecord:
+    return OperationRecord(
+        operation_id=operation.operation_id,
+        namespace=operation.identity.namespace,
+        tenant=operation.identity.tenant,
+        principal=operation.identity.principal,
+        action_name=operation.action_name,
+        action_version=operation.action_version,
+        effect_class=operation.effect_class,
+        state=operation.state,
+        outcome=operation.outcome,
+        input_digest=operation.input_digest,
+        input=json.loads(input_json),
+        result=None if operation.result is None else json.loads(operation.result),
+        error_code=operation.error_code,
+        attempt_count=operation.attempt_count,
+        maximum_attempts=operation.policy.maximum_attempts,
+        admitted_at=operation.admitted_at,
+        deadline=operation.deadline,
+        next_eligible_at=operation.next_eligible_at,
+        requires_approval=operation.requires_approval,
+        approved_by=operation.approval.approver if operation.approval is not None and operation.approval.approved else None,
+        effect_id=operation.effect_id,
+        attempts=tuple(
+            AttemptRecord(a.number, a.worker_id, a.state.value, a.started_at, a.ended_at, a.error_code) for a in attempts
+        ),
+    )
+
+
+
+@attrs.frozen
+class DeploymentCheck:
+    """What ``check_durable_operations`` found; ``ok`` is False when anything blocks running what is stored."""
+
+    missing_actions: tuple[tuple[str, int], ...]
+    missing_resolvers: tuple[tuple[str, int], ...]
+    unreadable_principals: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing_actions or self.missing_resolvers or self.unreadable_principals)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "missing_actions": [{"name": n, "version": v} for n, v in self.missing_actions],
+            "missing_resolvers": [{"name": n, "version": v} for n, v in self.missing_resolvers],
+            "unreadable_principals": list(self.unreadable_principals),
+        }
+
+
+def check_durable_operations(
+    store: OperationStore, actions: DurableActionRegistry, resolvers: PrincipalResolverRegistry
+) -> DeploymentCheck:
+    """Seed 001 (Upgrade and operation, step 4): every action version and principal resolver version an
+    Operation not yet ended refers to must be registered before workers claim work.  Reads, never writes."""
+    registered_actions = set(actions.names())
+    registered_resolvers = set(resolvers.registered())
+    missing_actions: set[tuple[str, int]] = set()
+    missing_resolvers: set[tuple[str, int]] = set()
+    unreadable: set[str] = set()
+    for name, version, principal in store.active_references():
+        if (name, version) not in registered_actions:
+            missing_actions.add((name, version))
+        try:
+            reference = PrincipalReference.parse(principal)
+        except DurableOperationError:
+            unreadable.add(principal)
+            continue
+        if (reference.resolver, reference.version) not in registered_resolvers:
+            missing_resolvers.add((reference.resolver, reference.version))
+    return DeploymentCheck(tuple(sorted(missing_actions)), tuple(sorted(missing_resolvers)), tuple(sorted(unreadable)))

@@ -1,0 +1,430 @@
+"""The SQL both operation stores share: rows, the guarded write, the locking reads, the guarded context.
+
+Rules of this module:
+
+- An Operation is one row of ``operations`` with exactly the kernel's
+  fields (the retry policy and the approval as JSON text), its normalised
+  input and ``due_at`` (``base.due_at``: when a claim next has something to
+  do with it), which the partial index of due work covers.
+- A decision is written under its guard in SQL too: the UPDATE's WHERE
+  names the revision and the fence the decision was made on, a new
+  Operation or a new identity is an INSERT the primary key refuses twice;
+  a write that touches no row returns False and the transaction is rolled
+  back (``base``).  Row locks (PostgreSQL) or the file's write lock
+  (SQLite) make that rare; the guard is the second line of defence.
+- Attempts are upserted by ``(operation_id, number)``; transitions and
+  outbox messages are appended and never changed.
+- The guarded context runs the application's statements on the same
+  connection, in the same transaction, and refuses once it is closed.
+  Statements are written with ``?`` placeholders on every store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.machines import OperationEvent, OperationState
+
+from .base import Tx, due_at
+from .ports import GuardedContext, OperationView, StaleContext
+
+COLUMNS = (
+    "operation_id",
+    "namespace",
+    "tenant",
+    "principal",
+    "client_key",
+    "action_name",
+    "action_version",
+    "effect_class",
+    "input_digest",
+    "state",
+    "revision",
+    "fence",
+    "attempt_count",
+    "policy",
+    "admitted_at",
+    "deadline",
+    "retain_until",
+    "next_eligible_at",
+    "requires_approval",
+    "approval",
+    "owner",
+    "lease_expires_at",
+    "attempt_started_at",
+    "effect_id",
+    "outcome",
+    "error_code",
+    "result",
+    "cancel_requested_by",
+    "due_at",
+)
+MUTABLE = COLUMNS[9:]
+"""Every column but the identity and the action: what a decision on an existing Operation may change."""
+_SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM operations"
+
+
+@attrs.frozen
+class OpsDialect:
+    name: str
+    encode_time: Callable[[datetime], Any]
+    decode_time: Callable[[Any], datetime]
+    integrity_errors: tuple[type[Exception], ...]
+    lock_suffix: str = ""
+    """Appended to a locking read: `` FOR UPDATE`` on PostgreSQL."""
+
+    def time(self, moment: datetime | None) -> Any:
+        return None if moment is None else self.encode_time(moment)
+
+    def optional_time(self, value: Any) -> datetime | None:
+        return None if value is None else self.decode_time(value)
+
+
+def _seconds(value: timedelta) -> float:
+    return value.total_seconds()
+
+
+def encode_policy(policy: o.RetryPolicy) -> str:
+    return json.dumps(
+        {
+            "initial_interval": _seconds(policy.initial_interval),
+            "backoff_coefficient": policy.backoff_coefficient,
+            "maximum_interval": _seconds(policy.maximum_interval),
+            "maximum_attempts": policy.maximum_attempts,
+            "schedule_to_close": _seconds(policy.schedule_to_close),
+        },
+        sort_keys=True,
+    )
+
+
+def decode_policy(text: str) -> o.RetryPolicy:
+    data = json.loads(text)
+    return o.RetryPolicy(
+        initial_interval=timedelta(seconds=data["initial_interval"]),
+        backoff_coefficient=data["backoff_coefficient"],
+        maximum_interval=timedelta(seconds=data["maximum_interval"]),
+        maximum_attempts=data["maximum_attempts"],
+        schedule_to_close=timedelta(seconds=data["schedule_to_close"]),
+    )
+
+
+def encode_approval(approval: o.Approval | None) -> str | None:
+    if approval is None:
+        return None
+    fields = attrs.asdict(approval)
+    fields["expires_at"] = approval.expires_at.isoformat()
+    fields["decided_at"] = approval.decided_at.isoformat()
+    return json.dumps(fields, sort_keys=True)
+
+
+def decode_approval(text: str | None) -> o.Approval | None:
+    if text is None:
+        return None
+    data = json.loads(text)
+    data["expires_at"] = datetime.fromisoformat(data["expires_at"])
+    data["decided_at"] = datetime.fromisoformat(data["decided_at"])
+    return o.Approval(**data)
+
+
+def to_row(op: o.Operation, d: OpsDialect) -> tuple[Any, ...]:
+    return (
+        op.operation_id,
+        op.identity.namespace,
+        op.identity.tenant,
+        op.identity.principal,
+        op.identity.client_key,
+        op.action_name,
+        op.action_version,
+        op.effect_class.value,
+        op.input_digest,
+        op.state.value,
+        op.revision,
+        op.fence,
+        op.attempt_count,
+        encode_policy(op.policy),
+        d.time(op.admitted_at),
+        d.time(op.deadline),
+        d.time(op.retain_until),
+        d.time(op.next_eligible_at),
+        op.requires_approval,
+        encode_approval(op.approval),
+        op.owner,
+        d.time(op.lease_expires_at),
+        d.time(op.attempt_started_at),
+        op.effect_id,
+        None if op.outcome is None else op.outcome.value,
+        op.error_code,
+        op.result,
+        op.cancel_requested_by,
+        d.time(due_at(op)),
+    )
+
+
+def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
+    r = dict(zip(COLUMNS, row, strict=True))
+    return o.Operation(
+        operation_id=r["operation_id"],
+        identity=o.Identity(r["namespace"], r["tenant"], r["principal"], r["client_key"]),
+        action_name=r["action_name"],
+        action_version=int(r["action_version"]),
+        effect_class=o.EffectClass(r["effect_class"]),
+        input_digest=r["input_digest"],
+        state=OperationState(r["state"]),
+        revision=int(r["revision"]),
+        policy=decode_policy(r["policy"]),
+        admitted_at=d.decode_time(r["admitted_at"]),
+        deadline=d.decode_time(r["deadline"]),
+        retain_until=d.decode_time(r["retain_until"]),
+        next_eligible_at=d.decode_time(r["next_eligible_at"]),
+        requires_approval=bool(r["requires_approval"]),
+        approval=decode_approval(r["approval"]),
+        fence=int(r["fence"]),
+        attempt_count=int(r["attempt_count"]),
+        owner=r["owner"],
+        lease_expires_at=d.optional_time(r["lease_expires_at"]),
+        attempt_started_at=d.optional_time(r["attempt_started_at"]),
+        effect_id=r["effect_id"],
+        outcome=None if r["outcome"] is None else o.TerminalOutcome(r["outcome"]),
+        error_code=r["error_code"],
+        result=r["result"],
+        cancel_requested_by=r["cancel_requested_by"],
+    )
+
+
+Execute = Callable[[str, Sequence[Any]], Any]
+"""Runs one statement with ``?`` placeholders; returns an object with ``fetchall()`` and ``rowcount``."""
+
+
+class SqlContext:
+    """The guarded context of an atomic action: the Operation's own transaction, until it is closed."""
+
+    def __init__(self, execute: Execute, dialect: str, operation: o.Operation) -> None:
+        self.operation_id = operation.operation_id
+        self.fence = operation.fence
+        self.dialect = dialect
+        self._execute: Execute | None = execute
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self._execute is None:
+            raise StaleContext("the operation's transaction has ended; nothing more may be written through it")
+        result = self._execute(sql, params)
+        try:
+            return [tuple(row) for row in result.fetchall()]
+        except Exception:  # a statement without rows (psycopg raises ProgrammingError)
+            return []
+
+    @property
+    def tables(self) -> dict[str, dict[Any, Any]]:
+        raise StaleContext("a SQL store's application tables are written with execute()")
+
+    def close(self) -> None:
+        self._execute = None
+
+
+class SqlTx(Tx):
+    """One transaction on a SQL connection.  Subclasses say how to read the time and lock."""
+
+    def __init__(self, execute: Execute, dialect: OpsDialect) -> None:
+        self.run = execute
+        self.d = dialect
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _one(self, sql: str, params: Sequence[Any]) -> o.Operation | None:
+        row = self.run(sql, params).fetchone()
+        return None if row is None else from_row(row, self.d)
+
+    def lock_operation(self, operation_id: str) -> o.Operation | None:
+        return self._one(f"{_SELECT} WHERE operation_id = ?{self.d.lock_suffix}", (operation_id,))
+
+    def lock_identity(self, identity: o.Identity) -> o.Operation | None:
+        self.serialize_identity(identity)
+        row = self.run(
+            "SELECT operation_id FROM operation_identities WHERE namespace = ? AND tenant = ? AND principal = ? "
+            "AND client_key = ?",
+            (identity.namespace, identity.tenant, identity.principal, identity.client_key),
+        ).fetchone()
+        return None if row is None else self.lock_operation(str(row[0]))
+
+    def serialize_identity(self, identity: o.Identity) -> None:
+        """Make concurrent submissions of one identity wait for each other (PostgreSQL: an advisory lock)."""
+
+    def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
+        bound_sql, bound_params = self.due_bound()
+        scope = " AND namespace = ?" if namespace is not None else ""
+        params: list[Any] = [tenant, *bound_params, *([namespace] if namespace is not None else [])]
+        return self._one(
+            f"{_SELECT} WHERE tenant = ? AND due_at IS NOT NULL AND due_at <= {bound_sql}{scope} "
+            f"ORDER BY due_at, operation_id LIMIT 1{self.skip_locked()}",
+            params,
+        )
+
+    def due_bound(self) -> tuple[str, list[Any]]:
+        """The SQL of "now" for finding due work, and its parameters (the store's time by default)."""
+        return "?", [self.d.encode_time(self.now())]
+
+    def skip_locked(self) -> str:
+        return ""
+
+    # -- the guarded write --------------------------------------------------------------------
+
+    def write(self, decision: o.Decision, input_json: str | None) -> bool:
+        guard = decision.guard
+        op = decision.operation
+        row = to_row(op, self.d)
+        if guard.expected_revision == 0:
+            placeholders = ", ".join("?" for _ in COLUMNS)
+            try:
+                self.run(f"INSERT INTO operations ({', '.join(COLUMNS)}, input) VALUES ({placeholders}, ?)",
+                         (*row, input_json if input_json is not None else "null"))
+            except self.d.integrity_errors:
+                return False
+        else:
+            assignments = ", ".join(f"{c} = ?" for c in MUTABLE)
+            changed = self.run(
+                f"UPDATE operations SET {assignments} WHERE operation_id = ? AND revision = ? AND fence = ?",
+                (*row[9:], guard.operation_id, guard.expected_revision, guard.expected_fence),
+            )
+            if changed.rowcount != 1:
+                return False
+        if guard.identity is not None:
+            key = (guard.identity.namespace, guard.identity.tenant, guard.identity.principal, guard.identity.client_key)
+            if guard.expected_holder is None:
+                try:
+                    self.run(
+                        "INSERT INTO operation_identities (namespace, tenant, principal, client_key, operation_id, "
+                        "retain_until) VALUES (?, ?, ?, ?, ?, ?)",
+                        (*key, op.operation_id, self.d.time(op.retain_until)),
+                    )
+                except self.d.integrity_errors:
+                    return False
+            else:
+                moved = self.run(
+                    "UPDATE operation_identities SET operation_id = ?, retain_until = ? WHERE namespace = ? AND "
+                    "tenant = ? AND principal = ? AND client_key = ? AND operation_id = ?",
+                    (op.operation_id, self.d.time(op.retain_until), *key, guard.expected_holder),
+                )
+                if moved.rowcount != 1:
+                    return False
+        for attempt in decision.attempts:
+            self.run(
+                "INSERT INTO operation_attempts (operation_id, number, worker_id, state, started_at, ended_at, "
+                "error_code) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (operation_id, number) DO UPDATE SET "
+                "state = excluded.state, ended_at = excluded.ended_at, error_code = excluded.error_code",
+                (
+                    attempt.operation_id,
+                    attempt.number,
+                    attempt.worker_id,
+                    attempt.state.value,
+                    self.d.time(attempt.started_at),
+                    self.d.time(attempt.ended_at),
+                    attempt.error_code,
+                ),
+            )
+        t = decision.transition
+        self.run(
+            "INSERT INTO operation_transitions (operation_id, revision, event, from_state, to_state, at, actor, "
+            "fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                t.operation_id,
+                t.revision,
+                None if t.event is None else t.event.value,
+                None if t.from_state is None else t.from_state.value,
+                t.to_state.value,
+                self.d.time(t.at),
+                t.actor,
+                t.fence,
+                t.reason,
+            ),
+        )
+        for message in decision.outbox:
+            self.run(
+                "INSERT INTO operation_outbox (message_id, operation_id, topic, at) VALUES (?, ?, ?, ?)",
+                (message.message_id, message.operation_id, message.topic, self.d.time(message.at)),
+            )
+        return True
+
+    def input_of(self, operation_id: str) -> str | None:
+        row = self.run("SELECT input FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def prune_identities(self, limit: int) -> int:
+        pruned = self.run(
+            "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key) IN ("
+            "SELECT i.namespace, i.tenant, i.principal, i.client_key FROM operation_identities i "
+            "JOIN operations o ON o.operation_id = i.operation_id "
+            "WHERE i.retain_until <= ? AND o.outcome IS NOT NULL LIMIT ?)",
+            (self.d.encode_time(self.now()), limit),
+        )
+        return int(pruned.rowcount)
+
+    # -- the guarded context ---------------------------------------------------------------------
+
+    def context(self, operation: o.Operation) -> GuardedContext:
+        return SqlContext(self.run, self.d.name, operation)
+
+    def close_context(self, context: GuardedContext) -> None:
+        assert isinstance(context, SqlContext)
+        context.close()
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def read_view(self, operation_id: str) -> OperationView | None:
+        row = self.run(f"{_SELECT.replace(' FROM', ', input FROM')} WHERE operation_id = ?", (operation_id,)).fetchone()
+        if row is None:
+            return None
+        operation = from_row(row[:-1], self.d)
+        attempts = tuple(
+            o.Attempt(
+                str(r[0]),
+                int(r[1]),
+                str(r[2]),
+                o.AttemptState(r[3]),
+                self.d.decode_time(r[4]),
+                self.d.optional_time(r[5]),
+                r[6],
+            )
+            for r in self.run(
+                "SELECT operation_id, number, worker_id, state, started_at, ended_at, error_code FROM "
+                "operation_attempts WHERE operation_id = ? ORDER BY number",
+                (operation_id,),
+            ).fetchall()
+        )
+        history = tuple(
+            o.Transition(
+                str(r[0]),
+                int(r[1]),
+                None if r[2] is None else OperationEvent(r[2]),
+                None if r[3] is None else OperationState(r[3]),
+                OperationState(r[4]),
+                self.d.decode_time(r[5]),
+                str(r[6]),
+                int(r[7]),
+                str(r[8]),
+            )
+            for r in self.run(
+                "SELECT operation_id, revision, event, from_state, to_state, at, actor, fence, reason FROM "
+                "operation_transitions WHERE operation_id = ? ORDER BY revision",
+                (operation_id,),
+            ).fetchall()
+        )
+        return OperationView(operation, str(row[-1]), attempts, history)
+
+    def read_outbox(self, after: str | None, limit: int) -> list[o.OutboxMessage]:
+        if after is None:
+            rows = self.run(
+                "SELECT message_id, operation_id, topic, at FROM operation_outbox ORDER BY seq LIMIT ?", (limit,)
+            ).fetchall()
+        else:
+            rows = self.run(
+                "SELECT message_id, operation_id, topic, at FROM operation_outbox WHERE seq > (SELECT seq FROM "
+                "operation_outbox WHERE message_id = ?) ORDER BY seq LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        return [o.OutboxMessage(str(r[0]), str(r[1]), str(r[2]), self.d.decode_time(r[3])) for r in rows]

@@ -1,0 +1,272 @@
+"""The durable-operation worker: claims due operations of one tenant and runs each by its effect class.
+
+Seed 001 (Claims, leases, and fencing; Current authorization; Tasks,
+external effects, history, and retention).  Rules of this module:
+
+- A worker is explicitly tenant-scoped.  Each pass claims one due
+  Operation (the store's time decides what is due; an expired owner is
+  replaced by the claim), or ends one that has run out of time or
+  Attempts.
+- Before every side effect the initiating principal is resolved *now*
+  through the resolver registry and the action re-authorized; a missing,
+  disabled or revoked identity fails the Operation closed, a temporarily
+  unavailable one (after the registry's bounded retry) fails the Attempt
+  retryably.  An approval never stands in for this.
+- ``atomic``: the handler runs inside the completion transaction and writes
+  only through the guarded context; its writes commit with the Attempt's
+  success or not at all.  ``read_only``: the handler's result is the only
+  write.  ``external``: the intent and the stable effect id commit first;
+  an Operation that already has an effect id (a replaced Attempt may have
+  called the provider) is reconciled before anything is repeated, repeated
+  with the same id only if the adapter is idempotent, and otherwise ends
+  ``external_outcome_unknown``.  An ambiguous result is never resent
+  blindly.
+- While a read-only or external action runs, a heartbeat renews the lease
+  every third of it; an atomic action runs inside the transaction that
+  holds the Operation's row, so its lease must cover it.
+- A handler's :class:`ActionFailed` is classified by its ``retryable``
+  flag; any other exception is a retryable ``handler_error`` (bounded by
+  the policy's maximum attempts).  Every refusal the store returns (a stale
+  fence after a replacement, a cancellation that won) is reported, never
+  retried: the fence says this worker no longer owns the Operation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+
+from .ports import GuardedContext, OperationStore
+from .service import (
+    ActionFailed,
+    DurableAction,
+    DurableActionRegistry,
+    DurableOperationError,
+    EffectResult,
+    EffectStatus,
+    PrincipalReference,
+    PrincipalResolverRegistry,
+    ResolutionStatus,
+    canonical_json,
+)
+
+
+@attrs.frozen
+class WorkReport:
+    """What one pass did: the Operation, and how it ended for this worker."""
+
+    operation_id: str
+    attempt: int | None
+    outcome: str
+    """A terminal outcome (``succeeded``, ``max_attempts_exceeded``, ...), ``retry``, or a refusal code."""
+    detail: str = ""
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class DurableOperationWorker:
+    def __init__(
+        self,
+        store: OperationStore,
+        actions: DurableActionRegistry,
+        resolvers: PrincipalResolverRegistry,
+        *,
+        tenant: str,
+        worker_id: str | None = None,
+        lease: timedelta = timedelta(seconds=30),
+        namespace: str | None = None,
+        before_effect: Callable[[o.Operation], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.actions = actions
+        self.resolvers = resolvers
+        self.tenant = tenant
+        self.worker_id = worker_id or default_worker_id()
+        self.lease = lease
+        self.namespace = namespace
+        self.before_effect = before_effect
+        """Called after the claim and before the effect (fault tests stop the process here)."""
+
+    def run_once(self) -> WorkReport | None:
+        outcome = self.store.claim_next(self.tenant, self.worker_id, self.lease, namespace=self.namespace)
+        if outcome is None:
+            return None
+        if isinstance(outcome, o.Refusal):
+            return WorkReport("?", None, outcome.code.value, outcome.message)
+        operation = outcome.operation
+        if not isinstance(outcome, o.Decision) or outcome.credential is None:
+            # The claim ended the Operation by a limit (deadline, attempts, an unused approval's expiry).
+            return _ended(operation, None)
+        return self._run(operation, outcome.credential)
+
+    def run_until_idle(self, limit: int = 10_000) -> list[WorkReport]:
+        reports: list[WorkReport] = []
+        for _ in range(limit):
+            report = self.run_once()
+            if report is None:
+                break
+            reports.append(report)
+        return reports
+
+    # --- one attempt ------------------------------------------------------------------------
+
+    def _run(self, operation: o.Operation, credential: o.Credential) -> WorkReport:
+        stored = self.store.input_of(operation.operation_id)
+        payload = json.loads(stored) if stored is not None else None
+        try:
+            action = self.actions.get(operation.action_name, operation.action_version)
+        except DurableOperationError as exc:
+            # A deployment that lost an action version must not end the Operation for good: retried
+            # (within its limits) once the version is registered again; check_durable_operations finds it.
+            return self._fail(credential, "action_not_registered", retryable=True, detail=exc.message)
+        reference = PrincipalReference.parse(operation.identity.principal)
+        resolution = self.resolvers.resolve(reference)
+        if resolution.status is ResolutionStatus.UNAVAILABLE:
+            return self._fail(credential, "principal_unavailable", retryable=True, detail=resolution.reason)
+        if not resolution.active or not resolution.member_of(self.tenant) or not action.authorize(resolution, payload):
+            why = resolution.reason or resolution.status.value
+            return self._fail(credential, "not_authorized", retryable=False, denied=True, detail=why)
+        authority = o.Authority(True, reference.ref)
+        if self.before_effect is not None:
+            self.before_effect(operation)
+        try:
+            if action.effect_class is o.EffectClass.ATOMIC:
+                return self._atomic(action, credential, authority, payload)
+            with self._heartbeats(credential):
+                if action.effect_class is o.EffectClass.READ_ONLY:
+                    result = canonical_json(action.handler(payload))
+                else:
+                    return self._external(action, operation, credential, authority, payload)
+            return self._complete(credential, authority, result)
+        except ActionFailed as failure:
+            return self._fail(credential, failure.code, retryable=failure.retryable, detail=str(failure))
+        except DurableOperationError:
+            raise
+        except Exception as exc:
+            return self._fail(credential, "handler_error", retryable=True, detail=f"{type(exc).__name__}: {exc}")
+
+    def _atomic(
+        self, action: DurableAction, credential: o.Credential, authority: o.Authority, payload: Any
+    ) -> WorkReport:
+        def write(context: GuardedContext) -> str:
+            return canonical_json(action.handler(context, payload))
+
+        outcome = self.store.complete(o.CompleteRequest(credential, authority), write)
+        return self._report(credential, outcome)
+
+    def _external(
+        self,
+        action: DurableAction,
+        operation: o.Operation,
+        credential: o.Credential,
+        authority: o.Authority,
+        payload: Any,
+    ) -> WorkReport:
+        adapter = action.adapter
+        assert adapter is not None
+        earlier = operation.effect_id is not None
+        intent = self.store.record_intent(o.IntentRequest(credential))
+        if not isinstance(intent, o.Decision):
+            return self._report(credential, intent)
+        effect_id = intent.operation.effect_id
+        assert effect_id is not None
+        if earlier:
+            # An earlier Attempt may have reached the provider: look before repeating anything.
+            settled = adapter.reconcile(effect_id)
+            if settled is not None and settled.status is EffectStatus.SUCCEEDED:
+                return self._complete(credential, authority, canonical_json(settled.result))
+            known_absent = settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED)
+            if not known_absent and not adapter.idempotent:
+                return self._unknown(credential, f"effect {effect_id} may have been issued and cannot be reconciled")
+        outcome = adapter.perform(effect_id, action.handler(payload))
+        if outcome.status is EffectStatus.SUCCEEDED:
+            return self._complete(credential, authority, canonical_json(outcome.result))
+        if outcome.status is EffectStatus.FAILED:
+            return self._fail(credential, "effect_failed", retryable=outcome.retryable, detail=outcome.detail)
+        settled = adapter.reconcile(effect_id)
+        return self._after_ambiguity(credential, authority, effect_id, settled, idempotent=adapter.idempotent)
+
+    def _after_ambiguity(
+        self,
+        credential: o.Credential,
+        authority: o.Authority,
+        effect_id: str,
+        settled: EffectResult | None,
+        *,
+        idempotent: bool,
+    ) -> WorkReport:
+        if settled is not None and settled.status is EffectStatus.SUCCEEDED:
+            return self._complete(credential, authority, canonical_json(settled.result))
+        if settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED):
+            # Known not applied: a later Attempt may perform it, with the same effect id.
+            return self._fail(credential, "effect_not_applied", retryable=True, detail=settled.detail)
+        if idempotent:
+            return self._fail(credential, "effect_ambiguous", retryable=True, detail="the provider deduplicates by id")
+        return self._unknown(credential, f"effect {effect_id}: ambiguous result and no reconciliation")
+
+    @contextmanager
+    def _heartbeats(self, credential: o.Credential) -> Iterator[None]:
+        """Renew the lease every third of it while a read-only or external action runs.
+
+        Not for atomic actions: they run inside the transaction that holds the
+        Operation's row, so their lease must cover them.  A refused heartbeat
+        (replaced, cancelled) stops renewing; the completion is then refused
+        by the store as well.
+        """
+        stop = threading.Event()
+        interval = self.lease.total_seconds() / 3
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                outcome = self.store.heartbeat(o.HeartbeatRequest(credential, self.lease))
+                if not isinstance(outcome, o.Decision):
+                    return
+
+        thread = threading.Thread(target=beat, name=f"{self.worker_id}-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    # --- reporting ----------------------------------------------------------------------------
+
+    def _complete(self, credential: o.Credential, authority: o.Authority, result: str) -> WorkReport:
+        return self._report(credential, self.store.complete(o.CompleteRequest(credential, authority, result)))
+
+    def _fail(
+        self, credential: o.Credential, code: str, *, retryable: bool, denied: bool = False, detail: str = ""
+    ) -> WorkReport:
+        outcome = self.store.fail(o.FailRequest(credential, code, retryable, not_authorized=denied))
+        report = self._report(credential, outcome)
+        return attrs.evolve(report, detail=detail or report.detail)
+
+    def _unknown(self, credential: o.Credential, detail: str) -> WorkReport:
+        return self._report(credential, self.store.outcome_unknown(o.UnknownRequest(credential, detail)))
+
+    @staticmethod
+    def _report(credential: o.Credential, outcome: o.Outcome) -> WorkReport:
+        if isinstance(outcome, o.Refusal):
+            return WorkReport(credential.operation_id, credential.fence, outcome.code.value, outcome.message)
+        if isinstance(outcome, o.Unchanged):
+            return WorkReport(credential.operation_id, credential.fence, outcome.code.value, outcome.message)
+        return _ended(outcome.operation, credential.fence)
+
+
+def _ended(operation: o.Operation, attempt: int | None) -> WorkReport:
+    if operation.outcome is not None:
+        return WorkReport(operation.operation_id, attempt, operation.outcome.value, operation.error_code or "")
+    return WorkReport(operation.operation_id, attempt, "retry", f"eligible again {operation.next_eligible_at.isoformat()}")

@@ -1,0 +1,616 @@
+"""Conformance tests every operation store inherits, and a Hypothesis state machine over the service.
+
+Subclass :class:`OperationStoreTests` and provide an ``ops_store_factory``
+fixture (a callable taking a :class:`~fencekeeper.adapters.store.ManualClock`
+and returning a fresh, empty store that reads its time from it).  The tests
+go through the Python API (``DurableOperationService``,
+``DurableOperationWorker``) and the port, and prove, for that store:
+
+- scoped idempotency: an identical submission is the same Operation, a
+  different one under the identity is ``idempotency_conflict`` and writes
+  nothing; after the window (once its Operation ended) the identity names a
+  new Operation, and pruning forgets only such identities;
+- bad input (unknown action or version, input the normaliser rejects, a
+  decision on the wrong input digest, self-approval, an expired approval)
+  is one error with a stable code, and nothing is written;
+- an atomic transfer's writes commit with the Attempt's success; a handler
+  failure leaves the application's tables unchanged;
+- an expired owner is replaced automatically (its Attempt recorded
+  ``abandoned``) and its late completion is refused ``stale_fence`` with the
+  application's tables unchanged;
+- cancellation and the effect: whichever commits first wins, the other is
+  refused;
+- approvals gate claims, bind to the digest, and are consumed once;
+- external effects: intent first, one stable effect id, reconciliation
+  before any repeat, ``external_outcome_unknown`` instead of a blind resend;
+- limits: backoff, maximum attempts, deadline, each a named outcome;
+- current authorization: a revoked principal fails closed.
+
+The state machine (:func:`run_operation_state_machine`) drives random
+sequences of submissions, claims, completions by current and stale owners,
+failures, approvals, cancellations and clock moves, and checks after every
+step the invariants of specs/operations.md on what the store shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations.memory import MemoryOperationStore
+from fencekeeper.adapters.operations.ports import GuardedContext, OperationStore
+from fencekeeper.adapters.operations.service import (
+    DurableAction,
+    DurableActionRegistry,
+    DurableOperationError,
+    DurableOperationService,
+    PrincipalReference,
+    PrincipalResolverRegistry,
+    ResolutionStatus,
+)
+from fencekeeper.adapters.operations.worker import DurableOperationWorker
+from fencekeeper.adapters.store import ManualClock
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.machines import OperationState
+
+OpsStoreFactory = Callable[[ManualClock], OperationStore]
+
+TENANT = "tenant-a"
+ALICE = PrincipalReference("users", 1, "alice")
+BOB = PrincipalReference("users", 1, "bob")
+LEASE = timedelta(seconds=30)
+
+
+# --- application tables, whatever the store -----------------------------------------------------
+
+
+def open_accounts(store: OperationStore, balances: dict[str, int]) -> None:
+    if isinstance(store, MemoryOperationStore):
+        store.seed_table("app_accounts", balances)
+        store.seed_table("app_transfers", {})
+        return
+    run = getattr(store, "application_execute")  # noqa: B009 - every SQL store has it; the port does not
+    for statement in examples.ACCOUNTS_SQL:
+        run(statement)
+    for account, amount in balances.items():
+        run("INSERT INTO app_accounts (account_id, balance) VALUES (?, ?)", (account, amount))
+
+
+def accounts(store: OperationStore) -> dict[str, int]:
+    if isinstance(store, MemoryOperationStore):
+        return dict(store.tables().get("app_accounts", {}))
+    rows = getattr(store, "application_execute")("SELECT account_id, balance FROM app_accounts")  # noqa: B009
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def transfers(store: OperationStore) -> set[str]:
+    if isinstance(store, MemoryOperationStore):
+        return set(store.tables().get("app_transfers", {}))
+    rows = getattr(store, "application_execute")("SELECT operation_id FROM app_transfers")  # noqa: B009
+    return {str(r[0]) for r in rows}
+
+
+class World:
+    """A service, a directory, a provider and workers over one store."""
+
+    def __init__(self, store: OperationStore, clock: ManualClock) -> None:
+        self.store = store
+        self.clock = clock
+        self.directory = examples.Directory()
+        for subject in ("alice", "bob", "carol"):
+            self.directory.set(subject, ResolutionStatus.ACTIVE, frozenset({TENANT}))
+        self.resolvers = PrincipalResolverRegistry(retries=2, pause=0)
+        self.resolvers.register("users", 1, self.directory)
+        self.provider = examples.FakePaymentProvider()
+        self.adapter = examples.PaymentCaptureAdapter(self.provider)
+        self.actions = DurableActionRegistry(
+            (
+                examples.TRANSFER,
+                examples.BALANCE,
+                DurableAction(
+                    "capture_payment",
+                    1,
+                    o.EffectClass.EXTERNAL,
+                    lambda value: value,
+                    normalize=examples.normalize_capture,
+                    adapter=self.adapter,
+                    requires_approval=True,
+                ),
+                DurableAction(
+                    "capture_unapproved",
+                    1,
+                    o.EffectClass.EXTERNAL,
+                    lambda value: value,
+                    normalize=examples.normalize_capture,
+                    adapter=self.adapter,
+                ),
+            )
+        )
+        self.service = DurableOperationService(store, self.actions, self.resolvers, namespace="shop")
+
+    def worker(self, name: str) -> DurableOperationWorker:
+        return DurableOperationWorker(self.store, self.actions, self.resolvers, tenant=TENANT, worker_id=name, lease=LEASE)
+
+    def transfer(self, key: str, amount: int = 10, source: str = "acc-1", target: str = "acc-2") -> str:
+        admission = self.service.submit(
+            tenant=TENANT, principal=ALICE, action="transfer", input={"from": source, "to": target, "amount": amount},
+            client_key=key,
+        )
+        return admission.operation_id
+
+
+class OperationStoreTests:
+    """Conformance tests for an operation store.  Subclass it and provide ``ops_store_factory``."""
+
+    @pytest.fixture
+    def ops_store_factory(self) -> OpsStoreFactory:
+        raise NotImplementedError("subclass OperationStoreTests and provide an ops_store_factory fixture")
+
+    @pytest.fixture
+    def clock(self) -> ManualClock:
+        return ManualClock()
+
+    @pytest.fixture
+    def world(self, ops_store_factory: OpsStoreFactory, clock: ManualClock) -> Iterator[World]:
+        store = ops_store_factory(clock)
+        open_accounts(store, {"acc-1": 100, "acc-2": 0})
+        yield World(store, clock)
+        store.close()
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def test_identical_submission_is_the_same_operation(self, world: World) -> None:
+        first = world.service.submit(tenant=TENANT, principal=ALICE, action="transfer",
+                                     input={"from": "acc-1", "to": "acc-2", "amount": 5}, client_key="k1")
+        # Key order and the version default do not matter: the normalised input is the same.
+        again = world.service.submit(tenant=TENANT, principal=ALICE, action="transfer",
+                                     input={"amount": 5, "to": "acc-2", "from": "acc-1"}, client_key="k1", version=1)
+        assert first.created and not again.created
+        assert again.operation_id == first.operation_id
+        # Another principal with the same key is another identity.
+        other = world.service.submit(tenant=TENANT, principal=BOB, action="transfer",
+                                     input={"from": "acc-1", "to": "acc-2", "amount": 5}, client_key="k1")
+        assert other.created and other.operation_id != first.operation_id
+
+    def test_reuse_with_other_input_is_a_conflict_and_writes_nothing(self, world: World) -> None:
+        op_id = world.transfer("k1", 5)
+        before = world.store.view(op_id)
+        with pytest.raises(DurableOperationError) as raised:
+            world.transfer("k1", 6)
+        assert raised.value.code == "idempotency_conflict"
+        assert "input_digest" in raised.value.message
+        assert world.store.view(op_id) == before
+
+    @pytest.mark.parametrize(
+        ("action", "version", "payload", "code"),
+        [
+            ("nope", None, {}, "unknown_action"),
+            ("transfer", 7, {"from": "acc-1", "to": "acc-2", "amount": 1}, "unknown_action"),
+            ("transfer", None, {"from": "acc-1", "to": "acc-2", "amount": -1}, "invalid_input"),
+            ("transfer", None, {"from": "acc-1", "to": "acc-1", "amount": 1}, "invalid_input"),
+        ],
+    )
+    def test_bad_submission_is_one_error_and_writes_nothing(
+        self, world: World, action: str, version: int | None, payload: Any, code: str
+    ) -> None:
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.submit(tenant=TENANT, principal=ALICE, action=action, input=payload, client_key="k", version=version)
+        assert raised.value.code == code
+        assert world.worker("w1").run_once() is None
+
+    def test_the_identity_is_free_again_after_its_window(self, world: World) -> None:
+        first = world.transfer("k1", 5)
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "succeeded"
+        world.clock.advance(timedelta(days=2))
+        second = world.transfer("k1", 6)
+        assert second != first
+        assert world.service.get(first) is not None
+
+    def test_pruning_keeps_identities_for_their_window_and_while_work_is_active(self, world: World) -> None:
+        ended = world.transfer("k1", 5)
+        world.worker("w1").run_once()
+        active = world.transfer("k2", 5)
+        assert world.store.prune_identities() == 0
+        world.clock.advance(timedelta(days=2))
+        assert world.store.prune_identities(limit=10) == 1
+        assert world.store.prune_identities() == 0
+        # The ended operation stays readable; its key is free again, the active one's is not.
+        assert world.service.get(ended) is not None
+        assert world.transfer("k1", 6) not in (ended, active)
+        assert world.transfer("k2", 5) == active
+
+    def test_a_disabled_principal_cannot_submit(self, world: World) -> None:
+        world.directory.set("alice", ResolutionStatus.DISABLED)
+        with pytest.raises(DurableOperationError) as raised:
+            world.transfer("k1")
+        assert raised.value.code == "not_authorized"
+
+    # --- atomic --------------------------------------------------------------------------------
+
+    def test_atomic_transfer_commits_with_the_attempt(self, world: World) -> None:
+        op_id = world.transfer("k1", 30)
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "succeeded"
+        assert accounts(world.store) == {"acc-1": 70, "acc-2": 30}
+        assert transfers(world.store) == {op_id}
+        record = world.service.get(op_id)
+        assert record is not None
+        assert (record.state, record.outcome, record.result) == (
+            OperationState.SUCCEEDED, o.TerminalOutcome.SUCCEEDED, {"from_balance": 70, "to_balance": 30},
+        )
+        assert [a.state for a in record.attempts] == ["succeeded"]
+        assert [line.to_state for line in world.service.history(op_id)] == ["admitted", "running", "succeeded"]
+        assert [m.topic for m in world.store.outbox() if m.operation_id == op_id] == ["operation.succeeded"]
+
+    def test_a_failing_handler_leaves_the_tables_unchanged(self, world: World) -> None:
+        op_id = world.transfer("k1", 500)
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "action_failed"
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        record = world.service.get(op_id)
+        assert record is not None and record.error_code == "insufficient_funds"
+
+    def test_an_expired_owner_is_replaced_and_its_commit_refused(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        claim = world.store.claim_next(TENANT, "zombie", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        world.clock.advance(LEASE)
+        report = world.worker("w2").run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("succeeded", 2)
+        record = world.service.get(op_id)
+        assert record is not None
+        assert [(a.number, a.worker_id, a.state) for a in record.attempts] == [
+            (1, "zombie", "abandoned"), (2, "w2", "succeeded"),
+        ]
+        ran: list[str] = []
+
+        def write(context: GuardedContext) -> str:
+            ran.append("ran")
+            examples.transfer(context, {"from": "acc-1", "to": "acc-2", "amount": 10})
+            return "null"
+
+        late = world.store.complete(o.CompleteRequest(claim.credential, o.Authority(True, ALICE.ref)), write)
+        assert isinstance(late, o.Refusal) and late.code is o.RefusalCode.STALE_FENCE
+        assert ran == []
+        assert accounts(world.store) == {"acc-1": 90, "acc-2": 10}
+        for stale in (
+            world.store.heartbeat(o.HeartbeatRequest(claim.credential, LEASE)),
+            world.store.fail(o.FailRequest(claim.credential, "boom", retryable=True)),
+        ):
+            assert isinstance(stale, o.Refusal) and stale.code is o.RefusalCode.STALE_FENCE
+
+    def test_the_guarded_context_refuses_use_after_its_transaction(self, world: World) -> None:
+        world.transfer("k1", 10)
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        kept: list[GuardedContext] = []
+
+        def write(context: GuardedContext) -> str:
+            kept.append(context)
+            return "null"
+
+        assert isinstance(world.store.complete(o.CompleteRequest(claim.credential, o.Authority(True, ALICE.ref)), write), o.Decision)
+        from fencekeeper.adapters.operations.ports import StaleContext  # noqa: PLC0415
+
+        with pytest.raises(StaleContext):
+            if kept[0].dialect == "memory":
+                kept[0].tables["x"] = {}
+            else:
+                kept[0].execute("SELECT 1")
+
+    def test_a_lease_that_expires_during_the_action_refuses_the_commit(self, world: World) -> None:
+        world.transfer("k1", 10)
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+
+        def slow(context: GuardedContext) -> str:
+            examples.transfer(context, {"from": "acc-1", "to": "acc-2", "amount": 10})
+            world.clock.advance(LEASE)
+            return "null"
+
+        outcome = world.store.complete(o.CompleteRequest(claim.credential, o.Authority(True, ALICE.ref)), slow)
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.LEASE_EXPIRED
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+
+    # --- cancellation ---------------------------------------------------------------------------
+
+    def test_cancel_first_refuses_the_effect(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        record = world.service.cancel(op_id, principal=ALICE, reason="customer asked")
+        assert record.state is OperationState.CANCELLED
+        assert [a.state for a in record.attempts] == ["cancelled"]
+        late = world.store.complete(
+            o.CompleteRequest(claim.credential, o.Authority(True, ALICE.ref)),
+            lambda c: str(examples.transfer(c, {"from": "acc-1", "to": "acc-2", "amount": 10}) and "null"),
+        )
+        assert isinstance(late, o.Refusal) and late.code is o.RefusalCode.NOT_RUNNING
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        assert world.service.cancel(op_id, principal=ALICE).state is OperationState.CANCELLED
+
+    def test_effect_first_makes_cancel_too_late(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        world.worker("w1").run_once()
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.cancel(op_id, principal=ALICE)
+        assert raised.value.code == "cancel_too_late"
+        assert accounts(world.store) == {"acc-1": 90, "acc-2": 10}
+
+    def test_only_the_requester_may_cancel(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.cancel(op_id, principal=BOB)
+        assert raised.value.code == "not_authorized"
+
+    # --- approvals and external effects -----------------------------------------------------------
+
+    def _capture(self, world: World, key: str = "c1", action: str = "capture_payment") -> str:
+        return world.service.submit(
+            tenant=TENANT, principal=ALICE, action=action, input={"order": "o-1", "amount": 2500}, client_key=key
+        ).operation_id
+
+    def test_approval_gates_binds_and_is_consumed_once(self, world: World) -> None:
+        op_id = self._capture(world)
+        assert world.worker("w1").run_once() is None
+        for approver, digest, code in (
+            (ALICE, None, "self_approval"),
+            (BOB, "0" * 64, "approval_misbound"),
+        ):
+            with pytest.raises(DurableOperationError) as raised:
+                world.service.decide(op_id, approver=approver, approve=True, input_digest=digest)
+            assert raised.value.code == code
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.decide(op_id, approver=BOB, approve=True, expires_at=world.clock.now())
+        assert raised.value.code == "approval_expired"
+        record = world.service.decide(op_id, approver=BOB, approve=True, approval_id="ap-1")
+        assert record.state is OperationState.ADMITTED and record.approved_by == BOB.ref
+        assert world.service.decide(op_id, approver=BOB, approve=True, approval_id="ap-1").state is OperationState.ADMITTED
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.decide(op_id, approver=BOB, approve=False, approval_id="ap-2")
+        assert raised.value.code == "decision_conflict"
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "succeeded"
+        assert world.provider.calls == [f"{op_id}/effect"]
+
+    def test_lost_reply_is_reconciled_not_resent(self, world: World) -> None:
+        op_id = self._capture(world, action="capture_unapproved")
+        world.provider.mode = "lost_reply"
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "succeeded"
+        assert world.provider.calls == [f"{op_id}/effect"]
+        assert world.provider.captures == {f"{op_id}/effect": 2500}
+
+    def test_unreconcilable_ambiguity_is_external_outcome_unknown(self, world: World) -> None:
+        world.adapter.reconcilable = False
+        world.adapter.idempotent = False
+        op_id = self._capture(world, action="capture_unapproved")
+        world.provider.mode = "timeout"
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "external_outcome_unknown"
+        world.clock.advance(timedelta(hours=2))
+        assert world.worker("w2").run_once() is None
+        assert len(world.provider.calls) == 1
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.OUTCOME_UNKNOWN
+
+    def test_a_replacement_reconciles_before_performing_with_the_same_effect_id(self, world: World) -> None:
+        op_id = self._capture(world, action="capture_unapproved")
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        intent = world.store.record_intent(o.IntentRequest(claim.credential))
+        assert isinstance(intent, o.Decision)
+        # w1 dies here, before or after calling the provider: nobody knows.
+        world.clock.advance(LEASE)
+        report = world.worker("w2").run_once()
+        assert report is not None and report.outcome == "succeeded"
+        assert world.provider.calls == [f"{op_id}/effect"]
+
+    # --- limits and authorization -------------------------------------------------------------------
+
+    def test_retries_back_off_then_end_with_max_attempts_exceeded(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        world.directory.set("alice", ResolutionStatus.UNAVAILABLE)
+        reports = []
+        for _ in range(5):
+            reports.append(world.worker("w1").run_once())
+            world.clock.advance(timedelta(minutes=10))
+        outcomes = [r.outcome for r in reports if r is not None]
+        assert outcomes == ["retry", "retry", "max_attempts_exceeded"]
+        record = world.service.get(op_id)
+        assert record is not None and record.attempt_count == 3
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+
+    def test_a_revoked_principal_fails_closed(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        world.directory.set("alice", ResolutionStatus.REVOKED)
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "not_authorized"
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        record = world.service.get(op_id)
+        assert record is not None and record.attempt_count == 1
+
+    def test_past_the_deadline_the_claim_ends_it(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        world.clock.advance(timedelta(hours=2))
+        report = world.worker("w1").run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("deadline_exceeded", None)
+        record = world.service.get(op_id)
+        assert record is not None and record.attempt_count == 0
+
+    def test_the_deployment_check_names_what_active_operations_need(self, world: World) -> None:
+        from fencekeeper.adapters.operations.service import check_durable_operations  # noqa: PLC0415
+
+        world.transfer("k1", 5)
+        assert check_durable_operations(world.store, world.actions, world.resolvers).ok
+        bare = DurableActionRegistry((examples.BALANCE,))
+        check = check_durable_operations(world.store, bare, PrincipalResolverRegistry())
+        assert not check.ok
+        assert check.missing_actions == (("transfer", 1),)
+        assert check.missing_resolvers == (("users", 1),)
+        world.worker("w1").run_once()
+        assert check_durable_operations(world.store, bare, PrincipalResolverRegistry()).ok
+
+    def test_workers_see_only_their_tenant(self, world: World) -> None:
+        world.transfer("k1", 10)
+        other = DurableOperationWorker(world.store, world.actions, world.resolvers, tenant="tenant-b", worker_id="wb")
+        assert other.run_once() is None
+
+    def test_a_refusal_leaves_the_store_as_it_was(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        before = world.store.view(op_id)
+        wrong = o.Credential(op_id, "w1", claim.credential.fence + 1)
+        for outcome in (
+            world.store.heartbeat(o.HeartbeatRequest(wrong, LEASE)),
+            world.store.complete(o.CompleteRequest(claim.credential, o.Authority(False, ALICE.ref))),
+            world.store.record_intent(o.IntentRequest(claim.credential)),
+        ):
+            assert isinstance(outcome, o.Refusal)
+        assert world.store.view(op_id) == before
+
+
+# --- the state machine -----------------------------------------------------------------------------
+
+
+class OperationServiceMachine(RuleBasedStateMachine):
+    """Random sequences over the service, the worker steps and the clock; invariants checked after each."""
+
+    factory: OpsStoreFactory
+
+    @initialize()
+    def start(self) -> None:
+        self.clock = ManualClock()
+        self.store = type(self).factory(self.clock)
+        open_accounts(self.store, {"acc-1": 1000, "acc-2": 1000})
+        self.world = World(self.store, self.clock)
+        self.ids: set[str] = set()
+        self.identities: dict[tuple[str, str], str] = {}
+        self.credentials: list[o.Credential] = []
+        self.ended: dict[str, o.Operation] = {}
+        self.consumed: dict[str, int] = {}
+
+    def teardown(self) -> None:
+        if hasattr(self, "store"):
+            self.store.close()
+
+    @rule(key=st.sampled_from(["k1", "k2", "k3"]), amount=st.integers(1, 3), approval=st.booleans())
+    def submit(self, key: str, amount: int, approval: bool) -> None:
+        action = "capture_payment" if approval else "transfer"
+        payload: Any = {"order": "o-1", "amount": amount} if approval else {"from": "acc-1", "to": "acc-2", "amount": amount}
+        try:
+            admission = self.world.service.submit(tenant=TENANT, principal=ALICE, action=action, input=payload, client_key=key)
+        except DurableOperationError as exc:
+            assert exc.code == "idempotency_conflict"
+            assert (key, TENANT) in self.identities
+            return
+        known = self.identities.setdefault((key, TENANT), admission.operation_id)
+        assert known == admission.operation_id, "one identity, one operation"
+        assert admission.created == (admission.operation_id not in self.ids)
+        self.ids.add(admission.operation_id)
+
+    @rule(worker=st.sampled_from(["w1", "w2", "w3"]))
+    def claim(self, worker: str) -> None:
+        outcome = self.store.claim_next(TENANT, worker, LEASE)
+        if isinstance(outcome, o.Decision) and outcome.credential is not None:
+            self.credentials.append(outcome.credential)
+
+    @rule(data=st.data(), atomic=st.booleans())
+    def complete(self, data: st.DataObject, atomic: bool) -> None:
+        if not self.credentials:
+            return
+        credential = data.draw(st.sampled_from(self.credentials))
+        before = self.store.get(credential.operation_id)
+        authority = o.Authority(True, ALICE.ref)
+        if before is not None and before.effect_class is o.EffectClass.EXTERNAL:
+            self.store.record_intent(o.IntentRequest(credential))
+            outcome = self.store.complete(o.CompleteRequest(credential, authority, '{"captured":true}'))
+        elif atomic:
+            payload = {"from": "acc-1", "to": "acc-2", "amount": 1}
+            outcome = self.store.complete(
+                o.CompleteRequest(credential, authority),
+                lambda c: str(examples.transfer(c, payload) and "null"),
+            )
+        else:
+            outcome = self.store.complete(o.CompleteRequest(credential, authority))
+        if before is None or o.check_owner(before, credential, self.clock.now()) is not None:
+            assert isinstance(outcome, o.Refusal), "only the current, live owner may complete"
+
+    @rule(data=st.data(), retryable=st.booleans())
+    def fail(self, data: st.DataObject, retryable: bool) -> None:
+        if self.credentials:
+            credential = data.draw(st.sampled_from(self.credentials))
+            self.store.fail(o.FailRequest(credential, "busy", retryable))
+
+    @rule(data=st.data(), approve=st.booleans())
+    def decide(self, data: st.DataObject, approve: bool) -> None:
+        if self.ids:
+            op_id = data.draw(st.sampled_from(sorted(self.ids)))
+            try:
+                self.world.service.decide(op_id, approver=BOB, approve=approve, approval_id=f"ap-{op_id}")
+            except DurableOperationError as exc:
+                assert exc.code in {"not_awaiting_approval", "decision_conflict"}
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        if self.ids:
+            op_id = data.draw(st.sampled_from(sorted(self.ids)))
+            try:
+                self.world.service.cancel(op_id, principal=ALICE)
+            except DurableOperationError as exc:
+                assert exc.code == "cancel_too_late"
+
+    @rule(seconds=st.sampled_from([1, 10, 31, 600, 4000]))
+    def tick(self, seconds: int) -> None:
+        self.clock.advance(timedelta(seconds=seconds))
+
+    @invariant()
+    def operations_keep_their_promises(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        applied = transfers(self.store)
+        for op_id in sorted(self.ids):
+            view = self.store.view(op_id)
+            assert view is not None
+            op = view.operation
+            running = [a for a in view.attempts if a.state is o.AttemptState.RUNNING]
+            assert len(running) <= 1, "at most one owner"
+            if running:
+                assert op.state is OperationState.RUNNING and running[0].number == op.fence
+            assert [a.number for a in view.attempts] == list(range(1, op.fence + 1))
+            assert op.attempt_count == op.fence <= op.policy.maximum_attempts
+            if op_id in self.ended:
+                assert op == self.ended[op_id], "a terminal operation is never written again"
+            elif op.outcome is not None:
+                self.ended[op_id] = op
+            if op.approval is not None and op.approval.consumed_by is not None:
+                assert self.consumed.setdefault(op_id, op.approval.consumed_by) == op.approval.consumed_by
+            if op.action_name == "transfer":
+                # The action's writes exist only with the operation's success (a completion may also
+                # succeed without writing, when the machine completes it with no action).
+                assert op_id not in applied or op.state is OperationState.SUCCEEDED
+                if op.state is OperationState.CANCELLED:
+                    assert op_id not in applied, "cancel and effect never both win"
+            assert [t.revision for t in view.history] == list(range(1, op.revision + 1))
+        balances = accounts(self.store)
+        assert sum(balances.values()) == 2000
+
+
+def run_operation_state_machine(factory: OpsStoreFactory, *, max_examples: int = 25) -> None:
+    machine = type("Machine", (OperationServiceMachine,), {"factory": staticmethod(factory)})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(max_examples=max_examples, stateful_step_count=30, deadline=None, database=None),
+    )
+
+
+__all__ = ["OperationServiceMachine", "OperationStoreTests", "OpsStoreFactory", "World", "run_operation_state_machine"]

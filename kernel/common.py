@@ -1,0 +1,65 @@
+"""What every subsystem's decisions check the same way: identifiers, UTC times, durations.
+
+Rules of this module:
+
+- It sits below ``protocol.py`` (workflow executions) and
+  ``operations.py`` (durable operations) and imports neither, so that the
+  subsystems share one definition of a well-formed identifier and of the
+  authoritative time instead of copying them.
+- Each check returns ``None`` for a good value and otherwise the *problem*,
+  one phrase a refusal message can follow a field name with.  Turning a
+  problem into a refusal is the caller's business: each subsystem has its
+  own stable refusal codes.
+- Nothing here reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Final
+
+IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
+"""An identifier: 1-128 characters, a letter or digit first, then letters, digits and ``. _ : @ / -``."""
+
+
+def identifier_problem(value: object) -> str | None:
+    """Why ``value`` is not an identifier, or None.
+
+    post: (__return__ is None) == (isinstance(value, str) and IDENTIFIER.fullmatch(value) is not None)
+    """
+    if isinstance(value, str) and IDENTIFIER.fullmatch(value):
+        return None
+    return f"malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -)"
+
+
+def utc_problem(value: object) -> str | None:
+    """Why ``value`` is not an aware UTC datetime, or None.  Every subsystem is UTC only."""
+    if not isinstance(value, datetime):
+        return f"must be a datetime, got {type(value).__name__}"
+    if value.tzinfo is None or value.utcoffset() is None:
+        return "naive datetime; the protocol is UTC only"
+    if value.utcoffset() != timedelta(0):
+        return f"offset {value.utcoffset()} is not UTC; the protocol is UTC only"
+    return None
+
+
+def duration_problem(value: object) -> str | None:
+    """Why ``value`` is not a positive duration, or None."""
+    if not isinstance(value, timedelta):
+        return f"must be a timedelta, got {type(value).__name__}"
+    if value <= timedelta(0):
+        return f"must be positive, got {value}"
+    return None
+
+
+def later_problem(now: datetime, duration: timedelta) -> str | None:
+    """Why ``now + duration`` cannot be represented, or None."""
+    try:
+        now + duration
+    except OverflowError:
+        return f"{duration} from {now.isoformat()} is past the last representable time"
+    return None
+
+
+__all__ = ["IDENTIFIER", "duration_problem", "identifier_problem", "later_problem", "utc_problem"]

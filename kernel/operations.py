@@ -1,0 +1,1274 @@
+"""Durable operations, as pure decisions.
+
+Seed 001 (001_24a1fd5f517dd332.txt) describes a durable Operation: one
+logical request, admitted under a scoped idempotency identity and executed
+by workers as separately recorded Attempts under a lease and a fence, with
+approvals, cancellation, limits and three classes of effect.  This module
+decides every change of an Operation; ``specs/operations.md`` states the same
+rules language-neutrally, with the refusal codes and invariants.
+
+Rules of this module:
+
+- Every public function is a *decision*: it takes immutable snapshots (the
+  Operation, and where relevant its stored approval), a request and the
+  authoritative time ``now`` (read by the store once, inside the
+  transaction, after it locked the Operation's row) and returns exactly one of
+
+  * :class:`Refusal` -- a stable :class:`RefusalCode`, a message naming the
+    field or precondition, and no writes;
+  * :class:`Unchanged` -- an idempotent repeat (the same submission, the
+    same approval decision, a repeated cancellation), with the stored
+    Operation, writing nothing;
+  * :class:`Decision` -- the Operation's next revision, the Attempt rows to
+    write, the approval to store, the transition record and outbox row, and
+    the :class:`Guard` the store applies as one compare-and-set.
+
+  Nothing a caller sends makes a decision raise.
+- Which state follows which is ``machines.OPERATION``'s business; this
+  module decides *whether* an event may happen (fences, leases, limits,
+  approvals, authority, time), never where it leads.
+- The kernel never reads a clock and never makes an identifier: ``now``, the
+  new operation id and the worker id are arguments.  Digests are computed
+  by the caller (a normalised-input digest is a pure function of the input,
+  but the normaliser belongs to the application's action).
+- An expired owner is replaced automatically (seed 001, Claims, leases, and
+  fencing): the claim that replaces it records the old Attempt ``abandoned``
+  *before* it advances the fence, in the same decision.  Executions of seed
+  000 quarantine instead; ``specs/protocol.md`` states both policies side by
+  side.
+- Every write of the Operation is one revision higher, and every decision
+  that moves it names the current fence in its guard, so a decision made by
+  fence N cannot commit once fence N+1 exists, whatever it decided.
+- Stored provenance is never permission: completion and submission take an
+  :class:`Authority` fact from a check the caller made against *current*
+  facts, and an approval never stands in for it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Final
+
+import attrs
+
+from .common import duration_problem, identifier_problem, later_problem, utc_problem
+from .machines import OPERATION, OperationEvent, OperationState
+
+_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+
+
+class EffectClass(enum.Enum):
+    """What an action may do (seed 001: DurableOperationWorker 'and their documented effect-class selection')."""
+
+    ATOMIC = "atomic"
+    """Writes only the application's own tables, in the store transaction that completes the Attempt."""
+    READ_ONLY = "read_only"
+    """Writes nothing besides its result."""
+    EXTERNAL = "external"
+    """Calls a provider; intent and a stable effect id are committed before the call."""
+
+
+class TerminalOutcome(enum.Enum):
+    """Why a terminal Operation ended.  Values are stable and published in specs/operations.md."""
+
+    SUCCEEDED = "succeeded"
+    ACTION_FAILED = "action_failed"
+    NOT_AUTHORIZED = "not_authorized"
+    APPROVAL_REJECTED = "approval_rejected"
+    APPROVAL_EXPIRED = "approval_expired"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
+    CANCELLED = "cancelled"
+    EXTERNAL_OUTCOME_UNKNOWN = "external_outcome_unknown"
+
+
+class AttemptState(enum.Enum):
+    """One physical claim's fate.  ``running`` is the only non-final one."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    """Its lease expired and a later claim replaced it (or the deadline ended it)."""
+    CANCELLED = "cancelled"
+    """Cancellation won the Operation's row while it ran; its effect's commit is refused."""
+    OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+class RefusalCode(enum.Enum):
+    """Every reason an operation decision can refuse.  Values are stable and published in specs/operations.md."""
+
+    INVALID_REQUEST = "invalid_request"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    OPERATION_NOT_FOUND = "operation_not_found"
+    NOT_AUTHORIZED = "not_authorized"
+    NOT_ELIGIBLE = "not_eligible"
+    NOT_RUNNING = "not_running"
+    WORKER_MISMATCH = "worker_mismatch"
+    STALE_FENCE = "stale_fence"
+    LEASE_EXPIRED = "lease_expired"
+    WRONG_EFFECT_CLASS = "wrong_effect_class"
+    INTENT_REQUIRED = "intent_required"
+    NOT_AWAITING_APPROVAL = "not_awaiting_approval"
+    APPROVAL_MISBOUND = "approval_misbound"
+    APPROVAL_EXPIRED = "approval_expired"
+    SELF_APPROVAL = "self_approval"
+    DECISION_CONFLICT = "decision_conflict"
+    CANCEL_TOO_LATE = "cancel_too_late"
+
+
+class UnchangedCode(enum.Enum):
+    SAME_SUBMISSION = "same_submission"
+    ALREADY_DECIDED = "already_decided"
+    ALREADY_CANCELLED = "already_cancelled"
+
+
+# --- values -------------------------------------------------------------------------
+
+
+@attrs.frozen(cache_hash=True)
+class Identity:
+    """The scoped idempotency identity (seed 001, Scoped idempotency).
+
+    ``principal`` is the stable *reference* of the initiating principal
+    (never a credential): the same client key from two principals is two
+    identities.
+    """
+
+    namespace: str
+    tenant: str
+    principal: str
+    client_key: str
+
+
+@attrs.frozen(cache_hash=True)
+class RetryPolicy:
+    """Limits, in the names Temporal users know.  All of them survive restart: they are stored on the Operation."""
+
+    initial_interval: timedelta = timedelta(seconds=1)
+    backoff_coefficient: float = 2.0
+    maximum_interval: timedelta = timedelta(minutes=5)
+    maximum_attempts: int = 5
+    schedule_to_close: timedelta = timedelta(hours=1)
+    """The overall deadline, counted from admission."""
+
+    def backoff(self, attempts_made: int) -> timedelta:
+        """The pause after the ``attempts_made``-th failed Attempt: grows by the coefficient, capped."""
+        seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts_made - 1)
+        return min(timedelta(seconds=min(seconds, 10**9)), self.maximum_interval)
+
+
+@attrs.frozen(cache_hash=True)
+class Approval:
+    """A durable approval decision, bound to everything seed 001 lists.
+
+    ``consumed_by`` is the Attempt number that consumed it: it is consumed
+    once per logical Operation and stays valid for replacement Attempts.
+    """
+
+    approval_id: str
+    operation_id: str
+    input_digest: str
+    action_name: str
+    action_version: int
+    tenant: str
+    requester: str
+    approver: str
+    approved: bool
+    expires_at: datetime
+    decided_at: datetime
+    consumed_by: int | None = None
+
+
+@attrs.frozen(cache_hash=True)
+class Operation:
+    """One revision of an Operation.
+
+    ``fence`` counts claims: the *n*-th claim creates Attempt *n* and hands
+    out fence *n*; only a credential with the current fence is honoured.
+    ``owner``/``lease_expires_at``/``attempt_started_at`` describe the
+    current Attempt and are set exactly while the Operation is running.
+    """
+
+    operation_id: str
+    identity: Identity
+    action_name: str
+    action_version: int
+    effect_class: EffectClass
+    input_digest: str
+    state: OperationState
+    revision: int
+    policy: RetryPolicy
+    admitted_at: datetime
+    deadline: datetime
+    retain_until: datetime
+    """The idempotency identity answers with this Operation until then, and no longer."""
+    next_eligible_at: datetime
+    requires_approval: bool = False
+    approval: Approval | None = None
+    fence: int = 0
+    attempt_count: int = 0
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
+    attempt_started_at: datetime | None = None
+    effect_id: str | None = None
+    """Set when an external effect's intent is committed; stable for every later Attempt."""
+    outcome: TerminalOutcome | None = None
+    error_code: str | None = None
+    result: str | None = None
+    """The action's result (JSON text), committed with success."""
+    cancel_requested_by: str | None = None
+
+
+@attrs.frozen(cache_hash=True)
+class Attempt:
+    operation_id: str
+    number: int
+    worker_id: str
+    state: AttemptState
+    started_at: datetime
+    ended_at: datetime | None = None
+    error_code: str | None = None
+
+
+@attrs.frozen(cache_hash=True)
+class Credential:
+    """What a worker presents: the Operation, who it is, and the fence its claim received."""
+
+    operation_id: str
+    worker_id: str
+    fence: int
+
+
+@attrs.frozen
+class Authority:
+    """The result of a check of *current* facts (seed 001, Current authorization)."""
+
+    granted: bool
+    principal: str
+    reason: str = ""
+
+
+@attrs.frozen(cache_hash=True)
+class Transition:
+    """One line of an Operation's history; ``revision`` is the revision it made."""
+
+    operation_id: str
+    revision: int
+    event: OperationEvent | None
+    from_state: OperationState | None
+    to_state: OperationState
+    at: datetime
+    actor: str
+    fence: int
+    reason: str
+
+
+@attrs.frozen(cache_hash=True)
+class OutboxMessage:
+    """Committed with the transition that caused it; ``message_id`` is stable, so consumers can deduplicate."""
+
+    message_id: str
+    operation_id: str
+    topic: str
+    at: datetime
+
+
+@attrs.frozen(cache_hash=True)
+class Guard:
+    """The compare-and-set the store applies: all of it holds, or nothing is written.
+
+    ``expected_revision`` 0 means no Operation may exist under this id.
+    ``expected_holder`` (submissions only) is the Operation id the identity
+    must name at commit (None: the identity must be free), so two identical
+    submissions racing each other create one Operation.  ``live_until`` asks
+    the store to check, with its own time at commit, that the lease it names
+    has not expired since the decision.
+    """
+
+    operation_id: str
+    expected_revision: int
+    expected_fence: int
+    identity: Identity | None = None
+    expected_holder: str | None = None
+    live_until: datetime | None = None
+
+    def holds(self, operation: Operation | None, holder: str | None, now: datetime) -> bool:
+        """Whether the store may apply the decision (the reference semantics every store implements)."""
+        if self.identity is not None and holder != self.expected_holder:
+            return False
+        if self.live_until is not None and not now < self.live_until:
+            return False
+        if operation is None:
+            return self.expected_revision == 0
+        return operation.revision == self.expected_revision and operation.fence == self.expected_fence
+
+
+@attrs.frozen(cache_hash=True)
+class Decision:
+    """Everything one decision writes, together, under ``guard``."""
+
+    guard: Guard
+    operation: Operation
+    transition: Transition
+    attempts: tuple[Attempt, ...] = ()
+    """Attempt rows to write, in order (an abandoned one before its replacement)."""
+    outbox: tuple[OutboxMessage, ...] = ()
+    credential: Credential | None = None
+    """Set by a claim: what the claiming worker presents from now on."""
+
+
+@attrs.frozen
+class Refusal:
+    code: RefusalCode
+    message: str
+    field: str | None = None
+
+
+@attrs.frozen
+class Unchanged:
+    code: UnchangedCode
+    message: str
+    operation: Operation
+
+
+Outcome = Decision | Refusal | Unchanged
+
+
+# --- requests -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SubmitRequest:
+    operation_id: str
+    """Fresh, made by the caller; used only if the identity is new."""
+    identity: Identity
+    action_name: str
+    action_version: int
+    effect_class: EffectClass
+    input_digest: str
+    authority: Authority
+    policy: RetryPolicy = RetryPolicy()
+    retention: timedelta = timedelta(days=1)
+    """The idempotency window: how long the identity answers with this Operation."""
+    requires_approval: bool = False
+
+
+@attrs.frozen
+class ClaimRequest:
+    worker_id: str
+    lease_duration: timedelta
+
+
+@attrs.frozen
+class HeartbeatRequest:
+    credential: Credential
+    lease_duration: timedelta
+
+
+@attrs.frozen
+class IntentRequest:
+    credential: Credential
+
+
+@attrs.frozen
+class CompleteRequest:
+    credential: Credential
+    authority: Authority
+    result: str = "null"
+
+
+@attrs.frozen
+class FailRequest:
+    credential: Credential
+    error_code: str
+    retryable: bool
+    not_authorized: bool = False
+    """The failure is a current-authorization denial: it fails closed, whatever ``retryable`` says."""
+
+
+@attrs.frozen
+class UnknownRequest:
+    """An external effect whose result is ambiguous and could not be reconciled."""
+
+    credential: Credential
+    detail: str = ""
+
+
+@attrs.frozen
+class DecideRequest:
+    approval_id: str
+    operation_id: str
+    input_digest: str
+    action_name: str
+    action_version: int
+    tenant: str
+    approver: str
+    approved: bool
+    expires_at: datetime
+    authority: Authority
+
+
+@attrs.frozen
+class CancelRequest:
+    operation_id: str
+    principal: str
+    authority: Authority
+    reason: str = ""
+
+
+# --- input validation -------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.refusal = Refusal(RefusalCode.INVALID_REQUEST, f"{field}: {problem}", field)
+
+
+def _check(field: str, problem: str | None) -> None:
+    if problem is not None:
+        raise _Invalid(field, problem)
+
+
+def _check_id(field: str, value: object) -> None:
+    _check(field, identifier_problem(value))
+
+
+def _check_positive(field: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _Invalid(field, f"must be a positive integer, got {value!r}")
+
+
+def _check_digest(field: str, value: object) -> None:
+    if not isinstance(value, str) or not _DIGEST.fullmatch(value):
+        raise _Invalid(field, "must be a sha-256 digest in lower-case hex (64 characters)")
+
+
+def _check_authority(field: str, value: object) -> None:
+    if not isinstance(value, Authority):
+        raise _Invalid(field, "must be an Authority fact")
+    if not isinstance(value.granted, bool):
+        raise _Invalid(f"{field}.granted", f"must be true or false, got {value.granted!r}")
+    _check_id(f"{field}.principal", value.principal)
+
+
+def _check_credential(value: object) -> None:
+    if not isinstance(value, Credential):
+        raise _Invalid("credential", "must be a Credential")
+    _check_id("credential.operation_id", value.operation_id)
+    _check_id("credential.worker_id", value.worker_id)
+    _check_positive("credential.fence", value.fence)
+
+
+def _check_policy(value: object) -> None:
+    if not isinstance(value, RetryPolicy):
+        raise _Invalid("policy", "must be a RetryPolicy")
+    _check("policy.initial_interval", duration_problem(value.initial_interval))
+    _check("policy.maximum_interval", duration_problem(value.maximum_interval))
+    _check("policy.schedule_to_close", duration_problem(value.schedule_to_close))
+    _check_positive("policy.maximum_attempts", value.maximum_attempts)
+    coefficient = value.backoff_coefficient
+    if not isinstance(coefficient, int | float) or isinstance(coefficient, bool) or not 1 <= coefficient <= 100:
+        raise _Invalid("policy.backoff_coefficient", f"must be a number from 1 to 100, got {coefficient!r}")
+
+
+def _check_now(now: object) -> None:
+    _check("now", utc_problem(now))
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _iso(value: datetime | None) -> str:
+    return "never" if value is None else value.isoformat()
+
+
+def _guard(operation: Operation, *, live: bool = False) -> Guard:
+    return Guard(
+        operation.operation_id,
+        operation.revision,
+        operation.fence,
+        live_until=operation.lease_expires_at if live else None,
+    )
+
+
+def _outbox(operation: Operation, now: datetime) -> tuple[OutboxMessage, ...]:
+    """A terminal Operation gets one outbox message, committed with its transition."""
+    if operation.state not in OPERATION.terminal:
+        return ()
+    return (
+        OutboxMessage(
+            f"{operation.operation_id}/{operation.revision}",
+            operation.operation_id,
+            f"operation.{operation.state.value}",
+            now,
+        ),
+    )
+
+
+def _move(
+    operation: Operation,
+    event: OperationEvent,
+    *,
+    now: datetime,
+    actor: str,
+    reason: str,
+    change: Callable[[Operation], Operation] | None = None,
+    keep_owner: bool = False,
+) -> tuple[Operation, Transition]:
+    """The Operation after ``event``: the table decides the state; the owner survives only a move that keeps it."""
+    state = OPERATION.step(operation.state, event)
+    kept = keep_owner and state is OperationState.RUNNING
+    moved = attrs.evolve(
+        operation,
+        state=state,
+        revision=operation.revision + 1,
+        owner=operation.owner if kept else None,
+        lease_expires_at=operation.lease_expires_at if kept else None,
+        attempt_started_at=operation.attempt_started_at if kept else None,
+    )
+    if change is not None:
+        moved = change(moved)
+    record = Transition(
+        operation.operation_id,
+        moved.revision,
+        event,
+        operation.state,
+        moved.state,
+        now,
+        actor,
+        moved.fence,
+        reason,
+    )
+    return moved, record
+
+
+def _decision(
+    before: Operation,
+    after: Operation,
+    record: Transition,
+    now: datetime,
+    *,
+    live: bool = False,
+    attempts: tuple[Attempt, ...] = (),
+    credential: Credential | None = None,
+) -> Decision:
+    return Decision(
+        guard=_guard(before, live=live),
+        operation=after,
+        transition=record,
+        attempts=attempts,
+        outbox=_outbox(after, now),
+        credential=credential,
+    )
+
+
+def _end_attempt(operation: Operation, state: AttemptState, now: datetime, error_code: str | None = None) -> Attempt:
+    """The current Attempt, ended.  Only for a running Operation (it has an owner)."""
+    assert operation.owner is not None and operation.attempt_started_at is not None
+    return Attempt(
+        operation.operation_id,
+        operation.fence,
+        operation.owner,
+        state,
+        operation.attempt_started_at,
+        now,
+        error_code,
+    )
+
+
+def _refuse_missing(operation: Operation | None, operation_id: str) -> Refusal | None:
+    if operation is None:
+        return Refusal(RefusalCode.OPERATION_NOT_FOUND, f"operation {operation_id!r} does not exist")
+    if operation.operation_id != operation_id:
+        return Refusal(
+            RefusalCode.OPERATION_NOT_FOUND,
+            f"the snapshot is of {operation.operation_id!r}, the request names {operation_id!r}",
+        )
+    return None
+
+
+def check_owner(operation: Operation | None, credential: Credential, now: datetime) -> Refusal | None:
+    """Whether ``credential`` is the Operation's current owner at ``now``: None, or the first failing check.
+
+    The order is the order a reader would ask: does it exist, does it run,
+    is the fence current, is it this worker, is the lease live.  A fence
+    that is not current is refused as ``stale_fence`` whatever else holds:
+    once fence N+1 exists, N can do nothing (seed 001, Claims, leases, and
+    fencing).  The guarded atomic context asks this before it lets the
+    action's writes commit.
+    """
+    refusal = _refuse_missing(operation, credential.operation_id)
+    if refusal is not None or operation is None:
+        return refusal
+    if credential.fence != operation.fence:
+        return Refusal(
+            RefusalCode.STALE_FENCE,
+            f"credential carries fence {credential.fence}, current fence is {operation.fence}",
+        )
+    if operation.state is not OperationState.RUNNING:
+        return Refusal(RefusalCode.NOT_RUNNING, f"operation is {operation.state.value}, not running")
+    if operation.owner != credential.worker_id:
+        return Refusal(
+            RefusalCode.WORKER_MISMATCH, f"attempt {operation.fence} is owned by {operation.owner!r}"
+        )
+    if operation.lease_expires_at is None or now >= operation.lease_expires_at:
+        return Refusal(
+            RefusalCode.LEASE_EXPIRED,
+            f"lease expired at {_iso(operation.lease_expires_at)}; now is {_iso(now)}",
+        )
+    return None
+
+
+# --- decisions ----------------------------------------------------------------------------
+
+
+def submit(existing: Operation | None, request: SubmitRequest, now: datetime) -> Outcome:
+    """Admission under a scoped idempotency identity (seed 001, Scoped idempotency).
+
+    ``existing`` is the Operation the identity names, if any.  Within its
+    window an identical submission (same action name, version and
+    normalised-input digest) is the same Operation; anything else under the
+    identity is a deterministic ``idempotency_conflict``.  After the window,
+    once its Operation has ended, the identity is free again and names the
+    new Operation; an Operation still active keeps its identity.
+    """
+    try:
+        _check_id("operation_id", request.operation_id)
+        if not isinstance(request.identity, Identity):
+            raise _Invalid("identity", "must be an Identity")
+        for name in ("namespace", "tenant", "principal", "client_key"):
+            _check_id(f"identity.{name}", getattr(request.identity, name))
+        _check_id("action_name", request.action_name)
+        _check_positive("action_version", request.action_version)
+        if not isinstance(request.effect_class, EffectClass):
+            raise _Invalid("effect_class", f"must be one of {[e.value for e in EffectClass]}")
+        _check_digest("input_digest", request.input_digest)
+        _check_authority("authority", request.authority)
+        _check_policy(request.policy)
+        _check("retention", duration_problem(request.retention))
+        if not isinstance(request.requires_approval, bool):
+            raise _Invalid("requires_approval", "must be true or false")
+        _check_now(now)
+        _check("policy.schedule_to_close", later_problem(now, request.policy.schedule_to_close))
+        _check("retention", later_problem(now, request.retention))
+    except _Invalid as exc:
+        return exc.refusal
+    if existing is not None and (now < existing.retain_until or existing.outcome is None):
+        differs = [
+            (name, getattr(existing, name), getattr(request, name))
+            for name in ("action_name", "action_version", "input_digest")
+            if getattr(existing, name) != getattr(request, name)
+        ]
+        if differs:
+            name, stored, given = differs[0]
+            return Refusal(
+                RefusalCode.IDEMPOTENCY_CONFLICT,
+                f"the idempotency key {request.identity.client_key!r} already names operation "
+                f"{existing.operation_id!r} with {name} {stored!r}; this submission has {given!r}",
+                name,
+            )
+        return Unchanged(
+            UnchangedCode.SAME_SUBMISSION,
+            f"identical to the submission that admitted {existing.operation_id!r}",
+            existing,
+        )
+    if not request.authority.granted:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} may not submit{why}")
+    operation = Operation(
+        operation_id=request.operation_id,
+        identity=request.identity,
+        action_name=request.action_name,
+        action_version=request.action_version,
+        effect_class=request.effect_class,
+        input_digest=request.input_digest,
+        state=OPERATION.initial[0],
+        revision=1,
+        policy=request.policy,
+        admitted_at=now,
+        deadline=now + request.policy.schedule_to_close,
+        retain_until=now + max(request.retention, request.policy.schedule_to_close),
+        next_eligible_at=now,
+        requires_approval=request.requires_approval,
+    )
+    event = None
+    if request.requires_approval:
+        event = OperationEvent.REQUIRE_APPROVAL
+        operation = attrs.evolve(operation, state=OPERATION.step(operation.state, event))
+    record = Transition(
+        operation.operation_id, 1, event, None, operation.state, now, request.identity.principal, 0, "admitted"
+    )
+    guard = Guard(
+        request.operation_id,
+        0,
+        0,
+        identity=request.identity,
+        expected_holder=existing.operation_id if existing is not None else None,
+    )
+    return Decision(guard=guard, operation=operation, transition=record)
+
+
+def expire(operation: Operation | None, now: datetime, actor: str = "system:deadline") -> Outcome:
+    """End an Operation whose overall deadline has passed, naming the limit (seed 001: limits survive restart).
+
+    A running Operation is ended only once its owner's lease has expired
+    too: a live owner keeps its chance to commit before the deadline sweep
+    fences it (its own guarded commit checks nothing about the deadline:
+    work that finished may commit).
+    """
+    try:
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    if operation is None:
+        return Refusal(RefusalCode.OPERATION_NOT_FOUND, "no such operation")
+    if now < operation.deadline:
+        return Refusal(RefusalCode.NOT_ELIGIBLE, f"deadline is {_iso(operation.deadline)}; now is {_iso(now)}")
+    state = operation.state
+    outcome = TerminalOutcome.DEADLINE_EXCEEDED
+    if state is OperationState.AWAITING_APPROVAL:
+        event, outcome = OperationEvent.APPROVAL_EXPIRED, TerminalOutcome.APPROVAL_EXPIRED
+    elif state is OperationState.ADMITTED:
+        event = OperationEvent.DEADLINE_EXCEEDED
+    elif state is OperationState.RUNNING:
+        if operation.lease_expires_at is not None and now < operation.lease_expires_at:
+            return Refusal(RefusalCode.NOT_ELIGIBLE, f"owner's lease is live until {_iso(operation.lease_expires_at)}")
+        event = OperationEvent.DEADLINE_EXCEEDED
+    else:
+        return Refusal(RefusalCode.NOT_ELIGIBLE, f"operation is already {state.value}")
+    attempts = (_end_attempt(operation, AttemptState.ABANDONED, now, "lease_expired"),) if operation.owner else ()
+    after, record = _move(
+        operation,
+        event,
+        now=now,
+        actor=actor,
+        reason=f"deadline {_iso(operation.deadline)} passed",
+        change=lambda o: attrs.evolve(o, outcome=outcome, error_code=outcome.value),
+    )
+    return _decision(operation, after, record, now, attempts=attempts)
+
+
+def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> Outcome:
+    """Create the next Attempt, advance the fence and set one owner, atomically (seed 001, Claims, leases, and fencing).
+
+    Claimable: an admitted Operation whose next eligibility has come, or a
+    running one whose owner's lease has expired.  The latter is replaced
+    automatically: its Attempt is recorded ``abandoned`` first, in the same
+    decision.  Past the deadline, or with every Attempt used, the claim ends
+    the Operation with the named limit instead of creating an Attempt.
+    """
+    try:
+        _check_id("worker_id", request.worker_id)
+        _check("lease_duration", duration_problem(request.lease_duration))
+        _check_now(now)
+        _check("lease_duration", later_problem(now, request.lease_duration))
+    except _Invalid as exc:
+        return exc.refusal
+    if operation is None:
+        return Refusal(RefusalCode.OPERATION_NOT_FOUND, "no such operation")
+    state = operation.state
+    if state is OperationState.RUNNING:
+        if operation.lease_expires_at is not None and now < operation.lease_expires_at:
+            return Refusal(
+                RefusalCode.NOT_ELIGIBLE,
+                f"attempt {operation.fence} is owned by {operation.owner!r} until {_iso(operation.lease_expires_at)}",
+            )
+    elif state is OperationState.ADMITTED:
+        if now < operation.next_eligible_at:
+            return Refusal(RefusalCode.NOT_ELIGIBLE, f"eligible only from {_iso(operation.next_eligible_at)}")
+    elif state is OperationState.AWAITING_APPROVAL and now >= operation.deadline:
+        return expire(operation, now, request.worker_id)
+    else:
+        return Refusal(RefusalCode.NOT_ELIGIBLE, f"operation is {state.value}; only admitted work can be claimed")
+    if now >= operation.deadline:
+        return expire(operation, now, request.worker_id)
+    abandoned: tuple[Attempt, ...] = ()
+    if state is OperationState.RUNNING:
+        abandoned = (_end_attempt(operation, AttemptState.ABANDONED, now, "lease_expired"),)
+        if operation.attempt_count >= operation.policy.maximum_attempts:
+            after, record = _move(
+                operation,
+                OperationEvent.FAIL,
+                now=now,
+                actor=request.worker_id,
+                reason=f"attempt {operation.fence} abandoned and all {operation.attempt_count} attempts are used",
+                change=lambda o: attrs.evolve(
+                    o, outcome=TerminalOutcome.MAX_ATTEMPTS_EXCEEDED, error_code="max_attempts_exceeded"
+                ),
+            )
+            return _decision(operation, after, record, now, attempts=abandoned)
+    approval = operation.approval
+    if operation.requires_approval:
+        # The table only lets an approved Operation become admitted; this checks its expiry and binding.
+        refusal = _check_approval_usable(operation)
+        if refusal is not None:
+            return refusal
+        assert approval is not None
+        if approval.consumed_by is None:
+            if now >= approval.expires_at:
+                after, record = _move(
+                    operation,
+                    OperationEvent.APPROVAL_EXPIRED,
+                    now=now,
+                    actor=request.worker_id,
+                    reason=f"approval {approval.approval_id!r} expired at {_iso(approval.expires_at)} unused",
+                    change=lambda o: attrs.evolve(
+                        o, outcome=TerminalOutcome.APPROVAL_EXPIRED, error_code="approval_expired"
+                    ),
+                )
+                return _decision(operation, after, record, now)
+            approval = attrs.evolve(approval, consumed_by=operation.fence + 1)
+    fence = operation.fence + 1
+    event = OperationEvent.RECLAIM_EXPIRED if state is OperationState.RUNNING else OperationEvent.CLAIM
+    expires = now + request.lease_duration
+    reason = (
+        f"attempt {operation.fence} abandoned (lease expired {_iso(operation.lease_expires_at)}); attempt {fence}"
+        if abandoned
+        else f"attempt {fence}"
+    )
+    after, record = _move(
+        operation,
+        event,
+        now=now,
+        actor=request.worker_id,
+        reason=reason,
+        change=lambda o: attrs.evolve(
+            o,
+            fence=fence,
+            attempt_count=operation.attempt_count + 1,
+            owner=request.worker_id,
+            lease_expires_at=expires,
+            attempt_started_at=now,
+            approval=approval,
+        ),
+    )
+    started = Attempt(operation.operation_id, fence, request.worker_id, AttemptState.RUNNING, now)
+    return _decision(
+        operation,
+        after,
+        record,
+        now,
+        attempts=(*abandoned, started),
+        credential=Credential(operation.operation_id, request.worker_id, fence),
+    )
+
+
+def _check_approval_usable(operation: Operation) -> Refusal | None:
+    approval = operation.approval
+    if approval is None or not approval.approved:
+        return Refusal(RefusalCode.NOT_ELIGIBLE, "the operation needs an approval and has none")
+    bound = (
+        approval.operation_id == operation.operation_id
+        and approval.input_digest == operation.input_digest
+        and approval.action_name == operation.action_name
+        and approval.action_version == operation.action_version
+        and approval.tenant == operation.identity.tenant
+        and approval.requester == operation.identity.principal
+        and approval.approver != approval.requester
+    )
+    if not bound:
+        return Refusal(RefusalCode.APPROVAL_MISBOUND, f"approval {approval.approval_id!r} is not bound to this operation")
+    return None
+
+
+def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datetime) -> Outcome:
+    """The current owner extends its lease, before expiry only."""
+    try:
+        _check_credential(request.credential)
+        _check("lease_duration", duration_problem(request.lease_duration))
+        _check_now(now)
+        _check("lease_duration", later_problem(now, request.lease_duration))
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = check_owner(operation, request.credential, now)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
+    expires = now + request.lease_duration
+    after, record = _move(
+        operation,
+        OperationEvent.HEARTBEAT,
+        now=now,
+        actor=request.credential.worker_id,
+        reason=f"lease until {_iso(expires)}",
+        keep_owner=True,
+        change=lambda o: attrs.evolve(o, lease_expires_at=max(expires, operation.lease_expires_at or expires)),
+    )
+    return _decision(operation, after, record, now, live=True)
+
+
+def record_intent(operation: Operation | None, request: IntentRequest, now: datetime) -> Outcome:
+    """Commit an external effect's intent and its stable, operation-scoped effect id before the provider is called.
+
+    The effect id is the same for every Attempt of the Operation, so an
+    idempotent provider sees the same key on every try; a repeated intent
+    (a replacement Attempt) keeps the first one and says so in history.
+    """
+    try:
+        _check_credential(request.credential)
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = check_owner(operation, request.credential, now)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
+    if operation.effect_class is not EffectClass.EXTERNAL:
+        return Refusal(
+            RefusalCode.WRONG_EFFECT_CLASS, f"{operation.effect_class.value} actions record no external intent"
+        )
+    effect_id = operation.effect_id or f"{operation.operation_id}/effect"
+    repeated = operation.effect_id is not None
+    after, record = _move(
+        operation,
+        OperationEvent.RECORD_INTENT,
+        now=now,
+        actor=request.credential.worker_id,
+        reason=f"effect {effect_id} intent" + (" (again: reconcile before any repeat)" if repeated else ""),
+        keep_owner=True,
+        change=lambda o: attrs.evolve(o, effect_id=effect_id),
+    )
+    return _decision(operation, after, record, now, live=True)
+
+
+def complete(operation: Operation | None, request: CompleteRequest, now: datetime) -> Outcome:
+    """The owner's guarded success: Attempt, Operation, result, transition and outbox in one decision.
+
+    For an atomic action the store applies this in the same transaction as
+    the action's own writes, so both commit or neither does.  Current
+    authorization is checked here, not only at submission: a denial is a
+    refusal and the store rolls the action's writes back with it.
+    """
+    try:
+        _check_credential(request.credential)
+        _check_authority("authority", request.authority)
+        if not isinstance(request.result, str):
+            raise _Invalid("result", "must be JSON text")
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = check_owner(operation, request.credential, now)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
+    if not request.authority.granted:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} is not authorized now{why}")
+    if operation.effect_class is EffectClass.EXTERNAL and operation.effect_id is None:
+        return Refusal(RefusalCode.INTENT_REQUIRED, "an external effect completes only after its intent is recorded")
+    after, record = _move(
+        operation,
+        OperationEvent.SUCCEED,
+        now=now,
+        actor=request.credential.worker_id,
+        reason=f"attempt {operation.fence} succeeded",
+        change=lambda o: attrs.evolve(o, outcome=TerminalOutcome.SUCCEEDED, result=request.result, error_code=None),
+    )
+    attempt = _end_attempt(operation, AttemptState.SUCCEEDED, now)
+    return _decision(operation, after, record, now, live=True, attempts=(attempt,))
+
+
+def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Outcome:
+    """The owner reports a failure: retried after backoff while Attempts and time remain, else a named end.
+
+    A current-authorization denial never retries (it fails closed); a
+    retryable failure with no Attempt left ends ``max_attempts_exceeded``,
+    and one whose next eligibility would fall past the deadline ends
+    ``deadline_exceeded``.
+    """
+    try:
+        _check_credential(request.credential)
+        _check_id("error_code", request.error_code)
+        if not isinstance(request.retryable, bool) or not isinstance(request.not_authorized, bool):
+            raise _Invalid("retryable", "must be true or false")
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = check_owner(operation, request.credential, now)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
+    attempt = _end_attempt(operation, AttemptState.FAILED, now, request.error_code)
+    actor = request.credential.worker_id
+    terminal: TerminalOutcome | None = None
+    event = OperationEvent.FAIL
+    if request.not_authorized:
+        terminal = TerminalOutcome.NOT_AUTHORIZED
+    elif not request.retryable:
+        terminal = TerminalOutcome.ACTION_FAILED
+    elif operation.attempt_count >= operation.policy.maximum_attempts:
+        terminal = TerminalOutcome.MAX_ATTEMPTS_EXCEEDED
+    else:
+        eligible = now + operation.policy.backoff(operation.attempt_count)
+        if eligible >= operation.deadline:
+            terminal, event = TerminalOutcome.DEADLINE_EXCEEDED, OperationEvent.DEADLINE_EXCEEDED
+        else:
+            after, record = _move(
+                operation,
+                OperationEvent.RETRY,
+                now=now,
+                actor=actor,
+                reason=f"attempt {operation.fence} failed ({request.error_code}); eligible again {_iso(eligible)}",
+                change=lambda o: attrs.evolve(o, next_eligible_at=eligible, error_code=request.error_code),
+            )
+            return _decision(operation, after, record, now, live=True, attempts=(attempt,))
+    outcome = terminal
+    after, record = _move(
+        operation,
+        event,
+        now=now,
+        actor=actor,
+        reason=f"attempt {operation.fence} failed ({request.error_code}): {outcome.value}",
+        change=lambda o: attrs.evolve(o, outcome=outcome, error_code=request.error_code),
+    )
+    return _decision(operation, after, record, now, live=True, attempts=(attempt,))
+
+
+def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: datetime) -> Outcome:
+    """An ambiguous external result that reconciliation could not settle: final, and never resent."""
+    try:
+        _check_credential(request.credential)
+        if not isinstance(request.detail, str):
+            raise _Invalid("detail", "must be text")
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = check_owner(operation, request.credential, now)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
+    if operation.effect_class is not EffectClass.EXTERNAL:
+        return Refusal(RefusalCode.WRONG_EFFECT_CLASS, "only an external effect can have an unknown outcome")
+    if operation.effect_id is None:
+        return Refusal(RefusalCode.INTENT_REQUIRED, "no intent was recorded, so no effect can have been issued")
+    after, record = _move(
+        operation,
+        OperationEvent.OUTCOME_UNKNOWN,
+        now=now,
+        actor=request.credential.worker_id,
+        reason=f"effect {operation.effect_id}: {request.detail or 'ambiguous and not reconcilable'}",
+        change=lambda o: attrs.evolve(
+            o, outcome=TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN, error_code="external_outcome_unknown"
+        ),
+    )
+    attempt = _end_attempt(operation, AttemptState.OUTCOME_UNKNOWN, now, "external_outcome_unknown")
+    return _decision(operation, after, record, now, live=True, attempts=(attempt,))
+
+
+def decide(operation: Operation | None, request: DecideRequest, now: datetime) -> Outcome:
+    """Store an approval decision bound to the exact Operation (seed 001, Approval, cancellation, and limits).
+
+    Every binding is compared and the first that differs is named; the
+    requester may not approve their own Operation; an expiry already past is
+    refused; a repeat of the stored decision is Unchanged, any other
+    decision after it is a conflict.
+    """
+    try:
+        _check_id("approval_id", request.approval_id)
+        _check_id("operation_id", request.operation_id)
+        _check_digest("input_digest", request.input_digest)
+        _check_id("action_name", request.action_name)
+        _check_positive("action_version", request.action_version)
+        _check_id("tenant", request.tenant)
+        _check_id("approver", request.approver)
+        if not isinstance(request.approved, bool):
+            raise _Invalid("approved", "must be true or false")
+        _check("expires_at", utc_problem(request.expires_at))
+        _check_authority("authority", request.authority)
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = _refuse_missing(operation, request.operation_id)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
+    for name, stored, given in (
+        ("input_digest", operation.input_digest, request.input_digest),
+        ("action_name", operation.action_name, request.action_name),
+        ("action_version", operation.action_version, request.action_version),
+        ("tenant", operation.identity.tenant, request.tenant),
+    ):
+        if stored != given:
+            return Refusal(
+                RefusalCode.APPROVAL_MISBOUND,
+                f"{name}: the decision names {given!r}, operation {operation.operation_id!r} has {stored!r}",
+                name,
+            )
+    stored_approval = operation.approval
+    if stored_approval is not None:
+        same = (
+            stored_approval.approval_id == request.approval_id
+            and stored_approval.approver == request.approver
+            and stored_approval.approved == request.approved
+        )
+        if same:
+            return Unchanged(UnchangedCode.ALREADY_DECIDED, "this decision is already stored", operation)
+        return Refusal(
+            RefusalCode.DECISION_CONFLICT,
+            f"operation {operation.operation_id!r} was already decided by {stored_approval.approval_id!r}",
+        )
+    if operation.state is not OperationState.AWAITING_APPROVAL:
+        return Refusal(
+            RefusalCode.NOT_AWAITING_APPROVAL, f"operation is {operation.state.value}, not awaiting_approval"
+        )
+    if request.approver == operation.identity.principal:
+        return Refusal(
+            RefusalCode.SELF_APPROVAL, f"{request.approver!r} requested this operation and may not decide it", "approver"
+        )
+    if request.expires_at <= now:
+        return Refusal(
+            RefusalCode.APPROVAL_EXPIRED, f"expires_at {_iso(request.expires_at)} is not after now {_iso(now)}",
+            "expires_at",
+        )
+    if not request.authority.granted or request.authority.principal != request.approver:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.approver!r} may not decide this operation{why}")
+    approval = Approval(
+        approval_id=request.approval_id,
+        operation_id=operation.operation_id,
+        input_digest=operation.input_digest,
+        action_name=operation.action_name,
+        action_version=operation.action_version,
+        tenant=operation.identity.tenant,
+        requester=operation.identity.principal,
+        approver=request.approver,
+        approved=request.approved,
+        expires_at=request.expires_at,
+        decided_at=now,
+    )
+    if request.approved:
+        after, record = _move(
+            operation,
+            OperationEvent.APPROVE,
+            now=now,
+            actor=request.approver,
+            reason=f"approved by {request.approver} until {_iso(request.expires_at)}",
+            change=lambda o: attrs.evolve(o, approval=approval, next_eligible_at=now),
+        )
+    else:
+        after, record = _move(
+            operation,
+            OperationEvent.REJECT,
+            now=now,
+            actor=request.approver,
+            reason=f"rejected by {request.approver}",
+            change=lambda o: attrs.evolve(
+                o, approval=approval, outcome=TerminalOutcome.APPROVAL_REJECTED, error_code="approval_rejected"
+            ),
+        )
+    return _decision(operation, after, record, now)
+
+
+def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -> Outcome:
+    """Persist cancellation; it competes with the guarded effect for the Operation's row.
+
+    If it commits first, the running Attempt is recorded ``cancelled`` and
+    its effect's commit is refused (its guard names the revision this
+    changes).  If the effect committed first, this is ``cancel_too_late``.
+    It never undoes anything: an external effect already issued stays
+    issued, and the transition record says its intent was recorded.
+    """
+    try:
+        _check_id("operation_id", request.operation_id)
+        _check_id("principal", request.principal)
+        _check_authority("authority", request.authority)
+        if not isinstance(request.reason, str):
+            raise _Invalid("reason", "must be text")
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    refusal = _refuse_missing(operation, request.operation_id)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
+    if operation.state is OperationState.CANCELLED:
+        return Unchanged(UnchangedCode.ALREADY_CANCELLED, "the operation is already cancelled", operation)
+    if operation.state in OPERATION.terminal:
+        return Refusal(
+            RefusalCode.CANCEL_TOO_LATE,
+            f"operation already ended {operation.state.value} ({operation.outcome.value if operation.outcome else ''})",
+        )
+    if not request.authority.granted:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.principal!r} may not cancel{why}")
+    attempts: tuple[Attempt, ...] = ()
+    note = request.reason or "cancelled"
+    if operation.state is OperationState.RUNNING:
+        attempts = (_end_attempt(operation, AttemptState.CANCELLED, now, "cancelled"),)
+        note += f"; attempt {operation.fence} fenced"
+        if operation.effect_id is not None:
+            note += f"; external effect {operation.effect_id} may have been issued and is not undone"
+    after, record = _move(
+        operation,
+        OperationEvent.CANCEL,
+        now=now,
+        actor=request.principal,
+        reason=note,
+        change=lambda o: attrs.evolve(
+            o, outcome=TerminalOutcome.CANCELLED, error_code="cancelled", cancel_requested_by=request.principal
+        ),
+    )
+    return _decision(operation, after, record, now, attempts=attempts)
+
+
+def due(operation: Operation, now: datetime) -> bool:
+    """Whether a claim (or the deadline sweep) would do something with this Operation at ``now``.
+
+    Stores use the same rule in SQL to find work; this is its reference.
+    """
+    if operation.state is OperationState.ADMITTED:
+        return now >= operation.next_eligible_at or now >= operation.deadline
+    if operation.state is OperationState.RUNNING:
+        return operation.lease_expires_at is None or now >= operation.lease_expires_at
+    if operation.state is OperationState.AWAITING_APPROVAL:
+        return now >= operation.deadline
+    return False
+
+
+__all__ = [
+    "Approval",
+    "Attempt",
+    "AttemptState",
+    "Authority",
+    "CancelRequest",
+    "ClaimRequest",
+    "CompleteRequest",
+    "Credential",
+    "DecideRequest",
+    "Decision",
+    "EffectClass",
+    "FailRequest",
+    "Guard",
+    "HeartbeatRequest",
+    "Identity",
+    "IntentRequest",
+    "Operation",
+    "OutboxMessage",
+    "Outcome",
+    "Refusal",
+    "RefusalCode",
+    "RetryPolicy",
+    "SubmitRequest",
+    "TerminalOutcome",
+    "Transition",
+    "Unchanged",
+    "UnchangedCode",
+    "UnknownRequest",
+    "cancel",
+    "check_owner",
+    "claim",
+    "complete",
+    "decide",
+    "due",
+    "expire",
+    "fail",
+    "heartbeat",
+    "outcome_unknown",
+    "record_intent",
+    "submit",
+]

@@ -1,0 +1,473 @@
+"""An exhaustive bounded model checker for durable operations (seed 001).
+
+It explores, breadth first, every interleaving of a small world -- several
+clients submitting the same idempotency identity at once, several workers
+claiming, heartbeating, completing and failing one Operation, a clock that
+ticks past lease expiry (so expired owners are reclaimed automatically), an
+approver and a canceller -- and checks every invariant of
+``specs/operations.md`` in every reachable state and on every committed
+write.  A violation comes back with the shortest trace that reaches it.
+
+Rules of this module:
+
+- Every actor works the way a store runs a request: it *decides* on the
+  world as it is (``decide ...``), and the decision *commits* later
+  (``commit ...``), after any number of other moves, only if its guard
+  still holds on the world at commit time.  So every race the guard exists
+  for -- two claims of one Operation, a cancellation and the effect, two
+  identical submissions, a zombie's completion after its replacement -- is
+  one of the interleavings.
+- It is pure and deterministic; time is the world's ``tick``.  Operation
+  ids are derived from the submitting client, so two submissions that both
+  commit would be two Operations, which is what INV-OP-ONE-OPERATION looks
+  for.
+- The decisions under test come in an :class:`OpsProtocol` bundle, so the
+  operation bug zoo (``tests/operations/zoo.py``) checks broken variants
+  with the same explorer.  ``apply_guard`` switches the store's guard off.
+- Workers keep every credential they were given, forever: a replaced owner
+  keeps trying everything (the zombie), which is the adversary the fence
+  exists for.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import attrs
+
+from . import operations as o
+from .machines import OPERATION, OperationState
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+TICK = timedelta(seconds=1)
+IDENTITY = o.Identity("model", "tenant", "users:v1:requester", "key-1")
+DIGEST = "0" * 64
+APPROVER = "users:v1:approver"
+CANCELLER = "users:v1:requester"
+
+
+class Invariant(enum.Enum):
+    """The invariants of specs/operations.md, by stable id."""
+
+    ONE_OWNER = "INV-OP-ONE-OWNER"
+    FENCED_WRITES = "INV-OP-FENCED-WRITES"
+    APPROVAL_ONCE = "INV-OP-APPROVAL-ONCE"
+    CANCEL_OR_EFFECT = "INV-OP-CANCEL-OR-EFFECT"
+    ONE_TERMINAL = "INV-OP-ONE-TERMINAL"
+    ONE_OPERATION = "INV-OP-ONE-OPERATION"
+    TABLES = "INV-OP-TABLES"
+
+
+@attrs.frozen(cache_hash=True)
+class OpsProtocol:
+    """The decision functions under test.  Defaults are the real ones."""
+
+    submit: Callable[..., o.Outcome] = o.submit
+    claim: Callable[..., o.Outcome] = o.claim
+    heartbeat: Callable[..., o.Outcome] = o.heartbeat
+    complete: Callable[..., o.Outcome] = o.complete
+    fail: Callable[..., o.Outcome] = o.fail
+    decide: Callable[..., o.Outcome] = o.decide
+    cancel: Callable[..., o.Outcome] = o.cancel
+    apply_guard: bool = True
+
+
+@attrs.frozen(cache_hash=True)
+class Bounds:
+    workers: int = 3
+    submitters: int = 0
+    """Clients submitting the identity concurrently; 0 starts with the Operation admitted."""
+    approval: bool = True
+    cancel: bool = True
+    max_claims: int = 3
+    lease_ticks: int = 2
+    max_tick: int = 5
+    maximum_attempts: int = 3
+    max_depth: int | None = None
+    max_states: int = 3_000_000
+
+
+STANDARD: tuple[tuple[str, Bounds], ...] = (
+    (
+        "operations: three clients submit one identity at once (complete)",
+        Bounds(workers=0, submitters=3, approval=False, cancel=False),
+    ),
+    (
+        "operations: three workers, reclaim, approval and cancel (every interleaving to depth 11)",
+        Bounds(workers=3, max_claims=3, max_tick=5, max_depth=11),
+    ),
+)
+"""The configurations ``fencekeeper modelcheck`` runs for operations by default.
+
+Depth 10 already holds the deepest scenario seed 001 describes (approve,
+claim, expiry, automatic reclaim, the zombie's completion: every decision
+and its commit are two moves); 11 adds one more move anywhere in it.
+Depth 14 (2.2 million states, about 6.5 minutes here) found nothing more;
+``explore(attrs.evolve(STANDARD[1][1], max_depth=14))`` repeats it.
+"""
+
+
+@attrs.frozen(cache_hash=True)
+class Pending:
+    label: str
+    actor: str
+    kind: str
+    decision: o.Decision
+    credential: o.Credential | None = None
+
+
+@attrs.frozen(cache_hash=True)
+class World:
+    tick: int
+    operations: tuple[o.Operation, ...]
+    holder: str | None
+    """The Operation id the idempotency identity names."""
+    attempts: tuple[o.Attempt, ...]
+    credentials: tuple[tuple[o.Credential, ...], ...]
+    """``credentials[worker]``: every credential a claim gave it."""
+    pending: tuple[Pending | None, ...]
+    """One slot per actor: workers, then submitters, then approver, then canceller."""
+    submitted: tuple[bool, ...]
+    effects: int = 0
+    consumptions: int = 0
+    decided: bool = False
+    cancelled: bool = False
+
+    @property
+    def now(self) -> datetime:
+        return EPOCH + self.tick * TICK
+
+
+@attrs.frozen(cache_hash=True)
+class Violation:
+    invariant: Invariant
+    message: str
+    trace: tuple[str, ...]
+
+
+@attrs.frozen(cache_hash=True)
+class Result:
+    states: int
+    transitions: int
+    depth: int
+    complete: bool
+    violation: Violation | None
+
+
+@attrs.frozen(cache_hash=True)
+class Move:
+    label: str
+    world: World
+    broken: tuple[Invariant, str] | None = None
+
+
+def worker_id(index: int) -> str:
+    return f"w{index + 1}"
+
+
+def _policy(bounds: Bounds) -> o.RetryPolicy:
+    return o.RetryPolicy(
+        initial_interval=TICK,
+        backoff_coefficient=1.0,
+        maximum_interval=TICK,
+        maximum_attempts=bounds.maximum_attempts,
+        schedule_to_close=100 * TICK,
+    )
+
+
+def _submit_request(bounds: Bounds, client: int) -> o.SubmitRequest:
+    return o.SubmitRequest(
+        operation_id=f"op-c{client + 1}",
+        identity=IDENTITY,
+        action_name="transfer",
+        action_version=1,
+        effect_class=o.EffectClass.ATOMIC,
+        input_digest=DIGEST,
+        authority=o.Authority(True, IDENTITY.principal),
+        policy=_policy(bounds),
+        requires_approval=bounds.approval,
+    )
+
+
+def initial_world(bounds: Bounds) -> World:
+    slots = bounds.workers + bounds.submitters + 2
+    operations: tuple[o.Operation, ...] = ()
+    holder = None
+    if bounds.submitters == 0:
+        admitted = o.submit(None, attrs.evolve(_submit_request(bounds, 0), operation_id="op-1"), EPOCH)
+        assert isinstance(admitted, o.Decision)
+        operations, holder = (admitted.operation,), admitted.operation.operation_id
+    return World(
+        tick=0,
+        operations=operations,
+        holder=holder,
+        attempts=(),
+        credentials=((),) * bounds.workers,
+        pending=(None,) * slots,
+        submitted=(False,) * bounds.submitters,
+    )
+
+
+# --- actions ---------------------------------------------------------------------
+
+
+def _decisions(world: World, bounds: Bounds, proto: OpsProtocol) -> Iterator[tuple[int, str, str, o.Outcome, o.Credential | None]]:
+    """Every decision an idle actor could make now: (slot, label, kind, outcome, credential)."""
+    now = world.now
+    op = world.operations[0] if world.operations else None
+    lease = bounds.lease_ticks * TICK
+    for w in range(bounds.workers):
+        if world.pending[w] is not None or op is None:
+            continue
+        name = worker_id(w)
+        if op.fence < bounds.max_claims:
+            yield w, f"{name} decides claim", "claim", proto.claim(op, o.ClaimRequest(name, lease), now), None
+        held = world.credentials[w]
+        for credential in held[-1:]:
+            # Only the latest credential: an older one of the same worker is weaker than the latest (both stale).
+            f = credential.fence
+            yield (
+                w,
+                f"{name} decides heartbeat (fence {f})",
+                "heartbeat",
+                proto.heartbeat(op, o.HeartbeatRequest(credential, lease), now),
+                credential,
+            )
+            yield (
+                w,
+                f"{name} decides complete (fence {f})",
+                "complete",
+                proto.complete(op, o.CompleteRequest(credential, o.Authority(True, IDENTITY.principal)), now),
+                credential,
+            )
+            yield (
+                w,
+                f"{name} decides retryable failure (fence {f})",
+                "fail",
+                proto.fail(op, o.FailRequest(credential, "busy", retryable=True), now),
+                credential,
+            )
+    for c in range(bounds.submitters):
+        slot = bounds.workers + c
+        if world.pending[slot] is not None or world.submitted[c]:
+            continue
+        existing = next((x for x in world.operations if x.operation_id == world.holder), None)
+        outcome = proto.submit(existing, _submit_request(bounds, c), now)
+        yield slot, f"c{c + 1} decides submit", "submit", outcome, None
+    approver = bounds.workers + bounds.submitters
+    if bounds.approval and op is not None and not world.decided and world.pending[approver] is None:
+        decision_request = o.DecideRequest(
+            "ap-1",
+            op.operation_id,
+            op.input_digest,
+            op.action_name,
+            op.action_version,
+            op.identity.tenant,
+            APPROVER,
+            True,
+            EPOCH + 100 * TICK,
+            o.Authority(True, APPROVER),
+        )
+        yield approver, "approver decides approve", "decide", proto.decide(op, decision_request, now), None
+    canceller = approver + 1
+    if bounds.cancel and op is not None and not world.cancelled and world.pending[canceller] is None:
+        cancel_request = o.CancelRequest(op.operation_id, CANCELLER, o.Authority(True, CANCELLER))
+        yield canceller, "requester decides cancel", "cancel", proto.cancel(op, cancel_request, now), None
+
+
+def _guard_holds(world: World, guard: o.Guard) -> bool:
+    op = next((x for x in world.operations if x.operation_id == guard.operation_id), None)
+    return guard.holds(op, world.holder, world.now)
+
+
+def _apply(world: World, pending: Pending, slot: int, bounds: Bounds) -> World:
+    decision = pending.decision
+    new = decision.operation
+    others = tuple(x for x in world.operations if x.operation_id != new.operation_id)
+    old = next((x for x in world.operations if x.operation_id == new.operation_id), None)
+    operations = tuple(sorted((*others, new), key=lambda x: x.operation_id))
+    attempts = {(a.operation_id, a.number): a for a in world.attempts}
+    for attempt in decision.attempts:
+        attempts[(attempt.operation_id, attempt.number)] = attempt
+    credentials = world.credentials
+    if decision.credential is not None and slot < bounds.workers:
+        mine = (*credentials[slot], decision.credential)
+        credentials = (*credentials[:slot], mine, *credentials[slot + 1 :])
+    consumed_before = old.approval.consumed_by if old is not None and old.approval is not None else None
+    consumed_after = new.approval.consumed_by if new.approval is not None else None
+    consumption = consumed_after is not None and consumed_after != consumed_before
+    return attrs.evolve(
+        world,
+        operations=operations,
+        holder=new.operation_id if decision.guard.identity is not None else world.holder,
+        attempts=tuple(attempts[k] for k in sorted(attempts)),
+        credentials=credentials,
+        effects=world.effects + (1 if pending.kind == "complete" else 0),
+        consumptions=world.consumptions + (1 if consumption else 0),
+    )
+
+
+def _retire(world: World, slot: int, bounds: Bounds, kind: str) -> World:
+    """The actor's pending slot is free again; a one-shot actor (submitter, approver, canceller) is spent."""
+    pending = (*world.pending[:slot], None, *world.pending[slot + 1 :])
+    world = attrs.evolve(world, pending=pending)
+    if kind == "submit":
+        c = slot - bounds.workers
+        world = attrs.evolve(world, submitted=(*world.submitted[:c], True, *world.submitted[c + 1 :]))
+    elif kind == "decide":
+        world = attrs.evolve(world, decided=True)
+    elif kind == "cancel":
+        world = attrs.evolve(world, cancelled=True)
+    return world
+
+
+def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move], int]:
+    found: list[Move] = []
+    decided = 0
+    if world.tick < bounds.max_tick:
+        found.append(Move(f"clock ticks to {world.tick + 1}", attrs.evolve(world, tick=world.tick + 1)))
+    for slot, label, kind, outcome, credential in _decisions(world, bounds, proto):
+        decided += 1
+        if isinstance(outcome, o.Decision):
+            pending = Pending(label, label.split()[0], kind, outcome, credential)
+            slots = (*world.pending[:slot], pending, *world.pending[slot + 1 :])
+            found.append(Move(label, attrs.evolve(world, pending=slots)))
+    for slot, waiting in enumerate(world.pending):
+        if waiting is None:
+            continue
+        label = f"{waiting.actor} commits {waiting.kind}"
+        base = _retire(world, slot, bounds, waiting.kind)
+        if proto.apply_guard and not _guard_holds(world, waiting.decision.guard):
+            found.append(Move(f"{label}: guard fails, nothing written", base))
+            continue
+        after = _apply(base, waiting, slot, bounds)
+        found.append(Move(label, after, check_write(world, after, waiting)))
+    return found, decided
+
+
+# --- invariants ------------------------------------------------------------------
+
+
+def check_state(world: World) -> tuple[Invariant, str] | None:
+    identical = [x for x in world.operations if x.identity == IDENTITY]
+    if len(identical) > 1:
+        return Invariant.ONE_OPERATION, f"one identity, {len(identical)} operations: {[x.operation_id for x in identical]}"
+    for op in world.operations:
+        running = [a for a in world.attempts if a.operation_id == op.operation_id and a.state is o.AttemptState.RUNNING]
+        if len(running) > 1:
+            return Invariant.ONE_OWNER, f"{op.operation_id}: attempts {[a.number for a in running]} are all running"
+        if running and (op.state is not OperationState.RUNNING or running[0].number != op.fence):
+            return Invariant.ONE_OWNER, (
+                f"{op.operation_id}: attempt {running[0].number} runs while the operation is {op.state.value} "
+                f"at fence {op.fence}"
+            )
+        if op.state is OperationState.CANCELLED and world.effects:
+            return Invariant.CANCEL_OR_EFFECT, f"{op.operation_id} is cancelled and its effect committed"
+    if world.effects > 1:
+        return Invariant.CANCEL_OR_EFFECT, f"the effect committed {world.effects} times"
+    return None
+
+
+def check_write(before: World, after: World, pending: Pending) -> tuple[Invariant, str] | None:
+    decision = pending.decision
+    new = decision.operation
+    old = next((x for x in before.operations if x.operation_id == new.operation_id), None)
+    if pending.kind == "complete" and old is not None and old.state is OperationState.CANCELLED:
+        return Invariant.CANCEL_OR_EFFECT, f"the effect committed after cancellation of {old.operation_id}"
+    if old is not None and old.state in OPERATION.terminal:
+        return Invariant.ONE_TERMINAL, (
+            f"{old.operation_id} ended {old.state.value} ({old.outcome.value if old.outcome else '?'}) "
+            f"and was written again by {pending.actor}'s {pending.kind} -> {new.state.value}"
+        )
+    credential = pending.credential
+    if credential is not None and old is not None:
+        live = old.lease_expires_at is not None and before.now < old.lease_expires_at
+        if credential.fence != old.fence or old.owner != credential.worker_id or not live:
+            return Invariant.FENCED_WRITES, (
+                f"{pending.actor} wrote {pending.kind} with fence {credential.fence}; the operation was at fence "
+                f"{old.fence} owned by {old.owner}, lease until {_tick(old.lease_expires_at)}, now tick {before.tick}"
+            )
+    if after.consumptions > 1:
+        return Invariant.APPROVAL_ONCE, f"approval consumed {after.consumptions} times (by {pending.actor}'s {pending.kind})"
+    if old is not None and old.state != new.state and not any(
+        OPERATION.step(old.state, e) == new.state for e in OPERATION.events_from(old.state)
+    ):
+        return Invariant.TABLES, f"{old.state.value} -> {new.state.value} is in no row of the operation machine"
+    return None
+
+
+def _tick(moment: datetime | None) -> str:
+    return "never" if moment is None else f"tick {(moment - EPOCH) // TICK}"
+
+
+# --- the search --------------------------------------------------------------------
+
+
+def explore(
+    bounds: Bounds = Bounds(),
+    proto: OpsProtocol = OpsProtocol(),
+    progress: Callable[[int, int], Any] | None = None,
+) -> Result:
+    """Breadth-first search of every interleaving within ``bounds``; stops at the first violation."""
+    start = initial_world(bounds)
+    parents: dict[World, tuple[World | None, str]] = {start: (None, "start")}
+    frontier: deque[tuple[World, int]] = deque([(start, 0)])
+    transitions = 0
+    depth_reached = 0
+    complete = True
+
+    def trace(world: World) -> tuple[str, ...]:
+        steps: list[str] = []
+        node: World | None = world
+        while node is not None:
+            parent, label = parents[node]
+            if parent is not None:
+                steps.append(label)
+            node = parent
+        return tuple(reversed(steps))
+
+    while frontier:
+        world, depth = frontier.popleft()
+        depth_reached = max(depth_reached, depth)
+        if bounds.max_depth is not None and depth >= bounds.max_depth:
+            complete = False
+            continue
+        successors, decided = moves(world, bounds, proto)
+        transitions += decided
+        for move in successors:
+            if move.broken is not None:
+                path = (*trace(world), move.label)
+                return Result(len(parents), transitions, depth + 1, False, Violation(*move.broken, path))
+            if move.world in parents:
+                continue
+            parents[move.world] = (world, move.label)
+            broken = check_state(move.world)
+            if broken is not None:
+                return Result(len(parents), transitions, depth + 1, False, Violation(*broken, trace(move.world)))
+            if len(parents) >= bounds.max_states:
+                return Result(len(parents), transitions, depth + 1, False, None)
+            frontier.append((move.world, depth + 1))
+        if progress is not None and len(parents) % 50_000 < len(successors):
+            progress(len(parents), depth)
+    return Result(len(parents), transitions, depth_reached, complete, None)
+
+
+__all__ = [
+    "STANDARD",
+    "Bounds",
+    "Invariant",
+    "Move",
+    "OpsProtocol",
+    "Result",
+    "Violation",
+    "World",
+    "check_state",
+    "check_write",
+    "explore",
+    "initial_world",
+    "moves",
+]

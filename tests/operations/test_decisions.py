@@ -1,0 +1,326 @@
+"""Every operation decision: what it writes, what it refuses with which code, and that refusals name the field."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import attrs
+import pytest
+
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.machines import OperationEvent, OperationState
+
+from .kernel_fixtures import GRANTED, IDENTITY, LEASE, POLICY, SECOND, T0, admitted, claimed, digest, submit_request
+
+
+def test_submit_admits_a_new_operation_under_a_guard_on_the_free_identity() -> None:
+    outcome = o.submit(None, submit_request(), T0)
+    assert isinstance(outcome, o.Decision)
+    op = outcome.operation
+    assert (op.state, op.revision, op.fence, op.attempt_count) == (OperationState.ADMITTED, 1, 0, 0)
+    assert op.deadline == T0 + POLICY.schedule_to_close
+    assert outcome.guard == o.Guard("op-1", 0, 0, identity=IDENTITY, expected_holder=None)
+    assert outcome.transition.to_state is OperationState.ADMITTED
+
+
+def test_identical_submission_is_the_same_operation_and_other_input_conflicts() -> None:
+    existing = admitted()
+    same = o.submit(existing, submit_request(operation_id="op-2"), T0 + SECOND)
+    assert isinstance(same, o.Unchanged) and same.code is o.UnchangedCode.SAME_SUBMISSION
+    assert same.operation.operation_id == "op-1"
+    for field, value in (("input_digest", digest("other")), ("action_version", 2), ("action_name", "refund")):
+        outcome = o.submit(existing, submit_request(operation_id="op-2", **{field: value}), T0 + SECOND)
+        assert isinstance(outcome, o.Refusal)
+        assert (outcome.code, outcome.field) == (o.RefusalCode.IDEMPOTENCY_CONFLICT, field)
+
+
+def test_after_the_window_the_identity_names_a_new_operation_once_the_old_one_ended() -> None:
+    existing = admitted()
+    later = existing.retain_until
+    active = o.submit(existing, submit_request(operation_id="op-2", input_digest=digest("x")), later)
+    assert isinstance(active, o.Refusal) and active.code is o.RefusalCode.IDEMPOTENCY_CONFLICT
+    existing = attrs.evolve(existing, state=OperationState.FAILED, outcome=o.TerminalOutcome.DEADLINE_EXCEEDED)
+    outcome = o.submit(existing, submit_request(operation_id="op-2", input_digest=digest("x")), later)
+    assert isinstance(outcome, o.Decision)
+    assert outcome.guard.expected_holder == "op-1"
+    assert outcome.operation.operation_id == "op-2"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("operation_id", "bad id"),
+        ("action_name", ""),
+        ("action_version", 0),
+        ("input_digest", "abc"),
+        ("effect_class", "atomic"),
+        ("retention", timedelta(0)),
+        ("policy", o.RetryPolicy(maximum_attempts=0)),
+        ("identity", o.Identity("shop", "t", "p", "has space")),
+    ],
+)
+def test_malformed_submission_is_refused_naming_the_field(field: str, value: object) -> None:
+    outcome = o.submit(None, submit_request(**{field: value}), T0)
+    assert isinstance(outcome, o.Refusal)
+    assert outcome.code is o.RefusalCode.INVALID_REQUEST
+    assert outcome.field is not None and outcome.field.startswith(field)
+
+
+def test_submission_without_authority_is_refused() -> None:
+    outcome = o.submit(None, submit_request(authority=o.Authority(False, "users:v1:alice", "disabled")), T0)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED
+
+
+def test_naive_time_is_refused() -> None:
+    outcome = o.submit(None, submit_request(), T0.replace(tzinfo=None))
+    assert isinstance(outcome, o.Refusal) and outcome.field == "now"
+
+
+def test_claim_creates_attempt_one_and_fence_one() -> None:
+    op, credential, decision = claimed(admitted(), "w1", T0)
+    assert (op.state, op.fence, op.attempt_count, op.owner) == (OperationState.RUNNING, 1, 1, "w1")
+    assert credential == o.Credential("op-1", "w1", 1)
+    assert [a.state for a in decision.attempts] == [o.AttemptState.RUNNING]
+    assert decision.guard.expected_fence == 0
+
+
+def test_live_owner_cannot_be_replaced() -> None:
+    op, _, _ = claimed(admitted(), "w1", T0)
+    outcome = o.claim(op, o.ClaimRequest("w2", LEASE), T0 + LEASE - SECOND)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_ELIGIBLE
+
+
+def test_expired_owner_is_replaced_after_its_attempt_is_recorded_abandoned() -> None:
+    op, old, _ = claimed(admitted(), "w1", T0)
+    later = T0 + LEASE
+    new_op, new, decision = claimed(op, "w2", later)
+    assert decision.transition.event is OperationEvent.RECLAIM_EXPIRED
+    assert [(a.number, a.state) for a in decision.attempts] == [
+        (1, o.AttemptState.ABANDONED),
+        (2, o.AttemptState.RUNNING),
+    ]
+    assert (new_op.fence, new_op.owner, new.fence) == (2, "w2", 2)
+    # Fence 1 can do nothing any more, even with a fresh clock reading.
+    for decide, request in (
+        (o.heartbeat, o.HeartbeatRequest(old, LEASE)),
+        (o.complete, o.CompleteRequest(old, GRANTED)),
+        (o.fail, o.FailRequest(old, "boom", retryable=True)),
+    ):
+        outcome = decide(new_op, request, later)  # type: ignore[operator]
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.STALE_FENCE
+
+
+def test_replacement_with_every_attempt_used_fails_with_the_named_limit() -> None:
+    op = admitted(policy=attrs.evolve(POLICY, maximum_attempts=1))
+    op, _, _ = claimed(op, "w1", T0)
+    outcome = o.claim(op, o.ClaimRequest("w2", LEASE), T0 + LEASE)
+    assert isinstance(outcome, o.Decision)
+    assert outcome.operation.outcome is o.TerminalOutcome.MAX_ATTEMPTS_EXCEEDED
+    assert [a.state for a in outcome.attempts] == [o.AttemptState.ABANDONED]
+    assert outcome.outbox and outcome.outbox[0].topic == "operation.failed"
+
+
+def test_claim_past_the_deadline_ends_it_as_deadline_exceeded() -> None:
+    op = admitted()
+    outcome = o.claim(op, o.ClaimRequest("w1", LEASE), op.deadline)
+    assert isinstance(outcome, o.Decision)
+    assert outcome.operation.state is OperationState.FAILED
+    assert outcome.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+    assert outcome.credential is None
+
+
+def test_heartbeat_extends_and_needs_a_live_lease() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    outcome = o.heartbeat(op, o.HeartbeatRequest(cred, LEASE), T0 + 5 * SECOND)
+    assert isinstance(outcome, o.Decision)
+    assert outcome.operation.lease_expires_at == T0 + 15 * SECOND
+    assert outcome.guard.live_until == T0 + LEASE
+    late = o.heartbeat(op, o.HeartbeatRequest(cred, LEASE), T0 + LEASE)
+    assert isinstance(late, o.Refusal) and late.code is o.RefusalCode.LEASE_EXPIRED
+
+
+def test_complete_writes_success_result_and_outbox_under_a_live_guard() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    outcome = o.complete(op, o.CompleteRequest(cred, GRANTED, '{"ok": true}'), T0 + SECOND)
+    assert isinstance(outcome, o.Decision)
+    assert outcome.operation.outcome is o.TerminalOutcome.SUCCEEDED
+    assert outcome.operation.result == '{"ok": true}'
+    assert [a.state for a in outcome.attempts] == [o.AttemptState.SUCCEEDED]
+    assert outcome.guard == o.Guard("op-1", op.revision, 1, live_until=op.lease_expires_at)
+    assert [m.topic for m in outcome.outbox] == ["operation.succeeded"]
+
+
+def test_complete_refuses_without_current_authority() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    outcome = o.complete(op, o.CompleteRequest(cred, o.Authority(False, "users:v1:alice", "revoked")), T0)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED
+
+
+def test_retryable_failure_backs_off_then_runs_out_of_attempts() -> None:
+    op = admitted()
+    now = T0
+    for number in range(1, 4):
+        op, cred, _ = claimed(op, f"w{number}", now)
+        outcome = o.fail(op, o.FailRequest(cred, "busy", retryable=True), now)
+        assert isinstance(outcome, o.Decision)
+        op = outcome.operation
+        if number < 3:
+            assert op.state is OperationState.ADMITTED
+            assert op.next_eligible_at == now + POLICY.backoff(number)
+            refused = o.claim(op, o.ClaimRequest("wx", LEASE), now)
+            assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.NOT_ELIGIBLE
+            now = op.next_eligible_at
+    assert op.outcome is o.TerminalOutcome.MAX_ATTEMPTS_EXCEEDED
+
+
+def test_authorization_denial_fails_closed_without_retry() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    outcome = o.fail(op, o.FailRequest(cred, "revoked", retryable=True, not_authorized=True), T0)
+    assert isinstance(outcome, o.Decision)
+    assert outcome.operation.outcome is o.TerminalOutcome.NOT_AUTHORIZED
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    policy = o.RetryPolicy(initial_interval=SECOND, backoff_coefficient=3, maximum_interval=10 * SECOND)
+    assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [SECOND, 3 * SECOND, 9 * SECOND, 10 * SECOND]
+
+
+def _approval_op() -> o.Operation:
+    op = admitted(requires_approval=True)
+    assert op.state is OperationState.AWAITING_APPROVAL
+    return op
+
+
+def _decide(op: o.Operation, **changes: object) -> o.Outcome:
+    fields: dict[str, object] = {
+        "approval_id": "ap-1",
+        "operation_id": op.operation_id,
+        "input_digest": op.input_digest,
+        "action_name": op.action_name,
+        "action_version": op.action_version,
+        "tenant": op.identity.tenant,
+        "approver": "users:v1:bob",
+        "approved": True,
+        "expires_at": T0 + timedelta(minutes=5),
+        "authority": o.Authority(True, "users:v1:bob"),
+    }
+    fields.update(changes)
+    return o.decide(op, o.DecideRequest(**fields), T0 + SECOND)  # type: ignore[arg-type]
+
+
+def test_an_awaiting_operation_cannot_be_claimed() -> None:
+    outcome = o.claim(_approval_op(), o.ClaimRequest("w1", LEASE), T0)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_ELIGIBLE
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [
+        ("input_digest", digest("other"), o.RefusalCode.APPROVAL_MISBOUND),
+        ("action_version", 9, o.RefusalCode.APPROVAL_MISBOUND),
+        ("tenant", "tenant-b", o.RefusalCode.APPROVAL_MISBOUND),
+        ("operation_id", "op-9", o.RefusalCode.OPERATION_NOT_FOUND),
+        ("approver", "users:v1:alice", o.RefusalCode.SELF_APPROVAL),
+        ("expires_at", T0, o.RefusalCode.APPROVAL_EXPIRED),
+        ("authority", o.Authority(False, "users:v1:bob"), o.RefusalCode.NOT_AUTHORIZED),
+    ],
+)
+def test_a_misbound_or_invalid_decision_is_refused(field: str, value: object, code: o.RefusalCode) -> None:
+    changes: dict[str, object] = {field: value}
+    if field == "approver":
+        changes["authority"] = o.Authority(True, str(value))
+    outcome = _decide(_approval_op(), **changes)
+    assert isinstance(outcome, o.Refusal) and outcome.code is code, outcome
+
+
+def test_approval_is_consumed_once_and_survives_a_replacement() -> None:
+    decided = _decide(_approval_op())
+    assert isinstance(decided, o.Decision) and decided.operation.state is OperationState.ADMITTED
+    repeat = _decide(decided.operation)
+    assert isinstance(repeat, o.Unchanged) and repeat.code is o.UnchangedCode.ALREADY_DECIDED
+    other = _decide(decided.operation, approval_id="ap-2", approved=False)
+    assert isinstance(other, o.Refusal) and other.code is o.RefusalCode.DECISION_CONFLICT
+    op, _, _ = claimed(decided.operation, "w1", T0 + SECOND)
+    assert op.approval is not None and op.approval.consumed_by == 1
+    # A replacement after the approval's expiry still runs: it was consumed by attempt 1.
+    late = T0 + timedelta(minutes=6)
+    op2, _, _ = claimed(op, "w2", late)
+    assert op2.approval is not None and op2.approval.consumed_by == 1 and op2.fence == 2
+
+
+def test_an_approval_that_expires_unused_ends_the_operation() -> None:
+    decided = _decide(_approval_op())
+    assert isinstance(decided, o.Decision)
+    outcome = o.claim(decided.operation, o.ClaimRequest("w1", LEASE), T0 + timedelta(minutes=5))
+    assert isinstance(outcome, o.Decision)
+    assert outcome.operation.outcome is o.TerminalOutcome.APPROVAL_EXPIRED
+
+
+def test_rejection_fails_the_operation() -> None:
+    outcome = _decide(_approval_op(), approved=False)
+    assert isinstance(outcome, o.Decision)
+    assert outcome.operation.outcome is o.TerminalOutcome.APPROVAL_REJECTED
+
+
+def test_cancel_wins_before_the_effect_and_then_the_effect_is_refused() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    effect = o.complete(op, o.CompleteRequest(cred, GRANTED), T0 + SECOND)
+    assert isinstance(effect, o.Decision)
+    cancelled = o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + SECOND)
+    assert isinstance(cancelled, o.Decision)
+    assert [a.state for a in cancelled.attempts] == [o.AttemptState.CANCELLED]
+    # Once cancel committed, the effect decided earlier no longer holds its guard ...
+    assert not effect.guard.holds(cancelled.operation, None, T0 + SECOND)
+    # ... and deciding again refuses.
+    again = o.complete(cancelled.operation, o.CompleteRequest(cred, GRANTED), T0 + SECOND)
+    assert isinstance(again, o.Refusal) and again.code is o.RefusalCode.NOT_RUNNING
+    repeat = o.cancel(cancelled.operation, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0)
+    assert isinstance(repeat, o.Unchanged)
+
+
+def test_cancel_after_the_effect_is_too_late() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    effect = o.complete(op, o.CompleteRequest(cred, GRANTED), T0 + SECOND)
+    assert isinstance(effect, o.Decision)
+    outcome = o.cancel(effect.operation, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.CANCEL_TOO_LATE
+
+
+def test_external_effect_needs_intent_and_keeps_one_effect_id() -> None:
+    op, cred, _ = claimed(admitted(effect_class=o.EffectClass.EXTERNAL), "w1", T0)
+    refused = o.complete(op, o.CompleteRequest(cred, GRANTED), T0)
+    assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.INTENT_REQUIRED
+    intent = o.record_intent(op, o.IntentRequest(cred), T0)
+    assert isinstance(intent, o.Decision)
+    effect_id = intent.operation.effect_id
+    assert effect_id == "op-1/effect"
+    op2, cred2, _ = claimed(intent.operation, "w2", T0 + LEASE)
+    again = o.record_intent(op2, o.IntentRequest(cred2), T0 + LEASE)
+    assert isinstance(again, o.Decision) and again.operation.effect_id == effect_id
+    unknown = o.outcome_unknown(again.operation, o.UnknownRequest(cred2, "timeout"), T0 + LEASE)
+    assert isinstance(unknown, o.Decision)
+    assert unknown.operation.state is OperationState.OUTCOME_UNKNOWN
+    assert unknown.operation.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+
+
+def test_atomic_actions_record_no_intent_and_cannot_be_unknown() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    for outcome in (o.record_intent(op, o.IntentRequest(cred), T0), o.outcome_unknown(op, o.UnknownRequest(cred), T0)):
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.WRONG_EFFECT_CLASS
+
+
+def test_expire_waits_for_a_live_owner_then_abandons_it() -> None:
+    op, _, _ = claimed(admitted(), "w1", T0 + timedelta(minutes=9, seconds=55))
+    live = o.expire(op, op.deadline)
+    assert isinstance(live, o.Refusal)
+    ended = o.expire(op, op.lease_expires_at)  # type: ignore[arg-type]
+    assert isinstance(ended, o.Decision)
+    assert ended.transition.event is OperationEvent.DEADLINE_EXCEEDED
+    assert [a.state for a in ended.attempts] == [o.AttemptState.ABANDONED]
+
+
+def test_every_refusal_code_is_published() -> None:
+    text = (Path(__file__).resolve().parents[2] / "specs" / "operations.md").read_text()
+    for code in (*o.RefusalCode, *o.TerminalOutcome, *o.UnchangedCode):
+        assert f"`{code.value}`" in text, code

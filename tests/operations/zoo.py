@@ -1,0 +1,159 @@
+"""The operation bug zoo: broken variants of the operation decisions, each naming the invariant it breaks.
+
+Each variant reintroduces one mistake real job systems make: finishing the
+work of a replaced attempt, re-using an approval for every retry, letting an
+effect commit after cancellation, admitting one request twice.  A checker
+that passes the real decisions but misses any of these proves nothing, so
+``test_model_check.py`` runs every variant and asserts the named invariant
+is the one reported.
+
+Rules: a variant wraps the real decision and removes *one* check (never a
+copy of it), so the zoo cannot drift from what it mutates; where the real
+decision also asks the store to recheck something in its guard, the variant
+drops that too (the bug is "nobody checks").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.machines import OperationState
+from fencekeeper.kernel.opsmodel import Invariant, OpsProtocol
+
+Decide = Callable[..., o.Outcome]
+
+
+@attrs.frozen
+class Variant:
+    name: str
+    description: str
+    breaks: Invariant
+    protocol: OpsProtocol
+
+
+def _claim_leaving_old_attempt_running(op: o.Operation | None, request: o.ClaimRequest, now: datetime) -> o.Outcome:
+    outcome = o.claim(op, request, now)
+    if isinstance(outcome, o.Decision):
+        kept = tuple(a for a in outcome.attempts if a.state is not o.AttemptState.ABANDONED)
+        return attrs.evolve(outcome, attempts=kept)
+    return outcome
+
+
+def _as_current_owner(decide: Decide) -> Decide:
+    """The decision judged as if the presented credential were the current owner's: no fence, no worker check."""
+
+    def variant(op: o.Operation | None, request: object, now: datetime) -> o.Outcome:
+        if op is not None and op.owner is not None and hasattr(request, "credential"):
+            request = attrs.evolve(request, credential=o.Credential(op.operation_id, op.owner, op.fence))
+        return decide(op, request, now)
+
+    return variant
+
+
+def _claim_consuming_every_time(op: o.Operation | None, request: o.ClaimRequest, now: datetime) -> o.Outcome:
+    outcome = o.claim(op, request, now)
+    if isinstance(outcome, o.Decision) and outcome.credential is not None and outcome.operation.approval is not None:
+        approval = attrs.evolve(outcome.operation.approval, consumed_by=outcome.credential.fence)
+        return attrs.evolve(outcome, operation=attrs.evolve(outcome.operation, approval=approval))
+    return outcome
+
+
+def _complete_on_cancelled(op: o.Operation | None, request: o.CompleteRequest, now: datetime) -> o.Outcome:
+    """Finalizes 'whenever the row is still owned by me', ignoring that cancellation ended it."""
+    if op is not None and op.state is OperationState.CANCELLED and op.fence == request.credential.fence:
+        running = attrs.evolve(
+            op,
+            state=OperationState.RUNNING,
+            owner=request.credential.worker_id,
+            lease_expires_at=now + (op.deadline - op.admitted_at),
+            attempt_started_at=now,
+        )
+        outcome = o.complete(running, request, now)
+        if isinstance(outcome, o.Decision):
+            return attrs.evolve(outcome, guard=attrs.evolve(outcome.guard, live_until=None))
+        return outcome
+    return o.complete(op, request, now)
+
+
+def _cancel_anything(op: o.Operation | None, request: o.CancelRequest, now: datetime) -> o.Outcome:
+    """Cancels even a finished operation, as if terminal states were not final."""
+    if op is not None and op.state in (OperationState.SUCCEEDED, OperationState.FAILED):
+        pretend = attrs.evolve(op, state=OperationState.ADMITTED)
+        outcome = o.cancel(pretend, request, now)
+        if isinstance(outcome, o.Decision):
+            return attrs.evolve(outcome, transition=attrs.evolve(outcome.transition, from_state=op.state))
+        return outcome
+    return o.cancel(op, request, now)
+
+
+def _submit_without_identity_guard(existing: o.Operation | None, request: o.SubmitRequest, now: datetime) -> o.Outcome:
+    outcome = o.submit(existing, request, now)
+    if isinstance(outcome, o.Decision):
+        return attrs.evolve(outcome, guard=attrs.evolve(outcome.guard, identity=None, expected_holder=None))
+    return outcome
+
+
+def _heartbeat_ignoring_expiry(op: o.Operation | None, request: o.HeartbeatRequest, now: datetime) -> o.Outcome:
+    if op is not None and op.lease_expires_at is not None and now >= op.lease_expires_at:
+        pretend = attrs.evolve(op, lease_expires_at=now + (op.lease_expires_at - op.admitted_at))
+        outcome = o.heartbeat(pretend, request, now)
+        if isinstance(outcome, o.Decision):
+            return attrs.evolve(outcome, guard=attrs.evolve(outcome.guard, live_until=None))
+        return outcome
+    return o.heartbeat(op, request, now)
+
+
+ZOO: tuple[Variant, ...] = (
+    Variant(
+        "reclaim-without-abandoning",
+        "a replacement claim leaves the expired attempt running beside the new one",
+        Invariant.ONE_OWNER,
+        OpsProtocol(claim=_claim_leaving_old_attempt_running),
+    ),
+    Variant(
+        "zombie-completes",
+        "completion checks neither the fence nor the worker: a replaced owner finishes the replacement's work",
+        Invariant.FENCED_WRITES,
+        OpsProtocol(complete=_as_current_owner(o.complete)),
+    ),
+    Variant(
+        "zombie-retries",
+        "a replaced owner's failure report is taken as the current attempt's and schedules a retry",
+        Invariant.FENCED_WRITES,
+        OpsProtocol(fail=_as_current_owner(o.fail)),
+    ),
+    Variant(
+        "heartbeat-after-expiry",
+        "an owner whose lease expired extends it anyway",
+        Invariant.FENCED_WRITES,
+        OpsProtocol(heartbeat=_heartbeat_ignoring_expiry),
+    ),
+    Variant(
+        "approval-per-attempt",
+        "every claim consumes the approval again instead of once per operation",
+        Invariant.APPROVAL_ONCE,
+        OpsProtocol(claim=_claim_consuming_every_time),
+    ),
+    Variant(
+        "effect-after-cancel",
+        "the effect commits while the operation row says cancelled",
+        Invariant.CANCEL_OR_EFFECT,
+        OpsProtocol(complete=_complete_on_cancelled),
+    ),
+    Variant(
+        "cancel-rewrites-terminal",
+        "cancellation rewrites an operation that already ended",
+        Invariant.ONE_TERMINAL,
+        OpsProtocol(cancel=_cancel_anything),
+    ),
+    Variant(
+        "submit-without-identity-guard",
+        "admission checks the identity when it decides but not when it commits",
+        Invariant.ONE_OPERATION,
+        OpsProtocol(submit=_submit_without_identity_guard),
+    ),
+)
