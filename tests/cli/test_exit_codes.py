@@ -64,6 +64,11 @@ WITHOUT_DB: list[tuple[list[str], int, str]] = [
     (["modelcheck", "--workers", "0"], 2, ""),
     (["check-spec", "{dir}/missing.toml"], 2, "cannot read"),
     (["check-spec", "{dir}/notes.txt"], 1, "not valid TOML"),
+    # The journal and durable-operation groups: a subcommand is required; their stores are their own.
+    (["journal"], 2, "SUBCOMMAND"),
+    (["journal", "verify", "{dir}/missing.jsonl"], 2, "--db"),
+    (["op"], 2, "OP_COMMAND"),
+    (["op", "status", "--db", "{dir}/missing/x.db", "nope"], 2, "does not exist"),
 ]
 
 # Understood, and the answer is no.
