@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # fencekeeper.kernel exactly as installed); a new or removed module or data
 # file (adapters/workflows/*.toml) needs a reinstall, so the stamp depends on
 # the list of package files.
-PACKAGE_FILES := $(shell find kernel adapters -name '*.py' -o -name py.typed -o -name '*.toml' | sort)
+PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" | sort)
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test contracts bench bench-pg specs clean
@@ -17,8 +17,8 @@ demo: $(STAMP)
 	$(BIN)/fencekeeper demo
 
 test: $(STAMP)
-	$(BIN)/ruff check kernel adapters tests bench
-	$(BIN)/mypy kernel adapters
+	$(BIN)/ruff check api kernel adapters tests bench
+	$(BIN)/mypy api kernel adapters
 	$(BIN)/python -m pytest -q
 	$(BIN)/fencekeeper modelcheck
 	$(MAKE) --no-print-directory contracts

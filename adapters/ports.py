@@ -49,9 +49,21 @@ SYSTEM_PRINCIPAL_GRANTS = ((SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH),)
 
 
 class AuthorityPolicy(Protocol):
+    """Answers, against current facts, whether a principal may perform an operation: the deployment's to write.
+
+    ``operation`` is one of the operation ids of this module
+    (:data:`WORKFLOW_RUN`, :data:`APPROVAL_DECIDE`, ...) or a node's own
+    operation (``purchase.approve``); ``targets`` are the (id, revision)
+    pairs it acts on.  The answer is recorded as evidence; a denial
+    (``granted=False``, with a reason) fails closed.  It must grant
+    :data:`SYSTEM_PRINCIPAL_GRANTS` for timeouts to fire.
+    """
+
     def check(
         self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
-    ) -> Authority: ...
+    ) -> Authority:
+        """May ``principal_id`` perform ``operation`` on ``targets`` in ``business_id``, now?"""
+        ...
 
 
 class CommandHandler(Protocol):

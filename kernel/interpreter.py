@@ -267,6 +267,8 @@ Plan = Step | Finish | Invoke
 
 
 class CommandStatus(enum.Enum):
+    """What a CommandHandler reports: applied, refused, or not known (then it is never resent, only reconciled)."""
+
     SUCCEEDED = "succeeded"
     REJECTED = "rejected"
     UNKNOWN = "unknown"

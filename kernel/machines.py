@@ -161,6 +161,8 @@ def _t(event: str, source: str, target: str, cite: str, rationale: str | None = 
 
 
 class ExecutionState(TableEnum):
+    """The states of a workflow execution (specs/machines/execution.toml)."""
+
     ELIGIBLE = "eligible"
     RUNNING = "running"
     WAITING = "waiting"

@@ -1,7 +1,8 @@
 """The distribution is laid out as promised, and its types reach a client.
 
-``kernel/`` and ``adapters/`` are installed as ``fencekeeper.kernel`` and
-``fencekeeper.adapters`` (pyproject.toml, ``package-dir``), in a strict
+``api/``, ``kernel/`` and ``adapters/`` are installed as ``fencekeeper``,
+``fencekeeper.kernel`` and ``fencekeeper.adapters``, and ``specs/`` as the
+data of ``fencekeeper.specs`` (pyproject.toml, ``package-dir``), in a strict
 editable install: a tree of links into the repository.  These tests check
 that what Python imports is the repository's code (not a stale copy), that
 every module and the ``py.typed`` markers are installed, that the console
@@ -30,18 +31,37 @@ from fencekeeper.adapters.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PACKAGES = {"fencekeeper.kernel": ROOT / "kernel", "fencekeeper.adapters": ROOT / "adapters"}
+PACKAGES = {
+    "fencekeeper": ROOT / "api",
+    "fencekeeper.kernel": ROOT / "kernel",
+    "fencekeeper.adapters": ROOT / "adapters",
+}
 REINSTALL = "a new module needs `make .venv/.installed` (the editable install is a strict link tree)"
 
 
-def test_fencekeeper_is_a_namespace_package() -> None:
-    # pyproject.toml keeps ``fencekeeper`` an implicit namespace so the two
-    # packages can be installed side by side; an __init__.py would break that.
-    assert getattr(fencekeeper, "__file__", None) is None
-    assert type(fencekeeper.__path__).__name__ == "_NamespacePath"
+def test_fencekeeper_is_the_front_door() -> None:
+    # A regular package whose __init__ is api/__init__.py: it has a version and the client.
+    assert fencekeeper.__file__ is not None
+    assert Path(fencekeeper.__file__).resolve() == ROOT / "api" / "__init__.py"
+    assert fencekeeper.__version__ == importlib.metadata.version("fencekeeper")
+    assert callable(fencekeeper.connect)
 
 
-@pytest.mark.parametrize("package", [fencekeeper.kernel, fencekeeper.adapters], ids=lambda m: m.__name__)
+def test_the_specs_are_package_data() -> None:
+    shipped = importlib.resources.files("fencekeeper") / "specs"
+    for source in (ROOT / "specs").rglob("*"):
+        if source.is_file():
+            relative = source.relative_to(ROOT / "specs")
+            installed = shipped
+            for part in relative.parts:
+                installed = installed / part
+            assert installed.is_file(), f"specs/{relative} is not installed; {REINSTALL}"
+            assert installed.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "package", [fencekeeper, fencekeeper.kernel, fencekeeper.adapters], ids=lambda m: m.__name__
+)
 def test_package_resolves_into_the_repository(package: ModuleType) -> None:
     name = package.__name__
     source = PACKAGES[name]
@@ -89,6 +109,7 @@ def test_console_script() -> None:
 CLIENT = '''\
 """A client of the installed package, type-checked with --strict."""
 
+import fencekeeper
 from fencekeeper.kernel import EXECUTION, ExecutionEvent, ExecutionState, IllegalTransition
 
 
@@ -108,6 +129,17 @@ running: ExecutionState = advance(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)
 legal: tuple[ExecutionEvent, ...] = EXECUTION.events_from(running)
 done: frozenset[ExecutionState] = EXECUTION.terminal
 code: str | None = refusal_code(ExecutionState.SUCCEEDED, ExecutionEvent.CLAIM)
+
+
+def through_the_front_door(client: fencekeeper.Client) -> fencekeeper.RefusalCode | None:
+    admitted: fencekeeper.Execution = client.run("purchase-approval", {"amount": 1})
+    cancelled = client.cancel(admitted.execution_id, raise_on_refusal=False)
+    if isinstance(cancelled, fencekeeper.Refusal):
+        return cancelled.code
+    state: ExecutionState = cancelled.state
+    return None if state is ExecutionState.CANCELLED else fencekeeper.RefusalCode.ILLEGAL_TRANSITION
+
+
 reveal_type(EXECUTION)
 x: int = EXECUTION.step(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)
 '''
