@@ -106,6 +106,8 @@ def _valid_lease(instance: Any, attribute: Any, value: timedelta) -> None:
 
 @attrs.frozen
 class Refused:
+    """A refusal the worker met on an execution: its code and message (the worker stopped work on it)."""
+
     execution_id: str
     code: str
     message: str
@@ -125,6 +127,11 @@ class PassReport:
 
 @attrs.define
 class Worker:
+    """One worker: claims eligible executions and drives each under its lease until it leaves running.
+
+    It decides nothing (see the module's rules); ``on_event`` receives its live timeline.
+    """
+
     store: TransactionalStore
     worker_id: str
     policy: AuthorityPolicy
@@ -140,6 +147,7 @@ class Worker:
             self.on_event(execution_id, what, detail)
 
     def fire_due_timers(self, report: PassReport) -> None:
+        """Fire every due one-time wake (as the timer principal), counting them in ``report``."""
         for key in self.store.due_wakes(business_id=self.business_id):
             authority = self.policy.check(SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
             outcome = self.store.fire_timer(key, authority)

@@ -1,4 +1,4 @@
-"""docs/python.md runs as written: its Python blocks, top to bottom, in one fresh interpreter.
+"""docs/python.md and docs/kernel.md run as written: each page's Python blocks, top to bottom, in one fresh interpreter.
 
 The blocks run outside the repository, as a user's script would, against the
 installed package; each block's own ``assert`` statements are what it claims.
@@ -11,8 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "python.md"
+PAGES = [ROOT / "docs" / "python.md", ROOT / "docs" / "kernel.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
@@ -25,11 +28,13 @@ def test_the_page_has_the_recipe() -> None:
     assert "**examples**" in text
 
 
-def test_every_python_block_runs(tmp_path: Path) -> None:
-    script = "\n\n".join(BLOCK.findall(PAGE.read_text(encoding="utf-8")))
-    (tmp_path / "recipe.py").write_text(script, encoding="utf-8")
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_python_block_runs(tmp_path: Path, page: Path) -> None:
+    script = "\n\n".join(BLOCK.findall(page.read_text(encoding="utf-8")))
+    (tmp_path / "page.py").write_text(script, encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "recipe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "page.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert "[not_authorized]" in result.stdout
+    shown = {"python.md": "[not_authorized]", "kernel.md": "lease_expired - "}[page.name]
+    assert shown in result.stdout
