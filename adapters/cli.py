@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.resources
 import json
 import math
 import os
@@ -148,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
         "a store that cannot be used as it is, a problem a check found).",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"fencekeeper {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str, *, prints_data: bool = False, **kwargs: Any) -> argparse.ArgumentParser:
@@ -307,7 +309,11 @@ def _parser() -> argparse.ArgumentParser:
 
     command("docs", "print docs/machines.md as generated from the kernel's tables")
 
-    export = command("export-specs", "write specs/machines/*.toml from the kernel's tables")
+    export = command(
+        "export-specs",
+        "write the language-neutral specs into DIR: the machine tables from the kernel's tables, and the "
+        "protocol, interpreter, definition format and schema this fencekeeper ships",
+    )
     export.add_argument("directory", type=Path)
 
     mc = command(
@@ -1421,16 +1427,41 @@ def _read(path: Path, *, option: str | None = None) -> str:
         raise CliError(f"{prefix}: not UTF-8 text") from None
 
 
+def _version() -> str:
+    from fencekeeper import __version__  # noqa: PLC0415 - the front door's own module, loaded on demand
+
+    return __version__
+
+
 def _export_specs(args: argparse.Namespace, out: Output) -> int:
     directory: Path = args.directory
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        (directory / "machines").mkdir(exist_ok=True)
     except FileExistsError:
         raise CliError(f"{directory}: exists and is not a directory") from None
     except OSError as exc:
         raise CliError(f"{directory}: cannot create: {exc.strerror}") from None
+    # The machine tables are written from the kernel, the rest as shipped in the package
+    # (fencekeeper/specs); a file that already is the shipped one (`make specs` in the
+    # repository, whose editable install links to it) is left alone.
+    shipped = importlib.resources.files("fencekeeper") / "specs"
+    pending = [(shipped, directory)]
+    while pending:
+        source, target = pending.pop()
+        for item in source.iterdir():
+            if item.is_dir():
+                (target / item.name).mkdir(exist_ok=True)
+                pending.append((item, target / item.name))
+            elif not (target == directory / "machines" and item.name.endswith(".toml")):
+                destination = target / item.name
+                if isinstance(item, Path) and destination.exists() and destination.samefile(item):
+                    continue
+                destination.write_bytes(item.read_bytes())
     for machine in MACHINES.values():
-        (directory / f"{machine.name}.toml").write_text(render_machine_spec(machine.spec), encoding="utf-8")
+        (directory / "machines" / f"{machine.name}.toml").write_text(
+            render_machine_spec(machine.spec), encoding="utf-8"
+        )
     return EXIT_OK
 
 

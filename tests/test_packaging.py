@@ -201,3 +201,22 @@ def test_mypy_reports_exactly_the_deliberate_error(mypy_on_client: tuple[int, li
     assert len(errors) == 1, "\n".join(lines)
     assert errors[0].startswith(f"client.py:{DELIBERATE_LINE}: error: Incompatible types in assignment")
     assert '"ExecutionState"' in errors[0] and '"int"' in errors[0] and errors[0].endswith("[assignment]")
+
+
+def test_version_flag_and_python_dash_m(tmp_path: Path) -> None:
+    expected = f"fencekeeper {importlib.metadata.version('fencekeeper')}"
+    for command in ([str(BIN / "fencekeeper"), "--version"], [sys.executable, "-m", "fencekeeper", "--version"]):
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert (result.returncode, result.stdout.strip(), result.stderr) == (0, expected, "")
+    result = subprocess.run(
+        [sys.executable, "-m", "fencekeeper", "nosuchcommand"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert result.returncode == 2 and "invalid choice: 'nosuchcommand'" in result.stderr
+
+
+def test_the_license_is_an_spdx_expression_with_its_file() -> None:
+    metadata = importlib.metadata.metadata("fencekeeper")
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")[:200]
+    assert "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text(encoding="utf-8")[:200]
