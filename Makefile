@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" | sort)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test contracts bench bench-pg specs clean
+.PHONY: demo test contracts bench bench-pg specs apidocs clean
 
 demo: $(STAMP)
 	$(BIN)/fencekeeper demo
@@ -40,6 +40,11 @@ bench-pg: $(STAMP)
 specs: $(STAMP)
 	$(BIN)/fencekeeper export-specs specs
 	$(BIN)/fencekeeper docs > docs/machines.md.tmp && mv docs/machines.md.tmp docs/machines.md
+
+# The API reference, generated from the docstrings into docs/api (not committed).
+APIDOC_MODULES := fencekeeper fencekeeper.kernel fencekeeper.adapters
+apidocs: $(STAMP)
+	$(BIN)/pdoc --docformat restructuredtext --output-directory docs/api $(APIDOC_MODULES)
 
 $(STAMP): pyproject.toml constraints.txt $(VENV)/.files
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, overload
@@ -111,7 +112,7 @@ class AsyncClient:
         result: p.Execution | p.Refusal = await _in_thread(self.sync.run, definition, input, **options)
         return result
 
-    async def list(self, state: ExecutionState | str | None = None) -> list[p.Execution]:
+    async def list(self, state: ExecutionState | str | None = None) -> builtins.list[p.Execution]:
         """:meth:`Client.list <fencekeeper.adapters.client.Client.list>`, awaited."""
         return await asyncio.to_thread(self.sync.list, state)
 

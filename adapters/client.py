@@ -32,6 +32,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import enum
 import os
@@ -434,7 +435,7 @@ class Client:
             return outcome.execution
         return _answer(_as_refusal(outcome), raise_on_refusal, execution_id)
 
-    def list(self, state: ExecutionState | str | None = None) -> list[p.Execution]:
+    def list(self, state: ExecutionState | str | None = None) -> builtins.list[p.Execution]:
         """This business's executions (optionally only those in ``state``), by id."""
         chosen: ExecutionState | None
         try:
