@@ -101,7 +101,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import connect, demo, examples, render, service
+from . import connect, demo, examples, observe, render, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -220,6 +220,15 @@ def _parser() -> argparse.ArgumentParser:
         "--id", dest="worker_prefix", metavar="PREFIX", help="worker ids are PREFIX-1..N (default: host-pid)"
     )
     worker.add_argument("-v", "--verbose", action="store_true", help="print every visit on stderr")
+    worker.add_argument(
+        "--log-json", action="store_true", help="log every visit, refusal and note on stderr as one JSON object a line"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST default: every interface; "
+        "needs pip install 'fencekeeper[metrics]')",
+    )
 
     inspect = command("inspect", "an execution's whole timeline", prints_data=True)
     inspect.add_argument("execution_id", metavar="EXECUTION_ID")
@@ -730,13 +739,39 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     tally = _Tally()
     stop = _Stop()
     stopped_by = ["idle" if args.until_idle else "signal"]
-    live_console = out.err if out.err.is_terminal else None
+    # A JSON log owns stderr: no live line and no text notes there beside it.
+    log = observe.JsonLog(sys.stderr) if args.log_json else None
+    live_console = out.err if out.err.is_terminal and log is None else None
+    try:
+        metrics_at = None if args.metrics_port is None else observe.parse_address(args.metrics_port)
+    except ValueError as exc:
+        raise CliError(f"--metrics-port: {exc}") from None
 
-    with _store(args, pool_size=args.concurrency + 1) as store:
+    with _store(args, pool_size=args.concurrency + 1) as store, contextlib.ExitStack() as cleanup:
+        metrics: observe.WorkerMetrics | None = None
+        if metrics_at is not None:
+            try:
+                metrics = observe.WorkerMetrics(store)
+                host, port = metrics.serve(*metrics_at)
+            except observe.MetricsUnavailable as exc:
+                raise CliError(f"--metrics-port: {exc}") from None
+            except OSError as exc:
+                raise CliError(f"--metrics-port: cannot listen on {args.metrics_port}: {exc.strerror}") from None
+            cleanup.callback(metrics.close)
+            if log is not None:
+                log.line("info", "metrics_listening", url=f"http://{host}:{port}/metrics")
+            else:
+                out.note(f"metrics at http://{host}:{port}/metrics")
+
+        def note(*parts: str | Text | tuple[str, str]) -> None:
+            if log is not None:
+                log.line("info", "note", detail=text(*parts).plain)
+            else:
+                out.note(*parts)
 
         def say(*parts: str | Text | tuple[str, str]) -> None:
-            if args.verbose or live_console is not None:
-                out.note(*parts)
+            if log is not None or args.verbose or live_console is not None:
+                note(*parts)
 
         def make_worker(number: int, handler: CommandHandler) -> Worker:
             worker_id = f"{prefix}-{number}"
@@ -750,9 +785,9 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 with tally.lock:
                     if what == "claimed":
                         tally.in_flight[execution_id] = worker_id
-                    elif what not in ("step", "command", "renew"):
+                    elif what not in ("step", "command", "renewed"):
                         tally.in_flight.pop(execution_id, None)
-                if args.verbose:
+                if args.verbose and log is None:
                     style = render.REFUSED_STYLE if what == "refused" else render.STATE_STYLES.get(what, "")
                     out.note(f"{worker_id}  {execution_id}  ", (what, style), f"  {detail}")
                 if what in ("claimed", "step") and stop.event.is_set():
@@ -776,6 +811,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 business_id=args.business,
                 make_token=make_token,
                 on_event=on_event,
+                on_record=log,
             )
 
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=1)]
@@ -805,6 +841,8 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                     return
                 failures = 0
                 tally.add(report)
+                if metrics is not None:
+                    metrics.record(report)
                 if report.claimed or report.timers_fired:
                     continue
                 if args.until_idle:
@@ -835,7 +873,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             if signals > 1:
                 # A second signal: leave now; leases still held simply expire and quarantine finds them.
                 os._exit(130)
-            out.note("stopping after the current visit; send the signal again to quit at once")
+            note("stopping after the current visit; send the signal again to quit at once")
             stop.set()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

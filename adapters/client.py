@@ -861,6 +861,8 @@ def _add(total: PassReport, report: PassReport) -> None:
     total.timers_fired += report.timers_fired
     total.finished.update(report.finished)
     total.refused.extend(report.refused)
+    total.renewals += report.renewals
+    total.claim_seconds.extend(report.claim_seconds)
 
 
 def _as_refusal(outcome: p.Outcome) -> p.Refusal:
