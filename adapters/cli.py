@@ -741,6 +741,8 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     stopped_by = ["idle" if args.until_idle else "signal"]
     # A JSON log owns stderr: no live line and no text notes there beside it.
     log = observe.JsonLog(sys.stderr) if args.log_json else None
+    # A span per node visit whenever OpenTelemetry is installed; the deployment's SDK exports them.
+    record = observe.fan_out(log, observe.visit_spans())
     live_console = out.err if out.err.is_terminal and log is None else None
     try:
         metrics_at = None if args.metrics_port is None else observe.parse_address(args.metrics_port)
@@ -811,7 +813,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 business_id=args.business,
                 make_token=make_token,
                 on_event=on_event,
-                on_record=log,
+                on_record=record,
             )
 
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=1)]

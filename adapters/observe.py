@@ -15,6 +15,9 @@ Rules of this module:
   and imported only when metrics are asked for; every metric lives in a
   registry of its own, so that two workers in one process, or one test
   after another, never collide.
+- OpenTelemetry is optional too (``pip install 'fencekeeper[tracing]'``):
+  :class:`VisitSpans` makes one span per node visit when the API is
+  installed, and the deployment's SDK, if it configured one, exports them.
 - A scrape that cannot read the store reports the pass counters it has and
   sets ``fencekeeper_store_up`` to 0, rather than failing the scrape.
 
@@ -32,13 +35,22 @@ The metrics (every counter counts since the process started):
 ``fencekeeper_expired_leases``               running executions whose lease has expired, at scrape
 ``fencekeeper_store_up``                     1 if the last scrape could read the store
 ==========================================  =====================================================
+
+The spans (:class:`VisitSpans`): one ``fencekeeper.visit`` span per node
+visit, from the end of the worker's previous commit on the execution (its
+claim, renewal or previous visit) to the commit of this one, with the
+attributes ``fencekeeper.execution_id``, ``fencekeeper.worker_id``,
+``fencekeeper.fence``, ``fencekeeper.node_id`` and ``fencekeeper.outcome``
+(``step``, the state it left for, or ``refused``); a Command issued during
+the visit is a span event; a refused visit has status ERROR and
+``fencekeeper.code``.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -71,6 +83,7 @@ class JsonLog:
             execution_id=event.execution_id,
             fence=event.fence,
             code=event.code,
+            node_id=event.node_id,
             detail=event.detail,
         )
 
@@ -185,6 +198,93 @@ class _StoreCollector:
         yield up
 
 
+class TracingUnavailable(Exception):
+    """The OpenTelemetry API is not installed: spans need the ``tracing`` extra."""
+
+
+_VISIT_ENDS = frozenset(
+    {"step", "refused", "waiting", "succeeded", "failed", "suspended", "reconciliation_required", "cancelled"}
+)
+
+
+class VisitSpans:
+    """One OpenTelemetry span per node visit, made from a worker's timeline (pass it as ``on_record``).
+
+    ``tracer_provider`` defaults to the global one the deployment configured
+    (a no-op without an SDK).  Thread-safe: one instance serves every worker
+    of a process.
+    """
+
+    def __init__(self, tracer_provider: Any = None) -> None:
+        try:
+            from opentelemetry import trace  # noqa: PLC0415 - optional extra
+        except ImportError:
+            raise TracingUnavailable("spans need the OpenTelemetry API: pip install 'fencekeeper[tracing]'") from None
+        self._trace = trace
+        self.tracer = trace.get_tracer("fencekeeper.worker", tracer_provider=tracer_provider)
+        self._since: dict[tuple[str, str], int] = {}
+        self._commands: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: WorkerEvent) -> None:
+        """Close the visit ``event`` ends (if it ends one), and remember where the next one starts."""
+        import time  # noqa: PLC0415 - the clock of the spans only
+
+        now = time.time_ns()
+        key = (event.worker_id, event.execution_id)
+        with self._lock:
+            started = self._since.get(key, now)
+            if event.what == "command":
+                self._commands.setdefault(key, []).append((event.detail, now))
+                return
+            if event.what not in _VISIT_ENDS:
+                self._since[key] = now  # claimed, renewed, timer: the next visit starts after this commit
+                return
+            commands = self._commands.pop(key, [])
+            if event.what == "step":
+                self._since[key] = now
+            else:
+                self._since.pop(key, None)
+        attributes: dict[str, str | int] = {
+            "fencekeeper.execution_id": event.execution_id,
+            "fencekeeper.worker_id": event.worker_id,
+            "fencekeeper.outcome": event.what,
+        }
+        if event.fence is not None:
+            attributes["fencekeeper.fence"] = event.fence
+        if event.node_id is not None:
+            attributes["fencekeeper.node_id"] = event.node_id
+        if event.code is not None:
+            attributes["fencekeeper.code"] = event.code
+        span = self.tracer.start_span("fencekeeper.visit", start_time=started, attributes=attributes)
+        for detail, at in commands:
+            span.add_event("command issued", {"fencekeeper.command": detail}, timestamp=at)
+        if event.what == "refused":
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, event.detail))
+        span.end(end_time=now)
+
+
+def visit_spans() -> VisitSpans | None:
+    """:class:`VisitSpans` over the global tracer provider when OpenTelemetry is installed; None otherwise."""
+    try:
+        return VisitSpans()
+    except TracingUnavailable:
+        return None
+
+
+def fan_out(*sinks: Callable[[WorkerEvent], None] | None) -> Callable[[WorkerEvent], None] | None:
+    """One ``on_record`` callback that hands each event to every sink given (None when none is)."""
+    chosen = [sink for sink in sinks if sink is not None]
+    if not chosen:
+        return None
+
+    def record(event: WorkerEvent) -> None:
+        for sink in chosen:
+            sink(event)
+
+    return record
+
+
 def parse_address(text: str) -> tuple[str, int]:
     """``[HOST:]PORT`` as (host, port); the host defaults to every interface, as Prometheus exporters do.
 
@@ -197,4 +297,14 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-__all__ = ["CLAIM_BUCKETS", "JsonLog", "MetricsUnavailable", "WorkerMetrics", "parse_address"]
+__all__ = [
+    "CLAIM_BUCKETS",
+    "JsonLog",
+    "MetricsUnavailable",
+    "TracingUnavailable",
+    "VisitSpans",
+    "WorkerMetrics",
+    "fan_out",
+    "parse_address",
+    "visit_spans",
+]

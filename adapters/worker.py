@@ -147,6 +147,8 @@ class WorkerEvent:
     detail: str
     fence: int | None = None
     code: str | None = None
+    node_id: str | None = None
+    """The node visited (``command``, ``step`` and finishing events)."""
 
 
 @attrs.define
@@ -169,12 +171,19 @@ class Worker:
     """Called with the same timeline as structured records (the JSON log)."""
 
     def _tell(
-        self, execution_id: str, what: str, detail: str, *, fence: int | None = None, code: str | None = None
+        self,
+        execution_id: str,
+        what: str,
+        detail: str,
+        *,
+        fence: int | None = None,
+        code: str | None = None,
+        node_id: str | None = None,
     ) -> None:
         if self.on_event is not None:
             self.on_event(execution_id, what, detail)
         if self.on_record is not None:
-            self.on_record(WorkerEvent(self.worker_id, execution_id, what, detail, fence, code))
+            self.on_record(WorkerEvent(self.worker_id, execution_id, what, detail, fence, code, node_id))
 
     def fire_due_timers(self, report: PassReport) -> None:
         """Fire every due one-time wake (as the timer principal), counting them in ``report``."""
@@ -257,6 +266,7 @@ class Worker:
                     "command",
                     f"{plan.command.operation} as {plan.command.command_id}",
                     fence=credential.fence,
+                    node_id=execution.current_node_id,
                 )
                 try:
                     result = self.handler.execute(plan.command)
@@ -294,7 +304,11 @@ class Worker:
                 return False
             report.steps += 1
             self._tell(
-                execution_id, "step", f"{plan.step.node_id} -> {plan.step.next_node_id}", fence=credential.fence
+                execution_id,
+                "step",
+                f"{plan.step.node_id} -> {plan.step.next_node_id}",
+                fence=credential.fence,
+                node_id=plan.step.node_id,
             )
             return True
         outcome = self.store.finalize(
@@ -320,7 +334,14 @@ class Worker:
         if plan.step is not None:
             report.steps += 1
         report.finished[plan.target.value] += 1
-        self._tell(execution_id, plan.target.value, plan.reason, fence=credential.fence, code=plan.error_code)
+        self._tell(
+            execution_id,
+            plan.target.value,
+            plan.reason,
+            fence=credential.fence,
+            code=plan.error_code,
+            node_id=execution.current_node_id,
+        )
         return False
 
     def _applied(
