@@ -62,7 +62,7 @@ may dispatch there.  The kernel's own rules still apply on top: a reviewer
 outside an approval request's reviewer scope, or the requester deciding their
 own request, is refused whatever the grants say.  Deployments plug their own
 :class:`~fencekeeper.adapters.ports.AuthorityPolicy` into the Python API
-(``fencekeeper.adapters.service``, ``fencekeeper.adapters.worker``).
+(``fencekeeper.connect``; docs/python.md).
 """
 
 from __future__ import annotations
