@@ -61,6 +61,7 @@ from fencekeeper.kernel.machines import ExecutionState
 from . import connect as connecting
 from . import service
 from .errors import Refused, RequestCode, RequestError, StoreFailure
+from .memory import MemoryStore
 from .ports import DEFINITION_REGISTER, WORKFLOW_RUN, AuthorityPolicy, CommandHandler
 from .store import Clock, ExecutionView, PublishResult, StoreError, TransactionalStore
 from .worker import PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
@@ -80,6 +81,8 @@ of a definition already registered.
 DEFAULT_BUSINESS = "default"
 DEFAULT_PRINCIPAL = "user:operator"
 DEFAULT_LEASE = timedelta(seconds=30)
+MEMORY = ":memory:"
+"""The URL of the in-memory reference store (one process, nothing kept after close)."""
 
 
 @attrs.frozen
@@ -968,6 +971,9 @@ def connect(
 ) -> Client:
     """A :class:`Client` for the store ``url`` names: a SQLite file path or a ``postgresql://`` DSN.
 
+    ``":memory:"`` is the in-memory reference store, which keeps nothing
+    past :meth:`Client.close` (for tests, and for trying things).
+
     ``policy`` answers every authority question; ``handler`` runs and
     settles Commands (``None`` for a client that never does).  Both are
     required, so that what a deployment trusts is always written where it
@@ -982,10 +988,17 @@ def connect(
     _identifier("principal", principal)
     if not callable(getattr(policy, "check", None)):
         raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
-    with _translated():
-        if migrate:
-            connecting.migrate(url, schema=schema)
-        store = connecting.open_store(url, schema=schema, clock=clock, pool_size=pool_size)
+    store: TransactionalStore
+    if url == MEMORY:
+        # The in-memory reference store: nothing persists past close; for tests and trying things.
+        if schema is not None:
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "schema", "applies to PostgreSQL only")
+        store = MemoryStore(clock)
+    else:
+        with _translated():
+            if migrate:
+                connecting.migrate(url, schema=schema)
+            store = connecting.open_store(url, schema=schema, clock=clock, pool_size=pool_size)
     try:
         return Client(store, policy=policy, handler=handler, business=business, principal=principal)
     except BaseException:
@@ -997,6 +1010,7 @@ __all__ = [
     "DEFAULT_BUSINESS",
     "DEFAULT_LEASE",
     "DEFAULT_PRINCIPAL",
+    "MEMORY",
     "Client",
     "Decided",
     "DecisionStatus",

@@ -345,6 +345,17 @@ def test_the_same_client_on_postgresql(pg_dsn: str, pg_schema: str) -> None:
         assert client.get("po-1").state is ExecutionState.SUCCEEDED
 
 
+def test_the_in_memory_store_for_trying_things() -> None:
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(":memory:", policy=policy, handler=examples.handler()) as client:
+        client.run(PURCHASE, {**ORDER, "amount": 10}, execution_id="po-1")
+        client.run_until_idle(lease=5)
+        assert client.get("po-1").state is ExecutionState.SUCCEEDED
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(":memory:", policy=policy, handler=None, schema="x")
+    assert caught.value.field == "schema"
+
+
 def test_an_unreachable_store_is_a_store_failure(tmp_path: Path) -> None:
     with pytest.raises(fencekeeper.StoreFailure) as caught:
         fencekeeper.connect(
