@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from typing import Any, Literal, overload
 
@@ -39,6 +39,7 @@ from .client import (
     DefinitionSource,
     Registered,
     WorkerPool,
+    wait_arguments,
 )
 from .client import connect as connect_sync
 from .ports import AuthorityPolicy, CommandHandler
@@ -119,6 +120,29 @@ class AsyncClient:
     async def get(self, execution_id: str) -> p.Execution:
         """:meth:`Client.get <fencekeeper.adapters.client.Client.get>`, awaited."""
         return await asyncio.to_thread(self.sync.get, execution_id)
+
+    async def wait(
+        self,
+        execution_id: str,
+        *,
+        until: Collection[ExecutionState | str] | None = None,
+        timeout: float = 30.0,
+        poll: float = 0.1,
+    ) -> p.Execution:
+        """:meth:`Client.wait <fencekeeper.adapters.client.Client.wait>`, sleeping on the event loop between reads."""
+        wanted = wait_arguments(until, timeout, poll)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            execution = await self.get(execution_id)
+            if execution.state in wanted:
+                return execution
+            if loop.time() >= deadline:
+                names = ", ".join(sorted(s.value for s in wanted))
+                raise TimeoutError(
+                    f"{execution_id} is still {execution.state.value} after {timeout:g} s (waited for {names})"
+                )
+            await asyncio.sleep(min(poll, max(deadline - loop.time(), 0)))
 
     async def inspect(self, execution_id: str) -> ExecutionView:
         """:meth:`Client.inspect <fencekeeper.adapters.client.Client.inspect>`, awaited."""

@@ -37,7 +37,8 @@ import contextlib
 import enum
 import os
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Collection, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
@@ -56,7 +57,7 @@ from fencekeeper.kernel.definition import (
     parse_definition,
 )
 from fencekeeper.kernel.events import EventError
-from fencekeeper.kernel.machines import ExecutionState
+from fencekeeper.kernel.machines import EXECUTION, ExecutionState
 
 from . import connect as connecting
 from . import service
@@ -155,6 +156,24 @@ def _lease(value: object) -> timedelta:
         return check_lease(value)  # type: ignore[arg-type]
     except WorkerSettingError as exc:
         raise RequestError(RequestCode.WORKER_SETTING, exc.field, exc.message) from None
+
+
+def wait_arguments(
+    until: Collection[ExecutionState | str] | None, timeout: float, poll: float
+) -> frozenset[ExecutionState]:
+    """The states :meth:`Client.wait` waits for (default: the terminal ones); RequestError naming a bad argument."""
+    values = EXECUTION.terminal if until is None else until
+    if isinstance(values, str) or not isinstance(values, Collection) or not values:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "until", "must be a non-empty collection of execution states")
+    try:
+        wanted = frozenset(ExecutionState(v) for v in values)
+    except ValueError as exc:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "until", str(exc)) from None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "timeout", f"must be seconds >= 0, got {timeout!r}")
+    if not isinstance(poll, (int, float)) or isinstance(poll, bool) or poll <= 0:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be seconds > 0, got {poll!r}")
+    return wanted
 
 
 def load_definition(source: DefinitionSource, *, field: str = "definition") -> Definition:
@@ -453,6 +472,33 @@ class Client:
     def get(self, execution_id: str) -> p.Execution:
         """The execution's current revision; RequestError ``execution_not_found`` when there is none."""
         return self._view(execution_id).execution
+
+    def wait(
+        self,
+        execution_id: str,
+        *,
+        until: Collection[ExecutionState | str] | None = None,
+        timeout: float = 30.0,
+        poll: float = 0.1,
+    ) -> p.Execution:
+        """Block until the execution is in one of ``until`` (default: a terminal state) and return it.
+
+        It only reads: workers (:meth:`run_until_idle`, :meth:`start_workers`,
+        ``fencekeeper worker``) do the work.  Raises :class:`TimeoutError`
+        when ``timeout`` seconds pass first.
+        """
+        wanted = wait_arguments(until, timeout, poll)
+        deadline = time.monotonic() + timeout
+        while True:
+            execution = self._view(execution_id).execution
+            if execution.state in wanted:
+                return execution
+            if time.monotonic() >= deadline:
+                names = ", ".join(sorted(s.value for s in wanted))
+                raise TimeoutError(
+                    f"{execution_id} is still {execution.state.value} after {timeout:g} s (waited for {names})"
+                )
+            time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
 
     def inspect(self, execution_id: str) -> ExecutionView:
         """The execution with its whole history: what ``fencekeeper inspect`` shows."""
@@ -906,8 +952,6 @@ class WorkerPool:
 
     def wait_until_idle(self, timeout: float = 60.0, *, settle: float = 0.2) -> bool:
         """Block until no pass has found work for ``settle`` seconds (or ``timeout``); True if idle."""
-        import time  # noqa: PLC0415 - only this waiter needs it
-
         deadline = time.monotonic() + timeout
         last = (-1, -1)
         quiet_since = time.monotonic()
@@ -1019,4 +1063,5 @@ __all__ = [
     "WorkerPool",
     "connect",
     "load_definition",
+    "wait_arguments",
 ]

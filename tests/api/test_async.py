@@ -86,11 +86,27 @@ def test_workers_started_from_asyncio(tmp_path: Path) -> None:
         )
         for n in range(4):
             await client.run(PURCHASE, {"amount": n, "order_id": f"o-{n}", "order_revision": 1})
+        late = await client.run(PURCHASE, {"amount": 1, "order_id": "o-late", "order_revision": 1})
+        with pytest.raises(TimeoutError):
+            await client.wait(late.execution_id, timeout=0.1, poll=0.02)
         pool = client.start_workers(2, lease=5, poll=0.05)
+        # Waiting sleeps on the loop: another coroutine keeps running meanwhile.
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        finished = await client.wait(late.execution_id, timeout=30)
+        ticker.cancel()
+        assert finished.state is fencekeeper.ExecutionState.SUCCEEDED and ticks > 0
         assert await asyncio.to_thread(pool.wait_until_idle, 30)
         await asyncio.to_thread(pool.stop)
         await client.close()
         return pool.report
 
     report = asyncio.run(scenario())
-    assert report.finished["succeeded"] == 4 and len(report.claimed) == 4
+    assert report.finished["succeeded"] == 5 and len(report.claimed) == 5

@@ -329,6 +329,22 @@ def test_workers_started_in_process_run_everything_and_stop(client: Client) -> N
     assert [x.state for x in client.list()] == [ExecutionState.SUCCEEDED] * 6
 
 
+def test_wait_returns_when_the_workers_are_done_and_times_out_otherwise(client: Client) -> None:
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    with pytest.raises(TimeoutError, match=r"po-1 is still eligible after 0\.2 s"):
+        client.wait("po-1", timeout=0.2, poll=0.05)
+    with client.start_workers(1, lease=5, poll=0.05):
+        waiting = client.wait("po-1", until={"waiting"}, timeout=30)
+        assert waiting.state is ExecutionState.WAITING
+        client.approve("po-1", reviewer="user:manager")
+        done = client.wait("po-1", timeout=30)
+    assert done.state is ExecutionState.SUCCEEDED
+    for bad in ({"until": "waiting"}, {"until": ["sleeping"]}, {"timeout": -1}, {"poll": 0}):
+        with pytest.raises(fencekeeper.RequestError) as caught:
+            client.wait("po-1", **bad)  # type: ignore[arg-type]
+        assert caught.value.field == next(iter(bad))
+
+
 # --- PostgreSQL ---------------------------------------------------------------------------------
 
 
