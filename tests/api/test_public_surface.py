@@ -3,7 +3,7 @@
 A module is public when a user is meant to import from it: the front door,
 the kernel and its protocol, and the adapters a deployment plugs into or
 calls (the client, its exceptions, the ports, the service operations, the
-store port, the worker, opening a store, the examples).  For each:
+store port, the worker, opening a store, the examples, what operators watch).  For each:
 
 - ``__all__`` exists, lists only names the module has, and lists every class
   and function the module itself defines that does not start with ``_``;
@@ -44,6 +44,7 @@ PUBLIC = (
     "fencekeeper.adapters.worker",
     "fencekeeper.adapters.connect",
     "fencekeeper.adapters.examples",
+    "fencekeeper.adapters.observe",
 )
 
 
