@@ -300,6 +300,13 @@ class Client:
         self.handler = handler
         self.business = _identifier("business", business)
         self.principal = _identifier("principal", principal)
+        self._pools: builtins.list[WorkerPool] = []
+
+    def _made_work(self) -> None:
+        # Something may have become eligible: wake this client's idle workers now rather than at their next poll.
+        self._pools = [pool for pool in self._pools if pool.running]
+        for pool in self._pools:
+            pool.poke()
 
     # -- lifetime
 
@@ -454,6 +461,7 @@ class Client:
         except _RefusedHere as exc:
             return _answer(exc.refusal, raise_on_refusal, execution_id)
         if isinstance(outcome, p.Decision) and outcome.execution is not None:
+            self._made_work()
             return outcome.execution
         return _answer(_as_refusal(outcome), raise_on_refusal, execution_id)
 
@@ -549,7 +557,7 @@ class Client:
             _mapping("payload", payload)
         try:
             with _translated():
-                return service.publish(
+                published = service.publish(
                     self.store,
                     self.policy,
                     business_id=self.business,
@@ -561,6 +569,9 @@ class Client:
                 )
         except _RefusedHere as exc:
             return _answer(exc.refusal, raise_on_refusal)
+        if published.woken:
+            self._made_work()
+        return published
 
     def approval(self, execution_id: str) -> approvals.ApprovalRequest | None:
         """The execution's newest approval request, as a reviewer is shown it; None if it never asked."""
@@ -644,6 +655,7 @@ class Client:
             return Decided(status, decision, request.request_id, who, determination, message, execution)
 
         if isinstance(outcome, p.Decision):
+            self._made_work()
             return decided(DecisionStatus.ACCEPTED, "accepted; the waiter wakes", outcome.execution)
         if isinstance(outcome, p.Unchanged):
             return decided(DecisionStatus.ALREADY_DECIDED, outcome.message)
@@ -846,6 +858,8 @@ class Client:
         if isinstance(outcome, p.Refusal):
             return _answer(outcome, raise_on_refusal, execution_id)
         if isinstance(outcome, p.Decision) and outcome.execution is not None:
+            if outcome.execution.state is ExecutionState.ELIGIBLE:
+                self._made_work()
             return outcome.execution
         # Unchanged: the identical command was already applied; the execution is as it left it.
         return self._view(execution_id).execution
@@ -900,6 +914,7 @@ class Client:
         chosen = _identifier("prefix", prefix or f"py-{os.getpid()}-{os.urandom(3).hex()}")
         workers = [self.worker(f"{chosen}-{n}", lease=lease) for n in range(1, concurrency + 1)]
         pool = WorkerPool(workers, poll=float(poll))
+        self._pools.append(pool)
         pool.start()
         return pool
 
@@ -926,6 +941,11 @@ class WorkerPool:
     ``report`` sums what every pass did so far; ``errors`` holds what
     stopped a worker early (a store failure it could not retry, a handler
     bug).  Use it as a context manager, or call :meth:`stop`.
+
+    Idle workers poll every ``poll`` seconds, and wake at once when work is
+    made: by the client that started them (an admission, an Event, a
+    decision, a resume), and, on PostgreSQL, by any process, through
+    LISTEN/NOTIFY.  A wake-up is a hint; polling still finds everything.
     """
 
     RETRIES = 5
@@ -936,9 +956,36 @@ class WorkerPool:
         self.poll = poll
         self.report = PassReport()
         self.errors: list[str] = []
+        self.passes = 0
+        """Dispatcher passes completed so far, by every worker."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._work = threading.Condition()
         self._threads = [threading.Thread(target=self._loop, args=(w,), name=w.worker_id, daemon=True) for w in workers]
+        wait_for_work = getattr(workers[0].store, "wait_for_work", None) if workers else None
+        if callable(wait_for_work):
+            self._threads.append(
+                threading.Thread(target=self._listen, args=(wait_for_work,), name="listen", daemon=True)
+            )
+
+    def poke(self) -> None:
+        """Wake idle workers now: work may have become eligible."""
+        with self._work:
+            self._work.notify_all()
+
+    def _idle(self, seconds: float) -> None:
+        with self._work:
+            if not self._stop.is_set():
+                self._work.wait(timeout=seconds)
+
+    def _listen(self, wait_for_work: Any) -> None:
+        # PostgreSQL's NOTIFY, from any process; short waits so that stop() is prompt.
+        while not self._stop.is_set():
+            try:
+                if wait_for_work(min(self.poll, 1.0)):
+                    self.poke()
+            except Exception:
+                self._stop.wait(min(self.poll, 1.0))
 
     def start(self) -> None:
         """Start every worker thread (done by :meth:`Client.start_workers`)."""
@@ -968,6 +1015,7 @@ class WorkerPool:
     def stop(self, timeout: float | None = 30.0) -> None:
         """Ask every worker to stop after its current execution leaves running, and wait for them."""
         self._stop.set()
+        self.poke()
         for thread in self._threads:
             thread.join(timeout)
 
@@ -988,7 +1036,7 @@ class WorkerPool:
                         self.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                     return
                 failures += 1
-                self._stop.wait(min(2.0**failures / 10, 5.0))
+                self._idle(min(2.0**failures / 10, 5.0))
                 continue
             except Exception as exc:
                 with self._lock:
@@ -997,8 +1045,9 @@ class WorkerPool:
             failures = 0
             with self._lock:
                 _add(self.report, report)
+                self.passes += 1
             if not report.claimed and not report.timers_fired:
-                self._stop.wait(self.poll)
+                self._idle(self.poll)
 
 
 def connect(

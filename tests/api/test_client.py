@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import tomllib
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -345,6 +346,25 @@ def test_wait_returns_when_the_workers_are_done_and_times_out_otherwise(client: 
         assert caught.value.field == next(iter(bad))
 
 
+def idle(pool: fencekeeper.WorkerPool) -> None:
+    """Wait until the pool's first pass found nothing: from now on it sleeps, for 60 s unless woken."""
+    deadline = time.monotonic() + 10
+    while pool.passes < 1:
+        assert time.monotonic() < deadline, "the pool made no pass"
+        time.sleep(0.01)
+    assert pool.report.claimed == []
+
+
+def test_work_made_by_the_client_wakes_its_idle_workers_at_once(client: Client) -> None:
+    # The workers poll every 60 s: only the wake-up can make this finish within the wait below.
+    with client.start_workers(1, lease=5, poll=60) as pool:
+        idle(pool)
+        client.run(PURCHASE, ORDER, execution_id="po-1")
+        assert client.wait("po-1", until={"waiting"}, timeout=10).state is ExecutionState.WAITING
+        client.approve("po-1", reviewer="user:manager")
+        assert client.wait("po-1", timeout=10).state is ExecutionState.SUCCEEDED
+
+
 # --- PostgreSQL ---------------------------------------------------------------------------------
 
 
@@ -370,6 +390,20 @@ def test_the_in_memory_store_for_trying_things() -> None:
     with pytest.raises(fencekeeper.RequestError) as caught:
         fencekeeper.connect(":memory:", policy=policy, handler=None, schema="x")
     assert caught.value.field == "schema"
+
+
+def test_on_postgresql_another_process_wakes_idle_workers(pg_dsn: str, pg_schema: str) -> None:
+    policy = examples.grants("default", "user:operator")
+    url = f"{pg_dsn}?schema={pg_schema}"
+    with (
+        fencekeeper.connect(url, policy=policy, handler=examples.handler()) as workers,
+        fencekeeper.connect(url, policy=policy, handler=None) as elsewhere,
+        workers.start_workers(1, lease=5, poll=60) as pool,
+    ):
+        idle(pool)
+        # Admitted through another client (another connection, as another process would): only NOTIFY wakes the pool.
+        elsewhere.run(PURCHASE, {**ORDER, "amount": 10}, execution_id="po-1")
+        assert elsewhere.wait("po-1", timeout=10).state is ExecutionState.SUCCEEDED
 
 
 def test_an_unreachable_store_is_a_store_failure(tmp_path: Path) -> None:
