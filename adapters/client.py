@@ -961,12 +961,47 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._work = threading.Condition()
+        self.released: builtins.list[str] = []
+        """Executions a stopping worker handed back (running -> eligible) after its last committed visit."""
+        for worker in workers:
+            self._hand_back_on_stop(worker)
         self._threads = [threading.Thread(target=self._loop, args=(w,), name=w.worker_id, daemon=True) for w in workers]
         wait_for_work = getattr(workers[0].store, "wait_for_work", None) if workers else None
         if callable(wait_for_work):
             self._threads.append(
                 threading.Thread(target=self._listen, args=(wait_for_work,), name="listen", daemon=True)
             )
+
+    def _hand_back_on_stop(self, worker: Worker) -> None:
+        """After a stop, release the lease at the next committed visit, as ``fencekeeper worker`` does.
+
+        A long execution need not run to its end (or wait for its lease to
+        expire) for the pool to stop: another worker continues it at once.
+        """
+        tokens: dict[str, str] = {}
+        make_token = worker.make_token
+        previous = worker.on_event
+
+        def remembering() -> str:
+            tokens["last"] = make_token()
+            return tokens["last"]
+
+        def on_event(execution_id: str, what: str, detail: str) -> None:
+            if previous is not None:
+                previous(execution_id, what, detail)
+            if what not in ("claimed", "step") or not self._stop.is_set() or "last" not in tokens:
+                return
+            view = worker.store.read(execution_id)
+            if view is None or view.execution.state is not ExecutionState.RUNNING:
+                return
+            credential = p.LeaseCredential(worker.worker_id, tokens["last"], view.execution.fence)
+            outcome = worker.store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))
+            if isinstance(outcome, p.Decision):
+                with self._lock:
+                    self.released.append(execution_id)
+
+        worker.make_token = remembering
+        worker.on_event = on_event
 
     def poke(self) -> None:
         """Wake idle workers now: work may have become eligible."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 import tomllib
 from collections.abc import Iterator, Sequence
@@ -363,6 +364,88 @@ def test_work_made_by_the_client_wakes_its_idle_workers_at_once(client: Client) 
         assert client.wait("po-1", until={"waiting"}, timeout=10).state is ExecutionState.WAITING
         client.approve("po-1", reviewer="user:manager")
         assert client.wait("po-1", timeout=10).state is ExecutionState.SUCCEEDED
+
+
+TWO_COMMANDS = """
+id = "two-steps"
+revision = 1
+start = "first"
+inputs = ["order_id"]
+
+[[nodes]]
+id = "first"
+kind = "local_command"
+revision = 1
+operation = "order.first"
+targets = [{ id = { from = "input.order_id" }, revision = 1 }]
+next = "second"
+on_failure = "failed"
+
+[[nodes]]
+id = "second"
+kind = "local_command"
+revision = 1
+operation = "order.second"
+targets = [{ id = { from = "input.order_id" }, revision = 1 }]
+next = "done"
+on_failure = "failed"
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+
+[[nodes]]
+id = "failed"
+kind = "end"
+revision = 1
+outcome = "failed"
+error_code = "order_failed"
+"""
+
+
+class Gate:
+    """A handler whose first Command waits at a gate, so that a stop arrives mid-visit."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.go = threading.Event()
+        self.executed: list[str] = []
+
+    def execute(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        self.executed.append(command.operation)
+        if command.operation == "order.first":
+            self.inside.set()
+            assert self.go.wait(10)
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.SUCCEEDED, None, "done")
+
+    def reconcile(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.UNKNOWN, None, "not asked")
+
+
+def test_a_stopping_pool_hands_back_the_lease_after_the_visit_it_is_in(db: Path) -> None:
+    gate = Gate()
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(str(db), policy=policy, handler=gate) as client:
+        client.run(TWO_COMMANDS, {"order_id": "o-1"}, execution_id="x-1")
+        pool = client.start_workers(1, lease=30, poll=0.05)
+        assert gate.inside.wait(10)
+        stopping = threading.Thread(target=pool.stop)
+        stopping.start()
+        gate.go.set()  # the visit in progress commits; then the lease is handed back
+        stopping.join(10)
+        assert not pool.running
+        assert pool.released == ["x-1"] and pool.errors == []
+        execution = client.get("x-1")
+        assert (execution.state, execution.current_node_id, execution.step_count) == (
+            ExecutionState.ELIGIBLE, "second", 1
+        )
+        assert gate.executed == ["order.first"]
+        # Another worker continues at once, without waiting for a lease to expire.
+        client.run_until_idle(lease=5)
+        assert client.get("x-1").state is ExecutionState.SUCCEEDED
+        assert gate.executed == ["order.first", "order.second"]
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------------
