@@ -82,6 +82,9 @@ def test_build_install_and_use_the_wheel(tmp_path: Path) -> None:
     assert metadata["License-Expression"] == "Apache-2.0"
     assert metadata["License-File"] == "LICENSE" and any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert metadata["Requires-Python"] == ">=3.11"
+    assert metadata["Description-Content-Type"] == "text/markdown"
+    assert "fencekeeper.connect" in (metadata.get_payload() or "")  # the README is the long description
+    assert {e.strip() for e in metadata.get_all("Provides-Extra") or []} >= {"metrics", "tracing", "dev"}
     classifiers = metadata.get_all("Classifier") or []
     assert "Typing :: Typed" in classifiers and not any(c.startswith("License ::") for c in classifiers)
     urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL") or [])
