@@ -140,6 +140,16 @@ def through_the_front_door(client: fencekeeper.Client) -> fencekeeper.RefusalCod
     return None if state is ExecutionState.CANCELLED else fencekeeper.RefusalCode.ILLEGAL_TRANSITION
 
 
+async def the_same_awaited(client: fencekeeper.AsyncClient) -> ExecutionState:
+    admitted: fencekeeper.Execution = await client.run("purchase-approval", {"amount": 1})
+    answer = await client.decide(admitted.execution_id, "approved", raise_on_refusal=False)
+    if isinstance(answer, fencekeeper.Refusal):
+        return admitted.state
+    status: fencekeeper.DecisionStatus = answer.status
+    assert status is fencekeeper.DecisionStatus.ACCEPTED
+    return (await client.wait(admitted.execution_id, timeout=30.0)).state
+
+
 reveal_type(EXECUTION)
 x: int = EXECUTION.step(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)
 '''
