@@ -16,16 +16,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _modules() -> list[str]:
-    line = next(x for x in (ROOT / "Makefile").read_text(encoding="utf-8").splitlines() if x.startswith("APIDOC_MODULES"))
+def _make_variable(name: str) -> list[str]:
+    line = next(x for x in (ROOT / "Makefile").read_text(encoding="utf-8").splitlines() if x.startswith(f"{name} :="))
     return line.split(":=", 1)[1].split()
 
 
 def test_the_reference_builds_without_warnings(tmp_path: Path) -> None:
-    modules = _modules()
+    # Exactly what `make apidocs` runs.
+    modules = _make_variable("APIDOC_MODULES")
     assert modules == ["fencekeeper", "fencekeeper.kernel", "fencekeeper.adapters"]
     result = subprocess.run(
-        [sys.executable, "-m", "pdoc", "--docformat", "restructuredtext", "--output-directory", str(tmp_path / "api"),
+        [sys.executable, "-m", "pdoc", *_make_variable("APIDOC_FLAGS"), "--output-directory", str(tmp_path / "api"),
          *modules],
         cwd=tmp_path,
         capture_output=True,
