@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.kernel_steps
 	$(BIN)/python -m bench.sqlite_store
 	$(BIN)/python -m bench.sqlite_hot_path
+	$(BIN)/python -m bench.client_overhead
 
 # Needs a PostgreSQL server (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test).
 bench-pg: $(STAMP)
