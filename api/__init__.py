@@ -6,7 +6,7 @@ The front door::
     from pathlib import Path
 
     with fencekeeper.connect("shop.db", policy=my_policy, handler=my_handler) as client:
-        execution = client.run(Path("purchase_approval.toml"), {"order_id": "po-1", "amount": 2500})
+        execution = client.run(Path("purchase_approval.toml"), {"order_id": "o-1", "order_revision": 1, "amount": 2500})
         client.run_until_idle()
         print(client.get(execution.execution_id).state)
 
