@@ -62,7 +62,7 @@ may dispatch there.  The kernel's own rules still apply on top: a reviewer
 outside an approval request's reviewer scope, or the requester deciding their
 own request, is refused whatever the grants say.  Deployments plug their own
 :class:`~fencekeeper.adapters.ports.AuthorityPolicy` into the Python API
-(``fencekeeper.adapters.service``, ``fencekeeper.adapters.worker``).
+(``fencekeeper.connect``; docs/python.md).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.resources
 import json
 import math
 import os
@@ -100,7 +101,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import cli_journal, cli_ops, connect, demo, examples, render, sequence, service
+from . import cli_journal, cli_ops, connect, demo, examples, observe, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -148,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
         "a store that cannot be used as it is, a problem a check found).",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"fencekeeper {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str, *, prints_data: bool = False, **kwargs: Any) -> argparse.ArgumentParser:
@@ -218,6 +220,15 @@ def _parser() -> argparse.ArgumentParser:
         "--id", dest="worker_prefix", metavar="PREFIX", help="worker ids are PREFIX-1..N (default: host-pid)"
     )
     worker.add_argument("-v", "--verbose", action="store_true", help="print every visit on stderr")
+    worker.add_argument(
+        "--log-json", action="store_true", help="log every visit, refusal and note on stderr as one JSON object a line"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST default: every interface; "
+        "needs pip install 'fencekeeper[metrics]')",
+    )
 
     inspect = command("inspect", "an execution's whole timeline", prints_data=True)
     inspect.add_argument("execution_id", metavar="EXECUTION_ID")
@@ -311,7 +322,11 @@ def _parser() -> argparse.ArgumentParser:
 
     command("docs", "print docs/machines.md as generated from the kernel's tables")
 
-    export = command("export-specs", "write specs/machines/*.toml from the kernel's tables")
+    export = command(
+        "export-specs",
+        "write the language-neutral specs into DIR: the machine tables from the kernel's tables, and the "
+        "protocol, interpreter, definition format and schema this fencekeeper ships",
+    )
     export.add_argument("directory", type=Path)
 
     mc = command(
@@ -733,13 +748,41 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     tally = _Tally()
     stop = _Stop()
     stopped_by = ["idle" if args.until_idle else "signal"]
-    live_console = out.err if out.err.is_terminal else None
+    # A JSON log owns stderr: no live line and no text notes there beside it.
+    log = observe.JsonLog(sys.stderr) if args.log_json else None
+    # A span per node visit whenever OpenTelemetry is installed; the deployment's SDK exports them.
+    record = observe.fan_out(log, observe.visit_spans())
+    live_console = out.err if out.err.is_terminal and log is None else None
+    try:
+        metrics_at = None if args.metrics_port is None else observe.parse_address(args.metrics_port)
+    except ValueError as exc:
+        raise CliError(f"--metrics-port: {exc}") from None
 
-    with _store(args, pool_size=args.concurrency + 1) as store:
+    with _store(args, pool_size=args.concurrency + 1) as store, contextlib.ExitStack() as cleanup:
+        metrics: observe.WorkerMetrics | None = None
+        if metrics_at is not None:
+            try:
+                metrics = observe.WorkerMetrics(store)
+                host, port = metrics.serve(*metrics_at)
+            except observe.MetricsUnavailable as exc:
+                raise CliError(f"--metrics-port: {exc}") from None
+            except OSError as exc:
+                raise CliError(f"--metrics-port: cannot listen on {args.metrics_port}: {exc.strerror}") from None
+            cleanup.callback(metrics.close)
+            if log is not None:
+                log.line("info", "metrics_listening", url=f"http://{host}:{port}/metrics")
+            else:
+                out.note(f"metrics at http://{host}:{port}/metrics")
+
+        def note(*parts: str | Text | tuple[str, str]) -> None:
+            if log is not None:
+                log.line("info", "note", detail=text(*parts).plain)
+            else:
+                out.note(*parts)
 
         def say(*parts: str | Text | tuple[str, str]) -> None:
-            if args.verbose or live_console is not None:
-                out.note(*parts)
+            if log is not None or args.verbose or live_console is not None:
+                note(*parts)
 
         def make_worker(number: int, handler: CommandHandler) -> Worker:
             worker_id = f"{prefix}-{number}"
@@ -753,9 +796,9 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 with tally.lock:
                     if what == "claimed":
                         tally.in_flight[execution_id] = worker_id
-                    elif what not in ("step", "command", "renew"):
+                    elif what not in ("step", "command", "renewed"):
                         tally.in_flight.pop(execution_id, None)
-                if args.verbose:
+                if args.verbose and log is None:
                     style = render.REFUSED_STYLE if what == "refused" else render.STATE_STYLES.get(what, "")
                     out.note(f"{worker_id}  {execution_id}  ", (what, style), f"  {detail}")
                 if what in ("claimed", "step") and stop.event.is_set():
@@ -779,6 +822,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 business_id=args.business,
                 make_token=make_token,
                 on_event=on_event,
+                on_record=record,
             )
 
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=1)]
@@ -808,6 +852,8 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                     return
                 failures = 0
                 tally.add(report)
+                if metrics is not None:
+                    metrics.record(report)
                 if report.claimed or report.timers_fired:
                     continue
                 if args.until_idle:
@@ -838,7 +884,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             if signals > 1:
                 # A second signal: leave now; leases still held simply expire and quarantine finds them.
                 os._exit(130)
-            out.note("stopping after the current visit; send the signal again to quit at once")
+            note("stopping after the current visit; send the signal again to quit at once")
             stop.set()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -1439,16 +1485,41 @@ def _read(path: Path, *, option: str | None = None) -> str:
         raise CliError(f"{prefix}: not UTF-8 text") from None
 
 
+def _version() -> str:
+    from fencekeeper import __version__  # noqa: PLC0415 - the front door's own module, loaded on demand
+
+    return __version__
+
+
 def _export_specs(args: argparse.Namespace, out: Output) -> int:
     directory: Path = args.directory
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        (directory / "machines").mkdir(exist_ok=True)
     except FileExistsError:
         raise CliError(f"{directory}: exists and is not a directory") from None
     except OSError as exc:
         raise CliError(f"{directory}: cannot create: {exc.strerror}") from None
+    # The machine tables are written from the kernel, the rest as shipped in the package
+    # (fencekeeper/specs); a file that already is the shipped one (`make specs` in the
+    # repository, whose editable install links to it) is left alone.
+    shipped = importlib.resources.files("fencekeeper") / "specs"
+    pending = [(shipped, directory)]
+    while pending:
+        source, target = pending.pop()
+        for item in source.iterdir():
+            if item.is_dir():
+                (target / item.name).mkdir(exist_ok=True)
+                pending.append((item, target / item.name))
+            elif not (target == directory / "machines" and item.name.endswith(".toml")):
+                destination = target / item.name
+                if isinstance(item, Path) and destination.exists() and destination.samefile(item):
+                    continue
+                destination.write_bytes(item.read_bytes())
     for machine in MACHINES.values():
-        (directory / f"{machine.name}.toml").write_text(render_machine_spec(machine.spec), encoding="utf-8")
+        (directory / "machines" / f"{machine.name}.toml").write_text(
+            render_machine_spec(machine.spec), encoding="utf-8"
+        )
     return EXIT_OK
 
 

@@ -223,3 +223,18 @@ def decode_recovery(text: str) -> p.RecoveryRecord:
         # Records written before the kernel kept its proof have none.
         proof=None if proof is None else p.SafeResumeEvidence(**{**proof, "basis": tuple(proof.get("basis", ()))}),
     )
+
+
+__all__ = [
+    "decode_execution",
+    "decode_optional_time",
+    "decode_recovery",
+    "decode_time",
+    "decode_wait_spec",
+    "dumps",
+    "encode_execution",
+    "encode_optional_time",
+    "encode_recovery",
+    "encode_time",
+    "encode_wait_spec",
+]

@@ -205,6 +205,8 @@ def _safe_dsn(dsn: str) -> str:
 
 @attrs.frozen
 class Migration:
+    """One applied schema migration: its number, name and when it was applied."""
+
     version: int
     name: str
     applied_at: str
@@ -229,6 +231,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
+        """True when nothing blocks running."""
         return not self.problems
 
 

@@ -179,3 +179,10 @@ def _states(states: tuple[str, ...]) -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+__all__ = [
+    "DiagramFormat",
+    "machines_markdown",
+    "render_diagram",
+]

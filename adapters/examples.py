@@ -75,13 +75,21 @@ class EffectLog(Protocol):
         """A critical section: a lookup and the record that follows it cannot interleave with another's."""
         ...
 
-    def get(self, command_id: str) -> Entry | None: ...
+    def get(self, command_id: str) -> Entry | None:
+        """The entry recorded for ``command_id``, if any."""
+        ...
 
-    def put(self, entry: Entry) -> None: ...
+    def put(self, entry: Entry) -> None:
+        """Record (or replace) the entry of one Command."""
+        ...
 
-    def highest_fence(self, execution_id: str) -> int: ...
+    def highest_fence(self, execution_id: str) -> int:
+        """The highest fence any Command of ``execution_id`` was seen with (0 for none)."""
+        ...
 
-    def entries(self) -> list[Entry]: ...
+    def entries(self) -> list[Entry]:
+        """Every entry, oldest first."""
+        ...
 
 
 class MemoryEffectLog:
@@ -93,19 +101,24 @@ class MemoryEffectLog:
 
     @contextlib.contextmanager
     def atomically(self) -> Iterator[None]:
+        """A critical section over this log (a lock)."""
         with self._lock:
             yield
 
     def get(self, command_id: str) -> Entry | None:
+        """The entry recorded for ``command_id``, if any."""
         return self._entries.get(command_id)
 
     def put(self, entry: Entry) -> None:
+        """Record (or replace) the entry of one Command."""
         self._entries[entry.command_id] = entry
 
     def highest_fence(self, execution_id: str) -> int:
+        """The highest fence any Command of ``execution_id`` was seen with (0 for none)."""
         return max((e.fence for e in self._entries.values() if e.execution_id == execution_id), default=0)
 
     def entries(self) -> list[Entry]:
+        """Every entry, oldest first."""
         return list(self._entries.values())
 
 
@@ -137,6 +150,7 @@ class FileEffectLog:
 
     @contextlib.contextmanager
     def atomically(self) -> Iterator[None]:
+        """A critical section: one immediate SQLite transaction on the log's file."""
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -147,6 +161,7 @@ class FileEffectLog:
         conn.execute("COMMIT")
 
     def get(self, command_id: str) -> Entry | None:
+        """The entry recorded for ``command_id``, if any."""
         row = self._conn.execute(
             "SELECT command_id, execution_id, fence, operation, status, result FROM effects WHERE command_id = ?",
             (command_id,),
@@ -154,6 +169,7 @@ class FileEffectLog:
         return None if row is None else Entry(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]))
 
     def put(self, entry: Entry) -> None:
+        """Record (or replace) the entry of one Command."""
         self._conn.execute(
             "INSERT OR REPLACE INTO effects VALUES (?, ?, ?, ?, ?, ?)",
             (entry.command_id, entry.execution_id, entry.fence, entry.operation, entry.status,
@@ -161,10 +177,12 @@ class FileEffectLog:
         )
 
     def highest_fence(self, execution_id: str) -> int:
+        """The highest fence any Command of ``execution_id`` was seen with (0 for none)."""
         row = self._conn.execute("SELECT MAX(fence) FROM effects WHERE execution_id = ?", (execution_id,)).fetchone()
         return int(row[0] or 0)
 
     def entries(self) -> list[Entry]:
+        """Every entry, oldest first."""
         rows = self._conn.execute(
             "SELECT command_id, execution_id, fence, operation, status, result FROM effects ORDER BY rowid"
         ).fetchall()
@@ -243,6 +261,7 @@ class ExampleHandler:
         self.reconciled: list[Command] = []
 
     def execute(self, command: Command) -> CommandResult:
+        """Apply the Command at most once, refusing a stale fence; a lost reply is reported UNKNOWN."""
         self.executed.append(command)
         with self.log.atomically():
             entry = self.log.get(command.command_id)
@@ -281,6 +300,7 @@ class ExampleHandler:
         return _result_of(entry)
 
     def reconcile(self, command: Command) -> CommandResult:
+        """Report what the effect log holds; a Command it never saw is recorded as not applied, finally."""
         self.reconciled.append(command)
         with self.log.atomically():
             entry = self.log.get(command.command_id)
@@ -319,3 +339,23 @@ def grants(business_id: str, *principals: str) -> GrantTable:
     for principal, operation in SYSTEM_PRINCIPAL_GRANTS:
         table.grant(principal, business_id, operation)
     return table
+
+
+__all__ = [
+    "APPLIED",
+    "EFFECTS",
+    "LOST_REPLIES",
+    "NOT_APPLIED",
+    "ORDER_LIMIT",
+    "REFUSED_STALE",
+    "REJECTED",
+    "Effect",
+    "EffectLog",
+    "Entry",
+    "ExampleHandler",
+    "FileEffectLog",
+    "MemoryEffectLog",
+    "effect_log_for",
+    "grants",
+    "handler",
+]

@@ -291,3 +291,8 @@ class MemoryStore(TransactionalStore):
 
     def close(self) -> None:
         """Nothing to release; present so every store can be used the same way."""
+
+
+__all__ = [
+    "MemoryStore",
+]

@@ -49,9 +49,21 @@ SYSTEM_PRINCIPAL_GRANTS = ((SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH),)
 
 
 class AuthorityPolicy(Protocol):
+    """Answers, against current facts, whether a principal may perform an operation: the deployment's to write.
+
+    ``operation`` is one of the operation ids of this module
+    (:data:`WORKFLOW_RUN`, :data:`APPROVAL_DECIDE`, ...) or a node's own
+    operation (``purchase.approve``); ``targets`` are the (id, revision)
+    pairs it acts on.  The answer is recorded as evidence; a denial
+    (``granted=False``, with a reason) fails closed.  It must grant
+    :data:`SYSTEM_PRINCIPAL_GRANTS` for timeouts to fire.
+    """
+
     def check(
         self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
-    ) -> Authority: ...
+    ) -> Authority:
+        """May ``principal_id`` perform ``operation`` on ``targets`` in ``business_id``, now?"""
+        ...
 
 
 class CommandHandler(Protocol):
@@ -85,6 +97,8 @@ class CommandHandler(Protocol):
 
 @attrs.frozen
 class Grant:
+    """One grant: ``principal_id`` may perform ``operation`` (or every operation, ``*``) in ``business_id``."""
+
     principal_id: str
     business_id: str
     operation: str
@@ -99,16 +113,19 @@ class GrantTable:
         self._lock = threading.Lock()
 
     def grant(self, principal_id: str, business_id: str, operation: str = "*") -> None:
+        """Grant ``operation`` (default: every operation) to ``principal_id`` in ``business_id``."""
         with self._lock:
             self._grants.add(Grant(principal_id, business_id, operation))
 
     def revoke(self, principal_id: str, business_id: str, operation: str = "*") -> None:
+        """Take a grant back; it takes effect at the next question."""
         with self._lock:
             self._grants.discard(Grant(principal_id, business_id, operation))
 
     def check(
         self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
     ) -> Authority:
+        """Granted when the principal holds the operation, or ``*``, in the business."""
         with self._lock:
             held = (
                 Grant(principal_id, business_id, operation) in self._grants
@@ -123,14 +140,17 @@ Script = Callable[[Command], CommandResult]
 
 
 def succeed(**outputs: object) -> Script:
+    """A script that reports SUCCEEDED with ``outputs``."""
     return lambda command: CommandResult(CommandStatus.SUCCEEDED, None, f"{command.operation} applied", outputs)
 
 
 def reject(rejection: Rejection, detail: str) -> Script:
+    """A script that reports REJECTED for ``rejection`` with ``detail``."""
     return lambda command: CommandResult(CommandStatus.REJECTED, rejection, detail)
 
 
 def unknown(detail: str) -> Script:
+    """A script that reports UNKNOWN (the reply was lost) with ``detail``."""
     return lambda command: CommandResult(CommandStatus.UNKNOWN, None, detail)
 
 
@@ -151,6 +171,7 @@ class ScriptedHandler:
         self._lock = threading.Lock()
 
     def execute(self, command: Command) -> CommandResult:
+        """Record the Command and answer with its operation's script (REJECTED when there is none)."""
         with self._lock:
             self.executed.append(command)
         script = self.scripts.get(command.operation)
@@ -159,9 +180,32 @@ class ScriptedHandler:
         return script(command)
 
     def reconcile(self, command: Command) -> CommandResult:
+        """Record the Command and answer with its operation's ``settled`` script (UNKNOWN when there is none)."""
         with self._lock:
             self.reconciled.append(command)
         script = self.settled.get(command.operation)
         if script is None:
             return CommandResult(CommandStatus.UNKNOWN, None, "the outcome is still not known")
         return script(command)
+
+
+__all__ = [
+    "APPROVAL_DECIDE",
+    "DEFINITION_REGISTER",
+    "EVENT_PUBLISH",
+    "SYSTEM_PRINCIPAL",
+    "SYSTEM_PRINCIPAL_GRANTS",
+    "WORKFLOW_CANCEL",
+    "WORKFLOW_DISPATCH",
+    "WORKFLOW_RECONCILE",
+    "WORKFLOW_RUN",
+    "AuthorityPolicy",
+    "CommandHandler",
+    "Grant",
+    "GrantTable",
+    "Script",
+    "ScriptedHandler",
+    "reject",
+    "succeed",
+    "unknown",
+]

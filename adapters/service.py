@@ -208,10 +208,12 @@ class Sweep:
 
     @property
     def quarantined(self) -> list[str]:
+        """The executions this sweep moved to reconciliation_required."""
         return [x for x, o in self.outcomes.items() if isinstance(o, p.Decision)]
 
     @property
     def problems(self) -> dict[str, p.Refusal]:
+        """The refusals that are real problems (not lost races), by execution."""
         return {x: o for x, o in self.outcomes.items() if isinstance(o, p.Refusal)}
 
 

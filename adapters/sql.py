@@ -768,3 +768,12 @@ class SqlBackend(Backend):
             tuple(current[object_id] for object_id in order),
             tuple(item for _, item in all_revisions),
         )
+
+
+__all__ = [
+    "DEFINITION_TYPE",
+    "EXECUTION_TYPE",
+    "RECOVERY_COMMAND_TYPE",
+    "Dialect",
+    "SqlBackend",
+]

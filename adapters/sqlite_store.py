@@ -861,3 +861,15 @@ def _statements(script: str) -> Iterator[str]:
             buffer = ""
     if buffer.strip():
         raise ValueError(f"incomplete migration statement: {buffer.strip()[:60]}")
+
+
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "MIGRATIONS",
+    "SQLITE",
+    "SQLiteStore",
+    "check_database",
+    "connect_read_only",
+    "locked_error",
+    "read_only_problem",
+]

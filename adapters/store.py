@@ -88,11 +88,16 @@ on the same row gets it well within this; a holder past it has stalled."""
 class Clock(Protocol):
     """The authoritative time of a store: read once per transaction, always aware UTC."""
 
-    def now(self) -> datetime: ...
+    def now(self) -> datetime:
+        """The authoritative time, timezone-aware UTC."""
+        ...
 
 
 class SystemClock:
+    """The machine's clock, in UTC (PostgreSQL stores use the database's clock instead)."""
+
     def now(self) -> datetime:
+        """The machine's current time in UTC."""
         return datetime.now(UTC)
 
 
@@ -104,15 +109,18 @@ class ManualClock:
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
+        """The time it was last set or advanced to."""
         with self._lock:
             return self._now
 
     def advance(self, delta: timedelta) -> datetime:
+        """Move the clock forward by ``delta``; returns the new time."""
         with self._lock:
             self._now += delta
             return self._now
 
     def set(self, moment: datetime) -> None:
+        """Set the clock to ``moment`` (timezone-aware)."""
         with self._lock:
             self._now = moment
 
@@ -144,29 +152,45 @@ class Store(Protocol):
 
     clock: Clock
 
-    def admit(self, request: p.AdmitRequest) -> p.Outcome: ...
+    def admit(self, request: p.AdmitRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.admit` in one transaction."""
+        ...
 
     def claim_next(self, request: p.ClaimRequest, *, business_id: str | None = None) -> p.Outcome | None:
         """Claim the first eligible execution (eligible_at, then id); None when there is none."""
         ...
 
-    def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome: ...
+    def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.renew` in one transaction."""
+        ...
 
     def record_step(
         self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence] = ()
-    ) -> p.Outcome: ...
+    ) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.record_step` with the visit's evidence, in one transaction."""
+        ...
 
-    def release(self, execution_id: str, request: p.ReleaseRequest) -> p.Outcome: ...
+    def release(self, execution_id: str, request: p.ReleaseRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.release` in one transaction."""
+        ...
 
-    def finalize(self, request: p.FinalizeRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome: ...
+    def finalize(self, request: p.FinalizeRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.finalize` with its evidence, in one transaction."""
+        ...
 
     def append_evidence(
         self, execution_id: str, credential: p.LeaseCredential, evidence: Sequence[Evidence]
-    ) -> p.Outcome: ...
+    ) -> p.Outcome:
+        """Write evidence under a live lease without moving the execution (a Command before it is issued)."""
+        ...
 
-    def wake(self, request: p.WakeRequest) -> p.Outcome: ...
+    def wake(self, request: p.WakeRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.wake` in one transaction."""
+        ...
 
-    def cancel(self, request: p.CancelRequest) -> p.Outcome: ...
+    def cancel(self, request: p.CancelRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.cancel` in one transaction."""
+        ...
 
     def recover(self, request: p.RecoveryRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
         """quarantine_expired, fail, resume_safe and reconcile_command."""
@@ -180,11 +204,17 @@ class Store(Protocol):
         """Ids of running executions whose lease has expired now: what quarantine would take."""
         ...
 
-    def read(self, execution_id: str) -> ExecutionView | None: ...
+    def read(self, execution_id: str) -> ExecutionView | None:
+        """The execution with its whole history, from one snapshot; None when there is none."""
+        ...
 
-    def execution_ids(self, state: ExecutionState | None = None) -> list[str]: ...
+    def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
+        """Every execution's id (only those in ``state`` when given), sorted."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the store's connections."""
+        ...
 
     # What the interpreter needs beyond the protocol's decisions.
 
@@ -194,17 +224,25 @@ class Store(Protocol):
 
     def load_definition(
         self, business_id: str, definition_id: str, revision: int | None = None
-    ) -> d.Definition | None: ...
+    ) -> d.Definition | None:
+        """A registered definition revision (the latest when ``revision`` is None), or None."""
+        ...
 
     def publish_event(self, event: Event, authority: p.Authority) -> PublishResult:
         """Commit an Event and wake every waiter it matches exactly, in one transaction."""
         ...
 
-    def decide_approval(self, decision: approvals.ApprovalDecision) -> approvals.DecideOutcome | p.Decision: ...
+    def decide_approval(self, decision: approvals.ApprovalDecision) -> approvals.DecideOutcome | p.Decision:
+        """Apply a reviewer's decision: the first determination wakes the waiter; later ones are kept in history."""
+        ...
 
-    def due_wakes(self, limit: int = 100, *, business_id: str | None = None) -> list[p.WaitKey]: ...
+    def due_wakes(self, limit: int = 100, *, business_id: str | None = None) -> list[p.WaitKey]:
+        """Open wait registrations whose timer is due now (at most ``limit``)."""
+        ...
 
-    def fire_timer(self, key: p.WaitKey, authority: p.Authority) -> p.Outcome: ...
+    def fire_timer(self, key: p.WaitKey, authority: p.Authority) -> p.Outcome:
+        """Wake the waiter of a due timer, as the timer principal."""
+        ...
 
 
 def definition_object_id(business_id: str, definition_id: str) -> str:
@@ -251,17 +289,23 @@ class Backend(abc.ABC):
         return self.now(clock)
 
     @abc.abstractmethod
-    def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]: ...
+    def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
+        """The execution and its dispatch row as this transaction sees them (None, None when absent)."""
+        ...
 
     @abc.abstractmethod
     def object_exists(self, object_id: str) -> bool:
         """Whether any generic object (an execution, an evidence object, ...) has this identity."""
 
     @abc.abstractmethod
-    def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None: ...
+    def load_registration(self, key: p.WaitKey) -> p.WaitRegistration | None:
+        """The wait registration stored under ``key``, if any."""
+        ...
 
     @abc.abstractmethod
-    def load_recovery(self, command_id: str) -> p.RecoveryRecord | None: ...
+    def load_recovery(self, command_id: str) -> p.RecoveryRecord | None:
+        """The recorded result of a recovery command, by its identity, if any."""
+        ...
 
     @abc.abstractmethod
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
@@ -295,10 +339,14 @@ class Backend(abc.ABC):
         """Register the next revision of a definition object."""
 
     @abc.abstractmethod
-    def load_event(self, event_id: str) -> Event | None: ...
+    def load_event(self, event_id: str) -> Event | None:
+        """A committed Event by its id, if any."""
+        ...
 
     @abc.abstractmethod
-    def insert_event(self, event: Event, now: datetime) -> None: ...
+    def insert_event(self, event: Event, now: datetime) -> None:
+        """Write a new Event in this transaction."""
+        ...
 
     @abc.abstractmethod
     def matching_events(self, spec: p.WaitSpec, business_id: str) -> list[Event]:
@@ -381,10 +429,14 @@ class TransactionalStore(abc.ABC):
         """Ids of running executions whose lease has expired now."""
 
     @abc.abstractmethod
-    def execution_ids(self, state: ExecutionState | None = None) -> list[str]: ...
+    def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
+        """Every execution's id (only those in ``state`` when given), sorted."""
+        ...
 
     @abc.abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the store's connections."""
+        ...
 
     def _run(
         self,
@@ -425,6 +477,7 @@ class TransactionalStore(abc.ABC):
         return outcome
 
     def admit(self, request: p.AdmitRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.admit` and the admission evidence in one transaction."""
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             existing = tx.load(request.execution_id)[0]
             taken = existing is None and tx.object_exists(request.execution_id)
@@ -433,6 +486,7 @@ class TransactionalStore(abc.ABC):
         return self._one(decide, evidence)
 
     def claim_next(self, request: p.ClaimRequest, *, business_id: str | None = None) -> p.Outcome | None:
+        """Claim the first eligible execution that is due (by eligible_at, then id); None when there is none."""
         def decide(tx: Backend, now: datetime) -> p.Outcome | None:
             execution_id = tx.next_eligible(now, business_id)
             if execution_id is None:
@@ -442,16 +496,19 @@ class TransactionalStore(abc.ABC):
         return self._run(decide, claim=_Claim(business_id))
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.renew` in one transaction."""
         return self._one(lambda tx, now: p.renew(*tx.load(execution_id), request, now), lock=execution_id)
 
     def record_step(
         self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence] = ()
     ) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.record_step` with the visit's evidence, in one transaction."""
         return self._one(
             lambda tx, now: p.record_step(*tx.load(execution_id), request, now), evidence, lock=execution_id
         )
 
     def release(self, execution_id: str, request: p.ReleaseRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.release` in one transaction."""
         return self._one(lambda tx, now: p.release(*tx.load(execution_id), request, now), lock=execution_id)
 
     def finalize(self, request: p.FinalizeRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
@@ -511,11 +568,13 @@ class TransactionalStore(abc.ABC):
     def append_evidence(
         self, execution_id: str, credential: p.LeaseCredential, evidence: Sequence[Evidence]
     ) -> p.Outcome:
+        """Write evidence under a live lease without moving the execution (a Command before it is issued)."""
         return self._one(
             lambda tx, now: p.fenced(*tx.load(execution_id), credential, now), evidence, lock=execution_id
         )
 
     def wake(self, request: p.WakeRequest) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.wake` in one transaction."""
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.key.execution_id)
             return p.wake(execution, dispatch, tx.load_registration(request.key), request, now)
@@ -523,6 +582,7 @@ class TransactionalStore(abc.ABC):
         return self._one(decide, lock=request.key.execution_id)
 
     def cancel(self, request: p.CancelRequest, evidence: Sequence[Evidence] = ()) -> p.Outcome:
+        """Apply :func:`~fencekeeper.kernel.protocol.cancel` with the cancellation Command, in one transaction."""
         return self._one(
             lambda tx, now: p.cancel(*tx.load(request.execution_id), request, now),
             evidence,

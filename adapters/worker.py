@@ -29,6 +29,7 @@ Rules of this module:
 from __future__ import annotations
 
 import secrets
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -106,6 +107,8 @@ def _valid_lease(instance: Any, attribute: Any, value: timedelta) -> None:
 
 @attrs.frozen
 class Refused:
+    """A refusal the worker met on an execution: its code and message (the worker stopped work on it)."""
+
     execution_id: str
     code: str
     message: str
@@ -121,10 +124,40 @@ class PassReport:
     finished: Counter[str] = attrs.field(factory=Counter)
     """Per state an execution left running for (waiting, succeeded, ...)."""
     refused: list[Refused] = attrs.field(factory=list)
+    renewals: int = 0
+    """Leases renewed (renewal is not a step)."""
+    claim_seconds: list[float] = attrs.field(factory=list)
+    """How long each claim that found work took, store round trip included: the claim latency."""
+
+
+@attrs.frozen
+class WorkerEvent:
+    """One line of a worker's timeline, as data: what the structured log writes and metrics may count.
+
+    ``what`` is ``claimed``, ``renewed``, ``command``, ``step``, ``timer``,
+    ``refused``, or the state an execution left running for (``waiting``,
+    ``succeeded``, ...).  ``fence`` is the fence of the lease the worker
+    held, when it held one; ``code`` is the refusal code of a ``refused``
+    event, or the error code a finalization recorded.
+    """
+
+    worker_id: str
+    execution_id: str
+    what: str
+    detail: str
+    fence: int | None = None
+    code: str | None = None
+    node_id: str | None = None
+    """The node visited (``command``, ``step`` and finishing events)."""
 
 
 @attrs.define
 class Worker:
+    """One worker: claims eligible executions and drives each under its lease until it leaves running.
+
+    It decides nothing (see the module's rules); ``on_event`` receives its live timeline.
+    """
+
     store: TransactionalStore
     worker_id: str
     policy: AuthorityPolicy
@@ -134,12 +167,26 @@ class Worker:
     make_token: Callable[[], str] = lambda: secrets.token_hex(16)
     on_event: Callable[[str, str, str], None] | None = None
     """Called with (execution_id, what, detail) for every visit and refusal: the live timeline."""
+    on_record: Callable[[WorkerEvent], None] | None = None
+    """Called with the same timeline as structured records (the JSON log)."""
 
-    def _tell(self, execution_id: str, what: str, detail: str) -> None:
+    def _tell(
+        self,
+        execution_id: str,
+        what: str,
+        detail: str,
+        *,
+        fence: int | None = None,
+        code: str | None = None,
+        node_id: str | None = None,
+    ) -> None:
         if self.on_event is not None:
             self.on_event(execution_id, what, detail)
+        if self.on_record is not None:
+            self.on_record(WorkerEvent(self.worker_id, execution_id, what, detail, fence, code, node_id))
 
     def fire_due_timers(self, report: PassReport) -> None:
+        """Fire every due one-time wake (as the timer principal), counting them in ``report``."""
         for key in self.store.due_wakes(business_id=self.business_id):
             authority = self.policy.check(SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
             outcome = self.store.fire_timer(key, authority)
@@ -156,6 +203,7 @@ class Worker:
         report = PassReport()
         self.fire_due_timers(report)
         while max_claims is None or len(report.claimed) < max_claims:
+            started = time.perf_counter()
             outcome = self.store.claim_next(
                 p.ClaimRequest(self.worker_id, self.make_token(), self.lease), business_id=self.business_id
             )
@@ -163,9 +211,15 @@ class Worker:
                 break
             if not isinstance(outcome, p.Decision) or outcome.lease is None or outcome.execution is None:
                 break
+            report.claim_seconds.append(time.perf_counter() - started)
             execution_id = outcome.execution.execution_id
             report.claimed.append(execution_id)
-            self._tell(execution_id, "claimed", f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}")
+            self._tell(
+                execution_id,
+                "claimed",
+                f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}",
+                fence=outcome.lease.fence,
+            )
             self.drive(execution_id, outcome.lease, report)
         return report
 
@@ -179,8 +233,10 @@ class Worker:
             expires = view.dispatch.lease_expires_at
             if expires is not None and expires - self.store.clock.now() < self.lease / 2:
                 renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
-                if not self._applied(execution_id, renewed, report, "renew"):
+                if not self._applied(execution_id, renewed, report, "renew", credential.fence):
                     return
+                report.renewals += 1
+                self._tell(execution_id, "renewed", f"lease of {self.lease.total_seconds():g} s", fence=credential.fence)
             definition = self.store.load_definition(
                 execution.business_id, execution.definition_id, execution.definition_revision
             )
@@ -203,9 +259,15 @@ class Worker:
             )
             if isinstance(plan, i.Invoke):
                 issued = self.store.append_evidence(execution_id, credential, plan.evidence)
-                if not self._applied(execution_id, issued, report, "issue command"):
+                if not self._applied(execution_id, issued, report, "issue command", credential.fence):
                     return
-                self._tell(execution_id, "command", f"{plan.command.operation} as {plan.command.command_id}")
+                self._tell(
+                    execution_id,
+                    "command",
+                    f"{plan.command.operation} as {plan.command.command_id}",
+                    fence=credential.fence,
+                    node_id=execution.current_node_id,
+                )
                 try:
                     result = self.handler.execute(plan.command)
                 except Exception as exc:
@@ -238,10 +300,16 @@ class Worker:
             outcome = self.store.record_step(
                 execution_id, p.StepRequest(credential, execution.revision, plan.step, authority), plan.evidence
             )
-            if not self._applied(execution_id, outcome, report, "step"):
+            if not self._applied(execution_id, outcome, report, "step", credential.fence):
                 return False
             report.steps += 1
-            self._tell(execution_id, "step", f"{plan.step.node_id} -> {plan.step.next_node_id}")
+            self._tell(
+                execution_id,
+                "step",
+                f"{plan.step.node_id} -> {plan.step.next_node_id}",
+                fence=credential.fence,
+                node_id=plan.step.node_id,
+            )
             return True
         outcome = self.store.finalize(
             p.FinalizeRequest(
@@ -261,20 +329,29 @@ class Worker:
             ),
             plan.evidence,
         )
-        if not self._applied(execution_id, outcome, report, "finalize"):
+        if not self._applied(execution_id, outcome, report, "finalize", credential.fence):
             return False
         if plan.step is not None:
             report.steps += 1
         report.finished[plan.target.value] += 1
-        self._tell(execution_id, plan.target.value, plan.reason)
+        self._tell(
+            execution_id,
+            plan.target.value,
+            plan.reason,
+            fence=credential.fence,
+            code=plan.error_code,
+            node_id=execution.current_node_id,
+        )
         return False
 
-    def _applied(self, execution_id: str, outcome: p.Outcome, report: PassReport, what: str) -> bool:
+    def _applied(
+        self, execution_id: str, outcome: p.Outcome, report: PassReport, what: str, fence: int | None = None
+    ) -> bool:
         if isinstance(outcome, p.Decision):
             return True
         code = outcome.code.value
         report.refused.append(Refused(execution_id, code, outcome.message))
-        self._tell(execution_id, "refused", f"{what}: {code}: {outcome.message}")
+        self._tell(execution_id, "refused", f"{what}: {code}: {outcome.message}", fence=fence, code=code)
         return False
 
 
@@ -285,6 +362,7 @@ __all__ = [
     "PassReport",
     "Refused",
     "Worker",
+    "WorkerEvent",
     "WorkerSettingError",
     "check_concurrency",
     "check_lease",

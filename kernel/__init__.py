@@ -1,4 +1,25 @@
-"""fencekeeper.kernel: the pure core (no I/O, no clock, no randomness)."""
+"""fencekeeper.kernel: the pure core (no I/O, no clock, no randomness), importable on its own.
+
+It is the reference kernel another implementation is checked against
+(docs/kernel.md teaches it).  What it exports:
+
+- the machines: :data:`EXECUTION`, :data:`DISPATCH`, :data:`NODE`,
+  :data:`ATTEMPT`, :data:`OPERATION` (all in :data:`MACHINES`), their state
+  and event enums, and :func:`step`, which moves one machine by one event or
+  raises :class:`IllegalTransition`;
+- the protocol's snapshots (:class:`Execution`, :class:`Dispatch`), its
+  requests (:class:`AdmitRequest`, :class:`ClaimRequest`, ...), its
+  decisions (:func:`admit`, :func:`claim`, :func:`renew`,
+  :func:`record_step`, :func:`release`, :func:`finalize`, :func:`wake`,
+  :func:`cancel`, and :func:`recover` for governed recovery), and the three
+  outcomes every decision returns: :class:`Decision` (what to write, under
+  its :class:`Guard`), :class:`Refusal` (a stable :class:`RefusalCode`,
+  nothing written) and :class:`Unchanged` (an idempotent repeat).
+
+Every decision takes immutable snapshots, a request and the authoritative
+time ``now``, and returns one of the three outcomes; none reads a clock,
+makes a token or touches a store.
+"""
 
 from .errors import IllegalTransition, InvalidSpec, KernelError
 from .machines import (
@@ -21,6 +42,46 @@ from .machines import (
     OperationState,
     step,
 )
+from .protocol import (
+    AdmitRequest,
+    Authority,
+    CancelRequest,
+    ClaimRequest,
+    Decision,
+    Dispatch,
+    Execution,
+    FinalizeRequest,
+    Guard,
+    LeaseCredential,
+    Outcome,
+    RecoveryKind,
+    RecoveryRecord,
+    RecoveryRequest,
+    Refusal,
+    RefusalCode,
+    ReleaseRequest,
+    RenewRequest,
+    SafeResumeEvidence,
+    StepRecord,
+    StepRequest,
+    TransitionRecord,
+    Unchanged,
+    UnchangedCode,
+    WaitKey,
+    WaitRegistration,
+    WaitSpec,
+    WakeReason,
+    WakeRequest,
+    admit,
+    cancel,
+    claim,
+    finalize,
+    record_step,
+    release,
+    renew,
+    wake,
+)
+from .recovery import recover
 from .spec import MachineSpec, TransitionSpec, parse_machine_spec, render_machine_spec
 
 __all__ = [
@@ -30,23 +91,61 @@ __all__ = [
     "MACHINES",
     "NODE",
     "OPERATION",
+    "AdmitRequest",
     "AttemptEvent",
     "AttemptState",
+    "Authority",
+    "CancelRequest",
+    "ClaimRequest",
+    "Decision",
+    "Dispatch",
     "DispatchEvent",
     "DispatchState",
+    "Execution",
     "ExecutionEvent",
     "ExecutionState",
+    "FinalizeRequest",
+    "Guard",
     "IllegalTransition",
     "InvalidSpec",
     "KernelError",
+    "LeaseCredential",
     "Machine",
     "MachineSpec",
     "NodeEvent",
     "NodeState",
     "OperationEvent",
     "OperationState",
+    "Outcome",
+    "RecoveryKind",
+    "RecoveryRecord",
+    "RecoveryRequest",
+    "Refusal",
+    "RefusalCode",
+    "ReleaseRequest",
+    "RenewRequest",
+    "SafeResumeEvidence",
+    "StepRecord",
+    "StepRequest",
+    "TransitionRecord",
     "TransitionSpec",
+    "Unchanged",
+    "UnchangedCode",
+    "WaitKey",
+    "WaitRegistration",
+    "WaitSpec",
+    "WakeReason",
+    "WakeRequest",
+    "admit",
+    "cancel",
+    "claim",
+    "finalize",
     "parse_machine_spec",
+    "record_step",
+    "recover",
+    "release",
     "render_machine_spec",
+    "renew",
     "step",
+    "wake",
 ]

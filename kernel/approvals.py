@@ -55,6 +55,7 @@ class Binding:
     policies: tuple[tuple[str, int], ...]
 
     def to_json(self) -> dict[str, Any]:
+        """The binding as JSON, as stored with its request and every decision on it."""
         return {
             "operation": self.operation,
             "targets": [list(t) for t in self.targets],
@@ -63,6 +64,7 @@ class Binding:
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Binding:
+        """The binding a stored body holds."""
         return cls(
             body["operation"],
             tuple((str(i), int(r)) for i, r in body["targets"]),
@@ -72,6 +74,8 @@ class Binding:
 
 @attrs.frozen
 class ApprovalRequest:
+    """An approval request as a reviewer is shown it: what is to be decided (its binding), by whom, and its state."""
+
     request_id: str
     execution_id: str
     business_id: str
@@ -86,9 +90,11 @@ class ApprovalRequest:
     decision_id: str | None = None
 
     def evidence(self, revision: int = 1) -> Evidence:
+        """The request as an evidence object revision (``revision`` 1 when it is opened)."""
         return Evidence(self.request_id, APPROVAL_REQUEST, self.to_json(), revision, self.state.value)
 
     def to_json(self) -> dict[str, Any]:
+        """The request as the JSON body its evidence object stores."""
         return {
             "request_id": self.request_id,
             "execution_id": self.execution_id,
@@ -106,6 +112,7 @@ class ApprovalRequest:
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> ApprovalRequest:
+        """The request a stored evidence body holds."""
         return cls(
             request_id=body["request_id"],
             execution_id=body["execution_id"],
@@ -136,6 +143,7 @@ class ApprovalDecision:
     rationale: str = ""
 
     def content(self) -> dict[str, Any]:
+        """What identifies the decision's content: a repeat with the same id must match it exactly."""
         return {
             "decision_id": self.decision_id,
             "request_id": self.request_id,
@@ -267,3 +275,19 @@ def closed_by_timeout(stored: Evidence | None, reason: str) -> tuple[Evidence, .
     if stored is None or stored.kind != APPROVAL_REQUEST or stored.state != ApprovalState.PENDING.value:
         return ()
     return (stored.next(ApprovalState.CLOSED.value, {"state": ApprovalState.CLOSED.value, "closed_by": reason}),)
+
+
+__all__ = [
+    "APPROVAL_DECISION",
+    "APPROVAL_REQUEST",
+    "Accepted",
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "ApprovalState",
+    "Binding",
+    "DecideOutcome",
+    "Recorded",
+    "closed_by_timeout",
+    "decide",
+    "decision_object_id",
+]

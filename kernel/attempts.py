@@ -116,3 +116,14 @@ def completed_by_wake(
     if attempt is None or attempt.state != AttemptState.RUNNING.value:
         return ()
     return (advance(attempt, AttemptEvent.COMPLETE, wake={"reason": reason, "source_id": source_id}, outputs=dict(outputs)),)
+
+
+__all__ = [
+    "STEP_ATTEMPT",
+    "advance",
+    "attempt_id",
+    "completed_by_wake",
+    "settle",
+    "start",
+    "state_of",
+]

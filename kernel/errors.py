@@ -60,3 +60,9 @@ class InvalidSpec(KernelError):
         self.filename = filename
         self.problem = problem
 
+
+__all__ = [
+    "IllegalTransition",
+    "InvalidSpec",
+    "KernelError",
+]

@@ -124,3 +124,14 @@ def projection(spec: WaitSpec, event: Event) -> tuple[tuple[str, str], ...]:
     """The event's values on exactly the waiter's names: what the wake request carries."""
     values = dict(event.correlation)
     return tuple((name, values[name]) for name, _ in spec.correlation if name in values)
+
+
+__all__ = [
+    "MAX_CORRELATION",
+    "MAX_VALUE_LENGTH",
+    "Event",
+    "EventError",
+    "correlation_value",
+    "matches",
+    "projection",
+]

@@ -41,8 +41,14 @@ class Evidence:
     state: str | None = None
 
     def body_json(self) -> str:
+        """The body as canonical JSON text (sorted keys), as stores write it."""
         return _BODY_ENCODER.encode(self.body)
 
     def next(self, state: str | None, body: Mapping[str, Any]) -> Evidence:
         """The following revision of this object, with ``body`` merged over the current one."""
         return Evidence(self.object_id, self.kind, {**self.body, **body}, self.revision + 1, state)
+
+
+__all__ = [
+    "Evidence",
+]

@@ -896,3 +896,32 @@ def evaluate(expr: Expr, bindings: Mapping[str, object]) -> Truth:
     :func:`parse` bounds; a tree built by hand is the builder's to keep shallow.
     """
     return _Evaluator(bindings).truth(expr)
+
+
+__all__ = [
+    "INTEGER_MAX",
+    "INTEGER_MIN",
+    "KEYWORDS",
+    "MAX_DEPTH",
+    "MAX_LIST_ITEMS",
+    "MAX_NODES",
+    "MAX_SOURCE_LENGTH",
+    "MAX_STRING_LENGTH",
+    "And",
+    "Compare",
+    "CompareOp",
+    "Expr",
+    "ExpressionError",
+    "In",
+    "ListLiteral",
+    "Literal",
+    "LiteralValue",
+    "Name",
+    "Not",
+    "Or",
+    "Truth",
+    "evaluate",
+    "names",
+    "parse",
+    "render",
+]

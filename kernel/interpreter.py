@@ -225,6 +225,7 @@ class Command:
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Command:
+        """The envelope a stored evidence body holds."""
         return cls(
             command_id=body["command_id"],
             execution_id=body["execution_id"],
@@ -239,6 +240,7 @@ class Command:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The envelope as the JSON body its evidence object stores."""
         return {
             "command_id": self.command_id,
             "execution_id": self.execution_id,
@@ -267,6 +269,8 @@ Plan = Step | Finish | Invoke
 
 
 class CommandStatus(enum.Enum):
+    """What a CommandHandler reports: applied, refused, or not known (then it is never resent, only reconciled)."""
+
     SUCCEEDED = "succeeded"
     REJECTED = "rejected"
     UNKNOWN = "unknown"
@@ -307,6 +311,7 @@ class AuthorityQuery:
 
 
 def current_node(ctx: Context) -> Node | None:
+    """The definition's node the execution is at (an UnsupportedNode when the pinned definition lacks it)."""
     definition = ctx.definition
     node_id = ctx.execution.current_node_id
     if definition is None or node_id is None:

@@ -70,6 +70,7 @@ class Machine(Generic[S, E]):
 
     @property
     def name(self) -> str:
+        """The machine's name, as in its spec file (``execution``, ``dispatch``, ...)."""
         return self.spec.name
 
     def step(self, state: S, event: E) -> S:
@@ -105,14 +106,17 @@ class Machine(Generic[S, E]):
 
     @property
     def initial(self) -> tuple[S, ...]:
+        """The states an instance may start in."""
         return tuple(self.state_type(s) for s in self.spec.initial)
 
     @property
     def terminal(self) -> frozenset[S]:
+        """Absorbing states: no transition leaves them."""
         return frozenset(self.state_type(s) for s in self.spec.terminal)
 
     @property
     def review(self) -> frozenset[S]:
+        """Non-terminal states only a governed decision may leave."""
         return frozenset(self.state_type(s) for s in self.spec.review)
 
 
@@ -161,6 +165,8 @@ def _t(event: str, source: str, target: str, cite: str, rationale: str | None = 
 
 
 class ExecutionState(TableEnum):
+    """The states of a workflow execution (specs/machines/execution.toml)."""
+
     ELIGIBLE = "eligible"
     RUNNING = "running"
     WAITING = "waiting"
@@ -617,3 +623,37 @@ MACHINES: Mapping[str, Machine[enum.Enum, enum.Enum]] = MappingProxyType(
     }
 )
 """Every machine by name, in the order the specs and docs list them."""
+
+
+__all__ = [
+    "ATTEMPT",
+    "ATTEMPT_SPEC",
+    "DISPATCH",
+    "DISPATCH_SPEC",
+    "EXECUTION",
+    "EXECUTION_SPEC",
+    "MACHINES",
+    "NODE",
+    "NODE_SPEC",
+    "OPERATION",
+    "OPERATION_SPEC",
+    "SEED_000",
+    "SEED_001",
+    "SEED_002",
+    "AttemptEvent",
+    "AttemptState",
+    "DispatchEvent",
+    "DispatchState",
+    "ExecutionEvent",
+    "ExecutionState",
+    "Machine",
+    "NodeEvent",
+    "NodeState",
+    "OperationEvent",
+    "OperationState",
+    "TableEnum",
+    "dispatch_state_of",
+    "initial_node_state",
+    "machine_from_spec",
+    "step",
+]

@@ -917,3 +917,31 @@ def explore(
         if progress is not None and len(parents) % 50_000 < len(successors):
             progress(len(parents), depth)
     return Result(len(parents), transitions, depth_reached, complete, None)
+
+
+__all__ = [
+    "CORRELATION",
+    "EPOCH",
+    "EVENT_TYPE",
+    "GOVERNOR",
+    "STANDARD",
+    "TICK",
+    "WAKE_AT",
+    "Bounds",
+    "Holding",
+    "InFlight",
+    "Invariant",
+    "Move",
+    "Protocol",
+    "Result",
+    "Violation",
+    "World",
+    "check_state",
+    "check_write",
+    "execution_id",
+    "explore",
+    "initial_world",
+    "moves",
+    "without_exit",
+    "worker_id",
+]

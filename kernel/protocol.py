@@ -251,6 +251,7 @@ class WaitRegistration:
 
     @property
     def is_open(self) -> bool:
+        """Whether the execution still waits on it: neither woken nor closed."""
         return self.woken_by is None and self.closed_by is None
 
 
@@ -464,6 +465,8 @@ Outcome = Decision | Refusal | Unchanged
 
 @attrs.frozen
 class AdmitRequest:
+    """Admit a new execution at its definition's start node (decided by :func:`admit`)."""
+
     execution_id: str
     business_id: str
     definition_id: str
@@ -474,6 +477,8 @@ class AdmitRequest:
 
 @attrs.frozen
 class ClaimRequest:
+    """A worker's claim of an eligible execution, with the fresh lease token it will present (:func:`claim`)."""
+
     worker_id: str
     lease_token: str
     """Fresh, made by the caller; the kernel never makes a token."""
@@ -482,12 +487,16 @@ class ClaimRequest:
 
 @attrs.frozen
 class RenewRequest:
+    """Extend the lease the credential holds by ``lease_duration`` from now (:func:`renew`)."""
+
     credential: LeaseCredential
     lease_duration: timedelta
 
 
 @attrs.frozen
 class StepRequest:
+    """Record one node visit under the lease, at the execution's expected revision (:func:`record_step`)."""
+
     credential: LeaseCredential
     expected_revision: int
     step: StepRecord
@@ -496,6 +505,8 @@ class StepRequest:
 
 @attrs.frozen
 class ReleaseRequest:
+    """Hand the lease back: running -> eligible, for another worker to continue at once (:func:`release`)."""
+
     credential: LeaseCredential
     expected_revision: int
 
@@ -544,6 +555,8 @@ class WakeRequest:
 
 @attrs.frozen
 class CancelRequest:
+    """Cancel an eligible or waiting execution, with the canceller's authority (:func:`cancel`)."""
+
     execution_id: str
     business_id: str
     expected_revision: int
@@ -1470,3 +1483,48 @@ def cancel(execution: Execution | None, dispatch: Dispatch | None, request: Canc
     )
 
 
+__all__ = [
+    "DETERMINATIONS",
+    "FINALIZE_TARGETS",
+    "STEP_LIMIT",
+    "WAKE_OUTCOMES",
+    "AdmitRequest",
+    "Authority",
+    "CancelRequest",
+    "ClaimRequest",
+    "Decision",
+    "Dispatch",
+    "Execution",
+    "FinalizeRequest",
+    "Guard",
+    "LeaseCredential",
+    "Outcome",
+    "RecoveryKind",
+    "RecoveryRecord",
+    "RecoveryRequest",
+    "Refusal",
+    "RefusalCode",
+    "ReleaseRequest",
+    "RenewRequest",
+    "SafeResumeEvidence",
+    "StepRecord",
+    "StepRequest",
+    "TransitionRecord",
+    "Unchanged",
+    "UnchangedCode",
+    "WaitClosure",
+    "WaitKey",
+    "WaitRegistration",
+    "WaitSpec",
+    "WakeReason",
+    "WakeRequest",
+    "admit",
+    "cancel",
+    "claim",
+    "fenced",
+    "finalize",
+    "record_step",
+    "release",
+    "renew",
+    "wake",
+]

@@ -45,6 +45,7 @@ class TransitionSpec:
     rationale: str | None = None
 
     def describe(self) -> str:
+        """The transition as one line, ``event: source -> target``, for messages."""
         return _describe(self.event, self.source, self.target)
 
 
@@ -310,3 +311,12 @@ def _quote(value: str) -> str:
 
 def _quote_list(values: Sequence[str]) -> str:
     return "[" + ", ".join(_quote(v) for v in values) + "]"
+
+
+__all__ = [
+    "MachineSpec",
+    "TransitionSpec",
+    "build_machine_spec",
+    "parse_machine_spec",
+    "render_machine_spec",
+]

@@ -1,7 +1,8 @@
 """The distribution is laid out as promised, and its types reach a client.
 
-``kernel/`` and ``adapters/`` are installed as ``fencekeeper.kernel`` and
-``fencekeeper.adapters`` (pyproject.toml, ``package-dir``), in a strict
+``api/``, ``kernel/`` and ``adapters/`` are installed as ``fencekeeper``,
+``fencekeeper.kernel`` and ``fencekeeper.adapters``, and ``specs/`` as the
+data of ``fencekeeper.specs`` (pyproject.toml, ``package-dir``), in a strict
 editable install: a tree of links into the repository.  These tests check
 that what Python imports is the repository's code (not a stale copy), that
 every module and the ``py.typed`` markers are installed, that the console
@@ -30,18 +31,37 @@ from fencekeeper.adapters.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PACKAGES = {"fencekeeper.kernel": ROOT / "kernel", "fencekeeper.adapters": ROOT / "adapters"}
+PACKAGES = {
+    "fencekeeper": ROOT / "api",
+    "fencekeeper.kernel": ROOT / "kernel",
+    "fencekeeper.adapters": ROOT / "adapters",
+}
 REINSTALL = "a new module needs `make .venv/.installed` (the editable install is a strict link tree)"
 
 
-def test_fencekeeper_is_a_namespace_package() -> None:
-    # pyproject.toml keeps ``fencekeeper`` an implicit namespace so the two
-    # packages can be installed side by side; an __init__.py would break that.
-    assert getattr(fencekeeper, "__file__", None) is None
-    assert type(fencekeeper.__path__).__name__ == "_NamespacePath"
+def test_fencekeeper_is_the_front_door() -> None:
+    # A regular package whose __init__ is api/__init__.py: it has a version and the client.
+    assert fencekeeper.__file__ is not None
+    assert Path(fencekeeper.__file__).resolve() == ROOT / "api" / "__init__.py"
+    assert fencekeeper.__version__ == importlib.metadata.version("fencekeeper")
+    assert callable(fencekeeper.connect)
 
 
-@pytest.mark.parametrize("package", [fencekeeper.kernel, fencekeeper.adapters], ids=lambda m: m.__name__)
+def test_the_specs_are_package_data() -> None:
+    shipped = importlib.resources.files("fencekeeper") / "specs"
+    for source in (ROOT / "specs").rglob("*"):
+        if source.is_file():
+            relative = source.relative_to(ROOT / "specs")
+            installed = shipped
+            for part in relative.parts:
+                installed = installed / part
+            assert installed.is_file(), f"specs/{relative} is not installed; {REINSTALL}"
+            assert installed.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "package", [fencekeeper, fencekeeper.kernel, fencekeeper.adapters], ids=lambda m: m.__name__
+)
 def test_package_resolves_into_the_repository(package: ModuleType) -> None:
     name = package.__name__
     source = PACKAGES[name]
@@ -89,6 +109,7 @@ def test_console_script() -> None:
 CLIENT = '''\
 """A client of the installed package, type-checked with --strict."""
 
+import fencekeeper
 from fencekeeper.kernel import EXECUTION, ExecutionEvent, ExecutionState, IllegalTransition
 
 
@@ -108,6 +129,27 @@ running: ExecutionState = advance(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)
 legal: tuple[ExecutionEvent, ...] = EXECUTION.events_from(running)
 done: frozenset[ExecutionState] = EXECUTION.terminal
 code: str | None = refusal_code(ExecutionState.SUCCEEDED, ExecutionEvent.CLAIM)
+
+
+def through_the_front_door(client: fencekeeper.Client) -> fencekeeper.RefusalCode | None:
+    admitted: fencekeeper.Execution = client.run("purchase-approval", {"amount": 1})
+    cancelled = client.cancel(admitted.execution_id, raise_on_refusal=False)
+    if isinstance(cancelled, fencekeeper.Refusal):
+        return cancelled.code
+    state: ExecutionState = cancelled.state
+    return None if state is ExecutionState.CANCELLED else fencekeeper.RefusalCode.ILLEGAL_TRANSITION
+
+
+async def the_same_awaited(client: fencekeeper.AsyncClient) -> ExecutionState:
+    admitted: fencekeeper.Execution = await client.run("purchase-approval", {"amount": 1})
+    answer = await client.decide(admitted.execution_id, "approved", raise_on_refusal=False)
+    if isinstance(answer, fencekeeper.Refusal):
+        return admitted.state
+    status: fencekeeper.DecisionStatus = answer.status
+    assert status is fencekeeper.DecisionStatus.ACCEPTED
+    return (await client.wait(admitted.execution_id, timeout=30.0)).state
+
+
 reveal_type(EXECUTION)
 x: int = EXECUTION.step(ExecutionState.ELIGIBLE, ExecutionEvent.CLAIM)
 '''
@@ -169,3 +211,22 @@ def test_mypy_reports_exactly_the_deliberate_error(mypy_on_client: tuple[int, li
     assert len(errors) == 1, "\n".join(lines)
     assert errors[0].startswith(f"client.py:{DELIBERATE_LINE}: error: Incompatible types in assignment")
     assert '"ExecutionState"' in errors[0] and '"int"' in errors[0] and errors[0].endswith("[assignment]")
+
+
+def test_version_flag_and_python_dash_m(tmp_path: Path) -> None:
+    expected = f"fencekeeper {importlib.metadata.version('fencekeeper')}"
+    for command in ([str(BIN / "fencekeeper"), "--version"], [sys.executable, "-m", "fencekeeper", "--version"]):
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert (result.returncode, result.stdout.strip(), result.stderr) == (0, expected, "")
+    result = subprocess.run(
+        [sys.executable, "-m", "fencekeeper", "nosuchcommand"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert result.returncode == 2 and "invalid choice: 'nosuchcommand'" in result.stderr
+
+
+def test_the_license_is_an_spdx_expression_with_its_file() -> None:
+    metadata = importlib.metadata.metadata("fencekeeper")
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")[:200]
+    assert "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text(encoding="utf-8")[:200]

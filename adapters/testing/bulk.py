@@ -47,3 +47,8 @@ def admit_in_bulk(dsn: str, schema: str, count: int, *, prefix: str, business_id
                 "SELECT id, 'eligible', now() - interval '1 second' FROM ({}) s"
             ).format(ids)
         )
+
+
+__all__ = [
+    "admit_in_bulk",
+]

@@ -791,3 +791,21 @@ def run_store_state_machine(store_factory: StoreFactory, settings: hypothesis_se
             super().__init__(store_factory)
 
     run_state_machine_as_test(BoundStoreStateMachine, settings=settings if settings is not None else DEFAULT_SETTINGS)
+
+
+__all__ = [
+    "ACTIONS",
+    "BUSINESSES",
+    "DEFAULT_SETTINGS",
+    "EXECUTIONS",
+    "LEASES",
+    "MISSING",
+    "RATIONALES",
+    "TIMER",
+    "WORKERS",
+    "Expected",
+    "KernelModel",
+    "Raises",
+    "StoreStateMachine",
+    "run_store_state_machine",
+]

@@ -1429,3 +1429,37 @@ def _definition(revision: int, *, node_revision: int = 1, end: str = "succeeded"
             ],
         }
     )
+
+
+__all__ = [
+    "CONTRACT",
+    "CORRELATION",
+    "DENIED",
+    "EVENT_TYPE",
+    "GOVERNOR",
+    "GRANTED",
+    "LEASE",
+    "LOAD_TEST_NODES",
+    "RC",
+    "StoreFactory",
+    "StoreTests",
+    "admit",
+    "assert_coherent",
+    "claim",
+    "command_evidence",
+    "decided",
+    "evidence_key",
+    "finalize_request",
+    "recovery_request",
+    "refused",
+    "register_pinned",
+    "resume_at_current_node",
+    "revision",
+    "snapshot",
+    "step_request",
+    "store_error",
+    "unchanged",
+    "view",
+    "wait_spec",
+    "wake_request",
+]

@@ -49,16 +49,23 @@ def test_diagram_of_unknown_machine_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_export_specs_writes_the_committed_files(tmp_path: Path) -> None:
-    out = tmp_path / "machines"
+    out = tmp_path / "specs"
     out.mkdir()
     result = fencekeeper("export-specs", out, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    written = sorted(p.name for p in out.iterdir())
+    written = sorted(p.name for p in (out / "machines").iterdir())
     committed = sorted(p.name for p in SPECS.glob("*.toml"))
     assert len(written) == 5
     assert written == committed
     for name in written:
-        assert (out / name).read_bytes() == (SPECS / name).read_bytes(), f"{name} differs from specs/machines/{name}"
+        assert (out / "machines" / name).read_bytes() == (SPECS / name).read_bytes(), (
+            f"{name} differs from specs/machines/{name}"
+        )
+    # Every other spec, as shipped: the whole tree, byte for byte.
+    everything = sorted(p.relative_to(SPECS.parent) for p in SPECS.parent.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == everything
+    for relative in everything:
+        assert (out / relative).read_bytes() == (SPECS.parent / relative).read_bytes(), relative
 
 
 def test_export_specs_to_a_file_is_one_error_line(tmp_path: Path) -> None:
@@ -70,10 +77,11 @@ def test_export_specs_to_a_file_is_one_error_line(tmp_path: Path) -> None:
 
 
 def test_export_specs_creates_a_missing_directory(tmp_path: Path) -> None:
-    target = tmp_path / "new" / "machines"
+    target = tmp_path / "new" / "specs"
     result = fencekeeper("export-specs", target, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in SPECS.glob("*.toml"))
+    assert sorted(p.name for p in (target / "machines").iterdir()) == sorted(p.name for p in SPECS.glob("*.toml"))
+    assert (target / "protocol.md").is_file() and (target / "definition.schema.json").is_file()
 
 
 def test_export_specs_under_a_file_is_one_error_line(tmp_path: Path) -> None:

@@ -1,0 +1,1151 @@
+"""The Python client: one store, one authority policy, one command handler, and every operation on them.
+
+``fencekeeper.connect(url, policy=..., handler=...)`` returns a :class:`Client`
+(``fencekeeper.connect_async`` an :class:`~fencekeeper.adapters.aio.AsyncClient`).
+Rules of this module:
+
+- Nothing is plugged in implicitly.  The caller gives the
+  :class:`~fencekeeper.adapters.ports.AuthorityPolicy` every operation is
+  checked against and the :class:`~fencekeeper.adapters.ports.CommandHandler`
+  workers and settlements call (``handler=None`` for a client that never
+  runs work; those calls then raise ``RequestError(no_handler)``).  The
+  example grants and handler (:mod:`fencekeeper.adapters.examples`) are
+  examples, used only when a caller passes them.
+- The client translates; it decides nothing.  Each call is one service
+  operation (:mod:`fencekeeper.adapters.service`), which asks the policy
+  and hands the kernel's request to the store.
+- Every argument is checked before anything is written: a bad one raises
+  :class:`~fencekeeper.adapters.errors.RequestError` naming the parameter,
+  and the store is left exactly as it was.  Where a call writes twice
+  (``run`` with a definition registers it, then admits), every check of
+  the second write that can be made beforehand is made before the first.
+- A kernel refusal raises :class:`~fencekeeper.adapters.errors.Refused`
+  with the kernel's code, or, for a call made with
+  ``raise_on_refusal=False``, is returned as the kernel's
+  :class:`~fencekeeper.kernel.protocol.Refusal` value.  It is never
+  dropped: every call returns what happened or raises.
+- An idempotent repeat (the same decision, Event or recovery command again)
+  is a success that says so; it is not a refusal.
+- A client may be shared by threads, as its store may; workers started by
+  :meth:`Client.start_workers` share it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import enum
+import os
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+import attrs
+
+from fencekeeper.kernel import approvals
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import (
+    IDENTIFIER,
+    Definition,
+    DefinitionError,
+    definition_from_mapping,
+    from_json,
+    parse_definition,
+)
+from fencekeeper.kernel.events import EventError
+from fencekeeper.kernel.machines import EXECUTION, ExecutionState
+
+from . import connect as connecting
+from . import service
+from .errors import Refused, RequestCode, RequestError, StoreFailure
+from .memory import MemoryStore
+from .ports import DEFINITION_REGISTER, WORKFLOW_RUN, AuthorityPolicy, CommandHandler
+from .store import Clock, ExecutionView, PublishResult, StoreError, TransactionalStore
+from .worker import PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
+
+T = TypeVar("T")
+
+DefinitionSource = Definition | Path | os.PathLike[str] | str | Mapping[str, Any]
+"""What :meth:`Client.register` and :meth:`Client.run` accept as a definition.
+
+A :class:`~fencekeeper.kernel.definition.Definition`; a path (``pathlib.Path``
+or another ``os.PathLike``) to a TOML or JSON file; a string holding TOML or
+JSON text; or a mapping of the same structure (as ``tomllib`` or ``json``
+returns it).  :meth:`Client.run` also takes a plain identifier string: the id
+of a definition already registered.
+"""
+
+DEFAULT_BUSINESS = "default"
+DEFAULT_PRINCIPAL = "user:operator"
+DEFAULT_LEASE = timedelta(seconds=30)
+MEMORY = ":memory:"
+"""The URL of the in-memory reference store (one process, nothing kept after close)."""
+
+
+@attrs.frozen
+class Registered:
+    """A definition revision the store holds; ``new`` is False when the identical revision was already there."""
+
+    definition_id: str
+    revision: int
+    new: bool
+
+
+class DecisionStatus(enum.Enum):
+    """What a reviewer's decision did.  None of them is a refusal."""
+
+    ACCEPTED = "accepted"
+    """The first determination: recorded, the request closed, the waiter woken."""
+    ALREADY_DECIDED = "already_decided"
+    """The identical decision again (same id): nothing changed."""
+    RECORDED_CONFLICTING = "recorded_conflicting"
+    """A later, contradicting decision: kept in history; the first committed determination wins."""
+
+
+@attrs.frozen
+class Decided:
+    """The answer to :meth:`Client.decide`: what became of the decision, and the execution it woke."""
+
+    status: DecisionStatus
+    decision_id: str
+    request_id: str
+    reviewer_id: str
+    determination: str
+    message: str
+    execution: p.Execution | None = None
+    """The woken execution (``ACCEPTED`` only)."""
+
+
+# --- argument checks: each names the parameter, before anything is written ---------------------
+
+
+def _identifier(field: str, value: object) -> str:
+    if not isinstance(value, str) or not IDENTIFIER.fullmatch(value):
+        raise RequestError(
+            RequestCode.INVALID_IDENTIFIER,
+            field,
+            f"malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -, not starting with a symbol)",
+        )
+    return value
+
+
+def _optional_identifier(field: str, value: object) -> str | None:
+    return None if value is None else _identifier(field, value)
+
+
+def _mapping(field: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise RequestError(RequestCode.INVALID_ARGUMENT, field, f"must be a mapping, not {type(value).__name__}")
+    return value
+
+
+def _text(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise RequestError(RequestCode.INVALID_ARGUMENT, field, f"must be a string, not {type(value).__name__}")
+    return value
+
+
+def _lease(value: object) -> timedelta:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = timedelta(seconds=value)
+    try:
+        return check_lease(value)  # type: ignore[arg-type]
+    except WorkerSettingError as exc:
+        raise RequestError(RequestCode.WORKER_SETTING, exc.field, exc.message) from None
+
+
+def wait_arguments(
+    until: Collection[ExecutionState | str] | None, timeout: float, poll: float
+) -> frozenset[ExecutionState]:
+    """The states :meth:`Client.wait` waits for (default: the terminal ones); RequestError naming a bad argument."""
+    values = EXECUTION.terminal if until is None else until
+    if isinstance(values, str) or not isinstance(values, Collection) or not values:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "until", "must be a non-empty collection of execution states")
+    try:
+        wanted = frozenset(ExecutionState(v) for v in values)
+    except ValueError as exc:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "until", str(exc)) from None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "timeout", f"must be seconds >= 0, got {timeout!r}")
+    if not isinstance(poll, (int, float)) or isinstance(poll, bool) or poll <= 0:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be seconds > 0, got {poll!r}")
+    return wanted
+
+
+def load_definition(source: DefinitionSource, *, field: str = "definition") -> Definition:
+    """The :class:`Definition` ``source`` gives (see :data:`DefinitionSource`); RequestError naming ``field``."""
+    if isinstance(source, Definition):
+        return source
+    try:
+        if isinstance(source, (Path, os.PathLike)):
+            path = Path(source)
+            try:
+                content = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise RequestError(RequestCode.INVALID_DEFINITION, field, f"{path}: cannot read: {exc.strerror}") from None
+            except UnicodeDecodeError:
+                raise RequestError(RequestCode.INVALID_DEFINITION, field, f"{path}: not UTF-8 text") from None
+            if path.suffix.lower() == ".json" or content.lstrip().startswith("{"):
+                return from_json(content, source=str(path))
+            return parse_definition(content, str(path))
+        if isinstance(source, str):
+            if source.lstrip().startswith("{"):
+                return from_json(source, source="<definition text>")
+            return parse_definition(source, "<definition text>")
+        if isinstance(source, Mapping):
+            return definition_from_mapping(source, "<definition mapping>")
+    except DefinitionError as exc:
+        hint = ""
+        if isinstance(source, str) and "\n" not in source and source.endswith((".toml", ".json")):
+            hint = " (a string is definition text; pass pathlib.Path(...) to read a file)"
+        raise RequestError(RequestCode.INVALID_DEFINITION, field, f"{exc}{hint}") from None
+    raise RequestError(
+        RequestCode.INVALID_ARGUMENT,
+        field,
+        f"must be a Definition, a path, TOML or JSON text, or a mapping, not {type(source).__name__}",
+    )
+
+
+# --- translating what the layers below raise ---------------------------------------------------
+
+_OPERATION_REQUEST_CODES = {
+    "definition_not_found": (RequestCode.DEFINITION_NOT_FOUND, "definition"),
+    "execution_not_found": (RequestCode.EXECUTION_NOT_FOUND, "execution_id"),
+    "invalid_input": (RequestCode.INVALID_INPUT, "input"),
+    "invalid_event": (RequestCode.INVALID_EVENT, "event"),
+}
+# The service answers these before asking the kernel; they are the kernel's own "no".
+_OPERATION_REFUSALS = {
+    "not_in_review": p.RefusalCode.NOT_IN_RECONCILIATION,
+    "no_unresolved_command": p.RefusalCode.NO_UNRESOLVED_COMMAND,
+}
+
+
+class _RefusedHere(Exception):
+    """Internal: a refusal found below the kernel call, carried up to the caller's choice."""
+
+    def __init__(self, refusal: p.Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    """The layers' own exceptions, as the API's typed families."""
+    try:
+        yield
+    except service.OperationError as exc:
+        if exc.code in _OPERATION_REFUSALS:
+            raise _RefusedHere(p.Refusal(_OPERATION_REFUSALS[exc.code], exc.message)) from None
+        code, field = _OPERATION_REQUEST_CODES.get(exc.code, (RequestCode.INVALID_ARGUMENT, "request"))
+        message = exc.message
+        if message.startswith(f"{field}: "):
+            message = message[len(field) + 2 :]
+        raise RequestError(code, field, message) from None
+    except StoreError as exc:
+        if exc.code == "not_authorized":
+            raise _RefusedHere(p.Refusal(p.RefusalCode.NOT_AUTHORIZED, exc.message)) from None
+        raise StoreFailure(exc.code, exc.message) from None
+    except EventError as exc:
+        raise RequestError(RequestCode.INVALID_EVENT, "event", str(exc)) from None
+    except i.InputError as exc:
+        raise RequestError(RequestCode.INVALID_INPUT, "input", str(exc).removeprefix("input: ")) from None
+    except DefinitionError as exc:
+        # Raised on registration: the revision is taken by other content.
+        raise RequestError(RequestCode.DEFINITION_CONFLICT, "definition", str(exc)) from None
+
+
+def _answer(outcome: T | p.Refusal, raise_on_refusal: bool, execution_id: str | None = None) -> T | p.Refusal:
+    if isinstance(outcome, p.Refusal) and raise_on_refusal:
+        raise Refused(outcome, execution_id)
+    return outcome
+
+
+# --- the client ---------------------------------------------------------------------------------
+
+
+class Client:
+    """Every operation on one store, under one authority policy and one command handler.
+
+    Made by :func:`connect`.  ``business`` is the Business every call acts in
+    (an execution of another business does not exist for this client);
+    ``principal`` is who acts when a call does not name someone else.  Use
+    it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        store: TransactionalStore,
+        *,
+        policy: AuthorityPolicy,
+        handler: CommandHandler | None,
+        business: str = DEFAULT_BUSINESS,
+        principal: str = DEFAULT_PRINCIPAL,
+    ) -> None:
+        if not callable(getattr(policy, "check", None)):
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+        if handler is not None and not (
+            callable(getattr(handler, "execute", None)) and callable(getattr(handler, "reconcile", None))
+        ):
+            raise RequestError(
+                RequestCode.INVALID_ARGUMENT, "handler", "must be a CommandHandler (execute and reconcile) or None"
+            )
+        self.store = store
+        """The store this client acts on (the port of :mod:`fencekeeper.adapters.store`)."""
+        self.policy = policy
+        self.handler = handler
+        self.business = _identifier("business", business)
+        self.principal = _identifier("principal", principal)
+        self._pools: builtins.list[WorkerPool] = []
+
+    def _made_work(self) -> None:
+        # Something may have become eligible: wake this client's idle workers now rather than at their next poll.
+        self._pools = [pool for pool in self._pools if pool.running]
+        for pool in self._pools:
+            pool.poke()
+
+    # -- lifetime
+
+    def close(self) -> None:
+        """Close the store's connections.  Workers started by this client must be stopped first."""
+        self.store.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _who(self, principal: str | None, field: str = "principal") -> str:
+        return self.principal if principal is None else _identifier(field, principal)
+
+    def _view(self, execution_id: str) -> ExecutionView:
+        _identifier("execution_id", execution_id)
+        with _translated():
+            view = self.store.read(execution_id)
+        if view is None or view.execution.business_id != self.business:
+            raise RequestError(
+                RequestCode.EXECUTION_NOT_FOUND, "execution_id", f"no execution {execution_id!r} in {self.business!r}"
+            )
+        return view
+
+    def _needs_handler(self) -> CommandHandler:
+        if self.handler is None:
+            raise RequestError(RequestCode.NO_HANDLER, "handler", "this client was connected with handler=None")
+        return self.handler
+
+    # -- definitions and executions
+
+    @overload
+    def register(self, definition: DefinitionSource, *, principal: str | None = ...) -> Registered: ...
+    @overload
+    def register(
+        self, definition: DefinitionSource, *, principal: str | None = ..., raise_on_refusal: Literal[False]
+    ) -> Registered | p.Refusal: ...
+    def register(
+        self, definition: DefinitionSource, *, principal: str | None = None, raise_on_refusal: bool = True
+    ) -> Registered | p.Refusal:
+        """Register a definition revision (idempotent: the identical revision again is ``new=False``).
+
+        RequestError ``invalid_definition`` when it does not parse,
+        ``definition_conflict`` when its revision is registered with other
+        content; Refused ``not_authorized`` without the register grant.
+        """
+        parsed = load_definition(definition)
+        who = self._who(principal)
+        try:
+            with _translated():
+                new = service.register(self.store, parsed, self.business, who, self.policy)
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal)
+        return Registered(parsed.definition_id, parsed.revision, new)
+
+    @overload
+    def run(
+        self,
+        definition: DefinitionSource,
+        input: Mapping[str, Any] | None = ...,
+        *,
+        execution_id: str | None = ...,
+        revision: int | None = ...,
+        principal: str | None = ...,
+    ) -> p.Execution: ...
+    @overload
+    def run(
+        self,
+        definition: DefinitionSource,
+        input: Mapping[str, Any] | None = ...,
+        *,
+        execution_id: str | None = ...,
+        revision: int | None = ...,
+        principal: str | None = ...,
+        raise_on_refusal: Literal[False],
+    ) -> p.Execution | p.Refusal: ...
+    def run(
+        self,
+        definition: DefinitionSource,
+        input: Mapping[str, Any] | None = None,
+        *,
+        execution_id: str | None = None,
+        revision: int | None = None,
+        principal: str | None = None,
+        raise_on_refusal: bool = True,
+    ) -> p.Execution | p.Refusal:
+        """Admit an execution and return it (``eligible``, at the start node); a worker then runs it.
+
+        ``definition`` is a definition to register first (any
+        :data:`DefinitionSource`), or the id of one already registered (its
+        latest revision, or ``revision``).  ``input`` must fit the
+        definition's declared inputs.  ``execution_id`` defaults to a fresh
+        ``x-...`` id; an id already taken is refused (``already_exists``).
+        """
+        who = self._who(principal)
+        _optional_identifier("execution_id", execution_id)
+        data = _mapping("input", {} if input is None else input)
+        if revision is not None and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 1):
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "revision", f"must be a positive int, got {revision!r}")
+        registered_id = isinstance(definition, str) and IDENTIFIER.fullmatch(definition) is not None
+        parsed: Definition | None = None
+        if registered_id:
+            assert isinstance(definition, str)
+            with _translated():
+                parsed = self.store.load_definition(self.business, definition, revision)
+            if parsed is None:
+                which = f"revision {revision} of " if revision is not None else ""
+                raise RequestError(
+                    RequestCode.DEFINITION_NOT_FOUND,
+                    "definition",
+                    f"no registered {which}{definition!r} in {self.business!r} (a file needs pathlib.Path)",
+                )
+        else:
+            parsed = load_definition(definition)
+            if revision is not None and revision != parsed.revision:
+                raise RequestError(
+                    RequestCode.INVALID_ARGUMENT, "revision", f"{revision} given, but the definition is {parsed.revision}"
+                )
+        # Everything admission will check that can be checked without writing, before the registration writes.
+        with _translated():
+            i.input_evidence(execution_id or "x-check", parsed, who, data)
+        if execution_id is not None:
+            with _translated():
+                taken = self.store.read(execution_id) is not None
+            if taken:
+                refusal = p.Refusal(p.RefusalCode.ALREADY_EXISTS, f"execution {execution_id!r} already exists")
+                return _answer(refusal, raise_on_refusal, execution_id)
+        questions: list[tuple[str, tuple[tuple[str, int], ...]]] = [(WORKFLOW_RUN, ((parsed.definition_id, parsed.revision),))]
+        if not registered_id:
+            questions.append((DEFINITION_REGISTER, ()))
+        for operation, targets in questions:
+            authority = self.policy.check(who, self.business, operation, targets)
+            if not authority.granted:
+                refusal = p.Refusal(p.RefusalCode.NOT_AUTHORIZED, authority.reason or f"{who!r} may not {operation}")
+                return _answer(refusal, raise_on_refusal, execution_id)
+        try:
+            with _translated():
+                if not registered_id:
+                    service.register(self.store, parsed, self.business, who, self.policy)
+                outcome = service.run(
+                    self.store,
+                    self.policy,
+                    business_id=self.business,
+                    principal_id=who,
+                    definition_id=parsed.definition_id,
+                    input=data,
+                    revision=parsed.revision,
+                    execution_id=execution_id,
+                )
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal, execution_id)
+        if isinstance(outcome, p.Decision) and outcome.execution is not None:
+            self._made_work()
+            return outcome.execution
+        return _answer(_as_refusal(outcome), raise_on_refusal, execution_id)
+
+    def list(self, state: ExecutionState | str | None = None) -> builtins.list[p.Execution]:
+        """This business's executions (optionally only those in ``state``), by id."""
+        chosen: ExecutionState | None
+        try:
+            chosen = None if state is None else ExecutionState(state)
+        except ValueError:
+            names = ", ".join(s.value for s in ExecutionState)
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "state", f"{state!r} is not one of {names}") from None
+        with _translated():
+            views = [self.store.read(x) for x in self.store.execution_ids(chosen)]
+        return [v.execution for v in views if v is not None and v.execution.business_id == self.business]
+
+    def get(self, execution_id: str) -> p.Execution:
+        """The execution's current revision; RequestError ``execution_not_found`` when there is none."""
+        return self._view(execution_id).execution
+
+    def wait(
+        self,
+        execution_id: str,
+        *,
+        until: Collection[ExecutionState | str] | None = None,
+        timeout: float = 30.0,
+        poll: float = 0.1,
+    ) -> p.Execution:
+        """Block until the execution is in one of ``until`` (default: a terminal state) and return it.
+
+        It only reads: workers (:meth:`run_until_idle`, :meth:`start_workers`,
+        ``fencekeeper worker``) do the work.  Raises :class:`TimeoutError`
+        when ``timeout`` seconds pass first.
+        """
+        wanted = wait_arguments(until, timeout, poll)
+        deadline = time.monotonic() + timeout
+        while True:
+            execution = self._view(execution_id).execution
+            if execution.state in wanted:
+                return execution
+            if time.monotonic() >= deadline:
+                names = ", ".join(sorted(s.value for s in wanted))
+                raise TimeoutError(
+                    f"{execution_id} is still {execution.state.value} after {timeout:g} s (waited for {names})"
+                )
+            time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
+
+    def inspect(self, execution_id: str) -> ExecutionView:
+        """The execution with its whole history: what ``fencekeeper inspect`` shows."""
+        return self._view(execution_id)
+
+    # -- events and approvals
+
+    @overload
+    def publish(
+        self,
+        event_type: str,
+        correlation: Mapping[str, object],
+        payload: Mapping[str, Any] | None = ...,
+        *,
+        event_id: str | None = ...,
+        principal: str | None = ...,
+    ) -> PublishResult: ...
+    @overload
+    def publish(
+        self,
+        event_type: str,
+        correlation: Mapping[str, object],
+        payload: Mapping[str, Any] | None = ...,
+        *,
+        event_id: str | None = ...,
+        principal: str | None = ...,
+        raise_on_refusal: Literal[False],
+    ) -> PublishResult | p.Refusal: ...
+    def publish(
+        self,
+        event_type: str,
+        correlation: Mapping[str, object],
+        payload: Mapping[str, Any] | None = None,
+        *,
+        event_id: str | None = None,
+        principal: str | None = None,
+        raise_on_refusal: bool = True,
+    ) -> PublishResult | p.Refusal:
+        """Commit an Event and wake every waiter whose correlation it matches exactly.
+
+        Republishing the same ``event_id`` with the same content is
+        idempotent (``duplicate=True``).
+        """
+        who = self._who(principal)
+        _optional_identifier("event_id", event_id)
+        _mapping("correlation", correlation)
+        if payload is not None:
+            _mapping("payload", payload)
+        try:
+            with _translated():
+                published = service.publish(
+                    self.store,
+                    self.policy,
+                    business_id=self.business,
+                    principal_id=who,
+                    event_type=_text("event_type", event_type),
+                    correlation=correlation,
+                    payload=payload,
+                    event_id=event_id,
+                )
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal)
+        if published.woken:
+            self._made_work()
+        return published
+
+    def approval(self, execution_id: str) -> approvals.ApprovalRequest | None:
+        """The execution's newest approval request, as a reviewer is shown it; None if it never asked."""
+        self._view(execution_id)
+        with _translated():
+            return service.approval_request(self.store, execution_id)
+
+    @overload
+    def decide(
+        self,
+        execution_id: str,
+        determination: Literal["approved", "rejected"],
+        *,
+        reviewer: str | None = ...,
+        decision_id: str | None = ...,
+        rationale: str = ...,
+    ) -> Decided: ...
+    @overload
+    def decide(
+        self,
+        execution_id: str,
+        determination: Literal["approved", "rejected"],
+        *,
+        reviewer: str | None = ...,
+        decision_id: str | None = ...,
+        rationale: str = ...,
+        raise_on_refusal: Literal[False],
+    ) -> Decided | p.Refusal: ...
+    def decide(
+        self,
+        execution_id: str,
+        determination: Literal["approved", "rejected"],
+        *,
+        reviewer: str | None = None,
+        decision_id: str | None = None,
+        rationale: str = "",
+        raise_on_refusal: bool = True,
+    ) -> Decided | p.Refusal:
+        """A reviewer's decision on the execution's pending approval request.
+
+        ``reviewer`` defaults to the client's principal.  Repeat a
+        ``decision_id`` to retry idempotently.  The kernel refuses a reviewer
+        outside the request's reviewer scope, or the requester deciding
+        their own request where a distinct reviewer is required
+        (``not_authorized``), whatever the policy grants.
+        """
+        who = self._who(reviewer, "reviewer")
+        if determination not in p.DETERMINATIONS:
+            raise RequestError(
+                RequestCode.INVALID_ARGUMENT,
+                "determination",
+                f"must be one of {', '.join(p.DETERMINATIONS)}, not {determination!r}",
+            )
+        _optional_identifier("decision_id", decision_id)
+        _text("rationale", rationale)
+        self._view(execution_id)
+        decision = decision_id or f"d-{os.urandom(6).hex()}"
+        try:
+            with _translated():
+                request = service.approval_request(self.store, execution_id)
+                if request is None:
+                    raise _RefusedHere(
+                        p.Refusal(p.RefusalCode.APPROVAL_NOT_FOUND, f"{execution_id!r} has no approval request")
+                    )
+                outcome = service.decide(
+                    self.store,
+                    self.policy,
+                    business_id=self.business,
+                    reviewer_id=who,
+                    request=request,
+                    determination=determination,
+                    decision_id=decision,
+                    rationale=rationale,
+                )
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal, execution_id)
+        if isinstance(outcome, p.Refusal):
+            return _answer(outcome, raise_on_refusal, execution_id)
+
+        def decided(status: DecisionStatus, message: str, execution: p.Execution | None = None) -> Decided:
+            return Decided(status, decision, request.request_id, who, determination, message, execution)
+
+        if isinstance(outcome, p.Decision):
+            self._made_work()
+            return decided(DecisionStatus.ACCEPTED, "accepted; the waiter wakes", outcome.execution)
+        if isinstance(outcome, p.Unchanged):
+            return decided(DecisionStatus.ALREADY_DECIDED, outcome.message)
+        if isinstance(outcome, approvals.Recorded):
+            return decided(DecisionStatus.RECORDED_CONFLICTING, outcome.message)
+        # An Accepted that the store did not turn into a Decision would be a store bug.
+        raise AssertionError(f"unexpected decision outcome {outcome!r}")
+
+    def approve(
+        self, execution_id: str, *, reviewer: str | None = None, decision_id: str | None = None, rationale: str = ""
+    ) -> Decided:
+        """:meth:`decide` with ``approved``."""
+        return self.decide(execution_id, "approved", reviewer=reviewer, decision_id=decision_id, rationale=rationale)
+
+    def reject(
+        self, execution_id: str, *, reviewer: str | None = None, decision_id: str | None = None, rationale: str = ""
+    ) -> Decided:
+        """:meth:`decide` with ``rejected``."""
+        return self.decide(execution_id, "rejected", reviewer=reviewer, decision_id=decision_id, rationale=rationale)
+
+    # -- cancellation and recovery
+
+    @overload
+    def cancel(self, execution_id: str, *, reason: str = ..., principal: str | None = ...) -> p.Execution: ...
+    @overload
+    def cancel(
+        self, execution_id: str, *, reason: str = ..., principal: str | None = ..., raise_on_refusal: Literal[False]
+    ) -> p.Execution | p.Refusal: ...
+    def cancel(
+        self, execution_id: str, *, reason: str = "", principal: str | None = None, raise_on_refusal: bool = True
+    ) -> p.Execution | p.Refusal:
+        """Cancel an eligible or waiting execution; running work is refused (``cancel_running``)."""
+        who = self._who(principal)
+        _text("reason", reason)
+        self._view(execution_id)
+        try:
+            with _translated():
+                outcome = service.cancel(
+                    self.store,
+                    self.policy,
+                    business_id=self.business,
+                    principal_id=who,
+                    execution_id=execution_id,
+                    reason=reason,
+                )
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal, execution_id)
+        return self._execution_after(outcome, execution_id, raise_on_refusal)
+
+    def quarantine_expired(self, *, principal: str | None = None) -> service.Sweep:
+        """Move every expired running execution of the business to ``reconciliation_required``.
+
+        Safe from many processes at once.  The :class:`~fencekeeper.adapters.service.Sweep`
+        says what happened to each execution; refusals that are real
+        problems are in ``sweep.problems`` (a lost race is ``moved_on``).
+        """
+        who = self._who(principal)
+        with _translated():
+            return service.quarantine_expired(self.store, self.policy, business_id=self.business, principal_id=who)
+
+    @overload
+    def review(self, execution_id: str) -> service.RecoveryView: ...
+    @overload
+    def review(
+        self, execution_id: str, *, raise_on_refusal: Literal[False]
+    ) -> service.RecoveryView | p.Refusal: ...
+    def review(self, execution_id: str, *, raise_on_refusal: bool = True) -> service.RecoveryView | p.Refusal:
+        """What is known about an execution in review, and its choices; writes nothing.
+
+        Refused ``not_in_reconciliation`` when the execution is neither
+        ``reconciliation_required`` nor ``suspended``.
+        """
+        self._view(execution_id)
+        try:
+            with _translated():
+                return service.recovery_view(self.store, business_id=self.business, execution_id=execution_id)
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal, execution_id)
+
+    @overload
+    def settle(self, execution_id: str, *, principal: str | None = ...) -> service.Reconciled: ...
+    @overload
+    def settle(
+        self, execution_id: str, *, principal: str | None = ..., raise_on_refusal: Literal[False]
+    ) -> service.Reconciled | p.Refusal: ...
+    def settle(
+        self, execution_id: str, *, principal: str | None = None, raise_on_refusal: bool = True
+    ) -> service.Reconciled | p.Refusal:
+        """Settle the execution's unresolved Command by asking the handler what became of it (never resending).
+
+        The execution stays in review: resuming is a separate decision
+        (:meth:`resume`).  An answer that is still unknown records nothing
+        and is refused as ``no_unresolved_command``.
+        """
+        who = self._who(principal)
+        handler = self._needs_handler()
+        self._view(execution_id)
+        try:
+            with _translated():
+                reconciled = service.reconcile(
+                    self.store, self.policy, handler, business_id=self.business, principal_id=who, execution_id=execution_id
+                )
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal, execution_id)
+        if isinstance(reconciled.outcome, p.Refusal):
+            return _answer(reconciled.outcome, raise_on_refusal, execution_id)
+        return reconciled
+
+    @overload
+    def resume(
+        self,
+        execution_id: str,
+        *,
+        at_node: str,
+        rationale: str,
+        input: Mapping[str, Any] | None = ...,
+        principal: str | None = ...,
+    ) -> p.Execution: ...
+    @overload
+    def resume(
+        self,
+        execution_id: str,
+        *,
+        at_node: str,
+        rationale: str,
+        input: Mapping[str, Any] | None = ...,
+        principal: str | None = ...,
+        raise_on_refusal: Literal[False],
+    ) -> p.Execution | p.Refusal: ...
+    def resume(
+        self,
+        execution_id: str,
+        *,
+        at_node: str,
+        rationale: str,
+        input: Mapping[str, Any] | None = None,
+        principal: str | None = None,
+        raise_on_refusal: bool = True,
+    ) -> p.Execution | p.Refusal:
+        """Resume an execution in review at ``at_node``: an explicit, authorized decision.
+
+        ``rationale`` says why entering ``at_node`` is safe and is recorded
+        as the resume's idempotency contract.  From
+        ``reconciliation_required`` the kernel derives the safe-resume proof
+        from the stored evidence and refuses (``unsafe_resume``) when it does
+        not hold; :meth:`review` shows the permitted continuations.  From
+        ``suspended``, ``input`` may correct the execution's input.
+        """
+        who = self._who(principal)
+        _identifier("at_node", at_node)
+        if not isinstance(rationale, str) or not rationale.strip():
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "rationale", "say why resuming there is safe")
+        if input is not None:
+            _mapping("input", input)
+        self._view(execution_id)
+        try:
+            with _translated():
+                outcome = service.resume(
+                    self.store,
+                    self.policy,
+                    business_id=self.business,
+                    principal_id=who,
+                    execution_id=execution_id,
+                    at_node=at_node,
+                    rationale=rationale,
+                    input=input,
+                )
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal, execution_id)
+        return self._execution_after(outcome, execution_id, raise_on_refusal)
+
+    @overload
+    def fail(self, execution_id: str, *, rationale: str = ..., principal: str | None = ...) -> p.Execution: ...
+    @overload
+    def fail(
+        self, execution_id: str, *, rationale: str = ..., principal: str | None = ..., raise_on_refusal: Literal[False]
+    ) -> p.Execution | p.Refusal: ...
+    def fail(
+        self, execution_id: str, *, rationale: str = "", principal: str | None = None, raise_on_refusal: bool = True
+    ) -> p.Execution | p.Refusal:
+        """End an execution in review as ``failed``: an explicit terminal decision; nothing is replayed."""
+        who = self._who(principal)
+        _text("rationale", rationale)
+        self._view(execution_id)
+        try:
+            with _translated():
+                outcome = service.fail(
+                    self.store,
+                    self.policy,
+                    business_id=self.business,
+                    principal_id=who,
+                    execution_id=execution_id,
+                    rationale=rationale,
+                )
+        except _RefusedHere as exc:
+            return _answer(exc.refusal, raise_on_refusal, execution_id)
+        return self._execution_after(outcome, execution_id, raise_on_refusal)
+
+    def _execution_after(self, outcome: p.Outcome, execution_id: str, raise_on_refusal: bool) -> p.Execution | p.Refusal:
+        if isinstance(outcome, p.Refusal):
+            return _answer(outcome, raise_on_refusal, execution_id)
+        if isinstance(outcome, p.Decision) and outcome.execution is not None:
+            if outcome.execution.state is ExecutionState.ELIGIBLE:
+                self._made_work()
+            return outcome.execution
+        # Unchanged: the identical command was already applied; the execution is as it left it.
+        return self._view(execution_id).execution
+
+    # -- workers
+
+    def worker(self, worker_id: str | None = None, *, lease: timedelta | float = DEFAULT_LEASE) -> Worker:
+        """A worker bound to this client's store, policy, handler and business (the low-level loop)."""
+        handler = self._needs_handler()
+        chosen = _identifier("worker_id", worker_id or f"py-{os.getpid()}-{os.urandom(3).hex()}")
+        return Worker(self.store, chosen, self.policy, handler, lease=_lease(lease), business_id=self.business)
+
+    def run_until_idle(
+        self, *, worker_id: str | None = None, lease: timedelta | float = DEFAULT_LEASE, max_passes: int = 1000
+    ) -> PassReport:
+        """Run dispatcher passes in this thread until one finds nothing to do; what they did, summed.
+
+        Work that becomes due later (a timeout) is not waited for.
+        """
+        if not isinstance(max_passes, int) or isinstance(max_passes, bool) or max_passes < 1:
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "max_passes", f"must be a positive int, got {max_passes!r}")
+        worker = self.worker(worker_id, lease=lease)
+        total = PassReport()
+        for _ in range(max_passes):
+            with _translated():
+                report = worker.run_pass()
+            _add(total, report)
+            if not report.claimed and not report.timers_fired:
+                break
+        return total
+
+    def start_workers(
+        self,
+        concurrency: int = 1,
+        *,
+        lease: timedelta | float = DEFAULT_LEASE,
+        poll: float = 1.0,
+        prefix: str | None = None,
+    ) -> WorkerPool:
+        """Start ``concurrency`` workers in background threads of this process; stop them with ``pool.stop()``.
+
+        Each claims one execution at a time and drives it until it leaves
+        running, so a stopped worker holds no lease.
+        """
+        self._needs_handler()
+        try:
+            check_concurrency(concurrency)
+        except WorkerSettingError as exc:
+            raise RequestError(RequestCode.WORKER_SETTING, exc.field, exc.message) from None
+        if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not 0 < poll <= 3600:
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be between 0 and 3600 seconds, got {poll!r}")
+        chosen = _identifier("prefix", prefix or f"py-{os.getpid()}-{os.urandom(3).hex()}")
+        workers = [self.worker(f"{chosen}-{n}", lease=lease) for n in range(1, concurrency + 1)]
+        pool = WorkerPool(workers, poll=float(poll))
+        self._pools.append(pool)
+        pool.start()
+        return pool
+
+
+def _add(total: PassReport, report: PassReport) -> None:
+    total.claimed.extend(report.claimed)
+    total.steps += report.steps
+    total.timers_fired += report.timers_fired
+    total.finished.update(report.finished)
+    total.refused.extend(report.refused)
+    total.renewals += report.renewals
+    total.claim_seconds.extend(report.claim_seconds)
+
+
+def _as_refusal(outcome: p.Outcome) -> p.Refusal:
+    if isinstance(outcome, p.Refusal):
+        return outcome
+    return p.Refusal(p.RefusalCode.INVALID_REQUEST, f"unexpected outcome {outcome!r}")
+
+
+class WorkerPool:
+    """Workers running in background threads of this process (made by :meth:`Client.start_workers`).
+
+    ``report`` sums what every pass did so far; ``errors`` holds what
+    stopped a worker early (a store failure it could not retry, a handler
+    bug).  Use it as a context manager, or call :meth:`stop`.
+
+    Idle workers poll every ``poll`` seconds, and wake at once when work is
+    made: by the client that started them (an admission, an Event, a
+    decision, a resume), and, on PostgreSQL, by any process, through
+    LISTEN/NOTIFY.  A wake-up is a hint; polling still finds everything.
+    """
+
+    RETRIES = 5
+    """Consecutive store failures a worker retries (with backoff) before it stops."""
+
+    def __init__(self, workers: list[Worker], *, poll: float) -> None:
+        self.workers = workers
+        self.poll = poll
+        self.report = PassReport()
+        self.errors: list[str] = []
+        self.passes = 0
+        """Dispatcher passes completed so far, by every worker."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._work = threading.Condition()
+        self.released: builtins.list[str] = []
+        """Executions a stopping worker handed back (running -> eligible) after its last committed visit."""
+        for worker in workers:
+            self._hand_back_on_stop(worker)
+        self._threads = [threading.Thread(target=self._loop, args=(w,), name=w.worker_id, daemon=True) for w in workers]
+        wait_for_work = getattr(workers[0].store, "wait_for_work", None) if workers else None
+        if callable(wait_for_work):
+            self._threads.append(
+                threading.Thread(target=self._listen, args=(wait_for_work,), name="listen", daemon=True)
+            )
+
+    def _hand_back_on_stop(self, worker: Worker) -> None:
+        """After a stop, release the lease at the next committed visit, as ``fencekeeper worker`` does.
+
+        A long execution need not run to its end (or wait for its lease to
+        expire) for the pool to stop: another worker continues it at once.
+        """
+        tokens: dict[str, str] = {}
+        make_token = worker.make_token
+        previous = worker.on_event
+
+        def remembering() -> str:
+            tokens["last"] = make_token()
+            return tokens["last"]
+
+        def on_event(execution_id: str, what: str, detail: str) -> None:
+            if previous is not None:
+                previous(execution_id, what, detail)
+            if what not in ("claimed", "step") or not self._stop.is_set() or "last" not in tokens:
+                return
+            view = worker.store.read(execution_id)
+            if view is None or view.execution.state is not ExecutionState.RUNNING:
+                return
+            credential = p.LeaseCredential(worker.worker_id, tokens["last"], view.execution.fence)
+            outcome = worker.store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))
+            if isinstance(outcome, p.Decision):
+                with self._lock:
+                    self.released.append(execution_id)
+
+        worker.make_token = remembering
+        worker.on_event = on_event
+
+    def poke(self) -> None:
+        """Wake idle workers now: work may have become eligible."""
+        with self._work:
+            self._work.notify_all()
+
+    def _idle(self, seconds: float) -> None:
+        with self._work:
+            if not self._stop.is_set():
+                self._work.wait(timeout=seconds)
+
+    def _listen(self, wait_for_work: Any) -> None:
+        # PostgreSQL's NOTIFY, from any process; short waits so that stop() is prompt.
+        while not self._stop.is_set():
+            try:
+                if wait_for_work(min(self.poll, 1.0)):
+                    self.poke()
+            except Exception:
+                self._stop.wait(min(self.poll, 1.0))
+
+    def start(self) -> None:
+        """Start every worker thread (done by :meth:`Client.start_workers`)."""
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether any worker thread is still running."""
+        return any(t.is_alive() for t in self._threads)
+
+    def wait_until_idle(self, timeout: float = 60.0, *, settle: float = 0.2) -> bool:
+        """Block until no pass has found work for ``settle`` seconds (or ``timeout``); True if idle."""
+        deadline = time.monotonic() + timeout
+        last = (-1, -1)
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            with self._lock:
+                now = (len(self.report.claimed), self.report.timers_fired)
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= max(settle, self.poll * 1.5):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Ask every worker to stop after its current execution leaves running, and wait for them."""
+        self._stop.set()
+        self.poke()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _loop(self, worker: Worker) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                report = worker.run_pass(max_claims=1)
+            except StoreError as exc:
+                if exc.code not in ("store_unavailable", "row_locked", "store_locked") or failures >= self.RETRIES:
+                    with self._lock:
+                        self.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
+                    return
+                failures += 1
+                self._idle(min(2.0**failures / 10, 5.0))
+                continue
+            except Exception as exc:
+                with self._lock:
+                    self.errors.append(f"{worker.worker_id}: {type(exc).__name__}: {exc}")
+                return
+            failures = 0
+            with self._lock:
+                _add(self.report, report)
+                self.passes += 1
+            if not report.claimed and not report.timers_fired:
+                self._idle(self.poll)
+
+
+def connect(
+    url: str,
+    *,
+    policy: AuthorityPolicy,
+    handler: CommandHandler | None,
+    business: str = DEFAULT_BUSINESS,
+    principal: str = DEFAULT_PRINCIPAL,
+    schema: str | None = None,
+    migrate: bool = False,
+    clock: Clock | None = None,
+    pool_size: int = 4,
+) -> Client:
+    """A :class:`Client` for the store ``url`` names: a SQLite file path or a ``postgresql://`` DSN.
+
+    ``":memory:"`` is the in-memory reference store, which keeps nothing
+    past :meth:`Client.close` (for tests, and for trying things).
+
+    ``policy`` answers every authority question; ``handler`` runs and
+    settles Commands (``None`` for a client that never does).  Both are
+    required, so that what a deployment trusts is always written where it
+    connects.  A SQLite file is created (and brought forward) when opened;
+    PostgreSQL is never migrated unless ``migrate=True`` (or ``fencekeeper
+    migrate`` was run).  Raises StoreFailure when the store cannot be used.
+    """
+    _text("url", url)
+    if schema is not None:
+        _identifier("schema", schema)
+    _identifier("business", business)
+    _identifier("principal", principal)
+    if not callable(getattr(policy, "check", None)):
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+    store: TransactionalStore
+    if url == MEMORY:
+        # The in-memory reference store: nothing persists past close; for tests and trying things.
+        if schema is not None:
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "schema", "applies to PostgreSQL only")
+        store = MemoryStore(clock)
+    else:
+        with _translated():
+            if migrate:
+                connecting.migrate(url, schema=schema)
+            store = connecting.open_store(url, schema=schema, clock=clock, pool_size=pool_size)
+    try:
+        return Client(store, policy=policy, handler=handler, business=business, principal=principal)
+    except BaseException:
+        store.close()
+        raise
+
+
+__all__ = [
+    "DEFAULT_BUSINESS",
+    "DEFAULT_LEASE",
+    "DEFAULT_PRINCIPAL",
+    "MEMORY",
+    "Client",
+    "Decided",
+    "DecisionStatus",
+    "DefinitionSource",
+    "Registered",
+    "WorkerPool",
+    "connect",
+    "load_definition",
+    "wait_arguments",
+]

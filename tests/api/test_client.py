@@ -1,0 +1,501 @@
+"""The Python front door: ``fencekeeper.connect`` and the client it returns.
+
+What is proved here: a workflow runs end to end through the client alone
+(definitions from a file, TOML and JSON text and a mapping; approvals;
+Events; cancellation; quarantine, settlement, resume and fail); every kernel
+refusal raises ``Refused`` with the kernel's code, or comes back as the
+kernel's value with ``raise_on_refusal=False``, and leaves the database
+byte-for-byte as it was; bad input raises ``RequestError`` naming the
+parameter and writes nothing; authority and the handler are the ones plugged
+in, and nothing else is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import tomllib
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+import fencekeeper
+from fencekeeper import ExecutionState, RefusalCode, RequestCode
+from fencekeeper.adapters import examples
+from fencekeeper.adapters.client import Client, DecisionStatus
+from fencekeeper.adapters.ports import WORKFLOW_RUN, GrantTable
+from fencekeeper.adapters.store import ManualClock
+from fencekeeper.kernel import protocol as p
+
+WORKFLOWS = Path(__file__).resolve().parents[2] / "adapters" / "workflows"
+PURCHASE = WORKFLOWS / "purchase_approval.toml"
+REFUND = WORKFLOWS / "refund_needs_reconciliation.toml"
+PAYMENT = WORKFLOWS / "payment_with_timeout.toml"
+ORDER = {"amount": 2500, "order_id": "o-1", "order_revision": 1}
+
+
+def dump(path: Path) -> list[str]:
+    """Every row of the database, as SQL: equal dumps mean nothing was written."""
+    with sqlite3.connect(path) as conn:
+        return list(conn.iterdump())
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "shop.db"
+
+
+@pytest.fixture
+def client(db: Path) -> Iterator[Client]:
+    policy = examples.grants("default", "user:operator", "user:manager", "user:cfo")
+    with fencekeeper.connect(str(db), policy=policy, handler=examples.handler()) as opened:
+        yield opened
+
+
+# --- the surface ------------------------------------------------------------------------
+
+
+def test_version_and_every_public_name() -> None:
+    import importlib.metadata  # noqa: PLC0415
+
+    assert fencekeeper.__version__ == importlib.metadata.version("fencekeeper")
+    for name in fencekeeper.__all__:
+        value = getattr(fencekeeper, name)
+        if name != "__version__" and not isinstance(value, type(ExecutionState | None)):
+            assert (getattr(value, "__doc__", None) or "").strip(), f"fencekeeper.{name} has no docstring"
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        _ = fencekeeper.nothing_here  # type: ignore[attr-defined]
+
+
+def test_policy_and_handler_must_be_given(db: Path) -> None:
+    with pytest.raises(TypeError, match="policy"):
+        fencekeeper.connect(str(db), handler=None)  # type: ignore[call-arg]
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(str(db), policy=object(), handler=None)  # type: ignore[arg-type]
+    assert caught.value.field == "policy"
+    assert not db.exists()  # refused before the store was opened
+
+
+# --- running a workflow -----------------------------------------------------------------
+
+
+def test_purchase_approval_end_to_end(client: Client) -> None:
+    admitted = client.run(PURCHASE, ORDER, execution_id="po-1")
+    assert (admitted.state, admitted.current_node_id) == (ExecutionState.ELIGIBLE, "check_amount")
+    report = client.run_until_idle(lease=5)
+    assert report.claimed == ["po-1"] and report.finished["waiting"] == 1
+    request = client.approval("po-1")
+    assert request is not None and set(request.reviewers) == {"user:manager", "user:cfo"}
+    decided = client.approve("po-1", reviewer="user:manager", decision_id="d-1")
+    assert decided.status is DecisionStatus.ACCEPTED
+    assert decided.execution is not None and decided.execution.current_node_id == "place_order"
+    # The same decision again is a success that says so; a contradicting one is kept, without effect.
+    assert client.approve("po-1", reviewer="user:manager", decision_id="d-1").status is DecisionStatus.ALREADY_DECIDED
+    assert client.reject("po-1", reviewer="user:cfo").status is DecisionStatus.RECORDED_CONFLICTING
+    client.run_until_idle(lease=5)
+    assert client.get("po-1").state is ExecutionState.SUCCEEDED
+    view = client.inspect("po-1")
+    assert [r.to_state for r in view.history][-1] is ExecutionState.SUCCEEDED
+    assert [x.execution_id for x in client.list(ExecutionState.SUCCEEDED)] == ["po-1"]
+    assert client.list("waiting") == []
+
+
+@pytest.mark.parametrize("form", ["path", "toml", "json", "mapping", "registered id"])
+def test_every_definition_form(client: Client, form: str) -> None:
+    text = PURCHASE.read_text(encoding="utf-8")
+    mapping = tomllib.loads(text)
+    source: fencekeeper.DefinitionSource = {
+        "path": PURCHASE,
+        "toml": text,
+        "json": json.dumps(mapping),
+        "mapping": mapping,
+        "registered id": "purchase-approval",
+    }[form]
+    if form == "registered id":
+        assert client.register(PURCHASE) == fencekeeper.Registered("purchase-approval", 1, True)
+    execution = client.run(source, {**ORDER, "amount": 10})
+    assert execution.definition_id == "purchase-approval"
+    assert client.register(mapping).new is False  # the identical revision: idempotent
+
+
+def test_an_event_wakes_its_waiter(client: Client) -> None:
+    client.run(PAYMENT, {"order_id": "o-7", "amount": 40}, execution_id="pay-1")
+    client.run_until_idle(lease=5)
+    assert client.get("pay-1").state is ExecutionState.WAITING
+    assert client.publish("payment.received", {"order_id": "o-8"}, {"paid": 40}).woken == ()
+    published = client.publish("payment.received", {"order_id": "o-7"}, {"paid": 40}, event_id="ev-1")
+    assert published.woken == ("pay-1",) and not published.duplicate
+    again = client.publish("payment.received", {"order_id": "o-7"}, {"paid": 40}, event_id="ev-1")
+    assert again.duplicate and again.woken == ()
+    assert client.get("pay-1").state is ExecutionState.ELIGIBLE
+    client.run_until_idle(lease=5)
+    assert client.get("pay-1").state is ExecutionState.SUCCEEDED
+
+
+def test_cancel_and_its_refusal_as_a_value(client: Client, db: Path) -> None:
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    cancelled = client.cancel("po-1", reason="customer withdrew")
+    assert cancelled.state is ExecutionState.CANCELLED
+    before = dump(db)
+    refusal = client.cancel("po-1", raise_on_refusal=False)
+    assert isinstance(refusal, p.Refusal) and refusal.code is RefusalCode.ILLEGAL_TRANSITION
+    with pytest.raises(fencekeeper.Refused) as caught:
+        client.cancel("po-1")
+    assert caught.value.code is RefusalCode.ILLEGAL_TRANSITION
+    assert caught.value.refusal == refusal and caught.value.execution_id == "po-1"
+    assert dump(db) == before
+
+
+# --- refusals write nothing -------------------------------------------------------------
+
+
+def test_a_reviewer_outside_the_scope_is_refused_and_nothing_changes(client: Client, db: Path) -> None:
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    client.run_until_idle(lease=5)
+    before = dump(db)
+    with pytest.raises(fencekeeper.Refused) as caught:
+        client.approve("po-1")  # user:operator requested it, and is no reviewer
+    assert caught.value.code is RefusalCode.NOT_AUTHORIZED
+    assert isinstance(caught.value, fencekeeper.FencekeeperError)
+    value = client.decide("po-1", "approved", raise_on_refusal=False)
+    assert isinstance(value, p.Refusal) and value.code is RefusalCode.NOT_AUTHORIZED
+    assert dump(db) == before
+
+
+class Counting:
+    """A deployment's policy, as docs/python.md shows one: grants, and a record of every question."""
+
+    def __init__(self, grants: GrantTable) -> None:
+        self.grants = grants
+        self.asked: list[tuple[str, str, str]] = []
+
+    def check(self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()) -> p.Authority:
+        self.asked.append((principal_id, business_id, operation))
+        return self.grants.check(principal_id, business_id, operation, targets)
+
+
+def test_the_plugged_in_policy_decides_and_a_denial_writes_nothing(db: Path) -> None:
+    table = GrantTable()
+    table.grant("user:clerk", "acme", "definition_register")
+    policy = Counting(table)
+    with fencekeeper.connect(str(db), policy=policy, handler=None, business="acme", principal="user:clerk") as client:
+        before = dump(db)
+        refusal = client.run(PURCHASE, ORDER, raise_on_refusal=False)
+        assert isinstance(refusal, p.Refusal) and refusal.code is RefusalCode.NOT_AUTHORIZED
+        # Admission would be refused, so the definition was not registered either.
+        assert dump(db) == before
+        assert ("user:clerk", "acme", WORKFLOW_RUN) in policy.asked
+        table.grant("user:clerk", "acme", WORKFLOW_RUN)
+        assert client.run(PURCHASE, ORDER).business_id == "acme"
+        with pytest.raises(fencekeeper.RequestError) as caught:
+            client.run_until_idle()
+        assert caught.value.code is RequestCode.NO_HANDLER and caught.value.field == "handler"
+
+
+# --- bad input names the field and writes nothing ----------------------------------------
+
+BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
+    ("run", {"definition": PURCHASE, "input": {"amount": "lots"}}, RequestCode.INVALID_INPUT, "input"),
+    ("run", {"definition": PURCHASE, "input": [1]}, RequestCode.INVALID_ARGUMENT, "input"),
+    ("run", {"definition": PURCHASE, "input": ORDER, "execution_id": "no spaces"}, RequestCode.INVALID_IDENTIFIER, "execution_id"),
+    ("run", {"definition": "id = 'x'\nrevision = 1", "input": {}}, RequestCode.INVALID_DEFINITION, "definition"),
+    ("run", {"definition": "missing.toml", "input": {}}, RequestCode.DEFINITION_NOT_FOUND, "definition"),
+    ("run", {"definition": Path("/nonexistent/x.toml"), "input": {}}, RequestCode.INVALID_DEFINITION, "definition"),
+    ("run", {"definition": 42, "input": {}}, RequestCode.INVALID_ARGUMENT, "definition"),
+    ("run", {"definition": PURCHASE, "input": ORDER, "principal": ""}, RequestCode.INVALID_IDENTIFIER, "principal"),
+    ("get", {"execution_id": "nobody"}, RequestCode.EXECUTION_NOT_FOUND, "execution_id"),
+    ("cancel", {"execution_id": "nobody"}, RequestCode.EXECUTION_NOT_FOUND, "execution_id"),
+    ("publish", {"event_type": "payment.settled", "correlation": "pay-1"}, RequestCode.INVALID_ARGUMENT, "correlation"),
+    ("publish", {"event_type": "", "correlation": {"a": "b"}}, RequestCode.INVALID_EVENT, "event"),
+    ("list", {"state": "sleeping"}, RequestCode.INVALID_ARGUMENT, "state"),
+    ("start_workers", {"concurrency": 0}, RequestCode.WORKER_SETTING, "concurrency"),
+    ("run_until_idle", {"lease": 0.1}, RequestCode.WORKER_SETTING, "lease"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "arguments", "expected"),
+    [(m, a, (c, f)) for m, a, c, f in BAD],
+    ids=[f"{m}-{f}-{c.value}" for m, _, c, f in BAD],
+)
+def test_bad_input_names_the_field_and_writes_nothing(
+    client: Client, db: Path, method: str, arguments: dict[str, object], expected: tuple[RequestCode, str]
+) -> None:
+    code, field = expected
+    client.run(PURCHASE, ORDER, execution_id="po-0")
+    before = dump(db)
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        getattr(client, method)(**arguments)
+    assert (caught.value.code, caught.value.field) == (code, field), caught.value
+    assert str(caught.value).startswith(f"{field}: ")
+    assert isinstance(caught.value, ValueError)
+    assert dump(db) == before
+
+
+def test_decisions_check_their_arguments_first(client: Client, db: Path) -> None:
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    client.run_until_idle(lease=5)
+    before = dump(db)
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        client.decide("po-1", "maybe", reviewer="user:manager")  # type: ignore[arg-type]
+    assert caught.value.field == "determination"
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        client.decide("po-1", "approved", reviewer="user manager")
+    assert caught.value.field == "reviewer"
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        client.resume("po-1", at_node="place_order", rationale=" ")
+    assert caught.value.field == "rationale"
+    assert dump(db) == before
+
+
+def test_an_id_already_taken_is_refused_before_anything_is_registered(client: Client, db: Path) -> None:
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    before = dump(db)
+    changed = PURCHASE.read_text(encoding="utf-8").replace('id = "purchase-approval"', 'id = "other"')
+    with pytest.raises(fencekeeper.Refused) as caught:
+        client.run(changed, ORDER, execution_id="po-1")
+    assert caught.value.code is RefusalCode.ALREADY_EXISTS
+    assert dump(db) == before
+
+
+def test_a_revision_registered_with_other_content_is_a_conflict(client: Client, db: Path) -> None:
+    client.register(PURCHASE)
+    before = dump(db)
+    changed = PURCHASE.read_text(encoding="utf-8").replace("input.amount >= 1000", "input.amount >= 10")
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        client.register(changed)
+    assert (caught.value.code, caught.value.field) == (RequestCode.DEFINITION_CONFLICT, "definition")
+    assert dump(db) == before
+
+
+# --- recovery: quarantine, review, settle, resume, fail ----------------------------------
+
+
+def test_settle_then_resume_is_two_decisions(client: Client) -> None:
+    client.run(REFUND, {"amount": 5, "payment_id": "p-1"}, execution_id="rf-1")
+    client.run_until_idle(lease=5)
+    review = client.review("rf-1")
+    assert review.execution.state is ExecutionState.RECONCILIATION_REQUIRED
+    assert [c.operation for c in review.unresolved] == ["payment.refund"] and review.permitted == ()
+    with pytest.raises(fencekeeper.Refused) as caught:
+        client.resume("rf-1", at_node="refunded", rationale="the provider says so")
+    assert caught.value.code is RefusalCode.UNSAFE_RESUME
+    settled = client.settle("rf-1")
+    assert settled.result is not None and settled.result.status is fencekeeper.CommandStatus.SUCCEEDED
+    assert client.get("rf-1").state is ExecutionState.RECONCILIATION_REQUIRED  # settling does not resume
+    assert client.review("rf-1").permitted == ("refunded",)
+    resumed = client.resume("rf-1", at_node="refunded", rationale="the provider applied the refund")
+    assert (resumed.state, resumed.current_node_id) == (ExecutionState.ELIGIBLE, "refunded")
+    client.run_until_idle(lease=5)
+    assert client.get("rf-1").state is ExecutionState.SUCCEEDED
+    refused = client.settle("rf-1", raise_on_refusal=False)
+    assert isinstance(refused, p.Refusal) and refused.code is RefusalCode.NOT_IN_RECONCILIATION
+
+
+def test_quarantine_an_expired_lease_then_fail(db: Path) -> None:
+    clock = ManualClock()
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(str(db), policy=policy, handler=examples.handler(), clock=clock) as client:
+        client.run(PURCHASE, ORDER, execution_id="po-1")
+        worker = client.worker("w-1", lease=timedelta(seconds=5))
+        claimed = client.store.claim_next(p.ClaimRequest("w-1", "t" * 32, worker.lease))
+        assert isinstance(claimed, p.Decision)
+        assert client.quarantine_expired().outcomes == {}  # not expired yet
+        clock.advance(timedelta(seconds=6))
+        sweep = client.quarantine_expired()
+        assert sweep.quarantined == ["po-1"] and not sweep.problems
+        assert client.get("po-1").state is ExecutionState.RECONCILIATION_REQUIRED
+        failed = client.fail("po-1", rationale="the order was withdrawn meanwhile")
+        assert failed.state is ExecutionState.FAILED
+        # Failed is terminal: the execution is no longer in review.
+        with pytest.raises(fencekeeper.Refused) as caught:
+            client.fail("po-1", rationale="again")
+        assert caught.value.code is RefusalCode.NOT_IN_RECONCILIATION
+
+
+# --- workers in-process -------------------------------------------------------------------
+
+
+def test_workers_started_in_process_run_everything_and_stop(client: Client) -> None:
+    for n in range(6):
+        client.run(PURCHASE, {**ORDER, "amount": 100 + n, "order_id": f"o-{n}"}, execution_id=f"po-{n}")
+    with client.start_workers(2, lease=5, poll=0.05) as pool:
+        assert pool.wait_until_idle(timeout=30)
+    assert not pool.running and pool.errors == []
+    assert sorted(pool.report.claimed) == [f"po-{n}" for n in range(6)]
+    assert pool.report.finished["succeeded"] == 6
+    assert [x.state for x in client.list()] == [ExecutionState.SUCCEEDED] * 6
+
+
+def test_wait_returns_when_the_workers_are_done_and_times_out_otherwise(client: Client) -> None:
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    with pytest.raises(TimeoutError, match=r"po-1 is still eligible after 0\.2 s"):
+        client.wait("po-1", timeout=0.2, poll=0.05)
+    with client.start_workers(1, lease=5, poll=0.05):
+        waiting = client.wait("po-1", until={"waiting"}, timeout=30)
+        assert waiting.state is ExecutionState.WAITING
+        client.approve("po-1", reviewer="user:manager")
+        done = client.wait("po-1", timeout=30)
+    assert done.state is ExecutionState.SUCCEEDED
+    for bad in ({"until": "waiting"}, {"until": ["sleeping"]}, {"timeout": -1}, {"poll": 0}):
+        with pytest.raises(fencekeeper.RequestError) as caught:
+            client.wait("po-1", **bad)  # type: ignore[arg-type]
+        assert caught.value.field == next(iter(bad))
+
+
+def idle(pool: fencekeeper.WorkerPool) -> None:
+    """Wait until the pool's first pass found nothing: from now on it sleeps, for 60 s unless woken."""
+    deadline = time.monotonic() + 10
+    while pool.passes < 1:
+        assert time.monotonic() < deadline, "the pool made no pass"
+        time.sleep(0.01)
+    assert pool.report.claimed == []
+
+
+def test_work_made_by_the_client_wakes_its_idle_workers_at_once(client: Client) -> None:
+    # The workers poll every 60 s: only the wake-up can make this finish within the wait below.
+    with client.start_workers(1, lease=5, poll=60) as pool:
+        idle(pool)
+        client.run(PURCHASE, ORDER, execution_id="po-1")
+        assert client.wait("po-1", until={"waiting"}, timeout=10).state is ExecutionState.WAITING
+        client.approve("po-1", reviewer="user:manager")
+        assert client.wait("po-1", timeout=10).state is ExecutionState.SUCCEEDED
+
+
+TWO_COMMANDS = """
+id = "two-steps"
+revision = 1
+start = "first"
+inputs = ["order_id"]
+
+[[nodes]]
+id = "first"
+kind = "local_command"
+revision = 1
+operation = "order.first"
+targets = [{ id = { from = "input.order_id" }, revision = 1 }]
+next = "second"
+on_failure = "failed"
+
+[[nodes]]
+id = "second"
+kind = "local_command"
+revision = 1
+operation = "order.second"
+targets = [{ id = { from = "input.order_id" }, revision = 1 }]
+next = "done"
+on_failure = "failed"
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+
+[[nodes]]
+id = "failed"
+kind = "end"
+revision = 1
+outcome = "failed"
+error_code = "order_failed"
+"""
+
+
+class Gate:
+    """A handler whose first Command waits at a gate, so that a stop arrives mid-visit."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.go = threading.Event()
+        self.executed: list[str] = []
+
+    def execute(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        self.executed.append(command.operation)
+        if command.operation == "order.first":
+            self.inside.set()
+            assert self.go.wait(10)
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.SUCCEEDED, None, "done")
+
+    def reconcile(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.UNKNOWN, None, "not asked")
+
+
+def test_a_stopping_pool_hands_back_the_lease_after_the_visit_it_is_in(db: Path) -> None:
+    gate = Gate()
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(str(db), policy=policy, handler=gate) as client:
+        client.run(TWO_COMMANDS, {"order_id": "o-1"}, execution_id="x-1")
+        pool = client.start_workers(1, lease=30, poll=0.05)
+        assert gate.inside.wait(10)
+        stopping = threading.Thread(target=pool.stop)
+        stopping.start()
+        gate.go.set()  # the visit in progress commits; then the lease is handed back
+        stopping.join(10)
+        assert not pool.running
+        assert pool.released == ["x-1"] and pool.errors == []
+        execution = client.get("x-1")
+        assert (execution.state, execution.current_node_id, execution.step_count) == (
+            ExecutionState.ELIGIBLE, "second", 1
+        )
+        assert gate.executed == ["order.first"]
+        # Another worker continues at once, without waiting for a lease to expire.
+        client.run_until_idle(lease=5)
+        assert client.get("x-1").state is ExecutionState.SUCCEEDED
+        assert gate.executed == ["order.first", "order.second"]
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------------
+
+
+def test_the_same_client_on_postgresql(pg_dsn: str, pg_schema: str) -> None:
+    policy = examples.grants("default", "user:operator", "user:manager")
+    url = f"{pg_dsn}?schema={pg_schema}"
+    with fencekeeper.connect(url, policy=policy, handler=examples.handler()) as client:
+        client.run(PURCHASE, ORDER, execution_id="po-1")
+        client.run_until_idle(lease=5)
+        with pytest.raises(fencekeeper.Refused):
+            client.approve("po-1")
+        client.approve("po-1", reviewer="user:manager")
+        client.run_until_idle(lease=5)
+        assert client.get("po-1").state is ExecutionState.SUCCEEDED
+
+
+def test_the_in_memory_store_for_trying_things() -> None:
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(":memory:", policy=policy, handler=examples.handler()) as client:
+        client.run(PURCHASE, {**ORDER, "amount": 10}, execution_id="po-1")
+        client.run_until_idle(lease=5)
+        assert client.get("po-1").state is ExecutionState.SUCCEEDED
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(":memory:", policy=policy, handler=None, schema="x")
+    assert caught.value.field == "schema"
+
+
+def test_on_postgresql_another_process_wakes_idle_workers(pg_dsn: str, pg_schema: str) -> None:
+    policy = examples.grants("default", "user:operator")
+    url = f"{pg_dsn}?schema={pg_schema}"
+    with (
+        fencekeeper.connect(url, policy=policy, handler=examples.handler()) as workers,
+        fencekeeper.connect(url, policy=policy, handler=None) as elsewhere,
+        workers.start_workers(1, lease=5, poll=60) as pool,
+    ):
+        idle(pool)
+        # Admitted through another client (another connection, as another process would): only NOTIFY wakes the pool.
+        elsewhere.run(PURCHASE, {**ORDER, "amount": 10}, execution_id="po-1")
+        assert elsewhere.wait("po-1", timeout=10).state is ExecutionState.SUCCEEDED
+
+
+def test_an_unreachable_store_is_a_store_failure(tmp_path: Path) -> None:
+    with pytest.raises(fencekeeper.StoreFailure) as caught:
+        fencekeeper.connect(
+            "postgresql://nobody@127.0.0.1:1/none", policy=examples.grants("default"), handler=None
+        )
+    assert caught.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE
+    (tmp_path / "notes.txt").write_text("not a database\n" * 100, encoding="utf-8")
+    with pytest.raises(fencekeeper.StoreFailure) as caught:
+        fencekeeper.connect(str(tmp_path / "notes.txt"), policy=examples.grants("default"), handler=None)
+    assert caught.value.code is fencekeeper.StoreCode.NOT_A_DATABASE
