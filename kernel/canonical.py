@@ -37,7 +37,7 @@ import rfc8785
 
 from .journal_codes import JournalCode, JournalError
 
-Json: TypeAlias = "str | int | bool | Sequence[Json] | Mapping[str, Json] | None"
+Json: TypeAlias = str | int | bool | Sequence["Json"] | Mapping[str, "Json"] | None
 """A JSON value the codec accepts (no floats)."""
 
 DIGEST: Final = re.compile(r"sha256:[0-9a-f]{64}")
