@@ -38,7 +38,7 @@ import enum
 import os
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
@@ -691,19 +691,18 @@ class Client:
         who = self._who(principal)
         _text("reason", reason)
         self._view(execution_id)
-        try:
-            with _translated():
-                outcome = service.cancel(
-                    self.store,
-                    self.policy,
-                    business_id=self.business,
-                    principal_id=who,
-                    execution_id=execution_id,
-                    reason=reason,
-                )
-        except _RefusedHere as exc:
-            return _answer(exc.refusal, raise_on_refusal, execution_id)
-        return self._execution_after(outcome, execution_id, raise_on_refusal)
+        return self._execution_after(
+            lambda: service.cancel(
+                self.store,
+                self.policy,
+                business_id=self.business,
+                principal_id=who,
+                execution_id=execution_id,
+                reason=reason,
+            ),
+            execution_id,
+            raise_on_refusal,
+        )
 
     def quarantine_expired(self, *, principal: str | None = None) -> service.Sweep:
         """Move every expired running execution of the business to ``reconciliation_required``.
@@ -811,21 +810,20 @@ class Client:
         if input is not None:
             _mapping("input", input)
         self._view(execution_id)
-        try:
-            with _translated():
-                outcome = service.resume(
-                    self.store,
-                    self.policy,
-                    business_id=self.business,
-                    principal_id=who,
-                    execution_id=execution_id,
-                    at_node=at_node,
-                    rationale=rationale,
-                    input=input,
-                )
-        except _RefusedHere as exc:
-            return _answer(exc.refusal, raise_on_refusal, execution_id)
-        return self._execution_after(outcome, execution_id, raise_on_refusal)
+        return self._execution_after(
+            lambda: service.resume(
+                self.store,
+                self.policy,
+                business_id=self.business,
+                principal_id=who,
+                execution_id=execution_id,
+                at_node=at_node,
+                rationale=rationale,
+                input=input,
+            ),
+            execution_id,
+            raise_on_refusal,
+        )
 
     @overload
     def fail(self, execution_id: str, *, rationale: str = ..., principal: str | None = ...) -> p.Execution: ...
@@ -840,21 +838,28 @@ class Client:
         who = self._who(principal)
         _text("rationale", rationale)
         self._view(execution_id)
+        return self._execution_after(
+            lambda: service.fail(
+                self.store,
+                self.policy,
+                business_id=self.business,
+                principal_id=who,
+                execution_id=execution_id,
+                rationale=rationale,
+            ),
+            execution_id,
+            raise_on_refusal,
+        )
+
+    def _execution_after(
+        self, decide: Callable[[], p.Outcome], execution_id: str, raise_on_refusal: bool
+    ) -> p.Execution | p.Refusal:
+        """Make one governed decision on an execution; the execution it leaves, or the refusal as asked."""
         try:
             with _translated():
-                outcome = service.fail(
-                    self.store,
-                    self.policy,
-                    business_id=self.business,
-                    principal_id=who,
-                    execution_id=execution_id,
-                    rationale=rationale,
-                )
+                outcome = decide()
         except _RefusedHere as exc:
             return _answer(exc.refusal, raise_on_refusal, execution_id)
-        return self._execution_after(outcome, execution_id, raise_on_refusal)
-
-    def _execution_after(self, outcome: p.Outcome, execution_id: str, raise_on_refusal: bool) -> p.Execution | p.Refusal:
         if isinstance(outcome, p.Refusal):
             return _answer(outcome, raise_on_refusal, execution_id)
         if isinstance(outcome, p.Decision) and outcome.execution is not None:
