@@ -141,6 +141,7 @@ class FileEffectLog:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS effects (command_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, "
                 "fence INTEGER NOT NULL, operation TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL)"
