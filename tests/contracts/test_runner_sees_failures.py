@@ -81,6 +81,14 @@ def test_silence_and_partial_analysis_are_problems() -> None:
     assert "not confirmed over all paths" in problem
     full = Report(returncode=0, seconds=0.0, confirmed={("/k.py", 10)}, unconfirmed={("/k.py", 20)})
     assert run_crosshair._problems(full, [finite, open_ended]) == []
+    # The finite contracts' own, longer run decides whether they were proved:
+    # confirmed there is enough, and unconfirmed there is a problem even if
+    # the module-wide run happened to finish them.
+    proved = Report(returncode=0, seconds=0.0, confirmed={("/k.py", 10)})
+    assert run_crosshair._problems(partial, [finite, open_ended], proved) == []
+    unproved = Report(returncode=0, seconds=0.0, unconfirmed={("/k.py", 10)})
+    (problem,) = run_crosshair._problems(full, [finite, open_ended], unproved)
+    assert "not confirmed over all paths" in problem
 
 
 def test_the_kernel_contracts_are_discovered() -> None:
