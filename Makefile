@@ -11,20 +11,32 @@ BIN := $(VENV)/bin
 PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" | sort)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test contracts chaos bench bench-pg specs apidocs clean
+.PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg specs apidocs clean
 
 demo: $(STAMP)
 	$(BIN)/fencekeeper demo
 
+# The suite is spread over the machine's cores, a test file to a process (its
+# module fixtures are built once); the model checker and the two CrossHair runs
+# are independent single-threaded programs, so they run side by side, each
+# one's output kept together.
+TEST_PROCESSES ?= auto
+
 test: $(STAMP)
 	$(BIN)/ruff check api kernel adapters tests bench
 	$(BIN)/mypy api kernel adapters
-	$(BIN)/python -m pytest -q
-	$(BIN)/fencekeeper modelcheck
-	$(MAKE) --no-print-directory contracts
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile
+	$(MAKE) --no-print-directory -j 3 --output-sync=target modelcheck contracts-executions contracts-journal
 
-contracts: $(STAMP)
+modelcheck: $(STAMP)
+	$(BIN)/fencekeeper modelcheck
+
+contracts: contracts-executions contracts-journal
+
+contracts-executions: $(STAMP)
 	$(BIN)/python -m tests.contracts.run_crosshair
+
+contracts-journal: $(STAMP)
 	$(BIN)/python -m tests.contracts.run_journal_crosshair
 
 # Not part of `make test`: about two minutes of workers killed, stopped past their leases and
