@@ -3,33 +3,47 @@
 ``await fencekeeper.connect_async(url, policy=..., handler=...)`` returns an
 :class:`AsyncClient`.  Rules of this module:
 
-- Each coroutine runs the synchronous client's call in a worker thread
-  (:func:`asyncio.to_thread`), for SQLite and PostgreSQL alike, so the event
-  loop is never blocked by a store transaction.  The answers, the typed
-  exceptions and ``raise_on_refusal`` are exactly the synchronous client's:
-  this module adds no behaviour, so the two cannot disagree.
-- Threads, not psycopg's async connections: the stores' transaction loop
-  (one decision, one transaction, retried under its guard) is synchronous
-  code shared by every store, and one implementation of it is what the test
-  suite proves.  A native async PostgreSQL path would be a second one.
-- Cancelling an awaiting task does not cancel the call already running in
-  its thread: a store transaction commits whole or not at all, so the
-  outcome is then what :meth:`AsyncClient.get` reads afterwards.
+- The answers, the typed exceptions and ``raise_on_refusal`` are exactly the
+  synchronous client's: every coroutine runs the synchronous client's own
+  call, so the two cannot disagree.  What differs is where its I/O waits.
+- On PostgreSQL the calls are native: the client's store is an
+  :class:`~fencekeeper.adapters.postgres_async.AsyncPostgresStore` (psycopg's
+  ``AsyncConnection``), and each call runs on the event loop's own thread
+  through :func:`~fencekeeper.adapters.bridge.run_sync`, awaiting the server
+  wherever the store would block.  One decision is still one transaction,
+  decided by the same kernel under the same guard, written by the same SQL.
+  The deployment's ``AuthorityPolicy`` is then asked on the loop's thread
+  too: keep it quick, as a policy that reads memory or a cache is.
+- Three calls run a ``CommandHandler``, which is synchronous code that may
+  block on its own system: :meth:`AsyncClient.run_until_idle`,
+  :meth:`AsyncClient.settle` and the pool of :meth:`AsyncClient.start_workers`.
+  They run in threads on a synchronous store of their own (on PostgreSQL one
+  more pool, opened when first needed), never on the loop.
+- On SQLite (and the in-memory store) every call runs the synchronous client
+  in a worker thread (:func:`asyncio.to_thread`): ``sqlite3`` has no
+  asynchronous API, and the store serializes writers on the file anyway.
+- Cancelling an awaiting task: a threaded call runs on and commits whole or
+  not at all; a native call gets the cancellation at the statement it was
+  waiting on, and its transaction rolls back.  Either way nothing partial is
+  written, and :meth:`AsyncClient.get` shows what happened.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Callable, Collection, Mapping
+import functools
+import threading
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import timedelta
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 
-from . import service
+from . import bridge, service
+from . import connect as connecting
 from .client import (
     DEFAULT_BUSINESS,
     DEFAULT_LEASE,
@@ -39,6 +53,8 @@ from .client import (
     DefinitionSource,
     Registered,
     WorkerPool,
+    check_connect_arguments,
+    translated,
     wait_arguments,
 )
 from .client import connect as connect_sync
@@ -46,27 +62,48 @@ from .ports import AuthorityPolicy, CommandHandler
 from .store import Clock, ExecutionView, PublishResult
 from .worker import PassReport
 
+T = TypeVar("T")
+
 # The keyword arguments are passed through unchanged; the overloads restate
 # the synchronous client's so that a caller's type checker sees the same
 # narrowing (``raise_on_refusal=False`` adds the kernel's Refusal).
 
 
-async def _in_thread(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    # Typed loosely on purpose: each caller states the precise result type,
-    # which its overloads have already narrowed for the caller.
-    return await asyncio.to_thread(call, *args, **kwargs)
-
-
 class AsyncClient:
-    """The :class:`~fencekeeper.adapters.client.Client`'s operations as coroutines (each runs in a thread)."""
+    """The :class:`~fencekeeper.adapters.client.Client`'s operations as coroutines (see the module's rules)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, native: bool = False, workers: Callable[[], Client] | None = None) -> None:
         self.sync = client
-        """The synchronous client every coroutine delegates to."""
+        """The synchronous client every coroutine runs.  With ``native``, its store awaits its I/O
+        (:class:`~fencekeeper.adapters.postgres_async.AsyncPostgresStore`) and its calls work only
+        through this client's coroutines."""
+        self.native = native
+        """Whether the calls run on the event loop (PostgreSQL) rather than in threads."""
+        self._runner: Callable[..., Awaitable[Any]] = bridge.run_sync if native else asyncio.to_thread
+        self._open_workers = workers
+        self._workers: Client | None = None if native else client
+        self._workers_lock = threading.Lock()
+
+    async def _call(self, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        # Where ``call`` is overloaded, its caller states the precise result
+        # type, which its own overloads have already narrowed for the caller.
+        result: T = await self._runner(call, *args, **kwargs)
+        return result
+
+    def _worker_side(self) -> Client:
+        """The client whose calls run a CommandHandler in threads: the same one, or (native) a synchronous one."""
+        with self._workers_lock:
+            if self._workers is None:
+                assert self._open_workers is not None
+                self._workers = self._open_workers()
+            return self._workers
 
     async def close(self) -> None:
-        """Close the store's connections."""
-        await asyncio.to_thread(self.sync.close)
+        """Close the store's connections (and the workers' store, if one was opened)."""
+        workers, self._workers = self._workers, None
+        if workers is not None and workers is not self.sync:
+            await asyncio.to_thread(workers.close)
+        await self._call(self.sync.close)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -82,7 +119,7 @@ class AsyncClient:
     ) -> Registered | p.Refusal: ...
     async def register(self, definition: DefinitionSource, **options: Any) -> Registered | p.Refusal:
         """:meth:`Client.register <fencekeeper.adapters.client.Client.register>`, awaited."""
-        result: Registered | p.Refusal = await _in_thread(self.sync.register, definition, **options)
+        result: Registered | p.Refusal = await self._call(self.sync.register, definition, **options)
         return result
 
     @overload
@@ -110,16 +147,16 @@ class AsyncClient:
         self, definition: DefinitionSource, input: Mapping[str, Any] | None = None, **options: Any
     ) -> p.Execution | p.Refusal:
         """:meth:`Client.run <fencekeeper.adapters.client.Client.run>`, awaited."""
-        result: p.Execution | p.Refusal = await _in_thread(self.sync.run, definition, input, **options)
+        result: p.Execution | p.Refusal = await self._call(self.sync.run, definition, input, **options)
         return result
 
     async def list(self, state: ExecutionState | str | None = None) -> builtins.list[p.Execution]:
         """:meth:`Client.list <fencekeeper.adapters.client.Client.list>`, awaited."""
-        return await asyncio.to_thread(self.sync.list, state)
+        return await self._call(self.sync.list, state)
 
     async def get(self, execution_id: str) -> p.Execution:
         """:meth:`Client.get <fencekeeper.adapters.client.Client.get>`, awaited."""
-        return await asyncio.to_thread(self.sync.get, execution_id)
+        return await self._call(self.sync.get, execution_id)
 
     async def wait(
         self,
@@ -146,7 +183,7 @@ class AsyncClient:
 
     async def inspect(self, execution_id: str) -> ExecutionView:
         """:meth:`Client.inspect <fencekeeper.adapters.client.Client.inspect>`, awaited."""
-        return await asyncio.to_thread(self.sync.inspect, execution_id)
+        return await self._call(self.sync.inspect, execution_id)
 
     @overload
     async def publish(
@@ -173,13 +210,13 @@ class AsyncClient:
         self, event_type: str, correlation: Mapping[str, object], payload: Mapping[str, Any] | None = None, **options: Any
     ) -> PublishResult | p.Refusal:
         """:meth:`Client.publish <fencekeeper.adapters.client.Client.publish>`, awaited."""
-        result: PublishResult | p.Refusal = await _in_thread(self.sync.publish, event_type, correlation, payload, **options
+        result: PublishResult | p.Refusal = await self._call(self.sync.publish, event_type, correlation, payload, **options
         )
         return result
 
     async def approval(self, execution_id: str) -> approvals.ApprovalRequest | None:
         """:meth:`Client.approval <fencekeeper.adapters.client.Client.approval>`, awaited."""
-        return await asyncio.to_thread(self.sync.approval, execution_id)
+        return await self._call(self.sync.approval, execution_id)
 
     @overload
     async def decide(
@@ -206,23 +243,21 @@ class AsyncClient:
         self, execution_id: str, determination: Literal["approved", "rejected"], **options: Any
     ) -> Decided | p.Refusal:
         """:meth:`Client.decide <fencekeeper.adapters.client.Client.decide>`, awaited."""
-        result: Decided | p.Refusal = await _in_thread(self.sync.decide, execution_id, determination, **options)
+        result: Decided | p.Refusal = await self._call(self.sync.decide, execution_id, determination, **options)
         return result
 
     async def approve(
         self, execution_id: str, *, reviewer: str | None = None, decision_id: str | None = None, rationale: str = ""
     ) -> Decided:
         """:meth:`Client.approve <fencekeeper.adapters.client.Client.approve>`, awaited."""
-        return await asyncio.to_thread(
-            self.sync.approve, execution_id, reviewer=reviewer, decision_id=decision_id, rationale=rationale
+        return await self._call(self.sync.approve, execution_id, reviewer=reviewer, decision_id=decision_id, rationale=rationale
         )
 
     async def reject(
         self, execution_id: str, *, reviewer: str | None = None, decision_id: str | None = None, rationale: str = ""
     ) -> Decided:
         """:meth:`Client.reject <fencekeeper.adapters.client.Client.reject>`, awaited."""
-        return await asyncio.to_thread(
-            self.sync.reject, execution_id, reviewer=reviewer, decision_id=decision_id, rationale=rationale
+        return await self._call(self.sync.reject, execution_id, reviewer=reviewer, decision_id=decision_id, rationale=rationale
         )
 
     @overload
@@ -233,12 +268,12 @@ class AsyncClient:
     ) -> p.Execution | p.Refusal: ...
     async def cancel(self, execution_id: str, **options: Any) -> p.Execution | p.Refusal:
         """:meth:`Client.cancel <fencekeeper.adapters.client.Client.cancel>`, awaited."""
-        result: p.Execution | p.Refusal = await _in_thread(self.sync.cancel, execution_id, **options)
+        result: p.Execution | p.Refusal = await self._call(self.sync.cancel, execution_id, **options)
         return result
 
     async def quarantine_expired(self, *, principal: str | None = None) -> service.Sweep:
         """:meth:`Client.quarantine_expired <fencekeeper.adapters.client.Client.quarantine_expired>`, awaited."""
-        return await asyncio.to_thread(self.sync.quarantine_expired, principal=principal)
+        return await self._call(self.sync.quarantine_expired, principal=principal)
 
     @overload
     async def review(self, execution_id: str) -> service.RecoveryView: ...
@@ -248,7 +283,7 @@ class AsyncClient:
     ) -> service.RecoveryView | p.Refusal: ...
     async def review(self, execution_id: str, **options: Any) -> service.RecoveryView | p.Refusal:
         """:meth:`Client.review <fencekeeper.adapters.client.Client.review>`, awaited."""
-        result: service.RecoveryView | p.Refusal = await _in_thread(self.sync.review, execution_id, **options)
+        result: service.RecoveryView | p.Refusal = await self._call(self.sync.review, execution_id, **options)
         return result
 
     @overload
@@ -259,7 +294,11 @@ class AsyncClient:
     ) -> service.Reconciled | p.Refusal: ...
     async def settle(self, execution_id: str, **options: Any) -> service.Reconciled | p.Refusal:
         """:meth:`Client.settle <fencekeeper.adapters.client.Client.settle>`, awaited."""
-        result: service.Reconciled | p.Refusal = await _in_thread(self.sync.settle, execution_id, **options)
+        # It asks the CommandHandler: in a thread, on the workers' store.
+        workers = await asyncio.to_thread(self._worker_side)
+        result: service.Reconciled | p.Refusal = await asyncio.to_thread(
+            functools.partial(workers.settle, execution_id, **options)
+        )
         return result
 
     @overload
@@ -285,7 +324,7 @@ class AsyncClient:
     ) -> p.Execution | p.Refusal: ...
     async def resume(self, execution_id: str, **options: Any) -> p.Execution | p.Refusal:
         """:meth:`Client.resume <fencekeeper.adapters.client.Client.resume>`, awaited."""
-        result: p.Execution | p.Refusal = await _in_thread(self.sync.resume, execution_id, **options)
+        result: p.Execution | p.Refusal = await self._call(self.sync.resume, execution_id, **options)
         return result
 
     @overload
@@ -296,21 +335,28 @@ class AsyncClient:
     ) -> p.Execution | p.Refusal: ...
     async def fail(self, execution_id: str, **options: Any) -> p.Execution | p.Refusal:
         """:meth:`Client.fail <fencekeeper.adapters.client.Client.fail>`, awaited."""
-        result: p.Execution | p.Refusal = await _in_thread(self.sync.fail, execution_id, **options)
+        result: p.Execution | p.Refusal = await self._call(self.sync.fail, execution_id, **options)
         return result
 
     async def run_until_idle(
         self, *, worker_id: str | None = None, lease: timedelta | float = DEFAULT_LEASE, max_passes: int = 1000
     ) -> PassReport:
-        """:meth:`Client.run_until_idle <fencekeeper.adapters.client.Client.run_until_idle>`, awaited."""
-        return await asyncio.to_thread(self.sync.run_until_idle, worker_id=worker_id, lease=lease, max_passes=max_passes)
+        """:meth:`Client.run_until_idle <fencekeeper.adapters.client.Client.run_until_idle>`, in a thread.
+
+        The passes run the CommandHandler, so they run in a thread (on
+        PostgreSQL on the workers' own synchronous store), never on the loop.
+        """
+        workers = await asyncio.to_thread(self._worker_side)
+        return await asyncio.to_thread(workers.run_until_idle, worker_id=worker_id, lease=lease, max_passes=max_passes)
 
     def start_workers(self, concurrency: int = 1, **options: Any) -> WorkerPool:
         """:meth:`Client.start_workers <fencekeeper.adapters.client.Client.start_workers>` (it only starts threads).
 
-        Stop the pool without blocking the loop: ``await asyncio.to_thread(pool.stop)``.
+        On PostgreSQL the first call opens the workers' synchronous store,
+        which blocks the loop for one connection.  Stop the pool without
+        blocking the loop: ``await asyncio.to_thread(pool.stop)``.
         """
-        return self.sync.start_workers(concurrency, **options)
+        return self._worker_side().start_workers(concurrency, **options)
 
 
 async def connect_async(
@@ -325,20 +371,45 @@ async def connect_async(
     clock: Clock | None = None,
     pool_size: int = 4,
 ) -> AsyncClient:
-    """:func:`fencekeeper.connect`, for asyncio: opening the store runs in a thread too."""
-    client = await asyncio.to_thread(
-        connect_sync,
-        url,
-        policy=policy,
-        handler=handler,
-        business=business,
-        principal=principal,
-        schema=schema,
-        migrate=migrate,
-        clock=clock,
-        pool_size=pool_size,
-    )
-    return AsyncClient(client)
+    """:func:`fencekeeper.connect`, for asyncio: native on PostgreSQL, in threads on SQLite (see the module's rules).
+
+    ``migrate=True`` runs the migrations in a thread (they are DDL, once).
+    """
+    options: dict[str, Any] = {
+        "policy": policy,
+        "handler": handler,
+        "business": business,
+        "principal": principal,
+        "schema": schema,
+        "clock": clock,
+        "pool_size": pool_size,
+    }
+    location = _postgres_location(url, schema)
+    if location is None:
+        client = await asyncio.to_thread(connect_sync, url, migrate=migrate, **options)
+        return AsyncClient(client)
+    check_connect_arguments(url, schema=schema, business=business, principal=principal, policy=policy)
+    assert location.dsn is not None and location.schema is not None
+    from .postgres_async import open_async_store  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
+
+    with translated():
+        if migrate:
+            await asyncio.to_thread(connecting.migrate, url, schema=schema)
+        store = await open_async_store(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size)
+    try:
+        client = Client(store, policy=policy, handler=handler, business=business, principal=principal)
+    except BaseException:
+        await bridge.run_sync(store.close)
+        raise
+    return AsyncClient(client, native=True, workers=functools.partial(connect_sync, url, **options))
+
+
+def _postgres_location(url: object, schema: str | None) -> connecting.Location | None:
+    """Where a PostgreSQL ``url`` points; None for anything else (it goes the synchronous way, errors included)."""
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        return None
+    with translated():
+        return connecting.parse_url(url, schema=schema)
 
 
 __all__ = ["AsyncClient", "connect_async"]

@@ -234,7 +234,7 @@ class _RefusedHere(Exception):
 
 
 @contextlib.contextmanager
-def _translated() -> Iterator[None]:
+def translated() -> Iterator[None]:
     """The layers' own exceptions, as the API's typed families."""
     try:
         yield
@@ -325,7 +325,7 @@ class Client:
 
     def _view(self, execution_id: str) -> ExecutionView:
         _identifier("execution_id", execution_id)
-        with _translated():
+        with translated():
             view = self.store.read(execution_id)
         if view is None or view.execution.business_id != self.business:
             raise RequestError(
@@ -358,7 +358,7 @@ class Client:
         parsed = load_definition(definition)
         who = self._who(principal)
         try:
-            with _translated():
+            with translated():
                 new = service.register(self.store, parsed, self.business, who, self.policy)
         except _RefusedHere as exc:
             return _answer(exc.refusal, raise_on_refusal)
@@ -412,7 +412,7 @@ class Client:
         parsed: Definition | None = None
         if registered_id:
             assert isinstance(definition, str)
-            with _translated():
+            with translated():
                 parsed = self.store.load_definition(self.business, definition, revision)
             if parsed is None:
                 which = f"revision {revision} of " if revision is not None else ""
@@ -428,10 +428,10 @@ class Client:
                     RequestCode.INVALID_ARGUMENT, "revision", f"{revision} given, but the definition is {parsed.revision}"
                 )
         # Everything admission will check that can be checked without writing, before the registration writes.
-        with _translated():
+        with translated():
             i.input_evidence(execution_id or "x-check", parsed, who, data)
         if execution_id is not None:
-            with _translated():
+            with translated():
                 taken = self.store.read(execution_id) is not None
             if taken:
                 refusal = p.Refusal(p.RefusalCode.ALREADY_EXISTS, f"execution {execution_id!r} already exists")
@@ -445,7 +445,7 @@ class Client:
                 refusal = p.Refusal(p.RefusalCode.NOT_AUTHORIZED, authority.reason or f"{who!r} may not {operation}")
                 return _answer(refusal, raise_on_refusal, execution_id)
         try:
-            with _translated():
+            with translated():
                 if not registered_id:
                     service.register(self.store, parsed, self.business, who, self.policy)
                 outcome = service.run(
@@ -473,7 +473,7 @@ class Client:
         except ValueError:
             names = ", ".join(s.value for s in ExecutionState)
             raise RequestError(RequestCode.INVALID_ARGUMENT, "state", f"{state!r} is not one of {names}") from None
-        with _translated():
+        with translated():
             views = [self.store.read(x) for x in self.store.execution_ids(chosen)]
         return [v.execution for v in views if v is not None and v.execution.business_id == self.business]
 
@@ -556,7 +556,7 @@ class Client:
         if payload is not None:
             _mapping("payload", payload)
         try:
-            with _translated():
+            with translated():
                 published = service.publish(
                     self.store,
                     self.policy,
@@ -576,7 +576,7 @@ class Client:
     def approval(self, execution_id: str) -> approvals.ApprovalRequest | None:
         """The execution's newest approval request, as a reviewer is shown it; None if it never asked."""
         self._view(execution_id)
-        with _translated():
+        with translated():
             return service.approval_request(self.store, execution_id)
 
     @overload
@@ -630,7 +630,7 @@ class Client:
         self._view(execution_id)
         decision = decision_id or f"d-{os.urandom(6).hex()}"
         try:
-            with _translated():
+            with translated():
                 request = service.approval_request(self.store, execution_id)
                 if request is None:
                     raise _RefusedHere(
@@ -712,7 +712,7 @@ class Client:
         problems are in ``sweep.problems`` (a lost race is ``moved_on``).
         """
         who = self._who(principal)
-        with _translated():
+        with translated():
             return service.quarantine_expired(self.store, self.policy, business_id=self.business, principal_id=who)
 
     @overload
@@ -729,7 +729,7 @@ class Client:
         """
         self._view(execution_id)
         try:
-            with _translated():
+            with translated():
                 return service.recovery_view(self.store, business_id=self.business, execution_id=execution_id)
         except _RefusedHere as exc:
             return _answer(exc.refusal, raise_on_refusal, execution_id)
@@ -753,7 +753,7 @@ class Client:
         handler = self._needs_handler()
         self._view(execution_id)
         try:
-            with _translated():
+            with translated():
                 reconciled = service.reconcile(
                     self.store, self.policy, handler, business_id=self.business, principal_id=who, execution_id=execution_id
                 )
@@ -856,7 +856,7 @@ class Client:
     ) -> p.Execution | p.Refusal:
         """Make one governed decision on an execution; the execution it leaves, or the refusal as asked."""
         try:
-            with _translated():
+            with translated():
                 outcome = decide()
         except _RefusedHere as exc:
             return _answer(exc.refusal, raise_on_refusal, execution_id)
@@ -889,7 +889,7 @@ class Client:
         worker = self.worker(worker_id, lease=lease)
         total = PassReport()
         for _ in range(max_passes):
-            with _translated():
+            with translated():
                 report = worker.run_pass()
             _add(total, report)
             if not report.claimed and not report.timers_fired:
@@ -1090,6 +1090,19 @@ class WorkerPool:
                 self._idle(self.poll)
 
 
+def check_connect_arguments(
+    url: object, *, schema: object, business: object, principal: object, policy: object
+) -> None:
+    """The checks :func:`connect` makes before opening anything; RequestError naming the argument."""
+    _text("url", url)
+    if schema is not None:
+        _identifier("schema", schema)
+    _identifier("business", business)
+    _identifier("principal", principal)
+    if not callable(getattr(policy, "check", None)):
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+
+
 def connect(
     url: str,
     *,
@@ -1114,13 +1127,7 @@ def connect(
     PostgreSQL is never migrated unless ``migrate=True`` (or ``fencekeeper
     migrate`` was run).  Raises StoreFailure when the store cannot be used.
     """
-    _text("url", url)
-    if schema is not None:
-        _identifier("schema", schema)
-    _identifier("business", business)
-    _identifier("principal", principal)
-    if not callable(getattr(policy, "check", None)):
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+    check_connect_arguments(url, schema=schema, business=business, principal=principal, policy=policy)
     store: TransactionalStore
     if url == MEMORY:
         # The in-memory reference store: nothing persists past close; for tests and trying things.
@@ -1128,7 +1135,7 @@ def connect(
             raise RequestError(RequestCode.INVALID_ARGUMENT, "schema", "applies to PostgreSQL only")
         store = MemoryStore(clock)
     else:
-        with _translated():
+        with translated():
             if migrate:
                 connecting.migrate(url, schema=schema)
             store = connecting.open_store(url, schema=schema, clock=clock, pool_size=pool_size)
@@ -1150,7 +1157,9 @@ __all__ = [
     "DefinitionSource",
     "Registered",
     "WorkerPool",
+    "check_connect_arguments",
     "connect",
     "load_definition",
+    "translated",
     "wait_arguments",
 ]

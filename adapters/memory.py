@@ -110,13 +110,14 @@ class _MemoryBackend(Backend):
     def definition_revisions(self, object_id: str) -> list[tuple[str, int, str]]:
         return list(self.rows.definitions.get(object_id, ()))
 
-    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> None:
+    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> bool:
         definitions = dict(self.rows.definitions)
         known = definitions.get(object_id, ())
         if len(known) != revision - 1:
-            raise StoreError("guard_conflict", f"definition {object_id!r} changed while registering")
+            return False
         definitions[object_id] = (*known, (business_id, revision, body))
         self.rows = attrs.evolve(self.rows, definitions=definitions)
+        return True
 
     def load_event(self, event_id: str) -> Event | None:
         return self.rows.events.get(event_id)

@@ -49,7 +49,7 @@ import itertools
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,7 +63,7 @@ from psycopg_pool import ConnectionPool
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
-from . import codec
+from . import bridge, codec
 from .sql import EXECUTION_TYPE, Dialect, SqlBackend
 from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore
 
@@ -504,24 +504,55 @@ _BINARY = pq.Format.BINARY
 
 
 class _Session:
-    """What the store keeps for one connection: the statements it prepared there, and one Transformer."""
+    """What the store keeps for one connection: the statements it prepared there, one Transformer, how to wait.
 
-    __slots__ = ("names", "transformer")
+    A synchronous connection waits on its socket in this thread; an asyncio
+    one (postgres_async) hands the same wait to the event loop through
+    :func:`~fencekeeper.adapters.bridge.await_only`.  Either way the bytes
+    sent and the results read are the same, built by psycopg's generators.
+    """
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    __slots__ = ("lock", "names", "transformer", "wait")
+
+    def __init__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         # By text and parameter types: psycopg dumps an int as the smallest
         # integer type that holds it, and a None as unknown, so one text may
         # be prepared more than once.
         self.names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self.transformer = Transformer(conn)
+        self.wait: Callable[[Any], list[pq.abc.PGresult]]
+        self.lock: contextlib.AbstractContextManager[Any]
+        if isinstance(conn, psycopg.AsyncConnection):
+            waiting = conn.wait
+            self.wait = lambda gen: bridge.await_only(waiting(gen))
+            # A fresh entry per use: the asyncio lock is entered as the thread lock is.
+            self.lock = _AsyncLock(conn.lock)
+        else:
+            self.wait = conn.wait
+            self.lock = conn.lock
+
+
+class _AsyncLock:
+    """An asyncio lock taken and released from bridged synchronous code."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        bridge.await_only(self._lock.acquire())
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
 
 
 # Keyed by the connection object: a connection the pool replaces takes its
 # prepared statements with it, and its entry goes when it is collected.
-_SESSIONS: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Session] = weakref.WeakKeyDictionary()
+_SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
 
-def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[object]) -> _Rows:
+def _run(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], sql: str, params: Sequence[object]) -> _Rows:
     """Run one statement of the store: prepared on its first run on ``conn``, then executed by name.
 
     This is what a psycopg cursor does, less what the store does not need:
@@ -542,27 +573,27 @@ def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[object]) -> _
     query = _numbered(sql)
     key = (query, types)
     pgconn = conn.pgconn
-    with conn.lock:
+    with session.lock:
         name = session.names.get(key)
         if name is None and len(session.names) < PREPARED_MAX:
             # A name is never reused: a statement whose preparing was cut
             # short may still exist on the server.
             name = f"fencekeeper_{next(_NAMES)}".encode()
             pgconn.send_prepare(name, query, param_types=types)
-            _result(conn, session, conn.wait(generators.execute(pgconn)))
+            _result(conn, session, session.wait(generators.execute(pgconn)))
             session.names[key] = name
         if name is None:
             pgconn.send_query_params(query, values, param_types=types, param_formats=tx.formats, result_format=_BINARY)
         else:
             pgconn.send_query_prepared(name, values, param_formats=tx.formats, result_format=_BINARY)
-        result = _result(conn, session, conn.wait(generators.execute(pgconn)))
+        result = _result(conn, session, session.wait(generators.execute(pgconn)))
     tx.set_pgresult(result)
     rows = tx.load_rows(0, result.ntuples, tuple)
     count = result.command_tuples
     return _Rows(rows, -1 if count is None else count)
 
 
-def _result(conn: psycopg.Connection[Any], session: _Session, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
+def _result(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
     """The statement's one result, or the error psycopg would raise for it."""
     for result in results:
         if result.status not in _OK:
@@ -879,49 +910,73 @@ class PostgresStore(TransactionalStore):
         self.channel = f"{CHANNEL}:{self.schema}"
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_lock = threading.Lock()
+        # The store prepares its own statements (_run); psycopg's own
+        # preparing is off, because psycopg deallocates every prepared
+        # statement of a connection, the store's too, after a rollback.
+        # The session settings travel with the connection request: no
+        # round trip of their own (docs/operating-postgres.md, Timeouts).
+        settings = {
+            "options": f"-c search_path={self.schema} -c lock_timeout={round(lock_timeout * 1000)} "
+            f"-c idle_in_transaction_session_timeout={round(idle_in_transaction_timeout * 1000)}",
+            "prepare_threshold": None,
+        }
         try:
-            self._pool = ConnectionPool(
-                dsn,
-                min_size=1,
-                max_size=pool_size,
-                # The store prepares its own statements (_run); psycopg's own
-                # preparing is off, because psycopg deallocates every prepared
-                # statement of a connection, the store's too, after a rollback.
-                # The session settings travel with the connection request: no
-                # round trip of their own (docs/operating-postgres.md, Timeouts).
-                kwargs={
-                    "options": f"-c search_path={self.schema} -c lock_timeout={round(lock_timeout * 1000)} "
-                    f"-c idle_in_transaction_session_timeout={round(idle_in_transaction_timeout * 1000)}",
-                    "prepare_threshold": None,
-                },
-                open=True,
-                timeout=10,
-                # No check on checkout: it would cost a round trip on every
-                # request.  A connection killed while idle fails the one request
-                # that gets it, as StoreError('store_unavailable'), and is
-                # discarded; callers retry, as a worker does.
-            )
-            self._pool.wait(timeout=10)
+            self._open_pool(dsn, pool_size, settings)
         except Exception as exc:
             raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
         try:
-            with self._pool.connection() as conn:
-                check_schema(conn, self.schema)
+            with self._pooled() as conn:
+                check_schema_with(functools.partial(self._statement, conn), self.schema)
         except psycopg.OperationalError as exc:
-            self._pool.close()
+            self._close_pool()
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
         except BaseException:
-            self._pool.close()
+            self._close_pool()
             raise
+
+    # How the store reaches its connections: the one part of it that differs
+    # between this synchronous store and the asyncio one
+    # (postgres_async.AsyncPostgresStore), which awaits the same steps.
+
+    def _open_pool(self, dsn: str, pool_size: int, settings: dict[str, Any]) -> None:
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs=settings,
+            open=True,
+            timeout=10,
+            # No check on checkout: it would cost a round trip on every
+            # request.  A connection killed while idle fails the one request
+            # that gets it, as StoreError('store_unavailable'), and is
+            # discarded; callers retry, as a worker does.
+        )
+        self._pool.wait(timeout=10)
+
+    def _pooled(self) -> contextlib.AbstractContextManager[Any]:
+        """A connection of the pool, for the length of a ``with`` block."""
+        return self._pool.connection()
+
+    def _begun(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
+        """A transaction on ``conn``: committed on normal exit, rolled back on any exception."""
+        return conn.transaction()  # type: ignore[no-any-return]
+
+    def _statement(self, conn: Any, statement: Any, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        """A statement outside the store's prepared ones (session and schema checks); its rows."""
+        cursor = conn.execute(statement, params)
+        return cursor.fetchall() if cursor.description is not None else []
+
+    def _close_pool(self) -> None:
+        self._pool.close()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._pooled() as conn, self._begun(conn):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock)
                 yield backend
                 if backend.made_eligible:
-                    conn.execute(pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
+                    self._statement(conn, pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
         except psycopg.errors.LockNotAvailable as exc:
             raise StoreError(
                 "row_locked",
@@ -935,9 +990,9 @@ class PostgresStore(TransactionalStore):
     @contextlib.contextmanager
     def _read(self) -> Iterator[_PostgresBackend]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._pooled() as conn, self._begun(conn):
                 # One snapshot for the whole view.
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                self._statement(conn, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 yield _PostgresBackend(conn, self.business_id, self._database_clock)
         except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
@@ -980,7 +1035,7 @@ class PostgresStore(TransactionalStore):
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
-        self._pool.close()
+        self._close_pool()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -1019,7 +1074,7 @@ def migrate(dsn: str, schema: str = "fencekeeper") -> list[int]:
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
                 "checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
             )
-            version = _recorded_version(conn, schema)
+            version = _recorded_version(lambda statement, params: conn.execute(statement, params).fetchall(), schema)
             for number, name, text in MIGRATIONS:
                 if number <= version:
                     continue
@@ -1034,19 +1089,28 @@ def migrate(dsn: str, schema: str = "fencekeeper") -> list[int]:
     return applied
 
 
+Query = Callable[[Any, Sequence[object]], list[tuple[Any, ...]]]
+"""Runs one statement with its parameters and returns its rows (a sync or a bridged async connection's)."""
+
+
 def check_schema(conn: psycopg.Connection[Any], schema: str) -> int:
     """The deployment check: the schema exists at exactly this code's version, unaltered migrations."""
-    exists = conn.execute(
+    return check_schema_with(lambda statement, params: conn.execute(statement, params).fetchall(), schema)
+
+
+def check_schema_with(query: Query, schema: str) -> int:
+    """:func:`check_schema`, its statements run by ``query``."""
+    exists = query(
         "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'schema_migrations'",
         (schema,),
-    ).fetchone()
+    )
     newest = max(number for number, _, _ in MIGRATIONS)
-    if exists is None:
+    if not exists:
         raise StoreError(
             "schema_missing",
             f"schema {schema!r} has no fencekeeper tables; run `fencekeeper migrate --db ...` first",
         )
-    version = _recorded_version(conn, schema)
+    version = _recorded_version(query, schema)
     if version < newest:
         raise StoreError(
             "schema_outdated",
@@ -1055,12 +1119,13 @@ def check_schema(conn: psycopg.Connection[Any], schema: str) -> int:
     return version
 
 
-def _recorded_version(conn: psycopg.Connection[Any], schema: str) -> int:
-    rows = conn.execute(
+def _recorded_version(query: Query, schema: str) -> int:
+    rows = query(
         pgsql.SQL("SELECT version, name, checksum FROM {}.schema_migrations ORDER BY version").format(
             pgsql.Identifier(schema)
-        )
-    ).fetchall()
+        ),
+        (),
+    )
     known = {number: (name, _checksum(text)) for number, name, text in MIGRATIONS}
     newest = max(known)
     version = 0
@@ -1079,4 +1144,4 @@ def _recorded_version(conn: psycopg.Connection[Any], schema: str) -> int:
     return version
 
 
-__all__ = ["CHANNEL", "MIGRATIONS", "PostgresStore", "check_schema", "check_schema_name", "migrate"]
+__all__ = ["CHANNEL", "MIGRATIONS", "PostgresStore", "check_schema", "check_schema_name", "check_schema_with", "migrate"]

@@ -521,14 +521,20 @@ class SqlBackend(Backend):
         ).fetchall()
         return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
 
-    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> None:
+    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> bool:
         at = self.dialect.encode_time(now)
         if revision == 1:
-            self._execute(
-                "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, updated_at) "
-                "VALUES (?, ?, ?, 1, 'registered', ?, ?)",
-                (object_id, DEFINITION_TYPE, business_id, at, at),
-            )
+            try:
+                self._execute(
+                    "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, "
+                    "updated_at) VALUES (?, ?, ?, 1, 'registered', ?, ?)",
+                    (object_id, DEFINITION_TYPE, business_id, at, at),
+                )
+            except self.dialect.integrity_errors:
+                # Another transaction registered the first revision after this
+                # one read none (PostgreSQL: concurrent registrations of one
+                # definition); the caller decides again on what it committed.
+                return False
         else:
             cursor = self._execute(
                 "UPDATE objects SET revision = ?, updated_at = ? WHERE object_id = ? AND revision = ? "
@@ -536,12 +542,13 @@ class SqlBackend(Backend):
                 (revision, at, object_id, revision - 1, DEFINITION_TYPE),
             )
             if cursor.rowcount != 1:
-                raise StoreError("guard_conflict", f"definition {object_id!r} changed while registering")
+                return False  # registered meanwhile, as above
         self._execute(
             "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
             "VALUES (?, ?, 'registered', ?, ?)",
             (object_id, revision, body, at),
         )
+        return True
 
     def _event_from(self, row: Sequence[Any]) -> Event:
         return Event(

@@ -335,8 +335,12 @@ class Backend(abc.ABC):
         """Every registered revision of a definition object: (business_id, revision, canonical JSON)."""
 
     @abc.abstractmethod
-    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> None:
-        """Register the next revision of a definition object."""
+    def insert_definition(self, object_id: str, business_id: str, revision: int, body: str, now: datetime) -> bool:
+        """Register the next revision of a definition object; False (nothing written) if one was registered meanwhile.
+
+        The caller's transaction then rolls back and decides again on what
+        the other registration committed.
+        """
 
     @abc.abstractmethod
     def load_event(self, event_id: str) -> Event | None:
@@ -645,7 +649,8 @@ class TransactionalStore(abc.ABC):
             ]
             if not d.check_registration(definition, registered):
                 return _Written(False)
-            tx.insert_definition(object_id, business_id, definition.revision, d.to_json(definition), now)
+            if not tx.insert_definition(object_id, business_id, definition.revision, d.to_json(definition), now):
+                raise _GuardFailed
             return _Written(True)
 
         return bool(self._run(decide))

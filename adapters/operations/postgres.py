@@ -12,9 +12,14 @@ Rules of this module:
   takes the row due longest with ``FOR UPDATE SKIP LOCKED`` through the
   partial index ``operations_due``, so workers never wait on each other.
 - Submissions of one idempotency identity serialize on a transaction-scoped
-  advisory lock of the identity's key, taken before the identity is read:
-  the second of two concurrent identical submissions reads the first's
-  committed Operation (READ COMMITTED sees it once the lock is granted).
+  advisory lock of the identity's key, taken by the statement that reads
+  the identity.  That statement's snapshot may predate a concurrent
+  identical submission's commit; the identity's primary key then refuses
+  the second insert, the guard fails, and the submission is decided again
+  in a new transaction, which reads the first's committed Operation.
+- The store's own statements are prepared once per connection and run by
+  name without a cursor (``postgres_store._run``); an atomic action's
+  statements, arbitrary SQL, go through psycopg's cursor.
 - Authoritative time is the database's ``clock_timestamp()``, read after the
   row lock is held (``now()`` is the transaction's start and would judge a
   lease by a moment before the lock was granted).  Tests may inject a clock.
@@ -28,6 +33,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -37,11 +43,11 @@ from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import operations as o
 
-from ..postgres_store import _check_schema_name, _one_line, _safe, check_schema
+from ..postgres_store import _check_schema_name, _one_line, _run, _safe, check_schema
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
-from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, from_row, to_row
+from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, to_row
 
 
 def _aware(value: Any) -> datetime:
@@ -77,23 +83,110 @@ _COLUMN_TYPES: dict[str, str] = {
 }
 
 
-class _Params:
-    """Parameters of one composed statement, each with its explicit type (INSERT ... SELECT cannot infer them)."""
+def _slots(types: Sequence[str]) -> str:
+    """Placeholders with their explicit types (INSERT ... SELECT cannot infer them)."""
+    return ", ".join(f"?::{t}" for t in types)
 
-    def __init__(self) -> None:
-        self.values: list[Any] = []
 
-    def __call__(self, value: Any, sql_type: str) -> str:
-        self.values.append(value)
-        return f"?::{sql_type}"
+_NEW_COLUMNS = (*COLUMNS, "input")
+_ATTEMPT_TYPES = ("text", "integer", "text", "text", _TIME, _TIME, "text")
+_TRANSITION_TYPES = ("text", "integer", "text", "text", "text", _TIME, "text", "integer", "text")
+_OUTBOX_TYPES = ("text", "text", "text", _TIME)
 
-    def row(self, values: Sequence[Any], types: Sequence[str]) -> str:
-        return ", ".join(self(v, t) for v, t in zip(values, types, strict=True))
+
+@functools.lru_cache(maxsize=256)
+def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbox: int) -> str:
+    """The statement writing one decision of this shape; :func:`_write_values` gives its parameters, in order.
+
+    Decisions of one shape (a new Operation with its identity, a claim, a
+    completion with its outbox message) repeat, so the text is made once per
+    shape, and the store's prepared statement is found by it.
+    """
+    parts: list[str] = []
+    if new:
+        values = _slots([_COLUMN_TYPES[c] for c in _NEW_COLUMNS])
+        parts.append(f"u AS (INSERT INTO operations ({', '.join(_NEW_COLUMNS)}) VALUES ({values}) RETURNING 1)")
+    else:
+        sets = ", ".join(f"{c} = ?::{_COLUMN_TYPES[c]}" for c in MUTABLE)
+        where = "operation_id = ?::text AND revision = ?::integer AND fence = ?::integer"
+        if live:
+            where += f" AND clock_timestamp() < ?::{_TIME}"
+        parts.append(f"u AS (UPDATE operations SET {sets} WHERE {where} RETURNING 1)")
+    identity_written = "1"
+    if identity == "new":
+        parts.append(
+            "i AS (INSERT INTO operation_identities (namespace, tenant, principal, client_key, operation_id, "
+            f"retain_until) SELECT {_slots(('text',) * 5 + (_TIME,))} FROM u ON CONFLICT DO NOTHING RETURNING 1)"
+        )
+    elif identity == "moved":
+        parts.append(
+            f"i AS (UPDATE operation_identities SET operation_id = ?::text, retain_until = ?::{_TIME} "
+            "WHERE namespace = ?::text AND tenant = ?::text AND principal = ?::text AND client_key = ?::text "
+            "AND operation_id = ?::text AND EXISTS (SELECT 1 FROM u) RETURNING 1)"
+        )
+    if identity is not None:
+        identity_written = "(SELECT count(*) FROM i)"
+    for k in range(attempts):
+        parts.append(
+            f"a{k} AS (INSERT INTO operation_attempts (operation_id, number, worker_id, state, started_at, "
+            f"ended_at, error_code) SELECT {_slots(_ATTEMPT_TYPES)} FROM u ON CONFLICT (operation_id, number) "
+            "DO UPDATE SET state = excluded.state, ended_at = excluded.ended_at, error_code = excluded.error_code)"
+        )
+    parts.append(
+        "t AS (INSERT INTO operation_transitions (operation_id, revision, event, from_state, to_state, at, actor, "
+        f"fence, reason) SELECT {_slots(_TRANSITION_TYPES)} FROM u)"
+    )
+    for k in range(outbox):
+        parts.append(
+            f"m{k} AS (INSERT INTO operation_outbox (message_id, operation_id, topic, at) "
+            f"SELECT {_slots(_OUTBOX_TYPES)} FROM u)"
+        )
+    return f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM u), {identity_written}"
+
+
+def _write_values(decision: o.Decision, input_json: str | None, live: bool, row: tuple[Any, ...]) -> list[Any]:
+    """The parameters of :func:`_write_sql`'s statement for ``decision``, in the order of its placeholders."""
+    guard = decision.guard
+    op = decision.operation
+    if guard.expected_revision == 0:
+        values = [*row, input_json if input_json is not None else "null"]
+    else:
+        values = [*row[9:], guard.operation_id, guard.expected_revision, guard.expected_fence]
+        if live:
+            values.append(guard.live_until)
+    if guard.identity is not None:
+        key = (guard.identity.namespace, guard.identity.tenant, guard.identity.principal, guard.identity.client_key)
+        if guard.expected_holder is None:
+            values += (*key, op.operation_id, op.retain_until)
+        else:
+            values += (op.operation_id, op.retain_until, *key, guard.expected_holder)
+    for attempt in decision.attempts:
+        values += (attempt.operation_id, attempt.number, attempt.worker_id, attempt.state.value, attempt.started_at,
+                   attempt.ended_at, attempt.error_code)
+    t = decision.transition
+    values += (t.operation_id, t.revision, None if t.event is None else t.event.value,
+               None if t.from_state is None else t.from_state.value, t.to_state.value, t.at, t.actor, t.fence, t.reason)
+    for message in decision.outbox:
+        values += (message.message_id, message.operation_id, message.topic, message.at)
+    return values
+
+
+@functools.lru_cache(maxsize=512)
+def _store_sql(sql: str) -> str:
+    """One of the store's own statements with ``%s`` placeholders (they hold no literal ``%`` or ``?``)."""
+    return sql.replace("?", "%s")
 
 
 class _PgOpsTx(SqlTx):
     def __init__(self, conn: psycopg.Connection[Any], clock: Clock | None) -> None:
-        super().__init__(lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)), POSTGRES_OPS)
+        # The store's statements go through the execution store's _run (prepared by name on
+        # each connection, no cursor: a few microseconds each instead of tens); what an
+        # atomic action sends is arbitrary SQL and goes through psycopg's cursor.
+        super().__init__(
+            lambda sql, params: _run(conn, _store_sql(sql), params),
+            POSTGRES_OPS,
+            application=lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)),
+        )
         self.conn = conn
         self.clock = clock
         self.checks_live_lease = clock is None
@@ -106,72 +199,13 @@ class _PgOpsTx(SqlTx):
         live-lease clause compares with the database's time at the write.
         """
         guard = decision.guard
-        op = decision.operation
-        row = to_row(op, self.d)
-        p = _Params()
-        parts: list[str] = []
-        if guard.expected_revision == 0:
-            columns = (*COLUMNS, "input")
-            values = p.row((*row, input_json if input_json is not None else "null"), [_COLUMN_TYPES[c] for c in columns])
-            parts.append(f"u AS (INSERT INTO operations ({', '.join(columns)}) VALUES ({values}) RETURNING 1)")
-        else:
-            # Parameters are numbered in the order they are made: build the text in that order too.
-            sets = ", ".join(f"{c} = {p(v, _COLUMN_TYPES[c])}" for c, v in zip(MUTABLE, row[9:], strict=True))
-            where = f"operation_id = {p(guard.operation_id, 'text')}"
-            where += f" AND revision = {p(guard.expected_revision, 'integer')}"
-            where += f" AND fence = {p(guard.expected_fence, 'integer')}"
-            if guard.live_until is not None and self.checks_live_lease:
-                where += f" AND clock_timestamp() < {p(guard.live_until, _TIME)}"
-            parts.append(f"u AS (UPDATE operations SET {sets} WHERE {where} RETURNING 1)")
-        identity_written = "1"
-        if guard.identity is not None:
-            key = (guard.identity.namespace, guard.identity.tenant, guard.identity.principal, guard.identity.client_key)
-            if guard.expected_holder is None:
-                values = p.row((*key, op.operation_id, op.retain_until), ("text",) * 5 + (_TIME,))
-                parts.append(
-                    "i AS (INSERT INTO operation_identities (namespace, tenant, principal, client_key, operation_id, "
-                    f"retain_until) SELECT {values} FROM u ON CONFLICT DO NOTHING RETURNING 1)"
-                )
-            else:
-                parts.append(
-                    f"i AS (UPDATE operation_identities SET operation_id = {p(op.operation_id, 'text')}, "
-                    f"retain_until = {p(op.retain_until, _TIME)} WHERE namespace = {p(key[0], 'text')} "
-                    f"AND tenant = {p(key[1], 'text')} AND principal = {p(key[2], 'text')} "
-                    f"AND client_key = {p(key[3], 'text')} AND operation_id = {p(guard.expected_holder, 'text')} "
-                    "AND EXISTS (SELECT 1 FROM u) RETURNING 1)"
-                )
-            identity_written = "(SELECT count(*) FROM i)"
-        for k, attempt in enumerate(decision.attempts):
-            values = p.row(
-                (attempt.operation_id, attempt.number, attempt.worker_id, attempt.state.value, attempt.started_at,
-                 attempt.ended_at, attempt.error_code),
-                ("text", "integer", "text", "text", _TIME, _TIME, "text"),
-            )
-            parts.append(
-                f"a{k} AS (INSERT INTO operation_attempts (operation_id, number, worker_id, state, started_at, "
-                f"ended_at, error_code) SELECT {values} FROM u ON CONFLICT (operation_id, number) DO UPDATE SET "
-                "state = excluded.state, ended_at = excluded.ended_at, error_code = excluded.error_code)"
-            )
-        t = decision.transition
-        values = p.row(
-            (t.operation_id, t.revision, None if t.event is None else t.event.value,
-             None if t.from_state is None else t.from_state.value, t.to_state.value, t.at, t.actor, t.fence, t.reason),
-            ("text", "integer", "text", "text", "text", _TIME, "text", "integer", "text"),
-        )
-        parts.append(
-            "t AS (INSERT INTO operation_transitions (operation_id, revision, event, from_state, to_state, at, actor, "
-            f"fence, reason) SELECT {values} FROM u)"
-        )
-        for k, message in enumerate(decision.outbox):
-            values = p.row(
-                (message.message_id, message.operation_id, message.topic, message.at), ("text", "text", "text", _TIME)
-            )
-            parts.append(
-                f"m{k} AS (INSERT INTO operation_outbox (message_id, operation_id, topic, at) SELECT {values} FROM u)"
-            )
-        sql = f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM u), {identity_written}"
+        live = guard.live_until is not None and self.checks_live_lease
+        identity = None if guard.identity is None else "new" if guard.expected_holder is None else "moved"
+        sql = _write_sql(guard.expected_revision == 0, live, identity, len(decision.attempts), len(decision.outbox))
+        values = _write_values(decision, input_json, live, to_row(decision.operation, self.d))
+        assert sql.count("?") == len(values), "the write's text and parameters disagree"
         try:
-            result = self.run(sql, p.values).fetchone()
+            result = self.run(sql, values).fetchone()
         except self.d.integrity_errors:
             return False
         return result is not None and int(result[0]) == 1 and int(result[1]) == 1
@@ -185,7 +219,7 @@ class _PgOpsTx(SqlTx):
             # The time the locking read brought, after its lock was granted: one round trip fewer.
             moment, self._locked_at = self._locked_at, None
             return moment
-        row = self.conn.execute("SELECT clock_timestamp()").fetchone()
+        row = self.run("SELECT clock_timestamp()", ()).fetchone()
         assert row is not None
         return _aware(row[0])
 
@@ -197,11 +231,10 @@ class _PgOpsTx(SqlTx):
         if row is None:
             return None
         self._locked_at = _aware(row[-1])
-        return from_row(row[:-1], self.d)
+        return self._from_read(row[:-1])
 
     def serialize_identity(self, identity: Any) -> None:
-        key = "\x1f".join((identity.namespace, identity.tenant, identity.principal, identity.client_key))
-        self.conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (key,))
+        self.run("SELECT 1 FROM pg_advisory_xact_lock(hashtextextended(?, 1))", (_identity_key(identity),))
 
     def due_bound(self) -> tuple[str, list[Any]]:
         # The database's time as an uncorrelated sub-select: evaluated once, before
@@ -213,12 +246,16 @@ class _PgOpsTx(SqlTx):
         return "(SELECT clock_timestamp())", []
 
     def lock_identity(self, identity: o.Identity) -> o.Operation | None:
-        self.serialize_identity(identity)
-        # After the lock: this statement's snapshot sees a submission that committed while we waited.
+        # The identity's lock, the time after it, and the lookup: one round trip.  The
+        # lookup reads the statement's snapshot, taken before a wait for the lock, so
+        # a concurrent identical submission that committed during that wait is not
+        # seen here.  Its identity row is: this submission's write inserts the identity
+        # ON CONFLICT DO NOTHING and reports the guard failed, so the transaction rolls
+        # back and decides again (base._run), and then finds the committed Operation.
         row = self.run(
             "SELECT clock_timestamp(), (SELECT operation_id FROM operation_identities WHERE namespace = ? "
-            "AND tenant = ? AND principal = ? AND client_key = ?)",
-            (identity.namespace, identity.tenant, identity.principal, identity.client_key),
+            "AND tenant = ? AND principal = ? AND client_key = ?) FROM pg_advisory_xact_lock(hashtextextended(?, 1))",
+            (identity.namespace, identity.tenant, identity.principal, identity.client_key, _identity_key(identity)),
         ).fetchone()
         assert row is not None
         if row[1] is None:
@@ -229,6 +266,10 @@ class _PgOpsTx(SqlTx):
 
     def skip_locked(self) -> str:
         return " FOR UPDATE SKIP LOCKED"
+
+
+def _identity_key(identity: o.Identity) -> str:
+    return "\x1f".join((identity.namespace, identity.tenant, identity.principal, identity.client_key))
 
 
 class PostgresOperationStore(TransactionalOperationStore):
@@ -245,7 +286,9 @@ class PostgresOperationStore(TransactionalOperationStore):
                 dsn,
                 min_size=1,
                 max_size=pool_size,
-                kwargs={"options": f"-c search_path={self.schema}"},
+                # psycopg's own preparing is off: it deallocates every prepared
+                # statement of a connection after a rollback, the store's too (_run).
+                kwargs={"options": f"-c search_path={self.schema}", "prepare_threshold": None},
                 open=True,
                 timeout=10,
             )
@@ -286,7 +329,7 @@ class PostgresOperationStore(TransactionalOperationStore):
 
     def _read_input(self, operation_id: str) -> str | None:
         with self._pool.connection() as conn:
-            row = conn.execute("SELECT input FROM operations WHERE operation_id = %s", (operation_id,)).fetchone()
+            row = _run(conn, "SELECT input FROM operations WHERE operation_id = %s", (operation_id,)).fetchone()
             conn.rollback()
         return None if row is None else str(row[0])
 
@@ -305,7 +348,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         """One statement of the application's own, committed on its own (setup, reports, tests)."""
         with self._transaction() as tx:
             assert isinstance(tx, SqlTx)
-            cursor = tx.run(sql, params)
+            cursor = tx.application(sql, params)
             return [tuple(r) for r in cursor.fetchall()] if cursor.description is not None else []
 
     def close(self) -> None:

@@ -68,6 +68,7 @@ COLUMNS = (
 MUTABLE = COLUMNS[9:]
 """Every column but the identity and the action: what a decision on an existing Operation may change."""
 _SELECT = "SELECT " + ", ".join(COLUMNS) + " FROM operations"
+_SELECT_WITH_INPUT = "SELECT " + ", ".join(COLUMNS) + ", input FROM operations"
 
 
 @attrs.frozen
@@ -228,17 +229,32 @@ class SqlContext:
 
 
 class SqlTx(Tx):
-    """One transaction on a SQL connection.  Subclasses say how to read the time and lock."""
+    """One transaction on a SQL connection.  Subclasses say how to read the time and lock.
 
-    def __init__(self, execute: Execute, dialect: OpsDialect) -> None:
+    ``execute`` runs the store's own statements; ``application`` (by
+    default the same) runs what an atomic action sends through the guarded
+    context, on the same connection and in the same transaction.  A store
+    may give its own statements a faster path than arbitrary SQL can take.
+    """
+
+    def __init__(self, execute: Execute, dialect: OpsDialect, application: Execute | None = None) -> None:
         self.run = execute
+        self.application = application or execute
         self.d = dialect
+        self._inputs: dict[str, str] = {}
+        """Inputs the claim's locking read brought with its Operation, for input_of() in this transaction."""
 
     # -- reads ------------------------------------------------------------------------------
 
     def _one(self, sql: str, params: Sequence[Any]) -> o.Operation | None:
         row = self.run(sql, params).fetchone()
-        return None if row is None else from_row(row, self.d)
+        return None if row is None else self._from_read(row)
+
+    def _from_read(self, row: Sequence[Any]) -> o.Operation:
+        # A read that selected the input too (the claim's) has one column more than COLUMNS.
+        if len(row) > len(COLUMNS):
+            self._inputs[str(row[0])] = str(row[len(COLUMNS)])
+        return from_row(row[: len(COLUMNS)], self.d)
 
     def lock_operation(self, operation_id: str) -> o.Operation | None:
         return self._one(f"{_SELECT} WHERE operation_id = ?{self.d.lock_suffix}", (operation_id,))
@@ -259,8 +275,9 @@ class SqlTx(Tx):
         bound_sql, bound_params = self.due_bound()
         scope = " AND namespace = ?" if namespace is not None else ""
         params: list[Any] = [tenant, *bound_params, *([namespace] if namespace is not None else [])]
+        # The input comes with the row: a worker that claims runs the action next.
         return self._one(
-            f"{_SELECT} WHERE tenant = ? AND due_at IS NOT NULL AND due_at <= {bound_sql}{scope} "
+            f"{_SELECT_WITH_INPUT} WHERE tenant = ? AND due_at IS NOT NULL AND due_at <= {bound_sql}{scope} "
             f"ORDER BY due_at, operation_id LIMIT 1{self.skip_locked()}",
             params,
         )
@@ -351,6 +368,8 @@ class SqlTx(Tx):
         return True
 
     def input_of(self, operation_id: str) -> str | None:
+        if operation_id in self._inputs:
+            return self._inputs[operation_id]
         row = self.run("SELECT input FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
         return None if row is None else str(row[0])
 
@@ -367,7 +386,7 @@ class SqlTx(Tx):
     # -- the guarded context ---------------------------------------------------------------------
 
     def context(self, operation: o.Operation) -> GuardedContext:
-        return SqlContext(self.run, self.d.name, operation)
+        return SqlContext(self.application, self.d.name, operation)
 
     def close_context(self, context: GuardedContext) -> None:
         assert isinstance(context, SqlContext)
@@ -376,7 +395,7 @@ class SqlTx(Tx):
     # -- views ----------------------------------------------------------------------------------
 
     def read_view(self, operation_id: str) -> OperationView | None:
-        row = self.run(f"{_SELECT.replace(' FROM', ', input FROM')} WHERE operation_id = ?", (operation_id,)).fetchone()
+        row = self.run(f"{_SELECT_WITH_INPUT} WHERE operation_id = ?", (operation_id,)).fetchone()
         if row is None:
             return None
         operation = from_row(row[:-1], self.d)

@@ -1,4 +1,9 @@
-"""The asyncio client: the same answers and exceptions as the synchronous one, off the event loop's thread."""
+"""The asyncio client: the same answers and exceptions as the synchronous one.
+
+On SQLite every call runs in a thread; on PostgreSQL the calls run on the
+event loop itself, on psycopg's AsyncConnection, with the synchronous
+store's decisions and SQL (adapters/bridge.py, adapters/postgres_async.py).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,15 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 import fencekeeper
 from fencekeeper.adapters import examples
 from fencekeeper.adapters.ports import GrantTable
+from fencekeeper.adapters.postgres_async import AsyncPostgresStore
 from fencekeeper.kernel import protocol as p
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "adapters" / "workflows"
@@ -31,15 +39,24 @@ class Recording:
         return self.grants.check(principal_id, business_id, operation, targets)
 
 
-def test_a_workflow_through_the_async_client(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store for each of the two ways the asyncio client works: in threads (SQLite), native (PostgreSQL)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "a.db")
+    dsn = request.getfixturevalue("pg_dsn")
+    return f"{dsn}?schema={request.getfixturevalue('pg_schema')}"
+
+
+def test_a_workflow_through_the_async_client(url: str) -> None:
     policy = Recording()
+    native = url.startswith("postgresql://")
 
     async def scenario() -> int:
         loop_thread = threading.get_ident()
-        async with await fencekeeper.connect_async(
-            str(tmp_path / "a.db"), policy=policy, handler=examples.handler()
-        ) as client:
-            # Many admissions at once: each runs in its own thread, the store serializes them.
+        async with await fencekeeper.connect_async(url, policy=policy, handler=examples.handler()) as client:
+            assert client.native is native
+            # Many admissions at once: each in its own thread (SQLite) or task on the loop (PostgreSQL).
             admitted = await asyncio.gather(
                 *(
                     client.run(PURCHASE, {"amount": 10 * n, "order_id": f"o-{n}", "order_revision": 1}, execution_id=f"po-{n}")
@@ -75,14 +92,19 @@ def test_a_workflow_through_the_async_client(tmp_path: Path) -> None:
         return loop_thread
 
     loop_thread = asyncio.run(scenario())
-    # Every authority question was asked off the event loop's thread.
-    assert policy.threads and loop_thread not in policy.threads
+    if native:
+        # Every call the client made itself asked on the loop's thread; only the
+        # passes and the settlement, which run the CommandHandler, ran in threads.
+        assert loop_thread in policy.threads
+    else:
+        # Every authority question was asked off the event loop's thread.
+        assert policy.threads and loop_thread not in policy.threads
 
 
-def test_workers_started_from_asyncio(tmp_path: Path) -> None:
+def test_workers_started_from_asyncio(url: str) -> None:
     async def scenario() -> fencekeeper.PassReport:
         client = await fencekeeper.connect_async(
-            str(tmp_path / "w.db"), policy=examples.grants("default", "user:operator"), handler=examples.handler()
+            url, policy=examples.grants("default", "user:operator"), handler=examples.handler()
         )
         for n in range(4):
             await client.run(PURCHASE, {"amount": n, "order_id": f"o-{n}", "order_revision": 1})
@@ -110,3 +132,121 @@ def test_workers_started_from_asyncio(tmp_path: Path) -> None:
 
     report = asyncio.run(scenario())
     assert report.finished["succeeded"] == 5 and len(report.claimed) == 5
+
+
+# --- PostgreSQL: native, on the loop -----------------------------------------------------------
+
+
+def _rows(dsn: str, schema: str) -> dict[str, list[str]]:
+    """Every row of every table of the schema, as text: what "the database is unchanged" compares."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
+                (schema,),
+            )
+        ]
+        return {
+            table: sorted(repr(row) for row in conn.execute(f'SELECT * FROM "{schema}"."{table}"'))  # type: ignore[call-overload]
+            for table in tables
+        }
+
+
+class NoThreads:
+    """Fails the test on any attempt to start a thread or hand work to an executor."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.attempts: list[str] = []
+
+        def refuse(what: str) -> Any:
+            def refused(*args: Any, **kwargs: Any) -> Any:
+                self.attempts.append(what)
+                raise AssertionError(f"{what} called on the native path")
+
+            return refused
+
+        monkeypatch.setattr(threading.Thread, "start", refuse("Thread.start"))
+        monkeypatch.setattr(asyncio, "to_thread", refuse("asyncio.to_thread"))
+        monkeypatch.setattr(asyncio.BaseEventLoop, "run_in_executor", refuse("run_in_executor"))
+
+
+def test_postgresql_calls_run_on_the_loop_without_threads(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"{pg_dsn}?schema={pg_schema}"
+    policy = Recording()
+
+    async def scenario() -> int:
+        loop_thread = threading.get_ident()
+        client = await fencekeeper.connect_async(url, policy=policy, handler=examples.handler(), pool_size=4)
+        assert isinstance(client.sync.store, AsyncPostgresStore)
+        # One execution waiting for approval: the passes run the handler, in a thread, before the guard.
+        big = await client.run(PURCHASE, {"amount": 5000, "order_id": "o-big", "order_revision": 1})
+        await client.run_until_idle(lease=5)
+        policy.threads.clear()
+        guard = NoThreads(monkeypatch)
+        started = await asyncio.gather(
+            *(
+                client.run(PURCHASE, {"amount": n, "order_id": f"o-{n}", "order_revision": 1}, execution_id=f"po-{n}")
+                for n in range(24)
+            )
+        )
+        assert sorted(x.execution_id for x in started) == sorted(f"po-{n}" for n in range(24))
+        # Reads, an Event, cancels and a decision, all at once on the one loop.
+        listed, view, published, decided, *cancelled = await asyncio.gather(
+            client.list(fencekeeper.ExecutionState.ELIGIBLE),
+            client.inspect("po-3"),
+            client.publish("payment.settled", {"order_id": "o-1"}, {"ok": True}, event_id="evt-1"),
+            client.approve(big.execution_id, reviewer="user:manager"),
+            *(client.cancel(f"po-{n}", reason="not needed") for n in range(12)),
+        )
+        assert len(listed) == 24 and view.execution.execution_id == "po-3"
+        assert published.event_id == "evt-1" and not published.duplicate
+        assert decided.status is fencekeeper.DecisionStatus.ACCEPTED
+        assert decided.execution is not None and decided.execution.state is fencekeeper.ExecutionState.ELIGIBLE
+        assert {x.state for x in cancelled} == {fencekeeper.ExecutionState.CANCELLED}
+        assert len(await client.list(fencekeeper.ExecutionState.CANCELLED)) == 12
+        # The calls waited on the server at the same time: the pool had to open more connections,
+        # and they are psycopg's asynchronous ones.
+        pool = client.sync.store._async_pool
+        assert pool.get_stats()["pool_size"] > 1
+        async with pool.connection() as conn:
+            assert isinstance(conn, psycopg.AsyncConnection)
+        # Used from plain synchronous code, where nothing would await its I/O, it refuses.
+        with pytest.raises(RuntimeError, match="outside its event loop"):
+            client.sync.store.execution_ids()
+        assert guard.attempts == []
+        monkeypatch.undo()
+        await client.close()
+        return loop_thread
+
+    loop_thread = asyncio.run(scenario())
+    # Every authority question of those calls was asked on the loop's own thread.
+    assert policy.threads == {loop_thread}
+
+
+def test_a_refusal_on_the_native_path_leaves_the_database_as_it_was(pg_dsn: str, pg_schema: str) -> None:
+    url = f"{pg_dsn}?schema={pg_schema}"
+
+    async def scenario() -> None:
+        async with await fencekeeper.connect_async(url, policy=Recording(), handler=None) as client:
+            first = await client.run(PURCHASE, {"amount": 5, "order_id": "o-1", "order_revision": 1}, execution_id="po-1")
+            await client.cancel(first.execution_id, reason="changed my mind")
+            before = _rows(pg_dsn, pg_schema)
+            # The kernel's refusals: a terminal execution cannot be cancelled, nor admitted again
+            # under its id with other input; the policy's: a reviewer without the grant.
+            with pytest.raises(fencekeeper.Refused) as again:
+                await client.cancel(first.execution_id, reason="twice", principal="user:manager")
+            assert again.value.code is not fencekeeper.RefusalCode.NOT_AUTHORIZED
+            refused = await client.run(
+                PURCHASE, {"amount": 6, "order_id": "o-1", "order_revision": 1}, execution_id="po-1",
+                raise_on_refusal=False,
+            )
+            assert isinstance(refused, p.Refusal)
+            with pytest.raises(fencekeeper.Refused) as denied:
+                await client.cancel(first.execution_id, principal="user:nobody")
+            assert denied.value.code is fencekeeper.RefusalCode.NOT_AUTHORIZED
+            assert _rows(pg_dsn, pg_schema) == before
+
+    asyncio.run(scenario())

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 
-from fencekeeper.adapters.operations.postgres import PostgresOperationStore
+from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations.postgres import PostgresOperationStore, _PgOpsTx
+from fencekeeper.adapters.operations.service import (
+    DurableAction,
+    DurableActionRegistry,
+    DurableOperationService,
+    PrincipalReference,
+)
+from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.postgres_store import migrate
 from fencekeeper.adapters.testing.operations_suite import (
     OperationStoreTests,
     OpsStoreFactory,
     run_operation_state_machine,
 )
+from fencekeeper.kernel.operations import EffectClass, RetryPolicy
 
 
 @pytest.fixture(scope="module")
@@ -98,4 +111,109 @@ def test_a_lease_that_expires_during_the_action_is_judged_by_database_time(pg_ds
         assert ran == [1], "decided again after the failed write, the kernel refuses before running the action"
         assert accounts(store) == {"acc-1": 100, "acc-2": 0}
     finally:
+        store.close()
+
+
+# --- round trips and the identity's race ----------------------------------------------------------------
+
+
+def _noop_registry() -> DurableActionRegistry:
+    return DurableActionRegistry(
+        (DurableAction("noop", 1, EffectClass.ATOMIC, lambda context, value: None, policy=RetryPolicy(maximum_attempts=3)),)
+    )
+
+
+def test_round_trips_per_submission_and_worker_pass(
+    pg_dsn: str, shared_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each wait of a connection is one exchange with the server, but the pool's commit of a
+    # connection with no transaction open, which sends nothing.
+    trips: list[str] = []
+    waiting = psycopg.Connection.wait
+
+    def counted(self: psycopg.Connection[Any], gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (getattr(gen, "__qualname__", "").endswith("_commit_gen")
+                and self.pgconn.transaction_status == pq.TransactionStatus.IDLE):
+            trips.append(getattr(gen, "__qualname__", "?"))
+        return waiting(self, gen, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "wait", counted)
+    store = factory_for(pg_dsn, shared_schema)(None)
+    try:
+        service = DurableOperationService(store, _noop_registry(), examples.resolvers())
+        worker = DurableOperationWorker(store, _noop_registry(), examples.resolvers(), tenant="acme", worker_id="w")
+        alice = PrincipalReference("users", 1, "alice")
+        for n in range(3):  # statements are prepared on their first use: count the steady state
+            service.submit(tenant="acme", principal=alice, action="noop", input={"n": n}, client_key=f"warm-{n}")
+            assert worker.run_once() is not None
+        trips.clear()
+        service.submit(tenant="acme", principal=alice, action="noop", input={"n": 9}, client_key="counted")
+        submission = len(trips)
+        trips.clear()
+        report = worker.run_once()
+        assert report is not None and report.outcome == "succeeded"
+        # BEGIN, the identity's lock with its lookup and the time, the write, COMMIT.
+        assert submission == 4, trips
+        # The claim (BEGIN, the locking read bringing the time and the input, the write, COMMIT),
+        # then the completion (BEGIN, the locking read, the write, COMMIT).
+        assert len(trips) == 8, trips
+    finally:
+        store.close()
+
+
+def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
+    pg_dsn: str, shared_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The identity's lookup reads a snapshot from before its lock was granted; the guard catches that."""
+    store = factory_for(pg_dsn, shared_schema)(None)
+    service = DurableOperationService(store, _noop_registry(), examples.resolvers())
+    alice = PrincipalReference("users", 1, "alice")
+    first_decided = threading.Event()
+    release = threading.Event()
+    written: list[bool] = []
+    write = _PgOpsTx.write
+
+    def held(self: _PgOpsTx, decision: Any, input_json: str | None) -> bool:
+        if not first_decided.is_set():
+            first_decided.set()
+            assert release.wait(30)  # the first submission holds the identity's lock here
+        result = write(self, decision, input_json)
+        written.append(result)
+        return result
+
+    monkeypatch.setattr(_PgOpsTx, "write", held)
+    answers: dict[str, Any] = {}
+
+    def submit(name: str) -> None:
+        answers[name] = service.submit(tenant="acme", principal=alice, action="noop", input={"n": 1}, client_key="k")
+
+    try:
+        first = threading.Thread(target=submit, args=("first",))
+        first.start()
+        assert first_decided.wait(30)
+        second = threading.Thread(target=submit, args=("second",))
+        second.start()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for _ in range(300):  # until the second one waits for the identity's advisory lock
+                waiting = conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                    "AND ((classid::bigint << 32) | objid::bigint) = hashtextextended(%s, 1)",
+                    ("\x1f".join(("default", "acme", alice.ref, "k")),),
+                ).fetchone()
+                if waiting and waiting[0]:
+                    break
+                time.sleep(0.02)
+            else:
+                pytest.fail("the second submission never waited for the identity's lock")
+        release.set()
+        first.join(30)
+        second.join(30)
+        assert answers["first"].created and not answers["second"].created
+        assert answers["first"].operation_id == answers["second"].operation_id
+        # The second decided on a snapshot without the identity, its write was refused by the
+        # identity's key (nothing written), and it decided again on the committed Operation.
+        assert written == [True, False]
+        assert store.application_execute("SELECT count(*) FROM operations") == [(1,)]
+    finally:
+        release.set()
         store.close()
