@@ -75,6 +75,9 @@ def evidence_revision_conflict(item: Evidence) -> StoreError:
     )
 
 
+DEFINITION_CACHE = 1024
+"""Definition revisions a store keeps parsed in memory; past it the cache starts again empty."""
+
 SWEEP_LOCK_WAIT = 2.0
 """Seconds a sweep waits for a row another transaction holds before skipping it as locked.
 
@@ -415,6 +418,10 @@ class TransactionalStore(abc.ABC):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
+        # Registered definition revisions by (business, definition, revision):
+        # immutable once registered (load_definition).  Shared by the store's
+        # threads; a Definition is a frozen value.
+        self._definitions: dict[tuple[str, str, int | None], d.Definition] = {}
 
     @abc.abstractmethod
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
@@ -651,7 +658,20 @@ class TransactionalStore(abc.ABC):
         return bool(self._run(decide))
 
     def load_definition(self, business_id: str, definition_id: str, revision: int | None = None) -> d.Definition | None:
-        """A registered definition revision of ``business_id`` (the latest when ``revision`` is None)."""
+        """A registered definition revision of ``business_id`` (the latest when ``revision`` is None).
+
+        A revision asked for by number is kept once found: a registered
+        revision never changes (registration refuses the same revision with
+        other content, and its rows are append-only), so every worker visit
+        after the first reads its execution's pinned revision from memory,
+        not from the database.  The latest revision, and a revision not
+        found, are always read: either may change when one is registered.
+        """
+        key = (business_id, definition_id, revision)
+        if revision is not None:
+            cached = self._definitions.get(key)
+            if cached is not None:
+                return cached
         object_id = definition_object_id(business_id, definition_id)
 
         def decide(tx: Backend, now: datetime) -> _Written:
@@ -665,7 +685,13 @@ class TransactionalStore(abc.ABC):
             return _Written(d.from_json(body, strict=False, source=f"{definition_id} revision {number}"))
 
         result = self._run(decide)
-        return result if isinstance(result, d.Definition) else None
+        if not isinstance(result, d.Definition):
+            return None
+        if revision is not None:
+            if len(self._definitions) >= DEFINITION_CACHE:
+                self._definitions.clear()
+            self._definitions[key] = result
+        return result
 
     # --- events, approvals, timers -------------------------------------------------
 

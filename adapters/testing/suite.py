@@ -1238,6 +1238,27 @@ class StoreTests:
         assert caught.value.code == "not_authorized"
         assert store.load_definition("b-2", "d-1") is None
 
+    def test_a_definition_revision_kept_in_memory_is_the_registered_one(self, store: Store) -> None:
+        # A revision loaded by number is kept (load_definition); what may
+        # still change, the latest revision and one not yet registered, must
+        # be read afresh, and a kept revision never leaks into another Business.
+        first = _definition(1)
+        assert store.load_definition("b-1", "d-1", 1) is None
+        store.register_definition(first, "b-1", GRANTED)
+        assert store.load_definition("b-1", "d-1", 1) == first
+        assert store.load_definition("b-1", "d-1", 1) == first
+        assert store.load_definition("b-1", "d-1", 2) is None
+        second = _definition(2, node_revision=2, end="failed")
+        store.register_definition(second, "b-1", GRANTED)
+        assert store.load_definition("b-1", "d-1") == second
+        assert store.load_definition("b-1", "d-1", 2) == second
+        assert store.load_definition("b-1", "d-1", 1) == first
+        assert store.load_definition("b-2", "d-1", 1) is None
+        other = _definition(1, end="failed")
+        store.register_definition(other, "b-2", GRANTED)
+        assert store.load_definition("b-2", "d-1", 1) == other
+        assert store.load_definition("b-1", "d-1", 1) == first
+
     # --- events ----------------------------------------------------------------------------------------
 
     def test_an_event_wakes_exactly_the_waiters_it_matches(self, store: Store) -> None:
