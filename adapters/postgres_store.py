@@ -65,7 +65,7 @@ from fencekeeper.kernel.machines import DispatchState, ExecutionState, Operation
 
 from . import codec
 from .sql import EXECUTION_TYPE, Dialect, SqlBackend
-from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore
+from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, VisitView
 
 CHANNEL = "fencekeeper_eligible"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -956,6 +956,16 @@ class PostgresStore(TransactionalStore):
             if not self._visible(tx, execution_id):
                 return None
             return tx.read_view(execution_id)
+
+    def read_for_visit(self, execution_id: str) -> VisitView | None:
+        # One statement outside a transaction block: the server runs it in a
+        # transaction of its own, on one snapshot, in one round trip (BEGIN
+        # and COMMIT would be two more).
+        try:
+            with self._pool.connection() as conn:
+                return _PostgresBackend(conn, self.business_id, self._database_clock).visit_view(execution_id)
+        except _CONNECTION_LOST as exc:
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
     def _visible(self, tx: _PostgresBackend, execution_id: str) -> bool:
         return self.business_id is None or tx.load(execution_id)[0] is not None

@@ -32,7 +32,15 @@ from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
-from .store import Backend, Evidence, ExecutionView, StoreError, evidence_revision_conflict, registration_conflict
+from .store import (
+    Backend,
+    Evidence,
+    ExecutionView,
+    StoreError,
+    VisitView,
+    evidence_revision_conflict,
+    registration_conflict,
+)
 
 EXECUTION_TYPE = "WorkflowExecution"
 DEFINITION_TYPE = "WorkflowDefinition"
@@ -170,6 +178,31 @@ class SqlBackend(Backend):
         if row is None:
             return None, None
         return codec.decode_execution(row[0]), self._dispatch_from(execution_id, row[1:])
+
+    def visit_view(self, execution_id: str) -> VisitView | None:
+        """:meth:`TransactionalStore.read_for_visit` in one statement, so one snapshot without a transaction block.
+
+        One row per evidence object (one row with NULLs when there is none),
+        each beside the execution's current revision and dispatch row.
+        """
+        rows = self._execute(
+            "SELECT x.body, d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, "
+            "d.step_count, d.last_error_code, e.object_id, e.object_type, v.body, e.revision, e.state "
+            "FROM objects o JOIN object_revisions x ON x.object_id = o.object_id AND x.revision = o.revision "
+            "JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
+            "LEFT JOIN objects e ON e.parent_id = o.object_id "
+            "LEFT JOIN object_revisions v ON v.object_id = e.object_id AND v.revision = e.revision "
+            f"WHERE o.object_id = ? AND o.object_type = '{EXECUTION_TYPE}' "
+            "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) ORDER BY e.{seq}",
+            (execution_id, self.business_id, self.business_id),
+        ).fetchall()
+        if not rows:
+            return None
+        first = rows[0]
+        dispatch = self._dispatch_from(execution_id, first[1:8])
+        assert dispatch is not None  # an inner join
+        evidence = tuple(Evidence(r[8], r[9], json.loads(r[10]), r[11], r[12]) for r in rows if r[8] is not None)
+        return VisitView(codec.decode_execution(first[0]), dispatch, evidence)
 
     def object_exists(self, object_id: str) -> bool:
         return self._execute("SELECT 1 FROM objects WHERE object_id = ?", (object_id,)).fetchone() is not None

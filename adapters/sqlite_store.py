@@ -45,7 +45,7 @@ from fencekeeper.kernel.machines import DispatchState, ExecutionState, Operation
 
 from . import codec
 from .sql import Dialect, SqlBackend
-from .store import Backend, Clock, ExecutionView, StoreError, TransactionalStore
+from .store import Backend, Clock, ExecutionView, StoreError, TransactionalStore, VisitView
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -632,6 +632,12 @@ class SQLiteStore(TransactionalStore):
     def read(self, execution_id: str) -> ExecutionView | None:
         with self._read() as conn:
             return _SQLiteBackend(conn).read_view(execution_id)
+
+    def read_for_visit(self, execution_id: str) -> VisitView | None:
+        # One statement: SQLite runs it in a read transaction of its own, one
+        # snapshot, so neither BEGIN nor COMMIT is needed.
+        with self._lock:
+            return _SQLiteBackend(self._conn).visit_view(execution_id)
 
     def close(self) -> None:
         with self._lock:

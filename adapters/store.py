@@ -147,6 +147,21 @@ class ExecutionView:
     """Every revision of every evidence object: objects in creation order, each object's revisions in order."""
 
 
+@attrs.frozen
+class VisitView:
+    """What a worker plans one node visit from: the execution, its dispatch row and its current evidence.
+
+    Read from one snapshot, as :class:`ExecutionView` is, without the
+    history a visit never looks at (revisions, transitions, registrations,
+    recoveries).
+    """
+
+    execution: p.Execution
+    dispatch: p.Dispatch
+    evidence: tuple[Evidence, ...]
+    """The current revision of every evidence object, in creation order."""
+
+
 # --- the port -----------------------------------------------------------------------
 
 
@@ -209,6 +224,10 @@ class Store(Protocol):
 
     def read(self, execution_id: str) -> ExecutionView | None:
         """The execution with its whole history, from one snapshot; None when there is none."""
+        ...
+
+    def read_for_visit(self, execution_id: str) -> VisitView | None:
+        """The execution, its dispatch row and its current evidence, from one snapshot; None when there is none."""
         ...
 
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
@@ -430,6 +449,17 @@ class TransactionalStore(abc.ABC):
     @abc.abstractmethod
     def read(self, execution_id: str) -> ExecutionView | None:
         """The execution with its whole history, from one consistent snapshot."""
+
+    def read_for_visit(self, execution_id: str) -> VisitView | None:
+        """The execution, its dispatch row and its current evidence, from one snapshot; None when there is none.
+
+        Stores read it in one statement (:meth:`Backend.visit_view`); this
+        default takes it from :meth:`read`.
+        """
+        view = self.read(execution_id)
+        if view is None:
+            return None
+        return VisitView(view.execution, view.dispatch, view.evidence)
 
     @abc.abstractmethod
     def expired(self) -> list[str]:
@@ -854,6 +884,7 @@ __all__ = [
     "StoreError",
     "SystemClock",
     "TransactionalStore",
+    "VisitView",
     "definition_object_id",
     "evidence_revision_conflict",
     "registration_conflict",

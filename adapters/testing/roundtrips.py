@@ -15,7 +15,9 @@ Rules of this module:
 - SQLite: one round trip is one statement the connection runs (the trace
   callback), BEGIN and COMMIT included; nothing crosses a process boundary,
   but every statement is a call into the library with its own cost.
-- A transaction is one entry into a store's ``_transaction`` or ``_read``.
+- A transaction is one entry into a store's ``_transaction`` or ``_read``,
+  or one ``read_for_visit`` (one statement, which the database runs as a
+  transaction of its own).
 - Counting patches methods for the duration of a ``with`` block only, and
   counts every thread's work: use it where one worker runs.
 """
@@ -53,7 +55,7 @@ def counting(store: TransactionalStore) -> Iterator[Tally]:
     """Count the round trips and transactions ``store`` makes inside the block."""
     tally = Tally()
     with contextlib.ExitStack() as stack:
-        for name in ("_transaction", "_read"):
+        for name in ("_transaction", "_read", "read_for_visit"):
             original = getattr(store, name)
 
             def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
