@@ -957,6 +957,20 @@ class PostgresStore(TransactionalStore):
                 return None
             return tx.read_view(execution_id)
 
+    def due_wakes(self, limit: int = 100, *, business_id: str | None = None) -> list[p.WaitKey]:
+        # A read of one statement (a worker asks before every claim), outside a
+        # transaction block: one round trip instead of four.  Due means due by
+        # the database's clock as the statement starts (statement_timestamp(),
+        # which the wake_at index can be searched up to); each timer found is
+        # fired in a decision of its own, which checks it under its guard.
+        try:
+            with self._pool.connection() as conn:
+                tx = _PostgresBackend(conn, self.business_id, self._database_clock)
+                now = None if self._database_clock else self.clock.now()
+                return tx.due_registrations(now, limit, business_id)
+        except _CONNECTION_LOST as exc:
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+
     def read_for_visit(self, execution_id: str) -> VisitView | None:
         # One statement outside a transaction block: the server runs it in a
         # transaction of its own, on one snapshot, in one round trip (BEGIN

@@ -636,7 +636,8 @@ class SqlBackend(Backend):
             p.WaitRegistration(p.WaitKey(r[0], r[1], r[2]), r[3], codec.decode_wait_spec(r[4])) for r in rows
         ]
 
-    def due_registrations(self, now: datetime, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
+    def due_registrations(self, now: datetime | None, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
+        """As :meth:`Backend.due_registrations`; ``now`` None is the database's own time as the statement starts."""
         scope = business_id if business_id is not None else self.business_id
         if scope is not None and self.business_id is not None and scope != self.business_id:
             return []
@@ -644,10 +645,13 @@ class SqlBackend(Backend):
         # execution's current revision still waits on.  A registration left
         # open by anything else can then never fill the limit and starve the
         # due ones behind it.
-        rows = self._execute(self._due_sql(), (self.dialect.encode_time(now), scope, scope, limit)).fetchall()
+        if now is None:
+            rows = self._execute(self._due_sql("statement_timestamp()"), (scope, scope, limit)).fetchall()
+        else:
+            rows = self._execute(self._due_sql(), (self.dialect.encode_time(now), scope, scope, limit)).fetchall()
         return [p.WaitKey(r[0], r[1], r[2]) for r in rows]
 
-    def _due_sql(self) -> str:
+    def _due_sql(self, bound: str = "?") -> str:
         def item(index: int) -> str:
             return self.dialect.wait_item.format(body="r.body", index=index)
 
@@ -655,7 +659,7 @@ class SqlBackend(Backend):
             "SELECT w.execution_id, w.node_id, w.attempt_id FROM wait_registrations w "
             "JOIN objects o ON o.object_id = w.execution_id "
             "JOIN object_revisions r ON r.object_id = o.object_id AND r.revision = o.revision "
-            "WHERE w.woken_by IS NULL AND w.closed_by IS NULL AND w.wake_at IS NOT NULL AND w.wake_at <= ? "
+            f"WHERE w.woken_by IS NULL AND w.closed_by IS NULL AND w.wake_at IS NOT NULL AND w.wake_at <= {bound} "
             f"AND o.object_type = '{EXECUTION_TYPE}' AND o.state = 'waiting' "
             f"AND {item(1)} = w.node_id AND {item(2)} = w.attempt_id "
             "AND (CAST(? AS TEXT) IS NULL OR w.business_id = ?) ORDER BY w.wake_at, w.execution_id LIMIT ?"

@@ -633,6 +633,15 @@ class SQLiteStore(TransactionalStore):
         with self._read() as conn:
             return _SQLiteBackend(conn).read_view(execution_id)
 
+    def due_wakes(self, limit: int = 100, *, business_id: str | None = None) -> list[p.WaitKey]:
+        # A read of one statement (a worker asks before every claim): no
+        # transaction block, and no write lock taken from other writers.
+        # Each timer found is fired in a decision of its own, which checks
+        # that it is due under that decision's guard.
+        now = self.clock.now()
+        with self._lock:
+            return _SQLiteBackend(self._conn).due_registrations(now, limit, business_id)
+
     def read_for_visit(self, execution_id: str) -> VisitView | None:
         # One statement: SQLite runs it in a read transaction of its own, one
         # snapshot, so neither BEGIN nor COMMIT is needed.
