@@ -42,12 +42,15 @@ class Tally:
 
     round_trips: int = 0
     transactions: int = 0
+    write_transactions: int = 0
+    """Of ``transactions``, those entered through ``_transaction``: where every decision is made."""
     lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
 
-    def add(self, *, round_trips: int = 0, transactions: int = 0) -> None:
+    def add(self, *, round_trips: int = 0, transactions: int = 0, write_transactions: int = 0) -> None:
         with self.lock:
             self.round_trips += round_trips
             self.transactions += transactions
+            self.write_transactions += write_transactions
 
 
 @contextlib.contextmanager
@@ -58,8 +61,8 @@ def counting(store: TransactionalStore) -> Iterator[Tally]:
         for name in ("_transaction", "_read", "read_for_visit"):
             original = getattr(store, name)
 
-            def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-                tally.add(transactions=1)
+            def counted(*args: Any, _original: Any = original, _writes: int = int(name == "_transaction"), **kwargs: Any) -> Any:
+                tally.add(transactions=1, write_transactions=_writes)
                 return _original(*args, **kwargs)
 
             setattr(store, name, counted)
