@@ -258,13 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--backend", choices=["postgresql", "sqlite"], nargs="+", default=["postgresql", "sqlite"])
+    parser.add_argument("--workflow", choices=sorted(WORKFLOWS), nargs="+", default=list(WORKFLOWS))
     parser.add_argument("--count-only", action="store_true", help="print the round-trip counts only")
+    parser.add_argument("--no-count", action="store_true", help="skip the round-trip counts")
     args = parser.parse_args(argv)
     backends = [b for b in args.backend if b != "postgresql" or _pg_reachable()]
     print(f"fencekeeper bench: the worker path; python {sys.version.split()[0]}, psycopg {psycopg.__version__}")
     print("shared machine: figures are medians of rounds; compare ratios, not absolute rates\n")
-    for backend in backends:
-        for workflow in WORKFLOWS:
+    for backend in [] if args.no_count else backends:
+        for workflow in args.workflow:
             trips, transactions = per_execution(backend, workflow, 50)
             unit = "round trips" if backend == "postgresql" else "statements"
             print(f"{backend:<10} {workflow:<9} in-process worker: {trips:5.1f} {unit}, "
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print()
     for backend in backends:
-        for workflow in WORKFLOWS:
+        for workflow in args.workflow:
             for processes in args.processes:
                 ours: list[float] = []
                 reference: list[float] = []
