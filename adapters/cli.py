@@ -92,7 +92,7 @@ import attrs
 from rich.live import Live
 from rich.text import Text
 
-from fencekeeper.kernel import approvals, modelcheck
+from fencekeeper.kernel import approvals
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import IDENTIFIER, Definition, DefinitionError, from_json, parse_definition
@@ -101,7 +101,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import cli_journal, cli_ops, connect, demo, examples, observe, render, sequence, service
+from . import connect, examples, observe, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -134,7 +134,34 @@ class CliError(Exception):
 # --- arguments ------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+# The journal and op command groups live in modules of their own (cli_journal,
+# cli_ops), imported only when a command line may need them: importing them
+# (the journal's and durable operations' kernels and stores) cost every
+# `fencekeeper worker` about 0.13 s of start-up for commands it never runs.
+_LIGHT_COMMANDS = frozenset(
+    {
+        "demo", "run", "worker", "inspect", "list", "event", "decide", "cancel", "reconcile", "migrate", "check",
+        "diagram", "docs", "export-specs", "modelcheck", "check-spec",
+    }
+)
+"""The commands defined in this module: parsing them needs neither group's module."""
+
+
+def _needs_groups(argv: Sequence[str] | None) -> bool:
+    """Whether parsing ``argv`` may need the journal and op groups: their command, or no plain command at all.
+
+    The first word that is not an option is the command (the options before
+    it, --debug and --version, take no value).  Without one (``--help``, a
+    usage error) every group is registered, so that help and argparse's
+    "choose from" list name them all.
+    """
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((word for word in words if not word.startswith("-")), None)
+    return command is None or command not in _LIGHT_COMMANDS
+
+
+def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser; with ``groups`` False, without the journal and op groups."""
     # --debug is accepted before or after the command name; --json after it, on commands that print data.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
@@ -343,8 +370,11 @@ def _parser() -> argparse.ArgumentParser:
     spec = command("check-spec", "validate machine spec TOML files")
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
 
-    cli_journal.register(sub, common, data)
-    cli_ops.add_parser(command)
+    if groups:
+        from . import cli_journal, cli_ops  # noqa: PLC0415 - see _GROUPS
+
+        cli_journal.register(sub, common, data)
+        cli_ops.add_parser(command)
     return parser
 
 
@@ -389,7 +419,7 @@ def _seconds(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser(groups=_needs_groups(argv)).parse_args(argv)
     try:
         return _run(args)
     except (CliError, KernelError, StoreError, OperationError) as exc:
@@ -460,10 +490,22 @@ def _run(args: argparse.Namespace) -> int:
         "export-specs": _export_specs,
         "modelcheck": _modelcheck,
         "check-spec": _check_spec,
-        "journal": cli_journal.run,
-        "op": cli_ops.run,
+        "journal": _journal,
+        "op": _op,
     }
     return handlers[args.command](args, out) or EXIT_OK
+
+
+def _journal(args: argparse.Namespace, out: Output) -> int:
+    from . import cli_journal  # noqa: PLC0415 - see _GROUPS
+
+    return cli_journal.run(args, out)
+
+
+def _op(args: argparse.Namespace, out: Output) -> int:
+    from . import cli_ops  # noqa: PLC0415 - see _GROUPS
+
+    return cli_ops.run(args, out)
 
 
 @contextlib.contextmanager
@@ -580,6 +622,8 @@ def _handler_factory(spec: str | None, db: str) -> Callable[[], CommandHandler]:
 
 
 def _demo(args: argparse.Namespace, out: Output) -> int:
+    from . import demo  # noqa: PLC0415 - the demo's scenario loads only when it is played
+
     return demo.run(out, db=args.db, schema=args.schema)
 
 
@@ -1440,6 +1484,8 @@ def _check_spec(args: argparse.Namespace, out: Output) -> int:
 
 
 def _modelcheck(args: argparse.Namespace, out: Output) -> int:
+    from fencekeeper.kernel import modelcheck  # noqa: PLC0415 - the explorer loads only when it runs
+
     chosen = {
         "workers": args.workers,
         "executions": args.executions,
@@ -1471,6 +1517,8 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
             return EXIT_PROBLEM
     print("every invariant of specs/protocol.md held in every explored state and write")
     if not overrides:
+        from . import cli_ops  # noqa: PLC0415 - see _GROUPS
+
         return cli_ops.modelcheck_operations()
     return EXIT_OK
 

@@ -32,7 +32,15 @@ from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
-from .store import Backend, Evidence, ExecutionView, StoreError, evidence_revision_conflict, registration_conflict
+from .store import (
+    Backend,
+    Evidence,
+    ExecutionView,
+    StoreError,
+    VisitView,
+    evidence_revision_conflict,
+    registration_conflict,
+)
 
 EXECUTION_TYPE = "WorkflowExecution"
 DEFINITION_TYPE = "WorkflowDefinition"
@@ -170,6 +178,31 @@ class SqlBackend(Backend):
         if row is None:
             return None, None
         return codec.decode_execution(row[0]), self._dispatch_from(execution_id, row[1:])
+
+    def visit_view(self, execution_id: str) -> VisitView | None:
+        """:meth:`TransactionalStore.read_for_visit` in one statement, so one snapshot without a transaction block.
+
+        One row per evidence object (one row with NULLs when there is none),
+        each beside the execution's current revision and dispatch row.
+        """
+        rows = self._execute(
+            "SELECT x.body, d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, "
+            "d.step_count, d.last_error_code, e.object_id, e.object_type, v.body, e.revision, e.state "
+            "FROM objects o JOIN object_revisions x ON x.object_id = o.object_id AND x.revision = o.revision "
+            "JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
+            "LEFT JOIN objects e ON e.parent_id = o.object_id "
+            "LEFT JOIN object_revisions v ON v.object_id = e.object_id AND v.revision = e.revision "
+            f"WHERE o.object_id = ? AND o.object_type = '{EXECUTION_TYPE}' "
+            "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) ORDER BY e.{seq}",
+            (execution_id, self.business_id, self.business_id),
+        ).fetchall()
+        if not rows:
+            return None
+        first = rows[0]
+        dispatch = self._dispatch_from(execution_id, first[1:8])
+        assert dispatch is not None  # an inner join
+        evidence = tuple(Evidence(r[8], r[9], json.loads(r[10]), r[11], r[12]) for r in rows if r[8] is not None)
+        return VisitView(codec.decode_execution(first[0]), dispatch, evidence)
 
     def object_exists(self, object_id: str) -> bool:
         return self._execute("SELECT 1 FROM objects WHERE object_id = ?", (object_id,)).fetchone() is not None
@@ -610,7 +643,8 @@ class SqlBackend(Backend):
             p.WaitRegistration(p.WaitKey(r[0], r[1], r[2]), r[3], codec.decode_wait_spec(r[4])) for r in rows
         ]
 
-    def due_registrations(self, now: datetime, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
+    def due_registrations(self, now: datetime | None, limit: int, business_id: str | None = None) -> list[p.WaitKey]:
+        """As :meth:`Backend.due_registrations`; ``now`` None is the database's own time as the statement starts."""
         scope = business_id if business_id is not None else self.business_id
         if scope is not None and self.business_id is not None and scope != self.business_id:
             return []
@@ -618,10 +652,13 @@ class SqlBackend(Backend):
         # execution's current revision still waits on.  A registration left
         # open by anything else can then never fill the limit and starve the
         # due ones behind it.
-        rows = self._execute(self._due_sql(), (self.dialect.encode_time(now), scope, scope, limit)).fetchall()
+        if now is None:
+            rows = self._execute(self._due_sql("statement_timestamp()"), (scope, scope, limit)).fetchall()
+        else:
+            rows = self._execute(self._due_sql(), (self.dialect.encode_time(now), scope, scope, limit)).fetchall()
         return [p.WaitKey(r[0], r[1], r[2]) for r in rows]
 
-    def _due_sql(self) -> str:
+    def _due_sql(self, bound: str = "?") -> str:
         def item(index: int) -> str:
             return self.dialect.wait_item.format(body="r.body", index=index)
 
@@ -629,7 +666,7 @@ class SqlBackend(Backend):
             "SELECT w.execution_id, w.node_id, w.attempt_id FROM wait_registrations w "
             "JOIN objects o ON o.object_id = w.execution_id "
             "JOIN object_revisions r ON r.object_id = o.object_id AND r.revision = o.revision "
-            "WHERE w.woken_by IS NULL AND w.closed_by IS NULL AND w.wake_at IS NOT NULL AND w.wake_at <= ? "
+            f"WHERE w.woken_by IS NULL AND w.closed_by IS NULL AND w.wake_at IS NOT NULL AND w.wake_at <= {bound} "
             f"AND o.object_type = '{EXECUTION_TYPE}' AND o.state = 'waiting' "
             f"AND {item(1)} = w.node_id AND {item(2)} = w.attempt_id "
             "AND (CAST(? AS TEXT) IS NULL OR w.business_id = ?) ORDER BY w.wake_at, w.execution_id LIMIT ?"

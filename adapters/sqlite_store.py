@@ -45,7 +45,7 @@ from fencekeeper.kernel.machines import DispatchState, ExecutionState, Operation
 
 from . import codec
 from .sql import Dialect, SqlBackend
-from .store import Backend, Clock, ExecutionView, StoreError, TransactionalStore
+from .store import Backend, Clock, ExecutionView, StoreError, TransactionalStore, VisitView
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -632,6 +632,21 @@ class SQLiteStore(TransactionalStore):
     def read(self, execution_id: str) -> ExecutionView | None:
         with self._read() as conn:
             return _SQLiteBackend(conn).read_view(execution_id)
+
+    def due_wakes(self, limit: int = 100, *, business_id: str | None = None) -> list[p.WaitKey]:
+        # A read of one statement (a worker asks before every claim): no
+        # transaction block, and no write lock taken from other writers.
+        # Each timer found is fired in a decision of its own, which checks
+        # that it is due under that decision's guard.
+        now = self.clock.now()
+        with self._lock:
+            return _SQLiteBackend(self._conn).due_registrations(now, limit, business_id)
+
+    def read_for_visit(self, execution_id: str) -> VisitView | None:
+        # One statement: SQLite runs it in a read transaction of its own, one
+        # snapshot, so neither BEGIN nor COMMIT is needed.
+        with self._lock:
+            return _SQLiteBackend(self._conn).visit_view(execution_id)
 
     def close(self) -> None:
         with self._lock:

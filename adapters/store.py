@@ -75,6 +75,9 @@ def evidence_revision_conflict(item: Evidence) -> StoreError:
     )
 
 
+DEFINITION_CACHE = 1024
+"""Definition revisions a store keeps parsed in memory; past it the cache starts again empty."""
+
 SWEEP_LOCK_WAIT = 2.0
 """Seconds a sweep waits for a row another transaction holds before skipping it as locked.
 
@@ -144,6 +147,21 @@ class ExecutionView:
     """Every revision of every evidence object: objects in creation order, each object's revisions in order."""
 
 
+@attrs.frozen
+class VisitView:
+    """What a worker plans one node visit from: the execution, its dispatch row and its current evidence.
+
+    Read from one snapshot, as :class:`ExecutionView` is, without the
+    history a visit never looks at (revisions, transitions, registrations,
+    recoveries).
+    """
+
+    execution: p.Execution
+    dispatch: p.Dispatch
+    evidence: tuple[Evidence, ...]
+    """The current revision of every evidence object, in creation order."""
+
+
 # --- the port -----------------------------------------------------------------------
 
 
@@ -206,6 +224,10 @@ class Store(Protocol):
 
     def read(self, execution_id: str) -> ExecutionView | None:
         """The execution with its whole history, from one snapshot; None when there is none."""
+        ...
+
+    def read_for_visit(self, execution_id: str) -> VisitView | None:
+        """The execution, its dispatch row and its current evidence, from one snapshot; None when there is none."""
         ...
 
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
@@ -419,6 +441,10 @@ class TransactionalStore(abc.ABC):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
+        # Registered definition revisions by (business, definition, revision):
+        # immutable once registered (load_definition).  Shared by the store's
+        # threads; a Definition is a frozen value.
+        self._definitions: dict[tuple[str, str, int | None], d.Definition] = {}
 
     @abc.abstractmethod
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
@@ -427,6 +453,17 @@ class TransactionalStore(abc.ABC):
     @abc.abstractmethod
     def read(self, execution_id: str) -> ExecutionView | None:
         """The execution with its whole history, from one consistent snapshot."""
+
+    def read_for_visit(self, execution_id: str) -> VisitView | None:
+        """The execution, its dispatch row and its current evidence, from one snapshot; None when there is none.
+
+        Stores read it in one statement (:meth:`Backend.visit_view`); this
+        default takes it from :meth:`read`.
+        """
+        view = self.read(execution_id)
+        if view is None:
+            return None
+        return VisitView(view.execution, view.dispatch, view.evidence)
 
     @abc.abstractmethod
     def expired(self) -> list[str]:
@@ -656,7 +693,20 @@ class TransactionalStore(abc.ABC):
         return bool(self._run(decide))
 
     def load_definition(self, business_id: str, definition_id: str, revision: int | None = None) -> d.Definition | None:
-        """A registered definition revision of ``business_id`` (the latest when ``revision`` is None)."""
+        """A registered definition revision of ``business_id`` (the latest when ``revision`` is None).
+
+        A revision asked for by number is kept once found: a registered
+        revision never changes (registration refuses the same revision with
+        other content, and its rows are append-only), so every worker visit
+        after the first reads its execution's pinned revision from memory,
+        not from the database.  The latest revision, and a revision not
+        found, are always read: either may change when one is registered.
+        """
+        key = (business_id, definition_id, revision)
+        if revision is not None:
+            cached = self._definitions.get(key)
+            if cached is not None:
+                return cached
         object_id = definition_object_id(business_id, definition_id)
 
         def decide(tx: Backend, now: datetime) -> _Written:
@@ -670,7 +720,13 @@ class TransactionalStore(abc.ABC):
             return _Written(d.from_json(body, strict=False, source=f"{definition_id} revision {number}"))
 
         result = self._run(decide)
-        return result if isinstance(result, d.Definition) else None
+        if not isinstance(result, d.Definition):
+            return None
+        if revision is not None:
+            if len(self._definitions) >= DEFINITION_CACHE:
+                self._definitions.clear()
+            self._definitions[key] = result
+        return result
 
     # --- events, approvals, timers -------------------------------------------------
 
@@ -833,6 +889,7 @@ __all__ = [
     "StoreError",
     "SystemClock",
     "TransactionalStore",
+    "VisitView",
     "definition_object_id",
     "evidence_revision_conflict",
     "registration_conflict",

@@ -195,7 +195,7 @@ class Worker:
                 self._tell(key.execution_id, "timer", outcome.evidence[-1].reason)
 
     def _business_of(self, execution_id: str) -> str:
-        view = self.store.read(execution_id)
+        view = self.store.read_for_visit(execution_id)
         return view.execution.business_id if view is not None else ""
 
     def run_pass(self, *, max_claims: int | None = None) -> PassReport:
@@ -226,7 +226,7 @@ class Worker:
     def drive(self, execution_id: str, credential: p.LeaseCredential, report: PassReport) -> None:
         """Visit nodes under ``credential`` until the execution leaves running or a request is refused."""
         while True:
-            view = self.store.read(execution_id)
+            view = self.store.read_for_visit(execution_id)
             if view is None or view.execution.state != ExecutionState.RUNNING:
                 return
             execution = view.execution

@@ -57,7 +57,7 @@ from typing import Any
 import attrs
 import pytest
 
-from fencekeeper.adapters.store import Evidence, ExecutionView, ManualClock, Store, StoreError
+from fencekeeper.adapters.store import Evidence, ExecutionView, ManualClock, Store, StoreError, VisitView
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import Definition, DefinitionError, definition_from_mapping
@@ -545,6 +545,36 @@ class StoreTests:
             ("ev-step-1", "step_attempt", {"node": "n-1", "attempt": 1})
         ]
         assert_coherent(found)
+
+    def test_a_visit_reads_what_read_shows(self, store: Store) -> None:
+        # read_for_visit is what a worker plans from: it must agree with
+        # read() on the execution, the dispatch row and the current evidence
+        # (their order too), with none, one and several evidence objects.
+        assert store.read_for_visit("e-1") is None
+        admit(store, "e-1")
+        admit(store, "e-2")
+        for execution_id in ("e-1", "e-2"):
+            self.assert_visit_matches_read(store, execution_id)
+        credential = claim(store)[1]
+        self.assert_visit_matches_read(store, "e-1")
+        items = [
+            Evidence("ev-a", "step_attempt", {"n": 1}),
+            Evidence("ev-b", "step_attempt", {"n": 2}),
+        ]
+        decided(store.append_evidence("e-1", credential, items))
+        self.assert_visit_matches_read(store, "e-1")
+        request = step_request(store, "e-1", credential, step=p.StepRecord("n-1", "a-1"))
+        decided(store.record_step("e-1", request, [Evidence("ev-a", "step_attempt", {"n": 3}, 2, "done")]))
+        visit = self.assert_visit_matches_read(store, "e-1")
+        assert [(e.object_id, e.revision) for e in visit.evidence] == [("ev-a", 2), ("ev-b", 1)]
+        self.assert_visit_matches_read(store, "e-2")
+
+    @staticmethod
+    def assert_visit_matches_read(store: Store, execution_id: str) -> VisitView:
+        found = view(store, execution_id)
+        visit = store.read_for_visit(execution_id)
+        assert visit == VisitView(found.execution, found.dispatch, found.evidence), (visit, found)
+        return visit
 
     def test_record_step_with_a_stale_revision_is_refused(self, store: Store) -> None:
         credential = self.running(store)
@@ -1237,6 +1267,27 @@ class StoreTests:
             store.register_definition(_definition(1), "b-2", DENIED)
         assert caught.value.code == "not_authorized"
         assert store.load_definition("b-2", "d-1") is None
+
+    def test_a_definition_revision_kept_in_memory_is_the_registered_one(self, store: Store) -> None:
+        # A revision loaded by number is kept (load_definition); what may
+        # still change, the latest revision and one not yet registered, must
+        # be read afresh, and a kept revision never leaks into another Business.
+        first = _definition(1)
+        assert store.load_definition("b-1", "d-1", 1) is None
+        store.register_definition(first, "b-1", GRANTED)
+        assert store.load_definition("b-1", "d-1", 1) == first
+        assert store.load_definition("b-1", "d-1", 1) == first
+        assert store.load_definition("b-1", "d-1", 2) is None
+        second = _definition(2, node_revision=2, end="failed")
+        store.register_definition(second, "b-1", GRANTED)
+        assert store.load_definition("b-1", "d-1") == second
+        assert store.load_definition("b-1", "d-1", 2) == second
+        assert store.load_definition("b-1", "d-1", 1) == first
+        assert store.load_definition("b-2", "d-1", 1) is None
+        other = _definition(1, end="failed")
+        store.register_definition(other, "b-2", GRANTED)
+        assert store.load_definition("b-2", "d-1", 1) == other
+        assert store.load_definition("b-1", "d-1", 1) == first
 
     # --- events ----------------------------------------------------------------------------------------
 

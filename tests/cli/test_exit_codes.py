@@ -24,6 +24,8 @@ import argparse
 import contextlib
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,32 @@ def test_every_command_is_swept() -> None:
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     swept = set(WITH_DB) | {args[0] for args, _, _ in WITHOUT_DB}
     assert set(commands.choices) == swept
+
+
+def test_the_command_groups_load_only_when_a_command_line_may_need_them() -> None:
+    """Every command is either defined in cli.py or a group; a plain command's parser leaves the groups out."""
+    parser = cli._parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op"}
+    light = cli._parser(groups=False)
+    [fewer] = [a for a in light._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(fewer.choices) == cli._LIGHT_COMMANDS
+    assert not cli._needs_groups(["--debug", "worker", "--db", "x.db"])
+    assert cli._needs_groups(["journal", "show"]) and cli._needs_groups(["op", "status"])
+    assert cli._needs_groups(["--help"]) and cli._needs_groups(["no-such-command"])
+
+
+def test_a_worker_command_line_imports_neither_group() -> None:
+    """What the groups cost at start-up is paid only by their own commands (a fresh interpreter, so nothing is cached)."""
+    probe = (
+        "import sys\n"
+        "from fencekeeper.adapters import cli\n"
+        "try:\n"
+        "    cli.main(['worker', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = [m for m in ('fencekeeper.adapters.cli_journal', 'fencekeeper.adapters.cli_ops') if m in sys.modules]\n"
+        "sys.stderr.write(repr(loaded))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stderr == "[]", done.stderr

@@ -99,6 +99,9 @@ def test_one_business_can_neither_read_nor_change_another(pg_dsn: str, pg_schema
         _admit(everyone, "e-acme", "acme")
         _admit(everyone, "e-globex", "globex")
         assert other.read("e-acme") is None
+        assert other.read_for_visit("e-acme") is None
+        found = acme.read_for_visit("e-acme")
+        assert found is not None and found.execution.business_id == "acme"
         assert other.execution_ids() == ["e-globex"]
         assert acme.execution_ids() == ["e-acme"]
         before = everyone.read("e-acme")
