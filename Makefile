@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" | sort)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg specs apidocs clean
+.PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg bench-e2e specs apidocs clean
 
 demo: $(STAMP)
 	$(BIN)/fencekeeper demo
@@ -56,6 +56,18 @@ bench: $(STAMP)
 # Needs a PostgreSQL server (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test).
 bench-pg: $(STAMP)
 	$(BIN)/python -m bench.postgres_store
+
+# The worker as a user runs it, beside Procrastinate and DBOS on the same PostgreSQL server
+# (FENCEKEEPER_PG_DSN, as above) and on SQLite, in one run (bench/README.md). They come from
+# the optional `bench` extra, installed here and never by `make test`. About ten minutes;
+# BENCH_E2E_ARGS=--quick for about two.
+BENCH_E2E_ARGS ?=
+bench-e2e: $(VENV)/.bench-installed
+	$(BIN)/python -m bench.e2e $(BENCH_E2E_ARGS)
+
+$(VENV)/.bench-installed: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[bench]' --config-settings editable_mode=strict
+	touch $@
 
 # Regenerate specs/machines/*.toml and docs/machines.md from the kernel (export-specs leaves
 # the other, hand-written specs as they are: in the repository they are the shipped files), and

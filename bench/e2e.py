@@ -1,0 +1,936 @@
+"""The worker as a user runs it, beside Procrastinate and DBOS on the same server in the same run.
+
+Run: ``make bench-e2e`` (installs the optional ``bench`` extra first), or
+``python -m bench.e2e [--quick] [--rounds N] [--executions N] ...``.  The
+PostgreSQL server is ``FENCEKEEPER_PG_DSN`` (default
+postgresql://postgres@127.0.0.1:5432/test); the bench creates a database of
+its own there, ``fk_bench_e2e_<pid>``, gives every measurement a fresh schema
+in it, and drops the database when it ends.
+
+Rules of this module:
+
+- **What a user runs.** fencekeeper is measured through the
+  ``fencekeeper worker --until-idle`` processes a user starts (1, 4 and 8 of
+  them, each one worker thread), Procrastinate through its own
+  ``procrastinate worker --one-shot`` process (concurrency 1 and 8), DBOS
+  through a process that launches DBOS and runs its queue (worker concurrency
+  1 and 8).  A drain is timed from the moment the first process is started
+  until the queue is empty: fencekeeper's and Procrastinate's workers exit
+  when they find nothing to do; DBOS has no such mode, so the bench polls its
+  system database every 20 ms and stops it when every workflow succeeded.
+  Process start-up is inside every drain, as it is for a user; the bench
+  prints each system's start-up on an empty queue beside it, so a reader can
+  take it out.
+- **The same work.** fencekeeper's Commands go to a handler that does no I/O
+  (``bench/e2e_handler.py``, plugged in with ``--handler
+  bench.e2e_handler:make``; ``--handler example`` uses the example handler and
+  its durable effect log instead).  Procrastinate's job and DBOS's steps do
+  nothing either.  Workloads: ``one-node`` (start at ``end``), ``two-node``
+  (``local_command``, then ``end``: two nodes visited) and ``five-node`` (a
+  condition, two ``local_command`` nodes and ``end``: four visited, a fifth,
+  the failure end, never reached), against Procrastinate's no-op job and DBOS
+  workflows of one and three no-op steps.
+- **Admission is timed apart,** before the drain, one transaction each:
+  ``service.run`` (the service API, which reads the pinned definition, checks
+  the input and the policy, then admits), Procrastinate's ``defer`` one job at
+  a time, DBOS's ``Queue.enqueue`` one workflow at a time.
+- **Every measurement starts clean.**  A fresh schema (a fresh file on
+  SQLite), then ``ANALYZE`` of the bench's database after admission (for every
+  system alike: Procrastinate's claim query is planned badly without
+  statistics) and a ``CHECKPOINT`` (where the role may), so that no drain pays
+  for what the one before left dirty.
+- **A drain that did not finish everything is not a measurement.**  The bench
+  checks that every admitted execution, job or workflow succeeded and stops
+  with the reason otherwise.
+- **Rounds alternate the order of the systems** (fencekeeper first in odd
+  rounds, last in even ones), so a burst of load from elsewhere does not
+  always fall on the same side.  Figures are medians over the rounds; each
+  target's ratio is the median of the rounds' own ratios, each ratio taken
+  between two drains of the same round.
+- **Round trips are counted, not timed.**  The server this project runs on
+  does not load ``pg_stat_statements`` (``SHOW shared_preload_libraries`` is
+  empty), so a worker is run under libpq's own protocol trace (``PQtrace``,
+  enabled on every connection it opens; ``--traced`` below): a round trip is a
+  message the client then waits on (``Query`` or ``Sync``), a statement an
+  ``Execute`` or a ``Query``.  Start-up and the last, empty claim are taken out
+  by subtracting a run over an empty queue from a run over N executions.
+  Procrastinate's worker is counted the same way.
+
+Nothing here asserts a time; ``--check`` only turns missed targets into exit
+status 1.  Procrastinate and DBOS are imported only inside the functions (and
+the two helper modules, ``bench/e2e_procrastinate.py`` and
+``bench/e2e_dbos.py``, run as their own processes) that use them, so the
+fencekeeper side runs without the ``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import json
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import attrs
+
+from fencekeeper.adapters import connect, examples, service
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import parse_definition
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+BASE_DSN = os.environ.get("FENCEKEEPER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+BUSINESS = "default"
+PRINCIPAL = "user:operator"
+NOOP_HANDLER = "bench.e2e_handler:make"
+DRAIN_TIMEOUT = 600.0
+
+_END = """
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+
+[[nodes]]
+id = "failed"
+kind = "end"
+revision = 1
+outcome = "failed"
+error_code = "bench_failed"
+"""
+
+_COMMAND = """
+[[nodes]]
+id = "{id}"
+kind = "local_command"
+revision = 1
+operation = "{operation}"
+targets = [{{ id = {{ from = "input.order_id" }}, revision = 1 }}]
+payload = {{ carrier = "standard" }}
+next = "{next}"
+on_failure = "failed"
+"""
+
+WORKFLOWS: dict[str, str] = {
+    "one-node": """
+id = "bench-one-node"
+revision = 1
+start = "done"
+inputs = ["order_id", "amount"]
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+""",
+    "two-node": """
+id = "bench-two-node"
+revision = 1
+start = "ship"
+inputs = ["order_id", "amount"]
+"""
+    + _COMMAND.format(id="ship", operation="order.ship", next="done")
+    + _END,
+    "five-node": """
+id = "bench-five-node"
+revision = 1
+start = "check"
+inputs = ["order_id", "amount"]
+
+[[nodes]]
+id = "check"
+kind = "condition"
+revision = 1
+expression = "input.amount >= 0"
+bindings = ["input.amount"]
+true_next = "ship"
+false_next = "failed"
+"""
+    + _COMMAND.format(id="ship", operation="order.ship", next="notify")
+    + _COMMAND.format(id="notify", operation="order.notify", next="done")
+    + _END,
+}
+"""Each workload's definition.  The end ``failed`` is there because a Command node must name where a
+deterministic rejection goes; no execution reaches it."""
+
+DBOS_STEPS = {"one-step": 1, "three-step": 3}
+
+
+class BenchError(Exception):
+    """A measurement that could not be taken as described: the message says which and why."""
+
+
+@attrs.frozen
+class Drain:
+    """One timed drain: ``executions`` admitted one by one in ``admit_seconds``, then drained in ``seconds``."""
+
+    system: str
+    workload: str
+    store: str
+    workers: int
+    executions: int
+    admit_seconds: float
+    seconds: float
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        """What identifies the same measurement across rounds."""
+        return (self.system, self.workload, self.store, self.workers)
+
+    @property
+    def rate(self) -> float:
+        """Executions (jobs, workflows) completed per second, start-up included."""
+        return self.executions / self.seconds
+
+    @property
+    def admit_rate(self) -> float:
+        """Admissions (defers, enqueues) per second, one transaction each."""
+        return self.executions / self.admit_seconds if self.admit_seconds > 0 else 0.0
+
+
+@attrs.frozen
+class Counted:
+    """Per execution, from a libpq protocol trace: messages that wait on the server, statements, transactions."""
+
+    system: str
+    workload: str
+    executions: int
+    round_trips: float
+    statements: float
+    transactions: float
+
+
+# --- the PostgreSQL server ------------------------------------------------------------------
+
+
+def _with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+class Server:
+    """The bench's own database on the PostgreSQL server, created on entry and dropped on exit."""
+
+    def __init__(self, base_url: str) -> None:
+        import psycopg  # noqa: PLC0415 - only when PostgreSQL is measured
+
+        self._psycopg = psycopg
+        self.base_url = base_url
+        self.database = f"fk_bench_e2e_{os.getpid()}"
+        self.url = _with_database(base_url, self.database)
+        self._names = itertools.count(1)
+        with psycopg.connect(base_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {self.database}")
+            conn.execute(f"CREATE DATABASE {self.database}")
+        self.conn = psycopg.connect(self.url, autocommit=True)
+        self.preload = str(self.scalar("SHOW shared_preload_libraries"))
+        self.version = str(self.scalar("SHOW server_version"))
+
+    def scalar(self, sql: str) -> Any:
+        """The first column of the first row ``sql`` returns."""
+        row = self.conn.execute(sql).fetchone()
+        return None if row is None else row[0]
+
+    def fresh_schema(self, prefix: str) -> str:
+        """A schema name no measurement has used (not created: each system creates its own)."""
+        return f"{prefix}_{next(self._names)}"
+
+    def drop_schema(self, schema: str) -> None:
+        """Drop one measurement's schema, with everything in it."""
+        self.conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+    def settle(self) -> None:
+        """ANALYZE the bench's database, then CHECKPOINT if the role may: every drain starts from the same state."""
+        self.conn.execute("ANALYZE")
+        with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):
+            self.conn.execute("CHECKPOINT")
+
+    def close(self) -> None:
+        """Drop the bench's database (whatever a failed measurement left in it goes with it)."""
+        self.conn.close()
+        with self._psycopg.connect(self.base_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
+
+
+# --- fencekeeper ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class FencekeeperTarget:
+    """Where a fencekeeper measurement's store is: the ``--db`` (and ``--schema``) a worker is given."""
+
+    url: str
+    schema: str | None
+
+    def worker_args(self) -> list[str]:
+        """The store options of ``fencekeeper worker``."""
+        return ["--db", self.url, *(["--schema", self.schema] if self.schema else [])]
+
+
+def _fencekeeper_target(store: str, server: Server | None, directory: Path) -> FencekeeperTarget:
+    if store == "pg":
+        assert server is not None
+        return FencekeeperTarget(server.url, server.fresh_schema("fk"))
+    return FencekeeperTarget(str(directory / f"fk-{uuid.uuid4().hex[:8]}.db"), None)
+
+
+def admit(target: FencekeeperTarget, workload: str, executions: int) -> float:
+    """Migrate, register the workload's definition and admit ``executions`` through ``service.run``; seconds taken."""
+    connect.migrate(target.url, schema=target.schema)
+    definition = parse_definition(WORKFLOWS[workload], f"bench:{workload}")
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    store = connect.open_store(target.url, schema=target.schema, pool_size=1)
+    try:
+        service.register(store, definition, BUSINESS, PRINCIPAL, policy)
+        started = time.perf_counter()
+        for n in range(executions):
+            outcome = service.run(
+                store,
+                policy,
+                business_id=BUSINESS,
+                principal_id=PRINCIPAL,
+                definition_id=definition.definition_id,
+                input={"order_id": f"o-{n}", "amount": n},
+                execution_id=f"e-{n}",
+            )
+            if not isinstance(outcome, p.Decision):
+                raise BenchError(f"fencekeeper: admission {n} refused: {outcome}")
+        return time.perf_counter() - started
+    finally:
+        store.close()
+
+
+def worker_command(target: FencekeeperTarget, number: int, handler: str) -> list[str]:
+    """One ``fencekeeper worker --until-idle`` process, as a user starts it."""
+    return [
+        str(BIN / "fencekeeper"),
+        "worker",
+        *target.worker_args(),
+        "--until-idle",
+        "--json",
+        "--id",
+        f"bench{number}",
+        *(["--handler", handler] if handler != "example" else []),
+    ]
+
+
+def _worker_env(directory: Path) -> dict[str, str]:
+    # The example handler keeps its effect log for a DSN under XDG_STATE_HOME: the bench's own directory.
+    return dict(os.environ, XDG_STATE_HOME=str(directory / "state"))
+
+
+def _run_all(commands: Sequence[Sequence[str]], env: dict[str, str]) -> tuple[float, list[str]]:
+    """Start every command at once, wait for all; the seconds from the first start to the last exit, and stdouts."""
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for c in commands
+    ]
+    outputs = [proc.communicate(timeout=DRAIN_TIMEOUT) for proc in procs]
+    seconds = time.perf_counter() - started
+    for proc, (_, stderr) in zip(procs, outputs, strict=True):
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(proc.args)}: exit {proc.returncode}: {stderr.strip()[-2000:]}")  # type: ignore[arg-type]
+    return seconds, [stdout for stdout, _ in outputs]
+
+
+def fencekeeper_drain(
+    store: str,
+    workload: str,
+    executions: int,
+    workers: int,
+    *,
+    server: Server | None,
+    directory: Path,
+    handler: str = NOOP_HANDLER,
+) -> Drain:
+    """Admit ``executions`` of ``workload``, then time ``workers`` worker processes draining them."""
+    target = _fencekeeper_target(store, server, directory)
+    try:
+        admit_seconds = admit(target, workload, executions)
+        if server is not None:
+            server.settle()
+        seconds, outputs = _run_all(
+            [worker_command(target, n, handler) for n in range(1, workers + 1)], _worker_env(directory)
+        )
+        summaries = [json.loads(out) for out in outputs]
+        succeeded = sum(s["finished"].get("succeeded", 0) for s in summaries)
+        problems = [x for s in summaries for x in (*s["errors"], *s["refused"])]
+        if succeeded != executions or problems:
+            raise BenchError(
+                f"fencekeeper {workload} on {store}, {workers} workers: {succeeded} of {executions} succeeded; {problems[:3]}"
+            )
+        return Drain("fencekeeper", workload, store, workers, executions, admit_seconds, seconds)
+    finally:
+        if server is not None and target.schema is not None:
+            server.drop_schema(target.schema)
+
+
+def fencekeeper_start(store: str, *, server: Server | None, directory: Path) -> float:
+    """Seconds one ``fencekeeper worker --until-idle`` takes over an empty store: start-up and one empty claim."""
+    target = _fencekeeper_target(store, server, directory)
+    try:
+        connect.migrate(target.url, schema=target.schema)
+        seconds, _ = _run_all([worker_command(target, 1, NOOP_HANDLER)], _worker_env(directory))
+        return seconds
+    finally:
+        if server is not None and target.schema is not None:
+            server.drop_schema(target.schema)
+
+
+# --- Procrastinate --------------------------------------------------------------------------
+
+
+def _search_path_url(url: str, schema: str) -> str:
+    return f"{url}?options={quote(f'-csearch_path={schema}')}"
+
+
+def procrastinate_command(concurrency: int) -> list[str]:
+    """Procrastinate's own worker command, as its documentation runs it, stopping when the queue is empty."""
+    return [
+        str(BIN / "procrastinate"),
+        "--app",
+        "bench.e2e_procrastinate.app",
+        "worker",
+        "--one-shot",
+        "--concurrency",
+        str(concurrency),
+    ]
+
+
+def procrastinate_drain(executions: int, concurrency: int, *, server: Server) -> Drain:
+    """Defer ``executions`` no-op jobs one by one, ANALYZE, then time one ``procrastinate worker --one-shot``."""
+    import procrastinate  # noqa: PLC0415 - the bench extra; the fencekeeper side runs without it
+
+    from bench.e2e_procrastinate import app  # noqa: PLC0415
+
+    schema = server.fresh_schema("procrastinate")
+    dsn = _search_path_url(server.url, schema)
+    try:
+        server.conn.execute(f"CREATE SCHEMA {schema}")
+        with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
+            sync_app.schema_manager.apply_schema()
+            started = time.perf_counter()
+            for _ in range(executions):
+                sync_app.configure_task("noop").defer()
+            admit_seconds = time.perf_counter() - started
+        server.settle()
+        env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
+        seconds, _ = _run_all([procrastinate_command(concurrency)], env)
+        done = server.scalar(f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'")
+        if done != executions:
+            raise BenchError(f"procrastinate, concurrency {concurrency}: {done} of {executions} jobs succeeded")
+        return Drain("procrastinate", "no-op job", "pg", concurrency, executions, admit_seconds, seconds)
+    finally:
+        server.drop_schema(schema)
+
+
+def procrastinate_start(*, server: Server) -> float:
+    """Seconds one ``procrastinate worker --one-shot`` takes over an empty queue."""
+    import procrastinate  # noqa: PLC0415
+
+    from bench.e2e_procrastinate import app  # noqa: PLC0415
+
+    schema = server.fresh_schema("procrastinate")
+    dsn = _search_path_url(server.url, schema)
+    try:
+        server.conn.execute(f"CREATE SCHEMA {schema}")
+        with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
+            sync_app.schema_manager.apply_schema()
+        env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
+        seconds, _ = _run_all([procrastinate_command(1)], env)
+        return seconds
+    finally:
+        server.drop_schema(schema)
+
+
+# --- DBOS -----------------------------------------------------------------------------------
+
+
+def _dbos_location(store: str, server: Server | None, directory: Path) -> tuple[str, str]:
+    if store == "pg":
+        assert server is not None
+        return server.url, server.fresh_schema("dbos")
+    return f"sqlite:///{directory / f'dbos-{uuid.uuid4().hex[:8]}.sqlite'}", "dbos"
+
+
+def _dbos_succeeded(store: str, url: str, schema: str, server: Server | None) -> Callable[[], int]:
+    if store == "pg":
+        assert server is not None
+        return lambda: int(server.scalar(f"SELECT count(*) FROM {schema}.workflow_status WHERE status = 'SUCCESS'"))
+    path = url.removeprefix("sqlite:///")
+
+    def count() -> int:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as conn:
+                return int(conn.execute("SELECT count(*) FROM workflow_status WHERE status = 'SUCCESS'").fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0  # busy, or not created yet: ask again at the next poll
+
+    return count
+
+
+def dbos_drain(
+    store: str, workload: str, executions: int, concurrency: int, *, server: Server | None, directory: Path
+) -> Drain:
+    """Enqueue ``executions`` workflows one by one in one process, then time a DBOS worker process draining them."""
+    url, schema = _dbos_location(store, server, directory)
+    args = [url, schema, str(DBOS_STEPS[workload]), str(executions), str(concurrency)]
+    module = [sys.executable, "-m", "bench.e2e_dbos"]
+    try:
+        _, outputs = _run_all([[*module, "admit", *args]], dict(os.environ))
+        admit_seconds = float(json.loads(outputs[0].strip().splitlines()[-1])["seconds"])
+        if server is not None:
+            server.settle()
+        succeeded = _dbos_succeeded(store, url, schema, server)
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [*module, "drain", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            while (done := succeeded()) < executions:
+                if proc.poll() is not None:
+                    raise BenchError(f"dbos {workload} on {store}: the worker exited: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+                if time.perf_counter() - started > DRAIN_TIMEOUT:
+                    raise BenchError(f"dbos {workload} on {store}: {done} of {executions} after {DRAIN_TIMEOUT:.0f} s")
+                time.sleep(0.02)
+            seconds = time.perf_counter() - started
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+        return Drain("dbos", workload, store, concurrency, executions, admit_seconds, seconds)
+    finally:
+        if server is not None:
+            server.drop_schema(schema)
+
+
+# --- counting round trips -------------------------------------------------------------------
+
+
+def traced(argv: Sequence[str]) -> int:
+    """``python -m bench.e2e --traced DIR fencekeeper|procrastinate ARGS...``: that command line, every connection traced.
+
+    Each psycopg connection the process opens (sync or async, pooled or not)
+    gets libpq's protocol trace into a file of its own in DIR.  The stdio
+    streams are flushed when the process exits normally, which both commands
+    do when their queue is empty.
+    """
+    directory, program, *rest = argv
+    import psycopg  # noqa: PLC0415
+    from psycopg import pq  # noqa: PLC0415
+
+    numbers = itertools.count()
+
+    def trace(conn: Any) -> None:
+        fd = os.open(Path(directory) / f"trace-{os.getpid()}-{next(numbers)}.txt", os.O_WRONLY | os.O_CREAT, 0o644)
+        conn.pgconn.trace(fd)
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    sync_connect = psycopg.Connection.connect.__func__  # type: ignore[attr-defined]
+    async_connect = psycopg.AsyncConnection.connect.__func__  # type: ignore[attr-defined]
+
+    def connect_traced(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        conn = sync_connect(cls, *args, **kwargs)
+        trace(conn)
+        return conn
+
+    async def aconnect_traced(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        conn = await async_connect(cls, *args, **kwargs)
+        trace(conn)
+        return conn
+
+    psycopg.Connection.connect = classmethod(connect_traced)  # type: ignore[assignment,method-assign]
+    psycopg.AsyncConnection.connect = classmethod(aconnect_traced)  # type: ignore[assignment,method-assign]
+    if program == "fencekeeper":
+        from fencekeeper.adapters.cli import main as fencekeeper_main  # noqa: PLC0415
+
+        return fencekeeper_main(rest)
+    from procrastinate.cli import main as procrastinate_main  # noqa: PLC0415
+
+    sys.argv = ["procrastinate", *rest]
+    procrastinate_main()  # type: ignore[no-untyped-call]
+    return 0
+
+
+@attrs.frozen
+class TraceCount:
+    """What one traced run sent and committed: messages that wait on the server, statements, transactions."""
+
+    round_trips: int
+    statements: int
+    transactions: int
+
+    def __sub__(self, other: TraceCount) -> TraceCount:
+        return TraceCount(
+            self.round_trips - other.round_trips,
+            self.statements - other.statements,
+            self.transactions - other.transactions,
+        )
+
+
+def count_trace(directory: Path) -> TraceCount:
+    """Count what every trace file in ``directory`` shows (libpq's format: ``F|B<TAB>len<TAB>Type<TAB>fields``).
+
+    A round trip is a frontend ``Query`` or ``Sync`` (the client then waits for
+    ``ReadyForQuery``); a statement is a ``Query`` or an ``Execute``; a
+    transaction is a ``ReadyForQuery`` that reports the session idle after at
+    least one completed command since the one before (an explicit ``COMMIT``,
+    or a statement run in autocommit, as Procrastinate runs them).
+    """
+    round_trips = statements = transactions = 0
+    for path in directory.glob("trace-*.txt"):
+        completed = False
+        for line in path.read_text(errors="replace").splitlines():
+            fields = line.split("\t", 3)
+            if len(fields) < 3:
+                continue
+            side, kind = fields[0], fields[2]
+            rest = fields[3].strip() if len(fields) > 3 else ""
+            if side == "F":
+                round_trips += kind in ("Query", "Sync")
+                statements += kind in ("Query", "Execute")
+            elif kind == "CommandComplete":
+                completed = True
+            elif kind == "ReadyForQuery":
+                transactions += completed and rest == "I"
+                completed = False
+    return TraceCount(round_trips, statements, transactions)
+
+
+def _traced_run(command: Sequence[str], program: str, env: dict[str, str], directory: Path) -> TraceCount:
+    directory.mkdir(parents=True)
+    _run_all([[sys.executable, "-m", "bench.e2e", "--traced", str(directory), program, *command[1:]]], env)
+    return count_trace(directory)
+
+
+def count_fencekeeper(workload: str, executions: int, *, server: Server, directory: Path) -> Counted:
+    """Round trips per execution of one traced ``fencekeeper worker --until-idle`` (one worker): N minus none."""
+    counts = []
+    for n in (0, executions):
+        target = _fencekeeper_target("pg", server, directory)
+        try:
+            if n:
+                admit(target, workload, n)
+            else:
+                connect.migrate(target.url, schema=target.schema)
+            trace_dir = directory / f"trace-fk-{workload}-{n}-{uuid.uuid4().hex[:6]}"
+            counts.append(_traced_run(worker_command(target, 1, NOOP_HANDLER), "fencekeeper", _worker_env(directory), trace_dir))
+        finally:
+            assert target.schema is not None
+            server.drop_schema(target.schema)
+    d = counts[1] - counts[0]
+    return Counted("fencekeeper", workload, executions, d.round_trips / executions, d.statements / executions, d.transactions / executions)
+
+
+def count_procrastinate(executions: int, *, server: Server, directory: Path) -> Counted:
+    """Round trips per job of one traced ``procrastinate worker --one-shot`` (concurrency 1): N minus none."""
+    import procrastinate  # noqa: PLC0415
+
+    from bench.e2e_procrastinate import app  # noqa: PLC0415
+
+    counts = []
+    for n in (0, executions):
+        schema = server.fresh_schema("procrastinate")
+        dsn = _search_path_url(server.url, schema)
+        try:
+            server.conn.execute(f"CREATE SCHEMA {schema}")
+            with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
+                sync_app.schema_manager.apply_schema()
+                for _ in range(n):
+                    sync_app.configure_task("noop").defer()
+            env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
+            trace_dir = directory / f"trace-procrastinate-{n}-{uuid.uuid4().hex[:6]}"
+            counts.append(_traced_run(procrastinate_command(1), "procrastinate", env, trace_dir))
+        finally:
+            server.drop_schema(schema)
+    d = counts[1] - counts[0]
+    return Counted("procrastinate", "no-op job", executions, d.round_trips / executions, d.statements / executions, d.transactions / executions)
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Plan:
+    """What one run measures."""
+
+    rounds: int
+    executions: int
+    sqlite_executions: int
+    workers: tuple[int, ...]
+    sqlite_workers: tuple[int, ...]
+    peer_concurrency: tuple[int, ...]
+    workloads: tuple[str, ...]
+    systems: tuple[str, ...]
+    stores: tuple[str, ...]
+    handler: str
+    count_executions: int
+
+
+Step = Callable[[], Drain]
+
+
+def _round_steps(plan: Plan, server: Server | None, directory: Path) -> dict[str, list[tuple[str, Step]]]:
+    """Each system's measurements of one round, in order, each a label and a callable."""
+    steps: dict[str, list[tuple[str, Step]]] = {"fencekeeper": [], "procrastinate": [], "dbos": []}
+    stores = [(s, plan.workers if s == "pg" else plan.sqlite_workers) for s in plan.stores]
+    for store, counts in stores:
+        n = plan.executions if store == "pg" else plan.sqlite_executions
+        for workload in plan.workloads:
+            for workers in counts:
+                step = functools.partial(
+                    fencekeeper_drain, store, workload, n, workers, server=server, directory=directory, handler=plan.handler
+                )
+                steps["fencekeeper"].append((f"fencekeeper {workload} {store} x{workers}", step))
+    if "pg" in plan.stores and server is not None:
+        for concurrency in plan.peer_concurrency:
+            step = functools.partial(procrastinate_drain, plan.executions, concurrency, server=server)
+            steps["procrastinate"].append((f"procrastinate no-op pg c{concurrency}", step))
+    for store in plan.stores:
+        n = plan.executions if store == "pg" else plan.sqlite_executions
+        concurrencies = plan.peer_concurrency if store == "pg" else plan.sqlite_workers
+        for workload in DBOS_STEPS:
+            for concurrency in concurrencies:
+                step = functools.partial(dbos_drain, store, workload, n, concurrency, server=server, directory=directory)
+                steps["dbos"].append((f"dbos {workload} {store} c{concurrency}", step))
+    return {system: steps[system] for system in plan.systems}
+
+
+def run(plan: Plan, *, out: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every round of ``plan``; returns the drains, start-ups and counts (also printed through ``out``)."""
+    drains: list[tuple[int, Drain]] = []
+    starts: dict[str, list[float]] = {}
+    counted: list[Counted] = []
+    with contextlib.ExitStack() as stack:
+        directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fk-bench-e2e-")))
+        server: Server | None = None
+        if "pg" in plan.stores:
+            server = Server(BASE_DSN)
+            stack.callback(server.close)
+            loaded = server.preload or "(none)"
+            out(f"server: PostgreSQL {server.version}, database {server.database}; shared_preload_libraries: {loaded}")
+        for number in range(1, plan.rounds + 1):
+            order = list(_round_steps(plan, server, directory).items())
+            if number % 2 == 0:
+                order.reverse()
+            out(f"round {number}: " + ", then ".join(system for system, _ in order))
+            for system, steps in order:
+                for store in plan.stores:
+                    label = f"{system} start-up, empty queue, {store}"
+                    if system == "fencekeeper":
+                        starts.setdefault(label, []).append(fencekeeper_start(store, server=server, directory=directory))
+                    elif system == "procrastinate" and store == "pg" and server is not None:
+                        starts.setdefault(label, []).append(procrastinate_start(server=server))
+                for label, step in steps:
+                    drain = step()
+                    drains.append((number, drain))
+                    out(
+                        f"  {label:<40} admitted {drain.admit_rate:8.1f}/s   drained {drain.executions:5d} in "
+                        f"{drain.seconds:6.2f} s = {drain.rate:8.1f}/s"
+                    )
+        if server is not None and plan.count_executions > 0:
+            if "fencekeeper" in plan.systems:
+                for workload in plan.workloads:
+                    counted.append(count_fencekeeper(workload, plan.count_executions, server=server, directory=directory))
+            if "procrastinate" in plan.systems:
+                counted.append(count_procrastinate(plan.count_executions, server=server, directory=directory))
+    return {"drains": drains, "starts": starts, "counted": counted}
+
+
+# --- the report -----------------------------------------------------------------------------
+
+Key = tuple[str, str, str, int | None]
+
+TARGETS: list[tuple[str, Key, Key, float | None, str]] = [
+    # (what, ours, reference, at least (None: shown, no target), rate or admit); None in a key matches any workers.
+    ("PG, 8 workers: one-node vs Procrastinate no-op (c8)", ("fencekeeper", "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, 8 workers: two-node vs Procrastinate no-op (c8)", ("fencekeeper", "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, 8 workers: two-node vs DBOS one-step (c8)", ("fencekeeper", "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
+    ("PG, 8 workers: five-node vs DBOS three-step (c8)", ("fencekeeper", "five-node", "pg", 8), ("dbos", "three-step", "pg", 8), None, "rate"),
+    ("PG, 1 worker: two-node vs Procrastinate no-op (c1)", ("fencekeeper", "two-node", "pg", 1), ("procrastinate", "no-op job", "pg", 1), None, "rate"),
+    ("PG admission: service.run vs Procrastinate defer", ("fencekeeper", "two-node", "pg", None), ("procrastinate", "no-op job", "pg", None), 1.0, "admit"),
+    ("PG admission: service.run vs DBOS enqueue", ("fencekeeper", "two-node", "pg", None), ("dbos", "one-step", "pg", None), None, "admit"),
+    ("SQLite, 1 worker: two-node vs DBOS one-step on SQLite", ("fencekeeper", "two-node", "sqlite", 1), ("dbos", "one-step", "sqlite", 1), 3.0, "rate"),
+    ("SQLite admission: service.run vs DBOS enqueue", ("fencekeeper", "two-node", "sqlite", None), ("dbos", "one-step", "sqlite", None), None, "admit"),
+]
+"""Issue 16's targets, and beside them the comparisons a reader choosing between the three would ask for."""
+ROUND_TRIP_TARGET = 12.0
+
+
+def _value(drain: Drain, how: str) -> float:
+    return drain.admit_rate if how == "admit" else drain.rate
+
+
+def _matches(drain: Drain, key: Key) -> bool:
+    return all(want is None or want == have for want, have in zip(key, drain.key, strict=True))
+
+
+def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> bool:
+    """Print the medians, the targets' ratios and the counts; True when every target measured is met."""
+    drains: list[tuple[int, Drain]] = result["drains"]
+    by_key: dict[tuple[str, str, str, int], list[Drain]] = {}
+    for _, drain in drains:
+        by_key.setdefault(drain.key, []).append(drain)
+    out("")
+    out("medians over the rounds (drain: from the first worker's start to the queue empty, start-up included)")
+    out(f"{'system':<14}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}  rounds (drained/s)")
+    for (system, workload, store, workers), items in by_key.items():
+        admitted = statistics.median(d.admit_rate for d in items)
+        rate = statistics.median(d.rate for d in items)
+        rounds = " / ".join(f"{d.rate:.0f}" for d in items)
+        out(f"{system:<14}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}  {rounds}")
+    for label, seconds in result["starts"].items():
+        out(f"{label}: {statistics.median(seconds):.2f} s (median of {len(seconds)})")
+    out("")
+    out("targets (ratio: median of the rounds' own ratios, ours / reference, both from the same round)")
+    met = True
+    for what, ours, reference, least, how in TARGETS:
+        pairs: list[tuple[float, float]] = []
+        for number in sorted({n for n, _ in drains}):
+            mine = [_value(d, how) for n, d in drains if n == number and _matches(d, ours)]
+            theirs = [_value(d, how) for n, d in drains if n == number and _matches(d, reference)]
+            if mine and theirs:
+                pairs.append((statistics.median(mine), statistics.median(theirs)))
+        if not pairs:
+            out(f"  {what}: not measured in this run")
+            continue
+        ratio = statistics.median(a / b for a, b in pairs)
+        ours_v = statistics.median(a for a, _ in pairs)
+        ref_v = statistics.median(b for _, b in pairs)
+        if least is None:
+            verdict = "no target"
+        else:
+            verdict = f"target >= {least:g}x: " + ("met" if ratio >= least else "NOT met")
+            met = met and ratio >= least
+        out(f"  {what}: {ours_v:.1f} vs {ref_v:.1f}/s = {ratio:.2f}x ({verdict})")
+    counted: list[Counted] = result["counted"]
+    if counted:
+        out("")
+        out(
+            "per execution, counted (libpq protocol trace of one worker, concurrency 1; "
+            "run over N executions minus run over an empty queue):"
+        )
+        out(f"{'system':<14}{'workload':<12}{'N':>5}{'round trips':>13}{'statements':>12}{'transactions':>14}")
+        for c in counted:
+            out(f"{c.system:<14}{c.workload:<12}{c.executions:>5}{c.round_trips:>13.1f}{c.statements:>12.1f}{c.transactions:>14.1f}")
+        for c in counted:
+            if c.system == "fencekeeper" and c.workload == "two-node":
+                verdict = "met" if c.round_trips <= ROUND_TRIP_TARGET else "NOT met"
+                met = met and c.round_trips <= ROUND_TRIP_TARGET
+                out(f"  round trips per two-node execution: {c.round_trips:.1f} (target <= {ROUND_TRIP_TARGET:g}): {verdict}")
+    return met
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of whole numbers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"give whole numbers of at least 1: {text!r}")
+    return values
+
+
+def _choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(x for x in text.split(",") if x)
+        unknown = [x for x in values if x not in allowed]
+        if unknown or not values:
+            raise argparse.ArgumentTypeError(f"{unknown or text!r}: choose from {', '.join(allowed)}")
+        return values
+
+    return parse
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
+    """The plan the command line asks for, and whether to exit 1 on a missed target."""
+    parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round, 100 executions, 1 and 8 workers (about 2 minutes)")
+    parser.add_argument("--rounds", type=int, help="rounds; medians are taken over them (default 3)")
+    parser.add_argument("--executions", type=int, help="executions (jobs, workflows) per PostgreSQL drain (default 500)")
+    parser.add_argument("--sqlite-executions", type=int, help="per SQLite drain (default: as --executions)")
+    parser.add_argument("--workers", type=_ints, help="fencekeeper worker processes on PostgreSQL (default 1,4,8)")
+    parser.add_argument("--sqlite-workers", type=_ints, default=(1,), help="on SQLite, for both systems (default 1)")
+    parser.add_argument("--peer-concurrency", type=_ints, default=(1, 8), help="Procrastinate's and DBOS's (default 1,8)")
+    parser.add_argument("--workloads", type=_choices(tuple(WORKFLOWS)), default=tuple(WORKFLOWS))
+    parser.add_argument("--systems", type=_choices(("fencekeeper", "procrastinate", "dbos")), default=("fencekeeper", "procrastinate", "dbos"))
+    parser.add_argument("--stores", type=_choices(("pg", "sqlite")), default=("pg", "sqlite"))
+    parser.add_argument(
+        "--handler",
+        default=NOOP_HANDLER,
+        help=f"fencekeeper's CommandHandler: MODULE:FACTORY, or 'example' for the example handler (default {NOOP_HANDLER})",
+    )
+    parser.add_argument("--count", type=int, help="executions in the round-trip count, 0 to skip (default 50)")
+    parser.add_argument("--check", action="store_true", help="exit with status 1 when a target is missed")
+    args = parser.parse_args(argv)
+    executions = args.executions or (100 if args.quick else 500)
+    plan = Plan(
+        rounds=args.rounds or (1 if args.quick else 3),
+        executions=executions,
+        sqlite_executions=args.sqlite_executions or executions,
+        workers=args.workers or ((1, 8) if args.quick else (1, 4, 8)),
+        sqlite_workers=args.sqlite_workers,
+        peer_concurrency=args.peer_concurrency,
+        workloads=args.workloads,
+        systems=args.systems,
+        stores=args.stores,
+        handler=args.handler,
+        count_executions=args.count if args.count is not None else (20 if args.quick else 50),
+    )
+    return plan, args.check
+
+
+def _versions(plan: Plan) -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    names = ["fencekeeper", "psycopg"] + [s for s in plan.systems if s != "fencekeeper"]
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, " + ", ".join(found)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["--traced"]:
+        return traced(arguments[1:])
+    plan, check = parse_args(arguments)
+    print(f"fencekeeper bench e2e: {_versions(plan)}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{plan.rounds} rounds; {plan.executions} executions a PostgreSQL drain, {plan.sqlite_executions} a SQLite one; "
+        f"handler {plan.handler}"
+    )
+    try:
+        result = run(plan)
+    except BenchError as exc:
+        print(f"bench e2e: {exc}", file=sys.stderr)
+        return 2
+    met = report(result)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    return 1 if check and not met else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
