@@ -164,7 +164,9 @@ def _service(args: argparse.Namespace) -> Iterator[tuple[DurableOperationService
     module = _module(args.actions)
     actions: DurableActionRegistry = module.registry()
     resolvers: PrincipalResolverRegistry = module.resolvers()
-    store = open_operation_store(args.db, schema=args.schema)
+    # A command given --tenant acts in that tenant only: on PostgreSQL the store's session is bound to
+    # it, so the restricted application role's row-level security admits it (docs/operating-postgres.md).
+    store = open_operation_store(args.db, schema=args.schema, tenant=getattr(args, "tenant", None))
     try:
         yield DurableOperationService(store, actions, resolvers, namespace=args.namespace), store, module
     finally:
