@@ -309,12 +309,23 @@ def _parser() -> argparse.ArgumentParser:
 
     check = command(
         "check",
-        "the deployment check: schema version, migrations, registered definitions",
+        "the deployment check: schema, migrations, actions, resolvers and definitions work not yet ended needs",
         prints_data=True,
         description="Reads, never writes. Exits 1 when anything blocks running: no database, a schema "
-        "that is missing, outdated (PostgreSQL), newer than this fencekeeper, altered or corrupt.",
+        "that is missing, outdated (PostgreSQL), newer than this fencekeeper, altered or corrupt; an action or "
+        "principal resolver version that an operation not yet ended needs and --actions does not register; a "
+        "definition revision an execution not yet ended is pinned to and the store lacks. Outbox lag and rows "
+        "past their retention window are warnings.",
     )
     _db_option(check)
+    check.add_argument("--namespace", default="default", help="the operations' namespace (default: default)")
+    check.add_argument("--tenant", default="default", help="the tenant whose operations are checked (default: default)")
+    check.add_argument(
+        "--actions",
+        metavar="MODULE",
+        help="the deployment's registry: a module with registry() and resolvers(), as `fencekeeper op` takes "
+        "(without it, what is referenced is listed but not compared)",
+    )
 
     diagram = command("diagram", "render a machine's diagram from its spec")
     diagram.add_argument("machine", choices=sorted(MACHINES), metavar="MACHINE", help=", ".join(MACHINES))
@@ -1376,22 +1387,23 @@ def _migrate(args: argparse.Namespace, out: Output) -> int:
 
 
 def _check(args: argparse.Namespace, out: Output) -> int:
-    report = connect.check(args.db, schema=args.schema)
+    from . import deployment  # noqa: PLC0415 - the operations service loads only for the commands that use it
+
+    _identifier("--namespace", args.namespace)
+    _identifier("--tenant", args.tenant)
+    actions = resolvers = None
+    if args.actions is not None:
+        try:
+            module = cli_ops.load_registry_module(args.actions)
+        except cli_ops.RegistryError as exc:
+            raise CliError(str(exc)) from None
+        actions, resolvers = module.registry(), module.resolvers()
+    full = deployment.check_deployment(
+        args.db, schema=args.schema, namespace=args.namespace, tenant=args.tenant, actions=actions, resolvers=resolvers
+    )
+    report = full.base
     if out.json_mode:
-        out.data(
-            {
-                "ok": report.ok,
-                "store": report.location.kind,
-                "location": report.location.describe(),
-                "schema_version": report.schema_version,
-                "code_version": report.code_version,
-                "migrations": report.migrations,
-                "definitions": report.definitions,
-                "executions": dict(report.executions),
-                "problems": list(report.problems),
-                "notes": list(report.notes),
-            }
-        )
+        out.data(full.to_json())
     else:
         version = "-" if report.schema_version is None else str(report.schema_version)
         rows: list[tuple[str, str | Text]] = [
@@ -1405,14 +1417,42 @@ def _check(args: argparse.Namespace, out: Output) -> int:
                 if report.executions
                 else "none",
             ),
-            *[("note", note) for note in report.notes],
-            *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in report.problems],
+            *[
+                (f"action {r.name} v{r.version}", f"{r.count} open; " + _registered(r.registered))
+                for r in full.actions
+            ],
+            *[
+                (f"resolver {r.name} v{r.version}", f"{r.count} open; " + _registered(r.registered))
+                for r in full.resolvers
+            ],
+            *[
+                (f"definition {r.name} r{r.version}", f"{r.count} open; " + ("in the store" if r.registered else "MISSING"))
+                for r in full.definitions
+            ],
+            (
+                "outbox",
+                "-" if full.outbox is None
+                else f"{full.outbox.rows} rows, pending "
+                + ("unknown" if full.outbox.pending is None else f"{full.outbox.pending}, lag {full.outbox.lag_seconds or 0:.0f} s"),
+            ),
+            (
+                "oldest unpruned",
+                "none past its window" if full.oldest_unpruned is None
+                else f"{full.oldest_unpruned.table} {full.oldest_unpruned.key}, "
+                f"{full.oldest_unpruned.overdue_seconds:.0f} s overdue",
+            ),
+            *[("warning", warning) for warning in full.warnings],
+            *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in full.blocking],
         ]
-        out.table(("check", "ok" if report.ok else "BLOCKED"), rows)
+        out.table(("check", f"{args.namespace}/{args.tenant}: " + ("ok" if full.ok else "BLOCKED")), rows)
     if not report.reachable:
         # The same --db makes every other command exit 2: it names no usable store.
         return EXIT_USAGE
-    return EXIT_OK if report.ok else EXIT_PROBLEM
+    return EXIT_OK if full.ok else EXIT_PROBLEM
+
+
+def _registered(registered: bool | None) -> str:
+    return "not compared (no --actions)" if registered is None else ("registered" if registered else "NOT REGISTERED")
 
 
 # --- the machines ---------------------------------------------------------------------------
