@@ -101,7 +101,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import cli_journal, cli_ops, connect, demo, examples, observe, render, sequence, service
+from . import cli_journal, cli_ops, cli_serve, connect, demo, examples, observe, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -356,6 +356,7 @@ def _parser() -> argparse.ArgumentParser:
 
     cli_journal.register(sub, common, data)
     cli_ops.add_parser(command)
+    cli_serve.add_parser(command)
     return parser
 
 
@@ -473,8 +474,17 @@ def _run(args: argparse.Namespace) -> int:
         "check-spec": _check_spec,
         "journal": cli_journal.run,
         "op": cli_ops.run,
+        "serve": _serve,
     }
     return handlers[args.command](args, out) or EXIT_OK
+
+
+def _serve(args: argparse.Namespace, out: Output) -> int:
+    _identifier("--namespace", args.namespace)
+    try:
+        return cli_serve.run(args, out)
+    except (cli_serve.ServeError, cli_ops.RegistryError) as exc:
+        raise CliError(str(exc)) from None
 
 
 @contextlib.contextmanager
