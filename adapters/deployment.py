@@ -50,6 +50,7 @@ from .operations.service import (
     PrincipalResolverRegistry,
 )
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE
+from .store import definition_object_id
 
 OUTBOX_PROGRESS_COLUMNS = ("exported_at",)
 """A column of ``operation_outbox`` that is NULL until the exporter has delivered the row."""
@@ -68,9 +69,12 @@ class Reference:
     count: int
     registered: bool | None
     """None when no registry was given to compare with."""
+    business: str | None = None
+    """A definition's Business (definitions are registered per Business); None for actions and resolvers."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "count": self.count, "registered": self.registered}
+        found = {"name": self.name, "version": self.version, "count": self.count, "registered": self.registered}
+        return found if self.business is None else {"business": self.business, **found}
 
 
 @attrs.frozen
@@ -224,7 +228,8 @@ def check_deployment(
     for ref in report.definitions:
         if ref.registered is False:
             blocking.append(
-                f"definition {ref.name} revision {ref.version} is not in the store; {ref.count} execution(s) not yet ended are pinned to it"
+                f"definition {ref.name} revision {ref.version} of business {ref.business} is not in the store; "
+                f"{ref.count} execution(s) not yet ended are pinned to it"
             )
     outbox = report.outbox
     if outbox is not None:
@@ -376,19 +381,19 @@ def _definitions(execute: Execute, kind: str) -> tuple[Reference, ...]:
     definition_id, revision = field.format("definition_id"), field.format("definition_revision")
     terminal = ", ".join(f"'{s}'" for s in _TERMINAL_EXECUTIONS)
     rows = execute(
-        f"SELECT {definition_id}, {revision}, count(*) FROM objects o JOIN object_revisions v "
+        f"SELECT o.business_id, {definition_id}, {revision}, count(*) FROM objects o JOIN object_revisions v "
         f"ON v.object_id = o.object_id AND v.revision = o.revision WHERE o.object_type = ? "
-        f"AND o.state NOT IN ({terminal}) GROUP BY 1, 2 ORDER BY 1, 2",
+        f"AND o.state NOT IN ({terminal}) GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
         (EXECUTION_TYPE,),
     ).fetchall()
     references = []
-    for name, version, count in rows:
+    for business, name, version, count in rows:
         held = execute(
             "SELECT 1 FROM objects o JOIN object_revisions v ON v.object_id = o.object_id "
-            "WHERE o.object_id = ? AND o.object_type = ? AND v.revision = ?",
-            (str(name), DEFINITION_TYPE, int(version)),
+            "WHERE o.object_id = ? AND o.object_type = ? AND o.business_id = ? AND v.revision = ?",
+            (definition_object_id(str(business), str(name)), DEFINITION_TYPE, str(business), int(version)),
         ).fetchone()
-        references.append(Reference(str(name), int(version), int(count), held is not None))
+        references.append(Reference(str(name), int(version), int(count), held is not None, str(business)))
     return tuple(references)
 
 

@@ -6,6 +6,7 @@ rows past their retention window are warnings; the check never writes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -152,3 +153,48 @@ def test_postgres_the_check_counts_one_tenant(pg_dsn: str, pg_schema: str) -> No
     assert not report.ok
     assert [(r.name, r.count) for r in report.actions] == [("balance", 2)]
     assert report.outbox is not None and report.outbox.rows == 0
+
+
+def test_an_execution_pinned_to_a_definition_the_store_lacks_blocks(tmp_path: Path) -> None:
+    from fencekeeper.adapters import examples as execution_examples  # noqa: PLC0415
+    from fencekeeper.adapters import service  # noqa: PLC0415
+    from fencekeeper.adapters.sqlite_store import SQLiteStore  # noqa: PLC0415
+    from fencekeeper.kernel.definition import parse_definition  # noqa: PLC0415
+
+    db = tmp_path / "shop.db"
+    purchase = ROOT / "docs" / "examples" / "purchase_approval.toml"
+    store = SQLiteStore(db)
+    try:
+        policy = execution_examples.grants("default", "user:operator")
+        definition = parse_definition(purchase.read_text(encoding="utf-8"), purchase.name)
+        service.register(store, definition, "default", "user:operator", policy)
+        service.run(
+            store, policy, business_id="default", principal_id="user:operator", definition_id=definition.definition_id,
+            execution_id="po-1", input={"amount": 2500, "order_id": "o-1", "order_revision": 1},
+        )  # fmt: skip
+    finally:
+        store.close()
+    held = deployment.check_deployment(str(db))
+    assert held.ok, held.blocking
+    assert [(r.business, r.name, r.version, r.count, r.registered) for r in held.definitions] == [
+        ("default", "purchase-approval", 1, 1, True)
+    ]
+    # A store restored without the revision its open execution is pinned to (the append-only
+    # trigger is lifted for the edit and put back exactly as it was, so the schema reads unaltered).
+    import sqlite3  # noqa: PLC0415
+
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        [trigger] = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'object_revisions_no_update'").fetchone()
+        conn.execute("DROP TRIGGER object_revisions_no_update")
+        conn.execute(
+            "UPDATE object_revisions SET body = replace(body, '\"definition_revision\":1', '\"definition_revision\":7') "
+            "WHERE object_id = 'po-1'"
+        )
+        conn.execute(trigger)
+    missing = deployment.check_deployment(str(db))
+    assert not missing.ok
+    assert [(r.name, r.version, r.registered) for r in missing.definitions] == [("purchase-approval", 7, False)]
+    assert missing.blocking == (
+        "definition purchase-approval revision 7 of business default is not in the store; "
+        "1 execution(s) not yet ended are pinned to it",
+    )
