@@ -31,6 +31,7 @@ from typing import Any
 from . import cli_ops, connect
 from .operations.connect import open_operation_store
 from .render import Output
+from .store import StoreError
 
 
 class ServeError(Exception):
@@ -82,8 +83,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
     auth = _auth_module(args.auth)
     registry = cli_ops.load_registry_module(args.actions)
     policy = auth.policy() if callable(getattr(auth, "policy", None)) else None
-    # The executions' store first, without creating: a missing SQLite file is refused, not made.
-    executions = connect.open_store(args.db, schema=args.schema, create=False)
+    location = connect.parse_url(args.db, schema=args.schema)
+    if location.kind == "sqlite" and location.path is not None and not location.path.exists():
+        # Serving never creates a store: a mistyped path is refused, not made.
+        raise StoreError(
+            "store_unavailable",
+            f"--db: no database at {location.path} (`fencekeeper migrate --db {location.path}` creates one)",
+        )
+    # The executions' store only when its routes are served: the restricted application role of
+    # the operations' tenant boundary may hold no grants on the executions' tables.
+    executions = connect.open_store(args.db, schema=args.schema, create=False) if policy is not None else None
     try:
         operations = open_operation_store(args.db, schema=args.schema)
         try:
@@ -93,11 +102,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 actions=registry.registry(),
                 resolvers=registry.resolvers(),
                 namespace=args.namespace,
-                executions=executions if policy is not None else None,
+                executions=executions,
                 policy=policy,
             )
             served = "operations and workflow executions" if policy is not None else "operations"
-            out.note(f"serving {served} on http://{args.host}:{args.port} ({connect.parse_url(args.db, schema=args.schema).describe()})")
+            out.note(f"serving {served} on http://{args.host}:{args.port} ({location.describe()})")
             # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again with the
             # handlers it found installed: these make that a normal return, so the stores are closed
             # and the command exits 0 rather than dying by the signal.
@@ -111,5 +120,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
         finally:
             operations.close()
     finally:
-        executions.close()
+        if executions is not None:
+            executions.close()
     return 0

@@ -25,8 +25,8 @@ Rules of this module:
 - Status codes: 200 an answer (an idempotent repeat included), 201 a new
   Operation or execution, 401, 403, 404, 409 a conflict with what is stored
   (an idempotency key reused with another request, a decision or
-  cancellation the state refuses), 422 a malformed request, 503 the store is
-  unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
+  cancellation the state refuses), 413 a body over :data:`MAX_BODY_BYTES`,
+  422 a malformed request, 503 the store is unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
   with the services' stable codes.
 - Operation submission requires the ``Idempotency-Key`` header (the IETF
   draft "The Idempotency-Key HTTP Header Field": 422 when a required key is
@@ -154,9 +154,27 @@ def _from_store_error(exc: StoreError) -> _Problem:
 _CHOSEN_BY_AUTHENTICATION = frozenset({"tenant", "principal", "namespace", "business", "as", "requester", "approver"})
 
 
+MAX_BODY_BYTES = 1 << 20
+"""A body longer than this is refused (413) before it is parsed; an operation's input is a request, not a payload store."""
+
+
+async def _read(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _Problem(413, "body_too_large", f"the body is {declared} bytes; at most {MAX_BODY_BYTES} are read")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _Problem(413, "body_too_large", f"the body is longer than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], required: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The JSON object of the request, with only ``allowed`` fields of their types; anything else is 422."""
-    raw = await request.body()
+    raw = await _read(request)
     if not raw.strip():
         data: Any = {}
     else:

@@ -264,3 +264,33 @@ def test_workflow_executions_run_list_inspect_event_and_cancel(app: tuple[TestCl
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["state"] == "cancelled"
     assert client.post("/executions/po-1/cancel", json={}, headers=ALICE).status_code == 409
+
+
+def test_a_body_over_the_limit_is_413_and_unread(app: tuple[TestClient, Path]) -> None:
+    from fencekeeper.adapters.http import MAX_BODY_BYTES  # noqa: PLC0415
+
+    client, db = app
+    before = dump(db)
+    huge = b'{"action": "capture_payment", "input": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    response = client.post("/operations", content=huge, headers={**ALICE, "Idempotency-Key": "k-big"})
+    assert response.status_code == 413 and error(response)["code"] == "body_too_large"
+    assert dump(db) == before
+
+
+def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
+    async def authenticate(request: Any) -> Any:
+        return deployment.authenticate(request)
+
+    store = SQLiteOperationStore(tmp_path / "async.db")
+    try:
+        application = create_operations_app(
+            authenticate=authenticate, operations=store, actions=deployment.registry(), resolvers=deployment.resolvers()
+        )
+        with TestClient(application) as client:
+            assert submit(client, {}, "k-1").status_code == 401
+            created = submit(client, ALICE, "k-1")
+            assert created.status_code == 201 and created.json()["principal"] == "users:v1:alice"
+            # Without an execution store the execution routes are not there at all.
+            assert client.get("/executions", headers=ALICE).status_code == 404
+    finally:
+        store.close()
