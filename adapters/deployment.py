@@ -23,8 +23,10 @@ Rules of this module:
   is referenced is listed but cannot be compared).
 - Operations are counted for the given namespace and tenant only: the
   registries are per deployment, and seed 001 asks the check per tenant
-  profile.  On PostgreSQL the connection sets ``fencekeeper.tenant``, so the
-  restricted application role can run the check within its tenant.
+  profile.  On PostgreSQL the connection also sets ``fencekeeper.tenant``
+  to that tenant, so the tenant policies (migration 9) filter exactly as
+  they would for the application; the check reads the executions' tables
+  too, so it runs as the operator's role, not the restricted one.
 - Outbox lag is measured from the outbox table's export progress column
   (:data:`OUTBOX_PROGRESS_COLUMNS`); a schema whose outbox records no export
   progress reports the lag as null, with a note saying why.
