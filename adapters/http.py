@@ -86,7 +86,11 @@ class HttpPrincipal:
 
 
 Authenticate = Callable[[Request], HttpPrincipal | Awaitable[HttpPrincipal | None] | None]
-"""The deployment's authentication: a principal, or None for a request without a valid identity (401)."""
+"""The deployment's authentication: a principal, or None for a request without a valid identity (401).
+
+A plain function runs on the event loop (right for a table lookup such as
+:class:`BearerTokens`); one that waits on the network should be ``async``.
+"""
 
 
 class BearerTokens:
@@ -121,7 +125,9 @@ class _Problem(Exception):
         error: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.field is not None:
             error["field"] = self.field
-        return JSONResponse({"error": error}, status_code=self.status)
+        # RFC 9110: a 401 names the scheme a client should authenticate with.
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse({"error": error}, status_code=self.status, headers=headers)
 
 
 # The operation service's codes, by what they mean to an HTTP caller.

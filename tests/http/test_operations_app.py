@@ -83,6 +83,7 @@ def test_a_request_without_a_valid_identity_is_401(app: tuple[TestClient, Path])
         ):  # fmt: skip
             response = client.request(method, path, json=CAPTURE, headers={**headers, "Idempotency-Key": "k"})
             assert response.status_code == 401, (method, path, response.text)
+            assert response.headers["WWW-Authenticate"] == "Bearer"
             assert error(response)["code"] == "not_authenticated"
     assert dump(db) == before
 
