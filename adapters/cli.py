@@ -336,12 +336,23 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
 
     check = command(
         "check",
-        "the deployment check: schema version, migrations, registered definitions",
+        "the deployment check: schema, migrations, actions, resolvers and definitions work not yet ended needs",
         prints_data=True,
         description="Reads, never writes. Exits 1 when anything blocks running: no database, a schema "
-        "that is missing, outdated (PostgreSQL), newer than this fencekeeper, altered or corrupt.",
+        "that is missing, outdated (PostgreSQL), newer than this fencekeeper, altered or corrupt; an action or "
+        "principal resolver version that an operation not yet ended needs and --actions does not register; a "
+        "definition revision an execution not yet ended is pinned to and the store lacks. Outbox lag and rows "
+        "past their retention window are warnings.",
     )
     _db_option(check)
+    check.add_argument("--namespace", default="default", help="the operations' namespace (default: default)")
+    check.add_argument("--tenant", default="default", help="the tenant whose operations are checked (default: default)")
+    check.add_argument(
+        "--actions",
+        metavar="MODULE",
+        help="the deployment's registry: a module with registry() and resolvers(), as `fencekeeper op` takes "
+        "(without it, what is referenced is listed but not compared)",
+    )
 
     diagram = command("diagram", "render a machine's diagram from its spec")
     diagram.add_argument("machine", choices=sorted(MACHINES), metavar="MACHINE", help=", ".join(MACHINES))
@@ -371,10 +382,11 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
 
     if groups:
-        from . import cli_journal, cli_ops  # noqa: PLC0415 - see _GROUPS
+        from . import cli_journal, cli_ops, cli_serve  # noqa: PLC0415 - see _GROUPS
 
         cli_journal.register(sub, common, data)
         cli_ops.add_parser(command)
+        cli_serve.add_parser(command)
     return parser
 
 
@@ -492,6 +504,7 @@ def _run(args: argparse.Namespace) -> int:
         "check-spec": _check_spec,
         "journal": _journal,
         "op": _op,
+        "serve": _serve,
     }
     return handlers[args.command](args, out) or EXIT_OK
 
@@ -506,6 +519,16 @@ def _op(args: argparse.Namespace, out: Output) -> int:
     from . import cli_ops  # noqa: PLC0415 - see _GROUPS
 
     return cli_ops.run(args, out)
+
+
+def _serve(args: argparse.Namespace, out: Output) -> int:
+    from . import cli_ops, cli_serve  # noqa: PLC0415 - see _GROUPS
+
+    _identifier("--namespace", args.namespace)
+    try:
+        return cli_serve.run(args, out)
+    except (cli_serve.ServeError, cli_ops.RegistryError) as exc:
+        raise CliError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -1420,22 +1443,23 @@ def _migrate(args: argparse.Namespace, out: Output) -> int:
 
 
 def _check(args: argparse.Namespace, out: Output) -> int:
-    report = connect.check(args.db, schema=args.schema)
+    from . import cli_ops, deployment  # noqa: PLC0415 - the operations service loads only for the commands that use it
+
+    _identifier("--namespace", args.namespace)
+    _identifier("--tenant", args.tenant)
+    actions = resolvers = None
+    if args.actions is not None:
+        try:
+            module = cli_ops.load_registry_module(args.actions)
+        except cli_ops.RegistryError as exc:
+            raise CliError(str(exc)) from None
+        actions, resolvers = module.registry(), module.resolvers()
+    full = deployment.check_deployment(
+        args.db, schema=args.schema, namespace=args.namespace, tenant=args.tenant, actions=actions, resolvers=resolvers
+    )
+    report = full.base
     if out.json_mode:
-        out.data(
-            {
-                "ok": report.ok,
-                "store": report.location.kind,
-                "location": report.location.describe(),
-                "schema_version": report.schema_version,
-                "code_version": report.code_version,
-                "migrations": report.migrations,
-                "definitions": report.definitions,
-                "executions": dict(report.executions),
-                "problems": list(report.problems),
-                "notes": list(report.notes),
-            }
-        )
+        out.data(full.to_json())
     else:
         version = "-" if report.schema_version is None else str(report.schema_version)
         rows: list[tuple[str, str | Text]] = [
@@ -1449,14 +1473,42 @@ def _check(args: argparse.Namespace, out: Output) -> int:
                 if report.executions
                 else "none",
             ),
-            *[("note", note) for note in report.notes],
-            *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in report.problems],
+            *[
+                (f"action {r.name} v{r.version}", f"{r.count} open; " + _registered(r.registered))
+                for r in full.actions
+            ],
+            *[
+                (f"resolver {r.name} v{r.version}", f"{r.count} open; " + _registered(r.registered))
+                for r in full.resolvers
+            ],
+            *[
+                (f"definition {r.name} r{r.version}", f"{r.count} open; " + ("in the store" if r.registered else "MISSING"))
+                for r in full.definitions
+            ],
+            (
+                "outbox",
+                "-" if full.outbox is None
+                else f"{full.outbox.rows} rows, pending "
+                + ("unknown" if full.outbox.pending is None else f"{full.outbox.pending}, lag {full.outbox.lag_seconds or 0:.0f} s"),
+            ),
+            (
+                "oldest unpruned",
+                "none past its window" if full.oldest_unpruned is None
+                else f"{full.oldest_unpruned.table} {full.oldest_unpruned.key}, "
+                f"{full.oldest_unpruned.overdue_seconds:.0f} s overdue",
+            ),
+            *[("warning", warning) for warning in full.warnings],
+            *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in full.blocking],
         ]
-        out.table(("check", "ok" if report.ok else "BLOCKED"), rows)
+        out.table(("check", f"{args.namespace}/{args.tenant}: " + ("ok" if full.ok else "BLOCKED")), rows)
     if not report.reachable:
         # The same --db makes every other command exit 2: it names no usable store.
         return EXIT_USAGE
-    return EXIT_OK if report.ok else EXIT_PROBLEM
+    return EXIT_OK if full.ok else EXIT_PROBLEM
+
+
+def _registered(registered: bool | None) -> str:
+    return "not compared (no --actions)" if registered is None else ("registered" if registered else "NOT REGISTERED")
 
 
 # --- the machines ---------------------------------------------------------------------------

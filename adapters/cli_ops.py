@@ -148,15 +148,23 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return EXIT_USAGE if exc.code in _USAGE_STORE_CODES else EXIT_PROBLEM
 
 
-def _module(name: str) -> ModuleType:
+class RegistryError(_Usage):
+    """``--actions`` names no module with ``registry()`` and ``resolvers()``."""
+
+
+def load_registry_module(name: str) -> ModuleType:
+    """The deployment's registry module (``--actions``): ``registry()``, ``resolvers()``, optionally ``prepare(store)``."""
     try:
         module = importlib.import_module(name)
     except ImportError as exc:
-        raise _Usage(f"--actions: cannot import {name!r}: {exc}") from None
+        raise RegistryError(f"--actions: cannot import {name!r}: {exc}") from None
     for needed in ("registry", "resolvers"):
         if not callable(getattr(module, needed, None)):
-            raise _Usage(f"--actions: {name} has no {needed}() function")
+            raise RegistryError(f"--actions: {name} has no {needed}() function")
     return module
+
+
+_module = load_registry_module
 
 
 @contextmanager
@@ -164,7 +172,9 @@ def _service(args: argparse.Namespace) -> Iterator[tuple[DurableOperationService
     module = _module(args.actions)
     actions: DurableActionRegistry = module.registry()
     resolvers: PrincipalResolverRegistry = module.resolvers()
-    store = open_operation_store(args.db, schema=args.schema)
+    # A command given --tenant acts in that tenant only: on PostgreSQL the store's session is bound to
+    # it, so the restricted application role's row-level security admits it (docs/operating-postgres.md).
+    store = open_operation_store(args.db, schema=args.schema, tenant=getattr(args, "tenant", None))
     try:
         yield DurableOperationService(store, actions, resolvers, namespace=args.namespace), store, module
     finally:

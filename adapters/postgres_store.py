@@ -430,6 +430,55 @@ CREATE TABLE operation_outbox (
 );
 """,
     ),
+    (
+        9,
+        "operations_tenant_rls",
+        # Seed 001 (Required production profile): forced row-level security
+        # keyed by tenant on every operation table, as defence in depth
+        # beside the service's own tenant filter.  The tenant is the session
+        # or transaction setting fencekeeper.tenant (the store sets it when
+        # it is scoped to a tenant); unset, a role subject to these policies
+        # sees and writes nothing.  FORCE binds the tables' owner too: only
+        # a superuser or a BYPASSRLS role (the operator's, for migrations and
+        # cross-tenant tools) reads every tenant.  The child tables carry no
+        # tenant column; their policies ask the Operation's row, through a
+        # VOLATILE function so that a row inserted earlier in the same
+        # statement (the store writes an Operation and its first transition
+        # in one statement) is visible to the check.  The function runs with
+        # the caller's rights, so the Operation's own policy applies inside it,
+        # and with the migration's search_path, so a caller's own search_path
+        # cannot put another table named operations in front of this one.
+        """
+CREATE FUNCTION fencekeeper_operation_tenant(id text) RETURNS text
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET search_path FROM CURRENT
+    AS $$ BEGIN RETURN (SELECT tenant FROM operations WHERE operation_id = id); END $$;
+ALTER TABLE operations ENABLE ROW LEVEL SECURITY;
+ALTER TABLE operations FORCE ROW LEVEL SECURITY;
+CREATE POLICY operations_tenant ON operations
+    USING (tenant = current_setting('fencekeeper.tenant', true))
+    WITH CHECK (tenant = current_setting('fencekeeper.tenant', true));
+ALTER TABLE operation_identities ENABLE ROW LEVEL SECURITY;
+ALTER TABLE operation_identities FORCE ROW LEVEL SECURITY;
+CREATE POLICY operation_identities_tenant ON operation_identities
+    USING (tenant = current_setting('fencekeeper.tenant', true))
+    WITH CHECK (tenant = current_setting('fencekeeper.tenant', true));
+ALTER TABLE operation_attempts ENABLE ROW LEVEL SECURITY;
+ALTER TABLE operation_attempts FORCE ROW LEVEL SECURITY;
+CREATE POLICY operation_attempts_tenant ON operation_attempts
+    USING (fencekeeper_operation_tenant(operation_id) = current_setting('fencekeeper.tenant', true))
+    WITH CHECK (fencekeeper_operation_tenant(operation_id) = current_setting('fencekeeper.tenant', true));
+ALTER TABLE operation_transitions ENABLE ROW LEVEL SECURITY;
+ALTER TABLE operation_transitions FORCE ROW LEVEL SECURITY;
+CREATE POLICY operation_transitions_tenant ON operation_transitions
+    USING (fencekeeper_operation_tenant(operation_id) = current_setting('fencekeeper.tenant', true))
+    WITH CHECK (fencekeeper_operation_tenant(operation_id) = current_setting('fencekeeper.tenant', true));
+ALTER TABLE operation_outbox ENABLE ROW LEVEL SECURITY;
+ALTER TABLE operation_outbox FORCE ROW LEVEL SECURITY;
+CREATE POLICY operation_outbox_tenant ON operation_outbox
+    USING (fencekeeper_operation_tenant(operation_id) = current_setting('fencekeeper.tenant', true))
+    WITH CHECK (fencekeeper_operation_tenant(operation_id) = current_setting('fencekeeper.tenant', true));
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

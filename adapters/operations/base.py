@@ -122,6 +122,15 @@ class TransactionalOperationStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def tenant_scope(self, tenant: str) -> contextlib.AbstractContextManager[None]:
+        """Every transaction opened inside runs as ``tenant`` where the store enforces tenants itself.
+
+        PostgreSQL with the tenant policies (migration 9) sets
+        ``fencekeeper.tenant`` for each transaction; the other stores have no
+        second boundary beside the service's own filter and ignore it.
+        """
+        return contextlib.nullcontext()
+
     _claimed_inputs: dict[str, str | None]
 
     @property

@@ -8,8 +8,9 @@ from .base import TransactionalOperationStore
 
 
 def open_operation_store(
-    url: str, *, schema: str | None = None, clock: Clock | None = None, pool_size: int = 4
+    url: str, *, schema: str | None = None, clock: Clock | None = None, pool_size: int = 4, tenant: str | None = None
 ) -> TransactionalOperationStore:
+    """``tenant`` binds a PostgreSQL store's session to one tenant (the row-level security setting); SQLite ignores it."""
     location = parse_url(url, schema=schema)
     if location.kind == "sqlite":
         assert location.path is not None
@@ -21,4 +22,6 @@ def open_operation_store(
     from .postgres import PostgresOperationStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
     assert location.dsn is not None and location.schema is not None
-    return PostgresOperationStore(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size)
+    return PostgresOperationStore(
+        location.dsn, schema=location.schema, clock=clock, pool_size=pool_size, tenant=tenant
+    )

@@ -28,11 +28,22 @@ Rules of this module:
   back with a refusal.
 - Opening the store checks the schema version (``postgres_store``'s
   deployment check): a schema without the operation tables is refused.
+- The tenant boundary (migration 9, forced row-level security): a store
+  opened with ``tenant=`` sets ``fencekeeper.tenant`` for its whole session
+  (in the connection request: no round trip), as a tenant-scoped worker
+  needs; :meth:`tenant_scope` sets it for each transaction opened inside
+  (``set_config(..., true)``: it ends with the transaction, so a pooled
+  connection never carries one request's tenant into the next), as the HTTP
+  boundary does per request.  A store opened without either reads every
+  tenant only as a role that bypasses row-level security (a superuser or
+  BYPASSRLS: the operator's role); as the restricted application role it
+  sees nothing, which is the boundary failing closed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -42,6 +53,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.common import identifier_problem
 
 from ..postgres_store import _check_schema_name, _one_line, _run, _safe, check_schema
 from ..store import Clock, StoreError
@@ -272,15 +284,34 @@ def _identity_key(identity: o.Identity) -> str:
     return "\x1f".join((identity.namespace, identity.tenant, identity.principal, identity.client_key))
 
 
+def _check_tenant(tenant: str) -> str:
+    problem = identifier_problem(tenant)
+    if problem is not None:
+        raise StoreError("tenant_scope", f"tenant: {problem}")
+    return tenant
+
+
 class PostgresOperationStore(TransactionalOperationStore):
     """Durable operations in one PostgreSQL schema (the executions' schema, migrated to version 6 or later)."""
 
     def __init__(
-        self, dsn: str, *, schema: str = "fencekeeper", clock: Clock | None = None, pool_size: int = 4
+        self,
+        dsn: str,
+        *,
+        schema: str = "fencekeeper",
+        clock: Clock | None = None,
+        pool_size: int = 4,
+        tenant: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.schema = _check_schema_name(schema)
         self.clock = clock
+        self.tenant = _check_tenant(tenant) if tenant is not None else None
+        self._scope: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"fencekeeper_tenant_{id(self)}", default=None)
+        options = f"-c search_path={self.schema}"
+        if self.tenant is not None:
+            # Identifiers hold no space or backslash: the value needs no escaping in options.
+            options += f" -c fencekeeper.tenant={self.tenant}"
         try:
             self._pool = ConnectionPool(
                 dsn,
@@ -288,7 +319,7 @@ class PostgresOperationStore(TransactionalOperationStore):
                 max_size=pool_size,
                 # psycopg's own preparing is off: it deallocates every prepared
                 # statement of a connection after a rollback, the store's too (_run).
-                kwargs={"options": f"-c search_path={self.schema}", "prepare_threshold": None},
+                kwargs={"options": options, "prepare_threshold": None},
                 open=True,
                 timeout=10,
             )
@@ -303,10 +334,31 @@ class PostgresOperationStore(TransactionalOperationStore):
             raise
 
     @contextlib.contextmanager
+    def tenant_scope(self, tenant: str) -> Iterator[None]:
+        _check_tenant(tenant)
+        if self.tenant is not None and tenant != self.tenant:
+            raise StoreError("tenant_scope", f"tenant: this store is opened for tenant {self.tenant!r}, not {tenant!r}")
+        token = self._scope.set(tenant)
+        try:
+            yield
+        finally:
+            self._scope.reset(token)
+
+    def _enter_scope(self, conn: psycopg.Connection[Any]) -> None:
+        scoped = self._scope.get()
+        if scoped is not None:
+            conn.execute("SELECT set_config('fencekeeper.tenant', %s, true)", (scoped,))
+
+    @contextlib.contextmanager
     def _transaction(self) -> Iterator[Tx]:
         try:
             with self._pool.connection() as conn, conn.transaction():
+                self._enter_scope(conn)
                 yield _PgOpsTx(conn, self.clock)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # The tenant policies (or the role's grants) refused a write: the application filter let
+            # through something the database boundary did not.  Nothing was written.
+            raise StoreError("tenant_denied", f"PostgreSQL refused the write: {_one_line(exc)}") from None
         except psycopg.OperationalError as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -315,6 +367,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         try:
             with self._pool.connection() as conn, conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                self._enter_scope(conn)
                 yield _PgOpsTx(conn, self.clock)
         except psycopg.OperationalError as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
@@ -329,6 +382,7 @@ class PostgresOperationStore(TransactionalOperationStore):
 
     def _read_input(self, operation_id: str) -> str | None:
         with self._pool.connection() as conn:
+            self._enter_scope(conn)
             row = _run(conn, "SELECT input FROM operations WHERE operation_id = %s", (operation_id,)).fetchone()
             conn.rollback()
         return None if row is None else str(row[0])

@@ -52,6 +52,8 @@ WITH_DB: dict[str, list[str]] = {
     "reconcile": ["po-1"],
     "migrate": [],
     "check": [],
+    # Everything is checked before the server starts, so none of these cases serves.
+    "serve": ["--auth", "tests.http.deployment", "--port", "1"],
 }
 CREATES = {"demo", "run", "migrate"}
 """These create a missing SQLite file; given one in a missing directory, they have nothing usable."""

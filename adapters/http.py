@@ -1,0 +1,480 @@
+"""The HTTP boundary: dispatch, status, decision and cancellation of operations and workflow executions.
+
+Seed 001 (Stable v0.7 additions) names ``create_durable_operations_router()``
+as "an explicit generic dispatch, status, decision, and cancellation
+boundary"; :func:`create_operations_app` is that boundary, a Starlette
+application a deployment serves on its own (``fencekeeper serve``) or mounts
+into its Starlette or FastAPI app (``app.mount("/fk", create_operations_app(...))``).
+
+Rules of this module:
+
+- Authentication is the deployment's.  Its :data:`Authenticate` turns a
+  request into an :class:`HttpPrincipal` (who, and in which tenant) or None
+  (401).  Nothing in a request body, path or header chooses its own principal
+  or tenant: a body that names ``tenant``, ``principal``, ``namespace`` or
+  any other field the route does not take is refused (422).
+- Authorization is the services' own, asked now: the operation service
+  resolves the principal's current identity and membership, the executions'
+  :class:`~fencekeeper.adapters.ports.AuthorityPolicy` answers for the
+  principal in its tenant.  A refusal is 403.  Another tenant's operation or
+  execution does not exist for the caller (404), checked here as well as by
+  the store (forced row-level security on PostgreSQL, through
+  ``tenant_scope``).
+- Every body is checked before anything is opened for writing; a malformed
+  one is 422 naming the field, and nothing is written.
+- Status codes: 200 an answer (an idempotent repeat included), 201 a new
+  Operation or execution, 401, 403, 404, 409 a conflict with what is stored
+  (an idempotency key reused with another request, a decision or
+  cancellation the state refuses), 413 a body over :data:`MAX_BODY_BYTES`,
+  422 a malformed request, 503 the store is unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
+  with the services' stable codes.
+- Operation submission requires the ``Idempotency-Key`` header (the IETF
+  draft "The Idempotency-Key HTTP Header Field": 422 when a required key is
+  missing, 409 when it is reused with another request).
+- The services block (a database round trip); each request runs them in a
+  worker thread, so the event loop never waits on the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.common import identifier_problem
+
+from . import render
+from .client import Client
+from .errors import Refused, RequestCode, RequestError, StoreFailure
+from .operations.base import TransactionalOperationStore
+from .operations.service import (
+    DurableActionRegistry,
+    DurableOperationError,
+    DurableOperationService,
+    OperationRecord,
+    PrincipalReference,
+    PrincipalResolverRegistry,
+)
+from .ports import AuthorityPolicy
+from .store import StoreError, TransactionalStore
+
+__all__ = ["Authenticate", "BearerTokens", "HttpPrincipal", "create_operations_app"]
+
+
+@attrs.frozen
+class HttpPrincipal:
+    """Who a request is, as the deployment's authentication established it, and the tenant it acts in."""
+
+    reference: PrincipalReference
+    """The operations' principal (resolver, version, subject); resolved again, now, before every change."""
+    tenant: str
+    """The operations' tenant, and the executions' business."""
+
+    @property
+    def executions_principal(self) -> str:
+        """The principal id the executions' authority policy is asked about: the reference's stored form."""
+        return self.reference.ref
+
+
+Authenticate = Callable[[Request], HttpPrincipal | Awaitable[HttpPrincipal | None] | None]
+"""The deployment's authentication: a principal, or None for a request without a valid identity (401).
+
+A plain function runs on the event loop (right for a table lookup such as
+:class:`BearerTokens`); one that waits on the network should be ``async``.
+"""
+
+
+class BearerTokens:
+    """An :data:`Authenticate` over fixed bearer tokens: ``Authorization: Bearer TOKEN`` names one principal.
+
+    For a deployment whose identities are few and provisioned (service
+    accounts, a local operator); others plug in their own, e.g. one that
+    verifies a JWT.  Tokens are kept only as SHA-256 digests, and a lookup
+    compares digests, so the time a lookup takes says nothing about a
+    token's characters.
+    """
+
+    def __init__(self, tokens: Mapping[str, HttpPrincipal]) -> None:
+        self._by_digest = {hashlib.sha256(token.encode("utf-8")).digest(): who for token, who in tokens.items()}
+
+    def __call__(self, request: Request) -> HttpPrincipal | None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self._by_digest.get(hashlib.sha256(token.strip().encode("utf-8")).digest())
+
+
+class _Problem(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def response(self) -> JSONResponse:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            error["field"] = self.field
+        # RFC 9110: a 401 names the scheme a client should authenticate with.
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse({"error": error}, status_code=self.status, headers=headers)
+
+
+# The operation service's codes, by what they mean to an HTTP caller.
+_OPERATION_STATUS = {
+    "invalid_input": 422,
+    "invalid_request": 422,
+    "unknown_action": 422,
+    "invalid_action": 422,
+    "operation_not_found": 404,
+    "not_authorized": 403,
+}
+_REQUEST_STATUS = {RequestCode.EXECUTION_NOT_FOUND: 404, RequestCode.DEFINITION_NOT_FOUND: 404}
+
+
+def _from_operation_error(exc: DurableOperationError) -> _Problem:
+    # Every other refusal (idempotency_conflict, cancel_too_late, approval_*) conflicts with what is stored.
+    return _Problem(_OPERATION_STATUS.get(exc.code, 409), exc.code, exc.message)
+
+
+def _from_store_error(exc: StoreError) -> _Problem:
+    if exc.code == "tenant_denied":
+        return _Problem(403, exc.code, exc.message)
+    if exc.code == "store_unavailable":
+        return _Problem(503, exc.code, exc.message)
+    return _Problem(500, exc.code, exc.message)
+
+
+# --- bodies -------------------------------------------------------------------------------------
+
+_CHOSEN_BY_AUTHENTICATION = frozenset({"tenant", "principal", "namespace", "business", "as", "requester", "approver"})
+
+
+MAX_BODY_BYTES = 1 << 20
+"""A body longer than this is refused (413) before it is parsed; an operation's input is a request, not a payload store."""
+
+
+async def _read(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _Problem(413, "body_too_large", f"the body is {declared} bytes; at most {MAX_BODY_BYTES} are read")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _Problem(413, "body_too_large", f"the body is longer than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], required: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The JSON object of the request, with only ``allowed`` fields of their types; anything else is 422."""
+    raw = await _read(request)
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _Problem(422, "invalid_body", f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _Problem(422, "invalid_body", f"the body must be a JSON object, not {type(data).__name__}")
+    for name in data:
+        if name in _CHOSEN_BY_AUTHENTICATION:
+            raise _Problem(
+                422, "invalid_body", f"{name}: chosen by the deployment's authentication, never by a request", name
+            )
+        if name not in allowed:
+            raise _Problem(422, "invalid_body", f"{name}: not a field of this request (fields: {', '.join(sorted(allowed))})", name)
+    for name in sorted(required):
+        if name not in data:
+            raise _Problem(422, "invalid_body", f"{name}: required", name)
+    for name, value in data.items():
+        types = allowed[name]
+        if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            wanted = " or ".join(t.__name__ for t in types)
+            raise _Problem(422, "invalid_body", f"{name}: must be {wanted}, got {type(value).__name__}", name)
+    return data
+
+
+def _identifier(name: str, value: str) -> str:
+    problem = identifier_problem(value)
+    if problem is not None:
+        raise _Problem(422, "invalid_body", f"{name}: {problem}", name)
+    return value
+
+
+_ANY: tuple[type, ...] = ()
+
+
+# --- the application ------------------------------------------------------------------------------
+
+
+def create_operations_app(
+    *,
+    authenticate: Authenticate,
+    operations: TransactionalOperationStore | None = None,
+    actions: DurableActionRegistry | None = None,
+    resolvers: PrincipalResolverRegistry | None = None,
+    namespace: str = "default",
+    executions: TransactionalStore | None = None,
+    policy: AuthorityPolicy | None = None,
+    service_options: Mapping[str, Any] | None = None,
+) -> Starlette:
+    """The HTTP boundary as a Starlette application (mount it, or serve it).
+
+    ``operations`` with ``actions`` and ``resolvers`` serve ``/operations``;
+    ``executions`` with ``policy`` serve ``/executions`` and ``/events``.
+    Either part may be left out.  The stores stay the caller's to close.
+    ``service_options`` go to :class:`DurableOperationService` (retention,
+    approval validity, decide and cancel policies).
+    """
+    routes: list[Route] = []
+    if operations is not None:
+        if actions is None or resolvers is None:
+            raise ValueError("operations: actions and resolvers are required with an operation store")
+        service = DurableOperationService(operations, actions, resolvers, namespace=namespace, **(service_options or {}))
+        routes += _operation_routes(authenticate, operations, service)
+    if executions is not None:
+        if policy is None:
+            raise ValueError("executions: an AuthorityPolicy is required with an execution store")
+        routes += _execution_routes(authenticate, executions, policy)
+    return Starlette(routes=routes)
+
+
+Handler = Callable[[Request, HttpPrincipal], Awaitable[Response]]
+
+
+def _endpoint(authenticate: Authenticate, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            principal = authenticate(request)
+            if not isinstance(principal, HttpPrincipal) and principal is not None:
+                principal = await principal
+            if principal is None:
+                raise _Problem(401, "not_authenticated", "no valid identity in this request")
+            return await handler(request, principal)
+        except _Problem as problem:
+            return problem.response()
+        except DurableOperationError as exc:
+            return _from_operation_error(exc).response()
+        except StoreError as exc:
+            return _from_store_error(exc).response()
+
+    return endpoint
+
+
+def _operation_routes(
+    authenticate: Authenticate, store: TransactionalOperationStore, service: DurableOperationService
+) -> list[Route]:
+    def visible(principal: HttpPrincipal, operation_id: str) -> OperationRecord:
+        """The caller's tenant's Operation; another tenant's does not exist for the caller."""
+        record = service.get(operation_id)
+        if record is None or record.tenant != principal.tenant:
+            raise _Problem(404, "operation_not_found", f"operation {operation_id!r} does not exist")
+        return record
+
+    def scoped(principal: HttpPrincipal, work: Callable[[], Any]) -> Awaitable[Any]:
+        def run() -> Any:
+            with store.tenant_scope(principal.tenant):
+                return work()
+
+        return run_in_threadpool(run)
+
+    async def submit(request: Request, principal: HttpPrincipal) -> Response:
+        key = request.headers.get("idempotency-key")
+        if key is None:
+            raise _Problem(422, "idempotency_key_missing", "Idempotency-Key: this request requires the header", "Idempotency-Key")
+        _identifier("Idempotency-Key", key)
+        body = await _body(request, {"action": (str,), "version": (int,), "input": _ANY}, frozenset({"action"}))
+        version = body.get("version")
+        if version is not None and version < 1:
+            raise _Problem(422, "invalid_body", f"version: must be at least 1, got {version}", "version")
+        admission = await scoped(
+            principal,
+            lambda: service.submit(
+                tenant=principal.tenant,
+                principal=principal.reference,
+                action=body["action"],
+                input=body.get("input"),
+                client_key=key,
+                version=version,
+            ),
+        )
+        payload = {"operation_id": admission.operation_id, "created": admission.created, **admission.record.to_json()}
+        return JSONResponse(payload, status_code=201 if admission.created else 200)
+
+    async def status(request: Request, principal: HttpPrincipal) -> Response:
+        operation_id = request.path_params["operation_id"]
+        record = await scoped(principal, lambda: visible(principal, operation_id))
+        return JSONResponse(record.to_json())
+
+    async def history(request: Request, principal: HttpPrincipal) -> Response:
+        operation_id = request.path_params["operation_id"]
+
+        def read() -> list[dict[str, Any]]:
+            visible(principal, operation_id)
+            return [line.to_json() for line in service.history(operation_id)]
+
+        return JSONResponse({"operation_id": operation_id, "history": await scoped(principal, read)})
+
+    async def decide(request: Request, principal: HttpPrincipal) -> Response:
+        operation_id = request.path_params["operation_id"]
+        body = await _body(
+            request, {"approve": (bool,), "input_digest": (str,), "approval_id": (str,)}, frozenset({"approve"})
+        )
+        if "approval_id" in body:
+            _identifier("approval_id", body["approval_id"])
+
+        def run() -> OperationRecord:
+            visible(principal, operation_id)
+            return service.decide(
+                operation_id,
+                approver=principal.reference,
+                approve=body["approve"],
+                input_digest=body.get("input_digest"),
+                approval_id=body.get("approval_id"),
+            )
+
+        return JSONResponse((await scoped(principal, run)).to_json())
+
+    async def cancel(request: Request, principal: HttpPrincipal) -> Response:
+        operation_id = request.path_params["operation_id"]
+        body = await _body(request, {"reason": (str,)})
+
+        def run() -> OperationRecord:
+            visible(principal, operation_id)
+            return service.cancel(operation_id, principal=principal.reference, reason=body.get("reason", ""))
+
+        return JSONResponse((await scoped(principal, run)).to_json())
+
+    def route(path: str, handler: Handler, method: str) -> Route:
+        return Route(path, _endpoint(authenticate, handler), methods=[method])
+
+    return [
+        route("/operations", submit, "POST"),
+        route("/operations/{operation_id}", status, "GET"),
+        route("/operations/{operation_id}/history", history, "GET"),
+        route("/operations/{operation_id}/decision", decide, "POST"),
+        route("/operations/{operation_id}/cancel", cancel, "POST"),
+    ]
+
+
+def _execution_routes(authenticate: Authenticate, store: TransactionalStore, policy: AuthorityPolicy) -> list[Route]:
+    def client(principal: HttpPrincipal) -> Client:
+        # A client per request: the business and principal are the authenticated ones, never the request's.
+        return Client(store, policy=policy, handler=None, business=principal.tenant, principal=principal.executions_principal)
+
+    async def call(work: Callable[[], Any]) -> Any:
+        def run() -> Any:
+            try:
+                return work()
+            except Refused as exc:
+                status = 403 if exc.code is p.RefusalCode.NOT_AUTHORIZED else 409
+                raise _Problem(status, exc.code.value, str(exc)) from None
+            except RequestError as exc:
+                raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, str(exc), exc.field) from None
+            except StoreFailure as exc:
+                raise _Problem(503 if exc.code.value == "store_unavailable" else 500, exc.code.value, str(exc)) from None
+
+        return await run_in_threadpool(run)
+
+    async def run(request: Request, principal: HttpPrincipal) -> Response:
+        body = await _body(
+            request,
+            {"definition": (str,), "revision": (int,), "input": (dict,), "execution_id": (str,)},
+            frozenset({"definition"}),
+        )
+        # Only a registered definition, by id: registering definitions is the deployment's code, not a request's.
+        definition = _identifier("definition", body["definition"])
+        if "execution_id" in body:
+            _identifier("execution_id", body["execution_id"])
+        execution = await call(
+            lambda: client(principal).run(
+                definition, body.get("input"), execution_id=body.get("execution_id"), revision=body.get("revision")
+            )
+        )
+        return JSONResponse(render.jsonable(execution), status_code=201)
+
+    async def listing(request: Request, principal: HttpPrincipal) -> Response:
+        state = request.query_params.get("state")
+        executions = await call(lambda: client(principal).list(state))
+        return JSONResponse({"executions": render.jsonable(executions)})
+
+    async def inspect(request: Request, principal: HttpPrincipal) -> Response:
+        execution_id = request.path_params["execution_id"]
+        view = await call(lambda: client(principal).inspect(execution_id))
+        return JSONResponse(
+            {
+                "execution": render.jsonable(view.execution),
+                "dispatch": render.jsonable(view.dispatch),
+                "history": render.jsonable(view.history),
+            }
+        )
+
+    async def event(request: Request, principal: HttpPrincipal) -> Response:
+        body = await _body(
+            request,
+            {"type": (str,), "correlation": (dict,), "payload": (dict,), "event_id": (str,)},
+            frozenset({"type", "correlation"}),
+        )
+        if "event_id" in body:
+            _identifier("event_id", body["event_id"])
+        published = await call(
+            lambda: client(principal).publish(
+                body["type"], body["correlation"], body.get("payload"), event_id=body.get("event_id")
+            )
+        )
+        return JSONResponse(render.jsonable(published))
+
+    async def decide(request: Request, principal: HttpPrincipal) -> Response:
+        execution_id = request.path_params["execution_id"]
+        body = await _body(
+            request,
+            {"determination": (str,), "decision_id": (str,), "rationale": (str,)},
+            frozenset({"determination"}),
+        )
+        if body["determination"] not in p.DETERMINATIONS:
+            raise _Problem(
+                422, "invalid_body", f"determination: one of {', '.join(p.DETERMINATIONS)}", "determination"
+            )
+        if "decision_id" in body:
+            _identifier("decision_id", body["decision_id"])
+        decided = await call(
+            lambda: client(principal).decide(
+                execution_id,
+                body["determination"],
+                decision_id=body.get("decision_id"),
+                rationale=body.get("rationale", ""),
+            )
+        )
+        return JSONResponse(render.jsonable(decided))
+
+    async def cancel(request: Request, principal: HttpPrincipal) -> Response:
+        execution_id = request.path_params["execution_id"]
+        body = await _body(request, {"reason": (str,)})
+        execution = await call(lambda: client(principal).cancel(execution_id, reason=body.get("reason", "")))
+        return JSONResponse(render.jsonable(execution))
+
+    def route(path: str, handler: Handler, method: str) -> Route:
+        return Route(path, _endpoint(authenticate, handler), methods=[method])
+
+    return [
+        route("/executions", run, "POST"),
+        route("/executions", listing, "GET"),
+        route("/executions/{execution_id}", inspect, "GET"),
+        route("/executions/{execution_id}/decision", decide, "POST"),
+        route("/executions/{execution_id}/cancel", cancel, "POST"),
+        route("/events", event, "POST"),
+    ]

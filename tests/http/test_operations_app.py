@@ -1,0 +1,297 @@
+"""The HTTP boundary in process (Starlette's TestClient): who may do what, and what a refusal leaves behind.
+
+Authentication is the deployment's (tests/http/deployment.py): no body or
+header chooses its own principal or tenant.  Every refusal below is checked
+against a dump of the whole database taken before it: nothing is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from fencekeeper.adapters import connect, service
+from fencekeeper.adapters.http import create_operations_app
+from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
+from fencekeeper.kernel.definition import parse_definition
+
+from . import deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+PURCHASE = ROOT / "docs" / "examples" / "purchase_approval.toml"
+ALICE = {"Authorization": "Bearer alice-token"}
+BOB = {"Authorization": "Bearer bob-token"}
+CAROL = {"Authorization": "Bearer carol-token"}
+MALLORY = {"Authorization": "Bearer mallory-token"}
+CAPTURE = {"action": "capture_payment", "input": {"order": "o-1", "amount": 500}}
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
+    db = tmp_path / "http.db"
+    executions = connect.open_store(str(db))
+    operations = SQLiteOperationStore(db)
+    policy = deployment.policy()
+    definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
+    service.register(executions, definition, "acme", deployment.ALICE.executions_principal, policy)
+    application = create_operations_app(
+        authenticate=deployment.authenticate,
+        operations=operations,
+        actions=deployment.registry(),
+        resolvers=deployment.resolvers(),
+        executions=executions,
+        policy=policy,
+    )
+    try:
+        with TestClient(application) as client:
+            yield client, db
+    finally:
+        operations.close()
+        executions.close()
+
+
+def dump(db: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return list(conn.iterdump())
+
+
+def error(response: Any) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def submit(client: TestClient, headers: dict[str, str], key: str, body: dict[str, Any] = CAPTURE) -> Any:
+    return client.post("/operations", json=body, headers={**headers, "Idempotency-Key": key})
+
+
+def test_a_request_without_a_valid_identity_is_401(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    before = dump(db)
+    for headers in ({}, {"Authorization": "Bearer nobody"}, {"Authorization": "Basic YWxpY2U6eA=="}):
+        for method, path in (
+            ("POST", "/operations"), ("GET", "/operations/op-1"), ("GET", "/operations/op-1/history"),
+            ("POST", "/operations/op-1/decision"), ("POST", "/operations/op-1/cancel"),
+            ("POST", "/executions"), ("GET", "/executions"), ("GET", "/executions/x-1"),
+            ("POST", "/executions/x-1/decision"), ("POST", "/executions/x-1/cancel"), ("POST", "/events"),
+        ):  # fmt: skip
+            response = client.request(method, path, json=CAPTURE, headers={**headers, "Idempotency-Key": "k"})
+            assert response.status_code == 401, (method, path, response.text)
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+            assert error(response)["code"] == "not_authenticated"
+    assert dump(db) == before
+
+
+def test_submission_is_idempotent_and_a_conflicting_reuse_is_409(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    first = submit(client, ALICE, "k-1")
+    assert first.status_code == 201, first.text
+    assert first.json()["created"] is True and first.json()["tenant"] == "acme"
+    assert first.json()["principal"] == "users:v1:alice"
+    again = submit(client, ALICE, "k-1")
+    assert again.status_code == 200 and again.json()["operation_id"] == first.json()["operation_id"]
+    assert again.json()["created"] is False
+    before = dump(db)
+    conflict = submit(client, ALICE, "k-1", {"action": "capture_payment", "input": {"order": "o-1", "amount": 999}})
+    assert conflict.status_code == 409, conflict.text
+    assert error(conflict)["code"] == "idempotency_conflict"
+    assert dump(db) == before
+    # The same key of another principal is another identity.
+    other = submit(client, CAROL, "k-1")
+    assert other.status_code == 201 and other.json()["operation_id"] != first.json()["operation_id"]
+
+
+def test_status_history_decision_and_cancellation(app: tuple[TestClient, Path]) -> None:
+    client, _ = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    status = client.get(f"/operations/{operation_id}", headers=ALICE)
+    assert status.status_code == 200 and status.json()["state"] == "awaiting_approval"
+    history = client.get(f"/operations/{operation_id}/history", headers=ALICE).json()["history"]
+    assert [line["to"] for line in history] == ["awaiting_approval"]
+    digest = status.json()["input_digest"]
+    approved = client.post(f"/operations/{operation_id}/decision", json={"approve": True, "input_digest": digest}, headers=CAROL)
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["approved_by"] == "users:v1:carol"
+    cancelled = client.post(f"/operations/{operation_id}/cancel", json={"reason": "changed my mind"}, headers=ALICE)
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["state"] == "cancelled"
+    again = client.post(f"/operations/{operation_id}/decision", json={"approve": False}, headers=CAROL)
+    assert again.status_code == 409, again.text
+
+
+def test_a_forged_tenant_reaches_nothing_and_writes_nothing(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    execution = client.post(
+        "/executions", json={"definition": "purchase-approval", "input": {"amount": 2500, "order_id": "o-1", "order_revision": 1}},
+        headers=ALICE,
+    )  # fmt: skip
+    assert execution.status_code == 201, execution.text
+    execution_id = execution.json()["execution_id"]
+    before = dump(db)
+    # A body cannot choose the tenant or the principal.
+    for field, value in (("tenant", "beta"), ("principal", "users:v1:bob"), ("namespace", "other")):
+        forged = submit(client, BOB, "k-forged", {**CAPTURE, field: value})
+        assert forged.status_code == 422, forged.text
+        assert error(forged)["field"] == field
+    forged_run = client.post("/executions", json={"definition": "purchase-approval", "business": "acme"}, headers=BOB)
+    assert forged_run.status_code == 422
+    # Nor does a header: bob's tenant is beta, whatever he sends.
+    spoofed = {**BOB, "X-Tenant": "acme", "X-Fencekeeper-Tenant": "acme"}
+    for method, path, body in (
+        ("GET", f"/operations/{operation_id}", None),
+        ("GET", f"/operations/{operation_id}/history", None),
+        ("POST", f"/operations/{operation_id}/decision", {"approve": True}),
+        ("POST", f"/operations/{operation_id}/cancel", {}),
+        ("GET", f"/executions/{execution_id}", None),
+        ("POST", f"/executions/{execution_id}/cancel", {}),
+        ("POST", f"/executions/{execution_id}/decision", {"determination": "approved"}),
+    ):
+        response = client.request(method, path, json=body, headers=spoofed)
+        assert response.status_code == 404, (method, path, response.text)
+    assert client.get("/executions", headers=spoofed).json() == {"executions": []}
+    assert dump(db) == before
+    assert client.get(f"/operations/{operation_id}", headers=ALICE).json()["state"] == "awaiting_approval"
+
+
+def test_a_principal_without_the_grant_is_403_and_nothing_is_written(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    before = dump(db)
+    refused = [
+        submit(client, MALLORY, "k-m"),
+        client.post(f"/operations/{operation_id}/decision", json={"approve": True}, headers=MALLORY),
+        client.post(f"/operations/{operation_id}/cancel", json={}, headers=MALLORY),
+        client.post(
+            "/executions", json={"definition": "purchase-approval", "input": {"amount": 5, "order_id": "o-2", "order_revision": 1}},
+            headers=MALLORY,
+        ),
+    ]
+    for response in refused:
+        assert response.status_code == 403, response.text
+        assert error(response)["code"] == "not_authorized"
+    assert dump(db) == before
+
+
+MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
+    ("/operations", "not json", b"{", None),
+    ("/operations", "an array", b"[]", None),
+    ("/operations", "no action", b'{"input": {}}', "action"),
+    ("/operations", "action not a string", b'{"action": 5}', "action"),
+    ("/operations", "version zero", b'{"action": "capture_payment", "version": 0}', "version"),
+    ("/operations", "version a bool", b'{"action": "capture_payment", "version": true}', "version"),
+    ("/operations", "unknown field", b'{"action": "capture_payment", "input": {}, "priority": 1}', "priority"),
+    ("/operations", "unknown action", b'{"action": "nope", "input": {}}', None),
+    ("/operations", "input the action rejects", b'{"action": "capture_payment", "input": {"order": "o"}}', None),
+    ("/operations", "not a finite number", b'{"action": "capture_payment", "input": {"order": "o", "amount": NaN}}', None),
+    ("/operations/{op}/decision", "approve missing", b"{}", "approve"),
+    ("/operations/{op}/decision", "approve a string", b'{"approve": "yes"}', "approve"),
+    ("/operations/{op}/decision", "approval id malformed", b'{"approve": true, "approval_id": "a b"}', "approval_id"),
+    ("/operations/{op}/cancel", "reason a number", b'{"reason": 5}', "reason"),
+    ("/executions", "definition as text", b'{"definition": "id = \\"x\\"\\nrevision = 1"}', "definition"),
+    ("/executions", "input not an object", b'{"definition": "purchase-approval", "input": [1]}', "input"),
+    ("/executions", "input the definition rejects", b'{"definition": "purchase-approval", "input": {"amount": "x"}}', None),
+    ("/executions/{x}/decision", "determination unknown", b'{"determination": "maybe"}', "determination"),
+    ("/executions/{x}/cancel", "reason a list", b'{"reason": []}', "reason"),
+    ("/events", "no correlation", b'{"type": "payment.received"}', "correlation"),
+    ("/events", "correlation a string", b'{"type": "payment.received", "correlation": "o-1"}', "correlation"),
+]
+
+
+@pytest.mark.parametrize(("path", "what", "body", "field"), MALFORMED_OPERATIONS, ids=[m[1] for m in MALFORMED_OPERATIONS])
+def test_a_malformed_body_is_422_naming_the_field_and_writes_nothing(
+    app: tuple[TestClient, Path], path: str, what: str, body: bytes, field: str | None
+) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    execution = client.post(
+        "/executions", json={"definition": "purchase-approval", "input": {"amount": 2500, "order_id": "o-1", "order_revision": 1}},
+        headers=ALICE,
+    )  # fmt: skip
+    execution_id = execution.json()["execution_id"]
+    before = dump(db)
+    response = client.post(
+        path.format(op=operation_id, x=execution_id),
+        content=body,
+        headers={**ALICE, "Idempotency-Key": "k-2", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 422, (what, response.text)
+    problem = error(response)
+    if field is not None:
+        assert problem.get("field") == field or problem["message"].startswith(f"{field}:"), problem
+    assert dump(db) == before
+
+
+def test_submission_without_an_idempotency_key_is_422(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    before = dump(db)
+    response = client.post("/operations", json=CAPTURE, headers=ALICE)
+    assert response.status_code == 422
+    assert error(response) == {
+        "code": "idempotency_key_missing",
+        "message": "Idempotency-Key: this request requires the header",
+        "field": "Idempotency-Key",
+    }
+    malformed = client.post("/operations", json=CAPTURE, headers={**ALICE, "Idempotency-Key": "a b"})
+    assert malformed.status_code == 422
+    assert dump(db) == before
+
+
+def test_workflow_executions_run_list_inspect_event_and_cancel(app: tuple[TestClient, Path]) -> None:
+    client, _ = app
+    run = client.post(
+        "/executions",
+        json={"definition": "purchase-approval", "execution_id": "po-1", "input": {"amount": 5, "order_id": "o-1", "order_revision": 1}},
+        headers=ALICE,
+    )
+    assert run.status_code == 201, run.text
+    assert run.json()["business_id"] == "acme" and run.json()["state"] == "eligible"
+    again = client.post("/executions", json={"definition": "purchase-approval", "execution_id": "po-1", "input": {}}, headers=ALICE)
+    assert again.status_code in (409, 422), again.text
+    listed = client.get("/executions", headers=ALICE).json()["executions"]
+    assert [x["execution_id"] for x in listed] == ["po-1"]
+    assert client.get("/executions?state=nonsense", headers=ALICE).status_code == 422
+    inspected = client.get("/executions/po-1", headers=ALICE)
+    assert inspected.status_code == 200 and inspected.json()["execution"]["execution_id"] == "po-1"
+    published = client.post("/events", json={"type": "payment.received", "correlation": {"order_id": "o-9"}}, headers=ALICE)
+    assert published.status_code == 200, published.text
+    cancelled = client.post("/executions/po-1/cancel", json={"reason": "test"}, headers=ALICE)
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["state"] == "cancelled"
+    assert client.post("/executions/po-1/cancel", json={}, headers=ALICE).status_code == 409
+
+
+def test_a_body_over_the_limit_is_413_and_unread(app: tuple[TestClient, Path]) -> None:
+    from fencekeeper.adapters.http import MAX_BODY_BYTES  # noqa: PLC0415
+
+    client, db = app
+    before = dump(db)
+    huge = b'{"action": "capture_payment", "input": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    response = client.post("/operations", content=huge, headers={**ALICE, "Idempotency-Key": "k-big"})
+    assert response.status_code == 413 and error(response)["code"] == "body_too_large"
+    assert dump(db) == before
+
+
+def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
+    async def authenticate(request: Any) -> Any:
+        return deployment.authenticate(request)
+
+    store = SQLiteOperationStore(tmp_path / "async.db")
+    try:
+        application = create_operations_app(
+            authenticate=authenticate, operations=store, actions=deployment.registry(), resolvers=deployment.resolvers()
+        )
+        with TestClient(application) as client:
+            assert submit(client, {}, "k-1").status_code == 401
+            created = submit(client, ALICE, "k-1")
+            assert created.status_code == 201 and created.json()["principal"] == "users:v1:alice"
+            # Without an execution store the execution routes are not there at all.
+            assert client.get("/executions", headers=ALICE).status_code == 404
+    finally:
+        store.close()

@@ -1,0 +1,198 @@
+"""The PostgreSQL tenant boundary (seed 001, Required production profile): forced row-level security by tenant.
+
+A restricted application role, created for this test run only (roles are
+cluster-wide: a unique name, dropped afterwards), connects with tenant A set
+and tries, with hand-written SQL, to read and write tenant B's rows.  Every
+attempt must see nothing or be refused, and B's rows must be exactly as they
+were.  The store's own connection path, scoped to a tenant, must still work
+as that role.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations.postgres import PostgresOperationStore
+from fencekeeper.adapters.operations.service import DurableOperationService, PrincipalReference
+from fencekeeper.adapters.operations.worker import DurableOperationWorker
+from fencekeeper.adapters.store import StoreError
+
+TABLES = ("operations", "operation_identities", "operation_attempts", "operation_transitions", "operation_outbox")
+ALICE = PrincipalReference("users", 1, "alice")
+
+
+@pytest.fixture
+def restricted_role(pg_dsn: str, pg_schema: str) -> Iterator[str]:
+    """A login role with the grants docs/operating-postgres.md shows, and nothing else; dropped after the test."""
+    role = f"fk_app_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS")  # type: ignore[arg-type]
+        conn.execute(f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}")  # type: ignore[arg-type]
+        conn.execute(f"GRANT SELECT ON {pg_schema}.schema_migrations TO {role}")  # type: ignore[arg-type]
+        for table in TABLES:
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE ON {pg_schema}.{table} TO {role}")  # type: ignore[arg-type]
+    try:
+        yield role
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            # Its sessions first (a failed assertion may leave one open), then its grants, then the role.
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+            conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+            conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+
+
+def _service(store: PostgresOperationStore) -> DurableOperationService:
+    return DurableOperationService(store, examples.registry(), examples.resolvers())
+
+
+def _seed(pg_dsn: str, schema: str) -> dict[str, str]:
+    """In each of tenants a and b, one Operation run to its end and one still open, written by the owner.
+
+    The owner here is a superuser, which the policies do not bind: what an
+    operator's role sees.  The ended one brings Attempt and outbox rows.
+    """
+    store = PostgresOperationStore(pg_dsn, schema=schema, pool_size=1)
+    try:
+        examples.prepare(store)
+        service = _service(store)
+        ids = {}
+        for tenant in ("a", "b"):
+            for suffix in ("", "_open"):
+                admission = service.submit(
+                    tenant=tenant, principal=ALICE, action="balance", input={"account": "acc-1"},
+                    client_key=f"k-{tenant}{suffix}",
+                )
+                ids[tenant + suffix] = admission.operation_id
+            worker = DurableOperationWorker(
+                store, service.actions, service.resolvers, tenant=tenant, worker_id=f"w-{tenant}", lease=timedelta(seconds=30)
+            )
+            report = worker.run_once()
+            assert report is not None and report.outcome == "succeeded", report
+        return ids
+    finally:
+        store.close()
+
+
+def _snapshot(pg_dsn: str, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
+        return {table: sorted(map(tuple, conn.execute(f"SELECT * FROM {table}").fetchall()), key=repr) for table in TABLES}  # type: ignore[arg-type]
+
+
+def _as(pg_dsn: str, role: str, schema: str, tenant: str | None) -> psycopg.Connection[Any]:
+    options = f"-c search_path={schema}" + (f" -c fencekeeper.tenant={tenant}" if tenant is not None else "")
+    return psycopg.connect(make_conninfo(pg_dsn, user=role, options=options), autocommit=True)
+
+
+def test_the_restricted_role_cannot_read_or_write_another_tenants_rows(
+    pg_dsn: str, pg_schema: str, restricted_role: str
+) -> None:
+    ids = _seed(pg_dsn, pg_schema)
+    before = _snapshot(pg_dsn, pg_schema)
+    # Each table holds rows of both tenants, so an empty answer below is the policy, not an empty table.
+    assert all(before[table] for table in ("operations", "operation_identities", "operation_transitions", "operation_outbox"))
+    with _as(pg_dsn, restricted_role, pg_schema, "a") as conn:
+        # Reading: only tenant a's rows exist, however the question is put.
+        assert sorted(r[0] for r in conn.execute("SELECT operation_id FROM operations")) == sorted([ids["a"], ids["a_open"]])
+        assert conn.execute("SELECT count(*) FROM operations WHERE tenant = 'b'").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM operation_identities WHERE tenant = 'b'").fetchone() == (0,)
+        for table in ("operation_attempts", "operation_transitions", "operation_outbox"):
+            rows = conn.execute(f"SELECT count(*) FROM {table} WHERE operation_id = %s", (ids["b"],)).fetchone()  # type: ignore[arg-type]
+            assert rows == (0,), table
+        for table in ("operation_attempts", "operation_transitions", "operation_outbox"):
+            rows = conn.execute(f"SELECT count(*) FROM {table} WHERE operation_id = %s", (ids["a"],)).fetchone()  # type: ignore[arg-type]
+            assert rows is not None and rows[0] >= 1, table
+        # Updating tenant b's rows touches none of them.
+        assert conn.execute("UPDATE operations SET state = 'canceled' WHERE tenant = 'b'").rowcount == 0
+        assert conn.execute("UPDATE operation_identities SET retain_until = now() WHERE tenant = 'b'").rowcount == 0
+        assert conn.execute("UPDATE operation_attempts SET state = 'x' WHERE operation_id = %s", (ids["b"],)).rowcount == 0
+        # Moving one of its own rows into tenant b, or writing a row of tenant b, is refused.
+        refusals = [
+            ("UPDATE operations SET tenant = 'b' WHERE operation_id = %s", (ids["a"],)),
+            ("UPDATE operation_identities SET tenant = 'b' WHERE operation_id = %s", (ids["a"],)),
+            (
+                "INSERT INTO operations SELECT * FROM (SELECT 'op-forged' AS operation_id, namespace, 'b' AS tenant, "
+                "principal, client_key, action_name, action_version, effect_class, input_digest, input, state, revision, "
+                "fence, attempt_count, policy, admitted_at, deadline, retain_until, next_eligible_at, requires_approval, "
+                "approval, owner, lease_expires_at, attempt_started_at, effect_id, outcome, error_code, result, "
+                "cancel_requested_by, due_at FROM operations WHERE operation_id = %s) AS forged",
+                (ids["a"],),
+            ),
+            (
+                "INSERT INTO operation_identities VALUES ('default', 'b', 'users:v1:mallory', 'k', %s, now())",
+                (ids["a"],),
+            ),
+            (
+                "INSERT INTO operation_transitions (operation_id, revision, to_state, at, actor, fence, reason) "
+                "VALUES (%s, 99, 'canceled', now(), 'mallory', 0, 'forged')",
+                (ids["b"],),
+            ),
+            ("INSERT INTO operation_outbox (message_id, operation_id, topic, at) VALUES ('m-forged', %s, 't', now())", (ids["b"],)),
+            (
+                "INSERT INTO operation_attempts VALUES (%s, 1, 'w', 'running', now(), NULL, NULL)",
+                (ids["b"],),
+            ),
+        ]
+        for sql, params in refusals:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql, params)  # type: ignore[arg-type]
+        # No DELETE is granted at all.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM operations WHERE tenant = 'b'")
+    with _as(pg_dsn, restricted_role, pg_schema, None) as conn:
+        # No tenant set: the boundary fails closed.
+        for table in TABLES:
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table  # type: ignore[arg-type]
+    assert _snapshot(pg_dsn, pg_schema) == before
+
+
+def test_the_store_works_as_the_restricted_role_within_its_tenant(
+    pg_dsn: str, pg_schema: str, restricted_role: str
+) -> None:
+    ids = _seed(pg_dsn, pg_schema)
+    as_role = make_conninfo(pg_dsn, user=restricted_role)
+    # Bound to tenant a for the session, as a tenant-scoped worker opens it.
+    store = PostgresOperationStore(as_role, schema=pg_schema, pool_size=1, tenant="a")
+    try:
+        service = _service(store)
+        admission = service.submit(
+            tenant="a", principal=ALICE, action="balance", input={"account": "acc-2"}, client_key="k-new"
+        )
+        assert admission.created
+        record = service.get(admission.operation_id)
+        assert record is not None and record.tenant == "a"
+        assert len(service.history(admission.operation_id)) == 1
+        assert service.get(ids["a"]) is not None
+        # Tenant b's Operation does not exist for this store, and submitting into b is refused by the policy.
+        assert service.get(ids["b"]) is None
+        with pytest.raises(StoreError) as denied:
+            service.submit(tenant="b", principal=ALICE, action="balance", input={"account": "acc-1"}, client_key="k-x")
+        assert denied.value.code == "tenant_denied"
+        with pytest.raises(StoreError) as refused:
+            store.tenant_scope("b").__enter__()
+        assert refused.value.code == "tenant_scope"
+    finally:
+        store.close()
+    # Unbound, with a scope per request, as the HTTP boundary opens it.
+    store = PostgresOperationStore(as_role, schema=pg_schema, pool_size=1)
+    try:
+        service = _service(store)
+        assert service.get(ids["a"]) is None  # no scope: nothing is visible
+        with store.tenant_scope("b"):
+            assert service.get(ids["b"]) is not None
+            assert service.get(ids["a"]) is None
+        with store.tenant_scope("a"):
+            record = service.cancel(ids["a_open"], principal=ALICE, reason="done")
+            assert record.state.value == "cancelled"
+        # The scope ended with its transaction: the pooled connection carries no tenant into the next one.
+        assert service.get(ids["a"]) is None
+    finally:
+        store.close()
