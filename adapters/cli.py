@@ -134,8 +134,8 @@ class CliError(Exception):
 # --- arguments ------------------------------------------------------------------------------
 
 
-# The journal and op command groups live in modules of their own (cli_journal,
-# cli_ops), imported only when a command line may need them: importing them
+# The journal, op and serve commands live in modules of their own (cli_journal,
+# cli_ops, cli_serve), imported only when a command line may need them: importing them
 # (the journal's and durable operations' kernels and stores) cost every
 # `fencekeeper worker` about 0.13 s of start-up for commands it never runs.
 _LIGHT_COMMANDS = frozenset(

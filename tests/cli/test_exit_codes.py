@@ -222,12 +222,13 @@ def test_the_command_groups_load_only_when_a_command_line_may_need_them() -> Non
     """Every command is either defined in cli.py or a group; a plain command's parser leaves the groups out."""
     parser = cli._parser()
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op"}
+    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op", "serve"}
     light = cli._parser(groups=False)
     [fewer] = [a for a in light._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(fewer.choices) == cli._LIGHT_COMMANDS
     assert not cli._needs_groups(["--debug", "worker", "--db", "x.db"])
     assert cli._needs_groups(["journal", "show"]) and cli._needs_groups(["op", "status"])
+    assert cli._needs_groups(["serve", "--db", "x.db"])
     assert cli._needs_groups(["--help"]) and cli._needs_groups(["no-such-command"])
 
 
