@@ -345,6 +345,9 @@ def _parser() -> argparse.ArgumentParser:
 
     cli_journal.register(sub, common, data)
     cli_ops.add_parser(command)
+    from . import cli_conformance  # noqa: PLC0415 - a small module; its runner is imported only when it runs
+
+    cli_conformance.add_parser(command)
     return parser
 
 
@@ -462,6 +465,7 @@ def _run(args: argparse.Namespace) -> int:
         "check-spec": _check_spec,
         "journal": cli_journal.run,
         "op": cli_ops.run,
+        "conformance": _conformance,
     }
     return handlers[args.command](args, out) or EXIT_OK
 
@@ -1430,6 +1434,12 @@ def _docs(args: argparse.Namespace, out: Output) -> int:
 
     sys.stdout.write(machines_markdown())
     return EXIT_OK
+
+
+def _conformance(args: argparse.Namespace, out: Output) -> int:
+    from . import cli_conformance  # noqa: PLC0415 - imported only when the command runs
+
+    return cli_conformance.run(args, out)
 
 
 def _check_spec(args: argparse.Namespace, out: Output) -> int:

@@ -231,6 +231,9 @@ def _case(decision: str, world: World, request: Any, now: Any, label: str) -> Ca
         "execution": wire.execution(world.execution),
         "dispatch": wire.dispatch(world.dispatch),
     }
+    if decision == "admit" and world.name == "id_taken":
+        # The identity already names another object (an evidence object): one space of identities.
+        rows["id_taken"] = True
     if decision == "wake":
         rows["registration"] = wire.registration(world.registration)
     if decision == "recover":

@@ -145,11 +145,36 @@ def named_factory(kind: str, dsn: str | None) -> Iterator[Callable[..., Any]]:
     raise ValueError(f"unknown store {kind!r}")
 
 
+def load_factory(spec: str) -> tuple[Callable[..., Any], str]:
+    """``MODULE:NAME`` or ``MODULE:NAME:KEY`` -> the factory it names, and a label for the report."""
+    import importlib
+
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise SystemExit(f"--factory: expected MODULE:NAME or MODULE:NAME:KEY, got {spec!r}")
+    found: Any = getattr(importlib.import_module(parts[0]), parts[1])
+    if len(parts) == 3:
+        found = found[parts[2]]
+    if not callable(found):
+        raise SystemExit(f"--factory: {spec!r} is not callable")
+    return found, spec
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fencekeeper.adapters.conformance.driver")
     parser.add_argument("--store", choices=("memory", "sqlite", "postgres"), help="also answer the store layer")
     parser.add_argument("--dsn", help="PostgreSQL DSN for --store postgres")
+    parser.add_argument(
+        "--factory",
+        metavar="MODULE:NAME[:KEY]",
+        help="answer the store layer with any store factory: NAME in MODULE, or NAME[KEY] when NAME is a mapping "
+        "of factories (a factory takes a clock, or nothing and gets store.clock assigned)",
+    )
     args = parser.parse_args(argv)
+    if args.factory is not None:
+        factory, label = load_factory(args.factory)
+        serve(sys.stdin, sys.stdout, factory=factory, name=label)
+        return 0
     if args.store is None:
         serve(sys.stdin, sys.stdout)
         return 0
