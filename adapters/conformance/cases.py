@@ -18,6 +18,7 @@ Rules of this module:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,6 +30,7 @@ from fencekeeper.kernel import expr as x
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import DefinitionError, definition_from_mapping, parse_definition, to_mapping
 from fencekeeper.kernel.machines import MACHINES, DispatchState, ExecutionState
+from fencekeeper.kernel.recovery import RecoveryFacts, recover
 
 from . import wire
 
@@ -310,7 +312,7 @@ def _credential_variants(world: World, base: dict[str, Any], now: datetime) -> I
         ("stale_fence", {"fence": max(1, c.fence - 1) if c.fence > 1 else c.fence + 1}),
     ):
         data = json.loads(json.dumps(base))
-        holder = data["credential"] if "credential" in data else data
+        holder = data.get("credential", data)
         holder.update(changed)
         yield label, data, now
     end = _lease_end(world)
@@ -357,6 +359,7 @@ def protocol_cases() -> list[Case]:
         for name in dict.fromkeys(("running_at_99_steps", "running_at_100_steps", *lease_states)):
             world = w[name]
             cred = w["running"].credential if world.credential is None else world.credential
+            assert cred is not None
             execution = world.execution
             revision = execution.revision if execution is not None else 1
             if decision == "renew":
@@ -469,7 +472,7 @@ def protocol_cases() -> list[Case]:
         cases.append(_case("wake", world, timer, due, "exactly_due"))
         other = "timeout" if reason == "timer" else "timer"
         cases.append(_case("wake", world, {**timer, "reason": other}, due, f"as_{other}"))
-    cases.append(_case("wake", w["waiting_timer"], {**event_wake, "key": _j(TIMER_KEY(w))}, now, "event_on_timer"))
+    cases.append(_case("wake", w["waiting_timer"], {**event_wake, "key": _j(_timer_key(w))}, now, "event_on_timer"))
 
     # cancel
     for name in ("eligible", "waiting", "running", "woken", "cancelled", "succeeded", "suspended",
@@ -500,7 +503,7 @@ def _unique(cases: list[Case]) -> list[Case]:
     return list(seen.values())
 
 
-def TIMER_KEY(w: dict[str, World]) -> p.WaitKey:  # noqa: N802 - reads like the constant it stands for
+def _timer_key(w: dict[str, World]) -> p.WaitKey:
     registration = w["waiting_timer"].registration
     assert registration is not None
     return registration.key
@@ -554,8 +557,6 @@ def recovery_cases() -> list[Case]:
 
 
 def _recover_outcome(world: World, request: dict[str, Any], now: datetime) -> p.Outcome:
-    from fencekeeper.kernel.recovery import RecoveryFacts, recover
-
     return recover(
         world.execution, world.dispatch, world.recovery, wire.parse_request("recover", request), now,
         facts=RecoveryFacts(),
@@ -574,7 +575,7 @@ def tagged(value: object) -> Any:
     if isinstance(value, int):
         return {"type": "integer", "value": str(value)}
     if isinstance(value, float):
-        if value != value:
+        if math.isnan(value):
             return {"type": "decimal", "value": "nan"}
         if value in (float("inf"), float("-inf")):
             return {"type": "decimal", "value": "inf" if value > 0 else "-inf"}
@@ -885,7 +886,7 @@ def layer_cases(layer: str) -> list[Case]:
     if layer == "definitions":
         return definition_cases()
     if layer == "store":
-        from .store_cases import store_cases
+        from .store_cases import store_cases  # noqa: PLC0415 - store_cases builds on this module
 
         return store_cases()
     raise ValueError(layer)

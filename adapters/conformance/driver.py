@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import sys
 import tempfile
@@ -110,45 +111,55 @@ def _answer(request: dict[str, Any], harness: StoreHarness | None, supported: tu
 def named_factory(kind: str, dsn: str | None) -> Iterator[Callable[..., Any]]:
     """A store factory for ``--store``: fresh, empty stores, cleaned up afterwards."""
     if kind == "memory":
-        from fencekeeper.adapters.memory import MemoryStore
+        from fencekeeper.adapters.memory import MemoryStore  # noqa: PLC0415 - only the store asked for is loaded
 
         yield MemoryStore
         return
     if kind == "sqlite":
-        from fencekeeper.adapters.sqlite_store import SQLiteStore
+        from fencekeeper.adapters.sqlite_store import SQLiteStore  # noqa: PLC0415 - only the store asked for is loaded
 
         with tempfile.TemporaryDirectory(prefix="fk-conformance-") as directory:
             counter = iter(range(10**9))
             yield lambda clock: SQLiteStore(Path(directory) / f"{next(counter)}.db", clock=clock)
         return
     if kind == "postgres":
-        import psycopg
+        import psycopg  # noqa: PLC0415 - only the store asked for is loaded
+        from psycopg import sql  # noqa: PLC0415 - only the store asked for is loaded
 
-        from fencekeeper.adapters.postgres_store import PostgresStore, migrate
+        from fencekeeper.adapters.postgres_store import PostgresStore, migrate  # noqa: PLC0415 - only the store asked for is loaded
 
         url = dsn or "postgresql://postgres@127.0.0.1:5432/test"
-        schemas: list[str] = []
+        # One schema for the whole run, migrated once and emptied between cases: a migration per
+        # case would cost half a second each.  Emptying keeps the migration record, so each store
+        # still opens a schema at exactly this code's version.
+        schema = f"fk_conf_{uuid.uuid4().hex[:12]}"
+        migrate(url, schema)
+        with psycopg.connect(url, autocommit=True) as conn:
+            tables = [row[0] for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_type = 'BASE TABLE' AND table_name <> 'schema_migrations'", (schema,))]
+        # DELETE, not TRUNCATE: on tables this small it is twenty times faster.  Replica role
+        # switches off the append-only triggers and the foreign keys for this one session.
+        emptying = [sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, table)) for table in tables]
 
         def make(clock: Any) -> Any:
-            schema = f"fk_conf_{uuid.uuid4().hex[:12]}"
-            migrate(url, schema)
-            schemas.append(schema)
+            with psycopg.connect(url) as conn:
+                conn.execute("SET LOCAL session_replication_role = replica")
+                for statement in emptying:
+                    conn.execute(statement)
             return PostgresStore(url, schema=schema, clock=clock, pool_size=2)
 
         try:
             yield make
         finally:
             with psycopg.connect(url, autocommit=True) as conn:
-                for schema in schemas:
-                    conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
         return
     raise ValueError(f"unknown store {kind!r}")
 
 
 def load_factory(spec: str) -> tuple[Callable[..., Any], str]:
     """``MODULE:NAME`` or ``MODULE:NAME:KEY`` -> the factory it names, and a label for the report."""
-    import importlib
-
     parts = spec.split(":")
     if len(parts) not in (2, 3):
         raise SystemExit(f"--factory: expected MODULE:NAME or MODULE:NAME:KEY, got {spec!r}")

@@ -71,7 +71,7 @@ def release(execution_id: str, credential: dict[str, Any], revision: int, at: in
         "execution_id": execution_id, "credential": credential, "expected_revision": revision}}
 
 
-def finalize(execution_id: str, credential: dict[str, Any], revision: int, target: str, at: int,
+def finalize(execution_id: str, credential: dict[str, Any], revision: int, target: str, at: int, *,
              wait: dict[str, Any] | None = None, business_id: str = "b-1", session: str = "a") -> Step:
     args = {
         "execution_id": execution_id, "dispatch_id": execution_id, "worker_id": credential["worker_id"],
@@ -98,8 +98,8 @@ def cancel(execution_id: str, revision: int, at: int, business_id: str = "b-1", 
         "execution_id": execution_id, "business_id": business_id, "expected_revision": revision, "authority": OPS}}
 
 
-def wake_event(execution_id: str, node: str, attempt: str, order: str, source: str, at: int,
-               session: str = "a") -> Step:
+def wake_event(execution_id: str, source: str, at: int, *, node: str = "await", attempt: str = "a-2",
+               order: str = "o-1", session: str = "a") -> Step:
     return {"session": session, "call": "wake", "now": _t(at), "args": {
         "key": {"execution_id": execution_id, "node_id": node, "attempt_id": attempt}, "reason": "event",
         "source_id": source, "business_id": "b-1", "authority": OPS, "event_type": "payment.received",
@@ -177,7 +177,7 @@ def _scripts() -> dict[str, list[Step]]:
         ],
         "wait_then_event_wakes": [
             *waiting, publish("ev-0", "o-9", 3), publish("ev-1", "o-1", 4), publish("ev-1", "o-1", 5),
-            wake_event("e-1", "await", "a-2", "o-1", "ev-2", 6), read("e-1"),
+            wake_event("e-1", "ev-2", 6), read("e-1"),
         ],
         "event_of_another_business_wakes_nothing": [
             *waiting, publish("ev-1", "o-1", 3, business_id="b-2"), read("e-1"),
@@ -210,10 +210,10 @@ def _races() -> dict[str, tuple[list[Step], Step, Step, list[Step]]]:
                                [read("e-1")]),
         "cancel_races_claim": ([admit("e-1", 0)], cancel("e-1", 1, 5), claim("w-1", "tok-1", 5, session="b"),
                                [read("e-1")]),
-        "wake_races_cancel": (waiting, wake_event("e-1", "await", "a-2", "o-1", "ev-1", 5),
+        "wake_races_cancel": (waiting, wake_event("e-1", "ev-1", 5),
                               cancel("e-1", 3, 5, session="b"), [read("e-1")]),
-        "wake_races_wake": (waiting, wake_event("e-1", "await", "a-2", "o-1", "ev-1", 5),
-                            wake_event("e-1", "await", "a-2", "o-1", "ev-2", 5, session="b"), [read("e-1")]),
+        "wake_races_wake": (waiting, wake_event("e-1", "ev-1", 5),
+                            wake_event("e-1", "ev-2", 5, session="b"), [read("e-1")]),
         "step_races_step": (running, step("e-1", W1, 2, 5), step("e-1", W1, 2, 5, session="b"), [read("e-1")]),
         "finalize_races_release": (running, finalize("e-1", W1, 2, "succeeded", 5),
                                    release("e-1", W1, 2, 5, session="b"), [read("e-1")]),

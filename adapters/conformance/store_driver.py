@@ -36,7 +36,7 @@ from . import wire
 Json = Any
 AnyFactory = Callable[..., Any]
 
-PENDING_AFTER = 0.3
+PENDING_AFTER = 0.2
 """Seconds a call of an unheld session may take before it is reported pending (blocked on a lock)."""
 
 
@@ -81,10 +81,8 @@ class StoreHarness:
         self.clock = _HoldingClock(self)
         self.sessions = {}
         takes_clock = True
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             takes_clock = len(inspect.signature(self.factory).parameters) >= 1
-        except (TypeError, ValueError):
-            pass
         self.store = self.factory(self.clock) if takes_clock else self.factory()
         if not takes_clock:
             self.store.clock = self.clock

@@ -18,18 +18,24 @@ Rules of this module (specs/conformance.md, "Values"):
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
-from fencekeeper.kernel.recovery import RecoveryFacts
+from fencekeeper.kernel.recovery import RecoveryFacts, recover
 
 Json = Any
 
 
 class WireError(ValueError):
     """A request whose JSON does not have the shape of the conformance format (not a kernel refusal)."""
+
+
+def _get(data: Any, name: str, default: Any = None) -> Any:
+    """A field of a JSON object, as Any: what a field holds is for the kernel to judge."""
+    return data.get(name, default)
 
 
 # --- times and durations -----------------------------------------------------------
@@ -88,7 +94,7 @@ def _key(key: p.WaitKey | None) -> Json:
 def parse_key(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.WaitKey(data.get("execution_id"), data.get("node_id"), data.get("attempt_id"))
+    return p.WaitKey(_get(data, "execution_id"), _get(data, "node_id"), _get(data, "attempt_id"))
 
 
 def execution(value: p.Execution | None) -> Json:
@@ -184,14 +190,14 @@ def parse_wait_spec(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
     return p.WaitSpec(
-        node_id=data.get("node_id"),
-        attempt_id=data.get("attempt_id"),
-        event_type=data.get("event_type"),
-        correlation=_parse_pairs(data.get("correlation", [])),
-        wake_at=parse_time(data.get("wake_at")),
-        timeout=data.get("timeout", False),
-        wake_after=parse_duration(data.get("wake_after")),
-        continuations=_parse_pairs(data.get("continuations", [])),
+        node_id=_get(data, "node_id"),
+        attempt_id=_get(data, "attempt_id"),
+        event_type=_get(data, "event_type"),
+        correlation=_parse_pairs(_get(data, "correlation", [])),
+        wake_at=parse_time(_get(data, "wake_at")),
+        timeout=_get(data, "timeout", False),
+        wake_after=parse_duration(_get(data, "wake_after")),
+        continuations=_parse_pairs(_get(data, "continuations", [])),
     )
 
 
@@ -268,7 +274,7 @@ def authority(value: p.Authority) -> Json:
 def parse_authority(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.Authority(granted=data.get("granted"), principal_id=data.get("principal_id"))
+    return p.Authority(granted=_get(data, "granted"), principal_id=_get(data, "principal_id"))
 
 
 def credential(value: p.LeaseCredential | None) -> Json:
@@ -280,7 +286,7 @@ def credential(value: p.LeaseCredential | None) -> Json:
 def parse_credential(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.LeaseCredential(data.get("worker_id"), data.get("lease_token"), data.get("fence"))
+    return p.LeaseCredential(_get(data, "worker_id"), _get(data, "lease_token"), _get(data, "fence"))
 
 
 def step(value: p.StepRecord | None) -> Json:
@@ -292,7 +298,7 @@ def step(value: p.StepRecord | None) -> Json:
 def parse_step(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.StepRecord(data.get("node_id"), data.get("attempt_id"), data.get("next_node_id"))
+    return p.StepRecord(_get(data, "node_id"), _get(data, "attempt_id"), _get(data, "next_node_id"))
 
 
 def parse_request(decision: str, data: Json) -> Any:
@@ -326,10 +332,8 @@ def parse_request(decision: str, data: Json) -> Any:
         )
     if decision == "wake":
         reason: Any = d["reason"]
-        try:
+        with contextlib.suppress(ValueError):
             reason = p.WakeReason(reason)
-        except ValueError:
-            pass
         return p.WakeRequest(
             key=parse_key(d["key"]), reason=reason, source_id=d["source_id"], business_id=d["business_id"],
             authority=parse_authority(d["authority"]), event_type=d.get("event_type"),
@@ -410,8 +414,6 @@ def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
     elif decision == "cancel":
         result = p.cancel(execution_row, dispatch_row, parsed, at)
     elif decision == "recover":
-        from fencekeeper.kernel.recovery import recover
-
         result = recover(
             execution_row, dispatch_row, parse_recovery_record(rows.get("recovery")), parsed, at,
             facts=RecoveryFacts(),

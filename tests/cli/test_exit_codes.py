@@ -69,6 +69,10 @@ WITHOUT_DB: list[tuple[list[str], int, str]] = [
     (["journal", "verify", "{dir}/missing.jsonl"], 2, "--db"),
     (["op"], 2, "OP_COMMAND"),
     (["op", "status", "--db", "{dir}/missing/x.db", "nope"], 2, "does not exist"),
+    # The conformance runner: nothing to run, no case files, a driver that cannot start.
+    (["conformance"], 2, "--driver"),
+    (["conformance", "--driver", "true", "--cases", "{dir}/missing"], 2, "no case file"),
+    (["conformance", "--driver", "{dir}/no-such-driver", "--layer", "machines"], 2, "cannot start"),
 ]
 
 # Understood, and the answer is no.
