@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from fencekeeper.kernel import expr as x
+from fencekeeper.kernel import modelcheck
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import DefinitionError, definition_from_mapping, parse_definition, to_mapping
 from fencekeeper.kernel.machines import MACHINES, DispatchState, ExecutionState
@@ -491,7 +492,69 @@ def protocol_cases() -> list[Case]:
         cases.append(_case("cancel", eligible, {**base, **changed}, T0, label))
     for label, request, at in _mutations(base, T0, {"execution_id": BAD_ID, "expected_revision": True}):
         cases.append(_case("cancel", eligible, request, at, label))
-    return _unique(cases)
+    cases += model_cases()
+    return [_tagged(case) for case in _unique(cases)]
+
+
+_TERMINAL = {"succeeded", "failed", "cancelled"}
+_REVIEW = {"suspended", "reconciliation_required"}
+_LEASE_CODES = {"lease_token_mismatch", "worker_mismatch", "lease_expired", "stale_fence", "dispatch_not_claimed",
+                "execution_not_running"}
+_FENCED = {"renew", "record_step", "release", "finalize"}
+
+
+def _covers(case: Case) -> list[str]:
+    """The invariants of specs/protocol.md whose boundary a protocol or recovery case sits on.
+
+    Informative: it tells an implementer which rule a failing case guards, and lets a test
+    check that every invariant has cases.
+    """
+    data, expected = case["input"], case["expected"]
+    decision, outcome, code = data["decision"], expected["outcome"], expected.get("code")
+    execution, dispatch = data["rows"]["execution"], data["rows"]["dispatch"]
+    state = execution["state"] if execution else None
+    written = outcome == "decision"
+    found = set()
+    if execution and dispatch and dispatch["dispatch_state"] != ("claimed" if state == "running" else state):
+        found.add("INV-AGREE")
+    if written and decision in ("claim", "release", "finalize"):
+        found.add("INV-LEASE-IFF-CLAIMED")
+    if (decision == "claim" and state == "running") or (decision in _FENCED and code in _LEASE_CODES):
+        found.add("INV-ONE-LIVE-LEASE")
+    if decision in _FENCED and (code in _LEASE_CODES or written):
+        found.add("INV-FENCED-WRITES")
+    if state in _TERMINAL and not written:
+        found.add("INV-TERMINAL-ABSORBING")
+    if written:
+        found.add("INV-REVISION-PLUS-ONE")
+    if code == "step_limit_reached" or (execution and execution["step_count"] >= p.STEP_LIMIT - 1):
+        found.add("INV-STEP-LIMIT")
+    if code == "wait_registration_required" or (written and expected.get("registration") and decision == "finalize"):
+        found.add("INV-WAITING-REGISTERED")
+    if decision == "wake" and (written or code in ("already_woken", "not_waiting")):
+        found.add("INV-ONE-WAKE")
+    if code == "cancel_running":
+        found.add("INV-CANCEL-NOT-RUNNING")
+    if code == "target_not_permitted":
+        found.add("INV-FINALIZE-TARGETS")
+    if code in ("lease_not_expired", "worker_cannot_recover"):
+        found.add("INV-QUARANTINE-EXPIRED-ONLY")
+    if state in _REVIEW and decision != "recover" and not written:
+        found.add("INV-REVIEW-GOVERNED")
+    if code in ("recovery_replayed", "recovery_conflict"):
+        found.add("INV-RECOVERY-IDEMPOTENT")
+    if code == "unsafe_resume":
+        found.add("INV-SAFE-RESUME-PROVEN")
+    if decision == "recover" and state in _REVIEW and written:
+        found.add("INV-GOVERNED-EXIT")
+    if code in ("illegal_transition", "not_eligible", "not_waiting", "not_in_reconciliation", "not_suspended"):
+        found.add("INV-TABLES")
+    return sorted(found)
+
+
+def _tagged(case: Case) -> Case:
+    covers = _covers(case)
+    return {**case, "covers": covers} if covers else case
 
 
 def _unique(cases: list[Case]) -> list[Case]:
@@ -501,6 +564,91 @@ def _unique(cases: list[Case]) -> list[Case]:
         earlier = seen.setdefault(case["id"], case)
         assert earlier == case, f"two different cases named {case['id']!r}"
     return list(seen.values())
+
+
+# --- cases from the model checker's exploration ----------------------------------------------------
+
+# Small enough to explore in under a second, large enough for a holder, its replacement after expiry or
+# release, a zombie, racing wakes and cancels (kernel/modelcheck.py, Bounds).
+MODEL_BOUNDS = modelcheck.Bounds(workers=2, executions=1, claims_per_execution=2, max_tick=3, max_depth=6)
+MODEL_SHIFT = timedelta(microseconds=123457)
+"""Added to every time of an explored call: the checker counts whole seconds, the cases must not."""
+PER_OUTCOME = 3
+
+
+def _row_args(name: str, args: tuple[Any, ...]) -> tuple[World, Any, Any]:
+    if name == "wake":
+        execution, dispatch, registration, request, now = args
+    else:
+        execution, dispatch, request, now = args
+        registration = None
+    return World("model", execution, dispatch, registration), request, now
+
+
+def _shift(value: Any) -> Any:
+    """Every time in a JSON value moved by MODEL_SHIFT (relative order and distances are kept)."""
+    if isinstance(value, dict):
+        return {k: _shift(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shift(v) for v in value]
+    if isinstance(value, str):
+        moment = wire.parse_time(value)
+        if isinstance(moment, datetime) and moment.tzinfo is not None:
+            return wire.time_text(moment + MODEL_SHIFT)
+    return value
+
+
+def model_cases() -> list[Case]:
+    """Decisions the model checker makes while it explores, a few per (decision, outcome, code).
+
+    The checker calls the real decisions on every world it reaches, zombies, expired leases and
+    in-flight races included; recording those calls yields inputs no hand-written list would think
+    of.  Each is re-decided here on its JSON form, so the expectation is the kernel's as always.
+    """
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def recording(name: str, decide: Callable[..., p.Outcome]) -> Callable[..., p.Outcome]:
+        def call(*args: Any) -> p.Outcome:
+            calls.append((name, args))
+            return decide(*args)
+
+        return call
+
+    proto = modelcheck.Protocol(
+        claim=recording("claim", p.claim),
+        renew=recording("renew", p.renew),
+        record_step=recording("record_step", p.record_step),
+        release=recording("release", p.release),
+        finalize=recording("finalize", p.finalize),
+        wake=recording("wake", p.wake),
+        cancel=recording("cancel", p.cancel),
+    )
+    result = modelcheck.explore(MODEL_BOUNDS, proto)
+    assert result.violation is None, result.violation
+    found: dict[str, Case] = {}
+    for name, args in calls:
+        world, request, now = _row_args(name, args)
+        rows = {"execution": wire.execution(world.execution), "dispatch": wire.dispatch(world.dispatch)}
+        if name == "wake":
+            rows["registration"] = wire.registration(world.registration)
+        data = _shift({"decision": name, "rows": rows, "request": _request_json(request), "now": wire.time_text(now)})
+        found.setdefault(json.dumps(data, sort_keys=True), data)
+    by_outcome: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for text in sorted(found):
+        data = found[text]
+        expected = wire.decide(data["decision"], data["rows"], data["request"], data["now"])
+        group = (data["decision"], expected["outcome"], expected.get("code") or "")
+        by_outcome.setdefault(group, []).append(data)
+    cases = []
+    for (decision, outcome, code), inputs in sorted(by_outcome.items()):
+        for index, data in enumerate(inputs[:PER_OUTCOME]):
+            world = World("model", wire.parse_execution(data["rows"]["execution"]),
+                          wire.parse_dispatch(data["rows"]["dispatch"]),
+                          wire.parse_registration(data["rows"].get("registration")))
+            case = _case(decision, world, data["request"], data["now"], f"{outcome}_{code or 'written'}_{index}")
+            case["id"] = "model/" + case["id"].split("/", 1)[0] + "/" + case["id"].rsplit("/", 1)[1]
+            cases.append(case)
+    return cases
 
 
 def _timer_key(w: dict[str, World]) -> p.WaitKey:
@@ -553,7 +701,7 @@ def recovery_cases() -> list[Case]:
     suspended = w["suspended"]
     cases.append(_case("recover", suspended, request(suspended, "resume_suspended", next_node_id="check"), end,
                        "without_rationale"))
-    return _unique(cases)
+    return [_tagged(case) for case in _unique(cases)]
 
 
 def _recover_outcome(world: World, request: dict[str, Any], now: datetime) -> p.Outcome:

@@ -16,6 +16,7 @@ import pytest
 
 from fencekeeper.adapters.conformance import cases
 from fencekeeper.kernel.machines import MACHINES
+from fencekeeper.kernel.modelcheck import Invariant
 from fencekeeper.kernel.protocol import RefusalCode, UnchangedCode
 from tests.definitions.test_schema import schema_errors
 
@@ -97,3 +98,21 @@ def test_store_races_list_two_different_serial_orders() -> None:
     for race in races:
         first, second = race["expected"]["serial_orders"]
         assert first != second, race["id"]
+
+
+def test_every_invariant_has_cases_on_its_boundary() -> None:
+    covered = {
+        invariant
+        for layer in ("protocol", "recovery")
+        for case in _layer(layer)["cases"]
+        for invariant in case.get("covers", [])
+    }
+    assert covered == {i.value for i in Invariant}
+
+
+def test_the_model_checkers_calls_are_cases() -> None:
+    model = [c for c in _layer("protocol")["cases"] if c["id"].startswith("model/")]
+    decisions = {c["input"]["decision"] for c in model}
+    assert decisions == {"claim", "renew", "record_step", "release", "finalize", "wake", "cancel"}
+    # The checker's zombies: a stale holder refused after its replacement claimed.
+    assert any(c["expected"].get("code") == "lease_token_mismatch" for c in model)
