@@ -40,7 +40,7 @@ SUITE_VERSION = "1.0.0"
 
 Case = dict[str, Any]
 
-LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "store")
+LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "store")
 
 # Times carry odd microseconds so that an implementation rounding to seconds fails.
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123457, tzinfo=UTC)
@@ -1017,6 +1017,8 @@ _DESCRIPTIONS = {
     "recovery": "Governed recovery decisions of specs/protocol.md (recover rows) on a store holding no evidence.",
     "expressions": "specs/expressions.md: source and bindings, then true, false, unknown, or the parse error code.",
     "definitions": "specs/definitions.md: a definition in its JSON form, then valid, or the error code, node and field.",
+    "operations": "Durable-operation decisions of specs/operations.md: the Operation, the request and now; then "
+    "the refusal code and field, the unchanged code and Operation, or the writes and the guard.",
     "store": "Whole-store scripts (specs/conformance.md, Store layer): sessions, requests, outcomes and "
     "final rows, including concurrent interleavings.",
 }
@@ -1033,6 +1035,10 @@ def layer_cases(layer: str) -> list[Case]:
         return expression_cases()
     if layer == "definitions":
         return definition_cases()
+    if layer == "operations":
+        from .operations_cases import operation_cases  # noqa: PLC0415 - it builds on this module's wire form
+
+        return operation_cases()
     if layer == "store":
         from .store_cases import store_cases  # noqa: PLC0415 - store_cases builds on this module
 

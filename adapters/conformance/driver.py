@@ -31,10 +31,11 @@ from fencekeeper.kernel.machines import MACHINES
 
 from . import wire
 from .cases import evaluate_definition, evaluate_expression
+from .operations_cases import decide_operation
 from .store_driver import StoreHarness
 
 PROTOCOL_VERSION = 1
-KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions")
+KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations")
 
 
 def machine_answer(data: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +55,8 @@ def kernel_answer(layer: str, data: dict[str, Any]) -> dict[str, Any]:
         return evaluate_expression(data["source"], data["bindings"])
     if layer == "definitions":
         return evaluate_definition(data["definition"])
+    if layer == "operations":
+        return decide_operation(data)
     raise ValueError(layer)
 
 

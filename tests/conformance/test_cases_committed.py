@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fencekeeper.adapters.conformance import cases
+from fencekeeper.kernel import operations
 from fencekeeper.kernel.machines import MACHINES
 from fencekeeper.kernel.modelcheck import Invariant
 from fencekeeper.kernel.protocol import RefusalCode, UnchangedCode
@@ -71,6 +72,12 @@ def test_every_refusal_and_unchanged_code_is_reached() -> None:
     }
     wanted = {c.value for c in RefusalCode} - NOT_YET_LAYERED
     wanted |= {UnchangedCode.ALREADY_WOKEN.value, UnchangedCode.RECOVERY_REPLAYED.value}
+    assert wanted - codes == set()
+
+
+def test_every_operations_code_is_reached() -> None:
+    codes = {c["expected"].get("code") for c in _layer("operations")["cases"]}
+    wanted = {c.value for c in operations.RefusalCode} | {c.value for c in operations.UnchangedCode}
     assert wanted - codes == set()
 
 
