@@ -76,7 +76,7 @@ def serve(
             if not line.strip():
                 continue
             request = json.loads(line)
-            response = _answer(request, harness, supported, name)
+            response = answer(request, harness, supported, name)
             stdout.write(json.dumps(response, sort_keys=True) + "\n")
             stdout.flush()
     finally:
@@ -84,7 +84,8 @@ def serve(
             harness.close()
 
 
-def _answer(request: dict[str, Any], harness: StoreHarness | None, supported: tuple[str, ...], name: str) -> Any:
+def answer(request: dict[str, Any], harness: StoreHarness | None, supported: tuple[str, ...], name: str) -> Any:
+    """The response to one request of the protocol (specs/conformance.md, The conversation)."""
     op = request.get("op")
     if op == "hello":
         return {"protocol": PROTOCOL_VERSION, "implementation": name, "layers": list(supported)}

@@ -23,7 +23,7 @@ import queue
 import shlex
 import subprocess
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -112,6 +112,33 @@ class Driver:
             self.process.wait()
 
 
+class InProcessDriver:
+    """The Python driver for one store factory, answered in this process: no command, same protocol.
+
+    Each request still goes through its JSON text, so what is compared is exactly what a
+    subprocess driver would have written.
+    """
+
+    def __init__(self, factory: Callable[..., Any], name: str = "in-process") -> None:
+        from .driver import KERNEL_LAYERS, answer  # noqa: PLC0415 - the runner needs no driver otherwise
+        from .store_driver import StoreHarness  # noqa: PLC0415 - as above
+
+        self._answer = answer
+        self._harness = StoreHarness(factory)
+        self._layers = (*KERNEL_LAYERS, "store")
+        self._name = name
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        response = self._answer(json.loads(json.dumps(request)), self._harness, self._layers, self._name)
+        return json.loads(json.dumps(response, sort_keys=True))
+
+    def close(self) -> None:
+        self._harness.close()
+
+
+AnyDriver = Driver | InProcessDriver
+
+
 def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
     """The normative parts where ``output`` differs from the case's expectation: part -> (expected, got)."""
     expected = case["expected"]
@@ -124,7 +151,7 @@ def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
     return found
 
 
-def _run_kernel_layer(driver: Driver, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
+def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
     for case in cases:
         response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
         if isinstance(response, dict) and response.get("unsupported"):
@@ -146,7 +173,7 @@ def _fail(report: LayerReport, case: dict[str, Any], diff: dict[str, Any]) -> No
         report.first_failure = {"id": case["id"], "input": case["input"], "differences": diff}
 
 
-def _store_step(driver: Driver, step: dict[str, Any], **extra: Any) -> Any:
+def _store_step(driver: AnyDriver, step: dict[str, Any], **extra: Any) -> Any:
     response = driver.ask({"op": "store", "step": step, **extra})
     if isinstance(response, dict) and response.get("unsupported"):
         raise _Unsupported
@@ -157,7 +184,7 @@ class _Unsupported(Exception):
     pass
 
 
-def _run_store_case(driver: Driver, case: dict[str, Any]) -> dict[str, Any] | None:
+def _run_store_case(driver: AnyDriver, case: dict[str, Any]) -> dict[str, Any] | None:
     """Differences of one store case, or None when it passes."""
     reset = driver.ask({"op": "reset"})
     if isinstance(reset, dict) and reset.get("unsupported"):
@@ -184,7 +211,7 @@ def _run_store_case(driver: Driver, case: dict[str, Any]) -> dict[str, Any] | No
     return {"race": {"expected one of": case["expected"]["serial_orders"], "got": got}}
 
 
-def _run_store_layer(driver: Driver, cases: list[dict[str, Any]], report: LayerReport) -> None:
+def _run_store_layer(driver: AnyDriver, cases: list[dict[str, Any]], report: LayerReport) -> None:
     for case in cases:
         try:
             diff = _run_store_case(driver, case)
@@ -197,11 +224,17 @@ def _run_store_layer(driver: Driver, cases: list[dict[str, Any]], report: LayerR
             report.passed += 1
 
 
-def run(command: str, layers: Iterable[str] = LAYERS, cases_dir: Path | None = None,
+def run_factory(factory: Callable[..., Any], layers: Iterable[str] = ("store",),
+                cases_dir: Path | None = None) -> list[LayerReport]:
+    """Run the chosen layers against a Python store factory in this process (see :class:`InProcessDriver`)."""
+    return run(InProcessDriver(factory), layers, cases_dir)
+
+
+def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Path | None = None,
         cwd: Path | None = None) -> list[LayerReport]:
-    """Run the chosen layers against the driver ``command``; one report per layer."""
+    """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer."""
     directory = cases_dir if cases_dir is not None else packaged_cases()
-    driver = Driver(command, cwd)
+    driver = Driver(command, cwd) if isinstance(command, str) else command
     reports = []
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})

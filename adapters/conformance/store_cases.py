@@ -130,6 +130,12 @@ def fire(execution_id: str, node: str, attempt: str, at: int) -> Step:
         "key": {"execution_id": execution_id, "node_id": node, "attempt_id": attempt}, "authority": TIMER}}
 
 
+def evidence(execution_id: str, credential: dict[str, Any], at: int, *items: tuple[str, str, int, str | None]) -> Step:
+    return {"call": "append_evidence", "now": _t(at), "args": {
+        "execution_id": execution_id, "credential": credential,
+        "evidence": [{"object_id": o, "kind": k, "revision": r, "state": s, "body": {"n": r}} for o, k, r, s in items]}}
+
+
 def read(execution_id: str, at: int = 10**9) -> Step:
     return {"call": "read", "now": _t(at), "args": {"execution_id": execution_id}}
 
@@ -184,6 +190,29 @@ def _scripts() -> dict[str, list[Step]]:
         ],
         "cancel_waiting_closes_registration": [
             *waiting, cancel("e-1", 3, 3), publish("ev-1", "o-1", 4), read("e-1"),
+        ],
+        "evidence_revisions_past_the_first": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1),
+            evidence("e-1", W1, 2, ("cmd-1", "command", 1, "issued"), ("att-1", "attempt", 1, "started")),
+            evidence("e-1", W1, 3, ("cmd-1", "command", 2, "unknown")),
+            evidence("e-1", W1, 4, ("cmd-1", "command", 3, "succeeded"), ("att-1", "attempt", 2, "applied")),
+            evidence("e-1", W1, 5, ("cmd-1", "command", 3, "failed")),
+            evidence("e-1", W1, 6, ("cmd-1", "command", 5, "failed")),
+            evidence("e-1", W1, 7, ("cmd-1", "attempt", 4, "failed")),
+            evidence("e-1", W1, 1 + END, ("cmd-1", "command", 4, "failed")),
+            read("e-1"),
+        ],
+        "ids_are_one_space_for_executions_and_evidence": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1), evidence("e-1", W1, 2, ("e-2", "command", 1, "issued")),
+            admit("e-2", 3), evidence("e-1", W1, 4, ("e-1", "command", 1, "issued")), read("e-1"), read("e-2"),
+        ],
+        "competing_events_across_businesses": [
+            admit("e-1", 0, "b-1"), admit("e-2", 1, "b-2"), claim("w-1", "tok-1", 2), claim("w-2", "tok-2", 3),
+            finalize("e-1", W1, 2, "waiting", 4, wait=event_wait("await", "a-1", "o-1")),
+            finalize("e-2", W2, 2, "waiting", 5, wait=event_wait("await", "a-2", "o-1"), business_id="b-2"),
+            publish("ev-1", "o-2", 6, business_id="b-1"), publish("ev-2", "o-1", 7, business_id="b-2"),
+            publish("ev-2", "o-9", 8, business_id="b-2"), publish("ev-3", "o-1", 9, business_id="b-1"),
+            publish("ev-4", "o-1", 10, business_id="b-1"), read("e-1"), read("e-2"),
         ],
         "timers_in_order_across_businesses": [
             admit("e-1", 0, "b-1"), admit("e-2", 1, "b-2"), admit("e-3", 2, "b-1"),

@@ -30,6 +30,7 @@ from typing import Any
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.events import Event, EventError
+from fencekeeper.kernel.evidence import Evidence
 
 from . import wire
 
@@ -185,6 +186,12 @@ class StoreHarness:
             return wire.outcome(getattr(store, call)(wire.parse_request(call, a)))
         if call == "recover":
             return wire.outcome(store.recover(wire.parse_request("recover", a)))
+        if call == "append_evidence":
+            items = tuple(
+                Evidence(e["object_id"], e["kind"], e.get("body", {}), e["revision"], e.get("state"))
+                for e in a["evidence"]
+            )
+            return wire.outcome(store.append_evidence(a["execution_id"], wire.parse_credential(a["credential"]), items))
         if call == "due_wakes":
             keys = store.due_wakes(a.get("limit", 100), business_id=a.get("business_id"))
             return {"outcome": "keys", "keys": [wire._key(k) for k in keys]}
@@ -203,12 +210,18 @@ class StoreHarness:
         if call == "read":
             view = store.read(a["execution_id"])
             if view is None:
-                return {"outcome": "view", "execution": None, "dispatch": None, "registrations": []}
+                return {"outcome": "view", "execution": None, "dispatch": None, "registrations": [],
+                        "evidence_revisions": []}
             return {
                 "outcome": "view",
                 "execution": wire.execution(view.execution),
                 "dispatch": wire.dispatch(view.dispatch),
                 "registrations": [wire.registration(r) for r in view.registrations],
+                "evidence_revisions": [
+                    {"object_id": e.object_id, "kind": e.kind, "revision": e.revision, "state": e.state,
+                     "body": dict(e.body)}
+                    for e in view.evidence_revisions
+                ],
             }
         return {"outcome": "error", "code": "unknown_call"}
 

@@ -18,6 +18,9 @@ import pytest
 
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.conformance import runner
+from fencekeeper.adapters.memory import MemoryStore
+
+from .unlocked_store import UnlockedMemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "specs" / "conformance"
@@ -101,3 +104,14 @@ def test_the_command_exits_0_when_everything_chosen_passes(
     monkeypatch.chdir(ROOT)
     assert cli.main(["conformance", "--driver", DRIVER, "--layer", "machines"]) == 0
     assert "machines     passed   passed 474" in capsys.readouterr().out
+
+
+def test_a_factory_runs_in_process_through_the_same_protocol() -> None:
+    assert _verdicts(runner.run_factory(MemoryStore, cases_dir=CASES)) == {"store": "passed"}
+    # A factory that takes no clock gets store.clock set, as the broken variants are written.
+    def no_clock() -> UnlockedMemoryStore:
+        return UnlockedMemoryStore()
+
+    [report] = runner.run_factory(no_clock, cases_dir=CASES)
+    assert report.verdict == "failed" and report.first_failure is not None
+    assert report.first_failure["id"].startswith("race/")
