@@ -40,7 +40,7 @@ SUITE_VERSION = "1.0.0"
 
 Case = dict[str, Any]
 
-LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "store")
+LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "store")
 
 # Times carry odd microseconds so that an implementation rounding to seconds fails.
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123457, tzinfo=UTC)
@@ -1019,6 +1019,8 @@ _DESCRIPTIONS = {
     "definitions": "specs/definitions.md: a definition in its JSON form, then valid, or the error code, node and field.",
     "operations": "Durable-operation decisions of specs/operations.md: the Operation, the request and now; then "
     "the refusal code and field, the unchanged code and Operation, or the writes and the guard.",
+    "journal": "The journal fixture pack of specs/journal.md (section 9): workflow, policy and chain; then valid "
+    "with the head, event count, node states and attempt history, or the refusal code and ordinal.",
     "store": "Whole-store scripts (specs/conformance.md, Store layer): sessions, requests, outcomes and "
     "final rows, including concurrent interleavings.",
 }
@@ -1039,6 +1041,10 @@ def layer_cases(layer: str) -> list[Case]:
         from .operations_cases import operation_cases  # noqa: PLC0415 - it builds on this module's wire form
 
         return operation_cases()
+    if layer == "journal":
+        from .journal_cases import journal_cases  # noqa: PLC0415 - loaded only when generating this layer
+
+        return journal_cases()
     if layer == "store":
         from .store_cases import store_cases  # noqa: PLC0415 - store_cases builds on this module
 

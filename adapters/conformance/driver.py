@@ -31,11 +31,12 @@ from fencekeeper.kernel.machines import MACHINES
 
 from . import wire
 from .cases import evaluate_definition, evaluate_expression
+from .journal_cases import replay_answer
 from .operations_cases import decide_operation
 from .store_driver import StoreHarness
 
 PROTOCOL_VERSION = 1
-KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations")
+KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal")
 
 
 def machine_answer(data: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +58,8 @@ def kernel_answer(layer: str, data: dict[str, Any]) -> dict[str, Any]:
         return evaluate_definition(data["definition"])
     if layer == "operations":
         return decide_operation(data)
+    if layer == "journal":
+        return replay_answer(data)
     raise ValueError(layer)
 
 

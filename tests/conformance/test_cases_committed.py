@@ -81,6 +81,18 @@ def test_every_operations_code_is_reached() -> None:
     assert wanted - codes == set()
 
 
+def test_the_journal_layer_agrees_with_the_fixture_manifest() -> None:
+    manifest = json.loads((CASES.parent / "journal" / "fixtures" / "manifest.json").read_text(encoding="utf-8"))
+    by_name = {c["id"].split("/", 1)[1]: c["expected"] for c in _layer("journal")["cases"]}
+    assert sorted(by_name) == sorted(c["name"] for c in manifest["cases"])
+    for entry in manifest["cases"]:
+        got, expect = by_name[entry["name"]], entry["expect"]
+        assert got["valid"] == entry["valid"], entry["name"]
+        for part in ("code", "ordinal", "head", "events", "states", "attempts"):
+            if part in expect:
+                assert got[part] == expect[part], (entry["name"], part)
+
+
 def test_every_normative_part_is_in_the_expectation_or_null() -> None:
     for layer in cases.LAYERS:
         for case in _layer(layer)["cases"]:
