@@ -232,6 +232,8 @@ def _races() -> dict[str, tuple[list[Step], Step, Step, list[Step]]]:
     waiting = [admit("e-1", 0), claim("w-1", "tok-1", 1),
                finalize("e-1", W1, 2, "waiting", 2, wait=event_wait("await", "a-2", "o-1"))]
     running = [admit("e-1", 0), claim("w-1", "tok-1", 1)]
+    timer_waiting = [admit("e-1", 0), claim("w-1", "tok-1", 1),
+                     finalize("e-1", W1, 2, "waiting", 2, wait=timer_wait("sleep", "a-1", 1000))]
     return {
         "claim_races_claim": ([admit("e-1", 0)], claim("w-1", "tok-1", 5), claim("w-2", "tok-2", 5, session="b"),
                               [read("e-1")]),
@@ -248,6 +250,11 @@ def _races() -> dict[str, tuple[list[Step], Step, Step, list[Step]]]:
                                    release("e-1", W1, 2, 5, session="b"), [read("e-1")]),
         "release_races_finalize": (running, release("e-1", W1, 2, 5),
                                    finalize("e-1", W1, 2, "failed", 5, session="b"), [read("e-1")]),
+        "finalize_races_quarantine": (running, finalize("e-1", W1, 2, "succeeded", END),
+                                      {**quarantine("e-1", 2, END + 1), "session": "b"}, [read("e-1")]),
+        "event_races_cancel": (waiting, publish("ev-1", "o-1", 5), cancel("e-1", 3, 5, session="b"), [read("e-1")]),
+        "timer_races_cancel": (timer_waiting, fire("e-1", "sleep", "a-1", 1000),
+                               cancel("e-1", 3, 1000, session="b"), [read("e-1")]),
     }
 
 
