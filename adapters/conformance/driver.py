@@ -30,7 +30,8 @@ from typing import IO, Any
 from fencekeeper.kernel.machines import MACHINES
 
 from . import wire
-from .cases import evaluate_definition, evaluate_expression
+from .definition_cases import evaluate_definition
+from .expression_cases import evaluate_expression
 from .journal_cases import replay_answer
 from .operations_cases import decide_operation
 from .store_driver import StoreHarness

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import attrs
 
-from .cases import LAYERS
+from .basis import LAYERS
 
 RESPONSE_TIMEOUT = 30.0
 

@@ -22,7 +22,7 @@ from typing import Any
 from fencekeeper.adapters.memory import MemoryStore
 
 from . import wire
-from .cases import LEASE, T0, US, Case
+from .basis import LEASE, T0, US, Case
 from .store_driver import StoreHarness
 
 Step = dict[str, Any]
