@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -119,3 +120,14 @@ def test_a_factory_runs_in_process_through_the_same_protocol() -> None:
     [report] = runner.run_factory(no_clock, cases_dir=CASES)
     assert report.verdict == "failed" and report.first_failure is not None
     assert report.first_failure["id"].startswith("race/")
+
+
+def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() -> None:
+    # No package to install and no Python to borrow from: only node's own modules and its own files.
+    sources = sorted((ROOT / "conformance" / "drivers" / "js").glob("*.js"))
+    assert len(sources) >= 4
+    for source in sources:
+        text = source.read_text(encoding="utf-8")
+        required = set(re.findall(r"require\(\"([^\"]+)\"\)", text))
+        assert required <= {"fs", "path", "readline", "./machines", "./protocol", "./expr"}, (source.name, required)
+        assert "kernel/" not in text and ".py" not in text, source.name
