@@ -73,7 +73,7 @@ WITHOUT_DB: list[tuple[list[str], int, str]] = [
     (["conformance"], 2, "--driver"),
     (["conformance", "--driver", "true", "--cases", "{dir}/missing"], 2, "no case file"),
     (["conformance", "--driver", "{dir}/no-such-driver", "--layer", "machines"], 2, "cannot start"),
-    (["conformance", "--driver", "echo not-json", "--layer", "machines"], 2, "not JSON"),
+    (["conformance", "--driver", "echo not-json", "--layer", "machines"], 2, "broke the protocol"),
 ]
 
 # Understood, and the answer is no.
