@@ -71,9 +71,11 @@ $(VENV)/.bench-installed: $(STAMP)
 
 # Regenerate specs/machines/*.toml and docs/machines.md from the kernel (export-specs leaves
 # the other, hand-written specs as they are: in the repository they are the shipped files), and
-# docs/concepts.md's sequence diagrams from fresh runs of their scenarios.
+# docs/concepts.md's sequence diagrams from fresh runs of their scenarios, and the conformance
+# cases of specs/conformance/ from the kernel (specs/conformance.md).
 specs: $(STAMP)
 	$(BIN)/fencekeeper export-specs specs
+	$(BIN)/fencekeeper conformance --generate specs/conformance
 	$(BIN)/fencekeeper docs > docs/machines.md.tmp && mv docs/machines.md.tmp docs/machines.md
 	$(BIN)/python -m fencekeeper.adapters.scenarios docs/concepts.md
 

@@ -134,10 +134,11 @@ class CliError(Exception):
 # --- arguments ------------------------------------------------------------------------------
 
 
-# The journal, op and serve commands live in modules of their own (cli_journal,
-# cli_ops, cli_serve), imported only when a command line may need them: importing them
-# (the journal's and durable operations' kernels and stores) cost every
-# `fencekeeper worker` about 0.13 s of start-up for commands it never runs.
+# The journal, op, serve and conformance commands live in modules of their own
+# (cli_journal, cli_ops, cli_serve, cli_conformance), imported only when a
+# command line may need them: importing them (the journal's and durable
+# operations' kernels and stores) cost every `fencekeeper worker` about 0.13 s
+# of start-up for commands it never runs.
 _LIGHT_COMMANDS = frozenset(
     {
         "demo", "run", "worker", "inspect", "list", "event", "decide", "cancel", "reconcile", "migrate", "check",
@@ -382,11 +383,12 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
 
     if groups:
-        from . import cli_journal, cli_ops, cli_serve  # noqa: PLC0415 - see _GROUPS
+        from . import cli_conformance, cli_journal, cli_ops, cli_serve  # noqa: PLC0415 - see _GROUPS
 
         cli_journal.register(sub, common, data)
         cli_ops.add_parser(command)
         cli_serve.add_parser(command)
+        cli_conformance.add_parser(command)
     return parser
 
 
@@ -505,6 +507,7 @@ def _run(args: argparse.Namespace) -> int:
         "journal": _journal,
         "op": _op,
         "serve": _serve,
+        "conformance": _conformance,
     }
     return handlers[args.command](args, out) or EXIT_OK
 
@@ -1526,6 +1529,12 @@ def _docs(args: argparse.Namespace, out: Output) -> int:
 
     sys.stdout.write(machines_markdown())
     return EXIT_OK
+
+
+def _conformance(args: argparse.Namespace, out: Output) -> int:
+    from . import cli_conformance  # noqa: PLC0415 - imported only when the command runs
+
+    return cli_conformance.run(args, out)
 
 
 def _check_spec(args: argparse.Namespace, out: Output) -> int:

@@ -73,6 +73,11 @@ WITHOUT_DB: list[tuple[list[str], int, str]] = [
     (["journal", "verify", "{dir}/missing.jsonl"], 2, "--db"),
     (["op"], 2, "OP_COMMAND"),
     (["op", "status", "--db", "{dir}/missing/x.db", "nope"], 2, "does not exist"),
+    # The conformance runner: nothing to run, no case files, a driver that cannot start.
+    (["conformance"], 2, "--driver"),
+    (["conformance", "--driver", "true", "--cases", "{dir}/missing"], 2, "no case file"),
+    (["conformance", "--driver", "{dir}/no-such-driver", "--layer", "machines"], 2, "cannot start"),
+    (["conformance", "--driver", "echo not-json", "--layer", "machines"], 2, "broke the protocol"),
 ]
 
 # Understood, and the answer is no.
@@ -222,7 +227,7 @@ def test_the_command_groups_load_only_when_a_command_line_may_need_them() -> Non
     """Every command is either defined in cli.py or a group; a plain command's parser leaves the groups out."""
     parser = cli._parser()
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op", "serve"}
+    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op", "serve", "conformance"}
     light = cli._parser(groups=False)
     [fewer] = [a for a in light._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(fewer.choices) == cli._LIGHT_COMMANDS

@@ -1,0 +1,82 @@
+"""``fencekeeper conformance``: run the language-neutral suite against any implementation's driver.
+
+Rules of this module:
+
+- It is imported only when the command runs (``cli.py`` imports it lazily),
+  so the rest of the command line pays nothing for it.
+- Exit codes are the command line's: 0 when every chosen layer passed or was
+  skipped, 1 when any case failed, 2 when what was typed cannot be acted on
+  (no such case directory, a driver that cannot be started or breaks the
+  protocol).  A skipped layer is reported as skipped, never as passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from .render import Output
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from .conformance import cases, runner  # noqa: PLC0415 - loaded only for this command
+
+    if args.generate is not None:
+        try:
+            written = cases.generate(args.generate)
+        except OSError as exc:
+            out.note(f"fencekeeper: error: {args.generate}: cannot write: {exc.strerror}")
+            return EXIT_USAGE
+        for path in written:
+            print(path)
+        return EXIT_OK
+    if not args.driver:
+        out.note("fencekeeper: error: give --driver CMD (the implementation's driver) or --generate DIR")
+        return EXIT_USAGE
+    directory = args.cases if args.cases is not None else runner.packaged_cases()
+    layers = args.layer or list(cases.LAYERS)
+    missing = [layer for layer in layers if not (directory / f"{layer}.json").is_file()]
+    if missing:
+        out.note(f"fencekeeper: error: {directory}: no case file for {', '.join(missing)}")
+        return EXIT_USAGE
+    try:
+        shlex.split(args.driver)
+        reports = runner.run(args.driver, layers, directory)
+    except (OSError, ValueError) as exc:
+        out.note(f"fencekeeper: error: --driver {args.driver!r}: cannot start: {exc}")
+        return EXIT_USAGE
+    except runner.DriverError as exc:
+        out.note(f"fencekeeper: error: the driver broke the protocol: {exc}")
+        return EXIT_USAGE
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(runner.as_json(reports), indent=2, sort_keys=True) + "\n")
+    else:
+        print(runner.render(reports, args.driver))
+    return EXIT_PROBLEM if any(r.failed for r in reports) else EXIT_OK
+
+
+def add_parser(command: object) -> None:
+    """Add ``conformance`` through ``cli.py``'s ``command`` helper."""
+    assert callable(command)
+    parser: argparse.ArgumentParser = command(
+        "conformance",
+        "run the language-neutral conformance suite against an implementation's driver",
+        prints_data=True,
+        description="Starts CMD, sends it the cases of specs/conformance one JSON line at a time and reports, "
+        "per layer, how many passed, failed and were skipped, with the first difference in full "
+        "(docs/conformance.md). Exits 1 on any failure.",
+    )
+    parser.add_argument("--driver", metavar="CMD", help="the command that starts the implementation's driver")
+    parser.add_argument(
+        "--layer",
+        action="append",
+        choices=("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "store"),
+        help="run only this layer (repeatable; default: all)",
+    )
+    parser.add_argument("--cases", type=Path, metavar="DIR", help="case files (default: the ones shipped)")
+    parser.add_argument("--generate", type=Path, metavar="DIR", help="write the case files from the kernel into DIR")

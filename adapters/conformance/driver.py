@@ -1,0 +1,206 @@
+"""The Python driver of the conformance protocol (specs/conformance.md): the kernel, and any store.
+
+Rules of this module:
+
+- It speaks the protocol exactly as another implementation would: one JSON
+  request per line on stdin, one JSON response per line on stdout, nothing
+  else on stdout.
+- The kernel layers answer from ``fencekeeper.kernel``; the store layer
+  from a store factory (``--store memory|sqlite|postgres``, or
+  :func:`serve` with any factory, such as a deliberately broken variant).
+- A layer it was not given the means to answer (the store layer without a
+  store) is declared unsupported in ``hello``, so the runner skips it.
+
+Run: ``python -m fencekeeper.adapters.conformance.driver [--store memory|sqlite|postgres] [--dsn DSN]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from fencekeeper.kernel.machines import MACHINES
+
+from . import wire
+from .definition_cases import evaluate_definition
+from .expression_cases import evaluate_expression
+from .journal_cases import replay_answer
+from .operations_cases import decide_operation
+from .store_driver import StoreHarness
+
+PROTOCOL_VERSION = 1
+KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal")
+
+
+def machine_answer(data: dict[str, Any]) -> dict[str, Any]:
+    machine = MACHINES[data["machine"]]
+    state = machine.state_type(data["state"])
+    event = machine.event_type(data["event"])
+    found = machine.table.get((state, event))
+    return {"illegal": True} if found is None else {"target": found.value}
+
+
+def kernel_answer(layer: str, data: dict[str, Any]) -> dict[str, Any]:
+    if layer == "machines":
+        return machine_answer(data)
+    if layer in ("protocol", "recovery"):
+        return dict(wire.decide(data["decision"], data["rows"], data["request"], data["now"]))
+    if layer == "expressions":
+        return evaluate_expression(data["source"], data["bindings"])
+    if layer == "definitions":
+        return evaluate_definition(data["definition"])
+    if layer == "operations":
+        return decide_operation(data)
+    if layer == "journal":
+        return replay_answer(data)
+    raise ValueError(layer)
+
+
+def serve(
+    stdin: IO[str],
+    stdout: IO[str],
+    *,
+    factory: Callable[..., Any] | None = None,
+    name: str = "fencekeeper",
+    layers: tuple[str, ...] = KERNEL_LAYERS,
+) -> None:
+    """Answer requests until end of input.  With ``factory``, the store layer is supported too."""
+    harness = StoreHarness(factory) if factory is not None else None
+    supported = (*layers, "store") if harness is not None else layers
+    try:
+        for line in stdin:
+            if not line.strip():
+                continue
+            request = json.loads(line)
+            response = answer(request, harness, supported, name)
+            stdout.write(json.dumps(response, sort_keys=True) + "\n")
+            stdout.flush()
+    finally:
+        if harness is not None:
+            harness.close()
+
+
+def answer(request: dict[str, Any], harness: StoreHarness | None, supported: tuple[str, ...], name: str) -> Any:
+    """The response to one request of the protocol (specs/conformance.md, The conversation)."""
+    op = request.get("op")
+    if op == "hello":
+        return {"protocol": PROTOCOL_VERSION, "implementation": name, "layers": list(supported)}
+    if op == "case":
+        layer = request["layer"]
+        if layer not in supported or layer == "store":
+            return {"unsupported": True}
+        try:
+            return {"output": kernel_answer(layer, request["input"])}
+        except Exception as exc:  # an answer the runner reports, never a crashed driver
+            return {"error": f"{type(exc).__name__}: {exc}"}
+    if op == "reset":
+        if harness is None:
+            return {"unsupported": True}
+        harness.reset()
+        return {"ok": True}
+    if op == "store":
+        if harness is None:
+            return {"unsupported": True}
+        return {"output": harness.handle(request)}
+    if op == "bye":
+        return {"ok": True}
+    return {"error": f"unknown op {op!r}"}
+
+
+@contextlib.contextmanager
+def named_factory(kind: str, dsn: str | None) -> Iterator[Callable[..., Any]]:
+    """A store factory for ``--store``: fresh, empty stores, cleaned up afterwards."""
+    if kind == "memory":
+        from fencekeeper.adapters.memory import MemoryStore  # noqa: PLC0415 - only the store asked for is loaded
+
+        yield MemoryStore
+        return
+    if kind == "sqlite":
+        from fencekeeper.adapters.sqlite_store import SQLiteStore  # noqa: PLC0415 - only the store asked for is loaded
+
+        with tempfile.TemporaryDirectory(prefix="fk-conformance-") as directory:
+            counter = iter(range(10**9))
+            yield lambda clock: SQLiteStore(Path(directory) / f"{next(counter)}.db", clock=clock)
+        return
+    if kind == "postgres":
+        import psycopg  # noqa: PLC0415 - only the store asked for is loaded
+        from psycopg import sql  # noqa: PLC0415 - only the store asked for is loaded
+
+        from fencekeeper.adapters.postgres_store import PostgresStore, migrate  # noqa: PLC0415 - only the store asked for is loaded
+
+        url = dsn or "postgresql://postgres@127.0.0.1:5432/test"
+        # One schema for the whole run, migrated once and emptied between cases: a migration per
+        # case would cost half a second each.  Emptying keeps the migration record, so each store
+        # still opens a schema at exactly this code's version.
+        schema = f"fk_conf_{uuid.uuid4().hex[:12]}"
+        migrate(url, schema)
+        with psycopg.connect(url, autocommit=True) as conn:
+            tables = [row[0] for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_type = 'BASE TABLE' AND table_name <> 'schema_migrations'", (schema,))]
+        # DELETE, not TRUNCATE: on tables this small it is twenty times faster.  Replica role
+        # switches off the append-only triggers and the foreign keys for this one session.
+        emptying = [sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, table)) for table in tables]
+
+        def make(clock: Any) -> Any:
+            with psycopg.connect(url) as conn:
+                conn.execute("SET LOCAL session_replication_role = replica")
+                for statement in emptying:
+                    conn.execute(statement)
+            return PostgresStore(url, schema=schema, clock=clock, pool_size=2)
+
+        try:
+            yield make
+        finally:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        return
+    raise ValueError(f"unknown store {kind!r}")
+
+
+def load_factory(spec: str) -> tuple[Callable[..., Any], str]:
+    """``MODULE:NAME`` or ``MODULE:NAME:KEY`` -> the factory it names, and a label for the report."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise SystemExit(f"--factory: expected MODULE:NAME or MODULE:NAME:KEY, got {spec!r}")
+    found: Any = getattr(importlib.import_module(parts[0]), parts[1])
+    if len(parts) == 3:
+        found = found[parts[2]]
+    if not callable(found):
+        raise SystemExit(f"--factory: {spec!r} is not callable")
+    return found, spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fencekeeper.adapters.conformance.driver")
+    parser.add_argument("--store", choices=("memory", "sqlite", "postgres"), help="also answer the store layer")
+    parser.add_argument("--dsn", help="PostgreSQL DSN for --store postgres")
+    parser.add_argument(
+        "--factory",
+        metavar="MODULE:NAME[:KEY]",
+        help="answer the store layer with any store factory: NAME in MODULE, or NAME[KEY] when NAME is a mapping "
+        "of factories (a factory takes a clock, or nothing and gets store.clock assigned)",
+    )
+    args = parser.parse_args(argv)
+    if args.factory is not None:
+        factory, label = load_factory(args.factory)
+        serve(sys.stdin, sys.stdout, factory=factory, name=label)
+        return 0
+    if args.store is None:
+        serve(sys.stdin, sys.stdout)
+        return 0
+    with named_factory(args.store, args.dsn) as factory:
+        serve(sys.stdin, sys.stdout, factory=factory, name=f"fencekeeper-{args.store}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

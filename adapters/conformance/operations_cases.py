@@ -1,0 +1,224 @@
+"""The ``operations`` layer: durable-operation decisions (specs/operations.md), from the operations model checker.
+
+Rules of this module:
+
+- The inputs are the calls ``kernel/opsmodel.py`` makes while it explores
+  every interleaving of submitters, workers, an approver and a canceller
+  (reclaims of expired owners and zombie completions included), a few per
+  (decision, outcome, code), with every time moved off the whole second;
+  to each are added its boundary twins: the same call at the instant the
+  owner's lease expires, and with a time that is not UTC.
+- Every expectation is the kernel's answer to the JSON form of the input
+  (:mod:`.values`): what another implementation would receive.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel import opsmodel
+
+from . import wire
+from .values import structure, unstructure
+
+Case = dict[str, Any]
+
+MODEL_BOUNDS = (
+    opsmodel.Bounds(workers=0, submitters=2, approval=False, cancel=False, max_depth=6),
+    opsmodel.Bounds(workers=2, max_claims=2, max_tick=4, maximum_attempts=2, max_depth=7),
+)
+SHIFT = timedelta(microseconds=654321)
+PER_OUTCOME = 3
+
+_REQUESTS: dict[str, type[Any]] = {
+    "submit": o.SubmitRequest,
+    "claim": o.ClaimRequest,
+    "heartbeat": o.HeartbeatRequest,
+    "record_intent": o.IntentRequest,
+    "complete": o.CompleteRequest,
+    "fail": o.FailRequest,
+    "outcome_unknown": o.UnknownRequest,
+    "decide": o.DecideRequest,
+    "cancel": o.CancelRequest,
+}
+
+
+def decide_operation(data: dict[str, Any]) -> dict[str, Any]:
+    """The kernel's outcome for one operations case, in its JSON form."""
+    decision = data["decision"]
+    operation = structure(o.Operation | None, data["operation"])
+    now = wire.parse_time(data["now"])
+    if decision == "expire":
+        result = o.expire(operation, now, data["request"]["actor"])
+    else:
+        request = structure(_REQUESTS[decision], data["request"])
+        result = getattr(o, decision)(operation, request, now)
+    if isinstance(result, o.Refusal):
+        return {"outcome": "refusal", "code": result.code.value, "field": result.field}
+    if isinstance(result, o.Unchanged):
+        return {"outcome": "unchanged", "code": result.code.value, "operation": unstructure(result.operation)}
+    return {
+        "outcome": "decision",
+        "guard": unstructure(result.guard),
+        "operation": unstructure(result.operation),
+        "attempts": unstructure(result.attempts),
+        "outbox": unstructure(result.outbox),
+        "credential": unstructure(result.credential),
+    }
+
+
+def _shift(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _shift(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shift(v) for v in value]
+    if isinstance(value, str):
+        moment = wire.parse_time(value)
+        if isinstance(moment, datetime) and moment.tzinfo is not None:
+            return wire.time_text(moment + SHIFT)
+    return value
+
+
+def _explored_calls() -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+
+    def recording(name: str, decide: Callable[..., o.Outcome]) -> Callable[..., o.Outcome]:
+        def call(operation: o.Operation | None, request: Any, now: datetime) -> o.Outcome:
+            calls.append(
+                {"decision": name, "operation": unstructure(operation), "request": unstructure(request),
+                 "now": wire.time_text(now)}
+            )
+            return decide(operation, request, now)
+
+        return call
+
+    proto = opsmodel.OpsProtocol(
+        submit=recording("submit", o.submit),
+        claim=recording("claim", o.claim),
+        heartbeat=recording("heartbeat", o.heartbeat),
+        complete=recording("complete", o.complete),
+        fail=recording("fail", o.fail),
+        decide=recording("decide", o.decide),
+        cancel=recording("cancel", o.cancel),
+    )
+    for bounds in MODEL_BOUNDS:
+        result = opsmodel.explore(bounds, proto)
+        assert result.violation is None, result.violation
+    return [_shift(call) for call in calls]
+
+
+def _case(case_id: str, data: dict[str, Any]) -> Case:
+    expected = decide_operation(data)
+    if expected["outcome"] == "decision":
+        normative = ["outcome", "guard", "operation", "attempts", "outbox", "credential"]
+    elif expected["outcome"] == "unchanged":
+        normative = ["outcome", "code", "operation"]
+    else:
+        normative = ["outcome", "code", "field"]
+    return {"id": case_id, "input": data, "expected": expected, "normative": normative}
+
+
+def _owner_mutations(label: str, data: dict[str, Any]) -> list[Case]:
+    """A written owner's call with one thing wrong: the worker, the fence, the authority."""
+    request = data["request"]
+    credential = request.get("credential") if isinstance(request, dict) else None
+    if credential is None:
+        return []
+    fence = credential["fence"]
+    changes = {
+        "other_worker": {"credential": {**credential, "worker_id": "w-x"}},
+        "stale_fence": {"credential": {**credential, "fence": fence - 1 if fence > 1 else fence + 1}},
+        "fence_zero": {"credential": {**credential, "fence": 0}},
+    }
+    if "authority" in request:
+        changes["not_authorized"] = {"authority": {**request["authority"], "granted": False}}
+    found = [_case(f"{label}/{name}", {**data, "request": {**request, **change}}) for name, change in changes.items()]
+    # The effect class decides what an owner may do: an intent only for an external effect, and an
+    # external effect completes only after its intent.
+    operation = data["operation"]
+    found.append(_case(f"{label}/intent", {**data, "decision": "record_intent", "request": {"credential": credential}}))
+    external = {**operation, "effect_class": "external"}
+    found.append(_case(f"{label}/intent_external", {**data, "decision": "record_intent", "operation": external,
+                                                    "request": {"credential": credential}}))
+    found.append(_case(f"{label}/external_without_intent", {**data, "operation": external}))
+    found.append(_case(f"{label}/unknown_outcome", {**data, "decision": "outcome_unknown", "operation": external,
+                                                    "request": {"credential": credential, "detail": "timed out"}}))
+    return found
+
+
+def _decide_mutations(label: str, data: dict[str, Any]) -> list[Case]:
+    """An approval decision that is self-approved, bound to other content, or already expired."""
+    request, operation = data["request"], data["operation"]
+    requester = operation["identity"]["principal"]
+    changes = {
+        "self_approval": {"approver": requester, "authority": {**request["authority"], "principal": requester}},
+        "misbound_digest": {"input_digest": "f" * 64},
+        "misbound_version": {"action_version": request["action_version"] + 1},
+        "expired": {"expires_at": data["now"]},
+    }
+    found = [_case(f"{label}/{name}", {**data, "request": {**request, **change}}) for name, change in changes.items()]
+    decided = decide_operation(data)
+    if decided["outcome"] == "decision":
+        again = {**data, "operation": decided["operation"]}
+        found.append(_case(f"{label}/same_again", again))
+        found.append(_case(f"{label}/contradicting", {**again, "request": {**request, "approved": not request["approved"]}}))
+    return found
+
+
+def _submit_mutations(label: str, data: dict[str, Any]) -> list[Case]:
+    request = data["request"]
+    return [
+        _case(f"{label}/other_digest", {**data, "request": {**request, "input_digest": "e" * 64}}),
+        _case(f"{label}/other_version", {**data, "request": {**request, "action_version": request["action_version"] + 1}}),
+    ]
+
+
+def operation_cases() -> list[Case]:
+    unique: dict[str, dict[str, Any]] = {}
+    for data in _explored_calls():
+        unique.setdefault(json.dumps(data, sort_keys=True), data)
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for text in sorted(unique):
+        data = unique[text]
+        expected = decide_operation(data)
+        groups.setdefault((data["decision"], expected["outcome"], expected.get("code") or ""), []).append(data)
+    cases: list[Case] = []
+    for (decision, outcome, code), inputs in sorted(groups.items()):
+        for index, data in enumerate(inputs[:PER_OUTCOME]):
+            label = f"model/{decision}/{outcome}_{code or 'written'}_{index}"
+            cases.append(_case(label, data))
+            operation = data["operation"]
+            if operation is not None and operation.get("lease_expires_at") and decision in (
+                "heartbeat", "complete", "fail"
+            ):
+                cases.append(_case(f"{label}/at_expiry", {**data, "now": operation["lease_expires_at"]}))
+                before = wire.parse_time(operation["lease_expires_at"]) - timedelta(microseconds=1)
+                cases.append(_case(f"{label}/last_microsecond", {**data, "now": wire.time_text(before)}))
+            if index == 0:
+                cases.append(_case(f"{label}/naive_now", {**data, "now": data["now"].rstrip("Z")}))
+                cases.append(_case(f"{label}/no_operation", {**data, "operation": None}))
+            if index == 0 and outcome == "decision":
+                cases += _owner_mutations(label, data)
+            if index == 0 and decision == "decide" and outcome == "decision":
+                cases += _decide_mutations(label, data)
+            if index == 0 and decision == "submit" and outcome == "unchanged":
+                cases += _submit_mutations(label, data)
+            if index == 0 and decision == "cancel" and outcome == "decision":
+                cancelled = decide_operation(data)["operation"]
+                cases.append(_case(f"{label}/again", {**data, "operation": cancelled}))
+    # Expiry of the overall deadline is a sweep's decision, not a model move: one on each side.
+    admitted = next(c["input"]["operation"] for c in cases if c["input"]["decision"] == "claim"
+                    and c["input"]["operation"] is not None)
+    deadline = wire.parse_time(admitted["deadline"])
+    for label, moment in (("before_deadline", deadline - timedelta(microseconds=1)), ("at_deadline", deadline)):
+        data = {"decision": "expire", "operation": admitted, "request": {"actor": "system:deadline"},
+                "now": wire.time_text(moment)}
+        cases.append(_case(f"expire/{label}", data))
+    return cases
+
+
+__all__ = ["decide_operation", "operation_cases"]

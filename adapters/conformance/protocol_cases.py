@@ -1,0 +1,702 @@
+"""The ``protocol`` and ``recovery`` layers: lease and fencing decisions (specs/protocol.md), generated from the kernel.
+
+Rules of this module:
+
+- Every expectation is the kernel's answer to the case's JSON form
+  (:func:`.wire.decide`), never written by hand.  The inputs start from
+  rows the kernel's own decisions produce (:func:`worlds`), break one thing
+  at a time, and sit on both sides of every time boundary: a lease one
+  microsecond before and exactly at its expiry, the 99th and 100th step, a
+  timer one microsecond early and exactly due.
+- :func:`model_cases` adds the calls the model checker makes while it
+  explores; :func:`_covers` tags each case with the invariants whose
+  boundary it sits on (informative).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+
+from fencekeeper.kernel import modelcheck
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import DispatchState, ExecutionState
+from fencekeeper.kernel.recovery import RecoveryFacts, recover
+
+from . import wire
+from .basis import LEASE, T0, US, Case
+
+B = "b-1"
+OK = p.Authority(True, "user:ops")
+NO = p.Authority(False, "user:intruder")
+
+
+# --- protocol decisions -------------------------------------------------------------------
+
+
+@attrs.frozen
+class World:
+    """Rows as a store would hand them to a decision, and the credential of the current holder."""
+
+    name: str
+    execution: p.Execution | None
+    dispatch: p.Dispatch | None
+    registration: p.WaitRegistration | None = None
+    credential: p.LeaseCredential | None = None
+    recovery: p.RecoveryRecord | None = None
+
+
+def _apply(world: World, name: str, outcome: p.Outcome, **extra: Any) -> World:
+    assert isinstance(outcome, p.Decision), (name, outcome)
+    registration = outcome.registration if outcome.registration is not None else world.registration
+    if outcome.closes is not None and registration is not None:
+        registration = attrs.evolve(registration, closed_by=outcome.closes.by.value)
+    return World(
+        name=name,
+        execution=outcome.execution if outcome.execution is not None else world.execution,
+        dispatch=outcome.dispatch if outcome.dispatch is not None else world.dispatch,
+        registration=registration,
+        credential=outcome.lease if outcome.lease is not None else extra.get("credential", world.credential),
+        recovery=outcome.recovery if outcome.recovery is not None else world.recovery,
+    )
+
+
+def _admit_request(execution_id: str = "e-1", **changes: Any) -> p.AdmitRequest:
+    return attrs.evolve(p.AdmitRequest(execution_id, B, "purchase", 1, "check", OK), **changes)
+
+
+def _finalize_request(world: World, target: str, **changes: Any) -> p.FinalizeRequest:
+    assert world.execution is not None and world.credential is not None
+    c = world.credential
+    request = p.FinalizeRequest(
+        execution_id=world.execution.execution_id, dispatch_id=world.execution.execution_id,
+        worker_id=c.worker_id, lease_token=c.lease_token, fence=c.fence, target_state=target,
+        business_id=world.execution.business_id, expected_revision=world.execution.revision, authority=OK,
+        step=p.StepRecord("check", "a-1", None),
+    )
+    return attrs.evolve(request, **changes)
+
+
+EVENT_WAIT = p.WaitSpec(
+    "await", "a-2", "payment.received", (("order_id", "o-1"),), continuations=(("event", "done"),)
+)
+TIMER_WAIT = p.WaitSpec("sleep", "a-3", None, wake_at=T0 + timedelta(seconds=60, microseconds=7))
+TIMEOUT_WAIT = p.WaitSpec(
+    "await", "a-4", "payment.received", (("order_id", "o-1"),), wake_after=timedelta(seconds=5, microseconds=3),
+    timeout=True, continuations=(("event", "done"), ("timeout", "rejected")),
+)
+
+
+def worlds() -> dict[str, World]:
+    """The worlds the protocol cases start from, each reached by the kernel's own decisions."""
+    empty = World("none", None, None)
+    eligible = _apply(empty, "eligible", p.admit(None, _admit_request(), T0))
+    running = _apply(
+        eligible, "running", p.claim(eligible.execution, eligible.dispatch, p.ClaimRequest("w-1", "tok-1", LEASE), T0 + US)
+    )
+    out = {w.name: w for w in (empty, eligible, running)}
+    assert running.execution is not None and running.dispatch is not None and running.credential is not None
+    at_limit = attrs.evolve(
+        running,
+        name="running_at_99_steps",
+        execution=attrs.evolve(running.execution, step_count=p.STEP_LIMIT - 1),
+        dispatch=attrs.evolve(running.dispatch, step_count=p.STEP_LIMIT - 1),
+    )
+    out[at_limit.name] = at_limit
+    full = attrs.evolve(
+        running,
+        name="running_at_100_steps",
+        execution=attrs.evolve(running.execution, step_count=p.STEP_LIMIT),
+        dispatch=attrs.evolve(running.dispatch, step_count=p.STEP_LIMIT),
+    )
+    out[full.name] = full
+    released = _apply(
+        running, "released",
+        p.release(running.execution, running.dispatch, p.ReleaseRequest(running.credential, 2), T0 + 2 * US),
+        credential=running.credential,
+    )
+    out[released.name] = released
+    reclaimed = _apply(
+        released, "reclaimed",
+        p.claim(released.execution, released.dispatch, p.ClaimRequest("w-2", "tok-2", LEASE), T0 + 3 * US),
+    )
+    out[reclaimed.name] = reclaimed
+    for target, spec in (("waiting", EVENT_WAIT), ("waiting_timer", TIMER_WAIT), ("waiting_timeout", TIMEOUT_WAIT)):
+        w = _apply(
+            running, target,
+            p.finalize(running.execution, running.dispatch, _finalize_request(running, "waiting", wait=spec), T0 + 5 * US),
+            credential=running.credential,
+        )
+        out[w.name] = w
+    for target in ("succeeded", "failed", "suspended", "reconciliation_required"):
+        w = _apply(
+            running, target,
+            p.finalize(running.execution, running.dispatch, _finalize_request(running, target), T0 + 5 * US),
+            credential=running.credential,
+        )
+        out[w.name] = w
+    waiting = out["waiting"]
+    assert waiting.execution is not None and waiting.registration is not None
+    woken = _apply(
+        waiting, "woken",
+        p.wake(
+            waiting.execution, waiting.dispatch, waiting.registration,
+            p.WakeRequest(waiting.registration.key, p.WakeReason.EVENT, "ev-1", B, OK, "payment.received", (("order_id", "o-1"),)),
+            T0 + 6 * US,
+        ),
+    )
+    out[woken.name] = woken
+    cancelled = _apply(
+        waiting, "cancelled",
+        p.cancel(waiting.execution, waiting.dispatch, p.CancelRequest("e-1", B, waiting.execution.revision, OK), T0 + 6 * US),
+    )
+    out[cancelled.name] = cancelled
+    # Rows that disagree, as a broken or concurrent writer could leave them.
+    out["no_dispatch"] = attrs.evolve(running, name="no_dispatch", dispatch=None)
+    out["foreign_dispatch"] = attrs.evolve(
+        running, name="foreign_dispatch", dispatch=attrs.evolve(running.dispatch, workflow_execution_id="e-2")
+    )
+    out["running_dispatch_eligible"] = attrs.evolve(
+        running, name="running_dispatch_eligible",
+        dispatch=attrs.evolve(
+            running.dispatch, dispatch_state=DispatchState.ELIGIBLE, lease_token=None, leased_by=None,
+            lease_expires_at=None,
+        ),
+    )
+    out["claimed_dispatch_eligible_execution"] = attrs.evolve(
+        running, name="claimed_dispatch_eligible_execution",
+        execution=attrs.evolve(running.execution, state=ExecutionState.ELIGIBLE),
+    )
+    waiting_row = out["waiting"]
+    assert waiting_row.dispatch is not None
+    out["waiting_dispatch_eligible"] = attrs.evolve(
+        waiting_row, name="waiting_dispatch_eligible",
+        dispatch=attrs.evolve(waiting_row.dispatch, dispatch_state=DispatchState.ELIGIBLE),
+    )
+    return out
+
+
+def _lease_end(world: World) -> datetime:
+    assert world.dispatch is not None and world.dispatch.lease_expires_at is not None
+    return world.dispatch.lease_expires_at
+
+
+# Malformed values, one field at a time, as JSON (the kernel refuses each, naming the field).
+BAD_ID = "not an id"
+NAIVE = "2026-03-01T12:00:00.123457"
+OFFSET = "2026-03-01T13:00:00.123457+01:00"
+
+
+def _case(decision: str, world: World, request: Any, now: Any, label: str) -> Case:
+    rows: dict[str, Any] = {
+        "execution": wire.execution(world.execution),
+        "dispatch": wire.dispatch(world.dispatch),
+    }
+    if decision == "admit" and world.name == "id_taken":
+        # The identity already names another object (an evidence object): one space of identities.
+        rows["id_taken"] = True
+    if decision == "wake":
+        rows["registration"] = wire.registration(world.registration)
+    if decision == "recover":
+        rows["recovery"] = wire.recovery_record(world.recovery)
+    now_text = now if isinstance(now, str) else wire.time_text(now)
+    data = {"decision": decision, "rows": rows, "request": request, "now": now_text}
+    expected = wire.decide(decision, rows, request, now_text)
+    normative = ["outcome", "code", "field"]
+    if expected["outcome"] == "decision":
+        normative = ["outcome", "guard", "execution", "dispatch", "registration", "lease", "closes"]
+        if decision == "recover":
+            normative.append("recovery")
+    elif expected["outcome"] == "unchanged" and decision == "recover":
+        normative = ["outcome", "code", "record"]
+    elif expected["outcome"] == "unchanged":
+        normative = ["outcome", "code"]
+    return {
+        "id": f"{decision}/{world.name}/{label}",
+        "input": data,
+        "expected": expected,
+        "normative": normative,
+    }
+
+
+def _j(value: Any) -> Any:
+    """JSON form of a request value built with the kernel's own classes."""
+    if isinstance(value, p.Authority):
+        return wire.authority(value)
+    if isinstance(value, p.LeaseCredential):
+        return wire.credential(value)
+    if isinstance(value, p.StepRecord):
+        return wire.step(value)
+    if isinstance(value, p.WaitSpec):
+        return wire.wait_spec(value)
+    if isinstance(value, p.WaitKey):
+        return {"execution_id": value.execution_id, "node_id": value.node_id, "attempt_id": value.attempt_id}
+    if isinstance(value, timedelta):
+        return wire.duration_us(value)
+    if isinstance(value, ExecutionState | p.WakeReason | p.RecoveryKind):
+        return value.value
+    if isinstance(value, tuple):
+        return [_j(v) for v in value]
+    return value
+
+
+def _request_json(request: Any) -> dict[str, Any]:
+    return {f.name: _j(getattr(request, f.name)) for f in attrs.fields(type(request))}
+
+
+Variant = tuple[str, dict[str, Any], Any]
+
+
+def _mutations(base: dict[str, Any], now: datetime, invalid: dict[str, Any]) -> Iterator[Variant]:
+    yield "well_formed", base, now
+    yield "naive_now", base, NAIVE
+    yield "offset_now", base, OFFSET
+    for field, value in invalid.items():
+        changed = json.loads(json.dumps(base))
+        target = changed
+        parts = field.split(".")
+        for part in parts[:-1]:
+            target = target[part]
+        target[parts[-1]] = value
+        yield f"bad_{field}", changed, now
+
+
+def _credential_variants(world: World, base: dict[str, Any], now: datetime) -> Iterator[Variant]:
+    """The lease checks, each broken alone, and the expiry boundary on both sides."""
+    c = world.credential
+    assert c is not None
+    for label, changed in (
+        ("other_token", {"lease_token": "tok-x"}),
+        ("other_worker", {"worker_id": "w-x"}),
+        ("stale_fence", {"fence": max(1, c.fence - 1) if c.fence > 1 else c.fence + 1}),
+    ):
+        data = json.loads(json.dumps(base))
+        holder = data.get("credential", data)
+        holder.update(changed)
+        yield label, data, now
+    end = _lease_end(world)
+    yield "last_microsecond_of_lease", base, end - US
+    yield "at_expiry", base, end
+
+
+_LEASE_STATES = ("running", "reclaimed", "released", "waiting", "succeeded", "no_dispatch", "foreign_dispatch",
+                 "running_dispatch_eligible", "claimed_dispatch_eligible_execution", "none")
+"""Worlds every fenced write is tried in: the holder's, its successors', and rows that disagree."""
+
+
+def _admit_cases(w: dict[str, World]) -> list[Case]:
+    """Admit: a new execution, an existing one, a taken identity."""
+    cases: list[Case] = []
+    for world in (w["none"], w["eligible"]):
+        base = _request_json(_admit_request())
+        for label, request, now in _mutations(
+            base, T0, {"execution_id": BAD_ID, "definition_revision": 0, "authority.granted": 1,
+                       "start_node_id": "", "business_id": BAD_ID},
+        ):
+            cases.append(_case("admit", world, request, now, label))
+        cases.append(_case("admit", world, {**base, "authority": _j(NO)}, T0, "not_authorized"))
+    cases.append(_case("admit", attrs.evolve(w["none"], name="id_taken"), _request_json(_admit_request()), T0, "good"))
+    return cases
+
+
+def _claim_cases(w: dict[str, World]) -> list[Case]:
+    """Claim: every state, eligible_at on both sides, malformed fields."""
+    cases: list[Case] = []
+    claim = _request_json(p.ClaimRequest("w-9", "tok-9", LEASE))
+    for name in ("eligible", "released", "running", "waiting", "woken", "cancelled", "none", "no_dispatch",
+                 "foreign_dispatch", "waiting_dispatch_eligible", "reconciliation_required"):
+        cases.append(_case("claim", w[name], claim, T0 + 10 * US, "good"))
+    released = w["released"]
+    assert released.dispatch is not None
+    cases.append(_case("claim", released, claim, released.dispatch.eligible_at - US, "before_eligible_at"))
+    cases.append(_case("claim", released, claim, released.dispatch.eligible_at, "at_eligible_at"))
+    for label, request, now in _mutations(
+        claim, T0 + 10 * US, {"worker_id": BAD_ID, "lease_token": "", "lease_duration": 0}
+    ):
+        cases.append(_case("claim", w["eligible"], request, now, label))
+    cases.append(_case("claim", w["eligible"], {**claim, "lease_duration": -5}, T0, "negative_duration"))
+    cases.append(_case("claim", w["eligible"], {**claim, "lease_duration": 400 * 365 * 86_400 * 10**6 * 25}, T0,
+                       "expiry_past_last_time"))
+    return cases
+
+
+def _fenced_cases(w: dict[str, World]) -> list[Case]:
+    """Renew, record_step, release: the fenced writes, in every state and with each lease check broken."""
+    cases: list[Case] = []
+    for decision in ("renew", "record_step", "release"):
+        for name in dict.fromkeys(("running_at_99_steps", "running_at_100_steps", *_LEASE_STATES)):
+            world = w[name]
+            cred = w["running"].credential if world.credential is None else world.credential
+            assert cred is not None
+            execution = world.execution
+            revision = execution.revision if execution is not None else 1
+            if decision == "renew":
+                base = _request_json(p.RenewRequest(cred, LEASE))
+            elif decision == "record_step":
+                base = _request_json(p.StepRequest(cred, revision, p.StepRecord("check", "a-1", "ask"), OK))
+            else:
+                base = _request_json(p.ReleaseRequest(cred, revision))
+            now = T0 + 20 * US
+            cases.append(_case(decision, world, base, now, "good"))
+            if name == "running":
+                for label, request, at in _credential_variants(world, base, now):
+                    cases.append(_case(decision, world, request, at, label))
+                invalid: dict[str, Any] = {"credential.worker_id": BAD_ID, "credential.fence": 0,
+                                           "credential.lease_token": ""}
+                if decision == "renew":
+                    invalid["lease_duration"] = 0
+                else:
+                    invalid["expected_revision"] = 0
+                if decision == "record_step":
+                    invalid["step.node_id"] = BAD_ID
+                    invalid["authority.granted"] = "yes"
+                for label, request, at in _mutations(base, now, invalid):
+                    cases.append(_case(decision, world, request, at, label))
+                if decision != "renew":
+                    cases.append(_case(decision, world, {**base, "expected_revision": revision + 1}, now, "stale_revision"))
+                if decision == "record_step":
+                    cases.append(_case(decision, world, {**base, "authority": _j(NO)}, now, "not_authorized"))
+    return cases
+
+
+def _finalize_cases(w: dict[str, World]) -> list[Case]:
+    """Finalize: the five targets and others, the twelve preconditions, the wait registration, the step limit."""
+    cases: list[Case] = []
+    running = w["running"]
+    now = T0 + 20 * US
+    for target in ("waiting", "succeeded", "failed", "suspended", "reconciliation_required", "cancelled",
+                   "eligible", "running"):
+        base = _request_json(_finalize_request(running, target, wait=EVENT_WAIT if target == "waiting" else None))
+        cases.append(_case("finalize", running, base, now, f"to_{target}"))
+    base = _request_json(_finalize_request(running, "succeeded"))
+    for name in _LEASE_STATES:
+        world = w[name]
+        cases.append(_case("finalize", world, base, now, "to_succeeded"))
+    for label, request, at in _credential_variants(running, base, now):
+        cases.append(_case("finalize", running, request, at, label))
+    for label, changed in (
+        ("other_dispatch_id", {"dispatch_id": "e-2"}),
+        ("other_execution_id", {"execution_id": "e-2"}),
+        ("other_business", {"business_id": "b-2"}),
+        ("stale_revision", {"expected_revision": 1}),
+        ("not_authorized", {"authority": _j(NO)}),
+        ("waiting_without_registration", {"target_state": "waiting"}),
+        ("registration_on_other_target", {"wait": _j(EVENT_WAIT)}),
+        ("timer_wait", {"target_state": "waiting", "wait": _j(TIMER_WAIT)}),
+        ("relative_timeout_wait", {"target_state": "waiting", "wait": _j(TIMEOUT_WAIT)}),
+        ("without_step", {"step": None}),
+        ("error_code", {"target_state": "failed", "error_code": "order_rejected"}),
+    ):
+        cases.append(_case("finalize", running, {**base, **changed}, now, label))
+    for label, request, at in _mutations(
+        base, now,
+        {"execution_id": BAD_ID, "worker_id": "", "fence": 0, "target_state": "finished", "expected_revision": -1,
+         "authority.principal_id": BAD_ID, "error_code": BAD_ID, "step.attempt_id": ""},
+    ):
+        cases.append(_case("finalize", running, request, at, label))
+    bad_wait = dict(_request_json(_finalize_request(running, "waiting", wait=EVENT_WAIT)))
+    cases.append(_case("finalize", running, {**bad_wait, "wait": {**bad_wait["wait"], "event_type": None}}, now,
+                       "wait_for_nothing"))
+    cases.append(_case("finalize", running, {**bad_wait, "wait": {**bad_wait["wait"], "node_id": BAD_ID}}, now,
+                       "bad_wait.node_id"))
+    for name in ("running_at_99_steps", "running_at_100_steps"):
+        cases.append(_case("finalize", w[name], base, now, "with_step"))
+        cases.append(_case("finalize", w[name], {**base, "step": None, "target_state": "suspended"}, now, "without_step"))
+    return cases
+
+
+def _wake_cases(w: dict[str, World]) -> list[Case]:
+    """Wake: every state, each mismatch, timers on both sides of due."""
+    cases: list[Case] = []
+    waiting = w["waiting"]
+    assert waiting.registration is not None
+    event_wake = _request_json(
+        p.WakeRequest(waiting.registration.key, p.WakeReason.EVENT, "ev-2", B, OK, "payment.received",
+                      (("order_id", "o-1"),))
+    )
+    now = T0 + 30 * US
+    for name in ("waiting", "woken", "cancelled", "eligible", "running", "succeeded", "none", "no_dispatch",
+                 "waiting_dispatch_eligible", "reconciliation_required"):
+        cases.append(_case("wake", w[name], event_wake, now, "event"))
+    woken = w["woken"]
+    cases.append(_case("wake", woken, {**event_wake, "source_id": "ev-1"}, now, "same_source_again"))
+    cases.append(_case("wake", woken, {**event_wake, "business_id": "b-2"}, now, "other_business"))
+    cases.append(_case("wake", woken, {**event_wake, "authority": _j(NO)}, now, "not_authorized"))
+    for label, changed in (
+        ("other_event_type", {"event_type": "payment.refunded"}),
+        ("other_correlation", {"correlation": [["order_id", "o-2"]]}),
+        ("no_correlation", {"correlation": []}),
+        ("other_business", {"business_id": "b-2"}),
+        ("not_authorized", {"authority": _j(NO)}),
+        ("other_attempt", {"key": {**event_wake["key"], "attempt_id": "a-9"}}),
+        ("timer_reason", {"reason": "timer", "event_type": None, "correlation": []}),
+        ("decision_approved", {"reason": "decision", "outcome": "approved"}),
+        ("outcome_on_event", {"outcome": "approved"}),
+        ("unknown_reason", {"reason": "alarm"}),
+        ("bad_source", {"source_id": BAD_ID}),
+        ("unsorted_correlation", {"correlation": [["z", "1"], ["a", "2"]]}),
+    ):
+        cases.append(_case("wake", waiting, {**event_wake, **changed}, now, label))
+    for label, request, at in _mutations(event_wake, now, {"key.node_id": BAD_ID, "authority.granted": None}):
+        cases.append(_case("wake", waiting, request, at, label))
+    for name, reason in (("waiting_timer", "timer"), ("waiting_timeout", "timeout")):
+        world = w[name]
+        assert world.registration is not None and world.registration.spec.wake_at is not None
+        due = world.registration.spec.wake_at
+        timer = _request_json(p.WakeRequest(world.registration.key, p.WakeReason(reason), f"{reason}-1", B, OK))
+        cases.append(_case("wake", world, timer, due - US, "one_microsecond_early"))
+        cases.append(_case("wake", world, timer, due, "exactly_due"))
+        other = "timeout" if reason == "timer" else "timer"
+        cases.append(_case("wake", world, {**timer, "reason": other}, due, f"as_{other}"))
+    cases.append(_case("wake", w["waiting_timer"], {**event_wake, "key": _j(_timer_key(w))}, now, "event_on_timer"))
+    return cases
+
+
+def _cancel_cases(w: dict[str, World]) -> list[Case]:
+    """Cancel: every state, and each of its checks broken."""
+    cases: list[Case] = []
+    for name in ("eligible", "waiting", "running", "woken", "cancelled", "succeeded", "suspended",
+                 "reconciliation_required", "none", "no_dispatch", "foreign_dispatch", "waiting_dispatch_eligible"):
+        world = w[name]
+        revision = world.execution.revision if world.execution is not None else 1
+        base = _request_json(p.CancelRequest("e-1", B, revision, OK))
+        cases.append(_case("cancel", world, base, T0 + 40 * US, "good"))
+    eligible = w["eligible"]
+    base = _request_json(p.CancelRequest("e-1", B, 1, OK))
+    for label, changed in (
+        ("other_business", {"business_id": "b-2"}),
+        ("stale_revision", {"expected_revision": 2}),
+        ("not_authorized", {"authority": _j(NO)}),
+    ):
+        cases.append(_case("cancel", eligible, {**base, **changed}, T0, label))
+    for label, request, at in _mutations(base, T0, {"execution_id": BAD_ID, "expected_revision": True}):
+        cases.append(_case("cancel", eligible, request, at, label))
+    return cases
+
+
+def protocol_cases() -> list[Case]:
+    w = worlds()
+    cases = [
+        *_admit_cases(w), *_claim_cases(w), *_fenced_cases(w), *_finalize_cases(w), *_wake_cases(w),
+        *_cancel_cases(w), *model_cases(),
+    ]
+    return [_tagged(case) for case in _unique(cases)]
+
+
+_TERMINAL = {"succeeded", "failed", "cancelled"}
+_REVIEW = {"suspended", "reconciliation_required"}
+_LEASE_CODES = {"lease_token_mismatch", "worker_mismatch", "lease_expired", "stale_fence", "dispatch_not_claimed",
+                "execution_not_running"}
+_FENCED = {"renew", "record_step", "release", "finalize"}
+
+
+def _covers(case: Case) -> list[str]:
+    """The invariants of specs/protocol.md whose boundary a protocol or recovery case sits on.
+
+    Informative: it tells an implementer which rule a failing case guards, and lets a test
+    check that every invariant has cases.
+    """
+    data, expected = case["input"], case["expected"]
+    decision, outcome, code = data["decision"], expected["outcome"], expected.get("code")
+    execution, dispatch = data["rows"]["execution"], data["rows"]["dispatch"]
+    state = execution["state"] if execution else None
+    written = outcome == "decision"
+    found = set()
+    if execution and dispatch and dispatch["dispatch_state"] != ("claimed" if state == "running" else state):
+        found.add("INV-AGREE")
+    if written and decision in ("claim", "release", "finalize"):
+        found.add("INV-LEASE-IFF-CLAIMED")
+    if (decision == "claim" and state == "running") or (decision in _FENCED and code in _LEASE_CODES):
+        found.add("INV-ONE-LIVE-LEASE")
+    if decision in _FENCED and (code in _LEASE_CODES or written):
+        found.add("INV-FENCED-WRITES")
+    if state in _TERMINAL and not written:
+        found.add("INV-TERMINAL-ABSORBING")
+    if written:
+        found.add("INV-REVISION-PLUS-ONE")
+    if code == "step_limit_reached" or (execution and execution["step_count"] >= p.STEP_LIMIT - 1):
+        found.add("INV-STEP-LIMIT")
+    if code == "wait_registration_required" or (written and expected.get("registration") and decision == "finalize"):
+        found.add("INV-WAITING-REGISTERED")
+    if decision == "wake" and (written or code in ("already_woken", "not_waiting")):
+        found.add("INV-ONE-WAKE")
+    if code == "cancel_running":
+        found.add("INV-CANCEL-NOT-RUNNING")
+    if code == "target_not_permitted":
+        found.add("INV-FINALIZE-TARGETS")
+    if code in ("lease_not_expired", "worker_cannot_recover"):
+        found.add("INV-QUARANTINE-EXPIRED-ONLY")
+    if state in _REVIEW and decision != "recover" and not written:
+        found.add("INV-REVIEW-GOVERNED")
+    if code in ("recovery_replayed", "recovery_conflict"):
+        found.add("INV-RECOVERY-IDEMPOTENT")
+    if code == "unsafe_resume":
+        found.add("INV-SAFE-RESUME-PROVEN")
+    if decision == "recover" and state in _REVIEW and written:
+        found.add("INV-GOVERNED-EXIT")
+    if code in ("illegal_transition", "not_eligible", "not_waiting", "not_in_reconciliation", "not_suspended"):
+        found.add("INV-TABLES")
+    return sorted(found)
+
+
+def _tagged(case: Case) -> Case:
+    covers = _covers(case)
+    return {**case, "covers": covers} if covers else case
+
+
+def _unique(cases: list[Case]) -> list[Case]:
+    """Drop repeats of the same case (the loops above reach some twice); a clash of ids is a defect."""
+    seen: dict[str, Case] = {}
+    for case in cases:
+        earlier = seen.setdefault(case["id"], case)
+        assert earlier == case, f"two different cases named {case['id']!r}"
+    return list(seen.values())
+
+
+# --- cases from the model checker's exploration ----------------------------------------------------
+
+# Small enough to explore in under a second, large enough for a holder, its replacement after expiry or
+# release, a zombie, racing wakes and cancels (kernel/modelcheck.py, Bounds).
+MODEL_BOUNDS = modelcheck.Bounds(workers=2, executions=1, claims_per_execution=2, max_tick=3, max_depth=6)
+MODEL_SHIFT = timedelta(microseconds=123457)
+"""Added to every time of an explored call: the checker counts whole seconds, the cases must not."""
+PER_OUTCOME = 3
+
+
+def _row_args(name: str, args: tuple[Any, ...]) -> tuple[World, Any, Any]:
+    if name == "wake":
+        execution, dispatch, registration, request, now = args
+    else:
+        execution, dispatch, request, now = args
+        registration = None
+    return World("model", execution, dispatch, registration), request, now
+
+
+def _shift(value: Any) -> Any:
+    """Every time in a JSON value moved by MODEL_SHIFT (relative order and distances are kept)."""
+    if isinstance(value, dict):
+        return {k: _shift(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shift(v) for v in value]
+    if isinstance(value, str):
+        moment = wire.parse_time(value)
+        if isinstance(moment, datetime) and moment.tzinfo is not None:
+            return wire.time_text(moment + MODEL_SHIFT)
+    return value
+
+
+def model_cases() -> list[Case]:
+    """Decisions the model checker makes while it explores, a few per (decision, outcome, code).
+
+    The checker calls the real decisions on every world it reaches, zombies, expired leases and
+    in-flight races included; recording those calls yields inputs no hand-written list would think
+    of.  Each is re-decided here on its JSON form, so the expectation is the kernel's as always.
+    """
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def recording(name: str, decide: Callable[..., p.Outcome]) -> Callable[..., p.Outcome]:
+        def call(*args: Any) -> p.Outcome:
+            calls.append((name, args))
+            return decide(*args)
+
+        return call
+
+    proto = modelcheck.Protocol(
+        claim=recording("claim", p.claim),
+        renew=recording("renew", p.renew),
+        record_step=recording("record_step", p.record_step),
+        release=recording("release", p.release),
+        finalize=recording("finalize", p.finalize),
+        wake=recording("wake", p.wake),
+        cancel=recording("cancel", p.cancel),
+    )
+    result = modelcheck.explore(MODEL_BOUNDS, proto)
+    assert result.violation is None, result.violation
+    found: dict[str, Case] = {}
+    for name, args in calls:
+        world, request, now = _row_args(name, args)
+        rows = {"execution": wire.execution(world.execution), "dispatch": wire.dispatch(world.dispatch)}
+        if name == "wake":
+            rows["registration"] = wire.registration(world.registration)
+        data = _shift({"decision": name, "rows": rows, "request": _request_json(request), "now": wire.time_text(now)})
+        found.setdefault(json.dumps(data, sort_keys=True), data)
+    by_outcome: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for text in sorted(found):
+        data = found[text]
+        expected = wire.decide(data["decision"], data["rows"], data["request"], data["now"])
+        group = (data["decision"], expected["outcome"], expected.get("code") or "")
+        by_outcome.setdefault(group, []).append(data)
+    cases = []
+    for (decision, outcome, code), inputs in sorted(by_outcome.items()):
+        for index, data in enumerate(inputs[:PER_OUTCOME]):
+            world = World("model", wire.parse_execution(data["rows"]["execution"]),
+                          wire.parse_dispatch(data["rows"]["dispatch"]),
+                          wire.parse_registration(data["rows"].get("registration")))
+            case = _case(decision, world, data["request"], data["now"], f"{outcome}_{code or 'written'}_{index}")
+            case["id"] = "model/" + case["id"].split("/", 1)[0] + "/" + case["id"].rsplit("/", 1)[1]
+            cases.append(case)
+    return cases
+
+
+def _timer_key(w: dict[str, World]) -> p.WaitKey:
+    registration = w["waiting_timer"].registration
+    assert registration is not None
+    return registration.key
+
+
+def recovery_cases() -> list[Case]:
+    """Governed recovery decisions (specs/protocol.md, recover rows) without stored evidence."""
+    w = worlds()
+    cases: list[Case] = []
+    running = w["running"]
+    end = _lease_end(running)
+
+    def request(world: World, kind: str, **changes: Any) -> dict[str, Any]:
+        revision = world.execution.revision if world.execution is not None else 1
+        base = p.RecoveryRequest(
+            command_id=f"q-{kind}", kind=p.RecoveryKind(kind), execution_id="e-1", business_id=B,
+            expected_revision=revision, actor_id="user:ops", authority=OK,
+        )
+        return {**_request_json(base), **changes}
+
+    for name in ("running", "reclaimed", "waiting", "reconciliation_required", "suspended", "none", "no_dispatch"):
+        world = w[name]
+        for kind in ("quarantine_expired", "fail", "resume_safe", "reconcile_command", "resume_suspended"):
+            extra: dict[str, Any] = {}
+            if kind.startswith("resume"):
+                extra = {"next_node_id": "check", "rationale": "nothing was sent"}
+            if kind == "reconcile_command":
+                extra = {"command_to_reconcile": "cmd-1"}
+            at = _lease_end(world) if world.dispatch is not None and world.dispatch.lease_expires_at else end
+            cases.append(_case("recover", world, request(world, kind, **extra), at, kind))
+    cases.append(_case("recover", running, request(running, "quarantine_expired"), end - US, "lease_live"))
+    cases.append(_case("recover", running, request(running, "quarantine_expired", actor_id="w-1"), end, "by_holder"))
+    cases.append(_case("recover", running, request(running, "quarantine_expired", authority=_j(NO)), end,
+                       "not_authorized"))
+    cases.append(_case("recover", running, request(running, "quarantine_expired", business_id="b-2"), end,
+                       "other_business"))
+    cases.append(_case("recover", running, request(running, "quarantine_expired", expected_revision=1), end,
+                       "stale_revision"))
+    quarantined = _apply(
+        running, "quarantined",
+        _recover_outcome(running, request(running, "quarantine_expired"), end),
+    )
+    replay = request(running, "quarantine_expired")
+    cases.append(_case("recover", quarantined, replay, end + US, "replayed"))
+    cases.append(_case("recover", quarantined, {**replay, "kind": "fail"}, end + US, "conflict"))
+    cases.append(_case("recover", quarantined, {**replay, "command_id": BAD_ID}, end + US, "bad_command_id"))
+    suspended = w["suspended"]
+    cases.append(_case("recover", suspended, request(suspended, "resume_suspended", next_node_id="check"), end,
+                       "without_rationale"))
+    return [_tagged(case) for case in _unique(cases)]
+
+
+def _recover_outcome(world: World, request: dict[str, Any], now: datetime) -> p.Outcome:
+    return recover(
+        world.execution, world.dispatch, world.recovery, wire.parse_request("recover", request), now,
+        facts=RecoveryFacts(),
+    )

@@ -1,0 +1,279 @@
+"""The conformance runner: starts an implementation's driver, sends it the cases, and reports per layer.
+
+Rules of this module (specs/conformance.md):
+
+- The driver is a command; the runner talks to it over its stdin and stdout,
+  one JSON document per line each way, and needs nothing else from it.
+- A layer the driver does not list in ``hello``, or a case it answers with
+  ``unsupported``, is *skipped*: never counted as passed.  A driver that
+  skips every case of a layer has not passed that layer.
+- A case passes when every normative part of its expectation equals the
+  driver's output (a missing part counts as null).  Store races pass when
+  the results equal one of the serial orders the case lists.
+- The report gives each layer's passed, failed and skipped counts and the
+  first difference in full: the case id, its input, what was expected and
+  what came back.  Any failure makes the exit code 1.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import queue
+import shlex
+import subprocess
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from .basis import LAYERS
+
+RESPONSE_TIMEOUT = 30.0
+
+
+class DriverError(Exception):
+    """The driver broke the protocol: it exited, timed out, or wrote something that is not JSON."""
+
+
+@attrs.define
+class LayerReport:
+    layer: str
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    first_failure: dict[str, Any] | None = None
+    skip_reason: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.failed:
+            return "failed"
+        if self.passed == 0:
+            return "skipped"
+        return "passed" if self.skipped == 0 else "partial"
+
+
+def packaged_cases() -> Path:
+    """The case files shipped with this fencekeeper (fencekeeper/specs/conformance)."""
+    return Path(str(importlib.resources.files("fencekeeper") / "specs" / "conformance"))
+
+
+def load_layer(directory: Path, layer: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((directory / f"{layer}.json").read_text(encoding="utf-8"))
+    return data
+
+
+class Driver:
+    """The implementation under test, as a child process speaking JSON lines."""
+
+    def __init__(self, command: str, cwd: Path | None = None) -> None:
+        self.command = command
+        self.process = subprocess.Popen(
+            shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
+            cwd=cwd, bufsize=1,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        assert self.process.stdout is not None
+        threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(json.dumps(request, sort_keys=True) + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise DriverError(f"driver stopped reading its input: {exc}") from None
+        try:
+            line = self._lines.get(timeout=RESPONSE_TIMEOUT)
+        except queue.Empty:
+            raise DriverError(f"no response within {RESPONSE_TIMEOUT:g} s to {request.get('op')}") from None
+        if line is None:
+            raise DriverError(f"driver exited (code {self.process.poll()}) without answering {request.get('op')}")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise DriverError(f"driver wrote a line that is not JSON: {line[:200]!r}") from None
+
+    def close(self) -> None:
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+
+
+class InProcessDriver:
+    """The Python driver for one store factory, answered in this process: no command, same protocol.
+
+    Each request still goes through its JSON text, so what is compared is exactly what a
+    subprocess driver would have written.
+    """
+
+    def __init__(self, factory: Callable[..., Any], name: str = "in-process") -> None:
+        from .driver import KERNEL_LAYERS, answer  # noqa: PLC0415 - the runner needs no driver otherwise
+        from .store_driver import StoreHarness  # noqa: PLC0415 - as above
+
+        self._answer = answer
+        self._harness = StoreHarness(factory)
+        self._layers = (*KERNEL_LAYERS, "store")
+        self._name = name
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        response = self._answer(json.loads(json.dumps(request)), self._harness, self._layers, self._name)
+        return json.loads(json.dumps(response, sort_keys=True))
+
+    def close(self) -> None:
+        self._harness.close()
+
+
+AnyDriver = Driver | InProcessDriver
+
+
+def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
+    """The normative parts where ``output`` differs from the case's expectation: part -> (expected, got)."""
+    expected = case["expected"]
+    if not isinstance(output, dict):
+        return {"output": {"expected": expected, "got": output}}
+    found = {}
+    for part in case["normative"]:
+        if expected.get(part) != output.get(part):
+            found[part] = {"expected": expected.get(part), "got": output.get(part)}
+    return found
+
+
+def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
+    for case in cases:
+        response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
+        if isinstance(response, dict) and response.get("unsupported"):
+            report.skipped += 1
+            continue
+        if not isinstance(response, dict) or "output" not in response:
+            _fail(report, case, {"response": {"expected": "an output", "got": response}})
+            continue
+        diff = differences(case, response["output"])
+        if diff:
+            _fail(report, case, diff)
+        else:
+            report.passed += 1
+
+
+def _fail(report: LayerReport, case: dict[str, Any], diff: dict[str, Any]) -> None:
+    report.failed += 1
+    if report.first_failure is None:
+        report.first_failure = {"id": case["id"], "input": case["input"], "differences": diff}
+
+
+def _store_step(driver: AnyDriver, step: dict[str, Any], **extra: Any) -> Any:
+    response = driver.ask({"op": "store", "step": step, **extra})
+    if isinstance(response, dict) and response.get("unsupported"):
+        raise _Unsupported
+    return response.get("output") if isinstance(response, dict) else response
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _run_store_case(driver: AnyDriver, case: dict[str, Any]) -> dict[str, Any] | None:
+    """Differences of one store case, or None when it passes."""
+    reset = driver.ask({"op": "reset"})
+    if isinstance(reset, dict) and reset.get("unsupported"):
+        raise _Unsupported
+    data = case["input"]
+    if "steps" in data:
+        for index, (step, expected) in enumerate(zip(data["steps"], case["expected"]["results"], strict=True)):
+            got = _store_step(driver, step)
+            if got != expected:
+                return {f"results[{index}] ({step['call']})": {"expected": expected, "got": got}}
+        return None
+    setup = [_store_step(driver, step) for step in data["setup"]]
+    a = _store_step(driver, data["a"], hold=True)
+    held = isinstance(a, dict) and a.get("held") is True
+    b = _store_step(driver, data["b"])
+    if held:
+        a = driver.ask({"op": "store", "control": "release", "session": "a"}).get("output")
+    if isinstance(b, dict) and b.get("pending") is True:
+        b = driver.ask({"op": "store", "control": "await", "session": "b"}).get("output")
+    then = [_store_step(driver, step) for step in data["then"]]
+    got = {"setup": setup, "a": a, "b": b, "then": then}
+    if got in case["expected"]["serial_orders"]:
+        return None
+    return {"race": {"expected one of": case["expected"]["serial_orders"], "got": got}}
+
+
+def _run_store_layer(driver: AnyDriver, cases: list[dict[str, Any]], report: LayerReport) -> None:
+    for case in cases:
+        try:
+            diff = _run_store_case(driver, case)
+        except _Unsupported:
+            report.skipped += 1
+            continue
+        if diff:
+            _fail(report, case, diff)
+        else:
+            report.passed += 1
+
+
+def run_factory(factory: Callable[..., Any], layers: Iterable[str] = ("store",),
+                cases_dir: Path | None = None) -> list[LayerReport]:
+    """Run the chosen layers against a Python store factory in this process (see :class:`InProcessDriver`)."""
+    return run(InProcessDriver(factory), layers, cases_dir)
+
+
+def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Path | None = None,
+        cwd: Path | None = None) -> list[LayerReport]:
+    """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer."""
+    directory = cases_dir if cases_dir is not None else packaged_cases()
+    driver = Driver(command, cwd) if isinstance(command, str) else command
+    reports = []
+    try:
+        hello = driver.ask({"op": "hello", "protocol": 1})
+        declared = set(hello.get("layers", [])) if isinstance(hello, dict) else set()
+        if not isinstance(hello, dict) or hello.get("protocol") != 1:
+            raise DriverError(f"driver does not speak protocol 1: {hello!r}")
+        for layer in layers:
+            document = load_layer(directory, layer)
+            report = LayerReport(layer)
+            cases = document["cases"]
+            if layer not in declared:
+                report.skipped = len(cases)
+                report.skip_reason = "the driver does not declare this layer"
+            elif layer == "store":
+                _run_store_layer(driver, cases, report)
+            else:
+                _run_kernel_layer(driver, layer, cases, report)
+            reports.append(report)
+        driver.ask({"op": "bye"})
+    finally:
+        driver.close()
+    return reports
+
+
+def render(reports: list[LayerReport], implementation: str = "") -> str:
+    lines = [f"conformance of {implementation}" if implementation else "conformance"]
+    for r in reports:
+        note = f" ({r.skip_reason})" if r.skip_reason else ""
+        lines.append(f"  {r.layer:<12} {r.verdict:<8} passed {r.passed}, failed {r.failed}, skipped {r.skipped}{note}")
+    for r in reports:
+        if r.first_failure is not None:
+            lines.append(f"first difference in {r.layer}:")
+            lines.append(json.dumps(r.first_failure, indent=2, sort_keys=True))
+    return "\n".join(lines)
+
+
+def as_json(reports: list[LayerReport]) -> list[dict[str, Any]]:
+    return [
+        {"layer": r.layer, "verdict": r.verdict, "passed": r.passed, "failed": r.failed, "skipped": r.skipped,
+         "skip_reason": r.skip_reason, "first_failure": r.first_failure}
+        for r in reports
+    ]

@@ -1,0 +1,252 @@
+"""Drives any Python store through the store layer of the conformance protocol.
+
+Rules of this module:
+
+- A store is given as a factory: either ``factory(clock)`` (the store suite's
+  :data:`~fencekeeper.adapters.testing.StoreFactory`) or ``factory()``,
+  whose store then gets the harness's clock assigned to ``store.clock``.
+  Every case starts from a fresh store (``reset``); the previous one is
+  closed first.
+- Time is the runner's: each call carries ``now``, and the harness sets a
+  :class:`~fencekeeper.adapters.store.ManualClock` to it before the call,
+  so the store's authoritative time is exactly the case's.
+- A session is one thread.  ``hold`` pauses a session's call at the point
+  where the store commits (the backend's ``write``), or, for a store that
+  exposes no backend, at its first clock read; ``release`` lets it go on.
+  That is the point at which a guard must still hold, so two sessions
+  interleaved there show whether the store checks it at commit.
+- Results are the JSON of :mod:`.wire`: codes, states and values, never text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+from fencekeeper.adapters.store import ManualClock, StoreError
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.events import Event, EventError
+from fencekeeper.kernel.evidence import Evidence
+
+from . import wire
+
+Json = Any
+AnyFactory = Callable[..., Any]
+
+PENDING_AFTER = 0.2
+"""Seconds a call of an unheld session may take before it is reported pending (blocked on a lock)."""
+
+
+class _HoldingClock(ManualClock):
+    """The harness's clock; a held session's thread stops at its first read when the store has no backend hook."""
+
+    def __init__(self, harness: StoreHarness) -> None:
+        super().__init__()
+        self._harness = harness
+
+    def now(self) -> datetime:
+        self._harness.checkpoint(backend_hook=False)
+        return super().now()
+
+
+class _Session:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.thread: threading.Thread | None = None
+        self.result: Json = None
+        self.done = threading.Event()
+        self.started = threading.Event()
+        """Its thread runs: a call not yet scheduled is not yet blocked on anything."""
+        self.reached = threading.Event()
+        self.go_on = threading.Event()
+        self.hold = False
+
+
+class StoreHarness:
+    """One store at a time, fresh per case, and the sessions that call it."""
+
+    def __init__(self, factory: AnyFactory) -> None:
+        self.factory = factory
+        self.store: Any = None
+        self.clock = _HoldingClock(self)
+        self.sessions: dict[str, _Session] = {}
+        self._local = threading.local()
+        self._hooked = False
+
+    # --- lifetime -----------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.close()
+        self.clock = _HoldingClock(self)
+        self.sessions = {}
+        takes_clock = True
+        with contextlib.suppress(TypeError, ValueError):
+            takes_clock = len(inspect.signature(self.factory).parameters) >= 1
+        self.store = self.factory(self.clock) if takes_clock else self.factory()
+        if not takes_clock:
+            self.store.clock = self.clock
+        self._hooked = self._hook()
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.go_on.set()
+            if session.thread is not None:
+                session.thread.join(timeout=10)
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+        self.store = None
+
+    def _hook(self) -> bool:
+        """Wrap the store's transactions so a held session stops right before it commits."""
+        original = getattr(self.store, "_transaction", None)
+        if original is None:
+            return False
+        harness = self
+
+        @contextlib.contextmanager
+        def transaction() -> Iterator[Any]:
+            with original() as backend:
+                yield _HeldBackend(backend, harness)
+
+        self.store._transaction = transaction
+        return True
+
+    def checkpoint(self, *, backend_hook: bool) -> None:
+        """Called in the calling thread at a hold point; stops there once if its session is held."""
+        if backend_hook != self._hooked:
+            return
+        session: _Session | None = getattr(self._local, "session", None)
+        if session is None or not session.hold or session.reached.is_set():
+            return
+        session.reached.set()
+        session.go_on.wait(timeout=30)
+
+    # --- requests -------------------------------------------------------------------------
+
+    def handle(self, message: Json) -> Json:
+        control = message.get("control")
+        if control == "release":
+            session = self.sessions[message["session"]]
+            session.go_on.set()
+            session.done.wait(timeout=30)
+            return session.result if session.done.is_set() else {"outcome": "timeout"}
+        if control == "await":
+            session = self.sessions[message["session"]]
+            session.done.wait(timeout=30)
+            return session.result if session.done.is_set() else {"outcome": "timeout"}
+        step = message["step"]
+        name = step.get("session", "a")
+        session = _Session(name)
+        session.hold = bool(message.get("hold"))
+        self.sessions[name] = session
+        if "now" in step:
+            self.clock.set(wire.parse_time(step["now"]))
+
+        def run() -> None:
+            session.started.set()
+            self._local.session = session
+            try:
+                session.result = self.call(step)
+            except Exception as exc:  # a store that raises is reported, not allowed to kill the driver
+                session.result = {"outcome": "error", "code": getattr(exc, "code", type(exc).__name__)}
+            finally:
+                self._local.session = None
+                session.done.set()
+
+        session.thread = threading.Thread(target=run, name=f"session-{name}", daemon=True)
+        session.thread.start()
+        if session.hold:
+            while not (session.reached.wait(0.01) or session.done.is_set()):
+                pass
+            if session.reached.is_set() and not session.done.is_set():
+                return {"held": True}
+            return session.result
+        if not self.sessions_held():
+            session.done.wait(30)
+            return session.result
+        # Another session is held: this one may be blocked behind it (a store that serialises
+        # writers, whether by a lock up front or on the row) or merely slow.  A call still running
+        # a while after its thread first ran is reported blocked; counting from then, not from
+        # the request, keeps a busy machine's scheduling delay from passing for a lock.
+        session.started.wait(30)
+        if session.done.wait(PENDING_AFTER):
+            return session.result
+        return {"pending": True}
+
+    def sessions_held(self) -> bool:
+        return any(s.hold and s.reached.is_set() and not s.go_on.is_set() for s in self.sessions.values())
+
+    def call(self, step: Json) -> Json:
+        store = self.store
+        call = step["call"]
+        a = step.get("args", {})
+        if call == "admit":
+            return wire.outcome(store.admit(wire.parse_request("admit", a)))
+        if call == "claim_next":
+            result = store.claim_next(wire.parse_request("claim", a), business_id=a.get("business_id"))
+            return wire.outcome(result)
+        if call in ("renew", "record_step", "release"):
+            method = getattr(store, call)
+            return wire.outcome(method(a["execution_id"], wire.parse_request(call, a)))
+        if call in ("finalize", "wake", "cancel"):
+            return wire.outcome(getattr(store, call)(wire.parse_request(call, a)))
+        if call == "recover":
+            return wire.outcome(store.recover(wire.parse_request("recover", a)))
+        if call == "append_evidence":
+            items = tuple(
+                Evidence(e["object_id"], e["kind"], e.get("body", {}), e["revision"], e.get("state"))
+                for e in a["evidence"]
+            )
+            return wire.outcome(store.append_evidence(a["execution_id"], wire.parse_credential(a["credential"]), items))
+        if call == "due_wakes":
+            keys = store.due_wakes(a.get("limit", 100), business_id=a.get("business_id"))
+            return {"outcome": "keys", "keys": [wire._key(k) for k in keys]}
+        if call == "fire_timer":
+            return wire.outcome(store.fire_timer(wire.parse_key(a["key"]), wire.parse_authority(a["authority"])))
+        if call == "publish_event":
+            try:
+                event = Event.build(a["event_id"], a["business_id"], a["event_type"], a["correlation"])
+            except EventError:
+                return {"outcome": "error", "code": "invalid_event"}
+            try:
+                published = store.publish_event(event, wire.parse_authority(a["authority"]))
+            except StoreError as exc:
+                return {"outcome": "error", "code": exc.code}
+            return {"outcome": "published", "duplicate": published.duplicate, "woken": sorted(published.woken)}
+        if call == "read":
+            view = store.read(a["execution_id"])
+            if view is None:
+                return {"outcome": "view", "execution": None, "dispatch": None, "registrations": [],
+                        "evidence_revisions": []}
+            return {
+                "outcome": "view",
+                "execution": wire.execution(view.execution),
+                "dispatch": wire.dispatch(view.dispatch),
+                "registrations": [wire.registration(r) for r in view.registrations],
+                "evidence_revisions": [
+                    {"object_id": e.object_id, "kind": e.kind, "revision": e.revision, "state": e.state,
+                     "body": dict(e.body)}
+                    for e in view.evidence_revisions
+                ],
+            }
+        return {"outcome": "error", "code": "unknown_call"}
+
+
+class _HeldBackend:
+    """A backend whose ``write`` stops first when its session is held (the commit point)."""
+
+    def __init__(self, backend: Any, harness: StoreHarness) -> None:
+        self._backend = backend
+        self._harness = harness
+
+    def write(self, decision: p.Decision, evidence: Any, now: datetime) -> bool:
+        self._harness.checkpoint(backend_hook=True)
+        return bool(self._backend.write(decision, evidence, now))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)

@@ -1,0 +1,70 @@
+#!/usr/bin/env node
+// A fencekeeper conformance driver in JavaScript (specs/conformance.md, protocol 1).
+//
+// It reads one JSON request per line on stdin and writes one JSON response per
+// line on stdout.  It implements three layers, from specs/ alone:
+//   machines     -- the tables of specs/machines/*.toml   (machines.js)
+//   protocol     -- the decisions of specs/protocol.md     (protocol.js)
+//   expressions  -- the language of specs/expressions.md   (expr.js)
+// Every other layer is declared unsupported, so the runner skips it.
+//
+// Run: fencekeeper conformance --driver "node conformance/drivers/js/driver.js"
+
+"use strict";
+
+const path = require("path");
+const readline = require("readline");
+const { loadMachines, step } = require("./machines");
+const { decide } = require("./protocol");
+const { parse, evaluate, ExpressionError } = require("./expr");
+
+const SPECS = process.env.FENCEKEEPER_SPECS || path.join(__dirname, "..", "..", "..", "specs");
+const machines = loadMachines(SPECS);
+const LAYERS = ["machines", "protocol", "expressions"];
+
+function answer(layer, input) {
+  if (layer === "machines") {
+    const target = step(machines[input.machine], input.state, input.event);
+    return target === null ? { illegal: true } : { target };
+  }
+  if (layer === "protocol") {
+    return decide(machines, input);
+  }
+  if (layer === "expressions") {
+    try {
+      return { result: evaluate(parse(input.source), input.bindings) };
+    } catch (err) {
+      if (err instanceof ExpressionError) return { result: "error", code: err.code, position: err.position };
+      throw err;
+    }
+  }
+  return undefined;
+}
+
+function handle(request) {
+  switch (request.op) {
+    case "hello":
+      return { protocol: 1, implementation: "fencekeeper-js", layers: LAYERS };
+    case "case": {
+      if (!LAYERS.includes(request.layer)) return { unsupported: true };
+      try {
+        return { output: answer(request.layer, request.input) };
+      } catch (err) {
+        return { error: String(err && err.stack ? err.stack : err) };
+      }
+    }
+    case "reset":
+    case "store":
+      return { unsupported: true };
+    case "bye":
+      return { ok: true };
+    default:
+      return { error: `unknown op ${request.op}` };
+  }
+}
+
+const lines = readline.createInterface({ input: process.stdin, terminal: false });
+lines.on("line", (line) => {
+  if (!line.trim()) return;
+  process.stdout.write(JSON.stringify(handle(JSON.parse(line))) + "\n");
+});

@@ -1,0 +1,133 @@
+"""The runner against real drivers: the Python kernel and stores, the JavaScript implementation, and wrong ones.
+
+Each test starts a driver as a subprocess through the runner, exactly as a
+third-party implementation would be run (specs/conformance.md).  The
+correct drivers must pass every layer they declare; a wrong one must be
+reported failed, and an undeclared or unsupported layer skipped, never
+passed; a store without isolation must fail the store layer's races.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fencekeeper.adapters import cli
+from fencekeeper.adapters.conformance import runner
+from fencekeeper.adapters.memory import MemoryStore
+
+from .unlocked_store import UnlockedMemoryStore
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "specs" / "conformance"
+DRIVER = f"{sys.executable} -m fencekeeper.adapters.conformance.driver"
+KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal")
+
+
+def _verdicts(reports: list[runner.LayerReport]) -> dict[str, str]:
+    return {r.layer: r.verdict for r in reports}
+
+
+def _run(command: str, layers: tuple[str, ...]) -> list[runner.LayerReport]:
+    return runner.run(command, layers, CASES, cwd=ROOT)
+
+
+def test_the_kernel_and_the_memory_store_pass_every_layer() -> None:
+    reports = _run(f"{DRIVER} --store memory", (*KERNEL_LAYERS, "store"))
+    assert _verdicts(reports) == dict.fromkeys((*KERNEL_LAYERS, "store"), "passed"), runner.render(reports)
+    assert all(r.skipped == 0 and r.passed > 0 for r in reports)
+
+
+def test_the_sqlite_store_passes_the_store_layer() -> None:
+    reports = _run(f"{DRIVER} --store sqlite", ("store",))
+    assert _verdicts(reports) == {"store": "passed"}, runner.render(reports)
+
+
+def test_the_postgres_store_passes_the_store_layer(pg_dsn: str) -> None:
+    reports = _run(f"{DRIVER} --store postgres --dsn {pg_dsn}", ("store",))
+    assert _verdicts(reports) == {"store": "passed"}, runner.render(reports)
+
+
+def test_a_store_without_isolation_fails_the_races() -> None:
+    reports = _run(f"{DRIVER} --factory tests.conformance.unlocked_store:UnlockedMemoryStore", ("store",))
+    [store] = reports
+    assert store.verdict == "failed"
+    assert store.first_failure is not None and store.first_failure["id"].startswith("race/")
+    # Only the races can see it, and every one of them does; every sequential script still passes.
+    ids = [c["id"] for c in json.loads((CASES / "store.json").read_text(encoding="utf-8"))["cases"]]
+    races = sum(i.startswith("race/") for i in ids)
+    assert (store.failed, store.passed) == (races, len(ids) - races)
+
+
+def test_the_javascript_implementation_passes_its_layers() -> None:
+    node = shutil.which("node")
+    if node is None:
+        if os.environ.get("FENCEKEEPER_REQUIRE_NODE"):
+            pytest.fail("FENCEKEEPER_REQUIRE_NODE is set but node is not on PATH")
+        pytest.skip("node is not on PATH: the JavaScript driver cannot run (set FENCEKEEPER_REQUIRE_NODE=1 to fail)")
+    reports = _run(f"{node} conformance/drivers/js/driver.js", (*KERNEL_LAYERS, "store"))
+    assert _verdicts(reports) == {
+        "machines": "passed", "protocol": "passed", "expressions": "passed",
+        "recovery": "skipped", "definitions": "skipped", "operations": "skipped", "journal": "skipped",
+        "store": "skipped",
+    }, runner.render(reports)
+
+
+def test_a_wrong_driver_is_reported_failed_and_skipped_never_passed() -> None:
+    reports = _run(f"{sys.executable} -m tests.conformance.wrong_driver", ("machines", "protocol", "expressions"))
+    verdicts = _verdicts(reports)
+    assert verdicts == {"machines": "failed", "protocol": "skipped", "expressions": "skipped"}, runner.render(reports)
+    machines = reports[0]
+    assert machines.failed == 1 and machines.first_failure is not None
+    assert machines.first_failure["id"] == "execution/eligible/claim"
+    assert machines.first_failure["differences"]["target"] == {"expected": "running", "got": "waiting"}
+    assert reports[1].passed == 0 and reports[1].skipped == reports[1].failed + reports[1].skipped > 0
+
+
+def test_the_command_exits_1_on_a_failure_and_prints_the_first_difference(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code = cli.main(["conformance", "--driver", f"{sys.executable} -m tests.conformance.wrong_driver",
+                     "--layer", "machines", "--layer", "expressions", "--cases", str(CASES)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "machines     failed   passed 473, failed 1, skipped 0" in out
+    assert "expressions  skipped" in out and "does not declare" in out
+    assert '"id": "execution/eligible/claim"' in out
+
+
+def test_the_command_exits_0_when_everything_chosen_passes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    assert cli.main(["conformance", "--driver", DRIVER, "--layer", "machines"]) == 0
+    assert "machines     passed   passed 474" in capsys.readouterr().out
+
+
+def test_a_factory_runs_in_process_through_the_same_protocol() -> None:
+    assert _verdicts(runner.run_factory(MemoryStore, cases_dir=CASES)) == {"store": "passed"}
+    # A factory that takes no clock gets store.clock set, as the broken variants are written.
+    def no_clock() -> UnlockedMemoryStore:
+        return UnlockedMemoryStore()
+
+    [report] = runner.run_factory(no_clock, cases_dir=CASES)
+    assert report.verdict == "failed" and report.first_failure is not None
+    assert report.first_failure["id"].startswith("race/")
+
+
+def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() -> None:
+    # No package to install and no Python to borrow from: only node's own modules and its own files.
+    sources = sorted((ROOT / "conformance" / "drivers" / "js").glob("*.js"))
+    assert len(sources) >= 4
+    for source in sources:
+        text = source.read_text(encoding="utf-8")
+        required = set(re.findall(r"require\(\"([^\"]+)\"\)", text))
+        assert required <= {"fs", "path", "readline", "./machines", "./protocol", "./expr"}, (source.name, required)
+        assert "kernel/" not in text and ".py" not in text, source.name
