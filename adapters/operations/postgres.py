@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import operations as o
@@ -183,13 +184,23 @@ class _PgOpsTx(SqlTx):
         # each connection, no cursor: a few microseconds each instead of tens); what an
         # atomic action sends is arbitrary SQL and goes through psycopg's cursor.
         super().__init__(
-            lambda sql, params: _run(conn, _store_sql(sql), params),
+            self._store_statement,
             POSTGRES_OPS,
             application=lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)),
         )
         self.conn = conn
         self.clock = clock
         self.checks_live_lease = clock is None
+
+    def _store_statement(self, sql: str, params: Sequence[Any]) -> Any:
+        # A write transaction (PostgresOperationStore._transaction) is opened by its
+        # first statement, in the same exchange; psycopg's cursor opens its own
+        # when an atomic action's statement comes first.
+        opening = self.opens and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        return _run(self.conn, _store_sql(sql), params, begin=opening)
+
+    opens = False
+    """Whether this transaction is opened by its first statement (a write transaction) or already open (a read)."""
 
     def write(self, decision: o.Decision, input_json: str | None) -> bool:
         """The whole decision as one statement: one round trip, the guard in its WHERE clauses.
@@ -304,9 +315,19 @@ class PostgresOperationStore(TransactionalOperationStore):
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Tx]:
+        # Not psycopg's transaction block: its BEGIN would cost a round trip of its own.  The
+        # first statement opens the transaction in its own exchange (_run's begin); it is
+        # committed here on a normal exit and rolled back on any exception, as before.
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield _PgOpsTx(conn, self.clock)
+            with self._pool.connection() as conn:
+                tx = _PgOpsTx(conn, self.clock)
+                tx.opens = True
+                try:
+                    yield tx
+                except BaseException:
+                    conn.rollback()
+                    raise
+                conn.commit()
         except psycopg.OperationalError as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
