@@ -19,7 +19,11 @@ Rules of this module:
   in a new transaction, which reads the first's committed Operation.
 - The store's own statements are prepared once per connection and run by
   name without a cursor (``postgres_store._run``); an atomic action's
-  statements, arbitrary SQL, go through psycopg's cursor.
+  statements, arbitrary SQL, go through psycopg's cursor.  A write
+  transaction is opened by its first statement, ``BEGIN`` travelling ahead
+  of it in one exchange, and committed or rolled back by
+  :meth:`PostgresOperationStore._transaction`: still one transaction per
+  decision, all of it or nothing.
 - Authoritative time is the database's ``clock_timestamp()``, read after the
   row lock is held (``now()`` is the transaction's start and would judge a
   lease by a moment before the lock was granted).  Tests may inject a clock.
