@@ -569,7 +569,7 @@ class _Session:
         # be prepared more than once.
         self.names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self.transformer = Transformer(conn)
-        self.wait: Callable[[Any], list[pq.abc.PGresult]]
+        self.wait: Callable[[Any], Any]
         self.lock: contextlib.AbstractContextManager[Any]
         if isinstance(conn, psycopg.AsyncConnection):
             waiting = conn.wait
@@ -601,8 +601,18 @@ class _AsyncLock:
 _SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
 
-def _run(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], sql: str, params: Sequence[object]) -> _Rows:
+def _run(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    sql: str,
+    params: Sequence[object],
+    *,
+    begin: bool = False,
+) -> _Rows:
     """Run one statement of the store: prepared on its first run on ``conn``, then executed by name.
+
+    With ``begin``, a ``BEGIN`` goes ahead of it in the same exchange (libpq's
+    pipeline mode): the transaction's first statement costs no round trip of
+    its own for opening it.  The caller then ends the transaction.
 
     This is what a psycopg cursor does, less what the store does not need:
     ``conn.execute`` spends about 35 us of Python on every statement (a new
@@ -631,15 +641,48 @@ def _run(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], sql: str,
             pgconn.send_prepare(name, query, param_types=types)
             _result(conn, session, session.wait(generators.execute(pgconn)))
             session.names[key] = name
+        if begin:
+            pgconn.enter_pipeline_mode()
+            pgconn.send_query_params(b"BEGIN", None)
         if name is None:
             pgconn.send_query_params(query, values, param_types=types, param_formats=tx.formats, result_format=_BINARY)
         else:
             pgconn.send_query_prepared(name, values, param_formats=tx.formats, result_format=_BINARY)
-        result = _result(conn, session, session.wait(generators.execute(pgconn)))
+        if begin:
+            result = _result(conn, session, _pipelined(conn, session))
+        else:
+            result = _result(conn, session, session.wait(generators.execute(pgconn)))
     tx.set_pgresult(result)
     rows = tx.load_rows(0, result.ntuples, tuple)
     count = result.command_tuples
     return _Rows(rows, -1 if count is None else count)
+
+
+def _pipelined(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session) -> list[pq.abc.PGresult]:
+    """The results of ``BEGIN`` and one statement sent in pipeline mode: one exchange, then out of it again."""
+    pgconn = conn.pgconn
+    try:
+        pgconn.pipeline_sync()
+        began, results = session.wait(_begin_and_one(pgconn))
+        pgconn.exit_pipeline_mode()
+        assert isinstance(results, list)
+    except BaseException:
+        # Cut short (a lost connection, an interrupt): the connection's state is unknown,
+        # so it is closed and the pool replaces it.
+        conn.pgconn.finish()
+        raise
+    _result(conn, session, began)
+    return results
+
+
+def _begin_and_one(pgconn: pq.abc.PGconn) -> Any:
+    # A generator as psycopg's own: send everything, then each command's results, then the sync.
+    yield from generators.send(pgconn)
+    began = yield from generators.fetch_many(pgconn)
+    results = yield from generators.fetch_many(pgconn)
+    synced = yield from generators.fetch_many(pgconn)
+    assert [r.status for r in synced] == [pq.ExecStatus.PIPELINE_SYNC], synced
+    return began, results
 
 
 def _result(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:

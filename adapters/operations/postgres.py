@@ -19,7 +19,11 @@ Rules of this module:
   in a new transaction, which reads the first's committed Operation.
 - The store's own statements are prepared once per connection and run by
   name without a cursor (``postgres_store._run``); an atomic action's
-  statements, arbitrary SQL, go through psycopg's cursor.
+  statements, arbitrary SQL, go through psycopg's cursor.  A write
+  transaction is opened by its first statement, ``BEGIN`` travelling ahead
+  of it in one exchange, and committed or rolled back by
+  :meth:`PostgresOperationStore._transaction`: still one transaction per
+  decision, all of it or nothing.
 - Authoritative time is the database's ``clock_timestamp()``, read after the
   row lock is held (``now()`` is the transaction's start and would judge a
   lease by a moment before the lock was granted).  Tests may inject a clock.
@@ -50,6 +54,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import operations as o
@@ -195,13 +200,23 @@ class _PgOpsTx(SqlTx):
         # each connection, no cursor: a few microseconds each instead of tens); what an
         # atomic action sends is arbitrary SQL and goes through psycopg's cursor.
         super().__init__(
-            lambda sql, params: _run(conn, _store_sql(sql), params),
+            self._store_statement,
             POSTGRES_OPS,
             application=lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)),
         )
         self.conn = conn
         self.clock = clock
         self.checks_live_lease = clock is None
+
+    def _store_statement(self, sql: str, params: Sequence[Any]) -> Any:
+        # A write transaction (PostgresOperationStore._transaction) is opened by its
+        # first statement, in the same exchange; psycopg's cursor opens its own
+        # when an atomic action's statement comes first.
+        opening = self.opens and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        return _run(self.conn, _store_sql(sql), params, begin=opening)
+
+    opens = False
+    """Whether this transaction is opened by its first statement (a write transaction) or already open (a read)."""
 
     def write(self, decision: o.Decision, input_json: str | None) -> bool:
         """The whole decision as one statement: one round trip, the guard in its WHERE clauses.
@@ -347,14 +362,26 @@ class PostgresOperationStore(TransactionalOperationStore):
     def _enter_scope(self, conn: psycopg.Connection[Any]) -> None:
         scoped = self._scope.get()
         if scoped is not None:
-            conn.execute("SELECT set_config('fencekeeper.tenant', %s, true)", (scoped,))
+            # Local to the transaction, so it opens it (BEGIN in the same exchange) when none is open yet.
+            opening = conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+            _run(conn, "SELECT set_config('fencekeeper.tenant', %s, true)", (scoped,), begin=opening)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Tx]:
+        # Not psycopg's transaction block: its BEGIN would cost a round trip of its own.  The
+        # first statement opens the transaction in its own exchange (_run's begin); it is
+        # committed here on a normal exit and rolled back on any exception, as before.
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                self._enter_scope(conn)
-                yield _PgOpsTx(conn, self.clock)
+            with self._pool.connection() as conn:
+                tx = _PgOpsTx(conn, self.clock)
+                tx.opens = True
+                try:
+                    self._enter_scope(conn)
+                    yield tx
+                except BaseException:
+                    conn.rollback()
+                    raise
+                conn.commit()
         except psycopg.errors.InsufficientPrivilege as exc:
             # The tenant policies (or the role's grants) refused a write: the application filter let
             # through something the database boundary did not.  Nothing was written.

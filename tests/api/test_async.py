@@ -250,3 +250,34 @@ def test_a_refusal_on_the_native_path_leaves_the_database_as_it_was(pg_dsn: str,
             assert _rows(pg_dsn, pg_schema) == before
 
     asyncio.run(scenario())
+
+
+def test_cancelling_a_native_call_rolls_its_transaction_back(pg_dsn: str, pg_schema: str) -> None:
+    url = f"{pg_dsn}?schema={pg_schema}"
+
+    async def scenario() -> None:
+        async with await fencekeeper.connect_async(url, policy=Recording(), handler=None, pool_size=2) as client:
+            started = await client.run(PURCHASE, {"amount": 5, "order_id": "o-1", "order_revision": 1})
+            before = _rows(pg_dsn, pg_schema)
+            # Another session holds the execution's row: the cancellation waits on the server for it.
+            with psycopg.connect(pg_dsn) as holder:
+                holder.execute(
+                    f'SELECT 1 FROM "{pg_schema}".objects WHERE object_id = %s FOR UPDATE',  # type: ignore[arg-type]
+                    (started.execution_id,),
+                )
+                task = asyncio.create_task(client.cancel(started.execution_id, reason="no longer needed"))
+                await asyncio.sleep(0.3)
+                assert not task.done()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                holder.rollback()
+            assert _rows(pg_dsn, pg_schema) == before
+            # The pool reset or replaced the connection that was cut short: the client goes on.
+            assert (await client.get(started.execution_id)).state is fencekeeper.ExecutionState.ELIGIBLE
+            again = await asyncio.gather(*(client.get(started.execution_id) for _ in range(4)))
+            assert {x.state for x in again} == {fencekeeper.ExecutionState.ELIGIBLE}
+            cancelled = await client.cancel(started.execution_id, reason="now")
+            assert cancelled.state is fencekeeper.ExecutionState.CANCELLED
+
+    asyncio.run(scenario())

@@ -152,11 +152,11 @@ def test_round_trips_per_submission_and_worker_pass(
         trips.clear()
         report = worker.run_once()
         assert report is not None and report.outcome == "succeeded"
-        # BEGIN, the identity's lock with its lookup and the time, the write, COMMIT.
-        assert submission == 4, trips
-        # The claim (BEGIN, the locking read bringing the time and the input, the write, COMMIT),
-        # then the completion (BEGIN, the locking read, the write, COMMIT).
-        assert len(trips) == 8, trips
+        # BEGIN with the identity's lock, its lookup and the time; the write; COMMIT.
+        assert submission == 3, trips
+        # The claim (BEGIN with the locking read bringing the time and the input; the write; COMMIT),
+        # then the completion (BEGIN with the locking read; the write; COMMIT).
+        assert len(trips) == 6, trips
     finally:
         store.close()
 
