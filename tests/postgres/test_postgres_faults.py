@@ -100,7 +100,9 @@ EXECUTIONS = 2_000
 LEASE_SECONDS = 0.4
 LEASE = timedelta(seconds=LEASE_SECONDS)
 PAUSE_PROBABILITY = 0.08
-BUDGET_SECONDS = 110.0  # the whole test, on 2 shared cores
+# A guard against a hang, not a speed target: under two minutes on a quiet 2-core
+# machine, several times that when the machine is loaded (the suite runs a process per core).
+BUDGET_SECONDS = 420.0
 TAIL = 150
 """The first phase ends when this few executions are unfinished; then every worker is SIGKILLed at once."""
 CONNECTION_KILL_EVERY = (0.3, 0.9)
