@@ -185,7 +185,18 @@ class Drain:
     workers: int
     executions: int
     admit_seconds: float
-    seconds: float
+    timing: Timing
+
+    @property
+    def seconds(self) -> float:
+        """From the first process's start to the queue empty."""
+        return self.timing.seconds
+
+    @property
+    def steady_rate(self) -> float:
+        """Completed per second between the first completion seen and the last: start-up left out."""
+        t = self.timing
+        return t.window_done / t.window_seconds if t.window_seconds > 0 else 0.0
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -334,19 +345,104 @@ def _worker_env(directory: Path) -> dict[str, str]:
     return dict(os.environ, XDG_STATE_HOME=str(directory / "state"))
 
 
-def _run_all(commands: Sequence[Sequence[str]], env: dict[str, str]) -> tuple[float, list[str]]:
-    """Start every command at once, wait for all; the seconds from the first start to the last exit, and stdouts."""
-    started = time.perf_counter()
-    procs = [
-        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for c in commands
-    ]
-    outputs = [proc.communicate(timeout=DRAIN_TIMEOUT) for proc in procs]
-    seconds = time.perf_counter() - started
-    for proc, (_, stderr) in zip(procs, outputs, strict=True):
-        if proc.returncode != 0:
-            raise BenchError(f"{' '.join(proc.args)}: exit {proc.returncode}: {stderr.strip()[-2000:]}")  # type: ignore[arg-type]
-    return seconds, [stdout for stdout, _ in outputs]
+@attrs.frozen
+class Timing:
+    """A drain's clock: from the first start to the last exit (or the queue empty), and its busy window.
+
+    The window runs from the first poll that saw a finished execution to the
+    first that saw them all, and ``window_done`` executions finished inside
+    it: a rate over it leaves process start-up out, for every system alike.
+    """
+
+    seconds: float
+    window_seconds: float = 0.0
+    window_done: int = 0
+
+
+def _poll_window(count: Callable[[], int], total: int, started: float, running: Callable[[], bool]) -> Timing:
+    """Poll ``count`` every 20 ms while ``running``, until it reaches ``total``; the drain's Timing."""
+    first: tuple[float, int] | None = None
+    while True:
+        done = count()
+        now = time.perf_counter()
+        if done and first is None:
+            first = (now, done)
+        if done >= total:
+            break
+        if not running():
+            raise BenchError(f"the drain stopped with {done} of {total} finished")
+        if now - started > DRAIN_TIMEOUT:
+            raise BenchError(f"{done} of {total} finished after {DRAIN_TIMEOUT:.0f} s")
+        time.sleep(0.02)
+    assert first is not None
+    return Timing(now - started, now - first[0], total - first[1])
+
+
+def _run_all(
+    commands: Sequence[Sequence[str]],
+    env: dict[str, str],
+    *,
+    count: Callable[[], int] | None = None,
+    total: int = 0,
+) -> tuple[Timing, list[str]]:
+    """Start every command at once and wait for all; their Timing (polling ``count`` if given) and stdouts.
+
+    Output goes to files, not pipes, so that a chatty worker never blocks on a
+    full pipe while the bench is polling instead of reading.
+    """
+    with tempfile.TemporaryDirectory(prefix="fk-bench-out-") as scratch:
+        files = [
+            (open(Path(scratch) / f"{n}.out", "w+"), open(Path(scratch) / f"{n}.err", "w+"))  # noqa: SIM115
+            for n in range(len(commands))
+        ]
+        started = time.perf_counter()
+        procs = [
+            subprocess.Popen(c, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+            for c, (out, err) in zip(commands, files, strict=True)
+        ]
+        try:
+            timing = None
+            if count is not None:
+                timing = _poll_window(count, total, started, lambda: any(proc.poll() is None for proc in procs))
+            for proc in procs:
+                proc.wait(timeout=DRAIN_TIMEOUT)
+            if timing is None:
+                timing = Timing(time.perf_counter() - started)
+            outputs = []
+            for proc, (out, err) in zip(procs, files, strict=True):
+                out.seek(0)
+                err.seek(0)
+                if proc.returncode != 0:
+                    raise BenchError(f"{' '.join(proc.args)}: exit {proc.returncode}: {err.read().strip()[-2000:]}")  # type: ignore[arg-type]
+                outputs.append(out.read())
+            return timing, outputs
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for out, err in files:
+                out.close()
+                err.close()
+
+
+def _fencekeeper_succeeded(target: FencekeeperTarget, server: Server | None) -> Callable[[], int]:
+    query = "SELECT count(*) FROM {}objects WHERE object_type = 'WorkflowExecution' AND state = 'succeeded'"
+    if server is not None and target.schema is not None:
+        sql = query.format(f"{target.schema}.")
+        return lambda: int(server.scalar(sql))
+    return _sqlite_count(target.url, query.format(""))
+
+
+def _sqlite_count(path: str, sql: str) -> Callable[[], int]:
+    def count() -> int:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as conn:
+                return int(conn.execute(sql).fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0  # busy, or not created yet: ask again at the next poll
+
+    return count
 
 
 def fencekeeper_drain(
@@ -365,8 +461,11 @@ def fencekeeper_drain(
         admit_seconds = admit(target, workload, executions)
         if server is not None:
             server.settle()
-        seconds, outputs = _run_all(
-            [worker_command(target, n, handler) for n in range(1, workers + 1)], _worker_env(directory)
+        timing, outputs = _run_all(
+            [worker_command(target, n, handler) for n in range(1, workers + 1)],
+            _worker_env(directory),
+            count=_fencekeeper_succeeded(target, server),
+            total=executions,
         )
         summaries = [json.loads(out) for out in outputs]
         succeeded = sum(s["finished"].get("succeeded", 0) for s in summaries)
@@ -375,7 +474,7 @@ def fencekeeper_drain(
             raise BenchError(
                 f"fencekeeper {workload} on {store}, {workers} workers: {succeeded} of {executions} succeeded; {problems[:3]}"
             )
-        return Drain("fencekeeper", workload, store, workers, executions, admit_seconds, seconds)
+        return Drain("fencekeeper", workload, store, workers, executions, admit_seconds, timing)
     finally:
         if server is not None and target.schema is not None:
             server.drop_schema(target.schema)
@@ -386,8 +485,8 @@ def fencekeeper_start(store: str, *, server: Server | None, directory: Path) -> 
     target = _fencekeeper_target(store, server, directory)
     try:
         connect.migrate(target.url, schema=target.schema)
-        seconds, _ = _run_all([worker_command(target, 1, NOOP_HANDLER)], _worker_env(directory))
-        return seconds
+        timing, _ = _run_all([worker_command(target, 1, NOOP_HANDLER)], _worker_env(directory))
+        return timing.seconds
     finally:
         if server is not None and target.schema is not None:
             server.drop_schema(target.schema)
@@ -431,11 +530,14 @@ def procrastinate_drain(executions: int, concurrency: int, *, server: Server) ->
             admit_seconds = time.perf_counter() - started
         server.settle()
         env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
-        seconds, _ = _run_all([procrastinate_command(concurrency)], env)
-        done = server.scalar(f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'")
+        sql = f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'"
+        timing, _ = _run_all(
+            [procrastinate_command(concurrency)], env, count=lambda: int(server.scalar(sql)), total=executions
+        )
+        done = server.scalar(sql)
         if done != executions:
             raise BenchError(f"procrastinate, concurrency {concurrency}: {done} of {executions} jobs succeeded")
-        return Drain("procrastinate", "no-op job", "pg", concurrency, executions, admit_seconds, seconds)
+        return Drain("procrastinate", "no-op job", "pg", concurrency, executions, admit_seconds, timing)
     finally:
         server.drop_schema(schema)
 
@@ -453,8 +555,8 @@ def procrastinate_start(*, server: Server) -> float:
         with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
             sync_app.schema_manager.apply_schema()
         env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
-        seconds, _ = _run_all([procrastinate_command(1)], env)
-        return seconds
+        timing, _ = _run_all([procrastinate_command(1)], env)
+        return timing.seconds
     finally:
         server.drop_schema(schema)
 
@@ -473,16 +575,7 @@ def _dbos_succeeded(store: str, url: str, schema: str, server: Server | None) ->
     if store == "pg":
         assert server is not None
         return lambda: int(server.scalar(f"SELECT count(*) FROM {schema}.workflow_status WHERE status = 'SUCCESS'"))
-    path = url.removeprefix("sqlite:///")
-
-    def count() -> int:
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as conn:
-                return int(conn.execute("SELECT count(*) FROM workflow_status WHERE status = 'SUCCESS'").fetchone()[0])
-        except sqlite3.OperationalError:
-            return 0  # busy, or not created yet: ask again at the next poll
-
-    return count
+    return _sqlite_count(url.removeprefix("sqlite:///"), "SELECT count(*) FROM workflow_status WHERE status = 'SUCCESS'")
 
 
 def dbos_drain(
@@ -498,26 +591,22 @@ def dbos_drain(
         if server is not None:
             server.settle()
         succeeded = _dbos_succeeded(store, url, schema, server)
-        started = time.perf_counter()
-        proc = subprocess.Popen(
-            [*module, "drain", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        log = directory / f"dbos-{schema}-{uuid.uuid4().hex[:6]}.err"
+        with log.open("w") as err:
+            started = time.perf_counter()
+            proc = subprocess.Popen([*module, "drain", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
         try:
-            while (done := succeeded()) < executions:
-                if proc.poll() is not None:
-                    raise BenchError(f"dbos {workload} on {store}: the worker exited: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-                if time.perf_counter() - started > DRAIN_TIMEOUT:
-                    raise BenchError(f"dbos {workload} on {store}: {done} of {executions} after {DRAIN_TIMEOUT:.0f} s")
-                time.sleep(0.02)
-            seconds = time.perf_counter() - started
+            timing = _poll_window(succeeded, executions, started, lambda: proc.poll() is None)
+        except BenchError as exc:
+            raise BenchError(f"dbos {workload} on {store}: {exc}: {log.read_text()[-2000:]}") from None
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.communicate(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.communicate()
-        return Drain("dbos", workload, store, concurrency, executions, admit_seconds, seconds)
+                proc.wait()
+        return Drain("dbos", workload, store, concurrency, executions, admit_seconds, timing)
     finally:
         if server is not None:
             server.drop_schema(schema)
@@ -744,8 +833,8 @@ def run(plan: Plan, *, out: Callable[[str], None] = print) -> dict[str, Any]:
                     drain = step()
                     drains.append((number, drain))
                     out(
-                        f"  {label:<40} admitted {drain.admit_rate:8.1f}/s   drained {drain.executions:5d} in "
-                        f"{drain.seconds:6.2f} s = {drain.rate:8.1f}/s"
+                        f"  {label:<40} admitted {drain.admit_rate:7.1f}/s   drained {drain.executions:5d} in "
+                        f"{drain.seconds:6.2f} s = {drain.rate:7.1f}/s   steady {drain.steady_rate:7.1f}/s"
                     )
         if server is not None and plan.count_executions > 0:
             if "fencekeeper" in plan.systems:
@@ -777,7 +866,24 @@ ROUND_TRIP_TARGET = 12.0
 
 
 def _value(drain: Drain, how: str) -> float:
-    return drain.admit_rate if how == "admit" else drain.rate
+    return {"admit": drain.admit_rate, "rate": drain.rate, "steady": drain.steady_rate}[how]
+
+
+def _ratio(drains: list[tuple[int, Drain]], ours: Key, reference: Key, how: str) -> tuple[float, float, float] | None:
+    """Ours, the reference and the median of the rounds' own ratios; None when no round measured both."""
+    pairs: list[tuple[float, float]] = []
+    for number in sorted({n for n, _ in drains}):
+        mine = [_value(d, how) for n, d in drains if n == number and _matches(d, ours)]
+        theirs = [_value(d, how) for n, d in drains if n == number and _matches(d, reference)]
+        if mine and theirs and statistics.median(theirs) > 0:
+            pairs.append((statistics.median(mine), statistics.median(theirs)))
+    if not pairs:
+        return None
+    return (
+        statistics.median(a for a, _ in pairs),
+        statistics.median(b for _, b in pairs),
+        statistics.median(a / b for a, b in pairs),
+    )
 
 
 def _matches(drain: Drain, key: Key) -> bool:
@@ -791,37 +897,38 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
     for _, drain in drains:
         by_key.setdefault(drain.key, []).append(drain)
     out("")
-    out("medians over the rounds (drain: from the first worker's start to the queue empty, start-up included)")
-    out(f"{'system':<14}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}  rounds (drained/s)")
+    out("medians over the rounds. drained: from the first worker's start to the queue empty, start-up included;")
+    out("steady: from the first completion seen to the last (start-up left out); polled every 20 ms")
+    out(
+        f"{'system':<14}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
+        "  rounds (drained/s)"
+    )
     for (system, workload, store, workers), items in by_key.items():
         admitted = statistics.median(d.admit_rate for d in items)
         rate = statistics.median(d.rate for d in items)
+        steady = statistics.median(d.steady_rate for d in items)
         rounds = " / ".join(f"{d.rate:.0f}" for d in items)
-        out(f"{system:<14}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}  {rounds}")
+        out(f"{system:<14}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}{steady:>10.1f}  {rounds}")
     for label, seconds in result["starts"].items():
         out(f"{label}: {statistics.median(seconds):.2f} s (median of {len(seconds)})")
     out("")
     out("targets (ratio: median of the rounds' own ratios, ours / reference, both from the same round)")
     met = True
     for what, ours, reference, least, how in TARGETS:
-        pairs: list[tuple[float, float]] = []
-        for number in sorted({n for n, _ in drains}):
-            mine = [_value(d, how) for n, d in drains if n == number and _matches(d, ours)]
-            theirs = [_value(d, how) for n, d in drains if n == number and _matches(d, reference)]
-            if mine and theirs:
-                pairs.append((statistics.median(mine), statistics.median(theirs)))
-        if not pairs:
+        measured = _ratio(drains, ours, reference, how)
+        if measured is None:
             out(f"  {what}: not measured in this run")
             continue
-        ratio = statistics.median(a / b for a, b in pairs)
-        ours_v = statistics.median(a for a, _ in pairs)
-        ref_v = statistics.median(b for _, b in pairs)
+        ours_v, ref_v, ratio = measured
         if least is None:
             verdict = "no target"
         else:
             verdict = f"target >= {least:g}x: " + ("met" if ratio >= least else "NOT met")
             met = met and ratio >= least
-        out(f"  {what}: {ours_v:.1f} vs {ref_v:.1f}/s = {ratio:.2f}x ({verdict})")
+        without_start = ""
+        if how == "rate" and (s := _ratio(drains, ours, reference, "steady")) is not None:
+            without_start = f"; steady {s[0]:.1f} vs {s[1]:.1f}/s = {s[2]:.2f}x"
+        out(f"  {what}: {ours_v:.1f} vs {ref_v:.1f}/s = {ratio:.2f}x ({verdict}){without_start}")
     counted: list[Counted] = result["counted"]
     if counted:
         out("")
