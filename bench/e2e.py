@@ -19,8 +19,10 @@ Rules of this module:
   when they find nothing to do; DBOS has no such mode, so the bench polls its
   system database every 20 ms and stops it when every workflow succeeded.
   Process start-up is inside every drain, as it is for a user; the bench
-  prints each system's start-up on an empty queue beside it, so a reader can
-  take it out.
+  prints each system's start-up on an empty queue beside it.  While a drain
+  runs, the bench also polls each system's own record of finished work every
+  20 ms, and reports a *steady* rate from the first completion it sees to the
+  last: start-up left out, for every system alike.
 - **The same work.** fencekeeper's Commands go to a handler that does no I/O
   (``bench/e2e_handler.py``, plugged in with ``--handler
   bench.e2e_handler:make``; ``--handler example`` uses the example handler and
@@ -514,20 +516,13 @@ def procrastinate_command(concurrency: int) -> list[str]:
 
 def procrastinate_drain(executions: int, concurrency: int, *, server: Server) -> Drain:
     """Defer ``executions`` no-op jobs one by one, ANALYZE, then time one ``procrastinate worker --one-shot``."""
-    import procrastinate  # noqa: PLC0415 - the bench extra; the fencekeeper side runs without it
 
-    from bench.e2e_procrastinate import app  # noqa: PLC0415
 
     schema = server.fresh_schema("procrastinate")
     dsn = _search_path_url(server.url, schema)
     try:
         server.conn.execute(f"CREATE SCHEMA {schema}")
-        with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
-            sync_app.schema_manager.apply_schema()
-            started = time.perf_counter()
-            for _ in range(executions):
-                sync_app.configure_task("noop").defer()
-            admit_seconds = time.perf_counter() - started
+        admit_seconds = _defer(dsn, executions)
         server.settle()
         env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
         sql = f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'"
@@ -544,16 +539,13 @@ def procrastinate_drain(executions: int, concurrency: int, *, server: Server) ->
 
 def procrastinate_start(*, server: Server) -> float:
     """Seconds one ``procrastinate worker --one-shot`` takes over an empty queue."""
-    import procrastinate  # noqa: PLC0415
 
-    from bench.e2e_procrastinate import app  # noqa: PLC0415
 
     schema = server.fresh_schema("procrastinate")
     dsn = _search_path_url(server.url, schema)
     try:
         server.conn.execute(f"CREATE SCHEMA {schema}")
-        with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
-            sync_app.schema_manager.apply_schema()
+        _defer(dsn, 0)
         env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
         timing, _ = _run_all([procrastinate_command(1)], env)
         return timing.seconds
@@ -653,6 +645,14 @@ def traced(argv: Sequence[str]) -> int:
         from fencekeeper.adapters.cli import main as fencekeeper_main  # noqa: PLC0415
 
         return fencekeeper_main(rest)
+    if program == "admit":
+        url, schema, workload, count = rest
+        admit(FencekeeperTarget(url, schema), workload, int(count))
+        return 0
+    if program == "defer":
+        dsn, count = rest
+        _defer(dsn, int(count))
+        return 0
     from procrastinate.cli import main as procrastinate_main  # noqa: PLC0415
 
     sys.argv = ["procrastinate", *rest]
@@ -705,6 +705,40 @@ def count_trace(directory: Path) -> TraceCount:
     return TraceCount(round_trips, statements, transactions)
 
 
+def _defer(dsn: str, count: int) -> float:
+    """Apply Procrastinate's schema at ``dsn``, then defer ``count`` no-op jobs one by one; the seconds the defers took."""
+    import procrastinate  # noqa: PLC0415 - the bench extra
+
+    from bench.e2e_procrastinate import app  # noqa: PLC0415
+
+    with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
+        sync_app.schema_manager.apply_schema()
+        started = time.perf_counter()
+        for _ in range(count):
+            sync_app.configure_task("noop").defer()
+        return time.perf_counter() - started
+
+
+def count_admissions(system: str, executions: int, *, server: Server, directory: Path) -> Counted:
+    """Round trips per admission: ``service.run`` (two-node) or Procrastinate's ``defer``, traced, N minus none."""
+    counts = []
+    for n in (0, executions):
+        schema = server.fresh_schema("fk" if system == "fencekeeper" else "procrastinate")
+        try:
+            if system == "fencekeeper":
+                args = ["admit", server.url, schema, "two-node", str(n)]
+            else:
+                server.conn.execute(f"CREATE SCHEMA {schema}")
+                args = ["defer", _search_path_url(server.url, schema), str(n)]
+            trace_dir = directory / f"trace-{args[0]}-{n}-{uuid.uuid4().hex[:6]}"
+            counts.append(_traced_run(["python", *args[1:]], args[0], _worker_env(directory), trace_dir))
+        finally:
+            server.drop_schema(schema)
+    d = counts[1] - counts[0]
+    what = "service.run" if system == "fencekeeper" else "defer"
+    return Counted(system, what, executions, d.round_trips / executions, d.statements / executions, d.transactions / executions)
+
+
 def _traced_run(command: Sequence[str], program: str, env: dict[str, str], directory: Path) -> TraceCount:
     directory.mkdir(parents=True)
     _run_all([[sys.executable, "-m", "bench.e2e", "--traced", str(directory), program, *command[1:]]], env)
@@ -732,9 +766,7 @@ def count_fencekeeper(workload: str, executions: int, *, server: Server, directo
 
 def count_procrastinate(executions: int, *, server: Server, directory: Path) -> Counted:
     """Round trips per job of one traced ``procrastinate worker --one-shot`` (concurrency 1): N minus none."""
-    import procrastinate  # noqa: PLC0415
 
-    from bench.e2e_procrastinate import app  # noqa: PLC0415
 
     counts = []
     for n in (0, executions):
@@ -742,10 +774,7 @@ def count_procrastinate(executions: int, *, server: Server, directory: Path) -> 
         dsn = _search_path_url(server.url, schema)
         try:
             server.conn.execute(f"CREATE SCHEMA {schema}")
-            with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
-                sync_app.schema_manager.apply_schema()
-                for _ in range(n):
-                    sync_app.configure_task("noop").defer()
+            _defer(dsn, n)
             env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
             trace_dir = directory / f"trace-procrastinate-{n}-{uuid.uuid4().hex[:6]}"
             counts.append(_traced_run(procrastinate_command(1), "procrastinate", env, trace_dir))
@@ -840,8 +869,10 @@ def run(plan: Plan, *, out: Callable[[str], None] = print) -> dict[str, Any]:
             if "fencekeeper" in plan.systems:
                 for workload in plan.workloads:
                     counted.append(count_fencekeeper(workload, plan.count_executions, server=server, directory=directory))
+                counted.append(count_admissions("fencekeeper", plan.count_executions, server=server, directory=directory))
             if "procrastinate" in plan.systems:
                 counted.append(count_procrastinate(plan.count_executions, server=server, directory=directory))
+                counted.append(count_admissions("procrastinate", plan.count_executions, server=server, directory=directory))
     return {"drains": drains, "starts": starts, "counted": counted}
 
 
@@ -978,9 +1009,16 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
     parser.add_argument("--workers", type=_ints, help="fencekeeper worker processes on PostgreSQL (default 1,4,8)")
     parser.add_argument("--sqlite-workers", type=_ints, default=(1,), help="on SQLite, for both systems (default 1)")
     parser.add_argument("--peer-concurrency", type=_ints, default=(1, 8), help="Procrastinate's and DBOS's (default 1,8)")
-    parser.add_argument("--workloads", type=_choices(tuple(WORKFLOWS)), default=tuple(WORKFLOWS))
-    parser.add_argument("--systems", type=_choices(("fencekeeper", "procrastinate", "dbos")), default=("fencekeeper", "procrastinate", "dbos"))
-    parser.add_argument("--stores", type=_choices(("pg", "sqlite")), default=("pg", "sqlite"))
+    parser.add_argument(
+        "--workloads", type=_choices(tuple(WORKFLOWS)), default=tuple(WORKFLOWS), help="fencekeeper's (default: all three)"
+    )
+    parser.add_argument(
+        "--systems",
+        type=_choices(("fencekeeper", "procrastinate", "dbos")),
+        default=("fencekeeper", "procrastinate", "dbos"),
+        help="default: all three; procrastinate and dbos need the bench extra",
+    )
+    parser.add_argument("--stores", type=_choices(("pg", "sqlite")), default=("pg", "sqlite"), help="default: pg,sqlite")
     parser.add_argument(
         "--handler",
         default=NOOP_HANDLER,
