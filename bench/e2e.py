@@ -38,8 +38,8 @@ Rules of this module:
   a time, DBOS's ``Queue.enqueue`` one workflow at a time.
 - **Every measurement starts clean.**  A fresh schema (a fresh file on
   SQLite), then ``ANALYZE`` of the bench's database after admission (for every
-  system alike: Procrastinate's claim query is planned badly without
-  statistics) and a ``CHECKPOINT`` (where the role may), so that no drain pays
+  system alike: issue 16's Procrastinate figures were taken after ANALYZE)
+  and a ``CHECKPOINT`` (where the role may), so that no drain pays
   for what the one before left dirty.
 - **A drain that did not finish everything is not a measurement.**  The bench
   checks that every admitted execution, job or workflow succeeded and stops
