@@ -19,8 +19,10 @@ Rules of this module:
   when they find nothing to do; DBOS has no such mode, so the bench polls its
   system database every 20 ms and stops it when every workflow succeeded.
   Process start-up is inside every drain, as it is for a user; the bench
-  prints each system's start-up on an empty queue beside it, so a reader can
-  take it out.
+  prints each system's start-up on an empty queue beside it.  While a drain
+  runs, the bench also polls each system's own record of finished work every
+  20 ms, and reports a *steady* rate from the first completion it sees to the
+  last: start-up left out, for every system alike.
 - **The same work.** fencekeeper's Commands go to a handler that does no I/O
   (``bench/e2e_handler.py``, plugged in with ``--handler
   bench.e2e_handler:make``; ``--handler example`` uses the example handler and
@@ -36,8 +38,8 @@ Rules of this module:
   a time, DBOS's ``Queue.enqueue`` one workflow at a time.
 - **Every measurement starts clean.**  A fresh schema (a fresh file on
   SQLite), then ``ANALYZE`` of the bench's database after admission (for every
-  system alike: Procrastinate's claim query is planned badly without
-  statistics) and a ``CHECKPOINT`` (where the role may), so that no drain pays
+  system alike: issue 16's Procrastinate figures were taken after ANALYZE)
+  and a ``CHECKPOINT`` (where the role may), so that no drain pays
   for what the one before left dirty.
 - **A drain that did not finish everything is not a measurement.**  The bench
   checks that every admitted execution, job or workflow succeeded and stops
@@ -185,7 +187,18 @@ class Drain:
     workers: int
     executions: int
     admit_seconds: float
-    seconds: float
+    timing: Timing
+
+    @property
+    def seconds(self) -> float:
+        """From the first process's start to the queue empty."""
+        return self.timing.seconds
+
+    @property
+    def steady_rate(self) -> float:
+        """Completed per second between the first completion seen and the last: start-up left out."""
+        t = self.timing
+        return t.window_done / t.window_seconds if t.window_seconds > 0 else 0.0
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -334,19 +347,104 @@ def _worker_env(directory: Path) -> dict[str, str]:
     return dict(os.environ, XDG_STATE_HOME=str(directory / "state"))
 
 
-def _run_all(commands: Sequence[Sequence[str]], env: dict[str, str]) -> tuple[float, list[str]]:
-    """Start every command at once, wait for all; the seconds from the first start to the last exit, and stdouts."""
-    started = time.perf_counter()
-    procs = [
-        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for c in commands
-    ]
-    outputs = [proc.communicate(timeout=DRAIN_TIMEOUT) for proc in procs]
-    seconds = time.perf_counter() - started
-    for proc, (_, stderr) in zip(procs, outputs, strict=True):
-        if proc.returncode != 0:
-            raise BenchError(f"{' '.join(proc.args)}: exit {proc.returncode}: {stderr.strip()[-2000:]}")  # type: ignore[arg-type]
-    return seconds, [stdout for stdout, _ in outputs]
+@attrs.frozen
+class Timing:
+    """A drain's clock: from the first start to the last exit (or the queue empty), and its busy window.
+
+    The window runs from the first poll that saw a finished execution to the
+    first that saw them all, and ``window_done`` executions finished inside
+    it: a rate over it leaves process start-up out, for every system alike.
+    """
+
+    seconds: float
+    window_seconds: float = 0.0
+    window_done: int = 0
+
+
+def _poll_window(count: Callable[[], int], total: int, started: float, running: Callable[[], bool]) -> Timing:
+    """Poll ``count`` every 20 ms while ``running``, until it reaches ``total``; the drain's Timing."""
+    first: tuple[float, int] | None = None
+    while True:
+        done = count()
+        now = time.perf_counter()
+        if done and first is None:
+            first = (now, done)
+        if done >= total:
+            break
+        if not running():
+            raise BenchError(f"the drain stopped with {done} of {total} finished")
+        if now - started > DRAIN_TIMEOUT:
+            raise BenchError(f"{done} of {total} finished after {DRAIN_TIMEOUT:.0f} s")
+        time.sleep(0.02)
+    assert first is not None
+    return Timing(now - started, now - first[0], total - first[1])
+
+
+def _run_all(
+    commands: Sequence[Sequence[str]],
+    env: dict[str, str],
+    *,
+    count: Callable[[], int] | None = None,
+    total: int = 0,
+) -> tuple[Timing, list[str]]:
+    """Start every command at once and wait for all; their Timing (polling ``count`` if given) and stdouts.
+
+    Output goes to files, not pipes, so that a chatty worker never blocks on a
+    full pipe while the bench is polling instead of reading.
+    """
+    with tempfile.TemporaryDirectory(prefix="fk-bench-out-") as scratch:
+        files = [
+            (open(Path(scratch) / f"{n}.out", "w+"), open(Path(scratch) / f"{n}.err", "w+"))  # noqa: SIM115
+            for n in range(len(commands))
+        ]
+        started = time.perf_counter()
+        procs = [
+            subprocess.Popen(c, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+            for c, (out, err) in zip(commands, files, strict=True)
+        ]
+        try:
+            timing = None
+            if count is not None:
+                timing = _poll_window(count, total, started, lambda: any(proc.poll() is None for proc in procs))
+            for proc in procs:
+                proc.wait(timeout=DRAIN_TIMEOUT)
+            if timing is None:
+                timing = Timing(time.perf_counter() - started)
+            outputs = []
+            for proc, (out, err) in zip(procs, files, strict=True):
+                out.seek(0)
+                err.seek(0)
+                if proc.returncode != 0:
+                    raise BenchError(f"{' '.join(proc.args)}: exit {proc.returncode}: {err.read().strip()[-2000:]}")  # type: ignore[arg-type]
+                outputs.append(out.read())
+            return timing, outputs
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for out, err in files:
+                out.close()
+                err.close()
+
+
+def _fencekeeper_succeeded(target: FencekeeperTarget, server: Server | None) -> Callable[[], int]:
+    query = "SELECT count(*) FROM {}objects WHERE object_type = 'WorkflowExecution' AND state = 'succeeded'"
+    if server is not None and target.schema is not None:
+        sql = query.format(f"{target.schema}.")
+        return lambda: int(server.scalar(sql))
+    return _sqlite_count(target.url, query.format(""))
+
+
+def _sqlite_count(path: str, sql: str) -> Callable[[], int]:
+    def count() -> int:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as conn:
+                return int(conn.execute(sql).fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0  # busy, or not created yet: ask again at the next poll
+
+    return count
 
 
 def fencekeeper_drain(
@@ -365,8 +463,11 @@ def fencekeeper_drain(
         admit_seconds = admit(target, workload, executions)
         if server is not None:
             server.settle()
-        seconds, outputs = _run_all(
-            [worker_command(target, n, handler) for n in range(1, workers + 1)], _worker_env(directory)
+        timing, outputs = _run_all(
+            [worker_command(target, n, handler) for n in range(1, workers + 1)],
+            _worker_env(directory),
+            count=_fencekeeper_succeeded(target, server),
+            total=executions,
         )
         summaries = [json.loads(out) for out in outputs]
         succeeded = sum(s["finished"].get("succeeded", 0) for s in summaries)
@@ -375,7 +476,7 @@ def fencekeeper_drain(
             raise BenchError(
                 f"fencekeeper {workload} on {store}, {workers} workers: {succeeded} of {executions} succeeded; {problems[:3]}"
             )
-        return Drain("fencekeeper", workload, store, workers, executions, admit_seconds, seconds)
+        return Drain("fencekeeper", workload, store, workers, executions, admit_seconds, timing)
     finally:
         if server is not None and target.schema is not None:
             server.drop_schema(target.schema)
@@ -386,8 +487,8 @@ def fencekeeper_start(store: str, *, server: Server | None, directory: Path) -> 
     target = _fencekeeper_target(store, server, directory)
     try:
         connect.migrate(target.url, schema=target.schema)
-        seconds, _ = _run_all([worker_command(target, 1, NOOP_HANDLER)], _worker_env(directory))
-        return seconds
+        timing, _ = _run_all([worker_command(target, 1, NOOP_HANDLER)], _worker_env(directory))
+        return timing.seconds
     finally:
         if server is not None and target.schema is not None:
             server.drop_schema(target.schema)
@@ -415,46 +516,39 @@ def procrastinate_command(concurrency: int) -> list[str]:
 
 def procrastinate_drain(executions: int, concurrency: int, *, server: Server) -> Drain:
     """Defer ``executions`` no-op jobs one by one, ANALYZE, then time one ``procrastinate worker --one-shot``."""
-    import procrastinate  # noqa: PLC0415 - the bench extra; the fencekeeper side runs without it
 
-    from bench.e2e_procrastinate import app  # noqa: PLC0415
 
     schema = server.fresh_schema("procrastinate")
     dsn = _search_path_url(server.url, schema)
     try:
         server.conn.execute(f"CREATE SCHEMA {schema}")
-        with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
-            sync_app.schema_manager.apply_schema()
-            started = time.perf_counter()
-            for _ in range(executions):
-                sync_app.configure_task("noop").defer()
-            admit_seconds = time.perf_counter() - started
+        admit_seconds = _defer(dsn, executions)
         server.settle()
         env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
-        seconds, _ = _run_all([procrastinate_command(concurrency)], env)
-        done = server.scalar(f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'")
+        sql = f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'"
+        timing, _ = _run_all(
+            [procrastinate_command(concurrency)], env, count=lambda: int(server.scalar(sql)), total=executions
+        )
+        done = server.scalar(sql)
         if done != executions:
             raise BenchError(f"procrastinate, concurrency {concurrency}: {done} of {executions} jobs succeeded")
-        return Drain("procrastinate", "no-op job", "pg", concurrency, executions, admit_seconds, seconds)
+        return Drain("procrastinate", "no-op job", "pg", concurrency, executions, admit_seconds, timing)
     finally:
         server.drop_schema(schema)
 
 
 def procrastinate_start(*, server: Server) -> float:
     """Seconds one ``procrastinate worker --one-shot`` takes over an empty queue."""
-    import procrastinate  # noqa: PLC0415
 
-    from bench.e2e_procrastinate import app  # noqa: PLC0415
 
     schema = server.fresh_schema("procrastinate")
     dsn = _search_path_url(server.url, schema)
     try:
         server.conn.execute(f"CREATE SCHEMA {schema}")
-        with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
-            sync_app.schema_manager.apply_schema()
+        _defer(dsn, 0)
         env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
-        seconds, _ = _run_all([procrastinate_command(1)], env)
-        return seconds
+        timing, _ = _run_all([procrastinate_command(1)], env)
+        return timing.seconds
     finally:
         server.drop_schema(schema)
 
@@ -473,16 +567,7 @@ def _dbos_succeeded(store: str, url: str, schema: str, server: Server | None) ->
     if store == "pg":
         assert server is not None
         return lambda: int(server.scalar(f"SELECT count(*) FROM {schema}.workflow_status WHERE status = 'SUCCESS'"))
-    path = url.removeprefix("sqlite:///")
-
-    def count() -> int:
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as conn:
-                return int(conn.execute("SELECT count(*) FROM workflow_status WHERE status = 'SUCCESS'").fetchone()[0])
-        except sqlite3.OperationalError:
-            return 0  # busy, or not created yet: ask again at the next poll
-
-    return count
+    return _sqlite_count(url.removeprefix("sqlite:///"), "SELECT count(*) FROM workflow_status WHERE status = 'SUCCESS'")
 
 
 def dbos_drain(
@@ -498,26 +583,22 @@ def dbos_drain(
         if server is not None:
             server.settle()
         succeeded = _dbos_succeeded(store, url, schema, server)
-        started = time.perf_counter()
-        proc = subprocess.Popen(
-            [*module, "drain", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        log = directory / f"dbos-{schema}-{uuid.uuid4().hex[:6]}.err"
+        with log.open("w") as err:
+            started = time.perf_counter()
+            proc = subprocess.Popen([*module, "drain", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
         try:
-            while (done := succeeded()) < executions:
-                if proc.poll() is not None:
-                    raise BenchError(f"dbos {workload} on {store}: the worker exited: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-                if time.perf_counter() - started > DRAIN_TIMEOUT:
-                    raise BenchError(f"dbos {workload} on {store}: {done} of {executions} after {DRAIN_TIMEOUT:.0f} s")
-                time.sleep(0.02)
-            seconds = time.perf_counter() - started
+            timing = _poll_window(succeeded, executions, started, lambda: proc.poll() is None)
+        except BenchError as exc:
+            raise BenchError(f"dbos {workload} on {store}: {exc}: {log.read_text()[-2000:]}") from None
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.communicate(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.communicate()
-        return Drain("dbos", workload, store, concurrency, executions, admit_seconds, seconds)
+                proc.wait()
+        return Drain("dbos", workload, store, concurrency, executions, admit_seconds, timing)
     finally:
         if server is not None:
             server.drop_schema(schema)
@@ -564,6 +645,14 @@ def traced(argv: Sequence[str]) -> int:
         from fencekeeper.adapters.cli import main as fencekeeper_main  # noqa: PLC0415
 
         return fencekeeper_main(rest)
+    if program == "admit":
+        url, schema, workload, count = rest
+        admit(FencekeeperTarget(url, schema), workload, int(count))
+        return 0
+    if program == "defer":
+        dsn, count = rest
+        _defer(dsn, int(count))
+        return 0
     from procrastinate.cli import main as procrastinate_main  # noqa: PLC0415
 
     sys.argv = ["procrastinate", *rest]
@@ -616,6 +705,40 @@ def count_trace(directory: Path) -> TraceCount:
     return TraceCount(round_trips, statements, transactions)
 
 
+def _defer(dsn: str, count: int) -> float:
+    """Apply Procrastinate's schema at ``dsn``, then defer ``count`` no-op jobs one by one; the seconds the defers took."""
+    import procrastinate  # noqa: PLC0415 - the bench extra
+
+    from bench.e2e_procrastinate import app  # noqa: PLC0415
+
+    with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
+        sync_app.schema_manager.apply_schema()
+        started = time.perf_counter()
+        for _ in range(count):
+            sync_app.configure_task("noop").defer()
+        return time.perf_counter() - started
+
+
+def count_admissions(system: str, executions: int, *, server: Server, directory: Path) -> Counted:
+    """Round trips per admission: ``service.run`` (two-node) or Procrastinate's ``defer``, traced, N minus none."""
+    counts = []
+    for n in (0, executions):
+        schema = server.fresh_schema("fk" if system == "fencekeeper" else "procrastinate")
+        try:
+            if system == "fencekeeper":
+                args = ["admit", server.url, schema, "two-node", str(n)]
+            else:
+                server.conn.execute(f"CREATE SCHEMA {schema}")
+                args = ["defer", _search_path_url(server.url, schema), str(n)]
+            trace_dir = directory / f"trace-{args[0]}-{n}-{uuid.uuid4().hex[:6]}"
+            counts.append(_traced_run(["python", *args[1:]], args[0], _worker_env(directory), trace_dir))
+        finally:
+            server.drop_schema(schema)
+    d = counts[1] - counts[0]
+    what = "service.run" if system == "fencekeeper" else "defer"
+    return Counted(system, what, executions, d.round_trips / executions, d.statements / executions, d.transactions / executions)
+
+
 def _traced_run(command: Sequence[str], program: str, env: dict[str, str], directory: Path) -> TraceCount:
     directory.mkdir(parents=True)
     _run_all([[sys.executable, "-m", "bench.e2e", "--traced", str(directory), program, *command[1:]]], env)
@@ -643,9 +766,7 @@ def count_fencekeeper(workload: str, executions: int, *, server: Server, directo
 
 def count_procrastinate(executions: int, *, server: Server, directory: Path) -> Counted:
     """Round trips per job of one traced ``procrastinate worker --one-shot`` (concurrency 1): N minus none."""
-    import procrastinate  # noqa: PLC0415
 
-    from bench.e2e_procrastinate import app  # noqa: PLC0415
 
     counts = []
     for n in (0, executions):
@@ -653,10 +774,7 @@ def count_procrastinate(executions: int, *, server: Server, directory: Path) -> 
         dsn = _search_path_url(server.url, schema)
         try:
             server.conn.execute(f"CREATE SCHEMA {schema}")
-            with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
-                sync_app.schema_manager.apply_schema()
-                for _ in range(n):
-                    sync_app.configure_task("noop").defer()
+            _defer(dsn, n)
             env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
             trace_dir = directory / f"trace-procrastinate-{n}-{uuid.uuid4().hex[:6]}"
             counts.append(_traced_run(procrastinate_command(1), "procrastinate", env, trace_dir))
@@ -744,15 +862,17 @@ def run(plan: Plan, *, out: Callable[[str], None] = print) -> dict[str, Any]:
                     drain = step()
                     drains.append((number, drain))
                     out(
-                        f"  {label:<40} admitted {drain.admit_rate:8.1f}/s   drained {drain.executions:5d} in "
-                        f"{drain.seconds:6.2f} s = {drain.rate:8.1f}/s"
+                        f"  {label:<40} admitted {drain.admit_rate:7.1f}/s   drained {drain.executions:5d} in "
+                        f"{drain.seconds:6.2f} s = {drain.rate:7.1f}/s   steady {drain.steady_rate:7.1f}/s"
                     )
         if server is not None and plan.count_executions > 0:
             if "fencekeeper" in plan.systems:
                 for workload in plan.workloads:
                     counted.append(count_fencekeeper(workload, plan.count_executions, server=server, directory=directory))
+                counted.append(count_admissions("fencekeeper", plan.count_executions, server=server, directory=directory))
             if "procrastinate" in plan.systems:
                 counted.append(count_procrastinate(plan.count_executions, server=server, directory=directory))
+                counted.append(count_admissions("procrastinate", plan.count_executions, server=server, directory=directory))
     return {"drains": drains, "starts": starts, "counted": counted}
 
 
@@ -777,7 +897,24 @@ ROUND_TRIP_TARGET = 12.0
 
 
 def _value(drain: Drain, how: str) -> float:
-    return drain.admit_rate if how == "admit" else drain.rate
+    return {"admit": drain.admit_rate, "rate": drain.rate, "steady": drain.steady_rate}[how]
+
+
+def _ratio(drains: list[tuple[int, Drain]], ours: Key, reference: Key, how: str) -> tuple[float, float, float] | None:
+    """Ours, the reference and the median of the rounds' own ratios; None when no round measured both."""
+    pairs: list[tuple[float, float]] = []
+    for number in sorted({n for n, _ in drains}):
+        mine = [_value(d, how) for n, d in drains if n == number and _matches(d, ours)]
+        theirs = [_value(d, how) for n, d in drains if n == number and _matches(d, reference)]
+        if mine and theirs and statistics.median(theirs) > 0:
+            pairs.append((statistics.median(mine), statistics.median(theirs)))
+    if not pairs:
+        return None
+    return (
+        statistics.median(a for a, _ in pairs),
+        statistics.median(b for _, b in pairs),
+        statistics.median(a / b for a, b in pairs),
+    )
 
 
 def _matches(drain: Drain, key: Key) -> bool:
@@ -791,37 +928,38 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
     for _, drain in drains:
         by_key.setdefault(drain.key, []).append(drain)
     out("")
-    out("medians over the rounds (drain: from the first worker's start to the queue empty, start-up included)")
-    out(f"{'system':<14}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}  rounds (drained/s)")
+    out("medians over the rounds. drained: from the first worker's start to the queue empty, start-up included;")
+    out("steady: from the first completion seen to the last (start-up left out); polled every 20 ms")
+    out(
+        f"{'system':<14}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
+        "  rounds (drained/s)"
+    )
     for (system, workload, store, workers), items in by_key.items():
         admitted = statistics.median(d.admit_rate for d in items)
         rate = statistics.median(d.rate for d in items)
+        steady = statistics.median(d.steady_rate for d in items)
         rounds = " / ".join(f"{d.rate:.0f}" for d in items)
-        out(f"{system:<14}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}  {rounds}")
+        out(f"{system:<14}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}{steady:>10.1f}  {rounds}")
     for label, seconds in result["starts"].items():
         out(f"{label}: {statistics.median(seconds):.2f} s (median of {len(seconds)})")
     out("")
     out("targets (ratio: median of the rounds' own ratios, ours / reference, both from the same round)")
     met = True
     for what, ours, reference, least, how in TARGETS:
-        pairs: list[tuple[float, float]] = []
-        for number in sorted({n for n, _ in drains}):
-            mine = [_value(d, how) for n, d in drains if n == number and _matches(d, ours)]
-            theirs = [_value(d, how) for n, d in drains if n == number and _matches(d, reference)]
-            if mine and theirs:
-                pairs.append((statistics.median(mine), statistics.median(theirs)))
-        if not pairs:
+        measured = _ratio(drains, ours, reference, how)
+        if measured is None:
             out(f"  {what}: not measured in this run")
             continue
-        ratio = statistics.median(a / b for a, b in pairs)
-        ours_v = statistics.median(a for a, _ in pairs)
-        ref_v = statistics.median(b for _, b in pairs)
+        ours_v, ref_v, ratio = measured
         if least is None:
             verdict = "no target"
         else:
             verdict = f"target >= {least:g}x: " + ("met" if ratio >= least else "NOT met")
             met = met and ratio >= least
-        out(f"  {what}: {ours_v:.1f} vs {ref_v:.1f}/s = {ratio:.2f}x ({verdict})")
+        without_start = ""
+        if how == "rate" and (s := _ratio(drains, ours, reference, "steady")) is not None:
+            without_start = f"; steady {s[0]:.1f} vs {s[1]:.1f}/s = {s[2]:.2f}x"
+        out(f"  {what}: {ours_v:.1f} vs {ref_v:.1f}/s = {ratio:.2f}x ({verdict}){without_start}")
     counted: list[Counted] = result["counted"]
     if counted:
         out("")
@@ -871,9 +1009,16 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
     parser.add_argument("--workers", type=_ints, help="fencekeeper worker processes on PostgreSQL (default 1,4,8)")
     parser.add_argument("--sqlite-workers", type=_ints, default=(1,), help="on SQLite, for both systems (default 1)")
     parser.add_argument("--peer-concurrency", type=_ints, default=(1, 8), help="Procrastinate's and DBOS's (default 1,8)")
-    parser.add_argument("--workloads", type=_choices(tuple(WORKFLOWS)), default=tuple(WORKFLOWS))
-    parser.add_argument("--systems", type=_choices(("fencekeeper", "procrastinate", "dbos")), default=("fencekeeper", "procrastinate", "dbos"))
-    parser.add_argument("--stores", type=_choices(("pg", "sqlite")), default=("pg", "sqlite"))
+    parser.add_argument(
+        "--workloads", type=_choices(tuple(WORKFLOWS)), default=tuple(WORKFLOWS), help="fencekeeper's (default: all three)"
+    )
+    parser.add_argument(
+        "--systems",
+        type=_choices(("fencekeeper", "procrastinate", "dbos")),
+        default=("fencekeeper", "procrastinate", "dbos"),
+        help="default: all three; procrastinate and dbos need the bench extra",
+    )
+    parser.add_argument("--stores", type=_choices(("pg", "sqlite")), default=("pg", "sqlite"), help="default: pg,sqlite")
     parser.add_argument(
         "--handler",
         default=NOOP_HANDLER,

@@ -48,7 +48,7 @@ def test_worker_processes_drain_every_admitted_execution(tmp_path: Path, workloa
 def test_a_drain_whose_executions_did_not_succeed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "rejecting_handler.py").write_text(REJECTING_HANDLER, encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    with pytest.raises(e2e.BenchError, match="0 of 3 succeeded"):
+    with pytest.raises(e2e.BenchError, match="0 of 3"):
         e2e.fencekeeper_drain(
             "sqlite", "two-node", 3, 1, server=None, directory=tmp_path, handler="rejecting_handler:make"
         )
