@@ -22,6 +22,12 @@ Rules of this module:
   a cursor (a cursor costs ten times the rest).  psycopg's own preparing is
   off on the store's connections: it deallocates every prepared statement
   of a connection after any rollback, the store's too.
+- A transaction's ``BEGIN`` travels with its first statement, in libpq's
+  pipeline mode (:func:`_run` with ``begin``), and it ends through the
+  pool's connection context: COMMIT on a normal exit, ROLLBACK on any
+  exception, as ``conn.transaction()`` did.  A read of one statement
+  (``read_for_visit``, ``due_wakes``) runs outside a transaction block: the
+  server gives a single statement a transaction and a snapshot of its own.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
@@ -56,8 +62,10 @@ from typing import Any
 import psycopg
 from psycopg import generators, pq
 from psycopg import sql as pgsql
+from psycopg.abc import Buffer, PQGen
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.waiting import Wait
 from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import protocol as p
@@ -521,8 +529,14 @@ class _Session:
 _SESSIONS: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Session] = weakref.WeakKeyDictionary()
 
 
-def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[object]) -> _Rows:
+def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[object], *, begin: bool = False) -> _Rows:
     """Run one statement of the store: prepared on its first run on ``conn``, then executed by name.
+
+    With ``begin``, the statement opens the transaction: ``BEGIN`` and the
+    statement go to the server together, in libpq's pipeline mode, and come
+    back together: one round trip where ``BEGIN`` alone took one of its own.
+    The server runs them in order, so the statement runs inside the
+    transaction exactly as if ``BEGIN`` had been awaited first.
 
     This is what a psycopg cursor does, less what the store does not need:
     ``conn.execute`` spends about 35 us of Python on every statement (a new
@@ -551,15 +565,60 @@ def _run(conn: psycopg.Connection[Any], sql: str, params: Sequence[object]) -> _
             pgconn.send_prepare(name, query, param_types=types)
             _result(conn, session, conn.wait(generators.execute(pgconn)))
             session.names[key] = name
-        if name is None:
-            pgconn.send_query_params(query, values, param_types=types, param_formats=tx.formats, result_format=_BINARY)
+        if begin:
+            pgconn.enter_pipeline_mode()
+            try:
+                pgconn.send_query_params(b"BEGIN", None)
+                _send_statement(pgconn, name, query, values=values, types=types, formats=tx.formats)
+                pgconn.pipeline_sync()
+                results = conn.wait(_pipelined(pgconn))
+            except BaseException:
+                # Cut short (a lost connection, an interrupt): results are left
+                # unread in pipeline mode, so the connection cannot be used
+                # again.  Closed, the pool replaces it; the server rolls back.
+                conn.close()
+                raise
+            # Every result was read up to the sync (an error in the statement is one of them).
+            pgconn.exit_pipeline_mode()
         else:
-            pgconn.send_query_prepared(name, values, param_formats=tx.formats, result_format=_BINARY)
-        result = _result(conn, session, conn.wait(generators.execute(pgconn)))
+            _send_statement(pgconn, name, query, values=values, types=types, formats=tx.formats)
+            results = conn.wait(generators.execute(pgconn))
+        result = _result(conn, session, results)
     tx.set_pgresult(result)
     rows = tx.load_rows(0, result.ntuples, tuple)
     count = result.command_tuples
     return _Rows(rows, -1 if count is None else count)
+
+
+def _send_statement(
+    pgconn: pq.abc.PGconn,
+    name: bytes | None,
+    query: bytes,
+    *,
+    values: Sequence[Buffer | None],
+    types: Sequence[int],
+    formats: Sequence[pq.Format] | None,
+) -> None:
+    if name is None:
+        pgconn.send_query_params(query, values, param_types=types, param_formats=formats, result_format=_BINARY)
+    else:
+        pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
+
+
+def _pipelined(pgconn: pq.abc.PGconn) -> PQGen[list[pq.abc.PGresult]]:
+    """Every result of the commands sent in pipeline mode up to their sync, in order (errors included)."""
+    yield from generators.send(pgconn)
+    results: list[pq.abc.PGresult] = []
+    while True:
+        while pgconn.is_busy():
+            yield Wait.R
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            continue  # the end of one command's results
+        if result.status == pq.ExecStatus.PIPELINE_SYNC:
+            return results
+        results.append(result)
 
 
 def _result(conn: psycopg.Connection[Any], session: _Session, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
@@ -671,10 +730,14 @@ class _PostgresBackend(SqlBackend):
     revisions_carry_transitions = True
     _collecting: list[tuple[str, _Deferred]] | None = None
 
-    def __init__(self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool, *, begin: bool = False
+    ) -> None:
         super().__init__(conn)
         self.business_id = business_id
         self.database_clock = database_clock
+        # True until the transaction's first statement: that one carries BEGIN (_run).
+        self._begin = begin
         self.made_eligible = False
         self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
         # The time read by the statement that took this transaction's locks,
@@ -706,14 +769,17 @@ class _PostgresBackend(SqlBackend):
         if not parts:
             return
         counts = [0] * len(parts)
-        for (part,) in _run(self.conn, _one_statement(tuple(sql for sql, _ in parts)), self._params).rows:
+        begin, self._begin = self._begin, False
+        statement = _one_statement(tuple(sql for sql, _ in parts))
+        for (part,) in _run(self.conn, statement, self._params, begin=begin).rows:
             counts[part] += 1
         for (_, deferred), count in zip(parts, counts, strict=True):
             deferred.rowcount = count
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         if self._collecting is None:
-            return _run(self.conn, self._sql(sql), params)
+            begin, self._begin = self._begin, False
+            return _run(self.conn, self._sql(sql), params, begin=begin)
         deferred = _Deferred()
         self._collecting.append((self._sql(sql), deferred))
         self._params.extend(params)
@@ -917,8 +983,12 @@ class PostgresStore(TransactionalStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                backend = _PostgresBackend(conn, self.business_id, self._database_clock)
+            # The pool's connection context commits on a normal exit and rolls
+            # back on any exception, as conn.transaction() did; BEGIN goes to
+            # the server with the transaction's first statement (_run), so it
+            # costs no round trip of its own.
+            with self._pool.connection() as conn:
+                backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
                 yield backend
                 if backend.made_eligible:
                     conn.execute(pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
