@@ -22,6 +22,12 @@ Rules of this module:
   a cursor (a cursor costs ten times the rest).  psycopg's own preparing is
   off on the store's connections: it deallocates every prepared statement
   of a connection after any rollback, the store's too.
+- A transaction's ``BEGIN`` travels with its first statement, in libpq's
+  pipeline mode (:func:`_run` with ``begin``), and it ends through the
+  pool's connection context: COMMIT on a normal exit, ROLLBACK on any
+  exception, as ``conn.transaction()`` did.  A read of one statement
+  (``read_for_visit``, ``due_wakes``) runs outside a transaction block: the
+  server gives a single statement a transaction and a snapshot of its own.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
@@ -794,10 +800,14 @@ class _PostgresBackend(SqlBackend):
     revisions_carry_transitions = True
     _collecting: list[tuple[str, _Deferred]] | None = None
 
-    def __init__(self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool, *, begin: bool = False
+    ) -> None:
         super().__init__(conn)
         self.business_id = business_id
         self.database_clock = database_clock
+        # True until the transaction's first statement: that one carries BEGIN (_run).
+        self._begin = begin
         self.made_eligible = False
         self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
         # The time read by the statement that took this transaction's locks,
@@ -829,14 +839,21 @@ class _PostgresBackend(SqlBackend):
         if not parts:
             return
         counts = [0] * len(parts)
-        for (part,) in _run(self.conn, _one_statement(tuple(sql for sql, _ in parts)), self._params).rows:
+        begin = self._opening()
+        statement = _one_statement(tuple(sql for sql, _ in parts))
+        for (part,) in _run(self.conn, statement, self._params, begin=begin).rows:
             counts[part] += 1
         for (_, deferred), count in zip(parts, counts, strict=True):
             deferred.rowcount = count
 
+    def _opening(self) -> bool:
+        """Whether the next statement must carry BEGIN: the transaction's first, where none is open yet."""
+        begin, self._begin = self._begin, False
+        return begin and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         if self._collecting is None:
-            return _run(self.conn, self._sql(sql), params)
+            return _run(self.conn, self._sql(sql), params, begin=self._opening())
         deferred = _Deferred()
         self._collecting.append((self._sql(sql), deferred))
         self._params.extend(params)
@@ -1050,8 +1067,15 @@ class PostgresStore(TransactionalStore):
         return self._pool.connection()
 
     def _begun(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
-        """A transaction on ``conn``: committed on normal exit, rolled back on any exception."""
-        return conn.transaction()  # type: ignore[no-any-return]
+        """What opens the transaction on ``conn`` before its first statement.
+
+        Nothing, here: the first statement carries ``BEGIN`` (``_run``) and the
+        pool's connection context ends the transaction.  A store that opens it
+        otherwise (the asyncio store's ``conn.transaction()``) is seen by the
+        backend, which then sends no second ``BEGIN``.
+        """
+        del conn
+        return contextlib.nullcontext()
 
     def _statement(self, conn: Any, statement: Any, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         """A statement outside the store's prepared ones (session and schema checks); its rows."""
@@ -1064,8 +1088,12 @@ class PostgresStore(TransactionalStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
         try:
+            # BEGIN goes to the server with the transaction's first statement
+            # (_run's begin), so it costs no round trip of its own; the pool's
+            # connection context commits on a normal exit and rolls back on any
+            # exception, as conn.transaction() did.
             with self._pooled() as conn, self._begun(conn):
-                backend = _PostgresBackend(conn, self.business_id, self._database_clock)
+                backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
                 yield backend
                 if backend.made_eligible:
                     self._statement(conn, pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))

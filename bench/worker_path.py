@@ -10,7 +10,9 @@ postgresql://postgres@127.0.0.1:5432/test; skipped when unreachable).
    execution, counted by :mod:`fencekeeper.adapters.testing.roundtrips`
    after a warm-up, so statements prepared once per connection are not
    counted.  Counting is not timing: these figures do not depend on load.
-2. Throughput.  ``--executions`` are admitted through ``service.run``, then
+2. In-process throughput: the same worker, timed (after a warm-up)
+   draining ``--executions``, beside the bare commit loop below.
+3. Throughput.  ``--executions`` are admitted through ``service.run``, then
    1 or 8 ``fencekeeper worker --until-idle`` processes (each one thread)
    drain them; the time runs from the start of the processes to the exit of
    the last, start-up included, as a user pays it.  The reference, in the
@@ -186,6 +188,18 @@ def per_execution(backend: str, workflow: str, count: int, warm: int = 5) -> tup
         return tally.round_trips / count, tally.transactions / count
 
 
+def in_process(backend: str, workflow: str, count: int) -> float:
+    """Executions/s of one in-process worker draining ``count`` (no process start-up; a warm-up first)."""
+    with opened(backend) as (store, _):
+        worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), NoopHandler(), business_id=BUSINESS)
+        admit(store, workflow, 5)
+        drain(worker)
+        admit(store, workflow, count)
+        started = time.perf_counter()
+        assert drain(worker) == count
+        return count / (time.perf_counter() - started)
+
+
 def bare_commits(backend: str, count: int) -> float:
     """Commits/s of one small UPDATE per transaction on one connection."""
     if backend == "postgresql":
@@ -261,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflow", choices=sorted(WORKFLOWS), nargs="+", default=list(WORKFLOWS))
     parser.add_argument("--count-only", action="store_true", help="print the round-trip counts only")
     parser.add_argument("--no-count", action="store_true", help="skip the round-trip counts")
+    parser.add_argument("--in-process-only", action="store_true", help="skip the worker processes")
     args = parser.parse_args(argv)
     backends = [b for b in args.backend if b != "postgresql" or _pg_reachable()]
     print(f"fencekeeper bench: the worker path; python {sys.version.split()[0]}, psycopg {psycopg.__version__}")
@@ -272,6 +287,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{backend:<10} {workflow:<9} in-process worker: {trips:5.1f} {unit}, "
                   f"{transactions:4.1f} transactions per execution")
     if args.count_only:
+        return 0
+    print()
+    for backend in backends:
+        for workflow in args.workflow:
+            rates: list[float] = []
+            bare: list[float] = []
+            for _ in range(args.rounds):
+                bare.append(bare_commits(backend, 2000))
+                rates.append(in_process(backend, workflow, args.executions))
+            print(_median_row(f"{backend} {workflow} in-process worker", rates, bare), flush=True)
+    if args.in_process_only:
         return 0
     print()
     for backend in backends:

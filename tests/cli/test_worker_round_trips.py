@@ -13,7 +13,7 @@ per connection):
 - everything else a pass does is a single statement: the due-timer lookup
   and one read per node visit; the definition revision comes from memory;
 - the whole path stays within the bound measured when it was made:
-  PostgreSQL 10 round trips per one-node execution and 19 per two-node one;
+  PostgreSQL 8 round trips per one-node execution and 15 per two-node one;
   SQLite 18 and 38 statements.  A change that adds a round trip fails here.
 """
 
@@ -83,7 +83,7 @@ error_code = "ship_failed"
 """
 
 # (workflow, write transactions, PostgreSQL round trips, SQLite statements) per execution.
-BOUNDS = {"one-node": (ONE_NODE, 2, 10, 18), "two-node": (TWO_NODE, 4, 19, 38)}
+BOUNDS = {"one-node": (ONE_NODE, 2, 8, 18), "two-node": (TWO_NODE, 4, 15, 38)}
 
 
 class _Handler:
@@ -152,8 +152,9 @@ def test_round_trips_per_execution_stay_within_the_bound(store: TransactionalSto
     bound = sqlite_bound if isinstance(store, SQLiteStore) else pg_bound
     assert tally.write_transactions == writes * COUNTED, tally
     assert tally.round_trips <= bound * COUNTED, (tally.round_trips / COUNTED, bound)
-    # The decisions are all there: not fewer round trips by skipping one.
-    assert tally.round_trips >= 2 * tally.write_transactions
+    # The decisions are all there: not fewer round trips by skipping one.  On PostgreSQL a decision is
+    # at least three (BEGIN with the locking read, the writes, COMMIT); on SQLite, BEGIN and COMMIT and more.
+    assert tally.round_trips >= 3 * tally.write_transactions
 
 
 def test_the_intent_is_committed_before_the_handler_is_called(store: TransactionalStore) -> None:
