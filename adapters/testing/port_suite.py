@@ -19,8 +19,9 @@ Rules every test here checks, through the port alone:
   ``lease_expires_at``, wake times, transition times) comes back with its
   microseconds, and every comparison with the store's time (due, expired,
   claimable) is exact to the microsecond.
-- **quarantine**, the sweep's form of recovery, decides exactly as
-  ``recover`` does.
+- **Recovery commands** replay by their identity, the older ones too
+  after a newer command moved the execution on; **quarantine**, the
+  sweep's form of recovery, decides exactly as ``recover`` does.
 """
 
 from __future__ import annotations
@@ -267,6 +268,20 @@ class PortTests(RequestTests):
         assert store.due_wakes() == []
         clock.set(due)
         assert store.due_wakes() == [p.WaitKey("e-timer", "n-wait", "a-t")]
+
+    def test_an_older_recovery_command_still_replays_after_a_newer_one(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        self.in_review(store, clock)  # q-1 quarantined e-1
+        quarantined = view(store, "e-1").recoveries[0]
+        failed = decided(store.recover(recovery_request(store, "e-1", p.RecoveryKind.FAIL, "f-1")))
+        older = p.RecoveryRequest(
+            "q-1", p.RecoveryKind.QUARANTINE_EXPIRED, "e-1", "b-1", quarantined.expected_revision, "ops", GRANTED
+        )
+        replay = unchanged(store, lambda: store.recover(older), p.UnchangedCode.RECOVERY_REPLAYED)
+        assert replay.record == quarantined
+        newer = recovery_request(store, "e-1", p.RecoveryKind.FAIL, "f-1", expected_revision=failed.guard.expected_revision)
+        assert unchanged(store, lambda: store.recover(newer), p.UnchangedCode.RECOVERY_REPLAYED).record == failed.recovery
 
     # --- quarantine, the sweep's recovery ----------------------------------------------------------
 
