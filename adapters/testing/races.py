@@ -48,15 +48,28 @@ from .suite import (
 from .suite import _event as event
 
 
+def _brief(outcome: object) -> str:
+    """An outcome in a few words: a Decision by what it wrote, a refusal by its code."""
+    if isinstance(outcome, p.Decision):
+        execution = outcome.execution
+        what = "evidence only" if execution is None else f"{execution.execution_id} -> {execution.state.value} r{execution.revision}"
+        lease = "" if outcome.lease is None else f", lease {outcome.lease.lease_token}"
+        return f"Decision({what}{lease})"
+    if isinstance(outcome, p.Refusal | p.Unchanged):
+        return f"{type(outcome).__name__}({outcome.code.value})"
+    return repr(outcome)
+
+
 def _one_winner(first: Raced, second: Raced) -> tuple[int, p.Decision, Any]:
     """Exactly one racer got a Decision: its index, its decision and the other racer's outcome."""
     outcomes = (first.value(), second.value())
     winners = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, p.Decision)]
     assert len(winners) == 1, (
-        f"two concurrent requests on the same rows were both applied ({outcomes[0]!r} and {outcomes[1]!r}): "
+        f"two concurrent requests on the same rows were both applied ({_brief(outcomes[0])} and "
+        f"{_brief(outcomes[1])}): "
         "the guard was not enforced when the second one committed"
         if len(winners) == 2
-        else f"neither of two concurrent requests was applied: {outcomes!r}"
+        else f"neither of two concurrent requests was applied: {_brief(outcomes[0])}, {_brief(outcomes[1])}"
     )
     index = winners[0]
     return index, outcomes[index], outcomes[1 - index]
