@@ -12,10 +12,13 @@ a store written elsewhere:
   one ``store_factory`` fixture (a callable that takes a
   :class:`~fencekeeper.adapters.store.ManualClock` and returns a fresh,
   empty store reading its time from that clock) and the subclass inherits
-  the conformance tests;
-- :func:`run_store_state_machine`, which drives random request sequences
-  against the store and against a pure kernel model kept beside it
-  (:class:`StoreStateMachine`), comparing every outcome and every view.
+  every test: request by request, the port's less travelled parts, two
+  requests racing between their reads and their commits, and the stateful
+  comparison with a pure kernel model (:class:`StoreStateMachine`) under
+  a budget (:mod:`~fencekeeper.adapters.testing.budget`);
+- the pytest plugin (``pytest11`` entry point ``fencekeeper``), with which
+  a factory named on the command line is enough:
+  ``pytest --pyargs fencekeeper.adapters.testing.run_suite --fencekeeper-store mystore:make_store``.
 
 Example (a complete test module for a third-party store)::
 
@@ -23,7 +26,7 @@ Example (a complete test module for a third-party store)::
 
     import pytest
 
-    from fencekeeper.adapters.testing import StoreFactory, StoreTests, run_store_state_machine
+    from fencekeeper.adapters.testing import StoreFactory, StoreTests
     from mystore import MyStore
 
     class TestMyStore(StoreTests):
@@ -32,16 +35,32 @@ Example (a complete test module for a third-party store)::
             names = itertools.count()
             return lambda clock: MyStore(tmp_path / f"{next(names)}.db", clock=clock)
 
-    def test_stateful_matches_kernel_model(tmp_path):
-        names = itertools.count()
-        run_store_state_machine(lambda clock: MyStore(tmp_path / f"m{next(names)}.db", clock=clock))
+docs/conformance.md (The Python store suite) has the rest: the second
+session the concurrency tests open, and the budget options.
 
-The suite needs pytest and Hypothesis (the ``dev`` extra); importing this
+The suite needs pytest and Hypothesis (``pip install 'fencekeeper[testing]'``); importing this
 package without them fails, which is the only cost to code that never
 imports it.
 """
 
-from .stateful import DEFAULT_SETTINGS, StoreStateMachine, run_store_state_machine
-from .suite import StoreFactory, StoreTests
+from .budget import BUDGETS, Budget
+from .concurrency import RendezvousClock, SessionOpener, race, reopen, same_session
+from .stateful import DEFAULT_SETTINGS, StoreStateMachine, normative, run_store_state_machine
+from .store_tests import StoreTests
+from .suite import StoreFactory
 
-__all__ = ["DEFAULT_SETTINGS", "StoreFactory", "StoreStateMachine", "StoreTests", "run_store_state_machine"]
+__all__ = [
+    "BUDGETS",
+    "DEFAULT_SETTINGS",
+    "Budget",
+    "RendezvousClock",
+    "SessionOpener",
+    "StoreFactory",
+    "StoreStateMachine",
+    "StoreTests",
+    "normative",
+    "race",
+    "reopen",
+    "run_store_state_machine",
+    "same_session",
+]

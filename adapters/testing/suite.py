@@ -58,6 +58,7 @@ import attrs
 import pytest
 
 from fencekeeper.adapters.store import Evidence, ExecutionView, ManualClock, Store, StoreError, VisitView
+from fencekeeper.adapters.testing.concurrency import RendezvousClock
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import Definition, DefinitionError, definition_from_mapping
@@ -347,20 +348,30 @@ def assert_coherent(found: ExecutionView) -> None:
 # --- the suite --------------------------------------------------------------------------------
 
 
-class StoreTests:
-    """Conformance tests for a store.  Subclass it and provide the ``store_factory`` fixture.
+class RequestTests:
+    """The request-by-request conformance tests (part of :class:`~fencekeeper.adapters.testing.StoreTests`).
 
     The class name does not start with ``Test``, so pytest collects only the
     subclasses, once per store.
     """
 
     @pytest.fixture
-    def store_factory(self) -> StoreFactory:
-        raise NotImplementedError("subclass StoreTests and provide a store_factory fixture")
+    def store_factory(self, request: pytest.FixtureRequest) -> StoreFactory:
+        """The store under test: override this fixture, or provide ``fencekeeper_store_factory`` (conftest)."""
+        try:
+            factory: StoreFactory = request.getfixturevalue("fencekeeper_store_factory")
+        except pytest.FixtureLookupError:
+            raise NotImplementedError(
+                "the store suite needs a store factory: override the store_factory fixture in the StoreTests "
+                "subclass, define a fencekeeper_store_factory fixture (conftest.py), or run pytest with "
+                "--fencekeeper-store module:callable (docs/conformance.md)"
+            ) from None
+        return factory
 
     @pytest.fixture
     def clock(self) -> ManualClock:
-        return ManualClock()
+        # A ManualClock that the concurrency tests can also use to hold two racers together.
+        return RendezvousClock()
 
     @pytest.fixture
     def store(self, store_factory: StoreFactory, clock: ManualClock) -> Iterator[Store]:
@@ -1492,8 +1503,8 @@ __all__ = [
     "LEASE",
     "LOAD_TEST_NODES",
     "RC",
+    "RequestTests",
     "StoreFactory",
-    "StoreTests",
     "admit",
     "assert_coherent",
     "claim",

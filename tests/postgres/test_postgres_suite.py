@@ -17,7 +17,7 @@ import pytest
 
 from fencekeeper.adapters.postgres_store import PostgresStore, migrate
 from fencekeeper.adapters.store import ManualClock
-from fencekeeper.adapters.testing import StoreFactory, StoreTests, run_store_state_machine
+from fencekeeper.adapters.testing import StoreFactory, StoreTests
 
 
 class _Schemas:
@@ -54,6 +54,3 @@ class TestPostgresStore(StoreTests):
     def store_factory(self, schemas: _Schemas) -> StoreFactory:
         return schemas
 
-
-def test_stateful_matches_kernel_model(schemas: _Schemas) -> None:
-    run_store_state_machine(schemas)

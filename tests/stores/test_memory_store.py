@@ -12,7 +12,7 @@ import pytest
 
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.store import ManualClock
-from fencekeeper.adapters.testing import StoreFactory, StoreTests, run_store_state_machine
+from fencekeeper.adapters.testing import StoreFactory, StoreTests
 
 
 def make_store(clock: ManualClock) -> MemoryStore:
@@ -24,6 +24,3 @@ class TestMemoryStore(StoreTests):
     def store_factory(self) -> StoreFactory:
         return make_store
 
-
-def test_stateful_matches_kernel_model() -> None:
-    run_store_state_machine(make_store)

@@ -16,7 +16,7 @@ import pytest
 
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ManualClock
-from fencekeeper.adapters.testing import StoreFactory, StoreTests, run_store_state_machine
+from fencekeeper.adapters.testing import StoreFactory, StoreTests
 
 
 def factory_in(directory: Path) -> StoreFactory:
@@ -33,6 +33,3 @@ class TestSQLiteStore(StoreTests):
     def store_factory(self, tmp_path: Path) -> StoreFactory:
         return factory_in(tmp_path)
 
-
-def test_stateful_matches_kernel_model(tmp_path: Path) -> None:
-    run_store_state_machine(factory_in(tmp_path))
