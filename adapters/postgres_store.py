@@ -567,7 +567,7 @@ class _Session:
     sent and the results read are the same, built by psycopg's generators.
     """
 
-    __slots__ = ("lock", "names", "transformer", "wait")
+    __slots__ = ("bridged", "lock", "names", "transformer")
 
     def __init__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         # By text and parameter types: psycopg dumps an int as the smallest
@@ -575,16 +575,22 @@ class _Session:
         # be prepared more than once.
         self.names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self.transformer = Transformer(conn)
-        self.wait: Callable[[Any], Any]
+        # Which wait to use, not a bound ``conn.wait``: the session must not
+        # hold its connection (it is the value of a weak-keyed map keyed by
+        # it), and the wait is looked up at each call, as psycopg's own is.
+        self.bridged = isinstance(conn, psycopg.AsyncConnection)
         self.lock: contextlib.AbstractContextManager[Any]
         if isinstance(conn, psycopg.AsyncConnection):
-            waiting = conn.wait
-            self.wait = lambda gen: bridge.await_only(waiting(gen))
             # A fresh entry per use: the asyncio lock is entered as the thread lock is.
             self.lock = _AsyncLock(conn.lock)
         else:
-            self.wait = conn.wait
             self.lock = conn.lock
+
+    def wait(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], gen: Any) -> Any:
+        """Run psycopg generator ``gen`` on ``conn``: in this thread, or on the event loop through the bridge."""
+        if self.bridged:
+            return bridge.await_only(conn.wait(gen))
+        return conn.wait(gen)
 
 
 class _AsyncLock:
@@ -645,7 +651,7 @@ def _run(
             # short may still exist on the server.
             name = f"fencekeeper_{next(_NAMES)}".encode()
             pgconn.send_prepare(name, query, param_types=types)
-            _result(conn, session, session.wait(generators.execute(pgconn)))
+            _result(conn, session, session.wait(conn, generators.execute(pgconn)))
             session.names[key] = name
         if begin:
             pgconn.enter_pipeline_mode()
@@ -657,7 +663,7 @@ def _run(
         if begin:
             result = _result(conn, session, _pipelined(conn, session))
         else:
-            result = _result(conn, session, session.wait(generators.execute(pgconn)))
+            result = _result(conn, session, session.wait(conn, generators.execute(pgconn)))
     tx.set_pgresult(result)
     rows = tx.load_rows(0, result.ntuples, tuple)
     count = result.command_tuples
@@ -669,7 +675,7 @@ def _pipelined(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], ses
     pgconn = conn.pgconn
     try:
         pgconn.pipeline_sync()
-        began, results = session.wait(_begin_and_one(pgconn))
+        began, results = session.wait(conn, _begin_and_one(pgconn))
         pgconn.exit_pipeline_mode()
         assert isinstance(results, list)
     except BaseException:
