@@ -39,6 +39,7 @@ from fencekeeper.kernel import operations as o
 
 from ..postgres_store import _check_schema_name, _one_line, _safe, check_schema
 from ..store import Clock, StoreError
+from ..outbox_rows import operation_row
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
 from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, from_row, to_row
@@ -72,7 +73,7 @@ _TIME = "timestamptz"
 _COLUMN_TYPES: dict[str, str] = {
     **dict.fromkeys((*COLUMNS, "input"), "text"),
     **dict.fromkeys(("action_version", "revision", "fence", "attempt_count"), "integer"),
-    **dict.fromkeys(("admitted_at", "deadline", "retain_until", "next_eligible_at", "lease_expires_at", "attempt_started_at", "due_at"), _TIME),
+    **dict.fromkeys(("admitted_at", "deadline", "retain_until", "next_eligible_at", "lease_expires_at", "attempt_started_at", "due_at", "ended_at"), _TIME),
     "requires_approval": "boolean",
 }
 
@@ -110,13 +111,17 @@ class _PgOpsTx(SqlTx):
         row = to_row(op, self.d)
         p = _Params()
         parts: list[str] = []
+        ended = decision.transition.at if op.outcome is not None else None
         if guard.expected_revision == 0:
-            columns = (*COLUMNS, "input")
-            values = p.row((*row, input_json if input_json is not None else "null"), [_COLUMN_TYPES[c] for c in columns])
+            columns = (*COLUMNS, "input", "ended_at")
+            values = p.row(
+                (*row, input_json if input_json is not None else "null", ended), [_COLUMN_TYPES[c] for c in columns]
+            )
             parts.append(f"u AS (INSERT INTO operations ({', '.join(columns)}) VALUES ({values}) RETURNING 1)")
         else:
             # Parameters are numbered in the order they are made: build the text in that order too.
             sets = ", ".join(f"{c} = {p(v, _COLUMN_TYPES[c])}" for c, v in zip(MUTABLE, row[9:], strict=True))
+            sets += f", ended_at = {p(ended, _TIME)}"
             where = f"operation_id = {p(guard.operation_id, 'text')}"
             where += f" AND revision = {p(guard.expected_revision, 'integer')}"
             where += f" AND fence = {p(guard.expected_fence, 'integer')}"
@@ -163,11 +168,14 @@ class _PgOpsTx(SqlTx):
             f"fence, reason) SELECT {values} FROM u)"
         )
         for k, message in enumerate(decision.outbox):
+            r = operation_row(op, t)
             values = p.row(
-                (message.message_id, message.operation_id, message.topic, message.at), ("text", "text", "text", _TIME)
+                (message.message_id, r.kind, r.subject_id, r.tenant, message.topic, message.at, r.payload),
+                ("text", "text", "text", "text", "text", _TIME, "text"),
             )
             parts.append(
-                f"m{k} AS (INSERT INTO operation_outbox (message_id, operation_id, topic, at) SELECT {values} FROM u)"
+                f"m{k} AS (INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload) "
+                f"SELECT {values} FROM u)"
             )
         sql = f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM u), {identity_written}"
         try:
@@ -229,6 +237,13 @@ class _PgOpsTx(SqlTx):
 
     def skip_locked(self) -> str:
         return " FOR UPDATE SKIP LOCKED"
+
+    def enter_pruning(self) -> None:
+        # Transaction-scoped: the mode ends with this transaction, and no other session sees it.
+        self.run("SELECT set_config('fencekeeper.pruning', 'on', true)", ())
+
+    def leave_pruning(self) -> None:
+        self.run("SELECT set_config('fencekeeper.pruning', '', true)", ())
 
 
 class PostgresOperationStore(TransactionalOperationStore):
