@@ -101,7 +101,7 @@ from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 
-from . import cli_journal, cli_ops, connect, demo, examples, observe, render, sequence, service
+from . import cli_journal, cli_ops, cli_outbox, connect, demo, examples, observe, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -345,6 +345,7 @@ def _parser() -> argparse.ArgumentParser:
 
     cli_journal.register(sub, common, data)
     cli_ops.add_parser(command)
+    cli_outbox.add_parsers(command, _db_option)
     return parser
 
 
@@ -462,6 +463,8 @@ def _run(args: argparse.Namespace) -> int:
         "check-spec": _check_spec,
         "journal": cli_journal.run,
         "op": cli_ops.run,
+        "export": cli_outbox.run_export,
+        "prune": cli_outbox.run_prune,
     }
     return handlers[args.command](args, out) or EXIT_OK
 

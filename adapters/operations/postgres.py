@@ -37,9 +37,9 @@ from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import operations as o
 
+from ..outbox_rows import operation_row
 from ..postgres_store import _check_schema_name, _one_line, _safe, check_schema
 from ..store import Clock, StoreError
-from ..outbox_rows import operation_row
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
 from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, from_row, to_row

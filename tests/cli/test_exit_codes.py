@@ -50,6 +50,8 @@ WITH_DB: dict[str, list[str]] = {
     "reconcile": ["po-1"],
     "migrate": [],
     "check": [],
+    "export": ["--sink", "stdout", "--until-idle"],
+    "prune": [],
 }
 CREATES = {"demo", "run", "migrate"}
 """These create a missing SQLite file; given one in a missing directory, they have nothing usable."""
