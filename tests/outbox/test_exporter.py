@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -159,10 +160,10 @@ def test_a_flush_failure_marks_nothing_exported(world: World, store: Transaction
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):
-    statuses: list[int] = []
-    received: list[tuple[str, dict[str, object]]] = []
+    statuses: ClassVar[list[int]] = []
+    received: ClassVar[list[tuple[str, dict[str, object]]]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         status = self.statuses.pop(0) if self.statuses else 200
         if status == 200:
