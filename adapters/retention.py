@@ -174,9 +174,11 @@ def prune(
 
     Runs each kind until a batch finds less than a full batch, in this
     order: result bodies, identities, transition history, Operations,
-    outbox.  ``max_batches`` bounds the transactions of this call (the
-    report says whether it finished); ``pause`` seconds between batches
-    leave the store to the workers.
+    outbox.  ``max_batches`` bounds the batches of this call that remove
+    something (the report says whether it finished; a batch that finds
+    nothing is not counted, so a resumed prune gets past the kinds already
+    done); ``pause`` seconds between full batches leave the store to the
+    workers.
     """
     windows = windows or RetentionWindows()
     if not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
@@ -193,12 +195,14 @@ def prune(
         (windows.outbox, _outbox),
     ]
     total = PruneReport()
+    spent = 0  # batches that removed something: a resumed prune re-checks the earlier kinds without using its budget
     for window, step in steps:
         while True:
-            if max_batches is not None and total.batches >= max_batches:
+            if max_batches is not None and spent >= max_batches:
                 return attrs.evolve(total, finished=False)
             report = _batch(store, window, step, batch_size)
             total = total + attrs.evolve(report, batches=1)
+            spent += _removed(report) > 0
             if _removed(report) < batch_size:
                 break
             if pause:
