@@ -130,9 +130,13 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
 
     if not (args.sink or args.parked or args.requeue or args.discard or args.status):
         raise StoreError("invalid_input", "one of --sink, --parked, --requeue, --discard or --status is required")
-    sink = outbox.open_sink(args.sink, timeout=args.timeout.total_seconds()) if args.sink else None
+    if args.sink:
+        outbox.check_sink(args.sink, timeout=args.timeout.total_seconds())
     store = _open(args)
+    sink = None
     try:
+        # Opened only once the store is: bad input creates no file.
+        sink = outbox.open_sink(args.sink, timeout=args.timeout.total_seconds()) if args.sink else None
         if args.parked:
             parked = outbox.parked_messages(store, limit=1000)
             if out.json_mode:

@@ -140,7 +140,9 @@ class WebhookSink:
 
     def __init__(self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
         if not url.startswith(("http://", "https://")):
-            raise StoreError("invalid_input", f"--sink: a webhook URL starts with http:// or https://, got {url!r}")
+            raise StoreError(
+                "invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {url!r}"
+            )
         if not 0 < timeout <= 600:
             raise StoreError("invalid_input", f"timeout: must be between 0 and 600 seconds, got {timeout}")
         self.url = url
@@ -518,6 +520,20 @@ def _error_text(exc: BaseException) -> str:
     return text if isinstance(exc, SinkError) else f"{type(exc).__name__}: {text}"
 
 
+def check_sink(spec: str, *, timeout: float = 10.0) -> None:
+    """Refuse a malformed sink spec (``invalid_input``) without opening anything."""
+    if spec in ("stdout", "-"):
+        return
+    if spec.startswith("file:"):
+        path = Path(spec[len("file:") :])
+        if not spec[len("file:") :]:
+            raise StoreError("invalid_input", "--sink: file: needs a path (file:PATH)")
+        if not path.parent.is_dir():
+            raise StoreError("invalid_input", f"--sink: directory {path.parent} does not exist")
+        return
+    WebhookSink(spec, timeout=timeout)
+
+
 def open_sink(spec: str, *, timeout: float = 10.0) -> Sink:
     """``stdout``, ``file:PATH`` or an ``http(s)://`` URL, as ``fencekeeper export --sink`` takes them."""
     if spec in ("stdout", "-"):
@@ -543,6 +559,7 @@ __all__ = [
     "Sink",
     "SinkError",
     "WebhookSink",
+    "check_sink",
     "discard",
     "open_sink",
     "outbox_status",

@@ -169,6 +169,8 @@ def prune(
     batch_size: int = 500,
     max_batches: int | None = None,
     pause: float = 0.0,
+    duty: float = 0.25,
+    time_limit: float | None = None,
 ) -> PruneReport:
     """Prune everything past its window, ``batch_size`` rows per transaction; returns what was removed.
 
@@ -177,8 +179,13 @@ def prune(
     outbox.  ``max_batches`` bounds the batches of this call that remove
     something (the report says whether it finished; a batch that finds
     nothing is not counted, so a resumed prune gets past the kinds already
-    done); ``pause`` seconds between full batches leave the store to the
-    workers.
+    done).  Between full batches it waits ``pause`` seconds, and at least
+    long enough that it holds the store no more than ``duty`` of the time
+    (a batch of 40 ms at the default 0.25 is followed by 120 ms of rest):
+    on SQLite a prune and the workers take turns at one write lock, and a
+    pruner that asked again at once would win it over the workers' busy
+    waits (bench/retention.py).  ``time_limit`` seconds: start no batch
+    after it (the report says whether it finished).
     """
     windows = windows or RetentionWindows()
     if not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
@@ -187,6 +194,8 @@ def prune(
         raise StoreError("invalid_input", f"max_batches: must be a positive integer, got {max_batches!r}")
     if pause < 0:
         raise StoreError("invalid_input", f"pause: must be zero or more seconds, got {pause!r}")
+    if not 0 < duty <= 1:
+        raise StoreError("invalid_input", f"duty: must be above 0 and at most 1, got {duty!r}")
     steps: list[tuple[timedelta, Callable[[SqlTx, datetime, datetime, int], PruneReport]]] = [
         (windows.results, _expire_results),
         (windows.identities, _identities),
@@ -194,19 +203,25 @@ def prune(
         (windows.operations, _operations),
         (windows.outbox, _outbox),
     ]
+    stop_at = None if time_limit is None else time.monotonic() + time_limit
     total = PruneReport()
     spent = 0  # batches that removed something: a resumed prune re-checks the earlier kinds without using its budget
     for window, step in steps:
         while True:
-            if max_batches is not None and spent >= max_batches:
+            if (max_batches is not None and spent >= max_batches) or (
+                stop_at is not None and time.monotonic() >= stop_at
+            ):
                 return attrs.evolve(total, finished=False)
+            started = time.monotonic()
             report = _batch(store, window, step, batch_size)
+            took = time.monotonic() - started
             total = total + attrs.evolve(report, batches=1)
             spent += _removed(report) > 0
             if _removed(report) < batch_size:
                 break
-            if pause:
-                time.sleep(pause)
+            rest = max(pause, took * (1 - duty) / duty)
+            if rest > 0:
+                time.sleep(rest)
     return total
 
 

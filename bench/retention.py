@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -84,14 +83,9 @@ def _fill(url: str, backlog: int) -> None:
 def _pruner(url: str, batch: int, seconds: float, barrier: Any, counts: mp.Queue) -> None:  # type: ignore[type-arg]
     store = open_operation_store(url, pool_size=1)
     barrier.wait()
-    deadline = time.monotonic() + seconds
-    removed = 0
-    while time.monotonic() < deadline:
-        report = prune(store, RetentionWindows(), batch_size=batch, max_batches=1)
-        removed += report.identities + report.transitions + report.attempts + report.operations + report.outbox
-        removed += report.results_expired
-        if report.finished:
-            break
+    report = prune(store, RetentionWindows(), batch_size=batch, time_limit=seconds)
+    removed = report.identities + report.transitions + report.attempts + report.operations + report.outbox
+    removed += report.results_expired
     store.close()
     counts.put(-removed - 1)  # negative: told apart from the workers' counts
 
