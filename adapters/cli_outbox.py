@@ -43,6 +43,16 @@ def _duration(text: str) -> timedelta:
     return timedelta(seconds=value * unit)
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -99,6 +109,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
     prune.add_argument("--max-batches", type=_count, metavar="N", help="stop after N transactions")
     prune.add_argument("--pause", type=_duration, default=timedelta(0), metavar="DURATION",
                        help="between batches (default 0)")  # fmt: skip
+    prune.add_argument("--duty", type=_fraction, default=0.25, metavar="FRACTION",
+                       help="the most of the time it may hold the store (default 0.25)")  # fmt: skip
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -205,7 +217,8 @@ def run_prune(args: argparse.Namespace, out: Output) -> int:
     store = _open(args)
     try:
         report = retention.prune(
-            store, windows, batch_size=args.batch, max_batches=args.max_batches, pause=args.pause.total_seconds()
+            store, windows, batch_size=args.batch, max_batches=args.max_batches, pause=args.pause.total_seconds(),
+            duty=args.duty,
         )
     finally:
         store.close()
