@@ -212,14 +212,12 @@ def prune(
                 stop_at is not None and time.monotonic() >= stop_at
             ):
                 return attrs.evolve(total, finished=False)
-            started = time.monotonic()
-            report = _batch(store, window, step, batch_size)
-            took = time.monotonic() - started
+            report, held = _batch(store, window, step, batch_size)
             total = total + attrs.evolve(report, batches=1)
             spent += _removed(report) > 0
             if _removed(report) < batch_size:
                 break
-            rest = max(pause, took * (1 - duty) / duty)
+            rest = max(pause, held * (1 - duty) / duty)
             if rest > 0:
                 time.sleep(rest)
     return total
@@ -230,15 +228,17 @@ def _batch(
     window: timedelta,
     step: Callable[[SqlTx, datetime, datetime, int], PruneReport],
     limit: int,
-) -> PruneReport:
+) -> tuple[PruneReport, float]:
+    """One batch, and how long it held the store (from its lock granted to its commit; not the wait for it)."""
     with store._transaction() as tx:  # the store's own transaction: its lock order, its clock
+        started = time.monotonic()
         if not isinstance(tx, SqlTx):
             raise StoreError("invalid_input", "pruning needs a SQL store (SQLite or PostgreSQL)")
         now = tx.now()
         tx.enter_pruning()
         report = step(tx, now - window, now, limit)
         tx.leave_pruning()
-        return report
+    return report, time.monotonic() - started
 
 
 __all__ = ["PruneReport", "RetentionWindows", "prune"]
