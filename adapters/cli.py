@@ -134,11 +134,12 @@ class CliError(Exception):
 # --- arguments ------------------------------------------------------------------------------
 
 
-# The journal, op, serve and conformance commands live in modules of their own
-# (cli_journal, cli_ops, cli_serve, cli_conformance), imported only when a
-# command line may need them: importing them (the journal's and durable
-# operations' kernels and stores) cost every `fencekeeper worker` about 0.13 s
-# of start-up for commands it never runs.
+# The journal, op, export, prune, serve and conformance commands live in
+# modules of their own (cli_journal, cli_ops, cli_outbox, cli_serve,
+# cli_conformance), imported only when a command line may need them:
+# importing them (the journal's and durable operations' kernels and stores)
+# cost every `fencekeeper worker` about 0.13 s of start-up for commands it
+# never runs.
 _LIGHT_COMMANDS = frozenset(
     {
         "demo", "run", "worker", "inspect", "list", "event", "decide", "cancel", "reconcile", "migrate", "check",
@@ -383,10 +384,11 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
 
     if groups:
-        from . import cli_conformance, cli_journal, cli_ops, cli_serve  # noqa: PLC0415 - see _GROUPS
+        from . import cli_conformance, cli_journal, cli_ops, cli_outbox, cli_serve  # noqa: PLC0415 - see _GROUPS
 
         cli_journal.register(sub, common, data)
         cli_ops.add_parser(command)
+        cli_outbox.add_parsers(command, _db_option)
         cli_serve.add_parser(command)
         cli_conformance.add_parser(command)
     return parser
@@ -506,6 +508,8 @@ def _run(args: argparse.Namespace) -> int:
         "check-spec": _check_spec,
         "journal": _journal,
         "op": _op,
+        "export": _export,
+        "prune": _prune,
         "serve": _serve,
         "conformance": _conformance,
     }
@@ -522,6 +526,18 @@ def _op(args: argparse.Namespace, out: Output) -> int:
     from . import cli_ops  # noqa: PLC0415 - see _GROUPS
 
     return cli_ops.run(args, out)
+
+
+def _export(args: argparse.Namespace, out: Output) -> int:
+    from . import cli_outbox  # noqa: PLC0415 - see _GROUPS
+
+    return cli_outbox.run_export(args, out)
+
+
+def _prune(args: argparse.Namespace, out: Output) -> int:
+    from . import cli_outbox  # noqa: PLC0415 - see _GROUPS
+
+    return cli_outbox.run_prune(args, out)
 
 
 def _serve(args: argparse.Namespace, out: Output) -> int:

@@ -55,7 +55,7 @@ from .sql import DEFINITION_TYPE, EXECUTION_TYPE
 from .store import definition_object_id
 
 OUTBOX_PROGRESS_COLUMNS = ("exported_at",)
-"""A column of ``operation_outbox`` that is NULL until the exporter has delivered the row."""
+"""A column of ``outbox`` that is NULL until the exporter has delivered the row."""
 
 _TERMINAL_EXECUTIONS = ("succeeded", "failed", "cancelled")
 
@@ -336,12 +336,15 @@ def _operations(
 
 
 def _outbox(execute: Execute, namespace: str, tenant: str, now: datetime, tables: set[str]) -> OutboxStatus | None:
-    if "operation_outbox" not in tables:
+    if "outbox" not in tables:
         return None
-    cursor = execute("SELECT * FROM operation_outbox WHERE 1 = 0", ())
+    cursor = execute("SELECT * FROM outbox WHERE 1 = 0", ())
     columns = {str(d[0]) for d in cursor.description or ()}
     cursor.fetchall()
-    scope = "FROM operation_outbox m JOIN operations o ON o.operation_id = m.operation_id WHERE o.namespace = ? AND o.tenant = ?"
+    scope = (
+        "FROM outbox m JOIN operations o ON m.kind = 'operation' AND o.operation_id = m.subject_id "
+        "WHERE o.namespace = ? AND o.tenant = ?"
+    )
     row = execute(f"SELECT count(*) {scope}", (namespace, tenant)).fetchone()
     total = int(row[0]) if row is not None else 0
     progress = next((c for c in OUTBOX_PROGRESS_COLUMNS if c in columns), None)

@@ -485,6 +485,125 @@ CREATE POLICY operation_outbox_tenant ON operation_outbox
     WITH CHECK (fencekeeper_operation_tenant(operation_id) = current_setting('fencekeeper.tenant', true));
 """,
     ),
+    (
+        10,
+        "outbox_and_pruning",
+        # One outbox for both subsystems (docs/operating.md, Exporting and
+        # pruning): every transition of an Operation or a workflow execution
+        # appends one row in its own transaction; the exporter owns the
+        # delivery columns (attempts .. exported_at), nothing may change what
+        # a row says.  operation_outbox's rows move over unchanged in order.
+        #
+        # Pruning and the append-only guarantee: history tables refuse UPDATE
+        # and refuse DELETE unless the deleting transaction set
+        # fencekeeper.pruning to 'on' (SET LOCAL: it ends with the
+        # transaction, and no other session sees it) AND the row belongs to
+        # work that has ended (an outbox row: has been exported).  Windows are
+        # the pruner's business; the triggers keep anything else, by mistake
+        # or by a pruner's bug, from deleting live history.
+        """
+-- Under migration 9's forced row-level security, a table owner without
+-- BYPASSRLS would see no Operation here and move nothing, silently; with
+-- row_security off such a reading is an error instead, and nothing commits.
+SET LOCAL row_security = off;
+CREATE TABLE outbox (
+    seq             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id      text NOT NULL UNIQUE,
+    kind            text NOT NULL CHECK (kind IN ('operation', 'execution')),
+    subject_id      text NOT NULL,
+    tenant          text,
+    topic           text NOT NULL,
+    at              timestamptz NOT NULL,
+    payload         text NOT NULL,
+    attempts        integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    next_attempt_at timestamptz,
+    claimed_by      text,
+    claimed_until   timestamptz,
+    last_error      text,
+    parked_at       timestamptz,
+    exported_at     timestamptz
+);
+CREATE INDEX outbox_pending ON outbox (seq) WHERE exported_at IS NULL;
+CREATE INDEX outbox_subject_pending ON outbox (kind, subject_id, seq) WHERE exported_at IS NULL;
+CREATE INDEX outbox_exported ON outbox (exported_at) WHERE exported_at IS NOT NULL;
+INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload)
+    SELECT m.message_id, 'operation', m.operation_id, o.tenant, m.topic, m.at,
+        json_build_object('kind', 'operation', 'operation_id', m.operation_id, 'topic', m.topic,
+            'at', to_char(m.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'tenant', o.tenant, 'namespace', o.namespace)::text
+    FROM operation_outbox m JOIN operations o ON o.operation_id = m.operation_id ORDER BY m.seq;
+DROP TABLE operation_outbox;
+CREATE FUNCTION fencekeeper_outbox_fixed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (NEW.seq, NEW.message_id, NEW.kind, NEW.subject_id, NEW.tenant, NEW.topic, NEW.at, NEW.payload)
+        IS DISTINCT FROM (OLD.seq, OLD.message_id, OLD.kind, OLD.subject_id, OLD.tenant, OLD.topic, OLD.at,
+            OLD.payload) THEN
+        RAISE EXCEPTION 'an outbox message never changes; only its delivery columns do'
+            USING ERRCODE = 'restrict_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER outbox_message_fixed BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION fencekeeper_outbox_fixed();
+
+ALTER TABLE operations ADD COLUMN ended_at timestamptz;
+ALTER TABLE operations ADD COLUMN result_expired_at timestamptz;
+UPDATE operations SET ended_at = (SELECT max(t.at) FROM operation_transitions t
+    WHERE t.operation_id = operations.operation_id) WHERE outcome IS NOT NULL;
+CREATE INDEX operations_ended ON operations (ended_at) WHERE outcome IS NOT NULL;
+CREATE FUNCTION fencekeeper_operation_stays_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.outcome IS NOT NULL AND (NEW.outcome, NEW.state, NEW.revision, NEW.ended_at)
+        IS DISTINCT FROM (OLD.outcome, OLD.state, OLD.revision, OLD.ended_at) THEN
+        RAISE EXCEPTION 'an ended operation never changes; pruning may only expire its result'
+            USING ERRCODE = 'restrict_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER operations_stay_ended BEFORE UPDATE ON operations
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_operation_stays_ended();
+CREATE TRIGGER operation_transitions_append_only BEFORE UPDATE ON operation_transitions
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_append_only();
+
+CREATE FUNCTION fencekeeper_prunable() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('fencekeeper.pruning', true), '') <> 'on' THEN
+        RAISE EXCEPTION '% rows are deleted only by pruning', TG_TABLE_NAME USING ERRCODE = 'restrict_violation';
+    END IF;
+    IF TG_TABLE_NAME = 'outbox' THEN
+        IF OLD.exported_at IS NULL THEN
+            RAISE EXCEPTION 'an outbox row is pruned only once exported' USING ERRCODE = 'restrict_violation';
+        END IF;
+    ELSIF TG_TABLE_NAME = 'operations' THEN
+        IF OLD.outcome IS NULL THEN
+            RAISE EXCEPTION 'an operation is pruned only once ended' USING ERRCODE = 'restrict_violation';
+        END IF;
+    ELSIF NOT EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = OLD.operation_id
+            AND o.outcome IS NOT NULL) THEN
+        RAISE EXCEPTION '% rows are pruned only for ended operations', TG_TABLE_NAME
+            USING ERRCODE = 'restrict_violation';
+    END IF;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER outbox_prunable BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION fencekeeper_prunable();
+CREATE TRIGGER operations_prunable BEFORE DELETE ON operations FOR EACH ROW EXECUTE FUNCTION fencekeeper_prunable();
+CREATE TRIGGER operation_identities_prunable BEFORE DELETE ON operation_identities
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_prunable();
+CREATE TRIGGER operation_attempts_prunable BEFORE DELETE ON operation_attempts
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_prunable();
+CREATE TRIGGER operation_transitions_prunable BEFORE DELETE ON operation_transitions
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_prunable();
+
+-- The tenant boundary of migration 9, carried over to the new table: an
+-- Operation's rows are its tenant's; a workflow execution's carry no tenant
+-- (the execution tables have no tenant policies), so they stay writable by
+-- every role that may write executions.
+ALTER TABLE outbox ENABLE ROW LEVEL SECURITY;
+ALTER TABLE outbox FORCE ROW LEVEL SECURITY;
+CREATE POLICY outbox_tenant ON outbox
+    USING (kind = 'execution' OR tenant = current_setting('fencekeeper.tenant', true))
+    WITH CHECK (kind = 'execution' OR tenant = current_setting('fencekeeper.tenant', true));
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -13,7 +13,8 @@ Rules of this module:
   :meth:`SqlBackend.write` return False, and the caller rolls the whole
   transaction back: nothing partial is ever visible.
 - Execution revisions, transition records, commands and evidence are only
-  ever inserted.
+  ever inserted.  Every transition record also appends its outbox row
+  (``outbox_rows``) in the same transaction.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
+from .outbox_rows import execution_row
 from .store import (
     Backend,
     Evidence,
@@ -79,6 +81,8 @@ class SqlBackend(Backend):
     dialect: ClassVar[Dialect]
     revisions_carry_transitions: ClassVar[bool] = False
     """Whether an execution revision row holds the transition that made it (SQLite, from migration 4)."""
+    writes_outbox: ClassVar[bool] = True
+    """Whether every transition record appends its outbox row (from SQLite migration 8, PostgreSQL 9)."""
     _spellings: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -445,7 +449,25 @@ class SqlBackend(Backend):
                     r.reason,
                 ),
             )
-        self._queue_evidence(eid, evidence, at, None if execution is None else execution.business_id)
+        business_id = None if execution is None else execution.business_id
+        for r in decision.evidence if self.writes_outbox else ():
+            # The transition's outbox row, in the same transaction (outbox_rows).
+            row = execution_row(r, business_id)
+            self._execute(
+                "INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload) VALUES "
+                "(?, ?, ?, COALESCE(?, (SELECT business_id FROM objects WHERE object_id = ?)), ?, ?, ?)",
+                (
+                    row.message_id,
+                    row.kind,
+                    row.subject_id,
+                    business_id,
+                    r.execution_id,
+                    row.topic,
+                    at if r.at is now else self.dialect.encode_time(r.at),
+                    row.payload,
+                ),
+            )
+        self._queue_evidence(eid, evidence, at, business_id)
 
     @staticmethod
     def _carried(

@@ -426,6 +426,85 @@ CREATE TABLE operation_outbox (
 );
 """,
     ),
+    (
+        8,
+        "outbox_and_pruning",
+        # One outbox for both subsystems (docs/operating.md, Exporting and
+        # pruning): every transition of an Operation or a workflow execution
+        # appends one row in its own transaction; the exporter owns the
+        # delivery columns (attempts .. exported_at), nothing may change what
+        # a row says.  operation_outbox's rows move over unchanged in order.
+        #
+        # Pruning and the append-only guarantee: history tables still refuse
+        # UPDATE, and refuse DELETE unless the deleting transaction holds a
+        # row of pruning_mode (written and removed inside the pruning
+        # transaction, so no other connection ever sees one: SQLite has one
+        # writer at a time) AND the row belongs to work that has ended (an
+        # outbox row: has been exported).  Windows are the pruner's business;
+        # the triggers keep anything else, by mistake or by a pruner's bug,
+        # from deleting live history.
+        """
+CREATE TABLE outbox (
+    seq             INTEGER PRIMARY KEY,
+    message_id      TEXT NOT NULL UNIQUE,
+    kind            TEXT NOT NULL CHECK (kind IN ('operation', 'execution')),
+    subject_id      TEXT NOT NULL,
+    tenant          TEXT,
+    topic           TEXT NOT NULL,
+    at              TEXT NOT NULL,
+    payload         TEXT NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    next_attempt_at TEXT,
+    claimed_by      TEXT,
+    claimed_until   TEXT,
+    last_error      TEXT,
+    parked_at       TEXT,
+    exported_at     TEXT
+);
+CREATE INDEX outbox_pending ON outbox (seq) WHERE exported_at IS NULL;
+CREATE INDEX outbox_subject_pending ON outbox (kind, subject_id, seq) WHERE exported_at IS NULL;
+CREATE INDEX outbox_exported ON outbox (exported_at) WHERE exported_at IS NOT NULL;
+INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload)
+    SELECT m.message_id, 'operation', m.operation_id, o.tenant, m.topic, m.at,
+        json_object('kind', 'operation', 'operation_id', m.operation_id, 'topic', m.topic, 'at', m.at,
+            'tenant', o.tenant, 'namespace', o.namespace)
+    FROM operation_outbox m JOIN operations o ON o.operation_id = m.operation_id ORDER BY m.seq;
+DROP TABLE operation_outbox;
+CREATE TRIGGER outbox_message_fixed BEFORE UPDATE OF seq, message_id, kind, subject_id, tenant, topic, at, payload
+ON outbox BEGIN SELECT RAISE(ABORT, 'an outbox message never changes; only its delivery columns do'); END;
+
+ALTER TABLE operations ADD COLUMN ended_at TEXT;
+ALTER TABLE operations ADD COLUMN result_expired_at TEXT;
+UPDATE operations SET ended_at = (SELECT max(t.at) FROM operation_transitions t
+    WHERE t.operation_id = operations.operation_id) WHERE outcome IS NOT NULL;
+CREATE INDEX operations_ended ON operations (ended_at) WHERE outcome IS NOT NULL;
+CREATE TRIGGER operations_stay_ended BEFORE UPDATE ON operations WHEN OLD.outcome IS NOT NULL AND (
+    NEW.outcome IS NOT OLD.outcome OR NEW.state IS NOT OLD.state OR NEW.revision IS NOT OLD.revision
+    OR NEW.ended_at IS NOT OLD.ended_at)
+BEGIN SELECT RAISE(ABORT, 'an ended operation never changes; pruning may only expire its result'); END;
+
+CREATE TABLE pruning_mode (holder TEXT PRIMARY KEY);
+CREATE TRIGGER outbox_no_delete BEFORE DELETE ON outbox
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR OLD.exported_at IS NULL
+BEGIN SELECT RAISE(ABORT, 'outbox rows are deleted only by pruning, once exported'); END;
+DROP TRIGGER operation_transitions_no_delete;
+CREATE TRIGGER operation_transitions_no_delete BEFORE DELETE ON operation_transitions
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT EXISTS (
+    SELECT 1 FROM operations o WHERE o.operation_id = OLD.operation_id AND o.outcome IS NOT NULL)
+BEGIN SELECT RAISE(ABORT, 'operation_transitions is append-only; only pruning deletes, and only of ended operations'); END;
+CREATE TRIGGER operation_attempts_no_delete BEFORE DELETE ON operation_attempts
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT EXISTS (
+    SELECT 1 FROM operations o WHERE o.operation_id = OLD.operation_id AND o.outcome IS NOT NULL)
+BEGIN SELECT RAISE(ABORT, 'operation_attempts are deleted only by pruning, and only of ended operations'); END;
+CREATE TRIGGER operation_identities_no_delete BEFORE DELETE ON operation_identities
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT EXISTS (
+    SELECT 1 FROM operations o WHERE o.operation_id = OLD.operation_id AND o.outcome IS NOT NULL)
+BEGIN SELECT RAISE(ABORT, 'operation_identities are deleted only by pruning, and only of ended operations'); END;
+CREATE TRIGGER operations_no_delete BEFORE DELETE ON operations
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR OLD.outcome IS NULL
+BEGIN SELECT RAISE(ABORT, 'operations are deleted only by pruning, and only once ended'); END;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -497,9 +497,7 @@ def _guard(operation: Operation, *, live: bool = False) -> Guard:
 
 
 def _outbox(operation: Operation, now: datetime) -> tuple[OutboxMessage, ...]:
-    """A terminal Operation gets one outbox message, committed with its transition."""
-    if operation.state not in OPERATION.terminal:
-        return ()
+    """Every transition gets one outbox message, committed with it; its id is the revision the transition made."""
     return (
         OutboxMessage(
             f"{operation.operation_id}/{operation.revision}",
@@ -710,7 +708,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
         identity=request.identity,
         expected_holder=existing.operation_id if existing is not None else None,
     )
-    return Decision(guard=guard, operation=operation, transition=record)
+    return Decision(guard=guard, operation=operation, transition=record, outbox=_outbox(operation, now))
 
 
 def expire(operation: Operation | None, now: datetime, actor: str = "system:deadline") -> Outcome:

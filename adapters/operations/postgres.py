@@ -60,6 +60,7 @@ from psycopg_pool import ConnectionPool
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import identifier_problem
 
+from ..outbox_rows import operation_row
 from ..postgres_store import _check_schema_name, _one_line, _run, _safe, check_schema
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
@@ -95,7 +96,7 @@ _TIME = "timestamptz"
 _COLUMN_TYPES: dict[str, str] = {
     **dict.fromkeys((*COLUMNS, "input"), "text"),
     **dict.fromkeys(("action_version", "revision", "fence", "attempt_count"), "integer"),
-    **dict.fromkeys(("admitted_at", "deadline", "retain_until", "next_eligible_at", "lease_expires_at", "attempt_started_at", "due_at"), _TIME),
+    **dict.fromkeys(("admitted_at", "deadline", "retain_until", "next_eligible_at", "lease_expires_at", "attempt_started_at", "due_at", "ended_at"), _TIME),
     "requires_approval": "boolean",
 }
 
@@ -105,10 +106,10 @@ def _slots(types: Sequence[str]) -> str:
     return ", ".join(f"?::{t}" for t in types)
 
 
-_NEW_COLUMNS = (*COLUMNS, "input")
+_NEW_COLUMNS = (*COLUMNS, "input", "ended_at")
 _ATTEMPT_TYPES = ("text", "integer", "text", "text", _TIME, _TIME, "text")
 _TRANSITION_TYPES = ("text", "integer", "text", "text", "text", _TIME, "text", "integer", "text")
-_OUTBOX_TYPES = ("text", "text", "text", _TIME)
+_OUTBOX_TYPES = ("text", "text", "text", "text", "text", _TIME, "text")
 
 
 @functools.lru_cache(maxsize=256)
@@ -124,7 +125,7 @@ def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbo
         values = _slots([_COLUMN_TYPES[c] for c in _NEW_COLUMNS])
         parts.append(f"u AS (INSERT INTO operations ({', '.join(_NEW_COLUMNS)}) VALUES ({values}) RETURNING 1)")
     else:
-        sets = ", ".join(f"{c} = ?::{_COLUMN_TYPES[c]}" for c in MUTABLE)
+        sets = ", ".join(f"{c} = ?::{_COLUMN_TYPES[c]}" for c in MUTABLE) + f", ended_at = ?::{_TIME}"
         where = "operation_id = ?::text AND revision = ?::integer AND fence = ?::integer"
         if live:
             where += f" AND clock_timestamp() < ?::{_TIME}"
@@ -155,7 +156,7 @@ def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbo
     )
     for k in range(outbox):
         parts.append(
-            f"m{k} AS (INSERT INTO operation_outbox (message_id, operation_id, topic, at) "
+            f"m{k} AS (INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload) "
             f"SELECT {_slots(_OUTBOX_TYPES)} FROM u)"
         )
     return f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM u), {identity_written}"
@@ -165,10 +166,12 @@ def _write_values(decision: o.Decision, input_json: str | None, live: bool, row:
     """The parameters of :func:`_write_sql`'s statement for ``decision``, in the order of its placeholders."""
     guard = decision.guard
     op = decision.operation
+    # When the Operation ended: what retention counts its windows from (migration outbox_and_pruning).
+    ended = decision.transition.at if op.outcome is not None else None
     if guard.expected_revision == 0:
-        values = [*row, input_json if input_json is not None else "null"]
+        values = [*row, input_json if input_json is not None else "null", ended]
     else:
-        values = [*row[9:], guard.operation_id, guard.expected_revision, guard.expected_fence]
+        values = [*row[9:], ended, guard.operation_id, guard.expected_revision, guard.expected_fence]
         if live:
             values.append(guard.live_until)
     if guard.identity is not None:
@@ -184,7 +187,8 @@ def _write_values(decision: o.Decision, input_json: str | None, live: bool, row:
     values += (t.operation_id, t.revision, None if t.event is None else t.event.value,
                None if t.from_state is None else t.from_state.value, t.to_state.value, t.at, t.actor, t.fence, t.reason)
     for message in decision.outbox:
-        values += (message.message_id, message.operation_id, message.topic, message.at)
+        r = operation_row(op, t)
+        values += (message.message_id, r.kind, r.subject_id, r.tenant, message.topic, message.at, r.payload)
     return values
 
 
@@ -293,6 +297,13 @@ class _PgOpsTx(SqlTx):
 
     def skip_locked(self) -> str:
         return " FOR UPDATE SKIP LOCKED"
+
+    def enter_pruning(self) -> None:
+        # Transaction-scoped: the mode ends with this transaction, and no other session sees it.
+        self.run("SELECT set_config('fencekeeper.pruning', 'on', true)", ())
+
+    def leave_pruning(self) -> None:
+        self.run("SELECT set_config('fencekeeper.pruning', '', true)", ())
 
 
 def _identity_key(identity: o.Identity) -> str:

@@ -13,7 +13,11 @@ Rules of this module:
   back (``base``).  Row locks (PostgreSQL) or the file's write lock
   (SQLite) make that rare; the guard is the second line of defence.
 - Attempts are upserted by ``(operation_id, number)``; transitions and
-  outbox messages are appended and never changed.
+  outbox messages are appended (one outbox row per transition,
+  ``outbox_rows``) and never changed.  ``ended_at`` is the time of the
+  transition that ended the Operation: the retention windows count from it.
+- Deleting anything is pruning's alone (``retention``): a transaction that
+  prunes enters the triggers' explicit mode first (``enter_pruning``).
 - The guarded context runs the application's statements on the same
   connection, in the same transaction, and refuses once it is closed.
   Statements are written with ``?`` placeholders on every store.
@@ -31,6 +35,7 @@ import attrs
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.machines import OperationEvent, OperationState
 
+from ..outbox_rows import OUTBOX_INSERT, operation_row
 from .base import Tx, due_at
 from .ports import GuardedContext, OperationView, StaleContext
 
@@ -295,18 +300,22 @@ class SqlTx(Tx):
         guard = decision.guard
         op = decision.operation
         row = to_row(op, self.d)
+        ended = self.d.time(decision.transition.at) if op.outcome is not None else None
         if guard.expected_revision == 0:
             placeholders = ", ".join("?" for _ in COLUMNS)
             try:
-                self.run(f"INSERT INTO operations ({', '.join(COLUMNS)}, input) VALUES ({placeholders}, ?)",
-                         (*row, input_json if input_json is not None else "null"))
+                self.run(
+                    f"INSERT INTO operations ({', '.join(COLUMNS)}, input, ended_at) VALUES ({placeholders}, ?, ?)",
+                    (*row, input_json if input_json is not None else "null", ended),
+                )
             except self.d.integrity_errors:
                 return False
         else:
             assignments = ", ".join(f"{c} = ?" for c in MUTABLE)
             changed = self.run(
-                f"UPDATE operations SET {assignments} WHERE operation_id = ? AND revision = ? AND fence = ?",
-                (*row[9:], guard.operation_id, guard.expected_revision, guard.expected_fence),
+                f"UPDATE operations SET {assignments}, ended_at = ? WHERE operation_id = ? AND revision = ? "
+                "AND fence = ?",
+                (*row[9:], ended, guard.operation_id, guard.expected_revision, guard.expected_fence),
             )
             if changed.rowcount != 1:
                 return False
@@ -361,10 +370,9 @@ class SqlTx(Tx):
             ),
         )
         for message in decision.outbox:
-            self.run(
-                "INSERT INTO operation_outbox (message_id, operation_id, topic, at) VALUES (?, ?, ?, ?)",
-                (message.message_id, message.operation_id, message.topic, self.d.time(message.at)),
-            )
+            r = operation_row(op, t)
+            self.run(OUTBOX_INSERT, (message.message_id, r.kind, r.subject_id, r.tenant, message.topic,
+                                     self.d.time(message.at), r.payload))
         return True
 
     def input_of(self, operation_id: str) -> str | None:
@@ -373,7 +381,15 @@ class SqlTx(Tx):
         row = self.run("SELECT input FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
         return None if row is None else str(row[0])
 
+    def enter_pruning(self) -> None:
+        """Let this transaction delete history rows of ended work (the triggers' explicit mode, SQLite)."""
+        self.run("INSERT INTO pruning_mode (holder) VALUES ('prune')", ())
+
+    def leave_pruning(self) -> None:
+        self.run("DELETE FROM pruning_mode", ())
+
     def prune_identities(self, limit: int) -> int:
+        self.enter_pruning()
         pruned = self.run(
             "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key) IN ("
             "SELECT i.namespace, i.tenant, i.principal, i.client_key FROM operation_identities i "
@@ -381,6 +397,7 @@ class SqlTx(Tx):
             "WHERE i.retain_until <= ? AND o.outcome IS NOT NULL LIMIT ?)",
             (self.d.encode_time(self.now()), limit),
         )
+        self.leave_pruning()
         return int(pruned.rowcount)
 
     # -- the guarded context ---------------------------------------------------------------------
@@ -438,12 +455,13 @@ class SqlTx(Tx):
     def read_outbox(self, after: str | None, limit: int) -> list[o.OutboxMessage]:
         if after is None:
             rows = self.run(
-                "SELECT message_id, operation_id, topic, at FROM operation_outbox ORDER BY seq LIMIT ?", (limit,)
+                "SELECT message_id, subject_id, topic, at FROM outbox WHERE kind = 'operation' ORDER BY seq LIMIT ?",
+                (limit,),
             ).fetchall()
         else:
             rows = self.run(
-                "SELECT message_id, operation_id, topic, at FROM operation_outbox WHERE seq > (SELECT seq FROM "
-                "operation_outbox WHERE message_id = ?) ORDER BY seq LIMIT ?",
+                "SELECT message_id, subject_id, topic, at FROM outbox WHERE kind = 'operation' AND seq > "
+                "(SELECT seq FROM outbox WHERE message_id = ?) ORDER BY seq LIMIT ?",
                 (after, limit),
             ).fetchall()
         return [o.OutboxMessage(str(r[0]), str(r[1]), str(r[2]), self.d.decode_time(r[3])) for r in rows]

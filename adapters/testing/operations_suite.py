@@ -248,7 +248,10 @@ class OperationStoreTests:
         )
         assert [a.state for a in record.attempts] == ["succeeded"]
         assert [line.to_state for line in world.service.history(op_id)] == ["admitted", "running", "succeeded"]
-        assert [m.topic for m in world.store.outbox() if m.operation_id == op_id] == ["operation.succeeded"]
+        # One outbox message per transition, in order, each named by the revision it made.
+        messages = [m for m in world.store.outbox() if m.operation_id == op_id]
+        assert [m.topic for m in messages] == ["operation.admitted", "operation.running", "operation.succeeded"]
+        assert [m.message_id for m in messages] == [f"{op_id}/1", f"{op_id}/2", f"{op_id}/3"]
 
     def test_a_failing_handler_leaves_the_tables_unchanged(self, world: World) -> None:
         op_id = world.transfer("k1", 500)

@@ -54,6 +54,8 @@ WITH_DB: dict[str, list[str]] = {
     "check": [],
     # Everything is checked before the server starts, so none of these cases serves.
     "serve": ["--auth", "tests.http.deployment", "--port", "1"],
+    "export": ["--sink", "stdout", "--until-idle"],
+    "prune": [],
 }
 CREATES = {"demo", "run", "migrate"}
 """These create a missing SQLite file; given one in a missing directory, they have nothing usable."""
@@ -227,7 +229,7 @@ def test_the_command_groups_load_only_when_a_command_line_may_need_them() -> Non
     """Every command is either defined in cli.py or a group; a plain command's parser leaves the groups out."""
     parser = cli._parser()
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op", "serve", "conformance"}
+    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op", "export", "prune", "serve", "conformance"}
     light = cli._parser(groups=False)
     [fewer] = [a for a in light._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(fewer.choices) == cli._LIGHT_COMMANDS

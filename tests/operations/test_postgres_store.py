@@ -45,7 +45,7 @@ def factory_for(pg_dsn: str, schema: str) -> OpsStoreFactory:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
             conn.execute(
-                "TRUNCATE operation_outbox, operation_transitions, operation_attempts, operation_identities, "
+                "TRUNCATE outbox, operation_transitions, operation_attempts, operation_identities, "
                 "operations"
             )
             conn.execute("DROP TABLE IF EXISTS app_accounts, app_transfers")

@@ -25,7 +25,9 @@ from fencekeeper.adapters.operations.service import DurableOperationService, Pri
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.store import StoreError
 
-TABLES = ("operations", "operation_identities", "operation_attempts", "operation_transitions", "operation_outbox")
+TABLES = ("operations", "operation_identities", "operation_attempts", "operation_transitions", "outbox")
+# How each child table names its Operation.
+CHILDREN = {"operation_attempts": "operation_id", "operation_transitions": "operation_id", "outbox": "subject_id"}
 ALICE = PrincipalReference("users", 1, "alice")
 
 
@@ -98,17 +100,17 @@ def test_the_restricted_role_cannot_read_or_write_another_tenants_rows(
     ids = _seed(pg_dsn, pg_schema)
     before = _snapshot(pg_dsn, pg_schema)
     # Each table holds rows of both tenants, so an empty answer below is the policy, not an empty table.
-    assert all(before[table] for table in ("operations", "operation_identities", "operation_transitions", "operation_outbox"))
+    assert all(before[table] for table in ("operations", "operation_identities", "operation_transitions", "outbox"))
     with _as(pg_dsn, restricted_role, pg_schema, "a") as conn:
         # Reading: only tenant a's rows exist, however the question is put.
         assert sorted(r[0] for r in conn.execute("SELECT operation_id FROM operations")) == sorted([ids["a"], ids["a_open"]])
         assert conn.execute("SELECT count(*) FROM operations WHERE tenant = 'b'").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM operation_identities WHERE tenant = 'b'").fetchone() == (0,)
-        for table in ("operation_attempts", "operation_transitions", "operation_outbox"):
-            rows = conn.execute(f"SELECT count(*) FROM {table} WHERE operation_id = %s", (ids["b"],)).fetchone()  # type: ignore[arg-type]
+        for table, key in CHILDREN.items():
+            rows = conn.execute(f"SELECT count(*) FROM {table} WHERE {key} = %s", (ids["b"],)).fetchone()  # type: ignore[arg-type]
             assert rows == (0,), table
-        for table in ("operation_attempts", "operation_transitions", "operation_outbox"):
-            rows = conn.execute(f"SELECT count(*) FROM {table} WHERE operation_id = %s", (ids["a"],)).fetchone()  # type: ignore[arg-type]
+        for table, key in CHILDREN.items():
+            rows = conn.execute(f"SELECT count(*) FROM {table} WHERE {key} = %s", (ids["a"],)).fetchone()  # type: ignore[arg-type]
             assert rows is not None and rows[0] >= 1, table
         # Updating tenant b's rows touches none of them.
         assert conn.execute("UPDATE operations SET state = 'canceled' WHERE tenant = 'b'").rowcount == 0
@@ -135,7 +137,11 @@ def test_the_restricted_role_cannot_read_or_write_another_tenants_rows(
                 "VALUES (%s, 99, 'canceled', now(), 'mallory', 0, 'forged')",
                 (ids["b"],),
             ),
-            ("INSERT INTO operation_outbox (message_id, operation_id, topic, at) VALUES ('m-forged', %s, 't', now())", (ids["b"],)),
+            (
+                "INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload) "
+                "VALUES ('m-forged', 'operation', %s, 'b', 't', now(), '{}')",
+                (ids["b"],),
+            ),
             (
                 "INSERT INTO operation_attempts VALUES (%s, 1, 'w', 'running', now(), NULL, NULL)",
                 (ids["b"],),

@@ -289,6 +289,7 @@ def test_a_version_2_store_migrates_forward_keeping_every_row_and_its_order(
     with monkeypatch.context() as patched:
         patched.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:2])
         patched.setattr(sqlite_store._SQLiteBackend, "revisions_carry_transitions", False)
+        patched.setattr(sqlite_store._SQLiteBackend, "writes_outbox", False)
         populated_store(path)
         old = SQLiteStore(path)
         before = snapshot(old)

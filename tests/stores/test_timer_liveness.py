@@ -98,8 +98,8 @@ def _downgrade_to_version_4(path: Path) -> None:
         )
         # Nothing of the migrations after 4 either.
         for table in (
-            "journal_heads", "journal_events", "journal_headers",
-            "operation_outbox", "operation_transitions", "operation_attempts", "operation_identities", "operations",
+            "journal_heads", "journal_events", "journal_headers", "outbox", "pruning_mode",
+            "operation_transitions", "operation_attempts", "operation_identities", "operations",
         ):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("DELETE FROM schema_migrations WHERE version >= 5")

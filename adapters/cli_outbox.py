@@ -1,0 +1,237 @@
+"""The ``fencekeeper export`` and ``fencekeeper prune`` commands: the outbox exporter and bounded retention.
+
+Registered from ``cli.py`` (:func:`add_parsers`, :func:`run_export`,
+:func:`run_prune`); the exporter, the sinks and the pruner load only when one
+of these commands runs.  Conventions are the command line's (``cli.py``
+module header): data on stdout (one JSON document with ``--json``), one
+``fencekeeper: error: ...`` line on stderr, exit 0 on success, 1 when the
+store refuses or something is parked, 2 for bad usage or input (a ``--db``
+that names no store, a malformed ``--sink``, an unknown message id).
+
+With ``--sink stdout`` the messages are the data, one JSON document per
+line, and the summary goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from .connect import parse_url
+from .render import Output
+from .store import StoreError
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+_USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database", "invalid_input", "message_not_found"})
+
+
+def _duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``15m``, ``90s`` or a number of seconds."""
+    units = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
+    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration (like 30d, 12h, 15m, 90s): {text!r}") from None
+    if not 0 <= value * unit < 86_400 * 366 * 100:
+        raise argparse.ArgumentTypeError(f"must be zero or more and under a century, got {text}")
+    return timedelta(seconds=value * unit)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Callable[[argparse.ArgumentParser], None]) -> None:
+    export = command(
+        "export",
+        "deliver committed transitions from the outbox to a sink, at least once, in order per subject",
+        prints_data=True,
+        description="Claims outbox rows in order, delivers them to --sink (stdout, file:PATH as JSON lines, or an "
+        "http(s):// webhook that gets one POST per message), and marks them exported. A message that keeps failing "
+        "is parked with its error after --max-attempts; --parked lists them, --requeue and --discard act on one.",
+    )
+    db_option(export)
+    what = export.add_mutually_exclusive_group()
+    what.add_argument("--sink", metavar="SINK", help="stdout, file:PATH or an http(s):// URL")
+    what.add_argument("--parked", action="store_true", help="list parked messages with their last error")
+    what.add_argument("--requeue", metavar="MESSAGE_ID", help="give a parked message a fresh set of attempts")
+    what.add_argument("--discard", metavar="MESSAGE_ID", help="give up on a parked message; its subject goes on")
+    what.add_argument("--status", action="store_true", help="how many messages wait, are parked, were exported")
+    export.add_argument("--until-idle", action="store_true", help="stop once nothing is left to deliver now")
+    export.add_argument("--batch", type=_count, default=100, metavar="N", help="messages per claim (default 100)")
+    export.add_argument("--max-attempts", type=_count, default=10, metavar="N", help="before parking (default 10)")
+    export.add_argument("--timeout", type=_duration, default=timedelta(seconds=10), metavar="DURATION",
+                        help="webhook timeout (default 10s)")  # fmt: skip
+    export.add_argument("--poll", type=_duration, default=timedelta(seconds=1), metavar="DURATION",
+                        help="wait between empty claims (default 1s)")  # fmt: skip
+
+    prune = command(
+        "prune",
+        "remove what has ended and is past its retention window, in small batches",
+        prints_data=True,
+        description="Never touches an Operation that has not ended, an identity inside its promised window, or "
+        "an outbox row not yet exported. Each batch is one short transaction; run it again to resume.",
+    )
+    db_option(prune)
+    prune.add_argument("--operations", type=_duration, default=timedelta(days=30), metavar="DURATION",
+                       help="ended Operations' records (default 30d)")  # fmt: skip
+    prune.add_argument("--results", type=_duration, default=timedelta(days=7), metavar="DURATION",
+                       help="result bodies (default 7d)")  # fmt: skip
+    prune.add_argument("--identities", type=_duration, default=timedelta(0), metavar="DURATION",
+                       help="beyond each identity's own window, after its Operation ended (default 0)")  # fmt: skip
+    prune.add_argument("--history", type=_duration, default=timedelta(days=14), metavar="DURATION",
+                       help="transition history of ended Operations (default 14d)")  # fmt: skip
+    prune.add_argument("--outbox", type=_duration, default=timedelta(days=7), metavar="DURATION",
+                       help="exported outbox rows, after export (default 7d)")  # fmt: skip
+    prune.add_argument("--batch", type=_count, default=500, metavar="N", help="rows per transaction (default 500)")
+    prune.add_argument("--max-batches", type=_count, metavar="N", help="stop after N transactions")
+    prune.add_argument("--pause", type=_duration, default=timedelta(0), metavar="DURATION",
+                       help="between batches (default 0)")  # fmt: skip
+    prune.add_argument("--duty", type=_fraction, default=0.25, metavar="FRACTION",
+                       help="the most of the time it may hold the store (default 0.25)")  # fmt: skip
+
+
+def _open(args: argparse.Namespace) -> Any:
+    """The store at ``--db``; a SQLite file must already exist (export and prune create nothing)."""
+    location = parse_url(args.db, schema=args.schema)
+    if location.kind == "sqlite":
+        assert location.path is not None
+        if not location.path.is_file():
+            raise StoreError("store_unavailable", f"--db: {location.path} does not exist")
+    from .operations.connect import open_operation_store  # noqa: PLC0415 - loads only for these commands
+
+    return open_operation_store(args.db, schema=args.schema, pool_size=2)
+
+
+def _guarded(body: Callable[[argparse.Namespace, Output], int]) -> Callable[[argparse.Namespace, Output], int]:
+    def run(args: argparse.Namespace, out: Output) -> int:
+        try:
+            return body(args, out)
+        except StoreError as exc:
+            out.note(f"fencekeeper: error: {exc.message} [{exc.code}]")
+            return EXIT_USAGE if exc.code in _USAGE_STORE_CODES else EXIT_PROBLEM
+
+    return run
+
+
+@_guarded
+def run_export(args: argparse.Namespace, out: Output) -> int:
+    from . import outbox  # noqa: PLC0415 - the exporter loads only for this command
+
+    if not (args.sink or args.parked or args.requeue or args.discard or args.status):
+        raise StoreError("invalid_input", "one of --sink, --parked, --requeue, --discard or --status is required")
+    if args.sink:
+        outbox.check_sink(args.sink, timeout=args.timeout.total_seconds())
+    store = _open(args)
+    sink = None
+    try:
+        # Opened only once the store is: bad input creates no file.
+        sink = outbox.open_sink(args.sink, timeout=args.timeout.total_seconds()) if args.sink else None
+        if args.parked:
+            parked = outbox.parked_messages(store, limit=1000)
+            if out.json_mode:
+                out.data({"parked": [_parked_json(m) for m in parked]})
+            else:
+                for m in parked:
+                    out.line(f"{m.message_id} ({m.topic}, seq {m.seq}): {m.attempts} attempts; {m.last_error}")
+                out.note(f"{len(parked)} parked")
+            return EXIT_OK
+        if args.status:
+            status = outbox.outbox_status(store)
+            oldest = None if status.oldest_pending_at is None else status.oldest_pending_at.isoformat()
+            result = {"pending": status.pending, "parked": status.parked, "exported": status.exported,
+                      "oldest_pending_at": oldest}  # fmt: skip
+            if out.json_mode:
+                out.data(result)
+            else:
+                out.line(" ".join(f"{k} {v}" for k, v in result.items()))
+            return EXIT_PROBLEM if status.parked else EXIT_OK
+        if args.requeue or args.discard:
+            message_id = args.requeue or args.discard
+            done = (outbox.requeue if args.requeue else outbox.discard)(store, message_id)
+            if not done:
+                raise StoreError("message_not_found", f"{message_id}: no parked outbox message has this id")
+            verb = "requeued" if args.requeue else "discarded"
+            if out.json_mode:
+                out.data({verb: message_id})
+            else:
+                out.line(f"{message_id} {verb}")
+            return EXIT_OK
+        assert sink is not None
+        exporter = outbox.OutboxExporter(
+            store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts)
+        )
+        report = exporter.run(until_idle=args.until_idle, poll_interval=args.poll.total_seconds())
+        summary = {"delivered": report.delivered, "failed": report.failed, "parked": report.parked}
+        if args.sink in ("stdout", "-"):
+            out.note(json.dumps(summary, sort_keys=True))
+        elif out.json_mode:
+            out.data(summary)
+        else:
+            out.line(f"delivered {report.delivered}, failed {report.failed}, parked {report.parked}")
+        return EXIT_PROBLEM if report.parked else EXIT_OK
+    finally:
+        store.close()
+        close = getattr(sink, "close", None)
+        if close is not None:
+            close()
+
+
+def _parked_json(m: Any) -> dict[str, Any]:
+    return {
+        "message_id": m.message_id, "seq": m.seq, "kind": m.kind, "subject_id": m.subject_id, "topic": m.topic,
+        "at": m.at.isoformat(), "attempts": m.attempts, "last_error": m.last_error, "parked_at": m.parked_at.isoformat(),
+    }  # fmt: skip
+
+
+@_guarded
+def run_prune(args: argparse.Namespace, out: Output) -> int:
+    from . import retention  # noqa: PLC0415 - the pruner loads only for this command
+
+    windows = retention.RetentionWindows(
+        operations=args.operations, results=args.results, identities=args.identities, history=args.history,
+        outbox=args.outbox,
+    )  # fmt: skip
+    store = _open(args)
+    try:
+        report = retention.prune(
+            store, windows, batch_size=args.batch, max_batches=args.max_batches, pause=args.pause.total_seconds(),
+            duty=args.duty,
+        )
+    finally:
+        store.close()
+    removed = {
+        "results_expired": report.results_expired, "identities": report.identities,
+        "transitions": report.transitions, "attempts": report.attempts, "operations": report.operations,
+        "outbox": report.outbox, "batches": report.batches, "finished": report.finished,
+    }  # fmt: skip
+    if out.json_mode:
+        out.data(removed)
+    else:
+        out.line(", ".join(f"{k} {v}" for k, v in removed.items()))
+    return EXIT_OK
+
+
+__all__ = ["add_parsers", "run_export", "run_prune"]

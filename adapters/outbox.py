@@ -1,0 +1,568 @@
+"""The outbox exporter: committed transitions out of the database, at least once, in order per subject.
+
+Rules of this module:
+
+- The outbox (``outbox_rows``) is written by the stores in each
+  transition's own transaction; this module only reads it and writes the
+  delivery columns (``attempts``, ``next_attempt_at``, ``claimed_by``,
+  ``claimed_until``, ``last_error``, ``parked_at``, ``exported_at``).  A
+  trigger refuses any change to what a row says.
+- A batch is claim, deliver, mark, in three steps, and no transaction is
+  open while a sink works: a slow webhook never holds a lock a worker needs.
+  The claim writes a lease (``claimed_by``, ``claimed_until``) in one short
+  transaction; PostgreSQL takes the rows ``FOR UPDATE SKIP LOCKED`` so two
+  exporters never wait on each other.  Marking is guarded by the claim's
+  token: an exporter whose lease expired (it was stopped, or killed) marks
+  nothing, and the rows are claimed again -- delivered at least once, never
+  lost.  ``message_id`` never changes, so a sink deduplicates on it.
+- Order per subject (one Operation, one execution): a row is claimed only
+  together with every earlier undelivered row of its subject, so no two
+  exporters hold one subject at once, and within a batch a subject's rows
+  go out in ``seq`` order.  When one fails, the rest of its subject in
+  that batch is not sent; other subjects go on.
+- A failure is retried with exponential backoff (``ExportRetry``, the
+  retry vocabulary of ``RetryPolicy``); after ``maximum_attempts`` the row
+  is *parked* with its last error.  A parked row holds back only its own
+  subject (order is kept) and never the others; an operator inspects it
+  (:meth:`OutboxExporter.parked`), then requeues or discards it.
+- Time is the store's (the database's on PostgreSQL), read inside each
+  transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import attrs
+
+from . import codec
+from .operations.base import TransactionalOperationStore
+from .operations.sql import SqlTx
+from .store import StoreError
+
+# --- what a sink receives --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ExportedMessage:
+    """One outbox row as delivered: ``message_id`` is stable across every delivery of it."""
+
+    message_id: str
+    seq: int
+    kind: str
+    """``operation`` or ``execution``."""
+    subject_id: str
+    """The Operation or execution id: order is kept per subject."""
+    tenant: str | None
+    topic: str
+    at: datetime
+    payload: str
+    """The JSON text the store wrote with the transition."""
+    attempt: int
+    """1 on the first delivery, then one more on each retry."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "subject_id": self.subject_id,
+            "tenant": self.tenant,
+            "topic": self.topic,
+            "at": codec.encode_time(self.at),
+            "attempt": self.attempt,
+            "payload": json.loads(self.payload),
+        }
+
+
+class Sink(Protocol):
+    """Where exported messages go.  Implement both methods to write your own.
+
+    ``send`` delivers one message, or raises to say it was not delivered
+    (the exporter retries it later; the message's text is its error).
+    ``flush`` makes everything sent so far durable; the exporter marks a
+    batch exported only after it returns.  Either may see a message again
+    (at least once): deduplicate on ``message_id``.
+    """
+
+    def send(self, message: ExportedMessage) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class SinkError(Exception):
+    """A delivery that failed, with the reason recorded on the row."""
+
+
+class JsonLinesSink:
+    """One JSON document per line, to a file (appended, fsynced on flush) or a stream such as stdout."""
+
+    def __init__(self, target: str | os.PathLike[str] | IO[str]) -> None:
+        if isinstance(target, (str, os.PathLike)):
+            self.path: Path | None = Path(target)
+            try:
+                self._stream: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            except OSError as exc:
+                raise StoreError("invalid_input", f"--sink: cannot open {self.path} to append: {exc.strerror}") from None
+        else:
+            self.path = None
+            self._stream = target
+
+    def send(self, message: ExportedMessage) -> None:
+        self._stream.write(json.dumps(message.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        self._stream.flush()
+        if self.path is not None:
+            os.fsync(self._stream.fileno())
+
+    def close(self) -> None:
+        if self.path is not None:
+            self._stream.close()
+
+
+class WebhookSink:
+    """An HTTP POST of each message's JSON; any 2xx answer is a delivery.
+
+    The message id goes in the ``Idempotency-Key`` header too, so a receiver
+    that already deduplicates requests deduplicates redeliveries.
+    """
+
+    def __init__(self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise StoreError(
+                "invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {url!r}"
+            )
+        if not 0 < timeout <= 600:
+            raise StoreError("invalid_input", f"timeout: must be between 0 and 600 seconds, got {timeout}")
+        self.url = url
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+
+    def send(self, message: ExportedMessage) -> None:
+        body = json.dumps(message.to_json(), sort_keys=True).encode("utf-8")
+        request = urllib.request.Request(
+            self.url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Idempotency-Key": message.message_id,
+                **self.headers,
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            raise SinkError(f"HTTP {exc.code} from {self.url}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise SinkError(f"POST {self.url} failed: {reason}") from None
+        if not 200 <= status < 300:
+            raise SinkError(f"HTTP {status} from {self.url}")
+
+    def flush(self) -> None:
+        """Each POST was answered: nothing is buffered."""
+
+
+# --- the exporter ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ExportRetry:
+    """When a failed message is tried again, and when it is parked instead."""
+
+    initial_interval: timedelta = timedelta(seconds=1)
+    backoff_coefficient: float = 2.0
+    maximum_interval: timedelta = timedelta(minutes=5)
+    maximum_attempts: int = 10
+
+    def __attrs_post_init__(self) -> None:
+        if self.initial_interval <= timedelta(0):
+            raise StoreError("invalid_input", "initial_interval: must be positive")
+        if self.backoff_coefficient < 1:
+            raise StoreError("invalid_input", "backoff_coefficient: must be at least 1")
+        if self.maximum_interval < self.initial_interval:
+            raise StoreError("invalid_input", "maximum_interval: must be at least initial_interval")
+        if self.maximum_attempts < 1:
+            raise StoreError("invalid_input", "maximum_attempts: must be at least 1")
+
+    def delay(self, attempts: int) -> timedelta:
+        """The wait after the ``attempts``-th failed delivery."""
+        seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts - 1)
+        return min(timedelta(seconds=seconds), self.maximum_interval)
+
+
+@attrs.frozen
+class ExportReport:
+    """What one batch did."""
+
+    claimed: int
+    delivered: int
+    failed: int
+    parked: int
+    held: int
+    """Claimed but not sent: behind a failure of their own subject in this batch."""
+
+
+@attrs.frozen
+class ParkedMessage:
+    message_id: str
+    seq: int
+    kind: str
+    subject_id: str
+    topic: str
+    at: datetime
+    attempts: int
+    last_error: str
+    parked_at: datetime
+
+
+@attrs.frozen
+class OutboxStatus:
+    pending: int
+    parked: int
+    exported: int
+    oldest_pending_at: datetime | None
+
+
+_COLUMNS = "seq, message_id, kind, subject_id, tenant, topic, at, payload, attempts"
+
+
+class OutboxExporter:
+    """Claims outbox rows in order, delivers them to ``sink``, marks them exported (module header)."""
+
+    def __init__(
+        self,
+        store: TransactionalOperationStore,
+        sink: Sink,
+        *,
+        batch_size: int = 100,
+        lease: timedelta = timedelta(seconds=60),
+        retry: ExportRetry | None = None,
+        exporter_id: str | None = None,
+    ) -> None:
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
+            raise StoreError("invalid_input", f"batch_size: must be between 1 and 10000, got {batch_size!r}")
+        if lease <= timedelta(0):
+            raise StoreError("invalid_input", "lease: must be positive")
+        self.store = store
+        self.sink = sink
+        self.batch_size = batch_size
+        self.lease = lease
+        self.retry = retry or ExportRetry()
+        self.exporter_id = exporter_id or f"exporter-{os.getpid()}"
+
+    # -- one batch --------------------------------------------------------------------------------
+
+    def export_batch(self) -> ExportReport:
+        token = f"{self.exporter_id}/{uuid.uuid4().hex[:12]}"
+        claimed = self._claim(token)
+        if not claimed:
+            return ExportReport(0, 0, 0, 0, 0)
+        delivered: list[int] = []
+        failed: list[tuple[ExportedMessage, str]] = []
+        held: list[int] = []
+        broken: set[tuple[str, str]] = set()
+        for message in claimed:
+            subject = (message.kind, message.subject_id)
+            if subject in broken:
+                held.append(message.seq)
+                continue
+            try:
+                self.sink.send(message)
+            except Exception as exc:  # the sink's failure is data: recorded on the row, retried later
+                failed.append((message, _error_text(exc)))
+                broken.add(subject)
+                continue
+            delivered.append(message.seq)
+        try:
+            self.sink.flush()
+        except Exception as exc:
+            reason = f"flush failed: {_error_text(exc)}"
+            by_seq = {m.seq: m for m in claimed}
+            failed += [(by_seq[seq], reason) for seq in delivered]
+            delivered = []
+        parked = self._mark(token, delivered, failed, held)
+        return ExportReport(len(claimed), len(delivered), len(failed), parked, len(held))
+
+    def _claim(self, token: str) -> list[ExportedMessage]:
+        with self.store._transaction() as tx:
+            assert isinstance(tx, SqlTx)
+            now = tx.d.encode_time(tx.now())
+            rows = tx.run(
+                f"SELECT {_COLUMNS} FROM outbox o WHERE exported_at IS NULL AND parked_at IS NULL "
+                "AND (next_attempt_at IS NULL OR next_attempt_at <= ?) AND (claimed_until IS NULL OR claimed_until <= ?) "
+                # A row behind one that is parked, backing off or held by another exporter waits with its subject:
+                # left out here, so such rows never fill a batch and starve the others.
+                "AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.kind = o.kind AND e.subject_id = o.subject_id "
+                "AND e.seq < o.seq AND e.exported_at IS NULL AND (e.parked_at IS NOT NULL OR e.next_attempt_at > ? "
+                "OR e.claimed_until > ?)) "
+                f"ORDER BY seq LIMIT ?{tx.skip_locked()}",
+                (now, now, now, now, self.batch_size),
+            ).fetchall()
+            if not rows:
+                return []
+            chosen = self._in_order(tx, rows)
+            if not chosen:
+                return []
+            until = tx.d.encode_time(tx.d.decode_time(now) + self.lease)
+            seqs = [int(r[0]) for r in chosen]
+            tx.run(
+                f"UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE seq IN ({', '.join('?' for _ in seqs)})",
+                (token, until, *seqs),
+            )
+            return [
+                ExportedMessage(
+                    message_id=str(r[1]),
+                    seq=int(r[0]),
+                    kind=str(r[2]),
+                    subject_id=str(r[3]),
+                    tenant=None if r[4] is None else str(r[4]),
+                    topic=str(r[5]),
+                    at=tx.d.decode_time(r[6]),
+                    payload=str(r[7]),
+                    attempt=int(r[8]) + 1,
+                )
+                for r in chosen
+            ]
+
+    @staticmethod
+    def _in_order(tx: SqlTx, rows: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+        """The candidates that begin their subject's undelivered rows, each subject's run up to its first gap.
+
+        A gap is an undelivered row of the subject this claim did not get
+        (another exporter's, or one skipped as locked): sending past it
+        would overtake it.
+        """
+        subjects = sorted({(str(r[2]), str(r[3])) for r in rows})
+        last = max(int(r[0]) for r in rows)
+        pending: dict[tuple[str, str], list[int]] = {}
+        for start in range(0, len(subjects), 200):
+            part = subjects[start : start + 200]
+            values = ", ".join("(?, ?)" for _ in part)
+            for kind, subject_id, seq in tx.run(
+                f"SELECT kind, subject_id, seq FROM outbox WHERE exported_at IS NULL AND seq <= ? "
+                f"AND (kind, subject_id) IN (VALUES {values}) ORDER BY seq",
+                (last, *[v for pair in part for v in pair]),
+            ).fetchall():
+                pending.setdefault((str(kind), str(subject_id)), []).append(int(seq))
+        mine = {int(r[0]) for r in rows}
+        allowed: set[int] = set()
+        for seqs in pending.values():
+            for seq in seqs:
+                if seq not in mine:
+                    break
+                allowed.add(seq)
+        return [r for r in rows if int(r[0]) in allowed]
+
+    def _mark(
+        self, token: str, delivered: Sequence[int], failed: Sequence[tuple[ExportedMessage, str]], held: Sequence[int]
+    ) -> int:
+        parked = 0
+        with self.store._transaction() as tx:
+            assert isinstance(tx, SqlTx)
+            moment = tx.now()
+            now = tx.d.encode_time(moment)
+            for start in range(0, len(delivered), 500):
+                part = delivered[start : start + 500]
+                tx.run(
+                    "UPDATE outbox SET exported_at = ?, claimed_by = NULL, claimed_until = NULL, last_error = NULL "
+                    f"WHERE claimed_by = ? AND seq IN ({', '.join('?' for _ in part)})",
+                    (now, token, *part),
+                )
+            for message, error in failed:
+                attempts = message.attempt
+                park = attempts >= self.retry.maximum_attempts
+                changed = tx.run(
+                    "UPDATE outbox SET attempts = ?, last_error = ?, next_attempt_at = ?, parked_at = ?, "
+                    "claimed_by = NULL, claimed_until = NULL WHERE claimed_by = ? AND seq = ?",
+                    (
+                        attempts,
+                        error[:2000],
+                        tx.d.encode_time(moment + self.retry.delay(attempts)),
+                        now if park else None,
+                        token,
+                        message.seq,
+                    ),
+                )
+                parked += int(park and changed.rowcount == 1)
+            for start in range(0, len(held), 500):
+                part = held[start : start + 500]
+                tx.run(
+                    "UPDATE outbox SET claimed_by = NULL, claimed_until = NULL "
+                    f"WHERE claimed_by = ? AND seq IN ({', '.join('?' for _ in part)})",
+                    (token, *part),
+                )
+        return parked
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(
+        self,
+        *,
+        until_idle: bool = False,
+        poll_interval: float = 1.0,
+        stop: threading.Event | None = None,
+    ) -> ExportReport:
+        """Export batch after batch; with ``until_idle``, return once a batch finds nothing to claim.
+
+        Returns the totals.  ``stop`` ends the loop between batches.
+        """
+        totals = [0, 0, 0, 0, 0]
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            report = self.export_batch()
+            for k, value in enumerate(attrs.astuple(report)):
+                totals[k] += value
+            if report.claimed == 0:
+                if until_idle:
+                    break
+                stop.wait(poll_interval)
+            elif report.delivered == 0 and until_idle and self._only_waiting():
+                break
+        return ExportReport(*totals)
+
+    def _only_waiting(self) -> bool:
+        """True when every undelivered row is parked or backing off: nothing more to do now."""
+        with self.store._transaction() as tx:
+            assert isinstance(tx, SqlTx)
+            now = tx.d.encode_time(tx.now())
+            row = tx.run(
+                "SELECT count(*) FROM outbox WHERE exported_at IS NULL AND parked_at IS NULL "
+                "AND (next_attempt_at IS NULL OR next_attempt_at <= ?)",
+                (now,),
+            ).fetchone()
+        return row is None or int(row[0]) == 0
+
+    # -- operators ---------------------------------------------------------------------------------
+
+    def parked(self, limit: int = 100) -> list[ParkedMessage]:
+        return parked_messages(self.store, limit)
+
+    def requeue(self, message_id: str) -> bool:
+        return requeue(self.store, message_id)
+
+    def discard(self, message_id: str) -> bool:
+        return discard(self.store, message_id)
+
+
+def parked_messages(store: TransactionalOperationStore, limit: int = 100) -> list[ParkedMessage]:
+    """Parked rows, oldest first, with their last error."""
+    with store._transaction() as tx:
+        assert isinstance(tx, SqlTx)
+        rows = tx.run(
+            "SELECT message_id, seq, kind, subject_id, topic, at, attempts, last_error, parked_at FROM outbox "
+            "WHERE parked_at IS NOT NULL AND exported_at IS NULL ORDER BY seq LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [
+            ParkedMessage(
+                str(r[0]), int(r[1]), str(r[2]), str(r[3]), str(r[4]), tx.d.decode_time(r[5]), int(r[6]),
+                str(r[7] or ""), tx.d.decode_time(r[8]),
+            )
+            for r in rows
+        ]
+
+
+def requeue(store: TransactionalOperationStore, message_id: str) -> bool:
+    """Give a parked row a fresh set of attempts, now; False if no parked row has that id."""
+    with store._transaction() as tx:
+        assert isinstance(tx, SqlTx)
+        changed = tx.run(
+            "UPDATE outbox SET parked_at = NULL, attempts = 0, next_attempt_at = NULL WHERE message_id = ? "
+            "AND parked_at IS NOT NULL AND exported_at IS NULL",
+            (message_id,),
+        )
+        return int(changed.rowcount) == 1
+
+
+def discard(store: TransactionalOperationStore, message_id: str) -> bool:
+    """Give up on a parked row: it counts as exported (its error stays) and its subject goes on."""
+    with store._transaction() as tx:
+        assert isinstance(tx, SqlTx)
+        changed = tx.run(
+            "UPDATE outbox SET exported_at = ?, last_error = 'discarded: ' || coalesce(last_error, '') "
+            "WHERE message_id = ? AND parked_at IS NOT NULL AND exported_at IS NULL",
+            (tx.d.encode_time(tx.now()), message_id),
+        )
+        return int(changed.rowcount) == 1
+
+
+def outbox_status(store: TransactionalOperationStore) -> OutboxStatus:
+    """How far export is behind: rows waiting, parked, exported, and the oldest waiting row's time."""
+    with store._transaction() as tx:
+        assert isinstance(tx, SqlTx)
+        row = tx.run(
+            "SELECT count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NULL), "
+            "count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NOT NULL), "
+            "count(*) FILTER (WHERE exported_at IS NOT NULL), "
+            "min(at) FILTER (WHERE exported_at IS NULL) FROM outbox",
+            (),
+        ).fetchone()
+        assert row is not None
+        return OutboxStatus(int(row[0]), int(row[1]), int(row[2]), None if row[3] is None else tx.d.decode_time(row[3]))
+
+
+def _error_text(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, SinkError) else f"{type(exc).__name__}: {text}"
+
+
+def check_sink(spec: str, *, timeout: float = 10.0) -> None:
+    """Refuse a malformed sink spec (``invalid_input``) without opening anything."""
+    if spec in ("stdout", "-"):
+        return
+    if spec.startswith("file:"):
+        path = Path(spec[len("file:") :])
+        if not spec[len("file:") :]:
+            raise StoreError("invalid_input", "--sink: file: needs a path (file:PATH)")
+        if not path.parent.is_dir():
+            raise StoreError("invalid_input", f"--sink: directory {path.parent} does not exist")
+        return
+    WebhookSink(spec, timeout=timeout)
+
+
+def open_sink(spec: str, *, timeout: float = 10.0) -> Sink:
+    """``stdout``, ``file:PATH`` or an ``http(s)://`` URL, as ``fencekeeper export --sink`` takes them."""
+    if spec in ("stdout", "-"):
+        return JsonLinesSink(sys.stdout)
+    if spec.startswith("file:"):
+        path = spec[len("file:") :]
+        if not path:
+            raise StoreError("invalid_input", "--sink: file: needs a path (file:PATH)")
+        return JsonLinesSink(path)
+    if spec.startswith(("http://", "https://")):
+        return WebhookSink(spec, timeout=timeout)
+    raise StoreError("invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {spec!r}")
+
+
+__all__ = [
+    "ExportReport",
+    "ExportRetry",
+    "ExportedMessage",
+    "JsonLinesSink",
+    "OutboxExporter",
+    "OutboxStatus",
+    "ParkedMessage",
+    "Sink",
+    "SinkError",
+    "WebhookSink",
+    "check_sink",
+    "discard",
+    "open_sink",
+    "outbox_status",
+    "parked_messages",
+    "requeue",
+]

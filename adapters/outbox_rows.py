@@ -1,0 +1,107 @@
+"""The outbox row every transition appends: what it says, built once, never changed.
+
+Rules of this module:
+
+- One row per transition, of an Operation (seed 001) or of a workflow
+  execution (seed 000), written by the store in the transaction that commits
+  the transition (Debezium's transactional outbox: nothing is exported that
+  did not commit, nothing that committed is lost).  This module only builds
+  the row's values; the stores insert them beside the transition.
+- ``message_id`` is stable: written once with the row and delivered with it
+  every time, so a sink deduplicates on it.  An Operation's is
+  ``<operation_id>/<revision>`` (each transition makes one revision); an
+  execution's carries a random suffix, since a lease renewal records a
+  transition without making a revision.
+- ``payload`` is self-contained JSON text: a consumer needs nothing else
+  from the database, and pruning the transition history later does not
+  change what was or will be exported.  Results and inputs are not in it
+  (they may be large or confidential); a consumer reads them by id.
+- ``kind`` and ``subject_id`` name the stream whose order the exporter keeps
+  (one Operation, one execution).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+
+import attrs
+
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel import protocol as p
+
+from . import codec
+
+
+@attrs.frozen
+class OutboxRow:
+    message_id: str
+    kind: str
+    subject_id: str
+    tenant: str | None
+    topic: str
+    at: datetime
+    payload: str
+
+
+def _json(fields: dict[str, object]) -> str:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def operation_row(operation: o.Operation, transition: o.Transition) -> OutboxRow:
+    """The row of an Operation's transition (``operation`` is the Operation after it)."""
+    message_id = f"{operation.operation_id}/{transition.revision}"
+    topic = f"operation.{transition.to_state.value}"
+    payload = _json(
+        {
+            "kind": "operation",
+            "message_id": message_id,
+            "topic": topic,
+            "operation_id": operation.operation_id,
+            "namespace": operation.identity.namespace,
+            "tenant": operation.identity.tenant,
+            "action_name": operation.action_name,
+            "action_version": operation.action_version,
+            "revision": transition.revision,
+            "event": None if transition.event is None else transition.event.value,
+            "from_state": None if transition.from_state is None else transition.from_state.value,
+            "to_state": transition.to_state.value,
+            "at": codec.encode_time(transition.at),
+            "actor": transition.actor,
+            "reason": transition.reason,
+            "outcome": None if operation.outcome is None else operation.outcome.value,
+            "error_code": operation.error_code,
+        }
+    )
+    return OutboxRow(message_id, "operation", operation.operation_id, operation.identity.tenant, topic, transition.at, payload)
+
+
+def execution_row(record: p.TransitionRecord, business_id: str | None) -> OutboxRow:
+    """The row of one execution transition record; ``business_id`` when the decision knows it."""
+    message_id = f"{record.execution_id}/{record.revision}/{uuid.uuid4().hex[:16]}"
+    topic = f"execution.{record.to_state.value}"
+    fields: dict[str, object] = {
+        "kind": "execution",
+        "message_id": message_id,
+        "topic": topic,
+        "execution_id": record.execution_id,
+        "revision": record.revision,
+        "event": None if record.event is None else record.event.value,
+        "from_state": None if record.from_state is None else record.from_state.value,
+        "to_state": record.to_state.value,
+        "at": codec.encode_time(record.at),
+        "actor": record.actor,
+        "fence": record.fence,
+        "reason": record.reason,
+    }
+    if business_id is not None:
+        fields["business_id"] = business_id
+    return OutboxRow(message_id, "execution", record.execution_id, business_id, topic, record.at, _json(fields))
+
+
+OUTBOX_INSERT = (
+    "INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+__all__ = ["OUTBOX_INSERT", "OutboxRow", "execution_row", "operation_row"]

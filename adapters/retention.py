@@ -1,0 +1,244 @@
+"""Bounded retention: pruning what has ended and is past its window, in small batches.
+
+Seed 001 (Tasks, external effects, history, and retention): "Pruning is
+batched, keeps active work, and preserves idempotency identities for their
+full promised window. Result and error bodies may expire before terminal
+Operation metadata."  specs/operations.md (Retention) states the rules;
+docs/operating.md shows the commands.
+
+Rules of this module:
+
+- Every window counts from a moment the row itself records: an Operation's
+  ``ended_at`` (the transition that ended it), an outbox row's
+  ``exported_at``.  Nothing that has not ended (``outcome IS NULL``) and no
+  outbox row that has not been exported is ever a candidate, whatever the
+  windows say.
+- An idempotency identity is kept until its own ``retain_until`` (the
+  window promised when it was admitted) *and* its ``identities`` window
+  after the Operation ended, whichever is later.  An Operation's row goes
+  only once no identity names it, so an identity never outlives its
+  Operation's record.
+- Result bodies (``results``) may expire before the metadata
+  (``operations``); the Operation stays, with ``result`` NULL and
+  ``result_expired_at`` set.  Only codes are kept for errors (the error
+  "body" is the code), so they live with the metadata.
+- Each batch is one short transaction touching at most ``batch_size`` rows
+  of the kind it prunes (an Operation's own row takes its attempts and any
+  transitions left with it), so workers wait for a prune no longer than for
+  one of their own commits.  Nothing is kept in memory between batches: a
+  prune that is stopped or killed resumes where the database says it was.
+- Deleting is possible only here: every batch enters the triggers'
+  explicit pruning mode first (migration ``outbox_and_pruning``), and the
+  triggers still refuse any row of unended work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import attrs
+
+from .operations.base import TransactionalOperationStore
+from .operations.sql import SqlTx
+from .store import StoreError
+
+
+def _positive(name: str) -> Callable[[object, object, timedelta], None]:
+    def check(_: object, __: object, value: timedelta) -> None:
+        if not isinstance(value, timedelta) or value < timedelta(0):
+            raise StoreError("invalid_input", f"{name}: must be a duration of zero or more, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class RetentionWindows:
+    """How long each kind is kept after its work ended (outbox: after it was exported)."""
+
+    operations: timedelta = attrs.field(default=timedelta(days=30), validator=_positive("operations"))
+    """An ended Operation's metadata: its row, its attempts."""
+    results: timedelta = attrs.field(default=timedelta(days=7), validator=_positive("results"))
+    """Result bodies; at most ``operations``."""
+    identities: timedelta = attrs.field(default=timedelta(0), validator=_positive("identities"))
+    """Beyond each identity's own promised window (``retain_until``), after its Operation ended."""
+    history: timedelta = attrs.field(default=timedelta(days=14), validator=_positive("history"))
+    """Transition history of ended Operations; at most ``operations``."""
+    outbox: timedelta = attrs.field(default=timedelta(days=7), validator=_positive("outbox"))
+    """Outbox rows, after they were exported (rows never exported are never pruned)."""
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("results", "history"):
+            if getattr(self, name) > self.operations:
+                raise StoreError(
+                    "invalid_input",
+                    f"{name}: {getattr(self, name)} is longer than operations ({self.operations}); an Operation's "
+                    f"{name} cannot outlive its record",
+                )
+
+
+@attrs.frozen
+class PruneReport:
+    """What one prune removed, by kind, and how many batches (transactions) it took."""
+
+    results_expired: int = 0
+    identities: int = 0
+    transitions: int = 0
+    attempts: int = 0
+    operations: int = 0
+    outbox: int = 0
+    batches: int = 0
+    finished: bool = True
+    """False when ``max_batches`` stopped it with work left: run it again to go on."""
+
+    def __add__(self, other: PruneReport) -> PruneReport:
+        fields = [f.name for f in attrs.fields(PruneReport) if f.name != "finished"]
+        added = {name: getattr(self, name) + getattr(other, name) for name in fields}
+        return PruneReport(**added, finished=self.finished and other.finished)
+
+
+def _expire_results(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    changed = tx.run(
+        "UPDATE operations SET result = NULL, result_expired_at = ? WHERE operation_id IN (SELECT operation_id FROM "
+        "operations WHERE outcome IS NOT NULL AND result IS NOT NULL AND ended_at <= ? LIMIT ?)",
+        (tx.d.encode_time(now), tx.d.encode_time(cutoff), limit),
+    )
+    return PruneReport(results_expired=int(changed.rowcount))
+
+
+def _identities(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    gone = tx.run(
+        "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key) IN ("
+        "SELECT i.namespace, i.tenant, i.principal, i.client_key FROM operation_identities i "
+        "JOIN operations o ON o.operation_id = i.operation_id "
+        "WHERE i.retain_until <= ? AND o.outcome IS NOT NULL AND o.ended_at <= ? LIMIT ?)",
+        (tx.d.encode_time(now), tx.d.encode_time(cutoff), limit),
+    )
+    return PruneReport(identities=int(gone.rowcount))
+
+
+def _history(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    gone = tx.run(
+        "DELETE FROM operation_transitions WHERE (operation_id, revision) IN (SELECT t.operation_id, t.revision "
+        "FROM operation_transitions t JOIN operations o ON o.operation_id = t.operation_id "
+        "WHERE o.outcome IS NOT NULL AND o.ended_at <= ? LIMIT ?)",
+        (tx.d.encode_time(cutoff), limit),
+    )
+    return PruneReport(transitions=int(gone.rowcount))
+
+
+def _operations(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    ids = [
+        str(r[0])
+        for r in tx.run(
+            "SELECT o.operation_id FROM operations o WHERE o.outcome IS NOT NULL AND o.ended_at <= ? "
+            "AND NOT EXISTS (SELECT 1 FROM operation_identities i WHERE i.operation_id = o.operation_id) "
+            f"ORDER BY o.ended_at LIMIT ?{' FOR UPDATE SKIP LOCKED' if tx.d.name == 'postgresql' else ''}",
+            (tx.d.encode_time(cutoff), limit),
+        ).fetchall()
+    ]
+    if not ids:
+        return PruneReport()
+    marks = ", ".join("?" for _ in ids)
+    transitions = tx.run(f"DELETE FROM operation_transitions WHERE operation_id IN ({marks})", ids).rowcount
+    attempts = tx.run(f"DELETE FROM operation_attempts WHERE operation_id IN ({marks})", ids).rowcount
+    operations = tx.run(f"DELETE FROM operations WHERE operation_id IN ({marks})", ids).rowcount
+    return PruneReport(transitions=int(transitions), attempts=int(attempts), operations=int(operations))
+
+
+def _outbox(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    gone = tx.run(
+        "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE exported_at IS NOT NULL AND exported_at <= ? "
+        "ORDER BY exported_at LIMIT ?)",
+        (tx.d.encode_time(cutoff), limit),
+    )
+    return PruneReport(outbox=int(gone.rowcount))
+
+
+def _removed(report: PruneReport) -> int:
+    return (
+        report.results_expired + report.identities + report.transitions + report.operations + report.outbox
+    )
+
+
+def prune(
+    store: TransactionalOperationStore,
+    windows: RetentionWindows | None = None,
+    *,
+    batch_size: int = 500,
+    max_batches: int | None = None,
+    pause: float = 0.0,
+    duty: float = 0.25,
+    time_limit: float | None = None,
+) -> PruneReport:
+    """Prune everything past its window, ``batch_size`` rows per transaction; returns what was removed.
+
+    Runs each kind until a batch finds less than a full batch, in this
+    order: result bodies, identities, transition history, Operations,
+    outbox.  ``max_batches`` bounds the batches of this call that remove
+    something (the report says whether it finished; a batch that finds
+    nothing is not counted, so a resumed prune gets past the kinds already
+    done).  Between full batches it waits ``pause`` seconds, and at least
+    long enough that it holds the store no more than ``duty`` of the time
+    (a batch of 40 ms at the default 0.25 is followed by 120 ms of rest):
+    on SQLite a prune and the workers take turns at one write lock, and a
+    pruner that asked again at once would win it over the workers' busy
+    waits (bench/retention.py).  ``time_limit`` seconds: start no batch
+    after it (the report says whether it finished).
+    """
+    windows = windows or RetentionWindows()
+    if not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
+        raise StoreError("invalid_input", f"batch_size: must be between 1 and 100000, got {batch_size!r}")
+    if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
+        raise StoreError("invalid_input", f"max_batches: must be a positive integer, got {max_batches!r}")
+    if pause < 0:
+        raise StoreError("invalid_input", f"pause: must be zero or more seconds, got {pause!r}")
+    if not 0 < duty <= 1:
+        raise StoreError("invalid_input", f"duty: must be above 0 and at most 1, got {duty!r}")
+    steps: list[tuple[timedelta, Callable[[SqlTx, datetime, datetime, int], PruneReport]]] = [
+        (windows.results, _expire_results),
+        (windows.identities, _identities),
+        (windows.history, _history),
+        (windows.operations, _operations),
+        (windows.outbox, _outbox),
+    ]
+    stop_at = None if time_limit is None else time.monotonic() + time_limit
+    total = PruneReport()
+    spent = 0  # batches that removed something: a resumed prune re-checks the earlier kinds without using its budget
+    for window, step in steps:
+        while True:
+            if (max_batches is not None and spent >= max_batches) or (
+                stop_at is not None and time.monotonic() >= stop_at
+            ):
+                return attrs.evolve(total, finished=False)
+            report, held = _batch(store, window, step, batch_size)
+            total = total + attrs.evolve(report, batches=1)
+            spent += _removed(report) > 0
+            if _removed(report) < batch_size:
+                break
+            rest = max(pause, held * (1 - duty) / duty)
+            if rest > 0:
+                time.sleep(rest)
+    return total
+
+
+def _batch(
+    store: TransactionalOperationStore,
+    window: timedelta,
+    step: Callable[[SqlTx, datetime, datetime, int], PruneReport],
+    limit: int,
+) -> tuple[PruneReport, float]:
+    """One batch, and how long it held the store (from its lock granted to its commit; not the wait for it)."""
+    with store._transaction() as tx:  # the store's own transaction: its lock order, its clock
+        started = time.monotonic()
+        if not isinstance(tx, SqlTx):
+            raise StoreError("invalid_input", "pruning needs a SQL store (SQLite or PostgreSQL)")
+        now = tx.now()
+        tx.enter_pruning()
+        report = step(tx, now - window, now, limit)
+        tx.leave_pruning()
+    return report, time.monotonic() - started
+
+
+__all__ = ["PruneReport", "RetentionWindows", "prune"]

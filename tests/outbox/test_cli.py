@@ -1,0 +1,73 @@
+"""``fencekeeper export`` and ``fencekeeper prune`` from the command line: data, exit codes, nothing written on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fencekeeper.adapters import cli
+from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
+from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.testing.operations_suite import World, open_accounts
+from tests.outbox.test_exporter import make_operations
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "ops.db"
+    store = SQLiteOperationStore(path, ManualClock())  # 2026-01-01: long ago, for the default windows
+    open_accounts(store, {"acc-1": 100, "acc-2": 0})
+    make_operations(World(store, ManualClock()), 2)
+    store.close()
+    return path
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        code = cli.main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_export_to_a_file_then_prune_what_is_past_its_windows(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "events.jsonl"
+    code, stdout, _ = run(["export", "--db", str(db), "--sink", f"file:{out}", "--until-idle", "--json"], capsys)
+    assert code == 0
+    assert json.loads(stdout) == {"delivered": 6, "failed": 0, "parked": 0}
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    first = [m["topic"] for m in lines if m["subject_id"] == lines[0]["subject_id"]]
+    assert first == ["operation.admitted", "operation.running", "operation.succeeded"]
+    code, stdout, _ = run(["export", "--db", str(db), "--status", "--json"], capsys)
+    assert (code, json.loads(stdout)["exported"]) == (0, 6)
+    code, stdout, _ = run(["prune", "--db", str(db), "--json"], capsys)
+    report = json.loads(stdout)
+    assert code == 0 and report["finished"]
+    # Ended long ago, but exported just now: the outbox window counts from the export.
+    assert (report["operations"], report["outbox"], report["identities"]) == (2, 0, 2)
+    code, stdout, _ = run(["prune", "--db", str(db), "--outbox", "0s", "--json"], capsys)
+    assert (code, json.loads(stdout)["outbox"]) == (0, 6)
+
+
+def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = db.read_bytes()
+    for args, words in (
+        (["export", "--db", str(db), "--sink", "ftp://x"], "expected stdout, file:PATH"),
+        (["export", "--db", str(db), "--sink", f"file:{tmp_path}/no/such/dir/x.jsonl"], "does not exist"),
+        (["export", "--db", str(tmp_path / "absent.db"), "--sink", f"file:{tmp_path}/x.jsonl"], "does not exist"),
+        (["export", "--db", str(db), "--requeue", "nope/1"], "[message_not_found]"),
+        (["export", "--db", str(db)], "one of --sink"),
+        (["prune", "--db", str(db), "--results", "40d"], "longer than operations"),
+        (["prune", "--db", str(db), "--outbox", "soon"], "not a duration"),
+    ):
+        code, _, err = run(args, capsys)
+        assert code == 2, (args, err)
+        assert words in err, (args, err)
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "absent.db").exists()
+    assert db.read_bytes() == before

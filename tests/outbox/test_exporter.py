@@ -1,0 +1,287 @@
+"""The exporter: at least once, in order per subject, retries with backoff, parks poison, survives SIGKILL.
+
+Sinks here record what they were sent; the crash test runs the exporter in
+a child process (``export_child``) and kills it mid-batch.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from fencekeeper.adapters.operations.base import TransactionalOperationStore
+from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
+from fencekeeper.adapters.outbox import (
+    ExportedMessage,
+    ExportRetry,
+    JsonLinesSink,
+    OutboxExporter,
+    SinkError,
+    WebhookSink,
+    discard,
+    outbox_status,
+    parked_messages,
+    requeue,
+)
+from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.testing.operations_suite import World, open_accounts
+from tests.outbox.conftest import rows
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ExportRetry(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=8), maximum_attempts=3)
+
+
+class Recording:
+    """A sink that keeps what it was sent, and fails for the message ids in ``failing``."""
+
+    def __init__(self) -> None:
+        self.sent: list[ExportedMessage] = []
+        self.failing: set[str] = set()
+        self.lock = threading.Lock()
+
+    def send(self, message: ExportedMessage) -> None:
+        if message.message_id in self.failing:
+            raise SinkError(f"refused {message.message_id}")
+        with self.lock:
+            self.sent.append(message)
+
+    def flush(self) -> None:
+        pass
+
+
+def make_operations(world: World, count: int) -> list[str]:
+    ids = [world.transfer(f"k{n}", 1) for n in range(count)]
+    worker = world.worker("w1")
+    while worker.run_once() is not None:
+        pass
+    return ids
+
+
+def in_order_per_subject(messages: list[ExportedMessage]) -> dict[str, list[int]]:
+    seen: set[str] = set()
+    by_subject: dict[str, list[int]] = {}
+    for m in messages:
+        if m.message_id in seen:  # a redelivery: at least once
+            continue
+        seen.add(m.message_id)
+        by_subject.setdefault(m.subject_id, []).append(m.seq)
+    return by_subject
+
+
+def test_delivers_every_row_once_in_order_and_marks_it(world: World, store: TransactionalOperationStore) -> None:
+    ids = make_operations(world, 6)
+    sink = Recording()
+    report = OutboxExporter(store, sink, batch_size=4).run(until_idle=True)
+    total = rows(store, "SELECT count(*) FROM outbox")[0][0]
+    assert report.delivered == total == len(sink.sent)
+    assert [m.seq for m in sink.sent] == sorted(m.seq for m in sink.sent)
+    assert set(in_order_per_subject(sink.sent)) == set(ids)
+    assert rows(store, "SELECT count(*) FROM outbox WHERE exported_at IS NULL") == [(0,)]
+    # Marked: a second run sends nothing.
+    assert OutboxExporter(store, sink).run(until_idle=True).delivered == 0
+    assert len(sink.sent) == total
+
+
+def test_a_failing_row_backs_off_then_parks_holding_only_its_own_subject(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    first, second = make_operations(world, 2)
+    sink = Recording()
+    poison = f"{first}/2"  # the claim of the first Operation: its admission goes out, the rest waits behind it
+    sink.failing.add(poison)
+    exporter = OutboxExporter(store, sink, batch_size=50, retry=FAST)
+    exporter.run(until_idle=True)
+    delivered = {m.message_id for m in sink.sent}
+    assert f"{first}/1" in delivered and not any(m.startswith(f"{first}/") and m != f"{first}/1" for m in delivered)
+    assert {f"{second}/1", f"{second}/2", f"{second}/3"} <= delivered, "another subject is not held back"
+    [(attempts, error, next_at)] = rows(store, "SELECT attempts, last_error, next_attempt_at FROM outbox "
+                                              "WHERE message_id = ?", (poison,))  # fmt: skip
+    assert (attempts, error) == (1, f"refused {poison}")
+    assert next_at is not None
+    # Not retried before its backoff; then retried with a doubled wait; parked at the third failure.
+    assert exporter.export_batch().claimed == 0
+    clock.advance(timedelta(seconds=1))
+    assert exporter.export_batch().failed == 1
+    clock.advance(timedelta(seconds=1))
+    assert exporter.export_batch().claimed == 0, "the second wait is 2 s"
+    clock.advance(timedelta(seconds=1))
+    report = exporter.export_batch()
+    assert (report.failed, report.parked) == (1, 1)
+    [parked] = parked_messages(store)
+    assert (parked.message_id, parked.attempts, parked.last_error) == (poison, 3, f"refused {poison}")
+    clock.advance(timedelta(hours=1))
+    assert exporter.export_batch().claimed == 0, "a parked row and what follows it wait for an operator"
+    # The operator fixes the sink and requeues: the subject goes on, in order.
+    sink.failing.clear()
+    assert requeue(store, poison) and not requeue(store, poison)
+    exporter.run(until_idle=True)
+    tail = [m.message_id for m in sink.sent if m.subject_id == first]
+    assert tail == [f"{first}/1", f"{first}/2", f"{first}/3"]
+    assert outbox_status(store).pending == 0
+
+
+def test_discarding_a_parked_row_lets_its_subject_go_on(world: World, store: TransactionalOperationStore) -> None:
+    [op] = make_operations(world, 1)
+    sink = Recording()
+    sink.failing.add(f"{op}/1")
+    exporter = OutboxExporter(store, sink, retry=ExportRetry(maximum_attempts=1))
+    assert exporter.run(until_idle=True).parked == 1
+    assert discard(store, f"{op}/1") and not discard(store, f"{op}/1")
+    exporter.run(until_idle=True)
+    assert [m.message_id for m in sink.sent] == [f"{op}/2", f"{op}/3"]
+    [(error,)] = rows(store, "SELECT last_error FROM outbox WHERE message_id = ?", (f"{op}/1",))
+    assert str(error).startswith("discarded: refused")
+
+
+def test_a_flush_failure_marks_nothing_exported(world: World, store: TransactionalOperationStore) -> None:
+    make_operations(world, 1)
+
+    class BadFlush(Recording):
+        def flush(self) -> None:
+            raise OSError("disk full")
+
+    report = OutboxExporter(store, BadFlush(), retry=FAST).export_batch()
+    # Sent but never made durable: every message of the batch counts as failed, and is sent again later.
+    assert (report.claimed, report.delivered, report.failed) == (3, 0, 3)
+    assert rows(store, "SELECT count(*) FROM outbox WHERE exported_at IS NOT NULL") == [(0,)]
+    assert rows(store, "SELECT DISTINCT last_error, attempts FROM outbox") == [("flush failed: OSError: disk full", 1)]
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    statuses: ClassVar[list[int]] = []
+    received: ClassVar[list[tuple[str, dict[str, object]]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        status = self.statuses.pop(0) if self.statuses else 200
+        if status == 200:
+            self.received.append((self.headers["Idempotency-Key"], body))
+        self.send_response(status)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def webhook() -> Iterator[str]:
+    _Hook.statuses, _Hook.received = [], []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/events"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_webhook_posts_each_message_with_its_id_and_retries_an_error_status(
+    world: World, store: TransactionalOperationStore, clock: ManualClock, webhook: str
+) -> None:
+    [op] = make_operations(world, 1)
+    _Hook.statuses = [503]
+    exporter = OutboxExporter(store, WebhookSink(webhook, timeout=5), retry=FAST)
+    first = exporter.export_batch()
+    assert (first.delivered, first.failed) == (0, 1)
+    assert rows(store, "SELECT last_error FROM outbox WHERE message_id = ?", (f"{op}/1",)) == [
+        (f"HTTP 503 from {webhook}",)
+    ]
+    clock.advance(timedelta(seconds=1))
+    exporter.run(until_idle=True)
+    assert [key for key, _ in _Hook.received] == [f"{op}/1", f"{op}/2", f"{op}/3"]
+    assert [body["message_id"] for _, body in _Hook.received] == [key for key, _ in _Hook.received]
+    assert _Hook.received[0][1]["attempt"] == 2
+
+
+def test_webhook_unreachable_is_a_failure_not_a_crash(tmp_path: Path, clock: ManualClock) -> None:
+    store = SQLiteOperationStore(tmp_path / "ops.db", clock)
+    try:
+        open_accounts(store, {"acc-1": 10, "acc-2": 0})
+        World(store, clock).transfer("k1", 1)
+        report = OutboxExporter(store, WebhookSink("http://127.0.0.1:9/nothing", timeout=1), retry=FAST).export_batch()
+        assert (report.delivered, report.failed) == (0, 1)
+        [(error,)] = rows(store, "SELECT last_error FROM outbox")
+        assert str(error).startswith("POST http://127.0.0.1:9/nothing failed")
+    finally:
+        store.close()
+
+
+def test_sigkill_mid_batch_then_rerun_delivers_every_committed_row_in_order(tmp_path: Path) -> None:
+    db, out = tmp_path / "ops.db", tmp_path / "out.jsonl"
+    store = SQLiteOperationStore(db, ManualClock(datetime.now(UTC)))
+    open_accounts(store, {"acc-1": 1000, "acc-2": 0})
+    ids = make_operations(World(store, ManualClock()), 30)
+    store.close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.outbox.export_child", str(db), str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        # Into the third batch of 25: two batches marked, one half sent.
+        while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 62):
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    sent_before = len(out.read_text().splitlines())
+    # Later than the dead exporter's lease, so its claim is taken over.
+    store = SQLiteOperationStore(db, ManualClock(datetime.now(UTC) + timedelta(minutes=1)))
+    try:
+        exported_before = rows(store, "SELECT count(*) FROM outbox WHERE exported_at IS NOT NULL")[0][0]
+        assert isinstance(exported_before, int) and exported_before < sent_before, "the kill landed mid-batch"
+        sink = JsonLinesSink(out)
+        OutboxExporter(store, sink).run(until_idle=True)
+        sink.close()
+        committed = rows(store, "SELECT seq, message_id, subject_id FROM outbox ORDER BY seq")
+        assert rows(store, "SELECT count(*) FROM outbox WHERE exported_at IS NULL") == [(0,)]
+    finally:
+        store.close()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    delivered = [
+        ExportedMessage(d["message_id"], d["seq"], d["kind"], d["subject_id"], d["tenant"], d["topic"],
+                        datetime.fromisoformat(d["at"]), json.dumps(d["payload"]), d["attempt"])
+        for d in lines
+    ]  # fmt: skip
+    assert {m.message_id for m in delivered} == {str(r[1]) for r in committed}, "every committed row, at least once"
+    assert len(delivered) > len(committed), "the interrupted batch was delivered again"
+    expected: dict[str, list[int]] = {}
+    for seq, _, subject in committed:
+        expected.setdefault(str(subject), []).append(int(str(seq)))
+    assert in_order_per_subject(delivered) == expected
+    assert set(expected) == set(ids)
+
+
+@pytest.mark.parametrize("store", ["postgresql"], indirect=True)
+def test_two_exporters_at_once_share_the_rows_and_keep_each_subjects_order(
+    world: World, store: TransactionalOperationStore
+) -> None:
+    make_operations(world, 20)
+    sink = Recording()
+    exporters = [OutboxExporter(store, sink, batch_size=7, exporter_id=f"x{n}") for n in range(2)]
+    threads = [threading.Thread(target=e.run, kwargs={"until_idle": True}) for e in exporters]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    # Until idle may stop one while the other still holds rows; finish what is left.
+    exporters[0].run(until_idle=True)
+    total = rows(store, "SELECT count(*) FROM outbox")[0][0]
+    assert len(sink.sent) == total, "each row once: no crash, no double claim"
+    assert len({m.message_id for m in sink.sent}) == total
+    for seqs in in_order_per_subject(sink.sent).values():
+        assert seqs == sorted(seqs)

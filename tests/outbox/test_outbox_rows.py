@@ -1,0 +1,124 @@
+"""Every transition writes its outbox row in its own transaction; what a row says never changes.
+
+Proves, on SQLite and PostgreSQL: one outbox row per transition of an
+Operation and of a workflow execution, in order, with a self-contained
+payload; a refused decision writes none; the message columns refuse UPDATE.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.operations.base import TransactionalOperationStore
+from fencekeeper.adapters.operations.service import DurableOperationError
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.testing.operations_suite import World
+from fencekeeper.adapters.worker import Worker
+from fencekeeper.kernel.definition import parse_definition
+from tests.cli.runner import EXAMPLES
+from tests.outbox.conftest import rows
+
+
+def test_every_operation_transition_writes_one_row_with_it(world: World, store: TransactionalOperationStore) -> None:
+    op_id = world.transfer("k1", 5)
+    report = world.worker("w1").run_once()
+    assert report is not None and report.outcome == "succeeded"
+    transitions = rows(store, "SELECT revision, to_state FROM operation_transitions WHERE operation_id = ? "
+                              "ORDER BY revision", (op_id,))  # fmt: skip
+    outbox = rows(store, "SELECT message_id, topic, payload FROM outbox WHERE subject_id = ? ORDER BY seq", (op_id,))
+    assert [r[0] for r in outbox] == [f"{op_id}/{rev}" for rev, _ in transitions]
+    assert [r[1] for r in outbox] == [f"operation.{state}" for _, state in transitions]
+    last = json.loads(str(outbox[-1][2]))
+    assert (last["operation_id"], last["tenant"], last["outcome"], last["revision"]) == (
+        op_id, "tenant-a", "succeeded", transitions[-1][0],
+    )  # fmt: skip
+
+
+def test_a_refused_decision_writes_no_outbox_row(world: World, store: TransactionalOperationStore) -> None:
+    world.transfer("k1", 5)
+    before = rows(store, "SELECT count(*) FROM outbox")
+    with pytest.raises(DurableOperationError):
+        world.transfer("k1", 6)  # the same identity with another input: idempotency_conflict
+    assert rows(store, "SELECT count(*) FROM outbox") == before
+
+
+def test_what_an_outbox_row_says_cannot_be_changed(world: World, store: TransactionalOperationStore) -> None:
+    op_id = world.transfer("k1", 5)
+    for column, value in (("payload", "{}"), ("topic", "x"), ("message_id", "other")):
+        with pytest.raises(Exception, match="never changes"):
+            rows(store, f"UPDATE outbox SET {column} = ? WHERE subject_id = ?", (value, op_id))
+    assert rows(store, "SELECT topic FROM outbox WHERE subject_id = ?", (op_id,)) == [("operation.admitted",)]
+
+
+def _run_purchases(store: object) -> None:
+    policy = examples.grants("default", "user:operator")
+    path = EXAMPLES / "purchase_approval.toml"
+    definition = parse_definition(path.read_text(encoding="utf-8"), path.name)
+    service.register(store, definition, "default", "user:operator", policy)  # type: ignore[arg-type]
+    for n in range(3):
+        service.run(
+            store, policy, business_id="default", principal_id="user:operator",  # type: ignore[arg-type]
+            definition_id=definition.definition_id, execution_id=f"po-{n}",
+            input={"amount": 5 + n, "order_id": f"o-{n}", "order_revision": 1},
+        )  # fmt: skip
+    worker = Worker(store, "w-1", policy, examples.handler(), business_id="default")  # type: ignore[arg-type]
+    while worker.run_pass().claimed:
+        pass
+
+
+def test_every_execution_transition_writes_one_row_with_it_sqlite(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ex.db")
+    try:
+        _run_purchases(store)
+    finally:
+        store.close()
+    import sqlite3  # noqa: PLC0415
+
+    conn = sqlite3.connect(tmp_path / "ex.db")
+    try:
+        for n in range(3):
+            history = conn.execute(
+                "SELECT revision, to_state FROM execution_transitions WHERE execution_id = ? "
+                "ORDER BY revision, rank, seq", (f"po-{n}",),
+            ).fetchall()  # fmt: skip
+            messages = conn.execute(
+                "SELECT payload, tenant FROM outbox WHERE kind = 'execution' AND subject_id = ? ORDER BY seq", (f"po-{n}",)
+            ).fetchall()
+            assert len(history) >= 2
+            payloads = [json.loads(p) for p, _ in messages]
+            assert [(p["revision"], p["to_state"]) for p in payloads] == [tuple(h) for h in history]
+            assert {t for _, t in messages} == {"default"}
+    finally:
+        conn.close()
+
+
+def test_every_execution_transition_writes_one_row_with_it_postgresql(pg_dsn: str, pg_schema: str) -> None:
+    from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    try:
+        _run_purchases(store)
+    finally:
+        store.close()
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+        for n in range(3):
+            revisions = [
+                r[0] for r in conn.execute(
+                    "SELECT revision FROM object_revisions WHERE object_id = %s ORDER BY revision", (f"po-{n}",)
+                ).fetchall()
+            ]  # fmt: skip
+            payloads = [
+                json.loads(r[0]) for r in conn.execute(
+                    "SELECT payload FROM outbox WHERE kind = 'execution' AND subject_id = %s ORDER BY seq", (f"po-{n}",)
+                ).fetchall()
+            ]  # fmt: skip
+            # Each revision's transition, in order (a renewal would add a row at the same revision).
+            assert sorted({p["revision"] for p in payloads}) == revisions
+            assert [p["revision"] for p in payloads] == sorted(p["revision"] for p in payloads)

@@ -1,0 +1,154 @@
+"""Pruning: windows per kind, nothing unended, identities for their whole window, batched, resumable; and
+nothing but pruning can delete (the triggers), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from fencekeeper.adapters.operations.base import TransactionalOperationStore
+from fencekeeper.adapters.operations.sql import SqlTx
+from fencekeeper.adapters.outbox import OutboxExporter
+from fencekeeper.adapters.retention import PruneReport, RetentionWindows, prune
+from fencekeeper.adapters.store import ManualClock, StoreError
+from fencekeeper.adapters.testing.operations_suite import ALICE, LEASE, TENANT, World
+from tests.outbox.conftest import rows
+from tests.outbox.test_exporter import Recording, make_operations
+
+WINDOWS = RetentionWindows(
+    operations=timedelta(days=3), results=timedelta(hours=1), identities=timedelta(0),
+    history=timedelta(hours=2), outbox=timedelta(hours=1),
+)  # fmt: skip
+
+
+def removed(report: PruneReport) -> tuple[int, ...]:
+    return (report.results_expired, report.identities, report.transitions, report.attempts, report.operations,
+            report.outbox)  # fmt: skip
+
+
+def counts(store: TransactionalOperationStore, op_id: str) -> tuple[object, ...]:
+    return (
+        rows(store, "SELECT count(*) FROM operations WHERE operation_id = ?", (op_id,))[0][0],
+        rows(store, "SELECT count(*) FROM operation_identities WHERE operation_id = ?", (op_id,))[0][0],
+        rows(store, "SELECT count(*) FROM operation_attempts WHERE operation_id = ?", (op_id,))[0][0],
+        rows(store, "SELECT count(*) FROM operation_transitions WHERE operation_id = ?", (op_id,))[0][0],
+    )
+
+
+def test_each_kind_goes_after_its_own_window_and_unended_work_stays(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    [ended] = make_operations(world, 1)
+    waiting = world.transfer("k-waiting", 1)  # admitted, never claimed
+    running = world.transfer("k-running", 1)
+    assert store.claim_next(TENANT, "w-2", LEASE) is not None  # claims one of them; both stay unended
+    OutboxExporter(store, Recording()).run(until_idle=True)
+    [(exported,)] = rows(store, "SELECT count(*) FROM outbox WHERE exported_at IS NOT NULL")
+    unended = {waiting: counts(store, waiting), running: counts(store, running)}
+
+    clock.advance(timedelta(minutes=30))
+    assert removed(prune(store, WINDOWS)) == (0, 0, 0, 0, 0, 0), "everything is inside its window"
+
+    clock.advance(timedelta(minutes=45))
+    report = prune(store, WINDOWS)
+    assert (report.results_expired, report.outbox, report.transitions) == (1, exported, 0)
+    [(result, expired)] = rows(store, "SELECT result, result_expired_at FROM operations WHERE operation_id = ?", (ended,))
+    assert result is None and expired is not None
+    assert counts(store, ended) == (1, 1, 1, 3), "the result body goes first; metadata and history stay"
+    assert world.service.get(ended) is not None
+
+    clock.advance(timedelta(hours=1))
+    assert prune(store, WINDOWS).transitions == 3
+    assert counts(store, ended) == (1, 1, 1, 0)
+
+    clock.advance(timedelta(days=2))  # past the identity's own window (a day), inside the operations window
+    report = prune(store, WINDOWS)
+    assert (report.identities, report.operations) == (1, 0)
+    assert counts(store, ended) == (1, 0, 1, 0)
+
+    clock.advance(timedelta(days=1))
+    report = prune(store, WINDOWS)
+    assert (report.operations, report.attempts) == (1, 1)
+    assert counts(store, ended) == (0, 0, 0, 0)
+    assert {op: counts(store, op) for op in unended} == unended, "unended work is never touched"
+    assert rows(store, "SELECT count(*) FROM outbox WHERE exported_at IS NULL") == [(0,)]
+
+
+def test_an_identity_is_kept_for_its_whole_promised_window(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    [op] = make_operations(world, 1)
+    short = RetentionWindows(operations=timedelta(0), results=timedelta(0), history=timedelta(0), outbox=timedelta(0))
+    clock.advance(timedelta(hours=23))  # inside the submission's one-day window
+    report = prune(store, short)
+    assert (report.identities, report.operations) == (0, 0)
+    assert counts(store, op)[:2] == (1, 1)
+    # The same submission is still the same Operation.
+    again = world.service.submit(tenant=TENANT, principal=ALICE, action="transfer",
+                                 input={"from": "acc-1", "to": "acc-2", "amount": 1}, client_key="k0")  # fmt: skip
+    assert again.operation_id == op and not again.created
+    clock.advance(timedelta(hours=2))
+    report = prune(store, short)
+    assert (report.identities, report.operations) == (1, 1)
+
+
+def test_batches_are_bounded_and_a_stopped_prune_resumes(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    make_operations(world, 7)
+    clock.advance(timedelta(days=40))
+    first = prune(store, WINDOWS, batch_size=4, max_batches=1)
+    assert not first.finished and first.batches == 1
+    assert sum(removed(first)) == 4, "one full batch of result bodies"
+    total = first
+    for _ in range(20):
+        report = prune(store, WINDOWS, batch_size=4, max_batches=2)
+        total = total + report
+        if report.finished:
+            break
+        assert 0 < sum(removed(report)) <= 2 * 4 + 4 * 2, "at most two batches (an Operation's own takes its attempts)"
+    assert report.finished
+    assert (total.results_expired, total.identities, total.operations, total.attempts) == (7, 7, 7, 7)
+    assert rows(store, "SELECT count(*) FROM operations") == [(0,)]
+    assert removed(prune(store, WINDOWS)) == (0, 0, 0, 0, 0, 0)
+
+
+def test_windows_are_checked() -> None:
+    with pytest.raises(StoreError, match=r"results: .* longer than operations"):
+        RetentionWindows(operations=timedelta(days=1), results=timedelta(days=2))
+    with pytest.raises(StoreError, match="outbox: must be a duration"):
+        RetentionWindows(outbox=timedelta(seconds=-1))
+
+
+HISTORY = ("operations", "operation_identities", "operation_attempts", "operation_transitions", "outbox")
+
+
+def test_nothing_but_pruning_deletes_history(world: World, store: TransactionalOperationStore, clock: ManualClock) -> None:
+    make_operations(world, 1)
+    OutboxExporter(store, Recording()).run(until_idle=True)
+    before = {table: rows(store, f"SELECT count(*) FROM {table}") for table in HISTORY}
+    for table in HISTORY:
+        with pytest.raises(Exception, match=r"pruning|append-only"):
+            rows(store, f"DELETE FROM {table}")
+    assert {table: rows(store, f"SELECT count(*) FROM {table}") for table in HISTORY} == before
+    with pytest.raises(Exception, match="append-only"):
+        rows(store, "UPDATE operation_transitions SET reason = 'rewritten'")
+
+
+def test_even_in_pruning_mode_unended_work_and_unexported_rows_cannot_be_deleted(
+    world: World, store: TransactionalOperationStore
+) -> None:
+    op = world.transfer("k1", 1)  # admitted: not ended, outbox row not exported
+    for sql in (
+        "DELETE FROM operation_transitions WHERE operation_id = ?",
+        "DELETE FROM operation_identities WHERE operation_id = ?",
+        "DELETE FROM outbox WHERE subject_id = ?",
+        "DELETE FROM operations WHERE operation_id = ?",
+    ):
+        with pytest.raises(Exception, match=r"pruning|pruned|ended|exported"), store._transaction() as tx:
+            assert isinstance(tx, SqlTx)
+            tx.enter_pruning()
+            tx.run(sql, (op,))
+    assert counts(store, op) == (1, 1, 0, 1)
+    assert rows(store, "SELECT count(*) FROM outbox WHERE subject_id = ?", (op,)) == [(1,)]
