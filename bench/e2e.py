@@ -32,9 +32,9 @@ Rules of this module:
   condition, two ``local_command`` nodes and ``end``: four visited, a fifth,
   the failure end, never reached), against Procrastinate's no-op job and DBOS
   workflows of one and three no-op steps.
-- **Admission is timed apart,** before the drain, one transaction each:
+- **Admission is timed apart,** before the drain, one at a time:
   ``service.run`` (the service API, which reads the pinned definition, checks
-  the input and the policy, then admits), Procrastinate's ``defer`` one job at
+  the input and the policy, then admits: two transactions), Procrastinate's ``defer`` one job at
   a time, DBOS's ``Queue.enqueue`` one workflow at a time.
 - **Every measurement starts clean.**  A fresh schema (a fresh file on
   SQLite), then ``ANALYZE`` of the bench's database after admission (for every
