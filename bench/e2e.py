@@ -32,9 +32,9 @@ Rules of this module:
   condition, two ``local_command`` nodes and ``end``: four visited, a fifth,
   the failure end, never reached), against Procrastinate's no-op job and DBOS
   workflows of one and three no-op steps.
-- **Admission is timed apart,** before the drain, one transaction each:
+- **Admission is timed apart,** before the drain, one at a time:
   ``service.run`` (the service API, which reads the pinned definition, checks
-  the input and the policy, then admits), Procrastinate's ``defer`` one job at
+  the input and the policy, then admits: two transactions), Procrastinate's ``defer`` one job at
   a time, DBOS's ``Queue.enqueue`` one workflow at a time.
 - **Every measurement starts clean.**  A fresh schema (a fresh file on
   SQLite), then ``ANALYZE`` of the bench's database after admission (for every
@@ -680,14 +680,18 @@ def count_trace(directory: Path) -> TraceCount:
     """Count what every trace file in ``directory`` shows (libpq's format: ``F|B<TAB>len<TAB>Type<TAB>fields``).
 
     A round trip is a frontend ``Query`` or ``Sync`` (the client then waits for
-    ``ReadyForQuery``); a statement is a ``Query`` or an ``Execute``; a
-    transaction is a ``ReadyForQuery`` that reports the session idle after at
-    least one completed command since the one before (an explicit ``COMMIT``,
-    or a statement run in autocommit, as Procrastinate runs them).
+    ``ReadyForQuery``), except a ``Sync`` after nothing but ``Parse``: that is
+    a statement being prepared, once per connection, which a run over N
+    executions may do and the run over none not, so it would not cancel out;
+    a statement is a ``Query`` or an ``Execute``; a transaction is a
+    ``ReadyForQuery`` that reports the session idle after at least one
+    completed command since the one before (an explicit ``COMMIT``, or a
+    statement run in autocommit, as Procrastinate runs them).
     """
     round_trips = statements = transactions = 0
     for path in directory.glob("trace-*.txt"):
         completed = False
+        batch: set[str] = set()
         for line in path.read_text(errors="replace").splitlines():
             fields = line.split("\t", 3)
             if len(fields) < 3:
@@ -695,7 +699,13 @@ def count_trace(directory: Path) -> TraceCount:
             side, kind = fields[0], fields[2]
             rest = fields[3].strip() if len(fields) > 3 else ""
             if side == "F":
-                round_trips += kind in ("Query", "Sync")
+                if kind == "Sync":
+                    round_trips += batch != {"Parse"}
+                    batch = set()
+                elif kind == "Query":
+                    round_trips += 1
+                else:
+                    batch.add(kind)
                 statements += kind in ("Query", "Execute")
             elif kind == "CommandComplete":
                 completed = True

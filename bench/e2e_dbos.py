@@ -6,9 +6,9 @@ user's web process and queue worker would be:
 - ``admit URL SCHEMA STEPS N C``: launch DBOS listening to no queue, register
   the queue ``bench`` (``worker_concurrency`` C, polled every 10 ms: the
   default second would cap a drain at C workflows a second), enqueue N
-  workflows of STEPS no-op steps one by one (each ``Queue.enqueue`` is one
-  durable insert, as Procrastinate's ``defer`` and fencekeeper's admission
-  are), print ``{"admitted": N, "seconds": S}`` and exit.
+  workflows of STEPS no-op steps one by one (each ``Queue.enqueue`` commits
+  the workflow before returning, as Procrastinate's ``defer`` commits its job
+  and ``service.run`` its execution), print ``{"admitted": N, "seconds": S}`` and exit.
 - ``drain URL SCHEMA STEPS N C``: launch DBOS listening to ``bench`` and run
   until stopped; the bench times it from start until its own poll of the
   system database sees all N workflows ``SUCCESS``, then stops it.

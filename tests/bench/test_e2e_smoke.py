@@ -71,7 +71,8 @@ def test_a_run_reports_medians_and_leaves_unmeasured_targets_unjudged(tmp_path: 
 
 def test_the_trace_counter_reads_libpq_trace_lines(tmp_path: Path) -> None:
     # One explicit transaction of two extended-protocol statements, then one autocommit query,
-    # then a Parse alone (a statement prepared outside a transaction: a round trip, no transaction).
+    # then a Parse alone (a statement prepared outside a transaction: neither a counted round trip,
+    # since it happens once per connection, nor a transaction).
     trace = "\n".join(
         [
             'F\t10\tQuery\t "BEGIN"',
@@ -102,7 +103,7 @@ def test_the_trace_counter_reads_libpq_trace_lines(tmp_path: Path) -> None:
     (tmp_path / "trace-1-0.txt").write_text(trace + "\n", encoding="utf-8")
     (tmp_path / "other.txt").write_text('F\t10\tQuery\t "BEGIN"\n', encoding="utf-8")
     count = e2e.count_trace(tmp_path)
-    assert count == e2e.TraceCount(round_trips=6, statements=5, transactions=2)
+    assert count == e2e.TraceCount(round_trips=5, statements=5, transactions=2)
 
 
 def test_the_traced_entry_runs_the_real_command_line(tmp_path: Path) -> None:
