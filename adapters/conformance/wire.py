@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 from fencekeeper.kernel.recovery import RecoveryFacts, recover
 
@@ -424,3 +425,23 @@ def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
 
 
 EVENTS = tuple(e.value for e in ExecutionEvent)
+
+
+def evidence(value: Evidence) -> Json:
+    return {"object_id": value.object_id, "kind": value.kind, "revision": value.revision, "state": value.state,
+            "body": dict(value.body)}
+
+
+def transition(value: p.TransitionRecord) -> Json:
+    """A history line without its free-text reason (specs/protocol.md makes only codes normative)."""
+    return {
+        "execution_id": value.execution_id,
+        "event": value.event.value if value.event is not None else None,
+        "from_state": value.from_state.value if value.from_state is not None else None,
+        "to_state": value.to_state.value,
+        "revision": value.revision,
+        "at": time_text(value.at),
+        "actor": value.actor,
+        "lease_token": value.lease_token,
+        "fence": value.fence,
+    }
