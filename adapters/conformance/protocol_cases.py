@@ -28,6 +28,7 @@ from fencekeeper.kernel.machines import DispatchState, ExecutionState
 from fencekeeper.kernel.recovery import RecoveryFacts, recover
 
 from . import wire
+from .approval_cases import approval_cases
 from .basis import LEASE, T0, US, Case
 
 B = "b-1"
@@ -482,7 +483,7 @@ def protocol_cases() -> list[Case]:
     w = worlds()
     cases = [
         *_admit_cases(w), *_claim_cases(w), *_fenced_cases(w), *_finalize_cases(w), *_wake_cases(w),
-        *_cancel_cases(w), *model_cases(),
+        *_cancel_cases(w), *model_cases(), *approval_cases(),
     ]
     return [_tagged(case) for case in _unique(cases)]
 

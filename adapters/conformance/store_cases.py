@@ -118,6 +118,28 @@ def quarantine(execution_id: str, revision: int, at: int, actor: str = "user:ops
         "business_id": "b-1", "expected_revision": revision, "actor_id": actor, "authority": OPS}}
 
 
+def recover(execution_id: str, command: str, kind: str, revision: int, at: int, *, call: str = "recover") -> Step:
+    return {"call": call, "now": _t(at), "args": {
+        "command_id": command, "kind": kind, "execution_id": execution_id, "business_id": "b-1",
+        "expected_revision": revision, "actor_id": "user:ops", "authority": OPS}}
+
+
+def expired(at: int) -> Step:
+    return {"call": "expired", "now": _t(at), "args": {}}
+
+
+def ids(state: str | None, at: int = 10**9) -> Step:
+    return {"call": "execution_ids", "now": _t(at), "args": {"state": state}}
+
+
+def history(execution_id: str, at: int = 10**9) -> Step:
+    return {"call": "history", "now": _t(at), "args": {"execution_id": execution_id}}
+
+
+def current_evidence(execution_id: str, at: int = 10**9) -> Step:
+    return {"call": "evidence", "now": _t(at), "args": {"execution_id": execution_id}}
+
+
 def due(at: int, limit: int = 100, business_id: str | None = None) -> Step:
     args: dict[str, Any] = {"limit": limit}
     if business_id is not None:
@@ -220,9 +242,51 @@ def _scripts() -> dict[str, list[Step]]:
             finalize("e-1", W1, 2, "waiting", 6, wait=timer_wait("sleep", "a-1", 1000 + 2)),
             finalize("e-2", W2, 2, "waiting", 7, wait=timer_wait("sleep", "a-2", 1000 + 1), business_id="b-2"),
             finalize("e-3", cred("w-3", "tok-3"), 2, "waiting", 8, wait=timer_wait("sleep", "a-3", 1000 + 3)),
-            due(1000), due(1001), due(1003), due(1003, limit=2), due(1003, business_id="b-1"),
+            due(1000), due(1001), due(1003), due(1003, limit=1), due(1003, limit=2), due(1003, business_id="b-1"),
             due(1003, business_id="b-2"), fire("e-1", "sleep", "a-1", 1001), fire("e-1", "sleep", "a-1", 1002),
             due(1003), read("e-1"),
+        ],
+        "registering_waiter_takes_the_first_event_of_its_business": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1), publish("ev-9", "o-1", 2, business_id="b-2"),
+            publish("ev-1", "o-1", 3), publish("ev-2", "o-1", 4),
+            finalize("e-1", W1, 2, "waiting", 5, wait=event_wait("await", "a-2", "o-1")), read("e-1"),
+        ],
+        "current_evidence_in_creation_order": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1),
+            evidence("e-1", W1, 2, ("z-1", "command", 1, "issued")),
+            evidence("e-1", W1, 3, ("a-1", "attempt", 1, "started")),
+            evidence("e-1", W1, 4, ("z-1", "command", 2, "succeeded")), current_evidence("e-1"),
+        ],
+        "quarantine_replays_its_command": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1),
+            recover("e-1", "sweep-1", "quarantine_expired", 2, 1 + END, call="quarantine"),
+            recover("e-1", "sweep-1", "quarantine_expired", 2, 2 + END, call="quarantine"), read("e-1"),
+        ],
+        "older_recovery_command_replays": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1),
+            recover("e-1", "rc-1", "quarantine_expired", 2, 1 + END),
+            recover("e-1", "rc-2", "fail", 3, 2 + END),
+            recover("e-1", "rc-1", "quarantine_expired", 2, 3 + END),
+            recover("e-1", "rc-2", "fail", 3, 4 + END), read("e-1"),
+        ],
+        "expired_to_the_microsecond_and_after_renew": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1), expired(END), expired(1 + END - ONE),
+            renew("e-1", W1, 2), expired(1 + END), expired(2 + END - ONE), expired(2 + END),
+        ],
+        "claimable_only_from_eligible_at_to_the_microsecond": [
+            # The clock reads earlier than the admission (another host's clock, a step back): work
+            # becomes claimable at its eligible_at exactly, not at the start of that second.
+            admit("e-1", 500_000), claim("w-1", "tok-1", 0), claim("w-1", "tok-1", 500_000 - ONE),
+            claim("w-1", "tok-1", 500_000), read("e-1"),
+        ],
+        "history_in_commit_order_when_the_clock_moves_back": [
+            admit("e-1", 0), claim("w-1", "tok-1", 5_000), step("e-1", W1, 2, 1_000),
+            finalize("e-1", W1, 3, "succeeded", 2_000), history("e-1"),
+        ],
+        "state_lists_follow_every_decision": [
+            admit("e-1", 0), admit("e-2", 1), claim("w-1", "tok-1", 2), ids("running"),
+            finalize("e-1", W1, 2, "waiting", 3, wait=timer_wait("sleep", "a-1", 1000)), ids("waiting"),
+            fire("e-1", "sleep", "a-1", 1000), ids("waiting"), ids("eligible"), ids(None),
         ],
     }
 
@@ -235,6 +299,8 @@ def _races() -> dict[str, tuple[list[Step], Step, Step, list[Step]]]:
     timer_waiting = [admit("e-1", 0), claim("w-1", "tok-1", 1),
                      finalize("e-1", W1, 2, "waiting", 2, wait=timer_wait("sleep", "a-1", 1000))]
     return {
+        "claim_races_claim_for_two": ([admit("e-1", 0), admit("e-2", 1)], claim("w-1", "tok-1", 5),
+                                      claim("w-2", "tok-2", 5, session="b"), [read("e-1"), read("e-2")]),
         "claim_races_claim": ([admit("e-1", 0)], claim("w-1", "tok-1", 5), claim("w-2", "tok-2", 5, session="b"),
                               [read("e-1")]),
         "claim_races_cancel": ([admit("e-1", 0)], claim("w-1", "tok-1", 5), cancel("e-1", 1, 5, session="b"),

@@ -10,7 +10,12 @@ Rules of this module:
 - Time is the runner's: each call carries ``now``, and the harness sets a
   :class:`~fencekeeper.adapters.store.ManualClock` to it before the call,
   so the store's authoritative time is exactly the case's.
-- A session is one thread.  ``hold`` pauses a session's call at the point
+- A session is one thread.  Session ``a`` calls the store the factory made;
+  any other session calls a second session of the same data: a new
+  connection for the shipped SQLite and PostgreSQL stores (whose objects
+  share one connection, or a pool, between threads, so two threads of one
+  object never reach the database's own locks), the same object otherwise.
+  ``hold`` pauses a session's call at the point
   where the store commits (the backend's ``write``), or, for a store that
   exposes no backend, at its first clock read; ``release`` lets it go on.
   That is the point at which a guard must still hold, so two sessions
@@ -31,6 +36,7 @@ from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.evidence import Evidence
+from fencekeeper.kernel.machines import ExecutionState
 
 from . import wire
 
@@ -76,6 +82,7 @@ class StoreHarness:
         self.sessions: dict[str, _Session] = {}
         self._local = threading.local()
         self._hooked = False
+        self._others: dict[str, Any] = {}
 
     # --- lifetime -----------------------------------------------------------------------
 
@@ -96,10 +103,22 @@ class StoreHarness:
             session.go_on.set()
             if session.thread is not None:
                 session.thread.join(timeout=10)
+        for other in self._others.values():
+            if other is not self.store:
+                with contextlib.suppress(Exception):
+                    other.close()
+        self._others = {}
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
         self.store = None
+
+    def _store_of(self, session: str) -> Any:
+        if session == "a":
+            return self.store
+        if session not in self._others:
+            self._others[session] = _second_session(self.store, self.clock)
+        return self._others[session]
 
     def _hook(self) -> bool:
         """Wrap the store's transactions so a held session stops right before it commits."""
@@ -142,6 +161,8 @@ class StoreHarness:
         step = message["step"]
         name = step.get("session", "a")
         session = _Session(name)
+        if name != "a":
+            self._store_of(name)  # opened here, not in the racing thread, so opening is not counted as blocking
         session.hold = bool(message.get("hold"))
         self.sessions[name] = session
         if "now" in step:
@@ -182,7 +203,7 @@ class StoreHarness:
         return any(s.hold and s.reached.is_set() and not s.go_on.is_set() for s in self.sessions.values())
 
     def call(self, step: Json) -> Json:
-        store = self.store
+        store = self._store_of(step.get("session", "a"))
         call = step["call"]
         a = step.get("args", {})
         if call == "admit":
@@ -197,6 +218,21 @@ class StoreHarness:
             return wire.outcome(getattr(store, call)(wire.parse_request(call, a)))
         if call == "recover":
             return wire.outcome(store.recover(wire.parse_request("recover", a)))
+        if call == "quarantine":
+            return wire.outcome(store.quarantine(wire.parse_request("recover", a)))
+        if call == "expired":
+            return {"outcome": "ids", "ids": sorted(store.expired())}
+        if call == "execution_ids":
+            state = a.get("state")
+            ids = store.execution_ids(ExecutionState(state) if state is not None else None)
+            return {"outcome": "ids", "ids": sorted(ids)}
+        if call in ("history", "evidence"):
+            found = store.read(a["execution_id"])
+            if found is None:
+                return {"outcome": call, call: None}
+            if call == "history":
+                return {"outcome": "history", "history": [wire.transition(r) for r in found.history]}
+            return {"outcome": "evidence", "evidence": [wire.evidence(e) for e in found.evidence]}
         if call == "append_evidence":
             items = tuple(
                 Evidence(e["object_id"], e["kind"], e.get("body", {}), e["revision"], e.get("state"))
@@ -228,13 +264,22 @@ class StoreHarness:
                 "execution": wire.execution(view.execution),
                 "dispatch": wire.dispatch(view.dispatch),
                 "registrations": [wire.registration(r) for r in view.registrations],
-                "evidence_revisions": [
-                    {"object_id": e.object_id, "kind": e.kind, "revision": e.revision, "state": e.state,
-                     "body": dict(e.body)}
-                    for e in view.evidence_revisions
-                ],
+                "evidence_revisions": [wire.evidence(e) for e in view.evidence_revisions],
             }
         return {"outcome": "error", "code": "unknown_call"}
+
+
+def _second_session(store: Any, clock: ManualClock) -> Any:
+    """Another connection to the same data for the shipped database stores; the store itself otherwise."""
+    # Imported here: a third-party store's driver need not load the shipped stores' database modules.
+    from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+    from fencekeeper.adapters.sqlite_store import SQLiteStore  # noqa: PLC0415
+
+    if isinstance(store, SQLiteStore):
+        return type(store)(store.path, clock=clock)
+    if isinstance(store, PostgresStore):
+        return type(store)(store.dsn, schema=store.schema, clock=clock, pool_size=1)
+    return store
 
 
 class _HeldBackend:

@@ -22,7 +22,9 @@ import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 from fencekeeper.kernel.recovery import RecoveryFacts, recover
 
@@ -392,6 +394,8 @@ def outcome(value: p.Outcome | None) -> Json:
 
 def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
     """The kernel's outcome for one protocol-decision case, in JSON form: the reference driver's answer."""
+    if decision == "decide_approval":
+        return approval_outcome(rows, request)
     at = parse_time(now)
     execution_row = parse_execution(rows.get("execution"))
     dispatch_row = parse_dispatch(rows.get("dispatch"))
@@ -424,3 +428,63 @@ def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
 
 
 EVENTS = tuple(e.value for e in ExecutionEvent)
+
+
+def evidence(value: Evidence) -> Json:
+    return {"object_id": value.object_id, "kind": value.kind, "revision": value.revision, "state": value.state,
+            "body": dict(value.body)}
+
+
+def transition(value: p.TransitionRecord) -> Json:
+    """A history line without its free-text reason (specs/protocol.md makes only codes normative)."""
+    return {
+        "execution_id": value.execution_id,
+        "event": value.event.value if value.event is not None else None,
+        "from_state": value.from_state.value if value.from_state is not None else None,
+        "to_state": value.to_state.value,
+        "revision": value.revision,
+        "at": time_text(value.at),
+        "actor": value.actor,
+        "lease_token": value.lease_token,
+        "fence": value.fence,
+    }
+
+
+def parse_evidence(data: Json) -> Evidence | None:
+    if data is None:
+        return None
+    return Evidence(data["object_id"], data["kind"], data.get("body", {}), data["revision"], data.get("state"))
+
+
+def parse_approval_decision(data: Json) -> approvals.ApprovalDecision:
+    return approvals.ApprovalDecision(
+        decision_id=data["decision_id"],
+        request_id=data["request_id"],
+        business_id=data["business_id"],
+        reviewer_id=data["reviewer_id"],
+        determination=data["determination"],
+        binding=approvals.Binding.from_json(data["binding"]),
+        authority=parse_authority(data["authority"]),
+        rationale=data.get("rationale", ""),
+    )
+
+
+def approval_outcome(rows: Json, request: Json) -> Json:
+    """The kernel's answer to a reviewer's decision (specs/interpreter.md, Approvals), in JSON form.
+
+    ``rows`` holds the stored ``approval_request`` (its body, or null), its
+    evidence ``request_revision``, and ``prior_decision``: the stored
+    decision with the same identity, or null.
+    """
+    stored = rows.get("approval_request")
+    result = approvals.decide(
+        None if stored is None else approvals.ApprovalRequest.from_json(stored),
+        int(rows.get("request_revision", 1)),
+        parse_evidence(rows.get("prior_decision")),
+        parse_approval_decision(request),
+    )
+    if isinstance(result, approvals.Accepted):
+        return {"outcome": "accepted", "evidence": [evidence(e) for e in result.evidence]}
+    if isinstance(result, approvals.Recorded):
+        return {"outcome": "recorded", "evidence": [evidence(e) for e in result.evidence]}
+    return outcome(result)

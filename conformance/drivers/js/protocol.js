@@ -14,6 +14,8 @@
 
 "use strict";
 
+const { decideApproval } = require("./approvals");
+
 const { step: tableStep } = require("./machines");
 
 const STEP_LIMIT = 100;
@@ -513,6 +515,7 @@ function cancel(m, { execution, dispatch }, r, nowText) {
 const DECISIONS = { admit, claim, renew, record_step: recordStep, release, finalize, wake, cancel };
 
 function decide(machines, input) {
+  if (input.decision === "decide_approval") return decideApproval(input.rows, input.request);
   const fn = DECISIONS[input.decision];
   if (!fn) return null;
   const rows = { registration: null, ...input.rows };
