@@ -34,9 +34,10 @@ from .definition_cases import evaluate_definition
 from .expression_cases import evaluate_expression
 from .journal_cases import replay_answer
 from .operations_cases import decide_operation
-from .store_driver import StoreHarness
+from .store_driver import HOLD_POINTS, StoreHarness, hold_point
 
 PROTOCOL_VERSION = 1
+"""The protocol's major number, the one ``hello`` carries; this driver speaks 1.1 (it offers the clock hold)."""
 KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal")
 
 
@@ -92,7 +93,10 @@ def answer(request: dict[str, Any], harness: StoreHarness | None, supported: tup
     """The response to one request of the protocol (specs/conformance.md, The conversation)."""
     op = request.get("op")
     if op == "hello":
-        return {"protocol": PROTOCOL_VERSION, "implementation": name, "layers": list(supported)}
+        hello: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "implementation": name, "layers": list(supported)}
+        if harness is not None:
+            hello["holds"] = list(HOLD_POINTS)
+        return hello
     if op == "case":
         layer = request["layer"]
         if layer not in supported or layer == "store":
@@ -109,6 +113,10 @@ def answer(request: dict[str, Any], harness: StoreHarness | None, supported: tup
     if op == "store":
         if harness is None:
             return {"unsupported": True}
+        try:
+            hold_point(request.get("hold"))
+        except ValueError:
+            return {"unsupported": True}  # a hold point of a later protocol: the runner skips the case
         return {"output": harness.handle(request)}
     if op == "bye":
         return {"ok": True}

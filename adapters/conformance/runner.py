@@ -10,6 +10,10 @@ Rules of this module (specs/conformance.md):
 - A case passes when every normative part of its expectation equals the
   driver's output (a missing part counts as null).  Store races pass when
   the results equal one of the serial orders the case lists.
+- A race names the point its first session is held at (``commit`` unless
+  it says ``clock``).  A driver offers the points it lists in ``hello``
+  (``holds``; one that lists none is a protocol 1.0 driver, which offers
+  ``commit`` only); a race at a point it does not offer is skipped.
 - The report gives each layer's passed, failed and skipped counts and the
   first difference in full: the case id, its input, what was expected and
   what came back.  Any failure makes the exit code 1.
@@ -32,6 +36,9 @@ import attrs
 from .basis import LAYERS
 
 RESPONSE_TIMEOUT = 30.0
+
+HOLDS_OF_PROTOCOL_1_0 = ("commit",)
+"""The hold points of a driver whose ``hello`` lists none: the one protocol 1.0 had."""
 
 
 class DriverError(Exception):
@@ -184,7 +191,7 @@ class _Unsupported(Exception):
     pass
 
 
-def _run_store_case(driver: AnyDriver, case: dict[str, Any]) -> dict[str, Any] | None:
+def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[str]) -> dict[str, Any] | None:
     """Differences of one store case, or None when it passes."""
     reset = driver.ask({"op": "reset"})
     if isinstance(reset, dict) and reset.get("unsupported"):
@@ -196,9 +203,13 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any]) -> dict[str, Any] |
             if got != expected:
                 return {f"results[{index}] ({step['call']})": {"expected": expected, "got": got}}
         return None
+    point = data.get("hold", "commit")
+    if point not in holds:
+        raise _Unsupported
     setup = [_store_step(driver, step) for step in data["setup"]]
-    a = _store_step(driver, data["a"], hold=True)
-    held = isinstance(a, dict) and a.get("held") is True
+    # A commit hold is sent as protocol 1.0 sent it, so that a 1.0 driver runs those races unchanged.
+    a = _store_step(driver, data["a"], hold=True if point == "commit" else point)
+    held = isinstance(a, dict) and a.get("held") in (True, point)
     b = _store_step(driver, data["b"])
     if held:
         a = driver.ask({"op": "store", "control": "release", "session": "a"}).get("output")
@@ -211,12 +222,17 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any]) -> dict[str, Any] |
     return {"race": {"expected one of": case["expected"]["serial_orders"], "got": got}}
 
 
-def _run_store_layer(driver: AnyDriver, cases: list[dict[str, Any]], report: LayerReport) -> None:
+def _run_store_layer(
+    driver: AnyDriver, cases: list[dict[str, Any]], report: LayerReport, holds: frozenset[str]
+) -> None:
     for case in cases:
+        point = case["input"].get("hold", "commit")
         try:
-            diff = _run_store_case(driver, case)
+            diff = _run_store_case(driver, case, holds)
         except _Unsupported:
             report.skipped += 1
+            if point not in holds:
+                report.skip_reason = f"the driver does not offer the hold point {point!r}"
             continue
         if diff:
             _fail(report, case, diff)
@@ -241,6 +257,8 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
         declared = set(hello.get("layers", [])) if isinstance(hello, dict) else set()
         if not isinstance(hello, dict) or hello.get("protocol") != 1:
             raise DriverError(f"driver does not speak protocol 1: {hello!r}")
+        offered = hello.get("holds", HOLDS_OF_PROTOCOL_1_0)
+        holds = frozenset(h for h in offered if isinstance(h, str)) if isinstance(offered, list | tuple) else frozenset()
         for layer in layers:
             document = load_layer(directory, layer)
             report = LayerReport(layer)
@@ -249,7 +267,7 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
                 report.skipped = len(cases)
                 report.skip_reason = "the driver does not declare this layer"
             elif layer == "store":
-                _run_store_layer(driver, cases, report)
+                _run_store_layer(driver, cases, report, holds)
             else:
                 _run_kernel_layer(driver, layer, cases, report)
             reports.append(report)

@@ -10,6 +10,11 @@ Rules of this module:
   ``b`` runs, then ``a`` is released.  A correct store behaves as if the two
   calls ran one after the other, in some order: the expectation lists the
   results of both serial orders, and the runner accepts exactly those.
+- The races whose first call chooses its rows by a search (a claim's
+  candidate, an Event's waiters, a due timer) run a second time with ``a``
+  held at its first clock read instead (``race/at_clock/...``, protocol
+  1.1): a store that searched before its transaction began searched rows
+  that ``b`` then changes.  The serial orders are the same.
 - Times carry microseconds; two timers a microsecond apart must keep their
   order.
 """
@@ -324,6 +329,11 @@ def _races() -> dict[str, tuple[list[Step], Step, Step, list[Step]]]:
     }
 
 
+AT_CLOCK = ("claim_races_claim_for_two", "claim_races_claim", "claim_races_cancel", "event_races_cancel",
+            "timer_races_cancel")
+"""The races run again with ``a`` held at its first clock read (``race/at_clock/NAME``)."""
+
+
 def _run(harness: StoreHarness, steps: list[Step]) -> list[Any]:
     return [harness.handle({"step": s}) for s in steps]
 
@@ -341,7 +351,10 @@ def store_cases() -> list[Case]:
                 "expected": {"results": results},
                 "normative": ["results"],
             })
-        for name, (setup, first, second, then) in _races().items():
+        at_clock: list[Case] = []
+        races = _races()
+        assert set(AT_CLOCK) <= set(races)
+        for name, (setup, first, second, then) in races.items():
             orders = []
             for order in ((first, second), (second, first)):
                 harness.reset()
@@ -356,6 +369,14 @@ def store_cases() -> list[Case]:
                 "expected": {"serial_orders": orders},
                 "normative": ["serial_orders"],
             })
+            if name in AT_CLOCK:
+                at_clock.append({
+                    "id": f"race/at_clock/{name}",
+                    "input": {"setup": setup, "a": first, "b": second, "then": then, "hold": "clock"},
+                    "expected": {"serial_orders": orders},
+                    "normative": ["serial_orders"],
+                })
+        cases.extend(at_clock)
     finally:
         harness.close()
     return cases

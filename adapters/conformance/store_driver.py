@@ -15,11 +15,15 @@ Rules of this module:
   connection for the shipped SQLite and PostgreSQL stores (whose objects
   share one connection, or a pool, between threads, so two threads of one
   object never reach the database's own locks), the same object otherwise.
-  ``hold`` pauses a session's call at the point
-  where the store commits (the backend's ``write``), or, for a store that
-  exposes no backend, at its first clock read; ``release`` lets it go on.
-  That is the point at which a guard must still hold, so two sessions
-  interleaved there show whether the store checks it at commit.
+- ``hold`` pauses a session's call at one of two points, once, until
+  ``release`` lets it go on.  ``commit`` (``"hold": true``) is where the
+  store commits (the backend's ``write``), or, for a store that exposes no
+  backend, its first clock read: the point at which a guard must still
+  hold, so two sessions interleaved there show whether the store checks it
+  at commit.  ``clock`` is the call's first read of the store's clock (the
+  harness's clock wraps it), the moment the store asks for authoritative
+  time: whatever the call read before it, another session may now change,
+  so a call that chose its rows before its transaction shows it.
 - Results are the JSON of :mod:`.wire`: codes, states and values, never text.
 """
 
@@ -47,15 +51,19 @@ PENDING_AFTER = 0.2
 """Seconds a call of an unheld session may take before it is reported pending (blocked on a lock)."""
 
 
+HOLD_POINTS = ("commit", "clock")
+"""The points a session can be held at (specs/conformance.md, Holds), in the order protocol versions added them."""
+
+
 class _HoldingClock(ManualClock):
-    """The harness's clock; a held session's thread stops at its first read when the store has no backend hook."""
+    """The harness's clock: a session held at ``clock`` stops at its first read, as RendezvousClock holds a racer."""
 
     def __init__(self, harness: StoreHarness) -> None:
         super().__init__()
         self._harness = harness
 
     def now(self) -> datetime:
-        self._harness.checkpoint(backend_hook=False)
+        self._harness.checkpoint("clock")
         return super().now()
 
 
@@ -69,7 +77,8 @@ class _Session:
         """Its thread runs: a call not yet scheduled is not yet blocked on anything."""
         self.reached = threading.Event()
         self.go_on = threading.Event()
-        self.hold = False
+        self.hold: str | None = None
+        """The point it stops at once (one of HOLD_POINTS), or None."""
 
 
 class StoreHarness:
@@ -135,12 +144,15 @@ class StoreHarness:
         self.store._transaction = transaction
         return True
 
-    def checkpoint(self, *, backend_hook: bool) -> None:
-        """Called in the calling thread at a hold point; stops there once if its session is held."""
-        if backend_hook != self._hooked:
-            return
+    def checkpoint(self, point: str) -> None:
+        """Called in the calling thread at a hold point; stops there once if its session is held there."""
         session: _Session | None = getattr(self._local, "session", None)
-        if session is None or not session.hold or session.reached.is_set():
+        if session is None or session.hold is None or session.reached.is_set():
+            return
+        # A store without a backend hook has no commit point to stop at: its first clock read,
+        # inside its transaction for a store that reads the time once per transaction, stands in.
+        wanted = session.hold if session.hold != "commit" or self._hooked else "clock"
+        if point != wanted:
             return
         session.reached.set()
         session.go_on.wait(timeout=30)
@@ -163,7 +175,7 @@ class StoreHarness:
         session = _Session(name)
         if name != "a":
             self._store_of(name)  # opened here, not in the racing thread, so opening is not counted as blocking
-        session.hold = bool(message.get("hold"))
+        session.hold = hold_point(message.get("hold"))
         self.sessions[name] = session
         if "now" in step:
             self.clock.set(wire.parse_time(step["now"]))
@@ -185,7 +197,8 @@ class StoreHarness:
             while not (session.reached.wait(0.01) or session.done.is_set()):
                 pass
             if session.reached.is_set() and not session.done.is_set():
-                return {"held": True}
+                # Protocol 1.0 answered a commit hold with true; it stays so for runners written then.
+                return {"held": True if session.hold == "commit" else session.hold}
             return session.result
         if not self.sessions_held():
             session.done.wait(30)
@@ -200,7 +213,7 @@ class StoreHarness:
         return {"pending": True}
 
     def sessions_held(self) -> bool:
-        return any(s.hold and s.reached.is_set() and not s.go_on.is_set() for s in self.sessions.values())
+        return any(s.hold is not None and s.reached.is_set() and not s.go_on.is_set() for s in self.sessions.values())
 
     def call(self, step: Json) -> Json:
         store = self._store_of(step.get("session", "a"))
@@ -269,6 +282,20 @@ class StoreHarness:
         return {"outcome": "error", "code": "unknown_call"}
 
 
+def hold_point(hold: Any) -> str | None:
+    """The hold point a ``store`` request names: ``true`` is ``commit`` (protocol 1.0), absent or false none.
+
+    Raises ValueError for any other value, which the driver answers as unsupported.
+    """
+    if hold is None or hold is False:
+        return None
+    if hold is True:
+        return "commit"
+    if hold in HOLD_POINTS:
+        return str(hold)
+    raise ValueError(f"unknown hold point {hold!r}")
+
+
 def _second_session(store: Any, clock: ManualClock) -> Any:
     """Another connection to the same data for the shipped database stores; the store itself otherwise."""
     # Imported here: a third-party store's driver need not load the shipped stores' database modules.
@@ -290,7 +317,7 @@ class _HeldBackend:
         self._harness = harness
 
     def write(self, decision: p.Decision, evidence: Any, now: datetime) -> bool:
-        self._harness.checkpoint(backend_hook=True)
+        self._harness.checkpoint("commit")
         return bool(self._backend.write(decision, evidence, now))
 
     def __getattr__(self, name: str) -> Any:

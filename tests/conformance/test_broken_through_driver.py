@@ -10,15 +10,12 @@ The runs go on in threads at once: a run spends most of its time waiting
 (each race waits a fifth of a second for a session that a correct store
 blocks), so the whole check takes about as long as the slowest few runs.
 
-One variant is out of the protocol's reach and is named here with the
-reason (docs/conformance.md, "What the driver protocol cannot see"):
-``claim-candidate-before-lock`` picks its candidate from a snapshot taken
-before its transaction begins.  The protocol holds a racing session at its
-commit point, inside its transaction; the in-memory store's transaction
-holds the store-wide lock, so the other session's snapshot waits for the
-commit and then sees it.  Only a hold between the snapshot and the
-transaction shows the bug, and that point exists only in the Python
-implementation (the Python suite's clock hold reaches it).
+A race holds its first session at one of two points (specs/conformance.md,
+Holds): its commit point, or its first clock read.  The second is what
+catches ``claim-candidate-before-lock``, which picks its candidate from a
+snapshot taken before its transaction begins: held at the clock, between
+that snapshot and its transaction, it claims what the other session has
+already claimed.  No variant is exempt.
 """
 
 from __future__ import annotations
@@ -33,9 +30,6 @@ import pytest
 from fencekeeper.adapters.conformance.runner import LayerReport, run_factory
 
 from .broken import CORRECT, DESCRIPTIONS, VARIANTS, Maker
-
-BEYOND_THE_PROTOCOL = {"claim-candidate-before-lock"}
-"""Variants whose bug happens at a point the driver protocol cannot hold a session (see the module's header)."""
 
 
 def _run(make: Maker, directory: Path) -> LayerReport:
@@ -54,18 +48,21 @@ def reports() -> dict[str, LayerReport]:
         return {name: future.result(timeout=300) for name, future in futures.items()}
 
 
-@pytest.mark.parametrize("name", sorted(set(VARIANTS) - BEYOND_THE_PROTOCOL))
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_the_store_cases_catch_the_broken_store(name: str, reports: dict[str, LayerReport]) -> None:
     report = reports[name]
     assert report.passed + report.failed > 0, "no store case ran"
     assert report.failed, f"{name} ({DESCRIPTIONS[name]}) passed all {report.passed} store cases"
 
 
-@pytest.mark.parametrize("name", sorted(BEYOND_THE_PROTOCOL))
-def test_a_bug_beyond_the_protocol_is_still_named_for_what_it_is(name: str, reports: dict[str, LayerReport]) -> None:
-    # If the cases ever catch it, it belongs with the others and the documentation is out of date.
-    assert name in VARIANTS
-    assert reports[name].failed == 0, f"{name} is now caught: move it out of BEYOND_THE_PROTOCOL and the docs"
+def test_the_clock_hold_is_what_catches_a_candidate_chosen_before_the_transaction(
+    reports: dict[str, LayerReport],
+) -> None:
+    # Held only at commit, the other session's snapshot waits behind the held transaction and the
+    # serial outcome follows: only the races held at the clock can fail this store.
+    report = reports["claim-candidate-before-lock"]
+    assert report.first_failure is not None
+    assert report.first_failure["id"].startswith("race/at_clock/claim_races_claim"), report.first_failure["id"]
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))

@@ -131,3 +131,43 @@ def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() ->
         required = set(re.findall(r"require\(\"([^\"]+)\"\)", text))
         assert required <= {"fs", "path", "readline", "./machines", "./protocol", "./expr", "./approvals"}, (source.name, required)
         assert "kernel/" not in text and ".py" not in text, source.name
+
+
+class _Protocol10Driver(runner.InProcessDriver):
+    """The Python driver as a protocol 1.0 driver would answer: no ``holds`` in hello; it records every hold asked."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore, name="protocol-1.0")
+        self.holds_asked: list[object] = []
+
+    def ask(self, request: dict[str, object]) -> object:
+        if request.get("op") == "store" and "hold" in request:
+            self.holds_asked.append(request["hold"])
+        response = super().ask(request)
+        if request.get("op") == "hello":
+            response.pop("holds")
+        return response
+
+
+def test_a_driver_without_the_clock_hold_gets_those_races_skipped_never_passed() -> None:
+    driver = _Protocol10Driver()
+    [store] = runner.run(driver, ("store",), CASES)
+    ids = [c["id"] for c in json.loads((CASES / "store.json").read_text(encoding="utf-8"))["cases"]]
+    at_clock = sum(i.startswith("race/at_clock/") for i in ids)
+    assert at_clock >= 2
+    assert (store.verdict, store.failed, store.skipped, store.passed) == ("partial", 0, at_clock, len(ids) - at_clock)
+    assert store.skip_reason is not None and "'clock'" in store.skip_reason
+    # Its commit races were asked exactly as protocol 1.0 asks them, and no clock hold reached it.
+    assert driver.holds_asked and set(driver.holds_asked) == {True}
+
+
+def test_a_hold_point_the_driver_does_not_know_is_unsupported() -> None:
+    driver = runner.InProcessDriver(MemoryStore)
+    try:
+        assert driver.ask({"op": "hello", "protocol": 1})["holds"] == ["commit", "clock"]
+        assert driver.ask({"op": "reset"}) == {"ok": True}
+        step = {"session": "a", "call": "expired", "now": "2026-03-01T12:00:00.123457Z", "args": {}}
+        assert driver.ask({"op": "store", "step": step, "hold": "after-commit"}) == {"unsupported": True}
+        assert driver.ask({"op": "store", "step": step}) == {"output": {"outcome": "ids", "ids": []}}
+    finally:
+        driver.close()
