@@ -604,8 +604,35 @@ CREATE POLICY outbox_tenant ON outbox
     WITH CHECK (kind = 'execution' OR tenant = current_setting('fencekeeper.tenant', true));
 """,
     ),
+    (
+        11,
+        "guard_aborts_transaction",
+        # An operation decision's write is one statement, every part of it
+        # conditional on the Operation's own guarded write (operations/postgres.py).
+        # Its COMMIT travels in the same exchange, so a guard that did not hold
+        # cannot be reported back before the commit: the statement ends by
+        # passing the guard to this function, which raises when it did not
+        # hold.  The statement then fails, the transaction is aborted on the
+        # server, its COMMIT becomes a rollback, and the store sees the error's
+        # code (class ZG is not one PostgreSQL defines) as the guard failing:
+        # nothing written, the decision made again.
+        """
+CREATE FUNCTION fencekeeper_guard_held(held boolean) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+    AS $$
+BEGIN
+    IF held IS NOT TRUE THEN
+        RAISE EXCEPTION 'the decision''s guard did not hold; nothing of it is written' USING ERRCODE = 'ZG001';
+    END IF;
+    RETURN true;
+END $$;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
+
+GUARD_FAILED = "ZG001"
+"""The SQLSTATE migration 11's ``fencekeeper_guard_held`` raises when a decision's guard did not hold."""
 
 
 def _checksum(text: str) -> str:
@@ -738,12 +765,20 @@ def _run(
     params: Sequence[object],
     *,
     begin: bool = False,
+    commit: bool = False,
 ) -> _Rows:
     """Run one statement of the store: prepared on its first run on ``conn``, then executed by name.
 
     With ``begin``, a ``BEGIN`` goes ahead of it in the same exchange (libpq's
     pipeline mode): the transaction's first statement costs no round trip of
     its own for opening it.  The caller then ends the transaction.
+
+    With ``commit``, a ``COMMIT`` follows it in the same exchange, after a
+    pipeline sync: it runs whether or not the statement failed, so a failed
+    statement's transaction is rolled back on the server (PostgreSQL answers
+    the COMMIT of an aborted transaction with a rollback) and the statement's
+    error is raised, the connection left idle.  The statement must be the
+    transaction's last.
 
     This is what a psycopg cursor does, less what the store does not need:
     ``conn.execute`` spends about 35 us of Python on every statement (a new
@@ -772,15 +807,16 @@ def _run(
             pgconn.send_prepare(name, query, param_types=types)
             _result(conn, session, session.wait(conn, generators.execute(pgconn)))
             session.names[key] = name
-        if begin:
+        if begin or commit:
             pgconn.enter_pipeline_mode()
+        if begin:
             pgconn.send_query_params(b"BEGIN", None)
         if name is None:
             pgconn.send_query_params(query, values, param_types=types, param_formats=tx.formats, result_format=_BINARY)
         else:
             pgconn.send_query_prepared(name, values, param_formats=tx.formats, result_format=_BINARY)
-        if begin:
-            result = _result(conn, session, _pipelined(conn, session))
+        if begin or commit:
+            result = _result(conn, session, _pipelined(conn, session, begin=begin, commit=commit))
         else:
             result = _result(conn, session, session.wait(conn, generators.execute(pgconn)))
     tx.set_pgresult(result)
@@ -789,12 +825,19 @@ def _run(
     return _Rows(rows, -1 if count is None else count)
 
 
-def _pipelined(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session) -> list[pq.abc.PGresult]:
-    """The results of ``BEGIN`` and one statement sent in pipeline mode: one exchange, then out of it again."""
+def _pipelined(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, *, begin: bool, commit: bool
+) -> list[pq.abc.PGresult]:
+    """The results of one statement sent in pipeline mode, with ``BEGIN`` ahead and ``COMMIT`` behind: one exchange."""
     pgconn = conn.pgconn
     try:
         pgconn.pipeline_sync()
-        began, results = session.wait(conn, _begin_and_one(pgconn))
+        if commit:
+            # After a sync of its own: a statement's error does not skip it, and the
+            # COMMIT of the aborted transaction rolls it back.
+            pgconn.send_query_params(b"COMMIT", None)
+            pgconn.pipeline_sync()
+        began, results, committed = session.wait(conn, _pipeline_results(pgconn, begin, commit))
         pgconn.exit_pipeline_mode()
         assert isinstance(results, list)
     except BaseException:
@@ -802,18 +845,33 @@ def _pipelined(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], ses
         # so it is closed and the pool replaces it.
         conn.pgconn.finish()
         raise
-    _result(conn, session, began)
+    if began is not None:
+        _result(conn, session, began)
+    if committed is not None:
+        ended = _result(conn, session, [*results, *committed]) if _succeeded(results) else None
+        if ended is not None and ended.command_status != b"COMMIT":
+            # The statement succeeded, so the transaction was aborted before it: nothing committed.
+            raise StoreError("store_unavailable", f"the transaction was rolled back at COMMIT ({ended.command_status!r})")
     return results
 
 
-def _begin_and_one(pgconn: pq.abc.PGconn) -> Any:
-    # A generator as psycopg's own: send everything, then each command's results, then the sync.
+def _succeeded(results: list[pq.abc.PGresult]) -> bool:
+    return all(result.status in _OK for result in results)
+
+
+def _pipeline_results(pgconn: pq.abc.PGconn, begin: bool, commit: bool) -> Any:
+    # A generator as psycopg's own: send everything, then each command's results and each sync.
     yield from generators.send(pgconn)
-    began = yield from generators.fetch_many(pgconn)
+    began = (yield from generators.fetch_many(pgconn)) if begin else None
     results = yield from generators.fetch_many(pgconn)
     synced = yield from generators.fetch_many(pgconn)
     assert [r.status for r in synced] == [pq.ExecStatus.PIPELINE_SYNC], synced
-    return began, results
+    committed = None
+    if commit:
+        committed = yield from generators.fetch_many(pgconn)
+        synced = yield from generators.fetch_many(pgconn)
+        assert [r.status for r in synced] == [pq.ExecStatus.PIPELINE_SYNC], synced
+    return began, results, committed
 
 
 def _result(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:

@@ -21,9 +21,14 @@ Rules of this module:
   name without a cursor (``postgres_store._run``); an atomic action's
   statements, arbitrary SQL, go through psycopg's cursor.  A write
   transaction is opened by its first statement, ``BEGIN`` travelling ahead
-  of it in one exchange, and committed or rolled back by
-  :meth:`PostgresOperationStore._transaction`: still one transaction per
-  decision, all of it or nothing.
+  of it in one exchange, and ended by the decision's write, ``COMMIT``
+  travelling behind it in one exchange: a guard that did not hold fails
+  the write on the server (migration 11's ``fencekeeper_guard_held``), so
+  that COMMIT rolls back the whole transaction, an atomic action's writes
+  included, and the store reports the guard failing as before.  A
+  transaction that writes nothing (a refusal) is ended by
+  :meth:`PostgresOperationStore._transaction`.  Still one transaction per
+  decision, all of it or nothing; the write is its last statement.
 - Authoritative time is the database's ``clock_timestamp()``, read after the
   row lock is held (``now()`` is the transaction's start and would judge a
   lease by a moment before the lock was granted).  Tests may inject a clock.
@@ -61,7 +66,7 @@ from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import identifier_problem
 
 from ..outbox_rows import operation_row
-from ..postgres_store import _check_schema_name, _one_line, _run, _safe, check_schema
+from ..postgres_store import GUARD_FAILED, _check_schema_name, _one_line, _run, _safe, check_schema
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
@@ -159,7 +164,9 @@ def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbo
             f"m{k} AS (INSERT INTO outbox (message_id, kind, subject_id, tenant, topic, at, payload) "
             f"SELECT {_slots(_OUTBOX_TYPES)} FROM u)"
         )
-    return f"WITH {', '.join(parts)} SELECT (SELECT count(*) FROM u), {identity_written}"
+    # The guard is judged on the server (migration 11): a guard that did not hold fails the
+    # statement, so the COMMIT sent behind it rolls the transaction back.
+    return f"WITH {', '.join(parts)} SELECT fencekeeper_guard_held((SELECT count(*) FROM u) = 1 AND {identity_written} = 1)"
 
 
 def _write_values(decision: o.Decision, input_json: str | None, live: bool, row: tuple[Any, ...]) -> list[Any]:
@@ -212,22 +219,33 @@ class _PgOpsTx(SqlTx):
         self.clock = clock
         self.checks_live_lease = clock is None
 
-    def _store_statement(self, sql: str, params: Sequence[Any]) -> Any:
+    def _store_statement(self, sql: str, params: Sequence[Any], *, commit: bool = False) -> Any:
         # A write transaction (PostgresOperationStore._transaction) is opened by its
         # first statement, in the same exchange; psycopg's cursor opens its own
         # when an atomic action's statement comes first.
+        assert not self.ended, "a statement after the decision's write, which ended the transaction"
         opening = self.opens and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
-        return _run(self.conn, _store_sql(sql), params, begin=opening)
+        try:
+            return _run(self.conn, _store_sql(sql), params, begin=opening, commit=commit)
+        finally:
+            # With its COMMIT, the statement ends the transaction whatever it did: committed, or rolled back.
+            self.ended = self.ended or commit
 
     opens = False
     """Whether this transaction is opened by its first statement (a write transaction) or already open (a read)."""
 
-    def write(self, decision: o.Decision, input_json: str | None) -> bool:
-        """The whole decision as one statement: one round trip, the guard in its WHERE clauses.
+    ended = False
+    """Whether the decision's write ended this transaction (its COMMIT travels with it)."""
 
-        Every other part of the statement writes only if the Operation's own
-        write (``u``) touched its row, so a failed guard writes nothing; the
-        live-lease clause compares with the database's time at the write.
+    def write(self, decision: o.Decision, input_json: str | None) -> bool:
+        """The whole decision as one statement, and in a write transaction its COMMIT: one round trip.
+
+        The guard is in the statement's WHERE clauses.  Every other part of it
+        writes only if the Operation's own write (``u``) touched its row, and a
+        guard that did not hold fails the statement (migration 11), so the
+        COMMIT behind it rolls everything back, an atomic action's writes
+        too; the live-lease clause compares with the database's time at the
+        write.  The write is therefore the transaction's last statement.
         """
         guard = decision.guard
         live = guard.live_until is not None and self.checks_live_lease
@@ -236,10 +254,14 @@ class _PgOpsTx(SqlTx):
         values = _write_values(decision, input_json, live, to_row(decision.operation, self.d))
         assert sql.count("?") == len(values), "the write's text and parameters disagree"
         try:
-            result = self.run(sql, values).fetchone()
+            result = self._store_statement(sql, values, commit=self.opens).fetchone()
         except self.d.integrity_errors:
             return False
-        return result is not None and int(result[0]) == 1 and int(result[1]) == 1
+        except psycopg.DatabaseError as exc:
+            if exc.sqlstate == GUARD_FAILED:
+                return False
+            raise
+        return result is not None and result[0] is True
 
     _locked_at: datetime | None = None
 
@@ -390,9 +412,10 @@ class PostgresOperationStore(TransactionalOperationStore):
                     self._enter_scope(conn)
                     yield tx
                 except BaseException:
-                    conn.rollback()
+                    conn.rollback()  # nothing to send when the write's COMMIT already rolled it back
                     raise
-                conn.commit()
+                if not tx.ended:  # no decision written (a refusal): the reads end here
+                    conn.commit()
         except psycopg.errors.InsufficientPrivilege as exc:
             # The tenant policies (or the role's grants) refused a write: the application filter let
             # through something the database boundary did not.  Nothing was written.

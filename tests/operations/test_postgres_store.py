@@ -152,11 +152,11 @@ def test_round_trips_per_submission_and_worker_pass(
         trips.clear()
         report = worker.run_once()
         assert report is not None and report.outcome == "succeeded"
-        # BEGIN with the identity's lock, its lookup and the time; the write; COMMIT.
-        assert submission == 3, trips
-        # The claim (BEGIN with the locking read bringing the time and the input; the write; COMMIT),
-        # then the completion (BEGIN with the locking read; the write; COMMIT).
-        assert len(trips) == 6, trips
+        # BEGIN with the identity's lock, its lookup and the time; the write with COMMIT.
+        assert submission == 2, trips
+        # The claim (BEGIN with the locking read bringing the time and the input; the write with
+        # COMMIT), then the completion (BEGIN with the locking read; the write with COMMIT).
+        assert len(trips) == 4, trips
     finally:
         store.close()
 
@@ -216,4 +216,44 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
         assert store.application_execute("SELECT count(*) FROM operations") == [(1,)]
     finally:
         release.set()
+        store.close()
+
+
+def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_server(pg_dsn: str, pg_schema: str) -> None:
+    """The write's COMMIT travels with it: a guard that did not hold must abort the transaction first."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    import attrs  # noqa: PLC0415
+
+    from fencekeeper.kernel import operations as o  # noqa: PLC0415
+
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema)
+    try:
+        store.application_execute("CREATE TABLE app_marks (mark integer)")
+        DurableOperationService(store, _noop_registry(), examples.resolvers()).submit(
+            tenant="acme", principal=PrincipalReference("users", 1, "alice"), action="noop", input={}, client_key="k"
+        )
+        [(operation_id,)] = store.application_execute("SELECT operation_id FROM operations")
+        before = store.view(operation_id)
+        assert before is not None
+        with store._transaction() as tx:
+            assert isinstance(tx, _PgOpsTx)
+            operation = tx.lock_operation(operation_id)
+            assert operation is not None
+            decision = o.claim(operation, o.ClaimRequest("w", timedelta(seconds=30)), tx.now())
+            assert isinstance(decision, o.Decision)
+            # Everything else of a real decision, on a revision that is no longer the row's.
+            stale = attrs.evolve(decision, guard=attrs.evolve(decision.guard, expected_revision=operation.revision + 1))
+            tx.application("INSERT INTO app_marks VALUES (1)", ())
+            assert tx.write(stale, None) is False
+            # The COMMIT sent with the write found the transaction aborted: it rolled it back.
+            assert tx.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        assert store.application_execute("SELECT count(*) FROM app_marks") == [(0,)]
+        assert store.view(operation_id) == before, "neither the Operation nor its history changed"
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+            with pytest.raises(psycopg.DatabaseError) as refused:
+                conn.execute("SELECT fencekeeper_guard_held(false)")
+            assert refused.value.sqlstate == "ZG001"
+    finally:
         store.close()
