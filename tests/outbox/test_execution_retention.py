@@ -160,6 +160,12 @@ def test_ended_executions_go_whole_after_their_window_and_live_ones_stay(
     assert rows(store, "SELECT count(*) FROM objects WHERE object_type = 'WorkflowDefinition'") == definitions
     assert rows(store, "SELECT count(*) FROM events") == events, "events are the Business's"
     assert executions.read("po-0") is None
+    # Its id is free again (docs/outbox.md): a run with it starts a new execution.
+    service.run(
+        executions, POLICY, **WHO, definition_id="purchase-approval", execution_id="po-0",
+        input={"amount": 5, "order_id": "o-0", "order_revision": 1},
+    )  # fmt: skip
+    assert state(store, "po-0") == "eligible"
 
     # What stayed still works: po-2 is cancelled now, and goes in its turn.
     cancel(executions, 2)
@@ -167,7 +173,7 @@ def test_ended_executions_go_whole_after_their_window_and_live_ones_stay(
     assert prune(store, DAY).executions == 0, "its window counts from when it ended"
     clock.advance(timedelta(days=2))
     assert prune(store, DAY).executions == 1
-    assert rows(store, "SELECT count(*) FROM objects WHERE object_type = 'WorkflowExecution'") == [(0,)]
+    assert [r[0] for r in rows(store, "SELECT object_id FROM objects WHERE object_type = 'WorkflowExecution'")] == ["po-0"]
 
 
 
