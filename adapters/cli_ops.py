@@ -46,7 +46,6 @@ from .operations.service import (
     OperationRecord,
     PrincipalReference,
     PrincipalResolverRegistry,
-    check_durable_operations,
 )
 from .operations.worker import DurableOperationWorker, WorkReport, default_worker_id
 from .render import Output
@@ -119,7 +118,11 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     cancel.add_argument("--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="RESOLVER:vN:SUBJECT")
     cancel.add_argument("--reason", default="", metavar="TEXT")
 
-    subcommand("check", "the deployment check: every action and resolver version active operations need")
+    check = subcommand(
+        "check",
+        "the deployment check for one tenant (as `fencekeeper check`): exits 1 when anything blocks running it",
+    )
+    check.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
 
     worker = subcommand("worker", "claim and run due operations of one tenant until stopped (or idle)")
     worker.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
@@ -349,19 +352,43 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
 
 
 def _check(args: argparse.Namespace, out: Output) -> int:
-    with _service(args) as (service, store, _):
-        check = check_durable_operations(store, service.actions, service.resolvers)
+    """``fencekeeper check`` for the operations' namespace and tenant, in this command's older, narrower shape.
+
+    One check: :func:`deployment.check_deployment` decides (schema, actions,
+    resolvers, definitions; it reads and never writes).  The JSON keeps the
+    keys this command has always printed, with every blocking sentence and
+    warning beside them.
+    """
+    from . import deployment  # noqa: PLC0415 - loads only for this command
+
+    module = _module(args.actions)
+    report = deployment.check_deployment(
+        args.db, schema=args.schema, namespace=args.namespace, tenant=args.tenant,
+        actions=module.registry(), resolvers=module.resolvers(),
+    )  # fmt: skip
+    if not report.reachable:
+        # What every other op command says of this --db, and the same exit code.
+        raise StoreError("store_unavailable", "; ".join(report.blocking) or f"--db: {args.db} names no usable store")
     if out.json_mode:
-        out.data(check.to_json())
+        out.data(
+            {
+                "ok": report.ok,
+                "missing_actions": [{"name": r.name, "version": r.version} for r in report.actions if r.registered is False],
+                "missing_resolvers": [
+                    {"name": r.name, "version": r.version} for r in report.resolvers if r.registered is False
+                ],
+                "unreadable_principals": list(report.unreadable_principals),
+                "blocking": list(report.blocking),
+                "warnings": list(report.warnings),
+            }
+        )
     else:
-        out.line("check: ok" if check.ok else "check: BLOCKED")
-        for name, version in check.missing_actions:
-            out.line(f"  action {name} v{version} is not registered; operations not yet ended need it")
-        for name, version in check.missing_resolvers:
-            out.line(f"  principal resolver {name} v{version} is not registered; operations not yet ended need it")
-        for principal in check.unreadable_principals:
-            out.line(f"  principal reference {principal!r} cannot be read")
-    return EXIT_OK if check.ok else EXIT_PROBLEM
+        out.line("check: ok" if report.ok else "check: BLOCKED")
+        for problem in report.blocking:
+            out.line(f"  {problem}")
+        for warning in report.warnings:
+            out.line(f"  warning: {warning}")
+    return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Output], int]] = {

@@ -91,8 +91,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
         "prune",
         "remove what has ended and is past its retention window, in small batches",
         prints_data=True,
-        description="Never touches an Operation that has not ended, an identity inside its promised window, or "
-        "an outbox row not yet exported. Each batch is one short transaction; run it again to resume.",
+        description="Never touches an Operation or a workflow execution that has not ended, an identity inside its "
+        "promised window, or an outbox row not yet exported. Executions are pruned only with --executions. Each batch is one short transaction; run it again to resume.",
     )
     db_option(prune)
     prune.add_argument("--operations", type=_duration, default=timedelta(days=30), metavar="DURATION",
@@ -105,6 +105,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
                        help="transition history of ended Operations (default 14d)")  # fmt: skip
     prune.add_argument("--outbox", type=_duration, default=timedelta(days=7), metavar="DURATION",
                        help="exported outbox rows, after export (default 7d)")  # fmt: skip
+    prune.add_argument("--executions", type=_duration, metavar="DURATION",
+                       help="ended workflow executions, after their last change (default: kept)")  # fmt: skip
     prune.add_argument("--batch", type=_count, default=500, metavar="N", help="rows per transaction (default 500)")
     prune.add_argument("--max-batches", type=_count, metavar="N", help="stop after N transactions")
     prune.add_argument("--pause", type=_duration, default=timedelta(0), metavar="DURATION",
@@ -212,7 +214,7 @@ def run_prune(args: argparse.Namespace, out: Output) -> int:
 
     windows = retention.RetentionWindows(
         operations=args.operations, results=args.results, identities=args.identities, history=args.history,
-        outbox=args.outbox,
+        outbox=args.outbox, executions=args.executions,
     )  # fmt: skip
     store = _open(args)
     try:
@@ -225,7 +227,8 @@ def run_prune(args: argparse.Namespace, out: Output) -> int:
     removed = {
         "results_expired": report.results_expired, "identities": report.identities,
         "transitions": report.transitions, "attempts": report.attempts, "operations": report.operations,
-        "outbox": report.outbox, "batches": report.batches, "finished": report.finished,
+        "outbox": report.outbox, "executions": report.executions, "execution_rows": report.execution_rows,
+        "batches": report.batches, "finished": report.finished,
     }  # fmt: skip
     if out.json_mode:
         out.data(removed)

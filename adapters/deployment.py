@@ -48,8 +48,8 @@ from .codec import decode_time
 from .operations.service import (
     DurableActionRegistry,
     DurableOperationError,
-    PrincipalReference,
     PrincipalResolverRegistry,
+    referenced_versions,
 )
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE
 from .store import definition_object_id
@@ -304,32 +304,18 @@ def _operations(
         "AND namespace = ? AND tenant = ? GROUP BY action_name, action_version, principal",
         (report.namespace, report.tenant),
     ).fetchall()
+    found = referenced_versions((str(n), int(v), str(p), int(c)) for n, v, p, c in rows)
     registered_actions = None if actions is None else set(actions.names())
     registered_resolvers = None if resolvers is None else set(resolvers.registered())
-    action_counts: dict[tuple[str, int], int] = {}
-    resolver_counts: dict[tuple[str, int], int] = {}
-    unreadable: set[str] = set()
-    for name, version, principal, count in rows:
-        key = (str(name), int(version))
-        action_counts[key] = action_counts.get(key, 0) + int(count)
-        try:
-            reference = PrincipalReference.parse(str(principal))
-        except DurableOperationError:
-            unreadable.add(str(principal))
-            continue
-        rkey = (reference.resolver, reference.version)
-        resolver_counts[rkey] = resolver_counts.get(rkey, 0) + int(count)
 
-    def refs(counts: dict[tuple[str, int], int], registered: set[tuple[str, int]] | None) -> tuple[Reference, ...]:
-        return tuple(
-            Reference(n, v, c, None if registered is None else (n, v) in registered) for (n, v), c in sorted(counts.items())
-        )
+    def refs(counts: tuple[tuple[str, int, int], ...], registered: set[tuple[str, int]] | None) -> tuple[Reference, ...]:
+        return tuple(Reference(n, v, c, None if registered is None else (n, v) in registered) for n, v, c in counts)
 
     return attrs.evolve(
         report,
-        actions=refs(action_counts, registered_actions),
-        resolvers=refs(resolver_counts, registered_resolvers),
-        unreadable_principals=tuple(sorted(unreadable)),
+        actions=refs(found.actions, registered_actions),
+        resolvers=refs(found.resolvers, registered_resolvers),
+        unreadable_principals=found.unreadable_principals,
         registered_actions=None if registered_actions is None else tuple(sorted(registered_actions)),
         registered_resolvers=None if registered_resolvers is None else tuple(sorted(registered_resolvers)),
     )

@@ -628,6 +628,71 @@ BEGIN
 END $$;
 """,
     ),
+    (
+        12,
+        "execution_pruning",
+        # As SQLite's migration 9: an execution that has ended (succeeded,
+        # failed, cancelled: states it never leaves) may have its rows
+        # deleted by pruning, under the same explicit mode as migration 10's
+        # (fencekeeper.pruning set for the transaction).  Every table of an
+        # execution refuses DELETE otherwise, and refuses it for any row not
+        # of an ended execution: its objects row, revisions, dispatch row,
+        # transitions, wait registrations and commands, and its evidence
+        # objects (parent_id) with their revisions.  The append-only function
+        # of migration 1 lets the DELETE of those three history tables through
+        # to this check; UPDATE stays refused, and events and event_keys
+        # (a Business's, not one execution's) are never deleted.
+        """
+CREATE OR REPLACE FUNCTION fencekeeper_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME IN ('object_revisions', 'transitions', 'commands') THEN
+        RETURN OLD;  -- fencekeeper_execution_prunable decides
+    END IF;
+    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME;
+END $$;
+CREATE FUNCTION fencekeeper_execution_ended(execution text) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM objects e WHERE e.object_id = execution AND e.object_type = 'WorkflowExecution'
+        AND e.state IN ('succeeded', 'failed', 'cancelled'))
+$$;
+CREATE FUNCTION fencekeeper_execution_prunable() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    owner text;
+BEGIN
+    IF coalesce(current_setting('fencekeeper.pruning', true), '') <> 'on' THEN
+        RAISE EXCEPTION '% rows are deleted only by pruning', TG_TABLE_NAME USING ERRCODE = 'restrict_violation';
+    END IF;
+    IF TG_TABLE_NAME = 'objects' THEN
+        IF (OLD.object_type = 'WorkflowExecution' AND OLD.state IN ('succeeded', 'failed', 'cancelled'))
+            OR fencekeeper_execution_ended(OLD.parent_id) THEN
+            RETURN OLD;
+        END IF;
+    ELSIF TG_TABLE_NAME = 'object_revisions' THEN
+        SELECT coalesce(x.parent_id, x.object_id) INTO owner FROM objects x WHERE x.object_id = OLD.object_id;
+        IF fencekeeper_execution_ended(owner) THEN
+            RETURN OLD;
+        END IF;
+    ELSIF TG_TABLE_NAME = 'workflow_dispatch' THEN
+        IF fencekeeper_execution_ended(OLD.workflow_execution_id) THEN
+            RETURN OLD;
+        END IF;
+    ELSIF fencekeeper_execution_ended(OLD.execution_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION '% rows are pruned only for ended executions', TG_TABLE_NAME USING ERRCODE = 'restrict_violation';
+END $$;
+CREATE TRIGGER objects_prunable BEFORE DELETE ON objects FOR EACH ROW EXECUTE FUNCTION fencekeeper_execution_prunable();
+CREATE TRIGGER object_revisions_prunable BEFORE DELETE ON object_revisions
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_execution_prunable();
+CREATE TRIGGER workflow_dispatch_prunable BEFORE DELETE ON workflow_dispatch
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_execution_prunable();
+CREATE TRIGGER transitions_prunable BEFORE DELETE ON transitions
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_execution_prunable();
+CREATE TRIGGER wait_registrations_prunable BEFORE DELETE ON wait_registrations
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_execution_prunable();
+CREATE TRIGGER commands_prunable BEFORE DELETE ON commands
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_execution_prunable();
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -25,11 +25,21 @@ Rules of this module:
 - Each batch is one short transaction touching at most ``batch_size`` rows
   of the kind it prunes (an Operation's own row takes its attempts and any
   transitions left with it), so workers wait for a prune no longer than for
-  one of their own commits.  Nothing is kept in memory between batches: a
-  prune that is stopped or killed resumes where the database says it was.
+  one of their own commits.  Nothing is kept in memory between batches but
+  how far the executions' scan got within one call: a prune that is stopped
+  or killed resumes where the database says it was.
+- Workflow executions are pruned only when an ``executions`` window is
+  given (by default they are kept): an execution that has ended
+  (succeeded, failed, cancelled) and was last changed before the window
+  goes whole, with its evidence objects, revisions, dispatch row,
+  transitions, wait registrations and commands.  A batch takes
+  ``batch_size // EXECUTION_ROWS`` executions, so its rows stay near
+  ``batch_size``.  Events are a Business's, not an execution's, and stay;
+  the execution's outbox rows go with the outbox window, once exported.
 - Deleting is possible only here: every batch enters the triggers'
-  explicit pruning mode first (migration ``outbox_and_pruning``), and the
-  triggers still refuse any row of unended work.
+  explicit pruning mode first (migration ``outbox_and_pruning``; for
+  executions ``execution_pruning``), and the triggers still refuse any row
+  of unended work.
 """
 
 from __future__ import annotations
@@ -45,12 +55,21 @@ from .operations.sql import SqlTx
 from .store import StoreError
 
 
-def _positive(name: str) -> Callable[[object, object, timedelta], None]:
-    def check(_: object, __: object, value: timedelta) -> None:
+def _positive(name: str, *, optional: bool = False) -> Callable[[object, object, timedelta | None], None]:
+    def check(_: object, __: object, value: timedelta | None) -> None:
+        if value is None and optional:
+            return
         if not isinstance(value, timedelta) or value < timedelta(0):
             raise StoreError("invalid_input", f"{name}: must be a duration of zero or more, got {value!r}")
 
     return check
+
+
+EXECUTION_ROWS = 20
+"""About how many rows one ended execution has (revisions, evidence, transitions, ...): a batch of
+``batch_size`` rows takes ``batch_size // EXECUTION_ROWS`` executions (at least one)."""
+
+_ENDED_EXECUTION = "object_type = 'WorkflowExecution' AND state IN ('succeeded', 'failed', 'cancelled')"
 
 
 @attrs.frozen
@@ -67,6 +86,8 @@ class RetentionWindows:
     """Transition history of ended Operations; at most ``operations``."""
     outbox: timedelta = attrs.field(default=timedelta(days=7), validator=_positive("outbox"))
     """Outbox rows, after they were exported (rows never exported are never pruned)."""
+    executions: timedelta | None = attrs.field(default=None, validator=_positive("executions", optional=True))
+    """Ended workflow executions, after their last change; None keeps them (the default)."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("results", "history"):
@@ -88,6 +109,10 @@ class PruneReport:
     attempts: int = 0
     operations: int = 0
     outbox: int = 0
+    executions: int = 0
+    """Ended workflow executions removed, each with all its rows."""
+    execution_rows: int = 0
+    """Those executions' rows, of every table, their own objects rows included."""
     batches: int = 0
     finished: bool = True
     """False when ``max_batches`` stopped it with work left: run it again to go on."""
@@ -156,10 +181,54 @@ def _outbox(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneRepo
     return PruneReport(outbox=int(gone.rowcount))
 
 
+def _executions(scan: list[str]) -> Callable[[SqlTx, datetime, datetime, int], PruneReport]:
+    """The executions' step; ``scan`` holds the last execution id a batch of this call took.
+
+    Ended executions have no index of their own (module rules), so each batch
+    walks ``objects`` in id order from where the one before stopped instead
+    of reading again the rows it deleted (on PostgreSQL, dead until vacuumed).
+    """
+
+    def step(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+        ids = [
+            str(r[0])
+            for r in tx.run(
+                f"SELECT object_id FROM objects WHERE object_id > ? AND {_ENDED_EXECUTION} AND updated_at <= ? "
+                f"ORDER BY object_id LIMIT ?{' FOR UPDATE SKIP LOCKED' if tx.d.name == 'postgresql' else ''}",
+                (scan[0], tx.d.encode_time(cutoff), limit),
+            ).fetchall()
+        ]
+        if ids:
+            scan[0] = ids[-1]
+        return _remove_executions(tx, ids)
+
+    return step
+
+
+def _remove_executions(tx: SqlTx, ids: list[str]) -> PruneReport:
+    if not ids:
+        return PruneReport()
+    marks = ", ".join("?" for _ in ids)
+    # Children before what they reference: evidence revisions, evidence objects, then the execution's own.
+    statements = (
+        f"DELETE FROM object_revisions WHERE object_id IN (SELECT object_id FROM objects WHERE parent_id IN ({marks}))",
+        f"DELETE FROM objects WHERE parent_id IN ({marks})",
+        f"DELETE FROM object_revisions WHERE object_id IN ({marks})",
+        f"DELETE FROM transitions WHERE execution_id IN ({marks})",
+        f"DELETE FROM wait_registrations WHERE execution_id IN ({marks})",
+        f"DELETE FROM commands WHERE execution_id IN ({marks})",
+        f"DELETE FROM workflow_dispatch WHERE workflow_execution_id IN ({marks})",
+    )
+    gone = sum(int(tx.run(statement, ids).rowcount) for statement in statements)
+    executions = int(tx.run(f"DELETE FROM objects WHERE object_id IN ({marks})", ids).rowcount)
+    return PruneReport(executions=executions, execution_rows=gone + executions)
+
+
 def _removed(report: PruneReport) -> int:
     return (
         report.results_expired + report.identities + report.transitions + report.operations + report.outbox
-    )
+        + report.executions
+    )  # fmt: skip
 
 
 def prune(
@@ -176,7 +245,7 @@ def prune(
 
     Runs each kind until a batch finds less than a full batch, in this
     order: result bodies, identities, transition history, Operations,
-    outbox.  ``max_batches`` bounds the batches of this call that remove
+    outbox, and workflow executions when ``windows.executions`` is set.  ``max_batches`` bounds the batches of this call that remove
     something (the report says whether it finished; a batch that finds
     nothing is not counted, so a resumed prune gets past the kinds already
     done).  Between full batches it waits ``pause`` seconds, and at least
@@ -196,26 +265,28 @@ def prune(
         raise StoreError("invalid_input", f"pause: must be zero or more seconds, got {pause!r}")
     if not 0 < duty <= 1:
         raise StoreError("invalid_input", f"duty: must be above 0 and at most 1, got {duty!r}")
-    steps: list[tuple[timedelta, Callable[[SqlTx, datetime, datetime, int], PruneReport]]] = [
-        (windows.results, _expire_results),
-        (windows.identities, _identities),
-        (windows.history, _history),
-        (windows.operations, _operations),
-        (windows.outbox, _outbox),
+    steps: list[tuple[timedelta, Callable[[SqlTx, datetime, datetime, int], PruneReport], int]] = [
+        (windows.results, _expire_results, batch_size),
+        (windows.identities, _identities, batch_size),
+        (windows.history, _history, batch_size),
+        (windows.operations, _operations, batch_size),
+        (windows.outbox, _outbox, batch_size),
     ]
+    if windows.executions is not None:
+        steps.append((windows.executions, _executions([""]), max(1, batch_size // EXECUTION_ROWS)))
     stop_at = None if time_limit is None else time.monotonic() + time_limit
     total = PruneReport()
     spent = 0  # batches that removed something: a resumed prune re-checks the earlier kinds without using its budget
-    for window, step in steps:
+    for window, step, limit in steps:
         while True:
             if (max_batches is not None and spent >= max_batches) or (
                 stop_at is not None and time.monotonic() >= stop_at
             ):
                 return attrs.evolve(total, finished=False)
-            report, held = _batch(store, window, step, batch_size)
+            report, held = _batch(store, window, step, limit)
             total = total + attrs.evolve(report, batches=1)
             spent += _removed(report) > 0
-            if _removed(report) < batch_size:
+            if _removed(report) < limit:
                 break
             rest = max(pause, held * (1 - duty) / duty)
             if rest > 0:
@@ -241,4 +312,4 @@ def _batch(
     return report, time.monotonic() - started
 
 
-__all__ = ["PruneReport", "RetentionWindows", "prune"]
+__all__ = ["EXECUTION_ROWS", "PruneReport", "RetentionWindows", "prune"]

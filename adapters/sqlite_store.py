@@ -505,6 +505,44 @@ WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR OLD.outcome IS NULL
 BEGIN SELECT RAISE(ABORT, 'operations are deleted only by pruning, and only once ended'); END;
 """,
     ),
+    (
+        9,
+        "execution_pruning",
+        # Retention of workflow executions (docs/outbox.md, Retention): an
+        # execution that has ended (succeeded, failed, cancelled: states it
+        # never leaves) may have its rows deleted by pruning, as migration 8
+        # lets an ended Operation's.  Each of an execution's tables refuses
+        # DELETE unless the deleting transaction holds a row of pruning_mode
+        # AND the row belongs to an ended execution: the execution's own
+        # objects row, revisions, dispatch row, transitions, wait
+        # registrations and commands, and its evidence objects (parent_id)
+        # with their revisions.  UPDATE stays refused where it was.  No other
+        # object (a definition) and no event is ever deleted: events belong
+        # to their Business, not to one execution.
+        """
+DROP TRIGGER object_revisions_no_delete;
+DROP TRIGGER transitions_no_delete;
+DROP TRIGGER commands_no_delete;
+CREATE TRIGGER objects_no_delete BEFORE DELETE ON objects
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT ((OLD.object_type = 'WorkflowExecution' AND OLD.state IN ('succeeded', 'failed', 'cancelled')) OR EXISTS (SELECT 1 FROM objects e WHERE e.object_id = OLD.parent_id AND e.object_type = 'WorkflowExecution' AND e.state IN ('succeeded', 'failed', 'cancelled')))
+BEGIN SELECT RAISE(ABORT, 'objects are deleted only by pruning, and only of ended executions'); END;
+CREATE TRIGGER object_revisions_no_delete BEFORE DELETE ON object_revisions
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT (EXISTS (SELECT 1 FROM objects e WHERE e.object_id = OLD.object_id AND e.object_type = 'WorkflowExecution' AND e.state IN ('succeeded', 'failed', 'cancelled')) OR EXISTS (SELECT 1 FROM objects e WHERE e.object_id = (SELECT x.parent_id FROM objects x WHERE x.object_id = OLD.object_id) AND e.object_type = 'WorkflowExecution' AND e.state IN ('succeeded', 'failed', 'cancelled')))
+BEGIN SELECT RAISE(ABORT, 'object_revisions is append-only; only pruning deletes, and only of ended executions'); END;
+CREATE TRIGGER workflow_dispatch_no_delete BEFORE DELETE ON workflow_dispatch
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT (EXISTS (SELECT 1 FROM objects e WHERE e.object_id = OLD.workflow_execution_id AND e.object_type = 'WorkflowExecution' AND e.state IN ('succeeded', 'failed', 'cancelled')))
+BEGIN SELECT RAISE(ABORT, 'workflow_dispatch rows are deleted only by pruning, and only of ended executions'); END;
+CREATE TRIGGER transitions_no_delete BEFORE DELETE ON transitions
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT (EXISTS (SELECT 1 FROM objects e WHERE e.object_id = OLD.execution_id AND e.object_type = 'WorkflowExecution' AND e.state IN ('succeeded', 'failed', 'cancelled')))
+BEGIN SELECT RAISE(ABORT, 'transitions is append-only; only pruning deletes, and only of ended executions'); END;
+CREATE TRIGGER wait_registrations_no_delete BEFORE DELETE ON wait_registrations
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT (EXISTS (SELECT 1 FROM objects e WHERE e.object_id = OLD.execution_id AND e.object_type = 'WorkflowExecution' AND e.state IN ('succeeded', 'failed', 'cancelled')))
+BEGIN SELECT RAISE(ABORT, 'wait_registrations are deleted only by pruning, and only of ended executions'); END;
+CREATE TRIGGER commands_no_delete BEFORE DELETE ON commands
+WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT (EXISTS (SELECT 1 FROM objects e WHERE e.object_id = OLD.execution_id AND e.object_type = 'WorkflowExecution' AND e.state IN ('succeeded', 'failed', 'cancelled')))
+BEGIN SELECT RAISE(ABORT, 'commands is append-only; only pruning deletes, and only of ended executions'); END;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -32,7 +32,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -62,12 +62,14 @@ __all__ = [
     "PrincipalReference",
     "PrincipalResolution",
     "PrincipalResolverRegistry",
+    "ReferencedVersions",
     "ResolutionStatus",
     "RetryPolicy",
     "TerminalOutcome",
     "canonical_json",
     "check_durable_operations",
     "input_digest",
+    "referenced_versions",
 ]
 
 
@@ -659,24 +661,60 @@ class DeploymentCheck:
         }
 
 
+@attrs.frozen
+class ReferencedVersions:
+    """Which action and principal resolver versions Operations not yet ended refer to, and how many refer to each."""
+
+    actions: tuple[tuple[str, int, int], ...]
+    """(name, version, count), sorted."""
+    resolvers: tuple[tuple[str, int, int], ...]
+    unreadable_principals: tuple[str, ...]
+    """Principal references that do not parse: no resolver can be named for them."""
+
+
+def referenced_versions(rows: Iterable[tuple[str, int, str, int]]) -> ReferencedVersions:
+    """Count (action name, action version, principal reference, count) rows by action and by resolver version.
+
+    The one reading of what unended Operations need: :func:`check_durable_operations`
+    (any store) and the deployment check (``deployment.check_deployment``,
+    straight from the tables, per tenant) both classify through it.
+    """
+    actions: dict[tuple[str, int], int] = {}
+    resolvers: dict[tuple[str, int], int] = {}
+    unreadable: set[str] = set()
+    for name, version, principal, count in rows:
+        key = (str(name), int(version))
+        actions[key] = actions.get(key, 0) + int(count)
+        try:
+            reference = PrincipalReference.parse(str(principal))
+        except DurableOperationError:
+            unreadable.add(str(principal))
+            continue
+        rkey = (reference.resolver, reference.version)
+        resolvers[rkey] = resolvers.get(rkey, 0) + int(count)
+    return ReferencedVersions(
+        tuple((n, v, c) for (n, v), c in sorted(actions.items())),
+        tuple((n, v, c) for (n, v), c in sorted(resolvers.items())),
+        tuple(sorted(unreadable)),
+    )
+
+
 def check_durable_operations(
     store: OperationStore, actions: DurableActionRegistry, resolvers: PrincipalResolverRegistry
 ) -> DeploymentCheck:
     """Seed 001 (Upgrade and operation, step 4): every action version and principal resolver version an
-    Operation not yet ended refers to must be registered before workers claim work.  Reads, never writes."""
+    Operation not yet ended refers to must be registered before workers claim work.  Reads, never writes.
+
+    Works on any :class:`OperationStore` (the in-memory one included).  For a
+    SQL store the whole deployment check (schema, definitions, outbox lag,
+    retention; per namespace and tenant) is ``deployment.check_deployment``,
+    which classifies through the same :func:`referenced_versions`.
+    """
     registered_actions = set(actions.names())
     registered_resolvers = set(resolvers.registered())
-    missing_actions: set[tuple[str, int]] = set()
-    missing_resolvers: set[tuple[str, int]] = set()
-    unreadable: set[str] = set()
-    for name, version, principal in store.active_references():
-        if (name, version) not in registered_actions:
-            missing_actions.add((name, version))
-        try:
-            reference = PrincipalReference.parse(principal)
-        except DurableOperationError:
-            unreadable.add(principal)
-            continue
-        if (reference.resolver, reference.version) not in registered_resolvers:
-            missing_resolvers.add((reference.resolver, reference.version))
-    return DeploymentCheck(tuple(sorted(missing_actions)), tuple(sorted(missing_resolvers)), tuple(sorted(unreadable)))
+    found = referenced_versions((name, version, principal, 1) for name, version, principal in store.active_references())
+    return DeploymentCheck(
+        tuple((n, v) for n, v, _ in found.actions if (n, v) not in registered_actions),
+        tuple((n, v) for n, v, _ in found.resolvers if (n, v) not in registered_resolvers),
+        found.unreadable_principals,
+    )

@@ -44,15 +44,12 @@ def call(base: str, method: str, path: str, body: Any = None, headers: dict[str,
         return exc.code, json.loads(exc.read())
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    db = tmp_path / "served.db"
-    with contextlib.closing(connect.open_store(str(db))) as store:
-        definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
-        service.register(store, definition, "acme", deployment.ALICE.executions_principal, deployment.policy())
+@contextlib.contextmanager
+def serving(db: list[str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``fencekeeper serve`` on a free loopback port with ``db`` (``--db`` and maybe ``--schema``), once it listens."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "fencekeeper", "serve", "--db", str(db), "--auth", "tests.http.deployment",
+        [sys.executable, "-m", "fencekeeper", "serve", *db, "--auth", "tests.http.deployment",
          "--actions", "tests.http.deployment", "--port", str(port)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -78,6 +75,20 @@ def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def register_purchase(url: str, schema: str | None = None) -> None:
+    with contextlib.closing(connect.open_store(url, schema=schema)) as store:
+        definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
+        service.register(store, definition, "acme", deployment.ALICE.executions_principal, deployment.policy())
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    db = tmp_path / "served.db"
+    register_purchase(str(db))
+    with serving(["--db", str(db)]) as running:
+        yield running
 
 
 def test_serve_answers_over_http_and_stops_on_sigterm(served: tuple[str, subprocess.Popen[str]]) -> None:

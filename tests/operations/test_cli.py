@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,44 @@ def test_the_deployment_check_blocks_on_a_missing_action(tmp_path: Path, capsys:
     data(capsys, "submit", "balance", "--db", db, "--key", "b-1", "--input", '{"account": "acc-1"}')
     assert data(capsys, "check", "--db", db) == {
         "ok": True, "missing_actions": [], "missing_resolvers": [], "unreadable_principals": [],
+        "blocking": [], "warnings": [],
     }
     code, out, _ = run(capsys, "check", "--db", db, "--actions", "tests.operations.empty_actions")
     assert code == 1
     assert "action balance v1 is not registered" in out
     assert "principal resolver users v1 is not registered" in out
+
+
+def test_op_check_is_the_deployment_check_for_its_tenant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(tmp_path / "ops.db")
+    data(capsys, "submit", "balance", "--db", db, "--key", "b-1", "--input", '{"account": "acc-1"}', "--tenant", "acme")
+    before = (tmp_path / "ops.db").read_bytes()
+    empty = ("--actions", "tests.operations.empty_actions")
+    code, out, _ = run(capsys, "check", "--db", db, "--tenant", "acme", *empty, "--json")
+    narrow = json.loads(out)
+    assert code == 1 and narrow["missing_actions"] == [{"name": "balance", "version": 1}]
+    assert narrow["missing_resolvers"] == [{"name": "users", "version": 1}]
+    # Word for word what `fencekeeper check` blocks on for the same tenant: one check, two shapes.
+    assert cli.main(["check", "--db", db, "--tenant", "acme", *empty, "--json"]) == 1
+    assert narrow["blocking"] == json.loads(capsys.readouterr().out)["blocking"]
+    # Per tenant, as the whole check is: the default tenant has nothing open.
+    assert data(capsys, "check", "--db", db, *empty)["ok"] is True
+    assert (tmp_path / "ops.db").read_bytes() == before, "the check wrote to the store"
+
+
+def test_op_check_blocks_on_what_the_narrower_check_could_not_see(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ops.db"
+    data(capsys, "submit", "balance", "--db", str(db), "--key", "b-1", "--input", '{"account": "acc-1"}')
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (99, 'future', '-', '2099-01-01T00:00:00Z')")
+    conn.close()
+    code, out, _ = run(capsys, "check", "--db", str(db), "--json")
+    report = json.loads(out)
+    assert code == 1 and report["ok"] is False and report["missing_actions"] == []
+    assert any("99" in b or "newer" in b for b in report["blocking"]), report["blocking"]
+    # No usable store: one error line and exit 2, as every op command; and no file is created.
+    code, _, err = run(capsys, "check", "--db", str(tmp_path / "absent.db"))
+    assert code == 2 and one_error(err)
+    assert not (tmp_path / "absent.db").exists()

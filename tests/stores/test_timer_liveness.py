@@ -102,6 +102,15 @@ def _downgrade_to_version_4(path: Path) -> None:
             "operation_transitions", "operation_attempts", "operation_identities", "operations",
         ):
             conn.execute(f"DROP TABLE {table}")
+        # Migration 9's pruning triggers on the execution tables, and migration 1's refusals back.
+        for trigger in ("objects", "object_revisions", "workflow_dispatch", "transitions", "wait_registrations",
+                        "commands"):  # fmt: skip
+            conn.execute(f"DROP TRIGGER {trigger}_no_delete")
+        for table in ("object_revisions", "transitions", "commands"):
+            conn.execute(
+                f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}\n"
+                f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+            )
         conn.execute("DELETE FROM schema_migrations WHERE version >= 5")
         conn.execute("COMMIT")
     finally:

@@ -1,0 +1,262 @@
+"""Pruning workflow executions: only ended ones, only past their window, whole, batched, resumable; and
+nothing but pruning deletes an execution's rows (the triggers of migration ``execution_pruning``), on
+SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencekeeper.adapters import cli, examples, service
+from fencekeeper.adapters.operations.base import TransactionalOperationStore
+from fencekeeper.adapters.operations.sql import SqlTx
+from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
+from fencekeeper.adapters.retention import RetentionWindows, prune
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.worker import Worker
+from fencekeeper.kernel.definition import parse_definition
+from tests.cli.runner import EXAMPLES
+from tests.outbox.conftest import rows
+
+POLICY = examples.grants("default", "user:operator")
+WHO = {"business_id": "default", "principal_id": "user:operator"}
+SPEC = json.dumps(
+    {"node_id": "ask_manager", "attempt_id": "a-1", "event_type": None, "correlation": [], "wake_at": None, "timeout": None}
+)
+DAY = RetentionWindows(executions=timedelta(days=1))
+
+# Each table with the column naming the execution a row belongs to (evidence objects: through parent_id).
+FOOTPRINT = {
+    "objects": "SELECT count(*) FROM objects WHERE object_id = ? OR parent_id = ?",
+    "object_revisions": "SELECT count(*) FROM object_revisions WHERE object_id = ? OR object_id IN "
+    "(SELECT object_id FROM objects WHERE parent_id = ?)",
+    "workflow_dispatch": "SELECT count(*) FROM workflow_dispatch WHERE workflow_execution_id = ? AND ? <> ''",
+    "transitions": "SELECT count(*) FROM transitions WHERE execution_id = ? AND ? <> ''",
+    "wait_registrations": "SELECT count(*) FROM wait_registrations WHERE execution_id = ? AND ? <> ''",
+    "commands": "SELECT count(*) FROM commands WHERE execution_id = ? AND ? <> ''",
+}
+DELETES = {
+    "objects": "DELETE FROM objects WHERE object_id = ? OR parent_id = ?",
+    "object_revisions": FOOTPRINT["object_revisions"].replace("SELECT count(*) FROM", "DELETE FROM"),
+    **{table: sql.replace("SELECT count(*) FROM", "DELETE FROM") for table, sql in FOOTPRINT.items() if table not in (
+        "objects", "object_revisions")},
+}  # fmt: skip
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, TransactionalOperationStore, ManualClock]]:
+    """An execution store and an operation store on one database, and the clock both read."""
+    clock = ManualClock()
+    if request.param == "sqlite":
+        executions: Any = SQLiteStore(tmp_path / "fk.db", clock=clock)
+        operations: TransactionalOperationStore = SQLiteOperationStore(tmp_path / "fk.db", clock)
+    else:
+        from fencekeeper.adapters.operations.postgres import PostgresOperationStore  # noqa: PLC0415
+        from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+
+        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+        executions = PostgresStore(dsn, schema=schema, clock=clock, pool_size=2)
+        operations = PostgresOperationStore(dsn, schema=schema, clock=clock, pool_size=2)
+    try:
+        yield executions, operations, clock
+    finally:
+        operations.close()
+        executions.close()
+
+
+def drain(executions: Any) -> None:
+    worker = Worker(executions, "w-1", POLICY, examples.handler(), business_id="default")
+    while worker.run_pass().claimed:
+        pass
+
+
+def purchases(executions: Any, *amounts: int) -> None:
+    """po-0, po-1, ...: a small amount runs to its end; 1000 or more waits for a manager's approval."""
+    path = EXAMPLES / "purchase_approval.toml"
+    definition = parse_definition(path.read_text(encoding="utf-8"), path.name)
+    service.register(executions, definition, "default", "user:operator", POLICY)
+    for n, amount in enumerate(amounts):
+        service.run(
+            executions, POLICY, **WHO, definition_id=definition.definition_id, execution_id=f"po-{n}",
+            input={"amount": amount, "order_id": f"o-{n}", "order_revision": 1},
+        )  # fmt: skip
+    drain(executions)
+
+
+def cancel(executions: Any, n: int) -> None:
+    service.cancel(executions, POLICY, **WHO, execution_id=f"po-{n}")
+
+
+def side_rows(store: TransactionalOperationStore, clock: ManualClock, *execution_ids: str) -> None:
+    """A lease renewal's transition, a closed wait registration and a command row for each execution.
+
+    The example definition writes none of these three tables (no renewal, no
+    event or timer wait, no reconciliation), so the test writes one row of
+    each, as the store would, for the triggers and the pruner to meet.
+    """
+    with store._transaction() as tx:
+        assert isinstance(tx, SqlTx)
+        at = tx.d.encode_time(clock.now())
+        for eid in execution_ids:
+            tx.run(
+                "INSERT INTO transitions (execution_id, event, from_state, to_state, revision, at, actor, lease_token, "
+                "fence, reason) VALUES (?, 'renew', 'running', 'running', 1, ?, 'w-1', 'l-1', 1, 'renewal')",
+                (eid, at),
+            )
+            tx.run(
+                "INSERT INTO wait_registrations (execution_id, node_id, attempt_id, business_id, spec, closed_by) "
+                "VALUES (?, 'ask_manager', 'a-1', 'default', ?, 'cancel')",
+                (eid, SPEC),
+            )
+            tx.run(
+                "INSERT INTO commands (command_id, command_type, business_id, execution_id, body, recorded_at) "
+                "VALUES (?, 'audit_note', 'default', ?, '{}', ?)",
+                (f"{eid}/cmd", eid, at),
+            )
+
+
+def footprint(store: TransactionalOperationStore, execution_id: str) -> dict[str, int]:
+    return {table: int(rows(store, sql, (execution_id, execution_id))[0][0]) for table, sql in FOOTPRINT.items()}  # type: ignore[call-overload]
+
+
+def state(store: TransactionalOperationStore, execution_id: str) -> object:
+    found = rows(store, "SELECT state FROM objects WHERE object_id = ?", (execution_id,))
+    return found[0][0] if found else None
+
+
+def test_ended_executions_go_whole_after_their_window_and_live_ones_stay(
+    stores: tuple[Any, TransactionalOperationStore, ManualClock],
+) -> None:
+    executions, store, clock = stores
+    purchases(executions, 5, 2500, 2500)
+    cancel(executions, 1)
+    side_rows(store, clock, "po-0", "po-1", "po-2")
+    assert [state(store, f"po-{n}") for n in range(3)] == ["succeeded", "cancelled", "waiting"]
+    ended = footprint(store, "po-0")
+    cancelled = footprint(store, "po-1")
+    assert ended["objects"] > 1 and ended["object_revisions"] > ended["objects"], "evidence objects and revisions"
+    assert min(ended.values()) >= 1 and min(cancelled.values()) >= 1
+    live = footprint(store, "po-2")
+    assert min(live.values()) >= 1
+    definitions = rows(store, "SELECT count(*) FROM objects WHERE object_type = 'WorkflowDefinition'")
+    events = rows(store, "SELECT count(*) FROM events")
+
+    assert prune(store, RetentionWindows()).executions == 0, "without an executions window they are kept"
+    clock.advance(timedelta(hours=20))
+    assert prune(store, DAY).executions == 0, "inside the window"
+    clock.advance(timedelta(days=10))
+    report = prune(store, DAY)
+    assert (report.executions, report.execution_rows) == (2, sum(ended.values()) + sum(cancelled.values()))
+    assert footprint(store, "po-0") == footprint(store, "po-1") == dict.fromkeys(FOOTPRINT, 0)
+    assert footprint(store, "po-2") == live, "a waiting execution is never pruned, however old"
+    assert rows(store, "SELECT count(*) FROM objects WHERE object_type = 'WorkflowDefinition'") == definitions
+    assert rows(store, "SELECT count(*) FROM events") == events, "events are the Business's"
+    assert executions.read("po-0") is None
+    # Its id is free again (docs/outbox.md): a run with it starts a new execution.
+    service.run(
+        executions, POLICY, **WHO, definition_id="purchase-approval", execution_id="po-0",
+        input={"amount": 5, "order_id": "o-0", "order_revision": 1},
+    )  # fmt: skip
+    assert state(store, "po-0") == "eligible"
+
+    # What stayed still works: po-2 is cancelled now, and goes in its turn.
+    cancel(executions, 2)
+    assert state(store, "po-2") == "cancelled"
+    assert prune(store, DAY).executions == 0, "its window counts from when it ended"
+    clock.advance(timedelta(days=2))
+    assert prune(store, DAY).executions == 1
+    assert [r[0] for r in rows(store, "SELECT object_id FROM objects WHERE object_type = 'WorkflowExecution'")] == ["po-0"]
+
+
+
+def test_nothing_but_pruning_deletes_an_executions_rows(stores: tuple[Any, TransactionalOperationStore, ManualClock]) -> None:
+    executions, store, clock = stores
+    purchases(executions, 5, 2500)
+    side_rows(store, clock, "po-0", "po-1")
+    assert [state(store, "po-0"), state(store, "po-1")] == ["succeeded", "waiting"]
+    before = {eid: footprint(store, eid) for eid in ("po-0", "po-1")}
+    assert min(before["po-0"].values()) >= 1 and min(before["po-1"].values()) >= 1, "every table has rows to refuse"
+    # Outside pruning mode: refused even for the ended execution.
+    for table, sql in DELETES.items():
+        with pytest.raises(Exception, match=r"pruning|append-only"):
+            rows(store, sql, ("po-0", "po-0"))
+        assert footprint(store, "po-0") == before["po-0"], table
+    # In pruning mode: refused for the live one, and for what belongs to no execution.
+    for table, sql in DELETES.items():
+        with pytest.raises(Exception, match=r"pruned|ended executions"), store._transaction() as tx:
+            assert isinstance(tx, SqlTx)
+            tx.enter_pruning()
+            tx.run(sql, ("po-1", "po-1"))
+        assert footprint(store, "po-1") == before["po-1"], table
+    with pytest.raises(Exception, match=r"pruned|ended executions"), store._transaction() as tx:
+        assert isinstance(tx, SqlTx)
+        tx.enter_pruning()
+        tx.run("DELETE FROM objects WHERE object_type = 'WorkflowDefinition'", ())
+    assert rows(store, "SELECT count(*) FROM objects WHERE object_type = 'WorkflowDefinition'") == [(1,)]
+    with pytest.raises(Exception, match="append-only"):
+        rows(store, "UPDATE transitions SET reason = 'rewritten'")
+    with pytest.raises(Exception, match="append-only"):
+        rows(store, "UPDATE object_revisions SET body = '{}' WHERE object_id = ?", ("po-0",))
+    # In pruning mode, the ended execution's rows may go (here by hand, in the pruner's order).
+    with store._transaction() as tx:
+        assert isinstance(tx, SqlTx)
+        tx.enter_pruning()
+        for table in ("object_revisions", "objects", "transitions", "wait_registrations", "commands",
+                      "workflow_dispatch"):  # fmt: skip
+            if table == "objects":
+                tx.run("DELETE FROM objects WHERE parent_id = ?", ("po-0",))
+                continue
+            tx.run(DELETES[table], ("po-0", "po-0"))
+        tx.run("DELETE FROM objects WHERE object_id = ?", ("po-0",))
+        tx.leave_pruning()
+    assert footprint(store, "po-0") == dict.fromkeys(FOOTPRINT, 0)
+
+
+def test_execution_batches_are_bounded_and_a_stopped_prune_resumes(
+    stores: tuple[Any, TransactionalOperationStore, ManualClock],
+) -> None:
+    executions, store, clock = stores
+    purchases(executions, 5, 5, 2500, 2500, 2500)
+    for n in (2, 3):
+        cancel(executions, n)
+    clock.advance(timedelta(days=2))
+    # 40 rows a batch: two executions per transaction.
+    first = prune(store, DAY, batch_size=40, max_batches=1)
+    assert (first.executions, first.finished) == (2, False)
+    rest = prune(store, DAY, batch_size=40)
+    assert (rest.executions, rest.finished) == (2, True)
+    assert [state(store, f"po-{n}") for n in range(5)] == [None, None, None, None, "waiting"]
+
+
+def test_prune_executions_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "fk.db"
+    executions = SQLiteStore(db, clock=ManualClock())  # 2026-01-01: long ago, for a window of 30 days
+    try:
+        purchases(executions, 5, 2500)
+    finally:
+        executions.close()
+
+    def prune_json(*args: str) -> tuple[int, Any]:
+        capsys.readouterr()
+        code = cli.main(["prune", "--db", str(db), *args, "--json"])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, report = prune_json()
+    assert (code, report["executions"], report["execution_rows"]) == (0, 0, 0), "kept unless --executions is given"
+    code, report = prune_json("--executions", "30d")
+    assert (code, report["executions"], report["finished"]) == (0, 1, True) and report["execution_rows"] > 1
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        left = conn.execute("SELECT object_id, state FROM objects WHERE object_type = 'WorkflowExecution'").fetchall()
+    assert left == [("po-1", "waiting")]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["prune", "--db", str(db), "--executions", "soon"])
+    assert exited.value.code == 2 and "not a duration" in capsys.readouterr().err
