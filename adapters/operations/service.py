@@ -22,7 +22,9 @@ Rules of this module:
   whitespace, UTF-8); its sha-256 is the digest idempotency and approvals
   are bound to.  Floats that are not finite are refused.
 - Identifiers the service makes (operation ids, approval ids) are random
-  (uuid4): a store never trusts a caller's clock or counter.
+  (uuid4): a store never trusts a caller's clock or counter.  A test may
+  pass ``new_id`` so that a replayed sequence makes the same ids (and the
+  store's order among equally due Operations, which ties on the id, repeats).
 """
 
 from __future__ import annotations
@@ -453,6 +455,7 @@ class DurableOperationService:
         approval_validity: timedelta = timedelta(hours=24),
         may_decide: Callable[[PrincipalResolution, OperationRecord], bool] | None = None,
         may_cancel: Callable[[PrincipalResolution, OperationRecord], bool] | None = None,
+        new_id: Callable[[], str] | None = None,
     ) -> None:
         problem = identifier_problem(namespace)
         if problem is not None:
@@ -463,6 +466,7 @@ class DurableOperationService:
         self.namespace = namespace
         self.retention = retention
         self.approval_validity = approval_validity
+        self._new_id = new_id or (lambda: uuid.uuid4().hex)
         # By default any current member of the tenant may decide (not their own: the kernel refuses
         # that) and the requester may cancel; deployments pass their own policy.
         self.may_decide = may_decide or (lambda resolution, record: resolution.member_of(record.tenant))
@@ -514,7 +518,7 @@ class DurableOperationService:
         canonical = canonical_json(normalised)
         authority = self._authority(principal, tenant, lambda resolution: chosen.authorize(resolution, normalised))
         request = o.SubmitRequest(
-            operation_id=f"op-{uuid.uuid4().hex}",
+            operation_id=f"op-{self._new_id()}",
             identity=o.Identity(self.namespace, tenant, principal.ref, client_key),
             action_name=chosen.name,
             action_version=chosen.version,
@@ -585,7 +589,7 @@ class DurableOperationService:
         authority = self._authority(approver, record.tenant, lambda resolution: self.may_decide(resolution, record))
         name, version = action if action is not None else (record.action_name, record.action_version)
         request = o.DecideRequest(
-            approval_id=approval_id or f"ap-{uuid.uuid4().hex}",
+            approval_id=approval_id or f"ap-{self._new_id()}",
             operation_id=operation_id,
             input_digest=input_digest if input_digest is not None else record.input_digest,
             action_name=name,
