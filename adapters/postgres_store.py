@@ -70,7 +70,7 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
 from . import bridge, codec
-from .sql import EXECUTION_TYPE, Dialect, SqlBackend
+from .sql import DEFINITION_TYPE, EXECUTION_TYPE, Dialect, SqlBackend
 from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, VisitView
 
 CHANNEL = "fencekeeper_eligible"
@@ -738,12 +738,17 @@ def _run(
     params: Sequence[object],
     *,
     begin: bool = False,
+    commit: bool = False,
 ) -> _Rows:
     """Run one statement of the store: prepared on its first run on ``conn``, then executed by name.
 
     With ``begin``, a ``BEGIN`` goes ahead of it in the same exchange (libpq's
     pipeline mode): the transaction's first statement costs no round trip of
-    its own for opening it.  The caller then ends the transaction.
+    its own for opening it.  The caller then ends the transaction.  With
+    ``commit``, a ``COMMIT`` follows it in the same exchange instead: the
+    transaction's last statement (a read) costs no round trip of its own for
+    closing it, and the transaction is committed when this returns; a
+    failed COMMIT raises, as psycopg's ``commit()`` does.
 
     This is what a psycopg cursor does, less what the store does not need:
     ``conn.execute`` spends about 35 us of Python on every statement (a new
@@ -772,15 +777,18 @@ def _run(
             pgconn.send_prepare(name, query, param_types=types)
             _result(conn, session, session.wait(conn, generators.execute(pgconn)))
             session.names[key] = name
-        if begin:
+        if begin or commit:
             pgconn.enter_pipeline_mode()
+        if begin:
             pgconn.send_query_params(b"BEGIN", None)
         if name is None:
             pgconn.send_query_params(query, values, param_types=types, param_formats=tx.formats, result_format=_BINARY)
         else:
             pgconn.send_query_prepared(name, values, param_formats=tx.formats, result_format=_BINARY)
-        if begin:
-            result = _result(conn, session, _pipelined(conn, session))
+        if commit:
+            pgconn.send_query_params(b"COMMIT", None)
+        if begin or commit:
+            result = _result(conn, session, _pipelined(conn, session, commit=commit))
         else:
             result = _result(conn, session, session.wait(conn, generators.execute(pgconn)))
     tx.set_pgresult(result)
@@ -789,31 +797,68 @@ def _run(
     return _Rows(rows, -1 if count is None else count)
 
 
-def _pipelined(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session) -> list[pq.abc.PGresult]:
-    """The results of ``BEGIN`` and one statement sent in pipeline mode: one exchange, then out of it again."""
+def _pipelined(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, *, commit: bool = False
+) -> list[pq.abc.PGresult]:
+    """The results of one statement sent in pipeline mode after ``BEGIN`` or before ``COMMIT``: one exchange.
+
+    The other command's result is checked here: a failed ``BEGIN`` or
+    ``COMMIT`` raises, after the pipeline has been left.
+    """
     pgconn = conn.pgconn
     try:
         pgconn.pipeline_sync()
-        began, results = session.wait(conn, _begin_and_one(pgconn))
+        first, second, synced = session.wait(conn, _two_and_sync(pgconn))
+        if [r.status for r in synced] != [pq.ExecStatus.PIPELINE_SYNC]:
+            # More than the sync came back: the server ended the session (an
+            # administrator's termination, a shutdown) with the exchange in
+            # flight, so whether it committed is unknown; as a lost connection.
+            errors = [
+                psycopg.errors.error_from_result(r, encoding=conn.info.encoding)
+                for r in synced
+                if r.status == pq.ExecStatus.FATAL_ERROR
+            ]
+            raise psycopg.OperationalError(
+                f"the server ended the session during a pipelined exchange: {_one_line(errors[0]) if errors else synced}"
+            )
         pgconn.exit_pipeline_mode()
-        assert isinstance(results, list)
+        assert isinstance(first, list) and isinstance(second, list)
     except BaseException:
         # Cut short (a lost connection, an interrupt): the connection's state is unknown,
         # so it is closed and the pool replaces it.
         conn.pgconn.finish()
         raise
-    _result(conn, session, began)
-    return results
+    if commit:
+        # The statement's own error comes first: after it, the COMMIT only rolled back.
+        _result(conn, session, first)
+        _result(conn, session, second)
+        if second[-1].command_status != b"COMMIT":
+            raise psycopg.InternalError(f"the transaction did not commit: {second[-1].command_status!r}")
+        return first
+    _result(conn, session, first)
+    return second
 
 
-def _begin_and_one(pgconn: pq.abc.PGconn) -> Any:
+def _notify_and_commit(conn: psycopg.Connection[Any], notify: bytes) -> None:
+    """Send ``notify`` and ``COMMIT`` in one exchange (pipeline mode); raise if either fails."""
+    session = _SESSIONS.get(conn)
+    if session is None:
+        session = _SESSIONS[conn] = _Session(conn)
+    pgconn = conn.pgconn
+    with session.lock:
+        pgconn.enter_pipeline_mode()
+        pgconn.send_query_params(notify, None)
+        pgconn.send_query_params(b"COMMIT", None)
+        _pipelined(conn, session, commit=True)
+
+
+def _two_and_sync(pgconn: pq.abc.PGconn) -> Any:
     # A generator as psycopg's own: send everything, then each command's results, then the sync.
     yield from generators.send(pgconn)
-    began = yield from generators.fetch_many(pgconn)
-    results = yield from generators.fetch_many(pgconn)
+    first = yield from generators.fetch_many(pgconn)
+    second = yield from generators.fetch_many(pgconn)
     synced = yield from generators.fetch_many(pgconn)
-    assert [r.status for r in synced] == [pq.ExecStatus.PIPELINE_SYNC], synced
-    return began, results
+    return first, second, synced
 
 
 def _result(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
@@ -881,6 +926,11 @@ def _locking_read(where: str) -> str:
 
 _LOCK_SQL = _locking_read("WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d")
 
+_ADMISSION_FACTS_SQL = (
+    "SELECT clock_timestamp(), (SELECT object_type FROM objects WHERE object_id = ?), "
+    f"(SELECT revision FROM objects WHERE object_id = ? AND object_type = '{DEFINITION_TYPE}' AND business_id = ?)"
+)
+
 LOCK_TIMEOUT = 5.0
 """Seconds a statement of the store waits for a row lock before failing with ``row_locked``.
 
@@ -934,6 +984,10 @@ class _PostgresBackend(SqlBackend):
         # True until the transaction's first statement: that one carries BEGIN (_run).
         self._begin = begin
         self.made_eligible = False
+        # Whether a transaction's last statement may carry its COMMIT
+        # (_execute_last): only where the store, not a psycopg transaction
+        # block, ends the transaction.
+        self.commits_with_last = False
         self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
         # The time read by the statement that took this transaction's locks,
         # after it had them, and the claim's candidate found with it: each is
@@ -983,6 +1037,31 @@ class _PostgresBackend(SqlBackend):
         self._collecting.append((self._sql(sql), deferred))
         self._params.extend(params)
         return deferred
+
+    def admission_facts(
+        self, execution_id: str, definition_object_id: str, business_id: str
+    ) -> tuple[p.Execution | None, bool, int | None]:
+        # One statement (carrying BEGIN) reads the time, what the identity
+        # names and the definition's latest revision; the execution itself is
+        # read only when the identity already names one (a repeated admission).
+        row = self._execute(_ADMISSION_FACTS_SQL, (execution_id, definition_object_id, business_id)).fetchone()
+        if self.database_clock:
+            self._time = row[0]
+        return self._admission_from(execution_id, row[1], row[2])
+
+    def _execute_last(self, sql: str, params: Sequence[object]) -> Any:
+        # COMMIT travels with the statement (one round trip instead of two)
+        # unless the transaction still has a NOTIFY to send before it, or is
+        # ended by a psycopg transaction block (the asyncio store).  The pool's
+        # connection context then finds no transaction open and sends nothing.
+        if (
+            not self.commits_with_last
+            or self.made_eligible
+            or self._collecting is not None
+            or self.conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
+        ):
+            return self._execute(sql, params)
+        return _run(self.conn, self._sql(sql), params, commit=True)
 
     def execution_ids(self, state: ExecutionState | None) -> list[str]:
         if state is None or state.value not in _LISTED_BY_REVISION:
@@ -1120,6 +1199,9 @@ discards the connection; the request fails as ``store_unavailable``, which calle
 class PostgresStore(TransactionalStore):
     """A store in one PostgreSQL schema, shared by many workers on many machines."""
 
+    _commits_with_last = True
+    """Whether a write transaction's last read may carry its COMMIT (see ``_begun``)."""
+
     def __init__(
         self,
         dsn: str,
@@ -1142,6 +1224,8 @@ class PostgresStore(TransactionalStore):
         self._database_clock = clock is None
         # One channel per schema: work made eligible in one deployment wakes only its own workers.
         self.channel = f"{CHANNEL}:{self.schema}"
+        # The schema name is checked ([a-z_][a-z0-9_]*), so the quoted identifier needs no escaping.
+        self._notify = f'NOTIFY "{self.channel}"'.encode()
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_lock = threading.Lock()
         # The store prepares its own statements (_run); psycopg's own
@@ -1219,9 +1303,14 @@ class PostgresStore(TransactionalStore):
             # exception, as conn.transaction() did.
             with self._pooled() as conn, self._begun(conn):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
+                backend.commits_with_last = self._commits_with_last
                 yield backend
                 if backend.made_eligible:
-                    self._statement(conn, pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
+                    if self._commits_with_last and conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
+                        # NOTIFY and COMMIT in one exchange; the pool's context then finds nothing to commit.
+                        _notify_and_commit(conn, self._notify)
+                    else:
+                        self._statement(conn, pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
         except psycopg.errors.LockNotAvailable as exc:
             raise StoreError(
                 "row_locked",
