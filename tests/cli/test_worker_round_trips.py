@@ -233,3 +233,28 @@ def test_a_refused_admission_writes_nothing(store: TransactionalStore) -> None:
     )
     assert isinstance(again, p.Refusal) and again.code == p.RefusalCode.ALREADY_EXISTS
     assert store.execution_ids() == ["x-1"]
+
+
+def test_the_view_a_decision_hands_back_is_what_a_fresh_read_sees(store: TransactionalStore) -> None:
+    # The claim and the step read the view in their own transaction, last; once committed, a read of its
+    # own must see exactly that view, or the next visit would plan from something never committed.
+    compared: list[str] = []
+
+    def checked(name: str) -> Any:
+        original = getattr(store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            outcome, view = original(*args, **kwargs)
+            assert isinstance(outcome, p.Decision) and view is not None, (name, outcome)
+            assert view == store.read_for_visit(view.execution.execution_id), name
+            compared.append(name)
+            return outcome, view
+
+        return call
+
+    store.claim_for_visit = checked("claim_for_visit")  # type: ignore[method-assign]
+    store.record_step_for_visit = checked("record_step_for_visit")  # type: ignore[method-assign]
+    worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), _Handler(), business_id=BUSINESS)
+    _admit(store, "two-node", TWO_NODE, 3)
+    _one_each(worker, 3)
+    assert compared == ["claim_for_visit", "record_step_for_visit"] * 3
