@@ -909,6 +909,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 make_token=make_token,
                 on_event=on_event,
                 on_record=record,
+                stopping=stop.event.is_set,
             )
 
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=1)]

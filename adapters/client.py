@@ -1007,6 +1007,7 @@ class WorkerPool:
 
         worker.make_token = remembering
         worker.on_event = on_event
+        worker.stopping = self._stop.is_set
 
     def poke(self) -> None:
         """Wake idle workers now: work may have become eligible."""

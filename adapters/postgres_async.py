@@ -37,6 +37,8 @@ class AsyncPostgresStore(PostgresStore):
     """A :class:`~fencekeeper.adapters.postgres_store.PostgresStore` whose connections are psycopg's async ones."""
 
     _async_pool: AsyncConnectionPool[Any]
+    # psycopg's transaction block ends each transaction here (_begun): the store sends no COMMIT of its own.
+    _commits_with_last = False
 
     def _open_pool(self, dsn: str, pool_size: int, settings: dict[str, Any]) -> None:
         self._async_pool = AsyncConnectionPool(

@@ -70,7 +70,7 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
 from . import bridge, codec
-from .sql import EXECUTION_TYPE, Dialect, SqlBackend
+from .sql import DEFINITION_TYPE, EXECUTION_TYPE, Dialect, SqlBackend
 from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, VisitView
 
 CHANNEL = "fencekeeper_eligible"
@@ -902,7 +902,19 @@ def _pipelined(
             # COMMIT of the aborted transaction rolls it back.
             pgconn.send_query_params(b"COMMIT", None)
             pgconn.pipeline_sync()
-        began, results, committed = session.wait(conn, _pipeline_results(pgconn, begin, commit))
+        began, results, committed, synced = session.wait(conn, _pipeline_results(pgconn, begin, commit))
+        if not _only_sync(synced):
+            # More than the sync came back: the server ended the session (an
+            # administrator's termination, a shutdown) with the exchange in
+            # flight, so whether it committed is unknown; as a lost connection.
+            errors = [
+                psycopg.errors.error_from_result(r, encoding=conn.info.encoding)
+                for r in synced
+                if r.status == pq.ExecStatus.FATAL_ERROR
+            ]
+            raise psycopg.OperationalError(
+                f"the server ended the session during a pipelined exchange: {_one_line(errors[0]) if errors else synced}"
+            )
         pgconn.exit_pipeline_mode()
         assert isinstance(results, list)
     except BaseException:
@@ -920,6 +932,18 @@ def _pipelined(
     return results
 
 
+def _notify_and_commit(conn: psycopg.Connection[Any], notify: bytes) -> None:
+    """Send ``notify`` and ``COMMIT`` in one exchange (pipeline mode); raise if either fails."""
+    session = _SESSIONS.get(conn)
+    if session is None:
+        session = _SESSIONS[conn] = _Session(conn)
+    pgconn = conn.pgconn
+    with session.lock:
+        pgconn.enter_pipeline_mode()
+        pgconn.send_query_params(notify, None)
+        _result(conn, session, _pipelined(conn, session, begin=False, commit=True))
+
+
 def _succeeded(results: list[pq.abc.PGresult]) -> bool:
     return all(result.status in _OK for result in results)
 
@@ -930,13 +954,15 @@ def _pipeline_results(pgconn: pq.abc.PGconn, begin: bool, commit: bool) -> Any:
     began = (yield from generators.fetch_many(pgconn)) if begin else None
     results = yield from generators.fetch_many(pgconn)
     synced = yield from generators.fetch_many(pgconn)
-    assert [r.status for r in synced] == [pq.ExecStatus.PIPELINE_SYNC], synced
     committed = None
-    if commit:
+    if commit and _only_sync(synced):
         committed = yield from generators.fetch_many(pgconn)
         synced = yield from generators.fetch_many(pgconn)
-        assert [r.status for r in synced] == [pq.ExecStatus.PIPELINE_SYNC], synced
-    return began, results, committed
+    return began, results, committed, synced
+
+
+def _only_sync(synced: list[pq.abc.PGresult]) -> bool:
+    return [r.status for r in synced] == [pq.ExecStatus.PIPELINE_SYNC]
 
 
 def _result(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
@@ -1004,6 +1030,11 @@ def _locking_read(where: str) -> str:
 
 _LOCK_SQL = _locking_read("WHERE o.object_id = ? AND o.object_type = ? FOR UPDATE OF o, d")
 
+_ADMISSION_FACTS_SQL = (
+    "SELECT clock_timestamp(), (SELECT object_type FROM objects WHERE object_id = ?), "
+    f"(SELECT revision FROM objects WHERE object_id = ? AND object_type = '{DEFINITION_TYPE}' AND business_id = ?)"
+)
+
 LOCK_TIMEOUT = 5.0
 """Seconds a statement of the store waits for a row lock before failing with ``row_locked``.
 
@@ -1057,6 +1088,10 @@ class _PostgresBackend(SqlBackend):
         # True until the transaction's first statement: that one carries BEGIN (_run).
         self._begin = begin
         self.made_eligible = False
+        # Whether a transaction's last statement may carry its COMMIT
+        # (_execute_last): only where the store, not a psycopg transaction
+        # block, ends the transaction.
+        self.commits_with_last = False
         self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
         # The time read by the statement that took this transaction's locks,
         # after it had them, and the claim's candidate found with it: each is
@@ -1106,6 +1141,31 @@ class _PostgresBackend(SqlBackend):
         self._collecting.append((self._sql(sql), deferred))
         self._params.extend(params)
         return deferred
+
+    def admission_facts(
+        self, execution_id: str, definition_object_id: str, business_id: str
+    ) -> tuple[p.Execution | None, bool, int | None]:
+        # One statement (carrying BEGIN) reads the time, what the identity
+        # names and the definition's latest revision; the execution itself is
+        # read only when the identity already names one (a repeated admission).
+        row = self._execute(_ADMISSION_FACTS_SQL, (execution_id, definition_object_id, business_id)).fetchone()
+        if self.database_clock:
+            self._time = row[0]
+        return self._admission_from(execution_id, row[1], row[2])
+
+    def _execute_last(self, sql: str, params: Sequence[object]) -> Any:
+        # COMMIT travels with the statement (one round trip instead of two)
+        # unless the transaction still has a NOTIFY to send before it, or is
+        # ended by a psycopg transaction block (the asyncio store).  The pool's
+        # connection context then finds no transaction open and sends nothing.
+        if (
+            not self.commits_with_last
+            or self.made_eligible
+            or self._collecting is not None
+            or self.conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
+        ):
+            return self._execute(sql, params)
+        return _run(self.conn, self._sql(sql), params, commit=True)
 
     def execution_ids(self, state: ExecutionState | None) -> list[str]:
         if state is None or state.value not in _LISTED_BY_REVISION:
@@ -1243,6 +1303,9 @@ discards the connection; the request fails as ``store_unavailable``, which calle
 class PostgresStore(TransactionalStore):
     """A store in one PostgreSQL schema, shared by many workers on many machines."""
 
+    _commits_with_last = True
+    """Whether a write transaction's last read may carry its COMMIT (see ``_begun``)."""
+
     def __init__(
         self,
         dsn: str,
@@ -1265,6 +1328,8 @@ class PostgresStore(TransactionalStore):
         self._database_clock = clock is None
         # One channel per schema: work made eligible in one deployment wakes only its own workers.
         self.channel = f"{CHANNEL}:{self.schema}"
+        # The schema name is checked ([a-z_][a-z0-9_]*), so the quoted identifier needs no escaping.
+        self._notify = f'NOTIFY "{self.channel}"'.encode()
         self._listener: psycopg.Connection[Any] | None = None
         self._listener_lock = threading.Lock()
         # The store prepares its own statements (_run); psycopg's own
@@ -1342,9 +1407,14 @@ class PostgresStore(TransactionalStore):
             # exception, as conn.transaction() did.
             with self._pooled() as conn, self._begun(conn):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
+                backend.commits_with_last = self._commits_with_last
                 yield backend
                 if backend.made_eligible:
-                    self._statement(conn, pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
+                    if self._commits_with_last and conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
+                        # NOTIFY and COMMIT in one exchange; the pool's context then finds nothing to commit.
+                        _notify_and_commit(conn, self._notify)
+                    else:
+                        self._statement(conn, pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
         except psycopg.errors.LockNotAvailable as exc:
             raise StoreError(
                 "row_locked",

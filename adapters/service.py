@@ -74,21 +74,30 @@ def run(
     revision: int | None = None,
     execution_id: str | None = None,
 ) -> p.Outcome:
-    """Admit an execution pinned to a registered definition revision (the latest unless given)."""
-    definition = store.load_definition(business_id, definition_id, revision)
-    if definition is None:
+    """Admit an execution pinned to a registered definition revision (the latest unless given).
+
+    One transaction (``TransactionalStore.admit_run``): the definition's
+    registration is checked, and the revision pinned, in the admission's
+    own decision.  Bad input raises inside it, and nothing is written.
+    """
+    execution_id = execution_id or f"x-{uuid.uuid4().hex[:12]}"
+
+    def make(definition: Definition) -> tuple[p.AdmitRequest, list[Evidence]]:
+        try:
+            record = i.input_evidence(execution_id, definition, principal_id, input)
+        except i.InputError as exc:
+            raise OperationError(exc.code, str(exc)) from None
+        authority = policy.check(principal_id, business_id, WORKFLOW_RUN, ((definition_id, definition.revision),))
+        request = p.AdmitRequest(
+            execution_id, business_id, definition.definition_id, definition.revision, definition.start, authority
+        )
+        return request, [record]
+
+    outcome = store.admit_run(execution_id, business_id, definition_id, revision, make)
+    if outcome is None:
         which = f"revision {revision} of " if revision is not None else ""
         raise OperationError("definition_not_found", f"definition: no {which}{definition_id!r} in {business_id!r}")
-    execution_id = execution_id or f"x-{uuid.uuid4().hex[:12]}"
-    try:
-        record = i.input_evidence(execution_id, definition, principal_id, input)
-    except i.InputError as exc:
-        raise OperationError(exc.code, str(exc)) from None
-    authority = policy.check(principal_id, business_id, WORKFLOW_RUN, ((definition_id, definition.revision),))
-    request = p.AdmitRequest(
-        execution_id, business_id, definition.definition_id, definition.revision, definition.start, authority
-    )
-    return store.admit(request, [record])
+    return outcome
 
 
 def publish(

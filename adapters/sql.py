@@ -183,13 +183,45 @@ class SqlBackend(Backend):
             return None, None
         return codec.decode_execution(row[0]), self._dispatch_from(execution_id, row[1:])
 
-    def visit_view(self, execution_id: str) -> VisitView | None:
+    def admission_facts(
+        self, execution_id: str, definition_object_id: str, business_id: str
+    ) -> tuple[p.Execution | None, bool, int | None]:
+        # One statement: what the identity names and the definition's latest revision.
+        row = self._execute(
+            "SELECT (SELECT object_type FROM objects WHERE object_id = ?), (SELECT revision FROM objects "
+            f"WHERE object_id = ? AND object_type = '{DEFINITION_TYPE}' AND business_id = ?)",
+            (execution_id, definition_object_id, business_id),
+        ).fetchone()
+        return self._admission_from(execution_id, row[0], row[1])
+
+    def _admission_from(
+        self, execution_id: str, kind: str | None, head: int | None
+    ) -> tuple[p.Execution | None, bool, int | None]:
+        """The facts from what the identity names (``kind``): the execution is read only when it names one."""
+        latest = None if head is None else int(head)
+        if kind is None:
+            return None, False, latest
+        if kind != EXECUTION_TYPE:
+            return None, True, latest
+        existing = self.load(execution_id)[0]
+        return existing, existing is None, latest
+
+    def view_at_commit(self, execution_id: str) -> VisitView | None:
+        # The same one statement as a visit's read, the transaction's last.
+        return self.visit_view(execution_id, last=True)
+
+    def _execute_last(self, sql: str, params: Sequence[object]) -> Any:
+        """A transaction's last statement; a store may send its COMMIT with it (then it has committed)."""
+        return self._execute(sql, params)
+
+    def visit_view(self, execution_id: str, *, last: bool = False) -> VisitView | None:
         """:meth:`TransactionalStore.read_for_visit` in one statement, so one snapshot without a transaction block.
 
         One row per evidence object (one row with NULLs when there is none),
         each beside the execution's current revision and dispatch row.
+        ``last``: the statement ends a write transaction (:meth:`view_at_commit`).
         """
-        rows = self._execute(
+        rows = (self._execute_last if last else self._execute)(
             "SELECT x.body, d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, "
             "d.step_count, d.last_error_code, e.object_id, e.object_type, v.body, e.revision, e.state "
             "FROM objects o JOIN object_revisions x ON x.object_id = o.object_id AND x.revision = o.revision "

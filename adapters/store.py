@@ -348,6 +348,35 @@ class Backend(abc.ABC):
     def execution_evidence(self, execution_id: str) -> list[Evidence]:
         """The current revision of every evidence object of an execution, in creation order."""
 
+    def admission_facts(
+        self, execution_id: str, definition_object_id: str, business_id: str
+    ) -> tuple[p.Execution | None, bool, int | None]:
+        """What an admission decides on: the execution already under ``execution_id`` (if any, as
+        :meth:`load` sees it), whether the identity is taken by another object, and the latest
+        registered revision of the definition object in ``business_id`` (None: not registered).
+
+        Read before the transaction's time, so a store may read all of it, and the time, in one
+        statement.  Revisions of a definition are registered one after the other from 1, so every
+        revision up to the latest is registered.
+        """
+        existing = self.load(execution_id)[0]
+        taken = existing is None and self.object_exists(execution_id)
+        numbers = [number for owner, number, _ in self.definition_revisions(definition_object_id) if owner == business_id]
+        return existing, taken, (max(numbers) if numbers else None)
+
+    def view_at_commit(self, execution_id: str) -> VisitView | None:
+        """The execution's :class:`VisitView` as this transaction leaves it, read last before it commits.
+
+        Read after the decision's writes, under the row locks the decision
+        holds, so it is exactly what the commit makes durable.  A store may
+        send the read together with its ``COMMIT`` (PostgreSQL's pipeline
+        mode), and then the transaction is committed when this returns.
+        """
+        execution, dispatch = self.load(execution_id)
+        if execution is None or dispatch is None:
+            return None
+        return VisitView(execution, dispatch, tuple(self.execution_evidence(execution_id)))
+
     @abc.abstractmethod
     def load_evidence(self, object_id: str) -> Evidence | None:
         """The current revision of an evidence object."""
@@ -488,7 +517,12 @@ class TransactionalStore(abc.ABC):
         claim: _Claim | None = None,
         *,
         wait: float | None = None,
+        view: list[VisitView] | None = None,
+        before: Callable[[Backend], None] | None = None,
     ) -> p.Outcome | None:
+        # ``view``, when given, receives the execution's VisitView as a
+        # Decision leaves it, read in the decision's own transaction
+        # (Backend.view_at_commit): what the worker's next visit plans from.
         for _ in range(2):
             try:
                 with self._transaction() as tx:
@@ -497,6 +531,9 @@ class TransactionalStore(abc.ABC):
                         tx.lock_topic(*topic)
                     if lock is not None:
                         tx.lock(lock, wait=wait)
+                    if before is not None:
+                        # Reads a decision needs ahead of its time (admit_run's facts).
+                        before(tx)
                     now = tx.now(self.clock) if claim is None else tx.claim_time(self.clock, claim.business_id)
                     outcome = decide(tx, now)
                     if isinstance(outcome, _Written):
@@ -505,6 +542,12 @@ class TransactionalStore(abc.ABC):
                         outcome, (*evidence, *outcome.objects) if outcome.objects else evidence, now
                     ):
                         raise _GuardFailed
+                    if view is not None:
+                        view.clear()
+                        if isinstance(outcome, p.Decision) and outcome.execution is not None:
+                            found = tx.view_at_commit(outcome.execution.execution_id)
+                            if found is not None:
+                                view.append(found)
                     return outcome
             except _GuardFailed:
                 continue
@@ -526,6 +569,55 @@ class TransactionalStore(abc.ABC):
 
         return self._one(decide, evidence)
 
+    def admit_run(
+        self,
+        execution_id: str,
+        business_id: str,
+        definition_id: str,
+        revision: int | None,
+        make: Callable[[d.Definition], tuple[p.AdmitRequest, Sequence[Evidence]]],
+    ) -> p.Outcome | None:
+        """Admit an execution of a registered definition revision, in one transaction; None when none is registered.
+
+        The registration check and the admission are one decision: the
+        definition's latest registered revision is read in the admission's
+        transaction (the latest when ``revision`` is None; else ``revision``,
+        which must be registered), and its content comes from the store's
+        memory of immutable revisions (:meth:`load_definition`) when it is
+        there.  ``make`` builds the request and its evidence from the
+        definition; whatever it raises rolls the transaction back, with
+        nothing written.
+        """
+        object_id = definition_object_id(business_id, definition_id)
+        facts: list[tuple[p.Execution | None, bool, int | None]] = []
+
+        def read_facts(tx: Backend) -> None:
+            facts[:] = [tx.admission_facts(execution_id, object_id, business_id)]
+
+        def decide(tx: Backend, now: datetime) -> _Written:
+            existing, taken, head = facts[0]
+            number = head if revision is None else revision
+            if head is None or number is None or not 1 <= number <= head:
+                return _Written(None)
+            definition = self._definitions.get((business_id, definition_id, number))
+            if definition is None:
+                bodies = [b for owner, n, b in tx.definition_revisions(object_id) if owner == business_id and n == number]
+                if not bodies:
+                    return _Written(None)
+                definition = d.from_json(bodies[0], strict=False, source=f"{definition_id} revision {number}")
+                self._remember_definition((business_id, definition_id, number), definition)
+            request, evidence = make(definition)
+            if request.execution_id != execution_id:
+                raise ValueError("admit_run: make() must admit the execution_id it was given")
+            outcome = p.admit(existing, request, now, id_taken=taken)
+            if isinstance(outcome, p.Decision):
+                _apply(tx, outcome, evidence, now)
+            return _Written(outcome)
+
+        outcome = self._run(decide, before=read_facts)
+        assert outcome is None or isinstance(outcome, p.Decision | p.Refusal | p.Unchanged)
+        return outcome
+
     def claim_next(self, request: p.ClaimRequest, *, business_id: str | None = None) -> p.Outcome | None:
         """Claim the first eligible execution that is due (by eligible_at, then id); None when there is none."""
         def decide(tx: Backend, now: datetime) -> p.Outcome | None:
@@ -535,6 +627,42 @@ class TransactionalStore(abc.ABC):
             return p.claim(*tx.load(execution_id), request, now)
 
         return self._run(decide, claim=_Claim(business_id))
+
+    def claim_for_visit(
+        self, request: p.ClaimRequest, *, business_id: str | None = None
+    ) -> tuple[p.Outcome | None, VisitView | None]:
+        """:meth:`claim_next`, and the claimed execution's :class:`VisitView` as the claim committed it.
+
+        The view is read in the claim's own transaction, after its writes and
+        under its row locks (:meth:`Backend.view_at_commit`), so the first
+        visit needs no read of its own; it is None unless the claim is a Decision.
+        """
+        view: list[VisitView] = []
+
+        def decide(tx: Backend, now: datetime) -> p.Outcome | None:
+            execution_id = tx.next_eligible(now, business_id)
+            if execution_id is None:
+                return None
+            return p.claim(*tx.load(execution_id), request, now)
+
+        outcome = self._run(decide, claim=_Claim(business_id), view=view)
+        return outcome, (view[0] if view else None)
+
+    def record_step_for_visit(
+        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence] = ()
+    ) -> tuple[p.Outcome, VisitView | None]:
+        """:meth:`record_step`, and the execution's :class:`VisitView` as the step committed it (None unless a Decision).
+
+        Read as :meth:`claim_for_visit` reads it: the next visit plans from
+        exactly what this transaction committed, under the lease the worker
+        holds; a plan gone stale is still refused by its decision's guard.
+        """
+        view: list[VisitView] = []
+        outcome = self._run(
+            lambda tx, now: p.record_step(*tx.load(execution_id), request, now), evidence, execution_id, view=view
+        )
+        assert outcome is not None
+        return outcome, (view[0] if view else None)
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome:
         """Apply :func:`~fencekeeper.kernel.protocol.renew` in one transaction."""
@@ -723,10 +851,14 @@ class TransactionalStore(abc.ABC):
         if not isinstance(result, d.Definition):
             return None
         if revision is not None:
-            if len(self._definitions) >= DEFINITION_CACHE:
-                self._definitions.clear()
-            self._definitions[key] = result
+            self._remember_definition(key, result)
         return result
+
+    def _remember_definition(self, key: tuple[str, str, int | None], definition: d.Definition) -> None:
+        """Keep a registered revision, found by its number, in memory (it never changes)."""
+        if len(self._definitions) >= DEFINITION_CACHE:
+            self._definitions.clear()
+        self._definitions[key] = definition
 
     # --- events, approvals, timers -------------------------------------------------
 

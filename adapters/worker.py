@@ -3,13 +3,16 @@
 Seed 000 (000_b48b716f7ed7660f.txt: Dispatcher Pass; Lease; Node Semantics).
 Rules of this module:
 
-- The worker decides nothing.  For every visit it reads the execution's
-  durable objects, asks the pure interpreter (``kernel.interpreter``) for a
+- The worker decides nothing.  For every visit it takes the execution's
+  durable objects as the last decision committed them (the claim and each
+  step hand back the view their own transaction wrote; otherwise it reads
+  them), asks the pure interpreter (``kernel.interpreter``) for a
   plan, asks the AuthorityPolicy the questions the plan needs, and hands the
   plan to the store as protocol requests under its lease credential.  The
   store applies each under its guard, in one transaction, or not at all.
-- A pass first fires due one-time wakes, then claims eligible executions in
-  the store's order (eligible_at, then id) and drives each until it leaves
+- A pass first fires due one-time wakes (while every pass finds work, at
+  most once per ``timer_interval``; a pass that finds none always looks),
+  then claims eligible executions in the store's order (eligible_at, then id) and drives each until it leaves
   running.  One node visit is one step; renewal is not a step.  At 100
   steps the interpreter suspends the execution with reason ``step_limit``;
   nothing here resets the count or creates another execution.
@@ -42,7 +45,7 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler
-from .store import TransactionalStore
+from .store import TransactionalStore, VisitView
 
 MIN_LEASE: Final = timedelta(seconds=1)
 """The shortest lease a worker takes.
@@ -169,6 +172,21 @@ class Worker:
     """Called with (execution_id, what, detail) for every visit and refusal: the live timeline."""
     on_record: Callable[[WorkerEvent], None] | None = None
     """Called with the same timeline as structured records (the JSON log)."""
+    stopping: Callable[[], bool] = lambda: False
+    """True once the worker is asked to stop.  From then on every visit reads the execution afresh
+    instead of planning from the view the last decision handed back: a stopping worker's
+    ``on_event`` hook hands the lease back after a committed visit (``fencekeeper worker`` and
+    ``client.WorkerPool`` do), and the visit must then see the execution eligible, not plan on."""
+    timer_interval: float = 1.0
+    """Seconds between due-timer lookups while every pass finds work (see :meth:`run_pass`).
+
+    The lookup is a hint (each timer found is fired by a decision that
+    checks it is due); this bounds how late a busy worker notices one."""
+    monotonic: Callable[[], float] = time.monotonic
+    """The process clock that paces the lookups; never the time of a decision."""
+    _queue_busy: bool = attrs.field(default=False, init=False)
+    _timers_looked_at: float = attrs.field(default=0.0, init=False)
+    _committed_view: VisitView | None = attrs.field(default=None, init=False)
 
     def _tell(
         self,
@@ -199,15 +217,30 @@ class Worker:
         return view.execution.business_id if view is not None else ""
 
     def run_pass(self, *, max_claims: int | None = None) -> PassReport:
-        """One bounded pass: due timers, then every eligible execution (at most ``max_claims``)."""
+        """One bounded pass: due timers, then every eligible execution (at most ``max_claims``).
+
+        The due-timer lookup is skipped at the start of a pass only while
+        the queue is busy: the previous pass stopped at ``max_claims`` with
+        work possibly left, and the last lookup is less than
+        ``timer_interval`` seconds old.  A pass that then finds the queue
+        empty looks before it ends, so a pass that reports nothing claimed
+        and no timer fired has always looked.
+        """
         report = PassReport()
-        self.fire_due_timers(report)
+        looked = False
+        if not self._queue_busy or self.monotonic() - self._timers_looked_at >= self.timer_interval:
+            self._look_for_timers(report)
+            looked = True
+        self._queue_busy = False
+        view: VisitView | None = None
         while max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
-            outcome = self.store.claim_next(
+            outcome, view = self.store.claim_for_visit(
                 p.ClaimRequest(self.worker_id, self.make_token(), self.lease), business_id=self.business_id
             )
             if outcome is None:
+                if not looked:
+                    self._look_for_timers(report)
                 break
             if not isinstance(outcome, p.Decision) or outcome.lease is None or outcome.execution is None:
                 break
@@ -220,13 +253,27 @@ class Worker:
                 f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}",
                 fence=outcome.lease.fence,
             )
-            self.drive(execution_id, outcome.lease, report)
+            self.drive(execution_id, outcome.lease, report, view)
+        else:
+            self._queue_busy = True
         return report
 
-    def drive(self, execution_id: str, credential: p.LeaseCredential, report: PassReport) -> None:
-        """Visit nodes under ``credential`` until the execution leaves running or a request is refused."""
+    def _look_for_timers(self, report: PassReport) -> None:
+        self._timers_looked_at = self.monotonic()
+        self.fire_due_timers(report)
+
+    def drive(
+        self, execution_id: str, credential: p.LeaseCredential, report: PassReport, view: VisitView | None = None
+    ) -> None:
+        """Visit nodes under ``credential`` until the execution leaves running or a request is refused.
+
+        ``view`` is the execution as the claim committed it; after each step,
+        the view that step's transaction committed is used in the same way.
+        A visit reads the execution only when it has neither.
+        """
         while True:
-            view = self.store.read_for_visit(execution_id)
+            if view is None or self.stopping():
+                view = self.store.read_for_visit(execution_id)
             if view is None or view.execution.state != ExecutionState.RUNNING:
                 return
             execution = view.execution
@@ -284,6 +331,8 @@ class Worker:
                 report=report,
             ):
                 return
+            view = self._committed_view
+            self._committed_view = None
 
     def _commit(
         self,
@@ -295,9 +344,12 @@ class Worker:
         authority: p.Authority,
         report: PassReport,
     ) -> bool:
-        """Apply a visit's plan; True when the execution is still running under this lease."""
+        """Apply a visit's plan; True when the execution is still running under this lease.
+
+        After a step, ``_committed_view`` holds the view its transaction committed.
+        """
         if isinstance(plan, i.Step):
-            outcome = self.store.record_step(
+            outcome, self._committed_view = self.store.record_step_for_visit(
                 execution_id, p.StepRequest(credential, execution.revision, plan.step, authority), plan.evidence
             )
             if not self._applied(execution_id, outcome, report, "step", credential.fence):

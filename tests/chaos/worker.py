@@ -129,6 +129,32 @@ class LedgeredStore:
             lambda: self._store.claim_next(request, business_id=business_id),
         )
 
+    def claim_for_visit(self, request: p.ClaimRequest, *, business_id: str | None = None) -> Any:
+        # The worker's claim: the same ledger lines as claim_next; the view it hands back passes through.
+        handed: list[Any] = []
+
+        def claim() -> Any:
+            outcome, view = self._store.claim_for_visit(request, business_id=business_id)
+            handed.append(view)
+            return outcome
+
+        outcome = self._write("claim", None, (request.worker_id, request.lease_token, None), (), claim)
+        return outcome, (handed[0] if handed else None)
+
+    def record_step_for_visit(
+        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence] = ()
+    ) -> Any:
+        handed: list[Any] = []
+        c = request.credential
+
+        def step() -> Any:
+            outcome, view = self._store.record_step_for_visit(execution_id, request, evidence)
+            handed.append(view)
+            return outcome
+
+        outcome = self._write("record_step", execution_id, (c.worker_id, c.lease_token, c.fence), evidence, step)
+        return outcome, (handed[0] if handed else None)
+
     def renew(self, execution_id: str, request: p.RenewRequest) -> Any:
         c = request.credential
         return self._write(

@@ -10,11 +10,16 @@ per connection):
   then ``end``) four (claim, the command's intent, committed before the
   handler runs, the step with its result, finalize), and the intent is
   committed before the handler is called;
-- everything else a pass does is a single statement: the due-timer lookup
-  and one read per node visit; the definition revision comes from memory;
+- nothing else is sent while the queue is busy: the claim and each step
+  hand back the view the next visit plans from (read in their own
+  transaction), the due-timer lookup waits for an empty queue or
+  ``timer_interval``, and the definition revision comes from memory;
 - the whole path stays within the bound measured when it was made:
-  PostgreSQL 8 round trips per one-node execution and 15 per two-node one;
-  SQLite 18 and 38 statements.  A change that adds a round trip fails here.
+  PostgreSQL 6 round trips per one-node execution and 12 per two-node one
+  (three per decision), SQLite 19 and 40 statements.  A change that adds a
+  round trip fails here;
+- an admission through ``service.run`` is one transaction: 3 round trips on
+  PostgreSQL, 9 statements on SQLite; a refused one writes nothing.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ error_code = "ship_failed"
 # (workflow, write transactions, PostgreSQL round trips, SQLite statements) per execution.
 # Each decision's outbox row is one more statement on SQLite; on PostgreSQL it
 # travels in the decision's one write statement.
-BOUNDS = {"one-node": (ONE_NODE, 2, 8, 20), "two-node": (TWO_NODE, 4, 15, 42)}
+BOUNDS = {"one-node": (ONE_NODE, 2, 6, 19), "two-node": (TWO_NODE, 4, 12, 40)}
 
 
 class _Handler:
@@ -145,7 +150,11 @@ def _one_each(worker: Worker, count: int) -> Any:
 def test_round_trips_per_execution_stay_within_the_bound(store: TransactionalStore, workflow: str) -> None:
     text, writes, pg_bound, sqlite_bound = BOUNDS[workflow]
     handler = _Handler()
-    worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), handler, business_id=BUSINESS)
+    # A process clock that stands still: the due-timer lookup is paced by it (at most once per
+    # timer_interval while every pass finds work), and a loaded machine must not change the count.
+    worker = Worker(
+        store, "w-1", examples.grants(BUSINESS, PRINCIPAL), handler, business_id=BUSINESS, monotonic=lambda: 0.0
+    )
     _admit(store, workflow, text, WARM + COUNTED)
     _one_each(worker, WARM)
     tally: Tally
@@ -166,3 +175,86 @@ def test_the_intent_is_committed_before_the_handler_is_called(store: Transaction
     _admit(store, "two-node", TWO_NODE, 3)
     _one_each(worker, 3)
     assert handler.intent_committed == [True, True, True]
+
+
+# Admission through service.run: one transaction (the registration check, the definition's
+# revision and the admission are one decision), PostgreSQL round trips and SQLite statements.
+ADMISSION_BOUND = {"postgresql": 3, "sqlite": 9}
+
+
+@pytest.mark.parametrize("revision", [None, 1])
+def test_an_admission_is_one_transaction_within_the_bound(store: TransactionalStore, revision: int | None) -> None:
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    service.register(store, parse_definition(TWO_NODE), BUSINESS, PRINCIPAL, policy)
+
+    def admit(n: int) -> None:
+        outcome = service.run(
+            store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-node",
+            input={"order_id": f"o-{n}"}, revision=revision,
+        )
+        assert isinstance(outcome, p.Decision), outcome
+
+    for n in range(WARM):
+        admit(n)
+    with counting(store) as tally:
+        for n in range(WARM, WARM + COUNTED):
+            admit(n)
+    bound = ADMISSION_BOUND["sqlite" if isinstance(store, SQLiteStore) else "postgresql"]
+    assert tally.transactions == COUNTED and tally.write_transactions == COUNTED, tally
+    assert tally.round_trips <= bound * COUNTED, (tally.round_trips / COUNTED, bound)
+    assert len(store.execution_ids()) == WARM + COUNTED
+
+
+def test_a_refused_admission_writes_nothing(store: TransactionalStore) -> None:
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    service.register(store, parse_definition(TWO_NODE), BUSINESS, PRINCIPAL, policy)
+    # Bad input is found inside the admission's transaction: it rolls back, nothing is written.
+    with pytest.raises(service.OperationError) as missing_input:
+        service.run(store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-node", input={})
+    assert "order_id" in str(missing_input.value)
+    # A revision that was never registered is not admitted, and neither is an unknown definition.
+    for definition_id, revision in (("two-node", 2), ("nowhere", None)):
+        with pytest.raises(service.OperationError) as not_found:
+            service.run(
+                store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id=definition_id,
+                input={"order_id": "o-1"}, revision=revision,
+            )
+        assert not_found.value.code == "definition_not_found"
+    assert store.execution_ids() == []
+    # The same identity twice: the second is refused and the first stays as it was.
+    first = service.run(
+        store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-node",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )
+    assert isinstance(first, p.Decision)
+    again = service.run(
+        store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-node",
+        input={"order_id": "o-2"}, execution_id="x-1",
+    )
+    assert isinstance(again, p.Refusal) and again.code == p.RefusalCode.ALREADY_EXISTS
+    assert store.execution_ids() == ["x-1"]
+
+
+def test_the_view_a_decision_hands_back_is_what_a_fresh_read_sees(store: TransactionalStore) -> None:
+    # The claim and the step read the view in their own transaction, last; once committed, a read of its
+    # own must see exactly that view, or the next visit would plan from something never committed.
+    compared: list[str] = []
+
+    def checked(name: str) -> Any:
+        original = getattr(store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            outcome, view = original(*args, **kwargs)
+            assert isinstance(outcome, p.Decision) and view is not None, (name, outcome)
+            assert view == store.read_for_visit(view.execution.execution_id), name
+            compared.append(name)
+            return outcome, view
+
+        return call
+
+    store.claim_for_visit = checked("claim_for_visit")  # type: ignore[method-assign]
+    store.record_step_for_visit = checked("record_step_for_visit")  # type: ignore[method-assign]
+    worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), _Handler(), business_id=BUSINESS)
+    _admit(store, "two-node", TWO_NODE, 3)
+    _one_each(worker, 3)
+    assert compared == ["claim_for_visit", "record_step_for_visit"] * 3
