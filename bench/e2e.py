@@ -679,10 +679,14 @@ class TraceCount:
 def count_trace(directory: Path) -> TraceCount:
     """Count what every trace file in ``directory`` shows (libpq's format: ``F|B<TAB>len<TAB>Type<TAB>fields``).
 
-    A round trip is a frontend ``Query`` or ``Sync`` (the client then waits for
-    ``ReadyForQuery``), except a ``Sync`` after nothing but ``Parse``: that is
-    a statement being prepared, once per connection, which a run over N
-    executions may do and the run over none not, so it would not cancel out;
+    A round trip is one flight of frontend messages followed by the server's
+    answer: the client sent, then waited.  Messages sent together in pipeline
+    mode (``BEGIN`` with a statement, or a statement with its ``COMMIT``,
+    each behind a ``Sync`` of its own) are one round trip, however many
+    ``Sync`` messages the flight holds.  A flight of nothing but ``Parse`` and
+    ``Sync`` is not counted: that is a statement being prepared, once per
+    connection, which a run over N executions may do and the run over none
+    not, so it would not cancel out;
     a statement is a ``Query`` or an ``Execute``; a transaction is a
     ``ReadyForQuery`` that reports the session idle after at least one
     completed command since the one before (an explicit ``COMMIT``, or a
@@ -691,7 +695,7 @@ def count_trace(directory: Path) -> TraceCount:
     round_trips = statements = transactions = 0
     for path in directory.glob("trace-*.txt"):
         completed = False
-        batch: set[str] = set()
+        flight: set[str] = set()
         for line in path.read_text(errors="replace").splitlines():
             fields = line.split("\t", 3)
             if len(fields) < 3:
@@ -699,15 +703,14 @@ def count_trace(directory: Path) -> TraceCount:
             side, kind = fields[0], fields[2]
             rest = fields[3].strip() if len(fields) > 3 else ""
             if side == "F":
-                if kind == "Sync":
-                    round_trips += batch != {"Parse"}
-                    batch = set()
-                elif kind == "Query":
-                    round_trips += 1
-                else:
-                    batch.add(kind)
+                flight.add(kind)
                 statements += kind in ("Query", "Execute")
-            elif kind == "CommandComplete":
+                continue
+            if flight:
+                # The first answer after a flight: the client waited once for all of it.
+                round_trips += not flight <= {"Parse", "Sync"}
+                flight = set()
+            if kind == "CommandComplete":
                 completed = True
             elif kind == "ReadyForQuery":
                 transactions += completed and rest == "I"

@@ -98,12 +98,27 @@ def test_the_trace_counter_reads_libpq_trace_lines(tmp_path: Path) -> None:
             "F\t4\tSync",
             "B\t4\tParseComplete",
             "B\t5\tReadyForQuery\t I",
+            # Pipeline mode: BEGIN and a statement behind one Sync, then COMMIT behind another, sent
+            # in one flight before the client reads anything: one round trip, one transaction.
+            'F\t20\tBind\t "" "" 0',
+            'F\t9\tExecute\t "" 0',
+            'F\t20\tBind\t "" "s3" 0',
+            'F\t9\tExecute\t "" 0',
+            "F\t4\tSync",
+            'F\t20\tBind\t "" "" 0',
+            'F\t9\tExecute\t "" 0',
+            "F\t4\tSync",
+            'B\t10\tCommandComplete\t "BEGIN"',
+            'B\t13\tCommandComplete\t "SELECT 1"',
+            "B\t5\tReadyForQuery\t T",
+            'B\t11\tCommandComplete\t "COMMIT"',
+            "B\t5\tReadyForQuery\t I",
         ]
     )
     (tmp_path / "trace-1-0.txt").write_text(trace + "\n", encoding="utf-8")
     (tmp_path / "other.txt").write_text('F\t10\tQuery\t "BEGIN"\n', encoding="utf-8")
     count = e2e.count_trace(tmp_path)
-    assert count == e2e.TraceCount(round_trips=5, statements=5, transactions=2)
+    assert count == e2e.TraceCount(round_trips=6, statements=8, transactions=3)
 
 
 def test_the_traced_entry_runs_the_real_command_line(tmp_path: Path) -> None:
