@@ -47,7 +47,7 @@ from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore, migrate
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import TransactionalStore
-from fencekeeper.adapters.testing.roundtrips import counting
+from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE, counting
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
@@ -58,48 +58,6 @@ DSN = os.environ.get("FENCEKEEPER_PG_DSN", "postgresql://postgres@127.0.0.1:5432
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
 ROOT = Path(__file__).resolve().parent.parent
-
-ONE_NODE = """
-id = "one-node"
-revision = 1
-start = "done"
-inputs = []
-
-[[nodes]]
-id = "done"
-kind = "end"
-revision = 1
-outcome = "succeeded"
-"""
-
-TWO_NODE = """
-id = "two-node"
-revision = 1
-start = "ship"
-inputs = ["order_id"]
-
-[[nodes]]
-id = "ship"
-kind = "local_command"
-revision = 1
-operation = "order.ship"
-targets = [{ id = { from = "input.order_id" }, revision = 1 }]
-next = "done"
-on_failure = "failed"
-
-[[nodes]]
-id = "done"
-kind = "end"
-revision = 1
-outcome = "succeeded"
-
-[[nodes]]
-id = "failed"
-kind = "end"
-revision = 1
-outcome = "failed"
-error_code = "ship_failed"
-"""
 
 WORKFLOWS = {"one-node": ONE_NODE, "two-node": TWO_NODE}
 

@@ -35,6 +35,51 @@ import psycopg
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import TransactionalStore
 
+# The two workflows the counts are taken over (tests/cli/test_worker_round_trips.py asserts
+# their bounds, bench/worker_path.py measures them): a start at `end`, and one local Command
+# then `end`.
+ONE_NODE = """
+id = "one-node"
+revision = 1
+start = "done"
+inputs = []
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+"""
+
+TWO_NODE = """
+id = "two-node"
+revision = 1
+start = "ship"
+inputs = ["order_id"]
+
+[[nodes]]
+id = "ship"
+kind = "local_command"
+revision = 1
+operation = "order.ship"
+targets = [{ id = { from = "input.order_id" }, revision = 1 }]
+next = "done"
+on_failure = "failed"
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+
+[[nodes]]
+id = "failed"
+kind = "end"
+revision = 1
+outcome = "failed"
+error_code = "ship_failed"
+"""
+
 
 @attrs.define
 class Tally:
@@ -96,4 +141,4 @@ def _counted(gen: Any, tally: Tally) -> Any:
             return stop.value
 
 
-__all__ = ["Tally", "counting"]
+__all__ = ["ONE_NODE", "TWO_NODE", "Tally", "counting"]

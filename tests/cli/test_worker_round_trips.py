@@ -34,7 +34,7 @@ from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import TransactionalStore
-from fencekeeper.adapters.testing.roundtrips import Tally, counting
+from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE, Tally, counting
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
@@ -44,48 +44,6 @@ BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
 WARM = 3
 COUNTED = 10
-
-ONE_NODE = """
-id = "one-node"
-revision = 1
-start = "done"
-inputs = []
-
-[[nodes]]
-id = "done"
-kind = "end"
-revision = 1
-outcome = "succeeded"
-"""
-
-TWO_NODE = """
-id = "two-node"
-revision = 1
-start = "ship"
-inputs = ["order_id"]
-
-[[nodes]]
-id = "ship"
-kind = "local_command"
-revision = 1
-operation = "order.ship"
-targets = [{ id = { from = "input.order_id" }, revision = 1 }]
-next = "done"
-on_failure = "failed"
-
-[[nodes]]
-id = "done"
-kind = "end"
-revision = 1
-outcome = "succeeded"
-
-[[nodes]]
-id = "failed"
-kind = "end"
-revision = 1
-outcome = "failed"
-error_code = "ship_failed"
-"""
 
 # (workflow, write transactions, PostgreSQL round trips, SQLite statements) per execution.
 # Each decision's outbox row is one more statement on SQLite; on PostgreSQL it
