@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import importlib.resources
 import json
 import math
 import os
@@ -89,7 +88,6 @@ from types import FrameType
 from typing import Any
 
 import attrs
-from rich.live import Live
 from rich.text import Text
 
 from fencekeeper.kernel import approvals
@@ -1021,6 +1019,10 @@ def _watch(threads: list[threading.Thread], tally: _Tally, console: Any) -> None
             for t in workers:
                 t.join(0.2)
         return
+    # Imported here: a worker that reports in JSON, as the ones a
+    # deployment runs do, starts without the live display's modules.
+    from rich.live import Live  # noqa: PLC0415
+
     with Live(tally.line(), console=console, refresh_per_second=4, transient=False) as live:
         while any(t.is_alive() for t in workers):
             time.sleep(0.25)
@@ -1629,6 +1631,8 @@ def _export_specs(args: argparse.Namespace, out: Output) -> int:
     # The machine tables are written from the kernel, the rest as shipped in the package
     # (fencekeeper/specs); a file that already is the shipped one (`make specs` in the
     # repository, whose editable install links to it) is left alone.
+    import importlib.resources  # noqa: PLC0415 - only export-specs reads the shipped files
+
     shipped = importlib.resources.files("fencekeeper") / "specs"
     pending = [(shipped, directory)]
     while pending:

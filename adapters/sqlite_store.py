@@ -38,8 +38,6 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-import sqlite_utils
-
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
@@ -905,6 +903,10 @@ def _is_read_only_error(exc: sqlite3.Error) -> bool:
 
 
 def _check_schema(conn: sqlite3.Connection, path: Path) -> int:
+    # Imported here: a PostgreSQL worker imports this module (through
+    # connect) and should not pay for sqlite-utils at every start-up.
+    import sqlite_utils  # noqa: PLC0415
+
     db = sqlite_utils.Database(conn)
     tables = set(db.table_names())
     if "schema_migrations" not in tables:
