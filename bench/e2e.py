@@ -98,6 +98,8 @@ BASE_DSN = os.environ.get("FENCEKEEPER_PG_DSN", "postgresql://postgres@127.0.0.1
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
 NOOP_HANDLER = "bench.e2e_handler:make"
+ONE_PROCESS = "fencekeeper-1p"
+"""The system name of one ``fencekeeper worker --concurrency N`` process: N worker threads, one start-up."""
 DRAIN_TIMEOUT = 600.0
 
 _END = """
@@ -328,8 +330,8 @@ def admit(target: FencekeeperTarget, workload: str, executions: int) -> float:
         store.close()
 
 
-def worker_command(target: FencekeeperTarget, number: int, handler: str) -> list[str]:
-    """One ``fencekeeper worker --until-idle`` process, as a user starts it."""
+def worker_command(target: FencekeeperTarget, number: int, handler: str, concurrency: int = 1) -> list[str]:
+    """One ``fencekeeper worker --until-idle`` process, as a user starts it (``concurrency`` worker threads)."""
     return [
         str(BIN / "fencekeeper"),
         "worker",
@@ -338,6 +340,7 @@ def worker_command(target: FencekeeperTarget, number: int, handler: str) -> list
         "--json",
         "--id",
         f"bench{number}",
+        *(["--concurrency", str(concurrency)] if concurrency > 1 else []),
         *(["--handler", handler] if handler != "example" else []),
     ]
 
@@ -456,15 +459,26 @@ def fencekeeper_drain(
     server: Server | None,
     directory: Path,
     handler: str = NOOP_HANDLER,
+    one_process: bool = False,
 ) -> Drain:
-    """Admit ``executions`` of ``workload``, then time ``workers`` worker processes draining them."""
+    """Admit ``executions`` of ``workload``, then time ``workers`` worker processes draining them.
+
+    ``one_process``: one process of ``workers`` worker threads (``--concurrency``) instead,
+    the shape of Procrastinate's ``--concurrency`` and DBOS's ``worker_concurrency``.
+    """
     target = _fencekeeper_target(store, server, directory)
+    commands = (
+        [worker_command(target, 1, handler, concurrency=workers)]
+        if one_process
+        else [worker_command(target, n, handler) for n in range(1, workers + 1)]
+    )
+    system = ONE_PROCESS if one_process else "fencekeeper"
     try:
         admit_seconds = admit(target, workload, executions)
         if server is not None:
             server.settle()
         timing, outputs = _run_all(
-            [worker_command(target, n, handler) for n in range(1, workers + 1)],
+            commands,
             _worker_env(directory),
             count=_fencekeeper_succeeded(target, server),
             total=executions,
@@ -476,7 +490,7 @@ def fencekeeper_drain(
             raise BenchError(
                 f"fencekeeper {workload} on {store}, {workers} workers: {succeeded} of {executions} succeeded; {problems[:3]}"
             )
-        return Drain("fencekeeper", workload, store, workers, executions, admit_seconds, timing)
+        return Drain(system, workload, store, workers, executions, admit_seconds, timing)
     finally:
         if server is not None and target.schema is not None:
             server.drop_schema(target.schema)
@@ -808,6 +822,7 @@ class Plan:
     executions: int
     sqlite_executions: int
     workers: tuple[int, ...]
+    threads: tuple[int, ...]
     sqlite_workers: tuple[int, ...]
     peer_concurrency: tuple[int, ...]
     workloads: tuple[str, ...]
@@ -832,6 +847,19 @@ def _round_steps(plan: Plan, server: Server | None, directory: Path) -> dict[str
                     fencekeeper_drain, store, workload, n, workers, server=server, directory=directory, handler=plan.handler
                 )
                 steps["fencekeeper"].append((f"fencekeeper {workload} {store} x{workers}", step))
+            for threads in plan.threads if store == "pg" else ():
+                step = functools.partial(
+                    fencekeeper_drain,
+                    store,
+                    workload,
+                    n,
+                    threads,
+                    server=server,
+                    directory=directory,
+                    handler=plan.handler,
+                    one_process=True,
+                )
+                steps["fencekeeper"].append((f"fencekeeper {workload} {store} 1 process c{threads}", step))
     if "pg" in plan.stores and server is not None:
         for concurrency in plan.peer_concurrency:
             step = functools.partial(procrastinate_drain, plan.executions, concurrency, server=server)
@@ -899,6 +927,10 @@ TARGETS: list[tuple[str, Key, Key, float | None, str]] = [
     ("PG, 8 workers: two-node vs Procrastinate no-op (c8)", ("fencekeeper", "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
     ("PG, 8 workers: two-node vs DBOS one-step (c8)", ("fencekeeper", "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
     ("PG, 8 workers: five-node vs DBOS three-step (c8)", ("fencekeeper", "five-node", "pg", 8), ("dbos", "three-step", "pg", 8), None, "rate"),
+    # The same three targets for eight workers as the peers run them: threads of one process.
+    ("PG, 1 process c8: one-node vs Procrastinate no-op (c8)", (ONE_PROCESS, "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, 1 process c8: two-node vs Procrastinate no-op (c8)", (ONE_PROCESS, "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, 1 process c8: two-node vs DBOS one-step (c8)", (ONE_PROCESS, "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
     ("PG, 1 worker: two-node vs Procrastinate no-op (c1)", ("fencekeeper", "two-node", "pg", 1), ("procrastinate", "no-op job", "pg", 1), None, "rate"),
     ("PG admission: service.run vs Procrastinate defer", ("fencekeeper", "two-node", "pg", None), ("procrastinate", "no-op job", "pg", None), 1.0, "admit"),
     ("PG admission: service.run vs DBOS enqueue", ("fencekeeper", "two-node", "pg", None), ("dbos", "one-step", "pg", None), None, "admit"),
@@ -943,8 +975,9 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
     out("")
     out("medians over the rounds. drained: from the first worker's start to the queue empty, start-up included;")
     out("steady: from the first completion seen to the last (start-up left out); polled every 20 ms")
+    out(f"workers: fencekeeper's processes; {ONE_PROCESS}'s threads in one process; Procrastinate's and DBOS's concurrency")
     out(
-        f"{'system':<14}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
+        f"{'system':<16}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
         "  rounds (drained/s)"
     )
     for (system, workload, store, workers), items in by_key.items():
@@ -952,7 +985,7 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
         rate = statistics.median(d.rate for d in items)
         steady = statistics.median(d.steady_rate for d in items)
         rounds = " / ".join(f"{d.rate:.0f}" for d in items)
-        out(f"{system:<14}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}{steady:>10.1f}  {rounds}")
+        out(f"{system:<16}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}{steady:>10.1f}  {rounds}")
     for label, seconds in result["starts"].items():
         out(f"{label}: {statistics.median(seconds):.2f} s (median of {len(seconds)})")
     out("")
@@ -1001,6 +1034,10 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _ints_or_none(text: str) -> tuple[int, ...]:
+    return () if text == "none" else _ints(text)
+
+
 def _choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
         values = tuple(x for x in text.split(",") if x)
@@ -1020,6 +1057,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
     parser.add_argument("--executions", type=int, help="executions (jobs, workflows) per PostgreSQL drain (default 500)")
     parser.add_argument("--sqlite-executions", type=int, help="per SQLite drain (default: as --executions)")
     parser.add_argument("--workers", type=_ints, help="fencekeeper worker processes on PostgreSQL (default 1,4,8)")
+    parser.add_argument(
+        "--threads",
+        type=_ints_or_none,
+        default=(8,),
+        help="also one fencekeeper worker process with this --concurrency, on PostgreSQL ('none' to skip; default 8)",
+    )
     parser.add_argument("--sqlite-workers", type=_ints, default=(1,), help="on SQLite, for both systems (default 1)")
     parser.add_argument("--peer-concurrency", type=_ints, default=(1, 8), help="Procrastinate's and DBOS's (default 1,8)")
     parser.add_argument(
@@ -1046,6 +1089,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
         executions=executions,
         sqlite_executions=args.sqlite_executions or executions,
         workers=args.workers or ((1, 8) if args.quick else (1, 4, 8)),
+        threads=args.threads,
         sqlite_workers=args.sqlite_workers,
         peer_concurrency=args.peer_concurrency,
         workloads=args.workloads,
@@ -1070,11 +1114,31 @@ def _versions(plan: Plan) -> str:
     return f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, " + ", ".join(found)
 
 
+def compile_bytecode() -> Path:
+    """Write the installed package's bytecode, as ``pip install`` of a wheel does; the package's directory.
+
+    An editable install has none until an import writes it, and where
+    PYTHONDONTWRITEBYTECODE is set no import ever does: every worker process
+    then compiled about thirty modules from source at start-up, some 0.3 s
+    of CPU each, a cost no installed fencekeeper pays.
+    """
+    import compileall  # noqa: PLC0415
+
+    import fencekeeper  # noqa: PLC0415
+
+    # Not resolved: an editable install's package is a tree of links, and its bytecode goes beside them.
+    package = Path(fencekeeper.__file__).parent
+    if not compileall.compile_dir(package, quiet=1):
+        raise BenchError(f"{package}: could not compile the package's bytecode")
+    return package
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["--traced"]:
         return traced(arguments[1:])
     plan, check = parse_args(arguments)
+    print(f"bytecode compiled in {compile_bytecode()}, as an installed wheel has it")
     print(f"fencekeeper bench e2e: {_versions(plan)}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     print(
         f"{plan.rounds} rounds; {plan.executions} executions a PostgreSQL drain, {plan.sqlite_executions} a SQLite one; "

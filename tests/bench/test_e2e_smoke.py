@@ -45,6 +45,21 @@ def test_worker_processes_drain_every_admitted_execution(tmp_path: Path, workloa
     assert not list(tmp_path.glob("*.effects"))
 
 
+def test_one_process_of_worker_threads_drains_every_admitted_execution(tmp_path: Path) -> None:
+    drain = e2e.fencekeeper_drain("sqlite", "two-node", 6, 3, server=None, directory=tmp_path, one_process=True)
+    assert drain.key == (e2e.ONE_PROCESS, "two-node", "sqlite", 3)
+    assert e2e.worker_command(e2e.FencekeeperTarget("x.db", None), 1, e2e.NOOP_HANDLER, concurrency=3)[-4:-2] == [
+        "--concurrency",
+        "3",
+    ]
+
+
+def test_the_bench_compiles_the_installed_package_as_a_wheel_install_would(tmp_path: Path) -> None:
+    package = e2e.compile_bytecode()
+    cached = list((package / "adapters" / "__pycache__").glob(f"cli.{sys.implementation.cache_tag}.pyc"))
+    assert cached and cached[0].stat().st_mtime >= (package / "adapters" / "cli.py").stat().st_mtime
+
+
 def test_a_drain_whose_executions_did_not_succeed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "rejecting_handler.py").write_text(REJECTING_HANDLER, encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
