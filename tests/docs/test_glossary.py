@@ -6,7 +6,11 @@
 - the glossary defines the terms a learner reported undefined and the three
   contracts, each entry with a link to where it is defined precisely;
 - every refusal and unchanged code the kernel can return is defined in the
-  protocol's table the glossary links to.
+  protocol's table the glossary links to;
+- no page cites a contract by the file name it was delivered as (a file the
+  reader cannot open): prose names the contract; only the glossary gives
+  the file names, once, for the machine tables' ``source`` fields, and a
+  code block may quote such a field.
 """
 
 from __future__ import annotations
@@ -80,3 +84,20 @@ def test_every_code_the_kernel_returns_is_defined_in_the_protocol() -> None:
     codes = [c.value for c in p.RefusalCode] + [c.value for c in p.UnchangedCode]
     missing = [c for c in codes if f"`{c}`" not in protocol]
     assert not missing, missing
+
+
+_CONTRACT_FILE = re.compile(r"\b00[0-2]_[0-9a-f]{16}\.txt\b")
+_FENCED = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+@pytest.mark.parametrize(
+    "page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "specs").glob("*.md"))],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_prose_names_contracts_not_their_files(page: Path) -> None:
+    prose = _FENCED.sub("", page.read_text(encoding="utf-8"))
+    found = _CONTRACT_FILE.findall(prose)
+    if page == GLOSSARY:
+        assert sorted(found) == sorted(set(found)) and len(found) == 3, found
+    else:
+        assert not found, f"{page.name} cites a contract by its file name: {found}; name the contract (docs/glossary.md)"
