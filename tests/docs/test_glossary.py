@@ -91,7 +91,8 @@ _FENCED = re.compile(r"^```.*?^```", re.S | re.M)
 
 
 @pytest.mark.parametrize(
-    "page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "specs").glob("*.md"))],
+    "page",
+    [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "specs").glob("*.md"))],
     ids=lambda p: f"{p.parent.name}/{p.name}",
 )
 def test_prose_names_contracts_not_their_files(page: Path) -> None:
@@ -100,4 +101,6 @@ def test_prose_names_contracts_not_their_files(page: Path) -> None:
     if page == GLOSSARY:
         assert sorted(found) == sorted(set(found)) and len(found) == 3, found
     else:
-        assert not found, f"{page.name} cites a contract by its file name: {found}; name the contract (docs/glossary.md)"
+        assert not found, (
+            f"{page.name} cites a contract by its file name: {found}; name the contract (docs/glossary.md)"
+        )

@@ -65,7 +65,9 @@ def test_a_shared_citation_is_stated_once_above_its_table() -> None:
 def test_sources_are_named_contracts() -> None:
     for name, body in _sections(machines_markdown()).items():
         source = next(line for line in body.splitlines() if line.startswith("Source: "))
-        assert re.match(r"Source: \[the [\w ]+ contract\]\(glossary\.md#the-three-contracts\) \(seed 00\d\): ", source), (
+        assert re.match(
+            r"Source: \[the [\w ]+ contract\]\(glossary\.md#the-three-contracts\) \(seed 00\d\): ", source
+        ), (
             name,
             source,
         )
