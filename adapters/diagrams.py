@@ -10,10 +10,11 @@ Rules of this module:
   every terminal one, and one style block, two lines that mark the review
   states; no per-state paint.  Dot is drawn by ``transitions``' GraphMachine,
   with the extra initial and terminal markers added.
-- ``docs/machines.md`` names each source once: a contract by name (linked to
-  the glossary) with its file, and in a table, a citation every row shares is
-  stated once above it, and a cell that repeats the one before it in the
-  same table says so instead of repeating it.
+- ``docs/machines.md`` names each source once: a contract by its name
+  (linked to the glossary, which describes it), never by a file name a reader
+  cannot open; in a table, a citation every row shares is stated once above
+  it, and a citation an earlier row of the same table printed is referred to
+  ("as `event` from `state`, above"), with only the row's own rationale.
 - Output is deterministic: ``docs/machines.md`` is compared with
   :func:`machines_markdown` byte for byte by the test suite.
 """
@@ -128,15 +129,19 @@ def machines_markdown() -> str:
         out += ["| event | from | to | derived | cite / rationale |", "|---|---|---|---|---|"]
         first_with: dict[str, str] = {}
         for t in spec.transitions:
-            why = _why(t.cite[len(shared) :], t.rationale)
+            cite = t.cite[len(shared) :]
+            why = _why(cite, t.rationale)
             mirrored = why.removeprefix(MIRRORS)
             if why in first_with:
                 why_cell = f"as `{first_with[why]}`, above"
+            elif cite in first_with:
+                why_cell = _cell(_why(f"as `{first_with[cite]}`, above.", t.rationale))
             elif why.startswith(MIRRORS) and mirrored in earlier:
                 why_cell = f"{MIRRORS}{earlier[mirrored]}"
             else:
                 why_cell = _cell(why)
             first_with.setdefault(why, f"{t.event}` from `{t.source}")
+            first_with.setdefault(cite, f"{t.event}` from `{t.source}")
             where = f"`{t.event}` ({t.source} to {t.target}) of [{spec.name}](#{spec.name})"
             earlier.setdefault(_why(t.cite, t.rationale), where)
             out.append(f"| `{t.event}` | {t.source} | {t.target} | {'yes' if t.derived else 'no'} | {why_cell} |")
@@ -153,11 +158,11 @@ def _why(cite: str, rationale: str | None) -> str:
 
 
 def _source(source: str) -> str:
-    """``000_x.txt: Sections`` as the contract's name, its file and its sections."""
+    """``000_x.txt: Sections`` as the contract's name and its sections (the file is named in the glossary only)."""
     for prefix, (name, seed) in CONTRACTS.items():
         if source.startswith(prefix):
-            file, _, sections = source.partition(": ")
-            return f"[{name}](glossary.md#the-three-contracts) ({seed}, `{file}`): {sections}"
+            _, _, sections = source.partition(": ")
+            return f"[{name}](glossary.md#the-three-contracts) ({seed}): {sections}"
     return source
 
 

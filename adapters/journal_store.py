@@ -1,6 +1,6 @@
 """Journal stores: the port, the logic every store shares, and the SQLite store.
 
-Seed 002 (002_a0269be443952cd4.txt: Typical developer flow, 5 and 6:
+The DAG node journal contract (seed 002: Typical developer flow, 5 and 6:
 "Persist canonical header/events atomically in order; do not persist
 projection as authority"; "After restart, strictly rehydrate and replay the
 complete chain").  Storage is specs/journal.md section 10.  Rules of this

@@ -1,6 +1,6 @@
 """The two ports the interpreter calls out through: authority and commands.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Purpose and Invariants; Security;
+The workflow execution contract (seed 000: Purpose and Invariants; Security;
 ``local_command``).  Rules of this module:
 
 - :class:`AuthorityPolicy` answers "may this principal perform this

@@ -9,7 +9,7 @@ Rules of this module:
   and the clock: a :class:`~fencekeeper.adapters.store.ManualClock` and
   fixed lease tokens make every run draw the same picture, so a committed
   diagram can be compared with a fresh run's byte for byte
-  (``tests/docs/test_generated_docs.py``).
+  (``tests/docs/test_concepts_diagrams.py``).
 - A scenario checks its own story: if the store ever accepted a write the
   story expects it to refuse, it raises :class:`ScenarioError` rather than
   draw a picture of something that did not happen.

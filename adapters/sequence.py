@@ -273,7 +273,11 @@ class _Drawing:
                 f"{command} at {label(recovery.proof.continuation)} because {label(recovery.proof.idempotency_contract)}",
             )
         else:
-            self.say(who, STORE, command)
+            # The reason the operator gave is part of the stored record (the kernel writes
+            # "recovery KIND by command ID: REASON"), so a governed fail shows why, as a resume does.
+            given = record.reason.removeprefix(f"recovery {kind} by command {recovery.command_id}")
+            because = f" because {label(given.removeprefix(': '))}" if given.startswith(": ") else ""
+            self.say(who, STORE, command + because)
         self.say(STORE, who, f"{move}, {rev}", reply=True)
         if recovery.proof is not None:
             self.note(STORE, "proof from the stored facts: " + label("; ".join(recovery.proof.basis)))

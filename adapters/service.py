@@ -1,6 +1,6 @@
 """The operations people and systems call: run, publish, decide, cancel, quarantine, reconcile.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Cancellation; request_approval;
+The workflow execution contract (seed 000: Cancellation; request_approval;
 wait_for_event; Recovery and reconciliation extension).  Rules of this
 module:
 

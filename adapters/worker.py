@@ -1,6 +1,6 @@
 """The dispatcher pass: claim eligible executions in order and interpret them under their leases.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Dispatcher Pass; Lease; Node Semantics).
+The workflow execution contract (seed 000: Dispatcher Pass; Lease; Node Semantics).
 Rules of this module:
 
 - The worker decides nothing.  For every visit it takes the execution's

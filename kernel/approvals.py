@@ -1,6 +1,6 @@
 """Approval requests and the decisions that resolve them, as pure decisions.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Node Semantics, ``request_approval``).
+The workflow execution contract (seed 000: Node Semantics, ``request_approval``).
 Rules of this module:
 
 - An approval request is bound to one execution, wait registration, exact

@@ -1,6 +1,6 @@
 """Step attempts: one generic object per node visit, its lifecycle driven by the attempt table.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Generic Step-Attempt Object).  Rules of
+The workflow execution contract (seed 000: Generic Step-Attempt Object).  Rules of
 this module:
 
 - Every node visit is its own attempt with an immutable identity, its

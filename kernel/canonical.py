@@ -1,6 +1,6 @@
 """The journal's canonical codec: RFC 8785 (JCS) bytes and their SHA-256 digests.
 
-Seed 002 (002_a0269be443952cd4.txt: Key types and services,
+The DAG node journal contract (seed 002: Key types and services,
 ``WorkflowExecutionCanonicalCodec``; Hash chain, requests, and concurrency).
 The byte-level specification is ``specs/journal.md``; rules of this module:
 

@@ -1,6 +1,6 @@
 """A verified workflow DAG: the immutable plan whose nodes the journal records.
 
-Seed 002 (002_a0269be443952cd4.txt: Purpose and authority boundary, "Workflow
+The DAG node journal contract (seed 002: Purpose and authority boundary, "Workflow
 owns the immutable DAG"; Attempts, people, approvals, and outputs).  Rules
 of this module:
 

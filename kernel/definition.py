@@ -1,6 +1,6 @@
 """Workflow Definitions: the validated graph of nodes an execution interprets.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Purpose and Invariants; Node Semantics;
+The workflow execution contract (seed 000: Purpose and Invariants; Node Semantics;
 Dispatcher Pass) says what a definition is for: an execution pins one
 definition and one exact revision, and interprets it node by node through
 exactly five kinds -- condition, wait_for_event, request_approval,

@@ -1,6 +1,6 @@
 """Events and the exact matching rule that lets one wake a waiter.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Node Semantics, ``wait_for_event``).
+The workflow execution contract (seed 000: Node Semantics, ``wait_for_event``).
 Rules of this module:
 
 - A match needs exact Event Type equality, the same Business, and every

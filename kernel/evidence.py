@@ -1,6 +1,6 @@
 """Generic evidence objects: what a decision commits beside the execution's own rows.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Purpose and Invariants; Generic
+The workflow execution contract (seed 000: Purpose and Invariants; Generic
 Step-Attempt Object; Persistence) keeps every semantic fact in the generic
 object/revision model.  Rules of this module:
 

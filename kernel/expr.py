@@ -1,6 +1,6 @@
 r"""The bounded condition language: parsed into a tree, evaluated in three values.
 
-Seed 000 (000_b48b716f7ed7660f.txt, Node Semantics, ``condition``) says a
+The workflow execution contract (seed 000, Node Semantics, ``condition``) says a
 condition node resolves only declared bindings and is evaluated without
 eval, arbitrary code or AI; ``true`` selects ``true_next``, ``false`` selects
 ``false_next``, and an unknown result or a missing input is *not* false: the

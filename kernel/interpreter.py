@@ -1,6 +1,6 @@
 """The workflow interpreter, as pure decisions: what one node visit must write.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Purpose and Invariants; Node Semantics;
+The workflow execution contract (seed 000: Purpose and Invariants; Node Semantics;
 Dispatcher Pass; Generic Step-Attempt Object; Failure and Recovery).
 
 Rules of this module:

@@ -1,6 +1,6 @@
 """The execution journal: a hash-chained record of a DAG's node states, and its replay.
 
-Seed 002 (002_a0269be443952cd4.txt), all sections; the byte-level format and
+The DAG node journal contract (seed 002), all sections; the byte-level format and
 every refusal code are specified in ``specs/journal.md``.  Rules of this
 module:
 

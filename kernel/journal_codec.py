@@ -1,6 +1,6 @@
 """The execution journal's codec: records to canonical bytes and strictly back, and commands from JSON.
 
-Seed 002 (002_a0269be443952cd4.txt: Key types and services,
+The DAG node journal contract (seed 002: Key types and services,
 ``WorkflowExecutionCanonicalCodec``); specs/journal.md, sections 1 and 4-6.
 Rules of this module:
 

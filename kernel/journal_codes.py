@@ -1,6 +1,6 @@
 """Every reason the execution journal refuses something, as one stable code.
 
-Seed 002 (002_a0269be443952cd4.txt: Failure and refusal behavior) lists the
+The DAG node journal contract (seed 002: Failure and refusal behavior) lists the
 categories; each member below is one of them, or one of the canonical
 codec's.  Rules of this module:
 

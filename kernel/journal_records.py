@@ -1,6 +1,6 @@
 """The execution journal's values: policy, header, events, commands, and the journal itself.
 
-Seed 002 (002_a0269be443952cd4.txt: Key types and services).  What the
+The DAG node journal contract (seed 002: Key types and services).  What the
 records mean and how they are written is specs/journal.md; the rules that
 decide which records may follow which are ``journal.py``.  Rules of this
 module:

@@ -35,6 +35,8 @@ import attrs
 from .errors import IllegalTransition, InvalidSpec
 from .spec import MachineSpec, TransitionSpec, build_machine_spec
 
+# The contracts' file names, as each spec's ``source`` names its contract.  A reader never sees
+# them in prose: docs/glossary.md ("The three contracts") maps each to its name and describes it.
 SEED_000 = "000_b48b716f7ed7660f.txt"
 SEED_001 = "001_24a1fd5f517dd332.txt"
 SEED_002 = "002_a0269be443952cd4.txt"

@@ -1,6 +1,6 @@
 """Durable operations, as pure decisions.
 
-Seed 001 (001_24a1fd5f517dd332.txt) describes a durable Operation: one
+The durable operations contract (seed 001) describes a durable Operation: one
 logical request, admitted under a scoped idempotency identity and executed
 by workers as separately recorded Attempts under a lease and a fence, with
 approvals, cancellation, limits and three classes of effect.  This module

@@ -1,9 +1,9 @@
 """The lease and fencing protocol, as pure decisions.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Lease; Fenced Execution Finalization;
+The workflow execution contract (seed 000: Lease; Fenced Execution Finalization;
 Recovery and reconciliation extension) says how a WorkflowExecution and its
-workflow_dispatch row move together under a lease.  Seed 001
-(001_24a1fd5f517dd332.txt: Claims, leases, and fencing) adds the fence
+workflow_dispatch row move together under a lease.  The durable
+operations contract (seed 001: Claims, leases, and fencing) adds the fence
 counter: once fence N+1 owns an execution, fence N can no longer heartbeat,
 mutate or finalize.
 

@@ -1,6 +1,6 @@
 """Governed recovery, as pure decisions: quarantine, fail, reconcile a Command, resume.
 
-Seed 000 (000_b48b716f7ed7660f.txt: Recovery and reconciliation extension:
+The workflow execution contract (seed 000: Recovery and reconciliation extension:
 Recovery Operation; Expired-lease quarantine; Governed reconciliation
 decisions; Safe-resume proof).  Every decision here is one workflow_reconcile
 command, made by an authorized principal, never by a worker.

@@ -1,6 +1,6 @@
 """The durable-operations Python API: actions, principals, the service, and the values it returns.
 
-Seed 001 (001_24a1fd5f517dd332.txt: Stable v0.7 additions) names the
+The durable operations contract (seed 001: Stable v0.7 additions) names the
 surface: ``DurableAction`` and a registry, ``PrincipalReference`` and a
 resolver registry, a service for admission, lookup, status, approval
 decision, cancellation and history, ``OperationRecord``,

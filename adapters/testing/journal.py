@@ -5,7 +5,7 @@ a callable that opens the *same*, initially empty, database each time it is
 called, with the store's clock reading ``clock`` (the fixture of that
 name), and that closes what it opened at teardown.  Two objects it returns
 are two writers on one database; a new one is a restart (nothing cached).
-What the tests prove (seed 002, 002_a0269be443952cd4.txt: Typical developer
+What the tests prove (the DAG node journal contract, seed 002: Typical developer
 flow 5 and 6; specs/journal.md, Storage):
 
 - a journal survives a restart byte for byte: the header and events are

@@ -38,7 +38,7 @@ test below then runs against that store.  What the tests prove:
   and a misbound, unauthorized, out-of-scope, self-approving or foreign
   decision writes nothing.
 
-Sources: seed 000 (``000_b48b716f7ed7660f.txt``), sections Persistence,
+Sources: the workflow execution contract (seed 000), sections Persistence,
 Lease, Fenced Execution Finalization, Expired-lease quarantine, Safe-resume
 proof, wait_for_event and Cancellation; seed 001 for the fence.
 

@@ -81,6 +81,33 @@ def test_demo_writes_the_fenced_out_execution_as_a_sequence_diagram_beside_its_d
     assert "--x" not in stored
     without = [line for line in diagram.splitlines() if "--x" not in line and "(its old lease)" not in line]
     assert without == stored.splitlines()
+    # Inspect alone draws every participant, every claim with its fence, the decisions and the recovery.
+    for declared in (
+        "actor P1 as user:operator",
+        "actor P2 as user:manager",
+        "actor P3 as user:cfo",
+        "participant S as store",
+        "participant W1 as w-1",
+        "participant W2 as w-2",
+        "participant H as command handler",
+    ):
+        assert f"    {declared}\n" in stored, declared
+    moments = [
+        "S-->>W1: eligible -> running: lease fence 1",
+        "P1->>S: quarantine_expired",
+        "P1->>S: resume_safe",
+        "Note over S: proof from the stored facts",
+        "S-->>W2: eligible -> running: lease fence 2",
+        "W2->>S: finalize_waiting (fence 2)",
+        "P2->>S: decide approved",
+        "wake: waiting -> eligible",
+        "rejected_conflict",
+        "S-->>W2: eligible -> running: lease fence 3",
+        "W2->>H: execute order.place",
+        "S-->>W2: running -> succeeded",
+    ]
+    at = [stored.find(m) for m in moments]
+    assert -1 not in at and at == sorted(at), dict(zip(moments, at, strict=True))
     order = [diagram.index(s) for s in ("lease fence 1", "lease_expired", "quarantine_expired", "lease fence 2",
                                         "lease_token_mismatch")]
     assert order == sorted(order)

@@ -5,7 +5,9 @@ own node records why: an attempt rejected for want of authority
 (``not_authorized``), a Command the handler rejected (``stale_fence``).
 Both must appear in the picture with their codes; a run that recorded no
 such thing must show none.  A wake names what woke it (an Event by its id,
-or the timeout that came due, fired by the timer's principal).
+or the timeout that came due, fired by the timer's principal).  A
+suspension shows its code, and the governed ways out of it, a resume at
+the node it stopped at and a fail, show who decided and why.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.ports import (
     DEFINITION_REGISTER,
     WORKFLOW_DISPATCH,
+    WORKFLOW_RECONCILE,
     WORKFLOW_RUN,
     GrantTable,
     ScriptedHandler,
@@ -124,3 +127,47 @@ def test_a_wake_names_what_woke_it() -> None:
     timed_out = sequence_diagram(late)
     assert "actor P2 as system:timer" in timed_out
     assert "P2->>S: wake: the timeout of pay-2/a2 is due" in timed_out
+
+
+def test_a_suspension_and_both_ways_out_of_it_are_drawn() -> None:
+    store = MemoryStore(ManualClock())
+    # No grant to request the approval: the visit to ask_manager suspends (not_authorized).
+    policy = _policy(WORKFLOW_RECONCILE)
+    service.register(store, parse_definition(workflow_text("purchase_approval.toml")), "default", OPS, policy)
+    for execution_id, order in (("po-1", "o-1"), ("po-2", "o-2")):
+        service.run(
+            store,
+            policy,
+            business_id="default",
+            principal_id=OPS,
+            definition_id="purchase-approval",
+            input={"amount": 2500, "order_id": order, "order_revision": 1},
+            execution_id=execution_id,
+        )
+    worker = Worker(store, "w-1", policy, ScriptedHandler({}), business_id="default")
+    worker.run_pass()
+    policy.grant(OPS, "default", "purchase.approve")
+    service.resume(
+        store,
+        policy,
+        business_id="default",
+        principal_id=OPS,
+        execution_id="po-1",
+        at_node="ask_manager",
+        rationale="purchase.approve is granted now",
+    )
+    service.fail(store, policy, business_id="default", principal_id=OPS, execution_id="po-2", rationale="not wanted")
+    worker.run_pass()
+    resumed, failed = store.read("po-1"), store.read("po-2")
+    assert resumed is not None and failed is not None
+    for diagram in (sequence_diagram(resumed), sequence_diagram(failed)):
+        assert "Note over W1: attempt " in diagram and " failed [not_authorized]: " in diagram
+        assert "S-->>W1: running -> suspended, revision 4" in diagram
+    resumed_lines = sequence_diagram(resumed).splitlines()
+    at = resumed_lines.index("    S-->>P1: suspended -> eligible, revision 5")
+    assert resumed_lines[at - 1].startswith("    P1->>S: resume_suspended (command ")
+    assert resumed_lines[at - 1].endswith(" at ask_manager because purchase.approve is granted now")
+    assert "S-->>W1: running -> waiting" in "\n".join(resumed_lines[at:])
+    failed_lines = sequence_diagram(failed).splitlines()
+    at = failed_lines.index("    S-->>P1: suspended -> failed, revision 5")
+    assert failed_lines[at - 1] == "    P1->>S: fail (command r-po-2-fail-r4) because not wanted"

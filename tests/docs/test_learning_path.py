@@ -1,0 +1,52 @@
+"""A newcomer finds the teaching pages in order, and every page says what it assumes.
+
+- the README's first link to a page, after its opening commands, is
+  Concepts;
+- its 15-minute learning path is the demo, Concepts, the tutorial and the
+  protocol, in that order;
+- every page under docs/ and specs/ states in its opening (the lines before
+  its first section) what it assumes the reader knows, so a reader who
+  lands on it from a search knows where to start instead.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [*sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "specs").glob("*.md"))]
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_concepts_is_the_first_page_the_readme_links_after_its_commands() -> None:
+    text = README.read_text(encoding="utf-8")
+    after_commands = text[text.index("```\n", text.index("```sh")) :]
+    first = re.search(r"\]\(([^)#\s]+\.md)[^)]*\)", after_commands)
+    assert first is not None and first.group(1) == "docs/concepts.md"
+
+
+def test_the_learning_path_is_demo_concepts_tutorial_protocol() -> None:
+    path = _section(README.read_text(encoding="utf-8"), "Learn it in 15 minutes")
+    steps = re.findall(r"^\d\. (.+)$", path, re.M)
+    assert len(steps) == 4, steps
+    wanted = ["make demo", "docs/concepts.md", "docs/tutorial.md", "specs/protocol.md"]
+    found = [path.find(w) for w in wanted]
+    assert -1 not in found and found == sorted(found), dict(zip(wanted, found, strict=True))
+    minutes = sum(int(m) for m in re.findall(r"\((\d+) minutes", path))
+    assert minutes <= 15
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_page_opens_with_what_it_assumes(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    opening = text.split("\n## ", 1)[0]
+    assert "*Assumes:*" in opening, f"{page.relative_to(ROOT)}: its opening does not say what it assumes"
