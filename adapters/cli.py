@@ -1444,7 +1444,9 @@ def _decide_review(
                 execution_id=args.execution_id, at_node=args.resume_at, rationale=args.because, input=corrected,
             )
     except service.OperationError as exc:
-        raise CliError(exc.message, EXIT_USAGE) from None
+        # A corrected input that does not fit is named by its option, as run names it.
+        named = corrected is not None and exc.code == i.InputError.code and exc.message.startswith("input.")
+        raise CliError(f"--input: {exc.message}" if named else exc.message, EXIT_USAGE) from None
     result["reconciled"] = {"execution_id": args.execution_id, **render.outcome_json(outcome)}
     if isinstance(outcome, p.Decision) and outcome.execution is not None:
         record = outcome.evidence[-1] if outcome.evidence else None

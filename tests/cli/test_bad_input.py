@@ -216,3 +216,42 @@ def test_a_malformed_reason_for_a_review_decision_is_exit_2_and_writes_nothing(
     for word in words:
         assert word in line, f"{word!r} not in {line!r}"
     assert snapshot(tmp_path) == before, "the command wrote something"
+
+
+@pytest.mark.parametrize(
+    ("corrected", "words"),
+    [
+        ('{"amount": "x\\ud800", "order_id": "o-1", "order_revision": 1}', ["input.amount", "unpaired surrogate"]),
+        ('{"order_id": "o-1", "order_revision": 1}', ["input.amount", "missing"]),
+    ],
+    ids=["surrogate", "missing"],
+)
+def test_a_corrected_input_that_does_not_fit_is_named_by_its_option_and_writes_nothing(
+    tmp_path: Path, corrected: str, words: list[str]
+) -> None:
+    # A mistyped amount suspends the execution at its condition; the operator resumes it with a fix.
+    store = SQLiteStore(tmp_path / "shop.db")
+    try:
+        policy = examples.grants("default", "user:operator")
+        definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
+        service.register(store, definition, "default", "user:operator", policy)
+        service.run(
+            store, policy, business_id="default", principal_id="user:operator",
+            definition_id=definition.definition_id, input={"amount": "lots", "order_id": "o-1", "order_revision": 1},
+            execution_id="po-9",
+        )  # fmt: skip
+        Worker(store, "w-1", policy, examples.handler(), business_id="default").run_pass()
+        found = store.read("po-9")
+        assert found is not None and found.execution.state.value == "suspended"
+    finally:
+        store.close()
+    before = snapshot(tmp_path)
+    result = fencekeeper(
+        "reconcile", "--db", tmp_path / "shop.db", "po-9", "--resume-at", "check_amount", "--because", "fixed",
+        "--input", corrected, cwd=tmp_path,
+    )  # fmt: skip
+    line = assert_one_error_line(result, 2)
+    assert line.startswith("fencekeeper: error: --input: "), line
+    for word in words:
+        assert word in line, f"{word!r} not in {line!r}"
+    assert snapshot(tmp_path) == before, "the command wrote something"
