@@ -98,6 +98,7 @@ from fencekeeper.kernel.errors import KernelError
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
+from fencekeeper.kernel.text import problem as text_problem
 
 from . import connect, examples, observe, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
@@ -1276,6 +1277,10 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
         raise CliError("--settle, --resume-at and --fail need an EXECUTION_ID")
     if args.resume_at is not None and not args.because.strip():
         raise CliError("--because: say why resuming there is safe (it is recorded as the idempotency contract)")
+    unstorable = text_problem(args.because)
+    if unstorable is not None:
+        # Bytes that are not UTF-8 reach argv as lone surrogates: no store can keep them.
+        raise CliError(f"--because: {unstorable}")
     if args.input is not None and args.resume_at is None:
         raise CliError("--input: only with --resume-at, to correct a suspended execution's input")
     _identifier("--as", args.principal)
@@ -1303,7 +1308,9 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
         out.data(result)
     decided = result.get("reconciled", {})
     if decided.get("outcome") in ("refused", "unchanged") and decided.get("code") != "recovery_replayed":
-        raise CliError(f"reconciliation refused [{decided['code']}]: {decided['message']}", EXIT_PROBLEM)
+        # A malformed field (invalid_request) is what was typed: 2, as for every command.
+        code = EXIT_USAGE if decided.get("code") == p.RefusalCode.INVALID_REQUEST.value else EXIT_PROBLEM
+        raise CliError(f"reconciliation refused [{decided['code']}]: {decided['message']}", code)
     return EXIT_PROBLEM if refused else EXIT_OK
 
 
@@ -1439,7 +1446,9 @@ def _decide_review(
                 execution_id=args.execution_id, at_node=args.resume_at, rationale=args.because, input=corrected,
             )
     except service.OperationError as exc:
-        raise CliError(exc.message, EXIT_USAGE) from None
+        # A corrected input that does not fit is named by its option, as run names it.
+        named = corrected is not None and exc.code == i.InputError.code and exc.message.startswith("input.")
+        raise CliError(f"--input: {exc.message}" if named else exc.message, EXIT_USAGE) from None
     result["reconciled"] = {"execution_id": args.execution_id, **render.outcome_json(outcome)}
     if isinstance(outcome, p.Decision) and outcome.execution is not None:
         record = outcome.evidence[-1] if outcome.evidence else None

@@ -62,6 +62,7 @@ from .protocol import (
     _check_pair,
     _check_revision,
     _check_revision_current,
+    _check_text,
     _check_utc,
     _first,
     _guard,
@@ -224,6 +225,8 @@ def _validate(request: RecoveryRequest, now: datetime) -> None:
             raise _invalid("next_node_id", "only a resume names a continuation")
     if not isinstance(request.rationale, str) or len(request.rationale) > MAX_RATIONALE:
         raise _invalid("rationale", f"must be a string of at most {MAX_RATIONALE} characters")
+    # The rationale is kept with the decision's history: no NUL, no lone surrogate (kernel/text.py).
+    _check_text("rationale", request.rationale)
     _check_utc("now", now)
 
 

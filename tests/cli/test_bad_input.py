@@ -179,3 +179,79 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "no database at" in result.stderr
     assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("because", "words"),
+    [
+        ("bad \udcff byte", ["--because", "unpaired surrogate (U+DCFF)"]),
+        ("x" * 2001, ["[invalid_request]", "rationale", "at most 2000 characters"]),
+    ],
+    ids=["non-utf8-byte", "too-long"],
+)
+@pytest.mark.parametrize("choice", [["--fail"], ["--resume-at", "refunded"]], ids=["fail", "resume"])
+def test_a_malformed_reason_for_a_review_decision_is_exit_2_and_writes_nothing(
+    tmp_path: Path, choice: list[str], because: str, words: list[str]
+) -> None:
+    # A byte that is not UTF-8 in an argument reaches the command as a lone surrogate; a
+    # rationale over the kernel's limit is a malformed field (invalid_request): both are 2.
+    # An execution really in review: the example provider's reply to a refund is lost.
+    store = SQLiteStore(tmp_path / "shop.db")
+    try:
+        policy = examples.grants("default", "user:operator")
+        refund = EXAMPLES / "refund_needs_reconciliation.toml"
+        definition = parse_definition(refund.read_text(encoding="utf-8"), refund.name)
+        service.register(store, definition, "default", "user:operator", policy)
+        service.run(
+            store, policy, business_id="default", principal_id="user:operator",
+            definition_id=definition.definition_id, input={"amount": 5, "payment_id": "p-1"}, execution_id="rf-1",
+        )  # fmt: skip
+        Worker(store, "w-1", policy, examples.handler(), business_id="default").run_pass()
+    finally:
+        store.close()
+    before = snapshot(tmp_path)
+    line = assert_one_error_line(
+        fencekeeper("reconcile", "--db", tmp_path / "shop.db", "rf-1", *choice, "--because", because, cwd=tmp_path), 2
+    )
+    for word in words:
+        assert word in line, f"{word!r} not in {line!r}"
+    assert snapshot(tmp_path) == before, "the command wrote something"
+
+
+@pytest.mark.parametrize(
+    ("corrected", "words"),
+    [
+        ('{"amount": "x\\ud800", "order_id": "o-1", "order_revision": 1}', ["input.amount", "unpaired surrogate"]),
+        ('{"order_id": "o-1", "order_revision": 1}', ["input.amount", "missing"]),
+    ],
+    ids=["surrogate", "missing"],
+)
+def test_a_corrected_input_that_does_not_fit_is_named_by_its_option_and_writes_nothing(
+    tmp_path: Path, corrected: str, words: list[str]
+) -> None:
+    # A mistyped amount suspends the execution at its condition; the operator resumes it with a fix.
+    store = SQLiteStore(tmp_path / "shop.db")
+    try:
+        policy = examples.grants("default", "user:operator")
+        definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
+        service.register(store, definition, "default", "user:operator", policy)
+        service.run(
+            store, policy, business_id="default", principal_id="user:operator",
+            definition_id=definition.definition_id, input={"amount": "lots", "order_id": "o-1", "order_revision": 1},
+            execution_id="po-9",
+        )  # fmt: skip
+        Worker(store, "w-1", policy, examples.handler(), business_id="default").run_pass()
+        found = store.read("po-9")
+        assert found is not None and found.execution.state.value == "suspended"
+    finally:
+        store.close()
+    before = snapshot(tmp_path)
+    result = fencekeeper(
+        "reconcile", "--db", tmp_path / "shop.db", "po-9", "--resume-at", "check_amount", "--because", "fixed",
+        "--input", corrected, cwd=tmp_path,
+    )  # fmt: skip
+    line = assert_one_error_line(result, 2)
+    assert line.startswith("fencekeeper: error: --input: "), line
+    for word in words:
+        assert word in line, f"{word!r} not in {line!r}"
+    assert snapshot(tmp_path) == before, "the command wrote something"

@@ -11,12 +11,15 @@ handler contract of ``CommandHandler``):
 - a Command issued under a fence older than one the handler has seen for
   the execution is refused as stale;
 - reconcile reports what the log holds: an applied Command is reported
-  applied, one never sent is reported not applied.
+  applied, one never sent is reported not applied, for every operation the
+  example system offers (``order.*`` as well as ``payment.refund``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.memory import MemoryStore
@@ -103,15 +106,20 @@ def test_a_command_under_an_older_fence_is_refused_as_stale() -> None:
     assert [e.status for e in handler.log.entries()] == [examples.APPLIED, examples.REFUSED_STALE]
 
 
-def test_reconcile_reports_what_the_log_holds() -> None:
+@pytest.mark.parametrize("operation", sorted(examples.EFFECTS))
+def test_reconcile_reports_what_the_log_holds(operation: str) -> None:
     handler = examples.handler()
-    sent = i.Command("y/a2/command", "y", "y/a2", OPS, BUSINESS, "payment.refund", (("p", 1),), {}, fence=1)
-    never = i.Command("z/a2/command", "z", "z/a2", OPS, BUSINESS, "payment.refund", (("p", 1),), {}, fence=1)
-    assert handler.execute(sent).status == i.CommandStatus.UNKNOWN  # applied; the reply is lost
+    sent = i.Command("y/a2/command", "y", "y/a2", OPS, BUSINESS, operation, (("p", 1),), {}, fence=1)
+    never = i.Command("z/a2/command", "z", "z/a2", OPS, BUSINESS, operation, (("p", 1),), {}, fence=1)
+    lost = operation in examples.LOST_REPLIES
+    # Applied; a refund's reply is lost on the way back.
+    assert handler.execute(sent).status == (i.CommandStatus.UNKNOWN if lost else i.CommandStatus.SUCCEEDED)
     assert handler.reconcile(sent).status == i.CommandStatus.SUCCEEDED
     assert handler.reconcile(never).status == i.CommandStatus.REJECTED
     assert handler.execute(never).status == i.CommandStatus.REJECTED  # final: never applied later
+    assert store_state_of(handler, sent.command_id) == examples.APPLIED
     assert store_state_of(handler, never.command_id) == examples.NOT_APPLIED
+    assert [c.command_id for c in handler.executed] == [sent.command_id, never.command_id]
 
 
 def store_state_of(handler: examples.ExampleHandler, command_id: str) -> str:

@@ -6,7 +6,8 @@ What this module proves:
   refuses while SQLite accepts it, or a lone surrogate, which has no UTF-8
   form) is refused by the kernel before any decision, naming the field: an
   Event's correlation values and payload, a waiter's correlation values, a
-  finalization's reason and a reviewer's rationale (kernel/text.py);
+  finalization's reason, a reviewer's rationale and a governed recovery's
+  rationale (kernel/text.py);
 - other control characters are text and are accepted (they are escaped
   only when shown);
 - a success clears the dispatch row's ``last_error_code``: an error the
@@ -22,9 +23,20 @@ import pytest
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import ExecutionState
-from fencekeeper.kernel.protocol import RefusalCode, ReleaseRequest, finalize, release
+from fencekeeper.kernel.protocol import RecoveryKind, RefusalCode, ReleaseRequest, finalize, release
+from fencekeeper.kernel.recovery import recover
 
-from .test_decisions import EVENT_SPEC, GRANTED, T0, decided, finalize_request, leased, refused
+from .test_decisions import (
+    EVENT_SPEC,
+    GRANTED,
+    T0,
+    decided,
+    finalize_request,
+    in_state,
+    leased,
+    recovery_request,
+    refused,
+)
 
 
 @pytest.mark.parametrize(
@@ -78,6 +90,17 @@ def test_a_rationale_no_store_can_keep_is_refused() -> None:
     )
     outcome = approvals.decide(None, 1, None, decision)
     assert outcome.code == RefusalCode.INVALID_REQUEST and outcome.field == "rationale", outcome
+
+
+@pytest.mark.parametrize("kind", [RecoveryKind.FAIL, RecoveryKind.RESUME_SUSPENDED])
+@pytest.mark.parametrize("value", ["bad \x00 why", "bad \udcff byte"], ids=["nul", "surrogate"])
+def test_a_recovery_rationale_no_store_can_keep_is_refused(kind: RecoveryKind, value: str) -> None:
+    # A byte that is not UTF-8 in a command-line argument arrives as a lone surrogate: the
+    # decision must refuse it, naming the field, before a store fails to encode it.
+    snap = in_state(ExecutionState.SUSPENDED)
+    request = recovery_request(snap, kind, rationale=value)
+    refusal = refused(recover(snap.execution, snap.dispatch, None, request, T0), RefusalCode.INVALID_REQUEST)
+    assert refusal.field == "rationale", refusal
 
 
 def test_success_clears_the_last_error_code() -> None:

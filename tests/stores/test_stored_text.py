@@ -2,14 +2,19 @@
 
 A NUL in an Event's correlation value used to be accepted by SQLite and to
 fail inside PostgreSQL's transaction as ``DataError``; a lone surrogate in an
-admission input used to be stored and then make the execution unreadable.
-Both are now refused by the kernel's validation, the same way on every
+admission input used to be stored and then make the execution unreadable,
+and one in a governed recovery's rationale (a non-UTF-8 byte in
+``reconcile --because``) failed inside the store as ``UnicodeEncodeError``.
+All are now refused by the kernel's validation, the same way on every
 store, and the store is left as it was.
 """
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +23,9 @@ import pytest
 from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import TransactionalStore
+from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
+from fencekeeper.kernel.machines import ExecutionState
 
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
@@ -118,3 +125,29 @@ def test_both_stores_refuse_an_input_they_could_not_keep_alike(store: Transactio
     assert caught.value.code == "invalid_input"
     assert caught.value.message.startswith("input.order_id: contains "), caught.value.message
     assert store.execution_ids() == []
+
+
+@pytest.mark.parametrize("rationale", ["bad \x00 why", "bad \udcff byte"], ids=["nul", "surrogate"])
+def test_both_stores_refuse_a_recovery_rationale_they_could_not_keep_alike(
+    store: TransactionalStore, rationale: str
+) -> None:
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    service.run(
+        store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="waits",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )
+    # A worker that claims and disappears: its lease expires and a sweep puts it in review.
+    claimed = store.claim_next(p.ClaimRequest("gone-1", secrets.token_hex(16), timedelta(milliseconds=50)))
+    assert isinstance(claimed, p.Decision)
+    time.sleep(0.1)
+    assert service.quarantine_expired(store, policy, business_id=BUSINESS, principal_id=PRINCIPAL).quarantined == [
+        "x-1"
+    ]
+    before = store.read("x-1")
+    assert before is not None and before.execution.state == ExecutionState.RECONCILIATION_REQUIRED
+    outcome = service.fail(
+        store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, execution_id="x-1", rationale=rationale
+    )
+    assert isinstance(outcome, p.Refusal), outcome
+    assert (outcome.code, outcome.field) == (p.RefusalCode.INVALID_REQUEST, "rationale"), outcome
+    assert store.read("x-1") == before
