@@ -809,7 +809,9 @@ def _worker_settings(args: argparse.Namespace) -> tuple[int, timedelta]:
         seconds = float(args.lease)
     except ValueError:
         raise CliError(f"--lease: not a number of seconds: {args.lease!r}") from None
-    if not math.isfinite(seconds) or seconds >= 86_400 * 366:
+    if not math.isfinite(seconds):
+        raise CliError(f"--lease: must be a finite number of seconds, got {args.lease!r}")
+    if seconds >= 86_400 * 366:
         raise CliError(f"--lease: must be under a year, got {args.lease}")
     try:
         check_concurrency(concurrency)
@@ -826,7 +828,14 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
         _identifier("--as", principal)
     _identifier("--business", args.business)
     prefix = args.worker_prefix or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
-    _identifier("--id", f"{prefix}-{args.concurrency}")
+    if args.worker_prefix is not None:
+        _identifier("--id", args.worker_prefix)
+    elif not IDENTIFIER.fullmatch(prefix):
+        raise CliError(f"--id: the default worker id {prefix!r} (host name and process id) is not an identifier; give --id")
+    # The ids the workers take (the prefix, a dash and a number) must fit too: a prefix at the length limit does not.
+    suffixed = f"{prefix}-{args.concurrency}"
+    if not IDENTIFIER.fullmatch(suffixed):
+        raise CliError(f"--id: {prefix!r} is too long to name workers: {suffixed!r} must be at most 128 characters")
     make_handler = _handler_factory(args.handler, args.db)
     handlers = [make_handler() for _ in range(args.concurrency)]
     policy = examples.grants(args.business, *principals)
