@@ -32,6 +32,7 @@ import attrs
 
 from .evidence import Evidence
 from .protocol import DETERMINATIONS, Authority, Refusal, RefusalCode, Unchanged, UnchangedCode
+from .recovery import MAX_RATIONALE
 from .text import problem as text_problem
 
 APPROVAL_REQUEST: str = "ApprovalRequest"
@@ -197,6 +198,9 @@ def decide(
             "determination",
         )
     unstorable = text_problem(decision.rationale) if isinstance(decision.rationale, str) else "must be a string"
+    if unstorable is None and len(decision.rationale) > MAX_RATIONALE:
+        # A recovery's rationale has the same bound: both are reasons people read, not payloads.
+        unstorable = f"must be at most {MAX_RATIONALE} characters, got {len(decision.rationale)}"
     if unstorable is not None:
         return _refuse(RefusalCode.INVALID_REQUEST, f"rationale: {unstorable}", "rationale")
     if request is None or request.business_id != decision.business_id:

@@ -23,7 +23,7 @@ import pytest
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import ExecutionState
-from fencekeeper.kernel.protocol import RecoveryKind, RefusalCode, ReleaseRequest, finalize, release
+from fencekeeper.kernel.protocol import RecoveryKind, Refusal, RefusalCode, ReleaseRequest, finalize, release
 from fencekeeper.kernel.recovery import recover
 
 from .test_decisions import (
@@ -77,7 +77,11 @@ def test_a_finalization_reason_no_store_can_keep_is_refused() -> None:
     assert refusal.field == "reason"
 
 
-def test_a_rationale_no_store_can_keep_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("rationale", "says"),
+    [("ok\udcff", "rationale: "), ("x" * (approvals.MAX_RATIONALE + 1), "at most 2000 characters, got 2001")],
+)
+def test_a_rationale_no_store_can_keep_is_refused(rationale: str, says: str) -> None:
     decision = approvals.ApprovalDecision(
         decision_id="d-1",
         request_id="x/a1/approval",
@@ -86,10 +90,15 @@ def test_a_rationale_no_store_can_keep_is_refused() -> None:
         determination="approved",
         binding=approvals.Binding("purchase.approve", (("o-1", 1),), ()),
         authority=GRANTED,
-        rationale="ok\udcff",
+        rationale=rationale,
     )
     outcome = approvals.decide(None, 1, None, decision)
     assert outcome.code == RefusalCode.INVALID_REQUEST and outcome.field == "rationale", outcome
+    assert says in outcome.message, outcome
+    at_the_bound = attrs.evolve(decision, rationale="x" * approvals.MAX_RATIONALE)
+    # Past the rationale, to the next check: no request of that id exists.
+    passed = approvals.decide(None, 1, None, at_the_bound)
+    assert isinstance(passed, Refusal) and passed.code == RefusalCode.APPROVAL_NOT_FOUND, passed
 
 
 @pytest.mark.parametrize("kind", [RecoveryKind.FAIL, RecoveryKind.RESUME_SUSPENDED])
