@@ -46,10 +46,11 @@ module:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import attrs
 
@@ -105,8 +106,16 @@ C = JournalCode
 # --- verification of the authority and the header ---------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_identifier(value: str) -> bool:
+    # Remembered: replay checks the same few actors, roles, nodes and record
+    # kinds on every event, and the answer depends on the text alone.
+    return IDENTIFIER.fullmatch(value) is not None
+
+
+
 def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -> None:
-    if not IDENTIFIER.fullmatch(value):
+    if not _is_identifier(value):
         raise JournalError(code, f"{where}: malformed identifier {value!r}")
 
 
@@ -535,35 +544,41 @@ def _attempts_after(
     node_id: str, event: NodeEvent, attempt: AttemptRef | None, error: str | None, attempts: tuple[Attempt, ...]
 ) -> tuple[Attempt, ...]:
     """The node's attempt history after ``event``; every earlier attempt, failures included, is kept."""
-    where = f"node {node_id!r}: {event.value}"
     if attempt is None:
-        raise JournalError(C.INVALID_ATTEMPT, f"{where} must bind an attempt id and sequence")
+        raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)} must bind an attempt id and sequence")
     last = attempts[-1] if attempts else None
     opens = event in (NodeEvent.WORK_STARTED, NodeEvent.RETRY_AUTHORIZED)
     if event is NodeEvent.WORK_STARTED and last is not None and last.status is AttemptStatus.AUTHORIZED:
         # A retry authorized this attempt; the work now starts it.
         if (attempt.attempt_id, attempt.sequence) != (last.attempt_id, last.sequence):
             raise JournalError(
-                C.INVALID_ATTEMPT, f"{where}: the authorized attempt is {last.attempt_id!r} #{last.sequence}"
+                C.INVALID_ATTEMPT, f"{_where(node_id, event)}: the authorized attempt is {last.attempt_id!r} #{last.sequence}"
             )
         return (*attempts[:-1], attrs.evolve(last, status=AttemptStatus.ACTIVE))
     if opens:
         if attempt.sequence != len(attempts) + 1:
-            raise JournalError(C.INVALID_ATTEMPT, f"{where}: the next attempt is #{len(attempts) + 1}, not #{attempt.sequence}")
+            raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)}: the next attempt is #{len(attempts) + 1}, not #{attempt.sequence}")
         if any(a.attempt_id == attempt.attempt_id for a in attempts):
-            raise JournalError(C.INVALID_ATTEMPT, f"{where}: attempt id {attempt.attempt_id!r} was used before")
+            raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)}: attempt id {attempt.attempt_id!r} was used before")
         status = AttemptStatus.ACTIVE if event is NodeEvent.WORK_STARTED else AttemptStatus.AUTHORIZED
         return (*attempts, Attempt(attempt.attempt_id, attempt.sequence, status))
     if last is None or (attempt.attempt_id, attempt.sequence) != (last.attempt_id, last.sequence):
         current = "none" if last is None else f"{last.attempt_id!r} #{last.sequence}"
-        raise JournalError(C.INVALID_ATTEMPT, f"{where}: binds {attempt.attempt_id!r} #{attempt.sequence}; the current attempt is {current}")
-    status = {
-        NodeEvent.WORK_BLOCKED: AttemptStatus.BLOCKED,
-        NodeEvent.BLOCK_CLEARED: AttemptStatus.ACTIVE,
-        NodeEvent.WORK_COMPLETED: AttemptStatus.COMPLETED,
-        NodeEvent.WORK_FAILED: AttemptStatus.FAILED,
-    }[event]
+        raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)}: binds {attempt.attempt_id!r} #{attempt.sequence}; the current attempt is {current}")
+    status = _STATUS_AFTER[event]
     return (*attempts[:-1], Attempt(last.attempt_id, last.sequence, status, error))
+
+
+def _where(node_id: str, event: NodeEvent) -> str:
+    return f"node {node_id!r}: {event.value}"
+
+
+_STATUS_AFTER: Final = MappingProxyType({
+    NodeEvent.WORK_BLOCKED: AttemptStatus.BLOCKED,
+    NodeEvent.BLOCK_CLEARED: AttemptStatus.ACTIVE,
+    NodeEvent.WORK_COMPLETED: AttemptStatus.COMPLETED,
+    NodeEvent.WORK_FAILED: AttemptStatus.FAILED,
+})  # fmt: skip
 
 
 def _check_approvals(builder: _Builder, command: Transition, node_id: str) -> None:
@@ -698,14 +713,13 @@ def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: 
 def _command_of(group: Sequence[Event]) -> Command:
     """The command a stored event (or batch of events) records, rebuilt from the events alone."""
     first = group[0]
-    nodes = tuple(NodeExpectation(e.node_id, e.prior_state) for e in group)
     if first.event is NodeEvent.WORK_INVALIDATED and first.invalidation is not None:
         return Invalidate(
             request_id=first.request_id,
             expected_head=first.previous,
             source=first.invalidation.source,
             policy=first.invalidation.policy,
-            nodes=nodes,
+            nodes=_expectations(group),
             actor_id=first.actor_id,
             role=first.role,
             rationale=first.rationale,
@@ -715,7 +729,7 @@ def _command_of(group: Sequence[Event]) -> Command:
             request_id=first.request_id,
             expected_head=first.previous,
             successor=first.successor,
-            nodes=nodes,
+            nodes=_expectations(group),
             actor_id=first.actor_id,
             role=first.role,
             rationale=first.rationale,
@@ -737,6 +751,10 @@ def _command_of(group: Sequence[Event]) -> Command:
         approvals=first.approvals,
         error=first.error,
     )
+
+
+def _expectations(group: Sequence[Event]) -> tuple[NodeExpectation, ...]:
+    return tuple(NodeExpectation(e.node_id, e.prior_state) for e in group)
 
 
 def replay(
