@@ -113,7 +113,6 @@ def _is_identifier(value: str) -> bool:
     return IDENTIFIER.fullmatch(value) is not None
 
 
-
 def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -> None:
     if not _is_identifier(value):
         raise JournalError(code, f"{where}: malformed identifier {value!r}")

@@ -8,6 +8,10 @@ Rules of this module:
   exactly the format's members (``unknown_field``, ``missing_field``), each
   of its type (``malformed_record``), and a digest that matches the record
   (``altered_digest``).  Nothing is repaired or defaulted on the way in.
+- Replay reads through :func:`read_event`, whose fast reader takes only
+  plain transition records and accepts exactly what the strict reader
+  accepts, giving the same event; anything else, and every refusal, is the
+  strict reader's (tests/journal/test_fast_reader.py).
 - Commands and policies come from people and files, so their JSON readers
   name the field that is wrong; they decide nothing (``journal.py`` does).
 """
