@@ -46,10 +46,11 @@ module:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import attrs
 
@@ -63,6 +64,7 @@ from .journal_codec import (
     encode_event,
     encode_header,
     policy_from_json,
+    read_event,
 )
 from .journal_codes import JournalCode, JournalError, Refusal
 from .journal_records import (
@@ -104,8 +106,15 @@ C = JournalCode
 # --- verification of the authority and the header ---------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_identifier(value: str) -> bool:
+    # Remembered: replay checks the same few actors, roles, nodes and record
+    # kinds on every event, and the answer depends on the text alone.
+    return IDENTIFIER.fullmatch(value) is not None
+
+
 def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -> None:
-    if not IDENTIFIER.fullmatch(value):
+    if not _is_identifier(value):
         raise JournalError(code, f"{where}: malformed identifier {value!r}")
 
 
@@ -307,10 +316,15 @@ def append(journal: Journal, command: Command, now: datetime, resolve: Resolver 
     return outcome.journal
 
 
-def _apply(builder: _Builder, command: Command, at: str) -> bool:
-    """Run every rule for ``command``, emitting its events; True for an idempotent repeat (nothing emitted)."""
+def _apply(builder: _Builder, command: Command, at: str, digest: str | None = None) -> bool:
+    """Run every rule for ``command``, emitting its events; True for an idempotent repeat (nothing emitted).
+
+    ``digest``, when given, is ``request_digest(command)`` computed another
+    way (replay has it from the stored record's text, see ``read_event``).
+    """
     _check_common(command)
-    digest = request_digest(command)
+    if digest is None:
+        digest = request_digest(command)
     known = builder.known_request(command.request_id)
     if known is not None:
         if known.digest == digest:
@@ -409,17 +423,28 @@ def _step(node_id: str, state: NodeState, event: NodeEvent) -> NodeState:
 
 
 def _authorize(
-    builder: _Builder, actor_id: str, role: str, *, node_roles: Sequence[str], human: bool, what: str
+    builder: _Builder,
+    actor_id: str,
+    role: str,
+    *,
+    node_roles: Sequence[str],
+    human: bool,
+    what: str | Callable[[], str],
 ) -> None:
+    """``what`` names the act in a refusal; a callable is asked only when one is made (replay authorizes every event)."""
     assignment = builder.base.policy.actors.get(actor_id)
     if assignment is None:
         raise JournalError(C.FORGED_ROLE, f"actor {actor_id!r} has no assignment in the policy")
     if role not in assignment.roles:
         raise JournalError(C.FORGED_ROLE, f"actor {actor_id!r} is not assigned role {role!r} by the policy")
     if node_roles and role not in node_roles:
-        raise JournalError(C.FORGED_ROLE, f"{what} does not admit role {role!r}")
+        raise JournalError(C.FORGED_ROLE, f"{_text(what)} does not admit role {role!r}")
     if human and assignment.kind is not ActorKind.HUMAN:
-        raise JournalError(C.AUTOMATION_CLAIMS_HUMAN, f"{what} needs a human; {actor_id!r} is automation")
+        raise JournalError(C.AUTOMATION_CLAIMS_HUMAN, f"{_text(what)} needs a human; {actor_id!r} is automation")
+
+
+def _text(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()
 
 
 def _needs_human(kind: NodeKind, event: NodeEvent) -> bool:
@@ -445,7 +470,7 @@ def _transition(builder: _Builder, command: Transition, digest: str, at: str) ->
         # work on this one: any role the policy grants may record it.
         node_roles=() if command.event is NodeEvent.DEPENDENCIES_SATISFIED else node.roles,
         human=_needs_human(node.kind, command.event),
-        what=f"{command.event.value} on {node.kind.value} node {node_id!r}",
+        what=lambda: f"{command.event.value} on {node.kind.value} node {node_id!r}",
     )
     event = command.event
     attempts = builder.attempts.get(node_id, ())
@@ -461,7 +486,9 @@ def _transition(builder: _Builder, command: Transition, digest: str, at: str) ->
     else:
         _check_independence(builder, node_id, command.actor_id)
         builder.attempts[node_id] = _attempts_after(node_id, event, command.attempt, command.error, attempts)
-        builder.workers[node_id] = builder.workers.get(node_id, frozenset()) | {command.actor_id}
+        workers = builder.workers.get(node_id, frozenset())
+        if command.actor_id not in workers:
+            builder.workers[node_id] = workers | {command.actor_id}
     if event is NodeEvent.WORK_FAILED and not command.error:
         raise JournalError(C.INVALID_REQUEST, "work-failed must say what the error was")
     if event is not NodeEvent.WORK_FAILED and command.error is not None:
@@ -501,7 +528,10 @@ def _transition(builder: _Builder, command: Transition, digest: str, at: str) ->
 
 
 def _check_independence(builder: _Builder, node_id: str, actor_id: str) -> None:
-    for other in sorted(builder.base.workflow.independent[node_id]):
+    independent = builder.base.workflow.independent[node_id]
+    if not independent:
+        return
+    for other in sorted(independent):
         if actor_id in builder.workers.get(other, ()):
             raise JournalError(
                 C.NOT_INDEPENDENT,
@@ -513,35 +543,41 @@ def _attempts_after(
     node_id: str, event: NodeEvent, attempt: AttemptRef | None, error: str | None, attempts: tuple[Attempt, ...]
 ) -> tuple[Attempt, ...]:
     """The node's attempt history after ``event``; every earlier attempt, failures included, is kept."""
-    where = f"node {node_id!r}: {event.value}"
     if attempt is None:
-        raise JournalError(C.INVALID_ATTEMPT, f"{where} must bind an attempt id and sequence")
+        raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)} must bind an attempt id and sequence")
     last = attempts[-1] if attempts else None
     opens = event in (NodeEvent.WORK_STARTED, NodeEvent.RETRY_AUTHORIZED)
     if event is NodeEvent.WORK_STARTED and last is not None and last.status is AttemptStatus.AUTHORIZED:
         # A retry authorized this attempt; the work now starts it.
         if (attempt.attempt_id, attempt.sequence) != (last.attempt_id, last.sequence):
             raise JournalError(
-                C.INVALID_ATTEMPT, f"{where}: the authorized attempt is {last.attempt_id!r} #{last.sequence}"
+                C.INVALID_ATTEMPT, f"{_where(node_id, event)}: the authorized attempt is {last.attempt_id!r} #{last.sequence}"
             )
         return (*attempts[:-1], attrs.evolve(last, status=AttemptStatus.ACTIVE))
     if opens:
         if attempt.sequence != len(attempts) + 1:
-            raise JournalError(C.INVALID_ATTEMPT, f"{where}: the next attempt is #{len(attempts) + 1}, not #{attempt.sequence}")
+            raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)}: the next attempt is #{len(attempts) + 1}, not #{attempt.sequence}")
         if any(a.attempt_id == attempt.attempt_id for a in attempts):
-            raise JournalError(C.INVALID_ATTEMPT, f"{where}: attempt id {attempt.attempt_id!r} was used before")
+            raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)}: attempt id {attempt.attempt_id!r} was used before")
         status = AttemptStatus.ACTIVE if event is NodeEvent.WORK_STARTED else AttemptStatus.AUTHORIZED
         return (*attempts, Attempt(attempt.attempt_id, attempt.sequence, status))
     if last is None or (attempt.attempt_id, attempt.sequence) != (last.attempt_id, last.sequence):
         current = "none" if last is None else f"{last.attempt_id!r} #{last.sequence}"
-        raise JournalError(C.INVALID_ATTEMPT, f"{where}: binds {attempt.attempt_id!r} #{attempt.sequence}; the current attempt is {current}")
-    status = {
-        NodeEvent.WORK_BLOCKED: AttemptStatus.BLOCKED,
-        NodeEvent.BLOCK_CLEARED: AttemptStatus.ACTIVE,
-        NodeEvent.WORK_COMPLETED: AttemptStatus.COMPLETED,
-        NodeEvent.WORK_FAILED: AttemptStatus.FAILED,
-    }[event]
+        raise JournalError(C.INVALID_ATTEMPT, f"{_where(node_id, event)}: binds {attempt.attempt_id!r} #{attempt.sequence}; the current attempt is {current}")
+    status = _STATUS_AFTER[event]
     return (*attempts[:-1], Attempt(last.attempt_id, last.sequence, status, error))
+
+
+def _where(node_id: str, event: NodeEvent) -> str:
+    return f"node {node_id!r}: {event.value}"
+
+
+_STATUS_AFTER: Final = MappingProxyType({
+    NodeEvent.WORK_BLOCKED: AttemptStatus.BLOCKED,
+    NodeEvent.BLOCK_CLEARED: AttemptStatus.ACTIVE,
+    NodeEvent.WORK_COMPLETED: AttemptStatus.COMPLETED,
+    NodeEvent.WORK_FAILED: AttemptStatus.FAILED,
+})  # fmt: skip
 
 
 def _check_approvals(builder: _Builder, command: Transition, node_id: str) -> None:
@@ -676,14 +712,13 @@ def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: 
 def _command_of(group: Sequence[Event]) -> Command:
     """The command a stored event (or batch of events) records, rebuilt from the events alone."""
     first = group[0]
-    nodes = tuple(NodeExpectation(e.node_id, e.prior_state) for e in group)
     if first.event is NodeEvent.WORK_INVALIDATED and first.invalidation is not None:
         return Invalidate(
             request_id=first.request_id,
             expected_head=first.previous,
             source=first.invalidation.source,
             policy=first.invalidation.policy,
-            nodes=nodes,
+            nodes=_expectations(group),
             actor_id=first.actor_id,
             role=first.role,
             rationale=first.rationale,
@@ -693,7 +728,7 @@ def _command_of(group: Sequence[Event]) -> Command:
             request_id=first.request_id,
             expected_head=first.previous,
             successor=first.successor,
-            nodes=nodes,
+            nodes=_expectations(group),
             actor_id=first.actor_id,
             role=first.role,
             rationale=first.rationale,
@@ -715,6 +750,10 @@ def _command_of(group: Sequence[Event]) -> Command:
         approvals=first.approvals,
         error=first.error,
     )
+
+
+def _expectations(group: Sequence[Event]) -> tuple[NodeExpectation, ...]:
+    return tuple(NodeExpectation(e.node_id, e.prior_state) for e in group)
 
 
 def replay(
@@ -749,9 +788,9 @@ def continue_replay(journal: Journal, events: Sequence[bytes], resolve: Resolver
     builder = _Builder(journal, resolve)
     builder.stored = []
     position = 0
-    pending: Event | None = None
+    pending: tuple[Event, str | None] | None = None
     while position < len(events) or pending is not None:
-        first = (
+        first, request = (
             pending
             if pending is not None
             else _next_event(events, position, builder.head, builder.execution_id, offset)
@@ -770,14 +809,16 @@ def continue_replay(journal: Journal, events: Sequence[bytes], resolve: Resolver
                 except JournalError as exc:
                     deferred = exc
                     break
-                position = following.ordinal - offset
-                if following.request_id != first.request_id or following.event is not first.event:
+                position = following[0].ordinal - offset
+                if following[0].request_id != first.request_id or following[0].event is not first.event:
                     pending = following
                     break
-                group.append(following)
+                group.append(following[0])
         builder.stored = list(group)
         try:
-            repeated = _apply(builder, _command_of(group), first.at)
+            # The request digest from the record's text is that of a lone
+            # transition; a batch's command is rebuilt and encoded.
+            repeated = _apply(builder, _command_of(group), first.at, request if len(group) == 1 else None)
         except JournalError as exc:
             raise exc.at(first.ordinal) from None
         if repeated:
@@ -813,9 +854,12 @@ def link_error(head: str, expected_ordinal: int, previous: str, ordinal: int) ->
     return None
 
 
-def _next_event(events: Sequence[bytes], position: int, head: str, execution_id: str, offset: int) -> Event:
+def _next_event(
+    events: Sequence[bytes], position: int, head: str, execution_id: str, offset: int
+) -> tuple[Event, str | None]:
+    """The event at ``position`` if it belongs here, and its request digest if its bytes give it (``read_event``)."""
     ordinal = offset + position + 1
-    event = decode_event(events[position], ordinal)
+    event, request = read_event(events[position], ordinal)
     if event.execution_id != execution_id:
         raise JournalError(
             C.FOREIGN_RECORD, f"belongs to execution {event.execution_id!r}, not {execution_id!r}", ordinal
@@ -825,7 +869,7 @@ def _next_event(events: Sequence[bytes], position: int, head: str, execution_id:
         raise JournalError(broken, f"names previous {event.previous}, but the head is {head}", ordinal)
     if broken is C.ORDINAL_GAP:
         raise JournalError(broken, f"carries ordinal {event.ordinal}, expected {ordinal}", ordinal)
-    return event
+    return event, request
 
 
 def attempt_history(journal: Journal, node_id: str) -> tuple[Attempt, ...]:

@@ -8,18 +8,26 @@ Rules of this module:
   exactly the format's members (``unknown_field``, ``missing_field``), each
   of its type (``malformed_record``), and a digest that matches the record
   (``altered_digest``).  Nothing is repaired or defaulted on the way in.
+- Replay reads through :func:`read_event`, whose fast reader takes only
+  plain transition records and accepts exactly what the strict reader
+  accepts, giving the same event; anything else, and every refusal, is the
+  strict reader's (tests/journal/test_fast_reader.py).
 - Commands and policies come from people and files, so their JSON readers
   name the field that is wrong; they decide nothing (``journal.py`` does).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
+from datetime import datetime
 
 from .canonical import canonical_bytes, digest_bytes, is_digest, parse_canonical, record_bytes
 from .dag import strict_list, strict_object, strict_text, strict_texts
 from .journal_codes import JournalCode, JournalError
 from .journal_records import (
+    _TIME,
     FORMAT,
     MAX_WHOLE,
     ActorKind,
@@ -184,6 +192,124 @@ def _decode_event(data: bytes) -> Event:
     return event
 
 
+# --- the fast reader: a plain transition event, recognised whole ---------------------------------
+#
+# Replay reads every record of a journal, and most are transitions whose
+# strings are plain printable ASCII.  For those, one regular expression
+# written from the format (section 4: the members in canonical order, each
+# of its type, strings that need no escape, whole numbers without a sign or
+# leading zero, digests spelt as the codec spells them) recognises exactly
+# the canonical bytes of an event the strict reader accepts, without
+# parsing and re-encoding the record.  Canonical, because for such a value
+# JCS writes each string between quotes as it is and each whole number in
+# plain decimal, which is all the expression admits.  What it does not
+# recognise (a non-ASCII or escaped string, approvals, an invalidation, a
+# successor, anything malformed) takes the strict reader, which alone
+# decides refusals, so every code and message is the strict reader's.
+
+_PLAIN = r'[ !#-\[\]-~]*'  # printable ASCII but '"' and '\': RFC 8785 writes such a string as it is
+_FAST_DIGEST = r"sha256:[0-9a-f]{64}"
+_FAST_WHOLE = r"0|[1-9][0-9]{0,15}"
+_FAST_REF = rf'\{{"digest":"{_FAST_DIGEST}","id":"{_PLAIN}","kind":"{_PLAIN}"\}}'
+_FAST_REFS = re.compile(rf'\{{"digest":"({_FAST_DIGEST})","id":"({_PLAIN})","kind":"({_PLAIN})"\}}')
+_FAST_TIME = _TIME.pattern  # check_time's spelling
+_FAST_EVENT = re.compile(
+    rf'\{{"actor":"({_PLAIN})","approvals":\[\],"at":"({_FAST_TIME})",'
+    rf'"attempt":(null|\{{"id":"({_PLAIN})","sequence":({_FAST_WHOLE})\}}),"digest":"({_FAST_DIGEST})",'
+    rf'"error":(null|"({_PLAIN})"),"event":"({_PLAIN})","execution":"({_PLAIN})","invalidation":null,'
+    rf'"node":"({_PLAIN})","ordinal":({_FAST_WHOLE}),"previous":"({_FAST_DIGEST})","prior_state":"({_PLAIN})",'
+    rf'"rationale":"({_PLAIN})","records":(\[(?:{_FAST_REF}(?:,{_FAST_REF})*)?\]),'
+    rf'"request":\{{"digest":"({_FAST_DIGEST})","id":"({_PLAIN})"\}},"resulting_state":"({_PLAIN})",'
+    rf'"role":"({_PLAIN})","successor":null\}}'
+)
+_DIGEST_MEMBER_START = len(',"digest":"')
+_EVENTS_BY_VALUE = {e.value: e for e in NodeEvent}
+_STATES_BY_VALUE = {s.value: s for s in NodeState}
+_BATCH_EVENTS = frozenset({NodeEvent.WORK_INVALIDATED.value, NodeEvent.SUCCESSOR_BOUND.value})
+
+
+def read_event(data: bytes, ordinal: int | None = None) -> tuple[Event, str | None]:
+    """:func:`decode_event`, and the request digest of the transition the event records when its bytes give it.
+
+    The digest (``None`` when not given) is ``request_digest`` of the
+    transition replay rebuilds from the event, computed from the record's
+    own text: each member of the request is written exactly as the event
+    writes it (tests/journal/test_codec.py checks both against the slow
+    path).  Refusals are :func:`decode_event`'s, code and message.
+    """
+    fast = _read_plain_transition(data)
+    if fast is not None:
+        return fast
+    return decode_event(data, ordinal), None
+
+
+def _read_plain_transition(data: bytes) -> tuple[Event, str | None] | None:
+    """The event and its request digest if the fast reader recognises ``data`` and every check passes; else None."""
+    if not data.isascii():
+        return None
+    text = data.decode("ascii")
+    match = _FAST_EVENT.fullmatch(text)
+    if match is None:
+        return None
+    (actor, at, attempt_text, attempt_id, sequence, digest, error_text, error, event_name, execution, node,
+     ordinal, previous, prior, rationale, records_text, request_digest, request_id, resulting, role) = match.groups()  # fmt: skip
+    event = _EVENTS_BY_VALUE.get(event_name)
+    prior_state = _STATES_BY_VALUE.get(prior)
+    resulting_state = _STATES_BY_VALUE.get(resulting)
+    number = int(ordinal)
+    if event is None or prior_state is None or resulting_state is None or number > MAX_WHOLE:
+        return None
+    attempt = None
+    if attempt_id is not None:
+        attempt_sequence = int(sequence)
+        if attempt_sequence > MAX_WHOLE:
+            return None
+        attempt = AttemptRef(attempt_id, attempt_sequence)
+    try:
+        # check_time's second half; the expression spelt its first.
+        datetime.fromisoformat(at[:-1])
+    except ValueError:
+        return None
+    # The record without its own digest member, cut where the expression
+    # found that member (group 6 is the digest's value) (one character a byte: the record is ASCII).
+    body = hashlib.sha256(data[: match.start(6) - _DIGEST_MEMBER_START])
+    body.update(data[match.end(6) + 1 :])
+    if "sha256:" + body.hexdigest() != digest:
+        return None
+    stored = Event(
+        execution_id=execution,
+        ordinal=number,
+        previous=previous,
+        request_id=request_id,
+        request_digest=request_digest,
+        node_id=node,
+        event=event,
+        prior_state=prior_state,
+        resulting_state=resulting_state,
+        actor_id=actor,
+        role=role,
+        at=at,
+        rationale=rationale,
+        attempt=attempt,
+        records=tuple(RecordRef(kind, ref_id, ref_digest) for ref_digest, ref_id, kind in _FAST_REFS.findall(records_text)),
+        approvals=(),
+        error=error,
+        invalidation=None,
+        successor=None,
+        digest=digest,
+    )
+    if event_name in _BATCH_EVENTS:
+        return stored, None
+    # Transition.request_json of the command rebuilt from this event, in
+    # canonical form: every member's value is written as the event writes it.
+    request = (
+        f'{{"actor":"{actor}","approvals":[],"attempt":{attempt_text},"command":"transition","error":{error_text},'
+        f'"event":"{event_name}","expected_head":"{previous}","node":"{node}","prior_state":"{prior}",'
+        f'"rationale":"{rationale}","records":{records_text},"role":"{role}"}}'
+    )
+    return stored, digest_bytes(request.encode("ascii"))
+
+
 def _body_digest(data: bytes, obj: Mapping[str, object], digest: str) -> str:
     """The digest of the record's bytes without its own ``digest`` member.
 
@@ -329,4 +455,5 @@ __all__ = [
     "encode_event",
     "encode_header",
     "policy_from_json",
+    "read_event",
 ]

@@ -379,11 +379,15 @@ class EventLog(Sequence[Event]):
 
     def extended(self, events: Sequence[Event]) -> EventLog:
         chunks = list(self._chunks)
-        for event in events:
-            if chunks and len(chunks[-1]) < _CHUNK:
-                chunks[-1] = (*chunks[-1], event)
-            else:
-                chunks.append((event,))
+        events = tuple(events)
+        # Fill the last chunk, then cut the rest into full chunks: a replay
+        # extends by the whole history at once, and growing a chunk one
+        # event at a time would copy it once per event.
+        taken = 0
+        if chunks and len(chunks[-1]) < _CHUNK:
+            taken = _CHUNK - len(chunks[-1])
+            chunks[-1] = (*chunks[-1], *events[:taken])
+        chunks.extend(events[start : start + _CHUNK] for start in range(taken, len(events), _CHUNK))
         return EventLog(tuple(chunks), self._length + len(events))
 
     def __len__(self) -> int:

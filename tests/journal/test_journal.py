@@ -522,3 +522,21 @@ def test_with_a_resolver_every_referenced_record_must_resolve() -> None:
     with pytest.raises(j.JournalError) as caught:
         j.replay(header, events, workflow, policy, nothing_resolves)
     assert (caught.value.reason, caught.value.ordinal) == (C.UNRESOLVED_RECORD, 2)
+
+
+@pytest.mark.parametrize("sizes", [[0], [1], [255, 1, 300], [256, 256, 3], [700], [5] * 60 + [513]])
+def test_an_event_log_extended_by_runs_is_the_log_extended_one_event_at_a_time(sizes: list[int]) -> None:
+    # Events are stood in for by the driver's one event; the log only places them.
+    event = reviewed(Driver(fresh())).journal.events[0]
+    events = [attrs.evolve(event, ordinal=n) for n in range(1, sum(sizes) + 1)]
+    by_runs, one_by_one, start = j.EventLog(), j.EventLog(), 0
+    for size in sizes:
+        by_runs = by_runs.extended(events[start : start + size])
+        start += size
+    for item in events:
+        one_by_one = one_by_one.extended([item])
+    assert list(by_runs) == list(one_by_one) == events
+    assert [e.ordinal for e in by_runs] == list(range(1, len(events) + 1))
+    assert len(by_runs) == len(events)
+    assert all(len(chunk) == 256 for chunk in by_runs._chunks[:-1])
+    assert [len(c) for c in by_runs._chunks] == [len(c) for c in one_by_one._chunks]
