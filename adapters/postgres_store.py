@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
 import psycopg
 from psycopg import generators, pq
 from psycopg import sql as pgsql
@@ -71,7 +72,7 @@ from fencekeeper.kernel.machines import DispatchState, ExecutionState, Operation
 
 from . import bridge, codec
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE, Dialect, SqlBackend
-from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, VisitView
+from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, VisitView, _GuardFailed
 
 CHANNEL = "fencekeeper_eligible"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -831,6 +832,7 @@ def _run(
     *,
     begin: bool = False,
     commit: bool = False,
+    then: bytes | None = None,
 ) -> _Rows:
     """Run one statement of the store: prepared on its first run on ``conn``, then executed by name.
 
@@ -843,7 +845,10 @@ def _run(
     statement's transaction is rolled back on the server (PostgreSQL answers
     the COMMIT of an aborted transaction with a rollback) and the statement's
     error is raised, the connection left idle.  The statement must be the
-    transaction's last.
+    transaction's last.  ``then``, with ``commit``, is one more statement
+    without parameters (a ``NOTIFY``) sent between the two, in the
+    statement's part of the exchange: it runs only if the statement
+    succeeded, and commits with it or not at all.
 
     This is what a psycopg cursor does, less what the store does not need:
     ``conn.execute`` spends about 35 us of Python on every statement (a new
@@ -881,7 +886,11 @@ def _run(
         else:
             pgconn.send_query_prepared(name, values, param_formats=tx.formats, result_format=_BINARY)
         if begin or commit:
-            result = _result(conn, session, _pipelined(conn, session, begin=begin, commit=commit))
+            assert then is None or commit, "a statement sent after this one needs the COMMIT behind it"
+            if then is not None:
+                pgconn.send_query_params(then, None)
+            results = _pipelined(conn, session, begin=begin, commit=commit, then=then is not None)
+            result = _result(conn, session, results)
         else:
             result = _result(conn, session, session.wait(conn, generators.execute(pgconn)))
     tx.set_pgresult(result)
@@ -891,9 +900,18 @@ def _run(
 
 
 def _pipelined(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], session: _Session, *, begin: bool, commit: bool
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    session: _Session,
+    *,
+    begin: bool,
+    commit: bool,
+    then: bool = False,
 ) -> list[pq.abc.PGresult]:
-    """The results of one statement sent in pipeline mode, with ``BEGIN`` ahead and ``COMMIT`` behind: one exchange."""
+    """The results of one statement sent in pipeline mode, with ``BEGIN`` ahead and ``COMMIT`` behind: one exchange.
+
+    With ``then``, one more statement was sent after it (``_run``'s ``then``):
+    its error is raised if the statement succeeded and it did not.
+    """
     pgconn = conn.pgconn
     try:
         pgconn.pipeline_sync()
@@ -902,7 +920,7 @@ def _pipelined(
             # COMMIT of the aborted transaction rolls it back.
             pgconn.send_query_params(b"COMMIT", None)
             pgconn.pipeline_sync()
-        began, results, committed, synced = session.wait(conn, _pipeline_results(pgconn, begin, commit))
+        began, results, followed, committed, synced = session.wait(conn, _pipeline_results(pgconn, begin, commit, then))
         if not _only_sync(synced):
             # More than the sync came back: the server ended the session (an
             # administrator's termination, a shutdown) with the exchange in
@@ -924,6 +942,9 @@ def _pipelined(
         raise
     if began is not None:
         _result(conn, session, began)
+    if followed is not None and _succeeded(results):
+        # The statement's own error, when it failed, is its caller's to raise; the one after it was then skipped.
+        _result(conn, session, followed)
     if committed is not None:
         ended = _result(conn, session, [*results, *committed]) if _succeeded(results) else None
         if ended is not None and ended.command_status != b"COMMIT":
@@ -948,17 +969,18 @@ def _succeeded(results: list[pq.abc.PGresult]) -> bool:
     return all(result.status in _OK for result in results)
 
 
-def _pipeline_results(pgconn: pq.abc.PGconn, begin: bool, commit: bool) -> Any:
+def _pipeline_results(pgconn: pq.abc.PGconn, begin: bool, commit: bool, then: bool = False) -> Any:
     # A generator as psycopg's own: send everything, then each command's results and each sync.
     yield from generators.send(pgconn)
     began = (yield from generators.fetch_many(pgconn)) if begin else None
     results = yield from generators.fetch_many(pgconn)
+    followed = (yield from generators.fetch_many(pgconn)) if then else None
     synced = yield from generators.fetch_many(pgconn)
     committed = None
     if commit and _only_sync(synced):
         committed = yield from generators.fetch_many(pgconn)
         synced = yield from generators.fetch_many(pgconn)
-    return began, results, committed, synced
+    return began, results, followed, committed, synced
 
 
 def _only_sync(synced: list[pq.abc.PGresult]) -> bool:
@@ -988,6 +1010,17 @@ class _Deferred:
     """The row count of a write that runs later, inside the decision's one statement."""
 
     rowcount = -1
+
+
+@attrs.frozen
+class _Kept:
+    """A decision's one write statement, kept to be sent with the transaction's COMMIT (write_last)."""
+
+    statement: str
+    params: Sequence[object]
+    decision: p.Decision
+    """What the statement writes, and its evidence: what a conflict on a unique key means (SqlBackend._write_conflict)."""
+    evidence: tuple[Evidence, ...]
 
 
 # Executions in these states are listed through the revision rows that
@@ -1100,6 +1133,10 @@ class _PostgresBackend(SqlBackend):
         self._candidate: tuple[datetime, str | None, str | None] | None = None
         # The parameters of the writes being collected into one statement, in order.
         self._params: list[object] = []
+        # The decision whose statement, being collected, may be kept for the COMMIT
+        # (write_last), and the one kept: sent by commit_kept when the transaction ends.
+        self._keeping: tuple[p.Decision, tuple[Evidence, ...]] | None = None
+        self.kept: _Kept | None = None
 
     @contextlib.contextmanager
     def _batch(self) -> Iterator[None]:
@@ -1121,9 +1158,14 @@ class _PostgresBackend(SqlBackend):
             self._collecting = None
         if not parts:
             return
+        statement = _one_statement(tuple(sql for sql, _ in parts))
+        if self._keeping is not None and not self._checks and not self._revision_checks:
+            # No part's row count is checked: the statement can only fail, and
+            # only as a whole; it goes with the COMMIT (write_last).
+            self.kept = _Kept(statement, self._params, *self._keeping)
+            return
         counts = [0] * len(parts)
         begin = self._opening()
-        statement = _one_statement(tuple(sql for sql, _ in parts))
         for (part,) in _run(self.conn, statement, self._params, begin=begin).rows:
             counts[part] += 1
         for (_, deferred), count in zip(parts, counts, strict=True):
@@ -1136,6 +1178,7 @@ class _PostgresBackend(SqlBackend):
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         if self._collecting is None:
+            self._nothing_kept()
             return _run(self.conn, self._sql(sql), params, begin=self._opening())
         deferred = _Deferred()
         self._collecting.append((self._sql(sql), deferred))
@@ -1165,7 +1208,14 @@ class _PostgresBackend(SqlBackend):
             or self.conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
         ):
             return self._execute(sql, params)
+        self._nothing_kept()
         return _run(self.conn, self._sql(sql), params, commit=True)
+
+    def _nothing_kept(self) -> None:
+        if self.kept is not None:
+            # A write kept for the COMMIT is not on the server yet: a statement sent now would
+            # not see it.  write_last's caller promised it was the transaction's last action.
+            raise RuntimeError("a statement after write_last(): the transaction's writes are kept for its COMMIT")
 
     def execution_ids(self, state: ExecutionState | None) -> list[str]:
         if state is None or state.value not in _LISTED_BY_REVISION:
@@ -1293,6 +1343,43 @@ class _PostgresBackend(SqlBackend):
             self.made_eligible = True
         return True
 
+    def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
+        # An admission's writes are inserts only: no part's row count is
+        # checked, so nothing needs their result before the COMMIT, and they
+        # travel with it (commit_kept): one round trip instead of two.  Only
+        # where the store sends that COMMIT itself, in a transaction already
+        # open (BEGIN went with the admission's facts).
+        if (
+            decision.guard.expected_revision != 0
+            or not self.commits_with_last
+            or self.made_eligible
+            or self.kept is not None
+            or self.conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
+        ):
+            return self.write(decision, evidence, now)
+        self._keeping = (decision, tuple(evidence))
+        try:
+            return self.write(decision, evidence, now)
+        finally:
+            self._keeping = None
+
+    def commit_kept(self, notify: bytes | None) -> None:
+        """Send the kept writes, ``notify`` when given, and ``COMMIT``: one exchange, all of it or none.
+
+        A unique-key conflict rolls the transaction back and means what it
+        means to :meth:`write`: a named conflict is raised as its StoreError,
+        and the guard failing (another admission of the id committed first)
+        as :class:`_GuardFailed`, so that the request is decided again.
+        """
+        kept, self.kept = self.kept, None
+        assert kept is not None
+        try:
+            _run(self.conn, kept.statement, kept.params, commit=True, then=notify)
+        except self.dialect.integrity_errors as exc:
+            # Rolled back on the server already: the COMMIT behind the failed statement ended it.
+            self._write_conflict(kept.decision, kept.evidence, exc)
+            raise _GuardFailed from None
+
 
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 """What a request meets when its session is gone: the server ended it (idle in a transaction past
@@ -1409,7 +1496,10 @@ class PostgresStore(TransactionalStore):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
                 backend.commits_with_last = self._commits_with_last
                 yield backend
-                if backend.made_eligible:
+                if backend.kept is not None:
+                    # The decision's writes, NOTIFY when they make work eligible, and COMMIT: one exchange.
+                    backend.commit_kept(self._notify if backend.made_eligible else None)
+                elif backend.made_eligible:
                     if self._commits_with_last and conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
                         # NOTIFY and COMMIT in one exchange; the pool's context then finds nothing to commit.
                         _notify_and_commit(conn, self._notify)

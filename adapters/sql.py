@@ -319,29 +319,38 @@ class SqlBackend(Backend):
             with self._batch():
                 self._queue_writes(decision, evidence, now)
         except self.dialect.integrity_errors as exc:
-            table = self._conflict_table(exc)
-            if table == "wait_registrations" and decision.registration is not None:
-                raise registration_conflict(decision.registration.key) from None
-            later = [item for item in evidence if item.revision > 1]
-            # The duplicate revision is an evidence object's when the database
-            # names it, or (where it does not) when every guard so far held;
-            # otherwise the execution moved on: a guard failure.
-            if table == "object_revisions" and later:
-                named = self._conflict_object(exc)
-                ours = {item.object_id: item for item in later}
-                if named in ours:
-                    raise evidence_revision_conflict(ours[named]) from None
-                if named is None and all(c.rowcount == 1 for c in self._checks):
-                    raise evidence_revision_conflict(later[0]) from None
-            if table == "objects" and evidence and decision.guard.expected_revision != 0:
-                raise StoreError(
-                    "evidence_conflict",
-                    f"evidence {', '.join(repr(e.object_id) for e in evidence)}: an id already exists; "
-                    "evidence is never overwritten",
-                ) from None
+            self._write_conflict(decision, evidence, exc)
             return False
         self._check_revisions()
         return all(cursor.rowcount == 1 for cursor in self._checks)
+
+    def _write_conflict(self, decision: p.Decision, evidence: Sequence[Evidence], exc: Exception) -> None:
+        """Raise what the unique-key conflict ``exc`` of ``decision``'s writes means, unless its guard failed.
+
+        Returns when the conflict is the decision's guard failing (the
+        execution moved on, or another admission of its id committed first):
+        nothing is written and the caller decides again.
+        """
+        table = self._conflict_table(exc)
+        if table == "wait_registrations" and decision.registration is not None:
+            raise registration_conflict(decision.registration.key) from None
+        later = [item for item in evidence if item.revision > 1]
+        # The duplicate revision is an evidence object's when the database
+        # names it, or (where it does not) when every guard so far held;
+        # otherwise the execution moved on: a guard failure.
+        if table == "object_revisions" and later:
+            named = self._conflict_object(exc)
+            ours = {item.object_id: item for item in later}
+            if named in ours:
+                raise evidence_revision_conflict(ours[named]) from None
+            if named is None and all(c.rowcount == 1 for c in self._checks):
+                raise evidence_revision_conflict(later[0]) from None
+        if table == "objects" and evidence and decision.guard.expected_revision != 0:
+            raise StoreError(
+                "evidence_conflict",
+                f"evidence {', '.join(repr(e.object_id) for e in evidence)}: an id already exists; "
+                "evidence is never overwritten",
+            ) from None
 
     def _check_revisions(self) -> None:
         stale = [item for item, cursor in self._revision_checks if cursor.rowcount != 1]

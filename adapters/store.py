@@ -337,6 +337,19 @@ class Backend(abc.ABC):
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         """Write everything ``decision`` lists under its guard; False (having written nothing) if it fails."""
 
+    def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
+        """:meth:`write`, as the transaction's last action: nothing is read or written in it afterwards.
+
+        A store may then keep the writes and send them with the transaction's
+        ``COMMIT`` (PostgreSQL: one exchange instead of two).  It does so only
+        for a decision whose one possible failure is a conflict on a unique
+        key (an admission: inserts only, no guarded row, no revision check),
+        and then True is returned and such a conflict is raised when the
+        transaction ends, as :class:`_GuardFailed`, with nothing written: what
+        False would have caused here.  By default, :meth:`write`.
+        """
+        return self.write(decision, evidence, now)
+
     def lock_topic(self, business_id: str, event_type: str) -> None:  # noqa: B027 - a hook, as lock() is
         """Serialize Event publication with waiter registration for one Business and Event Type."""
 
@@ -610,8 +623,12 @@ class TransactionalStore(abc.ABC):
             if request.execution_id != execution_id:
                 raise ValueError("admit_run: make() must admit the execution_id it was given")
             outcome = p.admit(existing, request, now, id_taken=taken)
-            if isinstance(outcome, p.Decision):
-                _apply(tx, outcome, evidence, now)
+            # The transaction's last action (nothing follows _Written): a store
+            # may send these writes with its COMMIT.  An admission that lost the
+            # race for its id then fails at the commit, as _GuardFailed, and is
+            # decided again on what the other one committed, as here.
+            if isinstance(outcome, p.Decision) and not tx.write_last(outcome, evidence, now):
+                raise _GuardFailed
             return _Written(outcome)
 
         outcome = self._run(decide, before=read_facts)

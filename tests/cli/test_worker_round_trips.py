@@ -18,7 +18,7 @@ per connection):
   PostgreSQL 6 round trips per one-node execution and 12 per two-node one
   (three per decision), SQLite 19 and 40 statements.  A change that adds a
   round trip fails here;
-- an admission through ``service.run`` is one transaction: 3 round trips on
+- an admission through ``service.run`` is one transaction: 2 round trips on
   PostgreSQL, 9 statements on SQLite; a refused one writes nothing.
 """
 
@@ -137,7 +137,7 @@ def test_the_intent_is_committed_before_the_handler_is_called(store: Transaction
 
 # Admission through service.run: one transaction (the registration check, the definition's
 # revision and the admission are one decision), PostgreSQL round trips and SQLite statements.
-ADMISSION_BOUND = {"postgresql": 3, "sqlite": 9}
+ADMISSION_BOUND = {"postgresql": 2, "sqlite": 9}
 
 
 @pytest.mark.parametrize("revision", [None, 1])
