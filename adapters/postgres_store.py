@@ -28,6 +28,11 @@ Rules of this module:
   exception, as ``conn.transaction()`` did.  A read of one statement
   (``read_for_visit``, ``due_wakes``) runs outside a transaction block: the
   server gives a single statement a transaction and a snapshot of its own.
+- A decision's writes are one statement.  Where nothing reads their result
+  before the commit (an admission: inserts only, written as the
+  transaction's last action, ``write_last``), that statement travels with
+  the ``NOTIFY`` and ``COMMIT`` in one exchange (``commit_kept``); a
+  unique-key conflict there means what it means to ``write``.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
