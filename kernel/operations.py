@@ -480,6 +480,7 @@ def _check_now(now: object) -> None:
 
 
 _OPERATION_FIELDS: Final = tuple(field.name for field in attrs.fields(Operation))
+_OPERATION_POSITIONS: Final = {name: position for position, name in enumerate(_OPERATION_FIELDS)}
 
 
 def _evolve(operation: Operation, changes: dict[str, Any]) -> Operation:
@@ -489,9 +490,12 @@ def _evolve(operation: Operation, changes: dict[str, Any]) -> Operation:
     a worker's pass; the result is the same value ``attrs.evolve`` gives (the
     class's own ``__init__`` builds it), and an unknown field is an error.
     """
-    values = [changes.pop(name) if name in changes else getattr(operation, name) for name in _OPERATION_FIELDS]
-    if changes:
-        raise TypeError(f"Operation has no field(s) {sorted(changes)}")
+    values = [getattr(operation, name) for name in _OPERATION_FIELDS]
+    for name, value in changes.items():
+        position = _OPERATION_POSITIONS.get(name)
+        if position is None:
+            raise TypeError(f"Operation has no field {name!r}")
+        values[position] = value
     return Operation(*values)
 
 
