@@ -295,7 +295,7 @@ class _Heartbeat:
         with self.changed:
             self.credential = credential
             self.generation += 1
-            if self.thread is None:
+            if self.thread is None or not self.thread.is_alive():  # not yet, ended idle, or lost in a fork
                 self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self.thread.start()
             self.changed.notify_all()
