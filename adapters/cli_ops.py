@@ -35,8 +35,6 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType, ModuleType
 from typing import Any
 
-from fencekeeper.kernel import opsmodel
-
 from .operations.base import TransactionalOperationStore
 from .operations.connect import open_operation_store
 from .operations.service import (
@@ -407,6 +405,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Output], int]] = {
 
 def modelcheck_operations() -> int:
     """Run the operation model checker's standard configurations; print as ``modelcheck`` does."""
+    from fencekeeper.kernel import opsmodel  # noqa: PLC0415 - the model checker loads only for modelcheck, not for op worker
     for title, bounds in opsmodel.STANDARD:
         started = time.perf_counter()
         result = opsmodel.explore(bounds)

@@ -45,8 +45,12 @@ class OutboxRow:
     payload: str
 
 
+# One encoder for every row: json.dumps with options builds a new JSONEncoder on each call.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def _json(fields: dict[str, object]) -> str:
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return _ENCODER.encode(fields)
 
 
 def operation_row(operation: o.Operation, transition: o.Transition) -> OutboxRow:

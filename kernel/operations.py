@@ -48,9 +48,8 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -480,6 +479,26 @@ def _check_now(now: object) -> None:
     _check("now", utc_problem(now))
 
 
+_OPERATION_FIELDS: Final = tuple(field.name for field in attrs.fields(Operation))
+_OPERATION_POSITIONS: Final = {name: position for position, name in enumerate(_OPERATION_FIELDS)}
+
+
+def _evolve(operation: Operation, changes: dict[str, Any]) -> Operation:
+    """``attrs.evolve`` for an Operation, without its per-call introspection of the class.
+
+    Every decision makes a new revision, and this is the most frequent step of
+    a worker's pass; the result is the same value ``attrs.evolve`` gives (the
+    class's own ``__init__`` builds it), and an unknown field is an error.
+    """
+    values = [getattr(operation, name) for name in _OPERATION_FIELDS]
+    for name, value in changes.items():
+        position = _OPERATION_POSITIONS.get(name)
+        if position is None:
+            raise TypeError(f"Operation has no field {name!r}")
+        values[position] = value
+    return Operation(*values)
+
+
 # --- helpers ----------------------------------------------------------------------------
 
 
@@ -515,22 +534,26 @@ def _move(
     now: datetime,
     actor: str,
     reason: str,
-    change: Callable[[Operation], Operation] | None = None,
+    changes: dict[str, Any] | None = None,
     keep_owner: bool = False,
 ) -> tuple[Operation, Transition]:
-    """The Operation after ``event``: the table decides the state; the owner survives only a move that keeps it."""
+    """The Operation after ``event``: the table decides the state; the owner survives only a move that keeps it.
+
+    ``changes`` are the decision's own fields on top of that move, made in the
+    same new revision (one construction, not one per step).
+    """
     state = OPERATION.step(operation.state, event)
     kept = keep_owner and state is OperationState.RUNNING
-    moved = attrs.evolve(
-        operation,
-        state=state,
-        revision=operation.revision + 1,
-        owner=operation.owner if kept else None,
-        lease_expires_at=operation.lease_expires_at if kept else None,
-        attempt_started_at=operation.attempt_started_at if kept else None,
-    )
-    if change is not None:
-        moved = change(moved)
+    fields: dict[str, Any] = {
+        "state": state,
+        "revision": operation.revision + 1,
+        "owner": operation.owner if kept else None,
+        "lease_expires_at": operation.lease_expires_at if kept else None,
+        "attempt_started_at": operation.attempt_started_at if kept else None,
+    }
+    if changes is not None:
+        fields.update(changes)
+    moved = _evolve(operation, fields)
     record = Transition(
         operation.operation_id,
         moved.revision,
@@ -697,7 +720,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
     event = None
     if request.requires_approval:
         event = OperationEvent.REQUIRE_APPROVAL
-        operation = attrs.evolve(operation, state=OPERATION.step(operation.state, event))
+        operation = _evolve(operation, {"state": OPERATION.step(operation.state, event)})
     record = Transition(
         operation.operation_id, 1, event, None, operation.state, now, request.identity.principal, 0, "admitted"
     )
@@ -746,7 +769,7 @@ def expire(operation: Operation | None, now: datetime, actor: str = "system:dead
         now=now,
         actor=actor,
         reason=f"deadline {_iso(operation.deadline)} passed",
-        change=lambda o: attrs.evolve(o, outcome=outcome, error_code=outcome.value),
+        changes={"outcome": outcome, "error_code": outcome.value},
     )
     return _decision(operation, after, record, now, attempts=attempts)
 
@@ -795,9 +818,7 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
                 now=now,
                 actor=request.worker_id,
                 reason=f"attempt {operation.fence} abandoned and all {operation.attempt_count} attempts are used",
-                change=lambda o: attrs.evolve(
-                    o, outcome=TerminalOutcome.MAX_ATTEMPTS_EXCEEDED, error_code="max_attempts_exceeded"
-                ),
+                changes={"outcome": TerminalOutcome.MAX_ATTEMPTS_EXCEEDED, "error_code": "max_attempts_exceeded"},
             )
             return _decision(operation, after, record, now, attempts=abandoned)
     approval = operation.approval
@@ -815,9 +836,7 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
                     now=now,
                     actor=request.worker_id,
                     reason=f"approval {approval.approval_id!r} expired at {_iso(approval.expires_at)} unused",
-                    change=lambda o: attrs.evolve(
-                        o, outcome=TerminalOutcome.APPROVAL_EXPIRED, error_code="approval_expired"
-                    ),
+                    changes={"outcome": TerminalOutcome.APPROVAL_EXPIRED, "error_code": "approval_expired"},
                 )
                 return _decision(operation, after, record, now)
             approval = attrs.evolve(approval, consumed_by=operation.fence + 1)
@@ -835,15 +854,14 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
         now=now,
         actor=request.worker_id,
         reason=reason,
-        change=lambda o: attrs.evolve(
-            o,
-            fence=fence,
-            attempt_count=operation.attempt_count + 1,
-            owner=request.worker_id,
-            lease_expires_at=expires,
-            attempt_started_at=now,
-            approval=approval,
-        ),
+        changes={
+            "fence": fence,
+            "attempt_count": operation.attempt_count + 1,
+            "owner": request.worker_id,
+            "lease_expires_at": expires,
+            "attempt_started_at": now,
+            "approval": approval,
+        },
     )
     started = Attempt(operation.operation_id, fence, request.worker_id, AttemptState.RUNNING, now)
     return _decision(
@@ -895,7 +913,7 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
         actor=request.credential.worker_id,
         reason=f"lease until {_iso(expires)}",
         keep_owner=True,
-        change=lambda o: attrs.evolve(o, lease_expires_at=max(expires, operation.lease_expires_at or expires)),
+        changes={"lease_expires_at": max(expires, operation.lease_expires_at or expires)},
     )
     return _decision(operation, after, record, now, live=True)
 
@@ -929,7 +947,7 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
         actor=request.credential.worker_id,
         reason=f"effect {effect_id} intent" + (" (again: reconcile before any repeat)" if repeated else ""),
         keep_owner=True,
-        change=lambda o: attrs.evolve(o, effect_id=effect_id),
+        changes={"effect_id": effect_id},
     )
     return _decision(operation, after, record, now, live=True)
 
@@ -965,7 +983,7 @@ def complete(operation: Operation | None, request: CompleteRequest, now: datetim
         now=now,
         actor=request.credential.worker_id,
         reason=f"attempt {operation.fence} succeeded",
-        change=lambda o: attrs.evolve(o, outcome=TerminalOutcome.SUCCEEDED, result=request.result, error_code=None),
+        changes={"outcome": TerminalOutcome.SUCCEEDED, "result": request.result, "error_code": None},
     )
     attempt = _end_attempt(operation, AttemptState.SUCCEEDED, now)
     return _decision(operation, after, record, now, live=True, attempts=(attempt,))
@@ -1012,7 +1030,7 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
                 now=now,
                 actor=actor,
                 reason=f"attempt {operation.fence} failed ({request.error_code}); eligible again {_iso(eligible)}",
-                change=lambda o: attrs.evolve(o, next_eligible_at=eligible, error_code=request.error_code),
+                changes={"next_eligible_at": eligible, "error_code": request.error_code},
             )
             return _decision(operation, after, record, now, live=True, attempts=(attempt,))
     outcome = terminal
@@ -1022,7 +1040,7 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
         now=now,
         actor=actor,
         reason=f"attempt {operation.fence} failed ({request.error_code}): {outcome.value}",
-        change=lambda o: attrs.evolve(o, outcome=outcome, error_code=request.error_code),
+        changes={"outcome": outcome, "error_code": request.error_code},
     )
     return _decision(operation, after, record, now, live=True, attempts=(attempt,))
 
@@ -1050,9 +1068,7 @@ def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: d
         now=now,
         actor=request.credential.worker_id,
         reason=f"effect {operation.effect_id}: {request.detail or 'ambiguous and not reconcilable'}",
-        change=lambda o: attrs.evolve(
-            o, outcome=TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN, error_code="external_outcome_unknown"
-        ),
+        changes={"outcome": TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN, "error_code": "external_outcome_unknown"},
     )
     attempt = _end_attempt(operation, AttemptState.OUTCOME_UNKNOWN, now, "external_outcome_unknown")
     return _decision(operation, after, record, now, live=True, attempts=(attempt,))
@@ -1146,7 +1162,7 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
             now=now,
             actor=request.approver,
             reason=f"approved by {request.approver} until {_iso(request.expires_at)}",
-            change=lambda o: attrs.evolve(o, approval=approval, next_eligible_at=now),
+            changes={"approval": approval, "next_eligible_at": now},
         )
     else:
         after, record = _move(
@@ -1155,9 +1171,7 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
             now=now,
             actor=request.approver,
             reason=f"rejected by {request.approver}",
-            change=lambda o: attrs.evolve(
-                o, approval=approval, outcome=TerminalOutcome.APPROVAL_REJECTED, error_code="approval_rejected"
-            ),
+            changes={"approval": approval, "outcome": TerminalOutcome.APPROVAL_REJECTED, "error_code": "approval_rejected"},
         )
     return _decision(operation, after, record, now)
 
@@ -1207,9 +1221,7 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
         now=now,
         actor=request.principal,
         reason=note,
-        change=lambda o: attrs.evolve(
-            o, outcome=TerminalOutcome.CANCELLED, error_code="cancelled", cancel_requested_by=request.principal
-        ),
+        changes={"outcome": TerminalOutcome.CANCELLED, "error_code": "cancelled", "cancel_requested_by": request.principal},
     )
     return _decision(operation, after, record, now, attempts=attempts)
 

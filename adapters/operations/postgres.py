@@ -404,8 +404,11 @@ class PostgresOperationStore(TransactionalOperationStore):
         # Not psycopg's transaction block: its BEGIN would cost a round trip of its own.  The
         # first statement opens the transaction in its own exchange (_run's begin); it is
         # committed here on a normal exit and rolled back on any exception, as before.
+        # The pool's getconn/putconn, not its connection() block: that block's own commit or
+        # rollback on exit (and its timing) repeat what this one does, on every decision.
         try:
-            with self._pool.connection() as conn:
+            conn = self._pool.getconn()
+            try:
                 tx = _PgOpsTx(conn, self.clock)
                 tx.opens = True
                 try:
@@ -416,6 +419,9 @@ class PostgresOperationStore(TransactionalOperationStore):
                     raise
                 if not tx.ended:  # no decision written (a refusal): the reads end here
                     conn.commit()
+            finally:
+                # A connection left broken or inside a transaction is replaced or reset by the pool.
+                self._pool.putconn(conn)
         except psycopg.errors.InsufficientPrivilege as exc:
             # The tenant policies (or the role's grants) refused a write: the application filter let
             # through something the database boundary did not.  Nothing was written.

@@ -91,10 +91,15 @@ def _refused(outcome: o.Refusal) -> DurableOperationError:
 # --- canonical input --------------------------------------------------------------------------
 
 
+# One encoder for every input and result (json.dumps with options builds a new one on each call);
+# encoding keeps no state between calls, so it is shared by threads too.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """The canonical text of a JSON value: sorted keys, no spaces, UTF-8, finite numbers only."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
         raise DurableOperationError("invalid_input", f"input: not JSON: {exc}") from None
 

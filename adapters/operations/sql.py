@@ -25,6 +25,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -97,19 +98,35 @@ def _seconds(value: timedelta) -> float:
 
 
 def encode_policy(policy: o.RetryPolicy) -> str:
-    return json.dumps(
-        {
-            "initial_interval": _seconds(policy.initial_interval),
-            "backoff_coefficient": policy.backoff_coefficient,
-            "maximum_interval": _seconds(policy.maximum_interval),
-            "maximum_attempts": policy.maximum_attempts,
-            "schedule_to_close": _seconds(policy.schedule_to_close),
-        },
-        sort_keys=True,
-    )
+    # Every write of an Operation stores its policy, and a deployment has a handful of them: each
+    # one's text is made once.  Keyed by the coefficient's type too: 2 and 2.0 are equal policies
+    # whose texts differ, and the text stored stays the one json.dumps gives for this value.
+    key = (policy, type(policy.backoff_coefficient))
+    text = _POLICY_TEXTS.get(key)
+    if text is None:
+        text = json.dumps(
+            {
+                "initial_interval": _seconds(policy.initial_interval),
+                "backoff_coefficient": policy.backoff_coefficient,
+                "maximum_interval": _seconds(policy.maximum_interval),
+                "maximum_attempts": policy.maximum_attempts,
+                "schedule_to_close": _seconds(policy.schedule_to_close),
+            },
+            sort_keys=True,
+        )
+        if len(_POLICY_TEXTS) >= _POLICIES_KEPT:
+            _POLICY_TEXTS.clear()
+        _POLICY_TEXTS[key] = text
+    return text
 
 
+_POLICIES_KEPT = 256
+_POLICY_TEXTS: dict[tuple[o.RetryPolicy, type], str] = {}
+
+
+@functools.lru_cache(maxsize=_POLICIES_KEPT)
 def decode_policy(text: str) -> o.RetryPolicy:
+    """The policy a stored text names; a RetryPolicy is an immutable value, so one is shared by every read of it."""
     data = json.loads(text)
     return o.RetryPolicy(
         initial_interval=timedelta(seconds=data["initial_interval"]),
@@ -172,34 +189,45 @@ def to_row(op: o.Operation, d: OpsDialect) -> tuple[Any, ...]:
     )
 
 
+# Enum members by value: a dictionary lookup instead of the Enum call, which is slow on every row
+# read; a value not among them goes through the Enum call, which raises as before.
+_EFFECT_CLASSES = {e.value: e for e in o.EffectClass}
+_STATES = {s.value: s for s in OperationState}
+_OUTCOMES = {t.value: t for t in o.TerminalOutcome}
+
+
 def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
-    r = dict(zip(COLUMNS, row, strict=True))
+    """The Operation of a row of ``COLUMNS``, read by position (every claim and decision reads one)."""
+    if len(row) != len(COLUMNS):
+        raise ValueError(f"a row of operations has {len(row)} columns, not {len(COLUMNS)}")
+    decode, optional = d.decode_time, d.optional_time
+    outcome = row[24]
     return o.Operation(
-        operation_id=r["operation_id"],
-        identity=o.Identity(r["namespace"], r["tenant"], r["principal"], r["client_key"]),
-        action_name=r["action_name"],
-        action_version=int(r["action_version"]),
-        effect_class=o.EffectClass(r["effect_class"]),
-        input_digest=r["input_digest"],
-        state=OperationState(r["state"]),
-        revision=int(r["revision"]),
-        policy=decode_policy(r["policy"]),
-        admitted_at=d.decode_time(r["admitted_at"]),
-        deadline=d.decode_time(r["deadline"]),
-        retain_until=d.decode_time(r["retain_until"]),
-        next_eligible_at=d.decode_time(r["next_eligible_at"]),
-        requires_approval=bool(r["requires_approval"]),
-        approval=decode_approval(r["approval"]),
-        fence=int(r["fence"]),
-        attempt_count=int(r["attempt_count"]),
-        owner=r["owner"],
-        lease_expires_at=d.optional_time(r["lease_expires_at"]),
-        attempt_started_at=d.optional_time(r["attempt_started_at"]),
-        effect_id=r["effect_id"],
-        outcome=None if r["outcome"] is None else o.TerminalOutcome(r["outcome"]),
-        error_code=r["error_code"],
-        result=r["result"],
-        cancel_requested_by=r["cancel_requested_by"],
+        operation_id=row[0],
+        identity=o.Identity(row[1], row[2], row[3], row[4]),
+        action_name=row[5],
+        action_version=int(row[6]),
+        effect_class=_EFFECT_CLASSES.get(row[7]) or o.EffectClass(row[7]),
+        input_digest=row[8],
+        state=_STATES.get(row[9]) or OperationState(row[9]),
+        revision=int(row[10]),
+        fence=int(row[11]),
+        attempt_count=int(row[12]),
+        policy=decode_policy(row[13]),
+        admitted_at=decode(row[14]),
+        deadline=decode(row[15]),
+        retain_until=decode(row[16]),
+        next_eligible_at=decode(row[17]),
+        requires_approval=bool(row[18]),
+        approval=decode_approval(row[19]),
+        owner=row[20],
+        lease_expires_at=optional(row[21]),
+        attempt_started_at=optional(row[22]),
+        effect_id=row[23],
+        outcome=None if outcome is None else _OUTCOMES.get(outcome) or o.TerminalOutcome(outcome),
+        error_code=row[25],
+        result=row[26],
+        cancel_requested_by=row[27],
     )
 
 

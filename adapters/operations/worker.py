@@ -33,10 +33,13 @@ external effects, history, and retention).  Rules of this module:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
 import threading
+import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -70,6 +73,11 @@ class WorkReport:
     outcome: str
     """A terminal outcome (``succeeded``, ``max_attempts_exceeded``, ...), ``retry``, or a refusal code."""
     detail: str = ""
+
+
+# A stored reference's parse is a pure function of its text (a frozen value): made once per text.
+# Only the parse: the principal behind it is resolved again before every side effect.
+_reference = functools.lru_cache(maxsize=1024)(PrincipalReference.parse)
 
 
 def default_worker_id() -> str:
@@ -131,7 +139,7 @@ class DurableOperationWorker:
             # A deployment that lost an action version must not end the Operation for good: retried
             # (within its limits) once the version is registered again; check_durable_operations finds it.
             return self._fail(credential, "action_not_registered", retryable=True, detail=exc.message)
-        reference = PrincipalReference.parse(operation.identity.principal)
+        reference = _reference(operation.identity.principal)
         resolution = self.resolvers.resolve(reference)
         if resolution.status is ResolutionStatus.UNAVAILABLE:
             return self._fail(credential, "principal_unavailable", retryable=True, detail=resolution.reason)
@@ -223,24 +231,18 @@ class DurableOperationWorker:
         Not for atomic actions: they run inside the transaction that holds the
         Operation's row, so their lease must cover them.  A refused heartbeat
         (replaced, cancelled) stops renewing; the completion is then refused
-        by the store as well.
+        by the store as well.  When this returns, no renewal is in flight and
+        none will be sent for ``credential``.
         """
-        stop = threading.Event()
-        interval = self.lease.total_seconds() / 3
-
-        def beat() -> None:
-            while not stop.wait(interval):
-                outcome = self.store.heartbeat(o.HeartbeatRequest(credential, self.lease))
-                if not isinstance(outcome, o.Decision):
-                    return
-
-        thread = threading.Thread(target=beat, name=f"{self.worker_id}-heartbeat", daemon=True)
-        thread.start()
+        if self._beater is None:
+            self._beater = _Heartbeat(self.store, self.lease, self.worker_id)
+        self._beater.start(credential)
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
+            self._beater.stop()
+
+    _beater: _Heartbeat | None = None
 
     # --- reporting ----------------------------------------------------------------------------
 
@@ -264,6 +266,75 @@ class DurableOperationWorker:
         if isinstance(outcome, o.Unchanged):
             return WorkReport(credential.operation_id, credential.fence, outcome.code.value, outcome.message)
         return _ended(outcome.operation, credential.fence)
+
+
+class _Heartbeat:
+    """One thread per worker renewing the lease of the action running now, parked between actions.
+
+    A thread per action cost more CPU than the rest of a read-only pass; this
+    one is started once and ends on its own after a while with nothing to
+    renew.  ``start`` hands it a credential, ``stop`` takes it back and waits
+    out a renewal in flight, so nothing is renewed for an action that ended.
+    """
+
+    _IDLE = 5.0
+    """Seconds with nothing to renew after which the thread ends (the next action starts another)."""
+
+    def __init__(self, store: OperationStore, lease: timedelta, worker_id: str) -> None:
+        self.store = store
+        self.lease = lease
+        self.interval = lease.total_seconds() / 3
+        self.name = f"{worker_id}-heartbeat"
+        self.changed = threading.Condition()
+        self.credential: o.Credential | None = None
+        self.generation = 0
+        self.busy = False
+        self.thread: threading.Thread | None = None
+
+    def start(self, credential: o.Credential) -> None:
+        with self.changed:
+            self.credential = credential
+            self.generation += 1
+            if self.thread is None or not self.thread.is_alive():  # not yet, ended idle, or lost in a fork
+                self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self.thread.start()
+            self.changed.notify_all()
+
+    def stop(self) -> None:
+        with self.changed:
+            self.credential = None
+            self.generation += 1
+            self.changed.notify_all()
+            while self.busy:
+                self.changed.wait()
+
+    def _run(self) -> None:
+        with self.changed:
+            while True:
+                if self.credential is None:
+                    if not self.changed.wait(self._IDLE) and self.credential is None:
+                        self.thread = None  # under the lock: the next start() sees it gone and starts one
+                        return
+                    continue
+                credential, generation = self.credential, self.generation
+                due = time.monotonic() + self.interval
+                while self.generation == generation and (left := due - time.monotonic()) > 0:
+                    self.changed.wait(left)
+                if self.generation != generation:
+                    continue
+                self.busy = True
+                self.changed.release()
+                try:
+                    renewed = isinstance(self.store.heartbeat(o.HeartbeatRequest(credential, self.lease)), o.Decision)
+                except Exception:
+                    renewed = False
+                    traceback.print_exc()  # as the thread's own death printed it: renewing this action stops
+                finally:
+                    self.changed.acquire()
+                    self.busy = False
+                    self.changed.notify_all()
+                if not renewed and self.generation == generation:
+                    self.credential = None  # refused (replaced, cancelled): stop renewing this action
 
 
 def _ended(operation: o.Operation, attempt: int | None) -> WorkReport:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from fencekeeper.adapters.testing.operations_suite import (
     World,
     run_operation_state_machine,
 )
+from fencekeeper.kernel import operations as o
 
 
 class TestMemoryOperationStore(OperationStoreTests):
@@ -50,3 +52,39 @@ def test_a_long_external_action_keeps_its_lease_by_heartbeats() -> None:
     report = worker.run_once()
     assert report is not None and report.outcome == "succeeded", report
     assert any(line.event == "heartbeat" for line in world.service.history(op_id))
+
+
+def test_one_heartbeat_thread_renews_each_action_and_nothing_after_it() -> None:
+    """The worker's heartbeat thread outlives an action; it renews the next one's lease, and never one that ended."""
+    world = World(MemoryOperationStore(SystemClock()), ManualClock())
+    original = world.provider.capture
+    renewals: list[str] = []
+    heartbeat = world.store.heartbeat
+
+    def counted(request: o.HeartbeatRequest) -> o.Outcome:
+        renewals.append(request.credential.operation_id)
+        return heartbeat(request)
+
+    world.store.heartbeat = counted  # type: ignore[method-assign]
+
+    def slow_capture(key: str, amount: int) -> str:
+        time.sleep(0.4)  # longer than the lease: only heartbeats keep it
+        return original(key, amount)
+
+    world.provider.capture = slow_capture  # type: ignore[method-assign]
+    worker = DurableOperationWorker(
+        world.store, world.actions, world.resolvers, tenant=TENANT, worker_id="w-renewing", lease=timedelta(milliseconds=300)
+    )
+    ids = []
+    for n in (1, 2):
+        ids.append(world.service.submit(
+            tenant=TENANT, principal=ALICE, action="capture_unapproved", input={"order": f"o-{n}", "amount": 1},
+            client_key=f"slow-{n}",
+        ).operation_id)
+        report = worker.run_once()
+        assert report is not None and report.outcome == "succeeded", report
+    assert set(renewals) == set(ids)  # each action's lease was renewed, by the one thread
+    after = len(renewals)
+    time.sleep(0.35)  # three renewal intervals with no action running
+    assert len(renewals) == after
+    assert [t.name for t in threading.enumerate()].count("w-renewing-heartbeat") == 1
