@@ -128,12 +128,29 @@ def test_the_trace_counter_reads_libpq_trace_lines(tmp_path: Path) -> None:
             "B\t5\tReadyForQuery\t T",
             'B\t11\tCommandComplete\t "COMMIT"',
             "B\t5\tReadyForQuery\t I",
+            # fencekeeper's due-timer lookup, prepared, then run twice in autocommit: counted apart,
+            # neither a round trip, a statement nor a transaction of any execution.
+            f'F\t90\tParse\t "fencekeeper_9" "{e2e.TIMER_LOOKUP} JOIN objects o" 0',
+            "F\t4\tSync",
+            "B\t4\tParseComplete",
+            "B\t5\tReadyForQuery\t I",
+            *[
+                line
+                for _ in range(2)
+                for line in (
+                    'F\t30\tBind\t "" "fencekeeper_9" 0',
+                    'F\t9\tExecute\t "" 0',
+                    "F\t4\tSync",
+                    'B\t13\tCommandComplete\t "SELECT 0"',
+                    "B\t5\tReadyForQuery\t I",
+                )
+            ],
         ]
     )
     (tmp_path / "trace-1-0.txt").write_text(trace + "\n", encoding="utf-8")
     (tmp_path / "other.txt").write_text('F\t10\tQuery\t "BEGIN"\n', encoding="utf-8")
     count = e2e.count_trace(tmp_path)
-    assert count == e2e.TraceCount(round_trips=6, statements=8, transactions=3)
+    assert count == e2e.TraceCount(round_trips=6, statements=8, transactions=3, timer_lookups=2)
 
 
 def test_the_traced_entry_runs_the_real_command_line(tmp_path: Path) -> None:
