@@ -14,16 +14,7 @@ from fencekeeper.kernel.canonical import canonical_bytes, digest_bytes, parse_ca
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.journal_codes import JournalError
 
-from .examples import Driver, bind, fresh, invalidate_screening, reviewed, stored
-
-
-@pytest.fixture(scope="module")
-def chain() -> tuple[j.Journal, bytes, list[bytes]]:
-    driver = reviewed(Driver(fresh()))
-    invalidate_screening(driver)
-    bind(driver, fresh("review-2", supersedes="review-1"))
-    header, events = stored(driver.journal)
-    return driver.journal, header, events
+from .examples import Driver, fresh, reviewed, stored
 
 
 def replay(journal: j.Journal, header: bytes, events: list[bytes]) -> j.Journal:

@@ -24,8 +24,6 @@ from fencekeeper.kernel.canonical import digest_bytes, parse_canonical, record_b
 from fencekeeper.kernel.journal_codes import JournalError
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
-from .examples import Driver, bind, fresh, invalidate_screening, reviewed, stored
-
 Outcome = tuple[str, object]
 
 
@@ -57,15 +55,6 @@ def _agree(data: bytes) -> bool:
         event = outcome[1][0]  # type: ignore[index]
         assert request == j.request_digest(j._command_of([event]))
     return journal_codec._read_plain_transition(data) is not None
-
-
-@pytest.fixture(scope="module")
-def chain() -> tuple[j.Journal, bytes, list[bytes]]:
-    driver = reviewed(Driver(fresh()))
-    invalidate_screening(driver)
-    bind(driver, fresh("review-2", supersedes="review-1"))
-    header, events = stored(driver.journal)
-    return driver.journal, header, events
 
 
 def test_every_event_of_a_chain_reads_alike_and_plain_transitions_take_the_fast_reader(
