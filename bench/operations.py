@@ -13,6 +13,8 @@ median of the rounds' own ratios.
    Beside it, a bare loop of ``UPDATE ...; COMMIT`` on as many connections,
    each updating its own row.  Target (issue 17): at 8 workers on
    PostgreSQL at least 25% of the bare commit rate.
+   The same loop also runs in 8 threads of one process sharing one store
+   (``op worker --concurrency 8``'s shape), beside the same bare loop.
 2. Submission alone, one process: ``submit`` with an idempotency key (the
    identity's lock, the lookup, the insert of the operation, its identity
    and its transition) beside a bare single-row ``INSERT; COMMIT``.  Target:
@@ -28,6 +30,7 @@ import os
 import sqlite3
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -75,6 +78,41 @@ def _ops_worker(url: str, name: str, seconds: float, barrier: Any, counts: mp.Qu
         done += 1
     store.close()
     counts.put(done)
+
+
+THREADS = 8
+
+
+def _ops_threads(url: str, name: str, seconds: float, barrier: Any, counts: mp.Queue) -> None:  # type: ignore[type-arg]
+    """``_ops_worker``'s loop in THREADS threads of one process sharing one store, as ``op worker --concurrency``."""
+    store = open_operation_store(url, pool_size=THREADS)
+    resolvers = examples.resolvers()
+    service = DurableOperationService(store, _actions(), resolvers)
+    done = [0] * THREADS
+    start = threading.Barrier(THREADS + 1)
+
+    def loop(k: int) -> None:
+        tenant = f"{name}-t{k}"
+        worker = DurableOperationWorker(store, _actions(), resolvers, tenant=tenant, worker_id=tenant,
+                                        lease=timedelta(seconds=60))
+        start.wait()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            service.submit(tenant=tenant, principal=ALICE, action="noop", input={"n": done[k]},
+                           client_key=f"{tenant}-{done[k]}")
+            report = worker.run_once()
+            assert report is not None and report.outcome == "succeeded", report
+            done[k] += 1
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start.wait()
+    for thread in threads:
+        thread.join()
+    store.close()
+    counts.put(sum(done))
 
 
 def _submitter(url: str, name: str, seconds: float, barrier: Any, counts: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -181,14 +219,23 @@ def main() -> None:
             for workers in (1, 8):
                 _report(f"{backend} {workers} worker(s): operations submitted and completed",
                         "bare commits", _pairs(_ops_worker, _bare, url, workers, args))
+            # Eight workers as `fencekeeper op worker --concurrency 8` runs them: threads of one
+            # process; the bare loop beside it is the same eight connections' as above.
+            _report(f"{backend} 1 process of {THREADS} worker threads: operations submitted and completed",
+                    f"bare commits ({THREADS} connections)",
+                    _pairs(_ops_threads, _bare, url, (1, THREADS), args))
             _report(f"{backend} submission with an idempotency key", "bare single-row inserts",
                     _pairs(_submitter, _bare_insert, url, 1, args))
 
 
-def _pairs(ours: object, bare: object, url: str, workers: int, args: argparse.Namespace) -> list[tuple[float, float]]:
+def _pairs(
+    ours: object, bare: object, url: str, workers: int | tuple[int, int], args: argparse.Namespace
+) -> list[tuple[float, float]]:
     """Each round measures ours and then the bare loop right after it: the disk under other load changes
-    its fsync time from one minute to the next, so a ratio is taken within a round, never across rounds."""
-    return [(_run(ours, url, workers, args.seconds), _run(bare, url, workers, args.seconds)) for _ in range(args.rounds)]
+    its fsync time from one minute to the next, so a ratio is taken within a round, never across rounds.
+    ``workers``: processes of each, or (ours, the bare loop's) when they differ."""
+    mine, theirs = workers if isinstance(workers, tuple) else (workers, workers)
+    return [(_run(ours, url, mine, args.seconds), _run(bare, url, theirs, args.seconds)) for _ in range(args.rounds)]
 
 
 def _report(what: str, reference: str, pairs: list[tuple[float, float]]) -> None:
