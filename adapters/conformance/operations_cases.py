@@ -71,18 +71,6 @@ def decide_operation(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _shift(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _shift(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_shift(v) for v in value]
-    if isinstance(value, str):
-        moment = wire.parse_time(value)
-        if isinstance(moment, datetime) and moment.tzinfo is not None:
-            return wire.time_text(moment + SHIFT)
-    return value
-
-
 def _explored_calls() -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
@@ -108,7 +96,7 @@ def _explored_calls() -> list[dict[str, Any]]:
     for bounds in MODEL_BOUNDS:
         result = opsmodel.explore(bounds, proto)
         assert result.violation is None, result.violation
-    return [_shift(call) for call in calls]
+    return [wire.shift_times(call, SHIFT) for call in calls]
 
 
 def _case(case_id: str, data: dict[str, Any]) -> Case:

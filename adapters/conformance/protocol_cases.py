@@ -577,19 +577,6 @@ def _row_args(name: str, args: tuple[Any, ...]) -> tuple[World, Any, Any]:
     return World("model", execution, dispatch, registration), request, now
 
 
-def _shift(value: Any) -> Any:
-    """Every time in a JSON value moved by MODEL_SHIFT (relative order and distances are kept)."""
-    if isinstance(value, dict):
-        return {k: _shift(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_shift(v) for v in value]
-    if isinstance(value, str):
-        moment = wire.parse_time(value)
-        if isinstance(moment, datetime) and moment.tzinfo is not None:
-            return wire.time_text(moment + MODEL_SHIFT)
-    return value
-
-
 def model_cases() -> list[Case]:
     """Decisions the model checker makes while it explores, a few per (decision, outcome, code).
 
@@ -623,7 +610,9 @@ def model_cases() -> list[Case]:
         rows = {"execution": wire.execution(world.execution), "dispatch": wire.dispatch(world.dispatch)}
         if name == "wake":
             rows["registration"] = wire.registration(world.registration)
-        data = _shift({"decision": name, "rows": rows, "request": _request_json(request), "now": wire.time_text(now)})
+        data = wire.shift_times(
+            {"decision": name, "rows": rows, "request": _request_json(request), "now": wire.time_text(now)}, MODEL_SHIFT
+        )
         found.setdefault(json.dumps(data, sort_keys=True), data)
     by_outcome: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for text in sorted(found):

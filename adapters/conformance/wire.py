@@ -69,6 +69,19 @@ def parse_time(value: Json) -> Any:
     return parsed
 
 
+def shift_times(value: Json, by: timedelta) -> Json:
+    """``value`` with every time in it (at any depth) moved by ``by``; relative order and distances kept."""
+    if isinstance(value, dict):
+        return {k: shift_times(v, by) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shift_times(v, by) for v in value]
+    if isinstance(value, str):
+        moment = parse_time(value)
+        if isinstance(moment, datetime) and moment.tzinfo is not None:
+            return time_text(moment + by)
+    return value
+
+
 def duration_us(value: timedelta | None) -> int | None:
     if value is None:
         return None

@@ -19,6 +19,7 @@ from pathlib import Path
 from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.testing.roundtrips import ONE_NODE
 from fencekeeper.adapters.testing.suite import admit, claim, decided, finalize_request, wait_spec
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import protocol as p
@@ -29,18 +30,6 @@ BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
 WORK = 5
 
-ONE_NODE = """
-id = "one-node"
-revision = 1
-start = "done"
-inputs = []
-
-[[nodes]]
-id = "done"
-kind = "end"
-revision = 1
-outcome = "succeeded"
-"""
 
 
 def _timer_and_work(store: SQLiteStore, clock: ManualClock) -> None:
