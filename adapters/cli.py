@@ -1050,7 +1050,8 @@ def _release(
     say: Callable[..., None],
 ) -> None:
     view = store.read(execution_id)
-    if view is None or lease_token is None:
+    if view is None or lease_token is None or view.execution.state is not ExecutionState.RUNNING:
+        # Nothing to hand back: the visits composed into the same transaction finished it.
         return
     credential = p.LeaseCredential(worker_id, lease_token, view.execution.fence)
     outcome = store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))

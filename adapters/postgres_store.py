@@ -904,6 +904,79 @@ def _run(
     return _Rows(rows, -1 if count is None else count)
 
 
+def _run_pair(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    first: tuple[str, Sequence[object]],
+    second: tuple[str, Sequence[object]],
+    *,
+    begin: bool = False,
+) -> tuple[_Rows, _Rows]:
+    """Run two statements of the store in one exchange (pipeline mode, one sync), as :func:`_run` runs one.
+
+    The second runs only if the first succeeded (a failed statement aborts
+    the rest of its pipeline); the first's error is raised as ``_run``
+    raises it, and the transaction is left for its caller to end.  With
+    ``begin``, a ``BEGIN`` goes ahead of both.  A write and the read of what
+    it leaves cost one round trip this way instead of two.
+    """
+    session = _SESSIONS.get(conn)
+    if session is None:
+        session = _SESSIONS[conn] = _Session(conn)
+    tx = session.transformer
+    pgconn = conn.pgconn
+    with session.lock:
+        sends = []
+        for sql, params in (first, second):
+            values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
+            types, formats = tx.types or (), tx.formats
+            query = _numbered(sql)
+            name = session.names.get((query, types))
+            if name is None and len(session.names) < PREPARED_MAX:
+                name = f"fencekeeper_{next(_NAMES)}".encode()
+                pgconn.send_prepare(name, query, param_types=types)
+                _result(conn, session, session.wait(conn, generators.execute(pgconn)))
+                session.names[(query, types)] = name
+            sends.append((query, name, values, types, formats))
+        pgconn.enter_pipeline_mode()
+        try:
+            if begin:
+                pgconn.send_query_params(b"BEGIN", None)
+            for query, name, values, types, formats in sends:
+                if name is None:
+                    pgconn.send_query_params(query, values, param_types=types, param_formats=formats, result_format=_BINARY)
+                else:
+                    pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
+            pgconn.pipeline_sync()
+            began, one, two, synced = session.wait(conn, _pair_results(pgconn, begin))
+            if not _only_sync(synced):
+                raise psycopg.OperationalError(f"the server ended the session during a pipelined exchange: {synced}")
+            pgconn.exit_pipeline_mode()
+        except BaseException:
+            # Cut short: the connection's state is unknown, so it is closed and the pool replaces it.
+            conn.pgconn.finish()
+            raise
+        if began is not None:
+            _result(conn, session, began)
+        rows = []
+        for results in (one, two):
+            # The first's error is raised before the second, skipped by it, is looked at.
+            result = _result(conn, session, results)
+            tx.set_pgresult(result)
+            count = result.command_tuples
+            rows.append(_Rows(tx.load_rows(0, result.ntuples, tuple), -1 if count is None else count))
+    return rows[0], rows[1]
+
+
+def _pair_results(pgconn: pq.abc.PGconn, begin: bool) -> Any:
+    # As _pipeline_results: send everything, then each command's results and the sync.
+    yield from generators.send(pgconn)
+    began = (yield from generators.fetch_many(pgconn)) if begin else None
+    one = yield from generators.fetch_many(pgconn)
+    two = yield from generators.fetch_many(pgconn)
+    synced = yield from generators.fetch_many(pgconn)
+    return began, one, two, synced
+
+
 def _pipelined(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     session: _Session,
@@ -1142,6 +1215,9 @@ class _PostgresBackend(SqlBackend):
         # (write_last), and the one kept: sent by commit_kept when the transaction ends.
         self._keeping: tuple[p.Decision, tuple[Evidence, ...]] | None = None
         self.kept: _Kept | None = None
+        # The read sent in the same exchange as a decision's write (write_and_view), and its rows.
+        self._read_after: tuple[str, Sequence[object]] | None = None
+        self._read_rows: _Rows | None = None
 
     @contextlib.contextmanager
     def _batch(self) -> Iterator[None]:
@@ -1171,7 +1247,13 @@ class _PostgresBackend(SqlBackend):
             return
         counts = [0] * len(parts)
         begin = self._opening()
-        for (part,) in _run(self.conn, statement, self._params, begin=begin).rows:
+        if self._read_after is not None:
+            # The read of what the writes leave travels with them (write_and_view).
+            sql, params = self._read_after
+            written, self._read_rows = _run_pair(self.conn, (statement, self._params), (sql, params), begin=begin)
+        else:
+            written = _run(self.conn, statement, self._params, begin=begin)
+        for (part,) in written.rows:
             counts[part] += 1
         for (_, deferred), count in zip(parts, counts, strict=True):
             deferred.rowcount = count
@@ -1347,6 +1429,24 @@ class _PostgresBackend(SqlBackend):
         if dispatch is not None and dispatch.dispatch_state == DispatchState.ELIGIBLE:
             self.made_eligible = True
         return True
+
+    def write_and_view(
+        self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
+    ) -> tuple[bool, VisitView | None]:
+        # The decision's one write statement and the view's one read, in one exchange: the read
+        # runs only if the write did, and what it sees is discarded when a guard did not hold.
+        sql, params = self._visit_view_statement(execution_id)
+        self._read_after, self._read_rows = (self._sql(sql), params), None
+        try:
+            written = self.write(decision, evidence, now)
+        finally:
+            self._read_after = None
+        rows, self._read_rows = self._read_rows, None
+        if not written:
+            return False, None
+        if rows is None:
+            return True, self.view_so_far(execution_id)
+        return True, self._visit_view_from(execution_id, rows.rows)
 
     def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         # An admission's writes are inserts only: no part's row count is

@@ -210,6 +210,10 @@ class SqlBackend(Backend):
         # The same one statement as a visit's read, the transaction's last.
         return self.visit_view(execution_id, last=True)
 
+    def view_so_far(self, execution_id: str) -> VisitView | None:
+        # The same one statement, with the transaction going on after it.
+        return self.visit_view(execution_id)
+
     def _execute_last(self, sql: str, params: Sequence[object]) -> Any:
         """A transaction's last statement; a store may send its COMMIT with it (then it has committed)."""
         return self._execute(sql, params)
@@ -221,7 +225,11 @@ class SqlBackend(Backend):
         each beside the execution's current revision and dispatch row.
         ``last``: the statement ends a write transaction (:meth:`view_at_commit`).
         """
-        rows = (self._execute_last if last else self._execute)(
+        sql, params = self._visit_view_statement(execution_id)
+        return self._visit_view_from(execution_id, (self._execute_last if last else self._execute)(sql, params).fetchall())
+
+    def _visit_view_statement(self, execution_id: str) -> tuple[str, tuple[object, ...]]:
+        return (
             "SELECT x.body, d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, "
             "d.step_count, d.last_error_code, e.object_id, e.object_type, v.body, e.revision, e.state "
             "FROM objects o JOIN object_revisions x ON x.object_id = o.object_id AND x.revision = o.revision "
@@ -231,7 +239,9 @@ class SqlBackend(Backend):
             f"WHERE o.object_id = ? AND o.object_type = '{EXECUTION_TYPE}' "
             "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) ORDER BY e.{seq}",
             (execution_id, self.business_id, self.business_id),
-        ).fetchall()
+        )
+
+    def _visit_view_from(self, execution_id: str, rows: Sequence[Sequence[Any]]) -> VisitView | None:
         if not rows:
             return None
         first = rows[0]

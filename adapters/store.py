@@ -12,6 +12,12 @@ Rules of this module:
   kernel's precise refusal rather than a generic conflict.
 - Refusals and ``Unchanged`` outcomes write nothing; a refused request
   leaves the store exactly as it was.
+- A composed transaction (``claim_and_visit``, ``record_step_and_visit``;
+  specs/protocol.md, "Composed decisions") carries a claim or a step and the
+  visits after it that call no handler: each is the kernel's decision on
+  the rows as the one before it left them, written under its own guard,
+  and all of them commit together or not at all.  The planner that names
+  each next visit runs inside the transaction and must not use the store.
 - Evidence (step attempts, outcomes, command links) is committed in the
   same transaction as the decision it belongs to: seed 000 allows a separate
   transaction, every store here provides the stronger boundary.
@@ -160,6 +166,51 @@ class VisitView:
     dispatch: p.Dispatch
     evidence: tuple[Evidence, ...]
     """The current revision of every evidence object, in creation order."""
+
+
+@attrs.frozen
+class NextVisit:
+    """A visit's decision that calls no handler, applied in the transaction of the decision before it.
+
+    Composed decisions (specs/protocol.md, "Composed decisions"): ``kind``
+    is ``step`` (:func:`~fencekeeper.kernel.protocol.record_step`, with
+    ``request`` a StepRequest) or ``finish``
+    (:func:`~fencekeeper.kernel.protocol.finalize`, with a FinalizeRequest).
+    ``plan`` is the caller's own, handed back untouched with the outcome.
+    """
+
+    kind: str
+    request: p.StepRequest | p.FinalizeRequest
+    evidence: tuple[Evidence, ...]
+    plan: Any = None
+
+
+Planner = Callable[[VisitView, datetime, p.LeaseCredential], NextVisit | None]
+"""Plans the next visit from the execution as the transaction has it so far, at the transaction's time,
+under the worker's credential; None ends the transaction there.  It runs inside the transaction, holding
+the execution's row locks: it must be quick and must not use the store."""
+
+
+@attrs.frozen
+class Composed:
+    """What a composed transaction committed: its first decision, each next visit's, and the view it left."""
+
+    outcome: p.Outcome | None
+    """The first decision's outcome (the claim's, or the step's); None when a claim found nothing due."""
+    followed: tuple[tuple[NextVisit, p.Outcome], ...] = ()
+    """Each next visit planned in the transaction, with its outcome, in order.  A refusal is the last:
+    nothing of it was written, and what came before it committed."""
+    view: VisitView | None = None
+    """The execution as the transaction left it, while it may still be running under the lease; None
+    when the last decision finalized it or was refused."""
+
+
+MAX_COMPOSED = 16
+"""The most next visits one transaction carries.
+
+Each is a node visit that calls no handler (a condition, an end); a
+definition's run of them is short, and the step limit (100) bounds any
+run anyway.  The bound keeps one transaction's row locks brief."""
 
 
 # --- the port -----------------------------------------------------------------------
@@ -390,6 +441,25 @@ class Backend(abc.ABC):
             return None
         return VisitView(execution, dispatch, tuple(self.execution_evidence(execution_id)))
 
+    def write_and_view(
+        self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
+    ) -> tuple[bool, VisitView | None]:
+        """:meth:`write`, then :meth:`view_so_far` when it held (a store may send both in one exchange)."""
+        if not self.write(decision, evidence, now):
+            return False, None
+        return True, self.view_so_far(execution_id)
+
+    def view_so_far(self, execution_id: str) -> VisitView | None:
+        """The execution's :class:`VisitView` as this transaction has it so far, which goes on after it.
+
+        What a composed decision plans its next visit from: read after the
+        writes before it, under the row locks they hold.
+        """
+        execution, dispatch = self.load(execution_id)
+        if execution is None or dispatch is None:
+            return None
+        return VisitView(execution, dispatch, tuple(self.execution_evidence(execution_id)))
+
     @abc.abstractmethod
     def load_evidence(self, object_id: str) -> Evidence | None:
         """The current revision of an evidence object."""
@@ -468,11 +538,88 @@ def _apply(tx: Backend, decision: p.Decision, evidence: Sequence[Evidence], now:
         raise _GuardFailed
 
 
+def _finalized(
+    tx: Backend,
+    now: datetime,
+    rows: tuple[p.Execution | None, p.Dispatch | None],
+    request: p.FinalizeRequest,
+    evidence: Sequence[Evidence],
+) -> p.Outcome | _Written:
+    """A finalization decided on ``rows`` (the execution and its dispatch row) as this transaction has them.
+
+    A waiting target first looks for Events that already match its
+    registration, and one found wakes the waiter in the same transaction
+    (:meth:`TransactionalStore.finalize`).  Returns the kernel's outcome
+    for the caller to write, or ``_Written`` when it wrote it here.
+    """
+    outcome = p.finalize(*rows, request, now)
+    wait = request.wait
+    if not isinstance(outcome, p.Decision) or outcome.registration is None or wait is None:
+        return outcome
+    registration = outcome.registration
+    found = tx.matching_events(wait, registration.business_id)
+    if not found:
+        return outcome
+    _apply(tx, outcome, evidence, now)
+    event = found[0]
+    woke = p.wake(
+        outcome.execution,
+        outcome.dispatch,
+        registration,
+        p.WakeRequest(
+            key=registration.key,
+            reason=p.WakeReason.EVENT,
+            source_id=event.event_id,
+            business_id=event.business_id,
+            authority=request.authority,
+            event_type=event.event_type,
+            correlation=projection(wait, event),
+        ),
+        now,
+    )
+    if isinstance(woke, p.Decision):
+        # The attempt's newest revision is in this very decision's evidence.
+        latest = [item for item in evidence if item.object_id == registration.key.attempt_id]
+        completed = attempts.completed_by_wake(
+            latest[-1] if latest else None, p.WakeReason.EVENT.value, event.event_id, _event_outputs(event)
+        )
+        _apply(tx, woke, completed, now)
+    return _Written(outcome)
+
+
 def _wake_evidence(
     tx: Backend, key: p.WaitKey, reason: p.WakeReason, source_id: str, outputs: Mapping[str, Any]
 ) -> list[Evidence]:
     """The waiting attempt completes with what woke it (seed 000: the wake commits its evidence)."""
     return list(attempts.completed_by_wake(tx.load_evidence(key.attempt_id), reason.value, source_id, outputs))
+
+
+def _written_then_viewed(
+    tx: Backend, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
+) -> VisitView | None:
+    """Write ``decision`` under its guard (or unwind), then read the view it leaves, in one exchange where the store can."""
+    written, view = tx.write_and_view(
+        decision, (*evidence, *decision.objects) if decision.objects else evidence, now, execution_id
+    )
+    if not written:
+        raise _GuardFailed
+    return view
+
+
+def _composable(visit: NextVisit) -> bool:
+    """Whether ``visit`` may join the transaction of the decision before it.
+
+    A finalization to waiting for an Event takes the Event topic's lock,
+    which comes before any row's in the one lock order of every store; a
+    transaction already holding the execution's rows must not take it, so
+    that visit is left to a transaction of its own.
+    """
+    if visit.kind == "step":
+        return True
+    request = visit.request
+    return visit.kind == "finish" and isinstance(request, p.FinalizeRequest) and not (
+        isinstance(request.wait, p.WaitSpec) and isinstance(request.wait.event_type, str)
+    )
 
 
 Decide = Callable[[Backend, datetime], "p.Outcome | _Written | None"]
@@ -681,6 +828,94 @@ class TransactionalStore(abc.ABC):
         assert outcome is not None
         return outcome, (view[0] if view else None)
 
+    # --- composed decisions (specs/protocol.md, "Composed decisions") ------------------
+
+    def claim_and_visit(
+        self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None
+    ) -> Composed:
+        """:meth:`claim_for_visit`, and the visits after it that call no handler, in the claim's transaction.
+
+        ``plan`` is asked for the next visit on the view the claim wrote, and
+        again after each step it plans; each visit's decision is the kernel's,
+        on the rows as the decision before it left them, under its own guard.
+        The transaction commits all of them or none.
+        """
+
+        def first(tx: Backend, now: datetime) -> p.Outcome | None:
+            execution_id = tx.next_eligible(now, business_id)
+            if execution_id is None:
+                return None
+            return p.claim(*tx.load(execution_id), request, now)
+
+        return self._compose(first, (), plan, claim=_Claim(business_id))
+
+    def record_step_and_visit(
+        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner
+    ) -> Composed:
+        """:meth:`record_step_for_visit`, and the visits after it that call no handler, in the step's transaction."""
+        return self._compose(
+            lambda tx, now: p.record_step(*tx.load(execution_id), request, now),
+            evidence,
+            plan,
+            lock=execution_id,
+            credential=request.credential,
+        )
+
+    def _compose(
+        self,
+        first: Callable[[Backend, datetime], p.Outcome | None],
+        evidence: Sequence[Evidence],
+        plan: Planner,
+        *,
+        lock: str | None = None,
+        claim: _Claim | None = None,
+        credential: p.LeaseCredential | None = None,
+    ) -> Composed:
+        def decide(tx: Backend, now: datetime) -> _Written:
+            outcome = first(tx, now)
+            if not isinstance(outcome, p.Decision) or outcome.execution is None:
+                return _Written(Composed(outcome))
+            execution_id = outcome.execution.execution_id
+            view = _written_then_viewed(tx, outcome, evidence, now, execution_id)
+            held = outcome.lease if outcome.lease is not None else credential
+            assert held is not None
+            followed: list[tuple[NextVisit, p.Outcome]] = []
+            for _ in range(MAX_COMPOSED):
+                visit = None if view is None else plan(view, now, held)
+                if view is None or visit is None or not _composable(visit):
+                    break
+                result, view = self._next_visit(tx, now, view, visit)
+                followed.append((visit, result))
+                if not isinstance(result, p.Decision) or visit.kind != "step":
+                    break
+            return _Written(Composed(outcome, tuple(followed), view))
+
+        composed = self._run(decide, lock=lock, claim=claim)
+        assert isinstance(composed, Composed)
+        return composed
+
+    @staticmethod
+    def _next_visit(tx: Backend, now: datetime, view: VisitView, visit: NextVisit) -> tuple[p.Outcome, VisitView | None]:
+        """Decide ``visit`` on ``view`` (this transaction's rows so far) and write it under its guard.
+
+        Returns its outcome and, after a step, the view it leaves.
+        """
+        request = visit.request
+        if visit.kind == "step":
+            assert isinstance(request, p.StepRequest)
+            outcome = p.record_step(view.execution, view.dispatch, request, now)
+            if not isinstance(outcome, p.Decision):
+                return outcome, None
+            execution_id = view.execution.execution_id
+            return outcome, _written_then_viewed(tx, outcome, visit.evidence, now, execution_id)
+        assert visit.kind == "finish" and isinstance(request, p.FinalizeRequest)
+        decided = _finalized(tx, now, (view.execution, view.dispatch), request, visit.evidence)
+        if isinstance(decided, _Written):
+            return decided.outcome, None
+        if isinstance(decided, p.Decision):
+            _apply(tx, decided, (*visit.evidence, *decided.objects) if decided.objects else visit.evidence, now)
+        return decided, None
+
     def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome:
         """Apply :func:`~fencekeeper.kernel.protocol.renew` in one transaction."""
         return self._one(lambda tx, now: p.renew(*tx.load(execution_id), request, now), lock=execution_id)
@@ -705,43 +940,10 @@ class TransactionalStore(abc.ABC):
         data before releasing'.  A match found here wakes the waiter in the
         same transaction, so the Event that came first is never missed.
         """
-        wait = request.wait
-
         def decide(tx: Backend, now: datetime) -> p.Outcome | _Written:
-            execution, dispatch = tx.load(request.execution_id)
-            outcome = p.finalize(execution, dispatch, request, now)
-            if not isinstance(outcome, p.Decision) or outcome.registration is None or wait is None:
-                return outcome
-            registration = outcome.registration
-            found = tx.matching_events(wait, registration.business_id)
-            if not found:
-                return outcome
-            _apply(tx, outcome, evidence, now)
-            event = found[0]
-            woke = p.wake(
-                outcome.execution,
-                outcome.dispatch,
-                registration,
-                p.WakeRequest(
-                    key=registration.key,
-                    reason=p.WakeReason.EVENT,
-                    source_id=event.event_id,
-                    business_id=event.business_id,
-                    authority=request.authority,
-                    event_type=event.event_type,
-                    correlation=projection(wait, event),
-                ),
-                now,
-            )
-            if isinstance(woke, p.Decision):
-                # The attempt's newest revision is in this very decision's evidence.
-                latest = [item for item in evidence if item.object_id == registration.key.attempt_id]
-                completed = attempts.completed_by_wake(
-                    latest[-1] if latest else None, p.WakeReason.EVENT.value, event.event_id, _event_outputs(event)
-                )
-                _apply(tx, woke, completed, now)
-            return _Written(outcome)
+            return _finalized(tx, now, tx.load(request.execution_id), request, evidence)
 
+        wait = request.wait
         topic = (
             (request.business_id, wait.event_type)
             if isinstance(wait, p.WaitSpec) and isinstance(wait.event_type, str)
@@ -870,6 +1072,13 @@ class TransactionalStore(abc.ABC):
         if revision is not None:
             self._remember_definition(key, result)
         return result
+
+    def known_definition(self, business_id: str, definition_id: str, revision: int) -> d.Definition | None:
+        """A registered revision :meth:`load_definition` already keeps in memory, without a read; None otherwise.
+
+        What a planner inside a transaction may use (it must not use the store).
+        """
+        return self._definitions.get((business_id, definition_id, revision))
 
     def _remember_definition(self, key: tuple[str, str, int | None], definition: d.Definition) -> None:
         """Keep a registered revision, found by its number, in memory (it never changes)."""
@@ -1028,11 +1237,15 @@ class TransactionalStore(abc.ABC):
 
 
 __all__ = [
+    "MAX_COMPOSED",
     "Backend",
     "Clock",
+    "Composed",
     "Evidence",
     "ExecutionView",
     "ManualClock",
+    "NextVisit",
+    "Planner",
     "PublishResult",
     "Store",
     "StoreError",

@@ -10,6 +10,12 @@ Rules of this module:
   plan, asks the AuthorityPolicy the questions the plan needs, and hands the
   plan to the store as protocol requests under its lease credential.  The
   store applies each under its guard, in one transaction, or not at all.
+- A visit that calls no handler (a condition, an end) is planned inside the
+  transaction of the claim or step before it and joins it (specs/protocol.md,
+  "Composed decisions"): the kernel decides it on the rows that transaction
+  wrote, under its own guard, and the transaction commits both or neither.
+  A visit that calls a handler never joins: its intent commits in a
+  transaction of its own, and the handler runs outside every transaction.
 - A pass first fires due one-time wakes (while every pass finds work, at
   most once per ``timer_interval``; a pass that finds none always looks),
   then claims eligible executions in the store's order (eligible_at, then id) and drives each until it leaves
@@ -34,18 +40,19 @@ from __future__ import annotations
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import attrs
 
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler
-from .store import TransactionalStore, VisitView
+from .store import NextVisit, TransactionalStore, VisitView
 
 MIN_LEASE: Final = timedelta(seconds=1)
 """The shortest lease a worker takes.
@@ -186,7 +193,6 @@ class Worker:
     """The process clock that paces the lookups; never the time of a decision."""
     _queue_busy: bool = attrs.field(default=False, init=False)
     _timers_looked_at: float = attrs.field(default=0.0, init=False)
-    _committed_view: VisitView | None = attrs.field(default=None, init=False)
 
     def _tell(
         self,
@@ -232,12 +238,14 @@ class Worker:
             self._look_for_timers(report)
             looked = True
         self._queue_busy = False
-        view: VisitView | None = None
         while max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
-            outcome, view = self.store.claim_for_visit(
-                p.ClaimRequest(self.worker_id, self.make_token(), self.lease), business_id=self.business_id
+            composed = self.store.claim_and_visit(
+                p.ClaimRequest(self.worker_id, self.make_token(), self.lease),
+                self._plan_next,
+                business_id=self.business_id,
             )
+            outcome = composed.outcome
             if outcome is None:
                 if not looked:
                     self._look_for_timers(report)
@@ -253,7 +261,7 @@ class Worker:
                 f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}",
                 fence=outcome.lease.fence,
             )
-            self.drive(execution_id, outcome.lease, report, view)
+            self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
         else:
             self._queue_busy = True
         return report
@@ -263,20 +271,28 @@ class Worker:
         self.fire_due_timers(report)
 
     def drive(
-        self, execution_id: str, credential: p.LeaseCredential, report: PassReport, view: VisitView | None = None
+        self,
+        execution_id: str,
+        credential: p.LeaseCredential,
+        report: PassReport,
+        view: VisitView | None = None,
+        followed: Sequence[tuple[NextVisit, p.Outcome]] = (),
     ) -> None:
         """Visit nodes under ``credential`` until the execution leaves running or a request is refused.
 
-        ``view`` is the execution as the claim committed it; after each step,
-        the view that step's transaction committed is used in the same way.
-        A visit reads the execution only when it has neither.
+        ``view`` is the execution as the claim's transaction committed it,
+        and ``followed`` the visits composed into that transaction (they are
+        reported first); after each step, the view and the visits of that
+        step's transaction are used in the same way.  A visit reads the
+        execution only when it has no view.
         """
         while True:
+            if followed and not self._report_followed(execution_id, credential, report, followed):
+                return
             if view is None or self.stopping():
                 view = self.store.read_for_visit(execution_id)
             if view is None or view.execution.state != ExecutionState.RUNNING:
                 return
-            execution = view.execution
             expires = view.dispatch.lease_expires_at
             if expires is not None and expires - self.store.clock.now() < self.lease / 2:
                 renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
@@ -284,26 +300,11 @@ class Worker:
                     return
                 report.renewals += 1
                 self._tell(execution_id, "renewed", f"lease of {self.lease.total_seconds():g} s", fence=credential.fence)
+            execution = view.execution
             definition = self.store.load_definition(
                 execution.business_id, execution.definition_id, execution.definition_revision
             )
-            ctx = i.context_from_evidence(execution, definition, view.evidence)
-            query = i.authority_query(ctx)
-            node_authority = (
-                None
-                if query is None
-                else self.policy.check(query.principal_id, query.business_id, query.operation, query.targets)
-            )
-            plan = i.plan_visit(
-                ctx,
-                self.store.clock.now(),
-                worker_id=self.worker_id,
-                fence=credential.fence,
-                node_authority=node_authority,
-            )
-            dispatch_authority = self.policy.check(
-                ctx.principal_id, execution.business_id, WORKFLOW_DISPATCH, ((execution_id, execution.revision),)
-            )
+            plan, authority = self._plan(view, definition, credential, self.store.clock.now())
             if isinstance(plan, i.Invoke):
                 issued = self.store.append_evidence(execution_id, credential, plan.evidence)
                 if not self._applied(execution_id, issued, report, "issue command", credential.fence):
@@ -322,67 +323,142 @@ class Worker:
                 settled = i.settle(plan, result)
             else:
                 settled = plan
-            if not self._commit(
-                execution_id=execution_id,
-                execution=execution,
-                credential=credential,
-                plan=settled,
-                authority=dispatch_authority,
-                report=report,
-            ):
+            if isinstance(settled, i.Finish):
+                request = self._finalize_request(execution, credential, settled, authority)
+                outcome = self.store.finalize(request, settled.evidence)
+                if self._applied(execution_id, outcome, report, "finalize", credential.fence):
+                    self._report_finish(execution_id, execution, credential, settled, report)
                 return
-            view = self._committed_view
-            self._committed_view = None
+            composed = self.store.record_step_and_visit(
+                execution_id,
+                p.StepRequest(credential, execution.revision, settled.step, authority),
+                settled.evidence,
+                self._plan_next,
+            )
+            assert composed.outcome is not None  # a step's transaction always decides
+            if not self._applied(execution_id, composed.outcome, report, "step", credential.fence):
+                return
+            self._report_step(execution_id, credential, settled.step, report)
+            view, followed = composed.view, composed.followed
 
-    def _commit(
+    def _plan(
+        self, view: VisitView, definition: Definition | None, credential: p.LeaseCredential, now: datetime
+    ) -> tuple[i.Plan, p.Authority]:
+        """The visit's plan at ``now``, and the dispatch authority its decision carries: the policy is asked here."""
+        execution = view.execution
+        ctx = i.context_from_evidence(execution, definition, view.evidence)
+        query = i.authority_query(ctx)
+        node_authority = (
+            None
+            if query is None
+            else self.policy.check(query.principal_id, query.business_id, query.operation, query.targets)
+        )
+        plan = i.plan_visit(
+            ctx,
+            now,
+            worker_id=self.worker_id,
+            fence=credential.fence,
+            node_authority=node_authority,
+        )
+        dispatch_authority = self.policy.check(
+            ctx.principal_id,
+            execution.business_id,
+            WORKFLOW_DISPATCH,
+            ((execution.execution_id, execution.revision),),
+        )
+        return plan, dispatch_authority
+
+    def _plan_next(self, view: VisitView, now: datetime, credential: p.LeaseCredential) -> NextVisit | None:
+        """The next visit, planned inside the transaction of the decision before it, when it calls no handler.
+
+        Composed decisions (specs/protocol.md): a visit that only steps or
+        finishes (a condition, an end) joins the transaction that committed
+        the claim or step before it.  None leaves the visit to :meth:`drive`:
+        a visit that calls a handler (its intent commits first, then the
+        handler runs outside any transaction), a stopping worker, a lease
+        due for renewal, or a definition revision not yet in memory (the
+        planner must not use the store).
+        """
+        execution = view.execution
+        if self.stopping() or execution.state != ExecutionState.RUNNING:
+            return None
+        expires = view.dispatch.lease_expires_at
+        if expires is not None and expires - now < self.lease / 2:
+            return None
+        definition = self.store.known_definition(
+            execution.business_id, execution.definition_id, execution.definition_revision
+        )
+        if definition is None:
+            return None
+        plan, authority = self._plan(view, definition, credential, now)
+        if isinstance(plan, i.Invoke):
+            return None
+        if isinstance(plan, i.Step):
+            request = p.StepRequest(credential, execution.revision, plan.step, authority)
+            return NextVisit("step", request, tuple(plan.evidence), (execution, plan))
+        finish = self._finalize_request(execution, credential, plan, authority)
+        return NextVisit("finish", finish, tuple(plan.evidence), (execution, plan))
+
+    def _report_followed(
         self,
-        *,
+        execution_id: str,
+        credential: p.LeaseCredential,
+        report: PassReport,
+        followed: Sequence[tuple[NextVisit, p.Outcome]],
+    ) -> bool:
+        """Report the visits a transaction composed; True when the execution is still running under the lease."""
+        for visit, outcome in followed:
+            execution, plan = visit.plan
+            what = "step" if visit.kind == "step" else "finalize"
+            if not self._applied(execution_id, outcome, report, what, credential.fence):
+                return False
+            if isinstance(plan, i.Step):
+                self._report_step(execution_id, credential, plan.step, report)
+            else:
+                self._report_finish(execution_id, execution, credential, plan, report)
+                return False
+        return True
+
+    @staticmethod
+    def _finalize_request(
+        execution: p.Execution, credential: p.LeaseCredential, plan: i.Finish, authority: p.Authority
+    ) -> p.FinalizeRequest:
+        return p.FinalizeRequest(
+            execution_id=execution.execution_id,
+            dispatch_id=execution.execution_id,
+            worker_id=credential.worker_id,
+            lease_token=credential.lease_token,
+            fence=credential.fence,
+            target_state=plan.target,
+            business_id=execution.business_id,
+            expected_revision=execution.revision,
+            authority=authority,
+            step=plan.step,
+            wait=plan.wait,
+            reason=plan.reason,
+            error_code=plan.error_code,
+        )
+
+    def _report_step(
+        self, execution_id: str, credential: p.LeaseCredential, step: p.StepRecord, report: PassReport
+    ) -> None:
+        report.steps += 1
+        self._tell(
+            execution_id,
+            "step",
+            f"{step.node_id} -> {step.next_node_id}",
+            fence=credential.fence,
+            node_id=step.node_id,
+        )
+
+    def _report_finish(
+        self,
         execution_id: str,
         execution: p.Execution,
         credential: p.LeaseCredential,
-        plan: i.Step | i.Finish,
-        authority: p.Authority,
+        plan: i.Finish,
         report: PassReport,
-    ) -> bool:
-        """Apply a visit's plan; True when the execution is still running under this lease.
-
-        After a step, ``_committed_view`` holds the view its transaction committed.
-        """
-        if isinstance(plan, i.Step):
-            outcome, self._committed_view = self.store.record_step_for_visit(
-                execution_id, p.StepRequest(credential, execution.revision, plan.step, authority), plan.evidence
-            )
-            if not self._applied(execution_id, outcome, report, "step", credential.fence):
-                return False
-            report.steps += 1
-            self._tell(
-                execution_id,
-                "step",
-                f"{plan.step.node_id} -> {plan.step.next_node_id}",
-                fence=credential.fence,
-                node_id=plan.step.node_id,
-            )
-            return True
-        outcome = self.store.finalize(
-            p.FinalizeRequest(
-                execution_id=execution_id,
-                dispatch_id=execution_id,
-                worker_id=credential.worker_id,
-                lease_token=credential.lease_token,
-                fence=credential.fence,
-                target_state=plan.target,
-                business_id=execution.business_id,
-                expected_revision=execution.revision,
-                authority=authority,
-                step=plan.step,
-                wait=plan.wait,
-                reason=plan.reason,
-                error_code=plan.error_code,
-            ),
-            plan.evidence,
-        )
-        if not self._applied(execution_id, outcome, report, "finalize", credential.fence):
-            return False
+    ) -> None:
         if plan.step is not None:
             report.steps += 1
         report.finished[plan.target.value] += 1
@@ -394,7 +470,6 @@ class Worker:
             code=plan.error_code,
             node_id=execution.current_node_id,
         )
-        return False
 
     def _applied(
         self, execution_id: str, outcome: p.Outcome, report: PassReport, what: str, fence: int | None = None

@@ -33,7 +33,10 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+import attrs
+
 from fencekeeper.adapters import cli, connect
+from fencekeeper.adapters.store import Composed, NextVisit, Planner
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.evidence import Evidence
 
@@ -46,6 +49,19 @@ def evidence_key(object_id: str, revision: int, body: str) -> str:
     of the body tells whose landed.
     """
     return f"{object_id}#{revision}#{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
+
+@attrs.frozen
+class _Noted:
+    """A request's intent line, and what its result line repeats."""
+
+    op: str
+    execution_id: str | None
+    token: str | None
+    fence: int | None
+    keys: list[str]
+    common: dict[str, Any]
+    before: datetime
 
 
 class LedgeredStore:
@@ -78,6 +94,19 @@ class LedgeredStore:
         call: Callable[[], Any],
     ) -> Any:
         """``who`` is the credential the request carries: worker id, lease token, fence."""
+        noted = self._intent(op, execution_id, who, evidence)
+        try:
+            outcome = call()
+        except BaseException as exc:
+            self._line({**noted.common, "done": "unavailable", "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
+            raise
+        self._returned(noted, outcome)
+        return outcome
+
+    def _intent(
+        self, op: str, execution_id: str | None, who: tuple[str, str | None, int | None], evidence: Sequence[Evidence]
+    ) -> _Noted:
+        """The intent line, written (and flushed: the ledger is line buffered) before the request can commit."""
         worker, token, fence = who
         seq = self._next()
         keys = [evidence_key(e.object_id, e.revision, e.body_json()) for e in evidence]
@@ -86,24 +115,21 @@ class LedgeredStore:
             {**common, "intent": op, "t": time.time(), "execution_id": execution_id, "token": token, "fence": fence,
              "evidence": keys}
         )
-        before = datetime.now(UTC)
-        try:
-            outcome = call()
-        except BaseException as exc:
-            self._line({**common, "done": "unavailable", "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
-            raise
-        self._line({**common, "done": "returned"})
+        return _Noted(op, execution_id, token, fence, keys, common, datetime.now(UTC))
+
+    def _returned(self, noted: _Noted, outcome: Any) -> None:
+        self._line({**noted.common, "done": "returned"})
         if outcome is None:
-            return outcome  # claim_next found nothing to claim
+            return  # claim_next found nothing to claim
         entry: dict[str, Any] = {
-            **common,
-            "op": op,
-            "execution_id": execution_id,
-            "token": token,
-            "fence": fence,
-            "before": before.isoformat(),
+            **noted.common,
+            "op": noted.op,
+            "execution_id": noted.execution_id,
+            "token": noted.token,
+            "fence": noted.fence,
+            "before": noted.before.isoformat(),
             "zombie": None,
-            "evidence": keys,
+            "evidence": noted.keys,
         }
         if isinstance(outcome, p.Decision):
             if outcome.execution is not None:
@@ -119,7 +145,56 @@ class LedgeredStore:
             entry["result"] = "unchanged"
             entry["code"] = outcome.code.value
         self._line(entry)
-        return outcome
+
+    def _composed(
+        self,
+        op: str,
+        execution_id: str | None,
+        who: tuple[str, str | None, int | None],
+        evidence: Sequence[Evidence],
+        *,
+        plan: Planner,
+        call: Callable[[Planner], Composed],
+    ) -> Composed:
+        """A composed transaction: a ledger request for its first decision and one for each visit it plans.
+
+        A planned visit's intent line is written when the planner returns it,
+        inside the transaction and before it can commit, so a process killed
+        there leaves that visit of unknown outcome, as any request cut short.
+        A visit planned by an attempt the store then decided again stays
+        unknown too (it did not commit; unknown allows that).
+        """
+        noted: dict[int, _Noted] = {}
+
+        def planner(view: Any, now: datetime, credential: p.LeaseCredential) -> NextVisit | None:
+            visit = plan(view, now, credential)
+            if visit is not None:
+                request = visit.request
+                visit_op = (
+                    "record_step"
+                    if isinstance(request, p.StepRequest)
+                    else f"finalize_{getattr(request.target_state, 'value', request.target_state)}"
+                )
+                noted[id(visit)] = self._intent(
+                    visit_op,
+                    view.execution.execution_id,
+                    (credential.worker_id, credential.lease_token, credential.fence),
+                    visit.evidence,
+                )
+            return visit
+
+        first = self._intent(op, execution_id, who, evidence)
+        try:
+            composed = call(planner)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            for line in (first, *noted.values()):
+                self._line({**line.common, "done": "unavailable", "error": error})
+            raise
+        self._returned(first, composed.outcome)
+        for visit, outcome in composed.followed:
+            self._returned(noted[id(visit)], outcome)
+        return composed
 
     # --- the write requests the worker makes ------------------------------------------------
 
@@ -129,31 +204,21 @@ class LedgeredStore:
             lambda: self._store.claim_next(request, business_id=business_id),
         )
 
-    def claim_for_visit(self, request: p.ClaimRequest, *, business_id: str | None = None) -> Any:
-        # The worker's claim: the same ledger lines as claim_next; the view it hands back passes through.
-        handed: list[Any] = []
+    def claim_and_visit(self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None) -> Composed:
+        # The worker's claim, and the visits composed into its transaction: each its own ledger request.
+        return self._composed(
+            "claim", None, (request.worker_id, request.lease_token, None), (), plan=plan,
+            call=lambda planner: self._store.claim_and_visit(request, planner, business_id=business_id),
+        )
 
-        def claim() -> Any:
-            outcome, view = self._store.claim_for_visit(request, business_id=business_id)
-            handed.append(view)
-            return outcome
-
-        outcome = self._write("claim", None, (request.worker_id, request.lease_token, None), (), claim)
-        return outcome, (handed[0] if handed else None)
-
-    def record_step_for_visit(
-        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence] = ()
-    ) -> Any:
-        handed: list[Any] = []
+    def record_step_and_visit(
+        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner
+    ) -> Composed:
         c = request.credential
-
-        def step() -> Any:
-            outcome, view = self._store.record_step_for_visit(execution_id, request, evidence)
-            handed.append(view)
-            return outcome
-
-        outcome = self._write("record_step", execution_id, (c.worker_id, c.lease_token, c.fence), evidence, step)
-        return outcome, (handed[0] if handed else None)
+        return self._composed(
+            "record_step", execution_id, (c.worker_id, c.lease_token, c.fence), evidence, plan=plan,
+            call=lambda planner: self._store.record_step_and_visit(execution_id, request, evidence, planner),
+        )
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> Any:
         c = request.credential

@@ -5,19 +5,20 @@ way ``fencekeeper worker`` does (``run_pass`` with one claim at a time), with
 a handler that does no I/O, after a warm-up (statements are prepared once
 per connection):
 
-- every decision is still a write transaction of its own: a one-node
-  execution makes two (claim, finalize), a two-node one (``local_command``
-  then ``end``) four (claim, the command's intent, committed before the
-  handler runs, the step with its result, finalize), and the intent is
-  committed before the handler is called;
-- nothing else is sent while the queue is busy: the claim and each step
-  hand back the view the next visit plans from (read in their own
-  transaction), the due-timer lookup waits for an empty queue or
+- every decision is still made by the kernel under its own guard, and the
+  intent is committed before the handler is called, in a transaction of its
+  own; a visit that calls no handler joins the transaction of the claim or
+  step before it (specs/protocol.md, "Composed decisions"): a one-node
+  execution is one write transaction (the claim and the finalization), a
+  two-node one (``local_command`` then ``end``) three (the claim, the
+  command's intent, the step with its result and the finalization);
+- nothing else is sent while the queue is busy: each transaction hands back
+  the view the next visit plans from (read in the same exchange as its last
+  write), the due-timer lookup waits for an empty queue or
   ``timer_interval``, and the definition revision comes from memory;
 - the whole path stays within the bound measured when it was made:
-  PostgreSQL 6 round trips per one-node execution and 12 per two-node one
-  (three per decision), SQLite 19 and 40 statements.  A change that adds a
-  round trip fails here;
+  PostgreSQL 4 round trips per one-node execution and 10 per two-node one,
+  SQLite 16 and 37 statements.  A change that adds a round trip fails here;
 - an admission through ``service.run`` is one transaction: 2 round trips on
   PostgreSQL, 9 statements on SQLite; a refused one writes nothing.
 """
@@ -39,6 +40,7 @@ from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
+from fencekeeper.kernel.machines import ExecutionState
 
 BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
@@ -48,7 +50,7 @@ COUNTED = 10
 # (workflow, write transactions, PostgreSQL round trips, SQLite statements) per execution.
 # Each decision's outbox row is one more statement on SQLite; on PostgreSQL it
 # travels in the decision's one write statement.
-BOUNDS = {"one-node": (ONE_NODE, 2, 6, 19), "two-node": (TWO_NODE, 4, 12, 40)}
+BOUNDS = {"one-node": (ONE_NODE, 1, 4, 16), "two-node": (TWO_NODE, 3, 10, 37)}
 
 
 class _Handler:
@@ -121,8 +123,9 @@ def test_round_trips_per_execution_stay_within_the_bound(store: TransactionalSto
     bound = sqlite_bound if isinstance(store, SQLiteStore) else pg_bound
     assert tally.write_transactions == writes * COUNTED, tally
     assert tally.round_trips <= bound * COUNTED, (tally.round_trips / COUNTED, bound)
-    # The decisions are all there: not fewer round trips by skipping one.  On PostgreSQL a decision is
-    # at least three (BEGIN with the locking read, the writes, COMMIT); on SQLite, BEGIN and COMMIT and more.
+    # The transactions are all there: not fewer round trips by skipping one.  On PostgreSQL a write
+    # transaction is at least three (BEGIN with the locking read, the writes, COMMIT); on SQLite, BEGIN and
+    # COMMIT and more.
     assert tally.round_trips >= 3 * tally.write_transactions
 
 
@@ -193,26 +196,98 @@ def test_a_refused_admission_writes_nothing(store: TransactionalStore) -> None:
     assert store.execution_ids() == ["x-1"]
 
 
-def test_the_view_a_decision_hands_back_is_what_a_fresh_read_sees(store: TransactionalStore) -> None:
-    # The claim and the step read the view in their own transaction, last; once committed, a read of its
-    # own must see exactly that view, or the next visit would plan from something never committed.
-    compared: list[str] = []
+THREE_NODE = """
+id = "three-node"
+revision = 1
+start = "ship"
+inputs = ["order_id"]
+
+[[nodes]]
+id = "ship"
+kind = "local_command"
+revision = 1
+operation = "order.ship"
+targets = [{ id = { from = "input.order_id" }, revision = 1 }]
+next = "shipped"
+on_failure = "failed"
+
+[[nodes]]
+id = "shipped"
+kind = "condition"
+revision = 1
+expression = "input.order_id == 'o-1'"
+bindings = ["input.order_id"]
+true_next = "bill"
+false_next = "done"
+
+[[nodes]]
+id = "bill"
+kind = "local_command"
+revision = 1
+operation = "order.bill"
+targets = [{ id = { from = "input.order_id" }, revision = 1 }]
+next = "done"
+on_failure = "failed"
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+
+[[nodes]]
+id = "failed"
+kind = "end"
+revision = 1
+outcome = "failed"
+error_code = "ship_failed"
+"""
+
+
+def test_the_view_a_transaction_hands_back_is_what_a_fresh_read_sees(store: TransactionalStore) -> None:
+    # The claim's and each step's transaction read the view after their last write; once committed, a
+    # read of its own must see exactly that view, or the next visit would plan from something never
+    # committed.  A transaction whose last visit finalized hands back none, and its execution has left
+    # running.  "three-node": o-1 ships, passes the condition in the step's transaction and bills (a
+    # view, since billing calls a handler); o-0 and o-2 ship and the condition and the end follow in the
+    # step's transaction (no view).
+    seen: list[tuple[str, tuple[str, ...], bool]] = []
 
     def checked(name: str) -> Any:
         original = getattr(store, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            outcome, view = original(*args, **kwargs)
-            assert isinstance(outcome, p.Decision) and view is not None, (name, outcome)
-            assert view == store.read_for_visit(view.execution.execution_id), name
-            compared.append(name)
-            return outcome, view
+            composed = original(*args, **kwargs)
+            assert isinstance(composed.outcome, p.Decision), (name, composed)
+            assert all(isinstance(outcome, p.Decision) for _, outcome in composed.followed), composed.followed
+            execution_id = composed.outcome.execution.execution_id
+            fresh = store.read_for_visit(execution_id)
+            assert fresh is not None
+            if composed.view is not None:
+                assert composed.view == fresh, name
+            else:
+                assert composed.followed[-1][0].kind == "finish" and fresh.execution.state != ExecutionState.RUNNING
+            seen.append((name, tuple(visit.kind for visit, _ in composed.followed), composed.view is not None))
+            return composed
 
         return call
 
-    store.claim_for_visit = checked("claim_for_visit")  # type: ignore[method-assign]
-    store.record_step_for_visit = checked("record_step_for_visit")  # type: ignore[method-assign]
+    store.claim_and_visit = checked("claim_and_visit")  # type: ignore[method-assign]
+    store.record_step_and_visit = checked("record_step_and_visit")  # type: ignore[method-assign]
     worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), _Handler(), business_id=BUSINESS)
-    _admit(store, "two-node", TWO_NODE, 3)
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    service.register(store, parse_definition(THREE_NODE), BUSINESS, PRINCIPAL, policy)
+    for n in range(3):
+        outcome = service.run(
+            store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="three-node",
+            input={"order_id": f"o-{n}"}, execution_id=f"x-{n}",
+        )
+        assert isinstance(outcome, p.Decision), outcome
     _one_each(worker, 3)
-    assert compared == ["claim_for_visit", "record_step_for_visit"] * 3
+    ship_then_end = [("claim_and_visit", (), True), ("record_step_and_visit", ("step", "finish"), False)]
+    ship_then_bill = [
+        ("claim_and_visit", (), True),
+        ("record_step_and_visit", ("step",), True),
+        ("record_step_and_visit", ("finish",), False),
+    ]
+    assert seen == ship_then_end + ship_then_bill + ship_then_end

@@ -80,9 +80,14 @@ class Lease:
         return expires
 
     def live_at(self, moment: datetime) -> bool:
-        """True if this lease was open and unexpired at ``moment``."""
+        """True if this lease was open and unexpired at ``moment``.
+
+        The claim's own moment counts: a visit composed into the claim's
+        transaction (specs/protocol.md, "Composed decisions") writes at the
+        transaction's one time, under the lease that transaction grants.
+        """
         return (
-            self.claimed_at < moment
+            self.claimed_at <= moment
             and (self.ended_at is None or moment <= self.ended_at)
             and moment < self.expiry_at(moment)
         )
