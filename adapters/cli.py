@@ -378,6 +378,14 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     mc.add_argument("--claims", type=_positive, metavar="N", help="claims per execution (the fence bound)")
     mc.add_argument("--ticks", type=_positive, metavar="N", help="the last clock tick (leases last 2)")
     mc.add_argument("--depth", type=_positive, metavar="N", help="cut the search at this many moves")
+    mc.add_argument("--steps", type=_positive, metavar="N", help="node steps per execution")
+    mc.add_argument(
+        "--compose",
+        action="store_true",
+        help="let a claim or a step commit with the holder's next decision in one transaction, and check "
+        "that this reaches no world the uncomposed protocol does not (without bounds: the composed "
+        "configuration of specs/protocol.md only)",
+    )
 
     spec = command("check-spec", "validate machine spec TOML files")
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
@@ -1589,23 +1597,44 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
         "workers": args.workers,
         "executions": args.executions,
         "claims_per_execution": args.claims,
+        "steps_per_execution": args.steps,
         "max_tick": args.ticks,
         "max_depth": args.depth,
     }
     overrides = {k: v for k, v in chosen.items() if v is not None}
-    configs = [("custom", attrs.evolve(modelcheck.Bounds(), **overrides))] if overrides else list(modelcheck.STANDARD)
-    for title, bounds in configs:
+    configs: list[tuple[str, modelcheck.Bounds, bool]]
+    if overrides:
+        configs = [("custom", attrs.evolve(modelcheck.Bounds(), **overrides), args.compose)]
+    else:
+        plain = [] if args.compose else [(title, bounds, False) for title, bounds in modelcheck.STANDARD]
+        configs = [*plain, *((title, bounds, True) for title, bounds in modelcheck.COMPOSED)]
+    for title, bounds, composed in configs:
         started = time.perf_counter()
-        result = modelcheck.explore(bounds)
+        refined: str | None = None
+        if composed and bounds.max_depth is None:
+            # Complete: the composed search checks every invariant, and its worlds are compared with the
+            # uncomposed protocol's (INV-COMPOSED-REFINES).
+            refinement = modelcheck.check_refinement(bounds)
+            result = refinement.composed
+            violation = refinement.violation
+            if refinement.complete and violation is None:
+                refined = f"every world also reachable without composition ({refinement.plain.states:,} states)"
+        else:
+            result = modelcheck.explore(bounds, modelcheck.Protocol(compose=composed))
+            violation = result.violation
+            if composed and violation is None:
+                refined = "refinement not checked (the search was cut)"
         seconds = time.perf_counter() - started
         scope = "complete" if result.complete else f"to depth {result.depth}"
         print(
             f"{title}: {bounds.workers} workers, {bounds.executions} executions, "
-            f"{bounds.claims_per_execution} claims each, ticks 0-{bounds.max_tick}: "
-            f"{result.states:,} states explored, {result.transitions:,} decisions, {scope}, {seconds:.1f}s"
+            f"{bounds.claims_per_execution} claims each, ticks 0-{bounds.max_tick}"
+            + (f", {bounds.steps_per_execution} step(s) each, composed" if composed else "")
+            + f": {result.states:,} states explored, {result.transitions:,} decisions, {scope}"
+            + (f", {refined}" if refined else "")
+            + f", {seconds:.1f}s"
         )
-        if result.violation is not None:
-            violation = result.violation
+        if violation is not None:
             print(f"VIOLATION {violation.invariant.value}: {violation.message}")
             print("shortest trace:")
             for number, label in enumerate(violation.trace, start=1):
@@ -1615,7 +1644,7 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
             print(f"stopped at {bounds.max_states:,} states before the bounds were exhausted")
             return EXIT_PROBLEM
     print("every invariant of specs/protocol.md held in every explored state and write")
-    if not overrides:
+    if not overrides and not args.compose:
         from . import cli_ops  # noqa: PLC0415 - see _GROUPS
 
         return cli_ops.modelcheck_operations()

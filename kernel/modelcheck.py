@@ -26,6 +26,13 @@ Rules of this module:
   committed later, after other actors moved: the race that guards exist for).
   Within the bounds the search is complete unless ``max_depth`` cuts it,
   and the result says which.
+- A composed transaction (``Protocol.compose``: a claim or a step and the
+  holder's next decision, committed together) is one move made of two
+  decisions, the second decided on the world the first wrote, each applied
+  under its own guard, every write checked; if either is not a decision or
+  its guard fails, the move does not exist (all or none: the world before
+  it is already reachable).  :func:`check_refinement` proves composition
+  reaches no world the uncomposed protocol does not.
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ class Invariant(enum.Enum):
     SAFE_RESUME_PROVEN = "INV-SAFE-RESUME-PROVEN"
     GOVERNED_EXIT = "INV-GOVERNED-EXIT"
     TABLES = "INV-TABLES"
+    COMPOSED_REFINES = "INV-COMPOSED-REFINES"
+    """Reported by :func:`check_refinement`, which compares whole explorations, not by :func:`explore`."""
 
 
 @attrs.frozen(cache_hash=True)
@@ -94,6 +103,15 @@ class Protocol:
     cancel: Callable[..., p.Outcome] = p.cancel
     recover: Callable[..., p.Outcome] = recovery.recover
     apply_guard: bool = True
+    compose: bool = False
+    """Whether the store also commits a claim or a step together with the holder's next decision, in one
+    transaction (specs/protocol.md, Composed decisions).  Off by default: the uncomposed protocol is
+    the one composition must refine."""
+    compose_plans_on_written: bool = True
+    """Whether a composed transaction's second decision is decided on the world the first one wrote
+    (the rule) or on the world before the transaction (stale planning, for the zoo)."""
+    compose_guards_each: bool = True
+    """Whether the store checks the guard of every decision of a composed transaction, or only the first's."""
 
 
 @attrs.frozen(cache_hash=True)
@@ -121,6 +139,19 @@ STANDARD: tuple[tuple[str, Bounds], ...] = (
     ),
 )
 """The configurations ``fencekeeper modelcheck`` runs by default, and ``make test`` with it."""
+
+COMPOSED: tuple[tuple[str, Bounds], ...] = (
+    (
+        "one execution, two steps, composed transactions (complete, refines the uncomposed protocol)",
+        Bounds(workers=2, executions=1, claims_per_execution=2, steps_per_execution=2, max_tick=3),
+    ),
+)
+"""The configuration ``fencekeeper modelcheck`` also runs with ``Protocol.compose`` (:func:`check_refinement`).
+
+Two steps, so that a step composes with the next one as well as with a
+finalize; a holder and its replacement, so that a zombie tries to compose
+too; complete, so that the refinement is proved on every reachable world.
+"""
 
 
 @attrs.frozen(cache_hash=True)
@@ -322,21 +353,9 @@ def _holder_actions(world: World, bounds: Bounds, proto: Protocol, e: int, held:
         e,
         proto.renew(world.executions[e], world.dispatches[e], p.RenewRequest(cred, lease), world.now),
     )
-    if world.executions[e].step_count < bounds.steps_per_execution:
-        step = p.StepRecord("n-1", f"a.{cred.fence}")
-        yield _Action(
-            f"{wid} records a step on {eid} (fence {cred.fence})",
-            wid,
-            cred,
-            "record_step",
-            e,
-            proto.record_step(
-                world.executions[e],
-                world.dispatches[e],
-                p.StepRequest(cred, world.executions[e].revision, step, p.Authority(True, wid)),
-                world.now,
-            ),
-        )
+    step = _step_action(world, bounds, proto, e, cred)
+    if step is not None:
+        yield step
     yield _Action(
         f"{wid} releases {eid} (fence {cred.fence})",
         wid,
@@ -347,41 +366,9 @@ def _holder_actions(world: World, bounds: Bounds, proto: Protocol, e: int, held:
             world.executions[e], world.dispatches[e], p.ReleaseRequest(cred, world.executions[e].revision), world.now
         ),
     )
-    for target in (*p.FINALIZE_TARGETS, _SIXTH_TARGET):
-        wait = (
-            p.WaitSpec(
-                node_id="n-wait",
-                attempt_id=f"a.{cred.fence}",
-                event_type=EVENT_TYPE,
-                correlation=CORRELATION,
-                wake_at=WAKE_AT,
-                timeout=True,
-            )
-            if target == ExecutionState.WAITING
-            else None
-        )
-        request = p.FinalizeRequest(
-            execution_id=eid,
-            dispatch_id=eid,
-            worker_id=wid,
-            lease_token=cred.lease_token,
-            fence=cred.fence,
-            target_state=target,
-            business_id="b-1",
-            expected_revision=world.executions[e].revision,
-            authority=p.Authority(True, wid),
-            wait=wait,
-        )
+    for target in _FINALIZE_TRIED:
         for defer in (False, True) if target == ExecutionState.SUCCEEDED else (False,):
-            yield _Action(
-                f"{wid} {'decides' if defer else 'commits'} finalize {eid} -> {target.value} (fence {cred.fence})",
-                wid,
-                cred,
-                "finalize",
-                e,
-                proto.finalize(world.executions[e], world.dispatches[e], request, world.now),
-                defer=defer,
-            )
+            yield _finalize_action(world, proto, e, cred, target, defer=defer)
     # A worker trying to quarantine the execution it holds (or held: once
     # replaced, it is just another actor, and INV-QUARANTINE-EXPIRED-ONLY
     # only forbids the current holder).
@@ -407,6 +394,87 @@ def _holder_actions(world: World, bounds: Bounds, proto: Protocol, e: int, held:
             world.now,
         ),
     )
+
+
+_FINALIZE_TRIED = (*p.FINALIZE_TARGETS, _SIXTH_TARGET)
+
+
+def _step_action(world: World, bounds: Bounds, proto: Protocol, e: int, cred: p.LeaseCredential) -> _Action | None:
+    """The holder's record_step on ``world``, while the step bound allows one."""
+    if world.executions[e].step_count >= bounds.steps_per_execution:
+        return None
+    wid = cred.worker_id
+    step = p.StepRecord("n-1", f"a.{cred.fence}")
+    return _Action(
+        f"{wid} records a step on {execution_id(e)} (fence {cred.fence})",
+        wid,
+        cred,
+        "record_step",
+        e,
+        proto.record_step(
+            world.executions[e],
+            world.dispatches[e],
+            p.StepRequest(cred, world.executions[e].revision, step, p.Authority(True, wid)),
+            world.now,
+        ),
+    )
+
+
+def _finalize_action(
+    world: World, proto: Protocol, e: int, cred: p.LeaseCredential, target: ExecutionState, *, defer: bool
+) -> _Action:
+    """The holder's finalize to ``target`` on ``world``, committed at once or (``defer``) decided only."""
+    wid = cred.worker_id
+    eid = execution_id(e)
+    wait = (
+        p.WaitSpec(
+            node_id="n-wait",
+            attempt_id=f"a.{cred.fence}",
+            event_type=EVENT_TYPE,
+            correlation=CORRELATION,
+            wake_at=WAKE_AT,
+            timeout=True,
+        )
+        if target == ExecutionState.WAITING
+        else None
+    )
+    request = p.FinalizeRequest(
+        execution_id=eid,
+        dispatch_id=eid,
+        worker_id=wid,
+        lease_token=cred.lease_token,
+        fence=cred.fence,
+        target_state=target,
+        business_id="b-1",
+        expected_revision=world.executions[e].revision,
+        authority=p.Authority(True, wid),
+        wait=wait,
+    )
+    return _Action(
+        f"{wid} {'decides' if defer else 'commits'} finalize {eid} -> {target.value} (fence {cred.fence})",
+        wid,
+        cred,
+        "finalize",
+        e,
+        proto.finalize(world.executions[e], world.dispatches[e], request, world.now),
+        defer=defer,
+    )
+
+
+def _next_visit(
+    world: World, bounds: Bounds, proto: Protocol, e: int, cred: p.LeaseCredential
+) -> Iterator[tuple[str, _Action]]:
+    """The decisions of a holder's next visit that calls no handler, decided on ``world``, each with its phrase.
+
+    They are what a composed transaction may commit after a claim or a step
+    (specs/protocol.md, Composed decisions): a step, or a finalize to any
+    target the checker tries (the sixth is refused, so it never composes).
+    """
+    step = _step_action(world, bounds, proto, e, cred)
+    if step is not None:
+        yield "records a step", step
+    for target in _FINALIZE_TRIED:
+        yield f"finalizes -> {target.value}", _finalize_action(world, proto, e, cred, target, defer=False)
 
 
 def _prior(world: World, command_id: str) -> p.RecoveryRecord | None:
@@ -790,6 +858,9 @@ class Move:
     label: str
     world: World
     broken: tuple[Invariant, str] | None = None
+    length: int = 1
+    """How many uncomposed moves it stands for: two for a composed transaction, which ages a decision in
+    flight by two, as its two commits would, so that composition widens no race window."""
 
 
 def moves(
@@ -826,15 +897,70 @@ def moves(
                 found.append(Move(f"{action.label}: guard fails, nothing written", base))
             continue
         after = _apply(base, outcome, action.actor, action.credential)
-        found.append(Move(action.label, after, check_write(base, after, action, outcome, kind)))
+        broken = check_write(base, after, action, outcome, kind)
+        found.append(Move(action.label, after, broken))
+        # A composed transaction needs room for both commits in the race window of a decision in flight.
+        room = world.inflight is None or world.inflight.age + 1 < bounds.race_window
+        if proto.compose and action.kind in _COMPOSABLE and room:
+            composed, considered = _composed(base, after, action, outcome, broken, bounds=bounds, proto=proto)
+            found.extend(composed)
+            decided += considered
     if world.inflight is not None:
-        # Every other move ages the decision still in flight.
-        aged = attrs.evolve(world.inflight, age=world.inflight.age + 1)
+        # Every other move ages the decision still in flight, by each commit it stands for.
+        flight = world.inflight
         found = [
-            attrs.evolve(m, world=attrs.evolve(m.world, inflight=aged)) if m.world.inflight == world.inflight else m
+            attrs.evolve(m, world=attrs.evolve(m.world, inflight=attrs.evolve(flight, age=flight.age + m.length)))
+            if m.world.inflight == flight
+            else m
             for m in found
         ]
     return found, decided
+
+
+_COMPOSABLE = frozenset({"claim", "record_step"})
+"""The decisions whose transaction may also commit the holder's next decision."""
+
+
+def _composed(
+    before: World,
+    written: World,
+    first: _Action,
+    decision: p.Decision,
+    broken: tuple[Invariant, str] | None,
+    *,
+    bounds: Bounds,
+    proto: Protocol,
+) -> tuple[list[Move], int]:
+    """The composed moves that begin with ``first``, whose ``decision`` turned ``before`` into ``written``.
+
+    The second decision is the holder's own (the credential the claim just
+    gave, or the step's), decided on ``written`` and guarded on it; a
+    refusal, an idempotent repeat or a failed guard leaves no move at all,
+    because the transaction then commits nothing and ``before`` is already
+    reachable.  A write invariant the first write broke is reported on every
+    composed move too, and otherwise the second write's.  Also returns how
+    many second decisions were considered.
+    """
+    credential = decision.lease if first.kind == "claim" else first.credential
+    assert credential is not None, "a claim's decision carries the credential it hands out"
+    wid, eid = credential.worker_id, execution_id(first.execution)
+    opening = f"claims {eid}" if first.kind == "claim" else f"records a step on {eid}"
+    planned_on = written if proto.compose_plans_on_written else before
+    found: list[Move] = []
+    considered = 0
+    for phrase, then in _next_visit(planned_on, bounds, proto, first.execution, credential):
+        considered += 1
+        outcome = then.outcome
+        if not isinstance(outcome, p.Decision):
+            continue
+        if proto.apply_guard and proto.compose_guards_each and not _guard_holds(written, outcome.guard):
+            continue
+        said = "records another step" if first.kind == then.kind else phrase
+        label = f"{wid} {opening} and {said} (fence {credential.fence}), in one transaction"
+        second = attrs.evolve(then, label=label)
+        after = _apply(written, outcome, second.actor, second.credential)
+        found.append(Move(label, after, broken or check_write(written, after, second, outcome, second.kind), length=2))
+    return found, considered
 
 
 def without_exit(world: World, bounds: Bounds, successors: list[Move]) -> tuple[Invariant, str] | None:
@@ -866,6 +992,28 @@ def explore(
     progress: Callable[[int, int], Any] | None = None,
 ) -> Result:
     """Breadth-first search of every interleaving within ``bounds``; stops at the first violation."""
+    return _search(bounds, proto, progress).result
+
+
+def _trace(parents: dict[World, tuple[World | None, str]], world: World) -> tuple[str, ...]:
+    steps: list[str] = []
+    node: World | None = world
+    while node is not None:
+        parent, label = parents[node]
+        if parent is not None:
+            steps.append(label)
+        node = parent
+    return tuple(reversed(steps))
+
+
+@attrs.frozen
+class _Search:
+    result: Result
+    parents: dict[World, tuple[World | None, str]]
+    """Every world reached, with the world and move it was first reached by (breadth first: a shortest trace)."""
+
+
+def _search(bounds: Bounds, proto: Protocol, progress: Callable[[int, int], Any] | None = None) -> _Search:
     start = initial_world(bounds)
     parents: dict[World, tuple[World | None, str]] = {start: (None, "start")}
     frontier: deque[tuple[World, int]] = deque([(start, 0)])
@@ -874,19 +1022,12 @@ def explore(
     complete = True
     cache: _ActionCache = {}
 
-    def trace(world: World) -> tuple[str, ...]:
-        steps: list[str] = []
-        node: World | None = world
-        while node is not None:
-            parent, label = parents[node]
-            if parent is not None:
-                steps.append(label)
-            node = parent
-        return tuple(reversed(steps))
+    def finished(result: Result) -> _Search:
+        return _Search(result, parents)
 
-    def violated(world: World, broken: tuple[Invariant, str], last: str | None, depth: int) -> Result:
-        path = trace(world) + ((last,) if last is not None else ())
-        return Result(len(parents), transitions, depth, False, Violation(broken[0], broken[1], path))
+    def violated(world: World, broken: tuple[Invariant, str], last: str | None, depth: int) -> _Search:
+        path = _trace(parents, world) + ((last,) if last is not None else ())
+        return finished(Result(len(parents), transitions, depth, False, Violation(broken[0], broken[1], path)))
 
     found = check_state(start, bounds)
     if found is not None:
@@ -912,14 +1053,71 @@ def explore(
             if broken_state is not None:
                 return violated(move.world, broken_state, None, depth + 1)
             if len(parents) >= bounds.max_states:
-                return Result(len(parents), transitions, depth + 1, False, None)
+                return finished(Result(len(parents), transitions, depth + 1, False, None))
             frontier.append((move.world, depth + 1))
         if progress is not None and len(parents) % 50_000 < len(successors):
             progress(len(parents), depth)
-    return Result(len(parents), transitions, depth_reached, complete, None)
+    return finished(Result(len(parents), transitions, depth_reached, complete, None))
+
+
+def reachable(bounds: Bounds, proto: Protocol = Protocol()) -> tuple[Result, frozenset[World]]:
+    """The worlds :func:`explore` visits within ``bounds``, with its result.
+
+    The set is every reachable world only when the result is complete and
+    has no violation (the search stops at a broken invariant or a cut); the
+    caller checks.
+    """
+    search = _search(bounds, proto)
+    return search.result, frozenset(search.parents)
+
+
+@attrs.frozen(cache_hash=True)
+class Refinement:
+    """What :func:`check_refinement` found: both searches, and the first violation, if any."""
+
+    composed: Result
+    plain: Result
+    violation: Violation | None
+    """The composed search's own violation if it found one, else an INV-COMPOSED-REFINES one, else None."""
+
+    @property
+    def complete(self) -> bool:
+        """True when both searches were complete: only then does no violation prove the refinement."""
+        return self.composed.complete and self.plain.complete
+
+
+def check_refinement(bounds: Bounds, proto: Protocol = Protocol(), baseline: Protocol | None = None) -> Refinement:
+    """INV-COMPOSED-REFINES: every world reachable with composed transactions is reachable without them.
+
+    A composed move is two commits with nothing between them, so its world
+    must be one the uncomposed protocol (``baseline``; by default ``proto``
+    without composition) reaches too.  The composed search checks every
+    invariant on every component write as :func:`explore` does; the
+    refinement is then checked only when both searches were complete and
+    clean (a cut search may miss, in the uncomposed one, a world composition
+    reaches in fewer moves), and the violation names the shallowest world
+    reachable only with composition, with its trace.
+    """
+    composed = _search(bounds, attrs.evolve(proto, compose=True))
+    plain_result, plain = reachable(bounds, attrs.evolve(proto, compose=False) if baseline is None else baseline)
+    if composed.result.violation is not None:
+        return Refinement(composed.result, plain_result, composed.result.violation)
+    if not (composed.result.complete and plain_result.complete) or plain_result.violation is not None:
+        return Refinement(composed.result, plain_result, None)
+    extra = [world for world in composed.parents if world not in plain]
+    if not extra:
+        return Refinement(composed.result, plain_result, None)
+    # The parents dict is in breadth-first order, so the first extra world is a shallowest one.
+    violation = Violation(
+        Invariant.COMPOSED_REFINES,
+        f"{len(extra):,} of {len(composed.parents):,} worlds are reachable only with composed transactions",
+        _trace(composed.parents, extra[0]),
+    )
+    return Refinement(composed.result, plain_result, violation)
 
 
 __all__ = [
+    "COMPOSED",
     "CORRELATION",
     "EPOCH",
     "EVENT_TYPE",
@@ -933,15 +1131,18 @@ __all__ = [
     "Invariant",
     "Move",
     "Protocol",
+    "Refinement",
     "Result",
     "Violation",
     "World",
+    "check_refinement",
     "check_state",
     "check_write",
     "execution_id",
     "explore",
     "initial_world",
     "moves",
+    "reachable",
     "without_exit",
     "worker_id",
 ]

@@ -122,7 +122,9 @@ def test_every_invariant_has_cases_on_its_boundary() -> None:
         for case in _layer(layer)["cases"]
         for invariant in case.get("covers", [])
     }
-    assert covered == {i.value for i in Invariant}
+    # INV-COMPOSED-REFINES compares two whole explorations (kernel/modelcheck.py, check_refinement); no
+    # single decision sits on its boundary, and each decision of a composed transaction is one of these cases.
+    assert covered == {i.value for i in Invariant} - {Invariant.COMPOSED_REFINES.value}
 
 
 def test_the_model_checkers_calls_are_cases() -> None:

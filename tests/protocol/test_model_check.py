@@ -3,8 +3,9 @@
 The bug zoo (test_bug_zoo.py) shows the checker finds bugs; these tests
 show the rest of its contract: the same bounds explore the same states, a
 depth cut is reported as incomplete, state invariants are checked on hand
-made broken worlds, and ``fencekeeper modelcheck`` prints what it explored
-and fails on bad options.
+made broken worlds, composed transactions reach exactly the worlds of the
+uncomposed protocol (INV-COMPOSED-REFINES), and ``fencekeeper modelcheck``
+prints what it explored and fails on bad options.
 """
 
 from __future__ import annotations
@@ -20,20 +21,31 @@ import pytest
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 from fencekeeper.kernel.modelcheck import (
+    COMPOSED,
     STANDARD,
     Bounds,
     Holding,
     Invariant,
     Protocol,
+    World,
+    check_refinement,
     check_state,
     explore,
     initial_world,
     moves,
+    reachable,
 )
 
 SMALL = Bounds(workers=2, executions=1, claims_per_execution=2, max_tick=2)
 # Time enough for the timer wake (due at tick 3) and a replacement lease.
 WALK = attrs.evolve(SMALL, max_tick=3)
+# Small and complete, with two steps so that a step composes with the next one: one holder, leases of
+# one tick so that the holder's lease expires, is quarantined, resumed and claimed again by another
+# worker while the first still tries to write (a zombie); and one claim but time for the timer wake.
+REFINE = (
+    Bounds(workers=2, executions=1, claims_per_execution=2, steps_per_execution=2, lease_ticks=1, max_tick=1),
+    Bounds(workers=2, executions=1, claims_per_execution=1, steps_per_execution=2, max_tick=3),
+)
 FENCEKEEPER = str(Path(sys.executable).with_name("fencekeeper"))
 
 
@@ -131,6 +143,92 @@ def test_state_invariants_see_broken_worlds(breakage: str, invariant: Invariant)
     assert check_state(world if breakage != "two_live_leases" else initial_world(SMALL), SMALL) is None
 
 
+def _labels(bounds: Bounds, proto: Protocol) -> set[str]:
+    """The label of every move from every world reachable within ``bounds``."""
+    labels: set[str] = set()
+    world = initial_world(bounds)
+    frontier, seen = [world], {world}
+    cache: dict[tuple[object, ...], list[object]] = {}
+    while frontier:
+        world = frontier.pop()
+        for move in moves(world, bounds, proto, cache)[0]:  # type: ignore[arg-type]
+            labels.add(move.label)
+            if move.world not in seen:
+                seen.add(move.world)
+                frontier.append(move.world)
+    return labels
+
+
+@pytest.mark.parametrize("bounds", REFINE, ids=["zombie", "timer"])
+def test_composed_transactions_reach_exactly_the_uncomposed_worlds(bounds: Bounds) -> None:
+    composed_result, composed = reachable(bounds, Protocol(compose=True))
+    plain_result, plain = reachable(bounds, Protocol())
+    assert composed_result.violation is None, composed_result.violation
+    assert composed_result.complete and plain_result.complete
+    extra = composed - plain
+    assert not extra, f"INV-COMPOSED-REFINES: {len(extra)} worlds reachable only with composition"
+    # Composition only adds moves, so nothing is lost either; and it did add some.
+    assert composed == plain
+    assert composed_result.transitions > plain_result.transitions
+
+
+def test_every_composed_form_occurs_and_the_sixth_target_never_composes() -> None:
+    labels = {label for label in _labels(REFINE[1], Protocol(compose=True)) if "in one transaction" in label}
+    wanted = [
+        "w1 claims e1 and records a step (fence 1)",
+        "w1 records a step on e1 and records another step (fence 1)",
+        *(f"w1 claims e1 and finalizes -> {t.value} (fence 1)" for t in p.FINALIZE_TARGETS),
+        *(f"w1 records a step on e1 and finalizes -> {t.value} (fence 1)" for t in p.FINALIZE_TARGETS),
+    ]
+    for needle in wanted:
+        assert f"{needle}, in one transaction" in labels, f"no composed move {needle!r}"
+    assert not any("-> cancelled" in label for label in labels)
+
+
+def _after(world: World, bounds: Bounds, proto: Protocol, *labels: str) -> World:
+    for label in labels:
+        (world,) = [m.world for m in moves(world, bounds, proto)[0] if m.label == label]
+    return world
+
+
+def test_a_composed_move_is_its_two_commits_and_nothing_else() -> None:
+    bounds, composed = REFINE[1], Protocol(compose=True)
+    start = initial_world(bounds)
+    together = _after(start, bounds, composed, "w1 claims e1 and records a step (fence 1), in one transaction")
+    apart = _after(start, bounds, Protocol(), "w1 claims e1", "w1 records a step on e1 (fence 1)")
+    assert together == apart
+    assert together.executions[0].step_count == 1 and together.executions[0].fence == 1
+    # At the step bound the second step is not decided, so no composed move stands in for the first one alone.
+    stepped = _after(together, bounds, composed, "w1 records a step on e1 (fence 1)")
+    assert not [m for m in moves(stepped, bounds, composed)[0] if "records a step on e1 and" in m.label]
+
+
+def test_a_composed_move_ages_a_decision_in_flight_by_both_commits() -> None:
+    # Both commits must fit in the race window, or composing would let more happen before the late commit.
+    bounds, composed = REFINE[1], Protocol(compose=True)
+    decided = _after(initial_world(bounds), bounds, composed, "ops decides cancel of e1")
+    (move,) = [m for m in moves(decided, bounds, composed)[0] if m.label.startswith("w1 claims e1 and records")]
+    assert move.length == 2 and move.world.inflight is not None and move.world.inflight.age == 2
+    aged = _after(decided, bounds, composed, "clock ticks to 1")
+    assert not [m for m in moves(aged, bounds, composed)[0] if "in one transaction" in m.label]
+
+
+def test_the_refinement_check_passes_composition_and_names_a_world_it_cannot_reach() -> None:
+    bounds = REFINE[1]
+    refinement = check_refinement(bounds)
+    assert refinement.complete and refinement.violation is None
+    assert refinement.composed.states == refinement.plain.states
+    # Against a protocol that can never finalize, the worlds finalization reaches are reported.
+    never = Protocol(finalize=lambda *_: p.Refusal(p.RefusalCode.NOT_AUTHORIZED, "never"))
+    broken = check_refinement(bounds, Protocol(), baseline=never)
+    assert broken.violation is not None
+    assert broken.violation.invariant == Invariant.COMPOSED_REFINES
+    assert "finalize" in broken.violation.trace[-1], broken.violation.trace
+    # A cut search proves no refinement, so none is claimed.
+    cut = check_refinement(attrs.evolve(bounds, max_depth=2), Protocol(), baseline=never)
+    assert not cut.complete and cut.violation is None
+
+
 def test_standard_configurations_cover_three_workers_and_two_executions() -> None:
     assert any(b.workers >= 3 and b.executions >= 2 for _, b in STANDARD)
     assert all(b.max_tick > b.lease_ticks for _, b in STANDARD), "leases must be able to expire"
@@ -149,7 +247,21 @@ def test_command_line_prints_states_explored() -> None:
     assert "every invariant" in run.stdout
 
 
-@pytest.mark.parametrize("bad", [["--workers", "0"], ["--depth", "x"], ["--claims", "-1"]])
+def test_command_line_checks_a_composed_configuration() -> None:
+    assert all(b.max_depth is None and b.steps_per_execution >= 2 for _, b in COMPOSED)
+    bounds = ["--workers", "2", "--executions", "1", "--claims", "1", "--steps", "2", "--ticks", "3"]
+    run = subprocess.run(
+        [FENCEKEEPER, "modelcheck", "--compose", *bounds],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "composed" in run.stdout
+    assert "every world also reachable without composition" in run.stdout
+
+
+@pytest.mark.parametrize("bad", [["--workers", "0"], ["--depth", "x"], ["--claims", "-1"], ["--steps", "0"]])
 def test_command_line_refuses_bad_bounds(bad: list[str]) -> None:
     run = subprocess.run([FENCEKEEPER, "modelcheck", *bad], capture_output=True, text=True, check=False)
     assert run.returncode == 2

@@ -17,6 +17,13 @@ Rules of this module:
   is "nobody checks", not "the decision forgot but the store caught it".
   Defence in depth is shown separately by the variant that keeps every
   decision but turns the store's guard off.
+- A store that composes decisions (a claim or a step and the holder's next
+  decision, in one transaction) can get the composition wrong without any
+  decision being wrong; that variant is switched on in the ``Protocol``
+  bundle, as the guard is.  Its two mistakes come together because either
+  alone is harmless: a second decision planned on the world before the
+  first write fails its own guard, and one planned on the written world
+  has a guard that holds (``test_bug_zoo.py`` checks both).
 """
 
 from __future__ import annotations
@@ -363,6 +370,13 @@ ZOO: tuple[Variant, ...] = (
         "cancellation writes the execution but not its dispatch row",
         Protocol(cancel=_cancel_forgets_dispatch),
         Invariant.AGREE,
+    ),
+    Variant(
+        "composed-on-stale-world",
+        "a composed transaction decides its second decision on the world before the first write and checks "
+        "only the first guard, so the second overwrites the first (a lost step)",
+        Protocol(compose=True, compose_plans_on_written=False, compose_guards_each=False),
+        Invariant.REVISION_PLUS_ONE,
     ),
     Variant(
         "guard-without-expiry",
