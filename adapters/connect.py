@@ -42,7 +42,6 @@ import attrs
 
 from fencekeeper.kernel.machines import ExecutionState
 
-from . import sqlite_store
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE
 from .store import Clock, StoreError, TransactionalStore
 
@@ -132,6 +131,8 @@ def open_store(
                 "store_unavailable",
                 f"--db: no database at {location.path} (`fencekeeper migrate --db {location.path}` creates one)",
             )
+        from . import sqlite_store  # noqa: PLC0415 - as psycopg for PostgreSQL: a worker loads one store
+
         return sqlite_store.SQLiteStore(location.path, clock, read_only=read_only)
     from .postgres_store import PostgresStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
@@ -147,6 +148,8 @@ def migrate(url: str, *, schema: str | None = None) -> tuple[Location, list[int]
     if location.kind == "sqlite":
         assert location.path is not None
         before = _sqlite_versions(location.path) if location.path.exists() else []
+        from . import sqlite_store  # noqa: PLC0415 - as in open_store
+
         # The SQLite store migrates forward when it is opened, after checking the file is its own.
         sqlite_store.SQLiteStore(location.path).close()
         after = _sqlite_versions(location.path)
@@ -244,6 +247,8 @@ def check(url: str, *, schema: str | None = None) -> CheckReport:
 
 
 def _check_sqlite(location: Location) -> CheckReport:
+    from . import sqlite_store  # noqa: PLC0415 - as in open_store
+
     path = location.path
     assert path is not None
     newest = max(number for number, _, _ in sqlite_store.MIGRATIONS)

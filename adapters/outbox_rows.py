@@ -25,13 +25,17 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import attrs
 
-from fencekeeper.kernel import operations as o
 from fencekeeper.kernel import protocol as p
 
 from . import codec
+
+if TYPE_CHECKING:
+    # Annotations only: an execution store (a worker's) need not import the operations kernel.
+    from fencekeeper.kernel import operations as o
 
 
 @attrs.frozen

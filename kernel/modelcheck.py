@@ -27,12 +27,12 @@ Rules of this module:
   Within the bounds the search is complete unless ``max_depth`` cuts it,
   and the result says which.
 - A composed transaction (``Protocol.compose``: a claim or a step and the
-  holder's next decision, committed together) is one move made of two
-  decisions, the second decided on the world the first wrote, each applied
-  under its own guard, every write checked; if either is not a decision or
-  its guard fails, the move does not exist (all or none: the world before
-  it is already reachable).  :func:`check_refinement` proves composition
-  reaches no world the uncomposed protocol does not.
+  holder's next decisions, steps and then a finalize, committed together)
+  is one move made of them all, each decided on the world the one before
+  it wrote, each applied under its own guard, every write checked; if one
+  is not a decision or its guard fails, the chain ends before it (its
+  prefixes are moves of their own).  :func:`check_refinement` proves
+  composition reaches no world the uncomposed protocol does not.
 """
 
 from __future__ import annotations
@@ -899,10 +899,17 @@ def moves(
         after = _apply(base, outcome, action.actor, action.credential)
         broken = check_write(base, after, action, outcome, kind)
         found.append(Move(action.label, after, broken))
-        # A composed transaction needs room for both commits in the race window of a decision in flight.
-        room = world.inflight is None or world.inflight.age + 1 < bounds.race_window
-        if proto.compose and action.kind in _COMPOSABLE and room:
-            composed, considered = _composed(base, after, action, outcome, broken, bounds=bounds, proto=proto)
+        # A composed transaction needs room for all its commits in the race window of a decision in flight;
+        # without one, a chain is bounded by the holder's steps (each composed step is one).
+        room = (
+            bounds.steps_per_execution + 1
+            if world.inflight is None
+            else bounds.race_window - world.inflight.age - 1
+        )
+        if proto.compose and action.kind in _COMPOSABLE and room > 0:
+            composed, considered = _composed(
+                base, after, action, outcome, broken, bounds=bounds, proto=proto, room=room
+            )
             found.extend(composed)
             decided += considered
     if world.inflight is not None:
@@ -930,36 +937,49 @@ def _composed(
     *,
     bounds: Bounds,
     proto: Protocol,
+    room: int = 1,
 ) -> tuple[list[Move], int]:
     """The composed moves that begin with ``first``, whose ``decision`` turned ``before`` into ``written``.
 
-    The second decision is the holder's own (the credential the claim just
-    gave, or the step's), decided on ``written`` and guarded on it; a
-    refusal, an idempotent repeat or a failed guard leaves no move at all,
-    because the transaction then commits nothing and ``before`` is already
-    reachable.  A write invariant the first write broke is reported on every
-    composed move too, and otherwise the second write's.  Also returns how
-    many second decisions were considered.
+    Each next decision is the holder's own (the credential the claim just
+    gave, or the step's), decided on the world the decision before it wrote
+    and guarded on it; a refusal, an idempotent repeat or a failed guard
+    ends the chain there (the transaction commits what came before, which is
+    a shorter chain, or the first decision's own move).  After a step the
+    chain may go on, as a store's does (``MAX_COMPOSED``), while ``room``
+    allows: how many more commits the race window of a decision in flight
+    has left.  A write invariant an earlier write broke is reported on every
+    longer move too, and otherwise the last write's.  Also returns how many
+    next decisions were considered.
     """
     credential = decision.lease if first.kind == "claim" else first.credential
     assert credential is not None, "a claim's decision carries the credential it hands out"
     wid, eid = credential.worker_id, execution_id(first.execution)
     opening = f"claims {eid}" if first.kind == "claim" else f"records a step on {eid}"
-    planned_on = written if proto.compose_plans_on_written else before
     found: list[Move] = []
     considered = 0
-    for phrase, then in _next_visit(planned_on, bounds, proto, first.execution, credential):
-        considered += 1
-        outcome = then.outcome
-        if not isinstance(outcome, p.Decision):
-            continue
-        if proto.apply_guard and proto.compose_guards_each and not _guard_holds(written, outcome.guard):
-            continue
-        said = "records another step" if first.kind == then.kind else phrase
-        label = f"{wid} {opening} and {said} (fence {credential.fence}), in one transaction"
-        second = attrs.evolve(then, label=label)
-        after = _apply(written, outcome, second.actor, second.credential)
-        found.append(Move(label, after, broken or check_write(written, after, second, outcome, second.kind), length=2))
+    # (the world before the last write, the world after it, its kind, the phrases so far, what broke)
+    chains = [(before, written, first.kind, [opening], broken)]
+    for length in range(2, 2 + room):
+        longer = []
+        for last_before, last_written, last_kind, phrases, was_broken in chains:
+            planned_on = last_written if proto.compose_plans_on_written else last_before
+            for phrase, then in _next_visit(planned_on, bounds, proto, first.execution, credential):
+                considered += 1
+                outcome = then.outcome
+                if not isinstance(outcome, p.Decision):
+                    continue
+                if proto.apply_guard and proto.compose_guards_each and not _guard_holds(last_written, outcome.guard):
+                    continue
+                said = "records another step" if last_kind == then.kind == "record_step" else phrase
+                label = f"{wid} {' and '.join([*phrases, said])} (fence {credential.fence}), in one transaction"
+                step = attrs.evolve(then, label=label)
+                after = _apply(last_written, outcome, step.actor, step.credential)
+                now_broken = was_broken or check_write(last_written, after, step, outcome, step.kind)
+                found.append(Move(label, after, now_broken, length=length))
+                if then.kind == "record_step":
+                    longer.append((last_written, after, then.kind, [*phrases, said], now_broken))
+        chains = longer
     return found, considered
 
 

@@ -179,6 +179,11 @@ def test_every_composed_form_occurs_and_the_sixth_target_never_composes() -> Non
         "w1 records a step on e1 and records another step (fence 1)",
         *(f"w1 claims e1 and finalizes -> {t.value} (fence 1)" for t in p.FINALIZE_TARGETS),
         *(f"w1 records a step on e1 and finalizes -> {t.value} (fence 1)" for t in p.FINALIZE_TARGETS),
+        # Chains, as a store composes them: every visit that calls no handler, up to the step bound.
+        "w1 claims e1 and records a step and records another step (fence 1)",
+        "w1 claims e1 and records a step and finalizes -> succeeded (fence 1)",
+        "w1 claims e1 and records a step and records another step and finalizes -> waiting (fence 1)",
+        "w1 records a step on e1 and records another step and finalizes -> failed (fence 1)",
     ]
     for needle in wanted:
         assert f"{needle}, in one transaction" in labels, f"no composed move {needle!r}"
@@ -201,6 +206,24 @@ def test_a_composed_move_is_its_two_commits_and_nothing_else() -> None:
     # At the step bound the second step is not decided, so no composed move stands in for the first one alone.
     stepped = _after(together, bounds, composed, "w1 records a step on e1 (fence 1)")
     assert not [m for m in moves(stepped, bounds, composed)[0] if "records a step on e1 and" in m.label]
+
+
+def test_a_composed_chain_is_its_commits_and_nothing_else() -> None:
+    bounds, composed = REFINE[1], Protocol(compose=True)
+    start = initial_world(bounds)
+    label = "w1 claims e1 and records a step and records another step and finalizes -> succeeded (fence 1)"
+    (move,) = [m for m in moves(start, bounds, composed)[0] if m.label == f"{label}, in one transaction"]
+    apart = _after(
+        start,
+        bounds,
+        Protocol(),
+        "w1 claims e1",
+        "w1 records a step on e1 (fence 1)",
+        "w1 records a step on e1 (fence 1)",
+        "w1 commits finalize e1 -> succeeded (fence 1)",
+    )
+    assert move.world == apart and move.length == 4
+    assert apart.executions[0].state.value == "succeeded" and apart.executions[0].step_count == 2
 
 
 def test_a_composed_move_ages_a_decision_in_flight_by_both_commits() -> None:
