@@ -889,6 +889,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
         def make_worker(number: int, handler: CommandHandler) -> Worker:
             worker_id = f"{prefix}-{number}"
             tokens: dict[str, str] = {}
+            made: list[Worker] = []
 
             def make_token() -> str:
                 tokens["last"] = secrets.token_hex(16)
@@ -903,9 +904,11 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 if args.verbose and log is None:
                     style = render.REFUSED_STYLE if what == "refused" else render.STATE_STYLES.get(what, "")
                     out.note(f"{worker_id}  {execution_id}  ", (what, style), f"  {detail}")
-                if what in ("claimed", "step") and stop.event.is_set():
+                if what in ("claimed", "step") and stop.event.is_set() and not made[0].holds_command(execution_id):
                     # The clean shutdown: the visit that just committed was the last; the lease is
                     # handed back so that another worker continues at once instead of after expiry.
+                    # Not while a Command the same transaction issued awaits its handler: its
+                    # result's step comes next, and hands the lease back then.
                     _release(
                         store,
                         worker_id=worker_id,
@@ -915,18 +918,21 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                         say=say,
                     )
 
-            return Worker(
-                store,
-                worker_id,
-                policy,
-                handler,
-                lease=lease,
-                business_id=args.business,
-                make_token=make_token,
-                on_event=on_event,
-                on_record=record,
-                stopping=stop.event.is_set,
+            made.append(
+                Worker(
+                    store,
+                    worker_id,
+                    policy,
+                    handler,
+                    lease=lease,
+                    business_id=args.business,
+                    make_token=make_token,
+                    on_event=on_event,
+                    on_record=record,
+                    stopping=stop.event.is_set,
+                )
             )
+            return made[0]
 
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=1)]
 

@@ -996,6 +996,10 @@ class WorkerPool:
                 previous(execution_id, what, detail)
             if what not in ("claimed", "step") or not self._stop.is_set() or "last" not in tokens:
                 return
+            if worker.holds_command(execution_id):
+                # A Command the same transaction issued awaits its handler; its result's step
+                # comes next and hands the lease back then.
+                return
             view = worker.store.read(execution_id)
             if view is None or view.execution.state is not ExecutionState.RUNNING:
                 return

@@ -13,11 +13,13 @@ Rules of this module:
 - Refusals and ``Unchanged`` outcomes write nothing; a refused request
   leaves the store exactly as it was.
 - A composed transaction (``claim_and_visit``, ``record_step_and_visit``;
-  specs/protocol.md, "Composed decisions") carries a claim or a step and the
-  visits after it that call no handler: each is the kernel's decision on
-  the rows as the one before it left them, written under its own guard,
-  and all of them commit together or not at all.  The planner that names
-  each next visit runs inside the transaction and must not use the store.
+  specs/protocol.md, "Composed decisions") carries a claim or a step, the
+  visits after it that call no handler, and at most one Command's intent,
+  last: each is the kernel's decision on the rows as the one before it
+  left them, written under its own guard, and all of them commit together
+  or not at all.  No handler is ever called inside a transaction.  The
+  planner that names each next visit runs inside the transaction and must
+  not use the store.
 - Evidence (step attempts, outcomes, command links) is committed in the
   same transaction as the decision it belongs to: seed 000 allows a separate
   transaction, every store here provides the stronger boundary.
@@ -174,13 +176,18 @@ class NextVisit:
 
     Composed decisions (specs/protocol.md, "Composed decisions"): ``kind``
     is ``step`` (:func:`~fencekeeper.kernel.protocol.record_step`, with
-    ``request`` a StepRequest) or ``finish``
-    (:func:`~fencekeeper.kernel.protocol.finalize`, with a FinalizeRequest).
-    ``plan`` is the caller's own, handed back untouched with the outcome.
+    ``request`` a StepRequest), ``finish``
+    (:func:`~fencekeeper.kernel.protocol.finalize`, with a FinalizeRequest)
+    or ``intent`` (a Command's intent, the evidence that must be durable
+    before its handler is called, under
+    :func:`~fencekeeper.kernel.protocol.fenced`, with the LeaseCredential).
+    A finish or an intent ends the transaction's visits: the handler is
+    called only after it commits.  ``plan`` is the caller's own, handed
+    back untouched with the outcome.
     """
 
     kind: str
-    request: p.StepRequest | p.FinalizeRequest
+    request: p.StepRequest | p.FinalizeRequest | p.LeaseCredential
     evidence: tuple[Evidence, ...]
     plan: Any = None
 
@@ -202,13 +209,14 @@ class Composed:
     nothing of it was written, and what came before it committed."""
     view: VisitView | None = None
     """The execution as the transaction left it, while it may still be running under the lease; None
-    when the last decision finalized it or was refused."""
+    when the last decision finalized it, issued a Command (its handler is next) or was refused."""
 
 
 MAX_COMPOSED = 16
 """The most next visits one transaction carries.
 
-Each is a node visit that calls no handler (a condition, an end); a
+Each is a node visit that calls no handler (a condition, an end), or a
+Command's intent, which ends them; a
 definition's run of them is short, and the step limit (100) bounds any
 run anyway.  The bound keeps one transaction's row locks brief."""
 
@@ -614,7 +622,7 @@ def _composable(visit: NextVisit) -> bool:
     transaction already holding the execution's rows must not take it, so
     that visit is left to a transaction of its own.
     """
-    if visit.kind == "step":
+    if visit.kind in ("step", "intent"):
         return True
     request = visit.request
     return visit.kind == "finish" and isinstance(request, p.FinalizeRequest) and not (
@@ -908,6 +916,12 @@ class TransactionalStore(abc.ABC):
                 return outcome, None
             execution_id = view.execution.execution_id
             return outcome, _written_then_viewed(tx, outcome, visit.evidence, now, execution_id)
+        if visit.kind == "intent":
+            assert isinstance(request, p.LeaseCredential)
+            fenced = p.fenced(view.execution, view.dispatch, request, now)
+            if isinstance(fenced, p.Decision):
+                _apply(tx, fenced, visit.evidence, now)
+            return fenced, None
         assert visit.kind == "finish" and isinstance(request, p.FinalizeRequest)
         decided = _finalized(tx, now, (view.execution, view.dispatch), request, visit.evidence)
         if isinstance(decided, _Written):

@@ -14,8 +14,11 @@ Rules of this module:
   transaction of the claim or step before it and joins it (specs/protocol.md,
   "Composed decisions"): the kernel decides it on the rows that transaction
   wrote, under its own guard, and the transaction commits both or neither.
-  A visit that calls a handler never joins: its intent commits in a
-  transaction of its own, and the handler runs outside every transaction.
+  A visit that calls a handler joins with its Command's intent only, which
+  ends the transaction; the handler is called after it commits, outside
+  every transaction.  Until that Command's result is committed,
+  :meth:`Worker.holds_command` tells a stopping worker's hook not to hand
+  the lease back.
 - A pass first fires due one-time wakes (while every pass finds work, at
   most once per ``timer_interval``; a pass that finds none always looks),
   then claims eligible executions in the store's order (eligible_at, then id) and drives each until it leaves
@@ -192,6 +195,8 @@ class Worker:
     monotonic: Callable[[], float] = time.monotonic
     """The process clock that paces the lookups; never the time of a decision."""
     _queue_busy: bool = attrs.field(default=False, init=False)
+    _holding: str | None = attrs.field(default=None, init=False)
+    """The execution whose Command a composed transaction issued, until its result's transaction returns."""
     _timers_looked_at: float = attrs.field(default=0.0, init=False)
 
     def _tell(
@@ -254,6 +259,7 @@ class Worker:
                 break
             report.claim_seconds.append(time.perf_counter() - started)
             execution_id = outcome.execution.execution_id
+            self._holding = execution_id if _issues_a_command(composed.followed) else None
             report.claimed.append(execution_id)
             self._tell(
                 execution_id,
@@ -286,46 +292,60 @@ class Worker:
         step's transaction are used in the same way.  A visit reads the
         execution only when it has no view.
         """
+        try:
+            self._drive(execution_id, credential, report, view, followed)
+        finally:
+            self._holding = None
+
+    def _drive(
+        self,
+        execution_id: str,
+        credential: p.LeaseCredential,
+        report: PassReport,
+        view: VisitView | None,
+        followed: Sequence[tuple[NextVisit, p.Outcome]],
+    ) -> None:
         while True:
-            if followed and not self._report_followed(execution_id, credential, report, followed):
-                return
-            if view is None or self.stopping():
-                view = self.store.read_for_visit(execution_id)
-            if view is None or view.execution.state != ExecutionState.RUNNING:
-                return
-            expires = view.dispatch.lease_expires_at
-            if expires is not None and expires - self.store.clock.now() < self.lease / 2:
-                renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
-                if not self._applied(execution_id, renewed, report, "renew", credential.fence):
+            issued: tuple[p.Execution, i.Invoke, p.Authority] | None = None
+            if followed:
+                going, issued = self._report_followed(execution_id, credential, report, followed)
+                if not going:
                     return
-                report.renewals += 1
-                self._tell(execution_id, "renewed", f"lease of {self.lease.total_seconds():g} s", fence=credential.fence)
-            execution = view.execution
-            definition = self.store.load_definition(
-                execution.business_id, execution.definition_id, execution.definition_revision
-            )
-            plan, authority = self._plan(view, definition, credential, self.store.clock.now())
-            if isinstance(plan, i.Invoke):
-                issued = self.store.append_evidence(execution_id, credential, plan.evidence)
-                if not self._applied(execution_id, issued, report, "issue command", credential.fence):
-                    return
-                self._tell(
-                    execution_id,
-                    "command",
-                    f"{plan.command.operation} as {plan.command.command_id}",
-                    fence=credential.fence,
-                    node_id=execution.current_node_id,
-                )
-                try:
-                    result = self.handler.execute(plan.command)
-                except Exception as exc:
-                    result = i.CommandResult(i.CommandStatus.UNKNOWN, None, f"handler raised {exc!r}")
-                settled = i.settle(plan, result)
+            if issued is not None:
+                # A composed transaction committed the Command's intent: call its handler now.
+                execution, invoke, authority = issued
+                settled = self._invoke(invoke)
             else:
-                settled = plan
+                if view is None or self.stopping():
+                    view = self.store.read_for_visit(execution_id)
+                if view is None or view.execution.state != ExecutionState.RUNNING:
+                    return
+                expires = view.dispatch.lease_expires_at
+                if expires is not None and expires - self.store.clock.now() < self.lease / 2:
+                    renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
+                    if not self._applied(execution_id, renewed, report, "renew", credential.fence):
+                        return
+                    report.renewals += 1
+                    self._tell(
+                        execution_id, "renewed", f"lease of {self.lease.total_seconds():g} s", fence=credential.fence
+                    )
+                execution = view.execution
+                definition = self.store.load_definition(
+                    execution.business_id, execution.definition_id, execution.definition_revision
+                )
+                plan, authority = self._plan(view, definition, credential, self.store.clock.now())
+                if isinstance(plan, i.Invoke):
+                    outcome = self.store.append_evidence(execution_id, credential, plan.evidence)
+                    if not self._applied(execution_id, outcome, report, "issue command", credential.fence):
+                        return
+                    self._report_command(execution_id, execution, credential, plan)
+                    settled = self._invoke(plan)
+                else:
+                    settled = plan
             if isinstance(settled, i.Finish):
                 request = self._finalize_request(execution, credential, settled, authority)
                 outcome = self.store.finalize(request, settled.evidence)
+                self._holding = None
                 if self._applied(execution_id, outcome, report, "finalize", credential.fence):
                     self._report_finish(execution_id, execution, credential, settled, report)
                 return
@@ -335,11 +355,45 @@ class Worker:
                 settled.evidence,
                 self._plan_next,
             )
+            self._holding = execution_id if _issues_a_command(composed.followed) else None
             assert composed.outcome is not None  # a step's transaction always decides
             if not self._applied(execution_id, composed.outcome, report, "step", credential.fence):
                 return
             self._report_step(execution_id, credential, settled.step, report)
             view, followed = composed.view, composed.followed
+
+    def holds_command(self, execution_id: str) -> bool:
+        """True while a Command a composed transaction issued on ``execution_id`` awaits its result's commit.
+
+        A composed transaction may commit a Command's intent together with
+        the claim or step before it, so the ``claimed`` or ``step`` event it
+        reports comes before the handler runs.  A hook that hands the lease
+        back on those events when the worker is stopping must not do so
+        while this is True: the handler would then run under no lease, and
+        its result could not be committed.  It is False again once the
+        result's transaction has returned (its ``step`` event may hand the
+        lease back as usual).
+        """
+        return self._holding == execution_id
+
+    def _invoke(self, plan: i.Invoke) -> i.Step | i.Finish:
+        """Call the handler (its intent is committed), and what its result commits."""
+        try:
+            result = self.handler.execute(plan.command)
+        except Exception as exc:
+            result = i.CommandResult(i.CommandStatus.UNKNOWN, None, f"handler raised {exc!r}")
+        return i.settle(plan, result)
+
+    def _report_command(
+        self, execution_id: str, execution: p.Execution, credential: p.LeaseCredential, plan: i.Invoke
+    ) -> None:
+        self._tell(
+            execution_id,
+            "command",
+            f"{plan.command.operation} as {plan.command.command_id}",
+            fence=credential.fence,
+            node_id=execution.current_node_id,
+        )
 
     def _plan(
         self, view: VisitView, definition: Definition | None, credential: p.LeaseCredential, now: datetime
@@ -369,15 +423,15 @@ class Worker:
         return plan, dispatch_authority
 
     def _plan_next(self, view: VisitView, now: datetime, credential: p.LeaseCredential) -> NextVisit | None:
-        """The next visit, planned inside the transaction of the decision before it, when it calls no handler.
+        """The next visit, planned inside the transaction of the decision before it.
 
         Composed decisions (specs/protocol.md): a visit that only steps or
         finishes (a condition, an end) joins the transaction that committed
-        the claim or step before it.  None leaves the visit to :meth:`drive`:
-        a visit that calls a handler (its intent commits first, then the
-        handler runs outside any transaction), a stopping worker, a lease
-        due for renewal, or a definition revision not yet in memory (the
-        planner must not use the store).
+        the claim or step before it, and so does the intent of a visit that
+        calls a handler, which ends the transaction: the handler is called
+        once it has committed.  None leaves the visit to :meth:`drive`: a
+        stopping worker, a lease due for renewal, or a definition revision
+        not yet in memory (the planner must not use the store).
         """
         execution = view.execution
         if self.stopping() or execution.state != ExecutionState.RUNNING:
@@ -392,12 +446,12 @@ class Worker:
             return None
         plan, authority = self._plan(view, definition, credential, now)
         if isinstance(plan, i.Invoke):
-            return None
+            return NextVisit("intent", credential, tuple(plan.evidence), (execution, plan, authority))
         if isinstance(plan, i.Step):
             request = p.StepRequest(credential, execution.revision, plan.step, authority)
-            return NextVisit("step", request, tuple(plan.evidence), (execution, plan))
+            return NextVisit("step", request, tuple(plan.evidence), (execution, plan, authority))
         finish = self._finalize_request(execution, credential, plan, authority)
-        return NextVisit("finish", finish, tuple(plan.evidence), (execution, plan))
+        return NextVisit("finish", finish, tuple(plan.evidence), (execution, plan, authority))
 
     def _report_followed(
         self,
@@ -405,19 +459,27 @@ class Worker:
         credential: p.LeaseCredential,
         report: PassReport,
         followed: Sequence[tuple[NextVisit, p.Outcome]],
-    ) -> bool:
-        """Report the visits a transaction composed; True when the execution is still running under the lease."""
+    ) -> tuple[bool, tuple[p.Execution, i.Invoke, p.Authority] | None]:
+        """Report the visits a transaction composed.
+
+        Returns whether the execution is still running under the lease, and
+        the Command whose intent the transaction committed last, if it did
+        (its handler is the next thing to call).
+        """
         for visit, outcome in followed:
-            execution, plan = visit.plan
-            what = "step" if visit.kind == "step" else "finalize"
+            execution, plan, authority = visit.plan
+            what = {"step": "step", "finish": "finalize", "intent": "issue command"}[visit.kind]
             if not self._applied(execution_id, outcome, report, what, credential.fence):
-                return False
+                return False, None
+            if isinstance(plan, i.Invoke):
+                self._report_command(execution_id, execution, credential, plan)
+                return True, (execution, plan, authority)
             if isinstance(plan, i.Step):
                 self._report_step(execution_id, credential, plan.step, report)
             else:
                 self._report_finish(execution_id, execution, credential, plan, report)
-                return False
-        return True
+                return False, None
+        return True, None
 
     @staticmethod
     def _finalize_request(
@@ -480,6 +542,11 @@ class Worker:
         report.refused.append(Refused(execution_id, code, outcome.message))
         self._tell(execution_id, "refused", f"{what}: {code}: {outcome.message}", fence=fence, code=code)
         return False
+
+
+def _issues_a_command(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:
+    """Whether a composed transaction committed a Command's intent (its last visit, when it did)."""
+    return bool(followed) and followed[-1][0].kind == "intent" and isinstance(followed[-1][1], p.Decision)
 
 
 __all__ = [

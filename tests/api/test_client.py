@@ -448,6 +448,48 @@ def test_a_stopping_pool_hands_back_the_lease_after_the_visit_it_is_in(db: Path)
         assert gate.executed == ["order.first", "order.second"]
 
 
+def test_a_stop_that_lands_as_a_command_is_issued_waits_for_the_command_s_result(db: Path) -> None:
+    # The claim's transaction also commits the first Command's intent (a composed transaction), and the
+    # stop lands inside it, after the worker chose to compose (the policy is asked while the next visit
+    # is planned).  The claim is then reported with a Command issued: the lease must not be handed back
+    # before the handler has run and its result is committed, or the Command would run under no lease,
+    # its result be refused, and the execution need reconciliation.
+    grants = examples.grants("default", "user:operator")
+    stop_once: list[fencekeeper.WorkerPool] = []
+    handler = Gate()
+    handler.go.set()
+
+    class StopsInside:
+        def check(
+            self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
+        ) -> fencekeeper.Authority:
+            if operation == "order.first" and stop_once:
+                stop_once.pop()._stop.set()
+            return grants.check(principal_id, business_id, operation, targets)
+
+    with fencekeeper.connect(str(db), policy=StopsInside(), handler=handler) as client:
+        client.run(TWO_COMMANDS, {"order_id": "o-1"}, execution_id="x-1")
+        pool = client.start_workers(1, lease=30, poll=0.05)
+        stop_once.append(pool)
+        deadline = time.monotonic() + 10
+        while pool.running and time.monotonic() < deadline:
+            time.sleep(0.01)  # the stop comes from inside the worker's own transaction
+        pool.stop()
+        assert not stop_once, "the stop never landed"
+        assert not pool.running and pool.errors == []
+        assert not pool.report.refused, pool.report.refused
+        assert handler.executed == ["order.first"]
+        # The first Command's result committed under the lease, and then the lease was handed back.
+        assert pool.released == ["x-1"]
+        execution = client.get("x-1")
+        assert (execution.state, execution.current_node_id, execution.step_count) == (
+            ExecutionState.ELIGIBLE, "second", 1
+        )
+        client.run_until_idle(lease=5)
+        assert client.get("x-1").state is ExecutionState.SUCCEEDED
+        assert handler.executed == ["order.first", "order.second"]
+
+
 # --- PostgreSQL ---------------------------------------------------------------------------------
 
 

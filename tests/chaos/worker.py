@@ -170,11 +170,12 @@ class LedgeredStore:
             visit = plan(view, now, credential)
             if visit is not None:
                 request = visit.request
-                visit_op = (
-                    "record_step"
-                    if isinstance(request, p.StepRequest)
-                    else f"finalize_{getattr(request.target_state, 'value', request.target_state)}"
-                )
+                if isinstance(request, p.StepRequest):
+                    visit_op = "record_step"
+                elif isinstance(request, p.FinalizeRequest):
+                    visit_op = f"finalize_{getattr(request.target_state, 'value', request.target_state)}"
+                else:
+                    visit_op = "append_evidence"  # a Command's intent
                 noted[id(visit)] = self._intent(
                     visit_op,
                     view.execution.execution_id,

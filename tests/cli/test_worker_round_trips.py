@@ -6,19 +6,20 @@ a handler that does no I/O, after a warm-up (statements are prepared once
 per connection):
 
 - every decision is still made by the kernel under its own guard, and the
-  intent is committed before the handler is called, in a transaction of its
-  own; a visit that calls no handler joins the transaction of the claim or
+  intent is committed before the handler is called; a visit that calls no
+  handler, and a Command's intent, join the transaction of the claim or
   step before it (specs/protocol.md, "Composed decisions"): a one-node
   execution is one write transaction (the claim and the finalization), a
-  two-node one (``local_command`` then ``end``) three (the claim, the
-  command's intent, the step with its result and the finalization);
+  two-node one (``local_command`` then ``end``) two (the claim with the
+  command's intent, committed before the handler is called; the step with
+  its result and the finalization);
 - nothing else is sent while the queue is busy: each transaction hands back
   the view the next visit plans from (read in the same exchange as its last
   write), the due-timer lookup waits for an empty queue or
   ``timer_interval``, and the definition revision comes from memory;
 - the whole path stays within the bound measured when it was made:
-  PostgreSQL 4 round trips per one-node execution and 10 per two-node one,
-  SQLite 16 and 37 statements.  A change that adds a round trip fails here;
+  PostgreSQL 4 round trips per one-node execution and 8 per two-node one,
+  SQLite 16 and 34 statements.  A change that adds a round trip fails here;
 - an admission through ``service.run`` is one transaction: 2 round trips on
   PostgreSQL, 9 statements on SQLite; a refused one writes nothing.
 """
@@ -50,7 +51,7 @@ COUNTED = 10
 # (workflow, write transactions, PostgreSQL round trips, SQLite statements) per execution.
 # Each decision's outbox row is one more statement on SQLite; on PostgreSQL it
 # travels in the decision's one write statement.
-BOUNDS = {"one-node": (ONE_NODE, 1, 4, 16), "two-node": (TWO_NODE, 3, 10, 37)}
+BOUNDS = {"one-node": (ONE_NODE, 1, 4, 16), "two-node": (TWO_NODE, 2, 8, 34)}
 
 
 class _Handler:
@@ -248,9 +249,10 @@ def test_the_view_a_transaction_hands_back_is_what_a_fresh_read_sees(store: Tran
     # The claim's and each step's transaction read the view after their last write; once committed, a
     # read of its own must see exactly that view, or the next visit would plan from something never
     # committed.  A transaction whose last visit finalized hands back none, and its execution has left
-    # running.  "three-node": o-1 ships, passes the condition in the step's transaction and bills (a
-    # view, since billing calls a handler); o-0 and o-2 ship and the condition and the end follow in the
-    # step's transaction (no view).
+    # running; one whose last visit issued a Command hands back none either, and its intent is
+    # committed.  "three-node": every claim issues the shipping Command in its transaction; o-1's
+    # result step passes the condition and issues the billing Command in one transaction, o-0's and
+    # o-2's pass the condition and end.
     seen: list[tuple[str, tuple[str, ...], bool]] = []
 
     def checked(name: str) -> Any:
@@ -265,6 +267,10 @@ def test_the_view_a_transaction_hands_back_is_what_a_fresh_read_sees(store: Tran
             assert fresh is not None
             if composed.view is not None:
                 assert composed.view == fresh, name
+            elif composed.followed[-1][0].kind == "intent":
+                # The Command's intent committed with the rest; the handler is called next.
+                assert fresh.execution.state == ExecutionState.RUNNING
+                assert "issued" in {e.state for e in fresh.evidence if e.kind == i.COMMAND}
             else:
                 assert composed.followed[-1][0].kind == "finish" and fresh.execution.state != ExecutionState.RUNNING
             seen.append((name, tuple(visit.kind for visit, _ in composed.followed), composed.view is not None))
@@ -284,10 +290,10 @@ def test_the_view_a_transaction_hands_back_is_what_a_fresh_read_sees(store: Tran
         )
         assert isinstance(outcome, p.Decision), outcome
     _one_each(worker, 3)
-    ship_then_end = [("claim_and_visit", (), True), ("record_step_and_visit", ("step", "finish"), False)]
+    ship_then_end = [("claim_and_visit", ("intent",), False), ("record_step_and_visit", ("step", "finish"), False)]
     ship_then_bill = [
-        ("claim_and_visit", (), True),
-        ("record_step_and_visit", ("step",), True),
+        ("claim_and_visit", ("intent",), False),
+        ("record_step_and_visit", ("step", "intent"), False),
         ("record_step_and_visit", ("finish",), False),
     ]
     assert seen == ship_then_end + ship_then_bill + ship_then_end
