@@ -62,7 +62,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import psycopg
@@ -77,7 +77,17 @@ from fencekeeper.kernel.machines import DispatchState, ExecutionState, Operation
 
 from . import bridge, codec
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE, Dialect, SqlBackend
-from .store import Backend, Clock, Evidence, ExecutionView, StoreError, TransactionalStore, VisitView, _GuardFailed
+from .store import (
+    Backend,
+    Clock,
+    Evidence,
+    ExecutionView,
+    StoreError,
+    TransactionalStore,
+    VisitView,
+    _GuardFailed,
+    _KeptWriteFailed,
+)
 
 CHANNEL = "fencekeeper_eligible"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -1096,6 +1106,9 @@ class _Kept:
 
     statement: str
     params: Sequence[object]
+    guarded: bool
+    """Whether the statement checks guards on the server (``fencekeeper_guard_held``): any failure is then
+    the request's to decide again (``_KeptWriteFailed``)."""
     decision: p.Decision
     """What the statement writes, and its evidence: what a conflict on a unique key means (SqlBackend._write_conflict)."""
     evidence: tuple[Evidence, ...]
@@ -1106,6 +1119,23 @@ class _Kept:
 # the same way).  Any other state is listed by reading every execution.
 _LISTED_BY_REVISION = ("waiting", "failed", "cancelled", "suspended", "reconciliation_required")
 _LISTED_CONDITION = "state IN (" + ", ".join(f"'{s}'" for s in _LISTED_BY_REVISION) + ")"
+
+
+@functools.lru_cache(maxsize=256)
+def _guarded_statement(parts: tuple[str, ...], checked: tuple[int, ...]) -> str:
+    """The writes of one decision as one statement that fails unless each ``checked`` part touched one row.
+
+    What a write sent with its COMMIT needs (write_last): the guard cannot be
+    read back before the COMMIT is sent, so the database checks it and
+    raises (migration 11's ``fencekeeper_guard_held``, SQLSTATE ZG001); the
+    statement fails, the transaction is aborted, and its COMMIT is a rollback.
+    """
+    # Every part is read in order through one UNION ALL, as _one_statement reads them: the parts then
+    # run in that order, so rows numbered by a sequence (objects.seq) keep the order of the decision.
+    ctes = ", ".join(f"w{n} AS ({sql} RETURNING {n} AS part)" for n, sql in enumerate(parts))
+    touched = " UNION ALL ".join(f"SELECT part FROM w{n}" for n in range(len(parts)))
+    held = " AND ".join(f"count(*) FILTER (WHERE part = {n}) = 1" for n in checked) or "true"
+    return f"WITH {ctes}, touched AS ({touched}) SELECT fencekeeper_guard_held({held}) FROM touched"
 
 
 @functools.lru_cache(maxsize=256)
@@ -1188,6 +1218,9 @@ def listing_sql(state: ExecutionState) -> str:
 class _PostgresBackend(SqlBackend):
     dialect = POSTGRES
     revisions_carry_transitions = True
+    guards_on_server: ClassVar[bool] = True
+    """Whether the schema has migration 11's ``fencekeeper_guard_held``, so that a guarded decision's
+    writes may go with the COMMIT (write_last), checked by the database."""
     _collecting: list[tuple[str, _Deferred]] | None = None
 
     def __init__(
@@ -1239,12 +1272,22 @@ class _PostgresBackend(SqlBackend):
             self._collecting = None
         if not parts:
             return
-        statement = _one_statement(tuple(sql for sql, _ in parts))
+        texts = tuple(sql for sql, _ in parts)
         if self._keeping is not None and not self._checks and not self._revision_checks:
             # No part's row count is checked: the statement can only fail, and
             # only as a whole; it goes with the COMMIT (write_last).
-            self.kept = _Kept(statement, self._params, *self._keeping)
+            self.kept = _Kept(_one_statement(texts), self._params, False, *self._keeping)
             return
+        if self._keeping is not None:
+            # The parts whose row counts are checked are checked by the database, and the
+            # statement goes with the COMMIT; they are taken to hold until it fails there.
+            checked = {id(cursor) for cursor in (*self._checks, *(c for _, c in self._revision_checks))}
+            numbers = tuple(n for n, (_, deferred) in enumerate(parts) if id(deferred) in checked)
+            self.kept = _Kept(_guarded_statement(texts, numbers), self._params, True, *self._keeping)
+            for _, deferred in parts:
+                deferred.rowcount = 1
+            return
+        statement = _one_statement(texts)
         counts = [0] * len(parts)
         begin = self._opening()
         if self._read_after is not None:
@@ -1454,9 +1497,12 @@ class _PostgresBackend(SqlBackend):
         # travel with it (commit_kept): one round trip instead of two.  Only
         # where the store sends that COMMIT itself, in a transaction already
         # open (BEGIN went with the admission's facts).
+        # A guarded decision's writes go the same way, their guard checked by the database in the
+        # statement (_guarded_statement), unless a kept write already failed at this request's COMMIT.
         if (
-            decision.guard.expected_revision != 0
-            or not self.commits_with_last
+            not self.commits_with_last
+            or not self.keeps_writes
+            or (decision.guard.expected_revision != 0 and not self.guards_on_server)
             or self.made_eligible
             or self.kept is not None
             or self.conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
@@ -1482,8 +1528,14 @@ class _PostgresBackend(SqlBackend):
             _run(self.conn, kept.statement, kept.params, commit=True, then=notify)
         except self.dialect.integrity_errors as exc:
             # Rolled back on the server already: the COMMIT behind the failed statement ended it.
+            if kept.guarded:
+                raise _KeptWriteFailed from None
             self._write_conflict(kept.decision, kept.evidence, exc)
             raise _GuardFailed from None
+        except psycopg.DatabaseError as exc:
+            if kept.guarded and exc.sqlstate == GUARD_FAILED:
+                raise _KeptWriteFailed from None
+            raise
 
 
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)

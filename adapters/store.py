@@ -396,16 +396,23 @@ class Backend(abc.ABC):
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         """Write everything ``decision`` lists under its guard; False (having written nothing) if it fails."""
 
+    keeps_writes: bool = True
+    """Whether :meth:`write_last` may keep the writes for the COMMIT (the store's loop turns it off when a
+    kept write failed there, and decides the request again)."""
+
     def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         """:meth:`write`, as the transaction's last action: nothing is read or written in it afterwards.
 
         A store may then keep the writes and send them with the transaction's
-        ``COMMIT`` (PostgreSQL: one exchange instead of two).  It does so only
-        for a decision whose one possible failure is a conflict on a unique
-        key (an admission: inserts only, no guarded row, no revision check),
-        and then True is returned and such a conflict is raised when the
-        transaction ends, as :class:`_GuardFailed`, with nothing written: what
-        False would have caused here.  By default, :meth:`write`.
+        ``COMMIT`` (PostgreSQL: one exchange instead of two), and True is
+        returned.  For a decision whose one possible failure is a conflict on
+        a unique key (an admission: inserts only), such a conflict is raised
+        when the transaction ends, as :class:`_GuardFailed`, with nothing
+        written: what False would have caused here.  For a guarded decision
+        the guard is checked by the database inside the kept statement, and
+        any failure there is raised as :class:`_KeptWriteFailed`, with
+        nothing written: the request is decided again, its writes checked one
+        by one.  By default, :meth:`write`.
         """
         return self.write(decision, evidence, now)
 
@@ -523,6 +530,15 @@ def _pinned_definition(tx: Backend, execution: p.Execution) -> d.Definition | No
 
 class _GuardFailed(Exception):
     """Internal: unwinds a transaction whose guard did not hold, so that it rolls back."""
+
+
+class _KeptWriteFailed(_GuardFailed):
+    """Internal: a guarded write kept for the COMMIT (``write_last``) failed there, so nothing was written.
+
+    A guard that did not hold and a conflict on a unique key look alike from
+    there; the request is decided again with every write checked as it is
+    made, so that the caller gets exactly what it would have without keeping.
+    """
 
 
 @attrs.frozen
@@ -691,9 +707,12 @@ class TransactionalStore(abc.ABC):
         # ``view``, when given, receives the execution's VisitView as a
         # Decision leaves it, read in the decision's own transaction
         # (Backend.view_at_commit): what the worker's next visit plans from.
-        for _ in range(2):
+        failures = 0
+        keep = True
+        while failures < 2:
             try:
                 with self._transaction() as tx:
+                    tx.keeps_writes = keep
                     # Topic first, then rows: the one lock order of every store.
                     if topic is not None:
                         tx.lock_topic(*topic)
@@ -706,8 +725,9 @@ class TransactionalStore(abc.ABC):
                     outcome = decide(tx, now)
                     if isinstance(outcome, _Written):
                         return outcome.outcome  # type: ignore[no-any-return]
-                    if isinstance(outcome, p.Decision) and not tx.write(
-                        outcome, (*evidence, *outcome.objects) if outcome.objects else evidence, now
+                    written = (*evidence, *outcome.objects) if isinstance(outcome, p.Decision) and outcome.objects else evidence
+                    if isinstance(outcome, p.Decision) and not (
+                        tx.write(outcome, written, now) if view is not None else tx.write_last(outcome, written, now)
                     ):
                         raise _GuardFailed
                     if view is not None:
@@ -717,8 +737,12 @@ class TransactionalStore(abc.ABC):
                             if found is not None:
                                 view.append(found)
                     return outcome
+            except _KeptWriteFailed:
+                if not keep:
+                    raise
+                keep = False
             except _GuardFailed:
-                continue
+                failures += 1
         # Two guard failures inside write-locked transactions mean something
         # outside the store changes rows: refuse to guess.
         raise StoreError("guard_conflict", "the rows changed under a write-locked transaction twice")
@@ -916,18 +940,21 @@ class TransactionalStore(abc.ABC):
                 return outcome, None
             execution_id = view.execution.execution_id
             return outcome, _written_then_viewed(tx, outcome, visit.evidence, now, execution_id)
+        # An intent or a finish is the transaction's last action: its writes may go with the COMMIT.
         if visit.kind == "intent":
             assert isinstance(request, p.LeaseCredential)
             fenced = p.fenced(view.execution, view.dispatch, request, now)
-            if isinstance(fenced, p.Decision):
-                _apply(tx, fenced, visit.evidence, now)
+            if isinstance(fenced, p.Decision) and not tx.write_last(fenced, visit.evidence, now):
+                raise _GuardFailed
             return fenced, None
         assert visit.kind == "finish" and isinstance(request, p.FinalizeRequest)
         decided = _finalized(tx, now, (view.execution, view.dispatch), request, visit.evidence)
         if isinstance(decided, _Written):
             return decided.outcome, None
-        if isinstance(decided, p.Decision):
-            _apply(tx, decided, (*visit.evidence, *decided.objects) if decided.objects else visit.evidence, now)
+        if isinstance(decided, p.Decision) and not tx.write_last(
+            decided, (*visit.evidence, *decided.objects) if decided.objects else visit.evidence, now
+        ):
+            raise _GuardFailed
         return decided, None
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> p.Outcome:

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 
 from fencekeeper.adapters import codec, postgres_store, sql
+from fencekeeper.adapters import store as store_module
 from fencekeeper.adapters.postgres_store import MIGRATIONS, PostgresStore, migrate
 from fencekeeper.adapters.store import Evidence, ManualClock, StoreError
 from fencekeeper.adapters.testing.bulk import admit_in_bulk
@@ -310,6 +312,8 @@ def test_a_version_2_schema_migrates_forward_keeping_every_row_and_its_order(
             patched.setattr(sql.SqlBackend, "load_registration", _load_registration_before_closed_by)
             # The code of that version wrote no outbox (migration 10 made it).
             patched.setattr(postgres_store._PostgresBackend, "writes_outbox", False)
+            # Nor checked a guard on the server (migration 11 made fencekeeper_guard_held).
+            patched.setattr(postgres_store._PostgresBackend, "guards_on_server", False)
             assert migrate(pg_dsn, schema) == [1, 2]
             clock = ManualClock()
             old = PostgresStore(pg_dsn, schema=schema, clock=clock)
@@ -592,3 +596,52 @@ def test_every_statement_of_the_store_is_numbered_and_a_stray_percent_is_refused
     assert postgres_store._numbered("SELECT 1") == b"SELECT 1"
     with pytest.raises(ValueError, match="not a placeholder"):
         postgres_store._numbered("SELECT %s WHERE name LIKE 'a%'")
+
+
+# --- a guarded write kept for the COMMIT -------------------------------------------------------
+
+
+def _stale(decision: p.Decision) -> p.Decision:
+    """``decision`` with a guard no row matches: the execution's revision as it never was."""
+    guard = decision.guard
+    return attrs.evolve(decision, guard=attrs.evolve(guard, expected_revision=guard.expected_revision + 7))
+
+
+def test_a_guarded_write_kept_for_the_commit_fails_there_and_writes_nothing(store: PostgresStore) -> None:
+    # The write goes with the COMMIT, so its guard cannot be read back first: the database checks it
+    # in the statement (fencekeeper_guard_held), the statement fails, and the COMMIT is a rollback.
+    _admit(store, "e-1")
+    execution_id, credential = claim(store)
+    before = snapshot(store)
+    with pytest.raises(store_module._KeptWriteFailed), store._transaction() as tx:
+        tx.lock(execution_id)
+        now = tx.now(store.clock)
+        decision = decided(p.renew(*tx.load(execution_id), p.RenewRequest(credential, LEASE), now))
+        # Kept, and taken to hold until the COMMIT finds out otherwise.
+        assert tx.write_last(_stale(decision), (), now) is True
+    assert snapshot(store) == before
+    # The connection went back to the pool usable, and the same request, decided afresh, lands.
+    decided(store.renew(execution_id, p.RenewRequest(credential, LEASE)))
+    assert snapshot(store) != before
+
+
+def test_a_request_whose_kept_write_failed_is_decided_again_its_writes_checked_one_by_one(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _admit(store, "e-1")
+    execution_id, credential = claim(store)
+    real = p.renew
+    calls: list[bool] = []
+
+    def renew_stale_once(*args: Any) -> p.Outcome:
+        outcome = real(*args)
+        calls.append(True)
+        # The first decision's guard fails only on the server, at the COMMIT; the second is the kernel's own.
+        return _stale(outcome) if len(calls) == 1 and isinstance(outcome, p.Decision) else outcome
+
+    monkeypatch.setattr(p, "renew", renew_stale_once)
+    renewed = decided(store.renew(execution_id, p.RenewRequest(credential, LEASE)))
+    assert len(calls) == 2
+    found = store.read(execution_id)
+    assert found is not None and found.dispatch.lease_expires_at == renewed.dispatch.lease_expires_at
+    assert [t.event for t in found.history].count(p.ExecutionEvent.RENEW) == 1
