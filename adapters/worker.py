@@ -140,7 +140,10 @@ class PassReport:
     renewals: int = 0
     """Leases renewed (renewal is not a step)."""
     claim_seconds: list[float] = attrs.field(factory=list)
-    """How long each claim that found work took, store round trip included: the claim latency."""
+    """How long each claim that found work took, store round trips included: the claim latency.
+
+    The claim's whole transaction, with the visits composed into it (a condition, an end, the next
+    Command's intent; the handler is never inside it)."""
 
 
 @attrs.frozen
