@@ -310,7 +310,13 @@ def _second_session(store: Any, clock: ManualClock) -> Any:
 
 
 class _HeldBackend:
-    """A backend whose ``write`` stops first when its session is held (the commit point)."""
+    """A backend whose writes stop first when its session is held (the commit point).
+
+    Every way a decision is written stops there: ``write``, ``write_last``
+    (the transaction's last writes, which a store may send with its COMMIT)
+    and ``write_and_view``; and ``keeps_writes``, which the store's loop sets
+    on the backend it was given, is the wrapped backend's own.
+    """
 
     def __init__(self, backend: Any, harness: StoreHarness) -> None:
         self._backend = backend
@@ -319,6 +325,22 @@ class _HeldBackend:
     def write(self, decision: p.Decision, evidence: Any, now: datetime) -> bool:
         self._harness.checkpoint("commit")
         return bool(self._backend.write(decision, evidence, now))
+
+    def write_last(self, decision: p.Decision, evidence: Any, now: datetime) -> bool:
+        self._harness.checkpoint("commit")
+        return bool(self._backend.write_last(decision, evidence, now))
+
+    def write_and_view(self, decision: p.Decision, evidence: Any, now: datetime, execution_id: str) -> Any:
+        self._harness.checkpoint("commit")
+        return self._backend.write_and_view(decision, evidence, now, execution_id)
+
+    @property
+    def keeps_writes(self) -> bool:
+        return bool(self._backend.keeps_writes)
+
+    @keeps_writes.setter
+    def keeps_writes(self, keep: bool) -> None:
+        self._backend.keeps_writes = keep
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
