@@ -172,7 +172,7 @@ class VisitView:
 
 @attrs.frozen
 class NextVisit:
-    """A visit's decision that calls no handler, applied in the transaction of the decision before it.
+    """The next visit's decision, or its Command's intent, applied in the transaction of the decision before it.
 
     Composed decisions (specs/protocol.md, "Composed decisions"): ``kind``
     is ``step`` (:func:`~fencekeeper.kernel.protocol.record_step`, with
@@ -738,9 +738,12 @@ class TransactionalStore(abc.ABC):
                                 view.append(found)
                     return outcome
             except _KeptWriteFailed:
-                if not keep:
-                    raise
-                keep = False
+                # Decided again with every write checked as it is made (a backend that kept
+                # writes all the same is a guard failure, as any other).
+                if keep:
+                    keep = False
+                else:
+                    failures += 1
             except _GuardFailed:
                 failures += 1
         # Two guard failures inside write-locked transactions mean something
