@@ -904,11 +904,9 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 if args.verbose and log is None:
                     style = render.REFUSED_STYLE if what == "refused" else render.STATE_STYLES.get(what, "")
                     out.note(f"{worker_id}  {execution_id}  ", (what, style), f"  {detail}")
-                if what in ("claimed", "step") and stop.event.is_set() and not made[0].holds_command(execution_id):
+                if made[0].hands_back_after(execution_id, what):
                     # The clean shutdown: the visit that just committed was the last; the lease is
                     # handed back so that another worker continues at once instead of after expiry.
-                    # Not while a Command the same transaction issued awaits its handler: its
-                    # result's step comes next, and hands the lease back then.
                     _release(
                         store,
                         worker_id=worker_id,

@@ -994,11 +994,7 @@ class WorkerPool:
         def on_event(execution_id: str, what: str, detail: str) -> None:
             if previous is not None:
                 previous(execution_id, what, detail)
-            if what not in ("claimed", "step") or not self._stop.is_set() or "last" not in tokens:
-                return
-            if worker.holds_command(execution_id):
-                # A Command the same transaction issued awaits its handler; its result's step
-                # comes next and hands the lease back then.
+            if "last" not in tokens or not worker.hands_back_after(execution_id, what):
                 return
             view = worker.store.read(execution_id)
             if view is None or view.execution.state is not ExecutionState.RUNNING:

@@ -379,6 +379,17 @@ class Worker:
         """
         return self._holding == execution_id
 
+    def hands_back_after(self, execution_id: str, what: str) -> bool:
+        """Whether a stopping worker's hook should hand ``execution_id``'s lease back after the event ``what``.
+
+        After a committed claim or step (``claimed``, ``step``), once the
+        worker is stopping, so that another worker continues at once; not
+        while :meth:`holds_command`, since the Command's result comes next
+        and its ``step`` hands the lease back then.  ``fencekeeper worker``
+        and ``WorkerPool`` both ask this, so they hand back at the same points.
+        """
+        return what in ("claimed", "step") and self.stopping() and not self.holds_command(execution_id)
+
     def _invoke(self, plan: i.Invoke) -> i.Step | i.Finish:
         """Call the handler (its intent is committed), and what its result commits."""
         try:
