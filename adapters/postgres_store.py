@@ -881,17 +881,9 @@ def _run(
     values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
     types = tx.types or ()
     query = _numbered(sql)
-    key = (query, types)
     pgconn = conn.pgconn
     with session.lock:
-        name = session.names.get(key)
-        if name is None and len(session.names) < PREPARED_MAX:
-            # A name is never reused: a statement whose preparing was cut
-            # short may still exist on the server.
-            name = f"fencekeeper_{next(_NAMES)}".encode()
-            pgconn.send_prepare(name, query, param_types=types)
-            _result(conn, session, session.wait(conn, generators.execute(pgconn)))
-            session.names[key] = name
+        name = _prepared(conn, session, query, types)
         if begin or commit:
             pgconn.enter_pipeline_mode()
         if begin:
@@ -912,6 +904,28 @@ def _run(
     rows = tx.load_rows(0, result.ntuples, tuple)
     count = result.command_tuples
     return _Rows(rows, -1 if count is None else count)
+
+
+def _prepared(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    session: _Session,
+    query: bytes,
+    types: Sequence[int],
+) -> bytes | None:
+    """The name ``query`` is prepared under on ``conn`` (preparing it now, the first time); None past PREPARED_MAX.
+
+    Called holding ``session.lock``, outside pipeline mode.
+    """
+    key = (query, tuple(types))
+    name = session.names.get(key)
+    if name is None and len(session.names) < PREPARED_MAX:
+        # A name is never reused: a statement whose preparing was cut
+        # short may still exist on the server.
+        name = f"fencekeeper_{next(_NAMES)}".encode()
+        conn.pgconn.send_prepare(name, query, param_types=types)
+        _result(conn, session, session.wait(conn, generators.execute(conn.pgconn)))
+        session.names[key] = name
+    return name
 
 
 def _run_pair(
@@ -940,13 +954,7 @@ def _run_pair(
             values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
             types, formats = tx.types or (), tx.formats
             query = _numbered(sql)
-            name = session.names.get((query, types))
-            if name is None and len(session.names) < PREPARED_MAX:
-                name = f"fencekeeper_{next(_NAMES)}".encode()
-                pgconn.send_prepare(name, query, param_types=types)
-                _result(conn, session, session.wait(conn, generators.execute(pgconn)))
-                session.names[(query, types)] = name
-            sends.append((query, name, values, types, formats))
+            sends.append((query, _prepared(conn, session, query, types), values, types, formats))
         pgconn.enter_pipeline_mode()
         try:
             if begin:
@@ -1232,8 +1240,8 @@ class _PostgresBackend(SqlBackend):
         # True until the transaction's first statement: that one carries BEGIN (_run).
         self._begin = begin
         self.made_eligible = False
-        # Whether a transaction's last statement may carry its COMMIT
-        # (_execute_last): only where the store, not a psycopg transaction
+        # Whether a transaction's last writes may carry its COMMIT
+        # (write_last): only where the store, not a psycopg transaction
         # block, ends the transaction.
         self.commits_with_last = False
         self._locked: dict[str, tuple[p.Execution, p.Dispatch | None, str]] = {}
@@ -1325,21 +1333,6 @@ class _PostgresBackend(SqlBackend):
         if self.database_clock:
             self._time = row[0]
         return self._admission_from(execution_id, row[1], row[2])
-
-    def _execute_last(self, sql: str, params: Sequence[object]) -> Any:
-        # COMMIT travels with the statement (one round trip instead of two)
-        # unless the transaction still has a NOTIFY to send before it, or is
-        # ended by a psycopg transaction block (the asyncio store).  The pool's
-        # connection context then finds no transaction open and sends nothing.
-        if (
-            not self.commits_with_last
-            or self.made_eligible
-            or self._collecting is not None
-            or self.conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
-        ):
-            return self._execute(sql, params)
-        self._nothing_kept()
-        return _run(self.conn, self._sql(sql), params, commit=True)
 
     def _nothing_kept(self) -> None:
         if self.kept is not None:

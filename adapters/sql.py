@@ -206,27 +206,18 @@ class SqlBackend(Backend):
         existing = self.load(execution_id)[0]
         return existing, existing is None, latest
 
-    def view_at_commit(self, execution_id: str) -> VisitView | None:
-        # The same one statement as a visit's read, the transaction's last.
-        return self.visit_view(execution_id, last=True)
-
     def view_so_far(self, execution_id: str) -> VisitView | None:
         # The same one statement, with the transaction going on after it.
         return self.visit_view(execution_id)
 
-    def _execute_last(self, sql: str, params: Sequence[object]) -> Any:
-        """A transaction's last statement; a store may send its COMMIT with it (then it has committed)."""
-        return self._execute(sql, params)
-
-    def visit_view(self, execution_id: str, *, last: bool = False) -> VisitView | None:
+    def visit_view(self, execution_id: str) -> VisitView | None:
         """:meth:`TransactionalStore.read_for_visit` in one statement, so one snapshot without a transaction block.
 
         One row per evidence object (one row with NULLs when there is none),
         each beside the execution's current revision and dispatch row.
-        ``last``: the statement ends a write transaction (:meth:`view_at_commit`).
         """
         sql, params = self._visit_view_statement(execution_id)
-        return self._visit_view_from(execution_id, (self._execute_last if last else self._execute)(sql, params).fetchall())
+        return self._visit_view_from(execution_id, self._execute(sql, params).fetchall())
 
     def _visit_view_statement(self, execution_id: str) -> tuple[str, tuple[object, ...]]:
         return (

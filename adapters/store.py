@@ -443,19 +443,6 @@ class Backend(abc.ABC):
         numbers = [number for owner, number, _ in self.definition_revisions(definition_object_id) if owner == business_id]
         return existing, taken, (max(numbers) if numbers else None)
 
-    def view_at_commit(self, execution_id: str) -> VisitView | None:
-        """The execution's :class:`VisitView` as this transaction leaves it, read last before it commits.
-
-        Read after the decision's writes, under the row locks the decision
-        holds, so it is exactly what the commit makes durable.  A store may
-        send the read together with its ``COMMIT`` (PostgreSQL's pipeline
-        mode), and then the transaction is committed when this returns.
-        """
-        execution, dispatch = self.load(execution_id)
-        if execution is None or dispatch is None:
-            return None
-        return VisitView(execution, dispatch, tuple(self.execution_evidence(execution_id)))
-
     def write_and_view(
         self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
     ) -> tuple[bool, VisitView | None]:
@@ -701,12 +688,8 @@ class TransactionalStore(abc.ABC):
         claim: _Claim | None = None,
         *,
         wait: float | None = None,
-        view: list[VisitView] | None = None,
         before: Callable[[Backend], None] | None = None,
     ) -> p.Outcome | None:
-        # ``view``, when given, receives the execution's VisitView as a
-        # Decision leaves it, read in the decision's own transaction
-        # (Backend.view_at_commit): what the worker's next visit plans from.
         failures = 0
         keep = True
         while failures < 2:
@@ -725,17 +708,11 @@ class TransactionalStore(abc.ABC):
                     outcome = decide(tx, now)
                     if isinstance(outcome, _Written):
                         return outcome.outcome  # type: ignore[no-any-return]
-                    written = (*evidence, *outcome.objects) if isinstance(outcome, p.Decision) and outcome.objects else evidence
-                    if isinstance(outcome, p.Decision) and not (
-                        tx.write(outcome, written, now) if view is not None else tx.write_last(outcome, written, now)
+                    # The decision is the transaction's last action: its writes may go with the COMMIT.
+                    if isinstance(outcome, p.Decision) and not tx.write_last(
+                        outcome, (*evidence, *outcome.objects) if outcome.objects else evidence, now
                     ):
                         raise _GuardFailed
-                    if view is not None:
-                        view.clear()
-                        if isinstance(outcome, p.Decision) and outcome.execution is not None:
-                            found = tx.view_at_commit(outcome.execution.execution_id)
-                            if found is not None:
-                                view.append(found)
                     return outcome
             except _KeptWriteFailed:
                 # Decided again with every write checked as it is made (a backend that kept
@@ -827,50 +804,15 @@ class TransactionalStore(abc.ABC):
 
         return self._run(decide, claim=_Claim(business_id))
 
-    def claim_for_visit(
-        self, request: p.ClaimRequest, *, business_id: str | None = None
-    ) -> tuple[p.Outcome | None, VisitView | None]:
-        """:meth:`claim_next`, and the claimed execution's :class:`VisitView` as the claim committed it.
-
-        The view is read in the claim's own transaction, after its writes and
-        under its row locks (:meth:`Backend.view_at_commit`), so the first
-        visit needs no read of its own; it is None unless the claim is a Decision.
-        """
-        view: list[VisitView] = []
-
-        def decide(tx: Backend, now: datetime) -> p.Outcome | None:
-            execution_id = tx.next_eligible(now, business_id)
-            if execution_id is None:
-                return None
-            return p.claim(*tx.load(execution_id), request, now)
-
-        outcome = self._run(decide, claim=_Claim(business_id), view=view)
-        return outcome, (view[0] if view else None)
-
-    def record_step_for_visit(
-        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence] = ()
-    ) -> tuple[p.Outcome, VisitView | None]:
-        """:meth:`record_step`, and the execution's :class:`VisitView` as the step committed it (None unless a Decision).
-
-        Read as :meth:`claim_for_visit` reads it: the next visit plans from
-        exactly what this transaction committed, under the lease the worker
-        holds; a plan gone stale is still refused by its decision's guard.
-        """
-        view: list[VisitView] = []
-        outcome = self._run(
-            lambda tx, now: p.record_step(*tx.load(execution_id), request, now), evidence, execution_id, view=view
-        )
-        assert outcome is not None
-        return outcome, (view[0] if view else None)
-
     # --- composed decisions (specs/protocol.md, "Composed decisions") ------------------
 
     def claim_and_visit(
         self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None
     ) -> Composed:
-        """:meth:`claim_for_visit`, and the visits after it that call no handler, in the claim's transaction.
+        """:meth:`claim_next`, and the visits after it that call no handler, in the claim's transaction.
 
-        ``plan`` is asked for the next visit on the view the claim wrote, and
+        The claim's writes travel with the read of the :class:`VisitView`
+        they leave (:meth:`Backend.write_and_view`).  ``plan`` is asked for the next visit on the view the claim wrote, and
         again after each step it plans; each visit's decision is the kernel's,
         on the rows as the decision before it left them, under its own guard.
         The transaction commits all of them or none.
@@ -887,7 +829,7 @@ class TransactionalStore(abc.ABC):
     def record_step_and_visit(
         self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner
     ) -> Composed:
-        """:meth:`record_step_for_visit`, and the visits after it that call no handler, in the step's transaction."""
+        """:meth:`record_step`, and the visits after it that call no handler, in the step's transaction."""
         return self._compose(
             lambda tx, now: p.record_step(*tx.load(execution_id), request, now),
             evidence,

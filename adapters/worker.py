@@ -323,8 +323,7 @@ class Worker:
                     view = self.store.read_for_visit(execution_id)
                 if view is None or view.execution.state != ExecutionState.RUNNING:
                     return
-                expires = view.dispatch.lease_expires_at
-                if expires is not None and expires - self.store.clock.now() < self.lease / 2:
+                if self._renewal_due(view, self.store.clock.now()):
                     renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
                     if not self._applied(execution_id, renewed, report, "renew", credential.fence):
                         return
@@ -409,6 +408,11 @@ class Worker:
             node_id=execution.current_node_id,
         )
 
+    def _renewal_due(self, view: VisitView, now: datetime) -> bool:
+        """Whether less than half the lease is left at ``now``: the lease is renewed before the visit."""
+        expires = view.dispatch.lease_expires_at
+        return expires is not None and expires - now < self.lease / 2
+
     def _plan(
         self, view: VisitView, definition: Definition | None, credential: p.LeaseCredential, now: datetime
     ) -> tuple[i.Plan, p.Authority]:
@@ -450,8 +454,7 @@ class Worker:
         execution = view.execution
         if self.stopping() or execution.state != ExecutionState.RUNNING:
             return None
-        expires = view.dispatch.lease_expires_at
-        if expires is not None and expires - now < self.lease / 2:
+        if self._renewal_due(view, now):
             return None
         definition = self.store.known_definition(
             execution.business_id, execution.definition_id, execution.definition_revision
