@@ -100,7 +100,7 @@ from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 from fencekeeper.kernel.text import problem as text_problem
 
-from . import connect, examples, observe, render, sequence, service
+from . import connect, examples, observe, prefork, render, sequence, service
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .service import OperationError
@@ -209,7 +209,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         "run dispatcher passes until stopped (or until idle)",
         prints_data=True,
         description="Runs N workers in threads, each with its own worker id, claiming eligible executions "
-        "of --business and interpreting them under their leases. Commands go to the example handler "
+        "of --business and interpreting them under their leases; --processes P runs P such processes, forked "
+        "after one start-up, with worker ids numbered across them. Commands go to the example handler "
         "(fencekeeper.adapters.examples.handler) unless --handler names another. SIGINT or SIGTERM stops "
         "each worker after its current node visit and releases what it holds; a second signal exits at once, "
         "and a lease still held then expires, for `reconcile --quarantine` to find.",
@@ -222,6 +223,13 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         default="1",
         metavar="N",
         help=f"workers (threads; default 1, at most {MAX_CONCURRENCY})",
+    )
+    worker.add_argument(
+        "--processes",
+        default="1",
+        metavar="N",
+        help=f"worker processes, each running --concurrency workers, forked after one start-up (default 1, at most "
+        f"{prefork.MAX_PROCESSES}; needs fork: Linux, macOS)",
     )
     worker.add_argument(
         "--lease",
@@ -831,6 +839,7 @@ def _worker_settings(args: argparse.Namespace) -> tuple[int, timedelta]:
 
 def _worker(args: argparse.Namespace, out: Output) -> int:
     args.concurrency, lease = _worker_settings(args)
+    processes = _processes(args.processes)
     principals = args.principals or [DEFAULT_PRINCIPAL]
     for principal in principals:
         _identifier("--as", principal)
@@ -841,12 +850,134 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     elif not IDENTIFIER.fullmatch(prefix):
         raise CliError(f"--id: the default worker id {prefix!r} (host name and process id) is not an identifier; give --id")
     # The ids the workers take (the prefix, a dash and a number) must fit too: a prefix at the length limit does not.
-    suffixed = f"{prefix}-{args.concurrency}"
+    suffixed = f"{prefix}-{processes * args.concurrency}"
     if not IDENTIFIER.fullmatch(suffixed):
         raise CliError(f"--id: {prefix!r} is too long to name workers: {suffixed!r} must be at most 128 characters")
     make_handler = _handler_factory(args.handler, args.db)
-    handlers = [make_handler() for _ in range(args.concurrency)]
     policy = examples.grants(args.business, *principals)
+    try:
+        metrics_at = None if args.metrics_port is None else observe.parse_address(args.metrics_port)
+    except ValueError as exc:
+        raise CliError(f"--metrics-port: {exc}") from None
+    if processes > 1 and metrics_at is not None:
+        raise CliError(
+            "--metrics-port: serves the workers of one process; with --processes, start one worker command per port"
+        )
+
+    def serve(first: int, lifeline: prefork.Lifeline | None) -> dict[str, Any]:
+        return _work(
+            args, out, policy, make_handler, lease=lease, prefix=prefix, first=first, metrics_at=metrics_at,
+            lifeline=lifeline,
+        )
+
+    summary = serve(1, None) if processes == 1 else _worker_processes(args, out, processes, serve)
+    if out.json_mode:
+        out.data(summary)
+    else:
+        rows = [
+            ("workers", ", ".join(summary["workers"])),
+            ("stopped by", summary["stopped_by"]),
+            ("claimed", str(summary["claimed"])),
+            ("steps", str(summary["steps"])),
+            ("timers fired", str(summary["timers_fired"])),
+            *[(f"finished {name}", str(count)) for name, count in summary["finished"].items()],
+            ("refused", str(len(summary["refused"]))),
+            *[("  " + r["execution_id"], f"{r['code']}: {r['message']}") for r in summary["refused"]],
+            *[("released", x) for x in summary["released"]],
+        ]
+        out.table(("worker", "summary"), rows)
+    if summary["errors"]:
+        raise CliError("; ".join(summary["errors"]), EXIT_PROBLEM)
+    return EXIT_OK
+
+
+def _processes(text: str) -> int:
+    """--processes, a whole number within :func:`prefork.check_processes`'s bounds; CliError naming the flag."""
+    try:
+        return prefork.check_processes(int(text))
+    except ValueError as exc:
+        message = str(exc) if isinstance(exc, prefork.ProcessesError) else f"not a whole number: {text!r}"
+        raise CliError(f"--processes: {message}") from None
+
+
+def _worker_processes(
+    args: argparse.Namespace,
+    out: Output,
+    processes: int,
+    serve: Callable[[int, prefork.Lifeline | None], dict[str, Any]],
+) -> dict[str, Any]:
+    """``serve`` in ``processes`` forked processes (adapters/prefork.py); their summaries summed into one."""
+    # The deployment check once, here, before the fork: a --db that does not answer is one error, not N, and
+    # every child inherits the store's modules already imported.  Nothing of this store crosses the fork.
+    with _store(args, pool_size=1):
+        pass
+
+    def describe(exc: BaseException) -> tuple[str, int]:
+        if isinstance(exc, (CliError, KernelError, StoreError, OperationError)):
+            return render.printable(_message(exc)), _exit_code(exc)
+        if args.debug:
+            import traceback  # noqa: PLC0415 - only for --debug, which shows the child's traceback
+
+            traceback.print_exception(exc)
+        return f"internal error: {type(exc).__name__}: {render.printable(' '.join(str(exc).split()))}", EXIT_PROBLEM
+
+    def note(message: str) -> None:
+        if args.log_json:
+            observe.JsonLog(sys.stderr).line("info", "note", detail=message)
+        else:
+            out.note(message)
+
+    ends, received = prefork.run(
+        processes,
+        lambda number, lifeline: serve((number - 1) * args.concurrency + 1, lifeline),
+        describe=describe,
+        failed=lambda result: bool(result and result.get("errors")),
+        note=note,
+    )
+    summary: dict[str, Any] = {
+        "workers": [],
+        "stopped_by": received or ("idle" if args.until_idle else "signal"),
+        "claimed": 0,
+        "steps": 0,
+        "timers_fired": 0,
+        "finished": Counter(),
+        "refused": [],
+        "released": [],
+        "errors": [],
+    }
+    for end in ends:
+        result = None if end.report is None else end.report.get("result")
+        if result is None:
+            what = (
+                end.report["error"] if end.report is not None and "error" in end.report
+                else f"ended by {signal.Signals(-end.exit_code).name}" if end.exit_code < 0
+                else f"ended with exit code {end.exit_code} and no report"
+            )
+            summary["errors"].append(f"worker process {end.number} (pid {end.pid}): {what}")
+            continue
+        for key in ("claimed", "steps", "timers_fired"):
+            summary[key] += result[key]
+        summary["finished"].update(result["finished"])
+        for key in ("workers", "refused", "released", "errors"):
+            summary[key].extend(result[key])
+    summary["finished"] = dict(sorted(summary["finished"].items()))
+    return summary
+
+
+def _work(
+    args: argparse.Namespace,
+    out: Output,
+    policy: AuthorityPolicy,
+    make_handler: Callable[[], CommandHandler],
+    *,
+    lease: timedelta,
+    prefix: str,
+    first: int,
+    metrics_at: tuple[str, int] | None,
+    lifeline: prefork.Lifeline | None,
+) -> dict[str, Any]:
+    """One process's workers, numbered from ``first``, until they stop; the summary of what they did."""
+    handlers = [make_handler() for _ in range(args.concurrency)]
     tally = _Tally()
     stop = _Stop()
     stopped_by = ["idle" if args.until_idle else "signal"]
@@ -854,11 +985,8 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     log = observe.JsonLog(sys.stderr) if args.log_json else None
     # A span per node visit whenever OpenTelemetry is installed; the deployment's SDK exports them.
     record = observe.fan_out(log, observe.visit_spans())
-    live_console = out.err if out.err.is_terminal and log is None else None
-    try:
-        metrics_at = None if args.metrics_port is None else observe.parse_address(args.metrics_port)
-    except ValueError as exc:
-        raise CliError(f"--metrics-port: {exc}") from None
+    # One live line per terminal: a forked worker process leaves it to nobody rather than draw over its siblings.
+    live_console = out.err if out.err.is_terminal and log is None and lifeline is None else None
 
     with _store(args, pool_size=args.concurrency + 1) as store, contextlib.ExitStack() as cleanup:
         metrics: observe.WorkerMetrics | None = None
@@ -932,7 +1060,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             )
             return made[0]
 
-        workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=1)]
+        workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=first)]
 
         def loop(worker: Worker) -> None:
             failures = 0
@@ -995,13 +1123,22 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             stop.set()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if lifeline is not None:
+
+            def relayed(reason: str) -> None:
+                # Idempotent, unlike a signal: the parent relays what may have reached this process already.
+                if not stop.event.is_set():
+                    stopped_by[0] = reason
+                    stop.set()
+
+            lifeline.heed(relayed)
         try:
             _watch(threads, tally, live_console)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             stop.set()
-    summary: dict[str, Any] = {
+    return {
         "workers": [w.worker_id for w in workers],
         "stopped_by": stopped_by[0],
         "claimed": tally.claimed,
@@ -1012,24 +1149,6 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
         "released": tally.released,
         "errors": tally.errors,
     }
-    if out.json_mode:
-        out.data(summary)
-    else:
-        rows = [
-            ("workers", ", ".join(summary["workers"])),
-            ("stopped by", stopped_by[0]),
-            ("claimed", str(tally.claimed)),
-            ("steps", str(tally.steps)),
-            ("timers fired", str(tally.timers_fired)),
-            *[(f"finished {name}", str(count)) for name, count in sorted(tally.finished.items())],
-            ("refused", str(len(tally.refused))),
-            *[("  " + r["execution_id"], f"{r['code']}: {r['message']}") for r in tally.refused],
-            *[("released", x) for x in tally.released],
-        ]
-        out.table(("worker", "summary"), rows)
-    if tally.errors:
-        raise CliError("; ".join(tally.errors), EXIT_PROBLEM)
-    return EXIT_OK
 
 
 def _watch(threads: list[threading.Thread], tally: _Tally, console: Any) -> None:

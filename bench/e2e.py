@@ -100,6 +100,8 @@ PRINCIPAL = "user:operator"
 NOOP_HANDLER = "bench.e2e_handler:make"
 ONE_PROCESS = "fencekeeper-1p"
 """The system name of one ``fencekeeper worker --concurrency N`` process: N worker threads, one start-up."""
+FORKED = "fencekeeper-fork"
+"""The system name of one ``fencekeeper worker --processes N`` command: N processes forked after one start-up."""
 DRAIN_TIMEOUT = 600.0
 
 _END = """
@@ -349,8 +351,10 @@ def admit(target: FencekeeperTarget, workload: str, executions: int) -> float:
         store.close()
 
 
-def worker_command(target: FencekeeperTarget, number: int, handler: str, concurrency: int = 1) -> list[str]:
-    """One ``fencekeeper worker --until-idle`` process, as a user starts it (``concurrency`` worker threads)."""
+def worker_command(
+    target: FencekeeperTarget, number: int, handler: str, concurrency: int = 1, processes: int = 1
+) -> list[str]:
+    """One ``fencekeeper worker --until-idle`` command, as a user starts it (``concurrency`` threads, ``processes``)."""
     return [
         str(BIN / "fencekeeper"),
         "worker",
@@ -360,6 +364,7 @@ def worker_command(target: FencekeeperTarget, number: int, handler: str, concurr
         "--id",
         f"bench{number}",
         *(["--concurrency", str(concurrency)] if concurrency > 1 else []),
+        *(["--processes", str(processes)] if processes > 1 else []),
         *(["--handler", handler] if handler != "example" else []),
     ]
 
@@ -479,19 +484,22 @@ def fencekeeper_drain(
     directory: Path,
     handler: str = NOOP_HANDLER,
     one_process: bool = False,
+    forked: bool = False,
 ) -> Drain:
     """Admit ``executions`` of ``workload``, then time ``workers`` worker processes draining them.
 
     ``one_process``: one process of ``workers`` worker threads (``--concurrency``) instead,
     the shape of Procrastinate's ``--concurrency`` and DBOS's ``worker_concurrency``.
+    ``forked``: one command of ``workers`` processes (``--processes``), forked after one start-up.
     """
     target = _fencekeeper_target(store, server, directory)
-    commands = (
-        [worker_command(target, 1, handler, concurrency=workers)]
-        if one_process
-        else [worker_command(target, n, handler) for n in range(1, workers + 1)]
-    )
-    system = ONE_PROCESS if one_process else "fencekeeper"
+    if one_process:
+        commands = [worker_command(target, 1, handler, concurrency=workers)]
+    elif forked:
+        commands = [worker_command(target, 1, handler, processes=workers)]
+    else:
+        commands = [worker_command(target, n, handler) for n in range(1, workers + 1)]
+    system = ONE_PROCESS if one_process else FORKED if forked else "fencekeeper"
     try:
         admit_seconds = admit(target, workload, executions)
         if server is not None:
@@ -860,6 +868,7 @@ class Plan:
     sqlite_executions: int
     workers: tuple[int, ...]
     threads: tuple[int, ...]
+    forked: tuple[int, ...]
     sqlite_workers: tuple[int, ...]
     peer_concurrency: tuple[int, ...]
     workloads: tuple[str, ...]
@@ -897,6 +906,19 @@ def _round_steps(plan: Plan, server: Server | None, directory: Path) -> dict[str
                     one_process=True,
                 )
                 steps["fencekeeper"].append((f"fencekeeper {workload} {store} 1 process c{threads}", step))
+            for processes in plan.forked if store == "pg" else ():
+                step = functools.partial(
+                    fencekeeper_drain,
+                    store,
+                    workload,
+                    n,
+                    processes,
+                    server=server,
+                    directory=directory,
+                    handler=plan.handler,
+                    forked=True,
+                )
+                steps["fencekeeper"].append((f"fencekeeper {workload} {store} --processes {processes}", step))
     if "pg" in plan.stores and server is not None:
         for concurrency in plan.peer_concurrency:
             step = functools.partial(procrastinate_drain, plan.executions, concurrency, server=server)
@@ -968,6 +990,10 @@ TARGETS: list[tuple[str, Key, Key, float | None, str]] = [
     ("PG, 1 process c8: one-node vs Procrastinate no-op (c8)", (ONE_PROCESS, "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
     ("PG, 1 process c8: two-node vs Procrastinate no-op (c8)", (ONE_PROCESS, "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
     ("PG, 1 process c8: two-node vs DBOS one-step (c8)", (ONE_PROCESS, "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
+    # And as one command of eight processes forked after one start-up (`--processes 8`).
+    ("PG, --processes 8: one-node vs Procrastinate no-op (c8)", (FORKED, "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, --processes 8: two-node vs Procrastinate no-op (c8)", (FORKED, "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, --processes 8: two-node vs DBOS one-step (c8)", (FORKED, "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
     ("PG, 1 worker: two-node vs Procrastinate no-op (c1)", ("fencekeeper", "two-node", "pg", 1), ("procrastinate", "no-op job", "pg", 1), None, "rate"),
     ("PG admission: service.run vs Procrastinate defer", ("fencekeeper", "two-node", "pg", None), ("procrastinate", "no-op job", "pg", None), 1.0, "admit"),
     ("PG admission: service.run vs DBOS enqueue", ("fencekeeper", "two-node", "pg", None), ("dbos", "one-step", "pg", None), None, "admit"),
@@ -1012,7 +1038,10 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
     out("")
     out("medians over the rounds. drained: from the first worker's start to the queue empty, start-up included;")
     out("steady: from the first completion seen to the last (start-up left out); polled every 20 ms")
-    out(f"workers: fencekeeper's processes; {ONE_PROCESS}'s threads in one process; Procrastinate's and DBOS's concurrency")
+    out(
+        f"workers: fencekeeper's processes (commands); {ONE_PROCESS}'s threads in one process; {FORKED}'s processes "
+        "of one command; Procrastinate's and DBOS's concurrency"
+    )
     out(
         f"{'system':<16}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
         "  rounds (drained/s)"
@@ -1110,6 +1139,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
         default=(8,),
         help="also one fencekeeper worker process with this --concurrency, on PostgreSQL ('none' to skip; default 8)",
     )
+    parser.add_argument(
+        "--forked",
+        type=_ints_or_none,
+        default=(8,),
+        help="also one fencekeeper worker command with this --processes, on PostgreSQL ('none' to skip; default 8)",
+    )
     parser.add_argument("--sqlite-workers", type=_ints, default=(1,), help="on SQLite, for both systems (default 1)")
     parser.add_argument("--peer-concurrency", type=_ints, default=(1, 8), help="Procrastinate's and DBOS's (default 1,8)")
     parser.add_argument(
@@ -1137,6 +1172,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
         sqlite_executions=args.sqlite_executions or executions,
         workers=args.workers or ((1, 8) if args.quick else (1, 4, 8)),
         threads=args.threads,
+        forked=args.forked,
         sqlite_workers=args.sqlite_workers,
         peer_concurrency=args.peer_concurrency,
         workloads=args.workloads,

@@ -1,0 +1,311 @@
+"""``fencekeeper worker --processes N``: worker processes forked from one command (adapters/prefork.py).
+
+What must hold, as for one process: every execution is finished once, by
+workers whose ids are numbered across the processes; a stop lets every
+process finish the visit it is in and hand back its lease, however the
+signal arrives (to the parent alone, or to the whole process group as a
+terminal's Ctrl-C sends it); a child that dies stops its siblings and fails
+the command; no child outlives its parent by more than a visit; and bad
+input is one error line with nothing written.  The handler sleeps in every
+Command, so that each process has work in flight when the signal comes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.store import TransactionalStore
+from fencekeeper.adapters.testing.roundtrips import TWO_NODE
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import parse_definition
+from tests.cli.runner import FENCEKEEPER, assert_one_error_line, environment, fencekeeper, ok, snapshot
+
+BUSINESS = "default"
+PRINCIPAL = "user:operator"
+
+PAUSING_HANDLER = '''\
+"""Answers every Command after a pause, and marks that one started."""
+
+import os
+import pathlib
+import time
+
+from fencekeeper.kernel import interpreter as i
+
+
+class Pausing:
+    def execute(self, command):
+        pathlib.Path(f"started-{os.getpid()}").write_text(command.command_id)
+        time.sleep(float(os.environ.get("PAUSE", "0.05")))
+        return i.CommandResult(i.CommandStatus.SUCCEEDED)
+
+    def reconcile(self, command):
+        return i.CommandResult(i.CommandStatus.SUCCEEDED)
+
+
+def make():
+    return Pausing()
+'''
+
+
+def _admit(store: TransactionalStore, count: int) -> list[str]:
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    service.register(store, parse_definition(TWO_NODE), BUSINESS, PRINCIPAL, policy)
+    ids = []
+    for n in range(count):
+        outcome = service.run(
+            store,
+            policy,
+            business_id=BUSINESS,
+            principal_id=PRINCIPAL,
+            definition_id="two-node",
+            input={"order_id": f"o-{n}"},
+        )
+        assert isinstance(outcome, p.Decision) and outcome.execution is not None, outcome
+        ids.append(outcome.execution.execution_id)
+    return ids
+
+
+def _queue(tmp_path: Path, count: int) -> list[str]:
+    (tmp_path / "pausing_handler.py").write_text(PAUSING_HANDLER, encoding="utf-8")
+    store = SQLiteStore(tmp_path / "q.db")
+    try:
+        return _admit(store, count)
+    finally:
+        store.close()
+
+
+def _start(tmp_path: Path, *args: str, pause: str = "0.05", session: bool = False) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(FENCEKEEPER), "worker", "--db", "q.db", "--handler", "pausing_handler:make", "--json", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+        env=environment(PAUSE=pause),
+        start_new_session=session,
+    )
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="ascii")
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: the command name may hold spaces, so read after its closing parenthesis.
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _catches(pid: int, number: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (number - 1) & 1)
+
+
+def _wait_for(condition, what: str, worker: subprocess.Popen[str], seconds: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert worker.poll() is None, worker.communicate()
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _running_children(worker: subprocess.Popen[str], count: int) -> list[int]:
+    """The worker's ``count`` children once each has its own signal handlers (its workers are running)."""
+    _wait_for(lambda: len(_children(worker.pid)) == count, f"{count} worker processes never started", worker)
+    children = _children(worker.pid)
+    _wait_for(
+        lambda: all(_catches(c, signal.SIGTERM) for c in children), "the workers never installed handlers", worker
+    )
+    return children
+
+
+def _history_actors(db: Path, ids: list[str]) -> set[str]:
+    store = SQLiteStore(db)
+    try:
+        actors = set()
+        for execution_id in ids:
+            view = store.read(execution_id)
+            assert view is not None
+            actors |= {r.actor for r in view.history if r.event is not None and r.event.value == "claim"}
+        return actors
+    finally:
+        store.close()
+
+
+def test_processes_share_the_queue_and_finish_each_execution_once(tmp_path: Path) -> None:
+    ids = _queue(tmp_path, 24)
+    worker = _start(tmp_path, "--until-idle", "--processes", "3", "--concurrency", "2", "--id", "w")
+    stdout, stderr = worker.communicate(timeout=120)
+    assert worker.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["workers"] == [f"w-{n}" for n in range(1, 7)]
+    assert summary["finished"] == {"succeeded": 24}
+    assert summary["claimed"] == 24 and summary["steps"] == 48
+    assert summary["errors"] == [] and summary["refused"] == []
+    # Three processes did the work: each wrote its own marker, and claims came from workers of more than one.
+    assert len(list(tmp_path.glob("started-*"))) == 3
+    actors = _history_actors(tmp_path / "q.db", ids)
+    assert actors <= {f"w-{n}" for n in range(1, 7)}
+    processes = {(int(a.removeprefix("w-")) - 1) // 2 for a in actors}
+    assert len(processes) > 1, actors
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-the-parent", "to-the-process-group"])
+def test_a_stop_lets_every_process_finish_its_visit_and_hand_back_its_lease(tmp_path: Path, to_group: bool) -> None:
+    _queue(tmp_path, 8)
+    worker = _start(tmp_path, "--processes", "2", "--poll", "0.1", "--id", "w", pause="1.0", session=to_group)
+    try:
+        children = _running_children(worker, 2)
+        _wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2, "each process never had a Command", worker)
+        if to_group:
+            # As a terminal's Ctrl-C: every process of the group gets it, and the parent relays it too;
+            # the relayed stop must not count as a second signal (which would quit at once).
+            os.killpg(worker.pid, signal.SIGINT)
+        else:
+            worker.send_signal(signal.SIGTERM)
+        stdout, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["stopped_by"] == ("SIGINT" if to_group else "SIGTERM")
+    assert summary["errors"] == []
+    # Each process finished the visit it was in: the Command in flight was recorded, and what was
+    # still leased was handed back, so nothing waits for a lease to expire.
+    assert summary["steps"] >= 2
+    assert len(summary["released"]) >= 1
+    assert not any(Path(f"/proc/{c}").exists() and c in _children(worker.pid) for c in children)
+    store = SQLiteStore(tmp_path / "q.db")
+    try:
+        assert store.expired() == []
+        views = [store.read(x) for x in store.execution_ids()]
+        assert [v.execution.execution_id for v in views if v is not None and v.dispatch.lease_token is not None] == []
+    finally:
+        store.close()
+    # The rest are there for the next worker, which finishes them all.
+    rest = ok("worker", "--db", "q.db", "--until-idle", "--handler", "pausing_handler:make", "--json", cwd=tmp_path)
+    after = json.loads(rest.stdout)
+    assert after["finished"] == {"succeeded": 8 - summary["finished"].get("succeeded", 0)}
+
+
+def test_a_worker_process_that_dies_stops_its_siblings_and_fails_the_command(tmp_path: Path) -> None:
+    ok("migrate", "--db", "q.db", cwd=tmp_path)
+    (tmp_path / "pausing_handler.py").write_text(PAUSING_HANDLER, encoding="utf-8")
+    worker = _start(tmp_path, "--processes", "3", "--poll", "0.1", "--id", "w")
+    try:
+        children = _running_children(worker, 3)
+        os.kill(children[1], signal.SIGKILL)
+        stdout, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 1, stderr
+    summary = json.loads(stdout)
+    # The two that lived reported and stopped; the dead one is named in the error.
+    assert summary["workers"] == ["w-1", "w-3"]
+    assert summary["errors"] == [f"worker process 2 (pid {children[1]}): ended by SIGKILL"]
+    assert stderr.strip() == f"fencekeeper: error: worker process 2 (pid {children[1]}): ended by SIGKILL"
+
+
+def test_worker_processes_stop_when_their_parent_is_killed(tmp_path: Path) -> None:
+    ok("migrate", "--db", "q.db", cwd=tmp_path)
+    (tmp_path / "pausing_handler.py").write_text(PAUSING_HANDLER, encoding="utf-8")
+    worker = _start(tmp_path, "--processes", "2", "--poll", "0.1", "--id", "w")
+    try:
+        children = _running_children(worker, 2)
+        worker.kill()
+        worker.communicate(timeout=30)
+        # Orphans: the lifeline's end of file stops them as a first signal would, within a poll.
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{c}").exists() and "Z" not in _state(c) for c in children):
+            assert time.monotonic() < deadline, "a worker process outlived its parent"
+            time.sleep(0.05)
+    finally:
+        for c in children if "children" in locals() else []:
+            if Path(f"/proc/{c}").exists():
+                os.kill(c, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--processes", "0"], "--processes: must be between 1 and 64, got 0"),
+        (["--processes", "two"], "--processes: not a whole number: 'two'"),
+        (["--processes", "65"], "--processes: must be between 1 and 64, got 65"),
+        (["--processes", "2", "--metrics-port", "9464"], "--metrics-port: serves the workers of one process"),
+        (["--processes", "2", "--id", "x" * 127, "--concurrency", "5"], "--id: "),
+    ],
+)
+def test_bad_processes_input_is_one_error_and_writes_nothing(tmp_path: Path, args: list[str], flag: str) -> None:
+    ok("migrate", "--db", "q.db", cwd=tmp_path)
+    before = snapshot(tmp_path)
+    line = assert_one_error_line(fencekeeper("worker", "--db", "q.db", "--until-idle", *args, cwd=tmp_path), 2)
+    assert line.startswith(f"fencekeeper: error: {flag}"), line
+    assert snapshot(tmp_path) == before
+
+
+def test_processes_drain_a_postgresql_queue(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
+    from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415 - only where a server answers
+
+    (tmp_path / "pausing_handler.py").write_text(PAUSING_HANDLER, encoding="utf-8")
+    store = PostgresStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        ids = _admit(store, 30)
+    finally:
+        store.close()
+    result = ok(
+        "worker",
+        "--db",
+        pg_dsn,
+        "--schema",
+        pg_schema,
+        "--until-idle",
+        "--processes",
+        "3",
+        "--handler",
+        "pausing_handler:make",
+        "--id",
+        "pg",
+        "--json",
+        cwd=tmp_path,
+    )
+    summary = json.loads(result.stdout)
+    assert summary["workers"] == ["pg-1", "pg-2", "pg-3"]
+    assert summary["finished"] == {"succeeded": 30}
+    store = PostgresStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        views = [store.read(x) for x in ids]
+        assert all(v is not None and v.execution.state.value == "succeeded" for v in views)
+        # Exactly one claim per execution: no execution was driven by two processes.
+        claims = [
+            r for v in views if v is not None for r in v.history if r.event is not None and r.event.value == "claim"
+        ]
+        assert len(claims) == 30
+    finally:
+        store.close()
