@@ -946,14 +946,9 @@ def _worker_processes(
         "errors": [],
     }
     for end in ends:
-        result = None if end.report is None else end.report.get("result")
+        result = end.result
         if result is None:
-            what = (
-                end.report["error"] if end.report is not None and "error" in end.report
-                else f"ended by {signal.Signals(-end.exit_code).name}" if end.exit_code < 0
-                else f"ended with exit code {end.exit_code} and no report"
-            )
-            summary["errors"].append(f"worker process {end.number} (pid {end.pid}): {what}")
+            summary["errors"].append(end.problem())
             continue
         for key in ("claimed", "steps", "timers_fired"):
             summary[key] += result[key]

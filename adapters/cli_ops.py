@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType, ModuleType
 from typing import Any
 
+from . import prefork
 from .operations.base import TransactionalOperationStore
 from .operations.connect import open_operation_store
 from .operations.service import (
@@ -125,6 +126,13 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     worker = subcommand("worker", "claim and run due operations of one tenant until stopped (or idle)")
     worker.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
     worker.add_argument("--concurrency", type=int, default=1, metavar="N", help="worker threads (default 1)")
+    worker.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="P",
+        help="worker processes, each of --concurrency threads, forked after one start-up (default 1; needs fork)",
+    )
     worker.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="lease length (default 30)")
     worker.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="idle poll interval (default 1)")
     worker.add_argument("--until-idle", action="store_true", help="stop when nothing is due")
@@ -283,6 +291,54 @@ def _cancel(args: argparse.Namespace, out: Output) -> int:
 def _worker(args: argparse.Namespace, out: Output) -> int:
     if args.concurrency < 1 or args.lease <= 0 or args.poll <= 0:
         raise _Usage("--concurrency, --lease and --poll must be positive")
+    try:
+        processes = prefork.check_processes(args.processes)
+    except prefork.ProcessesError as exc:
+        raise _Usage(f"--processes: {exc}") from None
+    prefix = args.worker_prefix or default_worker_id()
+    errors: list[str] = []
+    if processes == 1:
+        reports, idle = _work(args, out, prefix, 1, None)
+    else:
+        # Opened once before the fork: a --db or --actions that cannot be used is one error, not one per
+        # process, and every process inherits the modules already imported.  Nothing of it crosses the fork.
+        with _service(args):
+            pass
+        ends, received = prefork.run(
+            processes,
+            lambda number, lifeline: _work(args, out, prefix, (number - 1) * args.concurrency + 1, lifeline),
+            describe=_describe,
+            failed=lambda result: False,
+            note=out.note,
+        )
+        reports, idle = [], received is None
+        for end in ends:
+            if end.result is None:
+                errors.append(end.problem())
+                continue
+            reports += end.result[0]
+            idle = idle and end.result[1]
+    if out.json_mode:
+        out.data(
+            {
+                "stopped_by": "idle" if args.until_idle and idle else "signal",
+                "at": datetime.now(UTC).isoformat(),
+                "reports": reports,
+                **({"errors": errors} if processes > 1 else {}),
+            }
+        )
+    else:
+        out.line(f"{len(reports)} operation attempts reported")
+    if errors:
+        out.note(f"fencekeeper: error: {'; '.join(errors)}")
+        return EXIT_PROBLEM
+    return EXIT_OK
+
+
+def _work(
+    args: argparse.Namespace, out: Output, prefix: str, first: int, lifeline: prefork.Lifeline | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """One process's worker threads, numbered from ``first``; what they reported, and whether they ran out of work."""
     stop = threading.Event()
     signals = [0]
 
@@ -293,9 +349,11 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    if lifeline is not None:
+        # A relayed stop is idempotent, unlike a signal: it may have reached this process already.
+        lifeline.heed(lambda reason: stop.set())
     reports: list[WorkReport] = []
     lock = threading.Lock()
-    prefix = args.worker_prefix or default_worker_id()
     try:
         with _service(args) as (service, store, module):
             prepare = getattr(module, "prepare", None)
@@ -324,7 +382,8 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                     if not out.json_mode:
                         out.note(f"{worker.worker_id}: {report.operation_id} attempt {report.attempt}: {report.outcome}")
 
-            threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in range(1, args.concurrency + 1)]
+            numbers = range(first, first + args.concurrency)
+            threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in numbers]
             for thread in threads:
                 thread.start()
             while any(t.is_alive() for t in threads):
@@ -333,20 +392,21 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    if out.json_mode:
-        out.data(
-            {
-                "stopped_by": "idle" if args.until_idle and not stop.is_set() else "signal",
-                "at": datetime.now(UTC).isoformat(),
-                "reports": [
-                    {"operation_id": r.operation_id, "attempt": r.attempt, "outcome": r.outcome, "detail": r.detail}
-                    for r in reports
-                ],
-            }
-        )
-    else:
-        out.line(f"{len(reports)} operation attempts reported")
-    return EXIT_OK
+    listed = [
+        {"operation_id": r.operation_id, "attempt": r.attempt, "outcome": r.outcome, "detail": r.detail} for r in reports
+    ]
+    return listed, not stop.is_set()
+
+
+def _describe(exc: BaseException) -> tuple[str, int]:
+    """What a worker process that raised ``exc`` reports: the one-line message and exit code ``run`` would give."""
+    if isinstance(exc, _Usage):
+        return str(exc), EXIT_USAGE
+    if isinstance(exc, DurableOperationError):
+        return f"{exc.message} [{exc.code}]", EXIT_USAGE if exc.code in _USAGE_CODES else EXIT_PROBLEM
+    if isinstance(exc, StoreError):
+        return f"{exc.message} [{exc.code}]", EXIT_USAGE if exc.code in _USAGE_STORE_CODES else EXIT_PROBLEM
+    return f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", EXIT_PROBLEM
 
 
 def _check(args: argparse.Namespace, out: Output) -> int:

@@ -126,6 +126,19 @@ class ChildEnd:
     def failed(self) -> bool:
         return self.report is None or "error" in self.report or self.exit_code != 0
 
+    @property
+    def result(self) -> Any:
+        """What the child's function returned; None when it did not return."""
+        return None if self.report is None else self.report.get("result")
+
+    def problem(self) -> str:
+        """Why the child has no result, in words: its error, the signal that ended it, or its silent exit."""
+        if self.report is not None and "error" in self.report:
+            return f"worker process {self.number} (pid {self.pid}): {self.report['error']}"
+        if self.exit_code < 0:
+            return f"worker process {self.number} (pid {self.pid}): ended by {signal.Signals(-self.exit_code).name}"
+        return f"worker process {self.number} (pid {self.pid}): ended with exit code {self.exit_code} and no report"
+
 
 def run(
     processes: int,
@@ -192,7 +205,7 @@ def run(
             fd = writers.pop(number, None)
             if fd is not None:
                 os.close(fd)
-            if end.failed or failed(end.report.get("result") if end.report else None):
+            if end.failed or failed(end.result):
                 tell(f"{SIBLING_FAILED}\n".encode("ascii"))
     finally:
         for sig, handler in previous.items():

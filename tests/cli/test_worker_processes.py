@@ -309,3 +309,32 @@ def test_processes_drain_a_postgresql_queue(pg_dsn: str, pg_schema: str, tmp_pat
         assert len(claims) == 30
     finally:
         store.close()
+
+
+def test_op_worker_processes_run_each_operation_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fencekeeper.adapters import cli  # noqa: PLC0415 - submissions in this process, the worker in its own
+
+    db = str(tmp_path / "ops.db")
+    submitted = set()
+    for n in range(12):
+        transfer = json.dumps({"from": "acc-1", "to": "acc-2", "amount": 10})
+        assert cli.main(["op", "submit", "transfer", "--db", db, "--key", f"t-{n}", "--input", transfer, "--json"]) == 0
+        submitted.add(json.loads(capsys.readouterr().out)["operation_id"])
+    result = ok(
+        "op", "worker", "--db", db, "--until-idle", "--processes", "3", "--concurrency", "2", "--json", cwd=tmp_path
+    )
+    summary = json.loads(result.stdout)
+    assert summary["stopped_by"] == "idle" and summary["errors"] == []
+    assert sorted(r["operation_id"] for r in summary["reports"]) == sorted(submitted)
+    assert {(r["attempt"], r["outcome"]) for r in summary["reports"]} == {(1, "succeeded")}, summary["reports"]
+    # Each transfer was applied once, in the application's own table, one after another: the balances
+    # the twelve saw after their own debit are 12 distinct steps of 10 from 10,000.
+    balances = set()
+    for operation_id in submitted:
+        assert cli.main(["op", "status", operation_id, "--db", db, "--json"]) == 0
+        balances.add(json.loads(capsys.readouterr().out)["result"]["from_balance"])
+    assert balances == {10_000 - 10 * k for k in range(1, 13)}
+    before = snapshot(tmp_path)
+    line = assert_one_error_line(fencekeeper("op", "worker", "--db", db, "--processes", "0", cwd=tmp_path), 2)
+    assert line == "fencekeeper: error: --processes: must be between 1 and 64, got 0"
+    assert snapshot(tmp_path) == before
