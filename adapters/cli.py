@@ -934,6 +934,9 @@ def _worker_processes(
         failed=lambda result: bool(result and result.get("errors")),
         note=note,
     )
+    common = prefork.common_error(ends)
+    if common is not None:
+        raise CliError(*common)
     summary: dict[str, Any] = {
         "workers": [],
         "stopped_by": received or ("idle" if args.until_idle else "signal"),

@@ -311,6 +311,11 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             failed=lambda result: False,
             note=out.note,
         )
+        common = prefork.common_error(ends)
+        if common is not None:
+            message, code = common
+            out.note(f"fencekeeper: error: {message}")
+            return code
         reports, idle = [], received is None
         for end in ends:
             if end.result is None:

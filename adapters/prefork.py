@@ -219,6 +219,19 @@ def run(
     return ends, received[0] if received else None
 
 
+def common_error(ends: list[ChildEnd]) -> tuple[str, int] | None:
+    """The error every child reported alike, with its exit code; None when any child did otherwise.
+
+    A child that fails before it does any work (a handler factory that
+    returns no handler) fails in every child the same way: the command
+    then says it once, with the exit code one process would have given.
+    """
+    errors = {(str(e.report["error"]), int(e.report.get("exit", 1))) for e in ends if e.report and "error" in e.report}
+    if len(errors) == 1 and all(e.report and "error" in e.report for e in ends):
+        return errors.pop()
+    return None
+
+
 def _child(
     number: int,
     child: Callable[[int, Lifeline], Any],

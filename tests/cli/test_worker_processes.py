@@ -338,3 +338,15 @@ def test_op_worker_processes_run_each_operation_once(tmp_path: Path, capsys: pyt
     line = assert_one_error_line(fencekeeper("op", "worker", "--db", db, "--processes", "0", cwd=tmp_path), 2)
     assert line == "fencekeeper: error: --processes: must be between 1 and 64, got 0"
     assert snapshot(tmp_path) == before
+
+
+def test_a_failure_every_process_meets_is_said_once_as_one_process_says_it(tmp_path: Path) -> None:
+    ok("migrate", "--db", "q.db", cwd=tmp_path)
+    (tmp_path / "not_a_handler.py").write_text("def make():\n    return object()\n", encoding="utf-8")
+    one = fencekeeper("worker", "--db", "q.db", "--until-idle", "--handler", "not_a_handler:make", cwd=tmp_path)
+    many = fencekeeper(
+        "worker", "--db", "q.db", "--until-idle", "--handler", "not_a_handler:make", "--processes", "3", cwd=tmp_path
+    )
+    line = assert_one_error_line(one, 2)
+    assert "returned object, which has no execute and reconcile" in line
+    assert assert_one_error_line(many, 2) == line
