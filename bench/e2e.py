@@ -11,7 +11,9 @@ Rules of this module:
 
 - **What a user runs.** fencekeeper is measured through the
   ``fencekeeper worker --until-idle`` processes a user starts (1, 4 and 8 of
-  them, each one worker thread), Procrastinate through its own
+  them, each one worker thread; also one such process of 8 threads,
+  ``fencekeeper-1p``, and one command of 8 processes forked after one
+  start-up, ``--processes 8``, ``fencekeeper-fork``), Procrastinate through its own
   ``procrastinate worker --one-shot`` process (concurrency 1 and 8), DBOS
   through a process that launches DBOS and runs its queue (worker concurrency
   1 and 8).  A drain is timed from the moment the first process is started
