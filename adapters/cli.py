@@ -915,6 +915,8 @@ def _worker_processes(
     def describe(exc: BaseException) -> tuple[str, int]:
         if isinstance(exc, (CliError, KernelError, StoreError, OperationError)):
             return render.printable(_message(exc)), _exit_code(exc)
+        if isinstance(exc, KeyboardInterrupt):  # a Ctrl-C that came before the process's own handlers
+            return "interrupted", 130
         if args.debug:
             import traceback  # noqa: PLC0415 - only for --debug, which shows the child's traceback
 
@@ -927,13 +929,16 @@ def _worker_processes(
         else:
             out.note(message)
 
-    ends, received = prefork.run(
-        processes,
-        lambda number, lifeline: serve((number - 1) * args.concurrency + 1, lifeline),
-        describe=describe,
-        failed=lambda result: bool(result and result.get("errors")),
-        note=note,
-    )
+    try:
+        ends, received = prefork.run(
+            processes,
+            lambda number, lifeline: serve((number - 1) * args.concurrency + 1, lifeline),
+            describe=describe,
+            failed=lambda result: bool(result and result.get("errors")),
+            note=note,
+        )
+    except prefork.ProcessesError as exc:
+        raise CliError(f"--processes: {exc}", EXIT_PROBLEM) from None
     common = prefork.common_error(ends)
     if common is not None:
         raise CliError(*common)

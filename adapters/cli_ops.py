@@ -304,13 +304,17 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
         # process, and every process inherits the modules already imported.  Nothing of it crosses the fork.
         with _service(args):
             pass
-        ends, received = prefork.run(
-            processes,
-            lambda number, lifeline: _work(args, out, prefix, (number - 1) * args.concurrency + 1, lifeline),
-            describe=_describe,
-            failed=lambda result: False,
-            note=out.note,
-        )
+        try:
+            ends, received = prefork.run(
+                processes,
+                lambda number, lifeline: _work(args, out, prefix, (number - 1) * args.concurrency + 1, lifeline),
+                describe=_describe,
+                failed=lambda result: False,
+                note=out.note,
+            )
+        except prefork.ProcessesError as exc:
+            out.note(f"fencekeeper: error: --processes: {exc}")
+            return EXIT_PROBLEM
         common = prefork.common_error(ends)
         if common is not None:
             message, code = common
@@ -407,6 +411,8 @@ def _describe(exc: BaseException) -> tuple[str, int]:
     """What a worker process that raised ``exc`` reports: the one-line message and exit code ``run`` would give."""
     if isinstance(exc, _Usage):
         return str(exc), EXIT_USAGE
+    if isinstance(exc, KeyboardInterrupt):  # a second signal, or a Ctrl-C before the process's own handlers
+        return "interrupted", 130
     if isinstance(exc, DurableOperationError):
         return f"{exc.message} [{exc.code}]", EXIT_USAGE if exc.code in _USAGE_CODES else EXIT_PROBLEM
     if isinstance(exc, StoreError):

@@ -168,9 +168,19 @@ def run(
             if pid == 0:  # pragma: no cover - runs in the child, which never returns (covered by the CLI tests)
                 _child(number, child, pipes, reports[number - 1], describe)
             children[pid] = number
-    finally:
-        for read, _ in pipes:
+    except OSError as exc:
+        # The system would not make another process: the ones already started lose their lifeline,
+        # stop as on a first signal, and are waited for, so that none is left behind.
+        for read, write in pipes:
             os.close(read)
+            os.close(write)
+        for pid in children:
+            os.waitpid(pid, 0)
+        for report in reports:
+            report.close()
+        raise ProcessesError(f"could not start worker process {len(children) + 1}: {exc.strerror or exc}") from None
+    for read, _ in pipes:
+        os.close(read)
     writers = {number: write for number, (_, write) in enumerate(pipes, start=1)}
     received: list[str] = []
 
