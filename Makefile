@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" | sort)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg bench-e2e specs apidocs clean
+.PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg bench-ops bench-journal bench-e2e specs apidocs clean
 
 demo: $(STAMP)
 	$(BIN)/fencekeeper demo
@@ -56,6 +56,14 @@ bench: $(STAMP)
 # Needs a PostgreSQL server (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test).
 bench-pg: $(STAMP)
 	$(BIN)/python -m bench.postgres_store
+
+# Durable operations and the execution journal, on SQLite and PostgreSQL (PostgreSQL as above),
+# each beside a bare commit loop (and, for replay, hashing alone) measured in the same run.
+bench-ops: $(STAMP)
+	$(BIN)/python -m bench.operations
+
+bench-journal: $(STAMP)
+	$(BIN)/python -m bench.journal
 
 # The worker as a user runs it, beside Procrastinate and DBOS on the same PostgreSQL server
 # (FENCEKEEPER_PG_DSN, as above) and on SQLite, in one run (bench/README.md). They come from
