@@ -11,8 +11,8 @@ Rules of this module:
   ``--db`` that does not parse or does not answer, an execution id that does
   not exist.  Each is one error line naming the argument, and the store is
   left exactly as it was.
-- Only ``run``, ``migrate`` and ``demo`` create a SQLite file; every other
-  command refuses a ``--db`` path that does not exist.  ``list``,
+- Only ``run``, ``migrate``, ``demo`` and ``op submit`` create a SQLite
+  file; every other command refuses a ``--db`` path that does not exist.  ``list``,
   ``inspect`` and ``check`` only read, and open the file only to read, so a
   read-only store can be read and nothing is created beside it.
 - Every string shown in text output goes through ``render.printable``:

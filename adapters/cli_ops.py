@@ -6,7 +6,12 @@ stdout (one JSON document with ``--json``), one ``fencekeeper: error: ...``
 line on stderr, exit 0 on success, 1 when a request is refused (the code is
 printed: ``idempotency_conflict``, ``cancel_too_late``, ...) or a store
 blocks, 2 for bad usage or input (invalid JSON, an unknown action, version
-or operation id, input the action's normaliser rejects).
+or operation id, input the action's normaliser rejects, a ``--db`` that
+names no database or no server that answers).  Only ``op submit`` creates a
+SQLite file; every other command refuses a path that does not exist.
+``op submit`` checks its input before opening anything, and creates a new
+file only with its admission in it (:func:`_submit_new_file`), so an error
+writes nothing.
 
 Actions and principal resolvers come from a module with ``registry()`` and
 ``resolvers()`` (and optionally ``prepare(store)``, run before a worker
@@ -24,27 +29,36 @@ automatically (seed 001), unlike a workflow execution's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
+import secrets
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from fencekeeper.kernel.common import identifier_problem
+
 from . import prefork
+from .connect import parse_url
 from .operations.base import TransactionalOperationStore
 from .operations.connect import open_operation_store
 from .operations.service import (
     DurableActionRegistry,
     DurableOperationError,
     DurableOperationService,
+    OperationAdmission,
     OperationRecord,
     PrincipalReference,
     PrincipalResolverRegistry,
+    check_submission,
 )
 from .operations.worker import DurableOperationWorker, WorkReport, default_worker_id
 from .render import Output
@@ -177,13 +191,18 @@ _module = load_registry_module
 
 
 @contextmanager
-def _service(args: argparse.Namespace) -> Iterator[tuple[DurableOperationService, TransactionalOperationStore, ModuleType]]:
+def _service(
+    args: argparse.Namespace, *, db: str | None = None
+) -> Iterator[tuple[DurableOperationService, TransactionalOperationStore, ModuleType]]:
+    """The service on ``--db`` (or ``db``), which must already exist: only ``op submit`` creates a file."""
     module = _module(args.actions)
     actions: DurableActionRegistry = module.registry()
     resolvers: PrincipalResolverRegistry = module.resolvers()
     # A command given --tenant acts in that tenant only: on PostgreSQL the store's session is bound to
     # it, so the restricted application role's row-level security admits it (docs/operating-postgres.md).
-    store = open_operation_store(args.db, schema=args.schema, tenant=getattr(args, "tenant", None))
+    store = open_operation_store(
+        db or args.db, schema=args.schema, tenant=getattr(args, "tenant", None), create=db is not None
+    )
     try:
         yield DurableOperationService(store, actions, resolvers, namespace=args.namespace), store, module
     finally:
@@ -221,21 +240,70 @@ def _submit(args: argparse.Namespace, out: Output) -> int:
         payload = json.loads(args.input)
     except json.JSONDecodeError as exc:
         raise _Usage(f"--input: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
-    with _service(args) as (service, _, _):
-        admission = service.submit(
-            tenant=args.tenant,
-            principal=_principal(args.principal),
-            action=args.action,
-            input=payload,
-            client_key=args.key,
-            version=args.version,
-        )
+    principal = _principal(args.principal)
+    # Checked before anything is opened: bad input never creates (or touches) a store.
+    check_submission(
+        _module(args.actions).registry(),
+        tenant=args.tenant, action=args.action, input=payload, client_key=args.key, version=args.version,
+    )  # fmt: skip
+    problem = identifier_problem(args.namespace)
+    if problem is not None:
+        raise DurableOperationError("invalid_input", f"--namespace: {problem}")
+
+    def submit(db: str) -> OperationAdmission:
+        with _service(args, db=db) as (service, _, _):
+            return service.submit(
+                tenant=args.tenant,
+                principal=principal,
+                action=args.action,
+                input=payload,
+                client_key=args.key,
+                version=args.version,
+            )
+
+    location = parse_url(args.db, schema=args.schema)
+    if location.kind == "sqlite" and location.path is not None and not location.path.exists():
+        admission = _submit_new_file(location.path, submit)
+    else:
+        admission = submit(args.db)
     if out.json_mode:
         out.data({"operation_id": admission.operation_id, "created": admission.created, **admission.record.to_json()})
     else:
         out.line(admission.operation_id)
         out.note("admitted" if admission.created else "the same operation as an earlier identical submission")
     return EXIT_OK
+
+
+def _submit_new_file(path: Path, submit: Callable[[str], OperationAdmission]) -> OperationAdmission:
+    """``submit`` into a SQLite file that does not exist yet: the file appears only holding its admission.
+
+    What only the store decides (a principal refused, say) can still refuse
+    the submission after the store is opened, so the store is created under
+    a scratch name beside ``path`` and linked to ``path`` only once the
+    admission has committed: a refusal leaves nothing, and a command that
+    created ``path`` meanwhile keeps its file (this submission then goes
+    into it, as into any existing file).
+    """
+    scratch = path.with_name(f".{path.name}.{secrets.token_hex(6)}.new")
+    try:
+        # A URL rather than the bare path, which parse_url would misread if a directory's name held "://".
+        # Closed on return: the write-ahead log is checkpointed into the file and removed.
+        admission = submit(f"sqlite:///{scratch}")
+        try:
+            os.link(scratch, path)
+        except FileExistsError:
+            return submit(f"sqlite:///{path}")
+        except OSError:
+            # A file system without hard links: a rename, which could replace a file created
+            # meanwhile, so only when there still is none.
+            if path.exists():
+                return submit(f"sqlite:///{path}")
+            os.replace(scratch, path)
+        return admission
+    finally:
+        for leftover in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{scratch}{leftover}")
 
 
 def _status(args: argparse.Namespace, out: Output) -> int:

@@ -127,10 +127,7 @@ def open_store(
     if location.kind == "sqlite":
         assert location.path is not None
         if (read_only or not create) and not location.path.exists():
-            raise StoreError(
-                "store_unavailable",
-                f"--db: no database at {location.path} (`fencekeeper migrate --db {location.path}` creates one)",
-            )
+            raise no_database(location.path)
         from . import sqlite_store  # noqa: PLC0415 - as psycopg for PostgreSQL: a worker loads one store
 
         return sqlite_store.SQLiteStore(location.path, clock, read_only=read_only)
@@ -140,6 +137,13 @@ def open_store(
     _probe(location)
     store: PostgresStore = PostgresStore(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size)
     return store
+
+
+def no_database(path: Path) -> StoreError:
+    """The refusal of a SQLite path that does not exist, by a command that does not create one."""
+    return StoreError(
+        "store_unavailable", f"--db: no database at {path} (`fencekeeper migrate --db {path}` creates one)"
+    )
 
 
 def migrate(url: str, *, schema: str | None = None) -> tuple[Location, list[int]]:

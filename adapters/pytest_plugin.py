@@ -3,8 +3,8 @@
 Installed as a ``pytest11`` entry point, so pytest loads it wherever
 fencekeeper is installed.  Rules of this module:
 
-- Loading it costs nothing and needs nothing beyond pytest: it adds three
-  options and two fixtures, and imports the suite (and Hypothesis) only
+- Loading it costs nothing and needs nothing beyond pytest: it adds four
+  options and three fixtures, and imports the suite (and Hypothesis) only
   when a test asks for them.
 - ``--fencekeeper-store MODULE:CALLABLE`` names the store factory, called
   with the clock the store must read (and, if it takes a second argument,
@@ -18,6 +18,10 @@ fencekeeper is installed.  Rules of this module:
   :func:`fencekeeper.adapters.testing.concurrency.reopen`).
 - ``--fencekeeper-budget NAME|EXAMPLESxSTEPS`` sets the stateful test's
   budget (:mod:`fencekeeper.adapters.testing.budget`).
+- ``--fencekeeper-operation-store MODULE:CALLABLE`` does for the operation
+  store suite (``OperationStoreTests``) what ``--fencekeeper-store`` does for
+  ``StoreTests``, with the same calling rules: it becomes the
+  ``fencekeeper_operation_store_factory`` fixture.
 - A bad option is one usage error naming it, before any test runs.
 """
 
@@ -45,6 +49,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="opens a second session on a store's database for the concurrency tests: CALLABLE(store, clock)",
     )
     group.addoption(
+        "--fencekeeper-operation-store",
+        metavar="MODULE:CALLABLE",
+        help="the operation store factory the operation suite runs against: CALLABLE(clock[, directory])",
+    )
+    group.addoption(
         "--fencekeeper-budget",
         metavar="NAME|EXAMPLESxSTEPS",
         help="the stateful test's budget: quick, default, ci, or e.g. 500x120 (also FENCEKEEPER_SUITE_BUDGET)",
@@ -52,7 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for option in ("fencekeeper_store", "fencekeeper_session"):
+    for option in ("fencekeeper_store", "fencekeeper_session", "fencekeeper_operation_store"):
         spec = config.getoption(option)
         if spec is not None:
             try:
@@ -92,6 +101,26 @@ def fencekeeper_store_factory(request: pytest.FixtureRequest, tmp_path_factory: 
             "the store suite needs a store factory: run pytest with --fencekeeper-store MODULE:CALLABLE, define a "
             "fencekeeper_store_factory fixture, or override store_factory in the StoreTests subclass"
         )
+    return _factory(spec, tmp_path_factory)
+
+
+@pytest.fixture
+def fencekeeper_operation_store_factory(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Any]:
+    """The factory ``--fencekeeper-operation-store`` names; override this fixture in a conftest.py to give one in code."""
+    spec = request.config.getoption("fencekeeper_operation_store")
+    if spec is None:
+        raise pytest.UsageError(
+            "the operation store suite needs a store factory: run pytest with --fencekeeper-operation-store "
+            "MODULE:CALLABLE, define a fencekeeper_operation_store_factory fixture, or override ops_store_factory "
+            "in the OperationStoreTests subclass"
+        )
+    return _factory(spec, tmp_path_factory)
+
+
+def _factory(spec: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+    """The callable ``spec`` names, given a fresh temporary directory on each call if it takes a second argument."""
     factory = resolve(spec)
     if len(inspect.signature(factory).parameters) < 2:
         return factory  # type: ignore[no-any-return]

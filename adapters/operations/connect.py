@@ -1,27 +1,48 @@
-"""Open an operation store from a ``--db`` URL: a SQLite file or a PostgreSQL DSN (``connect.parse_url``'s rules)."""
+"""Open an operation store from a ``--db`` URL: a SQLite file or a PostgreSQL DSN (``connect.parse_url``'s rules).
+
+Opening follows the executions' ``connect.open_store``: with ``create=False``
+a SQLite path that does not exist is refused (``no database at ...``) rather
+than created, so a mistyped ``--db`` never leaves an empty database behind
+nor runs a worker on one; and a PostgreSQL server is probed once, with a short
+connect timeout, before the pool is opened, so that a server that does not
+answer is one ``store_unavailable`` line at once rather than the pool's
+retries and warnings for its whole timeout.
+"""
 
 from __future__ import annotations
 
-from ..connect import parse_url
+from ..connect import _probe, no_database, parse_url
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore
 
 
 def open_operation_store(
-    url: str, *, schema: str | None = None, clock: Clock | None = None, pool_size: int = 4, tenant: str | None = None
+    url: str,
+    *,
+    schema: str | None = None,
+    clock: Clock | None = None,
+    pool_size: int = 4,
+    tenant: str | None = None,
+    create: bool = True,
 ) -> TransactionalOperationStore:
-    """``tenant`` binds a PostgreSQL store's session to one tenant (the row-level security setting); SQLite ignores it."""
+    """``tenant`` binds a PostgreSQL store's session to one tenant (the row-level security setting); SQLite ignores it.
+
+    ``create=False`` refuses a SQLite path that does not exist instead of
+    creating the file (PostgreSQL is never created here: ``fencekeeper
+    migrate`` does that).
+    """
     location = parse_url(url, schema=schema)
     if location.kind == "sqlite":
         assert location.path is not None
         if not location.path.parent.exists():
             raise StoreError("store_unavailable", f"--db: directory {location.path.parent} does not exist")
+        if not create and not location.path.exists():
+            raise no_database(location.path)
         from .sqlite import SQLiteOperationStore  # noqa: PLC0415 - each store loads only when its URL is opened
 
         return SQLiteOperationStore(location.path, clock)
     from .postgres import PostgresOperationStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
     assert location.dsn is not None and location.schema is not None
-    return PostgresOperationStore(
-        location.dsn, schema=location.schema, clock=clock, pool_size=pool_size, tenant=tenant
-    )
+    _probe(location)
+    return PostgresOperationStore(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size, tenant=tenant)

@@ -49,6 +49,7 @@ from .ports import OperationStore
 
 __all__ = [
     "ActionFailed",
+    "CheckedSubmission",
     "DeploymentCheck",
     "DurableAction",
     "DurableActionRegistry",
@@ -70,6 +71,7 @@ __all__ = [
     "TerminalOutcome",
     "canonical_json",
     "check_durable_operations",
+    "check_submission",
     "input_digest",
     "referenced_versions",
 ]
@@ -446,6 +448,55 @@ class HistoryLine:
 # --- the service ------------------------------------------------------------------------------------
 
 
+@attrs.frozen
+class CheckedSubmission:
+    """A submission's input as admission records it: the action chosen, its normalised input and canonical JSON."""
+
+    action: DurableAction
+    normalised: Any
+    canonical: str
+
+
+def check_submission(
+    actions: DurableActionRegistry,
+    *,
+    tenant: str,
+    action: str,
+    input: Any,
+    client_key: str,
+    version: int | None = None,
+) -> CheckedSubmission:
+    """What :meth:`DurableOperationService.submit` checks before it asks anyone: no store, no resolver.
+
+    Raises the error ``submit`` would for the same arguments, so that a
+    caller may check a submission before opening (or creating) a store.
+    Anything the action's normaliser raises means the input is invalid: a
+    normaliser written for a JSON object and given a list fails with
+    AttributeError as surely as with ValueError, and either is the caller's
+    input, not a fault of the service.
+    """
+    for name, value in (("tenant", tenant), ("client_key", client_key)):
+        problem = identifier_problem(value)
+        if problem is not None:
+            raise DurableOperationError("invalid_input", f"{name}: {problem}")
+    chosen = actions.get(action, version)
+    try:
+        normalised = chosen.normalize(input)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DurableOperationError("invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {_line(exc)}") from None
+    except Exception as exc:  # any normaliser failure is the input's (see above)
+        raise DurableOperationError(
+            "invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {type(exc).__name__}: {_line(exc)}"
+        ) from None
+    return CheckedSubmission(chosen, normalised, canonical_json(normalised))
+
+
+def _line(exc: BaseException) -> str:
+    """An exception's message on one line (a normaliser's message may span several)."""
+    return " ".join(str(exc).split())
+
+
+
 class DurableOperationService:
     """Admission, lookup, history, approval decisions and cancellation of one application namespace."""
 
@@ -511,16 +562,10 @@ class DurableOperationService:
         client_key: str,
         version: int | None = None,
     ) -> OperationAdmission:
-        for name, value in (("tenant", tenant), ("client_key", client_key)):
-            problem = identifier_problem(value)
-            if problem is not None:
-                raise DurableOperationError("invalid_input", f"{name}: {problem}")
-        chosen = self.actions.get(action, version)
-        try:
-            normalised = chosen.normalize(input)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise DurableOperationError("invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {exc}") from None
-        canonical = canonical_json(normalised)
+        checked = check_submission(
+            self.actions, tenant=tenant, action=action, input=input, client_key=client_key, version=version
+        )
+        chosen, normalised, canonical = checked.action, checked.normalised, checked.canonical
         authority = self._authority(principal, tenant, lambda resolution: chosen.authorize(resolution, normalised))
         request = o.SubmitRequest(
             operation_id=f"op-{self._new_id()}",

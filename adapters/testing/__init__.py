@@ -18,7 +18,12 @@ a store written elsewhere:
   a budget (:mod:`~fencekeeper.adapters.testing.budget`);
 - the pytest plugin (``pytest11`` entry point ``fencekeeper``), with which
   a factory named on the command line is enough:
-  ``pytest --pyargs fencekeeper.adapters.testing.run_suite --fencekeeper-store mystore:make_store``.
+  ``pytest --pyargs fencekeeper.adapters.testing.run_suite --fencekeeper-store mystore:make_store``;
+- :class:`OperationStoreTests`, the same for an operation store (durable
+  operations, through the ``OperationStore`` port and the service): subclass
+  it with an ``ops_store_factory`` fixture, or run ``pytest --pyargs
+  fencekeeper.adapters.testing.run_operations_suite
+  --fencekeeper-operation-store mystore:make_operation_store``.
 
 Example (a complete test module for a third-party store)::
 
@@ -45,6 +50,7 @@ imports it.
 
 from .budget import BUDGETS, Budget
 from .concurrency import RendezvousClock, SessionOpener, race, reopen, same_session
+from .operations_suite import OperationStoreTests, OpsStoreFactory, run_operation_state_machine
 from .stateful import DEFAULT_SETTINGS, StoreStateMachine, normative, run_store_state_machine
 from .store_tests import StoreTests
 from .suite import StoreFactory
@@ -53,6 +59,8 @@ __all__ = [
     "BUDGETS",
     "DEFAULT_SETTINGS",
     "Budget",
+    "OperationStoreTests",
+    "OpsStoreFactory",
     "RendezvousClock",
     "SessionOpener",
     "StoreFactory",
@@ -61,6 +69,7 @@ __all__ = [
     "normative",
     "race",
     "reopen",
+    "run_operation_state_machine",
     "run_store_state_machine",
     "same_session",
 ]

@@ -2,7 +2,10 @@
 
 Subclass :class:`OperationStoreTests` and provide an ``ops_store_factory``
 fixture (a callable taking a :class:`~fencekeeper.adapters.store.ManualClock`
-and returning a fresh, empty store that reads its time from it).  The tests
+and returning a fresh, empty store that reads its time from it), or name the
+factory with the pytest plugin's ``--fencekeeper-operation-store`` and run
+``pytest --pyargs fencekeeper.adapters.testing.run_operations_suite``
+(docs/conformance.md, The operation store suite).  The tests
 go through the Python API (``DurableOperationService``,
 ``DurableOperationWorker``) and the port, and prove, for that store:
 
@@ -26,7 +29,8 @@ go through the Python API (``DurableOperationService``,
 - limits: backoff, maximum attempts, deadline, each a named outcome;
 - current authorization: a revoked principal fails closed.
 
-The state machine (:func:`run_operation_state_machine`) drives random
+The state machine (:func:`run_operation_state_machine`, one test of every
+subclass, ``state_machine_examples`` sequences) drives random
 sequences of submissions, claims, completions by current and stale owners,
 failures, approvals, cancellations and clock moves, and checks after every
 step the invariants of specs/operations.md on what the store shows.
@@ -148,11 +152,35 @@ class World:
 
 
 class OperationStoreTests:
-    """Conformance tests for an operation store.  Subclass it and provide ``ops_store_factory``."""
+    """Conformance tests for an operation store.  Subclass it and provide the store factory; nothing else is needed.
+
+    The factory is the ``ops_store_factory`` fixture (override it in the
+    subclass), or else the ``fencekeeper_operation_store_factory`` fixture (a
+    conftest.py, or the pytest plugin's ``--fencekeeper-operation-store``):
+    a callable that takes a :class:`~fencekeeper.adapters.store.ManualClock`
+    and returns a fresh, empty store reading its time from it.  As with
+    ``StoreTests``, the class name does not start with ``Test``, so pytest
+    collects only the subclasses, once per store.  ``state_machine_examples``
+    is how many random sequences the service state machine runs.
+    """
+
+    state_machine_examples: int = 25
 
     @pytest.fixture
-    def ops_store_factory(self) -> OpsStoreFactory:
-        raise NotImplementedError("subclass OperationStoreTests and provide an ops_store_factory fixture")
+    def ops_store_factory(self, request: pytest.FixtureRequest) -> OpsStoreFactory:
+        """The store under test: override this fixture, or provide ``fencekeeper_operation_store_factory``."""
+        try:
+            factory: OpsStoreFactory = request.getfixturevalue("fencekeeper_operation_store_factory")
+        except pytest.FixtureLookupError:
+            raise NotImplementedError(
+                "the operation store suite needs a store factory: override the ops_store_factory fixture in the "
+                "OperationStoreTests subclass, define a fencekeeper_operation_store_factory fixture (conftest.py), "
+                "or run pytest with --fencekeeper-operation-store module:callable (docs/conformance.md)"
+            ) from None
+        return factory
+
+    def test_service_state_machine_keeps_the_invariants(self, ops_store_factory: OpsStoreFactory) -> None:
+        run_operation_state_machine(ops_store_factory, max_examples=self.state_machine_examples)
 
     @pytest.fixture
     def clock(self) -> ManualClock:

@@ -350,3 +350,12 @@ def test_a_failure_every_process_meets_is_said_once_as_one_process_says_it(tmp_p
     line = assert_one_error_line(one, 2)
     assert "returned object, which has no execute and reconcile" in line
     assert assert_one_error_line(many, 2) == line
+
+
+def test_op_worker_processes_on_a_db_path_that_does_not_exist_is_one_error_before_any_fork(tmp_path: Path) -> None:
+    # A mistyped --db is refused once, by the parent, not created and worked empty by every process.
+    result = fencekeeper("op", "worker", "--db", "typo.db", "--until-idle", "--processes", "3", cwd=tmp_path)
+    line = assert_one_error_line(result, 2)
+    assert line.startswith("fencekeeper: error: --db: no database at typo.db")
+    assert result.stdout == ""
+    assert snapshot(tmp_path) == {}

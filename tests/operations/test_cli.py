@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fencekeeper.adapters import cli
+from tests.cli.runner import assert_one_error_line, fencekeeper, snapshot
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -76,27 +78,143 @@ def test_an_approval_from_another_principal_lets_the_capture_run(
     assert status["effect_id"] == f"{op_id}/effect"
 
 
-@pytest.mark.parametrize(
-    ("args", "code", "fragment"),
-    [
-        (("submit", "nope", "--key", "k"), 2, "[unknown_action]"),
-        (("submit", "transfer", "--key", "k", "--input", "{bad"), 2, "--input: not valid JSON"),
-        (("submit", "transfer", "--key", "k", "--input", '{"from": "a", "to": "a", "amount": 1}'), 2, "[invalid_input]"),
-        (("submit", "transfer", "--key", "k", "--version", "9"), 2, "[unknown_action]"),
-        (("submit", "transfer", "--key", "k", "--as", "alice"), 2, "RESOLVER:vVERSION:SUBJECT"),
-        (("status", "op-missing"), 2, "[operation_not_found]"),
-        (("cancel", "op-missing"), 2, "[operation_not_found]"),
-        (("submit", "transfer", "--key", "k", "--actions", "no.such.module"), 2, "--actions"),
-    ],
-)
-def test_bad_input_is_one_line_and_writes_nothing(
+TRANSFER = '{"from": "acc-1", "to": "acc-2", "amount": 5}'
+
+# (arguments, exit code, what the error names on a path with no database, and on an existing store)
+BAD_INPUT = [
+    (("submit", "nope", "--key", "k"), 2, "[unknown_action]", None),
+    (("submit", "transfer", "--key", "k", "--input", "{bad"), 2, "--input: not valid JSON", None),
+    (("submit", "transfer", "--key", "k", "--input", '{"from": "a", "to": "a", "amount": 1}'), 2, "[invalid_input]", None),
+    # docs/operations.md's normaliser given a list raises AttributeError: still the input's fault.
+    (("submit", "transfer", "--key", "k", "--input", "[1]", "--actions", "tests.operations.docs_actions"), 2,
+     "input: rejected by transfer v1: AttributeError: 'list' object has no attribute 'get' [invalid_input]", None),
+    (("submit", "transfer", "--key", "k", "--version", "9"), 2, "[unknown_action]", None),
+    (("submit", "transfer", "--key", "k", "--as", "alice"), 2, "RESOLVER:vVERSION:SUBJECT", None),
+    (("submit", "transfer", "--key", "bad key", "--input", TRANSFER), 2, "client_key: malformed", None),
+    (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--tenant", "a b"), 2, "tenant: malformed", None),
+    (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--namespace", "a b"), 2, "--namespace: malformed", None),
+    (("submit", "transfer", "--key", "k", "--actions", "no.such.module"), 2, "--actions", None),
+    # Decided only by the store, once opened: a principal no resolver knows.
+    (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--as", "nobody:v1:x"), 1, "[not_authorized]", None),
+    (("status", "op-missing"), 2, "no database at", "[operation_not_found]"),
+    (("history", "op-missing"), 2, "no database at", "[operation_not_found]"),
+    (("cancel", "op-missing"), 2, "no database at", "[operation_not_found]"),
+    (("decide", "op-missing", "--approve", "--as", "users:v1:bob"), 2, "no database at", "[operation_not_found]"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "fragment"), [case[:3] for case in BAD_INPUT])
+def test_bad_input_on_a_new_path_is_one_line_and_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], code: int, fragment: str
 ) -> None:
-    db = str(tmp_path / "ops.db")
-    result, _, err = run(capsys, *args, "--db", db)
+    result, _, err = run(capsys, *args, "--db", str(tmp_path / "ops.db"))
     assert result == code
     assert fragment in one_error(err)
-    assert data(capsys, "worker", "--db", db, "--until-idle")["reports"] == []
+    assert snapshot(tmp_path) == {}, "the refused command left a file behind"
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_to_a_store_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: tuple[tuple[str, ...], int, str, str | None]
+) -> None:
+    args, code, new, fragment = case
+    db = str(tmp_path / "ops.db")
+    data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)
+    before = snapshot(tmp_path)
+    assert list(before) == ["ops.db"]
+    result, _, err = run(capsys, *args, "--db", db)
+    assert result == code
+    assert (fragment or new) in one_error(err)
+    assert snapshot(tmp_path) == before
+    # The identity is taken: other input under it is refused, and that writes nothing either.
+    result, _, err = run(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER.replace("5", "6"))
+    assert result == 1 and "[idempotency_conflict]" in one_error(err)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("worker", "--until-idle"), ("worker", "--until-idle", "--processes", "2"), ("status", "op-x"), ("check",)],
+)
+def test_a_db_path_that_does_not_exist_is_refused_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    # A mistyped --db: as `fencekeeper inspect` and `journal show`, not an empty store and a worker finding nothing.
+    result, out, err = run(capsys, *args, "--db", str(tmp_path / "typo.db"))
+    assert result == 2 and out == ""
+    line = one_error(err)
+    assert "no database" in line and str(tmp_path / "typo.db") in line
+    assert snapshot(tmp_path) == {}
+
+
+def test_a_submission_creates_a_new_file_holding_only_what_it_admitted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "ops.db")
+    op_id = data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)["operation_id"]
+    assert list(snapshot(tmp_path)) == ["ops.db"], "a scratch file or a journal was left beside the store"
+    assert data(capsys, "status", op_id, "--db", db)["state"] == "admitted"
+    assert [r["operation_id"] for r in data(capsys, "worker", "--db", db, "--until-idle")["reports"]] == [op_id]
+
+
+def test_a_file_created_meanwhile_is_kept_and_the_submission_goes_into_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fencekeeper.adapters.cli_ops import _submit_new_file  # noqa: PLC0415 - the step under test
+
+    db = tmp_path / "ops.db"
+    admitted: list[str] = []
+
+    def submit(url: str) -> Any:
+        if url != str(db) and not db.exists():
+            # Another command creates the file between this one's look and its link.
+            admitted.append(data(capsys, "submit", "transfer", "--db", str(db), "--key", "other", "--input", TRANSFER)["operation_id"])
+        assert cli.main(["op", "submit", "transfer", "--db", url, "--key", "k", "--input", TRANSFER, "--json"]) == 0
+        answer = json.loads(capsys.readouterr().out)
+        admitted.append(answer["operation_id"])
+        return answer
+
+    _submit_new_file(db, submit)
+    assert list(snapshot(tmp_path)) == ["ops.db"]
+    other, scratch, kept = admitted
+    assert data(capsys, "status", other, "--db", str(db))["state"] == "admitted"
+    assert data(capsys, "status", kept, "--db", str(db))["state"] == "admitted"
+    code, _, err = run(capsys, "status", scratch, "--db", str(db))
+    assert code == 2 and "[operation_not_found]" in one_error(err)
+
+
+def test_any_normaliser_failure_is_invalid_input_naming_the_action() -> None:
+    from fencekeeper.adapters.operations.memory import MemoryOperationStore  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableOperationError,
+        DurableOperationService,
+        PrincipalReference,
+    )
+    from tests.operations import docs_actions  # noqa: PLC0415
+
+    store = MemoryOperationStore()
+    service = DurableOperationService(store, docs_actions.registry(), docs_actions.resolvers())
+    for payload, named in (([1], "AttributeError: 'list' object has no attribute 'get'"), ({"amount": 5}, "'from'")):
+        with pytest.raises(DurableOperationError) as raised:
+            service.submit(
+                tenant="t", principal=PrincipalReference.parse("users:v1:alice"), action="transfer", input=payload,
+                client_key="k",
+            )  # fmt: skip
+        assert raised.value.code == "invalid_input"
+        assert raised.value.message == f"input: rejected by transfer v1: {named}"
+    assert store.operation_ids() == []
+
+
+def test_an_unreachable_postgresql_is_one_line_at_once(tmp_path: Path) -> None:
+    # The pool alone would retry for its whole timeout (about 10 s) and log its warnings first.
+    url = "postgresql://nobody@127.0.0.1:1/x"
+    for args in (("status", "op-x"), ("worker", "--until-idle"), ("submit", "transfer", "--key", "k", "--input", TRANSFER)):
+        started = time.monotonic()
+        result = fencekeeper("op", *args, "--db", url, cwd=tmp_path)
+        seconds = time.monotonic() - started
+        line = assert_one_error_line(result, 2)
+        assert "--db: cannot connect to PostgreSQL" in line and "port=1" in line
+        assert seconds < 5, f"op {args[0]} took {seconds:.1f} s to give up"
 
 
 def test_the_deployment_check_blocks_on_a_missing_action(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

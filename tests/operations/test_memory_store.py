@@ -17,19 +17,16 @@ from fencekeeper.adapters.testing.operations_suite import (
     OperationStoreTests,
     OpsStoreFactory,
     World,
-    run_operation_state_machine,
 )
 from fencekeeper.kernel import operations as o
 
 
 class TestMemoryOperationStore(OperationStoreTests):
+    state_machine_examples = 40
+
     @pytest.fixture
     def ops_store_factory(self) -> OpsStoreFactory:
         return MemoryOperationStore
-
-
-def test_service_state_machine_on_memory() -> None:
-    run_operation_state_machine(MemoryOperationStore, max_examples=40)
 
 
 

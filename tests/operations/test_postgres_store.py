@@ -25,7 +25,6 @@ from fencekeeper.adapters.postgres_store import migrate
 from fencekeeper.adapters.testing.operations_suite import (
     OperationStoreTests,
     OpsStoreFactory,
-    run_operation_state_machine,
 )
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy
 
@@ -55,13 +54,11 @@ def factory_for(pg_dsn: str, schema: str) -> OpsStoreFactory:
 
 
 class TestPostgresOperationStore(OperationStoreTests):
+    state_machine_examples = 5
+
     @pytest.fixture
     def ops_store_factory(self, pg_dsn: str, shared_schema: str) -> OpsStoreFactory:
         return factory_for(pg_dsn, shared_schema)
-
-
-def test_service_state_machine_on_postgres(pg_dsn: str, shared_schema: str) -> None:
-    run_operation_state_machine(factory_for(pg_dsn, shared_schema), max_examples=5)
 
 
 def test_database_time_decides_without_an_injected_clock(pg_dsn: str, pg_schema: str) -> None:

@@ -11,7 +11,6 @@ from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.testing.operations_suite import (
     OperationStoreTests,
     OpsStoreFactory,
-    run_operation_state_machine,
 )
 
 
@@ -21,13 +20,11 @@ def factory_in(directory: Path) -> OpsStoreFactory:
 
 
 class TestSQLiteOperationStore(OperationStoreTests):
+    state_machine_examples = 10
+
     @pytest.fixture
     def ops_store_factory(self, tmp_path: Path) -> OpsStoreFactory:
         return factory_in(tmp_path)
-
-
-def test_service_state_machine_on_sqlite(tmp_path: Path) -> None:
-    run_operation_state_machine(factory_in(tmp_path), max_examples=10)
 
 
 def test_application_tables_in_the_file_are_the_applications_but_our_tables_stay_ours(tmp_path: Path) -> None:
