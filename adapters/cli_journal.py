@@ -121,7 +121,8 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
     verify = command(
         "verify",
         "replay a stored journal or an exported file and name the first bad record",
-        description="Give EXECUTION_ID and --db, or --file with --workflow and --policy.",
+        description="Give EXECUTION_ID and --db, or --file with --workflow and --policy (and --db to check the "
+        "successor executions the file binds against that database's headers).",
     )
     verify.add_argument("execution_id", nargs="?", metavar="EXECUTION_ID")
     _db(verify, required=False)

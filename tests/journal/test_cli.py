@@ -273,3 +273,18 @@ def test_a_successor_is_checked_against_the_stored_header(workdir: Path) -> None
     new(db="other.db")
     code, out, _ = main("journal", "verify", *chain, "--db", "other.db", "--json")
     assert code == 1 and json.loads(out)["code"] == "bad_successor_binding"
+
+
+def test_a_chain_cut_short_verifies_unless_a_later_head_was_kept(workdir: Path) -> None:
+    # specs/journal.md, "What this does not claim": dropping the last events
+    # leaves a valid chain; only a head kept from after them shows the cut.
+    head = new()["head"]
+    kept = data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)["head"]
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl")
+    lines = (workdir / "chain.jsonl").read_bytes().splitlines(keepends=True)
+    (workdir / "cut.jsonl").write_bytes(b"".join(lines[:-3]))
+    chain = ["--workflow", "review.workflow.json", "--policy", "review.policy.json"]
+    assert data("journal", "verify", "--file", "cut.jsonl", *chain)["events"] == len(lines) - 4
+    code, out, _ = main("journal", "verify", "--file", "cut.jsonl", *chain, "--kept-head", kept, "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
+    assert data("journal", "verify", "--file", "chain.jsonl", *chain, "--kept-head", kept)["ok"]
