@@ -22,9 +22,15 @@ opened, an unknown execution).  Rules of this module:
   whose head is stale is refused.
 - A successor binding whose ``successor`` leaves out ``digest`` names the
   successor execution's header digest as stored in the same database; an
-  execution that is not there is an input error.
-- Only ``new`` creates a SQLite file; every other command refuses a path
-  that does not exist.
+  execution that is not there is an input error.  Whatever the digest, the
+  store checks the successor's stored header on every binding (the
+  kernel's rule), ``--records`` or not.
+- ``append`` appends all of its commands or none: a file is decided command
+  by command and written in one transaction, so a refusal of command k
+  leaves the journal as it was, and says so.
+- Only ``new`` creates a SQLite file, and only once the header it would
+  write has been checked; every other command refuses a path that does not
+  exist.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,7 +51,7 @@ from fencekeeper.kernel.journal_codes import JournalError
 from . import connect, journal_fixtures
 from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, authority_of, replay_stored
 from .render import Output, state
-from .store import StoreError
+from .store import StoreError, SystemClock
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -115,7 +121,8 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
     verify = command(
         "verify",
         "replay a stored journal or an exported file and name the first bad record",
-        description="Give EXECUTION_ID and --db, or --file with --workflow and --policy.",
+        description="Give EXECUTION_ID and --db, or --file with --workflow and --policy (and --db to check the "
+        "successor executions the file binds against that database's headers).",
     )
     verify.add_argument("execution_id", nargs="?", metavar="EXECUTION_ID")
     _db(verify, required=False)
@@ -149,17 +156,16 @@ def _records(parser: argparse.ArgumentParser) -> None:
         "--records",
         type=Path,
         metavar="DIR",
-        help="resolve every referenced record as DIR/KIND/ID, whose SHA-256 must be its digest "
-        "(a successor execution's header through --db)",
+        help="resolve every referenced record as DIR/KIND/ID, whose SHA-256 must be its digest",
     )
 
 
-def _resolver(args: argparse.Namespace, store: JournalStore | None) -> j.Resolver | None:
+def _resolver(args: argparse.Namespace) -> j.Resolver | None:
     if args.records is None:
         return None
     if not args.records.is_dir():
         raise JournalCliError(f"--records {args.records}: not a directory")
-    return DirectoryResolver(args.records, store)
+    return DirectoryResolver(args.records)
 
 
 def _db(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -289,6 +295,11 @@ def _print_states(journal: j.Journal, out: Output) -> None:
 
 def _new(args: argparse.Namespace, out: Output) -> int:
     workflow, policy = _authority(args.workflow, args.policy)
+    # The header is checked before the store is opened, so that a refused
+    # `new` creates no database file; it is made again at the store's time.
+    j.create_header(
+        args.execution_id, workflow, policy, created_by=args.creator, now=SystemClock().now(), supersedes=args.supersedes
+    )
     with _store(args, create=True) as store:
         header = j.create_header(
             args.execution_id, workflow, policy, created_by=args.creator, now=store.clock.now(), supersedes=args.supersedes
@@ -380,56 +391,64 @@ def _append(args: argparse.Namespace, out: Output) -> int:
         if value.get("command") == "bind-successor" and isinstance(successor, dict) and "digest" not in successor:
             shaped = {**value, "successor": {**successor, "digest": stand_in}}
         _input(f"{where} command {number}", lambda v=shaped: j.command_from_json(v, args.expect or stand_in))
-    results: list[dict[str, Any]] = []
-    refusal: j.Refusal | None = None
-    if args.records is not None and not args.records.is_dir():
-        raise JournalCliError(f"--records {args.records}: not a directory")
+    resolve = _resolver(args)
     with _store(args) as store:
         _loaded(store, args.execution_id, args.db)
-        resolve = _resolver(args, store)
-        expected = args.expect
-        for number, value in enumerate(raw, start=1):
-            resolved = _resolve_successor(store, value, f"{where} command {number}")
-            command = _input(f"{where} command {number}", lambda v=resolved, e=expected: j.command_from_json(v, e))
-            outcome = store.append(args.execution_id, command, resolve)
-            if isinstance(outcome, j.Refusal):
-                refusal = outcome
-                results.append({"request": command.request_id, "outcome": "refused", "code": outcome.code.value,
-                                "message": outcome.message})  # fmt: skip
-                break
-            if isinstance(outcome, j.Unchanged):
-                # The next command of a file being sent again expects the head
-                # this request made when it was first recorded.
-                expected = outcome.events[-1].digest if outcome.events else outcome.journal.head
-                results.append({"request": command.request_id, "outcome": "unchanged", "head": expected})
-                out.line(f"{command.request_id}: already recorded (idempotent); nothing changed")
-                continue
-            expected = outcome.journal.head
-            results.append(
-                {
-                    "request": command.request_id,
-                    "outcome": "appended",
-                    "events": [e.to_json() for e in outcome.events],
-                    "head": expected,
-                }
+
+        def source(number: int, value: dict[str, Any]) -> Callable[[str | None], j.Command]:
+            def make(previous: str | None) -> j.Command:
+                # Each command expects the head the one before it left, the first --expect's.
+                expected = args.expect if number == 1 else previous
+                resolved = _resolve_successor(store, value, f"{where} command {number}")
+                return _input(f"{where} command {number}", lambda: j.command_from_json(resolved, expected))  # type: ignore[no-any-return]
+
+            return make
+
+        outcomes = store.append_all(
+            args.execution_id, [source(number, value) for number, value in enumerate(raw, start=1)], resolve
+        )
+    refusal = outcomes[-1] if isinstance(outcomes[-1], j.Refusal) else None
+    if refusal is not None:
+        # Nothing was written: the refused command's number, and that none of the file was appended.
+        message = f"{where} command {len(outcomes)} refused [{refusal.code.value}]: {refusal.message}"
+        if len(raw) > 1:
+            message += f"; nothing was appended (all {len(raw)} commands or none)"
+        if out.json_mode:
+            out.data({"execution_id": args.execution_id, "appended": 0, "refused": len(outcomes),
+                      "code": refusal.code.value, "message": refusal.message, "head": None})  # fmt: skip
+        raise JournalCliError(message, EXIT_PROBLEM)
+    results: list[dict[str, Any]] = []
+    expected: str | None = args.expect
+    for outcome in outcomes:
+        assert not isinstance(outcome, j.Refusal)
+        if isinstance(outcome, j.Unchanged):
+            # The next command of a file being sent again expects the head
+            # this request made when it was first recorded.
+            expected = outcome.events[-1].digest if outcome.events else outcome.journal.head
+            results.append({"request": outcome.request_id, "outcome": "unchanged", "head": expected})
+            out.line(f"{outcome.request_id}: already recorded (idempotent); nothing changed")
+            continue
+        expected = outcome.journal.head
+        results.append(
+            {
+                "request": outcome.events[0].request_id,
+                "outcome": "appended",
+                "events": [e.to_json() for e in outcome.events],
+                "head": expected,
+            }
+        )
+        for event in outcome.events:
+            out.line(
+                f"{event.ordinal:>4} {event.node_id}: {event.prior_state.value} --{event.event.value}--> ",
+                state(event.resulting_state),
+                f"  ({event.actor_id} as {event.role})",
             )
-            for event in outcome.events:
-                out.line(
-                    f"{event.ordinal:>4} {event.node_id}: {event.prior_state.value} --{event.event.value}--> ",
-                    state(event.resulting_state),
-                    f"  ({event.actor_id} as {event.role})",
-                )
     if args.head_file is not None and expected is not None:
-        # Whatever was appended before a refusal is the head this writer now knows.
         _write_head(args.head_file, expected)
     if out.json_mode:
         out.data({"execution_id": args.execution_id, "results": results, "head": expected})
-    elif refusal is None:
+    else:
         out.line(f"head {expected}")
-    if refusal is not None:
-        raise JournalCliError(
-            f"{where} command {len(results)} refused [{refusal.code.value}]: {refusal.message}", EXIT_PROBLEM
-        )
     return EXIT_OK
 
 
@@ -497,7 +516,13 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
             what = str(args.file)
             workflow, policy = _authority(args.workflow, args.policy)
             header, events = _chain_file(args.file)
-            journal = j.replay(header, events, workflow, policy, _resolver(args, None))
+            resolve = _resolver(args)
+            if args.db is not None:
+                # The successors a file binds are checked against the headers in --db.
+                with _store(args) as store:
+                    journal = j.replay(header, events, workflow, policy, resolve, headers=store.header)
+            else:
+                journal = j.replay(header, events, workflow, policy, resolve)
         else:
             if args.db is None:
                 raise JournalCliError("EXECUTION_ID needs --db")
@@ -506,7 +531,7 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
                 chain = store.stored(args.execution_id)
                 if chain is None:
                     raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
-                journal = replay_stored(chain, _resolver(args, store))
+                journal = replay_stored(chain, _resolver(args), headers=store.header)
     except JournalError as exc:
         where = "header" if exc.ordinal == 0 else f"event {exc.ordinal}" if exc.ordinal is not None else "the chain"
         if out.json_mode:

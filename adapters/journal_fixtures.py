@@ -13,8 +13,12 @@ a test fails if regenerating it changes a byte.  Rules of this module:
   field added, the bytes re-encoded), or an event forged with every digest
   recomputed so that only a rule of the journal can catch it (a forged
   role, automation claiming human authority, a missing artifact, a partial
-  invalidation, a bad successor binding).  Each names the refusal code and
-  the ordinal of the first bad record it expects.
+  invalidation, an invalidation by a role or under a policy the authority
+  policy does not admit, a successor binding to work never invalidated or
+  to a header that is not this execution's successor).  Each names the
+  refusal code and the ordinal of the first bad record it expects, and the
+  other executions' headers (``headers/``) a runner's successor lookup
+  finds.
 - The pack is data only: JSON and JSON lines, one canonical record a line.
 """
 
@@ -94,6 +98,13 @@ def review_policy(workflow: VerifiedWorkflow) -> j.AuthorityPolicy:
             j.Assignment("carol", j.ActorKind.HUMAN, ("extractor", "synthesist", "coordinator", "scheduler")),
         ),
         approved_by="carol",
+        invalidation_policies=(
+            # A retraction of an included study: the coordinator decides.
+            j.InvalidationPolicy("retraction-policy", ("coordinator",)),
+            # A search index withdrawing records: the scheduler role may
+            # invalidate, but its automation may not undo work humans did.
+            j.InvalidationPolicy("index-withdrawal", ("scheduler",)),
+        ),
     )
 
 
@@ -117,10 +128,12 @@ class Script:
         self.journal = journal
         self.clock = start
         self.count = 0
+        self.headers: dict[str, j.Header] = {}
+        """The executions a successor binding may name (the kernel's header lookup)."""
 
     def send(self, command: j.Command) -> j.Appended:
         self.clock += timedelta(seconds=1)
-        outcome = j.preview(self.journal, command, self.clock)
+        outcome = j.preview(self.journal, command, self.clock, headers=self.headers.get)
         if not isinstance(outcome, j.Appended):
             raise AssertionError(f"the example's own command was not appended: {outcome}")
         self.journal = outcome.journal
@@ -226,6 +239,7 @@ def superseded() -> tuple[Script, Script]:
     first = review(new("review-1"))
     first.send(invalidation(first))
     second = successor_journal()
+    first.headers[second.journal.execution_id] = second.journal.header
     first.send(binding(first, second.journal))
     # The successor redoes the work without the retracted study: same declared
     # artifacts, new content, so new digests.
@@ -287,6 +301,8 @@ class Case:
     code: str | None = None
     ordinal: int | None = None
     expect: dict[str, Json] | None = None
+    headers: tuple[j.Header, ...] = ()
+    """The other executions' headers a runner's header lookup finds (the successors the chain may bind)."""
 
 
 def _valid(name: str, description: str, journal: j.Journal) -> Case:
@@ -309,7 +325,10 @@ def cases() -> list[Case]:
     header, events = good[0], good[1:]
     found: list[Case] = [
         _valid("valid-review", "the whole review, with one failed and retried search attempt", complete.journal),
-        _valid("valid-superseded", "the review invalidated by a retraction and superseded by review-2", first.journal),
+        attrs.evolve(
+            _valid("valid-superseded", "the review invalidated by a retraction and superseded by review-2", first.journal),
+            headers=(second.journal.header,),
+        ),
         _valid("valid-successor", "review-2, which supersedes review-1, partly redone", second.journal),
         _valid("valid-empty", "a header and no events", new("review-1").journal),
     ]
@@ -356,6 +375,7 @@ def cases() -> list[Case]:
     # Forged events: every digest right, a rule broken.
     found.extend(_forged(complete))
     found.extend(_forged_batches(first))
+    found.extend(_forged_successors(first, second))
     return found
 
 
@@ -450,6 +470,63 @@ def _forged_batches(first: Script) -> list[Case]:
     found.append(Case("bad-successor", "a successor bound to completed work that was never invalidated",
                       [*chain, *forge(reviewed, bind, at, (("synthesis", NodeEvent.SUCCESSOR_BOUND, NodeState.SUPERSEDED),))],
                       "bad_successor_binding", len(chain)))  # fmt: skip
+
+    def invalidated_by(name: str, description: str, actor: str, role: str, *, policy: str, code: str) -> None:
+        command = attrs.evolve(invalidation(Script(reviewed)), request_id=name, actor_id=actor, role=role, policy=policy)
+        rows = tuple((n.node_id, NodeEvent.WORK_INVALIDATED, NodeState.INVALIDATED) for n in command.nodes)
+        # forge writes a batch in the order given; the kernel's is topological.
+        rows = tuple(sorted(rows, key=lambda r: journal.workflow.order.index(r[0])))
+        found.append(Case(name, description, [*chain, *forge(reviewed, command, at, rows)], code, len(chain)))
+
+    invalidated_by("unauthorized-invalidation", "bot:search, as searcher, invalidates the five nodes humans completed "
+                   "under the retraction policy, which admits only the coordinator", "bot:search", "searcher",
+                   policy="retraction-policy", code="forged_role")  # fmt: skip
+    invalidated_by("undeclared-invalidation-policy", "carol invalidates the screenings onwards under a policy the "
+                   "authority policy does not declare", "carol", "coordinator",
+                   policy="anything-at-all", code="unverified_authority")  # fmt: skip
+    invalidated_by("automation-invalidates-human-work", "bot:search, as scheduler, invalidates human-completed work "
+                   "under the index-withdrawal policy, which admits its role but not automation over human work",
+                   "bot:search", "scheduler", policy="index-withdrawal", code="automation_claims_human")  # fmt: skip
+    return found
+
+
+OTHER_REVIEW = attrs.evolve(REVIEW, workflow_id="systematic-review-2")
+"""Another workflow: the same nodes under another id, so another digest."""
+
+
+def _forged_successors(first: Script, second: Script) -> list[Case]:
+    """Successor bindings forged after the retraction: each names a header that is not a successor of review-1."""
+    journal = first.journal
+    binding_start = next(e.ordinal for e in journal.events if e.event is NodeEvent.SUCCESSOR_BOUND)
+    invalidated = _prefix(journal, binding_start - 1)
+    chain = lines(invalidated)
+    at = T0 + timedelta(days=1, hours=1)
+    later = T0 + timedelta(days=1)
+    workflow, policy = verified()
+    unrelated = j.create_header("review-3", workflow, policy, created_by="carol", now=later)
+    other_workflow = verify_workflow(OTHER_REVIEW)
+    other_policy = j.verify_policy(review_policy(other_workflow), other_workflow)
+    elsewhere = j.create_header("review-4", other_workflow, other_policy, created_by="carol", now=later,
+                                supersedes="review-1")  # fmt: skip
+    known = (second.journal.header, unrelated, elsewhere)
+    found: list[Case] = []
+
+    def bound(name: str, description: str, successor: j.RecordRef) -> None:
+        command = attrs.evolve(binding(Script(invalidated), second.journal), request_id=name, successor=successor)
+        rows = tuple((n, NodeEvent.SUCCESSOR_BOUND, NodeState.SUPERSEDED) for n in DOWNSTREAM)
+        found.append(Case(name, description, [*chain, *forge(invalidated, command, at, rows)], "bad_successor_binding",
+                          len(chain), headers=known))  # fmt: skip
+
+    def named(header: j.Header) -> j.RecordRef:
+        return j.RecordRef(j.SUCCESSOR_KIND, header.execution_id, header.digest)
+
+    bound("successor-not-superseding", "review-1 bound to review-3, whose header supersedes nothing", named(unrelated))
+    bound("successor-other-workflow", "review-1 bound to review-4, which supersedes review-1 but runs another workflow",
+          named(elsewhere))  # fmt: skip
+    bound("successor-unknown", "review-1 bound to ghost-9, an execution no header names, with an invented digest",
+          j.RecordRef(j.SUCCESSOR_KIND, "ghost-9", sha("ghost-9")))  # fmt: skip
+    bound("successor-digest", "review-1 bound to review-2 under a digest that is not its header's",
+          j.RecordRef(j.SUCCESSOR_KIND, "review-2", sha("review-2")))  # fmt: skip
     return found
 
 
@@ -467,10 +544,20 @@ def write_pack(directory: Path) -> list[Path]:
     put("workflow.json", canonical_bytes(REVIEW.to_json()) + b"\n")
     put("policy.json", canonical_bytes(policy.policy.to_json()) + b"\n")
     manifest: list[Json] = []
+    written_names: set[str] = set()
     for case in cases():
         chain = f"chains/{case.name}.jsonl"
         put(chain, b"".join(line + b"\n" for line in case.lines))
         entry: dict[str, Json] = {"name": case.name, "description": case.description, "chain": chain}
+        if case.headers:
+            names = []
+            for header in case.headers:
+                name = f"headers/{header.execution_id}.json"
+                if name not in written_names:
+                    put(name, j.encode_header(header) + b"\n")
+                    written_names.add(name)
+                names.append(name)
+            entry["headers"] = names
         if case.code is None:
             entry["valid"] = True
             entry["expect"] = case.expect

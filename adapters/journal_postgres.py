@@ -133,6 +133,13 @@ class PostgresJournalStore(JournalStoreBase):
             ).fetchone()
         return None if row is None else str(row[0])
 
+    def _header_bytes(self, execution_id: str) -> bytes | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT header FROM journal_headers WHERE execution_id = %s", (execution_id,)
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
     def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
         with self._lock:
             try:

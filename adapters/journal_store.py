@@ -33,6 +33,13 @@ module:
   they follow the cached head).  ``load`` always replays the whole chain.
 - The time of a record is the store's clock's (``Clock``, UTC), read once
   per append.
+- ``append_all`` appends a batch of commands whole or not at all: the
+  kernel decides each on the journal the ones before it made, and the
+  events of all of them are written in one transaction under one head
+  guard; a refusal of any writes nothing.  ``append`` is a batch of one.
+- Every append gives the kernel the store's header lookup (``header``), so
+  a successor binding is checked against the successor's stored header
+  whether or not records are resolved.
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -54,6 +62,9 @@ from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
 from . import sqlite_store
 from .store import Clock, StoreError, SystemClock
+
+CommandSource = Callable[[str | None], j.Command]
+"""Builds a command of a batch, given the head the command before it left (None for the first)."""
 
 
 @attrs.frozen
@@ -83,6 +94,21 @@ class JournalStore(Protocol):
         """Append ``command`` atomically under the head guard: the kernel's outcome, written or not."""
         ...
 
+    def append_all(
+        self, execution_id: str, commands: Sequence[CommandSource], resolve: j.Resolver | None = None
+    ) -> list[j.Outcome]:
+        """Append every command or none, in one transaction under the head guard.
+
+        Each source builds its command from the head the command before it
+        left (the first from None).  The outcomes are in order; if one is a
+        refusal it is the last, and nothing was written.
+        """
+        ...
+
+    def header(self, execution_id: str) -> j.Header | None:
+        """The stored header of ``execution_id``, strictly decoded (a successor's, say); None if there is none."""
+        ...
+
     def load(self, execution_id: str) -> j.Journal | None:
         """Replay the stored chain (JournalError names the first bad record); None if there is no such journal."""
         ...
@@ -100,10 +126,12 @@ def authority_of(workflow: bytes, policy: bytes) -> tuple[VerifiedWorkflow, j.Ve
     return verified, j.verify_policy(j.policy_from_json(parse_canonical(policy)), verified)
 
 
-def replay_stored(chain: StoredChain, resolve: j.Resolver | None = None) -> j.Journal:
+def replay_stored(
+    chain: StoredChain, resolve: j.Resolver | None = None, *, headers: j.HeaderLookup | None = None
+) -> j.Journal:
     """The journal ``chain`` holds, checked against its head row; JournalError otherwise."""
     workflow, policy = authority_of(chain.workflow, chain.policy)
-    journal = j.replay(chain.header, chain.events, workflow, policy, resolve)
+    journal = j.replay(chain.header, chain.events, workflow, policy, resolve, headers=headers)
     if (journal.head, len(journal.events)) != (chain.head, chain.length):
         raise JournalError(
             JournalCode.BROKEN_CHAIN,
@@ -169,32 +197,67 @@ class JournalStoreBase:
             self._cache[execution_id] = journal
         return journal
 
+    def header(self, execution_id: str) -> j.Header | None:
+        data = self._header_bytes(execution_id)
+        return None if data is None else j.decode_header(data)
+
+    def _header_bytes(self, execution_id: str) -> bytes | None:
+        raise NotImplementedError
+
     def append(self, execution_id: str, command: j.Command, resolve: j.Resolver | None = None) -> j.Outcome:
+        return self.append_all(execution_id, [lambda _head: command], resolve)[0]
+
+    def append_all(
+        self, execution_id: str, commands: Sequence[CommandSource], resolve: j.Resolver | None = None
+    ) -> list[j.Outcome]:
         with self._cache_lock:
             journal = self._cache.get(execution_id)
         if journal is None:
             journal = self._reload(execution_id)
         now = self.clock.now()
         for reloaded in (False, True):
-            outcome = j.preview(journal, command, now, resolve)
-            if isinstance(outcome, j.Appended):
-                if self._commit_events(execution_id, journal.head, outcome.events, len(outcome.journal.events)):
+            outcomes = self._decide_all(journal, commands, now, resolve)
+            last = outcomes[-1]
+            if isinstance(last, j.Refusal):
+                if reloaded or self._stored_head(execution_id) == journal.head:
+                    # A refusal stands when it was decided on the stored head.
+                    return outcomes
+            else:
+                appended = [e for o in outcomes if isinstance(o, j.Appended) for e in o.events]
+                if not appended:
+                    # Every command an idempotent repeat: one whatever else was appended since.
+                    return outcomes
+                final = next(o.journal for o in reversed(outcomes) if isinstance(o, j.Appended))
+                if self._commit_events(execution_id, journal.head, appended, len(final.events)):
                     with self._cache_lock:
-                        self._cache[execution_id] = outcome.journal
-                    return outcome
+                        self._cache[execution_id] = final
+                    return outcomes
                 if reloaded:
-                    # Moved twice while this append ran: the command was
+                    # Moved twice while this append ran: the commands were
                     # decided against a head that is no longer the head.
-                    return stale(journal.head, "a newer head")
-            elif reloaded or isinstance(outcome, j.Unchanged) or self._stored_head(execution_id) == journal.head:
-                # A repeat is one whatever else was appended since; a refusal
-                # stands when it was decided on the stored head.
-                return outcome
+                    return [stale(journal.head, "a newer head")]
             # The cached journal is behind the database (another writer
             # appended): read the chain again and ask the kernel again, so
             # that a refusal is always the one the stored journal earns.
             journal = self._reload(execution_id)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _decide_all(
+        self, journal: j.Journal, commands: Sequence[CommandSource], now: datetime, resolve: j.Resolver | None
+    ) -> list[j.Outcome]:
+        """The kernel's outcome for each command in turn, on the journal the ones before it made, up to a refusal."""
+        outcomes: list[j.Outcome] = []
+        head: str | None = None
+        for source in commands:
+            outcome = j.preview(journal, source(head), now, resolve, headers=self.header)
+            outcomes.append(outcome)
+            if isinstance(outcome, j.Refusal):
+                break
+            journal = outcome.journal
+            # After a repeat, the next command of a batch sent again expects
+            # the head this request made when it was first recorded.
+            head = outcome.events[-1].digest if outcome.events else journal.head
+        return outcomes
 
     def _reload(self, execution_id: str) -> j.Journal:
         """The stored journal, catching the cached one up by the events appended since, or replaying it all."""
@@ -225,19 +288,15 @@ class JournalStoreBase:
 class DirectoryResolver:
     """Records as files: ``DIRECTORY/<kind>/<id>``, whose SHA-256 must be the reference's digest.
 
-    A successor execution's header (kind ``execution``) resolves through
-    ``store`` when one is given: the stored header's digest must match.  A
-    reference whose path would leave the directory never resolves.
+    A reference whose path would leave the directory never resolves.  (A
+    successor execution's header is not a record here: the kernel finds it
+    through the store's header lookup, on every binding.)
     """
 
-    def __init__(self, directory: Path, store: JournalStore | None = None) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory.resolve()
-        self.store = store
 
     def __call__(self, record: j.RecordRef) -> bool:
-        if record.kind == j.SUCCESSOR_KIND and self.store is not None:
-            chain = self.store.stored(record.ref_id)
-            return chain is not None and j.decode_header(chain.header).digest == record.digest
         path = (self.directory / record.kind / record.ref_id).resolve()
         if not path.is_relative_to(self.directory) or not path.is_file():
             return False
@@ -339,6 +398,13 @@ class SQLiteJournalStore(JournalStoreBase):
             row = self._conn.execute("SELECT head FROM journal_heads WHERE execution_id = ?", (execution_id,)).fetchone()
         return None if row is None else str(row[0])
 
+    def _header_bytes(self, execution_id: str) -> bytes | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT header FROM journal_headers WHERE execution_id = ?", (execution_id,)
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
     def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
         with self._lock:
             conn = self._conn
@@ -368,6 +434,7 @@ class SQLiteJournalStore(JournalStoreBase):
 
 
 __all__ = [
+    "CommandSource",
     "DirectoryResolver",
     "JournalStore",
     "JournalStoreBase",

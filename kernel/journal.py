@@ -25,11 +25,18 @@ module:
   acts in, the node must admit that role, and only a human may do human
   work, complete hybrid work, authorize a retry of non-automated work, give
   a human-only approval or bind a successor execution.
-- An invalidation appends one event per node of the full descendant
-  closure of the nodes it names, in the workflow's topological order, as one
-  batch; a command whose nodes are not closed under descendants is
-  ``partial_invalidation``.  A successor binding supersedes every
-  invalidated node at once, and only invalidated nodes.
+- An invalidation names an invalidation policy the authority policy
+  declares (else ``unverified_authority``), in a role that policy admits
+  (else ``forged_role``); automation may invalidate work a human did only
+  where that policy says so (else ``automation_claims_human``).  It appends
+  one event per node of the full descendant closure of the nodes it names,
+  in the workflow's topological order, as one batch; a command whose nodes
+  are not closed under descendants is ``partial_invalidation``.
+- A successor binding supersedes every invalidated node at once, and only
+  invalidated nodes, and names a successor whose header (found by the
+  caller's header lookup, which an append cannot do without) has the named
+  digest, declares that it supersedes this execution and runs the same
+  workflow; else ``bad_successor_binding``.
 - The projection (node states, attempt history, head, request digests) is
   derived from the header and events by :func:`replay`, and by
   :func:`preview`/:func:`append` one command at a time; both run the same
@@ -86,6 +93,7 @@ from .journal_records import (
     Header,
     Invalidate,
     Invalidation,
+    InvalidationPolicy,
     Journal,
     NodeExpectation,
     Outcome,
@@ -138,7 +146,27 @@ def verify_policy(policy: AuthorityPolicy, workflow: VerifiedWorkflow) -> Verifi
     approver = actors.get(policy.approved_by)
     if approver is None or approver.kind is not ActorKind.HUMAN:
         raise JournalError(bad, f"policy: approved_by {policy.approved_by!r} is not a human actor of the policy")
-    return VerifiedPolicy(policy=policy, digest=digest_of(policy.to_json()), actors=MappingProxyType(actors))
+    invalidations: dict[str, InvalidationPolicy] = {}
+    for declared in policy.invalidation_policies:
+        where = f"policy: invalidation policy {declared.policy_id!r}"
+        _identifier(declared.policy_id, "policy: invalidation_policies: policy", bad)
+        if declared.policy_id in invalidations:
+            raise JournalError(bad, f"{where} is declared twice")
+        # Never empty: an invalidation policy that named no role would admit
+        # nobody, and "any role" is not something the human approver granted.
+        if not declared.roles:
+            raise JournalError(bad, f"{where} names no role that may invalidate")
+        for role in declared.roles:
+            _identifier(role, f"{where}: roles", bad)
+        if len(set(declared.roles)) != len(declared.roles):
+            raise JournalError(bad, f"{where} names a role twice")
+        invalidations[declared.policy_id] = declared
+    return VerifiedPolicy(
+        policy=policy,
+        digest=digest_of(policy.to_json()),
+        actors=MappingProxyType(actors),
+        invalidations=MappingProxyType(invalidations),
+    )
 
 
 def create_header(
@@ -219,12 +247,14 @@ class _Builder:
     """
 
     __slots__ = (
-        "attempts", "base", "events", "execution_id", "head", "requests", "resolve", "states", "stored", "workers",
+        "attempts", "base", "events", "execution_id", "head", "headers", "requests", "resolve", "states", "stored",
+        "workers",
     )  # fmt: skip
 
-    def __init__(self, base: Journal, resolve: Resolver | None = None) -> None:
+    def __init__(self, base: Journal, resolve: Resolver | None = None, headers: HeaderLookup | None = None) -> None:
         self.base = base
         self.resolve = resolve
+        self.headers = headers
         self.events: list[Event] = []
         self.head = base.head
         self.requests: dict[str, _Recorded] = {}
@@ -284,19 +314,32 @@ def _matches_stored(produced: Event, stored: list[Event]) -> Event:
 Resolver: TypeAlias = Callable[[RecordRef], bool]
 """Seed 002's record resolver: whether a referenced record exists, held elsewhere, with exactly that digest."""
 
+HeaderLookup: TypeAlias = Callable[[str], Header | None]
+"""The header of the execution with this id, strictly decoded, or None if there is none (a successor's)."""
 
-def preview(journal: Journal, command: Command, now: datetime, resolve: Resolver | None = None) -> Outcome:
+
+def preview(
+    journal: Journal,
+    command: Command,
+    now: datetime,
+    resolve: Resolver | None = None,
+    *,
+    headers: HeaderLookup | None = None,
+) -> Outcome:
     """What appending ``command`` at ``now`` would do: the new journal and its events, an idempotent repeat, or a refusal.
 
     With ``resolve``, every record the command references (records,
-    approval records, an invalidation's source, a successor's header) must
-    resolve, or the command is refused ``unresolved_record``.
+    approval records, an invalidation's source) must resolve, or the command
+    is refused ``unresolved_record``.  A successor binding is admitted only
+    with ``headers``, which must find the successor's header, with the digest
+    the binding names, declaring that it supersedes this execution and bound
+    to the same workflow; else ``bad_successor_binding``.
     """
     try:
         at = format_time(now)
     except JournalError as exc:
         return exc.refusal
-    builder = _Builder(journal, resolve)
+    builder = _Builder(journal, resolve, headers)
     try:
         repeated = _apply(builder, command, at)
     except JournalError as exc:
@@ -308,9 +351,16 @@ def preview(journal: Journal, command: Command, now: datetime, resolve: Resolver
     return Appended(builder.journal(), tuple(builder.events))
 
 
-def append(journal: Journal, command: Command, now: datetime, resolve: Resolver | None = None) -> Journal | Refusal:
+def append(
+    journal: Journal,
+    command: Command,
+    now: datetime,
+    resolve: Resolver | None = None,
+    *,
+    headers: HeaderLookup | None = None,
+) -> Journal | Refusal:
     """The journal with ``command`` appended (the same journal for an idempotent repeat), or a refusal."""
-    outcome = preview(journal, command, now, resolve)
+    outcome = preview(journal, command, now, resolve, headers=headers)
     if isinstance(outcome, Refusal):
         return outcome
     return outcome.journal
@@ -357,7 +407,9 @@ def _references(command: Command) -> tuple[RecordRef, ...]:
         return (*command.records, *(a.record for a in command.approvals))
     if isinstance(command, Invalidate):
         return (command.source,)
-    return (command.successor,)
+    # A successor's header is resolved by the header lookup, which also
+    # checks what the header declares (_bind_successor).
+    return ()
 
 
 def _check_common(command: Command) -> None:
@@ -648,7 +700,21 @@ def _invalidate(builder: _Builder, command: Invalidate, digest: str, at: str) ->
     for expectation in command.nodes:
         named[expectation.node_id] = _node(builder, expectation.node_id, expectation.prior_state)
         _step(expectation.node_id, expectation.prior_state, NodeEvent.WORK_INVALIDATED)
-    _authorize(builder, command.actor_id, command.role, node_roles=(), human=False, what="invalidation")
+    policy = builder.base.policy
+    declared = policy.invalidations.get(command.policy)
+    if declared is None:
+        raise JournalError(
+            C.UNVERIFIED_AUTHORITY,
+            f"invalidation policy {command.policy!r} is not declared by authority policy {policy.policy.policy_id!r}",
+        )
+    _authorize(
+        builder,
+        command.actor_id,
+        command.role,
+        node_roles=declared.roles,
+        human=False,
+        what=f"invalidation policy {command.policy!r}",
+    )
     workflow = builder.base.workflow
     closure = [
         node_id
@@ -661,6 +727,24 @@ def _invalidate(builder: _Builder, command: Invalidate, digest: str, at: str) ->
             C.PARTIAL_INVALIDATION,
             f"invalidating {sorted(named)} leaves dependent nodes {missing} appearing current; the batch must name them too",
         )
+    if policy.actors[command.actor_id].kind is not ActorKind.HUMAN and not declared.automation_may_invalidate_human_work:
+        # Seed 002: human and hybrid work needs an actor "admitted by ... the
+        # digest-bound authority policy"; undoing work a human did is such
+        # an act, so automation may do it only where the policy says so.
+        human_work = [
+            node_id
+            for node_id in closure
+            if any(
+                (worker := policy.actors.get(actor)) is not None and worker.kind is ActorKind.HUMAN
+                for actor in builder.workers.get(node_id, ())
+            )
+        ]
+        if human_work:
+            raise JournalError(
+                C.AUTOMATION_CLAIMS_HUMAN,
+                f"{command.actor_id!r} is automation and invalidation policy {command.policy!r} does not let "
+                f"automation invalidate work humans did on {human_work}",
+            )
     for node_id in closure:
         _batch_event(
             builder,
@@ -694,6 +778,7 @@ def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: 
     _authorize(
         builder, command.actor_id, command.role, node_roles=(), human=True, what="binding a successor execution"
     )
+    _check_successor_header(builder, successor)
     for node_id in invalidated:
         _batch_event(
             builder,
@@ -703,6 +788,40 @@ def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: 
             node_id=node_id,
             state=NodeState.INVALIDATED,
             event=NodeEvent.SUCCESSOR_BOUND,
+        )
+
+
+def _check_successor_header(builder: _Builder, successor: RecordRef) -> None:
+    """Seed 002: a successor execution takes over this one's work, so its header must say so, for this workflow."""
+    bad = C.BAD_SUCCESSOR_BINDING
+    if builder.headers is None:
+        if builder.stored is None:
+            raise JournalError(bad, f"successor {successor.ref_id!r}: its header cannot be checked (no header lookup)")
+        # Replaying a chain on its own: the successor's header is not at
+        # hand, and the binding is checked only as far as this chain goes
+        # (specs/journal.md, "What this does not claim").
+        return
+    try:
+        header = builder.headers(successor.ref_id)
+    except JournalError as exc:
+        # A stored header that does not decode is no successor's header.
+        raise JournalError(bad, f"successor {successor.ref_id!r}: its header cannot be read: {exc.detail}") from None
+    if header is None:
+        raise JournalError(bad, f"successor {successor.ref_id!r}: no such execution")
+    if header.digest != successor.digest:
+        raise JournalError(
+            bad, f"successor {successor.ref_id!r}: its header's digest is {header.digest}, not {successor.digest}"
+        )
+    if header.supersedes != builder.execution_id:
+        declared = "nothing" if header.supersedes is None else repr(header.supersedes)
+        raise JournalError(
+            bad, f"successor {successor.ref_id!r} declares that it supersedes {declared}, not {builder.execution_id!r}"
+        )
+    if header.workflow_digest != builder.base.header.workflow_digest:
+        raise JournalError(
+            bad,
+            f"successor {successor.ref_id!r} runs workflow {header.workflow_digest}, "
+            f"not this execution's {builder.base.header.workflow_digest}",
         )
 
 
@@ -762,6 +881,8 @@ def replay(
     workflow: VerifiedWorkflow,
     policy: VerifiedPolicy,
     resolve: Resolver | None = None,
+    *,
+    headers: HeaderLookup | None = None,
 ) -> Journal:
     """Rebuild the journal from its stored bytes alone, checking every rule; JournalError names the first bad record.
 
@@ -773,10 +894,16 @@ def replay(
     its ordinal (``ordinal_gap``), and then every rule its request was
     appended under, with that rule's code.
     """
-    return continue_replay(new_journal(decode_header(header), workflow, policy), events, resolve)
+    return continue_replay(new_journal(decode_header(header), workflow, policy), events, resolve, headers=headers)
 
 
-def continue_replay(journal: Journal, events: Sequence[bytes], resolve: Resolver | None = None) -> Journal:
+def continue_replay(
+    journal: Journal,
+    events: Sequence[bytes],
+    resolve: Resolver | None = None,
+    *,
+    headers: HeaderLookup | None = None,
+) -> Journal:
     """``journal`` extended by the stored events that follow it, each checked exactly as :func:`replay` checks it.
 
     ``events[0]`` must be the event with ordinal ``len(journal.events) + 1``
@@ -785,7 +912,7 @@ def continue_replay(journal: Journal, events: Sequence[bytes], resolve: Resolver
     catching up costs what is new, not the whole history.
     """
     offset = len(journal.events)
-    builder = _Builder(journal, resolve)
+    builder = _Builder(journal, resolve, headers)
     builder.stored = []
     position = 0
     pending: tuple[Event, str | None] | None = None
@@ -892,8 +1019,10 @@ __all__ = [
     "Event",
     "EventLog",
     "Header",
+    "HeaderLookup",
     "Invalidate",
     "Invalidation",
+    "InvalidationPolicy",
     "Journal",
     "JournalCode",
     "JournalError",

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from .canonical import canonical_bytes, digest_bytes, is_digest, parse_canonical, record_bytes
-from .dag import strict_list, strict_object, strict_text, strict_texts
+from .dag import strict_flag, strict_list, strict_object, strict_text, strict_texts
 from .journal_codes import JournalCode, JournalError
 from .journal_records import (
     _TIME,
@@ -41,6 +41,7 @@ from .journal_records import (
     Header,
     Invalidate,
     Invalidation,
+    InvalidationPolicy,
     NodeExpectation,
     RecordRef,
     Transition,
@@ -338,7 +339,7 @@ def policy_from_json(value: object, where: str = "policy") -> AuthorityPolicy:
         value,
         where,
         required=("approved_by", "assignments", "policy", "protocol", "scope", "workflow_digest"),
-        optional=(),
+        optional=("invalidation_policies",),
     )
     assignments = []
     for n, item in enumerate(strict_list(obj["assignments"], f"{where}.assignments")):
@@ -352,7 +353,22 @@ def policy_from_json(value: object, where: str = "policy") -> AuthorityPolicy:
         assignments.append(
             Assignment(strict_text(fields["actor"], f"{at}.actor"), kind, strict_texts(fields["roles"], f"{at}.roles"))
         )
+    invalidations = []
+    for n, item in enumerate(strict_list(obj.get("invalidation_policies", []), f"{where}.invalidation_policies")):
+        at = f"{where}.invalidation_policies[{n}]"
+        fields = strict_object(
+            item, at, required=("policy", "roles"), optional=("automation_may_invalidate_human_work",)
+        )
+        automation = strict_flag(
+            fields.get("automation_may_invalidate_human_work", False), f"{at}.automation_may_invalidate_human_work"
+        )
+        invalidations.append(
+            InvalidationPolicy(
+                strict_text(fields["policy"], f"{at}.policy"), strict_texts(fields["roles"], f"{at}.roles"), automation
+            )
+        )
     return AuthorityPolicy(
+        invalidation_policies=tuple(invalidations),
         policy_id=strict_text(obj["policy"], f"{where}.policy"),
         scope=strict_text(obj["scope"], f"{where}.scope"),
         workflow_digest=_digest_field(obj["workflow_digest"], f"{where}.workflow_digest"),

@@ -69,6 +69,28 @@ class Assignment:
 
 
 @attrs.frozen
+class InvalidationPolicy:
+    """An invalidation policy the authority policy declares: who may invalidate work under its name.
+
+    Seed 002, Invalidation: an invalidation binds "the workflow
+    invalidation-policy reference"; the reference must name one of these.
+    """
+
+    policy_id: str
+    roles: tuple[str, ...]
+    """The roles that may invalidate under this policy (an actor must also hold the role)."""
+    automation_may_invalidate_human_work: bool = False
+    """Whether an automation actor may invalidate a node a human has worked on."""
+
+    def to_json(self) -> dict[str, Json]:
+        return {
+            "automation_may_invalidate_human_work": self.automation_may_invalidate_human_work,
+            "policy": self.policy_id,
+            "roles": list(self.roles),
+        }
+
+
+@attrs.frozen
 class AuthorityPolicy:
     """Seed 002: ``WorkflowExecutionAuthorityPolicy``: one scope, one workflow, one protocol, fixed roles."""
 
@@ -79,9 +101,11 @@ class AuthorityPolicy:
     assignments: tuple[Assignment, ...]
     approved_by: str
     """The human who approved this policy; must be a human assignment of it."""
+    invalidation_policies: tuple[InvalidationPolicy, ...] = ()
+    """The invalidation policies an invalidation may name; none declared, no invalidation is admitted."""
 
     def to_json(self) -> dict[str, Json]:
-        return {
+        value: dict[str, Json] = {
             "approved_by": self.approved_by,
             "assignments": [a.to_json() for a in self.assignments],
             "policy": self.policy_id,
@@ -89,6 +113,12 @@ class AuthorityPolicy:
             "scope": self.scope,
             "workflow_digest": self.workflow_digest,
         }
+        # Written only when some are declared: a policy declaring none keeps
+        # the bytes, and so the digest, it had before the member existed, and
+        # the chains bound to it still replay (specs/journal.md, section 3).
+        if self.invalidation_policies:
+            value["invalidation_policies"] = [p.to_json() for p in self.invalidation_policies]
+        return value
 
 
 @attrs.frozen(eq=False)
@@ -96,6 +126,8 @@ class VerifiedPolicy:
     policy: AuthorityPolicy
     digest: str
     actors: Mapping[str, Assignment]
+    invalidations: Mapping[str, InvalidationPolicy] = attrs.field(factory=lambda: MappingProxyType({}))
+    """The declared invalidation policies, by id."""
 
 
 @attrs.frozen

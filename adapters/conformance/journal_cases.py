@@ -4,7 +4,9 @@ Rules of this module:
 
 - The inputs are the pack's own files (``specs/journal/fixtures``): the
   workflow, the policy and each chain, its lines as text exactly as stored
-  (a non-canonical line must reach the implementation unchanged).
+  (a non-canonical line must reach the implementation unchanged), and the
+  other executions' headers the case's successor lookup finds (none for
+  most cases).
 - The expectation is the kernel's replay of that input; a test checks it
   agrees with the pack's manifest.
 """
@@ -33,7 +35,9 @@ def replay_answer(data: dict[str, Any]) -> dict[str, Any]:
         workflow = verify_workflow(workflow_from_json(data["workflow"]))
         policy = j.verify_policy(j.policy_from_json(data["policy"]), workflow)
         lines = [line.encode("utf-8") for line in data["chain"]]
-        journal = j.replay(lines[0], lines[1:], workflow, policy)
+        # The successor lookup finds exactly the case's headers.
+        known = {h.execution_id: h for h in (j.decode_header(line.encode("utf-8")) for line in data["headers"])}
+        journal = j.replay(lines[0], lines[1:], workflow, policy, headers=known.get)
     except JournalError as exc:
         return {"valid": False, "code": str(getattr(exc.code, "value", exc.code)), "ordinal": exc.ordinal}
     return {
@@ -61,7 +65,8 @@ def journal_cases() -> list[Case]:
         lines = text.split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        data = {"workflow": workflow, "policy": policy, "chain": lines}
+        headers = [(directory / name).read_bytes().decode("utf-8").rstrip("\n") for name in entry.get("headers", [])]
+        data = {"workflow": workflow, "policy": policy, "chain": lines, "headers": headers}
         expected = replay_answer(data)
         normative = ["valid", "code", "ordinal"] + (["head", "events", "states", "attempts"] if expected["valid"] else [])
         cases.append({"id": f"journal/{entry['name']}", "input": data, "expected": expected, "normative": normative})

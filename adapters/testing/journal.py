@@ -20,6 +20,8 @@ flow 5 and 6; specs/journal.md, Storage):
   rebased), and a repeat of a request another writer stored is an
   idempotent repeat;
 - a refusal and a repeat write nothing; a journal id is created once;
+- a batch of commands is appended whole or not at all;
+- a successor binding is checked against the successor's stored header;
 - a record's time is the store clock's.
 
 What a store does with its SQL (append-only triggers, the head row checked
@@ -79,7 +81,12 @@ class JournalStoreTests:
         store = open_store()
         script = fx.review(StoreScript(store, created(store)))
         script.send(fx.invalidation(script))
-        script.send(fx.binding(script, fx.successor_journal().journal))
+        successor = fx.successor_journal().journal
+        # A binding is checked against the successor's header as stored.
+        refused = store.append("review-1", fx.binding(script, successor))
+        assert isinstance(refused, j.Refusal) and refused.code is C.BAD_SUCCESSOR_BINDING, refused
+        store.create(successor)
+        script.send(fx.binding(script, successor))
         expected = script.journal
 
         restarted = open_store()
@@ -93,7 +100,9 @@ class JournalStoreTests:
         assert loaded.head == expected.head
         assert dict(loaded.states) == dict(expected.states)
         assert dict(loaded.attempts) == dict(expected.attempts)
-        assert restarted.execution_ids() == ["review-1"]
+        assert restarted.execution_ids() == ["review-1", "review-2"]
+        assert restarted.header("review-2") == successor.header
+        assert restarted.header("nobody") is None
         assert restarted.load("nobody") is None
 
     def test_two_concurrent_appenders_exactly_one_wins(self, open_store: Opener) -> None:
@@ -162,6 +171,39 @@ class JournalStoreTests:
         assert isinstance(refused, j.Refusal) and refused.code is C.FORGED_ROLE
         assert isinstance(store.append("review-1", start), j.Unchanged)
         assert open_store().stored("review-1") == before
+
+    def test_a_batch_is_appended_whole_or_not_at_all(self, open_store: Opener) -> None:
+        store = open_store()
+        journal = created(store)
+        attempt = j.AttemptRef("s-1", 1)
+
+        def start(previous: str | None) -> j.Command:
+            return j.Transition("a", previous or journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY,
+                                "bot:search", "searcher", attempt=attempt)  # fmt: skip
+
+        def block(previous: str | None) -> j.Command:
+            assert previous is not None
+            return j.Transition("b", previous, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE, "bot:search",
+                                "searcher", attempt=attempt)  # fmt: skip
+
+        def forged(previous: str | None) -> j.Command:
+            assert previous is not None
+            return j.Transition("c", previous, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED, "mallory",
+                                "searcher", attempt=attempt)  # fmt: skip
+
+        before = store.stored("review-1")
+        outcomes = store.append_all("review-1", [start, block, forged])
+        assert [type(o) for o in outcomes] == [j.Appended, j.Appended, j.Refusal]
+        assert isinstance(outcomes[-1], j.Refusal) and outcomes[-1].code is C.FORGED_ROLE
+        # Command 3's refusal wrote nothing of commands 1 and 2.
+        assert open_store().stored("review-1") == before
+        outcomes = store.append_all("review-1", [start, block])
+        assert [type(o) for o in outcomes] == [j.Appended, j.Appended]
+        chain = open_store().stored("review-1")
+        assert chain is not None and chain.length == 2
+        # Sent again: two repeats, nothing written.
+        assert [type(o) for o in store.append_all("review-1", [start, block])] == [j.Unchanged, j.Unchanged]
+        assert open_store().stored("review-1") == chain
 
     def test_create_refuses_an_existing_journal(self, open_store: Opener) -> None:
         store = open_store()

@@ -48,6 +48,8 @@ class Driver:
         self.journal = journal
         self.clock = T0
         self.requests = 0
+        self.headers: dict[str, j.Header] = {}
+        """The executions a successor binding may name, by id (the kernel's header lookup)."""
 
     def now(self) -> datetime:
         self.clock += timedelta(seconds=1)
@@ -70,7 +72,7 @@ class Driver:
         )
 
     def apply(self, command: j.Command) -> j.Outcome:
-        outcome = j.preview(self.journal, command, self.now())
+        outcome = j.preview(self.journal, command, self.now(), headers=self.headers.get)
         if isinstance(outcome, j.Appended):
             self.journal = outcome.journal
         return outcome
@@ -138,6 +140,7 @@ def invalidate_screening(driver: Driver, request_id: str = "retract-42") -> j.Ap
 
 def bind(driver: Driver, successor: j.Journal) -> j.Appended:
     journal = driver.journal
+    driver.headers[successor.execution_id] = successor.header
     invalidated = tuple(
         j.NodeExpectation(n, NodeState.INVALIDATED) for n, s in journal.states.items() if s is NodeState.INVALIDATED
     )

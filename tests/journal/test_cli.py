@@ -208,8 +208,7 @@ def test_records_resolve_from_a_directory_by_digest(workdir: Path) -> None:
                         "--expect", head, "--records", records)  # fmt: skip
     assert code == 1 and "unresolved_record" in one_error_line(err)
     # ... the record as referenced does, and the stored journal verifies against the directory.
-    # (Sent again from the same head: the four commands appended before the
-    # refusal are idempotent repeats, and the fifth follows them.)
+    # (Sent again from the same head: the refusal appended none of the file.)
     (records / "search-results" / "search-results").write_text("search-results/search-results", encoding="utf-8")
     assert data("journal", "append", "review-1", "--db", "review.db", "--file", "search.jsonl",
                 "--expect", head, "--records", records)["results"][-1]["outcome"] == "appended"  # fmt: skip
@@ -217,3 +216,75 @@ def test_records_resolve_from_a_directory_by_digest(workdir: Path) -> None:
     (records / "search-results" / "search-results").write_text("changed later", encoding="utf-8")
     code, out, _ = main("journal", "verify", "review-1", "--db", "review.db", "--records", records, "--json")
     assert code == 1 and json.loads(out)["code"] == "unresolved_record"
+
+
+def test_a_refused_new_creates_no_database(workdir: Path) -> None:
+    for extra, code_text in ((("--as", "bot:search"), "unverified_authority"),
+                             (("--as", "carol", "--supersedes", "review-1"), "bad_successor_binding")):  # fmt: skip
+        code, _, err = main("journal", "new", "review-1", "--db", "review.db", "--workflow", "review.workflow.json",
+                            "--policy", "review.policy.json", *extra)  # fmt: skip
+        assert code == 1 and code_text in one_error_line(err)
+        assert not (workdir / "review.db").exists()
+
+
+def test_a_file_is_appended_whole_or_not_at_all(workdir: Path) -> None:
+    head = new()["head"]
+    commands = (workdir / "review-1.jsonl").read_text(encoding="utf-8").splitlines()
+    # Command 4 forged: mallory has no assignment.
+    forged = json.loads(commands[3])
+    forged["actor"] = "mallory"
+    (workdir / "forged.jsonl").write_text("\n".join([*commands[:3], json.dumps(forged)]) + "\n", encoding="utf-8")
+    (workdir / "start.head").write_text(head + "\n", encoding="utf-8")
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    code, out, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "forged.jsonl",
+                          "--head-file", "start.head")  # fmt: skip
+    line = one_error_line(err)
+    assert code == 1 and "command 4 refused [forged_role]" in line and "nothing was appended" in line, line
+    assert out == ""
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+    assert (workdir / "start.head").read_text(encoding="utf-8").strip() == head
+    code, out, _ = main("journal", "append", "review-1", "--db", "review.db", "--file", "forged.jsonl",
+                        "--expect", head, "--json")  # fmt: skip
+    assert code == 1 and json.loads(out)["appended"] == 0 and json.loads(out)["refused"] == 4
+
+
+def test_a_successor_is_checked_against_the_stored_header(workdir: Path) -> None:
+    head = new()["head"]
+    (workdir / "h").write_text(head, encoding="utf-8")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--head-file", "h")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "retraction.jsonl", "--head-file", "h")
+    binding = json.loads((workdir / "bind-successor.jsonl").read_text(encoding="utf-8"))
+    # review-3 exists but does not declare that it supersedes review-1: refused, --records or not.
+    new(execution_id="review-3")
+    for command in ({**binding, "successor": {"kind": "execution", "id": "review-3"}},
+                    {**binding, "successor": {"kind": "execution", "id": "ghost-9", "digest": "sha256:" + "9" * 64}}):  # fmt: skip
+        code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--head-file", "h",
+                            "--command", json.dumps(command))  # fmt: skip
+        assert code == 1 and "bad_successor_binding" in one_error_line(err)
+    data("journal", "new", "review-2", "--db", "review.db", "--workflow", "review.workflow.json",
+         "--policy", "review.policy.json", "--as", "carol", "--supersedes", "review-1")  # fmt: skip
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "bind-successor.jsonl", "--head-file", "h")
+    assert data("journal", "verify", "review-1", "--db", "review.db")["ok"]
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl")
+    chain = ["--file", "chain.jsonl", "--workflow", "review.workflow.json", "--policy", "review.policy.json"]
+    assert data("journal", "verify", *chain)["ok"]
+    assert data("journal", "verify", *chain, "--db", "review.db")["ok"]
+    # Against a database without review-2 the binding cannot be checked, and is refused.
+    new(db="other.db")
+    code, out, _ = main("journal", "verify", *chain, "--db", "other.db", "--json")
+    assert code == 1 and json.loads(out)["code"] == "bad_successor_binding"
+
+
+def test_a_chain_cut_short_verifies_unless_a_later_head_was_kept(workdir: Path) -> None:
+    # specs/journal.md, "What this does not claim": dropping the last events
+    # leaves a valid chain; only a head kept from after them shows the cut.
+    head = new()["head"]
+    kept = data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)["head"]
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl")
+    lines = (workdir / "chain.jsonl").read_bytes().splitlines(keepends=True)
+    (workdir / "cut.jsonl").write_bytes(b"".join(lines[:-3]))
+    chain = ["--workflow", "review.workflow.json", "--policy", "review.policy.json"]
+    assert data("journal", "verify", "--file", "cut.jsonl", *chain)["events"] == len(lines) - 4
+    code, out, _ = main("journal", "verify", "--file", "cut.jsonl", *chain, "--kept-head", kept, "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
+    assert data("journal", "verify", "--file", "chain.jsonl", *chain, "--kept-head", kept)["ok"]

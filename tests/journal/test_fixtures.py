@@ -40,6 +40,13 @@ REQUIRED = {
     "invalid-approval": "invalid_approval",
     "dependency-gap": "dependency_gap",
     "not-independent": "not_independent",
+    "unauthorized-invalidation": "forged_role",
+    "undeclared-invalidation-policy": "unverified_authority",
+    "automation-invalidates-human-work": "automation_claims_human",
+    "successor-not-superseding": "bad_successor_binding",
+    "successor-other-workflow": "bad_successor_binding",
+    "successor-unknown": "bad_successor_binding",
+    "successor-digest": "bad_successor_binding",
 }
 
 
@@ -74,8 +81,11 @@ def test_each_case_replays_as_the_manifest_says(case: dict[str, Any], authority:
     workflow, policy = authority
     header, events = journal_fixtures.read_chain(PACK / case["chain"])
     expect = case["expect"]
+    # The successors a chain binds are checked against the case's headers, and only those.
+    known = [j.decode_header(journal_fixtures.read_chain(PACK / name)[0]) for name in case.get("headers", [])]
+    headers = {h.execution_id: h for h in known}.get
     if case["valid"]:
-        journal = j.replay(header, events, workflow, policy)
+        journal = j.replay(header, events, workflow, policy, headers=headers)
         assert journal.head == expect["head"]
         assert len(journal.events) == expect["events"]
         assert {n: s.value for n, s in journal.states.items()} == expect["states"]
@@ -86,5 +96,5 @@ def test_each_case_replays_as_the_manifest_says(case: dict[str, Any], authority:
         assert attempts == expect["attempts"]
     else:
         with pytest.raises(JournalError) as caught:
-            j.replay(header, events, workflow, policy)
+            j.replay(header, events, workflow, policy, headers=headers)
         assert (caught.value.code, caught.value.ordinal) == (expect["code"], expect["ordinal"]), caught.value.message

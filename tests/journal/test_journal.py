@@ -6,16 +6,20 @@ asserts the exact code and that the refused command changed nothing.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import attrs
 import pytest
 
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import digest_of
+from fencekeeper.kernel.dag import verify_workflow
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
 from .examples import (
     RETRACTION,
+    REVIEW,
     SIGN_OFF_APPROVALS,
     T0,
     Driver,
@@ -348,6 +352,89 @@ def test_a_partial_invalidation_batch_is_refused() -> None:
     assert "synthesis" in outcome.message and "sign-off" in outcome.message
 
 
+def _invalidation(driver: Driver, **changes: object) -> j.Invalidate:
+    journal = driver.journal
+    closure = [n for n in journal.workflow.closure(("screen-a", "screen-b")) if journal.states[n] is not NodeState.INVALIDATED]
+    command = j.Invalidate(
+        request_id="retract",
+        expected_head=journal.head,
+        source=RETRACTION,
+        policy="retraction-policy",
+        nodes=tuple(j.NodeExpectation(n, journal.states[n]) for n in closure),
+        actor_id="carol",
+        role="coordinator",
+    )
+    return attrs.evolve(command, **changes)  # type: ignore[arg-type]
+
+
+def test_only_a_declared_policy_and_the_roles_it_admits_may_invalidate() -> None:
+    driver = reviewed(Driver(fresh()))
+    # The audit's case: the search bot, in its own role, under a policy it made up.
+    refused(driver, _invalidation(driver, actor_id="bot:search", role="searcher", policy="anything-at-all"),
+            C.UNVERIFIED_AUTHORITY)  # fmt: skip
+    refused(driver, _invalidation(driver, policy="anything-at-all"), C.UNVERIFIED_AUTHORITY)
+    # A declared policy, in a role it does not admit (though the actor holds it) ...
+    refused(driver, _invalidation(driver, actor_id="bot:search", role="searcher"), C.FORGED_ROLE)
+    refused(driver, _invalidation(driver, role="synthesist"), C.FORGED_ROLE)
+    # ... or in an admitted role the actor does not hold.
+    refused(driver, _invalidation(driver, actor_id="alice"), C.FORGED_ROLE)
+    # Automation in an admitted role may not undo work humans did ...
+    outcome = refused(driver, _invalidation(driver, actor_id="bot:search", role="scheduler", policy="index-withdrawal"),
+                      C.AUTOMATION_CLAIMS_HUMAN)  # fmt: skip
+    assert "screen-a" in outcome.message
+    # ... a human in that role may.
+    appended = driver.apply(_invalidation(driver, role="scheduler", policy="index-withdrawal"))
+    assert isinstance(appended, j.Appended), appended
+
+
+def test_automation_may_invalidate_work_no_human_did_or_where_the_policy_says_so() -> None:
+    driver = Driver(fresh())
+    driver.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    # Nothing downstream of the search has been worked on: the bot may withdraw it all.
+    journal = driver.journal
+    everything = tuple(j.NodeExpectation(n, journal.states[n]) for n in journal.workflow.order)
+    appended = driver.apply(_invalidation(driver, actor_id="bot:search", role="scheduler", policy="index-withdrawal",
+                                          nodes=everything))  # fmt: skip
+    assert isinstance(appended, j.Appended), appended
+
+    lenient = attrs.evolve(
+        driver.journal.policy.policy,
+        invalidation_policies=(j.InvalidationPolicy("bot-retraction", ("searcher",), automation_may_invalidate_human_work=True),),
+    )
+    workflow = driver.journal.workflow
+    policy = j.verify_policy(lenient, workflow)
+    other = reviewed(Driver(j.new_journal(j.create_header("review-7", workflow, policy, created_by="carol", now=T0),
+                                          workflow, policy)))  # fmt: skip
+    appended = other.apply(_invalidation(other, actor_id="bot:search", role="searcher", policy="bot-retraction"))
+    assert isinstance(appended, j.Appended), appended
+    assert driver.journal.policy.digest != policy.digest
+
+
+def test_invalidation_policies_are_verified_and_keep_an_undeclaring_policy_s_digest() -> None:
+    journal = fresh()
+    workflow, policy = journal.workflow, journal.policy.policy
+    for declared in (
+        (j.InvalidationPolicy("p", ()),),
+        (j.InvalidationPolicy("p", ("coordinator",)), j.InvalidationPolicy("p", ("scheduler",))),
+        (j.InvalidationPolicy("p", ("a role",)),),
+        (j.InvalidationPolicy("p", ("coordinator", "coordinator")),),
+    ):
+        with pytest.raises(j.JournalError) as caught:
+            j.verify_policy(attrs.evolve(policy, invalidation_policies=declared), workflow)
+        assert caught.value.reason is C.UNVERIFIED_AUTHORITY
+    # A policy that declares none is written, and digested, without the member.
+    bare = attrs.evolve(policy, invalidation_policies=())
+    assert "invalidation_policies" not in bare.to_json()
+    assert j.policy_from_json(bare.to_json()) == bare
+    assert j.policy_from_json(policy.to_json()) == policy
+    # An input file may leave out the flag: automation then may not undo human work.
+    value = {**bare.to_json(), "invalidation_policies": [{"policy": "p", "roles": ["coordinator"]}]}
+    assert j.policy_from_json(value).invalidation_policies == (j.InvalidationPolicy("p", ("coordinator",)),)
+    with pytest.raises(j.JournalError) as caught:
+        j.policy_from_json({**value, "invalidation_policies": [{"policy": "p", "roles": [], "automation_may_invalidate_human_work": 1}]})
+    assert caught.value.reason is C.MALFORMED_RECORD
+
+
 def test_invalidated_and_superseded_nodes_never_resume() -> None:
     driver = reviewed(Driver(fresh()))
     invalidate_screening(driver)
@@ -370,10 +457,12 @@ def test_invalidated_and_superseded_nodes_never_resume() -> None:
 
 def _binding(driver: Driver, **changes: object) -> j.BindSuccessor:
     journal = driver.journal
+    successor = fresh("review-2", supersedes="review-1").header
+    driver.headers.setdefault("review-2", successor)
     command = j.BindSuccessor(
         request_id="bind",
         expected_head=journal.head,
-        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", ref("x", "y").digest),
+        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", successor.digest),
         nodes=tuple(
             j.NodeExpectation(n, NodeState.INVALIDATED) for n, s in journal.states.items() if s is NodeState.INVALIDATED
         ),
@@ -394,10 +483,46 @@ def test_a_successor_is_bound_only_after_invalidation_and_to_all_of_it() -> None
     refused(driver, attrs.evolve(good, successor=attrs.evolve(good.successor, ref_id="review-1")), C.BAD_SUCCESSOR_BINDING)
     refused(driver, attrs.evolve(good, successor=attrs.evolve(good.successor, kind="report")), C.BAD_SUCCESSOR_BINDING)
     refused(driver, attrs.evolve(good, actor_id="bot:search", role="scheduler"), C.AUTOMATION_CLAIMS_HUMAN)
+    # The successor must exist, under the digest named, declare that it
+    # supersedes this execution, and run the same workflow.
+    workflow, policy = driver.journal.workflow, driver.journal.policy
+    ghost = j.RecordRef(j.SUCCESSOR_KIND, "ghost-9", ref("x", "y").digest)
+    assert "no such execution" in refused(driver, attrs.evolve(good, successor=ghost), C.BAD_SUCCESSOR_BINDING).message
+    invented = attrs.evolve(good.successor, digest=ref("x", "y").digest)
+    refused(driver, attrs.evolve(good, successor=invented), C.BAD_SUCCESSOR_BINDING)
+    for header in (
+        j.create_header("review-3", workflow, policy, created_by="carol", now=T0),
+        j.create_header("review-3", workflow, policy, created_by="carol", now=T0, supersedes="review-9"),
+    ):
+        driver.headers["review-3"] = header
+        unrelated = j.RecordRef(j.SUCCESSOR_KIND, "review-3", header.digest)
+        outcome = refused(driver, attrs.evolve(good, successor=unrelated), C.BAD_SUCCESSOR_BINDING)
+        assert "supersedes" in outcome.message
+    other_workflow = verify_workflow(attrs.evolve(REVIEW, workflow_id="another-review"))
+    other_policy = j.verify_policy(attrs.evolve(policy.policy, workflow_digest=other_workflow.digest), other_workflow)
+    elsewhere = j.create_header("review-4", other_workflow, other_policy, created_by="carol", now=T0, supersedes="review-1")
+    driver.headers["review-4"] = elsewhere
+    outcome = refused(
+        driver, attrs.evolve(good, successor=j.RecordRef(j.SUCCESSOR_KIND, "review-4", elsewhere.digest)),
+        C.BAD_SUCCESSOR_BINDING,
+    )  # fmt: skip
+    assert "runs workflow" in outcome.message
+    # Without a header lookup no binding can be appended ...
+    outcome = j.preview(driver.journal, good, T0 + timedelta(days=1))
+    assert isinstance(outcome, j.Refusal) and outcome.code is C.BAD_SUCCESSOR_BINDING
     appended = driver.apply(good)
     assert isinstance(appended, j.Appended)
     assert [e.resulting_state for e in appended.events] == [NodeState.SUPERSEDED] * 5
     assert all(e.successor == good.successor for e in appended.events)
+    # ... and replay checks the successor's header where a lookup is given.
+    header, events = stored(driver.journal)
+    workflow, policy = driver.journal.workflow, driver.journal.policy
+    assert j.replay(header, events, workflow, policy, headers=driver.headers.get).head == driver.journal.head
+    with pytest.raises(j.JournalError) as caught:
+        j.replay(header, events, workflow, policy, headers={}.get)
+    assert (caught.value.reason, caught.value.ordinal) == (C.BAD_SUCCESSOR_BINDING, appended.events[0].ordinal)
+    # A chain replayed alone cannot see its successor: the binding is taken as far as the chain goes.
+    assert j.replay(header, events, workflow, policy).head == driver.journal.head
 
 
 # --- authority verification ---------------------------------------------------------------------

@@ -83,11 +83,23 @@ class JournalMachine(RuleBasedStateMachine):
                     j.Assignment("bot", j.ActorKind.AUTOMATION, ("worker",)),
                 ),
                 approved_by="h1",
+                invalidation_policies=(
+                    j.InvalidationPolicy("pol", ("worker",)),
+                    j.InvalidationPolicy("pol-auto", ("worker",), automation_may_invalidate_human_work=True),
+                ),
             ),
             workflow,
         )
         header = j.create_header("x-1", workflow, policy, created_by="h1", now=T0)
         self.journal = j.new_journal(header, workflow, policy)
+        # The successor, and a header that is no successor of x-1: what the header lookup finds.
+        self.headers = {
+            h.execution_id: h
+            for h in (
+                j.create_header("x-2", workflow, policy, created_by="h1", now=T0, supersedes="x-1"),
+                j.create_header("x-3", workflow, policy, created_by="h1", now=T0),
+            )
+        }
         self.clock = T0
         self.count = 0
         self.heads = [self.journal.head]
@@ -98,7 +110,7 @@ class JournalMachine(RuleBasedStateMachine):
     def send(self, command: j.Command) -> j.Outcome:
         self.clock += timedelta(milliseconds=1)
         before = self.journal
-        outcome = j.preview(before, command, self.clock)
+        outcome = j.preview(before, command, self.clock, headers=self.headers.get)
         if isinstance(outcome, j.Appended):
             assert outcome.journal.events[: len(before.events)] == before.events
             assert outcome.journal.events[len(before.events) :] == outcome.events
@@ -183,8 +195,8 @@ class JournalMachine(RuleBasedStateMachine):
         elif isinstance(outcome, j.Appended):
             assert outcome.events[0].resulting_state is NODE.step(state, event)
 
-    @rule(data=st.data(), partial=st.booleans())
-    def invalidate(self, data: st.DataObject, partial: bool) -> None:
+    @rule(data=st.data(), partial=st.booleans(), policy=st.sampled_from(("pol", "pol-auto", "undeclared")))
+    def invalidate(self, data: st.DataObject, partial: bool, policy: str) -> None:
         journal = self.journal
         live = [n for n in journal.workflow.order if journal.states[n] not in ENDED]
         if not live:
@@ -199,27 +211,40 @@ class JournalMachine(RuleBasedStateMachine):
             request_id=self.request(),
             expected_head=journal.head,
             source=ref("retraction", f"r{self.count}"),
-            policy="pol",
+            policy=policy,
             nodes=tuple(j.NodeExpectation(n, journal.states[n]) for n in data.draw(st.permutations(named))),
             actor_id=data.draw(st.sampled_from(ACTORS)),
             role="worker",
         )
+        human_work = any(set(journal.workers.get(n, ())) & set(HUMANS) for n in closure)
         outcome = self.send(command)
-        if named != closure:
+        if policy == "undeclared":
+            assert isinstance(outcome, j.Refusal) and outcome.code is C.UNVERIFIED_AUTHORITY, outcome
+        elif named != closure:
             assert isinstance(outcome, j.Refusal) and outcome.code is C.PARTIAL_INVALIDATION
+        elif command.actor_id not in HUMANS and human_work and policy == "pol":
+            # Automation may undo work a human did only where the policy says so.
+            assert isinstance(outcome, j.Refusal) and outcome.code is C.AUTOMATION_CLAIMS_HUMAN, outcome
         else:
             assert isinstance(outcome, j.Appended), outcome
             assert [e.node_id for e in outcome.events] == closure
 
     @precondition(lambda self: NodeState.INVALIDATED in self.journal.states.values())
-    @rule(actor=st.sampled_from(ACTORS))
-    def bind_successor(self, actor: str) -> None:
+    @rule(actor=st.sampled_from(ACTORS), successor=st.sampled_from(("x-2", "x-3", "x-9", "forged")))
+    def bind_successor(self, actor: str, successor: str) -> None:
         journal = self.journal
         invalidated = [n for n in journal.workflow.order if journal.states[n] is NodeState.INVALIDATED]
+        # x-2 supersedes x-1; x-3 supersedes nothing; x-9 does not exist; "forged" is x-2 under another digest.
+        found = self.headers.get(successor)
+        named = (
+            j.RecordRef(j.SUCCESSOR_KIND, successor, found.digest)
+            if found is not None
+            else j.RecordRef(j.SUCCESSOR_KIND, "x-2" if successor == "forged" else successor, ref("h", successor).digest)
+        )
         command = j.BindSuccessor(
             request_id=self.request(),
             expected_head=journal.head,
-            successor=j.RecordRef(j.SUCCESSOR_KIND, "x-2", ref("h", "x-2").digest),
+            successor=named,
             nodes=tuple(j.NodeExpectation(n, NodeState.INVALIDATED) for n in invalidated),
             actor_id=actor,
             role="worker",
@@ -229,6 +254,8 @@ class JournalMachine(RuleBasedStateMachine):
             assert isinstance(outcome, j.Refusal) and outcome.code is C.INVALID_REQUEST
         elif actor not in HUMANS:
             assert isinstance(outcome, j.Refusal) and outcome.code is C.AUTOMATION_CLAIMS_HUMAN
+        elif successor != "x-2":
+            assert isinstance(outcome, j.Refusal) and outcome.code is C.BAD_SUCCESSOR_BINDING, outcome
         else:
             assert isinstance(outcome, j.Appended)
             assert {e.node_id for e in outcome.events} == set(invalidated)
@@ -263,7 +290,7 @@ class JournalMachine(RuleBasedStateMachine):
         replacement = data.draw(st.integers(0, 255).filter(lambda b: b != record[position]))
         records[index] = record[:position] + bytes([replacement]) + record[position + 1 :]
         try:
-            j.replay(records[0], records[1:], self.journal.workflow, self.journal.policy)
+            j.replay(records[0], records[1:], self.journal.workflow, self.journal.policy, headers=self.headers.get)
         except JournalError as exc:
             assert exc.ordinal is not None and exc.ordinal <= index
         else:
@@ -275,7 +302,9 @@ class JournalMachine(RuleBasedStateMachine):
     def replay_equals_the_incremental_projection(self) -> None:
         journal = self.journal
         header = j.encode_header(journal.header)
-        replayed = j.replay(header, [j.encode_event(e) for e in journal.events], journal.workflow, journal.policy)
+        replayed = j.replay(
+            header, [j.encode_event(e) for e in journal.events], journal.workflow, journal.policy, headers=self.headers.get
+        )
         assert replayed.head == journal.head
         assert dict(replayed.states) == dict(journal.states)
         assert dict(replayed.attempts) == dict(journal.attempts)
