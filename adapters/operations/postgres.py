@@ -34,7 +34,15 @@ Rules of this module:
   lease by a moment before the lock was granted).  Tests may inject a clock.
 - An atomic action's statements run on the same connection inside the same
   transaction, so its writes commit with the Operation's success or roll
-  back with a refusal.
+  back with a refusal.  None of them may end, split or leave it: a
+  transaction or session statement (``sql.transaction_control``) is refused
+  before it is sent, and every statement goes by the extended protocol
+  (even without parameters, where psycopg would use the simple one), which
+  takes one statement per string, so ``UPDATE ...; COMMIT`` is refused by
+  the server with nothing run.  After each one the connection must still be
+  inside the transaction, or the attempt ends ``transaction_escaped``.  The
+  store's own tables are not shielded from an action's statements here
+  (the same role writes both); docs/operations.md says so.
 - Opening the store checks the schema version (``postgres_store``'s
   deployment check): a schema without the operation tables is refused.
 - The tenant boundary (migration 9, forced row-level security): a store
@@ -60,6 +68,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg._queries import PostgresQuery
 from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import operations as o
@@ -70,7 +79,7 @@ from ..postgres_store import GUARD_FAILED, _check_schema_name, _one_line, _run, 
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
-from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, to_row
+from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, TransactionEscaped, refusal, to_row, transaction_control
 
 
 def _aware(value: Any) -> datetime:
@@ -205,15 +214,48 @@ def _store_sql(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
+class _ExtendedCursor(psycopg.Cursor[Any]):
+    """A cursor that always sends by the extended protocol: one statement per string, the server refusing more.
+
+    psycopg 3 sends a statement without parameters by the simple protocol,
+    which runs every statement of the string (``UPDATE ...; COMMIT`` would
+    commit); forcing the extended protocol is what psycopg itself does in
+    pipeline mode and for ``stream()``.
+    """
+
+    def _execute_send(self, query: PostgresQuery, *, force_extended: bool = False, binary: bool | None = None) -> None:
+        super()._execute_send(query, force_extended=True, binary=binary)
+
+
+_MANY_STATEMENTS = "cannot insert multiple commands into a prepared statement"
+
+
+def run_application(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """One statement of the application's, inside the transaction open on ``conn`` (or opened by it); its rows."""
+    control = transaction_control(sql)
+    if control is not None:
+        raise refusal(control, sql)
+    cursor = _ExtendedCursor(conn)
+    try:
+        cursor.execute(to_pyformat(sql), tuple(params))
+    except psycopg.errors.SyntaxError as exc:
+        if _MANY_STATEMENTS in str(exc):
+            raise refusal("more than one statement in one string", sql) from None
+        raise
+    if conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS:
+        raise TransactionEscaped(f"the operation's transaction ended during an atomic action's statement ({sql!r})")
+    return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
+
+
 class _PgOpsTx(SqlTx):
     def __init__(self, conn: psycopg.Connection[Any], clock: Clock | None) -> None:
         # The store's statements go through the execution store's _run (prepared by name on
         # each connection, no cursor: a few microseconds each instead of tens); what an
-        # atomic action sends is arbitrary SQL and goes through psycopg's cursor.
+        # atomic action sends is arbitrary SQL and goes through a psycopg cursor, guarded.
         super().__init__(
             self._store_statement,
             POSTGRES_OPS,
-            application=lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)),
+            application=functools.partial(run_application, conn),
         )
         self.conn = conn
         self.clock = clock
@@ -469,8 +511,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         """One statement of the application's own, committed on its own (setup, reports, tests)."""
         with self._transaction() as tx:
             assert isinstance(tx, SqlTx)
-            cursor = tx.application(sql, params)
-            return [tuple(r) for r in cursor.fetchall()] if cursor.description is not None else []
+            return tx.application(sql, params)
 
     def close(self) -> None:
         self._pool.close()

@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -23,8 +24,8 @@ from fencekeeper.adapters.operations.service import (
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.postgres_store import migrate
 from fencekeeper.adapters.testing.operations_suite import (
-    OperationStoreTests,
     OpsStoreFactory,
+    SqlOperationStoreTests,
     run_operation_state_machine,
 )
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy
@@ -54,7 +55,7 @@ def factory_for(pg_dsn: str, schema: str) -> OpsStoreFactory:
     return make
 
 
-class TestPostgresOperationStore(OperationStoreTests):
+class TestPostgresOperationStore(SqlOperationStoreTests):
     @pytest.fixture
     def ops_store_factory(self, pg_dsn: str, shared_schema: str) -> OpsStoreFactory:
         return factory_for(pg_dsn, shared_schema)
@@ -257,3 +258,43 @@ def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_serve
             assert refused.value.sqlstate == "ZG001"
     finally:
         store.close()
+
+
+# --- an atomic action inside its transaction ----------------------------------------------------------
+
+
+def test_a_transaction_ended_behind_the_stores_back_is_never_a_success(
+    pg_dsn: str, shared_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last line of defence: with the statement filter and the extended protocol both taken away, a
+    COMMIT gets through; the store notices that its transaction ended and the attempt ends conclusively."""
+    from fencekeeper.adapters.operations import postgres  # noqa: PLC0415
+    from fencekeeper.adapters.operations.ports import GuardedContext  # noqa: PLC0415
+    from fencekeeper.adapters.store import ManualClock  # noqa: PLC0415
+    from fencekeeper.adapters.testing.operations_suite import LEASE, TENANT, World, open_accounts  # noqa: PLC0415
+
+    monkeypatch.setattr(postgres, "transaction_control", lambda sql: None)
+    monkeypatch.setattr(postgres, "_ExtendedCursor", psycopg.Cursor)
+    clock = ManualClock()
+    store = factory_for(pg_dsn, shared_schema)(clock)
+    try:
+        open_accounts(store, {"acc-1": 100, "acc-2": 0})
+        world = World(store, clock)
+        op_id = world.transfer("k1", 10)
+
+        def leaks(context: GuardedContext, value: Any) -> Any:
+            context.execute("UPDATE app_accounts SET balance = balance - 10 WHERE account_id = 'acc-1'; COMMIT")
+            return {}
+
+        actions = DurableActionRegistry((DurableAction("transfer", 1, EffectClass.ATOMIC, leaks),))
+        worker = DurableOperationWorker(store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=LEASE)
+        report = worker.run_once()
+        assert report is not None and report.outcome == "action_failed"
+        record = world.service.get(op_id)
+        assert record is not None
+        assert (record.state.value, record.error_code, record.result) == ("failed", "transaction_escaped", None)
+        clock.advance(timedelta(minutes=10))
+        assert worker.run_once() is None, "a transaction that escaped is never retried"
+    finally:
+        store.close()
+
