@@ -21,6 +21,11 @@ Rules of this module:
   a table or view that would shadow one).  Setting or clearing an
   authorizer expires the connection's prepared statements, so a statement
   compiled earlier is compiled again, and judged, when it next runs.
+- One hung transaction (an action that never returns, a stopped process)
+  holds the file's write lock: every other writer of the file waits for it
+  up to the busy timeout and then fails (``store_unavailable`` here).
+  SQLite has a single writer and no server to end a stalled session;
+  docs/operations.md says so.
 """
 
 from __future__ import annotations

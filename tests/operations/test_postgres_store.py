@@ -260,7 +260,7 @@ def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_serve
         store.close()
 
 
-# --- an atomic action inside its transaction ----------------------------------------------------------
+# --- an atomic action inside its transaction; waiting for a stalled holder ------------------------------
 
 
 def test_a_transaction_ended_behind_the_stores_back_is_never_a_success(
@@ -298,3 +298,32 @@ def test_a_transaction_ended_behind_the_stores_back_is_never_a_success(
     finally:
         store.close()
 
+
+def test_a_decision_waits_for_a_locked_row_at_most_lock_timeout(pg_dsn: str, pg_schema: str) -> None:
+    from fencekeeper.adapters.store import StoreError  # noqa: PLC0415
+    from fencekeeper.kernel import operations as o  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="lock_timeout"):
+        PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0)
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0.2, idle_in_transaction_timeout=5)
+    try:
+        examples.prepare(store)
+        service = DurableOperationService(store, examples.registry(), examples.resolvers())
+        op_id = service.submit(
+            tenant="default", principal=PrincipalReference("users", 1, "alice"), action="transfer",
+            input={"from": "acc-1", "to": "acc-2", "amount": 1}, client_key="k",
+        ).operation_id
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = %s FOR UPDATE", (op_id,))
+            started = time.monotonic()
+            with pytest.raises(StoreError) as raised:
+                store.cancel(o.CancelRequest(op_id, "users:v1:alice", o.Authority(True, "users:v1:alice")))
+            waited = time.monotonic() - started
+            holder.rollback()
+        assert raised.value.code == "row_locked" and "0.2 s (lock_timeout)" in raised.value.message
+        assert 0.15 < waited < 2
+        record = service.get(op_id)
+        assert record is not None and record.state.value == "admitted"
+    finally:
+        store.close()
