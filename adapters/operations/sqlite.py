@@ -13,14 +13,19 @@ Rules of this module:
 - Time is the store's clock (SQLite has no server time), read inside the
   transaction.  An atomic action runs on the same connection, inside that
   transaction, through the guarded context.
-- An atomic action's statements are compiled under an authorizer, set
-  only while one of them runs (the store's own BEGIN and COMMIT must not
-  meet it): it denies transaction statements (BEGIN, COMMIT, ROLLBACK,
-  END), SAVEPOINT and RELEASE, ATTACH and DETACH, every PRAGMA, and any
-  write, drop, alteration, index or trigger on the store's own tables (and
-  a table or view that would shadow one).  Setting or clearing an
-  authorizer expires the connection's prepared statements, so a statement
-  compiled earlier is compiled again, and judged, when it next runs.
+- An atomic action's statements are compiled under an authorizer that
+  judges only while one of them runs (the store's own BEGIN and COMMIT
+  must not meet it): it denies transaction statements (BEGIN, COMMIT,
+  ROLLBACK, END), SAVEPOINT and RELEASE, ATTACH and DETACH, every PRAGMA,
+  and any write, drop, alteration, index or trigger on the store's own
+  tables (and a table or view that would shadow one).  The authorizer is
+  installed once, with the connection: installing or removing one expires
+  every prepared statement, and compiling the store's statements again
+  after each atomic action cost more than the action.  SQLite judges a
+  statement when it compiles it, and Python's statement cache reuses a
+  compiled one by its text, so an application statement is sent with a
+  marker comment after it (``APPLICATION_MARK``): its text is never one of
+  the store's statements, compiled unjudged.
 - One hung transaction (an action that never returns, a stopped process)
   holds the file's write lock: every other writer of the file waits for it
   up to the busy timeout and then fails (``store_unavailable`` here).
@@ -91,13 +96,20 @@ _ON_SECOND = frozenset(
 
 
 class _Authorizer:
-    """Judges each step of an atomic action's statement as SQLite compiles it; remembers what it denied."""
+    """Judges each step of an atomic action's statement as SQLite compiles it; remembers what it denied.
+
+    Installed for the connection's life; it judges only while ``judging``
+    (an application statement is being compiled and run).
+    """
 
     def __init__(self) -> None:
         self.tables = own_tables()
+        self.judging = False
         self.denied: str | None = None
 
     def __call__(self, action: int, first: str | None, second: str | None, _db: str | None, _via: str | None) -> int:
+        if not self.judging:
+            return sqlite3.SQLITE_OK
         what = _REFUSED_ACTIONS.get(action)
         if what is None:
             table = first if action in _ON_FIRST else second if action in _ON_SECOND else None
@@ -109,19 +121,23 @@ class _Authorizer:
         return sqlite3.SQLITE_DENY
 
 
+APPLICATION_MARK = "\n/* fencekeeper: an atomic action's statement */"
+"""Appended to every application statement: no store statement has this text, so none is reused for it."""
+
+
 class _SQLiteOpsTx(SqlTx):
-    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock, judge: _Authorizer) -> None:
         super().__init__(lambda sql, params: conn.execute(sql, tuple(params)), SQLITE_OPS, self._application)
         self.conn = conn
         self.clock = clock
+        self.judge = judge
 
     def _application(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        conn = self.conn
-        judge = _Authorizer()
-        conn.set_authorizer(judge)
+        conn, judge = self.conn, self.judge
+        judge.judging, judge.denied = True, None
         try:
-            # Every row is read under the authorizer too: a statement is judged when compiled.
-            rows = [tuple(row) for row in conn.execute(sql, tuple(params)).fetchall()]
+            # Every row is read while judging too: a statement may be compiled again as it runs.
+            rows = [tuple(row) for row in conn.execute(sql + APPLICATION_MARK, tuple(params)).fetchall()]
         except sqlite3.ProgrammingError as exc:
             if "one statement at a time" in str(exc):
                 raise refusal("more than one statement in one string", sql) from None
@@ -131,7 +147,7 @@ class _SQLiteOpsTx(SqlTx):
                 raise refusal(judge.denied, sql) from None
             raise
         finally:
-            conn.set_authorizer(None)
+            judge.judging = False
         if not conn.in_transaction:
             raise TransactionEscaped(f"the operation's transaction ended during an atomic action's statement ({sql!r})")
         return rows
@@ -148,6 +164,8 @@ class SQLiteOperationStore(TransactionalOperationStore):
         self.clock: Clock = clock or SystemClock()
         self._lock = threading.RLock()
         self._conn = _open(self.path)
+        self._judge = _Authorizer()
+        self._conn.set_authorizer(self._judge)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Tx]:
@@ -158,7 +176,7 @@ class SQLiteOperationStore(TransactionalOperationStore):
             except sqlite3.OperationalError as exc:
                 raise StoreError("store_unavailable", f"{self.path}: cannot begin a write: {exc}") from None
             try:
-                yield _SQLiteOpsTx(conn, self.clock)
+                yield _SQLiteOpsTx(conn, self.clock, self._judge)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -174,7 +192,7 @@ class SQLiteOperationStore(TransactionalOperationStore):
         with self._lock:
             self._conn.execute("BEGIN")
             try:
-                yield _SQLiteOpsTx(self._conn, self.clock)
+                yield _SQLiteOpsTx(self._conn, self.clock, self._judge)
             finally:
                 self._conn.execute("COMMIT")
 
