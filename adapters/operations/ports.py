@@ -17,6 +17,11 @@ Rules of this module:
   success, its result, transition and outbox row commit together, or none
   of them does.  The context refuses use once its transaction has ended,
   and the store refuses the commit when the fence is no longer current.
+- What an atomic action sends through ``execute`` stays inside that
+  transaction: a statement that would end it, split it or leave it
+  (``COMMIT``, ``ROLLBACK``, ``SAVEPOINT``, ``BEGIN``, several statements
+  in one string, ...) is refused with :class:`StatementRefused`, and so,
+  on SQLite, is a write to the store's own tables (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -34,6 +39,19 @@ class StaleContext(Exception):
     """The guarded context was used outside its transaction (after commit or rollback)."""
 
     code = "stale_context"
+
+
+class StatementRefused(Exception):
+    """An atomic action sent a statement that would end, split or leave its transaction, or write the store's tables.
+
+    Raised before anything of the statement runs (or, for a string of
+    several statements on PostgreSQL, by the server, which runs none of
+    them).  The context then refuses everything else too, and the attempt
+    fails like any other handler error: its transaction is rolled back, so
+    nothing the action wrote is visible.
+    """
+
+    code = "statement_refused"
 
 
 class GuardedContext(Protocol):

@@ -34,7 +34,24 @@ Rules of this module:
   lease by a moment before the lock was granted).  Tests may inject a clock.
 - An atomic action's statements run on the same connection inside the same
   transaction, so its writes commit with the Operation's success or roll
-  back with a refusal.
+  back with a refusal.  None of them may end, split or leave it: a
+  transaction or session statement (``sql.transaction_control``) is refused
+  before it is sent, and every statement goes by the extended protocol
+  (even without parameters, where psycopg would use the simple one), which
+  takes one statement per string, so ``UPDATE ...; COMMIT`` is refused by
+  the server with nothing run.  After each one the connection must still be
+  inside the transaction, or the attempt ends ``transaction_escaped``.  The
+  store's own tables are not shielded from an action's statements here
+  (the same role writes both); docs/operations.md says so.
+- Every session carries ``lock_timeout`` and
+  ``idle_in_transaction_session_timeout`` in its connection request (no
+  round trip), as the executions' store does: a request waits for a row
+  lock at most ``lock_timeout`` (then ``row_locked``, nothing written), and
+  a session stopped or hung inside a transaction (an atomic action's
+  included) is ended by the server after ``idle_in_transaction_timeout``,
+  its locks released and nothing of it committed, so that an expired lease
+  is replaced.  That timeout should not exceed the shortest lease of the
+  workers on the store (docs/operations.md, "Timeouts").
 - Opening the store checks the schema version (``postgres_store``'s
   deployment check): a schema without the operation tables is refused.
 - The tenant boundary (migration 9, forced row-level security): a store
@@ -60,17 +77,27 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg._queries import PostgresQuery
 from psycopg_pool import ConnectionPool
 
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import identifier_problem
 
 from ..outbox_rows import operation_row
-from ..postgres_store import GUARD_FAILED, _check_schema_name, _one_line, _run, _safe, check_schema
+from ..postgres_store import (
+    GUARD_FAILED,
+    IDLE_IN_TRANSACTION_TIMEOUT,
+    LOCK_TIMEOUT,
+    _check_schema_name,
+    _one_line,
+    _run,
+    _safe,
+    check_schema,
+)
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
-from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, to_row
+from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, TransactionEscaped, refusal, to_row, transaction_control
 
 
 def _aware(value: Any) -> datetime:
@@ -205,15 +232,48 @@ def _store_sql(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
+class _ExtendedCursor(psycopg.Cursor[Any]):
+    """A cursor that always sends by the extended protocol: one statement per string, the server refusing more.
+
+    psycopg 3 sends a statement without parameters by the simple protocol,
+    which runs every statement of the string (``UPDATE ...; COMMIT`` would
+    commit); forcing the extended protocol is what psycopg itself does in
+    pipeline mode and for ``stream()``.
+    """
+
+    def _execute_send(self, query: PostgresQuery, *, force_extended: bool = False, binary: bool | None = None) -> None:
+        super()._execute_send(query, force_extended=True, binary=binary)
+
+
+_MANY_STATEMENTS = "cannot insert multiple commands into a prepared statement"
+
+
+def run_application(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """One statement of the application's, inside the transaction open on ``conn`` (or opened by it); its rows."""
+    control = transaction_control(sql)
+    if control is not None:
+        raise refusal(control, sql)
+    cursor = _ExtendedCursor(conn)
+    try:
+        cursor.execute(to_pyformat(sql), tuple(params))
+    except psycopg.errors.SyntaxError as exc:
+        if _MANY_STATEMENTS in str(exc):
+            raise refusal("more than one statement in one string", sql) from None
+        raise
+    if conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS:
+        raise TransactionEscaped(f"the operation's transaction ended during an atomic action's statement ({sql!r})")
+    return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
+
+
 class _PgOpsTx(SqlTx):
     def __init__(self, conn: psycopg.Connection[Any], clock: Clock | None) -> None:
         # The store's statements go through the execution store's _run (prepared by name on
         # each connection, no cursor: a few microseconds each instead of tens); what an
-        # atomic action sends is arbitrary SQL and goes through psycopg's cursor.
+        # atomic action sends is arbitrary SQL and goes through a psycopg cursor, guarded.
         super().__init__(
             self._store_statement,
             POSTGRES_OPS,
-            application=lambda sql, params: conn.execute(to_pyformat(sql), tuple(params)),
+            application=functools.partial(run_application, conn),
         )
         self.conn = conn
         self.clock = clock
@@ -328,6 +388,11 @@ class _PgOpsTx(SqlTx):
         self.run("SELECT set_config('fencekeeper.pruning', '', true)", ())
 
 
+# The server ending a session (idle_in_transaction_session_timeout is FATAL 25P03, which psycopg
+# does not count as an OperationalError) is a lost connection like any other.
+_CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
+
+
 def _identity_key(identity: o.Identity) -> str:
     return "\x1f".join((identity.namespace, identity.tenant, identity.principal, identity.client_key))
 
@@ -350,13 +415,27 @@ class PostgresOperationStore(TransactionalOperationStore):
         clock: Clock | None = None,
         pool_size: int = 4,
         tenant: str | None = None,
+        lock_timeout: float | None = None,
+        idle_in_transaction_timeout: float | None = None,
     ) -> None:
+        """``lock_timeout`` and ``idle_in_transaction_timeout`` are seconds (defaults: ``LOCK_TIMEOUT``, ``IDLE_IN_TRANSACTION_TIMEOUT``)."""
+        lock_timeout = LOCK_TIMEOUT if lock_timeout is None else lock_timeout
+        idle = IDLE_IN_TRANSACTION_TIMEOUT if idle_in_transaction_timeout is None else idle_in_transaction_timeout
+        for name, seconds in (("lock_timeout", lock_timeout), ("idle_in_transaction_timeout", idle)):
+            if not 0 < seconds <= 86_400:
+                raise ValueError(f"{name}: must be positive seconds, at most a day, got {seconds!r}")
         self.dsn = dsn
         self.schema = _check_schema_name(schema)
         self.clock = clock
+        self.lock_timeout = lock_timeout
+        self.idle_in_transaction_timeout = idle
         self.tenant = _check_tenant(tenant) if tenant is not None else None
         self._scope: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"fencekeeper_tenant_{id(self)}", default=None)
-        options = f"-c search_path={self.schema}"
+        # Both timeouts travel with the connection request: no round trip of their own.
+        options = (
+            f"-c search_path={self.schema} -c lock_timeout={round(lock_timeout * 1000)} "
+            f"-c idle_in_transaction_session_timeout={round(idle * 1000)}"
+        )
         if self.tenant is not None:
             # Identifiers hold no space or backslash: the value needs no escaping in options.
             options += f" -c fencekeeper.tenant={self.tenant}"
@@ -426,8 +505,20 @@ class PostgresOperationStore(TransactionalOperationStore):
             # The tenant policies (or the role's grants) refused a write: the application filter let
             # through something the database boundary did not.  Nothing was written.
             raise StoreError("tenant_denied", f"PostgreSQL refused the write: {_one_line(exc)}") from None
-        except psycopg.OperationalError as exc:
+        except psycopg.errors.LockNotAvailable as exc:
+            raise self._row_locked(exc) from None
+        except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+
+    def _row_locked(self, exc: Exception) -> StoreError:
+        return StoreError(
+            "row_locked",
+            f"a lock this request needs (the operation's row, or its identity's) has been held by another "
+            f"transaction for over {self.lock_timeout:g} s (lock_timeout); nothing was written. A stalled session "
+            f"holds it (a worker inside an atomic action, an open psql transaction): it is ended after "
+            f"{self.idle_in_transaction_timeout:g} s idle (idle_in_transaction_session_timeout); retry then, or "
+            f"find it in pg_stat_activity ({_one_line(exc)})",
+        )
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[_PgOpsTx]:
@@ -436,7 +527,7 @@ class PostgresOperationStore(TransactionalOperationStore):
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 self._enter_scope(conn)
                 yield _PgOpsTx(conn, self.clock)
-        except psycopg.OperationalError as exc:
+        except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
     def now(self) -> datetime:
@@ -469,8 +560,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         """One statement of the application's own, committed on its own (setup, reports, tests)."""
         with self._transaction() as tx:
             assert isinstance(tx, SqlTx)
-            cursor = tx.application(sql, params)
-            return [tuple(r) for r in cursor.fetchall()] if cursor.description is not None else []
+            return tx.application(sql, params)
 
     def close(self) -> None:
         self._pool.close()

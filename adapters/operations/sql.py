@@ -20,13 +20,20 @@ Rules of this module:
   prunes enters the triggers' explicit mode first (``enter_pruning``).
 - The guarded context runs the application's statements on the same
   connection, in the same transaction, and refuses once it is closed.
-  Statements are written with ``?`` placeholders on every store.
+  Statements are written with ``?`` placeholders on every store.  Each
+  store's application executor refuses a statement that would end, split
+  or leave that transaction (``StatementRefused``); once one is refused the
+  context refuses everything after it and its transaction cannot commit.
+  A transaction found ended behind the store's back after an application
+  statement is ``TransactionEscaped``: conclusive, never retried, never a
+  success.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +45,8 @@ from fencekeeper.kernel.machines import OperationEvent, OperationState
 
 from ..outbox_rows import OUTBOX_INSERT, operation_row
 from .base import Tx, due_at
-from .ports import GuardedContext, OperationView, StaleContext
+from .ports import GuardedContext, OperationView, StaleContext, StatementRefused
+from .service import ActionFailed
 
 COLUMNS = (
     "operation_id",
@@ -234,24 +242,115 @@ def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
 Execute = Callable[[str, Sequence[Any]], Any]
 """Runs one statement with ``?`` placeholders; returns an object with ``fetchall()`` and ``rowcount``."""
 
+ApplicationExecute = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+"""Runs one statement an atomic action sends, guarded; returns its rows (none for a statement without rows)."""
+
+
+class TransactionEscaped(ActionFailed):
+    """After an application statement the store's transaction was no longer open: what it wrote may be committed.
+
+    The store's refusals make this unreachable; if it is reached anyway the
+    attempt ends conclusively (not retryable: a retry could apply the effect
+    twice) and is never recorded as a success.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("transaction_escaped", message, retryable=False)
+
+
+# What may open a statement: whitespace, comments (block comments nest in PostgreSQL) and empty
+# statements, which PostgreSQL drops before it counts the statements of a string.
+_NOISE = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|;)+")
+_WORD = re.compile(r"[A-Za-z_]+")
+_ENDS_OR_SPLITS = frozenset({"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"})
+
+
+def _skip_noise(sql: str, at: int) -> int:
+    while True:
+        match = _NOISE.match(sql, at)
+        if match is not None:
+            at = match.end()
+        if sql.startswith("/*", at):
+            depth, at = 1, at + 2
+            while depth and at < len(sql):
+                if sql.startswith("/*", at):
+                    depth, at = depth + 1, at + 2
+                elif sql.startswith("*/", at):
+                    depth, at = depth - 1, at + 2
+                else:
+                    at += 1
+            continue
+        if match is None:
+            return at
+
+
+def transaction_control(sql: str) -> str | None:
+    """The words that make ``sql`` a statement controlling the transaction or the session; None if it is not one.
+
+    Only a statement's opening words decide (after whitespace, comments and
+    empty statements): ``BEGIN``, ``START``, ``COMMIT``, ``END``,
+    ``ROLLBACK``, ``ABORT``, ``SAVEPOINT``, ``RELEASE``, ``PREPARE
+    TRANSACTION`` (``COMMIT``/``ROLLBACK PREPARED`` are among the first),
+    ``SET [LOCAL] TRANSACTION``, ``SET SESSION`` and every other session-level
+    ``SET`` or ``RESET`` (it would outlive the transaction on a pooled
+    connection: ``SET LOCAL`` and ``SET CONSTRAINTS`` end with it), and
+    ``DISCARD``.  A second statement in the same string is the server's to
+    refuse (PostgreSQL's extended protocol takes one).
+    """
+    words: list[str] = []
+    at = 0
+    while len(words) < 3:
+        at = _skip_noise(sql, at)
+        match = _WORD.match(sql, at)
+        if match is None:
+            break
+        words.append(match.group().upper())
+        at = match.end()
+    if not words:
+        return None
+    first = words[0]
+    second, third = (*words[1:], "", "")[:2]
+    if first in _ENDS_OR_SPLITS or first == "DISCARD":
+        return first
+    if first == "PREPARE" and second == "TRANSACTION":
+        return "PREPARE TRANSACTION"
+    if first == "SET" and second == "LOCAL" and third in ("TRANSACTION", "SESSION"):
+        return f"SET LOCAL {third}"
+    if first in ("SET", "RESET") and second not in ("LOCAL", "CONSTRAINTS"):
+        return f"{first} {second}".strip()
+    return None
+
+
+def refusal(what: str, sql: str) -> StatementRefused:
+    shown = " ".join(sql.split())
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return StatementRefused(
+        f"{what} is refused in an atomic action: its statements run inside the operation's own transaction "
+        f"and may neither end, split or leave it nor write the store's own tables ({shown!r})"
+    )
+
 
 class SqlContext:
     """The guarded context of an atomic action: the Operation's own transaction, until it is closed."""
 
-    def __init__(self, execute: Execute, dialect: str, operation: o.Operation) -> None:
+    def __init__(self, execute: ApplicationExecute, dialect: str, operation: o.Operation) -> None:
         self.operation_id = operation.operation_id
         self.fence = operation.fence
         self.dialect = dialect
-        self._execute: Execute | None = execute
+        self._execute: ApplicationExecute | None = execute
+        self.refused: Exception | None = None
+        """The refusal (or escape) this context met: it fails every later statement and the commit."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         if self._execute is None:
             raise StaleContext("the operation's transaction has ended; nothing more may be written through it")
-        result = self._execute(sql, params)
+        if self.refused is not None:
+            raise self.refused
         try:
-            return [tuple(row) for row in result.fetchall()]
-        except Exception:  # a statement without rows (psycopg raises ProgrammingError)
-            return []
+            return self._execute(sql, params)
+        except (StatementRefused, TransactionEscaped) as exc:
+            self.refused = exc
+            raise
 
     @property
     def tables(self) -> dict[str, dict[Any, Any]]:
@@ -264,15 +363,16 @@ class SqlContext:
 class SqlTx(Tx):
     """One transaction on a SQL connection.  Subclasses say how to read the time and lock.
 
-    ``execute`` runs the store's own statements; ``application`` (by
-    default the same) runs what an atomic action sends through the guarded
-    context, on the same connection and in the same transaction.  A store
-    may give its own statements a faster path than arbitrary SQL can take.
+    ``execute`` runs the store's own statements; ``application`` runs what
+    an atomic action sends through the guarded context, on the same
+    connection and in the same transaction, refusing what would end, split
+    or leave it (each store says how).  A store may give its own statements
+    a faster path than arbitrary SQL can take.
     """
 
-    def __init__(self, execute: Execute, dialect: OpsDialect, application: Execute | None = None) -> None:
+    def __init__(self, execute: Execute, dialect: OpsDialect, application: ApplicationExecute) -> None:
         self.run = execute
-        self.application = application or execute
+        self.application = application
         self.d = dialect
         self._inputs: dict[str, str] = {}
         """Inputs the claim's locking read brought with its Operation, for input_of() in this transaction."""
@@ -436,6 +536,10 @@ class SqlTx(Tx):
     def close_context(self, context: GuardedContext) -> None:
         assert isinstance(context, SqlContext)
         context.close()
+        if context.refused is not None:
+            # An action that caught the refusal and returned still must not commit: what it
+            # meant to run did not run, and its transaction is the one it tried to leave.
+            raise context.refused
 
     # -- views ----------------------------------------------------------------------------------
 

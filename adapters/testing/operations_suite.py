@@ -27,7 +27,12 @@ go through the Python API (``DurableOperationService``,
 - external effects: intent first, one stable effect id, reconciliation
   before any repeat, ``external_outcome_unknown`` instead of a blind resend;
 - limits: backoff, maximum attempts, deadline, each a named outcome;
-- current authorization: a revoked principal fails closed.
+- current authorization: a revoked principal fails closed;
+- (SQL stores, :class:`SqlOperationStoreTests`) an atomic action's
+  statements never end, split or leave its transaction: ``COMMIT``,
+  ``ROLLBACK``, ``SAVEPOINT``, ``BEGIN``, one behind a comment, two
+  statements in one string are refused, and nothing of the action is
+  visible after the attempt.
 
 The state machine (:func:`run_operation_state_machine`, one test of every
 subclass, ``state_machine_examples`` sequences) drives random
@@ -38,6 +43,7 @@ step the invariants of specs/operations.md on what the store shows.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -50,7 +56,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from fencekeeper.adapters.operations import examples
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
-from fencekeeper.adapters.operations.ports import GuardedContext, OperationStore
+from fencekeeper.adapters.operations.ports import GuardedContext, OperationStore, StatementRefused
 from fencekeeper.adapters.operations.service import (
     DurableAction,
     DurableActionRegistry,
@@ -509,6 +515,92 @@ class OperationStoreTests:
         ):
             assert isinstance(outcome, o.Refusal)
         assert world.store.view(op_id) == before
+
+
+class SqlOperationStoreTests(OperationStoreTests):
+    """The suite for a SQL store, and what only SQL can say: an atomic action's statements stay in its transaction.
+
+    The memory store has no statements to refuse (its context is a copy of
+    the tables, published only by the commit), so these are the SQL
+    stores' alone.
+    """
+
+    @pytest.mark.parametrize(
+        "statement",
+        [
+            "COMMIT",
+            "ROLLBACK",
+            "SAVEPOINT inside",
+            "BEGIN",
+            "END",
+            "-- a note first\n/* and a block */ COMMIT",
+            "; COMMIT",
+            "UPDATE app_accounts SET balance = balance + 1 WHERE account_id = 'acc-2'; COMMIT",
+        ],
+    )
+    def test_an_atomic_action_cannot_end_or_split_its_transaction(self, world: World, statement: str) -> None:
+        op_id = world.transfer("k1", 10)
+        met: list[BaseException] = []
+
+        def escape(context: GuardedContext, value: Any) -> Any:
+            context.execute("UPDATE app_accounts SET balance = balance - 10 WHERE account_id = 'acc-1'")
+            try:
+                context.execute(statement)  # no parameters: the case psycopg would send by the simple protocol
+            except StatementRefused as exc:
+                met.append(exc)
+                raise
+            return {}
+
+        actions = DurableActionRegistry((DurableAction("transfer", 1, o.EffectClass.ATOMIC, escape),))
+        worker = DurableOperationWorker(world.store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=LEASE)
+        report = worker.run_once()
+        assert len(met) == 1 and "refused in an atomic action" in str(met[0])
+        assert report is not None and report.outcome == "retry" and "StatementRefused" in report.detail
+        # Nothing of the action is visible, and the attempt failed like any handler error.
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.ADMITTED
+        assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
+
+    def test_an_action_that_swallows_a_refusal_still_commits_nothing(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+
+        def stubborn(context: GuardedContext, value: Any) -> Any:
+            context.execute("UPDATE app_accounts SET balance = balance - 10 WHERE account_id = 'acc-1'")
+            with contextlib.suppress(StatementRefused):
+                context.execute("COMMIT")
+            with pytest.raises(StatementRefused):
+                context.execute("SELECT 1")  # every statement after a refusal is refused too
+            return {}
+
+        actions = DurableActionRegistry((DurableAction("transfer", 1, o.EffectClass.ATOMIC, stubborn),))
+        worker = DurableOperationWorker(world.store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=LEASE)
+        report = worker.run_once()
+        assert report is not None and report.outcome == "retry" and "StatementRefused" in report.detail
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.ADMITTED and record.result is None
+
+    def test_a_rollback_to_a_savepoint_after_the_transfer_is_refused_and_undoes_nothing_alone(self, world: World) -> None:
+        # The example transfer, then a ROLLBACK TO that would undo it behind the store's back.
+        world.transfer("k1", 10)
+
+        def undo(context: GuardedContext, value: Any) -> Any:
+            result = examples.transfer(context, {"from": "acc-1", "to": "acc-2", "amount": 10})
+            context.execute("ROLLBACK TO SAVEPOINT nowhere")
+            return result
+
+        actions = DurableActionRegistry((DurableAction("transfer", 1, o.EffectClass.ATOMIC, undo),))
+        worker = DurableOperationWorker(world.store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=LEASE)
+        report = worker.run_once()
+        assert report is not None and report.outcome == "retry" and "StatementRefused" in report.detail
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        assert transfers(world.store) == set()
+        # The next attempt, with the honest action, after the policy's backoff: the transfer, once.
+        world.clock.advance(timedelta(seconds=2))
+        report = world.worker("w2").run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("succeeded", 2)
+        assert accounts(world.store) == {"acc-1": 90, "acc-2": 10}
 
 
 # --- the state machine -----------------------------------------------------------------------------

@@ -8,6 +8,11 @@
 - ``stop-before``: claims it (lease 1 s), prints ``CLAIMED`` and pauses
   half a second before the effect (the test stops it there), then runs the
   transfer and prints the report's outcome;
+- ``stop-inside IDLE``: claims it (lease 1 s) and runs the transfer with an
+  atomic action that prints ``INSIDE`` after its writes and pauses half a
+  second inside the transaction (the test stops it there), then returns;
+  prints the report's outcome.  On PostgreSQL its sessions are ended by the
+  server after IDLE seconds idle in a transaction;
 - ``submit START``: waits until the epoch second START, submits one fixed
   identity and prints ``operation_id created``.
 """
@@ -19,7 +24,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from fencekeeper.adapters.connect import parse_url
 from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.connect import open_operation_store
 from fencekeeper.adapters.operations.ports import GuardedContext
 from fencekeeper.adapters.operations.service import (
@@ -41,8 +48,25 @@ def _transfer_then_hang(context: GuardedContext, value: dict[str, Any]) -> dict[
     return result
 
 
+def _pause_inside(context: GuardedContext, value: dict[str, Any]) -> dict[str, Any]:
+    result = examples.transfer(context, value)
+    print("INSIDE", flush=True)
+    time.sleep(0.5)
+    return result
+
+
+def _open(url: str, idle: float | None) -> TransactionalOperationStore:
+    location = parse_url(url)
+    if idle is None or location.kind != "postgresql":
+        return open_operation_store(url)
+    from fencekeeper.adapters.operations.postgres import PostgresOperationStore  # noqa: PLC0415
+
+    assert location.dsn is not None and location.schema is not None
+    return PostgresOperationStore(location.dsn, schema=location.schema, idle_in_transaction_timeout=idle)
+
+
 def main(mode: str, url: str, *rest: str) -> None:
-    store = open_operation_store(url)
+    store = _open(url, float(rest[0]) if mode == "stop-inside" else None)
     resolvers = examples.resolvers()
     if mode == "submit":
         start = float(rest[0])
@@ -66,6 +90,15 @@ def main(mode: str, url: str, *rest: str) -> None:
             lease=timedelta(seconds=1),
         )
         worker.run_once()
+        return
+    if mode == "stop-inside":
+        pausing = DurableAction("transfer", 1, EffectClass.ATOMIC, _pause_inside, normalize=examples.normalize_transfer)
+        worker = DurableOperationWorker(
+            store, DurableActionRegistry((pausing,)), resolvers, tenant=TENANT, worker_id="stalled",
+            lease=timedelta(seconds=1),
+        )
+        report = worker.run_once()
+        print("REPORT", None if report is None else report.outcome, flush=True)
         return
     if mode == "stop-before":
 

@@ -6,6 +6,12 @@
 - SIGSTOP a worker after its claim, past its lease; a replacement finishes
   the operation; SIGCONT: the stopped worker's commit is refused
   (``stale_fence``) and the application's table is unchanged.
+- SIGSTOP a worker inside an atomic action's transaction (PostgreSQL): the
+  server ends its session after ``idle_in_transaction_session_timeout``,
+  which releases the row; meanwhile ``op cancel`` and ``op decide`` wait at
+  most ``lock_timeout`` for it and fail ``row_locked``; a replacement
+  finishes the operation, the transfer applied once; SIGCONT: the stalled
+  worker's commit is refused and nothing of it is visible.
 - Eight processes submitting the same identity at the same moment get one
   operation.
 
@@ -18,11 +24,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -94,6 +102,16 @@ def replace_after_lease(store: TransactionalOperationStore, name: str) -> str:
             return report.outcome
         time.sleep(0.2)
     raise AssertionError("the expired lease was never replaced")
+
+
+def within(seconds: float, call: Callable[..., int], *args: Any) -> int:
+    """``call(*args)``'s answer, which must come within ``seconds`` (the call is left blocked otherwise)."""
+    answers: list[int] = []
+    runner = threading.Thread(target=lambda: answers.append(call(*args)), daemon=True)
+    runner.start()
+    runner.join(seconds)
+    assert answers, f"still waiting after {seconds} s"
+    return answers[0]
 
 
 def test_sigkill_inside_an_atomic_transaction_leaves_nothing(url: str) -> None:
@@ -168,5 +186,51 @@ def test_eight_processes_submitting_one_identity_get_one_operation(url: str) -> 
     try:
         rows = getattr(store, "application_execute")("SELECT count(*) FROM operations")  # noqa: B009
         assert rows == [(1,)]
+    finally:
+        store.close()
+
+
+def test_sigstop_inside_an_atomic_transaction_loses_the_session_and_is_replaced(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fencekeeper.adapters import cli  # noqa: PLC0415
+    from fencekeeper.adapters.operations import postgres  # noqa: PLC0415
+
+    url = f"{pg_dsn}?schema={pg_schema}"
+    store = opened(url)
+    try:
+        op_id = submit_transfer(store)
+        proc = child("stop-inside", url, "2")  # its sessions end after 2 s idle inside a transaction
+        try:
+            wait_for(proc, "INSIDE")
+            os.kill(proc.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            # The row is locked by the stopped transaction: cancel and decide give up after lock_timeout,
+            # each with one error line, exit 1, instead of waiting for the holder.
+            monkeypatch.setattr(postgres, "LOCK_TIMEOUT", 0.2)
+            for command in (["cancel", op_id], ["decide", op_id, "--approve", "--as", "users:v1:bob"]):
+                code = within(5, cli.main, ["op", *command, "--db", url])
+                err = capsys.readouterr().err.splitlines()
+                assert code == 1 and len(err) == 1 and "[row_locked]" in err[0], (command, err)
+                assert "lock_timeout" in err[0]
+            assert time.monotonic() - stopped < 2, "the lock waits were not bounded by lock_timeout"
+            assert replace_after_lease(store, "replacement") == "succeeded"
+            assert time.monotonic() - stopped < 8
+            applied = accounts(store)
+            os.kill(proc.pid, signal.SIGCONT)
+            out, err = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+        assert out.strip().splitlines()[-1] == "REPORT stale_fence", (out, err)
+        assert accounts(store) == applied == {"acc-1": 9_900, "acc-2": 100}
+        assert transfers(store) == {op_id}
+        view = store.view(op_id)
+        assert view is not None and view.operation.state is OperationState.SUCCEEDED
+        assert [(a.worker_id, a.state.value) for a in view.attempts] == [
+            ("stalled", "abandoned"), ("replacement", "succeeded"),
+        ]
+        assert view.operation.fence == 2
     finally:
         store.close()

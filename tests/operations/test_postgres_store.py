@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -23,8 +24,8 @@ from fencekeeper.adapters.operations.service import (
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.postgres_store import migrate
 from fencekeeper.adapters.testing.operations_suite import (
-    OperationStoreTests,
     OpsStoreFactory,
+    SqlOperationStoreTests,
 )
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy
 
@@ -53,7 +54,7 @@ def factory_for(pg_dsn: str, schema: str) -> OpsStoreFactory:
     return make
 
 
-class TestPostgresOperationStore(OperationStoreTests):
+class TestPostgresOperationStore(SqlOperationStoreTests):
     state_machine_examples = 5
 
     @pytest.fixture
@@ -252,5 +253,74 @@ def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_serve
             with pytest.raises(psycopg.DatabaseError) as refused:
                 conn.execute("SELECT fencekeeper_guard_held(false)")
             assert refused.value.sqlstate == "ZG001"
+    finally:
+        store.close()
+
+
+# --- an atomic action inside its transaction; waiting for a stalled holder ------------------------------
+
+
+def test_a_transaction_ended_behind_the_stores_back_is_never_a_success(
+    pg_dsn: str, shared_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last line of defence: with the statement filter and the extended protocol both taken away, a
+    COMMIT gets through; the store notices that its transaction ended and the attempt ends conclusively."""
+    from fencekeeper.adapters.operations import postgres  # noqa: PLC0415
+    from fencekeeper.adapters.operations.ports import GuardedContext  # noqa: PLC0415
+    from fencekeeper.adapters.store import ManualClock  # noqa: PLC0415
+    from fencekeeper.adapters.testing.operations_suite import LEASE, TENANT, World, open_accounts  # noqa: PLC0415
+
+    monkeypatch.setattr(postgres, "transaction_control", lambda sql: None)
+    monkeypatch.setattr(postgres, "_ExtendedCursor", psycopg.Cursor)
+    clock = ManualClock()
+    store = factory_for(pg_dsn, shared_schema)(clock)
+    try:
+        open_accounts(store, {"acc-1": 100, "acc-2": 0})
+        world = World(store, clock)
+        op_id = world.transfer("k1", 10)
+
+        def leaks(context: GuardedContext, value: Any) -> Any:
+            context.execute("UPDATE app_accounts SET balance = balance - 10 WHERE account_id = 'acc-1'; COMMIT")
+            return {}
+
+        actions = DurableActionRegistry((DurableAction("transfer", 1, EffectClass.ATOMIC, leaks),))
+        worker = DurableOperationWorker(store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=LEASE)
+        report = worker.run_once()
+        assert report is not None and report.outcome == "action_failed"
+        record = world.service.get(op_id)
+        assert record is not None
+        assert (record.state.value, record.error_code, record.result) == ("failed", "transaction_escaped", None)
+        clock.advance(timedelta(minutes=10))
+        assert worker.run_once() is None, "a transaction that escaped is never retried"
+    finally:
+        store.close()
+
+
+def test_a_decision_waits_for_a_locked_row_at_most_lock_timeout(pg_dsn: str, pg_schema: str) -> None:
+    from fencekeeper.adapters.store import StoreError  # noqa: PLC0415
+    from fencekeeper.kernel import operations as o  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="lock_timeout"):
+        PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0)
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0.2, idle_in_transaction_timeout=5)
+    try:
+        examples.prepare(store)
+        service = DurableOperationService(store, examples.registry(), examples.resolvers())
+        op_id = service.submit(
+            tenant="default", principal=PrincipalReference("users", 1, "alice"), action="transfer",
+            input={"from": "acc-1", "to": "acc-2", "amount": 1}, client_key="k",
+        ).operation_id
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = %s FOR UPDATE", (op_id,))
+            started = time.monotonic()
+            with pytest.raises(StoreError) as raised:
+                store.cancel(o.CancelRequest(op_id, "users:v1:alice", o.Authority(True, "users:v1:alice")))
+            waited = time.monotonic() - started
+            holder.rollback()
+        assert raised.value.code == "row_locked" and "0.2 s (lock_timeout)" in raised.value.message
+        assert 0.15 < waited < 2
+        record = service.get(op_id)
+        assert record is not None and record.state.value == "admitted"
     finally:
         store.close()

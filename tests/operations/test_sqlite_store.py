@@ -9,8 +9,8 @@ import pytest
 
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.testing.operations_suite import (
-    OperationStoreTests,
     OpsStoreFactory,
+    SqlOperationStoreTests,
 )
 
 
@@ -19,7 +19,7 @@ def factory_in(directory: Path) -> OpsStoreFactory:
     return lambda clock: SQLiteOperationStore(directory / f"ops-{next(names)}.db", clock)
 
 
-class TestSQLiteOperationStore(OperationStoreTests):
+class TestSQLiteOperationStore(SqlOperationStoreTests):
     state_machine_examples = 10
 
     @pytest.fixture
@@ -48,3 +48,73 @@ def test_application_tables_in_the_file_are_the_applications_but_our_tables_stay
     with pytest.raises(StoreError) as raised:
         SQLiteOperationStore(path)
     assert raised.value.code == "schema_altered"
+
+
+_HISTORY = ("operation_transitions", "outbox", "operation_attempts", "operation_identities")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE operations SET state = 'succeeded'",
+        "DELETE FROM operation_attempts",
+        "INSERT INTO operation_transitions SELECT * FROM operation_transitions",
+        "UPDATE operation_identities SET operation_id = 'elsewhere'",
+        "DELETE FROM outbox",
+        "INSERT INTO pruning_mode (holder) VALUES ('me')",
+        "DELETE FROM pruning_mode",  # the very text of a store statement, compiled (and cached) before
+        "DROP TABLE operation_transitions",
+        "ALTER TABLE operations ADD COLUMN extra TEXT",
+        "CREATE TRIGGER sneaky AFTER UPDATE ON operations BEGIN SELECT 1; END",
+        "CREATE TEMP TABLE operations (operation_id TEXT)",
+        "PRAGMA foreign_keys = OFF",
+        "ATTACH DATABASE ':memory:' AS other",
+        "UPDATE objects SET state = 'failed'",
+    ],
+)
+def test_an_atomic_action_cannot_write_the_stores_own_tables(tmp_path: Path, statement: str) -> None:
+    from typing import Any  # noqa: PLC0415
+
+    from fencekeeper.adapters.operations import examples  # noqa: PLC0415
+    from fencekeeper.adapters.operations.ports import GuardedContext, StatementRefused  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import DurableAction, DurableActionRegistry  # noqa: PLC0415
+    from fencekeeper.adapters.operations.worker import DurableOperationWorker  # noqa: PLC0415
+    from fencekeeper.adapters.store import ManualClock  # noqa: PLC0415
+    from fencekeeper.adapters.testing.operations_suite import LEASE, TENANT, World, accounts, open_accounts  # noqa: PLC0415
+    from fencekeeper.kernel.operations import EffectClass  # noqa: PLC0415
+
+    clock = ManualClock()
+    store = SQLiteOperationStore(tmp_path / "ops.db", clock)
+    try:
+        open_accounts(store, {"acc-1": 100, "acc-2": 0})
+        world = World(store, clock)
+        op_id = world.transfer("k1", 10)
+        assert store.prune_identities() == 0  # the store's own statements, compiled unjudged and cached
+        refused: list[str] = []
+
+        def meddle(context: GuardedContext, value: Any) -> Any:
+            result = examples.transfer(context, value)
+            try:
+                context.execute(statement)
+            except StatementRefused as exc:
+                refused.append(str(exc))
+                raise
+            return result
+
+        actions = DurableActionRegistry((DurableAction("transfer", 1, EffectClass.ATOMIC, meddle),))
+        worker = DurableOperationWorker(store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=LEASE)
+        report = worker.run_once()
+        assert len(refused) == 1, refused
+        assert report is not None and report.outcome == "retry"
+        assert accounts(store) == {"acc-1": 100, "acc-2": 0}
+        record = world.service.get(op_id)
+        assert record is not None and [a.error_code for a in record.attempts] == ["handler_error"]
+        # The store's own statements still run, and its tables are only what its decisions wrote.
+        assert store.application_execute("SELECT count(*) FROM sqlite_temp_master") == [(0,)]
+        assert "other" not in {row[1] for row in store.application_execute("PRAGMA database_list")}
+        assert store.application_execute("SELECT state, attempt_count FROM operations") == [("admitted", 1)]
+        counts = [store.application_execute(f"SELECT count(*) FROM {t}")[0][0] for t in _HISTORY]
+        assert counts == [3, 3, 1, 1]
+        assert store.application_execute("PRAGMA foreign_keys") == [(1,)]
+    finally:
+        store.close()
