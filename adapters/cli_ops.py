@@ -192,7 +192,7 @@ _module = load_registry_module
 
 @contextmanager
 def _service(
-    args: argparse.Namespace, *, db: str | None = None
+    args: argparse.Namespace, *, db: str | None = None, idle_in_transaction_timeout: float | None = None
 ) -> Iterator[tuple[DurableOperationService, TransactionalOperationStore, ModuleType]]:
     """The service on ``--db`` (or ``db``), which must already exist: only ``op submit`` creates a file."""
     module = _module(args.actions)
@@ -201,7 +201,11 @@ def _service(
     # A command given --tenant acts in that tenant only: on PostgreSQL the store's session is bound to
     # it, so the restricted application role's row-level security admits it (docs/operating-postgres.md).
     store = open_operation_store(
-        db or args.db, schema=args.schema, tenant=getattr(args, "tenant", None), create=db is not None
+        db or args.db,
+        schema=args.schema,
+        tenant=getattr(args, "tenant", None),
+        create=db is not None,
+        idle_in_transaction_timeout=idle_in_transaction_timeout,
     )
     try:
         yield DurableOperationService(store, actions, resolvers, namespace=args.namespace), store, module
@@ -432,7 +436,10 @@ def _work(
     reports: list[WorkReport] = []
     lock = threading.Lock()
     try:
-        with _service(args) as (service, store, module):
+        # The idle-in-transaction timeout is the lease: a worker stalled inside an atomic action loses its
+        # session (its row lock, its commit) once its lease is over, when a replacement may claim the
+        # operation, and never while an action is still within it, however long the lease.
+        with _service(args, idle_in_transaction_timeout=args.lease) as (service, store, module):
             prepare = getattr(module, "prepare", None)
             if callable(prepare):
                 prepare(store)

@@ -150,7 +150,8 @@ def _from_operation_error(exc: DurableOperationError) -> _Problem:
 def _from_store_error(exc: StoreError) -> _Problem:
     if exc.code == "tenant_denied":
         return _Problem(403, exc.code, exc.message)
-    if exc.code == "store_unavailable":
+    if exc.code in ("store_unavailable", "row_locked"):
+        # Both pass: a server back, a holder's transaction ended (at most its idle timeout). Retry.
         return _Problem(503, exc.code, exc.message)
     return _Problem(500, exc.code, exc.message)
 

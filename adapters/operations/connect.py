@@ -24,12 +24,15 @@ def open_operation_store(
     pool_size: int = 4,
     tenant: str | None = None,
     create: bool = True,
+    idle_in_transaction_timeout: float | None = None,
 ) -> TransactionalOperationStore:
     """``tenant`` binds a PostgreSQL store's session to one tenant (the row-level security setting); SQLite ignores it.
 
     ``create=False`` refuses a SQLite path that does not exist instead of
     creating the file (PostgreSQL is never created here: ``fencekeeper
-    migrate`` does that).
+    migrate`` does that).  ``idle_in_transaction_timeout`` (seconds; PostgreSQL
+    only, default the store's) bounds how long a stalled holder keeps an
+    operation's row: a worker keeps it no longer than its lease.
     """
     location = parse_url(url, schema=schema)
     if location.kind == "sqlite":
@@ -45,4 +48,11 @@ def open_operation_store(
 
     assert location.dsn is not None and location.schema is not None
     _probe(location)
-    return PostgresOperationStore(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size, tenant=tenant)
+    return PostgresOperationStore(
+        location.dsn,
+        schema=location.schema,
+        clock=clock,
+        pool_size=pool_size,
+        tenant=tenant,
+        idle_in_transaction_timeout=idle_in_transaction_timeout,
+    )

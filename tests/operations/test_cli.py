@@ -263,3 +263,33 @@ def test_op_check_blocks_on_what_the_narrower_check_could_not_see(
     code, _, err = run(capsys, "check", "--db", str(tmp_path / "absent.db"))
     assert code == 2 and one_error(err)
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_op_worker_sessions_lose_a_stalled_transaction_within_the_lease(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fencekeeper.adapters import cli_ops  # noqa: PLC0415
+
+    db = str(tmp_path / "ops.db")
+    assert data(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", '{"from": "acc-1", "to": "acc-2", "amount": 1}')
+    opened: list[dict[str, Any]] = []
+    real = cli_ops.open_operation_store
+
+    def recording(url: str, **options: Any) -> Any:
+        opened.append(options)
+        return real(url, **options)
+
+    monkeypatch.setattr(cli_ops, "open_operation_store", recording)
+    assert data(capsys, "worker", "--db", db, "--until-idle", "--lease", "7")["reports"]
+    assert [o["idle_in_transaction_timeout"] for o in opened] == [7.0]
+
+
+def test_the_idle_timeout_reaches_the_postgresql_session(pg_dsn: str, pg_schema: str) -> None:
+    from fencekeeper.adapters.operations.connect import open_operation_store  # noqa: PLC0415
+
+    store = open_operation_store(f"{pg_dsn}?schema={pg_schema}", idle_in_transaction_timeout=7)
+    try:
+        with store._pool.connection() as conn:  # type: ignore[attr-defined]
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("7s",)
+    finally:
+        store.close()
