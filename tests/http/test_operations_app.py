@@ -295,3 +295,15 @@ def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
             assert client.get("/executions", headers=ALICE).status_code == 404
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("store_unavailable", 503), ("row_locked", 503), ("tenant_denied", 403), ("schema_mismatch", 500)],
+)
+def test_a_store_error_maps_to_its_status(code: str, status: int) -> None:
+    from fencekeeper.adapters import http  # noqa: PLC0415
+    from fencekeeper.adapters.store import StoreError  # noqa: PLC0415
+
+    problem = http._from_store_error(StoreError(code, "why"))
+    assert (problem.status, problem.code) == (status, code)
