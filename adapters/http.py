@@ -281,8 +281,8 @@ def _operation_routes(
 ) -> list[Route]:
     def visible(principal: HttpPrincipal, operation_id: str) -> OperationRecord:
         """The caller's tenant's Operation; another tenant's does not exist for the caller."""
-        record = service.get(operation_id)
-        if record is None or record.tenant != principal.tenant:
+        record = service.get(operation_id, tenant=principal.tenant)
+        if record is None:
             raise _Problem(404, "operation_not_found", f"operation {operation_id!r} does not exist")
         return record
 
@@ -325,8 +325,7 @@ def _operation_routes(
         operation_id = request.path_params["operation_id"]
 
         def read() -> list[dict[str, Any]]:
-            visible(principal, operation_id)
-            return [line.to_json() for line in service.history(operation_id)]
+            return [line.to_json() for line in service.history(operation_id, tenant=principal.tenant)]
 
         return JSONResponse({"operation_id": operation_id, "history": await scoped(principal, read)})
 

@@ -45,7 +45,7 @@ from fencekeeper.kernel.common import identifier_problem
 from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
 
-from .ports import OperationStore
+from .ports import OperationStore, OperationView
 
 __all__ = [
     "ActionFailed",
@@ -588,11 +588,22 @@ class DurableOperationService:
             return OperationAdmission(operation.operation_id, True, _record(operation, canonical, ()))
         return OperationAdmission(operation.operation_id, False, self._record(operation.operation_id))
 
-    def get(self, operation_id: str) -> OperationRecord | None:
+    def get(self, operation_id: str, *, tenant: str | None = None) -> OperationRecord | None:
+        """The Operation, or None if it does not exist in this namespace (or, with ``tenant``, in that tenant).
+
+        ``tenant`` is how a caller acting for one tenant asks: another
+        tenant's Operation does not exist for it, rather than being shown.
+        """
+        view = self._view(operation_id, tenant)
+        return None if view is None else _record(view.operation, view.input, view.attempts)
+
+    def _view(self, operation_id: str, tenant: str | None) -> OperationView | None:
         view = self.store.view(operation_id)
         if view is None or view.operation.identity.namespace != self.namespace:
             return None
-        return _record(view.operation, view.input, view.attempts)
+        if tenant is not None and view.operation.identity.tenant != tenant:
+            return None
+        return view
 
     def _record(self, operation_id: str) -> OperationRecord:
         record = self.get(operation_id)
@@ -600,9 +611,10 @@ class DurableOperationService:
             raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
         return record
 
-    def history(self, operation_id: str) -> list[HistoryLine]:
-        view = self.store.view(operation_id)
-        if view is None or view.operation.identity.namespace != self.namespace:
+    def history(self, operation_id: str, *, tenant: str | None = None) -> list[HistoryLine]:
+        """The Operation's transitions, oldest first; ``tenant`` as for :meth:`get`."""
+        view = self._view(operation_id, tenant)
+        if view is None:
             raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
         return [
             HistoryLine(

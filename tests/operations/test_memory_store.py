@@ -85,3 +85,15 @@ def test_one_heartbeat_thread_renews_each_action_and_nothing_after_it() -> None:
     time.sleep(0.35)  # three renewal intervals with no action running
     assert len(renewals) == after
     assert [t.name for t in threading.enumerate()].count("w-renewing-heartbeat") == 1
+
+
+def test_a_caller_asking_for_its_tenant_does_not_see_another_tenants_operation() -> None:
+    from fencekeeper.adapters.operations.service import DurableOperationError  # noqa: PLC0415
+
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    operation_id = world.transfer("t-1")
+    assert world.service.get(operation_id, tenant=TENANT) is not None
+    assert [line.to_state for line in world.service.history(operation_id, tenant=TENANT)] == ["admitted"]
+    assert world.service.get(operation_id, tenant="other") is None
+    with pytest.raises(DurableOperationError, match="does not exist"):
+        world.service.history(operation_id, tenant="other")
