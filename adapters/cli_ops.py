@@ -80,6 +80,9 @@ class _Usage(Exception):
     pass
 
 
+_MAX_RETENTION_SECONDS = 10 * 366 * 86_400
+
+
 # --- arguments ---------------------------------------------------------------------------------
 
 
@@ -109,6 +112,13 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     submit.add_argument("--version", type=int, metavar="N", help="the action version (default: the newest)")
     submit.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
     submit.add_argument("--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="RESOLVER:vN:SUBJECT")
+    submit.add_argument(
+        "--retention",
+        type=float,
+        default=86_400.0,
+        metavar="SECONDS",
+        help="how long the idempotency identity is kept from submission, at least until the deadline (default 86400: a day)",
+    )
 
     status = subcommand("status", "an operation's state, outcome, result and attempts")
     status.add_argument("operation_id", metavar="OPERATION_ID")
@@ -192,7 +202,11 @@ _module = load_registry_module
 
 @contextmanager
 def _service(
-    args: argparse.Namespace, *, db: str | None = None, idle_in_transaction_timeout: float | None = None
+    args: argparse.Namespace,
+    *,
+    db: str | None = None,
+    idle_in_transaction_timeout: float | None = None,
+    retention: timedelta = timedelta(days=1),
 ) -> Iterator[tuple[DurableOperationService, TransactionalOperationStore, ModuleType]]:
     """The service on ``--db`` (or ``db``), which must already exist: only ``op submit`` creates a file."""
     module = _module(args.actions)
@@ -208,7 +222,8 @@ def _service(
         idle_in_transaction_timeout=idle_in_transaction_timeout,
     )
     try:
-        yield DurableOperationService(store, actions, resolvers, namespace=args.namespace), store, module
+        service = DurableOperationService(store, actions, resolvers, namespace=args.namespace, retention=retention)
+        yield service, store, module
     finally:
         store.close()
 
@@ -253,9 +268,12 @@ def _submit(args: argparse.Namespace, out: Output) -> int:
     problem = identifier_problem(args.namespace)
     if problem is not None:
         raise DurableOperationError("invalid_input", f"--namespace: {problem}")
+    if not 0 < args.retention <= _MAX_RETENTION_SECONDS:  # also false for nan
+        raise _Usage(f"--retention: must be a positive number of seconds, at most ten years; got {args.retention}")
+    retention = timedelta(seconds=args.retention)
 
     def submit(db: str) -> OperationAdmission:
-        with _service(args, db=db) as (service, _, _):
+        with _service(args, db=db, retention=retention) as (service, _, _):
             return service.submit(
                 tenant=args.tenant,
                 principal=principal,

@@ -293,3 +293,24 @@ def test_the_idle_timeout_reaches_the_postgresql_session(pg_dsn: str, pg_schema:
             assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("7s",)
     finally:
         store.close()
+
+
+def test_submit_keeps_the_identity_for_the_retention_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(tmp_path / "ops.db")
+    transfer = '{"from": "acc-1", "to": "acc-2", "amount": 5}'
+    month = 30 * 86_400
+    admitted = data(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", transfer, "--retention", str(month))
+    with sqlite3.connect(db) as conn:
+        kept, created = conn.execute(
+            "SELECT i.retain_until, o.admitted_at FROM operation_identities i JOIN operations o USING (operation_id) "
+            "WHERE o.operation_id = ?",
+            (admitted["operation_id"],),
+        ).fetchone()
+    from datetime import datetime  # noqa: PLC0415
+
+    assert (datetime.fromisoformat(kept) - datetime.fromisoformat(created)).total_seconds() == month
+    for bad in ("0", "-5", "nan", str(11 * 366 * 86_400)):
+        before = sorted(p.name for p in tmp_path.iterdir())
+        code, _, err = run(capsys, "submit", "transfer", "--db", db, "--key", "t-2", "--input", transfer, "--retention", bad)
+        assert code == 2 and one_error(err).startswith("fencekeeper: error: --retention: "), (bad, err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
