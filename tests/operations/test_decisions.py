@@ -326,15 +326,15 @@ def test_a_conclusive_not_applied_answer_settles_the_effect_and_the_retry_perfor
     assert failed.operation.effect_unsettled_since is None
     assert failed.operation.effect_id == "op-1/effect"
     assert "answered not applied" in failed.transition.reason
-    retry, cred2, _ = claimed(failed.operation, "w2", failed.operation.next_eligible_at)
+    now = failed.operation.next_eligible_at
+    retry, cred2, _ = claimed(failed.operation, "w2", now)
     assert o.effect_plan(retry) is o.EffectPlan.PERFORM
     # Nothing is unanswered until the retry records its intent: no unknown outcome, no success.
     for outcome in (
-        o.outcome_unknown(retry, o.UnknownRequest(cred2), retry.admitted_at + 5 * SECOND),
-        o.complete(retry, o.CompleteRequest(cred2, GRANTED), retry.admitted_at + 5 * SECOND),
+        o.outcome_unknown(retry, o.UnknownRequest(cred2), now),
+        o.complete(retry, o.CompleteRequest(cred2, GRANTED), now),
     ):
         assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.INTENT_REQUIRED
-    now = failed.operation.next_eligible_at
     again = o.record_intent(retry, o.IntentRequest(cred2), now)
     assert isinstance(again, o.Decision)
     assert again.operation.effect_id == "op-1/effect" and again.operation.effect_unsettled_since == 2

@@ -22,12 +22,13 @@ from fencekeeper.kernel.opsmodel import (
 
 from .zoo import ZOO, Variant
 
-# Depth 10 holds every variant's shortest trace; the submission race is complete at any depth.
+# Depth 10 holds every atomic variant's shortest trace; the submission race is complete at any depth.
 # Two workers suffice for every race here (an owner and its replacement, or one of them and the
 # canceller); `fencekeeper modelcheck`, which `make test` runs, explores three to depth 11.
 EXECUTION = Bounds(workers=2, max_claims=3, max_tick=5, max_depth=10)
 SUBMISSION = Bounds(workers=0, submitters=3, approval=False, cancel=False)
-# Depth 15 holds a declined call, its recorded answer and a retry's intent and end (14 moves).
+# Depth 15 holds a declined call, its recorded answer and a retry's intent and end (14 moves): the
+# external variants' traces (`fencekeeper modelcheck` explores three claims to depth 17).
 EXTERNAL = Bounds(
     workers=2, approval=False, cancel=False, max_claims=2, max_tick=2, maximum_attempts=2, max_depth=15, external=True
 )

@@ -2,7 +2,9 @@
 
 Each variant reintroduces one mistake real job systems make: finishing the
 work of a replaced attempt, re-using an approval for every retry, letting an
-effect commit after cancellation, admitting one request twice.  A checker
+effect commit after cancellation, admitting one request twice, calling a
+provider again after a lost reply, or giving up on an effect the provider
+said it did not apply.  A checker
 that passes the real decisions but misses any of these proves nothing, so
 ``test_model_check.py`` runs every variant and asserts the named invariant
 is the one reported.
