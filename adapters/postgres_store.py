@@ -709,6 +709,25 @@ CREATE TRIGGER commands_prunable BEFORE DELETE ON commands
     FOR EACH ROW EXECUTE FUNCTION fencekeeper_execution_prunable();
 """,
     ),
+    (
+        13,
+        "external_effect_settlement",
+        # As SQLite's migration 10: the fence of the Attempt whose intent
+        # began an external effect's unanswered issues, NULL when none is
+        # (seed 001, Tasks, external effects, history, and retention;
+        # specs/operations.md, Effect classes).  An intent recorded before
+        # this column existed becomes 0, which no Attempt's answer settles:
+        # such an Operation is reconciled before any repeat, as it was.
+        """
+-- As in migration 10: under forced row-level security an owner without
+-- BYPASSRLS would update no row, silently; with row_security off that is an
+-- error instead, and nothing commits.
+SET LOCAL row_security = off;
+ALTER TABLE operations ADD COLUMN effect_unsettled_since integer CHECK (effect_unsettled_since >= 0);
+UPDATE operations SET effect_unsettled_since = 0
+    WHERE effect_id IS NOT NULL AND (outcome IS NULL OR outcome <> 'succeeded');
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

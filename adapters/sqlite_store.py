@@ -541,6 +541,23 @@ WHEN NOT EXISTS (SELECT 1 FROM pruning_mode) OR NOT (EXISTS (SELECT 1 FROM objec
 BEGIN SELECT RAISE(ABORT, 'commands is append-only; only pruning deletes, and only of ended executions'); END;
 """,
     ),
+    (
+        10,
+        "external_effect_settlement",
+        # Whether an external effect may have been issued without a
+        # conclusive answer (seed 001, Tasks, external effects, history, and
+        # retention; specs/operations.md, Effect classes): the fence of the
+        # Attempt whose intent began the unanswered issues, NULL when none
+        # is.  An intent recorded before this column existed cannot be told
+        # apart from an unanswered one, so it becomes 0, which no Attempt's
+        # answer settles: such an Operation is reconciled before any repeat,
+        # as it was.  An Operation that succeeded was answered.
+        """
+ALTER TABLE operations ADD COLUMN effect_unsettled_since INTEGER CHECK (effect_unsettled_since >= 0);
+UPDATE operations SET effect_unsettled_since = 0
+    WHERE effect_id IS NOT NULL AND (outcome IS NULL OR outcome <> 'succeeded');
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -42,6 +42,13 @@ Rules of this module:
 - Stored provenance is never permission: completion and submission take an
   :class:`Authority` fact from a check the caller made against *current*
   facts, and an approval never stands in for it.
+- An external effect's record says whether it may have been issued without
+  a conclusive answer (``Operation.effect_unsettled_since``, seed 001,
+  Tasks, external effects, history, and retention): only an issue whose
+  provider answered "failed, not applied" to the Attempt that issued it,
+  committed under that Attempt's fence, settles it.  :func:`effect_plan`
+  reads it: a settled effect is performed again with the same effect id, an
+  unsettled one is reconciled first and never resent blindly.
 """
 
 from __future__ import annotations
@@ -68,6 +75,18 @@ class EffectClass(enum.Enum):
     """Writes nothing besides its result."""
     EXTERNAL = "external"
     """Calls a provider; intent and a stable effect id are committed before the call."""
+
+
+class EffectPlan(enum.Enum):
+    """What an Attempt of an external action must do before it may call the provider (:func:`effect_plan`)."""
+
+    PERFORM = "perform"
+    """No issue of the effect can have been applied: no intent was ever recorded, or every issue was answered
+    conclusively "not applied".  Call the provider, with the Operation's stable effect id."""
+    RECONCILE = "reconcile"
+    """An earlier Attempt's issue may have been applied and has no conclusive answer: ask the provider what became
+    of it (``reconcile``) before anything is repeated; without an answer, only an idempotent provider is called
+    again, and any other ends ``external_outcome_unknown``."""
 
 
 class TerminalOutcome(enum.Enum):
@@ -215,6 +234,14 @@ class Operation:
     attempt_started_at: datetime | None = None
     effect_id: str | None = None
     """Set when an external effect's intent is committed; stable for every later Attempt."""
+    effect_unsettled_since: int | None = None
+    """The fence of the Attempt whose committed intent began the effect's issues without a conclusive answer.
+
+    None: nothing of the effect may have been applied unanswered (no intent yet, every issue answered "not
+    applied", or it succeeded).  A later intent keeps the earliest fence, so only the Attempt that began the
+    window can settle it (its own issue is then the only one: every other Attempt was fenced before it).  0 is
+    an intent recorded before this fact was, which no Attempt can settle.
+    """
     outcome: TerminalOutcome | None = None
     error_code: str | None = None
     result: str | None = None
@@ -387,6 +414,11 @@ class FailRequest:
     retryable: bool
     not_authorized: bool = False
     """The failure is a current-authorization denial: it fails closed, whatever ``retryable`` says."""
+    effect_not_applied: bool = False
+    """External effects: the provider answered this Attempt's own call conclusively, "failed, not applied".
+
+    Never for a lost reply, a timeout, an exception or a reconciliation: those leave the effect unsettled.
+    """
 
 
 @attrs.frozen
@@ -923,7 +955,11 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
 
     The effect id is the same for every Attempt of the Operation, so an
     idempotent provider sees the same key on every try; a repeated intent
-    (a replacement Attempt) keeps the first one and says so in history.
+    (a later Attempt) keeps the first one and says so in history.  From the
+    intent on, the effect is unsettled: the provider may apply it and its
+    answer may be lost.  An intent on a settled effect begins a new window
+    with this Attempt's fence; one on an unsettled effect keeps the earlier
+    fence, so this Attempt's answer alone cannot settle the earlier issue.
     """
     try:
         _check_credential(request.credential)
@@ -939,15 +975,21 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
             RefusalCode.WRONG_EFFECT_CLASS, f"{operation.effect_class.value} actions record no external intent"
         )
     effect_id = operation.effect_id or f"{operation.operation_id}/effect"
-    repeated = operation.effect_id is not None
+    unsettled = operation.effect_unsettled_since
+    if operation.effect_id is None:
+        note = ""
+    elif unsettled is None:
+        note = " (again: every earlier issue was answered not applied)"
+    else:
+        note = " (again: an earlier issue is unanswered; reconcile before any repeat)"
     after, record = _move(
         operation,
         OperationEvent.RECORD_INTENT,
         now=now,
         actor=request.credential.worker_id,
-        reason=f"effect {effect_id} intent" + (" (again: reconcile before any repeat)" if repeated else ""),
+        reason=f"effect {effect_id} intent{note}",
         keep_owner=True,
-        changes={"effect_id": effect_id},
+        changes={"effect_id": effect_id, "effect_unsettled_since": operation.fence if unsettled is None else unsettled},
     )
     return _decision(operation, after, record, now, live=True)
 
@@ -975,15 +1017,24 @@ def complete(operation: Operation | None, request: CompleteRequest, now: datetim
     if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} is not authorized now{why}")
-    if operation.effect_class is EffectClass.EXTERNAL and operation.effect_id is None:
-        return Refusal(RefusalCode.INTENT_REQUIRED, "an external effect completes only after its intent is recorded")
+    if operation.effect_class is EffectClass.EXTERNAL and operation.effect_unsettled_since is None:
+        return Refusal(
+            RefusalCode.INTENT_REQUIRED,
+            "an external effect completes only after an intent recorded since its last answer",
+        )
     after, record = _move(
         operation,
         OperationEvent.SUCCEED,
         now=now,
         actor=request.credential.worker_id,
         reason=f"attempt {operation.fence} succeeded",
-        changes={"outcome": TerminalOutcome.SUCCEEDED, "result": request.result, "error_code": None},
+        # A success is the effect's conclusive answer: nothing of it is left unsettled.
+        changes={
+            "outcome": TerminalOutcome.SUCCEEDED,
+            "result": request.result,
+            "error_code": None,
+            "effect_unsettled_since": None,
+        },
     )
     attempt = _end_attempt(operation, AttemptState.SUCCEEDED, now)
     return _decision(operation, after, record, now, live=True, attempts=(attempt,))
@@ -996,12 +1047,20 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
     retryable failure with no Attempt left ends ``max_attempts_exceeded``,
     and one whose next eligibility would fall past the deadline ends
     ``deadline_exceeded``.
+
+    ``effect_not_applied`` records the provider's conclusive "not applied"
+    answer to this Attempt's own call.  It settles the effect only if this
+    Attempt began its unsettled window (``effect_unsettled_since`` is its
+    fence): then its call was the only issue since the last answer, so a
+    later Attempt may perform again.  If an earlier Attempt's issue is still
+    unanswered, the effect stays unsettled and the history says so.
     """
     try:
         _check_credential(request.credential)
         _check_id("error_code", request.error_code)
-        if not isinstance(request.retryable, bool) or not isinstance(request.not_authorized, bool):
-            raise _Invalid("retryable", "must be true or false")
+        for name in ("retryable", "not_authorized", "effect_not_applied"):
+            if not isinstance(getattr(request, name), bool):
+                raise _Invalid(name, "must be true or false")
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal
@@ -1009,6 +1068,19 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
     if refusal is not None:
         return refusal
     assert operation is not None
+    settle: dict[str, Any] = {}
+    note = ""
+    if request.effect_not_applied:
+        if operation.effect_class is not EffectClass.EXTERNAL:
+            return Refusal(RefusalCode.WRONG_EFFECT_CLASS, "only an external effect has a provider's answer")
+        if operation.effect_unsettled_since == operation.fence:
+            settle = {"effect_unsettled_since": None}
+            note = f"; effect {operation.effect_id} answered not applied"
+        elif operation.effect_unsettled_since is not None:
+            note = (
+                f"; effect {operation.effect_id} answered not applied, but the issue of attempt "
+                f"{operation.effect_unsettled_since} is unanswered"
+            )
     attempt = _end_attempt(operation, AttemptState.FAILED, now, request.error_code)
     actor = request.credential.worker_id
     terminal: TerminalOutcome | None = None
@@ -1029,8 +1101,8 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
                 OperationEvent.RETRY,
                 now=now,
                 actor=actor,
-                reason=f"attempt {operation.fence} failed ({request.error_code}); eligible again {_iso(eligible)}",
-                changes={"next_eligible_at": eligible, "error_code": request.error_code},
+                reason=f"attempt {operation.fence} failed ({request.error_code}){note}; eligible again {_iso(eligible)}",
+                changes={"next_eligible_at": eligible, "error_code": request.error_code, **settle},
             )
             return _decision(operation, after, record, now, live=True, attempts=(attempt,))
     outcome = terminal
@@ -1039,8 +1111,8 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
         event,
         now=now,
         actor=actor,
-        reason=f"attempt {operation.fence} failed ({request.error_code}): {outcome.value}",
-        changes={"outcome": outcome, "error_code": request.error_code},
+        reason=f"attempt {operation.fence} failed ({request.error_code}){note}: {outcome.value}",
+        changes={"outcome": outcome, "error_code": request.error_code, **settle},
     )
     return _decision(operation, after, record, now, live=True, attempts=(attempt,))
 
@@ -1060,8 +1132,11 @@ def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: d
     assert operation is not None
     if operation.effect_class is not EffectClass.EXTERNAL:
         return Refusal(RefusalCode.WRONG_EFFECT_CLASS, "only an external effect can have an unknown outcome")
-    if operation.effect_id is None:
-        return Refusal(RefusalCode.INTENT_REQUIRED, "no intent was recorded, so no effect can have been issued")
+    if operation.effect_unsettled_since is None:
+        # Nothing unanswered: no intent, or every issue was answered not applied and none recorded since.
+        return Refusal(
+            RefusalCode.INTENT_REQUIRED, "no intent is recorded since the last answer, so nothing can be ambiguous"
+        )
     after, record = _move(
         operation,
         OperationEvent.OUTCOME_UNKNOWN,
@@ -1213,7 +1288,7 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     if operation.state is OperationState.RUNNING:
         attempts = (_end_attempt(operation, AttemptState.CANCELLED, now, "cancelled"),)
         note += f"; attempt {operation.fence} fenced"
-        if operation.effect_id is not None:
+        if operation.effect_unsettled_since is not None:
             note += f"; external effect {operation.effect_id} may have been issued and is not undone"
     after, record = _move(
         operation,
@@ -1224,6 +1299,20 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
         changes={"outcome": TerminalOutcome.CANCELLED, "error_code": "cancelled", "cancel_requested_by": request.principal},
     )
     return _decision(operation, after, record, now, attempts=attempts)
+
+
+def effect_plan(operation: Operation) -> EffectPlan:
+    """What an Attempt of an external action does before the provider, from the Operation as claimed.
+
+    ``reconcile`` exactly when an earlier issue of the effect may have been
+    applied without a conclusive answer (a lost reply, a timeout, a crash
+    between intent and answer, a replaced owner): seed 001's "reconcilable
+    providers are checked before repeat" and "an unreconcilable ambiguous
+    result becomes external_outcome_unknown".  ``perform`` when nothing was
+    issued or every issue was answered "not applied": performing again
+    resends nothing blindly, since no earlier issue can have taken effect.
+    """
+    return EffectPlan.PERFORM if operation.effect_unsettled_since is None else EffectPlan.RECONCILE
 
 
 def due(operation: Operation, now: datetime) -> bool:
@@ -1252,6 +1341,7 @@ __all__ = [
     "DecideRequest",
     "Decision",
     "EffectClass",
+    "EffectPlan",
     "FailRequest",
     "Guard",
     "HeartbeatRequest",
@@ -1275,6 +1365,7 @@ __all__ = [
     "complete",
     "decide",
     "due",
+    "effect_plan",
     "expire",
     "fail",
     "heartbeat",

@@ -27,6 +27,15 @@ Rules of this module:
 - Workers keep every credential they were given, forever: a replaced owner
   keeps trying everything (the zombie), which is the adversary the fence
   exists for.
+- With ``Bounds.external`` the action is an external effect whose provider
+  is neither idempotent nor reconcilable: a worker records its intent, and
+  then does what the worker does (``adapters/operations/worker.py``): with
+  the kernel's ``effect_plan`` of the Operation it claimed, it calls the
+  provider (``perform``) or, an earlier issue being unanswered, ends the
+  Operation ``external_outcome_unknown`` (``reconcile``).  A call is one
+  move with four answers -- declined (not applied, and said so), succeeded,
+  a lost reply (applied, unanswered), a timeout (not applied, unanswered)
+  -- and a zombie whose intent committed may still make its call.
 """
 
 from __future__ import annotations
@@ -60,6 +69,32 @@ class Invariant(enum.Enum):
     ONE_TERMINAL = "INV-OP-ONE-TERMINAL"
     ONE_OPERATION = "INV-OP-ONE-OPERATION"
     TABLES = "INV-OP-TABLES"
+    NO_BLIND_RESEND = "INV-OP-NO-BLIND-RESEND"
+    UNKNOWN_ONLY_IF_AMBIGUOUS = "INV-OP-UNKNOWN-ONLY-IF-AMBIGUOUS"
+
+
+class Answer(enum.Enum):
+    """What one call of an external provider did, and what its caller learnt."""
+
+    DECLINED = "declined"
+    """Not applied, and the provider said so (a conclusive FAILED)."""
+    SUCCEEDED = "succeeded"
+    LOST_REPLY = "lost_reply"
+    """Applied; the reply never arrived."""
+    TIMEOUT = "timeout"
+    """Not applied; the caller cannot tell."""
+
+
+@attrs.frozen(cache_hash=True)
+class WorkerEffect:
+    """What a worker knows of the external effect under its latest credential."""
+
+    plan: o.EffectPlan
+    """``effect_plan`` of the Operation its claim wrote."""
+    intended: bool = False
+    """Its intent committed."""
+    answer: Answer | None = None
+    """Its call's answer; None before it called."""
 
 
 @attrs.frozen(cache_hash=True)
@@ -73,6 +108,9 @@ class OpsProtocol:
     fail: Callable[..., o.Outcome] = o.fail
     decide: Callable[..., o.Outcome] = o.decide
     cancel: Callable[..., o.Outcome] = o.cancel
+    record_intent: Callable[..., o.Outcome] = o.record_intent
+    outcome_unknown: Callable[..., o.Outcome] = o.outcome_unknown
+    effect_plan: Callable[[o.Operation], o.EffectPlan] = o.effect_plan
     apply_guard: bool = True
 
 
@@ -89,6 +127,8 @@ class Bounds:
     maximum_attempts: int = 3
     max_depth: int | None = None
     max_states: int = 3_000_000
+    external: bool = False
+    """The action is an external effect of a provider neither idempotent nor reconcilable (see the module rules)."""
 
 
 STANDARD: tuple[tuple[str, Bounds], ...] = (
@@ -100,6 +140,10 @@ STANDARD: tuple[tuple[str, Bounds], ...] = (
         "operations: three workers, reclaim, approval and cancel (every interleaving to depth 11)",
         Bounds(workers=3, max_claims=3, max_tick=5, max_depth=11),
     ),
+    (
+        "operations: an external effect, two workers, every provider answer (every interleaving to depth 17)",
+        Bounds(workers=2, approval=False, cancel=False, max_claims=3, max_tick=3, max_depth=17, external=True),
+    ),
 )
 """The configurations ``fencekeeper modelcheck`` runs for operations by default.
 
@@ -108,6 +152,9 @@ claim, expiry, automatic reclaim, the zombie's completion: every decision
 and its commit are two moves); 11 adds one more move anywhere in it.
 Depth 14 (2.2 million states, about 6.5 minutes here) found nothing more;
 ``explore(attrs.evolve(STANDARD[1][1], max_depth=14))`` repeats it.
+The external configuration's depth 17 holds two Attempts that each call
+the provider and a third that claims after them (about 86,000 states, ten
+seconds here).
 """
 
 
@@ -136,6 +183,14 @@ class World:
     consumptions: int = 0
     decided: bool = False
     cancelled: bool = False
+    knows: tuple[WorkerEffect | None, ...] = ()
+    """External effects: ``knows[worker]``, what it knows under its latest credential (None before a claim)."""
+    calls: tuple[tuple[int, Answer], ...] = ()
+    """External effects: every provider call, in order, as (the caller's fence, its answer)."""
+    intents: frozenset[int] = frozenset()
+    """External effects: the fences whose intent committed."""
+    answered: frozenset[int] = frozenset()
+    """External effects: the fences whose "not applied" answer committed (a fail with ``effect_not_applied``)."""
 
     @property
     def now(self) -> datetime:
@@ -183,9 +238,9 @@ def _submit_request(bounds: Bounds, client: int) -> o.SubmitRequest:
     return o.SubmitRequest(
         operation_id=f"op-c{client + 1}",
         identity=IDENTITY,
-        action_name="transfer",
+        action_name="capture" if bounds.external else "transfer",
         action_version=1,
-        effect_class=o.EffectClass.ATOMIC,
+        effect_class=o.EffectClass.EXTERNAL if bounds.external else o.EffectClass.ATOMIC,
         input_digest=DIGEST,
         authority=o.Authority(True, IDENTITY.principal),
         policy=_policy(bounds),
@@ -209,6 +264,7 @@ def initial_world(bounds: Bounds) -> World:
         credentials=((),) * bounds.workers,
         pending=(None,) * slots,
         submitted=(False,) * bounds.submitters,
+        knows=(None,) * bounds.workers if bounds.external else (),
     )
 
 
@@ -237,6 +293,9 @@ def _decisions(world: World, bounds: Bounds, proto: OpsProtocol) -> Iterator[tup
                 proto.heartbeat(op, o.HeartbeatRequest(credential, lease), now),
                 credential,
             )
+            if bounds.external:
+                yield from _external_decisions(world, w, credential, proto)
+                continue
             yield (
                 w,
                 f"{name} decides complete (fence {f})",
@@ -279,12 +338,63 @@ def _decisions(world: World, bounds: Bounds, proto: OpsProtocol) -> Iterator[tup
         yield canceller, "requester decides cancel", "cancel", proto.cancel(op, cancel_request, now), None
 
 
+def _external_decisions(
+    world: World, w: int, credential: o.Credential, proto: OpsProtocol
+) -> Iterator[tuple[int, str, str, o.Outcome, o.Credential | None]]:
+    """The worker's next decision on an external effect, from what it knows (its call is a move of its own)."""
+    op, now, name = world.operations[0], world.now, worker_id(w)
+    knows = world.knows[w]
+    assert knows is not None
+    unknown = o.UnknownRequest(credential, "ambiguous and not reconcilable")
+    choices: list[tuple[str, str, o.Outcome]] = []
+    if not knows.intended:
+        choices.append(("intent", "intent", proto.record_intent(op, o.IntentRequest(credential), now)))
+    elif knows.plan is o.EffectPlan.RECONCILE:
+        # An earlier issue is unanswered and this provider can neither be asked nor deduplicate.
+        choices.append(("outcome unknown", "unknown", proto.outcome_unknown(op, unknown, now)))
+    elif knows.answer is Answer.DECLINED:
+        declined = o.FailRequest(credential, "effect_failed", retryable=True, effect_not_applied=True)
+        choices.append(("declined", "declined", proto.fail(op, declined, now)))
+    elif knows.answer is Answer.SUCCEEDED:
+        succeeded = o.CompleteRequest(credential, o.Authority(True, IDENTITY.principal))
+        choices.append(("complete", "complete", proto.complete(op, succeeded, now)))
+    elif knows.answer is not None:
+        choices.append(("outcome unknown", "unknown", proto.outcome_unknown(op, unknown, now)))
+        # An adapter that raised instead of answering: a retryable handler error, nothing settled.
+        raised = o.FailRequest(credential, "handler_error", retryable=True)
+        choices.append(("handler error", "fail", proto.fail(op, raised, now)))
+    for what, kind, outcome in choices:
+        yield w, f"{name} decides {what} (fence {credential.fence})", kind, outcome, credential
+
+
+def _calls(world: World, bounds: Bounds) -> Iterator[Move]:
+    """Every provider call a worker may make now: after its intent committed, on a ``perform`` plan, once.
+
+    The call does not ask the store anything, so a replaced owner (a zombie) makes it too.
+    """
+    for w, knows in enumerate(world.knows):
+        if world.pending[w] is not None or knows is None or not knows.intended or knows.answer is not None:
+            continue
+        if knows.plan is not o.EffectPlan.PERFORM:
+            continue
+        fence = world.credentials[w][-1].fence
+        broken: tuple[Invariant, str] | None = None
+        earlier = [(f, a.value) for f, a in world.calls if a is not Answer.DECLINED]
+        if earlier:
+            why = f"{worker_id(w)} (fence {fence}) calls the provider; earlier calls not known unapplied: {earlier}"
+            broken = Invariant.NO_BLIND_RESEND, why
+        for answer in Answer:
+            knows_now = (*world.knows[:w], attrs.evolve(knows, answer=answer), *world.knows[w + 1 :])
+            after = attrs.evolve(world, knows=knows_now, calls=(*world.calls, (fence, answer)))
+            yield Move(f"{worker_id(w)} calls the provider (fence {fence}): {answer.value}", after, broken)
+
+
 def _guard_holds(world: World, guard: o.Guard) -> bool:
     op = next((x for x in world.operations if x.operation_id == guard.operation_id), None)
     return guard.holds(op, world.holder, world.now)
 
 
-def _apply(world: World, pending: Pending, slot: int, bounds: Bounds) -> World:
+def _apply(world: World, pending: Pending, slot: int, bounds: Bounds, proto: OpsProtocol) -> World:
     decision = pending.decision
     new = decision.operation
     others = tuple(x for x in world.operations if x.operation_id != new.operation_id)
@@ -294,9 +404,23 @@ def _apply(world: World, pending: Pending, slot: int, bounds: Bounds) -> World:
     for attempt in decision.attempts:
         attempts[(attempt.operation_id, attempt.number)] = attempt
     credentials = world.credentials
+    knows, intents, answered = world.knows, world.intents, world.answered
     if decision.credential is not None and slot < bounds.workers:
         mine = (*credentials[slot], decision.credential)
         credentials = (*credentials[:slot], mine, *credentials[slot + 1 :])
+        if bounds.external:
+            # What the worker decides before the provider, from the Operation its claim wrote.
+            fresh = WorkerEffect(proto.effect_plan(new))
+            knows = (*knows[:slot], fresh, *knows[slot + 1 :])
+    if bounds.external and pending.credential is not None:
+        fence = pending.credential.fence
+        if pending.kind == "intent":
+            intents = intents | {fence}
+            mine_now = knows[slot]
+            assert mine_now is not None
+            knows = (*knows[:slot], attrs.evolve(mine_now, intended=True), *knows[slot + 1 :])
+        elif pending.kind == "declined":
+            answered = answered | {fence}
     consumed_before = old.approval.consumed_by if old is not None and old.approval is not None else None
     consumed_after = new.approval.consumed_by if new.approval is not None else None
     consumption = consumed_after is not None and consumed_after != consumed_before
@@ -308,6 +432,9 @@ def _apply(world: World, pending: Pending, slot: int, bounds: Bounds) -> World:
         credentials=credentials,
         effects=world.effects + (1 if pending.kind == "complete" else 0),
         consumptions=world.consumptions + (1 if consumption else 0),
+        knows=knows,
+        intents=intents,
+        answered=answered,
     )
 
 
@@ -330,6 +457,8 @@ def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move],
     decided = 0
     if world.tick < bounds.max_tick:
         found.append(Move(f"clock ticks to {world.tick + 1}", attrs.evolve(world, tick=world.tick + 1)))
+    if bounds.external:
+        found.extend(_calls(world, bounds))
     for slot, label, kind, outcome, credential in _decisions(world, bounds, proto):
         decided += 1
         if isinstance(outcome, o.Decision):
@@ -344,7 +473,7 @@ def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move],
         if proto.apply_guard and not _guard_holds(world, waiting.decision.guard):
             found.append(Move(f"{label}: guard fails, nothing written", base))
             continue
-        after = _apply(base, waiting, slot, bounds)
+        after = _apply(base, waiting, slot, bounds, proto)
         found.append(Move(label, after, check_write(world, after, waiting)))
     return found, decided
 
@@ -390,6 +519,16 @@ def check_write(before: World, after: World, pending: Pending) -> tuple[Invarian
             return Invariant.FENCED_WRITES, (
                 f"{pending.actor} wrote {pending.kind} with fence {credential.fence}; the operation was at fence "
                 f"{old.fence} owned by {old.owner}, lease until {_tick(old.lease_expires_at)}, now tick {before.tick}"
+            )
+    if pending.kind == "unknown" and credential is not None and old is not None and old.state is OperationState.RUNNING:
+        # Ambiguous: some committed intent (another Attempt's, or this one's once it called) has no committed
+        # "not applied" answer, so its call may have been made and applied.
+        called = any(f == credential.fence for f, _ in before.calls)
+        open_intents = sorted(f for f in before.intents - before.answered if f != credential.fence or called)
+        if not open_intents:
+            return Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS, (
+                f"{pending.actor} ended {old.operation_id} external_outcome_unknown, but every issue was answered "
+                f"not applied: intents {sorted(before.intents)}, calls {[(f, a.value) for f, a in before.calls]}"
             )
     if after.consumptions > 1:
         return Invariant.APPROVAL_ONCE, f"approval consumed {after.consumptions} times (by {pending.actor}'s {pending.kind})"
@@ -458,12 +597,14 @@ def explore(
 
 __all__ = [
     "STANDARD",
+    "Answer",
     "Bounds",
     "Invariant",
     "Move",
     "OpsProtocol",
     "Result",
     "Violation",
+    "WorkerEffect",
     "World",
     "check_state",
     "check_write",

@@ -112,7 +112,9 @@ class FakePaymentProvider:
 
     ``mode`` scripts the next ``capture``: ``ok``; ``lost_reply`` applies the
     capture and then loses the reply (the caller sees a timeout);
-    ``timeout`` times out before applying it.
+    ``timeout`` times out before applying it; ``declined`` refuses it
+    without applying it and says so (a rate limit: a conclusive answer, and
+    worth trying again later).
     """
 
     def __init__(self) -> None:
@@ -126,6 +128,8 @@ class FakePaymentProvider:
             self.calls.append(key)
             if self.mode == "timeout":
                 raise TimeoutError("provider timed out")
+            if self.mode == "declined":
+                raise CaptureDeclined("rate limited: nothing captured, try again later")
             self.captures.setdefault(key, amount)
             if self.mode == "lost_reply":
                 raise TimeoutError("reply lost")
@@ -134,6 +138,10 @@ class FakePaymentProvider:
     def lookup(self, key: str) -> int | None:
         with self._lock:
             return self.captures.get(key)
+
+
+class CaptureDeclined(Exception):
+    """The provider's own answer that it did not capture (a refusal, not a lost reply)."""
 
 
 @attrs.define
@@ -149,6 +157,8 @@ class PaymentCaptureAdapter:
             receipt = self.provider.capture(effect_id, int(payload["amount"]))
         except TimeoutError as exc:
             return EffectResult(EffectStatus.AMBIGUOUS, detail=str(exc))
+        except CaptureDeclined as exc:
+            return EffectResult(EffectStatus.FAILED, detail=str(exc), retryable=True)
         return EffectResult(EffectStatus.SUCCEEDED, {"receipt": receipt, "amount": payload["amount"]})
 
     def reconcile(self, effect_id: str) -> EffectResult | None:

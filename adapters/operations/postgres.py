@@ -127,7 +127,7 @@ def to_pyformat(sql: str) -> str:
 _TIME = "timestamptz"
 _COLUMN_TYPES: dict[str, str] = {
     **dict.fromkeys((*COLUMNS, "input"), "text"),
-    **dict.fromkeys(("action_version", "revision", "fence", "attempt_count"), "integer"),
+    **dict.fromkeys(("action_version", "revision", "fence", "attempt_count", "effect_unsettled_since"), "integer"),
     **dict.fromkeys(("admitted_at", "deadline", "retain_until", "next_eligible_at", "lease_expires_at", "attempt_started_at", "due_at", "ended_at"), _TIME),
     "requires_approval": "boolean",
 }

@@ -5,7 +5,9 @@ Rules of this module:
 - An Operation is one row of ``operations`` with exactly the kernel's
   fields (the retry policy and the approval as JSON text), its normalised
   input and ``due_at`` (``base.due_at``: when a claim next has something to
-  do with it), which the partial index of due work covers.
+  do with it), which the partial index of due work covers.  A field added
+  by a later migration is a column after ``due_at``, so rows read by
+  position keep their earlier positions.
 - A decision is written under its guard in SQL too: the UPDATE's WHERE
   names the revision and the fence the decision was made on, a new
   Operation or a new identity is an INSERT the primary key refuses twice;
@@ -78,6 +80,7 @@ COLUMNS = (
     "result",
     "cancel_requested_by",
     "due_at",
+    "effect_unsettled_since",
 )
 MUTABLE = COLUMNS[9:]
 """Every column but the identity and the action: what a decision on an existing Operation may change."""
@@ -194,6 +197,7 @@ def to_row(op: o.Operation, d: OpsDialect) -> tuple[Any, ...]:
         op.result,
         op.cancel_requested_by,
         d.time(due_at(op)),
+        op.effect_unsettled_since,
     )
 
 
@@ -236,6 +240,7 @@ def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
         error_code=row[25],
         result=row[26],
         cancel_requested_by=row[27],
+        effect_unsettled_since=None if row[29] is None else int(row[29]),
     )
 
 

@@ -15,12 +15,16 @@ external effects, history, and retention).  Rules of this module:
 - ``atomic``: the handler runs inside the completion transaction and writes
   only through the guarded context; its writes commit with the Attempt's
   success or not at all.  ``read_only``: the handler's result is the only
-  write.  ``external``: the intent and the stable effect id commit first;
-  an Operation that already has an effect id (a replaced Attempt may have
-  called the provider) is reconciled before anything is repeated, repeated
-  with the same id only if the adapter is idempotent, and otherwise ends
-  ``external_outcome_unknown``.  An ambiguous result is never resent
-  blindly.
+  write.  ``external``: the intent and the stable effect id commit first.
+  What happens before the provider is the kernel's ``effect_plan``: an
+  effect an earlier Attempt may have issued without a conclusive answer (a
+  lost reply, a timeout, a crash, a replaced owner) is reconciled before
+  anything is repeated, repeated with the same id only if the adapter is
+  idempotent, and otherwise ends ``external_outcome_unknown``: an
+  ambiguous result is never resent blindly.  An effect whose every issue
+  the provider answered "failed" (not applied) is performed again, with the
+  same id.  Only the provider's own FAILED reply to this Attempt's call is
+  reported as that answer; anything else leaves the effect unsettled.
 - While a read-only or external action runs, a heartbeat renews the lease
   every third of it; an atomic action runs inside the transaction that
   holds the Operation's row, so its lease must cover it.
@@ -184,14 +188,14 @@ class DurableOperationWorker:
     ) -> WorkReport:
         adapter = action.adapter
         assert adapter is not None
-        earlier = operation.effect_id is not None
+        plan = o.effect_plan(operation)
         intent = self.store.record_intent(o.IntentRequest(credential))
         if not isinstance(intent, o.Decision):
             return self._report(credential, intent)
         effect_id = intent.operation.effect_id
         assert effect_id is not None
-        if earlier:
-            # An earlier Attempt may have reached the provider: look before repeating anything.
+        if plan is o.EffectPlan.RECONCILE:
+            # An earlier Attempt's issue may have been applied unanswered: look before repeating anything.
             settled = adapter.reconcile(effect_id)
             if settled is not None and settled.status is EffectStatus.SUCCEEDED:
                 return self._complete(credential, authority, canonical_json(settled.result))
@@ -202,7 +206,11 @@ class DurableOperationWorker:
         if outcome.status is EffectStatus.SUCCEEDED:
             return self._complete(credential, authority, canonical_json(outcome.result))
         if outcome.status is EffectStatus.FAILED:
-            return self._fail(credential, "effect_failed", retryable=outcome.retryable, detail=outcome.detail)
+            # The provider's conclusive answer to this call: recorded, so a retry performs instead of
+            # treating the effect as ambiguous.
+            return self._fail(
+                credential, "effect_failed", retryable=outcome.retryable, detail=outcome.detail, not_applied=True
+            )
         settled = adapter.reconcile(effect_id)
         return self._after_ambiguity(credential, authority, effect_id, settled, idempotent=adapter.idempotent)
 
@@ -218,7 +226,8 @@ class DurableOperationWorker:
         if settled is not None and settled.status is EffectStatus.SUCCEEDED:
             return self._complete(credential, authority, canonical_json(settled.result))
         if settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED):
-            # Known not applied: a later Attempt may perform it, with the same effect id.
+            # Not applied as far as the provider can see now: a later Attempt reconciles again (the call
+            # whose reply was lost may still land) and may then perform it, with the same effect id.
             return self._fail(credential, "effect_not_applied", retryable=True, detail=settled.detail)
         if idempotent:
             return self._fail(credential, "effect_ambiguous", retryable=True, detail="the provider deduplicates by id")
@@ -250,9 +259,17 @@ class DurableOperationWorker:
         return self._report(credential, self.store.complete(o.CompleteRequest(credential, authority, result)))
 
     def _fail(
-        self, credential: o.Credential, code: str, *, retryable: bool, denied: bool = False, detail: str = ""
+        self,
+        credential: o.Credential,
+        code: str,
+        *,
+        retryable: bool,
+        denied: bool = False,
+        detail: str = "",
+        not_applied: bool = False,
     ) -> WorkReport:
-        outcome = self.store.fail(o.FailRequest(credential, code, retryable, not_authorized=denied))
+        request = o.FailRequest(credential, code, retryable, not_authorized=denied, effect_not_applied=not_applied)
+        outcome = self.store.fail(request)
         report = self._report(credential, outcome)
         return attrs.evolve(report, detail=detail or report.detail)
 

@@ -26,6 +26,9 @@ go through the Python API (``DurableOperationService``,
 - approvals gate claims, bind to the digest, and are consumed once;
 - external effects: intent first, one stable effect id, reconciliation
   before any repeat, ``external_outcome_unknown`` instead of a blind resend;
+  a provider's conclusive "declined" is recorded, so the retry performs
+  again (same effect id) whatever the provider, while a lost reply, a
+  timeout or a crash after the intent is never resent unreconciled;
 - limits: backoff, maximum attempts, deadline, each a named outcome;
 - current authorization: a revoked principal fails closed;
 - (SQL stores, :class:`SqlOperationStoreTests`) an atomic action's
@@ -452,6 +455,61 @@ class OperationStoreTests:
         assert report is not None and report.outcome == "succeeded"
         assert world.provider.calls == [f"{op_id}/effect"]
 
+    @pytest.mark.parametrize("idempotent, reconcilable", [(True, True), (False, False)], ids=["idempotent", "neither"])
+    def test_a_declined_capture_is_performed_again_with_the_same_effect_id(
+        self, world: World, idempotent: bool, reconcilable: bool
+    ) -> None:
+        world.adapter.idempotent, world.adapter.reconcilable = idempotent, reconcilable
+        op_id = self._capture(world, action="capture_unapproved")
+        effect_id = f"{op_id}/effect"
+        world.provider.mode = "declined"
+        first = world.worker("w1").run_once()
+        assert first is not None and first.outcome == "retry"
+        stored = world.store.get(op_id)
+        # The answer is durable: the effect is known not applied, so nothing is ambiguous.
+        assert stored is not None and stored.effect_id == effect_id and stored.effect_unsettled_since is None
+        assert o.effect_plan(stored) is o.EffectPlan.PERFORM
+        world.provider.mode = "ok"
+        world.clock.advance(timedelta(minutes=1))
+        second = world.worker("w2").run_once()
+        assert second is not None and second.outcome == "succeeded", second
+        assert world.provider.calls == [effect_id, effect_id]
+        assert world.provider.captures == {effect_id: 2500}
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.SUCCEEDED
+
+    @pytest.mark.parametrize("failure", ["lost_reply", "timeout", "crash_after_intent", "declined_then_lost_reply"])
+    def test_an_unanswered_capture_of_an_unreconcilable_provider_is_never_resent(
+        self, world: World, failure: str
+    ) -> None:
+        world.adapter.idempotent = world.adapter.reconcilable = False
+        op_id = self._capture(world, action="capture_unapproved")
+        calls = 1
+        if failure == "crash_after_intent":
+            claim = world.store.claim_next(TENANT, "w1", LEASE)
+            assert isinstance(claim, o.Decision) and claim.credential is not None
+            assert isinstance(world.store.record_intent(o.IntentRequest(claim.credential)), o.Decision)
+            # w1 dies here, before or after calling the provider: nobody knows.
+            world.clock.advance(LEASE)
+            calls = 0
+        else:
+            if failure == "declined_then_lost_reply":
+                world.provider.mode = "declined"
+                report = world.worker("w1").run_once()
+                assert report is not None and report.outcome == "retry"
+                world.clock.advance(timedelta(minutes=1))
+                calls = 2
+            world.provider.mode = failure.removeprefix("declined_then_")
+        report = world.worker("w2").run_once()
+        assert report is not None and report.outcome == "external_outcome_unknown", report
+        world.clock.advance(timedelta(hours=2))
+        assert world.worker("w3").run_once() is None
+        assert world.provider.calls == [f"{op_id}/effect"] * calls
+        stored = world.store.get(op_id)
+        assert stored is not None and stored.effect_unsettled_since is not None
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.OUTCOME_UNKNOWN
+
     # --- limits and authorization -------------------------------------------------------------------
 
     def test_retries_back_off_then_end_with_max_attempts_exceeded(self, world: World) -> None:
@@ -672,11 +730,14 @@ class OperationServiceMachine(RuleBasedStateMachine):
         if before is None or o.check_owner(before, credential, self.clock.now()) is not None:
             assert isinstance(outcome, o.Refusal), "only the current, live owner may complete"
 
-    @rule(data=st.data(), retryable=st.booleans())
-    def fail(self, data: st.DataObject, retryable: bool) -> None:
+    @rule(data=st.data(), retryable=st.booleans(), not_applied=st.booleans())
+    def fail(self, data: st.DataObject, retryable: bool, not_applied: bool) -> None:
         if self.credentials:
             credential = data.draw(st.sampled_from(self.credentials))
-            self.store.fail(o.FailRequest(credential, "busy", retryable))
+            before = self.store.get(credential.operation_id)
+            outcome = self.store.fail(o.FailRequest(credential, "busy", retryable, effect_not_applied=not_applied))
+            if not_applied and before is not None and before.effect_class is not o.EffectClass.EXTERNAL:
+                assert isinstance(outcome, o.Refusal), "only an external effect has a provider's answer"
 
     @rule(data=st.data(), approve=st.booleans())
     def decide(self, data: st.DataObject, approve: bool) -> None:
@@ -728,8 +789,48 @@ class OperationServiceMachine(RuleBasedStateMachine):
                 if op.state is OperationState.CANCELLED:
                     assert op_id not in applied, "cancel and effect never both win"
             assert [t.revision for t in view.history] == list(range(1, op.revision + 1))
+            # An unanswered effect is one whose intent some Attempt of this Operation committed.
+            if op.effect_unsettled_since is not None:
+                assert op.effect_id is not None and 1 <= op.effect_unsettled_since <= op.fence
         balances = accounts(self.store)
         assert sum(balances.values()) == 2000
+
+
+# --- an intent recorded before settlement was (the stores' migration tests) ------------------------
+
+
+def leave_an_unanswered_and_a_succeeded_capture(world: World) -> tuple[str, str]:
+    """Two captures as a store held them: one whose owner died after its intent, one that succeeded."""
+
+    def capture(order: str) -> str:
+        payload = {"order": order, "amount": 2500}
+        admission = world.service.submit(
+            tenant=TENANT, principal=ALICE, action="capture_unapproved", input=payload, client_key=order
+        )
+        return admission.operation_id
+
+    crashed = capture("o-1")
+    claim = world.store.claim_next(TENANT, "w1", LEASE)
+    assert isinstance(claim, o.Decision) and claim.credential is not None
+    assert isinstance(world.store.record_intent(o.IntentRequest(claim.credential)), o.Decision)
+    succeeded = capture("o-2")
+    report = world.worker("w2").run_once()
+    assert report is not None and report.operation_id == succeeded and report.outcome == "succeeded"
+    return crashed, succeeded
+
+
+def check_an_older_intent_is_reconciled_not_resent(world: World, crashed: str, succeeded: str) -> None:
+    """After the migration: the older intent is unsettled for good, and a replacement never resends it."""
+    unanswered, answered = world.store.get(crashed), world.store.get(succeeded)
+    assert unanswered is not None and unanswered.effect_unsettled_since == 0
+    assert answered is not None and answered.effect_unsettled_since is None
+    world.adapter.idempotent = world.adapter.reconcilable = False
+    calls = list(world.provider.calls)
+    world.clock.advance(LEASE)
+    report = world.worker("w3").run_once()
+    assert report is not None and report.operation_id == crashed
+    assert report.outcome == "external_outcome_unknown", report
+    assert world.provider.calls == calls
 
 
 def run_operation_state_machine(factory: OpsStoreFactory, *, max_examples: int = 25) -> None:
@@ -740,4 +841,12 @@ def run_operation_state_machine(factory: OpsStoreFactory, *, max_examples: int =
     )
 
 
-__all__ = ["OperationServiceMachine", "OperationStoreTests", "OpsStoreFactory", "World", "run_operation_state_machine"]
+__all__ = [
+    "OperationServiceMachine",
+    "OperationStoreTests",
+    "OpsStoreFactory",
+    "World",
+    "check_an_older_intent_is_reconciled_not_resent",
+    "leave_an_unanswered_and_a_succeeded_capture",
+    "run_operation_state_machine",
+]

@@ -304,6 +304,106 @@ def test_external_effect_needs_intent_and_keeps_one_effect_id() -> None:
     assert unknown.operation.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
 
 
+def _external_with_intent(worker: str = "w1") -> tuple[o.Operation, o.Credential]:
+    op, cred, _ = claimed(admitted(effect_class=o.EffectClass.EXTERNAL), worker, T0)
+    assert o.effect_plan(op) is o.EffectPlan.PERFORM
+    intent = o.record_intent(op, o.IntentRequest(cred), T0)
+    assert isinstance(intent, o.Decision)
+    return intent.operation, cred
+
+
+def test_an_intent_leaves_the_effect_unsettled_since_its_attempt() -> None:
+    op, cred = _external_with_intent()
+    assert op.effect_unsettled_since == cred.fence == 1
+    assert o.effect_plan(op) is o.EffectPlan.RECONCILE
+
+
+def test_a_conclusive_not_applied_answer_settles_the_effect_and_the_retry_performs_again() -> None:
+    op, cred = _external_with_intent()
+    failed = o.fail(op, o.FailRequest(cred, "effect_failed", retryable=True, effect_not_applied=True), T0 + SECOND)
+    assert isinstance(failed, o.Decision)
+    assert failed.operation.state is OperationState.ADMITTED
+    assert failed.operation.effect_unsettled_since is None
+    assert failed.operation.effect_id == "op-1/effect"
+    assert "answered not applied" in failed.transition.reason
+    now = failed.operation.next_eligible_at
+    retry, cred2, _ = claimed(failed.operation, "w2", now)
+    assert o.effect_plan(retry) is o.EffectPlan.PERFORM
+    # Nothing is unanswered until the retry records its intent: no unknown outcome, no success.
+    for outcome in (
+        o.outcome_unknown(retry, o.UnknownRequest(cred2), now),
+        o.complete(retry, o.CompleteRequest(cred2, GRANTED), now),
+    ):
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.INTENT_REQUIRED
+    again = o.record_intent(retry, o.IntentRequest(cred2), now)
+    assert isinstance(again, o.Decision)
+    assert again.operation.effect_id == "op-1/effect" and again.operation.effect_unsettled_since == 2
+    assert "every earlier issue was answered not applied" in again.transition.reason
+    done = o.complete(again.operation, o.CompleteRequest(cred2, GRANTED), now)
+    assert isinstance(done, o.Decision) and done.operation.outcome is o.TerminalOutcome.SUCCEEDED
+    assert done.operation.effect_unsettled_since is None
+
+
+@pytest.mark.parametrize("how", ["retryable failure", "lease expiry"])
+def test_an_ambiguous_end_leaves_the_effect_unsettled_and_the_next_attempt_reconciles(how: str) -> None:
+    op, cred = _external_with_intent()
+    if how == "retryable failure":  # a lost reply, a timeout, an exception: no conclusive answer
+        failed = o.fail(op, o.FailRequest(cred, "handler_error", retryable=True), T0 + SECOND)
+        assert isinstance(failed, o.Decision)
+        op, at = failed.operation, failed.operation.next_eligible_at
+    else:  # the worker crashed between intent and answer
+        at = T0 + LEASE
+    assert op.effect_unsettled_since == 1
+    retry, cred2, _ = claimed(op, "w2", at)
+    assert o.effect_plan(retry) is o.EffectPlan.RECONCILE
+    again = o.record_intent(retry, o.IntentRequest(cred2), at)
+    assert isinstance(again, o.Decision) and again.operation.effect_unsettled_since == 1
+    assert "reconcile before any repeat" in again.transition.reason
+    unknown = o.outcome_unknown(again.operation, o.UnknownRequest(cred2, "not reconcilable"), at)
+    assert isinstance(unknown, o.Decision) and unknown.operation.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+
+
+def test_a_not_applied_answer_cannot_settle_an_earlier_attempts_unanswered_issue() -> None:
+    op, _ = _external_with_intent()
+    replaced, cred2, _ = claimed(op, "w2", T0 + LEASE)  # attempt 1's call may still land
+    again = o.record_intent(replaced, o.IntentRequest(cred2), T0 + LEASE)
+    assert isinstance(again, o.Decision)
+    request = o.FailRequest(cred2, "effect_failed", retryable=True, effect_not_applied=True)
+    failed = o.fail(again.operation, request, T0 + LEASE + SECOND)
+    assert isinstance(failed, o.Decision)
+    assert failed.operation.effect_unsettled_since == 1
+    assert o.effect_plan(failed.operation) is o.EffectPlan.RECONCILE
+    assert "the issue of attempt 1 is unanswered" in failed.transition.reason
+
+
+def test_an_intent_recorded_before_settlement_was_known_is_never_settled() -> None:
+    op, cred = _external_with_intent()
+    legacy = attrs.evolve(op, effect_unsettled_since=0)  # what the migration writes for an older intent
+    failed = o.fail(legacy, o.FailRequest(cred, "effect_failed", retryable=True, effect_not_applied=True), T0)
+    assert isinstance(failed, o.Decision) and failed.operation.effect_unsettled_since == 0
+    assert o.effect_plan(failed.operation) is o.EffectPlan.RECONCILE
+
+
+def test_a_not_applied_answer_is_refused_for_an_action_that_is_not_external() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    refused = o.fail(op, o.FailRequest(cred, "busy", retryable=True, effect_not_applied=True), T0)
+    assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.WRONG_EFFECT_CLASS
+    malformed = o.fail(op, o.FailRequest(cred, "busy", retryable=True, effect_not_applied="yes"), T0)  # type: ignore[arg-type]
+    assert isinstance(malformed, o.Refusal) and malformed.field == "effect_not_applied"
+
+
+def test_cancel_says_an_effect_may_have_been_issued_only_while_it_is_unsettled() -> None:
+    op, cred = _external_with_intent()
+    stop = o.CancelRequest("op-1", "users:v1:alice", GRANTED)
+    unsettled = o.cancel(op, stop, T0 + SECOND)
+    assert isinstance(unsettled, o.Decision) and "may have been issued" in unsettled.transition.reason
+    failed = o.fail(op, o.FailRequest(cred, "effect_failed", retryable=True, effect_not_applied=True), T0 + SECOND)
+    assert isinstance(failed, o.Decision)
+    retry, _, _ = claimed(failed.operation, "w2", failed.operation.next_eligible_at)
+    settled = o.cancel(retry, stop, failed.operation.next_eligible_at)
+    assert isinstance(settled, o.Decision) and "may have been issued" not in settled.transition.reason
+
+
 def test_atomic_actions_record_no_intent_and_cannot_be_unknown() -> None:
     op, cred, _ = claimed(admitted(), "w1", T0)
     for outcome in (o.record_intent(op, o.IntentRequest(cred), T0), o.outcome_unknown(op, o.UnknownRequest(cred), T0)):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.opsmodel import (
     STANDARD,
     Bounds,
     Invariant,
     OpsProtocol,
     Result,
+    World,
     check_state,
     explore,
     initial_world,
@@ -19,15 +22,24 @@ from fencekeeper.kernel.opsmodel import (
 
 from .zoo import ZOO, Variant
 
-# Depth 10 holds every variant's shortest trace; the submission race is complete at any depth.
+# Depth 10 holds every atomic variant's shortest trace; the submission race is complete at any depth.
 # Two workers suffice for every race here (an owner and its replacement, or one of them and the
 # canceller); `fencekeeper modelcheck`, which `make test` runs, explores three to depth 11.
 EXECUTION = Bounds(workers=2, max_claims=3, max_tick=5, max_depth=10)
 SUBMISSION = Bounds(workers=0, submitters=3, approval=False, cancel=False)
+# Depth 15 holds a declined call, its recorded answer and a retry's intent and end (14 moves): the
+# external variants' traces (`fencekeeper modelcheck` explores three claims to depth 17).
+EXTERNAL = Bounds(
+    workers=2, approval=False, cancel=False, max_claims=2, max_tick=2, maximum_attempts=2, max_depth=15, external=True
+)
 
 
 def _bounds(variant: Variant) -> Bounds:
-    return SUBMISSION if variant.breaks is Invariant.ONE_OPERATION else EXECUTION
+    if variant.breaks is Invariant.ONE_OPERATION:
+        return SUBMISSION
+    if variant.breaks in (Invariant.NO_BLIND_RESEND, Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS):
+        return EXTERNAL
+    return EXECUTION
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +48,7 @@ def zoo_results() -> dict[str, Result]:
 
 
 def test_the_real_decisions_hold_every_invariant() -> None:
-    for bounds in (EXECUTION, SUBMISSION):
+    for bounds in (EXECUTION, SUBMISSION, EXTERNAL):
         result = explore(bounds)
         assert result.violation is None, result.violation
         assert result.states > 1000
@@ -74,6 +86,70 @@ def test_trace_replays_to_the_violation(variant: Variant, zoo_results: dict[str,
         world = move.world
     found = check_state(world)
     assert found is not None and found[0] is variant.breaks
+
+
+def _replay(bounds: Bounds, labels: list[str]) -> World:
+    world = initial_world(bounds)
+    for label in labels:
+        found = [m for m in moves(world, bounds, OpsProtocol())[0] if m.label == label]
+        assert found, f"{label!r} is not a move of the world it follows"
+        assert found[0].broken is None, found[0].broken
+        world = found[0].world
+    return world
+
+
+def _attempt(worker: str, fence: int, answer: str) -> list[str]:
+    return [
+        f"{worker} decides claim",
+        f"{worker} commits claim",
+        f"{worker} decides intent (fence {fence})",
+        f"{worker} commits intent",
+        f"{worker} calls the provider (fence {fence}): {answer}",
+    ]
+
+
+def test_a_declined_call_is_performed_again_and_can_succeed() -> None:
+    world = _replay(
+        EXTERNAL,
+        [
+            *_attempt("w1", 1, "declined"),
+            "w1 decides declined (fence 1)",
+            "w1 commits declined",
+            "clock ticks to 1",
+            *_attempt("w2", 2, "succeeded"),
+            "w2 decides complete (fence 2)",
+            "w2 commits complete",
+        ],
+    )
+    assert world.operations[0].state is OperationState.SUCCEEDED
+    assert [(fence, answer.value) for fence, answer in world.calls] == [(1, "declined"), (2, "succeeded")]
+
+
+def test_after_a_lost_reply_the_retry_may_only_end_unknown() -> None:
+    world = _replay(
+        EXTERNAL,
+        [
+            *_attempt("w1", 1, "lost_reply"),
+            "w1 decides handler error (fence 1)",
+            "w1 commits fail",
+            "clock ticks to 1",
+            "w2 decides claim",
+            "w2 commits claim",
+            "w2 decides intent (fence 2)",
+            "w2 commits intent",
+        ],
+    )
+    labels = [m.label for m in moves(world, EXTERNAL, OpsProtocol())[0]]
+    assert "w2 decides outcome unknown (fence 2)" in labels
+    assert not [label for label in labels if label.startswith("w2 calls the provider")]
+    world = _replay_from(world, ["w2 decides outcome unknown (fence 2)", "w2 commits unknown"])
+    assert world.operations[0].outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+
+
+def _replay_from(world: World, labels: list[str]) -> World:
+    for label in labels:
+        world = next(m.world for m in moves(world, EXTERNAL, OpsProtocol())[0] if m.label == label)
+    return world
 
 
 def test_turning_the_store_guard_off_lets_two_claims_own_one_operation() -> None:

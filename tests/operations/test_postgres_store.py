@@ -23,9 +23,13 @@ from fencekeeper.adapters.operations.service import (
 )
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.postgres_store import migrate
+from fencekeeper.adapters.store import ManualClock
 from fencekeeper.adapters.testing.operations_suite import (
     OpsStoreFactory,
     SqlOperationStoreTests,
+    World,
+    check_an_older_intent_is_reconciled_not_resent,
+    leave_an_unanswered_and_a_succeeded_capture,
 )
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy
 
@@ -60,6 +64,24 @@ class TestPostgresOperationStore(SqlOperationStoreTests):
     @pytest.fixture
     def ops_store_factory(self, pg_dsn: str, shared_schema: str) -> OpsStoreFactory:
         return factory_for(pg_dsn, shared_schema)
+
+
+def test_migration_13_leaves_an_older_intent_unsettled_for_good(pg_dsn: str, pg_schema: str) -> None:
+    clock = ManualClock()
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, clock=clock, pool_size=1)
+    crashed, succeeded = leave_an_unanswered_and_a_succeeded_capture(World(store, clock))
+    store.close()
+    # What a schema at version 12 held: intents, and nothing said whether they were answered.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+        conn.execute("ALTER TABLE operations DROP COLUMN effect_unsettled_since")
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 13")
+    assert migrate(pg_dsn, pg_schema) == [13]
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, clock=clock, pool_size=1)
+    try:
+        check_an_older_intent_is_reconciled_not_resent(World(store, clock), crashed, succeeded)
+    finally:
+        store.close()
 
 
 def test_database_time_decides_without_an_injected_clock(pg_dsn: str, pg_schema: str) -> None:

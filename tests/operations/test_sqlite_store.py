@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
+from fencekeeper.adapters.store import ManualClock
 from fencekeeper.adapters.testing.operations_suite import (
     OpsStoreFactory,
     SqlOperationStoreTests,
+    World,
+    check_an_older_intent_is_reconciled_not_resent,
+    leave_an_unanswered_and_a_succeeded_capture,
 )
 
 
@@ -25,6 +29,27 @@ class TestSQLiteOperationStore(SqlOperationStoreTests):
     @pytest.fixture
     def ops_store_factory(self, tmp_path: Path) -> OpsStoreFactory:
         return factory_in(tmp_path)
+
+
+def test_migration_10_leaves_an_older_intent_unsettled_for_good(tmp_path: Path) -> None:
+    import sqlite3  # noqa: PLC0415
+
+    path, clock = tmp_path / "older.db", ManualClock()
+    store = SQLiteOperationStore(path, clock)
+    crashed, succeeded = leave_an_unanswered_and_a_succeeded_capture(World(store, clock))
+    store.close()
+    # What a file at version 9 held: intents, and nothing said whether they were answered.
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("ALTER TABLE operations DROP COLUMN effect_unsettled_since")
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 10")
+    finally:
+        conn.close()
+    store = SQLiteOperationStore(path, clock)
+    try:
+        check_an_older_intent_is_reconciled_not_resent(World(store, clock), crashed, succeeded)
+    finally:
+        store.close()
 
 
 def test_application_tables_in_the_file_are_the_applications_but_our_tables_stay_ours(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Each variant reintroduces one mistake real job systems make: finishing the
 work of a replaced attempt, re-using an approval for every retry, letting an
-effect commit after cancellation, admitting one request twice.  A checker
+effect commit after cancellation, admitting one request twice, calling a
+provider again after a lost reply, or giving up on an effect the provider
+said it did not apply.  A checker
 that passes the real decisions but misses any of these proves nothing, so
 ``test_model_check.py`` runs every variant and asserts the named invariant
 is the one reported.
@@ -107,6 +109,15 @@ def _heartbeat_ignoring_expiry(op: o.Operation | None, request: o.HeartbeatReque
     return o.heartbeat(op, request, now)
 
 
+def _plan_ignoring_answers(op: o.Operation) -> o.EffectPlan:
+    # Any recorded intent counts as unanswered, even one the provider answered "not applied".
+    return o.effect_plan(attrs.evolve(op, effect_unsettled_since=0) if op.effect_id is not None else op)
+
+
+def _plan_ignoring_ambiguity(op: o.Operation) -> o.EffectPlan:
+    return o.effect_plan(attrs.evolve(op, effect_unsettled_since=None))
+
+
 ZOO: tuple[Variant, ...] = (
     Variant(
         "reclaim-without-abandoning",
@@ -155,5 +166,18 @@ ZOO: tuple[Variant, ...] = (
         "admission checks the identity when it decides but not when it commits",
         Invariant.ONE_OPERATION,
         OpsProtocol(submit=_submit_without_identity_guard),
+    ),
+    Variant(
+        "unknown-after-a-declined-call",
+        "a retry treats any earlier intent as ambiguous and ends external_outcome_unknown, even after the "
+        "provider's recorded answer that the effect was not applied",
+        Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS,
+        OpsProtocol(effect_plan=_plan_ignoring_answers),
+    ),
+    Variant(
+        "resend-after-a-lost-reply",
+        "a retry calls a provider that can neither deduplicate nor be asked while an earlier call is unanswered",
+        Invariant.NO_BLIND_RESEND,
+        OpsProtocol(effect_plan=_plan_ignoring_ambiguity),
     ),
 )
