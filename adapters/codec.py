@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import ExecutionState
+from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 
 def encode_time(moment: datetime) -> str:
@@ -92,6 +92,15 @@ _REVISIONS = _Revisions(4096)
 _quote = json.encoder.encode_basestring_ascii
 """How ``json.dumps`` writes a string (ensure_ascii, its default): quoted and escaped, in C."""
 
+TEXT: dict[ExecutionState | ExecutionEvent | DispatchState, str] = {
+    member: member.value for kind in (ExecutionState, ExecutionEvent, DispatchState) for member in kind
+}
+"""The text a row holds for a state or event: its value.
+
+``member.value`` runs enum's property in Python, and a decision's rows spell
+some twenty of them; these members hash by identity (TableEnum), so a lookup
+here runs in C, in a fifth of the time."""
+
 
 def encode_execution(execution: p.Execution) -> str:
     e = execution
@@ -124,7 +133,7 @@ def encode_execution(execution: p.Execution) -> str:
             f'{{"business_id":{_quote(e.business_id)},"current_node_id":{node},'
             f'"definition_id":{_quote(e.definition_id)},"definition_revision":{e.definition_revision},'
             f'"execution_id":{_quote(e.execution_id)},"fence":{e.fence},"revision":{e.revision},'
-            f'"state":{_quote(e.state.value)},"step_count":{e.step_count},"wait":{waits}}}'
+            f'"state":{_quote(TEXT[e.state])},"step_count":{e.step_count},"wait":{waits}}}'
         )
         _REVISIONS.put(text, execution)
         return text

@@ -96,10 +96,10 @@ def execution_row(record: p.TransitionRecord, business_id: str | None) -> Outbox
     # transition, a renewal's too), without building a UUID (os.urandom is
     # a fifth of uuid4's cost, on two rows of every decision).
     message_id = f"{r.execution_id}/{r.revision}/{os.urandom(8).hex()}"
-    to_state = r.to_state.value
+    to_state = codec.TEXT[r.to_state]
     topic = f"execution.{to_state}"
-    event = None if r.event is None else r.event.value
-    from_state = None if r.from_state is None else r.from_state.value
+    event = None if r.event is None else codec.TEXT[r.event]
+    from_state = None if r.from_state is None else codec.TEXT[r.from_state]
     at = codec.encode_time(r.at)
     if (
         type(r.execution_id) is str
