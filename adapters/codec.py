@@ -27,15 +27,28 @@ from typing import Any
 import attrs
 
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.machines import ExecutionState
+from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
+
+_FIRST = datetime(1, 1, 1, tzinfo=UTC)
+_last: tuple[datetime, str] = (_FIRST, _FIRST.isoformat(timespec="microseconds"))
+"""The time encoded last, and its text.  A decision spells its one moment several times (the rows
+of each transition, their outbox rows, the guard), and isoformat costs some 3 us; a datetime never
+changes, so the same object has the same text.  Replaced whole, never changed: threads share it."""
 
 
 def encode_time(moment: datetime) -> str:
+    global _last  # noqa: PLW0603 (see _last)
+    last = _last
+    if moment is last[0]:
+        return last[1]
     if moment.tzinfo is UTC:  # what every store clock gives: no conversion to make
-        return moment.isoformat(timespec="microseconds")
-    if moment.tzinfo is None or moment.utcoffset() is None:
+        text = moment.isoformat(timespec="microseconds")
+    elif moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError(f"naive datetime {moment!r}: the stores keep UTC only")
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+    else:
+        text = moment.astimezone(UTC).isoformat(timespec="microseconds")
+    _last = (moment, text)
+    return text
 
 
 def encode_optional_time(moment: datetime | None) -> str | None:
@@ -92,6 +105,15 @@ _REVISIONS = _Revisions(4096)
 _quote = json.encoder.encode_basestring_ascii
 """How ``json.dumps`` writes a string (ensure_ascii, its default): quoted and escaped, in C."""
 
+TEXT: dict[ExecutionState | ExecutionEvent | DispatchState, str] = {
+    member: member.value for kind in (ExecutionState, ExecutionEvent, DispatchState) for member in kind
+}
+"""The text a row holds for a state or event: its value.
+
+``member.value`` runs enum's property in Python, and a decision's rows spell
+some twenty of them; these members hash by identity (TableEnum), so a lookup
+here runs in C, in a fifth of the time."""
+
 
 def encode_execution(execution: p.Execution) -> str:
     e = execution
@@ -124,7 +146,7 @@ def encode_execution(execution: p.Execution) -> str:
             f'{{"business_id":{_quote(e.business_id)},"current_node_id":{node},'
             f'"definition_id":{_quote(e.definition_id)},"definition_revision":{e.definition_revision},'
             f'"execution_id":{_quote(e.execution_id)},"fence":{e.fence},"revision":{e.revision},'
-            f'"state":{_quote(e.state.value)},"step_count":{e.step_count},"wait":{waits}}}'
+            f'"state":{_quote(TEXT[e.state])},"step_count":{e.step_count},"wait":{waits}}}'
         )
         _REVISIONS.put(text, execution)
         return text

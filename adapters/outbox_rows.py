@@ -23,7 +23,7 @@ Rules of this module:
 from __future__ import annotations
 
 import json
-import uuid
+import os
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -57,6 +57,10 @@ def _json(fields: dict[str, object]) -> str:
     return _ENCODER.encode(fields)
 
 
+_quote = json.encoder.encode_basestring_ascii
+"""How the encoder above writes a string (ensure_ascii, its default): quoted and escaped, in C."""
+
+
 def operation_row(operation: o.Operation, transition: o.Transition) -> OutboxRow:
     """The row of an Operation's transition (``operation`` is the Operation after it)."""
     message_id = f"{operation.operation_id}/{transition.revision}"
@@ -87,25 +91,52 @@ def operation_row(operation: o.Operation, transition: o.Transition) -> OutboxRow
 
 def execution_row(record: p.TransitionRecord, business_id: str | None) -> OutboxRow:
     """The row of one execution transition record; ``business_id`` when the decision knows it."""
-    message_id = f"{record.execution_id}/{record.revision}/{uuid.uuid4().hex[:16]}"
-    topic = f"execution.{record.to_state.value}"
+    r = record
+    # 64 random bits, 16 hex digits: what the message id needs (unique per
+    # transition, a renewal's too), without building a UUID (os.urandom is
+    # a fifth of uuid4's cost, on two rows of every decision).
+    message_id = f"{r.execution_id}/{r.revision}/{os.urandom(8).hex()}"
+    to_state = codec.TEXT[r.to_state]
+    topic = f"execution.{to_state}"
+    event = None if r.event is None else codec.TEXT[r.event]
+    from_state = None if r.from_state is None else codec.TEXT[r.from_state]
+    at = codec.encode_time(r.at)
+    if (
+        type(r.execution_id) is str
+        and type(r.revision) is int
+        and type(r.fence) is int
+        and type(r.actor) is str
+        and type(r.reason) is str
+        and (business_id is None or type(business_id) is str)
+    ):
+        # Written out in canonical order (the keys sorted), as codec.encode_execution writes an
+        # execution: the same text as the generic encoder below, in a third of its time.
+        payload = (
+            f'{{"actor":{_quote(r.actor)},"at":"{at}",'
+            + ("" if business_id is None else f'"business_id":{_quote(business_id)},')
+            + f'"event":{"null" if event is None else _quote(event)},"execution_id":{_quote(r.execution_id)},'
+            f'"fence":{r.fence},"from_state":{"null" if from_state is None else _quote(from_state)},'
+            f'"kind":"execution","message_id":{_quote(message_id)},"reason":{_quote(r.reason)},'
+            f'"revision":{r.revision},"to_state":{_quote(to_state)},"topic":{_quote(topic)}}}'
+        )
+        return OutboxRow(message_id, "execution", r.execution_id, business_id, topic, r.at, payload)
     fields: dict[str, object] = {
         "kind": "execution",
         "message_id": message_id,
         "topic": topic,
-        "execution_id": record.execution_id,
-        "revision": record.revision,
-        "event": None if record.event is None else record.event.value,
-        "from_state": None if record.from_state is None else record.from_state.value,
-        "to_state": record.to_state.value,
-        "at": codec.encode_time(record.at),
-        "actor": record.actor,
-        "fence": record.fence,
-        "reason": record.reason,
+        "execution_id": r.execution_id,
+        "revision": r.revision,
+        "event": event,
+        "from_state": from_state,
+        "to_state": to_state,
+        "at": at,
+        "actor": r.actor,
+        "fence": r.fence,
+        "reason": r.reason,
     }
     if business_id is not None:
         fields["business_id"] = business_id
-    return OutboxRow(message_id, "execution", record.execution_id, business_id, topic, record.at, _json(fields))
+    return OutboxRow(message_id, "execution", r.execution_id, business_id, topic, r.at, _json(fields))
 
 
 OUTBOX_INSERT = (

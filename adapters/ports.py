@@ -109,28 +109,29 @@ class GrantTable:
     """An AuthorityPolicy over an explicit, mutable set of grants (revocation takes effect at once)."""
 
     def __init__(self, grants: Iterable[Grant] = ()) -> None:
-        self._grants = set(grants)
+        # Each grant kept as the tuple of its fields, equal exactly when the Grants are: a question
+        # (every visit asks one or two) then hashes and compares in C, where a Grant's generated
+        # __hash__ and __eq__ run in Python, about 10 us a question.
+        self._grants = {(g.principal_id, g.business_id, g.operation) for g in grants}
         self._lock = threading.Lock()
 
     def grant(self, principal_id: str, business_id: str, operation: str = "*") -> None:
         """Grant ``operation`` (default: every operation) to ``principal_id`` in ``business_id``."""
         with self._lock:
-            self._grants.add(Grant(principal_id, business_id, operation))
+            self._grants.add((principal_id, business_id, operation))
 
     def revoke(self, principal_id: str, business_id: str, operation: str = "*") -> None:
         """Take a grant back; it takes effect at the next question."""
         with self._lock:
-            self._grants.discard(Grant(principal_id, business_id, operation))
+            self._grants.discard((principal_id, business_id, operation))
 
     def check(
         self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
     ) -> Authority:
         """Granted when the principal holds the operation, or ``*``, in the business."""
         with self._lock:
-            held = (
-                Grant(principal_id, business_id, operation) in self._grants
-                or Grant(principal_id, business_id, "*") in self._grants
-            )
+            grants = self._grants
+            held = (principal_id, business_id, operation) in grants or (principal_id, business_id, "*") in grants
         if held:
             return Authority(True, principal_id, f"granted {operation} in {business_id}")
         return Authority(False, principal_id, f"no grant of {operation} to {principal_id} in {business_id}")

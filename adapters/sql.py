@@ -33,6 +33,7 @@ from fencekeeper.kernel.events import Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
+from .codec import TEXT
 from .outbox_rows import execution_row
 from .store import (
     Backend,
@@ -48,6 +49,8 @@ EXECUTION_TYPE = "WorkflowExecution"
 DEFINITION_TYPE = "WorkflowDefinition"
 RECOVERY_COMMAND_TYPE = "workflow_reconcile"
 
+_DISPATCH_STATES = {state.value: state for state in DispatchState}
+"""A dispatch row's state by its text: a lookup in C, where DispatchState(text) runs enum's lookup in Python."""
 _DISPATCH_LISTED = {ExecutionState.ELIGIBLE: DispatchState.ELIGIBLE, ExecutionState.RUNNING: DispatchState.CLAIMED}
 """Execution states listed through workflow_dispatch's partial indexes, with the dispatch state each mirrors."""
 
@@ -368,7 +371,7 @@ class SqlBackend(Backend):
             self._execute(
                 "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, "
                 "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (eid, EXECUTION_TYPE, execution.business_id, execution.revision, execution.state.value, at, at),
+                (eid, EXECUTION_TYPE, execution.business_id, execution.revision, TEXT[execution.state], at, at),
             )
             self._execute(
                 "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at, lease_token, "
@@ -376,14 +379,14 @@ class SqlBackend(Backend):
                 (eid, *self._dispatch_values(decision.dispatch)),
             )
         else:
-            expected_state = None if guard.expected_state is None else guard.expected_state.value
+            expected_state = None if guard.expected_state is None else TEXT[guard.expected_state]
             if execution is not None:
                 self._guarded(
                     "UPDATE objects SET revision = ?, state = ?, updated_at = ? "
                     "WHERE object_id = ? AND object_type = ? AND revision = ? AND state = ?",
                     (
                         execution.revision,
-                        execution.state.value,
+                        TEXT[execution.state],
                         at,
                         eid,
                         EXECUTION_TYPE,
@@ -410,7 +413,7 @@ class SqlBackend(Backend):
             params: list[object] = list(values) if values is not None else []
             params += [
                 eid,
-                None if guard.expected_dispatch_state is None else guard.expected_dispatch_state.value,
+                None if guard.expected_dispatch_state is None else TEXT[guard.expected_dispatch_state],
                 guard.expected_lease_token,
                 self._encode_optional_time(guard.expected_lease_expires_at),
             ]
@@ -429,7 +432,7 @@ class SqlBackend(Backend):
                 self._execute(
                     "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
                     "VALUES (?, ?, ?, ?, ?)",
-                    (eid, execution.revision, execution.state.value, body, at),
+                    (eid, execution.revision, TEXT[execution.state], body, at),
                 )
             else:
                 self._execute(
@@ -438,11 +441,11 @@ class SqlBackend(Backend):
                     (
                         eid,
                         execution.revision,
-                        execution.state.value,
+                        TEXT[execution.state],
                         body,
                         at,
-                        None if carried.event is None else carried.event.value,
-                        None if carried.from_state is None else carried.from_state.value,
+                        None if carried.event is None else TEXT[carried.event],
+                        None if carried.from_state is None else TEXT[carried.from_state],
                         carried.actor,
                         carried.lease_token,
                         carried.fence,
@@ -480,9 +483,9 @@ class SqlBackend(Backend):
                 "lease_token, fence, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     r.execution_id,
-                    None if r.event is None else r.event.value,
-                    None if r.from_state is None else r.from_state.value,
-                    r.to_state.value,
+                    None if r.event is None else TEXT[r.event],
+                    None if r.from_state is None else TEXT[r.from_state],
+                    TEXT[r.to_state],
                     r.revision,
                     at if r.at is now else self.dialect.encode_time(r.at),
                     r.actor,
@@ -769,7 +772,7 @@ class SqlBackend(Backend):
 
     def _dispatch_values(self, d: p.Dispatch) -> tuple[object, ...]:
         return (
-            d.dispatch_state.value,
+            TEXT[d.dispatch_state],
             self.dialect.encode_time(d.eligible_at),
             d.lease_token,
             d.leased_by,
@@ -784,7 +787,8 @@ class SqlBackend(Backend):
             return None
         return p.Dispatch(
             workflow_execution_id=execution_id,
-            dispatch_state=DispatchState(row[0]),
+            # Any text that is no state's still fails as DispatchState() fails.
+            dispatch_state=_DISPATCH_STATES.get(row[0]) or DispatchState(row[0]),
             eligible_at=self.dialect.decode_time(row[1]),
             lease_token=row[2],
             leased_by=row[3],

@@ -1068,13 +1068,29 @@ def claim(execution: Execution | None, dispatch: Dispatch | None, request: Claim
         keep_lease=False,
         fence=execution.fence + 1,
     )
-    new_dispatch = attrs.evolve(
-        new_dispatch,
+    # Built field by field rather than with attrs.evolve, as _move builds them: every claim runs this.
+    new_dispatch = Dispatch(
+        workflow_execution_id=new_dispatch.workflow_execution_id,
+        dispatch_state=new_dispatch.dispatch_state,
+        eligible_at=new_dispatch.eligible_at,
         lease_token=request.lease_token,
         leased_by=request.worker_id,
         lease_expires_at=expires,
+        step_count=new_dispatch.step_count,
+        last_error_code=new_dispatch.last_error_code,
     )
-    record = attrs.evolve(record, lease_token=request.lease_token, fence=new_execution.fence)
+    record = TransitionRecord(
+        execution_id=record.execution_id,
+        event=record.event,
+        from_state=record.from_state,
+        to_state=record.to_state,
+        revision=record.revision,
+        at=record.at,
+        actor=record.actor,
+        lease_token=request.lease_token,
+        fence=new_execution.fence,
+        reason=record.reason,
+    )
     lease = LeaseCredential(request.worker_id, request.lease_token, new_execution.fence)
     return Decision(
         guard=_guard(execution, dispatch),

@@ -122,3 +122,28 @@ def test_every_execution_transition_writes_one_row_with_it_postgresql(pg_dsn: st
             # Each revision's transition, in order (a renewal would add a row at the same revision).
             assert sorted({p["revision"] for p in payloads}) == revisions
             assert [p["revision"] for p in payloads] == sorted(p["revision"] for p in payloads)
+
+
+@pytest.mark.parametrize("business_id", [None, "default"])
+@pytest.mark.parametrize("moved", [False, True])
+def test_an_execution_row_says_what_the_generic_encoder_says(business_id: str | None, moved: bool) -> None:
+    # The payload is written out by hand for the kernel's exact types: it must be the generic text, byte for byte.
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from fencekeeper.adapters import outbox_rows  # noqa: PLC0415
+    from fencekeeper.kernel import protocol as p  # noqa: PLC0415
+    from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState  # noqa: PLC0415
+
+    record = p.TransitionRecord(
+        "po-1", ExecutionEvent.CLAIM if moved else None, ExecutionState.ELIGIBLE if moved else None,
+        ExecutionState.RUNNING, 7, datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC), 'worker:w-"é\\', "tok-1", 3,
+        "cla\u2028imed\n",
+    )  # fmt: skip
+    row = outbox_rows.execution_row(record, business_id)
+    fields = json.loads(row.payload)
+    assert row.payload == outbox_rows._json(fields)
+    assert row.message_id.startswith("po-1/7/") and len(row.message_id.rsplit("/", 1)[1]) == 16
+    assert (fields["message_id"], fields["to_state"], fields["event"], fields["actor"], fields.get("business_id")) == (
+        row.message_id, "running", "claim" if moved else None, 'worker:w-"é\\', business_id,
+    )  # fmt: skip
+    assert row.message_id != outbox_rows.execution_row(record, business_id).message_id

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import psycopg
 import pytest
@@ -199,6 +199,14 @@ def test_the_store_sessions_carry_a_lock_timeout_and_an_idle_in_transaction_time
 ) -> None:
     assert _setting(store, "lock_timeout") == "5s"
     assert _setting(store, "idle_in_transaction_session_timeout") == "30s"
+
+
+def test_the_store_sessions_read_times_in_utc_itself(store: PostgresStore) -> None:
+    # Not merely an offset of zero: datetime.UTC, which the store then uses as it is (no conversion).
+    assert _setting(store, "TimeZone") == "UTC"
+    with store._pool.connection() as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None and row[0].tzinfo is UTC
 
 
 def test_a_row_held_past_the_lock_timeout_fails_the_request_and_writes_nothing(

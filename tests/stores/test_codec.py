@@ -72,6 +72,16 @@ def test_times_are_written_in_utc_and_read_back_as_the_same_instant(moment: date
     assert back == moment and back.tzinfo is UTC
 
 
+@given(st.lists(moments, min_size=1, max_size=6), st.lists(st.integers(0, 5), max_size=12))
+def test_a_time_encoded_again_is_written_the_same_whatever_came_between(
+    times: list[datetime], picks: list[int]
+) -> None:
+    # The last time encoded is remembered by identity: any sequence, repeats included, writes each one's own text.
+    for n in [*range(len(times)), *picks]:
+        moment = times[n % len(times)]
+        assert codec.encode_time(moment) == moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
 def test_a_naive_time_is_refused() -> None:
     with pytest.raises(ValueError, match="naive"):
         codec.encode_time(datetime(2026, 1, 1))
