@@ -385,6 +385,7 @@ __all__ = [
     "Migration",
     "check",
     "migrate",
+    "no_database",
     "open_store",
     "opened",
     "parse_url",

@@ -232,17 +232,25 @@ def _store_sql(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
-class _ExtendedCursor(psycopg.Cursor[Any]):
-    """A cursor that always sends by the extended protocol: one statement per string, the server refusing more.
+@functools.cache
+def _extended_cursor() -> type[psycopg.Cursor[Any]]:
+    """A cursor class that always sends by the extended protocol: one statement per string, the server refusing more.
 
     psycopg 3 sends a statement without parameters by the simple protocol,
     which runs every statement of the string (``UPDATE ...; COMMIT`` would
     commit); forcing the extended protocol is what psycopg itself does in
-    pipeline mode and for ``stream()``.
+    pipeline mode and for ``stream()``.  Made on first use, not at import:
+    a module-level subclass of psycopg's cursor drags psycopg's private
+    annotations into the API reference this module is part of.
     """
 
-    def _execute_send(self, query: PostgresQuery, *, force_extended: bool = False, binary: bool | None = None) -> None:
-        super()._execute_send(query, force_extended=True, binary=binary)
+    class ExtendedCursor(psycopg.Cursor[Any]):
+        def _execute_send(
+            self, query: PostgresQuery, *, force_extended: bool = False, binary: bool | None = None
+        ) -> None:
+            super()._execute_send(query, force_extended=True, binary=binary)
+
+    return ExtendedCursor
 
 
 _MANY_STATEMENTS = "cannot insert multiple commands into a prepared statement"
@@ -253,7 +261,7 @@ def run_application(conn: psycopg.Connection[Any], sql: str, params: Sequence[An
     control = transaction_control(sql)
     if control is not None:
         raise refusal(control, sql)
-    cursor = _ExtendedCursor(conn)
+    cursor = _extended_cursor()(conn)
     try:
         cursor.execute(to_pyformat(sql), tuple(params))
     except psycopg.errors.SyntaxError as exc:
