@@ -293,7 +293,7 @@ def test_a_transaction_ended_behind_the_stores_back_is_never_a_success(
     from fencekeeper.adapters.testing.operations_suite import LEASE, TENANT, World, open_accounts  # noqa: PLC0415
 
     monkeypatch.setattr(postgres, "transaction_control", lambda sql: None)
-    monkeypatch.setattr(postgres, "_ExtendedCursor", psycopg.Cursor)
+    monkeypatch.setattr(postgres, "_extended_cursor", lambda: psycopg.Cursor)
     clock = ManualClock()
     store = factory_for(pg_dsn, shared_schema)(clock)
     try:
