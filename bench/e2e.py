@@ -895,32 +895,16 @@ def _round_steps(plan: Plan, server: Server | None, directory: Path) -> dict[str
                     fencekeeper_drain, store, workload, n, workers, server=server, directory=directory, handler=plan.handler
                 )
                 steps["fencekeeper"].append((f"fencekeeper {workload} {store} x{workers}", step))
-            for threads in plan.threads if store == "pg" else ():
+            # The two other shapes of N workers, PostgreSQL only: one process of N threads, one command of N processes.
+            shapes = [(n_, {"one_process": True}, f"1 process c{n_}") for n_ in plan.threads] + [
+                (n_, {"forked": True}, f"--processes {n_}") for n_ in plan.forked
+            ]
+            for workers, shape, label in shapes if store == "pg" else ():
                 step = functools.partial(
-                    fencekeeper_drain,
-                    store,
-                    workload,
-                    n,
-                    threads,
-                    server=server,
-                    directory=directory,
-                    handler=plan.handler,
-                    one_process=True,
-                )
-                steps["fencekeeper"].append((f"fencekeeper {workload} {store} 1 process c{threads}", step))
-            for processes in plan.forked if store == "pg" else ():
-                step = functools.partial(
-                    fencekeeper_drain,
-                    store,
-                    workload,
-                    n,
-                    processes,
-                    server=server,
-                    directory=directory,
-                    handler=plan.handler,
-                    forked=True,
-                )
-                steps["fencekeeper"].append((f"fencekeeper {workload} {store} --processes {processes}", step))
+                    fencekeeper_drain, store, workload, n, workers, server=server, directory=directory,
+                    handler=plan.handler, **shape,
+                )  # fmt: skip
+                steps["fencekeeper"].append((f"fencekeeper {workload} {store} {label}", step))
     if "pg" in plan.stores and server is not None:
         for concurrency in plan.peer_concurrency:
             step = functools.partial(procrastinate_drain, plan.executions, concurrency, server=server)

@@ -77,3 +77,10 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int) -
 def snapshot(directory: Path) -> dict[str, bytes]:
     """Every file in ``directory`` and its bytes: equal snapshots mean nothing was written."""
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def catches(pid: int, number: int) -> bool:
+    """Whether process ``pid`` has installed a handler for signal ``number`` (Linux: SigCgt in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (number - 1) & 1)

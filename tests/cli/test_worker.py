@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.cli.runner import EXAMPLES, FENCEKEEPER, data, environment, ok
+from tests.cli.runner import EXAMPLES, FENCEKEEPER, catches, data, environment, ok
 
 SLOW_HANDLER = '''\
 """The example handler, slowed down: it marks when a Command starts, then takes its time."""
@@ -91,13 +91,6 @@ def test_sigint_finishes_the_visit_then_releases_the_lease(tmp_path: Path) -> No
     assert finished["finished"] == {"succeeded": 1}
 
 
-def _catches(pid: int, number: int) -> bool:
-    """Whether process ``pid`` has installed a handler for signal ``number`` (Linux: SigCgt in /proc)."""
-    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
-    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(int(caught, 16) >> (number - 1) & 1)
-
-
 def test_sigterm_stops_an_idle_worker(tmp_path: Path) -> None:
     ok("migrate", "--db", "idle.db", cwd=tmp_path)
     worker = _start(tmp_path, "--db", "idle.db", "--poll", "0.1", "--concurrency", "2")
@@ -106,7 +99,7 @@ def test_sigterm_stops_an_idle_worker(tmp_path: Path) -> None:
         # to be in place: a fixed sleep lost that race on a loaded machine, and
         # the default action (death by SIGTERM) is what this test rules out.
         deadline = time.monotonic() + 30
-        while not _catches(worker.pid, signal.SIGTERM):
+        while not catches(worker.pid, signal.SIGTERM):
             assert worker.poll() is None, worker.communicate()
             assert time.monotonic() < deadline, "the worker never installed its SIGTERM handler"
             time.sleep(0.02)

@@ -27,7 +27,7 @@ from fencekeeper.adapters.store import TransactionalStore
 from fencekeeper.adapters.testing.roundtrips import TWO_NODE
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
-from tests.cli.runner import FENCEKEEPER, assert_one_error_line, environment, fencekeeper, ok, snapshot
+from tests.cli.runner import FENCEKEEPER, assert_one_error_line, catches, environment, fencekeeper, ok, snapshot
 
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
@@ -113,12 +113,6 @@ def _children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def _catches(pid: int, number: int) -> bool:
-    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
-    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(int(caught, 16) >> (number - 1) & 1)
-
-
 def _wait_for(condition, what: str, worker: subprocess.Popen[str], seconds: float = 30) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + seconds
     while not condition():
@@ -131,9 +125,7 @@ def _running_children(worker: subprocess.Popen[str], count: int) -> list[int]:
     """The worker's ``count`` children once each has its own signal handlers (its workers are running)."""
     _wait_for(lambda: len(_children(worker.pid)) == count, f"{count} worker processes never started", worker)
     children = _children(worker.pid)
-    _wait_for(
-        lambda: all(_catches(c, signal.SIGTERM) for c in children), "the workers never installed handlers", worker
-    )
+    _wait_for(lambda: all(catches(c, signal.SIGTERM) for c in children), "the workers never installed handlers", worker)
     return children
 
 

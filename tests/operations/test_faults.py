@@ -141,6 +141,21 @@ def test_sigkill_inside_an_atomic_transaction_leaves_nothing(url: str) -> None:
         store.close()
 
 
+def refused_after_replacement(
+    store: Any, op_id: str, stopped: str, applied: dict[str, int], *, out: str, err: str
+) -> Any:
+    """The stopped worker, resumed, was refused; the replacement's one transfer is all the accounts show."""
+    assert out.strip().splitlines()[-1] == "REPORT stale_fence", (out, err)
+    assert accounts(store) == applied == {"acc-1": 9_900, "acc-2": 100}
+    assert transfers(store) == {op_id}
+    view = store.view(op_id)
+    assert view is not None
+    assert [(a.worker_id, a.state.value) for a in view.attempts] == [
+        (stopped, "abandoned"), ("replacement", "succeeded"),
+    ]  # fmt: skip
+    return view
+
+
 def test_sigstop_past_the_lease_then_sigcont_is_refused(url: str) -> None:
     store = opened(url)
     try:
@@ -157,14 +172,7 @@ def test_sigstop_past_the_lease_then_sigcont_is_refused(url: str) -> None:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
-        assert out.strip().splitlines()[-1] == "REPORT stale_fence", (out, err)
-        assert accounts(store) == applied == {"acc-1": 9_900, "acc-2": 100}
-        assert transfers(store) == {op_id}
-        view = store.view(op_id)
-        assert view is not None
-        assert [(a.worker_id, a.state.value) for a in view.attempts] == [
-            ("sleeper", "abandoned"), ("replacement", "succeeded"),
-        ]
+        refused_after_replacement(store, op_id, "sleeper", applied, out=out, err=err)
     finally:
         store.close()
 
@@ -223,14 +231,7 @@ def test_sigstop_inside_an_atomic_transaction_loses_the_session_and_is_replaced(
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
-        assert out.strip().splitlines()[-1] == "REPORT stale_fence", (out, err)
-        assert accounts(store) == applied == {"acc-1": 9_900, "acc-2": 100}
-        assert transfers(store) == {op_id}
-        view = store.view(op_id)
-        assert view is not None and view.operation.state is OperationState.SUCCEEDED
-        assert [(a.worker_id, a.state.value) for a in view.attempts] == [
-            ("stalled", "abandoned"), ("replacement", "succeeded"),
-        ]
-        assert view.operation.fence == 2
+        view = refused_after_replacement(store, op_id, "stalled", applied, out=out, err=err)
+        assert view.operation.state is OperationState.SUCCEEDED and view.operation.fence == 2
     finally:
         store.close()
