@@ -104,6 +104,11 @@ ONE_PROCESS = "fencekeeper-1p"
 """The system name of one ``fencekeeper worker --concurrency N`` process: N worker threads, one start-up."""
 FORKED = "fencekeeper-fork"
 """The system name of one ``fencekeeper worker --processes N`` command: N processes forked after one start-up."""
+
+
+def forked_system(processes: int, threads: int) -> str:
+    """The system name of ``--processes P --concurrency T``: FORKED for one thread each, else ``fencekeeper-PxT``."""
+    return FORKED if threads == 1 else f"fencekeeper-{processes}x{threads}"
 DRAIN_TIMEOUT = 600.0
 
 _END = """
@@ -486,22 +491,23 @@ def fencekeeper_drain(
     directory: Path,
     handler: str = NOOP_HANDLER,
     one_process: bool = False,
-    forked: bool = False,
+    forked: int = 0,
 ) -> Drain:
     """Admit ``executions`` of ``workload``, then time ``workers`` worker processes draining them.
 
     ``one_process``: one process of ``workers`` worker threads (``--concurrency``) instead,
     the shape of Procrastinate's ``--concurrency`` and DBOS's ``worker_concurrency``.
-    ``forked``: one command of ``workers`` processes (``--processes``), forked after one start-up.
+    ``forked``: one command of processes forked after one start-up (``--processes``), each of
+    ``forked`` worker threads, ``workers`` threads in all.
     """
     target = _fencekeeper_target(store, server, directory)
     if one_process:
         commands = [worker_command(target, 1, handler, concurrency=workers)]
     elif forked:
-        commands = [worker_command(target, 1, handler, processes=workers)]
+        commands = [worker_command(target, 1, handler, concurrency=forked, processes=workers // forked)]
     else:
         commands = [worker_command(target, n, handler) for n in range(1, workers + 1)]
-    system = ONE_PROCESS if one_process else FORKED if forked else "fencekeeper"
+    system = ONE_PROCESS if one_process else forked_system(workers // forked, forked) if forked else "fencekeeper"
     try:
         admit_seconds = admit(target, workload, executions)
         if server is not None:
@@ -870,7 +876,8 @@ class Plan:
     sqlite_executions: int
     workers: tuple[int, ...]
     threads: tuple[int, ...]
-    forked: tuple[int, ...]
+    forked: tuple[tuple[int, int], ...]
+    """Processes and threads of each ``--processes`` shape measured."""
     sqlite_workers: tuple[int, ...]
     peer_concurrency: tuple[int, ...]
     workloads: tuple[str, ...]
@@ -897,7 +904,7 @@ def _round_steps(plan: Plan, server: Server | None, directory: Path) -> dict[str
                 steps["fencekeeper"].append((f"fencekeeper {workload} {store} x{workers}", step))
             # The two other shapes of N workers, PostgreSQL only: one process of N threads, one command of N processes.
             shapes = [(n_, {"one_process": True}, f"1 process c{n_}") for n_ in plan.threads] + [
-                (n_, {"forked": True}, f"--processes {n_}") for n_ in plan.forked
+                (p_ * t_, {"forked": t_}, f"--processes {p_}" + (f" c{t_}" if t_ > 1 else "")) for p_, t_ in plan.forked
             ]
             for workers, shape, label in shapes if store == "pg" else ():
                 step = functools.partial(
@@ -980,6 +987,10 @@ TARGETS: list[tuple[str, Key, Key, float | None, str]] = [
     ("PG, --processes 8: one-node vs Procrastinate no-op (c8)", (FORKED, "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
     ("PG, --processes 8: two-node vs Procrastinate no-op (c8)", (FORKED, "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
     ("PG, --processes 8: two-node vs DBOS one-step (c8)", (FORKED, "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
+    # And as a process per core of this 2-core machine, four threads each (`--processes 2 --concurrency 4`).
+    ("PG, --processes 2 c4: one-node vs Procrastinate no-op (c8)", (forked_system(2, 4), "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, --processes 2 c4: two-node vs Procrastinate no-op (c8)", (forked_system(2, 4), "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, --processes 2 c4: two-node vs DBOS one-step (c8)", (forked_system(2, 4), "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
     ("PG, 1 worker: two-node vs Procrastinate no-op (c1)", ("fencekeeper", "two-node", "pg", 1), ("procrastinate", "no-op job", "pg", 1), None, "rate"),
     ("PG admission: service.run vs Procrastinate defer", ("fencekeeper", "two-node", "pg", None), ("procrastinate", "no-op job", "pg", None), 1.0, "admit"),
     ("PG admission: service.run vs DBOS enqueue", ("fencekeeper", "two-node", "pg", None), ("dbos", "one-step", "pg", None), None, "admit"),
@@ -1026,7 +1037,7 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
     out("steady: from the first completion seen to the last (start-up left out); polled every 20 ms")
     out(
         f"workers: fencekeeper's processes (commands); {ONE_PROCESS}'s threads in one process; {FORKED}'s processes "
-        "of one command; Procrastinate's and DBOS's concurrency"
+        "of one command (fencekeeper-PxT: P processes of T threads); Procrastinate's and DBOS's concurrency"
     )
     out(
         f"{'system':<16}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
@@ -1100,6 +1111,23 @@ def _ints_or_none(text: str) -> tuple[int, ...]:
     return () if text == "none" else _ints(text)
 
 
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """``8,2x4``: processes, or processes x threads each; 'none' for none."""
+    if text == "none":
+        return ()
+    shapes = []
+    for item in text.split(","):
+        processes, _, threads = item.partition("x")
+        try:
+            shape = (int(processes), int(threads or 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: write P or PxT, e.g. 8 or 2x4") from None
+        if min(shape) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: processes and threads must be positive")
+        shapes.append(shape)
+    return tuple(shapes)
+
+
 def _choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
         values = tuple(x for x in text.split(",") if x)
@@ -1127,9 +1155,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
     )
     parser.add_argument(
         "--forked",
-        type=_ints_or_none,
-        default=(8,),
-        help="also one fencekeeper worker command with this --processes, on PostgreSQL ('none' to skip; default 8)",
+        type=_shapes,
+        default=((8, 1), (2, 4)),
+        help="also one fencekeeper worker command of P processes (PxT: of T threads each), on PostgreSQL "
+        "('none' to skip; default 8,2x4)",
     )
     parser.add_argument("--sqlite-workers", type=_ints, default=(1,), help="on SQLite, for both systems (default 1)")
     parser.add_argument("--peer-concurrency", type=_ints, default=(1, 8), help="Procrastinate's and DBOS's (default 1,8)")
