@@ -52,7 +52,9 @@ must be committed), then release its lease (``running -> eligible``) so that
 another worker continues at once.  A worker holds no lease between visits it
 does not finish.  A second signal exits at once: a lease still held then,
 like the lease of a worker that was killed, simply expires, and
-``fencekeeper reconcile --quarantine`` finds it.
+``fencekeeper reconcile --quarantine`` finds it.  With ``--processes`` the
+command's own process relays each signal to its worker processes, which
+follow the same two rules (``adapters/prefork.py``).
 
 Authority: the command line is the local operator's tool.  It answers every
 authority question with ``examples.grants(BUSINESS, PRINCIPAL)``: the
