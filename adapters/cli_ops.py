@@ -243,7 +243,8 @@ def _show(out: Output, record: OperationRecord, extra: dict[str, Any] | None = N
     if record.requires_approval:
         out.line(f"  approval: {record.approved_by or 'none yet'}; input digest {record.input_digest}")
     if record.effect_id is not None:
-        out.line(f"  external effect id {record.effect_id}")
+        settled = "unsettled: the next attempt reconciles first" if record.effect_unsettled else "settled"
+        out.line(f"  external effect id {record.effect_id} ({settled})")
     if record.result is not None:
         out.line(f"  result {json.dumps(record.result, sort_keys=True)}")
     if record.error_code is not None:

@@ -371,6 +371,9 @@ class OperationRecord:
     approved_by: str | None
     effect_id: str | None
     attempts: tuple[AttemptRecord, ...]
+    effect_unsettled: bool = False
+    """An issue of the external effect may have been applied with no conclusive answer yet: the next
+    Attempt reconciles before anything is repeated, and never resends it blindly (specs/operations.md)."""
 
     @property
     def terminal(self) -> bool:
@@ -398,6 +401,7 @@ class OperationRecord:
             "requires_approval": self.requires_approval,
             "approved_by": self.approved_by,
             "effect_id": self.effect_id,
+            "effect_unsettled": self.effect_unsettled,
             "attempts": [
                 {
                     "number": a.number,
@@ -702,6 +706,7 @@ def _record(operation: o.Operation, input_json: str, attempts: tuple[o.Attempt, 
         attempts=tuple(
             AttemptRecord(a.number, a.worker_id, a.state.value, a.started_at, a.ended_at, a.error_code) for a in attempts
         ),
+        effect_unsettled=operation.effect_unsettled_since is not None,
     )
 
 

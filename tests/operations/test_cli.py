@@ -75,7 +75,9 @@ def test_an_approval_from_another_principal_lets_the_capture_run(
     report = data(capsys, "worker", "--db", db, "--until-idle")
     assert [r["outcome"] for r in report["reports"]] == ["succeeded"]
     status = data(capsys, "status", op_id, "--db", db)
-    assert status["effect_id"] == f"{op_id}/effect"
+    assert (status["effect_id"], status["effect_unsettled"]) == (f"{op_id}/effect", False)
+    code, out, _ = run(capsys, "status", op_id, "--db", db)
+    assert code == 0 and f"  external effect id {op_id}/effect (settled)\n" in out
 
 
 TRANSFER = '{"from": "acc-1", "to": "acc-2", "amount": 5}'

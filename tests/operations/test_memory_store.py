@@ -97,3 +97,14 @@ def test_a_caller_asking_for_its_tenant_does_not_see_another_tenants_operation()
     assert world.service.get(operation_id, tenant="other") is None
     with pytest.raises(DurableOperationError, match="does not exist"):
         world.service.history(operation_id, tenant="other")
+
+
+def test_the_record_says_whether_an_external_effect_is_unsettled() -> None:
+    from fencekeeper.adapters.testing.operations_suite import leave_an_unanswered_and_a_succeeded_capture  # noqa: PLC0415
+
+    clock = ManualClock()
+    world = World(MemoryOperationStore(clock), clock)
+    crashed, succeeded = leave_an_unanswered_and_a_succeeded_capture(world)
+    unanswered, answered = world.service.get(crashed), world.service.get(succeeded)
+    assert unanswered is not None and unanswered.effect_unsettled and unanswered.to_json()["effect_unsettled"] is True
+    assert answered is not None and not answered.effect_unsettled and answered.effect_id is not None
