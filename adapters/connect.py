@@ -134,7 +134,7 @@ def open_store(
     from .postgres_store import PostgresStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
     assert location.dsn is not None and location.schema is not None
-    _probe(location)
+    probe_server(location)
     store: PostgresStore = PostgresStore(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size)
     return store
 
@@ -161,7 +161,7 @@ def migrate(url: str, *, schema: str | None = None) -> tuple[Location, list[int]
     from . import postgres_store  # noqa: PLC0415 - as in open_store
 
     assert location.dsn is not None and location.schema is not None
-    _probe(location)
+    probe_server(location)
     return location, postgres_store.migrate(location.dsn, location.schema)
 
 
@@ -173,7 +173,7 @@ def _sqlite_versions(path: Path) -> list[int]:
             return []
 
 
-def _probe(location: Location) -> None:
+def probe_server(location: Location) -> None:
     """Fail fast, in one line, on a DSN that does not parse or a server that does not answer.
 
     The connection pool would otherwise retry for its whole timeout before
@@ -326,7 +326,7 @@ def _check_postgres(location: Location) -> CheckReport:
     blank = CheckReport(location, newest, None)
     try:
         postgres_store.check_schema_name(location.schema)
-        _probe(location)
+        probe_server(location)
         conn = psycopg.connect(location.dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS, autocommit=True)
     except (StoreError, psycopg.Error) as exc:
         message = exc.message if isinstance(exc, StoreError) else _one_line(exc)
@@ -389,4 +389,5 @@ __all__ = [
     "open_store",
     "opened",
     "parse_url",
+    "probe_server",
 ]

@@ -11,7 +11,7 @@ retries and warnings for its whole timeout.
 
 from __future__ import annotations
 
-from ..connect import _probe, no_database, parse_url
+from ..connect import no_database, parse_url, probe_server
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore
 
@@ -47,7 +47,7 @@ def open_operation_store(
     from .postgres import PostgresOperationStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
     assert location.dsn is not None and location.schema is not None
-    _probe(location)
+    probe_server(location)
     return PostgresOperationStore(
         location.dsn,
         schema=location.schema,
