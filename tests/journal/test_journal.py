@@ -369,7 +369,7 @@ def _invalidation(driver: Driver, **changes: object) -> j.Invalidate:
 
 def test_only_a_declared_policy_and_the_roles_it_admits_may_invalidate() -> None:
     driver = reviewed(Driver(fresh()))
-    # The audit's case: the search bot, in its own role, under a policy it made up.
+    # The case this rule exists for: the search bot, in its own role, under a policy it made up.
     refused(driver, _invalidation(driver, actor_id="bot:search", role="searcher", policy="anything-at-all"),
             C.UNVERIFIED_AUTHORITY)  # fmt: skip
     refused(driver, _invalidation(driver, policy="anything-at-all"), C.UNVERIFIED_AUTHORITY)
