@@ -20,6 +20,7 @@ Each test is bounded (a few seconds); the soak versions belong to bench.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -141,6 +142,24 @@ def test_sigkill_inside_an_atomic_transaction_leaves_nothing(url: str) -> None:
         store.close()
 
 
+@contextlib.contextmanager
+def never_left_stopped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``proc`` for the block; after it, whatever the block raised, not left stopped or running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+
+
+def resumed(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """A stopped worker let go on: what it printed until it ended."""
+    os.kill(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=20)
+    return out, err
+
+
 def refused_after_replacement(
     store: Any, op_id: str, stopped: str, applied: dict[str, int], *, out: str, err: str
 ) -> Any:
@@ -160,18 +179,12 @@ def test_sigstop_past_the_lease_then_sigcont_is_refused(url: str) -> None:
     store = opened(url)
     try:
         op_id = submit_transfer(store)
-        proc = child("stop-before", url)
-        try:
+        with never_left_stopped(child("stop-before", url)) as proc:
             wait_for(proc, "CLAIMED")
             os.kill(proc.pid, signal.SIGSTOP)
             assert replace_after_lease(store, "replacement") == "succeeded"
             applied = accounts(store)
-            os.kill(proc.pid, signal.SIGCONT)
-            out, err = proc.communicate(timeout=20)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
+            out, err = resumed(proc)
         refused_after_replacement(store, op_id, "sleeper", applied, out=out, err=err)
     finally:
         store.close()
@@ -208,8 +221,8 @@ def test_sigstop_inside_an_atomic_transaction_loses_the_session_and_is_replaced(
     store = opened(url)
     try:
         op_id = submit_transfer(store)
-        proc = child("stop-inside", url, "2")  # its sessions end after 2 s idle inside a transaction
-        try:
+        # Its sessions end after 2 s idle inside a transaction.
+        with never_left_stopped(child("stop-inside", url, "2")) as proc:
             wait_for(proc, "INSIDE")
             os.kill(proc.pid, signal.SIGSTOP)
             stopped = time.monotonic()
@@ -225,12 +238,7 @@ def test_sigstop_inside_an_atomic_transaction_loses_the_session_and_is_replaced(
             assert replace_after_lease(store, "replacement") == "succeeded"
             assert time.monotonic() - stopped < 8
             applied = accounts(store)
-            os.kill(proc.pid, signal.SIGCONT)
-            out, err = proc.communicate(timeout=20)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
+            out, err = resumed(proc)
         view = refused_after_replacement(store, op_id, "stalled", applied, out=out, err=err)
         assert view.operation.state is OperationState.SUCCEEDED and view.operation.fence == 2
     finally:
