@@ -79,22 +79,22 @@ class PostgresJournalStore(JournalStoreBase):
 
     def _insert_header(self, journal: j.Journal, workflow: bytes, policy: bytes) -> bool:
         header = journal.header
-        inserted = self._run(
-            _CREATE, (header.execution_id, j.encode_header(header), header.digest, workflow, policy)
-        )
+        inserted = self._run(_CREATE, (header.execution_id, j.encode_header(header), header.digest, workflow, policy))
         return inserted == 1
 
-    def _commit_events(self, execution_id: str, expected: str, events: Sequence[j.Event], length: int) -> bool:
+    def _commit_events(
+        self, execution_id: str, expected: str, events: Sequence[tuple[j.Event, bytes]], length: int
+    ) -> bool:
         written = self._run(
             _APPEND,
             (
-                events[-1].digest,
+                events[-1][0].digest,
                 length,
                 execution_id,
                 expected,
-                [e.ordinal for e in events],
-                [e.digest for e in events],
-                [j.encode_event(e) for e in events],
+                [e.ordinal for e, _ in events],
+                [e.digest for e, _ in events],
+                [record for _, record in events],
             ),
         )
         return written == len(events)

@@ -159,8 +159,13 @@ class JournalStoreBase:
     def _insert_header(self, journal: j.Journal, workflow: bytes, policy: bytes) -> bool:
         raise NotImplementedError
 
-    def _commit_events(self, execution_id: str, expected: str, events: Sequence[j.Event], length: int) -> bool:
-        """Write ``events`` and move the head from ``expected``, atomically; False (nothing written) if it moved."""
+    def _commit_events(
+        self, execution_id: str, expected: str, events: Sequence[tuple[j.Event, bytes]], length: int
+    ) -> bool:
+        """Write ``events`` (each with its record bytes) and move the head from ``expected``, atomically.
+
+        False, and nothing written, if the head had moved.
+        """
         raise NotImplementedError
 
     def stored(self, execution_id: str) -> StoredChain | None:
@@ -223,7 +228,12 @@ class JournalStoreBase:
                     # A refusal stands when it was decided on the stored head.
                     return outcomes
             else:
-                appended = [e for o in outcomes if isinstance(o, j.Appended) for e in o.events]
+                appended = [
+                    pair
+                    for o in outcomes
+                    if isinstance(o, j.Appended)
+                    for pair in zip(o.events, o.stored_records(), strict=True)
+                ]
                 if not appended:
                     # Every command an idempotent repeat: one whatever else was appended since.
                     return outcomes
@@ -352,17 +362,19 @@ class SQLiteJournalStore(JournalStoreBase):
             )
         return True
 
-    def _commit_events(self, execution_id: str, expected: str, events: Sequence[j.Event], length: int) -> bool:
+    def _commit_events(
+        self, execution_id: str, expected: str, events: Sequence[tuple[j.Event, bytes]], length: int
+    ) -> bool:
         with self._write() as conn:
             moved = conn.execute(
                 "UPDATE journal_heads SET head = ?, length = ? WHERE execution_id = ? AND head = ?",
-                (events[-1].digest, length, execution_id, expected),
+                (events[-1][0].digest, length, execution_id, expected),
             ).rowcount
             if moved != 1:
                 return False
             conn.executemany(
                 "INSERT INTO journal_events (execution_id, ordinal, digest, record) VALUES (?, ?, ?, ?)",
-                [(execution_id, e.ordinal, e.digest, j.encode_event(e)) for e in events],
+                [(execution_id, e.ordinal, e.digest, record) for e, record in events],
             )
         return True
 

@@ -80,8 +80,12 @@ def record_bytes(value: Json) -> bytes:
         raise JournalError(JournalCode.MALFORMED_RECORD, f"cannot canonicalise: {exc}") from None
 
 
+# One encoder for every record: json.dumps with these options would build a new one per call.
+_ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _dumps(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def digest_bytes(data: bytes) -> str:

@@ -54,10 +54,10 @@ module:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, TypeVar
 
 import attrs
 
@@ -107,6 +107,9 @@ from .journal_records import (
     request_digest,
 )
 from .machines import NODE, NodeEvent, NodeState, initial_node_state
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 C = JournalCode
 
@@ -247,8 +250,8 @@ class _Builder:
     """
 
     __slots__ = (
-        "attempts", "base", "events", "execution_id", "head", "headers", "requests", "resolve", "states", "stored",
-        "workers",
+        "attempts", "base", "events", "execution_id", "head", "headers", "records", "requests", "resolve", "states",
+        "stored", "workers",
     )  # fmt: skip
 
     def __init__(self, base: Journal, resolve: Resolver | None = None, headers: HeaderLookup | None = None) -> None:
@@ -256,11 +259,12 @@ class _Builder:
         self.resolve = resolve
         self.headers = headers
         self.events: list[Event] = []
+        self.records: list[bytes] = []
         self.head = base.head
         self.requests: dict[str, _Recorded] = {}
-        self.states = dict(base.states)
-        self.attempts = dict(base.attempts)
-        self.workers = dict(base.workers)
+        self.states = _mutable(base.states)
+        self.attempts = _mutable(base.attempts)
+        self.workers = _mutable(base.workers)
         self.stored: list[Event] | None = None
         self.execution_id = base.header.execution_id
 
@@ -270,7 +274,8 @@ class _Builder:
 
     def emit(self, event: Event) -> None:
         if self.stored is None:
-            event = attrs.evolve(event, digest=digest_bytes(record_bytes(event.body_json())))
+            event, record = event.signed()
+            self.records.append(record)
         else:
             event = _matches_stored(event, self.stored)
         self.events.append(event)
@@ -289,6 +294,13 @@ class _Builder:
             workers=MappingProxyType(self.workers),
             requests=base.requests.extended(self.requests),
         )
+
+
+def _mutable(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
+    # A journal's mappings are read-only proxies of dicts: the proxy's copy()
+    # is its dict's own, several times faster than dict() walking the proxy,
+    # and paid on every append.
+    return mapping.copy() if isinstance(mapping, MappingProxyType) else dict(mapping)
 
 
 def _matches_stored(produced: Event, stored: list[Event]) -> Event:
@@ -348,7 +360,7 @@ def preview(
         recorded = journal.requests.recorded(command.request_id)
         assert recorded is not None
         return Unchanged(journal, command.request_id, journal.events[recorded.first - 1 : recorded.first - 1 + recorded.count])
-    return Appended(builder.journal(), tuple(builder.events))
+    return Appended(builder.journal(), tuple(builder.events), tuple(builder.records))
 
 
 def append(

@@ -13,6 +13,7 @@ from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import canonical_bytes, digest_bytes, parse_canonical, record_bytes
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.journal_codes import JournalError
+from fencekeeper.kernel.machines import NodeEvent, NodeState
 
 from .examples import Driver, fresh, reviewed, stored
 
@@ -224,3 +225,31 @@ def test_continuing_a_verified_journal_checks_the_new_events_as_replay_does(
     with pytest.raises(JournalError) as caught:
         j.continue_replay(prefix, [*events[7:10], _resigned(events[10], {"rationale": "x"})])
     assert (caught.value.reason, caught.value.ordinal) == (C.ALTERED_DIGEST, 11)
+
+
+_texts = st.text(max_size=6).filter(lambda t: not any(0xD800 <= ord(c) <= 0xDFFF for c in t))
+_refs = st.builds(j.RecordRef, _texts, _texts, _texts)
+
+
+_events = st.builds(
+    j.Event,
+    execution_id=_texts, ordinal=st.integers(1, 2**53 - 1), previous=_texts, request_id=_texts,
+    request_digest=_texts, node_id=_texts, event=st.sampled_from(list(NodeEvent)),
+    prior_state=st.sampled_from(list(NodeState)), resulting_state=st.sampled_from(list(NodeState)),
+    actor_id=_texts, role=_texts, at=_texts, rationale=_texts,
+    attempt=st.none() | st.builds(j.AttemptRef, _texts, st.integers(1, 2**53 - 1)),
+    records=st.lists(_refs, max_size=2).map(tuple),
+    approvals=st.lists(st.builds(j.Approval, _texts, _texts, _refs), max_size=2).map(tuple),
+    error=st.none() | _texts, invalidation=st.none() | st.builds(j.Invalidation, _refs, _texts),
+    successor=st.none() | _refs,
+)  # fmt: skip
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(_events)
+def test_signing_writes_the_digest_and_record_bytes_that_encoding_the_whole_value_gives(event: j.Event) -> None:
+    # Signing encodes the members before "digest" and those after it apart and joins them.
+    signed, record = event.signed()
+    assert signed == event
+    assert signed.digest == digest_bytes(rfc8785.dumps(event.body_json()))
+    assert record == rfc8785.dumps(signed.to_json()) == j.encode_event(signed)

@@ -15,6 +15,7 @@ from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import digest_of
 from fencekeeper.kernel.dag import verify_workflow
 from fencekeeper.kernel.journal_codes import JournalCode as C
+from fencekeeper.kernel.journal_records import _Recorded
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
 from .examples import (
@@ -665,3 +666,56 @@ def test_an_event_log_extended_by_runs_is_the_log_extended_one_event_at_a_time(s
     assert len(by_runs) == len(events)
     assert all(len(chunk) == 256 for chunk in by_runs._chunks[:-1])
     assert [len(c) for c in by_runs._chunks] == [len(c) for c in one_by_one._chunks]
+
+
+def test_a_time_before_the_year_1000_is_written_in_the_fixed_width_replay_reads() -> None:
+    driver = Driver(fresh())
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))
+    early = T0.replace(year=999)
+    outcome = j.preview(driver.journal, command, early)
+    assert isinstance(outcome, j.Appended)
+    assert outcome.events[0].at == "0999" + j.format_time(T0)[4:]
+    header, events = stored(outcome.journal)
+    assert j.replay(header, events, outcome.journal.workflow, outcome.journal.policy).head == outcome.journal.head
+
+
+def test_an_appended_outcome_carries_each_events_record_bytes() -> None:
+    # Every kind of batch: transitions, an approval, an invalidation closure, a successor binding.
+    started = Driver(fresh())
+    outcomes = [started.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))]
+    driver = reviewed(Driver(fresh()))
+    outcomes.append(invalidate_screening(driver))
+    outcomes.append(bind(driver, fresh("review-2", supersedes="review-1")))
+    journal = driver.journal
+    for outcome in outcomes:
+        assert len(outcome.records) == len(outcome.events) >= 1
+        assert outcome.stored_records() is outcome.records
+        assert list(outcome.records) == [j.encode_event(e) for e in outcome.events]
+    assert len(outcomes[1].events) == 5
+    # Without records (an Appended made by hand), a store still gets the bytes.
+    bare = j.Appended(journal, tuple(journal.events[-2:]))
+    assert bare.stored_records() == tuple(j.encode_event(e) for e in journal.events[-2:])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_request_index_extended_in_branches_answers_as_a_dict_would(seed: int) -> None:
+    import random  # noqa: PLC0415
+
+    rng = random.Random(seed)
+    versions: list[tuple[j.RequestIndex, dict[str, str]]] = [(j.RequestIndex(), {})]
+    for step in range(60):
+        # Extend any earlier version, not only the newest: the older ones must not see it.
+        base, model = versions[rng.randrange(len(versions))]
+        entries = {f"req-{rng.randrange(400)}": _recorded(f"d{step}-{n}") for n in range(rng.randrange(0, 6))}
+        extended = base.extended(entries)
+        expected = {**model, **{k: v.digest for k, v in entries.items()}}
+        versions.append((extended, expected))
+    for index, model in versions:
+        assert dict(index) == model
+        assert len(index) == len(model)
+        for request_id in (f"req-{n}" for n in range(400)):
+            assert index.get(request_id) == model.get(request_id)
+
+
+def _recorded(digest: str) -> _Recorded:
+    return _Recorded(digest, 1, 1)
