@@ -16,7 +16,9 @@ external effects, history, and retention).  Rules of this module:
   only through the guarded context; its writes commit with the Attempt's
   success or not at all.  ``read_only``: the handler's result is the only
   write.  ``external``: the intent and the stable effect id commit first.
-  What happens before the provider is the kernel's ``effect_plan``: an
+  The provider's payload is built before the intent, so a payload builder
+  that raises issues nothing.  What happens before the provider is the
+  kernel's ``effect_plan``: an
   effect an earlier Attempt may have issued without a conclusive answer (a
   lost reply, a timeout, a crash, a replaced owner) is reconciled before
   anything is repeated, repeated with the same id only if the adapter is
@@ -189,6 +191,10 @@ class DurableOperationWorker:
         adapter = action.adapter
         assert adapter is not None
         plan = o.effect_plan(operation)
+        # The provider's payload is built before the intent commits: a builder that raises has
+        # issued nothing, and fails the Attempt like any handler error without leaving an
+        # ambiguous issue behind for the next Attempt to reconcile.
+        request = action.handler(payload)
         intent = self.store.record_intent(o.IntentRequest(credential))
         if not isinstance(intent, o.Decision):
             return self._report(credential, intent)
@@ -202,7 +208,7 @@ class DurableOperationWorker:
             known_absent = settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED)
             if not known_absent and not adapter.idempotent:
                 return self._unknown(credential, f"effect {effect_id} may have been issued and cannot be reconciled")
-        outcome = adapter.perform(effect_id, action.handler(payload))
+        outcome = adapter.perform(effect_id, request)
         if outcome.status is EffectStatus.SUCCEEDED:
             return self._complete(credential, authority, canonical_json(outcome.result))
         if outcome.status is EffectStatus.FAILED:

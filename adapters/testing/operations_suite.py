@@ -145,9 +145,24 @@ class World:
                     normalize=examples.normalize_capture,
                     adapter=self.adapter,
                 ),
+                DurableAction(
+                    "capture_built",
+                    1,
+                    o.EffectClass.EXTERNAL,
+                    self._build_capture,
+                    normalize=examples.normalize_capture,
+                    adapter=self.adapter,
+                ),
             )
         )
+        self.build_fails = False
+        """Whether ``capture_built``'s payload builder raises (a bug, a lookup that failed) instead of returning."""
         self.service = DurableOperationService(store, self.actions, self.resolvers, namespace="shop", new_id=new_id)
+
+    def _build_capture(self, value: Any) -> Any:
+        if self.build_fails:
+            raise LookupError("the customer's payment method could not be loaded")
+        return value
 
     def worker(self, name: str) -> DurableOperationWorker:
         return DurableOperationWorker(self.store, self.actions, self.resolvers, tenant=TENANT, worker_id=name, lease=LEASE)
@@ -453,6 +468,25 @@ class OperationStoreTests:
         world.clock.advance(LEASE)
         report = world.worker("w2").run_once()
         assert report is not None and report.outcome == "succeeded"
+        assert world.provider.calls == [f"{op_id}/effect"]
+
+    def test_a_payload_that_cannot_be_built_leaves_no_effect_to_reconcile(self, world: World) -> None:
+        # The payload is built before the intent commits: a builder that raises has issued
+        # nothing, so even a provider that neither deduplicates nor reconciles is called on the
+        # retry, once, instead of the operation ending external_outcome_unknown.
+        world.adapter.idempotent = world.adapter.reconcilable = False
+        op_id = self._capture(world, action="capture_built")
+        world.build_fails = True
+        first = world.worker("w1").run_once()
+        assert first is not None and first.outcome == "retry" and "LookupError" in first.detail, first
+        stored = world.store.get(op_id)
+        assert stored is not None and stored.effect_unsettled_since is None
+        assert o.effect_plan(stored) is o.EffectPlan.PERFORM
+        assert world.provider.calls == []
+        world.build_fails = False
+        world.clock.advance(timedelta(minutes=1))
+        second = world.worker("w2").run_once()
+        assert second is not None and second.outcome == "succeeded", second
         assert world.provider.calls == [f"{op_id}/effect"]
 
     @pytest.mark.parametrize("idempotent, reconcilable", [(True, True), (False, False)], ids=["idempotent", "neither"])
