@@ -326,6 +326,8 @@ def _commands(args: argparse.Namespace) -> list[dict[str, Any]]:
         text = args.file.read_text(encoding="utf-8")
     except OSError as exc:
         raise JournalCliError(f"--file {args.file}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise JournalCliError(f"--file {args.file}: not UTF-8 text") from None
     found = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):

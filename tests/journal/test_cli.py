@@ -288,3 +288,12 @@ def test_a_chain_cut_short_verifies_unless_a_later_head_was_kept(workdir: Path) 
     code, out, _ = main("journal", "verify", "--file", "cut.jsonl", *chain, "--kept-head", kept, "--json")
     assert code == 1 and json.loads(out)["ok"] is False
     assert data("journal", "verify", "--file", "chain.jsonl", *chain, "--kept-head", kept)["ok"]
+
+
+def test_a_command_file_that_is_not_utf8_is_exit_2_naming_the_file(workdir: Path) -> None:
+    head = new()["head"]
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    (workdir / "latin1.jsonl").write_bytes(b'{"command": "transition", "rationale": "caf\xe9"}\n')
+    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "latin1.jsonl", "--expect", head)
+    assert code == 2 and "latin1.jsonl: not UTF-8 text" in one_error_line(err)
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
