@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -300,6 +301,8 @@ def _new(args: argparse.Namespace, out: Output) -> int:
     j.create_header(
         args.execution_id, workflow, policy, created_by=args.creator, now=SystemClock().now(), supersedes=args.supersedes
     )
+    if args.head_file is not None:
+        _check_writable(args.head_file, "--head-file")
     with _store(args, create=True) as store:
         header = j.create_header(
             args.execution_id, workflow, policy, created_by=args.creator, now=store.clock.now(), supersedes=args.supersedes
@@ -369,6 +372,16 @@ def _read_head(path: Path) -> str:
     if not is_digest(head):
         raise JournalCliError(f"--head-file {path}: holds {head[:80]!r}, not a sha256: digest")
     return head
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Refuse an output that could not be written, before anything (a journal, another output) is."""
+    if path.is_dir():
+        raise JournalCliError(f"{option} {path}: is a directory")
+    if not path.parent.is_dir():
+        raise JournalCliError(f"{option} {path}: cannot write: directory {path.parent} does not exist")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise JournalCliError(f"{option} {path}: cannot write: permission denied")
 
 
 def _write_head(path: Path, head: str) -> None:
@@ -570,6 +583,10 @@ def _chain_file(path: Path) -> tuple[bytes, list[bytes]]:
 
 
 def _export(args: argparse.Namespace, out: Output) -> int:
+    outputs = ((args.out, "--out"), (args.workflow_out, "--workflow-out"), (args.policy_out, "--policy-out"))
+    for output, option in outputs:
+        if output is not None:
+            _check_writable(output, option)
     with _store(args) as store:
         chain = store.stored(args.execution_id)
     if chain is None:

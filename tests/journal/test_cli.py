@@ -294,6 +294,21 @@ def test_a_command_file_that_is_not_utf8_is_exit_2_naming_the_file(workdir: Path
     head = new()["head"]
     before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
     (workdir / "latin1.jsonl").write_bytes(b'{"command": "transition", "rationale": "caf\xe9"}\n')
-    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "latin1.jsonl", "--expect", head)
+    code, _, err = main(
+        "journal", "append", "review-1", "--db", "review.db", "--file", "latin1.jsonl", "--expect", head
+    )
     assert code == 2 and "latin1.jsonl: not UTF-8 text" in one_error_line(err)
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_anything_is_written(workdir: Path) -> None:
+    code, _, err = main("journal", "new", "review-1", "--db", "review.db", "--workflow", "review.workflow.json",
+                        "--policy", "review.policy.json", "--as", "carol", "--head-file", "nowhere/start.head")  # fmt: skip
+    assert code == 2 and "--head-file nowhere/start.head" in one_error_line(err)
+    # Not created: the same `new` with a usable head file must still be able to create it.
+    assert not (workdir / "review.db").exists()
+    new()
+    code, _, err = main("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl",
+                        "--workflow-out", "w.json", "--policy-out", "nowhere/p.json")  # fmt: skip
+    assert code == 2 and "--policy-out nowhere/p.json" in one_error_line(err)
+    assert not (workdir / "chain.jsonl").exists() and not (workdir / "w.json").exists()
