@@ -5,8 +5,9 @@ following its conventions: data on stdout (one JSON document with
 ``--json``), one ``fencekeeper: error: ...`` line on stderr, a traceback only
 with ``--debug``; exit 0 for success (an idempotent repeat included), 1 when
 the journal refuses a command or a verification finds a bad record, 2 for
-bad usage or input (a missing or malformed file, a ``--db`` that cannot be
-opened, an unknown execution).  Rules of this module:
+bad usage or input (a missing or malformed file or value, a refusal of a
+malformed field, ``invalid_request``, a ``--db`` that cannot be opened, an
+unknown execution).  Rules of this module:
 
 - It translates.  Every refusal it prints is the kernel's, with the
   kernel's code; every verification is ``journal.replay``.
@@ -47,7 +48,7 @@ from typing import Any
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import is_digest
 from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
-from fencekeeper.kernel.journal_codes import JournalError
+from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
 from . import connect, journal_fixtures
 from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, authority_of, replay_stored
@@ -298,9 +299,20 @@ def _new(args: argparse.Namespace, out: Output) -> int:
     workflow, policy = _authority(args.workflow, args.policy)
     # The header is checked before the store is opened, so that a refused
     # `new` creates no database file; it is made again at the store's time.
-    j.create_header(
-        args.execution_id, workflow, policy, created_by=args.creator, now=SystemClock().now(), supersedes=args.supersedes
-    )
+    try:
+        j.create_header(
+            args.execution_id,
+            workflow,
+            policy,
+            created_by=args.creator,
+            now=SystemClock().now(),
+            supersedes=args.supersedes,
+        )
+    except JournalError as exc:
+        # A malformed id is what was typed (exit 2); a refusal of authority stays a refusal.
+        if exc.reason is JournalCode.INVALID_REQUEST:
+            raise JournalCliError(f"{exc.message} [{exc.code}]") from None
+        raise
     if args.head_file is not None:
         _check_writable(args.head_file, "--head-file")
     with _store(args, create=True) as store:
@@ -395,6 +407,8 @@ def _append(args: argparse.Namespace, out: Output) -> int:
     raw = _commands(args)
     if args.head_file is not None:
         args.expect = _read_head(args.head_file)
+    elif args.expect is not None and not is_digest(args.expect):
+        raise JournalCliError(f"--expect: {args.expect[:80]!r} is not a sha256: digest")
     where = "--command" if args.command_json is not None else f"--file {args.file}"
     # Checked before the store is opened: a malformed command writes nothing.
     # (The head and a successor's digest are only known later; stand-ins
@@ -431,7 +445,8 @@ def _append(args: argparse.Namespace, out: Output) -> int:
         if out.json_mode:
             out.data({"execution_id": args.execution_id, "appended": 0, "refused": len(outcomes),
                       "code": refusal.code.value, "message": refusal.message, "head": None})  # fmt: skip
-        raise JournalCliError(message, EXIT_PROBLEM)
+        # As for every command, a refusal of a malformed field is what was typed.
+        raise JournalCliError(message, EXIT_USAGE if refusal.code is JournalCode.INVALID_REQUEST else EXIT_PROBLEM)
     results: list[dict[str, Any]] = []
     expected: str | None = args.expect
     for outcome in outcomes:
@@ -524,6 +539,8 @@ def _detail(event: j.Event) -> str:
 def _verify(args: argparse.Namespace, out: Output) -> int:
     if (args.file is None) == (args.execution_id is None):
         raise JournalCliError("give EXECUTION_ID with --db, or --file with --workflow and --policy")
+    if args.kept_head is not None and not is_digest(args.kept_head):
+        raise JournalCliError(f"--kept-head: {args.kept_head[:80]!r} is not a sha256: digest")
     try:
         if args.file is not None:
             if args.workflow is None or args.policy is None:

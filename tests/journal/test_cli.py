@@ -312,3 +312,26 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_is_written(
                         "--workflow-out", "w.json", "--policy-out", "nowhere/p.json")  # fmt: skip
     assert code == 2 and "--policy-out nowhere/p.json" in one_error_line(err)
     assert not (workdir / "chain.jsonl").exists() and not (workdir / "w.json").exists()
+
+
+def test_a_malformed_value_is_exit_2_as_for_every_command(workdir: Path) -> None:
+    # tests/cli/test_exit_codes.py: a malformed identifier, and a refusal for a
+    # malformed request field (invalid_request), are what was typed: 2.
+    code, _, err = main("journal", "new", "a b", "--db", "review.db", "--workflow", "review.workflow.json",
+                        "--policy", "review.policy.json", "--as", "carol")  # fmt: skip
+    assert code == 2 and "[invalid_request]" in one_error_line(err)
+    assert not (workdir / "review.db").exists()
+    head = new()["head"]
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    malformed = json.dumps({"command": "transition", "request": "a b", "node": "search", "event": "work-started",
+                            "prior_state": "ready", "actor": "bot:search", "role": "searcher",
+                            "attempt": {"id": "s-1", "sequence": 1}})  # fmt: skip
+    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--command", malformed, "--expect", head)
+    assert code == 2 and "refused [invalid_request]" in one_error_line(err)
+    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl",
+                        "--expect", "nonsense")  # fmt: skip
+    assert code == 2 and "--expect" in one_error_line(err)
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+    # A kept head that is no digest is a typing error, not evidence that the chain was rewritten.
+    code, out, err = main("journal", "verify", "review-1", "--db", "review.db", "--kept-head", "nonsense")
+    assert code == 2 and "--kept-head" in one_error_line(err) and out == ""
