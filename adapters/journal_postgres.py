@@ -126,19 +126,20 @@ class PostgresJournalStore(JournalStoreBase):
             length=int(row[4]),
         )
 
-    def _stored_head(self, execution_id: str) -> str | None:
+    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
-            row = self._conn.execute(
-                "SELECT head FROM journal_heads WHERE execution_id = %s", (execution_id,)
-            ).fetchone()
-        return None if row is None else str(row[0])
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except psycopg.OperationalError as exc:
+                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+
+    def _stored_head(self, execution_id: str) -> str | None:
+        rows = self._fetch("SELECT head FROM journal_heads WHERE execution_id = %s", (execution_id,))
+        return str(rows[0][0]) if rows else None
 
     def _header_bytes(self, execution_id: str) -> bytes | None:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT header FROM journal_headers WHERE execution_id = %s", (execution_id,)
-            ).fetchone()
-        return None if row is None else bytes(row[0])
+        rows = self._fetch("SELECT header FROM journal_headers WHERE execution_id = %s", (execution_id,))
+        return bytes(rows[0][0]) if rows else None
 
     def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
         with self._lock:
@@ -159,8 +160,7 @@ class PostgresJournalStore(JournalStoreBase):
         return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
 
     def execution_ids(self) -> list[str]:
-        with self._lock:
-            rows = self._conn.execute("SELECT execution_id FROM journal_headers ORDER BY execution_id").fetchall()
+        rows = self._fetch("SELECT execution_id FROM journal_headers ORDER BY execution_id", ())
         return [str(r[0]) for r in rows]
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from fencekeeper.adapters.journal_store import JournalStore, SQLiteJournalStore
-from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.journal import JournalStoreTests, Opener, created
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.journal_codes import JournalCode as C
@@ -104,3 +104,37 @@ class TestPostgresJournalStore(JournalStoreTests, SqlTests):
                 conn.execute(statement)  # type: ignore[arg-type]
 
         return run
+
+
+def test_a_killed_postgresql_connection_is_a_store_error_on_every_call(pg_dsn: str, pg_schema: str) -> None:
+    # Like the execution store: whichever call finds the connection dead fails
+    # as StoreError('store_unavailable'), never psycopg's own error (which the
+    # command line would report as an internal error).
+    from fencekeeper.adapters.journal_postgres import PostgresJournalStore  # noqa: PLC0415
+
+    name = f"fk-journal-kill-{pg_schema[-8:]}"
+    stale = j.Transition("a", "sha256:" + "0" * 64, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                         "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+    calls: list[Callable[[PostgresJournalStore], object]] = [
+        lambda store: store.header("review-1"),
+        lambda store: store.execution_ids(),
+        lambda store: store.stored("review-1"),
+        # Refused on the cached journal: the store then reads the stored head.
+        lambda store: store.append("review-1", stale),
+    ]
+    for call in calls:
+        store = PostgresJournalStore(f"{pg_dsn}?application_name={name}", schema=pg_schema)
+        try:
+            if not store.execution_ids():
+                created(store)
+            assert store.load("review-1") is not None
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                killed = conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (name,)
+                ).fetchone()
+            assert killed is not None and killed[0] == 1
+            with pytest.raises(StoreError) as caught:
+                call(store)
+            assert caught.value.code == "store_unavailable"
+        finally:
+            store.close()
