@@ -407,6 +407,7 @@ def _append(args: argparse.Namespace, out: Output) -> int:
     raw = _commands(args)
     if args.head_file is not None:
         args.expect = _read_head(args.head_file)
+        _check_writable(args.head_file, "--head-file")
     elif args.expect is not None and not is_digest(args.expect):
         raise JournalCliError(f"--expect: {args.expect[:80]!r} is not a sha256: digest")
     where = "--command" if args.command_json is not None else f"--file {args.file}"

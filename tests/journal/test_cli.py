@@ -19,6 +19,7 @@ import pytest
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.journal_store import SQLiteJournalStore
 from tests.cli.runner import ROOT, fencekeeper
+from tests.stores.test_sqlite_files import read_only
 
 EXAMPLE = ROOT / "docs" / "examples" / "journal"
 PACK = ROOT / "specs" / "journal" / "fixtures"
@@ -335,3 +336,15 @@ def test_a_malformed_value_is_exit_2_as_for_every_command(workdir: Path) -> None
     # A kept head that is no digest is a typing error, not evidence that the chain was rewritten.
     code, out, err = main("journal", "verify", "review-1", "--db", "review.db", "--kept-head", "nonsense")
     assert code == 2 and "--kept-head" in one_error_line(err) and out == ""
+
+
+def test_a_head_file_that_cannot_be_written_back_is_refused_before_appending(workdir: Path) -> None:
+    head = new()["head"]
+    (workdir / "review-1.head").write_text(head + "\n", encoding="utf-8")
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    with read_only(workdir / "review-1.head"):
+        code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl",
+                            "--head-file", "review-1.head")  # fmt: skip
+    assert code == 2 and "--head-file review-1.head" in one_error_line(err)
+    # Appending first would leave the journal moved and the head file still holding the old head.
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
