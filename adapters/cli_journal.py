@@ -658,7 +658,10 @@ def _replay(args: argparse.Namespace, out: Output) -> int:
 def _fixtures(args: argparse.Namespace, out: Output) -> int:
     if not args.directory.is_dir():
         raise JournalCliError(f"{args.directory}: not a directory")
-    written = journal_fixtures.write_pack(args.directory)
+    try:
+        written = journal_fixtures.write_pack(args.directory)
+    except OSError as exc:
+        raise JournalCliError(f"{args.directory}: cannot write the pack: {exc.filename}: {exc.strerror}") from None
     if out.json_mode:
         out.data({"written": [str(p) for p in written]})
     else:

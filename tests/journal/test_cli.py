@@ -348,3 +348,9 @@ def test_a_head_file_that_cannot_be_written_back_is_refused_before_appending(wor
     assert code == 2 and "--head-file review-1.head" in one_error_line(err)
     # Appending first would leave the journal moved and the head file still holding the old head.
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+
+
+def test_a_pack_directory_that_cannot_take_the_pack_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "chains").write_text("in the way\n", encoding="utf-8")
+    code, _, err = main("journal", "fixtures", tmp_path)
+    assert code == 2 and "chains" in one_error_line(err) and "internal error" not in err
