@@ -58,22 +58,37 @@ class PostgresJournalStore(JournalStoreBase):
         super().__init__(clock)
         self.schema = check_schema_name(schema)
         self._lock = threading.Lock()
-        try:
-            self._conn: psycopg.Connection[Any] = psycopg.connect(
-                dsn, autocommit=True, options=f"-c search_path={self.schema}", connect_timeout=10
-            )
-        except psycopg.Error as exc:
-            raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
+        self._dsn = dsn
+        self._conn = self._connect()
         try:
             check_schema(self._conn, self.schema)
         except BaseException:
             self._conn.close()
             raise
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self._dsn, autocommit=True, options=f"-c search_path={self.schema}", connect_timeout=10)
+        except psycopg.Error as exc:
+            raise StoreError(
+                "store_unavailable", f"cannot connect to PostgreSQL ({_safe(self._dsn)}): {_one_line(exc)}"
+            ) from None
+
+    def _connected(self) -> psycopg.Connection[Any]:
+        # Called under the lock.  A connection the server or the network lost
+        # (broken, not closed by close()) is opened again for the next call: the
+        # call that found it dead has already failed store_unavailable, and an
+        # append whose outcome it left unknown is settled by the head's
+        # compare-and-set on the next one.  A long-lived process keeps working
+        # after a restart of the server or a failover.
+        if self._conn.broken:
+            self._conn = self._connect()
+        return self._conn
+
     def _run(self, sql: str, params: Sequence[Any]) -> int:
         with self._lock:
             try:
-                return self._conn.execute(sql, params).rowcount
+                return self._connected().execute(sql, params).rowcount
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -102,16 +117,17 @@ class PostgresJournalStore(JournalStoreBase):
     def stored(self, execution_id: str) -> StoredChain | None:
         with self._lock:
             try:
-                with self._conn.transaction():
-                    self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    row = self._conn.execute(
+                conn = self._connected()
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    row = conn.execute(
                         "SELECT h.header, h.workflow, h.policy, g.head, g.length FROM journal_headers h "
                         "JOIN journal_heads g USING (execution_id) WHERE h.execution_id = %s",
                         (execution_id,),
                     ).fetchone()
                     if row is None:
                         return None
-                    events = self._conn.execute(
+                    events = conn.execute(
                         "SELECT record FROM journal_events WHERE execution_id = %s ORDER BY ordinal", (execution_id,)
                     ).fetchall()
             except psycopg.OperationalError as exc:
@@ -129,7 +145,7 @@ class PostgresJournalStore(JournalStoreBase):
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
-                return self._conn.execute(sql, params).fetchall()
+                return self._connected().execute(sql, params).fetchall()
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -144,14 +160,15 @@ class PostgresJournalStore(JournalStoreBase):
     def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
         with self._lock:
             try:
-                with self._conn.transaction():
-                    self._conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    row = self._conn.execute(
+                conn = self._connected()
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    row = conn.execute(
                         "SELECT head, length FROM journal_heads WHERE execution_id = %s", (execution_id,)
                     ).fetchone()
                     if row is None:
                         return None
-                    events = self._conn.execute(
+                    events = conn.execute(
                         "SELECT record FROM journal_events WHERE execution_id = %s AND ordinal > %s ORDER BY ordinal",
                         (execution_id, after),
                     ).fetchall()

@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import psycopg
 import pytest
 
@@ -106,7 +107,7 @@ class TestPostgresJournalStore(JournalStoreTests, SqlTests):
         return run
 
 
-def test_a_killed_postgresql_connection_is_a_store_error_on_every_call(pg_dsn: str, pg_schema: str) -> None:
+def test_a_killed_postgresql_connection_is_a_store_error_and_the_next_call_reconnects(pg_dsn: str, pg_schema: str) -> None:
     # Like the execution store: whichever call finds the connection dead fails
     # as StoreError('store_unavailable'), never psycopg's own error (which the
     # command line would report as an internal error).
@@ -136,5 +137,16 @@ def test_a_killed_postgresql_connection_is_a_store_error_on_every_call(pg_dsn: s
             with pytest.raises(StoreError) as caught:
                 call(store)
             assert caught.value.code == "store_unavailable"
+            # The next call opens a new connection: a long-lived store outlives a lost one.
+            assert store.execution_ids() == ["review-1"]
+            head = store.load("review-1")
+            assert head is not None
+            state = head.states["search"]
+            event = {NodeState.READY: NodeEvent.WORK_STARTED, NodeState.ACTIVE: NodeEvent.WORK_BLOCKED,
+                     NodeState.BLOCKED: NodeEvent.BLOCK_CLEARED}[state]  # fmt: skip
+            outcome = store.append("review-1", attrs.evolve(stale, request_id=f"after-{len(head.events)}",
+                                                            expected_head=head.head, event=event, prior_state=state))  # fmt: skip
+            assert isinstance(outcome, j.Appended), outcome
+            assert PostgresJournalStore(pg_dsn, schema=pg_schema).load("review-1").head == outcome.journal.head
         finally:
             store.close()
