@@ -208,7 +208,13 @@ class DurableOperationWorker:
             known_absent = settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED)
             if not known_absent and not adapter.idempotent:
                 return self._unknown(credential, f"effect {effect_id} may have been issued and cannot be reconciled")
-        outcome = adapter.perform(effect_id, request)
+        try:
+            outcome = adapter.perform(effect_id, request)
+        except Exception as exc:
+            # The call may have reached the provider before the adapter raised: an ambiguous answer like a
+            # timeout, reconciled at once, and never a plain handler error a non-idempotent provider would
+            # see repeated (or that would end the operation by its limits with the effect unknown).
+            outcome = EffectResult(EffectStatus.AMBIGUOUS, detail=f"{type(exc).__name__}: {exc}")
         if outcome.status is EffectStatus.SUCCEEDED:
             return self._complete(credential, authority, canonical_json(outcome.result))
         if outcome.status is EffectStatus.FAILED:

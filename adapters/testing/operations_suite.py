@@ -458,6 +458,30 @@ class OperationStoreTests:
         record = world.service.get(op_id)
         assert record is not None and record.state is OperationState.OUTCOME_UNKNOWN
 
+    @pytest.mark.parametrize(
+        ("reconcilable", "outcome"), [(True, "succeeded"), (False, "external_outcome_unknown")],
+        ids=["reconcilable", "neither"],
+    )  # fmt: skip
+    def test_an_adapter_that_raises_is_an_ambiguous_answer_reconciled_at_once(
+        self, world: World, reconcilable: bool, outcome: str
+    ) -> None:
+        # The provider applies the capture, then the adapter raises (a reset connection): an ambiguous
+        # answer like a lost reply, reconciled by this Attempt, not left to a retry as a handler error.
+        world.adapter.idempotent, world.adapter.reconcilable = False, reconcilable
+        op_id = self._capture(world, action="capture_unapproved")
+        original = world.provider.capture
+
+        def reset_after_capture(key: str, amount: int) -> str:
+            original(key, amount)
+            raise ConnectionResetError("connection reset by peer")
+
+        world.provider.capture = reset_after_capture  # type: ignore[method-assign]
+        report = world.worker("w1").run_once()
+        assert report is not None and (report.outcome, report.attempt) == (outcome, 1), report
+        assert world.provider.calls == [f"{op_id}/effect"]
+        record = world.service.get(op_id)
+        assert record is not None and record.attempt_count == 1 and record.outcome is o.TerminalOutcome(outcome)
+
     def test_a_replacement_reconciles_before_performing_with_the_same_effect_id(self, world: World) -> None:
         op_id = self._capture(world, action="capture_unapproved")
         claim = world.store.claim_next(TENANT, "w1", LEASE)
