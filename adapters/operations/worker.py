@@ -160,7 +160,7 @@ class DurableOperationWorker:
                 return self._atomic(action, credential, authority, payload)
             with self._heartbeats(credential):
                 if action.effect_class is o.EffectClass.READ_ONLY:
-                    result = canonical_json(action.handler(payload))
+                    result = _result_json(action.handler(payload))
                 else:
                     return self._external(action, operation, credential, authority, payload)
             return self._complete(credential, authority, result)
@@ -175,7 +175,7 @@ class DurableOperationWorker:
         self, action: DurableAction, credential: o.Credential, authority: o.Authority, payload: Any
     ) -> WorkReport:
         def write(context: GuardedContext) -> str:
-            return canonical_json(action.handler(context, payload))
+            return _result_json(action.handler(context, payload))
 
         outcome = self.store.complete(o.CompleteRequest(credential, authority), write)
         return self._report(credential, outcome)
@@ -204,7 +204,7 @@ class DurableOperationWorker:
             # An earlier Attempt's issue may have been applied unanswered: look before repeating anything.
             settled = adapter.reconcile(effect_id)
             if settled is not None and settled.status is EffectStatus.SUCCEEDED:
-                return self._complete(credential, authority, canonical_json(settled.result))
+                return self._complete(credential, authority, _result_json(settled.result))
             known_absent = settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED)
             if not known_absent and not adapter.idempotent:
                 return self._unknown(credential, f"effect {effect_id} may have been issued and cannot be reconciled")
@@ -216,7 +216,7 @@ class DurableOperationWorker:
             # see repeated (or that would end the operation by its limits with the effect unknown).
             outcome = EffectResult(EffectStatus.AMBIGUOUS, detail=f"{type(exc).__name__}: {exc}")
         if outcome.status is EffectStatus.SUCCEEDED:
-            return self._complete(credential, authority, canonical_json(outcome.result))
+            return self._complete(credential, authority, _result_json(outcome.result))
         if outcome.status is EffectStatus.FAILED:
             # The provider's conclusive answer to this call: recorded, so a retry performs instead of
             # treating the effect as ambiguous.
@@ -236,7 +236,7 @@ class DurableOperationWorker:
         idempotent: bool,
     ) -> WorkReport:
         if settled is not None and settled.status is EffectStatus.SUCCEEDED:
-            return self._complete(credential, authority, canonical_json(settled.result))
+            return self._complete(credential, authority, _result_json(settled.result))
         if settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED):
             # Not applied as far as the provider can see now: a later Attempt reconciles again (the call
             # whose reply was lost may still land) and may then perform it, with the same effect id.
@@ -364,6 +364,18 @@ class _Heartbeat:
                     self.changed.notify_all()
                 if not renewed and self.generation == generation:
                     self.credential = None  # refused (replaced, cancelled): stop renewing this action
+
+
+def _result_json(value: Any) -> str:
+    """An action's result as canonical JSON.
+
+    A result that is not JSON is the action's error (a retryable ``handler_error``), not the caller's input:
+    ``canonical_json``'s own error would end the worker and leave its Attempt running until the lease expires.
+    """
+    try:
+        return canonical_json(value)
+    except DurableOperationError as exc:
+        raise ValueError(f"result: {exc.message.removeprefix('input: ')}") from None
 
 
 def _ended(operation: o.Operation, attempt: int | None) -> WorkReport:
