@@ -544,7 +544,12 @@ class DurableOperationService:
     ) -> o.Authority:
         """Resolve ``principal`` now (once) and ask ``policy`` only of an active member of ``tenant``."""
         resolution = self.resolvers.resolve(principal)
-        allowed = None if policy is None or not resolution.active else policy(resolution)
+        try:
+            allowed = None if policy is None or not resolution.active else policy(resolution)
+        except Exception as exc:  # a policy that breaks fails closed, as a resolver that raises does
+            return o.Authority(
+                False, principal.ref, f"the authorization policy failed: {type(exc).__name__}: {_line(exc)}"
+            )
         if not resolution.active:
             why = resolution.reason or resolution.status.value
             return o.Authority(False, principal.ref, f"{resolution.status.value}: {why}")

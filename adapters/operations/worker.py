@@ -149,8 +149,14 @@ class DurableOperationWorker:
         resolution = self.resolvers.resolve(reference)
         if resolution.status is ResolutionStatus.UNAVAILABLE:
             return self._fail(credential, "principal_unavailable", retryable=True, detail=resolution.reason)
-        if not resolution.active or not resolution.member_of(self.tenant) or not action.authorize(resolution, payload):
-            why = resolution.reason or resolution.status.value
+        why = resolution.reason or resolution.status.value
+        try:
+            authorized = (
+                resolution.active and resolution.member_of(self.tenant) and action.authorize(resolution, payload)
+            )
+        except Exception as exc:  # an authorizer that breaks fails closed, as a resolver that raises does
+            authorized, why = False, f"the action's authorizer failed: {type(exc).__name__}: {exc}"
+        if not authorized:
             return self._fail(credential, "not_authorized", retryable=False, denied=True, detail=why)
         authority = o.Authority(True, reference.ref)
         if self.before_effect is not None:
