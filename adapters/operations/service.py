@@ -14,8 +14,8 @@ Rules of this module:
   other input, a decision on the wrong operation or input digest, an
   expired approval.  Kernel refusals become errors with the refusal's code.
 - Stored provenance is never permission.  The service resolves the
-  principal's *current* identity (fail closed: missing, disabled or revoked
-  is ``not_authorized``) before admission, approval and cancellation; the
+  principal's *current* identity (fail closed: missing, disabled or revoked,
+  or a policy that raises, is ``not_authorized``) before admission, approval and cancellation; the
   worker does so again before every side effect.  A resolver that answers
   "temporarily unavailable" is asked again a bounded number of times.
 - Normalised input is canonical JSON (sorted keys, no insignificant

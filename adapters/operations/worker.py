@@ -26,15 +26,19 @@ external effects, history, and retention).  Rules of this module:
   ambiguous result is never resent blindly.  An effect whose every issue
   the provider answered "failed" (not applied) is performed again, with the
   same id.  Only the provider's own FAILED reply to this Attempt's call is
-  reported as that answer; anything else leaves the effect unsettled.
+  reported as that answer; anything else leaves the effect unsettled.  An
+  adapter's ``perform`` that raises has answered ambiguously, like a
+  timeout, and is reconciled at once.
 - While a read-only or external action runs, a heartbeat renews the lease
   every third of it; an atomic action runs inside the transaction that
   holds the Operation's row, so its lease must cover it.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
-  the policy's maximum attempts).  Every refusal the store returns (a stale
-  fence after a replacement, a cancellation that won) is reported, never
-  retried: the fence says this worker no longer owns the Operation.
+  the policy's maximum attempts), and so is a result that is not JSON.  An
+  authorizer that raises denies (fails closed).  Every refusal the store
+  returns (a stale fence after a replacement, a cancellation that won) is
+  reported, never retried: the fence says this worker no longer owns the
+  Operation.
 """
 
 from __future__ import annotations
