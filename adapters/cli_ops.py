@@ -380,8 +380,13 @@ def _cancel(args: argparse.Namespace, out: Output) -> int:
 
 
 def _worker(args: argparse.Namespace, out: Output) -> int:
-    if args.concurrency < 1 or args.lease <= 0 or args.poll <= 0:
-        raise _Usage("--concurrency, --lease and --poll must be positive")
+    if args.concurrency < 1:
+        raise _Usage("--concurrency must be positive")
+    for flag, seconds in (("--lease", args.lease), ("--poll", args.poll)):
+        # At most a day: the lease is also the PostgreSQL sessions' idle-in-transaction timeout, which the store
+        # bounds so; nan and infinity are no number of seconds (and would end each worker thread at its start).
+        if not 0 < seconds <= 86_400:  # also false for nan
+            raise _Usage(f"{flag}: must be a positive number of seconds, at most a day (86400), got {seconds}")
     try:
         processes = prefork.check_processes(args.processes)
     except prefork.ProcessesError as exc:

@@ -175,7 +175,10 @@ class RetryPolicy:
 
     def backoff(self, attempts_made: int) -> timedelta:
         """The pause after the ``attempts_made``-th failed Attempt: grows by the coefficient, capped."""
-        seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts_made - 1)
+        try:
+            seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts_made - 1)
+        except OverflowError:  # past every float after enough failures: capped like any other long pause
+            seconds = 10**9
         return min(timedelta(seconds=min(seconds, 10**9)), self.maximum_interval)
 
 

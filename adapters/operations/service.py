@@ -14,8 +14,8 @@ Rules of this module:
   other input, a decision on the wrong operation or input digest, an
   expired approval.  Kernel refusals become errors with the refusal's code.
 - Stored provenance is never permission.  The service resolves the
-  principal's *current* identity (fail closed: missing, disabled or revoked
-  is ``not_authorized``) before admission, approval and cancellation; the
+  principal's *current* identity (fail closed: missing, disabled or revoked,
+  or a policy that raises, is ``not_authorized``) before admission, approval and cancellation; the
   worker does so again before every side effect.  A resolver that answers
   "temporarily unavailable" is asked again a bounded number of times.
 - Normalised input is canonical JSON (sorted keys, no insignificant
@@ -544,7 +544,12 @@ class DurableOperationService:
     ) -> o.Authority:
         """Resolve ``principal`` now (once) and ask ``policy`` only of an active member of ``tenant``."""
         resolution = self.resolvers.resolve(principal)
-        allowed = None if policy is None or not resolution.active else policy(resolution)
+        try:
+            allowed = None if policy is None or not resolution.active else policy(resolution)
+        except Exception as exc:  # a policy that breaks fails closed, as a resolver that raises does
+            return o.Authority(
+                False, principal.ref, f"the authorization policy failed: {type(exc).__name__}: {_line(exc)}"
+            )
         if not resolution.active:
             why = resolution.reason or resolution.status.value
             return o.Authority(False, principal.ref, f"{resolution.status.value}: {why}")

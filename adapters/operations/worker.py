@@ -26,15 +26,19 @@ external effects, history, and retention).  Rules of this module:
   ambiguous result is never resent blindly.  An effect whose every issue
   the provider answered "failed" (not applied) is performed again, with the
   same id.  Only the provider's own FAILED reply to this Attempt's call is
-  reported as that answer; anything else leaves the effect unsettled.
+  reported as that answer; anything else leaves the effect unsettled.  An
+  adapter's ``perform`` that raises has answered ambiguously, like a
+  timeout, and is reconciled at once.
 - While a read-only or external action runs, a heartbeat renews the lease
   every third of it; an atomic action runs inside the transaction that
   holds the Operation's row, so its lease must cover it.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
-  the policy's maximum attempts).  Every refusal the store returns (a stale
-  fence after a replacement, a cancellation that won) is reported, never
-  retried: the fence says this worker no longer owns the Operation.
+  the policy's maximum attempts), and so is a result that is not JSON.  An
+  authorizer that raises denies (fails closed).  Every refusal the store
+  returns (a stale fence after a replacement, a cancellation that won) is
+  reported, never retried: the fence says this worker no longer owns the
+  Operation.
 """
 
 from __future__ import annotations
@@ -149,8 +153,14 @@ class DurableOperationWorker:
         resolution = self.resolvers.resolve(reference)
         if resolution.status is ResolutionStatus.UNAVAILABLE:
             return self._fail(credential, "principal_unavailable", retryable=True, detail=resolution.reason)
-        if not resolution.active or not resolution.member_of(self.tenant) or not action.authorize(resolution, payload):
-            why = resolution.reason or resolution.status.value
+        why = resolution.reason or resolution.status.value
+        try:
+            authorized = (
+                resolution.active and resolution.member_of(self.tenant) and action.authorize(resolution, payload)
+            )
+        except Exception as exc:  # an authorizer that breaks fails closed, as a resolver that raises does
+            authorized, why = False, f"the action's authorizer failed: {type(exc).__name__}: {exc}"
+        if not authorized:
             return self._fail(credential, "not_authorized", retryable=False, denied=True, detail=why)
         authority = o.Authority(True, reference.ref)
         if self.before_effect is not None:
@@ -160,7 +170,7 @@ class DurableOperationWorker:
                 return self._atomic(action, credential, authority, payload)
             with self._heartbeats(credential):
                 if action.effect_class is o.EffectClass.READ_ONLY:
-                    result = canonical_json(action.handler(payload))
+                    result = _result_json(action.handler(payload))
                 else:
                     return self._external(action, operation, credential, authority, payload)
             return self._complete(credential, authority, result)
@@ -175,7 +185,7 @@ class DurableOperationWorker:
         self, action: DurableAction, credential: o.Credential, authority: o.Authority, payload: Any
     ) -> WorkReport:
         def write(context: GuardedContext) -> str:
-            return canonical_json(action.handler(context, payload))
+            return _result_json(action.handler(context, payload))
 
         outcome = self.store.complete(o.CompleteRequest(credential, authority), write)
         return self._report(credential, outcome)
@@ -204,13 +214,19 @@ class DurableOperationWorker:
             # An earlier Attempt's issue may have been applied unanswered: look before repeating anything.
             settled = adapter.reconcile(effect_id)
             if settled is not None and settled.status is EffectStatus.SUCCEEDED:
-                return self._complete(credential, authority, canonical_json(settled.result))
+                return self._complete(credential, authority, _result_json(settled.result))
             known_absent = settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED)
             if not known_absent and not adapter.idempotent:
                 return self._unknown(credential, f"effect {effect_id} may have been issued and cannot be reconciled")
-        outcome = adapter.perform(effect_id, request)
+        try:
+            outcome = adapter.perform(effect_id, request)
+        except Exception as exc:
+            # The call may have reached the provider before the adapter raised: an ambiguous answer like a
+            # timeout, reconciled at once, and never a plain handler error a non-idempotent provider would
+            # see repeated (or that would end the operation by its limits with the effect unknown).
+            outcome = EffectResult(EffectStatus.AMBIGUOUS, detail=f"{type(exc).__name__}: {exc}")
         if outcome.status is EffectStatus.SUCCEEDED:
-            return self._complete(credential, authority, canonical_json(outcome.result))
+            return self._complete(credential, authority, _result_json(outcome.result))
         if outcome.status is EffectStatus.FAILED:
             # The provider's conclusive answer to this call: recorded, so a retry performs instead of
             # treating the effect as ambiguous.
@@ -230,7 +246,7 @@ class DurableOperationWorker:
         idempotent: bool,
     ) -> WorkReport:
         if settled is not None and settled.status is EffectStatus.SUCCEEDED:
-            return self._complete(credential, authority, canonical_json(settled.result))
+            return self._complete(credential, authority, _result_json(settled.result))
         if settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED):
             # Not applied as far as the provider can see now: a later Attempt reconciles again (the call
             # whose reply was lost may still land) and may then perform it, with the same effect id.
@@ -358,6 +374,18 @@ class _Heartbeat:
                     self.changed.notify_all()
                 if not renewed and self.generation == generation:
                     self.credential = None  # refused (replaced, cancelled): stop renewing this action
+
+
+def _result_json(value: Any) -> str:
+    """An action's result as canonical JSON.
+
+    A result that is not JSON is the action's error (a retryable ``handler_error``), not the caller's input:
+    ``canonical_json``'s own error would end the worker and leave its Attempt running until the lease expires.
+    """
+    try:
+        return canonical_json(value)
+    except DurableOperationError as exc:
+        raise ValueError(f"result: {exc.message.removeprefix('input: ')}") from None
 
 
 def _ended(operation: o.Operation, attempt: int | None) -> WorkReport:

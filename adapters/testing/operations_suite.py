@@ -314,6 +314,28 @@ class OperationStoreTests:
         record = world.service.get(op_id)
         assert record is not None and record.error_code == "insufficient_funds"
 
+    @pytest.mark.parametrize("effect", [o.EffectClass.ATOMIC, o.EffectClass.READ_ONLY])
+    def test_a_result_that_is_not_json_fails_the_attempt_and_not_the_worker(
+        self, world: World, effect: o.EffectClass
+    ) -> None:
+        op_id = world.transfer("k1", 10)
+
+        def atomic(context: GuardedContext, value: Any) -> Any:
+            examples.transfer(context, value)
+            return {"moved": float("nan")}
+
+        handler = atomic if effect is o.EffectClass.ATOMIC else (lambda value: {"accounts": {value["from"]}})
+        actions = DurableActionRegistry((DurableAction("transfer", 1, effect, handler),))
+        worker = DurableOperationWorker(
+            world.store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=LEASE
+        )
+        report = worker.run_once()
+        assert report is not None and report.outcome == "retry" and "result: not JSON" in report.detail, report
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.ADMITTED
+        assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
+
     def test_an_expired_owner_is_replaced_and_its_commit_refused(self, world: World) -> None:
         op_id = world.transfer("k1", 10)
         claim = world.store.claim_next(TENANT, "zombie", LEASE)
@@ -457,6 +479,30 @@ class OperationStoreTests:
         assert len(world.provider.calls) == 1
         record = world.service.get(op_id)
         assert record is not None and record.state is OperationState.OUTCOME_UNKNOWN
+
+    @pytest.mark.parametrize(
+        ("reconcilable", "outcome"), [(True, "succeeded"), (False, "external_outcome_unknown")],
+        ids=["reconcilable", "neither"],
+    )  # fmt: skip
+    def test_an_adapter_that_raises_is_an_ambiguous_answer_reconciled_at_once(
+        self, world: World, reconcilable: bool, outcome: str
+    ) -> None:
+        # The provider applies the capture, then the adapter raises (a reset connection): an ambiguous
+        # answer like a lost reply, reconciled by this Attempt, not left to a retry as a handler error.
+        world.adapter.idempotent, world.adapter.reconcilable = False, reconcilable
+        op_id = self._capture(world, action="capture_unapproved")
+        original = world.provider.capture
+
+        def reset_after_capture(key: str, amount: int) -> str:
+            original(key, amount)
+            raise ConnectionResetError("connection reset by peer")
+
+        world.provider.capture = reset_after_capture  # type: ignore[method-assign]
+        report = world.worker("w1").run_once()
+        assert report is not None and (report.outcome, report.attempt) == (outcome, 1), report
+        assert world.provider.calls == [f"{op_id}/effect"]
+        record = world.service.get(op_id)
+        assert record is not None and record.attempt_count == 1 and record.outcome is o.TerminalOutcome(outcome)
 
     def test_a_replacement_reconciles_before_performing_with_the_same_effect_id(self, world: World) -> None:
         op_id = self._capture(world, action="capture_unapproved")

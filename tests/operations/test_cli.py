@@ -98,6 +98,11 @@ BAD_INPUT = [
     (("submit", "transfer", "--key", "k", "--actions", "no.such.module"), 2, "--actions", None),
     # Decided only by the store, once opened: a principal no resolver knows.
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--as", "nobody:v1:x"), 1, "[not_authorized]", None),
+    # Checked before the store is opened, as for submit: a worker with a lease no store or thread can use.
+    (("worker", "--until-idle", "--lease", "nan"), 2, "--lease: must be a positive number of seconds", None),
+    (("worker", "--until-idle", "--lease", "inf"), 2, "--lease: must be a positive number of seconds", None),
+    (("worker", "--until-idle", "--lease", "86401"), 2, "--lease: must be a positive number of seconds", None),
+    (("worker", "--until-idle", "--poll", "nan"), 2, "--poll: must be a positive number of seconds", None),
     (("status", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("history", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("cancel", "op-missing"), 2, "no database at", "[operation_not_found]"),

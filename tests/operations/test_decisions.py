@@ -186,6 +186,19 @@ def test_backoff_grows_and_is_capped() -> None:
     assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [SECOND, 3 * SECOND, 9 * SECOND, 10 * SECOND]
 
 
+@pytest.mark.parametrize("coefficient", [100, 10.0])
+def test_a_long_run_of_failures_backs_off_by_the_cap_instead_of_raising(coefficient: float) -> None:
+    # Each pause is capped at the maximum long before the coefficient's power leaves the floats.
+    policy = attrs.evolve(
+        POLICY, backoff_coefficient=coefficient, maximum_attempts=1000, schedule_to_close=timedelta(days=30)
+    )
+    assert policy.backoff(400) == policy.maximum_interval
+    op, cred, _ = claimed(attrs.evolve(admitted(policy=policy), attempt_count=399), "w1", T0)
+    outcome = o.fail(op, o.FailRequest(cred, "busy", retryable=True), T0)
+    assert isinstance(outcome, o.Decision) and outcome.operation.state is OperationState.ADMITTED
+    assert outcome.operation.next_eligible_at == T0 + policy.maximum_interval
+
+
 def _approval_op() -> o.Operation:
     op = admitted(requires_approval=True)
     assert op.state is OperationState.AWAITING_APPROVAL

@@ -108,3 +108,39 @@ def test_the_record_says_whether_an_external_effect_is_unsettled() -> None:
     unanswered, answered = world.service.get(crashed), world.service.get(succeeded)
     assert unanswered is not None and unanswered.effect_unsettled and unanswered.to_json()["effect_unsettled"] is True
     assert answered is not None and not answered.effect_unsettled and answered.effect_id is not None
+
+
+def test_an_authorizer_that_raises_fails_closed_without_ending_the_worker() -> None:
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableAction,
+        DurableActionRegistry,
+        DurableOperationError,
+        DurableOperationService,
+    )
+
+    clock = ManualClock()
+    world = World(MemoryOperationStore(clock), clock)
+    broken = [False]
+
+    def authorize(resolution: object, value: object) -> bool:
+        if broken[0]:
+            raise LookupError("the policy store is down")
+        return True
+
+    actions = DurableActionRegistry(
+        (DurableAction("check", 1, o.EffectClass.READ_ONLY, lambda v: v, authorize=authorize),)
+    )
+    service = DurableOperationService(world.store, actions, world.resolvers, namespace="shop")
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="check", input={"a": 1}, client_key="k1").operation_id
+    broken[0] = True
+    # Current authorization that cannot be established is not granted: a denial, for submission as for the worker.
+    with pytest.raises(DurableOperationError) as raised:
+        service.submit(tenant=TENANT, principal=ALICE, action="check", input={"a": 2}, client_key="k2")
+    assert raised.value.code == "not_authorized" and "LookupError: the policy store is down" in raised.value.message
+    worker = DurableOperationWorker(
+        world.store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=timedelta(seconds=30)
+    )
+    report = worker.run_once()
+    assert report is not None and report.outcome == "not_authorized" and "policy store is down" in report.detail, report
+    record = service.get(op_id)
+    assert record is not None and [(a.state, a.error_code) for a in record.attempts] == [("failed", "not_authorized")]
