@@ -514,6 +514,24 @@ def _check_now(now: object) -> None:
     _check("now", utc_problem(now))
 
 
+def _same_principal(one: str, other: str) -> bool:
+    """Whether two principal references name one principal: the same resolver and subject, whatever the version.
+
+    A reference is ``resolver:vVERSION:subject``; a resolver's new version
+    is a new way to look up the same people, so ``users:v2:alice`` may not
+    approve what ``users:v1:alice`` requested.  Text of another shape is
+    compared whole.
+    """
+    return one == other or _principal_without_version(one) == _principal_without_version(other)
+
+
+def _principal_without_version(reference: str) -> tuple[str, str] | str:
+    resolver, version, subject = (*reference.split(":", 2), "", "")[:3]
+    if version[:1] == "v" and version[1:].isdigit() and subject:
+        return resolver, subject
+    return reference
+
+
 _OPERATION_FIELDS: Final = tuple(field.name for field in attrs.fields(Operation))
 _OPERATION_POSITIONS: Final = {name: position for position, name in enumerate(_OPERATION_FIELDS)}
 
@@ -1208,7 +1226,7 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
         return Refusal(
             RefusalCode.NOT_AWAITING_APPROVAL, f"operation is {operation.state.value}, not awaiting_approval"
         )
-    if request.approver == operation.identity.principal:
+    if _same_principal(request.approver, operation.identity.principal):
         return Refusal(
             RefusalCode.SELF_APPROVAL, f"{request.approver!r} requested this operation and may not decide it", "approver"
         )

@@ -148,6 +148,12 @@ def _decide_mutations(label: str, data: dict[str, Any]) -> list[Case]:
         "misbound_version": {"action_version": request["action_version"] + 1},
         "expired": {"expires_at": data["now"]},
     }
+    resolver, version, subject = requester.split(":", 2)
+    # The requester under another version of their resolver is still the requester.
+    other = f"{resolver}:v{int(version[1:]) + 1}:{subject}"
+    changes["self_approval_other_resolver_version"] = {
+        "approver": other, "authority": {**request["authority"], "principal": other}
+    }
     found = [_case(f"{label}/{name}", {**data, "request": {**request, **change}}) for name, change in changes.items()]
     decided = decide_operation(data)
     if decided["outcome"] == "decision":

@@ -235,6 +235,8 @@ def test_an_awaiting_operation_cannot_be_claimed() -> None:
         ("tenant", "tenant-b", o.RefusalCode.APPROVAL_MISBOUND),
         ("operation_id", "op-9", o.RefusalCode.OPERATION_NOT_FOUND),
         ("approver", "users:v1:alice", o.RefusalCode.SELF_APPROVAL),
+        # The requester under another version of their resolver is still the requester.
+        ("approver", "users:v2:alice", o.RefusalCode.SELF_APPROVAL),
         ("expires_at", T0, o.RefusalCode.APPROVAL_EXPIRED),
         ("authority", o.Authority(False, "users:v1:bob"), o.RefusalCode.NOT_AUTHORIZED),
     ],
@@ -437,3 +439,9 @@ def test_every_refusal_code_is_published() -> None:
     text = (Path(__file__).resolve().parents[2] / "specs" / "operations.md").read_text()
     for code in (*o.RefusalCode, *o.TerminalOutcome, *o.UnchangedCode):
         assert f"`{code.value}`" in text, code
+
+
+@pytest.mark.parametrize("approver", ["users:v1:bob", "staff:v1:alice", "users:v1:alice2"])
+def test_another_resolver_or_subject_may_approve(approver: str) -> None:
+    outcome = _decide(_approval_op(), approver=approver, authority=o.Authority(True, approver))
+    assert isinstance(outcome, o.Decision), outcome
