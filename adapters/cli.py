@@ -87,10 +87,9 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from rich.text import Text
 
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import interpreter as i
@@ -108,6 +107,10 @@ from .render import Output, state, text
 from .service import OperationError
 from .store import ExecutionView, StoreError, TransactionalStore
 from .worker import MAX_CONCURRENCY, MIN_LEASE, PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
+
+if TYPE_CHECKING:
+    # Annotations only: rich loads when something is drawn for a person (adapters/render.py).
+    from rich.text import Text
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -991,7 +994,7 @@ def _work(
     # A span per node visit whenever OpenTelemetry is installed; the deployment's SDK exports them.
     record = observe.fan_out(log, observe.visit_spans())
     # One live line per terminal: a forked worker process leaves it to nobody rather than draw over its siblings.
-    live_console = out.err if out.err.is_terminal and log is None and lifeline is None else None
+    live_console = out.err if out.err_terminal and log is None and lifeline is None else None
 
     with _store(args, pool_size=args.concurrency + 1) as store, contextlib.ExitStack() as cleanup:
         metrics: observe.WorkerMetrics | None = None
