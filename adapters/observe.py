@@ -216,35 +216,15 @@ class VisitSpans:
     """
 
     def __init__(self, tracer_provider: Any = None) -> None:
-        self._begin(tracer_provider)
-        self._load()
-
-    def _begin(self, tracer_provider: Any) -> None:
-        self._provider = tracer_provider
-        self._api: tuple[Any, Any] | None = None
-        self._absent = False
-        self._loading = threading.Lock()
+        try:
+            from opentelemetry import trace  # noqa: PLC0415 - optional extra
+        except ImportError:
+            raise TracingUnavailable("spans need the OpenTelemetry API: pip install 'fencekeeper[tracing]'") from None
+        self._trace = trace
+        self.tracer = trace.get_tracer("fencekeeper.worker", tracer_provider=tracer_provider)
         self._since: dict[tuple[str, str], int] = {}
         self._commands: dict[tuple[str, str], list[tuple[str, int]]] = {}
         self._lock = threading.Lock()
-
-    def _load(self) -> tuple[Any, Any]:
-        """The OpenTelemetry trace API and this instance's tracer; TracingUnavailable when the API is not installed."""
-        with self._loading:
-            if self._api is None:
-                try:
-                    from opentelemetry import trace  # noqa: PLC0415 - optional extra
-                except ImportError:
-                    raise TracingUnavailable(
-                        "spans need the OpenTelemetry API: pip install 'fencekeeper[tracing]'"
-                    ) from None
-                self._api = (trace, trace.get_tracer("fencekeeper.worker", tracer_provider=self._provider))
-            return self._api
-
-    @property
-    def tracer(self) -> Any:
-        """The tracer the spans are made with."""
-        return self._load()[1]
 
     def __call__(self, event: WorkerEvent) -> None:
         """Close the visit ``event`` ends (if it ends one), and remember where the next one starts."""
@@ -265,13 +245,6 @@ class VisitSpans:
                 self._since[key] = now
             else:
                 self._since.pop(key, None)
-        if self._absent:
-            return
-        try:
-            trace, tracer = self._api or self._load()
-        except TracingUnavailable:
-            self._absent = True  # found by visit_spans but not importable: as if not installed, no spans
-            return
         attributes: dict[str, str | int] = {
             "fencekeeper.execution_id": event.execution_id,
             "fencekeeper.worker_id": event.worker_id,
@@ -283,43 +256,20 @@ class VisitSpans:
             attributes["fencekeeper.node_id"] = event.node_id
         if event.code is not None:
             attributes["fencekeeper.code"] = event.code
-        span = tracer.start_span("fencekeeper.visit", start_time=started, attributes=attributes)
+        span = self.tracer.start_span("fencekeeper.visit", start_time=started, attributes=attributes)
         for detail, at in commands:
             span.add_event("command issued", {"fencekeeper.command": detail}, timestamp=at)
         if event.what == "refused":
-            span.set_status(trace.Status(trace.StatusCode.ERROR, event.detail))
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, event.detail))
         span.end(end_time=now)
 
 
-class _VisitSpansWhenNeeded(VisitSpans):
-    """:class:`VisitSpans` that imports the OpenTelemetry API when the first visit ends, not when it is made.
-
-    Importing the API costs a worker's start-up about 10 ms; a worker that
-    finds nothing to do (``--until-idle`` on an empty queue) never needs it.
-    The spans are the same: each visit's times are taken before the import,
-    and the tracer comes from the same provider (the global one is a proxy
-    until the deployment sets it, whenever the tracer is asked for).
-    """
-
-    def __init__(self, tracer_provider: Any = None) -> None:
-        self._begin(tracer_provider)
-
-
 def visit_spans() -> VisitSpans | None:
-    """:class:`VisitSpans` over the global tracer provider when OpenTelemetry is installed; None otherwise.
-
-    Whether the API is installed is asked of the import system, which finds
-    the module without running it; the API is imported when a visit ends.
-    """
-    import importlib.util  # noqa: PLC0415 - only to find the optional extra
-
+    """:class:`VisitSpans` over the global tracer provider when OpenTelemetry is installed; None otherwise."""
     try:
-        found = importlib.util.find_spec("opentelemetry.trace") is not None
-    except ImportError:  # no opentelemetry package at all
-        found = False
-    except ValueError:  # already imported, without a spec: importable
-        found = True
-    return _VisitSpansWhenNeeded() if found else None
+        return VisitSpans()
+    except TracingUnavailable:
+        return None
 
 
 def fan_out(*sinks: Callable[[WorkerEvent], None] | None) -> Callable[[WorkerEvent], None] | None:
