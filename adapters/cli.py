@@ -87,10 +87,9 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from rich.text import Text
 
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import interpreter as i
@@ -102,12 +101,19 @@ from fencekeeper.kernel.machines import MACHINES, ExecutionState
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 from fencekeeper.kernel.text import problem as text_problem
 
-from . import connect, examples, observe, prefork, render, sequence, service
+# The service functions (and their OperationError) and the sequence diagram are imported by the
+# commands that use them: a worker's start-up never needs them (about 8 ms of imports).
+from . import connect, examples, observe, prefork, render
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
-from .service import OperationError
 from .store import ExecutionView, StoreError, TransactionalStore
 from .worker import MAX_CONCURRENCY, MIN_LEASE, PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
+
+if TYPE_CHECKING:
+    # Annotations only: rich loads when something is drawn for a person (adapters/render.py).
+    from rich.text import Text
+
+    from . import service
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -455,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser(groups=_needs_groups(argv)).parse_args(argv)
     try:
         return _run(args)
-    except (CliError, KernelError, StoreError, OperationError) as exc:
+    except _one_line_errors() as exc:
         if args.debug:
             raise
         print(f"fencekeeper: error: {render.printable(_message(exc))}", file=sys.stderr)
@@ -481,7 +487,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PROBLEM
 
 
+def _one_line_errors() -> tuple[type[Exception], ...]:
+    """The errors a command reports in one line (``--debug`` shows their traceback).
+
+    Asked for only once an exception has come: OperationError is the service
+    functions' error, and their module loads with the commands that call them.
+    """
+    from .service import OperationError  # noqa: PLC0415 - see the module's imports
+
+    return (CliError, KernelError, StoreError, OperationError)
+
+
 def _message(exc: Exception) -> str:
+    from .service import OperationError  # noqa: PLC0415 - see the module's imports
+
     if isinstance(exc, StoreError):
         return f"{exc.message} [{exc.code}]"
     if isinstance(exc, OperationError):
@@ -490,6 +509,8 @@ def _message(exc: Exception) -> str:
 
 
 def _exit_code(exc: Exception) -> int:
+    from .service import OperationError  # noqa: PLC0415 - see the module's imports
+
     if isinstance(exc, CliError):
         return exc.exit_code
     if isinstance(exc, StoreError):
@@ -701,6 +722,8 @@ def _load_definition(path: Path) -> Definition:
 
 
 def _run_definition(args: argparse.Namespace, out: Output) -> int:
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     definition = _load_definition(args.definition)
     inputs = _json_object("--input", args.input)
     _identifier("--id", args.id)
@@ -915,7 +938,7 @@ def _worker_processes(
         pass
 
     def describe(exc: BaseException) -> tuple[str, int]:
-        if isinstance(exc, (CliError, KernelError, StoreError, OperationError)):
+        if isinstance(exc, _one_line_errors()):
             return render.printable(_message(exc)), _exit_code(exc)
         if isinstance(exc, KeyboardInterrupt):  # a Ctrl-C that came before the process's own handlers
             return "interrupted", 130
@@ -991,7 +1014,7 @@ def _work(
     # A span per node visit whenever OpenTelemetry is installed; the deployment's SDK exports them.
     record = observe.fan_out(log, observe.visit_spans())
     # One live line per terminal: a forked worker process leaves it to nobody rather than draw over its siblings.
-    live_console = out.err if out.err.is_terminal and log is None and lifeline is None else None
+    live_console = out.err if out.err_terminal and log is None and lifeline is None else None
 
     with _store(args, pool_size=args.concurrency + 1) as store, contextlib.ExitStack() as cleanup:
         metrics: observe.WorkerMetrics | None = None
@@ -1208,6 +1231,8 @@ def _inspect(args: argparse.Namespace, out: Output) -> int:
         view = _read_view(store, args.execution_id, args.db)
         expired = args.execution_id in store.expired()
     if args.format == "mermaid":
+        from . import sequence  # noqa: PLC0415 - see the module's imports
+
         diagram = sequence.sequence_diagram(view)
         if out.json_mode:
             out.data({"execution_id": args.execution_id, "mermaid": diagram})
@@ -1299,6 +1324,8 @@ def _list(args: argparse.Namespace, out: Output) -> int:
 
 
 def _event(args: argparse.Namespace, out: Output) -> int:
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     _one_stdin(**{"--correlation": args.correlation, "--payload": args.payload})
     correlation = _json_object("--correlation", args.correlation)
     payload = _json_object("--payload", args.payload) if args.payload is not None else None
@@ -1344,6 +1371,8 @@ def _binding(request: approvals.ApprovalRequest) -> str:
 
 
 def _decide(args: argparse.Namespace, out: Output) -> int:
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     _identifier("--as", args.principal)
     _identifier("--id", args.id)
     _identifier("--business", args.business)
@@ -1400,6 +1429,8 @@ def _decide(args: argparse.Namespace, out: Output) -> int:
 
 
 def _cancel(args: argparse.Namespace, out: Output) -> int:
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     _identifier("--as", args.principal)
     policy = examples.grants(args.business, args.principal)
     with _store(args) as store:
@@ -1464,6 +1495,8 @@ def _quarantine_sweep(
     store: TransactionalStore, policy: AuthorityPolicy, args: argparse.Namespace, out: Output, result: dict[str, Any]
 ) -> bool:
     """Quarantine every expired execution; True when a row was refused or left locked (exit 1)."""
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     refused = False
     sweep = service.quarantine_expired(store, policy, business_id=args.business, principal_id=args.principal)
     # A lost race (another sweep got there first) and an identical repeat
@@ -1491,6 +1524,8 @@ def _quarantine_sweep(
 
 
 def _review(store: TransactionalStore, args: argparse.Namespace) -> service.RecoveryView:
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     try:
         return service.recovery_view(store, business_id=args.business, execution_id=args.execution_id)
     except service.OperationError as exc:
@@ -1542,6 +1577,8 @@ def _settle(
     out: Output,
     result: dict[str, Any],
 ) -> None:
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     _review(store, args)
     try:
         reconciled = service.reconcile(
@@ -1579,6 +1616,8 @@ def _decide_review(
     result: dict[str, Any],
     corrected: dict[str, Any] | None,
 ) -> None:
+    from . import service  # noqa: PLC0415 - see the module's imports
+
     before = _review(store, args).execution
     try:
         if args.fail:

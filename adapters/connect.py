@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -166,6 +165,8 @@ def migrate(url: str, *, schema: str | None = None) -> tuple[Location, list[int]
 
 
 def _sqlite_versions(path: Path) -> list[int]:
+    import sqlite3  # noqa: PLC0415 - as the stores in open_store: a PostgreSQL worker does not load it
+
     with contextlib.closing(sqlite3.connect(path)) as conn:
         try:
             return [int(row[0]) for row in conn.execute("SELECT version FROM schema_migrations")]

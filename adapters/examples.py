@@ -35,17 +35,19 @@ import contextlib
 import hashlib
 import json
 import os
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from fencekeeper.kernel.interpreter import Command, CommandResult, CommandStatus, Rejection
 
 from .ports import SYSTEM_PRINCIPAL_GRANTS, GrantTable
+
+if TYPE_CHECKING:
+    import sqlite3
 
 ORDER_LIMIT = 100_000
 
@@ -140,6 +142,9 @@ class FileEffectLog:
         # must not leave an effect log behind.
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            # Imported here, as the log is opened: a worker over PostgreSQL that has nothing to do never loads sqlite3.
+            import sqlite3  # noqa: PLC0415
+
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(

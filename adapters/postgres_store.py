@@ -75,7 +75,7 @@ from psycopg_pool import ConnectionPool
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
-from . import bridge, codec
+from . import codec
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE, Dialect, SqlBackend
 from .store import (
     Backend,
@@ -835,6 +835,8 @@ class _Session:
     def wait(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], gen: Any) -> Any:
         """Run psycopg generator ``gen`` on ``conn``: in this thread, or on the event loop through the bridge."""
         if self.bridged:
+            from . import bridge  # noqa: PLC0415 - greenlet loads for the asyncio store only, not for every worker
+
             return bridge.await_only(conn.wait(gen))
         return conn.wait(gen)
 
@@ -848,6 +850,8 @@ class _AsyncLock:
         self._lock = lock
 
     def __enter__(self) -> None:
+        from . import bridge  # noqa: PLC0415 - as in the wait above: asyncio connections only
+
         bridge.await_only(self._lock.acquire())
 
     def __exit__(self, *exc_info: object) -> None:

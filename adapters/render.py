@@ -30,15 +30,12 @@ import enum
 import json
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TextIO
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 import attrs
-from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
-from rich.text import Text
 
 from fencekeeper.kernel import approvals, attempts
 from fencekeeper.kernel import interpreter as i
@@ -46,6 +43,12 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.evidence import Evidence
 
 from .store import ExecutionView
+
+# rich is imported where something is drawn for a person, not here: a command
+# that prints JSON (every worker a deployment runs) starts without it.
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 STATE_STYLES: Mapping[str, str] = {
     "eligible": "cyan",
@@ -90,7 +93,12 @@ def printable(value: str) -> str:
 
 def make_console(stream: TextIO) -> Console:
     """A console that is rich exactly when ``stream`` is a terminal."""
-    terminal = _isatty(stream)
+    return _console(stream, terminal=_isatty(stream))
+
+
+def _console(stream: TextIO, *, terminal: bool) -> Console:
+    from rich.console import Console  # noqa: PLC0415 - see TYPE_CHECKING above
+
     return Console(
         file=stream,
         force_terminal=terminal,
@@ -109,24 +117,67 @@ def _isatty(stream: TextIO) -> bool:
 
 
 class Output:
-    """Where a command writes: data on stdout (or one JSON document), notes on stderr."""
+    """Where a command writes: data on stdout (or one JSON document), notes on stderr.
+
+    Its two consoles are made when first used, so that a run that only writes
+    JSON never imports rich; whether each stream is a terminal is decided
+    here, when the Output is made, as making the console did.
+    """
 
     def __init__(self, *, json_mode: bool = False, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
         self.json_mode = json_mode
-        self.out = make_console(stdout or sys.stdout)
-        self.err = make_console(stderr or sys.stderr)
+        self._stdout = stdout or sys.stdout
+        self._stderr = stderr or sys.stderr
+        self._stdout_terminal = _isatty(self._stdout)
+        self._stderr_terminal = _isatty(self._stderr)
+        self._out: Console | None = None
+        self._err: Console | None = None
+        # Worker threads write notes: each stream gets exactly one console, whose lock keeps their lines whole.
+        self._making = threading.Lock()
+
+    @property
+    def out(self) -> Console:
+        """The console on stdout."""
+        if self._out is None:
+            with self._making:
+                if self._out is None:
+                    self._out = _console(self._stdout, terminal=self._stdout_terminal)
+        return self._out
+
+    @property
+    def err(self) -> Console:
+        """The console on stderr."""
+        if self._err is None:
+            with self._making:
+                if self._err is None:
+                    self._err = _console(self._stderr, terminal=self._stderr_terminal)
+        return self._err
 
     @property
     def terminal(self) -> bool:
-        return self.out.is_terminal
+        """Whether stdout is a terminal (``out.is_terminal``, without making the console)."""
+        return self._stdout_terminal
+
+    @property
+    def err_terminal(self) -> bool:
+        """Whether stderr is a terminal (``err.is_terminal``, without making the console)."""
+        return self._stderr_terminal
 
     def data(self, value: object) -> None:
         """The one JSON document of a ``--json`` run."""
         text = json.dumps(jsonable(value), indent=2, ensure_ascii=False)
         # A lone surrogate has no UTF-8 form; its JSON escape reads back as the same string.
         text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-        self.out.file.write(text + "\n")
-        self.out.file.flush()
+        file = self._data_file()
+        file.write(text + "\n")
+        file.flush()
+
+    def _data_file(self) -> IO[str]:
+        """The file ``out.file`` is, found without making the console while it is not made yet."""
+        if self._out is None and self._stdout:
+            # As rich's Console.file chooses it: a stream rich redirected stands for the file it wraps.
+            return getattr(self._stdout, "rich_proxied_file", self._stdout)
+        return self.out.file
 
     def line(self, *parts: str | Text | tuple[str, str]) -> None:
         """One line of data on stdout (never in JSON mode)."""
@@ -145,6 +196,8 @@ class Output:
 
 def text(*parts: str | Text | tuple[str, str]) -> Text:
     """A Text from plain strings, Texts and ``(string, style)`` pairs."""
+    from rich.text import Text  # noqa: PLC0415 - see TYPE_CHECKING above
+
     result = Text()
     for part in parts:
         if isinstance(part, tuple):
@@ -160,6 +213,10 @@ def render_table(
     console: Console, columns: Sequence[str], rows: Iterable[Sequence[str | Text]], *, title: str | None = None
 ) -> None:
     """A rich table on a terminal wide enough for it; aligned columns (coloured on a terminal) otherwise."""
+    from rich.measure import Measurement  # noqa: PLC0415 - see TYPE_CHECKING above
+    from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
     cells = [[cell if isinstance(cell, Text) else Text(printable(cell)) for cell in row] for row in rows]
     if console.is_terminal:
         table = Table(title=title, title_justify="left", header_style="bold", show_edge=False)
@@ -188,6 +245,8 @@ def render_table(
 
 def state(value: str | enum.Enum | None) -> Text:
     """A state, coloured by what it means."""
+    from rich.text import Text  # noqa: PLC0415 - see TYPE_CHECKING above
+
     name = "-" if value is None else value.value if isinstance(value, enum.Enum) else str(value)
     return Text(printable(name), style=STATE_STYLES.get(name, ""))
 

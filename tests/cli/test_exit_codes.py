@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -253,3 +254,20 @@ def test_a_worker_command_line_imports_neither_group() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stderr == "[]", done.stderr
+
+
+def test_a_worker_reporting_in_json_starts_without_rich(tmp_path: Path) -> None:
+    """rich draws for a person at a terminal; a worker that prints JSON, as deployed ones do, does not load it."""
+    db = tmp_path / "empty.db"
+    with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):
+        assert cli.main(["migrate", "--db", str(db)]) == 0
+    probe = (
+        "import sys\n"
+        "from fencekeeper.adapters import cli\n"
+        "code = cli.main(['worker', '--db', sys.argv[1], '--until-idle', '--json'])\n"
+        "loaded = sorted(m for m in sys.modules if m == 'rich' or m.startswith('rich.'))\n"
+        "sys.stderr.write(repr((code, loaded)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(db)], capture_output=True, text=True, check=True)
+    assert done.stderr == "(0, [])", done.stderr
+    assert json.loads(done.stdout)["stopped_by"] == "idle"
