@@ -18,11 +18,12 @@ external effects, history, and retention).  Rules of this module:
   write.  ``external``: the intent and the stable effect id commit first.
   The provider's payload is built before the intent, so a payload builder
   that raises issues nothing.  What happens before the provider is the
-  kernel's ``effect_plan``: an
-  effect an earlier Attempt may have issued without a conclusive answer (a
-  lost reply, a timeout, a crash, a replaced owner) is reconciled before
-  anything is repeated, repeated with the same id only if the adapter is
-  idempotent, and otherwise ends ``external_outcome_unknown``: an
+  kernel's ``effect_plan``: an effect an earlier Attempt may have issued
+  without a conclusive answer (a lost reply, a timeout, a crash, a
+  replaced owner) is reconciled before
+  anything is repeated (and the lease renewed, under the fence, between the
+  lookup's answer and the call), repeated with the same id only if the
+  adapter is idempotent, and otherwise ends ``external_outcome_unknown``: an
   ambiguous result is never resent blindly.  An effect whose every issue
   the provider answered "failed" (not applied) is performed again, with the
   same id.  Only the provider's own FAILED reply to this Attempt's call is
@@ -218,6 +219,14 @@ class DurableOperationWorker:
             known_absent = settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED)
             if not known_absent and not adapter.idempotent:
                 return self._unknown(credential, f"effect {effect_id} may have been issued and cannot be reconciled")
+            # The look took time in which this Attempt may have been replaced (a stop, a slow answer):
+            # its intent, written before it, no longer shows that it still owns the Operation.  Once
+            # fence N+1 owns it, N may not retry (seed 001, "Claims, leases, and fencing"): a guarded
+            # write (a renewal, under the fence and the live lease, at the database's time) comes
+            # between the answer and the call, or a replacement's own call could be repeated.
+            renewed = self.store.heartbeat(o.HeartbeatRequest(credential, self.lease))
+            if not isinstance(renewed, o.Decision):
+                return self._report(credential, renewed)
         try:
             outcome = adapter.perform(effect_id, request)
         except Exception as exc:

@@ -516,6 +516,37 @@ class OperationStoreTests:
         assert report is not None and report.outcome == "succeeded"
         assert world.provider.calls == [f"{op_id}/effect"]
 
+    def test_an_attempt_replaced_while_it_reconciles_does_not_perform(self, world: World) -> None:
+        # Seed 001: once fence N+1 owns the Operation, N may not retry.  Attempt 2 looks the
+        # effect up (not found); while it waits for the answer its lease runs out and attempt 3
+        # replaces it, finds nothing, performs and succeeds.  Attempt 2 must not perform on its
+        # stale look: a provider that neither deduplicates would apply the effect twice.
+        world.adapter.idempotent = False
+        op_id = self._capture(world, action="capture_unapproved")
+        effect_id = f"{op_id}/effect"
+        first = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(first, o.Decision) and first.credential is not None
+        assert isinstance(world.store.record_intent(o.IntentRequest(first.credential)), o.Decision)
+        world.clock.advance(LEASE)  # attempt 1 died after its intent: its issue is unanswered
+        lookup = world.provider.lookup
+        replacement: list[Any] = []
+
+        def stalled_lookup(key: str) -> int | None:
+            answer = lookup(key)
+            if not replacement:
+                replacement.append(None)
+                world.clock.advance(LEASE)
+                replacement[0] = world.worker("w3").run_once()
+            return answer
+
+        world.provider.lookup = stalled_lookup  # type: ignore[method-assign]
+        report = world.worker("w2").run_once()
+        assert replacement[0] is not None and replacement[0].outcome == "succeeded", replacement
+        assert report is not None and report.outcome == "stale_fence", report
+        assert world.provider.calls == [effect_id]
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.SUCCEEDED
+
     def test_a_payload_that_cannot_be_built_leaves_no_effect_to_reconcile(self, world: World) -> None:
         # The payload is built before the intent commits: a builder that raises has issued
         # nothing, so even a provider that neither deduplicates nor reconciles is called on the
