@@ -74,6 +74,8 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_PRINCIPAL = "users:v1:operator"
 _USAGE_CODES = frozenset({"invalid_input", "unknown_action", "operation_not_found", "invalid_request", "invalid_action"})
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
+_RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
+"""What a running worker waits out and tries again (``fencekeeper worker``'s rule)."""
 
 
 class _Usage(Exception):
@@ -394,7 +396,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     prefix = args.worker_prefix or default_worker_id()
     errors: list[str] = []
     if processes == 1:
-        reports, idle = _work(args, out, prefix, 1, None)
+        reports, idle, errors = _work(args, out, prefix, 1, None)
     else:
         # Opened once before the fork: a --db or --actions that cannot be used is one error, not one per
         # process, and every process inherits the modules already imported.  Nothing of it crosses the fork.
@@ -405,7 +407,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 processes,
                 lambda number, lifeline: _work(args, out, prefix, (number - 1) * args.concurrency + 1, lifeline),
                 describe=_describe,
-                failed=lambda result: False,
+                failed=lambda result: bool(result and result[2]),
                 note=out.note,
             )
         except prefork.ProcessesError as exc:
@@ -423,13 +425,14 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 continue
             reports += end.result[0]
             idle = idle and end.result[1]
+            errors += end.result[2]
     if out.json_mode:
         out.data(
             {
-                "stopped_by": "idle" if args.until_idle and idle else "signal",
+                "stopped_by": "error" if errors else "idle" if args.until_idle and idle else "signal",
                 "at": datetime.now(UTC).isoformat(),
                 "reports": reports,
-                **({"errors": errors} if processes > 1 else {}),
+                **({"errors": errors} if processes > 1 or errors else {}),
             }
         )
     else:
@@ -442,8 +445,12 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
 
 def _work(
     args: argparse.Namespace, out: Output, prefix: str, first: int, lifeline: prefork.Lifeline | None
-) -> tuple[list[dict[str, Any]], bool]:
-    """One process's worker threads, numbered from ``first``; what they reported, and whether they ran out of work."""
+) -> tuple[list[dict[str, Any]], bool, list[str]]:
+    """One process's worker threads, numbered from ``first``.
+
+    What they reported, whether they ran out of work, and the errors that
+    stopped them (each stops every thread of the process).
+    """
     stop = threading.Event()
     signals = [0]
 
@@ -458,6 +465,7 @@ def _work(
         # A relayed stop is idempotent, unlike a signal: it may have reached this process already.
         lifeline.heed(lambda reason: stop.set())
     reports: list[WorkReport] = []
+    errors: list[str] = []
     lock = threading.Lock()
     try:
         # The idle-in-transaction timeout is the lease: a worker stalled inside an atomic action loses its
@@ -478,8 +486,29 @@ def _work(
                     lease=timedelta(seconds=args.lease),
                     namespace=args.namespace,
                 )
+                failures = 0
                 while not stop.is_set():
-                    report = worker.run_once()
+                    try:
+                        report = worker.run_once()
+                    except StoreError as exc:
+                        # A lost connection (the pool replaces it), a row held past lock_timeout, a busy
+                        # SQLite file: try again shortly, as `fencekeeper worker` does.  Anything else, or
+                        # five in a row, stops every worker of the command, which then exits 1: a worker
+                        # that ended quietly would leave a supervisor nothing to restart.
+                        if exc.code not in _RETRYABLE_STORE_CODES or failures >= 5:
+                            with lock:
+                                errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
+                            stop.set()
+                            return
+                        failures += 1
+                        stop.wait(min(2.0**failures / 10, 5.0))
+                        continue
+                    except Exception as exc:
+                        with lock:
+                            errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+                        stop.set()
+                        return
+                    failures = 0
                     if report is None:
                         if args.until_idle:
                             return
@@ -503,7 +532,7 @@ def _work(
     listed = [
         {"operation_id": r.operation_id, "attempt": r.attempt, "outcome": r.outcome, "detail": r.detail} for r in reports
     ]
-    return listed, not stop.is_set()
+    return listed, not stop.is_set(), errors
 
 
 def _describe(exc: BaseException) -> tuple[str, int]:

@@ -321,3 +321,39 @@ def test_submit_keeps_the_identity_for_the_retention_asked(tmp_path: Path, capsy
         code, _, err = run(capsys, "submit", "transfer", "--db", db, "--key", "t-2", "--input", transfer, "--retention", bad)
         assert code == 2 and one_error(err).startswith("fencekeeper: error: --retention: "), (bad, err)
         assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_op_worker_rides_out_a_lost_connection_and_exits_1_on_an_error_it_cannot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker thread that ended on a store error used to end quietly: the command exited 0 once
+    # every thread had, and a supervisor restarting failed processes saw nothing to restart.
+    from fencekeeper.adapters.operations.worker import DurableOperationWorker  # noqa: PLC0415
+    from fencekeeper.adapters.store import StoreError  # noqa: PLC0415
+
+    db = str(tmp_path / "ops.db")
+    transfer = '{"from": "acc-1", "to": "acc-2", "amount": 5}'
+    op_id = data(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", transfer)["operation_id"]
+    real = DurableOperationWorker.run_once
+    raised: list[str] = []
+
+    def flaky(self: DurableOperationWorker) -> Any:
+        if len(raised) < 2:
+            raised.append("store_unavailable")
+            raise StoreError("store_unavailable", "PostgreSQL connection failed: the connection is closed")
+        return real(self)
+
+    monkeypatch.setattr(DurableOperationWorker, "run_once", flaky)
+    report = data(capsys, "worker", "--db", db, "--until-idle")
+    assert raised == ["store_unavailable"] * 2
+    assert [(r["operation_id"], r["outcome"]) for r in report["reports"]] == [(op_id, "succeeded")]
+    assert report["stopped_by"] == "idle" and "errors" not in report
+
+    def broken(self: DurableOperationWorker) -> Any:
+        raise StoreError("schema_altered", "the operations table has changed under this worker")
+
+    monkeypatch.setattr(DurableOperationWorker, "run_once", broken)
+    code, out, err = run(capsys, "worker", "--db", db, "--until-idle", "--concurrency", "2", "--json")
+    assert code == 1
+    assert json.loads(out)["stopped_by"] == "error"
+    assert "[schema_altered]" in one_error(err)
