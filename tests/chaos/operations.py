@@ -476,13 +476,13 @@ def run_one(config: Config, kind: str) -> RunOutcome:
         if not completed and isinstance(target, PostgresTarget):
             target.close(drop=config.keep is None)
     (directory / "driver.json").write_text(json.dumps(driver.record(), sort_keys=True, indent=1))
+    (directory / "workers.json").write_text(json.dumps({"exits": dict(crew.exits), "started": crew.started}, indent=1))
     audit_started = time.monotonic()
     violations, checks, listed = audit(rows, directory, config.lease)
     report = {
         "faults": dict(faults),
         "driver": dict(sorted(driver.stats.items())),
         "final drain": dict(drained),
-        "worker exits": dict(crew.exits),
         "checks": checks,
         "left awaiting a decision": listed,
         "seconds": {
@@ -540,6 +540,8 @@ def audit(rows: Rows, directory: Path, lease: float) -> tuple[list[str], dict[st
     check_attempts(operations, attempts, history, timedelta(seconds=lease), check)
     check_history(rows, operations, history, check)
     check_cancellation(rows, operations, history, provider=provider, record=record, check=check)
+
+    check_workers(directory, check)
 
     # Nothing is left running or due: every operation ended, or awaits an approver (listed).
     now = datetime.now(UTC)
@@ -1001,10 +1003,39 @@ def check_cancellation(
     )
 
 
+def check_workers(directory: Path, check: Callable[[str, str, list[str]], None]) -> None:
+    """Every worker kept claiming until it was killed or told to stop: a fault of the store is waited out, not fatal.
+
+    A worker thread that ends on an exception, or a process that exits
+    before it was stopped, leaves its share of the work to the others in
+    silence (and, with every thread gone, exits as if it had been stopped).
+    """
+    problems: list[str] = []
+    threads = 0
+    for path in sorted(directory.glob(f"{WORKER_PREFIX}*.err")):
+        lines = path.read_text(errors="replace").splitlines()
+        for number, line in enumerate(lines):
+            if line.startswith("Exception in thread"):
+                threads += 1
+                last = next((x for x in lines[number + 1 :] if x and not x.startswith((" ", "Traceback"))), "")
+                problems.append(f"{path.stem}: a worker thread ended on {last[:200]}")
+    workers = json.loads((directory / "workers.json").read_text()) if (directory / "workers.json").exists() else {}
+    exits = workers.get("exits", {})
+    for what, n in sorted(exits.items()):
+        if "on its own" in what:
+            problems.append(f"{n} worker processes {what}")
+    check(
+        "every worker kept working until it was stopped",
+        f"{len(workers.get('started', []))} worker processes started; exits: "
+        + (", ".join(f"{w} {n}" for w, n in sorted(exits.items())) or "none"),
+        problems,
+    )
+
+
 def print_outcome(outcome: RunOutcome) -> None:
     report = outcome.report
     print(f"\n== operations chaos audit: {outcome.store}, {outcome.seconds:.0f} s ==")
-    for section in ("faults", "driver", "final drain", "worker exits"):
+    for section in ("faults", "driver", "final drain"):
         values = report[section]
         print(f"{section}: " + (", ".join(f"{k} {v}" for k, v in values.items()) or "none"))
     for name, summary in report["checks"].items():
