@@ -39,6 +39,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -1003,6 +1004,9 @@ def check_cancellation(
     )
 
 
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+
 def check_workers(directory: Path, check: Callable[[str, str, list[str]], None]) -> None:
     """Every worker kept claiming until it was killed or told to stop: a fault of the store is waited out, not fatal.
 
@@ -1017,13 +1021,14 @@ def check_workers(directory: Path, check: Callable[[str, str, list[str]], None])
         for number, line in enumerate(lines):
             if line.startswith("Exception in thread"):
                 threads += 1
-                last = next((x for x in lines[number + 1 :] if x and not x.startswith((" ", "Traceback"))), "")
+                # The traceback's last line names the exception; a pool's log lines may come between.
+                last = next((x for x in lines[number + 1 :] if _EXCEPTION_LINE.match(x)), "")
                 problems.append(f"{path.stem}: a worker thread ended on {last[:200]}")
     workers = json.loads((directory / "workers.json").read_text()) if (directory / "workers.json").exists() else {}
     exits = workers.get("exits", {})
     for what, n in sorted(exits.items()):
         if "on its own" in what:
-            problems.append(f"{n} worker processes {what}")
+            problems.append(f"{what} ({n} worker processes)")
     check(
         "every worker kept working until it was stopped",
         f"{len(workers.get('started', []))} worker processes started; exits: "
