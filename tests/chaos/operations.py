@@ -45,6 +45,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -165,7 +166,15 @@ class OpCrew(Crew):
             )  # fmt: skip
         self.running[name] = proc
         self.started.append(name)
+        self.pids[proc.pid] = name
         return name
+
+    @property
+    def pids(self) -> dict[int, str]:
+        """Which worker process each pid was: the provider's log knows callers by pid."""
+        if not hasattr(self, "_pids"):
+            self._pids: dict[int, str] = {}
+        return self._pids
 
 
 def lease_holders(rows: Rows) -> set[str]:
@@ -208,6 +217,9 @@ class Driver:
         key = f"k-{n:04d}"
         principal = self.rng.choice(REQUESTERS)
         self.identities[key] = {"principal": principal, "action": action, "input": value, "operation_id": None}
+        if self.rng.random() < 0.1:
+            self._submit_twice_at_once(key)
+            return
         try:
             admission = self._submit(key, action, value)
         except StoreError as exc:
@@ -220,6 +232,36 @@ class Driver:
         self.identities[key]["operation_id"] = admission.operation_id
         self.identities[key]["created"] = admission.created
         self.stats["submitted"] += 1
+
+    def _submit_twice_at_once(self, key: str) -> None:
+        """A new identity submitted from two threads at the same moment: one operation, created once."""
+        identity = self.identities[key]
+        answers: list[Any] = [None, None]
+        start = threading.Barrier(2)
+
+        def submit(number: int) -> None:
+            start.wait()
+            try:
+                answers[number] = self._submit(key, identity["action"], dict(identity["input"]))
+            except (StoreError, DurableOperationError) as exc:
+                answers[number] = exc
+
+        threads = [threading.Thread(target=submit, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for answer in answers:
+            if isinstance(answer, StoreError):
+                self._store_error("submit twice at once", answer)
+            elif isinstance(answer, DurableOperationError):
+                self.answers.append({"what": "at once", "key": key, "error": answer.code})
+            else:
+                identity["operation_id"] = identity["operation_id"] or answer.operation_id
+                self.answers.append(
+                    {"what": "at once", "key": key, "operation_id": answer.operation_id, "created": answer.created}
+                )
+        self.stats["submitted twice at once"] += 1
 
     def _submit(self, key: str, action: str, value: dict[str, Any]) -> Any:
         identity = self.identities[key]
@@ -458,6 +500,9 @@ def run_one(config: Config, kind: str) -> RunOutcome:
                     else f"{APPLICATION_PREFIX}{WORKER_PREFIX}%"
                 )
                 faults["backends terminated (pg_terminate_backend)"] += target.kill_backends(pattern)
+                if rng.random() < 0.2:
+                    # The driver's own sessions too: a client whose request fails submits the same identity again.
+                    faults["the driver's backends terminated"] += target.kill_backends(f"{APPLICATION_PREFIX}driver")
                 next_cut = now + rng.uniform(1, 3)
             # A stopped worker inside its transaction makes the driver wait on its lock: the longest wait is reported.
             slowest = max(slowest, time.monotonic() - step_started)
@@ -466,8 +511,9 @@ def run_one(config: Config, kind: str) -> RunOutcome:
 
         # The end: stop the workers, decide what awaits a decision, let the leases run out, drain.
         crew.stop_all()
-        driver.settle_unknown()
-        driver.decide(everything=True)
+        for _ in range(3):  # a store error leaves an admission or a decision for the next round
+            driver.settle_unknown()
+            driver.decide(everything=True)
         time.sleep(config.lease + 0.5)
         drained = drain(config, target, directory, rows)
         completed = True
@@ -477,15 +523,17 @@ def run_one(config: Config, kind: str) -> RunOutcome:
         if not completed and isinstance(target, PostgresTarget):
             target.close(drop=config.keep is None)
     (directory / "driver.json").write_text(json.dumps(driver.record(), sort_keys=True, indent=1))
-    (directory / "workers.json").write_text(json.dumps({"exits": dict(crew.exits), "started": crew.started}, indent=1))
+    (directory / "workers.json").write_text(
+        json.dumps({"exits": dict(crew.exits), "started": crew.started, "pids": crew.pids}, indent=1)
+    )
     audit_started = time.monotonic()
-    violations, checks, listed = audit(rows, directory, config.lease)
+    violations, checks, noted = audit(rows, directory, config.lease)
     report = {
         "faults": dict(faults),
         "driver": dict(sorted(driver.stats.items())),
         "final drain": dict(drained),
         "checks": checks,
-        "left awaiting a decision": listed,
+        "noted": noted,
         "seconds": {
             "chaos": round(chaos_seconds, 1),
             "end and drain": round(audit_started - started - chaos_seconds, 1),
@@ -515,7 +563,8 @@ def audit(rows: Rows, directory: Path, lease: float) -> tuple[list[str], dict[st
     """Every check, over the database, the provider log and the driver's record in ``directory``.
 
     Returns the violations, one line per check with its counts, and the
-    operations left awaiting a decision (listed, not violations).
+    things noted, not violations: operations left awaiting a decision, and
+    calls that reached the provider from an Attempt already replaced.
     """
     checks: dict[str, str] = {}
     violations: list[str] = []
@@ -537,7 +586,10 @@ def audit(rows: Rows, directory: Path, lease: float) -> tuple[list[str], dict[st
     check_identities(rows, record, operations, check)
     check_answers(record, operations, history, check)
     check_transfers(rows, operations, attempts, check)
-    check_effects(provider, operations, history, check)
+    workers = json.loads((directory / "workers.json").read_text()) if (directory / "workers.json").exists() else {}
+    pids = {int(pid): name for pid, name in workers.get("pids", {}).items()}
+    noted: list[str] = []
+    check_effects(provider, operations, history, attempts, pids=pids, check=check, noted=noted)
     check_attempts(operations, attempts, history, timedelta(seconds=lease), check)
     check_history(rows, operations, history, check)
     check_cancellation(rows, operations, history, provider=provider, record=record, check=check)
@@ -568,7 +620,7 @@ def audit(rows: Rows, directory: Path, lease: float) -> tuple[list[str], dict[st
         f"{len(listed)} awaiting a decision (listed)",
         stuck + open_attempts,
     )
-    return violations, checks, listed
+    return violations, checks, listed + noted
 
 
 def check_identities(
@@ -635,6 +687,7 @@ def check_answers(
     counts: collections.Counter[str] = collections.Counter()
     identities = record["identities"]
     first_recorded: dict[str, bool] = {}
+    created_at_once: collections.Counter[str] = collections.Counter()
     for answer in record["answers"]:
         what, key = answer["what"], answer["key"]
         expected = identities[key]["operation_id"]
@@ -644,6 +697,16 @@ def check_answers(
                 problems.append(f"{key}: an identical resubmission was refused ({answer['error']})")
             elif answer["operation_id"] != expected:
                 problems.append(f"{key}: an identical resubmission returned {answer['operation_id']}, not {expected}")
+        elif what == "at once":
+            counts["submissions twice at once"] += 1
+            if "error" in answer:
+                problems.append(f"{key}: one of two identical submissions at once was refused ({answer['error']})")
+            elif answer["operation_id"] != expected:
+                problems.append(
+                    f"{key}: one of two submissions at once returned {answer['operation_id']}, not {expected}"
+                )
+            elif answer["created"]:
+                created_at_once[key] += 1
         elif what == "conflict":
             counts["conflicting resubmissions"] += 1
             if answer.get("error") != "idempotency_conflict":
@@ -657,6 +720,9 @@ def check_answers(
             contradicting = answer["approval_id"].startswith("ap2-") and first_recorded.get(key)
             if contradicting and answer.get("error") != "decision_conflict":
                 problems.append(f"{key}: a contradicting second decision was answered {answer}, not decision_conflict")
+    for key, n in sorted(created_at_once.items()):
+        if n > 1:
+            problems.append(f"{key}: both of two identical submissions at once were answered as created")
     # An operation that ran after an approval ran only with an approval that another principal gave.
     ran_unapproved = []
     for operation_id, op in operations.items():
@@ -738,58 +804,122 @@ def check_transfers(
     )
 
 
+def _late_calls(
+    events: list[dict[str, Any]], mine: list[dict[str, Any]], pids: dict[int, str]
+) -> tuple[set[int], dict[int, str]]:
+    """Which calls of one effect came from an Attempt already replaced, and who made each call.
+
+    A call is known by its process (the log's pid), and made by the newest
+    Attempt that process had begun on the operation by then.  It is late
+    when a later Attempt had been claimed before it: the worker was stopped
+    (or delayed) between committing its intent and reaching the provider,
+    and its call arrives like a request held up on the network.
+    """
+    late: set[int] = set()
+    who: dict[int, str] = {}
+    for index, e in enumerate(events):
+        if e["kind"] != "call":
+            continue
+        process = pids.get(int(e.get("pid", -1)))
+        if process is None:
+            continue
+        at = datetime.fromtimestamp(e["t"], UTC)
+        ours = [a for a in mine if a["worker_id"].rsplit("-", 1)[0] == process and a["started_at"] <= at]
+        if not ours:
+            continue
+        attempt = ours[-1]
+        who[index] = f"attempt {attempt['number']} ({attempt['worker_id']})"
+        if any(a["number"] > attempt["number"] and a["started_at"] <= at for a in mine):
+            late.add(index)
+            who[index] += ", already replaced"
+    return late, who
+
+
 def check_effects(
     provider: list[dict[str, Any]],
     operations: dict[str, dict[str, Any]],
     history: dict[str, list[dict[str, Any]]],
+    attempts: dict[str, list[dict[str, Any]]],
+    *,
+    pids: dict[int, str],
     check: Callable[[str, str, list[str]], None],
+    noted: list[str],
 ) -> None:
-    """The provider log against itself and the operations: never resent blindly, never after an unknown end."""
+    """The provider log against itself and the operations: never resent blindly, never after an unknown end.
+
+    A late call (:func:`_late_calls`) is noted, not counted: no worker can
+    recall a request it sent before it was stopped, and the provider here
+    neither deduplicates nor is fenced, so such a call may apply an effect
+    that its replacement looked up, did not find, and performed (seed 001:
+    "Exactly-once external effects are not guaranteed"; docs/operations.md:
+    the call whose reply was lost may still land).  Every call by an
+    Attempt that still owned the operation is held to the rules.
+    """
     problems: list[str] = []
     by_effect: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for e in provider:
         by_effect[e["effect_id"]].append(e)
     effects_of = {op["effect_id"]: operation_id for operation_id, op in operations.items() if op["effect_id"]}
     kinds: collections.Counter[str] = collections.Counter(e["kind"] for e in provider)
+    late_calls = 0
     for effect_id, events in sorted(by_effect.items()):
         operation_id = effects_of.get(effect_id)
         if operation_id is None:
             problems.append(f"{effect_id} reached the provider, but no operation recorded its intent")
             continue
         op = operations[operation_id]
+        late, who = _late_calls(events, attempts.get(operation_id, []), pids)
+        late_calls += len(late)
+
+        def trail(events: list[dict[str, Any]] = events, who: dict[int, str] = who) -> str:
+            return "; ".join(
+                f"{e['kind']}{'' if e['kind'] != 'lookup' else (' found' if e['found'] else ' not found')}"
+                f"{' by ' + who[i] if i in who else ''} at {datetime.fromtimestamp(e['t'], UTC).time()}"
+                for i, e in enumerate(events)
+            )
+
         # Each call after the first: every earlier call must be known not applied -- declined, or
         # dropped and then looked up and not found before this call.
-        applied = 0
+        applied = owned_applied = 0
         blind: str | None = None  # why a next call would be blind
-        for e in events:
-            if e["kind"] == "call" and blind is not None:
-                problems.append(f"{effect_id} was performed again after {blind}")
-            if e["kind"] == "applied":
+        answering_late = False
+        found_problem = False
+        for index, e in enumerate(events):
+            if e["kind"] == "call":
+                answering_late = index in late
+                if blind is not None and not answering_late:
+                    problems.append(f"{effect_id} was performed again after {blind}: {trail()}")
+                    found_problem = True
+            elif e["kind"] == "applied":
                 applied += 1
+                owned_applied += 0 if answering_late else 1
                 blind = "it took effect"
             elif e["kind"] == "dropped":
                 blind = blind or "an ambiguous call, without looking it up"
             elif e["kind"] == "lookup" and not e["found"] and blind == "an ambiguous call, without looking it up":
                 blind = None
-        if applied > 1:
-            problems.append(f"{effect_id} took effect {applied} times")
+        if owned_applied > 1:
+            problems.append(f"{effect_id} took effect {owned_applied} times: {trail()}")
+            found_problem = True
+        if late and not found_problem:
+            noted.append(f"{effect_id}: {len(late)} late calls ({op['outcome']}, {applied} applied): {trail()}")
         ended = history[operation_id][-1] if op["outcome"] == "external_outcome_unknown" else None
         if ended is not None:
-            late = [e for e in events if e["kind"] == "call" and e["t"] > _epoch(ended["at"])]
-            if late:
-                problems.append(f"{effect_id} was performed {len(late)} times after its operation ended unknown")
+            after = [i for i, e in enumerate(events) if e["kind"] == "call" and e["t"] > _epoch(ended["at"])]
+            if [i for i in after if i not in late]:
+                problems.append(f"{effect_id} was performed after its operation ended unknown: {trail()}")
         intents = [t for t in history[operation_id] if t["event"] == "record_intent"]
         first_call = next((e for e in events if e["kind"] == "call"), None)
         if first_call is not None and (not intents or _epoch(intents[0]["at"]) > first_call["t"]):
             problems.append(f"{effect_id} was performed before its intent was committed")
         value = json.loads(op["input"])
         if op["state"] == "succeeded":
-            if applied != 1:
-                problems.append(f"{operation_id} succeeded, but its effect took effect {applied} times")
+            if applied < 1:
+                problems.append(f"{operation_id} succeeded, but its effect never took effect: {trail()}")
             result = json.loads(op["result"])
             if result.get("amount") != value["amount"]:
                 problems.append(f"{operation_id} succeeded with {result}, its input is {value}")
-        elif applied and op["effect_unsettled_since"] is None:
+        elif owned_applied and op["effect_unsettled_since"] is None:
             problems.append(
                 f"{operation_id} ended {op['outcome']} with its effect recorded settled, but the effect took effect"
             )
@@ -802,8 +932,8 @@ def check_effects(
     check(
         "each external effect performed at most once, never blindly",
         f"{len(by_effect)} effect ids, {kinds['call']} calls ({kinds['applied']} applied, {kinds['declined']} declined, "
-        f"{kinds['dropped']} dropped), {kinds['lookup']} lookups; external operations: "
-        + ", ".join(f"{o} {n}" for o, n in sorted(outcomes.items())),
+        f"{kinds['dropped']} dropped; {late_calls} late, from an attempt already replaced), {kinds['lookup']} lookups; "
+        "external operations: " + ", ".join(f"{o} {n}" for o, n in sorted(outcomes.items())),
         problems,
     )
 
@@ -1045,9 +1175,9 @@ def print_outcome(outcome: RunOutcome) -> None:
         print(f"{section}: " + (", ".join(f"{k} {v}" for k, v in values.items()) or "none"))
     for name, summary in report["checks"].items():
         print(f"  {name}: {summary}")
-    if report["left awaiting a decision"]:
-        print("left awaiting a decision (an approver's to make):")
-        for line in report["left awaiting a decision"]:
+    if report["noted"]:
+        print("noted, not violations (an approver's decision to make; a call held up past its attempt's replacement):")
+        for line in report["noted"]:
             print(f"  {line}")
     if "kept" in report:
         print(f"files kept in {report['kept']}")

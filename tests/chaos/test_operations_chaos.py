@@ -17,13 +17,13 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from fencekeeper.adapters import codec
-from tests.chaos.operations import audit, sqlite_rows
+from tests.chaos.operations import audit, check_effects, sqlite_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 1.0
@@ -101,7 +101,12 @@ def test_a_short_run_ends_with_no_violations(kept: tuple[str, Path]) -> None:
 def test_a_transfer_applied_twice_is_reported(kept: tuple[str, Path], tmp_path: Path) -> None:
     copy = _copy(kept[1], tmp_path)
     db = copy / "chaos.db"
-    posting = _one(db, "SELECT * FROM chaos_postings ORDER BY operation_id LIMIT 1")
+    # One whose source still holds its amount: the accounts' CHECK refuses a negative balance.
+    posting = _one(
+        db,
+        "SELECT p.* FROM chaos_postings p JOIN app_accounts a ON a.account_id = p.from_account "
+        "WHERE a.balance >= p.amount ORDER BY p.operation_id LIMIT 1",
+    )
     # The same posting again, with the balances moved again: the money still adds up.
     _write(db, "INSERT INTO chaos_postings VALUES (?, ?, ?, ?, ?)", tuple(posting))
     _write(
@@ -151,9 +156,59 @@ def test_an_effect_performed_after_it_took_effect_is_reported(kept: tuple[str, P
     again = applied[0]
     with log.open("a") as handle:
         for kind in ("call", "applied"):
-            handle.write(json.dumps({**again, "kind": kind, "t": again["t"] + 1}, sort_keys=True) + "\n")
+            handle.write(json.dumps({**again, "kind": kind, "t": again["t"] + 1, "pid": 0}, sort_keys=True) + "\n")
     violations = _checked(copy)
     effect = again["effect_id"]
     name = "each external effect performed at most once, never blindly"
-    assert f"{name}: {effect} was performed again after it took effect" in violations, violations
-    assert f"{name}: {effect} took effect 2 times" in violations, violations
+    assert any(v.startswith(f"{name}: {effect} was performed again after it took effect: ") for v in violations), (
+        violations
+    )
+    assert any(v.startswith(f"{name}: {effect} took effect 2 times: ") for v in violations), violations
+
+
+def _effect_case(late_pid: int) -> tuple[list[str], list[str]]:
+    """A capture whose first Attempt, replaced, reaches the provider after its replacement looked and performed."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    op = {
+        "operation_id": "op-1", "effect_id": "op-1/effect", "outcome": "succeeded", "state": "succeeded",
+        "input": json.dumps({"order": "o-1", "amount": 5}), "result": json.dumps({"amount": 5}),
+        "effect_unsettled_since": None, "effect_class": "external",
+    }  # fmt: skip
+    attempts = [
+        {"number": 1, "worker_id": "chaos-opw1-1", "started_at": t0},
+        {"number": 2, "worker_id": "chaos-opw2-1", "started_at": t0 + timedelta(seconds=2.5)},
+    ]
+    history = [{"event": "record_intent", "at": t0 + timedelta(seconds=0.1)}, {"event": "succeed", "at": t0}]
+
+    def line(kind: str, pid: int, seconds: float, **extra: object) -> dict[str, object]:
+        return {
+            "kind": kind,
+            "effect_id": "op-1/effect",
+            "pid": pid,
+            "t": (t0 + timedelta(seconds=seconds)).timestamp(),
+            **extra,
+        }
+
+    provider = [
+        line("lookup", 2, 2.6, found=False),
+        line("call", 2, 2.7),
+        line("applied", 2, 2.7),
+        line("call", late_pid, 3.0),
+        line("applied", late_pid, 3.0),
+    ]
+    problems: list[str] = []
+    noted: list[str] = []
+    check_effects(
+        provider, {"op-1": op}, {"op-1": history}, {"op-1": attempts},
+        pids={1: "chaos-opw1", 2: "chaos-opw2"}, check=lambda name, summary, found: problems.extend(found), noted=noted,
+    )  # fmt: skip
+    return problems, noted
+
+
+def test_a_call_from_a_replaced_attempt_is_noted_and_one_from_an_owner_is_a_violation() -> None:
+    problems, noted = _effect_case(late_pid=1)
+    assert problems == [] and len(noted) == 1 and "1 late calls" in noted[0] and "already replaced" in noted[0], noted
+    problems, noted = _effect_case(late_pid=3)  # a process the run does not know: held to the rules
+    assert any(p.startswith("op-1/effect was performed again after it took effect") for p in problems), problems
+    assert any(p.startswith("op-1/effect took effect 2 times") for p in problems), problems
+    assert noted == []
