@@ -804,21 +804,19 @@ def check_transfers(
     )
 
 
-def _late_calls(
+def _callers(
     events: list[dict[str, Any]], mine: list[dict[str, Any]], pids: dict[int, str]
-) -> tuple[set[int], dict[int, str]]:
-    """Which calls of one effect came from an Attempt already replaced, and who made each call.
+) -> tuple[dict[int, dict[str, Any]], set[int]]:
+    """Which Attempt made each call and lookup of one effect, and which calls came from an Attempt already replaced.
 
-    A call is known by its process (the log's pid), and made by the newest
-    Attempt that process had begun on the operation by then.  It is late
-    when a later Attempt had been claimed before it: the worker was stopped
-    (or delayed) between committing its intent and reaching the provider,
-    and its call arrives like a request held up on the network.
+    An event is known by its process (the log's pid), and made by the newest
+    Attempt that process had begun on the operation by then.  A call is late
+    when a later Attempt had been claimed before it.
     """
+    who: dict[int, dict[str, Any]] = {}
     late: set[int] = set()
-    who: dict[int, str] = {}
     for index, e in enumerate(events):
-        if e["kind"] != "call":
+        if e["kind"] not in ("call", "lookup"):
             continue
         process = pids.get(int(e.get("pid", -1)))
         if process is None:
@@ -827,12 +825,10 @@ def _late_calls(
         ours = [a for a in mine if a["worker_id"].rsplit("-", 1)[0] == process and a["started_at"] <= at]
         if not ours:
             continue
-        attempt = ours[-1]
-        who[index] = f"attempt {attempt['number']} ({attempt['worker_id']})"
-        if any(a["number"] > attempt["number"] and a["started_at"] <= at for a in mine):
+        who[index] = ours[-1]
+        if e["kind"] == "call" and any(a["number"] > ours[-1]["number"] and a["started_at"] <= at for a in mine):
             late.add(index)
-            who[index] += ", already replaced"
-    return late, who
+    return who, late
 
 
 def check_effects(
@@ -868,8 +864,30 @@ def check_effects(
             problems.append(f"{effect_id} reached the provider, but no operation recorded its intent")
             continue
         op = operations[operation_id]
-        late, who = _late_calls(events, attempts.get(operation_id, []), pids)
+        callers, late = _callers(events, attempts.get(operation_id, []), pids)
+        who = {
+            i: f"attempt {a['number']} ({a['worker_id']}){', already replaced' if i in late else ''}"
+            for i, a in callers.items()
+        }
         late_calls += len(late)
+        # A late call is the limit above only if nothing the Attempt did stood between its last
+        # guarded write (its intent) and the call: one made on a lookup the Attempt made after
+        # its intent went out without the Attempt's ownership being confirmed again.
+        intents_by_fence = collections.defaultdict(list)
+        for t in history[operation_id]:
+            if t["event"] == "record_intent":
+                intents_by_fence[t["fence"]].append(_epoch(t["at"]))
+        unconfirmed = set()
+        for index in late:
+            number = callers[index]["number"]
+            since = max((t for t in intents_by_fence[number] if t <= events[index]["t"]), default=0.0)
+            if any(
+                e["kind"] == "lookup"
+                and callers.get(i, {}).get("number") == number
+                and since < e["t"] < events[index]["t"]
+                for i, e in enumerate(events)
+            ):
+                unconfirmed.add(index)
 
         def trail(events: list[dict[str, Any]] = events, who: dict[int, str] = who) -> str:
             return "; ".join(
@@ -886,8 +904,14 @@ def check_effects(
         found_problem = False
         for index, e in enumerate(events):
             if e["kind"] == "call":
-                answering_late = index in late
-                if blind is not None and not answering_late:
+                answering_late = index in late and index not in unconfirmed
+                if index in unconfirmed:
+                    problems.append(
+                        f"{effect_id} was performed by {who[index]}, on a lookup it made after its intent and "
+                        f"before its replacement, without confirming it still owned the operation: {trail()}"
+                    )
+                    found_problem = True
+                elif blind is not None and not answering_late:
                     problems.append(f"{effect_id} was performed again after {blind}: {trail()}")
                     found_problem = True
             elif e["kind"] == "applied":
