@@ -37,6 +37,7 @@ import argparse
 import collections
 import itertools
 import json
+import logging
 import os
 import random
 import re
@@ -223,6 +224,7 @@ class Driver:
         try:
             admission = self._submit(key, action, value)
         except StoreError as exc:
+            self.identities[key]["lost"] = True  # the answer is lost: submitted again later, identically
             self._store_error("submit", exc)
             return
         except DurableOperationError as exc:
@@ -668,9 +670,11 @@ def check_identities(
     for operation_id in sorted(operations.keys() - seen):
         problems.append(f"{operation_id} exists but the driver submitted no identity for it")
     unknown = sum(1 for i in submitted.values() if i["operation_id"] is None)
+    lost = sum(1 for i in submitted.values() if i.get("lost"))
     check(
         "every submitted identity maps to exactly one operation",
-        f"{len(submitted)} identities submitted ({unknown} answers never received), {len(operations)} operations, "
+        f"{len(submitted)} identities submitted ({lost} first answers lost, {unknown} never received), "
+        f"{len(operations)} operations, "
         f"{len(table)} identity rows",
         problems,
     )
@@ -1224,6 +1228,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
+    # The driver's sessions are cut on purpose: the pool's note of each one it discards is not news.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     config = Config(
         args.store, args.seconds, args.seed, args.workers, args.lease, args.dsn, args.keep,
         max_operations=args.max_operations,
