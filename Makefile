@@ -41,11 +41,17 @@ contracts-journal: $(STAMP)
 
 # Not part of `make test`: about two minutes of workers killed, stopped past their leases and
 # cut off, on SQLite and on PostgreSQL (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test),
-# then the documented recovery and a full audit; exits 1 on any violation (docs/chaos.md).
+# then the documented recovery and a full audit; then the same faults for about a minute more
+# against `fencekeeper op worker` and durable operations. Both runs always run; exits 1 on any
+# violation of either (docs/chaos.md).
 CHAOS_SECONDS ?= 50
+OPS_CHAOS_SECONDS ?= 30
 CHAOS_SEED ?= 1
 chaos: $(STAMP)
-	$(BIN)/python -m tests.chaos.run --store both --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED)
+	status=0; \
+	$(BIN)/python -m tests.chaos.run --store both --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) || status=1; \
+	$(BIN)/python -m tests.chaos.operations --store both --seconds $(OPS_CHAOS_SECONDS) --seed $(CHAOS_SEED) || status=1; \
+	exit $$status
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.kernel_steps
