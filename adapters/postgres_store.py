@@ -1604,8 +1604,10 @@ class PostgresStore(TransactionalStore):
         # conversion and used without another (_aware): about 2 us a value,
         # where a server's default zone ('Etc/UTC', say) is any other name.
         settings = {
-            "options": f"-c search_path={self.schema} -c lock_timeout={round(lock_timeout * 1000)} "
-            f"-c idle_in_transaction_session_timeout={round(idle_in_transaction_timeout * 1000)} -c TimeZone=UTC",
+            # Whole milliseconds, at least one: PostgreSQL reads 0 as no timeout at all.
+            "options": f"-c search_path={self.schema} -c lock_timeout={max(1, round(lock_timeout * 1000))} "
+            f"-c idle_in_transaction_session_timeout={max(1, round(idle_in_transaction_timeout * 1000))} "
+            "-c TimeZone=UTC",
             "prepare_threshold": None,
         }
         try:

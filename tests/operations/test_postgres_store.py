@@ -346,3 +346,15 @@ def test_a_decision_waits_for_a_locked_row_at_most_lock_timeout(pg_dsn: str, pg_
         assert record is not None and record.state.value == "admitted"
     finally:
         store.close()
+
+
+def test_a_timeout_under_a_millisecond_is_one_millisecond_not_zero(pg_dsn: str, pg_schema: str) -> None:
+    # PostgreSQL reads 0 as "no timeout": a lease of a fraction of a millisecond must not switch off
+    # the server's end of a stalled session, nor a tiny lock_timeout the bounded wait.
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0.0004, idle_in_transaction_timeout=0.0001)
+    try:
+        with store._pool.connection() as conn:
+            shown = [conn.execute(f"SHOW {name}").fetchone() for name in ("lock_timeout", "idle_in_transaction_session_timeout")]  # type: ignore[arg-type]
+        assert shown == [("1ms",), ("1ms",)]
+    finally:
+        store.close()
