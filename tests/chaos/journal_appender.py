@@ -32,11 +32,11 @@ Run as ``python -m tests.chaos.journal_appender --db URL --name NAME --seed N --
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -140,7 +140,16 @@ def record_text(record: bytes) -> str:
 
 
 class Appender:
-    def __init__(self, store: JournalStoreBase, name: str, journals: list[str], rng: random.Random, log: Path) -> None:
+    def __init__(
+        self,
+        store: JournalStoreBase,
+        name: str,
+        journals: list[str],
+        rng: random.Random,
+        log: Path,
+        *,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.store = store
         self.name = name
         self.journals = journals
@@ -151,7 +160,7 @@ class Appender:
         """Every request this appender made, with its answer (``outcome``, ``code``)."""
         self.serial = 0
         self.reused: set[str] = set()
-        self.stopping = False
+        self.stop = stop or threading.Event()
 
     def write(self, line: dict[str, Any]) -> None:
         self.log.write(json.dumps(line, sort_keys=True) + "\n")
@@ -281,7 +290,7 @@ class Appender:
         """Send; a stale head is read again; an answer lost is asked again, identically, until the store answers."""
         entry = self.send(execution_id, what, commands, of)
         for _ in range(20):
-            if entry["outcome"] != "unknown" or self.stopping:
+            if entry["outcome"] != "unknown" or self.stop.is_set():
                 break
             time.sleep(0.2)
             entry = self.send(execution_id, "resend", commands, entry["n"])
@@ -320,17 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--journals", required=True, help="execution ids, comma-separated")
     parser.add_argument("--resume", type=Path, help="a killed appender's log: its last request is sent again first")
     args = parser.parse_args(argv)
-    appender: Appender | None = None
-
-    def stop(_signum: int, _frame: object) -> None:
-        if appender is not None:
-            appender.stopping = True
-        # Told to stop, it ends after the request in hand: if it has not within 5 s, where it is waiting is shown.
-        faulthandler.dump_traceback_later(5, exit=False)
-
-    signal.signal(signal.SIGTERM, stop)
+    # Set from the first moment: a SIGTERM while the store is still being opened stops it too.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     store = None
     for _ in range(50):
+        if stop.is_set():
+            return 0
         try:
             store = open_store(args.db)
             break
@@ -339,10 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     if store is None:
         print(f"{args.name}: cannot open {args.db}", file=sys.stderr)
         return 1
-    appender = Appender(store, args.name, args.journals.split(","), random.Random(f"{args.seed}-{args.name}"), args.log)
+    rng = random.Random(f"{args.seed}-{args.name}")
+    appender = Appender(store, args.name, args.journals.split(","), rng, args.log, stop=stop)
     if args.resume is not None and args.resume.exists():
         appender.resume(args.resume)
-    while not appender.stopping:
+    while not stop.is_set():
         try:
             appender.once()
         except StoreError:
