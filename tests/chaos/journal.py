@@ -110,6 +110,37 @@ class AppenderCrew(Crew):
         super().sigkill(name)
         self.orphans.append(name)
 
+    def sigkill_in_request(self) -> bool:
+        """SIGKILL an appender, if it can be caught within half a second between logging a request and its answer.
+
+        Most of an appender's time goes to reading the journal again; a kill
+        aimed at a request in flight is what leaves an outcome unknown.
+        Whether it was caught is only likely: the answer may land between
+        the look at the log and the signal.
+        """
+        candidates = sorted(set(self.running) - set(self.stopped_until))
+        if not candidates:
+            return False
+        name = self.rng.choice(candidates)
+        log = self.directory / f"{name}.jsonl"
+        give_up = time.monotonic() + 0.5
+        caught = False
+        while time.monotonic() < give_up and not caught:
+            caught = log.exists() and last_line(log).startswith('{"appender"') and '"kind": "request"' in last_line(log)
+            if not caught:
+                time.sleep(0.002)
+        self.sigkill(name)
+        self.start()
+        return caught
+
+
+def last_line(path: Path) -> str:
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - 65536))
+        lines = handle.read().splitlines()
+    return lines[-1].decode("utf-8", errors="replace") if lines else ""
+
 
 @attrs.define
 class RunOutcome:
@@ -146,8 +177,13 @@ def run_one(config: Config, kind: str) -> RunOutcome:
             crew.reap()
             crew.resume_due()
             if now >= next_kill:
-                crew.sigkill_one(set())
-                faults["appenders SIGKILLed (and replaced)"] += 1
+                if rng.random() < 0.6:
+                    caught = crew.sigkill_in_request()
+                    faults["appenders SIGKILLed (and replaced) while a request was likely in flight"] += caught
+                    faults["appenders SIGKILLed (and replaced) at another moment"] += not caught
+                else:
+                    crew.sigkill_one(set())
+                    faults["appenders SIGKILLed (and replaced) at another moment"] += 1
                 next_kill = now + rng.uniform(1, 2.5)
             if now >= next_stop:
                 if crew.sigstop_one(set()):
