@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -53,8 +54,6 @@ from tests.chaos.run import DEFAULT_PG_DSN, Crew, PostgresTarget, SqliteTarget, 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "chaos-ja"
 APPLICATION_PREFIX = "fkj-"
-EXPECTED_REFUSALS = frozenset({"stale_head", "conflicting_request"})
-"""What a command built on the journal its appender last saw may be refused: the head moved, or its id was taken."""
 
 
 @attrs.define
@@ -509,6 +508,11 @@ def check_answers(
     wrong: list[str] = []
     acknowledged = refusals = 0
     accepted_once: set[tuple[str, str]] = set()
+    # Where each head is in its chain (the header's digest is 0): a stale refusal names a later one.
+    positions = {eid: {r["digest"]: r["ordinal"] for r in chain} for eid, chain in stored.items()}
+    for eid, chain in stored.items():
+        if chain:
+            positions[eid][Stored.of(chain[0]["record"]).previous] = 0
     not_refused: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
     for number, entry in enumerate(entries):
         if entry["outcome"] != "refused":
@@ -545,9 +549,9 @@ def check_answers(
                 previous = result["head"]
         elif entry["outcome"] == "refused":
             refusals += 1
-            if entry["code"] not in EXPECTED_REFUSALS:
-                wrong.append(f"{who}: a command built on the journal as last seen was refused [{entry['code']}] "
-                             f"{entry.get('message', '')}")  # fmt: skip
+            earned = refusal_earned(entry, positions.get(eid, {}), groups.get(eid, {}))
+            if earned is not None:
+                wrong.append(f"{who}: {earned}")
             for command in entry["commands"]:
                 runs = groups.get(eid, {}).get(command["request"], [])
                 if not runs:
@@ -580,7 +584,38 @@ def check_answers(
     check("no writer was rebased", f"{len(accepted_once)} commands appended, each after the head it expected", rebased)
     check("every refused request left nothing", f"{refusals} refusals", refused_problems)
     check("every answer was the right one",
-          "repeats of acknowledged requests unchanged, conflicting reuse refused, no other refusal", wrong)  # fmt: skip
+          "repeats of acknowledged requests unchanged, conflicting reuse refused, every refusal earned", wrong)  # fmt: skip
+
+
+_NAMED_HEAD = re.compile(
+    r"expected head (sha256:[0-9a-f]{64}), but (?:the head is|another writer moved it to) (sha256:[0-9a-f]{64})"
+)
+
+
+def refusal_earned(entry: dict[str, Any], positions: dict[str, int], groups: dict[str, list[Group]]) -> str | None:
+    """Why a refusal was not the one the stored journal earns, or None.
+
+    ``stale_head``: the head it names is one the chain passed through after
+    the one the command expected.  ``conflicting_request``: the refused
+    command's id is stored, from another request.  No other refusal is
+    earned by a command built on the journal as its appender saw it.
+    """
+    code, message = entry["code"], entry.get("message", "")
+    if code == "stale_head":
+        named = _NAMED_HEAD.search(message)
+        if named is None:
+            return None  # "moved to a newer head": moved twice while the append ran, a head not named
+        expected, head = positions.get(named[1]), positions.get(named[2])
+        if expected is None or head is None or head <= expected:
+            return (f"refused stale_head, expecting the head at {expected} while the head was the one at {head} "
+                    f"(None: not in the chain): {message}")  # fmt: skip
+        return None
+    if code == "conflicting_request":
+        command = entry["commands"][int(entry.get("at", 1)) - 1]
+        if not groups.get(command["request"]):
+            return f"refused conflicting_request, but no request {command['request']} is stored"
+        return None
+    return f"a command built on the journal as last seen was refused [{code}] {message}"
 
 
 def check_unknown(

@@ -8,7 +8,8 @@ one forgery at a time, past the tables' append-only triggers (dropped and
 put back, as someone with the file could), and the checks must report each:
 a byte of an acknowledged event changed, and the last acknowledged appends
 of a journal cut off with its head row moved back, which the chain alone
-cannot show.
+cannot show.  A refusal is forged into an appender's log as well: a
+``stale_head`` naming the very head the request expected.
 """
 
 from __future__ import annotations
@@ -175,5 +176,24 @@ def test_acknowledged_appends_cut_off_are_reported(kept: tuple[str, Path], tmp_p
     assert any(
         v.startswith("every append answered appended or unchanged is stored as answered: ")
         and f"{request} answered appended with event {ordinal}, which the chain holds not at all" in v
+        for v in violations
+    ), violations
+
+
+def test_a_stale_refusal_of_the_current_head_is_reported(kept: tuple[str, Path], tmp_path: Path) -> None:
+    copy = _copy(kept[1], tmp_path)
+    # A request that expected the head it found, refused as if another writer had moved it.
+    entry = next(e for e in read_logs(copy) if e["outcome"] == "appended")
+    name, head = entry["appender"], entry["commands"][0]["expected_head"]
+    command = {**entry["commands"][0], "request": f"{name}-forged"}
+    with (copy / f"{name}.jsonl").open("a") as handle:
+        handle.write(json.dumps({"kind": "request", "appender": name, "n": 10**6, "journal": entry["journal"],
+                                 "what": "new", "commands": [command], "t": 0}) + "\n")  # fmt: skip
+        handle.write(json.dumps({"kind": "answer", "appender": name, "n": 10**6, "outcome": "refused",
+                                 "code": "stale_head", "at": 1, "t": 0,
+                                 "message": f"expected head {head}, but the head is {head}"}) + "\n")  # fmt: skip
+    violations = _checked(copy)
+    assert any(
+        v.startswith(f"every answer was the right one: {name} request 1000000 (new, ") and "refused stale_head" in v
         for v in violations
     ), violations
