@@ -210,7 +210,7 @@ def run_one(config: Config, kind: str) -> RunOutcome:
     )
     audit_started = time.monotonic()
     violations, checks, stats = audit(rows, directory, target.url(f"{APPLICATION_PREFIX}audit"))
-    report = {
+    report: dict[str, Any] = {
         "faults": dict(faults),
         "requests": stats,
         "checks": checks,

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fencekeeper.adapters import connect
-from fencekeeper.adapters.journal_store import JournalStoreBase, SQLiteJournalStore
+from fencekeeper.adapters.journal_store import JournalStore, SQLiteJournalStore
 from fencekeeper.adapters.store import StoreError
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import digest_bytes
@@ -82,7 +82,7 @@ def new_journal(execution_id: str) -> j.Journal:
     return j.new_journal(header, workflow, policy)
 
 
-def open_store(url: str) -> JournalStoreBase:
+def open_store(url: str) -> JournalStore:
     location = connect.parse_url(url)
     if location.kind == "sqlite":
         assert location.path is not None
@@ -142,7 +142,7 @@ def record_text(record: bytes) -> str:
 class Appender:
     def __init__(
         self,
-        store: JournalStoreBase,
+        store: JournalStore,
         name: str,
         journals: list[str],
         rng: random.Random,

@@ -92,7 +92,7 @@ def _forge(db: Path, triggers: tuple[str, ...], statements: list[tuple[str, tupl
 
 def _acknowledged(directory: Path, journal: str) -> list[tuple[int, str]]:
     """The ordinal and request id of each event an appender was answered appended with, in ``journal``."""
-    found = []
+    found: list[tuple[int, str]] = []
     for entry in read_logs(directory):
         if entry["journal"] != journal:
             continue
