@@ -286,8 +286,15 @@ def built(command: dict[str, Any], previous: str | None) -> tuple[j.Command, str
     return value, j.request_digest(value)
 
 
-def audit(rows: Rows, directory: Path, url: str) -> tuple[list[str], dict[str, str], dict[str, Any]]:
-    """Every check, over the stored rows, the appenders' logs in ``directory``, and the store at ``url``."""
+def audit(
+    rows: Rows, directory: Path, url: str, *, command_line: bool = True
+) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """Every check, over the stored rows, the appenders' logs in ``directory``, and the store at ``url``.
+
+    ``command_line=False`` leaves out ``journal verify`` (the replay it runs
+    is still done here): for checking again files whose chain the run's own
+    checks already ran it on.
+    """
     checks: dict[str, str] = {}
     violations: list[str] = []
 
@@ -302,7 +309,7 @@ def audit(rows: Rows, directory: Path, url: str) -> tuple[list[str], dict[str, s
         stored[r["execution_id"]].append({**r, "record": bytes(r["record"])})
     entries = read_logs(directory)
 
-    check_chains(headers, heads, stored, url, check)
+    check_chains(headers, heads, stored, url, check, command_line=command_line)
     events = {eid: [Stored.of(e["record"]) for e in stored[eid]] for eid in headers}
     groups = check_requests(events, entries, check)
     check_answers(stored, groups, entries, check)
@@ -327,6 +334,8 @@ def check_chains(
     stored: dict[str, list[dict[str, Any]]],
     url: str,
     check: Callable[[str, str, list[str]], None],
+    *,
+    command_line: bool = True,
 ) -> dict[str, j.Journal]:
     """Each ordinal one event, the head row the chain's end; every journal replays, verifies, and loads again the same."""
     problems: list[str] = []
@@ -361,7 +370,7 @@ def check_chains(
             stderr=subprocess.PIPE,
             text=True,
         )
-        for eid in sorted(headers)
+        for eid in (sorted(headers) if command_line else [])
     }
     for eid, header in sorted(headers.items()):
         head = heads.get(eid)
@@ -386,7 +395,8 @@ def check_chains(
             problems.append(f"{eid}: journal verify says head {said['head']} after {said['events']}, replay another")
     check(
         "every stored journal replays and journal verify says it is whole",
-        f"{len(replayed)} of {len(headers)} replayed, journal verify run on each",
+        f"{len(replayed)} of {len(headers)} replayed, "
+        + ("journal verify run on each" if command_line else "journal verify not run"),
         problems,
     )
 
