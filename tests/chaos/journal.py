@@ -695,9 +695,12 @@ def check_appenders(directory: Path, check: Callable[[str, str, list[str]], None
     """Every appender kept appending until it was killed or stopped: a cut connection is waited out, not fatal."""
     problems: list[str] = []
     for path in sorted(directory.glob(f"{PREFIX}*.err")):
-        text = path.read_text(errors="replace")
-        if "Traceback" in text:
-            problems.append(f"{path.stem}: {text.strip().splitlines()[-1][:200]}")
+        lines = path.read_text(errors="replace").strip().splitlines()
+        if any(line.startswith("Traceback") for line in lines):
+            # The exception and the frame it was raised in: which call let it through.
+            frames = [line.strip() for line in lines if line.lstrip().startswith('File "')]
+            where = f" (raised at {frames[-1]})" if frames else ""
+            problems.append(f"{path.stem}: {lines[-1][:200]}{where}")
     record = json.loads((directory / "appenders.json").read_text()) if (directory / "appenders.json").exists() else {}
     exits = record.get("exits", {})
     problems.extend(f"{what} ({n} appenders)" for what, n in sorted(exits.items()) if "on its own" in what)
