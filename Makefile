@@ -42,15 +42,18 @@ contracts-journal: $(STAMP)
 # Not part of `make test`: about two minutes of workers killed, stopped past their leases and
 # cut off, on SQLite and on PostgreSQL (FENCEKEEPER_PG_DSN, default postgresql://postgres@127.0.0.1:5432/test),
 # then the documented recovery and a full audit; then the same faults for about a minute more
-# against `fencekeeper op worker` and durable operations. Both runs always run; exits 1 on any
-# violation of either (docs/chaos.md).
+# against `fencekeeper op worker` and durable operations; then about twenty seconds a store of
+# appender processes writing shared execution journals. Every run always runs; exits 1 on any
+# violation of any (docs/chaos.md).
 CHAOS_SECONDS ?= 50
 OPS_CHAOS_SECONDS ?= 30
+JOURNAL_CHAOS_SECONDS ?= 20
 CHAOS_SEED ?= 1
 chaos: $(STAMP)
 	status=0; \
 	$(BIN)/python -m tests.chaos.run --store both --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) || status=1; \
 	$(BIN)/python -m tests.chaos.operations --store both --seconds $(OPS_CHAOS_SECONDS) --seed $(CHAOS_SEED) || status=1; \
+	$(BIN)/python -m tests.chaos.journal --store both --seconds $(JOURNAL_CHAOS_SECONDS) --seed $(CHAOS_SEED) || status=1; \
 	exit $$status
 
 bench: $(STAMP)
