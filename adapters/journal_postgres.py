@@ -62,6 +62,10 @@ class PostgresJournalStore(JournalStoreBase):
         self._conn = self._connect()
         try:
             check_schema(self._conn, self.schema)
+        except psycopg.OperationalError as exc:
+            # Lost between the connection and the check: what every other call of the store says of it.
+            self._conn.close()
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
         except BaseException:
             self._conn.close()
             raise

@@ -465,6 +465,10 @@ class PostgresOperationStore(TransactionalOperationStore):
         try:
             with self._pool.connection() as conn:
                 check_schema(conn, self.schema)
+        except psycopg.OperationalError as exc:
+            # Lost between the pool's connection and the check: what every other call of the store says of it.
+            self._pool.close()
+            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
         except BaseException:
             self._pool.close()
             raise

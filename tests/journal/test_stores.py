@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import psycopg
@@ -150,3 +151,21 @@ def test_a_killed_postgresql_connection_is_a_store_error_and_the_next_call_recon
             assert PostgresJournalStore(pg_dsn, schema=pg_schema).load("review-1").head == outcome.journal.head
         finally:
             store.close()
+
+
+def test_a_connection_lost_while_the_journal_store_opens_is_store_unavailable(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fencekeeper.adapters import journal_postgres  # noqa: PLC0415
+
+    real = journal_postgres.check_schema
+
+    def cut_then_check(conn: psycopg.Connection[Any], schema: str) -> int:
+        with psycopg.connect(pg_dsn, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        return real(conn, schema)
+
+    monkeypatch.setattr(journal_postgres, "check_schema", cut_then_check)
+    with pytest.raises(StoreError) as raised:
+        journal_postgres.PostgresJournalStore(pg_dsn, schema=pg_schema)
+    assert raised.value.code == "store_unavailable"

@@ -358,3 +358,24 @@ def test_a_timeout_under_a_millisecond_is_one_millisecond_not_zero(pg_dsn: str, 
         assert shown == [("1ms",), ("1ms",)]
     finally:
         store.close()
+
+
+def test_a_connection_lost_while_the_store_opens_is_store_unavailable(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cut between the pool's connection and the schema check: the store's own error, as on every other
+    # call, never psycopg's (which a worker that waits out StoreError would die of).
+    from fencekeeper.adapters.operations import postgres as ops_postgres  # noqa: PLC0415
+    from fencekeeper.adapters.store import StoreError  # noqa: PLC0415
+
+    real = ops_postgres.check_schema
+
+    def cut_then_check(conn: psycopg.Connection[Any], schema: str) -> int:
+        with psycopg.connect(pg_dsn, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        return real(conn, schema)
+
+    monkeypatch.setattr(ops_postgres, "check_schema", cut_then_check)
+    with pytest.raises(StoreError) as raised:
+        PostgresOperationStore(pg_dsn, schema=pg_schema)
+    assert raised.value.code == "store_unavailable"
