@@ -5,8 +5,9 @@ Registered from ``cli.py`` (:func:`add_parsers`, :func:`run_export`,
 of these commands runs.  Conventions are the command line's (``cli.py``
 module header): data on stdout (one JSON document with ``--json``), one
 ``fencekeeper: error: ...`` line on stderr, exit 0 on success, 1 when the
-store refuses or something is parked, 2 for bad usage or input (a ``--db``
-that names no store, a malformed ``--sink``, an unknown message id).
+store refuses, something is parked or the sink's reader went away, 2 for
+bad usage or input (a ``--db`` that names no store, a malformed ``--sink``,
+an unknown message id).
 
 With ``--sink stdout`` the messages are the data, one JSON document per
 line, and the summary goes to stderr.
@@ -15,7 +16,10 @@ line, and the summary goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -206,7 +210,15 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         exporter = outbox.OutboxExporter(
             store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts)
         )
-        report = exporter.run(until_idle=args.until_idle, poll_interval=args.poll.total_seconds())
+        try:
+            report = exporter.run(until_idle=args.until_idle, poll_interval=args.poll.total_seconds())
+        except outbox.SinkClosed as exc:
+            if args.sink in ("stdout", "-"):
+                # Nothing more reaches the reader; the interpreter's own flush at exit must not fail too.
+                with contextlib.suppress(OSError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            out.note(f"fencekeeper: error: {exc}; what it did not acknowledge is delivered again by the next export")
+            return EXIT_PROBLEM
         summary = {"delivered": report.delivered, "failed": report.failed, "parked": report.parked}
         if args.sink in ("stdout", "-"):
             out.note(json.dumps(summary, sort_keys=True))

@@ -104,6 +104,15 @@ class SinkError(Exception):
     """A delivery that failed, with the reason recorded on the row."""
 
 
+class SinkClosed(Exception):
+    """The sink can take nothing more (the reader of its pipe went away): the exporter stops.
+
+    No message of the batch is failed or marked, since none can be delivered
+    until the sink is opened again; their claims are released, and the next
+    exporter delivers them (at least once).
+    """
+
+
 class JsonLinesSink:
     """One JSON document per line, to a file (appended, fsynced on flush) or a stream such as stdout."""
 
@@ -119,10 +128,16 @@ class JsonLinesSink:
             self._stream = target
 
     def send(self, message: ExportedMessage) -> None:
-        self._stream.write(json.dumps(message.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+        try:
+            self._stream.write(json.dumps(message.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+        except BrokenPipeError:
+            raise SinkClosed("the sink's reader closed its end of the pipe") from None
 
     def flush(self) -> None:
-        self._stream.flush()
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise SinkClosed("the sink's reader closed its end of the pipe") from None
         if self.path is not None:
             os.fsync(self._stream.fileno())
 
@@ -282,6 +297,9 @@ class OutboxExporter:
                 continue
             try:
                 self.sink.send(message)
+            except SinkClosed:
+                self._release(token, claimed)
+                raise
             except Exception as exc:  # the sink's failure is data: recorded on the row, retried later
                 failed.append((message, _error_text(exc)))
                 broken.add(subject)
@@ -289,6 +307,9 @@ class OutboxExporter:
             delivered.append(message.seq)
         try:
             self.sink.flush()
+        except SinkClosed:
+            self._release(token, claimed)
+            raise
         except Exception as exc:
             reason = f"flush failed: {_error_text(exc)}"
             by_seq = {m.seq: m for m in claimed}
@@ -366,6 +387,10 @@ class OutboxExporter:
                     break
                 allowed.add(seq)
         return [r for r in rows if int(r[0]) in allowed]
+
+    def _release(self, token: str, claimed: Sequence[ExportedMessage]) -> None:
+        """Not the messages' failure: nothing could reach the sink.  Neither failed nor marked (SinkClosed)."""
+        self._mark(token, [], [], [m.seq for m in claimed])
 
     def _mark(
         self, token: str, delivered: Sequence[int], failed: Sequence[tuple[ExportedMessage, str]], held: Sequence[int]
@@ -557,6 +582,7 @@ __all__ = [
     "OutboxStatus",
     "ParkedMessage",
     "Sink",
+    "SinkClosed",
     "SinkError",
     "WebhookSink",
     "check_sink",

@@ -6,6 +6,7 @@ a child process (``export_child``) and kills it mid-batch.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -28,6 +29,7 @@ from fencekeeper.adapters.outbox import (
     ExportRetry,
     JsonLinesSink,
     OutboxExporter,
+    SinkClosed,
     SinkError,
     WebhookSink,
     discard,
@@ -285,3 +287,46 @@ def test_two_exporters_at_once_share_the_rows_and_keep_each_subjects_order(
     assert len({m.message_id for m in sink.sent}) == total
     for seqs in in_order_per_subject(sink.sent).values():
         assert seqs == sorted(seqs)
+
+
+def test_a_reader_that_went_away_stops_the_exporter_and_fails_no_message(
+    world: World, store: TransactionalOperationStore
+) -> None:
+    make_operations(world, 3)
+    read, write = os.pipe()
+    os.close(read)  # the consumer of `fencekeeper export --sink stdout | consumer` died
+    with os.fdopen(write, "w", encoding="utf-8") as stream:
+        exporter = OutboxExporter(store, JsonLinesSink(stream), retry=ExportRetry(maximum_attempts=1))
+        with pytest.raises(SinkClosed):
+            exporter.run(until_idle=True)
+        with contextlib.suppress(BrokenPipeError):
+            stream.close()
+    touched = "attempts > 0 OR parked_at IS NOT NULL OR exported_at IS NOT NULL OR claimed_by IS NOT NULL"
+    assert rows(store, f"SELECT count(*) FROM outbox WHERE {touched}") == [(0,)], "no attempt spent, nothing parked"
+    sink = Recording()
+    OutboxExporter(store, sink).run(until_idle=True)
+    assert len(sink.sent) == rows(store, "SELECT count(*) FROM outbox")[0][0], "the next exporter delivers them all"
+
+
+def test_export_to_stdout_whose_reader_went_away_exits_1(tmp_path: Path) -> None:
+    path = tmp_path / "ops.db"
+    store = SQLiteOperationStore(path, ManualClock())
+    open_accounts(store, {"acc-1": 100, "acc-2": 0})
+    make_operations(World(store, ManualClock()), 2)
+    store.close()
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fencekeeper.adapters.cli", "export", "--db", str(path), "--sink", "stdout"],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("fencekeeper: error:") == 1 and "Traceback" not in done.stderr, done.stderr
+    reopened = SQLiteOperationStore(path, ManualClock())
+    try:
+        assert rows(reopened, "SELECT count(*) FROM outbox WHERE attempts > 0 OR exported_at IS NOT NULL") == [(0,)]
+    finally:
+        reopened.close()
