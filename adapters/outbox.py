@@ -146,6 +146,16 @@ class JsonLinesSink:
             self._stream.close()
 
 
+class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer is the answer: followed, a POST would become a GET, its 2xx a delivery the receiver never had."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirect)
+
+
 class WebhookSink:
     """An HTTP POST of each message's JSON; any 2xx answer is a delivery.
 
@@ -177,7 +187,7 @@ class WebhookSink:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _NO_REDIRECTS.open(request, timeout=self.timeout) as response:
                 status = response.status
         except urllib.error.HTTPError as exc:
             raise SinkError(f"HTTP {exc.code} from {self.url}") from None

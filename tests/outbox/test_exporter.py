@@ -171,6 +171,14 @@ class _Hook(http.server.BaseHTTPRequestHandler):
         if status == 200:
             self.received.append((self.headers["Idempotency-Key"], body))
         self.send_response(status)
+        if 300 <= status < 400:
+            self.send_header("Location", "/moved")
+            self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:  # where a redirect leads: a page, not a receiver of events
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
@@ -205,6 +213,20 @@ def test_webhook_posts_each_message_with_its_id_and_retries_an_error_status(
     assert [key for key, _ in _Hook.received] == [f"{op}/1", f"{op}/2", f"{op}/3"]
     assert [body["message_id"] for _, body in _Hook.received] == [key for key, _ in _Hook.received]
     assert _Hook.received[0][1]["attempt"] == 2
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("status", [301, 302, 303, 307])
+def test_webhook_redirect_is_a_failure_not_a_delivery(
+    world: World, store: TransactionalOperationStore, webhook: str, status: int
+) -> None:
+    [op] = make_operations(world, 1)
+    _Hook.statuses = [status]
+    report = OutboxExporter(store, WebhookSink(webhook, timeout=5), retry=FAST).export_batch()
+    assert (report.delivered, report.failed) == (0, 1), "only a 2xx answer to the POST is a delivery"
+    assert rows(store, "SELECT exported_at, last_error FROM outbox WHERE message_id = ?", (f"{op}/1",)) == [
+        (None, f"HTTP {status} from {webhook}")
+    ]
 
 
 def test_webhook_unreachable_is_a_failure_not_a_crash(tmp_path: Path, clock: ManualClock) -> None:
