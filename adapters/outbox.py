@@ -14,7 +14,8 @@ Rules of this module:
   exporters never wait on each other.  Marking is guarded by the claim's
   token: an exporter whose lease expired (it was stopped, or killed) marks
   nothing, and the rows are claimed again -- delivered at least once, never
-  lost.  ``message_id`` never changes, so a sink deduplicates on it.
+  lost.  An exporter whose sink is slower than its lease sends nothing
+  after the lease has run out: the rest is held, for the next claim.  ``message_id`` never changes, so a sink deduplicates on it.
 - Order per subject (one Operation, one execution): a row is claimed only
   together with every earlier undelivered row of its subject, so no two
   exporters hold one subject at once, and within a batch a subject's rows
@@ -35,6 +36,7 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -238,7 +240,7 @@ class ExportReport:
     failed: int
     parked: int
     held: int
-    """Claimed but not sent: behind a failure of their own subject in this batch."""
+    """Claimed but not sent: behind a failure of their own subject in this batch, or past the claim's lease."""
 
 
 @attrs.frozen
@@ -293,6 +295,9 @@ class OutboxExporter:
 
     def export_batch(self) -> ExportReport:
         token = f"{self.exporter_id}/{uuid.uuid4().hex[:12]}"
+        # Read before the claim, so it ends no later than the lease the claim writes: once it has, another
+        # exporter may hold these subjects, and sending on would deliver beside it (two holders of a subject).
+        lease_ends = time.monotonic() + self.lease.total_seconds()
         claimed = self._claim(token)
         if not claimed:
             return ExportReport(0, 0, 0, 0, 0)
@@ -302,7 +307,7 @@ class OutboxExporter:
         broken: set[tuple[str, str]] = set()
         for message in claimed:
             subject = (message.kind, message.subject_id)
-            if subject in broken:
+            if subject in broken or time.monotonic() >= lease_ends:
                 held.append(message.seq)
                 continue
             try:

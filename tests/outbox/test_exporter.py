@@ -352,3 +352,33 @@ def test_export_to_stdout_whose_reader_went_away_exits_1(tmp_path: Path) -> None
         assert rows(reopened, "SELECT count(*) FROM outbox WHERE attempts > 0 OR exported_at IS NOT NULL") == [(0,)]
     finally:
         reopened.close()
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_an_exporter_sends_nothing_once_its_claims_lease_has_run_out(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    make_operations(world, 2)
+    lease = timedelta(seconds=0.6)
+    sent: list[tuple[str, str]] = []
+    other = Recording()
+
+    class Slow(Recording):
+        """A webhook that takes 0.25 s an answer; the other exporter starts once the first one's lease is over."""
+
+        def send(self, message: ExportedMessage) -> None:
+            time.sleep(0.25)
+            clock.advance(timedelta(seconds=0.25))
+            sent.append(("slow", message.message_id))
+            if clock.now() - started >= lease and not other.sent:
+                OutboxExporter(store, other, lease=lease, exporter_id="other").export_batch()
+                sent.extend(("other", m.message_id) for m in other.sent)
+
+    started = clock.now()
+    report = OutboxExporter(store, Slow(), lease=lease, exporter_id="slow").export_batch()
+    first_other = next((k for k, (who, _) in enumerate(sent) if who == "other"), len(sent))
+    assert all(who == "other" for who, _ in sent[first_other:]), "nothing sent beside the exporter now holding them"
+    assert report.held > 0 and report.delivered + report.held == report.claimed
+    OutboxExporter(store, other).run(until_idle=True)
+    total = rows(store, "SELECT count(*) FROM outbox")[0][0]
+    assert len({m for _, m in sent} | {m.message_id for m in other.sent}) == total, "each delivered, at least once"
