@@ -227,8 +227,12 @@ class ExportRetry:
 
     def delay(self, attempts: int) -> timedelta:
         """The wait after the ``attempts``-th failed delivery."""
-        seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts - 1)
-        return min(timedelta(seconds=seconds), self.maximum_interval)
+        try:
+            seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts - 1)
+        except OverflowError:  # past every float after enough failures: capped, as RetryPolicy.backoff caps it
+            seconds = 10**9
+        # Bounded before it becomes a timedelta, which overflows long before a float does (some 48 failures).
+        return min(timedelta(seconds=min(seconds, 10**9)), self.maximum_interval)
 
 
 @attrs.frozen

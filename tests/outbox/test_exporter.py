@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import pytest
 
+from fencekeeper.adapters import codec
 from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.outbox import (
@@ -382,3 +383,22 @@ def test_an_exporter_sends_nothing_once_its_claims_lease_has_run_out(
     OutboxExporter(store, other).run(until_idle=True)
     total = rows(store, "SELECT count(*) FROM outbox")[0][0]
     assert len({m for _, m in sent} | {m.message_id for m in other.sent}) == total, "each delivered, at least once"
+
+
+def test_a_row_that_failed_many_times_waits_the_maximum_interval(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    [op] = make_operations(world, 1)
+    retry = ExportRetry(maximum_attempts=10_000)
+    for attempts in (47, 48, 1100):
+        assert retry.delay(attempts) == retry.maximum_interval
+    rows(store, "UPDATE outbox SET attempts = 1100 WHERE message_id = ?", (f"{op}/1",))
+    sink = Recording()
+    sink.failing = {f"{op}/1"}
+    report = OutboxExporter(store, sink, retry=retry).export_batch()
+    assert (report.failed, report.parked) == (1, 0)
+    [(attempts, waits_until)] = rows(store, "SELECT attempts, next_attempt_at FROM outbox WHERE message_id = ?",
+                                     (f"{op}/1",))  # fmt: skip
+    assert attempts == 1101
+    until = waits_until if isinstance(waits_until, datetime) else codec.decode_time(str(waits_until))
+    assert until == clock.now() + retry.maximum_interval
