@@ -462,7 +462,8 @@ class OutboxExporter:
     ) -> ExportReport:
         """Export batch after batch; with ``until_idle``, return once a batch finds nothing to claim.
 
-        Returns the totals.  ``stop`` ends the loop between batches.
+        Returns the totals.  ``stop`` ends the loop between batches.  A sink
+        that can take nothing more ends it by raising :class:`SinkClosed`.
         """
         totals = [0, 0, 0, 0, 0]
         stop = stop or threading.Event()
