@@ -5,8 +5,9 @@ Registered from ``cli.py`` (:func:`add_parsers`, :func:`run_export`,
 of these commands runs.  Conventions are the command line's (``cli.py``
 module header): data on stdout (one JSON document with ``--json``), one
 ``fencekeeper: error: ...`` line on stderr, exit 0 on success, 1 when the
-store refuses or something is parked, 2 for bad usage or input (a ``--db``
-that names no store, a malformed ``--sink``, an unknown message id).
+store refuses, something is parked or the sink's reader went away, 2 for
+bad usage or input (a ``--db`` that names no store, a malformed ``--sink``,
+an unknown message id).
 
 With ``--sink stdout`` the messages are the data, one JSON document per
 line, and the summary goes to stderr.
@@ -15,7 +16,10 @@ line, and the summary goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -53,13 +57,32 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
+def _count(text: str, most: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < 1 or (most is not None and value > most):
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1{'' if most is None else f' and at most {most}'}, got {value}"
+        )
+    return value
+
+
+def _count_up_to(most: int) -> Callable[[str], int]:
+    """A count the library refuses above ``most``: refused here, before a sink file is opened, naming the option."""
+
+    def count(text: str) -> int:
+        return _count(text, most)
+
+    return count
+
+
+def _timeout(text: str) -> timedelta:
+    """As WebhookSink takes it: above zero and at most ten minutes."""
+    value = _duration(text)
+    if not timedelta(0) < value <= timedelta(seconds=600):
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 600 seconds, got {text}")
     return value
 
 
@@ -80,9 +103,10 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
     what.add_argument("--discard", metavar="MESSAGE_ID", help="give up on a parked message; its subject goes on")
     what.add_argument("--status", action="store_true", help="how many messages wait, are parked, were exported")
     export.add_argument("--until-idle", action="store_true", help="stop once nothing is left to deliver now")
-    export.add_argument("--batch", type=_count, default=100, metavar="N", help="messages per claim (default 100)")
+    export.add_argument("--batch", type=_count_up_to(10_000), default=100, metavar="N",
+                        help="messages per claim (default 100)")  # fmt: skip
     export.add_argument("--max-attempts", type=_count, default=10, metavar="N", help="before parking (default 10)")
-    export.add_argument("--timeout", type=_duration, default=timedelta(seconds=10), metavar="DURATION",
+    export.add_argument("--timeout", type=_timeout, default=timedelta(seconds=10), metavar="DURATION",
                         help="webhook timeout (default 10s)")  # fmt: skip
     export.add_argument("--poll", type=_duration, default=timedelta(seconds=1), metavar="DURATION",
                         help="wait between empty claims (default 1s)")  # fmt: skip
@@ -107,7 +131,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
                        help="exported outbox rows, after export (default 7d)")  # fmt: skip
     prune.add_argument("--executions", type=_duration, metavar="DURATION",
                        help="ended workflow executions, after their last change (default: kept)")  # fmt: skip
-    prune.add_argument("--batch", type=_count, default=500, metavar="N", help="rows per transaction (default 500)")
+    prune.add_argument("--batch", type=_count_up_to(100_000), default=500, metavar="N",
+                       help="rows per transaction (default 500)")  # fmt: skip
     prune.add_argument("--max-batches", type=_count, metavar="N", help="stop after N transactions")
     prune.add_argument("--pause", type=_duration, default=timedelta(0), metavar="DURATION",
                        help="between batches (default 0)")  # fmt: skip
@@ -185,7 +210,15 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         exporter = outbox.OutboxExporter(
             store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts)
         )
-        report = exporter.run(until_idle=args.until_idle, poll_interval=args.poll.total_seconds())
+        try:
+            report = exporter.run(until_idle=args.until_idle, poll_interval=args.poll.total_seconds())
+        except outbox.SinkClosed as exc:
+            if args.sink in ("stdout", "-"):
+                # Nothing more reaches the reader; the interpreter's own flush at exit must not fail too.
+                with contextlib.suppress(OSError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            out.note(f"fencekeeper: error: {exc}; what it did not acknowledge is delivered again by the next export")
+            return EXIT_PROBLEM
         summary = {"delivered": report.delivered, "failed": report.failed, "parked": report.parked}
         if args.sink in ("stdout", "-"):
             out.note(json.dumps(summary, sort_keys=True))

@@ -14,7 +14,8 @@ Rules of this module:
   exporters never wait on each other.  Marking is guarded by the claim's
   token: an exporter whose lease expired (it was stopped, or killed) marks
   nothing, and the rows are claimed again -- delivered at least once, never
-  lost.  ``message_id`` never changes, so a sink deduplicates on it.
+  lost.  An exporter whose sink is slower than its lease sends nothing
+  after the lease has run out: the rest is held, for the next claim.  ``message_id`` never changes, so a sink deduplicates on it.
 - Order per subject (one Operation, one execution): a row is claimed only
   together with every earlier undelivered row of its subject, so no two
   exporters hold one subject at once, and within a batch a subject's rows
@@ -35,6 +36,7 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -104,6 +106,15 @@ class SinkError(Exception):
     """A delivery that failed, with the reason recorded on the row."""
 
 
+class SinkClosed(Exception):
+    """The sink can take nothing more (the reader of its pipe went away): the exporter stops.
+
+    No message of the batch is failed or marked, since none can be delivered
+    until the sink is opened again; their claims are released, and the next
+    exporter delivers them (at least once).
+    """
+
+
 class JsonLinesSink:
     """One JSON document per line, to a file (appended, fsynced on flush) or a stream such as stdout."""
 
@@ -119,16 +130,32 @@ class JsonLinesSink:
             self._stream = target
 
     def send(self, message: ExportedMessage) -> None:
-        self._stream.write(json.dumps(message.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+        try:
+            self._stream.write(json.dumps(message.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+        except BrokenPipeError:
+            raise SinkClosed("the sink's reader closed its end of the pipe") from None
 
     def flush(self) -> None:
-        self._stream.flush()
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise SinkClosed("the sink's reader closed its end of the pipe") from None
         if self.path is not None:
             os.fsync(self._stream.fileno())
 
     def close(self) -> None:
         if self.path is not None:
             self._stream.close()
+
+
+class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer is the answer: followed, a POST would become a GET, its 2xx a delivery the receiver never had."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirect)
 
 
 class WebhookSink:
@@ -162,7 +189,7 @@ class WebhookSink:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _NO_REDIRECTS.open(request, timeout=self.timeout) as response:
                 status = response.status
         except urllib.error.HTTPError as exc:
             raise SinkError(f"HTTP {exc.code} from {self.url}") from None
@@ -200,8 +227,12 @@ class ExportRetry:
 
     def delay(self, attempts: int) -> timedelta:
         """The wait after the ``attempts``-th failed delivery."""
-        seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts - 1)
-        return min(timedelta(seconds=seconds), self.maximum_interval)
+        try:
+            seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** max(0, attempts - 1)
+        except OverflowError:  # past every float after enough failures: capped, as RetryPolicy.backoff caps it
+            seconds = 10**9
+        # Bounded before it becomes a timedelta, which overflows long before a float does (some 48 failures).
+        return min(timedelta(seconds=min(seconds, 10**9)), self.maximum_interval)
 
 
 @attrs.frozen
@@ -213,7 +244,7 @@ class ExportReport:
     failed: int
     parked: int
     held: int
-    """Claimed but not sent: behind a failure of their own subject in this batch."""
+    """Claimed but not sent: behind a failure of their own subject in this batch, or past the claim's lease."""
 
 
 @attrs.frozen
@@ -268,6 +299,9 @@ class OutboxExporter:
 
     def export_batch(self) -> ExportReport:
         token = f"{self.exporter_id}/{uuid.uuid4().hex[:12]}"
+        # Read before the claim, so it ends no later than the lease the claim writes: once it has, another
+        # exporter may hold these subjects, and sending on would deliver beside it (two holders of a subject).
+        lease_ends = time.monotonic() + self.lease.total_seconds()
         claimed = self._claim(token)
         if not claimed:
             return ExportReport(0, 0, 0, 0, 0)
@@ -277,11 +311,14 @@ class OutboxExporter:
         broken: set[tuple[str, str]] = set()
         for message in claimed:
             subject = (message.kind, message.subject_id)
-            if subject in broken:
+            if subject in broken or time.monotonic() >= lease_ends:
                 held.append(message.seq)
                 continue
             try:
                 self.sink.send(message)
+            except SinkClosed:
+                self._release(token, claimed)
+                raise
             except Exception as exc:  # the sink's failure is data: recorded on the row, retried later
                 failed.append((message, _error_text(exc)))
                 broken.add(subject)
@@ -289,6 +326,9 @@ class OutboxExporter:
             delivered.append(message.seq)
         try:
             self.sink.flush()
+        except SinkClosed:
+            self._release(token, claimed)
+            raise
         except Exception as exc:
             reason = f"flush failed: {_error_text(exc)}"
             by_seq = {m.seq: m for m in claimed}
@@ -367,6 +407,10 @@ class OutboxExporter:
                 allowed.add(seq)
         return [r for r in rows if int(r[0]) in allowed]
 
+    def _release(self, token: str, claimed: Sequence[ExportedMessage]) -> None:
+        """Not the messages' failure: nothing could reach the sink.  Neither failed nor marked (SinkClosed)."""
+        self._mark(token, [], [], [m.seq for m in claimed])
+
     def _mark(
         self, token: str, delivered: Sequence[int], failed: Sequence[tuple[ExportedMessage, str]], held: Sequence[int]
     ) -> int:
@@ -418,7 +462,8 @@ class OutboxExporter:
     ) -> ExportReport:
         """Export batch after batch; with ``until_idle``, return once a batch finds nothing to claim.
 
-        Returns the totals.  ``stop`` ends the loop between batches.
+        Returns the totals.  ``stop`` ends the loop between batches.  A sink
+        that can take nothing more ends it by raising :class:`SinkClosed`.
         """
         totals = [0, 0, 0, 0, 0]
         stop = stop or threading.Event()
@@ -557,6 +602,7 @@ __all__ = [
     "OutboxStatus",
     "ParkedMessage",
     "Sink",
+    "SinkClosed",
     "SinkError",
     "WebhookSink",
     "check_sink",

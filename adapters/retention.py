@@ -133,9 +133,11 @@ def _expire_results(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> P
 
 
 def _identities(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    # The Operation the identity names is part of the match: a resubmission that moved the identity to a new
+    # Operation while this DELETE waited for the row (PostgreSQL rechecks only the row) leaves it alone.
     gone = tx.run(
-        "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key) IN ("
-        "SELECT i.namespace, i.tenant, i.principal, i.client_key FROM operation_identities i "
+        "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key, operation_id) IN ("
+        "SELECT i.namespace, i.tenant, i.principal, i.client_key, i.operation_id FROM operation_identities i "
         "JOIN operations o ON o.operation_id = i.operation_id "
         "WHERE i.retain_until <= ? AND o.outcome IS NOT NULL AND o.ended_at <= ? LIMIT ?)",
         (tx.d.encode_time(now), tx.d.encode_time(cutoff), limit),

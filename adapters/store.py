@@ -1138,7 +1138,8 @@ class TransactionalStore(abc.ABC):
             request = approvals.ApprovalRequest.from_json(stored.body)
             tx.lock(request.execution_id)
             stored = tx.load_evidence(decision.request_id)
-            assert stored is not None
+            if stored is None:  # pruned with its ended execution while this waited for the lock
+                return _Written(approvals.decide(None, 0, None, decision))
             request = approvals.ApprovalRequest.from_json(stored.body)
             prior = tx.load_evidence(approvals.decision_object_id(request.request_id, decision.decision_id))
             result = approvals.decide(request, stored.revision, prior, decision)

@@ -524,8 +524,9 @@ class SqlTx(Tx):
     def prune_identities(self, limit: int) -> int:
         self.enter_pruning()
         pruned = self.run(
-            "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key) IN ("
-            "SELECT i.namespace, i.tenant, i.principal, i.client_key FROM operation_identities i "
+            # With the Operation it names, as retention.py's: an identity moved meanwhile is not this one.
+            "DELETE FROM operation_identities WHERE (namespace, tenant, principal, client_key, operation_id) IN ("
+            "SELECT i.namespace, i.tenant, i.principal, i.client_key, i.operation_id FROM operation_identities i "
             "JOIN operations o ON o.operation_id = i.operation_id "
             "WHERE i.retain_until <= ? AND o.outcome IS NOT NULL LIMIT ?)",
             (self.d.encode_time(self.now()), limit),

@@ -71,3 +71,21 @@ def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys:
         assert words in err, (args, err)
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "absent.db").exists()
     assert db.read_bytes() == before
+
+
+def test_an_out_of_range_option_is_named_and_opens_no_sink(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = db.read_bytes()
+    sink = tmp_path / "x.jsonl"
+    for args, words in (
+        (["export", "--db", str(db), "--sink", f"file:{sink}", "--batch", "20000"], "--batch"),
+        (["export", "--db", str(db), "--sink", "http://127.0.0.1:9/", "--timeout", "0s"], "--timeout"),
+        (["export", "--db", str(db), "--sink", "http://127.0.0.1:9/", "--timeout", "11m"], "--timeout"),
+        (["prune", "--db", str(db), "--batch", "200000"], "--batch"),
+    ):
+        code, _, err = run(args, capsys)
+        assert code == 2, (args, err)
+        assert words in err and err.count("error:") == 1, (args, err)
+    assert not sink.exists(), "a refused export creates no sink file"
+    assert db.read_bytes() == before

@@ -7,21 +7,26 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from fencekeeper.adapters import cli, examples, service
 from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.sql import SqlTx
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
-from fencekeeper.adapters.retention import RetentionWindows, prune
+from fencekeeper.adapters.retention import RetentionWindows, _remove_executions, prune
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ManualClock
 from fencekeeper.adapters.worker import Worker
+from fencekeeper.kernel import approvals
+from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from tests.cli.runner import EXAMPLES
 from tests.outbox.conftest import rows
@@ -260,3 +265,52 @@ def test_prune_executions_from_the_command_line(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit) as exited:
         cli.main(["prune", "--db", str(db), "--executions", "soon"])
     assert exited.value.code == 2 and "not a duration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stores", ["postgresql"], indirect=True)
+def test_a_decision_on_an_execution_pruned_while_it_waited_is_refused_cleanly(
+    stores: tuple[Any, TransactionalOperationStore, ManualClock], pg_dsn: str
+) -> None:
+    executions, operations, _ = stores
+    purchases(executions, 5000)  # po-0 waits for a manager's decision
+    cancel(executions, 0)
+    request = service.approval_request(executions, "po-0")
+    assert request is not None and state(operations, "po-0") == "cancelled"
+    decision = approvals.ApprovalDecision(
+        "d-1", request.request_id, "default", "user:manager", "approved", request.binding, p.Authority(True, "user:manager")
+    )
+    holding, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def pruning() -> None:  # one executions batch of prune, held open until the decision waits for it
+        with operations._transaction() as tx:
+            assert isinstance(tx, SqlTx)
+            tx.enter_pruning()
+            tx.run("SELECT object_id FROM objects WHERE object_id = 'po-0' FOR UPDATE", ())
+            assert _remove_executions(tx, ["po-0"]).executions == 1
+            tx.leave_pruning()
+            holding.set()
+            release.wait(20)
+
+    def deciding() -> None:
+        try:
+            outcome["result"] = executions.decide_approval(decision)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    prune_thread = threading.Thread(target=pruning)
+    prune_thread.start()
+    assert holding.wait(20)
+    decide_thread = threading.Thread(target=deciding)
+    decide_thread.start()
+    with psycopg.connect(pg_dsn, autocommit=True) as watch:
+        deadline = time.monotonic() + 20
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        while time.monotonic() < deadline and watch.execute(waiting).fetchone() != (1,):
+            time.sleep(0.02)
+    release.set()
+    prune_thread.join(20)
+    decide_thread.join(20)
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert isinstance(outcome["result"], p.Refusal)
+    assert state(operations, "po-0") is None

@@ -6,6 +6,7 @@ a child process (``export_child``) and kills it mid-batch.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -21,6 +22,7 @@ from typing import ClassVar
 
 import pytest
 
+from fencekeeper.adapters import codec
 from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.outbox import (
@@ -28,6 +30,7 @@ from fencekeeper.adapters.outbox import (
     ExportRetry,
     JsonLinesSink,
     OutboxExporter,
+    SinkClosed,
     SinkError,
     WebhookSink,
     discard,
@@ -169,6 +172,14 @@ class _Hook(http.server.BaseHTTPRequestHandler):
         if status == 200:
             self.received.append((self.headers["Idempotency-Key"], body))
         self.send_response(status)
+        if 300 <= status < 400:
+            self.send_header("Location", "/moved")
+            self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:  # where a redirect leads: a page, not a receiver of events
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
@@ -203,6 +214,20 @@ def test_webhook_posts_each_message_with_its_id_and_retries_an_error_status(
     assert [key for key, _ in _Hook.received] == [f"{op}/1", f"{op}/2", f"{op}/3"]
     assert [body["message_id"] for _, body in _Hook.received] == [key for key, _ in _Hook.received]
     assert _Hook.received[0][1]["attempt"] == 2
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("status", [301, 302, 303, 307])
+def test_webhook_redirect_is_a_failure_not_a_delivery(
+    world: World, store: TransactionalOperationStore, webhook: str, status: int
+) -> None:
+    [op] = make_operations(world, 1)
+    _Hook.statuses = [status]
+    report = OutboxExporter(store, WebhookSink(webhook, timeout=5), retry=FAST).export_batch()
+    assert (report.delivered, report.failed) == (0, 1), "only a 2xx answer to the POST is a delivery"
+    assert rows(store, "SELECT exported_at, last_error FROM outbox WHERE message_id = ?", (f"{op}/1",)) == [
+        (None, f"HTTP {status} from {webhook}")
+    ]
 
 
 def test_webhook_unreachable_is_a_failure_not_a_crash(tmp_path: Path, clock: ManualClock) -> None:
@@ -285,3 +310,95 @@ def test_two_exporters_at_once_share_the_rows_and_keep_each_subjects_order(
     assert len({m.message_id for m in sink.sent}) == total
     for seqs in in_order_per_subject(sink.sent).values():
         assert seqs == sorted(seqs)
+
+
+def test_a_reader_that_went_away_stops_the_exporter_and_fails_no_message(
+    world: World, store: TransactionalOperationStore
+) -> None:
+    make_operations(world, 3)
+    read, write = os.pipe()
+    os.close(read)  # the consumer of `fencekeeper export --sink stdout | consumer` died
+    with os.fdopen(write, "w", encoding="utf-8") as stream:
+        exporter = OutboxExporter(store, JsonLinesSink(stream), retry=ExportRetry(maximum_attempts=1))
+        with pytest.raises(SinkClosed):
+            exporter.run(until_idle=True)
+        with contextlib.suppress(BrokenPipeError):
+            stream.close()
+    touched = "attempts > 0 OR parked_at IS NOT NULL OR exported_at IS NOT NULL OR claimed_by IS NOT NULL"
+    assert rows(store, f"SELECT count(*) FROM outbox WHERE {touched}") == [(0,)], "no attempt spent, nothing parked"
+    sink = Recording()
+    OutboxExporter(store, sink).run(until_idle=True)
+    assert len(sink.sent) == rows(store, "SELECT count(*) FROM outbox")[0][0], "the next exporter delivers them all"
+
+
+def test_export_to_stdout_whose_reader_went_away_exits_1(tmp_path: Path) -> None:
+    path = tmp_path / "ops.db"
+    store = SQLiteOperationStore(path, ManualClock())
+    open_accounts(store, {"acc-1": 100, "acc-2": 0})
+    make_operations(World(store, ManualClock()), 2)
+    store.close()
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fencekeeper.adapters.cli", "export", "--db", str(path), "--sink", "stdout"],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("fencekeeper: error:") == 1 and "Traceback" not in done.stderr, done.stderr
+    reopened = SQLiteOperationStore(path, ManualClock())
+    try:
+        assert rows(reopened, "SELECT count(*) FROM outbox WHERE attempts > 0 OR exported_at IS NOT NULL") == [(0,)]
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_an_exporter_sends_nothing_once_its_claims_lease_has_run_out(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    make_operations(world, 2)
+    lease = timedelta(seconds=0.6)
+    sent: list[tuple[str, str]] = []
+    other = Recording()
+
+    class Slow(Recording):
+        """A webhook that takes 0.25 s an answer; the other exporter starts once the first one's lease is over."""
+
+        def send(self, message: ExportedMessage) -> None:
+            time.sleep(0.25)
+            clock.advance(timedelta(seconds=0.25))
+            sent.append(("slow", message.message_id))
+            if clock.now() - started >= lease and not other.sent:
+                OutboxExporter(store, other, lease=lease, exporter_id="other").export_batch()
+                sent.extend(("other", m.message_id) for m in other.sent)
+
+    started = clock.now()
+    report = OutboxExporter(store, Slow(), lease=lease, exporter_id="slow").export_batch()
+    first_other = next((k for k, (who, _) in enumerate(sent) if who == "other"), len(sent))
+    assert all(who == "other" for who, _ in sent[first_other:]), "nothing sent beside the exporter now holding them"
+    assert report.held > 0 and report.delivered + report.held == report.claimed
+    OutboxExporter(store, other).run(until_idle=True)
+    total = rows(store, "SELECT count(*) FROM outbox")[0][0]
+    assert len({m for _, m in sent} | {m.message_id for m in other.sent}) == total, "each delivered, at least once"
+
+
+def test_a_row_that_failed_many_times_waits_the_maximum_interval(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    [op] = make_operations(world, 1)
+    retry = ExportRetry(maximum_attempts=10_000)
+    for attempts in (47, 48, 1100):
+        assert retry.delay(attempts) == retry.maximum_interval
+    rows(store, "UPDATE outbox SET attempts = 1100 WHERE message_id = ?", (f"{op}/1",))
+    sink = Recording()
+    sink.failing = {f"{op}/1"}
+    report = OutboxExporter(store, sink, retry=retry).export_batch()
+    assert (report.failed, report.parked) == (1, 0)
+    [(attempts, waits_until)] = rows(store, "SELECT attempts, next_attempt_at FROM outbox WHERE message_id = ?",
+                                     (f"{op}/1",))  # fmt: skip
+    assert attempts == 1101
+    until = waits_until if isinstance(waits_until, datetime) else codec.decode_time(str(waits_until))
+    assert until == clock.now() + retry.maximum_interval

@@ -8,8 +8,10 @@ payload; a refused decision writes none; the message columns refuse UPDATE.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
+import attrs
 import pytest
 
 from fencekeeper.adapters import examples, service
@@ -147,3 +149,41 @@ def test_an_execution_row_says_what_the_generic_encoder_says(business_id: str | 
         row.message_id, "running", "claim" if moved else None, 'worker:w-"é\\', business_id,
     )  # fmt: skip
     assert row.message_id != outbox_rows.execution_row(record, business_id).message_id
+
+
+def _outbox_count(pg_dsn: str, pg_schema: str) -> int:
+    import psycopg  # noqa: PLC0415 - PostgreSQL only
+
+    with psycopg.connect(pg_dsn, options=f"-c search_path={pg_schema}") as conn:
+        row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_execution_decision_whose_guard_fails_at_the_commit_writes_no_outbox_row(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    from fencekeeper.adapters import store as store_module  # noqa: PLC0415
+    from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+    from fencekeeper.adapters.testing.suite import claim, decided  # noqa: PLC0415
+    from fencekeeper.kernel import protocol as p  # noqa: PLC0415
+
+    store = PostgresStore(pg_dsn, schema=pg_schema, pool_size=2)
+    try:
+        admitted = store.admit(p.AdmitRequest("e-1", "acme", "d", 1, "start", p.Authority(True, "ops")))
+        assert isinstance(admitted, p.Decision)
+        execution_id, credential = claim(store)
+        before = _outbox_count(pg_dsn, pg_schema)
+        with pytest.raises(store_module._KeptWriteFailed), store._transaction() as tx:
+            tx.lock(execution_id)
+            now = tx.now(store.clock)
+            decision = decided(p.renew(*tx.load(execution_id), p.RenewRequest(credential, timedelta(seconds=30)), now))
+            # A guard no row matches: the database finds out only at the COMMIT, and rolls it all back.
+            guard = attrs.evolve(decision.guard, expected_revision=decision.guard.expected_revision + 7)
+            stale = attrs.evolve(decision, guard=guard)
+            assert tx.write_last(stale, (), now) is True
+        assert _outbox_count(pg_dsn, pg_schema) == before, "a rolled-back renewal published nothing"
+        decided(store.renew(execution_id, p.RenewRequest(credential, timedelta(seconds=30))))
+        assert _outbox_count(pg_dsn, pg_schema) == before + 1, "the same renewal, committed, publishes one"
+    finally:
+        store.close()

@@ -3,6 +3,8 @@ nothing but pruning can delete (the triggers), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -152,3 +154,45 @@ def test_even_in_pruning_mode_unended_work_and_unexported_rows_cannot_be_deleted
             tx.run(sql, (op,))
     assert counts(store, op) == (1, 1, 0, 1)
     assert rows(store, "SELECT count(*) FROM outbox WHERE subject_id = ?", (op,)) == [(1,)]
+
+
+@pytest.mark.parametrize("store", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("entry", ["prune", "prune_identities"])
+def test_an_identity_moved_to_a_new_operation_while_a_prune_waits_for_it_is_kept(
+    world: World, store: TransactionalOperationStore, clock: ManualClock, *, pg_dsn: str, pg_schema: str, entry: str
+) -> None:
+    import psycopg  # noqa: PLC0415 - PostgreSQL only
+
+    [ended] = make_operations(world, 1)
+    fresh = world.transfer("k-fresh", 1)  # not ended
+    clock.advance(timedelta(days=2))  # past the ended one's promised window: its identity may go, or move
+    key = rows(store, "SELECT client_key FROM operation_identities WHERE operation_id = ?", (ended,))[0][0]
+    outcome: dict[str, object] = {}
+
+    def pruning() -> None:
+        try:
+            if entry == "prune":
+                outcome["report"] = prune(store, RetentionWindows(identities=timedelta(0)))
+            else:
+                outcome["report"] = store.prune_identities()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    # A resubmission after the window moves the identity to a new Operation, as the store's write does,
+    # and commits while the prune's DELETE waits for that row.
+    with psycopg.connect(pg_dsn, options=f"-c search_path={pg_schema}") as conn:
+        conn.execute(
+            "UPDATE operation_identities SET operation_id = %s, retain_until = %s WHERE client_key = %s",
+            (fresh, clock.now() + timedelta(days=1), key),
+        )
+        thread = threading.Thread(target=pruning)
+        thread.start()
+        with psycopg.connect(pg_dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 20
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE %'"
+            while time.monotonic() < deadline and watch.execute(waiting).fetchone() != (1,):
+                time.sleep(0.02)
+        conn.commit()
+    thread.join(timeout=30)
+    assert "error" not in outcome, outcome.get("error")
+    assert rows(store, "SELECT operation_id FROM operation_identities WHERE client_key = ?", (key,)) == [(fresh,)]
