@@ -354,8 +354,13 @@ def test_a_timeout_under_a_millisecond_is_one_millisecond_not_zero(pg_dsn: str, 
     store = PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0.0004, idle_in_transaction_timeout=0.0001)
     try:
         with store._pool.connection() as conn:
-            shown = [conn.execute(f"SHOW {name}").fetchone() for name in ("lock_timeout", "idle_in_transaction_session_timeout")]  # type: ignore[arg-type]
-        assert shown == [("1ms",), ("1ms",)]
+            # Outside a transaction: inside one, a millisecond idle between statements ends the session.
+            conn.autocommit = True
+            shown = conn.execute(
+                "SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')"
+            ).fetchone()
+            conn.autocommit = False
+        assert shown == ("1ms", "1ms")
     finally:
         store.close()
 
