@@ -1394,7 +1394,7 @@ class _PostgresBackend(SqlBackend):
     def lock(self, execution_id: str, *, wait: float | None = None) -> None:
         if wait is not None:
             # For this transaction only; the session's lock_timeout comes back with the next one.
-            self._execute("SELECT set_config('lock_timeout', ?, true)", (f"{max(1, round(wait * 1000))}ms",))
+            self._execute("SELECT set_config('lock_timeout', ?, true)", (f"{_milliseconds(wait)}ms",))
         try:
             row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
             if row is None:
@@ -1560,6 +1560,11 @@ the timeout: a process that was stopped and has resumed) or the connection broke
 discards the connection; the request fails as ``store_unavailable``, which callers retry."""
 
 
+def _milliseconds(seconds: float) -> int:
+    """A timeout setting's value: whole milliseconds, at least one (PostgreSQL reads 0 as no timeout at all)."""
+    return max(1, round(seconds * 1000))
+
+
 class PostgresStore(TransactionalStore):
     """A store in one PostgreSQL schema, shared by many workers on many machines."""
 
@@ -1604,10 +1609,8 @@ class PostgresStore(TransactionalStore):
         # conversion and used without another (_aware): about 2 us a value,
         # where a server's default zone ('Etc/UTC', say) is any other name.
         settings = {
-            # Whole milliseconds, at least one: PostgreSQL reads 0 as no timeout at all.
-            "options": f"-c search_path={self.schema} -c lock_timeout={max(1, round(lock_timeout * 1000))} "
-            f"-c idle_in_transaction_session_timeout={max(1, round(idle_in_transaction_timeout * 1000))} "
-            "-c TimeZone=UTC",
+            "options": f"-c search_path={self.schema} -c lock_timeout={_milliseconds(lock_timeout)} "
+            f"-c idle_in_transaction_session_timeout={_milliseconds(idle_in_transaction_timeout)} -c TimeZone=UTC",
             "prepare_threshold": None,
         }
         try:

@@ -89,6 +89,7 @@ from ..postgres_store import (
     IDLE_IN_TRANSACTION_TIMEOUT,
     LOCK_TIMEOUT,
     _check_schema_name,
+    _milliseconds,
     _one_line,
     _run,
     _safe,
@@ -439,11 +440,10 @@ class PostgresOperationStore(TransactionalOperationStore):
         self.idle_in_transaction_timeout = idle
         self.tenant = _check_tenant(tenant) if tenant is not None else None
         self._scope: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"fencekeeper_tenant_{id(self)}", default=None)
-        # Both timeouts travel with the connection request: no round trip of their own.  In whole
-        # milliseconds, at least one: PostgreSQL reads 0 as no timeout at all.
+        # Both timeouts travel with the connection request: no round trip of their own.
         options = (
-            f"-c search_path={self.schema} -c lock_timeout={max(1, round(lock_timeout * 1000))} "
-            f"-c idle_in_transaction_session_timeout={max(1, round(idle * 1000))}"
+            f"-c search_path={self.schema} -c lock_timeout={_milliseconds(lock_timeout)} "
+            f"-c idle_in_transaction_session_timeout={_milliseconds(idle)}"
         )
         if self.tenant is not None:
             # Identifiers hold no space or backslash: the value needs no escaping in options.
