@@ -33,7 +33,6 @@ import logging
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,18 @@ from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.journal_codes import JournalError
 from tests.chaos.journal_appender import new_journal, open_store
 from tests.chaos.operations import Rows, fencekeeper_command, postgres_rows, sqlite_rows
-from tests.chaos.run import DEFAULT_PG_DSN, Crew, PostgresTarget, SqliteTarget, Target
+from tests.chaos.run import (
+    DEFAULT_PG_DSN,
+    Crew,
+    PostgresTarget,
+    RunOutcome,
+    SqliteTarget,
+    Target,
+    add_run_arguments,
+    finish_run,
+    print_report_end,
+    run_stores,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "chaos-ja"
@@ -141,14 +151,6 @@ def last_line(path: Path) -> str:
     return lines[-1].decode("utf-8", errors="replace") if lines else ""
 
 
-@attrs.define
-class RunOutcome:
-    store: str
-    seconds: float
-    violations: list[str]
-    report: dict[str, Any]
-
-
 def run_one(config: Config, kind: str) -> RunOutcome:
     started = time.monotonic()
     rng = random.Random(f"{config.seed}-{kind}-journal")
@@ -216,15 +218,9 @@ def run_one(config: Config, kind: str) -> RunOutcome:
         "checks": checks,
         "seconds": {"chaos": round(chaos_seconds, 1), "audit": round(time.monotonic() - audit_started, 1)},
     }
-    if isinstance(target, PostgresTarget):
-        target.close(drop=config.keep is None)
-    if config.keep is not None:
-        destination = config.keep / directory.name
-        shutil.move(str(directory), destination)
-        report["kept"] = str(destination) + (f" (schema {target.schema})" if isinstance(target, PostgresTarget) else "")
-    else:
-        shutil.rmtree(directory, ignore_errors=True)
-    return RunOutcome(kind, time.monotonic() - started, violations, report)
+    return finish_run(
+        kind, started, target=target, directory=directory, keep=config.keep, violations=violations, report=report
+    )
 
 
 # --- the audit -----------------------------------------------------------------------------------------
@@ -722,37 +718,26 @@ def print_outcome(outcome: RunOutcome) -> None:
           + ", ".join(f"{k} {v}" for k, v in stats["answers"].items()))  # fmt: skip
     for name, summary in report["checks"].items():
         print(f"  {name}: {summary}")
-    if "kept" in report:
-        print(f"files kept in {report['kept']}")
-    print(f"seconds: {json.dumps(report['seconds'])}")
-    for violation in outcome.violations:
-        print(f"VIOLATION {violation}")
-    print(f"violations: {len(outcome.violations)}")
+    print_report_end(report, outcome.violations)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.journal", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument("--seconds", type=float, default=20.0, help="seconds of faults per store (default 20)")
-    parser.add_argument("--seed", type=int, default=1)
+    add_run_arguments(parser, seconds=20.0)
     parser.add_argument("--appenders", type=int, default=4, help="appender processes (default 4)")
     parser.add_argument("--journals", type=int, default=3, help="journals they share (default 3)")
-    parser.add_argument("--dsn", default=os.environ.get("FENCEKEEPER_PG_DSN", DEFAULT_PG_DSN))
-    parser.add_argument("--keep", type=Path, help="keep each run's files (and PostgreSQL schema) under this directory")
     args = parser.parse_args(argv)
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     config = Config(args.store, args.seconds, args.seed, args.appenders, args.journals, dsn=args.dsn, keep=args.keep)
-    kinds = ("sqlite", "postgres") if args.store == "both" else (args.store,)
-    total = 0
-    for kind in kinds:
+
+    def run(kind: str) -> list[str]:
         outcome = run_one(config, kind)
         print_outcome(outcome)
-        total += len(outcome.violations)
-    if len(kinds) > 1:
-        print(f"\nviolations: {total} (all stores)")
-    return 0 if total == 0 else 1
+        return outcome.violations
+
+    return run_stores(args.store, run)
 
 
 if __name__ == "__main__":

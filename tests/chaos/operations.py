@@ -41,7 +41,6 @@ import logging
 import os
 import random
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -65,7 +64,18 @@ from fencekeeper.adapters.operations.service import (
 )
 from fencekeeper.adapters.store import StoreError
 from tests.chaos import op_actions
-from tests.chaos.run import DEFAULT_PG_DSN, Crew, PostgresTarget, SqliteTarget, Target
+from tests.chaos.run import (
+    DEFAULT_PG_DSN,
+    Crew,
+    PostgresTarget,
+    RunOutcome,
+    SqliteTarget,
+    Target,
+    add_run_arguments,
+    finish_run,
+    print_report_end,
+    run_stores,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT = "chaos"
@@ -423,14 +433,6 @@ class Driver:
 # --- the run -----------------------------------------------------------------------------------------
 
 
-@attrs.define
-class RunOutcome:
-    store: str
-    seconds: float
-    violations: list[str]
-    report: dict[str, Any]
-
-
 def drain(config: Config, target: Target, directory: Path, rows: Rows) -> collections.Counter[str]:
     """``op worker --until-idle``, again while operations wait for a retry's time, until none is left to run."""
     tally: collections.Counter[str] = collections.Counter()
@@ -543,15 +545,9 @@ def run_one(config: Config, kind: str) -> RunOutcome:
             "slowest round of the driver": round(slowest, 1),
         },
     }
-    if isinstance(target, PostgresTarget):
-        target.close(drop=config.keep is None)
-    if config.keep is not None:
-        destination = config.keep / directory.name
-        shutil.move(str(directory), destination)
-        report["kept"] = str(destination) + (f" (schema {target.schema})" if isinstance(target, PostgresTarget) else "")
-    else:
-        shutil.rmtree(directory, ignore_errors=True)
-    return RunOutcome(kind, time.monotonic() - started, violations, report)
+    return finish_run(
+        kind, started, target=target, directory=directory, keep=config.keep, violations=violations, report=report
+    )
 
 
 # --- the audit -----------------------------------------------------------------------------------------
@@ -1207,23 +1203,14 @@ def print_outcome(outcome: RunOutcome) -> None:
         print("noted, not violations (an approver's decision to make; a call held up past its attempt's replacement):")
         for line in report["noted"]:
             print(f"  {line}")
-    if "kept" in report:
-        print(f"files kept in {report['kept']}")
-    print(f"seconds: {json.dumps(report['seconds'])}")
-    for violation in outcome.violations:
-        print(f"VIOLATION {violation}")
-    print(f"violations: {len(outcome.violations)}")
+    print_report_end(report, outcome.violations)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.operations", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument("--seconds", type=float, default=30.0, help="seconds of faults per store (default 30)")
-    parser.add_argument("--seed", type=int, default=1)
+    add_run_arguments(parser, seconds=30.0)
     parser.add_argument("--workers", type=int, default=3, help="worker processes, two threads each (default 3)")
     parser.add_argument("--lease", type=float, default=2.0, help="the workers' lease in seconds (default 2)")
-    parser.add_argument("--dsn", default=os.environ.get("FENCEKEEPER_PG_DSN", DEFAULT_PG_DSN))
-    parser.add_argument("--keep", type=Path, help="keep each run's files (and PostgreSQL schema) under this directory")
     parser.add_argument("--max-operations", type=int, metavar="N", help="submit at most N operations per store")
     args = parser.parse_args(argv)
     if args.keep is not None:
@@ -1234,15 +1221,13 @@ def main(argv: list[str] | None = None) -> int:
         args.store, args.seconds, args.seed, args.workers, args.lease, args.dsn, args.keep,
         max_operations=args.max_operations,
     )  # fmt: skip
-    kinds = ("sqlite", "postgres") if args.store == "both" else (args.store,)
-    total = 0
-    for kind in kinds:
+
+    def run(kind: str) -> list[str]:
         outcome = run_one(config, kind)
         print_outcome(outcome)
-        total += len(outcome.violations)
-    if len(kinds) > 1:
-        print(f"\nviolations: {total} (all stores)")
-    return 0 if total == 0 else 1
+        return outcome.violations
+
+    return run_stores(args.store, run)
 
 
 if __name__ == "__main__":

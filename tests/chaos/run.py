@@ -677,15 +677,9 @@ def run_one(config: Config, kind: str) -> RunOutcome:
             "slowest round of the driver and recovery": round(slowest, 1),
         },
     }
-    if isinstance(target, PostgresTarget):
-        target.close(drop=config.keep is None)
-    if config.keep is not None:
-        destination = config.keep / directory.name
-        shutil.move(str(directory), destination)
-        report["kept"] = str(destination) + (f" (schema {target.schema})" if isinstance(target, PostgresTarget) else "")
-    else:
-        shutil.rmtree(directory, ignore_errors=True)
-    return RunOutcome(kind, time.monotonic() - started, violations, report)
+    return finish_run(
+        kind, started, target=target, directory=directory, keep=config.keep, violations=violations, report=report
+    )
 
 
 # --- the audit ---------------------------------------------------------------------------------
@@ -887,23 +881,69 @@ def print_outcome(outcome: RunOutcome) -> None:
         print("left waiting or in review (each has a governed way out):")
         for line in report["left for review"]:
             print(f"  {line}")
+    print_report_end(report, outcome.violations)
+
+
+# --- what the three runs (this one, tests.chaos.operations, tests.chaos.journal) share ------------
+
+
+def finish_run(
+    kind: str,
+    started: float,
+    *,
+    target: Target,
+    directory: Path,
+    keep: Path | None,
+    violations: list[str],
+    report: dict[str, Any],
+) -> RunOutcome:
+    """Drop the run's schema and files, or move them under ``keep``; the run's outcome."""
+    if isinstance(target, PostgresTarget):
+        target.close(drop=keep is None)
+    if keep is not None:
+        destination = keep / directory.name
+        shutil.move(str(directory), destination)
+        report["kept"] = str(destination) + (f" (schema {target.schema})" if isinstance(target, PostgresTarget) else "")
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+    return RunOutcome(kind, time.monotonic() - started, violations, report)
+
+
+def print_report_end(report: dict[str, Any], violations: list[str]) -> None:
+    """The end of an audit's report: where its files are kept, its timings, and every violation."""
     if "kept" in report:
         print(f"files kept in {report['kept']}")
     print(f"seconds: {json.dumps(report['seconds'])}")
-    for violation in outcome.violations:
+    for violation in violations:
         print(f"VIOLATION {violation}")
-    print(f"violations: {len(outcome.violations)}")
+    print(f"violations: {len(violations)}")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, seconds: float) -> None:
+    """The options every run takes; ``seconds`` is its default length of the faults phase."""
+    parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument(
+        "--seconds", type=float, default=seconds, help=f"seconds of faults per store (default {seconds:g})"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dsn", default=os.environ.get("FENCEKEEPER_PG_DSN", DEFAULT_PG_DSN))
+    parser.add_argument("--keep", type=Path, help="keep each run's files (and PostgreSQL schema) under this directory")
+
+
+def run_stores(store: str, run: Callable[[str], list[str]]) -> int:
+    """``run`` on each store ``store`` names (it prints its report and returns its violations); the exit code."""
+    kinds = ("sqlite", "postgres") if store == "both" else (store,)
+    total = sum(len(run(kind)) for kind in kinds)
+    if len(kinds) > 1:
+        print(f"\nviolations: {total} (all stores)")
+    return 0 if total == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument("--seconds", type=float, default=50.0, help="seconds of faults per store (default 50)")
-    parser.add_argument("--seed", type=int, default=1)
+    add_run_arguments(parser, seconds=50.0)
     parser.add_argument("--workers", type=int, default=3, help="worker processes, two threads each (default 3)")
     parser.add_argument("--lease", type=float, default=2.0, help="the workers' lease in seconds (default 2)")
-    parser.add_argument("--dsn", default=os.environ.get("FENCEKEEPER_PG_DSN", DEFAULT_PG_DSN))
-    parser.add_argument("--keep", type=Path, help="keep each run's files (and PostgreSQL schema) under this directory")
     parser.add_argument("--max-executions", type=int, metavar="N", help="admit at most N executions per store")
     args = parser.parse_args(argv)
     if args.keep is not None:
@@ -912,15 +952,13 @@ def main(argv: list[str] | None = None) -> int:
         args.store, args.seconds, args.seed, args.workers, args.lease, args.dsn, args.keep,
         max_executions=args.max_executions,
     )
-    kinds = ("sqlite", "postgres") if args.store == "both" else (args.store,)
-    total = 0
-    for kind in kinds:
+
+    def run(kind: str) -> list[str]:
         outcome = run_one(config, kind)
         print_outcome(outcome)
-        total += len(outcome.violations)
-    if len(kinds) > 1:
-        print(f"\nviolations: {total} (all stores)")
-    return 0 if total == 0 else 1
+        return outcome.violations
+
+    return run_stores(args.store, run)
 
 
 if __name__ == "__main__":
