@@ -187,8 +187,12 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
     else:
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:
+            # Not only JSONDecodeError and UnicodeDecodeError: an integer longer than Python converts
+            # (sys.get_int_max_str_digits) is a plain ValueError.
             raise _Problem(422, "invalid_body", f"the body is not JSON: {exc}") from None
+        except RecursionError:
+            raise _Problem(422, "invalid_body", "the body is not JSON this boundary reads: nested too deeply") from None
     if not isinstance(data, dict):
         raise _Problem(422, "invalid_body", f"the body must be a JSON object, not {type(data).__name__}")
     for name in data:

@@ -307,3 +307,21 @@ def test_a_store_error_maps_to_its_status(code: str, status: int) -> None:
 
     problem = http._from_store_error(StoreError(code, "why"))
     assert (problem.status, problem.code) == (status, code)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"[" * 100_000, id="nested deeper than the parser recurses"),
+        pytest.param(b'{"action": "capture_payment", "version": ' + b"9" * 5000 + b"}", id="an integer of 5000 digits"),
+    ],
+)
+def test_a_body_the_parser_cannot_read_is_422_not_a_server_error(app: tuple[TestClient, Path], body: bytes) -> None:
+    client, db = app
+    before = dump(db)
+    response = TestClient(client.app, raise_server_exceptions=False).post(
+        "/operations", content=body, headers={**ALICE, "Idempotency-Key": "k-1", "Content-Type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    assert error(response)["code"] == "invalid_body"
+    assert dump(db) == before
