@@ -45,6 +45,7 @@ from typing import Any
 import attrs
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -255,7 +256,19 @@ def create_operations_app(
         if policy is None:
             raise ValueError("executions: an AuthorityPolicy is required with an execution store")
         routes += _execution_routes(authenticate, executions, policy)
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _routing_problem})
+
+
+async def _routing_problem(request: Request, exc: Exception) -> Response:
+    # Starlette's own 404 (no such route) and 405 (a route without this method) would otherwise be plain
+    # text; every error of this boundary has the one JSON shape.  A 405 keeps its Allow header.
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(
+        {"error": {"code": code, "message": f"{request.method} {request.url.path}: {exc.detail}"}},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 Handler = Callable[[Request, HttpPrincipal], Awaitable[Response]]
@@ -474,9 +487,12 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
     def route(path: str, handler: Handler, method: str) -> Route:
         return Route(path, _endpoint(authenticate, handler), methods=[method])
 
+    async def run_or_list(request: Request, principal: HttpPrincipal) -> Response:
+        return await (run if request.method == "POST" else listing)(request, principal)
+
     return [
-        route("/executions", run, "POST"),
-        route("/executions", listing, "GET"),
+        # One route for both methods: a 405 on /executions then names both in its Allow header.
+        Route("/executions", _endpoint(authenticate, run_or_list), methods=["GET", "POST"]),
         route("/executions/{execution_id}", inspect, "GET"),
         route("/executions/{execution_id}/decision", decide, "POST"),
         route("/executions/{execution_id}/cancel", cancel, "POST"),

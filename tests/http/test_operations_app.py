@@ -325,3 +325,16 @@ def test_a_body_the_parser_cannot_read_is_422_not_a_server_error(app: tuple[Test
     assert response.status_code == 422, response.text
     assert error(response)["code"] == "invalid_body"
     assert dump(db) == before
+
+
+def test_an_unknown_path_or_method_is_the_documented_error_shape(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    before = dump(db)
+    unknown = client.get("/nowhere", headers=ALICE)
+    assert unknown.status_code == 404 and error(unknown)["code"] == "not_found"
+    wrong = client.delete("/operations/op-1", headers=ALICE)
+    assert wrong.status_code == 405 and error(wrong)["code"] == "method_not_allowed"
+    assert set(wrong.headers["Allow"].split(", ")) == {"GET", "HEAD"}
+    both = client.put("/executions", json={}, headers=ALICE)
+    assert both.status_code == 405 and set(both.headers["Allow"].split(", ")) == {"GET", "HEAD", "POST"}
+    assert dump(db) == before
