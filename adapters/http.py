@@ -151,8 +151,9 @@ def _from_operation_error(exc: DurableOperationError) -> _Problem:
 def _from_store_error(exc: StoreError) -> _Problem:
     if exc.code == "tenant_denied":
         return _Problem(403, exc.code, exc.message)
-    if exc.code in ("store_unavailable", "row_locked"):
-        # Both pass: a server back, a holder's transaction ended (at most its idle timeout). Retry.
+    if exc.code in ("store_unavailable", "row_locked", "store_locked"):
+        # Each passes: a server back, a holder's transaction ended (at most its idle timeout), SQLite's
+        # writer done. Retry, as the command line does.
         return _Problem(503, exc.code, exc.message)
     return _Problem(500, exc.code, exc.message)
 
@@ -403,7 +404,9 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
             except RequestError as exc:
                 raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, str(exc), exc.field) from None
             except StoreFailure as exc:
-                raise _Problem(503 if exc.code.value == "store_unavailable" else 500, exc.code.value, str(exc)) from None
+                # By the store's own code, as the operation routes map it: StoreFailure.code folds the
+                # codes the client does not know (tenant_denied) into store_error.
+                raise _from_store_error(StoreError(exc.store_code, str(exc))) from None
 
         return await run_in_threadpool(run)
 

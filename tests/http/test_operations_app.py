@@ -299,7 +299,13 @@ def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("code", "status"),
-    [("store_unavailable", 503), ("row_locked", 503), ("tenant_denied", 403), ("schema_mismatch", 500)],
+    [
+        ("store_unavailable", 503),
+        ("row_locked", 503),
+        ("store_locked", 503),
+        ("tenant_denied", 403),
+        ("schema_mismatch", 500),
+    ],
 )
 def test_a_store_error_maps_to_its_status(code: str, status: int) -> None:
     from fencekeeper.adapters import http  # noqa: PLC0415
