@@ -607,6 +607,9 @@ class DurableOperationService:
         return None if view is None else _record(view.operation, view.input, view.attempts)
 
     def _view(self, operation_id: str, tenant: str | None) -> OperationView | None:
+        if identifier_problem(operation_id) is not None:
+            # No Operation has such an id, and a store need not be asked: PostgreSQL cannot take NUL as a parameter.
+            return None
         view = self.store.view(operation_id)
         if view is None or view.operation.identity.namespace != self.namespace:
             return None

@@ -194,6 +194,8 @@ MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
     ("/operations/{op}/decision", "approve a string", b'{"approve": "yes"}', "approve"),
     ("/operations/{op}/decision", "approval id malformed", b'{"approve": true, "approval_id": "a b"}', "approval_id"),
     ("/operations/{op}/cancel", "reason a number", b'{"reason": 5}', "reason"),
+    ("/operations/{op}/cancel", "reason with a lone surrogate", b'{"reason": "a\\ud800"}', "reason"),
+    ("/operations/{op}/cancel", "reason with NUL", b'{"reason": "a\\u0000b"}', "reason"),
     ("/executions", "definition as text", b'{"definition": "id = \\"x\\"\\nrevision = 1"}', "definition"),
     ("/executions", "input not an object", b'{"definition": "purchase-approval", "input": [1]}', "input"),
     ("/executions", "input the definition rejects", b'{"definition": "purchase-approval", "input": {"amount": "x"}}', None),

@@ -8,6 +8,7 @@ Operation or execution between them.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,3 +147,26 @@ def test_a_lost_connection_is_503_and_the_next_request_is_served(pg_dsn: str, pg
             if answer.status_code == 503:
                 assert answer.json()["error"]["code"] == "store_unavailable"
         assert answers[4].status_code == 200 and answers[-1].status_code == 404
+
+
+def test_text_postgresql_cannot_keep_is_refused_before_the_store(served: TestClient) -> None:
+    created = served.post(
+        "/operations",
+        json={"action": "capture_payment", "input": {"order": "o-1", "amount": 500}},
+        headers={**ALICE, "Idempotency-Key": "k-1"},
+    )
+    operation_id = created.json()["operation_id"]
+    for path in ("/operations/a%00b", "/operations/a%00b/history"):
+        missing = served.get(path, headers=ALICE)
+        assert missing.status_code == 404, missing.text
+        assert missing.json()["error"]["code"] == "operation_not_found"
+    for reason in ("a\x00b", "a\ud800"):
+        refused = served.post(
+            f"/operations/{operation_id}/cancel",
+            content=json.dumps({"reason": reason}),
+            headers={**ALICE, "Content-Type": "application/json"},
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["message"].startswith("reason: contains")
+    record = served.get(f"/operations/{operation_id}/history", headers=ALICE).json()
+    assert [line["to"] for line in record["history"]] == ["awaiting_approval"]
