@@ -35,6 +35,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import enum
+import math
 import os
 import threading
 import time
@@ -58,6 +59,7 @@ from fencekeeper.kernel.definition import (
 )
 from fencekeeper.kernel.events import EventError
 from fencekeeper.kernel.machines import EXECUTION, ExecutionState
+from fencekeeper.kernel.text import problem as text_problem
 
 from . import connect as connecting
 from . import service
@@ -169,9 +171,10 @@ def wait_arguments(
         wanted = frozenset(ExecutionState(v) for v in values)
     except ValueError as exc:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "until", str(exc)) from None
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+    # Written so that NaN fails them: a NaN timeout never passes its deadline, a NaN poll cannot be slept.
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout >= 0:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "timeout", f"must be seconds >= 0, got {timeout!r}")
-    if not isinstance(poll, (int, float)) or isinstance(poll, bool) or poll <= 0:
+    if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not 0 < poll < math.inf:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be seconds > 0, got {poll!r}")
     return wanted
 
@@ -690,6 +693,10 @@ class Client:
         """Cancel an eligible or waiting execution; running work is refused (``cancel_running``)."""
         who = self._who(principal)
         _text("reason", reason)
+        # The reason is kept in the cancellation's Command evidence, which the kernel does not check.
+        unstorable = text_problem(reason)
+        if unstorable is not None:
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "reason", unstorable)
         self._view(execution_id)
         return self._execution_after(
             lambda: service.cancel(

@@ -201,6 +201,7 @@ MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
     ("/executions", "input the definition rejects", b'{"definition": "purchase-approval", "input": {"amount": "x"}}', None),
     ("/executions/{x}/decision", "determination unknown", b'{"determination": "maybe"}', "determination"),
     ("/executions/{x}/cancel", "reason a list", b'{"reason": []}', "reason"),
+    ("/executions/{x}/cancel", "execution reason with a lone surrogate", b'{"reason": "\\udc00"}', "reason"),
     ("/events", "no correlation", b'{"type": "payment.received"}', "correlation"),
     ("/events", "correlation a string", b'{"type": "payment.received", "correlation": "o-1"}', "correlation"),
 ]
