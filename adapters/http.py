@@ -275,7 +275,19 @@ async def _routing_problem(request: Request, exc: Exception) -> Response:
 Handler = Callable[[Request, HttpPrincipal], Awaitable[Response]]
 
 
-def _endpoint(authenticate: Authenticate, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def _query(request: Request, allowed: frozenset[str]) -> None:
+    """Only ``allowed`` query parameters, each at most once: a misspelt filter is refused, not ignored."""
+    for name in request.query_params:
+        if name not in allowed:
+            taken = f" (parameters: {', '.join(sorted(allowed))})" if allowed else " (this request takes none)"
+            raise _Problem(422, "invalid_query", f"{name}: not a query parameter of this request{taken}", name)
+        if len(request.query_params.getlist(name)) > 1:
+            raise _Problem(422, "invalid_query", f"{name}: given more than once", name)
+
+
+def _endpoint(
+    authenticate: Authenticate, handler: Handler, query: frozenset[str] = frozenset()
+) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
             principal = authenticate(request)
@@ -283,6 +295,7 @@ def _endpoint(authenticate: Authenticate, handler: Handler) -> Callable[[Request
                 principal = await principal
             if principal is None:
                 raise _Problem(401, "not_authenticated", "no valid identity in this request")
+            _query(request, query)
             return await handler(request, principal)
         except _Problem as problem:
             return problem.response()
@@ -491,11 +504,14 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
         return Route(path, _endpoint(authenticate, handler), methods=[method])
 
     async def run_or_list(request: Request, principal: HttpPrincipal) -> Response:
-        return await (run if request.method == "POST" else listing)(request, principal)
+        if request.method == "POST":
+            _query(request, frozenset())
+            return await run(request, principal)
+        return await listing(request, principal)
 
     return [
         # One route for both methods: a 405 on /executions then names both in its Allow header.
-        Route("/executions", _endpoint(authenticate, run_or_list), methods=["GET", "POST"]),
+        Route("/executions", _endpoint(authenticate, run_or_list, frozenset({"state"})), methods=["GET", "POST"]),
         route("/executions/{execution_id}", inspect, "GET"),
         route("/executions/{execution_id}/decision", decide, "POST"),
         route("/executions/{execution_id}/cancel", cancel, "POST"),

@@ -347,3 +347,20 @@ def test_an_unknown_path_or_method_is_the_documented_error_shape(app: tuple[Test
     both = client.put("/executions", json={}, headers=ALICE)
     assert both.status_code == 405 and set(both.headers["Allow"].split(", ")) == {"GET", "HEAD", "POST"}
     assert dump(db) == before
+
+
+def test_a_query_parameter_a_route_does_not_take_is_422_naming_it(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    before = dump(db)
+    for method, path, name in (
+        ("GET", "/executions?stat=waiting", "stat"),
+        ("GET", "/executions?state=waiting&state=eligible", "state"),
+        ("POST", "/executions?state=waiting", "state"),
+        ("POST", "/operations?tenant=beta", "tenant"),
+        ("GET", "/operations/op-1?verbose=1", "verbose"),
+    ):
+        response = client.request(method, path, json=CAPTURE, headers={**ALICE, "Idempotency-Key": "k-q"})
+        assert response.status_code == 422, (path, response.text)
+        assert error(response)["code"] == "invalid_query" and error(response)["field"] == name, response.text
+    assert client.get("/executions?state=waiting", headers=ALICE).json() == {"executions": []}
+    assert dump(db) == before
