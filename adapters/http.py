@@ -257,7 +257,16 @@ def create_operations_app(
         if policy is None:
             raise ValueError("executions: an AuthorityPolicy is required with an execution store")
         routes += _execution_routes(authenticate, executions, policy)
-    return Starlette(routes=routes, exception_handlers={HTTPException: _routing_problem})
+    return Starlette(routes=routes, exception_handlers={HTTPException: _routing_problem, Exception: _unexpected})
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # A bug, here or in the deployment's code: the one error shape, nothing of the exception shown to the
+    # caller. Starlette raises the exception again after this answer, so the server still logs it.
+    return JSONResponse(
+        {"error": {"code": "internal_error", "message": "the server failed to answer this request; it is logged"}},
+        status_code=500,
+    )
 
 
 async def _routing_problem(request: Request, exc: Exception) -> Response:

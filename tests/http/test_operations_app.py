@@ -364,3 +364,21 @@ def test_a_query_parameter_a_route_does_not_take_is_422_naming_it(app: tuple[Tes
         assert error(response)["code"] == "invalid_query" and error(response)["field"] == name, response.text
     assert client.get("/executions?state=waiting", headers=ALICE).json() == {"executions": []}
     assert dump(db) == before
+
+
+def test_an_unexpected_failure_is_500_in_the_documented_shape_without_its_details(tmp_path: Path) -> None:
+    def authenticate(request: Any) -> Any:
+        raise RuntimeError("secret-detail of a broken deployment")
+
+    store = SQLiteOperationStore(tmp_path / "broken.db")
+    try:
+        application = create_operations_app(
+            authenticate=authenticate, operations=store, actions=deployment.registry(), resolvers=deployment.resolvers()
+        )
+        with TestClient(application, raise_server_exceptions=False) as client:
+            response = client.get("/operations/op-1", headers=ALICE)
+        assert response.status_code == 500
+        assert error(response)["code"] == "internal_error"
+        assert "secret-detail" not in response.text
+    finally:
+        store.close()
