@@ -26,7 +26,7 @@ Rules of this module:
   Operation or execution, 401, 403, 404, 409 a conflict with what is stored
   (an idempotency key reused with another request, a decision or
   cancellation the state refuses), 413 a body over :data:`MAX_BODY_BYTES`,
-  422 a malformed request, 503 the store is unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
+  415 a POST that does not declare JSON, 422 a malformed request, 503 the store is unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
   with the services' stable codes.
 - Operation submission requires the ``Idempotency-Key`` header (the IETF
   draft "The Idempotency-Key HTTP Header Field": 422 when a required key is
@@ -183,6 +183,15 @@ async def _read(request: Request) -> bytes:
 
 async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], required: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The JSON object of the request, with only ``allowed`` fields of their types; anything else is 422."""
+    # Every POST declares JSON, even with no body: a browser sends that cross-site only after a CORS
+    # preflight this application never grants, so an authenticate that reads a session cookie is not
+    # open to cross-site request forgery (a form, or a no-cors fetch, posts text/plain or nothing).
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        shown = f"{media!r}" if media else "none"
+        raise _Problem(
+            415, "unsupported_media_type", f"Content-Type: must be application/json, got {shown}", "Content-Type"
+        )
     raw = await _read(request)
     if not raw.strip():
         data: Any = {}

@@ -276,7 +276,9 @@ def test_a_body_over_the_limit_is_413_and_unread(app: tuple[TestClient, Path]) -
     client, db = app
     before = dump(db)
     huge = b'{"action": "capture_payment", "input": "' + b"x" * MAX_BODY_BYTES + b'"}'
-    response = client.post("/operations", content=huge, headers={**ALICE, "Idempotency-Key": "k-big"})
+    response = client.post(
+        "/operations", content=huge, headers={**ALICE, "Idempotency-Key": "k-big", "Content-Type": "application/json"}
+    )
     assert response.status_code == 413 and error(response)["code"] == "body_too_large"
     assert dump(db) == before
 
@@ -382,3 +384,24 @@ def test_an_unexpected_failure_is_500_in_the_documented_shape_without_its_detail
         assert "secret-detail" not in response.text
     finally:
         store.close()
+
+
+def test_a_post_that_does_not_declare_json_is_415_and_writes_nothing(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    before = dump(db)
+    # What a cross-site form or a no-cors fetch can send with a session cookie, without a preflight.
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        headers = {**ALICE, "Idempotency-Key": "k-2"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        for path, body in (("/operations", b'{"action": "capture_payment", "input": {"order": "o-2", "amount": 5}}'),
+                           (f"/operations/{operation_id}/cancel", b"")):  # fmt: skip
+            response = client.post(path, content=body, headers=headers)
+            assert response.status_code == 415, (content_type, path, response.text)
+            assert error(response)["code"] == "unsupported_media_type"
+    assert dump(db) == before
+    declared = client.post(
+        f"/operations/{operation_id}/cancel", content=b"", headers={**ALICE, "Content-Type": "application/json; charset=utf-8"}
+    )
+    assert declared.status_code == 200, declared.text
