@@ -1099,10 +1099,13 @@ class WorkerPool:
 
 
 def check_connect_arguments(
-    url: object, *, schema: object, business: object, principal: object, policy: object
+    url: object, *, schema: object, business: object, principal: object, policy: object, pool_size: object = 4
 ) -> None:
     """The checks :func:`connect` makes before opening anything; RequestError naming the argument."""
     _text("url", url)
+    # Left to the pool, a bad size was a StoreFailure store_unavailable: a retry's code for a caller's mistake.
+    if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "pool_size", f"must be a positive int, got {pool_size!r}")
     if schema is not None:
         _identifier("schema", schema)
     _identifier("business", business)
@@ -1135,7 +1138,9 @@ def connect(
     PostgreSQL is never migrated unless ``migrate=True`` (or ``fencekeeper
     migrate`` was run).  Raises StoreFailure when the store cannot be used.
     """
-    check_connect_arguments(url, schema=schema, business=business, principal=principal, policy=policy)
+    check_connect_arguments(
+        url, schema=schema, business=business, principal=principal, policy=policy, pool_size=pool_size
+    )
     store: TransactionalStore
     if url == MEMORY:
         # The in-memory reference store: nothing persists past close; for tests and trying things.

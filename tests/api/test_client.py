@@ -12,6 +12,7 @@ in, and nothing else is asked.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -78,6 +79,17 @@ def test_policy_and_handler_must_be_given(db: Path) -> None:
         fencekeeper.connect(str(db), policy=object(), handler=None)  # type: ignore[arg-type]
     assert caught.value.field == "policy"
     assert not db.exists()  # refused before the store was opened
+
+
+@pytest.mark.parametrize("pool_size", [0, -1, "4", True])
+def test_a_bad_pool_size_is_a_request_error_not_an_unavailable_store(pg_dsn: str, pool_size: object) -> None:
+    policy = examples.grants("default", "user:operator")
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(pg_dsn, policy=policy, handler=None, pool_size=pool_size)  # type: ignore[arg-type]
+    assert (caught.value.code, caught.value.field) == (RequestCode.INVALID_ARGUMENT, "pool_size")
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        asyncio.run(fencekeeper.connect_async(pg_dsn, policy=policy, handler=None, pool_size=pool_size))  # type: ignore[arg-type]
+    assert caught.value.field == "pool_size"
 
 
 # --- running a workflow -----------------------------------------------------------------
