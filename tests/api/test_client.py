@@ -227,6 +227,9 @@ BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
     ("wait", {"execution_id": "po-0", "poll": float("nan")}, RequestCode.INVALID_ARGUMENT, "poll"),
     ("publish", {"event_type": "payment.settled", "correlation": "pay-1"}, RequestCode.INVALID_ARGUMENT, "correlation"),
     ("publish", {"event_type": "", "correlation": {"a": "b"}}, RequestCode.INVALID_EVENT, "event"),
+    ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {"x": float("nan")}}, RequestCode.INVALID_EVENT, "event"),
+    ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {"at": timedelta(1)}}, RequestCode.INVALID_EVENT, "event"),
+    ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {1: "one"}}, RequestCode.INVALID_EVENT, "event"),
     ("list", {"state": "sleeping"}, RequestCode.INVALID_ARGUMENT, "state"),
     ("start_workers", {"concurrency": 0}, RequestCode.WORKER_SETTING, "concurrency"),
     ("run_until_idle", {"lease": 0.1}, RequestCode.WORKER_SETTING, "lease"),
@@ -249,6 +252,15 @@ def test_bad_input_names_the_field_and_writes_nothing(
     assert (caught.value.code, caught.value.field) == (code, field), caught.value
     assert str(caught.value).startswith(f"{field}: ")
     assert isinstance(caught.value, ValueError)
+    assert dump(db) == before
+
+
+def test_republishing_an_event_whose_payload_holds_a_tuple_is_a_duplicate(client: Client, db: Path) -> None:
+    first = client.publish("payment.received", {"order_id": "o-1"}, {"lines": (1, 2)}, event_id="ev-1")
+    assert not first.duplicate
+    before = dump(db)
+    again = client.publish("payment.received", {"order_id": "o-1"}, {"lines": (1, 2)}, event_id="ev-1")
+    assert again.duplicate
     assert dump(db) == before
 
 

@@ -203,6 +203,7 @@ MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
     ("/executions/{x}/cancel", "reason a list", b'{"reason": []}', "reason"),
     ("/executions/{x}/cancel", "execution reason with a lone surrogate", b'{"reason": "\\udc00"}', "reason"),
     ("/events", "no correlation", b'{"type": "payment.received"}', "correlation"),
+    ("/events", "payload not finite", b'{"type": "paid", "correlation": {"a": "b"}, "payload": {"x": NaN}}', None),
     ("/events", "correlation a string", b'{"type": "payment.received", "correlation": "o-1"}', "correlation"),
 ]
 
