@@ -431,13 +431,16 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
                 return work()
             except Refused as exc:
                 status = 403 if exc.code is p.RefusalCode.NOT_AUTHORIZED else 409
-                raise _Problem(status, exc.code.value, str(exc)) from None
+                # The kernel's own message: the code is the error's own field, not repeated in its text.
+                raise _Problem(status, exc.code.value, exc.refusal.message) from None
             except RequestError as exc:
                 raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, str(exc), exc.field) from None
             except StoreFailure as exc:
                 # By the store's own code, as the operation routes map it: StoreFailure.code folds the
                 # codes the client does not know (tenant_denied) into store_error.
-                raise _from_store_error(StoreError(exc.store_code, str(exc))) from None
+                raise _from_store_error(
+                    StoreError(exc.store_code, exc.message.removesuffix(f" [{exc.store_code}]"))
+                ) from None
 
         return await run_in_threadpool(run)
 

@@ -81,6 +81,7 @@ def test_an_execution_row_held_past_the_lock_timeout_is_503_row_locked(
         locked = served.post("/executions/po-1/cancel", json={"reason": "r"}, headers=ALICE)
     assert locked.status_code == 503, locked.text
     assert locked.json()["error"]["code"] == "row_locked"
+    assert not locked.json()["error"]["message"].endswith("[row_locked]")
     assert served.get("/executions/po-1", headers=ALICE).json()["execution"]["state"] == "eligible"
     # Retried once the holder is gone, it goes through.
     cancelled = served.post("/executions/po-1/cancel", json={"reason": "r"}, headers=ALICE)
@@ -121,6 +122,8 @@ def test_the_same_submission_from_two_clients_at_once_is_one(served: TestClient)
     assert sorted(a.status_code for a in operations) == [200, 201], [a.text for a in operations]
     assert len({a.json()["operation_id"] for a in operations}) == 1
     assert sorted(a.status_code for a in executions) == [201, 409], [a.text for a in executions]
+    refused = next(a.json()["error"] for a in executions if a.status_code == 409)
+    assert refused == {"code": "already_exists", "message": "execution 'po-race' already exists"}
     assert [x["execution_id"] for x in served.get("/executions", headers=ALICE).json()["executions"]] == ["po-race"]
 
 
