@@ -533,8 +533,10 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
     return [
         # One route for both methods: a 405 on /executions then names both in its Allow header.
         Route("/executions", _endpoint(authenticate, run_or_list, frozenset({"state"})), methods=["GET", "POST"]),
-        route("/executions/{execution_id}", inspect, "GET"),
-        route("/executions/{execution_id}/decision", decide, "POST"),
-        route("/executions/{execution_id}/cancel", cancel, "POST"),
+        # An execution id may hold "/" (orders/o-1): a path parameter, or no route would reach it. No two
+        # routes of one method overlap: GET has only the id, and POST ends in /decision or /cancel.
+        route("/executions/{execution_id:path}", inspect, "GET"),
+        route("/executions/{execution_id:path}/decision", decide, "POST"),
+        route("/executions/{execution_id:path}/cancel", cancel, "POST"),
         route("/events", event, "POST"),
     ]

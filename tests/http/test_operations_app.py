@@ -406,3 +406,21 @@ def test_a_post_that_does_not_declare_json_is_415_and_writes_nothing(app: tuple[
         f"/operations/{operation_id}/cancel", content=b"", headers={**ALICE, "Content-Type": "application/json; charset=utf-8"}
     )
     assert declared.status_code == 200, declared.text
+
+
+def test_an_execution_whose_id_holds_a_slash_is_reachable(app: tuple[TestClient, Path]) -> None:
+    client, _ = app
+    order = {"amount": 5, "order_id": "o-1", "order_revision": 1}
+    run = client.post(
+        "/executions", json={"definition": "purchase-approval", "execution_id": "orders/o-1", "input": order}, headers=ALICE
+    )
+    assert run.status_code == 201, run.text
+    for path in ("/executions/orders/o-1", "/executions/orders%2Fo-1"):
+        inspected = client.get(path, headers=ALICE)
+        assert inspected.status_code == 200, (path, inspected.text)
+        assert inspected.json()["execution"]["execution_id"] == "orders/o-1"
+    assert client.get("/executions/orders/o-2", headers=ALICE).json()["error"]["code"] == "execution_not_found"
+    cancelled = client.post("/executions/orders/o-1/cancel", json={"reason": "r"}, headers=ALICE)
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
+    wrong = client.post("/executions/orders/o-1", json={}, headers=ALICE)
+    assert wrong.status_code == 405 and error(wrong)["code"] == "method_not_allowed"
