@@ -145,7 +145,7 @@ _REQUEST_STATUS = {RequestCode.EXECUTION_NOT_FOUND: 404, RequestCode.DEFINITION_
 
 def _from_operation_error(exc: DurableOperationError) -> _Problem:
     # Every other refusal (idempotency_conflict, cancel_too_late, approval_*) conflicts with what is stored.
-    return _Problem(_OPERATION_STATUS.get(exc.code, 409), exc.code, exc.message)
+    return _Problem(_OPERATION_STATUS.get(exc.code, 409), exc.code, exc.message, exc.field)
 
 
 def _from_store_error(exc: StoreError) -> _Problem:

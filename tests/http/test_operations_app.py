@@ -424,3 +424,21 @@ def test_an_execution_whose_id_holds_a_slash_is_reachable(app: tuple[TestClient,
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
     wrong = client.post("/executions/orders/o-1", json={}, headers=ALICE)
     assert wrong.status_code == 405 and error(wrong)["code"] == "method_not_allowed"
+
+
+def test_an_operation_service_refusal_names_its_field(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    before = dump(db)
+    answers = {
+        "action": submit(client, ALICE, "k-2", {"action": "nope", "input": {}}),
+        "input": submit(client, ALICE, "k-3", {"action": "capture_payment", "input": {"order": "o"}}),
+        "reason": client.post(f"/operations/{operation_id}/cancel", json={"reason": "a\x00b"}, headers=ALICE),
+        "input_digest": client.post(
+            f"/operations/{operation_id}/decision", json={"approve": True, "input_digest": "xyz"}, headers=CAROL
+        ),
+    }
+    for field, response in answers.items():
+        assert response.status_code == 422, (field, response.text)
+        assert error(response)["field"] == field, response.text
+    assert dump(db) == before
