@@ -388,7 +388,9 @@ async def connect_async(
     if location is None:
         client = await asyncio.to_thread(connect_sync, url, migrate=migrate, **options)
         return AsyncClient(client)
-    check_connect_arguments(url, schema=schema, business=business, principal=principal, policy=policy)
+    check_connect_arguments(
+        url, schema=schema, business=business, principal=principal, policy=policy, pool_size=pool_size
+    )
     assert location.dsn is not None and location.schema is not None
     from .postgres_async import open_async_store  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 

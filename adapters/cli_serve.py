@@ -83,6 +83,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     auth = _auth_module(args.auth)
     registry = cli_ops.load_registry_module(args.actions)
     policy = auth.policy() if callable(getattr(auth, "policy", None)) else None
+    if policy is not None and not callable(getattr(policy, "check", None)):
+        # Otherwise every execution request would be refused, one by one, as the request's fault.
+        raise ServeError(f"--auth: {args.auth}.policy() returned {type(policy).__name__}, not an AuthorityPolicy")
     location = connect.parse_url(args.db, schema=args.schema)
     if location.kind == "sqlite" and location.path is not None and not location.path.exists():
         # Serving never creates a store: a mistyped path is refused, not made.

@@ -35,6 +35,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import enum
+import math
 import os
 import threading
 import time
@@ -58,6 +59,7 @@ from fencekeeper.kernel.definition import (
 )
 from fencekeeper.kernel.events import EventError
 from fencekeeper.kernel.machines import EXECUTION, ExecutionState
+from fencekeeper.kernel.text import problem as text_problem
 
 from . import connect as connecting
 from . import service
@@ -169,9 +171,10 @@ def wait_arguments(
         wanted = frozenset(ExecutionState(v) for v in values)
     except ValueError as exc:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "until", str(exc)) from None
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+    # Written so that NaN fails them: a NaN timeout never passes its deadline, a NaN poll cannot be slept.
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout >= 0:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "timeout", f"must be seconds >= 0, got {timeout!r}")
-    if not isinstance(poll, (int, float)) or isinstance(poll, bool) or poll <= 0:
+    if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not 0 < poll < math.inf:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be seconds > 0, got {poll!r}")
     return wanted
 
@@ -690,6 +693,10 @@ class Client:
         """Cancel an eligible or waiting execution; running work is refused (``cancel_running``)."""
         who = self._who(principal)
         _text("reason", reason)
+        # The reason is kept in the cancellation's Command evidence, which the kernel does not check.
+        unstorable = text_problem(reason)
+        if unstorable is not None:
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "reason", unstorable)
         self._view(execution_id)
         return self._execution_after(
             lambda: service.cancel(
@@ -1092,10 +1099,13 @@ class WorkerPool:
 
 
 def check_connect_arguments(
-    url: object, *, schema: object, business: object, principal: object, policy: object
+    url: object, *, schema: object, business: object, principal: object, policy: object, pool_size: object = 4
 ) -> None:
     """The checks :func:`connect` makes before opening anything; RequestError naming the argument."""
     _text("url", url)
+    # Left to the pool, a bad size was a StoreFailure store_unavailable: a retry's code for a caller's mistake.
+    if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "pool_size", f"must be a positive int, got {pool_size!r}")
     if schema is not None:
         _identifier("schema", schema)
     _identifier("business", business)
@@ -1128,7 +1138,9 @@ def connect(
     PostgreSQL is never migrated unless ``migrate=True`` (or ``fencekeeper
     migrate`` was run).  Raises StoreFailure when the store cannot be used.
     """
-    check_connect_arguments(url, schema=schema, business=business, principal=principal, policy=policy)
+    check_connect_arguments(
+        url, schema=schema, business=business, principal=principal, policy=policy, pool_size=pool_size
+    )
     store: TransactionalStore
     if url == MEMORY:
         # The in-memory reference store: nothing persists past close; for tests and trying things.

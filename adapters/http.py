@@ -26,7 +26,7 @@ Rules of this module:
   Operation or execution, 401, 403, 404, 409 a conflict with what is stored
   (an idempotency key reused with another request, a decision or
   cancellation the state refuses), 413 a body over :data:`MAX_BODY_BYTES`,
-  422 a malformed request, 503 the store is unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
+  415 a POST that does not declare JSON, 422 a malformed request, 503 the store is unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
   with the services' stable codes.
 - Operation submission requires the ``Idempotency-Key`` header (the IETF
   draft "The Idempotency-Key HTTP Header Field": 422 when a required key is
@@ -45,6 +45,7 @@ from typing import Any
 import attrs
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -144,14 +145,15 @@ _REQUEST_STATUS = {RequestCode.EXECUTION_NOT_FOUND: 404, RequestCode.DEFINITION_
 
 def _from_operation_error(exc: DurableOperationError) -> _Problem:
     # Every other refusal (idempotency_conflict, cancel_too_late, approval_*) conflicts with what is stored.
-    return _Problem(_OPERATION_STATUS.get(exc.code, 409), exc.code, exc.message)
+    return _Problem(_OPERATION_STATUS.get(exc.code, 409), exc.code, exc.message, exc.field)
 
 
 def _from_store_error(exc: StoreError) -> _Problem:
     if exc.code == "tenant_denied":
         return _Problem(403, exc.code, exc.message)
-    if exc.code in ("store_unavailable", "row_locked"):
-        # Both pass: a server back, a holder's transaction ended (at most its idle timeout). Retry.
+    if exc.code in ("store_unavailable", "row_locked", "store_locked"):
+        # Each passes: a server back, a holder's transaction ended (at most its idle timeout), SQLite's
+        # writer done. Retry, as the command line does.
         return _Problem(503, exc.code, exc.message)
     return _Problem(500, exc.code, exc.message)
 
@@ -181,14 +183,27 @@ async def _read(request: Request) -> bytes:
 
 async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], required: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The JSON object of the request, with only ``allowed`` fields of their types; anything else is 422."""
+    # Every POST declares JSON, even with no body: a browser sends that cross-site only after a CORS
+    # preflight this application never grants, so an authenticate that reads a session cookie is not
+    # open to cross-site request forgery (a form, or a no-cors fetch, posts text/plain or nothing).
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        shown = f"{media!r}" if media else "none"
+        raise _Problem(
+            415, "unsupported_media_type", f"Content-Type: must be application/json, got {shown}", "Content-Type"
+        )
     raw = await _read(request)
     if not raw.strip():
         data: Any = {}
     else:
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:
+            # Not only JSONDecodeError and UnicodeDecodeError: an integer longer than Python converts
+            # (sys.get_int_max_str_digits) is a plain ValueError.
             raise _Problem(422, "invalid_body", f"the body is not JSON: {exc}") from None
+        except RecursionError:
+            raise _Problem(422, "invalid_body", "the body is not JSON this boundary reads: nested too deeply") from None
     if not isinstance(data, dict):
         raise _Problem(422, "invalid_body", f"the body must be a JSON object, not {type(data).__name__}")
     for name in data:
@@ -251,13 +266,46 @@ def create_operations_app(
         if policy is None:
             raise ValueError("executions: an AuthorityPolicy is required with an execution store")
         routes += _execution_routes(authenticate, executions, policy)
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _routing_problem, Exception: _unexpected})
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # A bug, here or in the deployment's code: the one error shape, nothing of the exception shown to the
+    # caller. Starlette raises the exception again after this answer, so the server still logs it.
+    return JSONResponse(
+        {"error": {"code": "internal_error", "message": "the server failed to answer this request; it is logged"}},
+        status_code=500,
+    )
+
+
+async def _routing_problem(request: Request, exc: Exception) -> Response:
+    # Starlette's own 404 (no such route) and 405 (a route without this method) would otherwise be plain
+    # text; every error of this boundary has the one JSON shape.  A 405 keeps its Allow header.
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(
+        {"error": {"code": code, "message": f"{request.method} {request.url.path}: {exc.detail}"}},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 Handler = Callable[[Request, HttpPrincipal], Awaitable[Response]]
 
 
-def _endpoint(authenticate: Authenticate, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def _query(request: Request, allowed: frozenset[str]) -> None:
+    """Only ``allowed`` query parameters, each at most once: a misspelt filter is refused, not ignored."""
+    for name in request.query_params:
+        if name not in allowed:
+            taken = f" (parameters: {', '.join(sorted(allowed))})" if allowed else " (this request takes none)"
+            raise _Problem(422, "invalid_query", f"{name}: not a query parameter of this request{taken}", name)
+        if len(request.query_params.getlist(name)) > 1:
+            raise _Problem(422, "invalid_query", f"{name}: given more than once", name)
+
+
+def _endpoint(
+    authenticate: Authenticate, handler: Handler, query: frozenset[str] = frozenset()
+) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
             principal = authenticate(request)
@@ -265,6 +313,7 @@ def _endpoint(authenticate: Authenticate, handler: Handler) -> Callable[[Request
                 principal = await principal
             if principal is None:
                 raise _Problem(401, "not_authenticated", "no valid identity in this request")
+            _query(request, query)
             return await handler(request, principal)
         except _Problem as problem:
             return problem.response()
@@ -382,11 +431,16 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
                 return work()
             except Refused as exc:
                 status = 403 if exc.code is p.RefusalCode.NOT_AUTHORIZED else 409
-                raise _Problem(status, exc.code.value, str(exc)) from None
+                # The kernel's own message: the code is the error's own field, not repeated in its text.
+                raise _Problem(status, exc.code.value, exc.refusal.message) from None
             except RequestError as exc:
                 raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, str(exc), exc.field) from None
             except StoreFailure as exc:
-                raise _Problem(503 if exc.code.value == "store_unavailable" else 500, exc.code.value, str(exc)) from None
+                # By the store's own code, as the operation routes map it: StoreFailure.code folds the
+                # codes the client does not know (tenant_denied) into store_error.
+                raise _from_store_error(
+                    StoreError(exc.store_code, exc.message.removesuffix(f" [{exc.store_code}]"))
+                ) from None
 
         return await run_in_threadpool(run)
 
@@ -470,11 +524,19 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
     def route(path: str, handler: Handler, method: str) -> Route:
         return Route(path, _endpoint(authenticate, handler), methods=[method])
 
+    async def run_or_list(request: Request, principal: HttpPrincipal) -> Response:
+        if request.method == "POST":
+            _query(request, frozenset())
+            return await run(request, principal)
+        return await listing(request, principal)
+
     return [
-        route("/executions", run, "POST"),
-        route("/executions", listing, "GET"),
-        route("/executions/{execution_id}", inspect, "GET"),
-        route("/executions/{execution_id}/decision", decide, "POST"),
-        route("/executions/{execution_id}/cancel", cancel, "POST"),
+        # One route for both methods: a 405 on /executions then names both in its Allow header.
+        Route("/executions", _endpoint(authenticate, run_or_list, frozenset({"state"})), methods=["GET", "POST"]),
+        # An execution id may hold "/" (orders/o-1): a path parameter, or no route would reach it. No two
+        # routes of one method overlap: GET has only the id, and POST ends in /decision or /cancel.
+        route("/executions/{execution_id:path}", inspect, "GET"),
+        route("/executions/{execution_id:path}/decision", decide, "POST"),
+        route("/executions/{execution_id:path}/cancel", cancel, "POST"),
         route("/events", event, "POST"),
     ]

@@ -17,11 +17,14 @@ Rules of this module:
   ``"true"``.
 - No string of an Event may hold what a store cannot keep as text (a NUL, a
   lone surrogate: kernel/text.py); :meth:`Event.build` refuses it naming the
-  field, so that SQLite and PostgreSQL agree.
+  field, so that SQLite and PostgreSQL agree.  Its payload is JSON that reads
+  back equal (no NaN, string keys only), so a republication is idempotent.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -41,6 +44,34 @@ class EventError(ValueError):
     """A malformed Event; the message names the field."""
 
     code = "invalid_event"
+
+
+def _json_problem(value: object, field: str) -> tuple[str, str] | None:
+    """The first value in ``value`` that is not JSON a store keeps and reads back equal: ``(field, problem)``.
+
+    NaN equals nothing, itself read back included, and a key that is not a
+    string is read back as one: either would make a republished Event a
+    conflict with itself.
+    """
+    if value is None or isinstance(value, str | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (field, "must be a finite number")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return (f"{field}[{key!r}]", "keys must be strings")
+            found = _json_problem(item, f"{field}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _json_problem(item, f"{field}[{index}]")
+            if found is not None:
+                return found
+        return None
+    return (field, f"is a {type(value).__name__}, which is not a JSON value")
 
 
 def correlation_value(value: object) -> str:
@@ -97,10 +128,13 @@ class Event:
             pairs.append((name, value_text))
         if payload is not None and not isinstance(payload, Mapping):
             raise EventError("payload: must be an object")
-        found = text.first_problem(payload or {}, "payload")
+        found = _json_problem(payload or {}, "payload") or text.first_problem(payload or {}, "payload")
         if found is not None:
             raise EventError(f"{found[0]}: {found[1]}")
-        return cls(event_id, business_id, event_type, tuple(sorted(pairs)), dict(payload or {}))
+        # The payload as a store reads it back (a tuple is a list), so that publishing the same Event
+        # again compares equal to the kept one and is a duplicate, not a conflict.
+        kept = json.loads(json.dumps(payload or {}, ensure_ascii=False))
+        return cls(event_id, business_id, event_type, tuple(sorted(pairs)), kept)
 
     def same_content(self, other: Event) -> bool:
         """Whether a second publication with this identity is the same Event (then it is idempotent)."""

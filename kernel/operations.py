@@ -62,6 +62,7 @@ import attrs
 
 from .common import duration_problem, identifier_problem, later_problem, utc_problem
 from .machines import OPERATION, OperationEvent, OperationState
+from .text import problem as text_problem
 
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 
@@ -1287,6 +1288,8 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
         _check_authority("authority", request.authority)
         if not isinstance(request.reason, str):
             raise _Invalid("reason", "must be text")
+        # The reason is kept in the transition: NUL or a lone surrogate would fail inside the store's transaction.
+        _check("reason", text_problem(request.reason))
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal

@@ -80,14 +80,16 @@ __all__ = [
 class DurableOperationError(Exception):
     """One clear error: a stable ``code`` and a message naming the field or the operation."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
         super().__init__(f"{message} [{code}]")
         self.code = code
         self.message = message
+        self.field = field
+        """The request's field at fault, when there is one (the message names it too)."""
 
 
 def _refused(outcome: o.Refusal) -> DurableOperationError:
-    return DurableOperationError(outcome.code.value, outcome.message)
+    return DurableOperationError(outcome.code.value, outcome.message, outcome.field)
 
 
 # --- canonical input --------------------------------------------------------------------------
@@ -103,7 +105,7 @@ def canonical_json(value: Any) -> str:
     try:
         return _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
-        raise DurableOperationError("invalid_input", f"input: not JSON: {exc}") from None
+        raise DurableOperationError("invalid_input", f"input: not JSON: {exc}", "input") from None
 
 
 def input_digest(canonical: str) -> str:
@@ -318,13 +320,13 @@ class DurableActionRegistry:
         if version is None:
             versions = [v for (n, v) in self._actions if n == name]
             if not versions:
-                raise DurableOperationError("unknown_action", f"action: no action {name!r} is registered")
+                raise DurableOperationError("unknown_action", f"action: no action {name!r} is registered", "action")
             version = max(versions)
         action = self._actions.get((name, version))
         if action is None:
             known = sorted(v for (n, v) in self._actions if n == name)
             raise DurableOperationError(
-                "unknown_action", f"action: {name!r} version {version} is not registered (registered: {known})"
+                "unknown_action", f"action: {name!r} version {version} is not registered (registered: {known})", "action"
             )
         return action
 
@@ -482,15 +484,19 @@ def check_submission(
     for name, value in (("tenant", tenant), ("client_key", client_key)):
         problem = identifier_problem(value)
         if problem is not None:
-            raise DurableOperationError("invalid_input", f"{name}: {problem}")
+            raise DurableOperationError("invalid_input", f"{name}: {problem}", name)
     chosen = actions.get(action, version)
     try:
         normalised = chosen.normalize(input)
     except (ValueError, TypeError, KeyError) as exc:
-        raise DurableOperationError("invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {_line(exc)}") from None
+        raise DurableOperationError(
+            "invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {_line(exc)}", "input"
+        ) from None
     except Exception as exc:  # any normaliser failure is the input's (see above)
         raise DurableOperationError(
-            "invalid_input", f"input: rejected by {chosen.name} v{chosen.version}: {type(exc).__name__}: {_line(exc)}"
+            "invalid_input",
+            f"input: rejected by {chosen.name} v{chosen.version}: {type(exc).__name__}: {_line(exc)}",
+            "input",
         ) from None
     return CheckedSubmission(chosen, normalised, canonical_json(normalised))
 
@@ -607,6 +613,9 @@ class DurableOperationService:
         return None if view is None else _record(view.operation, view.input, view.attempts)
 
     def _view(self, operation_id: str, tenant: str | None) -> OperationView | None:
+        if identifier_problem(operation_id) is not None:
+            # No Operation has such an id, and a store need not be asked: PostgreSQL cannot take NUL as a parameter.
+            return None
         view = self.store.view(operation_id)
         if view is None or view.operation.identity.namespace != self.namespace:
             return None

@@ -12,6 +12,7 @@ in, and nothing else is asked.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -78,6 +79,17 @@ def test_policy_and_handler_must_be_given(db: Path) -> None:
         fencekeeper.connect(str(db), policy=object(), handler=None)  # type: ignore[arg-type]
     assert caught.value.field == "policy"
     assert not db.exists()  # refused before the store was opened
+
+
+@pytest.mark.parametrize("pool_size", [0, -1, "4", True])
+def test_a_bad_pool_size_is_a_request_error_not_an_unavailable_store(pg_dsn: str, pool_size: object) -> None:
+    policy = examples.grants("default", "user:operator")
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(pg_dsn, policy=policy, handler=None, pool_size=pool_size)  # type: ignore[arg-type]
+    assert (caught.value.code, caught.value.field) == (RequestCode.INVALID_ARGUMENT, "pool_size")
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        asyncio.run(fencekeeper.connect_async(pg_dsn, policy=policy, handler=None, pool_size=pool_size))  # type: ignore[arg-type]
+    assert caught.value.field == "pool_size"
 
 
 # --- running a workflow -----------------------------------------------------------------
@@ -209,8 +221,15 @@ BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
     ("run", {"definition": PURCHASE, "input": ORDER, "principal": ""}, RequestCode.INVALID_IDENTIFIER, "principal"),
     ("get", {"execution_id": "nobody"}, RequestCode.EXECUTION_NOT_FOUND, "execution_id"),
     ("cancel", {"execution_id": "nobody"}, RequestCode.EXECUTION_NOT_FOUND, "execution_id"),
+    ("cancel", {"execution_id": "po-0", "reason": "a\ud800"}, RequestCode.INVALID_ARGUMENT, "reason"),
+    ("cancel", {"execution_id": "po-0", "reason": "a\x00b"}, RequestCode.INVALID_ARGUMENT, "reason"),
+    ("wait", {"execution_id": "po-0", "timeout": float("nan")}, RequestCode.INVALID_ARGUMENT, "timeout"),
+    ("wait", {"execution_id": "po-0", "poll": float("nan")}, RequestCode.INVALID_ARGUMENT, "poll"),
     ("publish", {"event_type": "payment.settled", "correlation": "pay-1"}, RequestCode.INVALID_ARGUMENT, "correlation"),
     ("publish", {"event_type": "", "correlation": {"a": "b"}}, RequestCode.INVALID_EVENT, "event"),
+    ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {"x": float("nan")}}, RequestCode.INVALID_EVENT, "event"),
+    ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {"at": timedelta(1)}}, RequestCode.INVALID_EVENT, "event"),
+    ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {1: "one"}}, RequestCode.INVALID_EVENT, "event"),
     ("list", {"state": "sleeping"}, RequestCode.INVALID_ARGUMENT, "state"),
     ("start_workers", {"concurrency": 0}, RequestCode.WORKER_SETTING, "concurrency"),
     ("run_until_idle", {"lease": 0.1}, RequestCode.WORKER_SETTING, "lease"),
@@ -233,6 +252,15 @@ def test_bad_input_names_the_field_and_writes_nothing(
     assert (caught.value.code, caught.value.field) == (code, field), caught.value
     assert str(caught.value).startswith(f"{field}: ")
     assert isinstance(caught.value, ValueError)
+    assert dump(db) == before
+
+
+def test_republishing_an_event_whose_payload_holds_a_tuple_is_a_duplicate(client: Client, db: Path) -> None:
+    first = client.publish("payment.received", {"order_id": "o-1"}, {"lines": (1, 2)}, event_id="ev-1")
+    assert not first.duplicate
+    before = dump(db)
+    again = client.publish("payment.received", {"order_id": "o-1"}, {"lines": (1, 2)}, event_id="ev-1")
+    assert again.duplicate
     assert dump(db) == before
 
 

@@ -194,12 +194,16 @@ MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
     ("/operations/{op}/decision", "approve a string", b'{"approve": "yes"}', "approve"),
     ("/operations/{op}/decision", "approval id malformed", b'{"approve": true, "approval_id": "a b"}', "approval_id"),
     ("/operations/{op}/cancel", "reason a number", b'{"reason": 5}', "reason"),
+    ("/operations/{op}/cancel", "reason with a lone surrogate", b'{"reason": "a\\ud800"}', "reason"),
+    ("/operations/{op}/cancel", "reason with NUL", b'{"reason": "a\\u0000b"}', "reason"),
     ("/executions", "definition as text", b'{"definition": "id = \\"x\\"\\nrevision = 1"}', "definition"),
     ("/executions", "input not an object", b'{"definition": "purchase-approval", "input": [1]}', "input"),
     ("/executions", "input the definition rejects", b'{"definition": "purchase-approval", "input": {"amount": "x"}}', None),
     ("/executions/{x}/decision", "determination unknown", b'{"determination": "maybe"}', "determination"),
     ("/executions/{x}/cancel", "reason a list", b'{"reason": []}', "reason"),
+    ("/executions/{x}/cancel", "execution reason with a lone surrogate", b'{"reason": "\\udc00"}', "reason"),
     ("/events", "no correlation", b'{"type": "payment.received"}', "correlation"),
+    ("/events", "payload not finite", b'{"type": "paid", "correlation": {"a": "b"}, "payload": {"x": NaN}}', None),
     ("/events", "correlation a string", b'{"type": "payment.received", "correlation": "o-1"}', "correlation"),
 ]
 
@@ -273,7 +277,9 @@ def test_a_body_over_the_limit_is_413_and_unread(app: tuple[TestClient, Path]) -
     client, db = app
     before = dump(db)
     huge = b'{"action": "capture_payment", "input": "' + b"x" * MAX_BODY_BYTES + b'"}'
-    response = client.post("/operations", content=huge, headers={**ALICE, "Idempotency-Key": "k-big"})
+    response = client.post(
+        "/operations", content=huge, headers={**ALICE, "Idempotency-Key": "k-big", "Content-Type": "application/json"}
+    )
     assert response.status_code == 413 and error(response)["code"] == "body_too_large"
     assert dump(db) == before
 
@@ -299,7 +305,13 @@ def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("code", "status"),
-    [("store_unavailable", 503), ("row_locked", 503), ("tenant_denied", 403), ("schema_mismatch", 500)],
+    [
+        ("store_unavailable", 503),
+        ("row_locked", 503),
+        ("store_locked", 503),
+        ("tenant_denied", 403),
+        ("schema_mismatch", 500),
+    ],
 )
 def test_a_store_error_maps_to_its_status(code: str, status: int) -> None:
     from fencekeeper.adapters import http  # noqa: PLC0415
@@ -307,3 +319,126 @@ def test_a_store_error_maps_to_its_status(code: str, status: int) -> None:
 
     problem = http._from_store_error(StoreError(code, "why"))
     assert (problem.status, problem.code) == (status, code)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"[" * 100_000, id="nested deeper than the parser recurses"),
+        pytest.param(b'{"action": "capture_payment", "version": ' + b"9" * 5000 + b"}", id="an integer of 5000 digits"),
+    ],
+)
+def test_a_body_the_parser_cannot_read_is_422_not_a_server_error(app: tuple[TestClient, Path], body: bytes) -> None:
+    client, db = app
+    before = dump(db)
+    response = TestClient(client.app, raise_server_exceptions=False).post(
+        "/operations", content=body, headers={**ALICE, "Idempotency-Key": "k-1", "Content-Type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    assert error(response)["code"] == "invalid_body"
+    assert dump(db) == before
+
+
+def test_an_unknown_path_or_method_is_the_documented_error_shape(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    before = dump(db)
+    unknown = client.get("/nowhere", headers=ALICE)
+    assert unknown.status_code == 404 and error(unknown)["code"] == "not_found"
+    wrong = client.delete("/operations/op-1", headers=ALICE)
+    assert wrong.status_code == 405 and error(wrong)["code"] == "method_not_allowed"
+    assert set(wrong.headers["Allow"].split(", ")) == {"GET", "HEAD"}
+    both = client.put("/executions", json={}, headers=ALICE)
+    assert both.status_code == 405 and set(both.headers["Allow"].split(", ")) == {"GET", "HEAD", "POST"}
+    assert dump(db) == before
+
+
+def test_a_query_parameter_a_route_does_not_take_is_422_naming_it(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    before = dump(db)
+    for method, path, name in (
+        ("GET", "/executions?stat=waiting", "stat"),
+        ("GET", "/executions?state=waiting&state=eligible", "state"),
+        ("POST", "/executions?state=waiting", "state"),
+        ("POST", "/operations?tenant=beta", "tenant"),
+        ("GET", "/operations/op-1?verbose=1", "verbose"),
+    ):
+        response = client.request(method, path, json=CAPTURE, headers={**ALICE, "Idempotency-Key": "k-q"})
+        assert response.status_code == 422, (path, response.text)
+        assert error(response)["code"] == "invalid_query" and error(response)["field"] == name, response.text
+    assert client.get("/executions?state=waiting", headers=ALICE).json() == {"executions": []}
+    assert dump(db) == before
+
+
+def test_an_unexpected_failure_is_500_in_the_documented_shape_without_its_details(tmp_path: Path) -> None:
+    def authenticate(request: Any) -> Any:
+        raise RuntimeError("secret-detail of a broken deployment")
+
+    store = SQLiteOperationStore(tmp_path / "broken.db")
+    try:
+        application = create_operations_app(
+            authenticate=authenticate, operations=store, actions=deployment.registry(), resolvers=deployment.resolvers()
+        )
+        with TestClient(application, raise_server_exceptions=False) as client:
+            response = client.get("/operations/op-1", headers=ALICE)
+        assert response.status_code == 500
+        assert error(response)["code"] == "internal_error"
+        assert "secret-detail" not in response.text
+    finally:
+        store.close()
+
+
+def test_a_post_that_does_not_declare_json_is_415_and_writes_nothing(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    before = dump(db)
+    # What a cross-site form or a no-cors fetch can send with a session cookie, without a preflight.
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        headers = {**ALICE, "Idempotency-Key": "k-2"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        for path, body in (("/operations", b'{"action": "capture_payment", "input": {"order": "o-2", "amount": 5}}'),
+                           (f"/operations/{operation_id}/cancel", b"")):  # fmt: skip
+            response = client.post(path, content=body, headers=headers)
+            assert response.status_code == 415, (content_type, path, response.text)
+            assert error(response)["code"] == "unsupported_media_type"
+    assert dump(db) == before
+    declared = client.post(
+        f"/operations/{operation_id}/cancel", content=b"", headers={**ALICE, "Content-Type": "application/json; charset=utf-8"}
+    )
+    assert declared.status_code == 200, declared.text
+
+
+def test_an_execution_whose_id_holds_a_slash_is_reachable(app: tuple[TestClient, Path]) -> None:
+    client, _ = app
+    order = {"amount": 5, "order_id": "o-1", "order_revision": 1}
+    run = client.post(
+        "/executions", json={"definition": "purchase-approval", "execution_id": "orders/o-1", "input": order}, headers=ALICE
+    )
+    assert run.status_code == 201, run.text
+    for path in ("/executions/orders/o-1", "/executions/orders%2Fo-1"):
+        inspected = client.get(path, headers=ALICE)
+        assert inspected.status_code == 200, (path, inspected.text)
+        assert inspected.json()["execution"]["execution_id"] == "orders/o-1"
+    assert client.get("/executions/orders/o-2", headers=ALICE).json()["error"]["code"] == "execution_not_found"
+    cancelled = client.post("/executions/orders/o-1/cancel", json={"reason": "r"}, headers=ALICE)
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
+    wrong = client.post("/executions/orders/o-1", json={}, headers=ALICE)
+    assert wrong.status_code == 405 and error(wrong)["code"] == "method_not_allowed"
+
+
+def test_an_operation_service_refusal_names_its_field(app: tuple[TestClient, Path]) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    before = dump(db)
+    answers = {
+        "action": submit(client, ALICE, "k-2", {"action": "nope", "input": {}}),
+        "input": submit(client, ALICE, "k-3", {"action": "capture_payment", "input": {"order": "o"}}),
+        "reason": client.post(f"/operations/{operation_id}/cancel", json={"reason": "a\x00b"}, headers=ALICE),
+        "input_digest": client.post(
+            f"/operations/{operation_id}/decision", json={"approve": True, "input_digest": "xyz"}, headers=CAROL
+        ),
+    }
+    for field, response in answers.items():
+        assert response.status_code == 422, (field, response.text)
+        assert error(response)["field"] == field, response.text
+    assert dump(db) == before

@@ -115,3 +115,18 @@ def test_serve_answers_over_http_and_stops_on_sigterm(served: tuple[str, subproc
     assert status == 201 and run["business_id"] == "acme", run
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=15) == 0
+
+
+def test_serve_refuses_an_auth_module_whose_policy_is_no_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fencekeeper.adapters import cli  # noqa: PLC0415
+
+    (tmp_path / "broken_auth.py").write_text(
+        "from tests.http.deployment import authenticate\n\ndef policy():\n    return 'grants'\n", encoding="utf-8"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "served.db"
+    register_purchase(str(db))
+    assert cli.main(["serve", "--db", str(db), "--auth", "broken_auth", "--actions", "tests.http.deployment"]) == 2
+    assert "policy() returned str, not an AuthorityPolicy" in capsys.readouterr().err
