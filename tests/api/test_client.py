@@ -484,6 +484,7 @@ def test_a_stop_that_lands_as_a_command_is_issued_waits_for_the_command_s_result
     # its result be refused, and the execution need reconciliation.
     grants = examples.grants("default", "user:operator")
     stop_once: list[fencekeeper.WorkerPool] = []
+    registered = threading.Event()
     handler = Gate()
     handler.go.set()
 
@@ -491,14 +492,18 @@ def test_a_stop_that_lands_as_a_command_is_issued_waits_for_the_command_s_result
         def check(
             self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
         ) -> fencekeeper.Authority:
-            if operation == "order.first" and stop_once:
-                stop_once.pop()._stop.set()
+            if operation == "order.first" and threading.current_thread() is not threading.main_thread():
+                # The pool's worker can get here before start_workers has returned the pool to stop.
+                assert registered.wait(10)
+                if stop_once:
+                    stop_once.pop()._stop.set()
             return grants.check(principal_id, business_id, operation, targets)
 
     with fencekeeper.connect(str(db), policy=StopsInside(), handler=handler) as client:
         client.run(TWO_COMMANDS, {"order_id": "o-1"}, execution_id="x-1")
         pool = client.start_workers(1, lease=30, poll=0.05)
         stop_once.append(pool)
+        registered.set()
         deadline = time.monotonic() + 10
         while pool.running and time.monotonic() < deadline:
             time.sleep(0.01)  # the stop comes from inside the worker's own transaction
