@@ -221,7 +221,8 @@ def test_an_unreachable_postgresql_is_one_line_at_once(tmp_path: Path) -> None:
         seconds = time.monotonic() - started
         line = assert_one_error_line(result, 2)
         assert "--db: cannot connect to PostgreSQL" in line and "port=1" in line
-        assert seconds < 5, f"op {args[0]} took {seconds:.1f} s to give up"
+        # Well under the pool's 10 s, with room for a process start-up on a loaded machine (one took 5.4 s).
+        assert seconds < 8, f"op {args[0]} took {seconds:.1f} s to give up"
 
 
 def test_the_deployment_check_blocks_on_a_missing_action(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
