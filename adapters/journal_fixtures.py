@@ -372,6 +372,12 @@ def cases() -> list[Case]:
     bad("request-digest", "event 2's content changed and its digest recomputed, its request digest not",
         [header, events[0], resign(events[1], rationale="x"), *events[2:]], "altered_digest", 2)  # fmt: skip
 
+    # Inside a batch: the record is named, not the batch it leaves short.
+    superseded_lines = lines(first.journal)
+    batch = [e.ordinal for e in first.journal.events if e.event is NodeEvent.WORK_INVALIDATED]
+    bad("batch-removal", f"event {batch[2]}, the third of the retraction's batch, removed",
+        [*superseded_lines[: batch[2]], *superseded_lines[batch[2] + 1 :]], "broken_chain", batch[2])  # fmt: skip
+
     # Forged events: every digest right, a rule broken.
     found.extend(_forged(complete))
     found.extend(_forged_batches(first))

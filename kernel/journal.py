@@ -672,6 +672,15 @@ def _check_approvals(builder: _Builder, command: Transition, node_id: str) -> No
         raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} needs an approval as {', '.join(missing)}")
 
 
+class _ShortBatch(JournalError):
+    """A batch command that leaves out nodes its request must cover.
+
+    Replay tells it from the batch's other refusals: a stored batch read up
+    to a record that cannot be read is short whenever that record is one of
+    its own, and that record is then the first bad one (``continue_replay``).
+    """
+
+
 def _batch_event(
     builder: _Builder,
     command: Invalidate | BindSuccessor,
@@ -735,7 +744,7 @@ def _invalidate(builder: _Builder, command: Invalidate, digest: str, at: str) ->
     ]
     missing = [node_id for node_id in closure if node_id not in named]
     if missing:
-        raise JournalError(
+        raise _ShortBatch(
             C.PARTIAL_INVALIDATION,
             f"invalidating {sorted(named)} leaves dependent nodes {missing} appearing current; the batch must name them too",
         )
@@ -786,7 +795,7 @@ def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: 
     invalidated = [n for n in builder.base.workflow.order if builder.states[n] is NodeState.INVALIDATED]
     left = [n for n in invalidated if n not in named]
     if left:
-        raise JournalError(bad, f"invalidated nodes {left} would be left without the successor")
+        raise _ShortBatch(bad, f"invalidated nodes {left} would be left without the successor")
     _authorize(
         builder, command.actor_id, command.role, node_roles=(), human=True, what="binding a successor execution"
     )
@@ -904,7 +913,8 @@ def replay(
     ``malformed_record``, ``altered_digest``), that it belongs to this
     journal (``foreign_record``), that it follows the head (``broken_chain``),
     its ordinal (``ordinal_gap``), and then every rule its request was
-    appended under, with that rule's code.
+    appended under, with that rule's code.  A batch left short by a record
+    that cannot be read names that record (specs/journal.md, section 7).
     """
     return continue_replay(new_journal(decode_header(header), workflow, policy), events, resolve, headers=headers)
 
@@ -958,6 +968,15 @@ def continue_replay(
             # The request digest from the record's text is that of a lone
             # transition; a batch's command is rebuilt and encoded.
             repeated = _apply(builder, _command_of(group), first.at, request if len(group) == 1 else None)
+        except _ShortBatch as exc:
+            # The batch as read leaves nodes out, and the record after it
+            # could not be read: that record may be one of the batch's own
+            # (rewritten, removed or moved), and is then the first bad
+            # record; a batch whose own records break a rule is refused
+            # before its closure is counted, so it is still named.
+            if deferred is not None:
+                raise deferred from None
+            raise exc.at(first.ordinal) from None
         except JournalError as exc:
             raise exc.at(first.ordinal) from None
         if repeated:

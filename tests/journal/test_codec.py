@@ -141,6 +141,48 @@ def test_a_truncated_invalidation_batch_is_partial(chain: tuple[j.Journal, bytes
     assert (error.reason, error.ordinal) == (C.PARTIAL_INVALIDATION, first)
 
 
+def test_a_bad_record_inside_a_batch_is_named_not_the_batch_it_cuts_short(
+    chain: tuple[j.Journal, bytes, list[bytes]],
+) -> None:
+    # A batch read up to a record that cannot be read looks partial; that
+    # record, which may be the batch's own, is the first bad one.
+    journal, header, events = chain
+    for kind in ("work-invalidated", "successor-bound"):
+        batch = [e.ordinal for e in journal.events if e.event.value == kind]
+        assert len(batch) == 5
+        for ordinal in batch[1:]:
+            index = ordinal - 1
+            cases = {
+                "rewritten": ([*events[:index], _rewritten(events[index]), *events[index + 1 :]], C.ALTERED_DIGEST),
+                "re-encoded": ([*events[:index], events[index] + b" ", *events[index + 1 :]], C.NON_CANONICAL),
+                "removed": ([*events[:index], *events[index + 1 :]], C.BROKEN_CHAIN),
+            }
+            if ordinal == len(events):
+                # Nothing follows to be read: the chain ends inside the batch, which is short.
+                short = C.PARTIAL_INVALIDATION if kind == "work-invalidated" else C.BAD_SUCCESSOR_BINDING
+                error = refusal(journal, header, cases.pop("removed")[0])
+                assert (error.reason, error.ordinal) == (short, batch[0])
+            else:
+                swapped = [*events[:index], events[index + 1], events[index], *events[index + 2 :]]
+                cases["reordered"] = (swapped, C.BROKEN_CHAIN)
+            for name, (tampered, code) in cases.items():
+                error = refusal(journal, header, tampered)
+                assert (error.reason, error.ordinal) == (code, ordinal), (kind, ordinal, name)
+    # A batch that breaks a rule its own records show is named by its first
+    # record, whole or cut short, whatever follows it.
+    first = next(e.ordinal for e in journal.events if e.event.value == "work-invalidated")
+    for length in (5, 3):
+        forged = [_resigned(e, {"role": "screener"}) for e in events[first - 1 : first - 1 + length]]
+        error = refusal(journal, header, [*events[: first - 1], *forged, b"not a record"])
+        assert (error.reason, error.ordinal) == (C.FORGED_ROLE, first), length
+
+
+def _rewritten(data: bytes) -> bytes:
+    value = json.loads(data)
+    value["rationale"] = "rewritten afterwards"
+    return canonical_bytes(value)
+
+
 def test_every_single_byte_change_of_the_header_and_first_event_is_detected(
     chain: tuple[j.Journal, bytes, list[bytes]],
 ) -> None:

@@ -27,6 +27,7 @@ REQUIRED = {
     "reordering": "broken_chain",
     "insertion": "broken_chain",
     "duplication": "broken_chain",
+    "batch-removal": "broken_chain",
     "cross-execution-splice": "foreign_record",
     "altered-digest": "altered_digest",
     "unknown-field": "unknown_field",
