@@ -448,6 +448,18 @@ def _forged(complete: Script) -> list[Case]:
     )  # fmt: skip
     found.append(Case("invalid-approval", "the sign-off completed with one approval where two are required",
                       [*lines(before_sign_off), *one], "invalid_approval", len(before_sign_off.events) + 1))  # fmt: skip
+    shared = ref("approval", "one-sign-off")
+    counted_twice = forge(
+        before_sign_off,
+        j.Transition("f11", before_sign_off.head, "sign-off", NodeEvent.WORK_COMPLETED, NodeState.ACTIVE, "carol",
+                     "coordinator", attempt=j.AttemptRef("sign-off-1", 1),
+                     approvals=(j.Approval("alice", "reviewer", shared), j.Approval("bob", "reviewer", shared))),
+        T0 + timedelta(hours=1),
+        (("sign-off", NodeEvent.WORK_COMPLETED, NodeState.COMPLETED),),
+    )  # fmt: skip
+    found.append(Case("approval-record-shared", "the sign-off completed with alice and bob citing one approval record",
+                      [*lines(before_sign_off), *counted_twice], "invalid_approval",
+                      len(before_sign_off.events) + 1))  # fmt: skip
     return found
 
 

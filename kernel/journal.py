@@ -660,6 +660,17 @@ def _check_approvals(builder: _Builder, command: Transition, node_id: str) -> No
             raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} does not take approvals as {approval.role!r}")
         if requirement.human_only and assignment.kind is not ActorKind.HUMAN:
             raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} takes human approvals only; {approval.actor_id!r} is automation")
+    # One decision given twice is one approval, distinct actors required or
+    # not: an approval record stands for one approval, and an actor approves
+    # once in a role.  Else a repeat would count towards the minimum.
+    records: set[tuple[str, str]] = set()
+    for approval in command.approvals:
+        record = (approval.record.kind, approval.record.ref_id)
+        if record in records:
+            raise JournalError(
+                C.INVALID_APPROVAL, f"node {node_id!r}: approval record {'/'.join(record)} is given for two approvals"
+            )
+        records.add(record)
     if len(command.approvals) < requirement.minimum:
         raise JournalError(
             C.INVALID_APPROVAL, f"node {node_id!r} needs {requirement.minimum} approvals, got {len(command.approvals)}"
@@ -667,6 +678,13 @@ def _check_approvals(builder: _Builder, command: Transition, node_id: str) -> No
     approvers = [a.actor_id for a in command.approvals]
     if requirement.distinct_actors and len(set(approvers)) != len(approvers):
         raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} needs distinct approvers; got {approvers}")
+    given: set[tuple[str, str]] = set()
+    for approval in command.approvals:
+        if (approval.actor_id, approval.role) in given:
+            raise JournalError(
+                C.INVALID_APPROVAL, f"node {node_id!r}: {approval.actor_id!r} approves as {approval.role!r} twice"
+            )
+        given.add((approval.actor_id, approval.role))
     missing = [r for r in requirement.roles if r not in {a.role for a in command.approvals}]
     if missing:
         raise JournalError(C.INVALID_APPROVAL, f"node {node_id!r} needs an approval as {', '.join(missing)}")

@@ -39,6 +39,7 @@ REQUIRED = {
     "partial-invalidation": "partial_invalidation",
     "bad-successor": "bad_successor_binding",
     "invalid-approval": "invalid_approval",
+    "approval-record-shared": "invalid_approval",
     "dependency-gap": "dependency_gap",
     "not-independent": "not_independent",
     "unauthorized-invalidation": "forged_role",

@@ -13,7 +13,7 @@ import pytest
 
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import digest_of
-from fencekeeper.kernel.dag import verify_workflow
+from fencekeeper.kernel.dag import ApprovalRequirement, verify_workflow
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.journal_records import _Recorded
 from fencekeeper.kernel.machines import NodeEvent, NodeState
@@ -296,7 +296,8 @@ def _at_sign_off() -> tuple[Driver, j.AttemptRef]:
     [
         ((), C.INVALID_APPROVAL),  # below the minimum
         (SIGN_OFF_APPROVALS[:1], C.INVALID_APPROVAL),
-        ((SIGN_OFF_APPROVALS[0], SIGN_OFF_APPROVALS[0]), C.INVALID_APPROVAL),  # not distinct
+        ((SIGN_OFF_APPROVALS[0], j.Approval("alice", "reviewer", ref("approval", "alice-again"))),
+         C.INVALID_APPROVAL),  # not distinct
         ((SIGN_OFF_APPROVALS[0], j.Approval("bot:extract", "reviewer", ref("approval", "bot"))), C.INVALID_APPROVAL),
         ((SIGN_OFF_APPROVALS[0], j.Approval("carol", "coordinator", ref("approval", "c"))), C.INVALID_APPROVAL),
         ((SIGN_OFF_APPROVALS[0], j.Approval("carol", "reviewer", ref("approval", "c"))), C.FORGED_ROLE),
@@ -309,6 +310,44 @@ def test_approval_rules(approvals: tuple[j.Approval, ...], code: C) -> None:
         "sign-off", NodeEvent.WORK_COMPLETED, "carol", "coordinator", attempt=attempt, approvals=approvals
     )
     refused(driver, command, code)
+
+
+def test_an_approval_counts_once_however_often_it_is_given() -> None:
+    # One approval record stands for one decision: two approvers cannot share it.
+    driver, attempt = _at_sign_off()
+    shared = ref("approval", "one-sign-off")
+    approvals = (j.Approval("alice", "reviewer", shared), j.Approval("bob", "reviewer", shared))
+    command = driver.transition("sign-off", NodeEvent.WORK_COMPLETED, "carol", "coordinator", attempt=attempt,
+                                approvals=approvals)  # fmt: skip
+    assert "approval/one-sign-off" in refused(driver, command, C.INVALID_APPROVAL).message
+
+    # Without distinct actors an actor may approve in each of two roles, but
+    # an approval in one role given twice is still one approval.
+    requirement = ApprovalRequirement(minimum=2, roles=(), distinct_actors=False, human_only=True)
+    nodes = tuple(attrs.evolve(n, approval=requirement) if n.node_id == "sign-off" else n for n in REVIEW.nodes)
+    workflow = verify_workflow(attrs.evolve(REVIEW, nodes=nodes))
+    base = driver.journal.policy.policy
+    assignments = tuple(
+        attrs.evolve(a, roles=(*a.roles, "coordinator")) if a.actor_id == "alice" else a for a in base.assignments
+    )
+    policy = j.verify_policy(attrs.evolve(base, workflow_digest=workflow.digest, assignments=assignments), workflow)
+    other = Driver(j.new_journal(j.create_header("review-8", workflow, policy, created_by="carol", now=T0),
+                                 workflow, policy))  # fmt: skip
+    other.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    other.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    other.work("screen-b", "bob", "screener", (ref("screening", "screening-b"),))
+    other.work("extraction", "carol", "extractor", (ref("extraction", "extraction-table"),))
+    other.work("synthesis", "carol", "synthesist", (ref("synthesis", "report"),))
+    other.do("sign-off", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    attempt = j.AttemptRef("o-1", 1)
+    other.do("sign-off", NodeEvent.WORK_STARTED, "carol", "coordinator", attempt=attempt)
+    twice = (j.Approval("alice", "reviewer", ref("approval", "a-1")), j.Approval("alice", "reviewer", ref("approval", "a-2")))
+    command = other.transition("sign-off", NodeEvent.WORK_COMPLETED, "carol", "coordinator", attempt=attempt,
+                               approvals=twice)  # fmt: skip
+    assert "'alice'" in refused(other, command, C.INVALID_APPROVAL).message
+    both_roles = (twice[0], j.Approval("alice", "coordinator", ref("approval", "a-2")))
+    appended = other.apply(attrs.evolve(command, approvals=both_roles))
+    assert isinstance(appended, j.Appended), appended
 
 
 def test_approvals_on_a_node_that_is_not_an_approval_node_are_refused() -> None:
