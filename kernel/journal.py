@@ -224,6 +224,11 @@ def new_journal(header: Header, workflow: VerifiedWorkflow, policy: VerifiedPoli
     _check_header_binding(header, workflow, policy)
     if header.digest != digest_bytes(record_bytes(header.body_json())):
         raise JournalError(C.ALTERED_DIGEST, "the header's digest does not match its content", 0)
+    if header.supersedes == header.execution_id:
+        # create_header refuses to write it; a stored header is held to the same rule.
+        raise JournalError(
+            C.BAD_SUCCESSOR_BINDING, f"supersedes: execution {header.execution_id!r} cannot supersede itself", 0
+        )
     states = {
         node_id: initial_node_state(bool(workflow.nodes[node_id].predecessors)) for node_id in workflow.order
     }

@@ -25,6 +25,7 @@ from datetime import datetime
 
 from .canonical import canonical_bytes, digest_bytes, is_digest, parse_canonical, record_bytes
 from .dag import strict_flag, strict_list, strict_object, strict_text, strict_texts
+from .definition import IDENTIFIER
 from .journal_codes import JournalCode, JournalError
 from .journal_records import (
     _TIME,
@@ -74,6 +75,13 @@ def _optional_text(value: object, where: str) -> str | None:
     return None if value is None else strict_text(value, where)
 
 
+def _identifier_field(value: object, where: str) -> str:
+    text = strict_text(value, where)
+    if IDENTIFIER.fullmatch(text) is None:
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not an identifier (specs/journal.md, section 1)")
+    return text
+
+
 def _record_ref(value: object, where: str) -> RecordRef:
     obj = strict_object(value, where, required=("digest", "id", "kind"), optional=())
     return RecordRef(
@@ -114,14 +122,17 @@ def decode_header(data: bytes) -> Header:
         if obj["format"] != FORMAT:
             raise JournalError(C.MALFORMED_RECORD, f"format: {obj['format']!r} is not {FORMAT!r}")
         header = Header(
-            execution_id=strict_text(obj["execution"], "execution"),
+            # The header's own ids, as create_header checks them: the events'
+            # execution, and a successor binding's supersedes, are compared
+            # with these, so they are held to the identifier spelling too.
+            execution_id=_identifier_field(obj["execution"], "execution"),
             workflow_digest=_digest_field(obj["workflow_digest"], "workflow_digest"),
             policy_digest=_digest_field(obj["policy_digest"], "policy_digest"),
             protocol=strict_text(obj["protocol"], "protocol"),
             nodes=strict_texts(obj["nodes"], "nodes"),
             created_by=strict_text(obj["created_by"], "created_by"),
             created_at=strict_text(obj["created_at"], "created_at"),
-            supersedes=_optional_text(obj["supersedes"], "supersedes"),
+            supersedes=None if obj["supersedes"] is None else _identifier_field(obj["supersedes"], "supersedes"),
             digest=_digest_field(obj["digest"], "digest"),
         )
         check_time(header.created_at, "created_at")

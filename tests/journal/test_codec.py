@@ -207,6 +207,25 @@ def test_another_executions_header_does_not_adopt_these_events(chain: tuple[j.Jo
     assert (error.reason, error.ordinal) == (C.FOREIGN_RECORD, 1)
 
 
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"execution": "review 1"}, C.MALFORMED_RECORD),
+        ({"execution": ""}, C.MALFORMED_RECORD),
+        ({"supersedes": "-review-0"}, C.MALFORMED_RECORD),
+        ({"supersedes": "review-1"}, C.BAD_SUCCESSOR_BINDING),
+    ],
+    ids=["space", "empty", "supersedes", "supersedes-itself"],
+)
+def test_a_header_holds_what_create_header_would_have_refused_to_write(change: dict[str, object], code: C) -> None:
+    # Digest recomputed: only the rules create_header applies can catch it.
+    journal = fresh("review-1")
+    header = _resigned(j.encode_header(journal.header), change)
+    error = refusal(journal, header, [])
+    assert (error.reason, error.ordinal) == (code, 0)
+    assert next(iter(change)) in str(error)
+
+
 # The journal's own records are encoded with the standard library (record_bytes);
 # on their domain (ASCII member names, exact whole numbers, any string values)
 # that must be byte-identical to the rfc8785 package.
