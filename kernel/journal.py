@@ -852,6 +852,11 @@ def _check_successor_header(builder: _Builder, successor: RecordRef) -> None:
         raise JournalError(bad, f"successor {successor.ref_id!r}: its header cannot be read: {exc.detail}") from None
     if header is None:
         raise JournalError(bad, f"successor {successor.ref_id!r}: no such execution")
+    if header.execution_id != successor.ref_id:
+        # The lookup is the caller's: what it finds must be the named execution's own header.
+        raise JournalError(
+            bad, f"successor {successor.ref_id!r}: the header found is execution {header.execution_id!r}'s"
+        )
     if header.digest != successor.digest:
         raise JournalError(
             bad, f"successor {successor.ref_id!r}: its header's digest is {header.digest}, not {successor.digest}"

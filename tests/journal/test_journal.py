@@ -565,6 +565,19 @@ def test_a_successor_is_bound_only_after_invalidation_and_to_all_of_it() -> None
     assert j.replay(header, events, workflow, policy).head == driver.journal.head
 
 
+def test_a_successor_header_found_under_another_id_is_not_that_successor() -> None:
+    # The lookup is the caller's: a header it returns for "review-2" that is
+    # review-3's (which also supersedes review-1) is not review-2's, though
+    # its digest is the one the binding names.
+    driver = reviewed(Driver(fresh()))
+    invalidate_screening(driver)
+    workflow, policy = driver.journal.workflow, driver.journal.policy
+    review_3 = j.create_header("review-3", workflow, policy, created_by="carol", now=T0, supersedes="review-1")
+    driver.headers["review-2"] = review_3
+    command = _binding(driver, successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", review_3.digest))
+    assert "review-3" in refused(driver, command, C.BAD_SUCCESSOR_BINDING).message
+
+
 # --- authority verification ---------------------------------------------------------------------
 
 
