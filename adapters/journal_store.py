@@ -37,9 +37,10 @@ module:
   kernel decides each on the journal the ones before it made, and the
   events of all of them are written in one transaction under one head
   guard; a refusal of any writes nothing.  ``append`` is a batch of one.
-- Every append gives the kernel the store's header lookup (``header``), so
-  a successor binding is checked against the successor's stored header
-  whether or not records are resolved.
+- Every append, load and catching up gives the kernel the store's header
+  lookup (``header``), so a successor binding is checked against the
+  successor's stored header whether or not records are resolved, and
+  whoever wrote it.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class JournalStoreBase:
         chain = self.stored(execution_id)
         if chain is None:
             return None
-        journal = replay_stored(chain)
+        journal = replay_stored(chain, headers=self.header)
         with self._cache_lock:
             self._cache[execution_id] = journal
         return journal
@@ -281,7 +282,7 @@ class JournalStoreBase:
             # The first new event must name the cached head: continue_replay
             # checks the link, so a cache that is not a prefix of the stored
             # chain is refused, never silently extended.
-            journal = j.continue_replay(cached, events)
+            journal = j.continue_replay(cached, events, headers=self.header)
             if (journal.head, len(journal.events)) == (head, length):
                 with self._cache_lock:
                     self._cache[execution_id] = journal

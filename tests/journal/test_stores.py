@@ -8,6 +8,7 @@ and a head row that disagrees with the chain is reported on load.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import attrs
 import psycopg
 import pytest
 
-from fencekeeper.adapters.journal_store import JournalStore, SQLiteJournalStore
+from fencekeeper.adapters import journal_fixtures
+from fencekeeper.adapters.journal_store import JournalStore, JournalStoreBase, SQLiteJournalStore
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.journal import JournalStoreTests, Opener, created
 from fencekeeper.kernel import journal as j
@@ -57,6 +59,24 @@ class SqlTests:
         with pytest.raises(JournalError) as caught:
             open_store().load("review-1")
         assert caught.value.reason is C.BROKEN_CHAIN
+
+
+    def test_a_successor_binding_written_past_the_kernel_is_checked_on_load(self, open_store: Opener) -> None:
+        # A forged binding (every digest right) to ghost-9, which no stored
+        # header is, written by a faulty writer straight into the tables: a
+        # load checks it against the stored headers, as an append would have.
+        store = open_store()
+        created(store)
+        case = next(c for c in journal_fixtures.cases() if c.name == "successor-unknown")
+        assert case.lines[0] == store.stored("review-1").header  # type: ignore[union-attr]
+        events = [j.decode_event(line) for line in case.lines[1:]]
+        assert isinstance(store, JournalStoreBase)
+        written = list(zip(events, case.lines[1:], strict=True))
+        assert store._commit_events("review-1", json.loads(case.lines[0])["digest"], written, len(events))
+        for opened in (open_store(), store):
+            with pytest.raises(JournalError) as caught:
+                opened.load("review-1")
+            assert (caught.value.reason, caught.value.ordinal) == (C.BAD_SUCCESSOR_BINDING, case.ordinal)
 
 
 class TestSQLiteJournalStore(JournalStoreTests, SqlTests):
