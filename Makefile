@@ -6,9 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The editable install is a link tree (editable_mode=strict, so mypy sees
 # fencekeeper.kernel exactly as installed); a new or removed module or data
-# file (adapters/workflows/*.toml) needs a reinstall, so the stamp depends on
+# file (adapters/workflows/*.toml, a fixture chain's .jsonl) needs a reinstall, so the stamp depends on
 # the list of package files.
-PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" | sort)
+PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" -o -name "*.jsonl" | sort)
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg bench-ops bench-journal bench-e2e specs apidocs clean
