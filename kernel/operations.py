@@ -1174,10 +1174,11 @@ def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: d
 def decide(operation: Operation | None, request: DecideRequest, now: datetime) -> Outcome:
     """Store an approval decision bound to the exact Operation (seed 001, Approval, cancellation, and limits).
 
-    Every binding is compared and the first that differs is named; the
-    requester may not approve their own Operation; an expiry already past is
-    refused; a repeat of the stored decision is Unchanged, any other
-    decision after it is a conflict.
+    The approver's current authority is asked first: a denied approver
+    learns nothing of what is stored.  Then every binding is compared and
+    the first that differs is named; the requester may not approve their own
+    Operation; an expiry already past is refused; a repeat of the stored
+    decision is Unchanged, any other decision after it is a conflict.
     """
     try:
         _check_id("approval_id", request.approval_id)
@@ -1198,6 +1199,11 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
     if refusal is not None:
         return refusal
     assert operation is not None
+    # Current authority first (seed 001: an approval "never overrides current authorization"): an
+    # approver denied now is answered neither by a decision stored earlier nor by the stored bindings.
+    if not request.authority.granted or request.authority.principal != request.approver:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.approver!r} may not decide this operation{why}")
     for name, stored, given in (
         ("input_digest", operation.input_digest, request.input_digest),
         ("action_name", operation.action_name, request.action_name),
@@ -1236,9 +1242,6 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
             RefusalCode.APPROVAL_EXPIRED, f"expires_at {_iso(request.expires_at)} is not after now {_iso(now)}",
             "expires_at",
         )
-    if not request.authority.granted or request.authority.principal != request.approver:
-        why = f": {request.authority.reason}" if request.authority.reason else ""
-        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.approver!r} may not decide this operation{why}")
     approval = Approval(
         approval_id=request.approval_id,
         operation_id=operation.operation_id,
@@ -1279,6 +1282,8 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     If it commits first, the running Attempt is recorded ``cancelled`` and
     its effect's commit is refused (its guard names the revision this
     changes).  If the effect committed first, this is ``cancel_too_late``.
+    Both that answer and a repeat's ``already_cancelled`` are given only to
+    a principal whose current authority to cancel is granted.
     It never undoes anything: an external effect already issued stays
     issued, and the transition record says its intent was recorded.
     """
@@ -1297,6 +1302,11 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     if refusal is not None:
         return refusal
     assert operation is not None
+    # Current authority first: a repeat answered Unchanged (with the Operation) or a late cancel naming
+    # its outcome would tell a principal who may not cancel what became of the Operation.
+    if not request.authority.granted:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.principal!r} may not cancel{why}")
     if operation.state is OperationState.CANCELLED:
         return Unchanged(UnchangedCode.ALREADY_CANCELLED, "the operation is already cancelled", operation)
     if operation.state in OPERATION.terminal:
@@ -1304,9 +1314,6 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
             RefusalCode.CANCEL_TOO_LATE,
             f"operation already ended {operation.state.value} ({operation.outcome.value if operation.outcome else ''})",
         )
-    if not request.authority.granted:
-        why = f": {request.authority.reason}" if request.authority.reason else ""
-        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.principal!r} may not cancel{why}")
     attempts: tuple[Attempt, ...] = ()
     note = request.reason or "cancelled"
     if operation.state is OperationState.RUNNING:

@@ -445,3 +445,32 @@ def test_every_refusal_code_is_published() -> None:
 def test_another_resolver_or_subject_may_approve(approver: str) -> None:
     outcome = _decide(_approval_op(), approver=approver, authority=o.Authority(True, approver))
     assert isinstance(outcome, o.Decision), outcome
+
+
+BOB_DENIED = o.Authority(False, "users:v1:bob", "not the requester")
+
+
+@pytest.mark.parametrize("ended", ["cancelled", "succeeded"])
+def test_a_cancellation_without_authority_is_refused_whatever_the_operation_became(ended: str) -> None:
+    """A repeat or a late cancel tells a principal who may not cancel nothing of the Operation, and grants nothing."""
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    if ended == "cancelled":
+        finished = o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + SECOND)
+    else:
+        finished = o.complete(op, o.CompleteRequest(cred, GRANTED, '{"secret": 1}'), T0 + SECOND)
+    assert isinstance(finished, o.Decision)
+    outcome = o.cancel(finished.operation, o.CancelRequest("op-1", "users:v1:bob", BOB_DENIED), T0 + 2 * SECOND)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED, outcome
+    assert ended not in outcome.message
+
+
+def test_a_decision_without_authority_is_refused_before_anything_stored_is_compared() -> None:
+    """Neither the stored decision nor the stored bindings answer an approver whose current authority is denied."""
+    decided = _decide(_approval_op())
+    assert isinstance(decided, o.Decision)
+    revoked = o.Authority(False, "users:v1:bob", "revoked")
+    for changes in ({}, {"approval_id": "ap-2", "approved": False}, {"input_digest": digest("other")}):
+        outcome = _decide(decided.operation, authority=revoked, **changes)
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED, (changes, outcome)
+        assert decided.operation.input_digest not in outcome.message and "ap-1" not in outcome.message
+
