@@ -137,6 +137,7 @@ class RefusalCode(enum.Enum):
     SELF_APPROVAL = "self_approval"
     DECISION_CONFLICT = "decision_conflict"
     CANCEL_TOO_LATE = "cancel_too_late"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 class UnchangedCode(enum.Enum):
@@ -947,7 +948,15 @@ def _check_approval_usable(operation: Operation) -> Refusal | None:
 
 
 def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datetime) -> Outcome:
-    """The current owner extends its lease, before expiry only."""
+    """The current owner extends its lease, before expiry only, and never past the overall deadline.
+
+    The deadline bounds every renewal (seed 001: the overall deadline survives
+    restart, and so must survive an owner that keeps renewing): before it the
+    lease is extended at most to the deadline, never shortened, so a lease
+    the claim granted past it stands; from the deadline on a heartbeat is
+    refused ``deadline_exceeded``, the lease runs out, and the next claim
+    ends the Operation ``deadline_exceeded``.
+    """
     try:
         _check_credential(request.credential)
         _check("lease_duration", duration_problem(request.lease_duration))
@@ -959,7 +968,12 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
     if refusal is not None:
         return refusal
     assert operation is not None
-    expires = now + request.lease_duration
+    if now >= operation.deadline:
+        return Refusal(
+            RefusalCode.DEADLINE_EXCEEDED,
+            f"the deadline {_iso(operation.deadline)} has passed (now {_iso(now)}): the lease is not renewed",
+        )
+    expires = max(min(now + request.lease_duration, operation.deadline), operation.lease_expires_at or now)
     after, record = _move(
         operation,
         OperationEvent.HEARTBEAT,
@@ -967,7 +981,7 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
         actor=request.credential.worker_id,
         reason=f"lease until {_iso(expires)}",
         keep_owner=True,
-        changes={"lease_expires_at": max(expires, operation.lease_expires_at or expires)},
+        changes={"lease_expires_at": expires},
     )
     return _decision(operation, after, record, now, live=True)
 

@@ -474,3 +474,22 @@ def test_a_decision_without_authority_is_refused_before_anything_stored_is_compa
         assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED, (changes, outcome)
         assert decided.operation.input_digest not in outcome.message and "ap-1" not in outcome.message
 
+
+
+def test_a_heartbeat_never_carries_the_lease_past_the_deadline() -> None:
+    """The overall deadline bounds an Attempt that keeps renewing: past it a heartbeat is refused, before it capped."""
+    op = admitted()
+    deadline = op.deadline
+    op, cred, _ = claimed(op, "w1", deadline - 15 * SECOND)
+    capped = o.heartbeat(op, o.HeartbeatRequest(cred, LEASE), deadline - 7 * SECOND)
+    assert isinstance(capped, o.Decision)
+    assert capped.operation.lease_expires_at == deadline
+    # A lease the claim granted past the deadline stands (a live owner keeps its chance to commit) ...
+    late, late_cred, _ = claimed(admitted(), "w1", deadline - SECOND)
+    kept = o.heartbeat(late, o.HeartbeatRequest(late_cred, LEASE), deadline - SECOND / 2)
+    assert isinstance(kept, o.Decision) and kept.operation.lease_expires_at == late.lease_expires_at
+    # ... but nothing renews it once the deadline has passed.
+    refused = o.heartbeat(late, o.HeartbeatRequest(late_cred, LEASE), deadline)
+    assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.DEADLINE_EXCEEDED, refused
+    ended = o.claim(late, o.ClaimRequest("w2", LEASE), late.lease_expires_at)  # type: ignore[arg-type]
+    assert isinstance(ended, o.Decision) and ended.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED

@@ -144,3 +144,35 @@ def test_an_authorizer_that_raises_fails_closed_without_ending_the_worker() -> N
     assert report is not None and report.outcome == "not_authorized" and "policy store is down" in report.detail, report
     record = service.get(op_id)
     assert record is not None and [(a.state, a.error_code) for a in record.attempts] == [("failed", "not_authorized")]
+
+
+def test_heartbeats_do_not_carry_a_running_attempt_past_the_overall_deadline() -> None:
+    """A handler that outlives the deadline while its worker renews the lease ends deadline_exceeded, not succeeded."""
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableAction,
+        DurableActionRegistry,
+        DurableOperationService,
+    )
+
+    def slow(value: object) -> object:
+        time.sleep(0.9)  # three leases and past the deadline: only heartbeats could keep it
+        return value
+
+    store = MemoryOperationStore(SystemClock())
+    world = World(store, ManualClock())
+    policy = o.RetryPolicy(maximum_attempts=1, schedule_to_close=timedelta(milliseconds=450))
+    actions = DurableActionRegistry((DurableAction("slow", 1, o.EffectClass.READ_ONLY, slow, policy=policy),))
+    service = DurableOperationService(store, actions, world.resolvers, namespace="shop")
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="slow", input={"n": 1}, client_key="k").operation_id
+    worker = DurableOperationWorker(
+        store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=timedelta(milliseconds=300)
+    )
+    first = worker.run_once()
+    assert first is not None and first.outcome == "lease_expired", first
+    record = service.get(op_id)
+    assert record is not None and record.deadline < record.attempts[0].started_at + timedelta(milliseconds=900)
+    ended = worker.run_once()
+    assert ended is not None and ended.outcome == "deadline_exceeded", ended
+    history = service.history(op_id)
+    assert history[-1].event == "deadline_exceeded"
+    assert all(line.at < record.deadline for line in history if line.event == "heartbeat")
