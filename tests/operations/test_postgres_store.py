@@ -391,3 +391,30 @@ def test_a_connection_lost_while_the_store_opens_is_store_unavailable(
     with pytest.raises(StoreError) as raised:
         PostgresOperationStore(pg_dsn, schema=pg_schema)
     assert raised.value.code == "store_unavailable"
+
+
+def test_an_identical_resubmission_does_not_wait_for_the_operations_row(pg_dsn: str, pg_schema: str) -> None:
+    """A worker inside an atomic action holds the Operation's row; a client's retry of its submission is answered anyway.
+
+    Admission decides on the identity (serialized by its own lock) and on the
+    Operation's immutable binding and whether it has ended: nothing it writes
+    depends on the Operation's row lock.
+    """
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0.2, idle_in_transaction_timeout=5)
+    try:
+        examples.prepare(store)
+        service = DurableOperationService(store, examples.registry(), examples.resolvers())
+        alice = PrincipalReference("users", 1, "alice")
+        payload = {"from": "acc-1", "to": "acc-2", "amount": 1}
+        first = service.submit(tenant="default", principal=alice, action="transfer", input=payload, client_key="k")
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = %s FOR UPDATE", (first.operation_id,))
+            started = time.monotonic()
+            again = service.submit(tenant="default", principal=alice, action="transfer", input=payload, client_key="k")
+            waited = time.monotonic() - started
+            holder.rollback()
+        assert not again.created and again.operation_id == first.operation_id
+        assert waited < 0.15
+    finally:
+        store.close()
