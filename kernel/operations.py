@@ -1191,8 +1191,10 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
     The approver's current authority is asked first: a denied approver
     learns nothing of what is stored.  Then every binding is compared and
     the first that differs is named; the requester may not approve their own
-    Operation; an expiry already past is refused; a repeat of the stored
-    decision is Unchanged, any other decision after it is a conflict.
+    Operation; an expiry already past is refused, and so is any decision
+    once the Operation's own deadline has passed (``deadline_exceeded``: it
+    ends ``approval_expired``); a repeat of the stored decision is
+    Unchanged, any other decision after it is a conflict.
     """
     try:
         _check_id("approval_id", request.approval_id)
@@ -1246,6 +1248,14 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
     if operation.state is not OperationState.AWAITING_APPROVAL:
         return Refusal(
             RefusalCode.NOT_AWAITING_APPROVAL, f"operation is {operation.state.value}, not awaiting_approval"
+        )
+    if now >= operation.deadline:
+        # Past its deadline the Operation can only end approval_expired (the next claim's sweep ends it):
+        # a decision stored now would turn that into deadline_exceeded or approval_rejected by the
+        # accident of which came first, and an approval here can never be used.
+        return Refusal(
+            RefusalCode.DEADLINE_EXCEEDED,
+            f"the operation's deadline {_iso(operation.deadline)} has passed (now {_iso(now)}); it ends approval_expired",
         )
     if _same_principal(request.approver, operation.identity.principal):
         return Refusal(

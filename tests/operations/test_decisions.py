@@ -493,3 +493,20 @@ def test_a_heartbeat_never_carries_the_lease_past_the_deadline() -> None:
     assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.DEADLINE_EXCEEDED, refused
     ended = o.claim(late, o.ClaimRequest("w2", LEASE), late.lease_expires_at)  # type: ignore[arg-type]
     assert isinstance(ended, o.Decision) and ended.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_decision_after_the_deadline_is_refused_and_the_operation_ends_approval_expired(approved: bool) -> None:
+    """Past its deadline an Operation awaiting approval can only end approval_expired, whenever the sweep comes."""
+    op = _approval_op()
+    late = o.decide(
+        op,
+        o.DecideRequest("ap-1", op.operation_id, op.input_digest, op.action_name, op.action_version,
+                        op.identity.tenant, "users:v1:bob", approved, op.deadline + timedelta(minutes=5),
+                        o.Authority(True, "users:v1:bob")),
+        op.deadline,
+    )
+    assert isinstance(late, o.Refusal) and late.code is o.RefusalCode.DEADLINE_EXCEEDED, late
+    swept = o.claim(op, o.ClaimRequest("w1", LEASE), op.deadline)
+    assert isinstance(swept, o.Decision) and swept.operation.outcome is o.TerminalOutcome.APPROVAL_EXPIRED
+
