@@ -903,6 +903,9 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
         if abandoned
         else f"attempt {fence}"
     )
+    if approval is not None and approval is not operation.approval:
+        # The consumption is a change of this revision like the fence: history says which approval it was.
+        reason += f"; approval {approval.approval_id} by {approval.approver} consumed"
     after, record = _move(
         operation,
         event,

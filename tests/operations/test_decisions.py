@@ -510,3 +510,13 @@ def test_a_decision_after_the_deadline_is_refused_and_the_operation_ends_approva
     swept = o.claim(op, o.ClaimRequest("w1", LEASE), op.deadline)
     assert isinstance(swept, o.Decision) and swept.operation.outcome is o.TerminalOutcome.APPROVAL_EXPIRED
 
+
+
+def test_the_claim_that_consumes_an_approval_says_so_in_history() -> None:
+    decided = _decide(_approval_op())
+    assert isinstance(decided, o.Decision)
+    _, _, first = claimed(decided.operation, "w1", T0 + SECOND)
+    assert "approval ap-1" in first.transition.reason and "users:v1:bob" in first.transition.reason
+    assert first.operation.approval is not None and first.operation.approval.consumed_by == 1
+    _, _, replacement = claimed(first.operation, "w2", T0 + SECOND + LEASE)
+    assert "approval" not in replacement.transition.reason
