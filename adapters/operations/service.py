@@ -623,8 +623,8 @@ class DurableOperationService:
             return None
         return view
 
-    def _record(self, operation_id: str) -> OperationRecord:
-        record = self.get(operation_id)
+    def _record(self, operation_id: str, tenant: str | None = None) -> OperationRecord:
+        record = self.get(operation_id, tenant=tenant)
         if record is None:
             raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
         return record
@@ -658,14 +658,17 @@ class DurableOperationService:
         action: tuple[str, int] | None = None,
         expires_at: datetime | None = None,
         approval_id: str | None = None,
+        tenant: str | None = None,
     ) -> OperationRecord:
         """Approve or reject.  ``input_digest`` and ``action`` bind the decision to what the approver saw.
 
         Without them the decision binds to the stored Operation as it is
         (an approver who saw nothing else).  A repeat with the same
-        ``approval_id`` is answered with the stored record.
+        ``approval_id`` is answered with the stored record.  ``tenant`` as
+        for :meth:`get`: another tenant's Operation is ``operation_not_found``,
+        never a refusal that names its tenant or what it holds.
         """
-        record = self._record(operation_id)
+        record = self._record(operation_id, tenant)
         authority = self._authority(approver, record.tenant, lambda resolution: self.may_decide(resolution, record))
         name, version = action if action is not None else (record.action_name, record.action_version)
         request = o.DecideRequest(
@@ -685,8 +688,11 @@ class DurableOperationService:
             raise _refused(outcome)
         return self._record(operation_id)
 
-    def cancel(self, operation_id: str, *, principal: PrincipalReference, reason: str = "") -> OperationRecord:
-        record = self._record(operation_id)
+    def cancel(
+        self, operation_id: str, *, principal: PrincipalReference, reason: str = "", tenant: str | None = None
+    ) -> OperationRecord:
+        """Cancel; ``tenant`` as for :meth:`decide`."""
+        record = self._record(operation_id, tenant)
         authority = self._authority(principal, record.tenant, lambda resolution: self.may_cancel(resolution, record))
         outcome = self.store.cancel(o.CancelRequest(operation_id, principal.ref, authority, reason))
         if isinstance(outcome, o.Refusal):

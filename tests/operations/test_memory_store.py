@@ -176,3 +176,26 @@ def test_heartbeats_do_not_carry_a_running_attempt_past_the_overall_deadline() -
     history = service.history(op_id)
     assert history[-1].event == "deadline_exceeded"
     assert all(line.at < record.deadline for line in history if line.event == "heartbeat")
+
+
+def test_decide_and_cancel_for_one_tenant_do_not_find_another_tenants_operation() -> None:
+    """As get and history: asked for another tenant, the Operation does not exist, and nothing says whose it is."""
+    from fencekeeper.adapters.operations.service import DurableOperationError, PrincipalReference  # noqa: PLC0415
+
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    op_id = world.service.submit(
+        tenant=TENANT, principal=ALICE, action="capture_payment", input={"order": "o-1", "amount": 1}, client_key="k"
+    ).operation_id
+    bob = PrincipalReference("users", 1, "bob")
+    for call in (
+        lambda: world.service.decide(op_id, approver=bob, approve=True, tenant="tenant-b"),
+        lambda: world.service.cancel(op_id, principal=ALICE, tenant="tenant-b"),
+    ):
+        with pytest.raises(DurableOperationError) as raised:
+            call()
+        assert raised.value.code == "operation_not_found" and TENANT not in raised.value.message
+    record = world.service.get(op_id)
+    assert record is not None and record.state.value == "awaiting_approval"
+    # Within the tenant both work as before.
+    assert world.service.decide(op_id, approver=bob, approve=True, tenant=TENANT).approved_by == bob.ref
+    assert world.service.cancel(op_id, principal=ALICE, tenant=TENANT).state.value == "cancelled"
