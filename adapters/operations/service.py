@@ -49,6 +49,7 @@ from .ports import OperationStore, OperationView
 
 __all__ = [
     "ActionFailed",
+    "ApprovalRecord",
     "CheckedSubmission",
     "DeploymentCheck",
     "DurableAction",
@@ -348,6 +349,29 @@ class AttemptRecord:
 
 
 @attrs.frozen
+class ApprovalRecord:
+    """The stored approval decision, as a caller may see it: who decided what, until when, and whether it was used."""
+
+    approval_id: str
+    approver: str
+    approved: bool
+    expires_at: datetime
+    decided_at: datetime
+    consumed_by_attempt: int | None
+    """The Attempt whose claim consumed it (the first); None while unused, and always for a rejection."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "approval_id": self.approval_id,
+            "approver": self.approver,
+            "approved": self.approved,
+            "expires_at": self.expires_at.isoformat(),
+            "decided_at": self.decided_at.isoformat(),
+            "consumed_by_attempt": self.consumed_by_attempt,
+        }
+
+
+@attrs.frozen
 class OperationRecord:
     """What a caller may know of an Operation (internal columns, fences' meaning and SQL are not the contract)."""
 
@@ -376,6 +400,8 @@ class OperationRecord:
     effect_unsettled: bool = False
     """An issue of the external effect may have been applied with no conclusive answer yet: the next
     Attempt reconciles before anything is repeated, and never resends it blindly (specs/operations.md)."""
+    approval: ApprovalRecord | None = None
+    """The stored approval decision, approving or rejecting; None while none is stored."""
 
     @property
     def terminal(self) -> bool:
@@ -404,6 +430,7 @@ class OperationRecord:
             "approved_by": self.approved_by,
             "effect_id": self.effect_id,
             "effect_unsettled": self.effect_unsettled,
+            "approval": None if self.approval is None else self.approval.to_json(),
             "attempts": [
                 {
                     "number": a.number,
@@ -727,6 +754,18 @@ def _record(operation: o.Operation, input_json: str, attempts: tuple[o.Attempt, 
             AttemptRecord(a.number, a.worker_id, a.state.value, a.started_at, a.ended_at, a.error_code) for a in attempts
         ),
         effect_unsettled=operation.effect_unsettled_since is not None,
+        approval=None if operation.approval is None else _approval_record(operation.approval),
+    )
+
+
+def _approval_record(approval: o.Approval) -> ApprovalRecord:
+    return ApprovalRecord(
+        approval.approval_id,
+        approval.approver,
+        approval.approved,
+        approval.expires_at,
+        approval.decided_at,
+        approval.consumed_by,
     )
 
 
