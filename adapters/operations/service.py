@@ -180,7 +180,8 @@ class PrincipalResolver(Protocol):
 
 
 class PrincipalResolverRegistry:
-    """Resolvers by (name, version).  An unregistered resolver fails closed.
+    """Resolvers by (name, version).  An unregistered resolver fails closed, and so does one that raises or
+    answers anything but a resolution of the very reference it was asked about (the provenance binding).
 
     ``retries`` bounds how often a temporarily unavailable answer is asked
     again (with ``pause`` seconds between), after which it stays
@@ -212,6 +213,18 @@ class PrincipalResolverRegistry:
                 resolution = resolver.resolve(reference)
             except Exception as exc:  # a resolver that breaks fails closed, never open
                 return PrincipalResolution(ResolutionStatus.MISSING, reference, reason=f"resolver failed: {exc}")
+            # The provenance binding (seed 001, Current authorization): only a resolution of this very
+            # reference speaks for it.  One of another principal, or no resolution at all, fails closed.
+            if not isinstance(resolution, PrincipalResolution):
+                return PrincipalResolution(
+                    ResolutionStatus.MISSING, reference,
+                    reason=f"resolver answered {type(resolution).__name__}, not a PrincipalResolution",
+                )
+            if resolution.reference != reference:
+                return PrincipalResolution(
+                    ResolutionStatus.MISSING, reference,
+                    reason=f"resolver answered for {resolution.reference.ref}, not {reference.ref}",
+                )
             if resolution.status is not ResolutionStatus.UNAVAILABLE or attempt == self.retries:
                 return resolution
             time.sleep(self.pause)

@@ -199,3 +199,38 @@ def test_decide_and_cancel_for_one_tenant_do_not_find_another_tenants_operation(
     # Within the tenant both work as before.
     assert world.service.decide(op_id, approver=bob, approve=True, tenant=TENANT).approved_by == bob.ref
     assert world.service.cancel(op_id, principal=ALICE, tenant=TENANT).state.value == "cancelled"
+
+
+@pytest.mark.parametrize("answer", ["another_principal", "not_a_resolution"])
+def test_a_resolver_that_answers_for_someone_else_fails_closed(answer: str) -> None:
+    """The provenance binding is verified: a resolution of another reference (or none at all) grants nothing."""
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableOperationError,
+        PrincipalReference,
+        PrincipalResolution,
+        PrincipalResolverRegistry,
+        ResolutionStatus,
+    )
+
+    clock = ManualClock()
+    world = World(MemoryOperationStore(clock), clock)
+    op_id = world.transfer("k1", 10)
+    carol = PrincipalReference("users", 1, "carol")
+
+    class Confused:
+        def resolve(self, reference: PrincipalReference) -> object:
+            if answer == "not_a_resolution":
+                return None
+            return PrincipalResolution(ResolutionStatus.ACTIVE, carol, frozenset({TENANT}))
+
+    confused = PrincipalResolverRegistry(retries=0, pause=0)
+    confused.register("users", 1, Confused())  # type: ignore[arg-type]
+    world.resolvers = confused
+    world.service.resolvers = confused
+    with pytest.raises(DurableOperationError) as raised:
+        world.transfer("k2", 10)
+    assert raised.value.code == "not_authorized"
+    report = world.worker("w1").run_once()
+    assert report is not None and report.outcome == "not_authorized", report
+    record = world.service.get(op_id)
+    assert record is not None and record.outcome is not None and record.outcome.value == "not_authorized"
