@@ -1346,8 +1346,9 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     if operation.state is OperationState.RUNNING:
         attempts = (_end_attempt(operation, AttemptState.CANCELLED, now, "cancelled"),)
         note += f"; attempt {operation.fence} fenced"
-        if operation.effect_unsettled_since is not None:
-            note += f"; external effect {operation.effect_id} may have been issued and is not undone"
+    # Whatever the state: an Operation waiting for its retry may hold an earlier Attempt's unanswered issue.
+    if operation.effect_unsettled_since is not None:
+        note += f"; external effect {operation.effect_id} may have been issued and is not undone"
     after, record = _move(
         operation,
         OperationEvent.CANCEL,

@@ -520,3 +520,14 @@ def test_the_claim_that_consumes_an_approval_says_so_in_history() -> None:
     assert first.operation.approval is not None and first.operation.approval.consumed_by == 1
     _, _, replacement = claimed(first.operation, "w2", T0 + SECOND + LEASE)
     assert "approval" not in replacement.transition.reason
+
+
+def test_cancel_between_attempts_says_an_earlier_attempts_effect_may_have_been_issued() -> None:
+    """Waiting for its retry, an Operation whose intent is unanswered still may have its effect applied."""
+    op, cred = _external_with_intent()
+    ambiguous = o.fail(op, o.FailRequest(cred, "effect_ambiguous", retryable=True), T0 + SECOND)
+    assert isinstance(ambiguous, o.Decision) and ambiguous.operation.state is OperationState.ADMITTED
+    assert ambiguous.operation.effect_unsettled_since == 1
+    cancelled = o.cancel(ambiguous.operation, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + 2 * SECOND)
+    assert isinstance(cancelled, o.Decision)
+    assert "may have been issued" in cancelled.transition.reason, cancelled.transition.reason
