@@ -243,7 +243,7 @@ def _show(out: Output, record: OperationRecord, extra: dict[str, Any] | None = N
     out.line(f"  action {record.action_name} v{record.action_version} ({record.effect_class.value}), tenant {record.tenant}")
     out.line(f"  attempts {record.attempt_count} of {record.maximum_attempts}; deadline {record.deadline.isoformat()}")
     if record.requires_approval:
-        out.line(f"  approval: {record.approved_by or 'none yet'}; input digest {record.input_digest}")
+        out.line(f"  approval: {_approval_text(record)}; input digest {record.input_digest}")
     if record.effect_id is not None:
         settled = "unsettled: the next attempt reconciles first" if record.effect_unsettled else "settled"
         out.line(f"  external effect id {record.effect_id} ({settled})")
@@ -255,6 +255,21 @@ def _show(out: Output, record: OperationRecord, extra: dict[str, Any] | None = N
         ended = attempt.ended_at.isoformat() if attempt.ended_at else "-"
         error = f" {attempt.error_code}" if attempt.error_code else ""
         out.line(f"  attempt {attempt.number} by {attempt.worker_id}: {attempt.state}{error} (ended {ended})")
+
+
+def _approval_text(record: OperationRecord) -> str:
+    """The stored decision in words: a rejection is a decision too, never "none yet"."""
+    approval = record.approval
+    if approval is None:
+        return "none yet"
+    if not approval.approved:
+        return f"rejected by {approval.approver}"
+    used = (
+        f"consumed by attempt {approval.consumed_by_attempt}"
+        if approval.consumed_by_attempt is not None
+        else "not used yet"
+    )
+    return f"approved by {approval.approver} until {approval.expires_at.isoformat()}, {used}"
 
 
 def _submit(args: argparse.Namespace, out: Output) -> int:

@@ -394,6 +394,7 @@ def _operation_routes(
                 approve=body["approve"],
                 input_digest=body.get("input_digest"),
                 approval_id=body.get("approval_id"),
+                tenant=principal.tenant,
             )
 
         return JSONResponse((await scoped(principal, run)).to_json())
@@ -404,7 +405,9 @@ def _operation_routes(
 
         def run() -> OperationRecord:
             visible(principal, operation_id)
-            return service.cancel(operation_id, principal=principal.reference, reason=body.get("reason", ""))
+            return service.cancel(
+                operation_id, principal=principal.reference, reason=body.get("reason", ""), tenant=principal.tenant
+            )
 
         return JSONResponse((await scoped(principal, run)).to_json())
 

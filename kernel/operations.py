@@ -137,6 +137,7 @@ class RefusalCode(enum.Enum):
     SELF_APPROVAL = "self_approval"
     DECISION_CONFLICT = "decision_conflict"
     CANCEL_TOO_LATE = "cancel_too_late"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 class UnchangedCode(enum.Enum):
@@ -902,6 +903,9 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
         if abandoned
         else f"attempt {fence}"
     )
+    if approval is not None and approval is not operation.approval:
+        # The consumption is a change of this revision like the fence: history says which approval it was.
+        reason += f"; approval {approval.approval_id} by {approval.approver} consumed"
     after, record = _move(
         operation,
         event,
@@ -947,7 +951,15 @@ def _check_approval_usable(operation: Operation) -> Refusal | None:
 
 
 def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datetime) -> Outcome:
-    """The current owner extends its lease, before expiry only."""
+    """The current owner extends its lease, before expiry only, and never past the overall deadline.
+
+    The deadline bounds every renewal (seed 001: the overall deadline survives
+    restart, and so must survive an owner that keeps renewing): before it the
+    lease is extended at most to the deadline, never shortened, so a lease
+    the claim granted past it stands; from the deadline on a heartbeat is
+    refused ``deadline_exceeded``, the lease runs out, and the next claim
+    ends the Operation ``deadline_exceeded``.
+    """
     try:
         _check_credential(request.credential)
         _check("lease_duration", duration_problem(request.lease_duration))
@@ -959,7 +971,12 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
     if refusal is not None:
         return refusal
     assert operation is not None
-    expires = now + request.lease_duration
+    if now >= operation.deadline:
+        return Refusal(
+            RefusalCode.DEADLINE_EXCEEDED,
+            f"the deadline {_iso(operation.deadline)} has passed (now {_iso(now)}): the lease is not renewed",
+        )
+    expires = max(min(now + request.lease_duration, operation.deadline), operation.lease_expires_at or now)
     after, record = _move(
         operation,
         OperationEvent.HEARTBEAT,
@@ -967,7 +984,7 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
         actor=request.credential.worker_id,
         reason=f"lease until {_iso(expires)}",
         keep_owner=True,
-        changes={"lease_expires_at": max(expires, operation.lease_expires_at or expires)},
+        changes={"lease_expires_at": expires},
     )
     return _decision(operation, after, record, now, live=True)
 
@@ -1174,10 +1191,13 @@ def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: d
 def decide(operation: Operation | None, request: DecideRequest, now: datetime) -> Outcome:
     """Store an approval decision bound to the exact Operation (seed 001, Approval, cancellation, and limits).
 
-    Every binding is compared and the first that differs is named; the
-    requester may not approve their own Operation; an expiry already past is
-    refused; a repeat of the stored decision is Unchanged, any other
-    decision after it is a conflict.
+    The approver's current authority is asked first: a denied approver
+    learns nothing of what is stored.  Then every binding is compared and
+    the first that differs is named; the requester may not approve their own
+    Operation; an expiry already past is refused, and so is any decision
+    once the Operation's own deadline has passed (``deadline_exceeded``: it
+    ends ``approval_expired``); a repeat of the stored decision is
+    Unchanged, any other decision after it is a conflict.
     """
     try:
         _check_id("approval_id", request.approval_id)
@@ -1198,6 +1218,11 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
     if refusal is not None:
         return refusal
     assert operation is not None
+    # Current authority first (seed 001: an approval "never overrides current authorization"): an
+    # approver denied now is answered neither by a decision stored earlier nor by the stored bindings.
+    if not request.authority.granted or request.authority.principal != request.approver:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.approver!r} may not decide this operation{why}")
     for name, stored, given in (
         ("input_digest", operation.input_digest, request.input_digest),
         ("action_name", operation.action_name, request.action_name),
@@ -1227,6 +1252,14 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
         return Refusal(
             RefusalCode.NOT_AWAITING_APPROVAL, f"operation is {operation.state.value}, not awaiting_approval"
         )
+    if now >= operation.deadline:
+        # Past its deadline the Operation can only end approval_expired (the next claim's sweep ends it):
+        # a decision stored now would turn that into deadline_exceeded or approval_rejected by the
+        # accident of which came first, and an approval here can never be used.
+        return Refusal(
+            RefusalCode.DEADLINE_EXCEEDED,
+            f"the operation's deadline {_iso(operation.deadline)} has passed (now {_iso(now)}); it ends approval_expired",
+        )
     if _same_principal(request.approver, operation.identity.principal):
         return Refusal(
             RefusalCode.SELF_APPROVAL, f"{request.approver!r} requested this operation and may not decide it", "approver"
@@ -1236,9 +1269,6 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
             RefusalCode.APPROVAL_EXPIRED, f"expires_at {_iso(request.expires_at)} is not after now {_iso(now)}",
             "expires_at",
         )
-    if not request.authority.granted or request.authority.principal != request.approver:
-        why = f": {request.authority.reason}" if request.authority.reason else ""
-        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.approver!r} may not decide this operation{why}")
     approval = Approval(
         approval_id=request.approval_id,
         operation_id=operation.operation_id,
@@ -1279,6 +1309,8 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     If it commits first, the running Attempt is recorded ``cancelled`` and
     its effect's commit is refused (its guard names the revision this
     changes).  If the effect committed first, this is ``cancel_too_late``.
+    Both that answer and a repeat's ``already_cancelled`` are given only to
+    a principal whose current authority to cancel is granted.
     It never undoes anything: an external effect already issued stays
     issued, and the transition record says its intent was recorded.
     """
@@ -1297,6 +1329,11 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     if refusal is not None:
         return refusal
     assert operation is not None
+    # Current authority first: a repeat answered Unchanged (with the Operation) or a late cancel naming
+    # its outcome would tell a principal who may not cancel what became of the Operation.
+    if not request.authority.granted:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.principal!r} may not cancel{why}")
     if operation.state is OperationState.CANCELLED:
         return Unchanged(UnchangedCode.ALREADY_CANCELLED, "the operation is already cancelled", operation)
     if operation.state in OPERATION.terminal:
@@ -1304,16 +1341,14 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
             RefusalCode.CANCEL_TOO_LATE,
             f"operation already ended {operation.state.value} ({operation.outcome.value if operation.outcome else ''})",
         )
-    if not request.authority.granted:
-        why = f": {request.authority.reason}" if request.authority.reason else ""
-        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.principal!r} may not cancel{why}")
     attempts: tuple[Attempt, ...] = ()
     note = request.reason or "cancelled"
     if operation.state is OperationState.RUNNING:
         attempts = (_end_attempt(operation, AttemptState.CANCELLED, now, "cancelled"),)
         note += f"; attempt {operation.fence} fenced"
-        if operation.effect_unsettled_since is not None:
-            note += f"; external effect {operation.effect_id} may have been issued and is not undone"
+    # Whatever the state: an Operation waiting for its retry may hold an earlier Attempt's unanswered issue.
+    if operation.effect_unsettled_since is not None:
+        note += f"; external effect {operation.effect_id} may have been issued and is not undone"
     after, record = _move(
         operation,
         OperationEvent.CANCEL,

@@ -155,12 +155,34 @@ def _decide_mutations(label: str, data: dict[str, Any]) -> list[Case]:
         "approver": other, "authority": {**request["authority"], "principal": other}
     }
     found = [_case(f"{label}/{name}", {**data, "request": {**request, **change}}) for name, change in changes.items()]
+    # Past the Operation's own deadline no decision is stored: it can only end approval_expired.
+    found.append(_case(f"{label}/at_deadline", {**data, "now": operation["deadline"]}))
     decided = decide_operation(data)
     if decided["outcome"] == "decision":
         again = {**data, "operation": decided["operation"]}
         found.append(_case(f"{label}/same_again", again))
         found.append(_case(f"{label}/contradicting", {**again, "request": {**request, "approved": not request["approved"]}}))
+        # Current authority is asked before the stored decision answers.
+        denied = {**request["authority"], "granted": False}
+        found.append(_case(f"{label}/same_again_not_authorized", {**again, "request": {**request, "authority": denied}}))
     return found
+
+
+def _deadline_mutations(label: str, data: dict[str, Any]) -> list[Case]:
+    """A heartbeat once the deadline has passed (refused), and one whose renewal the deadline caps."""
+    operation = data["operation"]
+    now = wire.parse_time(data["now"])
+    lease = timedelta(microseconds=data["request"]["lease_duration"])
+    # The live lease ends before the deadline, which comes before now + lease: the renewal stops at the deadline.
+    capped = {
+        **operation,
+        "lease_expires_at": wire.time_text(now + lease / 2),
+        "deadline": wire.time_text(now + lease * 3 / 4),
+    }
+    return [
+        _case(f"{label}/at_deadline", {**data, "operation": {**operation, "deadline": data["now"]}}),
+        _case(f"{label}/capped_by_deadline", {**data, "operation": capped}),
+    ]
 
 
 def _submit_mutations(label: str, data: dict[str, Any]) -> list[Case]:
@@ -201,9 +223,18 @@ def operation_cases() -> list[Case]:
                 cases += _decide_mutations(label, data)
             if index == 0 and decision == "submit" and outcome == "unchanged":
                 cases += _submit_mutations(label, data)
+            if index == 0 and decision == "heartbeat" and outcome == "decision":
+                cases += _deadline_mutations(label, data)
             if index == 0 and decision == "cancel" and outcome == "decision":
                 cancelled = decide_operation(data)["operation"]
                 cases.append(_case(f"{label}/again", {**data, "operation": cancelled}))
+            if index == 0 and decision == "cancel" and outcome in ("decision", "refusal") and (
+                outcome == "decision" or code == "cancel_too_late"
+            ):
+                # Current authority is asked before a terminal Operation answers (already_cancelled, too late).
+                ended = decide_operation(data)["operation"] if outcome == "decision" else data["operation"]
+                denied = {**data["request"], "authority": {**data["request"]["authority"], "granted": False}}
+                cases.append(_case(f"{label}/ended_not_authorized", {**data, "operation": ended, "request": denied}))
     # Expiry of the overall deadline is a sweep's decision, not a model move: one on each side.
     admitted = next(c["input"]["operation"] for c in cases if c["input"]["decision"] == "claim"
                     and c["input"]["operation"] is not None)

@@ -67,7 +67,15 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def lock_identity(self, identity: o.Identity) -> o.Operation | None:
-        """Serialize submissions of ``identity`` and return the Operation it names, if any."""
+        """Serialize submissions of ``identity`` and return the Operation it names, if any.
+
+        Only the identity is locked: the Operation is read as committed, not
+        locked, so that a resubmission never waits for a worker holding the
+        Operation's row (an atomic action runs while it holds it).  Admission
+        reads only what never changes (the binding) and whether the
+        Operation has ended, and writes only the identity and a new
+        Operation, whose guard names the identity's holder.
+        """
 
     @abc.abstractmethod
     def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:

@@ -16,7 +16,9 @@ Rules of this module:
   the identity.  That statement's snapshot may predate a concurrent
   identical submission's commit; the identity's primary key then refuses
   the second insert, the guard fails, and the submission is decided again
-  in a new transaction, which reads the first's committed Operation.
+  in a new transaction, which reads the first's committed Operation.  The
+  Operation an identity names is read, not locked: an identical
+  resubmission never waits for a worker holding its row.
 - The store's own statements are prepared once per connection and run by
   name without a cursor (``postgres_store._run``); an atomic action's
   statements, arbitrary SQL, go through psycopg's cursor.  A write
@@ -374,17 +376,23 @@ class _PgOpsTx(SqlTx):
         # seen here.  Its identity row is: this submission's write inserts the identity
         # ON CONFLICT DO NOTHING and reports the guard failed, so the transaction rolls
         # back and decides again (base._run), and then finds the committed Operation.
+        #
+        # The Operation it names is read, not locked: a worker inside an atomic action holds
+        # that row for as long as the action runs, and an identical resubmission (a client's
+        # retry) must not wait for it, nor fail row_locked.  Nothing admission decides needs
+        # the row held: it reads the immutable binding and whether the Operation has ended,
+        # and it writes only a new Operation and the identity, under the identity's lock.
         row = self.run(
             "SELECT clock_timestamp(), (SELECT operation_id FROM operation_identities WHERE namespace = ? "
             "AND tenant = ? AND principal = ? AND client_key = ?) FROM pg_advisory_xact_lock(hashtextextended(?, 1))",
             (identity.namespace, identity.tenant, identity.principal, identity.client_key, _identity_key(identity)),
         ).fetchone()
         assert row is not None
+        if self.clock is None:
+            self._locked_at = _aware(row[0])
         if row[1] is None:
-            if self.clock is None:
-                self._locked_at = _aware(row[0])
             return None
-        return self.lock_operation(str(row[1]))
+        return self.read_operation(str(row[1]))
 
     def skip_locked(self) -> str:
         return " FOR UPDATE SKIP LOCKED"

@@ -49,6 +49,7 @@ from .ports import OperationStore, OperationView
 
 __all__ = [
     "ActionFailed",
+    "ApprovalRecord",
     "CheckedSubmission",
     "DeploymentCheck",
     "DurableAction",
@@ -179,7 +180,8 @@ class PrincipalResolver(Protocol):
 
 
 class PrincipalResolverRegistry:
-    """Resolvers by (name, version).  An unregistered resolver fails closed.
+    """Resolvers by (name, version).  An unregistered resolver fails closed, and so does one that raises or
+    answers anything but a resolution of the very reference it was asked about (the provenance binding).
 
     ``retries`` bounds how often a temporarily unavailable answer is asked
     again (with ``pause`` seconds between), after which it stays
@@ -211,6 +213,18 @@ class PrincipalResolverRegistry:
                 resolution = resolver.resolve(reference)
             except Exception as exc:  # a resolver that breaks fails closed, never open
                 return PrincipalResolution(ResolutionStatus.MISSING, reference, reason=f"resolver failed: {exc}")
+            # The provenance binding (seed 001, Current authorization): only a resolution of this very
+            # reference speaks for it.  One of another principal, or no resolution at all, fails closed.
+            if not isinstance(resolution, PrincipalResolution):
+                return PrincipalResolution(
+                    ResolutionStatus.MISSING, reference,
+                    reason=f"resolver answered {type(resolution).__name__}, not a PrincipalResolution",
+                )
+            if resolution.reference != reference:
+                return PrincipalResolution(
+                    ResolutionStatus.MISSING, reference,
+                    reason=f"resolver answered for {resolution.reference.ref}, not {reference.ref}",
+                )
             if resolution.status is not ResolutionStatus.UNAVAILABLE or attempt == self.retries:
                 return resolution
             time.sleep(self.pause)
@@ -348,6 +362,29 @@ class AttemptRecord:
 
 
 @attrs.frozen
+class ApprovalRecord:
+    """The stored approval decision, as a caller may see it: who decided what, until when, and whether it was used."""
+
+    approval_id: str
+    approver: str
+    approved: bool
+    expires_at: datetime
+    decided_at: datetime
+    consumed_by_attempt: int | None
+    """The Attempt whose claim consumed it (the first); None while unused, and always for a rejection."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "approval_id": self.approval_id,
+            "approver": self.approver,
+            "approved": self.approved,
+            "expires_at": self.expires_at.isoformat(),
+            "decided_at": self.decided_at.isoformat(),
+            "consumed_by_attempt": self.consumed_by_attempt,
+        }
+
+
+@attrs.frozen
 class OperationRecord:
     """What a caller may know of an Operation (internal columns, fences' meaning and SQL are not the contract)."""
 
@@ -376,6 +413,8 @@ class OperationRecord:
     effect_unsettled: bool = False
     """An issue of the external effect may have been applied with no conclusive answer yet: the next
     Attempt reconciles before anything is repeated, and never resends it blindly (specs/operations.md)."""
+    approval: ApprovalRecord | None = None
+    """The stored approval decision, approving or rejecting; None while none is stored."""
 
     @property
     def terminal(self) -> bool:
@@ -404,6 +443,7 @@ class OperationRecord:
             "approved_by": self.approved_by,
             "effect_id": self.effect_id,
             "effect_unsettled": self.effect_unsettled,
+            "approval": None if self.approval is None else self.approval.to_json(),
             "attempts": [
                 {
                     "number": a.number,
@@ -623,8 +663,8 @@ class DurableOperationService:
             return None
         return view
 
-    def _record(self, operation_id: str) -> OperationRecord:
-        record = self.get(operation_id)
+    def _record(self, operation_id: str, tenant: str | None = None) -> OperationRecord:
+        record = self.get(operation_id, tenant=tenant)
         if record is None:
             raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
         return record
@@ -658,14 +698,17 @@ class DurableOperationService:
         action: tuple[str, int] | None = None,
         expires_at: datetime | None = None,
         approval_id: str | None = None,
+        tenant: str | None = None,
     ) -> OperationRecord:
         """Approve or reject.  ``input_digest`` and ``action`` bind the decision to what the approver saw.
 
         Without them the decision binds to the stored Operation as it is
         (an approver who saw nothing else).  A repeat with the same
-        ``approval_id`` is answered with the stored record.
+        ``approval_id`` is answered with the stored record.  ``tenant`` as
+        for :meth:`get`: another tenant's Operation is ``operation_not_found``,
+        never a refusal that names its tenant or what it holds.
         """
-        record = self._record(operation_id)
+        record = self._record(operation_id, tenant)
         authority = self._authority(approver, record.tenant, lambda resolution: self.may_decide(resolution, record))
         name, version = action if action is not None else (record.action_name, record.action_version)
         request = o.DecideRequest(
@@ -685,8 +728,11 @@ class DurableOperationService:
             raise _refused(outcome)
         return self._record(operation_id)
 
-    def cancel(self, operation_id: str, *, principal: PrincipalReference, reason: str = "") -> OperationRecord:
-        record = self._record(operation_id)
+    def cancel(
+        self, operation_id: str, *, principal: PrincipalReference, reason: str = "", tenant: str | None = None
+    ) -> OperationRecord:
+        """Cancel; ``tenant`` as for :meth:`decide`."""
+        record = self._record(operation_id, tenant)
         authority = self._authority(principal, record.tenant, lambda resolution: self.may_cancel(resolution, record))
         outcome = self.store.cancel(o.CancelRequest(operation_id, principal.ref, authority, reason))
         if isinstance(outcome, o.Refusal):
@@ -721,6 +767,18 @@ def _record(operation: o.Operation, input_json: str, attempts: tuple[o.Attempt, 
             AttemptRecord(a.number, a.worker_id, a.state.value, a.started_at, a.ended_at, a.error_code) for a in attempts
         ),
         effect_unsettled=operation.effect_unsettled_since is not None,
+        approval=None if operation.approval is None else _approval_record(operation.approval),
+    )
+
+
+def _approval_record(approval: o.Approval) -> ApprovalRecord:
+    return ApprovalRecord(
+        approval.approval_id,
+        approval.approver,
+        approval.approved,
+        approval.expires_at,
+        approval.decided_at,
+        approval.consumed_by,
     )
 
 

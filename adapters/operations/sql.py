@@ -397,6 +397,10 @@ class SqlTx(Tx):
     def lock_operation(self, operation_id: str) -> o.Operation | None:
         return self._one(f"{_SELECT} WHERE operation_id = ?{self.d.lock_suffix}", (operation_id,))
 
+    def read_operation(self, operation_id: str) -> o.Operation | None:
+        """The Operation as committed, without its row lock (admission's read: see ``Tx.lock_identity``)."""
+        return self._one(f"{_SELECT} WHERE operation_id = ?", (operation_id,))
+
     def lock_identity(self, identity: o.Identity) -> o.Operation | None:
         self.serialize_identity(identity)
         row = self.run(
@@ -404,7 +408,7 @@ class SqlTx(Tx):
             "AND client_key = ?",
             (identity.namespace, identity.tenant, identity.principal, identity.client_key),
         ).fetchone()
-        return None if row is None else self.lock_operation(str(row[0]))
+        return None if row is None else self.read_operation(str(row[0]))
 
     def serialize_identity(self, identity: o.Identity) -> None:
         """Make concurrent submissions of one identity wait for each other (PostgreSQL: an advisory lock)."""

@@ -857,7 +857,10 @@ class OperationServiceMachine(RuleBasedStateMachine):
             try:
                 self.world.service.decide(op_id, approver=BOB, approve=approve, approval_id=f"ap-{op_id}")
             except DurableOperationError as exc:
-                assert exc.code in {"not_awaiting_approval", "decision_conflict"}
+                assert exc.code in {"not_awaiting_approval", "decision_conflict", "deadline_exceeded"}
+                if exc.code == "deadline_exceeded":
+                    record = self.world.service.get(op_id)
+                    assert record is not None and self.clock.now() >= record.deadline, "refused before its deadline"
 
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:

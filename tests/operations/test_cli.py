@@ -358,3 +358,30 @@ def test_op_worker_rides_out_a_lost_connection_and_exits_1_on_an_error_it_cannot
     assert code == 1
     assert json.loads(out)["stopped_by"] == "error"
     assert "[schema_altered]" in one_error(err)
+
+
+def test_status_shows_the_stored_approval_decision_rejected_or_consumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rejected operation's status names its rejecter (not "none yet"); an approval shows its expiry and consumption."""
+    db = str(tmp_path / "ops.db")
+    rejected = data(capsys, "submit", "capture_payment", "--db", db, "--key", "c-1", "--input",
+                    '{"order": "o-1", "amount": 1}')["operation_id"]
+    data(capsys, "decide", rejected, "--db", db, "--reject", "--as", "users:v1:bob", "--id", "ap-r")
+    status = data(capsys, "status", rejected, "--db", db)
+    assert status["approved_by"] is None
+    assert {k: status["approval"][k] for k in ("approval_id", "approver", "approved", "consumed_by_attempt")} == {
+        "approval_id": "ap-r", "approver": "users:v1:bob", "approved": False, "consumed_by_attempt": None,
+    }
+    code, out, _ = run(capsys, "status", rejected, "--db", db)
+    assert code == 0 and "none yet" not in out and "  approval: rejected by users:v1:bob" in out
+
+    approved = data(capsys, "submit", "capture_payment", "--db", db, "--key", "c-2", "--input",
+                    '{"order": "o-2", "amount": 1}')["operation_id"]
+    assert data(capsys, "status", approved, "--db", db)["approval"] is None
+    data(capsys, "decide", approved, "--db", db, "--approve", "--as", "users:v1:bob", "--id", "ap-a")
+    data(capsys, "worker", "--db", db, "--until-idle")
+    status = data(capsys, "status", approved, "--db", db)
+    assert (status["approval"]["approved"], status["approval"]["consumed_by_attempt"]) == (True, 1)
+    code, out, _ = run(capsys, "status", approved, "--db", db)
+    assert f"  approval: approved by users:v1:bob until {status['approval']['expires_at']}, consumed by attempt 1" in out

@@ -445,3 +445,89 @@ def test_every_refusal_code_is_published() -> None:
 def test_another_resolver_or_subject_may_approve(approver: str) -> None:
     outcome = _decide(_approval_op(), approver=approver, authority=o.Authority(True, approver))
     assert isinstance(outcome, o.Decision), outcome
+
+
+BOB_DENIED = o.Authority(False, "users:v1:bob", "not the requester")
+
+
+@pytest.mark.parametrize("ended", ["cancelled", "succeeded"])
+def test_a_cancellation_without_authority_is_refused_whatever_the_operation_became(ended: str) -> None:
+    """A repeat or a late cancel tells a principal who may not cancel nothing of the Operation, and grants nothing."""
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    if ended == "cancelled":
+        finished = o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + SECOND)
+    else:
+        finished = o.complete(op, o.CompleteRequest(cred, GRANTED, '{"secret": 1}'), T0 + SECOND)
+    assert isinstance(finished, o.Decision)
+    outcome = o.cancel(finished.operation, o.CancelRequest("op-1", "users:v1:bob", BOB_DENIED), T0 + 2 * SECOND)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED, outcome
+    assert ended not in outcome.message
+
+
+def test_a_decision_without_authority_is_refused_before_anything_stored_is_compared() -> None:
+    """Neither the stored decision nor the stored bindings answer an approver whose current authority is denied."""
+    decided = _decide(_approval_op())
+    assert isinstance(decided, o.Decision)
+    revoked = o.Authority(False, "users:v1:bob", "revoked")
+    for changes in ({}, {"approval_id": "ap-2", "approved": False}, {"input_digest": digest("other")}):
+        outcome = _decide(decided.operation, authority=revoked, **changes)
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED, (changes, outcome)
+        assert decided.operation.input_digest not in outcome.message and "ap-1" not in outcome.message
+
+
+
+def test_a_heartbeat_never_carries_the_lease_past_the_deadline() -> None:
+    """The overall deadline bounds an Attempt that keeps renewing: past it a heartbeat is refused, before it capped."""
+    op = admitted()
+    deadline = op.deadline
+    op, cred, _ = claimed(op, "w1", deadline - 15 * SECOND)
+    capped = o.heartbeat(op, o.HeartbeatRequest(cred, LEASE), deadline - 7 * SECOND)
+    assert isinstance(capped, o.Decision)
+    assert capped.operation.lease_expires_at == deadline
+    # A lease the claim granted past the deadline stands (a live owner keeps its chance to commit) ...
+    late, late_cred, _ = claimed(admitted(), "w1", deadline - SECOND)
+    kept = o.heartbeat(late, o.HeartbeatRequest(late_cred, LEASE), deadline - SECOND / 2)
+    assert isinstance(kept, o.Decision) and kept.operation.lease_expires_at == late.lease_expires_at
+    # ... but nothing renews it once the deadline has passed.
+    refused = o.heartbeat(late, o.HeartbeatRequest(late_cred, LEASE), deadline)
+    assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.DEADLINE_EXCEEDED, refused
+    ended = o.claim(late, o.ClaimRequest("w2", LEASE), late.lease_expires_at)  # type: ignore[arg-type]
+    assert isinstance(ended, o.Decision) and ended.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_decision_after_the_deadline_is_refused_and_the_operation_ends_approval_expired(approved: bool) -> None:
+    """Past its deadline an Operation awaiting approval can only end approval_expired, whenever the sweep comes."""
+    op = _approval_op()
+    late = o.decide(
+        op,
+        o.DecideRequest("ap-1", op.operation_id, op.input_digest, op.action_name, op.action_version,
+                        op.identity.tenant, "users:v1:bob", approved, op.deadline + timedelta(minutes=5),
+                        o.Authority(True, "users:v1:bob")),
+        op.deadline,
+    )
+    assert isinstance(late, o.Refusal) and late.code is o.RefusalCode.DEADLINE_EXCEEDED, late
+    swept = o.claim(op, o.ClaimRequest("w1", LEASE), op.deadline)
+    assert isinstance(swept, o.Decision) and swept.operation.outcome is o.TerminalOutcome.APPROVAL_EXPIRED
+
+
+
+def test_the_claim_that_consumes_an_approval_says_so_in_history() -> None:
+    decided = _decide(_approval_op())
+    assert isinstance(decided, o.Decision)
+    _, _, first = claimed(decided.operation, "w1", T0 + SECOND)
+    assert "approval ap-1" in first.transition.reason and "users:v1:bob" in first.transition.reason
+    assert first.operation.approval is not None and first.operation.approval.consumed_by == 1
+    _, _, replacement = claimed(first.operation, "w2", T0 + SECOND + LEASE)
+    assert "approval" not in replacement.transition.reason
+
+
+def test_cancel_between_attempts_says_an_earlier_attempts_effect_may_have_been_issued() -> None:
+    """Waiting for its retry, an Operation whose intent is unanswered still may have its effect applied."""
+    op, cred = _external_with_intent()
+    ambiguous = o.fail(op, o.FailRequest(cred, "effect_ambiguous", retryable=True), T0 + SECOND)
+    assert isinstance(ambiguous, o.Decision) and ambiguous.operation.state is OperationState.ADMITTED
+    assert ambiguous.operation.effect_unsettled_since == 1
+    cancelled = o.cancel(ambiguous.operation, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + 2 * SECOND)
+    assert isinstance(cancelled, o.Decision)
+    assert "may have been issued" in cancelled.transition.reason, cancelled.transition.reason

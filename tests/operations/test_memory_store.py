@@ -144,3 +144,93 @@ def test_an_authorizer_that_raises_fails_closed_without_ending_the_worker() -> N
     assert report is not None and report.outcome == "not_authorized" and "policy store is down" in report.detail, report
     record = service.get(op_id)
     assert record is not None and [(a.state, a.error_code) for a in record.attempts] == [("failed", "not_authorized")]
+
+
+def test_heartbeats_do_not_carry_a_running_attempt_past_the_overall_deadline() -> None:
+    """A handler that outlives the deadline while its worker renews the lease ends deadline_exceeded, not succeeded."""
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableAction,
+        DurableActionRegistry,
+        DurableOperationService,
+    )
+
+    def slow(value: object) -> object:
+        time.sleep(0.9)  # three leases and past the deadline: only heartbeats could keep it
+        return value
+
+    store = MemoryOperationStore(SystemClock())
+    world = World(store, ManualClock())
+    policy = o.RetryPolicy(maximum_attempts=1, schedule_to_close=timedelta(milliseconds=450))
+    actions = DurableActionRegistry((DurableAction("slow", 1, o.EffectClass.READ_ONLY, slow, policy=policy),))
+    service = DurableOperationService(store, actions, world.resolvers, namespace="shop")
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="slow", input={"n": 1}, client_key="k").operation_id
+    worker = DurableOperationWorker(
+        store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=timedelta(milliseconds=300)
+    )
+    first = worker.run_once()
+    assert first is not None and first.outcome == "lease_expired", first
+    record = service.get(op_id)
+    assert record is not None and record.deadline < record.attempts[0].started_at + timedelta(milliseconds=900)
+    ended = worker.run_once()
+    assert ended is not None and ended.outcome == "deadline_exceeded", ended
+    history = service.history(op_id)
+    assert history[-1].event == "deadline_exceeded"
+    assert all(line.at < record.deadline for line in history if line.event == "heartbeat")
+
+
+def test_decide_and_cancel_for_one_tenant_do_not_find_another_tenants_operation() -> None:
+    """As get and history: asked for another tenant, the Operation does not exist, and nothing says whose it is."""
+    from fencekeeper.adapters.operations.service import DurableOperationError, PrincipalReference  # noqa: PLC0415
+
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    op_id = world.service.submit(
+        tenant=TENANT, principal=ALICE, action="capture_payment", input={"order": "o-1", "amount": 1}, client_key="k"
+    ).operation_id
+    bob = PrincipalReference("users", 1, "bob")
+    for call in (
+        lambda: world.service.decide(op_id, approver=bob, approve=True, tenant="tenant-b"),
+        lambda: world.service.cancel(op_id, principal=ALICE, tenant="tenant-b"),
+    ):
+        with pytest.raises(DurableOperationError) as raised:
+            call()
+        assert raised.value.code == "operation_not_found" and TENANT not in raised.value.message
+    record = world.service.get(op_id)
+    assert record is not None and record.state.value == "awaiting_approval"
+    # Within the tenant both work as before.
+    assert world.service.decide(op_id, approver=bob, approve=True, tenant=TENANT).approved_by == bob.ref
+    assert world.service.cancel(op_id, principal=ALICE, tenant=TENANT).state.value == "cancelled"
+
+
+@pytest.mark.parametrize("answer", ["another_principal", "not_a_resolution"])
+def test_a_resolver_that_answers_for_someone_else_fails_closed(answer: str) -> None:
+    """The provenance binding is verified: a resolution of another reference (or none at all) grants nothing."""
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableOperationError,
+        PrincipalReference,
+        PrincipalResolution,
+        PrincipalResolverRegistry,
+        ResolutionStatus,
+    )
+
+    clock = ManualClock()
+    world = World(MemoryOperationStore(clock), clock)
+    op_id = world.transfer("k1", 10)
+    carol = PrincipalReference("users", 1, "carol")
+
+    class Confused:
+        def resolve(self, reference: PrincipalReference) -> object:
+            if answer == "not_a_resolution":
+                return None
+            return PrincipalResolution(ResolutionStatus.ACTIVE, carol, frozenset({TENANT}))
+
+    confused = PrincipalResolverRegistry(retries=0, pause=0)
+    confused.register("users", 1, Confused())  # type: ignore[arg-type]
+    world.resolvers = confused
+    world.service.resolvers = confused
+    with pytest.raises(DurableOperationError) as raised:
+        world.transfer("k2", 10)
+    assert raised.value.code == "not_authorized"
+    report = world.worker("w1").run_once()
+    assert report is not None and report.outcome == "not_authorized", report
+    record = world.service.get(op_id)
+    assert record is not None and record.outcome is not None and record.outcome.value == "not_authorized"

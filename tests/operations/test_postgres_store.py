@@ -391,3 +391,85 @@ def test_a_connection_lost_while_the_store_opens_is_store_unavailable(
     with pytest.raises(StoreError) as raised:
         PostgresOperationStore(pg_dsn, schema=pg_schema)
     assert raised.value.code == "store_unavailable"
+
+
+def test_an_identical_resubmission_does_not_wait_for_the_operations_row(pg_dsn: str, pg_schema: str) -> None:
+    """A worker inside an atomic action holds the Operation's row; a client's retry of its submission is answered anyway.
+
+    Admission decides on the identity (serialized by its own lock) and on the
+    Operation's immutable binding and whether it has ended: nothing it writes
+    depends on the Operation's row lock.
+    """
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, lock_timeout=0.2, idle_in_transaction_timeout=5)
+    try:
+        examples.prepare(store)
+        service = DurableOperationService(store, examples.registry(), examples.resolvers())
+        alice = PrincipalReference("users", 1, "alice")
+        payload = {"from": "acc-1", "to": "acc-2", "amount": 1}
+        first = service.submit(tenant="default", principal=alice, action="transfer", input=payload, client_key="k")
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = %s FOR UPDATE", (first.operation_id,))
+            started = time.monotonic()
+            again = service.submit(tenant="default", principal=alice, action="transfer", input=payload, client_key="k")
+            waited = time.monotonic() - started
+            holder.rollback()
+        assert not again.created and again.operation_id == first.operation_id
+        assert waited < 0.15
+    finally:
+        store.close()
+
+
+def test_a_cancel_during_the_atomic_action_waits_for_its_row_and_is_too_late(pg_dsn: str, shared_schema: str) -> None:
+    """Effect first, concurrently: the cancellation meets the action on the Operation's row and loses, changing nothing."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    from fencekeeper.adapters.operations.service import DurableOperationError  # noqa: PLC0415
+    from fencekeeper.adapters.testing.operations_suite import accounts, open_accounts  # noqa: PLC0415
+    from fencekeeper.kernel import operations as o  # noqa: PLC0415
+
+    store = factory_for(pg_dsn, shared_schema)(None)
+    try:
+        open_accounts(store, {"acc-1": 100, "acc-2": 0})
+        service = DurableOperationService(store, examples.registry(), examples.resolvers())
+        alice = PrincipalReference("users", 1, "alice")
+        op_id = service.submit(
+            tenant="t", principal=alice, action="transfer", input={"from": "acc-1", "to": "acc-2", "amount": 10},
+            client_key="k",
+        ).operation_id
+        claim = store.claim_next("t", "w1", timedelta(seconds=30))
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        inside, release = threading.Event(), threading.Event()
+        answers: list[object] = []
+
+        def held(context: object) -> str:
+            examples.transfer(context, {"from": "acc-1", "to": "acc-2", "amount": 10})  # type: ignore[arg-type]
+            inside.set()
+            assert release.wait(30)
+            return "null"
+
+        def cancel() -> None:
+            try:
+                answers.append(service.cancel(op_id, principal=alice))
+            except DurableOperationError as exc:
+                answers.append(exc.code)
+
+        effect = threading.Thread(
+            target=lambda: answers.append(store.complete(o.CompleteRequest(claim.credential, o.Authority(True, alice.ref)), held))  # type: ignore[arg-type]
+        )
+        effect.start()
+        assert inside.wait(30)
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        time.sleep(0.3)
+        assert canceller.is_alive(), "the cancellation waits for the row the action holds"
+        release.set()
+        effect.join(30)
+        canceller.join(30)
+        assert isinstance(answers[0], o.Decision) and answers[1] == "cancel_too_late", answers
+        assert accounts(store) == {"acc-1": 90, "acc-2": 10}
+        record = service.get(op_id)
+        assert record is not None and record.state.value == "succeeded"
+    finally:
+        release.set()
+        store.close()
