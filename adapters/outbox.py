@@ -347,10 +347,17 @@ class ParkedMessage:
 
 @attrs.frozen
 class OutboxStatus:
+    """How far export is behind.  Parked rows are counted apart from the pending ones: they wait for an operator,
+    not for the exporter, so they do not age the backlog (a row held behind a parked one of its subject does)."""
+
     pending: int
+    """Not exported and not parked: what the exporter still has to deliver."""
     parked: int
     exported: int
     oldest_pending_at: datetime | None
+    """When the oldest pending row's transition committed."""
+    oldest_parked_at: datetime | None = None
+    """When the oldest parked row's transition committed."""
 
 
 _COLUMNS = "seq, message_id, kind, subject_id, tenant, topic, at, payload, attempts"
@@ -631,18 +638,25 @@ def discard(store: TransactionalOperationStore, message_id: str) -> bool:
 
 
 def outbox_status(store: TransactionalOperationStore) -> OutboxStatus:
-    """How far export is behind: rows waiting, parked, exported, and the oldest waiting row's time."""
+    """How far export is behind: rows waiting, parked, exported, and the oldest waiting and oldest parked row's time."""
     with store._transaction() as tx:
         assert isinstance(tx, SqlTx)
         row = tx.run(
             "SELECT count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NULL), "
             "count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NOT NULL), "
             "count(*) FILTER (WHERE exported_at IS NOT NULL), "
-            "min(at) FILTER (WHERE exported_at IS NULL) FROM outbox",
+            "min(at) FILTER (WHERE exported_at IS NULL AND parked_at IS NULL), "
+            "min(at) FILTER (WHERE exported_at IS NULL AND parked_at IS NOT NULL) FROM outbox",
             (),
         ).fetchone()
         assert row is not None
-        return OutboxStatus(int(row[0]), int(row[1]), int(row[2]), None if row[3] is None else tx.d.decode_time(row[3]))
+        return OutboxStatus(
+            int(row[0]),
+            int(row[1]),
+            int(row[2]),
+            None if row[3] is None else tx.d.decode_time(row[3]),
+            None if row[4] is None else tx.d.decode_time(row[4]),
+        )
 
 
 def _error_text(exc: BaseException) -> str:
