@@ -1705,7 +1705,8 @@ def _check(args: argparse.Namespace, out: Output) -> int:
                 "outbox",
                 "-" if full.outbox is None
                 else f"{full.outbox.rows} rows, pending "
-                + ("unknown" if full.outbox.pending is None else f"{full.outbox.pending}, lag {full.outbox.lag_seconds or 0:.0f} s"),
+                + ("unknown" if full.outbox.pending is None else f"{full.outbox.pending}, lag {full.outbox.lag_seconds or 0:.0f} s")
+                + ("" if full.outbox.parked is None else f", parked {full.outbox.parked}"),
             ),
             (
                 "oldest unpruned",

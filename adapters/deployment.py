@@ -18,7 +18,8 @@ Rules of this module:
   not yet ended is pinned to and the store does not hold.
 - **Warnings** (reported, ``ok`` stays True): a SQLite file a migration
   behind (the store brings it forward when opened), outbox rows waiting
-  longer than ``outbox_lag_warning``, rows past their retention window that
+  longer than ``outbox_lag_warning``, parked outbox rows (counted apart:
+  they wait for an operator, not the exporter), rows past their retention window that
   pruning has not removed yet, and a check run without the registry (what
   is referenced is listed but cannot be compared).
 - Operations are counted for the given namespace and tenant only: the
@@ -84,11 +85,14 @@ class OutboxStatus:
     rows: int
     """Outbox rows of this namespace and tenant still in the table."""
     pending: int | None
-    """Rows not yet exported; None when the schema records no export progress."""
+    """Rows not yet exported nor parked; None when the schema records no export progress."""
     oldest_pending_at: datetime | None
     lag_seconds: float | None
     """How long the oldest pending row has waited."""
     note: str = ""
+    parked: int | None = None
+    """Rows the exporter gave up on, waiting for an operator: apart from ``pending``, so they never pass for lag."""
+    oldest_parked_at: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +100,8 @@ class OutboxStatus:
             "pending": self.pending,
             "oldest_pending_at": None if self.oldest_pending_at is None else self.oldest_pending_at.isoformat(),
             "lag_seconds": self.lag_seconds,
+            "parked": self.parked,
+            "oldest_parked_at": None if self.oldest_parked_at is None else self.oldest_parked_at.isoformat(),
             "note": self.note,
         }
 
@@ -241,6 +247,11 @@ def check_deployment(
             warnings.append(
                 f"outbox: {outbox.pending} row(s) waiting for export, the oldest for {outbox.lag_seconds:.0f} s; is the exporter running?"
             )
+        if outbox.parked:
+            warnings.append(
+                f"outbox: {outbox.parked} row(s) parked after their last failed delivery, waiting for an operator "
+                "(fencekeeper export --parked, then --requeue or --discard)"
+            )
     if report.oldest_unpruned is not None:
         row = report.oldest_unpruned
         warnings.append(
@@ -338,11 +349,24 @@ def _outbox(execute: Execute, namespace: str, tenant: str, now: datetime, tables
         return OutboxStatus(
             total, None, None, None, "this schema's outbox records no export progress (no exporter has been set up)"
         )
-    row = execute(f"SELECT count(*), min(m.at) {scope} AND m.{progress} IS NULL", (namespace, tenant)).fetchone()
+    if "parked_at" not in columns:
+        row = execute(f"SELECT count(*), min(m.at) {scope} AND m.{progress} IS NULL", (namespace, tenant)).fetchone()
+        pending = int(row[0]) if row is not None else 0
+        oldest = _time(row[1]) if row is not None else None
+        lag = None if oldest is None else max(0.0, (now - oldest).total_seconds())
+        return OutboxStatus(total, pending, oldest, lag)
+    # A parked row waits for an operator, not for the exporter: counted apart, it is not lag.
+    row = execute(
+        f"SELECT count(*) FILTER (WHERE m.parked_at IS NULL), min(m.at) FILTER (WHERE m.parked_at IS NULL), "
+        f"count(*) FILTER (WHERE m.parked_at IS NOT NULL), min(m.at) FILTER (WHERE m.parked_at IS NOT NULL) "
+        f"{scope} AND m.{progress} IS NULL",
+        (namespace, tenant),
+    ).fetchone()
     pending = int(row[0]) if row is not None else 0
     oldest = _time(row[1]) if row is not None else None
     lag = None if oldest is None else max(0.0, (now - oldest).total_seconds())
-    return OutboxStatus(total, pending, oldest, lag)
+    parked = int(row[2]) if row is not None else 0
+    return OutboxStatus(total, pending, oldest, lag, parked=parked, oldest_parked_at=_time(row[3]) if row else None)
 
 
 def _oldest_unpruned(execute: Execute, namespace: str, tenant: str, now: datetime) -> UnprunedRow | None:

@@ -13,9 +13,11 @@ module:
   never a projection.  ``journal_headers`` and ``journal_events`` are
   append-only (triggers refuse UPDATE and DELETE).  ``journal_heads`` holds
   one row per journal, the head digest and the event count: the
-  compare-and-set guard.  It is derived from the events and checked against
-  them on every load, so a head that disagrees with the chain is reported,
-  never believed.
+  compare-and-set guard.  Its triggers refuse DELETE and any UPDATE that
+  does not keep the execution and raise the count, so it moves only
+  forward, as an append moves it.  It is derived from the events and
+  checked against them on every load, so a head that disagrees with the
+  chain is reported, never believed.
 - An append writes its events and moves the head in one transaction, and
   only if the head is still the one the kernel decided on (``UPDATE ...
   WHERE head = ?``).  Of two writers that expected the same head exactly

@@ -32,15 +32,17 @@ Rules of this module:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -51,6 +53,9 @@ from . import codec
 from .operations.base import TransactionalOperationStore
 from .operations.sql import SqlTx
 from .store import StoreError
+
+if sys.platform != "win32":
+    import fcntl
 
 # --- what a sink receives --------------------------------------------------------------------------
 
@@ -116,36 +121,116 @@ class SinkClosed(Exception):
 
 
 class JsonLinesSink:
-    """One JSON document per line, to a file (appended, fsynced on flush) or a stream such as stdout."""
+    """One JSON document per line, to a file (appended, fsynced on flush) or a stream such as stdout.
+
+    A regular file is written a batch at a time, so that a batch that fails
+    leaves the file as it was before it: ``send`` keeps the batch's lines,
+    and ``flush`` appends them under an exclusive lock of the file (where
+    the platform has ``flock``), fsyncs, and on any failure (a disk that
+    filled halfway through a line, a failed fsync) cuts the file back to
+    where the batch began before it raises.  The exporter then counts the
+    batch as failed and delivers it again, after the whole lines before it.
+    A flush also cuts an unended last line before it appends (what a writer
+    killed mid-line, or a cut back that itself failed, leaves): it belongs
+    to a batch never marked exported, so it is delivered again too.  One
+    file may be shared by several exporters; each cuts back only its own
+    batch, since each appends under the lock.
+
+    A stream (stdout, a pipe, a FIFO given as ``file:``) cannot be cut back:
+    each line is written as it is sent, and a write that fails midway may
+    leave part of a line in it, which its reader must skip.
+    """
 
     def __init__(self, target: str | os.PathLike[str] | IO[str]) -> None:
+        self.path: Path | None = None
+        self._fd: int | None = None
+        self._batch: list[bytes] = []
         if isinstance(target, (str, os.PathLike)):
-            self.path: Path | None = Path(target)
+            self.path = Path(target)
             try:
-                self._stream: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+                if self.path.exists() and not stat.S_ISREG(self.path.stat().st_mode):
+                    self._stream: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+                    return
+                # Read as well as written: a flush reads the last bytes to find an unended line.
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
             except OSError as exc:
                 raise StoreError("invalid_input", f"--sink: cannot open {self.path} to append: {exc.strerror}") from None
         else:
-            self.path = None
             self._stream = target
 
     def send(self, message: ExportedMessage) -> None:
+        line = json.dumps(message.to_json(), sort_keys=True, separators=(",", ":")) + "\n"
+        if self._fd is not None:
+            self._batch.append(line.encode("utf-8"))
+            return
         try:
-            self._stream.write(json.dumps(message.to_json(), sort_keys=True, separators=(",", ":")) + "\n")
+            self._stream.write(line)
         except BrokenPipeError:
             raise SinkClosed("the sink's reader closed its end of the pipe") from None
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            raise SinkClosed("the sink's reader closed its end of the pipe") from None
-        if self.path is not None:
-            os.fsync(self._stream.fileno())
+        if self._fd is None:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                raise SinkClosed("the sink's reader closed its end of the pipe") from None
+            return
+        # Whatever happens, these lines are done with: on a failure the exporter sends them again.
+        data, self._batch = b"".join(self._batch), []
+        if not data:
+            return
+        fd = self._fd
+        with _locked(fd):
+            start = _whole_lines_end(fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except BaseException:
+                # Cut back to where the batch began.  Should that fail too, the next flush cuts the unended line.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                    os.fsync(fd)
+                raise
 
     def close(self) -> None:
-        if self.path is not None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        elif self.path is not None:
             self._stream.close()
+
+
+@contextlib.contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    """The file's exclusive lock, where the platform has ``flock``: batches of two exporters never interleave."""
+    if sys.platform == "win32":
+        yield
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _whole_lines_end(fd: int) -> int:
+    """The size of the file once an unended last line is cut off; cuts it."""
+    size = os.fstat(fd).st_size
+    end = size
+    while end > 0:
+        begin = max(0, end - 65536)
+        os.lseek(fd, begin, os.SEEK_SET)
+        chunk = os.read(fd, end - begin)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            end = begin + newline + 1
+            break
+        end = begin
+    if end != size:
+        os.ftruncate(fd, end)
+    return end
 
 
 class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
@@ -262,10 +347,17 @@ class ParkedMessage:
 
 @attrs.frozen
 class OutboxStatus:
+    """How far export is behind.  Parked rows are counted apart from the pending ones: they wait for an operator,
+    not for the exporter, so they do not age the backlog (a row held behind a parked one of its subject does)."""
+
     pending: int
+    """Not exported and not parked: what the exporter still has to deliver."""
     parked: int
     exported: int
     oldest_pending_at: datetime | None
+    """When the oldest pending row's transition committed."""
+    oldest_parked_at: datetime | None = None
+    """When the oldest parked row's transition committed."""
 
 
 _COLUMNS = "seq, message_id, kind, subject_id, tenant, topic, at, payload, attempts"
@@ -546,18 +638,25 @@ def discard(store: TransactionalOperationStore, message_id: str) -> bool:
 
 
 def outbox_status(store: TransactionalOperationStore) -> OutboxStatus:
-    """How far export is behind: rows waiting, parked, exported, and the oldest waiting row's time."""
+    """How far export is behind: rows waiting, parked, exported, and the oldest waiting and oldest parked row's time."""
     with store._transaction() as tx:
         assert isinstance(tx, SqlTx)
         row = tx.run(
             "SELECT count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NULL), "
             "count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NOT NULL), "
             "count(*) FILTER (WHERE exported_at IS NOT NULL), "
-            "min(at) FILTER (WHERE exported_at IS NULL) FROM outbox",
+            "min(at) FILTER (WHERE exported_at IS NULL AND parked_at IS NULL), "
+            "min(at) FILTER (WHERE exported_at IS NULL AND parked_at IS NOT NULL) FROM outbox",
             (),
         ).fetchone()
         assert row is not None
-        return OutboxStatus(int(row[0]), int(row[1]), int(row[2]), None if row[3] is None else tx.d.decode_time(row[3]))
+        return OutboxStatus(
+            int(row[0]),
+            int(row[1]),
+            int(row[2]),
+            None if row[3] is None else tx.d.decode_time(row[3]),
+            None if row[4] is None else tx.d.decode_time(row[4]),
+        )
 
 
 def _error_text(exc: BaseException) -> str:

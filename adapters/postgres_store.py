@@ -728,6 +728,33 @@ UPDATE operations SET effect_unsettled_since = 0
     WHERE effect_id IS NOT NULL AND (outcome IS NULL OR outcome <> 'succeeded');
 """,
     ),
+    (
+        14,
+        "journal_heads_move_forward",
+        # As SQLite's migrations 6 and 11: the head row is the
+        # compare-and-set guard of every append (seed 002, Typical developer
+        # flow 5; specs/journal.md, Storage), and migration 7 left it open to
+        # DELETE, and to an UPDATE that moves it back to a head a stale
+        # writer still expects.  DELETE is refused; an UPDATE must keep the
+        # execution and raise the event count, as an append's does.  Whether
+        # the new head is the chain's is checked against the events on every
+        # load (broken_chain).  Retention never deletes a journal.
+        """
+CREATE FUNCTION fencekeeper_journal_head_forward() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'journal_heads rows are never deleted' USING ERRCODE = 'restrict_violation';
+    END IF;
+    IF NEW.execution_id IS DISTINCT FROM OLD.execution_id OR NEW.length IS NULL OR NEW.length <= OLD.length THEN
+        RAISE EXCEPTION 'journal_heads moves only forward: an append raises its event count'
+            USING ERRCODE = 'restrict_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER journal_heads_move_forward BEFORE UPDATE OR DELETE ON journal_heads
+    FOR EACH ROW EXECUTE FUNCTION fencekeeper_journal_head_forward();
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -558,6 +558,24 @@ UPDATE operations SET effect_unsettled_since = 0
     WHERE effect_id IS NOT NULL AND (outcome IS NULL OR outcome <> 'succeeded');
 """,
     ),
+    (
+        11,
+        "journal_heads_move_forward",
+        # The head row is the compare-and-set guard of every append (seed
+        # 002, Typical developer flow 5; specs/journal.md, Storage):
+        # migration 6 refused its DELETE, but an UPDATE could move it back
+        # to a head a stale writer still expects, or give it to another
+        # execution.  An append only ever moves it forward, by the events it
+        # writes, so an UPDATE that keeps the execution and raises the event
+        # count is the only one allowed; whether the new head is the chain's
+        # is checked against the events on every load (broken_chain).
+        # Retention never deletes a journal.
+        """
+CREATE TRIGGER journal_heads_move_forward BEFORE UPDATE ON journal_heads
+WHEN NEW.execution_id IS NOT OLD.execution_id OR NEW.length IS NULL OR NEW.length <= OLD.length
+BEGIN SELECT RAISE(ABORT, 'journal_heads moves only forward: an append raises its event count'); END;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

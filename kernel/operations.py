@@ -41,7 +41,9 @@ Rules of this module:
   fence N cannot commit once fence N+1 exists, whatever it decided.
 - Stored provenance is never permission: completion and submission take an
   :class:`Authority` fact from a check the caller made against *current*
-  facts, and an approval never stands in for it.
+  facts, and an approval never stands in for it.  A submission's authority
+  is judged before its identity, so an identity naming the principal's own
+  Operation never answers a caller no longer authorized.
 - An external effect's record says whether it may have been issued without
   a conclusive answer (``Operation.effect_unsettled_since``, seed 001,
   Tasks, external effects, history, and retention): only an issue whose
@@ -712,6 +714,14 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
     identity is a deterministic ``idempotency_conflict``.  After the window,
     once its Operation has ended, the identity is free again and names the
     new Operation; an Operation still active keeps its identity.
+
+    The authority is judged before the identity is: a caller whose current
+    authority is not granted is refused ``not_authorized`` exactly as a new
+    submission would be, whatever the identity names.  The identity carries
+    the principal's reference, which is stored provenance, never
+    permission; answering with the Operation (or with a conflict naming it)
+    would give its state to a caller no longer authorized to query it
+    (seed 001, Durable truth and recovery; Current authorization).
     """
     try:
         _check_id("operation_id", request.operation_id)
@@ -734,6 +744,9 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
         _check("retention", later_problem(now, request.retention))
     except _Invalid as exc:
         return exc.refusal
+    if not request.authority.granted:
+        why = f": {request.authority.reason}" if request.authority.reason else ""
+        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} may not submit{why}")
     if existing is not None and (now < existing.retain_until or existing.outcome is None):
         differs = [
             (name, getattr(existing, name), getattr(request, name))
@@ -753,9 +766,6 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
             f"identical to the submission that admitted {existing.operation_id!r}",
             existing,
         )
-    if not request.authority.granted:
-        why = f": {request.authority.reason}" if request.authority.reason else ""
-        return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} may not submit{why}")
     operation = Operation(
         operation_id=request.operation_id,
         identity=request.identity,

@@ -1,7 +1,8 @@
 """An exhaustive bounded model checker for durable operations (seed 001).
 
 It explores, breadth first, every interleaving of a small world -- several
-clients submitting the same idempotency identity at once, several workers
+clients submitting the same idempotency identity at once (one of them,
+with ``Bounds.revoked_submitter``, no longer authorized), several workers
 claiming, heartbeating, completing and failing one Operation, a clock that
 ticks past lease expiry (so expired owners are reclaimed automatically), an
 approver and a canceller -- and checks every invariant of
@@ -71,6 +72,7 @@ class Invariant(enum.Enum):
     TABLES = "INV-OP-TABLES"
     NO_BLIND_RESEND = "INV-OP-NO-BLIND-RESEND"
     UNKNOWN_ONLY_IF_AMBIGUOUS = "INV-OP-UNKNOWN-ONLY-IF-AMBIGUOUS"
+    AUTHORIZED_ANSWER = "INV-OP-AUTHORIZED-ANSWER"
 
 
 class Answer(enum.Enum):
@@ -129,12 +131,14 @@ class Bounds:
     max_states: int = 3_000_000
     external: bool = False
     """The action is an external effect of a provider neither idempotent nor reconcilable (see the module rules)."""
+    revoked_submitter: bool = False
+    """The last submitter's principal is no longer authorized: the same identity and input, a denied authority."""
 
 
 STANDARD: tuple[tuple[str, Bounds], ...] = (
     (
-        "operations: three clients submit one identity at once (complete)",
-        Bounds(workers=0, submitters=3, approval=False, cancel=False),
+        "operations: three clients submit one identity at once, and a fourth no longer authorized (complete)",
+        Bounds(workers=0, submitters=4, approval=False, cancel=False, revoked_submitter=True),
     ),
     (
         "operations: three workers, reclaim, approval and cancel (every interleaving to depth 11)",
@@ -234,7 +238,12 @@ def _policy(bounds: Bounds) -> o.RetryPolicy:
     )
 
 
+def _revoked(bounds: Bounds, client: int) -> bool:
+    return bounds.revoked_submitter and client == bounds.submitters - 1
+
+
 def _submit_request(bounds: Bounds, client: int) -> o.SubmitRequest:
+    granted = not _revoked(bounds, client)
     return o.SubmitRequest(
         operation_id=f"op-c{client + 1}",
         identity=IDENTITY,
@@ -242,7 +251,7 @@ def _submit_request(bounds: Bounds, client: int) -> o.SubmitRequest:
         action_version=1,
         effect_class=o.EffectClass.EXTERNAL if bounds.external else o.EffectClass.ATOMIC,
         input_digest=DIGEST,
-        authority=o.Authority(True, IDENTITY.principal),
+        authority=o.Authority(granted, IDENTITY.principal, "" if granted else "revoked: the principal was revoked"),
         policy=_policy(bounds),
         requires_approval=bounds.approval,
     )
@@ -461,6 +470,11 @@ def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move],
         found.extend(_calls(world, bounds))
     for slot, label, kind, outcome, credential in _decisions(world, bounds, proto):
         decided += 1
+        if kind == "submit" and _revoked(bounds, slot - bounds.workers):
+            broken = check_unauthorized_submission(outcome)
+            if broken is not None:
+                found.append(Move(label, _retire(world, slot, bounds, kind), broken))
+                continue
         if isinstance(outcome, o.Decision):
             pending = Pending(label, label.split()[0], kind, outcome, credential)
             slots = (*world.pending[:slot], pending, *world.pending[slot + 1 :])
@@ -499,6 +513,17 @@ def check_state(world: World) -> tuple[Invariant, str] | None:
     if world.effects > 1:
         return Invariant.CANCEL_OR_EFFECT, f"the effect committed {world.effects} times"
     return None
+
+
+def check_unauthorized_submission(outcome: o.Outcome) -> tuple[Invariant, str] | None:
+    """A submission whose authority is not granted is refused ``not_authorized``, whatever the identity names."""
+    if isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED:
+        return None
+    if isinstance(outcome, o.Refusal):
+        what = f"refused {outcome.code.value}: {outcome.message}"
+    else:
+        what = f"answered {type(outcome).__name__} with {outcome.operation.operation_id}"
+    return Invariant.AUTHORIZED_ANSWER, f"a submission without current authority was {what}"
 
 
 def check_write(before: World, after: World, pending: Pending) -> tuple[Invariant, str] | None:

@@ -3,7 +3,7 @@
 Rules of this module:
 
 - The inputs are the calls ``kernel/opsmodel.py`` makes while it explores
-  every interleaving of submitters, workers, an approver and a canceller
+  every interleaving of submitters (one no longer authorized), workers, an approver and a canceller
   (reclaims of expired owners and zombie completions included), a few per
   (decision, outcome, code), with every time moved off the whole second;
   to each are added its boundary twins: the same call at the instant the
@@ -28,7 +28,7 @@ from .values import structure, unstructure
 Case = dict[str, Any]
 
 MODEL_BOUNDS = (
-    opsmodel.Bounds(workers=0, submitters=2, approval=False, cancel=False, max_depth=6),
+    opsmodel.Bounds(workers=0, submitters=3, approval=False, cancel=False, max_depth=6, revoked_submitter=True),
     opsmodel.Bounds(workers=2, max_claims=2, max_tick=4, maximum_attempts=2, max_depth=7),
 )
 SHIFT = timedelta(microseconds=654321)
@@ -186,10 +186,15 @@ def _deadline_mutations(label: str, data: dict[str, Any]) -> list[Case]:
 
 
 def _submit_mutations(label: str, data: dict[str, Any]) -> list[Case]:
+    """A resubmission under the identity with other content, and either without current authority."""
     request = data["request"]
+    denied = {"authority": {**request["authority"], "granted": False, "reason": "revoked"}}
     return [
         _case(f"{label}/other_digest", {**data, "request": {**request, "input_digest": "e" * 64}}),
         _case(f"{label}/other_version", {**data, "request": {**request, "action_version": request["action_version"] + 1}}),
+        _case(f"{label}/not_authorized", {**data, "request": {**request, **denied}}),
+        _case(f"{label}/other_digest_not_authorized",
+              {**data, "request": {**request, "input_digest": "e" * 64, **denied}}),
     ]
 
 

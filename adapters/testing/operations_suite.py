@@ -30,7 +30,8 @@ go through the Python API (``DurableOperationService``,
   again (same effect id) whatever the provider, while a lost reply, a
   timeout or a crash after the intent is never resent unreconciled;
 - limits: backoff, maximum attempts, deadline, each a named outcome;
-- current authorization: a revoked principal fails closed;
+- current authorization: a revoked principal fails closed, and gets no
+  Operation back by resubmitting its identity;
 - (SQL stores, :class:`SqlOperationStoreTests`) an atomic action's
   statements never end, split or leave its transaction: ``COMMIT``,
   ``ROLLBACK``, ``SAVEPOINT``, ``BEGIN``, one behind a comment, two
@@ -285,6 +286,30 @@ class OperationStoreTests:
         with pytest.raises(DurableOperationError) as raised:
             world.transfer("k1")
         assert raised.value.code == "not_authorized"
+
+    @pytest.mark.parametrize("lost", ["disabled", "revoked", "not_a_member"])
+    def test_a_principal_no_longer_authorized_gets_nothing_by_resubmitting(self, world: World, lost: str) -> None:
+        # Stored provenance is never permission (seed 001, Current authorization): the identity names
+        # alice's Operation, but only an authorized caller may have it back (Durable truth and recovery).
+        op_id = world.transfer("k1", 5)
+        before = world.store.view(op_id)
+        if lost == "not_a_member":
+            world.directory.set("alice", ResolutionStatus.ACTIVE, frozenset({"tenant-b"}))
+        else:
+            world.directory.set("alice", ResolutionStatus(lost))
+        refusals = []
+        for key, amount in (("k1", 5), ("k1", 6), ("k-new", 5)):  # identical, conflicting, a new identity
+            with pytest.raises(DurableOperationError) as raised:
+                world.transfer(key, amount)
+            refusals.append((raised.value.code, raised.value.message, raised.value.field))
+        assert refusals[0][0] == "not_authorized"
+        assert refusals[0] == refusals[1] == refusals[2], "the refusal a new submission gets, and nothing more"
+        assert op_id not in refusals[0][1]
+        assert world.store.view(op_id) == before, "nothing written"
+        assert world.worker("w1").run_once() is not None and world.worker("w1").run_once() is None, "no new Operation"
+        # Authorized again, the same submission is answered with the same Operation.
+        world.directory.set("alice", ResolutionStatus.ACTIVE, frozenset({TENANT}))
+        assert world.transfer("k1", 5) == op_id
 
     # --- atomic --------------------------------------------------------------------------------
 

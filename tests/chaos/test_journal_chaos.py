@@ -165,7 +165,7 @@ def test_acknowledged_appends_cut_off_are_reported(kept: tuple[str, Path], tmp_p
     # Everything from that append on, and the head row moved back to match: a chain that verifies on its own.
     _forge(
         db,
-        ("journal_events_no_delete",),
+        ("journal_events_no_delete", "journal_heads_move_forward"),
         [
             ("DELETE FROM journal_events WHERE execution_id = 'jc-2' AND ordinal >= ?", (ordinal,)),
             ("UPDATE journal_heads SET head = ?, length = ? WHERE execution_id = 'jc-2'", (previous, ordinal - 1)),

@@ -3,6 +3,7 @@
 Each store runs every test of ``fencekeeper.adapters.testing.journal.JournalStoreTests``
 (PostgreSQL where a server is reachable; see tests/conftest.py), then the
 tests of their SQL: the header and event tables refuse UPDATE and DELETE,
+the head row refuses DELETE and any UPDATE that does not move it forward,
 and a head row that disagrees with the chain is reported on load.
 """
 
@@ -46,6 +47,33 @@ class SqlTests:
             with pytest.raises((sqlite3.DatabaseError, psycopg.Error), match="append-only"):
                 sql(statement)
 
+    def test_the_head_row_is_never_deleted_and_moves_only_forward(
+        self, open_store: Opener, sql: Callable[[str], None]
+    ) -> None:
+        store = open_store()
+        journal = created(store)
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+        first = store.append("review-1", start)
+        assert isinstance(first, j.Appended)
+        # Without its head row a journal cannot be appended to or loaded; moved
+        # back (or not at all) it would accept a writer that expects an old head.
+        for statement in (
+            "DELETE FROM journal_heads",
+            "DELETE FROM journal_heads WHERE execution_id = 'review-1'",
+            f"UPDATE journal_heads SET head = '{journal.head}', length = 0",
+            "UPDATE journal_heads SET head = 'sha256:forged'",
+            "UPDATE journal_heads SET execution_id = 'review-2'",
+        ):
+            with pytest.raises((sqlite3.DatabaseError, psycopg.Error), match="journal_heads"):
+                sql(statement)
+        # Appends still move it, and the journal loads as it was.
+        block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
+                             "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+        assert isinstance(store.append("review-1", block), j.Appended)
+        loaded = open_store().load("review-1")
+        assert loaded is not None and len(loaded.events) == 2
+
     def test_a_head_row_that_disagrees_with_the_chain_is_reported(
         self, open_store: Opener, sql: Callable[[str], None]
     ) -> None:
@@ -54,8 +82,10 @@ class SqlTests:
         start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
                              "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
         assert isinstance(store.append("review-1", start), j.Appended)
-        # Roll the guard back to the header, as if the last event had been lost.
-        sql(f"UPDATE journal_heads SET head = '{journal.head}', length = 0")
+        # The guard lets the head row move forward to anything (the chain, not
+        # the row, says where it may go): moved past the events, as if an
+        # event had been lost, it disagrees with the chain, and a load says so.
+        sql(f"UPDATE journal_heads SET head = 'sha256:{'0' * 64}', length = 2")
         with pytest.raises(JournalError) as caught:
             open_store().load("review-1")
         assert caught.value.reason is C.BROKEN_CHAIN

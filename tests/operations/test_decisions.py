@@ -72,6 +72,20 @@ def test_submission_without_authority_is_refused() -> None:
     assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED
 
 
+def test_a_resubmission_without_current_authority_gets_the_refusal_a_new_submission_gets() -> None:
+    # Stored provenance is never permission: the identity names the principal's Operation, but only an
+    # authorized caller may have it back (seed 001, Durable truth and recovery; Current authorization).
+    revoked = o.Authority(False, "users:v1:alice", "revoked: revoked")
+    fresh = o.submit(None, submit_request(authority=revoked), T0 + SECOND)
+    assert isinstance(fresh, o.Refusal) and fresh.code is o.RefusalCode.NOT_AUTHORIZED
+    existing = admitted()
+    ended = attrs.evolve(existing, state=OperationState.SUCCEEDED, outcome=o.TerminalOutcome.SUCCEEDED)
+    for stored in (existing, ended):
+        for changes in ({}, {"input_digest": digest("other")}):  # identical, and a conflict (which names the op)
+            outcome = o.submit(stored, submit_request(operation_id="op-2", authority=revoked, **changes), T0 + SECOND)
+            assert outcome == fresh
+
+
 def test_naive_time_is_refused() -> None:
     outcome = o.submit(None, submit_request(), T0.replace(tzinfo=None))
     assert isinstance(outcome, o.Refusal) and outcome.field == "now"

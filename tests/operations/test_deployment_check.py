@@ -94,6 +94,39 @@ def test_an_ended_operation_past_its_window_is_a_warning(tmp_path: Path) -> None
     assert any("past its window" in w for w in found.warnings)
 
 
+def test_a_parked_outbox_row_is_reported_apart_from_the_export_lag(tmp_path: Path) -> None:
+    from fencekeeper.adapters.outbox import ExportedMessage, ExportRetry, OutboxExporter, SinkError  # noqa: PLC0415
+
+    class Refusing:
+        def send(self, message: ExportedMessage) -> None:
+            raise SinkError("refused")
+
+        def flush(self) -> None:
+            pass
+
+    db = tmp_path / "ops.db"
+    now = datetime.now(UTC)
+    clock = ManualClock(now - timedelta(hours=1))
+    store = SQLiteOperationStore(db, clock)
+    try:
+        _submit(store, "acme", "k1")
+        # Given up on an hour ago: it waits for an operator (export --parked), not for the exporter.
+        assert OutboxExporter(store, Refusing(), retry=ExportRetry(maximum_attempts=1)).run(until_idle=True).parked == 1
+        clock.set(now)
+        _submit(store, "acme", "k2")  # a backlog of one row, just committed
+    finally:
+        store.close()
+    found = deployment.check_deployment(str(db), tenant="acme", actions=examples.registry(), resolvers=examples.resolvers())
+    assert found.outbox is not None
+    assert (found.outbox.rows, found.outbox.pending, found.outbox.parked) == (2, 1, 1)
+    assert found.outbox.oldest_pending_at == now and found.outbox.oldest_parked_at == now - timedelta(hours=1)
+    assert found.outbox.lag_seconds is not None and found.outbox.lag_seconds < 300
+    assert not any("waiting for export" in w for w in found.warnings), found.warnings
+    assert any("1 row(s) parked" in w and "export --parked" in w for w in found.warnings), found.warnings
+    shown = found.to_json()["outbox"]
+    assert (shown["parked"], shown["oldest_parked_at"]) == (1, (now - timedelta(hours=1)).isoformat())
+
+
 def _cli(*args: str) -> tuple[int, str]:
     done = subprocess.run(
         [sys.executable, "-m", "fencekeeper", *args], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
@@ -153,7 +186,7 @@ def test_postgres_the_check_counts_one_tenant(pg_dsn: str, pg_schema: str) -> No
     assert not report.ok
     assert [(r.name, r.count) for r in report.actions] == [("balance", 2)]
     # Only the tenant's own outbox rows count: other's two submissions, not acme's one.
-    assert report.outbox is not None and (report.outbox.rows, report.outbox.pending) == (2, 2)
+    assert report.outbox is not None and (report.outbox.rows, report.outbox.pending, report.outbox.parked) == (2, 2, 0)
 
 
 def test_an_execution_pinned_to_a_definition_the_store_lacks_blocks(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ from .zoo import ZOO, Variant
 # Two workers suffice for every race here (an owner and its replacement, or one of them and the
 # canceller); `fencekeeper modelcheck`, which `make test` runs, explores three to depth 11.
 EXECUTION = Bounds(workers=2, max_claims=3, max_tick=5, max_depth=10)
-SUBMISSION = Bounds(workers=0, submitters=3, approval=False, cancel=False)
+# Three clients race one identity; a fourth, whose principal was revoked, submits it too.
+SUBMISSION = Bounds(workers=0, submitters=4, approval=False, cancel=False, revoked_submitter=True)
 # Depth 15 holds a declined call, its recorded answer and a retry's intent and end (14 moves): the
 # external variants' traces (`fencekeeper modelcheck` explores three claims to depth 17).
 EXTERNAL = Bounds(
@@ -35,7 +36,7 @@ EXTERNAL = Bounds(
 
 
 def _bounds(variant: Variant) -> Bounds:
-    if variant.breaks is Invariant.ONE_OPERATION:
+    if variant.breaks in (Invariant.ONE_OPERATION, Invariant.AUTHORIZED_ANSWER):
         return SUBMISSION
     if variant.breaks in (Invariant.NO_BLIND_RESEND, Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS):
         return EXTERNAL

@@ -2,7 +2,8 @@
 
 Each variant reintroduces one mistake real job systems make: finishing the
 work of a replaced attempt, re-using an approval for every retry, letting an
-effect commit after cancellation, admitting one request twice, calling a
+effect commit after cancellation, admitting one request twice, answering a
+revoked principal's resubmission with its Operation, calling a
 provider again after a lost reply, or giving up on an effect the provider
 said it did not apply.  A checker
 that passes the real decisions but misses any of these proves nothing, so
@@ -99,6 +100,15 @@ def _submit_without_identity_guard(existing: o.Operation | None, request: o.Subm
     return outcome
 
 
+def _submit_authorizing_only_new_identities(
+    existing: o.Operation | None, request: o.SubmitRequest, now: datetime
+) -> o.Outcome:
+    """The authority judged only when the identity names no Operation: a stored one answers whoever asks for it."""
+    if existing is not None and (now < existing.retain_until or existing.outcome is None):
+        request = attrs.evolve(request, authority=attrs.evolve(request.authority, granted=True))
+    return o.submit(existing, request, now)
+
+
 def _heartbeat_ignoring_expiry(op: o.Operation | None, request: o.HeartbeatRequest, now: datetime) -> o.Outcome:
     if op is not None and op.lease_expires_at is not None and now >= op.lease_expires_at:
         pretend = attrs.evolve(op, lease_expires_at=now + (op.lease_expires_at - op.admitted_at))
@@ -166,6 +176,13 @@ ZOO: tuple[Variant, ...] = (
         "admission checks the identity when it decides but not when it commits",
         Invariant.ONE_OPERATION,
         OpsProtocol(submit=_submit_without_identity_guard),
+    ),
+    Variant(
+        "resubmission-without-authority",
+        "an identical resubmission is answered with the stored Operation although the principal is no longer "
+        "authorized: the identity's stored provenance taken for permission",
+        Invariant.AUTHORIZED_ANSWER,
+        OpsProtocol(submit=_submit_authorizing_only_new_identities),
     ),
     Variant(
         "unknown-after-a-declined-call",

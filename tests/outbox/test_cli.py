@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
+from fencekeeper.adapters.outbox import ExportRetry, OutboxExporter
 from fencekeeper.adapters.store import ManualClock
 from fencekeeper.adapters.testing.operations_suite import World, open_accounts
-from tests.outbox.test_exporter import make_operations
+from tests.outbox.test_exporter import Recording, make_operations
 
 
 @pytest.fixture
@@ -53,6 +55,38 @@ def test_export_to_a_file_then_prune_what_is_past_its_windows(
     assert (report["operations"], report["outbox"], report["identities"]) == (2, 0, 2)
     code, stdout, _ = run(["prune", "--db", str(db), "--outbox", "0s", "--json"], capsys)
     assert (code, json.loads(stdout)["outbox"]) == (0, 6)
+
+
+def test_status_reports_parked_rows_apart_from_the_pending_backlog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ops.db"
+    clock = ManualClock()
+    store = SQLiteOperationStore(path, clock)
+    open_accounts(store, {"acc-1": 100, "acc-2": 0})
+    world = World(store, clock)
+    [first] = make_operations(world, 1)
+    sink = Recording()
+    sink.failing.add(f"{first}/3")  # its last message: nothing of its subject is held behind it
+    assert OutboxExporter(store, sink, retry=ExportRetry(maximum_attempts=1)).run(until_idle=True).parked == 1
+    parked_row_at = clock.now()  # when its transition committed
+    clock.advance(timedelta(hours=6))
+    world.transfer("later", 1)  # a fresh backlog, six hours younger than the parked row
+    worker = world.worker("w1")
+    while worker.run_once() is not None:
+        pass
+    store.close()
+    code, stdout, _ = run(["export", "--db", str(path), "--status", "--json"], capsys)
+    status = json.loads(stdout)
+    assert code == 1, "a parked row is a problem"
+    assert (status["pending"], status["parked"], status["exported"]) == (3, 1, 2)
+    # The backlog is six hours younger than the parked row, and says so; the parked row is reported apart.
+    assert datetime.fromisoformat(status["oldest_pending_at"]) == clock.now()
+    assert datetime.fromisoformat(status["oldest_parked_at"]) == parked_row_at
+    code, stdout, _ = run(["export", "--db", str(path), "--status"], capsys)
+    assert code == 1
+    assert f"oldest_pending_at {clock.now().isoformat()}" in stdout
+    assert f"oldest_parked_at {parked_row_at.isoformat()}" in stdout
 
 
 def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ a child process (``export_child``) and kills it mid-batch.
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.server
 import json
 import os
@@ -160,6 +161,80 @@ def test_a_flush_failure_marks_nothing_exported(world: World, store: Transaction
     assert (report.claimed, report.delivered, report.failed) == (3, 0, 3)
     assert rows(store, "SELECT count(*) FROM outbox WHERE exported_at IS NOT NULL") == [(0,)]
     assert rows(store, "SELECT DISTINCT last_error, attempts FROM outbox") == [("flush failed: OSError: disk full", 1)]
+
+
+def _whole_lines(path: Path) -> list[dict[str, object]]:
+    """Every line of a JSON-lines file, parsed; fails on a line that is not whole JSON, or an unended last line."""
+    text = path.read_text(encoding="utf-8")
+    assert text == "" or text.endswith("\n"), f"the file ends inside a line: {text[-40:]!r}"
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("fault", ["short_write_then_disk_full", "fsync"])
+def test_a_file_sink_batch_that_fails_midway_leaves_the_file_as_it_was_and_is_delivered_again(
+    world: World, store: TransactionalOperationStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    make_operations(world, 2)
+    out = tmp_path / "events.jsonl"
+    sink = JsonLinesSink(out)
+    exporter = OutboxExporter(store, sink, batch_size=3, retry=FAST)
+    assert exporter.export_batch().delivered == 3
+    before = out.read_bytes()
+    inode = out.stat().st_ino
+    real_write, real_fsync = os.write, os.fsync
+    calls: list[int] = []
+
+    def ours(fd: int) -> bool:
+        return os.fstat(fd).st_ino == inode
+
+    def write(fd: int, data: bytes) -> int:
+        if not ours(fd):
+            return real_write(fd, data)
+        calls.append(len(data))
+        if len(calls) == 1:  # the disk fills halfway through the batch: a short write, then ENOSPC
+            return real_write(fd, bytes(data)[: len(data) // 2 + 7])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fsync(fd: int) -> None:
+        if ours(fd):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    if fault == "fsync":
+        monkeypatch.setattr(os, "fsync", fsync)
+    else:
+        monkeypatch.setattr(os, "write", write)
+    report = exporter.export_batch()
+    assert (report.claimed, report.delivered, report.failed) == (3, 0, 3)
+    assert out.read_bytes() == before, "the failed batch left nothing of itself in the file"
+    monkeypatch.undo()
+    # The same sink goes on after its backoff: the batch is delivered again, after the whole lines before it.
+    world.clock.advance(timedelta(seconds=2))
+    exporter.run(until_idle=True)
+    sink.close()
+    lines = _whole_lines(out)
+    committed = [str(m) for (m,) in rows(store, "SELECT message_id FROM outbox ORDER BY seq")]
+    assert [line["message_id"] for line in lines] == committed, "each row once, in order, whole"
+    assert [line["attempt"] for line in lines] == [1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_file_sink_cuts_a_line_left_unended_before_it_appends(
+    world: World, store: TransactionalOperationStore, tmp_path: Path
+) -> None:
+    # A writer killed in the middle of a line (or a cut back that failed) left part of one: a message of a
+    # batch never marked exported, so delivered again.  Appended after, it would join the next line.
+    make_operations(world, 1)
+    out = tmp_path / "events.jsonl"
+    whole = '{"message_id":"earlier"}\n'
+    out.write_text(whole + '{"message_id":"op-x/1","se', encoding="utf-8")
+    sink = JsonLinesSink(out)
+    OutboxExporter(store, sink).run(until_idle=True)
+    sink.close()
+    lines = _whole_lines(out)
+    assert lines[0] == {"message_id": "earlier"}
+    assert len(lines) == 1 + rows(store, "SELECT count(*) FROM outbox")[0][0]
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):

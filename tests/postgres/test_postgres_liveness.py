@@ -105,7 +105,7 @@ def test_migration_6_closes_registrations_left_open_by_earlier_cancellations(
         "DROP TABLE journal_heads, journal_events, journal_headers",
         "DROP TABLE outbox, operation_transitions, operation_attempts, operation_identities, operations",
         "DROP FUNCTION fencekeeper_outbox_fixed, fencekeeper_operation_stays_ended, fencekeeper_prunable, "
-        "fencekeeper_operation_tenant, fencekeeper_guard_held",
+        "fencekeeper_operation_tenant, fencekeeper_guard_held, fencekeeper_journal_head_forward",
         # Migration 12's pruning triggers (they go with their function), and migration 1's append-only function back.
         "DROP FUNCTION fencekeeper_execution_prunable CASCADE",
         "DROP FUNCTION fencekeeper_execution_ended",
@@ -114,7 +114,7 @@ def test_migration_6_closes_registrations_left_open_by_earlier_cancellations(
         "DELETE FROM schema_migrations WHERE version >= 6",
     )
     assert _sql(pg_dsn, pg_schema, "SELECT count(*) FROM wait_registrations WHERE woken_by IS NULL") == [(4,)]
-    assert migrate(pg_dsn, pg_schema) == [6, 7, 8, 9, 10, 11, 12, 13]
+    assert migrate(pg_dsn, pg_schema) == [6, 7, 8, 9, 10, 11, 12, 13, 14]
     closed = _sql(pg_dsn, pg_schema, "SELECT execution_id, closed_by FROM wait_registrations ORDER BY execution_id")
     assert closed == [("e-live", None), ("e-stale-0", "cancel"), ("e-stale-1", "cancel"), ("e-stale-2", "cancel")]
     reopened = PostgresStore(pg_dsn, schema=pg_schema, clock=clock)
