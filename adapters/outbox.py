@@ -130,9 +130,11 @@ class JsonLinesSink:
     filled halfway through a line, a failed fsync) cuts the file back to
     where the batch began before it raises.  The exporter then counts the
     batch as failed and delivers it again, after the whole lines before it.
-    A flush also cuts an unended last line before it appends (what a writer
-    killed mid-line, or a cut back that itself failed, leaves): it belongs
-    to a batch never marked exported, so it is delivered again too.  One
+    A flush also cuts an unended last line before it appends, when it is a
+    message cut short (what a writer killed mid-line, or a cut back that
+    itself failed, leaves): it belongs to a batch never marked exported, so
+    it is delivered again too.  Any other unended line is kept and ended
+    (``_whole_lines_end``).  One
     file may be shared by several exporters; each cuts back only its own
     batch, since each appends under the lock.
 
@@ -216,7 +218,15 @@ def _locked(fd: int) -> Iterator[None]:
 
 
 def _whole_lines_end(fd: int) -> int:
-    """The size of the file once an unended last line is cut off; cuts it."""
+    """Where the next batch begins: after the last whole line, once an unended last line is dealt with.
+
+    Only a line this sink's own kind of writer left half written is cut: a
+    tail that starts as a message does (``{"``) and is not whole JSON.
+    Anything else unended (a whole JSON document missing its newline, or
+    text another program wrote to a file it was wrongly given) is kept and
+    ended with a newline: a sink never deletes what it cannot tell is its
+    own.
+    """
     size = os.fstat(fd).st_size
     end = size
     while end > 0:
@@ -228,9 +238,28 @@ def _whole_lines_end(fd: int) -> int:
             end = begin + newline + 1
             break
         end = begin
-    if end != size:
-        os.ftruncate(fd, end)
-    return end
+    if end == size:
+        return size
+    if size - end <= _MAX_LINE_CUT:
+        os.lseek(fd, end, os.SEEK_SET)
+        tail = os.read(fd, size - end)
+        if tail.startswith(b'{"') and not _whole_json(tail):
+            os.ftruncate(fd, end)
+            return end
+    os.write(fd, b"\n")
+    return size + 1
+
+
+_MAX_LINE_CUT = 16 * 1024 * 1024
+"""The longest unended tail a sink cuts: longer than any message it writes, so anything longer is not its own."""
+
+
+def _whole_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 class _RefuseRedirect(urllib.request.HTTPRedirectHandler):

@@ -237,6 +237,32 @@ def test_a_file_sink_cuts_a_line_left_unended_before_it_appends(
     assert len(lines) == 1 + rows(store, "SELECT count(*) FROM outbox")[0][0]
 
 
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param('{"message_id":"whole"}', id="a-whole-message-without-its-newline"),
+        pytest.param("a line another program wrote", id="text-not-its-own"),
+    ],
+)
+def test_a_file_sink_keeps_an_unended_line_it_cannot_tell_is_its_own(
+    world: World, store: TransactionalOperationStore, tmp_path: Path, tail: str
+) -> None:
+    # Cutting it would delete data the sink did not write (a file given to it by mistake), or a
+    # message that is whole: it is ended with a newline instead, and the batch goes after it.
+    make_operations(world, 1)
+    out = tmp_path / "events.jsonl"
+    out.write_text("first line\n" + tail, encoding="utf-8")
+    sink = JsonLinesSink(out)
+    OutboxExporter(store, sink).run(until_idle=True)
+    sink.close()
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("first line\n" + tail + "\n"), text[:120]
+    appended = text.splitlines()[2:]
+    assert len(appended) == rows(store, "SELECT count(*) FROM outbox")[0][0]
+    assert all(json.loads(line)["message_id"] for line in appended)
+
+
 class _Hook(http.server.BaseHTTPRequestHandler):
     statuses: ClassVar[list[int]] = []
     received: ClassVar[list[tuple[str, dict[str, object]]]] = []
