@@ -1714,6 +1714,7 @@ def _check(args: argparse.Namespace, out: Output) -> int:
                 else f"{full.oldest_unpruned.table} {full.oldest_unpruned.key}, "
                 f"{full.oldest_unpruned.overdue_seconds:.0f} s overdue",
             ),
+            *([] if report.time_source is None else [("time source", report.time_source)]),
             *[("warning", warning) for warning in full.warnings],
             *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in full.blocking],
         ]
