@@ -358,8 +358,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         description="Reads, never writes. Exits 1 when anything blocks running: no database, a schema "
         "that is missing, outdated (PostgreSQL), newer than this fencekeeper, altered or corrupt; an action or "
         "principal resolver version that an operation not yet ended needs and --actions does not register; a "
-        "definition revision an execution not yet ended is pinned to and the store lacks. Outbox lag and rows "
-        "past their retention window are warnings.",
+        "definition revision an execution not yet ended is pinned to and the store lacks. Outbox lag, parked "
+        "outbox rows and rows past their retention window are warnings.",
     )
     _db_option(check)
     check.add_argument("--namespace", default="default", help="the operations' namespace (default: default)")
