@@ -202,7 +202,7 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             if out.json_mode:
                 out.data(result)
             else:
-                out.line(" ".join(f"{k} {v}" for k, v in result.items()))
+                out.line(" ".join(f"{k} {'-' if v is None else v}" for k, v in result.items()))
             return EXIT_PROBLEM if status.parked else EXIT_OK
         if args.requeue or args.discard:
             message_id = args.requeue or args.discard

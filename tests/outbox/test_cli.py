@@ -48,6 +48,9 @@ def test_export_to_a_file_then_prune_what_is_past_its_windows(
     assert first == ["operation.admitted", "operation.running", "operation.succeeded"]
     code, stdout, _ = run(["export", "--db", str(db), "--status", "--json"], capsys)
     assert (code, json.loads(stdout)["exported"]) == (0, 6)
+    # Nothing pending or parked: the plain line says so with a dash, as the other tables do, not Python's None.
+    code, stdout, _ = run(["export", "--db", str(db), "--status"], capsys)
+    assert (code, stdout) == (0, "pending 0 parked 0 exported 6 oldest_pending_at - oldest_parked_at -\n")
     code, stdout, _ = run(["prune", "--db", str(db), "--json"], capsys)
     report = json.loads(stdout)
     assert code == 0 and report["finished"]
