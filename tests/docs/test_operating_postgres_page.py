@@ -59,3 +59,10 @@ def test_the_pages_worker_program_drains_its_business(
         assert client.get("po-1").state is fencekeeper.ExecutionState.SUCCEEDED
     finally:
         client.close()
+
+
+def test_the_migrations_the_page_says_a_new_schema_gets_are_this_fencekeepers() -> None:
+    text = " ".join(PAGE.read_text(encoding="utf-8").split())  # the list wraps across lines
+    found = re.search(r"on a new schema, `applied migrations \[([0-9, ]+)\]`", text)
+    assert found is not None
+    assert [int(n) for n in found.group(1).split(",")] == [number for number, _, _ in postgres_store.MIGRATIONS]
