@@ -358,8 +358,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         description="Reads, never writes. Exits 1 when anything blocks running: no database, a schema "
         "that is missing, outdated (PostgreSQL), newer than this fencekeeper, altered or corrupt; an action or "
         "principal resolver version that an operation not yet ended needs and --actions does not register; a "
-        "definition revision an execution not yet ended is pinned to and the store lacks. Outbox lag and rows "
-        "past their retention window are warnings.",
+        "definition revision an execution not yet ended is pinned to and the store lacks. Outbox lag, parked "
+        "outbox rows and rows past their retention window are warnings.",
     )
     _db_option(check)
     check.add_argument("--namespace", default="default", help="the operations' namespace (default: default)")
@@ -1714,6 +1714,7 @@ def _check(args: argparse.Namespace, out: Output) -> int:
                 else f"{full.oldest_unpruned.table} {full.oldest_unpruned.key}, "
                 f"{full.oldest_unpruned.overdue_seconds:.0f} s overdue",
             ),
+            *([] if report.time_source is None else [("time source", report.time_source)]),
             *[("warning", warning) for warning in full.warnings],
             *[("PROBLEM", text((problem, render.REFUSED_STYLE))) for problem in full.blocking],
         ]

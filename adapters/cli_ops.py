@@ -532,7 +532,9 @@ def _work(
                     with lock:
                         reports.append(report)
                     if not out.json_mode:
-                        out.note(f"{worker.worker_id}: {report.operation_id} attempt {report.attempt}: {report.outcome}")
+                        # An operation can end with no attempt made (an approval that expired first).
+                        attempt = "" if report.attempt is None else f" attempt {report.attempt}"
+                        out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}")
 
             numbers = range(first, first + args.concurrency)
             threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in numbers]

@@ -35,13 +35,16 @@ _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database", "invalid_
 
 
 def _duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``15m``, ``90s`` or a number of seconds."""
+    """``30d``, ``12h``, ``15m``, ``90s``, ``50ms`` or a number of seconds."""
     units = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
-    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+    if text.endswith("ms"):  # before "s": a pause between batches is often a fraction of a second
+        number, unit = text[:-2], 0.001
+    else:
+        number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
     try:
         value = float(number)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration (like 30d, 12h, 15m, 90s): {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a duration (like 30d, 12h, 15m, 90s, 50ms): {text!r}") from None
     if not 0 <= value * unit < 86_400 * 366 * 100:
         raise argparse.ArgumentTypeError(f"must be zero or more and under a century, got {text}")
     return timedelta(seconds=value * unit)
@@ -199,7 +202,7 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             if out.json_mode:
                 out.data(result)
             else:
-                out.line(" ".join(f"{k} {v}" for k, v in result.items()))
+                out.line(" ".join(f"{k} {'-' if v is None else v}" for k, v in result.items()))
             return EXIT_PROBLEM if status.parked else EXIT_OK
         if args.requeue or args.discard:
             message_id = args.requeue or args.discard

@@ -234,6 +234,9 @@ class CheckReport:
     executions: Mapping[str, int] = attrs.field(factory=dict)
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    time_source: str | None = None
+    """How far this machine's clock is from the database's (PostgreSQL): information only, never a note
+    that asks for something to be done, since leases are judged by the database's clock alone."""
     reachable: bool = True
     """False when the URL names no usable store (no file, not a database, no answer): bad input, as for any command."""
 
@@ -345,14 +348,14 @@ def _check_postgres(location: Location) -> CheckReport:
         prefix = pgsql.Identifier(location.schema).as_string(conn) + "."
         definitions, executions = _counts(conn.execute, "%s", prefix)
         database_now = conn.execute("SELECT clock_timestamp()").fetchone()
-    notes: list[str] = []
+    time_source = None
     if database_now is not None:
         skew = (datetime.now(UTC) - database_now[0]).total_seconds()
-        notes.append(
-            f"time source: the database's clock_timestamp(); this machine's clock differs by {skew:+.3f} s "
+        time_source = (
+            f"the database's clock_timestamp(); this machine's clock differs by {skew:+.3f} s "
             "(leases are judged by the database alone)"
         )
-    return CheckReport(location, newest, version, migrations, definitions, executions, (), tuple(notes))
+    return CheckReport(location, newest, version, migrations, definitions, executions, time_source=time_source)
 
 
 def _pg_migrations(conn: Any, schema: str) -> tuple[Migration, ...]:

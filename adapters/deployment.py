@@ -183,7 +183,7 @@ class DeploymentReport:
             "warnings": list(self.warnings),
             # The executions check's own words, kept under their earlier names.
             "problems": list(base.problems),
-            "notes": list(base.notes),
+            "notes": list(base.notes) + ([] if base.time_source is None else [f"time source: {base.time_source}"]),
         }
 
 

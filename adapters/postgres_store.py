@@ -504,9 +504,9 @@ CREATE POLICY operation_outbox_tenant ON operation_outbox
     (
         10,
         "outbox_and_pruning",
-        # One outbox for both subsystems (docs/operating.md, Exporting and
-        # pruning): every transition of an Operation or a workflow execution
-        # appends one row in its own transaction; the exporter owns the
+        # One outbox for both subsystems (docs/outbox.md): every transition
+        # of an Operation or a workflow execution appends one row in its own
+        # transaction; the exporter owns the
         # delivery columns (attempts .. exported_at), nothing may change what
         # a row says.  operation_outbox's rows move over unchanged in order.
         #
@@ -1831,7 +1831,11 @@ def migrate(dsn: str, schema: str = "fencekeeper") -> list[int]:
         with conn.transaction():
             # One migrator at a time, whatever the schema; released at commit.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('fencekeeper.migrate'))")
-            conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema)))
+            # Only when it is missing: PostgreSQL checks the database's CREATE privilege before it
+            # looks whether the schema exists, and an owner role given a schema an administrator
+            # created for it (docs/operating-postgres.md) has no such privilege and needs none.
+            if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
+                conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema)))
             conn.execute(pgsql.SQL("SET LOCAL search_path TO {}").format(pgsql.Identifier(schema)))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "

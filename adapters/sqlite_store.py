@@ -427,9 +427,9 @@ CREATE TABLE operation_outbox (
     (
         8,
         "outbox_and_pruning",
-        # One outbox for both subsystems (docs/operating.md, Exporting and
-        # pruning): every transition of an Operation or a workflow execution
-        # appends one row in its own transaction; the exporter owns the
+        # One outbox for both subsystems (docs/outbox.md): every transition
+        # of an Operation or a workflow execution appends one row in its own
+        # transaction; the exporter owns the
         # delivery columns (attempts .. exported_at), nothing may change what
         # a row says.  operation_outbox's rows move over unchanged in order.
         #

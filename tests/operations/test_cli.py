@@ -385,3 +385,20 @@ def test_status_shows_the_stored_approval_decision_rejected_or_consumed(
     assert (status["approval"]["approved"], status["approval"]["consumed_by_attempt"]) == (True, 1)
     code, out, _ = run(capsys, "status", approved, "--db", db)
     assert f"  approval: approved by users:v1:bob until {status['approval']['expires_at']}, consumed by attempt 1" in out
+
+
+def test_the_worker_names_no_attempt_for_an_operation_that_ended_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An approval that expired before any attempt used it ends the operation with no attempt made.
+    db = str(tmp_path / "ops.db")
+    op_id = data(capsys, "submit", "capture_payment", "--db", db, "--key", "c-1", "--input",
+                 '{"order": "o-1", "amount": 999}')["operation_id"]
+    data(capsys, "decide", op_id, "--db", db, "--approve", "--as", "users:v1:bob", "--expires", "1")
+    time.sleep(1.2)
+    code, _, err = run(capsys, "worker", "--db", db, "--until-idle")
+    assert code == 0
+    assert f": {op_id}: approval_expired\n" in err and "None" not in err, err
+    assert run(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", TRANSFER)[0] == 0
+    code, _, err = run(capsys, "worker", "--db", db, "--until-idle")
+    assert code == 0 and " attempt 1: succeeded\n" in err, err

@@ -232,3 +232,18 @@ def test_an_execution_pinned_to_a_definition_the_store_lacks_blocks(tmp_path: Pa
         "definition purchase-approval revision 7 of business default is not in the store; "
         "1 execution(s) not yet ended are pinned to it",
     )
+
+
+def test_postgres_the_time_source_is_information_not_a_warning(pg_dsn: str, pg_schema: str) -> None:
+    """A clean deployment has no warnings, so that an alert on them fires only when something needs doing.
+
+    The clock comparison is reported on every PostgreSQL check, for information
+    only (leases are judged by the database's clock alone): it is a note.
+    """
+    report = deployment.check_deployment(
+        f"{pg_dsn}?schema={pg_schema}", tenant="acme", actions=examples.registry(), resolvers=examples.resolvers()
+    )
+    assert report.ok and report.warnings == ()
+    document = report.to_json()
+    assert document["warnings"] == []
+    assert any("clock_timestamp()" in note for note in document["notes"])

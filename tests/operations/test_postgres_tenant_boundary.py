@@ -23,6 +23,7 @@ from fencekeeper.adapters.operations import examples
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableOperationService, PrincipalReference
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
+from fencekeeper.adapters.postgres_store import MIGRATIONS, migrate
 from fencekeeper.adapters.store import StoreError
 
 TABLES = ("operations", "operation_identities", "operation_attempts", "operation_transitions", "outbox")
@@ -202,3 +203,36 @@ def test_the_store_works_as_the_restricted_role_within_its_tenant(
         assert service.get(ids["a"]) is None
     finally:
         store.close()
+
+
+def test_the_owner_role_migrates_a_schema_an_administrator_created_for_it(pg_dsn: str) -> None:
+    """docs/operating-postgres.md's operator role: it owns the schema, and has no CREATE on the database.
+
+    An administrator runs ``CREATE SCHEMA ... AUTHORIZATION fk_owner``; the
+    owner then runs ``fencekeeper migrate``.  PostgreSQL checks the database's
+    CREATE privilege before it looks whether a schema exists, so migrate must
+    not ask to create one that is already there.
+    """
+    suffix = uuid.uuid4().hex[:12]
+    role, schema = f"fk_owner_{suffix}", f"fk_test_{suffix}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN BYPASSRLS")  # type: ignore[arg-type]
+        conn.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {role}")  # type: ignore[arg-type]
+    try:
+        owner = make_conninfo(pg_dsn, user=role)
+        assert migrate(owner, schema) == [number for number, _, _ in MIGRATIONS]
+        assert migrate(owner, schema) == []
+        store = PostgresOperationStore(owner, schema=schema, pool_size=1)
+        try:
+            admitted = _service(store).submit(
+                tenant="a", principal=ALICE, action="balance", input={"account": "acc-1"}, client_key="k-1"
+            )
+            assert admitted.created
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
+            conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+            conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]

@@ -48,6 +48,9 @@ def test_export_to_a_file_then_prune_what_is_past_its_windows(
     assert first == ["operation.admitted", "operation.running", "operation.succeeded"]
     code, stdout, _ = run(["export", "--db", str(db), "--status", "--json"], capsys)
     assert (code, json.loads(stdout)["exported"]) == (0, 6)
+    # Nothing pending or parked: the plain line says so with a dash, as the other tables do, not Python's None.
+    code, stdout, _ = run(["export", "--db", str(db), "--status"], capsys)
+    assert (code, stdout) == (0, "pending 0 parked 0 exported 6 oldest_pending_at - oldest_parked_at -\n")
     code, stdout, _ = run(["prune", "--db", str(db), "--json"], capsys)
     report = json.loads(stdout)
     assert code == 0 and report["finished"]
@@ -123,3 +126,12 @@ def test_an_out_of_range_option_is_named_and_opens_no_sink(
         assert words in err and err.count("error:") == 1, (args, err)
     assert not sink.exists(), "a refused export creates no sink file"
     assert db.read_bytes() == before
+
+
+def test_the_pause_docs_outbox_md_suggests_is_taken_in_milliseconds(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # docs/outbox.md spaces a SQLite prune's batches with `--pause 50ms`: a pause is often under a second.
+    code, out, err = run(["prune", "--db", str(db), "--pause", "50ms", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["finished"] is True
+    code, _, err = run(["prune", "--db", str(db), "--pause", "50us"], capsys)
+    assert code == 2 and "--pause: not a duration (like 30d, 12h, 15m, 90s, 50ms): '50us'" in err
