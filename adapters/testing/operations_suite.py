@@ -12,7 +12,9 @@ go through the Python API (``DurableOperationService``,
 - scoped idempotency: an identical submission is the same Operation, a
   different one under the identity is ``idempotency_conflict`` and writes
   nothing; after the window (once its Operation ended) the identity names a
-  new Operation, and pruning forgets only such identities;
+  new Operation, and pruning forgets only such identities; one principal
+  under two versions of its resolver is one identity, submissions racing
+  included, and the Operation keeps the reference it was admitted under;
 - bad input (unknown action or version, input the normaliser rejects, a
   decision on the wrong input digest, self-approval, an expired approval)
   is one error with a stable code, and nothing is written;
