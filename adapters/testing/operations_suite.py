@@ -534,6 +534,13 @@ class OperationStoreTests:
         with pytest.raises(DurableOperationError) as raised:
             world.service.cancel(op_id, principal=BOB)
         assert raised.value.code == "not_authorized"
+        # The requester under the next version of their resolver is the requester still.
+        world.resolvers.register("users", 2, world.directory)
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.cancel(op_id, principal=PrincipalReference("users", 2, "bob"))
+        assert raised.value.code == "not_authorized"
+        cancelled = world.service.cancel(op_id, principal=ALICE_V2)
+        assert cancelled.state is OperationState.CANCELLED and cancelled.principal == ALICE.ref
 
     # --- approvals and external effects -----------------------------------------------------------
 
