@@ -755,6 +755,54 @@ CREATE TRIGGER journal_heads_move_forward BEFORE UPDATE OR DELETE ON journal_hea
     FOR EACH ROW EXECUTE FUNCTION fencekeeper_journal_head_forward();
 """,
     ),
+    (
+        15,
+        "stable_principal_identities",
+        # As SQLite's migration 12: the idempotency identity is keyed by the
+        # principal's stable reference (seed 001, Scoped idempotency;
+        # specs/operations.md, "Scoped idempotency"), so
+        # operation_identities.principal becomes resolver:v*:subject and a
+        # retry after the resolver moved to a new version finds the
+        # Operation its first submission admitted; operations.principal
+        # keeps the full reference, the provenance the worker resolves.
+        # Submissions of one key serialize on one advisory lock
+        # (operations/postgres.py), which now leaves the version out too.
+        #
+        # Rows written before could name one principal under two versions
+        # of its resolver with one client key: two Operations, one key.  The
+        # key goes to one of them: an Operation not yet ended first (it
+        # keeps its identity while it can run, as submit's rule says), then
+        # the first admitted, then the lower id.  The other rows keep their
+        # full reference, which no lookup asks for any more: their
+        # Operations stay, reachable by id as every Operation is, and
+        # retention prunes those rows once their window has passed, as any
+        # other.  Nothing is deleted, so fencekeeper_prunable (a DELETE
+        # trigger) is not met, and no key collides: a stable form holds '*',
+        # which no reference does, and a key already in the stable form is
+        # kept, so running this again (a schema whose record of it was lost)
+        # changes nothing.
+        """
+-- As in migration 10: under forced row-level security an owner without
+-- BYPASSRLS would update no row, silently; with row_security off that is an
+-- error instead, and nothing commits.
+SET LOCAL row_security = off;
+WITH versioned AS (
+    SELECT i.namespace, i.tenant, i.principal, i.client_key,
+        regexp_replace(i.principal, '^([^:]*):v[0-9]+:(.+)$', '\\1:v*:\\2') AS stable,
+        o.outcome, o.admitted_at, o.operation_id
+    FROM operation_identities i JOIN operations o ON o.operation_id = i.operation_id
+    WHERE i.principal ~ '^[^:]*:v[0-9]+:.+$'
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY namespace, tenant, stable, client_key
+        ORDER BY outcome IS NULL DESC, admitted_at, operation_id) AS rank
+    FROM versioned v WHERE NOT EXISTS (SELECT 1 FROM operation_identities x WHERE x.namespace = v.namespace
+        AND x.tenant = v.tenant AND x.principal = v.stable AND x.client_key = v.client_key)
+)
+UPDATE operation_identities i SET principal = k.stable FROM ranked k
+WHERE k.rank = 1 AND i.namespace = k.namespace AND i.tenant = k.tenant AND i.principal = k.principal
+    AND i.client_key = k.client_key;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

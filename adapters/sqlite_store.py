@@ -576,6 +576,54 @@ WHEN NEW.execution_id IS NOT OLD.execution_id OR NEW.length IS NULL OR NEW.lengt
 BEGIN SELECT RAISE(ABORT, 'journal_heads moves only forward: an append raises its event count'); END;
 """,
     ),
+    (
+        12,
+        "stable_principal_identities",
+        # The idempotency identity is keyed by the principal's stable
+        # reference (seed 001, Scoped idempotency; specs/operations.md,
+        # "Scoped idempotency"): operation_identities.principal becomes
+        # resolver:v*:subject, so a retry after the principal's resolver
+        # moved to a new version finds the Operation its first submission
+        # admitted.  operations.principal keeps the full reference: it is
+        # the provenance the worker resolves.
+        #
+        # Rows written before could name one principal under two versions of
+        # its resolver with one client key: two Operations, one key.  The
+        # key goes to one of them; an Operation not yet ended first (it
+        # keeps its identity while it can run, as submit's rule says), then
+        # the first admitted, then the lower id.  The other rows keep their
+        # full reference, which no lookup asks for any more: their
+        # Operations stay, reachable by id as every Operation is, and
+        # retention prunes those rows once their window has passed, as any
+        # other.  Nothing is deleted, so the pruning triggers are not met
+        # (they guard DELETE; UPDATE of an identity is the store's own).  A
+        # key already in the stable form is kept, so running this again
+        # (a file whose record of it was lost) changes nothing.
+        """
+CREATE TEMP TABLE stable_identity_keys AS
+WITH first_split AS (
+    SELECT i.rowid AS id, i.namespace, i.tenant, i.client_key, o.outcome, o.admitted_at, o.operation_id,
+        substr(i.principal, 1, instr(i.principal, ':') - 1) AS resolver,
+        substr(i.principal, instr(i.principal, ':') + 1) AS rest
+    FROM operation_identities i JOIN operations o ON o.operation_id = i.operation_id
+    WHERE instr(i.principal, ':') > 0
+), parts AS (
+    SELECT *, substr(rest, 1, instr(rest, ':') - 1) AS version, substr(rest, instr(rest, ':') + 1) AS subject
+    FROM first_split WHERE instr(rest, ':') > 0
+), versioned AS (
+    SELECT *, resolver || ':v*:' || subject AS stable FROM parts
+    WHERE substr(version, 1, 1) = 'v' AND length(version) > 1 AND substr(version, 2) NOT GLOB '*[^0-9]*'
+        AND subject <> ''
+)
+SELECT id, stable, row_number() OVER (PARTITION BY namespace, tenant, stable, client_key
+    ORDER BY outcome IS NULL DESC, admitted_at, operation_id) AS rank
+FROM versioned v WHERE NOT EXISTS (SELECT 1 FROM operation_identities x WHERE x.namespace = v.namespace
+    AND x.tenant = v.tenant AND x.principal = v.stable AND x.client_key = v.client_key);
+UPDATE operation_identities SET principal = (SELECT k.stable FROM stable_identity_keys k WHERE k.id = operation_identities.rowid)
+    WHERE rowid IN (SELECT id FROM stable_identity_keys WHERE rank = 1);
+DROP TABLE stable_identity_keys;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -153,17 +153,60 @@ class UnchangedCode(enum.Enum):
 
 @attrs.frozen(cache_hash=True)
 class Identity:
-    """The scoped idempotency identity (seed 001, Scoped idempotency).
+    """The scoped idempotency identity of a submission (seed 001, Scoped idempotency), as the submitter gave it.
 
-    ``principal`` is the stable *reference* of the initiating principal
-    (never a credential): the same client key from two principals is two
-    identities.
+    ``principal`` is the initiating principal's full *reference* (never a
+    credential), resolver version included: the Operation keeps it as its
+    provenance, and the worker resolves exactly that reference before every
+    side effect.  Lookups compare :func:`identity_key`, which leaves the
+    version out: the same client key from two principals is two identities,
+    and from one principal under two versions of its resolver is one.
     """
 
     namespace: str
     tenant: str
     principal: str
     client_key: str
+
+
+@attrs.frozen(cache_hash=True)
+class IdentityKey:
+    """What a store looks an identity up by and keeps it under: :func:`identity_key` of an :class:`Identity`."""
+
+    namespace: str
+    tenant: str
+    principal: str
+    """:func:`stable_principal` of the submitter's reference."""
+    client_key: str
+
+
+def stable_principal(reference: str) -> str:
+    """The part of a principal reference that names the principal, whatever the version of its resolver.
+
+    A reference is ``resolver:vVERSION:subject``; its stable form is
+    ``resolver:v*:subject``.  A resolver's new version is a new way to look
+    up the same people (seed 001 expects versions to change while work is
+    in flight), so ``users:v1:alice`` and ``users:v2:alice`` have one stable
+    form.  ``*`` is not a character of any reference (identifiers are
+    ``A-Z a-z 0-9 . _ : @ / -``), so no reference is the stable form of
+    another; text of another shape is its own stable form.
+    """
+    resolver, version, subject = (*reference.split(":", 2), "", "")[:3]
+    if version[:1] == "v" and version[1:].isdigit() and version[1:].isascii() and subject:
+        return f"{resolver}:v*:{subject}"
+    return reference
+
+
+def identity_key(identity: Identity) -> IdentityKey:
+    """The key under which ``identity`` is looked up and stored: every store keys identities by it.
+
+    The namespace, the tenant, the client key and the principal's
+    :func:`stable_principal`: a submitter's retry after its resolver moved
+    to a new version finds the Operation its first submission admitted
+    (seed 001, Scoped idempotency: "the stable initiating-principal
+    reference").
+    """
+    return IdentityKey(identity.namespace, identity.tenant, stable_principal(identity.principal), identity.client_key)
 
 
 @attrs.frozen(cache_hash=True)
@@ -317,7 +360,9 @@ class Guard:
     ``expected_revision`` 0 means no Operation may exist under this id.
     ``expected_holder`` (submissions only) is the Operation id the identity
     must name at commit (None: the identity must be free), so two identical
-    submissions racing each other create one Operation.  ``live_until`` asks
+    submissions racing each other create one Operation; a store finds the
+    identity by its :func:`identity_key`, so that holds for two submissions
+    under two versions of the principal's resolver too.  ``live_until`` asks
     the store to check, with its own time at commit, that the lease it names
     has not expired since the decision.
     """
@@ -521,19 +566,11 @@ def _check_now(now: object) -> None:
 def _same_principal(one: str, other: str) -> bool:
     """Whether two principal references name one principal: the same resolver and subject, whatever the version.
 
-    A reference is ``resolver:vVERSION:subject``; a resolver's new version
-    is a new way to look up the same people, so ``users:v2:alice`` may not
-    approve what ``users:v1:alice`` requested.  Text of another shape is
-    compared whole.
+    A resolver's new version is a new way to look up the same people, so
+    ``users:v2:alice`` may not approve what ``users:v1:alice`` requested
+    (:func:`stable_principal`, the same rule idempotency keys by).
     """
-    return one == other or _principal_without_version(one) == _principal_without_version(other)
-
-
-def _principal_without_version(reference: str) -> tuple[str, str] | str:
-    resolver, version, subject = (*reference.split(":", 2), "", "")[:3]
-    if version[:1] == "v" and version[1:].isdigit() and subject:
-        return resolver, subject
-    return reference
+    return stable_principal(one) == stable_principal(other)
 
 
 _OPERATION_FIELDS: Final = tuple(field.name for field in attrs.fields(Operation))
@@ -708,7 +745,11 @@ def check_owner(operation: Operation | None, credential: Credential, now: dateti
 def submit(existing: Operation | None, request: SubmitRequest, now: datetime) -> Outcome:
     """Admission under a scoped idempotency identity (seed 001, Scoped idempotency).
 
-    ``existing`` is the Operation the identity names, if any.  Within its
+    ``existing`` is the Operation the identity names, if any: the store
+    looks it up by :func:`identity_key`, so it may have been admitted under
+    another version of the principal's resolver, and it keeps that
+    reference as its provenance (an identical resubmission is answered with
+    it unchanged; the worker resolves the reference it was admitted under).  Within its
     window an identical submission (same action name, version and
     normalised-input digest) is the same Operation; anything else under the
     identity is a deterministic ``idempotency_conflict``.  After the window,
@@ -1415,6 +1456,7 @@ __all__ = [
     "Guard",
     "HeartbeatRequest",
     "Identity",
+    "IdentityKey",
     "IntentRequest",
     "Operation",
     "OutboxMessage",
@@ -1438,7 +1480,9 @@ __all__ = [
     "expire",
     "fail",
     "heartbeat",
+    "identity_key",
     "outcome_unknown",
     "record_intent",
+    "stable_principal",
     "submit",
 ]

@@ -2,7 +2,9 @@
 
 It explores, breadth first, every interleaving of a small world -- several
 clients submitting the same idempotency identity at once (one of them,
-with ``Bounds.revoked_submitter``, no longer authorized), several workers
+with ``Bounds.revoked_submitter``, no longer authorized; another, with
+``Bounds.moved_submitter``, under the next version of its resolver),
+several workers
 claiming, heartbeating, completing and failing one Operation, a clock that
 ticks past lease expiry (so expired owners are reclaimed automatically), an
 approver and a canceller -- and checks every invariant of
@@ -55,6 +57,8 @@ from .machines import OPERATION, OperationState
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 TICK = timedelta(seconds=1)
 IDENTITY = o.Identity("model", "tenant", "users:v1:requester", "key-1")
+MOVED_IDENTITY = attrs.evolve(IDENTITY, principal="users:v2:requester")
+"""The requester's identity under the next version of the ``users`` resolver: the same key as ``IDENTITY``."""
 DIGEST = "0" * 64
 APPROVER = "users:v1:approver"
 CANCELLER = "users:v1:requester"
@@ -133,12 +137,19 @@ class Bounds:
     """The action is an external effect of a provider neither idempotent nor reconcilable (see the module rules)."""
     revoked_submitter: bool = False
     """The last submitter's principal is no longer authorized: the same identity and input, a denied authority."""
+    moved_submitter: bool = False
+    """The second submitter is the same principal under the next version of its resolver: the same identity key.
+
+    The world's one identity is the store's row of that key (``operations.identity_key``), which the
+    stores find whatever the version (seed 001, Scoped idempotency: "stable initiating-principal reference").
+    """
 
 
 STANDARD: tuple[tuple[str, Bounds], ...] = (
     (
-        "operations: three clients submit one identity at once, and a fourth no longer authorized (complete)",
-        Bounds(workers=0, submitters=4, approval=False, cancel=False, revoked_submitter=True),
+        "operations: three clients submit one identity at once (one under the resolver's next version), and a "
+        "fourth no longer authorized (complete)",
+        Bounds(workers=0, submitters=4, approval=False, cancel=False, revoked_submitter=True, moved_submitter=True),
     ),
     (
         "operations: three workers, reclaim, approval and cancel (every interleaving to depth 11)",
@@ -244,14 +255,15 @@ def _revoked(bounds: Bounds, client: int) -> bool:
 
 def _submit_request(bounds: Bounds, client: int) -> o.SubmitRequest:
     granted = not _revoked(bounds, client)
+    identity = MOVED_IDENTITY if bounds.moved_submitter and client == 1 else IDENTITY
     return o.SubmitRequest(
         operation_id=f"op-c{client + 1}",
-        identity=IDENTITY,
+        identity=identity,
         action_name="capture" if bounds.external else "transfer",
         action_version=1,
         effect_class=o.EffectClass.EXTERNAL if bounds.external else o.EffectClass.ATOMIC,
         input_digest=DIGEST,
-        authority=o.Authority(granted, IDENTITY.principal, "" if granted else "revoked: the principal was revoked"),
+        authority=o.Authority(granted, identity.principal, "" if granted else "revoked: the principal was revoked"),
         policy=_policy(bounds),
         requires_approval=bounds.approval,
     )
@@ -496,7 +508,8 @@ def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move],
 
 
 def check_state(world: World) -> tuple[Invariant, str] | None:
-    identical = [x for x in world.operations if x.identity == IDENTITY]
+    key = o.identity_key(IDENTITY)
+    identical = [x for x in world.operations if o.identity_key(x.identity) == key]
     if len(identical) > 1:
         return Invariant.ONE_OPERATION, f"one identity, {len(identical)} operations: {[x.operation_id for x in identical]}"
     for op in world.operations:

@@ -186,15 +186,30 @@ def _deadline_mutations(label: str, data: dict[str, Any]) -> list[Case]:
 
 
 def _submit_mutations(label: str, data: dict[str, Any]) -> list[Case]:
-    """A resubmission under the identity with other content, and either without current authority."""
+    """A resubmission under the identity with other content, and either without current authority.
+
+    And the same submitter under the next version of their resolver: the
+    identity's key is the stable reference, so the store hands the decision
+    the Operation admitted under the earlier version, which answers it.
+    """
     request = data["request"]
     denied = {"authority": {**request["authority"], "granted": False, "reason": "revoked"}}
+    resolver, version, subject = request["identity"]["principal"].split(":", 2)
+    later = f"{resolver}:v{int(version[1:]) + 1}:{subject}"
+    moved = {"identity": {**request["identity"], "principal": later},
+             "authority": {**request["authority"], "principal": later}}
+    moved_denied = {"authority": {**moved["authority"], "granted": False, "reason": "revoked"}}
     return [
         _case(f"{label}/other_digest", {**data, "request": {**request, "input_digest": "e" * 64}}),
         _case(f"{label}/other_version", {**data, "request": {**request, "action_version": request["action_version"] + 1}}),
         _case(f"{label}/not_authorized", {**data, "request": {**request, **denied}}),
         _case(f"{label}/other_digest_not_authorized",
               {**data, "request": {**request, "input_digest": "e" * 64, **denied}}),
+        _case(f"{label}/other_resolver_version", {**data, "request": {**request, **moved}}),
+        _case(f"{label}/other_resolver_version_other_digest",
+              {**data, "request": {**request, **moved, "input_digest": "e" * 64}}),
+        _case(f"{label}/other_resolver_version_not_authorized",
+              {**data, "request": {**request, **moved, **moved_denied}}),
     ]
 
 

@@ -33,7 +33,8 @@ from .ports import GuardedContext, OperationView, StaleContext
 class _State:
     operations: dict[str, o.Operation] = attrs.Factory(dict)
     inputs: dict[str, str] = attrs.Factory(dict)
-    identities: dict[o.Identity, str] = attrs.Factory(dict)
+    identities: dict[o.IdentityKey, str] = attrs.Factory(dict)
+    """By the identity's key (``operations.identity_key``): one principal under every version of its resolver."""
     attempts: dict[str, list[o.Attempt]] = attrs.Factory(dict)
     history: dict[str, list[o.Transition]] = attrs.Factory(dict)
     outbox: list[o.OutboxMessage] = attrs.Factory(list)
@@ -83,7 +84,7 @@ class _MemoryTx(Tx):
         return self.state.operations.get(operation_id)
 
     def lock_identity(self, identity: o.Identity) -> o.Operation | None:
-        holder = self.state.identities.get(identity)
+        holder = self.state.identities.get(o.identity_key(identity))
         return None if holder is None else self.state.operations[holder]
 
     def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
@@ -102,13 +103,14 @@ class _MemoryTx(Tx):
         state = self.state
         guard = decision.guard
         current = state.operations.get(guard.operation_id)
-        holder = state.identities.get(guard.identity) if guard.identity is not None else None
+        key = o.identity_key(guard.identity) if guard.identity is not None else None
+        holder = state.identities.get(key) if key is not None else None
         if not guard.holds(current, holder, self.now()):
             return False
         new = decision.operation
         state.operations[new.operation_id] = new
-        if guard.identity is not None:
-            state.identities[guard.identity] = new.operation_id
+        if key is not None:
+            state.identities[key] = new.operation_id
         if input_json is not None:
             state.inputs[new.operation_id] = input_json
         attempts = state.attempts.setdefault(new.operation_id, [])

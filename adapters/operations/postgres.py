@@ -100,7 +100,17 @@ from ..postgres_store import (
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
-from .sql import COLUMNS, MUTABLE, OpsDialect, SqlTx, TransactionEscaped, refusal, to_row, transaction_control
+from .sql import (
+    COLUMNS,
+    MUTABLE,
+    OpsDialect,
+    SqlTx,
+    TransactionEscaped,
+    identity_columns,
+    refusal,
+    to_row,
+    transaction_control,
+)
 
 
 def _aware(value: Any) -> datetime:
@@ -212,7 +222,7 @@ def _write_values(decision: o.Decision, input_json: str | None, live: bool, row:
         if live:
             values.append(guard.live_until)
     if guard.identity is not None:
-        key = (guard.identity.namespace, guard.identity.tenant, guard.identity.principal, guard.identity.client_key)
+        key = identity_columns(guard.identity)
         if guard.expected_holder is None:
             values += (*key, op.operation_id, op.retain_until)
         else:
@@ -385,7 +395,7 @@ class _PgOpsTx(SqlTx):
         row = self.run(
             "SELECT clock_timestamp(), (SELECT operation_id FROM operation_identities WHERE namespace = ? "
             "AND tenant = ? AND principal = ? AND client_key = ?) FROM pg_advisory_xact_lock(hashtextextended(?, 1))",
-            (identity.namespace, identity.tenant, identity.principal, identity.client_key, _identity_key(identity)),
+            (*identity_columns(identity), _identity_key(identity)),
         ).fetchone()
         assert row is not None
         if self.clock is None:
@@ -411,7 +421,9 @@ _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSe
 
 
 def _identity_key(identity: o.Identity) -> str:
-    return "\x1f".join((identity.namespace, identity.tenant, identity.principal, identity.client_key))
+    # The advisory lock's key is the row's key: submissions under two versions of one principal's resolver
+    # serialize on one lock, as they meet on one row.
+    return "\x1f".join(identity_columns(identity))
 
 
 def _check_tenant(tenant: str) -> str:

@@ -574,10 +574,12 @@ class DurableOperationService:
         self.approval_validity = approval_validity
         self._new_id = new_id or (lambda: uuid.uuid4().hex)
         # By default any current member of the tenant may decide (not their own: the kernel refuses
-        # that) and the requester may cancel; deployments pass their own policy.
+        # that) and the requester may cancel, under any version of their resolver (the stable
+        # reference, as idempotency and self-approval compare it); deployments pass their own policy.
         self.may_decide = may_decide or (lambda resolution, record: resolution.member_of(record.tenant))
         self.may_cancel = may_cancel or (
-            lambda resolution, record: resolution.reference.ref == record.principal and resolution.member_of(record.tenant)
+            lambda resolution, record: o.stable_principal(resolution.reference.ref) == o.stable_principal(record.principal)
+            and resolution.member_of(record.tenant)
         )
 
     # --- authority ---------------------------------------------------------------------------

@@ -166,6 +166,18 @@ def decode_approval(text: str | None) -> o.Approval | None:
     return o.Approval(**data)
 
 
+def identity_columns(identity: o.Identity) -> tuple[str, str, str, str]:
+    """The key columns of ``identity``'s row of ``operation_identities``: its ``identity_key``, never its full reference.
+
+    ``principal`` there is the stable form (``users:v*:alice``), so a
+    submission under another version of the principal's resolver finds the
+    same row; ``operations.principal`` keeps the reference the Operation was
+    admitted under.
+    """
+    key = o.identity_key(identity)
+    return key.namespace, key.tenant, key.principal, key.client_key
+
+
 def to_row(op: o.Operation, d: OpsDialect) -> tuple[Any, ...]:
     return (
         op.operation_id,
@@ -406,12 +418,12 @@ class SqlTx(Tx):
         row = self.run(
             "SELECT operation_id FROM operation_identities WHERE namespace = ? AND tenant = ? AND principal = ? "
             "AND client_key = ?",
-            (identity.namespace, identity.tenant, identity.principal, identity.client_key),
+            identity_columns(identity),
         ).fetchone()
         return None if row is None else self.read_operation(str(row[0]))
 
     def serialize_identity(self, identity: o.Identity) -> None:
-        """Make concurrent submissions of one identity wait for each other (PostgreSQL: an advisory lock)."""
+        """Make concurrent submissions of one identity's key wait for each other (PostgreSQL: an advisory lock)."""
 
     def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
         bound_sql, bound_params = self.due_bound()
@@ -457,7 +469,7 @@ class SqlTx(Tx):
             if changed.rowcount != 1:
                 return False
         if guard.identity is not None:
-            key = (guard.identity.namespace, guard.identity.tenant, guard.identity.principal, guard.identity.client_key)
+            key = identity_columns(guard.identity)
             if guard.expected_holder is None:
                 try:
                     self.run(

@@ -12,7 +12,9 @@ go through the Python API (``DurableOperationService``,
 - scoped idempotency: an identical submission is the same Operation, a
   different one under the identity is ``idempotency_conflict`` and writes
   nothing; after the window (once its Operation ended) the identity names a
-  new Operation, and pruning forgets only such identities;
+  new Operation, and pruning forgets only such identities; one principal
+  under two versions of its resolver is one identity, submissions racing
+  included, and the Operation keeps the reference it was admitted under;
 - bad input (unknown action or version, input the normaliser rejects, a
   decision on the wrong input digest, self-approval, an expired approval)
   is one error with a stable code, and nothing is written;
@@ -49,10 +51,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -67,6 +71,7 @@ from fencekeeper.adapters.operations.service import (
     DurableOperationError,
     DurableOperationService,
     PrincipalReference,
+    PrincipalResolution,
     PrincipalResolverRegistry,
     ResolutionStatus,
 )
@@ -80,6 +85,8 @@ OpsStoreFactory = Callable[[ManualClock], OperationStore]
 TENANT = "tenant-a"
 ALICE = PrincipalReference("users", 1, "alice")
 BOB = PrincipalReference("users", 1, "bob")
+ALICE_V2 = PrincipalReference("users", 2, "alice")
+"""Alice under the next version of the ``users`` resolver: the same principal (register the version first)."""
 LEASE = timedelta(seconds=30)
 
 
@@ -311,6 +318,80 @@ class OperationStoreTests:
         world.directory.set("alice", ResolutionStatus.ACTIVE, frozenset({TENANT}))
         assert world.transfer("k1", 5) == op_id
 
+    # --- a principal's resolver moves to a new version ------------------------------------------
+
+    def test_a_retry_under_a_new_resolver_version_is_the_same_operation(self, world: World) -> None:
+        # Seed 001 keys the identity by the *stable* principal reference and expects resolver versions
+        # to change while work is in flight: the retry of a payment must not be a second payment.
+        asked: list[str] = []
+        world.resolvers.register("users", 2, _Recording(world.directory, asked))
+        payload = {"from": "acc-1", "to": "acc-2", "amount": 5}
+        first = world.service.submit(tenant=TENANT, principal=ALICE, action="transfer", input=payload, client_key="k1")
+        again = world.service.submit(tenant=TENANT, principal=ALICE_V2, action="transfer", input=payload,
+                                     client_key="k1")
+        assert first.created and not again.created
+        assert again.operation_id == first.operation_id
+        before = world.store.view(first.operation_id)
+        assert before is not None and before.operation.identity.principal == ALICE.ref, "its provenance is kept"
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.submit(tenant=TENANT, principal=ALICE_V2, action="transfer",
+                                 input={**payload, "amount": 6}, client_key="k1")
+        assert raised.value.code == "idempotency_conflict" and raised.value.field == "input_digest"
+        assert world.store.view(first.operation_id) == before
+        # Another subject, or another resolver, under the same key is another identity.
+        bob = world.service.submit(tenant=TENANT, principal=PrincipalReference("users", 2, "bob"), action="transfer",
+                                   input=payload, client_key="k1")
+        world.resolvers.register("staff", 1, world.directory)
+        staff = world.service.submit(tenant=TENANT, principal=PrincipalReference("staff", 1, "alice"),
+                                     action="transfer", input=payload, client_key="k1")
+        assert bob.created and staff.created and len({first.operation_id, bob.operation_id, staff.operation_id}) == 3
+        # One Operation, run once, resolved under the version it was admitted under.
+        asked_at_submission = list(asked)
+        reports = [world.worker("w1").run_once() for _ in range(4)]
+        assert [r.outcome if r else None for r in reports] == ["succeeded"] * 3 + [None]
+        assert accounts(world.store) == {"acc-1": 85, "acc-2": 15}
+        resolved = asked[len(asked_at_submission):]
+        assert "users:v2:bob" in resolved and ALICE_V2.ref not in resolved, "alice's is resolved as users:v1:alice"
+
+    def test_a_retry_under_a_new_resolver_version_is_asked_for_authority_first(self, world: World) -> None:
+        revoked = examples.Directory()
+        revoked.set("alice", ResolutionStatus.REVOKED)
+        world.resolvers.register("users", 2, revoked)
+        op_id = world.transfer("k1", 5)
+        before = world.store.view(op_id)
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.submit(tenant=TENANT, principal=ALICE_V2, action="transfer",
+                                 input={"from": "acc-1", "to": "acc-2", "amount": 5}, client_key="k1")
+        assert raised.value.code == "not_authorized" and op_id not in raised.value.message
+        assert world.store.view(op_id) == before
+
+    def test_concurrent_submissions_under_two_resolver_versions_are_one_operation(self, world: World) -> None:
+        world.resolvers.register("users", 2, world.directory)
+        principals = [ALICE, ALICE_V2] * 3
+        start = threading.Barrier(len(principals))
+        answers: list[Any] = []
+        errors: list[BaseException] = []
+
+        def submit(principal: PrincipalReference) -> None:
+            start.wait(30)
+            try:
+                answers.append(world.service.submit(
+                    tenant=TENANT, principal=principal, action="transfer",
+                    input={"from": "acc-1", "to": "acc-2", "amount": 5}, client_key="k-race",
+                ))
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=submit, args=(p,)) for p in principals]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == [] and len(answers) == len(principals)
+        assert len({a.operation_id for a in answers}) == 1
+        assert [a.created for a in answers].count(True) == 1
+        assert world.worker("w1").run_once() is not None and world.worker("w1").run_once() is None
+
     # --- atomic --------------------------------------------------------------------------------
 
     def test_atomic_transfer_commits_with_the_attempt(self, world: World) -> None:
@@ -453,6 +534,13 @@ class OperationStoreTests:
         with pytest.raises(DurableOperationError) as raised:
             world.service.cancel(op_id, principal=BOB)
         assert raised.value.code == "not_authorized"
+        # The requester under the next version of their resolver is the requester still.
+        world.resolvers.register("users", 2, world.directory)
+        with pytest.raises(DurableOperationError) as raised:
+            world.service.cancel(op_id, principal=PrincipalReference("users", 2, "bob"))
+        assert raised.value.code == "not_authorized"
+        cancelled = world.service.cancel(op_id, principal=ALICE_V2)
+        assert cancelled.state is OperationState.CANCELLED and cancelled.principal == ALICE.ref
 
     # --- approvals and external effects -----------------------------------------------------------
 
@@ -972,6 +1060,114 @@ def check_an_older_intent_is_reconciled_not_resent(world: World, crashed: str, s
     assert world.provider.calls == calls
 
 
+# --- identities keyed by the full reference (the stores' migration tests) ----------------------------
+
+
+class _Recording:
+    """A resolver that records the references it was asked about, then asks ``inner``."""
+
+    def __init__(self, inner: examples.Directory, asked: list[str]) -> None:
+        self.inner = inner
+        self.asked = asked
+
+    def resolve(self, reference: PrincipalReference) -> PrincipalResolution:
+        self.asked.append(reference.ref)
+        return self.inner.resolve(reference)
+
+
+@attrs.frozen
+class IdentitiesBefore:
+    """Operations a store held when its identities were keyed by the whole reference, version included.
+
+    Two pairs of them are one principal under two versions of its resolver
+    with one client key, the duplicate the old key let through: in
+    ``active_pair`` both are still to run; in ``ended_pair`` the first ended
+    before the second was admitted.  ``single`` has no twin.
+    """
+
+    active_pair: tuple[str, str]
+    ended_pair: tuple[str, str]
+    single: str
+    statements: tuple[str, ...]
+    """Run on the store's tables, they make its rows what the earlier code wrote."""
+
+
+def leave_identities_keyed_by_the_whole_reference(world: World) -> IdentitiesBefore:
+    """Admit the Operations of :class:`IdentitiesBefore` and say how to make their rows the earlier code's."""
+    world.resolvers.register("users", 2, world.directory)
+
+    def transfer(principal: PrincipalReference, key: str, amount: int) -> str:
+        world.clock.advance(timedelta(seconds=1))  # admitted one after the other
+        return world.service.submit(
+            tenant=TENANT, principal=principal, action="transfer",
+            input={"from": "acc-1", "to": "acc-2", "amount": amount}, client_key=key,
+        ).operation_id
+
+    ended_first = transfer(ALICE, "k-ended", 7)
+    report = world.worker("w1").run_once()
+    assert report is not None and report.operation_id == ended_first and report.outcome == "succeeded"
+    ended_second = transfer(ALICE_V2, "k-ended-twin", 8)
+    active_first = transfer(ALICE, "k-active", 5)
+    active_second = transfer(ALICE_V2, "k-active-twin", 5)
+    single = transfer(BOB, "k-single", 3)
+    statements = (
+        f"UPDATE operations SET client_key = 'k-ended' WHERE operation_id = '{ended_second}'",
+        f"UPDATE operations SET client_key = 'k-active' WHERE operation_id = '{active_second}'",
+        # The earlier key: the Operation's own reference and client key.
+        "UPDATE operation_identities SET principal = (SELECT o.principal FROM operations o "
+        "WHERE o.operation_id = operation_identities.operation_id), client_key = (SELECT o.client_key "
+        "FROM operations o WHERE o.operation_id = operation_identities.operation_id)",
+    )
+    return IdentitiesBefore((active_first, active_second), (ended_first, ended_second), single, statements)
+
+
+def check_identities_after_the_migration(world: World, before: IdentitiesBefore) -> None:
+    """Every Operation is still there, each key names one, and a retry under either version finds it."""
+    world.resolvers.register("users", 2, world.directory)
+    run = getattr(world.store, "application_execute")  # noqa: B009 - every SQL store has it; the port does not
+    (active_first, active_second), (ended_first, ended_second) = before.active_pair, before.ended_pair
+    everything = (active_first, active_second, ended_first, ended_second, before.single)
+    references = {op_id: world.store.get(op_id) for op_id in everything}
+    assert {k: v.identity.principal if v else None for k, v in references.items()} == {
+        active_first: ALICE.ref, active_second: ALICE_V2.ref, ended_first: ALICE.ref, ended_second: ALICE_V2.ref,
+        before.single: BOB.ref,
+    }, "every Operation is kept, with the reference it was admitted under"
+    rows = {tuple(r) for r in run("SELECT client_key, principal, operation_id FROM operation_identities")}
+    assert rows == {
+        # Both still to run: the first admitted keeps the key.
+        ("k-active", "users:v*:alice", active_first),
+        # The first one ended: the one that can still run keeps it, as it keeps its identity at any time.
+        ("k-ended", "users:v*:alice", ended_second),
+        ("k-single", "users:v*:bob", before.single),
+        # The others keep their earlier key, which no lookup asks for any more.
+        ("k-active", ALICE_V2.ref, active_second),
+        ("k-ended", ALICE.ref, ended_first),
+    }
+
+    def submit(principal: PrincipalReference, key: str, amount: int) -> Any:
+        return world.service.submit(tenant=TENANT, principal=principal, action="transfer",
+                                    input={"from": "acc-1", "to": "acc-2", "amount": amount}, client_key=key)
+
+    for principal in (ALICE, ALICE_V2):
+        assert (submit(principal, "k-active", 5).operation_id, submit(principal, "k-ended", 8).operation_id) == (
+            active_first, ended_second
+        )
+    assert submit(PrincipalReference("users", 2, "bob"), "k-single", 3).operation_id == before.single
+    with pytest.raises(DurableOperationError) as raised:
+        submit(ALICE_V2, "k-ended", 7)
+    assert raised.value.code == "idempotency_conflict"
+    # Every Operation still to run runs, once.
+    ran = set()
+    while (report := world.worker("w2").run_once()) is not None:
+        assert report.outcome == "succeeded", report
+        ran.add(report.operation_id)
+    assert ran == {active_first, active_second, ended_second, before.single}
+    # The keys nobody asks for any more are pruned as every other, once their window has passed.
+    world.clock.advance(timedelta(days=2))
+    assert world.store.prune_identities() == len(rows)
+    assert run("SELECT count(*) FROM operation_identities") == [(0,)]
+
+
 def run_operation_state_machine(factory: OpsStoreFactory, *, max_examples: int = 25) -> None:
     machine = type("Machine", (OperationServiceMachine,), {"factory": staticmethod(factory)})
     run_state_machine_as_test(
@@ -981,11 +1177,14 @@ def run_operation_state_machine(factory: OpsStoreFactory, *, max_examples: int =
 
 
 __all__ = [
+    "IdentitiesBefore",
     "OperationServiceMachine",
     "OperationStoreTests",
     "OpsStoreFactory",
     "World",
     "check_an_older_intent_is_reconciled_not_resent",
+    "check_identities_after_the_migration",
     "leave_an_unanswered_and_a_succeeded_capture",
+    "leave_identities_keyed_by_the_whole_reference",
     "run_operation_state_machine",
 ]

@@ -63,6 +63,7 @@ from fencekeeper.adapters.operations.service import (
     PrincipalReference,
 )
 from fencekeeper.adapters.store import StoreError
+from fencekeeper.kernel.operations import stable_principal
 from tests.chaos import op_actions
 from tests.chaos.run import (
     DEFAULT_PG_DSN,
@@ -635,6 +636,7 @@ def check_identities(
     for identity, ids in sorted(by_identity.items()):
         if len(ids) > 1:
             problems.append(f"identity {identity} maps to {len(ids)} operations: {', '.join(sorted(ids))}")
+    # The table keys identities by the principal's stable reference (operations.identity_key).
     table = {
         (r["namespace"], r["tenant"], r["principal"], r["client_key"]): r["operation_id"]
         for r in rows("SELECT * FROM operation_identities")
@@ -652,8 +654,9 @@ def check_identities(
             continue
         (operation_id,) = found
         seen.add(operation_id)
-        if table.get(full) != operation_id:
-            problems.append(f"{key}: the identity table names {table.get(full)}, not {operation_id}")
+        stable = (NAMESPACE, TENANT, stable_principal(full[2]), key)
+        if table.get(stable) != operation_id:
+            problems.append(f"{key}: the identity table names {table.get(stable)}, not {operation_id}")
         if identity["operation_id"] not in (None, operation_id):
             problems.append(
                 f"{key}: the driver was answered {identity['operation_id']}, the store holds {operation_id}"

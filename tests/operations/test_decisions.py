@@ -48,6 +48,45 @@ def test_after_the_window_the_identity_names_a_new_operation_once_the_old_one_en
 
 
 @pytest.mark.parametrize(
+    ("reference", "stable"),
+    [
+        ("users:v1:alice", "users:v*:alice"),
+        ("users:v2:alice", "users:v*:alice"),
+        ("users:v010:alice", "users:v*:alice"),
+        ("users:v1:team:alice", "users:v*:team:alice"),  # the subject is everything after the version
+        ("staff:v1:alice", "staff:v*:alice"),
+        ("users:alice", "users:alice"),  # not of the versioned shape: its own stable form
+        ("users:vx:alice", "users:vx:alice"),
+        ("users:v:alice", "users:v:alice"),
+        ("users:v1:", "users:v1:"),
+    ],
+)
+def test_the_stable_principal_leaves_out_only_the_resolvers_version(reference: str, stable: str) -> None:
+    assert o.stable_principal(reference) == stable
+    assert o.identity_key(attrs.evolve(IDENTITY, principal=reference)) == o.IdentityKey(
+        IDENTITY.namespace, IDENTITY.tenant, stable, IDENTITY.client_key
+    )
+
+
+def test_one_principal_under_two_resolver_versions_is_one_identity_and_keeps_its_provenance() -> None:
+    existing = admitted()
+    again = submit_request(operation_id="op-2", identity=attrs.evolve(IDENTITY, principal="users:v2:alice"),
+                           authority=o.Authority(True, "users:v2:alice"))
+    assert o.identity_key(again.identity) == o.identity_key(IDENTITY)
+    same = o.submit(existing, again, T0 + SECOND)
+    assert isinstance(same, o.Unchanged) and same.code is o.UnchangedCode.SAME_SUBMISSION
+    assert same.operation == existing and same.operation.identity.principal == "users:v1:alice"
+    conflict = o.submit(existing, attrs.evolve(again, input_digest=digest("other")), T0 + SECOND)
+    assert isinstance(conflict, o.Refusal) and conflict.code is o.RefusalCode.IDEMPOTENCY_CONFLICT
+    # Another subject or another resolver is another identity.
+    for principal in ("users:v1:bob", "staff:v1:alice", "users:alice"):
+        assert o.identity_key(attrs.evolve(IDENTITY, principal=principal)) != o.identity_key(IDENTITY)
+    # A stable form is no reference (``*`` is in no identifier), so none can be submitted as one.
+    posing = o.submit(None, attrs.evolve(again, identity=attrs.evolve(IDENTITY, principal="users:v*:alice")), T0)
+    assert isinstance(posing, o.Refusal) and posing.field == "identity.principal"
+
+
+@pytest.mark.parametrize(
     ("field", "value"),
     [
         ("operation_id", "bad id"),

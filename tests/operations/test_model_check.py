@@ -26,8 +26,9 @@ from .zoo import ZOO, Variant
 # Two workers suffice for every race here (an owner and its replacement, or one of them and the
 # canceller); `fencekeeper modelcheck`, which `make test` runs, explores three to depth 11.
 EXECUTION = Bounds(workers=2, max_claims=3, max_tick=5, max_depth=10)
-# Three clients race one identity; a fourth, whose principal was revoked, submits it too.
-SUBMISSION = Bounds(workers=0, submitters=4, approval=False, cancel=False, revoked_submitter=True)
+# Three clients race one identity (one of them under the resolver's next version); a fourth, whose
+# principal was revoked, submits it too.
+SUBMISSION = Bounds(workers=0, submitters=4, approval=False, cancel=False, revoked_submitter=True, moved_submitter=True)
 # Depth 15 holds a declined call, its recorded answer and a retry's intent and end (14 moves): the
 # external variants' traces (`fencekeeper modelcheck` explores three claims to depth 17).
 EXTERNAL = Bounds(

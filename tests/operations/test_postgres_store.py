@@ -29,8 +29,12 @@ from fencekeeper.adapters.testing.operations_suite import (
     SqlOperationStoreTests,
     World,
     check_an_older_intent_is_reconciled_not_resent,
+    check_identities_after_the_migration,
     leave_an_unanswered_and_a_succeeded_capture,
+    leave_identities_keyed_by_the_whole_reference,
+    open_accounts,
 )
+from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy
 
 
@@ -78,10 +82,40 @@ def test_migration_13_leaves_an_older_intent_unsettled_for_good(pg_dsn: str, pg_
         conn.execute("ALTER TABLE operations DROP COLUMN effect_unsettled_since")
         conn.execute("DROP FUNCTION fencekeeper_journal_head_forward CASCADE")
         conn.execute("DELETE FROM schema_migrations WHERE version >= 13")
-    assert migrate(pg_dsn, pg_schema) == [13, 14]
+    assert migrate(pg_dsn, pg_schema) == [13, 14, 15]  # 15 changes rows only: it runs again
     store = PostgresOperationStore(pg_dsn, schema=pg_schema, clock=clock, pool_size=1)
     try:
         check_an_older_intent_is_reconciled_not_resent(World(store, clock), crashed, succeeded)
+    finally:
+        store.close()
+
+
+def test_migration_15_keys_identities_by_the_stable_reference_and_loses_nothing(pg_dsn: str, pg_schema: str) -> None:
+    clock = ManualClock()
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, clock=clock, pool_size=1)
+    open_accounts(store, {"acc-1": 100, "acc-2": 0})
+    before = leave_identities_keyed_by_the_whole_reference(World(store, clock))
+    store.close()
+    # What a schema at version 14 held: identities keyed by the whole reference, two of them one
+    # principal's under two versions of its resolver.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+        with conn.transaction():
+            for statement in before.statements:
+                conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute("DELETE FROM schema_migrations WHERE version >= 15")
+    assert migrate(pg_dsn, pg_schema) == [15]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+        keys = "SELECT client_key, principal, operation_id FROM operation_identities ORDER BY 1, 2"
+        migrated = conn.execute(keys).fetchall()
+        # Run again (its record lost), it changes nothing.
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 15")
+        assert migrate(pg_dsn, pg_schema) == [15]
+        assert conn.execute(keys).fetchall() == migrated
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, clock=clock, pool_size=1)
+    try:
+        check_identities_after_the_migration(World(store, clock), before)
     finally:
         store.close()
 
@@ -220,7 +254,7 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
                 waiting = conn.execute(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
                     "AND ((classid::bigint << 32) | objid::bigint) = hashtextextended(%s, 1)",
-                    ("\x1f".join(("default", "acme", alice.ref, "k")),),
+                    ("\x1f".join(("default", "acme", o.stable_principal(alice.ref), "k")),),
                 ).fetchone()
                 if waiting and waiting[0]:
                     break

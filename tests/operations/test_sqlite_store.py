@@ -14,7 +14,10 @@ from fencekeeper.adapters.testing.operations_suite import (
     SqlOperationStoreTests,
     World,
     check_an_older_intent_is_reconciled_not_resent,
+    check_identities_after_the_migration,
     leave_an_unanswered_and_a_succeeded_capture,
+    leave_identities_keyed_by_the_whole_reference,
+    open_accounts,
 )
 
 
@@ -44,12 +47,48 @@ def test_migration_10_leaves_an_older_intent_unsettled_for_good(tmp_path: Path) 
     try:
         conn.execute("ALTER TABLE operations DROP COLUMN effect_unsettled_since")
         conn.execute("DROP TRIGGER journal_heads_move_forward")
-        conn.execute("DELETE FROM schema_migrations WHERE version >= 10")
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 10")  # 12 changes rows only: it runs again
     finally:
         conn.close()
     store = SQLiteOperationStore(path, clock)
     try:
         check_an_older_intent_is_reconciled_not_resent(World(store, clock), crashed, succeeded)
+    finally:
+        store.close()
+
+
+def test_migration_12_keys_identities_by_the_stable_reference_and_loses_nothing(tmp_path: Path) -> None:
+    import sqlite3  # noqa: PLC0415
+
+    path, clock = tmp_path / "keys.db", ManualClock()
+    store = SQLiteOperationStore(path, clock)
+    open_accounts(store, {"acc-1": 100, "acc-2": 0})
+    before = leave_identities_keyed_by_the_whole_reference(World(store, clock))
+    store.close()
+    # What a file at version 11 held: identities keyed by the whole reference, two of them one
+    # principal's under two versions of its resolver.
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in before.statements:
+            conn.execute(statement)
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 12")
+    finally:
+        conn.close()
+    store = SQLiteOperationStore(path, clock)
+    migrated = store.application_execute("SELECT client_key, principal, operation_id FROM operation_identities")
+    assert store.application_execute("SELECT max(version) FROM schema_migrations") == [(12,)]
+    store.close()
+    # Run again (its record lost), it changes nothing.
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 12")
+    finally:
+        conn.close()
+    store = SQLiteOperationStore(path, clock)
+    try:
+        again = store.application_execute("SELECT client_key, principal, operation_id FROM operation_identities")
+        assert sorted(again) == sorted(migrated)
+        check_identities_after_the_migration(World(store, clock), before)
     finally:
         store.close()
 
