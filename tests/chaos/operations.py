@@ -309,10 +309,12 @@ class Driver:
 
     def conflict(self) -> None:
         """The same key with other input (or another action): refused, idempotency_conflict."""
-        if not self.identities:
+        # Only an identity whose Operation is known to exist: one whose first answer was lost may never
+        # have committed, and "conflicting" input would then be the first submission of that key.
+        known = self._known()
+        if not known:
             return
-        key = self.rng.choice(sorted(self.identities))
-        identity = self.identities[key]
+        key, identity = self.rng.choice(known)
         value = dict(identity["input"])
         action = identity["action"]
         if self.rng.random() < 0.5 or action == "transfer":
