@@ -710,9 +710,9 @@ def _refuse_missing(operation: Operation | None, operation_id: str) -> Refusal |
 def check_owner(operation: Operation | None, credential: Credential, now: datetime) -> Refusal | None:
     """Whether ``credential`` is the Operation's current owner at ``now``: None, or the first failing check.
 
-    The order is the order a reader would ask: does it exist, does it run,
-    is the fence current, is it this worker, is the lease live.  A fence
-    that is not current is refused as ``stale_fence`` whatever else holds:
+    The order (specs/operations.md, Owner checks): does it exist, is the
+    fence current, does it run, is it this worker, is the lease live.  A
+    fence that is not current is refused as ``stale_fence`` whatever else holds:
     once fence N+1 exists, N can do nothing (seed 001, Claims, leases, and
     fencing).  The guarded atomic context asks this before it lets the
     action's writes commit.
