@@ -802,7 +802,12 @@ def check_write(
     if kind == "wake":
         registration = decision.registration
         prior = _registration(before, registration.key if registration else None)
-        if prior is None or prior.woken_by is not None or old.state != ExecutionState.WAITING:
+        if (
+            prior is None
+            or prior.woken_by is not None
+            or old.state != ExecutionState.WAITING
+            or old.wait != prior.key
+        ):
             return Invariant.ONE_WAKE, f"{eid}: a second wake continuation ({action.label})"
     record = decision.recovery
     if kind == "recover" and record is not None:

@@ -28,8 +28,10 @@ from fencekeeper.kernel.modelcheck import (
     Invariant,
     Protocol,
     World,
+    _Action,
     check_refinement,
     check_state,
+    check_write,
     explore,
     initial_world,
     moves,
@@ -290,3 +292,41 @@ def test_command_line_refuses_bad_bounds(bad: list[str]) -> None:
     assert run.returncode == 2
     assert bad[0] in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(("woken", "found"), [("a.1", Invariant.ONE_WAKE), ("a.2", None)])
+def test_one_wake_sees_a_wake_of_a_registration_the_execution_no_longer_waits_on(
+    woken: str, found: Invariant | None
+) -> None:
+    """INV-ONE-WAKE: woken only while its execution waits on *it*, not on a later registration."""
+    world = initial_world(SMALL)
+    old, later = (p.WaitKey("e1", "n-wait", attempt) for attempt in ("a.1", "a.2"))
+    spec = p.WaitSpec(node_id="n-wait", attempt_id="a.1", event_type="paid", correlation=(("k", "v"),))
+    registrations = tuple(
+        p.WaitRegistration(key=key, business_id="b-1", spec=attrs.evolve(spec, attempt_id=key.attempt_id))
+        for key in (old, later)
+    )
+    waiting = attrs.evolve(world.executions[0], state=ExecutionState.WAITING, wait=later, fence=2, revision=5)
+    dispatch = attrs.evolve(world.dispatches[0], dispatch_state=DispatchState.WAITING)
+    before = attrs.evolve(world, executions=(waiting,), dispatches=(dispatch,), registrations=registrations)
+    key = old if woken == "a.1" else later
+    target = registrations[0] if key == old else registrations[1]
+    # A broken wake: decided as though the execution still waited on ``key``.
+    decision = p.wake(
+        attrs.evolve(waiting, wait=key),
+        dispatch,
+        target,
+        p.WakeRequest(key, p.WakeReason.EVENT, "ev-9", "b-1", p.Authority(True, "ops"), "paid", (("k", "v"),)),
+        before.now,
+    )
+    assert isinstance(decision, p.Decision)
+    assert decision.execution is not None and decision.registration is not None
+    after = attrs.evolve(
+        before,
+        executions=(decision.execution,),
+        dispatches=(decision.dispatch,),
+        registrations=tuple(decision.registration if r.key == key else r for r in registrations),
+    )
+    action = _Action("ops wakes e1", "ops", None, "wake", 0, decision)
+    broken = check_write(before, after, action, decision, "wake")
+    assert (broken[0] if broken else None) == found, broken
