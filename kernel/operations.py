@@ -994,7 +994,8 @@ def _check_approval_usable(operation: Operation) -> Refusal | None:
         and approval.action_version == operation.action_version
         and approval.tenant == operation.identity.tenant
         and approval.requester == operation.identity.principal
-        and approval.approver != approval.requester
+        # The same principal under another version of its resolver is still the requester, as decide says.
+        and not _same_principal(approval.approver, approval.requester)
     )
     if not bound:
         return Refusal(RefusalCode.APPROVAL_MISBOUND, f"approval {approval.approval_id!r} is not bound to this operation")
