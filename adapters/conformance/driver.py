@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import parse_qsl, urlsplit
 
 from fencekeeper.kernel.machines import MACHINES
 
@@ -198,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         "of factories (a factory takes a clock, or nothing and gets store.clock assigned)",
     )
     args = parser.parse_args(argv)
+    if args.dsn is not None and any(key == "schema" for key, _ in parse_qsl(urlsplit(args.dsn).query)):
+        # The run gets a fresh schema of its own, dropped at the end, so a test never meets
+        # another's rows; a schema named in the DSN could only be ignored or emptied.
+        parser.exit(2, f"{parser.prog}: error: --dsn: give it without ?schema=; the driver makes a fresh "
+                       "schema of its own for the run and drops it afterwards\n")  # fmt: skip
     if args.factory is not None:
         factory, label = load_factory(args.factory)
         serve(sys.stdin, sys.stdout, factory=factory, name=label)

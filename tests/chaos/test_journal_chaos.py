@@ -1,7 +1,7 @@
 """The journal's chaos run, small and on SQLite: it ends with ``violations: 0``, and its checks see forged violations.
 
 ``make chaos`` runs the real thing (both stores, twenty seconds each); this
-keeps the script working in ``make test``: three seconds of faults over
+keeps the script working in ``make test``: four seconds of faults over
 three appenders and two journals, run end to end as ``python -m
 tests.chaos.journal``.  Then a copy of the files it kept is tampered with,
 one forgery at a time, past the tables' append-only triggers (dropped and

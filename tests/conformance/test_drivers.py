@@ -171,3 +171,19 @@ def test_a_hold_point_the_driver_does_not_know_is_unsupported() -> None:
         assert driver.ask({"op": "store", "step": step}) == {"output": {"outcome": "ids", "ids": []}}
     finally:
         driver.close()
+
+
+def test_a_dsn_naming_a_schema_is_one_clear_error_before_anything_is_made() -> None:
+    # The driver makes a fresh schema of its own for the run and drops it; a ?schema= (the form
+    # every --db takes) cannot be honoured, and must not end in a traceback from libpq.
+    import subprocess  # noqa: PLC0415 - only this test starts the driver by hand
+
+    run = subprocess.run(
+        [sys.executable, "-m", "fencekeeper.adapters.conformance.driver", "--store", "postgres",
+         "--dsn", "postgresql://nobody@127.0.0.1:1/none?schema=mine"],
+        input="", capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "--dsn" in line and "schema" in line, line

@@ -1,0 +1,52 @@
+"""docs/conformance.md shows what the runner prints: its report of the JavaScript driver is a real run's.
+
+The page's first report is the one a reader gets from the first command it
+shows (``fencekeeper conformance --driver "node conformance/drivers/js/driver.js"``),
+run from the repository root.  Case counts grow as cases are added to
+specs/conformance, so the page is compared with a fresh run, line by line.
+The Store port's method count the page states is the port's.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+
+import pytest
+
+from tests.cli.runner import ROOT, fencekeeper
+
+PAGE = ROOT / "docs" / "conformance.md"
+COMMAND = "node conformance/drivers/js/driver.js"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_the_report_shown_is_the_javascript_drivers_report() -> None:
+    page = PAGE.read_text(encoding="utf-8")
+    assert f'fencekeeper conformance --driver "{COMMAND}"' in page
+    shown = re.search(r"```text\n(.*?)```", _section(page, "Reading the report"), re.S)
+    assert shown is not None, "the page shows no report"
+    if shutil.which("node") is None:
+        if os.environ.get("FENCEKEEPER_REQUIRE_NODE"):
+            pytest.fail("FENCEKEEPER_REQUIRE_NODE is set but node is not on PATH")
+        pytest.skip("node is not on PATH: the JavaScript driver cannot run (set FENCEKEEPER_REQUIRE_NODE=1 to fail)")
+    run = fencekeeper("conformance", "--driver", COMMAND, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == shown.group(1).splitlines()
+
+
+def test_the_port_has_as_many_methods_as_the_page_says() -> None:
+    numbers = {"twenty-one": 21, "twenty-two": 22, "twenty-three": 23, "twenty-four": 24}
+    said = re.search(r"`fencekeeper\.adapters\.store\.Store`, ([a-z-]+) methods", PAGE.read_text(encoding="utf-8"))
+    assert said is not None and said.group(1) in numbers
+    tree = ast.parse((ROOT / "adapters" / "store.py").read_text(encoding="utf-8"))
+    port = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Store")
+    methods = [node.name for node in port.body if isinstance(node, ast.FunctionDef)]
+    assert numbers[said.group(1)] == len(methods), methods
