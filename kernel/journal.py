@@ -43,6 +43,11 @@ module:
   rules (:func:`_apply`), so replaying a chain checks every rule every event
   was appended under, and a stored chain that breaks one is refused with
   that rule's code.  The projection is never stored as authority.
+- The attempt history says how every attempt ended.  An invalidation ends
+  the open attempt (authorized, active or blocked) of each node it covers
+  as ``invalidated``, naming the event that cut it off; the records do not
+  change, only what replay derives from them.  A successor binding ends no
+  attempt: it supersedes only invalidated nodes, whose attempts have ended.
 - The values are ``journal_records.py``, the bytes ``journal_codec.py``;
   this module re-exports both, so ``from fencekeeper.kernel import journal``
   is the whole API.
@@ -799,6 +804,20 @@ def _invalidate(builder: _Builder, command: Invalidate, digest: str, at: str) ->
             state=named[node_id],
             event=NodeEvent.WORK_INVALIDATED,
         )
+        _cut_off(builder, node_id, builder.events[-1].ordinal)
+
+
+def _cut_off(builder: _Builder, node_id: str, ordinal: int) -> None:
+    """End the node's open attempt, if it has one, as ``invalidated`` by the event at ``ordinal``.
+
+    Invalidated nodes never resume, so an attempt left authorized, active or
+    blocked would read forever as work still under way.  Only the last
+    attempt can be open (a new one opens only after the last has failed).
+    """
+    attempts = builder.attempts.get(node_id, ())
+    if attempts and attempts[-1].status.is_open:
+        ended = attrs.evolve(attempts[-1], status=AttemptStatus.INVALIDATED, ended_by=ordinal)
+        builder.attempts[node_id] = (*attempts[:-1], ended)
 
 
 def _bind_successor(builder: _Builder, command: BindSuccessor, digest: str, at: str) -> None:

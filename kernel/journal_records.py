@@ -288,11 +288,22 @@ class Event:
 
 
 class AttemptStatus(enum.Enum):
+    """How an attempt stands (specs/journal.md, section 8): open (the first three) or ended (the rest)."""
+
     AUTHORIZED = "authorized"
     ACTIVE = "active"
     BLOCKED = "blocked"
     COMPLETED = "completed"
     FAILED = "failed"
+    INVALIDATED = "invalidated"
+    """The node was invalidated while this attempt was open: it was cut off, neither completed nor failed."""
+
+    @property
+    def is_open(self) -> bool:
+        return self in _OPEN
+
+
+_OPEN: Final = frozenset({AttemptStatus.AUTHORIZED, AttemptStatus.ACTIVE, AttemptStatus.BLOCKED})
 
 
 @attrs.frozen
@@ -301,6 +312,14 @@ class Attempt:
     sequence: int
     status: AttemptStatus
     error: str | None = None
+    ended_by: int | None = None
+    """For an ``invalidated`` attempt, the ordinal of the work-invalidated event that cut it off.
+
+    That event binds no attempt, so without this the history could not say
+    which record ended the attempt; a completed or failed attempt is ended
+    by an event that names it, and carries None.  Derived at replay, never
+    written to a record.
+    """
 
 
 # --- commands ---------------------------------------------------------------------------------

@@ -495,6 +495,52 @@ def test_invalidated_and_superseded_nodes_never_resume() -> None:
     )
 
 
+def _screening_under_way(how: str) -> Driver:
+    """The search done and screen-a's work under way: ``active``, ``blocked``, or a retry ``authorized``."""
+    driver = Driver(fresh())
+    driver.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    driver.do("screen-a", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    first = j.AttemptRef("screen-a-1", 1)
+    driver.do("screen-a", NodeEvent.WORK_STARTED, "alice", "screener", attempt=first)
+    if how == "blocked":
+        driver.do("screen-a", NodeEvent.WORK_BLOCKED, "alice", "screener", attempt=first)
+    elif how == "authorized":
+        driver.do("screen-a", NodeEvent.WORK_FAILED, "alice", "screener", attempt=first, error="full text unreadable")
+        driver.do("screen-a", NodeEvent.RETRY_AUTHORIZED, "alice", "screener", attempt=j.AttemptRef("screen-a-2", 2))
+    return driver
+
+
+@pytest.mark.parametrize("how", ["active", "blocked", "authorized"])
+def test_an_attempt_cut_off_by_invalidation_ends_invalidated_by_that_event(how: str) -> None:
+    driver = _screening_under_way(how)
+    before = driver.journal.attempts["screen-a"]
+    assert before[-1].status.value == how
+    appended = invalidate_screening(driver)
+    ending = next(e.ordinal for e in appended.events if e.node_id == "screen-a")
+    after = driver.journal.attempts["screen-a"]
+    # The attempt under way ends, said so and where; every earlier attempt is kept as it was.
+    assert after[:-1] == before[:-1]
+    assert after[-1] == attrs.evolve(before[-1], status=j.AttemptStatus.INVALIDATED, ended_by=ending)
+    if how == "authorized":
+        assert after[0] == j.Attempt("screen-a-1", 1, j.AttemptStatus.FAILED, "full text unreadable")
+    # Nodes with no attempt get none; the chain's bytes are those of the events alone.
+    assert "screen-b" not in driver.journal.attempts
+    header, events = stored(driver.journal)
+    replayed = j.replay(header, events, driver.journal.workflow, driver.journal.policy)
+    assert dict(replayed.attempts) == dict(driver.journal.attempts)
+    # Superseding ends nothing more: the invalidation already ended every attempt.
+    bind(driver, fresh("review-2", supersedes="review-1"))
+    assert driver.journal.attempts["screen-a"] == after
+
+
+def test_an_attempt_that_had_ended_is_not_rewritten_by_invalidation() -> None:
+    driver = reviewed(Driver(fresh()))
+    before = dict(driver.journal.attempts)
+    invalidate_screening(driver)
+    assert dict(driver.journal.attempts) == before
+    assert all(a.ended_by is None for history in before.values() for a in history)
+
+
 def _binding(driver: Driver, **changes: object) -> j.BindSuccessor:
     journal = driver.journal
     successor = fresh("review-2", supersedes="review-1").header

@@ -334,6 +334,32 @@ class JournalMachine(RuleBasedStateMachine):
             if state in ENDED:
                 assert all(journal.states[d] in ENDED for d in journal.workflow.closure((node_id,)))
 
+    @invariant()
+    def every_attempt_says_how_it_ended(self) -> None:
+        # Only work that can still go on has an open attempt, and it matches
+        # the node: ready with a retry authorized, active, or blocked.
+        journal = self.journal
+        open_state = {
+            j.AttemptStatus.AUTHORIZED: NodeState.READY,
+            j.AttemptStatus.ACTIVE: NodeState.ACTIVE,
+            j.AttemptStatus.BLOCKED: NodeState.BLOCKED,
+        }
+        ordinals = {e.ordinal: e for e in journal.events}
+        for node_id, history in journal.attempts.items():
+            assert all(not a.status.is_open for a in history[:-1])
+            last = history[-1]
+            if last.status.is_open:
+                assert journal.states[node_id] is open_state[last.status]
+            elif journal.states[node_id] in (NodeState.ACTIVE, NodeState.BLOCKED):
+                raise AssertionError(f"{node_id} is {journal.states[node_id].value} with no open attempt")
+            for attempt in history:
+                if attempt.status is j.AttemptStatus.INVALIDATED:
+                    assert attempt.ended_by is not None
+                    ending = ordinals[attempt.ended_by]
+                    assert (ending.node_id, ending.event) == (node_id, NodeEvent.WORK_INVALIDATED)
+                else:
+                    assert attempt.ended_by is None
+
 
 TestJournalMachine = JournalMachine.TestCase
 TestJournalMachine.settings = settings(
