@@ -276,20 +276,30 @@ def _states_json(journal: j.Journal) -> dict[str, Any]:
         "events": len(journal.events),
         "states": {n: journal.states[n].value for n in journal.workflow.order},
         "attempts": {
-            n: [{"id": a.attempt_id, "sequence": a.sequence, "status": a.status.value, "error": a.error} for a in history]
+            n: [
+                {"id": a.attempt_id, "sequence": a.sequence, "status": a.status.value, "error": a.error,
+                 "ended_by": a.ended_by}
+                for a in history
+            ]
             for n, history in journal.attempts.items()
         },
-    }
+    }  # fmt: skip
 
 
 def _print_states(journal: j.Journal, out: Output) -> None:
     rows = []
     for node_id in journal.workflow.order:
         history = journal.attempts.get(node_id, ())
-        attempts = ", ".join(f"#{a.sequence} {a.attempt_id} {a.status.value}" for a in history) or "-"
+        attempts = ", ".join(_attempt_text(a) for a in history) or "-"
         rows.append((node_id, journal.workflow.nodes[node_id].kind.value, state(journal.states[node_id]), attempts))
     out.table(("node", "kind", "state", "attempts"), rows)
     out.line(f"head {journal.head} after {len(journal.events)} events")
+
+
+def _attempt_text(attempt: j.Attempt) -> str:
+    text = f"#{attempt.sequence} {attempt.attempt_id} {attempt.status.value}"
+    # An invalidation event names no attempt: say which event cut this one off.
+    return text if attempt.ended_by is None else f"{text} by event {attempt.ended_by}"
 
 
 # --- the subcommands ---------------------------------------------------------------------------

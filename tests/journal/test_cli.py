@@ -276,6 +276,32 @@ def test_a_successor_is_checked_against_the_stored_header(workdir: Path) -> None
     assert code == 1 and json.loads(out)["code"] == "bad_successor_binding"
 
 
+def test_show_and_replay_say_which_event_cut_an_attempt_off(workdir: Path) -> None:
+    head = new()["head"]
+    (workdir / "h").write_text(head, encoding="utf-8")
+    # The retraction arrives while alice is screening: the first seven commands end with screen-a started.
+    lines = (workdir / "review-1.jsonl").read_text(encoding="utf-8").splitlines()[:7]
+    (workdir / "started.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "started.jsonl", "--head-file", "h")
+    retraction = json.loads((workdir / "retraction.jsonl").read_text(encoding="utf-8"))
+    states = {"screen-a": "active"}
+    retraction["nodes"] = [{**n, "prior_state": states.get(n["node"], "pending")} for n in retraction["nodes"]]
+    appended = data("journal", "append", "review-1", "--db", "review.db", "--head-file", "h",
+                    "--command", json.dumps(retraction))  # fmt: skip
+    assert appended["head"] == (workdir / "h").read_text(encoding="utf-8").strip()
+    shown = data("journal", "show", "review-1", "--db", "review.db")
+    ending = next(r["ordinal"] for r in shown["records"] if r["node"] == "screen-a" and r["event"] == "work-invalidated")
+    assert shown["attempts"]["screen-a"] == [
+        {"id": "screen-a-1", "sequence": 1, "status": "invalidated", "error": None, "ended_by": ending}
+    ]
+    assert [a["ended_by"] for a in shown["attempts"]["search"]] == [None, None]
+    assert data("journal", "replay", "review-1", "--db", "review.db")["attempts"] == shown["attempts"]
+    for command in ("show", "replay"):
+        code, out, _ = main("journal", command, "review-1", "--db", "review.db")
+        row = next(line for line in out.splitlines() if line.startswith("screen-a "))
+        assert code == 0 and row.endswith(f"#1 screen-a-1 invalidated by event {ending}"), row
+
+
 def test_a_chain_cut_short_verifies_unless_a_later_head_was_kept(workdir: Path) -> None:
     # specs/journal.md, "What this does not claim": dropping the last events
     # leaves a valid chain; only a head kept from after them shows the cut.
