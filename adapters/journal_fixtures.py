@@ -248,6 +248,27 @@ def superseded() -> tuple[Script, Script]:
     return first, second
 
 
+def interrupted() -> Script:
+    """review-1 invalidated by the retraction while the screenings are under way.
+
+    screen-a failed once and its retry is authorized, screen-b is blocked:
+    the invalidation ends both open attempts as ``invalidated``.
+    """
+    script = new("review-1")
+    script.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    script.do("screen-a", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    first = j.AttemptRef("screen-a-1", 1)
+    script.do("screen-a", NodeEvent.WORK_STARTED, "alice", "screener", attempt=first)
+    script.do("screen-a", NodeEvent.WORK_FAILED, "alice", "screener", attempt=first, error="full text unreadable")
+    script.do("screen-a", NodeEvent.RETRY_AUTHORIZED, "alice", "screener", attempt=j.AttemptRef("screen-a-2", 2))
+    script.do("screen-b", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    screening = j.AttemptRef("screen-b-1", 1)
+    script.do("screen-b", NodeEvent.WORK_STARTED, "bob", "screener", attempt=screening)
+    script.do("screen-b", NodeEvent.WORK_BLOCKED, "bob", "screener", attempt=screening)
+    script.send(invalidation(script))
+    return script
+
+
 # --- forging and tampering ---------------------------------------------------------------------
 
 
@@ -330,6 +351,12 @@ def cases() -> list[Case]:
             headers=(second.journal.header,),
         ),
         _valid("valid-successor", "review-2, which supersedes review-1, partly redone", second.journal),
+        _valid(
+            "valid-interrupted",
+            "the retraction arrives while screen-a's retry is authorized and screen-b is blocked: "
+            "both attempts end invalidated",
+            interrupted().journal,
+        ),
         _valid("valid-empty", "a header and no events", new("review-1").journal),
     ]
 
