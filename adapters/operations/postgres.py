@@ -65,7 +65,10 @@ Rules of this module:
   boundary does per request.  A store opened without either reads every
   tenant only as a role that bypasses row-level security (a superuser or
   BYPASSRLS: the operator's role); as the restricted application role it
-  sees nothing, which is the boundary failing closed.
+  sees nothing, which is the boundary failing closed.  PostgreSQL refuses a
+  row outside the policies and a missing grant with one SQLSTATE (42501):
+  the first is ``tenant_denied``, the second ``permission_denied``, naming
+  the role, the object and the privileges the role lacks on it.
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import re
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import pq
@@ -419,6 +423,33 @@ class _PgOpsTx(SqlTx):
 # does not count as an OperationalError) is a lost connection like any other.
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
+# PostgreSQL raises insufficient_privilege (42501) both for row-level security and for a missing
+# grant.  Row-level security raises it where a new or moved row fails the policies
+# (ExecWithCheckOptions: "new row violates row-level security policy for table ...") and where the
+# policies would filter a query run with row_security off (check_enable_rls); a missing grant raises
+# it from aclcheck_error ("permission denied for table ...").  The function's name travels with
+# every error and, unlike the message, is never translated (lc_messages); the message is the
+# fallback for a server that does not send it.
+_ROW_SECURITY_SOURCES = frozenset({"ExecWithCheckOptions", "check_enable_rls"})
+
+
+def _row_security(exc: psycopg.Error) -> bool:
+    return exc.diag.source_function in _ROW_SECURITY_SOURCES or "row-level security" in (exc.diag.message_primary or "")
+
+
+# aclcheck_error names the object, never the privilege: the role's privileges on it are looked up
+# afterwards, among those a store or an application asks for.  A table's name is parsed as an
+# identifier (quoted here), a schema's is taken as it is.
+_DENIED = re.compile(r"permission denied for (table|view|sequence|schema) (.+)")
+_ONE_PER_PRIVILEGE = " FROM unnest(%s::text[]) WITH ORDINALITY AS u(p, n) ORDER BY n"
+_ON_TABLE: LiteralString = "SELECT current_user, p, has_table_privilege(%s, p)" + _ONE_PER_PRIVILEGE
+_PRIVILEGE_CHECKS: dict[str, tuple[LiteralString, tuple[str, ...]]] = {
+    "table": (_ON_TABLE, ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    "view": (_ON_TABLE, ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    "sequence": ("SELECT current_user, p, has_sequence_privilege(%s, p)" + _ONE_PER_PRIVILEGE, ("USAGE", "SELECT", "UPDATE")),
+    "schema": ("SELECT current_user, p, has_schema_privilege(%s, p)" + _ONE_PER_PRIVILEGE, ("USAGE", "CREATE")),
+}
+
 
 def _identity_key(identity: o.Identity) -> str:
     # The advisory lock's key is the row's key: submissions under two versions of one principal's resolver
@@ -489,6 +520,11 @@ class PostgresOperationStore(TransactionalOperationStore):
             # Lost between the pool's connection and the check: what every other call of the store says of it.
             self._pool.close()
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # A role without its grant on schema_migrations; the pool still answers which privilege it lacks.
+            refused = self._refused(exc)
+            self._pool.close()
+            raise refused from None
         except BaseException:
             self._pool.close()
             raise
@@ -535,13 +571,53 @@ class PostgresOperationStore(TransactionalOperationStore):
                 # A connection left broken or inside a transaction is replaced or reset by the pool.
                 self._pool.putconn(conn)
         except psycopg.errors.InsufficientPrivilege as exc:
-            # The tenant policies (or the role's grants) refused a write: the application filter let
-            # through something the database boundary did not.  Nothing was written.
-            raise StoreError("tenant_denied", f"PostgreSQL refused the write: {_one_line(exc)}") from None
+            # Rolled back above: nothing was written.
+            raise self._refused(exc) from None
         except psycopg.errors.LockNotAvailable as exc:
             raise self._row_locked(exc) from None
         except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+
+    def _refused(self, exc: psycopg.Error) -> StoreError:
+        """``tenant_denied`` for the tenant policies' refusal, ``permission_denied`` for a grant the role lacks."""
+        if _row_security(exc):
+            # The application's own tenant filter let through a row the database's boundary did not.
+            return StoreError(
+                "tenant_denied",
+                f"PostgreSQL's row-level security refused the write: the row is not of the tenant this "
+                f"session is scoped to (fencekeeper.tenant); nothing was written ({_one_line(exc)})",
+            )
+        # A deployment's grants, not a tenant: an operator looks at GRANTs, not at the request's tenant.
+        primary = exc.diag.message_primary or _one_line(exc)
+        what = "the database role lacks a privilege this statement needs"
+        denied = _DENIED.fullmatch(primary)
+        if denied is not None:
+            kind, name = denied[1], denied[2]
+            lacking = self._lacking(kind, name)
+            if lacking is not None:
+                role, missing, held = lacking
+                what = f"role {role} lacks {', '.join(missing)} on {kind} {name} (it has {', '.join(held) or 'none of these'})"
+        return StoreError(
+            "permission_denied",
+            f"{what}: a missing grant, not the tenant boundary. Grant the role what the statement needs "
+            f"(docs/operating-postgres.md lists the store's), or run it as the schema's owner (creating tables, "
+            f"as an actions module's prepare does, is the owner's); nothing was written (PostgreSQL: {primary})",
+        )
+
+    def _lacking(self, kind: str, name: str) -> tuple[str, list[str], list[str]] | None:
+        """The current role, and which of the privileges it asks for on ``name`` it lacks and holds; None if unknown."""
+        query, privileges = _PRIVILEGE_CHECKS[kind]
+        named = name if kind == "schema" else '"' + name.replace('"', '""') + '"'
+        try:
+            with self._pool.connection(timeout=5) as conn:
+                rows = conn.execute(query, (named, list(privileges))).fetchall()
+        except psycopg.Error:
+            # Only a richer message is lost: the code and PostgreSQL's own words remain.
+            return None
+        missing = [str(r[1]) for r in rows if not r[2]]
+        if not rows or not missing:
+            return None
+        return str(rows[0][0]), missing, [str(r[1]) for r in rows if r[2]]
 
     def _row_locked(self, exc: Exception) -> StoreError:
         return StoreError(
@@ -560,6 +636,8 @@ class PostgresOperationStore(TransactionalOperationStore):
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 self._enter_scope(conn)
                 yield _PgOpsTx(conn, self.clock)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise self._refused(exc) from None
         except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -572,10 +650,13 @@ class PostgresOperationStore(TransactionalOperationStore):
             return tx.read_view(operation_id)
 
     def _read_input(self, operation_id: str) -> str | None:
-        with self._pool.connection() as conn:
-            self._enter_scope(conn)
-            row = _run(conn, "SELECT input FROM operations WHERE operation_id = %s", (operation_id,)).fetchone()
-            conn.rollback()
+        try:
+            with self._pool.connection() as conn:
+                self._enter_scope(conn)
+                row = _run(conn, "SELECT input FROM operations WHERE operation_id = %s", (operation_id,)).fetchone()
+                conn.rollback()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise self._refused(exc) from None
         return None if row is None else str(row[0])
 
     def outbox(self, after: str | None = None, limit: int = 100) -> list[Any]:

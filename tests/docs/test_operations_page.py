@@ -8,6 +8,7 @@ given here.  A block that stops working, or an import it forgets, fails.
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,3 +38,163 @@ def test_the_pages_first_steps_run_as_written(tmp_path: Path, monkeypatch: pytes
     # The page cancels before its worker runs: the worker finds nothing, and the operation stays cancelled.
     assert record.state.value == "cancelled"
     assert namespace["service"].get(admission.operation_id, tenant="elsewhere") is None
+
+
+class FakeGateway:
+    """The page's ``gateway``: captures deduplicated by idempotency key, looked up by it, with scripted failures.
+
+    ``script`` says what the next captures do: ``ok``; ``lost_reply`` captures
+    and then times out (applied, unanswered); ``timeout`` times out before
+    capturing; ``declined`` refuses without capturing.  ``failing_lookups``
+    makes that many lookups raise.  ``log`` is every call, in order.
+    """
+
+    class Timeout(Exception):
+        pass
+
+    class Declined(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.charges: dict[str, SimpleNamespace] = {}
+        self.script: list[str] = []
+        self.failing_lookups = 0
+        self.log: list[tuple[str, str]] = []
+
+    def capture(self, order: str, amount: int, *, idempotency_key: str) -> SimpleNamespace:
+        self.log.append(("capture", idempotency_key))
+        mode = self.script.pop(0) if self.script else "ok"
+        if mode == "timeout":
+            raise self.Timeout("no answer")
+        if mode == "declined":
+            raise self.Declined("card declined")
+        charge = self.charges.setdefault(
+            idempotency_key, SimpleNamespace(id=f"ch-{len(self.charges) + 1}", order=order, amount=amount)
+        )
+        if mode == "lost_reply":
+            raise self.Timeout("the reply was lost")
+        return charge
+
+    def find_by_idempotency_key(self, key: str) -> SimpleNamespace | None:
+        self.log.append(("lookup", key))
+        if self.failing_lookups:
+            self.failing_lookups -= 1
+            raise ConnectionError("the gateway's lookup is down")
+        return self.charges.get(key)
+
+    def calls(self, effect_id: str) -> list[str]:
+        return [kind for kind, key in self.log if key == effect_id]
+
+
+class FakeTerminal:
+    """The page's ``terminal``: no idempotency key, nothing to look up; every charge() charges."""
+
+    class Timeout(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.charged: list[tuple[int, str]] = []
+
+    def charge(self, amount: int, *, reference: str) -> str:
+        self.charged.append((amount, reference))
+        raise self.Timeout("charged, and the reply was lost")
+
+
+def test_the_pages_payment_capture_runs_as_written() -> None:
+    from fencekeeper.adapters.operations.memory import MemoryOperationStore  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableActionRegistry,
+        DurableOperationService,
+        PrincipalReference,
+    )
+    from fencekeeper.adapters.operations.worker import DurableOperationWorker  # noqa: PLC0415
+    from fencekeeper.adapters.store import ManualClock  # noqa: PLC0415
+
+    blocks = _blocks()
+    (stripe_like,) = [b for b in blocks if "class StripeLikeCapture" in b]
+    (at_terminal,) = [b for b in blocks if "class TerminalCapture" in b]
+    gateway, terminal = FakeGateway(), FakeTerminal()
+    users = {name: SimpleNamespace(tenants={"acme"}) for name in ("alice", "bob")}
+    namespace: dict[str, Any] = {
+        "my_directory": SimpleNamespace(get=users.get, down=False), "gateway": gateway, "terminal": terminal,
+    }
+    # The page's imports and resolvers, then its two providers, as a reader runs them.
+    for block in (blocks[0], blocks[1], stripe_like, at_terminal):
+        exec(compile(block, str(PAGE), "exec"), namespace)
+    clock = ManualClock()
+    store = MemoryOperationStore(clock)
+    actions = DurableActionRegistry((namespace["CAPTURE"], namespace["CAPTURE_AT_TERMINAL"]))
+    service = DurableOperationService(store, actions, namespace["resolvers"], namespace="payments")
+    worker = DurableOperationWorker(store, actions, namespace["resolvers"], tenant="acme", lease=timedelta(seconds=30))
+    alice, bob = PrincipalReference("users", 1, "alice"), PrincipalReference("users", 1, "bob")
+
+    def capture(order: str, *script: str) -> tuple[str, str]:
+        gateway.script = list(script)
+        operation_id = service.submit(
+            tenant="acme", principal=alice, action="capture_payment", input={"order": order, "amount": 2500},
+            client_key=f"capture-{order}",
+        ).operation_id
+        assert service.get(operation_id).state.value == "awaiting_approval"
+        service.decide(operation_id, approver=bob, approve=True)
+        return operation_id, f"{operation_id}/effect"
+
+    def run(operation_id: str) -> str:
+        report = worker.run_once()
+        assert report is not None and report.operation_id == operation_id, report
+        return report.outcome
+
+    def after_backoff() -> None:
+        clock.advance(timedelta(minutes=5))
+
+    # Answered: captured once, under the operation's effect id.
+    paid, effect = capture("o-1")
+    assert run(paid) == "succeeded"
+    assert service.get(paid).result == {"charge": gateway.charges[effect].id}
+    assert gateway.calls(effect) == ["capture"]
+
+    # Captured, reply lost: the worker asks before anything else, and the lookup settles it.
+    lost, effect = capture("o-2", "lost_reply")
+    assert run(lost) == "succeeded"
+    assert service.get(lost).result == {"charge": gateway.charges[effect].id}
+    assert gateway.calls(effect) == ["capture", "lookup"]
+
+    # Timed out before capturing: the lookup finds nothing, the operation waits; the next attempt
+    # looks again and only then captures, with the same id.
+    waited, effect = capture("o-3", "timeout")
+    assert run(waited) == "retry"
+    record = service.get(waited)
+    assert record.effect_unsettled and not record.terminal and effect not in gateway.charges
+    after_backoff()
+    assert run(waited) == "succeeded"
+    assert gateway.calls(effect) == ["capture", "lookup", "lookup", "capture"]
+    assert [(a.number, a.error_code) for a in service.get(waited).attempts] == [(1, "effect_not_applied"), (2, None)]
+
+    # The lookup itself fails: the attempt fails like a handler error, and the next one looks again first.
+    unlooked, effect = capture("o-4", "timeout")
+    gateway.failing_lookups = 1
+    assert run(unlooked) == "retry"
+    assert service.get(unlooked).attempts[0].error_code == "handler_error"
+    after_backoff()
+    assert run(unlooked) == "succeeded"
+    assert gateway.calls(effect) == ["capture", "lookup", "lookup", "capture"]
+
+    # Declined: the gateway's conclusive answer, not retryable on the page: action_failed, nothing captured.
+    declined, effect = capture("o-5", "declined")
+    assert run(declined) == "action_failed"
+    assert service.get(declined).outcome.value == "action_failed" and effect not in gateway.charges
+    assert gateway.calls(effect) == ["capture"]
+
+    # Neither deduplicated nor looked up: charged, reply lost, and the operation ends unknown, never resent.
+    unknown = service.submit(
+        tenant="acme", principal=alice, action="capture_at_terminal", input={"order": "o-6", "amount": 900},
+        client_key="terminal-o-6",
+    ).operation_id
+    assert run(unknown) == "external_outcome_unknown"
+    record = service.get(unknown)
+    assert record.outcome.value == "external_outcome_unknown" and record.terminal
+    assert [a.state for a in record.attempts] == ["outcome_unknown"]
+    after_backoff()
+    assert worker.run_until_idle() == []
+    assert terminal.charged == [(900, f"{unknown}/effect")]
+    # Only the answered captures were ever captured, each once.
+    assert sorted(c.order for c in gateway.charges.values()) == ["o-1", "o-2", "o-3", "o-4"]

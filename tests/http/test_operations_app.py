@@ -310,6 +310,7 @@ def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
         ("row_locked", 503),
         ("store_locked", 503),
         ("tenant_denied", 403),
+        ("permission_denied", 500),
         ("schema_mismatch", 500),
     ],
 )

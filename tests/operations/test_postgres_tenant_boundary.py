@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fencekeeper.adapters.operations import examples
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
@@ -236,3 +236,109 @@ def test_the_owner_role_migrates_a_schema_an_administrator_created_for_it(pg_dsn
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
             conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
             conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+
+
+def _accounts(pg_dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg_dsn) as conn:
+        return [tuple(r) for r in conn.execute(f"SELECT * FROM {schema}.app_accounts ORDER BY account_id")]  # type: ignore[arg-type]
+
+
+def test_a_missing_grant_is_permission_denied_and_a_crossing_stays_tenant_denied(
+    pg_dsn: str, pg_schema: str, restricted_role: str
+) -> None:
+    """Both are SQLSTATE 42501; only the policies' refusal is the tenant boundary's."""
+    _seed(pg_dsn, pg_schema)  # the owner made the application's tables, as prepare() does
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"GRANT SELECT ON {pg_schema}.app_accounts TO {restricted_role}")  # type: ignore[arg-type]
+    before, accounts = _snapshot(pg_dsn, pg_schema), _accounts(pg_dsn, pg_schema)
+    store = PostgresOperationStore(make_conninfo(pg_dsn, user=restricted_role), schema=pg_schema, pool_size=1, tenant="a")
+    try:
+        # The grant it has works: the refusals below are about the grants it lacks.
+        assert store.application_execute("SELECT balance FROM app_accounts WHERE account_id = ?", ("acc-1",)) == [(10_000,)]
+        with pytest.raises(StoreError) as insert:
+            store.application_execute("INSERT INTO app_accounts (account_id, balance) VALUES (?, ?)", ("acc-9", 5))
+        assert insert.value.code == "permission_denied"
+        assert f"role {restricted_role} lacks INSERT, UPDATE, DELETE on table app_accounts (it has SELECT)" in insert.value.message
+        assert "not the tenant boundary" in insert.value.message
+        # An actions module's prepare creates tables: the schema's CREATE is the owner's.
+        with pytest.raises(StoreError) as create:
+            examples.prepare(store)
+        assert create.value.code == "permission_denied"
+        assert f"role {restricted_role} lacks CREATE on schema {pg_schema} (it has USAGE)" in create.value.message
+        # An atomic action's statement without its grant: the attempt fails, and none of its writes commit.
+        service = _service(store)
+        admission = service.submit(
+            tenant="a", principal=ALICE, action="transfer", input={"from": "acc-1", "to": "acc-2", "amount": 5},
+            client_key="k-transfer",
+        )
+        worker = DurableOperationWorker(store, service.actions, service.resolvers, tenant="a", worker_id="w-a")
+        reports = [worker.run_once(), worker.run_once()]  # the seed's open balance check, then the transfer
+        report = next(r for r in reports if r is not None and r.operation_id == admission.operation_id)
+        assert report.outcome == "retry", report
+        assert f"role {restricted_role} lacks" in report.detail and "not the tenant boundary" in report.detail
+        record = service.get(admission.operation_id)
+        assert record is not None and [a.error_code for a in record.attempts] == ["handler_error"]
+        # A write into another tenant, through the same store, is still the tenant boundary's refusal.
+        with pytest.raises(StoreError) as crossing:
+            service.submit(tenant="b", principal=ALICE, action="balance", input={"account": "acc-1"}, client_key="k-b")
+        assert crossing.value.code == "tenant_denied"
+        assert "row-level security" in crossing.value.message and "nothing was written" in crossing.value.message
+    finally:
+        store.close()
+    assert _accounts(pg_dsn, pg_schema) == accounts
+    with psycopg.connect(pg_dsn) as conn:
+        created = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_name LIKE 'app%%' "
+            "ORDER BY table_name",
+            (pg_schema,),
+        ).fetchall()
+    assert created == [("app_accounts",), ("app_transfers",)]
+    after = _snapshot(pg_dsn, pg_schema)
+    # What the tenant's own submission and failed attempt wrote to the store's tables, and nothing of tenant b.
+    assert all(row[2] != "b" for row in after["operations"] if row not in before["operations"])
+
+
+def test_a_missing_read_grant_is_permission_denied_when_opening_and_reading(
+    pg_dsn: str, pg_schema: str, restricted_role: str
+) -> None:
+    as_role = make_conninfo(pg_dsn, user=restricted_role)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"REVOKE SELECT ON {pg_schema}.outbox FROM {restricted_role}")  # type: ignore[arg-type]
+    store = PostgresOperationStore(as_role, schema=pg_schema, pool_size=1, tenant="a")
+    try:
+        with pytest.raises(StoreError) as reading:
+            store.outbox()
+        assert reading.value.code == "permission_denied"
+        assert f"role {restricted_role} lacks SELECT, DELETE on table outbox (it has INSERT, UPDATE)" in reading.value.message
+    finally:
+        store.close()
+    # Opening reads schema_migrations.  (Without any privilege on it, information_schema does not list it
+    # to the role at all, and the schema looks missing.)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"REVOKE SELECT ON {pg_schema}.schema_migrations FROM {restricted_role}")  # type: ignore[arg-type]
+        conn.execute(f"GRANT UPDATE ON {pg_schema}.schema_migrations TO {restricted_role}")  # type: ignore[arg-type]
+    with pytest.raises(StoreError) as opening:
+        PostgresOperationStore(as_role, schema=pg_schema, pool_size=1, tenant="a")
+    assert opening.value.code == "permission_denied"
+    assert f"role {restricted_role} lacks SELECT, INSERT, DELETE on table schema_migrations (it has UPDATE)" in (
+        opening.value.message
+    )
+
+
+def test_op_worker_as_a_role_that_may_not_create_tables_exits_1_with_permission_denied(
+    pg_dsn: str, pg_schema: str, restricted_role: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/operations.md: the default actions module's prepare creates tables, which the restricted role may not."""
+    from fencekeeper.adapters import cli  # noqa: PLC0415
+
+    params = conninfo_to_dict(pg_dsn)
+    url = f"postgresql://{restricted_role}@{params.get('host', '127.0.0.1')}:{params.get('port', 5432)}/{params['dbname']}"
+    before = _snapshot(pg_dsn, pg_schema)
+    code = cli.main(["op", "worker", "--db", url, "--schema", pg_schema, "--tenant", "a", "--until-idle"])
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("fencekeeper: error: "), err
+    assert lines[0].endswith("[permission_denied]") and f"lacks CREATE on schema {pg_schema}" in lines[0]
+    assert _snapshot(pg_dsn, pg_schema) == before
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (f"{pg_schema}.app_accounts",)).fetchone() == (None,)
