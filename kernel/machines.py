@@ -523,6 +523,7 @@ class OperationEvent(TableEnum):
     CANCEL = "cancel"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     RECORD_INTENT = "record_intent"
+    APPROVAL_MISBOUND = "approval_misbound"
 
 
 OPERATION_SPEC = build_machine_spec(
@@ -570,6 +571,16 @@ OPERATION_SPEC = build_machine_spec(
                "action/version, tenant, requester and approver provenance, and expiry.'",
                "An approval that expired before the first Attempt consumed it authorizes nothing, so the "
                "operation fails instead of running on it."),
+            _t("approval_misbound", "admitted", "failed",
+               "Approval, cancellation, and limits: 'A durable approval decision is bound to the exact "
+               "Operation, normalized input, action/version, tenant, requester and approver provenance'",
+               "An approval bound to anything else (or given by the requester) authorizes nothing and can "
+               "never become usable, so the claim ends the operation instead of refusing it for ever."),
+            _t("approval_misbound", "running", "failed",
+               "Claims, leases, and fencing: 'A replacement records expired ownership as abandoned before "
+               "advancing the fence.'",
+               "A replacement claim that finds the approval unusable records the expired Attempt abandoned and "
+               "ends the operation rather than starting an Attempt the approval does not authorize."),
             _t("deadline_exceeded", "running", "failed",
                "Approval, cancellation, and limits: 'Overall deadline, next eligibility, Attempt count, and "
                "maximum Attempts survive restart.'",

@@ -100,6 +100,8 @@ class TerminalOutcome(enum.Enum):
     NOT_AUTHORIZED = "not_authorized"
     APPROVAL_REJECTED = "approval_rejected"
     APPROVAL_EXPIRED = "approval_expired"
+    APPROVAL_MISBOUND = "approval_misbound"
+    """The claim found no approval that authorizes this Operation (see :func:`claim`): it can never run."""
     DEADLINE_EXCEEDED = "deadline_exceeded"
     MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
     CANCELLED = "cancelled"
@@ -886,8 +888,18 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     Claimable: an admitted Operation whose next eligibility has come, or a
     running one whose owner's lease has expired.  The latter is replaced
     automatically: its Attempt is recorded ``abandoned`` first, in the same
-    decision.  Past the deadline, or with every Attempt used, the claim ends
-    the Operation with the named limit instead of creating an Attempt.
+    decision.  Past the deadline (whatever its next eligibility says), or
+    with every Attempt used, the claim ends the Operation with the named
+    limit instead of creating an Attempt.
+
+    An Operation that needs an approval and holds none that authorizes it
+    (none, a rejection, one bound to another Operation, input, action,
+    tenant or requester, or the requester's own) ends ``approval_misbound``:
+    ``decide`` never stores such an approval and refuses every decision once
+    one is stored, so it can never become usable, and a refusal here would
+    leave the Operation due and first in its tenant's queue for good.  So a
+    claim of an Operation :func:`due` says is due never refuses: it creates
+    an Attempt or ends the Operation.
     """
     try:
         _check_id("worker_id", request.worker_id)
@@ -906,7 +918,8 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
                 f"attempt {operation.fence} is owned by {operation.owner!r} until {_iso(operation.lease_expires_at)}",
             )
     elif state is OperationState.ADMITTED:
-        if now < operation.next_eligible_at:
+        # Past the deadline it is due (``due``) and ends, even if its next eligibility lies beyond the deadline.
+        if now < operation.next_eligible_at and now < operation.deadline:
             return Refusal(RefusalCode.NOT_ELIGIBLE, f"eligible only from {_iso(operation.next_eligible_at)}")
     elif state is OperationState.AWAITING_APPROVAL and now >= operation.deadline:
         return expire(operation, now, request.worker_id)
@@ -930,9 +943,17 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     approval = operation.approval
     if operation.requires_approval:
         # The table only lets an approved Operation become admitted; this checks its expiry and binding.
-        refusal = _check_approval_usable(operation)
-        if refusal is not None:
-            return refusal
+        flaw = _approval_flaw(operation)
+        if flaw is not None:
+            after, record = _move(
+                operation,
+                OperationEvent.APPROVAL_MISBOUND,
+                now=now,
+                actor=request.worker_id,
+                reason=(f"attempt {operation.fence} abandoned; " if abandoned else "") + f"{flaw}: it can never run",
+                changes={"outcome": TerminalOutcome.APPROVAL_MISBOUND, "error_code": "approval_misbound"},
+            )
+            return _decision(operation, after, record, now, attempts=abandoned)
         assert approval is not None
         if approval.consumed_by is None:
             if now >= approval.expires_at:
@@ -983,10 +1004,13 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     )
 
 
-def _check_approval_usable(operation: Operation) -> Refusal | None:
+def _approval_flaw(operation: Operation) -> str | None:
+    """Why the stored approval does not authorize this Operation, or None when it does (its expiry aside)."""
     approval = operation.approval
-    if approval is None or not approval.approved:
-        return Refusal(RefusalCode.NOT_ELIGIBLE, "the operation needs an approval and has none")
+    if approval is None:
+        return "the operation needs an approval and holds none"
+    if not approval.approved:
+        return f"approval {approval.approval_id!r} is a rejection"
     bound = (
         approval.operation_id == operation.operation_id
         and approval.input_digest == operation.input_digest
@@ -998,7 +1022,11 @@ def _check_approval_usable(operation: Operation) -> Refusal | None:
         and not _same_principal(approval.approver, approval.requester)
     )
     if not bound:
-        return Refusal(RefusalCode.APPROVAL_MISBOUND, f"approval {approval.approval_id!r} is not bound to this operation")
+        return f"approval {approval.approval_id!r} is not bound to this operation"
+    if operation.state is OperationState.RUNNING and approval.consumed_by is None:
+        # The first claim consumes it; a running Operation whose approval no Attempt consumed was not
+        # authorized by it, and its expiry cannot be judged any more (approval_expired ends only admitted work).
+        return f"approval {approval.approval_id!r} was consumed by no attempt of this running operation"
     return None
 
 

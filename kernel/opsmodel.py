@@ -77,6 +77,7 @@ class Invariant(enum.Enum):
     NO_BLIND_RESEND = "INV-OP-NO-BLIND-RESEND"
     UNKNOWN_ONLY_IF_AMBIGUOUS = "INV-OP-UNKNOWN-ONLY-IF-AMBIGUOUS"
     AUTHORIZED_ANSWER = "INV-OP-AUTHORIZED-ANSWER"
+    DUE_CLAIMED = "INV-OP-DUE-CLAIMED"
 
 
 class Answer(enum.Enum):
@@ -118,6 +119,11 @@ class OpsProtocol:
     outcome_unknown: Callable[..., o.Outcome] = o.outcome_unknown
     effect_plan: Callable[[o.Operation], o.EffectPlan] = o.effect_plan
     apply_guard: bool = True
+    due_claim: Callable[..., o.Outcome] | None = None
+    """The claim ``INV-OP-DUE-CLAIMED`` asks of every due Operation in every state; None: ``claim``.
+
+    Apart from ``claim`` so that a caller recording the explored decisions records only the actors' calls.
+    """
 
 
 @attrs.frozen(cache_hash=True)
@@ -507,7 +513,7 @@ def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move],
 # --- invariants ------------------------------------------------------------------
 
 
-def check_state(world: World) -> tuple[Invariant, str] | None:
+def check_state(world: World, proto: OpsProtocol = OpsProtocol()) -> tuple[Invariant, str] | None:
     key = o.identity_key(IDENTITY)
     identical = [x for x in world.operations if o.identity_key(x.identity) == key]
     if len(identical) > 1:
@@ -523,6 +529,16 @@ def check_state(world: World) -> tuple[Invariant, str] | None:
             )
         if op.state is OperationState.CANCELLED and world.effects:
             return Invariant.CANCEL_OR_EFFECT, f"{op.operation_id} is cancelled and its effect committed"
+        if o.due(op, world.now):
+            # A store finds work by ``due``: a claim that refused a due Operation would leave it first in
+            # its tenant's queue, refused again by every later claim.
+            claim = proto.claim if proto.due_claim is None else proto.due_claim
+            claimed = claim(op, o.ClaimRequest("w-due", TICK), world.now)
+            if isinstance(claimed, o.Refusal):
+                return Invariant.DUE_CLAIMED, (
+                    f"{op.operation_id} is due ({op.state.value}) at tick {world.tick} and its claim is refused "
+                    f"{claimed.code.value}: {claimed.message}"
+                )
     if world.effects > 1:
         return Invariant.CANCEL_OR_EFFECT, f"the effect committed {world.effects} times"
     return None
@@ -622,7 +638,7 @@ def explore(
             if move.world in parents:
                 continue
             parents[move.world] = (world, move.label)
-            broken = check_state(move.world)
+            broken = check_state(move.world, proto)
             if broken is not None:
                 return Result(len(parents), transitions, depth + 1, False, Violation(*broken, trace(move.world)))
             if len(parents) >= bounds.max_states:

@@ -92,6 +92,7 @@ def _explored_calls() -> list[dict[str, Any]]:
         fail=recording("fail", o.fail),
         decide=recording("decide", o.decide),
         cancel=recording("cancel", o.cancel),
+        due_claim=o.claim,
     )
     for bounds in MODEL_BOUNDS:
         result = opsmodel.explore(bounds, proto)
@@ -263,7 +264,43 @@ def operation_cases() -> list[Case]:
         data = {"decision": "expire", "operation": admitted, "request": {"actor": "system:deadline"},
                 "now": wire.time_text(moment)}
         cases.append(_case(f"expire/{label}", data))
+    cases += _due_is_claimed_cases(cases)
     return cases
+
+
+def _due_is_claimed_cases(cases: list[Case]) -> list[Case]:
+    """A claim never refuses an Operation ``due`` reports due (``INV-OP-DUE-CLAIMED``): rows no decision makes.
+
+    An approval that authorizes nothing (as old or edited rows may hold) ends the Operation
+    ``approval_misbound``, a replacement's after the expired owner's Attempt is abandoned; an admitted
+    Operation past its deadline ends ``deadline_exceeded`` whatever its next eligibility.
+    """
+    first = next(
+        c["input"] for c in cases if c["input"]["decision"] == "claim" and c["expected"].get("credential")
+        and c["input"]["operation"]["state"] == "admitted" and c["input"]["operation"]["approval"] is not None
+    )
+    operation, approval = first["operation"], first["operation"]["approval"]
+    found: list[Case] = []
+    for label, change in (
+        ("self_approval", {"approver": operation["identity"]["principal"]}),
+        ("self_approval_other_resolver_version", {"approver": "users:v2:requester"}),
+        ("other_operation", {"operation_id": "op-other"}),
+        ("other_input", {"input_digest": "f" * 64}),
+        ("other_tenant", {"tenant": "tenant-other"}),
+        ("other_requester", {"requester": "users:v1:someone"}),
+        ("rejection", {"approved": False}),
+    ):
+        edited = {**operation, "approval": {**approval, **change}}
+        found.append(_case(f"claim/approval_misbound/{label}", {**first, "operation": edited}))
+    found.append(_case("claim/approval_misbound/none", {**first, "operation": {**operation, "approval": None}}))
+    # The first claim's Operation, its owner's lease expired: a replacement finds the approval edited.
+    running = decide_operation(first)["operation"]
+    edited = {**running, "approval": {**running["approval"], "approver": running["identity"]["principal"]}}
+    expired = {**first, "operation": edited, "now": running["lease_expires_at"]}
+    found.append(_case("claim/approval_misbound/replacement", expired))
+    late = {**operation, "next_eligible_at": wire.time_text(wire.parse_time(operation["deadline"]) + timedelta(hours=1))}
+    found.append(_case("claim/deadline_before_eligibility", {**first, "operation": late, "now": operation["deadline"]}))
+    return found
 
 
 __all__ = ["decide_operation", "operation_cases"]

@@ -63,6 +63,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations.base import TransactionalOperationStore, Tx
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
 from fencekeeper.adapters.operations.ports import GuardedContext, OperationStore, StatementRefused
 from fencekeeper.adapters.operations.service import (
@@ -117,6 +118,33 @@ def transfers(store: OperationStore) -> set[str]:
         return set(store.tables().get("app_transfers", {}))
     rows = getattr(store, "application_execute")("SELECT operation_id FROM app_transfers")  # noqa: B009
     return {str(r[0]) for r in rows}
+
+
+
+def hand_edit(store: OperationStore, operation_id: str, **changes: Any) -> o.Operation:
+    """Rewrite an Operation's row as old or hand-edited data may hold it, through the store's own guarded write.
+
+    For states no decision makes (an approval ``decide`` would refuse):
+    the stores must still keep every tenant's queue moving when they meet one.
+    """
+    if not isinstance(store, TransactionalOperationStore):
+        pytest.skip("rows are edited through a TransactionalOperationStore's own write")
+
+    def body(tx: Tx) -> o.Outcome:
+        before = tx.lock_operation(operation_id)
+        assert before is not None
+        after = attrs.evolve(before, revision=before.revision + 1, **changes)
+        record = o.Transition(
+            operation_id, after.revision, None, before.state, after.state, tx.now(), "system:edit", after.fence,
+            "edited by hand",
+        )
+        decision = o.Decision(o.Guard(operation_id, before.revision, before.fence), after, record)
+        store._write(tx, decision)
+        return decision
+
+    outcome = store._run(body)
+    assert isinstance(outcome, o.Decision)
+    return outcome.operation
 
 
 class World:
@@ -571,6 +599,47 @@ class OperationStoreTests:
         report = world.worker("w1").run_once()
         assert report is not None and report.outcome == "succeeded"
         assert world.provider.calls == [f"{op_id}/effect"]
+
+    @pytest.mark.parametrize(
+        "flaw",
+        [
+            {"approver": ALICE.ref},  # the requester approving their own Operation
+            {"approver": "users:v2:alice"},  # ... under another version of their resolver
+            {"input_digest": "0" * 64},
+            {"operation_id": "another-operation"},
+        ],
+        ids=["self_approval", "self_approval_other_version", "other_input", "other_operation"],
+    )
+    def test_an_approval_that_can_never_be_used_ends_its_operation_and_the_queue_moves_on(
+        self, world: World, flaw: dict[str, Any]
+    ) -> None:
+        """``decide`` never stores such an approval, but old or hand-edited rows may hold one.
+
+        The claim that finds it ends the Operation ``approval_misbound`` (a
+        transition and its outbox row like any end), so the tenant's next
+        Operation is claimed instead of the same refused row forever.
+        """
+        op_id = self._capture(world)
+        world.service.decide(op_id, approver=BOB, approve=True, approval_id="ap-1")
+        stored = world.store.get(op_id)
+        assert stored is not None and stored.approval is not None
+        hand_edit(world.store, op_id, approval=attrs.evolve(stored.approval, **flaw))
+        world.clock.advance(timedelta(seconds=1))
+        behind = world.transfer("k-behind", 10)
+        reports = world.worker("w1").run_until_idle(limit=5)
+        assert [(r.operation_id, r.outcome) for r in reports] == [
+            (op_id, "approval_misbound"), (behind, "succeeded")
+        ]
+        ended = world.store.get(op_id)
+        assert ended is not None and ended.state is OperationState.FAILED
+        assert (ended.outcome, ended.error_code, ended.attempt_count) == (
+            o.TerminalOutcome.APPROVAL_MISBOUND, "approval_misbound", 0
+        )
+        assert world.provider.calls == []
+        last = world.service.history(op_id)[-1]
+        assert (last.event, last.to_state) == ("approval_misbound", "failed")
+        assert f"{op_id}/{ended.revision}" in {m.message_id for m in world.store.outbox(limit=1000)}
+        assert accounts(world.store) == {"acc-1": 90, "acc-2": 10}
 
     def test_lost_reply_is_reconciled_not_resent(self, world: World) -> None:
         op_id = self._capture(world, action="capture_unapproved")

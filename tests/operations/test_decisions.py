@@ -318,15 +318,23 @@ def test_approval_is_consumed_once_and_survives_a_replacement() -> None:
 
 
 @pytest.mark.parametrize("approver", ["users:v1:alice", "users:v2:alice"])
-def test_a_claim_refuses_a_stored_approval_its_requester_gave_under_any_resolver_version(approver: str) -> None:
-    """The claim's binding check agrees with decide's self_approval: one principal under every resolver version."""
+def test_a_claim_ends_a_stored_approval_its_requester_gave_under_any_resolver_version(approver: str) -> None:
+    """The claim's binding check agrees with decide's self_approval: one principal under every resolver version.
+
+    Such an approval can never become usable, so the claim ends the Operation rather than refusing it (a refused
+    due row would stay first in its tenant's queue).
+    """
     decided = _decide(_approval_op())
     assert isinstance(decided, o.Decision) and decided.operation.approval is not None
     assert decided.operation.identity.principal == "users:v1:alice"
     # A stored approval the kernel would never write today (decide refuses it), as an older store may hold.
     forged = attrs.evolve(decided.operation, approval=attrs.evolve(decided.operation.approval, approver=approver))
     outcome = o.claim(forged, o.ClaimRequest("w1", LEASE), T0 + SECOND)
-    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.APPROVAL_MISBOUND, outcome
+    assert isinstance(outcome, o.Decision) and outcome.credential is None, outcome
+    assert (outcome.operation.state, outcome.operation.outcome) == (
+        OperationState.FAILED, o.TerminalOutcome.APPROVAL_MISBOUND
+    )
+    assert "is not bound to this operation" in outcome.transition.reason
 
 
 def test_an_approval_that_expires_unused_ends_the_operation() -> None:

@@ -86,7 +86,7 @@ def test_trace_replays_to_the_violation(variant: Variant, zoo_results: dict[str,
             assert move.broken[0] is variant.breaks
             return
         world = move.world
-    found = check_state(world)
+    found = check_state(world, variant.protocol)
     assert found is not None and found[0] is variant.breaks
 
 

@@ -4,8 +4,9 @@ Each variant reintroduces one mistake real job systems make: finishing the
 work of a replaced attempt, re-using an approval for every retry, letting an
 effect commit after cancellation, admitting one request twice, answering a
 revoked principal's resubmission with its Operation, calling a
-provider again after a lost reply, or giving up on an effect the provider
-said it did not apply.  A checker
+provider again after a lost reply, giving up on an effect the provider
+said it did not apply, or refusing a claim of an Operation the store
+finds due (a grace after an owner's lease expired).  A checker
 that passes the real decisions but misses any of these proves nothing, so
 ``test_model_check.py`` runs every variant and asserts the named invariant
 is the one reported.
@@ -25,7 +26,7 @@ import attrs
 
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.machines import OperationState
-from fencekeeper.kernel.opsmodel import Invariant, OpsProtocol
+from fencekeeper.kernel.opsmodel import TICK, Invariant, OpsProtocol
 
 Decide = Callable[..., o.Outcome]
 
@@ -63,6 +64,18 @@ def _claim_consuming_every_time(op: o.Operation | None, request: o.ClaimRequest,
         approval = attrs.evolve(outcome.operation.approval, consumed_by=outcome.credential.fence)
         return attrs.evolve(outcome, operation=attrs.evolve(outcome.operation, approval=approval))
     return outcome
+
+
+def _claim_with_a_grace_after_expiry(op: o.Operation | None, request: o.ClaimRequest, now: datetime) -> o.Outcome:
+    """Replaces an expired owner only a tick after its lease ran out ("it may just be late")."""
+    if (
+        op is not None
+        and op.state is OperationState.RUNNING
+        and op.lease_expires_at is not None
+        and now < op.lease_expires_at + TICK
+    ):
+        return o.Refusal(o.RefusalCode.NOT_ELIGIBLE, f"the owner's lease expired at {op.lease_expires_at}; grace")
+    return o.claim(op, request, now)
 
 
 def _complete_on_cancelled(op: o.Operation | None, request: o.CompleteRequest, now: datetime) -> o.Outcome:
@@ -190,6 +203,13 @@ ZOO: tuple[Variant, ...] = (
         "provider's recorded answer that the effect was not applied",
         Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS,
         OpsProtocol(effect_plan=_plan_ignoring_answers),
+    ),
+    Variant(
+        "reclaim-after-a-grace",
+        "a claim waits a grace tick after an owner's lease expired, while a store finds the Operation due at the "
+        "expiry: the due row is refused, and stays first in its tenant's queue",
+        Invariant.DUE_CLAIMED,
+        OpsProtocol(claim=_claim_with_a_grace_after_expiry),
     ),
     Variant(
         "resend-after-a-lost-reply",
