@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -30,7 +30,7 @@ from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.machines import OperationState
 
 from ..store import StoreError
-from .ports import AtomicAction, GuardedContext, OperationView
+from .ports import AtomicAction, ClaimRefused, GuardedContext, OperationView
 
 _ATTEMPTS = 5
 
@@ -78,8 +78,10 @@ class Tx(abc.ABC):
         """
 
     @abc.abstractmethod
-    def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
-        """Lock the Operation of ``tenant`` due longest at the store's time (skipping rows others hold)."""
+    def lock_next_due(
+        self, tenant: str, namespace: str | None, skip: frozenset[str] = frozenset()
+    ) -> o.Operation | None:
+        """Lock the Operation of ``tenant`` due longest at the store's time (skipping rows others hold, and ``skip``)."""
 
     @abc.abstractmethod
     def write(self, decision: o.Decision, input_json: str | None) -> bool:
@@ -217,15 +219,32 @@ class TransactionalOperationStore(abc.ABC):
         return self._run(body)
 
     def claim_next(
-        self, tenant: str, worker_id: str, lease: timedelta, *, namespace: str | None = None
+        self,
+        tenant: str,
+        worker_id: str,
+        lease: timedelta,
+        *,
+        namespace: str | None = None,
+        skip: Collection[str] = (),
     ) -> o.Outcome | None:
         request = o.ClaimRequest(worker_id, lease)
+        passed_over = frozenset(skip)
 
         def body(tx: Tx) -> o.Outcome:
-            operation = tx.lock_next_due(tenant, namespace)
+            operation = tx.lock_next_due(tenant, namespace, passed_over)
             if operation is None:
                 raise _Rollback(_NOTHING)
             outcome = o.claim(operation, request, tx.now())
+            if isinstance(outcome, o.Refusal) and outcome.code is not o.RefusalCode.INVALID_REQUEST:
+                # Found due and refused: nothing is written and the row stays first in the queue.  Named, so the
+                # caller can pass over it instead of being handed the same row by every later claim.  (A
+                # malformed request is the caller's, not the row's: it is refused as it is.)
+                return ClaimRefused(
+                    outcome.code,
+                    f"operation {operation.operation_id!r} is due but its claim is refused: {outcome.message}",
+                    outcome.field,
+                    operation_id=operation.operation_id,
+                )
             if isinstance(outcome, o.Decision):
                 self._write(tx, outcome)
                 if outcome.credential is not None:

@@ -87,13 +87,16 @@ class _MemoryTx(Tx):
         holder = self.state.identities.get(o.identity_key(identity))
         return None if holder is None else self.state.operations[holder]
 
-    def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
+    def lock_next_due(
+        self, tenant: str, namespace: str | None, skip: frozenset[str] = frozenset()
+    ) -> o.Operation | None:
         now = self.now()
         due = [
             (when, op.operation_id)
             for op in self.state.operations.values()
             if op.identity.tenant == tenant
             and (namespace is None or op.identity.namespace == namespace)
+            and op.operation_id not in skip
             and (when := due_at(op)) is not None
             and when <= now
         ]

@@ -26,7 +26,7 @@ Rules of this module:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -88,15 +88,38 @@ class OperationView:
     history: tuple[o.Transition, ...]
 
 
+@attrs.frozen
+class ClaimRefused(o.Refusal):
+    """The kernel refused the claim of the Operation the store found due first, and names it.
+
+    The kernel claims or ends every Operation its ``due`` says is due
+    (``INV-OP-DUE-CLAIMED``), so this means the row and the kernel disagree
+    (edited data, a store whose ``due_at`` is wrong).  Nothing was written
+    and the row is still due and first: a caller passes over it with
+    ``claim_next``'s ``skip`` so the rest of the tenant's work goes on.
+    """
+
+    operation_id: str = ""
+
+
 class OperationStore(Protocol):
     def now(self) -> datetime: ...
 
     def submit(self, request: o.SubmitRequest, input_json: str) -> o.Outcome: ...
 
     def claim_next(
-        self, tenant: str, worker_id: str, lease: timedelta, *, namespace: str | None = None
+        self,
+        tenant: str,
+        worker_id: str,
+        lease: timedelta,
+        *,
+        namespace: str | None = None,
+        skip: Collection[str] = (),
     ) -> o.Outcome | None:
-        """Claim (or end by its limits) the Operation of ``tenant`` that has been due longest; None if none is."""
+        """Claim (or end by its limits) the Operation of ``tenant`` that has been due longest; None if none is.
+
+        Operations named in ``skip`` are passed over.  A refusal of the row found is a :class:`ClaimRefused`.
+        """
         ...
 
     def heartbeat(self, request: o.HeartbeatRequest) -> o.Outcome: ...

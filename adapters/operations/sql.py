@@ -425,10 +425,15 @@ class SqlTx(Tx):
     def serialize_identity(self, identity: o.Identity) -> None:
         """Make concurrent submissions of one identity's key wait for each other (PostgreSQL: an advisory lock)."""
 
-    def lock_next_due(self, tenant: str, namespace: str | None) -> o.Operation | None:
+    def lock_next_due(
+        self, tenant: str, namespace: str | None, skip: frozenset[str] = frozenset()
+    ) -> o.Operation | None:
         bound_sql, bound_params = self.due_bound()
         scope = " AND namespace = ?" if namespace is not None else ""
-        params: list[Any] = [tenant, *bound_params, *([namespace] if namespace is not None else [])]
+        passed_over = sorted(skip)
+        if passed_over:
+            scope += f" AND operation_id NOT IN ({', '.join('?' * len(passed_over))})"
+        params: list[Any] = [tenant, *bound_params, *([namespace] if namespace is not None else []), *passed_over]
         # The input comes with the row: a worker that claims runs the action next.
         return self._one(
             f"{_SELECT_WITH_INPUT} WHERE tenant = ? AND due_at IS NOT NULL AND due_at <= {bound_sql}{scope} "

@@ -40,6 +40,12 @@ external effects, history, and retention).  Rules of this module:
   returns (a stale fence after a replacement, a cancellation that won) is
   reported, never retried: the fence says this worker no longer owns the
   Operation.
+- A claim the kernel refuses for the row the store found due (the kernel
+  claims or ends every due Operation, so only a row that disagrees with it:
+  edited data, a store's wrong ``due_at``) is reported once and then passed
+  over, for a pause that doubles while it is refused again: the rest of the
+  tenant's work goes on, and the worker neither spins on the row nor keeps
+  reporting it.  A store's refusal that names no row pauses the worker.
 """
 
 from __future__ import annotations
@@ -53,14 +59,14 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
 
 from fencekeeper.kernel import operations as o
 
-from .ports import GuardedContext, OperationStore
+from .ports import ClaimRefused, GuardedContext, OperationStore
 from .service import (
     ActionFailed,
     DurableAction,
@@ -91,6 +97,18 @@ class WorkReport:
 _reference = functools.lru_cache(maxsize=1024)(PrincipalReference.parse)
 
 
+_LONGEST_PAUSE = timedelta(hours=1)
+"""The longest a refused row is passed over (or a worker paused) before its claim is tried again."""
+_REMEMBERED = 1000
+"""Refused rows remembered at most: past that, the oldest pauses are forgotten (their rows are tried again)."""
+
+
+@attrs.frozen
+class _Pause:
+    until: datetime
+    length: timedelta
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -117,18 +135,58 @@ class DurableOperationWorker:
         self.namespace = namespace
         self.before_effect = before_effect
         """Called after the claim and before the effect (fault tests stop the process here)."""
+        self._refused: dict[str, _Pause] = {}
+        """Rows whose claim was refused, passed over until their pause ends (the store's time)."""
+        self._paused: _Pause | None = None
+        """The worker's own pause after a refusal that named no row."""
 
     def run_once(self) -> WorkReport | None:
-        outcome = self.store.claim_next(self.tenant, self.worker_id, self.lease, namespace=self.namespace)
+        if self._paused is not None and self.store.now() < self._paused.until:
+            return None
+        skip = self._passing_over()
+        for _ in range(_REMEMBERED):
+            # Passing over the rows this worker already reported: a pass ends with a claim, a report or None.
+            outcome = self.store.claim_next(
+                self.tenant, self.worker_id, self.lease, namespace=self.namespace, **({"skip": skip} if skip else {})
+            )
+            if not isinstance(outcome, ClaimRefused) or outcome.operation_id in skip:
+                break  # (a store that ignores ``skip``: the worker pauses below)
+            first = self._pass_over(outcome.operation_id)
+            if first:
+                until = self._refused[outcome.operation_id].until.isoformat()
+                return WorkReport(outcome.operation_id, None, outcome.code.value, f"{outcome.message}; passed over until {until}")
+            skip = skip | {outcome.operation_id}
         if outcome is None:
+            self._paused = None
             return None
         if isinstance(outcome, o.Refusal):
-            return WorkReport("?", None, outcome.code.value, outcome.message)
+            # No row named, so none can be passed over: the worker pauses instead of asking again at once.
+            length = self.lease if self._paused is None else min(self._paused.length * 2, _LONGEST_PAUSE)
+            self._paused = _Pause(self.store.now() + length, length)
+            return WorkReport("?", None, outcome.code.value, f"{outcome.message}; paused until {self._paused.until.isoformat()}")
+        self._paused = None
         operation = outcome.operation
+        self._refused.pop(operation.operation_id, None)
         if not isinstance(outcome, o.Decision) or outcome.credential is None:
             # The claim ended the Operation by a limit (deadline, attempts, an unused approval's expiry).
             return _ended(operation, None)
         return self._run(operation, outcome.credential)
+
+    def _passing_over(self) -> frozenset[str]:
+        """The refused rows whose pause has not ended, at the store's time (read only when there are some)."""
+        if not self._refused:
+            return frozenset()
+        now = self.store.now()
+        return frozenset(operation_id for operation_id, pause in self._refused.items() if now < pause.until)
+
+    def _pass_over(self, operation_id: str) -> bool:
+        """Pause ``operation_id`` (twice as long as last time it was refused); whether this is its first refusal."""
+        earlier = self._refused.pop(operation_id, None)
+        length = self.lease if earlier is None else min(earlier.length * 2, _LONGEST_PAUSE)
+        if len(self._refused) >= _REMEMBERED:
+            del self._refused[next(iter(self._refused))]
+        self._refused[operation_id] = _Pause(self.store.now() + length, length)
+        return earlier is None
 
     def run_until_idle(self, limit: int = 10_000) -> list[WorkReport]:
         reports: list[WorkReport] = []

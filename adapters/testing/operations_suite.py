@@ -641,6 +641,39 @@ class OperationStoreTests:
         assert f"{op_id}/{ended.revision}" in {m.message_id for m in world.store.outbox(limit=1000)}
         assert accounts(world.store) == {"acc-1": 90, "acc-2": 10}
 
+    def test_a_claim_refused_anyway_is_reported_once_and_the_rest_of_the_queue_runs(
+        self, world: World, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A row the store finds due and the kernel refuses (it never does for a row ``due`` reports due: here it is
+        made to, for one Operation) does not stall its tenant: the worker reports it once, passes over it while
+        the rest of the queue runs, and tries it again after its pause."""
+        stuck = world.transfer("k-stuck", 1)
+        world.clock.advance(timedelta(seconds=1))
+        behind = [world.transfer(f"k-behind-{n}", 1) for n in range(2)]
+        claim = o.claim
+
+        def refusing(operation: o.Operation | None, request: o.ClaimRequest, now: Any) -> o.Outcome:
+            if operation is not None and operation.operation_id == stuck:
+                return o.Refusal(o.RefusalCode.NOT_ELIGIBLE, "the row and the kernel disagree")
+            return claim(operation, request, now)
+
+        monkeypatch.setattr(o, "claim", refusing)
+        before = world.store.view(stuck)
+        worker = world.worker("w1")
+        reports = worker.run_until_idle(limit=20)
+        assert (reports[0].operation_id, reports[0].outcome) == (stuck, "not_eligible")
+        assert sorted((r.operation_id, r.outcome) for r in reports[1:]) == sorted((b, "succeeded") for b in behind)
+        assert stuck in reports[0].detail and "passed over until" in reports[0].detail
+        assert worker.run_until_idle(limit=20) == []  # neither spinning on it nor reporting it again
+        world.clock.advance(LEASE)
+        assert worker.run_until_idle(limit=20) == []  # refused again after its pause: passed over, silently
+        assert world.store.view(stuck) == before  # every refusal wrote nothing
+        monkeypatch.undo()
+        world.clock.advance(2 * LEASE)
+        reports = worker.run_until_idle(limit=20)
+        assert [(r.operation_id, r.outcome) for r in reports] == [(stuck, "succeeded")]
+        assert accounts(world.store) == {"acc-1": 97, "acc-2": 3}
+
     def test_lost_reply_is_reconciled_not_resent(self, world: World) -> None:
         op_id = self._capture(world, action="capture_unapproved")
         world.provider.mode = "lost_reply"

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
+from fencekeeper.adapters.operations.ports import ClaimRefused
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.store import ManualClock, SystemClock
 from fencekeeper.adapters.testing.operations_suite import (
@@ -234,3 +235,35 @@ def test_a_resolver_that_answers_for_someone_else_fails_closed(answer: str) -> N
     assert report is not None and report.outcome == "not_authorized", report
     record = world.service.get(op_id)
     assert record is not None and record.outcome is not None and record.outcome.value == "not_authorized"
+
+
+def test_a_refusal_that_names_no_row_pauses_the_worker_instead_of_spinning() -> None:
+    """A store whose claim refusal names no Operation cannot be passed over: the worker reports it and pauses."""
+    clock = ManualClock()
+    world = World(MemoryOperationStore(clock), clock)
+    answers: list[o.Outcome | None] = []
+
+    class Refusing(MemoryOperationStore):
+        def claim_next(self, *args: object, **kwargs: object) -> o.Outcome | None:
+            answers.append(o.Refusal(o.RefusalCode.NOT_ELIGIBLE, "refused"))
+            return answers[-1]
+
+    store = Refusing(clock)
+    worker = DurableOperationWorker(store, world.actions, world.resolvers, tenant=TENANT, worker_id="w1")
+    reports = worker.run_until_idle(limit=50)
+    assert [(r.operation_id, r.outcome) for r in reports] == [("?", "not_eligible")]
+    assert "paused until" in reports[0].detail and len(answers) == 1
+    clock.advance(worker.lease)
+    assert [r.outcome for r in worker.run_until_idle(limit=50)] == ["not_eligible"]  # asked once more, then paused
+    clock.advance(worker.lease)
+    assert worker.run_until_idle(limit=50) == [] and len(answers) == 2  # the second pause is twice as long
+
+
+def test_a_malformed_claim_is_refused_as_it_is_and_names_no_row() -> None:
+    """A refusal of the request itself says nothing about the row found due: it is not a ClaimRefused."""
+    clock = ManualClock()
+    world = World(MemoryOperationStore(clock), clock)
+    world.transfer("k1")
+    outcome = world.store.claim_next(TENANT, "w1", timedelta(0))
+    assert isinstance(outcome, o.Refusal) and not isinstance(outcome, ClaimRefused)
+    assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "lease_duration")
