@@ -34,6 +34,10 @@ import attrs
 
 from fencekeeper.kernel import operations as o
 
+# ClaimRefused's __init__, written by attrs, carries Refusal's annotations as text (the kernel's
+# postponed annotations): a reader that resolves them here, as the API reference does, needs this name.
+from fencekeeper.kernel.operations import RefusalCode  # noqa: F401
+
 
 class StaleContext(Exception):
     """The guarded context was used outside its transaction (after commit or rollback)."""

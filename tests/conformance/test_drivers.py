@@ -98,7 +98,7 @@ def test_the_command_exits_1_on_a_failure_and_prints_the_first_difference(
                      "--layer", "machines", "--layer", "expressions", "--cases", str(CASES)])
     out = capsys.readouterr().out
     assert code == 1
-    assert "machines     failed   passed 473, failed 1, skipped 0" in out
+    assert f"machines     failed   passed {_machines_cases() - 1}, failed 1, skipped 0" in out
     assert "expressions  skipped" in out and "does not declare" in out
     assert '"id": "execution/eligible/claim"' in out
 
@@ -108,7 +108,12 @@ def test_the_command_exits_0_when_everything_chosen_passes(
 ) -> None:
     monkeypatch.chdir(ROOT)
     assert cli.main(["conformance", "--driver", DRIVER, "--layer", "machines"]) == 0
-    assert "machines     passed   passed 474" in capsys.readouterr().out
+    assert f"machines     passed   passed {_machines_cases()}," in capsys.readouterr().out
+
+
+def _machines_cases() -> int:
+    """How many cases the committed machines layer holds (it grows with the tables)."""
+    return len(json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"])
 
 
 def test_a_factory_runs_in_process_through_the_same_protocol() -> None:
