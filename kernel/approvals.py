@@ -12,7 +12,9 @@ Rules of this module:
   stale decision, an unauthorized reviewer, a reviewer outside the scope, or
   the requester approving their own request where distinct reviewers are
   required: each is a :class:`Refusal` that writes nothing and wakes
-  nothing.
+  nothing.  These are asked before any stored decision answers, so a
+  reviewer refused now learns neither whether nor how the request was
+  decided.
 - The first committed determination wins.  The same decision again (same
   decision id and content) is :class:`Unchanged`; a later decision agreeing
   with the determination is :class:`Unchanged` too; a later decision that
@@ -206,15 +208,9 @@ def decide(
     if request is None or request.business_id != decision.business_id:
         # Another Business's request does not exist for this caller.
         return _refuse(RefusalCode.APPROVAL_NOT_FOUND, f"no approval request {decision.request_id!r}")
-    if prior is not None:
-        same = {k: v for k, v in prior.body.items() if k != "status"} == decision.content()
-        if same:
-            return Unchanged(UnchangedCode.ALREADY_DECIDED, f"decision {decision.decision_id!r} was already recorded")
-        return _refuse(
-            RefusalCode.DECISION_CONFLICT,
-            f"decision {decision.decision_id!r} was already recorded with other content; a decision id is used once",
-            "decision_id",
-        )
+    # Current authority first (seed 000, Security: grants and approval scope are checked at the node
+    # boundary; an unauthorized decision wakes nothing): a reviewer refused now is answered neither by a
+    # decision stored under this identity nor by the request's determination and who made it.
     if not decision.authority.granted:
         return _refuse(
             RefusalCode.NOT_AUTHORIZED,
@@ -229,6 +225,15 @@ def decide(
         return _refuse(
             RefusalCode.NOT_AUTHORIZED,
             f"{decision.reviewer_id!r} requested this approval and cannot also decide it",
+        )
+    if prior is not None:
+        same = {k: v for k, v in prior.body.items() if k != "status"} == decision.content()
+        if same:
+            return Unchanged(UnchangedCode.ALREADY_DECIDED, f"decision {decision.decision_id!r} was already recorded")
+        return _refuse(
+            RefusalCode.DECISION_CONFLICT,
+            f"decision {decision.decision_id!r} was already recorded with other content; a decision id is used once",
+            "decision_id",
         )
     if decision.binding != request.binding:
         return _refuse(

@@ -15,7 +15,7 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import from_json, parse_definition, to_json
 from fencekeeper.kernel.machines import ExecutionState
 
-from .conftest import BUSINESS, EXAMPLES, OPS, RUNNER, World, example
+from .conftest import BUSINESS, EXAMPLES, MANAGER, OPS, RUNNER, World, example
 
 LOOP = """
 id = "loop"
@@ -269,6 +269,34 @@ def test_cancellation_of_a_waiter_wins_and_a_later_decision_cannot_wake_it(world
                           request=request, determination="approved")
     assert isinstance(late, p.Refusal)
     assert world.view("x-1").execution.state == ExecutionState.CANCELLED
+
+
+def test_a_reviewer_without_current_authority_learns_nothing_of_a_stored_decision(world: World) -> None:
+    # specs/interpreter.md, Approvals: the reviewer's authority and scope come before the stored decision,
+    # so a repeat or a reused identity tells a reviewer refused now neither that nor how it was decided.
+    world.register(example("purchase_approval"))
+    world.admit("purchase-approval", "x-1", amount=5000, order_id="o-1", order_revision=1)
+    world.run_pass()
+    request = service.approval_request(world.store, "x-1")
+    assert request is not None
+
+    def decide(reviewer: str, determination: str) -> object:
+        return service.decide(world.store, world.policy, business_id=BUSINESS, reviewer_id=reviewer,
+                              request=request, determination=determination, decision_id="d-1")
+
+    assert isinstance(decide(MANAGER, "approved"), p.Decision)
+    # Still authorized: the stored decision answers.
+    repeat = decide(MANAGER, "approved")
+    assert isinstance(repeat, p.Unchanged) and repeat.code == p.UnchangedCode.ALREADY_DECIDED, repeat
+    before = world.view("x-1")
+    world.policy.revoke(MANAGER, BUSINESS)
+    # OPS holds every grant of the Business but is outside the request's reviewers; RUNNER requested it.
+    for reviewer, determination in ((MANAGER, "approved"), (MANAGER, "rejected"), (OPS, "approved"),
+                                    (RUNNER, "rejected")):
+        refused = decide(reviewer, determination)
+        assert isinstance(refused, p.Refusal) and refused.code == p.RefusalCode.NOT_AUTHORIZED, (reviewer, refused)
+        assert "already" not in refused.message and "d-1" not in refused.message, refused
+    assert world.view("x-1") == before
 
 
 def test_cancellation_of_running_work_is_refused(world: World) -> None:

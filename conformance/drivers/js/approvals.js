@@ -52,17 +52,18 @@ function decideApproval(rows, d) {
   if (!storable(d.rationale === undefined ? "" : d.rationale)) return refusal("invalid_request", "rationale");
   // 2. another Business's request does not exist for this caller
   if (request === null || request.business_id !== d.business_id) return refusal("approval_not_found");
-  // 3. a decision identity is used once
+  // 3. current authority, reviewer scope, distinct reviewer: before anything stored answers, so that a
+  //    reviewer refused now learns nothing of a decision stored earlier
+  if (!d.authority.granted) return refusal("not_authorized");
+  if (!request.reviewers.includes(d.reviewer_id)) return refusal("not_authorized");
+  if (request.distinct_reviewer && d.reviewer_id === request.requester_id) return refusal("not_authorized");
+  // 4. a decision identity is used once
   if (prior !== null) {
     const stored = { ...prior.body };
     delete stored.status;
     if (canonical(stored) === canonical(content(d))) return { outcome: "unchanged", code: "already_decided" };
     return refusal("decision_conflict", "decision_id");
   }
-  // 4. authority, reviewer scope, distinct reviewer
-  if (!d.authority.granted) return refusal("not_authorized");
-  if (!request.reviewers.includes(d.reviewer_id)) return refusal("not_authorized");
-  if (request.distinct_reviewer && d.reviewer_id === request.requester_id) return refusal("not_authorized");
   // 5. the binding is exactly the request's
   if (canonical(binding(d.binding)) !== canonical(binding(request.binding))) return refusal("approval_misbound", "binding");
   // 6. a closed request accepts no determination
