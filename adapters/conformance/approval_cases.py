@@ -10,6 +10,9 @@ Rules of this module:
   accepted, and break one thing at a time, so that every step of the
   order in specs/interpreter.md is reached with the later ones still
   satisfied; a few break two at once to pin the order between them.
+- A reviewer refused now is asked with the identity of a stored decision
+  and on a decided request: the refusal is ``not_authorized``, never an
+  answer from what is stored (cases 2.4.0).
 - The decision reads no clock: ``now`` is given, as in every protocol case,
   and ignored.
 """
@@ -87,6 +90,12 @@ def _decisions() -> dict[str, dict[str, Any]]:
         "same_id_other_content": {**d, "decision_id": "d-0", "determination": "rejected"},
         "same_id_other_rationale": {**d, "decision_id": "d-0", "rationale": "changed my mind"},
         "misbound_by_out_of_scope": {**d, "reviewer_id": "user:other", "binding": _binding(operation="refund_all")},
+        # The stored decision's identity from a reviewer refused now: current authority answers, not what is stored.
+        "same_id_authority_denied": {**d, "decision_id": "d-0", "authority": {"granted": False, "principal_id": "user:lead"}},
+        "same_id_other_content_denied": {**d, "decision_id": "d-0", "determination": "rejected",
+                                         "authority": {"granted": False, "principal_id": "user:lead"}},
+        "same_id_out_of_scope": {**d, "decision_id": "d-0", "reviewer_id": "user:other"},
+        "same_id_requester": {**d, "decision_id": "d-0", "reviewer_id": "user:clerk"},
     }
 
 
@@ -97,10 +106,11 @@ _ASKED = {
     "no_request": ("approve", "determination_unknown", "authority_denied", "same_id_other_content"),
     "other_business": ("approve", "operation_differs"),
     "closed": ("approve", "reject", "operation_differs", "authority_denied", "same_id_same_content"),
-    "approved": ("approve", "reject", "operation_differs"),
+    "approved": ("approve", "reject", "operation_differs", "authority_denied", "requester_reviews_own"),
     "rejected": ("approve", "reject"),
     "same_id_recorded": ("same_id_same_content", "same_id_other_content", "same_id_other_rationale",
-                         "determination_unknown"),
+                         "determination_unknown", "same_id_authority_denied", "same_id_other_content_denied",
+                         "same_id_out_of_scope", "same_id_requester"),
 }
 
 
