@@ -208,9 +208,10 @@ def decide(
     if request is None or request.business_id != decision.business_id:
         # Another Business's request does not exist for this caller.
         return _refuse(RefusalCode.APPROVAL_NOT_FOUND, f"no approval request {decision.request_id!r}")
-    # Current authority first (seed 000, Security: grants and approval scope are checked at the node
-    # boundary; an unauthorized decision wakes nothing): a reviewer refused now is answered neither by a
-    # decision stored under this identity nor by the request's determination and who made it.
+    # Current authority first (seed 000, Security: current grants and approval scope "are checked at the
+    # consequential node boundary"; request_approval: unauthorized or revoked decisions do not wake the
+    # execution): a reviewer refused now is answered neither by a decision stored under this identity nor
+    # by the request's determination and who made it.
     if not decision.authority.granted:
         return _refuse(
             RefusalCode.NOT_AUTHORIZED,
