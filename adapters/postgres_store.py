@@ -62,7 +62,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, LiteralString
 
 import attrs
 import psycopg
@@ -1864,6 +1864,79 @@ def _safe(dsn: str) -> str:
     return make_conninfo("", **params)
 
 
+# --- a grant the role lacks ------------------------------------------------------------------
+
+# PostgreSQL raises insufficient_privilege (42501) both for row-level security and for a missing
+# grant.  Row-level security raises it where a new or moved row fails the policies
+# (ExecWithCheckOptions: "new row violates row-level security policy for table ...") and where the
+# policies would filter a query run with row_security off (check_enable_rls); a missing grant raises
+# it from aclcheck_error ("permission denied for table ...").  The function's name travels with
+# every error and, unlike the message, is never translated (lc_messages); the message is the
+# fallback for a server that does not send it.
+_ROW_SECURITY_SOURCES = frozenset({"ExecWithCheckOptions", "check_enable_rls"})
+
+# aclcheck_error names the object, never the privilege: the role's privileges on it are looked up
+# afterwards, among those a store or an application asks for.  A table's name is parsed as an
+# identifier (quoted here), a schema's is taken as it is.
+_DENIED = re.compile(r"permission denied for (table|view|sequence|schema) (.+)")
+_ONE_PER_PRIVILEGE = " FROM unnest(%s::text[]) WITH ORDINALITY AS u(p, n) ORDER BY n"
+_ON_TABLE: LiteralString = "SELECT current_user, p, has_table_privilege(%s, p)" + _ONE_PER_PRIVILEGE
+_PRIVILEGE_CHECKS: dict[str, tuple[LiteralString, tuple[str, ...]]] = {
+    "table": (_ON_TABLE, ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    "view": (_ON_TABLE, ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    "sequence": ("SELECT current_user, p, has_sequence_privilege(%s, p)" + _ONE_PER_PRIVILEGE, ("USAGE", "SELECT", "UPDATE")),
+    "schema": ("SELECT current_user, p, has_schema_privilege(%s, p)" + _ONE_PER_PRIVILEGE, ("USAGE", "CREATE")),
+}
+
+
+def row_security_refusal(exc: psycopg.Error) -> bool:
+    """Whether an insufficient_privilege error is row-level security's refusal rather than a missing grant."""
+    return exc.diag.source_function in _ROW_SECURITY_SOURCES or "row-level security" in (exc.diag.message_primary or "")
+
+
+def permission_denied(exc: psycopg.Error, query: Query) -> StoreError:
+    """StoreError ``permission_denied`` for a missing grant (SQLSTATE 42501), naming the role, object and privileges.
+
+    ``query`` runs the privilege lookup on a usable connection (the failed
+    statement's transaction is aborted); if it fails, the error keeps its
+    code and PostgreSQL's own words.
+    """
+    primary = exc.diag.message_primary or _one_line(exc)
+    what = None
+    denied = _DENIED.fullmatch(primary)
+    if denied is not None:
+        kind, name = denied[1], denied[2]
+        target = name if kind == "schema" else '"' + name.replace('"', '""') + '"'
+        what = _lacking(query, kind, name, target)
+    return _permission_denied(what or "the database role lacks a privilege this statement needs", primary)
+
+
+def _permission_denied(what: str, primary: str | None) -> StoreError:
+    said = "" if primary is None else f" (PostgreSQL: {primary})"
+    # A deployment's grants, not a tenant or a schema to migrate: an operator looks at GRANTs.
+    return StoreError(
+        "permission_denied",
+        f"{what}: a missing grant, not the tenant boundary. Grant the role what the statement needs "
+        f"(docs/operating-postgres.md lists the store's), or run it as the schema's owner (creating tables, "
+        f"as an actions module's prepare does, is the owner's); nothing was written{said}",
+    )
+
+
+def _lacking(query: Query, kind: str, name: str, target: str) -> str | None:
+    """Which of the privileges a store asks for on ``target`` the current role lacks and holds; None if unknown."""
+    statement, privileges = _PRIVILEGE_CHECKS[kind]
+    try:
+        rows = query(statement, (target, list(privileges)))
+    except psycopg.Error:
+        # Only a richer message is lost: the code and PostgreSQL's own words remain.
+        return None
+    missing = [str(r[1]) for r in rows if not r[2]]
+    if not rows or not missing:
+        return None
+    held = [str(r[1]) for r in rows if r[2]]
+    return f"role {rows[0][0]} lacks {', '.join(missing)} on {kind} {name} (it has {', '.join(held) or 'none of these'})"
+
+
 # --- migrations and the deployment check -------------------------------------------------
 
 
@@ -1959,4 +2032,14 @@ def _recorded_version(query: Query, schema: str) -> int:
     return version
 
 
-__all__ = ["CHANNEL", "MIGRATIONS", "PostgresStore", "check_schema", "check_schema_name", "check_schema_with", "migrate"]
+__all__ = [
+    "CHANNEL",
+    "MIGRATIONS",
+    "PostgresStore",
+    "check_schema",
+    "check_schema_name",
+    "check_schema_with",
+    "migrate",
+    "permission_denied",
+    "row_security_refusal",
+]

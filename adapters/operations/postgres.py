@@ -76,10 +76,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import re
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
 from psycopg import pq
@@ -100,6 +99,8 @@ from ..postgres_store import (
     _run,
     _safe,
     check_schema,
+    permission_denied,
+    row_security_refusal,
 )
 from ..store import Clock, StoreError
 from .base import TransactionalOperationStore, Tx
@@ -423,34 +424,6 @@ class _PgOpsTx(SqlTx):
 # does not count as an OperationalError) is a lost connection like any other.
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
-# PostgreSQL raises insufficient_privilege (42501) both for row-level security and for a missing
-# grant.  Row-level security raises it where a new or moved row fails the policies
-# (ExecWithCheckOptions: "new row violates row-level security policy for table ...") and where the
-# policies would filter a query run with row_security off (check_enable_rls); a missing grant raises
-# it from aclcheck_error ("permission denied for table ...").  The function's name travels with
-# every error and, unlike the message, is never translated (lc_messages); the message is the
-# fallback for a server that does not send it.
-_ROW_SECURITY_SOURCES = frozenset({"ExecWithCheckOptions", "check_enable_rls"})
-
-
-def _row_security(exc: psycopg.Error) -> bool:
-    return exc.diag.source_function in _ROW_SECURITY_SOURCES or "row-level security" in (exc.diag.message_primary or "")
-
-
-# aclcheck_error names the object, never the privilege: the role's privileges on it are looked up
-# afterwards, among those a store or an application asks for.  A table's name is parsed as an
-# identifier (quoted here), a schema's is taken as it is.
-_DENIED = re.compile(r"permission denied for (table|view|sequence|schema) (.+)")
-_ONE_PER_PRIVILEGE = " FROM unnest(%s::text[]) WITH ORDINALITY AS u(p, n) ORDER BY n"
-_ON_TABLE: LiteralString = "SELECT current_user, p, has_table_privilege(%s, p)" + _ONE_PER_PRIVILEGE
-_PRIVILEGE_CHECKS: dict[str, tuple[LiteralString, tuple[str, ...]]] = {
-    "table": (_ON_TABLE, ("SELECT", "INSERT", "UPDATE", "DELETE")),
-    "view": (_ON_TABLE, ("SELECT", "INSERT", "UPDATE", "DELETE")),
-    "sequence": ("SELECT current_user, p, has_sequence_privilege(%s, p)" + _ONE_PER_PRIVILEGE, ("USAGE", "SELECT", "UPDATE")),
-    "schema": ("SELECT current_user, p, has_schema_privilege(%s, p)" + _ONE_PER_PRIVILEGE, ("USAGE", "CREATE")),
-}
-
-
 def _identity_key(identity: o.Identity) -> str:
     # The advisory lock's key is the row's key: submissions under two versions of one principal's resolver
     # serialize on one lock, as they meet on one row.
@@ -580,44 +553,19 @@ class PostgresOperationStore(TransactionalOperationStore):
 
     def _refused(self, exc: psycopg.Error) -> StoreError:
         """``tenant_denied`` for the tenant policies' refusal, ``permission_denied`` for a grant the role lacks."""
-        if _row_security(exc):
+        if row_security_refusal(exc):
             # The application's own tenant filter let through a row the database's boundary did not.
             return StoreError(
                 "tenant_denied",
                 f"PostgreSQL's row-level security refused the write: the row is not of the tenant this "
                 f"session is scoped to (fencekeeper.tenant); nothing was written ({_one_line(exc)})",
             )
-        # A deployment's grants, not a tenant: an operator looks at GRANTs, not at the request's tenant.
-        primary = exc.diag.message_primary or _one_line(exc)
-        what = "the database role lacks a privilege this statement needs"
-        denied = _DENIED.fullmatch(primary)
-        if denied is not None:
-            kind, name = denied[1], denied[2]
-            lacking = self._lacking(kind, name)
-            if lacking is not None:
-                role, missing, held = lacking
-                what = f"role {role} lacks {', '.join(missing)} on {kind} {name} (it has {', '.join(held) or 'none of these'})"
-        return StoreError(
-            "permission_denied",
-            f"{what}: a missing grant, not the tenant boundary. Grant the role what the statement needs "
-            f"(docs/operating-postgres.md lists the store's), or run it as the schema's owner (creating tables, "
-            f"as an actions module's prepare does, is the owner's); nothing was written (PostgreSQL: {primary})",
-        )
+        return permission_denied(exc, self._privileges)
 
-    def _lacking(self, kind: str, name: str) -> tuple[str, list[str], list[str]] | None:
-        """The current role, and which of the privileges it asks for on ``name`` it lacks and holds; None if unknown."""
-        query, privileges = _PRIVILEGE_CHECKS[kind]
-        named = name if kind == "schema" else '"' + name.replace('"', '""') + '"'
-        try:
-            with self._pool.connection(timeout=5) as conn:
-                rows = conn.execute(query, (named, list(privileges))).fetchall()
-        except psycopg.Error:
-            # Only a richer message is lost: the code and PostgreSQL's own words remain.
-            return None
-        missing = [str(r[1]) for r in rows if not r[2]]
-        if not rows or not missing:
-            return None
-        return str(rows[0][0]), missing, [str(r[1]) for r in rows if r[2]]
+    def _privileges(self, statement: Any, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """A privilege lookup, on a connection of its own: the refused statement's transaction is aborted."""
+        with self._pool.connection(timeout=5) as conn:
+            return conn.execute(statement, params).fetchall()
 
     def _row_locked(self, exc: Exception) -> StoreError:
         return StoreError(
