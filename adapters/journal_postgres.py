@@ -26,7 +26,7 @@ import psycopg
 from fencekeeper.kernel import journal as j
 
 from .journal_store import JournalStoreBase, StoredChain
-from .postgres_store import _one_line, _safe, check_schema, check_schema_name
+from .postgres_store import _one_line, _safe, check_schema, check_schema_name, permission_denied
 from .store import Clock, StoreError
 
 _APPEND = """
@@ -89,10 +89,18 @@ class PostgresJournalStore(JournalStoreBase):
             self._conn = self._connect()
         return self._conn
 
+    def _privileges(self, statement: Any, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        # Called under the lock, from a refused call: the store's one connection is idle again.
+        return self._conn.execute(statement, params).fetchall()
+
     def _run(self, sql: str, params: Sequence[Any]) -> int:
         with self._lock:
             try:
                 return self._connected().execute(sql, params).rowcount
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # An append is one autocommit statement, a read one transaction rolled back on the way
+                # out: nothing was written, and the connection is free for the lookup.
+                raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -134,6 +142,10 @@ class PostgresJournalStore(JournalStoreBase):
                     events = conn.execute(
                         "SELECT record FROM journal_events WHERE execution_id = %s ORDER BY ordinal", (execution_id,)
                     ).fetchall()
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # An append is one autocommit statement, a read one transaction rolled back on the way
+                # out: nothing was written, and the connection is free for the lookup.
+                raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
         return StoredChain(
@@ -150,6 +162,10 @@ class PostgresJournalStore(JournalStoreBase):
         with self._lock:
             try:
                 return self._connected().execute(sql, params).fetchall()
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # An append is one autocommit statement, a read one transaction rolled back on the way
+                # out: nothing was written, and the connection is free for the lookup.
+                raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -176,6 +192,10 @@ class PostgresJournalStore(JournalStoreBase):
                         "SELECT record FROM journal_events WHERE execution_id = %s AND ordinal > %s ORDER BY ordinal",
                         (execution_id, after),
                     ).fetchall()
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # An append is one autocommit statement, a read one transaction rolled back on the way
+                # out: nothing was written, and the connection is free for the lookup.
+                raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
         return [bytes(r[0]) for r in events], str(row[0]), int(row[1])

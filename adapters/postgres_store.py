@@ -1744,6 +1744,11 @@ class PostgresStore(TransactionalStore):
     def _close_pool(self) -> None:
         self._pool.close()
 
+    def _privileges(self, statement: Any, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        """A privilege lookup (:func:`permission_denied`), on a connection of its own: the refused one's transaction is aborted."""
+        with self._pooled() as conn:
+            return self._statement(conn, statement, params)
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
         try:
@@ -1764,6 +1769,9 @@ class PostgresStore(TransactionalStore):
                         _notify_and_commit(conn, self._notify)
                     else:
                         self._statement(conn, pgsql.SQL("NOTIFY {}").format(pgsql.Identifier(self.channel)))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # Rolled back by the pool's context: nothing was written.
+            raise permission_denied(exc, self._privileges) from None
         except psycopg.errors.LockNotAvailable as exc:
             raise StoreError(
                 "row_locked",
@@ -1781,6 +1789,8 @@ class PostgresStore(TransactionalStore):
                 # One snapshot for the whole view.
                 self._statement(conn, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 yield _PostgresBackend(conn, self.business_id, self._database_clock)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise permission_denied(exc, self._privileges) from None
         except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -1810,6 +1820,8 @@ class PostgresStore(TransactionalStore):
                 tx = _PostgresBackend(conn, self.business_id, self._database_clock)
                 now = None if self._database_clock else self.clock.now()
                 return tx.due_registrations(now, limit, business_id)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise permission_denied(exc, self._privileges) from None
         except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
@@ -1820,6 +1832,8 @@ class PostgresStore(TransactionalStore):
         try:
             with self._pool.connection() as conn:
                 return _PostgresBackend(conn, self.business_id, self._database_clock).visit_view(execution_id)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise permission_denied(exc, self._privileges) from None
         except _CONNECTION_LOST as exc:
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
 
