@@ -2002,16 +2002,28 @@ def check_schema(conn: psycopg.Connection[Any], schema: str) -> int:
 
 def check_schema_with(query: Query, schema: str) -> int:
     """:func:`check_schema`, its statements run by ``query``."""
-    exists = query(
-        "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'schema_migrations'",
+    # The catalogs, not information_schema: information_schema lists only what the role holds some
+    # privilege on, so a role without its grants would be told to migrate a schema that is there.
+    found = query(
+        "SELECT has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT') FROM pg_namespace n "
+        "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = 'schema_migrations' WHERE n.nspname = %s",
         (schema,),
     )
     newest = max(number for number, _, _ in MIGRATIONS)
-    if not exists:
+    if not found:
         raise StoreError(
             "schema_missing",
             f"schema {schema!r} has no fencekeeper tables; run `fencekeeper migrate --db ...` first",
         )
+    usage, select = found[0]
+    if not usage:
+        what = _lacking(query, "schema", schema, schema)
+        raise _permission_denied(what or f"the database role lacks USAGE on schema {schema}", None)
+    if not select:
+        # The schema's name is checked ([a-z_][a-z0-9_]*): quoting it needs no escaping.
+        target = f'"{schema}".schema_migrations'
+        what = _lacking(query, "table", "schema_migrations", target)
+        raise _permission_denied(what or f"the database role lacks SELECT on table {schema}.schema_migrations", None)
     version = _recorded_version(query, schema)
     if version < newest:
         raise StoreError(

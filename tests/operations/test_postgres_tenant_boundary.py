@@ -312,8 +312,8 @@ def test_a_missing_read_grant_is_permission_denied_when_opening_and_reading(
         assert f"role {restricted_role} lacks SELECT, DELETE on table outbox (it has INSERT, UPDATE)" in reading.value.message
     finally:
         store.close()
-    # Opening reads schema_migrations.  (Without any privilege on it, information_schema does not list it
-    # to the role at all, and the schema looks missing.)
+    # Opening reads schema_migrations.  (Without any privilege on it at all, the same: the check looks for
+    # it in the catalogs, which list it to every role; tests/postgres/test_postgres_permissions.py.)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"REVOKE SELECT ON {pg_schema}.schema_migrations FROM {restricted_role}")  # type: ignore[arg-type]
         conn.execute(f"GRANT UPDATE ON {pg_schema}.schema_migrations TO {restricted_role}")  # type: ignore[arg-type]

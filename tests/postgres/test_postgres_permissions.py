@@ -2,7 +2,9 @@
 
 PostgreSQL reports a missing grant as SQLSTATE 42501.  Each store turns it
 into one StoreError naming the role, the object and the privileges it lacks
-(the operations store's own classification, shared).  The roles are cluster-wide: each test makes one with a unique name and drops it.
+(the operations store's own classification, shared), and its deployment
+check tells a schema the role may not read from one that is not there.  The
+roles are cluster-wide: each test makes one with a unique name and drops it.
 """
 
 from __future__ import annotations
@@ -117,12 +119,41 @@ def test_a_journal_read_without_its_grant_is_permission_denied(pg_dsn: str, pg_s
         store.close()
 
 
+def test_schema_migrations_the_role_may_not_read_is_permission_denied_not_schema_missing(
+    pg_dsn: str, pg_schema: str, app_role: str
+) -> None:
+    """information_schema hides a table the role holds no privilege on; the check looks in the catalogs."""
+    as_role = make_conninfo(pg_dsn, user=app_role)
+    _as_owner(pg_dsn, f"REVOKE ALL ON {pg_schema}.schema_migrations FROM {app_role}")
+    for opening in (
+        lambda: PostgresStore(as_role, schema=pg_schema, pool_size=1),
+        lambda: PostgresJournalStore(as_role, schema=pg_schema),
+    ):
+        with pytest.raises(StoreError) as refused:
+            opening()
+        assert refused.value.code == "permission_denied", refused.value
+        assert f"role {app_role} lacks SELECT, INSERT, UPDATE, DELETE on table schema_migrations (it has none of these)" in (
+            refused.value.message
+        )
+    # Without USAGE on the schema, nothing in it can be named: the schema's grant is the one to give.
+    _as_owner(pg_dsn, f"REVOKE USAGE ON SCHEMA {pg_schema} FROM {app_role}")
+    with pytest.raises(StoreError) as no_usage:
+        PostgresStore(as_role, schema=pg_schema, pool_size=1)
+    assert no_usage.value.code == "permission_denied"
+    assert f"role {app_role} lacks USAGE, CREATE on schema {pg_schema} (it has none of these)" in no_usage.value.message
+    # A schema that is not there is still schema_missing, for this role as for any.
+    with pytest.raises(StoreError) as missing:
+        PostgresStore(as_role, schema=f"{pg_schema}_absent", pool_size=1)
+    assert missing.value.code == "schema_missing"
+
+
 @pytest.mark.parametrize(
     "case",
     [
         ("INSERT ON {schema}.object_revisions", ["run", str(EXAMPLES / "purchase_approval.toml"), "--input",
                                                  '{"amount": 2500, "order_id": "o-1", "order_revision": 1}', "--id", "po-1"]),
         ("SELECT ON {schema}.workflow_dispatch", ["worker", "--until-idle"]),
+        ("ALL ON {schema}.schema_migrations", ["inspect", "po-1"]),
     ],
 )  # fmt: skip
 def test_the_command_line_exits_1_with_one_permission_denied_line(
