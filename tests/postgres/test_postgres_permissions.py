@@ -9,6 +9,7 @@ roles are cluster-wide: each test makes one with a unique name and drops it.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -16,8 +17,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from fencekeeper.adapters import cli
+from fencekeeper.adapters import bridge, cli
 from fencekeeper.adapters.journal_postgres import PostgresJournalStore
+from fencekeeper.adapters.postgres_async import open_async_store
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.adapters.store import StoreError
 from fencekeeper.adapters.testing.journal import created
@@ -84,6 +86,25 @@ def test_an_execution_write_without_its_grant_is_permission_denied_and_writes_no
     # The admission's other rows (its object, its dispatch) were rolled back with the refused one.
     assert _count(pg_dsn, pg_schema, "objects") == 0
     assert _count(pg_dsn, pg_schema, "workflow_dispatch") == 0
+
+
+def test_the_asyncio_store_reports_a_missing_grant_alike(pg_dsn: str, pg_schema: str, app_role: str) -> None:
+    """Its lookup of the role's privileges goes through the async pool, as its statements do."""
+    _as_owner(pg_dsn, f"REVOKE INSERT ON {pg_schema}.object_revisions FROM {app_role}")
+
+    async def admit() -> StoreError:
+        store = await open_async_store(make_conninfo(pg_dsn, user=app_role), schema=pg_schema, pool_size=1)
+        try:
+            with pytest.raises(StoreError) as refused:
+                await bridge.run_sync(store.admit, p.AdmitRequest("e-1", "acme", "d", 1, "start", OPS))
+            return refused.value
+        finally:
+            await bridge.run_sync(store.close)
+
+    refused = asyncio.run(admit())
+    assert refused.code == "permission_denied"
+    assert f"role {app_role} lacks INSERT, DELETE on table object_revisions (it has SELECT, UPDATE)" in refused.message
+    assert _count(pg_dsn, pg_schema, "objects") == 0
 
 
 def test_a_journal_append_without_its_grant_is_permission_denied_and_moves_no_head(
