@@ -143,8 +143,6 @@ class PostgresJournalStore(JournalStoreBase):
                         "SELECT record FROM journal_events WHERE execution_id = %s ORDER BY ordinal", (execution_id,)
                     ).fetchall()
             except psycopg.errors.InsufficientPrivilege as exc:
-                # An append is one autocommit statement, a read one transaction rolled back on the way
-                # out: nothing was written, and the connection is free for the lookup.
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
@@ -163,8 +161,6 @@ class PostgresJournalStore(JournalStoreBase):
             try:
                 return self._connected().execute(sql, params).fetchall()
             except psycopg.errors.InsufficientPrivilege as exc:
-                # An append is one autocommit statement, a read one transaction rolled back on the way
-                # out: nothing was written, and the connection is free for the lookup.
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
@@ -193,8 +189,6 @@ class PostgresJournalStore(JournalStoreBase):
                         (execution_id, after),
                     ).fetchall()
             except psycopg.errors.InsufficientPrivilege as exc:
-                # An append is one autocommit statement, a read one transaction rolled back on the way
-                # out: nothing was written, and the connection is free for the lookup.
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
