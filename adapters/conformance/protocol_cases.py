@@ -326,9 +326,13 @@ def _claim_cases(w: dict[str, World]) -> list[Case]:
 
 
 def _fenced_cases(w: dict[str, World]) -> list[Case]:
-    """Renew, record_step, release: the fenced writes, in every state and with each lease check broken."""
+    """Renew, record_step, release, fenced: the fenced writes, in every state and with each lease check broken.
+
+    ``fenced`` is the decision a store applies when it appends evidence under a lease: it writes no
+    row, so its request is the credential alone and its cases check the refusal or the guard.
+    """
     cases: list[Case] = []
-    for decision in ("renew", "record_step", "release"):
+    for decision in ("renew", "record_step", "release", "fenced"):
         for name in dict.fromkeys(("running_at_99_steps", "running_at_100_steps", *_LEASE_STATES)):
             world = w[name]
             cred = w["running"].credential if world.credential is None else world.credential
@@ -339,8 +343,10 @@ def _fenced_cases(w: dict[str, World]) -> list[Case]:
                 base = _request_json(p.RenewRequest(cred, LEASE))
             elif decision == "record_step":
                 base = _request_json(p.StepRequest(cred, revision, p.StepRecord("check", "a-1", "ask"), OK))
-            else:
+            elif decision == "release":
                 base = _request_json(p.ReleaseRequest(cred, revision))
+            else:
+                base = {"credential": _j(cred)}
             now = T0 + 20 * US
             cases.append(_case(decision, world, base, now, "good"))
             if name == "running":
@@ -350,17 +356,28 @@ def _fenced_cases(w: dict[str, World]) -> list[Case]:
                                            "credential.lease_token": ""}
                 if decision == "renew":
                     invalid["lease_duration"] = 0
-                else:
+                elif decision != "fenced":
                     invalid["expected_revision"] = 0
                 if decision == "record_step":
                     invalid["step.node_id"] = BAD_ID
                     invalid["authority.granted"] = "yes"
                 for label, request, at in _mutations(base, now, invalid):
                     cases.append(_case(decision, world, request, at, label))
-                if decision != "renew":
+                if decision in ("record_step", "release"):
                     cases.append(_case(decision, world, {**base, "expected_revision": revision + 1}, now, "stale_revision"))
                 if decision == "record_step":
                     cases.append(_case(decision, world, {**base, "authority": _j(NO)}, now, "not_authorized"))
+                if decision == "fenced":
+                    cases.append(_case(decision, world, {"credential": None}, now, "without_credential"))
+    # The holder whose lease was replaced (released, then claimed by another worker with the next fence)
+    # still carries its old credential: evidence appended under it is refused, and under the new holder's
+    # credential with the old fence too.
+    reclaimed, running = w["reclaimed"], w["running"]
+    assert reclaimed.credential is not None and running.credential is not None
+    now = T0 + 20 * US
+    cases.append(_case("fenced", reclaimed, {"credential": _j(running.credential)}, now, "replaced_holder"))
+    cases.append(_case("fenced", reclaimed, {"credential": {**_j(reclaimed.credential), "fence": running.credential.fence}},
+                       now, "replaced_fence"))
     return cases
 
 
@@ -492,7 +509,7 @@ _TERMINAL = {"succeeded", "failed", "cancelled"}
 _REVIEW = {"suspended", "reconciliation_required"}
 _LEASE_CODES = {"lease_token_mismatch", "worker_mismatch", "lease_expired", "stale_fence", "dispatch_not_claimed",
                 "execution_not_running"}
-_FENCED = {"renew", "record_step", "release", "finalize"}
+_FENCED = {"renew", "record_step", "release", "finalize", "fenced"}
 
 
 def _covers(case: Case) -> list[str]:

@@ -335,6 +335,9 @@ def parse_request(decision: str, data: Json) -> Any:
         )
     if decision == "release":
         return p.ReleaseRequest(parse_credential(d["credential"]), d["expected_revision"])
+    if decision == "fenced":
+        # An evidence append names no request of its own: the credential it is made under is the request.
+        return parse_credential(d["credential"])
     if decision == "finalize":
         return p.FinalizeRequest(
             execution_id=d["execution_id"], dispatch_id=d["dispatch_id"], worker_id=d["worker_id"],
@@ -424,6 +427,8 @@ def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
         result = p.record_step(execution_row, dispatch_row, parsed, at)
     elif decision == "release":
         result = p.release(execution_row, dispatch_row, parsed, at)
+    elif decision == "fenced":
+        result = p.fenced(execution_row, dispatch_row, parsed, at)
     elif decision == "finalize":
         result = p.finalize(execution_row, dispatch_row, parsed, at)
     elif decision == "wake":

@@ -9,6 +9,7 @@ refusal code of the protocol, every machine pair and sub-second times.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,38 @@ def test_lease_boundaries_are_both_sides_of_expiry() -> None:
     found = {c["id"].rsplit("/", 1)[1]: c["expected"] for c in _layer("protocol")["cases"] if c["id"].startswith("renew/running/")}
     assert found["last_microsecond_of_lease"]["outcome"] == "decision"
     assert found["at_expiry"]["code"] == "lease_expired"
+
+
+def test_every_decision_of_the_protocol_table_has_cases() -> None:
+    """A decision protocol.md lists but no case asks leaves other implementations unchecked on it."""
+    text = (CASES.parent / "protocol.md").read_text(encoding="utf-8")
+    section = text[text.index("## Decisions\n") : text.index("\n### ", text.index("## Decisions\n"))]
+    listed = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.M))
+    assert {"renew", "fenced", "finalize"} <= listed, listed
+    asked = {c["input"]["decision"] for layer in ("protocol", "recovery") for c in _layer(layer)["cases"]}
+    assert listed - asked == set()
+
+
+def test_an_evidence_append_is_fenced_like_a_renewal() -> None:
+    """The fenced decision: a live lease writes no row under a live-lease guard; every stale lease is refused."""
+    found = {c["id"].split("/", 1)[1]: c["expected"] for c in _layer("protocol")["cases"]
+             if c["input"]["decision"] == "fenced"}
+    live = found["running/good"]
+    assert live["outcome"] == "decision"
+    assert (live["execution"], live["dispatch"], live["registration"], live["lease"]) == (None, None, None, None)
+    assert live["guard"]["requires_live_lease"] is True and live["guard"]["expected_fence"] == 1
+    assert found["running/last_microsecond_of_lease"]["outcome"] == "decision"
+    for case, code in (
+        ("running/at_expiry", "lease_expired"),
+        ("reclaimed/replaced_holder", "lease_token_mismatch"),
+        ("reclaimed/replaced_fence", "stale_fence"),
+        ("running/stale_fence", "stale_fence"),
+        ("running/other_worker", "worker_mismatch"),
+        ("claimed_dispatch_eligible_execution/good", "execution_not_running"),
+        ("waiting/good", "dispatch_not_claimed"),
+    ):
+        assert (found[case]["outcome"], found[case]["code"]) == ("refusal", code), case
+    assert found["reclaimed/good"]["guard"]["expected_fence"] == 2
 
 
 def test_store_races_list_two_different_serial_orders() -> None:

@@ -376,6 +376,21 @@ function release(m, { execution, dispatch }, r, nowText) {
   return decision(guardOf(execution, dispatch, true), e, d);
 }
 
+// The decision a store applies when it appends evidence under a lease: the request is the credential
+// alone.  Evidence changes no row, so a live lease is decided with no row written and the guard of a
+// renewal, which asks the store to recheck expiry at commit.
+function fenced(m, { execution, dispatch }, r, nowText) {
+  let now;
+  const bad = validated(() => {
+    checkCredential(r.credential);
+    now = checkUtc("now", nowText);
+  });
+  if (bad) return bad;
+  const held = checkHeld(execution, dispatch, r.credential, now);
+  if (held) return held;
+  return decision(guardOf(execution, dispatch, true), null, null);
+}
+
 function finalize(m, { execution, dispatch }, r, nowText) {
   let now;
   const bad = validated(() => {
@@ -512,7 +527,7 @@ function cancel(m, { execution, dispatch }, r, nowText) {
   return decision(guardOf(execution, dispatch, false), e, d, { closes });
 }
 
-const DECISIONS = { admit, claim, renew, record_step: recordStep, release, finalize, wake, cancel };
+const DECISIONS = { admit, claim, renew, record_step: recordStep, release, fenced, finalize, wake, cancel };
 
 function decide(machines, input) {
   if (input.decision === "decide_approval") return decideApproval(input.rows, input.request);
