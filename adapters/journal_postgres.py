@@ -17,6 +17,7 @@ Rules of this module (beyond those of ``journal_store.py``):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -85,9 +86,21 @@ class PostgresJournalStore(JournalStoreBase):
         # append whose outcome it left unknown is settled by the head's
         # compare-and-set on the next one.  A long-lived process keeps working
         # after a restart of the server or a failover.
-        if self._conn.broken:
+        if self._conn.broken or self._conn.closed:
             self._conn = self._connect()
         return self._conn
+
+    def _lost(self, exc: psycopg.OperationalError) -> StoreError:
+        """The error of a call that met a lost connection, which is closed so that the next call opens another.
+
+        psycopg marks most lost connections broken, but not all: a backend
+        terminated between two calls can leave libpq still waiting on the
+        command it sent ("another command is already in progress" on the
+        next).  Whatever the connection says of itself, it is not used again.
+        """
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        return StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}")
 
     def _privileges(self, statement: Any, params: Sequence[object]) -> list[tuple[Any, ...]]:
         # Called under the lock, from a refused call: the store's one connection is idle again.
@@ -102,7 +115,7 @@ class PostgresJournalStore(JournalStoreBase):
                 # out: nothing was written, and the connection is free for the lookup.
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
-                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+                raise self._lost(exc) from None
 
     def _insert_header(self, journal: j.Journal, workflow: bytes, policy: bytes) -> bool:
         header = journal.header
@@ -145,7 +158,7 @@ class PostgresJournalStore(JournalStoreBase):
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
-                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+                raise self._lost(exc) from None
         return StoredChain(
             execution_id=execution_id,
             header=bytes(row[0]),
@@ -163,7 +176,7 @@ class PostgresJournalStore(JournalStoreBase):
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
-                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+                raise self._lost(exc) from None
 
     def _stored_head(self, execution_id: str) -> str | None:
         rows = self._fetch("SELECT head FROM journal_heads WHERE execution_id = %s", (execution_id,))
@@ -191,7 +204,7 @@ class PostgresJournalStore(JournalStoreBase):
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
-                raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+                raise self._lost(exc) from None
         return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
 
     def execution_ids(self) -> list[str]:
