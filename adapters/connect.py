@@ -346,7 +346,15 @@ def _check_postgres(location: Location) -> CheckReport:
             return attrs.evolve(blank, schema_version=recorded, migrations=migrations, problems=(exc.message,))
         migrations = _pg_migrations(conn, location.schema)
         prefix = pgsql.Identifier(location.schema).as_string(conn) + "."
-        definitions, executions = _counts(conn.execute, "%s", prefix)
+        try:
+            definitions, executions = _counts(conn.execute, "%s", prefix)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # A role that may read schema_migrations but not the store's tables: a grant to give, one problem.
+            # The connection is in autocommit, so the privilege lookup runs on it after the refusal; it names
+            # the table as PostgreSQL did, unqualified, so the schema goes on the search path first.
+            conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(location.schema)))
+            refused = postgres_store.permission_denied(exc, lambda statement, params: conn.execute(statement, params).fetchall())
+            return attrs.evolve(blank, schema_version=version, migrations=migrations, problems=(refused.message,))
         database_now = conn.execute("SELECT clock_timestamp()").fetchone()
     time_source = None
     if database_now is not None:

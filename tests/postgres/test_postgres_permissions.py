@@ -10,6 +10,7 @@ roles are cluster-wide: each test makes one with a unique name and drops it.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -205,3 +206,25 @@ def test_the_http_service_answers_a_missing_grant_500_permission_denied(
     assert error["code"] == "permission_denied" and f"role {app_role} lacks INSERT" in error["message"]
     assert _count(pg_dsn, pg_schema, "objects") == objects
 
+
+
+def test_check_without_select_on_the_store_tables_reports_one_permission_denied_problem(
+    pg_dsn: str, pg_schema: str, app_role: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """schema_migrations readable, objects not: the check's counts are refused, and it says which grant is missing."""
+    _as_owner(pg_dsn, f"REVOKE SELECT ON {pg_schema}.objects FROM {app_role}")
+    objects = _count(pg_dsn, pg_schema, "objects")
+    code = cli.main(["check", "--db", _url(pg_dsn, app_role), "--schema", pg_schema])
+    captured = capsys.readouterr()
+    assert code == 1, captured
+    assert captured.err == "", captured.err
+    problems = [line for line in captured.out.splitlines() if "PROBLEM" in line]
+    assert len(problems) == 1, captured.out
+    assert f"role {app_role} lacks SELECT, DELETE on table objects (it has INSERT, UPDATE)" in problems[0], captured.out
+    assert "a missing grant" in problems[0]
+    assert "Traceback" not in captured.out
+    code = cli.main(["check", "--db", _url(pg_dsn, app_role), "--schema", pg_schema, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and len(report["blocking"]) == 1, report
+    assert f"role {app_role} lacks SELECT, DELETE on table objects" in report["blocking"][0]
+    assert _count(pg_dsn, pg_schema, "objects") == objects
