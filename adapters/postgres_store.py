@@ -1816,7 +1816,7 @@ class PostgresStore(TransactionalStore):
         # which the wake_at index can be searched up to); each timer found is
         # fired in a decision of its own, which checks it under its guard.
         try:
-            with self._pool.connection() as conn:
+            with self._pooled() as conn:
                 tx = _PostgresBackend(conn, self.business_id, self._database_clock)
                 now = None if self._database_clock else self.clock.now()
                 return tx.due_registrations(now, limit, business_id)
@@ -1830,7 +1830,7 @@ class PostgresStore(TransactionalStore):
         # transaction of its own, on one snapshot, in one round trip (BEGIN
         # and COMMIT would be two more).
         try:
-            with self._pool.connection() as conn:
+            with self._pooled() as conn:
                 return _PostgresBackend(conn, self.business_id, self._database_clock).visit_view(execution_id)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise permission_denied(exc, self._privileges) from None

@@ -17,9 +17,10 @@ import psycopg
 import pytest
 
 import fencekeeper
-from fencekeeper.adapters import examples
+from fencekeeper.adapters import bridge, examples
 from fencekeeper.adapters.ports import GrantTable
 from fencekeeper.adapters.postgres_async import AsyncPostgresStore
+from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import protocol as p
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "adapters" / "workflows"
@@ -279,5 +280,36 @@ def test_cancelling_a_native_call_rolls_its_transaction_back(pg_dsn: str, pg_sch
             assert {x.state for x in again} == {fencekeeper.ExecutionState.ELIGIBLE}
             cancelled = await client.cancel(started.execution_id, reason="now")
             assert cancelled.state is fencekeeper.ExecutionState.CANCELLED
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_pass_on_the_asyncio_store_reads_through_its_own_pool(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """due_wakes and read_for_visit, the worker's reads outside a transaction block, go through the async pool too.
+
+    The asyncio store has no synchronous pool: a read that reached for one would fail, not fall back.
+    """
+    url = f"{pg_dsn}?schema={pg_schema}"
+    policy = Recording()
+
+    async def scenario() -> None:
+        async with await fencekeeper.connect_async(url, policy=policy, handler=examples.handler()) as client:
+            store = client.sync.store
+            assert isinstance(store, AsyncPostgresStore)
+            started = await client.run(PURCHASE, {"amount": 50, "order_id": "o-1", "order_revision": 1}, execution_id="po-1")
+            guard = NoThreads(monkeypatch)
+            assert await bridge.run_sync(store.due_wakes) == []
+            visit = await bridge.run_sync(store.read_for_visit, started.execution_id)
+            assert visit is not None and visit.execution.execution_id == "po-1"
+            assert await bridge.run_sync(store.read_for_visit, "po-absent") is None
+            # The worker's own path: a pass looks for due timers, then claims and drives the execution.
+            worker = Worker(store, "w-async", policy, examples.handler())
+            report = await bridge.run_sync(worker.run_pass)
+            assert report.claimed == ["po-1"], report
+            assert guard.attempts == []
+            monkeypatch.undo()
+            assert (await client.get("po-1")).state is not fencekeeper.ExecutionState.ELIGIBLE
 
     asyncio.run(scenario())
