@@ -36,7 +36,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -212,6 +212,11 @@ def check_deployment(
     report = attrs.evolve(report, missing_migrations=tuple(n for n in known if n not in applied))
     with _reading(location, tenant) as (execute, now):
         tables = _tables(execute, location)
+        refused = _unreadable(execute, location, tables)
+        if refused:
+            # Read nothing: a table the role may not read would end the check in PostgreSQL's error,
+            # and leaving it out would report a deployment as checked that was not.
+            return attrs.evolve(report, blocking=(*report.blocking, *refused))
         if "operations" in tables:
             report = _operations(report, execute, actions, resolvers)
             report = attrs.evolve(
@@ -297,11 +302,37 @@ def _time(value: Any) -> datetime | None:
     return decode_time(str(value))
 
 
-def _tables(execute: Execute, location: connect.Location) -> set[str]:
+_READ = ("objects", "object_revisions", "operations", "operation_identities", "outbox")
+"""The tables the check reads past the base check, when the schema has them."""
+
+
+def _tables(execute: Execute, location: connect.Location) -> dict[str, bool]:
+    """The schema's tables, each with whether the role may SELECT from it."""
     if location.kind == "sqlite":
-        return {str(r[0]) for r in execute("SELECT name FROM sqlite_master WHERE type = 'table'", ()).fetchall()}
-    rows = execute("SELECT table_name FROM information_schema.tables WHERE table_schema = ?", (location.schema,))
-    return {str(r[0]) for r in rows.fetchall()}
+        return {str(r[0]): True for r in execute("SELECT name FROM sqlite_master WHERE type = 'table'", ()).fetchall()}
+    # The catalogs, not information_schema: information_schema lists only the tables the role holds some
+    # privilege on, so a table it may not read would pass for one the schema does not have, and the check
+    # would skip what it holds (the operations, the outbox) and call the deployment ok.
+    rows = execute(
+        "SELECT c.relname, has_table_privilege(c.oid, 'SELECT') FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND c.relkind IN ('r', 'p')",
+        (location.schema,),
+    )
+    return {str(name): bool(readable) for name, readable in rows.fetchall()}
+
+
+def _unreadable(execute: Execute, location: connect.Location, tables: dict[str, bool]) -> list[str]:
+    """A ``permission_denied`` problem for each table the check reads that the role may not (none on SQLite)."""
+
+    def query(statement: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        # The privilege lookup is written with psycopg's placeholders; execute takes the store's.
+        return list(execute(statement.replace("%s", "?"), params).fetchall())
+
+    return [
+        postgres_store.unreadable_table(query, str(location.schema), table).message
+        for table in _READ
+        if not tables.get(table, True)
+    ]
 
 
 def _operations(
@@ -332,7 +363,9 @@ def _operations(
     )
 
 
-def _outbox(execute: Execute, namespace: str, tenant: str, now: datetime, tables: set[str]) -> OutboxStatus | None:
+def _outbox(
+    execute: Execute, namespace: str, tenant: str, now: datetime, tables: Mapping[str, bool]
+) -> OutboxStatus | None:
     if "outbox" not in tables:
         return None
     cursor = execute("SELECT * FROM outbox WHERE 1 = 0", ())

@@ -2020,10 +2020,7 @@ def check_schema_with(query: Query, schema: str) -> int:
         what = _lacking(query, "schema", schema, schema)
         raise _permission_denied(what or f"the database role lacks USAGE on schema {schema}", None)
     if not select:
-        # The schema's name is checked ([a-z_][a-z0-9_]*): quoting it needs no escaping.
-        target = f'"{schema}".schema_migrations'
-        what = _lacking(query, "table", "schema_migrations", target)
-        raise _permission_denied(what or f"the database role lacks SELECT on table {schema}.schema_migrations", None)
+        raise unreadable_table(query, schema, "schema_migrations")
     version = _recorded_version(query, schema)
     if version < newest:
         raise StoreError(
@@ -2031,6 +2028,17 @@ def check_schema_with(query: Query, schema: str) -> int:
             f"schema {schema!r} is at version {version}, this fencekeeper needs {newest}; run `fencekeeper migrate`",
         )
     return version
+
+
+def unreadable_table(query: Query, schema: str, table: str) -> StoreError:
+    """``permission_denied`` for a table of ``schema`` the catalogs list but the role may not SELECT from.
+
+    For a check that looks before it reads: no statement was refused, so the
+    privileges are looked up by name (``query`` runs the lookup).
+    """
+    # The schema's name is checked ([a-z_][a-z0-9_]*) and the table's is the store's own: quoting needs no escaping.
+    what = _lacking(query, "table", table, f'"{schema}".{table}')
+    return _permission_denied(what or f"the database role lacks SELECT on table {schema}.{table}", None)
 
 
 def _recorded_version(query: Query, schema: str) -> int:
@@ -2068,4 +2076,5 @@ __all__ = [
     "migrate",
     "permission_denied",
     "row_security_refusal",
+    "unreadable_table",
 ]

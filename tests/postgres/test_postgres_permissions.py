@@ -228,3 +228,30 @@ def test_check_without_select_on_the_store_tables_reports_one_permission_denied_
     assert code == 1 and len(report["blocking"]) == 1, report
     assert f"role {app_role} lacks SELECT, DELETE on table objects" in report["blocking"][0]
     assert _count(pg_dsn, pg_schema, "objects") == objects
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # No privilege at all: information_schema would not list the table, and the check would skip it.
+        ("ALL", "operations", "SELECT, INSERT, UPDATE, DELETE on table operations (it has none of these)"),
+        ("ALL", "outbox", "SELECT, INSERT, UPDATE, DELETE on table outbox (it has none of these)"),
+        ("SELECT", "operation_identities", "SELECT, DELETE on table operation_identities (it has INSERT, UPDATE)"),
+        ("SELECT", "object_revisions", "SELECT, DELETE on table object_revisions (it has INSERT, UPDATE)"),
+    ],
+)
+def test_the_deployment_check_reports_a_table_it_may_not_read_as_permission_denied(
+    pg_dsn: str, pg_schema: str, app_role: str, capsys: pytest.CaptureFixture[str], case: tuple[str, str, str]
+) -> None:
+    revoke, table, lacks = case
+    command = ["check", "--db", _url(pg_dsn, app_role), "--schema", pg_schema, "--json"]
+    assert cli.main(command) == 0, capsys.readouterr()
+    granted = json.loads(capsys.readouterr().out)
+    assert granted["blocking"] == [] and granted["outbox"] is not None, granted
+    _as_owner(pg_dsn, f"REVOKE {revoke} ON {pg_schema}.{table} FROM {app_role}")
+    code = cli.main(command)
+    captured = capsys.readouterr()
+    assert code == 1 and captured.err == "", captured
+    report = json.loads(captured.out)
+    assert len(report["blocking"]) == 1, report
+    assert f"role {app_role} lacks {lacks}: a missing grant" in report["blocking"][0], report
