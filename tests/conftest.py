@@ -58,3 +58,11 @@ def pg_schema(pg_dsn: str) -> Iterator[str]:
     yield schema
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
+
+
+def drop_role(pg_dsn: str, role: str) -> None:
+    """End a test role's sessions (a failed assertion may leave one open), then drop its grants and the role."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+        conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]

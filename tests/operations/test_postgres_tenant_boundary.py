@@ -25,6 +25,7 @@ from fencekeeper.adapters.operations.service import DurableOperationService, Pri
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.postgres_store import MIGRATIONS, migrate
 from fencekeeper.adapters.store import StoreError
+from tests.conftest import drop_role
 
 TABLES = ("operations", "operation_identities", "operation_attempts", "operation_transitions", "outbox")
 # How each child table names its Operation.
@@ -45,11 +46,7 @@ def restricted_role(pg_dsn: str, pg_schema: str) -> Iterator[str]:
     try:
         yield role
     finally:
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            # Its sessions first (a failed assertion may leave one open), then its grants, then the role.
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
-            conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
-            conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+        drop_role(pg_dsn, role)
 
 
 def _service(store: PostgresOperationStore) -> DurableOperationService:
@@ -232,10 +229,10 @@ def test_the_owner_role_migrates_a_schema_an_administrator_created_for_it(pg_dsn
             store.close()
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            # Its sessions first: one left open would hold the schema's locks.
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
-            conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
-            conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+        drop_role(pg_dsn, role)
 
 
 def _accounts(pg_dsn: str, schema: str) -> list[tuple[Any, ...]]:

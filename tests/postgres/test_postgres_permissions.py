@@ -28,6 +28,7 @@ from fencekeeper.kernel import journal as j
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 from tests.cli.runner import EXAMPLES
+from tests.conftest import drop_role
 from tests.http.test_postgres_failures import ALICE, ORDER, served_on
 
 OPS = p.Authority(True, "ops")
@@ -45,11 +46,7 @@ def app_role(pg_dsn: str, pg_schema: str) -> Iterator[str]:
     try:
         yield role
     finally:
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            # Its sessions first (a failed assertion may leave one open), then its grants, then the role.
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
-            conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
-            conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+        drop_role(pg_dsn, role)
 
 
 def _as_owner(pg_dsn: str, statement: str) -> None:
