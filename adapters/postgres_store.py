@@ -57,6 +57,7 @@ import contextlib
 import functools
 import hashlib
 import itertools
+import json
 import re
 import threading
 import weakref
@@ -1083,6 +1084,84 @@ def _run_pair(
     return rows[0], rows[1]
 
 
+def _run_kept(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    statements: Sequence[tuple[str, Sequence[object]]],
+    *,
+    commit: bool = False,
+    then: bytes | None = None,
+) -> None:
+    """Send writes kept by the transaction (``_Kept``), in order, in one exchange; raise the first one's error.
+
+    A failed statement aborts the transaction and the rest are skipped, so
+    none of them is written.  With ``commit``, a ``COMMIT`` follows after a
+    sync of its own, as :func:`_run`'s: the transaction commits every
+    statement or, one having failed, rolls back.  ``then`` (a ``NOTIFY``)
+    goes behind the last statement and runs only if all of them succeeded.
+    Without ``commit`` the transaction goes on, open, after them.
+    """
+    session = _SESSIONS.get(conn)
+    if session is None:
+        session = _SESSIONS[conn] = _Session(conn)
+    tx = session.transformer
+    pgconn = conn.pgconn
+    with session.lock:
+        sends = []
+        for sql, params in statements:
+            values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
+            types, formats = tx.types or (), tx.formats
+            query = _numbered(sql)
+            sends.append((query, _prepared(conn, session, query, types), values, types, formats))
+        pgconn.enter_pipeline_mode()
+        try:
+            for query, name, values, types, formats in sends:
+                if name is None:
+                    pgconn.send_query_params(query, values, param_types=types, param_formats=formats, result_format=_BINARY)
+                else:
+                    pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
+            if then is not None:
+                pgconn.send_query_params(then, None)
+            pgconn.pipeline_sync()
+            if commit:
+                # After a sync of its own: a failed statement does not skip it, and it rolls the transaction back.
+                pgconn.send_query_params(b"COMMIT", None)
+                pgconn.pipeline_sync()
+            answers, followed, committed, synced = session.wait(
+                conn, _kept_results(pgconn, len(sends), commit, then is not None)
+            )
+            if not _only_sync(synced):
+                raise psycopg.OperationalError(f"the server ended the session during a pipelined exchange: {synced}")
+            pgconn.exit_pipeline_mode()
+        except BaseException:
+            # Cut short: the connection's state is unknown, so it is closed and the pool replaces it.
+            conn.pgconn.finish()
+            raise
+        for results in answers:
+            # In order: the first failure is raised; the statements after it were skipped.
+            _result(conn, session, results)
+        if followed is not None:
+            _result(conn, session, followed)
+        if committed is not None:
+            ended = _result(conn, session, committed)
+            if ended.command_status != b"COMMIT":
+                raise StoreError("store_unavailable", f"the transaction was rolled back at COMMIT ({ended.command_status!r})")
+
+
+def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool) -> Any:
+    # As _pipeline_results, for ``count`` statements.
+    yield from generators.send(pgconn)
+    answers = []
+    for _ in range(count):
+        answers.append((yield from generators.fetch_many(pgconn)))
+    followed = (yield from generators.fetch_many(pgconn)) if then else None
+    synced = yield from generators.fetch_many(pgconn)
+    committed = None
+    if commit and _only_sync(synced):
+        committed = yield from generators.fetch_many(pgconn)
+        synced = yield from generators.fetch_many(pgconn)
+    return answers, followed, committed, synced
+
+
 def _pair_results(pgconn: pq.abc.PGconn, begin: bool) -> Any:
     # As _pipeline_results: send everything, then each command's results and the sync.
     yield from generators.send(pgconn)
@@ -1254,7 +1333,7 @@ def _one_statement(parts: tuple[str, ...]) -> str:
     return f"WITH {ctes} " + " UNION ALL ".join(f"SELECT * FROM w{n}" for n in range(len(parts)))
 
 
-def _locking_read(where: str) -> str:
+def _locking_read(where: str, also: str = "") -> str:
     """A statement that locks an execution's rows, then reads them and the time.
 
     The inner query locks objects, then workflow_dispatch (the order of its
@@ -1268,7 +1347,7 @@ def _locking_read(where: str) -> str:
     return (
         "SELECT (SELECT body FROM object_revisions r WHERE r.object_id = c.object_id AND r.revision = c.revision), "
         "c.dispatch_state, c.eligible_at, c.lease_token, c.leased_by, c.lease_expires_at, c.step_count, "
-        "c.last_error_code, c.business_id, c.object_id, c.revision, clock_timestamp() FROM ("
+        f"c.last_error_code, c.business_id, c.object_id, c.revision, clock_timestamp(){also} FROM ("
         "SELECT d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, d.step_count, "
         "d.last_error_code, o.business_id, o.object_id, o.revision "
         f"FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id {where}) c"
@@ -1301,12 +1380,38 @@ ever committed) and lets the rest of the deployment go on."""
 
 @functools.cache
 def claim_sql(bound: str, *, scoped: bool) -> str:
-    """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``."""
+    """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``.
+
+    It also names the execution it locked in the transaction's setting
+    ``fencekeeper.claimed`` (:data:`_CLAIMED_EVIDENCE_SQL` reads its evidence
+    by it, in the same exchange).
+    """
     return _locking_read(
         f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= {bound} "
         + ("AND o.business_id = ? " if scoped else "")
-        + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED"
+        + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED",
+        also=", set_config('fencekeeper.claimed', c.object_id, true)",
     )
+
+
+_EVIDENCE_COLUMNS = (
+    "SELECT o.object_id, o.object_type, v.body, o.revision, o.state FROM objects o JOIN object_revisions v "
+    "ON v.object_id = o.object_id AND v.revision = o.revision "
+)
+
+_CLAIMED_EVIDENCE_SQL = (
+    _EVIDENCE_COLUMNS + "WHERE o.parent_id = current_setting('fencekeeper.claimed', true) ORDER BY o.{seq}"
+)
+"""The current evidence of the execution the claim's locking read has just locked, sent behind it.
+
+A statement of its own, so on a snapshot taken after the lock was held: it
+sees whatever the execution's previous holder committed, as a read after
+the claim's write did.  The setting is local to the transaction, and read
+only when the claim found an execution (else it is an earlier claim's, or
+empty, and the rows are not used)."""
+
+_LOCKED_EVIDENCE_SQL = _EVIDENCE_COLUMNS + "WHERE o.parent_id = ? ORDER BY o.{seq}"
+"""The current evidence of an execution whose rows :data:`_LOCK_SQL`, just before, locked."""
 
 
 def listing_sql(state: ExecutionState) -> str:
@@ -1327,6 +1432,9 @@ class _PostgresBackend(SqlBackend):
     guards_on_server: ClassVar[bool] = True
     """Whether the schema has migration 11's ``fencekeeper_guard_held``, so that a guarded decision's
     writes may go with the COMMIT (write_last), checked by the database."""
+    verify_views: ClassVar[bool] = False
+    """Whether a view made from a kept write (:meth:`write_and_view`) is checked against the database's
+    own, read after sending the write: for tests, which set it; it costs a round trip per view."""
     _collecting: list[tuple[str, _Deferred]] | None = None
 
     def __init__(
@@ -1354,6 +1462,13 @@ class _PostgresBackend(SqlBackend):
         # (write_last), and the one kept: sent by commit_kept when the transaction ends.
         self._keeping: tuple[p.Decision, tuple[Evidence, ...]] | None = None
         self.kept: _Kept | None = None
+        # Writes of decisions that other decisions follow in this transaction (a claim, a step:
+        # write_and_view), kept to be sent ahead of the next statement, or with the COMMIT.
+        self._deferring: tuple[p.Decision, tuple[Evidence, ...]] | None = None
+        self.pending: list[_Kept] = []
+        # What a visit is planned from, per execution whose rows this transaction holds: as the
+        # locking read found it, or as the kept writes since have left it (write_and_view).
+        self._views: dict[str, VisitView] = {}
         # The read sent in the same exchange as a decision's write (write_and_view), and its rows.
         self._read_after: tuple[str, Sequence[object]] | None = None
         self._read_rows: _Rows | None = None
@@ -1379,6 +1494,15 @@ class _PostgresBackend(SqlBackend):
         if not parts:
             return
         texts = tuple(sql for sql, _ in parts)
+        if self._deferring is not None:
+            # Checked by the database, as a kept write is (write_last); sent ahead of the next statement.
+            checked = {id(cursor) for cursor in (*self._checks, *(c for _, c in self._revision_checks))}
+            numbers = tuple(n for n, (_, deferred) in enumerate(parts) if id(deferred) in checked)
+            assert self._keeping is None
+            self.pending.append(_Kept(_guarded_statement(texts, numbers), self._params, True, *self._deferring))
+            for _, deferred in parts:
+                deferred.rowcount = 1
+            return
         if self._keeping is not None and not self._checks and not self._revision_checks:
             # No part's row count is checked: the statement can only fail, and
             # only as a whole; it goes with the COMMIT (write_last).
@@ -1395,6 +1519,7 @@ class _PostgresBackend(SqlBackend):
             return
         statement = _one_statement(texts)
         counts = [0] * len(parts)
+        self._flush_pending()
         begin = self._opening()
         if self._read_after is not None:
             # The read of what the writes leave travels with them (write_and_view).
@@ -1415,6 +1540,7 @@ class _PostgresBackend(SqlBackend):
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         if self._collecting is None:
             self._nothing_kept()
+            self._flush_pending()
             return _run(self.conn, self._sql(sql), params, begin=self._opening())
         deferred = _Deferred()
         self._collecting.append((self._sql(sql), deferred))
@@ -1431,6 +1557,29 @@ class _PostgresBackend(SqlBackend):
         if self.database_clock:
             self._time = row[0]
         return self._admission_from(execution_id, row[1], row[2])
+
+    def _flush_pending(self) -> None:
+        """Send the writes kept by write_and_view, in one exchange: whatever is sent next sees them."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        try:
+            _run_kept(self.conn, [(k.statement, k.params) for k in pending])
+        except psycopg.DatabaseError as exc:
+            if isinstance(exc, self.dialect.integrity_errors) or exc.sqlstate == GUARD_FAILED:
+                # The transaction is aborted on the server: decided again, every write checked as it is made.
+                raise _KeptWriteFailed from None
+            raise
+
+    def _can_keep(self) -> bool:
+        """Whether a guarded decision's writes may be kept for a later exchange (write_and_view, write_last)."""
+        return (
+            self.commits_with_last
+            and self.keeps_writes
+            and self.guards_on_server
+            and self.kept is None
+            and self.conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        )
 
     def _nothing_kept(self) -> None:
         if self.kept is not None:
@@ -1453,7 +1602,7 @@ class _PostgresBackend(SqlBackend):
         match = re.match(r"Key \(object_id, revision\)=\(([^,]+), \d+\)", (diag and diag.message_detail) or "")
         return match.group(1) if match else None
 
-    def _remember(self, row: Sequence[Any] | None) -> str | None:
+    def _remember(self, row: Sequence[Any] | None, evidence: _Rows | None = None) -> str | None:
         if row is None:
             return None
         execution_id = str(row[9])
@@ -1463,15 +1612,42 @@ class _PostgresBackend(SqlBackend):
         if row[0] is not None:
             execution = codec.decode_execution(row[0])
             if execution.revision == row[10]:
-                self._locked[execution_id] = (execution, self._dispatch_from(execution_id, row[1:8]), str(row[8]))
+                dispatch = self._dispatch_from(execution_id, row[1:8])
+                self._locked[execution_id] = (execution, dispatch, str(row[8]))
+                if evidence is not None and dispatch is not None and self.business_id in (None, row[8]):
+                    # Read by a statement of its own after the lock was held (_CLAIMED_EVIDENCE_SQL).
+                    self._views[execution_id] = VisitView(
+                        execution, dispatch, tuple(Evidence(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in evidence)
+                    )
         return execution_id
 
-    def lock(self, execution_id: str, *, wait: float | None = None) -> None:
+    def _views_kept(self) -> bool:
+        """Whether this transaction reads evidence with its locks, for views made from kept writes (write_and_view)."""
+        return self.commits_with_last and self.keeps_writes and self.guards_on_server and self.kept is None
+
+    def lock_for_visit(self, execution_id: str) -> None:
+        # The execution's evidence travels behind the locking read (a statement of its own, so
+        # read after the lock is held): the composed decisions' first view needs no read of its own.
+        self.lock(execution_id, evidence=self._views_kept())
+
+    def lock(self, execution_id: str, *, wait: float | None = None, evidence: bool = False) -> None:
         if wait is not None:
             # For this transaction only; the session's lock_timeout comes back with the next one.
             self._execute("SELECT set_config('lock_timeout', ?, true)", (f"{_milliseconds(wait)}ms",))
+        found = None
         try:
-            row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
+            if evidence:
+                self._nothing_kept()
+                self._flush_pending()
+                rows, found = _run_pair(
+                    self.conn,
+                    (self._sql(_LOCK_SQL), (execution_id, EXECUTION_TYPE)),
+                    (self._sql(_LOCKED_EVIDENCE_SQL), (execution_id,)),
+                    begin=self._opening(),
+                )
+                row = rows.fetchone()
+            else:
+                row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
             if row is None:
                 # Not an execution (or half of one): lock whatever row exists, as before.
                 self._execute("SELECT 1 FROM objects WHERE object_id = ? FOR UPDATE", (execution_id,))
@@ -1487,7 +1663,7 @@ class _PostgresBackend(SqlBackend):
                 f"execution {execution_id}: its rows have been locked by another transaction for over {wait:g} s; "
                 "skipped, nothing written",
             ) from None
-        self._remember(row)
+        self._remember(row, found)
         self._time = row[11]
 
     def load(self, execution_id: str) -> tuple[p.Execution | None, p.Dispatch | None]:
@@ -1517,7 +1693,7 @@ class _PostgresBackend(SqlBackend):
             moment = self._execute("SELECT clock_timestamp()").fetchone()[0]
         return _aware(moment)
 
-    def _claim(self, bound: str, business_id: str | None, *values: object) -> Any:
+    def _claim(self, bound: str, business_id: str | None, *values: object) -> tuple[str | None, Any]:
         # eligible_at, workflow_execution_id order through the partial index
         # of eligible rows, up to ``bound``; locked rows are skipped, never
         # waited for.  Unscoped and scoped claims are different statements:
@@ -1527,7 +1703,17 @@ class _PostgresBackend(SqlBackend):
         scope = business_id if business_id is not None else self.business_id
         if scope is not None:
             values = (*values, scope)
-        return self._execute(claim_sql(bound, scoped=scope is not None), values).fetchone()
+        sql = claim_sql(bound, scoped=scope is not None)
+        if not self._views_kept():
+            row = self._execute(sql, values).fetchone()
+            return self._remember(row), row
+        # The claimed execution's evidence, read behind the lock in the same exchange, for the view
+        # the claim's write leaves (write_and_view), which is then made here, not read.
+        self._nothing_kept()
+        self._flush_pending()
+        rows, evidence = _run_pair(self.conn, (self._sql(sql), values), (self._sql(_CLAIMED_EVIDENCE_SQL), ()), begin=self._opening())
+        row = rows.fetchone()
+        return self._remember(row, evidence), row
 
     def claim_time(self, clock: Clock, business_id: str | None) -> datetime:
         if not self.database_clock:
@@ -1538,14 +1724,14 @@ class _PostgresBackend(SqlBackend):
         # than that time, because the index can only be searched up to a
         # value that stays the same during the scan (clock_timestamp() would
         # be a filter on every eligible row, due or not).
-        row = self._claim("statement_timestamp()", business_id)
+        execution_id, row = self._claim("statement_timestamp()", business_id)
         if row is None:
             # Nothing due: a claim at the time read next finds nothing either.
             moment = self.now(clock)
             self._candidate = (moment, business_id, None)
             return moment
         moment = _aware(row[11])
-        self._candidate = (moment, business_id, self._remember(row))
+        self._candidate = (moment, business_id, execution_id)
         return moment
 
     def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
@@ -1553,10 +1739,13 @@ class _PostgresBackend(SqlBackend):
         if candidate is not None and candidate[:2] == (now, business_id):
             return candidate[2]
         # The claimed rows come back with the lock, so the claim's load() is free.
-        return self._remember(self._claim("?", business_id, now))
+        return self._claim("?", business_id, now)[0]
 
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         self._locked.pop(decision.guard.execution_id, None)
+        if self._deferring is None:
+            # A view is made from the writes kept since the locking read, and these are not among them.
+            self._views.clear()
         if not super().write(decision, evidence, now):
             return False
         dispatch = decision.dispatch
@@ -1564,9 +1753,21 @@ class _PostgresBackend(SqlBackend):
             self.made_eligible = True
         return True
 
+    def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:
+        self._views.clear()
+        return super().append_objects(execution_id, evidence, now)
+
     def write_and_view(
         self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
     ) -> tuple[bool, VisitView | None]:
+        before = self._views.get(execution_id)
+        if (
+            before is not None
+            and decision.guard.execution_id == execution_id
+            and decision.guard.expected_revision != 0
+            and self._can_keep()
+        ):
+            return True, self._kept_and_viewed(before, decision, evidence, now, execution_id)
         # The decision's one write statement and the view's one read, in one exchange: the read
         # runs only if the write did, and what it sees is discarded when a guard did not hold.
         sql, params = self._visit_view_statement(execution_id)
@@ -1581,6 +1782,48 @@ class _PostgresBackend(SqlBackend):
         if rows is None:
             return True, self.view_so_far(execution_id)
         return True, self._visit_view_from(execution_id, rows.rows)
+
+    def _kept_and_viewed(
+        self, before: VisitView, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
+    ) -> VisitView:
+        """Keep ``decision``'s writes for the next exchange and make the view they leave from ``before``.
+
+        The writes are checked by the database when they are sent (ahead of
+        the transaction's next statement, or with its COMMIT), and a failure
+        there aborts the transaction, which is then decided again with every
+        write checked as it is made (``_KeptWriteFailed``): so the view is
+        used only if they are written as made.  It is what a read after them
+        would return, under the row locks this transaction holds: the
+        decision's execution and dispatch row, and every evidence object at
+        its newest revision in creation order, a new one after the others
+        (objects.seq, as _queue_evidence inserts them); the bodies as stored.
+        """
+        self._deferring = (decision, tuple(evidence))
+        try:
+            written = self.write(decision, evidence, now)
+        finally:
+            self._deferring = None
+        assert written, "a kept write is checked by the database, not here"
+        objects = {item.object_id: n for n, item in enumerate(before.evidence)}
+        current = list(before.evidence)
+        for item in evidence:
+            stored = Evidence(item.object_id, item.kind, json.loads(item.body_json()), item.revision, item.state)
+            at = objects.get(item.object_id)
+            if at is None:
+                objects[item.object_id] = len(current)
+                current.append(stored)
+            elif item.revision > current[at].revision:
+                current[at] = stored
+        view = VisitView(
+            decision.execution if decision.execution is not None else before.execution,
+            decision.dispatch if decision.dispatch is not None else before.dispatch,
+            tuple(current),
+        )
+        self._views[execution_id] = view
+        if self.verify_views:
+            read = self.visit_view(execution_id)
+            assert read is not None and _same_view(view, read), f"a view made from kept writes:\n{view}\nread:\n{read}"
+        return view
 
     def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         # An admission's writes are inserts only: no part's row count is
@@ -1614,6 +1857,16 @@ class _PostgresBackend(SqlBackend):
         as :class:`_GuardFailed`, so that the request is decided again.
         """
         kept, self.kept = self.kept, None
+        if self.pending:
+            # Every write kept in this transaction, each checked by the database: one exchange, with the COMMIT.
+            statements, self.pending = [*self.pending, *([kept] if kept is not None else [])], []
+            try:
+                _run_kept(self.conn, [(k.statement, k.params) for k in statements], commit=True, then=notify)
+            except psycopg.DatabaseError as exc:
+                if isinstance(exc, self.dialect.integrity_errors) or exc.sqlstate == GUARD_FAILED:
+                    raise _KeptWriteFailed from None
+                raise
+            return
         assert kept is not None
         try:
             _run(self.conn, kept.statement, kept.params, commit=True, then=notify)
@@ -1633,6 +1886,11 @@ _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSe
 """What a request meets when its session is gone: the server ended it (idle in a transaction past
 the timeout: a process that was stopped and has resumed) or the connection broke.  The pool
 discards the connection; the request fails as ``store_unavailable``, which callers retry."""
+
+
+def _same_view(made: VisitView, read: VisitView) -> bool:
+    """Whether two views are the same, evidence bodies included (an Evidence's equality leaves its body out)."""
+    return made == read and all(a.body == b.body for a, b in zip(made.evidence, read.evidence, strict=True))
 
 
 def _milliseconds(seconds: float) -> int:
@@ -1760,7 +2018,7 @@ class PostgresStore(TransactionalStore):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
                 backend.commits_with_last = self._commits_with_last
                 yield backend
-                if backend.kept is not None:
+                if backend.kept is not None or backend.pending:
                     # The decision's writes, NOTIFY when they make work eligible, and COMMIT: one exchange.
                     backend.commit_kept(self._notify if backend.made_eligible else None)
                 elif backend.made_eligible:

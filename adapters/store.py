@@ -356,6 +356,15 @@ class Backend(abc.ABC):
         ``StoreError('row_locked')`` and writes nothing.
         """
 
+    def lock_for_visit(self, execution_id: str) -> None:
+        """:meth:`lock`, for a transaction of composed decisions on ``execution_id`` (``record_step_and_visit``).
+
+        A store may read the execution's evidence with the locks, to make the
+        views its next visits are planned from without reading them
+        (:meth:`write_and_view`).
+        """
+        self.lock(execution_id)
+
     def now(self, clock: Clock) -> datetime:
         """The authoritative time of this transaction; by default the store's clock."""
         return clock.now()
@@ -446,7 +455,12 @@ class Backend(abc.ABC):
     def write_and_view(
         self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
     ) -> tuple[bool, VisitView | None]:
-        """:meth:`write`, then :meth:`view_so_far` when it held (a store may send both in one exchange)."""
+        """:meth:`write`, then :meth:`view_so_far` when it held.
+
+        A store may send both in one exchange, or keep the writes for a later
+        one and make the view from what its locking read brought (PostgreSQL:
+        docs/stores.md, "What a worker sends per execution").
+        """
         if not self.write(decision, evidence, now):
             return False, None
         return True, self.view_so_far(execution_id)
@@ -689,6 +703,7 @@ class TransactionalStore(abc.ABC):
         *,
         wait: float | None = None,
         before: Callable[[Backend], None] | None = None,
+        visit: bool = False,
     ) -> p.Outcome | None:
         failures = 0
         keep = True
@@ -699,7 +714,9 @@ class TransactionalStore(abc.ABC):
                     # Topic first, then rows: the one lock order of every store.
                     if topic is not None:
                         tx.lock_topic(*topic)
-                    if lock is not None:
+                    if lock is not None and visit:
+                        tx.lock_for_visit(lock)
+                    elif lock is not None:
                         tx.lock(lock, wait=wait)
                     if before is not None:
                         # Reads a decision needs ahead of its time (admit_run's facts).
@@ -867,7 +884,7 @@ class TransactionalStore(abc.ABC):
                     break
             return _Written(Composed(outcome, tuple(followed), view))
 
-        composed = self._run(decide, lock=lock, claim=claim)
+        composed = self._run(decide, lock=lock, claim=claim, visit=True)
         assert isinstance(composed, Composed)
         return composed
 

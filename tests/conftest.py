@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fencekeeper.adapters.postgres_store import migrate
+from fencekeeper.adapters.postgres_store import _PostgresBackend, migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs" / "machines"
@@ -51,8 +51,15 @@ def pg_dsn() -> str:
 
 
 @pytest.fixture
-def pg_schema(pg_dsn: str) -> Iterator[str]:
-    """A fresh, migrated schema for one test, dropped afterwards."""
+def pg_schema(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh, migrated schema for one test, dropped afterwards.
+
+    Every view the store makes from writes it keeps for a later exchange,
+    instead of reading it, is checked against the one the database then
+    reads (``verify_views``): every PostgreSQL test of a composed decision
+    checks it.  Tests that count round trips turn it off.
+    """
+    monkeypatch.setattr(_PostgresBackend, "verify_views", True)
     schema = f"fk_test_{uuid.uuid4().hex[:12]}"
     migrate(pg_dsn, schema)
     yield schema

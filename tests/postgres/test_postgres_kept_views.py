@@ -1,0 +1,134 @@
+"""A composed transaction on PostgreSQL: its writes kept and sent with its COMMIT, its views made, not read.
+
+The claim's locking read brings the execution's evidence; the claim's write
+(or the step's) is kept, and the view the next visit plans from is made from
+that evidence and the decision (``_PostgresBackend.write_and_view``).  What
+these tests prove:
+
+- a kept write whose guard fails on the server, whether at the COMMIT or
+  ahead of a later statement of the transaction, aborts the whole
+  transaction: nothing of it is written, the request is decided again with
+  its writes checked one by one, and the execution is claimed, stepped and
+  finished exactly once;
+- the view made from the kept writes is what the database reads after them:
+  every PostgreSQL test checks that (``verify_views``, set by the
+  ``pg_schema`` fixture); here a mistake in making it is shown to be caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+
+from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.postgres_store import PostgresStore, _PostgresBackend, _same_view
+from fencekeeper.adapters.store import VisitView
+from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE
+from fencekeeper.adapters.worker import Worker
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import parse_definition
+from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState
+
+BUSINESS = "b-1"
+PRINCIPAL = "user:operator"
+WORKFLOWS = {"one-node": ONE_NODE, "two-node": TWO_NODE}
+
+
+class _Succeeds:
+    def execute(self, command: i.Command) -> i.CommandResult:
+        return i.CommandResult(i.CommandStatus.SUCCEEDED)
+
+    def reconcile(self, command: i.Command) -> i.CommandResult:
+        return i.CommandResult(i.CommandStatus.SUCCEEDED)
+
+
+@pytest.fixture
+def store(pg_dsn: str, pg_schema: str) -> Iterator[PostgresStore]:
+    opened = PostgresStore(pg_dsn, schema=pg_schema, pool_size=2)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def _admit(store: PostgresStore, workflow: str) -> str:
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    service.register(store, parse_definition(WORKFLOWS[workflow]), BUSINESS, PRINCIPAL, policy)
+    outcome = service.run(
+        store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id=workflow,
+        input={"order_id": "o-1"} if workflow == "two-node" else {},
+    )
+    assert isinstance(outcome, p.Decision) and outcome.execution is not None, outcome
+    return outcome.execution.execution_id
+
+
+def _stale(decision: p.Decision) -> p.Decision:
+    """``decision`` with a guard no row matches: the execution's revision as it never was."""
+    guard = decision.guard
+    return attrs.evolve(decision, guard=attrs.evolve(guard, expected_revision=guard.expected_revision + 7))
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["failing-at-the-commit", "failing-ahead-of-a-read"])
+@pytest.mark.parametrize(("workflow", "decision"), [("one-node", "claim"), ("two-node", "record_step")])
+def test_a_kept_write_that_fails_on_the_server_is_decided_again_and_lands_once(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, workflow: str, decision: str, verify: bool
+) -> None:
+    # With verify_views the kept write is sent ahead of the read that checks the view (a later
+    # statement of the transaction); without it, with the COMMIT.  Either way its guard fails there.
+    monkeypatch.setattr(_PostgresBackend, "verify_views", verify)
+    execution_id = _admit(store, workflow)
+    real = getattr(p, decision)
+    calls: list[p.Outcome] = []
+
+    def stale_once(*args: Any) -> p.Outcome:
+        outcome = real(*args)
+        calls.append(outcome)
+        return _stale(outcome) if len(calls) == 1 and isinstance(outcome, p.Decision) else outcome
+
+    monkeypatch.setattr(p, decision, stale_once)
+    sent: list[int] = []
+    kept_and_viewed = _PostgresBackend._kept_and_viewed
+
+    def counted(self: _PostgresBackend, *args: Any) -> VisitView:
+        sent.append(1)
+        return kept_and_viewed(self, *args)
+
+    monkeypatch.setattr(_PostgresBackend, "_kept_and_viewed", counted)
+    worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), _Succeeds(), business_id=BUSINESS)
+    report = worker.run_pass(max_claims=1)
+    assert report.finished == {"succeeded": 1}, report
+    # The stale decision's write was kept (its view made), failed on the server, and was decided again.
+    assert len(calls) == 2 and sent
+    found = store.read(execution_id)
+    assert found is not None and found.execution.state == ExecutionState.SUCCEEDED
+    events = [t.event for t in found.history]
+    assert events.count(ExecutionEvent.CLAIM) == 1
+    assert events.count(ExecutionEvent.FINALIZE_SUCCEEDED) == 1
+    assert events.count(ExecutionEvent.RECORD_STEP) == (1 if workflow == "two-node" else 0)
+    # One attempt per node visited, each at its last revision: nothing of the failed transaction.
+    attempts = [e for e in found.evidence if e.kind == "StepAttempt"]
+    assert len(attempts) == len({e.object_id for e in attempts}) == (2 if workflow == "two-node" else 1)
+
+
+def test_the_check_of_made_views_sees_a_missing_object_a_body_and_a_lease(store: PostgresStore) -> None:
+    # What every PostgreSQL test's check compares: an Evidence's equality leaves its body out, the check does not.
+    execution_id = _admit(store, "two-node")
+    worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), _Succeeds(), business_id=BUSINESS)
+    assert worker.run_pass(max_claims=1).finished == {"succeeded": 1}
+    read = store.read_for_visit(execution_id)
+    assert read is not None and len(read.evidence) >= 2
+    assert _same_view(read, store.read_for_visit(execution_id) or read)
+    last = read.evidence[-1]
+    changed_body = attrs.evolve(last, body={**last.body, "extra": 1})
+    assert changed_body == last  # what the check must not rely on
+    for wrong in (
+        attrs.evolve(read, evidence=read.evidence[:-1]),
+        attrs.evolve(read, evidence=(*read.evidence[:-1], changed_body)),
+        attrs.evolve(read, evidence=tuple(reversed(read.evidence))),
+        attrs.evolve(read, dispatch=attrs.evolve(read.dispatch, lease_token="another")),
+    ):
+        assert not _same_view(wrong, read)
