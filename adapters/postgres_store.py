@@ -1286,6 +1286,16 @@ class _Deferred:
 
 
 @attrs.frozen
+class _Link:
+    """A decision of a composed transaction whose writes are kept (write_and_view, write_last), and the view
+    it was decided on: the rows the decision before it left."""
+
+    decision: p.Decision
+    evidence: tuple[Evidence, ...]
+    before: VisitView
+
+
+@attrs.frozen
 class _Kept:
     """A decision's one write statement, kept to be sent with the transaction's COMMIT (write_last)."""
 
@@ -1462,10 +1472,14 @@ class _PostgresBackend(SqlBackend):
         # (write_last), and the one kept: sent by commit_kept when the transaction ends.
         self._keeping: tuple[p.Decision, tuple[Evidence, ...]] | None = None
         self.kept: _Kept | None = None
-        # Writes of decisions that other decisions follow in this transaction (a claim, a step:
-        # write_and_view), kept to be sent ahead of the next statement, or with the COMMIT.
-        self._deferring: tuple[p.Decision, tuple[Evidence, ...]] | None = None
-        self.pending: list[_Kept] = []
+        # The decisions of a composed transaction whose writes are kept (write_and_view, and the
+        # write_last that may end them), at the transaction's one time: sent ahead of the next
+        # statement, or with the COMMIT (_chain_statements).  Closed once write_last has joined.
+        self._chain: list[_Link] = []
+        self._chain_now: datetime | None = None
+        self._chain_closed = False
+        # Where _batch puts the statements it builds for the chain, instead of running them.
+        self._building: list[_Kept] | None = None
         # What a visit is planned from, per execution whose rows this transaction holds: as the
         # locking read found it, or as the kept writes since have left it (write_and_view).
         self._views: dict[str, VisitView] = {}
@@ -1494,12 +1508,12 @@ class _PostgresBackend(SqlBackend):
         if not parts:
             return
         texts = tuple(sql for sql, _ in parts)
-        if self._deferring is not None:
-            # Checked by the database, as a kept write is (write_last); sent ahead of the next statement.
+        if self._building is not None:
+            # The chain's writes, checked by the database as a kept write is (write_last).
             checked = {id(cursor) for cursor in (*self._checks, *(c for _, c in self._revision_checks))}
             numbers = tuple(n for n, (_, deferred) in enumerate(parts) if id(deferred) in checked)
             assert self._keeping is None
-            self.pending.append(_Kept(_guarded_statement(texts, numbers), self._params, True, *self._deferring))
+            self._building.append(_Kept(_guarded_statement(texts, numbers), self._params, True, *self._building_for))
             for _, deferred in parts:
                 deferred.rowcount = 1
             return
@@ -1558,18 +1572,76 @@ class _PostgresBackend(SqlBackend):
             self._time = row[0]
         return self._admission_from(execution_id, row[1], row[2])
 
+    def keeps_any(self) -> bool:
+        """Whether writes are kept for the COMMIT (commit_kept sends them)."""
+        return self.kept is not None or bool(self._chain)
+
     def _flush_pending(self) -> None:
-        """Send the writes kept by write_and_view, in one exchange: whatever is sent next sees them."""
-        if not self.pending:
+        """Send the chain's kept writes, in one exchange: whatever is sent next sees them."""
+        if not self._chain:
             return
-        pending, self.pending = self.pending, []
+        self._send_kept(self._chain_statements())
+        self._verify_views()
+
+    def _send_kept(self, statements: Sequence[_Kept], *, commit: bool = False, notify: bytes | None = None) -> None:
         try:
-            _run_kept(self.conn, [(k.statement, k.params) for k in pending])
+            _run_kept(self.conn, [(k.statement, k.params) for k in statements], commit=commit, then=notify)
         except psycopg.DatabaseError as exc:
             if isinstance(exc, self.dialect.integrity_errors) or exc.sqlstate == GUARD_FAILED:
                 # The transaction is aborted on the server: decided again, every write checked as it is made.
                 raise _KeptWriteFailed from None
             raise
+
+    def _chain_statements(self) -> list[_Kept]:
+        """The chain's writes as statements: one, when each decision's guard holds on the rows the one before left.
+
+        Decided in one transaction at one time, each on the view the one
+        before it left, a chain is normally one: the execution's two rows are
+        then written once, as the last decision leaves them, under the first
+        decision's guard (which the database checks), and every decision's
+        records and evidence besides, in order.  Each later guard is checked
+        here, on exactly the rows the one before wrote, at the same time, as
+        the database would check it; where one does not hold, each decision
+        is its own statement under its own guard, and the database refuses it.
+        """
+        chain, self._chain = self._chain, []
+        now = self._chain_now
+        assert now is not None and chain
+        built: list[_Kept] = []
+        self._building = built
+        try:
+            if all(link.decision.guard.holds(link.before.execution, link.before.dispatch, now) for link in chain[1:]):
+                first = chain[0]
+                guard = first.decision.guard
+                execution = next((k.decision.execution for k in reversed(chain) if k.decision.execution is not None), None)
+                dispatch = next((k.decision.dispatch for k in reversed(chain) if k.decision.dispatch is not None), None)
+                evidence = tuple(item for link in chain for item in link.evidence)
+                self._checks, self._revision_checks = [], []
+                self._building_for = (first.decision, evidence)
+                with self._batch():
+                    self._queue_rows(guard, execution, dispatch, now)
+                    for link in chain:
+                        self._queue_records(link.decision, now)
+                    at = self.dialect.encode_time(now)
+                    self._queue_evidence(guard.execution_id, evidence, at, first.before.execution.business_id)
+            else:
+                for link in chain:
+                    self._checks, self._revision_checks = [], []
+                    self._building_for = (link.decision, link.evidence)
+                    with self._batch():
+                        self._queue_writes(link.decision, link.evidence, now)
+        finally:
+            self._building = None
+        return built
+
+    def _verify_views(self) -> None:
+        """With ``verify_views``: every view this transaction holds is what the database now reads."""
+        if not self.verify_views:
+            return
+        for execution_id, made in list(self._views.items()):
+            sql, params = self._visit_view_statement(execution_id)
+            read = self._visit_view_from(execution_id, _run(self.conn, self._sql(sql), params).rows)
+            assert read is not None and _same_view(made, read), f"a view made from kept writes:\n{made}\nread:\n{read}"
 
     def _can_keep(self) -> bool:
         """Whether a guarded decision's writes may be kept for a later exchange (write_and_view, write_last)."""
@@ -1578,11 +1650,12 @@ class _PostgresBackend(SqlBackend):
             and self.keeps_writes
             and self.guards_on_server
             and self.kept is None
+            and not self._chain_closed
             and self.conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS
         )
 
     def _nothing_kept(self) -> None:
-        if self.kept is not None:
+        if self.kept is not None or self._chain_closed:
             # A write kept for the COMMIT is not on the server yet: a statement sent now would
             # not see it.  write_last's caller promised it was the transaction's last action.
             raise RuntimeError("a statement after write_last(): the transaction's writes are kept for its COMMIT")
@@ -1743,9 +1816,8 @@ class _PostgresBackend(SqlBackend):
 
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         self._locked.pop(decision.guard.execution_id, None)
-        if self._deferring is None:
-            # A view is made from the writes kept since the locking read, and these are not among them.
-            self._views.clear()
+        # A view is made from the writes kept since the locking read, and these are not among them.
+        self._views.clear()
         if not super().write(decision, evidence, now):
             return False
         dispatch = decision.dispatch
@@ -1765,6 +1837,7 @@ class _PostgresBackend(SqlBackend):
             before is not None
             and decision.guard.execution_id == execution_id
             and decision.guard.expected_revision != 0
+            and (not self._chain or now == self._chain_now)
             and self._can_keep()
         ):
             return True, self._kept_and_viewed(before, decision, evidence, now, execution_id)
@@ -1798,31 +1871,12 @@ class _PostgresBackend(SqlBackend):
         its newest revision in creation order, a new one after the others
         (objects.seq, as _queue_evidence inserts them); the bodies as stored.
         """
-        self._deferring = (decision, tuple(evidence))
-        try:
-            written = self.write(decision, evidence, now)
-        finally:
-            self._deferring = None
-        assert written, "a kept write is checked by the database, not here"
-        objects = {item.object_id: n for n, item in enumerate(before.evidence)}
-        current = list(before.evidence)
-        for item in evidence:
-            stored = Evidence(item.object_id, item.kind, json.loads(item.body_json()), item.revision, item.state)
-            at = objects.get(item.object_id)
-            if at is None:
-                objects[item.object_id] = len(current)
-                current.append(stored)
-            elif item.revision > current[at].revision:
-                current[at] = stored
-        view = VisitView(
-            decision.execution if decision.execution is not None else before.execution,
-            decision.dispatch if decision.dispatch is not None else before.dispatch,
-            tuple(current),
-        )
-        self._views[execution_id] = view
-        if self.verify_views:
-            read = self.visit_view(execution_id)
-            assert read is not None and _same_view(view, read), f"a view made from kept writes:\n{view}\nread:\n{read}"
+        self._locked.pop(execution_id, None)
+        self._chain.append(_Link(decision, tuple(evidence), before))
+        self._chain_now = now
+        if decision.dispatch is not None and decision.dispatch.dispatch_state == DispatchState.ELIGIBLE:
+            self.made_eligible = True
+        view = self._views[execution_id] = _made_view(before, decision, evidence)
         return view
 
     def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
@@ -1842,6 +1896,17 @@ class _PostgresBackend(SqlBackend):
             or self.conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
         ):
             return self.write(decision, evidence, now)
+        view = self._views.get(decision.guard.execution_id)
+        if self._chain and view is not None and now == self._chain_now and self._can_keep():
+            # The last of a composed transaction's decisions: it joins the chain, and goes with it.
+            self._locked.pop(decision.guard.execution_id, None)
+            self._chain.append(_Link(decision, tuple(evidence), view))
+            self._chain_closed = True
+            # Nothing plans from it; what verify_views compares with the database's read.
+            self._views[decision.guard.execution_id] = _made_view(view, decision, evidence)
+            if decision.dispatch is not None and decision.dispatch.dispatch_state == DispatchState.ELIGIBLE:
+                self.made_eligible = True
+            return True
         self._keeping = (decision, tuple(evidence))
         try:
             return self.write(decision, evidence, now)
@@ -1857,15 +1922,15 @@ class _PostgresBackend(SqlBackend):
         as :class:`_GuardFailed`, so that the request is decided again.
         """
         kept, self.kept = self.kept, None
-        if self.pending:
-            # Every write kept in this transaction, each checked by the database: one exchange, with the COMMIT.
-            statements, self.pending = [*self.pending, *([kept] if kept is not None else [])], []
-            try:
-                _run_kept(self.conn, [(k.statement, k.params) for k in statements], commit=True, then=notify)
-            except psycopg.DatabaseError as exc:
-                if isinstance(exc, self.dialect.integrity_errors) or exc.sqlstate == GUARD_FAILED:
-                    raise _KeptWriteFailed from None
-                raise
+        if self._chain:
+            # Every write kept in this transaction, checked by the database: one exchange, with the COMMIT.
+            if self.verify_views:
+                # Sent first, and every view checked against the database's read, before the COMMIT.
+                self._flush_pending()
+                statements = [kept] if kept is not None else []
+            else:
+                statements = [*self._chain_statements(), *([kept] if kept is not None else [])]
+            self._send_kept(statements, commit=True, notify=notify)
             return
         assert kept is not None
         try:
@@ -1886,6 +1951,25 @@ _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSe
 """What a request meets when its session is gone: the server ended it (idle in a transaction past
 the timeout: a process that was stopped and has resumed) or the connection broke.  The pool
 discards the connection; the request fails as ``store_unavailable``, which callers retry."""
+
+
+def _made_view(before: VisitView, decision: p.Decision, evidence: Sequence[Evidence]) -> VisitView:
+    """The view ``decision``'s writes leave, made from ``before`` (what a read after them returns; _kept_and_viewed)."""
+    objects = {item.object_id: n for n, item in enumerate(before.evidence)}
+    current = list(before.evidence)
+    for item in evidence:
+        stored = Evidence(item.object_id, item.kind, json.loads(item.body_json()), item.revision, item.state)
+        at = objects.get(item.object_id)
+        if at is None:
+            objects[item.object_id] = len(current)
+            current.append(stored)
+        elif item.revision > current[at].revision:
+            current[at] = stored
+    return VisitView(
+        decision.execution if decision.execution is not None else before.execution,
+        decision.dispatch if decision.dispatch is not None else before.dispatch,
+        tuple(current),
+    )
 
 
 def _same_view(made: VisitView, read: VisitView) -> bool:
@@ -2018,7 +2102,7 @@ class PostgresStore(TransactionalStore):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
                 backend.commits_with_last = self._commits_with_last
                 yield backend
-                if backend.kept is not None or backend.pending:
+                if backend.keeps_any():
                     # The decision's writes, NOTIFY when they make work eligible, and COMMIT: one exchange.
                     backend.commit_kept(self._notify if backend.made_eligible else None)
                 elif backend.made_eligible:

@@ -362,12 +362,20 @@ class SqlBackend(Backend):
             raise evidence_revision_conflict(stale[0])
 
     def _queue_writes(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> None:
-        guard = decision.guard
+        self._queue_rows(decision.guard, decision.execution, decision.dispatch, now)
+        self._queue_records(decision, now)
+        execution = decision.execution
+        at = self.dialect.encode_time(now)
+        self._queue_evidence(decision.guard.execution_id, evidence, at, None if execution is None else execution.business_id)
+
+    def _queue_rows(
+        self, guard: p.Guard, execution: p.Execution | None, dispatch: p.Dispatch | None, now: datetime
+    ) -> None:
+        """The execution's two rows as a decision leaves them (None: unchanged), under ``guard``; inserted at revision 0."""
         at = self.dialect.encode_time(now)
         eid = guard.execution_id
-        execution = decision.execution
         if guard.expected_revision == 0:
-            assert execution is not None and decision.dispatch is not None
+            assert execution is not None and dispatch is not None
             self._execute(
                 "INSERT INTO objects (object_id, object_type, business_id, revision, state, created_at, "
                 "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -376,7 +384,7 @@ class SqlBackend(Backend):
             self._execute(
                 "INSERT INTO workflow_dispatch (workflow_execution_id, dispatch_state, eligible_at, lease_token, "
                 "leased_by, lease_expires_at, step_count, last_error_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (eid, *self._dispatch_values(decision.dispatch)),
+                (eid, *self._dispatch_values(dispatch)),
             )
         else:
             expected_state = None if guard.expected_state is None else TEXT[guard.expected_state]
@@ -398,7 +406,6 @@ class SqlBackend(Backend):
             # when the execution object is not written, the guard's revision
             # is checked by the same statement, so a renewal cannot land on a
             # revision it did not see.
-            dispatch = decision.dispatch
             values = self._dispatch_values(dispatch) if dispatch is not None else None
             sql = (
                 "UPDATE workflow_dispatch SET dispatch_state = ?, eligible_at = ?, lease_token = ?, leased_by = ?, "
@@ -424,6 +431,12 @@ class SqlBackend(Backend):
                 sql += " AND EXISTS (SELECT 1 FROM objects WHERE object_id = ? AND revision = ? AND state = ?)"
                 params += [eid, guard.expected_revision, expected_state]
             self._guarded(sql, params)
+
+    def _queue_records(self, decision: p.Decision, now: datetime) -> None:
+        """What ``decision`` appends: the execution's revision, its registration, closure, recovery, transitions, outbox."""
+        at = self.dialect.encode_time(now)
+        eid = decision.guard.execution_id
+        execution = decision.execution
         records = decision.evidence
         if execution is not None:
             body = codec.encode_execution(execution)
@@ -512,7 +525,6 @@ class SqlBackend(Backend):
                     row.payload,
                 ),
             )
-        self._queue_evidence(eid, evidence, at, business_id)
 
     @staticmethod
     def _carried(

@@ -6,7 +6,9 @@ that evidence and the decision (``_PostgresBackend.write_and_view``).  What
 these tests prove:
 
 - a kept write whose guard fails on the server, whether at the COMMIT or
-  ahead of a later statement of the transaction, aborts the whole
+  ahead of a later statement of the transaction, and whether the
+  transaction's decisions went as one statement or (a later guard not
+  holding on the rows the one before left) one each, aborts the whole
   transaction: nothing of it is written, the request is decided again with
   its writes checked one by one, and the execution is claimed, stepped and
   finished exactly once;
@@ -73,7 +75,11 @@ def _stale(decision: p.Decision) -> p.Decision:
 
 
 @pytest.mark.parametrize("verify", [False, True], ids=["failing-at-the-commit", "failing-ahead-of-a-read"])
-@pytest.mark.parametrize(("workflow", "decision"), [("one-node", "claim"), ("two-node", "record_step")])
+# The claim and the step are each the first of their transaction's decisions (the one statement's guard);
+# a stale finalization follows one whose rows it does not match, so each decision goes as its own statement.
+@pytest.mark.parametrize(
+    ("workflow", "decision"), [("one-node", "claim"), ("two-node", "record_step"), ("one-node", "finalize")]
+)
 def test_a_kept_write_that_fails_on_the_server_is_decided_again_and_lands_once(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch, workflow: str, decision: str, verify: bool
 ) -> None:
@@ -98,11 +104,22 @@ def test_a_kept_write_that_fails_on_the_server_is_decided_again_and_lands_once(
         return kept_and_viewed(self, *args)
 
     monkeypatch.setattr(_PostgresBackend, "_kept_and_viewed", counted)
+    statements: list[int] = []
+    chain_statements = _PostgresBackend._chain_statements
+
+    def chained(self: _PostgresBackend) -> Any:
+        built = chain_statements(self)
+        statements.append(len(built))
+        return built
+
+    monkeypatch.setattr(_PostgresBackend, "_chain_statements", chained)
     worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), _Succeeds(), business_id=BUSINESS)
     report = worker.run_pass(max_claims=1)
     assert report.finished == {"succeeded": 1}, report
     # The stale decision's write was kept (its view made), failed on the server, and was decided again.
     assert len(calls) == 2 and sent
+    # Its transaction's decisions went as one statement, or one each where a guard did not follow.
+    assert statements[0] == (2 if decision == "finalize" else 1), statements
     found = store.read(execution_id)
     assert found is not None and found.execution.state == ExecutionState.SUCCEEDED
     events = [t.event for t in found.history]
