@@ -1610,7 +1610,7 @@ class _PostgresBackend(SqlBackend):
         built: list[_Kept] = []
         self._building = built
         try:
-            if all(link.decision.guard.holds(link.before.execution, link.before.dispatch, now) for link in chain[1:]):
+            if _one_statement_holds(chain, now):
                 first = chain[0]
                 guard = first.decision.guard
                 execution = next((k.decision.execution for k in reversed(chain) if k.decision.execution is not None), None)
@@ -1951,6 +1951,25 @@ _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSe
 """What a request meets when its session is gone: the server ended it (idle in a transaction past
 the timeout: a process that was stopped and has resumed) or the connection broke.  The pool
 discards the connection; the request fails as ``store_unavailable``, which callers retry."""
+
+
+def _one_statement_holds(chain: Sequence[_Link], now: datetime) -> bool:
+    """Whether a chain's decisions may go as one statement (``_chain_statements``).
+
+    Each later guard must hold on the rows the decision before it left.  And
+    no part may need to see another's write, since every part of one
+    statement runs on the same snapshot: the evidence objects are written
+    once for the whole chain (``_queue_evidence`` groups their revisions),
+    but a wait registration inserted by one decision and closed by a later
+    one would not be, nor would two closings of one registration.  So only
+    the last decision may register a wait (a finalization to waiting ends a
+    composed transaction anyway), and at most one may close one.
+    """
+    return (
+        all(link.decision.guard.holds(link.before.execution, link.before.dispatch, now) for link in chain[1:])
+        and all(link.decision.registration is None for link in chain[:-1])
+        and sum(link.decision.closes is not None for link in chain) <= 1
+    )
 
 
 def _made_view(before: VisitView, decision: p.Decision, evidence: Sequence[Evidence]) -> VisitView:

@@ -20,6 +20,7 @@ these tests prove:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -36,6 +37,7 @@ from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState
 
 BUSINESS = "b-1"
+LEASE = timedelta(seconds=30)
 PRINCIPAL = "user:operator"
 WORKFLOWS = {"one-node": ONE_NODE, "two-node": TWO_NODE}
 
@@ -149,3 +151,32 @@ def test_the_check_of_made_views_sees_a_missing_object_a_body_and_a_lease(store:
         attrs.evolve(read, dispatch=attrs.evolve(read.dispatch, lease_token="another")),
     ):
         assert not _same_view(wrong, read)
+
+
+def test_a_chain_goes_as_one_statement_only_where_no_part_needs_anothers_write() -> None:
+    # A claim, then a finalization to waiting decided on the rows the claim left: one statement.
+    from fencekeeper.adapters.postgres_store import _Link, _one_statement_holds  # noqa: PLC0415
+    from tests.protocol.test_decisions import T0, admitted, decided, finalize_request  # noqa: PLC0415
+
+    admission = admitted()
+    claim = decided(p.claim(admission.execution, admission.dispatch, p.ClaimRequest("w-1", "t-1", LEASE), T0))
+    assert claim.execution is not None and claim.dispatch is not None and claim.lease is not None
+    before_claim = VisitView(admission.execution, admission.dispatch, ())
+    after_claim = VisitView(claim.execution, claim.dispatch, ())
+    snap = attrs.evolve(admission, execution=claim.execution, dispatch=claim.dispatch, credential=claim.lease)
+    wait = decided(p.finalize(claim.execution, claim.dispatch, finalize_request(snap, ExecutionState.WAITING), T0))
+    assert wait.registration is not None
+    chain = [_Link(claim, (), before_claim), _Link(wait, (), after_claim)]
+    assert _one_statement_holds(chain, T0)
+    # A later guard that does not hold on the rows the one before left: one statement each.
+    assert not _one_statement_holds([chain[0], attrs.evolve(chain[1], before=before_claim)], T0)
+    # A registration before the last decision (a later one could close it), or two closings: one each.
+    registering = attrs.evolve(claim, registration=wait.registration)
+    assert not _one_statement_holds([attrs.evolve(chain[0], decision=registering), chain[1]], T0)
+    closing = p.WaitClosure(wait.registration.key, ExecutionEvent.CANCEL)
+    closes_twice = [
+        attrs.evolve(chain[0], decision=attrs.evolve(claim, closes=closing)),
+        attrs.evolve(chain[1], decision=attrs.evolve(wait, closes=closing)),
+    ]
+    assert not _one_statement_holds(closes_twice, T0)
+    assert _one_statement_holds([closes_twice[0], chain[1]], T0)
