@@ -61,8 +61,28 @@ class InvalidSpec(KernelError):
         self.problem = problem
 
 
+class InvalidOperation(KernelError, ValueError):
+    """An Operation whose fields contradict its state (``kernel/operations.py``, ``Operation``).
+
+    No decision makes one: it comes from a stored row that old code, a hand
+    edit or damage left inconsistent, such as a running Operation without an
+    owner.  It is refused where the value is made, so no decision ever
+    reasons about it (where it would end as a bare assertion or a misleading
+    refusal).  The message names the Operation and the field.
+    """
+
+    code = "invalid_operation"
+
+    def __init__(self, operation_id: str, field: str, problem: str) -> None:
+        super().__init__(f"operation {operation_id!r}: {field}: {problem}")
+        self.operation_id = operation_id
+        self.field = field
+        self.problem = problem
+
+
 __all__ = [
     "IllegalTransition",
+    "InvalidOperation",
     "InvalidSpec",
     "KernelError",
 ]

@@ -23,7 +23,11 @@ Rules of this module:
     write, the approval to store, the transition record and outbox row, and
     the :class:`Guard` the store applies as one compare-and-set.
 
-  Nothing a caller sends makes a decision raise.
+  Nothing a caller sends makes a decision raise.  A stored Operation whose
+  fields contradict its state cannot be made (:func:`operation_problem`);
+  one made around its constructor raises
+  :class:`~fencekeeper.kernel.errors.InvalidOperation` from every decision
+  rather than being decided on.
 - Which state follows which is ``machines.OPERATION``'s business; this
   module decides *whether* an event may happen (fences, leases, limits,
   approvals, authority, time), never where it leads.
@@ -63,6 +67,7 @@ from typing import Any, Final
 import attrs
 
 from .common import duration_problem, identifier_problem, later_problem, utc_problem
+from .errors import InvalidOperation
 from .machines import OPERATION, OperationEvent, OperationState
 from .text import problem as text_problem
 
@@ -261,6 +266,13 @@ class Operation:
     out fence *n*; only a credential with the current fence is honoured.
     ``owner``/``lease_expires_at``/``attempt_started_at`` describe the
     current Attempt and are set exactly while the Operation is running.
+
+    A value whose fields contradict its state cannot be made: its
+    construction raises :class:`~fencekeeper.kernel.errors.InvalidOperation`
+    naming the Operation and the field (:func:`operation_problem` has the
+    rules).  Decisions never make one; a store's row can hold one (old code,
+    a hand edit, damage), and it is refused as it is read, before any
+    decision reasons about it.
     """
 
     operation_id: str
@@ -299,6 +311,91 @@ class Operation:
     result: str | None = None
     """The action's result (JSON text), committed with success."""
     cancel_requested_by: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        problem = operation_problem(self)
+        if problem is not None:
+            raise InvalidOperation(self.operation_id, *problem)
+
+
+_ENDED_WITH: Final = {
+    OperationState.SUCCEEDED: frozenset({TerminalOutcome.SUCCEEDED}),
+    OperationState.CANCELLED: frozenset({TerminalOutcome.CANCELLED}),
+    OperationState.OUTCOME_UNKNOWN: frozenset({TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN}),
+    OperationState.FAILED: frozenset(TerminalOutcome)
+    - {TerminalOutcome.SUCCEEDED, TerminalOutcome.CANCELLED, TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN},
+}
+"""The outcomes each terminal state may end with (specs/operations.md, Terminal outcomes)."""
+
+
+def operation_problem(operation: Operation) -> tuple[str, str] | None:
+    """The first field of ``operation`` that contradicts its state, as ``(field, problem)``; None when all agree.
+
+    The rules every decision keeps (specs/operations.md, Operation):
+
+    - running: an ``owner``, a ``lease_expires_at`` and an
+      ``attempt_started_at`` (its current Attempt), a ``fence`` and an
+      ``attempt_count`` of at least 1 (a claim made it), no ``outcome``;
+    - any other state: none of ``owner``, ``lease_expires_at``,
+      ``attempt_started_at`` (no Attempt is current);
+    - admitted, awaiting_approval: no ``outcome``; awaiting_approval only
+      with ``requires_approval``;
+    - a terminal state: an ``outcome`` of that state (``succeeded`` for
+      succeeded, ``cancelled`` for cancelled, ``external_outcome_unknown``
+      for outcome_unknown, any other for failed);
+    - an unsettled external effect (``effect_unsettled_since``) has the
+      ``effect_id`` its intent recorded.
+
+    Every decision relies on these (a replaced owner's Attempt is written
+    from ``owner`` and ``attempt_started_at``), so a value that breaks one
+    is never decided on.
+    """
+    state = operation.state
+    if state is OperationState.RUNNING:
+        if not operation.owner:
+            return "owner", "a running operation names the worker of its current attempt; this one names none"
+        if operation.lease_expires_at is None:
+            return "lease_expires_at", "a running operation's current attempt holds a lease; this one has none"
+        if operation.attempt_started_at is None:
+            return "attempt_started_at", "a running operation's current attempt has a start; this one has none"
+        if operation.fence < 1:
+            return "fence", f"a running operation was claimed, so its fence is at least 1; it is {operation.fence}"
+        if operation.attempt_count < 1:
+            return "attempt_count", f"a running operation has made an attempt; it counts {operation.attempt_count}"
+    else:
+        for name, value in (
+            ("owner", operation.owner),
+            ("lease_expires_at", operation.lease_expires_at),
+            ("attempt_started_at", operation.attempt_started_at),
+        ):
+            if value is not None:
+                return name, f"set only while running; this {state.value} operation has {value!s}"
+    ended_with = _ENDED_WITH.get(state)
+    outcome = operation.outcome
+    if ended_with is None:
+        if outcome is not None:
+            return "outcome", f"a {state.value} operation has not ended, yet it has outcome {outcome.value}"
+        if state is OperationState.AWAITING_APPROVAL and not operation.requires_approval:
+            return "requires_approval", "an operation awaiting approval requires one; this one does not"
+    elif outcome not in ended_with:
+        allowed = ", ".join(sorted(t.value for t in ended_with))
+        return "outcome", (
+            f"a {state.value} operation ends with {allowed}; it has {'none' if outcome is None else outcome.value}"
+        )
+    if operation.effect_unsettled_since is not None and operation.effect_id is None:
+        return "effect_id", "an unsettled external effect has the effect id its intent recorded; this one has none"
+    return None
+
+
+def _stored(operation: Operation | None) -> None:
+    """Refuse a stored Operation made around its constructor (``object.__setattr__``, a store of values).
+
+    The constructor refuses every other such value; this check keeps a decision from reasoning about one anyway.
+    """
+    if operation is not None:
+        problem = operation_problem(operation)
+        if problem is not None:
+            raise InvalidOperation(operation.operation_id, *problem)
 
 
 @attrs.frozen(cache_hash=True)
@@ -685,8 +782,11 @@ def _decision(
 
 
 def _end_attempt(operation: Operation, state: AttemptState, now: datetime, error_code: str | None = None) -> Attempt:
-    """The current Attempt, ended.  Only for a running Operation (it has an owner)."""
-    assert operation.owner is not None and operation.attempt_started_at is not None
+    """The current Attempt, ended.  Only for a running Operation (it has an owner and a start)."""
+    if operation.owner is None or operation.attempt_started_at is None:
+        # Unreachable for a value the constructor accepted: named, in case one was made around it.
+        field = "owner" if operation.owner is None else "attempt_started_at"
+        raise InvalidOperation(operation.operation_id, field, "a running operation's current attempt has one")
     return Attempt(
         operation.operation_id,
         operation.fence,
@@ -699,6 +799,7 @@ def _end_attempt(operation: Operation, state: AttemptState, now: datetime, error
 
 
 def _refuse_missing(operation: Operation | None, operation_id: str) -> Refusal | None:
+    _stored(operation)
     if operation is None:
         return Refusal(RefusalCode.OPERATION_NOT_FOUND, f"operation {operation_id!r} does not exist")
     if operation.operation_id != operation_id:
@@ -790,6 +891,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
     if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} may not submit{why}")
+    _stored(existing)
     if existing is not None and (now < existing.retain_until or existing.outcome is None):
         differs = [
             (name, getattr(existing, name), getattr(request, name))
@@ -856,6 +958,7 @@ def expire(operation: Operation | None, now: datetime, actor: str = "system:dead
         return exc.refusal
     if operation is None:
         return Refusal(RefusalCode.OPERATION_NOT_FOUND, "no such operation")
+    _stored(operation)
     if now < operation.deadline:
         return Refusal(RefusalCode.NOT_ELIGIBLE, f"deadline is {_iso(operation.deadline)}; now is {_iso(now)}")
     state = operation.state
@@ -910,6 +1013,7 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
         return exc.refusal
     if operation is None:
         return Refusal(RefusalCode.OPERATION_NOT_FOUND, "no such operation")
+    _stored(operation)
     state = operation.state
     if state is OperationState.RUNNING:
         if operation.lease_expires_at is not None and now < operation.lease_expires_at:
@@ -1510,6 +1614,7 @@ __all__ = [
     "fail",
     "heartbeat",
     "identity_key",
+    "operation_problem",
     "outcome_unknown",
     "record_intent",
     "stable_principal",

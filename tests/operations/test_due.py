@@ -6,7 +6,8 @@ row would write nothing, leave it due and first in order, and stall every later
 claim of the tenant behind it (``INV-OP-DUE-CLAIMED``).  Checked here in every
 state the model checker reaches, and for Operations no decision makes (old or
 hand-edited rows: an approval ``decide`` would refuse, an eligibility past the
-deadline).
+deadline).  A row whose fields contradict its state (a running row without an
+owner) is not handed to a claim at all: the store refuses it as it reads it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from fencekeeper.adapters.operations.base import due_at
 from fencekeeper.kernel import operations as o
-from fencekeeper.kernel.machines import OperationState
+from fencekeeper.kernel.machines import OPERATION, OperationState
 from fencekeeper.kernel.opsmodel import Bounds, OpsProtocol, World, initial_world, moves
 
 from .kernel_fixtures import LEASE, SECOND, T0, admitted
@@ -128,10 +129,24 @@ def _operations(draw: st.DrawFn) -> o.Operation:
     flaw = draw(st.none() | st.sampled_from(_FLAWS))
     changes["approval"] = None if flaw is None else _approval(operation, **flaw)
     if state is OperationState.RUNNING:
-        # A running row has an owner, a lease and a start (the PostgreSQL schema checks the first two).
+        # A running row has an owner, a lease and a start, and was claimed (a row without them is refused as
+        # it is read: operations.operation_problem, tests/operations/test_malformed_rows.py).
         changes.update(owner="w1", lease_expires_at=draw(offsets), attempt_started_at=T0, fence=max(1, draw(
-            st.integers(min_value=1, max_value=4))))
+            st.integers(min_value=1, max_value=4))), attempt_count=draw(st.integers(min_value=1, max_value=4)))
+    elif state is OperationState.AWAITING_APPROVAL:
+        changes["requires_approval"] = True
+    elif state in OPERATION.terminal:
+        changes["outcome"] = draw(st.sampled_from(_OUTCOMES[state]))
     return attrs.evolve(operation, **changes)
+
+
+_OUTCOMES = {
+    OperationState.SUCCEEDED: [o.TerminalOutcome.SUCCEEDED],
+    OperationState.CANCELLED: [o.TerminalOutcome.CANCELLED],
+    OperationState.OUTCOME_UNKNOWN: [o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN],
+    OperationState.FAILED: [t for t in o.TerminalOutcome if t.value not in ("succeeded", "cancelled",
+                                                                           "external_outcome_unknown")],
+}
 
 
 @settings(max_examples=2000, deadline=None)

@@ -87,6 +87,8 @@ def _complete_on_cancelled(op: o.Operation | None, request: o.CompleteRequest, n
             owner=request.credential.worker_id,
             lease_expires_at=now + (op.deadline - op.admitted_at),
             attempt_started_at=now,
+            outcome=None,  # as a running row holds it: the bug is in the decision, not in the value
+            error_code=None,
         )
         outcome = o.complete(running, request, now)
         if isinstance(outcome, o.Decision):
@@ -98,7 +100,7 @@ def _complete_on_cancelled(op: o.Operation | None, request: o.CompleteRequest, n
 def _cancel_anything(op: o.Operation | None, request: o.CancelRequest, now: datetime) -> o.Outcome:
     """Cancels even a finished operation, as if terminal states were not final."""
     if op is not None and op.state in (OperationState.SUCCEEDED, OperationState.FAILED):
-        pretend = attrs.evolve(op, state=OperationState.ADMITTED)
+        pretend = attrs.evolve(op, state=OperationState.ADMITTED, outcome=None, error_code=None)
         outcome = o.cancel(pretend, request, now)
         if isinstance(outcome, o.Decision):
             return attrs.evolve(outcome, transition=attrs.evolve(outcome.transition, from_state=op.state))
