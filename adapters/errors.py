@@ -113,6 +113,8 @@ class StoreCode(enum.Enum):
     ROW_LOCKED = "row_locked"
     """PostgreSQL: a row the request needs is held by another transaction past the lock timeout."""
     GUARD_CONFLICT = "guard_conflict"
+    MALFORMED_ROW = "malformed_row"
+    """A stored Operation whose fields contradict its state (edited by hand or damaged); it is repaired, not retried."""
     EVIDENCE_CONFLICT = "evidence_conflict"
     REGISTRATION_CONFLICT = "registration_conflict"
     EVENT_CONFLICT = "event_conflict"

@@ -56,7 +56,9 @@ class StoreError(Exception):
     ``guard_conflict``, ``evidence_conflict``, ``registration_conflict``, ``store_locked`` (SQLite:
     another writer has held the database's write lock past the busy timeout), ``row_locked``
     (PostgreSQL: a row the request needs is held by another transaction past the lock timeout, or
-    past a sweep's shorter wait).  Nothing is written by a request that raises.
+    past a sweep's shorter wait), ``malformed_row`` (an operation store: a stored Operation's fields
+    contradict its state, such as a running row without an owner; the message names the operation
+    and the field).  Nothing is written by a request that raises.
     """
 
     def __init__(self, code: str, message: str) -> None:

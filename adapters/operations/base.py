@@ -14,6 +14,10 @@ Rules of this module:
   after it expired (an atomic action may take time between the two).
 - A refusal leaves the store exactly as it was: its transaction is rolled
   back, including whatever an atomic action wrote.
+- A stored Operation whose fields contradict its state (old code, a hand
+  edit, damage: ``operations.operation_problem``) is never decided on: the
+  request fails with ``StoreError('malformed_row')`` naming the operation
+  and the field, and its transaction is rolled back.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import TypeVar
 import attrs
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.errors import InvalidOperation
 from fencekeeper.kernel.machines import OperationState
 
 from ..store import StoreError
@@ -50,6 +55,15 @@ def due_at(operation: o.Operation) -> datetime | None:
     if state is OperationState.AWAITING_APPROVAL:
         return operation.deadline
     return None
+
+
+def malformed_row(error: InvalidOperation) -> StoreError:
+    """What a store reports for a stored Operation that contradicts its state: it is repaired, not decided on."""
+    return StoreError(
+        "malformed_row",
+        f"{error.message} (the stored row contradicts its state: it was edited by hand or damaged; "
+        "nothing was written)",
+    )
 
 
 class Tx(abc.ABC):
@@ -177,6 +191,10 @@ class TransactionalOperationStore(abc.ABC):
                 continue
             except _Rollback as rollback:
                 return rollback.outcome
+            except InvalidOperation as error:
+                # Raised by the kernel on a value a store of values holds (the SQL stores refuse the row as they
+                # read it); the transaction has rolled back.
+                raise malformed_row(error) from None
         raise StoreError("guard_contention", f"a decision's guard failed {_ATTEMPTS} times in a row; try again")
 
     @staticmethod

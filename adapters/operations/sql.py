@@ -43,10 +43,11 @@ from typing import Any
 import attrs
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.errors import InvalidOperation
 from fencekeeper.kernel.machines import OperationEvent, OperationState
 
 from ..outbox_rows import OUTBOX_INSERT, operation_row
-from .base import Tx, due_at
+from .base import Tx, due_at, malformed_row
 from .ports import GuardedContext, OperationView, StaleContext, StatementRefused
 from .service import ActionFailed
 
@@ -214,7 +215,7 @@ def to_row(op: o.Operation, d: OpsDialect) -> tuple[Any, ...]:
 
 
 # Enum members by value: a dictionary lookup instead of the Enum call, which is slow on every row
-# read; a value not among them goes through the Enum call, which raises as before.
+# read; a value not among them is a malformed row, named by its column.
 _EFFECT_CLASSES = {e.value: e for e in o.EffectClass}
 _STATES = {s.value: s for s in OperationState}
 _OUTCOMES = {t.value: t for t in o.TerminalOutcome}
@@ -224,16 +225,23 @@ def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
     """The Operation of a row of ``COLUMNS``, read by position (every claim and decision reads one)."""
     if len(row) != len(COLUMNS):
         raise ValueError(f"a row of operations has {len(row)} columns, not {len(COLUMNS)}")
+    try:
+        return _operation(row, d)
+    except InvalidOperation as error:
+        raise malformed_row(error) from None
+
+
+def _operation(row: Sequence[Any], d: OpsDialect) -> o.Operation:
     decode, optional = d.decode_time, d.optional_time
-    outcome = row[24]
+    operation_id, outcome = row[0], row[24]
     return o.Operation(
         operation_id=row[0],
         identity=o.Identity(row[1], row[2], row[3], row[4]),
         action_name=row[5],
         action_version=int(row[6]),
-        effect_class=_EFFECT_CLASSES.get(row[7]) or o.EffectClass(row[7]),
+        effect_class=_EFFECT_CLASSES.get(row[7]) or _unknown(operation_id, "effect_class", row[7]),
         input_digest=row[8],
-        state=_STATES.get(row[9]) or OperationState(row[9]),
+        state=_STATES.get(row[9]) or _unknown(operation_id, "state", row[9]),
         revision=int(row[10]),
         fence=int(row[11]),
         attempt_count=int(row[12]),
@@ -248,12 +256,17 @@ def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
         lease_expires_at=optional(row[21]),
         attempt_started_at=optional(row[22]),
         effect_id=row[23],
-        outcome=None if outcome is None else _OUTCOMES.get(outcome) or o.TerminalOutcome(outcome),
+        outcome=None if outcome is None else _OUTCOMES.get(outcome) or _unknown(operation_id, "outcome", outcome),
         error_code=row[25],
         result=row[26],
         cancel_requested_by=row[27],
         effect_unsettled_since=None if row[29] is None else int(row[29]),
     )
+
+
+def _unknown(operation_id: Any, column: str, value: Any) -> Any:
+    """A column holding a value no version of this store writes (the tables' own checks were bypassed)."""
+    raise InvalidOperation(str(operation_id), column, f"{value!r} is not a value this column may hold")
 
 
 Execute = Callable[[str, Sequence[Any]], Any]

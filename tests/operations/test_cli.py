@@ -402,3 +402,43 @@ def test_the_worker_names_no_attempt_for_an_operation_that_ended_without_one(
     assert run(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", TRANSFER)[0] == 0
     code, _, err = run(capsys, "worker", "--db", db, "--until-idle")
     assert code == 0 and " attempt 1: succeeded\n" in err, err
+
+
+def test_a_row_edited_into_a_contradiction_is_one_error_line_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admitted row with an owner left over: every command that reads it names the operation and the field."""
+    db = str(tmp_path / "ops.db")
+    op_id = data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)["operation_id"]
+
+    def operation_rows() -> list[list[tuple[Any, ...]]]:
+        conn = sqlite3.connect(db, isolation_level=None)
+        try:
+            return [
+                sorted(conn.execute(f"SELECT * FROM {table}").fetchall(), key=repr)
+                for table in ("operations", "operation_identities", "operation_attempts", "operation_transitions",
+                              "outbox")
+            ]
+        finally:
+            conn.close()
+
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("UPDATE operations SET owner = 'w-old' WHERE operation_id = ?", (op_id,))
+    finally:
+        conn.close()
+
+    def refused(*args: str) -> None:
+        code, _, err = run(capsys, *args, "--db", db)
+        line = one_error(err)
+        assert code == 1, (args, line)
+        assert "[malformed_row]" in line and f"operation {op_id!r}: owner: " in line, (args, line)
+
+    # The worker creates the teaching examples' account tables first (their prepare), then stops at the row.
+    rows = operation_rows()
+    refused("worker", "--until-idle")
+    assert operation_rows() == rows
+    before = snapshot(tmp_path)
+    for args in (("cancel", op_id), ("status", op_id), ("submit", "transfer", "--key", "k", "--input", TRANSFER)):
+        refused(*args)
+        assert snapshot(tmp_path) == before, args

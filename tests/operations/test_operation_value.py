@@ -8,6 +8,7 @@ as a bare AssertionError or as a misleading refusal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -96,7 +97,7 @@ def test_every_decision_on_a_damaged_value_is_the_same_clear_error(field: str, c
     operation, credential = running()
     broken = damaged(operation, **changes)
     later = T0 + LEASE + SECOND  # the lease expired: a claim replaces the owner, ending its Attempt
-    decisions = [
+    decisions: list[Callable[[], o.Outcome]] = [
         lambda: o.claim(broken, o.ClaimRequest("w2", LEASE), later),
         lambda: o.heartbeat(broken, o.HeartbeatRequest(credential, LEASE), T0 + SECOND),
         lambda: o.complete(broken, o.CompleteRequest(credential, GRANTED), T0 + SECOND),
