@@ -35,7 +35,7 @@ from fencekeeper.kernel.errors import InvalidOperation
 from fencekeeper.kernel.machines import OperationState
 
 from ..store import StoreError
-from .ports import AtomicAction, ClaimRefused, GuardedContext, OperationView
+from .ports import AtomicAction, ClaimRefused, GuardedContext, MalformedRow, OperationView
 
 _ATTEMPTS = 5
 
@@ -55,15 +55,6 @@ def due_at(operation: o.Operation) -> datetime | None:
     if state is OperationState.AWAITING_APPROVAL:
         return operation.deadline
     return None
-
-
-def malformed_row(error: InvalidOperation) -> StoreError:
-    """What a store reports for a stored Operation that contradicts its state: it is repaired, not decided on."""
-    return StoreError(
-        "malformed_row",
-        f"{error.message} (the stored row contradicts its state: it was edited by hand or damaged; "
-        "nothing was written)",
-    )
 
 
 class Tx(abc.ABC):
@@ -194,7 +185,7 @@ class TransactionalOperationStore(abc.ABC):
             except InvalidOperation as error:
                 # Raised by the kernel on a value a store of values holds (the SQL stores refuse the row as they
                 # read it); the transaction has rolled back.
-                raise malformed_row(error) from None
+                raise MalformedRow(error) from None
         raise StoreError("guard_contention", f"a decision's guard failed {_ATTEMPTS} times in a row; try again")
 
     @staticmethod

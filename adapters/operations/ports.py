@@ -33,10 +33,34 @@ from typing import Any, Protocol
 import attrs
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.errors import InvalidOperation
 
 # ClaimRefused's __init__, written by attrs, carries Refusal's annotations as text (the kernel's
 # postponed annotations): a reader that resolves them here, as the API reference does, needs this name.
 from fencekeeper.kernel.operations import RefusalCode  # noqa: F401
+
+from ..store import StoreError
+
+
+class MalformedRow(StoreError):
+    """``StoreError('malformed_row')``: a stored Operation whose fields contradict its state (``operation_problem``).
+
+    ``namespace`` and ``tenant`` are the row's, when the store read them
+    (None otherwise), so that a caller acting for another namespace or tenant
+    is told the Operation does not exist, as for any other of its rows, and
+    not what this one holds.
+    """
+
+    def __init__(self, error: InvalidOperation, namespace: str | None = None, tenant: str | None = None) -> None:
+        super().__init__(
+            "malformed_row",
+            f"{error.message} (the stored row contradicts its state: it was edited by hand or damaged; "
+            "nothing was written)",
+        )
+        self.operation_id = error.operation_id
+        self.field = error.field
+        self.namespace = namespace
+        self.tenant = tenant
 
 
 class StaleContext(Exception):

@@ -45,7 +45,7 @@ from fencekeeper.kernel.common import identifier_problem
 from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
 
-from .ports import OperationStore, OperationView
+from .ports import MalformedRow, OperationStore, OperationView
 
 __all__ = [
     "ActionFailed",
@@ -658,7 +658,14 @@ class DurableOperationService:
         if identifier_problem(operation_id) is not None:
             # No Operation has such an id, and a store need not be asked: PostgreSQL cannot take NUL as a parameter.
             return None
-        view = self.store.view(operation_id)
+        try:
+            view = self.store.view(operation_id)
+        except MalformedRow as exc:
+            if exc.namespace is not None and (
+                exc.namespace != self.namespace or (tenant is not None and exc.tenant != tenant)
+            ):
+                return None  # another namespace's or tenant's row, damaged or not, does not exist for this caller
+            raise
         if view is None or view.operation.identity.namespace != self.namespace:
             return None
         if tenant is not None and view.operation.identity.tenant != tenant:

@@ -47,8 +47,8 @@ from fencekeeper.kernel.errors import InvalidOperation
 from fencekeeper.kernel.machines import OperationEvent, OperationState
 
 from ..outbox_rows import OUTBOX_INSERT, operation_row
-from .base import Tx, due_at, malformed_row
-from .ports import GuardedContext, OperationView, StaleContext, StatementRefused
+from .base import Tx, due_at
+from .ports import GuardedContext, MalformedRow, OperationView, StaleContext, StatementRefused
 from .service import ActionFailed
 
 COLUMNS = (
@@ -228,7 +228,7 @@ def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
     try:
         return _operation(row, d)
     except InvalidOperation as error:
-        raise malformed_row(error) from None
+        raise MalformedRow(error, str(row[1]), str(row[2])) from None
 
 
 def _operation(row: Sequence[Any], d: OpsDialect) -> o.Operation:

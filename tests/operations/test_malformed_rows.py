@@ -22,6 +22,7 @@ import pytest
 from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
+from fencekeeper.adapters.operations.service import DurableOperationError
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.operations_suite import ALICE, LEASE, TENANT, World, open_accounts
@@ -187,3 +188,23 @@ def test_an_admitted_row_left_with_an_owner_is_refused_to_claims_cancels_and_res
         assert raised.value.code == "malformed_row"
         assert f"operation {op_id!r}: owner: set only while running" in raised.value.message
         assert under_test.rows() == before
+
+
+def test_another_tenants_malformed_row_does_not_exist_for_a_caller_acting_for_one_tenant(
+    damaged: tuple[Damaged, World, ManualClock],
+) -> None:
+    # A caller acting for tenant-b learns neither that tenant-a's operation exists nor what its row holds.
+    under_test, world, _ = damaged
+    op_id = world.transfer("k1", 10)
+    under_test.damage(op_id, "owner", "w-old")
+    before = under_test.rows()
+    assert world.service.get(op_id, tenant="tenant-b") is None
+    for request in (
+        lambda: world.service.history(op_id, tenant="tenant-b"),
+        lambda: world.service.cancel(op_id, principal=ALICE, tenant="tenant-b"),
+    ):
+        with pytest.raises(DurableOperationError) as raised:
+            request()
+        assert raised.value.code == "operation_not_found"
+        assert "owner" not in raised.value.message
+    assert under_test.rows() == before
