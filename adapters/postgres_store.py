@@ -33,6 +33,17 @@ Rules of this module:
   transaction's last action, ``write_last``), that statement travels with
   the ``NOTIFY`` and ``COMMIT`` in one exchange (``commit_kept``); a
   unique-key conflict there means what it means to ``write``.
+- A composed transaction (a claim or a step, and the visits after it) keeps
+  every decision's writes until its ``COMMIT``: its locking read brings the
+  execution's evidence behind it, each view a next visit plans from is made
+  from that and the decision (never read back), and the decisions go as
+  one statement, the execution's two rows written once under the first
+  decision's guard, checked by the database, each later guard checked here
+  on the rows the one before wrote (``_chain_statements``).  Anything the
+  transaction reads first is sent after them.  A failure there aborts the
+  whole transaction, and the request is decided again with every write
+  checked as it is made.  ``verify_views`` (tests) compares every made view
+  with the database's read.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
