@@ -1985,15 +1985,24 @@ def _one_statement_holds(chain: Sequence[_Link], now: datetime) -> bool:
 
 def _made_view(before: VisitView, decision: p.Decision, evidence: Sequence[Evidence]) -> VisitView:
     """The view ``decision``'s writes leave, made from ``before`` (what a read after them returns; _kept_and_viewed)."""
+    # The newest revision of each object the decision writes, in the order the objects first appear
+    # (a dict keeps a key where it was first put): only those are read back, so only they are decoded.
+    newest: dict[str, Evidence] = {}
+    for item in evidence:
+        seen = newest.get(item.object_id)
+        if seen is None or item.revision > seen.revision:
+            newest[item.object_id] = item
     objects = {item.object_id: n for n, item in enumerate(before.evidence)}
     current = list(before.evidence)
-    for item in evidence:
-        stored = Evidence(item.object_id, item.kind, json.loads(item.body_json()), item.revision, item.state)
-        at = objects.get(item.object_id)
+    for object_id, item in newest.items():
+        at = objects.get(object_id)
+        if at is not None and item.revision <= current[at].revision:
+            continue
+        stored = Evidence(object_id, item.kind, json.loads(item.body_json()), item.revision, item.state)
         if at is None:
-            objects[item.object_id] = len(current)
+            objects[object_id] = len(current)
             current.append(stored)
-        elif item.revision > current[at].revision:
+        else:
             current[at] = stored
     return VisitView(
         decision.execution if decision.execution is not None else before.execution,
