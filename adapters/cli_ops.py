@@ -23,7 +23,10 @@ active in every tenant -- the local operator's tool).
 ``op worker`` runs N worker threads for one tenant.  SIGINT or SIGTERM stops
 each after the operation it is running; a second signal exits at once, and
 a lease still held then simply expires: the next claim replaces it
-automatically (seed 001), unlike a workflow execution's.
+automatically (seed 001), unlike a workflow execution's.  A due row that
+contradicts its state is reported on one line and passed over; with
+``--until-idle`` the command then exits 1, naming it on its last line
+(``malformed`` in ``--json``), since work is left that no worker can claim.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from fencekeeper.kernel.common import identifier_problem
+from fencekeeper.kernel.operations import RefusalCode
 
 from . import prefork
 from .connect import parse_url
@@ -74,6 +78,8 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_PRINCIPAL = "users:v1:operator"
 _USAGE_CODES = frozenset({"invalid_input", "unknown_action", "operation_not_found", "invalid_request", "invalid_action"})
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
+MALFORMED_ROW = RefusalCode.MALFORMED_ROW.value
+"""A worker's report of a due row it passed over because the row contradicts its state."""
 _RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
 """What a running worker waits out and tries again (``fencekeeper worker``'s rule)."""
 
@@ -441,6 +447,9 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             reports += end.result[0]
             idle = idle and end.result[1]
             errors += end.result[2]
+    # Rows passed over because they contradict their state (each worker reports one once): the queue went on
+    # without them, but they stay due until repaired.
+    malformed = list(dict.fromkeys(r["operation_id"] for r in reports if r["outcome"] == MALFORMED_ROW))
     if out.json_mode:
         out.data(
             {
@@ -448,12 +457,21 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 "at": datetime.now(UTC).isoformat(),
                 "reports": reports,
                 **({"errors": errors} if processes > 1 or errors else {}),
+                **({"malformed": malformed} if malformed else {}),
             }
         )
     else:
         out.line(f"{len(reports)} operation attempts reported")
     if errors:
         out.note(f"fencekeeper: error: {'; '.join(errors)}")
+        return EXIT_PROBLEM
+    if malformed and args.until_idle:
+        # Idle, yet work is left that no worker can claim: an exit 0 would tell a script or an operator that the
+        # queue is done.  Without --until-idle the workers keep running (and the rows stay passed over).
+        out.note(
+            f"fencekeeper: error: passed over {len(malformed)} operation(s) whose stored row contradicts its "
+            f"state: {', '.join(malformed)}; repair the row (docs/operations.md) [{MALFORMED_ROW}]"
+        )
         return EXIT_PROBLEM
     return EXIT_OK
 
@@ -534,7 +552,10 @@ def _work(
                     if not out.json_mode:
                         # An operation can end with no attempt made (an approval that expired first).
                         attempt = "" if report.attempt is None else f" attempt {report.attempt}"
-                        out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}")
+                        # A damaged row is told with what the store found wrong (field and repair are the
+                        # operator's), on the one line: the worker passes over it and goes on.
+                        why = f": {' '.join(report.detail.split())}" if report.outcome == MALFORMED_ROW else ""
+                        out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}{why}")
 
             numbers = range(first, first + args.concurrency)
             threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in numbers]

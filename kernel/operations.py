@@ -147,6 +147,10 @@ class RefusalCode(enum.Enum):
     DECISION_CONFLICT = "decision_conflict"
     CANCEL_TOO_LATE = "cancel_too_late"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    MALFORMED_ROW = "malformed_row"
+    """Never a decision's: a store's ``claim_next`` names with it a due row it cannot read as an Operation
+    (``operation_problem``), which a worker passes over.  Every other request on that row raises the store's
+    ``malformed_row`` error instead."""
 
 
 class UnchangedCode(enum.Enum):

@@ -17,7 +17,9 @@ Rules of this module:
 - A stored Operation whose fields contradict its state (old code, a hand
   edit, damage: ``operations.operation_problem``) is never decided on: the
   request fails with ``StoreError('malformed_row')`` naming the operation
-  and the field, and its transaction is rolled back.
+  and the field, and its transaction is rolled back.  ``claim_next``, which
+  names no row, returns it as a ``ClaimRefused`` coded ``malformed_row``
+  instead, so its caller can pass over it and claim the tenant's other work.
 """
 
 from __future__ import annotations
@@ -240,10 +242,20 @@ class TransactionalOperationStore(abc.ABC):
         passed_over = frozenset(skip)
 
         def body(tx: Tx) -> o.Outcome:
-            operation = tx.lock_next_due(tenant, namespace, passed_over)
-            if operation is None:
-                raise _Rollback(_NOTHING)
-            outcome = o.claim(operation, request, tx.now())
+            operation: o.Operation | None = None
+            try:
+                operation = tx.lock_next_due(tenant, namespace, passed_over)
+                if operation is None:
+                    raise _Rollback(_NOTHING)
+                outcome = o.claim(operation, request, tx.now())
+            except MalformedRow as malformed:  # a SQL store's, as it read the row
+                raise _Rollback(_unreadable(malformed)) from None
+            except InvalidOperation as error:  # the kernel's, on a value a store of values holds
+                if operation is None:
+                    raise  # no row was read, so none can be named: _run reports it as for any request
+                raise _Rollback(
+                    _unreadable(MalformedRow(error, operation.identity.namespace, operation.identity.tenant))
+                ) from None
             if isinstance(outcome, o.Refusal) and outcome.code is not o.RefusalCode.INVALID_REQUEST:
                 # Found due and refused: nothing is written and the row stays first in the queue.  Named, so the
                 # caller can pass over it instead of being handed the same row by every later claim.  (A
@@ -334,6 +346,17 @@ class TransactionalOperationStore(abc.ABC):
             return outcome
 
         return self._run(body)
+
+
+def _unreadable(malformed: MalformedRow) -> ClaimRefused:
+    """The due row ``claim_next`` met and cannot read as an Operation, named so that its caller passes over it.
+
+    Not raised, as for a request naming the row: one damaged row would stop every claim of its tenant's queue
+    (it stays due and first).  Rolled back, so nothing is written; the row stays as it is until repaired.
+    """
+    return ClaimRefused(
+        o.RefusalCode.MALFORMED_ROW, malformed.message, malformed.field, operation_id=malformed.operation_id
+    )
 
 
 _NOTHING = o.Refusal(o.RefusalCode.NOT_ELIGIBLE, "nothing is due")

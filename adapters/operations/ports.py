@@ -118,13 +118,15 @@ class OperationView:
 
 @attrs.frozen
 class ClaimRefused(o.Refusal):
-    """The kernel refused the claim of the Operation the store found due first, and names it.
+    """The kernel refused the claim of the Operation the store found due first, or the store could not read it.
 
     The kernel claims or ends every Operation its ``due`` says is due
     (``INV-OP-DUE-CLAIMED``), so this means the row and the kernel disagree
-    (edited data, a store whose ``due_at`` is wrong).  Nothing was written
-    and the row is still due and first: a caller passes over it with
-    ``claim_next``'s ``skip`` so the rest of the tenant's work goes on.
+    (edited data, a store whose ``due_at`` is wrong), or, with code
+    ``malformed_row``, that the row contradicts its state (:class:`MalformedRow`,
+    whose message and field it carries).  Nothing was written and the row
+    is still due and first: a caller passes over it with ``claim_next``'s
+    ``skip`` so the rest of the tenant's work goes on.
     """
 
     operation_id: str = ""
@@ -146,7 +148,9 @@ class OperationStore(Protocol):
     ) -> o.Outcome | None:
         """Claim (or end by its limits) the Operation of ``tenant`` that has been due longest; None if none is.
 
-        Operations named in ``skip`` are passed over.  A refusal of the row found is a :class:`ClaimRefused`.
+        Operations named in ``skip`` are passed over.  A refusal of the row found is a :class:`ClaimRefused`, and
+        so is a row found that contradicts its state (code ``malformed_row``): one damaged row does not stop the
+        claims of every other.
         """
         ...
 

@@ -45,7 +45,10 @@ external effects, history, and retention).  Rules of this module:
   edited data, a store's wrong ``due_at``) is reported once and then passed
   over, for a pause that doubles while it is refused again: the rest of the
   tenant's work goes on, and the worker neither spins on the row nor keeps
-  reporting it.  A store's refusal that names no row pauses the worker.
+  reporting it.  So is a due row the store cannot read because it
+  contradicts its state (outcome ``malformed_row``): one damaged row does not
+  halt its tenant's queue.  A store's refusal that names no row pauses the
+  worker.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from fencekeeper.adapters import cli
@@ -434,11 +436,77 @@ def test_a_row_edited_into_a_contradiction_is_one_error_line_and_nothing_is_writ
         assert code == 1, (args, line)
         assert "[malformed_row]" in line and f"operation {op_id!r}: owner: " in line, (args, line)
 
-    # The worker creates the teaching examples' account tables first (their prepare), then stops at the row.
+    # The worker creates the teaching examples' account tables first (their prepare), then passes over the row.
     rows = operation_rows()
-    refused("worker", "--until-idle")
+    code, _, err = run(capsys, "worker", "--until-idle", "--db", db)
+    assert code == 1 and err.splitlines()[-1].startswith("fencekeeper: error: ") and "[malformed_row]" in err, err
     assert operation_rows() == rows
     before = snapshot(tmp_path)
     for args in (("cancel", op_id), ("status", op_id), ("submit", "transfer", "--key", "k", "--input", TRANSFER)):
         refused(*args)
         assert snapshot(tmp_path) == before, args
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ops_db(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callable[[str], Any]]:
+    """A --db for the worker, and how to hand-edit an admitted operation's row into keeping an owner."""
+    if request.param == "sqlite":
+        path = str(tmp_path / "ops.db")
+
+        def damage_sqlite(op_id: str) -> Any:
+            conn = sqlite3.connect(path, isolation_level=None)
+            try:
+                conn.execute("UPDATE operations SET owner = 'w-old' WHERE operation_id = ?", (op_id,))
+                return conn.execute("SELECT * FROM operations WHERE operation_id = ?", (op_id,)).fetchall()
+            finally:
+                conn.close()
+
+        return path, damage_sqlite
+    dsn: str = request.getfixturevalue("pg_dsn")
+    schema: str = request.getfixturevalue("pg_schema")
+
+    def damage_postgres(op_id: str) -> Any:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {schema}")
+            conn.execute("UPDATE operations SET owner = 'w-old' WHERE operation_id = %s", (op_id,))
+            return conn.execute("SELECT * FROM operations WHERE operation_id = %s", (op_id,)).fetchall()
+
+    return f"{dsn}?schema={schema}", damage_postgres
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_the_worker_passes_over_a_malformed_row_runs_the_rest_and_exits_1_when_idle(
+    capsys: pytest.CaptureFixture[str], ops_db: tuple[str, Callable[[str], Any]], as_json: bool
+) -> None:
+    db, damage = ops_db
+    submitted = [
+        data(capsys, "submit", "transfer", "--db", db, "--key", key, "--input", TRANSFER)["operation_id"]
+        for key in ("k-bad", "k-good-1", "k-good-2")
+    ]
+    bad, good = submitted[0], submitted[1:]
+    row = damage(bad)
+
+    code, out, err = run(capsys, "worker", "--db", db, "--until-idle", *(["--json"] if as_json else []))
+
+    assert code == 1, err
+    lines = err.splitlines()
+    # The last line says the run ended with a row passed over, naming it and the code; nothing else is an error.
+    assert lines[-1].startswith("fencekeeper: error: ") and bad in lines[-1] and lines[-1].endswith("[malformed_row]")
+    assert [line for line in lines if line.startswith("fencekeeper: error: ")] == lines[-1:]
+    assert damage(bad) == row, "the malformed row was changed"
+    for op_id in good:
+        assert data(capsys, "status", op_id, "--db", db)["outcome"] == "succeeded"
+    if as_json:
+        report = json.loads(out)
+        assert report["stopped_by"] == "idle" and "errors" not in report
+        assert report["malformed"] == [bad]
+        outcomes = {r["operation_id"]: r["outcome"] for r in report["reports"]}
+        assert outcomes == {bad: "malformed_row", **dict.fromkeys(good, "succeeded")}
+        passed = next(r for r in report["reports"] if r["operation_id"] == bad)
+        assert f"operation {bad!r}: owner: " in passed["detail"]
+        assert lines == lines[-1:]
+    else:
+        # Reported once, as one line naming the operation, the code and the field, then the others ran.
+        reported = [line for line in lines if f": {bad}: " in line]
+        assert len(reported) == 1 and ": malformed_row: " in reported[0] and "owner: " in reported[0], lines
+        assert sum(": succeeded" in line for line in lines) == 2, lines

@@ -3,9 +3,11 @@
 Old code, a hand edit or damage can leave a running row without an owner,
 a lease, a start or a claim, or an admitted row with an owner left over.  Every store refuses such a row as it reads it,
 before a decision reasons about it: the claim that would replace its
-expired owner, the owner's own heartbeat and completion, a cancellation and
-the worker's next pass all fail with one ``StoreError('malformed_row')``
-naming the operation and the field, and every table stays as it was.
+expired owner, the owner's own heartbeat and completion and a cancellation
+all fail with one ``StoreError('malformed_row')`` naming the operation and
+the field, and every table stays as it was.  Met as the next due row, it is
+named instead (a ``ClaimRefused`` coded ``malformed_row``), so that a worker
+reports it once and passes over it while the tenant's other work goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
+from fencekeeper.adapters.operations.ports import ClaimRefused
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableOperationError
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
@@ -135,6 +138,26 @@ BROKEN = [
 ]
 
 
+def passed_over(outcome: object, op_id: str, column: str) -> None:
+    """``claim_next``'s answer for a due row it cannot read: named, coded ``malformed_row``, with the store's message."""
+    assert isinstance(outcome, ClaimRefused), outcome
+    assert (outcome.operation_id, outcome.code, outcome.field) == (op_id, o.RefusalCode.MALFORMED_ROW, column)
+    assert outcome.message.startswith(f"operation {op_id!r}: {column}: ") and "[" not in outcome.message
+    assert "\n" not in outcome.message
+
+
+def rows_of(under_test: Damaged, op_id: str) -> Any:
+    """Everything the store holds of one Operation (its row, input, attempts, history, outbox messages)."""
+    held = under_test.rows()
+    if isinstance(under_test.store, MemoryOperationStore):
+        return (
+            held.operations[op_id], held.inputs.get(op_id), held.attempts.get(op_id), held.history.get(op_id),
+            [m for m in held.outbox if op_id in repr(m)],
+        )
+    return {table: [r for r in rows if any(op_id in str(v) for v in r)]
+            for table, rows in held.items()}
+
+
 @pytest.mark.parametrize(("column", "value"), BROKEN, ids=[c for c, _ in BROKEN])
 def test_a_running_row_that_breaks_its_state_is_refused_by_every_request_and_nothing_is_written(
     damaged: tuple[Damaged, World, ManualClock], column: str, value: Any
@@ -162,9 +185,12 @@ def test_a_running_row_that_breaks_its_state_is_refused_by_every_request_and_not
     refused(lambda: store.cancel(o.CancelRequest(op_id, ALICE.ref, granted)))
     clock.advance(LEASE + timedelta(seconds=1))  # the owner's lease expired: a claim would replace it
     refused(lambda: store.claim(op_id, o.ClaimRequest("w2", LEASE)))
-    refused(lambda: store.claim_next(TENANT, "w2", LEASE))
-    refused(lambda: world.worker("w2").run_once())
     refused(lambda: world.service.cancel(op_id, principal=ALICE))
+    passed_over(store.claim_next(TENANT, "w2", LEASE), op_id, column)
+    assert under_test.rows() == before
+    report = world.worker("w2").run_once()
+    assert report is not None and (report.operation_id, report.outcome) == (op_id, "malformed_row")
+    assert under_test.rows() == before
 
 
 def test_an_admitted_row_left_with_an_owner_is_refused_to_claims_cancels_and_resubmissions(
@@ -176,10 +202,10 @@ def test_an_admitted_row_left_with_an_owner_is_refused_to_claims_cancels_and_res
     op_id = world.transfer("k1", 10)
     under_test.damage(op_id, "owner", "w-old")
     before = under_test.rows()
+    passed_over(store.claim_next(TENANT, "w1", LEASE), op_id, "owner")
+    assert under_test.rows() == before
     for request in (
-        lambda: store.claim_next(TENANT, "w1", LEASE),
         lambda: store.claim(op_id, o.ClaimRequest("w1", LEASE)),
-        lambda: world.worker("w1").run_once(),
         lambda: world.service.cancel(op_id, principal=ALICE),
         lambda: world.transfer("k1", 10),
     ):
@@ -208,3 +234,29 @@ def test_another_tenants_malformed_row_does_not_exist_for_a_caller_acting_for_on
         assert raised.value.code == "operation_not_found"
         assert "owner" not in raised.value.message
     assert under_test.rows() == before
+
+
+def test_a_worker_passes_over_a_malformed_due_row_once_and_runs_the_tenants_other_work(
+    damaged: tuple[Damaged, World, ManualClock],
+) -> None:
+    """One damaged row does not halt its tenant's queue: it is reported once, left as it was, and passed over."""
+    under_test, world, clock = damaged
+    bad = world.transfer("k-bad", 10)
+    clock.advance(timedelta(seconds=1))  # due first, so every claim meets it before the others
+    good = [world.transfer("k-good-1", 1)]
+    clock.advance(timedelta(seconds=1))
+    good.append(world.transfer("k-good-2", 2))
+    under_test.damage(bad, "owner", "w-old")
+    before = rows_of(under_test, bad)
+
+    reports = world.worker("w1").run_until_idle()
+
+    assert [(r.operation_id, r.outcome) for r in reports] == [
+        (bad, "malformed_row"), (good[0], "succeeded"), (good[1], "succeeded"),
+    ]
+    assert f"operation {bad!r}: owner: set only while running" in reports[0].detail
+    assert "passed over until" in reports[0].detail
+    assert rows_of(under_test, bad) == before
+    for op_id in good:
+        operation = under_test.store.get(op_id)
+        assert operation is not None and operation.outcome is o.TerminalOutcome.SUCCEEDED
