@@ -1038,6 +1038,35 @@ def _prepared(
     return name
 
 
+_Send = tuple[bytes, bytes | None, Sequence[Any], Sequence[int], Sequence[pq.Format] | None]
+"""A statement ready to send: its text, its prepared name (None: past PREPARED_MAX), values, types, formats."""
+
+
+def _prepared_all(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    session: _Session,
+    statements: Sequence[tuple[str, Sequence[object]]],
+) -> list[_Send]:
+    """Dump each statement's parameters and prepare it if it is new: before pipeline mode, holding the lock."""
+    tx = session.transformer
+    sends: list[_Send] = []
+    for sql, params in statements:
+        values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
+        types, formats = tx.types or (), tx.formats
+        query = _numbered(sql)
+        sends.append((query, _prepared(conn, session, query, types), values, types, formats))
+    return sends
+
+
+def _send_all(pgconn: pq.abc.PGconn, sends: Sequence[_Send]) -> None:
+    """Send each statement, by name where it is prepared, asking for binary rows (in pipeline mode)."""
+    for query, name, values, types, formats in sends:
+        if name is None:
+            pgconn.send_query_params(query, values, param_types=types, param_formats=formats, result_format=_BINARY)
+        else:
+            pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
+
+
 def _run_pair(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     first: tuple[str, Sequence[object]],
@@ -1059,21 +1088,12 @@ def _run_pair(
     tx = session.transformer
     pgconn = conn.pgconn
     with session.lock:
-        sends = []
-        for sql, params in (first, second):
-            values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
-            types, formats = tx.types or (), tx.formats
-            query = _numbered(sql)
-            sends.append((query, _prepared(conn, session, query, types), values, types, formats))
+        sends = _prepared_all(conn, session, (first, second))
         pgconn.enter_pipeline_mode()
         try:
             if begin:
                 pgconn.send_query_params(b"BEGIN", None)
-            for query, name, values, types, formats in sends:
-                if name is None:
-                    pgconn.send_query_params(query, values, param_types=types, param_formats=formats, result_format=_BINARY)
-                else:
-                    pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
+            _send_all(pgconn, sends)
             pgconn.pipeline_sync()
             began, one, two, synced = session.wait(conn, _pair_results(pgconn, begin))
             if not _only_sync(synced):
@@ -1114,22 +1134,12 @@ def _run_kept(
     session = _SESSIONS.get(conn)
     if session is None:
         session = _SESSIONS[conn] = _Session(conn)
-    tx = session.transformer
     pgconn = conn.pgconn
     with session.lock:
-        sends = []
-        for sql, params in statements:
-            values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
-            types, formats = tx.types or (), tx.formats
-            query = _numbered(sql)
-            sends.append((query, _prepared(conn, session, query, types), values, types, formats))
+        sends = _prepared_all(conn, session, statements)
         pgconn.enter_pipeline_mode()
         try:
-            for query, name, values, types, formats in sends:
-                if name is None:
-                    pgconn.send_query_params(query, values, param_types=types, param_formats=formats, result_format=_BINARY)
-                else:
-                    pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
+            _send_all(pgconn, sends)
             if then is not None:
                 pgconn.send_query_params(then, None)
             pgconn.pipeline_sync()
