@@ -1882,8 +1882,8 @@ class _PostgresBackend(SqlBackend):
     ) -> VisitView:
         """Keep ``decision``'s writes for the next exchange and make the view they leave from ``before``.
 
-        The writes are checked by the database when they are sent (ahead of
-        the transaction's next statement, or with its COMMIT), and a failure
+        The writes are checked when they are sent, ahead of the transaction's
+        next statement or with its COMMIT (``_chain_statements``), and a failure
         there aborts the transaction, which is then decided again with every
         write checked as it is made (``_KeptWriteFailed``): so the view is
         used only if they are written as made.  It is what a read after them
