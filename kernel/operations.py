@@ -153,6 +153,11 @@ class RefusalCode(enum.Enum):
     ``malformed_row`` error instead."""
 
 
+STORE_REFUSALS: frozenset[RefusalCode] = frozenset({RefusalCode.MALFORMED_ROW})
+"""Codes no decision of this module returns: a store's answer about a row it cannot read.  The
+conformance cases, which hold the kernel's decisions, reach every other code."""
+
+
 class UnchangedCode(enum.Enum):
     SAME_SUBMISSION = "same_submission"
     ALREADY_DECIDED = "already_decided"
@@ -1577,6 +1582,7 @@ def due(operation: Operation, now: datetime) -> bool:
 
 
 __all__ = [
+    "STORE_REFUSALS",
     "Approval",
     "Attempt",
     "AttemptState",
