@@ -23,10 +23,11 @@ from typing import Any
 import attrs
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.errors import InvalidOperation
 
 from ..store import Clock, SystemClock
 from .base import TransactionalOperationStore, Tx, due_at
-from .ports import GuardedContext, OperationView, StaleContext
+from .ports import GuardedContext, MalformedRow, OperationView, StaleContext
 
 
 @attrs.define
@@ -168,6 +169,12 @@ class MemoryOperationStore(TransactionalOperationStore):
             operation = state.operations.get(operation_id)
             if operation is None:
                 return None
+            problem = o.operation_problem(operation)
+            if problem is not None:
+                # Refused as the SQL stores refuse the row they read: a view is read as every request is.
+                raise MalformedRow(
+                    InvalidOperation(operation_id, *problem), operation.identity.namespace, operation.identity.tenant
+                )
             return OperationView(
                 operation,
                 state.inputs.get(operation_id, "null"),

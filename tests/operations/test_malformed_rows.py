@@ -260,3 +260,24 @@ def test_a_worker_passes_over_a_malformed_due_row_once_and_runs_the_tenants_othe
     for op_id in good:
         operation = under_test.store.get(op_id)
         assert operation is not None and operation.outcome is o.TerminalOutcome.SUCCEEDED
+
+
+def test_a_view_of_the_callers_own_malformed_row_is_refused_by_every_store(
+    damaged: tuple[Damaged, World, ManualClock],
+) -> None:
+    # The memory store is the reference the SQL stores are compared with: it answers status and history as they do.
+    under_test, world, _ = damaged
+    op_id = world.transfer("k1", 10)
+    under_test.damage(op_id, "owner", "w-old")
+    before = under_test.rows()
+    for request in (
+        lambda: world.service.get(op_id),
+        lambda: world.service.get(op_id, tenant=TENANT),
+        lambda: world.service.history(op_id, tenant=TENANT),
+    ):
+        with pytest.raises(StoreError) as raised:
+            request()
+        assert raised.value.code == "malformed_row"
+        assert f"operation {op_id!r}: owner: set only while running" in raised.value.message
+    assert under_test.rows() == before
+
