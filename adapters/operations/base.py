@@ -20,6 +20,9 @@ Rules of this module:
   and the field, and its transaction is rolled back.  ``claim_next``, which
   names no row, returns it as a ``ClaimRefused`` coded ``malformed_row``
   instead, so its caller can pass over it and claim the tenant's other work.
+  What the kernel refuses before it looks at the Operation (an invalid
+  request, a submitter without current authority) is refused so on every
+  store, and tells nothing of the row (``_read``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .ports import AtomicAction, ClaimRefused, GuardedContext, MalformedRow, Ope
 _ATTEMPTS = 5
 
 R = TypeVar("R")
+K = TypeVar("K")
 
 
 def due_at(operation: o.Operation) -> datetime | None:
@@ -209,7 +213,7 @@ class TransactionalOperationStore(abc.ABC):
         self, operation_id: str, decide: Callable[[o.Operation | None, R, datetime], o.Outcome], request: R
     ) -> o.Outcome:
         def body(tx: Tx) -> o.Outcome:
-            operation = tx.lock_operation(operation_id)
+            operation = _read(tx, tx.lock_operation, operation_id, decide, request)
             outcome = decide(operation, request, tx.now())
             if isinstance(outcome, o.Decision):
                 self._write(tx, outcome)
@@ -221,7 +225,7 @@ class TransactionalOperationStore(abc.ABC):
 
     def submit(self, request: o.SubmitRequest, input_json: str) -> o.Outcome:
         def body(tx: Tx) -> o.Outcome:
-            existing = tx.lock_identity(request.identity)
+            existing = _read(tx, tx.lock_identity, request.identity, o.submit, request)
             outcome = o.submit(existing, request, tx.now())
             if isinstance(outcome, o.Decision):
                 self._write(tx, outcome, input_json)
@@ -244,7 +248,9 @@ class TransactionalOperationStore(abc.ABC):
         def body(tx: Tx) -> o.Outcome:
             operation: o.Operation | None = None
             try:
-                operation = tx.lock_next_due(tenant, namespace, passed_over)
+                operation = _read(
+                    tx, lambda _: tx.lock_next_due(tenant, namespace, passed_over), None, o.claim, request
+                )
                 if operation is None:
                     raise _Rollback(_NOTHING)
                 outcome = o.claim(operation, request, tx.now())
@@ -321,7 +327,7 @@ class TransactionalOperationStore(abc.ABC):
         """The guarded completion; with ``action``, the atomic action's writes commit with it or not at all."""
 
         def body(tx: Tx) -> o.Outcome:
-            operation = tx.lock_operation(request.credential.operation_id)
+            operation = _read(tx, tx.lock_operation, request.credential.operation_id, o.complete, request)
             now = tx.now()
             outcome = o.complete(operation, request, now)
             if not isinstance(outcome, o.Decision) or action is None:
@@ -346,6 +352,29 @@ class TransactionalOperationStore(abc.ABC):
             return outcome
 
         return self._run(body)
+
+
+def _read(
+    tx: Tx,
+    read: Callable[[K], o.Operation | None],
+    key: K,
+    decide: Callable[[o.Operation | None, R, datetime], o.Outcome],
+    request: R,
+) -> o.Operation | None:
+    """``read(key)``; a malformed row it meets is the store's error only if the kernel would look at the row.
+
+    The kernel judges the request itself (and a submitter's current authority) before the Operation it is
+    given, and refuses what fails there without reading it: the memory store, which hands it the value, answers
+    so.  A SQL store refuses the row as it reads it, so the kernel is asked what it answers without one; a
+    refusal other than ``operation_not_found`` is that answer, told without anything of the row.
+    """
+    try:
+        return read(key)
+    except MalformedRow:
+        answer = decide(None, request, tx.now())
+        if isinstance(answer, o.Refusal) and answer.code is not o.RefusalCode.OPERATION_NOT_FOUND:
+            raise _Rollback(answer) from None
+        raise
 
 
 def _unreadable(malformed: MalformedRow) -> ClaimRefused:

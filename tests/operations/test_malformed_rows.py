@@ -25,7 +25,7 @@ from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
 from fencekeeper.adapters.operations.ports import ClaimRefused
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
-from fencekeeper.adapters.operations.service import DurableOperationError
+from fencekeeper.adapters.operations.service import DurableOperationError, ResolutionStatus
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.operations_suite import ALICE, LEASE, TENANT, World, open_accounts
@@ -281,3 +281,34 @@ def test_a_view_of_the_callers_own_malformed_row_is_refused_by_every_store(
         assert f"operation {op_id!r}: owner: set only while running" in raised.value.message
     assert under_test.rows() == before
 
+
+def test_what_the_kernel_answers_before_it_reads_the_row_is_answered_by_every_store(
+    damaged: tuple[Damaged, World, ManualClock],
+) -> None:
+    """A request refused for itself, or a submitter no longer authorized, is told so and nothing about the row.
+
+    The kernel judges the request and the submitter's current authority before the Operation the identity names;
+    a store that read the row first would answer ``malformed_row`` with what the row holds instead.
+    """
+    under_test, world, _ = damaged
+    store = under_test.store
+    op_id = world.transfer("k1", 10)
+    under_test.damage(op_id, "owner", "w-old")
+    before = under_test.rows()
+    granted = o.Authority(True, ALICE.ref)
+    credential = o.Credential(op_id, "w-old", 1)
+    for request, field in (
+        (lambda: store.heartbeat(o.HeartbeatRequest(credential, timedelta(0))), "lease_duration"),
+        (lambda: store.cancel(o.CancelRequest(op_id, ALICE.ref, granted, "bad\x00reason")), "reason"),
+        (lambda: store.claim(op_id, o.ClaimRequest("w1", timedelta(0))), "lease_duration"),
+        (lambda: store.claim_next(TENANT, "w1", timedelta(0)), "lease_duration"),
+    ):
+        refusal = request()
+        assert isinstance(refusal, o.Refusal) and not isinstance(refusal, ClaimRefused), refusal
+        assert (refusal.code, refusal.field) == (o.RefusalCode.INVALID_REQUEST, field)
+    world.directory.set("alice", ResolutionStatus.DISABLED)
+    with pytest.raises(DurableOperationError) as raised:
+        world.transfer("k1", 10)
+    assert raised.value.code == "not_authorized" and op_id not in raised.value.message
+    assert "w-old" not in raised.value.message
+    assert under_test.rows() == before
