@@ -229,6 +229,10 @@ def from_row(row: Sequence[Any], d: OpsDialect) -> o.Operation:
         return _operation(row, d)
     except InvalidOperation as error:
         raise MalformedRow(error, str(row[1]), str(row[2])) from None
+    except (ValueError, TypeError, KeyError) as exc:
+        # Text no version of this store writes (JSON that is not a policy, a time without its offset): as for
+        # an unknown state, the row is named by its column, and a claim passes over it instead of stopping.
+        raise MalformedRow(_unreadable_column(row, d, exc), str(row[1]), str(row[2])) from None
 
 
 def _operation(row: Sequence[Any], d: OpsDialect) -> o.Operation:
@@ -262,6 +266,26 @@ def _operation(row: Sequence[Any], d: OpsDialect) -> o.Operation:
         cancel_requested_by=row[27],
         effect_unsettled_since=None if row[29] is None else int(row[29]),
     )
+
+
+def _unreadable_column(row: Sequence[Any], d: OpsDialect, error: Exception) -> InvalidOperation:
+    """The first column of ``row`` that cannot be read, once reading the row failed (never on the way of a read)."""
+    readers: dict[str, Callable[[Any], Any]] = {
+        **dict.fromkeys(("action_version", "revision", "fence", "attempt_count"), int),
+        "policy": decode_policy,
+        **dict.fromkeys(("admitted_at", "deadline", "retain_until", "next_eligible_at"), d.decode_time),
+        "approval": decode_approval,
+        **dict.fromkeys(("lease_expires_at", "attempt_started_at"), d.optional_time),
+        "effect_unsettled_since": lambda value: None if value is None else int(value),
+    }
+    for column, read in readers.items():
+        value = row[COLUMNS.index(column)]
+        try:
+            read(value)
+        except (ValueError, TypeError, KeyError) as exc:
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            return InvalidOperation(str(row[0]), column, f"{shown} cannot be read ({type(exc).__name__}: {exc})")
+    return InvalidOperation(str(row[0]), "row", f"cannot be read ({type(error).__name__}: {error})")
 
 
 def _unknown(operation_id: Any, column: str, value: Any) -> Any:

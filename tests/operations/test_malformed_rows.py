@@ -312,3 +312,41 @@ def test_what_the_kernel_answers_before_it_reads_the_row_is_answered_by_every_st
     assert raised.value.code == "not_authorized" and op_id not in raised.value.message
     assert "w-old" not in raised.value.message
     assert under_test.rows() == before
+
+
+@pytest.fixture(params=[_sqlite, _postgres], ids=["sqlite", "postgres"])
+def damaged_sql(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Damaged, World, ManualClock]]:
+    """A SQL store: its columns can hold text no Operation value can (a store of values cannot)."""
+    clock = ManualClock()
+    under_test = request.param(clock, tmp_path, request)
+    open_accounts(under_test.store, {"acc-1": 100, "acc-2": 0})
+    yield under_test, World(under_test.store, clock), clock
+    under_test.store.close()
+
+
+UNREADABLE = [
+    ("policy", "{}"),
+    ("policy", "not json"),
+    ("approval", '{"approved": true}'),
+]
+
+
+@pytest.mark.parametrize(("column", "value"), UNREADABLE, ids=[f"{c}={v}" for c, v in UNREADABLE])
+def test_a_column_that_cannot_be_read_is_a_malformed_row_and_the_queue_goes_on(
+    damaged_sql: tuple[Damaged, World, ManualClock], column: str, value: str
+) -> None:
+    # As a state or outcome no version writes: named by its column, never a traceback that stops every worker.
+    under_test, world, clock = damaged_sql
+    bad = world.transfer("k-bad", 10)
+    clock.advance(timedelta(seconds=1))
+    good = world.transfer("k-good", 1)
+    under_test.damage(bad, column, value)
+    before = under_test.rows()
+    passed_over(under_test.store.claim_next(TENANT, "w1", LEASE), bad, column)
+    with pytest.raises(StoreError) as raised:
+        world.service.get(bad)
+    assert raised.value.code == "malformed_row" and f"operation {bad!r}: {column}: " in raised.value.message
+    assert world.service.get(bad, tenant="tenant-b") is None
+    assert under_test.rows() == before
+    reports = world.worker("w1").run_until_idle()
+    assert [(r.operation_id, r.outcome) for r in reports] == [(bad, "malformed_row"), (good, "succeeded")]
