@@ -1984,13 +1984,24 @@ def _one_statement_holds(chain: Sequence[_Link], now: datetime) -> bool:
     but a wait registration inserted by one decision and closed by a later
     one would not be, nor would two closings of one registration.  So only
     the last decision may register a wait (a finalization to waiting ends a
-    composed transaction anyway), and at most one may close one.
+    composed transaction anyway), and at most one may close one.  Nor is a
+    later revision's kind compared with the kind an earlier decision stored
+    (the one statement compares only the kind of an object's first write in
+    the chain, as its own statement would), so a later decision may revise
+    an object only at the kind it has in the view that decision was made on.
     """
     return (
         all(link.decision.guard.holds(link.before.execution, link.before.dispatch, now) for link in chain[1:])
         and all(link.decision.registration is None for link in chain[:-1])
         and sum(link.decision.closes is not None for link in chain) <= 1
+        and all(_same_kinds(link) for link in chain[1:])
     )
+
+
+def _same_kinds(link: _Link) -> bool:
+    """Whether every evidence revision of ``link`` that revises an object of its view is of that object's kind."""
+    kinds = {item.object_id: item.kind for item in link.before.evidence}
+    return all(kinds.get(item.object_id, item.kind) == item.kind for item in link.evidence)
 
 
 def _made_view(before: VisitView, decision: p.Decision, evidence: Sequence[Evidence]) -> VisitView:
@@ -1998,7 +2009,11 @@ def _made_view(before: VisitView, decision: p.Decision, evidence: Sequence[Evide
     # The newest revision of each object the decision writes, in the order the objects first appear
     # (a dict keeps a key where it was first put): only those are read back, so only they are decoded.
     newest: dict[str, Evidence] = {}
+    # An object's kind is what it was stored as: the kind of its first revision (_queue_evidence
+    # inserts the object row once, and a later revision's kind does not change it).
+    kinds: dict[str, str] = {}
     for item in evidence:
+        kinds.setdefault(item.object_id, item.kind)
         seen = newest.get(item.object_id)
         if seen is None or item.revision > seen.revision:
             newest[item.object_id] = item
@@ -2008,7 +2023,8 @@ def _made_view(before: VisitView, decision: p.Decision, evidence: Sequence[Evide
         at = objects.get(object_id)
         if at is not None and item.revision <= current[at].revision:
             continue
-        stored = Evidence(object_id, item.kind, json.loads(item.body_json()), item.revision, item.state)
+        kind = kinds[object_id] if at is None else current[at].kind
+        stored = Evidence(object_id, kind, json.loads(item.body_json()), item.revision, item.state)
         if at is None:
             objects[object_id] = len(current)
             current.append(stored)

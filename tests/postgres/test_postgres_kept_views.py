@@ -14,7 +14,11 @@ these tests prove:
   finished exactly once;
 - the view made from the kept writes is what the database reads after them:
   every PostgreSQL test checks that (``verify_views``, set by the
-  ``pg_schema`` fixture); here a mistake in making it is shown to be caught.
+  ``pg_schema`` fixture); here a mistake in making it is shown to be caught,
+  and an evidence object keeps, in the view, the kind it was stored as;
+- a chain goes as one statement only where that commits what its decisions,
+  one statement each, would: a later decision that revises an evidence
+  object at another kind than it was stored as is refused, as it is alone;
 """
 
 from __future__ import annotations
@@ -28,18 +32,21 @@ import pytest
 
 from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore, _PostgresBackend, _same_view
-from fencekeeper.adapters.store import VisitView
+from fencekeeper.adapters.store import NextVisit, StoreError, VisitView
 from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
+from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState
 
 BUSINESS = "b-1"
 LEASE = timedelta(seconds=30)
 PRINCIPAL = "user:operator"
 WORKFLOWS = {"one-node": ONE_NODE, "two-node": TWO_NODE}
+GRANTED = p.Authority(granted=True, principal_id=PRINCIPAL)
+CLAIM = p.ClaimRequest("w-1", "t-1", LEASE)
 
 
 class _Succeeds:
@@ -180,3 +187,59 @@ def test_a_chain_goes_as_one_statement_only_where_no_part_needs_anothers_write()
     ]
     assert not _one_statement_holds(closes_twice, T0)
     assert _one_statement_holds([closes_twice[0], chain[1]], T0)
+
+
+def _stepping(*visits: tuple[Evidence, ...]) -> Any:
+    """A planner that records one step at the current node per item of ``visits``, with its evidence, then stops.
+
+    It plans from the view alone, as a worker's does: a request decided again plans the same steps.
+    """
+
+    def plan(view: VisitView, now: Any, credential: p.LeaseCredential) -> NextVisit | None:
+        done = view.execution.step_count
+        if done >= len(visits):
+            return None
+        step = p.StepRecord(view.execution.current_node_id, f"attempt-{done}")
+        return NextVisit("step", p.StepRequest(credential, view.execution.revision, step, GRANTED), visits[done])
+
+    return plan
+
+
+CREATED = Evidence("x-1", "KindA", {"n": 1}, 1, "made")
+"""An evidence object's first revision, and its next one at another kind: the object stays a KindA."""
+RETYPED = Evidence("x-1", "KindB", {"n": 2}, 2, "made")
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["as-a-worker-sends", "checking-views"])
+def test_a_later_decision_revising_an_object_at_another_kind_is_refused_as_it_is_alone(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, verify: bool
+) -> None:
+    # One at a time, the second step's revision lands only on an object of its own kind
+    # (_queue_evidence's compare-and-set), and there is none: evidence_conflict, as on every
+    # store.  As one statement the object is inserted once, at the first step's kind, and the
+    # second step's revision would be written beside it unchecked.
+    monkeypatch.setattr(_PostgresBackend, "verify_views", verify)
+    execution_id = _admit(store, "one-node")
+    with pytest.raises(StoreError) as raised:
+        store.claim_and_visit(CLAIM, _stepping((CREATED,), (RETYPED,)), business_id=BUSINESS)
+    assert raised.value.code == "evidence_conflict", raised.value
+    found = store.read(execution_id)
+    assert found is not None and found.execution.state == ExecutionState.ELIGIBLE
+    assert ExecutionEvent.CLAIM not in [t.event for t in found.history]
+    assert "x-1" not in {e.object_id for e in found.evidence}
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["as-a-worker-sends", "checking-views"])
+def test_a_made_view_keeps_the_kind_an_object_was_stored_as(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, verify: bool
+) -> None:
+    # Within one decision every store stores an object at its first revision's kind
+    # (_queue_evidence); the view the composed transaction hands back says what was stored.
+    monkeypatch.setattr(_PostgresBackend, "verify_views", verify)
+    execution_id = _admit(store, "one-node")
+    composed = store.claim_and_visit(CLAIM, _stepping((CREATED, RETYPED)), business_id=BUSINESS)
+    assert [type(outcome) for _, outcome in composed.followed] == [p.Decision]
+    read = store.read_for_visit(execution_id)
+    assert composed.view is not None and read is not None
+    assert [(e.object_id, e.kind) for e in read.evidence][-1] == ("x-1", "KindA")
+    assert _same_view(composed.view, read), (composed.view.evidence, read.evidence)
