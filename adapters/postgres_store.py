@@ -1630,6 +1630,9 @@ class _PostgresBackend(SqlBackend):
         assert now is not None and chain
         built: list[_Kept] = []
         self._building = built
+        # A decision being written may have sent the chain ahead of its own statement (_batch):
+        # its parameters and row-count checks are its own again afterwards.
+        held = (self._params, getattr(self, "_checks", []), getattr(self, "_revision_checks", []))
         try:
             if _one_statement_holds(chain, now):
                 first = chain[0]
@@ -1653,6 +1656,7 @@ class _PostgresBackend(SqlBackend):
                         self._queue_writes(link.decision, link.evidence, now)
         finally:
             self._building = None
+            self._params, self._checks, self._revision_checks = held
         return built
 
     def _verify_views(self) -> None:

@@ -19,6 +19,8 @@ these tests prove:
 - a chain goes as one statement only where that commits what its decisions,
   one statement each, would: a later decision that revises an evidence
   object at another kind than it was stored as is refused, as it is alone;
+- a decision written while the chain is kept (``write``) sends its own
+  statement, after the chain's, and is told whether its own guard held.
 """
 
 from __future__ import annotations
@@ -243,3 +245,44 @@ def test_a_made_view_keeps_the_kind_an_object_was_stored_as(
     assert composed.view is not None and read is not None
     assert [(e.object_id, e.kind) for e in read.evidence][-1] == ("x-1", "KindA")
     assert _same_view(composed.view, read), (composed.view.evidence, read.evidence)
+
+
+class _Rollback(Exception):
+    pass
+
+
+@pytest.mark.parametrize("holds", [True, False], ids=["its-guard-holds", "its-guard-fails"])
+def test_a_write_after_kept_ones_is_sent_as_its_own_and_checked_as_its_own(store: PostgresStore, holds: bool) -> None:
+    # The kept chain goes first (whatever is sent next sees it); the write after it is
+    # its own statement, with its own values, and reports its own guard.
+    execution_id = _admit(store, "one-node")
+    claim = store.claim_next(CLAIM, business_id=BUSINESS)
+    assert isinstance(claim, p.Decision) and claim.lease is not None
+    lease = claim.lease
+    with pytest.raises(_Rollback), store._transaction() as tx:
+        tx.lock_for_visit(execution_id)
+        now = tx.now(store.clock)
+        execution, dispatch = tx.load(execution_id)
+        assert execution is not None
+        first = p.record_step(
+            execution, dispatch, p.StepRequest(lease, execution.revision, p.StepRecord("start", "a-1"), GRANTED), now
+        )
+        assert isinstance(first, p.Decision)
+        written, view = tx.write_and_view(first, (), now, execution_id)
+        assert written and view is not None and tx.keeps_any()
+        second = p.record_step(
+            view.execution,
+            view.dispatch,
+            p.StepRequest(lease, view.execution.revision, p.StepRecord("start", "a-2"), GRANTED),
+            now,
+        )
+        assert isinstance(second, p.Decision)
+        if not holds:
+            second = _stale(second)
+        assert tx.write(second, (), now) is holds
+        if holds:
+            after = tx.view_so_far(execution_id)
+            assert after is not None and after.execution == second.execution
+        raise _Rollback
+    found = store.read(execution_id)
+    assert found is not None and found.execution.revision == execution.revision
