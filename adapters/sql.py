@@ -20,6 +20,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -554,8 +555,11 @@ class SqlBackend(Backend):
             groups.setdefault(item.object_id, []).append(item)
         for items in groups.values():
             first, last = items[0], items[-1]
-            if [item.revision for item in items] != list(range(first.revision, last.revision + 1)):
-                raise evidence_revision_conflict(items[1])
+            # The revision named is the first one not on top of the one before it, as a
+            # statement of its own would name it (a composed chain's are grouped here).
+            for before, item in itertools.pairwise(items):
+                if item.revision != before.revision + 1:
+                    raise evidence_revision_conflict(item)
             if first.revision == 1 and business_id is not None:
                 # The execution's Business is known: written directly, since a
                 # statement cannot read back an execution row it inserts itself.

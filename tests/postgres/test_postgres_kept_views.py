@@ -18,7 +18,9 @@ these tests prove:
   and an evidence object keeps, in the view, the kind it was stored as;
 - a chain goes as one statement only where that commits what its decisions,
   one statement each, would: a later decision that revises an evidence
-  object at another kind than it was stored as is refused, as it is alone;
+  object at another kind than it was stored as is refused, as it is alone,
+  and one whose revision is not on top of the one before is named as it
+  is alone;
 - a decision written while the chain is kept (``write``) sends its own
   statement, after the chain's, and is told whether its own guard held.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -34,7 +37,8 @@ import pytest
 
 from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore, _PostgresBackend, _same_view
-from fencekeeper.adapters.store import NextVisit, StoreError, VisitView
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.store import NextVisit, StoreError, TransactionalStore, VisitView
 from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
@@ -68,7 +72,7 @@ def store(pg_dsn: str, pg_schema: str) -> Iterator[PostgresStore]:
         opened.close()
 
 
-def _admit(store: PostgresStore, workflow: str) -> str:
+def _admit(store: TransactionalStore, workflow: str) -> str:
     policy = examples.grants(BUSINESS, PRINCIPAL)
     service.register(store, parse_definition(WORKFLOWS[workflow]), BUSINESS, PRINCIPAL, policy)
     outcome = service.run(
@@ -245,6 +249,30 @@ def test_a_made_view_keeps_the_kind_an_object_was_stored_as(
     assert composed.view is not None and read is not None
     assert [(e.object_id, e.kind) for e in read.evidence][-1] == ("x-1", "KindA")
     assert _same_view(composed.view, read), (composed.view.evidence, read.evidence)
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["as-a-worker-sends", "checking-views"])
+def test_a_later_decisions_revision_gap_is_named_as_its_own_statement_names_it(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, verify: bool
+) -> None:
+    # As one statement the chain's revisions of an object are checked together; the one
+    # named is the one not on top of the one before it, as each decision alone (SQLite) names it.
+    monkeypatch.setattr(_PostgresBackend, "verify_views", verify)
+    second = Evidence("x-1", "KindA", {"n": 2}, 2, "made")
+    gap = Evidence("x-1", "KindA", {"n": 4}, 4, "made")
+    messages = []
+    alone = SQLiteStore(tmp_path / "alone.db")
+    try:
+        for opened in (store, alone):
+            _admit(opened, "one-node")
+            with pytest.raises(StoreError) as raised:
+                opened.claim_and_visit(CLAIM, _stepping((CREATED, second), (gap,)), business_id=BUSINESS)
+            assert raised.value.code == "evidence_conflict", raised.value
+            messages.append(str(raised.value))
+    finally:
+        alone.close()
+    assert "revision 4 is not on top of revision 3" in messages[1], messages
+    assert messages[0] == messages[1]
 
 
 class _Rollback(Exception):
