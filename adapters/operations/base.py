@@ -20,6 +20,8 @@ Rules of this module:
   and the field, and its transaction is rolled back.  ``claim_next``, which
   names no row, returns it as a ``ClaimRefused`` coded ``malformed_row``
   instead, so its caller can pass over it and claim the tenant's other work.
+  So is a due row whose input cannot be decoded: the claim that would hand
+  it to a worker decodes it before the claim is written.
   What the kernel refuses before it looks at the Operation (an invalid
   request, a submitter without current authority) is refused so on every
   store, and tells nothing of the row (``_read``).
@@ -31,7 +33,7 @@ import abc
 import contextlib
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -40,7 +42,7 @@ from fencekeeper.kernel.errors import InvalidOperation
 from fencekeeper.kernel.machines import OperationState
 
 from ..store import StoreError
-from .ports import AtomicAction, ClaimRefused, GuardedContext, MalformedRow, OperationView
+from .ports import AtomicAction, ClaimRefused, GuardedContext, MalformedRow, OperationView, decode_stored_json
 
 _ATTEMPTS = 5
 
@@ -152,11 +154,11 @@ class TransactionalOperationStore(abc.ABC):
         """
         return contextlib.nullcontext()
 
-    _claimed_inputs: dict[str, str | None]
+    _claimed_inputs: dict[str, Any]
 
     @property
-    def _claimed(self) -> dict[str, str | None]:
-        """Inputs read by claims in their own transaction, until the claiming worker asks for them."""
+    def _claimed(self) -> dict[str, Any]:
+        """Inputs read and decoded by claims in their own transaction, until the claiming worker asks for them."""
         try:
             return self._claimed_inputs
         except AttributeError:
@@ -164,10 +166,15 @@ class TransactionalOperationStore(abc.ABC):
             return self._claimed_inputs
 
     def input_of(self, operation_id: str) -> str | None:
-        remembered = self._claimed.pop(operation_id, None)
-        if remembered is not None:
-            return remembered
         return self._read_input(operation_id)
+
+    def input_value(self, operation_id: str) -> Any:
+        claimed = self._claimed
+        if operation_id in claimed:
+            return claimed.pop(operation_id)
+        # Not claimed through this store object: read now (the row may have been damaged since a claim read it).
+        view = self.view(operation_id)
+        return None if view is None else decode_stored_json(view.operation, "input", view.input)
 
     def _read_input(self, operation_id: str) -> str | None:
         view = self.view(operation_id)
@@ -272,14 +279,22 @@ class TransactionalOperationStore(abc.ABC):
                     outcome.field,
                     operation_id=operation.operation_id,
                 )
-            if isinstance(outcome, o.Decision):
+            if isinstance(outcome, o.Decision) and outcome.credential is not None:
+                # The worker runs the action on the input next: read and decode it in this transaction, before the
+                # claim is written (on PostgreSQL the write commits).  An input no worker can read is then a due
+                # row this claim cannot read, passed over like any other, instead of a claim that commits and a
+                # worker that fails on it, using up an attempt each time, while the queue waits behind it.
+                try:
+                    payload = decode_stored_json(operation, "input", tx.input_of(operation.operation_id))
+                except MalformedRow as malformed:
+                    raise _Rollback(_unreadable(malformed)) from None
                 self._write(tx, outcome)
-                if outcome.credential is not None:
-                    # The worker needs the input next: read it in this transaction, not in one of its own.
-                    claimed = self._claimed
-                    if len(claimed) > 1000:  # inputs nobody asked for (a worker that died): forget them
-                        claimed.clear()
-                    claimed[operation.operation_id] = tx.input_of(operation.operation_id)
+                claimed = self._claimed
+                if len(claimed) > 1000:  # inputs nobody asked for (a worker that died): forget them
+                    claimed.clear()
+                claimed[operation.operation_id] = payload
+            elif isinstance(outcome, o.Decision):
+                self._write(tx, outcome)
             return outcome
 
         outcome = self._run(body)

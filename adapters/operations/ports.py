@@ -26,6 +26,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -61,6 +62,37 @@ class MalformedRow(StoreError):
         self.field = error.field
         self.namespace = namespace
         self.tenant = tenant
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+# NaN and the infinities are Python's extension of JSON: the store never writes them (canonical_json refuses them).
+_STORED_JSON = json.JSONDecoder(parse_constant=_not_json)
+
+
+def shown(value: Any) -> str:
+    """``value`` as a message quotes a stored value: its repr, cut at 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def decode_stored_json(operation: o.Operation, column: str, text: Any) -> Any:
+    """``operation``'s ``column`` (its ``input`` or ``result``) as the store wrote it: JSON text, decoded.
+
+    Anything else (text that is not JSON, NaN, a value that is not text: a hand edit or damage) is
+    :class:`MalformedRow` naming the column, never a bare decoding error from the worker or the status.
+    """
+    try:
+        return _STORED_JSON.decode(text)
+    except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        problem = f"{shown(text)} cannot be read as JSON ({type(exc).__name__}: {exc})"
+        raise MalformedRow(
+            InvalidOperation(operation.operation_id, column, problem),
+            operation.identity.namespace,
+            operation.identity.tenant,
+        ) from None
 
 
 class StaleContext(Exception):
@@ -174,6 +206,14 @@ class OperationStore(Protocol):
 
     def input_of(self, operation_id: str) -> str | None:
         """The Operation's normalised input (JSON text), without its history."""
+        ...
+
+    def input_value(self, operation_id: str) -> Any:
+        """The Operation's input decoded, as a worker runs its action on it; None if there is no such Operation.
+
+        After ``claim_next`` claimed it, the input that claim read and decoded in its own transaction.  Input the
+        store cannot have written is :class:`MalformedRow` naming ``input`` (``claim_next`` refuses to claim it).
+        """
         ...
 
     def outbox(self, after: str | None = None, limit: int = 100) -> list[o.OutboxMessage]: ...

@@ -45,7 +45,7 @@ from fencekeeper.kernel.common import identifier_problem
 from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
 
-from .ports import MalformedRow, OperationStore, OperationView
+from .ports import MalformedRow, OperationStore, OperationView, decode_stored_json
 
 __all__ = [
     "ActionFailed",
@@ -761,8 +761,8 @@ def _record(operation: o.Operation, input_json: str, attempts: tuple[o.Attempt, 
         state=operation.state,
         outcome=operation.outcome,
         input_digest=operation.input_digest,
-        input=json.loads(input_json),
-        result=None if operation.result is None else json.loads(operation.result),
+        input=decode_stored_json(operation, "input", input_json),
+        result=None if operation.result is None else decode_stored_json(operation, "result", operation.result),
         error_code=operation.error_code,
         attempt_count=operation.attempt_count,
         maximum_attempts=operation.policy.maximum_attempts,

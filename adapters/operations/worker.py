@@ -46,15 +46,14 @@ external effects, history, and retention).  Rules of this module:
   over, for a pause that doubles while it is refused again: the rest of the
   tenant's work goes on, and the worker neither spins on the row nor keeps
   reporting it.  So is a due row the store cannot read because it
-  contradicts its state (outcome ``malformed_row``): one damaged row does not
-  halt its tenant's queue.  A store's refusal that names no row pauses the
+  contradicts its state or its input is not JSON (outcome
+  ``malformed_row``): one damaged row does not halt its tenant's queue.  A store's refusal that names no row pauses the
   worker.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
 import threading
@@ -69,7 +68,7 @@ import attrs
 
 from fencekeeper.kernel import operations as o
 
-from .ports import ClaimRefused, GuardedContext, OperationStore
+from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore
 from .service import (
     ActionFailed,
     DurableAction,
@@ -203,8 +202,17 @@ class DurableOperationWorker:
     # --- one attempt ------------------------------------------------------------------------
 
     def _run(self, operation: o.Operation, credential: o.Credential) -> WorkReport:
-        stored = self.store.input_of(operation.operation_id)
-        payload = json.loads(stored) if stored is not None else None
+        try:
+            payload = self.store.input_value(operation.operation_id)
+        except MalformedRow as malformed:
+            # The claim decoded the input before it committed; this is a store that did not, or a row damaged
+            # since.  Reported and passed over like a due row the claim could not read: nothing more is written,
+            # and once the lease expires the next claim meets the row and refuses it.
+            self._pass_over(operation.operation_id)
+            until = self._refused[operation.operation_id].until.isoformat()
+            return WorkReport(
+                operation.operation_id, credential.fence, malformed.code, f"{malformed.message}; passed over until {until}"
+            )
         try:
             action = self.actions.get(operation.action_name, operation.action_version)
         except DurableOperationError as exc:

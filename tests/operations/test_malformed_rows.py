@@ -28,7 +28,7 @@ from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableOperationError, ResolutionStatus
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.store import ManualClock, StoreError
-from fencekeeper.adapters.testing.operations_suite import ALICE, LEASE, TENANT, World, open_accounts
+from fencekeeper.adapters.testing.operations_suite import ALICE, LEASE, TENANT, World, accounts, open_accounts
 from fencekeeper.kernel import operations as o
 
 
@@ -40,16 +40,22 @@ class Damaged:
         store: TransactionalOperationStore,
         damage: Callable[[str, str, Any], None],
         rows: Callable[[], Any],
+        edit: Callable[[str, tuple[Any, ...]], None] | None = None,
     ) -> None:
         self.store = store
         self.damage = damage
         self.rows = rows
+        self.edit = edit
+        """Runs one statement (``?`` placeholders) on a SQL store's tables behind its back."""
 
 
 def _memory(clock: ManualClock, tmp_path: Path, request: pytest.FixtureRequest) -> Damaged:
     store = MemoryOperationStore(clock)
 
     def damage(operation_id: str, column: str, value: Any) -> None:
+        if column == "input":  # held as the text a SQL store holds in its column
+            store._state.inputs[operation_id] = value
+            return
         # A store of values can be handed one changed around its constructor; nothing else can build it.
         object.__setattr__(store._state.operations[operation_id], column, value)
 
@@ -81,7 +87,14 @@ def _sqlite(clock: ManualClock, tmp_path: Path, request: pytest.FixtureRequest) 
         finally:
             conn.close()
 
-    return Damaged(store, damage, rows)
+    def edit(sql: str, params: tuple[Any, ...]) -> None:
+        conn = connect()
+        try:
+            conn.execute(sql, params)
+        finally:
+            conn.close()
+
+    return Damaged(store, damage, rows, edit)
 
 
 def _postgres(clock: ManualClock, tmp_path: Path, request: pytest.FixtureRequest) -> Damaged:
@@ -119,7 +132,11 @@ def _postgres(clock: ManualClock, tmp_path: Path, request: pytest.FixtureRequest
             ]
             return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
 
-    return Damaged(store, damage, rows)
+    def edit(sql: str, params: tuple[Any, ...]) -> None:
+        with connect() as conn:
+            conn.execute(sql.replace("?", "%s"), params)
+
+    return Damaged(store, damage, rows, edit)
 
 
 @pytest.fixture(params=[_memory, _sqlite, _postgres], ids=["memory", "sqlite", "postgres"])
@@ -350,3 +367,88 @@ def test_a_column_that_cannot_be_read_is_a_malformed_row_and_the_queue_goes_on(
     assert under_test.rows() == before
     reports = world.worker("w1").run_until_idle()
     assert [(r.operation_id, r.outcome) for r in reports] == [(bad, "malformed_row"), (good, "succeeded")]
+
+
+UNREADABLE_INPUTS = ["not json", "", '{"amount": NaN, "from": "acc-1", "to": "acc-2"}']
+
+
+@pytest.mark.parametrize("value", UNREADABLE_INPUTS, ids=["not json", "empty", "NaN"])
+def test_an_input_that_cannot_be_read_is_refused_by_the_claim_and_uses_no_attempt(
+    damaged: tuple[Damaged, World, ManualClock], value: str
+) -> None:
+    """The claim that would hand the input to a worker reads it first: one malformed row, passed over, not a crash.
+
+    A worker that claimed and then failed to decode it would end with a traceback after its claim committed, and
+    each restart would use up an attempt (until ``max_attempts_exceeded``) while the tenant's queue stalls.
+    """
+    under_test, world, clock = damaged
+    store = under_test.store
+    bad = world.transfer("k-bad", 10)
+    clock.advance(timedelta(seconds=1))
+    good = world.transfer("k-good", 1)
+    under_test.damage(bad, "input", value)
+    before = under_test.rows()
+    passed_over(store.claim_next(TENANT, "w1", LEASE), bad, "input")
+    assert under_test.rows() == before
+    with pytest.raises(StoreError) as raised:
+        world.service.get(bad)
+    assert raised.value.code == "malformed_row" and f"operation {bad!r}: input: " in raised.value.message
+    assert "\n" not in raised.value.message
+    assert world.service.get(bad, tenant="tenant-b") is None
+    # History does not read the input: what happened to the row stays visible while it is repaired.
+    assert [line.to_state for line in world.service.history(bad)] == ["admitted"]
+    assert under_test.rows() == before
+    bad_rows = rows_of(under_test, bad)
+
+    reports = world.worker("w1").run_until_idle()
+
+    assert [(r.operation_id, r.outcome) for r in reports] == [(bad, "malformed_row"), (good, "succeeded")]
+    assert f"operation {bad!r}: input: " in reports[0].detail and "passed over until" in reports[0].detail
+    assert rows_of(under_test, bad) == bad_rows
+    operation = store.get(bad)
+    assert operation is not None and operation.attempt_count == 0
+
+
+def test_a_result_that_cannot_be_read_is_a_malformed_row_of_status_alone(
+    damaged: tuple[Damaged, World, ManualClock],
+) -> None:
+    under_test, world, _ = damaged
+    op_id = world.transfer("k1", 10)
+    assert [r.outcome for r in world.worker("w1").run_until_idle()] == ["succeeded"]
+    under_test.damage(op_id, "result", "{not json")
+    before = under_test.rows()
+    with pytest.raises(StoreError) as raised:
+        world.service.get(op_id)
+    assert raised.value.code == "malformed_row" and f"operation {op_id!r}: result: " in raised.value.message
+    assert [line.to_state for line in world.service.history(op_id)] == ["admitted", "running", "succeeded"]
+    assert under_test.rows() == before
+
+
+def test_an_input_damaged_after_its_claim_is_reported_and_passed_over_not_a_traceback() -> None:
+    """The worker's own read of the input, for a store that did not hand it the claim's: one report, no crash."""
+    clock = ManualClock()
+
+    class DamagedAfterClaim(MemoryOperationStore):
+        def claim_next(self, *args: Any, **kwargs: Any) -> o.Outcome | None:
+            outcome = super().claim_next(*args, **kwargs)
+            if isinstance(outcome, o.Decision) and outcome.credential is not None:
+                self._claimed.clear()  # the worker reads the input again, after this hand edit
+                self._state.inputs[outcome.operation.operation_id] = "not json"
+            return outcome
+
+    store = DamagedAfterClaim(clock)
+    open_accounts(store, {"acc-1": 100, "acc-2": 0})
+    world = World(store, clock)
+    op_id = world.transfer("k1", 10)
+    worker = world.worker("w1")
+
+    reports = worker.run_until_idle()
+
+    assert [(r.operation_id, r.attempt, r.outcome) for r in reports] == [(op_id, 1, "malformed_row")]
+    assert f"operation {op_id!r}: input: " in reports[0].detail and "passed over until" in reports[0].detail
+    clock.advance(LEASE * 3)  # the attempt's lease and the pause have ended: the next claim meets the row
+    assert worker.run_until_idle() == []  # refused by the claim, and not reported a second time
+    operation = store.get(op_id)
+    assert operation is not None and operation.attempt_count == 1
+    assert accounts(store) == {"acc-1": 100, "acc-2": 0}
+
