@@ -48,7 +48,7 @@ from fencekeeper.kernel.machines import OperationEvent, OperationState
 
 from ..outbox_rows import OUTBOX_INSERT, operation_row
 from .base import Tx, due_at
-from .ports import GuardedContext, MalformedRow, OperationView, StaleContext, StatementRefused
+from .ports import GuardedContext, MalformedRow, OperationView, StaleContext, StatementRefused, shown
 from .service import ActionFailed
 
 COLUMNS = (
@@ -291,6 +291,93 @@ def _unreadable_column(row: Sequence[Any], d: OpsDialect, error: Exception) -> I
 def _unknown(operation_id: Any, column: str, value: Any) -> Any:
     """A column holding a value no version of this store writes (the tables' own checks were bypassed)."""
     raise InvalidOperation(str(operation_id), column, f"{value!r} is not a value this column may hold")
+
+
+ATTEMPT_COLUMNS = ("operation_id", "number", "worker_id", "state", "started_at", "ended_at", "error_code")
+TRANSITION_COLUMNS = ("operation_id", "revision", "event", "from_state", "to_state", "at", "actor", "fence", "reason")
+_SELECT_ATTEMPTS = (
+    f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM operation_attempts WHERE operation_id = ? ORDER BY number"
+)
+_SELECT_TRANSITIONS = (
+    f"SELECT {', '.join(TRANSITION_COLUMNS)} FROM operation_transitions WHERE operation_id = ? ORDER BY revision"
+)
+
+
+def _attempt(r: Sequence[Any], d: OpsDialect) -> o.Attempt:
+    return o.Attempt(
+        str(r[0]), int(r[1]), str(r[2]), o.AttemptState(r[3]), d.decode_time(r[4]), d.optional_time(r[5]), r[6]
+    )
+
+
+def _transition(r: Sequence[Any], d: OpsDialect) -> o.Transition:
+    return o.Transition(
+        str(r[0]),
+        int(r[1]),
+        None if r[2] is None else OperationEvent(r[2]),
+        None if r[3] is None else OperationState(r[3]),
+        OperationState(r[4]),
+        d.decode_time(r[5]),
+        str(r[6]),
+        int(r[7]),
+        str(r[8]),
+    )
+
+
+def _unreadable_line(
+    operation: o.Operation,
+    attempts: Sequence[Sequence[Any]],
+    transitions: Sequence[Sequence[Any]],
+    d: OpsDialect,
+    error: Exception,
+) -> MalformedRow:
+    """The first column of an Operation's attempts or history that cannot be read, once reading them failed.
+
+    A state or event no version writes, a time that does not parse: named by its table and column, as a column of
+    the Operation's own row is, so that status and history fail with one ``malformed_row`` instead of a traceback.
+    """
+    tables: tuple[tuple[str, str, tuple[str, ...], Sequence[Sequence[Any]], dict[str, Callable[[Any], Any]]], ...] = (
+        (
+            "operation_attempts",
+            "attempt",
+            ATTEMPT_COLUMNS,
+            attempts,
+            {"number": int, "state": o.AttemptState, "started_at": d.decode_time, "ended_at": d.optional_time},
+        ),
+        (
+            "operation_transitions",
+            "revision",
+            TRANSITION_COLUMNS,
+            transitions,
+            {
+                "revision": int,
+                "event": _optional(OperationEvent),
+                "from_state": _optional(OperationState),
+                "to_state": OperationState,
+                "at": d.decode_time,
+                "fence": int,
+            },
+        ),
+    )
+    for table, key, columns, rows, readers in tables:
+        for r in rows:
+            for column, read in readers.items():
+                value = r[columns.index(column)]
+                try:
+                    read(value)
+                except (ValueError, TypeError, KeyError) as exc:
+                    problem = f"{key} {r[1]!r}: {shown(value)} cannot be read ({type(exc).__name__}: {exc})"
+                    return _line_error(operation, f"{table}.{column}", problem)
+    return _line_error(operation, "history", f"cannot be read ({type(error).__name__}: {error})")
+
+
+def _optional(read: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else read(value)
+
+
+def _line_error(operation: o.Operation, field: str, problem: str) -> MalformedRow:
+    return MalformedRow(
+        InvalidOperation(operation.operation_id, field, problem), operation.identity.namespace, operation.identity.tenant
+    )
 
 
 Execute = Callable[[str, Sequence[Any]], Any]
@@ -612,40 +699,13 @@ class SqlTx(Tx):
         if row is None:
             return None
         operation = from_row(row[:-1], self.d)
-        attempts = tuple(
-            o.Attempt(
-                str(r[0]),
-                int(r[1]),
-                str(r[2]),
-                o.AttemptState(r[3]),
-                self.d.decode_time(r[4]),
-                self.d.optional_time(r[5]),
-                r[6],
-            )
-            for r in self.run(
-                "SELECT operation_id, number, worker_id, state, started_at, ended_at, error_code FROM "
-                "operation_attempts WHERE operation_id = ? ORDER BY number",
-                (operation_id,),
-            ).fetchall()
-        )
-        history = tuple(
-            o.Transition(
-                str(r[0]),
-                int(r[1]),
-                None if r[2] is None else OperationEvent(r[2]),
-                None if r[3] is None else OperationState(r[3]),
-                OperationState(r[4]),
-                self.d.decode_time(r[5]),
-                str(r[6]),
-                int(r[7]),
-                str(r[8]),
-            )
-            for r in self.run(
-                "SELECT operation_id, revision, event, from_state, to_state, at, actor, fence, reason FROM "
-                "operation_transitions WHERE operation_id = ? ORDER BY revision",
-                (operation_id,),
-            ).fetchall()
-        )
+        attempt_rows = self.run(_SELECT_ATTEMPTS, (operation_id,)).fetchall()
+        transition_rows = self.run(_SELECT_TRANSITIONS, (operation_id,)).fetchall()
+        try:
+            attempts = tuple(_attempt(r, self.d) for r in attempt_rows)
+            history = tuple(_transition(r, self.d) for r in transition_rows)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _unreadable_line(operation, attempt_rows, transition_rows, self.d, exc) from None
         return OperationView(operation, str(row[-1]), attempts, history)
 
     def read_outbox(self, after: str | None, limit: int) -> list[o.OutboxMessage]:

@@ -452,3 +452,75 @@ def test_an_input_damaged_after_its_claim_is_reported_and_passed_over_not_a_trac
     assert operation is not None and operation.attempt_count == 1
     assert accounts(store) == {"acc-1": 100, "acc-2": 0}
 
+
+def _copied_transition(column: str, value: str) -> str:
+    """A statement appending a copy of an Operation's first transition, with ``column`` holding ``value``.
+
+    The history is append-only (its triggers refuse an update), so other code or a hand edit adds to it.
+    """
+    columns = ["operation_id", "revision", "event", "from_state", "to_state", "at", "actor", "fence", "reason"]
+    chosen = ["99" if c == "revision" else f"'{value}'" if c == column else c for c in columns]
+    return (
+        f"INSERT INTO operation_transitions ({', '.join(columns)}) SELECT {', '.join(chosen)} "
+        "FROM operation_transitions WHERE operation_id = ? AND revision = 1"
+    )
+
+
+HISTORY_DAMAGE = [
+    ("operation_attempts.state", "UPDATE operation_attempts SET state = 'bogus' WHERE operation_id = ?"),
+    ("operation_transitions.event", _copied_transition("event", "bogus")),
+    ("operation_transitions.from_state", _copied_transition("from_state", "bogus")),
+    ("operation_transitions.to_state", _copied_transition("to_state", "bogus")),
+]
+SQLITE_HISTORY_DAMAGE = [
+    # PostgreSQL's timestamptz columns hold only times; a SQLite file's text columns hold anything.
+    ("operation_attempts.started_at", "UPDATE operation_attempts SET started_at = 'yesterday' WHERE operation_id = ?"),
+    ("operation_attempts.ended_at", "UPDATE operation_attempts SET ended_at = '2026-01-01T00:00:00' WHERE operation_id = ?"),
+    ("operation_transitions.at", _copied_transition("at", "yesterday")),
+]
+
+
+def history_refused(under_test: Damaged, world: World, column: str, sql: str) -> None:
+    """Status and history of an Operation one of whose attempts or transitions cannot be read: one error, no write."""
+    op_id = world.transfer("k1", 10)
+    assert [r.outcome for r in world.worker("w1").run_until_idle()] == ["succeeded"]
+    assert under_test.edit is not None
+    under_test.edit(sql, (op_id,))
+    before = under_test.rows()
+    for request in (
+        lambda: world.service.get(op_id),
+        lambda: world.service.get(op_id, tenant=TENANT),
+        lambda: world.service.history(op_id),
+        lambda: world.service.history(op_id, tenant=TENANT),
+    ):
+        with pytest.raises(StoreError) as raised:
+            request()
+        assert raised.value.code == "malformed_row", raised.value
+        assert raised.value.message.startswith(f"operation {op_id!r}: {column}: "), raised.value.message
+        assert "\n" not in raised.value.message
+    assert world.service.get(op_id, tenant="tenant-b") is None
+    with pytest.raises(DurableOperationError) as refused:
+        world.service.history(op_id, tenant="tenant-b")
+    assert refused.value.code == "operation_not_found" and column not in refused.value.message
+    assert under_test.rows() == before
+
+
+@pytest.mark.parametrize(("column", "sql"), HISTORY_DAMAGE, ids=[c for c, _ in HISTORY_DAMAGE])
+def test_an_attempt_or_transition_that_cannot_be_read_is_a_malformed_row_of_status_and_history(
+    damaged_sql: tuple[Damaged, World, ManualClock], column: str, sql: str
+) -> None:
+    under_test, world, _ = damaged_sql
+    history_refused(under_test, world, column, sql)
+
+
+@pytest.mark.parametrize(("column", "sql"), SQLITE_HISTORY_DAMAGE, ids=[c for c, _ in SQLITE_HISTORY_DAMAGE])
+def test_a_time_in_the_history_that_cannot_be_read_is_a_malformed_row(
+    tmp_path: Path, request: pytest.FixtureRequest, column: str, sql: str
+) -> None:
+    clock = ManualClock()
+    under_test = _sqlite(clock, tmp_path, request)
+    try:
+        open_accounts(under_test.store, {"acc-1": 100, "acc-2": 0})
+        history_refused(under_test, World(under_test.store, clock), column, sql)
+    finally:
+        under_test.store.close()
