@@ -443,3 +443,41 @@ def test_an_operation_service_refusal_names_its_field(app: tuple[TestClient, Pat
         assert response.status_code == 422, (field, response.text)
         assert error(response)["field"] == field, response.text
     assert dump(db) == before
+
+
+def test_a_damaged_input_or_transition_is_one_malformed_row_error_and_another_tenant_sees_nothing(
+    app: tuple[TestClient, Path],
+) -> None:
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+
+    def edit(sql: str) -> None:
+        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+            conn.execute(sql, (operation_id,))
+
+    def malformed(path: str, column: str) -> None:
+        response = client.get(path, headers=ALICE)
+        assert response.status_code == 500, response.text
+        problem = error(response)
+        assert problem["code"] == "malformed_row"
+        assert problem["message"].startswith(f"operation {operation_id!r}: {column}: "), problem
+
+    edit("UPDATE operations SET input = 'not json' WHERE operation_id = ?")
+    before = dump(db)
+    malformed(f"/operations/{operation_id}", "input")
+    history = client.get(f"/operations/{operation_id}/history", headers=ALICE)
+    assert history.status_code == 200 and [line["to"] for line in history.json()["history"]] == ["awaiting_approval"]
+    assert dump(db) == before
+    edit(
+        "INSERT INTO operation_transitions (operation_id, revision, event, from_state, to_state, at, actor, fence, "
+        "reason) SELECT operation_id, 99, 'bogus', from_state, to_state, at, actor, fence, reason "
+        "FROM operation_transitions WHERE operation_id = ? AND revision = 1"
+    )
+    before = dump(db)
+    malformed(f"/operations/{operation_id}/history", "operation_transitions.event")
+    malformed(f"/operations/{operation_id}", "operation_transitions.event")
+    for path in (f"/operations/{operation_id}", f"/operations/{operation_id}/history"):
+        other = client.get(path, headers=BOB)
+        assert other.status_code == 404 and error(other)["code"] == "operation_not_found", other.text
+        assert "bogus" not in other.text and "input" not in other.text
+    assert dump(db) == before

@@ -447,17 +447,26 @@ def test_a_row_edited_into_a_contradiction_is_one_error_line_and_nothing_is_writ
         assert snapshot(tmp_path) == before, args
 
 
+OWNER_LEFT_OVER = "UPDATE operations SET owner = 'w-old' WHERE operation_id = ?"
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def ops_db(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callable[[str], Any]]:
-    """A --db for the worker, and how to hand-edit an admitted operation's row into keeping an owner."""
+def ops_db(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callable[..., Any]]:
+    """A --db for the worker, and how to hand-edit an operation's rows (by default: an admitted row keeps an owner).
+
+    ``damage(op_id, sql)`` runs ``sql`` (``?`` the operation's id; None: nothing) and returns what is stored of the
+    operation.
+    """
+    tables = ("operations", "operation_attempts", "operation_transitions")
     if request.param == "sqlite":
         path = str(tmp_path / "ops.db")
 
-        def damage_sqlite(op_id: str) -> Any:
+        def damage_sqlite(op_id: str, sql: str | None = OWNER_LEFT_OVER) -> Any:
             conn = sqlite3.connect(path, isolation_level=None)
             try:
-                conn.execute("UPDATE operations SET owner = 'w-old' WHERE operation_id = ?", (op_id,))
-                return conn.execute("SELECT * FROM operations WHERE operation_id = ?", (op_id,)).fetchall()
+                if sql is not None:
+                    conn.execute(sql, (op_id,))
+                return [conn.execute(f"SELECT * FROM {t} WHERE operation_id = ?", (op_id,)).fetchall() for t in tables]
             finally:
                 conn.close()
 
@@ -465,18 +474,22 @@ def ops_db(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callabl
     dsn: str = request.getfixturevalue("pg_dsn")
     schema: str = request.getfixturevalue("pg_schema")
 
-    def damage_postgres(op_id: str) -> Any:
+    def damage_postgres(op_id: str, sql: str | None = OWNER_LEFT_OVER) -> Any:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"SET search_path TO {schema}")
-            conn.execute("UPDATE operations SET owner = 'w-old' WHERE operation_id = %s", (op_id,))
-            return conn.execute("SELECT * FROM operations WHERE operation_id = %s", (op_id,)).fetchall()
+            if sql is not None:
+                conn.execute(sql.replace("?", "%s"), (op_id,))
+            return [
+                conn.execute(f"SELECT * FROM {t} WHERE operation_id = %s ORDER BY 2", (op_id,)).fetchall()
+                for t in tables
+            ]
 
     return f"{dsn}?schema={schema}", damage_postgres
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_the_worker_passes_over_a_malformed_row_runs_the_rest_and_exits_1_when_idle(
-    capsys: pytest.CaptureFixture[str], ops_db: tuple[str, Callable[[str], Any]], as_json: bool
+    capsys: pytest.CaptureFixture[str], ops_db: tuple[str, Callable[..., Any]], as_json: bool
 ) -> None:
     db, damage = ops_db
     submitted = [
@@ -510,3 +523,59 @@ def test_the_worker_passes_over_a_malformed_row_runs_the_rest_and_exits_1_when_i
         reported = [line for line in lines if f": {bad}: " in line]
         assert len(reported) == 1 and ": malformed_row: " in reported[0] and "owner: " in reported[0], lines
         assert sum(": succeeded" in line for line in lines) == 2, lines
+
+
+def test_the_worker_passes_over_an_input_that_is_not_json_without_using_an_attempt(
+    capsys: pytest.CaptureFixture[str], ops_db: tuple[str, Callable[..., Any]]
+) -> None:
+    """The claim reads the input before it commits: no traceback, no attempt used, the tenant's other work runs."""
+    db, damage = ops_db
+    bad, good = (
+        data(capsys, "submit", "transfer", "--db", db, "--key", key, "--input", TRANSFER)["operation_id"]
+        for key in ("k-bad", "k-good")
+    )
+    rows = damage(bad, "UPDATE operations SET input = '{not json' WHERE operation_id = ?")
+
+    code, _, err = run(capsys, "worker", "--db", db, "--until-idle")
+
+    assert code == 1, err
+    lines = err.splitlines()
+    assert lines[-1].startswith("fencekeeper: error: ") and bad in lines[-1] and lines[-1].endswith("[malformed_row]")
+    reported = [line for line in lines if f": {bad}: " in line]
+    assert len(reported) == 1 and ": malformed_row: " in reported[0] and "input: " in reported[0], lines
+    assert "Traceback" not in err
+    assert damage(bad, None) == rows, "the row with the damaged input was changed"
+    assert data(capsys, "status", good, "--db", db)["outcome"] == "succeeded"
+    code, _, err = run(capsys, "status", bad, "--db", db)
+    line = one_error(err)
+    assert code == 1 and "[malformed_row]" in line and f"operation {bad!r}: input: " in line, line
+    assert [h["to"] for h in data(capsys, "history", bad, "--db", db)["history"]] == ["admitted"]
+
+
+@pytest.mark.parametrize(
+    ("column", "sql"),
+    [
+        ("operation_attempts.state", "UPDATE operation_attempts SET state = 'bogus' WHERE operation_id = ?"),
+        (
+            "operation_transitions.event",
+            "INSERT INTO operation_transitions (operation_id, revision, event, from_state, to_state, at, actor, fence, "
+            "reason) SELECT operation_id, 99, 'bogus', from_state, to_state, at, actor, fence, reason "
+            "FROM operation_transitions WHERE operation_id = ? AND revision = 1",
+        ),
+    ],
+    ids=["attempt state", "transition event"],
+)
+def test_status_and_history_of_a_damaged_attempt_or_transition_are_one_error_line(
+    capsys: pytest.CaptureFixture[str], ops_db: tuple[str, Callable[..., Any]], column: str, sql: str
+) -> None:
+    db, damage = ops_db
+    op_id = data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)["operation_id"]
+    assert run(capsys, "worker", "--db", db, "--until-idle")[0] == 0
+    rows = damage(op_id, sql)
+    for command in ("status", "history"):
+        for as_json in ([], ["--json"]):
+            code, out, err = run(capsys, command, op_id, "--db", db, *as_json)
+            line = one_error(err)
+            assert code == 1 and out == "", (command, out)
+            assert line.endswith("[malformed_row]") and f"operation {op_id!r}: {column}: " in line, line
+    assert damage(op_id, None) == rows
