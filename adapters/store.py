@@ -57,8 +57,9 @@ class StoreError(Exception):
     another writer has held the database's write lock past the busy timeout), ``row_locked``
     (PostgreSQL: a row the request needs is held by another transaction past the lock timeout, or
     past a sweep's shorter wait), ``malformed_row`` (an operation store: a stored Operation's fields
-    contradict its state, such as a running row without an owner; the message names the operation
-    and the field).  Nothing is written by a request that raises.
+    contradict its state, such as a running row without an owner, or a column of it, its attempts or
+    its history cannot be read; the message names the operation and the field).  Nothing is written
+    by a request that raises.
     """
 
     def __init__(self, code: str, message: str) -> None:

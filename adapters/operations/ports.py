@@ -181,8 +181,8 @@ class OperationStore(Protocol):
         """Claim (or end by its limits) the Operation of ``tenant`` that has been due longest; None if none is.
 
         Operations named in ``skip`` are passed over.  A refusal of the row found is a :class:`ClaimRefused`, and
-        so is a row found that contradicts its state (code ``malformed_row``): one damaged row does not stop the
-        claims of every other.
+        so is a row found that contradicts its state or that cannot be read, its input included when the claim
+        would hand it to a worker (code ``malformed_row``): one damaged row does not stop the claims of every other.
         """
         ...
 
