@@ -47,8 +47,8 @@ external effects, history, and retention).  Rules of this module:
   tenant's work goes on, and the worker neither spins on the row nor keeps
   reporting it.  So is a due row the store cannot read because it
   contradicts its state or its input is not JSON (outcome
-  ``malformed_row``): one damaged row does not halt its tenant's queue.  A store's refusal that names no row pauses the
-  worker.
+  ``malformed_row``): one damaged row does not halt its tenant's queue.  A
+  store's refusal that names no row pauses the worker.
 """
 
 from __future__ import annotations
