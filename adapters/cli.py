@@ -106,7 +106,7 @@ from fencekeeper.kernel.text import problem as text_problem
 from . import connect, examples, observe, prefork, render
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
-from .store import ExecutionView, StoreError, TransactionalStore
+from .store import ExecutionView, StoreError, StorePatience, TransactionalStore
 from .worker import MAX_CONCURRENCY, MIN_LEASE, PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
 
 if TYPE_CHECKING:
@@ -124,8 +124,6 @@ DEFAULT_PRINCIPAL = "user:operator"
 
 # StoreError codes that mean --db itself is wrong (usage), not that a reachable store blocks.
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
-# StoreError codes a worker retries: the store is reachable again soon, or a holder lets go.
-_RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
 # OperationError codes that mean the input was wrong, not that a request was refused.
 _USAGE_OPERATION_CODES = frozenset({"execution_not_found", "definition_not_found", "invalid_input", "invalid_event"})
 
@@ -1091,20 +1089,20 @@ def _work(
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=first)]
 
         def loop(worker: Worker) -> None:
-            failures = 0
+            patience = StorePatience()
             while not stop.event.is_set():
                 try:
                     report = worker.run_pass(max_claims=1)
                 except StoreError as exc:
                     # A lost connection, or a row or file another transaction holds: the
                     # pool replaces the one, the holder lets go of the other; try again shortly.
-                    if exc.code not in _RETRYABLE_STORE_CODES or failures >= 5:
+                    wait = patience.failed(exc.code)
+                    if wait is None:
                         with tally.lock:
                             tally.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                         stop.set()
                         return
-                    failures += 1
-                    stop.idle(min(2.0**failures / 10, 5.0))
+                    stop.idle(wait)
                     continue
                 except Exception as exc:
                     with tally.lock:
@@ -1113,7 +1111,7 @@ def _work(
                     if args.debug:
                         raise
                     return
-                failures = 0
+                patience.succeeded()
                 tally.add(report)
                 if metrics is not None:
                     metrics.record(report)

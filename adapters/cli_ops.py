@@ -66,7 +66,7 @@ from .operations.service import (
 )
 from .operations.worker import DurableOperationWorker, WorkReport, default_worker_id
 from .render import Output
-from .store import StoreError
+from .store import StoreError, StorePatience
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -80,8 +80,6 @@ _USAGE_CODES = frozenset({"invalid_input", "unknown_action", "operation_not_foun
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
 MALFORMED_ROW = RefusalCode.MALFORMED_ROW.value
 """A worker's report of a due row it passed over because the row contradicts its state."""
-_RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
-"""What a running worker waits out and tries again (``fencekeeper worker``'s rule)."""
 
 
 class _Usage(Exception):
@@ -519,29 +517,30 @@ def _work(
                     lease=timedelta(seconds=args.lease),
                     namespace=args.namespace,
                 )
-                failures = 0
+                patience = StorePatience()
                 while not stop.is_set():
                     try:
                         report = worker.run_once()
                     except StoreError as exc:
                         # A lost connection (the pool replaces it), a row held past lock_timeout, a busy
                         # SQLite file: try again shortly, as `fencekeeper worker` does.  Anything else, or
-                        # five in a row, stops every worker of the command, which then exits 1: a worker
-                        # that ended quietly would leave a supervisor nothing to restart.
-                        if exc.code not in _RETRYABLE_STORE_CODES or failures >= 5:
+                        # a store still failing after RIDE_OUT_SECONDS, stops every worker of the command,
+                        # which then exits 1: a worker that ended quietly would leave a supervisor nothing
+                        # to restart.
+                        wait = patience.failed(exc.code)
+                        if wait is None:
                             with lock:
                                 errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                             stop.set()
                             return
-                        failures += 1
-                        stop.wait(min(2.0**failures / 10, 5.0))
+                        stop.wait(wait)
                         continue
                     except Exception as exc:
                         with lock:
                             errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
                         stop.set()
                         return
-                    failures = 0
+                    patience.succeeded()
                     if report is None:
                         if args.until_idle:
                             return

@@ -34,6 +34,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -66,6 +67,50 @@ class StoreError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
+"""StoreError codes a running worker waits out: the store is reachable again soon, or a holder lets go."""
+
+RIDE_OUT_SECONDS = 30.0
+"""How long a worker keeps trying a store that fails every time before it gives up and its command exits 1.
+
+Long enough for what passes by itself: a server restarting, a failover, an administrator ending the
+role's sessions (which kills every idle connection of a pool at once, so several requests in a row meet
+a dead one).  A store that is still failing after that is left to the process supervisor."""
+
+
+@attrs.define
+class StorePatience:
+    """A worker loop's answer to a StoreError: how long to wait before trying again, or to give up.
+
+    Retryable codes are waited out with a backoff (0.2 s, doubling, at most 5 s) for as long as the
+    store has failed every request since ``budget`` seconds ago; any other code, or one past the
+    budget, gives up.  ``succeeded`` starts the count again.  A request that fails is never retried
+    here: the worker makes its next request, which the kernel decides afresh.
+    """
+
+    budget: float = RIDE_OUT_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    _since: float | None = attrs.field(default=None, init=False)
+    _failures: int = attrs.field(default=0, init=False)
+
+    def failed(self, code: str) -> float | None:
+        """Seconds to wait before the next request after a StoreError coded ``code``; None: give up."""
+        if code not in RETRYABLE_STORE_CODES:
+            return None
+        now = self.clock()
+        if self._since is None:
+            self._since = now
+        elif now - self._since >= self.budget:
+            return None
+        self._failures += 1
+        return float(min(2.0**self._failures / 10, 5.0))
+
+    def succeeded(self) -> None:
+        """A request went through: the store is back."""
+        self._since = None
+        self._failures = 0
 
 
 def registration_conflict(key: p.WaitKey) -> StoreError:
