@@ -1290,6 +1290,8 @@ class TransactionalStore(abc.ABC):
 
 __all__ = [
     "MAX_COMPOSED",
+    "RETRYABLE_STORE_CODES",
+    "RIDE_OUT_SECONDS",
     "Backend",
     "Clock",
     "Composed",
@@ -1301,6 +1303,7 @@ __all__ = [
     "PublishResult",
     "Store",
     "StoreError",
+    "StorePatience",
     "SystemClock",
     "TransactionalStore",
     "VisitView",
