@@ -42,6 +42,7 @@ from .definition import Definition
 from .evidence import Evidence
 from .machines import AttemptEvent, AttemptState, DispatchState, ExecutionEvent, ExecutionState
 from .protocol import (
+    STEP_LIMIT,
     Decision,
     Dispatch,
     Execution,
@@ -458,9 +459,14 @@ def _reconcile_command(
         )
     before = _newest(facts.evidence, attempt_id)
     # A quarantined visit was never counted: its worker died before the
-    # step committed.  Its settlement is where it counts.
+    # step committed.  Its settlement is where it counts -- up to the bound:
+    # no visit starts once 100 steps are processed (seed 000, Dispatcher
+    # Pass), so a quarantined one there is the store's facts, not a visit,
+    # and the settlement is recorded without a 101st step (INV-STEP-LIMIT).
     uncounted = before is not None and before.state == AttemptState.RECONCILIATION_REQUIRED.value
-    return _decided(execution, dispatch, request, now, reason="", count_step=uncounted)
+    return _decided(
+        execution, dispatch, request, now, reason="", count_step=uncounted and execution.step_count < STEP_LIMIT
+    )
 
 
 def _newest(evidence: Sequence[Evidence], object_id: str) -> Evidence | None:

@@ -1228,6 +1228,19 @@ def test_reconcile_command_keeps_the_review_state_and_counts_the_settled_visit()
     assert decision.recovery is not None and decision.recovery.resulting_state == ExecutionState.RECONCILIATION_REQUIRED
 
 
+def test_reconcile_command_records_a_settlement_at_the_step_bound_without_counting_past_it() -> None:
+    # No visit starts past the bound (the dispatcher stops at 100 processed steps), so facts that show one
+    # quarantined there are the store's, not a visit's: the settlement is recorded and INV-STEP-LIMIT holds.
+    snap = _in_review()
+    at_bound = attrs.evolve(snap.execution, step_count=STEP_LIMIT)
+    dispatch = attrs.evolve(snap.dispatch, step_count=STEP_LIMIT)
+    request = recovery_request(snap, RecoveryKind.RECONCILE_COMMAND, command_id="cmd-2")
+    decision = decided(recover(at_bound, dispatch, None, request, EXPIRES))
+    assert decision.execution == attrs.evolve(at_bound, revision=at_bound.revision + 1)
+    assert decision.dispatch == dispatch
+    assert decision.recovery is not None and decision.recovery.kind == RecoveryKind.RECONCILE_COMMAND
+
+
 @pytest.mark.parametrize(
     ("changes", "facts"),
     [
