@@ -283,8 +283,7 @@ def _unreadable_column(row: Sequence[Any], d: OpsDialect, error: Exception) -> I
         try:
             read(value)
         except (ValueError, TypeError, KeyError) as exc:
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-            return InvalidOperation(str(row[0]), column, f"{shown} cannot be read ({type(exc).__name__}: {exc})")
+            return InvalidOperation(str(row[0]), column, f"{shown(value)} cannot be read ({type(exc).__name__}: {exc})")
     return InvalidOperation(str(row[0]), "row", f"cannot be read ({type(error).__name__}: {error})")
 
 
