@@ -84,9 +84,9 @@ a dead one).  A store that is still failing after that is left to the process su
 class StorePatience:
     """A worker loop's answer to a StoreError: how long to wait before trying again, or to give up.
 
-    Retryable codes are waited out with a backoff (0.2 s, doubling, at most 5 s) for as long as the
-    store has failed every request since ``budget`` seconds ago; any other code, or one past the
-    budget, gives up.  ``succeeded`` starts the count again.  A request that fails is never retried
+    Retryable codes are waited out with a backoff (0.2 s, doubling, at most 5 s) while the store has
+    failed every request for less than ``budget`` seconds; any other code, or a failure once the
+    budget is spent, gives up.  ``succeeded`` starts the count again.  A request that fails is never retried
     here: the worker makes its next request, which the kernel decides afresh.
     """
 
