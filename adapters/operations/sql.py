@@ -278,13 +278,23 @@ def _unreadable_column(row: Sequence[Any], d: OpsDialect, error: Exception) -> I
         **dict.fromkeys(("lease_expires_at", "attempt_started_at"), d.optional_time),
         "effect_unsettled_since": lambda value: None if value is None else int(value),
     }
+    found = _first_unreadable(row, COLUMNS, readers)
+    if found is not None:
+        return InvalidOperation(str(row[0]), *found)
+    return InvalidOperation(str(row[0]), "row", f"cannot be read ({type(error).__name__}: {error})")
+
+
+def _first_unreadable(
+    row: Sequence[Any], columns: Sequence[str], readers: dict[str, Callable[[Any], Any]]
+) -> tuple[str, str] | None:
+    """The first of ``readers``' columns of ``row`` whose reader raises, and why; None when each reads."""
     for column, read in readers.items():
-        value = row[COLUMNS.index(column)]
+        value = row[columns.index(column)]
         try:
             read(value)
         except (ValueError, TypeError, KeyError) as exc:
-            return InvalidOperation(str(row[0]), column, f"{shown(value)} cannot be read ({type(exc).__name__}: {exc})")
-    return InvalidOperation(str(row[0]), "row", f"cannot be read ({type(error).__name__}: {error})")
+            return column, f"{shown(value)} cannot be read ({type(exc).__name__}: {exc})"
+    return None
 
 
 def _unknown(operation_id: Any, column: str, value: Any) -> Any:
@@ -359,13 +369,10 @@ def _unreadable_line(
     )
     for table, key, columns, rows, readers in tables:
         for r in rows:
-            for column, read in readers.items():
-                value = r[columns.index(column)]
-                try:
-                    read(value)
-                except (ValueError, TypeError, KeyError) as exc:
-                    problem = f"{key} {r[1]!r}: {shown(value)} cannot be read ({type(exc).__name__}: {exc})"
-                    return _line_error(operation, f"{table}.{column}", problem)
+            found = _first_unreadable(r, columns, readers)
+            if found is not None:
+                column, why = found
+                return _line_error(operation, f"{table}.{column}", f"{key} {r[1]!r}: {why}")
     return _line_error(operation, "history", f"cannot be read ({type(error).__name__}: {error})")
 
 

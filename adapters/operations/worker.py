@@ -153,10 +153,9 @@ class DurableOperationWorker:
             )
             if not isinstance(outcome, ClaimRefused) or outcome.operation_id in skip:
                 break  # (a store that ignores ``skip``: the worker pauses below)
-            first = self._pass_over(outcome.operation_id)
-            if first:
-                until = self._refused[outcome.operation_id].until.isoformat()
-                return WorkReport(outcome.operation_id, None, outcome.code.value, f"{outcome.message}; passed over until {until}")
+            if self._pass_over(outcome.operation_id):
+                detail = self._passed_over(outcome.operation_id, outcome.message)
+                return WorkReport(outcome.operation_id, None, outcome.code.value, detail)
             skip = skip | {outcome.operation_id}
         if outcome is None:
             self._paused = None
@@ -190,6 +189,10 @@ class DurableOperationWorker:
         self._refused[operation_id] = _Pause(self.store.now() + length, length)
         return earlier is None
 
+    def _passed_over(self, operation_id: str, message: str) -> str:
+        """What the report of a row passed over says: why, and until when."""
+        return f"{message}; passed over until {self._refused[operation_id].until.isoformat()}"
+
     def run_until_idle(self, limit: int = 10_000) -> list[WorkReport]:
         reports: list[WorkReport] = []
         for _ in range(limit):
@@ -209,10 +212,8 @@ class DurableOperationWorker:
             # since.  Reported and passed over like a due row the claim could not read: nothing more is written,
             # and once the lease expires the next claim meets the row and refuses it.
             self._pass_over(operation.operation_id)
-            until = self._refused[operation.operation_id].until.isoformat()
-            return WorkReport(
-                operation.operation_id, credential.fence, malformed.code, f"{malformed.message}; passed over until {until}"
-            )
+            detail = self._passed_over(operation.operation_id, malformed.message)
+            return WorkReport(operation.operation_id, credential.fence, malformed.code, detail)
         try:
             action = self.actions.get(operation.action_name, operation.action_version)
         except DurableOperationError as exc:
