@@ -8,7 +8,10 @@ Rules of this module (beyond those of ``journal_store.py``):
   is half-written; a concurrent appender that expected the same head waits
   for the row lock, then finds the head changed, updates nothing and
   inserts nothing, and is refused ``stale_head``.  One round trip per
-  append, the same as a bare insert.
+  append, the same as a bare insert.  An append of one event (a
+  transition's) passes its ordinal, digest and record as plain parameters;
+  only a batch passes them as arrays to ``unnest``, whose dumping and
+  planning cost more than the rest of the statement.
 - A load reads the header, the head row and the events in one REPEATABLE
   READ snapshot, so the head it checks is the head of the events it read.
 - The schema must have been migrated (``fencekeeper migrate``); opening
@@ -39,6 +42,18 @@ WITH moved AS (
 INSERT INTO journal_events (execution_id, ordinal, digest, record)
 SELECT moved.execution_id, e.ordinal, e.digest, e.record
 FROM moved, unnest(%s::integer[], %s::text[], %s::bytea[]) AS e(ordinal, digest, record)
+"""
+
+# The same statement for the common case of one event: the same guard and
+# the same atomicity, without building, sending and unnesting three arrays.
+_APPEND_ONE = """
+WITH moved AS (
+    UPDATE journal_heads SET head = %s, length = %s
+    WHERE execution_id = %s AND head = %s
+    RETURNING execution_id
+)
+INSERT INTO journal_events (execution_id, ordinal, digest, record)
+SELECT moved.execution_id, %s::integer, %s::text, %s::bytea FROM moved
 """
 
 _CREATE = """
@@ -125,6 +140,10 @@ class PostgresJournalStore(JournalStoreBase):
     def _commit_events(
         self, execution_id: str, expected: str, events: Sequence[tuple[j.Event, bytes]], length: int
     ) -> bool:
+        if len(events) == 1:
+            event, record = events[0]
+            params = (event.digest, length, execution_id, expected, event.ordinal, event.digest, record)
+            return self._run(_APPEND_ONE, params) == 1
         written = self._run(
             _APPEND,
             (

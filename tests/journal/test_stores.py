@@ -109,6 +109,28 @@ class SqlTests:
             assert (caught.value.reason, caught.value.ordinal) == (C.BAD_SUCCESSOR_BINDING, case.ordinal)
 
 
+    @pytest.mark.parametrize("count", [1, 3])
+    def test_a_commit_from_a_head_that_moved_writes_nothing(self, open_store: Opener, count: int) -> None:
+        # One event and a batch take different statements; both are refused
+        # by the head's compare-and-set, whole, and the head row stays put.
+        store = open_store()
+        created(store)
+        assert isinstance(store, JournalStoreBase)
+        case = next(c for c in journal_fixtures.cases() if c.name == "valid-review")
+        lines = case.lines[1 : 1 + count]
+        written = [(j.decode_event(line), line) for line in lines]
+        root = json.loads(case.lines[0])["digest"]
+        assert not store._commit_events("review-1", "sha256:" + "0" * 64, written, count)
+        chain = store.stored("review-1")
+        assert chain is not None and (chain.events, chain.head, chain.length) == ((), root, 0)
+        assert store._commit_events("review-1", root, written, count)
+        chain = store.stored("review-1")
+        assert chain is not None and (chain.events, chain.head, chain.length) == (tuple(lines), written[-1][0].digest, count)
+        # The head the commit moved from is now stale in its turn.
+        assert not store._commit_events("review-1", root, written, count)
+        assert open_store().load("review-1") is not None
+
+
 class TestSQLiteJournalStore(JournalStoreTests, SqlTests):
     @pytest.fixture
     def open_store(self, tmp_path: Path, clock: ManualClock) -> Iterator[Opener]:
