@@ -319,6 +319,10 @@ class DirectoryResolver:
 # --- SQLite ----------------------------------------------------------------------------------------
 
 
+_MOVE_HEAD = "UPDATE journal_heads SET head = ?, length = ? WHERE execution_id = ? AND head = ?"
+_INSERT_EVENT = "INSERT INTO journal_events (execution_id, ordinal, digest, record) VALUES (?, ?, ?, ?)"
+
+
 class SQLiteJournalStore(JournalStoreBase):
     """Journals in a fencekeeper SQLite file (opened, checked and migrated as the SQLite store does)."""
 
@@ -369,16 +373,15 @@ class SQLiteJournalStore(JournalStoreBase):
         self, execution_id: str, expected: str, events: Sequence[tuple[j.Event, bytes]], length: int
     ) -> bool:
         with self._write() as conn:
-            moved = conn.execute(
-                "UPDATE journal_heads SET head = ?, length = ? WHERE execution_id = ? AND head = ?",
-                (events[-1][0].digest, length, execution_id, expected),
-            ).rowcount
+            moved = conn.execute(_MOVE_HEAD, (events[-1][0].digest, length, execution_id, expected)).rowcount
             if moved != 1:
                 return False
-            conn.executemany(
-                "INSERT INTO journal_events (execution_id, ordinal, digest, record) VALUES (?, ?, ?, ?)",
-                [(execution_id, e.ordinal, e.digest, record) for e, record in events],
-            )
+            if len(events) == 1:
+                # executemany's own set-up costs more than the insert of one row.
+                event, record = events[0]
+                conn.execute(_INSERT_EVENT, (execution_id, event.ordinal, event.digest, record))
+            else:
+                conn.executemany(_INSERT_EVENT, [(execution_id, e.ordinal, e.digest, record) for e, record in events])
         return True
 
     def stored(self, execution_id: str) -> StoredChain | None:
