@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import rfc8785
 from hypothesis import HealthCheck, given, settings
@@ -309,8 +310,42 @@ _events = st.builds(
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(_events)
 def test_signing_writes_the_digest_and_record_bytes_that_encoding_the_whole_value_gives(event: j.Event) -> None:
-    # Signing encodes the members before "digest" and those after it apart and joins them.
+    # Signing writes the members before "digest" and those after it apart, member by member, and joins them.
     signed, record = event.signed()
     assert signed == event
     assert signed.digest == digest_bytes(rfc8785.dumps(event.body_json()))
     assert record == rfc8785.dumps(signed.to_json()) == j.encode_event(signed)
+
+
+_transitions = st.builds(
+    j.Transition,
+    request_id=_texts, expected_head=_texts, node_id=_texts, event=st.sampled_from(list(NodeEvent)),
+    prior_state=st.sampled_from(list(NodeState)), actor_id=_texts, role=_texts, rationale=_texts,
+    attempt=st.none() | st.builds(j.AttemptRef, _texts, st.integers(1, 2**53 - 1)),
+    records=st.lists(_refs, max_size=2).map(tuple),
+    approvals=st.lists(st.builds(j.Approval, _texts, _texts, _refs), max_size=2).map(tuple),
+    error=st.none() | _texts,
+)  # fmt: skip
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(_transitions)
+def test_a_transitions_request_bytes_are_its_request_values_canonical_bytes(command: j.Transition) -> None:
+    # Written member by member, as signing writes an event; the request digest is over these bytes.
+    data = command.request_bytes()
+    assert data == rfc8785.dumps(command.request_json()) == record_bytes(command.request_json())
+    assert j.request_digest(command) == digest_bytes(data)
+
+
+def test_a_text_that_is_not_unicode_is_refused_by_signing_as_by_encoding(
+    chain: tuple[j.Journal, bytes, list[bytes]],
+) -> None:
+    # A lone surrogate has no UTF-8 bytes: written member by member or whole, it is malformed_record.
+    journal = chain[0]
+    event = attrs.evolve(journal.events[0], rationale="\ud800")
+    command = j.Transition("r-1", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot", "searcher",
+                           rationale="\udfff")  # fmt: skip
+    for write in (event.signed, lambda: j.encode_event(event), command.request_bytes, lambda: j.request_digest(command)):
+        with pytest.raises(JournalError) as caught:
+            write()
+        assert caught.value.reason is C.MALFORMED_RECORD
