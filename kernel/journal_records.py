@@ -266,18 +266,18 @@ class Event:
         writes (tests/journal/test_codec.py checks both against encoding
         the whole value).
         """
-        t = value_text
+        t, m = value_text, _member_text
         before = text_bytes(
             f'{{"actor":{t(self.actor_id)},"approvals":{_approvals_text(self.approvals)},"at":{t(self.at)},'
             f'"attempt":{_attempt_text(self.attempt)}'
         )
         after = text_bytes(
-            f'"error":{t(self.error)},"event":{t(self.event.value)},"execution":{t(self.execution_id)},'
+            f'"error":{t(self.error)},"event":{m(self.event)},"execution":{t(self.execution_id)},'
             f'"invalidation":{"null" if self.invalidation is None else t(self.invalidation.to_json())},'
             f'"node":{t(self.node_id)},"ordinal":{t(self.ordinal)},"previous":{t(self.previous)},'
-            f'"prior_state":{t(self.prior_state.value)},"rationale":{t(self.rationale)},'
+            f'"prior_state":{m(self.prior_state)},"rationale":{t(self.rationale)},'
             f'"records":{_refs_text(self.records)},"request":{{"digest":{t(self.request_digest)},"id":{t(self.request_id)}}},'
-            f'"resulting_state":{t(self.resulting_state.value)},"role":{t(self.role)},'
+            f'"resulting_state":{m(self.resulting_state)},"role":{t(self.role)},'
             f'"successor":{"null" if self.successor is None else _ref_text(self.successor)}}}'
         )
         digest = digest_bytes(before + b"," + after)
@@ -291,6 +291,19 @@ class Event:
 
 # The texts value_text gives of the values records hold most often, written
 # as to_json() and the encoder would write them (tests/journal/test_codec.py).
+
+
+# The text of every node event and state, written once: reading an enum
+# member's value goes through a Python-level descriptor, and each event and
+# request names three members.
+_MEMBER_TEXT: Final[Mapping[NodeEvent | NodeState, str]] = MappingProxyType(
+    {member: value_text(member.value) for member in (*NodeEvent, *NodeState)}
+)
+
+
+def _member_text(member: NodeEvent | NodeState) -> str:
+    text = _MEMBER_TEXT.get(member)
+    return text if text is not None else value_text(member.value)
 
 
 def _ref_text(ref: RecordRef) -> str:
@@ -390,12 +403,12 @@ class Transition:
 
     def request_bytes(self) -> bytes:
         """``record_bytes(self.request_json())``, written member by member as ``Event.signed`` writes an event."""
-        t = value_text
+        t, m = value_text, _member_text
         return text_bytes(
             f'{{"actor":{t(self.actor_id)},"approvals":{_approvals_text(self.approvals)},'
             f'"attempt":{_attempt_text(self.attempt)},"command":"transition","error":{t(self.error)},'
-            f'"event":{t(self.event.value)},"expected_head":{t(self.expected_head)},"node":{t(self.node_id)},'
-            f'"prior_state":{t(self.prior_state.value)},"rationale":{t(self.rationale)},'
+            f'"event":{m(self.event)},"expected_head":{t(self.expected_head)},"node":{t(self.node_id)},'
+            f'"prior_state":{m(self.prior_state)},"rationale":{t(self.rationale)},'
             f'"records":{_refs_text(self.records)},"role":{t(self.role)}}}'
         )
 
@@ -571,6 +584,20 @@ class RequestIndex(Mapping[str, str]):
     def extended(self, entries: Mapping[str, _Recorded]) -> RequestIndex:
         if not entries:
             return self
+        if len(entries) == 1:
+            # An append records one request: copy its page and bucket without the bookkeeping of a batch.
+            ((request_id, recorded),) = entries.items()
+            number = hash(request_id)
+            at_page, at_bucket = (number >> _BITS) % _FANOUT, number % _FANOUT
+            one_page = self._pages[at_page]
+            one_bucket = dict(one_page[at_bucket])
+            length = self._length + (request_id not in one_bucket)
+            one_bucket[request_id] = recorded
+            page_copy = list(one_page)
+            page_copy[at_bucket] = one_bucket
+            pages_copy = list(self._pages)
+            pages_copy[at_page] = tuple(page_copy)
+            return RequestIndex(tuple(pages_copy), length)
         pages = list(self._pages)
         copied: dict[int, list[Mapping[str, _Recorded]]] = {}
         fresh: set[tuple[int, int]] = set()
