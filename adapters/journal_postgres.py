@@ -76,6 +76,7 @@ class PostgresJournalStore(JournalStoreBase):
         self._lock = threading.Lock()
         self._dsn = dsn
         self._conn = self._connect()
+        self._cursor: psycopg.Cursor[Any] | None = None
         try:
             check_schema(self._conn, self.schema)
         except psycopg.OperationalError as exc:
@@ -105,6 +106,16 @@ class PostgresJournalStore(JournalStoreBase):
             self._conn = self._connect()
         return self._conn
 
+    def _statements(self) -> psycopg.Cursor[Any]:
+        # Called under the lock.  One cursor for the store's single statements,
+        # made again with each connection: Connection.execute builds a cursor
+        # (and copies the adapters map) for every statement, some 10 us of CPU
+        # on a statement that costs 25-35 in all.
+        conn = self._connected()
+        if self._cursor is None or self._cursor.connection is not conn:
+            self._cursor = conn.cursor()
+        return self._cursor
+
     def _lost(self, exc: psycopg.OperationalError) -> StoreError:
         """The error of a call that met a lost connection, which is closed so that the next call opens another.
 
@@ -124,7 +135,7 @@ class PostgresJournalStore(JournalStoreBase):
     def _run(self, sql: str, params: Sequence[Any]) -> int:
         with self._lock:
             try:
-                return self._connected().execute(sql, params).rowcount
+                return self._statements().execute(sql, params).rowcount
             except psycopg.errors.InsufficientPrivilege as exc:
                 # An append is one autocommit statement, a read one transaction rolled back on the way
                 # out: nothing was written, and the connection is free for the lookup.
@@ -191,7 +202,7 @@ class PostgresJournalStore(JournalStoreBase):
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
-                return self._connected().execute(sql, params).fetchall()
+                return self._statements().execute(sql, params).fetchall()
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
