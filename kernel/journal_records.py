@@ -655,7 +655,11 @@ class Journal:
 
     @property
     def head(self) -> str:
-        return self.events[-1].digest if self.events else self.header.digest
+        # Read from the log's last chunk (every chunk holds an event): the
+        # head is asked several times an append, and indexing the log runs
+        # two Python-level methods.
+        chunks = self.events._chunks
+        return chunks[-1][-1].digest if chunks else self.header.digest
 
     @property
     def execution_id(self) -> str:
@@ -696,11 +700,12 @@ Outcome: TypeAlias = Appended | Unchanged | Refusal
 def format_time(now: datetime) -> str:
     """``now`` as the record's time text; naive or non-UTC times are refused."""
     offset = now.utcoffset()
-    if offset is None or offset.total_seconds() != 0:
+    if offset is None or offset:
         raise JournalError(C.INVALID_REQUEST, f"time {now.isoformat()} must be timezone-aware UTC")
     # isoformat, not strftime: it writes the year in four digits below 1000
     # too (strftime's %Y does not), the fixed width check_time reads back.
-    return now.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    # A zero offset is always written "+00:00", replaced by "Z".
+    return now.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def check_time(text: str, where: str) -> None:

@@ -777,6 +777,21 @@ def test_a_time_before_the_year_1000_is_written_in_the_fixed_width_replay_reads(
     assert j.replay(header, events, outcome.journal.workflow, outcome.journal.policy).head == outcome.journal.head
 
 
+def test_a_time_is_written_in_utc_whatever_its_zero_offset_and_any_other_time_is_refused() -> None:
+    from datetime import UTC, datetime, timezone  # noqa: PLC0415
+    from zoneinfo import ZoneInfo  # noqa: PLC0415
+
+    moment = datetime(2026, 3, 4, 5, 6, 7, 89)
+    for zero in (UTC, timezone(timedelta(0), "Z"), ZoneInfo("UTC")):
+        assert j.format_time(moment.replace(tzinfo=zero)) == "2026-03-04T05:06:07.000089Z"
+    driver = Driver(fresh())
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))
+    for other in (None, timezone(timedelta(hours=1)), timezone(timedelta(microseconds=1)), ZoneInfo("Europe/Paris")):
+        outcome = j.preview(driver.journal, command, moment.replace(tzinfo=other))
+        assert isinstance(outcome, j.Refusal) and outcome.code is C.INVALID_REQUEST, outcome
+        assert "must be timezone-aware UTC" in outcome.message
+
+
 def test_an_appended_outcome_carries_each_events_record_bytes() -> None:
     # Every kind of batch: transitions, an approval, an invalidation closure, a successor binding.
     started = Driver(fresh())
