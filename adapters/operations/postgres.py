@@ -214,8 +214,13 @@ def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbo
     return f"WITH {', '.join(parts)} SELECT fencekeeper_guard_held((SELECT count(*) FROM u) = 1 AND {identity_written} = 1)"
 
 
-def _write_values(decision: o.Decision, input_json: str | None, live: bool, row: tuple[Any, ...]) -> list[Any]:
-    """The parameters of :func:`_write_sql`'s statement for ``decision``, in the order of its placeholders."""
+def _write_values(
+    decision: o.Decision, input_json: str | None, live: bool, row: tuple[Any, ...], key: tuple[str, ...] | None = None
+) -> list[Any]:
+    """The parameters of :func:`_write_sql`'s statement for ``decision``, in the order of its placeholders.
+
+    ``key`` is ``identity_columns`` of the guard's identity, when the caller has it already (the submission's lock did).
+    """
     guard = decision.guard
     op = decision.operation
     # When the Operation ended: what retention counts its windows from (migration outbox_and_pruning).
@@ -227,7 +232,8 @@ def _write_values(decision: o.Decision, input_json: str | None, live: bool, row:
         if live:
             values.append(guard.live_until)
     if guard.identity is not None:
-        key = identity_columns(guard.identity)
+        if key is None:
+            key = identity_columns(guard.identity)
         if guard.expected_holder is None:
             values += (*key, op.operation_id, op.retain_until)
         else:
@@ -337,7 +343,8 @@ class _PgOpsTx(SqlTx):
         live = guard.live_until is not None and self.checks_live_lease
         identity = None if guard.identity is None else "new" if guard.expected_holder is None else "moved"
         sql = _write_sql(guard.expected_revision == 0, live, identity, len(decision.attempts), len(decision.outbox))
-        values = _write_values(decision, input_json, live, to_row(decision.operation, self.d))
+        key = None if guard.identity is None else self.key_columns(guard.identity)
+        values = _write_values(decision, input_json, live, to_row(decision.operation, self.d), key)
         assert sql.count("?") == len(values), "the write's text and parameters disagree"
         try:
             result = self._store_statement(sql, values, commit=self.opens).fetchone()
@@ -373,7 +380,8 @@ class _PgOpsTx(SqlTx):
         return self._from_read(row[:-1])
 
     def serialize_identity(self, identity: Any) -> None:
-        self.run("SELECT 1 FROM pg_advisory_xact_lock(hashtextextended(?, 1))", (_identity_key(identity),))
+        key = _identity_key(self.key_columns(identity))
+        self.run("SELECT 1 FROM pg_advisory_xact_lock(hashtextextended(?, 1))", (key,))
 
     def due_bound(self) -> tuple[str, list[Any]]:
         # The database's time as an uncorrelated sub-select: evaluated once, before
@@ -397,10 +405,11 @@ class _PgOpsTx(SqlTx):
         # retry) must not wait for it, nor fail row_locked.  Nothing admission decides needs
         # the row held: it reads the immutable binding and whether the Operation has ended,
         # and it writes only a new Operation and the identity, under the identity's lock.
+        columns = self.key_columns(identity)
         row = self.run(
             "SELECT clock_timestamp(), (SELECT operation_id FROM operation_identities WHERE namespace = ? "
             "AND tenant = ? AND principal = ? AND client_key = ?) FROM pg_advisory_xact_lock(hashtextextended(?, 1))",
-            (*identity_columns(identity), _identity_key(identity)),
+            (*columns, _identity_key(columns)),
         ).fetchone()
         assert row is not None
         if self.clock is None:
@@ -424,10 +433,10 @@ class _PgOpsTx(SqlTx):
 # does not count as an OperationalError) is a lost connection like any other.
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
-def _identity_key(identity: o.Identity) -> str:
-    # The advisory lock's key is the row's key: submissions under two versions of one principal's resolver
-    # serialize on one lock, as they meet on one row.
-    return "\x1f".join(identity_columns(identity))
+def _identity_key(columns: tuple[str, str, str, str]) -> str:
+    # The advisory lock's key is the row's key (``identity_columns``): submissions under two versions of one
+    # principal's resolver serialize on one lock, as they meet on one row.
+    return "\x1f".join(columns)
 
 
 def _check_tenant(tenant: str) -> str:

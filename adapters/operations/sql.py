@@ -523,6 +523,16 @@ class SqlTx(Tx):
         self.d = dialect
         self._inputs: dict[str, str] = {}
         """Inputs the claim's locking read brought with its Operation, for input_of() in this transaction."""
+        self._key: tuple[o.Identity, tuple[str, str, str, str]] | None = None
+        """The identity this transaction locked and its key columns: a submission's lookup and write share them."""
+
+    def key_columns(self, identity: o.Identity) -> tuple[str, str, str, str]:
+        """``identity_columns(identity)``, made once per transaction: the lock, the lookup and the write all use it."""
+        if self._key is not None and self._key[0] is identity:
+            return self._key[1]
+        columns = identity_columns(identity)
+        self._key = (identity, columns)
+        return columns
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -548,7 +558,7 @@ class SqlTx(Tx):
         row = self.run(
             "SELECT operation_id FROM operation_identities WHERE namespace = ? AND tenant = ? AND principal = ? "
             "AND client_key = ?",
-            identity_columns(identity),
+            self.key_columns(identity),
         ).fetchone()
         return None if row is None else self.read_operation(str(row[0]))
 
@@ -604,7 +614,7 @@ class SqlTx(Tx):
             if changed.rowcount != 1:
                 return False
         if guard.identity is not None:
-            key = identity_columns(guard.identity)
+            key = self.key_columns(guard.identity)
             if guard.expected_holder is None:
                 try:
                     self.run(
