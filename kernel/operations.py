@@ -60,6 +60,7 @@ Rules of this module:
 from __future__ import annotations
 
 import enum
+import operator
 import re
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -683,6 +684,8 @@ def _same_principal(one: str, other: str) -> bool:
 
 _OPERATION_FIELDS: Final = tuple(field.name for field in attrs.fields(Operation))
 _OPERATION_POSITIONS: Final = {name: position for position, name in enumerate(_OPERATION_FIELDS)}
+_OPERATION_VALUES: Final = operator.attrgetter(*_OPERATION_FIELDS)
+"""Every field of an Operation, in order, in one call (a getattr per field costs several times more)."""
 
 
 def _evolve(operation: Operation, changes: dict[str, Any]) -> Operation:
@@ -692,7 +695,7 @@ def _evolve(operation: Operation, changes: dict[str, Any]) -> Operation:
     a worker's pass; the result is the same value ``attrs.evolve`` gives (the
     class's own ``__init__`` builds it), and an unknown field is an error.
     """
-    values = [getattr(operation, name) for name in _OPERATION_FIELDS]
+    values = list(_OPERATION_VALUES(operation))
     for name, value in changes.items():
         position = _OPERATION_POSITIONS.get(name)
         if position is None:
