@@ -1229,13 +1229,12 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
     return _decision(operation, after, record, now, live=True)
 
 
-def complete(operation: Operation | None, request: CompleteRequest, now: datetime) -> Outcome:
-    """The owner's guarded success: Attempt, Operation, result, transition and outbox in one decision.
+def complete_refusal(operation: Operation | None, request: CompleteRequest, now: datetime) -> Refusal | None:
+    """The refusal :func:`complete` answers ``request`` with, or None when it decides a success.
 
-    For an atomic action the store applies this in the same transaction as
-    the action's own writes, so both commit or neither does.  Current
-    authorization is checked here, not only at submission: a denial is a
-    refusal and the store rolls the action's writes back with it.
+    The same checks in the same order, without building the decision: a
+    store asks this before it runs an atomic action, and :func:`complete`
+    (which asks it too) once the action's result is known.
     """
     try:
         _check_credential(request.credential)
@@ -1246,9 +1245,8 @@ def complete(operation: Operation | None, request: CompleteRequest, now: datetim
     except _Invalid as exc:
         return exc.refusal
     refusal = check_owner(operation, request.credential, now)
-    if refusal is not None:
+    if refusal is not None or operation is None:
         return refusal
-    assert operation is not None
     if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} is not authorized now{why}")
@@ -1257,6 +1255,21 @@ def complete(operation: Operation | None, request: CompleteRequest, now: datetim
             RefusalCode.INTENT_REQUIRED,
             "an external effect completes only after an intent recorded since its last answer",
         )
+    return None
+
+
+def complete(operation: Operation | None, request: CompleteRequest, now: datetime) -> Outcome:
+    """The owner's guarded success: Attempt, Operation, result, transition and outbox in one decision.
+
+    For an atomic action the store applies this in the same transaction as
+    the action's own writes, so both commit or neither does.  Current
+    authorization is checked here, not only at submission: a denial is a
+    refusal and the store rolls the action's writes back with it.
+    """
+    refusal = complete_refusal(operation, request, now)
+    if refusal is not None:
+        return refusal
+    assert operation is not None
     after, record = _move(
         operation,
         OperationEvent.SUCCEED,
@@ -1620,6 +1633,7 @@ __all__ = [
     "check_owner",
     "claim",
     "complete",
+    "complete_refusal",
     "decide",
     "due",
     "effect_plan",

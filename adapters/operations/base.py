@@ -344,11 +344,15 @@ class TransactionalOperationStore(abc.ABC):
         def body(tx: Tx) -> o.Outcome:
             operation = _read(tx, tx.lock_operation, request.credential.operation_id, o.complete, request)
             now = tx.now()
-            outcome = o.complete(operation, request, now)
-            if not isinstance(outcome, o.Decision) or action is None:
+            if action is None:
+                outcome = o.complete(operation, request, now)
                 if isinstance(outcome, o.Decision):
                     self._write(tx, outcome)
                 return outcome
+            # Refused before the action runs, or it runs: the success itself is decided on its result below.
+            refusal = o.complete_refusal(operation, request, now)
+            if refusal is not None:
+                return refusal
             assert operation is not None
             if operation.effect_class is not o.EffectClass.ATOMIC:
                 return o.Refusal(

@@ -210,6 +210,41 @@ def test_complete_refuses_without_current_authority() -> None:
     assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.NOT_AUTHORIZED
 
 
+def test_complete_refusal_answers_what_complete_refuses_and_none_where_it_decides() -> None:
+    # The store asks complete_refusal before it runs an atomic action: it must agree with complete on every request.
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    cases: list[tuple[o.Operation | None, o.CompleteRequest, object]] = [
+        (op, o.CompleteRequest(cred, GRANTED), T0 + SECOND),
+        (op, o.CompleteRequest(cred, o.Authority(False, "users:v1:alice", "revoked")), T0),
+        (op, o.CompleteRequest(attrs.evolve(cred, fence=2), GRANTED), T0),
+        (op, o.CompleteRequest(attrs.evolve(cred, worker_id="w2"), GRANTED), T0),
+        (op, o.CompleteRequest(cred, GRANTED), T0 + LEASE),
+        (op, o.CompleteRequest(cred, GRANTED, 7), T0),  # type: ignore[arg-type]
+        (op, o.CompleteRequest(cred, GRANTED), T0.replace(tzinfo=None)),
+        (None, o.CompleteRequest(cred, GRANTED), T0),
+        (admitted(), o.CompleteRequest(cred, GRANTED), T0),
+        (claimed(admitted(effect_class=o.EffectClass.EXTERNAL), "w1", T0)[0], o.CompleteRequest(cred, GRANTED), T0),
+    ]
+    codes = []
+    for operation, request, now in cases:
+        outcome = o.complete(operation, request, now)  # type: ignore[arg-type]
+        refusal = o.complete_refusal(operation, request, now)  # type: ignore[arg-type]
+        assert refusal == (outcome if isinstance(outcome, o.Refusal) else None)
+        codes.append(None if refusal is None else refusal.code)
+    assert codes == [
+        None,
+        o.RefusalCode.NOT_AUTHORIZED,
+        o.RefusalCode.STALE_FENCE,
+        o.RefusalCode.WORKER_MISMATCH,
+        o.RefusalCode.LEASE_EXPIRED,
+        o.RefusalCode.INVALID_REQUEST,
+        o.RefusalCode.INVALID_REQUEST,
+        o.RefusalCode.OPERATION_NOT_FOUND,
+        o.RefusalCode.STALE_FENCE,  # never claimed: fence 0
+        o.RefusalCode.INTENT_REQUIRED,
+    ]
+
+
 def test_retryable_failure_backs_off_then_runs_out_of_attempts() -> None:
     op = admitted()
     now = T0
