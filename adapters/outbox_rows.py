@@ -63,30 +63,63 @@ _quote = json.encoder.encode_basestring_ascii
 
 def operation_row(operation: o.Operation, transition: o.Transition) -> OutboxRow:
     """The row of an Operation's transition (``operation`` is the Operation after it)."""
-    message_id = f"{operation.operation_id}/{transition.revision}"
-    topic = f"operation.{transition.to_state.value}"
-    payload = _json(
-        {
-            "kind": "operation",
-            "message_id": message_id,
-            "topic": topic,
-            "operation_id": operation.operation_id,
-            "namespace": operation.identity.namespace,
-            "tenant": operation.identity.tenant,
-            "action_name": operation.action_name,
-            "action_version": operation.action_version,
-            "revision": transition.revision,
-            "event": None if transition.event is None else transition.event.value,
-            "from_state": None if transition.from_state is None else transition.from_state.value,
-            "to_state": transition.to_state.value,
-            "at": codec.encode_time(transition.at),
-            "actor": transition.actor,
-            "reason": transition.reason,
-            "outcome": None if operation.outcome is None else operation.outcome.value,
-            "error_code": operation.error_code,
-        }
-    )
-    return OutboxRow(message_id, "operation", operation.operation_id, operation.identity.tenant, topic, transition.at, payload)
+    operation_id = operation.operation_id
+    identity = operation.identity
+    revision = transition.revision
+    message_id = f"{operation_id}/{revision}"
+    to_state = transition.to_state.value
+    topic = f"operation.{to_state}"
+    event = None if transition.event is None else transition.event.value
+    from_state = None if transition.from_state is None else transition.from_state.value
+    outcome = None if operation.outcome is None else operation.outcome.value
+    at = codec.encode_time(transition.at)
+    texts = (operation_id, identity.namespace, identity.tenant, operation.action_name, transition.actor,
+             transition.reason, to_state)
+    optional = (event, from_state, outcome, operation.error_code)
+    if (
+        all(type(text) is str for text in texts)
+        and all(value is None or type(value) is str for value in optional)
+        and type(operation.action_version) is int
+        and type(revision) is int
+    ):
+        # Written out in canonical order (the keys sorted), as execution_row writes its payload: the same text
+        # as the generic encoder below, in about half its time, on the row of every Operation decision.
+        payload = (
+            f'{{"action_name":{_quote(operation.action_name)},"action_version":{operation.action_version},'
+            f'"actor":{_quote(transition.actor)},"at":{_quote(at)},"error_code":{_optional(operation.error_code)},'
+            f'"event":{_optional(event)},"from_state":{_optional(from_state)},"kind":"operation",'
+            f'"message_id":{_quote(message_id)},"namespace":{_quote(identity.namespace)},'
+            f'"operation_id":{_quote(operation_id)},"outcome":{_optional(outcome)},'
+            f'"reason":{_quote(transition.reason)},"revision":{revision},"tenant":{_quote(identity.tenant)},'
+            f'"to_state":{_quote(to_state)},"topic":{_quote(topic)}}}'
+        )
+    else:
+        payload = _json(
+            {
+                "kind": "operation",
+                "message_id": message_id,
+                "topic": topic,
+                "operation_id": operation_id,
+                "namespace": identity.namespace,
+                "tenant": identity.tenant,
+                "action_name": operation.action_name,
+                "action_version": operation.action_version,
+                "revision": revision,
+                "event": event,
+                "from_state": from_state,
+                "to_state": to_state,
+                "at": at,
+                "actor": transition.actor,
+                "reason": transition.reason,
+                "outcome": outcome,
+                "error_code": operation.error_code,
+            }
+        )
+    return OutboxRow(message_id, "operation", operation_id, identity.tenant, topic, transition.at, payload)
+
+
+def _optional(text: str | None) -> str:
+    return "null" if text is None else _quote(text)
 
 
 def execution_row(record: p.TransitionRecord, business_id: str | None) -> OutboxRow:

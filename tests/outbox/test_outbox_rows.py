@@ -151,6 +151,40 @@ def test_an_execution_row_says_what_the_generic_encoder_says(business_id: str | 
     assert row.message_id != outbox_rows.execution_row(record, business_id).message_id
 
 
+@pytest.mark.parametrize("ended", [False, True])
+def test_an_operation_row_says_what_the_generic_encoder_says(ended: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The payload is written out by hand for the kernel's exact types: it must be the generic text, byte for byte.
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from fencekeeper.adapters import outbox_rows  # noqa: PLC0415
+    from fencekeeper.kernel import operations as o  # noqa: PLC0415
+    from fencekeeper.kernel.machines import OperationEvent, OperationState  # noqa: PLC0415
+
+    at = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    operation = o.Operation(
+        "op-1", o.Identity("shop", "tenant-a", "users:v1:alice", "key-1"), "transfer", 3, o.EffectClass.ATOMIC,
+        "0" * 64, OperationState.FAILED if ended else OperationState.ADMITTED, 4, o.RetryPolicy(), at, at, at, at,
+        outcome=o.TerminalOutcome.ACTION_FAILED if ended else None, error_code='bad "é\\' if ended else None,
+    )  # fmt: skip
+    transition = o.Transition(
+        "op-1", 4, OperationEvent.FAIL if ended else None, OperationState.RUNNING if ended else None,
+        operation.state, at, 'worker:w-"é\\', 2, "fa\u2028iled\n",
+    )  # fmt: skip
+    generic = outbox_rows._json
+    with monkeypatch.context() as patched:
+        patched.setattr(outbox_rows, "_json", None)  # the kernel's own types never take the generic path
+        row = outbox_rows.operation_row(operation, transition)
+    fields = json.loads(row.payload)
+    assert row.payload == generic(fields)
+    assert (row.message_id, row.topic, fields["event"], fields["outcome"], fields["error_code"], fields["actor"]) == (
+        "op-1/4", f"operation.{operation.state.value}", "fail" if ended else None,
+        "action_failed" if ended else None, 'bad "é\\' if ended else None, 'worker:w-"é\\',
+    )  # fmt: skip
+    assert len(fields) == 17 and (fields["revision"], fields["action_version"], fields["at"]) == (
+        4, 3, "2026-01-02T03:04:05.000006+00:00",
+    )  # fmt: skip
+
+
 def _outbox_count(pg_dsn: str, pg_schema: str) -> int:
     import psycopg  # noqa: PLC0415 - PostgreSQL only
 
