@@ -67,10 +67,10 @@ def operation_row(operation: o.Operation, transition: o.Transition) -> OutboxRow
     identity = operation.identity
     revision = transition.revision
     message_id = f"{operation_id}/{revision}"
-    to_state = transition.to_state.value
+    to_state = codec.OPERATION_TEXT[transition.to_state]
     topic = f"operation.{to_state}"
-    event = None if transition.event is None else transition.event.value
-    from_state = None if transition.from_state is None else transition.from_state.value
+    event = None if transition.event is None else codec.OPERATION_TEXT[transition.event]
+    from_state = None if transition.from_state is None else codec.OPERATION_TEXT[transition.from_state]
     outcome = None if operation.outcome is None else operation.outcome.value
     at = codec.encode_time(transition.at)
     texts = (operation_id, identity.namespace, identity.tenant, operation.action_name, transition.actor,

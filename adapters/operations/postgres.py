@@ -88,6 +88,7 @@ from psycopg_pool import ConnectionPool
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import identifier_problem
 
+from ..codec import OPERATION_TEXT
 from ..outbox_rows import operation_row
 from ..postgres_store import (
     GUARD_FAILED,
@@ -242,8 +243,9 @@ def _write_values(
         values += (attempt.operation_id, attempt.number, attempt.worker_id, attempt.state.value, attempt.started_at,
                    attempt.ended_at, attempt.error_code)
     t = decision.transition
-    values += (t.operation_id, t.revision, None if t.event is None else t.event.value,
-               None if t.from_state is None else t.from_state.value, t.to_state.value, t.at, t.actor, t.fence, t.reason)
+    values += (t.operation_id, t.revision, None if t.event is None else OPERATION_TEXT[t.event],
+               None if t.from_state is None else OPERATION_TEXT[t.from_state], OPERATION_TEXT[t.to_state], t.at,
+               t.actor, t.fence, t.reason)
     for message in decision.outbox:
         r = operation_row(op, t)
         values += (message.message_id, r.kind, r.subject_id, r.tenant, message.topic, message.at, r.payload)

@@ -46,6 +46,7 @@ from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.errors import InvalidOperation
 from fencekeeper.kernel.machines import OperationEvent, OperationState
 
+from ..codec import OPERATION_TEXT
 from ..outbox_rows import OUTBOX_INSERT, operation_row
 from .base import Tx, due_at
 from .ports import GuardedContext, MalformedRow, OperationView, StaleContext, StatementRefused, shown
@@ -190,7 +191,7 @@ def to_row(op: o.Operation, d: OpsDialect) -> tuple[Any, ...]:
         op.action_version,
         op.effect_class.value,
         op.input_digest,
-        op.state.value,
+        OPERATION_TEXT[op.state],
         op.revision,
         op.fence,
         op.attempt_count,
