@@ -67,12 +67,13 @@ from typing import Any, Final
 
 import attrs
 
-from .common import duration_problem, identifier_problem, later_problem, utc_problem
+from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, utc_problem
 from .errors import InvalidOperation
 from .machines import OPERATION, OperationEvent, OperationState
 from .text import problem as text_problem
 
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+_IDENTIFIER_MATCH: Final = IDENTIFIER.fullmatch
 
 
 class EffectClass(enum.Enum):
@@ -627,6 +628,9 @@ def _check(field: str, problem: str | None) -> None:
 
 
 def _check_id(field: str, value: object) -> None:
+    # The common case (a well-formed str) without two calls more; anything else is judged by identifier_problem.
+    if type(value) is str and _IDENTIFIER_MATCH(value):
+        return
     _check(field, identifier_problem(value))
 
 
@@ -681,6 +685,10 @@ def _same_principal(one: str, other: str) -> bool:
     """
     return stable_principal(one) == stable_principal(other)
 
+
+_ADMITTED_STATE: Final = OPERATION.initial[0]
+"""The state a new Operation starts in (the machine's first initial state; ``initial`` builds its tuple anew)."""
+_IDENTITY_FIELDS: Final = tuple((f"identity.{name}", name) for name in ("namespace", "tenant", "principal", "client_key"))
 
 _OPERATION_FIELDS: Final = tuple(field.name for field in attrs.fields(Operation))
 _OPERATION_POSITIONS: Final = {name: position for position, name in enumerate(_OPERATION_FIELDS)}
@@ -883,8 +891,8 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
         _check_id("operation_id", request.operation_id)
         if not isinstance(request.identity, Identity):
             raise _Invalid("identity", "must be an Identity")
-        for name in ("namespace", "tenant", "principal", "client_key"):
-            _check_id(f"identity.{name}", getattr(request.identity, name))
+        for field, name in _IDENTITY_FIELDS:
+            _check_id(field, getattr(request.identity, name))
         _check_id("action_name", request.action_name)
         _check_positive("action_version", request.action_version)
         if not isinstance(request.effect_class, EffectClass):
@@ -930,7 +938,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
         action_version=request.action_version,
         effect_class=request.effect_class,
         input_digest=request.input_digest,
-        state=OPERATION.initial[0],
+        state=_ADMITTED_STATE,
         revision=1,
         policy=request.policy,
         admitted_at=now,
