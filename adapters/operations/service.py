@@ -321,6 +321,8 @@ class DurableActionRegistry:
 
     def __init__(self, actions: tuple[DurableAction, ...] = ()) -> None:
         self._actions: dict[tuple[str, int], DurableAction] = {}
+        self._latest: dict[str, int] = {}
+        """Each name's highest registered version: what a submission without a version gets, without a scan."""
         for action in actions:
             self.register(action)
 
@@ -329,13 +331,14 @@ class DurableActionRegistry:
         if key in self._actions and self._actions[key] != action:
             raise DurableOperationError("invalid_action", f"action {action.name} v{action.version} is already registered")
         self._actions[key] = action
+        self._latest[action.name] = max(action.version, self._latest.get(action.name, action.version))
 
     def get(self, name: str, version: int | None = None) -> DurableAction:
         if version is None:
-            versions = [v for (n, v) in self._actions if n == name]
-            if not versions:
+            latest = self._latest.get(name) if isinstance(name, str) else None
+            if latest is None:
                 raise DurableOperationError("unknown_action", f"action: no action {name!r} is registered", "action")
-            version = max(versions)
+            version = latest
         action = self._actions.get((name, version))
         if action is None:
             known = sorted(v for (n, v) in self._actions if n == name)
