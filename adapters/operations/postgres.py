@@ -252,6 +252,12 @@ def _write_values(
     return values
 
 
+@functools.lru_cache(maxsize=256)
+def _placeholders(sql: str) -> int:
+    """How many parameters one of :func:`_write_sql`'s statements takes (counted once per shape, as it is made)."""
+    return sql.count("?")
+
+
 @functools.lru_cache(maxsize=512)
 def _store_sql(sql: str) -> str:
     """One of the store's own statements with ``%s`` placeholders (they hold no literal ``%`` or ``?``)."""
@@ -347,7 +353,7 @@ class _PgOpsTx(SqlTx):
         sql = _write_sql(guard.expected_revision == 0, live, identity, len(decision.attempts), len(decision.outbox))
         key = None if guard.identity is None else self.key_columns(guard.identity)
         values = _write_values(decision, input_json, live, to_row(decision.operation, self.d), key)
-        assert sql.count("?") == len(values), "the write's text and parameters disagree"
+        assert _placeholders(sql) == len(values), "the write's text and parameters disagree"
         try:
             result = self._store_statement(sql, values, commit=self.opens).fetchone()
         except self.d.integrity_errors:
