@@ -220,7 +220,7 @@ class PrincipalResolverRegistry:
                     ResolutionStatus.MISSING, reference,
                     reason=f"resolver answered {type(resolution).__name__}, not a PrincipalResolution",
                 )
-            if resolution.reference != reference:
+            if resolution.reference is not reference and resolution.reference != reference:
                 return PrincipalResolution(
                     ResolutionStatus.MISSING, reference,
                     reason=f"resolver answered for {resolution.reference.ref}, not {reference.ref}",
