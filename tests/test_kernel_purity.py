@@ -41,6 +41,8 @@ ALLOWED_MODULES = frozenset(
         "types",
         "functools",
         "itertools",
+        # attrgetter and friends: functions over values, nothing else.
+        "operator",
         "re",
         "datetime",
         "tomllib",
