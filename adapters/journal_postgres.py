@@ -33,27 +33,23 @@ from .journal_store import JournalStoreBase, StoredChain
 from .postgres_store import _one_line, _safe, check_schema, check_schema_name, permission_denied
 from .store import Clock, StoreError
 
-_APPEND = """
+# The head's compare-and-set, and the insert that runs only if it moved: every append's guard.
+_MOVE_HEAD_THEN_INSERT = """
 WITH moved AS (
     UPDATE journal_heads SET head = %s, length = %s
     WHERE execution_id = %s AND head = %s
     RETURNING execution_id
 )
 INSERT INTO journal_events (execution_id, ordinal, digest, record)
-SELECT moved.execution_id, e.ordinal, e.digest, e.record
+"""
+
+_APPEND = _MOVE_HEAD_THEN_INSERT + """SELECT moved.execution_id, e.ordinal, e.digest, e.record
 FROM moved, unnest(%s::integer[], %s::text[], %s::bytea[]) AS e(ordinal, digest, record)
 """
 
 # The same statement for the common case of one event: the same guard and
 # the same atomicity, without building, sending and unnesting three arrays.
-_APPEND_ONE = """
-WITH moved AS (
-    UPDATE journal_heads SET head = %s, length = %s
-    WHERE execution_id = %s AND head = %s
-    RETURNING execution_id
-)
-INSERT INTO journal_events (execution_id, ordinal, digest, record)
-SELECT moved.execution_id, %s::integer, %s::text, %s::bytea FROM moved
+_APPEND_ONE = _MOVE_HEAD_THEN_INSERT + """SELECT moved.execution_id, %s::integer, %s::text, %s::bytea FROM moved
 """
 
 _CREATE = """
