@@ -112,7 +112,6 @@ from .sql import (
     OpsDialect,
     SqlTx,
     TransactionEscaped,
-    identity_columns,
     refusal,
     to_row,
     transaction_control,
@@ -216,11 +215,11 @@ def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbo
 
 
 def _write_values(
-    decision: o.Decision, input_json: str | None, live: bool, row: tuple[Any, ...], key: tuple[str, ...] | None = None
+    decision: o.Decision, input_json: str | None, live: bool, row: tuple[Any, ...], key: tuple[str, ...] | None
 ) -> list[Any]:
     """The parameters of :func:`_write_sql`'s statement for ``decision``, in the order of its placeholders.
 
-    ``key`` is ``identity_columns`` of the guard's identity, when the caller has it already (the submission's lock did).
+    ``key`` is ``identity_columns`` of the guard's identity (the transaction's, made once), None without one.
     """
     guard = decision.guard
     op = decision.operation
@@ -233,8 +232,7 @@ def _write_values(
         if live:
             values.append(guard.live_until)
     if guard.identity is not None:
-        if key is None:
-            key = identity_columns(guard.identity)
+        assert key is not None, "a write under an identity's guard without its key columns"
         if guard.expected_holder is None:
             values += (*key, op.operation_id, op.retain_until)
         else:
