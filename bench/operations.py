@@ -15,7 +15,15 @@ median of the rounds' own ratios.
    PostgreSQL at least 25% of the bare commit rate.
    The same loop also runs in 8 threads of one process sharing one store
    (``op worker --concurrency 8``'s shape), beside the same bare loop.
-2. Submission alone, one process: ``submit`` with an idempotency key (the
+2. Where the CPU goes (PostgreSQL on this machine only): one process runs
+   the loop of 1. and then the bare loop, and each is charged its own CPU
+   and that of the server backend serving its connection, read from
+   ``/proc/<pid>/stat`` (user and system time; skipped when the server's
+   processes cannot be read).  With eight workers on two cores both
+   systems are CPU-bound, so the ratio of the two totals is about the
+   throughput ratio above, and the server's share alone bounds what any
+   change to the client can reach.
+3. Submission alone, one process: ``submit`` with an idempotency key (the
    identity's lock, the lookup, the insert of the operation, its identity
    and its transition) beside a bare single-row ``INSERT; COMMIT``.  Target:
    at least 50% of the bare rate.
@@ -41,6 +49,7 @@ import psycopg
 
 from fencekeeper.adapters.operations import examples
 from fencekeeper.adapters.operations.connect import open_operation_store
+from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import (
     DurableAction,
     DurableActionRegistry,
@@ -224,8 +233,84 @@ def main() -> None:
             _report(f"{backend} 1 process of {THREADS} worker threads: operations submitted and completed",
                     f"bare commits ({THREADS} connections)",
                     _pairs(_ops_threads, _bare, url, (1, THREADS), args))
+            if backend == "postgresql":
+                cpu_split(url, 500, args.rounds)
             _report(f"{backend} submission with an idempotency key", "bare single-row inserts",
                     _pairs(_submitter, _bare_insert, url, 1, args))
+
+
+def _backend_cpu(pid: int) -> tuple[float, float] | None:
+    """User and system CPU seconds of server process ``pid``; None where it cannot be read (a remote server)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _charged(loop: Any, pid: int, count: int) -> tuple[float, float, float] | None:
+    """Client CPU, the backend's user CPU and its system CPU per iteration of ``loop``, in microseconds."""
+    before = _backend_cpu(pid)
+    started = time.process_time()
+    loop(count)
+    client = time.process_time() - started
+    after = _backend_cpu(pid)
+    if before is None or after is None:
+        return None
+    return 1e6 * client / count, 1e6 * (after[0] - before[0]) / count, 1e6 * (after[1] - before[1]) / count
+
+
+def cpu_split(url: str, count: int, rounds: int) -> None:
+    """Section 2: client and server CPU per operation and per bare commit, one connection each."""
+    store = open_operation_store(url, pool_size=1)
+    resolvers = examples.resolvers()
+    service = DurableOperationService(store, _actions(), resolvers)
+    worker = DurableOperationWorker(store, _actions(), resolvers, tenant="cpu", worker_id="cpu",
+                                    lease=timedelta(seconds=60))  # fmt: skip
+    assert isinstance(store, PostgresOperationStore)
+    pid = int(store.application_execute("SELECT pg_backend_pid()")[0][0])
+    done = [0]
+
+    def ours(n: int) -> None:
+        for _ in range(n):
+            k = done[0] = done[0] + 1
+            service.submit(tenant="cpu", principal=ALICE, action="noop", input={"n": k}, client_key=f"cpu-{k}")
+            report = worker.run_once()
+            assert report is not None and report.outcome == "succeeded", report
+
+    dsn, schema = url.split("?schema=")
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
+        conn.execute("INSERT INTO bare (id, n) VALUES (0, 0) ON CONFLICT DO NOTHING")
+        conn.commit()
+        bare_pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        conn.commit()
+
+        def bare(n: int) -> None:
+            for _ in range(n):
+                conn.execute("UPDATE bare SET n = n + 1 WHERE id = 0")
+                conn.commit()
+
+        ours(50)
+        bare(50)
+        results = []
+        for _ in range(rounds):
+            mine, theirs = _charged(ours, pid, count), _charged(bare, bare_pid, count * 4)
+            if mine is None or theirs is None:
+                print("CPU split: the server's processes cannot be read here (not on this machine); skipped")
+                store.close()
+                return
+            results.append((mine, theirs))
+    store.close()
+    op = [statistics.median(r[0][i] for r in results) for i in range(3)]
+    commit = [statistics.median(r[1][i] for r in results) for i in range(3)]
+    print(f"CPU per submitted-and-completed operation (µs, medians of {rounds} rounds of {count}): "
+          f"client {op[0]:,.0f}, server user {op[1]:,.0f}, server system {op[2]:,.0f}, total {sum(op):,.0f}; "
+          f"per bare commit: client {commit[0]:,.0f}, server user {commit[1]:,.0f}, server system "
+          f"{commit[2]:,.0f}, total {sum(commit):,.0f}.  CPU-bound ratio {sum(commit) / sum(op):.1%}; "
+          f"with no client CPU at all {sum(commit) / (op[1] + op[2]):.1%}", flush=True)  # fmt: skip
 
 
 def _pairs(
