@@ -645,3 +645,35 @@ def test_a_request_whose_kept_write_failed_is_decided_again_its_writes_checked_o
     found = store.read(execution_id)
     assert found is not None and found.dispatch.lease_expires_at == renewed.dispatch.lease_expires_at
     assert [t.event for t in found.history].count(p.ExecutionEvent.RENEW) == 1
+
+
+@pytest.mark.parametrize("statistics", ["none yet", "analysed while empty"])
+def test_a_claim_of_one_business_walks_the_eligible_index_in_order_whatever_the_statistics(
+    pg_dsn: str, pg_schema: str, statistics: str
+) -> None:
+    # Without statistics on the queue's tables PostgreSQL took a business to
+    # match one row in 200 and planned a claim of one business as a bitmap
+    # scan of every eligible row, joined and sorted: every claim of a new
+    # schema's first queue read the whole queue.  A claim reads the index in
+    # its order and stops at the first row it can have.
+    if statistics == "analysed while empty":
+        _sql(pg_dsn, pg_schema, "ANALYZE")
+    admit_in_bulk(pg_dsn, pg_schema, 2_000, prefix="a-", business_id="acme")
+    admit_in_bulk(pg_dsn, pg_schema, 2_000, prefix="b-", business_id="other")
+    with psycopg.connect(pg_dsn) as conn:
+        analysed = conn.execute(
+            "SELECT count(*) FROM pg_stats WHERE schemaname = %s AND tablename = 'workflow_dispatch'", (pg_schema,)
+        ).fetchone()
+    assert analysed == (0,), "the case is a queue PostgreSQL has no statistics on"
+    store = PostgresStore(pg_dsn, schema=pg_schema, business_id="acme", pool_size=1)
+    try:
+        for _ in range(7):  # past the five runs PostgreSQL plans for their parameters: the generic plan too
+            with store._transaction() as tx:
+                assert isinstance(tx, postgres_store._PostgresBackend)
+                tx.claim_time(store.clock, "acme")
+                [(entries,)] = tx.conn.execute(
+                    "SELECT pg_stat_get_xact_tuples_returned('workflow_dispatch_eligible'::regclass)"
+                ).fetchall()
+                assert entries <= 10, f"the claim read {entries} of the 4,000 eligible rows' index entries"
+    finally:
+        store.close()
