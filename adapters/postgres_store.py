@@ -69,11 +69,13 @@ import functools
 import hashlib
 import itertools
 import json
+import logging
 import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, ClassVar, LiteralString
 
 import attrs
@@ -926,6 +928,51 @@ class _Session:
 
             return bridge.await_only(conn.wait(gen))
         return conn.wait(gen)
+
+
+_LOGGER = logging.getLogger("psycopg")
+"""Where psycopg's own connection context warns of a failed rollback (_Checkout warns there too)."""
+
+
+class _Checkout:
+    """A connection of a pool for a ``with`` block, as ``ConnectionPool.connection()`` gives it, for less.
+
+    What that context does: the connection's own context (psycopg's) commits
+    on a normal exit and rolls back on an exception, warning rather than
+    hiding the exception if the rollback fails; then the connection goes back
+    to the pool, which discards it when it is broken.  What it costs less: a
+    class instead of two generator contexts, no pool usage statistic
+    (``usage_ms``, which nothing here reads), and no ``commit()`` on a
+    connection with no transaction open (psycopg's does nothing then either,
+    after taking the connection's lock and running a generator): some 20,000
+    instructions of every decision's transaction.
+    """
+
+    __slots__ = ("_conn", "_pool")
+
+    def __init__(self, pool: ConnectionPool[Any]) -> None:
+        self._pool = pool
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        self._conn = self._pool.getconn()
+        return self._conn
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        conn, self._conn = self._conn, None
+        assert conn is not None
+        try:
+            if conn.closed:
+                return
+            if exc_type is not None:
+                try:
+                    conn.rollback()
+                except Exception as failed:
+                    _LOGGER.warning("error ignored in rollback on %s: %s", conn, failed)
+            elif conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                conn.commit()
+        finally:
+            self._pool.putconn(conn)
 
 
 class _AsyncLock:
@@ -2153,7 +2200,7 @@ class PostgresStore(TransactionalStore):
 
     def _pooled(self) -> contextlib.AbstractContextManager[Any]:
         """A connection of the pool, for the length of a ``with`` block."""
-        return self._pool.connection()
+        return _Checkout(self._pool)
 
     def _begun(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """What opens the transaction on ``conn`` before its first statement.
