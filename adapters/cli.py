@@ -799,10 +799,14 @@ class _Tally:
             self.claimed += len(report.claimed)
             self.steps += report.steps
             self.timers_fired += report.timers_fired
-            self.finished.update(report.finished)
-            self.refused.extend(
-                {"execution_id": r.execution_id, "code": r.code, "message": r.message} for r in report.refused
-            )
+            # Summed key by key: Counter.update first asks whether its argument is a Mapping (an ABC
+            # check) on every pass, and a pass finishes at most a few executions.
+            for name, count in report.finished.items():
+                self.finished[name] += count
+            if report.refused:
+                self.refused.extend(
+                    {"execution_id": r.execution_id, "code": r.code, "message": r.message} for r in report.refused
+                )
 
     def line(self) -> Text:
         with self.lock:

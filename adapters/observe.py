@@ -17,7 +17,8 @@ Rules of this module:
   after another, never collide.
 - OpenTelemetry is optional too (``pip install 'fencekeeper[tracing]'``):
   :class:`VisitSpans` makes one span per node visit when the API is
-  installed, and the deployment's SDK, if it configured one, exports them.
+  installed, and the deployment's SDK, if it configured one, exports them
+  (:func:`visit_spans` gives none where no provider is configured).
 - A scrape that cannot read the store reports the pass counters it has and
   sets ``fencekeeper_store_up`` to 0, rather than failing the scrape.
 
@@ -265,11 +266,24 @@ class VisitSpans:
 
 
 def visit_spans() -> VisitSpans | None:
-    """:class:`VisitSpans` over the global tracer provider when OpenTelemetry is installed; None otherwise."""
+    """:class:`VisitSpans` over the global tracer provider when one is configured now; None otherwise.
+
+    None when the OpenTelemetry API is not installed, and when no provider
+    has been set (in code, or by ``OTEL_PYTHON_TRACER_PROVIDER``): the API's
+    proxy would then hand every span to a no-op tracer, and the timeline
+    each span is made from would still cost a worker some 2% of an
+    execution's CPU.  ``fencekeeper worker`` asks once its handler factory
+    has run, so a provider set there, or when the handler's module is
+    imported, gets the spans; one set later does not (a VisitSpans made
+    directly follows the global provider whenever it is set).
+    """
     try:
-        return VisitSpans()
-    except TracingUnavailable:
+        from opentelemetry import trace  # noqa: PLC0415 - optional extra
+    except ImportError:
         return None
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return VisitSpans()
 
 
 def fan_out(*sinks: Callable[[WorkerEvent], None] | None) -> Callable[[WorkerEvent], None] | None:

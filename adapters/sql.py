@@ -111,6 +111,10 @@ class SqlBackend(Backend):
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         return self.conn.execute(self._sql(sql), params)
 
+    def _body_text(self, item: Evidence) -> str:
+        """The text ``item``'s revision row stores: its body as canonical JSON."""
+        return item.body_json()
+
     def _encode_optional_time(self, moment: datetime | None) -> object:
         return None if moment is None else self.dialect.encode_time(moment)
 
@@ -588,7 +592,7 @@ class SqlBackend(Backend):
                 self._execute(
                     "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
                     "VALUES (?, ?, ?, ?, ?)",
-                    (item.object_id, item.revision, item.state, item.body_json(), at),
+                    (item.object_id, item.revision, item.state, self._body_text(item), at),
                 )
 
     def append_objects(self, execution_id: str, evidence: Sequence[Evidence], now: datetime) -> bool:

@@ -13,6 +13,8 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,9 +22,9 @@ from opentelemetry.trace import StatusCode
 
 import fencekeeper
 from fencekeeper.adapters import examples
-from fencekeeper.adapters.observe import JsonLog, VisitSpans, fan_out
+from fencekeeper.adapters.observe import JsonLog, VisitSpans, fan_out, visit_spans
 from fencekeeper.adapters.store import ManualClock
-from fencekeeper.adapters.worker import PassReport
+from fencekeeper.adapters.worker import PassReport, WorkerEvent
 from fencekeeper.kernel import protocol as p
 
 PURCHASE = Path(__file__).resolve().parents[2] / "adapters" / "workflows" / "purchase_approval.toml"
@@ -81,3 +83,39 @@ def test_a_refused_visit_is_an_error_span_with_its_code(tmp_path: Path) -> None:
     assert span.attributes["fencekeeper.outcome"] == "refused"
     assert span.attributes["fencekeeper.code"] == "lease_expired"
     assert span.status.status_code is StatusCode.ERROR
+
+
+
+def test_the_worker_makes_spans_only_where_a_tracer_provider_is_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a provider the API's proxy hands every span to a no-op tracer: fencekeeper worker then
+    # makes none (visit_spans is None) rather than pay for the timeline they are made from.
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
+    assert visit_spans() is None
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    spans = visit_spans()
+    assert spans is not None
+    spans(WorkerEvent("w-1", "x-1", "claimed", "", 1))
+    spans(WorkerEvent("w-1", "x-1", "succeeded", "", 1, None, "end"))
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["fencekeeper.node_id"] == "end" and span.attributes["fencekeeper.outcome"] == "succeeded"
+
+
+def test_a_visit_spans_made_directly_follows_the_global_provider_once_it_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
+    spans = VisitSpans()
+    spans(WorkerEvent("w-1", "x-1", "claimed", "", 1))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    spans(WorkerEvent("w-1", "x-1", "step", "a -> end", 1, None, "a"))
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None and span.attributes["fencekeeper.node_id"] == "a"

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import psycopg
 import pytest
 
 from fencekeeper.adapters import examples, service
@@ -314,3 +315,43 @@ def test_a_write_after_kept_ones_is_sent_as_its_own_and_checked_as_its_own(store
         raise _Rollback
     found = store.read(execution_id)
     assert found is not None and found.execution.revision == execution.revision
+
+
+@pytest.mark.parametrize("verify", [False, True])
+@pytest.mark.parametrize("workflow", ["one-node", "two-node"])
+def test_every_revision_row_stores_its_own_body_whether_its_text_was_kept_from_a_made_view_or_not(
+    store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch, workflow: str, verify: bool
+) -> None:
+    # A body encoded for a made view is written from that text (_body_text), not encoded again:
+    # each revision row must still hold exactly its own revision's canonical text.
+    monkeypatch.setattr(_PostgresBackend, "verify_views", verify)
+    execution_id = _admit(store, workflow)
+    written: dict[tuple[str, int], str] = {}
+    reused: list[str] = []
+    body_text = _PostgresBackend._body_text
+
+    def recorded(self: _PostgresBackend, item: Evidence) -> str:
+        if id(item) in self._texts:
+            reused.append(item.object_id)
+        text = body_text(self, item)
+        assert text == item.body_json(), item
+        written[(item.object_id, item.revision)] = text
+        return text
+
+    monkeypatch.setattr(_PostgresBackend, "_body_text", recorded)
+    worker = Worker(store, "w-1", examples.grants(BUSINESS, PRINCIPAL), _Succeeds(), business_id=BUSINESS)
+    report = worker.run_pass(max_claims=1)
+    assert report.finished == {"succeeded": 1}, report
+    # A view is made before its decision is written for the claim (which brings no evidence) and the
+    # step; for the transaction's last decision only when views are checked (nothing plans from it).
+    assert bool(reused) == (workflow == "two-node" or verify), reused
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            f"SELECT v.object_id, v.revision, v.body FROM {store.schema}.object_revisions v "  # type: ignore[arg-type]
+            f"JOIN {store.schema}.objects o ON o.object_id = v.object_id WHERE o.parent_id = %s",
+            (execution_id,),
+        ).fetchall()
+    stored = {(str(r[0]), int(r[1])): str(r[2]) for r in rows}
+    # Every revision the worker wrote, and only those (the admission's input is the one before it).
+    assert {key: stored[key] for key in written} == written
+    assert len(stored) == len(written) + 1

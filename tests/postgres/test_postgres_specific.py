@@ -677,3 +677,39 @@ def test_a_claim_of_one_business_walks_the_eligible_index_in_order_whatever_the_
                 assert entries <= 10, f"the claim read {entries} of the 4,000 eligible rows' index entries"
     finally:
         store.close()
+
+
+def _pooled_rows(store: PostgresStore, pg_dsn: str, table: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute(f"SELECT n FROM {store.schema}.{table} ORDER BY n").fetchall()  # type: ignore[arg-type]
+
+
+def test_a_pooled_connection_commits_on_a_normal_exit_and_rolls_back_on_an_exception(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    # The store's own connection context (_Checkout) must end a transaction as the pool's
+    # connection() does: committed when the block ends normally, rolled back when it raises,
+    # and the connection back in the pool with no transaction open either way.
+    _sql(pg_dsn, store.schema, "CREATE TABLE pooled_probe (n int)")
+    with store._pooled() as conn:
+        conn.execute("INSERT INTO pooled_probe VALUES (1)")
+        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    assert _pooled_rows(store, pg_dsn, "pooled_probe") == [(1,)]
+    with pytest.raises(RuntimeError, match="cut short"), store._pooled() as conn:
+        conn.execute("INSERT INTO pooled_probe VALUES (2)")
+        raise RuntimeError("cut short")
+    assert _pooled_rows(store, pg_dsn, "pooled_probe") == [(1,)]
+    # A failed statement leaves the transaction aborted: the exception it raises rolls it back.
+    with pytest.raises(psycopg.errors.UndefinedTable), store._pooled() as conn:
+        conn.execute("INSERT INTO pooled_probe VALUES (3)")
+        conn.execute("INSERT INTO no_such_table VALUES (3)")
+    assert _pooled_rows(store, pg_dsn, "pooled_probe") == [(1,)]
+    for _ in range(3):  # every connection of the pool is idle again, and usable
+        with store._pooled() as conn:
+            assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert conn.execute("SELECT count(*) FROM pooled_probe").fetchone() == (1,)
+    # A connection closed inside the block goes back to the pool, which replaces it.
+    with store._pooled() as conn:
+        conn.close()
+    with store._pooled() as conn:
+        assert not conn.closed and conn.execute("SELECT 1").fetchone() == (1,)
