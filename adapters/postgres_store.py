@@ -1495,9 +1495,21 @@ def claim_sql(bound: str, *, scoped: bool) -> str:
 
 
 _EVIDENCE_COLUMNS = (
-    "SELECT o.object_id, o.object_type, v.body, o.revision, o.state FROM objects o JOIN object_revisions v "
-    "ON v.object_id = o.object_id AND v.revision = o.revision "
+    "SELECT o.object_id, o.object_type, v.body, o.revision, o.state FROM objects o CROSS JOIN LATERAL "
+    "(SELECT r.body FROM object_revisions r WHERE r.object_id = o.object_id AND r.revision = o.revision OFFSET 0) v "
 )
+"""An execution's current evidence: each object's row, and its current revision's body looked up by key.
+
+Written so that each body is found through object_revisions' primary key,
+one lookup per object, whatever PostgreSQL knows of the table.  As a plain
+join, a plan made while the table was new (no statistics, a few pages:
+PostgreSQL plans a prepared statement again only when statistics change)
+hashed the whole table on every read, and kept doing so as it grew: every
+visit of a new deployment's first minutes read the entire revision history
+(bench/README.md, "Plans made without statistics").  ``OFFSET 0`` keeps the
+subquery from being folded back into that join.  An object whose revision
+row is missing is left out, as the join left it out.
+"""
 
 _CLAIM_PLANNING = b"SET LOCAL enable_bitmapscan = off"
 """Sent ahead of a claim of one business, in its exchange: its plan walks the eligible index in order.

@@ -713,3 +713,44 @@ def test_a_pooled_connection_commits_on_a_normal_exit_and_rolls_back_on_an_excep
         conn.close()
     with store._pooled() as conn:
         assert not conn.closed and conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_an_evidence_read_planned_on_a_new_table_looks_bodies_up_by_key_as_the_table_grows(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    # PostgreSQL keeps a prepared statement's generic plan until statistics
+    # change.  Planned as a join while object_revisions was new and a few
+    # pages, the read of an execution's evidence hashed the whole table, and
+    # went on doing so on every visit as the table grew.
+    store = PostgresStore(pg_dsn, schema=pg_schema, business_id="acme", pool_size=1)
+    try:
+        admit_in_bulk(pg_dsn, pg_schema, 1, prefix="first-", business_id="acme")
+        # One evidence object: a join with nothing to hash would not read the table at all.
+        _sql(
+            pg_dsn,
+            pg_schema,
+            "INSERT INTO objects (object_id, object_type, business_id, parent_id, revision, created_at, updated_at) "
+            "VALUES ('first-00000001.a1', 'step_attempt', 'acme', 'first-00000001', 1, now(), now()); "
+            "INSERT INTO object_revisions (object_id, revision, body, committed_at) "
+            "VALUES ('first-00000001.a1', 1, '{\"node\": \"end\"}', now())",
+        )
+        for _ in range(7):  # past the five runs PostgreSQL plans for their parameters: the generic plan is kept
+            with store._transaction() as tx:
+                assert isinstance(tx, postgres_store._PostgresBackend)
+                tx.lock("first-00000001", evidence=True)
+        admit_in_bulk(pg_dsn, pg_schema, 3_000, prefix="more-", business_id="acme")
+        with psycopg.connect(pg_dsn) as conn:
+            analysed = conn.execute(
+                "SELECT count(*) FROM pg_stats WHERE schemaname = %s AND tablename = 'object_revisions'", (pg_schema,)
+            ).fetchone()
+        assert analysed == (0,), "the case is a table PostgreSQL has no statistics on"
+        with store._transaction() as tx:
+            assert isinstance(tx, postgres_store._PostgresBackend)
+            tx.lock("first-00000001", evidence=True)
+            assert [e.object_id for e in tx._views["first-00000001"].evidence] == ["first-00000001.a1"]
+            [(scanned,)] = tx.conn.execute(
+                "SELECT pg_stat_get_xact_tuples_returned('object_revisions'::regclass)"
+            ).fetchall()
+        assert scanned == 0, f"the evidence read scanned {scanned} of the 3,002 revision rows"
+    finally:
+        store.close()
