@@ -1523,7 +1523,7 @@ statistics: with none yet (a new schema, or one last analysed while empty,
 until autovacuum analyses the tables) it takes the business to match one
 row in 200 and eligible rows to be a handful, and takes the bitmap, so that
 every claim of a queue of 3,000 cost 5 to 15 ms instead of 0.1 to 0.4 ms
-(bench/README.md, "A claim's plan without statistics").  Without bitmap
+(bench/README.md, "Plans made without statistics").  Without bitmap
 scans, an index is read in its order, and the ordered walk is the plan
 whatever the statistics say.
 
