@@ -1915,15 +1915,13 @@ class _PostgresBackend(SqlBackend):
             values = (*values, scope)
         sql = claim_sql(bound, scoped=scope is not None)
         preface = _CLAIM_PLANNING if scope is not None else None
+        self._nothing_kept()
+        self._flush_pending()
         if not self._views_kept():
-            self._nothing_kept()
-            self._flush_pending()
             row = _run(self.conn, self._sql(sql), values, begin=self._opening(), preface=preface).fetchone()
             return self._remember(row), row
         # The claimed execution's evidence, read behind the lock in the same exchange, for the view
         # the claim's write leaves (write_and_view), which is then made here, not read.
-        self._nothing_kept()
-        self._flush_pending()
         rows, evidence = _run_pair(
             self.conn,
             (self._sql(sql), values),
