@@ -100,10 +100,13 @@ def assert_each_quarantined_once(
     taken = [x for sweep in sweeps for x in sweep.quarantined]
     assert sorted(taken) == ids, "every expired execution is quarantined by exactly one sweep"
     for sweep in sweeps:
-        # What a sweep did not take, the other took first: moved on, or the identical command replayed.
+        # What a sweep listed and did not take, the other took first: moved on, or the identical command
+        # replayed.  A sweep lists what is expired when it starts, so what the other had already
+        # quarantined by then is not listed at all: under load the other's first commits can come before
+        # this sweep's listing, and those executions are in neither set (a missing one is no problem).
         others = set(ids) - set(sweep.quarantined)
         seen = set(sweep.moved_on) | {x for x, o in sweep.outcomes.items() if isinstance(o, p.Unchanged)}
-        assert seen == others, sweep
+        assert seen <= others, sweep
     for execution_id in ids:
         view = store.read(execution_id)
         assert view is not None
