@@ -1565,6 +1565,7 @@ def listing_sql(state: ExecutionState) -> str:
 class _PostgresBackend(SqlBackend):
     dialect = POSTGRES
     revisions_carry_transitions = True
+    evidence_sql = _LOCKED_EVIDENCE_SQL  # every read of an execution's evidence looks its bodies up by key
     guards_on_server: ClassVar[bool] = True
     """Whether the schema has migration 11's ``fencekeeper_guard_held``, so that a guarded decision's
     writes may go with the COMMIT (write_last), checked by the database."""

@@ -85,6 +85,11 @@ class SqlBackend(Backend):
     dialect: ClassVar[Dialect]
     revisions_carry_transitions: ClassVar[bool] = False
     """Whether an execution revision row holds the transition that made it (SQLite, from migration 4)."""
+    evidence_sql: ClassVar[str] = (
+        "SELECT o.object_id, o.object_type, v.body, o.revision, o.state FROM objects o JOIN object_revisions v "
+        "ON v.object_id = o.object_id AND v.revision = o.revision WHERE o.parent_id = ? ORDER BY o.{seq}"
+    )
+    """An execution's current evidence, oldest object first; a dialect whose planner needs it spelt otherwise sets its own."""
     writes_outbox: ClassVar[bool] = True
     """Whether every transition record appends its outbox row (from SQLite migration 8, PostgreSQL 9)."""
     _spellings: ClassVar[dict[str, str]] = {}
@@ -614,11 +619,7 @@ class SqlBackend(Backend):
     # --- evidence, definitions, events, timers ------------------------------------
 
     def execution_evidence(self, execution_id: str) -> list[Evidence]:
-        rows = self._execute(
-            "SELECT o.object_id, o.object_type, v.body, o.revision, o.state FROM objects o JOIN object_revisions v "
-            "ON v.object_id = o.object_id AND v.revision = o.revision WHERE o.parent_id = ? ORDER BY o.{seq}",
-            (execution_id,),
-        ).fetchall()
+        rows = self._execute(self.evidence_sql, (execution_id,)).fetchall()
         return [Evidence(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in rows]
 
     def load_evidence(self, object_id: str) -> Evidence | None:
