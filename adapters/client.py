@@ -153,7 +153,11 @@ def _text(field: str, value: object) -> str:
 
 def _lease(value: object) -> timedelta:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = timedelta(seconds=value)
+        try:
+            value = timedelta(seconds=value)
+        except (ValueError, OverflowError):
+            # NaN, infinity or more days than a timedelta holds: timedelta's own error names nothing.
+            raise RequestError(RequestCode.WORKER_SETTING, "lease", f"must be finite seconds, got {value!r}") from None
     try:
         return check_lease(value)  # type: ignore[arg-type]
     except WorkerSettingError as exc:

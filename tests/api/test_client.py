@@ -233,6 +233,9 @@ BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
     ("list", {"state": "sleeping"}, RequestCode.INVALID_ARGUMENT, "state"),
     ("start_workers", {"concurrency": 0}, RequestCode.WORKER_SETTING, "concurrency"),
     ("run_until_idle", {"lease": 0.1}, RequestCode.WORKER_SETTING, "lease"),
+    ("run_until_idle", {"lease": float("nan")}, RequestCode.WORKER_SETTING, "lease"),
+    ("run_until_idle", {"lease": float("inf")}, RequestCode.WORKER_SETTING, "lease"),
+    ("start_workers", {"lease": 1e300}, RequestCode.WORKER_SETTING, "lease"),
 ]
 
 
