@@ -384,13 +384,21 @@ async def connect_async(
         "clock": clock,
         "pool_size": pool_size,
     }
+    # First, as connect does: a malformed URL or schema is the caller's RequestError, not the store's failure.
+    check_connect_arguments(
+        url,
+        schema=schema,
+        business=business,
+        principal=principal,
+        policy=policy,
+        pool_size=pool_size,
+        handler=handler,
+        clock=clock,
+    )
     location = _postgres_location(url, schema)
     if location is None:
         client = await asyncio.to_thread(connect_sync, url, migrate=migrate, **options)
         return AsyncClient(client)
-    check_connect_arguments(
-        url, schema=schema, business=business, principal=principal, policy=policy, pool_size=pool_size
-    )
     assert location.dsn is not None and location.schema is not None
     from .postgres_async import open_async_store  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 

@@ -49,6 +49,7 @@ import attrs
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.common import utc_problem
 from fencekeeper.kernel.definition import (
     IDENTIFIER,
     Definition,
@@ -295,12 +296,7 @@ class Client:
     ) -> None:
         if not callable(getattr(policy, "check", None)):
             raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
-        if handler is not None and not (
-            callable(getattr(handler, "execute", None)) and callable(getattr(handler, "reconcile", None))
-        ):
-            raise RequestError(
-                RequestCode.INVALID_ARGUMENT, "handler", "must be a CommandHandler (execute and reconcile) or None"
-            )
+        _check_handler(handler)
         self.store = store
         """The store this client acts on (the port of :mod:`fencekeeper.adapters.store`)."""
         self.policy = policy
@@ -1102,20 +1098,87 @@ class WorkerPool:
                 self._idle(self.poll)
 
 
+def _check_handler(handler: object) -> None:
+    if handler is not None and not (
+        callable(getattr(handler, "execute", None)) and callable(getattr(handler, "reconcile", None))
+    ):
+        raise RequestError(
+            RequestCode.INVALID_ARGUMENT, "handler", "must be a CommandHandler (execute and reconcile) or None"
+        )
+
+
+def _check_clock(clock: object) -> None:
+    if clock is None:
+        return
+    now = getattr(clock, "now", None)
+    if not callable(now):
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "clock", f"must be a Clock (a now method), not {clock!r}")
+    # Asked once here: a naive or non-UTC clock (ManualClock(datetime(2026, 1, 1))) otherwise failed at the
+    # first write, as a bare ValueError on SQLite and as a refusal naming ``now`` on the in-memory store.
+    moment = now()
+    problem = utc_problem(moment)
+    if problem is not None:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "clock", f"now() returned {moment!r}: {problem}")
+
+
+def _check_location(url: str, schema: str | None) -> None:
+    """RequestError naming ``url`` or ``schema`` when they name no store, before anything is opened.
+
+    Left to the store, these were StoreFailure ``store_unavailable`` (a
+    retry's code for a caller's mistake), worded for the command line's
+    ``--db`` and ``--schema``.
+    """
+
+    def python_names(message: str) -> str:
+        return message.removeprefix("--db: ").replace("--db", "url").replace("--schema", "schema")
+
+    try:
+        location = connecting.parse_url(url)
+    except StoreError as exc:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "url", python_names(exc.message)) from None
+    if schema is not None:
+        try:
+            location = connecting.parse_url(url, schema=schema)
+        except StoreError as exc:
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "schema", python_names(exc.message)) from None
+    if location.kind == "postgresql":
+        assert location.schema is not None
+        from .postgres_store import check_schema_name  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
+
+        try:
+            check_schema_name(location.schema)
+        except StoreError as exc:
+            raise RequestError(
+                RequestCode.INVALID_ARGUMENT, "url" if schema is None else "schema", exc.message
+            ) from None
+
+
 def check_connect_arguments(
-    url: object, *, schema: object, business: object, principal: object, policy: object, pool_size: object = 4
+    url: object,
+    *,
+    schema: object,
+    business: object,
+    principal: object,
+    policy: object,
+    pool_size: object = 4,
+    handler: object = None,
+    clock: object = None,
 ) -> None:
     """The checks :func:`connect` makes before opening anything; RequestError naming the argument."""
-    _text("url", url)
+    location = _text("url", url)
     # Left to the pool, a bad size was a StoreFailure store_unavailable: a retry's code for a caller's mistake.
     if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "pool_size", f"must be a positive int, got {pool_size!r}")
-    if schema is not None:
-        _identifier("schema", schema)
+    named = None if schema is None else _identifier("schema", schema)
+    if location != MEMORY:
+        _check_location(location, named)
     _identifier("business", business)
     _identifier("principal", principal)
     if not callable(getattr(policy, "check", None)):
         raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+    # Checked by Client too, but only after the store was opened: a SQLite file was created for nothing.
+    _check_handler(handler)
+    _check_clock(clock)
 
 
 def connect(
@@ -1143,7 +1206,14 @@ def connect(
     migrate`` was run).  Raises StoreFailure when the store cannot be used.
     """
     check_connect_arguments(
-        url, schema=schema, business=business, principal=principal, policy=policy, pool_size=pool_size
+        url,
+        schema=schema,
+        business=business,
+        principal=principal,
+        policy=policy,
+        pool_size=pool_size,
+        handler=handler,
+        clock=clock,
     )
     store: TransactionalStore
     if url == MEMORY:

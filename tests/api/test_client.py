@@ -19,7 +19,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -79,6 +79,61 @@ def test_policy_and_handler_must_be_given(db: Path) -> None:
         fencekeeper.connect(str(db), policy=object(), handler=None)  # type: ignore[arg-type]
     assert caught.value.field == "policy"
     assert not db.exists()  # refused before the store was opened
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(str(db), policy=examples.grants("default"), handler=object())  # type: ignore[arg-type]
+    assert (caught.value.code, caught.value.field) == (RequestCode.INVALID_ARGUMENT, "handler")
+    assert not db.exists()
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        asyncio.run(fencekeeper.connect_async(str(db), policy=examples.grants("default"), handler=object()))  # type: ignore[arg-type]
+    assert caught.value.field == "handler"
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    "clock",
+    [
+        "now",
+        ManualClock(datetime(2026, 1, 1)),  # naive
+        ManualClock(datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2)))),
+    ],
+    ids=["not-a-clock", "naive", "not-utc"],
+)
+def test_a_clock_that_is_not_an_aware_utc_clock_is_refused_before_anything_is_opened(db: Path, clock: object) -> None:
+    for url in (str(db), ":memory:"):
+        with pytest.raises(fencekeeper.RequestError) as caught:
+            fencekeeper.connect(url, policy=examples.grants("default"), handler=None, clock=clock)  # type: ignore[arg-type]
+        assert (caught.value.code, caught.value.field) == (RequestCode.INVALID_ARGUMENT, "clock")
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "schema", "field"),
+    [
+        ("", None, "url"),
+        ("mysql://db/x", None, "url"),
+        ("sqlite:///", None, "url"),
+        ("postgresql://[bad", None, "url"),
+        ("postgresql://postgres@127.0.0.1:1/test?schema=a&schema=b", None, "url"),
+        ("postgresql://postgres@127.0.0.1:1/test?schema=Not-A-Schema", None, "url"),
+        ("postgresql://postgres@127.0.0.1:1/test?schema=a", "b", "schema"),
+        ("postgresql://postgres@127.0.0.1:1/test", "Not-A-Schema", "schema"),
+        ("shop.db", "s1", "schema"),
+    ],
+)
+def test_a_url_or_schema_that_names_no_store_is_a_request_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, schema: str | None, field: str
+) -> None:
+    # Port 1 answers nothing: these must be refused before any connection is tried, as what was typed.
+    monkeypatch.chdir(tmp_path)
+    policy = examples.grants("default")
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(url, policy=policy, handler=None, schema=schema)
+    assert (caught.value.code, caught.value.field) == (RequestCode.INVALID_ARGUMENT, field)
+    assert "--db" not in str(caught.value) and "--schema" not in str(caught.value)
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        asyncio.run(fencekeeper.connect_async(url, policy=policy, handler=None, schema=schema))
+    assert (caught.value.code, caught.value.field) == (RequestCode.INVALID_ARGUMENT, field)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("pool_size", [0, -1, "4", True])
