@@ -297,8 +297,8 @@ class Client:
         if not callable(getattr(policy, "check", None)):
             raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
         _check_handler(handler)
-        self.store = store
-        """The store this client acts on (the port of :mod:`fencekeeper.adapters.store`)."""
+        self._store = store
+        self._closed = False
         self.policy = policy
         self.handler = handler
         self.business = _identifier("business", business)
@@ -313,9 +313,26 @@ class Client:
 
     # -- lifetime
 
+    @property
+    def store(self) -> TransactionalStore:
+        """The store this client acts on (the port of :mod:`fencekeeper.adapters.store`).
+
+        StoreFailure ``store_unavailable`` once the client is closed: each
+        store failed in its own way (SQLite with ``sqlite3.ProgrammingError``,
+        the in-memory store not at all).
+        """
+        if self._closed:
+            raise StoreFailure("store_unavailable", "this client is closed; connect again to use the store")
+        return self._store
+
     def close(self) -> None:
-        """Close the store's connections.  Workers started by this client must be stopped first."""
-        self.store.close()
+        """Close the store's connections; a second close does nothing.  Stop this client's workers first.
+
+        Every call after it raises StoreFailure ``store_unavailable``.
+        """
+        if not self._closed:
+            self._closed = True
+            self._store.close()
 
     def __enter__(self) -> Client:
         return self

@@ -136,6 +136,27 @@ def test_a_url_or_schema_that_names_no_store_is_a_request_error(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("url", ["shop.db", ":memory:"])
+def test_every_call_after_close_is_a_store_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    client = fencekeeper.connect(url, policy=examples.grants("default", "user:operator"), handler=examples.handler())
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    client.close()
+    client.close()  # a second close does nothing
+    calls = {
+        "get": lambda: client.get("po-1"),
+        "list": client.list,
+        "run": lambda: client.run(PURCHASE, ORDER),
+        "run_until_idle": client.run_until_idle,
+        "start_workers": lambda: client.start_workers(1),
+    }
+    for name, call in calls.items():
+        with pytest.raises(fencekeeper.StoreFailure) as caught:
+            call()
+        assert caught.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE, name
+        assert "closed" in str(caught.value), name
+
+
 @pytest.mark.parametrize("pool_size", [0, -1, "4", True])
 def test_a_bad_pool_size_is_a_request_error_not_an_unavailable_store(pg_dsn: str, pool_size: object) -> None:
     policy = examples.grants("default", "user:operator")
