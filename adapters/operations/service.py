@@ -528,6 +528,9 @@ def check_submission(
         problem = identifier_problem(value)
         if problem is not None:
             raise DurableOperationError("invalid_input", f"{name}: {problem}", name)
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+        # Looked up as given, version="1" was "'transfer' version 1 is not registered (registered: [1])".
+        raise DurableOperationError("invalid_input", f"version: must be a positive integer, got {version!r}", "version")
     chosen = actions.get(action, version)
     try:
         normalised = chosen.normalize(input)
@@ -542,6 +545,19 @@ def check_submission(
             "input",
         ) from None
     return CheckedSubmission(chosen, normalised, canonical_json(normalised))
+
+
+def _principal(field: str, value: object) -> PrincipalReference:
+    """``value`` if it is a PrincipalReference; otherwise the error naming ``field``, before anything is asked."""
+    if not isinstance(value, PrincipalReference):
+        # Left to the resolver registry, a string was an AttributeError ('str' object has no attribute 'resolver').
+        raise DurableOperationError(
+            "invalid_input",
+            f"{field}: must be a PrincipalReference (PrincipalReference.parse('users:v1:alice')), "
+            f"not {type(value).__name__}",
+            field,
+        )
+    return value
 
 
 def _line(exc: BaseException) -> str:
@@ -625,6 +641,7 @@ class DurableOperationService:
         checked = check_submission(
             self.actions, tenant=tenant, action=action, input=input, client_key=client_key, version=version
         )
+        _principal("principal", principal)
         chosen, normalised, canonical = checked.action, checked.normalised, checked.canonical
         authority = self._authority(principal, tenant, lambda resolution: chosen.authorize(resolution, normalised))
         request = o.SubmitRequest(
@@ -720,6 +737,7 @@ class DurableOperationService:
         for :meth:`get`: another tenant's Operation is ``operation_not_found``,
         never a refusal that names its tenant or what it holds.
         """
+        _principal("approver", approver)
         record = self._record(operation_id, tenant)
         authority = self._authority(approver, record.tenant, lambda resolution: self.may_decide(resolution, record))
         name, version = action if action is not None else (record.action_name, record.action_version)
@@ -744,6 +762,7 @@ class DurableOperationService:
         self, operation_id: str, *, principal: PrincipalReference, reason: str = "", tenant: str | None = None
     ) -> OperationRecord:
         """Cancel; ``tenant`` as for :meth:`decide`."""
+        _principal("principal", principal)
         record = self._record(operation_id, tenant)
         authority = self._authority(principal, record.tenant, lambda resolution: self.may_cancel(resolution, record))
         outcome = self.store.cancel(o.CancelRequest(operation_id, principal.ref, authority, reason))

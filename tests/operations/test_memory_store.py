@@ -267,3 +267,25 @@ def test_a_malformed_claim_is_refused_as_it_is_and_names_no_row() -> None:
     outcome = world.store.claim_next(TENANT, "w1", timedelta(0))
     assert isinstance(outcome, o.Refusal) and not isinstance(outcome, ClaimRefused)
     assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "lease_duration")
+
+
+def test_a_principal_or_version_of_the_wrong_type_is_invalid_input_naming_it() -> None:
+    """A reference given as its stored text, or a version as a string, is named, and nothing is written."""
+    from fencekeeper.adapters.operations.service import DurableOperationError  # noqa: PLC0415
+
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    submission = {"tenant": TENANT, "action": "capture_payment", "input": {"order": "o-1", "amount": 1}}
+    op_id = world.service.submit(**submission, principal=ALICE, client_key="k").operation_id
+    history = world.service.history(op_id)
+    for field, call in (
+        ("principal", lambda: world.service.submit(**submission, principal=ALICE.ref, client_key="k-2")),
+        ("version", lambda: world.service.submit(**submission, principal=ALICE, client_key="k-3", version="1")),
+        ("approver", lambda: world.service.decide(op_id, approver="users:v1:bob", approve=True)),
+        ("principal", lambda: world.service.cancel(op_id, principal=ALICE.ref)),
+    ):
+        with pytest.raises(DurableOperationError) as raised:
+            call()
+        assert (raised.value.code, raised.value.field) == ("invalid_input", field), raised.value
+        assert raised.value.message.startswith(f"{field}: ")
+    assert world.service.history(op_id) == history
+    assert world.store.operation_ids() == [op_id]
