@@ -1,5 +1,7 @@
 """docs/python.md and docs/kernel.md run as written: each page's Python blocks, top to bottom, in one fresh interpreter.
 
+README.md's one block runs too, with the policy and handler it leaves to the reader.
+
 The blocks run outside the repository, as a user's script would, against the
 installed package; each block's own ``assert`` statements are what it claims.
 """
@@ -7,11 +9,16 @@ installed package; each block's own ``assert`` statements are what it claims.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+import fencekeeper
+from fencekeeper.adapters import examples
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "python.md"
@@ -38,3 +45,25 @@ def test_every_python_block_runs(tmp_path: Path, page: Path) -> None:
     assert result.returncode == 0, result.stderr
     shown = {"python.md": "[not_authorized]", "kernel.md": "lease_expired - "}[page.name]
     assert shown in result.stdout
+
+
+README = ROOT / "README.md"
+EXAMPLES = ROOT / "docs" / "examples"
+
+
+def test_the_readmes_python_block_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README.md's "From Python", with what it leaves to the reader: a policy, a handler, the example's file."""
+    (block,) = BLOCK.findall(README.read_text(encoding="utf-8"))
+    shutil.copy(EXAMPLES / "purchase_approval.toml", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {
+        # The reader's own; the command line's example grants, with a reviewer the workflow names.
+        "my_policy": examples.grants("default", "user:operator", "user:manager"),
+        "my_handler": examples.handler(),
+    }
+    exec(compile(block, str(README), "exec"), namespace)  # the page's own code, as a reader runs it
+    execution = namespace["execution"]
+    with fencekeeper.connect("shop.db", policy=namespace["my_policy"], handler=None) as client:
+        # Above the threshold it waited for the manager, whose approval the block gave last.
+        assert client.get(execution.execution_id).state is fencekeeper.ExecutionState.ELIGIBLE
+        assert client.inspect(execution.execution_id).execution.current_node_id == "place_order"
