@@ -698,7 +698,10 @@ Outcome: TypeAlias = Appended | Unchanged | Refusal
 
 
 def format_time(now: datetime) -> str:
-    """``now`` as the record's time text; naive or non-UTC times are refused."""
+    """``now`` as the record's time text; naive or non-UTC times are refused, and anything but a datetime."""
+    if not isinstance(now, datetime):
+        # A string or a date has no utcoffset(): an AttributeError out of preview, append or create_header.
+        raise JournalError(C.INVALID_REQUEST, f"time must be a timezone-aware UTC datetime, not {type(now).__name__}")
     offset = now.utcoffset()
     if offset is None or offset:
         raise JournalError(C.INVALID_REQUEST, f"time {now.isoformat()} must be timezone-aware UTC")

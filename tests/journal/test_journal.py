@@ -790,6 +790,13 @@ def test_a_time_is_written_in_utc_whatever_its_zero_offset_and_any_other_time_is
         outcome = j.preview(driver.journal, command, moment.replace(tzinfo=other))
         assert isinstance(outcome, j.Refusal) and outcome.code is C.INVALID_REQUEST, outcome
         assert "must be timezone-aware UTC" in outcome.message
+    for not_a_datetime in ("2026-03-04T05:06:07Z", moment.date(), None, 1772600767):
+        outcome = j.preview(driver.journal, command, not_a_datetime)  # type: ignore[arg-type]
+        assert isinstance(outcome, j.Refusal) and outcome.code is C.INVALID_REQUEST, outcome
+        assert f"not {type(not_a_datetime).__name__}" in outcome.message
+        with pytest.raises(j.JournalError) as raised:
+            j.create_header("review-2", driver.journal.workflow, driver.journal.policy, created_by="carol", now=not_a_datetime)  # type: ignore[arg-type]
+        assert raised.value.code == C.INVALID_REQUEST.value
 
 
 def test_an_appended_outcome_carries_each_events_record_bytes() -> None:
