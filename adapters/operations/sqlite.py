@@ -164,13 +164,20 @@ class SQLiteOperationStore(TransactionalOperationStore):
         self.clock: Clock = clock or SystemClock()
         self._lock = threading.RLock()
         self._conn = _open(self.path)
+        self._closed = False
         self._judge = _Authorizer()
         self._conn.set_authorizer(self._judge)
+
+    def _connection(self) -> sqlite3.Connection:
+        # After close, sqlite3's own ProgrammingError named nothing; PostgreSQL's closed pool is store_unavailable.
+        if self._closed:
+            raise StoreError("store_unavailable", f"{self.path}: the store is closed")
+        return self._conn
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Tx]:
         with self._lock:
-            conn = self._conn
+            conn = self._connection()
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -190,11 +197,12 @@ class SQLiteOperationStore(TransactionalOperationStore):
     @contextlib.contextmanager
     def _reading(self) -> Iterator[_SQLiteOpsTx]:
         with self._lock:
-            self._conn.execute("BEGIN")
+            conn = self._connection()
+            conn.execute("BEGIN")
             try:
-                yield _SQLiteOpsTx(self._conn, self.clock, self._judge)
+                yield _SQLiteOpsTx(conn, self.clock, self._judge)
             finally:
-                self._conn.execute("COMMIT")
+                conn.execute("COMMIT")
 
     def now(self) -> datetime:
         return self.clock.now()
@@ -205,7 +213,7 @@ class SQLiteOperationStore(TransactionalOperationStore):
 
     def _read_input(self, operation_id: str) -> str | None:
         with self._lock:
-            row = self._conn.execute("SELECT input FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
+            row = self._connection().execute("SELECT input FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
         return None if row is None else str(row[0])
 
     def outbox(self, after: str | None = None, limit: int = 100) -> list[Any]:
@@ -227,4 +235,5 @@ class SQLiteOperationStore(TransactionalOperationStore):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()

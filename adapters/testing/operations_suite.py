@@ -77,7 +77,7 @@ from fencekeeper.adapters.operations.service import (
     ResolutionStatus,
 )
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
-from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.machines import OperationState
 
@@ -908,6 +908,14 @@ class SqlOperationStoreTests(OperationStoreTests):
     the tables, published only by the commit), so these are the SQL
     stores' alone.
     """
+
+    def test_a_closed_store_answers_store_unavailable_not_its_drivers_error(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        world.store.close()
+        for call in (lambda: world.service.get(op_id), lambda: world.transfer("k2", 10), world.worker("w1").run_once):
+            with pytest.raises(StoreError) as raised:
+                call()
+            assert raised.value.code == "store_unavailable", raised.value
 
     @pytest.mark.parametrize(
         "statement",
