@@ -93,13 +93,20 @@ _EXPORTS: dict[str, str] = {
 }
 
 
+_SUBPACKAGES = ("kernel", "adapters")
+"""Reached as ``fencekeeper.kernel`` after a bare ``import fencekeeper``, as docs/python.md names them."""
+
+
 def __getattr__(name: str) -> Any:
     """Load a public name's module on first use (PEP 562), so importing the kernel alone stays pure."""
+    import importlib  # noqa: PLC0415 - loaded only when a name is first used
+
+    if name in _SUBPACKAGES:
+        # Without this, fencekeeper.kernel was an AttributeError until something had imported it.
+        return importlib.import_module(f"fencekeeper.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fencekeeper' has no attribute {name!r}")
-    import importlib  # noqa: PLC0415 - loaded only when a name is first used
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import tomllib
@@ -70,6 +72,18 @@ def test_version_and_every_public_name() -> None:
             assert (getattr(value, "__doc__", None) or "").strip(), f"fencekeeper.{name} has no docstring"
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         _ = fencekeeper.nothing_here  # type: ignore[attr-defined]
+
+
+def test_the_kernel_is_reached_from_a_bare_import_and_loads_alone() -> None:
+    """docs/python.md names ``fencekeeper.kernel``: it is there after ``import fencekeeper``, without the adapters."""
+    script = (
+        "import sys, fencekeeper\n"
+        "assert fencekeeper.kernel.protocol.RefusalCode.NOT_AUTHORIZED.value == 'not_authorized'\n"
+        "assert 'fencekeeper.adapters' not in sys.modules\n"
+        "assert fencekeeper.adapters.__name__ == 'fencekeeper.adapters'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 def test_policy_and_handler_must_be_given(db: Path) -> None:
