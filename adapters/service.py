@@ -404,6 +404,12 @@ def reconcile(
             f"the node of Command {command.command_id} is not a local_command of the pinned definition",
         )
     result = handler.reconcile(command)
+    if not isinstance(result, i.CommandResult):
+        # As the worker takes such an answer from execute: it tells nothing, so the Command is still unknown
+        # (an AttributeError from reconcile_command before).
+        result = i.CommandResult(
+            i.CommandStatus.UNKNOWN, None, f"handler returned {type(result).__name__}, not a CommandResult"
+        )
     if attempt.state == AttemptState.RUNNING.value:
         # An attempt left running by an earlier version's path: make it the
         # explicit review item quarantine would have made it.

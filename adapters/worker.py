@@ -395,6 +395,12 @@ class Worker:
             result = self.handler.execute(plan.command)
         except Exception as exc:
             result = i.CommandResult(i.CommandStatus.UNKNOWN, None, f"handler raised {exc!r}")
+        if not isinstance(result, i.CommandResult):
+            # An answer that says nothing says no more than a handler that raised: the Command may have been
+            # applied.  Left as it was, settle() raised AttributeError and the execution stayed running, leased.
+            result = i.CommandResult(
+                i.CommandStatus.UNKNOWN, None, f"handler returned {type(result).__name__}, not a CommandResult"
+            )
         return i.settle(plan, result)
 
     def _report_command(

@@ -417,6 +417,39 @@ def test_settle_then_resume_is_two_decisions(client: Client) -> None:
     assert isinstance(refused, p.Refusal) and refused.code is RefusalCode.NOT_IN_RECONCILIATION
 
 
+class Unanswering:
+    """A handler whose execute either raises or answers something that is not a CommandResult."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def execute(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer  # type: ignore[return-value]
+
+    def reconcile(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        return self.answer  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("answer", [RuntimeError("order service down"), "done", None], ids=["raises", "str", "none"])
+def test_a_handler_answer_that_is_no_command_result_leaves_the_command_unknown(db: Path, answer: object) -> None:
+    """As a handler that raises: the Command may have been applied, so the execution goes to review, unleased."""
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(str(db), policy=policy, handler=Unanswering(answer)) as client:
+        client.run(PURCHASE, {**ORDER, "amount": 10}, execution_id="po-1")
+        assert client.run_until_idle(lease=5).finished == {"reconciliation_required": 1}
+        assert client.review("po-1").execution.state is ExecutionState.RECONCILIATION_REQUIRED
+        if isinstance(answer, Exception):
+            return  # what a raising reconcile does is the caller's to see
+        before = dump(db)
+        with pytest.raises(fencekeeper.Refused) as caught:
+            client.settle("po-1")
+        assert caught.value.code is RefusalCode.NO_UNRESOLVED_COMMAND
+        assert f"handler returned {type(answer).__name__}, not a CommandResult" in str(caught.value)
+        assert dump(db) == before
+
+
 def test_quarantine_an_expired_lease_then_fail(db: Path) -> None:
     clock = ManualClock()
     policy = examples.grants("default", "user:operator")
