@@ -107,7 +107,16 @@ from . import connect, examples, observe, prefork, render
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
 from .store import ExecutionView, StoreError, StorePatience, TransactionalStore
-from .worker import MAX_CONCURRENCY, MIN_LEASE, PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
+from .worker import (
+    MAX_CONCURRENCY,
+    MAX_LEASE,
+    MIN_LEASE,
+    PassReport,
+    Worker,
+    WorkerSettingError,
+    check_concurrency,
+    check_lease,
+)
 
 if TYPE_CHECKING:
     # Annotations only: rich loads when something is drawn for a person (adapters/render.py).
@@ -854,7 +863,7 @@ def _worker_settings(args: argparse.Namespace) -> tuple[int, timedelta]:
         raise CliError(f"--lease: not a number of seconds: {args.lease!r}") from None
     if not math.isfinite(seconds):
         raise CliError(f"--lease: must be a finite number of seconds, got {args.lease!r}")
-    if seconds >= 86_400 * 366:
+    if seconds >= MAX_LEASE.total_seconds():
         raise CliError(f"--lease: must be under a year, got {args.lease}")
     try:
         check_concurrency(concurrency)

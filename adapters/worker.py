@@ -32,7 +32,8 @@ Rules of this module:
   under the lease, and its result is committed with the visit's step.  A
   handler that raises is treated as UNKNOWN: the work may have happened.
 - The lease is renewed when less than half of it remains before a visit.
-- A lease shorter than :data:`MIN_LEASE` is refused when the worker is made
+- A lease shorter than :data:`MIN_LEASE`, or not shorter than
+  :data:`MAX_LEASE`, is refused when the worker is made
   (:class:`WorkerSettingError`), and so is a process asking for more than
   :data:`MAX_CONCURRENCY` workers: settings that cannot work are an error,
   never executions claimed and left to expire.
@@ -88,10 +89,22 @@ class WorkerSettingError(ValueError):
         self.message = message
 
 
+MAX_LEASE: Final = timedelta(days=366)
+"""A lease must be shorter than this (``fencekeeper worker --lease`` says "under a year").
+
+A worker that stops without releasing holds its execution for the whole
+lease; and one long enough to carry the expiry past the last datetime has
+every claim refused by the kernel, which a worker passes over as a lost
+race: it ran and claimed nothing, without a word.
+"""
+
+
 def check_lease(lease: timedelta) -> timedelta:
     """``lease`` if a worker may take it; WorkerSettingError('lease') otherwise."""
     if not isinstance(lease, timedelta):
         raise WorkerSettingError("lease", f"must be a timedelta, got {type(lease).__name__}")
+    if lease >= MAX_LEASE:
+        raise WorkerSettingError("lease", f"must be under a year ({MAX_LEASE.days} days), got {lease}")
     if lease < MIN_LEASE:
         raise WorkerSettingError(
             "lease",
@@ -574,6 +587,7 @@ def _issues_a_command(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:
 
 __all__ = [
     "MAX_CONCURRENCY",
+    "MAX_LEASE",
     "MIN_LEASE",
     "SYSTEM_PRINCIPAL",
     "PassReport",

@@ -326,6 +326,9 @@ BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
     ("run_until_idle", {"lease": float("nan")}, RequestCode.WORKER_SETTING, "lease"),
     ("run_until_idle", {"lease": float("inf")}, RequestCode.WORKER_SETTING, "lease"),
     ("start_workers", {"lease": 1e300}, RequestCode.WORKER_SETTING, "lease"),
+    # Long enough that every claim's expiry is past the last datetime: the worker claimed nothing, silently.
+    ("run_until_idle", {"lease": 10**12}, RequestCode.WORKER_SETTING, "lease"),
+    ("start_workers", {"lease": timedelta(days=366)}, RequestCode.WORKER_SETTING, "lease"),
 ]
 
 
