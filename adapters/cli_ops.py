@@ -413,6 +413,11 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     except prefork.ProcessesError as exc:
         raise _Usage(f"--processes: {exc}") from None
     prefix = args.worker_prefix or default_worker_id()
+    # Refused here, once, as usage: each worker thread would refuse them as it starts (DurableOperationWorker).
+    for flag, value in (("--tenant", args.tenant), ("--id", f"{prefix}-{args.concurrency}")):
+        problem = identifier_problem(value)
+        if problem is not None:
+            raise _Usage(f"{flag}: {problem}")
     errors: list[str] = []
     if processes == 1:
         reports, idle, errors = _work(args, out, prefix, 1, None)

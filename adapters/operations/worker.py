@@ -67,6 +67,7 @@ from typing import Any
 import attrs
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.common import duration_problem, identifier_problem
 
 from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore
 from .service import (
@@ -128,6 +129,18 @@ class DurableOperationWorker:
         namespace: str | None = None,
         before_effect: Callable[[o.Operation], None] | None = None,
     ) -> None:
+        # Checked here, once: a zero lease was refused at every claim with a pause of the lease's length, so
+        # run_until_idle spun through thousands of refusals; a malformed tenant claimed nothing, silently.
+        for field, problem in (
+            ("tenant", identifier_problem(tenant)),
+            ("worker_id", None if worker_id is None else identifier_problem(worker_id)),
+            ("namespace", None if namespace is None else identifier_problem(namespace)),
+        ):
+            if problem is not None:
+                raise DurableOperationError("invalid_input", f"{field}: {problem}", field)
+        problem = duration_problem(lease)
+        if problem is not None:
+            raise DurableOperationError("invalid_request", f"lease: {problem}", "lease")
         self.store = store
         self.actions = actions
         self.resolvers = resolvers

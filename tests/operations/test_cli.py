@@ -105,6 +105,9 @@ BAD_INPUT = [
     (("worker", "--until-idle", "--lease", "inf"), 2, "--lease: must be a positive number of seconds", None),
     (("worker", "--until-idle", "--lease", "86401"), 2, "--lease: must be a positive number of seconds", None),
     (("worker", "--until-idle", "--poll", "nan"), 2, "--poll: must be a positive number of seconds", None),
+    # Each worker thread refused these as it started: a traceback per thread, and exit 0.
+    (("worker", "--until-idle", "--tenant", "a b"), 2, "--tenant: malformed identifier", None),
+    (("worker", "--until-idle", "--id", "a b"), 2, "--id: malformed identifier", None),
     (("status", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("history", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("cancel", "op-missing"), 2, "no database at", "[operation_not_found]"),

@@ -289,3 +289,28 @@ def test_a_principal_or_version_of_the_wrong_type_is_invalid_input_naming_it() -
         assert raised.value.message.startswith(f"{field}: ")
     assert world.service.history(op_id) == history
     assert world.store.operation_ids() == [op_id]
+
+
+@pytest.mark.parametrize(
+    ("setting", "code"),
+    [
+        ({"lease": timedelta(0)}, "invalid_request"),
+        ({"lease": 30}, "invalid_request"),
+        ({"tenant": "a b"}, "invalid_input"),
+        ({"worker_id": "a b"}, "invalid_input"),
+        ({"namespace": ""}, "invalid_input"),
+    ],
+    ids=["zero-lease", "lease-in-seconds", "tenant", "worker_id", "namespace"],
+)
+def test_a_worker_setting_that_cannot_work_is_refused_when_the_worker_is_made(setting: dict[str, object], code: str) -> None:
+    """A zero lease spun run_until_idle through a refusal at every claim; a lease in seconds was a TypeError there."""
+    from fencekeeper.adapters.operations.service import DurableOperationError  # noqa: PLC0415
+
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    world.transfer("k1", 10)
+    options: dict[str, object] = {"tenant": TENANT, "lease": timedelta(seconds=30), **setting}
+    with pytest.raises(DurableOperationError) as raised:
+        DurableOperationWorker(world.store, world.actions, world.resolvers, **options)  # type: ignore[arg-type]
+    field = next(iter(setting))
+    assert (raised.value.code, raised.value.field) == (code, field)
+    assert raised.value.message.startswith(f"{field}: ")
