@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import attrs
 
 from fencekeeper.kernel import operations as o
-from fencekeeper.kernel.common import identifier_problem
+from fencekeeper.kernel.common import duration_problem, identifier_problem
 from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
 
@@ -585,6 +585,12 @@ class DurableOperationService:
         problem = identifier_problem(namespace)
         if problem is not None:
             raise DurableOperationError("invalid_input", f"namespace: {problem}")
+        # Checked once here: approval_validity="1h" was a TypeError at the first decision, and a zero or
+        # negative one refused every decision as approval_expired; retention was checked only at each submit.
+        for field, value in (("retention", retention), ("approval_validity", approval_validity)):
+            problem = duration_problem(value)
+            if problem is not None:
+                raise DurableOperationError("invalid_request", f"{field}: {problem}", field)
         self.store = store
         self.actions = actions
         self.resolvers = resolvers

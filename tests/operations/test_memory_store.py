@@ -314,3 +314,19 @@ def test_a_worker_setting_that_cannot_work_is_refused_when_the_worker_is_made(se
     field = next(iter(setting))
     assert (raised.value.code, raised.value.field) == (code, field)
     assert raised.value.message.startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"approval_validity": "1h"}, {"approval_validity": timedelta(0)}, {"retention": 86400}, {"retention": timedelta(-1)}],
+    ids=["validity-text", "validity-zero", "retention-seconds", "retention-negative"],
+)
+def test_a_service_setting_that_cannot_work_is_refused_when_the_service_is_made(setting: dict[str, object]) -> None:
+    """approval_validity="1h" was a TypeError at the first decision; a zero one refused every decision as expired."""
+    from fencekeeper.adapters.operations.service import DurableOperationError, DurableOperationService  # noqa: PLC0415
+
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    with pytest.raises(DurableOperationError) as raised:
+        DurableOperationService(world.store, world.actions, world.resolvers, **setting)  # type: ignore[arg-type]
+    field = next(iter(setting))
+    assert (raised.value.code, raised.value.field) == ("invalid_request", field)
