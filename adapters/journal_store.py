@@ -385,19 +385,24 @@ class SQLiteJournalStore(JournalStoreBase):
         return True
 
     def stored(self, execution_id: str) -> StoredChain | None:
+        # Every record is read CAST AS BLOB, here and below: a row rewritten
+        # by hand may hold TEXT (SQLite's replace() returns it) or a number,
+        # and verification must name that record, not fail on its type.
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN")
             try:
                 row = conn.execute(
-                    "SELECT h.header, h.workflow, h.policy, g.head, g.length FROM journal_headers h "
+                    "SELECT CAST(h.header AS BLOB), CAST(h.workflow AS BLOB), CAST(h.policy AS BLOB), g.head, g.length "
+                    "FROM journal_headers h "
                     "JOIN journal_heads g USING (execution_id) WHERE h.execution_id = ?",
                     (execution_id,),
                 ).fetchone()
                 if row is None:
                     return None
                 events = conn.execute(
-                    "SELECT record FROM journal_events WHERE execution_id = ? ORDER BY ordinal", (execution_id,)
+                    "SELECT CAST(record AS BLOB) FROM journal_events WHERE execution_id = ? ORDER BY ordinal",
+                    (execution_id,),
                 ).fetchall()
             finally:
                 conn.execute("COMMIT")
@@ -419,7 +424,7 @@ class SQLiteJournalStore(JournalStoreBase):
     def _header_bytes(self, execution_id: str) -> bytes | None:
         with self._lock:
             row = self._conn.execute(
-                "SELECT header FROM journal_headers WHERE execution_id = ?", (execution_id,)
+                "SELECT CAST(header AS BLOB) FROM journal_headers WHERE execution_id = ?", (execution_id,)
             ).fetchone()
         return None if row is None else bytes(row[0])
 
@@ -434,7 +439,8 @@ class SQLiteJournalStore(JournalStoreBase):
                 if row is None:
                     return None
                 events = conn.execute(
-                    "SELECT record FROM journal_events WHERE execution_id = ? AND ordinal > ? ORDER BY ordinal",
+                    "SELECT CAST(record AS BLOB) FROM journal_events WHERE execution_id = ? AND ordinal > ? "
+                    "ORDER BY ordinal",
                     (execution_id, after),
                 ).fetchall()
             finally:

@@ -197,6 +197,37 @@ def test_verify_names_the_first_bad_record_of_a_stored_journal(workdir: Path) ->
     assert out.startswith("BAD review-1: the first bad record is event 7: [altered_digest]"), out + err
 
 
+@pytest.mark.parametrize(("table", "column", "where", "named"), [
+    ("journal_events", "record", "ordinal = 7", "event 7: [altered_digest]"),
+    ("journal_headers", "header", "execution_id = 'review-1'", "header: [altered_digest]"),
+])  # fmt: skip
+def test_verify_names_a_record_rewritten_as_text(workdir: Path, table: str, column: str, where: str, named: str) -> None:
+    import sqlite3  # noqa: PLC0415
+
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    # SQLite's replace() returns TEXT: the plainest rewrite of a row leaves
+    # the record a string, not a blob.  It is still the record's bytes.
+    conn = sqlite3.connect(workdir / "review.db", isolation_level=None)
+    try:
+        triggers = [f"{table}_no_update"] + (["journal_headers_no_delete"] if table == "journal_headers" else [])
+        saved = [conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (t,)).fetchone()[0] for t in triggers]
+        for trigger in triggers:
+            conn.execute(f"DROP TRIGGER {trigger}")
+        conn.execute(f"UPDATE {table} SET {column} = replace({column}, 'screen-a', 'screen-x') WHERE {where}")
+        assert conn.execute(f"SELECT typeof({column}) FROM {table} WHERE {where}").fetchone() == ("text",)
+        for sql in saved:
+            conn.execute(sql)
+    finally:
+        conn.close()
+    code, out, err = main("journal", "verify", "review-1", "--db", "review.db")
+    assert code == 1 and err == "", err
+    assert out.startswith(f"BAD review-1: the first bad record is {named}"), out
+    for command in ("show", "replay"):
+        code, out, err = main("journal", command, "review-1", "--db", "review.db")
+        assert code == 1 and "[altered_digest]" in one_error_line(err) and "internal error" not in err
+
+
 def test_records_resolve_from_a_directory_by_digest(workdir: Path) -> None:
     head = new()["head"]
     records = workdir / "records"
