@@ -183,6 +183,9 @@ def parse_canonical(data: bytes) -> dict[str, object]:
         value = json.loads(text, parse_float=_no_float, parse_int=_exact_int, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise JournalError(JournalCode.NON_CANONICAL, f"not JSON: {exc.msg} at character {exc.pos}") from None
+    except RecursionError:
+        # Bytes anyone can write (a chain file, a row): too deep to read is a bad record, not a crash.
+        raise JournalError(JournalCode.NON_CANONICAL, "not JSON: nested too deeply") from None
     if not isinstance(value, dict):
         raise JournalError(JournalCode.MALFORMED_RECORD, f"a record is a JSON object, not {type(value).__name__}")
     # A member given twice parses to one member and so re-encodes shorter:

@@ -55,6 +55,7 @@ def test_records_are_rfc8785_bytes_and_digests_are_sha256_of_the_body(chain: tup
         (b'{"a":"\xff"}', C.NON_CANONICAL),
         (b'{"a":9007199254740993}', C.MALFORMED_RECORD),
         (b"{", C.NON_CANONICAL),
+        pytest.param(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", C.NON_CANONICAL, id="nested-too-deeply"),
     ],
 )
 def test_parse_canonical_refuses(data: bytes, code: C) -> None:
