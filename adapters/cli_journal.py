@@ -239,10 +239,39 @@ def _read_json(path: Path, option: str) -> Any:
         raise JournalCliError(f"{option} {path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise JournalCliError(f"{option} {path}: not UTF-8 text") from None
+    return _parse_json(text, f"{option} {path}")
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of two equal members without a word: a command or
+    # policy naming "actor" twice would be taken to mean one of them.
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _NotJson(f"duplicate member {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON number")
+
+
+def _parse_json(text: str, where: str) -> Any:
+    """The JSON value of a file or option the user gave; one input error (exit 2) naming ``where`` otherwise."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise JournalCliError(f"{option} {path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+        at = f"line {exc.lineno}, column {exc.colno}" if "\n" in text.rstrip("\n") else f"column {exc.colno}"
+        raise JournalCliError(f"{where}: not valid JSON: {exc.msg} ({at})") from None
+    except _NotJson as exc:
+        raise JournalCliError(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise JournalCliError(f"{where}: not valid JSON: nested too deeply") from None
 
 
 def _input(what: str, action: Any) -> Any:
@@ -342,11 +371,7 @@ def _new(args: argparse.Namespace, out: Output) -> int:
 
 def _commands(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.command_json is not None:
-        try:
-            value = json.loads(args.command_json)
-        except json.JSONDecodeError as exc:
-            raise JournalCliError(f"--command: not valid JSON: {exc.msg} (column {exc.colno})") from None
-        return [_object(value, "--command")]
+        return [_object(_parse_json(args.command_json, "--command"), "--command")]
     try:
         text = args.file.read_text(encoding="utf-8")
     except OSError as exc:
@@ -357,11 +382,8 @@ def _commands(args: argparse.Namespace) -> list[dict[str, Any]]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise JournalCliError(f"--file {args.file}:{number}: not valid JSON: {exc.msg} (column {exc.colno})") from None
-        found.append(_object(value, f"--file {args.file}:{number}"))
+        where = f"--file {args.file}:{number}"
+        found.append(_object(_parse_json(line, where), where))
     if not found:
         raise JournalCliError(f"--file {args.file}: holds no command")
     return found

@@ -359,6 +359,35 @@ def test_a_command_file_that_is_not_utf8_is_exit_2_naming_the_file(workdir: Path
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
 
 
+DEEP = "[" * 100_000 + "]" * 100_000
+START = ('{"command": "transition", "request": "r", "node": "search", "event": "work-started", "prior_state": "ready", '
+         '"actor": "bot:search", "role": "searcher", "attempt": {"id": "s-1", "sequence": 1}')  # fmt: skip
+
+
+@pytest.mark.parametrize(("given", "problem"), [
+    (START + ', "actor": "alice"}', "duplicate member 'actor'"),
+    (START + ', "rationale": NaN}', "NaN is not a JSON number"),
+    (START + ', "rationale": ' + DEEP + "}", "nested too deeply"),
+])  # fmt: skip
+def test_json_that_does_not_mean_one_thing_is_exit_2_naming_the_input(workdir: Path, given: str, problem: str) -> None:
+    # json would keep the last of two "actor"s, read NaN, or overflow the
+    # stack: a command (or workflow, or policy) is read to mean exactly one thing.
+    head = new()["head"]
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    (workdir / "given.jsonl").write_text(given + "\n", encoding="utf-8")
+    workflow = given.replace(START, '{"workflow": "w", "nodes": [], "actor": "x"')
+    (workdir / "given.json").write_text(workflow, encoding="utf-8")
+    for source, where in ((("--command", given), "--command"), (("--file", "given.jsonl"), "--file given.jsonl:1")):
+        code, out, err = main("journal", "append", "review-1", "--db", "review.db", *source, "--expect", head)
+        assert code == 2 and out == "", err
+        assert one_error_line(err) == f"fencekeeper: error: {where}: not valid JSON: {problem}"
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+    code, _, err = main("journal", "new", "review-2", "--db", "review.db", "--workflow", "given.json",
+                        "--policy", "review.policy.json", "--as", "carol")  # fmt: skip
+    assert code == 2 and one_error_line(err).startswith("fencekeeper: error: --workflow given.json: not valid JSON: ")
+    assert SQLiteJournalStore(workdir / "review.db").execution_ids() == ["review-1"]
+
+
 def test_an_output_that_cannot_be_written_is_refused_before_anything_is_written(workdir: Path) -> None:
     code, _, err = main("journal", "new", "review-1", "--db", "review.db", "--workflow", "review.workflow.json",
                         "--policy", "review.policy.json", "--as", "carol", "--head-file", "nowhere/start.head")  # fmt: skip
