@@ -628,8 +628,11 @@ def _chain_file(path: Path) -> tuple[bytes, list[bytes]]:
         return journal_fixtures.read_chain(path)
     except OSError as exc:
         raise JournalCliError(f"--file {path}: cannot read: {exc.strerror}") from None
-    except ValueError as exc:
-        raise JournalCliError(str(exc)) from None
+    except ValueError:
+        # An empty file is a chain cut down to nothing, as a file holding one
+        # blank line is: its first bad record is the header, and that is
+        # what verify reports (exit 1), not an input error.
+        raise JournalError(JournalCode.NON_CANONICAL, "the file is empty: there is no header", 0) from None
 
 
 def _export(args: argparse.Namespace, out: Output) -> int:

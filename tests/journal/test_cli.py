@@ -23,6 +23,7 @@ from tests.stores.test_sqlite_files import read_only
 
 EXAMPLE = ROOT / "docs" / "examples" / "journal"
 PACK = ROOT / "specs" / "journal" / "fixtures"
+DEEP = "[" * 100_000 + "]" * 100_000
 
 
 def main(*args: str | Path) -> tuple[int, str, str]:
@@ -143,6 +144,66 @@ def test_verify_names_the_first_bad_record_of_an_exported_file(name: str) -> Non
     assert code == 1
     report = json.loads(out)
     assert (report["ok"], report["code"], report["ordinal"]) == (False, case["expect"]["code"], case["expect"]["ordinal"])
+
+
+def _flip(record: bytes, old: bytes, new: bytes) -> bytes:
+    assert old in record
+    return record.replace(old, new, 1)
+
+
+def _own_digest(record: bytes) -> bytes:
+    return str(json.loads(record)["digest"]).encode()
+
+
+def _other_digit(digest: bytes) -> bytes:
+    return digest[:-1] + (b"1" if digest.endswith(b"0") else b"0")
+
+
+# Each hand-made change of an exported chain (its lines, header first), and
+# the record verify must name for it: (code, ordinal; 0 is the header).
+TAMPERED: dict[str, tuple[Any, str, int]] = {
+    "a line removed": (lambda c, _: c[:4] + c[5:], "broken_chain", 4),
+    "two lines swapped": (lambda c, _: [*c[:3], c[4], c[3], *c[5:]], "broken_chain", 3),
+    "a line duplicated": (lambda c, _: [*c[:4], c[3], *c[4:]], "broken_chain", 4),
+    "a line inserted": (lambda c, _: [*c[:10], c[2], *c[10:]], "broken_chain", 10),
+    "a line of another journal": (lambda c, o: [c[0], o[1], *c[2:]], "foreign_record", 1),
+    "a digit of a digest": (lambda c, _: [*c[:5], _flip(c[5], _own_digest(c[5]), _other_digit(_own_digest(c[5]))),
+                                          *c[6:]], "altered_digest", 5),
+    "a letter of a string": (lambda c, _: [*c[:2], _flip(c[2], b"timed out", b"timed 0ut"), *c[3:]],
+                             "altered_digest", 2),
+    "a space": (lambda c, _: [*c[:2], _flip(c[2], b'"error":', b'"error": '), *c[3:]], "non_canonical", 2),
+    "an unknown member": (lambda c, _: [*c[:2], c[2][:-1] + b',"zz":1}', *c[3:]], "unknown_field", 2),
+    "the last line cut": (lambda c, _: [*c[:-1], c[-1][:-20]], "non_canonical", 20),
+    "a trailing blank line": (lambda c, _: [*c, b""], "non_canonical", 21),
+    "a BOM": (lambda c, _: [b"\xef\xbb\xbf" + c[0], *c[1:]], "non_canonical", 0),
+    "CRLF line ends": (lambda c, _: [r + b"\r" for r in c], "non_canonical", 0),
+    "nothing at all": (lambda c, _: [], "non_canonical", 0),
+    "not JSON": (lambda c, _: [b"hello, auditor", *c[1:]], "non_canonical", 0),
+    "a record nested too deeply": (lambda c, _: [*c[:7], c[7][:-1] + b',"zz":' + DEEP.encode() + b"}", *c[8:]],
+                                   "non_canonical", 7),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("change", TAMPERED)
+def test_verify_names_the_first_bad_record_of_a_file_changed_by_hand(workdir: Path, change: str) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    other = new(execution_id="review-2")["head"]
+    data("journal", "append", "review-2", "--db", "review.db", "--file", "review-2.jsonl", "--expect", other)
+    for execution_id in ("review-1", "review-2"):
+        data("journal", "export", execution_id, "--db", "review.db", "--out", f"{execution_id}.chain.jsonl")
+    chain = (workdir / "review-1.chain.jsonl").read_bytes().split(b"\n")[:-1]
+    others = (workdir / "review-2.chain.jsonl").read_bytes().split(b"\n")[:-1]
+    tamper, code, ordinal = TAMPERED[change]
+    (workdir / "changed.jsonl").write_bytes(b"".join(r + b"\n" for r in tamper(chain, others)))
+    given = ("--file", "changed.jsonl", "--workflow", "review.workflow.json", "--policy", "review.policy.json")
+    result, out, err = main("journal", "verify", *given, "--json")
+    assert result == 1 and err == "", err
+    assert {k: v for k, v in json.loads(out).items() if k != "message"} == {
+        "ok": False, "journal": "changed.jsonl", "code": code, "ordinal": ordinal}  # fmt: skip
+    result, out, err = main("journal", "verify", *given)
+    where = "header" if ordinal == 0 else f"event {ordinal}"
+    assert result == 1 and out.startswith(f"BAD changed.jsonl: the first bad record is {where}: [{code}] "), out + err
 
 
 def test_export_writes_exactly_what_is_stored(workdir: Path) -> None:
@@ -359,7 +420,6 @@ def test_a_command_file_that_is_not_utf8_is_exit_2_naming_the_file(workdir: Path
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
 
 
-DEEP = "[" * 100_000 + "]" * 100_000
 START = ('{"command": "transition", "request": "r", "node": "search", "event": "work-started", "prior_state": "ready", '
          '"actor": "bot:search", "role": "searcher", "attempt": {"id": "s-1", "sequence": 1}')  # fmt: skip
 
