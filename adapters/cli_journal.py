@@ -400,10 +400,17 @@ def _resolve_successor(store: JournalStore, value: dict[str, Any], where: str) -
     if value.get("command") != "bind-successor" or not isinstance(successor, dict) or "digest" in successor:
         return value
     successor_id = successor.get("id")
-    chain = store.stored(successor_id) if isinstance(successor_id, str) else None
-    if chain is None:
+    try:
+        header = store.header(successor_id) if isinstance(successor_id, str) else None
+    except JournalError as exc:
+        # A stored header that does not decode names no digest: the stored data is bad, not what was typed.
+        raise JournalCliError(
+            f"{where}: successor {successor_id!r}: its stored header cannot be read: {exc.detail} [{exc.code}]",
+            EXIT_PROBLEM,
+        ) from None
+    if header is None:
         raise JournalCliError(f"{where}: successor {successor_id!r} is not in this database; give its digest")
-    return {**value, "successor": {**successor, "digest": json.loads(chain.header)["digest"]}}
+    return {**value, "successor": {**successor, "digest": header.digest}}
 
 
 def _read_head(path: Path) -> str:

@@ -258,29 +258,39 @@ def test_verify_names_the_first_bad_record_of_a_stored_journal(workdir: Path) ->
     assert out.startswith("BAD review-1: the first bad record is event 7: [altered_digest]"), out + err
 
 
-@pytest.mark.parametrize(("table", "column", "where", "named"), [
-    ("journal_events", "record", "ordinal = 7", "event 7: [altered_digest]"),
-    ("journal_headers", "header", "execution_id = 'review-1'", "header: [altered_digest]"),
-])  # fmt: skip
-def test_verify_names_a_record_rewritten_as_text(workdir: Path, table: str, column: str, where: str, named: str) -> None:
+def rewrite_by_hand(db: Path, statement: str, *triggers: str) -> None:
+    """Run ``statement`` past the append-only ``triggers``, putting them back so that the schema looks untouched."""
     import sqlite3  # noqa: PLC0415
 
-    head = new()["head"]
-    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
-    # SQLite's replace() returns TEXT: the plainest rewrite of a row leaves
-    # the record a string, not a blob.  It is still the record's bytes.
-    conn = sqlite3.connect(workdir / "review.db", isolation_level=None)
+    conn = sqlite3.connect(db, isolation_level=None)
     try:
-        triggers = [f"{table}_no_update"] + (["journal_headers_no_delete"] if table == "journal_headers" else [])
         saved = [conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (t,)).fetchone()[0] for t in triggers]
         for trigger in triggers:
             conn.execute(f"DROP TRIGGER {trigger}")
-        conn.execute(f"UPDATE {table} SET {column} = replace({column}, 'screen-a', 'screen-x') WHERE {where}")
-        assert conn.execute(f"SELECT typeof({column}) FROM {table} WHERE {where}").fetchone() == ("text",)
+        conn.execute(statement)
         for sql in saved:
             conn.execute(sql)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize(("table", "column", "where", "named"), [
+    ("journal_events", "record", "ordinal = 7", "event 7: [altered_digest]"),
+    ("journal_headers", "header", "execution_id = 'review-1'", "header: [altered_digest]"),
+])  # fmt: skip
+def test_verify_names_a_record_rewritten_as_text(
+    workdir: Path, table: str, column: str, where: str, named: str
+) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    # SQLite's replace() returns TEXT: the plainest rewrite of a row leaves
+    # the record a string, not a blob.  It is still the record's bytes.
+    rewrite_by_hand(workdir / "review.db", f"UPDATE {table} SET {column} = replace({column}, 'screen-a', 'screen-x') "
+                    f"WHERE {where}", f"{table}_no_update")  # fmt: skip
+    import sqlite3  # noqa: PLC0415
+
+    with contextlib.closing(sqlite3.connect(workdir / "review.db")) as conn:
+        assert conn.execute(f"SELECT typeof({column}) FROM {table} WHERE {where}").fetchone() == ("text",)
     code, out, err = main("journal", "verify", "review-1", "--db", "review.db")
     assert code == 1 and err == "", err
     assert out.startswith(f"BAD review-1: the first bad record is {named}"), out
@@ -366,6 +376,24 @@ def test_a_successor_is_checked_against_the_stored_header(workdir: Path) -> None
     new(db="other.db")
     code, out, _ = main("journal", "verify", *chain, "--db", "other.db", "--json")
     assert code == 1 and json.loads(out)["code"] == "bad_successor_binding"
+
+
+def test_a_successor_whose_stored_header_cannot_be_read_is_named(workdir: Path) -> None:
+    head = new()["head"]
+    (workdir / "h").write_text(head, encoding="utf-8")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--head-file", "h")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "retraction.jsonl", "--head-file", "h")
+    new(execution_id="review-2")
+    rewrite_by_hand(workdir / "review.db", "UPDATE journal_headers SET header = CAST(substr(header, 1, 40) AS BLOB) "
+                    "WHERE execution_id = 'review-2'", "journal_headers_no_update")  # fmt: skip
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    # bind-successor.jsonl leaves the digest out: it is read from review-2's stored header, which is no record.
+    code, out, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "bind-successor.jsonl",
+                          "--head-file", "h")  # fmt: skip
+    line = one_error_line(err)
+    assert code == 1 and out == "" and "internal error" not in line, line
+    assert "successor 'review-2': its stored header cannot be read" in line and "[non_canonical]" in line, line
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
 
 
 def test_show_and_replay_say_which_event_cut_an_attempt_off(workdir: Path) -> None:
