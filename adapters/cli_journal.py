@@ -605,10 +605,13 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
                     raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
                 journal = replay_stored(chain, _resolver(args), headers=store.header)
     except JournalError as exc:
-        where = "header" if exc.ordinal == 0 else f"event {exc.ordinal}" if exc.ordinal is not None else "the chain"
         if out.json_mode:
             out.data({"ok": False, "journal": what, "code": exc.code, "ordinal": exc.ordinal, "message": exc.detail})
+        elif exc.ordinal is None:
+            # No record is to blame (the workflow and policy do not bind each other): none is named.
+            out.line(("BAD", "bold red"), f" {what}: [{exc.code}] {exc.detail}")
         else:
+            where = "header" if exc.ordinal == 0 else f"event {exc.ordinal}"
             out.line(("BAD", "bold red"), f" {what}: the first bad record is {where}: [{exc.code}] {exc.detail}")
         return EXIT_PROBLEM
     if args.kept_head is not None and not _contains_head(journal, args.kept_head):

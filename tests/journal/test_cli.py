@@ -206,6 +206,20 @@ def test_verify_names_the_first_bad_record_of_a_file_changed_by_hand(workdir: Pa
     assert result == 1 and out.startswith(f"BAD changed.jsonl: the first bad record is {where}: [{code}] "), out + err
 
 
+def test_verify_names_no_record_when_the_policy_does_not_bind_the_workflow(workdir: Path) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl")
+    policy = json.loads((workdir / "review.policy.json").read_text(encoding="utf-8"))
+    (workdir / "other.policy.json").write_text(json.dumps({**policy, "workflow_digest": "sha256:" + "1" * 64}))
+    given = ("--file", "chain.jsonl", "--workflow", "review.workflow.json", "--policy", "other.policy.json")
+    code, out, err = main("journal", "verify", *given)
+    # Every record may be sound: the policy given is for another workflow, and no record is blamed for it.
+    assert code == 1 and err == "" and out.startswith("BAD chain.jsonl: [unverified_authority] policy "), out + err
+    code, out, _ = main("journal", "verify", *given, "--json")
+    assert code == 1 and (json.loads(out)["code"], json.loads(out)["ordinal"]) == ("unverified_authority", None)
+
+
 def test_export_writes_exactly_what_is_stored(workdir: Path) -> None:
     head = new()["head"]
     data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
