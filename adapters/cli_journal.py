@@ -353,7 +353,7 @@ def _new(args: argparse.Namespace, out: Output) -> int:
             raise JournalCliError(f"{exc.message} [{exc.code}]") from None
         raise
     if args.head_file is not None:
-        _check_writable(args.head_file, "--head-file")
+        _check_writable(args.head_file, "--head-file", args)
     with _store(args, create=True) as store:
         header = j.create_header(
             args.execution_id, workflow, policy, created_by=args.creator, now=store.clock.now(), supersedes=args.supersedes
@@ -425,7 +425,7 @@ def _read_head(path: Path) -> str:
     return head
 
 
-def _check_writable(path: Path, option: str) -> None:
+def _check_writable(path: Path, option: str, args: argparse.Namespace) -> None:
     """Refuse an output that could not be written, before anything (a journal, another output) is."""
     if path.is_dir():
         raise JournalCliError(f"{option} {path}: is a directory")
@@ -433,6 +433,21 @@ def _check_writable(path: Path, option: str) -> None:
         raise JournalCliError(f"{option} {path}: cannot write: directory {path.parent} does not exist")
     if not os.access(path if path.exists() else path.parent, os.W_OK):
         raise JournalCliError(f"{option} {path}: cannot write: permission denied")
+    if _is_the_database(path, args):
+        # A slip of the keyboard would replace the append-only journal with a head or an export of it.
+        raise JournalCliError(f"{option} {path}: is the SQLite database --db names; it would be overwritten")
+
+
+def _is_the_database(path: Path, args: argparse.Namespace) -> bool:
+    location = connect.parse_url(args.db, schema=args.schema)
+    if location.kind != "sqlite":
+        return False
+    assert location.path is not None
+    # SQLite's own files beside it are the database too.
+    database = [Path(f"{location.path}{suffix}") for suffix in ("", "-wal", "-shm", "-journal")]
+    if path.exists():
+        return any(d.exists() and os.path.samefile(path, d) for d in database)
+    return any(path.resolve() == d.resolve() for d in database)
 
 
 def _write_head(path: Path, head: str) -> None:
@@ -446,7 +461,7 @@ def _append(args: argparse.Namespace, out: Output) -> int:
     raw = _commands(args)
     if args.head_file is not None:
         args.expect = _read_head(args.head_file)
-        _check_writable(args.head_file, "--head-file")
+        _check_writable(args.head_file, "--head-file", args)
     elif args.expect is not None and not is_digest(args.expect):
         raise JournalCliError(f"--expect: {args.expect[:80]!r} is not a sha256: digest")
     where = "--command" if args.command_json is not None else f"--file {args.file}"
@@ -649,7 +664,7 @@ def _export(args: argparse.Namespace, out: Output) -> int:
     outputs = ((args.out, "--out"), (args.workflow_out, "--workflow-out"), (args.policy_out, "--policy-out"))
     for output, option in outputs:
         if output is not None:
-            _check_writable(output, option)
+            _check_writable(output, option, args)
     with _store(args) as store:
         chain = store.stored(args.execution_id)
     if chain is None:

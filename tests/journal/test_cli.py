@@ -503,6 +503,23 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_is_written(
     assert not (workdir / "chain.jsonl").exists() and not (workdir / "w.json").exists()
 
 
+def test_an_output_naming_the_database_is_refused_and_the_journal_kept(workdir: Path) -> None:
+    code, _, err = main("journal", "new", "review-1", "--db", "review.db", "--workflow", "review.workflow.json",
+                        "--policy", "review.policy.json", "--as", "carol", "--head-file", "review.db")  # fmt: skip
+    assert code == 2 and "--head-file review.db: is the SQLite database" in one_error_line(err)
+    assert not (workdir / "review.db").exists()
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    before = (workdir / "review.db").read_bytes()
+    (workdir / "alias.db").symlink_to(workdir / "review.db")
+    for output in (("--out", "review.db"), ("--workflow-out", "./review.db"), ("--policy-out", "alias.db")):
+        code, out, err = main("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl", *output)
+        assert code == 2 and out == ""
+        assert f"{output[0]} {Path(output[1])}: is the SQLite database" in one_error_line(err)
+    assert (workdir / "review.db").read_bytes() == before and not (workdir / "chain.jsonl").exists()
+    assert data("journal", "verify", "review-1", "--db", "sqlite:///alias.db")["events"] == 20
+
+
 def test_a_malformed_value_is_exit_2_as_for_every_command(workdir: Path) -> None:
     # tests/cli/test_exit_codes.py: a malformed identifier, and a refusal for a
     # malformed request field (invalid_request), are what was typed: 2.
