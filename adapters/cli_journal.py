@@ -662,9 +662,14 @@ def _chain_file(path: Path) -> tuple[bytes, list[bytes]]:
 
 def _export(args: argparse.Namespace, out: Output) -> int:
     outputs = ((args.out, "--out"), (args.workflow_out, "--workflow-out"), (args.policy_out, "--policy-out"))
+    taken: dict[Path, str] = {}
     for output, option in outputs:
         if output is not None:
             _check_writable(output, option, args)
+            # Written one after the other, two outputs in one file would leave only the last.
+            if output.resolve() in taken:
+                raise JournalCliError(f"{option} {output}: is also {taken[output.resolve()]}; give each its own file")
+            taken[output.resolve()] = option
     with _store(args) as store:
         chain = store.stored(args.execution_id)
     if chain is None:

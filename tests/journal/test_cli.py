@@ -520,6 +520,14 @@ def test_an_output_naming_the_database_is_refused_and_the_journal_kept(workdir: 
     assert data("journal", "verify", "review-1", "--db", "sqlite:///alias.db")["events"] == 20
 
 
+def test_export_refuses_two_outputs_in_one_file(workdir: Path) -> None:
+    new()
+    code, out, err = main("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl",
+                          "--workflow-out", "w.json", "--policy-out", "./chain.jsonl")  # fmt: skip
+    assert code == 2 and out == "" and "--policy-out chain.jsonl: is also --out" in one_error_line(err)
+    assert not (workdir / "chain.jsonl").exists() and not (workdir / "w.json").exists()
+
+
 def test_a_malformed_value_is_exit_2_as_for_every_command(workdir: Path) -> None:
     # tests/cli/test_exit_codes.py: a malformed identifier, and a refusal for a
     # malformed request field (invalid_request), are what was typed: 2.
