@@ -50,7 +50,7 @@ from fencekeeper.kernel.canonical import is_digest
 from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
-from . import connect, journal_fixtures
+from . import connect, journal_fixtures, render
 from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, authority_of, replay_stored
 from .render import Output, state
 from .store import StoreError, SystemClock
@@ -196,7 +196,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     except (JournalCliError, StoreError, JournalError) as exc:
         if getattr(args, "debug", False):
             raise
-        print(f"fencekeeper: error: {_message(exc)}", file=sys.stderr)
+        # As in cli.py: a path or value the user gave is shown, never obeyed by the terminal.
+        print(f"fencekeeper: error: {render.printable(_message(exc))}", file=sys.stderr)
         if isinstance(exc, JournalCliError):
             return exc.exit_code
         if isinstance(exc, StoreError):

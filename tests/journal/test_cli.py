@@ -503,6 +503,13 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_is_written(
     assert not (workdir / "chain.jsonl").exists() and not (workdir / "w.json").exists()
 
 
+def test_an_error_shows_what_was_typed_without_the_terminal_obeying_it(workdir: Path) -> None:
+    head = new()["head"]
+    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "\x1b[2Kgone.jsonl",
+                        "--expect", head)  # fmt: skip
+    assert code == 2 and "\x1b" not in err and "--file \\x1b[2Kgone.jsonl: cannot read" in one_error_line(err)
+
+
 def test_an_output_naming_the_database_is_refused_and_the_journal_kept(workdir: Path) -> None:
     code, _, err = main("journal", "new", "review-1", "--db", "review.db", "--workflow", "review.workflow.json",
                         "--policy", "review.policy.json", "--as", "carol", "--head-file", "review.db")  # fmt: skip
