@@ -355,6 +355,9 @@ def _new(args: argparse.Namespace, out: Output) -> int:
         raise
     if args.head_file is not None:
         _check_writable(args.head_file, "--head-file", args)
+        for given, option in ((args.workflow, "--workflow"), (args.policy, "--policy")):
+            if args.head_file.resolve() == given.resolve():
+                raise JournalCliError(f"--head-file {args.head_file}: is also {option}; it would be overwritten")
     with _store(args, create=True) as store:
         header = j.create_header(
             args.execution_id, workflow, policy, created_by=args.creator, now=store.clock.now(), supersedes=args.supersedes

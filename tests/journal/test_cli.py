@@ -515,6 +515,12 @@ def test_an_output_naming_the_database_is_refused_and_the_journal_kept(workdir: 
                         "--policy", "review.policy.json", "--as", "carol", "--head-file", "review.db")  # fmt: skip
     assert code == 2 and "--head-file review.db: is the SQLite database" in one_error_line(err)
     assert not (workdir / "review.db").exists()
+    policy = (workdir / "review.policy.json").read_bytes()
+    code, _, err = main("journal", "new", "review-1", "--db", "review.db", "--workflow", "review.workflow.json",
+                        "--policy", "review.policy.json", "--as", "carol",
+                        "--head-file", "./review.policy.json")  # fmt: skip
+    assert code == 2 and "--head-file review.policy.json: is also --policy" in one_error_line(err)
+    assert not (workdir / "review.db").exists() and (workdir / "review.policy.json").read_bytes() == policy
     head = new()["head"]
     data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
     before = (workdir / "review.db").read_bytes()
