@@ -598,6 +598,13 @@ def _detail(event: j.Event) -> str:
 def _verify(args: argparse.Namespace, out: Output) -> int:
     if (args.file is None) == (args.execution_id is None):
         raise JournalCliError("give EXECUTION_ID with --db, or --file with --workflow and --policy")
+    if args.execution_id is not None and (args.workflow is not None or args.policy is not None):
+        # Ignoring them would say "ok" of a workflow and policy that were never looked at.
+        option = "--workflow" if args.workflow is not None else "--policy"
+        raise JournalCliError(
+            f"{option} applies to --file: a stored journal is verified against the workflow and policy stored with it "
+            "(export it to verify it against your own)"
+        )
     if args.kept_head is not None and not is_digest(args.kept_head):
         raise JournalCliError(f"--kept-head: {args.kept_head[:80]!r} is not a sha256: digest")
     try:

@@ -220,6 +220,13 @@ def test_verify_names_no_record_when_the_policy_does_not_bind_the_workflow(workd
     assert code == 1 and (json.loads(out)["code"], json.loads(out)["ordinal"]) == ("unverified_authority", None)
 
 
+def test_verify_of_a_stored_journal_refuses_a_workflow_or_policy_it_would_not_use(workdir: Path) -> None:
+    new()
+    for given in (("--workflow", "review.workflow.json"), ("--policy", "missing.json")):
+        code, out, err = main("journal", "verify", "review-1", "--db", "review.db", *given)
+        assert code == 2 and out == "" and f"{given[0]} applies to --file" in one_error_line(err)
+
+
 def test_export_writes_exactly_what_is_stored(workdir: Path) -> None:
     head = new()["head"]
     data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
