@@ -235,10 +235,17 @@ class MemoryStore(TransactionalStore):
         self._rows = _Rows()
         self._lock = threading.RLock()
 
+    def _rows_now(self) -> _Rows:
+        # Called with the lock held.  After close the store answered as if
+        # nothing had happened, where every other store refuses.
+        if self._closed:
+            raise StoreError("store_unavailable", "the in-memory store is closed; what it held is gone")
+        return self._rows
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
         with self._lock:
-            backend = _MemoryBackend(self._rows)
+            backend = _MemoryBackend(self._rows_now())
             yield backend
             self._rows = backend.rows
 
@@ -247,14 +254,14 @@ class MemoryStore(TransactionalStore):
         with self._lock:
             return sorted(
                 eid
-                for eid, d in self._rows.dispatches.items()
+                for eid, d in self._rows_now().dispatches.items()
                 if d.dispatch_state == DispatchState.CLAIMED and d.lease_expires_at is not None
                 and d.lease_expires_at <= now
             )
 
     def read(self, execution_id: str) -> ExecutionView | None:
         with self._lock:
-            rows = self._rows
+            rows = self._rows_now()
             execution = rows.executions.get(execution_id)
             dispatch = rows.dispatches.get(execution_id)
             if execution is None or dispatch is None:
@@ -287,11 +294,14 @@ class MemoryStore(TransactionalStore):
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
         with self._lock:
             return sorted(
-                eid for eid, e in self._rows.executions.items() if state is None or e.state == state
+                eid for eid, e in self._rows_now().executions.items() if state is None or e.state == state
             )
 
     def close(self) -> None:
-        """Nothing to release; present so every store can be used the same way."""
+        """Drop what the store holds; every call after it is StoreError('store_unavailable'), as on every store."""
+        with self._lock:
+            self._closed = True
+            self._rows = _Rows()
 
 
 __all__ = [

@@ -2400,6 +2400,7 @@ class PostgresStore(TransactionalStore):
 
     def close(self) -> None:
         with self._listener_lock:
+            self._closed = True
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None

@@ -750,7 +750,7 @@ class _Write:
         store = self.store
         store._lock.acquire()
         try:
-            store._conn.execute("BEGIN IMMEDIATE")
+            store._connection().execute("BEGIN IMMEDIATE")
         except BaseException as exc:
             store._lock.release()
             if isinstance(exc, sqlite3.OperationalError):
@@ -805,6 +805,12 @@ class SQLiteStore(TransactionalStore):
         self._lock = threading.RLock()
         self._conn = _open_read_only(self.path) if read_only else _open(self.path, busy_timeout)
 
+    def _connection(self) -> sqlite3.Connection:
+        # Called with the lock held.  After close, sqlite3's own ProgrammingError named nothing.
+        if self._closed:
+            raise StoreError("store_unavailable", f"{self.path}: the store is closed")
+        return self._conn
+
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
         return _Write(self)
 
@@ -812,11 +818,12 @@ class SQLiteStore(TransactionalStore):
     def _read(self) -> Iterator[sqlite3.Connection]:
         # A read transaction, so that a view is taken from one consistent snapshot.
         with self._lock:
-            self._conn.execute("BEGIN")
+            conn = self._connection()
+            conn.execute("BEGIN")
             try:
-                yield self._conn
+                yield conn
             finally:
-                self._conn.execute("COMMIT")
+                conn.execute("COMMIT")
 
     def expired(self) -> list[str]:
         now = self.clock.now()
@@ -838,16 +845,17 @@ class SQLiteStore(TransactionalStore):
         # that it is due under that decision's guard.
         now = self.clock.now()
         with self._lock:
-            return _SQLiteBackend(self._conn).due_registrations(now, limit, business_id)
+            return _SQLiteBackend(self._connection()).due_registrations(now, limit, business_id)
 
     def read_for_visit(self, execution_id: str) -> VisitView | None:
         # One statement: SQLite runs it in a read transaction of its own, one
         # snapshot, so neither BEGIN nor COMMIT is needed.
         with self._lock:
-            return _SQLiteBackend(self._conn).visit_view(execution_id)
+            return _SQLiteBackend(self._connection()).visit_view(execution_id)
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()
 
 

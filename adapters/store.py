@@ -342,7 +342,7 @@ class Store(Protocol):
         ...
 
     def close(self) -> None:
-        """Release the store's connections."""
+        """Release the store's connections; every call after it is StoreError('store_unavailable'), a second close nothing."""
         ...
 
     # What the interpreter needs beyond the protocol's decisions.
@@ -707,6 +707,8 @@ class TransactionalStore(abc.ABC):
         # immutable once registered (load_definition).  Shared by the store's
         # threads; a Definition is a frozen value.
         self._definitions: dict[tuple[str, str, int | None], d.Definition] = {}
+        # Set by close(): from then on every call is StoreError('store_unavailable').
+        self._closed = False
 
     @abc.abstractmethod
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
@@ -738,7 +740,10 @@ class TransactionalStore(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Release the store's connections."""
+        """Release the store's connections and set ``_closed``: every call after it is StoreError('store_unavailable').
+
+        A second close does nothing.
+        """
         ...
 
     def _run(
@@ -1101,7 +1106,8 @@ class TransactionalStore(abc.ABC):
         found, are always read: either may change when one is registered.
         """
         key = (business_id, definition_id, revision)
-        if revision is not None:
+        # A closed store answers nothing, from memory either: the read below raises its store_unavailable.
+        if revision is not None and not self._closed:
             cached = self._definitions.get(key)
             if cached is not None:
                 return cached

@@ -22,6 +22,9 @@ Rules every test here checks, through the port alone:
 - **Recovery commands** replay by their identity, the older ones too
   after a newer command moved the execution on; **quarantine**, the
   sweep's form of recovery, decides exactly as ``recover`` does.
+- **After close** every call of the port is ``StoreError('store_unavailable')``
+  saying the store is closed, a revision kept in memory included, never a
+  driver's own error or an answer; a second close does nothing.
 """
 
 from __future__ import annotations
@@ -30,15 +33,19 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import attrs
+import pytest
 
-from fencekeeper.adapters.store import Evidence, ManualClock, Store
+from fencekeeper.adapters.store import Evidence, ManualClock, Store, StoreError
+from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionState
 
 from .suite import (
     GRANTED,
+    LEASE,
     RC,
     RequestTests,
+    _definition,
     _event,
     admit,
     claim,
@@ -46,11 +53,14 @@ from .suite import (
     finalize_request,
     recovery_request,
     refused,
+    register_pinned,
     snapshot,
+    step_request,
     store_error,
     unchanged,
     view,
     wait_spec,
+    wake_request,
 )
 
 
@@ -297,6 +307,51 @@ class PortTests(RequestTests):
         assert found.recoveries == (decision.recovery,)
         replay = unchanged(store, lambda: store.quarantine(request), p.UnchangedCode.RECOVERY_REPLAYED)
         assert replay.record == decision.recovery
+
+    # --- after close -------------------------------------------------------------------------------
+
+    def test_every_call_after_close_is_store_unavailable(self, store: Store) -> None:
+        register_pinned(store)
+        assert store.load_definition("b-1", "d-1", 1) is not None  # kept in memory from now on
+        credential = self.running(store, "e-1")
+        admit(store, "e-2")
+        key = p.WaitKey("e-1", "n-wait", "a-wait")
+        step = step_request(store, "e-1", credential)
+        finalize = finalize_request(store, "e-1", credential, ExecutionState.SUCCEEDED)
+        recovery = recovery_request(store, "e-1", p.RecoveryKind.QUARANTINE_EXPIRED, "q-1")
+        binding = approvals.Binding("purchase.approve", (("o-1", 3),), ())
+        approval = approvals.ApprovalDecision("d-1", "att-1/approval", "b-1", "rev-1", "approved", binding, GRANTED)
+        store.close()
+        calls: dict[str, Callable[[], object]] = {
+            "admit": lambda: store.admit(p.AdmitRequest("e-3", "b-1", "d-1", 1, "start", GRANTED)),
+            "claim_next": lambda: store.claim_next(p.ClaimRequest("w-2", "t-closed", LEASE)),
+            "renew": lambda: store.renew("e-1", p.RenewRequest(credential, LEASE)),
+            "record_step": lambda: store.record_step("e-1", step),
+            "release": lambda: store.release("e-1", p.ReleaseRequest(credential, step.expected_revision)),
+            "finalize": lambda: store.finalize(finalize),
+            "append_evidence": lambda: store.append_evidence("e-1", credential, [Evidence("ev-c", "step_attempt", {})]),
+            "wake": lambda: store.wake(wake_request(key)),
+            "cancel": lambda: store.cancel(p.CancelRequest("e-2", "b-1", 1, GRANTED)),
+            "recover": lambda: store.recover(recovery),
+            "quarantine": lambda: store.quarantine(recovery),
+            "expired": store.expired,
+            "read": lambda: store.read("e-1"),
+            "read_for_visit": lambda: store.read_for_visit("e-1"),
+            "execution_ids": store.execution_ids,
+            "register_definition": lambda: store.register_definition(_definition(2), "b-1", GRANTED),
+            "load_definition kept": lambda: store.load_definition("b-1", "d-1", 1),
+            "load_definition latest": lambda: store.load_definition("b-1", "d-1"),
+            "publish_event": lambda: store.publish_event(_event("ev-closed", ("order", "o-1")), GRANTED),
+            "decide_approval": lambda: store.decide_approval(approval),
+            "due_wakes": store.due_wakes,
+            "fire_timer": lambda: store.fire_timer(key, GRANTED),
+        }
+        for name, call in calls.items():
+            with pytest.raises(StoreError) as caught:
+                call()
+            assert caught.value.code == "store_unavailable", (name, caught.value)
+            assert "closed" in str(caught.value), (name, caught.value)
+        store.close()  # a second close does nothing
 
 
 def _appending(store: Store, credential: p.LeaseCredential, item: Evidence) -> Callable[[], p.Outcome]:

@@ -18,6 +18,6 @@ from fencekeeper.adapters.store import Backend
 class UnlockedMemoryStore(MemoryStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
-        backend = _MemoryBackend(self._rows)
+        backend = _MemoryBackend(self._rows_now())
         yield backend
         self._rows = backend.rows

@@ -163,7 +163,7 @@ class _ForgetsToClose(MemoryStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
         with self._lock:
-            backend = _ForgetsToCloseBackend(self._rows)
+            backend = _ForgetsToCloseBackend(self._rows_now())
             yield backend
             self._rows = backend.rows
 

@@ -33,7 +33,7 @@ class _Store(MemoryStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Backend]:
         with self._lock:
-            backend = self.backend(self._rows)
+            backend = self.backend(self._rows_now())
             yield backend
             self._rows = backend.rows
 
