@@ -2390,6 +2390,9 @@ class PostgresStore(TransactionalStore):
         timeout: a notification is a hint, never the only way to find work.
         """
         with self._listener_lock:
+            if self._closed:
+                # Else a listening connection would be opened again, and nothing would close it.
+                raise StoreError("store_unavailable", f"the PostgreSQL store of schema {self.schema} is closed")
             if self._listener is None or self._listener.closed:
                 self._listener = psycopg.connect(self.dsn, autocommit=True)
                 self._listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))

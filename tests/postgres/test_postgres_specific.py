@@ -237,6 +237,19 @@ def test_a_refused_decision_sends_no_notification(pg_dsn: str, pg_schema: str) -
         actor.close()
 
 
+def test_waiting_for_work_after_close_is_store_unavailable_and_listens_no_more(pg_dsn: str, pg_schema: str) -> None:
+    # The suite's after-close test cannot see this: wait_for_work is no part of the port, and
+    # it opened its listening connection again, which nothing then closed.
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    assert store.wait_for_work(0.01) is False  # listening
+    store.close()
+    with pytest.raises(StoreError) as caught:
+        store.wait_for_work(0.01)
+    assert caught.value.code == "store_unavailable" and "closed" in str(caught.value), caught.value
+    assert store._listener is None
+    store.close()  # a second close does nothing
+
+
 def test_a_killed_connection_is_replaced_or_reported_never_leaked(pg_dsn: str, pg_schema: str) -> None:
     # pg_terminate_backend on the store's idle connections: the request that
     # finds one dead fails as StoreError('store_unavailable'), never psycopg's
