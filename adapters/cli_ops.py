@@ -64,7 +64,7 @@ from .operations.service import (
     PrincipalResolverRegistry,
     check_submission,
 )
-from .operations.worker import DurableOperationWorker, WorkReport, default_worker_id
+from .operations.worker import MAX_LEASE, DurableOperationWorker, WorkReport, default_worker_id
 from .render import Output
 from .store import StoreError, StorePatience
 
@@ -403,11 +403,13 @@ def _cancel(args: argparse.Namespace, out: Output) -> int:
 def _worker(args: argparse.Namespace, out: Output) -> int:
     if args.concurrency < 1:
         raise _Usage("--concurrency must be positive")
+    longest = MAX_LEASE.total_seconds()
     for flag, seconds in (("--lease", args.lease), ("--poll", args.poll)):
-        # At most a day: the lease is also the PostgreSQL sessions' idle-in-transaction timeout, which the store
-        # bounds so; nan and infinity are no number of seconds (and would end each worker thread at its start).
-        if not 0 < seconds <= 86_400:  # also false for nan
-            raise _Usage(f"{flag}: must be a positive number of seconds, at most a day (86400), got {seconds}")
+        # At most a day (the worker's MAX_LEASE): the lease is also the PostgreSQL sessions' idle-in-transaction
+        # timeout, which the store bounds so; nan and infinity are no number of seconds (and would end each worker
+        # thread at its start).
+        if not 0 < seconds <= longest:  # also false for nan
+            raise _Usage(f"{flag}: must be a positive number of seconds, at most a day ({longest:g}), got {seconds}")
     try:
         processes = prefork.check_processes(args.processes)
     except prefork.ProcessesError as exc:

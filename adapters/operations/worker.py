@@ -62,7 +62,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -99,6 +99,13 @@ class WorkReport:
 # Only the parse: the principal behind it is resolved again before every side effect.
 _reference = functools.lru_cache(maxsize=1024)(PrincipalReference.parse)
 
+
+MAX_LEASE: Final = timedelta(days=1)
+"""The longest lease a worker takes, in Python as on the command line (``fencekeeper op worker --lease``).
+
+There the lease is also the PostgreSQL sessions' idle-in-transaction timeout, which the store bounds at a
+day; and a heartbeat, waiting a third of the lease, cannot wait past what ``threading`` can time.
+"""
 
 _LONGEST_PAUSE = timedelta(hours=1)
 """The longest a refused row is passed over (or a worker paused) before its claim is tried again."""
@@ -139,6 +146,9 @@ class DurableOperationWorker:
             if problem is not None:
                 raise DurableOperationError("invalid_input", f"{field}: {problem}", field)
         problem = duration_problem(lease)
+        if problem is None and lease > MAX_LEASE:
+            # Accepted, a lease of a million days ended the heartbeat thread with OverflowError at the first action.
+            problem = f"must be at most a day ({MAX_LEASE}), got {lease}"
         if problem is not None:
             raise DurableOperationError("invalid_request", f"lease: {problem}", "lease")
         self.store = store

@@ -10,7 +10,7 @@ import pytest
 
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
 from fencekeeper.adapters.operations.ports import ClaimRefused
-from fencekeeper.adapters.operations.worker import DurableOperationWorker
+from fencekeeper.adapters.operations.worker import MAX_LEASE, DurableOperationWorker
 from fencekeeper.adapters.store import ManualClock, SystemClock
 from fencekeeper.adapters.testing.operations_suite import (
     ALICE,
@@ -296,11 +296,13 @@ def test_a_principal_or_version_of_the_wrong_type_is_invalid_input_naming_it() -
     [
         ({"lease": timedelta(0)}, "invalid_request"),
         ({"lease": 30}, "invalid_request"),
+        ({"lease": MAX_LEASE + timedelta(microseconds=1)}, "invalid_request"),
+        ({"lease": timedelta(days=10**6)}, "invalid_request"),
         ({"tenant": "a b"}, "invalid_input"),
         ({"worker_id": "a b"}, "invalid_input"),
         ({"namespace": ""}, "invalid_input"),
     ],
-    ids=["zero-lease", "lease-in-seconds", "tenant", "worker_id", "namespace"],
+    ids=["zero-lease", "lease-in-seconds", "lease-past-a-day", "lease-of-a-million-days", "tenant", "worker_id", "namespace"],
 )
 def test_a_worker_setting_that_cannot_work_is_refused_when_the_worker_is_made(setting: dict[str, object], code: str) -> None:
     """A zero lease spun run_until_idle through a refusal at every claim; a lease in seconds was a TypeError there."""
@@ -314,6 +316,28 @@ def test_a_worker_setting_that_cannot_work_is_refused_when_the_worker_is_made(se
     field = next(iter(setting))
     assert (raised.value.code, raised.value.field) == (code, field)
     assert raised.value.message.startswith(f"{field}: ")
+
+
+def test_a_lease_of_a_day_is_the_longest_a_worker_takes_as_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past a day the heartbeat thread died with OverflowError; the command line's --lease stopped at a day already."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    world = World(MemoryOperationStore(SystemClock()), ManualClock())
+    original = world.provider.capture
+
+    def slow_capture(key: str, amount: int) -> str:
+        time.sleep(0.2)  # the heartbeat thread is waiting its third of the lease meanwhile
+        return original(key, amount)
+
+    world.provider.capture = slow_capture  # type: ignore[method-assign]
+    op_id = world.service.submit(
+        tenant=TENANT, principal=ALICE, action="capture_unapproved", input={"order": "o-1", "amount": 1},
+        client_key="a-day",
+    ).operation_id
+    worker = DurableOperationWorker(world.store, world.actions, world.resolvers, tenant=TENANT, lease=MAX_LEASE)
+    report = worker.run_once()
+    assert report is not None and (report.operation_id, report.outcome) == (op_id, "succeeded"), report
+    assert died == []
 
 
 @pytest.mark.parametrize(
