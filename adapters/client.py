@@ -267,6 +267,22 @@ def translated() -> Iterator[None]:
         raise RequestError(RequestCode.DEFINITION_CONFLICT, "definition", str(exc)) from None
 
 
+@contextlib.contextmanager
+def opening() -> Iterator[None]:
+    """:func:`translated`, around opening (or migrating) the store a ``url`` names.
+
+    The opening layer words its failures for the command line (``--db:
+    cannot connect to PostgreSQL ...``); a Python caller passed ``url``, and
+    the message names its DSN already, so the flag is dropped, as for a
+    ``url`` that names no store (:func:`check_connect_arguments`).
+    """
+    with translated():
+        try:
+            yield
+        except StoreError as exc:
+            raise StoreError(exc.code, exc.message.removeprefix("--db: ")) from None
+
+
 def _answer(outcome: T | p.Refusal, raise_on_refusal: bool, execution_id: str | None = None) -> T | p.Refusal:
     if isinstance(outcome, p.Refusal) and raise_on_refusal:
         raise Refused(outcome, execution_id)
@@ -1239,7 +1255,7 @@ def connect(
             raise RequestError(RequestCode.INVALID_ARGUMENT, "schema", "applies to PostgreSQL only")
         store = MemoryStore(clock)
     else:
-        with translated():
+        with opening():
             if migrate:
                 connecting.migrate(url, schema=schema)
             store = connecting.open_store(url, schema=schema, clock=clock, pool_size=pool_size)

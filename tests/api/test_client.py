@@ -703,3 +703,20 @@ def test_an_unreachable_store_is_a_store_failure(tmp_path: Path) -> None:
     with pytest.raises(fencekeeper.StoreFailure) as caught:
         fencekeeper.connect(str(tmp_path / "notes.txt"), policy=examples.grants("default"), handler=None)
     assert caught.value.code is fencekeeper.StoreCode.NOT_A_DATABASE
+
+
+@pytest.mark.parametrize("migrate", [False, True])
+def test_an_unreachable_server_is_worded_alike_by_connect_and_connect_async(migrate: bool) -> None:
+    # connect's message began with the command line's "--db: ", connect_async's did not: a Python caller passed url.
+    url = "postgresql://nobody@127.0.0.1:1/none"
+    policy = examples.grants("default")
+    with pytest.raises(fencekeeper.StoreFailure) as blocking:
+        fencekeeper.connect(url, policy=policy, handler=None, migrate=migrate)
+    with pytest.raises(fencekeeper.StoreFailure) as native:
+        asyncio.run(fencekeeper.connect_async(url, policy=policy, handler=None, migrate=migrate))
+    for caught in (blocking, native):
+        assert caught.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE
+        assert caught.value.message.startswith(
+            "cannot connect to PostgreSQL (user=nobody dbname=none host=127.0.0.1 port=1): "
+        ), caught.value
+    assert str(blocking.value) == str(native.value)
