@@ -304,7 +304,7 @@ def run_application(conn: psycopg.Connection[Any], sql: str, params: Sequence[An
 
 
 class _PgOpsTx(SqlTx):
-    def __init__(self, conn: psycopg.Connection[Any], clock: Clock | None) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], clock: Clock | None, schema: str) -> None:
         # The store's statements go through the execution store's _run (prepared by name on
         # each connection, no cursor: a few microseconds each instead of tens); what an
         # atomic action sends is arbitrary SQL and goes through a psycopg cursor, guarded.
@@ -315,6 +315,7 @@ class _PgOpsTx(SqlTx):
         )
         self.conn = conn
         self.clock = clock
+        self.schema = schema
         self.checks_live_lease = clock is None
 
     def _store_statement(self, sql: str, params: Sequence[Any], *, commit: bool = False) -> Any:
@@ -386,7 +387,7 @@ class _PgOpsTx(SqlTx):
         return self._from_read(row[:-1])
 
     def serialize_identity(self, identity: Any) -> None:
-        key = _identity_key(self.key_columns(identity))
+        key = _identity_key(self.schema, self.key_columns(identity))
         self.run("SELECT 1 FROM pg_advisory_xact_lock(hashtextextended(?, 1))", (key,))
 
     def due_bound(self) -> tuple[str, list[Any]]:
@@ -415,7 +416,7 @@ class _PgOpsTx(SqlTx):
         row = self.run(
             "SELECT clock_timestamp(), (SELECT operation_id FROM operation_identities WHERE namespace = ? "
             "AND tenant = ? AND principal = ? AND client_key = ?) FROM pg_advisory_xact_lock(hashtextextended(?, 1))",
-            (*columns, _identity_key(columns)),
+            (*columns, _identity_key(self.schema, columns)),
         ).fetchone()
         assert row is not None
         if self.clock is None:
@@ -439,10 +440,12 @@ class _PgOpsTx(SqlTx):
 # does not count as an OperationalError) is a lost connection like any other.
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
-def _identity_key(columns: tuple[str, str, str, str]) -> str:
+def _identity_key(schema: str, columns: tuple[str, str, str, str]) -> str:
     # The advisory lock's key is the row's key (``identity_columns``): submissions under two versions of one
-    # principal's resolver serialize on one lock, as they meet on one row.
-    return "\x1f".join(columns)
+    # principal's resolver serialize on one lock, as they meet on one row.  Advisory locks are the whole
+    # database's, so the schema is part of the key: stores in two schemas of one database never wait for
+    # each other's identities, as they never meet on a row.
+    return "\x1f".join((schema, *columns))
 
 
 def _check_tenant(tenant: str) -> str:
@@ -545,7 +548,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         try:
             conn = self._pool.getconn()
             try:
-                tx = _PgOpsTx(conn, self.clock)
+                tx = _PgOpsTx(conn, self.clock, self.schema)
                 tx.opens = True
                 try:
                     self._enter_scope(conn)
@@ -598,7 +601,7 @@ class PostgresOperationStore(TransactionalOperationStore):
             with self._pool.connection() as conn, conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 self._enter_scope(conn)
-                yield _PgOpsTx(conn, self.clock)
+                yield _PgOpsTx(conn, self.clock, self.schema)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise self._refused(exc) from None
         except _CONNECTION_LOST as exc:

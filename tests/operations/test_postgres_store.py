@@ -254,7 +254,7 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
                 waiting = conn.execute(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
                     "AND ((classid::bigint << 32) | objid::bigint) = hashtextextended(%s, 1)",
-                    ("\x1f".join(("default", "acme", o.stable_principal(alice.ref), "k")),),
+                    ("\x1f".join((shared_schema, "default", "acme", o.stable_principal(alice.ref), "k")),),
                 ).fetchone()
                 if waiting and waiting[0]:
                     break
@@ -273,6 +273,45 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
     finally:
         release.set()
         store.close()
+
+
+def test_stores_in_two_schemas_never_wait_for_each_others_identities(
+    pg_dsn: str, shared_schema: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Advisory locks are the whole database's: the identity's lock is keyed by the schema too."""
+    held_store = factory_for(pg_dsn, shared_schema)(None)
+    other_store = factory_for(pg_dsn, pg_schema)(None)
+    alice = PrincipalReference("users", 1, "alice")
+    holding = threading.Event()
+    release = threading.Event()
+    write = _PgOpsTx.write
+
+    def held(self: _PgOpsTx, decision: Any, input_json: str | None) -> bool:
+        if self.schema == shared_schema:
+            holding.set()
+            assert release.wait(30)  # this submission holds its identity's lock here
+        return write(self, decision, input_json)
+
+    monkeypatch.setattr(_PgOpsTx, "write", held)
+
+    def submit(store: PostgresOperationStore) -> Any:
+        service = DurableOperationService(store, _noop_registry(), examples.resolvers())
+        return service.submit(tenant="acme", principal=alice, action="noop", input={"n": 1}, client_key="both")
+
+    first = threading.Thread(target=submit, args=(held_store,))
+    try:
+        first.start()
+        assert holding.wait(30)
+        started = time.monotonic()
+        # The same identity in the other schema: admitted at once, not after the held one commits.
+        admission = submit(other_store)
+        assert admission.created
+        assert time.monotonic() - started < 10
+    finally:
+        release.set()
+        first.join(30)
+        held_store.close()
+        other_store.close()
 
 
 def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_server(pg_dsn: str, pg_schema: str) -> None:
