@@ -25,7 +25,7 @@ import attrs
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.errors import InvalidOperation
 
-from ..store import Clock, SystemClock
+from ..store import Clock, StoreError, SystemClock
 from .base import TransactionalOperationStore, Tx, due_at
 from .ports import GuardedContext, MalformedRow, OperationView, StaleContext
 
@@ -152,20 +152,30 @@ class MemoryOperationStore(TransactionalOperationStore):
         self.clock: Clock = clock or SystemClock()
         self._state = _State()
         self._lock = threading.RLock()
+        self._closed = False
+
+    def _open(self) -> _State:
+        # Held under the lock.  After close every call is store_unavailable, as on the SQL stores,
+        # rather than answering from rows a closed store no longer has.
+        if self._closed:
+            raise StoreError("store_unavailable", "the in-memory operation store is closed")
+        return self._state
 
     @contextmanager
     def _transaction(self) -> Iterator[Tx]:
         with self._lock:
-            working = self._state.copy()
+            working = self._open().copy()
             yield _MemoryTx(working, self.clock)
             self._state = working
 
     def now(self) -> datetime:
+        with self._lock:
+            self._open()
         return self.clock.now()
 
     def view(self, operation_id: str) -> OperationView | None:
         with self._lock:
-            state = self._state
+            state = self._open()
             operation = state.operations.get(operation_id)
             if operation is None:
                 return None
@@ -184,30 +194,32 @@ class MemoryOperationStore(TransactionalOperationStore):
 
     def outbox(self, after: str | None = None, limit: int = 100) -> list[o.OutboxMessage]:
         with self._lock:
-            messages = self._state.outbox
+            messages = self._open().outbox
             start = next((i + 1 for i, m in enumerate(messages) if m.message_id == after), 0) if after else 0
             return messages[start : start + limit]
 
     def tables(self) -> dict[str, dict[Any, Any]]:
         """A copy of the application's tables as committed."""
         with self._lock:
-            return copy.deepcopy(self._state.tables)
+            return copy.deepcopy(self._open().tables)
 
     def seed_table(self, name: str, rows: dict[Any, Any]) -> None:
         """Set an application table, as an application's own setup would (outside any Operation)."""
         with self._lock:
-            self._state.tables[name] = copy.deepcopy(rows)
+            self._open().tables[name] = copy.deepcopy(rows)
 
     def active_references(self) -> list[tuple[str, int, str]]:
         with self._lock:
             return sorted(
                 {(op.action_name, op.action_version, op.identity.principal)
-                 for op in self._state.operations.values() if op.outcome is None}
+                 for op in self._open().operations.values() if op.outcome is None}
             )
 
     def operation_ids(self) -> list[str]:
         with self._lock:
-            return sorted(self._state.operations)
+            return sorted(self._open().operations)
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            self._closed = True
+            self._state = _State()

@@ -239,6 +239,16 @@ class OperationStoreTests:
             ) from None
         return factory
 
+    def test_a_closed_store_answers_store_unavailable_not_its_drivers_error(self, world: World) -> None:
+        # Every store, the in-memory one included: none answers from what it held before close.
+        op_id = world.transfer("k1", 10)
+        world.store.close()
+        for call in (lambda: world.service.get(op_id), lambda: world.transfer("k2", 10), world.worker("w1").run_once,
+                     world.store.outbox):
+            with pytest.raises(StoreError) as raised:
+                call()
+            assert raised.value.code == "store_unavailable", raised.value
+
     def test_service_state_machine_keeps_the_invariants(self, ops_store_factory: OpsStoreFactory) -> None:
         run_operation_state_machine(ops_store_factory, max_examples=self.state_machine_examples)
 
@@ -908,14 +918,6 @@ class SqlOperationStoreTests(OperationStoreTests):
     the tables, published only by the commit), so these are the SQL
     stores' alone.
     """
-
-    def test_a_closed_store_answers_store_unavailable_not_its_drivers_error(self, world: World) -> None:
-        op_id = world.transfer("k1", 10)
-        world.store.close()
-        for call in (lambda: world.service.get(op_id), lambda: world.transfer("k2", 10), world.worker("w1").run_once):
-            with pytest.raises(StoreError) as raised:
-                call()
-            assert raised.value.code == "store_unavailable", raised.value
 
     @pytest.mark.parametrize(
         "statement",
