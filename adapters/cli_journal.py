@@ -40,7 +40,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -659,7 +659,7 @@ def _contains_head(journal: j.Journal, head: str) -> bool:
     return head == journal.header.digest or any(e.digest == head for e in journal.events)
 
 
-def _chain_file(path: Path) -> tuple[bytes, list[bytes]]:
+def _chain_file(path: Path) -> tuple[bytes, Sequence[bytes]]:
     try:
         return journal_fixtures.read_chain(path)
     except OSError as exc:

@@ -206,6 +206,42 @@ def test_verify_names_the_first_bad_record_of_a_file_changed_by_hand(workdir: Pa
     assert result == 1 and out.startswith(f"BAD changed.jsonl: the first bad record is {where}: [{code}] "), out + err
 
 
+def test_a_file_whose_last_line_has_no_newline_is_refused_at_that_record(workdir: Path) -> None:
+    head = new()["head"]
+    (workdir / "h").write_text(head, encoding="utf-8")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--head-file", "h")
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "reviewed.jsonl")
+    # Ends with the invalidation of five nodes: one batch, events 21 to 25.
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "retraction.jsonl", "--head-file", "h")
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "retracted.jsonl")
+    reviewed = (workdir / "reviewed.jsonl").read_bytes()
+    retracted = (workdir / "retracted.jsonl").read_bytes()
+    # An export ends every line, the last too, and so verifies.
+    assert reviewed.endswith(b"}\n") and retracted.endswith(b"}\n")
+    lines = reviewed.split(b"\n")[:-1]
+    given = ("--workflow", "review.workflow.json", "--policy", "review.policy.json")
+    for name, cut, code, ordinal in (
+        ("the whole review", reviewed[:-1], "non_canonical", 20),
+        # A bad record before it is still the first one named.
+        ("a line removed", b"\n".join(lines[:4] + lines[5:]), "broken_chain", 4),
+        ("the header alone", lines[0], "non_canonical", 0),
+        # The last record of a batch: named itself, not its batch as partial.
+        ("a batch at the end", retracted[:-1], "non_canonical", 25),
+    ):
+        (workdir / "cut.jsonl").write_bytes(cut)
+        result, out, err = main("journal", "verify", "--file", "cut.jsonl", *given, "--json")
+        assert result == 1 and err == "", (name, err)
+        report = json.loads(out)
+        assert (report["code"], report["ordinal"]) == (code, ordinal), (name, report)
+    (workdir / "cut.jsonl").write_bytes(reviewed[:-1])
+    result, out, err = main("journal", "verify", "--file", "cut.jsonl", *given)
+    assert result == 1 and err == "", err
+    assert out.startswith("BAD cut.jsonl: the first bad record is event 20: [non_canonical] the file's last line "
+                          "does not end with a newline"), out  # fmt: skip
+    for whole in ("reviewed.jsonl", "retracted.jsonl"):
+        assert data("journal", "verify", "--file", whole, *given)["ok"]
+
+
 def test_verify_names_no_record_when_the_policy_does_not_bind_the_workflow(workdir: Path) -> None:
     head = new()["head"]
     data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
