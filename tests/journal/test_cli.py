@@ -206,6 +206,18 @@ def test_verify_names_the_first_bad_record_of_a_file_changed_by_hand(workdir: Pa
     assert result == 1 and out.startswith(f"BAD changed.jsonl: the first bad record is {where}: [{code}] "), out + err
 
 
+def test_a_file_without_its_header_line_says_so_once(workdir: Path) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl")
+    lines = (workdir / "chain.jsonl").read_bytes().split(b"\n")
+    (workdir / "headless.jsonl").write_bytes(b"\n".join(lines[1:]))
+    code, out, err = main("journal", "verify", "--file", "headless.jsonl", "--workflow", "review.workflow.json",
+                          "--policy", "review.policy.json")  # fmt: skip
+    assert code == 1 and err == "", err
+    assert out == "BAD headless.jsonl: the first bad record is header: [unknown_field] unknown field 'actor'\n", out
+
+
 def test_a_file_whose_last_line_has_no_newline_is_refused_at_that_record(workdir: Path) -> None:
     head = new()["head"]
     (workdir / "h").write_text(head, encoding="utf-8")
