@@ -13,9 +13,9 @@ unknown execution).  Rules of this module:
   kernel's code; every verification is ``journal.replay``.
 - Input is read and checked before a store is opened: a malformed workflow,
   policy or command file writes nothing.
-- Commands carry the head they expect.  ``append --expect HEAD`` applies
-  the commands of a file in order, each expecting the head the one before
-  it produced, the first ``HEAD``; a command naming its own
+- Commands carry the head they expect.  ``append`` applies the commands
+  of a file in order, each expecting the head the one before it produced,
+  the first the ``HEAD`` of ``--expect HEAD``; a command naming its own
   ``expected_head`` keeps it.  ``--head-file FILE`` is the same with the
   head read from FILE, and the head this writer last appended written back
   to it: the operator's own record of the head it has seen.  Nothing here
@@ -96,8 +96,8 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
     append = command(
         "append",
         "append commands (a JSON object, or a file of JSON lines) to a journal",
-        description="Each command is a JSON object (specs/journal.md, section 6). With --expect, commands "
-        "without expected_head expect the head the previous command produced, the first HEAD.",
+        description="Each command is a JSON object (specs/journal.md, section 6). A command without expected_head "
+        "expects the head the command before it produced, the first command the head --expect or --head-file gives.",
     )
     append.add_argument("execution_id", metavar="EXECUTION_ID")
     _db(append)
@@ -478,7 +478,17 @@ def _append(args: argparse.Namespace, out: Output) -> int:
         successor = value.get("successor")
         if value.get("command") == "bind-successor" and isinstance(successor, dict) and "digest" not in successor:
             shaped = {**value, "successor": {**successor, "digest": stand_in}}
+        headless = number == 1 and args.expect is None and value.get("expected_head") is None
+        if headless:
+            # A null expected_head is none: the rest of the command is checked first, then said so.
+            shaped = {k: v for k, v in shaped.items() if k != "expected_head"}
         _input(f"{where} command {number}", lambda v=shaped: j.command_from_json(v, args.expect or stand_in))
+        if headless:
+            # Every later command expects the head the one before it produced; the first has none to take.
+            raise JournalCliError(
+                f"{where} command 1: missing field 'expected_head': give the head it expects as its expected_head, "
+                "or with --expect HEAD or --head-file FILE [missing_field]"
+            )
     resolve = _resolver(args)
     with _store(args) as store:
         _loaded(store, args.execution_id, args.db)

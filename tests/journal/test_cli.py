@@ -116,6 +116,40 @@ def test_bad_input_is_exit_2_and_writes_nothing(workdir: Path) -> None:
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
 
 
+def test_a_first_command_without_a_head_says_how_to_give_one(workdir: Path) -> None:
+    new()
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    first = (workdir / "review-1.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    assert "expected_head" not in json.loads(first)
+    (workdir / "first.jsonl").write_text(first + "\n", encoding="utf-8")
+    null = json.dumps({**json.loads(first), "expected_head": None})
+    for given in (("--command", first), ("--file", "first.jsonl"), ("--command", null)):
+        code, out, err = main("journal", "append", "review-1", "--db", "review.db", *given)
+        line = one_error_line(err)
+        assert code == 2 and out == "", err
+        assert "command 1: missing field 'expected_head'" in line and "[missing_field]" in line, line
+        assert "--expect HEAD" in line and "--head-file FILE" in line, line
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+
+
+def test_later_commands_of_a_file_expect_the_head_before_them_with_or_without_expect(workdir: Path) -> None:
+    head = new()["head"]
+    commands = [json.loads(c) for c in (workdir / "review-1.jsonl").read_text(encoding="utf-8").splitlines()[:3]]
+    # Only the first names its head: no --expect, no --head-file.
+    lines = [json.dumps({**commands[0], "expected_head": head}), *(json.dumps(c) for c in commands[1:])]
+    (workdir / "three.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    appended = data("journal", "append", "review-1", "--db", "review.db", "--file", "three.jsonl")
+    assert [r["outcome"] for r in appended["results"]] == ["appended"] * 3
+    # And the help says so, not that it takes --expect.
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), pytest.raises(SystemExit):
+        cli.main(["journal", "append", "--help"])
+    text = " ".join(stdout.getvalue().split())
+    assert "With --expect" not in text
+    assert ("A command without expected_head expects the head the command before it produced, the first command "
+            "the head --expect or --head-file gives.") in text, text  # fmt: skip
+
+
 def test_a_refusal_is_exit_1_with_its_code_and_writes_nothing(workdir: Path) -> None:
     head = new()["head"]
     before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
