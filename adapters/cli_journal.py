@@ -51,7 +51,7 @@ from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_f
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
 from . import connect, journal_fixtures, render
-from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, authority_of, replay_stored
+from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, replay_chain, replay_stored
 from .render import Output, state
 from .store import StoreError, SystemClock
 
@@ -725,9 +725,9 @@ def _replay(args: argparse.Namespace, out: Output) -> int:
     if chain is None:
         raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
     # Replay from the stored bytes alone: the header, the events, and the
-    # workflow and policy the header binds.
-    workflow, policy = authority_of(chain.workflow, chain.policy)
-    journal = j.replay(chain.header, chain.events, workflow, policy)
+    # workflow and policy the header binds (and each row's digest column
+    # held to its record's).
+    journal = replay_chain(chain)
     if out.json_mode:
         out.data({**_states_json(journal), "stored_head": chain.head, "agrees": journal.head == chain.head})
     else:

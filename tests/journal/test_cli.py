@@ -14,10 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.journal_store import SQLiteJournalStore
+from fencekeeper.kernel import journal as j
 from tests.cli.runner import ROOT, fencekeeper
 from tests.stores.test_sqlite_files import read_only
 
@@ -400,6 +402,45 @@ def test_verify_names_a_record_rewritten_as_text(
     for command in ("show", "replay"):
         code, out, err = main("journal", command, "review-1", "--db", "review.db")
         assert code == 1 and "[altered_digest]" in one_error_line(err) and "internal error" not in err
+
+
+@pytest.mark.parametrize(("table", "where", "named"), [
+    ("journal_events", "ordinal = 7", "event 7: [altered_digest]"),
+    ("journal_headers", "execution_id = 'review-1'", "header: [altered_digest]"),
+])  # fmt: skip
+def test_a_digest_column_that_disagrees_with_its_record_is_named(
+    workdir: Path, table: str, where: str, named: str
+) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    rewrite_by_hand(workdir / "review.db", f"UPDATE {table} SET digest = 'sha256:{'0' * 64}' WHERE {where}",
+                    f"{table}_no_update")  # fmt: skip
+    code, out, err = main("journal", "verify", "review-1", "--db", "review.db")
+    assert code == 1 and err == "", err
+    assert out.startswith(f"BAD review-1: the first bad record is {named} the row's digest column holds"), out
+    for command in ("show", "replay"):
+        code, out, err = main("journal", command, "review-1", "--db", "review.db")
+        assert code == 1 and "[altered_digest]" in one_error_line(err) and "digest column" in err, err
+    after = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    assert before is not None and after is not None and (after.header, after.events) == (before.header, before.events)
+
+
+def test_a_record_resigned_in_place_is_named_by_its_digest_column(workdir: Path) -> None:
+    import sqlite3  # noqa: PLC0415
+
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    # Event 7 given another time and its digest recomputed: a record sound on
+    # its own, which only its row's digest column (and event 8's link) betrays.
+    with contextlib.closing(sqlite3.connect(workdir / "review.db")) as conn:
+        (record,) = conn.execute("SELECT record FROM journal_events WHERE ordinal = 7").fetchone()
+    event = j.decode_event(bytes(record))
+    _, resigned = attrs.evolve(event, at="2026-01-01T00:00:00.000000Z").signed()
+    rewrite_by_hand(workdir / "review.db", f"UPDATE journal_events SET record = x'{resigned.hex()}' WHERE ordinal = 7",
+                    "journal_events_no_update")  # fmt: skip
+    code, out, _ = main("journal", "verify", "review-1", "--db", "review.db", "--json")
+    assert code == 1 and (json.loads(out)["code"], json.loads(out)["ordinal"]) == ("altered_digest", 7), out
 
 
 def test_records_resolve_from_a_directory_by_digest(workdir: Path) -> None:
