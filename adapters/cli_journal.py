@@ -617,13 +617,23 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
         )
     if args.kept_head is not None and not is_digest(args.kept_head):
         raise JournalCliError(f"--kept-head: {args.kept_head[:80]!r} is not a sha256: digest")
+    # A file's records are named by their line too: "event 7" is the
+    # seventh after the header, whatever ordinal a line removed left in it.
+    numbered = args.file is not None
     try:
         if args.file is not None:
             if args.workflow is None or args.policy is None:
                 raise JournalCliError("--file needs --workflow and --policy")
             what = str(args.file)
             workflow, policy = _authority(args.workflow, args.policy)
-            header, events = _chain_file(args.file)
+            chain_file = _chain_file(args.file)
+            if chain_file is None:
+                # A chain cut down to nothing, as a file holding one blank
+                # line is: its first bad record is the header, and that is
+                # what verify reports (exit 1), not an input error; it has no line.
+                numbered = False
+                raise JournalError(JournalCode.NON_CANONICAL, "the file is empty: there is no header", 0)
+            header, events = chain_file
             resolve = _resolver(args)
             if args.db is not None:
                 # The successors a file binds are checked against the headers in --db.
@@ -641,19 +651,25 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
                     raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
                 journal = replay_stored(chain, _resolver(args), headers=store.header)
     except JournalError as exc:
+        # The header is line 1, event n line n + 1.
+        line = exc.ordinal + 1 if numbered and exc.ordinal is not None else None
         if out.json_mode:
-            out.data({"ok": False, "journal": what, "code": exc.code, "ordinal": exc.ordinal, "message": exc.detail})
+            out.data({"ok": False, "journal": what, "code": exc.code, "ordinal": exc.ordinal,
+                      **({"line": line} if args.file is not None else {}), "message": exc.detail})  # fmt: skip
         elif exc.ordinal is None:
             # No record is to blame (the workflow and policy do not bind each other): none is named.
             out.line(("BAD", "bold red"), f" {what}: [{exc.code}] {exc.detail}")
         else:
             where = "header" if exc.ordinal == 0 else f"event {exc.ordinal}"
+            if line is not None:
+                where += f" (line {line})"
             out.line(("BAD", "bold red"), f" {what}: the first bad record is {where}: [{exc.code}] {exc.detail}")
         return EXIT_PROBLEM
     if args.kept_head is not None and not _contains_head(journal, args.kept_head):
         message = f"the chain does not contain the kept head {args.kept_head}: it was rewritten, not only extended"
         if out.json_mode:
-            out.data({"ok": False, "journal": what, "code": "broken_chain", "ordinal": None, "message": message})
+            out.data({"ok": False, "journal": what, "code": "broken_chain", "ordinal": None,
+                      **({"line": None} if args.file is not None else {}), "message": message})  # fmt: skip
         else:
             out.line(("BAD", "bold red"), f" {what}: {message}")
         return EXIT_PROBLEM
@@ -669,16 +685,14 @@ def _contains_head(journal: j.Journal, head: str) -> bool:
     return head == journal.header.digest or any(e.digest == head for e in journal.events)
 
 
-def _chain_file(path: Path) -> tuple[bytes, Sequence[bytes]]:
+def _chain_file(path: Path) -> tuple[bytes, Sequence[bytes]] | None:
+    """The header and event lines of a chain file; None if it is empty."""
     try:
         return journal_fixtures.read_chain(path)
     except OSError as exc:
         raise JournalCliError(f"--file {path}: cannot read: {exc.strerror}") from None
     except ValueError:
-        # An empty file is a chain cut down to nothing, as a file holding one
-        # blank line is: its first bad record is the header, and that is
-        # what verify reports (exit 1), not an input error.
-        raise JournalError(JournalCode.NON_CANONICAL, "the file is empty: there is no header", 0) from None
+        return None
 
 
 def _export(args: argparse.Namespace, out: Output) -> int:

@@ -233,12 +233,14 @@ def test_verify_names_the_first_bad_record_of_a_file_changed_by_hand(workdir: Pa
     tamper, code, ordinal = TAMPERED[change]
     (workdir / "changed.jsonl").write_bytes(b"".join(r + b"\n" for r in tamper(chain, others)))
     given = ("--file", "changed.jsonl", "--workflow", "review.workflow.json", "--policy", "review.policy.json")
+    # The record's line too: the header is line 1, event n line n + 1; an empty file has none.
+    line = ordinal + 1 if (workdir / "changed.jsonl").stat().st_size else None
     result, out, err = main("journal", "verify", *given, "--json")
     assert result == 1 and err == "", err
     assert {k: v for k, v in json.loads(out).items() if k != "message"} == {
-        "ok": False, "journal": "changed.jsonl", "code": code, "ordinal": ordinal}  # fmt: skip
+        "ok": False, "journal": "changed.jsonl", "code": code, "ordinal": ordinal, "line": line}  # fmt: skip
     result, out, err = main("journal", "verify", *given)
-    where = "header" if ordinal == 0 else f"event {ordinal}"
+    where = ("header" if ordinal == 0 else f"event {ordinal}") + ("" if line is None else f" (line {line})")
     assert result == 1 and out.startswith(f"BAD changed.jsonl: the first bad record is {where}: [{code}] "), out + err
 
 
@@ -251,7 +253,7 @@ def test_a_file_without_its_header_line_says_so_once(workdir: Path) -> None:
     code, out, err = main("journal", "verify", "--file", "headless.jsonl", "--workflow", "review.workflow.json",
                           "--policy", "review.policy.json")  # fmt: skip
     assert code == 1 and err == "", err
-    assert out == "BAD headless.jsonl: the first bad record is header: [unknown_field] unknown field 'actor'\n", out
+    assert out == "BAD headless.jsonl: the first bad record is header (line 1): [unknown_field] unknown field 'actor'\n", out
 
 
 def test_a_file_whose_last_line_has_no_newline_is_refused_at_that_record(workdir: Path) -> None:
@@ -284,7 +286,7 @@ def test_a_file_whose_last_line_has_no_newline_is_refused_at_that_record(workdir
     (workdir / "cut.jsonl").write_bytes(reviewed[:-1])
     result, out, err = main("journal", "verify", "--file", "cut.jsonl", *given)
     assert result == 1 and err == "", err
-    assert out.startswith("BAD cut.jsonl: the first bad record is event 20: [non_canonical] the file's last line "
+    assert out.startswith("BAD cut.jsonl: the first bad record is event 20 (line 21): [non_canonical] the file's last line "
                           "does not end with a newline"), out  # fmt: skip
     for whole in ("reviewed.jsonl", "retracted.jsonl"):
         assert data("journal", "verify", "--file", whole, *given)["ok"]
