@@ -13,9 +13,9 @@ unknown execution).  Rules of this module:
   kernel's code; every verification is ``journal.replay``.
 - Input is read and checked before a store is opened: a malformed workflow,
   policy or command file writes nothing.
-- Commands carry the head they expect.  ``append --expect HEAD`` applies
-  the commands of a file in order, each expecting the head the one before
-  it produced, the first ``HEAD``; a command naming its own
+- Commands carry the head they expect.  ``append`` applies the commands
+  of a file in order, each expecting the head the one before it produced,
+  the first the ``HEAD`` of ``--expect HEAD``; a command naming its own
   ``expected_head`` keeps it.  ``--head-file FILE`` is the same with the
   head read from FILE, and the head this writer last appended written back
   to it: the operator's own record of the head it has seen.  Nothing here
@@ -40,7 +40,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_f
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
 from . import connect, journal_fixtures, render
-from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, authority_of, replay_stored
+from .journal_store import DirectoryResolver, JournalStore, SQLiteJournalStore, replay_chain, replay_stored
 from .render import Output, state
 from .store import StoreError, SystemClock
 
@@ -96,8 +96,8 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
     append = command(
         "append",
         "append commands (a JSON object, or a file of JSON lines) to a journal",
-        description="Each command is a JSON object (specs/journal.md, section 6). With --expect, commands "
-        "without expected_head expect the head the previous command produced, the first HEAD.",
+        description="Each command is a JSON object (specs/journal.md, section 6). A command without expected_head "
+        "expects the head the command before it produced, the first command the head --expect or --head-file gives.",
     )
     append.add_argument("execution_id", metavar="EXECUTION_ID")
     _db(append)
@@ -478,7 +478,17 @@ def _append(args: argparse.Namespace, out: Output) -> int:
         successor = value.get("successor")
         if value.get("command") == "bind-successor" and isinstance(successor, dict) and "digest" not in successor:
             shaped = {**value, "successor": {**successor, "digest": stand_in}}
+        headless = number == 1 and args.expect is None and value.get("expected_head") is None
+        if headless:
+            # A null expected_head is none: the rest of the command is checked first, then said so.
+            shaped = {k: v for k, v in shaped.items() if k != "expected_head"}
         _input(f"{where} command {number}", lambda v=shaped: j.command_from_json(v, args.expect or stand_in))
+        if headless:
+            # Every later command expects the head the one before it produced; the first has none to take.
+            raise JournalCliError(
+                f"{where} command 1: missing field 'expected_head': give the head it expects as its expected_head, "
+                "or with --expect HEAD or --head-file FILE [missing_field]"
+            )
     resolve = _resolver(args)
     with _store(args) as store:
         _loaded(store, args.execution_id, args.db)
@@ -607,13 +617,23 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
         )
     if args.kept_head is not None and not is_digest(args.kept_head):
         raise JournalCliError(f"--kept-head: {args.kept_head[:80]!r} is not a sha256: digest")
+    # A file's records are named by their line too: "event 7" is the
+    # seventh after the header, whatever ordinal a line removed left in it.
+    numbered = args.file is not None
     try:
         if args.file is not None:
             if args.workflow is None or args.policy is None:
                 raise JournalCliError("--file needs --workflow and --policy")
             what = str(args.file)
             workflow, policy = _authority(args.workflow, args.policy)
-            header, events = _chain_file(args.file)
+            chain_file = _chain_file(args.file)
+            if chain_file is None:
+                # A chain cut down to nothing, as a file holding one blank
+                # line is: its first bad record is the header, and that is
+                # what verify reports (exit 1), not an input error; it has no line.
+                numbered = False
+                raise JournalError(JournalCode.NON_CANONICAL, "the file is empty: there is no header", 0)
+            header, events = chain_file
             resolve = _resolver(args)
             if args.db is not None:
                 # The successors a file binds are checked against the headers in --db.
@@ -631,19 +651,25 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
                     raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
                 journal = replay_stored(chain, _resolver(args), headers=store.header)
     except JournalError as exc:
+        # The header is line 1, event n line n + 1.
+        line = exc.ordinal + 1 if numbered and exc.ordinal is not None else None
         if out.json_mode:
-            out.data({"ok": False, "journal": what, "code": exc.code, "ordinal": exc.ordinal, "message": exc.detail})
+            out.data({"ok": False, "journal": what, "code": exc.code, "ordinal": exc.ordinal,
+                      **({"line": line} if args.file is not None else {}), "message": exc.detail})  # fmt: skip
         elif exc.ordinal is None:
             # No record is to blame (the workflow and policy do not bind each other): none is named.
             out.line(("BAD", "bold red"), f" {what}: [{exc.code}] {exc.detail}")
         else:
             where = "header" if exc.ordinal == 0 else f"event {exc.ordinal}"
+            if line is not None:
+                where += f" (line {line})"
             out.line(("BAD", "bold red"), f" {what}: the first bad record is {where}: [{exc.code}] {exc.detail}")
         return EXIT_PROBLEM
     if args.kept_head is not None and not _contains_head(journal, args.kept_head):
         message = f"the chain does not contain the kept head {args.kept_head}: it was rewritten, not only extended"
         if out.json_mode:
-            out.data({"ok": False, "journal": what, "code": "broken_chain", "ordinal": None, "message": message})
+            out.data({"ok": False, "journal": what, "code": "broken_chain", "ordinal": None,
+                      **({"line": None} if args.file is not None else {}), "message": message})  # fmt: skip
         else:
             out.line(("BAD", "bold red"), f" {what}: {message}")
         return EXIT_PROBLEM
@@ -659,16 +685,14 @@ def _contains_head(journal: j.Journal, head: str) -> bool:
     return head == journal.header.digest or any(e.digest == head for e in journal.events)
 
 
-def _chain_file(path: Path) -> tuple[bytes, list[bytes]]:
+def _chain_file(path: Path) -> tuple[bytes, Sequence[bytes]] | None:
+    """The header and event lines of a chain file; None if it is empty."""
     try:
         return journal_fixtures.read_chain(path)
     except OSError as exc:
         raise JournalCliError(f"--file {path}: cannot read: {exc.strerror}") from None
     except ValueError:
-        # An empty file is a chain cut down to nothing, as a file holding one
-        # blank line is: its first bad record is the header, and that is
-        # what verify reports (exit 1), not an input error.
-        raise JournalError(JournalCode.NON_CANONICAL, "the file is empty: there is no header", 0) from None
+        return None
 
 
 def _export(args: argparse.Namespace, out: Output) -> int:
@@ -715,9 +739,9 @@ def _replay(args: argparse.Namespace, out: Output) -> int:
     if chain is None:
         raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
     # Replay from the stored bytes alone: the header, the events, and the
-    # workflow and policy the header binds.
-    workflow, policy = authority_of(chain.workflow, chain.policy)
-    journal = j.replay(chain.header, chain.events, workflow, policy)
+    # workflow and policy the header binds (and each row's digest column
+    # held to its record's).
+    journal = replay_chain(chain)
     if out.json_mode:
         out.data({**_states_json(journal), "stored_head": chain.head, "agrees": journal.head == chain.head})
     else:

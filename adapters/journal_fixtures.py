@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import attrs
 
@@ -44,6 +44,7 @@ from fencekeeper.kernel.dag import (
     WorkflowDefinition,
     verify_workflow,
 )
+from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
@@ -622,15 +623,69 @@ def write_pack(directory: Path) -> list[Path]:
     return sorted(written)
 
 
-def read_chain(path: Path) -> tuple[bytes, list[bytes]]:
-    """A JSON-lines chain file: the header line, then one event a line (each line's final newline removed)."""
+def read_chain(path: Path) -> tuple[bytes, Sequence[bytes]]:
+    """A JSON-lines chain file: the header line, then one event a line (each line's final newline removed).
+
+    Every line ends with a newline (specs/journal.md, section 9), the last
+    one too.  A last line without one is a framing fault of its record,
+    refused ``non_canonical`` as a carriage return or a blank line is: at
+    once if it is the header, else when replay reaches it (:class:`ChainLines`),
+    so that a bad record before it is still the one named.  An empty file
+    is a ValueError.
+    """
     data = path.read_bytes()
     records = data.split(b"\n")
-    if records and records[-1] == b"":
+    terminated = records[-1] == b""
+    if terminated:
         records.pop()
     if not records:
         raise ValueError(f"{path}: empty; the first line must be the header")
-    return records[0], records[1:]
+    if not terminated and len(records) == 1:
+        raise _unterminated(0)
+    return records[0], ChainLines(records[1:], terminated=terminated)
+
+
+def _unterminated(ordinal: int) -> JournalError:
+    """The refusal of a record whose line is the file's last and has no newline."""
+    return JournalError(
+        JournalCode.NON_CANONICAL,
+        "the file's last line does not end with a newline (specs/journal.md, section 9: every line does)",
+        ordinal,
+    )
+
+
+class ChainLines(Sequence[bytes]):
+    """A chain file's event lines; reading the last raises its refusal if the file did not end it with a newline.
+
+    Replay reads the records in order and checks each as it reads it, so a
+    record that cannot be read is reported where it stands: after every
+    record before it, and as the record that cuts a batch short
+    (specs/journal.md, section 7), exactly as an unreadable record is.
+    """
+
+    __slots__ = ("_lines", "_terminated")
+
+    def __init__(self, lines: Sequence[bytes], *, terminated: bool) -> None:
+        self._lines = tuple(lines)
+        self._terminated = terminated
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self._lines))[index]]
+        line = self._lines[index]
+        if not self._terminated and index in (-1, len(self._lines) - 1):
+            # Event ordinals start at 1, after the header's line.
+            raise _unterminated(len(self._lines))
+        return line
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -172,14 +172,15 @@ class PostgresJournalStore(JournalStoreBase):
                 with conn.transaction():
                     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     row = conn.execute(
-                        "SELECT h.header, h.workflow, h.policy, g.head, g.length FROM journal_headers h "
+                        "SELECT h.header, h.workflow, h.policy, g.head, g.length, h.digest FROM journal_headers h "
                         "JOIN journal_heads g USING (execution_id) WHERE h.execution_id = %s",
                         (execution_id,),
                     ).fetchone()
                     if row is None:
                         return None
                     events = conn.execute(
-                        "SELECT record FROM journal_events WHERE execution_id = %s ORDER BY ordinal", (execution_id,)
+                        "SELECT record, digest FROM journal_events WHERE execution_id = %s ORDER BY ordinal",
+                        (execution_id,),
                     ).fetchall()
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise permission_denied(exc, self._privileges) from None
@@ -193,6 +194,8 @@ class PostgresJournalStore(JournalStoreBase):
             policy=bytes(row[2]),
             head=str(row[3]),
             length=int(row[4]),
+            header_digest=str(row[5]),
+            event_digests=tuple(str(r[1]) for r in events),
         )
 
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -212,7 +215,7 @@ class PostgresJournalStore(JournalStoreBase):
         rows = self._fetch("SELECT header FROM journal_headers WHERE execution_id = %s", (execution_id,))
         return bytes(rows[0][0]) if rows else None
 
-    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], list[str], str, int] | None:
         with self._lock:
             try:
                 conn = self._connected()
@@ -224,14 +227,15 @@ class PostgresJournalStore(JournalStoreBase):
                     if row is None:
                         return None
                     events = conn.execute(
-                        "SELECT record FROM journal_events WHERE execution_id = %s AND ordinal > %s ORDER BY ordinal",
+                        "SELECT record, digest FROM journal_events WHERE execution_id = %s AND ordinal > %s "
+                        "ORDER BY ordinal",
                         (execution_id, after),
                     ).fetchall()
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise self._lost(exc) from None
-        return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
+        return [bytes(r[0]) for r in events], [str(r[1]) for r in events], str(row[0]), int(row[1])
 
     def execution_ids(self) -> list[str]:
         rows = self._fetch("SELECT execution_id FROM journal_headers ORDER BY execution_id", ())

@@ -18,6 +18,10 @@ module:
   forward, as an append moves it.  It is derived from the events and
   checked against them on every load, so a head that disagrees with the
   chain is reported, never believed.
+- Beside each record its row keeps the record's digest (``digest``), and
+  every read of a chain (a load, a verify, catching a cache up) holds that
+  column to the digest the record carries: a row whose column disagrees was
+  written past the store, and is ``altered_digest`` at that record.
 - An append writes its events and moves the head in one transaction, and
   only if the head is still the one the kernel decided on (``UPDATE ...
   WHERE head = ?``).  Of two writers that expected the same head exactly
@@ -81,6 +85,10 @@ class StoredChain:
     policy: bytes
     head: str
     length: int
+    header_digest: str
+    """The header row's ``digest`` column, as stored."""
+    event_digests: tuple[str, ...]
+    """Each event row's ``digest`` column, as stored, in the order of ``events``."""
 
 
 class JournalStore(Protocol):
@@ -129,12 +137,27 @@ def authority_of(workflow: bytes, policy: bytes) -> tuple[VerifiedWorkflow, j.Ve
     return verified, j.verify_policy(j.policy_from_json(parse_canonical(policy)), verified)
 
 
+def replay_chain(
+    chain: StoredChain, resolve: j.Resolver | None = None, *, headers: j.HeaderLookup | None = None
+) -> j.Journal:
+    """The journal ``chain``'s records hold, every row's digest column its record's; JournalError otherwise.
+
+    The head row is not compared: :func:`replay_stored` does.
+    """
+    workflow, policy = authority_of(chain.workflow, chain.policy)
+    return _digests_held(
+        lambda: j.replay(chain.header, chain.events, workflow, policy, resolve, headers=headers),
+        (chain.header, *chain.events),
+        (chain.header_digest, *chain.event_digests),
+        first=0,
+    )
+
+
 def replay_stored(
     chain: StoredChain, resolve: j.Resolver | None = None, *, headers: j.HeaderLookup | None = None
 ) -> j.Journal:
-    """The journal ``chain`` holds, checked against its head row; JournalError otherwise."""
-    workflow, policy = authority_of(chain.workflow, chain.policy)
-    journal = j.replay(chain.header, chain.events, workflow, policy, resolve, headers=headers)
+    """The journal ``chain`` holds, checked against its digest columns and its head row; JournalError otherwise."""
+    journal = replay_chain(chain, resolve, headers=headers)
     if (journal.head, len(journal.events)) != (chain.head, chain.length):
         raise JournalError(
             JournalCode.BROKEN_CHAIN,
@@ -143,6 +166,51 @@ def replay_stored(
             len(journal.events),
         )
     return journal
+
+
+def _digests_held(
+    run: Callable[[], j.Journal], records: Sequence[bytes], columns: Sequence[str], *, first: int
+) -> j.Journal:
+    """``run()``, the replay of ``records`` (ordinals ``first`` on), with each row's digest column held to its record's.
+
+    The column is compared where replay compares a record's digest, before
+    the record's links and rules (specs/journal.md, section 7, step 2), so
+    the record named is still the first bad one: when replay refuses record
+    k, the columns up to k are compared first (their records read, up to k's
+    digest), and a column that disagrees is the refusal instead.
+    """
+    try:
+        journal = run()
+    except JournalError as exc:
+        if exc.ordinal is None or not first <= exc.ordinal < first + len(records):
+            raise
+        for ordinal in range(first, exc.ordinal + 1):
+            record, column = records[ordinal - first], columns[ordinal - first]
+            try:
+                digest = j.decode_header(record).digest if ordinal == 0 else j.decode_event(record).digest
+            except JournalError:
+                break  # the record itself cannot be read: replay's refusal names it
+            if column != digest:
+                raise _altered_column(column, digest, ordinal) from None
+        raise
+    if first == 0:
+        digests = [journal.header.digest, *(e.digest for e in journal.events)]
+    else:
+        # Catching up reads only the new events; indexing the log reaches them without walking the rest.
+        digests = [journal.events[i].digest for i in range(first - 1, len(journal.events))]
+    if digests != list(columns):
+        index = next(i for i, (digest, column) in enumerate(zip(digests, columns, strict=True)) if digest != column)
+        raise _altered_column(columns[index], digests[index], first + index)
+    return journal
+
+
+def _altered_column(column: str, digest: str, ordinal: int) -> JournalError:
+    return JournalError(
+        JournalCode.ALTERED_DIGEST,
+        f"the row's digest column holds {column[:80]!r}, but the record's digest is {digest}: "
+        "one of them was changed outside the store",
+        ordinal,
+    )
 
 
 def stale(expected: str, head: str) -> j.Refusal:
@@ -177,8 +245,11 @@ class JournalStoreBase:
     def _stored_head(self, execution_id: str) -> str | None:
         raise NotImplementedError
 
-    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
-        """The events after ordinal ``after``, with the head row, from one snapshot; None if there is no journal."""
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], list[str], str, int] | None:
+        """The events after ordinal ``after`` and their digest columns, with the head row, from one snapshot.
+
+        None if there is no journal.
+        """
         raise NotImplementedError
 
     def execution_ids(self) -> list[str]:
@@ -280,11 +351,16 @@ class JournalStoreBase:
             tail = self._tail(execution_id, len(cached.events))
             if tail is None:
                 raise StoreError("journal_not_found", f"no journal {execution_id!r}")
-            events, head, length = tail
+            events, digests, head, length = tail
             # The first new event must name the cached head: continue_replay
             # checks the link, so a cache that is not a prefix of the stored
             # chain is refused, never silently extended.
-            journal = j.continue_replay(cached, events, headers=self.header)
+            journal = _digests_held(
+                lambda: j.continue_replay(cached, events, headers=self.header),
+                events,
+                digests,
+                first=len(cached.events) + 1,
+            )
             if (journal.head, len(journal.events)) == (head, length):
                 with self._cache_lock:
                     self._cache[execution_id] = journal
@@ -317,6 +393,13 @@ class DirectoryResolver:
 
 
 # --- SQLite ----------------------------------------------------------------------------------------
+
+
+def _column_text(value: bytes) -> str:
+    # Read CAST AS BLOB, as the records are: a column rewritten by hand may
+    # hold a number or bytes that are not UTF-8, and must be reported as a
+    # digest that disagrees, not fail on its type.
+    return bytes(value).decode("utf-8", errors="replace")
 
 
 _MOVE_HEAD = "UPDATE journal_heads SET head = ?, length = ? WHERE execution_id = ? AND head = ?"
@@ -393,7 +476,8 @@ class SQLiteJournalStore(JournalStoreBase):
             conn.execute("BEGIN")
             try:
                 row = conn.execute(
-                    "SELECT CAST(h.header AS BLOB), CAST(h.workflow AS BLOB), CAST(h.policy AS BLOB), g.head, g.length "
+                    "SELECT CAST(h.header AS BLOB), CAST(h.workflow AS BLOB), CAST(h.policy AS BLOB), g.head, g.length, "
+                    "CAST(h.digest AS BLOB) "
                     "FROM journal_headers h "
                     "JOIN journal_heads g USING (execution_id) WHERE h.execution_id = ?",
                     (execution_id,),
@@ -401,7 +485,8 @@ class SQLiteJournalStore(JournalStoreBase):
                 if row is None:
                     return None
                 events = conn.execute(
-                    "SELECT CAST(record AS BLOB) FROM journal_events WHERE execution_id = ? ORDER BY ordinal",
+                    "SELECT CAST(record AS BLOB), CAST(digest AS BLOB) FROM journal_events WHERE execution_id = ? "
+                    "ORDER BY ordinal",
                     (execution_id,),
                 ).fetchall()
             finally:
@@ -414,6 +499,8 @@ class SQLiteJournalStore(JournalStoreBase):
             policy=bytes(row[2]),
             head=str(row[3]),
             length=int(row[4]),
+            header_digest=_column_text(row[5]),
+            event_digests=tuple(_column_text(r[1]) for r in events),
         )
 
     def _stored_head(self, execution_id: str) -> str | None:
@@ -428,7 +515,7 @@ class SQLiteJournalStore(JournalStoreBase):
             ).fetchone()
         return None if row is None else bytes(row[0])
 
-    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], str, int] | None:
+    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], list[str], str, int] | None:
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN")
@@ -439,13 +526,13 @@ class SQLiteJournalStore(JournalStoreBase):
                 if row is None:
                     return None
                 events = conn.execute(
-                    "SELECT CAST(record AS BLOB) FROM journal_events WHERE execution_id = ? AND ordinal > ? "
-                    "ORDER BY ordinal",
+                    "SELECT CAST(record AS BLOB), CAST(digest AS BLOB) FROM journal_events "
+                    "WHERE execution_id = ? AND ordinal > ? ORDER BY ordinal",
                     (execution_id, after),
                 ).fetchall()
             finally:
                 conn.execute("COMMIT")
-        return [bytes(r[0]) for r in events], str(row[0]), int(row[1])
+        return [bytes(r[0]) for r in events], [_column_text(r[1]) for r in events], str(row[0]), int(row[1])
 
     def execution_ids(self) -> list[str]:
         with self._lock:
@@ -465,5 +552,6 @@ __all__ = [
     "SQLiteJournalStore",
     "StoredChain",
     "authority_of",
+    "replay_chain",
     "replay_stored",
 ]

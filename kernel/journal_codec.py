@@ -115,10 +115,26 @@ _EVENT_FIELDS = (
 )  # fmt: skip
 
 
+def _members(value: dict[str, object], fields: tuple[str, ...]) -> dict[str, object]:
+    """A record's members, exactly ``fields``, or the refusal naming the member.
+
+    Only the member: the ordinal the error is raised at names the record
+    ("header: ", "event 7: "), and naming it again would read "header:
+    header: ...".
+    """
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise JournalError(C.UNKNOWN_FIELD, f"unknown field {unknown[0]!r}")
+    for name in fields:
+        if name not in value:
+            raise JournalError(C.MISSING_FIELD, f"missing field {name!r}")
+    return value
+
+
 def decode_header(data: bytes) -> Header:
     """Strictly rehydrate a header: canonical bytes, known fields only, and a digest that matches."""
     try:
-        obj = strict_object(parse_canonical(data), "header", required=_HEADER_FIELDS, optional=())
+        obj = _members(parse_canonical(data), _HEADER_FIELDS)
         if obj["format"] != FORMAT:
             raise JournalError(C.MALFORMED_RECORD, f"format: {obj['format']!r} is not {FORMAT!r}")
         header = Header(
@@ -152,7 +168,7 @@ def decode_event(data: bytes, ordinal: int | None = None) -> Event:
 
 
 def _decode_event(data: bytes) -> Event:
-    obj = strict_object(parse_canonical(data), "event", required=_EVENT_FIELDS, optional=())
+    obj = _members(parse_canonical(data), _EVENT_FIELDS)
     request = strict_object(obj["request"], "request", required=("digest", "id"), optional=())
     attempt_obj = obj["attempt"]
     attempt = None

@@ -374,6 +374,7 @@ def check_chains(
             execution_id=eid, header=bytes(header["header"]), events=tuple(e["record"] for e in stored.get(eid, [])),
             workflow=bytes(header["workflow"]), policy=bytes(header["policy"]),
             head=str(head["head"]) if head else "", length=int(head["length"]) if head else -1,
+            header_digest=str(header["digest"]), event_digests=tuple(str(e["digest"]) for e in stored.get(eid, [])),
         )  # fmt: skip
         try:
             replayed[eid] = replay_stored(chain)

@@ -14,10 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.journal_store import SQLiteJournalStore
+from fencekeeper.kernel import journal as j
 from tests.cli.runner import ROOT, fencekeeper
 from tests.stores.test_sqlite_files import read_only
 
@@ -116,6 +118,40 @@ def test_bad_input_is_exit_2_and_writes_nothing(workdir: Path) -> None:
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
 
 
+def test_a_first_command_without_a_head_says_how_to_give_one(workdir: Path) -> None:
+    new()
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    first = (workdir / "review-1.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    assert "expected_head" not in json.loads(first)
+    (workdir / "first.jsonl").write_text(first + "\n", encoding="utf-8")
+    null = json.dumps({**json.loads(first), "expected_head": None})
+    for given in (("--command", first), ("--file", "first.jsonl"), ("--command", null)):
+        code, out, err = main("journal", "append", "review-1", "--db", "review.db", *given)
+        line = one_error_line(err)
+        assert code == 2 and out == "", err
+        assert "command 1: missing field 'expected_head'" in line and "[missing_field]" in line, line
+        assert "--expect HEAD" in line and "--head-file FILE" in line, line
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+
+
+def test_later_commands_of_a_file_expect_the_head_before_them_with_or_without_expect(workdir: Path) -> None:
+    head = new()["head"]
+    commands = [json.loads(c) for c in (workdir / "review-1.jsonl").read_text(encoding="utf-8").splitlines()[:3]]
+    # Only the first names its head: no --expect, no --head-file.
+    lines = [json.dumps({**commands[0], "expected_head": head}), *(json.dumps(c) for c in commands[1:])]
+    (workdir / "three.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    appended = data("journal", "append", "review-1", "--db", "review.db", "--file", "three.jsonl")
+    assert [r["outcome"] for r in appended["results"]] == ["appended"] * 3
+    # And the help says so, not that it takes --expect.
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), pytest.raises(SystemExit):
+        cli.main(["journal", "append", "--help"])
+    text = " ".join(stdout.getvalue().split())
+    assert "With --expect" not in text
+    assert ("A command without expected_head expects the head the command before it produced, the first command "
+            "the head --expect or --head-file gives.") in text, text  # fmt: skip
+
+
 def test_a_refusal_is_exit_1_with_its_code_and_writes_nothing(workdir: Path) -> None:
     head = new()["head"]
     before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
@@ -197,13 +233,63 @@ def test_verify_names_the_first_bad_record_of_a_file_changed_by_hand(workdir: Pa
     tamper, code, ordinal = TAMPERED[change]
     (workdir / "changed.jsonl").write_bytes(b"".join(r + b"\n" for r in tamper(chain, others)))
     given = ("--file", "changed.jsonl", "--workflow", "review.workflow.json", "--policy", "review.policy.json")
+    # The record's line too: the header is line 1, event n line n + 1; an empty file has none.
+    line = ordinal + 1 if (workdir / "changed.jsonl").stat().st_size else None
     result, out, err = main("journal", "verify", *given, "--json")
     assert result == 1 and err == "", err
     assert {k: v for k, v in json.loads(out).items() if k != "message"} == {
-        "ok": False, "journal": "changed.jsonl", "code": code, "ordinal": ordinal}  # fmt: skip
+        "ok": False, "journal": "changed.jsonl", "code": code, "ordinal": ordinal, "line": line}  # fmt: skip
     result, out, err = main("journal", "verify", *given)
-    where = "header" if ordinal == 0 else f"event {ordinal}"
+    where = ("header" if ordinal == 0 else f"event {ordinal}") + ("" if line is None else f" (line {line})")
     assert result == 1 and out.startswith(f"BAD changed.jsonl: the first bad record is {where}: [{code}] "), out + err
+
+
+def test_a_file_without_its_header_line_says_so_once(workdir: Path) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "chain.jsonl")
+    lines = (workdir / "chain.jsonl").read_bytes().split(b"\n")
+    (workdir / "headless.jsonl").write_bytes(b"\n".join(lines[1:]))
+    code, out, err = main("journal", "verify", "--file", "headless.jsonl", "--workflow", "review.workflow.json",
+                          "--policy", "review.policy.json")  # fmt: skip
+    assert code == 1 and err == "", err
+    assert out == "BAD headless.jsonl: the first bad record is header (line 1): [unknown_field] unknown field 'actor'\n", out
+
+
+def test_a_file_whose_last_line_has_no_newline_is_refused_at_that_record(workdir: Path) -> None:
+    head = new()["head"]
+    (workdir / "h").write_text(head, encoding="utf-8")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--head-file", "h")
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "reviewed.jsonl")
+    # Ends with the invalidation of five nodes: one batch, events 21 to 25.
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "retraction.jsonl", "--head-file", "h")
+    data("journal", "export", "review-1", "--db", "review.db", "--out", "retracted.jsonl")
+    reviewed = (workdir / "reviewed.jsonl").read_bytes()
+    retracted = (workdir / "retracted.jsonl").read_bytes()
+    # An export ends every line, the last too, and so verifies.
+    assert reviewed.endswith(b"}\n") and retracted.endswith(b"}\n")
+    lines = reviewed.split(b"\n")[:-1]
+    given = ("--workflow", "review.workflow.json", "--policy", "review.policy.json")
+    for name, cut, code, ordinal in (
+        ("the whole review", reviewed[:-1], "non_canonical", 20),
+        # A bad record before it is still the first one named.
+        ("a line removed", b"\n".join(lines[:4] + lines[5:]), "broken_chain", 4),
+        ("the header alone", lines[0], "non_canonical", 0),
+        # The last record of a batch: named itself, not its batch as partial.
+        ("a batch at the end", retracted[:-1], "non_canonical", 25),
+    ):
+        (workdir / "cut.jsonl").write_bytes(cut)
+        result, out, err = main("journal", "verify", "--file", "cut.jsonl", *given, "--json")
+        assert result == 1 and err == "", (name, err)
+        report = json.loads(out)
+        assert (report["code"], report["ordinal"]) == (code, ordinal), (name, report)
+    (workdir / "cut.jsonl").write_bytes(reviewed[:-1])
+    result, out, err = main("journal", "verify", "--file", "cut.jsonl", *given)
+    assert result == 1 and err == "", err
+    assert out.startswith("BAD cut.jsonl: the first bad record is event 20 (line 21): [non_canonical] the file's last line "
+                          "does not end with a newline"), out  # fmt: skip
+    for whole in ("reviewed.jsonl", "retracted.jsonl"):
+        assert data("journal", "verify", "--file", whole, *given)["ok"]
 
 
 def test_verify_names_no_record_when_the_policy_does_not_bind_the_workflow(workdir: Path) -> None:
@@ -318,6 +404,45 @@ def test_verify_names_a_record_rewritten_as_text(
     for command in ("show", "replay"):
         code, out, err = main("journal", command, "review-1", "--db", "review.db")
         assert code == 1 and "[altered_digest]" in one_error_line(err) and "internal error" not in err
+
+
+@pytest.mark.parametrize(("table", "where", "named"), [
+    ("journal_events", "ordinal = 7", "event 7: [altered_digest]"),
+    ("journal_headers", "execution_id = 'review-1'", "header: [altered_digest]"),
+])  # fmt: skip
+def test_a_digest_column_that_disagrees_with_its_record_is_named(
+    workdir: Path, table: str, where: str, named: str
+) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    rewrite_by_hand(workdir / "review.db", f"UPDATE {table} SET digest = 'sha256:{'0' * 64}' WHERE {where}",
+                    f"{table}_no_update")  # fmt: skip
+    code, out, err = main("journal", "verify", "review-1", "--db", "review.db")
+    assert code == 1 and err == "", err
+    assert out.startswith(f"BAD review-1: the first bad record is {named} the row's digest column holds"), out
+    for command in ("show", "replay"):
+        code, out, err = main("journal", command, "review-1", "--db", "review.db")
+        assert code == 1 and "[altered_digest]" in one_error_line(err) and "digest column" in err, err
+    after = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    assert before is not None and after is not None and (after.header, after.events) == (before.header, before.events)
+
+
+def test_a_record_resigned_in_place_is_named_by_its_digest_column(workdir: Path) -> None:
+    import sqlite3  # noqa: PLC0415
+
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    # Event 7 given another time and its digest recomputed: a record sound on
+    # its own, which only its row's digest column (and event 8's link) betrays.
+    with contextlib.closing(sqlite3.connect(workdir / "review.db")) as conn:
+        (record,) = conn.execute("SELECT record FROM journal_events WHERE ordinal = 7").fetchone()
+    event = j.decode_event(bytes(record))
+    _, resigned = attrs.evolve(event, at="2026-01-01T00:00:00.000000Z").signed()
+    rewrite_by_hand(workdir / "review.db", f"UPDATE journal_events SET record = x'{resigned.hex()}' WHERE ordinal = 7",
+                    "journal_events_no_update")  # fmt: skip
+    code, out, _ = main("journal", "verify", "review-1", "--db", "review.db", "--json")
+    assert code == 1 and (json.loads(out)["code"], json.loads(out)["ordinal"]) == ("altered_digest", 7), out
 
 
 def test_records_resolve_from_a_directory_by_digest(workdir: Path) -> None:

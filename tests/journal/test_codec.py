@@ -89,6 +89,20 @@ def test_unknown_and_missing_fields_are_refused(chain: tuple[j.Journal, bytes, l
     assert (error.reason, error.ordinal) == (C.MISSING_FIELD, 1)
 
 
+def test_a_record_of_the_wrong_members_is_named_once(chain: tuple[j.Journal, bytes, list[bytes]]) -> None:
+    journal, header, events = chain
+    # The ordinal names the record ("header: ", "event 1: "); the detail names the member alone.
+    for records, message in (
+        ([events[0], *events[1:]], "header: unknown field 'actor'"),  # the header's line removed
+        ([header, _resigned(events[0], {"comment": "hi"}), *events[1:]], "event 1: unknown field 'comment'"),
+    ):
+        assert str(refusal(journal, records[0], records[1:])) == message
+    value = json.loads(header)
+    del value["nodes"]
+    error = refusal(journal, rfc8785.dumps(value), events)
+    assert (error.reason, str(error)) == (C.MISSING_FIELD, "header: missing field 'nodes'")
+
+
 def test_altered_digest_and_altered_content(chain: tuple[j.Journal, bytes, list[bytes]]) -> None:
     journal, header, events = chain
     value = json.loads(events[3])

@@ -109,6 +109,57 @@ class SqlTests:
             assert (caught.value.reason, caught.value.ordinal) == (C.BAD_SUCCESSOR_BINDING, case.ordinal)
 
 
+    @pytest.mark.parametrize(("table", "where", "ordinal"), [
+        ("journal_events", "ordinal = 2", 2),
+        ("journal_headers", "execution_id = 'review-1'", 0),
+    ])  # fmt: skip
+    def test_a_digest_column_that_disagrees_with_its_record_is_altered_digest(
+        self, open_store: Opener, rewrite: Callable[[str, str], None], table: str, where: str, ordinal: int
+    ) -> None:
+        store = open_store()
+        created(store)
+        assert isinstance(store, JournalStoreBase)
+        case = next(c for c in journal_fixtures.cases() if c.name == "valid-review")
+        written = [(j.decode_event(line), line) for line in case.lines[1:4]]
+        assert store._commit_events("review-1", json.loads(case.lines[0])["digest"], written, 3)
+        before = open_store().stored("review-1")
+        rewrite(table, f"UPDATE {table} SET digest = 'sha256:{'0' * 64}' WHERE {where}")
+        for opened in (open_store(), store):
+            with pytest.raises(JournalError) as caught:
+                opened.load("review-1")
+            assert (caught.value.reason, caught.value.ordinal) == (C.ALTERED_DIGEST, ordinal), caught.value
+            assert "digest column" in caught.value.detail
+        # Only the column was changed: the records are what they were, and are not rewritten.
+        after = open_store().stored("review-1")
+        assert before is not None and after is not None
+        assert (after.header, after.events, after.head) == (before.header, before.events, before.head)
+        assert (after.header_digest, *after.event_digests) != (before.header_digest, *before.event_digests)
+
+    def test_catching_a_cache_up_holds_the_new_rows_digest_columns(
+        self, open_store: Opener, rewrite: Callable[[str, str], None]
+    ) -> None:
+        writer = open_store()
+        journal = created(writer)
+        attempt = j.AttemptRef("s-1", 1)
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=attempt)  # fmt: skip
+        first = writer.append("review-1", start)
+        assert isinstance(first, j.Appended)
+        other = open_store()
+        block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
+                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
+        blocked = other.append("review-1", block)
+        assert isinstance(blocked, j.Appended)
+        rewrite("journal_events", f"UPDATE journal_events SET digest = 'sha256:{'0' * 64}' WHERE ordinal = 2")
+        clear = j.Transition("c", blocked.journal.head, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED,
+                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
+        # writer's cache ends at event 1: it reads event 2 to catch up, and refuses it as a load would.
+        with pytest.raises(JournalError) as caught:
+            writer.append("review-1", clear)
+        assert (caught.value.reason, caught.value.ordinal) == (C.ALTERED_DIGEST, 2)
+        chain = open_store().stored("review-1")
+        assert chain is not None and chain.length == 2
+
     @pytest.mark.parametrize("count", [1, 3])
     def test_a_commit_from_a_head_that_moved_writes_nothing(self, open_store: Opener, count: int) -> None:
         # One event and a batch take different statements; both are refused
@@ -155,6 +206,23 @@ class TestSQLiteJournalStore(JournalStoreTests, SqlTests):
 
         return run
 
+    @pytest.fixture
+    def rewrite(self, tmp_path: Path) -> Callable[[str, str], None]:
+        """Run an UPDATE of ``table`` past its append-only trigger, putting the trigger back."""
+
+        def run(table: str, statement: str) -> None:
+            conn = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+            try:
+                trigger = f"{table}_no_update"
+                (saved,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (trigger,)).fetchone()
+                conn.execute(f"DROP TRIGGER {trigger}")
+                conn.execute(statement)
+                conn.execute(saved)
+            finally:
+                conn.close()
+
+        return run
+
 
 class TestPostgresJournalStore(JournalStoreTests, SqlTests):
     @pytest.fixture
@@ -176,6 +244,18 @@ class TestPostgresJournalStore(JournalStoreTests, SqlTests):
         def run(statement: str) -> None:
             with psycopg.connect(pg_dsn, autocommit=True, options=f"-c search_path={pg_schema}") as conn:
                 conn.execute(statement)  # type: ignore[arg-type]
+
+        return run
+
+    @pytest.fixture
+    def rewrite(self, pg_dsn: str, pg_schema: str) -> Callable[[str, str], None]:
+        """Run an UPDATE of ``table`` with its append-only trigger disabled, enabling it again."""
+
+        def run(table: str, statement: str) -> None:
+            with psycopg.connect(pg_dsn, autocommit=True, options=f"-c search_path={pg_schema}") as conn:
+                conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {table}_append_only")  # type: ignore[arg-type]
+                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER {table}_append_only")  # type: ignore[arg-type]
 
         return run
 
