@@ -281,6 +281,8 @@ def _submit(args: argparse.Namespace, out: Output) -> int:
         payload = json.loads(args.input)
     except json.JSONDecodeError as exc:
         raise _Usage(f"--input: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise _Usage("--input: not valid JSON: nested too deeply") from None
     principal = _principal(args.principal)
     # Checked before anything is opened: bad input never creates (or touches) a store.
     check_submission(

@@ -104,9 +104,22 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 def canonical_json(value: Any) -> str:
     """The canonical text of a JSON value: sorted keys, no spaces, UTF-8, finite numbers only."""
     try:
-        return _CANONICAL.encode(value)
+        text = _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
         raise DurableOperationError("invalid_input", f"input: not JSON: {exc}", "input") from None
+    except RecursionError:
+        raise DurableOperationError("invalid_input", "input: not JSON: nested too deeply", "input") from None
+    # The encoder keeps a lone surrogate as it is (ensure_ascii=False), and it has no UTF-8 form: the digest and
+    # the store would fail on it later, after the store was opened.  An ASCII text is known at no cost to have none.
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            character = f"U+{ord(text[exc.start]):04X}"
+            raise DurableOperationError(
+                "invalid_input", f"input: contains an unpaired surrogate ({character}), which is not a character", "input"
+            ) from None
+    return text
 
 
 def input_digest(canonical: str) -> str:

@@ -93,6 +93,11 @@ BAD_INPUT = [
     (("submit", "transfer", "--key", "k", "--input", "[1]", "--actions", "tests.operations.docs_actions"), 2,
      "input: rejected by transfer v1: AttributeError: 'list' object has no attribute 'get' [invalid_input]", None),
     (("submit", "transfer", "--key", "k", "--version", "9"), 2, "[unknown_action]", None),
+    # A lone surrogate that the normaliser lets through has no UTF-8 form: the input's fault, not an internal error.
+    (("submit", "transfer", "--key", "k", "--input", '{"from": "\\ud800", "to": "acc-2", "amount": 5}', "--actions",
+      "tests.operations.docs_actions"), 2, "input: contains an unpaired surrogate (U+D800)", None),
+    (("submit", "transfer", "--key", "k", "--input", "[" * 100_000 + "]" * 100_000), 2,
+     "--input: not valid JSON: nested too deeply", None),
     (("submit", "transfer", "--key", "k", "--as", "alice"), 2, "RESOLVER:vVERSION:SUBJECT", None),
     (("submit", "transfer", "--key", "bad key", "--input", TRANSFER), 2, "client_key: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--tenant", "a b"), 2, "tenant: malformed", None),
@@ -214,6 +219,34 @@ def test_any_normaliser_failure_is_invalid_input_naming_the_action() -> None:
             )  # fmt: skip
         assert raised.value.code == "invalid_input"
         assert raised.value.message == f"input: rejected by transfer v1: {named}"
+    assert store.operation_ids() == []
+
+
+def test_an_input_the_store_could_not_keep_is_invalid_input_and_nothing_is_written() -> None:
+    from fencekeeper.adapters.operations.memory import MemoryOperationStore  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableOperationError,
+        DurableOperationService,
+        PrincipalReference,
+    )
+    from tests.operations import docs_actions  # noqa: PLC0415
+
+    store = MemoryOperationStore()
+    service = DurableOperationService(store, docs_actions.registry(), docs_actions.resolvers())
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    for payload, named in (
+        ({"from": "acc-1", "to": "\udc00", "amount": 5}, "contains an unpaired surrogate (U+DC00)"),
+        ({"from": "acc-1", "to": deep, "amount": 5}, "not JSON: nested too deeply"),
+    ):
+        with pytest.raises(DurableOperationError) as raised:
+            service.submit(
+                tenant="t", principal=PrincipalReference.parse("users:v1:alice"), action="transfer", input=payload,
+                client_key="k",
+            )  # fmt: skip
+        assert raised.value.code == "invalid_input"
+        assert named in raised.value.message
     assert store.operation_ids() == []
 
 
