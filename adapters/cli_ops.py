@@ -67,6 +67,7 @@ from .operations.service import (
 from .operations.worker import MAX_LEASE, DurableOperationWorker, WorkReport, default_worker_id
 from .render import Output
 from .store import StoreError, StorePatience
+from .worker import WorkerSettingError, check_concurrency
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -155,7 +156,7 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
 
     worker = subcommand("worker", "claim and run due operations of one tenant until stopped (or idle)")
     worker.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
-    worker.add_argument("--concurrency", type=int, default=1, metavar="N", help="worker threads (default 1)")
+    worker.add_argument("--concurrency", type=int, default=1, metavar="N", help="worker threads (default 1, at most 64)")
     worker.add_argument(
         "--processes",
         type=int,
@@ -403,8 +404,13 @@ def _cancel(args: argparse.Namespace, out: Output) -> int:
 
 
 def _worker(args: argparse.Namespace, out: Output) -> int:
-    if args.concurrency < 1:
-        raise _Usage("--concurrency must be positive")
+    try:
+        check_concurrency(args.concurrency)
+    except WorkerSettingError as exc:
+        raise _Usage(f"--concurrency: {exc.message}") from None
+    problem = identifier_problem(args.tenant)
+    if problem is not None:
+        raise _Usage(f"--tenant: {problem}")
     longest = MAX_LEASE.total_seconds()
     for flag, seconds in (("--lease", args.lease), ("--poll", args.poll)):
         # At most a day (the worker's MAX_LEASE): the lease is also the PostgreSQL sessions' idle-in-transaction
@@ -416,12 +422,18 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
         processes = prefork.check_processes(args.processes)
     except prefork.ProcessesError as exc:
         raise _Usage(f"--processes: {exc}") from None
+    # Refused here, once, as usage, as `fencekeeper worker` does: each worker thread would refuse them as it starts
+    # (DurableOperationWorker), and the ids of every thread of every process must be identifiers.
     prefix = args.worker_prefix or default_worker_id()
-    # Refused here, once, as usage: each worker thread would refuse them as it starts (DurableOperationWorker).
-    for flag, value in (("--tenant", args.tenant), ("--id", f"{prefix}-{args.concurrency}")):
-        problem = identifier_problem(value)
+    if args.worker_prefix is not None:
+        problem = identifier_problem(args.worker_prefix)
         if problem is not None:
-            raise _Usage(f"{flag}: {problem}")
+            raise _Usage(f"--id: {problem}")
+    elif identifier_problem(prefix) is not None:
+        raise _Usage(f"--id: the default worker id {prefix!r} (host name and process id) is not an identifier; give --id")
+    last = f"{prefix}-{processes * args.concurrency}"
+    if identifier_problem(last) is not None:
+        raise _Usage(f"--id: {prefix!r} is too long to name workers: {last!r} must be at most 128 characters")
     errors: list[str] = []
     if processes == 1:
         reports, idle, errors = _work(args, out, prefix, 1, None)

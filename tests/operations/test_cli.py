@@ -113,6 +113,12 @@ BAD_INPUT = [
     # Each worker thread refused these as it started: a traceback per thread, and exit 0.
     (("worker", "--until-idle", "--tenant", "a b"), 2, "--tenant: malformed identifier", None),
     (("worker", "--until-idle", "--id", "a b"), 2, "--id: malformed identifier", None),
+    # As `fencekeeper worker` checks them: an empty --id, one too long to number every thread of every process, and
+    # more threads than one process can use.
+    (("worker", "--until-idle", "--id", ""), 2, "--id: malformed identifier ''", None),
+    (("worker", "--until-idle", "--id", "w" * 126, "--processes", "2", "--concurrency", "5"), 2,
+     "is too long to name workers", None),
+    (("worker", "--until-idle", "--concurrency", "65"), 2, "--concurrency: must be between 1 and 64", None),
     (("status", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("history", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("cancel", "op-missing"), 2, "no database at", "[operation_not_found]"),
