@@ -105,6 +105,8 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
 
     def subcommand(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help, **kwargs)
+        # Accepted after the subcommand too, as by every other command (cli.py); SUPPRESS keeps an earlier --debug.
+        parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
         parser.add_argument("--json", action="store_true", help="machine-readable output: one JSON document")
         parser.add_argument("--db", required=True, metavar="URL", help="a SQLite file or a postgresql:// DSN")
         parser.add_argument("--schema", metavar="NAME", help="PostgreSQL schema (default: fencekeeper)")
@@ -177,15 +179,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     """Run one ``op`` subcommand; errors are printed here, as one line, with the command line's exit codes."""
     try:
         return _COMMANDS[args.op_command](args, out)
-    except _Usage as exc:
-        out.note(f"fencekeeper: error: {exc}")
-        return EXIT_USAGE
-    except DurableOperationError as exc:
-        out.note(f"fencekeeper: error: {exc.message} [{exc.code}]")
-        return EXIT_USAGE if exc.code in _USAGE_CODES else EXIT_PROBLEM
-    except StoreError as exc:
-        out.note(f"fencekeeper: error: {exc.message} [{exc.code}]")
-        return EXIT_USAGE if exc.code in _USAGE_STORE_CODES else EXIT_PROBLEM
+    except (_Usage, DurableOperationError, StoreError) as exc:
+        if getattr(args, "debug", False):
+            raise  # main() shows its traceback, as for every other command's errors
+        message, code = _describe(exc)
+        out.note(f"fencekeeper: error: {message}")
+        return code
 
 
 class RegistryError(_Usage):

@@ -256,6 +256,17 @@ def test_an_input_the_store_could_not_keep_is_invalid_input_and_nothing_is_writt
     assert store.operation_ids() == []
 
 
+@pytest.mark.parametrize(
+    "args", [("--debug", "op", "status", "op-x"), ("op", "status", "op-x", "--debug"), ("op", "--debug", "history", "x")]
+)
+def test_debug_before_or_after_an_op_subcommand_shows_the_traceback(tmp_path: Path, args: tuple[str, ...]) -> None:
+    # As for every other command (adapters/cli.py): --debug before or after the command name.
+    result = fencekeeper(*args, "--db", tmp_path / "none.db", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "no database at" in result.stderr
+    assert snapshot(tmp_path) == {}
+
+
 def test_an_unreachable_postgresql_is_one_line_at_once(tmp_path: Path) -> None:
     # The pool alone would retry for its whole timeout (about 10 s) and log its warnings first.
     url = "postgresql://nobody@127.0.0.1:1/x"
