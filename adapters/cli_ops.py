@@ -213,8 +213,13 @@ def _service(
     db: str | None = None,
     idle_in_transaction_timeout: float | None = None,
     retention: timedelta = timedelta(days=1),
+    read_only: bool = False,
 ) -> Iterator[tuple[DurableOperationService, TransactionalOperationStore, ModuleType]]:
-    """The service on ``--db`` (or ``db``), which must already exist: only ``op submit`` creates a file."""
+    """The service on ``--db`` (or ``db``), which must already exist: only ``op submit`` creates a file.
+
+    ``read_only`` for the commands that only read (``status``, ``history``): as
+    ``fencekeeper inspect``, they neither migrate a SQLite file nor need to write it.
+    """
     module = _module(args.actions)
     actions: DurableActionRegistry = module.registry()
     resolvers: PrincipalResolverRegistry = module.resolvers()
@@ -226,6 +231,7 @@ def _service(
         tenant=getattr(args, "tenant", None),
         create=db is not None,
         idle_in_transaction_timeout=idle_in_transaction_timeout,
+        read_only=read_only,
     )
     try:
         service = DurableOperationService(store, actions, resolvers, namespace=args.namespace, retention=retention)
@@ -353,7 +359,7 @@ def _submit_new_file(path: Path, submit: Callable[[str], OperationAdmission]) ->
 
 
 def _status(args: argparse.Namespace, out: Output) -> int:
-    with _service(args) as (service, _, _):
+    with _service(args, read_only=True) as (service, _, _):
         record = service.get(args.operation_id)
     if record is None:
         raise DurableOperationError("operation_not_found", f"operation {args.operation_id!r} does not exist")
@@ -362,7 +368,7 @@ def _status(args: argparse.Namespace, out: Output) -> int:
 
 
 def _history(args: argparse.Namespace, out: Output) -> int:
-    with _service(args) as (service, _, _):
+    with _service(args, read_only=True) as (service, _, _):
         lines = service.history(args.operation_id)
     if out.json_mode:
         out.data({"operation_id": args.operation_id, "history": [line.to_json() for line in lines]})

@@ -25,6 +25,7 @@ def open_operation_store(
     tenant: str | None = None,
     create: bool = True,
     idle_in_transaction_timeout: float | None = None,
+    read_only: bool = False,
 ) -> TransactionalOperationStore:
     """``tenant`` binds a PostgreSQL store's session to one tenant (the row-level security setting); SQLite ignores it.
 
@@ -32,18 +33,20 @@ def open_operation_store(
     creating the file (PostgreSQL is never created here: ``fencekeeper
     migrate`` does that).  ``idle_in_transaction_timeout`` (seconds; PostgreSQL
     only, default the store's) bounds how long a stalled holder keeps an
-    operation's row: a worker keeps it no longer than its lease.
+    operation's row: a worker keeps it no longer than its lease.  ``read_only``
+    is for commands that only read: a SQLite file is then opened without
+    migrating it or creating anything beside it (``connect.open_store``'s rule).
     """
     location = parse_url(url, schema=schema)
     if location.kind == "sqlite":
         assert location.path is not None
         if not location.path.parent.exists():
             raise StoreError("store_unavailable", f"--db: directory {location.path.parent} does not exist")
-        if not create and not location.path.exists():
+        if (read_only or not create) and not location.path.exists():
             raise no_database(location.path)
         from .sqlite import SQLiteOperationStore  # noqa: PLC0415 - each store loads only when its URL is opened
 
-        return SQLiteOperationStore(location.path, clock)
+        return SQLiteOperationStore(location.path, clock, read_only=read_only)
     from .postgres import PostgresOperationStore  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
     assert location.dsn is not None and location.schema is not None

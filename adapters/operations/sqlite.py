@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import codec
-from ..sqlite_store import MIGRATIONS, _expected_fingerprint, _open
+from ..sqlite_store import MIGRATIONS, _expected_fingerprint, _open, _open_read_only
 from ..store import Clock, StoreError, SystemClock
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
@@ -159,11 +159,17 @@ class _SQLiteOpsTx(SqlTx):
 class SQLiteOperationStore(TransactionalOperationStore):
     """Durable operations in one SQLite file.  One connection per store object; safe to share between threads."""
 
-    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None, *, read_only: bool = False) -> None:
+        """Open (creating and migrating as needed) the store at ``path``.
+
+        With ``read_only``, as for the executions' ``SQLiteStore``, the file must
+        exist at this code's schema version and is opened only to read: nothing
+        is migrated or created beside it, and every write is refused.
+        """
         self.path = Path(path)
         self.clock: Clock = clock or SystemClock()
         self._lock = threading.RLock()
-        self._conn = _open(self.path)
+        self._conn = _open_read_only(self.path) if read_only else _open(self.path)
         self._closed = False
         self._judge = _Authorizer()
         self._conn.set_authorizer(self._judge)

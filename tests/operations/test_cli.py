@@ -170,6 +170,18 @@ def test_a_db_path_that_does_not_exist_is_refused_not_created(
     assert snapshot(tmp_path) == {}
 
 
+@pytest.mark.parametrize("command", ["status", "history"])
+def test_status_and_history_do_not_migrate_the_file_they_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # As `fencekeeper inspect`: a command that only reads refused an empty (unmigrated) file only after migrating it.
+    (tmp_path / "ops.db").touch()
+    result, out, err = run(capsys, command, "op-x", "--db", str(tmp_path / "ops.db"))
+    assert result == 1 and out == ""
+    assert "it is not migrated when only read" in one_error(err) and "[schema_outdated]" in err
+    assert snapshot(tmp_path) == {"ops.db": b""}
+
+
 def test_a_submission_creates_a_new_file_holding_only_what_it_admitted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
