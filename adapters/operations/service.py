@@ -627,8 +627,12 @@ class DurableOperationService:
         principal: PrincipalReference,
         tenant: str,
         policy: Callable[[PrincipalResolution], bool] | None = None,
+        refused: str = "the action's authorizer refused",
     ) -> o.Authority:
-        """Resolve ``principal`` now (once) and ask ``policy`` only of an active member of ``tenant``."""
+        """Resolve ``principal`` now (once) and ask ``policy`` only of an active member of ``tenant``.
+
+        ``refused`` says whose policy it is when it answers no: the action's, or the service's own.
+        """
         resolution = self.resolvers.resolve(principal)
         try:
             allowed = None if policy is None or not resolution.active else policy(resolution)
@@ -642,7 +646,7 @@ class DurableOperationService:
         if not resolution.member_of(tenant):
             return o.Authority(False, principal.ref, f"not a current member of tenant {tenant}")
         if allowed is False:
-            return o.Authority(False, principal.ref, "the action's authorizer refused")
+            return o.Authority(False, principal.ref, refused)
         return o.Authority(True, principal.ref)
 
     # --- requests ------------------------------------------------------------------------------
@@ -758,7 +762,10 @@ class DurableOperationService:
         """
         _principal("approver", approver)
         record = self._record(operation_id, tenant)
-        authority = self._authority(approver, record.tenant, lambda resolution: self.may_decide(resolution, record))
+        authority = self._authority(
+            approver, record.tenant, lambda resolution: self.may_decide(resolution, record),
+            "the decision policy refused (may_decide)",
+        )
         name, version = action if action is not None else (record.action_name, record.action_version)
         request = o.DecideRequest(
             approval_id=approval_id or f"ap-{self._new_id()}",
@@ -783,7 +790,11 @@ class DurableOperationService:
         """Cancel; ``tenant`` as for :meth:`decide`."""
         _principal("principal", principal)
         record = self._record(operation_id, tenant)
-        authority = self._authority(principal, record.tenant, lambda resolution: self.may_cancel(resolution, record))
+        # By default only the requester may cancel: say so, rather than blame the action's authorizer.
+        authority = self._authority(
+            principal, record.tenant, lambda resolution: self.may_cancel(resolution, record),
+            "the cancellation policy refused (may_cancel; by default only the requester may cancel)",
+        )
         outcome = self.store.cancel(o.CancelRequest(operation_id, principal.ref, authority, reason))
         if isinstance(outcome, o.Refusal):
             raise _refused(outcome)

@@ -82,6 +82,43 @@ def test_an_approval_from_another_principal_lets_the_capture_run(
     assert code == 0 and f"  external effect id {op_id}/effect (settled)\n" in out
 
 
+def test_a_refused_cancellation_or_decision_names_the_policy_that_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Neither refusal is the action's authorizer's: the service's own policies (may_cancel, may_decide) decide.
+    from fencekeeper.adapters.operations import examples  # noqa: PLC0415
+    from fencekeeper.adapters.operations.memory import MemoryOperationStore  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableOperationError,
+        DurableOperationService,
+        PrincipalReference,
+    )
+
+    db = str(tmp_path / "ops.db")
+    op_id = data(capsys, "submit", "capture_payment", "--db", db, "--key", "c-1", "--as", "users:v1:alice", "--input",
+                 '{"order": "o-1", "amount": 999}')["operation_id"]  # fmt: skip
+    code, _, err = run(capsys, "cancel", op_id, "--db", db, "--as", "users:v1:bob")
+    line = one_error(err)
+    assert code == 1 and line.endswith(
+        "'users:v1:bob' may not cancel: the cancellation policy refused (may_cancel; by default only the requester "
+        "may cancel) [not_authorized]"
+    )
+    assert "authorizer" not in line
+
+    service = DurableOperationService(
+        MemoryOperationStore(), examples.registry(), examples.resolvers(), may_decide=lambda resolution, record: False
+    )
+    alice, bob = PrincipalReference.parse("users:v1:alice"), PrincipalReference.parse("users:v1:bob")
+    admitted = service.submit(
+        tenant="t", principal=alice, action="capture_payment", input={"order": "o-1", "amount": 5}, client_key="k"
+    )
+    with pytest.raises(DurableOperationError) as raised:
+        service.decide(admitted.operation_id, approver=bob, approve=True)
+    assert (raised.value.code, raised.value.message) == (
+        "not_authorized", "'users:v1:bob' may not decide this operation: the decision policy refused (may_decide)"
+    )
+
+
 TRANSFER = '{"from": "acc-1", "to": "acc-2", "amount": 5}'
 
 # (arguments, exit code, what the error names on a path with no database, and on an existing store)
