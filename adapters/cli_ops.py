@@ -423,6 +423,10 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
         # thread at its start).
         if not 0 < seconds <= longest:  # also false for nan
             raise _Usage(f"{flag}: must be a positive number of seconds, at most a day ({longest:g}), got {seconds}")
+    if timedelta(seconds=args.lease) <= timedelta(0):
+        # Under half a microsecond the lease is no duration at all: each worker thread would refuse it as it starts
+        # (DurableOperationWorker), with a traceback each, and the command would exit 0 having run nothing.
+        raise _Usage(f"--lease: must be at least a microsecond, got {args.lease:g} s")
     try:
         processes = prefork.check_processes(args.processes)
     except prefork.ProcessesError as exc:

@@ -146,6 +146,8 @@ BAD_INPUT = [
     (("worker", "--until-idle", "--lease", "nan"), 2, "--lease: must be a positive number of seconds", None),
     (("worker", "--until-idle", "--lease", "inf"), 2, "--lease: must be a positive number of seconds", None),
     (("worker", "--until-idle", "--lease", "86401"), 2, "--lease: must be a positive number of seconds", None),
+    # Positive, yet no timedelta: each worker thread refused it as it started, and the command exited 0.
+    (("worker", "--until-idle", "--lease", "1e-9"), 2, "--lease: must be at least a microsecond, got 1e-09 s", None),
     (("worker", "--until-idle", "--poll", "nan"), 2, "--poll: must be a positive number of seconds", None),
     # Each worker thread refused these as it started: a traceback per thread, and exit 0.
     (("worker", "--until-idle", "--tenant", "a b"), 2, "--tenant: malformed identifier", None),
