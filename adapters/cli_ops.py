@@ -206,6 +206,26 @@ def load_registry_module(name: str) -> ModuleType:
 _module = load_registry_module
 
 
+def _registries(name: str) -> tuple[ModuleType, DurableActionRegistry, PrincipalResolverRegistry]:
+    """The ``--actions`` module with what its ``registry()`` and ``resolvers()`` return, checked before anything is opened.
+
+    Either failing, or answering something else, is the module's fault, not
+    fencekeeper's: one ``--actions`` line (exit 2) rather than an internal
+    error, and never a worker that claims an operation and then fails on it.
+    """
+    module = _module(name)
+    found: list[Any] = []
+    for needed, kind in (("registry", DurableActionRegistry), ("resolvers", PrincipalResolverRegistry)):
+        try:
+            value = getattr(module, needed)()
+        except Exception as exc:  # --debug shows the module's own traceback through the cause
+            raise RegistryError(f"--actions: {name}.{needed}() raised {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
+        if not isinstance(value, kind):
+            raise RegistryError(f"--actions: {name}.{needed}() returned {type(value).__name__}, not a {kind.__name__}")
+        found.append(value)
+    return module, found[0], found[1]
+
+
 @contextmanager
 def _service(
     args: argparse.Namespace,
@@ -220,9 +240,7 @@ def _service(
     ``read_only`` for the commands that only read (``status``, ``history``): as
     ``fencekeeper inspect``, they neither migrate a SQLite file nor need to write it.
     """
-    module = _module(args.actions)
-    actions: DurableActionRegistry = module.registry()
-    resolvers: PrincipalResolverRegistry = module.resolvers()
+    module, actions, resolvers = _registries(args.actions)
     # A command given --tenant acts in that tenant only: on PostgreSQL the store's session is bound to
     # it, so the restricted application role's row-level security admits it (docs/operating-postgres.md).
     store = open_operation_store(
@@ -292,7 +310,7 @@ def _submit(args: argparse.Namespace, out: Output) -> int:
     principal = _principal(args.principal)
     # Checked before anything is opened: bad input never creates (or touches) a store.
     check_submission(
-        _module(args.actions).registry(),
+        _registries(args.actions)[1],
         tenant=args.tenant, action=args.action, input=payload, client_key=args.key, version=args.version,
     )  # fmt: skip
     problem = identifier_problem(args.namespace)
@@ -625,11 +643,10 @@ def _check(args: argparse.Namespace, out: Output) -> int:
     """
     from . import deployment  # noqa: PLC0415 - loads only for this command
 
-    module = _module(args.actions)
+    _, actions, resolvers = _registries(args.actions)
     report = deployment.check_deployment(
-        args.db, schema=args.schema, namespace=args.namespace, tenant=args.tenant,
-        actions=module.registry(), resolvers=module.resolvers(),
-    )  # fmt: skip
+        args.db, schema=args.schema, namespace=args.namespace, tenant=args.tenant, actions=actions, resolvers=resolvers
+    )
     if not report.reachable:
         # What every other op command says of this --db, and the same exit code.
         raise StoreError("store_unavailable", "; ".join(report.blocking) or f"--db: {args.db} names no usable store")

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from fencekeeper.adapters import cli
+from fencekeeper.adapters import cli, cli_ops
 from tests.cli.runner import assert_one_error_line, fencekeeper, snapshot
 
 
@@ -140,6 +140,11 @@ BAD_INPUT = [
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--tenant", "a b"), 2, "tenant: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--namespace", "a b"), 2, "--namespace: malformed", None),
     (("submit", "transfer", "--key", "k", "--actions", "no.such.module"), 2, "--actions", None),
+    # The module's own fault, checked before anything is opened: not an internal error, nor a claim and then a crash.
+    (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--actions", "tests.operations.broken_actions"), 2,
+     "--actions: tests.operations.broken_actions.registry() returned tuple, not a DurableActionRegistry", None),
+    (("worker", "--until-idle", "--actions", "tests.operations.broken_actions"), 2,
+     "--actions: tests.operations.broken_actions.registry() returned tuple, not a DurableActionRegistry", None),
     # Decided only by the store, once opened: a principal no resolver knows.
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--as", "nobody:v1:x"), 1, "[not_authorized]", None),
     # Checked before the store is opened, as for submit: a worker with a lease no store or thread can use.
@@ -191,6 +196,28 @@ def test_bad_input_to_a_store_is_one_line_and_writes_nothing(
     # The identity is taken: other input under it is refused, and that writes nothing either.
     result, _, err = run(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER.replace("5", "6"))
     assert result == 1 and "[idempotency_conflict]" in one_error(err)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [("submit", "transfer", "--key", "k", "--input", TRANSFER), ("status", "op-x"), ("check",)])
+def test_an_actions_module_whose_registry_raises_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    from fencekeeper.adapters.operations import examples  # noqa: PLC0415
+
+    db = str(tmp_path / "ops.db")
+    data(capsys, "submit", "transfer", "--db", db, "--key", "first", "--input", TRANSFER)
+    before = snapshot(tmp_path)
+
+    def unconfigured() -> None:
+        raise RuntimeError("the directory is not\nconfigured")
+
+    monkeypatch.setattr(examples, "resolvers", unconfigured)
+    result, out, err = run(capsys, *args, "--db", db)
+    assert (result, out) == (2, "")
+    assert one_error(err).endswith(
+        f"--actions: {cli_ops.DEFAULT_ACTIONS}.resolvers() raised RuntimeError: the directory is not configured"
+    )
     assert snapshot(tmp_path) == before
 
 
