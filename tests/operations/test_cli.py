@@ -493,6 +493,33 @@ def test_op_worker_rides_out_a_lost_connection_and_exits_1_on_an_error_it_cannot
     assert "[schema_altered]" in one_error(err)
 
 
+def test_a_file_another_writer_holds_is_store_locked_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As PostgreSQL's row_locked and the executions' store_locked: the store is there and the request is refused for
+    # now (exit 1), not a --db that names nothing usable (store_unavailable, exit 2).
+    from fencekeeper.adapters import sqlite_store  # noqa: PLC0415
+    from fencekeeper.adapters.operations import sqlite as operations_sqlite  # noqa: PLC0415
+
+    db = tmp_path / "ops.db"
+    op_id = data(capsys, "submit", "capture_payment", "--db", str(db), "--key", "c-1", "--as", "users:v1:alice",
+                 "--input", '{"order": "o-1", "amount": 5}')["operation_id"]  # fmt: skip
+    # A fifth of a second's wait for the lock rather than the store's ten.
+    monkeypatch.setattr(operations_sqlite, "_open", lambda path: sqlite_store._open(path, 0.2))
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for args in (("cancel", op_id, "--as", "users:v1:alice"), ("decide", op_id, "--approve", "--as", "users:v1:bob")):
+            code, out, err = run(capsys, *args, "--db", str(db))
+            line = one_error(err)
+            assert (code, out) == (1, ""), line
+            assert "the database is locked by another writer" in line and line.endswith("[store_locked]")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert data(capsys, "status", op_id, "--db", str(db))["state"] == "awaiting_approval"
+
+
 def test_status_shows_the_stored_approval_decision_rejected_or_consumed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
