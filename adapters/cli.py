@@ -1677,10 +1677,9 @@ def _check(args: argparse.Namespace, out: Output) -> int:
     actions = resolvers = None
     if args.actions is not None:
         try:
-            module = cli_ops.load_registry_module(args.actions)
+            _, actions, resolvers = cli_ops.load_registries(args.actions)
         except cli_ops.RegistryError as exc:
             raise CliError(str(exc)) from None
-        actions, resolvers = module.registry(), module.resolvers()
     full = deployment.check_deployment(
         args.db, schema=args.schema, namespace=args.namespace, tenant=args.tenant, actions=actions, resolvers=resolvers
     )

@@ -206,7 +206,7 @@ def load_registry_module(name: str) -> ModuleType:
 _module = load_registry_module
 
 
-def _registries(name: str) -> tuple[ModuleType, DurableActionRegistry, PrincipalResolverRegistry]:
+def load_registries(name: str) -> tuple[ModuleType, DurableActionRegistry, PrincipalResolverRegistry]:
     """The ``--actions`` module with what its ``registry()`` and ``resolvers()`` return, checked before anything is opened.
 
     Either failing, or answering something else, is the module's fault, not
@@ -240,7 +240,7 @@ def _service(
     ``read_only`` for the commands that only read (``status``, ``history``): as
     ``fencekeeper inspect``, they neither migrate a SQLite file nor need to write it.
     """
-    module, actions, resolvers = _registries(args.actions)
+    module, actions, resolvers = load_registries(args.actions)
     # A command given --tenant acts in that tenant only: on PostgreSQL the store's session is bound to
     # it, so the restricted application role's row-level security admits it (docs/operating-postgres.md).
     store = open_operation_store(
@@ -310,7 +310,7 @@ def _submit(args: argparse.Namespace, out: Output) -> int:
     principal = _principal(args.principal)
     # Checked before anything is opened: bad input never creates (or touches) a store.
     check_submission(
-        _registries(args.actions)[1],
+        load_registries(args.actions)[1],
         tenant=args.tenant, action=args.action, input=payload, client_key=args.key, version=args.version,
     )  # fmt: skip
     problem = identifier_problem(args.namespace)
@@ -643,7 +643,7 @@ def _check(args: argparse.Namespace, out: Output) -> int:
     """
     from . import deployment  # noqa: PLC0415 - loads only for this command
 
-    _, actions, resolvers = _registries(args.actions)
+    _, actions, resolvers = load_registries(args.actions)
     report = deployment.check_deployment(
         args.db, schema=args.schema, namespace=args.namespace, tenant=args.tenant, actions=actions, resolvers=resolvers
     )

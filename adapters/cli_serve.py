@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     except ImportError as exc:
         raise ServeError(f"serve needs the http extra: pip install 'fencekeeper[http]' ({exc})") from None
     auth = _auth_module(args.auth)
-    registry = cli_ops.load_registry_module(args.actions)
+    _, actions, resolvers = cli_ops.load_registries(args.actions)
     policy = auth.policy() if callable(getattr(auth, "policy", None)) else None
     if policy is not None and not callable(getattr(policy, "check", None)):
         # Otherwise every execution request would be refused, one by one, as the request's fault.
@@ -102,8 +102,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             app = create_operations_app(
                 authenticate=auth.authenticate,
                 operations=operations,
-                actions=registry.registry(),
-                resolvers=registry.resolvers(),
+                actions=actions,
+                resolvers=resolvers,
                 namespace=args.namespace,
                 executions=executions,
                 policy=policy,

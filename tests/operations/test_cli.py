@@ -223,6 +223,35 @@ def test_an_actions_module_whose_registry_raises_is_one_line_naming_it(
 
 @pytest.mark.parametrize(
     "args",
+    [
+        ("check", "--namespace", "default", "--tenant", "default"),
+        ("serve", "--auth", "tests.http.deployment", "--port", "1"),
+    ],
+)
+def test_check_and_serve_take_an_actions_module_as_op_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    # `fencekeeper check` was an internal error on it, and `serve` served an app whose every operation would fail.
+    import uvicorn  # noqa: PLC0415
+
+    def served(*args: object, **kwargs: object) -> None:
+        raise AssertionError("serve started serving")
+
+    monkeypatch.setattr(uvicorn, "run", served)
+    db = str(tmp_path / "ops.db")
+    data(capsys, "submit", "transfer", "--db", db, "--key", "first", "--input", TRANSFER)
+    before = snapshot(tmp_path)
+    code = cli.main([*args, "--db", db, "--actions", "tests.operations.broken_actions"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert one_error(err).endswith(
+        "--actions: tests.operations.broken_actions.registry() returned tuple, not a DurableActionRegistry"
+    )
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "args",
     [("worker", "--until-idle"), ("worker", "--until-idle", "--processes", "2"), ("status", "op-x"), ("check",)],
 )
 def test_a_db_path_that_does_not_exist_is_refused_not_created(
