@@ -29,7 +29,7 @@ import psycopg
 
 from fencekeeper.kernel import journal as j
 
-from .journal_store import JournalStoreBase, StoredChain
+from .journal_store import JournalStoreBase, StoredChain, Tail
 from .postgres_store import _one_line, _safe, check_schema, check_schema_name, permission_denied
 from .store import Clock, StoreError
 
@@ -179,7 +179,7 @@ class PostgresJournalStore(JournalStoreBase):
                     if row is None:
                         return None
                     events = conn.execute(
-                        "SELECT record, digest FROM journal_events WHERE execution_id = %s ORDER BY ordinal",
+                        "SELECT record, digest, ordinal FROM journal_events WHERE execution_id = %s ORDER BY ordinal",
                         (execution_id,),
                     ).fetchall()
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -196,6 +196,7 @@ class PostgresJournalStore(JournalStoreBase):
             length=int(row[4]),
             header_digest=str(row[5]),
             event_digests=tuple(str(r[1]) for r in events),
+            event_ordinals=tuple(int(r[2]) for r in events),
         )
 
     def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -215,7 +216,7 @@ class PostgresJournalStore(JournalStoreBase):
         rows = self._fetch("SELECT header FROM journal_headers WHERE execution_id = %s", (execution_id,))
         return bytes(rows[0][0]) if rows else None
 
-    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], list[str], str, int] | None:
+    def _tail(self, execution_id: str, after: int) -> Tail | None:
         with self._lock:
             try:
                 conn = self._connected()
@@ -227,7 +228,7 @@ class PostgresJournalStore(JournalStoreBase):
                     if row is None:
                         return None
                     events = conn.execute(
-                        "SELECT record, digest FROM journal_events WHERE execution_id = %s AND ordinal > %s "
+                        "SELECT record, digest, ordinal FROM journal_events WHERE execution_id = %s AND ordinal > %s "
                         "ORDER BY ordinal",
                         (execution_id, after),
                     ).fetchall()
@@ -235,7 +236,13 @@ class PostgresJournalStore(JournalStoreBase):
                 raise permission_denied(exc, self._privileges) from None
             except psycopg.OperationalError as exc:
                 raise self._lost(exc) from None
-        return [bytes(r[0]) for r in events], [str(r[1]) for r in events], str(row[0]), int(row[1])
+        return (
+            [bytes(r[0]) for r in events],
+            [str(r[1]) for r in events],
+            [int(r[2]) for r in events],
+            str(row[0]),
+            int(row[1]),
+        )
 
     def execution_ids(self) -> list[str]:
         rows = self._fetch("SELECT execution_id FROM journal_headers ORDER BY execution_id", ())

@@ -19,9 +19,11 @@ module:
   checked against them on every load, so a head that disagrees with the
   chain is reported, never believed.
 - Beside each record its row keeps the record's digest (``digest``), and
-  every read of a chain (a load, a verify, catching a cache up) holds that
-  column to the digest the record carries: a row whose column disagrees was
-  written past the store, and is ``altered_digest`` at that record.
+  each event's row its ordinal (``ordinal``, which orders the rows); every
+  read of a chain (a load, a verify, catching a cache up) holds both columns
+  to the record: a row whose column disagrees was written past the store,
+  and is ``altered_digest`` (the digest) or ``ordinal_gap`` (the ordinal) at
+  that record.
 - An append writes its events and moves the head in one transaction, and
   only if the head is still the one the kernel decided on (``UPDATE ...
   WHERE head = ?``).  Of two writers that expected the same head exactly
@@ -73,6 +75,9 @@ from .store import Clock, StoreError, SystemClock
 CommandSource = Callable[[str | None], j.Command]
 """Builds a command of a batch, given the head the command before it left (None for the first)."""
 
+Tail = tuple[list[bytes], list[str], list[int | str], str, int]
+"""Events read after a cached journal: their records, digest and ordinal columns, then the head row's head and length."""
+
 
 @attrs.frozen
 class StoredChain:
@@ -89,6 +94,8 @@ class StoredChain:
     """The header row's ``digest`` column, as stored."""
     event_digests: tuple[str, ...]
     """Each event row's ``digest`` column, as stored, in the order of ``events``."""
+    event_ordinals: tuple[int | str, ...]
+    """Each event row's ``ordinal`` column, as stored (its text if it is not an integer), in the order of ``events``."""
 
 
 class JournalStore(Protocol):
@@ -140,15 +147,16 @@ def authority_of(workflow: bytes, policy: bytes) -> tuple[VerifiedWorkflow, j.Ve
 def replay_chain(
     chain: StoredChain, resolve: j.Resolver | None = None, *, headers: j.HeaderLookup | None = None
 ) -> j.Journal:
-    """The journal ``chain``'s records hold, every row's digest column its record's; JournalError otherwise.
+    """The journal ``chain``'s records hold, every row's digest and ordinal columns its record's; JournalError otherwise.
 
     The head row is not compared: :func:`replay_stored` does.
     """
     workflow, policy = authority_of(chain.workflow, chain.policy)
-    return _digests_held(
+    return _columns_held(
         lambda: j.replay(chain.header, chain.events, workflow, policy, resolve, headers=headers),
         (chain.header, *chain.events),
         (chain.header_digest, *chain.event_digests),
+        (None, *chain.event_ordinals),
         first=0,
     )
 
@@ -156,7 +164,7 @@ def replay_chain(
 def replay_stored(
     chain: StoredChain, resolve: j.Resolver | None = None, *, headers: j.HeaderLookup | None = None
 ) -> j.Journal:
-    """The journal ``chain`` holds, checked against its digest columns and its head row; JournalError otherwise."""
+    """The journal ``chain`` holds, checked against its digest and ordinal columns and its head row; JournalError otherwise."""
     journal = replay_chain(chain, resolve, headers=headers)
     if (journal.head, len(journal.events)) != (chain.head, chain.length):
         raise JournalError(
@@ -168,16 +176,30 @@ def replay_stored(
     return journal
 
 
-def _digests_held(
-    run: Callable[[], j.Journal], records: Sequence[bytes], columns: Sequence[str], *, first: int
-) -> j.Journal:
-    """``run()``, the replay of ``records`` (ordinals ``first`` on), with each row's digest column held to its record's.
+# The checks of an event that replay makes after its digest and before its
+# ordinal (specs/journal.md, section 7, step 2), and its ordinal's own: a
+# record replay refused for one of them is not also held to its ordinal column.
+_BEFORE_ORDINAL = frozenset({JournalCode.FOREIGN_RECORD, JournalCode.BROKEN_CHAIN, JournalCode.ORDINAL_GAP})
 
-    The column is compared where replay compares a record's digest, before
-    the record's links and rules (specs/journal.md, section 7, step 2), so
-    the record named is still the first bad one: when replay refuses record
-    k, the columns up to k are compared first (their records read, up to k's
-    digest), and a column that disagrees is the refusal instead.
+
+def _columns_held(
+    run: Callable[[], j.Journal],
+    records: Sequence[bytes],
+    digests: Sequence[str],
+    ordinals: Sequence[int | str | None],
+    *,
+    first: int,
+) -> j.Journal:
+    """``run()``, the replay of ``records`` (ordinals ``first`` on), with each row's columns held to its record.
+
+    ``digests`` and ``ordinals`` are the rows' ``digest`` and ``ordinal``
+    columns (None for the header's row, which has no ordinal).  Each column
+    is compared where replay compares the record's own value (specs/journal.md,
+    section 7, step 2: the digest first, the ordinal last), so the record
+    named is still the first bad one: when replay refuses record k, the
+    columns up to k are compared first (their records read), and a column
+    that disagrees is the refusal instead, unless replay refused k for a
+    check that comes before that column's.
     """
     try:
         journal = run()
@@ -185,22 +207,30 @@ def _digests_held(
         if exc.ordinal is None or not first <= exc.ordinal < first + len(records):
             raise
         for ordinal in range(first, exc.ordinal + 1):
-            record, column = records[ordinal - first], columns[ordinal - first]
+            record, index = records[ordinal - first], ordinal - first
             try:
-                digest = j.decode_header(record).digest if ordinal == 0 else j.decode_event(record).digest
+                decoded = j.decode_header(record) if ordinal == 0 else j.decode_event(record)
             except JournalError:
                 break  # the record itself cannot be read: replay's refusal names it
-            if column != digest:
-                raise _altered_column(column, digest, ordinal) from None
+            if digests[index] != decoded.digest:
+                raise _altered_column(digests[index], decoded.digest, ordinal) from None
+            column = ordinals[index]
+            if isinstance(decoded, j.Event) and column is not None and column != decoded.ordinal:
+                if ordinal == exc.ordinal and exc.reason in _BEFORE_ORDINAL:
+                    break
+                raise _misplaced_column(column, decoded.ordinal, ordinal) from None
         raise
     if first == 0:
-        digests = [journal.header.digest, *(e.digest for e in journal.events)]
+        held: list[tuple[str, int | None]] = [(journal.header.digest, None)]
+        held += [(e.digest, e.ordinal) for e in journal.events]
     else:
         # Catching up reads only the new events; indexing the log reaches them without walking the rest.
-        digests = [journal.events[i].digest for i in range(first - 1, len(journal.events))]
-    if digests != list(columns):
-        index = next(i for i, (digest, column) in enumerate(zip(digests, columns, strict=True)) if digest != column)
-        raise _altered_column(columns[index], digests[index], first + index)
+        held = [(journal.events[i].digest, journal.events[i].ordinal) for i in range(first - 1, len(journal.events))]
+    for index, ((digest, own), column) in enumerate(zip(held, ordinals, strict=True)):
+        if digests[index] != digest:
+            raise _altered_column(digests[index], digest, first + index)
+        if own is not None and column != own:
+            raise _misplaced_column(column, own, first + index)
     return journal
 
 
@@ -208,6 +238,16 @@ def _altered_column(column: str, digest: str, ordinal: int) -> JournalError:
     return JournalError(
         JournalCode.ALTERED_DIGEST,
         f"the row's digest column holds {column[:80]!r}, but the record's digest is {digest}: "
+        "one of them was changed outside the store",
+        ordinal,
+    )
+
+
+def _misplaced_column(column: int | str | None, own: int, ordinal: int) -> JournalError:
+    shown = repr(column[:80]) if isinstance(column, str) else str(column)
+    return JournalError(
+        JournalCode.ORDINAL_GAP,
+        f"the row's ordinal column holds {shown}, but the record's ordinal is {own}: "
         "one of them was changed outside the store",
         ordinal,
     )
@@ -245,8 +285,8 @@ class JournalStoreBase:
     def _stored_head(self, execution_id: str) -> str | None:
         raise NotImplementedError
 
-    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], list[str], str, int] | None:
-        """The events after ordinal ``after`` and their digest columns, with the head row, from one snapshot.
+    def _tail(self, execution_id: str, after: int) -> Tail | None:
+        """The events after ordinal ``after`` and their digest and ordinal columns, with the head row, from one snapshot.
 
         None if there is no journal.
         """
@@ -351,14 +391,15 @@ class JournalStoreBase:
             tail = self._tail(execution_id, len(cached.events))
             if tail is None:
                 raise StoreError("journal_not_found", f"no journal {execution_id!r}")
-            events, digests, head, length = tail
+            events, digests, ordinals, head, length = tail
             # The first new event must name the cached head: continue_replay
             # checks the link, so a cache that is not a prefix of the stored
             # chain is refused, never silently extended.
-            journal = _digests_held(
+            journal = _columns_held(
                 lambda: j.continue_replay(cached, events, headers=self.header),
                 events,
                 digests,
+                ordinals,
                 first=len(cached.events) + 1,
             )
             if (journal.head, len(journal.events)) == (head, length):
@@ -400,6 +441,15 @@ def _column_text(value: bytes) -> str:
     # hold a number or bytes that are not UTF-8, and must be reported as a
     # digest that disagrees, not fail on its type.
     return bytes(value).decode("utf-8", errors="replace")
+
+
+def _column_ordinal(value: object) -> int | str:
+    # The column is INTEGER, but SQLite keeps what a hand-written UPDATE
+    # gives it that is not one (text, a real): its text, which is never
+    # equal to a record's ordinal.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _column_text(value) if isinstance(value, bytes) else str(value)
 
 
 _MOVE_HEAD = "UPDATE journal_heads SET head = ?, length = ? WHERE execution_id = ? AND head = ?"
@@ -485,8 +535,8 @@ class SQLiteJournalStore(JournalStoreBase):
                 if row is None:
                     return None
                 events = conn.execute(
-                    "SELECT CAST(record AS BLOB), CAST(digest AS BLOB) FROM journal_events WHERE execution_id = ? "
-                    "ORDER BY ordinal",
+                    "SELECT CAST(record AS BLOB), CAST(digest AS BLOB), ordinal FROM journal_events "
+                    "WHERE execution_id = ? ORDER BY ordinal",
                     (execution_id,),
                 ).fetchall()
             finally:
@@ -501,6 +551,7 @@ class SQLiteJournalStore(JournalStoreBase):
             length=int(row[4]),
             header_digest=_column_text(row[5]),
             event_digests=tuple(_column_text(r[1]) for r in events),
+            event_ordinals=tuple(_column_ordinal(r[2]) for r in events),
         )
 
     def _stored_head(self, execution_id: str) -> str | None:
@@ -515,7 +566,7 @@ class SQLiteJournalStore(JournalStoreBase):
             ).fetchone()
         return None if row is None else bytes(row[0])
 
-    def _tail(self, execution_id: str, after: int) -> tuple[list[bytes], list[str], str, int] | None:
+    def _tail(self, execution_id: str, after: int) -> Tail | None:
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN")
@@ -526,13 +577,19 @@ class SQLiteJournalStore(JournalStoreBase):
                 if row is None:
                     return None
                 events = conn.execute(
-                    "SELECT CAST(record AS BLOB), CAST(digest AS BLOB) FROM journal_events "
+                    "SELECT CAST(record AS BLOB), CAST(digest AS BLOB), ordinal FROM journal_events "
                     "WHERE execution_id = ? AND ordinal > ? ORDER BY ordinal",
                     (execution_id, after),
                 ).fetchall()
             finally:
                 conn.execute("COMMIT")
-        return [bytes(r[0]) for r in events], [_column_text(r[1]) for r in events], str(row[0]), int(row[1])
+        return (
+            [bytes(r[0]) for r in events],
+            [_column_text(r[1]) for r in events],
+            [_column_ordinal(r[2]) for r in events],
+            str(row[0]),
+            int(row[1]),
+        )
 
     def execution_ids(self) -> list[str]:
         with self._lock:

@@ -375,6 +375,7 @@ def check_chains(
             workflow=bytes(header["workflow"]), policy=bytes(header["policy"]),
             head=str(head["head"]) if head else "", length=int(head["length"]) if head else -1,
             header_digest=str(header["digest"]), event_digests=tuple(str(e["digest"]) for e in stored.get(eid, [])),
+            event_ordinals=tuple(int(e["ordinal"]) for e in stored.get(eid, [])),
         )  # fmt: skip
         try:
             replayed[eid] = replay_stored(chain)

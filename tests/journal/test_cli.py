@@ -428,6 +428,29 @@ def test_a_digest_column_that_disagrees_with_its_record_is_named(
     assert before is not None and after is not None and (after.header, after.events) == (before.header, before.events)
 
 
+def test_an_ordinal_column_that_disagrees_with_its_record_is_named(workdir: Path) -> None:
+    head = new()["head"]
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--expect", head)
+    # Event 20 is the last: its row moved to 100 is still read last, so the
+    # chain's order is unchanged, and only the column betrays it.
+    rewrite_by_hand(workdir / "review.db", "UPDATE journal_events SET ordinal = 100 WHERE ordinal = 20",
+                    "journal_events_no_update")  # fmt: skip
+    code, out, err = main("journal", "verify", "review-1", "--db", "review.db")
+    assert code == 1 and err == "", err
+    assert out == ("BAD review-1: the first bad record is event 20: [ordinal_gap] the row's ordinal column holds 100, "
+                   "but the record's ordinal is 20: one of them was changed outside the store\n"), out  # fmt: skip
+    for command in ("show", "replay"):
+        code, out, err = main("journal", command, "review-1", "--db", "review.db")
+        assert code == 1 and "[ordinal_gap]" in one_error_line(err) and "ordinal column" in err, err
+    # An append is refused too, and writes nothing: the row stays where it was put.
+    (workdir / "h").write_text(head, encoding="utf-8")
+    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "retraction.jsonl",
+                        "--head-file", "h")  # fmt: skip
+    assert code != 0 and "[ordinal_gap]" in one_error_line(err), err
+    chain = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    assert chain is not None and chain.length == 20 and chain.event_ordinals[-1] == 100
+
+
 def test_a_record_resigned_in_place_is_named_by_its_digest_column(workdir: Path) -> None:
     import sqlite3  # noqa: PLC0415
 

@@ -135,6 +135,79 @@ class SqlTests:
         assert (after.header, after.events, after.head) == (before.header, before.events, before.head)
         assert (after.header_digest, *after.event_digests) != (before.header_digest, *before.event_digests)
 
+    @pytest.mark.parametrize(("setting", "where", "ordinal"), [
+        ("ordinal = 103", "ordinal = 3", 3),
+        # Every row from the second on moved up: the rows' order is the records' still.
+        ("ordinal = ordinal + 100", "ordinal >= 2", 2),
+    ])  # fmt: skip
+    def test_an_ordinal_column_that_disagrees_with_its_record_is_ordinal_gap(
+        self, open_store: Opener, rewrite: Callable[[str, str], None], setting: str, where: str, ordinal: int
+    ) -> None:
+        store = open_store()
+        created(store)
+        assert isinstance(store, JournalStoreBase)
+        case = next(c for c in journal_fixtures.cases() if c.name == "valid-review")
+        written = [(j.decode_event(line), line) for line in case.lines[1:4]]
+        assert store._commit_events("review-1", json.loads(case.lines[0])["digest"], written, 3)
+        before = open_store().stored("review-1")
+        rewrite("journal_events", f"UPDATE journal_events SET {setting} WHERE {where}")
+        for opened in (open_store(), store):
+            with pytest.raises(JournalError) as caught:
+                opened.load("review-1")
+            assert (caught.value.reason, caught.value.ordinal) == (C.ORDINAL_GAP, ordinal), caught.value
+            assert f"ordinal column holds {ordinal + 100}, but the record's ordinal is {ordinal}" in caught.value.detail
+        after = open_store().stored("review-1")
+        assert before is not None and after is not None
+        assert (after.events, after.event_digests) == (before.events, before.event_digests)
+
+    @pytest.mark.parametrize(("name", "moved", "refused"), [
+        # Replay refuses event 7 by its rules, which come after its ordinal: the column is named.
+        ("forged-role", 7, (C.ORDINAL_GAP, 7)),
+        ("forged-role", 5, (C.ORDINAL_GAP, 5)),
+        # A record of another execution is refused before its ordinal is looked at.
+        ("cross-execution-splice", 3, (C.FOREIGN_RECORD, 3)),
+        ("cross-execution-splice", 2, (C.ORDINAL_GAP, 2)),
+    ])  # fmt: skip
+    def test_an_ordinal_column_is_compared_where_replay_compares_the_ordinal(
+        self, open_store: Opener, rewrite: Callable[[str, str], None], name: str, moved: int, refused: tuple[C, int]
+    ) -> None:
+        store = open_store()
+        created(store)
+        assert isinstance(store, JournalStoreBase)
+        case = next(c for c in journal_fixtures.cases() if c.name == name)
+        assert case.lines[0] == store.stored("review-1").header  # type: ignore[union-attr]
+        written = [(j.decode_event(line), line) for line in case.lines[1:]]
+        assert store._commit_events("review-1", json.loads(case.lines[0])["digest"], written, len(written))
+        rewrite("journal_events", f"UPDATE journal_events SET ordinal = ordinal + 100 WHERE ordinal >= {moved}")
+        with pytest.raises(JournalError) as caught:
+            open_store().load("review-1")
+        assert (caught.value.reason, caught.value.ordinal) == refused, caught.value
+
+    def test_catching_a_cache_up_holds_the_new_rows_ordinal_columns(
+        self, open_store: Opener, rewrite: Callable[[str, str], None]
+    ) -> None:
+        writer = open_store()
+        journal = created(writer)
+        attempt = j.AttemptRef("s-1", 1)
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=attempt)  # fmt: skip
+        first = writer.append("review-1", start)
+        assert isinstance(first, j.Appended)
+        other = open_store()
+        block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
+                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
+        blocked = other.append("review-1", block)
+        assert isinstance(blocked, j.Appended)
+        rewrite("journal_events", "UPDATE journal_events SET ordinal = 100 WHERE ordinal = 2")
+        clear = j.Transition("c", blocked.journal.head, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED,
+                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
+        # writer's cache ends at event 1: it reads event 2 (its row now past 100) to catch up, and refuses it.
+        with pytest.raises(JournalError) as caught:
+            writer.append("review-1", clear)
+        assert (caught.value.reason, caught.value.ordinal) == (C.ORDINAL_GAP, 2)
+        chain = open_store().stored("review-1")
+        assert chain is not None and chain.length == 2 and len(chain.events) == 2
+
     def test_catching_a_cache_up_holds_the_new_rows_digest_columns(
         self, open_store: Opener, rewrite: Callable[[str, str], None]
     ) -> None:
