@@ -212,9 +212,9 @@ class PostgresJournalStore(JournalStoreBase):
         rows = self._fetch("SELECT head FROM journal_heads WHERE execution_id = %s", (execution_id,))
         return str(rows[0][0]) if rows else None
 
-    def _header_bytes(self, execution_id: str) -> bytes | None:
-        rows = self._fetch("SELECT header FROM journal_headers WHERE execution_id = %s", (execution_id,))
-        return bytes(rows[0][0]) if rows else None
+    def _header_row(self, execution_id: str) -> tuple[bytes, str] | None:
+        rows = self._fetch("SELECT header, digest FROM journal_headers WHERE execution_id = %s", (execution_id,))
+        return (bytes(rows[0][0]), str(rows[0][1])) if rows else None
 
     def _tail(self, execution_id: str, after: int) -> Tail | None:
         with self._lock:

@@ -48,7 +48,8 @@ module:
 - Every append, load and catching up gives the kernel the store's header
   lookup (``header``), so a successor binding is checked against the
   successor's stored header whether or not records are resolved, and
-  whoever wrote it.
+  whoever wrote it.  The lookup holds the header row's digest column to
+  the header, as a read of its chain does.
 """
 
 from __future__ import annotations
@@ -317,10 +318,19 @@ class JournalStoreBase:
         return journal
 
     def header(self, execution_id: str) -> j.Header | None:
-        data = self._header_bytes(execution_id)
-        return None if data is None else j.decode_header(data)
+        row = self._header_row(execution_id)
+        if row is None:
+            return None
+        data, column = row
+        header = j.decode_header(data)
+        # A successor's binding is checked against this header: its row's
+        # digest column is held to it as on every read of a chain.
+        if column != header.digest:
+            raise _altered_column(column, header.digest, 0)
+        return header
 
-    def _header_bytes(self, execution_id: str) -> bytes | None:
+    def _header_row(self, execution_id: str) -> tuple[bytes, str] | None:
+        """The header row's record and its ``digest`` column; None if there is none."""
         raise NotImplementedError
 
     def append(self, execution_id: str, command: j.Command, resolve: j.Resolver | None = None) -> j.Outcome:
@@ -559,12 +569,13 @@ class SQLiteJournalStore(JournalStoreBase):
             row = self._conn.execute("SELECT head FROM journal_heads WHERE execution_id = ?", (execution_id,)).fetchone()
         return None if row is None else str(row[0])
 
-    def _header_bytes(self, execution_id: str) -> bytes | None:
+    def _header_row(self, execution_id: str) -> tuple[bytes, str] | None:
         with self._lock:
             row = self._conn.execute(
-                "SELECT CAST(header AS BLOB) FROM journal_headers WHERE execution_id = ?", (execution_id,)
+                "SELECT CAST(header AS BLOB), CAST(digest AS BLOB) FROM journal_headers WHERE execution_id = ?",
+                (execution_id,),
             ).fetchone()
-        return None if row is None else bytes(row[0])
+        return None if row is None else (bytes(row[0]), _column_text(row[1]))
 
     def _tail(self, execution_id: str, after: int) -> Tail | None:
         with self._lock:

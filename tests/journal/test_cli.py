@@ -565,6 +565,36 @@ def test_a_successor_whose_stored_header_cannot_be_read_is_named(workdir: Path) 
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
 
 
+def test_a_successor_whose_header_row_digest_column_was_changed_is_not_bound(workdir: Path) -> None:
+    head = new()["head"]
+    (workdir / "h").write_text(head, encoding="utf-8")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "review-1.jsonl", "--head-file", "h")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "retraction.jsonl", "--head-file", "h")
+    data("journal", "new", "review-2", "--db", "review.db", "--workflow", "review.workflow.json",
+         "--policy", "review.policy.json", "--as", "carol", "--supersedes", "review-1")  # fmt: skip
+    # unbound.db is the database before the binding, with its own head file.
+    shutil.copy(workdir / "review.db", workdir / "unbound.db")
+    shutil.copy(workdir / "h", workdir / "unbound-h")
+    data("journal", "append", "review-1", "--db", "review.db", "--file", "bind-successor.jsonl", "--head-file", "h")
+    changed = f"UPDATE journal_headers SET digest = 'sha256:{'0' * 64}' WHERE execution_id = 'review-2'"
+    for db in ("review.db", "unbound.db"):
+        rewrite_by_hand(workdir / db, changed, "journal_headers_no_update")
+    # The header record is review-2's own; only its row's digest column was changed.
+    code, out, err = main("journal", "verify", "review-1", "--db", "review.db", "--json")
+    assert code == 1 and err == "", err
+    assert json.loads(out)["code"] == "bad_successor_binding", out
+    assert "its header cannot be read: the row's digest column holds" in json.loads(out)["message"], out
+    # bind-successor.jsonl leaves the digest out: it is not read from a row that disagrees with itself.
+    before = SQLiteJournalStore(workdir / "unbound.db").stored("review-1")
+    code, out, err = main("journal", "append", "review-1", "--db", "unbound.db", "--file", "bind-successor.jsonl",
+                          "--head-file", "unbound-h")  # fmt: skip
+    line = one_error_line(err)
+    assert code == 1 and out == "", line
+    assert "successor 'review-2': its stored header cannot be read: the row's digest column holds" in line, line
+    assert line.endswith("[altered_digest]"), line
+    assert SQLiteJournalStore(workdir / "unbound.db").stored("review-1") == before
+
+
 def test_show_and_replay_say_which_event_cut_an_attempt_off(workdir: Path) -> None:
     head = new()["head"]
     (workdir / "h").write_text(head, encoding="utf-8")

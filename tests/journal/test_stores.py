@@ -22,7 +22,7 @@ import pytest
 from fencekeeper.adapters import journal_fixtures
 from fencekeeper.adapters.journal_store import JournalStore, JournalStoreBase, SQLiteJournalStore
 from fencekeeper.adapters.store import ManualClock, StoreError
-from fencekeeper.adapters.testing.journal import JournalStoreTests, Opener, created
+from fencekeeper.adapters.testing.journal import JournalStoreTests, Opener, StoreScript, created
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.journal_codes import JournalError
@@ -207,6 +207,30 @@ class SqlTests:
         assert (caught.value.reason, caught.value.ordinal) == (C.ORDINAL_GAP, 2)
         chain = open_store().stored("review-1")
         assert chain is not None and chain.length == 2 and len(chain.events) == 2
+
+    def test_the_header_lookup_holds_the_digest_column_to_the_header(
+        self, open_store: Opener, rewrite: Callable[[str, str], None]
+    ) -> None:
+        store = open_store()
+        script = journal_fixtures.review(StoreScript(store, created(store)))
+        script.send(journal_fixtures.invalidation(script))
+        successor = journal_fixtures.successor_journal().journal
+        store.create(successor)
+        rewrite("journal_headers", f"UPDATE journal_headers SET digest = 'sha256:{'0' * 64}' "
+                "WHERE execution_id = 'review-2'")  # fmt: skip
+        for opened in (open_store(), store):
+            with pytest.raises(JournalError) as caught:
+                opened.header("review-2")
+            assert (caught.value.reason, caught.value.ordinal) == (C.ALTERED_DIGEST, 0), caught.value
+            assert caught.value.detail == (
+                f"the row's digest column holds 'sha256:{'0' * 64}', but the record's digest is "
+                f"{successor.header.digest}: one of them was changed outside the store"
+            )
+        # The record itself is the successor's: only its row's column betrays it, and the binding is refused.
+        refused = store.append("review-1", journal_fixtures.binding(script, successor))
+        assert isinstance(refused, j.Refusal) and refused.code is C.BAD_SUCCESSOR_BINDING, refused
+        assert "its header cannot be read: the row's digest column holds" in refused.message
+        assert open_store().header("review-1") is not None
 
     def test_catching_a_cache_up_holds_the_new_rows_digest_columns(
         self, open_store: Opener, rewrite: Callable[[str, str], None]
