@@ -7,6 +7,11 @@ Rules of this module:
   (a non-canonical line must reach the implementation unchanged), and the
   other executions' headers the case's successor lookup finds (none for
   most cases).
+- A chain file is split into lines by the reader ``journal verify --file``
+  uses (``journal_fixtures.read_chain``), so the pack is framed by one rule
+  (specs/journal.md, section 9).  A chain whose last line has no newline is
+  refused, naming the file: its fault is in the framing, which the lines a
+  driver is given cannot carry, so no driver could reach its expectation.
 - The expectation is the kernel's replay of that input; a test checks it
   agrees with the pack's manifest.
 """
@@ -21,6 +26,8 @@ from typing import Any
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.dag import verify_workflow, workflow_from_json
 from fencekeeper.kernel.journal_codes import JournalError
+
+from .. import journal_fixtures
 
 Case = dict[str, Any]
 
@@ -54,17 +61,25 @@ def replay_answer(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def journal_cases() -> list[Case]:
-    directory = pack()
+def chain_lines(path: Path) -> list[str]:
+    """A chain file's lines as text, each without its newline; ValueError naming the file if it is not framed."""
+    try:
+        header, events = journal_fixtures.read_chain(path)
+        records = [header, *events]
+    except JournalError as exc:
+        raise ValueError(f"{path}: {exc} [{exc.code}]") from None
+    return [record.decode("utf-8") for record in records]
+
+
+def journal_cases(directory: Path | None = None) -> list[Case]:
+    """The layer's cases, from the pack in ``directory`` (the installed one by default)."""
+    directory = pack() if directory is None else directory
     manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
     workflow = json.loads((directory / manifest["workflow"]).read_text(encoding="utf-8"))
     policy = json.loads((directory / manifest["policy"]).read_text(encoding="utf-8"))
     cases = []
     for entry in manifest["cases"]:
-        text = (directory / entry["chain"]).read_bytes().decode("utf-8")
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
+        lines = chain_lines(directory / entry["chain"])
         headers = [(directory / name).read_bytes().decode("utf-8").rstrip("\n") for name in entry.get("headers", [])]
         data = {"workflow": workflow, "policy": policy, "chain": lines, "headers": headers}
         expected = replay_answer(data)
