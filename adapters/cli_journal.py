@@ -482,7 +482,8 @@ def _append(args: argparse.Namespace, out: Output) -> int:
         if headless:
             # A null expected_head is none: the rest of the command is checked first, then said so.
             shaped = {k: v for k, v in shaped.items() if k != "expected_head"}
-        _input(f"{where} command {number}", lambda v=shaped: j.command_from_json(v, args.expect or stand_in))
+        # where="": the message names the command already, so a field is named alone, not "command 1: command: ".
+        _input(f"{where} command {number}", lambda v=shaped: j.command_from_json(v, args.expect or stand_in, ""))
         if headless:
             # Every later command expects the head the one before it produced; the first has none to take.
             raise JournalCliError(
@@ -498,7 +499,7 @@ def _append(args: argparse.Namespace, out: Output) -> int:
                 # Each command expects the head the one before it left, the first --expect's.
                 expected = args.expect if number == 1 else previous
                 resolved = _resolve_successor(store, value, f"{where} command {number}")
-                return _input(f"{where} command {number}", lambda: j.command_from_json(resolved, expected))  # type: ignore[no-any-return]
+                return _input(f"{where} command {number}", lambda: j.command_from_json(resolved, expected, ""))  # type: ignore[no-any-return]
 
             return make
 

@@ -115,14 +115,14 @@ _EVENT_FIELDS = (
 )  # fmt: skip
 
 
-def _members(value: dict[str, object], fields: tuple[str, ...]) -> dict[str, object]:
-    """A record's members, exactly ``fields``, or the refusal naming the member.
+def _members(value: dict[str, object], fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, object]:
+    """A record's members, every one of ``fields`` and any of ``optional``, or the refusal naming the member.
 
     Only the member: the ordinal the error is raised at names the record
     ("header: ", "event 7: "), and naming it again would read "header:
     header: ...".
     """
-    unknown = sorted(set(value) - set(fields))
+    unknown = sorted(set(value) - set(fields) - set(optional))
     if unknown:
         raise JournalError(C.UNKNOWN_FIELD, f"unknown field {unknown[0]!r}")
     for name in fields:
@@ -421,74 +421,86 @@ def command_from_json(value: object, expected_head: str | None = None, where: st
 
     ``expected_head`` is used when the JSON does not name one; a command
     always carries one in the end.  Raises JournalError (``unknown_field``,
-    ``missing_field``, ``malformed_record``) naming the field.
+    ``missing_field``, ``malformed_record``) naming the field, within
+    ``where`` ("command.node: ...").  An empty ``where`` is for a caller
+    whose message names the command already ("command 2: "): the field is
+    then named alone ("missing field 'actor'", "node: ..."), as a record's
+    member is, not "command 2: command: ...".
     """
+
+    def at(field: str) -> str:
+        return f"{where}.{field}" if where else field
+
+    own = f"{where}: " if where else ""
     if not isinstance(value, dict) or not isinstance(value.get("command"), str):
-        raise JournalError(C.MALFORMED_RECORD, f'{where}: must be an object with "command" naming its kind')
+        raise JournalError(C.MALFORMED_RECORD, f'{own}must be an object with "command" naming its kind')
     kind = value["command"]
     if kind not in _COMMAND_FIELDS:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}.command: {kind!r} is not one of {sorted(_COMMAND_FIELDS)}")
+        raise JournalError(C.MALFORMED_RECORD, f"{at('command')}: {kind!r} is not one of {sorted(_COMMAND_FIELDS)}")
     required, optional = _COMMAND_FIELDS[kind]
-    obj = strict_object(value, where, required=required, optional=optional)
+    if where:
+        obj = strict_object(value, where, required=required, optional=optional)
+    else:
+        obj = _members(value, tuple(required), tuple(optional))
     head = obj.get("expected_head", expected_head)
     if head is None:
-        raise JournalError(C.MISSING_FIELD, f"{where}: missing field 'expected_head'")
+        raise JournalError(C.MISSING_FIELD, f"{own}missing field 'expected_head'")
     common = {
-        "request_id": strict_text(obj["request"], f"{where}.request"),
-        "expected_head": strict_text(head, f"{where}.expected_head"),
-        "actor_id": strict_text(obj["actor"], f"{where}.actor"),
-        "role": strict_text(obj["role"], f"{where}.role"),
-        "rationale": strict_text(obj.get("rationale", ""), f"{where}.rationale"),
+        "request_id": strict_text(obj["request"], at("request")),
+        "expected_head": strict_text(head, at("expected_head")),
+        "actor_id": strict_text(obj["actor"], at("actor")),
+        "role": strict_text(obj["role"], at("role")),
+        "rationale": strict_text(obj.get("rationale", ""), at("rationale")),
     }
     if kind == "transition":
         attempt = obj.get("attempt")
         attempt_ref = None
         if attempt is not None:
-            fields = strict_object(attempt, f"{where}.attempt", required=("id", "sequence"), optional=())
+            fields = strict_object(attempt, at("attempt"), required=("id", "sequence"), optional=())
             attempt_ref = AttemptRef(
-                strict_text(fields["id"], f"{where}.attempt.id"), _whole(fields["sequence"], f"{where}.attempt.sequence")
+                strict_text(fields["id"], at("attempt.id")), _whole(fields["sequence"], at("attempt.sequence"))
             )
         approvals = []
-        for n, item in enumerate(strict_list(obj.get("approvals", []), f"{where}.approvals")):
-            at = f"{where}.approvals[{n}]"
-            fields = strict_object(item, at, required=("actor", "record", "role"), optional=())
+        for n, item in enumerate(strict_list(obj.get("approvals", []), at("approvals"))):
+            approval = at(f"approvals[{n}]")
+            fields = strict_object(item, approval, required=("actor", "record", "role"), optional=())
             approvals.append(
                 Approval(
-                    strict_text(fields["actor"], f"{at}.actor"),
-                    strict_text(fields["role"], f"{at}.role"),
-                    _record_ref(fields["record"], f"{at}.record"),
+                    strict_text(fields["actor"], f"{approval}.actor"),
+                    strict_text(fields["role"], f"{approval}.role"),
+                    _record_ref(fields["record"], f"{approval}.record"),
                 )
             )
         return Transition(
-            node_id=strict_text(obj["node"], f"{where}.node"),
-            event=NodeEvent(_enum_member(NodeEvent, obj["event"], f"{where}.event").value),
-            prior_state=NodeState(_enum_member(NodeState, obj["prior_state"], f"{where}.prior_state").value),
+            node_id=strict_text(obj["node"], at("node")),
+            event=NodeEvent(_enum_member(NodeEvent, obj["event"], at("event")).value),
+            prior_state=NodeState(_enum_member(NodeState, obj["prior_state"], at("prior_state")).value),
             attempt=attempt_ref,
             records=tuple(
-                _record_ref(item, f"{where}.records[{n}]")
-                for n, item in enumerate(strict_list(obj.get("records", []), f"{where}.records"))
+                _record_ref(item, at(f"records[{n}]"))
+                for n, item in enumerate(strict_list(obj.get("records", []), at("records")))
             ),
             approvals=tuple(approvals),
-            error=_optional_text(obj.get("error"), f"{where}.error"),
+            error=_optional_text(obj.get("error"), at("error")),
             **common,
         )
     nodes = []
-    for n, item in enumerate(strict_list(obj["nodes"], f"{where}.nodes")):
-        fields = strict_object(item, f"{where}.nodes[{n}]", required=("node", "prior_state"), optional=())
+    for n, item in enumerate(strict_list(obj["nodes"], at("nodes"))):
+        fields = strict_object(item, at(f"nodes[{n}]"), required=("node", "prior_state"), optional=())
         nodes.append(
             NodeExpectation(
-                strict_text(fields["node"], f"{where}.nodes[{n}].node"),
-                NodeState(_enum_member(NodeState, fields["prior_state"], f"{where}.nodes[{n}].prior_state").value),
+                strict_text(fields["node"], at(f"nodes[{n}].node")),
+                NodeState(_enum_member(NodeState, fields["prior_state"], at(f"nodes[{n}].prior_state")).value),
             )
         )
     if kind == "invalidate":
         return Invalidate(
-            source=_record_ref(obj["source"], f"{where}.source"),
-            policy=strict_text(obj["policy"], f"{where}.policy"),
+            source=_record_ref(obj["source"], at("source")),
+            policy=strict_text(obj["policy"], at("policy")),
             nodes=tuple(nodes),
             **common,
         )
-    return BindSuccessor(successor=_record_ref(obj["successor"], f"{where}.successor"), nodes=tuple(nodes), **common)
+    return BindSuccessor(successor=_record_ref(obj["successor"], at("successor")), nodes=tuple(nodes), **common)
 
 
 __all__ = [

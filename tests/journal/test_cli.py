@@ -118,6 +118,32 @@ def test_bad_input_is_exit_2_and_writes_nothing(workdir: Path) -> None:
     assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
 
 
+def test_a_commands_field_errors_name_the_field_once(workdir: Path) -> None:
+    head = new()["head"]
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    start = {"command": "transition", "request": "r2", "actor": "bot:search", "role": "searcher", "node": "search",
+             "event": "work-started", "prior_state": "ready", "attempt": {"id": "search-1", "sequence": 1}}  # fmt: skip
+    # "command 1" names the command: the field follows it alone, as a record's member follows "event 7: ".
+    for command, said in (
+        ({"command": "transition", "request": "r2"}, "missing field 'actor' [missing_field]"),
+        ({**start, "colour": "red"}, "unknown field 'colour' [unknown_field]"),
+        ({**start, "node": 5}, "node: must be a string [malformed_record]"),
+        ({**start, "attempt": {"id": "search-1"}}, "attempt: missing field 'sequence' [missing_field]"),
+        ({"command": "teleport"}, "command: 'teleport' is not one of ['bind-successor', 'invalidate', 'transition'] "
+                                  "[malformed_record]"),
+    ):  # fmt: skip
+        code, out, err = main("journal", "append", "review-1", "--db", "review.db", "--command", json.dumps(command),
+                              "--expect", head)  # fmt: skip
+        assert code == 2 and out == "", err
+        assert one_error_line(err) == f"fencekeeper: error: --command command 1: {said}", err
+    (workdir / "two.jsonl").write_text(json.dumps(start) + "\n" + json.dumps({**start, "request": "r3", "role": 1})
+                                       + "\n", encoding="utf-8")  # fmt: skip
+    code, _, err = main("journal", "append", "review-1", "--db", "review.db", "--file", "two.jsonl", "--expect", head)
+    assert code == 2
+    assert one_error_line(err) == "fencekeeper: error: --file two.jsonl command 2: role: must be a string [malformed_record]"
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before
+
+
 def test_a_first_command_without_a_head_says_how_to_give_one(workdir: Path) -> None:
     new()
     before = SQLiteJournalStore(workdir / "review.db").stored("review-1")

@@ -79,6 +79,23 @@ def _resigned(data: bytes, change: dict[str, object]) -> bytes:
     return rfc8785.dumps(value)
 
 
+def test_a_commands_fields_are_named_within_where_or_alone() -> None:
+    partial = {"command": "transition", "request": "r2", "actor": "a", "role": "r", "node": 5}
+    for where, missing, node in (
+        ("command", "command: missing field 'event'", "command.node: must be a string"),
+        ("commands[2]", "commands[2]: missing field 'event'", "commands[2].node: must be a string"),
+        # The caller's message names the command: the field alone, never "command 1: command: ...".
+        ("", "missing field 'event'", "node: must be a string"),
+    ):
+        with pytest.raises(JournalError) as caught:
+            j.command_from_json(partial, "sha256:" + "0" * 64, where)
+        assert (caught.value.reason, str(caught.value)) == (C.MISSING_FIELD, missing)
+        full = {**partial, "event": "work-started", "prior_state": "ready"}
+        with pytest.raises(JournalError) as caught:
+            j.command_from_json(full, "sha256:" + "0" * 64, where)
+        assert (caught.value.reason, str(caught.value)) == (C.MALFORMED_RECORD, node)
+
+
 def test_unknown_and_missing_fields_are_refused(chain: tuple[j.Journal, bytes, list[bytes]]) -> None:
     journal, header, events = chain
     error = refusal(journal, header, [_resigned(events[0], {"comment": "hi"}), *events[1:]])
