@@ -53,8 +53,8 @@ from .client import (
     DefinitionSource,
     Registered,
     WorkerPool,
+    _opening,
     check_connect_arguments,
-    opening,
     translated,
     wait_arguments,
 )
@@ -403,7 +403,7 @@ async def connect_async(
     assert location.dsn is not None and location.schema is not None
     from .postgres_async import open_async_store  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
-    with opening():
+    with _opening():
         if migrate:
             await asyncio.to_thread(connecting.migrate, url, schema=schema)
         store = await open_async_store(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size)

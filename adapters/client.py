@@ -268,7 +268,7 @@ def translated() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def opening() -> Iterator[None]:
+def _opening() -> Iterator[None]:
     """:func:`translated`, around opening (or migrating) the store a ``url`` names.
 
     The opening layer words its failures for the command line (``--db:
@@ -1255,7 +1255,7 @@ def connect(
             raise RequestError(RequestCode.INVALID_ARGUMENT, "schema", "applies to PostgreSQL only")
         store = MemoryStore(clock)
     else:
-        with opening():
+        with _opening():
             if migrate:
                 connecting.migrate(url, schema=schema)
             store = connecting.open_store(url, schema=schema, clock=clock, pool_size=pool_size)
