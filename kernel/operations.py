@@ -153,9 +153,13 @@ class RefusalCode(enum.Enum):
     """Never a decision's: a store's ``claim_next`` names with it a due row it cannot read as an Operation
     (``operation_problem``), which a worker passes over.  Every other request on that row raises the store's
     ``malformed_row`` error instead."""
+    ACTION_NOT_REGISTERED = "action_not_registered"
+    """Never a decision's: a store's ``claim_next`` names with it a due row whose claim would start an Attempt of an
+    action version the claiming worker has not registered.  The claim is rolled back, no Attempt is used, and the
+    worker passes over the row; a worker that has the version claims it."""
 
 
-STORE_REFUSALS: frozenset[RefusalCode] = frozenset({RefusalCode.MALFORMED_ROW})
+STORE_REFUSALS: frozenset[RefusalCode] = frozenset({RefusalCode.MALFORMED_ROW, RefusalCode.ACTION_NOT_REGISTERED})
 """Codes no decision of this module returns: a store's answer about a row it cannot read.  The
 conformance cases, which hold the kernel's decisions, reach every other code."""
 

@@ -248,6 +248,7 @@ class TransactionalOperationStore(abc.ABC):
         *,
         namespace: str | None = None,
         skip: Collection[str] = (),
+        runs: Callable[[str, int], bool] | None = None,
     ) -> o.Outcome | None:
         request = o.ClaimRequest(worker_id, lease)
         passed_over = frozenset(skip)
@@ -279,6 +280,18 @@ class TransactionalOperationStore(abc.ABC):
                     outcome.field,
                     operation_id=operation.operation_id,
                 )
+            if (isinstance(outcome, o.Decision) and outcome.credential is not None and runs is not None
+                    and not runs(operation.action_name, operation.action_version)):
+                # An Attempt this worker could only fail (an old worker during a rolling deployment, a
+                # registry that lost a version): not written, so no attempt is used, and named, so the
+                # worker passes over the row and a worker that has the version claims it.
+                raise _Rollback(ClaimRefused(
+                    o.RefusalCode.ACTION_NOT_REGISTERED,
+                    f"operation {operation.operation_id!r} is due but this worker has no action "
+                    f"{operation.action_name!r} version {operation.action_version}: not claimed, no attempt used",
+                    "action",
+                    operation_id=operation.operation_id,
+                ))
             if isinstance(outcome, o.Decision) and outcome.credential is not None:
                 # The worker runs the action on the input next: read and decode it in this transaction, before the
                 # claim is written (on PostgreSQL the write commits).  An input no worker can read is then a due

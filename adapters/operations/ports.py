@@ -177,12 +177,17 @@ class OperationStore(Protocol):
         *,
         namespace: str | None = None,
         skip: Collection[str] = (),
+        runs: Callable[[str, int], bool] | None = None,
     ) -> o.Outcome | None:
         """Claim (or end by its limits) the Operation of ``tenant`` that has been due longest; None if none is.
 
         Operations named in ``skip`` are passed over.  A refusal of the row found is a :class:`ClaimRefused`, and
         so is a row found that contradicts its state or that cannot be read, its input included when the claim
         would hand it to a worker (code ``malformed_row``): one damaged row does not stop the claims of every other.
+        ``runs(action_name, action_version)`` says whether the caller can run an action version: a claim that would
+        start an Attempt of one it cannot is not written (code ``action_not_registered``), so a worker deployed
+        without an action never uses up an Operation's attempts.  A claim that ends the Operation by its limits
+        is made whatever ``runs`` says: it runs nothing.
         """
         ...
 

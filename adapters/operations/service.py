@@ -363,6 +363,10 @@ class DurableActionRegistry:
     def names(self) -> list[tuple[str, int]]:
         return sorted(self._actions)
 
+    def has(self, name: str, version: int) -> bool:
+        """Whether ``name`` version ``version`` is registered (a worker claims only the Operations it can run)."""
+        return (name, version) in self._actions
+
 
 # --- values returned -------------------------------------------------------------------------------
 

@@ -172,7 +172,8 @@ class DurableOperationWorker:
         for _ in range(_REMEMBERED):
             # Passing over the rows this worker already reported: a pass ends with a claim, a report or None.
             outcome = self.store.claim_next(
-                self.tenant, self.worker_id, self.lease, namespace=self.namespace, **({"skip": skip} if skip else {})
+                self.tenant, self.worker_id, self.lease, namespace=self.namespace, runs=self.actions.has,
+                **({"skip": skip} if skip else {}),
             )
             if not isinstance(outcome, ClaimRefused) or outcome.operation_id in skip:
                 break  # (a store that ignores ``skip``: the worker pauses below)
@@ -240,8 +241,8 @@ class DurableOperationWorker:
         try:
             action = self.actions.get(operation.action_name, operation.action_version)
         except DurableOperationError as exc:
-            # A deployment that lost an action version must not end the Operation for good: retried
-            # (within its limits) once the version is registered again; check_durable_operations finds it.
+            # The store's claim already declines a version this worker lacks (claim_next's ``runs``); a store
+            # that ignores ``runs`` lands here: retried (within its limits), not ended for good.
             return self._fail(credential, "action_not_registered", retryable=True, detail=exc.message)
         reference = _reference(operation.identity.principal)
         resolution = self.resolvers.resolve(reference)

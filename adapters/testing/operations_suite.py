@@ -432,6 +432,27 @@ class OperationStoreTests:
 
     # --- atomic --------------------------------------------------------------------------------
 
+    def test_a_worker_without_the_action_leaves_the_operation_to_one_that_has_it(self, world: World) -> None:
+        # An old worker during a rolling deployment, or one deployed without an action, must not use up an
+        # Operation's attempts failing it: its claim is not written, and the row is passed over.
+        op_id = world.transfer("k1", 30)
+        old = DurableOperationWorker(
+            world.store, DurableActionRegistry((examples.BALANCE,)), world.resolvers, tenant=TENANT, worker_id="old",
+            lease=LEASE,
+        )
+        report = old.run_once()
+        assert report is not None and (report.operation_id, report.outcome) == (op_id, "action_not_registered")
+        assert "'transfer' version 1" in report.detail and "no attempt used" in report.detail
+        record = world.service.get(op_id)
+        assert record is not None
+        assert (record.state, record.attempt_count, record.attempts) == (OperationState.ADMITTED, 0, ())
+        assert [line.to_state for line in world.service.history(op_id)] == ["admitted"]
+        assert old.run_once() is None  # passed over, not refused again at once
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "succeeded"
+        record = world.service.get(op_id)
+        assert record is not None and [(a.number, a.worker_id) for a in record.attempts] == [(1, "w1")]
+
     def test_atomic_transfer_commits_with_the_attempt(self, world: World) -> None:
         op_id = world.transfer("k1", 30)
         report = world.worker("w1").run_once()
