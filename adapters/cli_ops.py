@@ -51,6 +51,7 @@ from fencekeeper.kernel.common import identifier_problem
 from fencekeeper.kernel.operations import RefusalCode
 
 from . import prefork
+from .cli import CliError, json_option
 from .connect import parse_url
 from .operations.base import TransactionalOperationStore
 from .operations.connect import open_operation_store
@@ -116,7 +117,12 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
 
     submit = subcommand("submit", "submit an operation; an identical resubmission returns the same one")
     submit.add_argument("action", metavar="ACTION")
-    submit.add_argument("--input", default="{}", metavar="JSON", help="the action's input (default: {})")
+    submit.add_argument(
+        "--input",
+        default="{}",
+        metavar="JSON",
+        help="the action's input (default: {}); @FILE reads it from FILE, - from stdin",
+    )
     submit.add_argument("--key", required=True, metavar="KEY", help="the client's idempotency key")
     submit.add_argument("--version", type=int, metavar="N", help="the action version (default: the newest)")
     submit.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
@@ -302,11 +308,10 @@ def _approval_text(record: OperationRecord) -> str:
 
 def _submit(args: argparse.Namespace, out: Output) -> int:
     try:
-        payload = json.loads(args.input)
-    except json.JSONDecodeError as exc:
-        raise _Usage(f"--input: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
-    except RecursionError:
-        raise _Usage("--input: not valid JSON: nested too deeply") from None
+        # Any JSON value: the action's normaliser decides what it accepts.
+        payload, _ = json_option("--input", args.input)
+    except CliError as exc:
+        raise _Usage(str(exc)) from None
     principal = _principal(args.principal)
     # Checked before anything is opened: bad input never creates (or touches) a store.
     check_submission(

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from fencekeeper.adapters import cli, cli_ops
-from tests.cli.runner import assert_one_error_line, fencekeeper, snapshot
+from tests.cli.runner import EXAMPLES, assert_one_error_line, fencekeeper, snapshot
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -136,6 +136,11 @@ BAD_INPUT = [
     (("submit", "transfer", "--key", "k", "--input", "[" * 100_000 + "]" * 100_000), 2,
      "--input: not valid JSON: nested too deeply", None),
     (("submit", "transfer", "--key", "k", "--as", "alice"), 2, "RESOLVER:vVERSION:SUBJECT", None),
+    # Read as every JSON option of the command line reads (adapters/cli.py): inline, @FILE or - (stdin).
+    (("submit", "transfer", "--key", "k", "--input", "@/nonexistent/transfer.json"), 2,
+     "--input: /nonexistent/transfer.json: cannot read: No such file or directory", None),
+    (("submit", "transfer", "--key", "k", "--input", '{"from": "acc-1", "to": "acc-2", "amount": NaN}'), 2,
+     "--input: not valid JSON: NaN is not a JSON number", None),
     (("submit", "transfer", "--key", "bad key", "--input", TRANSFER), 2, "client_key: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--tenant", "a b"), 2, "tenant: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--namespace", "a b"), 2, "--namespace: malformed", None),
@@ -196,6 +201,40 @@ def test_bad_input_to_a_store_is_one_line_and_writes_nothing(
     # The identity is taken: other input under it is refused, and that writes nothing either.
     result, _, err = run(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER.replace("5", "6"))
     assert result == 1 and "[idempotency_conflict]" in one_error(err)
+    assert snapshot(tmp_path) == before
+
+
+def test_submit_reads_its_input_inline_from_a_file_or_from_stdin_as_run_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--input @FILE` was taken as JSON text ("not valid JSON: Expecting value"), and `-` too.
+    db = str(tmp_path / "ops.db")
+    (tmp_path / "transfer.json").write_text(TRANSFER, encoding="utf-8")
+    inline = data(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", TRANSFER)
+    from_file = data(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", f"@{tmp_path}/transfer.json")
+    piped = fencekeeper("op", "submit", "transfer", "--db", "ops.db", "--key", "t-1", "--input", "-", "--json",
+                        cwd=tmp_path, stdin=TRANSFER)  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    # The same input: the same operation, found again.
+    assert inline["created"] and not from_file["created"] and not json.loads(piped.stdout)["created"]
+    assert from_file["operation_id"] == json.loads(piped.stdout)["operation_id"] == inline["operation_id"]
+    assert from_file["input"] == inline["input"] == {"from": "acc-1", "to": "acc-2", "amount": 5}
+
+    # A file that cannot be read, or empty stdin, is the error `fencekeeper run` gives, and writes nothing.
+    before = snapshot(tmp_path)
+    (tmp_path / "folder.json").mkdir()
+    purchase = str(EXAMPLES / "purchase_approval.toml")
+    for given in (f"@{tmp_path}/missing.json", f"@{tmp_path}/folder.json"):
+        code, out, err = run(capsys, "submit", "transfer", "--db", db, "--key", "t-2", "--input", given)
+        assert (code, out) == (2, "")
+        assert cli.main(["run", purchase, "--db", db, "--input", given]) == 2
+        assert one_error(err) == one_error(capsys.readouterr().err)
+    empty = fencekeeper("op", "submit", "transfer", "--db", "ops.db", "--key", "t-2", "--input", "-", cwd=tmp_path,
+                        stdin="")  # fmt: skip
+    assert assert_one_error_line(empty, 2) == (
+        "fencekeeper: error: --input: stdin: not valid JSON: Expecting value (line 1, column 1)"
+    )
+    (tmp_path / "folder.json").rmdir()
     assert snapshot(tmp_path) == before
 
 
