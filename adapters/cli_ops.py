@@ -21,9 +21,10 @@ starts): ``--actions MODULE``, by default the teaching examples
 active in every tenant -- the local operator's tool).
 
 ``op worker`` runs N worker threads for one tenant.  SIGINT or SIGTERM stops
-each after the operation it is running; a second signal exits at once, and
-a lease still held then simply expires: the next claim replaces it
-automatically (seed 001), unlike a workflow execution's.  A due row that
+each after the attempt it is running, and says so on stderr, as ``fencekeeper
+worker`` does; a second signal exits at once, and a lease still held then
+simply expires: the next claim replaces it automatically (seed 001), unlike
+a workflow execution's.  A due row that
 contradicts its state is reported on one line and passed over; with
 ``--until-idle`` the command then exits 1, naming it on its last line
 (``malformed`` in ``--json``), since work is left that no worker can claim.
@@ -481,6 +482,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 describe=_describe,
                 failed=lambda result: bool(result and result[2]),
                 note=out.note,
+                finishes="attempt",
             )
         except prefork.ProcessesError as exc:
             out.note(f"fencekeeper: error: --processes: {exc}")
@@ -542,6 +544,8 @@ def _work(
         signals[0] += 1
         if signals[0] > 1:
             raise KeyboardInterrupt
+        # As `fencekeeper worker` says it: an operator who pressed Ctrl-C learns why the command has not ended yet.
+        out.note("stopping after the current attempt; send the signal again to quit at once")
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
