@@ -50,6 +50,7 @@ from typing import Any
 
 from fencekeeper.kernel.common import identifier_problem
 from fencekeeper.kernel.operations import RefusalCode
+from fencekeeper.kernel.recovery import MAX_RATIONALE
 
 from . import prefork
 from .cli import CliError, json_option
@@ -155,7 +156,9 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     cancel = subcommand("cancel", "cancel an operation (it never undoes a committed effect)")
     cancel.add_argument("operation_id", metavar="OPERATION_ID")
     cancel.add_argument("--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="RESOLVER:vN:SUBJECT")
-    cancel.add_argument("--reason", default="", metavar="TEXT")
+    cancel.add_argument(
+        "--reason", default="", metavar="TEXT", help=f"kept in the history; at most {MAX_RATIONALE} characters"
+    )
 
     check = subcommand(
         "check",

@@ -119,6 +119,41 @@ def test_a_refused_cancellation_or_decision_names_the_policy_that_refused(
     )
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_the_service_refuses_a_cancellation_reason_over_2000_characters_and_writes_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    from fencekeeper.adapters.operations import examples  # noqa: PLC0415
+    from fencekeeper.adapters.operations.memory import MemoryOperationStore  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableOperationError,
+        DurableOperationService,
+        PrincipalReference,
+    )
+    from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore  # noqa: PLC0415
+
+    store = MemoryOperationStore() if kind == "memory" else SQLiteOperationStore(tmp_path / "ops.db")
+    try:
+        service = DurableOperationService(store, examples.registry(), examples.resolvers())
+        alice = PrincipalReference.parse("users:v1:alice")
+        admitted = service.submit(
+            tenant="t", principal=alice, action="capture_payment", input={"order": "o-1", "amount": 5}, client_key="k"
+        )
+        before = service.history(admitted.operation_id)
+        with pytest.raises(DurableOperationError) as raised:
+            service.cancel(admitted.operation_id, principal=alice, reason="é" * 2001)
+        assert (raised.value.code, raised.value.field, raised.value.message) == (
+            "invalid_request", "reason", "reason: must be at most 2000 characters, got 2001"
+        )
+        assert service.history(admitted.operation_id) == before
+        # Characters, not bytes: 2,000 of them, 4,000 bytes in UTF-8, are a reason.
+        cancelled = service.cancel(admitted.operation_id, principal=alice, reason="é" * 2000)
+        assert cancelled.state.value == "cancelled"
+        assert service.history(admitted.operation_id)[-1].reason == "é" * 2000
+    finally:
+        store.close()
+
+
 TRANSFER = '{"from": "acc-1", "to": "acc-2", "amount": 5}'
 
 # (arguments, exit code, what the error names on a path with no database, and on an existing store)
@@ -171,6 +206,11 @@ BAD_INPUT = [
     (("status", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("history", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("cancel", "op-missing"), 2, "no database at", "[operation_not_found]"),
+    # {op} is the operation the store holds.  A reason is at most as long as a workflow execution's review decision's
+    # rationale (2,000 characters); a longer one was kept in the transition.
+    (("cancel", "{op}", "--reason", "x" * 2001), 2, "no database at",
+     "reason: must be at most 2000 characters, got 2001 [invalid_request]"),
+    (("cancel", "{op}", "--reason", "é" * 2001), 2, "no database at", "got 2001 [invalid_request]"),
     (("decide", "op-missing", "--approve", "--as", "users:v1:bob"), 2, "no database at", "[operation_not_found]"),
 ]
 
@@ -191,10 +231,10 @@ def test_bad_input_to_a_store_is_one_line_and_writes_nothing(
 ) -> None:
     args, code, new, fragment = case
     db = str(tmp_path / "ops.db")
-    data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)
+    op_id = data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)["operation_id"]
     before = snapshot(tmp_path)
     assert list(before) == ["ops.db"]
-    result, _, err = run(capsys, *args, "--db", db)
+    result, _, err = run(capsys, *(arg.replace("{op}", op_id) for arg in args), "--db", db)
     assert result == code
     assert (fragment or new) in one_error(err)
     assert snapshot(tmp_path) == before
