@@ -17,8 +17,9 @@ Rules of this module:
   read-only store can be read and nothing is created beside it.
 - Every string shown in text output goes through ``render.printable``:
   stored values are shown, never obeyed by the terminal.
-- JSON options (``--input``, ``--correlation``, ``--payload``) take inline
-  JSON, ``@FILE`` or ``-`` (stdin, for one option at a time); a definition
+- JSON options (``--input``, ``op submit``'s too, ``--correlation``,
+  ``--payload``) take inline JSON, ``@FILE`` or ``-`` (stdin, for one option
+  at a time), all read by :func:`json_option`; a definition
   file is JSON when it is named ``.json`` or starts with ``{``, else TOML.  No command migrates
   PostgreSQL except ``migrate`` (and ``demo``, which says so).
 - Every error is one line on stderr, ``fencekeeper: error: ...``; a traceback
@@ -615,6 +616,20 @@ def _json_object(option: str, value: str | None) -> dict[str, Any]:
     """The JSON object an option gives: inline, ``@FILE`` (read from the file) or ``-`` (read from stdin)."""
     if value is None:
         return {}
+    parsed, where = json_option(option, value)
+    if not isinstance(parsed, dict):
+        raise CliError(f"{where}: must be a JSON object, not {type(parsed).__name__}")
+    return parsed
+
+
+def json_option(option: str, value: str) -> tuple[Any, str]:
+    """The JSON value an option gives, and where it was read (``--input: FILE``) for the caller's own messages.
+
+    Inline JSON, ``@FILE`` (read from the file) or ``-`` (read from stdin);
+    every JSON option of every command reads through this, so each takes the
+    same forms and fails the same way (one ``CliError`` naming the option
+    and the file).
+    """
     where = option
     if value == "-":
         where, value = f"{option}: stdin", _read_stdin(option)
@@ -622,16 +637,13 @@ def _json_object(option: str, value: str | None) -> dict[str, Any]:
         path = Path(value[1:])
         where, value = f"{option}: {path}", _read(path, option=option)
     try:
-        parsed = json.loads(value, parse_constant=_not_a_json_number)
+        return json.loads(value, parse_constant=_not_a_json_number), where
     except json.JSONDecodeError as exc:
         raise CliError(f"{where}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     except ValueError as exc:
         raise CliError(f"{where}: not valid JSON: {exc}") from None
     except RecursionError:
         raise CliError(f"{where}: not valid JSON: nested too deeply") from None
-    if not isinstance(parsed, dict):
-        raise CliError(f"{where}: must be a JSON object, not {type(parsed).__name__}")
-    return parsed
 
 
 def _not_a_json_number(name: str) -> Any:

@@ -21,9 +21,10 @@ starts): ``--actions MODULE``, by default the teaching examples
 active in every tenant -- the local operator's tool).
 
 ``op worker`` runs N worker threads for one tenant.  SIGINT or SIGTERM stops
-each after the operation it is running; a second signal exits at once, and
-a lease still held then simply expires: the next claim replaces it
-automatically (seed 001), unlike a workflow execution's.  A due row that
+each after the attempt it is running, and says so on stderr, as ``fencekeeper
+worker`` does; a second signal exits at once, and a lease still held then
+simply expires: the next claim replaces it automatically (seed 001), unlike
+a workflow execution's.  A due row that
 contradicts its state is reported on one line and passed over; with
 ``--until-idle`` the command then exits 1, naming it on its last line
 (``malformed`` in ``--json``), since work is left that no worker can claim.
@@ -49,8 +50,10 @@ from typing import Any
 
 from fencekeeper.kernel.common import identifier_problem
 from fencekeeper.kernel.operations import RefusalCode
+from fencekeeper.kernel.recovery import MAX_RATIONALE
 
 from . import prefork
+from .cli import CliError, json_option
 from .connect import parse_url
 from .operations.base import TransactionalOperationStore
 from .operations.connect import open_operation_store
@@ -116,7 +119,12 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
 
     submit = subcommand("submit", "submit an operation; an identical resubmission returns the same one")
     submit.add_argument("action", metavar="ACTION")
-    submit.add_argument("--input", default="{}", metavar="JSON", help="the action's input (default: {})")
+    submit.add_argument(
+        "--input",
+        default="{}",
+        metavar="JSON",
+        help="the action's input (default: {}); @FILE reads it from FILE, - from stdin",
+    )
     submit.add_argument("--key", required=True, metavar="KEY", help="the client's idempotency key")
     submit.add_argument("--version", type=int, metavar="N", help="the action version (default: the newest)")
     submit.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
@@ -148,7 +156,9 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     cancel = subcommand("cancel", "cancel an operation (it never undoes a committed effect)")
     cancel.add_argument("operation_id", metavar="OPERATION_ID")
     cancel.add_argument("--as", dest="principal", default=DEFAULT_PRINCIPAL, metavar="RESOLVER:vN:SUBJECT")
-    cancel.add_argument("--reason", default="", metavar="TEXT")
+    cancel.add_argument(
+        "--reason", default="", metavar="TEXT", help=f"kept in the history; at most {MAX_RATIONALE} characters"
+    )
 
     check = subcommand(
         "check",
@@ -302,11 +312,10 @@ def _approval_text(record: OperationRecord) -> str:
 
 def _submit(args: argparse.Namespace, out: Output) -> int:
     try:
-        payload = json.loads(args.input)
-    except json.JSONDecodeError as exc:
-        raise _Usage(f"--input: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
-    except RecursionError:
-        raise _Usage("--input: not valid JSON: nested too deeply") from None
+        # Any JSON value: the action's normaliser decides what it accepts.
+        payload, _ = json_option("--input", args.input)
+    except CliError as exc:
+        raise _Usage(str(exc)) from None
     principal = _principal(args.principal)
     # Checked before anything is opened: bad input never creates (or touches) a store.
     check_submission(
@@ -476,6 +485,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 describe=_describe,
                 failed=lambda result: bool(result and result[2]),
                 note=out.note,
+                finishes="attempt",
             )
         except prefork.ProcessesError as exc:
             out.note(f"fencekeeper: error: --processes: {exc}")
@@ -537,6 +547,8 @@ def _work(
         signals[0] += 1
         if signals[0] > 1:
             raise KeyboardInterrupt
+        # As `fencekeeper worker` says it: an operator who pressed Ctrl-C learns why the command has not ended yet.
+        out.note("stopping after the current attempt; send the signal again to quit at once")
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

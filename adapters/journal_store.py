@@ -482,7 +482,9 @@ class SQLiteJournalStore(JournalStoreBase):
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
-                raise StoreError("store_unavailable", f"{self.path}: cannot begin a write: {exc}") from None
+                # Another writer held the file past the busy timeout: store_locked, naming the holders, as the executions'
+                # and operations' stores of the same file say it (exit 1, retry), not a store that cannot be used.
+                raise sqlite_store.begin_error(exc, self.path, sqlite_store.BUSY_TIMEOUT_MS / 1000) from None
             try:
                 yield conn
             except BaseException:

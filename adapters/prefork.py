@@ -147,6 +147,7 @@ def run(
     describe: Callable[[BaseException], tuple[str, int]],
     failed: Callable[[Any], bool],
     note: Callable[[str], None],
+    finishes: str = "visit",
 ) -> tuple[list[ChildEnd], str | None]:
     """Fork ``processes`` children running ``child(number, lifeline)``; wait for all; their ends and the signal received.
 
@@ -154,7 +155,9 @@ def run(
     turns what it raised into (message, exit code).  ``failed(result)`` says
     whether a result that returned is still an error (a worker's error list),
     which stops the siblings.  ``note`` tells the operator what the parent
-    does on a signal.  The second value is the name of the first signal the
+    does on a signal, and ``finishes`` names what each worker completes
+    before it stops (an execution's node ``visit``, an operation's
+    ``attempt``).  The second value is the name of the first signal the
     parent received, None when none came.
     """
     reports = [tempfile.TemporaryFile() for _ in range(processes)]  # noqa: SIM115 - closed below
@@ -199,7 +202,7 @@ def run(
         if len(received) > 1:
             tell(_QUIT)
             os._exit(130)
-        note(f"{name}: every worker process stops after its current visit; send the signal again to quit at once")
+        note(f"{name}: every worker process stops after its current {finishes}; send the signal again to quit at once")
         tell(f"{name}\n".encode("ascii"))
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

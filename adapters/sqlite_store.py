@@ -734,6 +734,21 @@ def locked_error(path: Path, busy_timeout: float) -> StoreError:
     )
 
 
+def begin_error(exc: sqlite3.OperationalError, path: Path, busy_timeout: float) -> StoreError:
+    """What a ``BEGIN IMMEDIATE`` on ``path`` that raised ``exc`` is, for every SQLite store of a fencekeeper file.
+
+    Another writer holding the file's write lock past the busy timeout is
+    ``store_locked``, naming the holders (:func:`locked_error`): the store is
+    there and the request is refused for now (exit 1, retried by workers),
+    not a store that cannot be used (``store_unavailable``, any other
+    failure).  The executions', operations' and journals' stores share one
+    file, so one held lock must read the same in each.
+    """
+    if exc.sqlite_errorcode in _BUSY:
+        return locked_error(path, busy_timeout)
+    return StoreError("store_unavailable", f"{path}: cannot begin a write: {exc}")
+
+
 class _Write:
     """One ``BEGIN IMMEDIATE`` transaction under the store's lock: commits on normal exit, else rolls back.
 
@@ -754,9 +769,7 @@ class _Write:
         except BaseException as exc:
             store._lock.release()
             if isinstance(exc, sqlite3.OperationalError):
-                if exc.sqlite_errorcode in _BUSY:
-                    raise locked_error(store.path, store.busy_timeout) from None
-                raise StoreError("store_unavailable", f"{store.path}: cannot begin a write: {exc}") from None
+                raise begin_error(exc, store.path, store.busy_timeout) from None
             raise
         return _SQLiteBackend(store._conn)
 

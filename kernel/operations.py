@@ -70,6 +70,7 @@ import attrs
 from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, utc_problem
 from .errors import InvalidOperation
 from .machines import OPERATION, OperationEvent, OperationState
+from .recovery import MAX_RATIONALE
 from .text import problem as text_problem
 
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
@@ -1543,6 +1544,10 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
             raise _Invalid("reason", "must be text")
         # The reason is kept in the transition: NUL or a lone surrogate would fail inside the store's transaction.
         _check("reason", text_problem(request.reason))
+        if len(request.reason) > MAX_RATIONALE:
+            # The bound of a workflow execution's review decision and recovery rationale: a reason people read in
+            # the history, not a payload.
+            raise _Invalid("reason", f"must be at most {MAX_RATIONALE} characters, got {len(request.reason)}")
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal

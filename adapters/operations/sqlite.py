@@ -46,15 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import codec
-from ..sqlite_store import (
-    _BUSY,
-    BUSY_TIMEOUT_MS,
-    MIGRATIONS,
-    _expected_fingerprint,
-    _open,
-    _open_read_only,
-    locked_error,
-)
+from ..sqlite_store import BUSY_TIMEOUT_MS, MIGRATIONS, _expected_fingerprint, _open, _open_read_only, begin_error
 from ..store import Clock, StoreError, SystemClock
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
@@ -197,9 +189,7 @@ class SQLiteOperationStore(TransactionalOperationStore):
             except sqlite3.OperationalError as exc:
                 # Another writer held the file past the busy timeout: the executions' store's store_locked, which names
                 # the holders; the store is there, and the request is refused for now (exit 1), not a bad --db.
-                if exc.sqlite_errorcode in _BUSY:
-                    raise locked_error(self.path, BUSY_TIMEOUT_MS / 1000) from None
-                raise StoreError("store_unavailable", f"{self.path}: cannot begin a write: {exc}") from None
+                raise begin_error(exc, self.path, BUSY_TIMEOUT_MS / 1000) from None
             try:
                 yield _SQLiteOpsTx(conn, self.clock, self._judge)
             except BaseException:

@@ -352,3 +352,52 @@ def test_op_worker_processes_on_a_db_path_that_does_not_exist_is_one_error_befor
     assert line.startswith("fencekeeper: error: --db: no database at typo.db")
     assert result.stdout == ""
     assert snapshot(tmp_path) == {}
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "two-processes"])
+def test_op_worker_says_on_a_first_signal_that_it_stops_after_the_current_attempt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], processes: int
+) -> None:
+    # As `fencekeeper worker` says it, in the operations' word: one process said nothing on SIGINT, and
+    # --processes spoke of a "visit", which operations do not have.
+    from fencekeeper.adapters import cli  # noqa: PLC0415 - the store made in this process, the worker in its own
+
+    db = str(tmp_path / "ops.db")
+    transfer = json.dumps({"from": "acc-1", "to": "acc-2", "amount": 10})
+    assert cli.main(["op", "submit", "transfer", "--db", db, "--key", "t-1", "--input", transfer, "--json"]) == 0
+    operation_id = json.loads(capsys.readouterr().out)["operation_id"]
+
+    def succeeded() -> bool:
+        assert cli.main(["op", "status", operation_id, "--db", db, "--json"]) == 0
+        return bool(json.loads(capsys.readouterr().out)["state"] == "succeeded")
+
+    worker = subprocess.Popen(
+        [str(FENCEKEEPER), "op", "worker", "--db", "ops.db", "--poll", "0.1", "--processes", str(processes), "--json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+        env=environment(),
+    )
+    try:
+        if processes == 1:
+            # SIGTERM, not SIGINT: Python catches SIGINT from its start; the worker installs both at once.
+            _wait_for(lambda: catches(worker.pid, signal.SIGTERM), "the worker never installed handlers", worker)
+        else:
+            _running_children(worker, processes)
+        _wait_for(succeeded, "the operation never ran", worker)
+        worker.send_signal(signal.SIGINT)
+        stdout, stderr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, stderr
+    said = (
+        "stopping after the current attempt; send the signal again to quit at once"
+        if processes == 1
+        else "SIGINT: every worker process stops after its current attempt; send the signal again to quit at once"
+    )
+    assert stderr.splitlines() == [said]
+    summary = json.loads(stdout)
+    assert summary["stopped_by"] == "signal" and summary.get("errors", []) == []
+    assert [(r["attempt"], r["outcome"]) for r in summary["reports"]] == [(1, "succeeded")]

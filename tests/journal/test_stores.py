@@ -418,3 +418,41 @@ def test_a_connection_lost_while_the_journal_store_opens_is_store_unavailable(
     with pytest.raises(StoreError) as raised:
         journal_postgres.PostgresJournalStore(pg_dsn, schema=pg_schema)
     assert raised.value.code == "store_unavailable"
+
+
+def test_a_sqlite_file_another_writer_holds_is_store_locked_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the executions' and operations' stores of the same file say it: the store is there and the write is refused
+    # for now (store_locked, naming the holders; the command line's exit 1), not a store that cannot be used
+    # (store_unavailable, exit 2).
+    from fencekeeper.adapters import sqlite_store  # noqa: PLC0415
+
+    path = tmp_path / "journal.db"
+    real = sqlite_store._open
+    # A fifth of a second's wait for the lock rather than the store's ten.
+    monkeypatch.setattr(sqlite_store, "_open", lambda opened: real(opened, 0.2))
+    store = SQLiteJournalStore(path)
+    try:
+        journal = created(store)
+        before = store.stored("review-1")
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            for write in (lambda: store.append("review-1", start), lambda: created(store, "review-2")):
+                with pytest.raises(StoreError) as caught:
+                    write()
+                assert caught.value.code == "store_locked", caught.value
+                assert caught.value.message.startswith(f"{path}: the database is locked by another writer")
+                assert "nothing was written" in caught.value.message
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert store.stored("review-1") == before
+        assert store.execution_ids() == ["review-1"]
+        # Once the holder is gone the same append goes through.
+        assert isinstance(store.append("review-1", start), j.Appended)
+    finally:
+        store.close()

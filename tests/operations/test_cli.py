@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from fencekeeper.adapters import cli, cli_ops
-from tests.cli.runner import assert_one_error_line, fencekeeper, snapshot
+from tests.cli.runner import EXAMPLES, assert_one_error_line, fencekeeper, snapshot
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -119,6 +119,41 @@ def test_a_refused_cancellation_or_decision_names_the_policy_that_refused(
     )
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_the_service_refuses_a_cancellation_reason_over_2000_characters_and_writes_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    from fencekeeper.adapters.operations import examples  # noqa: PLC0415
+    from fencekeeper.adapters.operations.memory import MemoryOperationStore  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import (  # noqa: PLC0415
+        DurableOperationError,
+        DurableOperationService,
+        PrincipalReference,
+    )
+    from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore  # noqa: PLC0415
+
+    store = MemoryOperationStore() if kind == "memory" else SQLiteOperationStore(tmp_path / "ops.db")
+    try:
+        service = DurableOperationService(store, examples.registry(), examples.resolvers())
+        alice = PrincipalReference.parse("users:v1:alice")
+        admitted = service.submit(
+            tenant="t", principal=alice, action="capture_payment", input={"order": "o-1", "amount": 5}, client_key="k"
+        )
+        before = service.history(admitted.operation_id)
+        with pytest.raises(DurableOperationError) as raised:
+            service.cancel(admitted.operation_id, principal=alice, reason="é" * 2001)
+        assert (raised.value.code, raised.value.field, raised.value.message) == (
+            "invalid_request", "reason", "reason: must be at most 2000 characters, got 2001"
+        )
+        assert service.history(admitted.operation_id) == before
+        # Characters, not bytes: 2,000 of them, 4,000 bytes in UTF-8, are a reason.
+        cancelled = service.cancel(admitted.operation_id, principal=alice, reason="é" * 2000)
+        assert cancelled.state.value == "cancelled"
+        assert service.history(admitted.operation_id)[-1].reason == "é" * 2000
+    finally:
+        store.close()
+
+
 TRANSFER = '{"from": "acc-1", "to": "acc-2", "amount": 5}'
 
 # (arguments, exit code, what the error names on a path with no database, and on an existing store)
@@ -136,6 +171,11 @@ BAD_INPUT = [
     (("submit", "transfer", "--key", "k", "--input", "[" * 100_000 + "]" * 100_000), 2,
      "--input: not valid JSON: nested too deeply", None),
     (("submit", "transfer", "--key", "k", "--as", "alice"), 2, "RESOLVER:vVERSION:SUBJECT", None),
+    # Read as every JSON option of the command line reads (adapters/cli.py): inline, @FILE or - (stdin).
+    (("submit", "transfer", "--key", "k", "--input", "@/nonexistent/transfer.json"), 2,
+     "--input: /nonexistent/transfer.json: cannot read: No such file or directory", None),
+    (("submit", "transfer", "--key", "k", "--input", '{"from": "acc-1", "to": "acc-2", "amount": NaN}'), 2,
+     "--input: not valid JSON: NaN is not a JSON number", None),
     (("submit", "transfer", "--key", "bad key", "--input", TRANSFER), 2, "client_key: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--tenant", "a b"), 2, "tenant: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--namespace", "a b"), 2, "--namespace: malformed", None),
@@ -166,6 +206,11 @@ BAD_INPUT = [
     (("status", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("history", "op-missing"), 2, "no database at", "[operation_not_found]"),
     (("cancel", "op-missing"), 2, "no database at", "[operation_not_found]"),
+    # {op} is the operation the store holds.  A reason is at most as long as a workflow execution's review decision's
+    # rationale (2,000 characters); a longer one was kept in the transition.
+    (("cancel", "{op}", "--reason", "x" * 2001), 2, "no database at",
+     "reason: must be at most 2000 characters, got 2001 [invalid_request]"),
+    (("cancel", "{op}", "--reason", "é" * 2001), 2, "no database at", "got 2001 [invalid_request]"),
     (("decide", "op-missing", "--approve", "--as", "users:v1:bob"), 2, "no database at", "[operation_not_found]"),
 ]
 
@@ -186,16 +231,50 @@ def test_bad_input_to_a_store_is_one_line_and_writes_nothing(
 ) -> None:
     args, code, new, fragment = case
     db = str(tmp_path / "ops.db")
-    data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)
+    op_id = data(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER)["operation_id"]
     before = snapshot(tmp_path)
     assert list(before) == ["ops.db"]
-    result, _, err = run(capsys, *args, "--db", db)
+    result, _, err = run(capsys, *(arg.replace("{op}", op_id) for arg in args), "--db", db)
     assert result == code
     assert (fragment or new) in one_error(err)
     assert snapshot(tmp_path) == before
     # The identity is taken: other input under it is refused, and that writes nothing either.
     result, _, err = run(capsys, "submit", "transfer", "--db", db, "--key", "k", "--input", TRANSFER.replace("5", "6"))
     assert result == 1 and "[idempotency_conflict]" in one_error(err)
+    assert snapshot(tmp_path) == before
+
+
+def test_submit_reads_its_input_inline_from_a_file_or_from_stdin_as_run_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--input @FILE` was taken as JSON text ("not valid JSON: Expecting value"), and `-` too.
+    db = str(tmp_path / "ops.db")
+    (tmp_path / "transfer.json").write_text(TRANSFER, encoding="utf-8")
+    inline = data(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", TRANSFER)
+    from_file = data(capsys, "submit", "transfer", "--db", db, "--key", "t-1", "--input", f"@{tmp_path}/transfer.json")
+    piped = fencekeeper("op", "submit", "transfer", "--db", "ops.db", "--key", "t-1", "--input", "-", "--json",
+                        cwd=tmp_path, stdin=TRANSFER)  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    # The same input: the same operation, found again.
+    assert inline["created"] and not from_file["created"] and not json.loads(piped.stdout)["created"]
+    assert from_file["operation_id"] == json.loads(piped.stdout)["operation_id"] == inline["operation_id"]
+    assert from_file["input"] == inline["input"] == {"from": "acc-1", "to": "acc-2", "amount": 5}
+
+    # A file that cannot be read, or empty stdin, is the error `fencekeeper run` gives, and writes nothing.
+    before = snapshot(tmp_path)
+    (tmp_path / "folder.json").mkdir()
+    purchase = str(EXAMPLES / "purchase_approval.toml")
+    for given in (f"@{tmp_path}/missing.json", f"@{tmp_path}/folder.json"):
+        code, out, err = run(capsys, "submit", "transfer", "--db", db, "--key", "t-2", "--input", given)
+        assert (code, out) == (2, "")
+        assert cli.main(["run", purchase, "--db", db, "--input", given]) == 2
+        assert one_error(err) == one_error(capsys.readouterr().err)
+    empty = fencekeeper("op", "submit", "transfer", "--db", "ops.db", "--key", "t-2", "--input", "-", cwd=tmp_path,
+                        stdin="")  # fmt: skip
+    assert assert_one_error_line(empty, 2) == (
+        "fencekeeper: error: --input: stdin: not valid JSON: Expecting value (line 1, column 1)"
+    )
+    (tmp_path / "folder.json").rmdir()
     assert snapshot(tmp_path) == before
 
 

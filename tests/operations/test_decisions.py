@@ -402,6 +402,20 @@ def test_cancel_wins_before_the_effect_and_then_the_effect_is_refused() -> None:
     assert isinstance(repeat, o.Unchanged)
 
 
+def test_a_cancellation_reason_is_at_most_as_long_as_a_review_decisions_rationale() -> None:
+    # The bound of the executions' review decisions and recoveries (kernel/recovery.py): a reason of any length was
+    # kept in the transition.
+    from fencekeeper.kernel.recovery import MAX_RATIONALE  # noqa: PLC0415
+
+    op = admitted()
+    longest = o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", GRANTED, "x" * MAX_RATIONALE), T0)
+    assert isinstance(longest, o.Decision) and longest.transition.reason == "x" * MAX_RATIONALE
+    outcome = o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", GRANTED, "x" * (MAX_RATIONALE + 1)), T0)
+    assert outcome == o.Refusal(
+        o.RefusalCode.INVALID_REQUEST, f"reason: must be at most 2000 characters, got {MAX_RATIONALE + 1}", "reason"
+    )
+
+
 def test_cancel_after_the_effect_is_too_late() -> None:
     op, cred, _ = claimed(admitted(), "w1", T0)
     effect = o.complete(op, o.CompleteRequest(cred, GRANTED), T0 + SECOND)
