@@ -60,6 +60,7 @@ from fencekeeper.kernel.definition import (
 )
 from fencekeeper.kernel.events import EventError
 from fencekeeper.kernel.machines import EXECUTION, ExecutionState
+from fencekeeper.kernel.recovery import MAX_RATIONALE
 from fencekeeper.kernel.text import problem as text_problem
 
 from . import connect as connecting
@@ -726,8 +727,11 @@ class Client:
         """Cancel an eligible or waiting execution; running work is refused (``cancel_running``)."""
         who = self._who(principal)
         _text("reason", reason)
-        # The reason is kept in the cancellation's Command evidence, which the kernel does not check.
+        # The reason is kept in the cancellation's Command evidence, which the kernel does not check; bounded
+        # as every other rationale a person gives is (a review decision's, an operation's cancellation).
         unstorable = text_problem(reason)
+        if unstorable is None and len(reason) > MAX_RATIONALE:
+            unstorable = f"must be at most {MAX_RATIONALE} characters, got {len(reason)}"
         if unstorable is not None:
             raise RequestError(RequestCode.INVALID_ARGUMENT, "reason", unstorable)
         self._view(execution_id)

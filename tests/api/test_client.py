@@ -238,6 +238,11 @@ def test_an_event_wakes_its_waiter(client: Client) -> None:
     assert client.get("pay-1").state is ExecutionState.SUCCEEDED
 
 
+def test_a_cancellation_reason_of_the_longest_length_is_kept(client: Client) -> None:
+    client.run(PURCHASE, ORDER, execution_id="po-1")
+    assert client.cancel("po-1", reason="é" * 2000).state is ExecutionState.CANCELLED
+
+
 def test_cancel_and_its_refusal_as_a_value(client: Client, db: Path) -> None:
     client.run(PURCHASE, ORDER, execution_id="po-1")
     cancelled = client.cancel("po-1", reason="customer withdrew")
@@ -313,6 +318,8 @@ BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
     ("cancel", {"execution_id": "nobody"}, RequestCode.EXECUTION_NOT_FOUND, "execution_id"),
     ("cancel", {"execution_id": "po-0", "reason": "a\ud800"}, RequestCode.INVALID_ARGUMENT, "reason"),
     ("cancel", {"execution_id": "po-0", "reason": "a\x00b"}, RequestCode.INVALID_ARGUMENT, "reason"),
+    # As long as a review decision's rationale may be (kernel.recovery.MAX_RATIONALE), and no longer.
+    ("cancel", {"execution_id": "po-0", "reason": "é" * 2001}, RequestCode.INVALID_ARGUMENT, "reason"),
     ("wait", {"execution_id": "po-0", "timeout": float("nan")}, RequestCode.INVALID_ARGUMENT, "timeout"),
     ("wait", {"execution_id": "po-0", "poll": float("nan")}, RequestCode.INVALID_ARGUMENT, "poll"),
     ("publish", {"event_type": "payment.settled", "correlation": "pay-1"}, RequestCode.INVALID_ARGUMENT, "correlation"),
