@@ -92,7 +92,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from fencekeeper.kernel import approvals
+from fencekeeper.kernel import approvals, strict_json
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import IDENTIFIER, Definition, DefinitionError, from_json, parse_definition
@@ -637,17 +637,11 @@ def json_option(option: str, value: str) -> tuple[Any, str]:
         path = Path(value[1:])
         where, value = f"{option}: {path}", _read(path, option=option)
     try:
-        return json.loads(value, parse_constant=_not_a_json_number), where
+        return strict_json.loads(value), where
     except json.JSONDecodeError as exc:
         raise CliError(f"{where}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
-    except ValueError as exc:
+    except strict_json.StrictJsonError as exc:
         raise CliError(f"{where}: not valid JSON: {exc}") from None
-    except RecursionError:
-        raise CliError(f"{where}: not valid JSON: nested too deeply") from None
-
-
-def _not_a_json_number(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _read_stdin(option: str) -> str:

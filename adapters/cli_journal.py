@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from fencekeeper.kernel import journal as j
+from fencekeeper.kernel import strict_json
 from fencekeeper.kernel.canonical import is_digest
 from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
@@ -243,36 +244,15 @@ def _read_json(path: Path, option: str) -> Any:
     return _parse_json(text, f"{option} {path}")
 
 
-class _NotJson(ValueError):
-    pass
-
-
-def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json keeps the last of two equal members without a word: a command or
-    # policy naming "actor" twice would be taken to mean one of them.
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _NotJson(f"duplicate member {key!r}")
-        result[key] = value
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotJson(f"{name} is not a JSON number")
-
-
 def _parse_json(text: str, where: str) -> Any:
     """The JSON value of a file or option the user gave; one input error (exit 2) naming ``where`` otherwise."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant)
+        return strict_json.loads(text)
     except json.JSONDecodeError as exc:
         at = f"line {exc.lineno}, column {exc.colno}" if "\n" in text.rstrip("\n") else f"column {exc.colno}"
         raise JournalCliError(f"{where}: not valid JSON: {exc.msg} ({at})") from None
-    except _NotJson as exc:
+    except strict_json.StrictJsonError as exc:
         raise JournalCliError(f"{where}: not valid JSON: {exc}") from None
-    except RecursionError:
-        raise JournalCliError(f"{where}: not valid JSON: nested too deeply") from None
 
 
 def _input(what: str, action: Any) -> Any:

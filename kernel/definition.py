@@ -58,6 +58,7 @@ from typing import ClassVar, Final, NoReturn, TypeAlias
 
 import attrs
 
+from . import strict_json
 from .errors import KernelError
 from .expr import KEYWORDS, Expr, ExpressionError, names, parse
 
@@ -577,35 +578,12 @@ def definition_from_mapping(data: Mapping[str, object], source: str = "<definiti
 def from_json(text: str, *, strict: bool = True, source: str = "<stored definition>") -> Definition:
     """Read the JSON form; with ``strict=False`` keep unknown kinds and dangling continuations."""
     try:
-        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys, parse_constant=_refuse_constant)
+        data = strict_json.loads(text)
     except json.JSONDecodeError as exc:
         raise DefinitionError(source, f"not valid JSON: {exc}") from None
-    except _JSONRefusal as exc:
-        raise DefinitionError(source, f"not valid JSON: {exc.problem}") from None
-    except RecursionError:
-        raise DefinitionError(source, "not valid JSON: nested too deeply") from None
+    except strict_json.StrictJsonError as exc:
+        raise DefinitionError(source, f"not valid JSON: {exc}") from None
     return _Reader(source, strict=strict).definition(data)
-
-
-class _JSONRefusal(Exception):
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-
-
-def _refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    # json keeps the last of two equal keys without a word; TOML refuses
-    # them, and so does this reader, so that both forms mean one thing.
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _JSONRefusal(f"duplicate key {key!r} in an object")
-        result[key] = value
-    return result
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    raise _JSONRefusal(f"{name} is not a JSON number")
 
 
 def _kind_of(value: object) -> str:

@@ -131,6 +131,13 @@ CASES = [
         2,
         ["--input", "NaN is not a JSON number"],
     ),
+    (
+        # json keeps the last of two equal members without a word: an input naming "amount" twice is refused.
+        "run: a member named twice in --input",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": 1, "amount": 2500, "order_id": "o-1", "order_revision": 1}'],
+        2,
+        ["--input", "not valid JSON: duplicate key 'amount' in an object"],
+    ),
     ("run: --input @missing", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/missing.json"], 2, ["--input", "missing.json", "cannot read"]),
     ("run: --input @file not JSON", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/not-json.json"], 2, ["--input", "not-json.json", "not valid JSON"]),
     ("run: --input - empty stdin", ["run", str(PURCHASE), "--db", "{db}", "--input", "-"], 2, ["--input: stdin", "not valid JSON"]),

@@ -678,7 +678,7 @@ START = ('{"command": "transition", "request": "r", "node": "search", "event": "
 
 
 @pytest.mark.parametrize(("given", "problem"), [
-    (START + ', "actor": "alice"}', "duplicate member 'actor'"),
+    (START + ', "actor": "alice"}', "duplicate key 'actor' in an object"),
     (START + ', "rationale": NaN}', "NaN is not a JSON number"),
     (START + ', "rationale": ' + DEEP + "}", "nested too deeply"),
 ])  # fmt: skip

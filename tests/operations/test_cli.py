@@ -176,6 +176,8 @@ BAD_INPUT = [
      "--input: /nonexistent/transfer.json: cannot read: No such file or directory", None),
     (("submit", "transfer", "--key", "k", "--input", '{"from": "acc-1", "to": "acc-2", "amount": NaN}'), 2,
      "--input: not valid JSON: NaN is not a JSON number", None),
+    (("submit", "transfer", "--key", "k", "--input", '{"from": "acc-1", "to": "acc-2", "amount": 5, "amount": 500}'),
+     2, "--input: not valid JSON: duplicate key 'amount' in an object", None),
     (("submit", "transfer", "--key", "bad key", "--input", TRANSFER), 2, "client_key: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--tenant", "a b"), 2, "tenant: malformed", None),
     (("submit", "transfer", "--key", "k", "--input", TRANSFER, "--namespace", "a b"), 2, "--namespace: malformed", None),
