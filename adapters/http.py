@@ -38,7 +38,6 @@ Rules of this module:
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -51,6 +50,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel import strict_json
 from fencekeeper.kernel.common import identifier_problem
 
 from . import render
@@ -197,13 +197,14 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
         data: Any = {}
     else:
         try:
-            data = json.loads(raw)
+            data = strict_json.loads(raw)
+        except strict_json.StrictJsonError as exc:
+            # A member named twice, NaN, nesting too deep: read as the command line reads its JSON.
+            raise _Problem(422, "invalid_body", f"the body is not JSON this boundary reads: {exc}") from None
         except ValueError as exc:
             # Not only JSONDecodeError and UnicodeDecodeError: an integer longer than Python converts
             # (sys.get_int_max_str_digits) is a plain ValueError.
             raise _Problem(422, "invalid_body", f"the body is not JSON: {exc}") from None
-        except RecursionError:
-            raise _Problem(422, "invalid_body", "the body is not JSON this boundary reads: nested too deeply") from None
     if not isinstance(data, dict):
         raise _Problem(422, "invalid_body", f"the body must be a JSON object, not {type(data).__name__}")
     for name in data:

@@ -40,7 +40,7 @@ def _no_constant(name: str) -> Any:
     raise StrictJsonError(f"{name} is not a JSON number")
 
 
-def loads(text: str) -> Any:
+def loads(text: str | bytes) -> Any:
     """The value ``text`` holds; :class:`StrictJsonError` or ``json.JSONDecodeError`` if it holds none."""
     try:
         return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant)
