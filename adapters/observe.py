@@ -50,6 +50,8 @@ the visit is a span event; a refused visit has status ERROR and
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -277,6 +279,12 @@ def visit_spans() -> VisitSpans | None:
     imported, gets the spans; one set later does not (a VisitSpans made
     directly follows the global provider whenever it is set).
     """
+    # A provider is set by code that imported the API first (the SDK's setup, an
+    # instrumentation's start-up), or named by OTEL_PYTHON_TRACER_PROVIDER.  With
+    # neither, none can be configured, and importing the API only to ask would add
+    # some 10 ms to the start-up of every worker command where it is installed.
+    if "opentelemetry.trace" not in sys.modules and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ:
+        return None
     try:
         from opentelemetry import trace  # noqa: PLC0415 - optional extra
     except ImportError:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -103,6 +106,27 @@ def test_the_worker_makes_spans_only_where_a_tracer_provider_is_configured(monke
     (span,) = exporter.get_finished_spans()
     assert span.attributes is not None
     assert span.attributes["fencekeeper.node_id"] == "end" and span.attributes["fencekeeper.outcome"] == "succeeded"
+
+
+@pytest.mark.parametrize(
+    ("environment", "spans_made"),
+    [({}, False), ({"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}, True)],
+)
+def test_a_worker_imports_the_tracing_api_only_where_a_provider_may_be_configured(
+    environment: dict[str, str], spans_made: bool
+) -> None:
+    # In a fresh process nothing has imported the API, so no provider can have been set in code:
+    # visit_spans answers None without importing it (start-up time of every worker command).
+    # A provider named in the environment is still found, and then the API is imported.
+    script = (
+        "import sys\n"
+        "from fencekeeper.adapters.observe import visit_spans\n"
+        "spans = visit_spans()\n"
+        "print(spans is not None, 'opentelemetry' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | environment
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [str(spans_made), str(spans_made)]
 
 
 def test_a_visit_spans_made_directly_follows_the_global_provider_once_it_is_set(
