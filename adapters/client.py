@@ -37,6 +37,7 @@ import contextlib
 import enum
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -275,13 +276,21 @@ def _opening() -> Iterator[None]:
     The opening layer words its failures for the command line (``--db:
     cannot connect to PostgreSQL ...``); a Python caller passed ``url``, and
     the message names its DSN already, so the flag is dropped, as for a
-    ``url`` that names no store (:func:`check_connect_arguments`).
+    ``url`` that names no store (:func:`check_connect_arguments`).  A schema
+    that is missing or behind says how to migrate it from Python too.
     """
     with translated():
         try:
             yield
         except StoreError as exc:
-            raise StoreError(exc.code, exc.message.removeprefix("--db: ")) from None
+            message = exc.message.removeprefix("--db: ")
+            if exc.code in {"schema_missing", "schema_outdated"}:
+                # The caller can migrate from where they are: say how, beside the command.
+                message = _MIGRATE_HINT.sub("; connect with migrate=True, or run `fencekeeper migrate`", message)
+            raise StoreError(exc.code, message) from None
+
+
+_MIGRATE_HINT = re.compile(r"; run `fencekeeper migrate[^`]*`(?: first)?$")
 
 
 def _answer(outcome: T | p.Refusal, raise_on_refusal: bool, execution_id: str | None = None) -> T | p.Refusal:

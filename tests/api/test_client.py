@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import fencekeeper
@@ -180,6 +181,22 @@ def test_a_bad_pool_size_is_a_request_error_not_an_unavailable_store(pg_dsn: str
     with pytest.raises(fencekeeper.RequestError) as caught:
         asyncio.run(fencekeeper.connect_async(pg_dsn, policy=policy, handler=None, pool_size=pool_size))  # type: ignore[arg-type]
     assert caught.value.field == "pool_size"
+
+
+def test_a_schema_to_migrate_says_how_to_from_python(pg_dsn: str, pg_schema: str) -> None:
+    # The store words it for the command line; a Python caller is told of migrate=True as well.
+    policy = examples.grants("default", "user:operator")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {pg_schema}.schema_migrations WHERE version > 1")  # type: ignore[arg-type]
+    for schema, code in (("fk_never_migrated", "schema_missing"), (pg_schema, "schema_outdated")):
+        with pytest.raises(fencekeeper.StoreFailure) as caught:
+            fencekeeper.connect(pg_dsn, policy=policy, handler=None, schema=schema)
+        assert caught.value.code.value == code
+        assert str(caught.value).count("migrate=True") == 1, str(caught.value)
+        assert "fencekeeper migrate" in str(caught.value)
+        with pytest.raises(fencekeeper.StoreFailure) as caught:
+            asyncio.run(fencekeeper.connect_async(pg_dsn, policy=policy, handler=None, schema=schema))
+        assert "migrate=True" in str(caught.value), str(caught.value)
 
 
 # --- running a workflow -----------------------------------------------------------------
