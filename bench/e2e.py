@@ -33,7 +33,12 @@ Rules of this module:
   (``local_command``, then ``end``: two nodes visited) and ``five-node`` (a
   condition, two ``local_command`` nodes and ``end``: four visited, a fifth,
   the failure end, never reached), against Procrastinate's no-op job and DBOS
-  workflows of one and three no-op steps.
+  workflows of one and three no-op steps.  Procrastinate's job is measured
+  twice: as a coroutine, which its worker runs on its event loop (its
+  fastest path, and the reference of every target), and as a plain
+  function, which it runs in a thread per job (the reference of runs 1 to
+  21 in bench/README.md).  DBOS's workflows are plain functions: written as
+  coroutines they drained no faster.
 - **Admission is timed apart,** before the drain, one at a time:
   ``service.run`` (the service API, which reads the pinned definition, checks
   the input and the policy, then admits: one transaction of two round trips), Procrastinate's
@@ -572,7 +577,11 @@ def procrastinate_command(concurrency: int) -> list[str]:
     ]
 
 
-def procrastinate_drain(executions: int, concurrency: int, *, server: Server) -> Drain:
+PROCRASTINATE_TASKS = {"no-op job": "noop", "async no-op job": "noop_async"}
+"""Procrastinate's two no-op jobs, by workload name: a plain function (a thread per job) and a coroutine."""
+
+
+def procrastinate_drain(executions: int, concurrency: int, *, server: Server, workload: str = "no-op job") -> Drain:
     """Defer ``executions`` no-op jobs one by one, ANALYZE, then time one ``procrastinate worker --one-shot``."""
 
 
@@ -581,7 +590,7 @@ def procrastinate_drain(executions: int, concurrency: int, *, server: Server) ->
     try:
         server.conn.execute(f"CREATE SCHEMA {schema}")
         server.checkpoint()
-        admit_seconds = _defer(dsn, executions)
+        admit_seconds = _defer(dsn, executions, PROCRASTINATE_TASKS[workload])
         server.settle()
         env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
         sql = f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'"
@@ -591,7 +600,7 @@ def procrastinate_drain(executions: int, concurrency: int, *, server: Server) ->
         done = server.scalar(sql)
         if done != executions:
             raise BenchError(f"procrastinate, concurrency {concurrency}: {done} of {executions} jobs succeeded")
-        return Drain("procrastinate", "no-op job", "pg", concurrency, executions, admit_seconds, timing)
+        return Drain("procrastinate", workload, "pg", concurrency, executions, admit_seconds, timing)
     finally:
         server.drop_schema(schema)
 
@@ -803,8 +812,8 @@ def count_trace(directory: Path) -> TraceCount:
     return TraceCount(round_trips, statements, transactions, timer_lookups)
 
 
-def _defer(dsn: str, count: int) -> float:
-    """Apply Procrastinate's schema at ``dsn``, then defer ``count`` no-op jobs one by one; the seconds the defers took."""
+def _defer(dsn: str, count: int, task: str = "noop") -> float:
+    """Apply Procrastinate's schema at ``dsn``, then defer ``count`` jobs of ``task`` one by one; the seconds they took."""
     import procrastinate  # noqa: PLC0415 - the bench extra
 
     from bench.e2e_procrastinate import app  # noqa: PLC0415
@@ -813,7 +822,7 @@ def _defer(dsn: str, count: int) -> float:
         sync_app.schema_manager.apply_schema()
         started = time.perf_counter()
         for _ in range(count):
-            sync_app.configure_task("noop").defer()
+            sync_app.configure_task(task).defer()
         return time.perf_counter() - started
 
 
@@ -926,8 +935,9 @@ def _round_steps(plan: Plan, server: Server | None, directory: Path) -> dict[str
                 steps["fencekeeper"].append((f"fencekeeper {workload} {store} {label}", step))
     if "pg" in plan.stores and server is not None:
         for concurrency in plan.peer_concurrency:
-            step = functools.partial(procrastinate_drain, plan.executions, concurrency, server=server)
-            steps["procrastinate"].append((f"procrastinate no-op pg c{concurrency}", step))
+            for workload, task in PROCRASTINATE_TASKS.items():
+                step = functools.partial(procrastinate_drain, plan.executions, concurrency, server=server, workload=workload)
+                steps["procrastinate"].append((f"procrastinate {task} pg c{concurrency}", step))
     for store in plan.stores:
         n = plan.executions if store == "pg" else plan.sqlite_executions
         concurrencies = plan.peer_concurrency if store == "pg" else plan.sqlite_workers
@@ -983,28 +993,32 @@ def run(plan: Plan, *, out: Callable[[str], None] = print) -> dict[str, Any]:
 
 # --- the report -----------------------------------------------------------------------------
 
-Key = tuple[str, str, str, int | None]
+Key = tuple[str, str | None, str, int | None]
 
 TARGETS: list[tuple[str, Key, Key, float | None, str]] = [
     # (what, ours, reference, at least (None: shown, no target), rate or admit); None in a key matches any workers.
-    ("PG, 8 workers: one-node vs Procrastinate no-op (c8)", ("fencekeeper", "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
-    ("PG, 8 workers: two-node vs Procrastinate no-op (c8)", ("fencekeeper", "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, 8 workers: one-node vs Procrastinate async no-op (c8)", ("fencekeeper", "one-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, 8 workers: two-node vs Procrastinate async no-op (c8)", ("fencekeeper", "two-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 1.0, "rate"),
     ("PG, 8 workers: two-node vs DBOS one-step (c8)", ("fencekeeper", "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
     ("PG, 8 workers: five-node vs DBOS three-step (c8)", ("fencekeeper", "five-node", "pg", 8), ("dbos", "three-step", "pg", 8), None, "rate"),
     # The same three targets for eight workers as the peers run them: threads of one process.
-    ("PG, 1 process c8: one-node vs Procrastinate no-op (c8)", (ONE_PROCESS, "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
-    ("PG, 1 process c8: two-node vs Procrastinate no-op (c8)", (ONE_PROCESS, "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, 1 process c8: one-node vs Procrastinate async no-op (c8)", (ONE_PROCESS, "one-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, 1 process c8: two-node vs Procrastinate async no-op (c8)", (ONE_PROCESS, "two-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 1.0, "rate"),
     ("PG, 1 process c8: two-node vs DBOS one-step (c8)", (ONE_PROCESS, "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
     # And as one command of eight processes forked after one start-up (`--processes 8`).
-    ("PG, --processes 8: one-node vs Procrastinate no-op (c8)", (FORKED, "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
-    ("PG, --processes 8: two-node vs Procrastinate no-op (c8)", (FORKED, "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, --processes 8: one-node vs Procrastinate async no-op (c8)", (FORKED, "one-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, --processes 8: two-node vs Procrastinate async no-op (c8)", (FORKED, "two-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 1.0, "rate"),
     ("PG, --processes 8: two-node vs DBOS one-step (c8)", (FORKED, "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
     # And as a process per core of this 2-core machine, four threads each (`--processes 2 --concurrency 4`).
-    ("PG, --processes 2 c4: one-node vs Procrastinate no-op (c8)", (forked_system(2, 4), "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 2.0, "rate"),
-    ("PG, --processes 2 c4: two-node vs Procrastinate no-op (c8)", (forked_system(2, 4), "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), 1.0, "rate"),
+    ("PG, --processes 2 c4: one-node vs Procrastinate async no-op (c8)", (forked_system(2, 4), "one-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 2.0, "rate"),
+    ("PG, --processes 2 c4: two-node vs Procrastinate async no-op (c8)", (forked_system(2, 4), "two-node", "pg", 8), ("procrastinate", "async no-op job", "pg", 8), 1.0, "rate"),
     ("PG, --processes 2 c4: two-node vs DBOS one-step (c8)", (forked_system(2, 4), "two-node", "pg", 8), ("dbos", "one-step", "pg", 8), 3.0, "rate"),
-    ("PG, 1 worker: two-node vs Procrastinate no-op (c1)", ("fencekeeper", "two-node", "pg", 1), ("procrastinate", "no-op job", "pg", 1), None, "rate"),
-    ("PG admission: service.run vs Procrastinate defer", ("fencekeeper", "two-node", "pg", None), ("procrastinate", "no-op job", "pg", None), 1.0, "admit"),
+    # Procrastinate's no-op as a plain function, which it runs in a thread per job: the reference of runs 1 to 21.
+    ("PG, 8 workers: one-node vs Procrastinate no-op, a plain function (c8)", ("fencekeeper", "one-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), None, "rate"),
+    ("PG, 8 workers: two-node vs Procrastinate no-op, a plain function (c8)", ("fencekeeper", "two-node", "pg", 8), ("procrastinate", "no-op job", "pg", 8), None, "rate"),
+    ("PG, 1 worker: two-node vs Procrastinate async no-op (c1)", ("fencekeeper", "two-node", "pg", 1), ("procrastinate", "async no-op job", "pg", 1), None, "rate"),
+    # Both of Procrastinate's tasks are deferred alike: every defer of the round is its reference.
+    ("PG admission: service.run vs Procrastinate defer", ("fencekeeper", "two-node", "pg", None), ("procrastinate", None, "pg", None), 1.0, "admit"),
     ("PG admission: service.run vs DBOS enqueue", ("fencekeeper", "two-node", "pg", None), ("dbos", "one-step", "pg", None), None, "admit"),
     ("SQLite, 1 worker: two-node vs DBOS one-step on SQLite", ("fencekeeper", "two-node", "sqlite", 1), ("dbos", "one-step", "sqlite", 1), 3.0, "rate"),
     ("SQLite admission: service.run vs DBOS enqueue", ("fencekeeper", "two-node", "sqlite", None), ("dbos", "one-step", "sqlite", None), None, "admit"),
@@ -1052,7 +1066,7 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
         "of one command (fencekeeper-PxT: P processes of T threads); Procrastinate's and DBOS's concurrency"
     )
     out(
-        f"{'system':<16}{'workload':<12}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
+        f"{'system':<16}{'workload':<17}{'store':<8}{'workers':>8}{'admitted/s':>12}{'drained/s':>11}{'steady/s':>10}"
         "  rounds (drained/s)"
     )
     for (system, workload, store, workers), items in by_key.items():
@@ -1060,7 +1074,7 @@ def report(result: dict[str, Any], *, out: Callable[[str], None] = print) -> boo
         rate = statistics.median(d.rate for d in items)
         steady = statistics.median(d.steady_rate for d in items)
         rounds = " / ".join(f"{d.rate:.0f}" for d in items)
-        out(f"{system:<16}{workload:<12}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}{steady:>10.1f}  {rounds}")
+        out(f"{system:<16}{workload:<17}{store:<8}{workers:>8}{admitted:>12.1f}{rate:>11.1f}{steady:>10.1f}  {rounds}")
     for label, seconds in result["starts"].items():
         out(f"{label}: {statistics.median(seconds):.2f} s (median of {len(seconds)})")
     out("")

@@ -25,4 +25,17 @@ app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=DSN))
 
 @app.task(name="noop")
 def noop() -> None:
-    """The job: nothing, as the fencekeeper side's handler does nothing."""
+    """The job: nothing, as the fencekeeper side's handler does nothing.
+
+    A plain function: Procrastinate runs each such job in a thread of its own
+    (``sync_to_async``), as it runs the code of a user who writes one.
+    """
+
+
+@app.task(name="noop_async")
+async def noop_async() -> None:
+    """The same job as a coroutine: run on the worker's event loop, with no thread per job.
+
+    Procrastinate's fastest path, and the reference issue 16's targets are
+    measured against (``bench/e2e.py``, TARGETS).
+    """
