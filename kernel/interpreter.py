@@ -61,11 +61,12 @@ from .definition import (
     Scalar,
     Target,
     WaitForEventNode,
+    integer_text,
     reads,
 )
 from .events import correlation_value
 from .evidence import Evidence
-from .expr import Truth, evaluate
+from .expr import INTEGER_MAX, INTEGER_MIN, Truth, evaluate
 from .machines import AttemptEvent, AttemptState, ExecutionState
 from .protocol import STEP_LIMIT, Authority, Execution, StepRecord, WaitSpec
 from .text import first_problem
@@ -717,14 +718,31 @@ class InputError(ValueError):
 
 
 def _untyped_problem(value: object) -> str | None:
-    """The rule for an input declared by name only: a string, a finite number or a boolean."""
+    """The rule for an input declared by name only: a string, a finite number or a boolean.
+
+    A number is what the expression language calls one (specs/expressions.md,
+    Values): a finite binary64 decimal or a 64-bit integer.  An integer
+    beyond 64 bits is no value to a condition (it reads as unknown and the
+    execution suspends), so admission refuses it instead.  The typed form's
+    bound is narrower (+-(2^53 - 1), kernel/definition.py); this one keeps
+    every value the names-only form admitted and a node could read.
+    """
     if isinstance(value, str):
         if len(value) > MAX_INPUT_TEXT:
             return f"longer than {MAX_INPUT_TEXT} characters"
     elif isinstance(value, float):
         if not math.isfinite(value):
             return "must be a finite number"
-    elif not isinstance(value, int):
+    elif isinstance(value, bool):
+        # Before int, which it subclasses: a boolean is its own type and has no range.
+        return None
+    elif isinstance(value, int):
+        if not INTEGER_MIN <= value <= INTEGER_MAX:
+            return (
+                f"integer {integer_text(value)} is outside the 64-bit signed range "
+                f"{INTEGER_MIN} to {INTEGER_MAX}, the only integers a node reads"
+            )
+    else:
         return f"must be a string, number or boolean, not {type(value).__name__}"
     return None
 
