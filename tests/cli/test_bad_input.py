@@ -145,6 +145,13 @@ CASES = [
         2,
         ["--input", "input.amount", "integer 18446744073709551616 is outside the 64-bit signed range"],
     ),
+    (
+        # Longer than Python converts: json's bare ValueError was an internal error.
+        "run: an integer of 5000 digits in --input",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": ' + "9" * 5000 + ', "order_id": "o-1", "order_revision": 1}'],
+        2,
+        ["--input", "not valid JSON: an integer of 5000 digits is longer than this reader converts"],
+    ),
     ("run: --input @missing", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/missing.json"], 2, ["--input", "missing.json", "cannot read"]),
     ("run: --input @file not JSON", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/not-json.json"], 2, ["--input", "not-json.json", "not valid JSON"]),
     ("run: --input - empty stdin", ["run", str(PURCHASE), "--db", "{db}", "--input", "-"], 2, ["--input: stdin", "not valid JSON"]),
