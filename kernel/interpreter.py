@@ -747,6 +747,23 @@ def _untyped_problem(value: object) -> str | None:
     return None
 
 
+def _subclass_problem(value: object) -> str | None:
+    """A host subclass of a scalar type (an IntEnum, a str subclass, numpy's float64): no value to a node.
+
+    The expression language reads exact types only (specs/expressions.md,
+    Values: a subclass may redefine equality).  A store that keeps the
+    object as given (the in-memory one) would hand it to a condition, which
+    finds it unknown and suspends; a store that writes JSON would read back
+    a plain value.  Refused here, it means one thing on every store.
+    """
+    for plain in (bool, str, int, float):
+        if isinstance(value, plain):
+            if type(value) is plain:
+                return None
+            return f"is a {type(value).__name__}, a subclass of {plain.__name__}; give a plain {plain.__name__}"
+    return None
+
+
 def input_evidence(
     execution_id: str, definition: Definition, principal_id: str, data: Mapping[str, Any]
 ) -> Evidence:
@@ -778,7 +795,9 @@ def input_evidence(
         if unstorable is not None:
             raise InputError(f"{unstorable[0]}: {unstorable[1]}")
         declared_type = types.get(name)
-        found = _untyped_problem(value) if declared_type is None else declared_type.problem(value)
+        found = _subclass_problem(value)
+        if found is None:
+            found = _untyped_problem(value) if declared_type is None else declared_type.problem(value)
         if found is not None:
             raise InputError(f"input.{name}: {found}")
     return Evidence(

@@ -11,6 +11,8 @@ What these tests prove:
 - a boolean is never a number (nor passes an integer ``enum`` or bounds),
   an integer in an object or array is within +-(2^53 - 1), and an integer
   too long to print is refused with a message, not a ValueError;
+- a host subclass of a scalar type (an ``IntEnum``, a ``str`` subclass) is
+  refused, since a node reads exact types only;
 - a string no store can keep (a lone surrogate, a NUL), anywhere in a
   value, is refused at admission naming the field, typed or not;
 - a refused admission writes nothing: the store holds no execution after it;
@@ -19,6 +21,7 @@ What these tests prove:
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import pytest
@@ -189,6 +192,51 @@ def test_a_nested_integer_too_long_to_print_is_refused_naming_the_input() -> Non
 def test_an_infinity_for_an_integer_input_is_named_as_not_finite() -> None:
     # Not "found inf (write it without a fraction)": no writing of an infinity is an integer.
     assert refused(TYPED, GOOD | {"amount": float("-inf")}) == "input.amount: must be a finite number"
+
+
+class _Level(enum.IntEnum):
+    HIGH = 250
+
+
+class _Tag(str):
+    pass
+
+
+class _Rate(float):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("definition", "name", "value", "plain"),
+    [
+        (NAMES_ONLY, "order_id", _Level.HIGH, "int"),
+        (NAMES_ONLY, "order_id", _Tag("o-1"), "str"),
+        (NAMES_ONLY, "order_id", _Rate(1.5), "float"),
+        (TYPED, "amount", _Level.HIGH, "int"),
+        (TYPED, "currency", _Tag("EUR"), "str"),
+        (TYPED, "rate", _Rate(1.5), "float"),
+    ],
+)
+def test_a_host_subclass_of_a_scalar_is_refused(definition: Any, name: str, value: object, plain: str) -> None:
+    # A condition reads exact types only (specs/expressions.md, Values): the in-memory store kept the
+    # object and the execution suspended at its condition, while SQLite's JSON read back a plain value.
+    base = {} if definition is NAMES_ONLY else GOOD
+    assert refused(definition, base | {name: value}) == (
+        f"input.{name}: is a {type(value).__name__}, a subclass of {plain}; give a plain {plain}"
+    )
+
+
+def test_a_host_subclass_is_refused_before_anything_is_written_on_the_in_memory_store() -> None:
+    store = MemoryStore()
+    policy = examples.grants("default", "user:alice")
+    service.register(store, NAMES_ONLY, "default", "user:alice", policy)
+    with pytest.raises(service.OperationError) as caught:
+        service.run(
+            store, policy, business_id="default", principal_id="user:alice",
+            definition_id="names-only", input={"order_id": _Level.HIGH}, execution_id="x-1",
+        )  # fmt: skip
+    assert caught.value.code == "invalid_input" and caught.value.message.startswith("input.order_id: is a _Level")
+    assert store.execution_ids() == []
 
 
 BOUNDED = parse_definition(
