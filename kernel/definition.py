@@ -407,6 +407,12 @@ def _stored_problem(value: object, depth: int) -> str | None:
     if isinstance(value, Mapping | list | tuple):
         if depth >= MAX_INPUT_DEPTH:
             return f"nests deeper than {MAX_INPUT_DEPTH} levels"
+        if isinstance(value, Mapping):
+            # Through the Python API a key may be anything: JSON would rename 1 to "1" (or clash with a
+            # "1" already there), and a tuple would fail inside the store's transaction.
+            odd = [key for key in value if not isinstance(key, str)]
+            if odd:
+                return f"has a key of type {type(odd[0]).__name__}; every key of a JSON object is a string"
         items = value.values() if isinstance(value, Mapping) else value
         for item in items:
             found = _stored_problem(item, depth + 1)

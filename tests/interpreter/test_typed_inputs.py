@@ -239,6 +239,29 @@ def test_a_host_subclass_is_refused_before_anything_is_written_on_the_in_memory_
     assert store.execution_ids() == []
 
 
+_NOT_A_STRING = "every key of a JSON object is a string"
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({1: "a"}, f"input.meta: has a key of type int; {_NOT_A_STRING}"),
+        ({1: "a", "1": "b"}, f"input.meta: has a key of type int; {_NOT_A_STRING}"),
+        ({None: 1}, f"input.meta: has a key of type NoneType; {_NOT_A_STRING}"),
+        ({"ok": {(1, 2): "x"}}, f"input.meta: has a key of type tuple; {_NOT_A_STRING}"),
+        ({10**5000: "x"}, f"input.meta: has a key of type int; {_NOT_A_STRING}"),
+        # Storable text is checked first (step 2), naming the key that holds the NUL however it prints.
+        ({10**5000: "\x00"}, "input.meta.<int>: contains NUL (U+0000)"),
+    ],
+    ids=["int", "int-and-its-string", "none", "tuple-nested", "integer-too-long-to-print", "nul-under-such-a-key"],
+)
+def test_an_object_key_that_is_not_a_string_is_refused(meta: dict[Any, Any], message: str) -> None:
+    # Only the Python API can give one: JSON would rename 1 to "1" (clashing with a "1" already there), a
+    # tuple made the store's own JSON writer raise inside its transaction, and an integer too long to
+    # print made the message itself raise.
+    assert refused(TYPED, GOOD | {"meta": meta}).startswith(message)
+
+
 BOUNDED = parse_definition(
     """\
 id = "bounded"
