@@ -370,9 +370,23 @@ def _json_kind(value: object) -> str:
     return type(value).__name__
 
 
+def integer_text(value: int) -> str:
+    """``value`` as a message shows it after "integer ": in full up to 39 digits, else by its length.
+
+    ``str()`` of an integer longer than ``sys.get_int_max_str_digits()``
+    (4300 digits by default) raises, and a refusal must not.
+    """
+    if value.bit_length() <= 128:
+        return str(value)
+    return f"of about {math.floor(value.bit_length() * math.log10(2)) + 1} digits"
+
+
 def _type_problem(kind: str, value: object) -> str | None:
     """Whether ``value`` is of the JSON type ``kind``, stored whole (size, depth, text and numbers checked)."""
     found = _json_kind(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        # Named as what it is, before the type: an infinity is no JSON number, with or without a fraction.
+        return "must be a finite number"
     if kind == "number":
         if found not in ("integer", "number"):
             return f"must be a number, found {found}"
@@ -389,10 +403,16 @@ def _stored_problem(value: object, depth: int) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
-        return f"integer {value} is beyond +-{MAX_INTEGER}, which JSON readers cannot all hold exactly"
+        return f"integer {integer_text(value)} is beyond +-{MAX_INTEGER}, which JSON readers cannot all hold exactly"
     if isinstance(value, Mapping | list | tuple):
         if depth >= MAX_INPUT_DEPTH:
             return f"nests deeper than {MAX_INPUT_DEPTH} levels"
+        if isinstance(value, Mapping):
+            # Through the Python API a key may be anything: JSON would rename 1 to "1" (or clash with a
+            # "1" already there), and a tuple would fail inside the store's transaction.
+            odd = [key for key in value if not isinstance(key, str)]
+            if odd:
+                return f"has a key of type {type(odd[0]).__name__}; every key of a JSON object is a string"
         items = value.values() if isinstance(value, Mapping) else value
         for item in items:
             found = _stored_problem(item, depth + 1)
@@ -1415,6 +1435,7 @@ __all__ = [
     "digest",
     "from_json",
     "input_schema",
+    "integer_text",
     "parse_definition",
     "reads",
     "to_json",

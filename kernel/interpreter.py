@@ -61,11 +61,12 @@ from .definition import (
     Scalar,
     Target,
     WaitForEventNode,
+    integer_text,
     reads,
 )
 from .events import correlation_value
 from .evidence import Evidence
-from .expr import Truth, evaluate
+from .expr import INTEGER_MAX, INTEGER_MIN, Truth, evaluate
 from .machines import AttemptEvent, AttemptState, ExecutionState
 from .protocol import STEP_LIMIT, Authority, Execution, StepRecord, WaitSpec
 from .text import first_problem
@@ -717,15 +718,49 @@ class InputError(ValueError):
 
 
 def _untyped_problem(value: object) -> str | None:
-    """The rule for an input declared by name only: a string, a finite number or a boolean."""
+    """The rule for an input declared by name only: a string, a finite number or a boolean.
+
+    A number is what the expression language calls one (specs/expressions.md,
+    Values): a finite binary64 decimal or a 64-bit integer.  An integer
+    beyond 64 bits is no value to a condition (it reads as unknown and the
+    execution suspends), so admission refuses it instead.  The typed form's
+    bound is narrower (+-(2^53 - 1), kernel/definition.py); this one keeps
+    every value the names-only form admitted and a node could read.
+    """
     if isinstance(value, str):
         if len(value) > MAX_INPUT_TEXT:
             return f"longer than {MAX_INPUT_TEXT} characters"
     elif isinstance(value, float):
         if not math.isfinite(value):
             return "must be a finite number"
-    elif not isinstance(value, int):
+    elif isinstance(value, bool):
+        # Before int, which it subclasses: a boolean is its own type and has no range.
+        return None
+    elif isinstance(value, int):
+        if not INTEGER_MIN <= value <= INTEGER_MAX:
+            return (
+                f"integer {integer_text(value)} is outside the 64-bit signed range "
+                f"{INTEGER_MIN} to {INTEGER_MAX}, the only integers a node reads"
+            )
+    else:
         return f"must be a string, number or boolean, not {type(value).__name__}"
+    return None
+
+
+def _subclass_problem(value: object) -> str | None:
+    """A host subclass of a scalar type (an IntEnum, a str subclass, numpy's float64): no value to a node.
+
+    The expression language reads exact types only (specs/expressions.md,
+    Values: a subclass may redefine equality).  A store that keeps the
+    object as given (the in-memory one) would hand it to a condition, which
+    finds it unknown and suspends; a store that writes JSON would read back
+    a plain value.  Refused here, it means one thing on every store.
+    """
+    for plain in (bool, str, int, float):
+        if isinstance(value, plain):
+            if type(value) is plain:
+                return None
+            return f"is a {type(value).__name__}, a subclass of {plain.__name__}; give a plain {plain.__name__}"
     return None
 
 
@@ -760,7 +795,9 @@ def input_evidence(
         if unstorable is not None:
             raise InputError(f"{unstorable[0]}: {unstorable[1]}")
         declared_type = types.get(name)
-        found = _untyped_problem(value) if declared_type is None else declared_type.problem(value)
+        found = _subclass_problem(value)
+        if found is None:
+            found = _untyped_problem(value) if declared_type is None else declared_type.problem(value)
         if found is not None:
             raise InputError(f"input.{name}: {found}")
     return Evidence(

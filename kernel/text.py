@@ -54,7 +54,12 @@ def first_problem(value: object, field: str) -> tuple[str, str] | None:
                 if found is not None:
                     return (f"{field} key {key!r}", found)
             # A key that would garble the message is named as Python spells it.
-            name = f"{field}.{key}" if str(key).isprintable() else f"{field}[{key!r}]"
+            try:
+                shown = str(key)
+            except ValueError:
+                # An integer key longer than Python prints (sys.get_int_max_str_digits): named by its type.
+                shown = f"<{type(key).__name__}>"
+            name = f"{field}.{shown}" if shown.isprintable() else f"{field}[{key!r}]"
             nested = first_problem(item, name)
             if nested is not None:
                 return nested

@@ -138,6 +138,20 @@ CASES = [
         2,
         ["--input", "not valid JSON: duplicate key 'amount' in an object"],
     ),
+    (
+        # A names-only number is what a condition reads: a 64-bit integer, not 2^64 (it would suspend there).
+        "run: an integer beyond 64 bits in --input",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": 18446744073709551616, "order_id": "o-1", "order_revision": 1}'],
+        2,
+        ["--input", "input.amount", "integer 18446744073709551616 is outside the 64-bit signed range"],
+    ),
+    (
+        # Longer than Python converts: json's bare ValueError was an internal error.
+        "run: an integer of 5000 digits in --input",
+        ["run", str(PURCHASE), "--db", "{db}", "--input", '{"amount": ' + "9" * 5000 + ', "order_id": "o-1", "order_revision": 1}'],
+        2,
+        ["--input", "not valid JSON: an integer of 5000 digits is longer than this reader converts"],
+    ),
     ("run: --input @missing", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/missing.json"], 2, ["--input", "missing.json", "cannot read"]),
     ("run: --input @file not JSON", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/not-json.json"], 2, ["--input", "not-json.json", "not valid JSON"]),
     ("run: --input - empty stdin", ["run", str(PURCHASE), "--db", "{db}", "--input", "-"], 2, ["--input: stdin", "not valid JSON"]),
@@ -230,8 +244,9 @@ def test_a_malformed_reason_for_a_review_decision_is_exit_2_and_writes_nothing(
     [
         ('{"amount": "x\\ud800", "order_id": "o-1", "order_revision": 1}', ["input.amount", "unpaired surrogate"]),
         ('{"order_id": "o-1", "order_revision": 1}', ["input.amount", "missing"]),
+        ('{"amount": -9223372036854775809, "order_id": "o-1", "order_revision": 1}', ["input.amount", "64-bit"]),
     ],
-    ids=["surrogate", "missing"],
+    ids=["surrogate", "missing", "beyond-64-bits"],
 )
 def test_a_corrected_input_that_does_not_fit_is_named_by_its_option_and_writes_nothing(
     tmp_path: Path, corrected: str, words: list[str]

@@ -342,6 +342,22 @@ def test_a_body_the_parser_cannot_read_is_422_not_a_server_error(app: tuple[Test
     assert dump(db) == before
 
 
+@pytest.mark.parametrize("amount", [b"18446744073709551616", b"-9223372036854775809", b"1" + b"0" * 30])
+def test_an_input_integer_no_node_reads_is_422_invalid_input_and_writes_nothing(
+    app: tuple[TestClient, Path], amount: bytes
+) -> None:
+    # purchase-approval declares names only: a number there is one its condition reads, within 64 bits.
+    client, db = app
+    before = dump(db)
+    body = b'{"definition": "purchase-approval", "input": {"amount": ' + amount + b', "order_id": "o-1", "order_revision": 1}}'
+    response = client.post("/executions", content=body, headers={**ALICE, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    problem = error(response)
+    assert problem["code"] == "invalid_input" and problem["field"] == "input", problem
+    assert f"input.amount: integer {amount.decode()} is outside the 64-bit signed range" in problem["message"]
+    assert dump(db) == before
+
+
 def test_an_unknown_path_or_method_is_the_documented_error_shape(app: tuple[TestClient, Path]) -> None:
     client, db = app
     before = dump(db)

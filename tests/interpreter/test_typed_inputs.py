@@ -6,7 +6,13 @@ What these tests prove:
   minimum/maximum, minLength/maxLength, required) admits what fits and
   refuses what does not, with one message naming ``input.<field>``;
 - a names-only declaration keeps its old meaning (each input a required
-  string, number or boolean);
+  string, number or boolean), a number being what a node reads: an integer
+  beyond 64 bits is refused, every 64-bit one kept;
+- a boolean is never a number (nor passes an integer ``enum`` or bounds),
+  an integer in an object or array is within +-(2^53 - 1), and an integer
+  too long to print is refused with a message, not a ValueError;
+- a host subclass of a scalar type (an ``IntEnum``, a ``str`` subclass) is
+  refused, since a node reads exact types only;
 - a string no store can keep (a lone surrogate, a NUL), anywhere in a
   value, is refused at admission naming the field, typed or not;
 - a refused admission writes nothing: the store holds no execution after it;
@@ -15,6 +21,7 @@ What these tests prove:
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import pytest
@@ -148,6 +155,161 @@ def test_names_only_keeps_its_meaning() -> None:
     assert "input.order_id: required by names-only and missing" in refused(NAMES_ONLY, {})
     assert "must be a string, number or boolean, not list" in refused(NAMES_ONLY, {"order_id": [1]})
     assert "longer than 4096 characters" in refused(NAMES_ONLY, {"order_id": "x" * 4097})
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**64, 10**30])
+def test_a_names_only_integer_beyond_64_bits_is_refused(value: int) -> None:
+    # A condition reads no such integer (specs/expressions.md, Values): admitted, the execution
+    # would suspend at its first condition instead of being refused here.
+    assert refused(NAMES_ONLY, {"order_id": value}) == (
+        f"input.order_id: integer {value} is outside the 64-bit signed range "
+        "-9223372036854775808 to 9223372036854775807, the only integers a node reads"
+    )
+
+
+def test_a_names_only_input_keeps_every_64_bit_integer_and_both_booleans() -> None:
+    # The names-only form keeps its meaning: the whole 64-bit range, beyond the typed form's +-(2^53 - 1).
+    for value in (2**63 - 1, -(2**63), 2**53, True, False):
+        recorded = admit(NAMES_ONLY, {"order_id": value})["order_id"]
+        assert recorded == value and type(recorded) is type(value)
+
+
+@pytest.mark.parametrize(("definition", "name"), [(NAMES_ONLY, "order_id"), (TYPED, "amount"), (TYPED, "rate")])
+def test_an_integer_too_long_to_print_is_refused_not_raised(definition: Any, name: str) -> None:
+    # str() of an integer past sys.get_int_max_str_digits raises ValueError: the message must not call it.
+    base = {} if definition is NAMES_ONLY else GOOD
+    for value in (10**5000, -(10**5000)):
+        message = refused(definition, base | {name: value})
+        assert message.startswith(f"input.{name}: integer of about 5001 digits is "), message
+
+
+def test_a_nested_integer_too_long_to_print_is_refused_naming_the_input() -> None:
+    assert refused(TYPED, GOOD | {"meta": {"n": [1, 10**5000]}}).startswith(
+        "input.meta: integer of about 5001 digits is beyond +-9007199254740991"
+    )
+
+
+def test_an_infinity_for_an_integer_input_is_named_as_not_finite() -> None:
+    # Not "found inf (write it without a fraction)": no writing of an infinity is an integer.
+    assert refused(TYPED, GOOD | {"amount": float("-inf")}) == "input.amount: must be a finite number"
+
+
+class _Level(enum.IntEnum):
+    HIGH = 250
+
+
+class _Tag(str):
+    pass
+
+
+class _Rate(float):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("definition", "name", "value", "plain"),
+    [
+        (NAMES_ONLY, "order_id", _Level.HIGH, "int"),
+        (NAMES_ONLY, "order_id", _Tag("o-1"), "str"),
+        (NAMES_ONLY, "order_id", _Rate(1.5), "float"),
+        (TYPED, "amount", _Level.HIGH, "int"),
+        (TYPED, "currency", _Tag("EUR"), "str"),
+        (TYPED, "rate", _Rate(1.5), "float"),
+    ],
+)
+def test_a_host_subclass_of_a_scalar_is_refused(definition: Any, name: str, value: object, plain: str) -> None:
+    # A condition reads exact types only (specs/expressions.md, Values): the in-memory store kept the
+    # object and the execution suspended at its condition, while SQLite's JSON read back a plain value.
+    base = {} if definition is NAMES_ONLY else GOOD
+    assert refused(definition, base | {name: value}) == (
+        f"input.{name}: is a {type(value).__name__}, a subclass of {plain}; give a plain {plain}"
+    )
+
+
+def test_a_host_subclass_is_refused_before_anything_is_written_on_the_in_memory_store() -> None:
+    store = MemoryStore()
+    policy = examples.grants("default", "user:alice")
+    service.register(store, NAMES_ONLY, "default", "user:alice", policy)
+    with pytest.raises(service.OperationError) as caught:
+        service.run(
+            store, policy, business_id="default", principal_id="user:alice",
+            definition_id="names-only", input={"order_id": _Level.HIGH}, execution_id="x-1",
+        )  # fmt: skip
+    assert caught.value.code == "invalid_input" and caught.value.message.startswith("input.order_id: is a _Level")
+    assert store.execution_ids() == []
+
+
+_NOT_A_STRING = "every key of a JSON object is a string"
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({1: "a"}, f"input.meta: has a key of type int; {_NOT_A_STRING}"),
+        ({1: "a", "1": "b"}, f"input.meta: has a key of type int; {_NOT_A_STRING}"),
+        ({None: 1}, f"input.meta: has a key of type NoneType; {_NOT_A_STRING}"),
+        ({"ok": {(1, 2): "x"}}, f"input.meta: has a key of type tuple; {_NOT_A_STRING}"),
+        ({10**5000: "x"}, f"input.meta: has a key of type int; {_NOT_A_STRING}"),
+        # Storable text is checked first (step 2), naming the key that holds the NUL however it prints.
+        ({10**5000: "\x00"}, "input.meta.<int>: contains NUL (U+0000)"),
+    ],
+    ids=["int", "int-and-its-string", "none", "tuple-nested", "integer-too-long-to-print", "nul-under-such-a-key"],
+)
+def test_an_object_key_that_is_not_a_string_is_refused(meta: dict[Any, Any], message: str) -> None:
+    # Only the Python API can give one: JSON would rename 1 to "1" (clashing with a "1" already there), a
+    # tuple made the store's own JSON writer raise inside its transaction, and an integer too long to
+    # print made the message itself raise.
+    assert refused(TYPED, GOOD | {"meta": meta}).startswith(message)
+
+
+BOUNDED = parse_definition(
+    """\
+id = "bounded"
+revision = 1
+start = "done"
+
+[inputs]
+level = { type = "integer", enum = [0, 1] }
+ratio = { type = "number", minimum = 0, maximum = 1 }
+flag = { type = "boolean", enum = [true], required = false }
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+""",
+    "bounded.toml",
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"level": True}, "input.level: must be an integer, found boolean"),
+        ({"level": False}, "input.level: must be an integer, found boolean"),
+        ({"ratio": True}, "input.ratio: must be a number, found boolean"),
+        ({"ratio": False}, "input.ratio: must be a number, found boolean"),
+        ({"flag": 1}, "input.flag: must be a boolean, found integer"),
+    ],
+)
+def test_a_boolean_is_never_a_number_nor_a_number_a_boolean(change: dict[str, Any], message: str) -> None:
+    # Python's True == 1 must not pass an integer enum [0, 1] or the bounds 0..1 (specs/expressions.md, Values).
+    assert refused(BOUNDED, {"level": 1, "ratio": 0.5} | change) == message
+    assert admit(BOUNDED, {"level": 1, "ratio": 1, "flag": True}) == {"level": 1, "ratio": 1, "flag": True}
+
+
+@pytest.mark.parametrize("value", [2**53 - 1, -(2**53 - 1)])
+def test_a_nested_integer_within_2_53_is_kept(value: int) -> None:
+    data = GOOD | {"meta": {"n": value, "deep": [[value]], "yes": True}, "lines": [value]}
+    assert admit(TYPED, data) == data
+
+
+@pytest.mark.parametrize("value", [2**53, -(2**53), 2**64])
+@pytest.mark.parametrize(("name", "place"), [("meta", lambda v: {"deep": [[v]]}), ("lines", lambda v: [1, v])])
+def test_a_nested_integer_beyond_2_53_is_refused(value: int, name: str, place: Any) -> None:
+    message = refused(TYPED, GOOD | {name: place(value)})
+    assert message == f"input.{name}: integer {value} is beyond +-9007199254740991, which JSON readers cannot all hold exactly"
 
 
 @pytest.mark.parametrize(
