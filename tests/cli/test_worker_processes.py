@@ -45,6 +45,14 @@ from fencekeeper.kernel import interpreter as i
 class Pausing:
     def execute(self, command):
         pathlib.Path(f"started-{os.getpid()}").write_text(command.command_id)
+        # With BARRIER=N, no Command goes on until N processes have each started one (20 s at most,
+        # inside the lease): on a loaded machine a process forked late would otherwise find the
+        # queue already drained by its siblings.
+        deadline = time.monotonic() + 20
+        while len(list(pathlib.Path().glob("started-*"))) < int(os.environ.get("BARRIER", "0")):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         time.sleep(float(os.environ.get("PAUSE", "0.05")))
         return i.CommandResult(i.CommandStatus.SUCCEEDED)
 
@@ -84,14 +92,16 @@ def _queue(tmp_path: Path, count: int) -> list[str]:
         store.close()
 
 
-def _start(tmp_path: Path, *args: str, pause: str = "0.05", session: bool = False) -> subprocess.Popen[str]:
+def _start(
+    tmp_path: Path, *args: str, pause: str = "0.05", session: bool = False, barrier: int = 0
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [str(FENCEKEEPER), "worker", "--db", "q.db", "--handler", "pausing_handler:make", "--json", *args],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         encoding="utf-8",
-        env=environment(PAUSE=pause),
+        env=environment(PAUSE=pause, BARRIER=str(barrier)),
         start_new_session=session,
     )
 
@@ -144,7 +154,7 @@ def _history_actors(db: Path, ids: list[str]) -> set[str]:
 
 def test_processes_share_the_queue_and_finish_each_execution_once(tmp_path: Path) -> None:
     ids = _queue(tmp_path, 24)
-    worker = _start(tmp_path, "--until-idle", "--processes", "3", "--concurrency", "2", "--id", "w")
+    worker = _start(tmp_path, "--until-idle", "--processes", "3", "--concurrency", "2", "--id", "w", barrier=3)
     stdout, stderr = worker.communicate(timeout=120)
     assert worker.returncode == 0, stderr
     summary = json.loads(stdout)
