@@ -1348,7 +1348,8 @@ def _event(args: argparse.Namespace, out: Output) -> int:
     payload = _json_object("--payload", args.payload) if args.payload is not None else None
     _identifier("--as", args.principal)
     try:
-        Event.build(args.id or "ev-check", args.business, args.event_type, correlation, payload)
+        # An empty --id is malformed, not absent: it must not fall back to a fresh id.
+        Event.build("ev-check" if args.id is None else args.id, args.business, args.event_type, correlation, payload)
     except EventError as exc:
         field = re.split(r"[.\[ ]", str(exc).split(":", 1)[0], maxsplit=1)[0]
         option = {"correlation": "--correlation", "payload": "--payload", "event_type": "TYPE", "event_id": "--id"}

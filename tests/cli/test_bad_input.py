@@ -174,6 +174,13 @@ CASES = [
         2,
         ["--correlation and --payload both read stdin"],
     ),
+    (
+        # An empty --id is a malformed id, not a missing one: no Event is published under a fresh id.
+        "event: empty --id",
+        ["event", "--db", "{db}", "payment.received", "--correlation", '{"order_id": "o-1"}', "--id", ""],
+        2,
+        ["--id", "malformed identifier ''"],
+    ),
     ("worker: --handler", ["worker", "--db", "{db}", "--handler", "no_such_module:make"], 2, ["--handler", "no_such_module"]),
 ]
 
