@@ -345,8 +345,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     choice.add_argument("--resume-at", metavar="NODE", help="resume at NODE (a continuation the evidence permits)")
     choice.add_argument("--fail", action="store_true", help="end the execution as failed")
     reconcile.add_argument(
-        "--because", metavar="TEXT", default="",
-        help="why the choice is safe: the idempotency contract of a resume (required with --resume-at)",
+        "--because", metavar="TEXT",
+        help="with --resume-at (required) or --fail: why the choice is safe, recorded with it",
     )
     reconcile.add_argument(
         "--input", metavar="JSON", help="with --resume-at on a suspended execution: the corrected input"
@@ -1470,6 +1470,12 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
         raise CliError("give EXECUTION_ID, --quarantine, or both")
     if args.execution_id is None and (args.settle or args.resume_at or args.fail):
         raise CliError("--settle, --resume-at and --fail need an EXECUTION_ID")
+    # A reason or a handler given to a command that does not use it would be dropped without a word.
+    if args.because is not None and args.resume_at is None and not args.fail:
+        raise CliError("--because: only with --resume-at or --fail, the choices that record a reason")
+    if args.handler is not None and not args.settle:
+        raise CliError("--handler: only with --settle, the choice that asks the handler")
+    args.because = args.because or ""
     if args.resume_at is not None and not args.because.strip():
         raise CliError("--because: say why resuming there is safe (it is recorded as the idempotency contract)")
     unstorable = text_problem(args.because)

@@ -181,6 +181,19 @@ CASES = [
         2,
         ["--id", "malformed identifier ''"],
     ),
+    (
+        # A reason is recorded only by a resume or a fail: with neither it would be dropped unseen.
+        "reconcile: --because without a choice",
+        ["reconcile", "--db", "{db}", "po-1", "--because", "checked with the provider"],
+        2,
+        ["--because", "only with --resume-at or --fail"],
+    ),
+    (
+        "reconcile: --handler without --settle",
+        ["reconcile", "--db", "{db}", "--quarantine", "--handler", "my.handlers:make"],
+        2,
+        ["--handler", "only with --settle"],
+    ),
     ("worker: --handler", ["worker", "--db", "{db}", "--handler", "no_such_module:make"], 2, ["--handler", "no_such_module"]),
 ]
 
