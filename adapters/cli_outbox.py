@@ -174,8 +174,13 @@ def _guarded(body: Callable[[argparse.Namespace, Output], int]) -> Callable[[arg
 def run_export(args: argparse.Namespace, out: Output) -> int:
     from . import outbox  # noqa: PLC0415 - the exporter loads only for this command
 
-    if not (args.sink or args.parked or args.requeue or args.discard or args.status):
+    given = {"--sink": args.sink, "--requeue": args.requeue, "--discard": args.discard}
+    if all(value is None for value in given.values()) and not (args.parked or args.status):
         raise StoreError("invalid_input", "one of --sink, --parked, --requeue, --discard or --status is required")
+    for option, value in given.items():
+        # Given but empty is a mistake of its own, not the absence of every choice.
+        if value == "":
+            raise StoreError("invalid_input", f"{option}: empty")
     if args.sink:
         outbox.check_sink(args.sink, timeout=args.timeout.total_seconds())
     store = _open(args)

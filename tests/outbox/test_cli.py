@@ -100,6 +100,10 @@ def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys:
         (["export", "--db", str(tmp_path / "absent.db"), "--sink", f"file:{tmp_path}/x.jsonl"], "does not exist"),
         (["export", "--db", str(db), "--requeue", "nope/1"], "[message_not_found]"),
         (["export", "--db", str(db)], "one of --sink"),
+        # An option given empty is named, not taken for no option at all.
+        (["export", "--db", str(db), "--requeue", ""], "--requeue: empty"),
+        (["export", "--db", str(db), "--discard", ""], "--discard: empty"),
+        (["export", "--db", str(db), "--sink", ""], "--sink: empty"),
         (["prune", "--db", str(db), "--results", "40d"], "longer than operations"),
         (["prune", "--db", str(db), "--outbox", "soon"], "not a duration"),
     ):
