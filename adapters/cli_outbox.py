@@ -147,8 +147,13 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
                        help="the most of the time it may hold the store (default 0.25)")  # fmt: skip
 
 
-def _open(args: argparse.Namespace) -> Any:
-    """The store at ``--db``; a SQLite file must already exist (export and prune create nothing)."""
+def _open(args: argparse.Namespace, *, read_only: bool = False) -> Any:
+    """The store at ``--db``; a SQLite file must already exist (export and prune create nothing).
+
+    ``read_only`` for the reports (``--status``, ``--parked``): a SQLite file is
+    then opened only to read, as ``inspect`` opens it, and is neither migrated
+    nor locked.
+    """
     location = parse_url(args.db, schema=args.schema)
     if location.kind == "sqlite":
         assert location.path is not None
@@ -156,7 +161,7 @@ def _open(args: argparse.Namespace) -> Any:
             raise StoreError("store_unavailable", f"--db: {location.path} does not exist")
     from .operations.connect import open_operation_store  # noqa: PLC0415 - loads only for these commands
 
-    return open_operation_store(args.db, schema=args.schema, pool_size=2)
+    return open_operation_store(args.db, schema=args.schema, pool_size=2, read_only=read_only)
 
 
 def _guarded(body: Callable[[argparse.Namespace, Output], int]) -> Callable[[argparse.Namespace, Output], int]:
@@ -183,7 +188,7 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             raise StoreError("invalid_input", f"{option}: empty")
     if args.sink:
         outbox.check_sink(args.sink, timeout=args.timeout.total_seconds())
-    store = _open(args)
+    store = _open(args, read_only=args.parked or args.status)
     sink = None
     try:
         # Opened only once the store is: bad input creates no file.

@@ -624,9 +624,20 @@ class OutboxExporter:
         return discard(self.store, message_id)
 
 
+def _reading(store: TransactionalOperationStore) -> contextlib.AbstractContextManager[Any]:
+    """A transaction that only reads, where the store has one: it waits for no writer's lock.
+
+    The SQL stores read with a plain ``BEGIN`` (SQLite) or a ``READ ONLY``
+    transaction (PostgreSQL); a report of the outbox must answer while a
+    writer holds the SQLite file, and on a file opened only to read.
+    """
+    reading = getattr(store, "_reading", None)
+    return reading() if callable(reading) else store._transaction()
+
+
 def parked_messages(store: TransactionalOperationStore, limit: int = 100) -> list[ParkedMessage]:
     """Parked rows, oldest first, with their last error."""
-    with store._transaction() as tx:
+    with _reading(store) as tx:
         assert isinstance(tx, SqlTx)
         rows = tx.run(
             "SELECT message_id, seq, kind, subject_id, topic, at, attempts, last_error, parked_at FROM outbox "
@@ -668,7 +679,7 @@ def discard(store: TransactionalOperationStore, message_id: str) -> bool:
 
 def outbox_status(store: TransactionalOperationStore) -> OutboxStatus:
     """How far export is behind: rows waiting, parked, exported, and the oldest waiting and oldest parked row's time."""
-    with store._transaction() as tx:
+    with _reading(store) as tx:
         assert isinstance(tx, SqlTx)
         row = tx.run(
             "SELECT count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NULL), "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -139,3 +141,24 @@ def test_the_pause_docs_outbox_md_suggests_is_taken_in_milliseconds(db: Path, ca
     assert json.loads(out)["finished"] is True
     code, _, err = run(["prune", "--db", str(db), "--pause", "50us"], capsys)
     assert code == 2 and "--pause: not a duration (like 30d, 12h, 15m, 90s, 50ms): '50us'" in err
+
+
+def test_status_and_parked_only_read_so_a_held_write_lock_does_not_stop_them(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A writer stalled mid-transaction is what --status is run to look into: it must answer, not wait for the lock."""
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        before = db.read_bytes()
+        started = time.monotonic()
+        code, stdout, err = run(["export", "--db", str(db), "--status", "--json"], capsys)
+        assert (code, err) == (0, ""), err
+        assert json.loads(stdout)["pending"] == 6
+        code, stdout, err = run(["export", "--db", str(db), "--parked", "--json"], capsys)
+        assert (code, json.loads(stdout), err) == (0, {"parked": []}, "")
+        assert time.monotonic() - started < 5, "it waited for the writer's lock"
+        assert db.read_bytes() == before
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
