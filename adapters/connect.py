@@ -302,6 +302,7 @@ def _check_sqlite(location: Location) -> CheckReport:
                 "it forward when next opened (`fencekeeper migrate` does it now)"
             )
         definitions, executions = _counts(conn.execute, "?")
+        problems.extend(_unknown_states(executions))
     return CheckReport(location, newest, version, migrations, definitions, executions, tuple(problems), tuple(notes))
 
 
@@ -315,8 +316,22 @@ def _counts(execute: Any, placeholder: str, prefix: str = "") -> tuple[int, dict
         (EXECUTION_TYPE,),
     ).fetchall()
     order = [state.value for state in ExecutionState]
-    executions = {str(state): int(count) for state, count in sorted(rows, key=lambda r: order.index(r[0]))}
+    # A state this code does not know (a row edited by hand or damaged) is counted after the known ones,
+    # by name, and reported by the caller; it must not stop the check that is meant to find it.
+    ranked = sorted(rows, key=lambda r: (order.index(r[0]) if r[0] in order else len(order), str(r[0])))
+    executions = {str(state): int(count) for state, count in ranked}
     return int(definitions), executions
+
+
+def _unknown_states(executions: Mapping[str, int]) -> list[str]:
+    """A problem for each execution state no version of this code writes: nothing can act on those executions."""
+    known = {state.value for state in ExecutionState}
+    return [
+        f"executions: {count} in state {state!r}, which this fencekeeper does not know "
+        "(a row edited by hand or damaged); repair the rows"
+        for state, count in executions.items()
+        if state not in known
+    ]
 
 
 def _check_postgres(location: Location) -> CheckReport:
@@ -363,7 +378,10 @@ def _check_postgres(location: Location) -> CheckReport:
             f"the database's clock_timestamp(); this machine's clock differs by {skew:+.3f} s "
             "(leases are judged by the database alone)"
         )
-    return CheckReport(location, newest, version, migrations, definitions, executions, time_source=time_source)
+    return CheckReport(
+        location, newest, version, migrations, definitions, executions, tuple(_unknown_states(executions)),
+        time_source=time_source,
+    )
 
 
 def _pg_migrations(conn: Any, schema: str) -> tuple[Migration, ...]:

@@ -7,7 +7,9 @@ byte, before and after: no row, no new file, no WAL left behind.
 
 from __future__ import annotations
 
+import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -297,3 +299,21 @@ def test_a_corrected_input_that_does_not_fit_is_named_by_its_option_and_writes_n
     for word in words:
         assert word in line, f"{word!r} not in {line!r}"
     assert snapshot(tmp_path) == before, "the command wrote something"
+
+
+def test_check_reports_an_execution_state_edited_by_hand_instead_of_failing(template: Path, tmp_path: Path) -> None:
+    """The deployment check is what an operator runs on a damaged store: it names the row's state and blocks."""
+    db = tmp_path / "shop.db"
+    shutil.copy(template / "shop.db", db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE objects SET state = 'bogus' WHERE object_id = 'po-1'")
+    conn.close()
+    before = snapshot(tmp_path)
+    result = fencekeeper("check", "--db", db, "--json", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (1, ""), result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["executions"] == {"bogus": 1}
+    [problem] = report["problems"]
+    assert "1 in state 'bogus'" in problem and "edited by hand" in problem
+    assert "Traceback" not in fencekeeper("check", "--db", db, cwd=tmp_path).stdout
+    assert snapshot(tmp_path) == before

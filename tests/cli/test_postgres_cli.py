@@ -68,3 +68,16 @@ def test_an_unmigrated_schema_blocks_and_is_never_created(pg_dsn: str, unmigrate
     migrated = data("migrate", "--db", url, cwd=tmp_path)
     assert migrated["applied"] == [n for n, _, _ in postgres_store.MIGRATIONS]
     assert data("check", "--db", url, cwd=tmp_path)["ok"] is True
+
+
+def test_check_reports_an_execution_state_edited_by_hand_on_postgres(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
+    url = f"{pg_dsn}?schema={pg_schema}"
+    order = '{"amount": 50, "order_id": "o-1", "order_revision": 1}'
+    ok("run", EXAMPLES / "purchase_approval.toml", "--db", url, "--input", order, "--id", "pg-1", cwd=tmp_path)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {pg_schema}.objects SET state = 'bogus' WHERE object_id = 'pg-1'")
+    result = fencekeeper("check", "--db", url, "--json", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (1, ""), result.stderr
+    report = json.loads(result.stdout)
+    assert report["executions"] == {"bogus": 1}
+    assert any("1 in state 'bogus'" in problem for problem in report["problems"])
