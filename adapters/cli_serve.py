@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import signal
+import socket
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -67,6 +68,29 @@ def _auth_module(name: str) -> Any:
     return module
 
 
+def _listening(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the server starts.
+
+    uvicorn's own bind reports a failure as a log line of its own and exit
+    status 3; bound here, an address in use or a host that does not resolve is
+    one ``--host``/``--port`` line and exit 2, as every other setting is.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ServeError(f"--host: cannot resolve {host!r}: {exc}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def _stopped(number: int, frame: FrameType | None) -> None:
     """The signal uvicorn raises again once it has stopped: nothing more to do."""
 
@@ -93,9 +117,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
             "store_unavailable",
             f"--db: no database at {location.path} (`fencekeeper migrate --db {location.path}` creates one)",
         )
-    # The executions' store only when its routes are served: the restricted application role of
-    # the operations' tenant boundary may hold no grants on the executions' tables.
-    executions = connect.open_store(args.db, schema=args.schema, create=False) if policy is not None else None
+    listening = _listening(args.host, args.port)
+    try:
+        # The executions' store only when its routes are served: the restricted application role of
+        # the operations' tenant boundary may hold no grants on the executions' tables.
+        executions = connect.open_store(args.db, schema=args.schema, create=False) if policy is not None else None
+    except BaseException:
+        listening.close()
+        raise
     try:
         operations = open_operation_store(args.db, schema=args.schema)
         try:
@@ -115,7 +144,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             # and the command exits 0 rather than dying by the signal.
             previous = {number: signal.signal(number, _stopped) for number in (signal.SIGINT, signal.SIGTERM)}
             try:
-                uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+                config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+                uvicorn.Server(config).run(sockets=[listening])
             finally:
                 for number, handler in previous.items():
                     signal.signal(number, handler)
@@ -123,6 +153,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         finally:
             operations.close()
     finally:
+        listening.close()
         if executions is not None:
             executions.close()
     return 0

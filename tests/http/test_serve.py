@@ -130,3 +130,28 @@ def test_serve_refuses_an_auth_module_whose_policy_is_no_policy(
     register_purchase(str(db))
     assert cli.main(["serve", "--db", str(db), "--auth", "broken_auth", "--actions", "tests.http.deployment"]) == 2
     assert "policy() returned str, not an AuthorityPolicy" in capsys.readouterr().err
+
+
+def test_serve_on_an_address_it_cannot_listen_on_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """An address in use and a host that does not resolve are settings that cannot be acted on, named as such.
+
+    Left to uvicorn, each was its own log line, after "serving ... on", and exit status 3.
+    """
+    db = tmp_path / "served.db"
+    register_purchase(str(db))
+    before = db.read_bytes()
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for where, words in ((["--port", str(port)], "--port: cannot listen on 127.0.0.1:"),
+                             (["--host", "no-such-host.invalid"], "--host: cannot resolve 'no-such-host.invalid'")):  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-m", "fencekeeper", "serve", "--db", str(db), "--auth", "tests.http.deployment",
+                 "--actions", "tests.http.deployment", *where],
+                check=False, cwd=ROOT, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.count("\n") == 1 and done.stderr.startswith("fencekeeper: error: "), done.stderr
+            assert words in done.stderr and done.stdout == ""
+    assert db.read_bytes() == before
