@@ -99,6 +99,7 @@ from fencekeeper.kernel.definition import IDENTIFIER, Definition, DefinitionErro
 from fencekeeper.kernel.errors import KernelError
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import MACHINES, ExecutionState
+from fencekeeper.kernel.recovery import MAX_RATIONALE
 from fencekeeper.kernel.spec import parse_machine_spec, render_machine_spec
 from fencekeeper.kernel.text import problem as text_problem
 
@@ -665,6 +666,20 @@ def _identifier(option: str, value: str | None) -> None:
         raise CliError(
             f"{option}: malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -, not starting with a symbol)"
         )
+
+
+def _reason(option: str, value: str) -> None:
+    """A reason a person gives (a decision's, a recovery's): storable text of at most MAX_RATIONALE characters.
+
+    The kernel refuses the same, but only once the store is open and, for a
+    decision, after the request has been shown; checked here, it is the
+    option's one error line.
+    """
+    problem = text_problem(value)
+    if problem is None and len(value) > MAX_RATIONALE:
+        problem = f"must be at most {MAX_RATIONALE} characters, got {len(value)}"
+    if problem is not None:
+        raise CliError(f"{option}: {problem}")
 
 
 def _read_view(store: TransactionalStore, execution_id: str, db: str, *, business: str | None = None) -> ExecutionView:
@@ -1394,6 +1409,7 @@ def _decide(args: argparse.Namespace, out: Output) -> int:
     _identifier("--as", args.principal)
     _identifier("--id", args.id)
     _identifier("--business", args.business)
+    _reason("--rationale", args.rationale)
     policy = examples.grants(args.business, args.principal)
     decision_id = args.id or f"d-{secrets.token_hex(6)}"
     with _store(args) as store:
@@ -1478,10 +1494,8 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
     args.because = args.because or ""
     if args.resume_at is not None and not args.because.strip():
         raise CliError("--because: say why resuming there is safe (it is recorded as the idempotency contract)")
-    unstorable = text_problem(args.because)
-    if unstorable is not None:
-        # Bytes that are not UTF-8 reach argv as lone surrogates: no store can keep them.
-        raise CliError(f"--because: {unstorable}")
+    # Bytes that are not UTF-8 reach argv as lone surrogates: no store can keep them.
+    _reason("--because", args.because)
     if args.input is not None and args.resume_at is None:
         raise CliError("--input: only with --resume-at, to correct a suspended execution's input")
     _identifier("--as", args.principal)
