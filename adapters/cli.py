@@ -1510,15 +1510,22 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
             _read_view(store, args.execution_id, args.db)
         if args.quarantine:
             refused = _quarantine_sweep(store, policy, args, out, result)
-        if args.execution_id is None:
-            pass
-        elif args.settle:
-            assert make_handler is not None
-            _settle(store, policy, make_handler(), args, out=out, result=result)
-        elif args.resume_at is not None or args.fail:
-            _decide_review(store, policy, args, out=out, result=result, corrected=corrected)
-        else:
-            _show_review(store, args, out, result)
+        try:
+            if args.execution_id is None:
+                pass
+            elif args.settle:
+                assert make_handler is not None
+                _settle(store, policy, make_handler(), args, out=out, result=result)
+            elif args.resume_at is not None or args.fail:
+                _decide_review(store, policy, args, out=out, result=result, corrected=corrected)
+            else:
+                _show_review(store, args, out, result)
+        except CliError:
+            # The sweep has committed what it moved: --json reports it even when the review after it cannot go on,
+            # as the plain output already has, line by line.
+            if out.json_mode and args.quarantine:
+                out.data(result)
+            raise
     if out.json_mode:
         out.data(result)
     decided = result.get("reconciled", {})

@@ -228,6 +228,28 @@ def test_an_expired_lease_is_shown_quarantined_and_recovered(tmp_path: Path) -> 
     assert _states(tmp_path, db) == {"po-1": "succeeded"}
 
 
+def test_a_sweep_with_a_review_that_cannot_go_on_still_reports_what_it_quarantined(tmp_path: Path) -> None:
+    """--quarantine ID: the sweep commits before ID is looked at; --json must say what it moved, as the text does."""
+    db = tmp_path / "ops.db"
+    ok("run", PURCHASE, "--db", db, "--input", _order(50, "o-1"), "--id", "po-1", cwd=tmp_path)
+    ok("run", PURCHASE, "--db", db, "--input", _order(50, "o-2"), "--id", "po-2", cwd=tmp_path)
+    store = SQLiteStore(db)
+    try:
+        claim = store.claim_next(p.ClaimRequest("gone-1", secrets.token_hex(16), timedelta(milliseconds=200)))
+        assert isinstance(claim, p.Decision) and claim.execution is not None
+        gone = claim.execution.execution_id
+    finally:
+        store.close()
+    time.sleep(0.3)
+    other = "po-2" if gone == "po-1" else "po-1"  # eligible, so not in review: the review is refused
+    swept = fencekeeper("reconcile", "--db", db, "--quarantine", other, "--json", cwd=tmp_path)
+    assert "not reconciliation_required or suspended" in assert_one_error_line(swept, code=1)
+    report = json.loads(swept.stdout)
+    assert list(report["quarantined"]) == [gone]
+    assert report["quarantined"][gone]["execution"]["state"] == "reconciliation_required"
+    assert _states(tmp_path, db)[gone] == "reconciliation_required"
+
+
 def test_check_exits_1_when_the_store_cannot_be_used_and_2_when_there_is_none(tmp_path: Path) -> None:
     # No store at all is what every command calls a --db that names nothing usable: exit 2.
     missing = fencekeeper("check", "--db", "absent.db", "--json", cwd=tmp_path)
