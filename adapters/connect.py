@@ -150,7 +150,8 @@ def migrate(url: str, *, schema: str | None = None) -> tuple[Location, list[int]
     location = parse_url(url, schema=schema)
     if location.kind == "sqlite":
         assert location.path is not None
-        before = _sqlite_versions(location.path) if location.path.exists() else []
+        # Only a file can hold versions; anything else at the path is for the store's own checks to name.
+        before = _sqlite_versions(location.path) if location.path.is_file() else []
         from . import sqlite_store  # noqa: PLC0415 - as in open_store
 
         # The SQLite store migrates forward when it is opened, after checking the file is its own.

@@ -87,6 +87,7 @@ CASES = [
         ["changed.toml", "revision 1 is already registered with different content"],
     ),
     ("run: no such directory", ["run", str(PURCHASE), "--db", "{dir}/nowhere/x.db", "--input", GOOD_INPUT], 2, ["nowhere", "does not exist"]),
+    ("migrate: --db a directory", ["migrate", "--db", "{dir}"], 2, ["is a directory, not a SQLite database"]),
     ("inspect: unknown id", ["inspect", "po-404", "--db", "{db}"], 2, ["EXECUTION_ID", "po-404"]),
     ("inspect: no database file", ["inspect", "po-1", "--db", "{dir}/other.db"], 2, ["--db", "other.db", "migrate"]),
     ("inspect: not a database", ["inspect", "po-1", "--db", "{dir}/notes.txt"], 2, ["notes.txt", "not a usable SQLite database"]),
