@@ -24,7 +24,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from .connect import parse_url
 from .render import Output
 from .store import StoreError
 
@@ -154,14 +153,11 @@ def _open(args: argparse.Namespace, *, read_only: bool = False) -> Any:
     then opened only to read, as ``inspect`` opens it, and is neither migrated
     nor locked.
     """
-    location = parse_url(args.db, schema=args.schema)
-    if location.kind == "sqlite":
-        assert location.path is not None
-        if not location.path.is_file():
-            raise StoreError("store_unavailable", f"--db: {location.path} does not exist")
     from .operations.connect import open_operation_store  # noqa: PLC0415 - loads only for these commands
 
-    return open_operation_store(args.db, schema=args.schema, pool_size=2, read_only=read_only)
+    # create=False: a path with nothing at it is refused as every command refuses it, and one
+    # with something else there (a directory) is named for what it is by the store's own checks.
+    return open_operation_store(args.db, schema=args.schema, pool_size=2, read_only=read_only, create=False)
 
 
 def _guarded(body: Callable[[argparse.Namespace, Output], int]) -> Callable[[argparse.Namespace, Output], int]:

@@ -99,7 +99,10 @@ def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys:
     for args, words in (
         (["export", "--db", str(db), "--sink", "ftp://x"], "expected stdout, file:PATH"),
         (["export", "--db", str(db), "--sink", f"file:{tmp_path}/no/such/dir/x.jsonl"], "does not exist"),
-        (["export", "--db", str(tmp_path / "absent.db"), "--sink", f"file:{tmp_path}/x.jsonl"], "does not exist"),
+        (["export", "--db", str(tmp_path / "absent.db"), "--sink", f"file:{tmp_path}/x.jsonl"], "no database at"),
+        # Something is at the path, but not a database: named for what it is, not said to be missing.
+        (["export", "--db", str(tmp_path), "--status"], "is a directory, not a SQLite database"),
+        (["prune", "--db", str(tmp_path)], "is a directory, not a SQLite database"),
         (["export", "--db", str(db), "--requeue", "nope/1"], "[message_not_found]"),
         (["export", "--db", str(db)], "one of --sink"),
         # An option given empty is named, not taken for no option at all.
