@@ -28,6 +28,9 @@ Rules of this module:
   to that tenant, so the tenant policies (migration 9) filter exactly as
   they would for the application; the check reads the executions' tables
   too, so it runs as the operator's role, not the restricted one.
+- The outbox rows counted are the tenant's Operations' in the namespace
+  and the workflow executions' of the business the tenant names (their
+  rows carry it as their tenant): the exporter delivers both.
 - Outbox lag is measured from the outbox table's export progress column
   (:data:`OUTBOX_PROGRESS_COLUMNS`); a schema whose outbox records no export
   progress reports the lag as null, with a note saying why.
@@ -371,11 +374,15 @@ def _outbox(
     cursor = execute("SELECT * FROM outbox WHERE 1 = 0", ())
     columns = {str(d[0]) for d in cursor.description or ()}
     cursor.fetchall()
+    # The tenant's Operations of this namespace, and the workflow executions of the business the tenant
+    # names (an execution's row carries its business as its tenant, and executions have no namespace):
+    # the exporter delivers both, so a stalled exporter is lag for both.
     scope = (
-        "FROM outbox m JOIN operations o ON m.kind = 'operation' AND o.operation_id = m.subject_id "
-        "WHERE o.namespace = ? AND o.tenant = ?"
+        "FROM outbox m LEFT JOIN operations o ON m.kind = 'operation' AND o.operation_id = m.subject_id "
+        "WHERE ((o.namespace = ? AND o.tenant = ?) OR (m.kind = 'execution' AND m.tenant = ?))"
     )
-    row = execute(f"SELECT count(*) {scope}", (namespace, tenant)).fetchone()
+    params = (namespace, tenant, tenant)
+    row = execute(f"SELECT count(*) {scope}", params).fetchone()
     total = int(row[0]) if row is not None else 0
     progress = next((c for c in OUTBOX_PROGRESS_COLUMNS if c in columns), None)
     if progress is None:
@@ -383,7 +390,7 @@ def _outbox(
             total, None, None, None, "this schema's outbox records no export progress (no exporter has been set up)"
         )
     if "parked_at" not in columns:
-        row = execute(f"SELECT count(*), min(m.at) {scope} AND m.{progress} IS NULL", (namespace, tenant)).fetchone()
+        row = execute(f"SELECT count(*), min(m.at) {scope} AND m.{progress} IS NULL", params).fetchone()
         pending = int(row[0]) if row is not None else 0
         oldest = _time(row[1]) if row is not None else None
         lag = None if oldest is None else max(0.0, (now - oldest).total_seconds())
@@ -393,7 +400,7 @@ def _outbox(
         f"SELECT count(*) FILTER (WHERE m.parked_at IS NULL), min(m.at) FILTER (WHERE m.parked_at IS NULL), "
         f"count(*) FILTER (WHERE m.parked_at IS NOT NULL), min(m.at) FILTER (WHERE m.parked_at IS NOT NULL) "
         f"{scope} AND m.{progress} IS NULL",
-        (namespace, tenant),
+        params,
     ).fetchone()
     pending = int(row[0]) if row is not None else 0
     oldest = _time(row[1]) if row is not None else None

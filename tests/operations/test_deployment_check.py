@@ -189,6 +189,43 @@ def test_postgres_the_check_counts_one_tenant(pg_dsn: str, pg_schema: str) -> No
     assert report.outbox is not None and (report.outbox.rows, report.outbox.pending, report.outbox.parked) == (2, 2, 0)
 
 
+def test_the_outbox_lag_counts_the_workflow_executions_of_the_tenants_business_too(tmp_path: Path) -> None:
+    """The exporter delivers executions' transitions as well: a stalled exporter must show in the check for them."""
+    from fencekeeper.adapters import examples as execution_examples  # noqa: PLC0415
+    from fencekeeper.adapters import service  # noqa: PLC0415
+    from fencekeeper.adapters.sqlite_store import SQLiteStore  # noqa: PLC0415
+    from fencekeeper.kernel.definition import parse_definition  # noqa: PLC0415
+
+    db = tmp_path / "shop.db"
+    purchase = ROOT / "docs" / "examples" / "purchase_approval.toml"
+    store = SQLiteStore(db)
+    try:
+        definition = parse_definition(purchase.read_text(encoding="utf-8"), purchase.name)
+        for business, execution_id in (("acme", "po-1"), ("acme", "po-2"), ("other", "po-3")):
+            policy = execution_examples.grants(business, "user:operator")
+            service.register(store, definition, business, "user:operator", policy)
+            service.run(
+                store, policy, business_id=business, principal_id="user:operator",
+                definition_id=definition.definition_id, execution_id=execution_id,
+                input={"amount": 2500, "order_id": "o-1", "order_revision": 1},
+            )  # fmt: skip
+    finally:
+        store.close()
+    store = SQLiteOperationStore(db, None)  # type: ignore[arg-type]
+    try:
+        _submit(store, "acme", "k1")
+    finally:
+        store.close()
+    before = _digest(db)
+    report = deployment.check_deployment(str(db), tenant="acme")
+    # acme's two admissions and its one submission; not the other business's admission.
+    assert report.outbox is not None and (report.outbox.rows, report.outbox.pending, report.outbox.parked) == (3, 3, 0)
+    assert report.outbox.oldest_pending_at is not None
+    other = deployment.check_deployment(str(db), tenant="other")
+    assert other.outbox is not None and (other.outbox.rows, other.outbox.pending) == (1, 1)
+    assert _digest(db) == before
+
+
 def test_an_execution_pinned_to_a_definition_the_store_lacks_blocks(tmp_path: Path) -> None:
     from fencekeeper.adapters import examples as execution_examples  # noqa: PLC0415
     from fencekeeper.adapters import service  # noqa: PLC0415
