@@ -1507,7 +1507,8 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
     refused = False
     with _store(args) as store:
         if args.execution_id is not None:
-            _read_view(store, args.execution_id, args.db)
+            # Of --business, as decide and cancel look it up: another business's execution is no execution here.
+            _read_view(store, args.execution_id, args.db, business=args.business)
         if args.quarantine:
             refused = _quarantine_sweep(store, policy, args, out, result)
         try:

@@ -97,6 +97,12 @@ CASES = [
     ("decide: unknown id", ["decide", "--db", "{db}", "po-404", "--approve", "--as", "user:manager"], 2, ["EXECUTION_ID", "po-404"]),
     ("cancel: unknown id", ["cancel", "--db", "{db}", "po-404"], 2, ["EXECUTION_ID", "po-404"]),
     ("reconcile: unknown id", ["reconcile", "--db", "{db}", "po-404"], 2, ["EXECUTION_ID", "po-404"]),
+    (
+        "reconcile: an execution of another business",
+        ["reconcile", "--db", "{db}", "po-1", "--business", "other"],
+        2,
+        ["EXECUTION_ID", "no execution 'po-1' in business 'other'"],
+    ),
     ("reconcile: nothing asked", ["reconcile", "--db", "{db}"], 2, ["EXECUTION_ID", "--quarantine"]),
     (
         "event: --correlation not JSON",
