@@ -1593,6 +1593,7 @@ def _show_review(store: TransactionalStore, args: argparse.Namespace, out: Outpu
         "definition_registered": review.definition_registered,
     }
     x = execution.execution_id
+    again = _reconcile_again(args)
     out.line(
         f"{x}: ", state(execution.state), f" at {execution.current_node_id} (revision {execution.revision}, "
         f"last error {review.last_error_code or '-'}, step {execution.step_count})"
@@ -1608,10 +1609,16 @@ def _show_review(store: TransactionalStore, args: argparse.Namespace, out: Outpu
         out.line("  its pinned definition revision is not registered: register it before resuming")
     out.line("choose one (each is recorded with who chose it):")
     if review.unresolved:
-        out.line(f"  fencekeeper reconcile {x} --settle        ask the handler what became of it and record the answer")
+        out.line(f"  {again} --settle        ask the handler what became of it and record the answer")
     for node in review.permitted:
-        out.line(f"  fencekeeper reconcile {x} --resume-at {node} --because TEXT")
-    out.line(f"  fencekeeper reconcile {x} --fail [--because TEXT]")
+        out.line(f"  {again} --resume-at {node} --because TEXT")
+    out.line(f"  {again} --fail [--because TEXT]")
+
+
+def _reconcile_again(args: argparse.Namespace) -> str:
+    """The reconcile command that reaches this execution again: outside the default business, only with --business."""
+    business = "" if args.business == DEFAULT_BUSINESS else f" --business {args.business}"
+    return f"fencekeeper reconcile {args.execution_id}{business}"
 
 
 def _settle(
@@ -1649,7 +1656,7 @@ def _settle(
     if isinstance(outcome, p.Decision) and outcome.execution is not None:
         out.line(
             f"{args.execution_id}: settled and recorded; it stays ", state(outcome.execution.state),
-            f" until a resume or fail is chosen (fencekeeper reconcile {args.execution_id})",
+            f" until a resume or fail is chosen ({_reconcile_again(args)})",
         )
 
 

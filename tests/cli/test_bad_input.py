@@ -337,3 +337,25 @@ def test_check_reports_an_execution_state_edited_by_hand_instead_of_failing(temp
     assert "1 in state 'bogus'" in problem and "edited by hand" in problem
     assert "Traceback" not in fencekeeper("check", "--db", db, cwd=tmp_path).stdout
     assert snapshot(tmp_path) == before
+
+
+def test_the_review_names_its_choices_with_the_business_they_need(tmp_path: Path) -> None:
+    """Each choice reconcile prints is a command that reaches the execution: outside the default business, with --business."""
+    store = SQLiteStore(tmp_path / "shop.db")
+    try:
+        policy = examples.grants("acme", "user:operator")
+        refund = EXAMPLES / "refund_needs_reconciliation.toml"
+        definition = parse_definition(refund.read_text(encoding="utf-8"), refund.name)
+        service.register(store, definition, "acme", "user:operator", policy)
+        service.run(
+            store, policy, business_id="acme", principal_id="user:operator",
+            definition_id=definition.definition_id, input={"amount": 5, "payment_id": "p-1"}, execution_id="rf-1",
+        )  # fmt: skip
+        Worker(store, "w-1", policy, examples.handler(), business_id="acme").run_pass()
+    finally:
+        store.close()
+    shown = fencekeeper("reconcile", "--db", tmp_path / "shop.db", "rf-1", "--business", "acme", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    choices = [line.strip() for line in shown.stdout.splitlines() if line.strip().startswith("fencekeeper reconcile")]
+    assert len(choices) == 2, shown.stdout  # --settle and --fail
+    assert all(choice.startswith("fencekeeper reconcile rf-1 --business acme --") for choice in choices), choices
