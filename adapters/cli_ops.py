@@ -207,6 +207,8 @@ def load_registry_module(name: str) -> ModuleType:
         module = importlib.import_module(name)
     except ImportError as exc:
         raise RegistryError(f"--actions: cannot import {name!r}: {exc}") from None
+    except Exception as exc:  # an empty or relative name, or the module's own failure; --debug shows it through the cause
+        raise RegistryError(f"--actions: cannot import {name!r}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
     for needed in ("registry", "resolvers"):
         if not callable(getattr(module, needed, None)):
             raise RegistryError(f"--actions: {name} has no {needed}() function")

@@ -63,6 +63,8 @@ def _auth_module(name: str) -> Any:
         module = importlib.import_module(name)
     except ImportError as exc:
         raise ServeError(f"--auth: cannot import {name!r}: {exc}") from None
+    except Exception as exc:  # an empty or relative name, or the module's own failure; --debug shows it through the cause
+        raise ServeError(f"--auth: cannot import {name!r}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
     if not callable(getattr(module, "authenticate", None)):
         raise ServeError(f"--auth: {name} has no authenticate(request) function")
     return module

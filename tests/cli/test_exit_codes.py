@@ -190,6 +190,30 @@ def test_what_cannot_be_acted_on_exits_2_and_writes_nothing(
     assert snapshot(tmp_path) == before, "bad input wrote something"
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["check", "--actions", ""], "--actions"),
+        (["check", "--actions", ".relative"], "--actions"),
+        (["serve", "--auth", "", "--port", "1"], "--auth"),
+        (["serve", "--auth", ".relative", "--port", "1"], "--auth"),
+        (["serve", "--auth", "tests.http.deployment", "--actions", "", "--port", "1"], "--actions"),
+    ],
+    ids=["check-actions-empty", "check-actions-relative", "serve-auth-empty", "serve-auth-relative", "serve-actions-empty"],
+)
+def test_a_module_name_that_cannot_be_imported_is_its_option_s_error(
+    template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], option: str
+) -> None:
+    """An empty or relative module name is what was typed, as a missing module is: exit 2, never an internal error."""
+    for item in template.iterdir():
+        shutil.copy(item, tmp_path / item.name)
+    before = snapshot(tmp_path)
+    code, line = run(template, tmp_path, [*args, "--db", "{db}"], capsys)
+    assert code == 2, (args, code, line)
+    assert line.startswith(f"fencekeeper: error: {option}: cannot import"), line
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("command", sorted(WITH_DB))
 def test_a_store_that_cannot_be_used_as_it_is_exits_1(
     template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
