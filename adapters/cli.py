@@ -1575,7 +1575,13 @@ def _review(store: TransactionalStore, args: argparse.Namespace) -> service.Reco
     try:
         return service.recovery_view(store, business_id=args.business, execution_id=args.execution_id)
     except service.OperationError as exc:
-        raise CliError(exc.message, EXIT_PROBLEM if exc.code == "not_in_review" else EXIT_USAGE) from None
+        raise CliError(_as_argument(exc.message), EXIT_PROBLEM if exc.code == "not_in_review" else EXIT_USAGE) from None
+
+
+def _as_argument(message: str) -> str:
+    """A recovery service message names its field ``execution_id``; here that is the argument EXECUTION_ID."""
+    field = "execution_id: "
+    return f"EXECUTION_ID: {message[len(field):]}" if message.startswith(field) else message
 
 
 def _show_review(store: TransactionalStore, args: argparse.Namespace, out: Output, result: dict[str, Any]) -> None:
@@ -1639,7 +1645,7 @@ def _settle(
             execution_id=args.execution_id,
         )
     except service.OperationError as exc:
-        raise CliError(exc.message, EXIT_PROBLEM) from None
+        raise CliError(_as_argument(exc.message), EXIT_PROBLEM) from None
     outcome = reconciled.outcome
     result["reconciled"] = {
         "execution_id": args.execution_id,
@@ -1686,7 +1692,7 @@ def _decide_review(
     except service.OperationError as exc:
         # A corrected input that does not fit is named by its option, as run names it.
         named = corrected is not None and exc.code == i.InputError.code and exc.message.startswith("input.")
-        raise CliError(f"--input: {exc.message}" if named else exc.message, EXIT_USAGE) from None
+        raise CliError(f"--input: {exc.message}" if named else _as_argument(exc.message), EXIT_USAGE) from None
     result["reconciled"] = {"execution_id": args.execution_id, **render.outcome_json(outcome)}
     if isinstance(outcome, p.Decision) and outcome.execution is not None:
         record = outcome.evidence[-1] if outcome.evidence else None

@@ -223,7 +223,10 @@ def test_an_expired_lease_is_shown_quarantined_and_recovered(tmp_path: Path) -> 
     ).stdout
     assert resumed == "po-1: resume_safe, reconciliation_required -> eligible at check_amount\n"
     again = fencekeeper("reconcile", "--db", db, "po-1", "--fail", cwd=tmp_path)
-    assert "not reconciliation_required or suspended" in assert_one_error_line(again, code=1)
+    # Named as the argument was typed, as every EXECUTION_ID error of the command line is.
+    assert assert_one_error_line(again, code=1) == (
+        "fencekeeper: error: EXECUTION_ID: 'po-1' is eligible, not reconciliation_required or suspended"
+    )
     ok("worker", "--db", db, "--until-idle", cwd=tmp_path)
     assert _states(tmp_path, db) == {"po-1": "succeeded"}
 
