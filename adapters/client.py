@@ -154,6 +154,22 @@ def _text(field: str, value: object) -> str:
     return value
 
 
+def _reason(field: str, value: object) -> str:
+    """A reason a person gives (a decision's, a recovery's, a cancellation's): storable text, bounded as the kernel bounds it.
+
+    Checked here, before the execution is read, so that a malformed reason
+    is the caller's RequestError whatever state the execution is in, not a
+    refusal that depends on it.
+    """
+    text = _text(field, value)
+    unstorable = text_problem(text)
+    if unstorable is None and len(text) > MAX_RATIONALE:
+        unstorable = f"must be at most {MAX_RATIONALE} characters, got {len(text)}"
+    if unstorable is not None:
+        raise RequestError(RequestCode.INVALID_ARGUMENT, field, unstorable)
+    return text
+
+
 def _lease(value: object) -> timedelta:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
@@ -672,7 +688,7 @@ class Client:
                 f"must be one of {', '.join(p.DETERMINATIONS)}, not {determination!r}",
             )
         _optional_identifier("decision_id", decision_id)
-        _text("rationale", rationale)
+        _reason("rationale", rationale)
         self._view(execution_id)
         decision = decision_id or f"d-{os.urandom(6).hex()}"
         try:
@@ -735,14 +751,9 @@ class Client:
     ) -> p.Execution | p.Refusal:
         """Cancel an eligible or waiting execution; running work is refused (``cancel_running``)."""
         who = self._who(principal)
-        _text("reason", reason)
         # The reason is kept in the cancellation's Command evidence, which the kernel does not check; bounded
         # as every other rationale a person gives is (a review decision's, an operation's cancellation).
-        unstorable = text_problem(reason)
-        if unstorable is None and len(reason) > MAX_RATIONALE:
-            unstorable = f"must be at most {MAX_RATIONALE} characters, got {len(reason)}"
-        if unstorable is not None:
-            raise RequestError(RequestCode.INVALID_ARGUMENT, "reason", unstorable)
+        _reason("reason", reason)
         self._view(execution_id)
         return self._execution_after(
             lambda: service.cancel(
@@ -860,6 +871,7 @@ class Client:
         _identifier("at_node", at_node)
         if not isinstance(rationale, str) or not rationale.strip():
             raise RequestError(RequestCode.INVALID_ARGUMENT, "rationale", "say why resuming there is safe")
+        _reason("rationale", rationale)
         if input is not None:
             _mapping("input", input)
         self._view(execution_id)
@@ -889,7 +901,7 @@ class Client:
     ) -> p.Execution | p.Refusal:
         """End an execution in review as ``failed``: an explicit terminal decision; nothing is replayed."""
         who = self._who(principal)
-        _text("rationale", rationale)
+        _reason("rationale", rationale)
         self._view(execution_id)
         return self._execution_after(
             lambda: service.fail(

@@ -337,6 +337,12 @@ BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
     ("cancel", {"execution_id": "po-0", "reason": "a\x00b"}, RequestCode.INVALID_ARGUMENT, "reason"),
     # As long as a review decision's rationale may be (kernel.recovery.MAX_RATIONALE), and no longer.
     ("cancel", {"execution_id": "po-0", "reason": "é" * 2001}, RequestCode.INVALID_ARGUMENT, "reason"),
+    # Every reason a person gives is bounded alike, and refused as the caller's argument whatever state the
+    # execution is in (po-0 has no approval request and is not in review).
+    ("decide", {"execution_id": "po-0", "determination": "approved", "rationale": "é" * 2001}, RequestCode.INVALID_ARGUMENT, "rationale"),
+    ("decide", {"execution_id": "po-0", "determination": "approved", "rationale": "a\x00b"}, RequestCode.INVALID_ARGUMENT, "rationale"),
+    ("fail", {"execution_id": "po-0", "rationale": "é" * 2001}, RequestCode.INVALID_ARGUMENT, "rationale"),
+    ("resume", {"execution_id": "po-0", "at_node": "check_amount", "rationale": "é" * 2001}, RequestCode.INVALID_ARGUMENT, "rationale"),
     ("wait", {"execution_id": "po-0", "timeout": float("nan")}, RequestCode.INVALID_ARGUMENT, "timeout"),
     ("wait", {"execution_id": "po-0", "poll": float("nan")}, RequestCode.INVALID_ARGUMENT, "poll"),
     ("publish", {"event_type": "payment.settled", "correlation": "pay-1"}, RequestCode.INVALID_ARGUMENT, "correlation"),

@@ -200,6 +200,8 @@ MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
     ("/executions", "input not an object", b'{"definition": "purchase-approval", "input": [1]}', "input"),
     ("/executions", "input the definition rejects", b'{"definition": "purchase-approval", "input": {"amount": "x"}}', None),
     ("/executions/{x}/decision", "determination unknown", b'{"determination": "maybe"}', "determination"),
+    # Malformed whatever the execution's state: 422 with its field, not the 409 of a refusal.
+    ("/executions/{x}/decision", "rationale too long", b'{"determination": "approved", "rationale": "' + b"r" * 2001 + b'"}', "rationale"),
     ("/executions/{x}/cancel", "reason a list", b'{"reason": []}', "reason"),
     ("/executions/{x}/cancel", "execution reason with a lone surrogate", b'{"reason": "\\udc00"}', "reason"),
     ("/events", "no correlation", b'{"type": "payment.received"}', "correlation"),
