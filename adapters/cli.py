@@ -682,6 +682,11 @@ def _reason(option: str, value: str) -> None:
         raise CliError(f"{option}: {problem}")
 
 
+def _where(args: argparse.Namespace) -> str:
+    """The store --db names, for a message: a DSN without its password (``Location.describe``)."""
+    return connect.parse_url(args.db, schema=args.schema).describe()
+
+
 def _read_view(store: TransactionalStore, execution_id: str, db: str, *, business: str | None = None) -> ExecutionView:
     """The execution an EXECUTION_ID names; with ``business``, only one of that business.
 
@@ -1260,7 +1265,7 @@ def _release(
 
 def _inspect(args: argparse.Namespace, out: Output) -> int:
     with _store(args, read_only=True) as store:
-        view = _read_view(store, args.execution_id, args.db)
+        view = _read_view(store, args.execution_id, _where(args))
         expired = args.execution_id in store.expired()
     if args.format == "mermaid":
         from . import sequence  # noqa: PLC0415 - see the module's imports
@@ -1413,7 +1418,7 @@ def _decide(args: argparse.Namespace, out: Output) -> int:
     policy = examples.grants(args.business, args.principal)
     decision_id = args.id or f"d-{secrets.token_hex(6)}"
     with _store(args) as store:
-        view = _read_view(store, args.execution_id, args.db, business=args.business)
+        view = _read_view(store, args.execution_id, _where(args), business=args.business)
         request = service.approval_request(store, view.execution.execution_id)
         if request is None:
             raise CliError(
@@ -1468,7 +1473,7 @@ def _cancel(args: argparse.Namespace, out: Output) -> int:
     _identifier("--as", args.principal)
     policy = examples.grants(args.business, args.principal)
     with _store(args) as store:
-        view = _read_view(store, args.execution_id, args.db, business=args.business)
+        view = _read_view(store, args.execution_id, _where(args), business=args.business)
         outcome = service.cancel(
             store, policy, business_id=args.business, principal_id=args.principal, execution_id=args.execution_id
         )
@@ -1508,7 +1513,7 @@ def _reconcile(args: argparse.Namespace, out: Output) -> int:
     with _store(args) as store:
         if args.execution_id is not None:
             # Of --business, as decide and cancel look it up: another business's execution is no execution here.
-            _read_view(store, args.execution_id, args.db, business=args.business)
+            _read_view(store, args.execution_id, _where(args), business=args.business)
         if args.quarantine:
             refused = _quarantine_sweep(store, policy, args, out, result)
         try:

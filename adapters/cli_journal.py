@@ -272,6 +272,11 @@ def _authority(workflow_path: Path, policy_path: Path) -> tuple[VerifiedWorkflow
     return workflow, j.verify_policy(policy, workflow)
 
 
+def _where(args: argparse.Namespace) -> str:
+    """The store --db names, for a message: a DSN without its password (``Location.describe``)."""
+    return connect.parse_url(args.db, schema=args.schema).describe()
+
+
 def _loaded(store: JournalStore, execution_id: str, db: str) -> j.Journal:
     journal = store.load(execution_id)
     if journal is None:
@@ -472,7 +477,7 @@ def _append(args: argparse.Namespace, out: Output) -> int:
             )
     resolve = _resolver(args)
     with _store(args) as store:
-        _loaded(store, args.execution_id, args.db)
+        _loaded(store, args.execution_id, _where(args))
 
         def source(number: int, value: dict[str, Any]) -> Callable[[str | None], j.Command]:
             def make(previous: str | None) -> j.Command:
@@ -534,7 +539,7 @@ def _append(args: argparse.Namespace, out: Output) -> int:
 
 def _show(args: argparse.Namespace, out: Output) -> int:
     with _store(args) as store:
-        journal = _loaded(store, args.execution_id, args.db)
+        journal = _loaded(store, args.execution_id, _where(args))
     if args.head:
         if out.json_mode:
             out.data({"execution_id": journal.execution_id, "head": journal.head})
@@ -629,7 +634,7 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
             with _store(args) as store:
                 chain = store.stored(args.execution_id)
                 if chain is None:
-                    raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
+                    raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {_where(args)}")
                 journal = replay_stored(chain, _resolver(args), headers=store.header)
     except JournalError as exc:
         # The header is line 1, event n line n + 1.
@@ -689,7 +694,7 @@ def _export(args: argparse.Namespace, out: Output) -> int:
     with _store(args) as store:
         chain = store.stored(args.execution_id)
     if chain is None:
-        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
+        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {_where(args)}")
     data = b"".join(line + b"\n" for line in (chain.header, *chain.events))
     written: dict[str, str] = {}
     for path, payload, name in (
@@ -718,7 +723,7 @@ def _replay(args: argparse.Namespace, out: Output) -> int:
     with _store(args) as store:
         chain = store.stored(args.execution_id)
     if chain is None:
-        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {args.db}")
+        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {_where(args)}")
     # Replay from the stored bytes alone: the header, the events, and the
     # workflow and policy the header binds (and each row's digest column
     # held to its record's).

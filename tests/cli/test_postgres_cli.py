@@ -11,6 +11,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -81,3 +82,23 @@ def test_check_reports_an_execution_state_edited_by_hand_on_postgres(pg_dsn: str
     report = json.loads(result.stdout)
     assert report["executions"] == {"bogus": 1}
     assert any("1 in state 'bogus'" in problem for problem in report["problems"])
+
+
+def test_an_execution_id_error_does_not_show_the_password_of_db(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
+    """The store is named as check names it (Location.describe): never with the DSN's password."""
+    parts = urlsplit(pg_dsn)
+    password = parts.password
+    if password is None:
+        # A server that asks for no password (as the suite's does) ignores one given.
+        password = "not-to-be-shown"
+        user = parts.username or "postgres"
+        parts = parts._replace(netloc=f"{user}:{password}@{parts.hostname}" + (f":{parts.port}" if parts.port else ""))
+    url = f"{urlunsplit(parts)}?schema={pg_schema}"
+    ok("migrate", "--db", url, cwd=tmp_path)
+    for args in (["inspect", "nope"], ["cancel", "nope"], ["reconcile", "nope"], ["decide", "nope", "--approve", "--as", "user:m"]):
+        line = assert_one_error_line(fencekeeper(*args, "--db", url, cwd=tmp_path), code=2)
+        assert line.startswith("fencekeeper: error: EXECUTION_ID: no execution 'nope' in "), line
+        assert password not in line and f"schema {pg_schema}" in line, line
+    for args in (["journal", "show", "nope"], ["journal", "verify", "nope"], ["journal", "replay", "nope"]):
+        line = assert_one_error_line(fencekeeper(*args, "--db", url, cwd=tmp_path), code=2)
+        assert "no journal 'nope' in " in line and password not in line, line
