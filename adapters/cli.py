@@ -635,6 +635,9 @@ def json_option(option: str, value: str) -> tuple[Any, str]:
     if value == "-":
         where, value = f"{option}: stdin", _read_stdin(option)
     elif value.startswith("@"):
+        if value == "@":
+            # Path("") is the current directory: the read would fail as "is a directory", naming no file given.
+            raise CliError(f"{option}: '@' names no file; write @FILE")
         path = Path(value[1:])
         where, value = f"{option}: {path}", _read(path, option=option)
     try:

@@ -161,6 +161,7 @@ CASES = [
         2,
         ["--input", "not valid JSON: an integer of 5000 digits is longer than this reader converts"],
     ),
+    ("run: --input @ without a file", ["run", str(PURCHASE), "--db", "{db}", "--input", "@"], 2, ["--input", "'@' names no file"]),
     ("run: --input @missing", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/missing.json"], 2, ["--input", "missing.json", "cannot read"]),
     ("run: --input @file not JSON", ["run", str(PURCHASE), "--db", "{db}", "--input", "@{dir}/not-json.json"], 2, ["--input", "not-json.json", "not valid JSON"]),
     ("run: --input - empty stdin", ["run", str(PURCHASE), "--db", "{db}", "--input", "-"], 2, ["--input: stdin", "not valid JSON"]),
