@@ -29,6 +29,8 @@ import attrs
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState, OperationEvent, OperationState
 
+from .store import StoreError
+
 _FIRST = datetime(1, 1, 1, tzinfo=UTC)
 _last: tuple[datetime, str] = (_FIRST, _FIRST.isoformat(timespec="microseconds"))
 """The time encoded last, and its text.  A decision spells its one moment several times (the rows
@@ -174,26 +176,43 @@ def encode_execution(execution: p.Execution) -> str:
     return text
 
 
-def decode_execution(text: str) -> p.Execution:
+def decode_execution(text: str | None, execution_id: str | None = None) -> p.Execution:
+    """The execution revision ``text`` holds; StoreError('malformed_row') naming ``execution_id`` if it holds none.
+
+    ``text`` is None where the execution's row names a revision that has no
+    stored body (a row edited by hand or damaged): a request that meets it
+    fails with one error naming the execution, never a traceback, and
+    writes nothing.
+    """
+    if text is None:
+        raise _malformed(execution_id, "its row names a revision with no stored body")
     known = _REVISIONS.get(text)
     if known is not None:
         return known
-    body = json.loads(text)
-    wait = body["wait"]
-    execution = p.Execution(
-        execution_id=body["execution_id"],
-        business_id=body["business_id"],
-        state=ExecutionState(body["state"]),
-        revision=body["revision"],
-        definition_id=body["definition_id"],
-        definition_revision=body["definition_revision"],
-        current_node_id=body["current_node_id"],
-        step_count=body["step_count"],
-        fence=body["fence"],
-        wait=None if wait is None else p.WaitKey(*wait),
-    )
+    try:
+        body = json.loads(text)
+        wait = body["wait"]
+        execution = p.Execution(
+            execution_id=body["execution_id"],
+            business_id=body["business_id"],
+            state=ExecutionState(body["state"]),
+            revision=body["revision"],
+            definition_id=body["definition_id"],
+            definition_revision=body["definition_revision"],
+            current_node_id=body["current_node_id"],
+            step_count=body["step_count"],
+            fence=body["fence"],
+            wait=None if wait is None else p.WaitKey(*wait),
+        )
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise _malformed(execution_id, f"its stored revision cannot be read ({type(exc).__name__}: {exc})") from None
     _REVISIONS.put(text, execution)
     return execution
+
+
+def _malformed(execution_id: str | None, what: str) -> StoreError:
+    named = "an execution" if execution_id is None else f"execution {execution_id!r}"
+    return StoreError("malformed_row", f"{named}: {what} (the stored row was edited by hand or damaged; nothing was written)")
 
 
 def encode_wait_spec(spec: p.WaitSpec) -> str:

@@ -114,7 +114,8 @@ class StoreCode(enum.Enum):
     """PostgreSQL: a row the request needs is held by another transaction past the lock timeout."""
     GUARD_CONFLICT = "guard_conflict"
     MALFORMED_ROW = "malformed_row"
-    """A stored Operation whose fields contradict its state (edited by hand or damaged); it is repaired, not retried."""
+    """A stored row that cannot be what it claims (edited by hand or damaged): an Operation whose fields contradict
+    its state, or an execution whose current revision has no readable body; it is repaired, not retried."""
     EVIDENCE_CONFLICT = "evidence_conflict"
     REGISTRATION_CONFLICT = "registration_conflict"
     EVENT_CONFLICT = "event_conflict"

@@ -1816,7 +1816,7 @@ class _PostgresBackend(SqlBackend):
         # revision subquery still sees the statement's snapshot: if the body is
         # not the object's current revision, load() reads afresh instead.
         if row[0] is not None:
-            execution = codec.decode_execution(row[0])
+            execution = codec.decode_execution(row[0], execution_id)
             if execution.revision == row[10]:
                 dispatch = self._dispatch_from(execution_id, row[1:8])
                 self._locked[execution_id] = (execution, dispatch, str(row[8]))

@@ -194,7 +194,7 @@ class SqlBackend(Backend):
         ).fetchone()
         if row is None:
             return None, None
-        return codec.decode_execution(row[0]), self._dispatch_from(execution_id, row[1:])
+        return codec.decode_execution(row[0], execution_id), self._dispatch_from(execution_id, row[1:])
 
     def admission_facts(
         self, execution_id: str, definition_object_id: str, business_id: str
@@ -252,7 +252,7 @@ class SqlBackend(Backend):
         dispatch = self._dispatch_from(execution_id, first[1:8])
         assert dispatch is not None  # an inner join
         evidence = tuple(Evidence(r[8], r[9], json.loads(r[10]), r[11], r[12]) for r in rows if r[8] is not None)
-        return VisitView(codec.decode_execution(first[0]), dispatch, evidence)
+        return VisitView(codec.decode_execution(first[0], execution_id), dispatch, evidence)
 
     def object_exists(self, object_id: str) -> bool:
         return self._execute("SELECT 1 FROM objects WHERE object_id = ?", (object_id,)).fetchone() is not None
@@ -300,7 +300,7 @@ class SqlBackend(Backend):
         if row is None:
             return None
         execution_id = str(row[0])
-        self._picked[execution_id] = (codec.decode_execution(row[1]), self._dispatch_from(execution_id, row[2:]))
+        self._picked[execution_id] = (codec.decode_execution(row[1], execution_id), self._dispatch_from(execution_id, row[2:]))
         return execution_id
 
     def _batch(self) -> contextlib.AbstractContextManager[object]:
@@ -843,7 +843,7 @@ class SqlBackend(Backend):
         if execution is None or dispatch is None:
             return None
         revisions = tuple(
-            codec.decode_execution(r[0])
+            codec.decode_execution(r[0], execution_id)
             for r in self._execute(
                 "SELECT body FROM object_revisions WHERE object_id = ? ORDER BY revision", (execution_id,)
             )

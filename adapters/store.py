@@ -59,7 +59,9 @@ class StoreError(Exception):
     (PostgreSQL: a row the request needs is held by another transaction past the lock timeout, or
     past a sweep's shorter wait), ``malformed_row`` (an operation store: a stored Operation's fields
     contradict its state, such as a running row without an owner, or a column of it, its attempts or
-    its history cannot be read; the message names the operation and the field).  Nothing is written
+    its history cannot be read; the message names the operation and the field; an execution store: an
+    execution's row names a revision with no stored body, or the body cannot be read; the message names
+    the execution).  Nothing is written
     by a request that raises.
     """
 
