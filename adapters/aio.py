@@ -59,6 +59,7 @@ from .client import (
     wait_arguments,
 )
 from .client import connect as connect_sync
+from .errors import StoreFailure
 from .ports import AuthorityPolicy, CommandHandler
 from .store import Clock, ExecutionView, PublishResult
 from .worker import PassReport
@@ -83,7 +84,10 @@ class AsyncClient:
         self._runner: Callable[..., Awaitable[Any]] = bridge.run_sync if native else asyncio.to_thread
         self._open_workers = workers
         self._workers: Client | None = None if native else client
+        # Held while the workers' client is opened (in a thread) and while close() takes it: a close
+        # that comes meanwhile closes the one just opened, and none is opened after it.
         self._workers_lock = threading.Lock()
+        self._closed = False
 
     async def _call(self, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         # Where ``call`` is overloaded, its caller states the precise result
@@ -92,17 +96,34 @@ class AsyncClient:
         return result
 
     def _worker_side(self) -> Client:
-        """The client whose calls run a CommandHandler in threads: the same one, or (native) a synchronous one."""
+        """The client whose calls run a CommandHandler in threads: the same one, or (native) a synchronous one.
+
+        StoreFailure ``store_unavailable`` once this client is closed, as every other call: a closed
+        client opens no store again.
+        """
         with self._workers_lock:
+            if self._closed:
+                raise StoreFailure("store_unavailable", "this client is closed; connect again to use the store")
             if self._workers is None:
                 assert self._open_workers is not None
                 self._workers = self._open_workers()
             return self._workers
 
+    def _take_workers(self) -> Client | None:
+        """Mark this client closed and hand over the workers' own client, if one was opened, to be closed."""
+        with self._workers_lock:
+            self._closed = True
+            workers, self._workers = self._workers, None
+        return workers if workers is not self.sync else None
+
     async def close(self) -> None:
-        """Close the store's connections (and the workers' store, if one was opened)."""
-        workers, self._workers = self._workers, None
-        if workers is not None and workers is not self.sync:
+        """Close the store's connections (and the workers' store, if one was opened); a second close does nothing.
+
+        Every call after it raises StoreFailure ``store_unavailable``.
+        """
+        # In a thread: the lock may be held by a thread opening the workers' store.
+        workers = await asyncio.to_thread(self._take_workers)
+        if workers is not None:
             await asyncio.to_thread(workers.close)
         await self._call(self.sync.close)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -313,3 +313,68 @@ def test_a_worker_pass_on_the_asyncio_store_reads_through_its_own_pool(
             assert (await client.get("po-1")).state is not fencekeeper.ExecutionState.ELIGIBLE
 
     asyncio.run(scenario())
+
+
+# --- closing ------------------------------------------------------------------------------------
+
+
+def test_every_call_after_close_is_a_store_failure(url: str) -> None:
+    """The calls that run the CommandHandler too: none opens a store again (PostgreSQL) or trips an assertion."""
+
+    async def scenario() -> None:
+        client = await fencekeeper.connect_async(url, policy=Recording(), handler=examples.handler())
+        started = await client.run(PURCHASE, {"amount": 5, "order_id": "o-1", "order_revision": 1})
+        await client.close()
+        await client.close()  # a second close does nothing
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
+            "get": lambda: client.get(started.execution_id),
+            "run": lambda: client.run(PURCHASE, {"amount": 6, "order_id": "o-2", "order_revision": 1}),
+            "run_until_idle": lambda: client.run_until_idle(lease=5),
+            "settle": lambda: client.settle(started.execution_id),
+        }
+        for name, call in calls.items():
+            with pytest.raises(fencekeeper.StoreFailure) as caught:
+                async with asyncio.timeout(30):
+                    await call()
+            assert caught.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE, name
+            assert "closed" in str(caught.value), name
+        with pytest.raises(fencekeeper.StoreFailure) as refused:
+            client.start_workers(1)
+        assert refused.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE
+        assert client._workers is None or client._workers is client.sync
+
+    asyncio.run(scenario())
+
+
+def test_a_close_while_the_workers_store_opens_closes_it(pg_dsn: str, pg_schema: str) -> None:
+    """close() meets the workers' own store being opened in a thread: the store opened is closed, not left open."""
+    url = f"{pg_dsn}?schema={pg_schema}"
+    opening, release = threading.Event(), threading.Event()
+    opened: list[fencekeeper.Client] = []
+
+    async def scenario() -> None:
+        client = await fencekeeper.connect_async(url, policy=Recording(), handler=examples.handler())
+        open_workers = client._open_workers
+        assert open_workers is not None
+
+        def slow_open() -> fencekeeper.Client:
+            opening.set()
+            assert release.wait(30)
+            opened.append(open_workers())
+            return opened[-1]
+
+        client._open_workers = slow_open
+        passes = asyncio.create_task(client.run_until_idle(lease=5))
+        async with asyncio.timeout(30):
+            assert await asyncio.to_thread(opening.wait, 30)
+            closing = asyncio.create_task(client.close())
+            await asyncio.sleep(0)  # close() has begun while the workers' store is still opening
+            release.set()
+            await closing
+            outcome = (await asyncio.gather(passes, return_exceptions=True))[0]
+        assert isinstance(outcome, (fencekeeper.StoreFailure, fencekeeper.PassReport)), outcome
+        with pytest.raises(fencekeeper.StoreFailure):
+            await client.run_until_idle(lease=5)
+
+    asyncio.run(scenario())
+    assert [c._closed for c in opened] == [True]
