@@ -35,6 +35,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import enum
+import inspect
 import math
 import os
 import re
@@ -336,8 +337,7 @@ class Client:
         business: str = DEFAULT_BUSINESS,
         principal: str = DEFAULT_PRINCIPAL,
     ) -> None:
-        if not callable(getattr(policy, "check", None)):
-            raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+        _check_policy(policy)
         _check_handler(handler)
         self._store = store
         self._closed = False
@@ -1156,6 +1156,21 @@ class WorkerPool:
                 self._idle(self.poll)
 
 
+def _check_policy(policy: object) -> None:
+    check = getattr(policy, "check", None)
+    if not callable(check):
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+    # Called as it is, an ``async def check`` answers a coroutine, not an Authority: every operation
+    # then failed on an AttributeError, and the coroutine was never awaited.
+    if inspect.iscoroutinefunction(check):
+        raise RequestError(
+            RequestCode.INVALID_ARGUMENT,
+            "policy",
+            "check is a coroutine function (async def); an AuthorityPolicy answers synchronously "
+            "(with connect_async, on the event loop's thread: from memory or a cache)",
+        )
+
+
 def _check_handler(handler: object) -> None:
     if handler is not None and not (
         callable(getattr(handler, "execute", None)) and callable(getattr(handler, "reconcile", None))
@@ -1163,6 +1178,16 @@ def _check_handler(handler: object) -> None:
         raise RequestError(
             RequestCode.INVALID_ARGUMENT, "handler", "must be a CommandHandler (execute and reconcile) or None"
         )
+    # An ``async def execute`` answers a coroutine, which the worker takes for a handler that says
+    # nothing: every Command's outcome was unknown, and every execution went to reconciliation.
+    for name in ("execute", "reconcile"):
+        if handler is not None and inspect.iscoroutinefunction(getattr(handler, name)):
+            raise RequestError(
+                RequestCode.INVALID_ARGUMENT,
+                "handler",
+                f"{name} is a coroutine function (async def); a CommandHandler is synchronous code, "
+                "which workers call in threads (from there, asyncio.run can await a coroutine)",
+            )
 
 
 def _check_clock(clock: object) -> None:
@@ -1232,8 +1257,7 @@ def check_connect_arguments(
         _check_location(location, named)
     _identifier("business", business)
     _identifier("principal", principal)
-    if not callable(getattr(policy, "check", None)):
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "policy", "must be an AuthorityPolicy (a check method)")
+    _check_policy(policy)
     # Checked by Client too, but only after the store was opened: a SQLite file was created for nothing.
     _check_handler(handler)
     _check_clock(clock)

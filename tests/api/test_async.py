@@ -378,3 +378,55 @@ def test_a_close_while_the_workers_store_opens_closes_it(pg_dsn: str, pg_schema:
 
     asyncio.run(scenario())
     assert [c._closed for c in opened] == [True]
+
+
+# --- asyncio objects where synchronous ones are expected ------------------------------------------
+
+
+class AsyncPolicy:
+    async def check(self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()) -> p.Authority:
+        return p.Authority(True, principal_id, "granted")
+
+
+class AsyncHandler:
+    async def execute(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.SUCCEEDED, None, "done")
+
+    def reconcile(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.UNKNOWN, None, "no record")
+
+
+class AsyncReconcile(AsyncHandler):
+    def execute(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:  # type: ignore[override]
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.SUCCEEDED, None, "done")
+
+    async def reconcile(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:  # type: ignore[override]
+        return fencekeeper.CommandResult(fencekeeper.CommandStatus.UNKNOWN, None, "no record")
+
+
+@pytest.mark.parametrize(
+    ("policy", "handler", "field", "named"),
+    [
+        (AsyncPolicy(), None, "policy", "check"),
+        (examples.grants("default"), AsyncHandler(), "handler", "execute"),
+        (examples.grants("default"), AsyncReconcile(), "handler", "reconcile"),
+    ],
+)
+def test_an_async_policy_or_handler_is_refused_when_connecting(
+    tmp_path: Path, policy: Any, handler: Any, field: str, named: str
+) -> None:
+    """Called as synchronous code, an ``async def`` answers a coroutine: refused before anything is opened.
+
+    Accepted, an async handler's every Command was taken as unknown (every
+    execution went to reconciliation), and an async policy failed every call
+    on an AttributeError.
+    """
+    db = tmp_path / "a.db"
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(str(db), policy=policy, handler=handler)
+    assert (caught.value.code, caught.value.field) == (fencekeeper.RequestCode.INVALID_ARGUMENT, field)
+    assert f"{named} is a coroutine function" in str(caught.value)
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        asyncio.run(fencekeeper.connect_async(str(db), policy=policy, handler=handler))
+    assert (caught.value.code, caught.value.field) == (fencekeeper.RequestCode.INVALID_ARGUMENT, field)
+    assert list(tmp_path.iterdir()) == []
