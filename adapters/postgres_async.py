@@ -44,7 +44,13 @@ class AsyncPostgresStore(PostgresStore):
         self._async_pool = AsyncConnectionPool(
             dsn, min_size=1, max_size=pool_size, kwargs=settings, open=False, timeout=10
         )
-        bridge.await_only(self._async_pool.open(wait=True, timeout=10))
+        try:
+            bridge.await_only(self._async_pool.open(wait=True, timeout=10))
+        except BaseException:
+            # Cancelled (connect_async under a timeout) or timed out while its first connection was
+            # made: the pool is open already, and its tasks and connection would outlive the store.
+            bridge.await_only(self._async_pool.close())
+            raise
 
     def _pooled(self) -> contextlib.AbstractContextManager[Any]:
         return bridge.entered(self._async_pool.connection())

@@ -430,3 +430,44 @@ def test_an_async_policy_or_handler_is_refused_when_connecting(
         asyncio.run(fencekeeper.connect_async(str(db), policy=policy, handler=handler))
     assert (caught.value.code, caught.value.field) == (fencekeeper.RequestCode.INVALID_ARGUMENT, field)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- cancelled ----------------------------------------------------------------------------------
+
+
+def test_connect_async_cancelled_while_its_pool_opens_leaves_no_pool_open(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``asyncio.timeout`` around connect_async, expiring while the first connection is made: nothing stays open."""
+    from fencekeeper.adapters import postgres_async  # noqa: PLC0415
+
+    pools: list[Any] = []
+
+    async def scenario() -> None:
+        opening = asyncio.Event()
+
+        class SlowToOpen(postgres_async.AsyncConnectionPool):  # type: ignore[type-arg]
+            """Opens (its tasks start, its first connection is made), then waits as for a slow server."""
+
+            async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
+                pools.append(self)
+                await super().open(wait=False)
+                opening.set()
+                await asyncio.Event().wait()
+
+        monkeypatch.setattr(postgres_async, "AsyncConnectionPool", SlowToOpen)
+        connecting = asyncio.create_task(
+            fencekeeper.connect_async(f"{pg_dsn}?schema={pg_schema}", policy=Recording(), handler=None)
+        )
+        async with asyncio.timeout(30):
+            await opening.wait()
+            connecting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await connecting
+        try:
+            assert [pool.closed for pool in pools] == [True]
+        finally:
+            for pool in pools:
+                await pool.close()
+
+    asyncio.run(scenario())
