@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -88,10 +89,32 @@ class AsyncClient:
         # that comes meanwhile closes the one just opened, and none is opened after it.
         self._workers_lock = threading.Lock()
         self._closed = False
+        # Native: the loop whose connections these are (psycopg's AsyncConnection, its locks, the
+        # pool's tasks), set by the first call when the client was made outside any loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if native:
+            with contextlib.suppress(RuntimeError):
+                self._loop = asyncio.get_running_loop()
+
+    def _on_its_loop(self) -> None:
+        """RuntimeError unless the running loop is the one this (native) client's connections belong to."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            # Used anyway, another loop worked the same sockets and asyncio locks as the first (in
+            # another thread, at the same time), and close() failed once the first had closed.
+            closed = " (now closed)" if self._loop.is_closed() else ""
+            raise RuntimeError(
+                f"this AsyncClient's PostgreSQL connections belong to the event loop that opened it{closed}; "
+                "call it from that loop, or connect_async again on this one"
+            )
 
     async def _call(self, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         # Where ``call`` is overloaded, its caller states the precise result
         # type, which its own overloads have already narrowed for the caller.
+        if self.native:
+            self._on_its_loop()
         result: T = await self._runner(call, *args, **kwargs)
         return result
 
@@ -121,6 +144,8 @@ class AsyncClient:
 
         Every call after it raises StoreFailure ``store_unavailable``.
         """
+        if self.native:
+            self._on_its_loop()  # before anything is closed: the client can still be closed on its loop
         # In a thread: the lock may be held by a thread opening the workers' store.
         workers = await asyncio.to_thread(self._take_workers)
         if workers is not None:

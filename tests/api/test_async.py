@@ -471,3 +471,39 @@ def test_connect_async_cancelled_while_its_pool_opens_leaves_no_pool_open(
                 await pool.close()
 
     asyncio.run(scenario())
+
+
+# --- event loops --------------------------------------------------------------------------------
+
+
+def test_a_native_client_refuses_an_event_loop_other_than_its_own(pg_dsn: str, pg_schema: str) -> None:
+    """Its connections, their locks and its pool's tasks are its loop's: another loop gets one clear error."""
+    url = f"{pg_dsn}?schema={pg_schema}"
+    own = asyncio.new_event_loop()
+    thread = threading.Thread(target=own.run_forever, daemon=True)
+    thread.start()
+
+    def on_own(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, own).result(timeout=30)
+
+    try:
+        client = on_own(fencekeeper.connect_async(url, policy=Recording(), handler=None))
+        started = on_own(client.run(PURCHASE, {"amount": 5, "order_id": "o-1", "order_revision": 1}))
+
+        async def elsewhere() -> None:
+            async with asyncio.timeout(30):
+                with pytest.raises(RuntimeError, match="belong to the event loop that opened it"):
+                    await client.get(started.execution_id)
+                with pytest.raises(RuntimeError, match="belong to the event loop that opened it"):
+                    await client.close()
+
+        asyncio.run(elsewhere())
+        # Nothing was closed or changed by the refusals: the client goes on, and closes, on its own loop.
+        assert on_own(client.get(started.execution_id)).state is fencekeeper.ExecutionState.ELIGIBLE
+        on_own(client.close())
+        with pytest.raises(fencekeeper.StoreFailure):
+            on_own(client.get(started.execution_id))
+    finally:
+        own.call_soon_threadsafe(own.stop)
+        thread.join(30)
+        own.close()
