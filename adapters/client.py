@@ -949,11 +949,29 @@ class Client:
 
         Work that becomes due later (a timeout) is not waited for.
         """
+        return self._run_until_idle(worker_id, lease, max_passes)
+
+    def _run_until_idle(
+        self,
+        worker_id: str | None,
+        lease: timedelta | float,
+        max_passes: int,
+        stop: threading.Event | None = None,
+    ) -> PassReport:
+        """:meth:`run_until_idle`; once ``stop`` is set, the passes end after the current visit, its lease handed back.
+
+        For a caller that cannot wait for the passes to end on their own:
+        the asyncio client's, cancelled, or closing.
+        """
         if not isinstance(max_passes, int) or isinstance(max_passes, bool) or max_passes < 1:
             raise RequestError(RequestCode.INVALID_ARGUMENT, "max_passes", f"must be a positive int, got {max_passes!r}")
         worker = self.worker(worker_id, lease=lease)
+        if stop is not None:
+            _hand_back_on_stop(worker, stop.is_set)
         total = PassReport()
         for _ in range(max_passes):
+            if stop is not None and stop.is_set():
+                break
             with translated():
                 report = worker.run_pass()
             _add(total, report)
@@ -1048,31 +1066,12 @@ class WorkerPool:
         A long execution need not run to its end (or wait for its lease to
         expire) for the pool to stop: another worker continues it at once.
         """
-        tokens: dict[str, str] = {}
-        make_token = worker.make_token
-        previous = worker.on_event
 
-        def remembering() -> str:
-            tokens["last"] = make_token()
-            return tokens["last"]
+        def released(execution_id: str) -> None:
+            with self._lock:
+                self.released.append(execution_id)
 
-        def on_event(execution_id: str, what: str, detail: str) -> None:
-            if previous is not None:
-                previous(execution_id, what, detail)
-            if "last" not in tokens or not worker.hands_back_after(execution_id, what):
-                return
-            view = worker.store.read(execution_id)
-            if view is None or view.execution.state is not ExecutionState.RUNNING:
-                return
-            credential = p.LeaseCredential(worker.worker_id, tokens["last"], view.execution.fence)
-            outcome = worker.store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))
-            if isinstance(outcome, p.Decision):
-                with self._lock:
-                    self.released.append(execution_id)
-
-        worker.make_token = remembering
-        worker.on_event = on_event
-        worker.stopping = self._stop.is_set
+        _hand_back_on_stop(worker, self._stop.is_set, released)
 
     def poke(self) -> None:
         """Wake idle workers now: work may have become eligible."""
@@ -1154,6 +1153,37 @@ class WorkerPool:
                 self.passes += 1
             if not report.claimed and not report.timers_fired:
                 self._idle(self.poll)
+
+
+def _hand_back_on_stop(
+    worker: Worker, stopping: Callable[[], bool], released: Callable[[str], None] | None = None
+) -> None:
+    """Make ``worker`` stop once ``stopping()``: it releases its lease after the next committed visit
+    (``released`` is told which execution), and claims nothing more."""
+    tokens: dict[str, str] = {}
+    make_token = worker.make_token
+    previous = worker.on_event
+
+    def remembering() -> str:
+        tokens["last"] = make_token()
+        return tokens["last"]
+
+    def on_event(execution_id: str, what: str, detail: str) -> None:
+        if previous is not None:
+            previous(execution_id, what, detail)
+        if "last" not in tokens or not worker.hands_back_after(execution_id, what):
+            return
+        view = worker.store.read(execution_id)
+        if view is None or view.execution.state is not ExecutionState.RUNNING:
+            return
+        credential = p.LeaseCredential(worker.worker_id, tokens["last"], view.execution.fence)
+        outcome = worker.store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))
+        if isinstance(outcome, p.Decision) and released is not None:
+            released(execution_id)
+
+    worker.make_token = remembering
+    worker.on_event = on_event
+    worker.stopping = stopping
 
 
 def _check_policy(policy: object) -> None:

@@ -202,7 +202,8 @@ class Worker:
     """True once the worker is asked to stop.  From then on every visit reads the execution afresh
     instead of planning from the view the last decision handed back: a stopping worker's
     ``on_event`` hook hands the lease back after a committed visit (``fencekeeper worker`` and
-    ``client.WorkerPool`` do), and the visit must then see the execution eligible, not plan on."""
+    ``client.WorkerPool`` do), and the visit must then see the execution eligible, not plan on.
+    A pass claims nothing more once the execution it drives leaves its hands."""
     timer_interval: float = 1.0
     """Seconds between due-timer lookups while every pass finds work (see :meth:`run_pass`).
 
@@ -284,6 +285,10 @@ class Worker:
                 fence=outcome.lease.fence,
             )
             self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
+            if self.stopping():
+                # Claim nothing more: a stopping worker's hook hands each lease back after the
+                # visit, and the next claim would take the same execution again, endlessly.
+                break
         else:
             self._queue_busy = True
         return report

@@ -682,6 +682,33 @@ def test_a_stop_that_lands_as_a_command_is_issued_waits_for_the_command_s_result
         assert handler.executed == ["order.first", "order.second"]
 
 
+def test_a_full_pass_that_is_stopped_claims_nothing_after_the_visit_it_is_in(db: Path) -> None:
+    # run_until_idle's passes claim every eligible execution in one pass; stopped (the asyncio
+    # client's cancellation, or its close), the lease is handed back after the visit, and the pass
+    # must then end: the next claim would take the execution just handed back, and so on, for ever.
+    gate = Gate()
+    stop = threading.Event()
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(str(db), policy=policy, handler=gate) as client:
+        client.run(TWO_COMMANDS, {"order_id": "o-1"}, execution_id="x-1")
+        client.run(TWO_COMMANDS, {"order_id": "o-2"}, execution_id="x-2")
+        reports: list[fencekeeper.PassReport] = []
+        passes = threading.Thread(
+            target=lambda: reports.append(client._run_until_idle(None, 30, 1000, stop)), daemon=True
+        )
+        passes.start()
+        assert gate.inside.wait(10)
+        stop.set()
+        gate.go.set()
+        passes.join(10)
+        assert not passes.is_alive(), "the stopped pass went on claiming"
+        assert [r.claimed for r in reports] == [["x-1"]]
+        assert gate.executed == ["order.first"]
+        first, second = client.get("x-1"), client.get("x-2")
+        assert (first.state, first.current_node_id) == (ExecutionState.ELIGIBLE, "second")
+        assert (second.state, second.step_count) == (ExecutionState.ELIGIBLE, 0)
+
+
 # --- PostgreSQL ---------------------------------------------------------------------------------
 
 
