@@ -22,10 +22,15 @@
 - On SQLite (and the in-memory store) every call runs the synchronous client
   in a worker thread (:func:`asyncio.to_thread`): ``sqlite3`` has no
   asynchronous API, and the store serializes writers on the file anyway.
-- Cancelling an awaiting task: a threaded call runs on and commits whole or
-  not at all; a native call gets the cancellation at the statement it was
-  waiting on, and its transaction rolls back.  Either way nothing partial is
-  written, and :meth:`AsyncClient.get` shows what happened.
+- Cancelling an awaiting task: a native call gets the cancellation at the
+  statement it was waiting on, and its transaction rolls back (or, the
+  COMMIT already on its way, may have committed whole).  A threaded call
+  cannot be interrupted: the CancelledError comes once its thread has
+  returned, having committed whole or not at all, and the passes of
+  :meth:`AsyncClient.run_until_idle` stop after their current visit, handing
+  its lease back.  Either way nothing partial is written, nothing more is
+  written in the call's name once the CancelledError is raised, and
+  :meth:`AsyncClient.get` shows what happened.
 """
 
 from __future__ import annotations
@@ -82,13 +87,17 @@ class AsyncClient:
         through this client's coroutines."""
         self.native = native
         """Whether the calls run on the event loop (PostgreSQL) rather than in threads."""
-        self._runner: Callable[..., Awaitable[Any]] = bridge.run_sync if native else asyncio.to_thread
+        self._runner: Callable[..., Awaitable[Any]] = bridge.run_sync if native else self._in_thread
         self._open_workers = workers
         self._workers: Client | None = None if native else client
         # Held while the workers' client is opened (in a thread) and while close() takes it: a close
         # that comes meanwhile closes the one just opened, and none is opened after it.
         self._workers_lock = threading.Lock()
         self._closed = False
+        # The calls running in threads (their futures), and the stop of each run_until_idle among
+        # them: close() stops those and waits for every one before it closes a store under them.
+        self._threads: set[asyncio.Future[Any]] = set()
+        self._stops: set[threading.Event] = set()
         # Native: the loop whose connections these are (psycopg's AsyncConnection, its locks, the
         # pool's tasks), set by the first call when the client was made outside any loop.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,6 +127,37 @@ class AsyncClient:
         result: T = await self._runner(call, *args, **kwargs)
         return result
 
+    async def _in_thread(
+        self, call: Callable[..., T], /, *args: Any, stop: threading.Event | None = None, **kwargs: Any
+    ) -> T:
+        """``call`` in a thread; cancelled, it sets ``stop`` and returns once that thread has (or when cancelled again).
+
+        ``asyncio.to_thread`` hands the cancellation back at once while the
+        thread runs on: a cancelled run_until_idle went on claiming and
+        running Commands, and a close() after it closed the store under a
+        visit, whose lease was then left to expire.  Here the passes stop
+        after the current visit (its lease handed back), and when the
+        CancelledError reaches the caller whatever the call committed is
+        final and nothing more will be written in its name.
+        """
+        running = asyncio.ensure_future(asyncio.to_thread(call, *args, **kwargs))
+        # Until the thread has returned, not the caller: close() waits for a thread left behind too.
+        self._threads.add(running)
+        running.add_done_callback(self._threads.discard)
+        if stop is not None:
+            self._stops.add(stop)
+            running.add_done_callback(lambda _: self._stops.discard(stop))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            if stop is not None:
+                stop.set()
+            # A second cancellation is not held back (a Command that never returns must not hold
+            # the task forever): the thread then ends on its own, stopped, and is told to nobody.
+            running.add_done_callback(_retrieved)
+            await asyncio.wait([running])
+            raise
+
     def _worker_side(self) -> Client:
         """The client whose calls run a CommandHandler in threads: the same one, or (native) a synchronous one.
 
@@ -142,10 +182,20 @@ class AsyncClient:
     async def close(self) -> None:
         """Close the store's connections (and the workers' store, if one was opened); a second close does nothing.
 
+        Calls running in threads are waited for first, and the passes of
+        :meth:`run_until_idle` are asked to stop after their current visit,
+        so no store is closed under a visit.  Stop a pool of
+        :meth:`start_workers` before closing, as with the synchronous client.
+
         Every call after it raises StoreFailure ``store_unavailable``.
         """
         if self.native:
             self._on_its_loop()  # before anything is closed: the client can still be closed on its loop
+        # The passes of run_until_idle stop after their current visit; every call in a thread returns.
+        for stop in self._stops:
+            stop.set()
+        if self._threads:
+            await asyncio.wait(self._threads)
         # In a thread: the lock may be held by a thread opening the workers' store.
         workers = await asyncio.to_thread(self._take_workers)
         if workers is not None:
@@ -343,7 +393,7 @@ class AsyncClient:
         """:meth:`Client.settle <fencekeeper.adapters.client.Client.settle>`, awaited."""
         # It asks the CommandHandler: in a thread, on the workers' store.
         workers = await asyncio.to_thread(self._worker_side)
-        result: service.Reconciled | p.Refusal = await asyncio.to_thread(
+        result: service.Reconciled | p.Refusal = await self._in_thread(
             functools.partial(workers.settle, execution_id, **options)
         )
         return result
@@ -392,9 +442,14 @@ class AsyncClient:
 
         The passes run the CommandHandler, so they run in a thread (on
         PostgreSQL on the workers' own synchronous store), never on the loop.
+        Cancelled (or at :meth:`close`), they stop after the current visit:
+        its lease is handed back (the execution is eligible again), nothing
+        more is claimed, and the call returns (or raises CancelledError) once
+        the thread has stopped, which takes as long as that visit's Command.
         """
         workers = await asyncio.to_thread(self._worker_side)
-        return await asyncio.to_thread(workers.run_until_idle, worker_id=worker_id, lease=lease, max_passes=max_passes)
+        stop = threading.Event()
+        return await self._in_thread(workers._run_until_idle, worker_id, lease, max_passes, stop, stop=stop)
 
     def start_workers(self, concurrency: int = 1, **options: Any) -> WorkerPool:
         """:meth:`Client.start_workers <fencekeeper.adapters.client.Client.start_workers>` (it only starts threads).
@@ -459,6 +514,12 @@ async def connect_async(
         await bridge.run_sync(store.close)
         raise
     return AsyncClient(client, native=True, workers=functools.partial(connect_sync, url, **options))
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a cancelled call's outcome as seen: its caller was told of the cancellation instead."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _postgres_location(url: object, schema: str | None) -> connecting.Location | None:

@@ -507,3 +507,118 @@ def test_a_native_client_refuses_an_event_loop_other_than_its_own(pg_dsn: str, p
         own.call_soon_threadsafe(own.stop)
         thread.join(30)
         own.close()
+
+
+class Blocking:
+    """The example handler, whose first Command waits for the test to let it go (a slow order system)."""
+
+    def __init__(self) -> None:
+        self.inner = examples.handler()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def execute(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            assert self.release.wait(30)
+        return self.inner.execute(command)
+
+    def reconcile(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+        return self.inner.reconcile(command)
+
+
+async def _admit_three(client: fencekeeper.AsyncClient) -> None:
+    for n in range(3):
+        await client.run(PURCHASE, {"amount": n, "order_id": f"o-{n}", "order_revision": 1}, execution_id=f"po-{n}")
+
+
+async def _finish_all(url: str) -> dict[str, int]:
+    """Another client's passes finish everything: no lease was left held, no Command left unsettled."""
+    async with await fencekeeper.connect_async(url, policy=Recording(), handler=examples.handler()) as other:
+        await other.run_until_idle(lease=5)
+        states: dict[str, int] = {}
+        for execution in await other.list():
+            states[execution.state.value] = states.get(execution.state.value, 0) + 1
+        return states
+
+
+def test_a_cancelled_run_until_idle_stops_after_its_visit_and_hands_its_lease_back(url: str) -> None:
+    """``asyncio.timeout`` around run_until_idle expires while a Command runs: the passes stop there.
+
+    The CancelledError comes once the thread has stopped: the visit's result
+    is committed, its lease handed back, and nothing else is claimed.
+    """
+    handler = Blocking()
+
+    async def scenario() -> None:
+        client = await fencekeeper.connect_async(url, policy=Recording(), handler=handler)
+        await _admit_three(client)
+        passes = asyncio.create_task(client.run_until_idle(lease=30))
+        async with asyncio.timeout(30):
+            assert await asyncio.to_thread(handler.entered.wait, 30)
+            passes.cancel()
+            # The thread is inside the handler: the cancellation waits for it.
+            done, _ = await asyncio.wait([passes], timeout=0.2)
+            assert not done
+            handler.release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await passes
+            states = {x.execution_id: x.state for x in await client.list()}
+        assert handler.calls == 1
+        assert fencekeeper.ExecutionState.RUNNING not in states.values(), states
+        await client.close()
+
+    asyncio.run(scenario())
+    assert asyncio.run(_finish_all(url)) == {"succeeded": 3}
+
+
+def test_close_during_run_until_idle_waits_for_its_visit(url: str) -> None:
+    """close() asks the passes to stop and waits for the visit, instead of closing the store under it."""
+    handler = Blocking()
+
+    async def scenario() -> fencekeeper.PassReport:
+        client = await fencekeeper.connect_async(url, policy=Recording(), handler=handler)
+        await _admit_three(client)
+        passes = asyncio.create_task(client.run_until_idle(lease=30))
+        async with asyncio.timeout(30):
+            assert await asyncio.to_thread(handler.entered.wait, 30)
+            closing = asyncio.create_task(client.close())
+            done, _ = await asyncio.wait([closing], timeout=0.2)
+            assert not done
+            handler.release.set()
+            await closing
+            return await passes
+
+    report = asyncio.run(scenario())
+    assert handler.calls == 1 and len(report.claimed) == 1
+    assert asyncio.run(_finish_all(url)) == {"succeeded": 3}
+
+
+def test_a_second_cancellation_does_not_wait_but_close_still_does(url: str) -> None:
+    """A Command that never returns must not hold the task: cancelled again, it goes; close() still waits."""
+    handler = Blocking()
+
+    async def scenario() -> None:
+        client = await fencekeeper.connect_async(url, policy=Recording(), handler=handler)
+        await _admit_three(client)
+        passes = asyncio.create_task(client.run_until_idle(lease=30))
+        async with asyncio.timeout(30):
+            assert await asyncio.to_thread(handler.entered.wait, 30)
+            passes.cancel()
+            done, _ = await asyncio.wait([passes], timeout=0.2)
+            assert not done
+            passes.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await passes
+            # The thread is still inside the handler: close() waits for it, and its lease is handed back.
+            closing = asyncio.create_task(client.close())
+            done, _ = await asyncio.wait([closing], timeout=0.2)
+            assert not done
+            handler.release.set()
+            await closing
+        assert handler.calls == 1
+
+    asyncio.run(scenario())
+    assert asyncio.run(_finish_all(url)) == {"succeeded": 3}
