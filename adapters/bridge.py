@@ -11,6 +11,8 @@ Rules of this module:
   and switches back with the answer or the exception.  This is how
   SQLAlchemy's asyncio support shares its synchronous ORM with async
   drivers (``sqlalchemy.util.concurrency``).
+- The call sees a copy of the caller's context variables, as a call that
+  ``asyncio.to_thread`` runs does; what it sets stays inside it.
 - Nothing here runs in another thread, and nothing is decided here: the
   decisions, the guards and the SQL are exactly the code the synchronous
   stores run, so the two cannot disagree.
@@ -26,6 +28,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -62,6 +65,10 @@ def await_only(awaitable: Awaitable[T]) -> T:
 async def run_sync(call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run ``call(*args, **kwargs)`` on this thread, awaiting each awaitable it hands to :func:`await_only`."""
     context = _Bridged(call, greenlet.getcurrent())
+    # A new greenlet starts in an empty context: the caller's context variables (a request's
+    # identity for the AuthorityPolicy, a tracing span, a logging context) would be unset inside.
+    # A copy, as asyncio.to_thread gives the threaded calls: what the call sets stays inside it.
+    context.gr_context = contextvars.copy_context()
     handed = context.switch(*args, **kwargs)
     while not context.dead:
         try:

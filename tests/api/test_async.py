@@ -8,6 +8,7 @@ store's decisions and SQL (adapters/bridge.py, adapters/postgres_async.py).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -622,3 +623,39 @@ def test_a_second_cancellation_does_not_wait_but_close_still_does(url: str) -> N
 
     asyncio.run(scenario())
     assert asyncio.run(_finish_all(url)) == {"succeeded": 3}
+
+
+# --- context variables ----------------------------------------------------------------------------
+
+REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
+SET_INSIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar("set_inside", default=None)
+
+
+class ReadsTheRequest(Recording):
+    """A policy that reads the caller's context (a request's identity), as an asyncio service's often does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[str, str | None]] = []
+
+    def check(self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()) -> p.Authority:
+        self.requests.append((operation, REQUEST.get()))
+        SET_INSIDE.set(operation)  # stays inside the call, as in a thread
+        return super().check(principal_id, business_id, operation, targets)
+
+
+def test_the_policy_sees_the_caller_s_context_variables(url: str) -> None:
+    """On both paths: a copy of the awaiting task's context, as asyncio.to_thread gives a thread."""
+    policy = ReadsTheRequest()
+
+    async def scenario() -> None:
+        async with await fencekeeper.connect_async(url, policy=policy, handler=None) as client:
+            REQUEST.set("req-1")
+            started = await client.run(PURCHASE, {"amount": 5, "order_id": "o-1", "order_revision": 1})
+            REQUEST.set("req-2")
+            await client.cancel(started.execution_id, reason="not needed")
+            assert SET_INSIDE.get() is None
+
+    asyncio.run(scenario())
+    assert {request for _, request in policy.requests} == {"req-1", "req-2"}, policy.requests
+    assert ("workflow_cancel", "req-2") in policy.requests
