@@ -172,6 +172,17 @@ class AsyncClient:
                 self._workers = self._open_workers()
             return self._workers
 
+    async def _workers_client(self) -> Client:
+        """:meth:`_worker_side`, opened in a thread; StoreFailure if close() began meanwhile.
+
+        Its caller starts its thread (:meth:`_in_thread`) with no await in
+        between, so close() either refuses it here or waits for it.
+        """
+        workers = await asyncio.to_thread(self._worker_side)
+        if self._closed:
+            raise StoreFailure("store_unavailable", "this client is closed; connect again to use the store")
+        return workers
+
     def _take_workers(self) -> Client | None:
         """Mark this client closed and hand over the workers' own client, if one was opened, to be closed."""
         with self._workers_lock:
@@ -191,11 +202,13 @@ class AsyncClient:
         """
         if self.native:
             self._on_its_loop()  # before anything is closed: the client can still be closed on its loop
-        # The passes of run_until_idle stop after their current visit; every call in a thread returns.
-        for stop in self._stops:
-            stop.set()
-        if self._threads:
-            await asyncio.wait(self._threads)
+        # From here no call starts on the workers' client (_workers_client); the passes of
+        # run_until_idle stop after their current visit, and every call in a thread returns.
+        self._closed = True
+        while self._threads:
+            for stop in self._stops:
+                stop.set()
+            await asyncio.wait(set(self._threads))
         # In a thread: the lock may be held by a thread opening the workers' store.
         workers = await asyncio.to_thread(self._take_workers)
         if workers is not None:
@@ -392,7 +405,7 @@ class AsyncClient:
     async def settle(self, execution_id: str, **options: Any) -> service.Reconciled | p.Refusal:
         """:meth:`Client.settle <fencekeeper.adapters.client.Client.settle>`, awaited."""
         # It asks the CommandHandler: in a thread, on the workers' store.
-        workers = await asyncio.to_thread(self._worker_side)
+        workers = await self._workers_client()
         result: service.Reconciled | p.Refusal = await self._in_thread(
             functools.partial(workers.settle, execution_id, **options)
         )
@@ -447,7 +460,7 @@ class AsyncClient:
         more is claimed, and the call returns (or raises CancelledError) once
         the thread has stopped, which takes as long as that visit's Command.
         """
-        workers = await asyncio.to_thread(self._worker_side)
+        workers = await self._workers_client()
         stop = threading.Event()
         return await self._in_thread(workers._run_until_idle, worker_id, lease, max_passes, stop, stop=stop)
 

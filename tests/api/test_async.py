@@ -588,6 +588,10 @@ def test_close_during_run_until_idle_waits_for_its_visit(url: str) -> None:
             closing = asyncio.create_task(client.close())
             done, _ = await asyncio.wait([closing], timeout=0.2)
             assert not done
+            # While close() waits, nothing new starts on the store it is about to close.
+            with pytest.raises(fencekeeper.StoreFailure) as refused:
+                await client.run_until_idle(lease=30)
+            assert refused.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE
             handler.release.set()
             await closing
             return await passes
