@@ -98,6 +98,7 @@ class AsyncClient:
         # them: close() stops those and waits for every one before it closes a store under them.
         self._threads: set[asyncio.Future[Any]] = set()
         self._stops: set[threading.Event] = set()
+        self._closing: asyncio.Future[None] | None = None
         # Native: the loop whose connections these are (psycopg's AsyncConnection, its locks, the
         # pool's tasks), set by the first call when the client was made outside any loop.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -197,14 +198,25 @@ class AsyncClient:
         :meth:`run_until_idle` are asked to stop after their current visit,
         so no store is closed under a visit.  Stop a pool of
         :meth:`start_workers` before closing, as with the synchronous client.
+        Cancelling the caller does not stop the closing: it goes on.
 
         Every call after it raises StoreFailure ``store_unavailable``.
         """
         if self.native:
             self._on_its_loop()  # before anything is closed: the client can still be closed on its loop
-        # From here no call starts on the workers' client (_workers_client); the passes of
-        # run_until_idle stop after their current visit, and every call in a thread returns.
+        # From here no call starts on the workers' client (_workers_client).
         self._closed = True
+        closing = self._closing
+        if closing is not None and closing.done() and not closing.cancelled() and closing.exception() is None:
+            return
+        if closing is None or closing.done():
+            self._closing = closing = asyncio.ensure_future(self._close_all())
+        # Shielded: a caller cancelled while close() waits for a visit (a TaskGroup's sibling failed, say)
+        # must not leave the stores open behind a client that refuses every call; the close goes on.
+        await asyncio.shield(closing)
+
+    async def _close_all(self) -> None:
+        # The passes of run_until_idle stop after their current visit, and every call in a thread returns.
         while self._threads:
             for stop in self._stops:
                 stop.set()

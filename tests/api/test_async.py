@@ -663,3 +663,38 @@ def test_the_policy_sees_the_caller_s_context_variables(url: str) -> None:
     asyncio.run(scenario())
     assert {request for _, request in policy.requests} == {"req-1", "req-2"}, policy.requests
     assert ("workflow_cancel", "req-2") in policy.requests
+
+
+def test_a_close_that_is_cancelled_while_it_waits_still_closes(url: str) -> None:
+    """close() cancelled (a TaskGroup's sibling failed) while it waits for a visit: the stores are closed all the same."""
+    handler = Blocking()
+
+    async def scenario() -> fencekeeper.AsyncClient:
+        client = await fencekeeper.connect_async(url, policy=Recording(), handler=handler)
+        closed = threading.Event()
+        close_sync = client.sync.close
+
+        def closing_sync() -> None:
+            close_sync()
+            closed.set()
+
+        client.sync.close = closing_sync  # type: ignore[method-assign]
+        await _admit_three(client)
+        passes = asyncio.create_task(client.run_until_idle(lease=30))
+        async with asyncio.timeout(30):
+            assert await asyncio.to_thread(handler.entered.wait, 30)
+            closing = asyncio.create_task(client.close())
+            done, _ = await asyncio.wait([closing], timeout=0.2)
+            assert not done
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            handler.release.set()
+            await passes
+            # The close goes on by itself, with no second close() to finish it.
+            assert await asyncio.to_thread(closed.wait, 10)
+        return client
+
+    client = asyncio.run(scenario())
+    assert client.sync._closed and (client._workers is None or client._workers._closed)
+    assert asyncio.run(_finish_all(url)) == {"succeeded": 3}
