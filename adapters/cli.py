@@ -73,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import json
 import math
 import os
@@ -729,6 +730,14 @@ def _handler_factory(spec: str | None, db: str) -> Callable[[], CommandHandler]:
         handler = factory()
         if not callable(getattr(handler, "execute", None)) or not callable(getattr(handler, "reconcile", None)):
             raise CliError(f"--handler: {spec} returned {type(handler).__name__}, which has no execute and reconcile")
+        for name in ("execute", "reconcile"):
+            # An async def answers a coroutine, which a worker takes for a handler that says nothing:
+            # every Command's outcome would be unknown and every execution would go to reconciliation.
+            if inspect.iscoroutinefunction(getattr(handler, name)):
+                raise CliError(
+                    f"--handler: {spec} returned {type(handler).__name__}, whose {name} is a coroutine function "
+                    "(async def); a CommandHandler is synchronous code, which workers call in threads"
+                )
         return handler  # type: ignore[no-any-return]
 
     return make

@@ -355,6 +355,26 @@ def test_a_failure_every_process_meets_is_said_once_as_one_process_says_it(tmp_p
     assert assert_one_error_line(many, 2) == line
 
 
+def test_a_handler_of_coroutines_is_one_error_before_anything_is_claimed(tmp_path: Path) -> None:
+    # Its answers would be coroutines, which a worker takes for a handler that says nothing: every
+    # execution would go to reconciliation, unannounced.
+    ids = _queue(tmp_path, 2)
+    (tmp_path / "async_handler.py").write_text(
+        "class Handler:\n"
+        "    async def execute(self, command):\n        pass\n"
+        "    def reconcile(self, command):\n        pass\n"
+        "def make():\n    return Handler()\n",
+        encoding="utf-8",
+    )
+    before = snapshot(tmp_path)
+    for more in ((), ("--processes", "2")):
+        result = fencekeeper("worker", "--db", "q.db", "--until-idle", "--handler", "async_handler:make", *more, cwd=tmp_path)
+        line = assert_one_error_line(result, 2)
+        assert "whose execute is a coroutine function (async def)" in line, line
+    assert snapshot(tmp_path) == before
+    assert _history_actors(tmp_path / "q.db", ids) == set()
+
+
 def test_op_worker_processes_on_a_db_path_that_does_not_exist_is_one_error_before_any_fork(tmp_path: Path) -> None:
     # A mistyped --db is refused once, by the parent, not created and worked empty by every process.
     result = fencekeeper("op", "worker", "--db", "typo.db", "--until-idle", "--processes", "3", cwd=tmp_path)
