@@ -2262,7 +2262,12 @@ class PostgresStore(TransactionalStore):
             # that gets it, as StoreError('store_unavailable'), and is
             # discarded; callers retry, as a worker does.
         )
-        self._pool.wait(timeout=10)
+        try:
+            self._pool.wait(timeout=10)
+        except BaseException:
+            # No store is made, so nothing else would close it: its threads and any connection would outlive the error.
+            self._pool.close()
+            raise
 
     def _pooled(self) -> contextlib.AbstractContextManager[Any]:
         """A connection of the pool, for the length of a ``with`` block."""

@@ -57,6 +57,26 @@ def _sql(pg_dsn: str, schema: str, statement: str) -> None:
         conn.execute(statement)  # type: ignore[arg-type]
 
 
+def test_a_pool_that_never_fills_is_closed_with_the_error(pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pool is opened before its first connection is awaited: if that wait fails, no store is made to
+    # close it, so the store closes it itself (its threads and any connection would outlive the error).
+    from psycopg_pool import ConnectionPool, PoolTimeout  # noqa: PLC0415
+
+    opened: list[ConnectionPool] = []
+    real_wait = ConnectionPool.wait
+
+    def wait(self: ConnectionPool, timeout: float = 30.0) -> None:
+        opened.append(self)
+        real_wait(self, timeout)
+        raise PoolTimeout("no connection came in time")
+
+    monkeypatch.setattr(ConnectionPool, "wait", wait)
+    with pytest.raises(StoreError) as raised:
+        PostgresStore(pg_dsn, schema=pg_schema)
+    assert raised.value.code == "store_unavailable" and "no connection came in time" in raised.value.message
+    assert len(opened) == 1 and opened[0].closed
+
+
 def test_a_missing_schema_is_a_blocking_error(pg_dsn: str) -> None:
     with pytest.raises(StoreError) as raised:
         PostgresStore(pg_dsn, schema="fk_never_migrated")
