@@ -438,7 +438,10 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
                 # The kernel's own message: the code is the error's own field, not repeated in its text.
                 raise _Problem(status, exc.code.value, exc.refusal.message) from None
             except RequestError as exc:
-                raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, str(exc), exc.field) from None
+                # The client's hint for a Python caller (a definition file is passed as a pathlib.Path) means
+                # nothing to a request, which names registered definitions only.
+                message = str(exc).removesuffix(" (a file needs pathlib.Path)")
+                raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, message, exc.field) from None
             except StoreFailure as exc:
                 # By the store's own code, as the operation routes map it: StoreFailure.code folds the
                 # codes the client does not know (tenant_denied) into store_error.

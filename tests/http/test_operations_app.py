@@ -273,6 +273,10 @@ def test_workflow_executions_run_list_inspect_event_and_cancel(app: tuple[TestCl
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["state"] == "cancelled"
     assert client.post("/executions/po-1/cancel", json={}, headers=ALICE).status_code == 409
+    # A definition that is not registered is named as one; the Python client's hint about files is not a request's.
+    unknown = client.post("/executions", json={"definition": "nowhere", "input": {}}, headers=ALICE)
+    assert unknown.status_code == 404 and error(unknown)["code"] == "definition_not_found", unknown.text
+    assert "'nowhere'" in unknown.text and "pathlib" not in unknown.text
 
 
 def test_a_body_over_the_limit_is_413_and_unread(app: tuple[TestClient, Path]) -> None:
