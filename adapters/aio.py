@@ -521,6 +521,7 @@ async def connect_async(
         pool_size=pool_size,
         handler=handler,
         clock=clock,
+        migrate=migrate,
     )
     location = _postgres_location(url, schema)
     if location is None:

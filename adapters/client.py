@@ -1276,9 +1276,13 @@ def check_connect_arguments(
     pool_size: object = 4,
     handler: object = None,
     clock: object = None,
+    migrate: object = False,
 ) -> None:
     """The checks :func:`connect` makes before opening anything; RequestError naming the argument."""
     location = _text("url", url)
+    # Only a bool: ``migrate="no"`` was true, and migrated a schema its caller meant to leave alone.
+    if not isinstance(migrate, bool):
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "migrate", f"must be a bool, got {migrate!r}")
     # Left to the pool, a bad size was a StoreFailure store_unavailable: a retry's code for a caller's mistake.
     if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
         raise RequestError(RequestCode.INVALID_ARGUMENT, "pool_size", f"must be a positive int, got {pool_size!r}")
@@ -1326,6 +1330,7 @@ def connect(
         pool_size=pool_size,
         handler=handler,
         clock=clock,
+        migrate=migrate,
     )
     store: TransactionalStore
     if url == MEMORY:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import tomllib
+import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -197,6 +198,31 @@ def test_a_schema_to_migrate_says_how_to_from_python(pg_dsn: str, pg_schema: str
         with pytest.raises(fencekeeper.StoreFailure) as caught:
             asyncio.run(fencekeeper.connect_async(pg_dsn, policy=policy, handler=None, schema=schema))
         assert "migrate=True" in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("migrate", ["yes", "no", 1, 0, None])
+def test_a_migrate_that_is_not_a_bool_is_a_request_error_before_anything_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_dsn: str, migrate: object
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    policy = examples.grants("default", "user:operator")
+    schema = f"fk_migrate_{uuid.uuid4().hex[:12]}"
+    try:
+        for url, named in (("shop.db", None), (pg_dsn, schema)):
+            with pytest.raises(fencekeeper.RequestError) as caught:
+                fencekeeper.connect(url, policy=policy, handler=None, schema=named, migrate=migrate)  # type: ignore[arg-type]
+            assert (caught.value.code, caught.value.field) == (RequestCode.INVALID_ARGUMENT, "migrate")
+            opening = fencekeeper.connect_async(url, policy=policy, handler=None, schema=named, migrate=migrate)  # type: ignore[arg-type]
+            with pytest.raises(fencekeeper.RequestError) as caught:
+                asyncio.run(opening)
+            assert caught.value.field == "migrate"
+        assert list(tmp_path.iterdir()) == []
+        with psycopg.connect(pg_dsn) as conn:
+            found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+        assert found is None
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
 
 
 # --- running a workflow -----------------------------------------------------------------
