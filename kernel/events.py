@@ -11,6 +11,9 @@ Rules of this module:
   the names the waiter declares.
 - Event connectivity is never authority: matching says only which waiters an
   Event *could* wake; the wake itself is a protocol decision.
+- An Event carries one to sixteen correlation values: every waiter
+  declares at least one predicate, so an Event with none could match
+  nothing and is refused rather than kept as history nobody can act on.
 - Correlation values are strings.  Definitions may compare with integers
   and booleans; :func:`correlation_value` is the one canonical spelling of
   those, used on both sides, so ``7`` and ``"7"`` match and ``True`` is
@@ -110,6 +113,10 @@ class Event:
                 raise EventError(f"{field}: malformed identifier {given!r}")
         if not isinstance(correlation, Mapping):
             raise EventError("correlation: must be an object of name -> value")
+        if not correlation:
+            # Every waiter declares one to sixteen predicates (seed 000, Node Semantics, wait_for_event:
+            # "one or more exact equality predicates"), so an Event with no values could wake nobody, ever.
+            raise EventError("correlation: at least one value; an Event without correlation matches no waiter")
         if len(correlation) > MAX_CORRELATION:
             raise EventError(f"correlation: at most {MAX_CORRELATION} values, got {len(correlation)}")
         pairs = []

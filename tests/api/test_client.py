@@ -373,6 +373,8 @@ BAD: list[tuple[str, dict[str, object], RequestCode, str]] = [
     ("wait", {"execution_id": "po-0", "poll": float("nan")}, RequestCode.INVALID_ARGUMENT, "poll"),
     ("publish", {"event_type": "payment.settled", "correlation": "pay-1"}, RequestCode.INVALID_ARGUMENT, "correlation"),
     ("publish", {"event_type": "", "correlation": {"a": "b"}}, RequestCode.INVALID_EVENT, "event"),
+    # Every waiter declares at least one predicate (seed 000, Node Semantics, wait_for_event): this matches nobody.
+    ("publish", {"event_type": "payment.received", "correlation": {}}, RequestCode.INVALID_EVENT, "event"),
     ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {"x": float("nan")}}, RequestCode.INVALID_EVENT, "event"),
     ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {"at": timedelta(1)}}, RequestCode.INVALID_EVENT, "event"),
     ("publish", {"event_type": "paid", "correlation": {"a": "b"}, "payload": {1: "one"}}, RequestCode.INVALID_EVENT, "event"),

@@ -117,6 +117,12 @@ CASES = [
         ["--payload", "not valid JSON"],
     ),
     (
+        "event: no correlation",
+        ["event", "--db", "{db}", "payment.received", "--correlation", "{}"],
+        2,
+        ["--correlation", "at least one value"],
+    ),
+    (
         "event: correlation value",
         ["event", "--db", "{db}", "payment.received", "--correlation", '{"order_id": [1]}'],
         2,

@@ -207,6 +207,7 @@ MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
     ("/events", "no correlation", b'{"type": "payment.received"}', "correlation"),
     ("/events", "payload not finite", b'{"type": "paid", "correlation": {"a": "b"}, "payload": {"x": NaN}}', None),
     ("/events", "correlation a string", b'{"type": "payment.received", "correlation": "o-1"}', "correlation"),
+    ("/events", "correlation empty", b'{"type": "payment.received", "correlation": {}}', "event"),
     # Read as the command line reads its JSON (kernel/strict_json.py): json would keep the second, silently.
     ("/operations/{op}/cancel", "a member named twice", b'{"reason": "a", "reason": "b"}', None),
 ]
