@@ -2328,7 +2328,7 @@ class PostgresStore(TransactionalStore):
                 f"(state 'idle in transaction', or the oldest xact_start) and end it, or retry ({_one_line(exc)})",
             ) from None
         except _CONNECTION_LOST as exc:
-            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+            raise self._unavailable(exc) from None
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[_PostgresBackend]:
@@ -2340,7 +2340,7 @@ class PostgresStore(TransactionalStore):
         except psycopg.errors.InsufficientPrivilege as exc:
             raise permission_denied(exc, self._privileges) from None
         except _CONNECTION_LOST as exc:
-            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+            raise self._unavailable(exc) from None
 
     def expired(self) -> list[str]:
         with self._read() as tx:
@@ -2371,7 +2371,7 @@ class PostgresStore(TransactionalStore):
         except psycopg.errors.InsufficientPrivilege as exc:
             raise permission_denied(exc, self._privileges) from None
         except _CONNECTION_LOST as exc:
-            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+            raise self._unavailable(exc) from None
 
     def read_for_visit(self, execution_id: str) -> VisitView | None:
         # One statement outside a transaction block: the server runs it in a
@@ -2383,7 +2383,18 @@ class PostgresStore(TransactionalStore):
         except psycopg.errors.InsufficientPrivilege as exc:
             raise permission_denied(exc, self._privileges) from None
         except _CONNECTION_LOST as exc:
-            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+            raise self._unavailable(exc) from None
+
+    def _unavailable(self, exc: BaseException) -> StoreError:
+        """``store_unavailable`` for a call whose connection failed, or that came after :meth:`close`.
+
+        A closed pool refuses as a lost connection would (psycopg's PoolClosed
+        is an OperationalError); told so, a caller would look for a server
+        fault that is not there.  The SQLite and in-memory stores say closed.
+        """
+        if self._closed:
+            return StoreError("store_unavailable", f"the PostgreSQL store of schema {self.schema} is closed")
+        return StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}")
 
     def _visible(self, tx: _PostgresBackend, execution_id: str) -> bool:
         return self.business_id is None or tx.load(execution_id)[0] is not None

@@ -482,6 +482,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         self.idle_in_transaction_timeout = idle
         self.tenant = _check_tenant(tenant) if tenant is not None else None
         self._scope: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"fencekeeper_tenant_{id(self)}", default=None)
+        self._closed = False
         # Both timeouts travel with the connection request: no round trip of their own.
         options = (
             f"-c search_path={self.schema} -c lock_timeout={_milliseconds(lock_timeout)} "
@@ -567,7 +568,17 @@ class PostgresOperationStore(TransactionalOperationStore):
         except psycopg.errors.LockNotAvailable as exc:
             raise self._row_locked(exc) from None
         except _CONNECTION_LOST as exc:
-            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+            raise self._unavailable(exc) from None
+
+    def _unavailable(self, exc: BaseException) -> StoreError:
+        """``store_unavailable`` for a call whose connection failed, or that came after :meth:`close`.
+
+        A closed pool refuses as a lost connection would (psycopg's PoolClosed
+        is an OperationalError); the SQLite and in-memory stores say closed.
+        """
+        if self._closed:
+            return StoreError("store_unavailable", f"the PostgreSQL operation store of schema {self.schema} is closed")
+        return StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}")
 
     def _refused(self, exc: psycopg.Error) -> StoreError:
         """``tenant_denied`` for the tenant policies' refusal, ``permission_denied`` for a grant the role lacks."""
@@ -605,7 +616,7 @@ class PostgresOperationStore(TransactionalOperationStore):
         except psycopg.errors.InsufficientPrivilege as exc:
             raise self._refused(exc) from None
         except _CONNECTION_LOST as exc:
-            raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
+            raise self._unavailable(exc) from None
 
     def now(self) -> datetime:
         with self._reading() as tx:
@@ -623,6 +634,8 @@ class PostgresOperationStore(TransactionalOperationStore):
                 conn.rollback()
         except psycopg.errors.InsufficientPrivilege as exc:
             raise self._refused(exc) from None
+        except _CONNECTION_LOST as exc:
+            raise self._unavailable(exc) from None
         return None if row is None else str(row[0])
 
     def outbox(self, after: str | None = None, limit: int = 100) -> list[Any]:
@@ -643,4 +656,5 @@ class PostgresOperationStore(TransactionalOperationStore):
             return tx.application(sql, params)
 
     def close(self) -> None:
+        self._closed = True
         self._pool.close()

@@ -248,6 +248,8 @@ class OperationStoreTests:
             with pytest.raises(StoreError) as raised:
                 call()
             assert raised.value.code == "store_unavailable", raised.value
+            # Said as it is: a closed PostgreSQL pool's refusal read "PostgreSQL connection failed".
+            assert "is closed" in str(raised.value) and "connection failed" not in str(raised.value), raised.value
 
     def test_service_state_machine_keeps_the_invariants(self, ops_store_factory: OpsStoreFactory) -> None:
         run_operation_state_machine(ops_store_factory, max_examples=self.state_machine_examples)
