@@ -22,7 +22,8 @@ active in every tenant -- the local operator's tool).
 
 ``op worker`` runs N worker threads for one tenant.  SIGINT or SIGTERM stops
 each after the attempt it is running, and says so on stderr, as ``fencekeeper
-worker`` does; a second signal exits at once, and a lease still held then
+worker`` does; a second signal exits at once with code 130, whatever attempt is
+in flight (nothing more is printed), and a lease still held then
 simply expires: the next claim replaces it automatically (seed 001), unlike
 a workflow execution's.  A due row that
 contradicts its state is reported on one line and passed over; with
@@ -166,7 +167,12 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     check.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
 
-    worker = subcommand("worker", "claim and run due operations of one tenant until stopped (or idle)")
+    worker = subcommand(
+        "worker",
+        "claim and run due operations of one tenant until stopped (or idle)",
+        description="SIGINT or SIGTERM stops each worker after its current attempt; a second signal exits at once "
+        "(code 130), as `fencekeeper worker` does, and a lease still held then expires: the next claim replaces it.",
+    )
     worker.add_argument("--tenant", default=DEFAULT_TENANT, help=f"default: {DEFAULT_TENANT}")
     worker.add_argument("--concurrency", type=int, default=1, metavar="N", help="worker threads (default 1, at most 64)")
     worker.add_argument(
@@ -548,7 +554,10 @@ def _work(
     def on_signal(number: int, frame: FrameType | None) -> None:
         signals[0] += 1
         if signals[0] > 1:
-            raise KeyboardInterrupt
+            # A second signal: leave now, as `fencekeeper worker` does; a lease still held simply expires.
+            # Raising KeyboardInterrupt instead unwound through the store's close, which waited for an
+            # attempt in flight (an atomic action's transaction) to end, and let it commit.
+            os._exit(130)
         # As `fencekeeper worker` says it: an operator who pressed Ctrl-C learns why the command has not ended yet.
         out.note("stopping after the current attempt; send the signal again to quit at once")
         stop.set()

@@ -431,3 +431,69 @@ def test_op_worker_says_on_a_first_signal_that_it_stops_after_the_current_attemp
     summary = json.loads(stdout)
     assert summary["stopped_by"] == "signal" and summary.get("errors", []) == []
     assert [(r["attempt"], r["outcome"]) for r in summary["reports"]] == [(1, "succeeded")]
+
+
+SLOW_TRANSFER_ACTIONS = '''\
+"""The teaching examples' actions, with a transfer that pauses inside its transaction (a marker says it started)."""
+
+import pathlib
+import time
+
+from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations.service import DurableAction, DurableActionRegistry
+from fencekeeper.kernel.operations import EffectClass
+
+
+def slow_transfer(context, value):
+    pathlib.Path("started").write_text("1")
+    time.sleep(60)
+    return examples.transfer(context, value)
+
+
+def registry():
+    action = DurableAction("transfer", 1, EffectClass.ATOMIC, slow_transfer, normalize=examples.normalize_transfer)
+    return DurableActionRegistry((action,))
+
+
+resolvers = examples.resolvers
+prepare = examples.prepare
+'''
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_op_worker_quits_at_once_on_a_second_signal_as_fencekeeper_worker_does(tmp_path: Path, number: int) -> None:
+    # It raised KeyboardInterrupt, which unwound through the store's close: that waited for the attempt in
+    # flight (here a minute inside its transaction) and let it commit, where `fencekeeper worker` exits 130 at once.
+    (tmp_path / "slow_actions.py").write_text(SLOW_TRANSFER_ACTIONS, encoding="utf-8")
+    env = environment(PYTHONPATH=str(tmp_path))
+    options = ["--db", "ops.db", "--actions", "slow_actions"]
+    transfer = json.dumps({"from": "acc-1", "to": "acc-2", "amount": 10})
+    submitted = fencekeeper("op", "submit", "transfer", *options, "--key", "t-1", "--input", transfer, "--json", cwd=tmp_path, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    operation_id = json.loads(submitted.stdout)["operation_id"]
+    worker = subprocess.Popen(
+        [str(FENCEKEEPER), "op", "worker", *options, "--poll", "0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+        env=env,
+    )
+    try:
+        _wait_for((tmp_path / "started").exists, "the attempt never started", worker)
+        worker.send_signal(number)
+        time.sleep(0.3)
+        worker.send_signal(number)
+        started = time.monotonic()
+        _, stderr = worker.communicate(timeout=45)
+        took = time.monotonic() - started
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 130, stderr
+    assert took < 10, f"the second signal took {took:.1f} s to end the command"
+    assert stderr.splitlines() == ["stopping after the current attempt; send the signal again to quit at once"]
+    status = fencekeeper("op", "status", operation_id, *options, "--json", cwd=tmp_path, env=env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] != "succeeded"
