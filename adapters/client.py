@@ -69,7 +69,7 @@ from . import connect as connecting
 from . import service
 from .errors import Refused, RequestCode, RequestError, StoreFailure
 from .memory import MemoryStore
-from .ports import DEFINITION_REGISTER, WORKFLOW_RUN, AuthorityPolicy, CommandHandler
+from .ports import DEFINITION_REGISTER, WORKFLOW_RUN, AuthorityPolicy, CommandHandler, ask
 from .store import Clock, ExecutionView, PublishResult, StoreError, TransactionalStore
 from .worker import PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
 
@@ -502,7 +502,7 @@ class Client:
         if not registered_id:
             questions.append((DEFINITION_REGISTER, ()))
         for operation, targets in questions:
-            authority = self.policy.check(who, self.business, operation, targets)
+            authority = ask(self.policy, who, self.business, operation, targets)
             if not authority.granted:
                 refusal = p.Refusal(p.RefusalCode.NOT_AUTHORIZED, authority.reason or f"{who!r} may not {operation}")
                 return _answer(refusal, raise_on_refusal, execution_id)

@@ -58,7 +58,7 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 
 from . import connect, examples, service
-from .ports import WORKFLOW_DISPATCH, AuthorityPolicy
+from .ports import WORKFLOW_DISPATCH, AuthorityPolicy, ask
 from .render import REFUSED_STYLE, Output, render_table, state, text, token
 from .sequence import Observed, sequence_diagram
 from .store import ExecutionView, TransactionalStore
@@ -223,7 +223,7 @@ def _play(
     plan = i.plan_visit(ctx, store.clock.now(), worker_id="w-1", fence=stale.fence)
     if not isinstance(plan, i.Step):
         raise _Unexpected(f"the first visit of {first} planned {type(plan).__name__}, not a step")
-    authority = policy.check(ctx.principal_id, business, WORKFLOW_DISPATCH, ((first, view.execution.revision),))
+    authority = ask(policy, ctx.principal_id, business, WORKFLOW_DISPATCH, ((first, view.execution.revision),))
     late_step = p.StepRequest(stale, view.execution.revision, plan.step, authority)
     timeline.said(
         "w-1",

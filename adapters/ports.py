@@ -66,6 +66,24 @@ class AuthorityPolicy(Protocol):
         ...
 
 
+def ask(
+    policy: AuthorityPolicy, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()
+) -> Authority:
+    """``policy.check(...)``, which must answer an :class:`Authority`; TypeError naming the policy otherwise.
+
+    Every caller asks through this, before anything is written: an answer
+    such as ``True`` was an AttributeError deep inside a request, or a
+    worker's step refused with its lease still held.
+    """
+    answer = policy.check(principal_id, business_id, operation, targets)
+    if not isinstance(answer, Authority):
+        raise TypeError(
+            f"{type(policy).__name__}.check returned {answer!r} ({type(answer).__name__}) for {operation!r}, "
+            "not an Authority"
+        )
+    return answer
+
+
 class CommandHandler(Protocol):
     """The system that applies Commands, and the only one that can refuse a replaced worker's effect.
 
@@ -206,6 +224,7 @@ __all__ = [
     "GrantTable",
     "Script",
     "ScriptedHandler",
+    "ask",
     "reject",
     "succeed",
     "unknown",

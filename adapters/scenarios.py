@@ -38,7 +38,7 @@ from fencekeeper.kernel.definition import parse_definition
 from . import examples, service
 from .demo import workflow_text
 from .memory import MemoryStore
-from .ports import WORKFLOW_CANCEL, WORKFLOW_DISPATCH, GrantTable
+from .ports import WORKFLOW_CANCEL, WORKFLOW_DISPATCH, GrantTable, ask
 from .sequence import Observed, sequence_diagram
 from .store import ManualClock
 from .worker import PassReport, Worker
@@ -106,7 +106,7 @@ def fenced_out() -> str:
     plan = i.plan_visit(ctx, clock.now(), worker_id="w-1", fence=stale.fence)
     if not isinstance(plan, i.Step):
         raise ScenarioError(f"w-1 planned {type(plan).__name__}, not a step")
-    authority = policy.check(OPERATOR, BUSINESS, WORKFLOW_DISPATCH, (("po-1", view.execution.revision),))
+    authority = ask(policy, OPERATOR, BUSINESS, WORKFLOW_DISPATCH, (("po-1", view.execution.revision),))
     late = p.StepRequest(stale, view.execution.revision, plan.step, authority)
     observed: list[Observed] = []
     clock.advance(LEASE + timedelta(seconds=1))  # w-1 pauses (a GC pause, a stopped VM) past its lease
@@ -278,7 +278,7 @@ def cancel_racing_a_claim() -> str:
     )
     claim = _applied(store.claim_next(p.ClaimRequest("w-1", worker.make_token(), LEASE), business_id=BUSINESS), "claim")
     assert claim.lease is not None
-    authority = policy.check(OPERATOR, BUSINESS, WORKFLOW_CANCEL, (("po-4", seen),))
+    authority = ask(policy, OPERATOR, BUSINESS, WORKFLOW_CANCEL, (("po-4", seen),))
     lost = _refused(store.cancel(p.CancelRequest("po-4", BUSINESS, seen, authority)), "the stale cancel")
     observed = [Observed.refusal(2, OPERATOR, f"cancel (read at revision {seen})", lost)]
     running = _refused(

@@ -42,6 +42,7 @@ from .ports import (
     WORKFLOW_RUN,
     AuthorityPolicy,
     CommandHandler,
+    ask,
 )
 from .store import ExecutionView, PublishResult, StoreError, TransactionalStore
 
@@ -59,7 +60,7 @@ def register(
     store: TransactionalStore, definition: Definition, business_id: str, principal_id: str, policy: AuthorityPolicy
 ) -> bool:
     """Register a definition revision; True if new, False if the identical revision was already there."""
-    authority = policy.check(principal_id, business_id, DEFINITION_REGISTER)
+    authority = ask(policy, principal_id, business_id, DEFINITION_REGISTER)
     return store.register_definition(definition, business_id, authority)
 
 
@@ -87,7 +88,7 @@ def run(
             record = i.input_evidence(execution_id, definition, principal_id, input)
         except i.InputError as exc:
             raise OperationError(exc.code, str(exc)) from None
-        authority = policy.check(principal_id, business_id, WORKFLOW_RUN, ((definition_id, definition.revision),))
+        authority = ask(policy, principal_id, business_id, WORKFLOW_RUN, ((definition_id, definition.revision),))
         request = p.AdmitRequest(
             execution_id, business_id, definition.definition_id, definition.revision, definition.start, authority
         )
@@ -116,7 +117,7 @@ def publish(
         event = Event.build(event_id or f"ev-{uuid.uuid4().hex[:12]}", business_id, event_type, correlation, payload)
     except EventError as exc:
         raise OperationError(EventError.code, str(exc)) from None
-    return store.publish_event(event, policy.check(principal_id, business_id, EVENT_PUBLISH))
+    return store.publish_event(event, ask(policy, principal_id, business_id, EVENT_PUBLISH))
 
 
 def approval_request(store: TransactionalStore, execution_id: str) -> approvals.ApprovalRequest | None:
@@ -140,7 +141,7 @@ def decide(
     rationale: str = "",
 ) -> approvals.DecideOutcome | p.Decision:
     """A reviewer's decision on ``request`` as shown to them (its binding is what they decide on)."""
-    authority = policy.check(
+    authority = ask(policy,
         reviewer_id, business_id, APPROVAL_DECIDE, request.binding.targets
     )
     decision = approvals.ApprovalDecision(
@@ -168,7 +169,7 @@ def cancel(
     """Cancel an eligible or waiting execution (running work is refused)."""
     view = store.read(execution_id)
     revision = view.execution.revision if view is not None else 1
-    authority = policy.check(principal_id, business_id, WORKFLOW_CANCEL, ((execution_id, revision),))
+    authority = ask(policy, principal_id, business_id, WORKFLOW_CANCEL, ((execution_id, revision),))
     # Cancellation is Command-mediated (seed 000, Cancellation): the Command
     # commits with the decision, so a cancelled execution names who cancelled it.
     command = Evidence(
@@ -250,7 +251,7 @@ def quarantine_expired(
             # Read from one snapshot: the execution and its attempt moved together.
             sweep.moved_on[execution_id] = f"already {execution.state.value} at revision {execution.revision}"
             continue
-        authority = policy.check(principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
+        authority = ask(policy, principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
         # The interrupted visit's attempt becomes an explicit review item too:
         # expiry is no proof that its work did or did not happen.
         attempt = _unsettled_attempt(view.evidence)
@@ -386,7 +387,7 @@ def reconcile(
     """
     view = _reviewable(store, business_id, execution_id)
     execution = view.execution
-    authority = policy.check(principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
+    authority = ask(policy, principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
     unresolved = recovery.unresolved_commands(view.evidence)
     if not unresolved:
         raise OperationError(
@@ -452,7 +453,7 @@ def resume(
     """
     view = _reviewable(store, business_id, execution_id)
     execution = view.execution
-    authority = policy.check(principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
+    authority = ask(policy, principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, execution.revision),))
     suspended = execution.state == ExecutionState.SUSPENDED
     evidence: list[Evidence] = []
     if input is not None:
@@ -484,7 +485,7 @@ def fail(
 ) -> p.Outcome:
     """End an execution in a review state as failed: an explicit terminal recovery Outcome, nothing replayed."""
     view = _reviewable(store, business_id, execution_id)
-    authority = policy.check(
+    authority = ask(policy,
         principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, view.execution.revision),)
     )
     return store.recover(_recovery_request(view, p.RecoveryKind.FAIL, principal_id, authority, rationale=rationale))

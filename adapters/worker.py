@@ -55,7 +55,7 @@ from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.machines import ExecutionState
 
-from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler
+from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler, ask
 from .store import NextVisit, TransactionalStore, VisitView
 
 MIN_LEASE: Final = timedelta(seconds=1)
@@ -234,7 +234,7 @@ class Worker:
     def fire_due_timers(self, report: PassReport) -> None:
         """Fire every due one-time wake (as the timer principal), counting them in ``report``."""
         for key in self.store.due_wakes(business_id=self.business_id):
-            authority = self.policy.check(SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
+            authority = ask(self.policy, SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
             outcome = self.store.fire_timer(key, authority)
             if isinstance(outcome, p.Decision):
                 report.timers_fired += 1
@@ -353,7 +353,15 @@ class Worker:
                 definition = self.store.load_definition(
                     execution.business_id, execution.definition_id, execution.definition_revision
                 )
-                plan, authority = self._plan(view, definition, credential, self.store.clock.now())
+                try:
+                    plan, authority = self._plan(view, definition, credential, self.store.clock.now())
+                except Exception as exc:
+                    # The AuthorityPolicy raised or answered something that is no Authority: the
+                    # deployment's fault, not the execution's.  Nothing of the visit was written; the
+                    # lease is handed back, so that the execution is not left running until it expires,
+                    # and the error goes to the worker's caller (`fencekeeper worker` exits 1 naming it).
+                    self._hand_back(execution_id, credential, execution, exc)
+                    raise
                 if isinstance(plan, i.Invoke):
                     outcome = self.store.append_evidence(execution_id, credential, plan.evidence)
                     if not self._applied(execution_id, outcome, report, "issue command", credential.fence):
@@ -407,6 +415,16 @@ class Worker:
         """
         return what in ("claimed", "step") and self.stopping() and not self.holds_command(execution_id)
 
+    def _hand_back(self, execution_id: str, credential: p.LeaseCredential, execution: p.Execution, exc: Exception) -> None:
+        """Release the lease of a visit that could not be planned (``running -> eligible``), and say why."""
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        try:
+            outcome = self.store.release(execution_id, p.ReleaseRequest(credential, execution.revision))
+        except Exception:  # the planning error is the one to raise; the lease then expires
+            return
+        if isinstance(outcome, p.Decision):
+            self._tell(execution_id, "released", f"the visit could not be planned: {why}", fence=credential.fence)
+
     def _invoke(self, plan: i.Invoke) -> i.Step | i.Finish:
         """Call the handler (its intent is committed), and what its result commits."""
         try:
@@ -447,7 +465,7 @@ class Worker:
         node_authority = (
             None
             if query is None
-            else self.policy.check(query.principal_id, query.business_id, query.operation, query.targets)
+            else ask(self.policy, query.principal_id, query.business_id, query.operation, query.targets)
         )
         plan = i.plan_visit(
             ctx,
@@ -456,7 +474,7 @@ class Worker:
             fence=credential.fence,
             node_authority=node_authority,
         )
-        dispatch_authority = self.policy.check(
+        dispatch_authority = ask(self.policy,
             ctx.principal_id,
             execution.business_id,
             WORKFLOW_DISPATCH,
@@ -485,7 +503,12 @@ class Worker:
         )
         if definition is None:
             return None
-        plan, authority = self._plan(view, definition, credential, now)
+        try:
+            plan, authority = self._plan(view, definition, credential, now)
+        except Exception:
+            # Raised here, it would roll back the transaction it is planned in, a step carrying a
+            # Command's result included.  Left to drive instead, which asks again outside it.
+            return None
         if isinstance(plan, i.Invoke):
             return NextVisit("intent", credential, tuple(plan.evidence), (execution, plan, authority))
         if isinstance(plan, i.Step):

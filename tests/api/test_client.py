@@ -21,7 +21,7 @@ import threading
 import time
 import tomllib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from fencekeeper import ExecutionState, RefusalCode, RequestCode
 from fencekeeper.adapters import examples
 from fencekeeper.adapters.client import Client, DecisionStatus
 from fencekeeper.adapters.ports import WORKFLOW_RUN, GrantTable
-from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.store import ExecutionView, ManualClock
 from fencekeeper.kernel import protocol as p
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "adapters" / "workflows"
@@ -344,6 +344,79 @@ def test_the_plugged_in_policy_decides_and_a_denial_writes_nothing(db: Path) -> 
         with pytest.raises(fencekeeper.RequestError) as caught:
             client.run_until_idle()
         assert caught.value.code is RequestCode.NO_HANDLER and caught.value.field == "handler"
+
+
+class Broken:
+    """A policy that answers a plain True, or raises, from the ``fails_from``-th question of ``operation`` on."""
+
+    def __init__(self, operation: str, answer: str, fails_from: int = 1) -> None:
+        self.grants = examples.grants("default", "user:operator", "user:manager", "user:cfo")
+        self.operation, self.answer, self.fails_from, self.asked = operation, answer, fails_from, 0
+
+    def check(self, principal_id: str, business_id: str, operation: str, targets: Sequence[tuple[str, int]] = ()) -> p.Authority:
+        if operation == self.operation:
+            self.asked += 1
+            if self.asked >= self.fails_from:
+                if self.answer == "raise":
+                    raise RuntimeError("the directory is down")
+                return True  # type: ignore[return-value]
+        return self.grants.check(principal_id, business_id, operation, targets)
+
+
+@pytest.mark.parametrize(
+    ("operation", "call"),
+    [
+        (WORKFLOW_RUN, lambda client: client.run(PURCHASE, ORDER)),
+        ("event_publish", lambda client: client.publish("payment.received", {"order_id": "o-1"})),
+        ("workflow_cancel", lambda client: client.cancel("po-0")),
+    ],
+    ids=["run", "publish", "cancel"],
+)
+def test_a_policy_answering_something_but_an_authority_is_a_type_error_naming_it_and_writes_nothing(
+    db: Path, operation: str, call: Callable[[Client], object]
+) -> None:
+    # It was an AttributeError ('bool' object has no attribute 'granted') from deep inside the request.
+    with fencekeeper.connect(str(db), policy=Broken(operation, "true"), handler=None) as client:
+        if operation != WORKFLOW_RUN:
+            client.run(PURCHASE, ORDER, execution_id="po-0")
+        before = dump(db)
+        with pytest.raises(TypeError) as caught:
+            call(client)
+    assert str(caught.value) == f"Broken.check returned True (bool) for {operation!r}, not an Authority"
+    assert dump(db) == before
+
+
+def _stalled_on_dispatch(url: str, answer: str, fails_from: int) -> tuple[BaseException, ExecutionView]:
+    policy = Broken("workflow_dispatch", answer, fails_from)
+    with fencekeeper.connect(url, policy=policy, handler=examples.handler()) as client:
+        client.run(PURCHASE, {**ORDER, "amount": 50}, execution_id="po-1")
+        with pytest.raises(Exception) as caught:
+            client.run_until_idle(lease=30)
+        return caught.value, client.inspect("po-1")
+
+
+@pytest.mark.parametrize("answer", ["true", "raise"])
+@pytest.mark.parametrize(("fails_from", "node"), [(1, "check_amount"), (2, "place_order"), (3, "done")])
+def test_a_policy_that_fails_mid_visit_leaves_the_execution_eligible_with_what_was_committed(
+    db: Path, answer: str, fails_from: int, node: str
+) -> None:
+    # The worker raised with the lease still held, the execution running until the lease expired (and then
+    # quarantined); a True answer was even a step refused in silence.  Planned inside the transaction of the
+    # step before it, a failing visit also rolled that step back: place_order's Command result included.
+    error, view = _stalled_on_dispatch(str(db), answer, fails_from)
+    if answer == "true":
+        assert isinstance(error, TypeError) and "Broken.check returned True (bool)" in str(error)
+    else:
+        assert isinstance(error, RuntimeError) and str(error) == "the directory is down"
+    assert (view.execution.state, view.execution.current_node_id) == (ExecutionState.ELIGIBLE, node)
+    assert view.dispatch.lease_token is None
+
+
+def test_a_policy_that_fails_mid_visit_on_postgresql(pg_dsn: str, pg_schema: str) -> None:
+    error, view = _stalled_on_dispatch(f"{pg_dsn}?schema={pg_schema}", "true", 3)
+    assert isinstance(error, TypeError)
+    assert (view.execution.state, view.execution.current_node_id) == (ExecutionState.ELIGIBLE, "done")
+    assert view.dispatch.lease_token is None
 
 
 # --- bad input names the field and writes nothing ----------------------------------------
