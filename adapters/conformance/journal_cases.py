@@ -6,7 +6,8 @@ Rules of this module:
   workflow, the policy and each chain, its lines as text exactly as stored
   (a non-canonical line must reach the implementation unchanged), and the
   other executions' headers the case's successor lookup finds (none for
-  most cases).
+  most cases).  A header file is read by the same rule: exactly one
+  canonical header record and its newline, or an error naming the file.
 - A chain file is split into lines by the reader ``journal verify --file``
   uses (``journal_fixtures.read_chain``), so the pack is framed by one rule
   (specs/journal.md, section 9).  A chain whose last line has no newline is
@@ -25,7 +26,7 @@ from typing import Any
 
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.dag import verify_workflow, workflow_from_json
-from fencekeeper.kernel.journal_codes import JournalError
+from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
 from .. import journal_fixtures
 
@@ -71,6 +72,29 @@ def chain_lines(path: Path) -> list[str]:
     return [record.decode("utf-8") for record in records]
 
 
+def _header_line(path: Path) -> str:
+    """A header file's one record as text, without its newline; ValueError naming the file if it is not exactly that.
+
+    Framed as a chain file is (one record's canonical bytes and a newline,
+    specs/journal.md, section 9), by the same reader: a missing or extra
+    newline, trailing spaces or a carriage return were trimmed or kept
+    silently, and a header that then did not decode changed the expectation
+    of every case that looks it up instead of naming the file.
+    """
+    try:
+        line, rest = journal_fixtures.read_chain(path)
+        if len(rest):
+            raise JournalError(
+                JournalCode.NON_CANONICAL,
+                f"a header file holds one record and its newline, found {len(rest) + 1} lines",
+                0,
+            )
+        j.decode_header(line)
+    except JournalError as exc:
+        raise ValueError(f"{path}: {exc} [{exc.code}]") from None
+    return line.decode("utf-8")
+
+
 def journal_cases(directory: Path | None = None) -> list[Case]:
     """The layer's cases, from the pack in ``directory`` (the installed one by default)."""
     directory = pack() if directory is None else directory
@@ -80,7 +104,7 @@ def journal_cases(directory: Path | None = None) -> list[Case]:
     cases = []
     for entry in manifest["cases"]:
         lines = chain_lines(directory / entry["chain"])
-        headers = [(directory / name).read_bytes().decode("utf-8").rstrip("\n") for name in entry.get("headers", [])]
+        headers = [_header_line(directory / name) for name in entry.get("headers", [])]
         data = {"workflow": workflow, "policy": policy, "chain": lines, "headers": headers}
         expected = replay_answer(data)
         normative = ["valid", "code", "ordinal"] + (["head", "events", "states", "attempts"] if expected["valid"] else [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,21 @@ def test_a_chain_whose_last_line_has_no_newline_is_refused_naming_the_file(
     with pytest.raises(ValueError, match=re.escape(f"{path}: {named}the file's last line does not end with a newline")) as caught:
         journal_cases(copied)
     assert str(caught.value).endswith(" [non_canonical]"), caught.value
+
+
+@pytest.mark.parametrize(("fault", "change", "said"), [
+    ("no newline", lambda record: record.removesuffix(b"\n"), "the file's last line does not end with a newline"),
+    ("a second newline", lambda record: record + b"\n", "a header file holds one record and its newline, found 2 lines"),
+    ("trailing spaces", lambda record: record.removesuffix(b"\n") + b"  \n", "not the RFC 8785 canonical form"),
+    ("a carriage return", lambda record: record.removesuffix(b"\n") + b"\r\n", "not the RFC 8785 canonical form"),
+], ids=["no-newline", "second-newline", "trailing-spaces", "carriage-return"])  # fmt: skip
+def test_a_header_file_not_framed_as_one_canonical_record_is_refused_naming_the_file(
+    copied: Path, fault: str, change: Callable[[bytes], bytes], said: str
+) -> None:
+    # They were trimmed with rstrip, or kept, in silence: a header that then did not decode changed the
+    # expectation of every case that looks it up, where `journal verify --file` refuses such a line.
+    path = copied / "headers" / "review-2.json"
+    path.write_bytes(change(path.read_bytes()))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: header: ")) as caught:
+        journal_cases(copied)
+    assert said in str(caught.value) and str(caught.value).endswith(" [non_canonical]"), (fault, caught.value)
