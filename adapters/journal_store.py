@@ -38,7 +38,10 @@ module:
   only a shortcut to the projection the chain yields, and is refreshed
   whenever the database's head differs from it, by replaying only the
   events appended since (``journal.continue_replay``, which checks that
-  they follow the cached head).  ``load`` always replays the whole chain.
+  they follow the cached head).  ``load`` always replays the whole chain,
+  and so does a catch-up that finds a bad record: its refusal is the
+  load's, naming the chain's first bad record, not the first of the rows
+  it read.
 - The time of a record is the store's clock's (``Clock``, UTC), read once
   per append.
 - ``append_all`` appends a batch of commands whole or not at all: the
@@ -405,21 +408,30 @@ class JournalStoreBase:
             # The first new event must name the cached head: continue_replay
             # checks the link, so a cache that is not a prefix of the stored
             # chain is refused, never silently extended.
-            journal = _columns_held(
-                lambda: j.continue_replay(cached, events, headers=self.header),
-                events,
-                digests,
-                ordinals,
-                first=len(cached.events) + 1,
-            )
+            try:
+                journal = _columns_held(
+                    lambda: j.continue_replay(cached, events, headers=self.header),
+                    events,
+                    digests,
+                    ordinals,
+                    first=len(cached.events) + 1,
+                )
+            except JournalError:
+                # The refusal is a full load's: it names the chain's first bad record, where the
+                # catch-up could name only the first of the rows it read (an altered row the cache
+                # already held comes before them).  Only a refusal pays for the whole replay.
+                return self._loaded(execution_id)
             if (journal.head, len(journal.events)) == (head, length):
                 with self._cache_lock:
                     self._cache[execution_id] = journal
                 return journal
-        journal_or_none = self.load(execution_id)
-        if journal_or_none is None:
+        return self._loaded(execution_id)
+
+    def _loaded(self, execution_id: str) -> j.Journal:
+        journal = self.load(execution_id)
+        if journal is None:
             raise StoreError("journal_not_found", f"no journal {execution_id!r}")
-        return journal_or_none
+        return journal
 
 
 # --- resolving records -----------------------------------------------------------------------------

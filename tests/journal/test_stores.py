@@ -257,6 +257,36 @@ class SqlTests:
         chain = open_store().stored("review-1")
         assert chain is not None and chain.length == 2
 
+    def test_a_cache_catching_up_names_the_first_bad_record_as_a_load_does(
+        self, open_store: Opener, rewrite: Callable[[str, str], None]
+    ) -> None:
+        writer = open_store()
+        journal = created(writer)
+        attempt = j.AttemptRef("s-1", 1)
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=attempt)  # fmt: skip
+        first = writer.append("review-1", start)
+        assert isinstance(first, j.Appended)
+        block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
+                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
+        blocked = open_store().append("review-1", block)
+        assert isinstance(blocked, j.Appended)
+        # Both rows altered: event 1, which writer's cache already holds, and event 2, which it reads to catch up.
+        rewrite("journal_events", f"UPDATE journal_events SET digest = 'sha256:{'0' * 64}' WHERE ordinal IN (1, 2)")
+        with pytest.raises(JournalError) as loaded:
+            open_store().load("review-1")
+        assert (loaded.value.reason, loaded.value.ordinal) == (C.ALTERED_DIGEST, 1)
+        clear = j.Transition("c", blocked.journal.head, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED,
+                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
+        # The catch-up named event 2, the first bad record of the rows it read, where a load names event 1.
+        with pytest.raises(JournalError) as caught:
+            writer.append("review-1", clear)
+        assert (caught.value.reason, caught.value.ordinal, caught.value.detail) == (
+            loaded.value.reason, loaded.value.ordinal, loaded.value.detail
+        )
+        chain = open_store().stored("review-1")
+        assert chain is not None and chain.length == 2
+
     @pytest.mark.parametrize("count", [1, 3])
     def test_a_commit_from_a_head_that_moved_writes_nothing(self, open_store: Opener, count: int) -> None:
         # One event and a batch take different statements; both are refused
