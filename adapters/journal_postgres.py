@@ -73,6 +73,7 @@ class PostgresJournalStore(JournalStoreBase):
         self._dsn = dsn
         self._conn = self._connect()
         self._cursor: psycopg.Cursor[Any] | None = None
+        self._closed = False
         try:
             check_schema(self._conn, self.schema)
         except psycopg.OperationalError as exc:
@@ -98,6 +99,9 @@ class PostgresJournalStore(JournalStoreBase):
         # append whose outcome it left unknown is settled by the head's
         # compare-and-set on the next one.  A long-lived process keeps working
         # after a restart of the server or a failover.
+        if self._closed:
+            # Else the connection close() closed was opened again, and nothing would close it.
+            raise StoreError("store_unavailable", f"the PostgreSQL journal store of schema {self.schema} is closed")
         if self._conn.broken or self._conn.closed:
             self._conn = self._connect()
         return self._conn
@@ -250,4 +254,8 @@ class PostgresJournalStore(JournalStoreBase):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()
+        with self._cache_lock:
+            # Nothing is answered from it after close: an append of repeats only would have been.
+            self._cache.clear()

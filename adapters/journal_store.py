@@ -486,11 +486,18 @@ class SQLiteJournalStore(JournalStoreBase):
         self.path = Path(path)
         self._lock = threading.RLock()
         self._conn = sqlite_store._open(self.path)
+        self._closed = False
+
+    def _connection(self) -> sqlite3.Connection:
+        # Called under the lock.  After close, sqlite3's own ProgrammingError reached the caller.
+        if self._closed:
+            raise StoreError("store_unavailable", f"{self.path}: the journal store is closed")
+        return self._conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            conn = self._conn
+            conn = self._connection()
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -546,7 +553,7 @@ class SQLiteJournalStore(JournalStoreBase):
         # by hand may hold TEXT (SQLite's replace() returns it) or a number,
         # and verification must name that record, not fail on its type.
         with self._lock:
-            conn = self._conn
+            conn = self._connection()
             conn.execute("BEGIN")
             try:
                 row = conn.execute(
@@ -580,12 +587,12 @@ class SQLiteJournalStore(JournalStoreBase):
 
     def _stored_head(self, execution_id: str) -> str | None:
         with self._lock:
-            row = self._conn.execute("SELECT head FROM journal_heads WHERE execution_id = ?", (execution_id,)).fetchone()
+            row = self._connection().execute("SELECT head FROM journal_heads WHERE execution_id = ?", (execution_id,)).fetchone()
         return None if row is None else str(row[0])
 
     def _header_row(self, execution_id: str) -> tuple[bytes, str] | None:
         with self._lock:
-            row = self._conn.execute(
+            row = self._connection().execute(
                 "SELECT CAST(header AS BLOB), CAST(digest AS BLOB) FROM journal_headers WHERE execution_id = ?",
                 (execution_id,),
             ).fetchone()
@@ -593,7 +600,7 @@ class SQLiteJournalStore(JournalStoreBase):
 
     def _tail(self, execution_id: str, after: int) -> Tail | None:
         with self._lock:
-            conn = self._conn
+            conn = self._connection()
             conn.execute("BEGIN")
             try:
                 row = conn.execute(
@@ -618,12 +625,16 @@ class SQLiteJournalStore(JournalStoreBase):
 
     def execution_ids(self) -> list[str]:
         with self._lock:
-            rows = self._conn.execute("SELECT execution_id FROM journal_headers ORDER BY execution_id").fetchall()
+            rows = self._connection().execute("SELECT execution_id FROM journal_headers ORDER BY execution_id").fetchall()
         return [str(r[0]) for r in rows]
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()
+        with self._cache_lock:
+            # Nothing is answered from it after close: an append of repeats only would have been.
+            self._cache.clear()
 
 
 __all__ = [

@@ -22,7 +22,9 @@ flow 5 and 6; specs/journal.md, Storage):
 - a refusal and a repeat write nothing; a journal id is created once;
 - a batch of commands is appended whole or not at all;
 - a successor binding is checked against the successor's stored header;
-- a record's time is the store clock's.
+- a record's time is the store clock's;
+- after ``close`` every call is ``StoreError('store_unavailable')`` saying
+  the store is closed.
 
 What a store does with its SQL (append-only triggers, the head row checked
 on load) is its own business and tested beside it.
@@ -204,6 +206,29 @@ class JournalStoreTests:
         # Sent again: two repeats, nothing written.
         assert [type(o) for o in store.append_all("review-1", [start, block])] == [j.Unchanged, j.Unchanged]
         assert open_store().stored("review-1") == chain
+
+    def test_every_call_after_close_is_store_unavailable(self, open_store: Opener) -> None:
+        store = open_store()
+        journal = created(store)
+        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                             "searcher", attempt=j.AttemptRef("s-1", 1))  # fmt: skip
+        assert isinstance(store.append("review-1", start), j.Appended)  # cached from here on
+        store.close()
+        # Neither the driver's own error (sqlite3's ProgrammingError) nor an answer: the PostgreSQL store opened
+        # its connection again, which nothing then closed, and a repeat was answered from the cache.
+        calls: dict[str, Callable[[], object]] = {
+            "append": lambda: store.append("review-1", start),
+            "load": lambda: store.load("review-1"),
+            "stored": lambda: store.stored("review-1"),
+            "header": lambda: store.header("review-1"),
+            "execution_ids": store.execution_ids,
+            "create": lambda: store.create(fx.new("review-9").journal),
+        }
+        for name, call in calls.items():
+            with pytest.raises(StoreError) as caught:
+                call()
+            assert caught.value.code == "store_unavailable" and "is closed" in str(caught.value), (name, caught.value)
+        store.close()  # a second close does nothing
 
     def test_create_refuses_an_existing_journal(self, open_store: Opener) -> None:
         store = open_store()
