@@ -474,7 +474,8 @@ class Worker:
             fence=credential.fence,
             node_authority=node_authority,
         )
-        dispatch_authority = ask(self.policy,
+        dispatch_authority = ask(
+            self.policy,
             ctx.principal_id,
             execution.business_id,
             WORKFLOW_DISPATCH,
