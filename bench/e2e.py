@@ -34,11 +34,11 @@ Rules of this module:
   condition, two ``local_command`` nodes and ``end``: four visited, a fifth,
   the failure end, never reached), against Procrastinate's no-op job and DBOS
   workflows of one and three no-op steps.  Procrastinate's job is measured
-  twice: as a coroutine, which its worker runs on its event loop (its
-  fastest path, and the reference of every target), and as a plain
+  twice: as a coroutine, which its worker runs on its event loop with no
+  thread per job (the reference of every target), and as a plain
   function, which it runs in a thread per job (the reference of runs 1 to
-  21 in bench/README.md).  DBOS's workflows are plain functions: written as
-  coroutines they drained no faster.
+  21 in bench/README.md, printed beside it).  DBOS's workflows are plain
+  functions: written as coroutines they drained no faster.
 - **Admission is timed apart,** before the drain, one at a time:
   ``service.run`` (the service API, which reads the pinned definition, checks
   the input and the policy, then admits: one transaction of two round trips), Procrastinate's
