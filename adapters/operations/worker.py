@@ -271,9 +271,10 @@ class DurableOperationWorker:
             return self._complete(credential, authority, result)
         except ActionFailed as failure:
             return self._fail(credential, failure.code, retryable=failure.retryable, detail=str(failure))
-        except DurableOperationError:
-            raise
         except Exception as exc:
+            # A DurableOperationError included: one the handler's own code met (a follow-up submission refused, a
+            # value canonical_json refused) is the handler's failure, not the worker's; raised from here, it ended
+            # run_once with the Attempt still running, to be retried only after its lease ran out.
             return self._fail(credential, "handler_error", retryable=True, detail=f"{type(exc).__name__}: {exc}")
 
     def _atomic(

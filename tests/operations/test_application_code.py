@@ -1,0 +1,53 @@
+"""What an application's own code hands the operations service and worker: handlers, failures, policies.
+
+Each test is a mistake an application can make in its actions or policies,
+and what it must come to: one clear error when the action or service is
+made, or a failure the worker records, never an Attempt left running, and
+never authority granted that was not.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from fencekeeper.adapters.operations.memory import MemoryOperationStore
+from fencekeeper.adapters.operations.service import (
+    DurableAction,
+    DurableActionRegistry,
+    DurableOperationError,
+    DurableOperationService,
+)
+from fencekeeper.adapters.operations.worker import DurableOperationWorker
+from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.testing.operations_suite import ALICE, TENANT, World
+from fencekeeper.kernel import operations as o
+
+
+def _world(*actions: DurableAction) -> tuple[World, DurableOperationService, DurableActionRegistry]:
+    clock = ManualClock()
+    world = World(MemoryOperationStore(clock), clock)
+    registry = DurableActionRegistry(actions)
+    return world, DurableOperationService(world.store, registry, world.resolvers, namespace="shop"), registry
+
+
+def _worker(world: World, registry: DurableActionRegistry) -> DurableOperationWorker:
+    return DurableOperationWorker(
+        world.store, registry, world.resolvers, tenant=TENANT, worker_id="w1", lease=timedelta(seconds=30)
+    )
+
+
+def test_a_handler_that_raises_the_services_own_error_fails_its_attempt_and_not_the_worker() -> None:
+    # A handler that submits a follow-up operation may meet idempotency_conflict; raised out of run_once, the
+    # worker stopped and the Attempt stayed running until its lease ran out.
+    def follow_up(value: Any) -> Any:
+        raise DurableOperationError("idempotency_conflict", "the follow-up's key names another request")
+
+    world, service, registry = _world(DurableAction("follow", 1, o.EffectClass.READ_ONLY, follow_up))
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="follow", input={}, client_key="k1").operation_id
+    report = _worker(world, registry).run_once()
+    assert report is not None and report.outcome == "retry", report
+    assert "idempotency_conflict" in report.detail, report
+    record = service.get(op_id)
+    assert record is not None and record.state.value == "admitted"
+    assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
