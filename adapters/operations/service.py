@@ -248,9 +248,22 @@ class PrincipalResolverRegistry:
 
 
 class ActionFailed(Exception):
-    """Raised by a handler for a failure it can classify: ``retryable`` or conclusive."""
+    """Raised by a handler for a failure it can classify: ``retryable`` or conclusive.
+
+    ``code`` is what the Attempt and the Operation record as their error code: an identifier
+    (``insufficient_funds``), and ``retryable`` a bool.  Anything else is refused here, where the
+    handler makes the mistake: the store refuses to record it, and a failure it will not record left
+    the Attempt running until its lease ran out, to be claimed and failed the same way again.
+    """
 
     def __init__(self, code: str, message: str = "", *, retryable: bool = False) -> None:
+        problem = identifier_problem(code)
+        if problem is not None:
+            raise DurableOperationError("invalid_request", f"ActionFailed code: {problem}", "code")
+        if not isinstance(retryable, bool):
+            raise DurableOperationError(
+                "invalid_request", f"ActionFailed retryable: must be True or False, got {retryable!r}", "retryable"
+            )
         super().__init__(message or code)
         self.code = code
         self.retryable = retryable

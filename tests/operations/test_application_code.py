@@ -8,11 +8,15 @@ never authority granted that was not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
 from fencekeeper.adapters.operations.service import (
+    ActionFailed,
     DurableAction,
     DurableActionRegistry,
     DurableOperationError,
@@ -51,3 +55,26 @@ def test_a_handler_that_raises_the_services_own_error_fails_its_attempt_and_not_
     record = service.get(op_id)
     assert record is not None and record.state.value == "admitted"
     assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [lambda: ActionFailed("insufficient funds"), lambda: ActionFailed(402), lambda: ActionFailed("x", retryable="no")],
+    ids=["code-with-a-space", "code-an-int", "retryable-text"],
+)
+def test_an_action_failed_the_store_cannot_record_is_refused_where_it_is_made(failure: Callable[[], Any]) -> None:
+    # The store refused to record such a failure (invalid_request), so the Attempt stayed running until its
+    # lease ran out, and the next claim met the same failure again.
+    with pytest.raises(DurableOperationError) as raised:
+        failure()
+    assert raised.value.code == "invalid_request" and raised.value.field in ("code", "retryable")
+
+    def handler(value: Any) -> Any:
+        raise failure()
+
+    world, service, registry = _world(DurableAction("pay", 1, o.EffectClass.READ_ONLY, handler))
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="pay", input={}, client_key="k1").operation_id
+    report = _worker(world, registry).run_once()
+    assert report is not None and report.outcome == "retry" and "ActionFailed" in report.detail, report
+    record = service.get(op_id)
+    assert record is not None and [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
