@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import inspect
 import json
 import time
 import uuid
@@ -336,10 +337,56 @@ class DurableAction:
             raise DurableOperationError("invalid_action", f"action name: {problem}")
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
             raise DurableOperationError("invalid_action", f"action {self.name}: version must be a positive integer")
+        named = f"action {self.name} v{self.version}"
+        if not isinstance(self.effect_class, EffectClass):
+            raise DurableOperationError(
+                "invalid_action", f"{named}: effect_class: must be an EffectClass, got {self.effect_class!r}", "effect_class"
+            )
+        if not isinstance(self.requires_approval, bool):
+            raise DurableOperationError(
+                "invalid_action",
+                f"{named}: requires_approval: must be True or False, got {self.requires_approval!r}",
+                "requires_approval",
+            )
+        if not isinstance(self.policy, RetryPolicy):
+            raise DurableOperationError(
+                "invalid_action", f"{named}: policy: must be a RetryPolicy, got {type(self.policy).__name__}", "policy"
+            )
+        # Each is called synchronously, in a worker's thread or the caller's: an async def answers a coroutine,
+        # which was taken for the answer (a truthy one: an async authorizer granted everything) and never awaited.
+        _synchronous(named, "handler", self.handler)
+        _synchronous(named, "normalize", self.normalize)
+        _synchronous(named, "authorize", self.authorize)
         if (self.effect_class is EffectClass.EXTERNAL) != (self.adapter is not None):
             raise DurableOperationError(
-                "invalid_action", f"action {self.name} v{self.version}: an adapter is required exactly for external effects"
+                "invalid_action", f"{named}: an adapter is required exactly for external effects", "adapter"
             )
+        if self.adapter is not None:
+            _synchronous(named, "adapter.perform", getattr(self.adapter, "perform", None))
+            _synchronous(named, "adapter.reconcile", getattr(self.adapter, "reconcile", None))
+            idempotent = getattr(self.adapter, "idempotent", None)
+            if not isinstance(idempotent, bool):
+                raise DurableOperationError(
+                    "invalid_action",
+                    f"{named}: adapter.idempotent: must be True or False (does the provider deduplicate by "
+                    f"effect id?), got {idempotent!r}",
+                    "adapter.idempotent",
+                )
+
+
+def _synchronous(named: str, field: str, value: object) -> None:
+    """``value`` must be a plain callable: not None, not an ``async def`` (nor an object whose ``__call__`` is one)."""
+    if not callable(value):
+        raise DurableOperationError(
+            "invalid_action", f"{named}: {field}: must be callable, got {type(value).__name__}", field
+        )
+    if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(type(value).__call__):
+        raise DurableOperationError(
+            "invalid_action",
+            f"{named}: {field}: is a coroutine function (async def); actions are synchronous code, which workers "
+            "call in threads (from there, asyncio.run can await a coroutine)",
+            field,
+        )
 
 
 class DurableActionRegistry:

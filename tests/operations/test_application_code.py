@@ -78,3 +78,62 @@ def test_an_action_failed_the_store_cannot_record_is_refused_where_it_is_made(fa
     assert report is not None and report.outcome == "retry" and "ActionFailed" in report.detail, report
     record = service.get(op_id)
     assert record is not None and [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
+
+
+async def _coroutine(*args: Any) -> Any:
+    return True
+
+
+class _AsyncAdapter:
+    idempotent = True
+
+    async def perform(self, effect_id: str, payload: Any) -> Any:
+        return None
+
+    def reconcile(self, effect_id: str) -> Any:
+        return None
+
+
+class _UndecidedAdapter:
+    def perform(self, effect_id: str, payload: Any) -> Any:
+        return None
+
+    def reconcile(self, effect_id: str) -> Any:
+        return None
+
+
+def _echo(value: Any) -> Any:
+    return value
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"handler": _coroutine}, "handler"),
+        ({"handler": _coroutine, "effect_class": o.EffectClass.ATOMIC}, "handler"),
+        ({"normalize": _coroutine}, "normalize"),
+        ({"authorize": _coroutine}, "authorize"),
+        ({"effect_class": o.EffectClass.EXTERNAL, "adapter": _AsyncAdapter()}, "adapter.perform"),
+        ({"effect_class": o.EffectClass.EXTERNAL, "adapter": _UndecidedAdapter()}, "adapter.idempotent"),
+        ({"handler": None}, "handler"),
+        ({"normalize": None}, "normalize"),
+        ({"effect_class": "read_only"}, "effect_class"),
+        ({"requires_approval": "yes"}, "requires_approval"),
+        ({"policy": 3}, "policy"),
+    ],
+    ids=[
+        "async-handler", "async-atomic-handler", "async-normalize", "async-authorize", "async-perform",
+        "adapter-without-idempotent", "handler-none", "normalize-none", "effect-class-text", "approval-text",
+        "policy-int",
+    ],
+)
+def test_an_action_that_cannot_run_as_written_is_refused_when_it_is_made(arguments: dict[str, Any], field: str) -> None:
+    # Accepted, an async authorizer's coroutine was a truthy answer: every submission and every attempt was
+    # authorized.  An async handler's coroutine was never awaited and failed every attempt as "not JSON"; a
+    # normaliser that was None blamed the caller's input.
+    fields: dict[str, Any] = {"effect_class": o.EffectClass.READ_ONLY, "handler": _echo} | arguments
+    effect_class, handler = fields.pop("effect_class"), fields.pop("handler")
+    with pytest.raises(DurableOperationError) as raised:
+        DurableAction("check", 1, effect_class, handler, **fields)
+    assert (raised.value.code, raised.value.field) == ("invalid_action", field)
+    assert raised.value.message.startswith(f"action check v1: {field}: "), raised.value.message
