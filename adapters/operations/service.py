@@ -46,7 +46,7 @@ from fencekeeper.kernel.common import duration_problem, identifier_problem
 from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
 
-from .ports import MalformedRow, OperationStore, OperationView, decode_stored_json
+from .ports import MalformedRow, OperationStore, OperationView, decode_stored_json, shown
 
 __all__ = [
     "ActionFailed",
@@ -668,6 +668,15 @@ class DurableOperationService:
             problem = duration_problem(value)
             if problem is not None:
                 raise DurableOperationError("invalid_request", f"{field}: {problem}", field)
+        for field, given in (("may_decide", may_decide), ("may_cancel", may_cancel)):
+            if given is not None and (not callable(given) or inspect.iscoroutinefunction(given)
+                                      or inspect.iscoroutinefunction(type(given).__call__)):
+                raise DurableOperationError(
+                    "invalid_request",
+                    f"{field}: must be a plain function (resolution, record) -> bool, not "
+                    f"{'an async def' if callable(given) else type(given).__name__}",
+                    field,
+                )
         self.store = store
         self.actions = actions
         self.resolvers = resolvers
@@ -709,7 +718,11 @@ class DurableOperationService:
             return o.Authority(False, principal.ref, f"{resolution.status.value}: {why}")
         if not resolution.member_of(tenant):
             return o.Authority(False, principal.ref, f"not a current member of tenant {tenant}")
-        if allowed is False:
+        if policy is not None and allowed is not True:
+            # Only True grants: a policy answering None (a branch that forgot to return) was taken for a grant here
+            # while the worker, asking the same authorizer, denied.
+            if allowed is not False:
+                refused = f"the authorization policy answered {shown(allowed)}, not True or False"
             return o.Authority(False, principal.ref, refused)
         return o.Authority(True, principal.ref)
 

@@ -69,7 +69,7 @@ import attrs
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import duration_problem, identifier_problem
 
-from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore
+from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore, shown
 from .service import (
     ActionFailed,
     DurableAction,
@@ -255,7 +255,11 @@ class DurableOperationWorker:
             )
         except Exception as exc:  # an authorizer that breaks fails closed, as a resolver that raises does
             authorized, why = False, f"the action's authorizer failed: {type(exc).__name__}: {exc}"
-        if not authorized:
+        if authorized is not True and not isinstance(authorized, bool):
+            # Only True grants, as for the service's submission: an answer that is no bool (None from a branch
+            # that forgot to return) is authority that was not established.
+            why = f"the action's authorizer answered {shown(authorized)}, not True or False"
+        if authorized is not True:
             return self._fail(credential, "not_authorized", retryable=False, denied=True, detail=why)
         authority = o.Authority(True, reference.ref)
         if self.before_effect is not None:

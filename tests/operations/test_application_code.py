@@ -24,7 +24,7 @@ from fencekeeper.adapters.operations.service import (
 )
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.store import ManualClock
-from fencekeeper.adapters.testing.operations_suite import ALICE, TENANT, World
+from fencekeeper.adapters.testing.operations_suite import ALICE, BOB, TENANT, World
 from fencekeeper.kernel import operations as o
 
 
@@ -137,3 +137,58 @@ def test_an_action_that_cannot_run_as_written_is_refused_when_it_is_made(argumen
         DurableAction("check", 1, effect_class, handler, **fields)
     assert (raised.value.code, raised.value.field) == ("invalid_action", field)
     assert raised.value.message.startswith(f"action check v1: {field}: "), raised.value.message
+
+
+def test_an_authorizer_that_answers_no_bool_denies_submission_and_attempt_alike() -> None:
+    # A branch that forgot to return answers None: the service took that for a grant and admitted the
+    # operation, which the worker, asking the same authorizer, then failed not_authorized.
+    def authorize(resolution: Any, value: Any) -> Any:
+        if value.get("small"):
+            return True
+        return None
+
+    world, service, registry = _world(DurableAction("pay", 1, o.EffectClass.READ_ONLY, _echo, authorize=authorize))
+    with pytest.raises(DurableOperationError) as raised:
+        service.submit(tenant=TENANT, principal=ALICE, action="pay", input={"small": False}, client_key="k1")
+    assert raised.value.code == "not_authorized" and "answered None, not True or False" in raised.value.message
+    assert world.store.outbox() == []  # nothing was written
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="pay", input={"small": True}, client_key="k2").operation_id
+    # The authorizer's answer changes before the attempt (a policy edited since): the worker too denies on None.
+    object.__setattr__(registry.get("pay"), "authorize", lambda resolution, value: None)
+    report = _worker(world, registry).run_once()
+    assert report is not None and report.outcome == "not_authorized", report
+    assert "answered None, not True or False" in report.detail, report
+    record = service.get(op_id)
+    assert record is not None and record.outcome is not None and record.outcome.value == "not_authorized"
+
+
+@pytest.mark.parametrize("policy", ["may_decide", "may_cancel"])
+def test_a_decision_or_cancellation_policy_that_answers_no_bool_refuses(policy: str) -> None:
+    # Only an answer of False refused: a policy meant to let only administrators decide, answering None for
+    # everyone else, let everyone decide.
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    service = DurableOperationService(
+        world.store, world.actions, world.resolvers, namespace="shop", **{policy: lambda resolution, record: None}
+    )
+    op_id = service.submit(
+        tenant=TENANT, principal=ALICE, action="capture_payment", input={"order": "o-1", "amount": 5}, client_key="k1"
+    ).operation_id
+    with pytest.raises(DurableOperationError) as raised:
+        if policy == "may_decide":
+            service.decide(op_id, approver=BOB, approve=True)
+        else:
+            service.cancel(op_id, principal=ALICE)
+    assert raised.value.code == "not_authorized" and "answered None, not True or False" in raised.value.message
+    record = service.get(op_id)
+    assert record is not None and record.state.value == "awaiting_approval" and record.approval is None
+
+
+@pytest.mark.parametrize("given", [_coroutine, 5], ids=["async-def", "not-callable"])
+@pytest.mark.parametrize("policy", ["may_decide", "may_cancel"])
+def test_a_decision_or_cancellation_policy_that_cannot_answer_is_refused_when_the_service_is_made(
+    policy: str, given: Any
+) -> None:
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    with pytest.raises(DurableOperationError) as raised:
+        DurableOperationService(world.store, world.actions, world.resolvers, **{policy: given})
+    assert (raised.value.code, raised.value.field) == ("invalid_request", policy)
