@@ -838,6 +838,11 @@ class DurableOperationService:
         never a refusal that names its tenant or what it holds.
         """
         _principal("approver", approver)
+        if action is not None and not (isinstance(action, tuple) and len(action) == 2):
+            # Unpacked as it was, action="transfer" was a bare ValueError (too many values to unpack).
+            raise DurableOperationError(
+                "invalid_input", f"action: must be a (name, version) pair, got {shown(action)}", "action"
+            )
         record = self._record(operation_id, tenant)
         authority = self._authority(
             approver, record.tenant, lambda resolution: self.may_decide(resolution, record),
@@ -845,7 +850,9 @@ class DurableOperationService:
         )
         name, version = action if action is not None else (record.action_name, record.action_version)
         request = o.DecideRequest(
-            approval_id=approval_id or f"ap-{self._new_id()}",
+            # Only an absent id is made here: an empty one is the caller's, refused as malformed, not replaced by a
+            # fresh id that a repeat of the same request could never match.
+            approval_id=approval_id if approval_id is not None else f"ap-{self._new_id()}",
             operation_id=operation_id,
             input_digest=input_digest if input_digest is not None else record.input_digest,
             action_name=name,

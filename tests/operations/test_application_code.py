@@ -192,3 +192,29 @@ def test_a_decision_or_cancellation_policy_that_cannot_answer_is_refused_when_th
     with pytest.raises(DurableOperationError) as raised:
         DurableOperationService(world.store, world.actions, world.resolvers, **{policy: given})
     assert (raised.value.code, raised.value.field) == ("invalid_request", policy)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code", "field"),
+    [
+        ({"approval_id": ""}, "invalid_request", "approval_id"),
+        ({"action": "capture_payment"}, "invalid_input", "action"),
+        ({"action": ("capture_payment", 1, "extra")}, "invalid_input", "action"),
+    ],
+    ids=["empty-approval-id", "action-a-name", "action-a-triple"],
+)
+def test_a_decision_naming_its_id_or_action_malformed_is_one_error_and_writes_nothing(
+    arguments: dict[str, Any], code: str, field: str
+) -> None:
+    # An empty approval id was replaced by a fresh one, so the decision was stored under an id its repeat could
+    # never match (decision_conflict); an action given as a name was a bare ValueError.
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    service = DurableOperationService(world.store, world.actions, world.resolvers, namespace="shop")
+    op_id = service.submit(
+        tenant=TENANT, principal=ALICE, action="capture_payment", input={"order": "o-1", "amount": 5}, client_key="k1"
+    ).operation_id
+    with pytest.raises(DurableOperationError) as raised:
+        service.decide(op_id, approver=BOB, approve=True, **arguments)
+    assert (raised.value.code, raised.value.field) == (code, field), raised.value
+    record = service.get(op_id)
+    assert record is not None and record.approval is None and len(service.history(op_id)) == 1
