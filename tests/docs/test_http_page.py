@@ -46,6 +46,15 @@ def test_the_pages_app_answers_as_its_curl_lines_say(tmp_path: Path) -> None:
             other = {"action": "capture_payment", "input": {"order": "o-1", "amount": 9999}}
             conflict = client.post("/operations", json=other, headers=alice | {"Idempotency-Key": "order-o-1"})
             assert (conflict.status_code, conflict.json()["error"]["code"]) == (409, "idempotency_conflict")
+            # The page's approver, with the token the page gives her, binds the decision to the digest she saw.
+            carol = {"Authorization": "Bearer s3cr3t-carol", "Content-Type": "application/json"}
+            decision = client.post(
+                f"/operations/{first.json()['operation_id']}/decision",
+                json={"approve": True, "input_digest": first.json()["input_digest"]},
+                headers=carol,
+            )
+            assert decision.status_code == 200, decision.text
+            assert decision.json()["approved_by"] == "users:v1:carol"
             anonymous = client.get(f"/operations/{first.json()['operation_id']}")
             assert (anonymous.status_code, anonymous.json()["error"]["code"]) == (401, "not_authenticated")
             listed = client.get("/executions", params={"state": "waiting"}, headers=alice)
