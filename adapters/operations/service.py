@@ -29,10 +29,12 @@ Rules of this module:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import inspect
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -130,6 +132,10 @@ def input_digest(canonical: str) -> str:
 # --- principals ---------------------------------------------------------------------------------
 
 
+_VERSION = re.compile(r"v[0-9]+")
+"""A reference's version as ``PrincipalReference.ref`` writes it."""
+
+
 @attrs.frozen
 class PrincipalReference:
     """Non-secret provenance: which resolver (name and version) and which subject.  Never a credential."""
@@ -153,12 +159,19 @@ class PrincipalReference:
 
     @classmethod
     def parse(cls, text: str) -> PrincipalReference:
-        parts = text.split(":", 2)
-        if len(parts) != 3 or not parts[1].startswith("v") or not parts[1][1:].isdigit():
+        parts = text.split(":", 2) if isinstance(text, str) else []
+        # ASCII digits only, as ``ref`` writes them: str.isdigit() also took "²" (then a bare ValueError from
+        # int()) and "١" (parsed as 1, so the reference was not the text), and a version of thousands of digits
+        # was int()'s own ValueError.  Each such text ended the deployment check that reads stored references.
+        version: int | None = None
+        if len(parts) == 3 and _VERSION.fullmatch(parts[1]) is not None:
+            with contextlib.suppress(ValueError):  # longer than int() converts (sys.get_int_max_str_digits)
+                version = int(parts[1][1:])
+        if version is None:
             raise DurableOperationError(
-                "invalid_input", f"principal: {text!r} is not RESOLVER:vVERSION:SUBJECT (e.g. users:v1:alice)"
+                "invalid_input", f"principal: {shown(text)} is not RESOLVER:vVERSION:SUBJECT (e.g. users:v1:alice)"
             )
-        return cls(parts[0], int(parts[1][1:]), parts[2])
+        return cls(parts[0], version, parts[2])
 
 
 class ResolutionStatus(enum.Enum):

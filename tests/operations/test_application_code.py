@@ -21,6 +21,8 @@ from fencekeeper.adapters.operations.service import (
     DurableActionRegistry,
     DurableOperationError,
     DurableOperationService,
+    PrincipalReference,
+    referenced_versions,
 )
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.store import ManualClock
@@ -218,3 +220,18 @@ def test_a_decision_naming_its_id_or_action_malformed_is_one_error_and_writes_no
     assert (raised.value.code, raised.value.field) == (code, field), raised.value
     record = service.get(op_id)
     assert record is not None and record.approval is None and len(service.history(op_id)) == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["users:v\u00b2:alice", "users:v\u0661:alice", "users:v" + "9" * 5000 + ":alice", 5, "users:1:alice"],
+    ids=["superscript-two", "arabic-indic-one", "five-thousand-digits", "an-int", "no-v"],
+)
+def test_a_reference_that_is_no_resolver_version_subject_is_one_error(text: Any) -> None:
+    # str.isdigit() took "²" (then int() raised a bare ValueError) and "١" (read as 1: the reference parsed was
+    # not its text); 5000 digits were int()'s own ValueError, an int an AttributeError.
+    with pytest.raises(DurableOperationError) as raised:
+        PrincipalReference.parse(text)
+    assert raised.value.code == "invalid_input" and "is not RESOLVER:vVERSION:SUBJECT" in raised.value.message
+    # What reads stored references classifies such a one as unreadable, rather than failing on it.
+    assert referenced_versions([("pay", 1, text, 1)]).unreadable_principals == (str(text),)
