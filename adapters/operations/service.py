@@ -217,11 +217,40 @@ class PrincipalResolverRegistry:
     """
 
     def __init__(self, *, retries: int = 2, pause: float = 0.05) -> None:
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise DurableOperationError(
+                "invalid_request", f"retries: must be a whole number, 0 or more, got {shown(retries)}", "retries"
+            )
+        if not isinstance(pause, int | float) or isinstance(pause, bool) or not 0 <= pause <= 60:
+            raise DurableOperationError(
+                "invalid_request", f"pause: must be seconds from 0 to 60, got {shown(pause)}", "pause"
+            )
         self._resolvers: dict[tuple[str, int], PrincipalResolver] = {}
         self.retries = retries
         self.pause = pause
 
     def register(self, name: str, version: int, resolver: PrincipalResolver) -> None:
+        """Register ``resolver`` for references ``name:vVERSION:...``; one that could never be asked is refused.
+
+        Accepted, a version given as text was a key no reference matches (every principal of it failed
+        closed, as if unregistered) and made :meth:`registered`, and so the deployment check, fail on
+        comparing it; a resolver without a plain ``resolve`` failed closed on every principal.
+        """
+        problem = identifier_problem(name)
+        if problem is not None or ":" in name:
+            raise DurableOperationError("invalid_request", f"name: {problem or 'may not contain :'}", "name")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise DurableOperationError(
+                "invalid_request", f"version: must be a positive integer, got {shown(version)}", "version"
+            )
+        resolve = getattr(resolver, "resolve", None)
+        if not callable(resolve) or inspect.iscoroutinefunction(resolve):
+            raise DurableOperationError(
+                "invalid_request",
+                f"resolver: {type(resolver).__name__} has no plain resolve(reference) method"
+                f"{' (resolve is async def; resolvers are called synchronously)' if callable(resolve) else ''}",
+                "resolver",
+            )
         self._resolvers[(name, version)] = resolver
 
     def registered(self) -> list[tuple[str, int]]:
@@ -413,6 +442,10 @@ class DurableActionRegistry:
             self.register(action)
 
     def register(self, action: DurableAction) -> None:
+        if not isinstance(action, DurableAction):
+            raise DurableOperationError(
+                "invalid_action", f"action: must be a DurableAction, got {type(action).__name__}", "action"
+            )
         key = (action.name, action.version)
         if key in self._actions and self._actions[key] != action:
             raise DurableOperationError("invalid_action", f"action {action.name} v{action.version} is already registered")

@@ -22,6 +22,7 @@ from fencekeeper.adapters.operations.service import (
     DurableOperationError,
     DurableOperationService,
     PrincipalReference,
+    PrincipalResolverRegistry,
     referenced_versions,
 )
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
@@ -235,3 +236,53 @@ def test_a_reference_that_is_no_resolver_version_subject_is_one_error(text: Any)
     assert raised.value.code == "invalid_input" and "is not RESOLVER:vVERSION:SUBJECT" in raised.value.message
     # What reads stored references classifies such a one as unreadable, rather than failing on it.
     assert referenced_versions([("pay", 1, text, 1)]).unreadable_principals == (str(text),)
+
+
+class _AsyncResolver:
+    async def resolve(self, reference: Any) -> Any:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        (("users", "1", None), "version"),
+        (("users", True, None), "version"),
+        (("us:ers", 1, None), "name"),
+        (("", 1, None), "name"),
+        (("users", 1, "directory"), "resolver"),
+        (("users", 1, _AsyncResolver()), "resolver"),
+    ],
+    ids=["version-text", "version-bool", "name-with-colon", "name-empty", "no-resolve", "async-resolve"],
+)
+def test_a_resolver_that_could_never_be_asked_is_refused_when_it_is_registered(arguments: tuple[Any, ...], field: str) -> None:
+    # A version given as text was a key no reference matches, and registered() (so the deployment check) then
+    # failed comparing it with the int versions; a resolver without a plain resolve failed closed on everyone.
+    name, version, resolver = arguments
+    directory = World(MemoryOperationStore(ManualClock()), ManualClock()).directory
+    registry = PrincipalResolverRegistry()
+    registry.register("users", 2, directory)
+    with pytest.raises(DurableOperationError) as raised:
+        registry.register(name, version, resolver if resolver is not None else directory)
+    assert (raised.value.code, raised.value.field) == ("invalid_request", field)
+    assert registry.registered() == [("users", 2)]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [({"retries": -1}, "retries"), ({"retries": "2"}, "retries"), ({"pause": float("nan")}, "pause"), ({"pause": -1}, "pause")],
+    ids=["retries-negative", "retries-text", "pause-nan", "pause-negative"],
+)
+def test_a_resolver_registry_setting_that_cannot_work_is_refused_when_it_is_made(arguments: dict[str, Any], field: str) -> None:
+    # retries=-1 skipped the resolver (every principal an unexplained failure); pause=-1 was time.sleep's own
+    # ValueError at the first unavailable answer.
+    with pytest.raises(DurableOperationError) as raised:
+        PrincipalResolverRegistry(**arguments)
+    assert (raised.value.code, raised.value.field) == ("invalid_request", field)
+
+
+def test_an_action_registry_refuses_what_is_no_action() -> None:
+    # register("transfer") was AttributeError: 'str' object has no attribute 'name'.
+    with pytest.raises(DurableOperationError) as raised:
+        DurableActionRegistry(("transfer",))  # type: ignore[arg-type]
+    assert (raised.value.code, raised.value.field) == ("invalid_action", "action")
