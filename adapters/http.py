@@ -144,6 +144,9 @@ _REQUEST_STATUS = {RequestCode.EXECUTION_NOT_FOUND: 404, RequestCode.DEFINITION_
 
 
 def _from_operation_error(exc: DurableOperationError) -> _Problem:
+    if exc.code == "principal_unavailable":
+        # The identity provider's temporary outage passes: retry, as for an unavailable store.
+        return _Problem(503, exc.code, exc.message)
     # Every other refusal (idempotency_conflict, cancel_too_late, approval_*) conflicts with what is stored.
     return _Problem(_OPERATION_STATUS.get(exc.code, 409), exc.code, exc.message, exc.field)
 

@@ -753,6 +753,17 @@ class DurableOperationService:
         ``refused`` says whose policy it is when it answers no: the action's, or the service's own.
         """
         resolution = self.resolvers.resolve(principal)
+        if resolution.status is ResolutionStatus.UNAVAILABLE:
+            # Still unavailable after the registry's bounded retries: authority is neither granted nor denied, and
+            # not_authorized would tell the caller (an HTTP client: 403) not to try again.  Refused before the
+            # store is asked, so nothing is written and nothing of any Operation is told.
+            why = resolution.reason or "temporarily unavailable"
+            raise DurableOperationError(
+                "principal_unavailable",
+                f"{principal.ref}: the resolver cannot say now whether this principal may act ({why}); "
+                "nothing was written; try again",
+                "principal",
+            )
         try:
             allowed = None if policy is None or not resolution.active else policy(resolution)
         except Exception as exc:  # a policy that breaks fails closed, as a resolver that raises does

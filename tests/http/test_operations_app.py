@@ -506,3 +506,38 @@ def test_a_damaged_input_or_transition_is_one_malformed_row_error_and_another_te
         assert other.status_code == 404 and error(other)["code"] == "operation_not_found", other.text
         assert "bogus" not in other.text and "input" not in other.text
     assert dump(db) == before
+
+
+def test_a_principal_the_directory_cannot_answer_for_now_is_503_and_nothing_is_written(tmp_path: Path) -> None:
+    # A temporary outage of the identity provider was 403 not_authorized: a refusal a client does not retry.
+    from fencekeeper.adapters.operations import examples  # noqa: PLC0415
+    from fencekeeper.adapters.operations.service import PrincipalResolverRegistry, ResolutionStatus  # noqa: PLC0415
+
+    db = tmp_path / "http.db"
+    operations = SQLiteOperationStore(db)
+    directory = examples.Directory()
+    directory.set("alice", ResolutionStatus.ACTIVE, frozenset({"acme"}))
+    resolvers = PrincipalResolverRegistry(retries=1, pause=0)
+    resolvers.register("users", 1, directory)
+    application = create_operations_app(
+        authenticate=deployment.authenticate, operations=operations, actions=deployment.registry(), resolvers=resolvers
+    )
+    try:
+        with TestClient(application) as client:
+            op_id = submit(client, ALICE, "k1").json()["operation_id"]
+            directory.set("alice", ResolutionStatus.UNAVAILABLE)
+            before = dump(db)
+            for response in (
+                submit(client, ALICE, "k1"),
+                submit(client, ALICE, "k2"),
+                client.post(f"/operations/{op_id}/cancel", json={}, headers=ALICE),
+            ):
+                assert response.status_code == 503, response.text
+                assert error(response)["code"] == "principal_unavailable"
+                assert op_id not in error(response)["message"]
+            assert dump(db) == before
+            directory.set("alice", ResolutionStatus.ACTIVE, frozenset({"acme"}))
+            again = submit(client, ALICE, "k1")
+            assert (again.status_code, again.json()["operation_id"]) == (200, op_id)
+    finally:
+        operations.close()

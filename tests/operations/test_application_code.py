@@ -23,6 +23,7 @@ from fencekeeper.adapters.operations.service import (
     DurableOperationService,
     PrincipalReference,
     PrincipalResolverRegistry,
+    ResolutionStatus,
     referenced_versions,
 )
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
@@ -286,3 +287,25 @@ def test_an_action_registry_refuses_what_is_no_action() -> None:
     with pytest.raises(DurableOperationError) as raised:
         DurableActionRegistry(("transfer",))  # type: ignore[arg-type]
     assert (raised.value.code, raised.value.field) == ("invalid_action", "action")
+
+
+def test_a_principal_still_unavailable_after_the_retries_is_principal_unavailable_for_the_service() -> None:
+    # It was not_authorized: authority neither granted nor denied, told as a denial no caller retries.
+    world = World(MemoryOperationStore(ManualClock()), ManualClock())
+    service = DurableOperationService(world.store, world.actions, world.resolvers, namespace="shop")
+    op_id = service.submit(
+        tenant=TENANT, principal=ALICE, action="capture_payment", input={"order": "o-1", "amount": 5}, client_key="k1"
+    ).operation_id
+    world.directory.set("alice", ResolutionStatus.UNAVAILABLE)
+    world.directory.set("bob", ResolutionStatus.UNAVAILABLE)
+    for attempt in (
+        lambda: service.submit(
+            tenant=TENANT, principal=ALICE, action="capture_payment", input={"order": "o-2", "amount": 5}, client_key="k2"
+        ),
+        lambda: service.decide(op_id, approver=BOB, approve=True),
+        lambda: service.cancel(op_id, principal=ALICE),
+    ):
+        with pytest.raises(DurableOperationError) as raised:
+            attempt()
+        assert (raised.value.code, raised.value.field) == ("principal_unavailable", "principal")
+    assert len(world.store.outbox()) == 1  # the first admission's, and nothing since
