@@ -347,9 +347,14 @@ def _operation_routes(
         return run_in_threadpool(run)
 
     async def submit(request: Request, principal: HttpPrincipal) -> Response:
-        key = request.headers.get("idempotency-key")
-        if key is None:
+        keys = request.headers.getlist("idempotency-key")
+        if not keys:
             raise _Problem(422, "idempotency_key_missing", "Idempotency-Key: this request requires the header", "Idempotency-Key")
+        if len(keys) > 1:
+            # Two keys (a client's and a proxy's, say) name two identities: taking the first, as the header lookup
+            # did, admitted under a key the client may not have meant, and a retry sending the other admitted again.
+            raise _Problem(422, "invalid_body", f"Idempotency-Key: given {len(keys)} times; send one key", "Idempotency-Key")
+        key = keys[0]
         _identifier("Idempotency-Key", key)
         body = await _body(request, {"action": (str,), "version": (int,), "input": _ANY}, frozenset({"action"}))
         version = body.get("version")

@@ -107,6 +107,18 @@ def test_submission_is_idempotent_and_a_conflicting_reuse_is_409(app: tuple[Test
     assert other.status_code == 201 and other.json()["operation_id"] != first.json()["operation_id"]
 
 
+def test_an_idempotency_key_sent_twice_is_422_and_nothing_is_written(app: tuple[TestClient, Path]) -> None:
+    # The first was taken: admitted under a key the client may not have meant, and a retry that sends the
+    # other key admits a second operation.
+    client, db = app
+    before = dump(db)
+    headers = [*ALICE.items(), ("Content-Type", "application/json"), ("Idempotency-Key", "k-1"), ("Idempotency-Key", "k-2")]
+    response = client.post("/operations", json=CAPTURE, headers=headers)
+    assert response.status_code == 422, response.text
+    assert (error(response)["code"], error(response)["field"]) == ("invalid_body", "Idempotency-Key")
+    assert dump(db) == before
+
+
 def test_status_history_decision_and_cancellation(app: tuple[TestClient, Path]) -> None:
     client, _ = app
     operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
