@@ -38,7 +38,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import attrs
@@ -712,6 +712,14 @@ class DurableOperationService:
         # negative one refused every decision as approval_expired; retention was checked only at each submit.
         for field, value in (("retention", retention), ("approval_validity", approval_validity)):
             problem = duration_problem(value)
+            if problem is None:
+                # Each is added to the time of every submission or decision: one that reaches past the last time a
+                # datetime holds refused every submission (invalid_request), and every default-expiry decision
+                # was a bare OverflowError (an HTTP 500).
+                try:
+                    datetime.now(UTC) + value
+                except OverflowError:
+                    problem = f"{value} from now is past the last representable time"
             if problem is not None:
                 raise DurableOperationError("invalid_request", f"{field}: {problem}", field)
         for field, given in (("may_decide", may_decide), ("may_cancel", may_cancel)):

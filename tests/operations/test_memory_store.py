@@ -342,11 +342,18 @@ def test_a_lease_of_a_day_is_the_longest_a_worker_takes_as_on_the_command_line(m
 
 @pytest.mark.parametrize(
     "setting",
-    [{"approval_validity": "1h"}, {"approval_validity": timedelta(0)}, {"retention": 86400}, {"retention": timedelta(-1)}],
-    ids=["validity-text", "validity-zero", "retention-seconds", "retention-negative"],
+    [
+        {"approval_validity": "1h"}, {"approval_validity": timedelta(0)}, {"retention": 86400}, {"retention": timedelta(-1)},
+        {"approval_validity": timedelta.max}, {"retention": timedelta(days=3_000_000)},
+    ],
+    ids=["validity-text", "validity-zero", "retention-seconds", "retention-negative", "validity-max", "retention-past-9999"],
 )
 def test_a_service_setting_that_cannot_work_is_refused_when_the_service_is_made(setting: dict[str, object]) -> None:
-    """approval_validity="1h" was a TypeError at the first decision; a zero one refused every decision as expired."""
+    """approval_validity="1h" was a TypeError at the first decision; a zero one refused every decision as expired.
+
+    One that reaches past the last representable time was an OverflowError at every decision, and such a
+    retention refused every submission.
+    """
     from fencekeeper.adapters.operations.service import DurableOperationError, DurableOperationService  # noqa: PLC0415
 
     world = World(MemoryOperationStore(ManualClock()), ManualClock())
