@@ -148,9 +148,15 @@ class PrincipalReference:
         for name in ("resolver", "subject"):
             problem = identifier_problem(getattr(self, name))
             if problem is not None or (":" in getattr(self, name) and name == "resolver"):
-                raise DurableOperationError("invalid_input", f"principal.{name}: {problem or 'may not contain :'}")
+                raise DurableOperationError(
+                    "invalid_input", f"principal.{name}: {problem or 'may not contain :'}", f"principal.{name}"
+                )
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
-            raise DurableOperationError("invalid_input", f"principal.version: must be a positive integer, got {self.version!r}")
+            raise DurableOperationError(
+                "invalid_input",
+                f"principal.version: must be a positive integer, got {self.version!r}",
+                "principal.version",
+            )
 
     @property
     def ref(self) -> str:
@@ -169,7 +175,9 @@ class PrincipalReference:
                 version = int(parts[1][1:])
         if version is None:
             raise DurableOperationError(
-                "invalid_input", f"principal: {shown(text)} is not RESOLVER:vVERSION:SUBJECT (e.g. users:v1:alice)"
+                "invalid_input",
+                f"principal: {shown(text)} is not RESOLVER:vVERSION:SUBJECT (e.g. users:v1:alice)",
+                "principal",
             )
         return cls(parts[0], version, parts[2])
 

@@ -309,3 +309,21 @@ def test_a_principal_still_unavailable_after_the_retries_is_principal_unavailabl
             attempt()
         assert (raised.value.code, raised.value.field) == ("principal_unavailable", "principal")
     assert len(world.store.outbox()) == 1  # the first admission's, and nothing since
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: PrincipalReference("", 1, "alice"), "principal.resolver"),
+        (lambda: PrincipalReference("users", 1, "al ice"), "principal.subject"),
+        (lambda: PrincipalReference("users", 0, "alice"), "principal.version"),
+        (lambda: PrincipalReference.parse("alice"), "principal"),
+    ],
+    ids=["resolver", "subject", "version", "parse"],
+)
+def test_a_malformed_principal_reference_names_its_field_on_the_error(make: Callable[[], Any], field: str) -> None:
+    # The message named it, but the error's field was None: a caller reading DurableOperationError.field, as
+    # for every other malformed request, had nothing to go on.
+    with pytest.raises(DurableOperationError) as raised:
+        make()
+    assert (raised.value.code, raised.value.field) == ("invalid_input", field)
