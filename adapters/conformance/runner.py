@@ -21,13 +21,14 @@ Rules of this module (specs/conformance.md):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import json
 import queue
 import shlex
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -160,7 +161,8 @@ def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
 
 def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
     for case in cases:
-        response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
+        with _in_case(layer, case):
+            response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
         if isinstance(response, dict) and response.get("unsupported"):
             report.skipped += 1
             continue
@@ -172,6 +174,15 @@ def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]]
             _fail(report, case, diff)
         else:
             report.passed += 1
+
+
+@contextlib.contextmanager
+def _in_case(layer: str, case: dict[str, Any]) -> Iterator[None]:
+    """Name the layer and case a protocol breach happened in: the message is all a driver's author gets."""
+    try:
+        yield
+    except DriverError as exc:
+        raise DriverError(f"layer {layer}, case {case['id']}: {exc}") from None
 
 
 def _fail(report: LayerReport, case: dict[str, Any], diff: dict[str, Any]) -> None:
@@ -228,7 +239,8 @@ def _run_store_layer(
     for case in cases:
         point = case["input"].get("hold", "commit")
         try:
-            diff = _run_store_case(driver, case, holds)
+            with _in_case("store", case):
+                diff = _run_store_case(driver, case, holds)
         except _Unsupported:
             report.skipped += 1
             if point not in holds:

@@ -1,0 +1,56 @@
+"""A driver that answers every case right but misbehaves once, the way real drivers break.
+
+``python misbehaving_driver.py MODE [N]``: answers the ``machines`` and
+``store``-less kernel layers from the committed expectations, and at the
+N-th case (default 5) does what MODE says: ``crash`` (exits 3), ``exit0``
+(exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
+not UTF-8), ``silent`` (never answers).  It imports nothing of fencekeeper:
+it stands for an implementation in another language.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+CASES = Path(__file__).resolve().parents[2] / "specs" / "conformance"
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    at = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    hello: object = {"protocol": 1, "implementation": "misbehaving", "layers": ["machines"]}
+    if mode.startswith("hello="):
+        hello = json.loads(mode.removeprefix("hello="))
+    expected = {c["id"]: c["expected"] for c in json.loads((CASES / "machines.json").read_text("utf-8"))["cases"]}
+    seen = 0
+    for line in sys.stdin:
+        request = json.loads(line)
+        response: object = {"ok": True}
+        if request["op"] == "hello":
+            response = hello
+        elif request["op"] == "case":
+            seen += 1
+            response = {"output": expected[request["id"]]}
+            if seen == at:
+                if mode == "crash":
+                    sys.exit(3)
+                if mode == "exit0":
+                    sys.exit(0)
+                if mode == "garbage":
+                    response = "panic: index out of range"
+                if mode == "bytes":
+                    sys.stdout.flush()
+                    sys.stdout.buffer.write(b'{"output": "\xff\xfe"}\n')
+                    sys.stdout.buffer.flush()
+                    continue
+                if mode == "silent":
+                    time.sleep(60)
+        sys.stdout.write((response if isinstance(response, str) else json.dumps(response)) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The runner against drivers that break the way real ones do: it reports, it never hangs or crashes.
+
+Each driver is ``misbehaving_driver.py``, which answers every case right and
+misbehaves once.  The runner's message is all its author gets, so it must
+name the layer and the case, and the command must exit 2 with one line,
+never a traceback (docs/conformance.md, Running the runner).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fencekeeper.adapters.conformance import runner
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "specs" / "conformance"
+MISBEHAVING = f"{sys.executable} {Path(__file__).with_name('misbehaving_driver.py')}"
+
+
+def _fifth_machines_case() -> str:
+    cases = json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"]
+    return str(cases[4]["id"])
+
+
+def _breach(mode: str) -> str:
+    with pytest.raises(runner.DriverError) as caught:
+        runner.run(f"{MISBEHAVING} {mode}", ["machines"], CASES)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("mode", ["crash", "garbage"])
+def test_a_breach_names_the_layer_and_the_case(mode: str) -> None:
+    assert f"layer machines, case {_fifth_machines_case()}:" in _breach(mode)
