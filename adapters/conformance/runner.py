@@ -104,7 +104,12 @@ class Driver:
         except queue.Empty:
             raise DriverError(f"no response within {RESPONSE_TIMEOUT:g} s to {request.get('op')}") from None
         if line is None:
-            raise DriverError(f"driver exited (code {self.process.poll()}) without answering {request.get('op')}")
+            # Its output closes a moment before the process is reaped: wait for the code, the clue to what broke.
+            try:
+                code = self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                raise DriverError(f"driver closed its output without answering {request.get('op')}") from None
+            raise DriverError(f"driver exited (code {code}) without answering {request.get('op')}")
         try:
             return json.loads(line)
         except json.JSONDecodeError:

@@ -2,8 +2,8 @@
 
 ``python misbehaving_driver.py MODE [N]``: answers the ``machines`` and
 ``store``-less kernel layers from the committed expectations, and at the
-N-th case (default 5) does what MODE says: ``crash`` (exits 3), ``exit0``
-(exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
+N-th case (default 5) does what MODE says: ``crash`` (closes its
+output, exits 3 a moment later), ``exit0`` (exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
 not UTF-8), ``silent`` (never answers).  It imports nothing of fencekeeper:
 it stands for an implementation in another language.
 """
@@ -11,6 +11,7 @@ it stands for an implementation in another language.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,10 @@ def main() -> None:
             response = {"output": expected[request["id"]]}
             if seen == at:
                 if mode == "crash":
+                    # As a process does that cleans up after its output is gone: the exit comes a moment later.
+                    sys.stdout.flush()
+                    os.close(1)
+                    time.sleep(0.3)
                     sys.exit(3)
                 if mode == "exit0":
                     sys.exit(0)

@@ -35,3 +35,8 @@ def _breach(mode: str) -> str:
 @pytest.mark.parametrize("mode", ["crash", "garbage"])
 def test_a_breach_names_the_layer_and_the_case(mode: str) -> None:
     assert f"layer machines, case {_fifth_machines_case()}:" in _breach(mode)
+
+
+@pytest.mark.parametrize(("mode", "code"), [("crash", 3), ("exit0", 0)])
+def test_a_driver_that_exits_is_reported_with_its_exit_code(mode: str, code: int) -> None:
+    assert f"driver exited (code {code}) without answering case" in _breach(mode)
