@@ -81,7 +81,8 @@ class Driver:
         self.command = command
         self.process = subprocess.Popen(
             shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
-            cwd=cwd, bufsize=1,
+            # Bytes that are not UTF-8 must reach ask() as a breach, not kill the reading thread.
+            errors="surrogateescape", cwd=cwd, bufsize=1,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         assert self.process.stdout is not None
@@ -110,6 +111,11 @@ class Driver:
             except subprocess.TimeoutExpired:
                 raise DriverError(f"driver closed its output without answering {request.get('op')}") from None
             raise DriverError(f"driver exited (code {code}) without answering {request.get('op')}")
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = line.encode("utf-8", "surrogateescape")[:200]
+            raise DriverError(f"driver wrote a line that is not UTF-8: {shown!r}") from None
         try:
             return json.loads(line)
         except json.JSONDecodeError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,11 @@ def test_a_breach_names_the_layer_and_the_case(mode: str) -> None:
 @pytest.mark.parametrize(("mode", "code"), [("crash", 3), ("exit0", 0)])
 def test_a_driver_that_exits_is_reported_with_its_exit_code(mode: str, code: int) -> None:
     assert f"driver exited (code {code}) without answering case" in _breach(mode)
+
+
+def test_output_that_is_not_utf8_is_a_breach_not_a_thirty_second_wait() -> None:
+    # It used to kill the thread reading the driver (a traceback on stderr), then time out.
+    started = time.monotonic()
+    message = _breach("bytes")
+    assert "not UTF-8" in message and f"case {_fifth_machines_case()}" in message
+    assert time.monotonic() - started < 10
