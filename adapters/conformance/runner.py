@@ -277,11 +277,7 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
     reports = []
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})
-        declared = set(hello.get("layers", [])) if isinstance(hello, dict) else set()
-        if not isinstance(hello, dict) or hello.get("protocol") != 1:
-            raise DriverError(f"driver does not speak protocol 1: {hello!r}")
-        offered = hello.get("holds", HOLDS_OF_PROTOCOL_1_0)
-        holds = frozenset(h for h in offered if isinstance(h, str)) if isinstance(offered, list | tuple) else frozenset()
+        declared, holds = _read_hello(hello)
         for layer in layers:
             document = load_layer(directory, layer)
             report = LayerReport(layer)
@@ -298,6 +294,21 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
     finally:
         driver.close()
     return reports
+
+
+def _names(hello: dict[str, Any], key: str, default: Iterable[str]) -> frozenset[str]:
+    names = hello.get(key, default)
+    if not isinstance(names, list | tuple) or not all(isinstance(name, str) for name in names):
+        raise DriverError(f"hello: {key!r} must be a list of names, got {names!r}")
+    return frozenset(names)
+
+
+def _read_hello(hello: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """The layers and hold points a driver's ``hello`` answer offers; anything else there is a breach."""
+    # JSON true is not the major number 1, though Python's == would say so.
+    if not isinstance(hello, dict) or type(hello.get("protocol")) is not int or hello["protocol"] != 1:
+        raise DriverError(f"driver does not speak protocol 1: {hello!r}")
+    return _names(hello, "layers", ()), _names(hello, "holds", HOLDS_OF_PROTOCOL_1_0)
 
 
 def render(reports: list[LayerReport], implementation: str = "") -> str:

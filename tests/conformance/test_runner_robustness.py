@@ -9,12 +9,14 @@ never a traceback (docs/conformance.md, Running the runner).
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from fencekeeper.adapters import cli
 from fencekeeper.adapters.conformance import runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,3 +51,23 @@ def test_output_that_is_not_utf8_is_a_breach_not_a_thirty_second_wait() -> None:
     message = _breach("bytes")
     assert "not UTF-8" in message and f"case {_fifth_machines_case()}" in message
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("hello", "said"),
+    [
+        ({"protocol": True, "layers": ["machines"]}, "does not speak protocol 1"),
+        ({"protocol": 2, "layers": ["machines"]}, "does not speak protocol 1"),
+        ({"protocol": 1, "layers": 5}, "'layers' must be a list of names"),
+        ({"protocol": 1, "layers": ["machines"], "holds": "clock"}, "'holds' must be a list of names"),
+    ],
+)
+def test_a_hello_that_is_not_protocol_1_is_one_clear_breach(hello: dict[str, object], said: str) -> None:
+    # layers 5 was a TypeError (an internal error, exit 1); protocol true passed for 1; holds "clock" offered nothing.
+    assert said in _breach(shlex.quote("hello=" + json.dumps(hello)))
+
+
+def test_the_command_exits_2_on_a_malformed_hello(capsys: pytest.CaptureFixture[str]) -> None:
+    hello = shlex.quote("hello=" + json.dumps({"protocol": 1, "layers": 5}))
+    assert cli.main(["conformance", "--driver", f"{MISBEHAVING} {hello}", "--layer", "machines"]) == 2
+    assert "the driver broke the protocol: hello: 'layers'" in capsys.readouterr().err
