@@ -158,6 +158,17 @@ class InProcessDriver:
 AnyDriver = Driver | InProcessDriver
 
 
+def _same(expected: Any, got: Any) -> bool:
+    """JSON equality: Python's ``==`` takes ``true`` for ``1`` and ``false`` for ``0``, JSON does not."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return type(expected) is type(got) and expected == got
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return expected.keys() == got.keys() and all(_same(value, got[key]) for key, value in expected.items())
+    if isinstance(expected, list) and isinstance(got, list):
+        return len(expected) == len(got) and all(_same(e, g) for e, g in zip(expected, got, strict=True))
+    return bool(expected == got)
+
+
 def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
     """The normative parts where ``output`` differs from the case's expectation: part -> (expected, got)."""
     expected = case["expected"]
@@ -165,7 +176,7 @@ def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
         return {"output": {"expected": expected, "got": output}}
     found = {}
     for part in case["normative"]:
-        if expected.get(part) != output.get(part):
+        if not _same(expected.get(part), output.get(part)):
             found[part] = {"expected": expected.get(part), "got": output.get(part)}
     return found
 
@@ -222,7 +233,7 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[st
     if "steps" in data:
         for index, (step, expected) in enumerate(zip(data["steps"], case["expected"]["results"], strict=True)):
             got = _store_step(driver, step)
-            if got != expected:
+            if not _same(expected, got):
                 return {f"results[{index}] ({step['call']})": {"expected": expected, "got": got}}
         return None
     point = data.get("hold", "commit")
@@ -239,7 +250,7 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[st
         b = driver.ask({"op": "store", "control": "await", "session": "b"}).get("output")
     then = [_store_step(driver, step) for step in data["then"]]
     got = {"setup": setup, "a": a, "b": b, "then": then}
-    if got in case["expected"]["serial_orders"]:
+    if any(_same(order, got) for order in case["expected"]["serial_orders"]):
         return None
     return {"race": {"expected one of": case["expected"]["serial_orders"], "got": got}}
 

@@ -13,6 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,51 @@ def test_the_command_exits_2_on_a_malformed_hello(capsys: pytest.CaptureFixture[
     hello = shlex.quote("hello=" + json.dumps({"protocol": 1, "layers": 5}))
     assert cli.main(["conformance", "--driver", f"{MISBEHAVING} {hello}", "--layer", "machines"]) == 2
     assert "the driver broke the protocol: hello: 'layers'" in capsys.readouterr().err
+
+
+def _numbers_for_bools(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _numbers_for_bools(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_numbers_for_bools(item) for item in value]
+    return value
+
+
+class _BoolsAsNumbers:
+    """Answers every case with its expectation, but writes 1 for true and 0 for false (a JSON writer's bug)."""
+
+    def __init__(self) -> None:
+        self.results = iter(
+            result
+            for case in json.loads((CASES / "store.json").read_text(encoding="utf-8"))["cases"]
+            if "steps" in case["input"]
+            for result in case["expected"]["results"]
+        )
+        self.expected = {
+            case["id"]: case["expected"]
+            for case in json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"]
+        }
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        if request["op"] == "hello":
+            return {"protocol": 1, "layers": ["machines", "store"], "holds": []}
+        if request["op"] == "case":
+            return {"output": _numbers_for_bools(self.expected[request["id"]])}
+        if request["op"] == "store":
+            return {"output": _numbers_for_bools(next(self.results))}
+        return {"ok": True}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_number_is_never_taken_for_a_bool() -> None:
+    machines, store = runner.run(_BoolsAsNumbers(), ["machines", "store"], CASES)
+    illegal = sum(1 for expected in _BoolsAsNumbers().expected.values() if expected.get("illegal") is True)
+    assert (machines.failed, machines.passed) == (illegal, machines.passed)
+    assert machines.first_failure is not None
+    assert machines.first_failure["differences"]["illegal"] == {"expected": True, "got": 1}
+    # Store scripts whose results hold a bool (a publish's duplicate flag, a race's held) fail too.
+    assert store.failed > 0
