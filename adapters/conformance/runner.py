@@ -217,6 +217,11 @@ def _store_step(driver: AnyDriver, step: dict[str, Any], **extra: Any) -> Any:
     response = driver.ask({"op": "store", "step": step, **extra})
     if isinstance(response, dict) and response.get("unsupported"):
         raise _Unsupported
+    return _output(response)
+
+
+def _output(response: Any) -> Any:
+    """A store answer's output; any other JSON the driver wrote is kept whole, to be reported as it came."""
     return response.get("output") if isinstance(response, dict) else response
 
 
@@ -245,9 +250,9 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[st
     held = isinstance(a, dict) and a.get("held") in (True, point)
     b = _store_step(driver, data["b"])
     if held:
-        a = driver.ask({"op": "store", "control": "release", "session": "a"}).get("output")
+        a = _output(driver.ask({"op": "store", "control": "release", "session": "a"}))
     if isinstance(b, dict) and b.get("pending") is True:
-        b = driver.ask({"op": "store", "control": "await", "session": "b"}).get("output")
+        b = _output(driver.ask({"op": "store", "control": "await", "session": "b"}))
     then = [_store_step(driver, step) for step in data["then"]]
     got = {"setup": setup, "a": a, "b": b, "then": then}
     if any(_same(order, got) for order in case["expected"]["serial_orders"]):

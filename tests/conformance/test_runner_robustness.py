@@ -120,3 +120,33 @@ def test_a_number_is_never_taken_for_a_bool() -> None:
     assert machines.first_failure["differences"]["illegal"] == {"expected": True, "got": 1}
     # Store scripts whose results hold a bool (a publish's duplicate flag, a race's held) fail too.
     assert store.failed > 0
+
+
+class _GarbledControls:
+    """Holds every race as asked, then answers release and await with JSON that is not an object."""
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        if request["op"] == "hello":
+            return {"protocol": 1, "layers": ["store"]}
+        if request["op"] == "reset":
+            return {"ok": True}
+        if request.get("control"):
+            return ["released"]
+        if request["op"] == "store":
+            return {"output": {"held": True} if request.get("hold") else {"pending": True}}
+        return {"ok": True}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_garbled_race_control_answer_fails_the_race_without_a_traceback(tmp_path: Path) -> None:
+    # It was an AttributeError out of the runner (an internal error) at the first race.
+    document = json.loads((CASES / "store.json").read_text(encoding="utf-8"))
+    document["cases"] = [case for case in document["cases"] if case["id"].startswith("race/")]
+    (tmp_path / "store.json").write_text(json.dumps(document), encoding="utf-8")
+    [store] = runner.run(_GarbledControls(), ["store"], tmp_path)
+    assert (store.failed, store.passed) == (len(document["cases"]) - store.skipped, 0)
+    assert store.first_failure is not None and store.first_failure["id"].startswith("race/")
+    got = store.first_failure["differences"]["race"]["got"]
+    assert (got["a"], got["b"]) == (["released"], ["released"])
