@@ -47,6 +47,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     try:
         shlex.split(args.driver)
         reports = runner.run(args.driver, layers, directory)
+    except runner.CaseFileError as exc:
+        out.note(f"fencekeeper: error: {exc}")
+        return EXIT_USAGE
     except (OSError, ValueError) as exc:
         out.note(f"fencekeeper: error: --driver {args.driver!r}: cannot start: {exc}")
         return EXIT_USAGE

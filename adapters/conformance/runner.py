@@ -69,9 +69,22 @@ def packaged_cases() -> Path:
     return Path(str(importlib.resources.files("fencekeeper") / "specs" / "conformance"))
 
 
+class CaseFileError(Exception):
+    """A case file that cannot be read, or is not a case file: the suite's fault, not the driver's."""
+
+
 def load_layer(directory: Path, layer: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((directory / f"{layer}.json").read_text(encoding="utf-8"))
-    return data
+    path = directory / f"{layer}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CaseFileError(f"{path}: cannot read the cases: {exc}") from None
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list) or not all(
+        isinstance(case, dict) and {"id", "input", "expected"} <= case.keys() for case in cases
+    ):
+        raise CaseFileError(f"{path}: not a case file: 'cases' must be a list of cases with id, input and expected")
+    return dict(data)
 
 
 class Driver:
@@ -289,13 +302,19 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
         cwd: Path | None = None) -> list[LayerReport]:
     """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer."""
     directory = cases_dir if cases_dir is not None else packaged_cases()
+    # Every case file is read before the driver starts, so that a bad one is never blamed on the driver.
+    try:
+        documents = {layer: load_layer(directory, layer) for layer in layers}
+    except CaseFileError:
+        if not isinstance(command, str):
+            command.close()
+        raise
     driver = Driver(command, cwd) if isinstance(command, str) else command
     reports = []
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})
         declared, holds = _read_hello(hello)
-        for layer in layers:
-            document = load_layer(directory, layer)
+        for layer, document in documents.items():
             report = LayerReport(layer)
             cases = document["cases"]
             if layer not in declared:

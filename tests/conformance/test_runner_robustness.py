@@ -150,3 +150,15 @@ def test_a_garbled_race_control_answer_fails_the_race_without_a_traceback(tmp_pa
     assert store.first_failure is not None and store.first_failure["id"].startswith("race/")
     got = store.first_failure["differences"]["race"]["got"]
     assert (got["a"], got["b"]) == (["released"], ["released"])
+
+
+@pytest.mark.parametrize("text", ['{"cases": [', '{"version": "9.0.0"}'])
+def test_a_bad_case_file_is_named_and_never_blamed_on_the_driver(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Cut short, it was "--driver ...: cannot start"; without cases, an internal error (KeyError, exit 1).
+    (tmp_path / "machines.json").write_text(text, encoding="utf-8")
+    assert cli.main(["conformance", "--driver", f"{MISBEHAVING} none", "--layer", "machines",
+                     "--cases", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'machines.json'}:" in err and "--driver" not in err
