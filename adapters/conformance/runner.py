@@ -38,6 +38,11 @@ from .basis import LAYERS
 
 RESPONSE_TIMEOUT = 30.0
 
+MAX_LINE = 16 * 1024 * 1024
+"""The longest response line read, in characters: the largest case's answer is a few kilobytes."""
+
+_TOO_LONG = object()
+
 HOLDS_OF_PROTOCOL_1_0 = ("commit",)
 """The hold points of a driver whose ``hello`` lists none: the one protocol 1.0 had."""
 
@@ -97,12 +102,19 @@ class Driver:
             # Bytes that are not UTF-8 must reach ask() as a breach, not kill the reading thread.
             errors="surrogateescape", cwd=cwd, bufsize=1,
         )
-        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._lines: queue.Queue[str | object | None] = queue.Queue()
         assert self.process.stdout is not None
         threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
 
     def _read(self, stream: IO[str]) -> None:
-        for line in stream:
+        # Bounded reads: a driver writing without end must not take the runner's memory with it.
+        while line := stream.readline(MAX_LINE + 1):
+            if len(line) > MAX_LINE:
+                self._lines.put(_TOO_LONG)
+                rest = line
+                while rest and not rest.endswith("\n"):
+                    rest = stream.readline(MAX_LINE + 1)
+                continue
             self._lines.put(line)
         self._lines.put(None)
 
@@ -124,6 +136,9 @@ class Driver:
             except subprocess.TimeoutExpired:
                 raise DriverError(f"driver closed its output without answering {request.get('op')}") from None
             raise DriverError(f"driver exited (code {code}) without answering {request.get('op')}")
+        if line is _TOO_LONG:
+            raise DriverError(f"driver wrote a line longer than {MAX_LINE} characters answering {request.get('op')}")
+        assert isinstance(line, str)
         try:
             line.encode("utf-8")
         except UnicodeEncodeError:

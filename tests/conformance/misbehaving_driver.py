@@ -4,7 +4,7 @@
 ``store``-less kernel layers from the committed expectations, and at the
 N-th case (default 5) does what MODE says: ``crash`` (closes its
 output, exits 3 a moment later), ``exit0`` (exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
-not UTF-8), ``silent`` (never answers).  It imports nothing of fencekeeper:
+not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers).  It imports nothing of fencekeeper:
 it stands for an implementation in another language.
 """
 
@@ -51,6 +51,8 @@ def main() -> None:
                     sys.stdout.buffer.write(b'{"output": "\xff\xfe"}\n')
                     sys.stdout.buffer.flush()
                     continue
+                if mode == "huge":
+                    response = json.dumps({"output": {"target": "x" * 100_000}})
                 if mode == "silent":
                     time.sleep(60)
         sys.stdout.write((response if isinstance(response, str) else json.dumps(response)) + "\n")

@@ -162,3 +162,11 @@ def test_a_bad_case_file_is_named_and_never_blamed_on_the_driver(
                      "--cases", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'machines.json'}:" in err and "--driver" not in err
+
+
+def test_a_line_past_the_limit_is_a_breach_naming_the_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "MAX_LINE", 10_000)
+    message = _breach("huge")
+    assert f"case {_fifth_machines_case()}: driver wrote a line longer than 10000 characters" in message
