@@ -128,7 +128,11 @@ class Driver:
         try:
             line = self._lines.get(timeout=RESPONSE_TIMEOUT)
         except queue.Empty:
-            raise DriverError(f"no response within {RESPONSE_TIMEOUT:g} s to {request.get('op')}") from None
+            # The usual cause is an answer left in the driver's output buffer: stdout to a pipe is block-buffered.
+            raise DriverError(
+                f"no response within {RESPONSE_TIMEOUT:g} s to {request.get('op')} (a driver must write each answer "
+                "as one line and flush its standard output before reading the next request)"
+            ) from None
         if line is None:
             # Its output closes a moment before the process is reaped: wait for the code, the clue to what broke.
             try:

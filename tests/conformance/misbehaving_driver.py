@@ -4,7 +4,8 @@
 ``store``-less kernel layers from the committed expectations, and at the
 N-th case (default 5) does what MODE says: ``crash`` (closes its
 output, exits 3 a moment later), ``exit0`` (exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
-not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers).  It imports nothing of fencekeeper:
+not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers);
+``unflushed`` never flushes its output at all.  It imports nothing of fencekeeper:
 it stands for an implementation in another language.
 """
 
@@ -27,6 +28,7 @@ def main() -> None:
         hello = json.loads(mode.removeprefix("hello="))
     expected = {c["id"]: c["expected"] for c in json.loads((CASES / "machines.json").read_text("utf-8"))["cases"]}
     seen = 0
+    unflushed: list[str] = []
     for line in sys.stdin:
         request = json.loads(line)
         response: object = {"ok": True}
@@ -55,8 +57,14 @@ def main() -> None:
                     response = json.dumps({"output": {"target": "x" * 100_000}})
                 if mode == "silent":
                     time.sleep(60)
-        sys.stdout.write((response if isinstance(response, str) else json.dumps(response)) + "\n")
+        text = (response if isinstance(response, str) else json.dumps(response)) + "\n"
+        if mode == "unflushed":
+            # As a block buffer does (whatever PYTHONUNBUFFERED says): the answers come out when input ends.
+            unflushed.append(text)
+            continue
+        sys.stdout.write(text)
         sys.stdout.flush()
+    sys.stdout.write("".join(unflushed))
 
 
 if __name__ == "__main__":

@@ -170,3 +170,11 @@ def test_a_line_past_the_limit_is_a_breach_naming_the_case(
     monkeypatch.setattr(runner, "MAX_LINE", 10_000)
     message = _breach("huge")
     assert f"case {_fifth_machines_case()}: driver wrote a line longer than 10000 characters" in message
+
+
+def test_a_driver_that_never_flushes_is_told_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The commonest first bug of a driver: its answers wait in a block buffer, and the runner saw only silence.
+    monkeypatch.setattr(runner, "RESPONSE_TIMEOUT", 1.0)
+    assert "no response within 1 s to hello (a driver must write each answer as one line and flush" in _breach(
+        "unflushed"
+    )
