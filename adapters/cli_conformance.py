@@ -32,8 +32,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
         except OSError as exc:
             out.note(f"fencekeeper: error: {args.generate}: cannot write: {exc.strerror}")
             return EXIT_USAGE
-        for path in written:
-            print(path)
+        if getattr(args, "json", False):
+            out.data([str(path) for path in written])
+        else:
+            for path in written:
+                print(path)
         return EXIT_OK
     if not args.driver:
         out.note("fencekeeper: error: give --driver CMD (the implementation's driver) or --generate DIR")

@@ -178,3 +178,10 @@ def test_a_driver_that_never_flushes_is_told_so(monkeypatch: pytest.MonkeyPatch)
     assert "no response within 1 s to hello (a driver must write each answer as one line and flush" in _breach(
         "unflushed"
     )
+
+
+def test_generate_with_json_prints_one_json_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It printed one path a line whatever --json said, which a JSON reader of stdout cannot take.
+    assert cli.main(["conformance", "--generate", str(tmp_path), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written == [str(tmp_path / f"{layer}.json") for layer in runner.LAYERS]
