@@ -124,7 +124,8 @@ class Driver:
             self.process.stdin.write(json.dumps(request, sort_keys=True) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
-            raise DriverError(f"driver stopped reading its input: {exc}") from None
+            # Most often the driver has exited: its code says more than the broken pipe does.
+            raise self._stopped(request, f"driver closed its input: {exc}") from None
         try:
             line = self._lines.get(timeout=RESPONSE_TIMEOUT)
         except queue.Empty:
@@ -134,12 +135,7 @@ class Driver:
                 "as one line and flush its standard output before reading the next request)"
             ) from None
         if line is None:
-            # Its output closes a moment before the process is reaped: wait for the code, the clue to what broke.
-            try:
-                code = self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                raise DriverError(f"driver closed its output without answering {request.get('op')}") from None
-            raise DriverError(f"driver exited (code {code}) without answering {request.get('op')}")
+            raise self._stopped(request, f"driver closed its output without answering {request.get('op')}")
         if line is _TOO_LONG:
             raise DriverError(f"driver wrote a line longer than {MAX_LINE} characters answering {request.get('op')}")
         assert isinstance(line, str)
@@ -152,6 +148,14 @@ class Driver:
             return json.loads(line)
         except json.JSONDecodeError:
             raise DriverError(f"driver wrote a line that is not JSON: {line[:200]!r}") from None
+
+    def _stopped(self, request: dict[str, Any], otherwise: str) -> DriverError:
+        # A pipe closes a moment before the process is reaped: wait for the code, the clue to what broke.
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return DriverError(otherwise)
+        return DriverError(f"driver exited (code {code}) without answering {request.get('op')}")
 
     def close(self) -> None:
         try:

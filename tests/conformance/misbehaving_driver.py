@@ -5,7 +5,8 @@
 N-th case (default 5) does what MODE says: ``crash`` (closes its
 output, exits 3 a moment later), ``exit0`` (exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
 not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers);
-``unflushed`` never flushes its output at all.  It imports nothing of fencekeeper:
+``unflushed`` never flushes its output at all; ``closein`` closes its
+input once it has read ``hello``, answers it and exits 4.  It imports nothing of fencekeeper:
 it stands for an implementation in another language.
 """
 
@@ -34,6 +35,11 @@ def main() -> None:
         response: object = {"ok": True}
         if request["op"] == "hello":
             response = hello
+            if mode == "closein":
+                os.close(0)
+                print(json.dumps(response), flush=True)
+                time.sleep(0.3)
+                sys.exit(4)
         elif request["op"] == "case":
             seen += 1
             response = {"output": expected[request["id"]]}

@@ -25,9 +25,17 @@ CASES = ROOT / "specs" / "conformance"
 MISBEHAVING = f"{sys.executable} {Path(__file__).with_name('misbehaving_driver.py')}"
 
 
-def _fifth_machines_case() -> str:
+def _machines_case(index: int) -> str:
     cases = json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"]
-    return str(cases[4]["id"])
+    return str(cases[index]["id"])
+
+
+def _fifth_machines_case() -> str:
+    return _machines_case(4)
+
+
+def _first_machines_case() -> str:
+    return _machines_case(0)
 
 
 def _breach(mode: str) -> str:
@@ -185,3 +193,8 @@ def test_generate_with_json_prints_one_json_document(tmp_path: Path, capsys: pyt
     assert cli.main(["conformance", "--generate", str(tmp_path), "--json"]) == 0
     written = json.loads(capsys.readouterr().out)
     assert written == [str(tmp_path / f"{layer}.json") for layer in runner.LAYERS]
+
+
+def test_a_driver_gone_before_reading_a_request_is_reported_with_its_exit_code() -> None:
+    # It was "driver stopped reading its input: [Errno 32] Broken pipe", whatever the driver had done.
+    assert f"case {_first_machines_case()}: driver exited (code 4) without answering case" in _breach("closein")
