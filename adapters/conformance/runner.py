@@ -377,8 +377,23 @@ def render(reports: list[LayerReport], implementation: str = "") -> str:
     for r in reports:
         if r.first_failure is not None:
             lines.append(f"first difference in {r.layer}:")
-            lines.append(json.dumps(r.first_failure, indent=2, sort_keys=True))
+            lines.append(json.dumps(_abbreviated(r.first_failure), indent=2, sort_keys=True))
     return "\n".join(lines)
+
+
+SHOWN_STRING = 1000
+"""The longest string the text report shows whole; ``--json`` shows every one whole."""
+
+
+def _abbreviated(value: Any) -> Any:
+    # A driver that answers with megabytes must not bury the difference it is being shown.
+    if isinstance(value, str) and len(value) > SHOWN_STRING:
+        return f"{value[:SHOWN_STRING]}... ({len(value)} characters in all)"
+    if isinstance(value, dict):
+        return {key: _abbreviated(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_abbreviated(item) for item in value]
+    return value
 
 
 def as_json(reports: list[LayerReport]) -> list[dict[str, Any]]:

@@ -198,3 +198,12 @@ def test_generate_with_json_prints_one_json_document(tmp_path: Path, capsys: pyt
 def test_a_driver_gone_before_reading_a_request_is_reported_with_its_exit_code() -> None:
     # It was "driver stopped reading its input: [Errno 32] Broken pipe", whatever the driver had done.
     assert f"case {_first_machines_case()}: driver exited (code 4) without answering case" in _breach("closein")
+
+
+def test_the_text_report_abbreviates_a_huge_answer_and_json_keeps_it_whole() -> None:
+    [machines] = runner.run(f"{MISBEHAVING} huge", ["machines"], CASES)
+    assert machines.first_failure is not None and machines.first_failure["id"] == _fifth_machines_case()
+    text = runner.render([machines])
+    assert len(text) < 5_000 and "... (100000 characters in all)" in text
+    shown = runner.as_json([machines])[0]["first_failure"]["differences"]["target"]["got"]
+    assert shown == "x" * 100_000
