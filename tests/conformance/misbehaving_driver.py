@@ -6,7 +6,8 @@ N-th case (default 5) does what MODE says: ``crash`` (closes its
 output, exits 3 a moment later), ``exit0`` (exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
 not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers);
 ``unflushed`` never flushes its output at all; ``closein`` closes its
-input once it has read ``hello``, answers it and exits 4.  It imports nothing of fencekeeper:
+input once it has read ``hello``, answers it and exits 4; ``nobye``
+exits 1 at ``bye`` instead of answering it, ``ignorebye`` never answers it.  It imports nothing of fencekeeper:
 it stands for an implementation in another language.
 """
 
@@ -33,6 +34,10 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         response: object = {"ok": True}
+        if request["op"] == "bye" and mode == "nobye":
+            sys.exit(1)
+        if request["op"] == "bye" and mode == "ignorebye":
+            continue
         if request["op"] == "hello":
             response = hello
             if mode == "closein":

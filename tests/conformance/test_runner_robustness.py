@@ -207,3 +207,13 @@ def test_the_text_report_abbreviates_a_huge_answer_and_json_keeps_it_whole() -> 
     assert len(text) < 5_000 and "... (100000 characters in all)" in text
     shown = runner.as_json([machines])[0]["first_failure"]["differences"]["target"]["got"]
     assert shown == "x" * 100_000
+
+
+@pytest.mark.parametrize("mode", ["nobye", "ignorebye"])
+def test_a_driver_that_does_not_answer_bye_keeps_its_report(mode: str) -> None:
+    # Every case was answered; the breach at bye used to throw the whole report away (exit 2), after 30 s
+    # for a driver that ignores what it does not know.
+    started = time.monotonic()
+    [machines] = runner.run(f"{MISBEHAVING} {mode}", ["machines"], CASES)
+    assert machines.verdict == "passed" and machines.passed > 0
+    assert time.monotonic() - started < 15
