@@ -225,7 +225,7 @@ def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]]
         with _in_case(layer, case):
             response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
         if isinstance(response, dict) and response.get("unsupported"):
-            report.skipped += 1
+            _skip(report, ANSWERED_UNSUPPORTED)
             continue
         if not isinstance(response, dict) or "output" not in response:
             _fail(report, case, {"response": {"expected": "an output", "got": response}})
@@ -244,6 +244,17 @@ def _in_case(layer: str, case: dict[str, Any]) -> Iterator[None]:
         yield
     except DriverError as exc:
         raise DriverError(f"layer {layer}, case {case['id']}: {exc}") from None
+
+
+ANSWERED_UNSUPPORTED = "the driver answered unsupported"
+
+
+def _skip(report: LayerReport, reason: str) -> None:
+    # Every reason a layer's cases were skipped is shown: a skip never looks like the runner's own doing.
+    report.skipped += 1
+    reasons = report.skip_reason.split("; ") if report.skip_reason else []
+    if reason not in reasons:
+        report.skip_reason = "; ".join([*reasons, reason])
 
 
 def _fail(report: LayerReport, case: dict[str, Any], diff: dict[str, Any]) -> None:
@@ -308,9 +319,7 @@ def _run_store_layer(
             with _in_case("store", case):
                 diff = _run_store_case(driver, case, holds)
         except _Unsupported:
-            report.skipped += 1
-            if point not in holds:
-                report.skip_reason = f"the driver does not offer the hold point {point!r}"
+            _skip(report, ANSWERED_UNSUPPORTED if point in holds else f"the driver does not offer the hold point {point!r}")
             continue
         if diff:
             _fail(report, case, diff)

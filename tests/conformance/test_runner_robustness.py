@@ -217,3 +217,12 @@ def test_a_driver_that_does_not_answer_bye_keeps_its_report(mode: str) -> None:
     [machines] = runner.run(f"{MISBEHAVING} {mode}", ["machines"], CASES)
     assert machines.verdict == "passed" and machines.passed > 0
     assert time.monotonic() - started < 15
+
+
+def test_a_skip_the_driver_asked_for_says_so() -> None:
+    # A layer answered unsupported case by case showed "skipped 481" with no reason at all.
+    hello = shlex.quote("hello=" + json.dumps({"protocol": 1, "layers": ["machines", "store"], "holds": ["commit"]}))
+    machines, store = runner.run(f"{MISBEHAVING} {hello}", ["machines", "store"], CASES)
+    assert machines.skip_reason is None
+    assert store.verdict == "skipped"
+    assert store.skip_reason == "the driver answered unsupported; the driver does not offer the hold point 'clock'"
