@@ -62,6 +62,8 @@ class LayerReport:
     skipped: int = 0
     first_failure: dict[str, Any] | None = None
     skip_reason: str | None = None
+    version: str | None = None
+    """The version of the case file the layer ran: a claim of conformance is a claim against it."""
 
     @property
     def verdict(self) -> str:
@@ -350,7 +352,8 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
         hello = driver.ask({"op": "hello", "protocol": 1})
         declared, holds = _read_hello(hello)
         for layer, document in documents.items():
-            report = LayerReport(layer)
+            version = document.get("version")
+            report = LayerReport(layer, version=version if isinstance(version, str) else None)
             cases = document["cases"]
             if layer not in declared:
                 report.skipped = len(cases)
@@ -389,6 +392,9 @@ def _read_hello(hello: Any) -> tuple[frozenset[str], frozenset[str]]:
 
 def render(reports: list[LayerReport], implementation: str = "") -> str:
     lines = [f"conformance of {implementation}" if implementation else "conformance"]
+    versions = sorted({r.version for r in reports if r.version is not None})
+    if versions:
+        lines[0] += f", cases {', '.join(versions)}"
     for r in reports:
         note = f" ({r.skip_reason})" if r.skip_reason else ""
         lines.append(f"  {r.layer:<12} {r.verdict:<8} passed {r.passed}, failed {r.failed}, skipped {r.skipped}{note}")
@@ -417,6 +423,6 @@ def _abbreviated(value: Any) -> Any:
 def as_json(reports: list[LayerReport]) -> list[dict[str, Any]]:
     return [
         {"layer": r.layer, "verdict": r.verdict, "passed": r.passed, "failed": r.failed, "skipped": r.skipped,
-         "skip_reason": r.skip_reason, "first_failure": r.first_failure}
+         "skip_reason": r.skip_reason, "first_failure": r.first_failure, "version": r.version}
         for r in reports
     ]

@@ -226,3 +226,11 @@ def test_a_skip_the_driver_asked_for_says_so() -> None:
     assert machines.skip_reason is None
     assert store.verdict == "skipped"
     assert store.skip_reason == "the driver answered unsupported; the driver does not offer the hold point 'clock'"
+
+
+def test_the_report_names_the_case_version_it_ran() -> None:
+    # A report from an old copy of the cases (--cases) looked exactly like one from these.
+    version = json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["version"]
+    reports = runner.run(f"{MISBEHAVING} none", ["machines"], CASES)
+    assert runner.render(reports, "drv").splitlines()[0] == f"conformance of drv, cases {version}"
+    assert runner.as_json(reports)[0]["version"] == version
