@@ -32,8 +32,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
         except OSError as exc:
             out.note(f"fencekeeper: error: {args.generate}: cannot write: {exc.strerror}")
             return EXIT_USAGE
-        for path in written:
-            print(path)
+        if getattr(args, "json", False):
+            out.data([str(path) for path in written])
+        else:
+            for path in written:
+                print(path)
         return EXIT_OK
     if not args.driver:
         out.note("fencekeeper: error: give --driver CMD (the implementation's driver) or --generate DIR")
@@ -47,6 +50,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     try:
         shlex.split(args.driver)
         reports = runner.run(args.driver, layers, directory)
+    except runner.CaseFileError as exc:
+        out.note(f"fencekeeper: error: {exc}")
+        return EXIT_USAGE
     except (OSError, ValueError) as exc:
         out.note(f"fencekeeper: error: --driver {args.driver!r}: cannot start: {exc}")
         return EXIT_USAGE

@@ -21,13 +21,14 @@ Rules of this module (specs/conformance.md):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import json
 import queue
 import shlex
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,6 +37,14 @@ import attrs
 from .basis import LAYERS
 
 RESPONSE_TIMEOUT = 30.0
+
+BYE_TIMEOUT = 2.0
+"""How long the last request, ``bye``, waits for its courtesy answer."""
+
+MAX_LINE = 16 * 1024 * 1024
+"""The longest response line read, in characters: the largest case's answer is a few kilobytes."""
+
+_TOO_LONG = object()
 
 HOLDS_OF_PROTOCOL_1_0 = ("commit",)
 """The hold points of a driver whose ``hello`` lists none: the one protocol 1.0 had."""
@@ -53,6 +62,8 @@ class LayerReport:
     skipped: int = 0
     first_failure: dict[str, Any] | None = None
     skip_reason: str | None = None
+    version: str | None = None
+    """The version of the case file the layer ran: a claim of conformance is a claim against it."""
 
     @property
     def verdict(self) -> str:
@@ -68,9 +79,22 @@ def packaged_cases() -> Path:
     return Path(str(importlib.resources.files("fencekeeper") / "specs" / "conformance"))
 
 
+class CaseFileError(Exception):
+    """A case file that cannot be read, or is not a case file: the suite's fault, not the driver's."""
+
+
 def load_layer(directory: Path, layer: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((directory / f"{layer}.json").read_text(encoding="utf-8"))
-    return data
+    path = directory / f"{layer}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CaseFileError(f"{path}: cannot read the cases: {exc}") from None
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list) or not all(
+        isinstance(case, dict) and {"id", "input", "expected"} <= case.keys() for case in cases
+    ):
+        raise CaseFileError(f"{path}: not a case file: 'cases' must be a list of cases with id, input and expected")
+    return dict(data)
 
 
 class Driver:
@@ -80,34 +104,63 @@ class Driver:
         self.command = command
         self.process = subprocess.Popen(
             shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
-            cwd=cwd, bufsize=1,
+            # Bytes that are not UTF-8 must reach ask() as a breach, not kill the reading thread.
+            errors="surrogateescape", cwd=cwd, bufsize=1,
         )
-        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._lines: queue.Queue[str | object | None] = queue.Queue()
         assert self.process.stdout is not None
         threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
 
     def _read(self, stream: IO[str]) -> None:
-        for line in stream:
+        # Bounded reads: a driver writing without end must not take the runner's memory with it.
+        while line := stream.readline(MAX_LINE + 1):
+            if len(line) > MAX_LINE:
+                self._lines.put(_TOO_LONG)
+                rest = line
+                while rest and not rest.endswith("\n"):
+                    rest = stream.readline(MAX_LINE + 1)
+                continue
             self._lines.put(line)
         self._lines.put(None)
 
-    def ask(self, request: dict[str, Any]) -> Any:
+    def ask(self, request: dict[str, Any], timeout: float | None = None) -> Any:
         assert self.process.stdin is not None
         try:
             self.process.stdin.write(json.dumps(request, sort_keys=True) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
-            raise DriverError(f"driver stopped reading its input: {exc}") from None
+            # Most often the driver has exited: its code says more than the broken pipe does.
+            raise self._stopped(request, f"driver closed its input: {exc}") from None
         try:
-            line = self._lines.get(timeout=RESPONSE_TIMEOUT)
+            line = self._lines.get(timeout=RESPONSE_TIMEOUT if timeout is None else timeout)
         except queue.Empty:
-            raise DriverError(f"no response within {RESPONSE_TIMEOUT:g} s to {request.get('op')}") from None
+            # The usual cause is an answer left in the driver's output buffer: stdout to a pipe is block-buffered.
+            raise DriverError(
+                f"no response within {RESPONSE_TIMEOUT:g} s to {request.get('op')} (a driver must write each answer "
+                "as one line and flush its standard output before reading the next request)"
+            ) from None
         if line is None:
-            raise DriverError(f"driver exited (code {self.process.poll()}) without answering {request.get('op')}")
+            raise self._stopped(request, f"driver closed its output without answering {request.get('op')}")
+        if line is _TOO_LONG:
+            raise DriverError(f"driver wrote a line longer than {MAX_LINE} characters answering {request.get('op')}")
+        assert isinstance(line, str)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = line.encode("utf-8", "surrogateescape")[:200]
+            raise DriverError(f"driver wrote a line that is not UTF-8: {shown!r}") from None
         try:
             return json.loads(line)
         except json.JSONDecodeError:
             raise DriverError(f"driver wrote a line that is not JSON: {line[:200]!r}") from None
+
+    def _stopped(self, request: dict[str, Any], otherwise: str) -> DriverError:
+        # A pipe closes a moment before the process is reaped: wait for the code, the clue to what broke.
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return DriverError(otherwise)
+        return DriverError(f"driver exited (code {code}) without answering {request.get('op')}")
 
     def close(self) -> None:
         try:
@@ -146,6 +199,17 @@ class InProcessDriver:
 AnyDriver = Driver | InProcessDriver
 
 
+def _same(expected: Any, got: Any) -> bool:
+    """JSON equality: Python's ``==`` takes ``true`` for ``1`` and ``false`` for ``0``, JSON does not."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return type(expected) is type(got) and expected == got
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return expected.keys() == got.keys() and all(_same(value, got[key]) for key, value in expected.items())
+    if isinstance(expected, list) and isinstance(got, list):
+        return len(expected) == len(got) and all(_same(e, g) for e, g in zip(expected, got, strict=True))
+    return bool(expected == got)
+
+
 def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
     """The normative parts where ``output`` differs from the case's expectation: part -> (expected, got)."""
     expected = case["expected"]
@@ -153,16 +217,17 @@ def differences(case: dict[str, Any], output: Any) -> dict[str, Any]:
         return {"output": {"expected": expected, "got": output}}
     found = {}
     for part in case["normative"]:
-        if expected.get(part) != output.get(part):
+        if not _same(expected.get(part), output.get(part)):
             found[part] = {"expected": expected.get(part), "got": output.get(part)}
     return found
 
 
 def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
     for case in cases:
-        response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
+        with _in_case(layer, case):
+            response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
         if isinstance(response, dict) and response.get("unsupported"):
-            report.skipped += 1
+            _skip(report, ANSWERED_UNSUPPORTED)
             continue
         if not isinstance(response, dict) or "output" not in response:
             _fail(report, case, {"response": {"expected": "an output", "got": response}})
@@ -172,6 +237,26 @@ def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]]
             _fail(report, case, diff)
         else:
             report.passed += 1
+
+
+@contextlib.contextmanager
+def _in_case(layer: str, case: dict[str, Any]) -> Iterator[None]:
+    """Name the layer and case a protocol breach happened in: the message is all a driver's author gets."""
+    try:
+        yield
+    except DriverError as exc:
+        raise DriverError(f"layer {layer}, case {case['id']}: {exc}") from None
+
+
+ANSWERED_UNSUPPORTED = "the driver answered unsupported"
+
+
+def _skip(report: LayerReport, reason: str) -> None:
+    # Every reason a layer's cases were skipped is shown: a skip never looks like the runner's own doing.
+    report.skipped += 1
+    reasons = report.skip_reason.split("; ") if report.skip_reason else []
+    if reason not in reasons:
+        report.skip_reason = "; ".join([*reasons, reason])
 
 
 def _fail(report: LayerReport, case: dict[str, Any], diff: dict[str, Any]) -> None:
@@ -184,6 +269,11 @@ def _store_step(driver: AnyDriver, step: dict[str, Any], **extra: Any) -> Any:
     response = driver.ask({"op": "store", "step": step, **extra})
     if isinstance(response, dict) and response.get("unsupported"):
         raise _Unsupported
+    return _output(response)
+
+
+def _output(response: Any) -> Any:
+    """A store answer's output; any other JSON the driver wrote is kept whole, to be reported as it came."""
     return response.get("output") if isinstance(response, dict) else response
 
 
@@ -200,7 +290,7 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[st
     if "steps" in data:
         for index, (step, expected) in enumerate(zip(data["steps"], case["expected"]["results"], strict=True)):
             got = _store_step(driver, step)
-            if got != expected:
+            if not _same(expected, got):
                 return {f"results[{index}] ({step['call']})": {"expected": expected, "got": got}}
         return None
     point = data.get("hold", "commit")
@@ -212,12 +302,12 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[st
     held = isinstance(a, dict) and a.get("held") in (True, point)
     b = _store_step(driver, data["b"])
     if held:
-        a = driver.ask({"op": "store", "control": "release", "session": "a"}).get("output")
+        a = _output(driver.ask({"op": "store", "control": "release", "session": "a"}))
     if isinstance(b, dict) and b.get("pending") is True:
-        b = driver.ask({"op": "store", "control": "await", "session": "b"}).get("output")
+        b = _output(driver.ask({"op": "store", "control": "await", "session": "b"}))
     then = [_store_step(driver, step) for step in data["then"]]
     got = {"setup": setup, "a": a, "b": b, "then": then}
-    if got in case["expected"]["serial_orders"]:
+    if any(_same(order, got) for order in case["expected"]["serial_orders"]):
         return None
     return {"race": {"expected one of": case["expected"]["serial_orders"], "got": got}}
 
@@ -228,11 +318,10 @@ def _run_store_layer(
     for case in cases:
         point = case["input"].get("hold", "commit")
         try:
-            diff = _run_store_case(driver, case, holds)
+            with _in_case("store", case):
+                diff = _run_store_case(driver, case, holds)
         except _Unsupported:
-            report.skipped += 1
-            if point not in holds:
-                report.skip_reason = f"the driver does not offer the hold point {point!r}"
+            _skip(report, ANSWERED_UNSUPPORTED if point in holds else f"the driver does not offer the hold point {point!r}")
             continue
         if diff:
             _fail(report, case, diff)
@@ -250,18 +339,21 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
         cwd: Path | None = None) -> list[LayerReport]:
     """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer."""
     directory = cases_dir if cases_dir is not None else packaged_cases()
+    # Every case file is read before the driver starts, so that a bad one is never blamed on the driver.
+    try:
+        documents = {layer: load_layer(directory, layer) for layer in layers}
+    except CaseFileError:
+        if not isinstance(command, str):
+            command.close()
+        raise
     driver = Driver(command, cwd) if isinstance(command, str) else command
     reports = []
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})
-        declared = set(hello.get("layers", [])) if isinstance(hello, dict) else set()
-        if not isinstance(hello, dict) or hello.get("protocol") != 1:
-            raise DriverError(f"driver does not speak protocol 1: {hello!r}")
-        offered = hello.get("holds", HOLDS_OF_PROTOCOL_1_0)
-        holds = frozenset(h for h in offered if isinstance(h, str)) if isinstance(offered, list | tuple) else frozenset()
-        for layer in layers:
-            document = load_layer(directory, layer)
-            report = LayerReport(layer)
+        declared, holds = _read_hello(hello)
+        for layer, document in documents.items():
+            version = document.get("version")
+            report = LayerReport(layer, version=version if isinstance(version, str) else None)
             cases = document["cases"]
             if layer not in declared:
                 report.skipped = len(cases)
@@ -271,27 +363,66 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
             else:
                 _run_kernel_layer(driver, layer, cases, report)
             reports.append(report)
-        driver.ask({"op": "bye"})
+        # Every answer is in: a driver that exits at bye, or ignores it, rather than answering it
+        # (docs/conformance.md says to exit when input closes) has broken nothing worth the report.
+        with contextlib.suppress(DriverError):
+            if isinstance(driver, Driver):
+                driver.ask({"op": "bye"}, timeout=BYE_TIMEOUT)
+            else:
+                driver.ask({"op": "bye"})
     finally:
         driver.close()
     return reports
 
 
+def _names(hello: dict[str, Any], key: str, default: Iterable[str]) -> frozenset[str]:
+    names = hello.get(key, default)
+    if not isinstance(names, list | tuple) or not all(isinstance(name, str) for name in names):
+        raise DriverError(f"hello: {key!r} must be a list of names, got {names!r}")
+    return frozenset(names)
+
+
+def _read_hello(hello: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """The layers and hold points a driver's ``hello`` answer offers; anything else there is a breach."""
+    # JSON true is not the major number 1, though Python's == would say so.
+    if not isinstance(hello, dict) or type(hello.get("protocol")) is not int or hello["protocol"] != 1:
+        raise DriverError(f"driver does not speak protocol 1: {hello!r}")
+    return _names(hello, "layers", ()), _names(hello, "holds", HOLDS_OF_PROTOCOL_1_0)
+
+
 def render(reports: list[LayerReport], implementation: str = "") -> str:
     lines = [f"conformance of {implementation}" if implementation else "conformance"]
+    versions = sorted({r.version for r in reports if r.version is not None})
+    if versions:
+        lines[0] += f", cases {', '.join(versions)}"
     for r in reports:
         note = f" ({r.skip_reason})" if r.skip_reason else ""
         lines.append(f"  {r.layer:<12} {r.verdict:<8} passed {r.passed}, failed {r.failed}, skipped {r.skipped}{note}")
     for r in reports:
         if r.first_failure is not None:
             lines.append(f"first difference in {r.layer}:")
-            lines.append(json.dumps(r.first_failure, indent=2, sort_keys=True))
+            lines.append(json.dumps(_abbreviated(r.first_failure), indent=2, sort_keys=True))
     return "\n".join(lines)
+
+
+SHOWN_STRING = 1000
+"""The longest string the text report shows whole; ``--json`` shows every one whole."""
+
+
+def _abbreviated(value: Any) -> Any:
+    # A driver that answers with megabytes must not bury the difference it is being shown.
+    if isinstance(value, str) and len(value) > SHOWN_STRING:
+        return f"{value[:SHOWN_STRING]}... ({len(value)} characters in all)"
+    if isinstance(value, dict):
+        return {key: _abbreviated(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_abbreviated(item) for item in value]
+    return value
 
 
 def as_json(reports: list[LayerReport]) -> list[dict[str, Any]]:
     return [
         {"layer": r.layer, "verdict": r.verdict, "passed": r.passed, "failed": r.failed, "skipped": r.skipped,
-         "skip_reason": r.skip_reason, "first_failure": r.first_failure}
+         "skip_reason": r.skip_reason, "first_failure": r.first_failure, "version": r.version}
         for r in reports
     ]

@@ -1,0 +1,236 @@
+"""The runner against drivers that break the way real ones do: it reports, it never hangs or crashes.
+
+Each driver is ``misbehaving_driver.py``, which answers every case right and
+misbehaves once.  The runner's message is all its author gets, so it must
+name the layer and the case, and the command must exit 2 with one line,
+never a traceback (docs/conformance.md, Running the runner).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencekeeper.adapters import cli
+from fencekeeper.adapters.conformance import runner
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "specs" / "conformance"
+MISBEHAVING = f"{sys.executable} {Path(__file__).with_name('misbehaving_driver.py')}"
+
+
+def _machines_case(index: int) -> str:
+    cases = json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"]
+    return str(cases[index]["id"])
+
+
+def _fifth_machines_case() -> str:
+    return _machines_case(4)
+
+
+def _first_machines_case() -> str:
+    return _machines_case(0)
+
+
+def _breach(mode: str) -> str:
+    with pytest.raises(runner.DriverError) as caught:
+        runner.run(f"{MISBEHAVING} {mode}", ["machines"], CASES)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("mode", ["crash", "garbage"])
+def test_a_breach_names_the_layer_and_the_case(mode: str) -> None:
+    assert f"layer machines, case {_fifth_machines_case()}:" in _breach(mode)
+
+
+@pytest.mark.parametrize(("mode", "code"), [("crash", 3), ("exit0", 0)])
+def test_a_driver_that_exits_is_reported_with_its_exit_code(mode: str, code: int) -> None:
+    assert f"driver exited (code {code}) without answering case" in _breach(mode)
+
+
+def test_output_that_is_not_utf8_is_a_breach_not_a_thirty_second_wait() -> None:
+    # It used to kill the thread reading the driver (a traceback on stderr), then time out.
+    started = time.monotonic()
+    message = _breach("bytes")
+    assert "not UTF-8" in message and f"case {_fifth_machines_case()}" in message
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("hello", "said"),
+    [
+        ({"protocol": True, "layers": ["machines"]}, "does not speak protocol 1"),
+        ({"protocol": 2, "layers": ["machines"]}, "does not speak protocol 1"),
+        ({"protocol": 1, "layers": 5}, "'layers' must be a list of names"),
+        ({"protocol": 1, "layers": ["machines"], "holds": "clock"}, "'holds' must be a list of names"),
+    ],
+)
+def test_a_hello_that_is_not_protocol_1_is_one_clear_breach(hello: dict[str, object], said: str) -> None:
+    # layers 5 was a TypeError (an internal error, exit 1); protocol true passed for 1; holds "clock" offered nothing.
+    assert said in _breach(shlex.quote("hello=" + json.dumps(hello)))
+
+
+def test_the_command_exits_2_on_a_malformed_hello(capsys: pytest.CaptureFixture[str]) -> None:
+    hello = shlex.quote("hello=" + json.dumps({"protocol": 1, "layers": 5}))
+    assert cli.main(["conformance", "--driver", f"{MISBEHAVING} {hello}", "--layer", "machines"]) == 2
+    assert "the driver broke the protocol: hello: 'layers'" in capsys.readouterr().err
+
+
+def _numbers_for_bools(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _numbers_for_bools(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_numbers_for_bools(item) for item in value]
+    return value
+
+
+class _BoolsAsNumbers:
+    """Answers every case with its expectation, but writes 1 for true and 0 for false (a JSON writer's bug)."""
+
+    def __init__(self) -> None:
+        self.results = iter(
+            result
+            for case in json.loads((CASES / "store.json").read_text(encoding="utf-8"))["cases"]
+            if "steps" in case["input"]
+            for result in case["expected"]["results"]
+        )
+        self.expected = {
+            case["id"]: case["expected"]
+            for case in json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"]
+        }
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        if request["op"] == "hello":
+            return {"protocol": 1, "layers": ["machines", "store"], "holds": []}
+        if request["op"] == "case":
+            return {"output": _numbers_for_bools(self.expected[request["id"]])}
+        if request["op"] == "store":
+            return {"output": _numbers_for_bools(next(self.results))}
+        return {"ok": True}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_number_is_never_taken_for_a_bool() -> None:
+    machines, store = runner.run(_BoolsAsNumbers(), ["machines", "store"], CASES)
+    illegal = sum(1 for expected in _BoolsAsNumbers().expected.values() if expected.get("illegal") is True)
+    assert (machines.failed, machines.passed) == (illegal, machines.passed)
+    assert machines.first_failure is not None
+    assert machines.first_failure["differences"]["illegal"] == {"expected": True, "got": 1}
+    # Store scripts whose results hold a bool (a publish's duplicate flag, a race's held) fail too.
+    assert store.failed > 0
+
+
+class _GarbledControls:
+    """Holds every race as asked, then answers release and await with JSON that is not an object."""
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        if request["op"] == "hello":
+            return {"protocol": 1, "layers": ["store"]}
+        if request["op"] == "reset":
+            return {"ok": True}
+        if request.get("control"):
+            return ["released"]
+        if request["op"] == "store":
+            return {"output": {"held": True} if request.get("hold") else {"pending": True}}
+        return {"ok": True}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_garbled_race_control_answer_fails_the_race_without_a_traceback(tmp_path: Path) -> None:
+    # It was an AttributeError out of the runner (an internal error) at the first race.
+    document = json.loads((CASES / "store.json").read_text(encoding="utf-8"))
+    document["cases"] = [case for case in document["cases"] if case["id"].startswith("race/")]
+    (tmp_path / "store.json").write_text(json.dumps(document), encoding="utf-8")
+    [store] = runner.run(_GarbledControls(), ["store"], tmp_path)
+    assert (store.failed, store.passed) == (len(document["cases"]) - store.skipped, 0)
+    assert store.first_failure is not None and store.first_failure["id"].startswith("race/")
+    got = store.first_failure["differences"]["race"]["got"]
+    assert (got["a"], got["b"]) == (["released"], ["released"])
+
+
+@pytest.mark.parametrize("text", ['{"cases": [', '{"version": "9.0.0"}'])
+def test_a_bad_case_file_is_named_and_never_blamed_on_the_driver(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Cut short, it was "--driver ...: cannot start"; without cases, an internal error (KeyError, exit 1).
+    (tmp_path / "machines.json").write_text(text, encoding="utf-8")
+    assert cli.main(["conformance", "--driver", f"{MISBEHAVING} none", "--layer", "machines",
+                     "--cases", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'machines.json'}:" in err and "--driver" not in err
+
+
+def test_a_line_past_the_limit_is_a_breach_naming_the_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "MAX_LINE", 10_000)
+    message = _breach("huge")
+    assert f"case {_fifth_machines_case()}: driver wrote a line longer than 10000 characters" in message
+
+
+def test_a_driver_that_never_flushes_is_told_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The commonest first bug of a driver: its answers wait in a block buffer, and the runner saw only silence.
+    monkeypatch.setattr(runner, "RESPONSE_TIMEOUT", 1.0)
+    assert "no response within 1 s to hello (a driver must write each answer as one line and flush" in _breach(
+        "unflushed"
+    )
+
+
+def test_generate_with_json_prints_one_json_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It printed one path a line whatever --json said, which a JSON reader of stdout cannot take.
+    assert cli.main(["conformance", "--generate", str(tmp_path), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written == [str(tmp_path / f"{layer}.json") for layer in runner.LAYERS]
+
+
+def test_a_driver_gone_before_reading_a_request_is_reported_with_its_exit_code() -> None:
+    # It was "driver stopped reading its input: [Errno 32] Broken pipe", whatever the driver had done.
+    assert f"case {_first_machines_case()}: driver exited (code 4) without answering case" in _breach("closein")
+
+
+def test_the_text_report_abbreviates_a_huge_answer_and_json_keeps_it_whole() -> None:
+    [machines] = runner.run(f"{MISBEHAVING} huge", ["machines"], CASES)
+    assert machines.first_failure is not None and machines.first_failure["id"] == _fifth_machines_case()
+    text = runner.render([machines])
+    assert len(text) < 5_000 and "... (100000 characters in all)" in text
+    shown = runner.as_json([machines])[0]["first_failure"]["differences"]["target"]["got"]
+    assert shown == "x" * 100_000
+
+
+@pytest.mark.parametrize("mode", ["nobye", "ignorebye"])
+def test_a_driver_that_does_not_answer_bye_keeps_its_report(mode: str) -> None:
+    # Every case was answered; the breach at bye used to throw the whole report away (exit 2), after 30 s
+    # for a driver that ignores what it does not know.
+    started = time.monotonic()
+    [machines] = runner.run(f"{MISBEHAVING} {mode}", ["machines"], CASES)
+    assert machines.verdict == "passed" and machines.passed > 0
+    assert time.monotonic() - started < 15
+
+
+def test_a_skip_the_driver_asked_for_says_so() -> None:
+    # A layer answered unsupported case by case showed "skipped 481" with no reason at all.
+    hello = shlex.quote("hello=" + json.dumps({"protocol": 1, "layers": ["machines", "store"], "holds": ["commit"]}))
+    machines, store = runner.run(f"{MISBEHAVING} {hello}", ["machines", "store"], CASES)
+    assert machines.skip_reason is None
+    assert store.verdict == "skipped"
+    assert store.skip_reason == "the driver answered unsupported; the driver does not offer the hold point 'clock'"
+
+
+def test_the_report_names_the_case_version_it_ran() -> None:
+    # A report from an old copy of the cases (--cases) looked exactly like one from these.
+    version = json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["version"]
+    reports = runner.run(f"{MISBEHAVING} none", ["machines"], CASES)
+    assert runner.render(reports, "drv").splitlines()[0] == f"conformance of drv, cases {version}"
+    assert runner.as_json(reports)[0]["version"] == version
