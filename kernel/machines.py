@@ -78,6 +78,9 @@ class Machine(Generic[S, E]):
     def step(self, state: S, event: E) -> S:
         """The state ``event`` leads to from ``state``, or :class:`IllegalTransition`.
 
+        A ``state`` or ``event`` that is not a member of this machine's enums
+        (a spec string, another machine's member) is a TypeError naming it.
+
         Contracts (PEP 316, checked by CrossHair; see tests/contracts):
 
         raises: IllegalTransition
@@ -87,7 +90,10 @@ class Machine(Generic[S, E]):
         """
         try:
             return self.table[(state, event)]
-        except KeyError:
+        except (KeyError, TypeError):
+            # Only a miss pays for the type check: a spec string or another
+            # machine's enum is a caller's mistake, not an illegal transition.
+            self._check_types(state, event)
             raise IllegalTransition(self.spec.name, str(state.value), str(event.value)) from None
 
     def allows(self, state: S, event: E) -> bool:
@@ -95,7 +101,13 @@ class Machine(Generic[S, E]):
 
         post: __return__ == (event in self.events_from(state))
         """
-        return (state, event) in self.table
+        try:
+            if (state, event) in self.table:
+                return True
+        except TypeError:  # unhashable: not of this machine, said below
+            pass
+        self._check_types(state, event)
+        return False
 
     def events_from(self, state: S) -> tuple[E, ...]:
         """The events legal in ``state``, in table order.
@@ -104,7 +116,18 @@ class Machine(Generic[S, E]):
         post: all((state, e) in self.table for e in __return__)
         post: len(__return__) == sum(1 for (s, _) in self.table if s == state)
         """
+        self._check_state(state)
         return tuple(e for (s, e) in self.table if s == state)
+
+    def _check_types(self, state: object, event: object) -> None:
+        """A TypeError naming ``state`` or ``event`` when it is not a member of this machine's enums."""
+        self._check_state(state)
+        if not isinstance(event, self.event_type):
+            raise TypeError(f"machine {self.spec.name!r}: event must be a member of {self.event_type.__name__}, got {event!r}")
+
+    def _check_state(self, state: object) -> None:
+        if not isinstance(state, self.state_type):
+            raise TypeError(f"machine {self.spec.name!r}: state must be a member of {self.state_type.__name__}, got {state!r}")
 
     @property
     def initial(self) -> tuple[S, ...]:
@@ -149,6 +172,8 @@ def machine_from_spec(spec: MachineSpec, state_type: type[S], event_type: type[E
 
 def step(machine: Machine[S, E], state: S, event: E) -> S:
     """Module-level spelling of :meth:`Machine.step`."""
+    if not isinstance(machine, Machine):
+        raise TypeError(f"machine must be a Machine (one of MACHINES), got {machine!r}")
     return machine.step(state, event)
 
 

@@ -68,3 +68,37 @@ def test_terminal_states_are_absorbing(name: str) -> None:
     machine = MACHINES[name]
     for state in machine.terminal:
         assert machine.events_from(state) == ()
+
+
+
+def _foreign_values(machine: Machine[enum.Enum, enum.Enum]) -> list[object]:
+    """What a caller may pass by mistake: the spec string, another machine's member, None, a list."""
+    state = next(iter(machine.state_type))
+    others = [m for m in MACHINES.values() if m.state_type is not machine.state_type]
+    return [state.value, next(iter(others[0].state_type)), None, []]
+
+
+@pytest.mark.parametrize("name", list(MACHINES))
+def test_a_state_or_event_of_another_type_is_a_type_error_naming_it(name: str) -> None:
+    # Not IllegalTransition (the table was never asked) and not an
+    # AttributeError from deep inside the error message.
+    machine: Machine[enum.Enum, enum.Enum] = MACHINES[name]
+    state, event = next(iter(machine.table))
+    bad_state = rf"^machine '{name}': state must be a member of {machine.state_type.__name__}, got "
+    bad_event = rf"^machine '{name}': event must be a member of {machine.event_type.__name__}, got "
+    for value in _foreign_values(machine):
+        with pytest.raises(TypeError, match=bad_state):
+            step(machine, value, event)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=bad_state):
+            machine.allows(value, event)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=bad_state):
+            machine.events_from(value)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=bad_event):
+            step(machine, state, value)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=bad_event):
+            machine.allows(state, value)  # type: ignore[arg-type]
+
+
+def test_step_names_a_machine_that_is_not_one() -> None:
+    with pytest.raises(TypeError, match=r"^machine must be a Machine"):
+        step("execution", *next(iter(MACHINES["execution"].table)))  # type: ignore[arg-type]
