@@ -646,6 +646,13 @@ def _check_authority(field: str, value: object) -> None:
     _check_id(f"{field}.principal_id", value.principal_id)
 
 
+def _check_request(value: object, kind: type) -> None:
+    # The request itself, before any of its fields is read: a None or a
+    # request of another decision is refused, not an AttributeError.
+    if not isinstance(value, kind):
+        raise _invalid("request", f"must be of type {kind.__name__}, got {type(value).__name__}")
+
+
 def _check_bool(field: str, value: object) -> None:
     if not isinstance(value, bool):
         raise _invalid(field, f"must be true or false, got {value!r}")
@@ -982,6 +989,7 @@ def admit(existing: Execution | None, request: AdmitRequest, now: datetime, *, i
     refused like an existing execution.
     """
     try:
+        _check_request(request, AdmitRequest)
         _check_id("execution_id", request.execution_id)
         _check_id("business_id", request.business_id)
         _check_id("definition_id", request.definition_id)
@@ -1038,6 +1046,7 @@ def claim(execution: Execution | None, dispatch: Dispatch | None, request: Claim
     'increments the fence, and establishes one owner atomically'.
     """
     try:
+        _check_request(request, ClaimRequest)
         _check_id("worker_id", request.worker_id)
         _check_id("lease_token", request.lease_token)
         _check_duration("lease_duration", request.lease_duration)
@@ -1104,6 +1113,7 @@ def claim(execution: Execution | None, dispatch: Dispatch | None, request: Claim
 def renew(execution: Execution | None, dispatch: Dispatch | None, request: RenewRequest, now: datetime) -> Outcome:
     """Only before expiry, only by the current token, worker and fence.  Writes the dispatch row only."""
     try:
+        _check_request(request, RenewRequest)
         _check_credential(request.credential)
         _check_duration("lease_duration", request.lease_duration)
         _check_utc("now", now)
@@ -1137,6 +1147,7 @@ def record_step(
 ) -> Outcome:
     """A committed node transition under the valid lease: one step, at most 100 (seed 000, Dispatcher Pass)."""
     try:
+        _check_request(request, StepRequest)
         _check_credential(request.credential)
         _check_revision("expected_revision", request.expected_revision)
         _check_step("step", request.step)
@@ -1179,6 +1190,7 @@ def release(
 ) -> Outcome:
     """Ordinary continuation running -> eligible under the valid lease (seed 000: release())."""
     try:
+        _check_request(request, ReleaseRequest)
         _check_credential(request.credential)
         _check_revision("expected_revision", request.expected_revision)
         _check_utc("now", now)
@@ -1218,6 +1230,7 @@ def finalize(
     counted in the same commit.
     """
     try:
+        _check_request(request, FinalizeRequest)
         _check_id("execution_id", request.execution_id)
         _check_id("dispatch_id", request.dispatch_id)
         _check_id("worker_id", request.worker_id)
@@ -1346,6 +1359,7 @@ def wake(
     :class:`Unchanged`.  A wake never touches a terminal or review state.
     """
     try:
+        _check_request(request, WakeRequest)
         if not isinstance(request.key, WaitKey):
             raise _invalid("key", "must be a WaitKey")
         _check_id("key.execution_id", request.key.execution_id)
@@ -1446,6 +1460,7 @@ def cancel(execution: Execution | None, dispatch: Dispatch | None, request: Canc
     first moves the revision, and the other's guard no longer holds.
     """
     try:
+        _check_request(request, CancelRequest)
         _check_id("execution_id", request.execution_id)
         _check_id("business_id", request.business_id)
         _check_revision("expected_revision", request.expected_revision)

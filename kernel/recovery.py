@@ -61,6 +61,7 @@ from .protocol import (
     _check_business,
     _check_id,
     _check_pair,
+    _check_request,
     _check_revision,
     _check_revision_current,
     _check_text,
@@ -209,6 +210,7 @@ def recover(
 
 
 def _validate(request: RecoveryRequest, now: datetime) -> None:
+    _check_request(request, RecoveryRequest)
     _check_id("command_id", request.command_id)
     if not isinstance(request.kind, RecoveryKind):
         raise _invalid("kind", f"unknown recovery decision {request.kind!r}")

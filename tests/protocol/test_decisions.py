@@ -1542,6 +1542,19 @@ def test_malformed_input_is_refused_naming_the_field(
     assert refusal.message.startswith(f"{field}: "), refusal.message
 
 
+@pytest.mark.parametrize("decision", list(DECISIONS))
+def test_a_request_of_another_type_is_refused_naming_the_request(decision: str) -> None:
+    # Before any field is read: not an AttributeError on the first field.
+    call, request = DECISIONS[decision]
+    if decision == "recover":  # the kernel's own, not this module's wrapper that reads the request
+        call = lambda r, now: recovery.recover(_REVIEW.execution, _REVIEW.dispatch, None, r, now)  # noqa: E731
+    other = next(r for name, (_, r) in DECISIONS.items() if name != decision and type(r) is not type(request))
+    for value in (None, "request", other):
+        refusal = refused(call(value, T0), RefusalCode.INVALID_REQUEST)
+        assert refusal.field == "request"
+        assert refusal.message == f"request: must be of type {type(request).__name__}, got {type(value).__name__}"
+
+
 def test_naive_and_offset_times_are_refused_for_what_they_are() -> None:
     # Both are refused above; the message must say which mistake it was.
     naive = refused(_outcome("claim", None, None, now=datetime(2026, 1, 1)), RefusalCode.INVALID_REQUEST)
