@@ -36,6 +36,10 @@ Rules of this module:
 - Preconditions are checked in the order the seed lists them, so the first
   failing one names the refusal; malformed input is refused first, naming
   the field, before any precondition is looked at.
+- The snapshots are the store's, not the caller's: a row no decision could
+  have written (a state of another type, a revision of 0, a naive time) is
+  raised as a TypeError or ValueError naming the field (``_check_rows``),
+  never refused and never reasoned about.
 - A wait registration is open exactly while its execution waits on it.  A
   wake closes it by recording who woke it; every other way out of
   ``waiting`` (cancel, suspend, any route added later) closes it in the
@@ -51,7 +55,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import attrs
@@ -646,6 +650,120 @@ def _check_authority(field: str, value: object) -> None:
     _check_id(f"{field}.principal_id", value.principal_id)
 
 
+# --- snapshot validation ---------------------------------------------------------
+#
+# The rows are not a caller's request: a store read them.  A snapshot no
+# decision could have written (a spec string for a state, a naive time, a
+# revision of 0) is a defect of whatever made it, so it is raised, as a
+# TypeError or ValueError naming the argument and field, before any decision
+# reasons about it; refusing it would blame the request.
+
+
+def _snapshot_type(field: str, value: object, kind: type, *, optional: bool = False) -> None:
+    if not isinstance(value, kind) and not (optional and value is None):
+        wanted = f"{kind.__name__} or None" if optional else kind.__name__
+        raise TypeError(f"{field}: must be of type {wanted}, got {type(value).__name__}")
+
+
+def _snapshot_count(field: str, value: object, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{field}: must be an integer, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{field}: must be at least {least}, got {value}")
+
+
+def _snapshot_time(field: str, value: object, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    _snapshot_type(field, value, datetime)
+    problem = utc_problem(value)
+    if problem is not None:
+        raise ValueError(f"{field}: {problem}")
+
+
+def _check_rows(execution: object, dispatch: object) -> None:
+    """Both snapshots of their types, each field of its type and range (see above); None is a missing row.
+
+    Every decision runs this, so the common case is one expression per row;
+    only a row that fails it is examined field by field for the message.
+    """
+    if execution is not None and not (
+        type(execution) is Execution
+        and type(execution.state) is ExecutionState
+        and type(execution.revision) is int
+        and execution.revision >= 1
+        and type(execution.fence) is int
+        and execution.fence >= 0
+        and type(execution.step_count) is int
+        and execution.step_count >= 0
+        and type(execution.definition_revision) is int
+        and execution.definition_revision >= 1
+        and type(execution.execution_id) is str
+        and type(execution.business_id) is str
+        and type(execution.definition_id) is str
+        and (execution.current_node_id is None or type(execution.current_node_id) is str)
+        and (execution.wait is None or type(execution.wait) is WaitKey)
+    ):
+        _explain_rows(execution, None)
+    if dispatch is not None and not (
+        type(dispatch) is Dispatch
+        and type(dispatch.dispatch_state) is DispatchState
+        and type(dispatch.eligible_at) is datetime
+        and dispatch.eligible_at.tzinfo is UTC
+        and (
+            dispatch.lease_expires_at is None
+            or (type(dispatch.lease_expires_at) is datetime and dispatch.lease_expires_at.tzinfo is UTC)
+        )
+        and type(dispatch.step_count) is int
+        and dispatch.step_count >= 0
+        and type(dispatch.workflow_execution_id) is str
+        and (dispatch.lease_token is None or type(dispatch.lease_token) is str)
+        and (dispatch.leased_by is None or type(dispatch.leased_by) is str)
+        and (dispatch.last_error_code is None or type(dispatch.last_error_code) is str)
+    ):
+        _explain_rows(None, dispatch)
+
+
+def _explain_rows(execution: object, dispatch: object) -> None:
+    """The field-by-field check behind :func:`_check_rows`: raises for the first bad field, if any."""
+    if execution is not None:
+        _snapshot_type("execution", execution, Execution)
+        assert isinstance(execution, Execution)
+        for name in ("execution_id", "business_id", "definition_id"):
+            _snapshot_type(f"execution.{name}", getattr(execution, name), str)
+        _snapshot_type("execution.current_node_id", execution.current_node_id, str, optional=True)
+        _snapshot_type("execution.state", execution.state, ExecutionState)
+        _snapshot_count("execution.revision", execution.revision, 1)
+        _snapshot_count("execution.definition_revision", execution.definition_revision, 1)
+        _snapshot_count("execution.step_count", execution.step_count, 0)
+        _snapshot_count("execution.fence", execution.fence, 0)
+        _snapshot_type("execution.wait", execution.wait, WaitKey, optional=True)
+    if dispatch is not None:
+        _snapshot_type("dispatch", dispatch, Dispatch)
+        assert isinstance(dispatch, Dispatch)
+        _snapshot_type("dispatch.workflow_execution_id", dispatch.workflow_execution_id, str)
+        _snapshot_type("dispatch.dispatch_state", dispatch.dispatch_state, DispatchState)
+        _snapshot_time("dispatch.eligible_at", dispatch.eligible_at)
+        for name in ("lease_token", "leased_by", "last_error_code"):
+            _snapshot_type(f"dispatch.{name}", getattr(dispatch, name), str, optional=True)
+        _snapshot_time("dispatch.lease_expires_at", dispatch.lease_expires_at, optional=True)
+        _snapshot_count("dispatch.step_count", dispatch.step_count, 0)
+
+
+def _check_registration(registration: object) -> None:
+    """The wait registration a wake reads, as :func:`_check_rows` checks the rows."""
+    if registration is None:
+        return
+    _snapshot_type("registration", registration, WaitRegistration)
+    assert isinstance(registration, WaitRegistration)
+    _snapshot_type("registration.key", registration.key, WaitKey)
+    _snapshot_type("registration.business_id", registration.business_id, str)
+    _snapshot_type("registration.spec", registration.spec, WaitSpec)
+    _snapshot_time("registration.spec.wake_at", registration.spec.wake_at, optional=True)
+    _snapshot_type("registration.woken_by", registration.woken_by, str, optional=True)
+    _snapshot_type("registration.closed_by", registration.closed_by, str, optional=True)
+
+
 def _check_request(value: object, kind: type) -> None:
     # The request itself, before any of its fields is read: a None or a
     # request of another decision is refused, not an AttributeError.
@@ -999,6 +1117,9 @@ def admit(existing: Execution | None, request: AdmitRequest, now: datetime, *, i
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(existing, None)
+    if not isinstance(id_taken, bool):
+        raise TypeError(f"id_taken: must be of type bool, got {type(id_taken).__name__}")
     if existing is not None:
         return _refuse(RefusalCode.ALREADY_EXISTS, f"execution {request.execution_id!r} already exists")
     if id_taken:
@@ -1054,6 +1175,7 @@ def claim(execution: Execution | None, dispatch: Dispatch | None, request: Claim
         expires = _expiry("lease_duration", now, request.lease_duration)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
     execution_id = execution.execution_id if execution is not None else "?"
     refusal = _check_pair(execution, dispatch, execution_id)
     if refusal is not None:
@@ -1120,6 +1242,7 @@ def renew(execution: Execution | None, dispatch: Dispatch | None, request: Renew
         expires = _expiry("lease_duration", now, request.lease_duration)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
     refusal = _check_held(execution, dispatch, request.credential, now)
     if refusal is not None:
         return refusal
@@ -1155,6 +1278,7 @@ def record_step(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
     refusal = _check_held(execution, dispatch, request.credential, now)
     if refusal is not None:
         return refusal
@@ -1196,6 +1320,7 @@ def release(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
     refusal = _check_held(execution, dispatch, request.credential, now)
     if refusal is not None:
         return refusal
@@ -1250,6 +1375,7 @@ def finalize(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
     # 1-3: existence and identity.
     refusal = _check_pair(execution, dispatch, request.execution_id)
     if refusal is None and dispatch is not None and request.dispatch_id != dispatch.workflow_execution_id:
@@ -1339,6 +1465,7 @@ def fenced(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
     refusal = _check_held(execution, dispatch, credential, now)
     if refusal is not None:
         return refusal
@@ -1380,6 +1507,8 @@ def wake(
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
+    _check_registration(registration)
     if registration is not None and registration.woken_by is not None:
         # Who woke a waiter is told only to a caller who may know it.
         if registration.business_id != request.business_id:
@@ -1468,6 +1597,7 @@ def cancel(execution: Execution | None, dispatch: Dispatch | None, request: Canc
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
     refusal = _check_pair(execution, dispatch, request.execution_id)
     if refusal is not None:
         return refusal

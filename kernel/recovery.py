@@ -64,6 +64,7 @@ from .protocol import (
     _check_request,
     _check_revision,
     _check_revision_current,
+    _check_rows,
     _check_text,
     _check_utc,
     _first,
@@ -73,6 +74,8 @@ from .protocol import (
     _iso,
     _move,
     _refuse,
+    _snapshot_count,
+    _snapshot_type,
 )
 
 COMMAND_KIND: Final = "Command"
@@ -200,6 +203,8 @@ def recover(
         _validate(request, now)
     except _Invalid as exc:
         return exc.refusal
+    _check_rows(execution, dispatch)
+    _check_prior_and_facts(prior, facts)
     if prior is not None:
         return _replayed(execution, prior, request)
     refusal = _check_pair(execution, dispatch, request.execution_id)
@@ -231,6 +236,25 @@ def _validate(request: RecoveryRequest, now: datetime) -> None:
     # The rationale is kept with the decision's history: no NUL, no lone surrogate (kernel/text.py).
     _check_text("rationale", request.rationale)
     _check_utc("now", now)
+
+
+def _check_prior_and_facts(prior: object, facts: object) -> None:
+    """What the store read besides the rows, checked as protocol._check_rows checks them."""
+    if prior is not None:
+        _snapshot_type("prior", prior, RecoveryRecord)
+        assert isinstance(prior, RecoveryRecord)
+        _snapshot_type("prior.kind", prior.kind, RecoveryKind)
+        _snapshot_type("prior.command_id", prior.command_id, str)
+        _snapshot_type("prior.execution_id", prior.execution_id, str)
+        _snapshot_count("prior.expected_revision", prior.expected_revision, 1)
+    if facts is not None:
+        _snapshot_type("facts", facts, RecoveryFacts)
+        assert isinstance(facts, RecoveryFacts)
+        for name in ("evidence", "submitted"):
+            items = getattr(facts, name)
+            _snapshot_type(f"facts.{name}", items, tuple)
+            for number, item in enumerate(items):
+                _snapshot_type(f"facts.{name}[{number}]", item, Evidence)
 
 
 def _replayed(execution: Execution | None, prior: RecoveryRecord, request: RecoveryRequest) -> Outcome:

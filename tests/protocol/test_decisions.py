@@ -40,6 +40,7 @@ written and must keep passing.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
@@ -86,6 +87,7 @@ from fencekeeper.kernel.protocol import (
     admit,
     cancel,
     claim,
+    fenced,
     finalize,
     record_step,
     release,
@@ -1553,6 +1555,79 @@ def test_a_request_of_another_type_is_refused_naming_the_request(decision: str) 
         refusal = refused(call(value, T0), RefusalCode.INVALID_REQUEST)
         assert refusal.field == "request"
         assert refusal.message == f"request: must be of type {type(request).__name__}, got {type(value).__name__}"
+
+
+RowsCall = Callable[[Any, Any], Outcome]
+ROW_CALLS: dict[str, tuple[RowsCall, Snap]] = {
+    "claim": (lambda e, d: claim(e, d, DECISIONS["claim"][1], T0), _ADMITTED),
+    "renew": (lambda e, d: renew(e, d, DECISIONS["renew"][1], T0), _LEASED),
+    "record_step": (lambda e, d: record_step(e, d, DECISIONS["record_step"][1], T0), _LEASED),
+    "release": (lambda e, d: release(e, d, DECISIONS["release"][1], T0), _LEASED),
+    "finalize": (lambda e, d: finalize(e, d, DECISIONS["finalize"][1], T0), _LEASED),
+    "fenced": (lambda e, d: fenced(e, d, _LEASED.lease, T0), _LEASED),  # type: ignore[arg-type]
+    "wake": (lambda e, d: wake(e, d, _WAITING.registration, wake_request(_WAITING), T0), _WAITING),
+    "cancel": (lambda e, d: cancel(e, d, DECISIONS["cancel"][1], T0), _ADMITTED),
+    "recover": (lambda e, d: recover(e, d, None, DECISIONS["recover"][1], T0, facts=facts_for(_REVIEW.execution, command=True)), _REVIEW),
+}
+NAIVE = datetime(2026, 1, 1)
+# (row, field, value, the error, the field its message starts with)
+BAD_ROWS: tuple[tuple[str, str, object, type[Exception], str], ...] = (
+    ("execution", "state", "running", TypeError, "execution.state"),
+    ("execution", "state", DispatchState.CLAIMED, TypeError, "execution.state"),
+    ("execution", "revision", 0, ValueError, "execution.revision"),
+    ("execution", "revision", "2", TypeError, "execution.revision"),
+    ("execution", "fence", -1, ValueError, "execution.fence"),
+    ("execution", "fence", True, TypeError, "execution.fence"),
+    ("execution", "step_count", None, TypeError, "execution.step_count"),
+    ("execution", "definition_revision", 0, ValueError, "execution.definition_revision"),
+    ("execution", "wait", ("x", "n", "a"), TypeError, "execution.wait"),
+    ("dispatch", "dispatch_state", "claimed", TypeError, "dispatch.dispatch_state"),
+    ("dispatch", "eligible_at", NAIVE, ValueError, "dispatch.eligible_at"),
+    ("dispatch", "eligible_at", None, TypeError, "dispatch.eligible_at"),
+    ("dispatch", "lease_expires_at", NAIVE, ValueError, "dispatch.lease_expires_at"),
+    ("dispatch", "lease_expires_at", T0.astimezone(timezone(timedelta(hours=1))), ValueError, "dispatch.lease_expires_at"),
+    ("dispatch", "step_count", -1, ValueError, "dispatch.step_count"),
+    ("dispatch", "lease_token", 7, TypeError, "dispatch.lease_token"),
+)
+
+
+@pytest.mark.parametrize("decision", list(ROW_CALLS))
+def test_a_malformed_snapshot_is_a_type_or_value_error_naming_the_field(decision: str) -> None:
+    # The rows are the store's, not the caller's: a row no decision could
+    # have written is raised as what it is, never reasoned about (before,
+    # an AttributeError, a TypeError comparing times, or a Decision with a
+    # guard expecting revision 0).
+    call, snap = ROW_CALLS[decision]
+    decided(call(snap.execution, snap.dispatch))  # the baseline each case changes one field of
+    for row, field, value, error, name in BAD_ROWS:
+        execution = attrs.evolve(snap.execution, **{field: value}) if row == "execution" else snap.execution
+        dispatch = attrs.evolve(snap.dispatch, **{field: value}) if row == "dispatch" else snap.dispatch
+        with pytest.raises(error, match=rf"^{re.escape(name)}: "):
+            call(execution, dispatch)
+    with pytest.raises(TypeError, match=r"^execution: must be of type Execution, got Dispatch"):
+        call(snap.dispatch, snap.execution)
+
+
+def test_what_a_store_read_besides_the_rows_is_checked_as_the_rows_are() -> None:
+    snap = _WAITING
+    with pytest.raises(TypeError, match=r"^registration: "):
+        wake(snap.execution, snap.dispatch, "registration", wake_request(snap), T0)  # type: ignore[arg-type]
+    assert snap.registration is not None
+    naive_spec = attrs.evolve(snap.registration.spec, wake_at=NAIVE)
+    with pytest.raises(ValueError, match=r"^registration\.spec\.wake_at: naive"):
+        wake(snap.execution, snap.dispatch, attrs.evolve(snap.registration, spec=naive_spec), wake_request(snap), T0)
+    review, request = _REVIEW, DECISIONS["recover"][1]
+    with pytest.raises(TypeError, match=r"^prior: "):
+        recovery.recover(review.execution, review.dispatch, "prior", request, T0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^facts: "):
+        recovery.recover(review.execution, review.dispatch, None, request, T0, facts="facts")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^facts\.evidence: "):
+        recovery.recover(review.execution, review.dispatch, None, request, T0, facts=recovery.RecoveryFacts(evidence="e"))  # type: ignore[arg-type]
+    admit_request = DECISIONS["admit"][1]
+    with pytest.raises(TypeError, match=r"^execution: "):
+        admit("existing", admit_request, T0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^id_taken: "):
+        admit(None, admit_request, T0, id_taken="no")  # type: ignore[arg-type]
 
 
 def test_naive_and_offset_times_are_refused_for_what_they_are() -> None:
