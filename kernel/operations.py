@@ -639,6 +639,13 @@ def _check_id(field: str, value: object) -> None:
     _check(field, identifier_problem(value))
 
 
+def _check_request(value: object, kind: type) -> None:
+    # The request itself, before any of its fields is read: a None or a
+    # request of another decision is refused, not an AttributeError.
+    if not isinstance(value, kind):
+        raise _Invalid("request", f"must be of type {kind.__name__}, got {type(value).__name__}")
+
+
 def _check_positive(field: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise _Invalid(field, f"must be a positive integer, got {value!r}")
@@ -893,6 +900,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
     (seed 001, Durable truth and recovery; Current authorization).
     """
     try:
+        _check_request(request, SubmitRequest)
         _check_id("operation_id", request.operation_id)
         if not isinstance(request.identity, Identity):
             raise _Invalid("identity", "must be an Identity")
@@ -1030,6 +1038,7 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     an Attempt or ends the Operation.
     """
     try:
+        _check_request(request, ClaimRequest)
         _check_id("worker_id", request.worker_id)
         _check("lease_duration", duration_problem(request.lease_duration))
         _check_now(now)
@@ -1170,6 +1179,7 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
     ends the Operation ``deadline_exceeded``.
     """
     try:
+        _check_request(request, HeartbeatRequest)
         _check_credential(request.credential)
         _check("lease_duration", duration_problem(request.lease_duration))
         _check_now(now)
@@ -1210,6 +1220,7 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
     fence, so this Attempt's answer alone cannot settle the earlier issue.
     """
     try:
+        _check_request(request, IntentRequest)
         _check_credential(request.credential)
         _check_now(now)
     except _Invalid as exc:
@@ -1250,6 +1261,7 @@ def complete_refusal(operation: Operation | None, request: CompleteRequest, now:
     (which asks it too) once the action's result is known.
     """
     try:
+        _check_request(request, CompleteRequest)
         _check_credential(request.credential)
         _check_authority("authority", request.authority)
         if not isinstance(request.result, str):
@@ -1317,6 +1329,7 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
     unanswered, the effect stays unsettled and the history says so.
     """
     try:
+        _check_request(request, FailRequest)
         _check_credential(request.credential)
         _check_id("error_code", request.error_code)
         for name in ("retryable", "not_authorized", "effect_not_applied"):
@@ -1381,6 +1394,7 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
 def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: datetime) -> Outcome:
     """An ambiguous external result that reconciliation could not settle: final, and never resent."""
     try:
+        _check_request(request, UnknownRequest)
         _check_credential(request.credential)
         if not isinstance(request.detail, str):
             raise _Invalid("detail", "must be text")
@@ -1422,6 +1436,7 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
     Unchanged, any other decision after it is a conflict.
     """
     try:
+        _check_request(request, DecideRequest)
         _check_id("approval_id", request.approval_id)
         _check_id("operation_id", request.operation_id)
         _check_digest("input_digest", request.input_digest)
@@ -1537,6 +1552,7 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     issued, and the transition record says its intent was recorded.
     """
     try:
+        _check_request(request, CancelRequest)
         _check_id("operation_id", request.operation_id)
         _check_id("principal", request.principal)
         _check_authority("authority", request.authority)

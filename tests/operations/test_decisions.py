@@ -653,3 +653,29 @@ def test_cancel_between_attempts_says_an_earlier_attempts_effect_may_have_been_i
     cancelled = o.cancel(ambiguous.operation, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + 2 * SECOND)
     assert isinstance(cancelled, o.Decision)
     assert "may have been issued" in cancelled.transition.reason, cancelled.transition.reason
+
+
+_REQUEST_DECISIONS = (
+    ("submit", o.SubmitRequest),
+    ("claim", o.ClaimRequest),
+    ("heartbeat", o.HeartbeatRequest),
+    ("record_intent", o.IntentRequest),
+    ("complete", o.CompleteRequest),
+    ("complete_refusal", o.CompleteRequest),
+    ("fail", o.FailRequest),
+    ("outcome_unknown", o.UnknownRequest),
+    ("decide", o.DecideRequest),
+    ("cancel", o.CancelRequest),
+)
+
+
+@pytest.mark.parametrize(("name", "kind"), _REQUEST_DECISIONS)
+def test_a_request_of_another_type_is_refused_naming_the_request(name: str, kind: type) -> None:
+    # Before any field is read: not an AttributeError on the request's first field.
+    decision = getattr(o, name)
+    operation, _, _ = claimed(admitted(), "w-1", T0)
+    for value in (None, "request", o.ClaimRequest("w-1", LEASE) if kind is not o.ClaimRequest else o.IntentRequest):
+        outcome = decision(operation, value, T0)
+        assert isinstance(outcome, o.Refusal), outcome
+        assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "request")
+        assert outcome.message == f"request: must be of type {kind.__name__}, got {type(value).__name__}"
