@@ -62,7 +62,7 @@ from __future__ import annotations
 import enum
 import operator
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import attrs
@@ -362,10 +362,18 @@ def operation_problem(operation: Operation) -> tuple[str, str] | None:
     - an unsettled external effect (``effect_unsettled_since``) has the
       ``effect_id`` its intent recorded.
 
+    - every field of its type: ``state`` an ``OperationState``, the times
+      UTC datetimes, ``revision`` and ``action_version`` at least 1,
+      ``fence`` and ``attempt_count`` at least 0 (:func:`_field_problem`).
+
     Every decision relies on these (a replaced owner's Attempt is written
     from ``owner`` and ``attempt_started_at``), so a value that breaks one
     is never decided on.
     """
+    if not _fields_hold(operation):
+        found = _field_problem(operation)
+        if found is not None:
+            return found
     state = operation.state
     if state is OperationState.RUNNING:
         if not operation.owner:
@@ -403,11 +411,80 @@ def operation_problem(operation: Operation) -> tuple[str, str] | None:
     return None
 
 
-def _stored(operation: Operation | None) -> None:
+_REQUIRED_TIMES: Final = ("admitted_at", "deadline", "retain_until", "next_eligible_at")
+_OPTIONAL_TIMES: Final = ("lease_expires_at", "attempt_started_at")
+
+
+def _fields_hold(operation: Operation) -> bool:
+    """Whether every field is of its type and range: one expression, as every construction asks it."""
+    return (
+        type(operation.state) is OperationState
+        and type(operation.revision) is int
+        and operation.revision >= 1
+        and type(operation.fence) is int
+        and operation.fence >= 0
+        and type(operation.attempt_count) is int
+        and operation.attempt_count >= 0
+        and type(operation.action_version) is int
+        and operation.action_version >= 1
+        and type(operation.effect_class) is EffectClass
+        and type(operation.policy) is RetryPolicy
+        and type(operation.identity) is Identity
+        and (operation.outcome is None or type(operation.outcome) is TerminalOutcome)
+        and (operation.effect_unsettled_since is None or type(operation.effect_unsettled_since) is int)
+        and type(operation.admitted_at) is datetime
+        and operation.admitted_at.tzinfo is UTC
+        and type(operation.deadline) is datetime
+        and operation.deadline.tzinfo is UTC
+        and type(operation.retain_until) is datetime
+        and operation.retain_until.tzinfo is UTC
+        and type(operation.next_eligible_at) is datetime
+        and operation.next_eligible_at.tzinfo is UTC
+        and (operation.lease_expires_at is None or (type(operation.lease_expires_at) is datetime and operation.lease_expires_at.tzinfo is UTC))
+        and (operation.attempt_started_at is None or (type(operation.attempt_started_at) is datetime and operation.attempt_started_at.tzinfo is UTC))
+    )
+
+
+def _field_problem(operation: Operation) -> tuple[str, str] | None:
+    """The first field not of its type or range, as ``(field, problem)``; behind :func:`_fields_hold`."""
+    kinds: tuple[tuple[str, type], ...] = (
+        ("state", OperationState),
+        ("effect_class", EffectClass),
+        ("policy", RetryPolicy),
+        ("identity", Identity),
+    )
+    for name, kind in kinds:
+        value = getattr(operation, name)
+        if not isinstance(value, kind):
+            return name, f"must be of type {kind.__name__}, got {type(value).__name__}"
+    if operation.outcome is not None and not isinstance(operation.outcome, TerminalOutcome):
+        return "outcome", f"must be of type TerminalOutcome or None, got {type(operation.outcome).__name__}"
+    for name, least in (("revision", 1), ("action_version", 1), ("fence", 0), ("attempt_count", 0)):
+        value = getattr(operation, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return name, f"must be an integer, got {type(value).__name__}"
+        if value < least:
+            return name, f"must be at least {least}, got {value}"
+    since = operation.effect_unsettled_since
+    if since is not None and (not isinstance(since, int) or isinstance(since, bool)):
+        return "effect_unsettled_since", f"must be an integer or None, got {type(since).__name__}"
+    for name in (*_REQUIRED_TIMES, *_OPTIONAL_TIMES):
+        value = getattr(operation, name)
+        if value is None and name in _OPTIONAL_TIMES:
+            continue
+        problem = utc_problem(value)
+        if problem is not None:
+            return name, problem
+    return None
+
+
+def _stored(operation: Operation | None, argument: str = "operation") -> None:
     """Refuse a stored Operation made around its constructor (``object.__setattr__``, a store of values).
 
     The constructor refuses every other such value; this check keeps a decision from reasoning about one anyway.
     """
+    if operation is not None and not isinstance(operation, Operation):
+        raise TypeError(f"{argument}: must be of type Operation or None, got {type(operation).__name__}")
     if operation is not None:
         problem = operation_problem(operation)
         if problem is not None:
@@ -924,7 +1001,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
     if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} may not submit{why}")
-    _stored(existing)
+    _stored(existing, "existing")
     if existing is not None and (now < existing.retain_until or existing.outcome is None):
         differs = [
             (name, getattr(existing, name), getattr(request, name))

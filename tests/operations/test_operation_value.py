@@ -18,7 +18,7 @@ from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.errors import InvalidOperation, KernelError
 from fencekeeper.kernel.machines import OperationState
 
-from .kernel_fixtures import GRANTED, LEASE, SECOND, T0, admitted, claimed
+from .kernel_fixtures import GRANTED, LEASE, SECOND, T0, admitted, claimed, submit_request
 
 
 def running() -> tuple[o.Operation, o.Credential]:
@@ -109,3 +109,46 @@ def test_every_decision_on_a_damaged_value_is_the_same_clear_error(field: str, c
         with pytest.raises(InvalidOperation) as raised:
             decide()
         assert (raised.value.operation_id, raised.value.field) == ("op-1", field)
+
+
+NAIVE = T0.replace(tzinfo=None)
+BROKEN_FIELDS: list[tuple[str, dict[str, Any]]] = [
+    ("state", {"state": "admitted"}),
+    ("revision", {"revision": 0}),
+    ("revision", {"revision": True}),
+    ("fence", {"fence": -1}),
+    ("attempt_count", {"attempt_count": -1}),
+    ("action_version", {"action_version": "1"}),
+    ("effect_class", {"effect_class": "atomic"}),
+    ("outcome", {"outcome": "cancelled"}),
+    ("next_eligible_at", {"next_eligible_at": NAIVE}),
+    ("deadline", {"deadline": None}),
+    ("retain_until", {"retain_until": "2026-01-01T00:00:00Z"}),
+]
+
+
+@pytest.mark.parametrize(("field", "changes"), BROKEN_FIELDS, ids=[f"{f}-{v!r}" for f, c in BROKEN_FIELDS for v in c.values()])
+def test_a_field_not_of_its_type_or_range_cannot_be_made_and_is_never_decided_on(
+    field: str, changes: dict[str, Any]
+) -> None:
+    # Before: such a value was made, and a decision raised an AttributeError
+    # or a datetime comparison error on it, or (a revision of 0) was decided
+    # on, with a guard expecting revision 0.
+    with pytest.raises(InvalidOperation) as raised:
+        attrs.evolve(admitted(), **changes)
+    assert (raised.value.operation_id, raised.value.field) == ("op-1", field)
+    broken = damaged(admitted(), **changes)
+    for decide in (
+        lambda: o.claim(broken, o.ClaimRequest("w2", LEASE), T0 + SECOND),
+        lambda: o.cancel(broken, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + SECOND),
+    ):
+        with pytest.raises(InvalidOperation) as raised:
+            decide()
+        assert raised.value.field == field
+
+
+def test_a_snapshot_that_is_no_operation_is_a_type_error_naming_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"^operation: must be of type Operation or None, got str"):
+        o.claim("op-1", o.ClaimRequest("w2", LEASE), T0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^existing: must be of type Operation or None, got str"):
+        o.submit("op-1", submit_request(), T0)  # type: ignore[arg-type]
