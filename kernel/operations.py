@@ -1063,6 +1063,8 @@ def expire(operation: Operation | None, now: datetime, actor: str = "system:dead
     work that finished may commit).
     """
     try:
+        # The actor is the transition's recorded actor, as a worker's or principal's id is elsewhere.
+        _check_id("actor", actor)
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal

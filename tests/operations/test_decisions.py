@@ -679,3 +679,13 @@ def test_a_request_of_another_type_is_refused_naming_the_request(name: str, kind
         assert isinstance(outcome, o.Refusal), outcome
         assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "request")
         assert outcome.message == f"request: must be of type {kind.__name__}, got {type(value).__name__}"
+
+
+@pytest.mark.parametrize("actor", [None, "", "has space", 7])
+def test_expire_refuses_an_actor_that_is_no_identifier(actor: object) -> None:
+    # Before: the deadline was decided with the actor recorded as given (None included).
+    operation = admitted()
+    outcome = o.expire(operation, operation.deadline, actor)  # type: ignore[arg-type]
+    assert isinstance(outcome, o.Refusal), outcome
+    assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "actor")
+    assert isinstance(o.expire(operation, operation.deadline, "system:deadline"), o.Decision)
