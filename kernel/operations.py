@@ -60,6 +60,7 @@ Rules of this module:
 from __future__ import annotations
 
 import enum
+import json
 import operator
 import re
 from datetime import UTC, datetime, timedelta
@@ -761,6 +762,28 @@ def _check_policy(value: object) -> None:
         raise _Invalid("policy.backoff_coefficient", f"must be a number from 1 to 100, got {coefficient!r}")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# NaN and the infinities are Python's extension of JSON; a store reads a result back as JSON without them.
+_RESULT_JSON: Final = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _json_text_problem(text: str) -> str | None:
+    """Why ``text`` is no result a store can keep and read back as JSON, or None."""
+    unstorable = text_problem(text)
+    if unstorable is not None:
+        return unstorable
+    try:
+        _RESULT_JSON.decode(text)
+    except RecursionError:
+        return "must be JSON text: nested too deeply"
+    except ValueError as exc:  # json.JSONDecodeError is one
+        return f"must be JSON text: {exc}"
+    return None
+
+
 def _check_now(now: object) -> None:
     _check("now", utc_problem(now))
 
@@ -1345,6 +1368,7 @@ def complete_refusal(operation: Operation | None, request: CompleteRequest, now:
         _check_authority("authority", request.authority)
         if not isinstance(request.result, str):
             raise _Invalid("result", "must be JSON text")
+        _check("result", _json_text_problem(request.result))
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal

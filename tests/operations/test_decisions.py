@@ -689,3 +689,18 @@ def test_expire_refuses_an_actor_that_is_no_identifier(actor: object) -> None:
     assert isinstance(outcome, o.Refusal), outcome
     assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "actor")
     assert isinstance(o.expire(operation, operation.deadline, "system:deadline"), o.Decision)
+
+
+@pytest.mark.parametrize(
+    "result", ["{", "not json", "NaN", '{"amount": Infinity}', "", '"a\x00b"', '"\ud800"']
+)
+def test_complete_refuses_a_result_that_is_no_storable_json_text(result: str) -> None:
+    # Before: the success was decided and its result written, and a store
+    # then read the row back as malformed_row (a result that is not JSON).
+    operation, credential, _ = claimed(admitted(), "w-1", T0)
+    request = o.CompleteRequest(credential, GRANTED, result)
+    for decide in (o.complete, o.complete_refusal):
+        outcome = decide(operation, request, T0 + SECOND)
+        assert isinstance(outcome, o.Refusal), outcome
+        assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "result")
+    assert isinstance(o.complete(operation, attrs.evolve(request, result='{"ok": [1, 2.5, null]}'), T0 + SECOND), o.Decision)
