@@ -412,6 +412,13 @@ def operation_problem(operation: Operation) -> tuple[str, str] | None:
     return None
 
 
+def _stored_value(operation: object) -> None:
+    """For the questions that take an Operation, not a decision's ``Operation | None``: None is no answer."""
+    if not isinstance(operation, Operation):
+        raise TypeError(f"operation: must be of type Operation, got {type(operation).__name__}")
+    _stored(operation)
+
+
 _REQUIRED_TIMES: Final = ("admitted_at", "deadline", "retain_until", "next_eligible_at")
 _OPTIONAL_TIMES: Final = ("lease_expires_at", "attempt_started_at")
 
@@ -950,8 +957,19 @@ def check_owner(operation: Operation | None, credential: Credential, now: dateti
     fence that is not current is refused as ``stale_fence`` whatever else holds:
     once fence N+1 exists, N can do nothing (seed 001, Claims, leases, and
     fencing).  The guarded atomic context asks this before it lets the
-    action's writes commit.
+    action's writes commit.  A malformed credential or ``now`` is
+    ``invalid_request`` naming it, as a decision refuses it.
     """
+    try:
+        _check_credential(credential)
+        _check_now(now)
+    except _Invalid as exc:
+        return exc.refusal
+    return _owner_refusal(operation, credential, now)
+
+
+def _owner_refusal(operation: Operation | None, credential: Credential, now: datetime) -> Refusal | None:
+    """:func:`check_owner` for a credential and a time a decision has already checked."""
     refusal = _refuse_missing(operation, credential.operation_id)
     if refusal is not None or operation is None:
         return refusal
@@ -1288,7 +1306,7 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
         _check("lease_duration", later_problem(now, request.lease_duration))
     except _Invalid as exc:
         return exc.refusal
-    refusal = check_owner(operation, request.credential, now)
+    refusal = _owner_refusal(operation, request.credential, now)
     if refusal is not None:
         return refusal
     assert operation is not None
@@ -1327,7 +1345,7 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal
-    refusal = check_owner(operation, request.credential, now)
+    refusal = _owner_refusal(operation, request.credential, now)
     if refusal is not None:
         return refusal
     assert operation is not None
@@ -1372,7 +1390,7 @@ def complete_refusal(operation: Operation | None, request: CompleteRequest, now:
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal
-    refusal = check_owner(operation, request.credential, now)
+    refusal = _owner_refusal(operation, request.credential, now)
     if refusal is not None or operation is None:
         return refusal
     if not request.authority.granted:
@@ -1441,7 +1459,7 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal
-    refusal = check_owner(operation, request.credential, now)
+    refusal = _owner_refusal(operation, request.credential, now)
     if refusal is not None:
         return refusal
     assert operation is not None
@@ -1504,7 +1522,7 @@ def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: d
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal
-    refusal = check_owner(operation, request.credential, now)
+    refusal = _owner_refusal(operation, request.credential, now)
     if refusal is not None:
         return refusal
     assert operation is not None
@@ -1716,6 +1734,7 @@ def effect_plan(operation: Operation) -> EffectPlan:
     issued or every issue was answered "not applied": performing again
     resends nothing blindly, since no earlier issue can have taken effect.
     """
+    _stored_value(operation)
     return EffectPlan.PERFORM if operation.effect_unsettled_since is None else EffectPlan.RECONCILE
 
 
@@ -1724,6 +1743,10 @@ def due(operation: Operation, now: datetime) -> bool:
 
     Stores use the same rule in SQL to find work; this is its reference.
     """
+    _stored_value(operation)
+    problem = utc_problem(now)
+    if problem is not None:
+        raise (TypeError if not isinstance(now, datetime) else ValueError)(f"now: {problem}")
     if operation.state is OperationState.ADMITTED:
         return now >= operation.next_eligible_at or now >= operation.deadline
     if operation.state is OperationState.RUNNING:

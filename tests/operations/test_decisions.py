@@ -704,3 +704,24 @@ def test_complete_refuses_a_result_that_is_no_storable_json_text(result: str) ->
         assert isinstance(outcome, o.Refusal), outcome
         assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "result")
     assert isinstance(o.complete(operation, attrs.evolve(request, result='{"ok": [1, 2.5, null]}'), T0 + SECOND), o.Decision)
+
+
+def test_the_questions_beside_the_decisions_name_a_malformed_argument() -> None:
+    # Before: AttributeErrors on None, and datetime comparison errors on a naive now.
+    operation, credential, _ = claimed(admitted(), "w-1", T0)
+    naive = T0.replace(tzinfo=None)
+    for value, field in ((None, "credential"), (("op-1", "w-1", 1), "credential")):
+        refusal = o.check_owner(operation, value, T0)  # type: ignore[arg-type]
+        assert refusal is not None and (refusal.code, refusal.field) == (o.RefusalCode.INVALID_REQUEST, field)
+    refusal = o.check_owner(operation, credential, naive)
+    assert refusal is not None and (refusal.code, refusal.field) == (o.RefusalCode.INVALID_REQUEST, "now")
+    assert o.check_owner(operation, credential, T0) is None
+    for value in (None, "op-1"):
+        with pytest.raises(TypeError, match=r"^operation: must be of type Operation, got "):
+            o.effect_plan(value)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^operation: must be of type Operation, got "):
+            o.due(value, T0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^now: naive datetime"):
+        o.due(operation, naive)
+    with pytest.raises(TypeError, match=r"^now: must be a datetime"):
+        o.due(operation, None)  # type: ignore[arg-type]
