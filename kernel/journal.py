@@ -130,7 +130,8 @@ def _is_identifier(value: str) -> bool:
 
 
 def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -> None:
-    if not _is_identifier(value):
+    # The type first: the remembered match takes only hashable text.
+    if type(value) is not str or not _is_identifier(value):
         raise JournalError(code, f"{where}: malformed identifier {value!r}")
 
 
@@ -434,7 +435,29 @@ def _references(command: Command) -> tuple[RecordRef, ...]:
     return ()
 
 
+def _of_type(value: object, kind: type | tuple[type, ...], where: str) -> None:
+    """A field of a command that is not of its type: refused as it would be once written, never appended."""
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+        raise JournalError(C.INVALID_REQUEST, f"{where}: must be of type {names}, got {type(value).__name__}")
+
+
+def _tuple_of(values: object, kind: type, where: str) -> None:
+    # A list has always been taken where a tuple is declared, and replays alike.
+    _of_type(values, (tuple, list), where)
+    assert isinstance(values, tuple | list)
+    for value in values:
+        _of_type(value, kind, where)
+
+
+_COMMANDS: Final = (Transition, Invalidate, BindSuccessor)
+
+
 def _check_common(command: Command) -> None:
+    # Every field of its type before any is read: a command is appended only
+    # if its record can be replayed, and replay reads each field by its type.
+    _of_type(command, _COMMANDS, "command")
+    _of_type(command.rationale, str, "rationale")
     _identifier(command.request_id, "request_id")
     _identifier(command.actor_id, "actor")
     _identifier(command.role, "role")
@@ -442,6 +465,12 @@ def _check_common(command: Command) -> None:
         raise JournalError(C.INVALID_REQUEST, f"expected_head: {command.expected_head!r} is not a sha256: digest")
     if isinstance(command, Transition):
         _identifier(command.node_id, "node")
+        _of_type(command.event, NodeEvent, "event")
+        _of_type(command.prior_state, NodeState, "prior_state")
+        _tuple_of(command.records, RecordRef, "records")
+        _tuple_of(command.approvals, Approval, "approvals")
+        if command.error is not None:
+            _of_type(command.error, str, "error")
         for record in command.records:
             _check_record(record, "records")
         for approval in command.approvals:
@@ -449,7 +478,10 @@ def _check_common(command: Command) -> None:
             _identifier(approval.role, "approvals: role")
             _check_record(approval.record, "approvals: record")
         if command.attempt is not None:
+            _of_type(command.attempt, AttemptRef, "attempt")
             _identifier(command.attempt.attempt_id, "attempt id")
+            if type(command.attempt.sequence) is not int:
+                raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence!r} is not a whole number")
             if not 1 <= command.attempt.sequence <= MAX_WHOLE:
                 raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence} is out of range")
         if len({(r.kind, r.ref_id) for r in command.records}) != len(command.records):
@@ -459,10 +491,12 @@ def _check_common(command: Command) -> None:
                 C.INVALID_REQUEST, f"{command.event.value} is appended by an invalidation or successor binding command"
             )
     else:
+        _tuple_of(command.nodes, NodeExpectation, "nodes")
         if not command.nodes:
             raise JournalError(C.INVALID_REQUEST, "nodes: names no node")
         for expectation in command.nodes:
             _identifier(expectation.node_id, "nodes")
+            _of_type(expectation.prior_state, NodeState, "nodes: prior_state")
         if len({n.node_id for n in command.nodes}) != len(command.nodes):
             raise JournalError(C.INVALID_REQUEST, "nodes: names a node twice")
         if isinstance(command, Invalidate):
@@ -473,6 +507,7 @@ def _check_common(command: Command) -> None:
 
 
 def _check_record(record: RecordRef, where: str) -> None:
+    _of_type(record, RecordRef, where)
     _identifier(record.kind, f"{where}: kind")
     _identifier(record.ref_id, f"{where}: id")
     if not is_digest(record.digest):

@@ -166,6 +166,42 @@ def test_naive_time_and_malformed_fields_are_invalid_requests() -> None:
         refused(driver, bad, C.INVALID_REQUEST)
 
 
+def test_a_field_not_of_its_type_is_an_invalid_request_never_an_exception_or_an_unreplayable_record() -> None:
+    # Before: None or another type raised an AttributeError or a TypeError
+    # from the identifier match, and a boolean attempt sequence or a
+    # rationale that is no string was appended, as a record replay then
+    # refuses (malformed_record).
+    driver = Driver(fresh())
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))
+    cases: tuple[tuple[object, str], ...] = (
+        (None, "command: "),
+        ("transition", "command: "),
+        (attrs.evolve(command, request_id=None), "request_id: "),
+        (attrs.evolve(command, node_id=7), "node: "),
+        (attrs.evolve(command, actor_id=["bot:search"]), "actor: "),
+        (attrs.evolve(command, event="work-started"), "event: "),
+        (attrs.evolve(command, prior_state="ready"), "prior_state: "),
+        (attrs.evolve(command, attempt=("s-1", 1)), "attempt: "),
+        (attrs.evolve(command, attempt=j.AttemptRef("s-1", True)), "attempt sequence True"),
+        (attrs.evolve(command, records="records"), "records: "),
+        (attrs.evolve(command, records=(("k", "i", "d"),)), "records: "),
+        (attrs.evolve(command, rationale=None), "rationale: "),
+        (attrs.evolve(command, rationale=5), "rationale: "),
+    )
+    for bad, message in cases:
+        refusal = refused(driver, bad, C.INVALID_REQUEST)  # type: ignore[arg-type]
+        assert refusal.message.startswith(message), refusal.message
+    invalidation = j.Invalidate(
+        request_id="inv-1", expected_head=driver.journal.head, source=RETRACTION, policy="retraction",
+        nodes=(j.NodeExpectation("search", "ready"),), actor_id="carol", role="lead",  # type: ignore[arg-type]
+    )
+    assert refused(driver, invalidation, C.INVALID_REQUEST).message.startswith("nodes: prior_state: ")
+    # A list where a tuple is declared was always taken, and replays: it still is.
+    listed = driver.apply(attrs.evolve(command, records=[ref("search-results", "s")]))
+    assert isinstance(listed, j.Appended)
+    assert j.replay(*stored(listed.journal), listed.journal.workflow, listed.journal.policy).head == listed.journal.head
+
+
 # --- attempts ------------------------------------------------------------------------------------
 
 
