@@ -135,8 +135,27 @@ def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -
         raise JournalError(code, f"{where}: malformed identifier {value!r}")
 
 
+def _argument(value: object, kind: type | tuple[type, ...], name: str) -> None:
+    """An argument that is not of its type: a TypeError naming it, before anything reads it.
+
+    Not a refusal: these are the values a caller builds once (the verified
+    workflow and policy, the journal, the stored bytes), not a command.
+    """
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+        raise TypeError(f"{name}: must be of type {names}, got {type(value).__name__}")
+
+
+def _stored_events(events: object) -> None:
+    # Any sequence of records; text or bytes would be taken apart character by character.
+    if not isinstance(events, Sequence) or isinstance(events, str | bytes | bytearray):
+        raise TypeError(f"events: must be a sequence of stored records (bytes), got {type(events).__name__}")
+
+
 def verify_policy(policy: AuthorityPolicy, workflow: VerifiedWorkflow) -> VerifiedPolicy:
     """The policy, if it is bound to ``workflow`` and approved by one of its humans; else ``unverified_authority``."""
+    _argument(policy, AuthorityPolicy, "policy")
+    _argument(workflow, VerifiedWorkflow, "workflow")
     bad = C.UNVERIFIED_AUTHORITY
     for value, where in ((policy.policy_id, "policy"), (policy.scope, "scope"), (policy.protocol, "protocol")):
         _identifier(value, f"policy: {where}", bad)
@@ -188,6 +207,8 @@ def create_header(
     supersedes: str | None = None,
 ) -> Header:
     """A header binding ``workflow`` and ``policy``, created by one of the policy's humans."""
+    _argument(workflow, VerifiedWorkflow, "workflow")
+    _argument(policy, VerifiedPolicy, "policy")
     _identifier(execution_id, "execution id")
     if supersedes is not None:
         _identifier(supersedes, "supersedes")
@@ -227,6 +248,9 @@ def _check_header_binding(header: Header, workflow: VerifiedWorkflow, policy: Ve
 
 def new_journal(header: Header, workflow: VerifiedWorkflow, policy: VerifiedPolicy) -> Journal:
     """The empty journal of ``header``: roots ``ready``, every other node ``pending``."""
+    _argument(header, Header, "header")
+    _argument(workflow, VerifiedWorkflow, "workflow")
+    _argument(policy, VerifiedPolicy, "policy")
     _check_header_binding(header, workflow, policy)
     if header.digest != digest_bytes(record_bytes(header.body_json())):
         raise JournalError(C.ALTERED_DIGEST, "the header's digest does not match its content", 0)
@@ -358,6 +382,7 @@ def preview(
     the binding names, declaring that it supersedes this execution and bound
     to the same workflow; else ``bad_successor_binding``.
     """
+    _argument(journal, Journal, "journal")
     try:
         at = format_time(now)
     except JournalError as exc:
@@ -998,6 +1023,8 @@ def replay(
     appended under, with that rule's code.  A batch left short by a record
     that cannot be read names that record (specs/journal.md, section 7).
     """
+    _argument(header, (bytes, bytearray), "header")
+    _stored_events(events)
     return continue_replay(new_journal(decode_header(header), workflow, policy), events, resolve, headers=headers)
 
 
@@ -1015,6 +1042,8 @@ def continue_replay(
     journal it already verified reads only the events appended since, so
     catching up costs what is new, not the whole history.
     """
+    _argument(journal, Journal, "journal")
+    _stored_events(events)
     offset = len(journal.events)
     builder = _Builder(journal, resolve, headers)
     builder.stored = []

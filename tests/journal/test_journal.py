@@ -875,3 +875,28 @@ def test_a_request_index_extended_in_branches_answers_as_a_dict_would(seed: int)
 
 def _recorded(digest: str) -> _Recorded:
     return _Recorded(digest, 1, 1)
+
+
+def test_an_argument_not_of_its_type_is_a_type_error_naming_it() -> None:
+    # Before: an AttributeError (or a TypeError of len()) from deep inside.
+    journal = fresh()
+    header, events = stored(journal)
+    workflow, policy = journal.workflow, journal.policy
+    command = Driver(journal).transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher")
+    calls = (
+        ("journal", lambda: j.preview(None, command, T0)),  # type: ignore[arg-type]
+        ("journal", lambda: j.append("journal", command, T0)),  # type: ignore[arg-type]
+        ("policy", lambda: j.verify_policy(None, workflow)),  # type: ignore[arg-type]
+        ("workflow", lambda: j.verify_policy(policy.policy, None)),  # type: ignore[arg-type]
+        ("workflow", lambda: j.create_header("e-9", None, policy, created_by="carol", now=T0)),  # type: ignore[arg-type]
+        ("policy", lambda: j.create_header("e-9", workflow, policy.policy, created_by="carol", now=T0)),  # type: ignore[arg-type]
+        ("header", lambda: j.new_journal(None, workflow, policy)),  # type: ignore[arg-type]
+        ("header", lambda: j.replay(header.decode(), events, workflow, policy)),  # type: ignore[arg-type]
+        ("events", lambda: j.replay(header, None, workflow, policy)),  # type: ignore[arg-type]
+        ("events", lambda: j.replay(header, b"".join(events), workflow, policy)),
+        ("journal", lambda: j.continue_replay(None, events)),  # type: ignore[arg-type]
+    )
+    for name, call in calls:
+        with pytest.raises(TypeError, match=rf"^{name}: must be "):
+            call()
+    assert j.replay(header, tuple(events), workflow, policy).head == journal.head
