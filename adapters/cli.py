@@ -1870,10 +1870,13 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
                 refined = "refinement not checked (the search was cut)"
         seconds = time.perf_counter() - started
         scope = "complete" if result.complete else f"to depth {result.depth}"
+        # Every bound the search ran under, the node steps too: they change what is explored with or
+        # without --compose.
         print(
-            f"{title}: {bounds.workers} workers, {bounds.executions} executions, "
-            f"{bounds.claims_per_execution} claims each, ticks 0-{bounds.max_tick}"
-            + (f", {bounds.steps_per_execution} step(s) each, composed" if composed else "")
+            f"{title}: {_number(bounds.workers, 'worker')}, {_number(bounds.executions, 'execution')}, "
+            f"{_number(bounds.claims_per_execution, 'claim')} each, ticks 0-{bounds.max_tick}, "
+            f"{_number(bounds.steps_per_execution, 'step')} each"
+            + (", composed" if composed else "")
             + f": {result.states:,} states explored, {result.transitions:,} decisions, {scope}"
             + (f", {refined}" if refined else "")
             + f", {seconds:.1f}s"
@@ -1893,6 +1896,11 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
 
         return cli_ops.modelcheck_operations()
     return EXIT_OK
+
+
+def _number(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless it is one: ``1 worker``, ``3 workers``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _read(path: Path, *, option: str | None = None) -> str:

@@ -272,6 +272,16 @@ def test_command_line_prints_states_explored() -> None:
     assert "every invariant" in run.stdout
 
 
+def test_command_line_names_every_bound_in_correct_number() -> None:
+    # Before: "1 workers, 1 executions, 1 claims each", and the node steps,
+    # which change what is explored, named only with --compose.
+    bounds = ["--workers", "1", "--executions", "1", "--claims", "1", "--steps", "3", "--ticks", "1"]
+    run = subprocess.run([FENCEKEEPER, "modelcheck", *bounds], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("custom: 1 worker, 1 execution, 1 claim each, ticks 0-1, 3 steps each: "), run.stdout
+    assert "composed" not in run.stdout
+
+
 def test_command_line_checks_a_composed_configuration() -> None:
     assert all(b.max_depth is None and b.steps_per_execution >= 2 for _, b in COMPOSED)
     bounds = ["--workers", "2", "--executions", "1", "--claims", "1", "--steps", "2", "--ticks", "3"]
