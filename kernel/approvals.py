@@ -42,6 +42,8 @@ APPROVAL_DECISION: str = "ApprovalDecision"
 
 
 class ApprovalState(enum.Enum):
+    """Where an approval request stands: pending until its first committed determination, then approved or rejected."""
+
     PENDING = "pending"
     APPROVED = "approved"
     REJECTED = "rejected"

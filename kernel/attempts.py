@@ -84,6 +84,7 @@ def start(
 
 
 def state_of(attempt: Evidence) -> AttemptState:
+    """The attempt machine's state of a step attempt's evidence object (its ``state`` field, as the enum)."""
     return AttemptState(attempt.state)
 
 

@@ -1142,6 +1142,7 @@ def _next_event(
 
 
 def attempt_history(journal: Journal, node_id: str) -> tuple[Attempt, ...]:
+    """Every attempt of ``node_id``, oldest first, with how it ended; empty for a node never attempted."""
     return journal.attempts.get(node_id, ())
 
 

@@ -57,10 +57,12 @@ C = JournalCode
 
 
 def encode_header(header: Header) -> bytes:
+    """The header's stored bytes: its canonical record (specs/journal.md), the first line of a chain."""
     return record_bytes(header.to_json())
 
 
 def encode_event(event: Event) -> bytes:
+    """The event's stored bytes: its canonical record (specs/journal.md), one line of a chain."""
     return record_bytes(event.to_json())
 
 

@@ -205,6 +205,8 @@ class ExecutionState(TableEnum):
 
 
 class ExecutionEvent(TableEnum):
+    """The events of a workflow execution (specs/machines/execution.toml); the dispatch row takes the same ones."""
+
     CLAIM = "claim"
     CANCEL = "cancel"
     RENEW = "renew"
@@ -310,6 +312,8 @@ EXECUTION: Machine[ExecutionState, ExecutionEvent] = machine_from_spec(
 
 
 class DispatchState(TableEnum):
+    """The states of a workflow_dispatch row (specs/machines/dispatch.toml): the execution's, with running called claimed."""
+
     ELIGIBLE = "eligible"
     CLAIMED = "claimed"
     WAITING = "waiting"
@@ -372,6 +376,8 @@ def dispatch_state_of(state: ExecutionState) -> DispatchState:
 
 
 class NodeState(TableEnum):
+    """The states of a DAG node in the execution journal (specs/machines/node.toml)."""
+
     PENDING = "pending"
     READY = "ready"
     ACTIVE = "active"
@@ -383,6 +389,8 @@ class NodeState(TableEnum):
 
 
 class NodeEvent(TableEnum):
+    """The events of a DAG node (specs/machines/node.toml), with seed 002's hyphenated names verbatim."""
+
     DEPENDENCIES_SATISFIED = "dependencies-satisfied"
     WORK_STARTED = "work-started"
     WORK_BLOCKED = "work-blocked"
@@ -442,6 +450,8 @@ def initial_node_state(has_predecessors: bool) -> NodeState:
 
 
 class AttemptState(TableEnum):
+    """The states of a step attempt (specs/machines/attempt.toml)."""
+
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -451,6 +461,8 @@ class AttemptState(TableEnum):
 
 
 class AttemptEvent(TableEnum):
+    """The events of a step attempt (specs/machines/attempt.toml)."""
+
     START = "start"
     REJECT = "reject"
     COMPLETE = "complete"
@@ -524,6 +536,8 @@ ATTEMPT: Machine[AttemptState, AttemptEvent] = machine_from_spec(ATTEMPT_SPEC, A
 
 
 class OperationState(TableEnum):
+    """The states of a durable Operation (specs/machines/operation.toml)."""
+
     ADMITTED = "admitted"
     AWAITING_APPROVAL = "awaiting_approval"
     RUNNING = "running"
@@ -534,6 +548,8 @@ class OperationState(TableEnum):
 
 
 class OperationEvent(TableEnum):
+    """The events of a durable Operation (specs/machines/operation.toml)."""
+
     REQUIRE_APPROVAL = "require_approval"
     APPROVE = "approve"
     REJECT = "reject"

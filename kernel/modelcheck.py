@@ -229,14 +229,17 @@ class _Action:
 
 
 def worker_id(index: int) -> str:
+    """The id of the ``index``-th worker of a world (counted from 0): ``w1``, ``w2``, ..."""
     return f"w{index + 1}"
 
 
 def execution_id(index: int) -> str:
+    """The id of the ``index``-th execution of a world (counted from 0): ``e1``, ``e2``, ..."""
     return f"e{index + 1}"
 
 
 def initial_world(bounds: Bounds) -> World:
+    """The world a search starts from: tick 0, every execution admitted and eligible, nothing held or decided."""
     executions = tuple(
         p.Execution(
             execution_id=execution_id(i),

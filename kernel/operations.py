@@ -167,6 +167,8 @@ conformance cases, which hold the kernel's decisions, reach every other code."""
 
 
 class UnchangedCode(enum.Enum):
+    """Why an idempotent repeat wrote nothing (specs/operations.md, Shape of a decision)."""
+
     SAME_SUBMISSION = "same_submission"
     ALREADY_DECIDED = "already_decided"
     ALREADY_CANCELLED = "already_cancelled"
@@ -501,6 +503,8 @@ def _stored(operation: Operation | None, argument: str = "operation") -> None:
 
 @attrs.frozen(cache_hash=True)
 class Attempt:
+    """One physical Attempt of an Operation: ``number`` is the fence its claim received; written as it starts and ends."""
+
     operation_id: str
     number: int
     worker_id: str
@@ -601,6 +605,8 @@ class Decision:
 
 @attrs.frozen
 class Refusal:
+    """No writes: a stable code, a message naming the field or precondition, and ``field`` for ``invalid_request``."""
+
     code: RefusalCode
     message: str
     field: str | None = None
@@ -608,6 +614,8 @@ class Refusal:
 
 @attrs.frozen
 class Unchanged:
+    """An idempotent repeat: nothing is written, and ``operation`` is the Operation as stored."""
+
     code: UnchangedCode
     message: str
     operation: Operation
@@ -621,6 +629,8 @@ Outcome = Decision | Refusal | Unchanged
 
 @attrs.frozen
 class SubmitRequest:
+    """Admit an Operation under a scoped idempotency identity (decided by :func:`submit`)."""
+
     operation_id: str
     """Fresh, made by the caller; used only if the identity is new."""
     identity: Identity
@@ -637,23 +647,31 @@ class SubmitRequest:
 
 @attrs.frozen
 class ClaimRequest:
+    """A worker's claim of the next Attempt, for ``lease_duration`` from now (:func:`claim`)."""
+
     worker_id: str
     lease_duration: timedelta
 
 
 @attrs.frozen
 class HeartbeatRequest:
+    """Extend the current owner's lease by ``lease_duration`` from now (:func:`heartbeat`)."""
+
     credential: Credential
     lease_duration: timedelta
 
 
 @attrs.frozen
 class IntentRequest:
+    """Commit an external effect's intent and its stable effect id before the provider is called (:func:`record_intent`)."""
+
     credential: Credential
 
 
 @attrs.frozen
 class CompleteRequest:
+    """The owner's success, with a current authority and the result as JSON text (:func:`complete`)."""
+
     credential: Credential
     authority: Authority
     result: str = "null"
@@ -661,6 +679,8 @@ class CompleteRequest:
 
 @attrs.frozen
 class FailRequest:
+    """The owner's failure of its Attempt: retried while Attempts are left if ``retryable``, else final (:func:`fail`)."""
+
     credential: Credential
     error_code: str
     retryable: bool
@@ -683,6 +703,8 @@ class UnknownRequest:
 
 @attrs.frozen
 class DecideRequest:
+    """An approver's decision, bound to the exact Operation, input, action, tenant and expiry (:func:`decide`)."""
+
     approval_id: str
     operation_id: str
     input_digest: str
@@ -697,6 +719,8 @@ class DecideRequest:
 
 @attrs.frozen
 class CancelRequest:
+    """Cancel an Operation, with the canceller's current authority and an optional reason (:func:`cancel`)."""
+
     operation_id: str
     principal: str
     authority: Authority

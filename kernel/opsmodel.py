@@ -276,6 +276,7 @@ def _submit_request(bounds: Bounds, client: int) -> o.SubmitRequest:
 
 
 def initial_world(bounds: Bounds) -> World:
+    """The world a search starts from: tick 0, one admitted Operation (none while submitters race to admit it)."""
     slots = bounds.workers + bounds.submitters + 2
     operations: tuple[o.Operation, ...] = ()
     holder = None
@@ -480,6 +481,11 @@ def _retire(world: World, slot: int, bounds: Bounds, kind: str) -> World:
 
 
 def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move], int]:
+    """Every move from ``world`` (a clock tick, a provider call, a decision, a pending commit) and the decisions made.
+
+    A commit is applied only if its guard still holds; a move that breaks a
+    write invariant carries the violation (:func:`check_write`).
+    """
     found: list[Move] = []
     decided = 0
     if world.tick < bounds.max_tick:
@@ -514,6 +520,7 @@ def moves(world: World, bounds: Bounds, proto: OpsProtocol) -> tuple[list[Move],
 
 
 def check_state(world: World, proto: OpsProtocol = OpsProtocol()) -> tuple[Invariant, str] | None:
+    """The first state invariant of specs/operations.md ``world`` breaks, with what broke it; None when all hold."""
     key = o.identity_key(IDENTITY)
     identical = [x for x in world.operations if o.identity_key(x.identity) == key]
     if len(identical) > 1:
@@ -556,6 +563,7 @@ def check_unauthorized_submission(outcome: o.Outcome) -> tuple[Invariant, str] |
 
 
 def check_write(before: World, after: World, pending: Pending) -> tuple[Invariant, str] | None:
+    """The first write invariant of specs/operations.md the commit of ``pending`` breaks; None when all hold."""
     decision = pending.decision
     new = decision.operation
     old = next((x for x in before.operations if x.operation_id == new.operation_id), None)

@@ -195,6 +195,8 @@ class WaitKey:
 
 
 class WakeReason(enum.Enum):
+    """What woke a waiter: an Event, an approval Decision, a one-time timer, or its declared timeout."""
+
     EVENT = "event"
     DECISION = "decision"
     TIMER = "timer"
@@ -303,6 +305,8 @@ class StepRecord:
 
 
 class RecoveryKind(enum.Enum):
+    """The governed recovery decisions :func:`~fencekeeper.kernel.recovery.recover` makes (specs/protocol.md, Decisions)."""
+
     QUARANTINE_EXPIRED = "quarantine_expired"
     FAIL = "fail"
     RESUME_SAFE = "resume_safe"
