@@ -1921,37 +1921,48 @@ def _version() -> str:
 
 def _export_specs(args: argparse.Namespace, out: Output) -> int:
     directory: Path = args.directory
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "machines").mkdir(exist_ok=True)
-    except FileExistsError:
-        raise CliError(f"{directory}: exists and is not a directory") from None
-    except OSError as exc:
-        raise CliError(f"{directory}: cannot create: {exc.strerror}") from None
     # The machine tables are written from the kernel, the rest as shipped in the package
     # (fencekeeper/specs); a file that already is the shipped one (`make specs` in the
     # repository, whose editable install links to it) is left alone.
     import importlib.resources  # noqa: PLC0415 - only export-specs reads the shipped files
+    from importlib.resources.abc import Traversable  # noqa: PLC0415
 
     shipped = importlib.resources.files("fencekeeper") / "specs"
+    folders: list[Path] = [directory, directory / "machines"]
+    # Each destination with what goes there: a shipped file, or a machine table's text.
+    files: list[tuple[Path, Traversable | bytes]] = []
     pending = [(shipped, directory)]
     while pending:
         source, target = pending.pop()
         for item in source.iterdir():
             if item.is_dir():
-                (target / item.name).mkdir(exist_ok=True)
+                folders.append(target / item.name)
                 pending.append((item, target / item.name))
             elif not (target == directory / "machines" and item.name.endswith(".toml")):
-                destination = target / item.name
-                if isinstance(item, Path) and destination.exists() and destination.samefile(item):
-                    continue
-                destination.write_bytes(item.read_bytes())
+                files.append((target / item.name, item))
     for machine in MACHINES.values():
-        (directory / "machines" / f"{machine.name}.toml").write_text(
-            render_machine_spec(machine.spec), encoding="utf-8"
-        )
+        files.append((directory / "machines" / f"{machine.name}.toml", render_machine_spec(machine.spec).encode("utf-8")))
+    # Every path is checked before anything is written: a conflict is one error naming it, and nothing is written.
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise CliError(f"{folder}: exists and is not a directory")
+    for destination, _ in files:
+        if destination.is_dir():
+            raise CliError(f"{destination}: is a directory, where a spec file goes")
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"{exc.filename or directory}: cannot create: {exc.strerror}") from None
+    try:
+        for destination, content in files:
+            if isinstance(content, bytes):
+                destination.write_bytes(content)
+            elif not (isinstance(content, Path) and destination.exists() and destination.samefile(content)):
+                destination.write_bytes(content.read_bytes())
+    except OSError as exc:
+        raise CliError(f"{exc.filename or directory}: cannot write: {exc.strerror}") from None
     return EXIT_OK
-
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -91,6 +91,25 @@ def test_export_specs_under_a_file_is_one_error_line(tmp_path: Path) -> None:
     assert str(target) in line and "cannot create" in line
 
 
+@pytest.mark.parametrize(("conflict", "kind"), [("machines", "file"), ("conformance", "file"), ("protocol.md", "dir")])
+def test_export_specs_over_a_conflicting_path_is_one_error_line_naming_it_and_writes_nothing(
+    tmp_path: Path, conflict: str, kind: str
+) -> None:
+    # Before: a file where a spec directory goes was blamed on DIR itself, or
+    # ended as "internal error: FileExistsError" / "IsADirectoryError", with
+    # the specs before it already written.
+    target = tmp_path / "specs"
+    target.mkdir()
+    if kind == "file":
+        (target / conflict).write_text("keep me\n", encoding="utf-8")
+    else:
+        (target / conflict).mkdir()
+    line = assert_one_error_line(fencekeeper("export-specs", target, cwd=tmp_path), code=2)
+    assert line.startswith(f"fencekeeper: error: {target / conflict}: "), line
+    assert "internal error" not in line
+    assert sorted(p.name for p in target.iterdir()) == [conflict]
+
+
 # --- docs ---------------------------------------------------------------------------
 
 
