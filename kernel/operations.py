@@ -217,6 +217,8 @@ def stable_principal(reference: str) -> str:
     ``A-Z a-z 0-9 . _ : @ / -``), so no reference is the stable form of
     another; text of another shape is its own stable form.
     """
+    if not isinstance(reference, str):
+        raise TypeError(f"reference: must be of type str, got {type(reference).__name__}")
     resolver, version, subject = (*reference.split(":", 2), "", "")[:3]
     if version[:1] == "v" and version[1:].isdigit() and version[1:].isascii() and subject:
         return f"{resolver}:v*:{subject}"
@@ -232,6 +234,8 @@ def identity_key(identity: Identity) -> IdentityKey:
     (seed 001, Scoped idempotency: "the stable initiating-principal
     reference").
     """
+    if not isinstance(identity, Identity):
+        raise TypeError(f"identity: must be of type Identity, got {type(identity).__name__}")
     return IdentityKey(identity.namespace, identity.tenant, stable_principal(identity.principal), identity.client_key)
 
 

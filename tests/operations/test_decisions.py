@@ -725,3 +725,11 @@ def test_the_questions_beside_the_decisions_name_a_malformed_argument() -> None:
         o.due(operation, naive)
     with pytest.raises(TypeError, match=r"^now: must be a datetime"):
         o.due(operation, None)  # type: ignore[arg-type]
+
+
+def test_the_identity_helpers_name_an_argument_not_of_its_type() -> None:
+    # Before: AttributeErrors ('NoneType' object has no attribute 'split' / 'namespace').
+    with pytest.raises(TypeError, match=r"^reference: must be of type str, got NoneType"):
+        o.stable_principal(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^identity: must be of type Identity, got tuple"):
+        o.identity_key(("shop", "tenant-a", "users:v1:alice", "key-1"))  # type: ignore[arg-type]
