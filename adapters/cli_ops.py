@@ -40,6 +40,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -207,10 +208,22 @@ class RegistryError(_Usage):
     """``--actions`` names no module with ``registry()`` and ``resolvers()``."""
 
 
+def import_deployment_module(name: str) -> ModuleType:
+    """``name`` imported with the current directory on the import path, as ``--handler`` and ``python -m`` have it.
+
+    A deployment's own modules (``--actions``, ``--auth``) usually sit beside
+    where its commands are run, uninstalled: the ``fencekeeper`` script's
+    own directory is what Python puts first, not the current one.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(name)
+
+
 def load_registry_module(name: str) -> ModuleType:
     """The deployment's registry module (``--actions``): ``registry()``, ``resolvers()``, optionally ``prepare(store)``."""
     try:
-        module = importlib.import_module(name)
+        module = import_deployment_module(name)
     except ImportError as exc:
         raise RegistryError(f"--actions: cannot import {name!r}: {exc}") from None
     except Exception as exc:  # an empty or relative name, or the module's own failure; --debug shows it through the cause

@@ -22,7 +22,6 @@ committed all of its transaction or none of it.
 from __future__ import annotations
 
 import argparse
-import importlib
 import signal
 import socket
 from collections.abc import Callable
@@ -60,7 +59,7 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 def _auth_module(name: str) -> Any:
     try:
-        module = importlib.import_module(name)
+        module = cli_ops.import_deployment_module(name)
     except ImportError as exc:
         raise ServeError(f"--auth: cannot import {name!r}: {exc}") from None
     except Exception as exc:  # an empty or relative name, or the module's own failure; --debug shows it through the cause

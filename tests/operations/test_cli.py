@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -847,3 +848,23 @@ def test_status_and_history_of_a_damaged_attempt_or_transition_are_one_error_lin
             assert code == 1 and out == "", (command, out)
             assert line.endswith("[malformed_row]") and f"operation {op_id!r}: {column}: " in line, line
     assert damage(op_id, None) == rows
+
+
+def test_deployment_modules_are_found_beside_where_the_command_runs(tmp_path: Path) -> None:
+    # As --handler and `python -m` find them: a deployment's own, uninstalled modules in the current directory.
+    (tmp_path / "my_actions.py").write_text(
+        "from fencekeeper.adapters.operations.examples import registry, resolvers\n", encoding="utf-8"
+    )
+    (tmp_path / "my_auth.py").write_text("def policy():\n    return None\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    submitted = fencekeeper(
+        "op", "submit", "transfer", "--db", "ops.db", "--key", "k-1", "--input", TRANSFER, "--actions", "my_actions",
+        "--json", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    assert json.loads(submitted.stdout)["created"] is True
+    # serve imports --auth the same way: found, and then judged on what it holds.
+    line = assert_one_error_line(
+        fencekeeper("serve", "--db", "ops.db", "--auth", "my_auth", "--port", "8765", cwd=tmp_path, env=env), 2
+    )
+    assert line == "fencekeeper: error: --auth: my_auth has no authenticate(request) function", line
