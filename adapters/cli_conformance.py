@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -21,6 +22,8 @@ from pathlib import Path
 from .render import Output
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+MAX_TIMEOUT = 3600.0
+"""The longest wait for one answer --timeout takes: an hour, past which a driver has surely stopped."""
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -41,6 +44,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if not args.driver:
         out.note("fencekeeper: error: give --driver CMD (the implementation's driver) or --generate DIR")
         return EXIT_USAGE
+    timeout = args.timeout
+    if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+        out.note(f"fencekeeper: error: --timeout: must be more than 0 and at most {MAX_TIMEOUT:g} seconds, got {timeout:g}")
+        return EXIT_USAGE
     directory = args.cases if args.cases is not None else runner.packaged_cases()
     layers = args.layer or list(cases.LAYERS)
     missing = [layer for layer in layers if not (directory / f"{layer}.json").is_file()]
@@ -49,7 +56,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return EXIT_USAGE
     try:
         shlex.split(args.driver)
-        reports = runner.run(args.driver, layers, directory)
+        reports = runner.run(args.driver, layers, directory, response_timeout=timeout)
     except runner.CaseFileError as exc:
         out.note(f"fencekeeper: error: {exc}")
         return EXIT_USAGE
@@ -85,4 +92,11 @@ def add_parser(command: object) -> None:
         help="run only this layer (repeatable; default: all)",
     )
     parser.add_argument("--cases", type=Path, metavar="DIR", help="case files (default: the ones shipped)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help=f"how long to wait for each answer of the driver (default 30, at most {MAX_TIMEOUT:g}): a slow store's driver may need more",
+    )
     parser.add_argument("--generate", type=Path, metavar="DIR", help="write the case files from the kernel into DIR")

@@ -100,8 +100,9 @@ def load_layer(directory: Path, layer: str) -> dict[str, Any]:
 class Driver:
     """The implementation under test, as a child process speaking JSON lines."""
 
-    def __init__(self, command: str, cwd: Path | None = None) -> None:
+    def __init__(self, command: str, cwd: Path | None = None, response_timeout: float = RESPONSE_TIMEOUT) -> None:
         self.command = command
+        self.response_timeout = response_timeout
         self.process = subprocess.Popen(
             shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
             # Bytes that are not UTF-8 must reach ask() as a breach, not kill the reading thread.
@@ -132,11 +133,12 @@ class Driver:
             # Most often the driver has exited: its code says more than the broken pipe does.
             raise self._stopped(request, f"driver closed its input: {exc}") from None
         try:
-            line = self._lines.get(timeout=RESPONSE_TIMEOUT if timeout is None else timeout)
+            line = self._lines.get(timeout=self.response_timeout if timeout is None else timeout)
         except queue.Empty:
             # The usual cause is an answer left in the driver's output buffer: stdout to a pipe is block-buffered.
             raise DriverError(
-                f"no response within {RESPONSE_TIMEOUT:g} s to {request.get('op')} (a driver must write each answer "
+                f"no response within {self.response_timeout if timeout is None else timeout:g} s to {request.get('op')} "
+                "(a driver must write each answer "
                 "as one line and flush its standard output before reading the next request)"
             ) from None
         if line is None:
@@ -336,8 +338,11 @@ def run_factory(factory: Callable[..., Any], layers: Iterable[str] = ("store",),
 
 
 def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Path | None = None,
-        cwd: Path | None = None) -> list[LayerReport]:
-    """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer."""
+        cwd: Path | None = None, response_timeout: float = RESPONSE_TIMEOUT) -> list[LayerReport]:
+    """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer.
+
+    ``response_timeout`` is how long the runner waits for each answer of a driver it starts.
+    """
     directory = cases_dir if cases_dir is not None else packaged_cases()
     # Every case file is read before the driver starts, so that a bad one is never blamed on the driver.
     try:
@@ -346,7 +351,7 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
         if not isinstance(command, str):
             command.close()
         raise
-    driver = Driver(command, cwd) if isinstance(command, str) else command
+    driver = Driver(command, cwd, response_timeout) if isinstance(command, str) else command
     reports = []
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})

@@ -234,3 +234,23 @@ def test_the_report_names_the_case_version_it_ran() -> None:
     reports = runner.run(f"{MISBEHAVING} none", ["machines"], CASES)
     assert runner.render(reports, "drv").splitlines()[0] == f"conformance of drv, cases {version}"
     assert runner.as_json(reports)[0]["version"] == version
+
+
+def test_timeout_sets_how_long_the_runner_waits_for_each_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    # A slow store's driver may need more than 30 s; a quick CI gate may want less.
+    started = time.monotonic()
+    code = cli.main(["conformance", "--driver", f"{MISBEHAVING} silent", "--layer", "machines", "--timeout", "0.5"])
+    assert code == 2
+    assert "no response within 0.5 s to " in capsys.readouterr().err
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "3601"])
+def test_a_timeout_out_of_bounds_is_one_error_before_the_driver_starts(
+    value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    code = cli.main(["conformance", "--driver", f"touch {marker}", "--timeout", value])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--timeout: must be more than 0 and at most 3600 seconds" in err, err
+    assert not marker.exists()
