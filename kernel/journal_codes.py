@@ -26,6 +26,12 @@ from .errors import KernelError
 
 
 class JournalCode(enum.Enum):
+    """The journal's stable refusal codes (specs/journal.md, section 8); the value is what records and tools show.
+
+    The names are a contract: a caller, a store and the fixture pack
+    (specs/journal.md, section 9) match on the code, never on the message.
+    """
+
     # The verified workflow (seed 002: Key types, "VerifiedWorkflowDefinition").
     INVALID_WORKFLOW = "invalid_workflow"
     DUPLICATE_NODE = "duplicate_node"
@@ -85,6 +91,7 @@ class JournalError(KernelError):
 
     @property
     def refusal(self) -> Refusal:
+        """The error as the :class:`Refusal` value a command returns, with the same code, message and ordinal."""
         return Refusal(self.reason, self.detail, self.ordinal)
 
     def at(self, ordinal: int) -> JournalError:

@@ -51,6 +51,15 @@ C = JournalCode
 
 
 class ActorKind(enum.Enum):
+    """Whether an actor of a policy is a person or automation (specs/journal.md, section 3).
+
+    The journal keeps human work human: only a ``human`` actor may do human
+    work, complete hybrid work, authorize a retry of non-automated work,
+    give a human-only approval or bind a successor, and an ``automation``
+    actor may invalidate work a human did only where its invalidation policy
+    says so (``automation_claims_human``).
+    """
+
     HUMAN = "human"
     AUTOMATION = "automation"
 
@@ -64,6 +73,7 @@ class Assignment:
     roles: tuple[str, ...]
 
     def to_json(self) -> dict[str, Json]:
+        """The assignment as the policy's ``assignments`` member writes it (specs/journal.md, section 3)."""
         return {"actor": self.actor_id, "kind": self.kind.value, "roles": list(self.roles)}
 
 
@@ -82,6 +92,7 @@ class InvalidationPolicy:
     """Whether an automation actor may invalidate a node a human has worked on."""
 
     def to_json(self) -> dict[str, Json]:
+        """The declaration as the policy's ``invalidation_policies`` member writes it (specs/journal.md, section 3)."""
         return {
             "automation_may_invalidate_human_work": self.automation_may_invalidate_human_work,
             "policy": self.policy_id,
@@ -104,6 +115,7 @@ class AuthorityPolicy:
     """The invalidation policies an invalidation may name; none declared, no invalidation is admitted."""
 
     def to_json(self) -> dict[str, Json]:
+        """The policy's JSON value; the policy digest is the digest of its canonical bytes (specs/journal.md, section 3)."""
         value: dict[str, Json] = {
             "approved_by": self.approved_by,
             "assignments": [a.to_json() for a in self.assignments],
@@ -122,6 +134,14 @@ class AuthorityPolicy:
 
 @attrs.frozen(eq=False)
 class VerifiedPolicy:
+    """An authority policy that ``journal.verify_policy`` accepted for one workflow, with its digest and lookups.
+
+    Only a verified policy binds a header or a journal, so every rule that
+    asks who may act (specs/journal.md, sections 3 and 6) reads a policy
+    whose workflow digest, single assignments, human approver and
+    invalidation policies were checked once.
+    """
+
     policy: AuthorityPolicy
     digest: str
     actors: Mapping[str, Assignment]
@@ -145,6 +165,7 @@ class Header:
     digest: str = attrs.field(default="", eq=False)
 
     def body_json(self) -> dict[str, Json]:
+        """Every member but ``digest``: the value whose canonical bytes the header's digest covers (specs/journal.md, section 4)."""
         return {
             "created_at": self.created_at,
             "created_by": self.created_by,
@@ -158,6 +179,7 @@ class Header:
         }
 
     def to_json(self) -> dict[str, Json]:
+        """The header record as stored: its body and its digest, the chain root."""
         return {**self.body_json(), "digest": self.digest}
 
 
@@ -170,37 +192,64 @@ class RecordRef:
     digest: str
 
     def to_json(self) -> dict[str, Json]:
+        """The reference as a record writes it: ``{"kind", "id", "digest"}`` (specs/journal.md, section 5)."""
         return {"digest": self.digest, "id": self.ref_id, "kind": self.kind}
 
 
 @attrs.frozen
 class Approval:
+    """One approval an event carries: who approved, in which role, and the record of the decision.
+
+    The journal checks the actor and role against the policy and the node's
+    requirement (``forged_role``, ``invalid_approval``; specs/journal.md,
+    section 6); what was decided is the referenced record's, not the journal's.
+    """
+
     actor_id: str
     role: str
     record: RecordRef
     """The approval record itself (who decided what, held by the conduct module)."""
 
     def to_json(self) -> dict[str, Json]:
+        """The approval as an event's ``approvals`` member writes it (specs/journal.md, section 5)."""
         return {"actor": self.actor_id, "record": self.record.to_json(), "role": self.role}
 
 
 @attrs.frozen
 class AttemptRef:
+    """The attempt an event binds: its id and its one-based sequence among the node's attempts.
+
+    A node's attempts follow one another: a new one opens only after the
+    last has failed, and an event naming one that is missing, reused, out
+    of sequence or not the current one is ``invalid_attempt``
+    (specs/journal.md, sections 6 and 8).
+    """
+
     attempt_id: str
     sequence: int
 
     def to_json(self) -> dict[str, Json]:
+        """The reference as an event's ``attempt`` member writes it: ``{"id", "sequence"}``."""
         return {"id": self.attempt_id, "sequence": self.sequence}
 
 
 @attrs.frozen
 class Invalidation:
+    """Why a ``work-invalidated`` event's node no longer counts: the source record and the policy it acted under.
+
+    Seed 002, Invalidation and successor execution: an invalidation "binds
+    an independently resolvable source record and the workflow
+    invalidation-policy reference"; the reference must name a policy the
+    authority policy declares (specs/journal.md, section 3).
+    """
+
     source: RecordRef
     """The independently resolvable record that made the work invalid (a retraction, say)."""
     policy: str
     """The workflow's invalidation-policy reference."""
 
     def to_json(self) -> dict[str, Json]:
+        """The invalidation as an event's ``invalidation`` member writes it (specs/journal.md, section 5)."""
         return {"policy": self.policy, "source": self.source.to_json()}
 
 
@@ -232,6 +281,7 @@ class Event:
     digest: str = attrs.field(default="", eq=False)
 
     def body_json(self) -> dict[str, Json]:
+        """Every member but ``digest``: the value whose canonical bytes the event's digest covers (specs/journal.md, section 5)."""
         return {
             "actor": self.actor_id,
             "approvals": [a.to_json() for a in self.approvals],
@@ -254,6 +304,7 @@ class Event:
         }
 
     def to_json(self) -> dict[str, Json]:
+        """The event record as stored: its body and its digest, which the next event names as ``previous``."""
         return {**self.body_json(), "digest": self.digest}
 
     def signed(self) -> tuple[Event, bytes]:
@@ -337,6 +388,7 @@ class AttemptStatus(enum.Enum):
 
     @property
     def is_open(self) -> bool:
+        """Whether the attempt may still end: only a node's last attempt can be open."""
         return self in _OPEN
 
 
@@ -345,6 +397,14 @@ _OPEN: Final = frozenset({AttemptStatus.AUTHORIZED, AttemptStatus.ACTIVE, Attemp
 
 @attrs.frozen
 class Attempt:
+    """One attempt of a node's history as replay derives it: its id, sequence, status and how it ended.
+
+    Derived, never written (specs/journal.md, section 7, The projection): an
+    event records only the attempt it binds, so every chain keeps its bytes,
+    digests, node states and head, whenever it was written.  No attempt is
+    ever removed or replaced.
+    """
+
     attempt_id: str
     sequence: int
     status: AttemptStatus
@@ -364,6 +424,13 @@ class Attempt:
 
 @attrs.frozen
 class NodeExpectation:
+    """A node a batch command touches, and the state its writer believes it is in.
+
+    Every command names the prior state of every node it touches, and is
+    refused ``prior_state_mismatch`` when the journal says otherwise
+    (specs/journal.md, section 6): a writer acts only on what it has read.
+    """
+
     node_id: str
     prior_state: NodeState
 
@@ -386,6 +453,7 @@ class Transition:
     error: str | None = None
 
     def request_json(self) -> dict[str, Json]:
+        """The transition request whose canonical bytes the request digest covers; no time (specs/journal.md, section 6)."""
         return {
             "actor": self.actor_id,
             "approvals": [a.to_json() for a in self.approvals],
@@ -427,6 +495,7 @@ class Invalidate:
     rationale: str = ""
 
     def request_json(self) -> dict[str, Json]:
+        """The invalidation request whose canonical bytes the request digest covers; ``nodes`` sorted by id (section 6)."""
         return {
             "actor": self.actor_id,
             "command": "invalidate",
@@ -452,6 +521,7 @@ class BindSuccessor:
     rationale: str = ""
 
     def request_json(self) -> dict[str, Json]:
+        """The successor-binding request whose canonical bytes the request digest covers; ``nodes`` sorted by id (section 6)."""
         return {
             "actor": self.actor_id,
             "command": "bind-successor",
@@ -511,6 +581,7 @@ class EventLog(Sequence[Event]):
         self._length = length
 
     def extended(self, events: Sequence[Event]) -> EventLog:
+        """A new log of these events followed by ``events``; this one is unchanged."""
         chunks = list(self._chunks)
         events = tuple(events)
         # Fill the last chunk, then cut the rest into full chunks: a replay
@@ -582,6 +653,7 @@ class RequestIndex(Mapping[str, str]):
         self._length = length
 
     def extended(self, entries: Mapping[str, _Recorded]) -> RequestIndex:
+        """A new index with ``entries`` added (a repeated id takes the new entry); this one is unchanged."""
         if not entries:
             return self
         if len(entries) == 1:
@@ -620,6 +692,7 @@ class RequestIndex(Mapping[str, str]):
         return RequestIndex(tuple(pages), self._length + added)
 
     def recorded(self, request_id: str) -> _Recorded | None:
+        """The request's digest and the events it appended, or None if the id was never recorded."""
         number = hash(request_id)
         return self._pages[(number >> _BITS) % _FANOUT][number % _FANOUT].get(request_id)
 
@@ -655,6 +728,7 @@ class Journal:
 
     @property
     def head(self) -> str:
+        """The digest of the last event, or the header's (the chain root) before the first; every command names it."""
         # Read from the log's last chunk (every chunk holds an event): the
         # head is asked several times an append, and indexing the log runs
         # two Python-level methods.
@@ -663,11 +737,20 @@ class Journal:
 
     @property
     def execution_id(self) -> str:
+        """The header's execution id, which every event of the chain carries."""
         return self.header.execution_id
 
 
 @attrs.frozen
 class Appended:
+    """A command the journal accepted: the journal after it, and the events it appended, in order.
+
+    The caller stores ``events`` (``stored_records`` gives their bytes);
+    the new journal is a value, and nothing is stored until the caller does.
+    A batch command (an invalidation, a successor binding) appends one event
+    per node it covers.
+    """
+
     journal: Journal
     events: tuple[Event, ...]
     records: tuple[bytes, ...] = attrs.field(default=(), eq=False, repr=False)

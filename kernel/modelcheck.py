@@ -116,6 +116,14 @@ class Protocol:
 
 @attrs.frozen(cache_hash=True)
 class Bounds:
+    """How large a world the checker explores; the bounds are what make the search finite.
+
+    ``claims_per_execution`` bounds the fence, ``steps_per_execution`` the
+    node steps, ``max_tick`` the clock and ``race_window`` how long a
+    decision may stay in flight.  Within them the search is complete unless
+    ``max_depth`` or ``max_states`` cuts it, and :class:`Result` says which.
+    """
+
     workers: int = 3
     executions: int = 2
     claims_per_execution: int = 2
@@ -183,6 +191,12 @@ class InFlight:
 
 @attrs.frozen(cache_hash=True)
 class World:
+    """One state of the model: the store's rows, the clock, what each worker holds, and a decision in flight.
+
+    Hashable and compared by value, so the search visits each world once;
+    it holds exactly what the invariants of specs/protocol.md are judged on.
+    """
+
     tick: int
     executions: tuple[p.Execution, ...]
     dispatches: tuple[p.Dispatch, ...]
@@ -194,11 +208,18 @@ class World:
 
     @property
     def now(self) -> datetime:
+        """The world's time: ``EPOCH`` plus ``tick`` seconds, the only clock the model reads."""
         return EPOCH + self.tick * TICK
 
 
 @attrs.frozen(cache_hash=True)
 class Violation:
+    """An invariant broken, what broke it, and the shortest sequence of moves from the initial world that does.
+
+    Breadth first, the first violation found is at the least depth, so
+    ``trace`` is as short as any trace to it.
+    """
+
     invariant: Invariant
     message: str
     trace: tuple[str, ...]
@@ -206,6 +227,8 @@ class Violation:
 
 @attrs.frozen(cache_hash=True)
 class Result:
+    """What an exploration found: how much it explored, how deep, whether completely, and the violation if any."""
+
     states: int
     transitions: int
     depth: int

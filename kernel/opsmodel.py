@@ -128,6 +128,15 @@ class OpsProtocol:
 
 @attrs.frozen(cache_hash=True)
 class Bounds:
+    """How large a world the operations checker explores; the bounds are what make the search finite.
+
+    ``max_claims`` bounds the fence, ``max_tick`` the clock and
+    ``maximum_attempts`` the retry policy; the flags choose who takes part
+    (submitters, an approver, a canceller) and whether the action is an
+    external effect.  Within them the search is complete unless
+    ``max_depth`` or ``max_states`` cuts it, and :class:`Result` says which.
+    """
+
     workers: int = 3
     submitters: int = 0
     """Clients submitting the identity concurrently; 0 starts with the Operation admitted."""
@@ -181,6 +190,14 @@ seconds here).
 
 @attrs.frozen(cache_hash=True)
 class Pending:
+    """A decision an actor made on an earlier world, waiting to commit.
+
+    Committed only if its guard still holds on the world at commit time, as
+    a store commits a request (specs/operations.md, Shape of a decision):
+    the moves between the decision and its commit are the races the guard
+    exists for.
+    """
+
     label: str
     actor: str
     kind: str
@@ -190,6 +207,13 @@ class Pending:
 
 @attrs.frozen(cache_hash=True)
 class World:
+    """One state of the model: the store's rows, the clock, each actor's credentials and pending decision.
+
+    Hashable and compared by value, so the search visits each world once;
+    it holds exactly what the invariants of specs/operations.md (Invariants)
+    are judged on, including the effects and provider calls they count.
+    """
+
     tick: int
     operations: tuple[o.Operation, ...]
     holder: str | None
@@ -215,11 +239,14 @@ class World:
 
     @property
     def now(self) -> datetime:
+        """The world's time: ``EPOCH`` plus ``tick`` seconds, the only clock the model reads."""
         return EPOCH + self.tick * TICK
 
 
 @attrs.frozen(cache_hash=True)
 class Violation:
+    """An invariant of specs/operations.md broken, what broke it, and the shortest trace of moves that does."""
+
     invariant: Invariant
     message: str
     trace: tuple[str, ...]
@@ -227,21 +254,32 @@ class Violation:
 
 @attrs.frozen(cache_hash=True)
 class Result:
+    """What an exploration found: how much it explored, how deep, whether completely, and the violation if any."""
+
     states: int
     transitions: int
     depth: int
     complete: bool
+    """True when every reachable state within the bounds was explored."""
     violation: Violation | None
 
 
 @attrs.frozen(cache_hash=True)
 class Move:
+    """One successor of a world: what happened, and the world after it.
+
+    ``broken`` is set (and ``world`` is the world the bad write produced)
+    when the move committed a write, or a submission got an answer, that
+    breaks an invariant.
+    """
+
     label: str
     world: World
     broken: tuple[Invariant, str] | None = None
 
 
 def worker_id(index: int) -> str:
+    """The id of the ``index``-th worker of a world (counted from 0): ``w1``, ``w2``, ..."""
     return f"w{index + 1}"
 
 
@@ -664,13 +702,16 @@ __all__ = [
     "Invariant",
     "Move",
     "OpsProtocol",
+    "Pending",
     "Result",
     "Violation",
     "WorkerEffect",
     "World",
     "check_state",
+    "check_unauthorized_submission",
     "check_write",
     "explore",
     "initial_world",
     "moves",
+    "worker_id",
 ]
