@@ -100,9 +100,10 @@ def load_layer(directory: Path, layer: str) -> dict[str, Any]:
 class Driver:
     """The implementation under test, as a child process speaking JSON lines."""
 
-    def __init__(self, command: str, cwd: Path | None = None, response_timeout: float = RESPONSE_TIMEOUT) -> None:
+    def __init__(self, command: str, cwd: Path | None = None, response_timeout: float | None = None) -> None:
         self.command = command
-        self.response_timeout = response_timeout
+        # None: RESPONSE_TIMEOUT as it is when the driver starts, not when this module was imported.
+        self.response_timeout = RESPONSE_TIMEOUT if response_timeout is None else response_timeout
         self.process = subprocess.Popen(
             shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8",
             # Bytes that are not UTF-8 must reach ask() as a breach, not kill the reading thread.
@@ -338,10 +339,11 @@ def run_factory(factory: Callable[..., Any], layers: Iterable[str] = ("store",),
 
 
 def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Path | None = None,
-        cwd: Path | None = None, response_timeout: float = RESPONSE_TIMEOUT) -> list[LayerReport]:
+        cwd: Path | None = None, response_timeout: float | None = None) -> list[LayerReport]:
     """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer.
 
-    ``response_timeout`` is how long the runner waits for each answer of a driver it starts.
+    ``response_timeout`` is how long the runner waits for each answer of a driver it starts
+    (None: :data:`RESPONSE_TIMEOUT`).
     """
     directory = cases_dir if cases_dir is not None else packaged_cases()
     # Every case file is read before the driver starts, so that a bad one is never blamed on the driver.
