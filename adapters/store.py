@@ -797,7 +797,11 @@ class TransactionalStore(abc.ABC):
                 failures += 1
         # Two guard failures inside write-locked transactions mean something
         # outside the store changes rows: refuse to guess.
-        raise StoreError("guard_conflict", "the rows changed under a write-locked transaction twice")
+        raise StoreError(
+            "guard_conflict",
+            "the rows changed under a write-locked transaction twice: something outside the store is writing them, "
+            "or a row was edited by hand so that it contradicts its own revision",
+        )
 
     def _one(self, decide: Decide, evidence: Sequence[Evidence] = (), lock: str | None = None) -> p.Outcome:
         outcome = self._run(decide, evidence, lock)

@@ -110,3 +110,17 @@ def test_a_worker_that_claims_a_damaged_row_names_it_and_writes_nothing(
         worker.run_pass(max_claims=1)
     assert raised.value.code == "malformed_row" and "execution 'x-1'" in raised.value.message
     assert store.read("x-2") == before
+
+
+def test_a_row_whose_state_was_edited_is_a_guard_conflict_that_says_so(
+    opened: tuple[TransactionalStore, Callable[[str], Any]],
+) -> None:
+    # The execution's revision still reads, so nothing is malformed; but every guard written from it
+    # misses the edited row. The refusal says what may have happened, and nothing is written.
+    store, edit = opened
+    edit("UPDATE objects SET state = 'waiting' WHERE object_id = 'x-1'")
+    before = store.read("x-1")
+    with pytest.raises(StoreError) as raised:
+        service.cancel(store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, execution_id="x-1", reason="r")
+    assert raised.value.code == "guard_conflict" and "edited by hand" in raised.value.message
+    assert store.read("x-1") == before
