@@ -29,6 +29,28 @@ from fencekeeper.kernel.journal_codes import JournalError
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
 
+def _a_cache_one_event_behind(open_store: Opener) -> tuple[JournalStore, j.Transition]:
+    """A store whose cache ends at event 1 while another appended event 2, and the command it appends next.
+
+    Appending that command makes the first store catch its cache up: it reads
+    event 2's row, which the tests then alter.
+    """
+    writer = open_store()
+    journal = created(writer)
+    attempt = j.AttemptRef("s-1", 1)
+    start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                         "searcher", attempt=attempt)  # fmt: skip
+    first = writer.append("review-1", start)
+    assert isinstance(first, j.Appended)
+    block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
+                         "bot:search", "searcher", attempt=attempt)  # fmt: skip
+    blocked = open_store().append("review-1", block)
+    assert isinstance(blocked, j.Appended)
+    clear = j.Transition("c", blocked.journal.head, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED,
+                         "bot:search", "searcher", attempt=attempt)  # fmt: skip
+    return writer, clear
+
+
 class SqlTests:
     """Tests of what a SQL journal store does beyond the port; subclasses provide ``sql``."""
 
@@ -186,21 +208,8 @@ class SqlTests:
     def test_catching_a_cache_up_holds_the_new_rows_ordinal_columns(
         self, open_store: Opener, rewrite: Callable[[str, str], None]
     ) -> None:
-        writer = open_store()
-        journal = created(writer)
-        attempt = j.AttemptRef("s-1", 1)
-        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
-                             "searcher", attempt=attempt)  # fmt: skip
-        first = writer.append("review-1", start)
-        assert isinstance(first, j.Appended)
-        other = open_store()
-        block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
-                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
-        blocked = other.append("review-1", block)
-        assert isinstance(blocked, j.Appended)
+        writer, clear = _a_cache_one_event_behind(open_store)
         rewrite("journal_events", "UPDATE journal_events SET ordinal = 100 WHERE ordinal = 2")
-        clear = j.Transition("c", blocked.journal.head, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED,
-                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
         # writer's cache ends at event 1: it reads event 2 (its row now past 100) to catch up, and refuses it.
         with pytest.raises(JournalError) as caught:
             writer.append("review-1", clear)
@@ -235,21 +244,8 @@ class SqlTests:
     def test_catching_a_cache_up_holds_the_new_rows_digest_columns(
         self, open_store: Opener, rewrite: Callable[[str, str], None]
     ) -> None:
-        writer = open_store()
-        journal = created(writer)
-        attempt = j.AttemptRef("s-1", 1)
-        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
-                             "searcher", attempt=attempt)  # fmt: skip
-        first = writer.append("review-1", start)
-        assert isinstance(first, j.Appended)
-        other = open_store()
-        block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
-                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
-        blocked = other.append("review-1", block)
-        assert isinstance(blocked, j.Appended)
+        writer, clear = _a_cache_one_event_behind(open_store)
         rewrite("journal_events", f"UPDATE journal_events SET digest = 'sha256:{'0' * 64}' WHERE ordinal = 2")
-        clear = j.Transition("c", blocked.journal.head, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED,
-                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
         # writer's cache ends at event 1: it reads event 2 to catch up, and refuses it as a load would.
         with pytest.raises(JournalError) as caught:
             writer.append("review-1", clear)
@@ -260,24 +256,12 @@ class SqlTests:
     def test_a_cache_catching_up_names_the_first_bad_record_as_a_load_does(
         self, open_store: Opener, rewrite: Callable[[str, str], None]
     ) -> None:
-        writer = open_store()
-        journal = created(writer)
-        attempt = j.AttemptRef("s-1", 1)
-        start = j.Transition("a", journal.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
-                             "searcher", attempt=attempt)  # fmt: skip
-        first = writer.append("review-1", start)
-        assert isinstance(first, j.Appended)
-        block = j.Transition("b", first.journal.head, "search", NodeEvent.WORK_BLOCKED, NodeState.ACTIVE,
-                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
-        blocked = open_store().append("review-1", block)
-        assert isinstance(blocked, j.Appended)
+        writer, clear = _a_cache_one_event_behind(open_store)
         # Both rows altered: event 1, which writer's cache already holds, and event 2, which it reads to catch up.
         rewrite("journal_events", f"UPDATE journal_events SET digest = 'sha256:{'0' * 64}' WHERE ordinal IN (1, 2)")
         with pytest.raises(JournalError) as loaded:
             open_store().load("review-1")
         assert (loaded.value.reason, loaded.value.ordinal) == (C.ALTERED_DIGEST, 1)
-        clear = j.Transition("c", blocked.journal.head, "search", NodeEvent.BLOCK_CLEARED, NodeState.BLOCKED,
-                             "bot:search", "searcher", attempt=attempt)  # fmt: skip
         # The catch-up named event 2, the first bad record of the rows it read, where a load names event 1.
         with pytest.raises(JournalError) as caught:
             writer.append("review-1", clear)
