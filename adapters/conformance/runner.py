@@ -14,6 +14,10 @@ Rules of this module (specs/conformance.md):
   it says ``clock``).  A driver offers the points it lists in ``hello``
   (``holds``; one that lists none is a protocol 1.0 driver, which offers
   ``commit`` only); a race at a point it does not offer is skipped.
+- A case file is checked whole before the driver starts: a case the runner
+  could not judge (no normative part, a script whose steps and results do
+  not pair up) is the suite's fault, named, never a pass or a driver's
+  breach.
 - The report gives each layer's passed, failed and skipped counts and the
   first difference in full: the case id, its input, what was expected and
   what came back.  Any failure makes the exit code 1.
@@ -84,6 +88,7 @@ class CaseFileError(Exception):
 
 
 def load_layer(directory: Path, layer: str) -> dict[str, Any]:
+    """The case file of ``layer`` in ``directory``, checked for everything the runner relies on to judge a case."""
     path = directory / f"{layer}.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -94,7 +99,56 @@ def load_layer(directory: Path, layer: str) -> dict[str, Any]:
         isinstance(case, dict) and {"id", "input", "expected"} <= case.keys() for case in cases
     ):
         raise CaseFileError(f"{path}: not a case file: 'cases' must be a list of cases with id, input and expected")
+    assert isinstance(data, dict)
+    # Another layer's file under this name would send its cases to the driver as this layer's.
+    if data.get("layer") != layer:
+        raise CaseFileError(f"{path}: 'layer' is {data.get('layer')!r}, not {layer!r}: this is not the {layer} case file")
+    if not cases:
+        raise CaseFileError(f"{path}: 'cases' is empty: a layer without cases could only ever be skipped")
+    seen: set[str] = set()
+    for index, case in enumerate(cases):
+        name = case["id"] if isinstance(case["id"], str) else f"#{index}"
+        problem = _case_problem(layer, case, seen)
+        if problem:
+            raise CaseFileError(f"{path}: case {name}: {problem}")
+        seen.add(case["id"])
     return dict(data)
+
+
+def _case_problem(layer: str, case: dict[str, Any], seen: set[str]) -> str | None:
+    """What makes one case impossible to judge, or None: each of these used to pass any answer or crash mid-run."""
+    if not isinstance(case["id"], str) or not case["id"]:
+        return "'id' must be a non-empty string"
+    if case["id"] in seen:
+        return "'id' is used twice in this layer"
+    if not isinstance(case["input"], dict) or not isinstance(case["expected"], dict):
+        return "'input' and 'expected' must be objects"
+    normative = case.get("normative")
+    # An empty list would compare nothing, so every answer would pass.
+    if not isinstance(normative, list) or not normative or not all(isinstance(part, str) for part in normative):
+        return "'normative' must be a non-empty list of the expected parts compared"
+    if layer != "store":
+        return None
+    data, expected = case["input"], case["expected"]
+    if "steps" in data:
+        steps, results = data["steps"], expected.get("results")
+        if not isinstance(steps, list) or not steps or not all(isinstance(step, dict) for step in steps):
+            return "'input.steps' must be a non-empty list of steps"
+        if not isinstance(results, list) or len(results) != len(steps):
+            return f"'expected.results' must hold one result for each of the {len(steps)} steps"
+        return None
+    if not {"setup", "a", "b", "then"} <= data.keys():
+        return "'input' must hold 'steps' (a script) or 'setup', 'a', 'b' and 'then' (a race)"
+    if not isinstance(data["a"], dict) or not isinstance(data["b"], dict) or not all(
+        isinstance(data[part], list) and all(isinstance(step, dict) for step in data[part]) for part in ("setup", "then")
+    ):
+        return "a race's 'a' and 'b' must be steps, its 'setup' and 'then' lists of steps"
+    if not isinstance(data.get("hold", "commit"), str):
+        return "'input.hold' must name a hold point"
+    orders = expected.get("serial_orders")
+    if not isinstance(orders, list) or not orders:
+        return "'expected.serial_orders' must list the results of at least one serial order"
+    return None
 
 
 class Driver:

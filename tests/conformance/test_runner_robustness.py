@@ -254,3 +254,56 @@ def test_a_timeout_out_of_bounds_is_one_error_before_the_driver_starts(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--timeout: must be more than 0 and at most 3600 seconds" in err, err
     assert not marker.exists()
+
+
+def _machines_document() -> dict[str, Any]:
+    return dict(json.loads((CASES / "machines.json").read_text(encoding="utf-8")))
+
+
+def _store_document() -> dict[str, Any]:
+    return dict(json.loads((CASES / "store.json").read_text(encoding="utf-8")))
+
+
+def _broken(document: dict[str, Any], change: Any) -> dict[str, Any]:
+    change(document)
+    return document
+
+
+def _first_script(document: dict[str, Any]) -> dict[str, Any]:
+    return next(case for case in document["cases"] if "steps" in case["input"])
+
+
+def _first_race(document: dict[str, Any]) -> dict[str, Any]:
+    return next(case for case in document["cases"] if "setup" in case["input"])
+
+
+@pytest.mark.parametrize(
+    ("layer", "document", "said"),
+    [
+        # Every answer passed a case that compares nothing.
+        ("machines", lambda: _broken(_machines_document(), lambda d: d["cases"][0].update(normative=[])),
+         "case execution/eligible/claim: 'normative' must be a non-empty list"),
+        # KeyError out of the runner, exit 1, blamed on nobody.
+        ("machines", lambda: _broken(_machines_document(), lambda d: d["cases"][0].pop("normative")),
+         "case execution/eligible/claim: 'normative' must be a non-empty list"),
+        # Another layer's cases, sent to the driver as machines cases.
+        ("machines", lambda: _broken(_store_document(), lambda d: None), "'layer' is 'store', not 'machines'"),
+        ("machines", lambda: _broken(_machines_document(), lambda d: d.update(cases=[])), "'cases' is empty"),
+        ("machines", lambda: _broken(_machines_document(), lambda d: d["cases"][1].update(id=d["cases"][0]["id"])),
+         "'id' is used twice"),
+        # A ValueError from zip mid-run, reported as "--driver ...: cannot start".
+        ("store", lambda: _broken(_store_document(), lambda d: _first_script(d)["expected"]["results"].pop()),
+         "'expected.results' must hold one result for each of the"),
+        ("store", lambda: _broken(_store_document(), lambda d: _first_race(d)["expected"].update(serial_orders=[])),
+         "'expected.serial_orders' must list"),
+        ("store", lambda: _broken(_store_document(), lambda d: _first_race(d)["input"].pop("then")),
+         "'input' must hold 'steps' (a script) or 'setup', 'a', 'b' and 'then' (a race)"),
+    ],
+)
+def test_a_case_the_runner_could_not_judge_is_a_case_file_error(
+    layer: str, document: Any, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / f"{layer}.json").write_text(json.dumps(document()), encoding="utf-8")
+    assert cli.main(["conformance", "--driver", f"{MISBEHAVING} none", "--layer", layer, "--cases", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fencekeeper: error: {tmp_path / f'{layer}.json'}: ") and said in line, line
