@@ -19,6 +19,7 @@ import pytest
 
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.conformance import runner
+from fencekeeper.adapters.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "specs" / "conformance"
@@ -254,6 +255,94 @@ def test_a_timeout_out_of_bounds_is_one_error_before_the_driver_starts(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--timeout: must be more than 0 and at most 3600 seconds" in err, err
     assert not marker.exists()
+
+
+class _Answers:
+    """Answers every case of ``machines`` and every step of the store scripts with what ``shape`` makes of the expectation."""
+
+    def __init__(self, shape: Any, reset: Any = None) -> None:
+        self.shape = shape
+        self.reset = {"ok": True} if reset is None else reset
+        self.results = iter(
+            result
+            for case in json.loads((CASES / "store.json").read_text(encoding="utf-8"))["cases"]
+            if "steps" in case["input"]
+            for result in case["expected"]["results"]
+        )
+        self.expected = {
+            case["id"]: case["expected"]
+            for case in json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"]
+        }
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        if request["op"] == "hello":
+            return {"protocol": 1, "layers": ["machines", "store"], "holds": ["commit", "clock"]}
+        if request["op"] == "case":
+            return self.shape(self.expected[request["id"]])
+        if request["op"] == "reset":
+            return self.reset
+        if request["op"] == "store":
+            return {"output": next(self.results)}
+        return {"ok": True}
+
+    def close(self) -> None:
+        pass
+
+
+def _scripts_only(tmp_path: Path) -> Path:
+    document = json.loads((CASES / "store.json").read_text(encoding="utf-8"))
+    document["cases"] = [case for case in document["cases"] if "steps" in case["input"]]
+    (tmp_path / "store.json").write_text(json.dumps(document), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize("said", [1, "yes", {"why": "x"}])
+def test_unsupported_that_is_not_true_is_a_malformed_answer_not_a_skip(said: object) -> None:
+    # {"unsupported": 1} was taken for true: the case was skipped, whatever the driver meant.
+    [machines] = runner.run(_Answers(lambda _: {"unsupported": said}), ["machines"], CASES)
+    assert (machines.verdict, machines.skipped, machines.passed) == ("failed", 0, 0)
+    assert machines.first_failure is not None
+    assert machines.first_failure["differences"]["response"]["got"] == {"unsupported": said}
+
+
+@pytest.mark.parametrize("reset", [{"error": "cannot drop the schema"}, {"ok": False}, ["ok"]])
+def test_a_store_case_whose_reset_failed_fails(reset: object, tmp_path: Path) -> None:
+    # A reset answered with an error was ignored: the case ran on whatever the last one left, and passed.
+    answers = _Answers(lambda expected: {"output": expected}, reset=reset)
+    [store] = runner.run(answers, ["store"], _scripts_only(tmp_path))
+    assert (store.verdict, store.passed) == ("failed", 0)
+    assert store.first_failure is not None
+    assert store.first_failure["differences"] == {"reset": {"expected": {"ok": True}, "got": reset}}
+
+
+class _HeldAsOne:
+    """Runs a step it is asked to hold at once, to its end, and answers held 1 (a JSON writer's true)."""
+
+    def __init__(self) -> None:
+        self.inner = runner.InProcessDriver(MemoryStore)
+        self.released = 0
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        if request.get("control") == "release":
+            self.released += 1
+        if request.get("hold") is True:
+            self.inner.ask({key: value for key, value in request.items() if key != "hold"})
+            return {"output": {"held": 1}}
+        return self.inner.ask(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_held_1_is_not_held_true(tmp_path: Path) -> None:
+    # 1 in (True, "commit") is true in Python: the race was released and could pass on a malformed answer.
+    document = json.loads((CASES / "store.json").read_text(encoding="utf-8"))
+    document["cases"] = [case for case in document["cases"] if case["id"] == "race/claim_races_claim"]
+    assert len(document["cases"]) == 1
+    (tmp_path / "store.json").write_text(json.dumps(document), encoding="utf-8")
+    driver = _HeldAsOne()
+    [store] = runner.run(driver, ["store"], tmp_path)
+    assert (store.verdict, driver.released) == ("failed", 0)
 
 
 def _machines_document() -> dict[str, Any]:
