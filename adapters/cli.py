@@ -45,7 +45,9 @@ nothing and is not an error).  So:
   with other content), the store is there but cannot be used as it is (its
   schema, read-only), a check found a problem (``check``, ``check-spec``,
   ``modelcheck``), or an internal error (a bug: ``--debug`` shows its
-  traceback).
+  traceback);
+- 3, from ``conformance`` alone: no case ran, so the run checked nothing
+  (``cli_conformance.py``).
 
 Stopping a worker: SIGINT or SIGTERM lets each worker thread finish the node
 visit it is in (its Command may already have been sent; the visit's result

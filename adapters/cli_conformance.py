@@ -4,10 +4,15 @@ Rules of this module:
 
 - It is imported only when the command runs (``cli.py`` imports it lazily),
   so the rest of the command line pays nothing for it.
-- Exit codes are the command line's: 0 when every chosen layer passed or was
-  skipped, 1 when any case failed, 2 when what was typed cannot be acted on
-  (no such case directory, a driver that cannot be started or breaks the
-  protocol).  A skipped layer is reported as skipped, never as passed.
+- Exit codes are the command line's: 0 when no case failed, 1 when any case
+  failed, 2 when what was typed cannot be acted on (no such case directory,
+  a driver that cannot be started or breaks the protocol), and one of this
+  command's own, 3, when the run checked nothing: every case of the chosen
+  layers was skipped.  A CI job that runs a driver declaring nothing, or
+  misspelling every layer, must not report success; a code of its own lets a
+  script that means to accept an empty run say so (``|| test $? -eq 3``)
+  without a flag here.  A skipped layer is reported as skipped, never as
+  passed.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from .render import Output
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_NOTHING_RAN = 3
+"""No case passed or failed: every one was skipped, so the run says nothing about the implementation."""
 MAX_TIMEOUT = 3600.0
 """The longest wait for one answer --timeout takes: an hour, past which a driver has surely stopped."""
 
@@ -70,7 +77,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
         sys.stdout.write(json.dumps(runner.as_json(reports), indent=2, sort_keys=True) + "\n")
     else:
         print(runner.render(reports, args.driver))
-    return EXIT_PROBLEM if any(r.failed for r in reports) else EXIT_OK
+    if any(r.failed for r in reports):
+        return EXIT_PROBLEM
+    if not any(r.passed for r in reports):
+        reasons = sorted({r.skip_reason for r in reports if r.skip_reason})
+        out.note(f"fencekeeper: error: no case ran: every case of {', '.join(r.layer for r in reports)} was skipped"
+                 + (f" ({'; '.join(reasons)})" if reasons else ""))
+        return EXIT_NOTHING_RAN
+    return EXIT_OK
 
 
 def add_parser(command: object) -> None:
@@ -82,7 +96,7 @@ def add_parser(command: object) -> None:
         prints_data=True,
         description="Starts CMD, sends it the cases of specs/conformance one JSON line at a time and reports, "
         "per layer, how many passed, failed and were skipped, with the first difference in full "
-        "(docs/conformance.md). Exits 1 on any failure.",
+        "(docs/conformance.md). Exits 1 on any failure, 3 when every case was skipped.",
     )
     parser.add_argument("--driver", metavar="CMD", help="the command that starts the implementation's driver")
     parser.add_argument(

@@ -20,7 +20,8 @@ Rules of this module (specs/conformance.md):
   breach.
 - The report gives each layer's passed, failed and skipped counts and the
   first difference in full: the case id, its input, what was expected and
-  what came back.  Any failure makes the exit code 1.
+  what came back.  Any failure makes the exit code 1; a run in which no
+  case passed or failed, 3 (``cli_conformance.py``).
 """
 
 from __future__ import annotations
@@ -422,13 +423,18 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})
         declared, holds = _read_hello(hello)
+        not_declared = "the driver does not declare this layer"
+        unknown = sorted(declared - set(LAYERS))
+        if unknown:
+            # Most often a misspelling, which would otherwise show only as every layer skipped.
+            not_declared += f"; it declares {', '.join(map(repr, unknown))}, which names no layer of these cases"
         for layer, document in documents.items():
             version = document.get("version")
             report = LayerReport(layer, version=version if isinstance(version, str) else None)
             cases = document["cases"]
             if layer not in declared:
                 report.skipped = len(cases)
-                report.skip_reason = "the driver does not declare this layer"
+                report.skip_reason = not_declared
             elif layer == "store":
                 _run_store_layer(driver, cases, report, holds)
             else:

@@ -10,7 +10,8 @@ checks that each kind gets the same code from every command that takes it:
   malformed value of the command's own;
 - 1: a store that is there but cannot be used as it is (a schema newer than
   this code), a kernel refusal, a conflict with what is stored, a problem a
-  check found.
+  check found;
+- 3, from ``conformance`` alone: a run in which every case was skipped.
 
 The command list comes from the parser, so a new command without its cases
 fails :func:`test_every_command_is_swept`.  The commands run in-process
@@ -81,6 +82,9 @@ WITHOUT_DB: list[tuple[list[str], int, str]] = [
     (["conformance", "--driver", "true", "--cases", "{dir}/missing"], 2, "no case file"),
     (["conformance", "--driver", "{dir}/no-such-driver", "--layer", "machines"], 2, "cannot start"),
     (["conformance", "--driver", "echo not-json", "--layer", "machines"], 2, "broke the protocol"),
+    # Its own code: a driver without a store checks nothing of the store layer, and that is no success.
+    (["conformance", "--driver", f"{sys.executable} -m fencekeeper.adapters.conformance.driver", "--layer", "store"],
+     3, "no case ran"),
 ]
 
 # Understood, and the answer is no.

@@ -4,7 +4,8 @@
 ``store``-less kernel layers from the committed expectations, and at the
 N-th case (default 5) does what MODE says: ``crash`` (closes its
 output, exits 3 a moment later), ``exit0`` (exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
-not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers);
+not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers), ``unsupported`` (answers it and every
+later case ``unsupported``);
 ``unflushed`` never flushes its output at all; ``closein`` closes its
 input once it has read ``hello``, answers it and exits 4; ``nobye``
 exits 1 at ``bye`` instead of answering it, ``ignorebye`` never answers it.  It imports nothing of fencekeeper:
@@ -70,6 +71,8 @@ def main() -> None:
                     response = json.dumps({"output": {"target": "x" * 100_000}})
                 if mode == "silent":
                     time.sleep(60)
+            if seen >= at and mode == "unsupported":
+                response = {"unsupported": True}
         text = (response if isinstance(response, str) else json.dumps(response)) + "\n"
         if mode == "unflushed":
             # As a block buffer does (whatever PYTHONUNBUFFERED says): the answers come out when input ends.

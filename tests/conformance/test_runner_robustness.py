@@ -257,6 +257,33 @@ def test_a_timeout_out_of_bounds_is_one_error_before_the_driver_starts(
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        # A capability list with a misspelt layer: every layer chosen is skipped.
+        (shlex.quote("hello=" + json.dumps({"protocol": 1, "layers": ["machine"]})),
+         "the driver does not declare this layer; it declares 'machine', which names no layer of these cases"),
+        # A driver that declares the layer but answers every case unsupported.
+        ("unsupported 1", "the driver answered unsupported"),
+    ],
+)
+def test_a_run_where_every_case_is_skipped_exits_3(
+    arguments: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It exited 0, and a CI job running a driver that supports nothing reported success.
+    assert cli.main(["conformance", "--driver", f"{MISBEHAVING} {arguments}", "--layer", "machines"]) == 3
+    captured = capsys.readouterr()
+    assert "machines     skipped  passed 0, failed 0" in captured.out
+    (line,) = captured.err.splitlines()
+    assert line == f"fencekeeper: error: no case ran: every case of machines was skipped ({reason})"
+
+
+def test_a_run_where_one_case_ran_is_not_empty(capsys: pytest.CaptureFixture[str]) -> None:
+    # Everything but the first case answered unsupported: partial, and nothing failed.
+    assert cli.main(["conformance", "--driver", f"{MISBEHAVING} unsupported 2", "--layer", "machines"]) == 0
+    assert "machines     partial  passed 1, failed 0" in capsys.readouterr().out
+
+
 class _Answers:
     """Answers every case of ``machines`` and every step of the store scripts with what ``shape`` makes of the expectation."""
 
