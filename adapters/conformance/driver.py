@@ -4,7 +4,8 @@ Rules of this module:
 
 - It speaks the protocol exactly as another implementation would: one JSON
   request per line on stdin, one JSON response per line on stdout, nothing
-  else on stdout.
+  else on stdout.  Every answer echoes its request's ``seq`` (protocol 1.2),
+  so the runner can tell an answer from a stray line.
 - The kernel layers answer from ``fencekeeper.kernel``; the store layer
   from a store factory (``--store memory|sqlite|postgres``, or
   :func:`serve` with any factory, such as a deliberately broken variant).
@@ -38,7 +39,7 @@ from .operations_cases import decide_operation
 from .store_driver import HOLD_POINTS, StoreHarness, hold_point
 
 PROTOCOL_VERSION = 1
-"""The protocol's major number, the one ``hello`` carries; this driver speaks 1.1 (it offers the clock hold)."""
+"""The protocol's major number, the one ``hello`` carries; this driver speaks 1.2 (it offers the clock hold, echoes seq)."""
 KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal")
 
 
@@ -91,7 +92,15 @@ def serve(
 
 
 def answer(request: dict[str, Any], harness: StoreHarness | None, supported: tuple[str, ...], name: str) -> Any:
-    """The response to one request of the protocol (specs/conformance.md, The conversation)."""
+    """The response to one request of the protocol (specs/conformance.md, The conversation), with its ``seq``."""
+    response = _respond(request, harness, supported, name)
+    if "seq" in request and isinstance(response, dict):
+        # Echoed as it came, whatever it is: the runner judges it, not the driver.
+        response = {**response, "seq": request["seq"]}
+    return response
+
+
+def _respond(request: dict[str, Any], harness: StoreHarness | None, supported: tuple[str, ...], name: str) -> Any:
     op = request.get("op")
     if op == "hello":
         hello: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "implementation": name, "layers": list(supported)}

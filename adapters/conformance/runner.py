@@ -14,6 +14,15 @@ Rules of this module (specs/conformance.md):
   it says ``clock``).  A driver offers the points it lists in ``hello``
   (``holds``; one that lists none is a protocol 1.0 driver, which offers
   ``commit`` only); a race at a point it does not offer is skipped.
+- Every request carries ``seq``, its number in the conversation (protocol
+  1.2).  A driver that echoes it in its ``hello`` answer is held to it:
+  every later answer must carry the number of the request it answers, and
+  the first that does not stops the run, naming the case and the line, so
+  that no answer is ever scored against another request.  A driver that
+  does not echo it (protocol 1.0 and 1.1) is checked where a shift must
+  show: a line that arrives before its request is sent, and the answer to
+  ``bye``, which after a stray line is an answer meant for an earlier
+  request.
 - A case file is checked whole before the driver starts: a case the runner
   could not judge (no normative part, a script whose steps and results do
   not pair up) is the suite's fault, named, never a pass or a driver's
@@ -55,8 +64,16 @@ HOLDS_OF_PROTOCOL_1_0 = ("commit",)
 """The hold points of a driver whose ``hello`` lists none: the one protocol 1.0 had."""
 
 
+PROTOCOL = "1.2"
+"""The protocol version this runner speaks (specs/conformance.md, Versions); ``hello`` carries its major number."""
+
+
 class DriverError(Exception):
-    """The driver broke the protocol: it exited, timed out, or wrote something that is not JSON."""
+    """The driver broke the protocol: it exited, timed out, wrote something that is not JSON, or fell out of step."""
+
+
+class NoAnswer(DriverError):
+    """No line came: the driver exited, closed its output, or stayed silent past the timeout."""
 
 
 @attrs.define
@@ -165,6 +182,10 @@ class Driver:
             errors="surrogateescape", cwd=cwd, bufsize=1,
         )
         self._lines: queue.Queue[str | object | None] = queue.Queue()
+        self._asked = ""
+        """The request the last line read answered, as a person would name it."""
+        self.last_line = ""
+        """The last line read, as written: what a breach shows its author."""
         assert self.process.stdout is not None
         threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
 
@@ -182,6 +203,7 @@ class Driver:
 
     def ask(self, request: dict[str, Any], timeout: float | None = None) -> Any:
         assert self.process.stdin is not None
+        self._refuse_unasked()
         try:
             self.process.stdin.write(json.dumps(request, sort_keys=True) + "\n")
             self.process.stdin.flush()
@@ -192,16 +214,18 @@ class Driver:
             line = self._lines.get(timeout=self.response_timeout if timeout is None else timeout)
         except queue.Empty:
             # The usual cause is an answer left in the driver's output buffer: stdout to a pipe is block-buffered.
-            raise DriverError(
+            raise NoAnswer(
                 f"no response within {self.response_timeout if timeout is None else timeout:g} s to {request.get('op')} "
                 "(a driver must write each answer "
                 "as one line and flush its standard output before reading the next request)"
             ) from None
         if line is None:
             raise self._stopped(request, f"driver closed its output without answering {request.get('op')}")
+        self._asked = _describe(request)
         if line is _TOO_LONG:
             raise DriverError(f"driver wrote a line longer than {MAX_LINE} characters answering {request.get('op')}")
         assert isinstance(line, str)
+        self.last_line = line.rstrip("\n")
         try:
             line.encode("utf-8")
         except UnicodeEncodeError:
@@ -212,13 +236,30 @@ class Driver:
         except json.JSONDecodeError:
             raise DriverError(f"driver wrote a line that is not JSON: {line[:200]!r}") from None
 
+    def _refuse_unasked(self) -> None:
+        """A line already waiting before a request is sent answers nothing asked: every later answer would be shifted."""
+        try:
+            line = self._lines.get_nowait()
+        except queue.Empty:
+            return
+        if line is None:
+            self._lines.put(None)  # the driver's output ended: the next ask reports how it exited
+            return
+        # Only a line the reader had already queued is caught here; one still on its way is the
+        # sequence number's to catch (or bye's, for a driver that does not echo it).
+        shown = "a line longer than the limit" if line is _TOO_LONG else repr(str(line).rstrip("\n")[:200])
+        raise DriverError(
+            f"out of step: the driver wrote a line no request asked for, after its answer to {self._asked}: {shown} "
+            "(a second answer to one request, or a diagnostic on standard output instead of standard error)"
+        )
+
     def _stopped(self, request: dict[str, Any], otherwise: str) -> DriverError:
         # A pipe closes a moment before the process is reaped: wait for the code, the clue to what broke.
         try:
             code = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            return DriverError(otherwise)
-        return DriverError(f"driver exited (code {code}) without answering {request.get('op')}")
+            return NoAnswer(otherwise)
+        return NoAnswer(f"driver exited (code {code}) without answering {request.get('op')}")
 
     def close(self) -> None:
         try:
@@ -248,13 +289,69 @@ class InProcessDriver:
 
     def ask(self, request: dict[str, Any]) -> Any:
         response = self._answer(json.loads(json.dumps(request)), self._harness, self._layers, self._name)
-        return json.loads(json.dumps(response, sort_keys=True))
+        self.last_line = json.dumps(response, sort_keys=True)
+        return json.loads(self.last_line)
 
     def close(self) -> None:
         self._harness.close()
 
 
 AnyDriver = Driver | InProcessDriver
+
+
+def _describe(request: dict[str, Any]) -> str:
+    """A request as a breach names it: the case id, or the store call and its session."""
+    if request.get("op") == "case":
+        return f"case {request.get('id')}"
+    if request.get("op") == "store":
+        step = request.get("step")
+        if isinstance(step, dict):
+            return f"store step {step.get('call')} of session {step.get('session', 'a')}"
+        return f"store {request.get('control')} of session {request.get('session')}"
+    return str(request.get("op"))
+
+
+_ABSENT = object()
+
+
+class _Conversation:
+    """Numbers every request and holds the driver to the numbers it echoes: where an answer meets its request.
+
+    A driver shows that it echoes ``seq`` by echoing it in its ``hello`` answer; from then on an
+    answer without it, or with another number, stops the run.  A driver that does not echo it is
+    still held to a number it does write (specs/conformance.md, Numbered requests).
+    """
+
+    def __init__(self, driver: AnyDriver) -> None:
+        self.driver = driver
+        self.seq = 0
+        self.echoes = False
+
+    def ask(self, request: dict[str, Any], timeout: float | None = None) -> Any:
+        self.seq += 1
+        numbered = {**request, "seq": self.seq}
+        if timeout is not None and isinstance(self.driver, Driver):
+            response = self.driver.ask(numbered, timeout=timeout)
+        else:
+            response = self.driver.ask(numbered)
+        echoed = response.get("seq", _ABSENT) if isinstance(response, dict) else _ABSENT
+        if request.get("op") == "hello":
+            self.echoes = echoed is not _ABSENT
+        if echoed is _ABSENT and not self.echoes:
+            return response
+        # JSON true is not a number, though Python's == would take it for 1.
+        if type(echoed) is not int or echoed != self.seq:
+            got = "no seq" if echoed is _ABSENT else f"seq {json.dumps(echoed)}"
+            line = getattr(self.driver, "last_line", None) or json.dumps(response, sort_keys=True)
+            raise DriverError(
+                f"out of step: the answer to {_describe(request)} (seq {self.seq}) carries {got}: "
+                f"{line[:200]!r} (a line no request asked for, or a second answer to an earlier "
+                "request); the run stops here, so that no answer is scored against another request"
+            )
+        return response
+
+    def close(self) -> None:
+        self.driver.close()
 
 
 def _same(expected: Any, got: Any) -> bool:
@@ -285,7 +382,7 @@ def _unsupported(response: Any) -> bool:
     return isinstance(response, dict) and response.get("unsupported") is True
 
 
-def _run_kernel_layer(driver: AnyDriver, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
+def _run_kernel_layer(driver: _Conversation, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
     for case in cases:
         with _in_case(layer, case):
             response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
@@ -328,7 +425,7 @@ def _fail(report: LayerReport, case: dict[str, Any], diff: dict[str, Any]) -> No
         report.first_failure = {"id": case["id"], "input": case["input"], "differences": diff}
 
 
-def _store_step(driver: AnyDriver, step: dict[str, Any], **extra: Any) -> Any:
+def _store_step(driver: _Conversation, step: dict[str, Any], **extra: Any) -> Any:
     response = driver.ask({"op": "store", "step": step, **extra})
     if _unsupported(response):
         raise _Unsupported
@@ -344,7 +441,7 @@ class _Unsupported(Exception):
     pass
 
 
-def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[str]) -> dict[str, Any] | None:
+def _run_store_case(driver: _Conversation, case: dict[str, Any], holds: frozenset[str]) -> dict[str, Any] | None:
     """Differences of one store case, or None when it passes."""
     reset = driver.ask({"op": "reset"})
     if _unsupported(reset):
@@ -381,7 +478,7 @@ def _run_store_case(driver: AnyDriver, case: dict[str, Any], holds: frozenset[st
 
 
 def _run_store_layer(
-    driver: AnyDriver, cases: list[dict[str, Any]], report: LayerReport, holds: frozenset[str]
+    driver: _Conversation, cases: list[dict[str, Any]], report: LayerReport, holds: frozenset[str]
 ) -> None:
     for case in cases:
         point = case["input"].get("hold", "commit")
@@ -418,7 +515,7 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
         if not isinstance(command, str):
             command.close()
         raise
-    driver = Driver(command, cwd, response_timeout) if isinstance(command, str) else command
+    driver = _Conversation(Driver(command, cwd, response_timeout) if isinstance(command, str) else command)
     reports = []
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})
@@ -440,16 +537,32 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
             else:
                 _run_kernel_layer(driver, layer, cases, report)
             reports.append(report)
-        # Every answer is in: a driver that exits at bye, or ignores it, rather than answering it
-        # (docs/conformance.md says to exit when input closes) has broken nothing worth the report.
-        with contextlib.suppress(DriverError):
-            if isinstance(driver, Driver):
-                driver.ask({"op": "bye"}, timeout=BYE_TIMEOUT)
-            else:
-                driver.ask({"op": "bye"})
+        _say_bye(driver)
     finally:
         driver.close()
     return reports
+
+
+def _say_bye(driver: _Conversation) -> None:
+    """Ask ``bye``; its answer is where a driver that does not number its answers shows it fell out of step."""
+    try:
+        answer = driver.ask({"op": "bye"}, timeout=BYE_TIMEOUT)
+    except NoAnswer:
+        # Every answer is in: a driver that exits at bye, or ignores it, rather than answering it
+        # (docs/conformance.md says to exit when input closes) has broken nothing worth the report.
+        return
+    if isinstance(answer, dict) and answer.get("ok") is True:
+        return
+    said = f"the answer to bye is {json.dumps(answer, sort_keys=True)[:200]}, not {{\"ok\": true}}"
+    if driver.echoes:
+        raise DriverError(said)  # its number was right, so it is only a wrong answer, not a shift
+    # One line more than was asked for, anywhere in the run, leaves an earlier request's answer here.
+    raise DriverError(
+        f"out of step: {said}: most likely an answer meant for an earlier request, so the driver wrote a line "
+        "no request asked for somewhere before and every answer after it was read as the answer to the request "
+        f"before; no result of this run can be trusted.  Echo each request's seq in its answer (protocol {PROTOCOL}) "
+        "to have the first such line named"
+    )
 
 
 def _names(hello: dict[str, Any], key: str, default: Iterable[str]) -> frozenset[str]:

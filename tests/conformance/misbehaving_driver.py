@@ -1,11 +1,12 @@
 """A driver that answers every case right but misbehaves once, the way real drivers break.
 
-``python misbehaving_driver.py MODE [N]``: answers the ``machines`` and
+``python misbehaving_driver.py MODE [N] [--echo]``: answers the ``machines`` and
 ``store``-less kernel layers from the committed expectations, and at the
 N-th case (default 5) does what MODE says: ``crash`` (closes its
 output, exits 3 a moment later), ``exit0`` (exits 0), ``garbage`` (a line that is not JSON), ``bytes`` (a line that is
-not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers), ``unsupported`` (answers it and every
-later case ``unsupported``);
+not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers), ``twice`` (answers it twice), ``stray``
+(writes a JSON line of its own first, as a debug print to stdout would), ``unsupported`` (answers it and every
+later case ``unsupported``); with ``--echo`` every answer carries its request's ``seq`` (protocol 1.2);
 ``unflushed`` never flushes its output at all; ``closein`` closes its
 input once it has read ``hello``, answers it and exits 4; ``nobye``
 exits 1 at ``bye`` instead of answering it, ``ignorebye`` never answers it.  It imports nothing of fencekeeper:
@@ -24,8 +25,10 @@ CASES = Path(__file__).resolve().parents[2] / "specs" / "conformance"
 
 
 def main() -> None:
-    mode = sys.argv[1]
-    at = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    echo = "--echo" in sys.argv
+    argv = [arg for arg in sys.argv if arg != "--echo"]
+    mode = argv[1]
+    at = int(argv[2]) if len(argv) > 2 else 5
     hello: object = {"protocol": 1, "implementation": "misbehaving", "layers": ["machines"]}
     if mode.startswith("hello="):
         hello = json.loads(mode.removeprefix("hello="))
@@ -35,6 +38,7 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         response: object = {"ok": True}
+        extra: list[str] = []
         if request["op"] == "bye" and mode == "nobye":
             sys.exit(1)
         if request["op"] == "bye" and mode == "ignorebye":
@@ -71,9 +75,16 @@ def main() -> None:
                     response = json.dumps({"output": {"target": "x" * 100_000}})
                 if mode == "silent":
                     time.sleep(60)
+                if mode == "twice":
+                    extra = [json.dumps(response)]
+                if mode == "stray":
+                    sys.stdout.write(json.dumps({"debug": f"answering {request['id']}"}) + "\n")
             if seen >= at and mode == "unsupported":
                 response = {"unsupported": True}
-        text = (response if isinstance(response, str) else json.dumps(response)) + "\n"
+        if echo and isinstance(response, dict):
+            response = {**response, "seq": request["seq"]}
+            extra = [json.dumps(response) for _ in extra]
+        text = "".join(f"{item}\n" for item in [response if isinstance(response, str) else json.dumps(response), *extra])
         if mode == "unflushed":
             # As a block buffer does (whatever PYTHONUNBUFFERED says): the answers come out when input ends.
             unflushed.append(text)

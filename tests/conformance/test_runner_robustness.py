@@ -353,8 +353,8 @@ class _HeldAsOne:
         if request.get("control") == "release":
             self.released += 1
         if request.get("hold") is True:
-            self.inner.ask({key: value for key, value in request.items() if key != "hold"})
-            return {"output": {"held": 1}}
+            response = self.inner.ask({key: value for key, value in request.items() if key != "hold"})
+            return {"output": {"held": 1}, "seq": response["seq"]}
         return self.inner.ask(request)
 
     def close(self) -> None:

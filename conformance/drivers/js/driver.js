@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// A fencekeeper conformance driver in JavaScript (specs/conformance.md, protocol 1).
+// A fencekeeper conformance driver in JavaScript (specs/conformance.md, protocol 1.2).
 //
 // It reads one JSON request per line on stdin and writes one JSON response per
 // line on stdout.  It implements three layers, from specs/ alone:
@@ -66,5 +66,9 @@ function handle(request) {
 const lines = readline.createInterface({ input: process.stdin, terminal: false });
 lines.on("line", (line) => {
   if (!line.trim()) return;
-  process.stdout.write(JSON.stringify(handle(JSON.parse(line))) + "\n");
+  const request = JSON.parse(line);
+  const response = handle(request);
+  // Protocol 1.2: echo the request's number, so the runner can tell an answer from a stray line.
+  if ("seq" in request) response.seq = request.seq;
+  process.stdout.write(JSON.stringify(response) + "\n");
 });
