@@ -647,6 +647,13 @@ class SubmitRequest:
     retention: timedelta = timedelta(days=1)
     """The idempotency window: how long the identity answers with this Operation."""
     requires_approval: bool = False
+    earlier_input_digest: str | None = None
+    """The digest earlier releases gave this input, set only when it differs from ``input_digest``.
+
+    Before numbers were made canonical, ``1.0`` and ``-0.0`` were digested as written; an Operation admitted
+    then under this digest is this submission's, so its faithful retry is not a conflict after an upgrade
+    (specs/operations.md, "Equal input").  Never stored: a new Operation has ``input_digest``.
+    """
 
 
 @attrs.frozen
@@ -1032,7 +1039,8 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
     reference as its provenance (an identical resubmission is answered with
     it unchanged; the worker resolves the reference it was admitted under).  Within its
     window an identical submission (same action name, version and
-    normalised-input digest) is the same Operation; anything else under the
+    normalised-input digest, or the ``earlier_input_digest`` an Operation
+    admitted before numbers were canonical holds) is the same Operation; anything else under the
     identity is a deterministic ``idempotency_conflict``.  After the window,
     once its Operation has ended, the identity is free again and names the
     new Operation; an Operation still active keeps its identity.
@@ -1057,6 +1065,8 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
         if not isinstance(request.effect_class, EffectClass):
             raise _Invalid("effect_class", f"must be one of {[e.value for e in EffectClass]}")
         _check_digest("input_digest", request.input_digest)
+        if request.earlier_input_digest is not None:
+            _check_digest("earlier_input_digest", request.earlier_input_digest)
         _check_authority("authority", request.authority)
         _check_policy(request.policy)
         _check("retention", duration_problem(request.retention))
@@ -1076,6 +1086,7 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
             (name, getattr(existing, name), getattr(request, name))
             for name in ("action_name", "action_version", "input_digest")
             if getattr(existing, name) != getattr(request, name)
+            and not (name == "input_digest" and existing.input_digest == request.earlier_input_digest)
         ]
         if differs:
             name, stored, given = differs[0]

@@ -211,6 +211,13 @@ def _submit_mutations(label: str, data: dict[str, Any]) -> list[Case]:
               {**data, "request": {**request, **moved, "input_digest": "e" * 64}}),
         _case(f"{label}/other_resolver_version_not_authorized",
               {**data, "request": {**request, **moved, **moved_denied}}),
+        # Admitted before numbers were canonical: the retry's canonical digest differs, and the digest the
+        # same input had then is the stored one (operations.md, "Equal input").
+        _case(f"{label}/earlier_digest",
+              {**data, "request": {**request, "input_digest": "e" * 64,
+                                   "earlier_input_digest": request["input_digest"]}}),
+        _case(f"{label}/other_earlier_digest",
+              {**data, "request": {**request, "input_digest": "e" * 64, "earlier_input_digest": "d" * 64}}),
     ]
 
 

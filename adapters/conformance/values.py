@@ -8,6 +8,10 @@ Rules of this module:
   :mod:`.wire`, applied by type rather than written out per class.
 - Free-text fields (``message``, ``reason``) are never encoded: comparisons
   use codes and values only.
+- A field a request gained after its cases were published, whose absence
+  means its default (``earlier_input_digest``, cases 2.6.0), is left out
+  while it holds that default: the earlier cases keep their form, and a
+  driver that reads them needs nothing new.
 - :func:`structure` reads the JSON back into the type a decision takes.  A
   value of the wrong shape is passed through unchanged, so that the kernel,
   not this reader, refuses it and names the field.
@@ -26,6 +30,8 @@ import attrs
 from . import wire
 
 TEXT_FIELDS = frozenset({"message", "reason"})
+LATER_FIELDS = frozenset({"earlier_input_digest"})
+"""Fields left out while None (see the module's rules)."""
 
 
 def unstructure(value: Any) -> Any:
@@ -43,7 +49,7 @@ def unstructure(value: Any) -> Any:
         return {
             f.name: unstructure(getattr(value, f.name))
             for f in attrs.fields(type(value))
-            if f.name not in TEXT_FIELDS
+            if f.name not in TEXT_FIELDS and not (f.name in LATER_FIELDS and getattr(value, f.name) is None)
         }
     raise TypeError(f"no JSON form for {type(value).__name__}")
 

@@ -35,6 +35,23 @@ def test_identical_submission_is_the_same_operation_and_other_input_conflicts() 
         assert (outcome.code, outcome.field) == (o.RefusalCode.IDEMPOTENCY_CONFLICT, field)
 
 
+def test_an_operation_admitted_under_the_earlier_digest_of_the_input_is_the_same_submission() -> None:
+    # Admitted before numbers were canonical: {"n":1.0} was digested as written.  Its retry now carries the
+    # canonical digest and, beside it, the earlier one; the stored Operation answers to that.
+    existing = admitted(input_digest=digest('{"n":1.0}'))
+    retry = submit_request(operation_id="op-2", input_digest=digest('{"n":1}'), earlier_input_digest=digest('{"n":1.0}'))
+    same = o.submit(existing, retry, T0 + SECOND)
+    assert isinstance(same, o.Unchanged) and same.operation == existing
+    # The earlier digest stands only for the input: another action or version under it still conflicts, and
+    # a new Operation is admitted under the canonical digest, never the earlier one.
+    other = o.submit(existing, attrs.evolve(retry, action_version=2), T0 + SECOND)
+    assert isinstance(other, o.Refusal) and other.field == "action_version"
+    new = o.submit(None, retry, T0)
+    assert isinstance(new, o.Decision) and new.operation.input_digest == digest('{"n":1}')
+    unrelated = o.submit(existing, attrs.evolve(retry, earlier_input_digest=digest('{"n":2.0}')), T0 + SECOND)
+    assert isinstance(unrelated, o.Refusal) and unrelated.field == "input_digest"
+
+
 def test_after_the_window_the_identity_names_a_new_operation_once_the_old_one_ended() -> None:
     existing = admitted()
     later = existing.retain_until
@@ -93,6 +110,7 @@ def test_one_principal_under_two_resolver_versions_is_one_identity_and_keeps_its
         ("action_name", ""),
         ("action_version", 0),
         ("input_digest", "abc"),
+        ("earlier_input_digest", "ABC"),
         ("effect_class", "atomic"),
         ("retention", timedelta(0)),
         ("policy", o.RetryPolicy(maximum_attempts=0)),
