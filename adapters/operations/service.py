@@ -19,8 +19,12 @@ Rules of this module:
   worker does so again before every side effect.  A resolver that answers
   "temporarily unavailable" is asked again a bounded number of times.
 - Normalised input is canonical JSON (sorted keys, no insignificant
-  whitespace, UTF-8); its sha-256 is the digest idempotency and approvals
-  are bound to.  Floats that are not finite are refused.
+  whitespace, UTF-8, an integral number as the integer it equals); its
+  sha-256 is the digest idempotency and approvals are bound to, so ``1``
+  and ``1.0`` are one input (specs/operations.md, "Equal input").  Floats
+  that are not finite, and object keys that are not strings, are refused.
+  An action's result is kept as the encoder writes it: the worker's path
+  makes no extra pass over it.
 - Identifiers the service makes (operation ids, approval ids) are random
   (uuid4): a store never trusts a caller's clock or counter.  A test may
   pass ``new_id`` so that a replayed sequence makes the same ids (and the
@@ -103,15 +107,24 @@ def _refused(outcome: o.Refusal) -> DurableOperationError:
 # encoding keeps no state between calls, so it is shared by threads too.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
+# Where the encoder wrote an integral float: repr gives one a trailing ".0" below 1e16 and an "e+" exponent from
+# there on (every float that large is integral).  A number is followed by a separator or the end of the text; a
+# match inside a string only costs the exact look below, never a wrong answer.
+_INTEGRAL_FLOAT = re.compile(r"[0-9]\.0(?=[,\]}]|$)|[0-9]e\+")
 
-def canonical_json(value: Any) -> str:
-    """The canonical text of a JSON value: sorted keys, no spaces, UTF-8, finite numbers only."""
+_CONTAINERS = (dict, list, tuple)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _json_text(value: Any, field: str) -> str:
+    """``value`` as the encoder writes it, or the error naming ``field``: the text of a result, and of an input
+    before its numbers are made canonical (what an Operation admitted before that rule was digested from)."""
     try:
         text = _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
-        raise DurableOperationError("invalid_input", f"input: not JSON: {exc}", "input") from None
+        raise DurableOperationError("invalid_input", f"{field}: not JSON: {exc}", field) from None
     except RecursionError:
-        raise DurableOperationError("invalid_input", "input: not JSON: nested too deeply", "input") from None
+        raise DurableOperationError("invalid_input", f"{field}: not JSON: nested too deeply", field) from None
     # The encoder keeps a lone surrogate as it is (ensure_ascii=False), and it has no UTF-8 form: the digest and
     # the store would fail on it later, after the store was opened.  An ASCII text is known at no cost to have none.
     if not text.isascii():
@@ -120,12 +133,147 @@ def canonical_json(value: Any) -> str:
         except UnicodeEncodeError as exc:
             character = f"U+{ord(text[exc.start]):04X}"
             raise DurableOperationError(
-                "invalid_input", f"input: contains an unpaired surrogate ({character}), which is not a character", "input"
+                "invalid_input",
+                f"{field}: contains an unpaired surrogate ({character}), which is not a character",
+                field,
             ) from None
     return text
 
 
+class _KeyNotText(Exception):
+    """An object key that is not a string, and the path to its object, innermost step first."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__()
+        self.key = key
+        self.steps: list[str] = []
+
+
+def _check_keys(value: Any) -> None:
+    """Raise :class:`_KeyNotText` for the first object key in ``value`` that is not a string.
+
+    The encoder writes ``1``, ``True`` and ``None`` as the keys ``"1"``, ``"true"`` and ``"null"`` without a
+    word, so ``{1: "a"}`` would be digested, stored and handed to the action as ``{"1": "a"}``.  Only
+    containers are visited; the path is built on the way out, and only for the key at fault (this walk runs
+    only once :func:`_keys_are_strings` has found one).
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _KeyNotText(key)
+            if isinstance(item, _CONTAINERS):
+                try:
+                    _check_keys(item)
+                except _KeyNotText as exc:
+                    exc.steps.append(f".{key}" if _NAME.fullmatch(key) else f"[{json.dumps(key, ensure_ascii=False)}]")
+                    raise
+    else:
+        for index, item in enumerate(value):
+            if isinstance(item, _CONTAINERS):
+                try:
+                    _check_keys(item)
+                except _KeyNotText as exc:
+                    exc.steps.append(f"[{index}]")
+                    raise
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _keys_are_strings(value: Any) -> bool:
+    """Whether every object key in ``value`` is a string: the common case, checked without building a path.
+
+    ``"".join`` runs over an object's keys in C and takes nothing but strings; only values that are not
+    plain scalars are visited further.
+    """
+    if isinstance(value, dict):
+        try:
+            "".join(value)
+        except TypeError:
+            return False
+        for item in value.values():
+            if type(item) not in _SCALARS and not _keys_are_strings(item):
+                return False
+    elif isinstance(value, list | tuple):
+        for item in value:
+            if type(item) not in _SCALARS and not _keys_are_strings(item):
+                return False
+    return True
+
+
+def _integral_as_int(value: Any) -> Any:
+    """``value`` with every integral float an int (``-0.0`` is ``0``); only called when it holds one."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {key: _integral_as_int(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_integral_as_int(item) for item in value]
+    return value
+
+
+def _canonical_input(value: Any) -> tuple[str, str | None]:
+    """The canonical text of ``value``, and the text it had before numbers were canonical if that differs.
+
+    Seed 001 (Scoped idempotency) compares the "normalized semantic input": a JSON value, in which ``1`` and
+    ``1.0``, ``0`` and ``-0.0`` are one number (RFC 8785 writes each the one way; JavaScript has no other).  An
+    integral float becomes the int it equals, exactly, whatever its size.  The encoder runs first and refuses
+    what is no JSON (and a cycle, so the walks below end); a text without an integral float is kept as it is,
+    so the digest of every input that holds none is the one earlier releases stored.
+    """
+    try:
+        text = _json_text(value, "input")
+    except DurableOperationError:
+        # A key that is no string is named where it is, not in the encoder's words ("'<' not supported between
+        # instances of 'str' and 'int'", from sorting an object's mixed keys).
+        with contextlib.suppress(RecursionError):  # a cycle: the encoder's own error says so
+            _check_input_keys(value)
+        raise
+    try:
+        _check_input_keys(value)
+    except RecursionError:
+        raise DurableOperationError("invalid_input", "input: not JSON: nested too deeply", "input") from None
+    if (".0" not in text and "e+" not in text) or _INTEGRAL_FLOAT.search(text) is None:
+        return text, None
+    canonical = _CANONICAL.encode(_integral_as_int(value))
+    return canonical, (None if canonical == text else text)
+
+
+def _check_input_keys(value: Any) -> None:
+    """The error naming the first object key in ``value`` that is not a string, if there is one."""
+    if _keys_are_strings(value):
+        return
+    try:
+        _check_keys(value)
+    except _KeyNotText as exc:
+        path = "input" + "".join(reversed(exc.steps))
+        key = exc.key
+        why = "JSON has no form for it"
+        if key is None or isinstance(key, bool):
+            why = f"JSON would take this one for the string {json.dumps(json.dumps(key))}"
+        elif isinstance(key, int | float):  # as the encoder writes it: an IntEnum as its number
+            written = int.__repr__(key) if isinstance(key, int) else float.__repr__(key)
+            why = f"JSON would take this one for the string {json.dumps(written)}"
+        raise DurableOperationError(
+            "invalid_input",
+            f"{path}: key {key!r} ({type(key).__name__}) is not a string; an object's keys are strings, and {why}",
+            "input",
+        ) from None
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical text of a JSON value: sorted keys, no spaces, UTF-8, finite numbers only.
+
+    Numbers are written as the values they are: an integral float as the integer it equals (``1.0`` as ``1``,
+    ``-0.0`` as ``0``).  An object key that is not a string is refused (``invalid_input``, the message naming
+    where), not turned into one.  ``input_digest(canonical_json(value))`` is the digest a submission of
+    ``value`` (normalised) is admitted and compared under.
+    """
+    return _canonical_input(value)[0]
+
+
 def input_digest(canonical: str) -> str:
+    """The SHA-256 (lower-case hex) of canonical JSON text: what idempotency and approvals are bound to."""
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
@@ -635,6 +783,8 @@ class CheckedSubmission:
     action: DurableAction
     normalised: Any
     canonical: str
+    earlier: str | None = None
+    """The text earlier releases digested the input from (numbers as the encoder wrote them), when it differs."""
 
 
 def check_submission(
@@ -675,7 +825,8 @@ def check_submission(
             f"input: rejected by {chosen.name} v{chosen.version}: {type(exc).__name__}: {_line(exc)}",
             "input",
         ) from None
-    return CheckedSubmission(chosen, normalised, canonical_json(normalised))
+    canonical, earlier = _canonical_input(normalised)
+    return CheckedSubmission(chosen, normalised, canonical, earlier)
 
 
 def _principal(field: str, value: object) -> PrincipalReference:
@@ -824,6 +975,7 @@ class DurableOperationService:
             action_version=chosen.version,
             effect_class=chosen.effect_class,
             input_digest=input_digest(canonical),
+            earlier_input_digest=None if checked.earlier is None else input_digest(checked.earlier),
             authority=authority,
             policy=chosen.policy,
             retention=self.retention,
