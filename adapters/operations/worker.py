@@ -35,7 +35,10 @@ external effects, history, and retention).  Rules of this module:
   holds the Operation's row, so its lease must cover it.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
-  the policy's maximum attempts), and so is a result that is not JSON.  An
+  the policy's maximum attempts), and so is a result that is not JSON, and
+  an adapter's ``perform`` or ``reconcile`` answer that is not an
+  ``EffectResult`` (the message names the action and what it returned; the
+  intent stays unanswered, so the next Attempt reconciles first).  An
   authorizer that raises denies (fails closed).  Every refusal the store
   returns (a stale fence after a replacement, a cancellation that won) is
   reported, never retried: the fence says this worker no longer owns the
@@ -80,7 +83,7 @@ from .service import (
     PrincipalReference,
     PrincipalResolverRegistry,
     ResolutionStatus,
-    canonical_json,
+    _json_text,
 )
 
 
@@ -277,8 +280,9 @@ class DurableOperationWorker:
             return self._fail(credential, failure.code, retryable=failure.retryable, detail=str(failure))
         except Exception as exc:
             # A DurableOperationError included: one the handler's own code met (a follow-up submission refused, a
-            # value canonical_json refused) is the handler's failure, not the worker's; raised from here, it ended
-            # run_once with the Attempt still running, to be retried only after its lease ran out.
+            # value canonical_json refused) is the handler's failure, not the worker's, as is an adapter's answer
+            # that is no EffectResult (_answer); raised from here, it ended run_once with the Attempt still
+            # running, to be retried only after its lease ran out.
             return self._fail(credential, "handler_error", retryable=True, detail=f"{type(exc).__name__}: {exc}")
 
     def _atomic(
@@ -312,7 +316,7 @@ class DurableOperationWorker:
         assert effect_id is not None
         if plan is o.EffectPlan.RECONCILE:
             # An earlier Attempt's issue may have been applied unanswered: look before repeating anything.
-            settled = adapter.reconcile(effect_id)
+            settled = _answer(action, "reconcile", adapter.reconcile(effect_id))
             if settled is not None and settled.status is EffectStatus.SUCCEEDED:
                 return self._complete(credential, authority, _result_json(settled.result))
             known_absent = settled is not None and settled.status in (EffectStatus.NOT_FOUND, EffectStatus.FAILED)
@@ -333,6 +337,7 @@ class DurableOperationWorker:
             # timeout, reconciled at once, and never a plain handler error a non-idempotent provider would
             # see repeated (or that would end the operation by its limits with the effect unknown).
             outcome = EffectResult(EffectStatus.AMBIGUOUS, detail=f"{type(exc).__name__}: {exc}")
+        outcome = _performed(action, outcome)
         if outcome.status is EffectStatus.SUCCEEDED:
             return self._complete(credential, authority, _result_json(outcome.result))
         if outcome.status is EffectStatus.FAILED:
@@ -341,7 +346,7 @@ class DurableOperationWorker:
             return self._fail(
                 credential, "effect_failed", retryable=outcome.retryable, detail=outcome.detail, not_applied=True
             )
-        settled = adapter.reconcile(effect_id)
+        settled = _answer(action, "reconcile", adapter.reconcile(effect_id))
         return self._after_ambiguity(credential, authority, effect_id, settled, idempotent=adapter.idempotent)
 
     def _after_ambiguity(
@@ -484,16 +489,48 @@ class _Heartbeat:
                     self.credential = None  # refused (replaced, cancelled): stop renewing this action
 
 
+def _answer(action: DurableAction, method: str, value: object, *, none: bool = True) -> EffectResult | None:
+    """An adapter's answer as the worker reads it, or the error naming the action and what came back instead.
+
+    Read unchecked, a ``perform`` that returned a dict failed deep in the worker with "'dict' object has no
+    attribute 'status'", a status given as the string "succeeded" was taken for an ambiguous answer, and a
+    ``retryable`` that is no bool was a failure the kernel refused to record, leaving the Attempt running
+    until its lease ran out.  Raised from here, it is the action's error like any other a handler raises: a
+    retryable ``handler_error``.  The intent stays unanswered, so the next Attempt reconciles before it
+    performs anything.
+    """
+    if isinstance(value, EffectResult):
+        if not isinstance(value.status, EffectStatus):
+            problem = f"an EffectResult whose status is {shown(value.status)}, not an EffectStatus"
+        elif not isinstance(value.retryable, bool):
+            problem = f"an EffectResult whose retryable is {shown(value.retryable)}, not True or False"
+        else:
+            return value
+    elif value is None and none:
+        return None
+    else:
+        returned = "None" if value is None else type(value).__name__
+        problem = f"{returned}, not an EffectResult" + (" or None" if none else "")
+    raise TypeError(f"action {action.name!r} v{action.version}: the adapter's {method} returned {problem}")
+
+
+def _performed(action: DurableAction, value: object) -> EffectResult:
+    """``perform``'s answer: an EffectResult, never None (see :func:`_answer`)."""
+    answer = _answer(action, "perform", value, none=False)
+    assert answer is not None
+    return answer
+
+
 def _result_json(value: Any) -> str:
-    """An action's result as canonical JSON.
+    """An action's result as JSON text, as the encoder writes it (a result's numbers are not rewritten).
 
     A result that is not JSON is the action's error (a retryable ``handler_error``), not the caller's input:
-    ``canonical_json``'s own error would end the worker and leave its Attempt running until the lease expires.
+    the encoder's own error would end the worker and leave its Attempt running until the lease expires.
     """
     try:
-        return canonical_json(value)
+        return _json_text(value, "result")
     except DurableOperationError as exc:
-        raise ValueError(f"result: {exc.message.removeprefix('input: ')}") from None
+        raise ValueError(exc.message) from None
 
 
 def _ended(operation: o.Operation, attempt: int | None) -> WorkReport:
