@@ -50,6 +50,7 @@ step the invariants of specs/operations.md on what the store shows.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import threading
 from collections.abc import Callable, Iterator
@@ -71,6 +72,8 @@ from fencekeeper.adapters.operations.service import (
     DurableActionRegistry,
     DurableOperationError,
     DurableOperationService,
+    EffectResult,
+    EffectStatus,
     PrincipalReference,
     PrincipalResolution,
     PrincipalResolverRegistry,
@@ -305,6 +308,90 @@ class OperationStoreTests:
             world.service.submit(tenant=TENANT, principal=ALICE, action=action, input=payload, client_key="k", version=version)
         assert raised.value.code == code
         assert world.worker("w1").run_once() is None
+
+    # The input as it is: an action without a normaliser of its own, so the numbers and keys reach the digest.
+    RECORD = DurableAction("record", 1, o.EffectClass.READ_ONLY, lambda value: {"recorded": value})
+
+    def _recording(self, world: World) -> DurableOperationService:
+        actions = DurableActionRegistry((self.RECORD,))
+        return DurableOperationService(world.store, actions, world.resolvers, namespace="shop")
+
+    def test_numbers_equal_in_json_are_one_input(self, world: World) -> None:
+        # Seed 001, Scoped idempotency: the "normalized semantic input" must match.  A client whose JSON library
+        # writes 1.0 as 1 (JavaScript's has no other way) resends the same request, not another one.
+        service = self._recording(world)
+        written = {"amount": 1.0, "credit": -0.0, "large": 1e20, "rate": 0.5, "lines": [{"qty": 2.0}]}
+        first = service.submit(tenant=TENANT, principal=ALICE, action="record", input=written, client_key="k1")
+        canonical = '{"amount":1,"credit":0,"large":100000000000000000000,"lines":[{"qty":2}],"rate":0.5}'
+        assert world.store.input_of(first.operation_id) == canonical
+        assert first.record.input_digest == hashlib.sha256(canonical.encode()).hexdigest()
+        for resent in (
+            {"amount": 1, "credit": 0, "large": 10**20, "rate": 0.5, "lines": [{"qty": 2}]},
+            {"amount": 1.0, "credit": 0.0, "large": 10**20, "rate": 0.5, "lines": [{"qty": 2.0}]},
+        ):
+            again = service.submit(tenant=TENANT, principal=ALICE, action="record", input=resent, client_key="k1")
+            assert (again.operation_id, again.created) == (first.operation_id, False)
+        before = world.store.view(first.operation_id)
+        with pytest.raises(DurableOperationError) as raised:
+            service.submit(tenant=TENANT, principal=ALICE, action="record", input={**written, "rate": 1.5},
+                           client_key="k1")
+        assert (raised.value.code, raised.value.field) == ("idempotency_conflict", "input_digest")
+        assert world.store.view(first.operation_id) == before
+
+    def test_an_operation_admitted_before_numbers_were_canonical_is_found_by_its_faithful_retry(
+        self, world: World
+    ) -> None:
+        # What an earlier release wrote for {"amount": 1.0}: the digest of the number as Python wrote it.
+        # Its digest is stored; the retry of the same request after an upgrade is that Operation, not a conflict.
+        service = self._recording(world)
+        written = '{"amount":1.0,"credit":-0.0}'
+        earlier = o.SubmitRequest(
+            operation_id="op-earlier",
+            identity=o.Identity("shop", TENANT, ALICE.ref, "k-earlier"),
+            action_name="record",
+            action_version=1,
+            effect_class=o.EffectClass.READ_ONLY,
+            input_digest=hashlib.sha256(written.encode()).hexdigest(),
+            authority=o.Authority(True, ALICE.ref),
+        )
+        assert isinstance(world.store.submit(earlier, written), o.Decision)
+        retry = service.submit(tenant=TENANT, principal=ALICE, action="record",
+                               input={"amount": 1.0, "credit": -0.0}, client_key="k-earlier")
+        assert (retry.operation_id, retry.created) == ("op-earlier", False)
+        assert retry.record.input_digest == earlier.input_digest
+        # The other spelling was another digest then, and still is for this Operation (specs/operations.md,
+        # "Equal input"): only Operations admitted since compare as JSON values.
+        with pytest.raises(DurableOperationError) as raised:
+            service.submit(tenant=TENANT, principal=ALICE, action="record", input={"amount": 1, "credit": 0},
+                           client_key="k-earlier")
+        assert raised.value.code == "idempotency_conflict"
+        report = DurableOperationWorker(
+            world.store, DurableActionRegistry((self.RECORD,)), world.resolvers, tenant=TENANT, worker_id="w1"
+        ).run_once()
+        assert report is not None and report.outcome == "succeeded", report
+
+    @pytest.mark.parametrize(
+        ("value", "where"),
+        [
+            ({1: "a"}, "input: key 1 (int)"),
+            ({"lines": [{"sku": "x"}, {True: "a"}]}, "input.lines[1]: key True (bool)"),
+            ({"by id": {None: 1}}, 'input["by id"]: key None (NoneType)'),
+            ({"a": {1: "x", "b": 2}}, "input.a: key 1 (int)"),
+        ],
+        ids=["int", "bool-in-a-list", "none-under-a-quoted-name", "mixed"],
+    )
+    def test_an_object_key_that_is_not_a_string_is_refused_naming_where_and_writes_nothing(
+        self, world: World, value: Any, where: str
+    ) -> None:
+        # The encoder would write {1: "a"} as {"1": "a"} without a word: one request for two.
+        service = self._recording(world)
+        with pytest.raises(DurableOperationError) as raised:
+            service.submit(tenant=TENANT, principal=ALICE, action="record", input=value, client_key="k1")
+        assert (raised.value.code, raised.value.field) == ("invalid_input", "input")
+        assert raised.value.message.startswith(where) and "not a string" in raised.value.message, raised.value
+        assert world.store.claim_next(TENANT, "w1", LEASE) is None
+        as_text = service.submit(tenant=TENANT, principal=ALICE, action="record", input={"1": "a"}, client_key="k1")
+        assert as_text.created
 
     def test_the_identity_is_free_again_after_its_window(self, world: World) -> None:
         first = world.transfer("k1", 5)
@@ -752,6 +839,44 @@ class OperationStoreTests:
         record = world.service.get(op_id)
         assert record is not None and record.attempt_count == 1 and record.outcome is o.TerminalOutcome(outcome)
 
+    @pytest.mark.parametrize(
+        ("answer", "returned"),
+        [
+            ({"status": "succeeded"}, "perform returned dict, not an EffectResult"),
+            (None, "perform returned None, not an EffectResult"),
+            (EffectResult("succeeded"), "perform returned an EffectResult whose status is 'succeeded'"),  # type: ignore[arg-type]
+            (EffectResult(EffectStatus.FAILED, retryable="yes"), "whose retryable is 'yes', not True or False"),  # type: ignore[arg-type]
+        ],
+        ids=["dict", "none", "status-text", "retryable-text"],
+    )
+    def test_an_adapter_answer_that_is_no_effect_result_is_a_handler_error_naming_it(
+        self, world: World, answer: Any, returned: str
+    ) -> None:
+        # Read unchecked, a dict was "AttributeError: 'dict' object has no attribute 'status'", a status
+        # written as text was taken for an ambiguous answer, and a retryable that is no bool a failure the
+        # kernel refused to record, the Attempt left running until its lease ran out.
+        adapter = _Answering(answer)
+        actions = DurableActionRegistry(
+            (DurableAction("notify", 1, o.EffectClass.EXTERNAL, lambda value: value, adapter=adapter),)
+        )
+        service = DurableOperationService(world.store, actions, world.resolvers, namespace="shop")
+        op_id = service.submit(tenant=TENANT, principal=ALICE, action="notify", input={"to": "a"}, client_key="n1")
+        worker = DurableOperationWorker(world.store, actions, world.resolvers, tenant=TENANT, worker_id="w1")
+        report = worker.run_once()
+        assert report is not None and report.outcome == "retry", report
+        assert report.detail.startswith("TypeError: action 'notify' v1: the adapter's ") and returned in report.detail
+        record = service.get(op_id.operation_id)
+        assert record is not None and record.state is OperationState.ADMITTED
+        assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
+        # The call was made and its answer is unknown: the next Attempt reconciles before anything is repeated,
+        # and a reconcile answer that is no EffectResult (nor None) is named the same way.
+        adapter.reconciled = "done"
+        world.clock.advance(timedelta(minutes=1))
+        report = worker.run_once()
+        assert report is not None and report.outcome == "retry", report
+        assert "the adapter's reconcile returned str, not an EffectResult or None" in report.detail
+        assert adapter.performed == 1
+
     def test_a_replacement_reconciles_before_performing_with_the_same_effect_id(self, world: World) -> None:
         op_id = self._capture(world, action="capture_unapproved")
         claim = world.store.claim_next(TENANT, "w1", LEASE)
@@ -1021,6 +1146,23 @@ class SqlOperationStoreTests(OperationStoreTests):
 
 
 # --- the state machine -----------------------------------------------------------------------------
+
+
+@attrs.define
+class _Answering:
+    """An adapter answering ``perform`` and ``reconcile`` with whatever it was given, right or wrong."""
+
+    performs: Any
+    reconciled: Any = None
+    idempotent: bool = False
+    performed: int = 0
+
+    def perform(self, effect_id: str, payload: Any) -> EffectResult:
+        self.performed += 1
+        return self.performs  # type: ignore[no-any-return]
+
+    def reconcile(self, effect_id: str) -> EffectResult | None:
+        return self.reconciled  # type: ignore[no-any-return]
 
 
 class OperationServiceMachine(RuleBasedStateMachine):

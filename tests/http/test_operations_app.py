@@ -18,6 +18,12 @@ from starlette.testclient import TestClient
 
 from fencekeeper.adapters import connect, service
 from fencekeeper.adapters.http import create_operations_app
+from fencekeeper.adapters.operations.service import (
+    DurableAction,
+    DurableActionRegistry,
+    DurableOperationService,
+    EffectClass,
+)
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.kernel.definition import parse_definition
 
@@ -320,6 +326,43 @@ def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
             assert created.status_code == 201 and created.json()["principal"] == "users:v1:alice"
             # Without an execution store the execution routes are not there at all.
             assert client.get("/executions", headers=ALICE).status_code == 404
+    finally:
+        store.close()
+
+
+def test_http_and_python_take_numbers_equal_in_json_for_one_input(tmp_path: Path) -> None:
+    # A JavaScript client cannot write 1.0, and a Python one may: both resend one request (specs/operations.md,
+    # "Equal input"), whichever surface admitted it first, and both refuse the same other input.
+    store = SQLiteOperationStore(tmp_path / "numbers.db")
+    record = DurableAction("record", 1, EffectClass.READ_ONLY, lambda value: value)
+    actions = DurableActionRegistry((record,))
+    try:
+        application = create_operations_app(
+            authenticate=deployment.authenticate, operations=store, actions=actions, resolvers=deployment.resolvers()
+        )
+        python = DurableOperationService(store, actions, deployment.resolvers())
+        headers = {**ALICE, "Content-Type": "application/json"}
+        with TestClient(application) as client:
+
+            def post(key: str, body: bytes) -> Any:
+                return client.post("/operations", content=body, headers={**headers, "Idempotency-Key": key})
+
+            first = post("k-1", b'{"action": "record", "input": {"amount": 1.0, "credit": -0.0}}')
+            assert first.status_code == 201, first.text
+            assert first.json()["input"] == {"amount": 1, "credit": 0}
+            again = post("k-1", b'{"action": "record", "input": {"amount": 1, "credit": 0}}')
+            assert (again.status_code, again.json()["operation_id"]) == (200, first.json()["operation_id"])
+            admitted = python.submit(tenant="acme", principal=deployment.ALICE.reference, action="record",
+                                     input={"amount": 1, "credit": 0.0}, client_key="k-1")
+            assert (admitted.operation_id, admitted.created) == (first.json()["operation_id"], False)
+            assert admitted.record.input_digest == first.json()["input_digest"]
+            # Admitted by Python first, found over HTTP.
+            second = python.submit(tenant="acme", principal=deployment.ALICE.reference, action="record",
+                                   input={"amount": 2}, client_key="k-2")
+            over_http = post("k-2", b'{"action": "record", "input": {"amount": 2.0}}')
+            assert (over_http.status_code, over_http.json()["operation_id"]) == (200, second.operation_id)
+            conflict = post("k-2", b'{"action": "record", "input": {"amount": 2.5}}')
+            assert conflict.status_code == 409 and error(conflict)["code"] == "idempotency_conflict"
     finally:
         store.close()
 
