@@ -4,7 +4,9 @@ The page's first report is the one a reader gets from the first command it
 shows (``fencekeeper conformance --driver "node conformance/drivers/js/driver.js"``),
 run from the repository root.  Case counts grow as cases are added to
 specs/conformance, so the page is compared with a fresh run, line by line.
-The Store port's method count the page states is the port's.
+The Store port's method count the page states is the port's.  A driver
+command is shown as the runner's ``--driver``, never as a command of its own
+(run alone, a driver waits on its standard input for requests).
 """
 
 from __future__ import annotations
@@ -50,3 +52,11 @@ def test_the_port_has_as_many_methods_as_the_page_says() -> None:
     port = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Store")
     methods = [node.name for node in port.body if isinstance(node, ast.FunctionDef)]
     assert numbers[said.group(1)] == len(methods), methods
+
+
+def test_every_driver_command_is_shown_as_the_runners_driver() -> None:
+    blocks = re.findall(r"```sh\n(.*?)```", PAGE.read_text(encoding="utf-8"), re.S)
+    lines = [line for block in blocks for line in block.splitlines() if "conformance.driver" in line]
+    assert lines, "the page shows no driver command"
+    alone = [line for line in lines if not re.match(r'fencekeeper conformance --driver "python -m fencekeeper\.', line)]
+    assert alone == [], alone
