@@ -1641,9 +1641,14 @@ def _show_review(store: TransactionalStore, args: argparse.Namespace, out: Outpu
 
 
 def _reconcile_again(args: argparse.Namespace) -> str:
-    """The reconcile command that reaches this execution again: outside the default business, only with --business."""
+    """The reconcile command that reaches this execution again, to be run as printed.
+
+    It names the store (``--db`` is required) and the business outside the
+    default one.  ``--handler`` is left to the reader: only ``--settle``
+    takes it, and the review itself cannot be given one.
+    """
     business = "" if args.business == DEFAULT_BUSINESS else f" --business {args.business}"
-    return f"fencekeeper reconcile {args.execution_id}{business}"
+    return f"fencekeeper reconcile {connect.db_option(args.db, args.schema)}{business} {args.execution_id}"
 
 
 def _settle(

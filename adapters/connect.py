@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +69,21 @@ class Location:
             return str(self.path)
         assert self.dsn is not None
         return f"{_safe_dsn(self.dsn)} schema {self.schema}"
+
+
+def db_option(url: str, schema: str | None = None) -> str:
+    """``--db URL`` (and ``--schema``) as a shell would be given them again: for a command the output suggests.
+
+    A password in a PostgreSQL URL is left out, as from every message: libpq
+    reads it from ``PGPASSWORD`` or ``~/.pgpass`` when the command is run.
+    """
+    if url.startswith(("postgresql://", "postgres://")):
+        with contextlib.suppress(ValueError):
+            parts = urlsplit(url)
+            if parts.password is not None:
+                user, _, host = parts.netloc.rpartition("@")
+                url = urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}@{host}"))
+    return f"--db {shlex.quote(url)}" + ("" if schema is None else f" --schema {shlex.quote(schema)}")
 
 
 def parse_url(url: str, *, schema: str | None = None) -> Location:
@@ -415,6 +431,7 @@ __all__ = [
     "Location",
     "Migration",
     "check",
+    "db_option",
     "migrate",
     "no_database",
     "open_store",

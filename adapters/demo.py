@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import importlib.resources
 import secrets
-import shlex
 import tempfile
 import time
 from collections.abc import Sequence
@@ -397,8 +396,7 @@ def _play(
     times = {1: "once", 2: "twice"}.get(len(refusals), f"{len(refusals)} times")
     out.line(f"w-1 was refused {times} and changed nothing: its only record in {first}'s history is its claim.")
     out.line("Inspect any of them (the database is kept):")
-    where = f"--db {shlex.quote(db)}" + ("" if schema is None else f" --schema {shlex.quote(schema)}")
-    out.line(("  fencekeeper inspect ", "bold"), (f"{first} {where}", "bold"))
+    out.line(("  fencekeeper inspect ", "bold"), (f"{first} {connect.db_option(db, schema)}", "bold"))
     picture = _write_sequence(history, timeline.observed, location)
     out.line(f"The history of {first} as a mermaid sequence diagram, with w-1's refusals:")
     out.line("  ", (str(picture), "bold"))

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,10 +82,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def resolve(spec: str) -> Any:
-    """The object ``MODULE:NAME`` (NAME may be dotted) names."""
+    """The object ``MODULE:NAME`` (NAME may be dotted) names, with the current directory on the import path.
+
+    A store's own package usually sits, uninstalled, where its tests are
+    run; the ``pytest`` script puts its own directory first on the path,
+    not the current one (``python -m pytest`` does), and the command line's
+    ``--handler`` and ``--actions`` look there too.
+    """
     module_name, colon, attribute = spec.partition(":")
     if not colon or not module_name or not attribute:
         raise ValueError("expected MODULE:CALLABLE, e.g. mystore.testing:make_store")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     found: Any = importlib.import_module(module_name)
     for part in attribute.split("."):
         found = getattr(found, part)

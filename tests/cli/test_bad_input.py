@@ -8,13 +8,14 @@ byte, before and after: no row, no new file, no WAL left behind.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from fencekeeper.adapters import examples, service
+from fencekeeper.adapters import connect, examples, service
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel.definition import parse_definition
@@ -346,8 +347,26 @@ def test_check_reports_an_execution_state_edited_by_hand_instead_of_failing(temp
     assert snapshot(tmp_path) == before
 
 
-def test_the_review_names_its_choices_with_the_business_they_need(tmp_path: Path) -> None:
-    """Each choice reconcile prints is a command that reaches the execution: outside the default business, with --business."""
+@pytest.mark.parametrize(
+    ("url", "schema", "shown"),
+    [
+        ("shop.db", None, "--db shop.db"),
+        ("my shop.db", None, "--db 'my shop.db'"),
+        ("postgresql://fk@db/app", "s", "--db postgresql://fk@db/app --schema s"),
+        ("postgresql://fk:s3cret@db:5432/app?schema=x&sslmode=require", None,
+         "--db 'postgresql://fk@db:5432/app?schema=x&sslmode=require'"),
+    ],
+)  # fmt: skip
+def test_a_suggested_command_names_the_store_as_typed_without_its_password(
+    url: str, schema: str | None, shown: str
+) -> None:
+    """What the output suggests running again is a shell word for --db, and never carries a password (libpq finds it)."""
+    assert connect.db_option(url, schema) == shown
+
+
+def test_the_review_names_its_choices_with_the_store_and_business_they_need(tmp_path: Path) -> None:
+    """Each choice reconcile prints is a command that reaches the execution, run as printed: its --db, and outside the
+    default business its --business."""
     store = SQLiteStore(tmp_path / "shop.db")
     try:
         policy = examples.grants("acme", "user:operator")
@@ -365,4 +384,10 @@ def test_the_review_names_its_choices_with_the_business_they_need(tmp_path: Path
     assert shown.returncode == 0, shown.stderr
     choices = [line.strip() for line in shown.stdout.splitlines() if line.strip().startswith("fencekeeper reconcile")]
     assert len(choices) == 2, shown.stdout  # --settle and --fail
-    assert all(choice.startswith("fencekeeper reconcile rf-1 --business acme --") for choice in choices), choices
+    reaches = f"fencekeeper reconcile --db {shlex.quote(str(tmp_path / 'shop.db'))} --business acme rf-1 --"
+    assert all(choice.startswith(reaches) for choice in choices), choices
+    # Copied into a shell from another directory, the printed choice acts on the same execution.
+    [fail] = [choice for choice in choices if " --fail" in choice]
+    chosen = fencekeeper(*shlex.split(fail.replace("[--because TEXT]", ""))[1:], cwd=tmp_path.parent)
+    assert chosen.returncode == 0, chosen.stderr
+    assert "failed" in chosen.stdout

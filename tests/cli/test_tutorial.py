@@ -137,6 +137,27 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert commands >= 15, "the tutorial should be a tour of the command line"
 
 
+def test_before_you_start_leaves_the_reader_in_an_empty_directory_each_time(tmp_path: Path) -> None:
+    """Its setup, run from the repository root twice: a second run of the tutorial starts empty, not on the first's ids."""
+    section = TUTORIAL.read_text(encoding="utf-8").split("## Before you start", 1)[1].split("\n## ", 1)[0]
+    [setup] = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert 'export PATH="$PWD/.venv/bin:$PATH"' in setup
+    script = f"{setup}\npwd\nls -A\n"
+
+    def run_setup() -> list[str]:
+        result = subprocess.run(
+            ["bash", "-e", "-c", script], cwd=ROOT, env=environment(TMPDIR=str(tmp_path)),
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    first = run_setup()
+    assert len(first) == 1, first  # the directory, and nothing in it
+    (Path(first[0]) / "shop.db").touch()  # the first run's store
+    second = run_setup()
+    assert len(second) == 1 and second != first, (first, second)
+
 if __name__ == "__main__":  # pragma: no cover - a helper for writing the tutorial
     with tempfile.TemporaryDirectory() as scratch:
         for item in steps(TUTORIAL.read_text(encoding="utf-8")):

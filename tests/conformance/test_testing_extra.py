@@ -1,10 +1,12 @@
-"""fencekeeper[testing] installs exactly what the store suite imports, and its pytest plugin is registered."""
+"""fencekeeper[testing] installs exactly what the store suite imports, and its pytest plugin is registered and finds a
+factory beside where it runs."""
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -35,3 +37,22 @@ def test_the_testing_extra_is_exactly_what_the_suite_imports() -> None:
 def test_the_pytest_plugin_is_registered() -> None:
     plugins = {e.name: e.value for e in importlib.metadata.entry_points(group="pytest11")}
     assert plugins.get("fencekeeper") == "fencekeeper.adapters.pytest_plugin"
+
+
+def test_the_plugin_finds_a_factory_in_the_directory_pytest_runs_in(tmp_path: Path) -> None:
+    """docs/conformance.md's command, run with the ``pytest`` script beside an uninstalled ``mystore`` package."""
+    package = tmp_path / "mystore"
+    package.mkdir()
+    (package / "__init__.py").write_text("from fencekeeper.adapters.sqlite_store import SQLiteStore as MyStore\n")
+    (package / "testing.py").write_text(
+        "from mystore import MyStore\n\n\ndef make_store(clock, directory):\n"
+        "    return MyStore(directory / 'store.db', clock=clock)\n"
+    )
+    script = Path(sys.executable).parent / "pytest"
+    command = [str(script), "--pyargs", "fencekeeper.adapters.testing.run_suite", "--collect-only", "-q"]
+    result = subprocess.run(
+        [*command, "--fencekeeper-store", "mystore.testing:make_store", "-p", "no:cacheprovider"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No module named" not in result.stdout + result.stderr

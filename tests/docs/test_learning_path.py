@@ -4,6 +4,8 @@
   Concepts;
 - its 15-minute learning path is the demo, Concepts, the tutorial and the
   protocol, in that order;
+- a reader is told how to type `fencekeeper` (it is in .venv/bin) before
+  the README and Concepts first show it;
 - every page under docs/ and specs/ states in its opening (the lines before
   its first section) what it assumes the reader knows, so a reader who
   lands on it from a search knows where to start instead.
@@ -50,3 +52,12 @@ def test_every_page_opens_with_what_it_assumes(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     opening = text.split("\n## ", 1)[0]
     assert "*Assumes:*" in opening, f"{page.relative_to(ROOT)}: its opening does not say what it assumes"
+
+
+def test_the_reader_is_told_how_to_type_fencekeeper_before_the_first_page_asks_for_it() -> None:
+    """`make demo` installs the command into .venv/bin; the README and Concepts come before the tutorial's PATH step."""
+    readme = README.read_text(encoding="utf-8")
+    assert 'PATH="$PWD/.venv/bin:$PATH"' in readme.split("## Learn it in 15 minutes", 1)[0]
+    concepts = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    before_first_command = concepts.split("```sh\nfencekeeper ", 1)[0]
+    assert "`.venv/bin`" in before_first_command.rstrip().rsplit("\n\n", 1)[-1], "Concepts' first command is not told apart"

@@ -36,7 +36,9 @@ def test_the_pages_log_lines_have_the_fields_a_worker_writes(tmp_path: Path) -> 
     ok("run", EXAMPLES / "purchase_approval.toml", "--db", db, "--input", order, "--id", "po-1", cwd=tmp_path)
     refund = '{"amount": 40, "payment_id": "p-7"}'
     ok("run", EXAMPLES / "refund_needs_reconciliation.toml", "--db", db, "--input", refund, "--id", "rf-1", cwd=tmp_path)
-    result = fencekeeper("worker", "--db", db, "--until-idle", "--log-json", cwd=tmp_path)
+    result = fencekeeper(
+        "worker", "--db", db, "--until-idle", "--log-json", "--metrics-port", "127.0.0.1:0", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     real = [json.loads(line) for line in result.stderr.splitlines()]
     by_event: dict[str, dict[str, object]] = {}
@@ -50,5 +52,7 @@ def test_the_pages_log_lines_have_the_fields_a_worker_writes(tmp_path: Path) -> 
         assert list(line) == list(by_event["claimed"]), f"the page's {line['event']} line: {list(line)}"
     assert by_event["claimed"]["node_id"] is None and by_event["step"]["node_id"] == "check_amount"
     assert by_event["succeeded"]["level"] == "info" and by_event["reconciliation_required"]["level"] == "error"
-    # Every field but the time is explained in the page's table.
-    assert set(by_event["claimed"]) - {"ts"} <= _table_fields()
+    # Every field of every line but the time is explained in the page's table, the worker's own lines' too.
+    assert "metrics_listening" in by_event
+    for line in real:
+        assert set(line) - {"ts"} <= _table_fields(), line

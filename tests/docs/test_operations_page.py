@@ -2,11 +2,15 @@
 
 The page's blocks are taken from the page itself, in order, and run in one
 namespace; only what the page leaves to the reader (its user directory) is
-given here.  A block that stops working, or an import it forgets, fails.
+given here.  A block that stops working, or an import it forgets, fails; so
+does a block that uses a name no block of the page imports or defines,
+other than those it leaves to the reader (a DSN, a directory, a gateway).
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -198,3 +202,31 @@ def test_the_pages_payment_capture_runs_as_written() -> None:
     assert terminal.charged == [(900, f"{unknown}/effect")]
     # Only the answered captures were ever captured, each once.
     assert sorted(c.order for c in gateway.charges.values()) == ["o-1", "o-2", "o-3", "o-4"]
+
+
+LEFT_TO_THE_READER = {"my_directory", "dsn", "gateway", "terminal"}
+
+
+def _bound(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
+
+
+def test_every_name_a_block_uses_is_imported_or_defined_on_the_page() -> None:
+    known = set(dir(builtins)) | LEFT_TO_THE_READER
+    for n, block in enumerate(_blocks(), 1):
+        tree = ast.parse(block)
+        known |= _bound(tree)
+        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+        assert used <= known, f"python block {n} of docs/operations.md uses {sorted(used - known)}"
