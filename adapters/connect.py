@@ -79,10 +79,16 @@ def db_option(url: str, schema: str | None = None) -> str:
     """
     if url.startswith(("postgresql://", "postgres://")):
         with contextlib.suppress(ValueError):
-            parts = urlsplit(url)
+            parts = kept = urlsplit(url)
             if parts.password is not None:
                 user, _, host = parts.netloc.rpartition("@")
-                url = urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}@{host}"))
+                kept = kept._replace(netloc=f"{user.partition(':')[0]}@{host}")
+            # libpq also takes the password as a parameter of the URL's query.
+            query = parse_qsl(parts.query, keep_blank_values=True)
+            if any(key == "password" for key, _ in query):
+                kept = kept._replace(query=urlencode([(key, value) for key, value in query if key != "password"]))
+            if kept is not parts:
+                url = urlunsplit(kept)
     return f"--db {shlex.quote(url)}" + ("" if schema is None else f" --schema {shlex.quote(schema)}")
 
 

@@ -355,6 +355,9 @@ def test_check_reports_an_execution_state_edited_by_hand_instead_of_failing(temp
         ("postgresql://fk@db/app", "s", "--db postgresql://fk@db/app --schema s"),
         ("postgresql://fk:s3cret@db:5432/app?schema=x&sslmode=require", None,
          "--db 'postgresql://fk@db:5432/app?schema=x&sslmode=require'"),
+        ("postgresql://fk@db/app?password=s3cret&sslmode=require", None,
+         "--db 'postgresql://fk@db/app?sslmode=require'"),
+        ("postgresql://fk:a@db/app?password=b", "s", "--db postgresql://fk@db/app --schema s"),
     ],
 )  # fmt: skip
 def test_a_suggested_command_names_the_store_as_typed_without_its_password(
