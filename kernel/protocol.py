@@ -1488,6 +1488,9 @@ def wake(
 
     A duplicate or later wake of an already woken registration is
     :class:`Unchanged`.  A wake never touches a terminal or review state.
+    ``registration`` must be the one ``request.key`` names, which the
+    execution waits on: any other (an earlier attempt's, say) is refused
+    ``not_waiting``, woken or not.
     """
     try:
         _check_request(request, WakeRequest)
@@ -1513,7 +1516,13 @@ def wake(
         return exc.refusal
     _check_rows(execution, dispatch)
     _check_registration(registration)
-    if registration is not None and registration.woken_by is not None:
+    # Only the registration the wake names may answer for it: another
+    # attempt's (an earlier visit of the node, another node) must neither
+    # wake the wait the execution has now nor, already woken, swallow a wake
+    # of it as a duplicate (seed 000, wait_for_event: 'uniquely bound to the
+    # execution/node/attempt').
+    named = registration is not None and registration.key == request.key
+    if named and registration is not None and registration.woken_by is not None:
         # Who woke a waiter is told only to a caller who may know it.
         if registration.business_id != request.business_id:
             return _refuse(
@@ -1541,13 +1550,21 @@ def wake(
         or dispatch.dispatch_state != DispatchState.WAITING
         or execution.wait != request.key
         or registration is None
-        or not registration.is_open
+        or (named and not registration.is_open)
     ):
         return _refuse(
             RefusalCode.NOT_WAITING,
             f"execution is {execution.state.value} (dispatch {dispatch.dispatch_state.value}) and does not wait "
             f"on node {request.key.node_id!r} "
             f"attempt {request.key.attempt_id!r}",
+        )
+    if not named:
+        given = registration.key
+        return _refuse(
+            RefusalCode.NOT_WAITING,
+            f"the registration given is {given.execution_id!r} node {given.node_id!r} attempt "
+            f"{given.attempt_id!r}, not the one the execution waits on (node {request.key.node_id!r} attempt "
+            f"{request.key.attempt_id!r}); another attempt's registration never wakes this wait",
         )
     refusal = _first(_check_business(execution, request.business_id), _check_authorized(request.authority))
     if refusal is not None:

@@ -807,6 +807,32 @@ class RequestTests:
         self.waiting(store, wait_spec("a-1"))
         refused(store, lambda: store.wake(wake_request(p.WaitKey("e-1", "n-wait", "a-2"))), RC.NOT_WAITING)
 
+    def test_an_earlier_attempts_registration_never_wakes_the_current_wait(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        # Seed 000, wait_for_event: a registration is bound to its execution,
+        # node and attempt.  The wait of a second visit is woken only through
+        # its own registration: the first visit's, woken long ago, answers
+        # only for itself, and its earlier timer is never due for the second.
+        start = clock.now()
+        first = self.waiting(store, wait_spec("a-1", wake_at=start + timedelta(seconds=5)))
+        clock.set(start + timedelta(seconds=5))
+        decided(store.fire_timer(first, GRANTED))
+        _, credential = claim(store, "w-2")
+        second = wait_spec("a-2", wake_at=start + timedelta(seconds=60))
+        decided(store.finalize(finalize_request(store, "e-1", credential, ExecutionState.WAITING, wait=second)))
+        current = p.WaitKey("e-1", "n-wait", "a-2")
+        unchanged(store, lambda: store.wake(wake_request(first, source_id="ev-9")), p.UnchangedCode.ALREADY_WOKEN)
+        unchanged(store, lambda: store.fire_timer(first, GRANTED), p.UnchangedCode.ALREADY_WOKEN)
+        assert store.due_wakes() == []
+        refused(store, lambda: store.wake(wake_request(current, p.WakeReason.TIMER, "t-2")), RC.WAKE_NOT_DUE)
+        assert view(store, "e-1").execution.wait == current
+        clock.set(start + timedelta(seconds=60))
+        assert store.due_wakes() == [current]
+        decided(store.fire_timer(current, GRANTED))
+        woken = {r.key.attempt_id: r.woken_by for r in view(store, "e-1").registrations}
+        assert woken == {"a-1": "a-1/timer", "a-2": "a-2/timer"}
+
     def test_wake_from_another_business_or_without_authority_is_refused(self, store: Store) -> None:
         key = self.waiting(store, wait_spec())
         refused(store, lambda: store.wake(wake_request(key, business_id="b-2")), RC.BUSINESS_MISMATCH)

@@ -2003,3 +2003,60 @@ def test_cancel_and_wake_check_the_dispatch_state() -> None:
     refused(cancel(_ADMITTED.execution, row, request, T0), RefusalCode.ILLEGAL_TRANSITION)
     row = attrs.evolve(_WAITING.dispatch, dispatch_state=DispatchState.CLAIMED)
     refused(wake(_WAITING.execution, row, _WAITING.registration, wake_request(_WAITING), T0), RefusalCode.NOT_WAITING)
+
+
+# Another attempt's registration (kernel/protocol.py wake(); seed 000, wait_for_event: "the wait
+# registration is uniquely bound to the execution/node/attempt, and the first committed wake wins").
+# The execution waits on attempt-2 of node-wait; its own timer is due a day on, an earlier visit's was
+# due an hour on.  Each is a registration a store could hand over for the wake of attempt-2.
+_EARLIER_TIMER = WaitRegistration(WaitKey(EXEC_ID, "node-wait", "attempt-1"), BUSINESS, TIMER_SPEC)
+STALE_REGISTRATIONS = {
+    "earlier-attempt-open": _EARLIER_TIMER,
+    "earlier-attempt-woken": attrs.evolve(_EARLIER_TIMER, woken_by="attempt-1/timer", wake_reason=WakeReason.TIMER),
+    "earlier-attempt-closed": attrs.evolve(_EARLIER_TIMER, closed_by="cancel"),
+    "other-node": attrs.evolve(_EARLIER_TIMER, key=WaitKey(EXEC_ID, "node-other", "attempt-2")),
+    "other-execution": attrs.evolve(_EARLIER_TIMER, key=WaitKey("ex-2", "node-wait", "attempt-2")),
+}
+
+
+@pytest.mark.parametrize("name", list(STALE_REGISTRATIONS))
+def test_another_attempts_registration_never_wakes_or_answers_for_the_current_wait(name: str) -> None:
+    # Was: wake() compared the request's key with the execution's wait, but
+    # never the registration it was handed with either.  An earlier attempt's
+    # open timer, due before the current one, woke the execution and was the
+    # registration marked woken, leaving the current one open with nothing
+    # waiting on it; an earlier attempt's woken one answered already_woken,
+    # so the wake of the current wait was dropped as a duplicate.
+    current = attrs.evolve(TIMER_SPEC, attempt_id="attempt-2", wake_at=T0 + timedelta(days=1))
+    snap = waiting(current)
+    assert snap.registration is not None and snap.execution.wait == snap.registration.key
+    request = wake_request(snap, WakeReason.TIMER, "attempt-2/timer")
+    late = T0 + timedelta(days=2)
+    stale = STALE_REGISTRATIONS[name]
+    refusal = refused(wake(snap.execution, snap.dispatch, stale, request, late), RefusalCode.NOT_WAITING)
+    assert "another attempt's registration never wakes this wait" in refusal.message
+    assert repr(stale.key.attempt_id) in refusal.message and repr(stale.key.node_id) in refusal.message
+    # Before its own time the current wait is not due, whatever the earlier timer said.
+    early = T0 + timedelta(hours=2)
+    refused(wake(snap.execution, snap.dispatch, snap.registration, request, early), RefusalCode.WAKE_NOT_DUE)
+    refused(wake(snap.execution, snap.dispatch, stale, request, early), RefusalCode.NOT_WAITING)
+    # The execution's own registration still wakes it, and is the one marked woken.
+    decision = decided(wake(snap.execution, snap.dispatch, snap.registration, request, late))
+    assert decision.registration is not None and decision.registration.key == snap.execution.wait
+
+
+def test_a_wake_naming_an_earlier_attempt_is_refused_or_unchanged_and_writes_nothing() -> None:
+    # The other side: the wake itself names the earlier attempt, whose registration the store reads by
+    # that key.  Woken, it is a duplicate of a wake already committed (Unchanged); open or closed, the
+    # execution does not wait on it (not_waiting).  Neither writes.
+    current = attrs.evolve(TIMER_SPEC, attempt_id="attempt-2", wake_at=T0 + timedelta(days=1))
+    snap = waiting(current)
+    late = T0 + timedelta(days=2)
+    for name in ("earlier-attempt-open", "earlier-attempt-closed"):
+        stale = STALE_REGISTRATIONS[name]
+        request = wake_request(snap, WakeReason.TIMER, "attempt-1/timer", key=stale.key)
+        refused(wake(snap.execution, snap.dispatch, stale, request, late), RefusalCode.NOT_WAITING)
+    stale = STALE_REGISTRATIONS["earlier-attempt-woken"]
+    request = wake_request(snap, WakeReason.TIMER, "attempt-1/timer", key=stale.key)
+    outcome = wake(snap.execution, snap.dispatch, stale, request, late)
+    assert isinstance(outcome, Unchanged) and outcome.code == UnchangedCode.ALREADY_WOKEN
