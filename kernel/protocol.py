@@ -39,7 +39,10 @@ Rules of this module:
 - The snapshots are the store's, not the caller's: a row no decision could
   have written (a state of another type, a revision of 0, a naive time) is
   raised as a TypeError or ValueError naming the field (``_check_rows``),
-  never refused and never reasoned about.
+  never refused and never reasoned about; so are two rows no decisions could
+  have written together where a decision would write the contradiction on
+  (``_explain_contradiction``).  Disagreements the seed lists as
+  preconditions (identities, states) are refused, as it lists them.
 - A wait registration is open exactly while its execution waits on it.  A
   wake closes it by recording who woke it; every other way out of
   ``waiting`` (cancel, suspend, any route added later) closes it in the
@@ -690,6 +693,9 @@ def _check_rows(execution: object, dispatch: object) -> None:
 
     Every decision runs this, so the common case is one expression per row;
     only a row that fails it is examined field by field for the message.
+    Two rows that each read well but contradict each other where a decision
+    would carry the contradiction into what it writes are raised the same
+    way (:func:`_explain_contradiction`).
     """
     if execution is not None and not (
         type(execution) is Execution
@@ -706,7 +712,10 @@ def _check_rows(execution: object, dispatch: object) -> None:
         and type(execution.business_id) is str
         and type(execution.definition_id) is str
         and (execution.current_node_id is None or type(execution.current_node_id) is str)
-        and (execution.wait is None or type(execution.wait) is WaitKey)
+        and (
+            execution.wait is None
+            or (type(execution.wait) is WaitKey and execution.wait.execution_id == execution.execution_id)
+        )
     ):
         _explain_rows(execution, None)
     if dispatch is not None and not (
@@ -724,8 +733,10 @@ def _check_rows(execution: object, dispatch: object) -> None:
         and (dispatch.lease_token is None or type(dispatch.lease_token) is str)
         and (dispatch.leased_by is None or type(dispatch.leased_by) is str)
         and (dispatch.last_error_code is None or type(dispatch.last_error_code) is str)
+        # The execution, if any, passed the check above.
+        and (type(execution) is not Execution or dispatch.step_count == execution.step_count)
     ):
-        _explain_rows(None, dispatch)
+        _explain_rows(execution, dispatch)
 
 
 def _explain_rows(execution: object, dispatch: object) -> None:
@@ -752,6 +763,47 @@ def _explain_rows(execution: object, dispatch: object) -> None:
             _snapshot_type(f"dispatch.{name}", getattr(dispatch, name), str, optional=True)
         _snapshot_time("dispatch.lease_expires_at", dispatch.lease_expires_at, optional=True)
         _snapshot_count("dispatch.step_count", dispatch.step_count, 0)
+    _explain_contradiction(execution, dispatch)
+
+
+def _explain_contradiction(execution: object, dispatch: object) -> None:
+    """Raises for two well-typed rows that no decisions could have written together.
+
+    Only where a decision would otherwise write the contradiction on:
+
+    - ``execution.wait`` naming another execution: cancelling the waiter
+      would close that execution's registration (``closes``), leaving its
+      wait with nothing that can ever wake it;
+    - the two step counts apart: every move writes the execution's count
+      to both rows, so a dispatch row at the bound would be set back below
+      it, which seed 000 (Dispatcher Pass) forbids: a later pass 'must not
+      ... reset the step counter'.
+
+    The other disagreements are refused by the checks of each decision, as
+    the seed lists them: a dispatch row of another execution
+    (``identity_mismatch``, finalization precondition 3) and states that
+    disagree (``dispatch_not_claimed``, ``execution_not_running``,
+    ``not_eligible``, ``not_waiting``, ``illegal_transition``,
+    ``not_in_reconciliation``), neither writing anything.
+    """
+    if (
+        isinstance(execution, Execution)
+        and execution.wait is not None
+        and execution.wait.execution_id != execution.execution_id
+    ):
+        raise ValueError(
+            f"execution.wait: names a registration of execution {execution.wait.execution_id!r}, "
+            f"not of execution.execution_id {execution.execution_id!r}"
+        )
+    if (
+        isinstance(execution, Execution)
+        and isinstance(dispatch, Dispatch)
+        and execution.step_count != dispatch.step_count
+    ):
+        raise ValueError(
+            f"dispatch.step_count: {dispatch.step_count} steps, but execution.step_count is "
+            f"{execution.step_count}; the two rows count the same steps"
+        )
 
 
 def _check_registration(registration: object) -> None:

@@ -205,6 +205,7 @@ def recover(
         return exc.refusal
     _check_rows(execution, dispatch)
     _check_prior_and_facts(prior, facts)
+    _check_facts_belong(execution, facts)
     if prior is not None:
         return _replayed(execution, prior, request)
     refusal = _check_pair(execution, dispatch, request.execution_id)
@@ -255,6 +256,27 @@ def _check_prior_and_facts(prior: object, facts: object) -> None:
             _snapshot_type(f"facts.{name}", items, tuple)
             for number, item in enumerate(items):
                 _snapshot_type(f"facts.{name}[{number}]", item, Evidence)
+
+
+def _check_facts_belong(execution: Execution | None, facts: RecoveryFacts | None) -> None:
+    """Raises for evidence of another execution among the execution's facts, naming the item.
+
+    The facts are the store's, like the rows.  A resume settles the inert
+    attempts it finds there (``Decision.objects``) and reconcile_command
+    links the Command it finds: handed another execution's evidence, either
+    would write to that execution's objects.  An object that names no
+    execution is taken as the store's word.
+    """
+    if execution is None or facts is None:
+        return
+    for number, item in enumerate(facts.evidence):
+        body = item.body
+        owner = body.get("execution_id") if isinstance(body, Mapping) else None
+        if isinstance(owner, str) and owner != execution.execution_id:
+            raise ValueError(
+                f"facts.evidence[{number}]: {item.object_id!r} belongs to execution {owner!r}, "
+                f"not to execution.execution_id {execution.execution_id!r}"
+            )
 
 
 def _replayed(execution: Execution | None, prior: RecoveryRecord, request: RecoveryRequest) -> Outcome:

@@ -320,6 +320,15 @@ def wake_request(
     return attrs.evolve(request, **changes)
 
 
+def steps_counted(snap: Snap, steps: int) -> Snap:
+    """``snap`` with ``steps`` steps processed: both rows count them (specs/protocol.md, INV-STEP-LIMIT)."""
+    return attrs.evolve(
+        snap,
+        execution=attrs.evolve(snap.execution, step_count=steps),
+        dispatch=attrs.evolve(snap.dispatch, step_count=steps),
+    )
+
+
 def lease_cleared(dispatch: Dispatch) -> bool:
     return dispatch.lease_token is None and dispatch.leased_by is None and dispatch.lease_expires_at is None
 
@@ -527,11 +536,11 @@ def test_record_step_counts_one_step_and_keeps_the_lease() -> None:
 
 def test_record_step_stops_at_the_step_limit() -> None:
     snap = leased()
-    at_99 = attrs.evolve(snap, execution=attrs.evolve(snap.execution, step_count=STEP_LIMIT - 1))
+    at_99 = steps_counted(snap, STEP_LIMIT - 1)
     request = StepRequest(snap.lease, 2, StepRecord("node-2", "attempt-9"), GRANTED)
     decision = decided(record_step(at_99.execution, at_99.dispatch, request, T0))
     assert decision.execution is not None and decision.execution.step_count == STEP_LIMIT == 100
-    at_100 = attrs.evolve(snap, execution=attrs.evolve(snap.execution, step_count=STEP_LIMIT))
+    at_100 = steps_counted(snap, STEP_LIMIT)
     refused(record_step(at_100.execution, at_100.dispatch, request, T0), RefusalCode.STEP_LIMIT_REACHED)
 
 
@@ -756,16 +765,16 @@ def test_a_waiting_target_needs_its_wait_registration_and_only_it_may_carry_one(
 
 def test_finalize_with_a_step_is_refused_at_the_step_limit_but_without_one_may_suspend() -> None:
     snap = leased()
-    at_limit = attrs.evolve(snap.execution, step_count=STEP_LIMIT)
+    at_limit = steps_counted(snap, STEP_LIMIT)
     with_step = finalize_request(snap, ExecutionState.SUCCEEDED, step=StepRecord("node-9", "attempt-9"))
-    refused(finalize(at_limit, snap.dispatch, with_step, T0), RefusalCode.STEP_LIMIT_REACHED)
+    refused(finalize(at_limit.execution, at_limit.dispatch, with_step, T0), RefusalCode.STEP_LIMIT_REACHED)
     suspend = finalize_request(snap, ExecutionState.SUSPENDED, reason="step_limit")
-    decision = decided(finalize(at_limit, snap.dispatch, suspend, T0))
+    decision = decided(finalize(at_limit.execution, at_limit.dispatch, suspend, T0))
     assert decision.execution is not None and decision.execution.state == ExecutionState.SUSPENDED
     assert decision.evidence[0].reason == "step_limit"
     # One step below the limit, the final step still counts.
-    below = attrs.evolve(snap.execution, step_count=STEP_LIMIT - 1)
-    counted = decided(finalize(below, snap.dispatch, with_step, T0))
+    below = steps_counted(snap, STEP_LIMIT - 1)
+    counted = decided(finalize(below.execution, below.dispatch, with_step, T0))
     assert counted.execution is not None and counted.execution.step_count == STEP_LIMIT
 
 
@@ -2060,3 +2069,89 @@ def test_a_wake_naming_an_earlier_attempt_is_refused_or_unchanged_and_writes_not
     request = wake_request(snap, WakeReason.TIMER, "attempt-1/timer", key=stale.key)
     outcome = wake(snap.execution, snap.dispatch, stale, request, late)
     assert isinstance(outcome, Unchanged) and outcome.code == UnchangedCode.ALREADY_WOKEN
+
+
+# --- contradictory snapshots (specs/protocol.md, Decisions; kernel/protocol.py _explain_contradiction) ---
+
+
+@pytest.mark.parametrize("decision", list(ROW_CALLS))
+def test_step_counts_that_disagree_are_a_value_error_naming_both(decision: str) -> None:
+    # Was: every move wrote the execution's count to both rows, so a dispatch
+    # row at the bound and an execution behind it took another step and set
+    # the dispatch row's counter back (seed 000, Dispatcher Pass: a later pass
+    # "must not ... reset the step counter").
+    call, snap = ROW_CALLS[decision]
+    ahead = attrs.evolve(snap.dispatch, step_count=snap.execution.step_count + 1)
+    with pytest.raises(ValueError, match=r"^dispatch\.step_count: .*execution\.step_count"):
+        call(snap.execution, ahead)
+
+
+def test_a_dispatch_row_at_the_step_bound_is_not_set_back_by_a_step() -> None:
+    snap = _LEASED
+    at_bound = attrs.evolve(snap.dispatch, step_count=STEP_LIMIT)
+    request = StepRequest(snap.lease, snap.execution.revision, StepRecord("node-start", "a-1"), GRANTED)
+    with pytest.raises(ValueError, match=r"^dispatch\.step_count: 100 steps, but execution\.step_count is 0"):
+        record_step(snap.execution, at_bound, request, T0)
+
+
+@pytest.mark.parametrize("decision", list(ROW_CALLS))
+def test_a_wait_of_another_execution_is_a_value_error_naming_it(decision: str) -> None:
+    # Was: a waiting execution whose wait named another execution's
+    # registration was cancelled with closes naming that registration: the
+    # store closed another execution's wait, which nothing could wake again.
+    call, snap = ROW_CALLS[decision]
+    foreign = attrs.evolve(snap.execution, wait=WaitKey("ex-2", "node-wait", "attempt-1"))
+    with pytest.raises(ValueError, match=r"^execution\.wait: .*'ex-2'.*'ex-1'"):
+        call(foreign, snap.dispatch)
+
+
+def test_cancel_of_a_waiter_whose_wait_is_another_executions_closes_nothing() -> None:
+    snap = _WAITING
+    foreign = attrs.evolve(snap.execution, wait=WaitKey("ex-2", "node-wait", "attempt-1"))
+    with pytest.raises(ValueError, match=r"^execution\.wait: "):
+        cancel(foreign, snap.dispatch, CancelRequest(EXEC_ID, BUSINESS, foreign.revision, GRANTED), T0)
+
+
+@pytest.mark.parametrize("kind", [RecoveryKind.RESUME_SAFE, RecoveryKind.RECONCILE_COMMAND])
+def test_evidence_of_another_execution_among_the_facts_is_a_value_error_naming_it(kind: RecoveryKind) -> None:
+    # Was: a resume settled every inert attempt among the facts as not
+    # applied, and reconcile_command linked any Command it found there, of
+    # whichever execution: their writes landed on another execution's objects.
+    snap = _REVIEW
+    facts = facts_for(snap.execution, command=kind == RecoveryKind.RECONCILE_COMMAND)
+    foreign: Evidence
+    if kind == RecoveryKind.RESUME_SAFE:
+        foreign = Evidence(
+            "ex-2/a3", "StepAttempt", {"execution_id": "ex-2", "node_id": "n", "node_kind": "local_command"}, 1,
+            "pending",
+        )
+    else:
+        foreign = Evidence("cmd-unknown-7", "Command", {"execution_id": "ex-2", "attempt_id": "a-7"}, 2, "unknown")
+    mixed = attrs.evolve(facts, evidence=(*[e for e in facts.evidence if e.object_id != foreign.object_id], foreign))
+    request = recovery_request(snap, kind)
+    with pytest.raises(ValueError, match=r"^facts\.evidence\[\d+\]: .*belongs to execution 'ex-2'"):
+        recovery.recover(snap.execution, snap.dispatch, None, request, EXPIRES, facts=mixed)
+    # The same evidence of this execution is decided on as before.
+    own = attrs.evolve(foreign, body={**foreign.body, "execution_id": EXEC_ID})
+    mine = attrs.evolve(facts, evidence=(*[e for e in facts.evidence if e.object_id != own.object_id], own))
+    decided(recovery.recover(snap.execution, snap.dispatch, None, request, EXPIRES, facts=mine))
+
+
+@pytest.mark.parametrize("decision", list(ROW_CALLS))
+def test_states_that_disagree_are_refused_and_write_nothing(decision: str) -> None:
+    # Not raised: the seed lists these as preconditions with their own
+    # refusals (finalization 3-5: identities match, dispatch claimed,
+    # execution running; Dispatch Lifecycle: "A dispatch row must agree with
+    # the authoritative WorkflowExecution state"), and a Refusal writes
+    # nothing.  Pinned so that no decision starts deciding on them.
+    call, snap = ROW_CALLS[decision]
+    for state in ExecutionState:
+        if state != snap.execution.state:
+            outcome = call(attrs.evolve(snap.execution, state=state), snap.dispatch)
+            assert isinstance(outcome, Refusal), (state, outcome)
+    for dispatch_state in DispatchState:
+        if dispatch_state != snap.dispatch.dispatch_state:
+            outcome = call(snap.execution, attrs.evolve(snap.dispatch, dispatch_state=dispatch_state))
+            assert isinstance(outcome, Refusal), (dispatch_state, outcome)
+    foreign = attrs.evolve(snap.dispatch, workflow_execution_id="ex-2")
+    refused(call(snap.execution, foreign), RefusalCode.IDENTITY_MISMATCH)
