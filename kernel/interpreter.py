@@ -68,7 +68,7 @@ from .events import correlation_value
 from .evidence import Evidence
 from .expr import INTEGER_MAX, INTEGER_MIN, Truth, evaluate
 from .machines import AttemptEvent, AttemptState, ExecutionState
-from .protocol import STEP_LIMIT, Authority, Execution, StepRecord, WaitSpec
+from .protocol import MAX_RATIONALE, STEP_LIMIT, Authority, Execution, StepRecord, WaitSpec
 from .text import first_problem
 
 APPROVAL_EVENT_TYPE: Final = "fencekeeper.approval"
@@ -188,14 +188,30 @@ class Step:
     evidence: tuple[Evidence, ...]
 
 
+def _history_line(reason: str) -> str:
+    # The finalization's reason is bounded (protocol.MAX_RATIONALE), but a
+    # visit's reason quotes what it met: correlation values of up to 4096
+    # characters each, a handler's detail, a policy's denial.  A reason over
+    # the bound would have the finalization refused and leave the execution
+    # running until its lease expired, so it is cut short here; the visit's
+    # evidence objects keep every word of it.
+    if len(reason) <= MAX_RATIONALE:
+        return reason
+    return reason[: MAX_RATIONALE - 1] + "\u2026"
+
+
 @attrs.frozen
 class Finish:
-    """Leave running for ``target`` (``finalize``), with the visit counted when ``step`` is set."""
+    """Leave running for ``target`` (``finalize``), with the visit counted when ``step`` is set.
+
+    ``reason`` is the history line of the finalization: one longer than
+    ``protocol.MAX_RATIONALE`` characters is cut to it, ending in an ellipsis.
+    """
 
     target: ExecutionState
     step: StepRecord | None
     evidence: tuple[Evidence, ...]
-    reason: str
+    reason: str = attrs.field(converter=_history_line)
     error_code: str | None = None
     wait: WaitSpec | None = None
 

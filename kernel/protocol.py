@@ -78,6 +78,12 @@ from .text import problem as text_problem
 STEP_LIMIT: Final = 100
 """Seed 000, Dispatcher Pass: 'At 100 processed steps, the future dispatcher must stop.'"""
 
+MAX_RATIONALE: Final = 2000
+"""The most characters of the free text given with a decision: a finalization's ``reason``, a recovery's
+or a review decision's ``rationale``, an operation's cancellation ``reason``.  Each is kept with the
+history, a line an operator reads; what a visit found in full stays in its evidence objects (seed 000,
+Persistence: bounded diagnostics on the coordination rows, 'detailed evidence remains generic objects')."""
+
 FINALIZE_TARGETS: Final = (
     ExecutionState.WAITING,
     ExecutionState.SUCCEEDED,
@@ -540,6 +546,7 @@ class FinalizeRequest:
     wait: WaitSpec | None = None
     """Required exactly when the target is waiting: the registration commits with it."""
     reason: str = ""
+    """Kept with the history: text a store can keep (kernel/text.py), at most ``MAX_RATIONALE`` characters."""
     error_code: str | None = None
     """A bounded, non-secret diagnostic code for dispatch.last_error_code (seed 000: Persistence)."""
 
@@ -1428,6 +1435,8 @@ def finalize(
         if request.error_code is not None:
             _check_id("error_code", request.error_code)
         _check_text("reason", request.reason)
+        if len(request.reason) > MAX_RATIONALE:
+            raise _invalid("reason", f"must be at most {MAX_RATIONALE} characters, got {len(request.reason)}")
         _check_utc("now", now)
     except _Invalid as exc:
         return exc.refusal
@@ -1720,6 +1729,7 @@ def cancel(execution: Execution | None, dispatch: Dispatch | None, request: Canc
 __all__ = [
     "DETERMINATIONS",
     "FINALIZE_TARGETS",
+    "MAX_RATIONALE",
     "STEP_LIMIT",
     "WAKE_OUTCOMES",
     "AdmitRequest",

@@ -42,6 +42,7 @@ from .definition import Definition
 from .evidence import Evidence
 from .machines import AttemptEvent, AttemptState, DispatchState, ExecutionEvent, ExecutionState
 from .protocol import (
+    MAX_RATIONALE,
     STEP_LIMIT,
     Decision,
     Dispatch,
@@ -82,7 +83,6 @@ COMMAND_KIND: Final = "Command"
 """The evidence kind of a Command envelope (``interpreter.COMMAND``)."""
 UNSETTLED_COMMAND_STATES: Final = frozenset({"issued", "unknown"})
 """A Command in one of these states may have been applied, or may still be: it must be reconciled."""
-MAX_RATIONALE: Final = 2000
 STEP_LIMIT_CODE: Final = "step_limit"
 
 
@@ -657,6 +657,7 @@ _RULES: Final[Mapping[RecoveryKind, _Rule]] = {
 
 __all__ = [
     "COMMAND_KIND",
+    "MAX_RATIONALE",
     "RecoveryFacts",
     "inert_attempts",
     "permitted_continuations",

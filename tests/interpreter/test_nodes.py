@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from fencekeeper.adapters import service
-from fencekeeper.adapters.ports import WORKFLOW_DISPATCH, reject
+from fencekeeper.adapters.ports import WORKFLOW_DISPATCH, reject, unknown
 from fencekeeper.adapters.store import Backend, _Written, definition_object_id
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
@@ -347,3 +347,35 @@ def test_a_worker_scoped_to_a_business_fires_only_that_business_timers(world: Wo
     assert scoped.timers_fired == 1 and scoped.refused == []
     assert world.view("x-acme").execution.state == ExecutionState.FAILED  # timed out and cancelled the order
     assert world.view("x-globex").execution.state == ExecutionState.WAITING  # not this worker's Business
+
+
+# A finalization's reason is at most protocol.MAX_RATIONALE characters (specs/protocol.md, invalid_request), but a
+# visit's reason quotes what it met.  Cut to the bound, the finalization commits; the evidence keeps every word.
+
+
+def test_a_handler_detail_longer_than_the_bound_still_reaches_reconciliation(world: World) -> None:
+    world.register(example("refund_needs_reconciliation"))
+    detail = "the provider answered: " + "x" * 5000
+    world.handler.scripts["payment.refund"] = unknown(detail)
+    world.admit("refund", "refund-1", payment_id="p-1", amount=40)
+    report = world.run_pass()
+    assert report.refused == []
+    view = world.view("refund-1")
+    assert view.execution.state == ExecutionState.RECONCILIATION_REQUIRED
+    reason = view.history[-1].reason
+    assert len(reason) == p.MAX_RATIONALE and reason.endswith("\u2026") and "has no conclusive result" in reason
+    attempt = next(e for e in view.evidence if e.kind == "StepAttempt")
+    assert attempt.body["detail"] == detail
+
+
+def test_a_wait_on_a_long_correlation_value_still_commits_its_registration(world: World) -> None:
+    world.register(example("payment_with_timeout"))
+    order_id = "o-" + "7" * 4000  # a names-only input may be 4096 characters
+    world.admit("payment-with-timeout", "pay-1", order_id=order_id, amount=40)
+    report = world.run_pass()
+    assert report.refused == []
+    view = world.view("pay-1")
+    assert view.execution.state == ExecutionState.WAITING
+    assert len(view.history[-1].reason) == p.MAX_RATIONALE
+    (registration,) = view.registrations
+    assert registration.spec.correlation == (("order_id", order_id),)

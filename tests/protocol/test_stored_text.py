@@ -7,7 +7,8 @@ What this module proves:
   form) is refused by the kernel before any decision, naming the field: an
   Event's correlation values and payload, a waiter's correlation values, a
   finalization's reason, a reviewer's rationale and a governed recovery's
-  rationale (kernel/text.py);
+  rationale (kernel/text.py); a finalization's reason, like every
+  rationale, is at most ``MAX_RATIONALE`` (2000) characters;
 - other control characters are text and are accepted (they are escaped
   only when shown);
 - a success clears the dispatch row's ``last_error_code``: an error the
@@ -20,10 +21,18 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from fencekeeper.kernel import approvals
+from fencekeeper.kernel import approvals, operations, recovery
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import ExecutionState
-from fencekeeper.kernel.protocol import RecoveryKind, Refusal, RefusalCode, ReleaseRequest, finalize, release
+from fencekeeper.kernel.protocol import (
+    MAX_RATIONALE,
+    RecoveryKind,
+    Refusal,
+    RefusalCode,
+    ReleaseRequest,
+    finalize,
+    release,
+)
 from fencekeeper.kernel.recovery import recover
 
 from .test_decisions import (
@@ -75,6 +84,25 @@ def test_a_finalization_reason_no_store_can_keep_is_refused() -> None:
     request = finalize_request(snap, ExecutionState.SUSPENDED, reason="bad \x00 reason")
     refusal = refused(finalize(snap.execution, snap.dispatch, request, T0), RefusalCode.INVALID_REQUEST)
     assert refusal.field == "reason"
+
+
+@pytest.mark.parametrize("target", [ExecutionState.FAILED, ExecutionState.SUSPENDED, ExecutionState.WAITING])
+def test_a_finalization_reason_is_bounded_as_every_rationale_is(target: ExecutionState) -> None:
+    # Was: only a NUL or a lone surrogate was refused, so a reason of any
+    # length was kept with the history, while a recovery's or a reviewer's
+    # rationale and an operation's cancellation reason stop at 2000.
+    snap = leased()
+    longest = "x" * MAX_RATIONALE
+    decision = decided(finalize(snap.execution, snap.dispatch, finalize_request(snap, target, reason=longest), T0))
+    assert decision.evidence[0].reason == longest
+    request = finalize_request(snap, target, reason=longest + "x")
+    refusal = refused(finalize(snap.execution, snap.dispatch, request, T0), RefusalCode.INVALID_REQUEST)
+    assert (refusal.field, refusal.message) == ("reason", "reason: must be at most 2000 characters, got 2001")
+
+
+def test_one_bound_for_every_free_text_given_with_a_decision() -> None:
+    # The names the adapters and the other kernel modules import are the one constant.
+    assert MAX_RATIONALE == approvals.MAX_RATIONALE == recovery.MAX_RATIONALE == operations.MAX_RATIONALE == 2000
 
 
 @pytest.mark.parametrize(
