@@ -408,6 +408,8 @@ def _finalize_cases(w: dict[str, World]) -> list[Case]:
         ("relative_timeout_wait", {"target_state": "waiting", "wait": _j(TIMEOUT_WAIT)}),
         ("without_step", {"step": None}),
         ("error_code", {"target_state": "failed", "error_code": "order_rejected"}),
+        ("reason_at_the_bound", {"target_state": "failed", "reason": "r" * p.MAX_RATIONALE}),
+        ("reason_over_the_bound", {"target_state": "failed", "reason": "r" * (p.MAX_RATIONALE + 1)}),
     ):
         cases.append(_case("finalize", running, {**base, **changed}, now, label))
     for label, request, at in _mutations(
@@ -471,6 +473,13 @@ def _wake_cases(w: dict[str, World]) -> list[Case]:
         other = "timeout" if reason == "timer" else "timer"
         cases.append(_case("wake", world, {**timer, "reason": other}, due, f"as_{other}"))
     cases.append(_case("wake", w["waiting_timer"], {**event_wake, "key": _j(_timer_key(w))}, now, "event_on_timer"))
+    # The registration handed over with a wake must be the one it names: an earlier attempt's never answers for it.
+    earlier = attrs.evolve(waiting.registration, key=attrs.evolve(waiting.registration.key, attempt_id="a-0"))
+    for label, registration in (
+        ("earlier_attempts_registration", earlier),
+        ("earlier_attempts_woken_registration", attrs.evolve(earlier, woken_by="ev-0", wake_reason=p.WakeReason.EVENT)),
+    ):
+        cases.append(_case("wake", attrs.evolve(waiting, registration=registration), event_wake, now, label))
     return cases
 
 

@@ -19,6 +19,8 @@ const { decideApproval } = require("./approvals");
 const { step: tableStep } = require("./machines");
 
 const STEP_LIMIT = 100;
+// Free text given with a decision (a finalization's reason): at most this many characters.
+const MAX_RATIONALE = 2000;
 const FINALIZE_TARGETS = ["waiting", "succeeded", "failed", "suspended", "reconciliation_required"];
 const STATES = ["eligible", "running", "waiting", "succeeded", "failed", "cancelled", "suspended",
   "reconciliation_required"];
@@ -407,6 +409,8 @@ function finalize(m, { execution, dispatch }, r, nowText) {
     if (r.wait != null) checkWaitSpec("wait", r.wait);
     if (r.error_code != null) checkId("error_code", r.error_code);
     checkText("reason", r.reason ?? "");
+    // Characters are code points, as the spec counts them; a string's length counts UTF-16 units.
+    if ([...(r.reason ?? "")].length > MAX_RATIONALE) throw new Invalid("reason");
     now = checkUtc("now", nowText);
   });
   if (bad) return bad;
@@ -472,7 +476,9 @@ function wake(m, { execution, dispatch, registration }, r, nowText) {
     now = checkUtc("now", nowText);
   });
   if (bad) return bad;
-  if (registration && registration.woken_by !== null) {
+  // Only the registration the wake names answers for it: another attempt's never wakes, nor counts as a repeat.
+  const named = Boolean(registration) && sameKey(registration.key, r.key);
+  if (named && registration.woken_by !== null) {
     // Who woke the waiter is told only to a caller who may know it.
     if (registration.business_id !== r.business_id) return refusal("business_mismatch");
     return checkAuthorized(r.authority) || { outcome: "unchanged", code: "already_woken" };
@@ -480,7 +486,8 @@ function wake(m, { execution, dispatch, registration }, r, nowText) {
   const pair = checkPair(execution, dispatch, r.key.execution_id);
   if (pair) return pair;
   const open = registration && registration.woken_by === null && registration.closed_by === null;
-  if (execution.state !== "waiting" || dispatch.dispatch_state !== "waiting" || !sameKey(execution.wait, r.key) || !open) {
+  if (execution.state !== "waiting" || dispatch.dispatch_state !== "waiting" || !sameKey(execution.wait, r.key)
+    || !named || !open) {
     return refusal("not_waiting");
   }
   const first = checkBusiness(execution, r.business_id) || checkAuthorized(r.authority);
