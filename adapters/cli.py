@@ -842,6 +842,8 @@ class _Tally:
     released: list[str] = attrs.field(factory=list)
     errors: list[str] = attrs.field(factory=list)
     in_flight: dict[str, str] = attrs.field(factory=dict)
+    malformed: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    """Executions passed over because their row is malformed, each once (as its first worker met it)."""
 
     def add(self, report: PassReport) -> None:
         with self.lock:
@@ -855,6 +857,10 @@ class _Tally:
             if report.refused:
                 self.refused.extend(
                     {"execution_id": r.execution_id, "code": r.code, "message": r.message} for r in report.refused
+                )
+            for r in report.malformed:
+                self.malformed.setdefault(
+                    r.execution_id, {"execution_id": r.execution_id, "code": r.code, "message": r.message}
                 )
 
     def line(self) -> Text:
@@ -960,10 +966,22 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             ("refused", str(len(summary["refused"]))),
             *[("  " + r["execution_id"], f"{r['code']}: {r['message']}") for r in summary["refused"]],
             *[("released", x) for x in summary["released"]],
+            *([("malformed", str(len(summary["malformed"])))] if summary["malformed"] else []),
+            *[("  " + r["execution_id"], f"{r['code']}: {r['message']}") for r in summary["malformed"]],
         ]
         out.table(("worker", "summary"), rows)
     if summary["errors"]:
         raise CliError("; ".join(summary["errors"]), EXIT_PROBLEM)
+    if summary["malformed"] and args.until_idle:
+        # The queue is drained except for rows no worker can claim: an exit 0 would tell a script or an
+        # operator that it is done.  Without --until-idle the workers keep running, passing over the rows.
+        damaged = [r["execution_id"] for r in summary["malformed"]]
+        raise CliError(
+            f"passed over {len(damaged)} execution(s) whose stored row is damaged: {', '.join(damaged)}; "
+            "`fencekeeper inspect ID` shows each; repair the row (docs/operating.md, \"A damaged execution row\") "
+            "[malformed_row]",
+            EXIT_PROBLEM,
+        )
     return EXIT_OK
 
 
@@ -1028,7 +1046,9 @@ def _worker_processes(
         "refused": [],
         "released": [],
         "errors": [],
+        "malformed": [],
     }
+    malformed: dict[str, dict[str, str]] = {}
     for end in ends:
         result = end.result
         if result is None:
@@ -1039,7 +1059,10 @@ def _worker_processes(
         summary["finished"].update(result["finished"])
         for key in ("workers", "refused", "released", "errors"):
             summary[key].extend(result[key])
+        for row in result["malformed"]:
+            malformed.setdefault(row["execution_id"], row)  # every process meets the row: named once
     summary["finished"] = dict(sorted(summary["finished"].items()))
+    summary["malformed"] = list(malformed.values())
     return summary
 
 
@@ -1103,11 +1126,19 @@ def _work(
                 return tokens["last"]
 
             def on_event(execution_id: str, what: str, detail: str) -> None:
+                first = False
                 with tally.lock:
                     if what == "claimed":
                         tally.in_flight[execution_id] = worker_id
                     elif what not in ("step", "command", "renewed"):
                         tally.in_flight.pop(execution_id, None)
+                    if what == "malformed" and execution_id not in told:
+                        told.add(execution_id)
+                        first = True
+                if first and log is None:
+                    # Said whatever the verbosity, once per process (each worker meets the row): what to do.
+                    # The JSON log has it from each worker's record, as a warning.
+                    out.note(f"{worker_id}: execution {execution_id}: malformed_row: {detail}")
                 if args.verbose and log is None:
                     style = render.REFUSED_STYLE if what == "refused" else render.STATE_STYLES.get(what, "")
                     out.note(f"{worker_id}  {execution_id}  ", (what, style), f"  {detail}")
@@ -1139,6 +1170,7 @@ def _work(
             )
             return made[0]
 
+        told: set[str] = set()
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=first)]
 
         def loop(worker: Worker) -> None:
@@ -1227,6 +1259,7 @@ def _work(
         "refused": tally.refused,
         "released": tally.released,
         "errors": tally.errors,
+        "malformed": list(tally.malformed.values()),
     }
 
 

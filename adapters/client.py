@@ -1015,6 +1015,7 @@ def _add(total: PassReport, report: PassReport) -> None:
     total.refused.extend(report.refused)
     total.renewals += report.renewals
     total.claim_seconds.extend(report.claim_seconds)
+    total.malformed.extend(report.malformed)
 
 
 def _as_refusal(outcome: p.Outcome) -> p.Refusal:

@@ -212,7 +212,11 @@ def decode_execution(text: str | None, execution_id: str | None = None) -> p.Exe
 
 def _malformed(execution_id: str | None, what: str) -> StoreError:
     named = "an execution" if execution_id is None else f"execution {execution_id!r}"
-    return StoreError("malformed_row", f"{named}: {what} (the stored row was edited by hand or damaged; nothing was written)")
+    return StoreError(
+        "malformed_row",
+        f"{named}: {what} (the stored row was edited by hand or damaged; nothing was written)",
+        execution_id=execution_id,
+    )
 
 
 def encode_wait_spec(spec: p.WaitSpec) -> str:

@@ -1479,16 +1479,21 @@ ever committed) and lets the rest of the deployment go on."""
 
 
 @functools.cache
-def claim_sql(bound: str, *, scoped: bool) -> str:
+def claim_sql(bound: str, *, scoped: bool, skipping: bool = False) -> str:
     """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``.
 
     It also names the execution it locked in the transaction's setting
     ``fencekeeper.claimed`` (:data:`_CLAIMED_EVIDENCE_SQL` reads its evidence
-    by it, in the same exchange).
+    by it, in the same exchange).  ``skipping`` passes over the executions
+    in an array, its last parameter: those whose rows a worker found
+    malformed.  It is a statement of its own, run only while a worker
+    passes some over, so that every other claim is the statement it always
+    was (no parameter to send, no condition to test on each row).
     """
     return _locking_read(
         f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= {bound} "
         + ("AND o.business_id = ? " if scoped else "")
+        + ("AND d.workflow_execution_id <> ALL(?::text[]) " if skipping else "")
         + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED",
         also=", set_config('fencekeeper.claimed', c.object_id, true)",
     )
@@ -1592,7 +1597,7 @@ class _PostgresBackend(SqlBackend):
         # after it had them, and the claim's candidate found with it: each is
         # used once.
         self._time: datetime | None = None
-        self._candidate: tuple[datetime, str | None, str | None] | None = None
+        self._candidate: tuple[datetime, str | None, frozenset[str], str | None] | None = None
         # The parameters of the writes being collected into one statement, in order.
         self._params: list[object] = []
         # The decision whose statement, being collected, may be kept for the COMMIT
@@ -1904,7 +1909,9 @@ class _PostgresBackend(SqlBackend):
             moment = self._execute("SELECT clock_timestamp()").fetchone()[0]
         return _aware(moment)
 
-    def _claim(self, bound: str, business_id: str | None, *values: object) -> tuple[str | None, Any]:
+    def _claim(
+        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object
+    ) -> tuple[str | None, Any]:
         # eligible_at, workflow_execution_id order through the partial index
         # of eligible rows, up to ``bound``; locked rows are skipped, never
         # waited for.  Unscoped and scoped claims are different statements:
@@ -1914,7 +1921,9 @@ class _PostgresBackend(SqlBackend):
         scope = business_id if business_id is not None else self.business_id
         if scope is not None:
             values = (*values, scope)
-        sql = claim_sql(bound, scoped=scope is not None)
+        if skip:
+            values = (*values, sorted(skip))
+        sql = claim_sql(bound, scoped=scope is not None, skipping=bool(skip))
         preface = _CLAIM_PLANNING if scope is not None else None
         self._nothing_kept()
         self._flush_pending()
@@ -1933,7 +1942,7 @@ class _PostgresBackend(SqlBackend):
         row = rows.fetchone()
         return self._remember(row, evidence), row
 
-    def claim_time(self, clock: Clock, business_id: str | None) -> datetime:
+    def claim_time(self, clock: Clock, business_id: str | None, skip: frozenset[str] = frozenset()) -> datetime:
         if not self.database_clock:
             return clock.now()
         # The time the locking read brings is the claim's, and the rows it
@@ -1942,22 +1951,22 @@ class _PostgresBackend(SqlBackend):
         # than that time, because the index can only be searched up to a
         # value that stays the same during the scan (clock_timestamp() would
         # be a filter on every eligible row, due or not).
-        execution_id, row = self._claim("statement_timestamp()", business_id)
+        execution_id, row = self._claim("statement_timestamp()", business_id, skip)
         if row is None:
             # Nothing due: a claim at the time read next finds nothing either.
             moment = self.now(clock)
-            self._candidate = (moment, business_id, None)
+            self._candidate = (moment, business_id, skip, None)
             return moment
         moment = _aware(row[11])
-        self._candidate = (moment, business_id, execution_id)
+        self._candidate = (moment, business_id, skip, execution_id)
         return moment
 
-    def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
+    def next_eligible(self, now: datetime, business_id: str | None, skip: frozenset[str] = frozenset()) -> str | None:
         candidate, self._candidate = self._candidate, None
-        if candidate is not None and candidate[:2] == (now, business_id):
-            return candidate[2]
+        if candidate is not None and candidate[:3] == (now, business_id, skip):
+            return candidate[3]
         # The claimed rows come back with the lock, so the claim's load() is free.
-        return self._claim("?", business_id, now)[0]
+        return self._claim("?", business_id, skip, now)[0]
 
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         self._locked.pop(decision.guard.execution_id, None)

@@ -75,6 +75,23 @@ def _spell(dialect: Dialect, sql: str) -> str:
     return sql.replace(" IS ?", f" {dialect.same} ?").replace("{seq}", dialect.seq).replace("?", dialect.placeholder)
 
 
+_NEXT_ELIGIBLE = (
+    "SELECT d.workflow_execution_id, (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id "
+    "AND r.revision = o.revision), d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, "
+    "d.lease_expires_at, d.step_count, d.last_error_code "
+    "FROM workflow_dispatch d JOIN objects o ON o.object_id = d.workflow_execution_id "
+    f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND o.object_type = '{EXECUTION_TYPE}' "
+    "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) "
+)
+_NEXT_ELIGIBLE_SQL = _NEXT_ELIGIBLE + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1"
+_NEXT_ELIGIBLE_SKIPPING_SQL = (
+    _NEXT_ELIGIBLE
+    + "AND d.workflow_execution_id NOT IN (SELECT value FROM json_each(?)) "
+    + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1"
+)
+"""The claim's read when a worker passes over executions (a JSON array of their ids): SQLite's only."""
+
+
 class SqlBackend(Backend):
     """The guarded reads and writes of one transaction, in SQL both SQLite and PostgreSQL speak.
 
@@ -281,21 +298,20 @@ class SqlBackend(Backend):
         ).fetchone()
         return None if row is None else codec.decode_recovery(row[0])
 
-    def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
+    def next_eligible(self, now: datetime, business_id: str | None, skip: frozenset[str] = frozenset()) -> str | None:
         # No row locks: right where the whole database is write-locked for the
         # transaction (SQLite); PostgreSQL overrides this with SKIP LOCKED.
         # The rows load() reads come back with the id, so a claim reads once;
         # nothing can change them before load() while the write lock is held.
         scope = business_id if business_id is not None else self.business_id
+        params: tuple[object, ...] = (self.dialect.encode_time(now), scope, scope)
+        if skip:
+            # Only a worker that met a malformed row passes any over: every other claim runs the
+            # statement without this condition, as it always has.
+            params = (*params, codec.dumps(sorted(skip)))
         row = self._execute(
-            "SELECT d.workflow_execution_id, (SELECT body FROM object_revisions r WHERE r.object_id = o.object_id "
-            "AND r.revision = o.revision), d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, "
-            "d.lease_expires_at, d.step_count, d.last_error_code "
-            "FROM workflow_dispatch d JOIN objects o ON o.object_id = d.workflow_execution_id "
-            f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= ? AND o.object_type = '{EXECUTION_TYPE}' "
-            "AND (CAST(? AS TEXT) IS NULL OR o.business_id = ?) "
-            "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1",
-            (self.dialect.encode_time(now), scope, scope),
+            _NEXT_ELIGIBLE_SQL if not skip else _NEXT_ELIGIBLE_SKIPPING_SQL,
+            params,
         ).fetchone()
         if row is None:
             return None

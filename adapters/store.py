@@ -35,7 +35,7 @@ import abc
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -61,14 +61,17 @@ class StoreError(Exception):
     contradict its state, such as a running row without an owner, or a column of it, its attempts or
     its history cannot be read; the message names the operation and the field; an execution store: an
     execution's row names a revision with no stored body, or the body cannot be read; the message names
-    the execution).  Nothing is written
+    the execution, and so does ``execution_id``).  Nothing is written
     by a request that raises.
     """
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, execution_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.execution_id = execution_id
+        """The execution whose stored row a ``malformed_row`` error is about, when it names one: a
+        worker passes over it (:class:`~fencekeeper.adapters.worker.Worker`) and claims the others."""
 
 
 RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
@@ -391,6 +394,8 @@ class _Claim:
     """A transaction that claims: its time may come with its candidate."""
 
     business_id: str | None
+    skip: frozenset[str] = frozenset()
+    """Executions the claim passes over: a worker's, whose rows it found malformed (empty as a rule)."""
 
 
 class Backend(abc.ABC):
@@ -419,12 +424,13 @@ class Backend(abc.ABC):
         """The authoritative time of this transaction; by default the store's clock."""
         return clock.now()
 
-    def claim_time(self, clock: Clock, business_id: str | None) -> datetime:
+    def claim_time(self, clock: Clock, business_id: str | None, skip: frozenset[str] = frozenset()) -> datetime:
         """The authoritative time of a claim's transaction.
 
         A store may find the claim's candidate in the same statement that
         reads the time (one round trip fewer); ``next_eligible`` with the
-        time returned here and the same ``business_id`` then returns it.
+        time returned here and the same ``business_id`` and ``skip`` then
+        returns it.
         """
         return self.now(clock)
 
@@ -448,8 +454,13 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
-        """The first eligible execution due at ``now``: eligible_at ASC, workflow_execution_id ASC."""
+    def next_eligible(self, now: datetime, business_id: str | None, skip: frozenset[str] = frozenset()) -> str | None:
+        """The first eligible execution due at ``now``: eligible_at ASC, workflow_execution_id ASC.
+
+        Executions named in ``skip`` are passed over: a worker names those whose row it found
+        malformed, so that one damaged row does not stop its claims (empty as a rule, and then the
+        store's statement is the one it always runs).
+        """
 
     @abc.abstractmethod
     def write(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
@@ -776,7 +787,7 @@ class TransactionalStore(abc.ABC):
                     if before is not None:
                         # Reads a decision needs ahead of its time (admit_run's facts).
                         before(tx)
-                    now = tx.now(self.clock) if claim is None else tx.claim_time(self.clock, claim.business_id)
+                    now = tx.now(self.clock) if claim is None else tx.claim_time(self.clock, claim.business_id, claim.skip)
                     outcome = decide(tx, now)
                     if isinstance(outcome, _Written):
                         return outcome.outcome  # type: ignore[no-any-return]
@@ -870,20 +881,27 @@ class TransactionalStore(abc.ABC):
         assert outcome is None or isinstance(outcome, p.Decision | p.Refusal | p.Unchanged)
         return outcome
 
-    def claim_next(self, request: p.ClaimRequest, *, business_id: str | None = None) -> p.Outcome | None:
-        """Claim the first eligible execution that is due (by eligible_at, then id); None when there is none."""
+    def claim_next(
+        self, request: p.ClaimRequest, *, business_id: str | None = None, skip: Collection[str] = ()
+    ) -> p.Outcome | None:
+        """Claim the first eligible execution that is due (by eligible_at, then id); None when there is none.
+
+        Executions named in ``skip`` are passed over (see :meth:`claim_and_visit`).
+        """
+        passed_over = frozenset(skip)
+
         def decide(tx: Backend, now: datetime) -> p.Outcome | None:
-            execution_id = tx.next_eligible(now, business_id)
+            execution_id = tx.next_eligible(now, business_id, passed_over)
             if execution_id is None:
                 return None
             return p.claim(*tx.load(execution_id), request, now)
 
-        return self._run(decide, claim=_Claim(business_id))
+        return self._run(decide, claim=_Claim(business_id, passed_over))
 
     # --- composed decisions (specs/protocol.md, "Composed decisions") ------------------
 
     def claim_and_visit(
-        self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None
+        self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None, skip: Collection[str] = ()
     ) -> Composed:
         """:meth:`claim_next`, and the visits after it that call no handler, in the claim's transaction.
 
@@ -892,15 +910,20 @@ class TransactionalStore(abc.ABC):
         again after each step it plans; each visit's decision is the kernel's,
         on the rows as the decision before it left them, under its own guard.
         The transaction commits all of them or none.
+
+        Executions named in ``skip`` are passed over: a claim whose candidate's row is malformed
+        raises ``StoreError('malformed_row')`` with its ``execution_id``, having written nothing,
+        and a worker claims again without it, so that the rest of the queue runs.
         """
+        passed_over = frozenset(skip)
 
         def first(tx: Backend, now: datetime) -> p.Outcome | None:
-            execution_id = tx.next_eligible(now, business_id)
+            execution_id = tx.next_eligible(now, business_id, passed_over)
             if execution_id is None:
                 return None
             return p.claim(*tx.load(execution_id), request, now)
 
-        return self._compose(first, (), plan, claim=_Claim(business_id))
+        return self._compose(first, (), plan, claim=_Claim(business_id, passed_over))
 
     def record_step_and_visit(
         self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner

@@ -32,6 +32,16 @@ Rules of this module:
   under the lease, and its result is committed with the visit's step.  A
   handler that raises is treated as UNKNOWN: the work may have happened.
 - The lease is renewed when less than half of it remains before a visit.
+- A claim whose candidate's row is malformed (it names a revision with no
+  stored body, or a body that is no execution revision: edited by hand or
+  damaged) has written nothing, and the worker claims again passing over
+  that execution, so one damaged row never stalls the queue.  It is
+  reported once per worker (``PassReport.malformed``, and a ``malformed``
+  event) and passed over for a lease, then twice as long each time it is
+  still malformed, at most :data:`MALFORMED_PAUSE_LIMIT`: a row repaired
+  meanwhile is claimed again by a new worker at once, and by this one when
+  its pause ends.  Nothing is ever written for the row; the kernel never
+  decides on it (it is the store's error, not a decision).
 - A lease shorter than :data:`MIN_LEASE`, or not shorter than
   :data:`MAX_LEASE`, is refused when the worker is made
   (:class:`WorkerSettingError`), and so is a process asking for more than
@@ -56,7 +66,7 @@ from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler, ask
-from .store import NextVisit, TransactionalStore, VisitView
+from .store import NextVisit, StoreError, TransactionalStore, VisitView
 
 MIN_LEASE: Final = timedelta(seconds=1)
 """The shortest lease a worker takes.
@@ -78,6 +88,17 @@ Each is a thread of one Python process sharing one interpreter lock and the
 store's connections (``--concurrency`` + 1 to PostgreSQL, whose default
 ``max_connections`` is 100; SQLite serializes every write anyway): beyond a
 few dozen, threads only queue for those.  Run more processes instead."""
+
+
+MALFORMED_PAUSE_LIMIT: Final = timedelta(hours=1)
+"""The longest a worker passes over an execution whose row it found malformed before its claim may meet it again.
+
+The first pause is the worker's lease; each time the row is still
+malformed it doubles, up to this.  A worker started after the row is
+repaired claims it at once."""
+
+_MALFORMED_REMEMBERED: Final = 1000
+"""Malformed rows a worker passes over at most: past that, the oldest are forgotten (and met again)."""
 
 
 class WorkerSettingError(ValueError):
@@ -157,6 +178,17 @@ class PassReport:
 
     The claim's whole transaction, with the visits composed into it (a condition, an end, the next
     Command's intent; the handler is never inside it)."""
+    malformed: list[Refused] = attrs.field(factory=list)
+    """Executions passed over because their stored row is malformed (code ``malformed_row``, the store's
+    message): nothing was written for them, and they stay eligible until the row is repaired."""
+
+
+@attrs.frozen
+class _Pause:
+    """How long a malformed row is passed over: until ``until`` (the worker's process clock), for ``length`` s."""
+
+    until: float
+    length: float
 
 
 @attrs.frozen
@@ -215,6 +247,8 @@ class Worker:
     _holding: str | None = attrs.field(default=None, init=False)
     """The execution whose Command a composed transaction issued, until its result's transaction returns."""
     _timers_looked_at: float = attrs.field(default=0.0, init=False)
+    _passing_over: dict[str, _Pause] = attrs.field(factory=dict, init=False)
+    """Executions whose row this worker found malformed, with how long it passes over each."""
 
     def _tell(
         self,
@@ -260,13 +294,26 @@ class Worker:
             self._look_for_timers(report)
             looked = True
         self._queue_busy = False
+        skip = self._skipped() if self._passing_over else frozenset()
         while max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
-            composed = self.store.claim_and_visit(
-                p.ClaimRequest(self.worker_id, self.make_token(), self.lease),
-                self._plan_next,
-                business_id=self.business_id,
-            )
+            try:
+                composed = self.store.claim_and_visit(
+                    p.ClaimRequest(self.worker_id, self.make_token(), self.lease),
+                    self._plan_next,
+                    business_id=self.business_id,
+                    skip=skip,
+                )
+            except StoreError as exc:
+                # The claim met a damaged row at the head of the queue and wrote nothing; claimed
+                # again without it, the rest of the queue runs.  (One already passed over means a
+                # store that ignores ``skip``: its error goes to the caller, as it always did.)
+                passed = _malformed(exc)
+                if passed is None or passed in skip:
+                    raise
+                self._pass_over(passed, exc.message, report)
+                skip = skip | {passed}
+                continue
             outcome = composed.outcome
             if outcome is None:
                 if not looked:
@@ -276,6 +323,8 @@ class Worker:
                 break
             report.claim_seconds.append(time.perf_counter() - started)
             execution_id = outcome.execution.execution_id
+            if self._passing_over:
+                self._passing_over.pop(execution_id, None)  # repaired: met afresh if damaged again
             self._holding = execution_id if _issues_a_command(composed.followed) else None
             report.claimed.append(execution_id)
             self._tell(
@@ -284,7 +333,15 @@ class Worker:
                 f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}",
                 fence=outcome.lease.fence,
             )
-            self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
+            try:
+                self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
+            except StoreError as exc:
+                # Damaged while this worker drove it: the decision that met it wrote nothing, and
+                # the lease runs out as a stopped worker's does.  The queue goes on without it.
+                if _malformed(exc) != execution_id:
+                    raise
+                self._pass_over(execution_id, exc.message, report)
+                skip = skip | {execution_id}
             if self.stopping():
                 # Claim nothing more: a stopping worker's hook hands each lease back after the
                 # visit, and the next claim would take the same execution again, endlessly.
@@ -292,6 +349,31 @@ class Worker:
         else:
             self._queue_busy = True
         return report
+
+    def _skipped(self) -> frozenset[str]:
+        """The executions whose pause has not ended: the claims of this pass pass over them."""
+        now = self.monotonic()
+        return frozenset(execution_id for execution_id, pause in self._passing_over.items() if now < pause.until)
+
+    def _pass_over(self, execution_id: str, message: str, report: PassReport) -> None:
+        """Pass over ``execution_id``, whose row is malformed; reported in ``report``, and told the first time."""
+        earlier = self._passing_over.pop(execution_id, None)
+        lease = self.lease.total_seconds()
+        length = lease if earlier is None else min(earlier.length * 2, MALFORMED_PAUSE_LIMIT.total_seconds())
+        if len(self._passing_over) >= _MALFORMED_REMEMBERED:
+            del self._passing_over[next(iter(self._passing_over))]
+        self._passing_over[execution_id] = _Pause(self.monotonic() + length, length)
+        report.malformed.append(Refused(execution_id, MALFORMED_ROW, message))
+        if earlier is None:
+            # Once per worker, not once per pass: the row is met again only after its pause.
+            self._tell(
+                execution_id,
+                "malformed",
+                f"{message}; this worker passes over it (and tries it again after {length:g} s, then less "
+                f"often) until the row is repaired: `fencekeeper inspect {execution_id}` shows the error, "
+                "`fencekeeper check` lists every damaged execution",
+                code=MALFORMED_ROW,
+            )
 
     def _look_for_timers(self, report: PassReport) -> None:
         self._timers_looked_at = self.monotonic()
@@ -609,12 +691,21 @@ class Worker:
         return False
 
 
+MALFORMED_ROW: Final = "malformed_row"
+
+
+def _malformed(exc: StoreError) -> str | None:
+    """The execution a ``malformed_row`` error names, if it names one."""
+    return exc.execution_id if exc.code == MALFORMED_ROW else None
+
+
 def _issues_a_command(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:
     """Whether a composed transaction committed a Command's intent (its last visit, when it did)."""
     return bool(followed) and followed[-1][0].kind == "intent" and isinstance(followed[-1][1], p.Decision)
 
 
 __all__ = [
+    "MALFORMED_PAUSE_LIMIT",
     "MAX_CONCURRENCY",
     "MAX_LEASE",
     "MIN_LEASE",

@@ -320,13 +320,14 @@ class DueInWholeSeconds(_Store):
 
 
 class _EligibleInSeconds(_MemoryBackend):
-    def next_eligible(self, now: datetime, business_id: str | None) -> str | None:
+    def next_eligible(self, now: datetime, business_id: str | None, skip: frozenset[str] = frozenset()) -> str | None:
         due = [
             (d.eligible_at, d.workflow_execution_id)
             for d in self.rows.dispatches.values()
             if d.dispatch_state == DispatchState.ELIGIBLE
             and _second(d.eligible_at) <= now
             and (business_id is None or self.rows.executions[d.workflow_execution_id].business_id == business_id)
+            and d.workflow_execution_id not in skip
         ]
         return min(due)[1] if due else None
 
