@@ -16,7 +16,8 @@ Rules of this module:
   yet ended refers to and the deployment's registry lacks; a principal
   reference that cannot be read; a definition revision that an execution
   not yet ended is pinned to and the store does not hold.
-- **Warnings** (reported, ``ok`` stays True): a SQLite file a migration
+- **Warnings** (reported, ``ok`` stays True): an execution not yet ended
+  whose row is damaged (``malformed_row``; workers pass over it), a SQLite file a migration
   behind (the store brings it forward when opened), outbox rows waiting
   longer than ``outbox_lag_warning``, parked outbox rows (counted apart:
   they wait for an operator, not the exporter), rows past their retention window that
@@ -39,6 +40,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -47,7 +49,7 @@ import attrs
 
 from fencekeeper.kernel.common import identifier_problem
 
-from . import connect, postgres_store, sqlite_store
+from . import codec, connect, postgres_store, sqlite_store
 from .codec import decode_time
 from .operations.service import (
     DurableActionRegistry,
@@ -56,7 +58,7 @@ from .operations.service import (
     referenced_versions,
 )
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE
-from .store import definition_object_id
+from .store import StoreError, definition_object_id
 
 OUTBOX_PROGRESS_COLUMNS = ("exported_at",)
 """A column of ``outbox`` that is NULL until the exporter has delivered the row."""
@@ -64,6 +66,9 @@ OUTBOX_PROGRESS_COLUMNS = ("exported_at",)
 _TERMINAL_EXECUTIONS = ("succeeded", "failed", "cancelled")
 
 Execute = Callable[[str, Sequence[Any]], Any]
+
+_DAMAGED_SHOWN = 10
+"""Damaged executions a warning names (``damaged_executions`` lists them all)."""
 
 
 @attrs.frozen
@@ -143,6 +148,9 @@ class DeploymentReport:
     registered_resolvers: tuple[tuple[str, int], ...] | None = None
     outbox: OutboxStatus | None = None
     oldest_unpruned: UnprunedRow | None = None
+    damaged_executions: tuple[str, ...] = ()
+    """Executions not yet ended whose row is damaged (``malformed_row``), by id: a warning, since workers
+    pass over them and run everything else."""
     blocking: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -180,6 +188,7 @@ class DeploymentReport:
                 "unreadable_principals": list(self.unreadable_principals),
             },
             "referenced_definitions": [r.to_json() for r in self.definitions],
+            "damaged_executions": list(self.damaged_executions),
             "outbox": None if self.outbox is None else self.outbox.to_json(),
             "oldest_unpruned": None if self.oldest_unpruned is None else self.oldest_unpruned.to_json(),
             "blocking": list(self.blocking),
@@ -227,7 +236,8 @@ def check_deployment(
                 outbox=_outbox(execute, namespace, tenant, now, tables),
                 oldest_unpruned=_oldest_unpruned(execute, namespace, tenant, now),
             )
-        report = attrs.evolve(report, definitions=_definitions(execute, location.kind))
+        definitions, damaged = _definitions(execute)
+        report = attrs.evolve(report, definitions=definitions, damaged_executions=damaged)
     blocking = list(report.blocking)
     warnings = list(report.warnings)
     if actions is None or resolvers is None:
@@ -247,6 +257,15 @@ def check_deployment(
                 f"definition {ref.name} revision {ref.version} of business {ref.business} is not in the store; "
                 f"{ref.count} execution(s) not yet ended are pinned to it"
             )
+    if report.damaged_executions:
+        shown = ", ".join(report.damaged_executions[:_DAMAGED_SHOWN])
+        more = len(report.damaged_executions) - _DAMAGED_SHOWN
+        warnings.append(
+            f"executions: {len(report.damaged_executions)} not yet ended whose stored row is damaged "
+            f"(malformed_row: its revision has no stored body, or one that is no execution revision): "
+            f"{shown}{f' and {more} more' if more > 0 else ''}; workers pass over them, and they stay as they are "
+            "until the rows are repaired (`fencekeeper inspect ID` shows the error)"
+        )
     outbox = report.outbox
     if outbox is not None:
         if outbox.pending is None:
@@ -430,26 +449,40 @@ def _oldest_unpruned(execute: Execute, namespace: str, tenant: str, now: datetim
     return max(candidates, key=lambda c: c.overdue_seconds, default=None)
 
 
-def _definitions(execute: Execute, kind: str) -> tuple[Reference, ...]:
-    """Definition revisions that executions not yet ended are pinned to, and whether the store holds each."""
-    field = "json_extract(v.body, '$.{}')" if kind == "sqlite" else "(v.body::jsonb ->> '{}')"
-    definition_id, revision = field.format("definition_id"), field.format("definition_revision")
+def _definitions(execute: Execute) -> tuple[tuple[Reference, ...], tuple[str, ...]]:
+    """Definition revisions that executions not yet ended are pinned to, and whether the store holds each;
+    and the executions not yet ended whose row is damaged.
+
+    Each execution's current revision is read as a worker reads it (``codec.decode_execution``): a row
+    that names a revision with no stored body, or a body that is no execution revision, is damaged
+    (``malformed_row``), is pinned to nothing this check can name, and is listed instead.  Read in SQL
+    (PostgreSQL's ``body::jsonb``), one body that is no JSON ended the whole check in an error.
+    """
     terminal = ", ".join(f"'{s}'" for s in _TERMINAL_EXECUTIONS)
     rows = execute(
-        f"SELECT o.business_id, {definition_id}, {revision}, count(*) FROM objects o JOIN object_revisions v "
-        f"ON v.object_id = o.object_id AND v.revision = o.revision WHERE o.object_type = ? "
-        f"AND o.state NOT IN ({terminal}) GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+        "SELECT o.object_id, o.business_id, (SELECT v.body FROM object_revisions v "
+        "WHERE v.object_id = o.object_id AND v.revision = o.revision) FROM objects o "
+        f"WHERE o.object_type = ? AND o.state NOT IN ({terminal}) ORDER BY o.object_id",
         (EXECUTION_TYPE,),
-    ).fetchall()
+    )
+    pinned: Counter[tuple[str, str, int]] = Counter()
+    damaged: list[str] = []
+    for object_id, business, body in rows:
+        try:
+            execution = codec.decode_execution(body, str(object_id))
+        except StoreError:
+            damaged.append(str(object_id))
+            continue
+        pinned[(str(business), execution.definition_id, execution.definition_revision)] += 1
     references = []
-    for business, name, version, count in rows:
+    for (business, name, version), count in sorted(pinned.items()):
         held = execute(
             "SELECT 1 FROM objects o JOIN object_revisions v ON v.object_id = o.object_id "
             "WHERE o.object_id = ? AND o.object_type = ? AND o.business_id = ? AND v.revision = ?",
             (definition_object_id(str(business), str(name)), DEFINITION_TYPE, str(business), int(version)),
         ).fetchone()
         references.append(Reference(str(name), int(version), int(count), held is not None, str(business)))
-    return tuple(references)
+    return tuple(references), tuple(damaged)
 
 
 __all__ = ["OUTBOX_PROGRESS_COLUMNS", "DeploymentReport", "OutboxStatus", "Reference", "UnprunedRow", "check_deployment"]
