@@ -4,15 +4,20 @@ An execution's row names its current revision, whose body another table
 holds.  A row that names a revision with no body, or a body that is no
 execution revision, used to fail deep in the JSON reader (``TypeError``), an
 internal error with a traceback for every command that read it.  Now each
-read of it (``read``, which ``inspect`` and the review commands use, and a
-worker's claim) fails with
-``StoreError('malformed_row')`` naming the execution, and nothing is
-written: the worker's command reports the row and stops, rather than a
-traceback, and every other execution still reads.
+read of it (``read``, which ``inspect`` and the review commands use) fails
+with ``StoreError('malformed_row')`` naming the execution, and nothing is
+written.
+
+A worker's claim that meets such a row at the head of the queue must not
+stop the queue behind it: every worker's claim would pick the same row
+again.  The worker passes over it (reported once, named in its report),
+runs every other execution, never writes the row, and claims it again once
+it is repaired: a new worker at once, the same worker when its pause ends.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,12 +26,15 @@ from typing import Any
 import pytest
 
 from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.client import Client
+from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import StoreError, TransactionalStore
 from fencekeeper.adapters.testing.roundtrips import TWO_NODE
-from fencekeeper.adapters.worker import Worker
+from fencekeeper.adapters.worker import MALFORMED_PAUSE_LIMIT, PassReport, Worker, WorkerEvent
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
+from tests.cli.runner import fencekeeper
 
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
@@ -44,17 +52,25 @@ DAMAGES = {
 }
 
 
+Opened = tuple[TransactionalStore, Callable[[str], Any]]
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[TransactionalStore, Callable[[str], Any]]]:
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opened]:
+    """The store with x-1 and x-2 admitted (x-1 first), and ``edit``: SQL on the store's database, past the store."""
     store: TransactionalStore
     if request.param == "sqlite":
         import sqlite3  # noqa: PLC0415
 
         store = SQLiteStore(tmp_path / "store.db")
+        request.node.db_args = ["--db", str(tmp_path / "store.db")]
 
-        def edit(sql: str) -> None:
+        def edit(sql: str) -> list[tuple[Any, ...]]:
             with sqlite3.connect(tmp_path / "store.db") as conn:
-                conn.executescript(sql)
+                *changes, last = sql.split("; ")
+                for statement in changes:
+                    conn.execute(statement)
+                return [tuple(row) for row in conn.execute(last).fetchall()]
 
     else:
         import psycopg  # noqa: PLC0415
@@ -63,15 +79,19 @@ def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Tra
 
         dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
         store = PostgresStore(dsn, schema=schema)
+        request.node.db_args = ["--db", dsn, "--schema", schema]
 
-        def edit(sql: str) -> None:
+        def edit(sql: str) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = []
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
                 for statement in sql.split("; "):
-                    conn.execute(statement)  # type: ignore[arg-type]
+                    cursor = conn.execute(statement)  # type: ignore[arg-type]
+                    rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+            return rows
 
     service.register(store, parse_definition(TWO_NODE), BUSINESS, PRINCIPAL, POLICY)
-    for n in (1, 2):
+    for n in (1, 2, 3):
         outcome = service.run(
             store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-node",
             input={"order_id": f"o-{n}"}, execution_id=f"x-{n}",
@@ -98,18 +118,153 @@ def test_a_damaged_execution_row_is_one_error_naming_it(
     assert view is not None and view.execution.execution_id == "x-2"
 
 
-def test_a_worker_that_claims_a_damaged_row_names_it_and_writes_nothing(
-    opened: tuple[TransactionalStore, Callable[[str], Any]],
+_ROWS = (
+    "SELECT o.object_id, o.object_type, o.state, o.revision, o.business_id, d.dispatch_state, d.eligible_at, "
+    "d.lease_token, d.leased_by, d.lease_expires_at, d.step_count, d.last_error_code "
+    "FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id WHERE o.object_id = 'x-1'"
+)
+"""x-1's execution and dispatch rows as the database holds them (what a worker must leave untouched)."""
+_REVISIONS = "SELECT count(*) FROM object_revisions WHERE object_id = 'x-1'"
+_REPAIR = "UPDATE objects SET revision = 1 WHERE object_id = 'x-1'"
+
+
+def _worker(store: TransactionalStore, worker_id: str, clock: list[float], events: list[WorkerEvent]) -> Worker:
+    return Worker(
+        store, worker_id, POLICY, examples.handler(), lease=timedelta(seconds=30),
+        monotonic=lambda: clock[0], on_record=events.append,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_row_at_the_head_of_the_queue_is_passed_over_and_left_as_it_is(
+    opened: Opened, damage: str
 ) -> None:
     store, edit = opened
-    before = store.read("x-2")
+    edit(DAMAGES[damage])
+    before = (edit(_ROWS), edit(_REVISIONS))
+    events: list[WorkerEvent] = []
+    # x-1 was admitted first, so it is the first eligible execution every claim picks.
+    report = _worker(store, "w-1", [0.0], events).run_pass()
+    assert sorted(report.claimed) == ["x-2", "x-3"]
+    assert report.finished == {"succeeded": 2}
+    [malformed] = report.malformed
+    assert (malformed.execution_id, malformed.code) == ("x-1", "malformed_row")
+    assert "execution 'x-1'" in malformed.message and "nothing was written" in malformed.message
+    # One line that says what to do, as a warning in the structured log.
+    [told] = [e for e in events if e.what == "malformed"]
+    assert told.execution_id == "x-1" and told.code == "malformed_row"
+    assert "fencekeeper inspect x-1" in told.detail and "fencekeeper check" in told.detail
+    assert "until the row is repaired" in told.detail
+    # Nothing written for it: its rows and its revisions are exactly as they were, eligible.
+    assert (edit(_ROWS), edit(_REVISIONS)) == before
+    assert before[0][0][5] == "eligible"
+
+
+def test_a_damaged_row_is_reported_once_and_claimed_again_by_the_same_worker_after_its_pause(opened: Opened) -> None:
+    store, edit = opened
     edit(DAMAGES["a revision with no body"])
-    worker = Worker(store, examples.handler(), POLICY, "w-1", lease=timedelta(seconds=30))
-    with pytest.raises(StoreError) as raised:
-        # x-1 was admitted first, so it is the first eligible execution a claim picks.
-        worker.run_pass(max_claims=1)
-    assert raised.value.code == "malformed_row" and "execution 'x-1'" in raised.value.message
-    assert store.read("x-2") == before
+    clock, events = [0.0], []
+    worker = _worker(store, "w-1", clock, events)
+    first = worker.run_pass()
+    assert [m.execution_id for m in first.malformed] == ["x-1"]
+    assert sorted(first.claimed) == ["x-2", "x-3"]
+    # Passed over: the next passes neither meet it nor report it.
+    for _ in range(3):
+        again = worker.run_pass()
+        assert (again.claimed, again.malformed) == ([], [])
+    clock[0] = 31.0  # past the first pause (the lease), still damaged: met again, not told again
+    later = worker.run_pass()
+    assert [m.execution_id for m in later.malformed] == ["x-1"] and later.claimed == []
+    assert [e.execution_id for e in events if e.what == "malformed"] == ["x-1"]
+    edit(_REPAIR)
+    clock[0] = 60.0  # the second pause is twice the first: not yet
+    assert worker.run_pass().claimed == []
+    clock[0] = 31.0 + 61.0
+    repaired = worker.run_pass()
+    assert repaired.claimed == ["x-1"] and repaired.finished == {"succeeded": 1}
+    assert repaired.malformed == []
+
+
+def test_a_repaired_row_is_claimed_by_a_new_worker_at_once(opened: Opened) -> None:
+    store, edit = opened
+    edit(DAMAGES["a body that is no JSON"])
+    assert _worker(store, "w-1", [0.0], []).run_pass().claimed == ["x-2", "x-3"]
+    edit(_REPAIR)
+    report = _worker(store, "w-2", [0.0], []).run_pass()
+    assert report.claimed == ["x-1"] and report.malformed == []
+    # (Read from its rows: the damaged revision stays in its history, which ``read`` would show.)
+    assert [row[2] for row in edit(_ROWS)] == ["succeeded"]
+
+
+def test_the_pause_doubles_up_to_its_limit() -> None:
+    worker = Worker(MemoryStore(), "w-1", POLICY, examples.handler(), lease=timedelta(seconds=30))
+    report = PassReport()
+    lengths = []
+    for _ in range(12):
+        worker._pass_over("x-1", "damaged", report)
+        lengths.append(worker._passing_over["x-1"].length)
+    assert lengths[:3] == [30.0, 60.0, 120.0]
+    assert lengths[-1] == MALFORMED_PAUSE_LIMIT.total_seconds()
+
+
+def test_the_python_api_drains_past_a_damaged_row(opened: Opened) -> None:
+    store, edit = opened
+    edit(DAMAGES["a revision with no body"])
+    client = Client(store, policy=POLICY, handler=examples.handler(), business=BUSINESS, principal=PRINCIPAL)
+    report = client.run_until_idle()
+    assert sorted(report.claimed) == ["x-2", "x-3"]
+    assert [m.execution_id for m in report.malformed] == ["x-1"]
+    edit(_REPAIR)
+    with client.start_workers(2, poll=0.05) as pool:
+        assert pool.wait_until_idle(timeout=30)
+    assert pool.errors == [] and pool.report.claimed == ["x-1"]
+
+
+def test_a_claim_passes_over_the_executions_it_is_told_to(opened: Opened) -> None:
+    store, _ = opened
+    request = p.ClaimRequest("w-1", "t-1", timedelta(seconds=30))
+    outcome = store.claim_next(request, skip={"x-1", "x-2"})
+    assert isinstance(outcome, p.Decision) and outcome.execution is not None
+    assert outcome.execution.execution_id == "x-3"
+    assert store.claim_next(p.ClaimRequest("w-1", "t-2", timedelta(seconds=30)), skip={"x-1", "x-2"}) is None
+    # Without it, the head of the queue as always.
+    outcome = store.claim_next(p.ClaimRequest("w-1", "t-3", timedelta(seconds=30)))
+    assert isinstance(outcome, p.Decision) and outcome.execution is not None
+    assert outcome.execution.execution_id == "x-1"
+
+
+@pytest.mark.parametrize("shape", [[], ["--concurrency", "3"], ["--processes", "2"]], ids=["one", "threads", "processes"])
+def test_fencekeeper_worker_until_idle_drains_past_a_damaged_row_and_exits_1_naming_it(
+    opened: Opened, request: pytest.FixtureRequest, tmp_path: Path, shape: list[str]
+) -> None:
+    store, edit = opened
+    edit(DAMAGES["a revision with no body"])
+    before = edit(_ROWS)
+    db = request.node.db_args
+    result = fencekeeper("worker", *db, "--until-idle", "--json", *shape, cwd=tmp_path)
+    assert result.returncode == 1, result
+    summary = json.loads(result.stdout)
+    assert summary["claimed"] == 2 and summary["finished"] == {"succeeded": 2} and summary["errors"] == []
+    assert [(m["execution_id"], m["code"]) for m in summary["malformed"]] == [("x-1", "malformed_row")]
+    lines = result.stderr.splitlines()
+    assert lines[-1].startswith("fencekeeper: error: passed over 1 execution(s) whose stored row is damaged: x-1")
+    assert lines[-1].endswith("[malformed_row]")
+    told = [line for line in lines if "execution x-1: malformed_row:" in line]
+    # Once per process, whatever its threads: each thread meets the row, one line tells what to do.
+    assert len(told) == (2 if "--processes" in shape else 1), result.stderr
+    assert "until the row is repaired" in told[0]
+    assert edit(_ROWS) == before
+    # The check lists it; once repaired, the next worker runs it and exits 0.
+    check = fencekeeper("check", *db, "--json", cwd=tmp_path)
+    assert check.returncode == 0, check
+    found = json.loads(check.stdout)
+    assert found["damaged_executions"] == ["x-1"]
+    assert any("x-1" in w and "malformed_row" in w for w in found["warnings"])
+    edit(_REPAIR)
+    again = fencekeeper("worker", *db, "--until-idle", "--json", cwd=tmp_path)
+    assert again.returncode == 0, again
+    assert json.loads(again.stdout)["finished"] == {"succeeded": 1}
+    assert json.loads(fencekeeper("check", *db, "--json", cwd=tmp_path).stdout)["damaged_executions"] == []
 
 
 def test_a_row_whose_state_was_edited_is_a_guard_conflict_that_says_so(
