@@ -145,6 +145,8 @@ class WorkerMetrics:
         self.timers.inc(report.timers_fired)
         for refused in report.refused:
             self.refusals.labels(code=refused.code).inc()
+        for malformed in report.malformed:  # a damaged row passed over: code malformed_row, to alert on
+            self.refusals.labels(code=malformed.code).inc()
         for state, count in report.finished.items():
             self.finished.labels(state=state).inc(count)
         for seconds in report.claim_seconds:

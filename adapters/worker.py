@@ -266,10 +266,23 @@ class Worker:
             self.on_record(WorkerEvent(self.worker_id, execution_id, what, detail, fence, code, node_id))
 
     def fire_due_timers(self, report: PassReport) -> None:
-        """Fire every due one-time wake (as the timer principal), counting them in ``report``."""
+        """Fire every due one-time wake (as the timer principal), counting them in ``report``.
+
+        A waiting execution whose row is malformed is passed over as a claim passes over one.
+        """
+        skip = self._skipped() if self._passing_over else frozenset()
         for key in self.store.due_wakes(business_id=self.business_id):
-            authority = ask(self.policy, SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
-            outcome = self.store.fire_timer(key, authority)
+            if key.execution_id in skip:
+                continue
+            try:
+                authority = ask(self.policy, SYSTEM_PRINCIPAL, self._business_of(key.execution_id), WORKFLOW_DISPATCH)
+                outcome = self.store.fire_timer(key, authority)
+            except StoreError as exc:
+                if _malformed(exc) != key.execution_id:
+                    raise
+                self._pass_over(key.execution_id, exc.message, report)
+                skip = skip | {key.execution_id}
+                continue
             if isinstance(outcome, p.Decision):
                 report.timers_fired += 1
                 self._tell(key.execution_id, "timer", outcome.evidence[-1].reason)

@@ -237,7 +237,7 @@ def test_a_claim_passes_over_the_executions_it_is_told_to(opened: Opened) -> Non
 def test_fencekeeper_worker_until_idle_drains_past_a_damaged_row_and_exits_1_naming_it(
     opened: Opened, request: pytest.FixtureRequest, tmp_path: Path, shape: list[str]
 ) -> None:
-    store, edit = opened
+    _, edit = opened
     edit(DAMAGES["a revision with no body"])
     before = edit(_ROWS)
     db = request.node.db_args
@@ -279,3 +279,46 @@ def test_a_row_whose_state_was_edited_is_a_guard_conflict_that_says_so(
         service.cancel(store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, execution_id="x-1", reason="r")
     assert raised.value.code == "guard_conflict" and "edited by hand" in raised.value.message
     assert store.read("x-1") == before
+
+
+def test_a_due_timer_of_a_damaged_waiting_execution_is_passed_over_and_the_others_fire(tmp_path: Path) -> None:
+    import sqlite3  # noqa: PLC0415
+
+    from fencekeeper.adapters.store import ManualClock  # noqa: PLC0415
+    from fencekeeper.adapters.testing.suite import admit, claim, decided, finalize_request, wait_spec  # noqa: PLC0415
+    from fencekeeper.kernel.machines import ExecutionState  # noqa: PLC0415
+
+    clock = ManualClock()
+    store = SQLiteStore(tmp_path / "timers.db", clock=clock)
+    try:
+        for execution_id in ("e-a", "e-b"):
+            admit(store, execution_id)
+            claimed, credential = claim(store, "w-setup")
+            assert claimed == execution_id
+            spec = wait_spec(f"a-{execution_id}", event_type=None, wake_at=clock.now())
+            decided(store.finalize(finalize_request(store, execution_id, credential, ExecutionState.WAITING, wait=spec)))
+        with sqlite3.connect(tmp_path / "timers.db") as conn:
+            # Still waiting on the same registration, so the due-timer lookup finds it; but no execution
+            # revision (its fence is gone), so the timer's decision cannot read it.
+            conn.execute(
+                "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
+                "SELECT object_id, 99, state, json_remove(body, '$.fence'), committed_at FROM object_revisions "
+                "WHERE object_id = 'e-a' AND revision = (SELECT revision FROM objects WHERE object_id = 'e-a')"
+            )
+            conn.execute("UPDATE objects SET revision = 99 WHERE object_id = 'e-a'")
+            before = conn.execute("SELECT * FROM objects WHERE object_id = 'e-a'").fetchall()
+        worker = Worker(store, "w-1", examples.grants("b-1"), examples.handler())
+        report = PassReport()
+        worker.fire_due_timers(report)
+        assert report.timers_fired == 1
+        assert [(m.execution_id, m.code) for m in report.malformed] == [("e-a", "malformed_row")]
+        woken = store.read("e-b")
+        assert woken is not None and woken.execution.state == ExecutionState.ELIGIBLE
+        with sqlite3.connect(tmp_path / "timers.db") as conn:
+            assert conn.execute("SELECT * FROM objects WHERE object_id = 'e-a'").fetchall() == before
+        # Passed over from then on: the next lookup neither meets nor reports it.
+        again = PassReport()
+        worker.fire_due_timers(again)
+        assert (again.timers_fired, again.malformed) == (0, [])
+    finally:
+        store.close()
