@@ -788,3 +788,29 @@ def test_an_evidence_read_planned_on_a_new_table_looks_bodies_up_by_key_as_the_t
         assert scanned == 0, f"the evidence read scanned {scanned} of the 3,002 revision rows"
     finally:
         store.close()
+
+
+def test_a_claim_that_passes_over_nothing_is_the_statement_it_always_was() -> None:
+    # The claim is the worker's hottest statement: passing over malformed rows must cost it nothing
+    # until a worker meets one (no parameter more, no condition on every row).
+    for scoped in (False, True):
+        plain = postgres_store.claim_sql("statement_timestamp()", scoped=scoped)
+        assert plain == postgres_store.claim_sql("statement_timestamp()", scoped=scoped, skipping=False)
+        assert "ALL(" not in plain and plain.count("?") == int(scoped)
+
+
+def test_a_claim_that_passes_over_executions_still_walks_the_eligible_index_in_order(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    sql = postgres_store.claim_sql("statement_timestamp()", scoped=False, skipping=True).replace("?", "$1")
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("SET enable_seqscan = off")
+        conn.execute(f"PREPARE claim AS {sql}")  # type: ignore[arg-type]
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE claim(ARRAY['x-1'])"))
+    assert "Index Scan using workflow_dispatch_eligible" in plan, plan
+    assert "Index Cond: (eligible_at <= statement_timestamp())" in plan, plan
+    assert "Sort" not in plan, plan
+    # The executions passed over are a filter below the row locks: the claim never locks them.
+    assert plan.index("LockRows") < plan.index("<> ALL"), plan

@@ -322,3 +322,31 @@ def test_a_due_timer_of_a_damaged_waiting_execution_is_passed_over_and_the_other
         assert (again.timers_fired, again.malformed) == (0, [])
     finally:
         store.close()
+
+
+def test_a_claim_that_passes_over_a_row_still_skips_the_rows_others_hold(pg_dsn: str, pg_schema: str) -> None:
+    import psycopg  # noqa: PLC0415
+
+    from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    try:
+        service.register(store, parse_definition(TWO_NODE), BUSINESS, PRINCIPAL, POLICY)
+        for n in (1, 2, 3):
+            service.run(
+                store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-node",
+                input={"order_id": f"o-{n}"}, execution_id=f"x-{n}",
+            )  # fmt: skip
+        with psycopg.connect(pg_dsn) as holder:
+            # Another transaction holds x-2's rows, as a worker in the middle of a decision does.
+            holder.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
+            holder.execute(
+                "SELECT 1 FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
+                "WHERE o.object_id = 'x-2' FOR UPDATE OF o, d"
+            )
+            outcome = store.claim_next(p.ClaimRequest("w-1", "t-1", timedelta(seconds=30)), skip={"x-1"})
+            assert isinstance(outcome, p.Decision) and outcome.execution is not None
+            assert outcome.execution.execution_id == "x-3"
+            holder.rollback()
+    finally:
+        store.close()
