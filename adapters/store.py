@@ -581,6 +581,27 @@ _NEEDS_FACTS = frozenset(
 )
 
 
+def _claim_on_rows(tx: Backend, execution_id: str, request: p.ClaimRequest, now: datetime) -> p.Outcome:
+    """The kernel's claim of ``execution_id`` on its rows; StoreError('malformed_row') naming it if they are damaged.
+
+    The kernel raises on rows no decision could have written, naming the row's field (``execution.``,
+    ``dispatch.``: two step counts that disagree, a revision of 0): the stored rows were edited by hand or
+    damaged, as when a revision cannot be read, and a worker passes over the execution as it does then.
+    Anything else it raises (never a row's) goes to the caller as it is.
+    """
+    execution, dispatch = tx.load(execution_id)
+    try:
+        return p.claim(execution, dispatch, request, now)
+    except (TypeError, ValueError) as exc:
+        if not str(exc).startswith(("execution", "dispatch")):
+            raise
+        raise StoreError(
+            "malformed_row",
+            f"execution {execution_id!r}: {exc} (the stored rows were edited by hand or damaged; nothing was written)",
+            execution_id=execution_id,
+        ) from None
+
+
 def _pinned_definition(tx: Backend, execution: p.Execution) -> d.Definition | None:
     """The execution's pinned definition revision as the store holds it now, or None."""
     object_id = definition_object_id(execution.business_id, execution.definition_id)
@@ -894,7 +915,7 @@ class TransactionalStore(abc.ABC):
             execution_id = tx.next_eligible(now, business_id, passed_over)
             if execution_id is None:
                 return None
-            return p.claim(*tx.load(execution_id), request, now)
+            return _claim_on_rows(tx, execution_id, request, now)
 
         return self._run(decide, claim=_Claim(business_id, passed_over))
 
@@ -921,7 +942,7 @@ class TransactionalStore(abc.ABC):
             execution_id = tx.next_eligible(now, business_id, passed_over)
             if execution_id is None:
                 return None
-            return p.claim(*tx.load(execution_id), request, now)
+            return _claim_on_rows(tx, execution_id, request, now)
 
         return self._compose(first, (), plan, claim=_Claim(business_id, passed_over))
 
