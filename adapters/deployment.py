@@ -262,7 +262,8 @@ def check_deployment(
         more = len(report.damaged_executions) - _DAMAGED_SHOWN
         warnings.append(
             f"executions: {len(report.damaged_executions)} not yet ended whose stored row is damaged "
-            f"(malformed_row: its revision has no stored body, or one that is no execution revision): "
+            f"(malformed_row: its revision has no stored body, or one that is no execution revision, or its dispatch "
+            f"row counts other steps): "
             f"{shown}{f' and {more} more' if more > 0 else ''}; workers pass over them, and they stay as they are "
             "until the rows are repaired (`fencekeeper inspect ID` shows the error)"
         )
@@ -455,24 +456,29 @@ def _definitions(execute: Execute) -> tuple[tuple[Reference, ...], tuple[str, ..
 
     Each execution's current revision is read as a worker reads it (``codec.decode_execution``): a row
     that names a revision with no stored body, or a body that is no execution revision, is damaged
-    (``malformed_row``), is pinned to nothing this check can name, and is listed instead.  Read in SQL
+    (``malformed_row``), is pinned to nothing this check can name, and is listed instead; so is one
+    whose dispatch row counts other steps than its revision (a claim refuses to decide on the pair).  Read in SQL
     (PostgreSQL's ``body::jsonb``), one body that is no JSON ended the whole check in an error.
     """
     terminal = ", ".join(f"'{s}'" for s in _TERMINAL_EXECUTIONS)
     rows = execute(
         "SELECT o.object_id, o.business_id, (SELECT v.body FROM object_revisions v "
-        "WHERE v.object_id = o.object_id AND v.revision = o.revision) FROM objects o "
+        "WHERE v.object_id = o.object_id AND v.revision = o.revision), d.step_count FROM objects o "
+        "LEFT JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id "
         f"WHERE o.object_type = ? AND o.state NOT IN ({terminal}) ORDER BY o.object_id",
         (EXECUTION_TYPE,),
     )
     pinned: Counter[tuple[str, str, int]] = Counter()
     damaged: list[str] = []
-    for object_id, business, body in rows:
+    for object_id, business, body, steps in rows:
         try:
             execution = codec.decode_execution(body, str(object_id))
         except StoreError:
             damaged.append(str(object_id))
             continue
+        if steps is not None and steps != execution.step_count:
+            # Both rows count the same steps; the kernel will not decide on a pair that disagrees.
+            damaged.append(str(object_id))
         pinned[(str(business), execution.definition_id, execution.definition_revision)] += 1
     references = []
     for (business, name, version), count in sorted(pinned.items()):

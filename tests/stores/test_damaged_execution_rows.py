@@ -239,6 +239,19 @@ def test_a_claim_passes_over_the_executions_it_is_told_to(opened: Opened) -> Non
     assert outcome.execution.execution_id == "x-1"
 
 
+@pytest.mark.parametrize("damage", sorted({**DAMAGES, **CONTRADICTIONS}))
+def test_check_lists_a_damaged_execution_as_a_warning(opened: Opened, request: pytest.FixtureRequest, tmp_path: Path, damage: str) -> None:
+    _, edit = opened
+    edit({**DAMAGES, **CONTRADICTIONS}[damage])
+    check = fencekeeper("check", *request.node.db_args, "--json", cwd=tmp_path)
+    assert check.returncode == 0, check
+    found = json.loads(check.stdout)
+    assert found["damaged_executions"] == ["x-1"]
+    # Pinned to its definition still when its revision reads; the others counted as before.
+    pinned = 3 if damage in CONTRADICTIONS else 2
+    assert [(r["name"], r["count"]) for r in found["referenced_definitions"]] == [("two-node", pinned)]
+
+
 @pytest.mark.parametrize("shape", [[], ["--concurrency", "3"], ["--processes", "2"]], ids=["one", "threads", "processes"])
 def test_fencekeeper_worker_until_idle_drains_past_a_damaged_row_and_exits_1_naming_it(
     opened: Opened, request: pytest.FixtureRequest, tmp_path: Path, shape: list[str]
