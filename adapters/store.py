@@ -584,17 +584,15 @@ _NEEDS_FACTS = frozenset(
 def _claim_on_rows(tx: Backend, execution_id: str, request: p.ClaimRequest, now: datetime) -> p.Outcome:
     """The kernel's claim of ``execution_id`` on its rows; StoreError('malformed_row') naming it if they are damaged.
 
-    The kernel raises on rows no decision could have written, naming the row's field (``execution.``,
-    ``dispatch.``: two step counts that disagree, a revision of 0): the stored rows were edited by hand or
-    damaged, as when a revision cannot be read, and a worker passes over the execution as it does then.
-    Anything else it raises (never a row's) goes to the caller as it is.
+    The kernel raises :class:`~fencekeeper.kernel.protocol.MalformedSnapshot` on rows no decision could
+    have written, naming the row's field (``execution.``, ``dispatch.``: two step counts that disagree, a
+    revision of 0): the stored rows were edited by hand or damaged, as when a revision cannot be read, and
+    a worker passes over the execution as it does then.  Anything else it raises goes to the caller as it is.
     """
     execution, dispatch = tx.load(execution_id)
     try:
         return p.claim(execution, dispatch, request, now)
-    except (TypeError, ValueError) as exc:
-        if not str(exc).startswith(("execution", "dispatch")):
-            raise
+    except p.MalformedSnapshot as exc:
         raise StoreError(
             "malformed_row",
             f"execution {execution_id!r}: {exc} (the stored rows were edited by hand or damaged; nothing was written)",

@@ -670,20 +670,44 @@ def _check_authority(field: str, value: object) -> None:
 # decision could have written (a spec string for a state, a naive time, a
 # revision of 0) is a defect of whatever made it, so it is raised, as a
 # TypeError or ValueError naming the argument and field, before any decision
-# reasons about it; refusing it would blame the request.
+# reasons about it; refusing it would blame the request.  The exceptions are
+# MalformedSnapshot as well, so that a store can tell a row it read and the
+# kernel will not decide on (it reports that row as malformed_row) from any
+# other error, without reading a message.
+
+
+class MalformedSnapshot(Exception):
+    """A snapshot no decision could have written: a field of another type or range, or two rows that contradict each other.
+
+    Raised before any decision is made, never returned: the rows are what a
+    store read, so this is a defect of whatever wrote or built them (a hand
+    edit, damage, a caller's own snapshot), not of the request.  The message
+    starts with the field (``execution.revision: ...``,
+    ``dispatch.step_count: ...``).  Every instance is also a ``TypeError``
+    (a field of another type) or a ``ValueError`` (a value out of range, two
+    rows that disagree), as it was before this class named them.
+    """
+
+
+class _SnapshotTypeError(MalformedSnapshot, TypeError):
+    pass
+
+
+class _SnapshotValueError(MalformedSnapshot, ValueError):
+    pass
 
 
 def _snapshot_type(field: str, value: object, kind: type, *, optional: bool = False) -> None:
     if not isinstance(value, kind) and not (optional and value is None):
         wanted = f"{kind.__name__} or None" if optional else kind.__name__
-        raise TypeError(f"{field}: must be of type {wanted}, got {type(value).__name__}")
+        raise _SnapshotTypeError(f"{field}: must be of type {wanted}, got {type(value).__name__}")
 
 
 def _snapshot_count(field: str, value: object, least: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{field}: must be an integer, got {type(value).__name__}")
+        raise _SnapshotTypeError(f"{field}: must be an integer, got {type(value).__name__}")
     if value < least:
-        raise ValueError(f"{field}: must be at least {least}, got {value}")
+        raise _SnapshotValueError(f"{field}: must be at least {least}, got {value}")
 
 
 def _snapshot_time(field: str, value: object, *, optional: bool = False) -> None:
@@ -692,7 +716,7 @@ def _snapshot_time(field: str, value: object, *, optional: bool = False) -> None
     _snapshot_type(field, value, datetime)
     problem = utc_problem(value)
     if problem is not None:
-        raise ValueError(f"{field}: {problem}")
+        raise _SnapshotValueError(f"{field}: {problem}")
 
 
 def _check_rows(execution: object, dispatch: object) -> None:
@@ -798,7 +822,7 @@ def _explain_contradiction(execution: object, dispatch: object) -> None:
         and execution.wait is not None
         and execution.wait.execution_id != execution.execution_id
     ):
-        raise ValueError(
+        raise _SnapshotValueError(
             f"execution.wait: names a registration of execution {execution.wait.execution_id!r}, "
             f"not of execution.execution_id {execution.execution_id!r}"
         )
@@ -807,7 +831,7 @@ def _explain_contradiction(execution: object, dispatch: object) -> None:
         and isinstance(dispatch, Dispatch)
         and execution.step_count != dispatch.step_count
     ):
-        raise ValueError(
+        raise _SnapshotValueError(
             f"dispatch.step_count: {dispatch.step_count} steps, but execution.step_count is "
             f"{execution.step_count}; the two rows count the same steps"
         )
@@ -1742,6 +1766,7 @@ __all__ = [
     "FinalizeRequest",
     "Guard",
     "LeaseCredential",
+    "MalformedSnapshot",
     "Outcome",
     "RecoveryKind",
     "RecoveryRecord",

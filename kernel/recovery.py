@@ -77,6 +77,7 @@ from .protocol import (
     _refuse,
     _snapshot_count,
     _snapshot_type,
+    _SnapshotValueError,
 )
 
 COMMAND_KIND: Final = "Command"
@@ -273,7 +274,7 @@ def _check_facts_belong(execution: Execution | None, facts: RecoveryFacts | None
         body = item.body
         owner = body.get("execution_id") if isinstance(body, Mapping) else None
         if isinstance(owner, str) and owner != execution.execution_id:
-            raise ValueError(
+            raise _SnapshotValueError(
                 f"facts.evidence[{number}]: {item.object_id!r} belongs to execution {owner!r}, "
                 f"not to execution.execution_id {execution.execution_id!r}"
             )

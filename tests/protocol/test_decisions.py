@@ -66,6 +66,7 @@ from fencekeeper.kernel.protocol import (
     FinalizeRequest,
     Guard,
     LeaseCredential,
+    MalformedSnapshot,
     Outcome,
     RecoveryKind,
     RecoveryRecord,
@@ -1611,10 +1612,18 @@ def test_a_malformed_snapshot_is_a_type_or_value_error_naming_the_field(decision
     for row, field, value, error, name in BAD_ROWS:
         execution = attrs.evolve(snap.execution, **{field: value}) if row == "execution" else snap.execution
         dispatch = attrs.evolve(snap.dispatch, **{field: value}) if row == "dispatch" else snap.dispatch
-        with pytest.raises(error, match=rf"^{re.escape(name)}: "):
+        with pytest.raises(error, match=rf"^{re.escape(name)}: ") as raised:
             call(execution, dispatch)
-    with pytest.raises(TypeError, match=r"^execution: must be of type Execution, got Dispatch"):
+        # One class for every row no decision wrote, which a store catches to report the row (malformed_row).
+        assert isinstance(raised.value, MalformedSnapshot)
+    with pytest.raises(TypeError, match=r"^execution: must be of type Execution, got Dispatch") as raised:
         call(snap.dispatch, snap.execution)
+    assert isinstance(raised.value, MalformedSnapshot)
+    # Two rows that read well but disagree are the same class (a ValueError).
+    apart = attrs.evolve(snap.dispatch, step_count=snap.execution.step_count + 1)
+    with pytest.raises(MalformedSnapshot, match=r"^dispatch\.step_count: ") as raised:
+        call(snap.execution, apart)
+    assert isinstance(raised.value, ValueError)
 
 
 def test_what_a_store_read_besides_the_rows_is_checked_as_the_rows_are() -> None:
