@@ -854,6 +854,8 @@ POSTGRES = Dialect(
     decode_time=_aware,
     integrity_errors=(psycopg.errors.UniqueViolation,),
     wait_item="(({body})::jsonb->'wait'->>{index})",
+    # A body that is no JSON, or holds an escape jsonb cannot keep (\u0000), fails the cast.
+    unreadable_json=(psycopg.errors.InvalidTextRepresentation, psycopg.errors.UntranslatableCharacter),
 )
 
 

@@ -68,7 +68,15 @@ class Dialect:
     decode_time: Callable[[Any], datetime]
     integrity_errors: tuple[type[Exception], ...]
     wait_item: str
-    """SQL for item ``{index}`` of the ``wait`` key stored in an execution revision's JSON ``{body}``."""
+    """SQL for item ``{index}`` of the ``wait`` key stored in an execution revision's JSON ``{body}``.
+
+    NULL, never an error, where it can be: for a body that is not JSON (a
+    hand edit, damage) the due-timer lookup must pass over that execution,
+    not fail for every worker."""
+    unreadable_json: tuple[type[Exception], ...] = ()
+    """What the database raises where ``wait_item`` cannot be NULL for a body that is not JSON
+    (PostgreSQL before 16 has no test for JSON text but the cast itself): the lookup is then made again
+    with the bodies read here (:meth:`SqlBackend.due_registrations`)."""
 
 
 def _spell(dialect: Dialect, sql: str) -> str:
@@ -90,6 +98,15 @@ _NEXT_ELIGIBLE_SKIPPING_SQL = (
     + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1"
 )
 """The claim's read when a worker passes over executions (a JSON array of their ids): SQLite's only."""
+
+
+def _waits_on(body: object, node_id: str, attempt_id: str) -> bool:
+    """Whether an execution revision's stored ``body`` waits on ``node_id`` and ``attempt_id``: False for one that is no JSON."""
+    try:
+        wait = json.loads(body)["wait"]  # type: ignore[arg-type]
+        return bool(wait[1] == node_id and wait[2] == attempt_id)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return False
 
 
 class SqlBackend(Backend):
@@ -756,25 +773,49 @@ class SqlBackend(Backend):
         # execution's current revision still waits on.  A registration left
         # open by anything else can then never fill the limit and starve the
         # due ones behind it.
-        if now is None:
-            rows = self._execute(self._due_sql("statement_timestamp()"), (scope, scope, limit)).fetchall()
-        else:
-            rows = self._execute(self._due_sql(), (self.dialect.encode_time(now), scope, scope, limit)).fetchall()
+        bound = ("statement_timestamp()", ()) if now is None else ("?", (self.dialect.encode_time(now),))
+        try:
+            rows = self._execute(self._due_sql(bound[0]), (*bound[1], scope, scope, limit)).fetchall()
+        except self.dialect.unreadable_json:
+            # One execution's revision body is not JSON (a hand edit, damage), and the database's
+            # reading of it failed the whole lookup: every worker's, on every pass, so no timer
+            # would fire again.  The same lookup, the bodies read here, passes over that execution
+            # as a claim does (`fencekeeper check` lists it).
+            return self._due_read_here(bound, scope, limit)
         return [p.WaitKey(r[0], r[1], r[2]) for r in rows]
 
-    def _due_sql(self, bound: str = "?") -> str:
+    def _due_sql(self, bound: str = "?", *, bodies: bool = False) -> str:
         def item(index: int) -> str:
             return self.dialect.wait_item.format(body="r.body", index=index)
 
         return (
-            "SELECT w.execution_id, w.node_id, w.attempt_id FROM wait_registrations w "
+            "SELECT w.execution_id, w.node_id, w.attempt_id" + (", r.body" if bodies else "")
+            + " FROM wait_registrations w "
             "JOIN objects o ON o.object_id = w.execution_id "
             "JOIN object_revisions r ON r.object_id = o.object_id AND r.revision = o.revision "
             f"WHERE w.woken_by IS NULL AND w.closed_by IS NULL AND w.wake_at IS NOT NULL AND w.wake_at <= {bound} "
             f"AND o.object_type = '{EXECUTION_TYPE}' AND o.state = 'waiting' "
-            f"AND {item(1)} = w.node_id AND {item(2)} = w.attempt_id "
-            "AND (CAST(? AS TEXT) IS NULL OR w.business_id = ?) ORDER BY w.wake_at, w.execution_id LIMIT ?"
+            + ("" if bodies else f"AND {item(1)} = w.node_id AND {item(2)} = w.attempt_id ")
+            + "AND (CAST(? AS TEXT) IS NULL OR w.business_id = ?) ORDER BY w.wake_at, w.execution_id "
+            + ("LIMIT ? OFFSET ?" if bodies else "LIMIT ?")
         )
+
+    def _due_read_here(self, bound: tuple[str, tuple[object, ...]], scope: str | None, limit: int) -> list[p.WaitKey]:
+        """:meth:`due_registrations`, each registration held to its execution's wait here: a body that is no JSON is passed over.
+
+        Page by page, so that registrations passed over cannot fill the limit
+        and starve the due ones behind them.
+        """
+        keys: list[p.WaitKey] = []
+        offset = 0
+        sql = self._due_sql(bound[0], bodies=True)
+        while len(keys) < limit:
+            rows = self._execute(sql, (*bound[1], scope, scope, limit, offset)).fetchall()
+            keys.extend(p.WaitKey(r[0], r[1], r[2]) for r in rows if _waits_on(r[3], r[1], r[2]))
+            if len(rows) < limit:
+                break
+            offset += limit
+        return keys[:limit]
 
     def _queue_registration(self, registration: p.WaitRegistration) -> None:
         key = registration.key

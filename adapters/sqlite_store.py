@@ -678,7 +678,8 @@ SQLITE = Dialect(
     encode_time=codec.encode_time,
     decode_time=codec.decode_time,
     integrity_errors=(sqlite3.IntegrityError,),
-    wait_item="json_extract({body}, '$.wait[{index}]')",
+    # CASE evaluates its branch only when the body is JSON: json_extract raises on any other text.
+    wait_item="CASE WHEN json_valid({body}) THEN json_extract({body}, '$.wait[{index}]') END",
 )
 
 

@@ -369,3 +369,72 @@ def test_a_claim_that_passes_over_a_row_still_skips_the_rows_others_hold(pg_dsn:
             holder.rollback()
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("body", ["garbled", '{"wait": ["e-a", "n", "\\u0000"]}'])
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_due_timer_of_an_execution_whose_body_is_no_json_does_not_stop_the_lookup(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, body: str
+) -> None:
+    # The due-timer lookup reads each waiting execution's wait out of its revision body in SQL. One
+    # body that is no JSON (or holds an escape PostgreSQL's jsonb cannot keep) failed that reading,
+    # and with it the lookup of every worker on every pass: no timer anywhere fired again (SQLite
+    # raised its own "malformed JSON", uncaught).  The lookup passes over that execution now, as a
+    # claim does, and the other timers fire.
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from fencekeeper.adapters.testing.suite import admit, claim, decided, finalize_request, wait_spec  # noqa: PLC0415
+    from fencekeeper.kernel.machines import ExecutionState  # noqa: PLC0415
+
+    store: TransactionalStore
+    if kind == "sqlite":
+        import sqlite3  # noqa: PLC0415
+
+        store = SQLiteStore(tmp_path / "timers.db")
+
+        def edit(sql: str) -> list[tuple[Any, ...]]:
+            with sqlite3.connect(tmp_path / "timers.db") as conn:
+                return [tuple(row) for row in conn.execute(sql).fetchall()]
+
+    else:
+        import psycopg  # noqa: PLC0415
+
+        from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+
+        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+        store = PostgresStore(dsn, schema=schema)
+
+        def edit(sql: str) -> list[tuple[Any, ...]]:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
+                cursor = conn.execute(sql)  # type: ignore[arg-type]
+                return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+
+    try:
+        due = datetime.now(UTC) - timedelta(minutes=1)
+        for execution_id in ("e-a", "e-b", "e-c"):
+            admit(store, execution_id)
+            claimed, credential = claim(store, "w-setup")
+            assert claimed == execution_id
+            spec = wait_spec(f"a-{execution_id}", event_type=None, wake_at=due)
+            decided(store.finalize(finalize_request(store, execution_id, credential, ExecutionState.WAITING, wait=spec)))
+        edit(
+            "INSERT INTO object_revisions (object_id, revision, state, body, committed_at) "
+            f"SELECT object_id, 99, state, '{body}', committed_at FROM object_revisions "
+            "WHERE object_id = 'e-a' AND revision = (SELECT revision FROM objects WHERE object_id = 'e-a')"
+        )
+        edit("UPDATE objects SET revision = 99 WHERE object_id = 'e-a'")
+        rows = "SELECT * FROM objects WHERE object_id = 'e-a'"
+        before = edit(rows)
+        # A limit of one: the damaged execution, first in the order, must not fill it.
+        assert [key.execution_id for key in store.due_wakes(limit=1)] == ["e-b"]
+        report = PassReport()
+        Worker(store, "w-1", examples.grants("b-1"), examples.handler()).fire_due_timers(report)
+        assert report.timers_fired == 2
+        for woken in ("e-b", "e-c"):
+            view = store.read(woken)
+            assert view is not None and view.execution.state == ExecutionState.ELIGIBLE
+        assert edit(rows) == before
+        assert store.due_wakes() == []
+    finally:
+        store.close()
