@@ -24,6 +24,10 @@ Rules of this module:
   PostgreSQL except ``migrate`` (and ``demo``, which says so).
 - Every error is one line on stderr, ``fencekeeper: error: ...``; a traceback
   appears only with ``--debug``.
+- Options are spelt in full: every parser, each subcommand's included, is
+  built with ``allow_abbrev=False``, so an abbreviation is an unknown option
+  (exit 2) and cannot change meaning when an option sharing its prefix is
+  added.
 - Data goes to stdout and nothing else does; with ``--json`` stdout is one
   JSON document.  Notes and live progress go to stderr.  On a terminal the
   output is rich (tables, colour); in a pipe it is plain text
@@ -184,13 +188,17 @@ def _needs_groups(argv: Sequence[str] | None) -> bool:
 def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     """The command line's parser; with ``groups`` False, without the journal and op groups."""
     # --debug is accepted before or after the command name; --json after it, on commands that print data.
-    common = argparse.ArgumentParser(add_help=False)
+    # allow_abbrev=False on every parser, parents and subparsers alike (argparse does not pass it down): an
+    # abbreviation (--conc for --concurrency) would change meaning, or stop parsing, the day an option sharing
+    # its prefix is added, and a typo could pick an option never meant.
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    data = argparse.ArgumentParser(add_help=False)
+    data = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     data.add_argument("--json", action="store_true", help="machine-readable output: one JSON document on stdout")
 
     parser = argparse.ArgumentParser(
         prog="fencekeeper",
+        allow_abbrev=False,
         description="A formally specified kernel for durable workflow execution.",
         epilog="Exit codes: 0 success; 2 when what was typed cannot be acted on (a malformed value, or a file, --db "
         "or id that names nothing usable); 1 when it was understood and the answer is no (a refusal, a conflict, "
@@ -202,7 +210,7 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
 
     def command(name: str, help: str, *, prints_data: bool = False, **kwargs: Any) -> argparse.ArgumentParser:
         parents = [common, data] if prints_data else [common]
-        return sub.add_parser(name, help=help, parents=parents, **kwargs)
+        return sub.add_parser(name, help=help, parents=parents, allow_abbrev=False, **kwargs)
 
     demo = command(
         "demo",

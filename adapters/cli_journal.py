@@ -79,11 +79,12 @@ def register(sub: Any, common: argparse.ArgumentParser, data: argparse.ArgumentP
         help="the execution journal: a hash-chained, replayable record of a DAG's node states",
         description="Seed 002's execution journal (docs/journal.md, specs/journal.md).",
         parents=[common],
+        allow_abbrev=False,  # as every parser of the command line (cli.py)
     )
     commands = group.add_subparsers(dest="journal_command", required=True, metavar="SUBCOMMAND")
 
     def command(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help, parents=[common, data], **kwargs)  # type: ignore[no-any-return]
+        return commands.add_parser(name, help=help, parents=[common, data], allow_abbrev=False, **kwargs)  # type: ignore[no-any-return]
 
     new = command("new", "create a journal: verify the workflow and policy, write the header")
     new.add_argument("execution_id", metavar="EXECUTION_ID")

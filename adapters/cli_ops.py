@@ -109,7 +109,7 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     sub = op.add_subparsers(dest="op_command", required=True, metavar="OP_COMMAND")
 
     def subcommand(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
-        parser = sub.add_parser(name, help=help, **kwargs)
+        parser = sub.add_parser(name, help=help, allow_abbrev=False, **kwargs)  # as every parser (cli.py)
         # Accepted after the subcommand too, as by every other command (cli.py); SUPPRESS keeps an earlier --debug.
         parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
         parser.add_argument("--json", action="store_true", help="machine-readable output: one JSON document")

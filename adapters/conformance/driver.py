@@ -198,7 +198,8 @@ def load_factory(spec: str) -> tuple[Callable[..., Any], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fencekeeper.adapters.conformance.driver")
+    # Options spelt in full only, as the fencekeeper command line takes them (adapters/cli.py).
+    parser = argparse.ArgumentParser(prog="python -m fencekeeper.adapters.conformance.driver", allow_abbrev=False)
     parser.add_argument("--store", choices=("memory", "sqlite", "postgres"), help="also answer the store layer")
     parser.add_argument("--dsn", help="PostgreSQL DSN for --store postgres")
     parser.add_argument(
