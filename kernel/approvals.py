@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from .common import shown
 from .evidence import Evidence
 from .protocol import DETERMINATIONS, Authority, Refusal, RefusalCode, Unchanged, UnchangedCode
 from .recovery import MAX_RATIONALE
@@ -198,7 +199,7 @@ def decide(
     if decision.determination not in DETERMINATIONS:
         return _refuse(
             RefusalCode.INVALID_REQUEST,
-            f"determination: must be one of {', '.join(DETERMINATIONS)}, not {decision.determination!r}",
+            f"determination: must be one of {', '.join(DETERMINATIONS)}, not {shown(decision.determination)}",
             "determination",
         )
     unstorable = text_problem(decision.rationale) if isinstance(decision.rationale, str) else "must be a string"

@@ -1,4 +1,4 @@
-"""What every subsystem's decisions check the same way: identifiers, UTC times, durations.
+"""What every subsystem's decisions check the same way: identifiers, UTC times, durations; how a message quotes a value.
 
 Rules of this module:
 
@@ -10,6 +10,11 @@ Rules of this module:
   one phrase a refusal message can follow a field name with.  Turning a
   problem into a refusal is the caller's business: each subsystem has its
   own stable refusal codes.
+- A message that quotes a value someone gave quotes it through
+  :func:`shown` (or :func:`shown_text` for text named unquoted, such as a
+  path): a 100,000-character id or a whole JSON document refused is shown
+  by its start, never in full, so one error line stays one line of a log.
+  A value of ordinary length reads exactly as its ``repr`` (or itself).
 - Nothing here reads a clock or does I/O.
 """
 
@@ -18,6 +23,38 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 from typing import Final
+
+SHOWN_LENGTH: Final = 80
+"""The most characters :func:`shown` gives for one value, the ``...`` that marks a cut included."""
+
+SHOWN_TEXT_LENGTH: Final = 240
+"""The most characters :func:`shown_text` gives: above any path or URL typed in practice."""
+
+
+def shown(value: object) -> str:
+    """``value`` as a message quotes it: its ``repr``, cut to :data:`SHOWN_LENGTH` characters ending ``...``.
+
+    A value whose ``repr`` cannot be made (an integer longer than Python
+    prints, a structure nested past the recursion limit) is named by its type.
+    """
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__} too large to show>"[:SHOWN_LENGTH]
+    return text if len(text) <= SHOWN_LENGTH else text[: SHOWN_LENGTH - 3] + "..."
+
+
+def shown_text(value: object, limit: int = SHOWN_TEXT_LENGTH) -> str:
+    """``str(value)`` as a message names it unquoted (a path, a URL), its middle cut to keep ``limit`` characters.
+
+    The middle goes, not the end: the end of a path names its file.  ``limit`` is at least 5.
+    """
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    head = (limit - 3) // 2
+    return text[:head] + "..." + text[len(text) - (limit - 3 - head) :]
+
 
 IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
 """An identifier: 1-128 characters, a letter or digit first, then letters, digits and ``. _ : @ / -``."""
@@ -30,7 +67,7 @@ def identifier_problem(value: object) -> str | None:
     """
     if isinstance(value, str) and IDENTIFIER.fullmatch(value):
         return None
-    return f"malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -)"
+    return f"malformed identifier {shown(value)} (1-128 of A-Z a-z 0-9 . _ : @ / -)"
 
 
 def utc_problem(value: object) -> str | None:
@@ -62,4 +99,14 @@ def later_problem(now: datetime, duration: timedelta) -> str | None:
     return None
 
 
-__all__ = ["IDENTIFIER", "duration_problem", "identifier_problem", "later_problem", "utc_problem"]
+__all__ = [
+    "IDENTIFIER",
+    "SHOWN_LENGTH",
+    "SHOWN_TEXT_LENGTH",
+    "duration_problem",
+    "identifier_problem",
+    "later_problem",
+    "shown",
+    "shown_text",
+    "utc_problem",
+]

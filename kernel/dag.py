@@ -37,6 +37,7 @@ from types import MappingProxyType
 import attrs
 
 from .canonical import Json, digest_of
+from .common import shown
 from .definition import IDENTIFIER
 from .journal_codes import JournalCode, JournalError
 
@@ -164,7 +165,7 @@ def _fail(code: JournalCode, message: str) -> JournalError:
 
 def _identifier(value: str, where: str) -> None:
     if not IDENTIFIER.fullmatch(value):
-        raise _fail(JournalCode.INVALID_WORKFLOW, f"{where}: malformed identifier {value!r}")
+        raise _fail(JournalCode.INVALID_WORKFLOW, f"{where}: malformed identifier {shown(value)}")
 
 
 def verify_workflow(definition: WorkflowDefinition) -> VerifiedWorkflow:
@@ -300,7 +301,7 @@ def _node(value: object, where: str) -> NodeDefinition:
         kind = NodeKind(kind_text)
     except ValueError:
         raise _fail(
-            JournalCode.MALFORMED_RECORD, f"{where}.kind: {kind_text!r} is not one of {[k.value for k in NodeKind]}"
+            JournalCode.MALFORMED_RECORD, f"{where}.kind: {shown(kind_text)} is not one of {[k.value for k in NodeKind]}"
         ) from None
     approval = obj.get("approval")
     return NodeDefinition(
@@ -342,10 +343,10 @@ def _object(value: object, where: str, *, required: Sequence[str], optional: Seq
         raise _fail(JournalCode.MALFORMED_RECORD, f"{where}: must be an object")
     unknown = sorted(set(value) - set(required) - set(optional))
     if unknown:
-        raise _fail(JournalCode.UNKNOWN_FIELD, f"{where}: unknown field {unknown[0]!r}")
+        raise _fail(JournalCode.UNKNOWN_FIELD, f"{where}: unknown field {shown(unknown[0])}")
     for name in required:
         if name not in value:
-            raise _fail(JournalCode.MISSING_FIELD, f"{where}: missing field {name!r}")
+            raise _fail(JournalCode.MISSING_FIELD, f"{where}: missing field {shown(name)}")
     return value
 
 

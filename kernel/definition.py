@@ -59,6 +59,7 @@ from typing import ClassVar, Final, NoReturn, TypeAlias
 import attrs
 
 from . import strict_json
+from .common import shown
 from .errors import KernelError
 from .expr import KEYWORDS, Expr, ExpressionError, names, parse
 
@@ -337,9 +338,9 @@ class InputType:
                 return f"is {len(value)} characters long; at most {most} are allowed"
         elif isinstance(value, int | float) and not isinstance(value, bool):
             if self.minimum is not None and value < self.minimum:
-                return f"{value!r} is below the minimum {self.minimum}"
+                return f"{shown(value)} is below the minimum {self.minimum}"
             if self.maximum is not None and value > self.maximum:
-                return f"{value!r} is above the maximum {self.maximum}"
+                return f"{shown(value)} is above the maximum {self.maximum}"
         if self.enum is not None and not any(_same_value(value, allowed) for allowed in self.enum):
             return f"{_spell(value)} is not one of {', '.join(_spell(v) for v in self.enum)}"
         return None
@@ -392,7 +393,7 @@ def _type_problem(kind: str, value: object) -> str | None:
             return f"must be a number, found {found}"
     elif kind == "integer" and found == "number":
         # JSON Schema counts 2.0 as an integer; a node reading it would not.
-        return f"must be an integer, found {value!r} (write it without a fraction)"
+        return f"must be an integer, found {shown(value)} (write it without a fraction)"
     elif found != kind:
         return f"must be {_article(kind)}, found {found}"
     return _stored_problem(value, 0)
@@ -519,9 +520,9 @@ class DefinitionError(KernelError):
     ) -> None:
         parts = [source]
         if node_id is not None:
-            parts.append(f"node {node_id!r}")
+            parts.append(f"node {shown(node_id)}")
         if field is not None:
-            parts.append(f"field {field!r}")
+            parts.append(f"field {shown(field)}")
         parts.append(problem)
         super().__init__(": ".join(parts))
         self.source = source
@@ -615,7 +616,7 @@ def _kind_of(value: object) -> str:
     if isinstance(value, int):
         return "integer"
     if isinstance(value, float):
-        return f"float {value!r} (floats are not allowed in definitions; use an integer or a string)"
+        return f"float {shown(value)} (floats are not allowed in definitions; use an integer or a string)"
     if isinstance(value, str):
         return "string"
     if isinstance(value, Mapping):
@@ -729,7 +730,7 @@ class _Reader:
         text = self.string(value, field, node_id)
         if not IDENTIFIER.fullmatch(text):
             self.fail(
-                f"{text!r} is not a valid {what} (1 to 128 of A-Z a-z 0-9 . _ : @ / -, "
+                f"{shown(text)} is not a valid {what} (1 to 128 of A-Z a-z 0-9 . _ : @ / -, "
                 "starting with a letter or digit)",
                 node_id=node_id,
                 field=field,
@@ -740,7 +741,7 @@ class _Reader:
         text = self.string(value, field, node_id)
         if not NAME.fullmatch(text):
             self.fail(
-                f"{text!r} is not a valid {what} (1 to 64 of a-z 0-9 _, starting with a letter)",
+                f"{shown(text)} is not a valid {what} (1 to 64 of a-z 0-9 _, starting with a letter)",
                 node_id=node_id,
                 field=field,
             )
@@ -795,7 +796,7 @@ class _Reader:
         for number, item in enumerate(items):
             name = read(item, f"{field}[{number}]", node_id, what)
             if name in seen:
-                self.fail(f"lists {what} {name!r} twice", node_id=node_id, field=field)
+                self.fail(f"lists {what} {shown(name)} twice", node_id=node_id, field=field)
             seen.add(name)
         return tuple(sorted(seen))
 
@@ -804,7 +805,7 @@ class _Reader:
         head, dot, tail = text.partition(".")
         if not (dot and NAME.fullmatch(head) and NAME.fullmatch(tail)):
             self.fail(
-                f"{text!r} is not a valid {what} ('input.<input name>' or '<node id>.<field>')",
+                f"{shown(text)} is not a valid {what} ('input.<input name>' or '<node id>.<field>')",
                 node_id=node_id,
                 field=field,
             )
@@ -812,7 +813,7 @@ class _Reader:
         if reserved:
             # A condition could never read it: the expression language reserves the word.
             self.fail(
-                f"{text!r} uses the reserved word {reserved[0]!r} (reserved: {', '.join(sorted(KEYWORDS))})",
+                f"{shown(text)} uses the reserved word {shown(reserved[0])} (reserved: {', '.join(sorted(KEYWORDS))})",
                 node_id=node_id,
                 field=field,
             )
@@ -872,7 +873,7 @@ class _Reader:
         self.fields(data, "input", node_id=None, where="input", prefix=f"{field}.")
         kind = self.string(data["type"], f"{field}.type", None)
         if kind not in INPUT_TYPES:
-            self.fail(f"{kind!r} is not an input type; the types are {', '.join(INPUT_TYPES)}", field=f"{field}.type")
+            self.fail(f"{shown(kind)} is not an input type; the types are {', '.join(INPUT_TYPES)}", field=f"{field}.type")
         applies = {
             "minimum": ("integer", "number"),
             "maximum": ("integer", "number"),
@@ -969,7 +970,7 @@ class _Reader:
                 revision=self.revision(data["revision"], f"{field}.revision", node_id),
             )
             if any(p.policy_id == policy.policy_id for p in policies):
-                self.fail(f"lists policy {policy.policy_id!r} twice", node_id=node_id, field=field)
+                self.fail(f"lists policy {shown(policy.policy_id)} twice", node_id=node_id, field=field)
             policies.append(policy)
         return tuple(policies)
 
@@ -992,16 +993,16 @@ class _Reader:
                 self.fail(f"node #{number}: must be a string, found {_kind_of(node_id)}", field="id")
             if not NAME.fullmatch(node_id):
                 self.fail(
-                    f"node #{number}: {node_id!r} is not a valid node id (1 to 64 of a-z 0-9 _, starting with a letter)",
+                    f"node #{number}: {shown(node_id)} is not a valid node id (1 to 64 of a-z 0-9 _, starting with a letter)",
                     field="id",
                 )
             if node_id == INPUT:
                 self.fail(
-                    f"node #{number}: the node id {INPUT!r} is reserved: binding names 'input.<name>' read admission inputs",
+                    f"node #{number}: the node id {shown(INPUT)} is reserved: binding names 'input.<name>' read admission inputs",
                     field="id",
                 )
             if node_id in first:
-                self.fail(f"duplicate node id {node_id!r} (also node #{first[node_id]})", node_id=node_id, field="id")
+                self.fail(f"duplicate node id {shown(node_id)} (also node #{first[node_id]})", node_id=node_id, field="id")
             first[node_id] = number
             nodes.append(self.node(item, node_id))
         return tuple(nodes)
@@ -1012,7 +1013,7 @@ class _Reader:
         kind = self.string(data["kind"], "kind", node_id)
         if kind not in SUPPORTED_KINDS:
             if self.strict:
-                self.fail(f"unknown node kind {kind!r}; supported: {', '.join(SUPPORTED_KINDS)}", node_id=node_id, field="kind")
+                self.fail(f"unknown node kind {shown(kind)}; supported: {', '.join(SUPPORTED_KINDS)}", node_id=node_id, field="kind")
             # Written by newer code: keep what every node has, and leave the
             # rest to the code that knows the kind.
             kind_name = self.identifier(kind, "kind", node_id, "node kind")
@@ -1086,7 +1087,7 @@ class _Reader:
             ) from None
         for name in sorted(names(ast)):
             if name not in bindings:
-                self.fail(f"reads {name!r}, which is not among its declared bindings", node_id=node_id, field="expression")
+                self.fail(f"reads {shown(name)}, which is not among its declared bindings", node_id=node_id, field="expression")
         return ConditionNode(
             node_id=node_id,
             revision=revision,
@@ -1100,7 +1101,7 @@ class _Reader:
     def end(self, data: Mapping[str, object], node_id: str, revision: int) -> EndNode:
         outcome = self.string(data["outcome"], "outcome", node_id)
         if outcome not in OUTCOMES:
-            self.fail(f"must be 'succeeded' or 'failed', found {outcome!r}", node_id=node_id, field="outcome")
+            self.fail(f"must be 'succeeded' or 'failed', found {shown(outcome)}", node_id=node_id, field="outcome")
         error_code = None
         if outcome == "failed":
             if "error_code" not in data:
@@ -1115,12 +1116,12 @@ class _Reader:
     def graph(self, definition: Definition) -> None:
         by_id = {node.node_id: node for node in definition.nodes}
         if definition.start not in by_id:
-            self.fail(f"start {definition.start!r} names no node", field="start")
+            self.fail(f"start {shown(definition.start)} names no node", field="start")
         if self.strict:
             for node in definition.nodes:
                 for field, target in continuations(node):
                     if target not in by_id:
-                        self.fail(f"continuation {target!r} names no node", node_id=node.node_id, field=field)
+                        self.fail(f"continuation {shown(target)} names no node", node_id=node.node_id, field=field)
         for node in definition.nodes:
             for field, name in reads(node):
                 self.binding(definition, node, field, name, by_id)
@@ -1132,7 +1133,7 @@ class _Reader:
             for node in definition.nodes:
                 if node.node_id not in reachable:
                     self.fail(
-                        f"not reachable from start {definition.start!r}, so it can never run "
+                        f"not reachable from start {shown(definition.start)}, so it can never run "
                         "(is a continuation misspelt?)",
                         node_id=node.node_id,
                     )
@@ -1141,24 +1142,24 @@ class _Reader:
         head, _dot, tail = name.partition(".")
         if head == INPUT:
             if tail not in definition.inputs:
-                self.fail(f"reads {name!r}, but {tail!r} is not a declared input", node_id=node.node_id, field=field)
+                self.fail(f"reads {shown(name)}, but {shown(tail)} is not a declared input", node_id=node.node_id, field=field)
             declared = next((t for t in definition.input_types or () if t.name == tail), None)
             if declared is not None and declared.type in ("object", "array"):
                 self.fail(
-                    f"reads {name!r}, {_article(declared.type)} input; a node reads only strings, numbers and booleans",
+                    f"reads {shown(name)}, {_article(declared.type)} input; a node reads only strings, numbers and booleans",
                     node_id=node.node_id,
                     field=field,
                 )
             return
         source = by_id.get(head)
         if source is None:
-            self.fail(f"reads {name!r}, but no node {head!r} exists", node_id=node.node_id, field=field)
+            self.fail(f"reads {shown(name)}, but no node {shown(head)} exists", node_id=node.node_id, field=field)
         if source is node:
             # Its own outputs do not exist yet when a node is visited.
-            self.fail(f"reads {name!r}, its own output; a node reads only other nodes' outputs", node_id=node.node_id, field=field)
+            self.fail(f"reads {shown(name)}, its own output; a node reads only other nodes' outputs", node_id=node.node_id, field=field)
         if isinstance(source, ConditionNode | EndNode):
             self.fail(
-                f"reads {name!r}, but {head!r} is {_article(source.kind)} node, which has no outputs "
+                f"reads {shown(name)}, but {shown(head)} is {_article(source.kind)} node, which has no outputs "
                 "(only wait_for_event, request_approval and local_command nodes have)",
                 node_id=node.node_id,
                 field=field,

@@ -17,6 +17,8 @@ request is an expected outcome of a race, not a programming mistake.
 
 from __future__ import annotations
 
+from .common import shown
+
 
 class KernelError(Exception):
     """Base class of every error the kernel raises."""
@@ -74,7 +76,7 @@ class InvalidOperation(KernelError, ValueError):
     code = "invalid_operation"
 
     def __init__(self, operation_id: str, field: str, problem: str) -> None:
-        super().__init__(f"operation {operation_id!r}: {field}: {problem}")
+        super().__init__(f"operation {shown(operation_id)}: {field}: {problem}")
         self.operation_id = operation_id
         self.field = field
         self.problem = problem

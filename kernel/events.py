@@ -35,6 +35,7 @@ from typing import Any, Final
 import attrs
 
 from . import text
+from .common import shown
 from .protocol import WaitSpec
 
 MAX_CORRELATION: Final = 16
@@ -63,7 +64,7 @@ def _json_problem(value: object, field: str) -> tuple[str, str] | None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                return (f"{field}[{key!r}]", "keys must be strings")
+                return (f"{field}[{shown(key)}]", "keys must be strings")
             found = _json_problem(item, f"{field}.{key}")
             if found is not None:
                 return found
@@ -110,7 +111,7 @@ class Event:
         """Validate and canonicalise; raises :class:`EventError` naming the field."""
         for field, given in (("event_id", event_id), ("business_id", business_id), ("event_type", event_type)):
             if not isinstance(given, str) or not _ID.fullmatch(given):
-                raise EventError(f"{field}: malformed identifier {given!r}")
+                raise EventError(f"{field}: malformed identifier {shown(given)}")
         if not isinstance(correlation, Mapping):
             raise EventError("correlation: must be an object of name -> value")
         if not correlation:
@@ -122,7 +123,7 @@ class Event:
         pairs = []
         for name, value in correlation.items():
             if not isinstance(name, str) or not _NAME.fullmatch(name):
-                raise EventError(f"correlation: malformed name {name!r} (lower-case letters, digits, _)")
+                raise EventError(f"correlation: malformed name {shown(name)} (lower-case letters, digits, _)")
             try:
                 value_text = correlation_value(value)
             except EventError as exc:

@@ -48,6 +48,7 @@ import attrs
 
 from . import attempts
 from .approvals import APPROVAL_REQUEST, ApprovalRequest, Binding
+from .common import SHOWN_LENGTH, shown
 from .definition import (
     MAX_INPUT_TEXT,
     ConditionNode,
@@ -794,7 +795,8 @@ def input_evidence(
     declared = set(definition.inputs)
     unknown = sorted(set(data) - declared, key=str)
     if unknown:
-        name = unknown[0] if str(unknown[0]).isprintable() else repr(unknown[0])
+        # A name that would garble the message, or flood it, is quoted (and cut) as shown() quotes values.
+        name = unknown[0] if str(unknown[0]).isprintable() and len(str(unknown[0])) <= SHOWN_LENGTH else shown(unknown[0])
         raise InputError(
             f"input.{name}: not an input of {definition.definition_id} "
             f"(declared: {', '.join(definition.inputs) or 'none'})"

@@ -67,6 +67,7 @@ from typing import Final, TypeAlias, TypeVar
 import attrs
 
 from .canonical import digest_bytes, digest_of, is_digest, record_bytes
+from .common import shown
 from .dag import NodeKind, VerifiedWorkflow
 from .definition import IDENTIFIER
 from .journal_codec import (
@@ -132,7 +133,7 @@ def _is_identifier(value: str) -> bool:
 def _identifier(value: str, where: str, code: JournalCode = C.INVALID_REQUEST) -> None:
     # The type first: the remembered match takes only hashable text.
     if type(value) is not str or not _is_identifier(value):
-        raise JournalError(code, f"{where}: malformed identifier {value!r}")
+        raise JournalError(code, f"{where}: malformed identifier {shown(value)}")
 
 
 def _argument(value: object, kind: type | tuple[type, ...], name: str) -> None:
@@ -487,7 +488,7 @@ def _check_common(command: Command) -> None:
     _identifier(command.actor_id, "actor")
     _identifier(command.role, "role")
     if not is_digest(command.expected_head):
-        raise JournalError(C.INVALID_REQUEST, f"expected_head: {command.expected_head!r} is not a sha256: digest")
+        raise JournalError(C.INVALID_REQUEST, f"expected_head: {shown(command.expected_head)} is not a sha256: digest")
     if isinstance(command, Transition):
         _identifier(command.node_id, "node")
         _of_type(command.event, NodeEvent, "event")
@@ -506,7 +507,7 @@ def _check_common(command: Command) -> None:
             _of_type(command.attempt, AttemptRef, "attempt")
             _identifier(command.attempt.attempt_id, "attempt id")
             if type(command.attempt.sequence) is not int:
-                raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence!r} is not a whole number")
+                raise JournalError(C.INVALID_REQUEST, f"attempt sequence {shown(command.attempt.sequence)} is not a whole number")
             if not 1 <= command.attempt.sequence <= MAX_WHOLE:
                 raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence} is out of range")
         if len({(r.kind, r.ref_id) for r in command.records}) != len(command.records):
@@ -536,7 +537,7 @@ def _check_record(record: RecordRef, where: str) -> None:
     _identifier(record.kind, f"{where}: kind")
     _identifier(record.ref_id, f"{where}: id")
     if not is_digest(record.digest):
-        raise JournalError(C.INVALID_REQUEST, f"{where}: digest {record.digest!r} is not sha256: and 64 hex digits")
+        raise JournalError(C.INVALID_REQUEST, f"{where}: digest {shown(record.digest)} is not sha256: and 64 hex digits")
 
 
 def _node(builder: _Builder, node_id: str, prior: NodeState) -> NodeState:

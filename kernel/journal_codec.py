@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from .canonical import canonical_bytes, digest_bytes, is_digest, parse_canonical, record_bytes
+from .common import shown
 from .dag import strict_flag, strict_list, strict_object, strict_text, strict_texts
 from .definition import IDENTIFIER
 from .journal_codes import JournalCode, JournalError
@@ -69,7 +70,7 @@ def encode_event(event: Event) -> bytes:
 def _digest_field(value: object, where: str) -> str:
     text = strict_text(value, where)
     if not is_digest(text):
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not sha256: and 64 lowercase hex digits")
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {shown(text)} is not sha256: and 64 lowercase hex digits")
     return text
 
 
@@ -80,7 +81,7 @@ def _optional_text(value: object, where: str) -> str | None:
 def _identifier_field(value: object, where: str) -> str:
     text = strict_text(value, where)
     if IDENTIFIER.fullmatch(text) is None:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not an identifier (specs/journal.md, section 1)")
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {shown(text)} is not an identifier (specs/journal.md, section 1)")
     return text
 
 
@@ -104,7 +105,7 @@ def _enum_member(kind: type[NodeState] | type[NodeEvent], value: object, where: 
     try:
         return kind(text)
     except ValueError:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a node {kind.__name__[4:].lower()}") from None
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {shown(text)} is not a node {kind.__name__[4:].lower()}") from None
 
 
 _HEADER_FIELDS = (
@@ -126,10 +127,10 @@ def _members(value: dict[str, object], fields: tuple[str, ...], optional: tuple[
     """
     unknown = sorted(set(value) - set(fields) - set(optional))
     if unknown:
-        raise JournalError(C.UNKNOWN_FIELD, f"unknown field {unknown[0]!r}")
+        raise JournalError(C.UNKNOWN_FIELD, f"unknown field {shown(unknown[0])}")
     for name in fields:
         if name not in value:
-            raise JournalError(C.MISSING_FIELD, f"missing field {name!r}")
+            raise JournalError(C.MISSING_FIELD, f"missing field {shown(name)}")
     return value
 
 
@@ -138,7 +139,7 @@ def decode_header(data: bytes) -> Header:
     try:
         obj = _members(parse_canonical(data), _HEADER_FIELDS)
         if obj["format"] != FORMAT:
-            raise JournalError(C.MALFORMED_RECORD, f"format: {obj['format']!r} is not {FORMAT!r}")
+            raise JournalError(C.MALFORMED_RECORD, f"format: {shown(obj['format'])} is not {FORMAT!r}")
         header = Header(
             # The header's own ids, as create_header checks them: the events'
             # execution, and a successor binding's supersedes, are compared
@@ -378,7 +379,7 @@ def policy_from_json(value: object, where: str = "policy") -> AuthorityPolicy:
         try:
             kind = ActorKind(kind_text)
         except ValueError:
-            raise JournalError(C.MALFORMED_RECORD, f"{at}.kind: {kind_text!r} is not human or automation") from None
+            raise JournalError(C.MALFORMED_RECORD, f"{at}.kind: {shown(kind_text)} is not human or automation") from None
         assignments.append(
             Assignment(strict_text(fields["actor"], f"{at}.actor"), kind, strict_texts(fields["roles"], f"{at}.roles"))
         )
@@ -438,7 +439,7 @@ def command_from_json(value: object, expected_head: str | None = None, where: st
         raise JournalError(C.MALFORMED_RECORD, f'{own}must be an object with "command" naming its kind')
     kind = value["command"]
     if kind not in _COMMAND_FIELDS:
-        raise JournalError(C.MALFORMED_RECORD, f"{at('command')}: {kind!r} is not one of {sorted(_COMMAND_FIELDS)}")
+        raise JournalError(C.MALFORMED_RECORD, f"{at('command')}: {shown(kind)} is not one of {sorted(_COMMAND_FIELDS)}")
     required, optional = _COMMAND_FIELDS[kind]
     if where:
         obj = strict_object(value, where, required=required, optional=optional)

@@ -29,6 +29,7 @@ from typing import Final, TypeAlias, overload
 import attrs
 
 from .canonical import Json, digest_bytes, record_bytes, text_bytes, value_text
+from .common import shown
 from .dag import VerifiedWorkflow
 from .journal_codes import JournalCode, JournalError, Refusal
 from .machines import NodeEvent, NodeState
@@ -797,8 +798,8 @@ def format_time(now: datetime) -> str:
 def check_time(text: str, where: str) -> None:
     # Fixed widths make the spelling unique; fromisoformat then rejects dates that do not exist.
     if _TIME.fullmatch(text) is None:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a UTC time like 2026-01-01T00:00:00.000000Z")
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {shown(text)} is not a UTC time like 2026-01-01T00:00:00.000000Z")
     try:
         datetime.fromisoformat(text[:-1])
     except ValueError:
-        raise JournalError(C.MALFORMED_RECORD, f"{where}: {text!r} is not a real moment") from None
+        raise JournalError(C.MALFORMED_RECORD, f"{where}: {shown(text)} is not a real moment") from None

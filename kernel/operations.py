@@ -68,7 +68,7 @@ from typing import Any, Final
 
 import attrs
 
-from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, utc_problem
+from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, shown, utc_problem
 from .errors import InvalidOperation
 from .machines import OPERATION, OperationEvent, OperationState
 from .recovery import MAX_RATIONALE
@@ -768,7 +768,7 @@ def _check_request(value: object, kind: type) -> None:
 
 def _check_positive(field: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _Invalid(field, f"must be a positive integer, got {value!r}")
+        raise _Invalid(field, f"must be a positive integer, got {shown(value)}")
 
 
 def _check_digest(field: str, value: object) -> None:
@@ -780,7 +780,7 @@ def _check_authority(field: str, value: object) -> None:
     if not isinstance(value, Authority):
         raise _Invalid(field, "must be an Authority fact")
     if not isinstance(value.granted, bool):
-        raise _Invalid(f"{field}.granted", f"must be true or false, got {value.granted!r}")
+        raise _Invalid(f"{field}.granted", f"must be true or false, got {shown(value.granted)}")
     _check_id(f"{field}.principal", value.principal)
 
 
@@ -801,7 +801,7 @@ def _check_policy(value: object) -> None:
     _check_positive("policy.maximum_attempts", value.maximum_attempts)
     coefficient = value.backoff_coefficient
     if not isinstance(coefficient, int | float) or isinstance(coefficient, bool) or not 1 <= coefficient <= 100:
-        raise _Invalid("policy.backoff_coefficient", f"must be a number from 1 to 100, got {coefficient!r}")
+        raise _Invalid("policy.backoff_coefficient", f"must be a number from 1 to 100, got {shown(coefficient)}")
 
 
 def _no_constant(name: str) -> Any:

@@ -63,7 +63,7 @@ from typing import Final
 
 import attrs
 
-from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, utc_problem
+from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, shown, utc_problem
 from .evidence import Evidence
 from .machines import (
     DISPATCH,
@@ -648,12 +648,12 @@ def _expiry(field: str, now: datetime, duration: timedelta) -> datetime:
 
 def _check_revision(field: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _invalid(field, f"must be a positive integer, got {value!r}")
+        raise _invalid(field, f"must be a positive integer, got {shown(value)}")
 
 
 def _check_fence(field: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _invalid(field, f"must be a positive integer, got {value!r}")
+        raise _invalid(field, f"must be a positive integer, got {shown(value)}")
 
 
 def _check_authority(field: str, value: object) -> None:
@@ -860,7 +860,7 @@ def _check_request(value: object, kind: type) -> None:
 
 def _check_bool(field: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise _invalid(field, f"must be true or false, got {value!r}")
+        raise _invalid(field, f"must be true or false, got {shown(value)}")
 
 
 def _check_credential(value: object) -> None:
@@ -940,7 +940,7 @@ def _parse_target(value: object) -> ExecutionState:
             return ExecutionState(value)
         except ValueError:
             pass
-    raise _invalid("target_state", f"unknown state {value!r}")
+    raise _invalid("target_state", f"unknown state {shown(value)}")
 
 
 # --- helpers ---------------------------------------------------------------------
@@ -1585,7 +1585,7 @@ def wake(
         _check_id("key.node_id", request.key.node_id)
         _check_id("key.attempt_id", request.key.attempt_id)
         if not isinstance(request.reason, WakeReason):
-            raise _invalid("reason", f"unknown wake reason {request.reason!r}")
+            raise _invalid("reason", f"unknown wake reason {shown(request.reason)}")
         _check_id("source_id", request.source_id)
         _check_id("business_id", request.business_id)
         _check_authority("authority", request.authority)

@@ -38,6 +38,7 @@ from typing import Final
 import attrs
 
 from . import attempts
+from .common import shown
 from .definition import Definition
 from .evidence import Evidence
 from .machines import AttemptEvent, AttemptState, DispatchState, ExecutionEvent, ExecutionState
@@ -220,7 +221,7 @@ def _validate(request: RecoveryRequest, now: datetime) -> None:
     _check_request(request, RecoveryRequest)
     _check_id("command_id", request.command_id)
     if not isinstance(request.kind, RecoveryKind):
-        raise _invalid("kind", f"unknown recovery decision {request.kind!r}")
+        raise _invalid("kind", f"unknown recovery decision {shown(request.kind)}")
     _check_id("execution_id", request.execution_id)
     _check_id("business_id", request.business_id)
     _check_revision("expected_revision", request.expected_revision)

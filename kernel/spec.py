@@ -27,6 +27,7 @@ from typing import Any
 
 import attrs
 
+from .common import shown
 from .errors import InvalidSpec
 
 _TOP_FIELDS = ("name", "source", "states", "initial", "terminal", "review", "transitions")
@@ -118,7 +119,7 @@ def _validate(spec: MachineSpec, filename: str) -> None:
     ):
         for value in values:
             if value not in known:
-                fail(f"field {field!r} names unknown state {value!r}")
+                fail(f"field {shown(field)} names unknown state {shown(value)}")
         if len(set(values)) != len(values):
             fail(f"field {field!r} lists a state twice: {_first_duplicate(values)!r}")
     if not spec.initial:
@@ -134,7 +135,7 @@ def _validate(spec: MachineSpec, filename: str) -> None:
             fail(f"{where}: field 'event' must be a non-empty string")
         for field, value in (("source", t.source), ("target", t.target)):
             if value not in known:
-                fail(f"{where}: field {field!r} names unknown state {value!r}")
+                fail(f"{where}: field {shown(field)} names unknown state {shown(value)}")
         if not t.cite:
             fail(f"{where}: field 'cite' must quote the seed it comes from")
         if t.derived and not t.rationale:

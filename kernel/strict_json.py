@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .common import shown
+
 __all__ = ["StrictJsonError", "loads"]
 
 
@@ -34,7 +36,7 @@ def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise StrictJsonError(f"duplicate key {key!r} in an object")
+            raise StrictJsonError(f"duplicate key {shown(key)} in an object")
         result[key] = value
     return result
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from .common import SHOWN_LENGTH, shown
+
 _SURROGATES: Final = range(0xD800, 0xE000)
 
 
@@ -52,14 +54,15 @@ def first_problem(value: object, field: str) -> tuple[str, str] | None:
             if isinstance(key, str):
                 found = problem(key)
                 if found is not None:
-                    return (f"{field} key {key!r}", found)
-            # A key that would garble the message is named as Python spells it.
+                    return (f"{field} key {shown(key)}", found)
+            # A key that would garble the message, or flood it, is named as Python spells it (cut: shown()).
             try:
-                shown = str(key)
+                spelled = str(key)
             except ValueError:
                 # An integer key longer than Python prints (sys.get_int_max_str_digits): named by its type.
-                shown = f"<{type(key).__name__}>"
-            name = f"{field}.{shown}" if shown.isprintable() else f"{field}[{key!r}]"
+                spelled = f"<{type(key).__name__}>"
+            plain = spelled.isprintable() and len(spelled) <= SHOWN_LENGTH
+            name = f"{field}.{spelled}" if plain else f"{field}[{shown(key)}]"
             nested = first_problem(item, name)
             if nested is not None:
                 return nested

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import attrs
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.common import shown
 from fencekeeper.kernel.errors import InvalidOperation
 
 # ClaimRefused's __init__, written by attrs, carries Refusal's annotations as text (the kernel's
@@ -70,12 +71,6 @@ def _not_json(constant: str) -> Any:
 
 # NaN and the infinities are Python's extension of JSON: the store never writes them (canonical_json refuses them).
 _STORED_JSON = json.JSONDecoder(parse_constant=_not_json)
-
-
-def shown(value: Any) -> str:
-    """``value`` as a message quotes a stored value: its repr, cut at 80 characters."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def decode_stored_json(operation: o.Operation, column: str, text: Any) -> Any:

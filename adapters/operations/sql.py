@@ -43,13 +43,14 @@ from typing import Any
 import attrs
 
 from fencekeeper.kernel import operations as o
+from fencekeeper.kernel.common import shown
 from fencekeeper.kernel.errors import InvalidOperation
 from fencekeeper.kernel.machines import OperationEvent, OperationState
 
 from ..codec import OPERATION_TEXT
 from ..outbox_rows import OUTBOX_INSERT, operation_row
 from .base import Tx, due_at
-from .ports import GuardedContext, MalformedRow, OperationView, StaleContext, StatementRefused, shown
+from .ports import GuardedContext, MalformedRow, OperationView, StaleContext, StatementRefused
 from .service import ActionFailed
 
 COLUMNS = (

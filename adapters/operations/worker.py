@@ -70,9 +70,9 @@ from typing import Any, Final
 import attrs
 
 from fencekeeper.kernel import operations as o
-from fencekeeper.kernel.common import duration_problem, identifier_problem
+from fencekeeper.kernel.common import duration_problem, identifier_problem, shown
 
-from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore, shown
+from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore
 from .service import (
     ActionFailed,
     DurableAction,
