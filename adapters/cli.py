@@ -23,7 +23,10 @@ Rules of this module:
   file is JSON when it is named ``.json`` or starts with ``{``, else TOML.  No command migrates
   PostgreSQL except ``migrate`` (and ``demo``, which says so).
 - Every error is one line on stderr, ``fencekeeper: error: ...``; a traceback
-  appears only with ``--debug``.
+  appears only with ``--debug``.  A value it quotes is quoted by its start
+  (``kernel.common.shown``: 80 characters; a path by its start and end, 240),
+  so a refused 100,000-character id or document does not flood a terminal
+  or a log; argparse's own messages are cut the same way (:class:`_Parser`).
 - Options are spelt in full: every parser, each subcommand's included, is
   built with ``allow_abbrev=False``, so an abbreviation is an unknown option
   (exit 2) and cannot change meaning when an option sharing its prefix is
@@ -95,13 +98,14 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
 from fencekeeper.kernel import approvals, strict_json
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.common import SHOWN_LENGTH, shown, shown_text
 from fencekeeper.kernel.definition import IDENTIFIER, Definition, DefinitionError, from_json, parse_definition
 from fencekeeper.kernel.errors import KernelError
 from fencekeeper.kernel.events import Event, EventError
@@ -144,6 +148,26 @@ DEFAULT_PRINCIPAL = "user:operator"
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database"})
 # OperationError codes that mean the input was wrong, not that a request was refused.
 _USAGE_OPERATION_CODES = frozenset({"execution_not_found", "definition_not_found", "invalid_input", "invalid_event"})
+
+
+# The longest error message printed: a last bound, for text no message builder quoted through shown().
+_MESSAGE_LENGTH = 1000
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose own error messages are bounded as ours are (``kernel.common.shown``).
+
+    argparse builds those messages itself, quoting what was typed (an
+    invalid choice, an argument it does not know, a value its type refused),
+    so they are bounded on their finished text: each word cut to
+    ``SHOWN_LENGTH`` characters, and the whole to ``_MESSAGE_LENGTH``.
+    Subparsers are made of the same class (``add_subparsers`` takes the
+    parent's).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        words = (word if len(word) <= SHOWN_LENGTH else word[: SHOWN_LENGTH - 3] + "..." for word in message.split(" "))
+        super().error(shown_text(" ".join(words), _MESSAGE_LENGTH))
 
 
 class CliError(Exception):
@@ -191,12 +215,12 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     # allow_abbrev=False on every parser, parents and subparsers alike (argparse does not pass it down): an
     # abbreviation (--conc for --concurrency) would change meaning, or stop parsing, the day an option sharing
     # its prefix is added, and a typo could pick an option never meant.
-    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common = _Parser(add_help=False, allow_abbrev=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    data = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    data = _Parser(add_help=False, allow_abbrev=False)
     data.add_argument("--json", action="store_true", help="machine-readable output: one JSON document on stdout")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fencekeeper",
         allow_abbrev=False,
         description="A formally specified kernel for durable workflow execution.",
@@ -458,7 +482,7 @@ def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a whole number: {shown(text)}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -468,7 +492,7 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {shown(text)}") from None
     if not 0 < value < 86_400 * 366:
         raise argparse.ArgumentTypeError(f"must be positive and under a year, got {text}")
     return value
@@ -484,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _one_line_errors() as exc:
         if args.debug:
             raise
-        print(f"fencekeeper: error: {render.printable(_message(exc))}", file=sys.stderr)
+        print(f"fencekeeper: error: {render.printable(shown_text(_message(exc), _MESSAGE_LENGTH))}", file=sys.stderr)
         return _exit_code(exc)
     except KeyboardInterrupt:
         # Ctrl-C outside a worker (which handles it itself): what was committed stays committed.
@@ -499,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A bug, not bad input: still one line, with the way to the traceback.
         if args.debug:
             raise
-        detail = render.printable(" ".join(str(exc).split()))
+        detail = render.printable(shown_text(" ".join(str(exc).split()), _MESSAGE_LENGTH))
         print(
             f"fencekeeper: error: internal error: {type(exc).__name__}: {detail} (rerun with --debug for the traceback)",
             file=sys.stderr,
@@ -650,7 +674,7 @@ def json_option(option: str, value: str) -> tuple[Any, str]:
             # Path("") is the current directory: the read would fail as "is a directory", naming no file given.
             raise CliError(f"{option}: '@' names no file; write @FILE")
         path = Path(value[1:])
-        where, value = f"{option}: {path}", _read(path, option=option)
+        where, value = f"{option}: {shown_text(path)}", _read(path, option=option)
     try:
         return strict_json.loads(value), where
     except json.JSONDecodeError as exc:
@@ -678,7 +702,7 @@ def _one_stdin(**options: str | None) -> None:
 def _identifier(option: str, value: str | None) -> None:
     if value is not None and not IDENTIFIER.fullmatch(value):
         raise CliError(
-            f"{option}: malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -, not starting with a symbol)"
+            f"{option}: malformed identifier {shown(value)} (1-128 of A-Z a-z 0-9 . _ : @ / -, not starting with a symbol)"
         )
 
 
@@ -725,27 +749,29 @@ def _handler_factory(spec: str | None, db: str) -> Callable[[], CommandHandler]:
         return lambda: examples.handler(examples.effect_log_for(db))
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise CliError(f"--handler: {spec!r}: write MODULE:FACTORY, e.g. mycompany.handlers:make_handler")
+        raise CliError(f"--handler: {shown(spec)}: write MODULE:FACTORY, e.g. mycompany.handlers:make_handler")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise CliError(f"--handler: cannot import {module_name!r}: {exc}") from None
+        raise CliError(f"--handler: cannot import {shown(module_name)}: {shown_text(exc)}") from None
     factory = getattr(module, attribute, None)
     if not callable(factory):
-        raise CliError(f"--handler: {module_name!r} has no callable {attribute!r}")
+        raise CliError(f"--handler: {shown(module_name)} has no callable {shown(attribute)}")
 
     def make() -> CommandHandler:
         handler = factory()
         if not callable(getattr(handler, "execute", None)) or not callable(getattr(handler, "reconcile", None)):
-            raise CliError(f"--handler: {spec} returned {type(handler).__name__}, which has no execute and reconcile")
+            raise CliError(
+                f"--handler: {shown_text(spec)} returned {type(handler).__name__}, which has no execute and reconcile"
+            )
         for name in ("execute", "reconcile"):
             # An async def answers a coroutine, which a worker takes for a handler that says nothing:
             # every Command's outcome would be unknown and every execution would go to reconciliation.
             if inspect.iscoroutinefunction(getattr(handler, name)):
                 raise CliError(
-                    f"--handler: {spec} returned {type(handler).__name__}, whose {name} is a coroutine function "
+                    f"--handler: {shown_text(spec)} returned {type(handler).__name__}, whose {name} is a coroutine function "
                     "(async def); a CommandHandler is synchronous code, which workers call in threads"
                 )
         return handler  # type: ignore[no-any-return]
@@ -910,15 +936,15 @@ def _worker_settings(args: argparse.Namespace) -> tuple[int, timedelta]:
     try:
         concurrency = int(args.concurrency)
     except ValueError:
-        raise CliError(f"--concurrency: not a whole number: {args.concurrency!r}") from None
+        raise CliError(f"--concurrency: not a whole number: {shown(args.concurrency)}") from None
     try:
         seconds = float(args.lease)
     except ValueError:
-        raise CliError(f"--lease: not a number of seconds: {args.lease!r}") from None
+        raise CliError(f"--lease: not a number of seconds: {shown(args.lease)}") from None
     if not math.isfinite(seconds):
-        raise CliError(f"--lease: must be a finite number of seconds, got {args.lease!r}")
+        raise CliError(f"--lease: must be a finite number of seconds, got {shown(args.lease)}")
     if seconds >= MAX_LEASE.total_seconds():
-        raise CliError(f"--lease: must be under a year, got {args.lease}")
+        raise CliError(f"--lease: must be under a year, got {shown_text(args.lease, SHOWN_LENGTH)}")
     try:
         check_concurrency(concurrency)
         lease = check_lease(timedelta(seconds=seconds))
@@ -998,7 +1024,7 @@ def _processes(text: str) -> int:
     try:
         return prefork.check_processes(int(text))
     except ValueError as exc:
-        message = str(exc) if isinstance(exc, prefork.ProcessesError) else f"not a whole number: {text!r}"
+        message = str(exc) if isinstance(exc, prefork.ProcessesError) else f"not a whole number: {shown(text)}"
         raise CliError(f"--processes: {message}") from None
 
 
@@ -1952,7 +1978,7 @@ def _number(count: int, noun: str) -> str:
 
 
 def _read(path: Path, *, option: str | None = None) -> str:
-    prefix = f"{option}: {path}" if option else str(path)
+    prefix = f"{option}: {shown_text(path)}" if option else shown_text(path)
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -1991,17 +2017,20 @@ def _export_specs(args: argparse.Namespace, out: Output) -> int:
     for machine in MACHINES.values():
         files.append((directory / "machines" / f"{machine.name}.toml", render_machine_spec(machine.spec).encode("utf-8")))
     # Every path is checked before anything is written: a conflict is one error naming it, and nothing is written.
-    for folder in folders:
-        if folder.exists() and not folder.is_dir():
-            raise CliError(f"{folder}: exists and is not a directory")
-    for destination, _ in files:
-        if destination.is_dir():
-            raise CliError(f"{destination}: is a directory, where a spec file goes")
+    try:
+        for folder in folders:
+            if folder.exists() and not folder.is_dir():
+                raise CliError(f"{shown_text(folder)}: exists and is not a directory")
+        for destination, _ in files:
+            if destination.is_dir():
+                raise CliError(f"{shown_text(destination)}: is a directory, where a spec file goes")
+    except OSError as exc:  # a path the system cannot look up (ENAMETOOLONG): what was typed, not a bug
+        raise CliError(f"{shown_text(exc.filename or directory)}: cannot be used: {exc.strerror}") from None
     try:
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CliError(f"{exc.filename or directory}: cannot create: {exc.strerror}") from None
+        raise CliError(f"{shown_text(exc.filename or directory)}: cannot create: {exc.strerror}") from None
     try:
         for destination, content in files:
             if isinstance(content, bytes):
@@ -2009,7 +2038,7 @@ def _export_specs(args: argparse.Namespace, out: Output) -> int:
             elif not (isinstance(content, Path) and destination.exists() and destination.samefile(content)):
                 destination.write_bytes(content.read_bytes())
     except OSError as exc:
-        raise CliError(f"{exc.filename or directory}: cannot write: {exc.strerror}") from None
+        raise CliError(f"{shown_text(exc.filename or directory)}: cannot write: {exc.strerror}") from None
     return EXIT_OK
 
 if __name__ == "__main__":  # pragma: no cover

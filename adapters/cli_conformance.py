@@ -24,6 +24,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from fencekeeper.kernel.common import shown, shown_text
+
 from .render import Output
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         out.note(f"fencekeeper: error: {exc}")
         return EXIT_USAGE
     except (OSError, ValueError) as exc:
-        out.note(f"fencekeeper: error: --driver {args.driver!r}: cannot start: {exc}")
+        out.note(f"fencekeeper: error: --driver {shown(args.driver)}: cannot start: {shown_text(exc)}")
         return EXIT_USAGE
     except runner.DriverError as exc:
         out.note(f"fencekeeper: error: the driver broke the protocol: {exc}")

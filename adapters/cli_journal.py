@@ -48,6 +48,7 @@ from typing import Any
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel import strict_json
 from fencekeeper.kernel.canonical import is_digest
+from fencekeeper.kernel.common import shown, shown_text
 from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
@@ -239,9 +240,9 @@ def _read_json(path: Path, option: str) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise JournalCliError(f"{option} {path}: cannot read: {exc.strerror}") from None
+        raise JournalCliError(f"{option} {shown_text(path)}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise JournalCliError(f"{option} {path}: not UTF-8 text") from None
+        raise JournalCliError(f"{option} {shown_text(path)}: not UTF-8 text") from None
     return _parse_json(text, f"{option} {path}")
 
 
@@ -281,7 +282,7 @@ def _where(args: argparse.Namespace) -> str:
 def _loaded(store: JournalStore, execution_id: str, db: str) -> j.Journal:
     journal = store.load(execution_id)
     if journal is None:
-        raise JournalCliError(f"EXECUTION_ID: no journal {execution_id!r} in {db}")
+        raise JournalCliError(f"EXECUTION_ID: no journal {shown(execution_id)} in {db}")
     return journal
 
 
@@ -395,11 +396,11 @@ def _resolve_successor(store: JournalStore, value: dict[str, Any], where: str) -
     except JournalError as exc:
         # A stored header that does not decode names no digest: the stored data is bad, not what was typed.
         raise JournalCliError(
-            f"{where}: successor {successor_id!r}: its stored header cannot be read: {exc.detail} [{exc.code}]",
+            f"{where}: successor {shown(successor_id)}: its stored header cannot be read: {exc.detail} [{exc.code}]",
             EXIT_PROBLEM,
         ) from None
     if header is None:
-        raise JournalCliError(f"{where}: successor {successor_id!r} is not in this database; give its digest")
+        raise JournalCliError(f"{where}: successor {shown(successor_id)} is not in this database; give its digest")
     return {**value, "successor": {**successor, "digest": header.digest}}
 
 
@@ -407,25 +408,25 @@ def _read_head(path: Path) -> str:
     try:
         head = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise JournalCliError(f"--head-file {path}: cannot read: {exc.strerror}") from None
+        raise JournalCliError(f"--head-file {shown_text(path)}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise JournalCliError(f"--head-file {path}: not UTF-8 text") from None
+        raise JournalCliError(f"--head-file {shown_text(path)}: not UTF-8 text") from None
     if not is_digest(head):
-        raise JournalCliError(f"--head-file {path}: holds {head[:80]!r}, not a sha256: digest")
+        raise JournalCliError(f"--head-file {shown_text(path)}: holds {head[:80]!r}, not a sha256: digest")
     return head
 
 
 def _check_writable(path: Path, option: str, args: argparse.Namespace) -> None:
     """Refuse an output that could not be written, before anything (a journal, another output) is."""
     if path.is_dir():
-        raise JournalCliError(f"{option} {path}: is a directory")
+        raise JournalCliError(f"{option} {shown_text(path)}: is a directory")
     if not path.parent.is_dir():
-        raise JournalCliError(f"{option} {path}: cannot write: directory {path.parent} does not exist")
+        raise JournalCliError(f"{option} {shown_text(path)}: cannot write: directory {shown_text(path.parent)} does not exist")
     if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise JournalCliError(f"{option} {path}: cannot write: permission denied")
+        raise JournalCliError(f"{option} {shown_text(path)}: cannot write: permission denied")
     if _is_the_database(path, args):
         # A slip of the keyboard would replace the append-only journal with a head or an export of it.
-        raise JournalCliError(f"{option} {path}: is the SQLite database --db names; it would be overwritten")
+        raise JournalCliError(f"{option} {shown_text(path)}: is the SQLite database --db names; it would be overwritten")
 
 
 def _is_the_database(path: Path, args: argparse.Namespace) -> bool:
@@ -444,7 +445,7 @@ def _write_head(path: Path, head: str) -> None:
     try:
         path.write_text(head + "\n", encoding="utf-8")
     except OSError as exc:
-        raise JournalCliError(f"--head-file {path}: cannot write: {exc.strerror}") from None
+        raise JournalCliError(f"--head-file {shown_text(path)}: cannot write: {exc.strerror}") from None
 
 
 def _append(args: argparse.Namespace, out: Output) -> int:
@@ -635,7 +636,7 @@ def _verify(args: argparse.Namespace, out: Output) -> int:
             with _store(args) as store:
                 chain = store.stored(args.execution_id)
                 if chain is None:
-                    raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {_where(args)}")
+                    raise JournalCliError(f"EXECUTION_ID: no journal {shown(args.execution_id)} in {_where(args)}")
                 journal = replay_stored(chain, _resolver(args), headers=store.header)
     except JournalError as exc:
         # The header is line 1, event n line n + 1.
@@ -677,7 +678,7 @@ def _chain_file(path: Path) -> tuple[bytes, Sequence[bytes]] | None:
     try:
         return journal_fixtures.read_chain(path)
     except OSError as exc:
-        raise JournalCliError(f"--file {path}: cannot read: {exc.strerror}") from None
+        raise JournalCliError(f"--file {shown_text(path)}: cannot read: {exc.strerror}") from None
     except ValueError:
         return None
 
@@ -695,7 +696,7 @@ def _export(args: argparse.Namespace, out: Output) -> int:
     with _store(args) as store:
         chain = store.stored(args.execution_id)
     if chain is None:
-        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {_where(args)}")
+        raise JournalCliError(f"EXECUTION_ID: no journal {shown(args.execution_id)} in {_where(args)}")
     data = b"".join(line + b"\n" for line in (chain.header, *chain.events))
     written: dict[str, str] = {}
     for path, payload, name in (
@@ -707,7 +708,7 @@ def _export(args: argparse.Namespace, out: Output) -> int:
             try:
                 path.write_bytes(payload)
             except OSError as exc:
-                raise JournalCliError(f"{path}: cannot write: {exc.strerror}") from None
+                raise JournalCliError(f"{shown_text(path)}: cannot write: {exc.strerror}") from None
             written[name] = str(path)
     if args.out is None:
         if out.json_mode:
@@ -724,7 +725,7 @@ def _replay(args: argparse.Namespace, out: Output) -> int:
     with _store(args) as store:
         chain = store.stored(args.execution_id)
     if chain is None:
-        raise JournalCliError(f"EXECUTION_ID: no journal {args.execution_id!r} in {_where(args)}")
+        raise JournalCliError(f"EXECUTION_ID: no journal {shown(args.execution_id)} in {_where(args)}")
     # Replay from the stored bytes alone: the header, the events, and the
     # workflow and policy the header binds (and each row's digest column
     # held to its record's).

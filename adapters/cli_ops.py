@@ -50,7 +50,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from fencekeeper.kernel.common import identifier_problem
+from fencekeeper.kernel.common import identifier_problem, shown, shown_text
 from fencekeeper.kernel.operations import RefusalCode
 from fencekeeper.kernel.recovery import MAX_RATIONALE
 
@@ -225,9 +225,10 @@ def load_registry_module(name: str) -> ModuleType:
     try:
         module = import_deployment_module(name)
     except ImportError as exc:
-        raise RegistryError(f"--actions: cannot import {name!r}: {exc}") from None
+        raise RegistryError(f"--actions: cannot import {shown(name)}: {shown_text(exc)}") from None
     except Exception as exc:  # an empty or relative name, or the module's own failure; --debug shows it through the cause
-        raise RegistryError(f"--actions: cannot import {name!r}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
+        problem = shown_text(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+        raise RegistryError(f"--actions: cannot import {shown(name)}: {problem}") from exc
     for needed in ("registry", "resolvers"):
         if not callable(getattr(module, needed, None)):
             raise RegistryError(f"--actions: {name} has no {needed}() function")
@@ -410,7 +411,7 @@ def _status(args: argparse.Namespace, out: Output) -> int:
     with _service(args, read_only=True) as (service, _, _):
         record = service.get(args.operation_id)
     if record is None:
-        raise DurableOperationError("operation_not_found", f"operation {args.operation_id!r} does not exist")
+        raise DurableOperationError("operation_not_found", f"operation {shown(args.operation_id)} does not exist")
     _show(out, record)
     return EXIT_OK
 

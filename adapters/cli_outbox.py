@@ -24,6 +24,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from fencekeeper.kernel.common import SHOWN_LENGTH, shown, shown_text
+
 from .render import Output
 from .store import StoreError
 
@@ -43,7 +45,7 @@ def _duration(text: str) -> timedelta:
     try:
         value = float(number)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration (like 30d, 12h, 15m, 90s, 50ms): {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a duration (like 30d, 12h, 15m, 90s, 50ms): {shown(text)}") from None
     if not 0 <= value * unit < 86_400 * 366 * 100:
         raise argparse.ArgumentTypeError(f"must be zero or more and under a century, got {text}")
     return timedelta(seconds=value * unit)
@@ -53,7 +55,7 @@ def _fraction(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number: {shown(text)}") from None
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
@@ -63,7 +65,7 @@ def _count(text: str, most: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a whole number: {shown(text)}") from None
     if value < 1 or (most is not None and value > most):
         raise argparse.ArgumentTypeError(
             f"must be at least 1{'' if most is None else f' and at most {most}'}, got {value}"
@@ -214,7 +216,7 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             message_id = args.requeue or args.discard
             done = (outbox.requeue if args.requeue else outbox.discard)(store, message_id)
             if not done:
-                raise StoreError("message_not_found", f"{message_id}: no parked outbox message has this id")
+                raise StoreError("message_not_found", f"{shown_text(message_id, SHOWN_LENGTH)}: no parked outbox message has this id")
             verb = "requeued" if args.requeue else "discarded"
             if out.json_mode:
                 out.data({verb: message_id})

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from fencekeeper.kernel.common import shown, shown_text
+
 from . import cli_ops, connect
 from .operations.connect import open_operation_store
 from .render import Output
@@ -61,11 +63,12 @@ def _auth_module(name: str) -> Any:
     try:
         module = cli_ops.import_deployment_module(name)
     except ImportError as exc:
-        raise ServeError(f"--auth: cannot import {name!r}: {exc}") from None
+        raise ServeError(f"--auth: cannot import {shown(name)}: {shown_text(exc)}") from None
     except Exception as exc:  # an empty or relative name, or the module's own failure; --debug shows it through the cause
-        raise ServeError(f"--auth: cannot import {name!r}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
+        problem = shown_text(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+        raise ServeError(f"--auth: cannot import {shown(name)}: {problem}") from exc
     if not callable(getattr(module, "authenticate", None)):
-        raise ServeError(f"--auth: {name} has no authenticate(request) function")
+        raise ServeError(f"--auth: {shown_text(name)} has no authenticate(request) function")
     return module
 
 
@@ -81,7 +84,7 @@ def _listening(host: str, port: int) -> socket.socket:
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except (socket.gaierror, UnicodeError) as exc:
-        raise ServeError(f"--host: cannot resolve {host!r}: {exc}") from None
+        raise ServeError(f"--host: cannot resolve {shown(host)}: {shown_text(exc)}") from None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -51,7 +51,7 @@ import attrs
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.common import utc_problem
+from fencekeeper.kernel.common import shown, utc_problem
 from fencekeeper.kernel.definition import (
     IDENTIFIER,
     Definition,
@@ -134,7 +134,7 @@ def _identifier(field: str, value: object) -> str:
         raise RequestError(
             RequestCode.INVALID_IDENTIFIER,
             field,
-            f"malformed identifier {value!r} (1-128 of A-Z a-z 0-9 . _ : @ / -, not starting with a symbol)",
+            f"malformed identifier {shown(value)} (1-128 of A-Z a-z 0-9 . _ : @ / -, not starting with a symbol)",
         )
     return value
 
@@ -177,7 +177,7 @@ def _lease(value: object) -> timedelta:
             value = timedelta(seconds=value)
         except (ValueError, OverflowError):
             # NaN, infinity or more days than a timedelta holds: timedelta's own error names nothing.
-            raise RequestError(RequestCode.WORKER_SETTING, "lease", f"must be finite seconds, got {value!r}") from None
+            raise RequestError(RequestCode.WORKER_SETTING, "lease", f"must be finite seconds, got {shown(value)}") from None
     try:
         return check_lease(value)  # type: ignore[arg-type]
     except WorkerSettingError as exc:
@@ -197,9 +197,9 @@ def wait_arguments(
         raise RequestError(RequestCode.INVALID_ARGUMENT, "until", str(exc)) from None
     # Written so that NaN fails them: a NaN timeout never passes its deadline, a NaN poll cannot be slept.
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout >= 0:
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "timeout", f"must be seconds >= 0, got {timeout!r}")
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "timeout", f"must be seconds >= 0, got {shown(timeout)}")
     if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not 0 < poll < math.inf:
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be seconds > 0, got {poll!r}")
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be seconds > 0, got {shown(poll)}")
     return wanted
 
 
@@ -391,7 +391,7 @@ class Client:
             view = self.store.read(execution_id)
         if view is None or view.execution.business_id != self.business:
             raise RequestError(
-                RequestCode.EXECUTION_NOT_FOUND, "execution_id", f"no execution {execution_id!r} in {self.business!r}"
+                RequestCode.EXECUTION_NOT_FOUND, "execution_id", f"no execution {shown(execution_id)} in {self.business!r}"
             )
         return view
 
@@ -469,7 +469,7 @@ class Client:
         _optional_identifier("execution_id", execution_id)
         data = _mapping("input", {} if input is None else input)
         if revision is not None and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 1):
-            raise RequestError(RequestCode.INVALID_ARGUMENT, "revision", f"must be a positive int, got {revision!r}")
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "revision", f"must be a positive int, got {shown(revision)}")
         registered_id = isinstance(definition, str) and IDENTIFIER.fullmatch(definition) is not None
         parsed: Definition | None = None
         if registered_id:
@@ -481,7 +481,7 @@ class Client:
                 raise RequestError(
                     RequestCode.DEFINITION_NOT_FOUND,
                     "definition",
-                    f"no registered {which}{definition!r} in {self.business!r} (a file needs pathlib.Path)",
+                    f"no registered {which}{shown(definition)} in {self.business!r} (a file needs pathlib.Path)",
                 )
         else:
             parsed = load_definition(definition)
@@ -534,7 +534,7 @@ class Client:
             chosen = None if state is None else ExecutionState(state)
         except ValueError:
             names = ", ".join(s.value for s in ExecutionState)
-            raise RequestError(RequestCode.INVALID_ARGUMENT, "state", f"{state!r} is not one of {names}") from None
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "state", f"{shown(state)} is not one of {names}") from None
         with translated():
             views = [self.store.read(x) for x in self.store.execution_ids(chosen)]
         return [v.execution for v in views if v is not None and v.execution.business_id == self.business]
@@ -685,7 +685,7 @@ class Client:
             raise RequestError(
                 RequestCode.INVALID_ARGUMENT,
                 "determination",
-                f"must be one of {', '.join(p.DETERMINATIONS)}, not {determination!r}",
+                f"must be one of {', '.join(p.DETERMINATIONS)}, not {shown(determination)}",
             )
         _optional_identifier("decision_id", decision_id)
         _reason("rationale", rationale)
@@ -964,7 +964,7 @@ class Client:
         the asyncio client's, cancelled, or closing.
         """
         if not isinstance(max_passes, int) or isinstance(max_passes, bool) or max_passes < 1:
-            raise RequestError(RequestCode.INVALID_ARGUMENT, "max_passes", f"must be a positive int, got {max_passes!r}")
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "max_passes", f"must be a positive int, got {shown(max_passes)}")
         worker = self.worker(worker_id, lease=lease)
         if stop is not None:
             _hand_back_on_stop(worker, stop.is_set)
@@ -998,7 +998,7 @@ class Client:
         except WorkerSettingError as exc:
             raise RequestError(RequestCode.WORKER_SETTING, exc.field, exc.message) from None
         if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not 0 < poll <= 3600:
-            raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be between 0 and 3600 seconds, got {poll!r}")
+            raise RequestError(RequestCode.INVALID_ARGUMENT, "poll", f"must be between 0 and 3600 seconds, got {shown(poll)}")
         chosen = _identifier("prefix", prefix or f"py-{os.getpid()}-{os.urandom(3).hex()}")
         workers = [self.worker(f"{chosen}-{n}", lease=lease) for n in range(1, concurrency + 1)]
         pool = WorkerPool(workers, poll=float(poll))
@@ -1226,13 +1226,13 @@ def _check_clock(clock: object) -> None:
         return
     now = getattr(clock, "now", None)
     if not callable(now):
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "clock", f"must be a Clock (a now method), not {clock!r}")
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "clock", f"must be a Clock (a now method), not {shown(clock)}")
     # Asked once here: a naive or non-UTC clock (ManualClock(datetime(2026, 1, 1))) otherwise failed at the
     # first write, as a bare ValueError on SQLite and as a refusal naming ``now`` on the in-memory store.
     moment = now()
     problem = utc_problem(moment)
     if problem is not None:
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "clock", f"now() returned {moment!r}: {problem}")
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "clock", f"now() returned {shown(moment)}: {problem}")
 
 
 def _check_location(url: str, schema: str | None) -> None:
@@ -1283,10 +1283,10 @@ def check_connect_arguments(
     location = _text("url", url)
     # Only a bool: ``migrate="no"`` was true, and migrated a schema its caller meant to leave alone.
     if not isinstance(migrate, bool):
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "migrate", f"must be a bool, got {migrate!r}")
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "migrate", f"must be a bool, got {shown(migrate)}")
     # Left to the pool, a bad size was a StoreFailure store_unavailable: a retry's code for a caller's mistake.
     if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
-        raise RequestError(RequestCode.INVALID_ARGUMENT, "pool_size", f"must be a positive int, got {pool_size!r}")
+        raise RequestError(RequestCode.INVALID_ARGUMENT, "pool_size", f"must be a positive int, got {shown(pool_size)}")
     named = None if schema is None else _identifier("schema", schema)
     if location != MEMORY:
         _check_location(location, named)

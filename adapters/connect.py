@@ -40,6 +40,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
 
+from fencekeeper.kernel.common import shown, shown_text
 from fencekeeper.kernel.machines import ExecutionState
 
 from .sql import DEFINITION_TYPE, EXECUTION_TYPE
@@ -107,7 +108,7 @@ def parse_url(url: str, *, schema: str | None = None) -> Location:
             raise StoreError("store_unavailable", "--db: ?schema= is given more than once")
         if named and schema is not None and named[0] != schema:
             raise StoreError(
-                "store_unavailable", f"--db names schema {named[0]!r} but --schema names {schema!r}; give one"
+                "store_unavailable", f"--db names schema {shown(named[0])} but --schema names {shown(schema)}; give one"
             )
         chosen = schema if schema is not None else (named[0] if named else DEFAULT_SCHEMA)
         rest = urlencode([(key, value) for key, value in query if key != "schema"])
@@ -118,13 +119,13 @@ def parse_url(url: str, *, schema: str | None = None) -> Location:
         rest = url[len("sqlite://") :]
         if not rest.startswith("/") or len(rest) < 2:
             raise StoreError(
-                "store_unavailable", f"--db: {url!r}: write sqlite:///relative.db or sqlite:////absolute.db"
+                "store_unavailable", f"--db: {shown(url)}: write sqlite:///relative.db or sqlite:////absolute.db"
             )
         return Location("sqlite", path=Path(rest[1:]))
     if "://" in url:
         scheme = url.split("://", 1)[0]
         raise StoreError(
-            "store_unavailable", f"--db: unknown scheme {scheme!r}; give a SQLite file path or a postgresql:// DSN"
+            "store_unavailable", f"--db: unknown scheme {shown(scheme)}; give a SQLite file path or a postgresql:// DSN"
         )
     return Location("sqlite", path=Path(url))
 
@@ -147,7 +148,7 @@ def open_store(
     location = parse_url(url, schema=schema)
     if location.kind == "sqlite":
         assert location.path is not None
-        if (read_only or not create) and not location.path.exists():
+        if (read_only or not create) and not _exists(location.path):
             raise no_database(location.path)
         from . import sqlite_store  # noqa: PLC0415 - as psycopg for PostgreSQL: a worker loads one store
 
@@ -160,10 +161,19 @@ def open_store(
     return store
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a path the system cannot even look up (too long: ENAMETOOLONG) is --db's error."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise StoreError("store_unavailable", f"--db: {shown_text(path)}: cannot be used: {exc.strerror}") from None
+
+
 def no_database(path: Path) -> StoreError:
     """The refusal of a SQLite path that does not exist, by a command that does not create one."""
+    named = shown_text(path)
     return StoreError(
-        "store_unavailable", f"--db: no database at {path} (`fencekeeper migrate --db {path}` creates one)"
+        "store_unavailable", f"--db: no database at {named} (`fencekeeper migrate --db {named}` creates one)"
     )
 
 

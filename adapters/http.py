@@ -51,7 +51,7 @@ from starlette.routing import Route
 
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel import strict_json
-from fencekeeper.kernel.common import identifier_problem
+from fencekeeper.kernel.common import identifier_problem, shown
 
 from . import render
 from .client import Client
@@ -191,9 +191,9 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
     # open to cross-site request forgery (a form, or a no-cors fetch, posts text/plain or nothing).
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-        shown = f"{media!r}" if media else "none"
+        given = shown(media) if media else "none"
         raise _Problem(
-            415, "unsupported_media_type", f"Content-Type: must be application/json, got {shown}", "Content-Type"
+            415, "unsupported_media_type", f"Content-Type: must be application/json, got {given}", "Content-Type"
         )
     raw = await _read(request)
     if not raw.strip():
@@ -336,7 +336,7 @@ def _operation_routes(
         """The caller's tenant's Operation; another tenant's does not exist for the caller."""
         record = service.get(operation_id, tenant=principal.tenant)
         if record is None:
-            raise _Problem(404, "operation_not_found", f"operation {operation_id!r} does not exist")
+            raise _Problem(404, "operation_not_found", f"operation {shown(operation_id)} does not exist")
         return record
 
     def scoped(principal: HttpPrincipal, work: Callable[[], Any]) -> Awaitable[Any]:

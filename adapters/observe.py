@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from fencekeeper.kernel.common import shown
 from fencekeeper.kernel.machines import ExecutionState
 
 from .store import StoreError, TransactionalStore
@@ -317,7 +318,7 @@ def parse_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{text!r}: give PORT or HOST:PORT, with PORT between 0 and 65535")
+        raise ValueError(f"{shown(text)}: give PORT or HOST:PORT, with PORT between 0 and 65535")
     return host, int(port)
 
 

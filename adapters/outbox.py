@@ -49,6 +49,8 @@ from typing import IO, Any, Protocol
 
 import attrs
 
+from fencekeeper.kernel.common import shown
+
 from . import codec
 from .operations.base import TransactionalOperationStore
 from .operations.sql import SqlTx
@@ -282,7 +284,7 @@ class WebhookSink:
     def __init__(self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise StoreError(
-                "invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {url!r}"
+                "invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {shown(url)}"
             )
         if not 0 < timeout <= 600:
             raise StoreError("invalid_input", f"timeout: must be between 0 and 600 seconds, got {timeout}")
@@ -729,7 +731,7 @@ def open_sink(spec: str, *, timeout: float = 10.0) -> Sink:
         return JsonLinesSink(path)
     if spec.startswith(("http://", "https://")):
         return WebhookSink(spec, timeout=timeout)
-    raise StoreError("invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {spec!r}")
+    raise StoreError("invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {shown(spec)}")
 
 
 __all__ = [

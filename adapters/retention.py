@@ -50,6 +50,8 @@ from datetime import datetime, timedelta
 
 import attrs
 
+from fencekeeper.kernel.common import shown
+
 from .operations.base import TransactionalOperationStore
 from .operations.sql import SqlTx
 from .store import StoreError
@@ -60,7 +62,7 @@ def _positive(name: str, *, optional: bool = False) -> Callable[[object, object,
         if value is None and optional:
             return
         if not isinstance(value, timedelta) or value < timedelta(0):
-            raise StoreError("invalid_input", f"{name}: must be a duration of zero or more, got {value!r}")
+            raise StoreError("invalid_input", f"{name}: must be a duration of zero or more, got {shown(value)}")
 
     return check
 
@@ -260,13 +262,13 @@ def prune(
     """
     windows = windows or RetentionWindows()
     if not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
-        raise StoreError("invalid_input", f"batch_size: must be between 1 and 100000, got {batch_size!r}")
+        raise StoreError("invalid_input", f"batch_size: must be between 1 and 100000, got {shown(batch_size)}")
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
-        raise StoreError("invalid_input", f"max_batches: must be a positive integer, got {max_batches!r}")
+        raise StoreError("invalid_input", f"max_batches: must be a positive integer, got {shown(max_batches)}")
     if pause < 0:
-        raise StoreError("invalid_input", f"pause: must be zero or more seconds, got {pause!r}")
+        raise StoreError("invalid_input", f"pause: must be zero or more seconds, got {shown(pause)}")
     if not 0 < duty <= 1:
-        raise StoreError("invalid_input", f"duty: must be above 0 and at most 1, got {duty!r}")
+        raise StoreError("invalid_input", f"duty: must be above 0 and at most 1, got {shown(duty)}")
     steps: list[tuple[timedelta, Callable[[SqlTx, datetime, datetime, int], PruneReport], int]] = [
         (windows.results, _expire_results, batch_size),
         (windows.identities, _identities, batch_size),

@@ -28,6 +28,7 @@ import attrs
 from fencekeeper.kernel import approvals, attempts, recovery
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.common import shown
 from fencekeeper.kernel.definition import Definition, LocalCommandNode
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.evidence import Evidence
@@ -97,7 +98,7 @@ def run(
     outcome = store.admit_run(execution_id, business_id, definition_id, revision, make)
     if outcome is None:
         which = f"revision {revision} of " if revision is not None else ""
-        raise OperationError("definition_not_found", f"definition: no {which}{definition_id!r} in {business_id!r}")
+        raise OperationError("definition_not_found", f"definition: no {which}{shown(definition_id)} in {business_id!r}")
     return outcome
 
 
@@ -341,7 +342,7 @@ def recovery_view(store: TransactionalStore, *, business_id: str, execution_id: 
 def _reviewable(store: TransactionalStore, business_id: str, execution_id: str) -> ExecutionView:
     view = store.read(execution_id)
     if view is None or view.execution.business_id != business_id:
-        raise OperationError("execution_not_found", f"execution_id: no execution {execution_id!r} in {business_id!r}")
+        raise OperationError("execution_not_found", f"execution_id: no execution {shown(execution_id)} in {business_id!r}")
     if view.execution.state not in (ExecutionState.RECONCILIATION_REQUIRED, ExecutionState.SUSPENDED):
         raise OperationError(
             "not_in_review",

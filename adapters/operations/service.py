@@ -48,11 +48,11 @@ from typing import Any, Protocol
 import attrs
 
 from fencekeeper.kernel import operations as o
-from fencekeeper.kernel.common import duration_problem, identifier_problem
+from fencekeeper.kernel.common import duration_problem, identifier_problem, shown
 from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
 
-from .ports import MalformedRow, OperationStore, OperationView, decode_stored_json, shown
+from .ports import MalformedRow, OperationStore, OperationView, decode_stored_json
 
 __all__ = [
     "ActionFailed",
@@ -302,7 +302,7 @@ class PrincipalReference:
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
             raise DurableOperationError(
                 "invalid_input",
-                f"principal.version: must be a positive integer, got {self.version!r}",
+                f"principal.version: must be a positive integer, got {shown(self.version)}",
                 "principal.version",
             )
 
@@ -461,7 +461,7 @@ class ActionFailed(Exception):
             raise DurableOperationError("invalid_request", f"ActionFailed code: {problem}", "code")
         if not isinstance(retryable, bool):
             raise DurableOperationError(
-                "invalid_request", f"ActionFailed retryable: must be True or False, got {retryable!r}", "retryable"
+                "invalid_request", f"ActionFailed retryable: must be True or False, got {shown(retryable)}", "retryable"
             )
         super().__init__(message or code)
         self.code = code
@@ -538,12 +538,12 @@ class DurableAction:
         named = f"action {self.name} v{self.version}"
         if not isinstance(self.effect_class, EffectClass):
             raise DurableOperationError(
-                "invalid_action", f"{named}: effect_class: must be an EffectClass, got {self.effect_class!r}", "effect_class"
+                "invalid_action", f"{named}: effect_class: must be an EffectClass, got {shown(self.effect_class)}", "effect_class"
             )
         if not isinstance(self.requires_approval, bool):
             raise DurableOperationError(
                 "invalid_action",
-                f"{named}: requires_approval: must be True or False, got {self.requires_approval!r}",
+                f"{named}: requires_approval: must be True or False, got {shown(self.requires_approval)}",
                 "requires_approval",
             )
         if not isinstance(self.policy, RetryPolicy):
@@ -567,7 +567,7 @@ class DurableAction:
                 raise DurableOperationError(
                     "invalid_action",
                     f"{named}: adapter.idempotent: must be True or False (does the provider deduplicate by "
-                    f"effect id?), got {idempotent!r}",
+                    f"effect id?), got {shown(idempotent)}",
                     "adapter.idempotent",
                 )
 
@@ -612,13 +612,13 @@ class DurableActionRegistry:
         if version is None:
             latest = self._latest.get(name) if isinstance(name, str) else None
             if latest is None:
-                raise DurableOperationError("unknown_action", f"action: no action {name!r} is registered", "action")
+                raise DurableOperationError("unknown_action", f"action: no action {shown(name)} is registered", "action")
             version = latest
         action = self._actions.get((name, version))
         if action is None:
             known = sorted(v for (n, v) in self._actions if n == name)
             raise DurableOperationError(
-                "unknown_action", f"action: {name!r} version {version} is not registered (registered: {known})", "action"
+                "unknown_action", f"action: {shown(name)} version {version} is not registered (registered: {known})", "action"
             )
         return action
 
@@ -811,7 +811,7 @@ def check_submission(
             raise DurableOperationError("invalid_input", f"{name}: {problem}", name)
     if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
         # Looked up as given, version="1" was "'transfer' version 1 is not registered (registered: [1])".
-        raise DurableOperationError("invalid_input", f"version: must be a positive integer, got {version!r}", "version")
+        raise DurableOperationError("invalid_input", f"version: must be a positive integer, got {shown(version)}", "version")
     chosen = actions.get(action, version)
     try:
         normalised = chosen.normalize(input)
@@ -1020,14 +1020,14 @@ class DurableOperationService:
     def _record(self, operation_id: str, tenant: str | None = None) -> OperationRecord:
         record = self.get(operation_id, tenant=tenant)
         if record is None:
-            raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
+            raise DurableOperationError("operation_not_found", f"operation {shown(operation_id)} does not exist")
         return record
 
     def history(self, operation_id: str, *, tenant: str | None = None) -> list[HistoryLine]:
         """The Operation's transitions, oldest first; ``tenant`` as for :meth:`get`."""
         view = self._view(operation_id, tenant)
         if view is None:
-            raise DurableOperationError("operation_not_found", f"operation {operation_id!r} does not exist")
+            raise DurableOperationError("operation_not_found", f"operation {shown(operation_id)} does not exist")
         return [
             HistoryLine(
                 t.revision,
