@@ -878,3 +878,20 @@ def test_an_unreachable_server_is_worded_alike_by_connect_and_connect_async(migr
             "cannot connect to PostgreSQL (user=nobody dbname=none host=127.0.0.1 port=1): "
         ), caught.value
     assert str(blocking.value) == str(native.value)
+
+
+def test_a_refused_value_of_any_length_is_quoted_by_its_start(client: Client, db: Path) -> None:
+    """A 100,000-character id or state is named by its first 80 characters (kernel.common.shown), not echoed."""
+    huge = "a" * 100_000
+    client.register(PURCHASE)
+    before = dump(db)
+    for call in (
+        lambda: client.get(huge),
+        lambda: client.run("purchase-approval", ORDER, execution_id=huge),
+        lambda: client.list(huge),
+    ):
+        with pytest.raises(fencekeeper.RequestError) as caught:
+            call()
+        assert len(str(caught.value)) < 300, str(caught.value)[:500]
+        assert "'" + "a" * 70 in str(caught.value)
+    assert dump(db) == before

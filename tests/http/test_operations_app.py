@@ -596,3 +596,16 @@ def test_a_principal_the_directory_cannot_answer_for_now_is_503_and_nothing_is_w
             assert (again.status_code, again.json()["operation_id"]) == (200, op_id)
     finally:
         operations.close()
+
+
+def test_a_refused_value_of_any_length_is_quoted_by_its_start(app: tuple[TestClient, Path]) -> None:
+    """An unknown action of 100,000 characters is named by its first 80 (kernel.common.shown) in the problem."""
+    client, db = app
+    before = dump(db)
+    huge = "a" * 100_000
+    refused = submit(client, ALICE, "k-huge", {"action": huge, "input": {}})
+    assert refused.status_code in {400, 404, 422}, refused.text[:500]
+    problem = error(refused)
+    assert len(problem["message"]) < 300, problem["message"][:500]
+    assert "'" + "a" * 70 in problem["message"]
+    assert dump(db) == before
