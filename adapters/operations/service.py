@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import attrs
 
 from fencekeeper.kernel import operations as o
-from fencekeeper.kernel.common import duration_problem, identifier_problem, shown
+from fencekeeper.kernel.common import SHOWN_LENGTH, duration_problem, identifier_problem, shown, shown_text
 from fencekeeper.kernel.machines import OperationState
 from fencekeeper.kernel.operations import EffectClass, RetryPolicy, TerminalOutcome
 
@@ -165,7 +165,10 @@ def _check_keys(value: Any) -> None:
                 try:
                     _check_keys(item)
                 except _KeyNotText as exc:
-                    exc.steps.append(f".{key}" if _NAME.fullmatch(key) else f"[{json.dumps(key, ensure_ascii=False)}]")
+                    # A long key is cut as shown() cuts a value: the path names where, it does not repeat the key.
+                    plain = _NAME.fullmatch(key) and len(key) <= SHOWN_LENGTH
+                    spelled = shown_text(json.dumps(key, ensure_ascii=False), SHOWN_LENGTH)
+                    exc.steps.append(f".{key}" if plain else f"[{spelled}]")
                     raise
     else:
         for index, item in enumerate(value):
@@ -256,7 +259,7 @@ def _check_input_keys(value: Any) -> None:
             why = f"JSON would take this one for the string {json.dumps(written)}"
         raise DurableOperationError(
             "invalid_input",
-            f"{path}: key {key!r} ({type(key).__name__}) is not a string; an object's keys are strings, and {why}",
+            f"{path}: key {shown(key)} ({type(key).__name__}) is not a string; an object's keys are strings, and {why}",
             "input",
         ) from None
 

@@ -190,3 +190,15 @@ def test_the_kernels_messages_bound_what_they_quote() -> None:
     with pytest.raises(DefinitionError) as refused:
         parse_definition(kind, "purchase_approval.toml")
     assert len(str(refused.value)) < 300 and f"unknown node kind {shown(HUGE)}" in str(refused.value)
+
+
+def test_a_path_through_long_keys_is_cut_too() -> None:
+    """``op submit``'s input check names the key that is not a string by its path; a long key on it is cut."""
+    from fencekeeper.adapters.operations.service import DurableOperationError, _check_input_keys  # noqa: PLC0415
+
+    with pytest.raises(DurableOperationError) as caught:
+        _check_input_keys({HUGE: {1: "one"}})
+    assert len(str(caught.value)) < 300 and str(caught.value).startswith('input["aaa')
+    with pytest.raises(DurableOperationError) as short:
+        _check_input_keys({"order": {1: "one"}})
+    assert str(short.value).startswith("input.order: key 1 (int) is not a string")
