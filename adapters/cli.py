@@ -24,7 +24,7 @@ Rules of this module:
   PostgreSQL except ``migrate`` (and ``demo``, which says so).
 - Every error is one line on stderr, ``fencekeeper: error: ...``; a traceback
   appears only with ``--debug``.  A value it quotes is quoted by its start
-  (``kernel.common.shown``: 80 characters; a path by its start and end, 240),
+  (``kernel.common.shown``: 132 characters, above any identifier; a path by its start and end, 240),
   so a refused 100,000-character id or document does not flood a terminal
   or a log; argparse's own messages are cut the same way (:class:`_Parser`).
 - Options are spelt in full: every parser, each subcommand's included, is

@@ -24,8 +24,12 @@ import re
 from datetime import datetime, timedelta
 from typing import Final
 
-SHOWN_LENGTH: Final = 80
-"""The most characters :func:`shown` gives for one value, the ``...`` that marks a cut included."""
+SHOWN_LENGTH: Final = 132
+"""The most characters :func:`shown` gives for one value, the ``...`` that marks a cut included.
+
+Above the repr of any identifier (128 characters and two quotes): a message
+that names an execution, an operation or a journal by a valid id names it
+whole, and only a value no identifier could be is cut."""
 
 SHOWN_TEXT_LENGTH: Final = 240
 """The most characters :func:`shown_text` gives: above any path or URL typed in practice."""

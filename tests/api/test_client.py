@@ -881,7 +881,7 @@ def test_an_unreachable_server_is_worded_alike_by_connect_and_connect_async(migr
 
 
 def test_a_refused_value_of_any_length_is_quoted_by_its_start(client: Client, db: Path) -> None:
-    """A 100,000-character id or state is named by its first 80 characters (kernel.common.shown), not echoed."""
+    """A 100,000-character id or state is named by its first 132 characters (kernel.common.shown), not echoed."""
     huge = "a" * 100_000
     client.register(PURCHASE)
     before = dump(db)

@@ -1,7 +1,7 @@
 """A refused value of any length is quoted by its start: the error line stays one readable line.
 
 Every message that quotes a value someone gave quotes it through
-``kernel.common.shown`` (its repr, cut at 80 characters ending ``...``) or,
+``kernel.common.shown`` (its repr, cut at 132 characters ending ``...``, above any identifier) or,
 for text named unquoted such as a path, ``shown_text`` (cut in the middle at
 240 characters); argparse's own messages are cut word by word
 (``cli._Parser``), and the whole line is bounded last.  A value of ordinary
@@ -122,6 +122,16 @@ def test_the_console_script_bounds_the_line_too(template: Path) -> None:
     line = assert_one_error_line(fencekeeper("inspect", HUGE, "--db", template / "shop.db", cwd=template), code=2)
     assert line == f"fencekeeper: error: EXECUTION_ID: malformed identifier {shown(HUGE)} {MALFORMED}"
     assert shown(HUGE) == "'" + "a" * (SHOWN_LENGTH - 4) + "..."
+
+
+def test_an_identifier_of_any_valid_length_is_named_whole(template: Path) -> None:
+    # Only a value no identifier could be is cut: a message naming a real execution, operation or
+    # journal by its id names it whole, up to the 128 characters an identifier may have.
+    longest = "o" * 128
+    assert shown(longest) == repr(longest)
+    assert shown("o" * 200).endswith("...")
+    result = fencekeeper("inspect", longest, "--db", template / "shop.db", cwd=template)
+    assert result.returncode != 0 and repr(longest) in result.stderr
 
 
 # A value of ordinary length reads exactly as it always has.
