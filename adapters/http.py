@@ -158,7 +158,15 @@ def _from_store_error(exc: StoreError) -> _Problem:
         # Each passes: a server back, a holder's transaction ended (at most its idle timeout), SQLite's
         # writer done. Retry, as the command line does.
         return _Problem(503, exc.code, exc.message)
+    if exc.code in _CONFLICTS_WITH_STORED:
+        # The request, not the server: an id the client chose already names other content (an event_id
+        # published again with another payload was a 500, as if the server had failed).
+        return _Problem(409, exc.code, exc.message)
     return _Problem(500, exc.code, exc.message)
+
+
+# docs/stores.md, Refusals: an identity already stored with other content; the whole request changed nothing.
+_CONFLICTS_WITH_STORED = frozenset({"event_conflict", "evidence_conflict", "registration_conflict"})
 
 
 # --- bodies -------------------------------------------------------------------------------------

@@ -609,3 +609,17 @@ def test_a_refused_value_of_any_length_is_quoted_by_its_start(app: tuple[TestCli
     assert len(problem["message"]) < 300, problem["message"][:500]
     assert "'" + "a" * 70 in problem["message"]
     assert dump(db) == before
+
+
+def test_an_event_id_published_again_with_other_content_is_409_and_writes_nothing(app: tuple[TestClient, Path]) -> None:
+    # It was 500 event_conflict: the client's own id reused, answered as a failure of the server.
+    client, db = app
+    first = {"type": "payment.received", "correlation": {"order_id": "o-1"}, "event_id": "ev-1"}
+    assert client.post("/events", json=first, headers=ALICE).status_code == 200
+    again = client.post("/events", json=first, headers=ALICE)
+    assert again.status_code == 200 and again.json()["duplicate"] is True, again.text
+    before = dump(db)
+    other = client.post("/events", json={**first, "correlation": {"order_id": "o-2"}}, headers=ALICE)
+    assert other.status_code == 409, other.text
+    assert error(other)["code"] == "event_conflict"
+    assert dump(db) == before
