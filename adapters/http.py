@@ -245,6 +245,14 @@ def _identifier(name: str, value: str) -> str:
 
 _ANY: tuple[type, ...] = ()
 
+# A submission's parts as the operation service names them, and as a request sends them.
+_SUBMISSION_FIELDS = {
+    "action_name": "action",
+    "action_version": "version",
+    "input_digest": "input",
+    "client_key": "Idempotency-Key",
+}
+
 
 # --- the application ------------------------------------------------------------------------------
 
@@ -368,17 +376,25 @@ def _operation_routes(
         version = body.get("version")
         if version is not None and version < 1:
             raise _Problem(422, "invalid_body", f"version: must be at least 1, got {version}", "version")
-        admission = await scoped(
-            principal,
-            lambda: service.submit(
-                tenant=principal.tenant,
-                principal=principal.reference,
-                action=body["action"],
-                input=body.get("input"),
-                client_key=key,
-                version=version,
-            ),
-        )
+        try:
+            admission = await scoped(
+                principal,
+                lambda: service.submit(
+                    tenant=principal.tenant,
+                    principal=principal.reference,
+                    action=body["action"],
+                    input=body.get("input"),
+                    client_key=key,
+                    version=version,
+                ),
+            )
+        except DurableOperationError as exc:
+            # The kernel names the stored column that differs (input_digest, action_name, ...); a caller
+            # looks for the part of its own request, which has no field of that name.
+            problem = _from_operation_error(exc)
+            if problem.field is not None:
+                problem.field = _SUBMISSION_FIELDS.get(problem.field, problem.field)
+            raise problem from None
         payload = {"operation_id": admission.operation_id, "created": admission.created, **admission.record.to_json()}
         return JSONResponse(payload, status_code=201 if admission.created else 200)
 

@@ -623,3 +623,20 @@ def test_an_event_id_published_again_with_other_content_is_409_and_writes_nothin
     assert other.status_code == 409, other.text
     assert error(other)["code"] == "event_conflict"
     assert dump(db) == before
+
+
+@pytest.mark.parametrize(
+    ("changed", "field"),
+    [({"input": {"order": "o-1", "amount": 7}}, "input"), ({"action": "balance", "input": {"account": "acc-1"}}, "action")],
+)
+def test_an_idempotency_conflict_names_the_field_of_the_request(
+    app: tuple[TestClient, Path], changed: dict[str, Any], field: str
+) -> None:
+    # The kernel names its stored column (input_digest, action_name): no request has a field of that name.
+    client, db = app
+    assert submit(client, ALICE, "k-1").status_code == 201
+    before = dump(db)
+    conflict = submit(client, ALICE, "k-1", {**CAPTURE, **changed})
+    assert conflict.status_code == 409, conflict.text
+    assert (error(conflict)["code"], error(conflict)["field"]) == ("idempotency_conflict", field)
+    assert dump(db) == before
