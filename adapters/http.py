@@ -371,6 +371,11 @@ def _operation_routes(
             # did, admitted under a key the client may not have meant, and a retry sending the other admitted again.
             raise _Problem(422, "invalid_body", f"Idempotency-Key: given {len(keys)} times; send one key", "Idempotency-Key")
         key = keys[0]
+        if len(key) >= 2 and key[0] == key[-1] == '"':
+            # The draft's syntax is a Structured Field string (RFC 8941), "k-1" with its quotes, and its
+            # examples send that; a bare k-1 is the same key. An identifier holds no quote or backslash, so
+            # a string with an escape in it is refused below.
+            key = key[1:-1]
         _identifier("Idempotency-Key", key)
         body = await _body(request, {"action": (str,), "version": (int,), "input": _ANY}, frozenset({"action"}))
         version = body.get("version")

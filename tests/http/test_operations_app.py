@@ -640,3 +640,18 @@ def test_an_idempotency_conflict_names_the_field_of_the_request(
     assert conflict.status_code == 409, conflict.text
     assert (error(conflict)["code"], error(conflict)["field"]) == ("idempotency_conflict", field)
     assert dump(db) == before
+
+
+def test_an_idempotency_key_in_the_drafts_string_syntax_is_the_same_key(app: tuple[TestClient, Path]) -> None:
+    # The draft's Idempotency-Key is a Structured Field string, sent with its quotes; it was 422.
+    client, db = app
+    quoted = submit(client, ALICE, '"order-o-1"')
+    assert quoted.status_code == 201, quoted.text
+    bare = submit(client, ALICE, "order-o-1")
+    assert (bare.status_code, bare.json()["operation_id"]) == (200, quoted.json()["operation_id"])
+    before = dump(db)
+    for malformed in ('"order o-1"', '"a\\"b"', '""', '"'):
+        refused = submit(client, ALICE, malformed)
+        assert refused.status_code == 422, (malformed, refused.text)
+        assert error(refused)["field"] == "Idempotency-Key"
+    assert dump(db) == before
