@@ -204,17 +204,27 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
             415, "unsupported_media_type", f"Content-Type: must be application/json, got {given}", "Content-Type"
         )
     raw = await _read(request)
-    if not raw.strip():
+    try:
+        # RFC 8259, section 8.1: JSON between systems is UTF-8. Given bytes, json would also take UTF-16 and
+        # UTF-32, a byte order mark, and a surrogate encoded on its own: no client meant those as one text.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Problem(
+            422, "invalid_body", f"the body is not UTF-8: byte {raw[exc.start]:#04x} at offset {exc.start}"
+        ) from None
+    if text.startswith("\ufeff"):
+        raise _Problem(422, "invalid_body", "the body starts with a byte order mark; send JSON without one (RFC 8259)")
+    if not text.strip(" \t\r\n"):
         data: Any = {}
     else:
         try:
-            data = strict_json.loads(raw)
+            data = strict_json.loads(text)
         except strict_json.StrictJsonError as exc:
             # A member named twice, NaN, nesting too deep: read as the command line reads its JSON.
             raise _Problem(422, "invalid_body", f"the body is not JSON this boundary reads: {exc}") from None
         except ValueError as exc:
-            # Not only JSONDecodeError and UnicodeDecodeError: an integer longer than Python converts
-            # (sys.get_int_max_str_digits) is a plain ValueError.
+            # Not only JSONDecodeError: an integer longer than Python converts (sys.get_int_max_str_digits)
+            # is a plain ValueError.
             raise _Problem(422, "invalid_body", f"the body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise _Problem(422, "invalid_body", f"the body must be a JSON object, not {type(data).__name__}")

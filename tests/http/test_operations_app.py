@@ -655,3 +655,24 @@ def test_an_idempotency_key_in_the_drafts_string_syntax_is_the_same_key(app: tup
         assert refused.status_code == 422, (malformed, refused.text)
         assert error(refused)["field"] == "Idempotency-Key"
     assert dump(db) == before
+
+
+BODIES_NOT_UTF8 = [
+    pytest.param('{"type": "paid", "correlation": {"a": "b"}}'.encode("utf-16"), id="UTF-16 with its byte order mark"),
+    pytest.param('{"type": "paid", "correlation": {"a": "b"}}'.encode("utf-32"), id="UTF-32"),
+    pytest.param(b'{"type": "pay\xed\xa0\x80", "correlation": {"a": "b"}}', id="a surrogate encoded on its own"),
+    pytest.param(b'{"type": "paym\xe9nt", "correlation": {"a": "b"}}', id="Latin-1"),
+    pytest.param(b'\xef\xbb\xbf{"type": "paid", "correlation": {"a": "b"}}', id="UTF-8 behind a byte order mark"),
+]
+
+
+@pytest.mark.parametrize("body", BODIES_NOT_UTF8)
+def test_a_body_that_is_not_utf8_json_is_422_invalid_body_and_writes_nothing(app: tuple[TestClient, Path], body: bytes) -> None:
+    # json reads bytes in any of the UTF encodings, and a lone surrogate through surrogatepass: all were taken.
+    client, db = app
+    before = dump(db)
+    for content_type in ("application/json", "application/json; charset=utf-16"):
+        response = client.post("/events", content=body, headers={**ALICE, "Content-Type": content_type})
+        assert response.status_code == 422, response.text
+        assert error(response)["code"] == "invalid_body", response.text
+    assert dump(db) == before
