@@ -296,7 +296,12 @@ def create_operations_app(
         if policy is None:
             raise ValueError("executions: an AuthorityPolicy is required with an execution store")
         routes += _execution_routes(authenticate, executions, policy)
-    return Starlette(routes=routes, exception_handlers={HTTPException: _routing_problem, Exception: _unexpected})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _routing_problem, Exception: _unexpected})
+    # Starlette answered /operations/ with a bodiless 307 to /operations, built from the Host header (behind
+    # a TLS proxy, an http:// address), which a client then followed with its body and credentials: a path
+    # that is no route is the documented 404.
+    app.router.redirect_slashes = False
+    return app
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -676,3 +676,17 @@ def test_a_body_that_is_not_utf8_json_is_422_invalid_body_and_writes_nothing(app
         assert response.status_code == 422, response.text
         assert error(response)["code"] == "invalid_body", response.text
     assert dump(db) == before
+
+
+def test_a_path_with_a_trailing_slash_is_404_in_the_documented_shape_not_a_redirect(app: tuple[TestClient, Path]) -> None:
+    # Starlette answered 307 to the path without it, an address built from the Host header that a client follows.
+    client, db = app
+    before = dump(db)
+    for method, path in (("POST", "/operations/"), ("GET", "/operations/op-1/"), ("POST", "/events/")):
+        response = client.request(
+            method, path, json=CAPTURE, headers={**ALICE, "Idempotency-Key": "k-1"}, follow_redirects=False
+        )
+        assert response.status_code == 404, (path, response.status_code, response.headers)
+        assert error(response)["code"] == "not_found"
+        assert response.headers["content-type"] == "application/json"
+    assert dump(db) == before
