@@ -108,7 +108,12 @@ class BearerTokens:
         self._by_digest = {hashlib.sha256(token.encode("utf-8")).digest(): who for token, who in tokens.items()}
 
     def __call__(self, request: Request) -> HttpPrincipal | None:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = request.headers.getlist("authorization")
+        if len(given) != 1:
+            # Two credentials (a client's and a proxy's, say) name no one principal: taking the first
+            # authenticated whoever happened to come first.
+            return None
+        scheme, _, token = given[0].partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
         return self._by_digest.get(hashlib.sha256(token.strip().encode("utf-8")).digest())
@@ -197,7 +202,13 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
     # Every POST declares JSON, even with no body: a browser sends that cross-site only after a CORS
     # preflight this application never grants, so an authenticate that reads a session cookie is not
     # open to cross-site request forgery (a form, or a no-cors fetch, posts text/plain or nothing).
-    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    declared = request.headers.getlist("content-type")
+    if len(declared) > 1:
+        # Which one the body is in is anyone's guess; the first was taken, so a JSON one hid a text/plain one.
+        raise _Problem(
+            415, "unsupported_media_type", f"Content-Type: given {len(declared)} times; send one", "Content-Type"
+        )
+    media = (declared[0] if declared else "").partition(";")[0].strip().lower()
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
         given = shown(media) if media else "none"
         raise _Problem(

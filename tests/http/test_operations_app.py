@@ -690,3 +690,19 @@ def test_a_path_with_a_trailing_slash_is_404_in_the_documented_shape_not_a_redir
         assert error(response)["code"] == "not_found"
         assert response.headers["content-type"] == "application/json"
     assert dump(db) == before
+
+
+def test_a_header_sent_twice_that_names_one_thing_is_refused(app: tuple[TestClient, Path]) -> None:
+    # The first was taken: a second credential, or a text/plain body behind a JSON Content-Type, went unseen.
+    client, db = app
+    before = dump(db)
+    body = b'{"type": "paid", "correlation": {"a": "b"}}'
+    two_credentials = [("Authorization", "Bearer alice-token"), ("Authorization", "Bearer bob-token"),
+                       ("Content-Type", "application/json")]  # fmt: skip
+    refused = client.post("/events", content=body, headers=two_credentials)
+    assert refused.status_code == 401 and error(refused)["code"] == "not_authenticated", refused.text
+    two_types = [*ALICE.items(), ("Content-Type", "application/json"), ("Content-Type", "text/plain")]
+    refused = client.post("/events", content=body, headers=two_types)
+    assert refused.status_code == 415, refused.text
+    assert (error(refused)["code"], error(refused)["field"]) == ("unsupported_media_type", "Content-Type")
+    assert dump(db) == before
