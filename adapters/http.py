@@ -238,7 +238,7 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
             # is a plain ValueError.
             raise _Problem(422, "invalid_body", f"the body is not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise _Problem(422, "invalid_body", f"the body must be a JSON object, not {type(data).__name__}")
+        raise _Problem(422, "invalid_body", f"the body must be a JSON object, not {_json_type(data)}")
     for name in data:
         if name in _CHOSEN_BY_AUTHENTICATION:
             raise _Problem(
@@ -252,9 +252,25 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
     for name, value in data.items():
         types = allowed[name]
         if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-            wanted = " or ".join(t.__name__ for t in types)
-            raise _Problem(422, "invalid_body", f"{name}: must be {wanted}, got {type(value).__name__}", name)
+            wanted = " or ".join(_JSON_TYPES[t] for t in types)
+            raise _Problem(422, "invalid_body", f"{name}: must be {wanted}, got {_json_type(value)}", name)
     return data
+
+
+# A request's types in JSON's words: a JavaScript or Go client has no "str" or "dict".
+_JSON_TYPES: dict[type, str] = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "an object",
+    list: "an array",
+    type(None): "null",
+}
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _identifier(name: str, value: str) -> str:

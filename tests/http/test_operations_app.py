@@ -706,3 +706,20 @@ def test_a_header_sent_twice_that_names_one_thing_is_refused(app: tuple[TestClie
     assert refused.status_code == 415, refused.text
     assert (error(refused)["code"], error(refused)["field"]) == ("unsupported_media_type", "Content-Type")
     assert dump(db) == before
+
+
+def test_a_type_error_is_said_in_json_words(app: tuple[TestClient, Path]) -> None:
+    # A JavaScript or Go client has no "str", "dict" or "NoneType".
+    client, _ = app
+    said = {
+        b'{"action": 5}': "action: must be a string, got an integer",
+        b'{"action": "capture_payment", "version": true}': "version: must be an integer, got true or false",
+        b'{"action": "capture_payment", "version": null}': "version: must be an integer, got null",
+        b"[1]": "the body must be a JSON object, not an array",
+        b"null": "the body must be a JSON object, not null",
+    }
+    for body, message in said.items():
+        response = client.post(
+            "/operations", content=body, headers={**ALICE, "Idempotency-Key": "k-1", "Content-Type": "application/json"}
+        )
+        assert response.status_code == 422 and error(response)["message"] == message, response.text
