@@ -723,3 +723,37 @@ def test_a_type_error_is_said_in_json_words(app: tuple[TestClient, Path]) -> Non
             "/operations", content=body, headers={**ALICE, "Idempotency-Key": "k-1", "Content-Type": "application/json"}
         )
         assert response.status_code == 422 and error(response)["message"] == message, response.text
+
+
+def test_a_client_gone_before_its_body_arrived_is_no_server_failure(tmp_path: Path) -> None:
+    # Left to the 500 handler, every upload a client gave up on was logged as a bug, traceback and all.
+    import asyncio  # noqa: PLC0415
+
+    store = SQLiteOperationStore(tmp_path / "gone.db")
+    application = create_operations_app(
+        authenticate=deployment.authenticate, operations=store, actions=deployment.registry(), resolvers=deployment.resolvers()
+    )
+    before = dump(tmp_path / "gone.db")
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/operations", "raw_path": b"/operations", "root_path": "", "query_string": b"",
+        "headers": [(b"authorization", b"Bearer alice-token"), (b"content-type", b"application/json"),
+                    (b"idempotency-key", b"k-1"), (b"content-length", b"100")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    arriving = [{"type": "http.request", "body": b'{"action"', "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return arriving.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    try:
+        asyncio.run(application(scope, receive, send))
+    finally:
+        store.close()
+    assert sent[0]["status"] == 400, sent
+    assert b'"body_incomplete"' in sent[1]["body"]
+    assert dump(tmp_path / "gone.db") == before
