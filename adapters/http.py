@@ -24,13 +24,19 @@ Rules of this module:
   one is 422 naming the field, and nothing is written.
 - Status codes: 200 an answer (an idempotent repeat included), 201 a new
   Operation or execution, 401, 403, 404, 409 a conflict with what is stored
-  (an idempotency key reused with another request, a decision or
-  cancellation the state refuses), 413 a body over :data:`MAX_BODY_BYTES`,
+  (an idempotency key reused with another request, an event id with other
+  content, a decision or cancellation the state refuses), 413 a body over :data:`MAX_BODY_BYTES`,
   415 a POST that does not declare JSON, 422 a malformed request, 503 the store is unavailable.  Every error body is ``{"error": {"code", "message", "field"?}}``
   with the services' stable codes.
-- Operation submission requires the ``Idempotency-Key`` header (the IETF
-  draft "The Idempotency-Key HTTP Header Field": 422 when a required key is
-  missing, 409 when it is reused with another request).
+- Operation submission requires the ``Idempotency-Key`` header of the IETF
+  draft "The Idempotency-Key HTTP Header Field", bare (``k-1``) or in the
+  draft's string syntax (``"k-1"``), one key either way.  The statuses are
+  this boundary's, not the draft's (400 and 422): a missing key is 422 as
+  every malformed request is, a key reused with another request 409 as
+  every conflict with what is stored is.
+- Bodies are UTF-8 JSON (RFC 8259, section 8.1); a header that names one
+  thing (``Authorization``, ``Content-Type``, ``Idempotency-Key``) is
+  refused when sent twice rather than read as its first line.
 - The services block (a database round trip); each request runs them in a
   worker thread, so the event loop never waits on the database.
 """
