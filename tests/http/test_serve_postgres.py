@@ -9,7 +9,10 @@ every transition wrote its outbox row.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,3 +97,65 @@ def test_serve_on_postgresql_commits_what_it_answers(pg_dsn: str, pg_schema: str
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
+
+
+def test_many_clients_at_once_on_keep_alive_connections_get_no_server_error(pg_dsn: str, pg_schema: str) -> None:
+    """Sixteen clients, each on one kept-alive connection, racing on shared keys, ids and events.
+
+    The server's pools are smaller than its thread pool, so requests queue for a connection: each
+    answer is still one of the documented ones, and the rows say one operation per key and one
+    execution per id.
+    """
+    register_purchase(pg_dsn, pg_schema)
+    answers: list[tuple[str, int, bytes]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+
+    def client(number: int, base: str) -> None:
+        host, port = base.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        headers = {**ALICE, "Content-Type": "application/json"}
+        start.wait()
+        try:
+            for round_ in range(6):
+                for method, path, body, extra in (
+                    ("POST", "/operations", {"action": "capture_payment", "input": {"order": f"o-{round_ % 3}", "amount": 5}},
+                     {"Idempotency-Key": f"k-{round_ % 3}"}),
+                    ("POST", "/executions", {"definition": "purchase-approval", "execution_id": f"po-{round_ % 3}",
+                                             "input": {"amount": 5, "order_id": "o-1", "order_revision": 1}}, {}),
+                    ("POST", "/events", {"type": "payment.received", "correlation": {"order_id": "o-1"},
+                                         "event_id": f"ev-{round_ % 2}"}, {}),
+                    ("POST", f"/executions/po-{(round_ + number) % 3}/cancel", {"reason": "r"}, {}),
+                    ("GET", "/executions", None, {}),
+                    ("HEAD", "/executions", None, {}),
+                ):  # fmt: skip
+                    conn.request(method, path, None if body is None else json.dumps(body), {**headers, **extra})
+                    response = conn.getresponse()
+                    data = response.read()
+                    assert response.getheader("Content-Length") is not None
+                    if method != "HEAD":
+                        assert len(data) == int(response.getheader("Content-Length", "-1"))
+                    with lock:
+                        answers.append((f"{method} {path.split('/')[-1]}", response.status, data))
+        finally:
+            conn.close()
+
+    with serving(["--db", pg_dsn, "--schema", pg_schema]) as (base, process), sql(pg_dsn, pg_schema) as rows:
+        threads = [threading.Thread(target=client, args=(number, base)) for number in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        stderr = process.stderr.read() if process.stderr else ""
+        assert len(answers) == 16 * 6 * 6
+        failed = [(what, status, data[:200]) for what, status, data in answers if status >= 500]
+        assert not failed, failed
+        assert {status for what, status, _ in answers if what == "POST operations"} == {200, 201}
+        assert {status for what, status, _ in answers if what == "POST executions"} == {201, 409}
+        assert {status for what, status, _ in answers if what == "POST cancel"} <= {200, 404, 409}
+        assert rows("SELECT count(*) FROM operations") == [(3,)]
+        assert rows("SELECT count(DISTINCT client_key) FROM operation_identities") == [(3,)]
+        assert sorted(r[0] for r in rows("SELECT workflow_execution_id FROM workflow_dispatch")) == ["po-0", "po-1", "po-2"]
+        assert "Traceback" not in stderr, stderr
