@@ -137,8 +137,14 @@ class _Problem(Exception):
         error: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.field is not None:
             error["field"] = self.field
-        # RFC 9110: a 401 names the scheme a client should authenticate with.
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        headers: dict[str, str] = {}
+        if self.status == 401:
+            # RFC 9110: a 401 names the scheme a client should authenticate with.
+            headers["WWW-Authenticate"] = "Bearer"
+        elif self.status == 503:
+            # Every 503 here passes (a lock released, a server back): a client's retry logic (urllib3's
+            # Retry, for one) waits as long as this says rather than guessing.
+            headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return JSONResponse({"error": error}, status_code=self.status, headers=headers)
 
 
@@ -184,6 +190,9 @@ _CONFLICTS_WITH_STORED = frozenset({"event_conflict", "evidence_conflict", "regi
 
 _CHOSEN_BY_AUTHENTICATION = frozenset({"tenant", "principal", "namespace", "business", "as", "requester", "approver"})
 
+
+RETRY_AFTER_SECONDS = 1
+"""The ``Retry-After`` of every 503: a store's lock or connection is the kind of thing a second mends."""
 
 MAX_BODY_BYTES = 1 << 20
 """A body longer than this is refused (413) before it is parsed; an operation's input is a request, not a payload store."""

@@ -589,6 +589,7 @@ def test_a_principal_the_directory_cannot_answer_for_now_is_503_and_nothing_is_w
             ):
                 assert response.status_code == 503, response.text
                 assert error(response)["code"] == "principal_unavailable"
+                assert response.headers["Retry-After"] == "1"
                 assert op_id not in error(response)["message"]
             assert dump(db) == before
             directory.set("alice", ResolutionStatus.ACTIVE, frozenset({"acme"}))

@@ -81,6 +81,7 @@ def test_an_execution_row_held_past_the_lock_timeout_is_503_row_locked(
         locked = served.post("/executions/po-1/cancel", json={"reason": "r"}, headers=ALICE)
     assert locked.status_code == 503, locked.text
     assert locked.json()["error"]["code"] == "row_locked"
+    assert locked.headers["Retry-After"] == "1"
     assert not locked.json()["error"]["message"].endswith("[row_locked]")
     assert served.get("/executions/po-1", headers=ALICE).json()["execution"]["state"] == "eligible"
     # Retried once the holder is gone, it goes through.
