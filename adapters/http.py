@@ -217,7 +217,13 @@ async def _read(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], required: frozenset[str] = frozenset()) -> dict[str, Any]:
+async def _body(
+    request: Request,
+    allowed: Mapping[str, tuple[type, ...]],
+    required: frozenset[str] = frozenset(),
+    *,
+    keyed: bool = False,
+) -> dict[str, Any]:
     """The JSON object of the request, with only ``allowed`` fields of their types; anything else is 422."""
     # Every POST declares JSON, even with no body: a browser sends that cross-site only after a CORS
     # preflight this application never grants, so an authenticate that reads a session cookie is not
@@ -233,6 +239,16 @@ async def _body(request: Request, allowed: Mapping[str, tuple[type, ...]], requi
         given = shown(media) if media else "none"
         raise _Problem(
             415, "unsupported_media_type", f"Content-Type: must be application/json, got {given}", "Content-Type"
+        )
+    if not keyed and "idempotency-key" in request.headers:
+        # Ignored, the header promised a safe retry this request does not keep: a POST /executions sent
+        # again with it admitted a second execution.
+        raise _Problem(
+            422,
+            "invalid_body",
+            "Idempotency-Key: only POST /operations takes one; a retry of this request is safe with the body's own "
+            "id (execution_id, event_id, decision_id), or is answered by what the first attempt did",
+            "Idempotency-Key",
         )
     raw = await _read(request)
     try:
@@ -439,7 +455,7 @@ def _operation_routes(
             # a string with an escape in it is refused below.
             key = key[1:-1]
         _identifier("Idempotency-Key", key)
-        body = await _body(request, {"action": (str,), "version": (int,), "input": _ANY}, frozenset({"action"}))
+        body = await _body(request, {"action": (str,), "version": (int,), "input": _ANY}, frozenset({"action"}), keyed=True)
         version = body.get("version")
         if version is not None and version < 1:
             raise _Problem(422, "invalid_body", f"version: must be at least 1, got {version}", "version")

@@ -243,10 +243,11 @@ def test_a_malformed_body_is_422_naming_the_field_and_writes_nothing(
     )  # fmt: skip
     execution_id = execution.json()["execution_id"]
     before = dump(db)
+    keyed = {"Idempotency-Key": "k-2"} if path == "/operations" else {}
     response = client.post(
         path.format(op=operation_id, x=execution_id),
         content=body,
-        headers={**ALICE, "Idempotency-Key": "k-2", "Content-Type": "application/json"},
+        headers={**ALICE, **keyed, "Content-Type": "application/json"},
     )
     assert response.status_code == 422, (what, response.text)
     problem = error(response)
@@ -758,3 +759,26 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_failure(tmp_path: Pa
     assert sent[0]["status"] == 400, sent
     assert b'"body_incomplete"' in sent[1]["body"]
     assert dump(tmp_path / "gone.db") == before
+
+
+def test_an_idempotency_key_on_a_post_that_does_not_take_one_is_422_and_writes_nothing(
+    app: tuple[TestClient, Path],
+) -> None:
+    # Ignored, it promised a safe retry: POST /executions sent twice with one key admitted two executions.
+    client, db = app
+    operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    order = {"amount": 5, "order_id": "o-1", "order_revision": 1}
+    before = dump(db)
+    for path, body in (
+        ("/executions", {"definition": "purchase-approval", "input": order}),
+        ("/events", {"type": "payment.received", "correlation": {"order_id": "o-1"}}),
+        (f"/operations/{operation_id}/cancel", {}),
+        (f"/operations/{operation_id}/decision", {"approve": True}),
+    ):
+        for _ in range(2):
+            response = client.post(path, json=body, headers={**ALICE, "Idempotency-Key": "run-once"})
+            assert response.status_code == 422, (path, response.text)
+            assert (error(response)["code"], error(response)["field"]) == ("invalid_body", "Idempotency-Key")
+    assert dump(db) == before
+    # A GET is safe to repeat already: the header changes nothing there.
+    assert client.get("/executions", headers={**ALICE, "Idempotency-Key": "k-9"}).status_code == 200
