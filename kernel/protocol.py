@@ -776,6 +776,21 @@ def _check_rows(execution: object, dispatch: object) -> None:
         _explain_rows(execution, dispatch)
 
 
+def snapshot_problem(execution: object, dispatch: object) -> str | None:
+    """Why no decision would be made on these rows (the :class:`MalformedSnapshot` every one raises), or None.
+
+    The same check each decision makes first, for a reader that shows rows
+    rather than decides on them (``fencekeeper inspect``): two rows that
+    each read well, but disagree where a decision would write the
+    disagreement on, are named as a decision would name them.
+    """
+    try:
+        _check_rows(execution, dispatch)
+    except MalformedSnapshot as exc:
+        return str(exc)
+    return None
+
+
 def _explain_rows(execution: object, dispatch: object) -> None:
     """The field-by-field check behind :func:`_check_rows`: raises for the first bad field, if any."""
     if execution is not None:
@@ -1816,5 +1831,6 @@ __all__ = [
     "record_step",
     "release",
     "renew",
+    "snapshot_problem",
     "wake",
 ]

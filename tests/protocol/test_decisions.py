@@ -93,6 +93,7 @@ from fencekeeper.kernel.protocol import (
     record_step,
     release,
     renew,
+    snapshot_problem,
     wake,
 )
 
@@ -2194,3 +2195,16 @@ def test_states_that_disagree_are_refused_and_write_nothing(decision: str) -> No
             assert isinstance(outcome, Refusal), (dispatch_state, outcome)
     foreign = attrs.evolve(snap.dispatch, workflow_execution_id="ex-2")
     refused(call(snap.execution, foreign), RefusalCode.IDENTITY_MISMATCH)
+
+
+def test_snapshot_problem_names_what_a_decision_would_raise_on_and_nothing_else() -> None:
+    # For a reader that shows rows (fencekeeper inspect): the same check, its message, without a decision.
+    snap = _ADMITTED
+    assert snapshot_problem(snap.execution, snap.dispatch) is None
+    apart = attrs.evolve(snap.dispatch, step_count=snap.execution.step_count + 3)
+    with pytest.raises(MalformedSnapshot) as raised:
+        claim(snap.execution, apart, DECISIONS["claim"][1], T0)
+    assert snapshot_problem(snap.execution, apart) == str(raised.value)
+    assert str(raised.value).startswith("dispatch.step_count: ")
+    lost = attrs.evolve(_WAITING.execution, wait=None)
+    assert (snapshot_problem(lost, _WAITING.dispatch) or "").startswith("execution.wait: missing")
