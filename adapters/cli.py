@@ -1348,6 +1348,9 @@ def _inspect(args: argparse.Namespace, out: Output) -> int:
     with _store(args, read_only=True) as store:
         view = _read_view(store, args.execution_id, _where(args))
         expired = args.execution_id in store.expired()
+    # Rows that read but that no decision is made on (two step counts that disagree): a worker passes over
+    # the execution and its log sends the operator here, so this is where the reason must show.
+    damaged = p.snapshot_problem(view.execution, view.dispatch)
     if args.format == "mermaid":
         from . import sequence  # noqa: PLC0415 - see the module's imports
 
@@ -1363,6 +1366,7 @@ def _inspect(args: argparse.Namespace, out: Output) -> int:
                 "execution": view.execution,
                 "dispatch": view.dispatch,
                 "lease_expired": expired,
+                "damaged": damaged,
                 "revisions": view.revisions,
                 "history": view.history,
                 "registrations": view.registrations,
@@ -1382,6 +1386,12 @@ def _inspect(args: argparse.Namespace, out: Output) -> int:
         state(x.state),
         f"  revision {x.revision}  node {x.current_node_id or '-'}  steps {x.step_count}  fence {x.fence}",
     )
+    if damaged is not None:
+        out.line(
+            ("damaged", render.REFUSED_STYLE),
+            f" [malformed_row] {damaged} (no decision is made on these rows, and workers pass over the execution, "
+            "until they are repaired)",
+        )
     out.line("")
     rows = [(r.time, r.revision, r.who, r.token, r.fence, r.what, r.detail) for r in render.timeline(view)]
     out.table(render.TIMELINE_COLUMNS, rows)

@@ -65,7 +65,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return EXIT_USAGE
     try:
         shlex.split(args.driver)
-        reports = runner.run(args.driver, layers, directory, response_timeout=timeout)
+        reports = runner.run(
+            args.driver, layers, directory, response_timeout=timeout,
+            warn=lambda message: out.note(f"fencekeeper: warning: {message}"),
+        )
     except runner.CaseFileError as exc:
         out.note(f"fencekeeper: error: {exc}")
         return EXIT_USAGE

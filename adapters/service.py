@@ -33,6 +33,7 @@ from fencekeeper.kernel.definition import Definition, LocalCommandNode
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import AttemptEvent, AttemptState, ExecutionState
+from fencekeeper.kernel.text import problem as text_problem
 
 from .ports import (
     APPROVAL_DECIDE,
@@ -167,7 +168,14 @@ def cancel(
     execution_id: str,
     reason: str = "",
 ) -> p.Outcome:
-    """Cancel an eligible or waiting execution (running work is refused)."""
+    """Cancel an eligible or waiting execution (running work is refused).
+
+    ``reason`` is kept in the cancellation's Command evidence, which the
+    kernel does not read: it is checked here as the kernel checks a
+    recovery's rationale (storable text, at most ``MAX_RATIONALE``
+    characters), or ``OperationError("invalid_argument")`` naming it.
+    """
+    _check_reason("reason", reason)
     view = store.read(execution_id)
     revision = view.execution.revision if view is not None else 1
     authority = ask(policy, principal_id, business_id, WORKFLOW_CANCEL, ((execution_id, revision),))
@@ -490,6 +498,17 @@ def fail(
         principal_id, business_id, WORKFLOW_RECONCILE, ((execution_id, view.execution.revision),)
     )
     return store.recover(_recovery_request(view, p.RecoveryKind.FAIL, principal_id, authority, rationale=rationale))
+
+
+def _check_reason(field: str, value: object) -> None:
+    """A reason a person gives, kept in evidence no kernel decision checks: bounded as the kernel bounds one."""
+    if not isinstance(value, str):
+        raise OperationError("invalid_argument", f"{field}: must be a string, not {type(value).__name__}")
+    unstorable = text_problem(value)
+    if unstorable is None and len(value) > p.MAX_RATIONALE:
+        unstorable = f"must be at most {p.MAX_RATIONALE} characters, got {len(value)}"
+    if unstorable is not None:
+        raise OperationError("invalid_argument", f"{field}: {unstorable}")
 
 
 def _find(evidence: tuple[Evidence, ...], object_id: str) -> Evidence | None:

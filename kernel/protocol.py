@@ -719,6 +719,10 @@ def _snapshot_time(field: str, value: object, *, optional: bool = False) -> None
         raise _SnapshotValueError(f"{field}: {problem}")
 
 
+# An enum member read through its class costs as much again as the rest of this comparison (Python 3.11).
+_WAITING: Final = ExecutionState.WAITING
+
+
 def _check_rows(execution: object, dispatch: object) -> None:
     """Both snapshots of their types, each field of its type and range (see above); None is a missing row.
 
@@ -747,6 +751,8 @@ def _check_rows(execution: object, dispatch: object) -> None:
             execution.wait is None
             or (type(execution.wait) is WaitKey and execution.wait.execution_id == execution.execution_id)
         )
+        # Only a waiting execution whose key is gone: a key left on one that is not waiting is never read.
+        and (execution.wait is not None or execution.state is not _WAITING)
     ):
         _explain_rows(execution, None)
     if dispatch is not None and not (
@@ -768,6 +774,21 @@ def _check_rows(execution: object, dispatch: object) -> None:
         and (type(execution) is not Execution or dispatch.step_count == execution.step_count)
     ):
         _explain_rows(execution, dispatch)
+
+
+def snapshot_problem(execution: object, dispatch: object) -> str | None:
+    """Why no decision would be made on these rows (the :class:`MalformedSnapshot` every one raises), or None.
+
+    The same check each decision makes first, for a reader that shows rows
+    rather than decides on them (``fencekeeper inspect``): two rows that
+    each read well, but disagree where a decision would write the
+    disagreement on, are named as a decision would name them.
+    """
+    try:
+        _check_rows(execution, dispatch)
+    except MalformedSnapshot as exc:
+        return str(exc)
+    return None
 
 
 def _explain_rows(execution: object, dispatch: object) -> None:
@@ -805,6 +826,16 @@ def _explain_contradiction(execution: object, dispatch: object) -> None:
     - ``execution.wait`` naming another execution: cancelling the waiter
       would close that execution's registration (``closes``), leaving its
       wait with nothing that can ever wake it;
+    - a ``waiting`` execution with no ``wait``: only a finalization with a
+      registration enters waiting.  Cancelling it would close nothing, so
+      the registration it waits on would stay open for an execution that
+      no longer waits (every way out of waiting but a wake closes it, see
+      the module's rules); and no wake or timer could ever match it.
+
+    A ``wait`` left on an execution that is not waiting is not raised: no
+    decision reads it there (a wake and :func:`_closing` look at the state
+    first; a store's timers and approvals hold a registration to a waiting
+    execution), and every move writes ``wait`` afresh.
     - the two step counts apart: every move writes the execution's count
       to both rows, so a dispatch row at the bound would be set back below
       it, which seed 000 (Dispatcher Pass) forbids: a later pass 'must not
@@ -825,6 +856,11 @@ def _explain_contradiction(execution: object, dispatch: object) -> None:
         raise _SnapshotValueError(
             f"execution.wait: names a registration of execution {execution.wait.execution_id!r}, "
             f"not of execution.execution_id {execution.execution_id!r}"
+        )
+    if isinstance(execution, Execution) and execution.state is ExecutionState.WAITING and execution.wait is None:
+        raise _SnapshotValueError(
+            "execution.wait: missing, but execution.state is waiting; a waiting execution names the "
+            "registration it waits on"
         )
     if (
         isinstance(execution, Execution)
@@ -1795,5 +1831,6 @@ __all__ = [
     "record_step",
     "release",
     "renew",
+    "snapshot_problem",
     "wake",
 ]

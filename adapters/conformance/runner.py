@@ -6,7 +6,10 @@ Rules of this module (specs/conformance.md):
   one JSON document per line each way, and needs nothing else from it.
 - A layer the driver does not list in ``hello``, or a case it answers with
   ``unsupported``, is *skipped*: never counted as passed.  A driver that
-  skips every case of a layer has not passed that layer.
+  skips every case of a layer has not passed that layer.  An answer that
+  says ``unsupported`` and answers as well (an ``output``, or ``ok`` to
+  ``reset``) is malformed: the case fails, never skipped on the strength
+  of one half of it.
 - A case passes when every normative part of its expectation equals the
   driver's output (a missing part counts as null).  Store races pass when
   the results equal one of the serial orders the case lists.
@@ -23,6 +26,14 @@ Rules of this module (specs/conformance.md):
   show: a line that arrives before its request is sent, and the answer to
   ``bye``, which after a stray line is an answer meant for an earlier
   request.
+- The driver exits when its input closes, after ``bye``.  One that exits
+  with a code other than 0 then (or is ended by a signal) is reported as a
+  warning, and its report stands: every answer had come and been checked
+  as it came, and the report relies on nothing the driver holds after
+  them, as it does not for a driver that exits instead of answering
+  ``bye``.  The warning is there because the failure is still the
+  driver's (a store that could not close, a thread that raised), and
+  ignored it hid a crash its author should see.
 - A case file is checked whole before the driver starts: a case the runner
   could not judge (no normative part, a script whose steps and results do
   not pair up) is the suite's fault, named, never a pass or a driver's
@@ -42,6 +53,7 @@ import queue
 import shlex
 import subprocess
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -261,14 +273,16 @@ class Driver:
             return NoAnswer(otherwise)
         return NoAnswer(f"driver exited (code {code}) without answering {request.get('op')}")
 
-    def close(self) -> None:
+    def close(self) -> int | None:
+        """Close the driver's input and wait for it to exit: its exit code, or None if it had to be killed."""
         try:
             if self.process.stdin is not None:
                 self.process.stdin.close()
-            self.process.wait(timeout=10)
+            return self.process.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.process.kill()
             self.process.wait()
+            return None
 
 
 class InProcessDriver:
@@ -292,8 +306,9 @@ class InProcessDriver:
         self.last_line = json.dumps(response, sort_keys=True)
         return json.loads(self.last_line)
 
-    def close(self) -> None:
+    def close(self) -> int | None:
         self._harness.close()
+        return None
 
 
 AnyDriver = Driver | InProcessDriver
@@ -350,8 +365,8 @@ class _Conversation:
             )
         return response
 
-    def close(self) -> None:
-        self.driver.close()
+    def close(self) -> int | None:
+        return self.driver.close()
 
 
 def _same(expected: Any, got: Any) -> bool:
@@ -382,10 +397,21 @@ def _unsupported(response: Any) -> bool:
     return isinstance(response, dict) and response.get("unsupported") is True
 
 
+def _answers_both(response: Any) -> bool:
+    """An answer that says unsupported and answers all the same: which half is meant cannot be told."""
+    return _unsupported(response) and ("output" in response or "ok" in response)
+
+
+_BOTH = 'an output or {"unsupported": true}, not both'
+
+
 def _run_kernel_layer(driver: _Conversation, layer: str, cases: list[dict[str, Any]], report: LayerReport) -> None:
     for case in cases:
         with _in_case(layer, case):
             response = driver.ask({"op": "case", "layer": layer, "id": case["id"], "input": case["input"]})
+        if _answers_both(response):
+            _fail(report, case, {"response": {"expected": _BOTH, "got": response}})
+            continue
         if _unsupported(response):
             _skip(report, ANSWERED_UNSUPPORTED)
             continue
@@ -425,15 +451,21 @@ def _fail(report: LayerReport, case: dict[str, Any], diff: dict[str, Any]) -> No
         report.first_failure = {"id": case["id"], "input": case["input"], "differences": diff}
 
 
-def _store_step(driver: _Conversation, step: dict[str, Any], **extra: Any) -> Any:
+def _store_step(driver: _Conversation, step: dict[str, Any], malformed: list[dict[str, Any]], **extra: Any) -> Any:
     response = driver.ask({"op": "store", "step": step, **extra})
-    if _unsupported(response):
+    if _unsupported(response) and not _answers_both(response):
         raise _Unsupported
-    return _output(response)
+    return _output(response, f"store step {step.get('call')}", malformed)
 
 
-def _output(response: Any) -> Any:
-    """A store answer's output; any other JSON the driver wrote is kept whole, to be reported as it came."""
+def _output(response: Any, what: str, malformed: list[dict[str, Any]]) -> Any:
+    """A store answer's output; any other JSON the driver wrote is kept whole, to be reported as it came.
+
+    An answer that is both an output and unsupported is noted in ``malformed`` (the case fails on it) and
+    read as its output, so that a race still releases and awaits its sessions before the next case.
+    """
+    if _answers_both(response):
+        malformed.append({what: {"expected": _BOTH, "got": response}})
     return response.get("output") if isinstance(response, dict) else response
 
 
@@ -444,33 +476,40 @@ class _Unsupported(Exception):
 def _run_store_case(driver: _Conversation, case: dict[str, Any], holds: frozenset[str]) -> dict[str, Any] | None:
     """Differences of one store case, or None when it passes."""
     reset = driver.ask({"op": "reset"})
+    if _answers_both(reset):
+        return {"reset": {"expected": '{"ok": true} or {"unsupported": true}, not both', "got": reset}}
     if _unsupported(reset):
         raise _Unsupported
     # A store that could not be emptied runs the case on what the last one left: nothing it answers counts.
     if not (isinstance(reset, dict) and reset.get("ok") is True):
         return {"reset": {"expected": {"ok": True}, "got": reset}}
     data = case["input"]
+    malformed: list[dict[str, Any]] = []
     if "steps" in data:
         for index, (step, expected) in enumerate(zip(data["steps"], case["expected"]["results"], strict=True)):
-            got = _store_step(driver, step)
+            got = _store_step(driver, step, malformed)
+            if malformed:
+                return malformed[0]
             if not _same(expected, got):
                 return {f"results[{index}] ({step['call']})": {"expected": expected, "got": got}}
         return None
     point = data.get("hold", "commit")
     if point not in holds:
         raise _Unsupported
-    setup = [_store_step(driver, step) for step in data["setup"]]
+    setup = [_store_step(driver, step, malformed) for step in data["setup"]]
     # A commit hold is sent as protocol 1.0 sent it, so that a 1.0 driver runs those races unchanged.
-    a = _store_step(driver, data["a"], hold=True if point == "commit" else point)
+    a = _store_step(driver, data["a"], malformed, hold=True if point == "commit" else point)
     said = a.get("held") if isinstance(a, dict) else None
     # JSON 1 is not true, though Python's == (and so ``in``) would take it for it.
     held = said is True or (isinstance(said, str) and said == point)
-    b = _store_step(driver, data["b"])
+    b = _store_step(driver, data["b"], malformed)
     if held:
-        a = _output(driver.ask({"op": "store", "control": "release", "session": "a"}))
+        a = _output(driver.ask({"op": "store", "control": "release", "session": "a"}), "store release", malformed)
     if isinstance(b, dict) and b.get("pending") is True:
-        b = _output(driver.ask({"op": "store", "control": "await", "session": "b"}))
-    then = [_store_step(driver, step) for step in data["then"]]
+        b = _output(driver.ask({"op": "store", "control": "await", "session": "b"}), "store await", malformed)
+    then = [_store_step(driver, step, malformed) for step in data["then"]]
+    if malformed:
+        return malformed[0]
     got = {"setup": setup, "a": a, "b": b, "then": then}
     if any(_same(order, got) for order in case["expected"]["serial_orders"]):
         return None
@@ -501,11 +540,13 @@ def run_factory(factory: Callable[..., Any], layers: Iterable[str] = ("store",),
 
 
 def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Path | None = None,
-        cwd: Path | None = None, response_timeout: float | None = None) -> list[LayerReport]:
+        cwd: Path | None = None, response_timeout: float | None = None,
+        *, warn: Callable[[str], None] | None = None) -> list[LayerReport]:
     """Run the chosen layers against the driver ``command`` (or a driver object); one report per layer.
 
     ``response_timeout`` is how long the runner waits for each answer of a driver it starts
-    (None: :data:`RESPONSE_TIMEOUT`).
+    (None: :data:`RESPONSE_TIMEOUT`).  ``warn`` is given each warning about a run whose report stands (a
+    driver that failed as it shut down); None: a :class:`RuntimeWarning`.
     """
     directory = cases_dir if cases_dir is not None else packaged_cases()
     # Every case file is read before the driver starts, so that a bad one is never blamed on the driver.
@@ -517,6 +558,7 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
         raise
     driver = _Conversation(Driver(command, cwd, response_timeout) if isinstance(command, str) else command)
     reports = []
+    closed = False
     try:
         hello = driver.ask({"op": "hello", "protocol": 1})
         declared, holds = _read_hello(hello)
@@ -538,9 +580,32 @@ def run(command: str | AnyDriver, layers: Iterable[str] = LAYERS, cases_dir: Pat
                 _run_kernel_layer(driver, layer, cases, report)
             reports.append(report)
         _say_bye(driver)
+        closed = True
+        exited = _exit_problem(driver.close())
+        if exited is not None:
+            if warn is None:
+                warnings.warn(exited, RuntimeWarning, stacklevel=2)
+            else:
+                warn(exited)
     finally:
-        driver.close()
+        if not closed:
+            driver.close()
     return reports
+
+
+def _exit_problem(code: int | None) -> str | None:
+    """The warning for a driver that failed as it shut down, after every answer was in (the module's rules).
+
+    ``code`` None: no process (an in-process driver), or one the runner had to kill because it did not exit
+    when its input closed, which says nothing about how it would have ended.
+    """
+    if code is None or code == 0:
+        return None
+    how = f"was ended by signal {-code}" if code < 0 else f"exited with code {code}"
+    return (
+        f"the driver {how} at the end of the run, after every answer had come; the report stands, but the "
+        "driver failed as it shut down (its standard error says how)"
+    )
 
 
 def _say_bye(driver: _Conversation) -> None:

@@ -244,12 +244,23 @@ def _canonical_input(value: Any) -> tuple[str, str | None]:
 
 def _check_input_keys(value: Any) -> None:
     """The error naming the first object key in ``value`` that is not a string, if there is one."""
+    problem = _key_problem(value, "input")
+    if problem is not None:
+        raise DurableOperationError("invalid_input", problem, "input")
+
+
+def _key_problem(value: Any, field: str) -> str | None:
+    """The message naming the first object key in ``value`` (called ``field``) that is not a string, or None.
+
+    An input's is the caller's ``invalid_input``; a result's is the action's error (the worker's
+    ``handler_error``).  May raise RecursionError for a value nested too deeply.
+    """
     if _keys_are_strings(value):
-        return
+        return None
     try:
         _check_keys(value)
     except _KeyNotText as exc:
-        path = "input" + "".join(reversed(exc.steps))
+        path = field + "".join(reversed(exc.steps))
         key = exc.key
         why = "JSON has no form for it"
         if key is None or isinstance(key, bool):
@@ -257,11 +268,8 @@ def _check_input_keys(value: Any) -> None:
         elif isinstance(key, int | float):  # as the encoder writes it: an IntEnum as its number
             written = int.__repr__(key) if isinstance(key, int) else float.__repr__(key)
             why = f"JSON would take this one for the string {json.dumps(written)}"
-        raise DurableOperationError(
-            "invalid_input",
-            f"{path}: key {shown(key)} ({type(key).__name__}) is not a string; an object's keys are strings, and {why}",
-            "input",
-        ) from None
+        return f"{path}: key {shown(key)} ({type(key).__name__}) is not a string; an object's keys are strings, and {why}"
+    return None
 
 
 def canonical_json(value: Any) -> str:

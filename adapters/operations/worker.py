@@ -35,7 +35,8 @@ external effects, history, and retention).  Rules of this module:
   holds the Operation's row, so its lease must cover it.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
-  the policy's maximum attempts), and so is a result that is not JSON, and
+  the policy's maximum attempts), and so is a result that is not JSON (or
+  holds an object key that is not a string, which JSON would rename), and
   an adapter's ``perform`` or ``reconcile`` answer that is not an
   ``EffectResult`` (the message names the action and what it returned; the
   intent stays unanswered, so the next Attempt reconciles first).  An
@@ -63,7 +64,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -84,6 +85,7 @@ from .service import (
     PrincipalResolverRegistry,
     ResolutionStatus,
     _json_text,
+    _key_problem,
 )
 
 
@@ -525,12 +527,23 @@ def _result_json(value: Any) -> str:
     """An action's result as JSON text, as the encoder writes it (a result's numbers are not rewritten).
 
     A result that is not JSON is the action's error (a retryable ``handler_error``), not the caller's input:
-    the encoder's own error would end the worker and leave its Attempt running until the lease expires.
+    the encoder's own error would end the worker and leave its Attempt running until the lease expires.  So
+    is an object key that is not a string, which the encoder would write as one without a word (``{1: "a"}``
+    stored as ``{"1": "a"}``), named where it is as an input's is.  The keys are walked only when the text
+    holds an object, or when the encoder failed (mixed keys fail its sorting, in words that name nothing).
     """
     try:
-        return _json_text(value, "result")
+        text = _json_text(value, "result")
     except DurableOperationError as exc:
-        raise ValueError(exc.message) from None
+        problem = None
+        with suppress(RecursionError):  # nested too deeply: the encoder's own error says so
+            problem = _key_problem(value, "result")
+        raise ValueError(problem or exc.message) from None
+    if "{" in text:
+        problem = _key_problem(value, "result")
+        if problem is not None:
+            raise ValueError(problem)
+    return text
 
 
 def _ended(operation: o.Operation, attempt: int | None) -> WorkReport:

@@ -9,7 +9,8 @@ not UTF-8), ``huge`` (a 100 kB line), ``silent`` (never answers), ``twice`` (ans
 later case ``unsupported``); with ``--echo`` every answer carries its request's ``seq`` (protocol 1.2);
 ``unflushed`` never flushes its output at all; ``closein`` closes its
 input once it has read ``hello``, answers it and exits 4; ``nobye``
-exits 1 at ``bye`` instead of answering it, ``ignorebye`` never answers it.  It imports nothing of fencekeeper:
+exits 1 at ``bye`` instead of answering it, ``ignorebye`` never answers it, ``byecrash`` answers it and
+then exits 5.  It imports nothing of fencekeeper:
 it stands for an implementation in another language.
 """
 
@@ -92,6 +93,8 @@ def main() -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     sys.stdout.write("".join(unflushed))
+    if mode == "byecrash":
+        sys.exit(5)
 
 
 if __name__ == "__main__":

@@ -215,9 +215,36 @@ def test_a_driver_that_does_not_answer_bye_keeps_its_report(mode: str) -> None:
     # Every case was answered; the breach at bye used to throw the whole report away (exit 2), after 30 s
     # for a driver that ignores what it does not know.
     started = time.monotonic()
-    [machines] = runner.run(f"{MISBEHAVING} {mode}", ["machines"], CASES)
+    warned: list[str] = []
+    [machines] = runner.run(f"{MISBEHAVING} {mode}", ["machines"], CASES, warn=warned.append)
     assert machines.verdict == "passed" and machines.passed > 0
     assert time.monotonic() - started < 15
+    # nobye exits 1 at bye: the report stands, and the failed exit is told.
+    assert warned == (["the driver exited with code 1 at the end of the run, after every answer had come; "
+                       "the report stands, but the driver failed as it shut down (its standard error says how)"]
+                      if mode == "nobye" else [])
+
+
+def test_a_driver_that_fails_after_answering_bye_is_warned_of_and_its_report_stands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Its exit code was ignored: a driver that crashed as it shut down looked exactly like a clean one.
+    warned: list[str] = []
+    [machines] = runner.run(f"{MISBEHAVING} byecrash", ["machines"], CASES, warn=warned.append)
+    assert machines.verdict == "passed" and machines.passed > 0
+    assert len(warned) == 1 and warned[0].startswith("the driver exited with code 5 at the end of the run")
+    # Without a warn callback, a RuntimeWarning; a clean exit warns of nothing.
+    with pytest.warns(RuntimeWarning, match="exited with code 5"):
+        runner.run(f"{MISBEHAVING} byecrash", ["machines"], CASES)
+    clean: list[str] = []
+    runner.run(f"{MISBEHAVING} none", ["machines"], CASES, warn=clean.append)
+    assert clean == []
+    # The command: the report, exit 0 (every case passed), and one warning line on stderr.
+    code = cli.main(["conformance", "--driver", f"{MISBEHAVING} byecrash", "--layer", "machines", "--cases", str(CASES)])
+    captured = capsys.readouterr()
+    assert code == 0, captured
+    assert "machines     passed" in captured.out
+    assert captured.err.splitlines() == [f"fencekeeper: warning: {warned[0]}"]
 
 
 def test_a_skip_the_driver_asked_for_says_so() -> None:
@@ -423,3 +450,43 @@ def test_a_case_the_runner_could_not_judge_is_a_case_file_error(
     assert cli.main(["conformance", "--driver", f"{MISBEHAVING} none", "--layer", layer, "--cases", str(tmp_path)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"fencekeeper: error: {tmp_path / f'{layer}.json'}: ") and said in line, line
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"output": "EXPECTED", "unsupported": True}, {"unsupported": True, "output": None}],
+    ids=["output-and-unsupported", "null-output-and-unsupported"],
+)
+def test_a_case_answered_both_output_and_unsupported_fails_naming_the_case(answer: dict[str, Any]) -> None:
+    # It was skipped: half of a malformed answer was taken at its word.
+    [machines] = runner.run(
+        _Answers(lambda expected: {**answer, "output": expected} if answer["output"] == "EXPECTED" else answer),
+        ["machines"], CASES,
+    )
+    assert (machines.verdict, machines.skipped, machines.passed) == ("failed", 0, 0)
+    assert machines.first_failure is not None and machines.first_failure["id"] == _first_machines_case()
+    difference = machines.first_failure["differences"]["response"]
+    assert difference["expected"] == 'an output or {"unsupported": true}, not both'
+    assert difference["got"]["unsupported"] is True and "output" in difference["got"]
+
+
+class _BothOnStore(_Answers):
+    """Answers every store step with its expected output and unsupported as well."""
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        response = super().ask(request)
+        return {**response, "unsupported": True} if request["op"] == "store" else response
+
+
+def test_a_store_step_answered_both_output_and_unsupported_fails_the_case(tmp_path: Path) -> None:
+    [store] = runner.run(_BothOnStore(lambda expected: {"output": expected}), ["store"], _scripts_only(tmp_path))
+    assert (store.verdict, store.skipped, store.passed) == ("failed", 0, 0)
+    assert store.failed == len(json.loads((tmp_path / "store.json").read_text(encoding="utf-8"))["cases"])
+    assert store.first_failure is not None
+    [(what, difference)] = store.first_failure["differences"].items()
+    assert what.startswith("store step ") and difference["expected"] == 'an output or {"unsupported": true}, not both'
+    # A reset answered both ways fails the case as well.
+    answers = _Answers(lambda expected: {"output": expected}, reset={"ok": True, "unsupported": True})
+    [store] = runner.run(answers, ["store"], _scripts_only(tmp_path))
+    assert (store.verdict, store.skipped, store.passed) == ("failed", 0, 0)
+    assert store.first_failure is not None and set(store.first_failure["differences"]) == {"reset"}

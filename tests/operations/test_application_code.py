@@ -61,6 +61,47 @@ def test_a_handler_that_raises_the_services_own_error_fails_its_attempt_and_not_
     assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
 
 
+@pytest.mark.parametrize("effect_class", [o.EffectClass.READ_ONLY, o.EffectClass.ATOMIC], ids=lambda e: e.value)
+@pytest.mark.parametrize(
+    ("result", "named"),
+    [
+        ({1: "a"}, 'result: key 1 (int) is not a string; an object\'s keys are strings, and JSON would take this one for the string "1"'),
+        ({"lines": [{True: 1}]}, "result.lines[0]: key True (bool) is not a string"),
+        ({"totals": {"eur": 1, 2: 3}}, "result.totals: key 2 (int) is not a string"),
+        ({None: 1}, 'result: key None (NoneType) is not a string; an object\'s keys are strings, and JSON would take this one for the string "null"'),
+    ],
+    ids=["int-key", "nested-bool-key", "mixed-keys", "none-key"],
+)
+def test_a_result_whose_object_key_is_no_string_is_the_handlers_error_not_a_changed_result(
+    effect_class: o.EffectClass, result: Any, named: str
+) -> None:
+    # Was: {1: "a"} was stored, and handed to the caller, as {"1": "a"}, without a word (a result with mixed
+    # keys failed in the encoder's words, "'<' not supported between instances of 'str' and 'int'").  An
+    # input is refused for the same key (invalid_input); a result is the action's error, retried.
+    def handler(*args: Any) -> Any:
+        return result
+
+    world, service, registry = _world(DurableAction("r", 1, effect_class, handler))
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="r", input={}, client_key="k1").operation_id
+    report = _worker(world, registry).run_once()
+    assert report is not None and report.outcome == "retry", report
+    assert report.detail.startswith(f"ValueError: {named}"), report.detail
+    record = service.get(op_id)
+    assert record is not None and record.state.value == "admitted" and record.result is None
+    assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
+
+
+def test_a_result_with_string_keys_is_stored_as_it_was_returned() -> None:
+    # The key walk runs only for a result that holds an object; what it passes is stored as before.
+    result = {"order": {"lines": [{"sku": "a{", "qty": 1.0}], "1": None}, "note": "no {object} here"}
+    world, service, registry = _world(DurableAction("r", 1, o.EffectClass.READ_ONLY, lambda value: result))
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="r", input={}, client_key="k1").operation_id
+    report = _worker(world, registry).run_once()
+    assert report is not None and report.outcome == "succeeded", report
+    record = service.get(op_id)
+    assert record is not None and record.result == result
+
+
 @pytest.mark.parametrize(
     "failure",
     [lambda: ActionFailed("insufficient funds"), lambda: ActionFailed(402), lambda: ActionFailed("x", retryable="no")],

@@ -93,6 +93,7 @@ from fencekeeper.kernel.protocol import (
     record_step,
     release,
     renew,
+    snapshot_problem,
     wake,
 )
 
@@ -2114,6 +2115,32 @@ def test_a_wait_of_another_execution_is_a_value_error_naming_it(decision: str) -
         call(foreign, snap.dispatch)
 
 
+@pytest.mark.parametrize("decision", list(ROW_CALLS))
+def test_a_waiting_execution_without_its_wait_is_a_value_error_naming_it(decision: str) -> None:
+    # Was: a cancel of it closed nothing (closes was None), so the registration it waited on stayed open
+    # for an execution that no longer waited; a wake of it was refused as not waiting.
+    call, snap = ROW_CALLS[decision]
+    lost = attrs.evolve(snap.execution, state=ExecutionState.WAITING, wait=None)
+    with pytest.raises(MalformedSnapshot, match=r"^execution\.wait: missing, but execution\.state is waiting") as raised:
+        call(lost, snap.dispatch)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_a_wait_left_on_an_execution_that_is_not_waiting_is_never_read() -> None:
+    # Not raised: no decision reads a wait outside waiting (a wake and a cancel's closes look at the state
+    # first), and every move writes the wait afresh.  Pinned so that none starts reading it.
+    key = _WAITING.execution.wait
+    stale = attrs.evolve(_ADMITTED.execution, wait=key)
+    claimed = decided(claim(stale, _ADMITTED.dispatch, DECISIONS["claim"][1], T0))
+    assert claimed.execution is not None and claimed.execution.wait is None and claimed.closes is None
+    request = CancelRequest(EXEC_ID, BUSINESS, stale.revision, GRANTED)
+    cancelled = decided(cancel(stale, _ADMITTED.dispatch, request, T0))
+    assert cancelled.execution is not None and cancelled.execution.wait is None and cancelled.closes is None
+    refused(
+        wake(stale, _ADMITTED.dispatch, _WAITING.registration, wake_request(_WAITING), T0), RefusalCode.NOT_WAITING
+    )
+
+
 def test_cancel_of_a_waiter_whose_wait_is_another_executions_closes_nothing() -> None:
     snap = _WAITING
     foreign = attrs.evolve(snap.execution, wait=WaitKey("ex-2", "node-wait", "attempt-1"))
@@ -2156,7 +2183,11 @@ def test_states_that_disagree_are_refused_and_write_nothing(decision: str) -> No
     call, snap = ROW_CALLS[decision]
     for state in ExecutionState:
         if state != snap.execution.state:
-            outcome = call(attrs.evolve(snap.execution, state=state), snap.dispatch)
+            # Only the state disagrees: a waiting execution names its wait (its absence is raised, below).
+            wait = snap.execution.wait
+            if state == ExecutionState.WAITING and wait is None:
+                wait = _WAITING.execution.wait
+            outcome = call(attrs.evolve(snap.execution, state=state, wait=wait), snap.dispatch)
             assert isinstance(outcome, Refusal), (state, outcome)
     for dispatch_state in DispatchState:
         if dispatch_state != snap.dispatch.dispatch_state:
@@ -2164,3 +2195,16 @@ def test_states_that_disagree_are_refused_and_write_nothing(decision: str) -> No
             assert isinstance(outcome, Refusal), (dispatch_state, outcome)
     foreign = attrs.evolve(snap.dispatch, workflow_execution_id="ex-2")
     refused(call(snap.execution, foreign), RefusalCode.IDENTITY_MISMATCH)
+
+
+def test_snapshot_problem_names_what_a_decision_would_raise_on_and_nothing_else() -> None:
+    # For a reader that shows rows (fencekeeper inspect): the same check, its message, without a decision.
+    snap = _ADMITTED
+    assert snapshot_problem(snap.execution, snap.dispatch) is None
+    apart = attrs.evolve(snap.dispatch, step_count=snap.execution.step_count + 3)
+    with pytest.raises(MalformedSnapshot) as raised:
+        claim(snap.execution, apart, DECISIONS["claim"][1], T0)
+    assert snapshot_problem(snap.execution, apart) == str(raised.value)
+    assert str(raised.value).startswith("dispatch.step_count: ")
+    lost = attrs.evolve(_WAITING.execution, wait=None)
+    assert (snapshot_problem(lost, _WAITING.dispatch) or "").startswith("execution.wait: missing")

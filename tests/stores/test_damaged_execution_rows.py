@@ -438,3 +438,31 @@ def test_a_due_timer_of_an_execution_whose_body_is_no_json_does_not_stop_the_loo
         assert store.due_wakes() == []
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("damage", sorted({**DAMAGES, **CONTRADICTIONS}))
+def test_inspect_shows_the_error_the_workers_hint_sends_the_operator_to(
+    opened: Opened, request: pytest.FixtureRequest, tmp_path: Path, damage: str
+) -> None:
+    # The worker's malformed line says `fencekeeper inspect ID` shows the error.  For two step counts that
+    # disagree, inspect showed both counts and no error: both rows read, and nothing said a claim would not
+    # decide on them.
+    store, edit = opened
+    edit({**DAMAGES, **CONTRADICTIONS}[damage])
+    events: list[WorkerEvent] = []
+    _worker(store, "w-1", [0.0], events).run_pass()
+    [told] = [e for e in events if e.what == "malformed"]
+    assert f"`fencekeeper inspect {told.execution_id}` shows the error" in told.detail
+    # What the store found, without the execution it names and the store's own note.
+    error = told.detail.split("execution 'x-1': ", 1)[1].split(" (the stored row", 1)[0]
+    db = request.node.db_args
+    shown = fencekeeper("inspect", "x-1", *db, cwd=tmp_path)
+    assert error in shown.stdout + shown.stderr, (error, shown)
+    if damage in CONTRADICTIONS:
+        assert shown.returncode == 0, shown
+        assert f"damaged [malformed_row] {error} (no decision is made on these rows" in shown.stdout
+        assert json.loads(fencekeeper("inspect", "x-1", *db, "--json", cwd=tmp_path).stdout)["damaged"] == error
+    # An execution whose rows are whole says nothing of the kind.
+    whole = fencekeeper("inspect", "x-2", *db, cwd=tmp_path)
+    assert whole.returncode == 0 and "damaged" not in whole.stdout
+    assert json.loads(fencekeeper("inspect", "x-2", *db, "--json", cwd=tmp_path).stdout)["damaged"] is None

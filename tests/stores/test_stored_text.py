@@ -151,3 +151,40 @@ def test_both_stores_refuse_a_recovery_rationale_they_could_not_keep_alike(
     assert isinstance(outcome, p.Refusal), outcome
     assert (outcome.code, outcome.field) == (p.RefusalCode.INVALID_REQUEST, "rationale"), outcome
     assert store.read("x-1") == before
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("bad \x00 why", "reason: contains NUL"),
+        ("bad \udcff byte", "reason: contains an unpaired surrogate"),
+        ("x" * (p.MAX_RATIONALE + 1), f"reason: must be at most 2000 characters, got {p.MAX_RATIONALE + 1}"),
+    ],
+    ids=["nul", "surrogate", "too-long"],
+)
+def test_a_cancellation_reason_is_checked_by_the_service_before_anything_is_written(
+    store: TransactionalStore, reason: str, message: str
+) -> None:
+    # The reason goes into the cancellation's Command evidence, which no kernel decision reads: the client and
+    # the HTTP routes bounded it, a direct caller of service.cancel did not (SQLite kept a NUL, PostgreSQL
+    # failed inside its transaction).
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    service.run(
+        store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="waits",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )
+    before = store.read("x-1")
+    with pytest.raises(service.OperationError) as caught:
+        service.cancel(store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, execution_id="x-1", reason=reason)
+    assert caught.value.code == "invalid_argument"
+    assert caught.value.message.startswith(message), caught.value.message
+    assert store.read("x-1") == before
+    # At the bound it is kept as given.
+    longest = "y" * p.MAX_RATIONALE
+    outcome = service.cancel(
+        store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, execution_id="x-1", reason=longest
+    )
+    assert isinstance(outcome, p.Decision), outcome
+    after = store.read("x-1")
+    assert after is not None and after.execution.state == ExecutionState.CANCELLED
+    assert [e.body["reason"] for e in after.evidence if e.object_id == "x-1/cancel/r1"] == [longest]
