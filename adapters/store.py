@@ -35,7 +35,7 @@ import abc
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -590,8 +590,20 @@ def _claim_on_rows(tx: Backend, execution_id: str, request: p.ClaimRequest, now:
     a worker passes over the execution as it does then.  Anything else it raises goes to the caller as it is.
     """
     execution, dispatch = tx.load(execution_id)
-    try:
+    with _rows_of(execution_id):
         return p.claim(execution, dispatch, request, now)
+
+
+@contextlib.contextmanager
+def _rows_of(execution_id: str) -> Iterator[None]:
+    """A kernel decision on ``execution_id``'s stored rows: :class:`~fencekeeper.kernel.protocol.MalformedSnapshot` is ``malformed_row`` naming it.
+
+    Every path that decides on rows a store read (a claim, a timer, an Event's or an approval's wake)
+    reports damaged rows as the codec does, one error naming the execution, which a worker passes
+    over; nothing of the transaction is written.
+    """
+    try:
+        yield
     except p.MalformedSnapshot as exc:
         raise StoreError(
             "malformed_row",
@@ -1069,7 +1081,8 @@ class TransactionalStore(abc.ABC):
         """Apply :func:`~fencekeeper.kernel.protocol.wake` in one transaction."""
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.key.execution_id)
-            return p.wake(execution, dispatch, tx.load_registration(request.key), request, now)
+            with _rows_of(request.key.execution_id):
+                return p.wake(execution, dispatch, tx.load_registration(request.key), request, now)
 
         return self._one(decide, lock=request.key.execution_id)
 
@@ -1222,21 +1235,25 @@ class TransactionalStore(abc.ABC):
             for registration in sorted(candidates, key=lambda r: r.key.execution_id):
                 tx.lock(registration.key.execution_id)
                 execution, dispatch = tx.load(registration.key.execution_id)
-                outcome = p.wake(
-                    execution,
-                    dispatch,
-                    tx.load_registration(registration.key),
-                    p.WakeRequest(
-                        key=registration.key,
-                        reason=p.WakeReason.EVENT,
-                        source_id=event.event_id,
-                        business_id=event.business_id,
-                        authority=authority,
-                        event_type=event.event_type,
-                        correlation=projection(registration.spec, event),
-                    ),
-                    now,
-                )
+                # A waiter whose rows are damaged fails the publication, naming it, rather than being
+                # passed over: the Event would commit without the wake it owes that execution, and once
+                # repaired it would wait for an Event already published (nothing is lost).
+                with _rows_of(registration.key.execution_id):
+                    outcome = p.wake(
+                        execution,
+                        dispatch,
+                        tx.load_registration(registration.key),
+                        p.WakeRequest(
+                            key=registration.key,
+                            reason=p.WakeReason.EVENT,
+                            source_id=event.event_id,
+                            business_id=event.business_id,
+                            authority=authority,
+                            event_type=event.event_type,
+                            correlation=projection(registration.spec, event),
+                        ),
+                        now,
+                    )
                 if isinstance(outcome, p.Decision):
                     items = _wake_evidence(tx, registration.key, p.WakeReason.EVENT, event.event_id, _event_outputs(event))
                     _apply(tx, outcome, items, now)
@@ -1271,22 +1288,23 @@ class TransactionalStore(abc.ABC):
             key = p.WaitKey(request.execution_id, request.node_id, request.attempt_id)
             execution, dispatch = tx.load(request.execution_id)
             registration = tx.load_registration(key)
-            woke = p.wake(
-                execution,
-                dispatch,
-                registration,
-                p.WakeRequest(
-                    key=key,
-                    reason=p.WakeReason.DECISION,
-                    source_id=decision.decision_id,
-                    business_id=decision.business_id,
-                    authority=decision.authority,
-                    event_type=None if registration is None else registration.spec.event_type,
-                    correlation=() if registration is None else registration.spec.correlation,
-                    outcome=decision.determination,
-                ),
-                now,
-            )
+            with _rows_of(request.execution_id):
+                woke = p.wake(
+                    execution,
+                    dispatch,
+                    registration,
+                    p.WakeRequest(
+                        key=key,
+                        reason=p.WakeReason.DECISION,
+                        source_id=decision.decision_id,
+                        business_id=decision.business_id,
+                        authority=decision.authority,
+                        event_type=None if registration is None else registration.spec.event_type,
+                        correlation=() if registration is None else registration.spec.correlation,
+                        outcome=decision.determination,
+                    ),
+                    now,
+                )
             if not isinstance(woke, p.Decision):
                 # Not waiting any more (cancelled, timed out): nothing is recorded.
                 return _Written(woke)
@@ -1321,13 +1339,14 @@ class TransactionalStore(abc.ABC):
                 p.WakeReason.TIMEOUT if registration is not None and registration.spec.timeout else p.WakeReason.TIMER
             )
             source = f"{key.attempt_id}/{reason.value}"
-            outcome = p.wake(
-                execution,
-                dispatch,
-                registration,
-                p.WakeRequest(key, reason, source, execution.business_id if execution else "unknown", authority),
-                now,
-            )
+            with _rows_of(key.execution_id):
+                outcome = p.wake(
+                    execution,
+                    dispatch,
+                    registration,
+                    p.WakeRequest(key, reason, source, execution.business_id if execution else "unknown", authority),
+                    now,
+                )
             if not isinstance(outcome, p.Decision):
                 return outcome
             items = _wake_evidence(tx, key, reason, source, {"timed_out": reason == p.WakeReason.TIMEOUT})

@@ -466,3 +466,70 @@ def test_inspect_shows_the_error_the_workers_hint_sends_the_operator_to(
     whole = fencekeeper("inspect", "x-2", *db, cwd=tmp_path)
     assert whole.returncode == 0 and "damaged" not in whole.stdout
     assert json.loads(fencekeeper("inspect", "x-2", *db, "--json", cwd=tmp_path).stdout)["damaged"] is None
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_rows_that_disagree_are_malformed_row_on_every_wake_path(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    # A waiting execution whose two rows read but contradict each other (the kernel raises
+    # MalformedSnapshot on them) is malformed_row naming it on every path that wakes: a worker's
+    # timer lookup passes over it and fires the rest, where a bare ValueError stopped the worker; a
+    # publication that would wake it fails whole, naming it (its Event would commit without the
+    # wake it owes), and nothing is written.
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from fencekeeper.adapters.testing import suite  # noqa: PLC0415
+    from fencekeeper.kernel.events import Event  # noqa: PLC0415
+    from fencekeeper.kernel.machines import ExecutionState  # noqa: PLC0415
+
+    store: TransactionalStore
+    if kind == "sqlite":
+        import sqlite3  # noqa: PLC0415
+
+        store = SQLiteStore(tmp_path / "wakes.db")
+
+        def edit(sql: str) -> list[tuple[Any, ...]]:
+            with sqlite3.connect(tmp_path / "wakes.db") as conn:
+                return [tuple(row) for row in conn.execute(sql).fetchall()]
+
+    else:
+        import psycopg  # noqa: PLC0415
+
+        from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+
+        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+        store = PostgresStore(dsn, schema=schema)
+
+        def edit(sql: str) -> list[tuple[Any, ...]]:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
+                cursor = conn.execute(sql)  # type: ignore[arg-type]
+                return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+
+    try:
+        due = datetime.now(UTC) - timedelta(minutes=1)
+        for execution_id in ("e-a", "e-b"):
+            suite.admit(store, execution_id)
+            claimed, credential = suite.claim(store, "w-setup")
+            assert claimed == execution_id
+            spec = suite.wait_spec(f"a-{execution_id}", wake_at=due)
+            suite.decided(store.finalize(suite.finalize_request(store, execution_id, credential, ExecutionState.WAITING, wait=spec)))
+        edit("UPDATE workflow_dispatch SET step_count = 7 WHERE workflow_execution_id = 'e-a'")
+        rows = "SELECT * FROM workflow_dispatch ORDER BY workflow_execution_id"
+        before = edit(rows)
+        event = Event.build("ev-1", "b-1", suite.EVENT_TYPE, dict(suite.CORRELATION), {"amount": 1})
+        with pytest.raises(StoreError) as raised:
+            store.publish_event(event, suite.GRANTED)
+        assert raised.value.code == "malformed_row" and "execution 'e-a'" in raised.value.message
+        assert edit(rows) == before
+        assert edit("SELECT count(*) FROM events") == [(0,)]
+        report = PassReport()
+        Worker(store, "w-1", examples.grants("b-1"), examples.handler()).fire_due_timers(report)
+        assert report.timers_fired == 1
+        assert [(m.execution_id, m.code) for m in report.malformed] == [("e-a", "malformed_row")]
+        assert edit("SELECT dispatch_state FROM workflow_dispatch WHERE workflow_execution_id = 'e-a'") == [("waiting",)]
+        view = store.read("e-b")
+        assert view is not None and view.execution.state == ExecutionState.ELIGIBLE
+    finally:
+        store.close()
