@@ -311,11 +311,13 @@ class Worker:
         while max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
             try:
+                # ``skip`` only while there is something to pass over: a store that wraps another
+                # (a ledger, a proxy) and predates it is then called exactly as before.
                 composed = self.store.claim_and_visit(
                     p.ClaimRequest(self.worker_id, self.make_token(), self.lease),
                     self._plan_next,
                     business_id=self.business_id,
-                    skip=skip,
+                    **({"skip": skip} if skip else {}),
                 )
             except StoreError as exc:
                 # The claim met a damaged row at the head of the queue and wrote nothing; claimed

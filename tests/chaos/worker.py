@@ -29,7 +29,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -205,11 +205,13 @@ class LedgeredStore:
             lambda: self._store.claim_next(request, business_id=business_id),
         )
 
-    def claim_and_visit(self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None) -> Composed:
+    def claim_and_visit(
+        self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None, skip: Collection[str] = ()
+    ) -> Composed:
         # The worker's claim, and the visits composed into its transaction: each its own ledger request.
         return self._composed(
             "claim", None, (request.worker_id, request.lease_token, None), (), plan=plan,
-            call=lambda planner: self._store.claim_and_visit(request, planner, business_id=business_id),
+            call=lambda planner: self._store.claim_and_visit(request, planner, business_id=business_id, skip=skip),
         )
 
     def record_step_and_visit(

@@ -533,3 +533,33 @@ def test_rows_that_disagree_are_malformed_row_on_every_wake_path(
         assert view is not None and view.execution.state == ExecutionState.ELIGIBLE
     finally:
         store.close()
+
+
+def test_a_store_wrapper_that_predates_skip_still_drives_a_worker(tmp_path: Path) -> None:
+    # The worker passes ``skip`` to claim_and_visit only while it passes something over: a store that
+    # wraps another (a ledger, a proxy) written before ``skip`` existed is called as it always was.
+    store = SQLiteStore(tmp_path / "wrapped.db")
+
+    class Wrapper:
+        def __init__(self, inner: SQLiteStore) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def claim_and_visit(self, request: p.ClaimRequest, plan: Any, *, business_id: str | None = None) -> Any:
+            return self._inner.claim_and_visit(request, plan, business_id=business_id)
+
+    try:
+        service.register(store, parse_definition(TWO_NODE), BUSINESS, PRINCIPAL, POLICY)
+        outcome = service.run(
+            store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-node",
+            input={"order_id": "o-1"}, execution_id="x-1",
+        )  # fmt: skip
+        assert isinstance(outcome, p.Decision), outcome
+        report = Worker(Wrapper(store), "w-1", POLICY, examples.handler()).run_pass()  # type: ignore[arg-type]
+        assert report.claimed == ["x-1"] and report.malformed == []
+        view = store.read("x-1")
+        assert view is not None and view.execution.state.value == "succeeded"
+    finally:
+        store.close()
