@@ -129,7 +129,9 @@ class JournalStore(Protocol):
 
         Each source builds its command from the head the command before it
         left (the first from None).  The outcomes are in order; if one is a
-        refusal it is the last, and nothing was written.
+        refusal it is the last, and nothing was written.  A batch of no
+        command is a ValueError, and one that is not a sequence of callables
+        a TypeError, each naming ``commands``.
         """
         ...
 
@@ -278,6 +280,18 @@ def _can_name_a_journal(execution_id: object) -> bool:
     return IDENTIFIER.fullmatch(execution_id) is not None
 
 
+def _check_sources(commands: object) -> None:
+    """A batch that is not one: an error naming ``commands``, before anything is decided or written."""
+    if not isinstance(commands, Sequence) or isinstance(commands, str | bytes | bytearray):
+        raise TypeError(f"commands: must be a sequence of command sources, got {type(commands).__name__}")
+    if not commands:
+        # Its outcomes would say nothing, and the last of them is what a caller reads.
+        raise ValueError("commands: names no command; a batch appends at least one")
+    for n, source in enumerate(commands):
+        if not callable(source):
+            raise TypeError(f"commands[{n}]: must be a command source (a callable), got {type(source).__name__}")
+
+
 def stale(expected: str, head: str) -> j.Refusal:
     return j.Refusal(JournalCode.STALE_HEAD, f"expected head {expected}, but another writer moved it to {head}")
 
@@ -374,6 +388,7 @@ class JournalStoreBase:
     ) -> list[j.Outcome]:
         if not _can_name_a_journal(execution_id):
             raise StoreError("journal_not_found", f"no journal {shown(execution_id)}: not an identifier")
+        _check_sources(commands)
         with self._cache_lock:
             journal = self._cache.get(execution_id)
         if journal is None:

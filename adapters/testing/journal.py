@@ -26,6 +26,8 @@ flow 5 and 6; specs/journal.md, Storage):
 - an execution id that is no identifier (empty, a NUL, a lone surrogate, a
   megabyte) names no journal on every store, and one that is not text is
   a TypeError naming it;
+- a batch of no command, or of something that is not a command source, is
+  an error naming ``commands``, and writes nothing;
 - after ``close`` every call is ``StoreError('store_unavailable')`` saying
   the store is closed.
 
@@ -132,6 +134,22 @@ class JournalStoreTests:
                     call(wrong)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"^journal: must be of type Journal, got str$"):
             store.create("review-2")  # type: ignore[arg-type]
+        chain = store.stored("review-1")
+        assert chain is not None and chain.length == 0 and store.execution_ids() == ["review-1"]
+
+    def test_a_batch_that_is_not_one_is_an_error_naming_commands(self, open_store: Opener) -> None:
+        # Before: append_all([]) raised IndexError from its missing last outcome.
+        store = open_store()
+        journal = created(store)
+        command = j.Transition(
+            request_id="start", expected_head=journal.head, node_id="search", event=NodeEvent.WORK_STARTED,
+            prior_state=NodeState.READY, actor_id="bot:search", role="searcher", attempt=j.AttemptRef("search-1", 1),
+        )  # fmt: skip
+        with pytest.raises(ValueError, match=r"^commands: names no command"):
+            store.append_all("review-1", [])
+        for batch, message in ((None, r"^commands: must be"), ("abc", r"^commands: must be"), ([command], r"^commands\[0\]: ")):
+            with pytest.raises(TypeError, match=message):
+                store.append_all("review-1", batch)  # type: ignore[arg-type]
         chain = store.stored("review-1")
         assert chain is not None and chain.length == 0 and store.execution_ids() == ["review-1"]
 
