@@ -395,6 +395,12 @@ def cases() -> list[Case]:
     spaced = json.dumps(json.loads(events[1]), sort_keys=True).encode()
     bad("non-canonical", "event 2 re-encoded with spaces after separators", [header, events[0], spaced, *events[2:]],
         "non_canonical", 2)  # fmt: skip
+    # JSON can spell a lone surrogate (\ud800) that no UTF-8 text holds, so
+    # the record has no canonical bytes; a reader that swaps it for U+FFFD
+    # would call it non_canonical or altered_digest instead.
+    surrogate = events[1].replace(b'"rationale":"', b'"rationale":"\\ud800', 1)
+    bad("lone-surrogate", "event 2's rationale holds an escaped unpaired surrogate", [header, events[0], surrogate, *events[2:]],
+        "malformed_record", 2)  # fmt: skip
     bad("ordinal-gap", "event 2 renumbered 3, digest recomputed", [header, events[0], resign(events[1], ordinal=3), *events[2:]],
         "ordinal_gap", 2)  # fmt: skip
     bad("request-digest", "event 2's content changed and its digest recomputed, its request digest not",

@@ -169,7 +169,7 @@ class PostgresJournalStore(JournalStoreBase):
         )
         return written == len(events)
 
-    def stored(self, execution_id: str) -> StoredChain | None:
+    def _stored(self, execution_id: str) -> StoredChain | None:
         with self._lock:
             try:
                 conn = self._connected()

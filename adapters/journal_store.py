@@ -48,6 +48,11 @@ module:
   kernel decides each on the journal the ones before it made, and the
   events of all of them are written in one transaction under one head
   guard; a refusal of any writes nothing.  ``append`` is a batch of one.
+- An execution id that is not an identifier (specs/journal.md, section 1)
+  names no journal and never reaches the database: a read answers None, an
+  append ``journal_not_found``, whatever the store (PostgreSQL cannot take
+  a NUL as a parameter, SQLite can); one that is not text is a TypeError
+  naming it.
 - Every append, load and catching up gives the kernel the store's header
   lookup (``header``), so a successor binding is checked against the
   successor's stored header whether or not records are resolved, and
@@ -70,6 +75,7 @@ import attrs
 
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import canonical_bytes, digest_bytes, parse_canonical
+from fencekeeper.kernel.common import IDENTIFIER, shown
 from fencekeeper.kernel.dag import VerifiedWorkflow, verify_workflow, workflow_from_json
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
 
@@ -123,7 +129,9 @@ class JournalStore(Protocol):
 
         Each source builds its command from the head the command before it
         left (the first from None).  The outcomes are in order; if one is a
-        refusal it is the last, and nothing was written.
+        refusal it is the last, and nothing was written.  A batch of no
+        command is a ValueError, and one that is not a sequence of callables
+        a TypeError, each naming ``commands``.
         """
         ...
 
@@ -257,6 +265,33 @@ def _misplaced_column(column: int | str | None, own: int, ordinal: int) -> Journ
     )
 
 
+def _can_name_a_journal(execution_id: object) -> bool:
+    """Whether ``execution_id`` could name a stored journal; TypeError naming it if it is not text.
+
+    Only an identifier (specs/journal.md, section 1) was ever created, so any
+    other text names no journal, and is not sent to the database at all: a
+    NUL or a lone surrogate cannot be a query parameter (PostgreSQL text
+    refuses NUL, and neither driver can encode a surrogate), and the two
+    stores answered such an id differently, one with None, one with a
+    driver's exception.
+    """
+    if not isinstance(execution_id, str):
+        raise TypeError(f"execution_id: must be of type str, got {type(execution_id).__name__}")
+    return IDENTIFIER.fullmatch(execution_id) is not None
+
+
+def _check_sources(commands: object) -> None:
+    """A batch that is not one: an error naming ``commands``, before anything is decided or written."""
+    if not isinstance(commands, Sequence) or isinstance(commands, str | bytes | bytearray):
+        raise TypeError(f"commands: must be a sequence of command sources, got {type(commands).__name__}")
+    if not commands:
+        # Its outcomes would say nothing, and the last of them is what a caller reads.
+        raise ValueError("commands: names no command; a batch appends at least one")
+    for n, source in enumerate(commands):
+        if not callable(source):
+            raise TypeError(f"commands[{n}]: must be a command source (a callable), got {type(source).__name__}")
+
+
 def stale(expected: str, head: str) -> j.Refusal:
     return j.Refusal(JournalCode.STALE_HEAD, f"expected head {expected}, but another writer moved it to {head}")
 
@@ -283,7 +318,7 @@ class JournalStoreBase:
         """
         raise NotImplementedError
 
-    def stored(self, execution_id: str) -> StoredChain | None:
+    def _stored(self, execution_id: str) -> StoredChain | None:
         raise NotImplementedError
 
     def _stored_head(self, execution_id: str) -> str | None:
@@ -301,7 +336,14 @@ class JournalStoreBase:
 
     # --- shared ------------------------------------------------------------------------------------
 
+    def stored(self, execution_id: str) -> StoredChain | None:
+        if not _can_name_a_journal(execution_id):
+            return None
+        return self._stored(execution_id)
+
     def create(self, journal: j.Journal) -> None:
+        if not isinstance(journal, j.Journal):
+            raise TypeError(f"journal: must be of type Journal, got {type(journal).__name__}")
         if journal.events:
             raise StoreError("journal_exists", "a journal is created empty; append its events afterwards")
         workflow = canonical_bytes(journal.workflow.definition.to_json())
@@ -321,6 +363,8 @@ class JournalStoreBase:
         return journal
 
     def header(self, execution_id: str) -> j.Header | None:
+        if not _can_name_a_journal(execution_id):
+            return None
         row = self._header_row(execution_id)
         if row is None:
             return None
@@ -342,6 +386,9 @@ class JournalStoreBase:
     def append_all(
         self, execution_id: str, commands: Sequence[CommandSource], resolve: j.Resolver | None = None
     ) -> list[j.Outcome]:
+        if not _can_name_a_journal(execution_id):
+            raise StoreError("journal_not_found", f"no journal {shown(execution_id)}: not an identifier")
+        _check_sources(commands)
         with self._cache_lock:
             journal = self._cache.get(execution_id)
         if journal is None:
@@ -403,7 +450,7 @@ class JournalStoreBase:
         if cached is not None:
             tail = self._tail(execution_id, len(cached.events))
             if tail is None:
-                raise StoreError("journal_not_found", f"no journal {execution_id!r}")
+                raise StoreError("journal_not_found", f"no journal {shown(execution_id)}")
             events, digests, ordinals, head, length = tail
             # The first new event must name the cached head: continue_replay
             # checks the link, so a cache that is not a prefix of the stored
@@ -430,7 +477,7 @@ class JournalStoreBase:
     def _loaded(self, execution_id: str) -> j.Journal:
         journal = self.load(execution_id)
         if journal is None:
-            raise StoreError("journal_not_found", f"no journal {execution_id!r}")
+            raise StoreError("journal_not_found", f"no journal {shown(execution_id)}")
         return journal
 
 
@@ -548,7 +595,7 @@ class SQLiteJournalStore(JournalStoreBase):
                 conn.executemany(_INSERT_EVENT, [(execution_id, e.ordinal, e.digest, record) for e, record in events])
         return True
 
-    def stored(self, execution_id: str) -> StoredChain | None:
+    def _stored(self, execution_id: str) -> StoredChain | None:
         # Every record is read CAST AS BLOB, here and below: a row rewritten
         # by hand may hold TEXT (SQLite's replace() returns it) or a number,
         # and verification must name that record, not fail on its type.

@@ -59,6 +59,7 @@ module:
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
@@ -484,6 +485,7 @@ def _check_common(command: Command) -> None:
     # if its record can be replayed, and replay reads each field by its type.
     _of_type(command, _COMMANDS, "command")
     _of_type(command.rationale, str, "rationale")
+    _storable(command.rationale, "rationale")
     _identifier(command.request_id, "request_id")
     _identifier(command.actor_id, "actor")
     _identifier(command.role, "role")
@@ -497,6 +499,7 @@ def _check_common(command: Command) -> None:
         _tuple_of(command.approvals, Approval, "approvals")
         if command.error is not None:
             _of_type(command.error, str, "error")
+            _storable(command.error, "error")
         for record in command.records:
             _check_record(record, "records")
         for approval in command.approvals:
@@ -509,7 +512,7 @@ def _check_common(command: Command) -> None:
             if type(command.attempt.sequence) is not int:
                 raise JournalError(C.INVALID_REQUEST, f"attempt sequence {shown(command.attempt.sequence)} is not a whole number")
             if not 1 <= command.attempt.sequence <= MAX_WHOLE:
-                raise JournalError(C.INVALID_REQUEST, f"attempt sequence {command.attempt.sequence} is out of range")
+                raise JournalError(C.INVALID_REQUEST, f"attempt sequence {shown(command.attempt.sequence)} is out of range")
         if len({(r.kind, r.ref_id) for r in command.records}) != len(command.records):
             raise JournalError(C.INVALID_REQUEST, "records: a kind/id is referenced twice")
         if command.event in (NodeEvent.WORK_INVALIDATED, NodeEvent.SUCCESSOR_BOUND):
@@ -530,6 +533,23 @@ def _check_common(command: Command) -> None:
             _identifier(command.policy, "policy")
         else:
             _check_record(command.successor, "successor")
+
+
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _storable(value: str, where: str) -> None:
+    # A lone surrogate has no UTF-8 form, so no canonical bytes: without this
+    # the command failed only when its record was encoded, as a
+    # malformed_record naming no field.  NUL is not refused here, unlike in
+    # kernel/text.py: a record keeps it escaped (\u0000) in bytes, never in a
+    # text column, and chains that hold one replay as they always have.
+    found = _SURROGATE.search(value)
+    if found is not None:
+        raise JournalError(
+            C.INVALID_REQUEST,
+            f"{where}: contains an unpaired surrogate (U+{ord(found.group()):04X}), which is not a character",
+        )
 
 
 def _check_record(record: RecordRef, where: str) -> None:

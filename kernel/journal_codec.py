@@ -445,8 +445,10 @@ def command_from_json(value: object, expected_head: str | None = None, where: st
         obj = strict_object(value, where, required=required, optional=optional)
     else:
         obj = _members(value, tuple(required), tuple(optional))
+    # A null expected_head is a value of the wrong type, not an absent one
+    # (which the caller's head fills): "missing field" would misname it.
     head = obj.get("expected_head", expected_head)
-    if head is None:
+    if head is None and "expected_head" not in obj:
         raise JournalError(C.MISSING_FIELD, f"{own}missing field 'expected_head'")
     common = {
         "request_id": strict_text(obj["request"], at("request")),

@@ -23,6 +23,11 @@ flow 5 and 6; specs/journal.md, Storage):
 - a batch of commands is appended whole or not at all;
 - a successor binding is checked against the successor's stored header;
 - a record's time is the store clock's;
+- an execution id that is no identifier (empty, a NUL, a lone surrogate, a
+  megabyte) names no journal on every store, and one that is not text is
+  a TypeError naming it;
+- a batch of no command, or of something that is not a command source, is
+  an error naming ``commands``, and writes nothing;
 - after ``close`` every call is ``StoreError('store_unavailable')`` saying
   the store is closed.
 
@@ -106,6 +111,47 @@ class JournalStoreTests:
         assert restarted.header("review-2") == successor.header
         assert restarted.header("nobody") is None
         assert restarted.load("nobody") is None
+
+    def test_an_execution_id_that_is_no_identifier_names_no_journal_on_every_store(self, open_store: Opener) -> None:
+        # Before: PostgreSQL raised its driver's DataError for a NUL (SQLite
+        # answered None), both raised UnicodeEncodeError for a lone
+        # surrogate, an id that was not text reached the SQL, and a refused
+        # append quoted a megabyte id whole.
+        store = open_store()
+        journal = created(store)
+        command = j.Transition(
+            request_id="start", expected_head=journal.head, node_id="search", event=NodeEvent.WORK_STARTED,
+            prior_state=NodeState.READY, actor_id="bot:search", role="searcher", attempt=j.AttemptRef("search-1", 1),
+        )  # fmt: skip
+        for bad in ("", "review-1\x00", "review\ud800", " review-1", "x" * 1_000_000):
+            assert store.load(bad) is None and store.stored(bad) is None and store.header(bad) is None
+            with pytest.raises(StoreError) as caught:
+                store.append(bad, command)
+            assert caught.value.code == "journal_not_found" and len(str(caught.value)) < 200, str(caught.value)[:200]
+        for wrong in (None, 5, b"review-1"):
+            for call in (store.load, store.stored, store.header, lambda e: store.append(e, command)):
+                with pytest.raises(TypeError, match=r"^execution_id: must be of type str, got "):
+                    call(wrong)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^journal: must be of type Journal, got str$"):
+            store.create("review-2")  # type: ignore[arg-type]
+        chain = store.stored("review-1")
+        assert chain is not None and chain.length == 0 and store.execution_ids() == ["review-1"]
+
+    def test_a_batch_that_is_not_one_is_an_error_naming_commands(self, open_store: Opener) -> None:
+        # Before: append_all([]) raised IndexError from its missing last outcome.
+        store = open_store()
+        journal = created(store)
+        command = j.Transition(
+            request_id="start", expected_head=journal.head, node_id="search", event=NodeEvent.WORK_STARTED,
+            prior_state=NodeState.READY, actor_id="bot:search", role="searcher", attempt=j.AttemptRef("search-1", 1),
+        )  # fmt: skip
+        with pytest.raises(ValueError, match=r"^commands: names no command"):
+            store.append_all("review-1", [])
+        for batch, message in ((None, r"^commands: must be"), ("abc", r"^commands: must be"), ([command], r"^commands\[0\]: ")):
+            with pytest.raises(TypeError, match=message):
+                store.append_all("review-1", batch)  # type: ignore[arg-type]
+        chain = store.stored("review-1")
+        assert chain is not None and chain.length == 0 and store.execution_ids() == ["review-1"]
 
     def test_two_concurrent_appenders_exactly_one_wins(self, open_store: Opener) -> None:
         first, second = open_store(), open_store()

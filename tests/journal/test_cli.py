@@ -791,3 +791,20 @@ def test_a_pack_directory_that_cannot_take_the_pack_is_exit_2(tmp_path: Path) ->
     (tmp_path / "chains").write_text("in the way\n", encoding="utf-8")
     code, _, err = main("journal", "fixtures", tmp_path)
     assert code == 2 and "chains" in one_error_line(err) and "internal error" not in err
+
+
+def test_a_lone_surrogate_or_a_huge_value_is_one_short_exit_2_line_naming_the_field(workdir: Path) -> None:
+    # Before: a lone surrogate in the rationale was refused malformed_record,
+    # exit 1, naming a character position; a megabyte request id was quoted
+    # whole, a megabyte error line.
+    head = new()["head"]
+    before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
+    command = {"command": "transition", "request": "r-1", "node": "search", "event": "work-started",
+               "prior_state": "ready", "actor": "bot:search", "role": "searcher", "attempt": {"id": "s-1", "sequence": 1}}  # fmt: skip
+    for change, field in (({"rationale": "\ud800"}, "rationale: "), ({"request": "x" * 1_000_000}, "request_id: ")):
+        text = json.dumps({**command, **change})
+        code, out, err = main("journal", "append", "review-1", "--db", "review.db", "--command", text, "--expect", head)
+        line = one_error_line(err)
+        assert code == 2 and out == "" and "refused [invalid_request]: " + field in line, line[:200]
+        assert len(line) < 300, line[:300]
+    assert SQLiteJournalStore(workdir / "review.db").stored("review-1") == before

@@ -96,6 +96,23 @@ def test_a_commands_fields_are_named_within_where_or_alone() -> None:
         assert (caught.value.reason, str(caught.value)) == (C.MALFORMED_RECORD, node)
 
 
+def test_a_null_expected_head_is_malformed_not_missing() -> None:
+    # Before: "missing field 'expected_head'", for a field the command has.
+    command = {
+        "command": "transition", "request": "r1", "actor": "a", "role": "r", "node": "n",
+        "event": "work-started", "prior_state": "ready", "expected_head": None,
+    }  # fmt: skip
+    for fallback in (None, "sha256:" + "0" * 64):
+        with pytest.raises(JournalError) as caught:
+            j.command_from_json(command, fallback)
+        assert (caught.value.reason, str(caught.value)) == (C.MALFORMED_RECORD, "command.expected_head: must be a string")
+    del command["expected_head"]
+    with pytest.raises(JournalError) as caught:
+        j.command_from_json(command)
+    assert (caught.value.reason, str(caught.value)) == (C.MISSING_FIELD, "command: missing field 'expected_head'")
+    assert j.command_from_json(command, "sha256:" + "0" * 64).expected_head == "sha256:" + "0" * 64
+
+
 def test_unknown_and_missing_fields_are_refused(chain: tuple[j.Journal, bytes, list[bytes]]) -> None:
     journal, header, events = chain
     error = refusal(journal, header, [_resigned(events[0], {"comment": "hi"}), *events[1:]])

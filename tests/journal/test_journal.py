@@ -202,6 +202,39 @@ def test_a_field_not_of_its_type_is_an_invalid_request_never_an_exception_or_an_
     assert j.replay(*stored(listed.journal), listed.journal.workflow, listed.journal.policy).head == listed.journal.head
 
 
+def test_a_lone_surrogate_in_free_text_is_an_invalid_request_naming_the_field() -> None:
+    # Before: it passed every check, then the request digest could not be
+    # encoded (a surrogate has no UTF-8 form), and the refusal was a
+    # malformed_record naming a character position, not the field.
+    driver = Driver(fresh())
+    start = j.AttemptRef("s-1", 1)
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=start)
+    refusal = refused(driver, attrs.evolve(command, rationale="retried \ud800"), C.INVALID_REQUEST)
+    assert refusal.message == "rationale: contains an unpaired surrogate (U+D800), which is not a character"
+    driver.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=start)
+    failed = driver.transition("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=start, error="x\udfff")
+    assert refused(driver, failed, C.INVALID_REQUEST).message.startswith("error: contains an unpaired surrogate (U+DFFF)")
+    invalidation = j.Invalidate(
+        request_id="inv-1", expected_head=driver.journal.head, source=RETRACTION, policy="retraction-policy",
+        nodes=(j.NodeExpectation("search", NodeState.ACTIVE),), actor_id="carol", role="coordinator", rationale="\udc00",
+    )  # fmt: skip
+    assert refused(driver, invalidation, C.INVALID_REQUEST).message.startswith("rationale: ")
+    # NUL is text a record keeps (escaped in its canonical bytes), and replays.
+    kept = driver.apply(attrs.evolve(failed, error="x\x00y", rationale="a\x00b"))
+    assert isinstance(kept, j.Appended)
+    assert j.replay(*stored(kept.journal), kept.journal.workflow, kept.journal.policy).head == kept.journal.head
+
+
+def test_an_attempt_sequence_too_long_to_print_is_refused_not_raised() -> None:
+    # Before: the out-of-range refusal wrote the number with str(), which
+    # raises ValueError past 4300 digits: preview raised instead of refusing.
+    driver = Driver(fresh())
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=j.AttemptRef("s-1", 1))
+    for sequence in (10**5000, -(10**5000)):
+        refusal = refused(driver, attrs.evolve(command, attempt=j.AttemptRef("s-1", sequence)), C.INVALID_REQUEST)
+        assert refusal.message == "attempt sequence <int too large to show> is out of range", refusal.message[:200]
+
+
 # --- attempts ------------------------------------------------------------------------------------
 
 
