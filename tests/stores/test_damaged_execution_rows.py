@@ -371,6 +371,35 @@ def test_a_claim_that_passes_over_a_row_still_skips_the_rows_others_hold(pg_dsn:
         store.close()
 
 
+def _empty_store(request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> Opened:
+    """An empty store of ``kind`` (nothing admitted), and ``edit``: one SQL statement past the store, its rows."""
+    store: TransactionalStore
+    if kind == "sqlite":
+        import sqlite3  # noqa: PLC0415
+
+        store = SQLiteStore(tmp_path / "empty.db")
+
+        def edit(sql: str) -> list[tuple[Any, ...]]:
+            with sqlite3.connect(tmp_path / "empty.db") as conn:
+                return [tuple(row) for row in conn.execute(sql).fetchall()]
+
+        return store, edit
+    import psycopg  # noqa: PLC0415
+
+    from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+
+    dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+    store = PostgresStore(dsn, schema=schema)
+
+    def edit_pg(sql: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
+            cursor = conn.execute(sql)  # type: ignore[arg-type]
+            return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+
+    return store, edit_pg
+
+
 @pytest.mark.parametrize("body", ["garbled", '{"wait": ["e-a", "n", "\\u0000"]}'])
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_a_due_timer_of_an_execution_whose_body_is_no_json_does_not_stop_the_lookup(
@@ -386,30 +415,7 @@ def test_a_due_timer_of_an_execution_whose_body_is_no_json_does_not_stop_the_loo
     from fencekeeper.adapters.testing.suite import admit, claim, decided, finalize_request, wait_spec  # noqa: PLC0415
     from fencekeeper.kernel.machines import ExecutionState  # noqa: PLC0415
 
-    store: TransactionalStore
-    if kind == "sqlite":
-        import sqlite3  # noqa: PLC0415
-
-        store = SQLiteStore(tmp_path / "timers.db")
-
-        def edit(sql: str) -> list[tuple[Any, ...]]:
-            with sqlite3.connect(tmp_path / "timers.db") as conn:
-                return [tuple(row) for row in conn.execute(sql).fetchall()]
-
-    else:
-        import psycopg  # noqa: PLC0415
-
-        from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
-
-        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
-        store = PostgresStore(dsn, schema=schema)
-
-        def edit(sql: str) -> list[tuple[Any, ...]]:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
-                cursor = conn.execute(sql)  # type: ignore[arg-type]
-                return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
-
+    store, edit = _empty_store(request, tmp_path, kind)
     try:
         due = datetime.now(UTC) - timedelta(minutes=1)
         for execution_id in ("e-a", "e-b", "e-c"):
@@ -483,30 +489,7 @@ def test_rows_that_disagree_are_malformed_row_on_every_wake_path(
     from fencekeeper.kernel.events import Event  # noqa: PLC0415
     from fencekeeper.kernel.machines import ExecutionState  # noqa: PLC0415
 
-    store: TransactionalStore
-    if kind == "sqlite":
-        import sqlite3  # noqa: PLC0415
-
-        store = SQLiteStore(tmp_path / "wakes.db")
-
-        def edit(sql: str) -> list[tuple[Any, ...]]:
-            with sqlite3.connect(tmp_path / "wakes.db") as conn:
-                return [tuple(row) for row in conn.execute(sql).fetchall()]
-
-    else:
-        import psycopg  # noqa: PLC0415
-
-        from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
-
-        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
-        store = PostgresStore(dsn, schema=schema)
-
-        def edit(sql: str) -> list[tuple[Any, ...]]:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f"SET search_path TO {schema}")  # type: ignore[arg-type]
-                cursor = conn.execute(sql)  # type: ignore[arg-type]
-                return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
-
+    store, edit = _empty_store(request, tmp_path, kind)
     try:
         due = datetime.now(UTC) - timedelta(minutes=1)
         for execution_id in ("e-a", "e-b"):
