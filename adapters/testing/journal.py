@@ -73,6 +73,14 @@ def created(store: JournalStore, execution_id: str = "review-1") -> j.Journal:
     return journal
 
 
+def _search_started(journal: j.Journal) -> j.Transition:
+    """The first append a created journal takes: its ``search`` node started by its bot."""
+    return j.Transition(
+        request_id="start", expected_head=journal.head, node_id="search", event=NodeEvent.WORK_STARTED,
+        prior_state=NodeState.READY, actor_id="bot:search", role="searcher", attempt=j.AttemptRef("search-1", 1),
+    )  # fmt: skip
+
+
 class JournalStoreTests:
     """The journal port's conformance tests; subclasses provide ``open_store``."""
 
@@ -119,10 +127,7 @@ class JournalStoreTests:
         # append quoted a megabyte id whole.
         store = open_store()
         journal = created(store)
-        command = j.Transition(
-            request_id="start", expected_head=journal.head, node_id="search", event=NodeEvent.WORK_STARTED,
-            prior_state=NodeState.READY, actor_id="bot:search", role="searcher", attempt=j.AttemptRef("search-1", 1),
-        )  # fmt: skip
+        command = _search_started(journal)
         for bad in ("", "review-1\x00", "review\ud800", " review-1", "x" * 1_000_000):
             assert store.load(bad) is None and store.stored(bad) is None and store.header(bad) is None
             with pytest.raises(StoreError) as caught:
@@ -141,10 +146,7 @@ class JournalStoreTests:
         # Before: append_all([]) raised IndexError from its missing last outcome.
         store = open_store()
         journal = created(store)
-        command = j.Transition(
-            request_id="start", expected_head=journal.head, node_id="search", event=NodeEvent.WORK_STARTED,
-            prior_state=NodeState.READY, actor_id="bot:search", role="searcher", attempt=j.AttemptRef("search-1", 1),
-        )  # fmt: skip
+        command = _search_started(journal)
         with pytest.raises(ValueError, match=r"^commands: names no command"):
             store.append_all("review-1", [])
         for batch, message in ((None, r"^commands: must be"), ("abc", r"^commands: must be"), ([command], r"^commands\[0\]: ")):

@@ -93,10 +93,24 @@ def _numbers_for_bools(value: Any) -> Any:
     return value
 
 
-class _BoolsAsNumbers:
-    """Answers every case with its expectation, but writes 1 for true and 0 for false (a JSON writer's bug)."""
+class _Answers:
+    """Answers every case of ``machines`` and every step of the store scripts with what ``shape`` makes of the expectation.
 
-    def __init__(self) -> None:
+    ``step`` makes a store step's answer of its expected result; ``holds`` is what the driver says it holds.
+    """
+
+    def __init__(
+        self,
+        shape: Any,
+        reset: Any = None,
+        *,
+        step: Any = lambda result: {"output": result},
+        holds: tuple[str, ...] = ("commit", "clock"),
+    ) -> None:
+        self.shape = shape
+        self.step = step
+        self.holds = list(holds)
+        self.reset = {"ok": True} if reset is None else reset
         self.results = iter(
             result
             for case in json.loads((CASES / "store.json").read_text(encoding="utf-8"))["cases"]
@@ -110,20 +124,31 @@ class _BoolsAsNumbers:
 
     def ask(self, request: dict[str, Any]) -> Any:
         if request["op"] == "hello":
-            return {"protocol": 1, "layers": ["machines", "store"], "holds": []}
+            return {"protocol": 1, "layers": ["machines", "store"], "holds": self.holds}
         if request["op"] == "case":
-            return {"output": _numbers_for_bools(self.expected[request["id"]])}
+            return self.shape(self.expected[request["id"]])
+        if request["op"] == "reset":
+            return self.reset
         if request["op"] == "store":
-            return {"output": _numbers_for_bools(next(self.results))}
+            return self.step(next(self.results))
         return {"ok": True}
 
     def close(self) -> None:
         pass
 
 
+def _bools_as_numbers() -> _Answers:
+    """Answers every case with its expectation, but writes 1 for true and 0 for false (a JSON writer's bug)."""
+    return _Answers(
+        lambda expected: {"output": _numbers_for_bools(expected)},
+        step=lambda result: {"output": _numbers_for_bools(result)},
+        holds=(),
+    )
+
+
 def test_a_number_is_never_taken_for_a_bool() -> None:
-    machines, store = runner.run(_BoolsAsNumbers(), ["machines", "store"], CASES)
-    illegal = sum(1 for expected in _BoolsAsNumbers().expected.values() if expected.get("illegal") is True)
+    machines, store = runner.run(_bools_as_numbers(), ["machines", "store"], CASES)
+    illegal = sum(1 for expected in _bools_as_numbers().expected.values() if expected.get("illegal") is True)
     assert (machines.failed, machines.passed) == (illegal, machines.passed)
     assert machines.first_failure is not None
     assert machines.first_failure["differences"]["illegal"] == {"expected": True, "got": 1}
@@ -309,38 +334,6 @@ def test_a_run_where_one_case_ran_is_not_empty(capsys: pytest.CaptureFixture[str
     # Everything but the first case answered unsupported: partial, and nothing failed.
     assert cli.main(["conformance", "--driver", f"{MISBEHAVING} unsupported 2", "--layer", "machines"]) == 0
     assert "machines     partial  passed 1, failed 0" in capsys.readouterr().out
-
-
-class _Answers:
-    """Answers every case of ``machines`` and every step of the store scripts with what ``shape`` makes of the expectation."""
-
-    def __init__(self, shape: Any, reset: Any = None) -> None:
-        self.shape = shape
-        self.reset = {"ok": True} if reset is None else reset
-        self.results = iter(
-            result
-            for case in json.loads((CASES / "store.json").read_text(encoding="utf-8"))["cases"]
-            if "steps" in case["input"]
-            for result in case["expected"]["results"]
-        )
-        self.expected = {
-            case["id"]: case["expected"]
-            for case in json.loads((CASES / "machines.json").read_text(encoding="utf-8"))["cases"]
-        }
-
-    def ask(self, request: dict[str, Any]) -> Any:
-        if request["op"] == "hello":
-            return {"protocol": 1, "layers": ["machines", "store"], "holds": ["commit", "clock"]}
-        if request["op"] == "case":
-            return self.shape(self.expected[request["id"]])
-        if request["op"] == "reset":
-            return self.reset
-        if request["op"] == "store":
-            return {"output": next(self.results)}
-        return {"ok": True}
-
-    def close(self) -> None:
-        pass
 
 
 def _scripts_only(tmp_path: Path) -> Path:
