@@ -50,12 +50,16 @@ class EventError(ValueError):
     code = "invalid_event"
 
 
-def _json_problem(value: object, field: str) -> tuple[str, str] | None:
+def json_problem(value: object, field: str) -> tuple[str, str] | None:
     """The first value in ``value`` that is not JSON a store keeps and reads back equal: ``(field, problem)``.
 
     NaN equals nothing, itself read back included, and a key that is not a
     string is read back as one: either would make a republished Event a
-    conflict with itself.
+    conflict with itself, and a Command's outputs (kernel/interpreter.py)
+    read otherwise on a later visit than they were reported.  Strings are
+    :func:`~fencekeeper.kernel.text.first_problem`'s to check; a member is
+    named as it names one.  A value nested past the recursion limit (or
+    containing itself) raises RecursionError.
     """
     if value is None or isinstance(value, str | int):
         return None
@@ -65,13 +69,13 @@ def _json_problem(value: object, field: str) -> tuple[str, str] | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return (f"{field}[{shown(key)}]", "keys must be strings")
-            found = _json_problem(item, f"{field}.{key}")
+            found = json_problem(item, text.member(field, key))
             if found is not None:
                 return found
         return None
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            found = _json_problem(item, f"{field}[{index}]")
+            found = json_problem(item, f"{field}[{index}]")
             if found is not None:
                 return found
         return None
@@ -136,7 +140,7 @@ class Event:
             pairs.append((name, value_text))
         if payload is not None and not isinstance(payload, Mapping):
             raise EventError("payload: must be an object")
-        found = _json_problem(payload or {}, "payload") or text.first_problem(payload or {}, "payload")
+        found = json_problem(payload or {}, "payload") or text.first_problem(payload or {}, "payload")
         if found is not None:
             raise EventError(f"{found[0]}: {found[1]}")
         # The payload as a store reads it back (a tuple is a list), so that publishing the same Event
@@ -174,6 +178,7 @@ __all__ = [
     "Event",
     "EventError",
     "correlation_value",
+    "json_problem",
     "matches",
     "projection",
 ]

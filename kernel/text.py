@@ -40,6 +40,21 @@ def problem(value: str) -> str | None:
     return None
 
 
+def member(field: str, key: object) -> str:
+    """How a message names the member ``key`` of the object named ``field``: ``field.key``, or ``field[...]``.
+
+    A key that would garble the message, or flood it, is named as Python
+    spells it, cut as :func:`~fencekeeper.kernel.common.shown` cuts a value.
+    """
+    try:
+        spelled = str(key)
+    except ValueError:
+        # An integer key longer than Python prints (sys.get_int_max_str_digits): named by its type.
+        spelled = f"<{type(key).__name__}>"
+    plain = spelled.isprintable() and len(spelled) <= SHOWN_LENGTH
+    return f"{field}.{spelled}" if plain else f"{field}[{shown(key)}]"
+
+
 def first_problem(value: object, field: str) -> tuple[str, str] | None:
     """The first string in a JSON-like ``value`` (keys included) that cannot be stored: ``(field, problem)``.
 
@@ -55,15 +70,7 @@ def first_problem(value: object, field: str) -> tuple[str, str] | None:
                 found = problem(key)
                 if found is not None:
                     return (f"{field} key {shown(key)}", found)
-            # A key that would garble the message, or flood it, is named as Python spells it (cut: shown()).
-            try:
-                spelled = str(key)
-            except ValueError:
-                # An integer key longer than Python prints (sys.get_int_max_str_digits): named by its type.
-                spelled = f"<{type(key).__name__}>"
-            plain = spelled.isprintable() and len(spelled) <= SHOWN_LENGTH
-            name = f"{field}.{spelled}" if plain else f"{field}[{shown(key)}]"
-            nested = first_problem(item, name)
+            nested = first_problem(item, member(field, key))
             if nested is not None:
                 return nested
         return None
@@ -75,4 +82,4 @@ def first_problem(value: object, field: str) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["first_problem", "problem"]
+__all__ = ["first_problem", "member", "problem"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from fencekeeper.kernel import approvals, operations, recovery
+from fencekeeper.kernel import approvals, operations, recovery, text
 from fencekeeper.kernel.events import Event, EventError
 from fencekeeper.kernel.machines import ExecutionState
 from fencekeeper.kernel.protocol import (
@@ -63,6 +63,21 @@ def test_an_event_with_unstorable_text_is_refused_naming_the_field(
     with pytest.raises(EventError) as caught:
         Event.build("ev-1", "biz-1", "order.paid", correlation, payload)
     assert str(caught.value).startswith(f"{field}: {problem}"), caught.value
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [("a\x00", "payload['a\\x00']"), ("\udc00", "payload['\\udc00']"), ("k" * 200, "payload['kkk")],
+    ids=["NUL", "surrogate", "long"],
+)
+def test_a_payload_value_that_is_no_json_is_named_by_a_storable_field(key: str, named: str) -> None:
+    # The key's own problem comes second (JSON values are checked first): the field that names the NaN
+    # under it used to quote the key whole, NUL or lone surrogate or 200 characters included.
+    with pytest.raises(EventError) as caught:
+        Event.build("ev-1", "biz-1", "order.paid", {"order_id": "o-1"}, {key: float("nan")})
+    message = str(caught.value)
+    assert message.startswith(named) and message.endswith("must be a finite number"), message
+    assert text.problem(message) is None and len(message) < 200
 
 
 def test_other_control_characters_are_text() -> None:
