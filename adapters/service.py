@@ -420,6 +420,8 @@ def reconcile(
         result = i.CommandResult(
             i.CommandStatus.UNKNOWN, None, f"handler returned {type(result).__name__}, not a CommandResult"
         )
+    # An answer no store can keep is no answer: still unknown, and the refusal below says why.
+    result = i.storable_result(command, result)
     if attempt.state == AttemptState.RUNNING.value:
         # An attempt left running by an earlier version's path: make it the
         # explicit review item quarantine would have made it.

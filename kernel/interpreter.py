@@ -29,6 +29,8 @@ Rules of this module:
   result is unknown makes the execution reconciliation_required, and a
   Command once issued is never issued again: a visit that finds an earlier
   attempt at the same node still unsettled goes to reconciliation instead.
+  A result no store can keep (:func:`storable_result`) is unknown too: the
+  handler may have applied the Command, and what it said cannot be recorded.
 - Authority is rechecked at every consequential node (request_approval,
   local_command) against current facts, supplied by the caller as an
   :class:`~fencekeeper.kernel.protocol.Authority` answer to
@@ -39,6 +41,7 @@ Rules of this module:
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -50,6 +53,7 @@ from . import attempts
 from .approvals import APPROVAL_REQUEST, ApprovalRequest, Binding
 from .common import SHOWN_LENGTH, shown
 from .definition import (
+    MAX_INPUT_JSON,
     MAX_INPUT_TEXT,
     ConditionNode,
     Definition,
@@ -65,12 +69,13 @@ from .definition import (
     integer_text,
     reads,
 )
-from .events import correlation_value
+from .events import correlation_value, json_problem
 from .evidence import Evidence
 from .expr import INTEGER_MAX, INTEGER_MIN, Truth, evaluate
 from .machines import AttemptEvent, AttemptState, ExecutionState
 from .protocol import MAX_RATIONALE, STEP_LIMIT, Authority, Execution, StepRecord, WaitSpec
 from .text import first_problem
+from .text import problem as text_problem
 
 APPROVAL_EVENT_TYPE: Final = "fencekeeper.approval"
 """The Event Type an approval request's registration waits on; Decisions wake it (reason ``decision``)."""
@@ -307,12 +312,112 @@ class Rejection(enum.Enum):
 
 @attrs.frozen
 class CommandResult:
-    """What the CommandHandler reports.  Anything it cannot classify conclusively is UNKNOWN."""
+    """What the CommandHandler reports.  Anything it cannot classify conclusively is UNKNOWN.
+
+    ``detail`` is text and ``outputs`` an object of JSON values, both of
+    which the Command's evidence keeps: a result no store could keep is
+    taken as UNKNOWN (:func:`storable_result`).
+    """
 
     status: CommandStatus
     rejection: Rejection | None = None
     detail: str = ""
     outputs: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+
+
+MAX_RESULT_LENGTH: Final = MAX_INPUT_JSON
+"""The most characters a handler's ``detail`` may have, and its ``outputs`` as compact JSON text.
+
+The bound of an object input (definitions.MAX_INPUT_JSON): outputs are read
+by later nodes as inputs are, and every revision of the attempt and of the
+Command that records them carries them again."""
+
+# allow_nan=False: NaN and the infinities are Python's extension of JSON, which other readers refuse.
+_OUTPUTS_JSON: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _result_problem(result: CommandResult) -> tuple[str, str, object] | None:
+    """What in ``result`` no store can keep, read back and replay alike: ``(field, problem, value given)``."""
+    if not isinstance(result.status, CommandStatus):
+        return ("status", f"must be a CommandStatus, not {type(result.status).__name__}", result.status)
+    if result.rejection is not None and not isinstance(result.rejection, Rejection):
+        return ("rejection", f"must be a Rejection or None, not {type(result.rejection).__name__}", result.rejection)
+    detail = result.detail
+    if not isinstance(detail, str):
+        return ("detail", f"must be text, not {type(detail).__name__}", detail)
+    unstorable = text_problem(detail)
+    if unstorable is not None:
+        return ("detail", unstorable, detail)
+    if len(detail) > MAX_RESULT_LENGTH:
+        return ("detail", f"is {len(detail)} characters long, above the bound of {MAX_RESULT_LENGTH}", detail)
+    outputs = result.outputs
+    if not isinstance(outputs, Mapping):
+        return ("outputs", f"must be an object of names to JSON values, not {type(outputs).__name__}", outputs)
+    try:
+        # The checks an Event's payload passes: storable text first (it names any key), then JSON values.
+        found = first_problem(outputs, "outputs") or json_problem(outputs, "outputs")
+    except RecursionError:
+        found = ("outputs", "nests too deeply, or contains itself")
+    except Exception as exc:  # a key whose str() raises: the handler's fault, never the end of the worker
+        found = ("outputs", f"could not be read: {type(exc).__name__}")
+    if found is not None:
+        return (*found, outputs)
+    try:
+        written = _OUTPUTS_JSON.encode(dict(outputs))
+    except Exception as exc:
+        # What the checks above let through and JSON still cannot write: a Mapping that is no dict nested
+        # inside, an integer longer than Python writes, a mapping whose items() raises.
+        return ("outputs", f"cannot be written as JSON: {_one_line(exc)}", outputs)
+    if len(written) > MAX_RESULT_LENGTH:
+        return ("outputs", f"is {len(written)} characters long as JSON, above the bound of {MAX_RESULT_LENGTH}", outputs)
+    return None
+
+
+def _storable(command_id: str, operation: str, result: CommandResult) -> CommandResult:
+    found = _result_problem(result)
+    if found is None:
+        # As every store reads the outputs back (a tuple is a list, an IntEnum its number), so that the
+        # in-memory store hands a later visit the same values as a database does.
+        return attrs.evolve(result, outputs=json.loads(_OUTPUTS_JSON.encode(dict(result.outputs))))
+    field, problem, given = found
+    return CommandResult(
+        CommandStatus.UNKNOWN,
+        None,
+        f"the handler's result for Command {command_id} ({operation}) cannot be stored, so its outcome is unknown: "
+        f"{field}: {problem}; given {_given(given)}",
+    )
+
+
+def _one_line(exc: Exception) -> str:
+    """An exception's message as one storable line, cut as :func:`shown` cuts a value."""
+    said = " ".join(str(exc).split())
+    return said if len(said) <= SHOWN_LENGTH and text_problem(said) is None else shown(said)
+
+
+def _given(value: object) -> str:
+    """``value`` as the evidence quotes it: :func:`shown`, or its type when even that is no storable text."""
+    try:
+        quoted = shown(value)
+    except Exception:  # a host object whose repr raises is named by its type
+        quoted = ""
+    # repr escapes NUL and lone surrogates in strings, but an object's own __repr__ may return them.
+    return quoted if quoted and text_problem(quoted) is None else f"<{type(value).__name__}>"
+
+
+def storable_result(command: Command, result: CommandResult) -> CommandResult:
+    """``result`` as every store keeps it, or, when no store could, UNKNOWN with a detail that says why.
+
+    A handler error like any other (specs/interpreter.md, The handler
+    contract): ``status`` and ``rejection`` of their types, ``detail`` text
+    of at most :data:`MAX_RESULT_LENGTH` characters with no NUL and no lone
+    surrogate, and ``outputs`` an object of JSON values (string keys, finite
+    numbers, storable text) at most that long as JSON.  A result that is
+    not is no conclusive answer: the Command may have been applied, so it
+    is never taken as settled, and the detail names the Command, the field
+    and what was given (shown, cut short).  :func:`settle` and
+    :func:`reconcile_command` check every result through this.
+    """
+    return _storable(command.command_id, command.operation, result)
 
 
 @attrs.frozen
@@ -640,6 +745,7 @@ def _local_command(
 def settle(invoke: Invoke, result: CommandResult) -> Step | Finish:
     """What the Command's result commits: its outcome, the attempt's, and where the execution goes."""
     node, attempt = invoke.node, invoke.attempt
+    result = storable_result(invoke.command, result)
     outcome = {"status": result.status.value, "detail": result.detail, "outputs": dict(result.outputs)}
     if result.rejection is not None:
         outcome["rejection"] = result.rejection.value
@@ -687,9 +793,11 @@ def reconcile_command(
     existing Command/Attempt or create only the explicitly permitted next
     evidence'.  Applied: the attempt completes and the execution resumes at
     ``next``; not applied: the attempt fails and it resumes at
-    ``on_failure``.  None while the answer is still unknown: nothing may be
+    ``on_failure``.  None while the answer is still unknown, or is no
+    result a store can keep (:func:`storable_result`): nothing may be
     recorded or resumed then.
     """
+    result = _storable(command.object_id, str(command.body.get("operation", "")), result)
     if result.status == CommandStatus.UNKNOWN:
         return None
     applied = result.status == CommandStatus.SUCCEEDED
@@ -837,6 +945,7 @@ __all__ = [
     "APPROVAL_REQUEST",
     "COMMAND",
     "EXECUTION_INPUT",
+    "MAX_RESULT_LENGTH",
     "AuthorityQuery",
     "Command",
     "CommandResult",
@@ -857,4 +966,5 @@ __all__ = [
     "plan_visit",
     "reconcile_command",
     "settle",
+    "storable_result",
 ]
