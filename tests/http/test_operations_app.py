@@ -181,11 +181,19 @@ def test_a_forged_tenant_reaches_nothing_and_writes_nothing(app: tuple[TestClien
 def test_a_principal_without_the_grant_is_403_and_nothing_is_written(app: tuple[TestClient, Path]) -> None:
     client, db = app
     operation_id = submit(client, ALICE, "k-1").json()["operation_id"]
+    execution = client.post(
+        "/executions", json={"definition": "purchase-approval", "input": {"amount": 5, "order_id": "o-1", "order_revision": 1}},
+        headers=ALICE,
+    )  # fmt: skip
+    assert execution.status_code == 201, execution.text
+    execution_id = execution.json()["execution_id"]
     before = dump(db)
     refused = [
         submit(client, MALLORY, "k-m"),
         client.post(f"/operations/{operation_id}/decision", json={"approve": True}, headers=MALLORY),
         client.post(f"/operations/{operation_id}/cancel", json={}, headers=MALLORY),
+        # Seed 000, Cancellation: the executions' policy grants mallory nothing, so her cancel writes nothing.
+        client.post(f"/executions/{execution_id}/cancel", json={"reason": "mine now"}, headers=MALLORY),
         client.post(
             "/executions", json={"definition": "purchase-approval", "input": {"amount": 5, "order_id": "o-2", "order_revision": 1}},
             headers=MALLORY,

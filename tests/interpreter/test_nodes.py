@@ -7,7 +7,16 @@ from datetime import datetime, timedelta
 import pytest
 
 from fencekeeper.adapters import service
-from fencekeeper.adapters.ports import WORKFLOW_DISPATCH, reject, unknown
+from fencekeeper.adapters.ports import (
+    APPROVAL_DECIDE,
+    EVENT_PUBLISH,
+    WORKFLOW_CANCEL,
+    WORKFLOW_DISPATCH,
+    WORKFLOW_RECONCILE,
+    WORKFLOW_RUN,
+    reject,
+    unknown,
+)
 from fencekeeper.adapters.store import Backend, _Written, definition_object_id
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
@@ -297,6 +306,41 @@ def test_a_reviewer_without_current_authority_learns_nothing_of_a_stored_decisio
         assert isinstance(refused, p.Refusal) and refused.code == p.RefusalCode.NOT_AUTHORIZED, (reviewer, refused)
         assert "already" not in refused.message and "d-1" not in refused.message, refused
     assert world.view("x-1") == before
+
+
+@pytest.mark.parametrize("who", ["without the cancel grant", "revoked", "unknown", "of another business"])
+@pytest.mark.parametrize("state", [ExecutionState.ELIGIBLE, ExecutionState.WAITING])
+def test_cancellation_without_current_authority_is_refused_and_writes_nothing(
+    world: World, state: ExecutionState, who: str
+) -> None:
+    # Seed 000, Cancellation: only an authorized cancellation commits, and the kernel's cancel decision
+    # refuses a denied Authority (not_authorized) before anything is written, on every store.
+    world.register(example("purchase_approval"))
+    world.admit("purchase-approval", "x-1", amount=5000, order_id="o-1", order_revision=1)
+    if state == ExecutionState.WAITING:
+        world.run_pass()
+    principal = "user:clerk"
+    if who == "without the cancel grant":
+        # Every other operation of the business, as a clerk who runs and decides but may not cancel.
+        for operation in (WORKFLOW_RUN, WORKFLOW_DISPATCH, WORKFLOW_RECONCILE, EVENT_PUBLISH, APPROVAL_DECIDE):
+            world.policy.grant(principal, BUSINESS, operation)
+    elif who == "revoked":
+        world.policy.grant(principal, BUSINESS)
+        world.policy.revoke(principal, BUSINESS)
+    elif who == "of another business":
+        world.policy.grant(principal, "globex")
+    before = world.view("x-1")
+    assert before.execution.state == state
+    refused = service.cancel(world.store, world.policy, business_id=BUSINESS, principal_id=principal, execution_id="x-1")
+    assert isinstance(refused, p.Refusal) and refused.code == p.RefusalCode.NOT_AUTHORIZED, refused
+    assert refused.message == f"'{principal}' is not authorized: no grant of workflow_cancel to {principal} in {BUSINESS}"
+    assert world.view("x-1") == before
+    assert [e.object_id for e in world.view("x-1").evidence] == [e.object_id for e in before.evidence]
+    # The same request by a principal holding the grant cancels.
+    world.policy.grant(principal, BUSINESS, WORKFLOW_CANCEL)
+    cancelled = service.cancel(world.store, world.policy, business_id=BUSINESS, principal_id=principal, execution_id="x-1")
+    assert isinstance(cancelled, p.Decision), cancelled
+    assert world.view("x-1").execution.state == ExecutionState.CANCELLED
 
 
 def test_cancellation_of_running_work_is_refused(world: World) -> None:
