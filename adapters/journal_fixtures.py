@@ -6,7 +6,10 @@ a test fails if regenerating it changes a byte.  Rules of this module:
 
 - Every chain is produced by the kernel itself (``kernel/journal.py``), from
   the systematic review of docs/journal.md, with fixed times and ids, so the
-  pack is the same bytes on every run.
+  pack is the same bytes on every run.  One valid chain holds a record the
+  kernel no longer appends (free text over the append-time bound, which
+  replay does not apply): that record is written as a forged one is, every
+  digest right, and the kernel's replay accepts it.
 - An adversarial chain is a valid chain changed the way an attacker or a
   faulty store would change it: bytes tampered (removed, reordered,
   inserted, duplicated, spliced from another execution, a digest altered, a
@@ -35,6 +38,7 @@ import attrs
 
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import Json, canonical_bytes, digest_bytes, digest_of
+from fencekeeper.kernel.common import MAX_RATIONALE
 from fencekeeper.kernel.dag import (
     ApprovalRequirement,
     Artifact,
@@ -270,6 +274,38 @@ def interrupted() -> Script:
     return script
 
 
+LONG_ERROR = "index timed out; the shards that did not answer:\n" + "\n".join(
+    f"  shard {number:03d}: no answer within 30 s" for number in range(1, 71)
+)
+LONG_RATIONALE = "the search gave up after 30 s on every shard; " * 50
+
+
+def written_before_the_bound() -> Script:
+    """review-1 whose search failed with an error and a rationale longer than an append now admits.
+
+    An append refuses free text over ``MAX_RATIONALE`` characters
+    (specs/journal.md, section 6, rule 2), but a chain stored before the
+    bound keeps what it holds and replays: the failure is written here as
+    it was appended then, every digest right, and the search is retried
+    and completed by the rules of now.
+    """
+    assert min(len(LONG_ERROR), len(LONG_RATIONALE)) > MAX_RATIONALE
+    script = new("review-1")
+    attempt = j.AttemptRef("search-1", 1)
+    script.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    failure = script.transition("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=attempt,
+                                error=LONG_ERROR, rationale=LONG_RATIONALE)  # fmt: skip
+    script.clock += timedelta(seconds=1)
+    written = forge(script.journal, failure, script.clock, (("search", NodeEvent.WORK_FAILED, NodeState.FAILED),))
+    script.journal = j.continue_replay(script.journal, written)
+    retry = j.AttemptRef("search-2", 2)
+    script.do("search", NodeEvent.RETRY_AUTHORIZED, "bot:search", "searcher", attempt=retry)
+    script.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=retry)
+    script.do("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=retry,
+              records=(ref("search-results", "search-results"),))  # fmt: skip
+    return script
+
+
 # --- forging and tampering ---------------------------------------------------------------------
 
 
@@ -359,6 +395,12 @@ def cases() -> list[Case]:
             interrupted().journal,
         ),
         _valid("valid-empty", "a header and no events", new("review-1").journal),
+        _valid(
+            "valid-long-text",
+            f"the search's failure carries an error and a rationale longer than the {MAX_RATIONALE} characters an "
+            "append now admits: replay reads what was appended",
+            written_before_the_bound().journal,
+        ),
     ]
 
     def bad(name: str, description: str, chain: list[bytes], code: str, ordinal: int) -> None:
