@@ -274,6 +274,46 @@ def interrupted() -> Script:
     return script
 
 
+INDEX_WITHDRAWAL = ref("index-withdrawal-notice", "index-2026-03-02")
+
+
+def invalidated_after_binding() -> tuple[Script, Script]:
+    """review-1 superseded from the screening onwards, then its search, still completed, invalidated and bound too.
+
+    A successor binding supersedes the invalidated nodes it names and no
+    other: the search, completed and current, may still be found wrong and
+    invalidated, its descendants being superseded already, and bound to
+    the successor in its turn (specs/journal.md, section 6, rule 6).
+    """
+    first, second = superseded()
+    journal = first.journal
+    first.send(
+        j.Invalidate(
+            request_id=f"{journal.execution_id}-index-withdrawal",
+            expected_head=journal.head,
+            source=INDEX_WITHDRAWAL,
+            policy="index-withdrawal",
+            nodes=(j.NodeExpectation("search", NodeState.COMPLETED),),
+            actor_id="bot:search",
+            role="scheduler",
+            rationale="the search index withdrew records the search returned",
+        )
+    )
+    journal = first.journal
+    first.send(
+        j.BindSuccessor(
+            request_id=f"{journal.execution_id}-bind-search",
+            expected_head=journal.head,
+            successor=j.RecordRef(j.SUCCESSOR_KIND, second.journal.execution_id, second.journal.header.digest),
+            nodes=(j.NodeExpectation("search", NodeState.INVALIDATED),),
+            actor_id="carol",
+            role="coordinator",
+            rationale=f"{second.journal.execution_id}, which searched again, takes over the search too",
+        )
+    )
+    return first, second
+
+
 LONG_ERROR = "index timed out; the shards that did not answer:\n" + "\n".join(
     f"  shard {number:03d}: no answer within 30 s" for number in range(1, 71)
 )
@@ -395,6 +435,15 @@ def cases() -> list[Case]:
             interrupted().journal,
         ),
         _valid("valid-empty", "a header and no events", new("review-1").journal),
+        attrs.evolve(
+            _valid(
+                "valid-invalidated-after-binding",
+                "review-1 superseded by review-2 from the screening onwards; then its search, still completed, "
+                "invalidated by an index withdrawal and bound to review-2 too",
+                invalidated_after_binding()[0].journal,
+            ),
+            headers=(second.journal.header,),
+        ),
         _valid(
             "valid-long-text",
             f"the search's failure carries an error and a rationale longer than the {MAX_RATIONALE} characters an "

@@ -637,6 +637,52 @@ def test_invalidated_and_superseded_nodes_never_resume() -> None:
     )
 
 
+def test_a_node_still_completed_after_a_successor_binding_may_be_invalidated_and_bound_in_its_turn() -> None:
+    # Seed 002: successor-bound supersedes invalidated nodes, and the table
+    # has work-invalidated from completed with no condition on a binding
+    # elsewhere; a binding ends its nodes, not the execution.  Refusing the
+    # invalidation would keep a search found wrong appearing current.
+    driver = reviewed(Driver(fresh()))
+    invalidate_screening(driver)
+    bind(driver, fresh("review-2", supersedes="review-1"))
+    downstream = ("screen-a", "screen-b", "extraction", "synthesis", "sign-off")
+    assert driver.journal.states["search"] is NodeState.COMPLETED
+    search_attempts = driver.journal.attempts["search"]
+
+    def withdrawal(*nodes: tuple[str, NodeState]) -> j.Invalidate:
+        return j.Invalidate(
+            request_id=f"withdraw-{len(driver.journal.events)}-{len(nodes)}", expected_head=driver.journal.head,
+            source=ref("index-withdrawal-notice", "index-1"), policy="index-withdrawal",
+            nodes=tuple(j.NodeExpectation(n, s) for n, s in nodes), actor_id="bot:search", role="scheduler",
+        )  # fmt: skip
+
+    # What a binding superseded has no event left: it is never invalidated again.
+    refused(driver, withdrawal(("extraction", NodeState.SUPERSEDED)), C.INVALID_TRANSITION)
+    refused(driver, withdrawal(("search", NodeState.COMPLETED), ("screen-a", NodeState.SUPERSEDED)), C.INVALID_TRANSITION)
+    # The search, still completed, is invalidated alone: its descendants are superseded, no longer current.
+    appended = driver.apply(withdrawal(("search", NodeState.COMPLETED)))
+    assert isinstance(appended, j.Appended)
+    assert [(e.node_id, e.event) for e in appended.events] == [("search", NodeEvent.WORK_INVALIDATED)]
+    assert driver.journal.states["search"] is NodeState.INVALIDATED
+    assert all(driver.journal.states[n] is NodeState.SUPERSEDED for n in downstream)
+    assert driver.journal.attempts["search"] == search_attempts
+    # A binding must name it, and only it (the superseded nodes are no longer invalidated).
+    successor = fresh("review-2", supersedes="review-1").header
+    binding = j.BindSuccessor(
+        request_id="bind-search", expected_head=driver.journal.head,
+        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", successor.digest),
+        nodes=(j.NodeExpectation("search", NodeState.INVALIDATED), j.NodeExpectation("screen-a", NodeState.INVALIDATED)),
+        actor_id="carol", role="coordinator",
+    )  # fmt: skip
+    refused(driver, binding, C.PRIOR_STATE_MISMATCH)
+    bound = driver.apply(attrs.evolve(binding, nodes=binding.nodes[:1]))
+    assert isinstance(bound, j.Appended)
+    assert [(e.node_id, e.event) for e in bound.events] == [("search", NodeEvent.SUCCESSOR_BOUND)]
+    assert set(driver.journal.states.values()) == {NodeState.SUPERSEDED}
+    replayed = j.replay(*stored(driver.journal), driver.journal.workflow, driver.journal.policy, headers=driver.headers.get)
+    assert (replayed.head, dict(replayed.states)) == (driver.journal.head, dict(driver.journal.states))
+
+
 def _screening_under_way(how: str) -> Driver:
     """The search done and screen-a's work under way: ``active``, ``blocked``, or a retry ``authorized``."""
     driver = Driver(fresh())
