@@ -6,7 +6,10 @@ a test fails if regenerating it changes a byte.  Rules of this module:
 
 - Every chain is produced by the kernel itself (``kernel/journal.py``), from
   the systematic review of docs/journal.md, with fixed times and ids, so the
-  pack is the same bytes on every run.
+  pack is the same bytes on every run.  One valid chain holds a record the
+  kernel no longer appends (free text over the append-time bound, which
+  replay does not apply): that record is written as a forged one is, every
+  digest right, and the kernel's replay accepts it.
 - An adversarial chain is a valid chain changed the way an attacker or a
   faulty store would change it: bytes tampered (removed, reordered,
   inserted, duplicated, spliced from another execution, a digest altered, a
@@ -35,6 +38,7 @@ import attrs
 
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import Json, canonical_bytes, digest_bytes, digest_of
+from fencekeeper.kernel.common import MAX_RATIONALE
 from fencekeeper.kernel.dag import (
     ApprovalRequirement,
     Artifact,
@@ -270,6 +274,78 @@ def interrupted() -> Script:
     return script
 
 
+INDEX_WITHDRAWAL = ref("index-withdrawal-notice", "index-2026-03-02")
+
+
+def invalidated_after_binding() -> tuple[Script, Script]:
+    """review-1 superseded from the screening onwards, then its search, still completed, invalidated and bound too.
+
+    A successor binding supersedes the invalidated nodes it names and no
+    other: the search, completed and current, may still be found wrong and
+    invalidated, its descendants being superseded already, and bound to
+    the successor in its turn (specs/journal.md, section 6, rule 6).
+    """
+    first, second = superseded()
+    journal = first.journal
+    first.send(
+        j.Invalidate(
+            request_id=f"{journal.execution_id}-index-withdrawal",
+            expected_head=journal.head,
+            source=INDEX_WITHDRAWAL,
+            policy="index-withdrawal",
+            nodes=(j.NodeExpectation("search", NodeState.COMPLETED),),
+            actor_id="bot:search",
+            role="scheduler",
+            rationale="the search index withdrew records the search returned",
+        )
+    )
+    journal = first.journal
+    first.send(
+        j.BindSuccessor(
+            request_id=f"{journal.execution_id}-bind-search",
+            expected_head=journal.head,
+            successor=j.RecordRef(j.SUCCESSOR_KIND, second.journal.execution_id, second.journal.header.digest),
+            nodes=(j.NodeExpectation("search", NodeState.INVALIDATED),),
+            actor_id="carol",
+            role="coordinator",
+            rationale=f"{second.journal.execution_id}, which searched again, takes over the search too",
+        )
+    )
+    return first, second
+
+
+LONG_ERROR = "index timed out; the shards that did not answer:\n" + "\n".join(
+    f"  shard {number:03d}: no answer within 30 s" for number in range(1, 71)
+)
+LONG_RATIONALE = "the search gave up after 30 s on every shard; " * 50
+
+
+def written_before_the_bound() -> Script:
+    """review-1 whose search failed with an error and a rationale longer than an append now admits.
+
+    An append refuses free text over ``MAX_RATIONALE`` characters
+    (specs/journal.md, section 6, rule 2), but a chain stored before the
+    bound keeps what it holds and replays: the failure is written here as
+    it was appended then, every digest right, and the search is retried
+    and completed by the rules of now.
+    """
+    assert min(len(LONG_ERROR), len(LONG_RATIONALE)) > MAX_RATIONALE
+    script = new("review-1")
+    attempt = j.AttemptRef("search-1", 1)
+    script.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    failure = script.transition("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=attempt,
+                                error=LONG_ERROR, rationale=LONG_RATIONALE)  # fmt: skip
+    script.clock += timedelta(seconds=1)
+    written = forge(script.journal, failure, script.clock, (("search", NodeEvent.WORK_FAILED, NodeState.FAILED),))
+    script.journal = j.continue_replay(script.journal, written)
+    retry = j.AttemptRef("search-2", 2)
+    script.do("search", NodeEvent.RETRY_AUTHORIZED, "bot:search", "searcher", attempt=retry)
+    script.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=retry)
+    script.do("search", NodeEvent.WORK_COMPLETED, "bot:search", "searcher", attempt=retry,
+              records=(ref("search-results", "search-results"),))  # fmt: skip
+    return script
+
+
 # --- forging and tampering ---------------------------------------------------------------------
 
 
@@ -359,6 +435,21 @@ def cases() -> list[Case]:
             interrupted().journal,
         ),
         _valid("valid-empty", "a header and no events", new("review-1").journal),
+        attrs.evolve(
+            _valid(
+                "valid-invalidated-after-binding",
+                "review-1 superseded by review-2 from the screening onwards; then its search, still completed, "
+                "invalidated by an index withdrawal and bound to review-2 too",
+                invalidated_after_binding()[0].journal,
+            ),
+            headers=(second.journal.header,),
+        ),
+        _valid(
+            "valid-long-text",
+            f"the search's failure carries an error and a rationale longer than the {MAX_RATIONALE} characters an "
+            "append now admits: replay reads what was appended",
+            written_before_the_bound().journal,
+        ),
     ]
 
     def bad(name: str, description: str, chain: list[bytes], code: str, ordinal: int) -> None:

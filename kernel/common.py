@@ -60,6 +60,16 @@ def shown_text(value: object, limit: int = SHOWN_TEXT_LENGTH) -> str:
     return text[:head] + "..." + text[len(text) - (limit - 3 - head) :]
 
 
+MAX_RATIONALE: Final = 2000
+"""The most characters of the free text given with a decision: a finalization's ``reason``, a recovery's
+or a review decision's ``rationale``, an operation's cancellation ``reason``, a journal command's
+``rationale`` and a failure's ``error``.  Each is kept with the history, a line an operator reads; what a
+visit found in full stays in its evidence objects (seed 000, Persistence: bounded diagnostics on the
+coordination rows, 'detailed evidence remains generic objects'), as a journal's evidence stays in the
+records its events reference (seed 002, Attempts, people, approvals, and outputs).  Here, below every
+subsystem, so that all of them bound free text alike."""
+
+
 IDENTIFIER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
 """An identifier: 1-128 characters, a letter or digit first, then letters, digits and ``. _ : @ / -``."""
 
@@ -105,6 +115,7 @@ def later_problem(now: datetime, duration: timedelta) -> str | None:
 
 __all__ = [
     "IDENTIFIER",
+    "MAX_RATIONALE",
     "SHOWN_LENGTH",
     "SHOWN_TEXT_LENGTH",
     "duration_problem",

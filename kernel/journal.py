@@ -21,6 +21,12 @@ module:
   digest it is ``conflicting_request``.  The request digest covers the
   stable content of the command (everything but the time, which belongs to
   the record).
+- A new request's ``rationale`` and ``error`` are each at most
+  ``MAX_RATIONALE`` characters (``invalid_request``, naming the field), as
+  all free text given with a decision is.  The bound is checked when a
+  command is appended, never in replay: replay reads what was appended, so
+  a chain stored before the bound, with longer text, still replays, and a
+  request it recorded is still an idempotent repeat.
 - Authority is the digest-bound policy's: an actor must hold the role it
   acts in, the node must admit that role, and only a human may do human
   work, complete hybrid work, authorize a retry of non-automated work, give
@@ -68,7 +74,7 @@ from typing import Final, TypeAlias, TypeVar
 import attrs
 
 from .canonical import digest_bytes, digest_of, is_digest, record_bytes
-from .common import shown
+from .common import MAX_RATIONALE, shown
 from .dag import NodeKind, VerifiedWorkflow
 from .definition import IDENTIFIER
 from .journal_codec import (
@@ -423,9 +429,16 @@ def _apply(builder: _Builder, command: Command, at: str, digest: str | None = No
     way (replay has it from the stored record's text, see ``read_event``).
     """
     _check_common(command)
+    known = builder.known_request(command.request_id)
+    if known is None and builder.stored is None:
+        # Only a new request is held to the bound, and only when it is
+        # appended: a chain stored before the bound existed replays as it
+        # was written, and a request it recorded is still recognised as a
+        # repeat.  Checked before the request digest, which would encode
+        # all of an over-long text.
+        _check_bounds(command)
     if digest is None:
         digest = request_digest(command)
-    known = builder.known_request(command.request_id)
     if known is not None:
         if known.digest == digest:
             return True
@@ -550,6 +563,16 @@ def _storable(value: str, where: str) -> None:
             C.INVALID_REQUEST,
             f"{where}: contains an unpaired surrogate (U+{ord(found.group()):04X}), which is not a character",
         )
+
+
+def _check_bounds(command: Command) -> None:
+    """The free text of a command appended now: at most ``MAX_RATIONALE`` characters each (specs/journal.md, section 6, rule 2)."""
+    texts = [("rationale", command.rationale)]
+    if isinstance(command, Transition) and command.error is not None:
+        texts.append(("error", command.error))
+    for where, text in texts:
+        if len(text) > MAX_RATIONALE:
+            raise JournalError(C.INVALID_REQUEST, f"{where}: must be at most {MAX_RATIONALE} characters, got {len(text)}")
 
 
 def _check_record(record: RecordRef, where: str) -> None:

@@ -63,7 +63,7 @@ from typing import Final
 
 import attrs
 
-from .common import IDENTIFIER, duration_problem, identifier_problem, later_problem, shown, utc_problem
+from .common import IDENTIFIER, MAX_RATIONALE, duration_problem, identifier_problem, later_problem, shown, utc_problem
 from .evidence import Evidence
 from .machines import (
     DISPATCH,
@@ -77,12 +77,6 @@ from .text import problem as text_problem
 
 STEP_LIMIT: Final = 100
 """Seed 000, Dispatcher Pass: 'At 100 processed steps, the future dispatcher must stop.'"""
-
-MAX_RATIONALE: Final = 2000
-"""The most characters of the free text given with a decision: a finalization's ``reason``, a recovery's
-or a review decision's ``rationale``, an operation's cancellation ``reason``.  Each is kept with the
-history, a line an operator reads; what a visit found in full stays in its evidence objects (seed 000,
-Persistence: bounded diagnostics on the coordination rows, 'detailed evidence remains generic objects')."""
 
 FINALIZE_TARGETS: Final = (
     ExecutionState.WAITING,

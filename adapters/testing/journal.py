@@ -20,6 +20,8 @@ flow 5 and 6; specs/journal.md, Storage):
   rebased), and a repeat of a request another writer stored is an
   idempotent repeat;
 - a refusal and a repeat write nothing; a journal id is created once;
+- a rationale or error over the bound (``MAX_RATIONALE`` characters) is
+  refused ``invalid_request`` naming the field, and writes nothing;
 - a batch of commands is appended whole or not at all;
 - a successor binding is checked against the successor's stored header;
 - a record's time is the store clock's;
@@ -41,12 +43,14 @@ import threading
 from collections.abc import Callable
 from datetime import timedelta
 
+import attrs
 import pytest
 
 from fencekeeper.adapters import journal_fixtures as fx
 from fencekeeper.adapters.journal_store import JournalStore
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.kernel import journal as j
+from fencekeeper.kernel.common import MAX_RATIONALE
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
@@ -220,6 +224,25 @@ class JournalStoreTests:
         refused = store.append("review-1", forged)
         assert isinstance(refused, j.Refusal) and refused.code is C.FORGED_ROLE
         assert isinstance(store.append("review-1", start), j.Unchanged)
+        assert open_store().stored("review-1") == before
+
+    def test_free_text_over_the_bound_is_refused_and_writes_nothing(self, open_store: Opener) -> None:
+        store = open_store()
+        journal = created(store)
+        attempt = j.AttemptRef("s-1", 1)
+        start = attrs.evolve(_search_started(journal), rationale="r" * (MAX_RATIONALE + 1))
+        refused = store.append("review-1", start)
+        assert isinstance(refused, j.Refusal) and refused.code is C.INVALID_REQUEST
+        assert refused.message.startswith("rationale: must be at most")
+        assert isinstance(store.append("review-1", attrs.evolve(start, rationale="r" * MAX_RATIONALE)), j.Appended)
+        before = open_store().stored("review-1")
+        assert before is not None
+        failed = j.Transition("f", before.head, "search", NodeEvent.WORK_FAILED, NodeState.ACTIVE, "bot:search",
+                              "searcher", attempt=attempt, error="e" * (MAX_RATIONALE + 1))  # fmt: skip
+        for writer in (store, open_store()):
+            refused = writer.append("review-1", failed)
+            assert isinstance(refused, j.Refusal) and refused.code is C.INVALID_REQUEST
+            assert refused.message.startswith("error: must be at most")
         assert open_store().stored("review-1") == before
 
     def test_a_batch_is_appended_whole_or_not_at_all(self, open_store: Opener) -> None:

@@ -9,6 +9,14 @@ Rules of the run:
   default), each a long-lived writer of the same few journals (three by
   default) through a journal store object, logging every request before it
   makes it and its answer after.  What they ask is in that module.
+- **The opening**, before any fault: the appenders started first load the
+  first journal and, at one signal, all send its next step expecting the
+  head they loaded (``Appender.opening``).  One is appended, every other is
+  refused ``stale_head``, and the one appended is sent again: every run,
+  however short and however busy the machine, has writers racing for one
+  head and an idempotent repeat for the audit to check, besides those its
+  timing gives.  The faults' clock starts when the opening is done (or
+  after a minute, whatever it has done).
 - **The faults**, at random moments chosen by the seed: SIGKILL of an
   appender (another is started in its place, which first sends again the
   request the killed one was cut off in), SIGSTOP of an appender for 1.5 to
@@ -98,6 +106,8 @@ class AppenderCrew(Crew):
         super().__init__(config, target, directory, rng)  # type: ignore[arg-type]
         self.journals = journals
         self.orphans: list[str] = []
+        self.opening: Path | None = None
+        """Given to the appenders started while it is set (``--opening``)."""
 
     def start(self, *, final: bool = False) -> str:
         self.generation += 1
@@ -108,6 +118,7 @@ class AppenderCrew(Crew):
             "--name", name, "--seed", str(self.config.seed), "--log", str(self.directory / f"{name}.jsonl"),
             "--journals", ",".join(self.journals),
             *(["--resume", str(self.directory / f"{resume}.jsonl")] if resume else []),
+            *(["--opening", str(self.opening)] if self.opening is not None else []),
         ]  # fmt: skip
         with (self.directory / f"{name}.err").open("w") as stderr:
             proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -143,6 +154,32 @@ class AppenderCrew(Crew):
         return caught
 
 
+OPENING_WAIT = 60.0
+"""The longest the run waits for each step of the opening: far past an appender's start on a busy machine."""
+
+
+def open_with_contention(crew: AppenderCrew, config: Config) -> None:
+    """Start the appenders, all contending for the first journal's head at one signal (``Appender.opening``)."""
+    crew.opening = crew.directory / "opening"
+    for _ in range(config.appenders):
+        crew.start()
+    crew.opening, opening = None, crew.opening
+    names = list(crew.started)
+
+    def wait_for(suffix: str) -> None:
+        # An appender that died is replaced (without the opening) and waited for no longer.
+        give_up = time.monotonic() + OPENING_WAIT
+        while time.monotonic() < give_up:
+            crew.reap()
+            if all(Path(f"{opening}.{n}.{suffix}").exists() or n not in crew.running for n in names):
+                return
+            time.sleep(0.01)
+
+    wait_for("ready")
+    opening.touch()
+    wait_for("opened")
+
+
 def last_line(path: Path) -> str:
     with path.open("rb") as handle:
         handle.seek(0, os.SEEK_END)
@@ -167,8 +204,7 @@ def run_one(config: Config, kind: str) -> RunOutcome:
     faults: collections.Counter[str] = collections.Counter()
     completed = False
     try:
-        for _ in range(config.appenders):
-            crew.start()
+        open_with_contention(crew, config)
         end = time.monotonic() + config.seconds
         next_kill = time.monotonic() + rng.uniform(1, 3)
         next_stop = time.monotonic() + rng.uniform(1, 2)

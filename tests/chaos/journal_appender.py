@@ -26,6 +26,14 @@ Run as ``python -m tests.chaos.journal_appender --db URL --name NAME --seed N --
   appended); a request whose answer was lost, again, until the store
   answers.  Started with ``--resume LOG`` (a killed appender's log), it
   first sends again the request that appender was killed in.
+- **The opening** (``--opening PATH``, given to the appenders the run
+  starts first): contention on purpose, before any fault.  It loads the
+  first journal, says it is ready (``PATH.NAME.ready``), waits for
+  ``PATH`` to exist, then sends the next step expecting the head it
+  loaded, as every other opening appender does at the same moment: one is
+  appended and every other refused ``stale_head``, however slow the
+  machine.  The one appended sends it again (an idempotent repeat), and
+  each says it is done (``PATH.NAME.opened``).
 - SIGTERM ends it after the request in hand.
 """
 
@@ -286,6 +294,31 @@ class Appender:
         size = self.rng.randint(2, 4) if roll > 0.85 else 1
         self.settle(execution_id, "new" if size == 1 else "batch", self.fresh(execution_id, size))
 
+    def opening(self, go: Path) -> None:
+        """Contention on purpose: the next step of the first journal, from the head every opening appender loaded.
+
+        The appenders load that head, then wait for ``go`` together, so that
+        which of them wins is the store's to decide and that they contend is
+        not left to the timing of a busy machine.
+        """
+        execution_id = self.journals[0]
+        # Said even when a read fails (it is the run's to wait for, not to hang on).
+        try:
+            self.view(execution_id)
+        finally:
+            Path(f"{go}.{self.name}.ready").touch()
+        try:
+            while not go.exists():
+                if self.stop.wait(0.01):
+                    return
+            commands = self.fresh(execution_id, 1)
+            self.settle(execution_id, "opening", commands)
+            last = self.sent[-1]
+            if last["outcome"] in ("appended", "unchanged"):
+                self.send(execution_id, "repeat", commands, last["n"])
+        finally:
+            Path(f"{go}.{self.name}.opened").touch()
+
     def settle(self, execution_id: str, what: str, commands: list[dict[str, Any]], of: int | None = None) -> None:
         """Send; a stale head is read again; an answer lost is asked again, identically, until the store answers."""
         entry = self.send(execution_id, what, commands, of)
@@ -328,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, required=True)
     parser.add_argument("--journals", required=True, help="execution ids, comma-separated")
     parser.add_argument("--resume", type=Path, help="a killed appender's log: its last request is sent again first")
+    parser.add_argument("--opening", type=Path, help="contend for the first journal's head when this file appears")
     args = parser.parse_args(argv)
     # Set from the first moment: a SIGTERM while the store is still being opened stops it too.
     stop = threading.Event()
@@ -348,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     appender = Appender(store, args.name, args.journals.split(","), rng, args.log, stop=stop)
     if args.resume is not None and args.resume.exists():
         appender.resume(args.resume)
+    if args.opening is not None:
+        try:
+            appender.opening(args.opening)
+        except StoreError:
+            appender.views.clear()
     while not stop.is_set():
         try:
             appender.once()

@@ -801,7 +801,13 @@ def test_a_lone_surrogate_or_a_huge_value_is_one_short_exit_2_line_naming_the_fi
     before = SQLiteJournalStore(workdir / "review.db").stored("review-1")
     command = {"command": "transition", "request": "r-1", "node": "search", "event": "work-started",
                "prior_state": "ready", "actor": "bot:search", "role": "searcher", "attempt": {"id": "s-1", "sequence": 1}}  # fmt: skip
-    for change, field in (({"rationale": "\ud800"}, "rationale: "), ({"request": "x" * 1_000_000}, "request_id: ")):
+    changes = (
+        ({"rationale": "\ud800"}, "rationale: "),
+        ({"request": "x" * 1_000_000}, "request_id: "),
+        # Over the bound of free text (specs/journal.md, section 6, rule 2): ten megabytes were appended.
+        ({"rationale": "x" * 10_000_000}, "rationale: must be at most 2000 characters, got 10000000"),
+    )
+    for change, field in changes:
         text = json.dumps({**command, **change})
         code, out, err = main("journal", "append", "review-1", "--db", "review.db", "--command", text, "--expect", head)
         line = one_error_line(err)

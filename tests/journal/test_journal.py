@@ -11,8 +11,10 @@ from datetime import timedelta
 import attrs
 import pytest
 
+from fencekeeper.adapters import journal_fixtures as fixtures
 from fencekeeper.kernel import journal as j
 from fencekeeper.kernel.canonical import digest_of
+from fencekeeper.kernel.common import MAX_RATIONALE
 from fencekeeper.kernel.dag import ApprovalRequirement, verify_workflow
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.journal_records import _Recorded
@@ -223,6 +225,77 @@ def test_a_lone_surrogate_in_free_text_is_an_invalid_request_naming_the_field() 
     kept = driver.apply(attrs.evolve(failed, error="x\x00y", rationale="a\x00b"))
     assert isinstance(kept, j.Appended)
     assert j.replay(*stored(kept.journal), kept.journal.workflow, kept.journal.policy).head == kept.journal.head
+
+
+def test_free_text_over_the_bound_is_an_invalid_request_naming_the_field() -> None:
+    # Before: a rationale or error of any length was appended (ten megabytes
+    # went into a record), where every other free text is bounded.
+    driver = Driver(fresh())
+    start = j.AttemptRef("s-1", 1)
+    command = driver.transition("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=start)
+    for length in (MAX_RATIONALE + 1, 10_000_000):
+        refusal = refused(driver, attrs.evolve(command, rationale="x" * length), C.INVALID_REQUEST)
+        assert refusal.message == f"rationale: must be at most {MAX_RATIONALE} characters, got {length}"
+    # Characters, not bytes or UTF-16 code units: 2000 of U+1F50D is 8000 bytes and is admitted.
+    assert isinstance(driver.apply(attrs.evolve(command, rationale="\U0001f50d" * MAX_RATIONALE)), j.Appended)
+    failed = driver.transition("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=start, error="e")
+    refusal = refused(driver, attrs.evolve(failed, error="e" * (MAX_RATIONALE + 1)), C.INVALID_REQUEST)
+    assert refusal.message == f"error: must be at most {MAX_RATIONALE} characters, got {MAX_RATIONALE + 1}"
+    # A batch's rationale too, whatever it invalidates or binds.
+    invalidation = j.Invalidate(
+        request_id="inv-1", expected_head=driver.journal.head, source=RETRACTION, policy="retraction-policy",
+        nodes=tuple(j.NodeExpectation(n, s) for n, s in driver.journal.states.items()), actor_id="carol",
+        role="coordinator", rationale="r" * (MAX_RATIONALE + 1),
+    )  # fmt: skip
+    assert refused(driver, invalidation, C.INVALID_REQUEST).message.startswith("rationale: must be at most")
+    # At the bound, NUL included (a record keeps it escaped), it is appended and replays.
+    kept = driver.apply(attrs.evolve(failed, error="e\x00" * (MAX_RATIONALE // 2), rationale="r" * MAX_RATIONALE))
+    assert isinstance(kept, j.Appended)
+    assert j.replay(*stored(kept.journal), kept.journal.workflow, kept.journal.policy).head == kept.journal.head
+    appended = driver.apply(
+        attrs.evolve(
+            invalidation,
+            expected_head=driver.journal.head,
+            nodes=tuple(j.NodeExpectation(n, s) for n, s in driver.journal.states.items()),
+            rationale="r" * MAX_RATIONALE,
+        )
+    )
+    assert isinstance(appended, j.Appended)
+    binding = j.BindSuccessor(
+        request_id="bind-1", expected_head=driver.journal.head,
+        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", fresh("review-2", supersedes="review-1").header.digest),
+        nodes=tuple(j.NodeExpectation(n, NodeState.INVALIDATED) for n in driver.journal.workflow.order),
+        actor_id="carol", role="coordinator", rationale="b" * (MAX_RATIONALE + 1),
+    )  # fmt: skip
+    driver.headers["review-2"] = fresh("review-2", supersedes="review-1").header
+    assert refused(driver, binding, C.INVALID_REQUEST).message.startswith("rationale: must be at most")
+
+
+def test_a_chain_stored_with_longer_text_replays_and_its_requests_are_still_repeats() -> None:
+    # The bound is an append-time check: replay reads what was appended.
+    journal = fixtures.written_before_the_bound().journal
+    failure = next(e for e in journal.events if e.event is NodeEvent.WORK_FAILED)
+    assert min(len(failure.rationale), len(failure.error or "")) > MAX_RATIONALE
+    header, events = stored(journal)
+    replayed = j.replay(header, events, journal.workflow, journal.policy)
+    assert (replayed.head, dict(replayed.states), dict(replayed.attempts)) == (
+        journal.head, dict(journal.states), dict(journal.attempts)
+    )
+    prefix = j.replay(header, events[:1], journal.workflow, journal.policy)
+    assert j.continue_replay(prefix, events[1:]).head == journal.head
+    # The failure sent again, as it was first sent, is a repeat; its id with
+    # other content a conflict; the same text under a new id is refused.
+    again = j.Transition(
+        request_id=failure.request_id, expected_head=failure.previous, node_id="search", event=NodeEvent.WORK_FAILED,
+        prior_state=NodeState.ACTIVE, actor_id=failure.actor_id, role=failure.role, rationale=failure.rationale,
+        attempt=failure.attempt, error=failure.error,
+    )  # fmt: skip
+    assert j.request_digest(again) == failure.request_digest
+    driver = Driver(replayed)
+    assert isinstance(driver.apply(again), j.Unchanged)
+    refused(driver, attrs.evolve(again, error="index timed out"), C.CONFLICTING_REQUEST)
+    new = attrs.evolve(again, request_id="new-1", expected_head=replayed.head, prior_state=NodeState.COMPLETED)
+    assert refused(driver, new, C.INVALID_REQUEST).message.startswith("rationale: must be at most")
 
 
 def test_an_attempt_sequence_too_long_to_print_is_refused_not_raised() -> None:
@@ -562,6 +635,52 @@ def test_invalidated_and_superseded_nodes_never_resume() -> None:
         driver.transition("extraction", NodeEvent.RETRY_AUTHORIZED, "carol", "extractor", attempt=j.AttemptRef("x-9", 2)),
         C.INVALID_TRANSITION,
     )
+
+
+def test_a_node_still_completed_after_a_successor_binding_may_be_invalidated_and_bound_in_its_turn() -> None:
+    # Seed 002: successor-bound supersedes invalidated nodes, and the table
+    # has work-invalidated from completed with no condition on a binding
+    # elsewhere; a binding ends its nodes, not the execution.  Refusing the
+    # invalidation would keep a search found wrong appearing current.
+    driver = reviewed(Driver(fresh()))
+    invalidate_screening(driver)
+    bind(driver, fresh("review-2", supersedes="review-1"))
+    downstream = ("screen-a", "screen-b", "extraction", "synthesis", "sign-off")
+    assert driver.journal.states["search"] is NodeState.COMPLETED
+    search_attempts = driver.journal.attempts["search"]
+
+    def withdrawal(*nodes: tuple[str, NodeState]) -> j.Invalidate:
+        return j.Invalidate(
+            request_id=f"withdraw-{len(driver.journal.events)}-{len(nodes)}", expected_head=driver.journal.head,
+            source=ref("index-withdrawal-notice", "index-1"), policy="index-withdrawal",
+            nodes=tuple(j.NodeExpectation(n, s) for n, s in nodes), actor_id="bot:search", role="scheduler",
+        )  # fmt: skip
+
+    # What a binding superseded has no event left: it is never invalidated again.
+    refused(driver, withdrawal(("extraction", NodeState.SUPERSEDED)), C.INVALID_TRANSITION)
+    refused(driver, withdrawal(("search", NodeState.COMPLETED), ("screen-a", NodeState.SUPERSEDED)), C.INVALID_TRANSITION)
+    # The search, still completed, is invalidated alone: its descendants are superseded, no longer current.
+    appended = driver.apply(withdrawal(("search", NodeState.COMPLETED)))
+    assert isinstance(appended, j.Appended)
+    assert [(e.node_id, e.event) for e in appended.events] == [("search", NodeEvent.WORK_INVALIDATED)]
+    assert driver.journal.states["search"] is NodeState.INVALIDATED
+    assert all(driver.journal.states[n] is NodeState.SUPERSEDED for n in downstream)
+    assert driver.journal.attempts["search"] == search_attempts
+    # A binding must name it, and only it (the superseded nodes are no longer invalidated).
+    successor = fresh("review-2", supersedes="review-1").header
+    binding = j.BindSuccessor(
+        request_id="bind-search", expected_head=driver.journal.head,
+        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", successor.digest),
+        nodes=(j.NodeExpectation("search", NodeState.INVALIDATED), j.NodeExpectation("screen-a", NodeState.INVALIDATED)),
+        actor_id="carol", role="coordinator",
+    )  # fmt: skip
+    refused(driver, binding, C.PRIOR_STATE_MISMATCH)
+    bound = driver.apply(attrs.evolve(binding, nodes=binding.nodes[:1]))
+    assert isinstance(bound, j.Appended)
+    assert [(e.node_id, e.event) for e in bound.events] == [("search", NodeEvent.SUCCESSOR_BOUND)]
+    assert set(driver.journal.states.values()) == {NodeState.SUPERSEDED}
+    replayed = j.replay(*stored(driver.journal), driver.journal.workflow, driver.journal.policy, headers=driver.headers.get)
+    assert (replayed.head, dict(replayed.states)) == (driver.journal.head, dict(driver.journal.states))
 
 
 def _screening_under_way(how: str) -> Driver:

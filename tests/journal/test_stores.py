@@ -24,6 +24,7 @@ from fencekeeper.adapters.journal_store import JournalStore, JournalStoreBase, S
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.journal import JournalStoreTests, Opener, StoreScript, created
 from fencekeeper.kernel import journal as j
+from fencekeeper.kernel.common import MAX_RATIONALE
 from fencekeeper.kernel.journal_codes import JournalCode as C
 from fencekeeper.kernel.journal_codes import JournalError
 from fencekeeper.kernel.machines import NodeEvent, NodeState
@@ -130,6 +131,33 @@ class SqlTests:
                 opened.load("review-1")
             assert (caught.value.reason, caught.value.ordinal) == (C.BAD_SUCCESSOR_BINDING, case.ordinal)
 
+
+    def test_a_chain_stored_with_longer_text_before_the_bound_loads_and_takes_appends(self, open_store: Opener) -> None:
+        # The bound on free text is an append-time check: a chain an earlier
+        # release stored with longer text loads, catches up and is appended
+        # to, and a request it recorded is still a repeat.
+        store = open_store()
+        created(store)
+        assert isinstance(store, JournalStoreBase)
+        case = next(c for c in journal_fixtures.cases() if c.name == "valid-long-text")
+        assert case.lines[0] == store.stored("review-1").header  # type: ignore[union-attr]
+        events = [j.decode_event(line) for line in case.lines[1:]]
+        assert store._commit_events("review-1", events[0].previous, list(zip(events, case.lines[1:], strict=True)), len(events))
+        failure = next(e for e in events if e.event is NodeEvent.WORK_FAILED)
+        assert min(len(failure.rationale), len(failure.error or "")) > MAX_RATIONALE
+        again = j.Transition(failure.request_id, failure.previous, "search", NodeEvent.WORK_FAILED, NodeState.ACTIVE,
+                             failure.actor_id, failure.role, failure.rationale, failure.attempt, error=failure.error)  # fmt: skip
+        ready = j.Transition("ready-a", events[-1].digest, "screen-a", NodeEvent.DEPENDENCIES_SATISFIED,
+                             NodeState.PENDING, "bot:search", "scheduler")  # fmt: skip
+        loaded = open_store().load("review-1")
+        assert loaded is not None and loaded.head == case.expect["head"]  # type: ignore[index]
+        # The store that created it catches its cache up by replaying the rows it had not seen.
+        assert isinstance(store.append("review-1", again), j.Unchanged)
+        over = store.append("review-1", attrs.evolve(ready, rationale=failure.rationale))
+        assert isinstance(over, j.Refusal) and over.code is C.INVALID_REQUEST
+        appended = open_store().append("review-1", ready)
+        assert isinstance(appended, j.Appended)
+        assert open_store().load("review-1").head == appended.journal.head  # type: ignore[union-attr]
 
     @pytest.mark.parametrize(("table", "where", "ordinal"), [
         ("journal_events", "ordinal = 2", 2),
