@@ -196,8 +196,9 @@ class AsyncClient:
 
         Calls running in threads are waited for first, and the passes of
         :meth:`run_until_idle` are asked to stop after their current visit,
-        so no store is closed under a visit.  Stop a pool of
-        :meth:`start_workers` before closing, as with the synchronous client.
+        so no store is closed under a visit; a pool of :meth:`start_workers`
+        still running is stopped as :meth:`WorkerPool.stop
+        <fencekeeper.adapters.client.WorkerPool.stop>` stops it, in a thread.
         Cancelling the caller does not stop the closing: it goes on.
 
         Every call after it raises StoreFailure ``store_unavailable``.

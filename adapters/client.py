@@ -368,12 +368,20 @@ class Client:
         return self._store
 
     def close(self) -> None:
-        """Close the store's connections; a second close does nothing.  Stop this client's workers first.
+        """Stop this client's workers, then close the store's connections; a second close does nothing.
 
-        Every call after it raises StoreFailure ``store_unavailable``.
+        A pool of :meth:`start_workers` still running is stopped first, as
+        :meth:`WorkerPool.stop` stops it: each worker finishes the visit it
+        is in and hands its lease back.  Every call after it raises
+        StoreFailure ``store_unavailable``.
         """
         if not self._closed:
             self._closed = True
+            # Closed under a running pool, the store refused the step that records a Command's
+            # result: the Command was applied, its result lost, and the execution left running
+            # until its lease expired and an operator reconciled it.
+            for pool in builtins.list(self._pools):
+                pool.stop()
             self._store.close()
 
     def __enter__(self) -> Client:
@@ -1123,7 +1131,9 @@ class WorkerPool:
         self._stop.set()
         self.poke()
         for thread in self._threads:
-            thread.join(timeout)
+            # A worker's own handler may close its client, which stops this pool: it cannot wait for itself.
+            if thread is not threading.current_thread():
+                thread.join(timeout)
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -601,6 +601,29 @@ def test_close_during_run_until_idle_waits_for_its_visit(url: str) -> None:
     assert asyncio.run(_finish_all(url)) == {"succeeded": 3}
 
 
+def test_close_with_a_pool_still_running_stops_it_after_its_visit(url: str) -> None:
+    """A pool of start_workers left running at close(): it is stopped as pool.stop() stops it, not closed under."""
+    handler = Blocking()
+
+    async def scenario() -> fencekeeper.WorkerPool:
+        client = await fencekeeper.connect_async(url, policy=Recording(), handler=handler)
+        await _admit_three(client)
+        pool = client.start_workers(1, lease=30, poll=0.05)
+        async with asyncio.timeout(30):
+            assert await asyncio.to_thread(handler.entered.wait, 30)
+            closing = asyncio.create_task(client.close())
+            done, _ = await asyncio.wait([closing], timeout=0.2)
+            assert not done
+            handler.release.set()
+            await closing
+        return pool
+
+    pool = asyncio.run(scenario())
+    assert not pool.running and pool.errors == [] and not pool.report.refused
+    assert handler.calls == 1
+    assert asyncio.run(_finish_all(url)) == {"succeeded": 3}
+
+
 def test_a_second_cancellation_does_not_wait_but_close_still_does(url: str) -> None:
     """A Command that never returns must not hold the task: cancelled again, it goes; close() still waits."""
     handler = Blocking()

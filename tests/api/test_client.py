@@ -736,6 +736,54 @@ def test_a_stopping_pool_hands_back_the_lease_after_the_visit_it_is_in(db: Path)
         assert gate.executed == ["order.first", "order.second"]
 
 
+def test_closing_the_client_stops_its_running_pool_after_the_visit_it_is_in(db: Path) -> None:
+    # Closed under a running pool, the store refused the step that records the Command's result:
+    # the Command was applied, its result lost, and the execution left running until an operator
+    # reconciled it.  close() stops the pool first, as pool.stop() does.
+    gate = Gate()
+    policy = examples.grants("default", "user:operator")
+    client = fencekeeper.connect(str(db), policy=policy, handler=gate)
+    client.run(TWO_COMMANDS, {"order_id": "o-1"}, execution_id="x-1")
+    pool = client.start_workers(1, lease=30, poll=0.05)
+    assert gate.inside.wait(10)
+    closing = threading.Thread(target=client.close)
+    closing.start()
+    gate.go.set()
+    closing.join(10)
+    assert not closing.is_alive() and not pool.running
+    assert pool.errors == [] and not pool.report.refused and pool.released == ["x-1"]
+    with fencekeeper.connect(str(db), policy=policy, handler=gate) as again:
+        execution = again.get("x-1")
+        assert (execution.state, execution.current_node_id, execution.step_count) == (
+            ExecutionState.ELIGIBLE, "second", 1
+        )
+        again.run_until_idle(lease=5)
+        assert again.get("x-1").state is ExecutionState.SUCCEEDED
+    assert gate.executed == ["order.first", "order.second"]
+
+
+def test_a_handler_that_closes_its_own_client_does_not_wait_for_itself(db: Path) -> None:
+    policy = examples.grants("default", "user:operator")
+    closed = threading.Event()
+    clients: list[Client] = []
+
+    class Closing:
+        def execute(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+            clients[0].close()
+            closed.set()
+            return fencekeeper.CommandResult(fencekeeper.CommandStatus.SUCCEEDED, None, "done")
+
+        def reconcile(self, command: fencekeeper.Command) -> fencekeeper.CommandResult:
+            return fencekeeper.CommandResult(fencekeeper.CommandStatus.UNKNOWN, None, "not asked")
+
+    clients.append(fencekeeper.connect(str(db), policy=policy, handler=Closing()))
+    clients[0].run(TWO_COMMANDS, {"order_id": "o-1"}, execution_id="x-1")
+    pool = clients[0].start_workers(1, lease=30, poll=0.05)
+    assert closed.wait(10)
+    pool.stop()
+    assert not pool.running
+
+
 def test_a_stop_that_lands_as_a_command_is_issued_waits_for_the_command_s_result(db: Path) -> None:
     # The claim's transaction also commits the first Command's intent (a composed transaction), and the
     # stop lands inside it, after the worker chose to compose (the policy is asked while the next visit
