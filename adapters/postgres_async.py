@@ -64,6 +64,9 @@ class AsyncPostgresStore(PostgresStore):
     def _close_pool(self) -> None:
         bridge.await_only(self._async_pool.close())
 
+    def _check_pool(self) -> None:
+        bridge.await_only(self._async_pool.check())
+
     def wait_for_work(self, timeout: float) -> bool:
         """Not offered: workers run on the synchronous store (see the module's rules)."""
         raise NotImplementedError("workers run on fencekeeper.adapters.postgres_store.PostgresStore")

@@ -2271,7 +2271,8 @@ class PostgresStore(TransactionalStore):
             # No check on checkout: it would cost a round trip on every
             # request.  A connection killed while idle fails the one request
             # that gets it, as StoreError('store_unavailable'), and is
-            # discarded; callers retry, as a worker does.
+            # discarded; the pool's other idle connections are then checked
+            # (_unavailable), so the next request gets a live one.
         )
         try:
             self._pool.wait(timeout=10)
@@ -2302,6 +2303,10 @@ class PostgresStore(TransactionalStore):
 
     def _close_pool(self) -> None:
         self._pool.close()
+
+    def _check_pool(self) -> None:
+        """Test the pool's idle connections, replacing those that are broken (after a lost connection)."""
+        self._pool.check()
 
     def _privileges(self, statement: Any, params: Sequence[object]) -> list[tuple[Any, ...]]:
         """A privilege lookup (:func:`permission_denied`), on a connection of its own: the refused one's transaction is aborted."""
@@ -2405,6 +2410,13 @@ class PostgresStore(TransactionalStore):
         """
         if self._closed:
             return StoreError("store_unavailable", f"the PostgreSQL store of schema {self.schema} is closed")
+        # The pool hands its idle connections out unchecked (a round trip a request saved).  After a
+        # server restart, a failover or an administrator's pg_terminate_backend every one of them is
+        # dead, and each failed a request of its own: as many failures in a row as the pool held
+        # connections.  Checked now, on the failure's path only, the dead ones are replaced and the
+        # next request gets a live connection.
+        with contextlib.suppress(Exception):
+            self._check_pool()
         return StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}")
 
     def _visible(self, tx: _PostgresBackend, execution_id: str) -> bool:

@@ -8,8 +8,10 @@ store's decisions and SQL (adapters/bridge.py, adapters/postgres_async.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -250,6 +252,39 @@ def test_a_refusal_on_the_native_path_leaves_the_database_as_it_was(pg_dsn: str,
                 await client.cancel(first.execution_id, principal="user:nobody")
             assert denied.value.code is fencekeeper.RefusalCode.NOT_AUTHORIZED
             assert _rows(pg_dsn, pg_schema) == before
+
+    asyncio.run(scenario())
+
+
+def test_after_the_server_ends_every_connection_one_native_call_fails_and_the_next_works(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A server restart ends every pooled connection: one call fails as store_unavailable, the next one works."""
+    name = f"fk-{uuid.uuid4().hex[:8]}"
+    url = f"{pg_dsn}?schema={pg_schema}&application_name={name}"
+
+    def hold_four(store: AsyncPostgresStore) -> None:
+        with contextlib.ExitStack() as held:
+            for _ in range(4):
+                held.enter_context(store._pooled())
+
+    async def scenario() -> None:
+        async with await fencekeeper.connect_async(url, policy=Recording(), handler=None, pool_size=4) as client:
+            await client.run(PURCHASE, {"amount": 5, "order_id": "o-1", "order_revision": 1}, execution_id="po-1")
+            store = client.sync.store
+            assert isinstance(store, AsyncPostgresStore)
+            await bridge.run_sync(hold_four, store)
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                ended = conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                    (name,),
+                ).fetchone()
+            assert ended == (4,)
+            with pytest.raises(fencekeeper.StoreFailure) as lost:
+                await client.get("po-1")
+            assert lost.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE
+            assert (await client.get("po-1")).state is fencekeeper.ExecutionState.ELIGIBLE
+            assert [x.execution_id for x in await client.list()] == ["po-1"]
 
     asyncio.run(scenario())
 

@@ -13,6 +13,7 @@ in, and nothing else is asked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -33,6 +34,7 @@ from fencekeeper import ExecutionState, RefusalCode, RequestCode
 from fencekeeper.adapters import examples
 from fencekeeper.adapters.client import Client, DecisionStatus
 from fencekeeper.adapters.ports import WORKFLOW_RUN, GrantTable
+from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.adapters.store import ExecutionView, ManualClock
 from fencekeeper.kernel import protocol as p
 
@@ -897,6 +899,39 @@ def test_on_postgresql_another_process_wakes_idle_workers(pg_dsn: str, pg_schema
         # Admitted through another client (another connection, as another process would): only NOTIFY wakes the pool.
         elsewhere.run(PURCHASE, {**ORDER, "amount": 10}, execution_id="po-1")
         assert elsewhere.wait("po-1", timeout=10).state is ExecutionState.SUCCEEDED
+
+
+def end_sessions(pg_dsn: str, application_name: str) -> int:
+    """What a server restart does to a client's connections: every one of them ended by the server."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name,),
+        ).fetchone()
+    assert ended is not None
+    return int(ended[0])
+
+
+def test_after_the_server_ends_every_connection_one_call_fails_and_the_next_works(pg_dsn: str, pg_schema: str) -> None:
+    # The pool hands its idle connections out unchecked: each dead one failed a call of its own, so a
+    # restart cost as many failed calls in a row as the pool held connections.
+    name = f"fk-{uuid.uuid4().hex[:8]}"
+    url = f"{pg_dsn}?schema={pg_schema}&application_name={name}"
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(url, policy=policy, handler=None, pool_size=4) as client:
+        client.run(PURCHASE, ORDER, execution_id="po-1")
+        store = client.store
+        assert isinstance(store, PostgresStore)
+        with contextlib.ExitStack() as held:
+            # Four at once, as calls from four threads take them: the pool holds four connections after.
+            for _ in range(4):
+                held.enter_context(store._pooled())
+        assert end_sessions(pg_dsn, name) == 4
+        with pytest.raises(fencekeeper.StoreFailure) as lost:
+            client.get("po-1")
+        assert lost.value.code is fencekeeper.StoreCode.STORE_UNAVAILABLE
+        assert client.get("po-1").state is ExecutionState.ELIGIBLE
+        assert [x.execution_id for x in client.list()] == ["po-1"]
 
 
 def test_an_unreachable_store_is_a_store_failure(tmp_path: Path) -> None:
