@@ -235,10 +235,12 @@ class AsyncClient:
         await self.close()
 
     @overload
-    async def register(self, definition: DefinitionSource, *, principal: str | None = ...) -> Registered: ...
+    async def register(
+        self, definition: DefinitionSource, *, principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> Registered: ...
     @overload
     async def register(
-        self, definition: DefinitionSource, *, principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, definition: DefinitionSource, *, principal: str | None = ..., raise_on_refusal: bool
     ) -> Registered | p.Refusal: ...
     async def register(self, definition: DefinitionSource, **options: Any) -> Registered | p.Refusal:
         """:meth:`Client.register <fencekeeper.adapters.client.Client.register>`, awaited."""
@@ -254,6 +256,7 @@ class AsyncClient:
         execution_id: str | None = ...,
         revision: int | None = ...,
         principal: str | None = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> p.Execution: ...
     @overload
     async def run(
@@ -264,7 +267,7 @@ class AsyncClient:
         execution_id: str | None = ...,
         revision: int | None = ...,
         principal: str | None = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> p.Execution | p.Refusal: ...
     async def run(
         self, definition: DefinitionSource, input: Mapping[str, Any] | None = None, **options: Any
@@ -317,6 +320,7 @@ class AsyncClient:
         *,
         event_id: str | None = ...,
         principal: str | None = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> PublishResult: ...
     @overload
     async def publish(
@@ -327,7 +331,7 @@ class AsyncClient:
         *,
         event_id: str | None = ...,
         principal: str | None = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> PublishResult | p.Refusal: ...
     async def publish(
         self, event_type: str, correlation: Mapping[str, object], payload: Mapping[str, Any] | None = None, **options: Any
@@ -350,6 +354,7 @@ class AsyncClient:
         reviewer: str | None = ...,
         decision_id: str | None = ...,
         rationale: str = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> Decided: ...
     @overload
     async def decide(
@@ -360,7 +365,7 @@ class AsyncClient:
         reviewer: str | None = ...,
         decision_id: str | None = ...,
         rationale: str = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> Decided | p.Refusal: ...
     async def decide(
         self, execution_id: str, determination: Literal["approved", "rejected"], **options: Any
@@ -384,10 +389,12 @@ class AsyncClient:
         )
 
     @overload
-    async def cancel(self, execution_id: str, *, reason: str = ..., principal: str | None = ...) -> p.Execution: ...
+    async def cancel(
+        self, execution_id: str, *, reason: str = ..., principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> p.Execution: ...
     @overload
     async def cancel(
-        self, execution_id: str, *, reason: str = ..., principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, execution_id: str, *, reason: str = ..., principal: str | None = ..., raise_on_refusal: bool
     ) -> p.Execution | p.Refusal: ...
     async def cancel(self, execution_id: str, **options: Any) -> p.Execution | p.Refusal:
         """:meth:`Client.cancel <fencekeeper.adapters.client.Client.cancel>`, awaited."""
@@ -399,10 +406,10 @@ class AsyncClient:
         return await self._call(self.sync.quarantine_expired, principal=principal)
 
     @overload
-    async def review(self, execution_id: str) -> service.RecoveryView: ...
+    async def review(self, execution_id: str, *, raise_on_refusal: Literal[True] = ...) -> service.RecoveryView: ...
     @overload
     async def review(
-        self, execution_id: str, *, raise_on_refusal: Literal[False]
+        self, execution_id: str, *, raise_on_refusal: bool
     ) -> service.RecoveryView | p.Refusal: ...
     async def review(self, execution_id: str, **options: Any) -> service.RecoveryView | p.Refusal:
         """:meth:`Client.review <fencekeeper.adapters.client.Client.review>`, awaited."""
@@ -410,10 +417,12 @@ class AsyncClient:
         return result
 
     @overload
-    async def settle(self, execution_id: str, *, principal: str | None = ...) -> service.Reconciled: ...
+    async def settle(
+        self, execution_id: str, *, principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> service.Reconciled: ...
     @overload
     async def settle(
-        self, execution_id: str, *, principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, execution_id: str, *, principal: str | None = ..., raise_on_refusal: bool
     ) -> service.Reconciled | p.Refusal: ...
     async def settle(self, execution_id: str, **options: Any) -> service.Reconciled | p.Refusal:
         """:meth:`Client.settle <fencekeeper.adapters.client.Client.settle>`, awaited."""
@@ -433,6 +442,7 @@ class AsyncClient:
         rationale: str,
         input: Mapping[str, Any] | None = ...,
         principal: str | None = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> p.Execution: ...
     @overload
     async def resume(
@@ -443,7 +453,7 @@ class AsyncClient:
         rationale: str,
         input: Mapping[str, Any] | None = ...,
         principal: str | None = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> p.Execution | p.Refusal: ...
     async def resume(self, execution_id: str, **options: Any) -> p.Execution | p.Refusal:
         """:meth:`Client.resume <fencekeeper.adapters.client.Client.resume>`, awaited."""
@@ -451,10 +461,12 @@ class AsyncClient:
         return result
 
     @overload
-    async def fail(self, execution_id: str, *, rationale: str = ..., principal: str | None = ...) -> p.Execution: ...
+    async def fail(
+        self, execution_id: str, *, rationale: str = ..., principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> p.Execution: ...
     @overload
     async def fail(
-        self, execution_id: str, *, rationale: str = ..., principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, execution_id: str, *, rationale: str = ..., principal: str | None = ..., raise_on_refusal: bool
     ) -> p.Execution | p.Refusal: ...
     async def fail(self, execution_id: str, **options: Any) -> p.Execution | p.Refusal:
         """:meth:`Client.fail <fencekeeper.adapters.client.Client.fail>`, awaited."""

@@ -411,10 +411,12 @@ class Client:
     # -- definitions and executions
 
     @overload
-    def register(self, definition: DefinitionSource, *, principal: str | None = ...) -> Registered: ...
+    def register(
+        self, definition: DefinitionSource, *, principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> Registered: ...
     @overload
     def register(
-        self, definition: DefinitionSource, *, principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, definition: DefinitionSource, *, principal: str | None = ..., raise_on_refusal: bool
     ) -> Registered | p.Refusal: ...
     def register(
         self, definition: DefinitionSource, *, principal: str | None = None, raise_on_refusal: bool = True
@@ -443,6 +445,7 @@ class Client:
         execution_id: str | None = ...,
         revision: int | None = ...,
         principal: str | None = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> p.Execution: ...
     @overload
     def run(
@@ -453,7 +456,7 @@ class Client:
         execution_id: str | None = ...,
         revision: int | None = ...,
         principal: str | None = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> p.Execution | p.Refusal: ...
     def run(
         self,
@@ -593,6 +596,7 @@ class Client:
         *,
         event_id: str | None = ...,
         principal: str | None = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> PublishResult: ...
     @overload
     def publish(
@@ -603,7 +607,7 @@ class Client:
         *,
         event_id: str | None = ...,
         principal: str | None = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> PublishResult | p.Refusal: ...
     def publish(
         self,
@@ -658,6 +662,7 @@ class Client:
         reviewer: str | None = ...,
         decision_id: str | None = ...,
         rationale: str = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> Decided: ...
     @overload
     def decide(
@@ -668,7 +673,7 @@ class Client:
         reviewer: str | None = ...,
         decision_id: str | None = ...,
         rationale: str = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> Decided | p.Refusal: ...
     def decide(
         self,
@@ -749,10 +754,12 @@ class Client:
     # -- cancellation and recovery
 
     @overload
-    def cancel(self, execution_id: str, *, reason: str = ..., principal: str | None = ...) -> p.Execution: ...
+    def cancel(
+        self, execution_id: str, *, reason: str = ..., principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> p.Execution: ...
     @overload
     def cancel(
-        self, execution_id: str, *, reason: str = ..., principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, execution_id: str, *, reason: str = ..., principal: str | None = ..., raise_on_refusal: bool
     ) -> p.Execution | p.Refusal: ...
     def cancel(
         self, execution_id: str, *, reason: str = "", principal: str | None = None, raise_on_refusal: bool = True
@@ -788,10 +795,10 @@ class Client:
             return service.quarantine_expired(self.store, self.policy, business_id=self.business, principal_id=who)
 
     @overload
-    def review(self, execution_id: str) -> service.RecoveryView: ...
+    def review(self, execution_id: str, *, raise_on_refusal: Literal[True] = ...) -> service.RecoveryView: ...
     @overload
     def review(
-        self, execution_id: str, *, raise_on_refusal: Literal[False]
+        self, execution_id: str, *, raise_on_refusal: bool
     ) -> service.RecoveryView | p.Refusal: ...
     def review(self, execution_id: str, *, raise_on_refusal: bool = True) -> service.RecoveryView | p.Refusal:
         """What is known about an execution in review, and its choices; writes nothing.
@@ -807,10 +814,12 @@ class Client:
             return _answer(exc.refusal, raise_on_refusal, execution_id)
 
     @overload
-    def settle(self, execution_id: str, *, principal: str | None = ...) -> service.Reconciled: ...
+    def settle(
+        self, execution_id: str, *, principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> service.Reconciled: ...
     @overload
     def settle(
-        self, execution_id: str, *, principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, execution_id: str, *, principal: str | None = ..., raise_on_refusal: bool
     ) -> service.Reconciled | p.Refusal: ...
     def settle(
         self, execution_id: str, *, principal: str | None = None, raise_on_refusal: bool = True
@@ -844,6 +853,7 @@ class Client:
         rationale: str,
         input: Mapping[str, Any] | None = ...,
         principal: str | None = ...,
+        raise_on_refusal: Literal[True] = ...,
     ) -> p.Execution: ...
     @overload
     def resume(
@@ -854,7 +864,7 @@ class Client:
         rationale: str,
         input: Mapping[str, Any] | None = ...,
         principal: str | None = ...,
-        raise_on_refusal: Literal[False],
+        raise_on_refusal: bool,
     ) -> p.Execution | p.Refusal: ...
     def resume(
         self,
@@ -899,10 +909,12 @@ class Client:
         )
 
     @overload
-    def fail(self, execution_id: str, *, rationale: str = ..., principal: str | None = ...) -> p.Execution: ...
+    def fail(
+        self, execution_id: str, *, rationale: str = ..., principal: str | None = ..., raise_on_refusal: Literal[True] = ...
+    ) -> p.Execution: ...
     @overload
     def fail(
-        self, execution_id: str, *, rationale: str = ..., principal: str | None = ..., raise_on_refusal: Literal[False]
+        self, execution_id: str, *, rationale: str = ..., principal: str | None = ..., raise_on_refusal: bool
     ) -> p.Execution | p.Refusal: ...
     def fail(
         self, execution_id: str, *, rationale: str = "", principal: str | None = None, raise_on_refusal: bool = True

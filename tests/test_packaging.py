@@ -140,6 +140,18 @@ def through_the_front_door(client: fencekeeper.Client) -> fencekeeper.RefusalCod
     return None if state is ExecutionState.CANCELLED else fencekeeper.RefusalCode.ILLEGAL_TRANSITION
 
 
+def refusals_as_the_caller_chooses(client: fencekeeper.Client, raising: bool) -> fencekeeper.Refusal | None:
+    # The documented default spelt out, and a flag decided at run time: both were "no overload matches".
+    admitted: fencekeeper.Execution = client.run("purchase-approval", {"amount": 1}, raise_on_refusal=True)
+    answer = client.cancel(admitted.execution_id, raise_on_refusal=raising)
+    return answer if isinstance(answer, fencekeeper.Refusal) else None
+
+
+async def flagged_and_awaited(client: fencekeeper.AsyncClient, raising: bool) -> fencekeeper.Refusal | None:
+    answer = await client.decide("x-1", "rejected", raise_on_refusal=raising)
+    return answer if isinstance(answer, fencekeeper.Refusal) else None
+
+
 async def the_same_awaited(client: fencekeeper.AsyncClient) -> ExecutionState:
     admitted: fencekeeper.Execution = await client.run("purchase-approval", {"amount": 1})
     answer = await client.decide(admitted.execution_id, "approved", raise_on_refusal=False)
