@@ -31,6 +31,8 @@ Rules of this module:
 - A Command is issued only after its attempt and envelope are committed
   under the lease, and its result is committed with the visit's step.  A
   handler that raises is treated as UNKNOWN: the work may have happened.
+  So is one interrupted by KeyboardInterrupt or SystemExit, which the
+  worker raises again once that UNKNOWN is committed.
 - The lease is renewed when less than half of it remains before a visit.
 - A claim whose candidate's row is malformed (it names a revision with no
   stored body, or a body that is no execution revision: edited by hand or
@@ -249,6 +251,8 @@ class Worker:
     _timers_looked_at: float = attrs.field(default=0.0, init=False)
     _passing_over: dict[str, _Pause] = attrs.field(factory=dict, init=False)
     """Executions whose row this worker found malformed, with how long it passes over each."""
+    _interrupted: BaseException | None = attrs.field(default=None, init=False)
+    """A KeyboardInterrupt or SystemExit that came while the handler ran, raised again after the visit."""
 
     def _tell(
         self,
@@ -414,6 +418,10 @@ class Worker:
             self._drive(execution_id, credential, report, view, followed)
         finally:
             self._holding = None
+            interrupted, self._interrupted = self._interrupted, None
+            if interrupted is not None:
+                # The caller asked to stop: that comes first, whatever failed after it as its context.
+                raise interrupted
 
     def _drive(
         self,
@@ -528,6 +536,14 @@ class Worker:
             result = self.handler.execute(plan.command)
         except Exception as exc:
             result = i.CommandResult(i.CommandStatus.UNKNOWN, None, f"handler raised {exc!r}")
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Ctrl-C, or a signal handler's sys.exit, while the Command ran (where an interruption of
+            # run_until_idle mostly lands): its outcome is unknown, as a handler's that raised.  Raised
+            # at once, it left the execution running under this lease until the lease expired and a
+            # quarantine sweep sent it to review; recorded first, the review can start now.  drive()
+            # raises it again once the visit's finalization has returned.
+            self._interrupted = exc
+            result = i.CommandResult(i.CommandStatus.UNKNOWN, None, f"handler interrupted by {type(exc).__name__}")
         if not isinstance(result, i.CommandResult):
             # An answer that says nothing says no more than a handler that raised: the Command may have been
             # applied.  Left as it was, settle() raised AttributeError and the execution stayed running, leased.
