@@ -39,6 +39,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import os
 import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import timedelta
@@ -60,6 +61,7 @@ from .client import (
     Registered,
     WorkerPool,
     _opening,
+    _url_text,
     check_connect_arguments,
     translated,
     wait_arguments,
@@ -500,7 +502,7 @@ class AsyncClient:
 
 
 async def connect_async(
-    url: str,
+    url: str | os.PathLike[str],
     *,
     policy: AuthorityPolicy,
     handler: CommandHandler | None,
@@ -515,6 +517,7 @@ async def connect_async(
 
     ``migrate=True`` runs the migrations in a thread (they are DDL, once).
     """
+    named = _url_text(url)
     options: dict[str, Any] = {
         "policy": policy,
         "handler": handler,
@@ -526,7 +529,7 @@ async def connect_async(
     }
     # First, as connect does: a malformed URL or schema is the caller's RequestError, not the store's failure.
     check_connect_arguments(
-        url,
+        named,
         schema=schema,
         business=business,
         principal=principal,
@@ -536,23 +539,24 @@ async def connect_async(
         clock=clock,
         migrate=migrate,
     )
-    location = _postgres_location(url, schema)
+    assert isinstance(named, str)  # checked above
+    location = _postgres_location(named, schema)
     if location is None:
-        client = await asyncio.to_thread(connect_sync, url, migrate=migrate, **options)
+        client = await asyncio.to_thread(connect_sync, named, migrate=migrate, **options)
         return AsyncClient(client)
     assert location.dsn is not None and location.schema is not None
     from .postgres_async import open_async_store  # noqa: PLC0415 - psycopg loads only for PostgreSQL URLs
 
     with _opening():
         if migrate:
-            await asyncio.to_thread(connecting.migrate, url, schema=schema)
+            await asyncio.to_thread(connecting.migrate, named, schema=schema)
         store = await open_async_store(location.dsn, schema=location.schema, clock=clock, pool_size=pool_size)
     try:
         client = Client(store, policy=policy, handler=handler, business=business, principal=principal)
     except BaseException:
         await bridge.run_sync(store.close)
         raise
-    return AsyncClient(client, native=True, workers=functools.partial(connect_sync, url, **options))
+    return AsyncClient(client, native=True, workers=functools.partial(connect_sync, named, **options))
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -1320,8 +1320,17 @@ def check_connect_arguments(
     _check_clock(clock)
 
 
+def _url_text(url: object) -> object:
+    """A path object (``pathlib.Path``) names its SQLite file as its text does; anything else is checked as given."""
+    if isinstance(url, os.PathLike):
+        text = os.fspath(url)
+        if isinstance(text, str):
+            return text
+    return url
+
+
 def connect(
-    url: str,
+    url: str | os.PathLike[str],
     *,
     policy: AuthorityPolicy,
     handler: CommandHandler | None,
@@ -1343,9 +1352,12 @@ def connect(
     connects.  A SQLite file is created (and brought forward) when opened;
     PostgreSQL is never migrated unless ``migrate=True`` (or ``fencekeeper
     migrate`` was run).  Raises StoreFailure when the store cannot be used.
+    A SQLite path may be given as a ``pathlib.Path`` too.
     """
+    # Refused as "must be a string" before, although a path object is how Python code holds a file's name.
+    named = _url_text(url)
     check_connect_arguments(
-        url,
+        named,
         schema=schema,
         business=business,
         principal=principal,
@@ -1355,8 +1367,9 @@ def connect(
         clock=clock,
         migrate=migrate,
     )
+    assert isinstance(named, str)  # checked above
     store: TransactionalStore
-    if url == MEMORY:
+    if named == MEMORY:
         # The in-memory reference store: nothing persists past close; for tests and trying things.
         if schema is not None:
             raise RequestError(RequestCode.INVALID_ARGUMENT, "schema", "applies to PostgreSQL only")
@@ -1364,8 +1377,8 @@ def connect(
     else:
         with _opening():
             if migrate:
-                connecting.migrate(url, schema=schema)
-            store = connecting.open_store(url, schema=schema, clock=clock, pool_size=pool_size)
+                connecting.migrate(named, schema=schema)
+            store = connecting.open_store(named, schema=schema, clock=clock, pool_size=pool_size)
     try:
         return Client(store, policy=policy, handler=handler, business=business, principal=principal)
     except BaseException:

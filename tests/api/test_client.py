@@ -154,6 +154,22 @@ def test_a_url_or_schema_that_names_no_store_is_a_request_error(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_sqlite_path_may_be_a_path_object(tmp_path: Path) -> None:
+    # Refused before as "must be a string", though a pathlib.Path is how Python code holds a file's name.
+    policy = examples.grants("default", "user:operator")
+    with fencekeeper.connect(tmp_path / "shop.db", policy=policy, handler=None) as client:
+        client.run(PURCHASE, ORDER, execution_id="po-1")
+
+    async def awaited() -> ExecutionState:
+        async with await fencekeeper.connect_async(tmp_path / "shop.db", policy=policy, handler=None) as aclient:
+            return (await aclient.get("po-1")).state
+
+    assert asyncio.run(awaited()) is ExecutionState.ELIGIBLE
+    with pytest.raises(fencekeeper.RequestError) as caught:
+        fencekeeper.connect(b"shop.db", policy=policy, handler=None)  # type: ignore[arg-type]
+    assert caught.value.field == "url"
+
+
 @pytest.mark.parametrize("url", ["shop.db", ":memory:"])
 def test_every_call_after_close_is_a_store_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
     monkeypatch.chdir(tmp_path)
