@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from fencekeeper.adapters.service import Reconciled, RecoveryView, Sweep
     from fencekeeper.adapters.store import ExecutionView, PublishResult
     from fencekeeper.adapters.worker import PassReport
+    from fencekeeper.kernel.approvals import ApprovalRequest
     from fencekeeper.kernel.interpreter import Command, CommandResult, CommandStatus, Rejection
     from fencekeeper.kernel.machines import ExecutionState
     from fencekeeper.kernel.protocol import Authority, Execution, Refusal, RefusalCode
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "ExecutionView": "fencekeeper.adapters.store",
     "PublishResult": "fencekeeper.adapters.store",
     "PassReport": "fencekeeper.adapters.worker",
+    "ApprovalRequest": "fencekeeper.kernel.approvals",
     "Command": "fencekeeper.kernel.interpreter",
     "CommandResult": "fencekeeper.kernel.interpreter",
     "CommandStatus": "fencekeeper.kernel.interpreter",
@@ -117,6 +119,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ApprovalRequest",
     "AsyncClient",
     "Authority",
     "AuthorityPolicy",
