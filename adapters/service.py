@@ -62,6 +62,13 @@ def register(
     store: TransactionalStore, definition: Definition, business_id: str, principal_id: str, policy: AuthorityPolicy
 ) -> bool:
     """Register a definition revision; True if new, False if the identical revision was already there."""
+    if not isinstance(definition, Definition):
+        # A mapping or text failed deep in the store, on an AttributeError naming no field.
+        raise OperationError(
+            "invalid_argument",
+            f"definition: must be a Definition (fencekeeper.kernel.definition: parse_definition, "
+            f"definition_from_mapping), not {type(definition).__name__}",
+        )
     authority = ask(policy, principal_id, business_id, DEFINITION_REGISTER)
     return store.register_definition(definition, business_id, authority)
 
@@ -83,6 +90,9 @@ def run(
     registration is checked, and the revision pinned, in the admission's
     own decision.  Bad input raises inside it, and nothing is written.
     """
+    if revision is not None and (not isinstance(revision, int) or isinstance(revision, bool) or revision < 1):
+        # A string was a TypeError from inside the store's definition lookup.
+        raise OperationError("invalid_argument", f"revision: must be a positive int, got {shown(revision)}")
     execution_id = execution_id or f"x-{uuid.uuid4().hex[:12]}"
 
     def make(definition: Definition) -> tuple[p.AdmitRequest, list[Evidence]]:

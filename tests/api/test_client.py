@@ -31,7 +31,7 @@ import pytest
 
 import fencekeeper
 from fencekeeper import ExecutionState, RefusalCode, RequestCode
-from fencekeeper.adapters import examples
+from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.client import Client, DecisionStatus
 from fencekeeper.adapters.ports import WORKFLOW_RUN, GrantTable
 from fencekeeper.adapters.postgres_store import PostgresStore
@@ -497,6 +497,35 @@ def test_bad_input_names_the_field_and_writes_nothing(
     assert (caught.value.code, caught.value.field) == (code, field), caught.value
     assert str(caught.value).startswith(f"{field}: ")
     assert isinstance(caught.value, ValueError)
+    assert dump(db) == before
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda store, policy: service.run(
+            store, policy, business_id="default", principal_id="user:operator", definition_id="purchase-approval",
+            input=ORDER, revision="1",
+        ), "revision"),
+        (lambda store, policy: service.run(
+            store, policy, business_id="default", principal_id="user:operator", definition_id="purchase-approval",
+            input=ORDER, revision=0,
+        ), "revision"),
+        (lambda store, policy: service.register(
+            store, tomllib.loads(PURCHASE.read_text()), "default", "user:operator", policy
+        ), "definition"),
+    ],
+    ids=["run-revision-text", "run-revision-zero", "register-mapping"],
+)
+def test_the_service_layer_names_a_bad_argument_and_writes_nothing(
+    client: Client, db: Path, call: Callable[..., object], field: str
+) -> None:
+    # A TypeError from inside the store's definition lookup, and an AttributeError deep in registration.
+    client.run(PURCHASE, ORDER, execution_id="po-0")
+    before = dump(db)
+    with pytest.raises(service.OperationError) as caught:
+        call(client.store, client.policy)
+    assert caught.value.code == "invalid_argument" and caught.value.message.startswith(f"{field}: ")
     assert dump(db) == before
 
 
