@@ -30,7 +30,9 @@ Rules of this module:
 - Options are spelt in full: every parser, each subcommand's included, is
   built with ``allow_abbrev=False``, so an abbreviation is an unknown option
   (exit 2) and cannot change meaning when an option sharing its prefix is
-  added.
+  added.  An unknown option is refused by the command or subcommand it was
+  given to, after that command's usage (:class:`_Subcommands`), so the user
+  sees the options it takes.
 - Data goes to stdout and nothing else does; with ``--json`` stdout is one
   JSON document.  Notes and live progress go to stderr.  On a terminal the
   output is rich (tables, colour); in a pipe it is plain text
@@ -162,12 +164,44 @@ class _Parser(argparse.ArgumentParser):
     so they are bounded on their finished text: each word cut to
     ``SHOWN_LENGTH`` characters, and the whole to ``_MESSAGE_LENGTH``.
     Subparsers are made of the same class (``add_subparsers`` takes the
-    parent's).
+    parent's), and each parser's subcommands are chosen by
+    :class:`_Subcommands`, so that an option a subcommand does not know is
+    refused by that subcommand, with its own usage.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
 
     def error(self, message: str) -> NoReturn:
         words = (word if len(word) <= SHOWN_LENGTH else word[: SHOWN_LENGTH - 3] + "..." for word in message.split(" "))
         super().error(shown_text(" ".join(words), _MESSAGE_LENGTH))
+
+
+class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """argparse's choice of a subcommand, whose unknown arguments the subcommand itself refuses.
+
+    argparse hands the unknown arguments of a subcommand up to the top-level
+    parser, which refuses them with its own usage (``fencekeeper [-h]
+    [--debug] [--version] COMMAND ...``): a mistyped ``--concurency`` on
+    ``worker`` was answered without showing the options ``worker`` takes.
+    Every argument after a subcommand's name is that subcommand's (no parser
+    above it takes one), so what it does not know is unknown to the whole
+    command line, and its parser says so: the same exit code and the same
+    one error line, after the usage of the command that was typed.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        unknown = vars(namespace).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if unknown:
+            self._name_parser_map[values[0]].error(f"unrecognized arguments: {' '.join(unknown)}")
 
 
 class CliError(Exception):

@@ -8,8 +8,9 @@ top-level parser, each command, each subcommand of a group (argparse does
 not pass the setting down), and the conformance driver's.
 
 An abbreviation is refused like any unknown option: exit 2, nothing on
-stdout, the usage and then one ``fencekeeper: error: unrecognized
-arguments: ...`` line, and nothing opened or written.
+stdout, the usage of the command it was given to and then one ``fencekeeper
+COMMAND: error: unrecognized arguments: ...`` line, and nothing opened or
+written.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def test_an_abbreviation_is_an_unknown_option(
     lines = err.splitlines()
     assert lines[0].startswith("usage: fencekeeper")
     assert [line for line in lines if "error" in line] == [lines[-1]]
-    assert lines[-1].startswith("fencekeeper: error: unrecognized arguments: ")
+    # Refused by the parser whose usage is shown: the command's own after its name (test_subcommand_usage.py).
+    prog = lines[0].removeprefix("usage: ").split(" [")[0]
+    assert lines[-1].startswith(f"{prog}: error: unrecognized arguments: ")
     spelt = {option for _, parser in _parsers(cli._parser(), "") for option in parser._option_string_actions}
     [word] = [arg for arg in abbreviated if arg.startswith("--") and arg.split("=")[0] not in spelt]
     assert word in lines[-1]
@@ -100,7 +103,7 @@ def test_the_console_script_refuses_an_abbreviation_before_opening_anything(tmp_
     assert result.returncode == 2
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
-    assert result.stderr.splitlines()[-1] == "fencekeeper: error: unrecognized arguments: --conc 8"
+    assert result.stderr.splitlines()[-1] == "fencekeeper worker: error: unrecognized arguments: --conc 8"
     assert list(tmp_path.iterdir()) == []
 
 

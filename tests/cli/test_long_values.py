@@ -146,7 +146,7 @@ SHORT = [
         "fencekeeper diagram: error: argument MACHINE: invalid choice: 'nope' "
         f"(choose from {', '.join(map(repr, sorted(MACHINES)))})",
     ),
-    (["list", "--db", "{db}", "stray"], "fencekeeper: error: unrecognized arguments: stray"),
+    (["list", "--db", "{db}", "stray"], "fencekeeper list: error: unrecognized arguments: stray"),
 ]
 
 
