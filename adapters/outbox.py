@@ -417,6 +417,7 @@ class OutboxExporter:
         self.lease = lease
         self.retry = retry or ExportRetry()
         self.exporter_id = exporter_id or f"exporter-{os.getpid()}"
+        self._view_checked = False
 
     # -- one batch --------------------------------------------------------------------------------
 
@@ -463,6 +464,9 @@ class OutboxExporter:
     def _claim(self, token: str) -> list[ExportedMessage]:
         with self.store._transaction() as tx:
             assert isinstance(tx, SqlTx)
+            if not self._view_checked:
+                tx.refuse_partial_view("the outbox exporter", "outbox")
+                self._view_checked = True
             now = tx.d.encode_time(tx.now())
             rows = tx.run(
                 f"SELECT {_COLUMNS} FROM outbox o WHERE exported_at IS NULL AND parked_at IS NULL "
@@ -641,6 +645,7 @@ def parked_messages(store: TransactionalOperationStore, limit: int = 100) -> lis
     """Parked rows, oldest first, with their last error."""
     with _reading(store) as tx:
         assert isinstance(tx, SqlTx)
+        tx.refuse_partial_view("listing parked outbox messages", "outbox")
         rows = tx.run(
             "SELECT message_id, seq, kind, subject_id, topic, at, attempts, last_error, parked_at FROM outbox "
             "WHERE parked_at IS NOT NULL AND exported_at IS NULL ORDER BY seq LIMIT ?",
@@ -659,6 +664,7 @@ def requeue(store: TransactionalOperationStore, message_id: str) -> bool:
     """Give a parked row a fresh set of attempts, now; False if no parked row has that id."""
     with store._transaction() as tx:
         assert isinstance(tx, SqlTx)
+        tx.refuse_partial_view("requeueing an outbox message", "outbox")
         changed = tx.run(
             "UPDATE outbox SET parked_at = NULL, attempts = 0, next_attempt_at = NULL WHERE message_id = ? "
             "AND parked_at IS NOT NULL AND exported_at IS NULL",
@@ -671,6 +677,7 @@ def discard(store: TransactionalOperationStore, message_id: str) -> bool:
     """Give up on a parked row: it counts as exported (its error stays) and its subject goes on."""
     with store._transaction() as tx:
         assert isinstance(tx, SqlTx)
+        tx.refuse_partial_view("discarding an outbox message", "outbox")
         changed = tx.run(
             "UPDATE outbox SET exported_at = ?, last_error = 'discarded: ' || coalesce(last_error, '') "
             "WHERE message_id = ? AND parked_at IS NOT NULL AND exported_at IS NULL",
@@ -683,6 +690,7 @@ def outbox_status(store: TransactionalOperationStore) -> OutboxStatus:
     """How far export is behind: rows waiting, parked, exported, and the oldest waiting and oldest parked row's time."""
     with _reading(store) as tx:
         assert isinstance(tx, SqlTx)
+        tx.refuse_partial_view("the outbox's status", "outbox")
         row = tx.run(
             "SELECT count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NULL), "
             "count(*) FILTER (WHERE exported_at IS NULL AND parked_at IS NOT NULL), "

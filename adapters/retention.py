@@ -309,6 +309,7 @@ def _batch(
         started = time.monotonic()
         if not isinstance(tx, SqlTx):
             raise StoreError("invalid_input", "pruning needs a SQL store (SQLite or PostgreSQL)")
+        tx.refuse_partial_view("pruning", "operations")
         now = tx.now()
         tx.enter_pruning()
         report = step(tx, now - window, now, limit)

@@ -428,6 +428,24 @@ class _PgOpsTx(SqlTx):
     def skip_locked(self) -> str:
         return " FOR UPDATE SKIP LOCKED"
 
+    def refuse_partial_view(self, tool: str, table: str) -> None:
+        # A role the tenant policies bind, with no tenant set, sees no Operation's row at all (the boundary
+        # failing closed) but every execution's: the exporter would deliver the executions' messages and
+        # report the Operations' as nothing to do, silently, for as long as it ran.  Scoped to a tenant
+        # (fencekeeper.tenant set), it sees what it was scoped to, as the caller asked.
+        row = self.run(
+            "SELECT row_security_active(?), coalesce(current_setting('fencekeeper.tenant', true), ''), current_user",
+            (table,),
+        ).fetchone()
+        if row is not None and row[0] and not row[1]:
+            raise StoreError(
+                "permission_denied",
+                f"{tool} reads every tenant's rows, but role {row[2]} is bound by the tenant policies (row-level "
+                f"security) with no tenant set, so it would see none of the Operations'; run it as the operator's "
+                f"role (the schema's owner with BYPASSRLS, or a superuser: docs/operating-postgres.md); nothing was "
+                f"written",
+            )
+
     def enter_pruning(self) -> None:
         # Transaction-scoped: the mode ends with this transaction, and no other session sees it.
         self.run("SELECT set_config('fencekeeper.pruning', 'on', true)", ())

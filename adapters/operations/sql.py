@@ -590,6 +590,13 @@ class SqlTx(Tx):
     def skip_locked(self) -> str:
         return ""
 
+    def refuse_partial_view(self, tool: str, table: str) -> None:
+        """Refuse ``tool``, which reads every tenant's rows of ``table``, where the tenant policies hide some.
+
+        A store without row-level security shows every row (SQLite): nothing
+        to refuse.  PostgreSQL's override (migration 9's forced policies).
+        """
+
     # -- the guarded write --------------------------------------------------------------------
 
     def write(self, decision: o.Decision, input_json: str | None) -> bool:
