@@ -126,9 +126,13 @@ class PruneReport:
 
 
 def _expire_results(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    # `result IS NOT NULL` on the UPDATE itself, not only in its sub-select: a row another prune expired while
+    # this one waited for it is rechecked (PostgreSQL) against these conditions alone, and must keep the time
+    # it expired at and not be counted twice.
     changed = tx.run(
-        "UPDATE operations SET result = NULL, result_expired_at = ? WHERE operation_id IN (SELECT operation_id FROM "
-        "operations WHERE outcome IS NOT NULL AND result IS NOT NULL AND ended_at <= ? LIMIT ?)",
+        "UPDATE operations SET result = NULL, result_expired_at = ? WHERE result IS NOT NULL AND operation_id IN "
+        "(SELECT operation_id FROM operations WHERE outcome IS NOT NULL AND result IS NOT NULL AND ended_at <= ? "
+        "LIMIT ?)",
         (tx.d.encode_time(now), tx.d.encode_time(cutoff), limit),
     )
     return PruneReport(results_expired=int(changed.rowcount))

@@ -196,3 +196,51 @@ def test_an_identity_moved_to_a_new_operation_while_a_prune_waits_for_it_is_kept
     thread.join(timeout=30)
     assert "error" not in outcome, outcome.get("error")
     assert rows(store, "SELECT operation_id FROM operation_identities WHERE client_key = ?", (key,)) == [(fresh,)]
+
+
+@pytest.mark.parametrize("store", ["postgresql"], indirect=True)
+def test_a_result_another_prune_expired_while_this_one_waited_is_not_expired_again(
+    world: World, store: TransactionalOperationStore, clock: ManualClock, *, pg_dsn: str, pg_schema: str
+) -> None:
+    """Two prunes at once pick the same results; the one that waited must not expire them a second time.
+
+    PostgreSQL rechecks only the UPDATE's own conditions on a row another
+    transaction changed while it waited.  Without ``result IS NOT NULL``
+    among them, the second prune set ``result_expired_at`` again, to its
+    own later time, and counted the results as expired by it too (two
+    prunes over 1,500 Operations reported 2,050 results expired).
+    """
+    import psycopg  # noqa: PLC0415 - PostgreSQL only
+
+    ended = make_operations(world, 3)
+    clock.advance(timedelta(hours=2))
+    first = clock.now() - timedelta(minutes=1)  # when the other prune expired them: earlier than this one's time
+    outcome: dict[str, object] = {}
+
+    def pruning() -> None:
+        try:
+            outcome["report"] = prune(store, RetentionWindows(results=timedelta(0)))
+        except Exception as exc:
+            outcome["error"] = exc
+
+    with psycopg.connect(pg_dsn, options=f"-c search_path={pg_schema}") as conn:
+        conn.execute("UPDATE operations SET result = NULL, result_expired_at = %s WHERE outcome IS NOT NULL", (first,))
+        thread = threading.Thread(target=pruning)
+        thread.start()
+        with psycopg.connect(pg_dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 20
+            waiting = (
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'UPDATE operations SET result = NULL%'"
+            )
+            while time.monotonic() < deadline and watch.execute(waiting).fetchone() != (1,):
+                time.sleep(0.02)
+        conn.commit()
+    thread.join(timeout=30)
+    assert "error" not in outcome, outcome.get("error")
+    report = outcome["report"]
+    assert isinstance(report, PruneReport)
+    assert report.results_expired == 0, "expired by the other prune, not by this one"
+    expired = rows(store, "SELECT operation_id, result_expired_at FROM operations WHERE outcome IS NOT NULL")
+    assert {str(op) for op, _ in expired} == set(ended)
+    assert {at for _, at in expired} == {first}, "the time the result expired is kept"
