@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
@@ -274,6 +275,20 @@ class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
 _NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirect)
 
 
+def _url_problem(url: str) -> str | None:
+    """Why no request can be sent to the http(s) ``url``, or None."""
+    if any(character.isspace() or not character.isprintable() for character in url):
+        return "contains a space or a control character (percent-encode it)"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - read for its check: a port that is no number, or out of range, raises
+    except ValueError as exc:
+        return f"is not a URL: {exc}"
+    if not parts.hostname:
+        return "names no host"
+    return None
+
+
 class WebhookSink:
     """An HTTP POST of each message's JSON; any 2xx answer is a delivery.
 
@@ -286,6 +301,11 @@ class WebhookSink:
             raise StoreError(
                 "invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {shown(url)}"
             )
+        # Refused here, before a message is tried: taken, a URL no request can go to failed every delivery,
+        # spending each message's attempts until all were parked.
+        problem = _url_problem(url)
+        if problem is not None:
+            raise StoreError("invalid_input", f"--sink: {shown(url)} {problem}")
         if not 0 < timeout <= 600:
             raise StoreError("invalid_input", f"timeout: must be between 0 and 600 seconds, got {timeout}")
         self.url = url

@@ -98,6 +98,12 @@ def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys:
     before = db.read_bytes()
     for args, words in (
         (["export", "--db", str(db), "--sink", "ftp://x"], "expected stdout, file:PATH"),
+        # A URL no request can go to: each delivery failed, and every message was parked after its attempts.
+        (["export", "--db", str(db), "--sink", "http://", "--until-idle"], "--sink: 'http://' names no host"),
+        (["export", "--db", str(db), "--sink", "https:///events", "--until-idle"], "names no host"),
+        (["export", "--db", str(db), "--sink", "http://hooks:80a/", "--until-idle"], "--sink: 'http://hooks:80a/' is not a URL"),
+        (["export", "--db", str(db), "--sink", "http://hooks:99999/", "--until-idle"], "is not a URL"),
+        (["export", "--db", str(db), "--sink", "http://hooks.example/a b", "--until-idle"], "contains a space"),
         (["export", "--db", str(db), "--sink", f"file:{tmp_path}/no/such/dir/x.jsonl"], "does not exist"),
         (["export", "--db", str(tmp_path / "absent.db"), "--sink", f"file:{tmp_path}/x.jsonl"], "no database at"),
         # Something is at the path, but not a database: named for what it is, not said to be missing.
