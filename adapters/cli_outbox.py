@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from fencekeeper.kernel.common import SHOWN_LENGTH, shown, shown_text
@@ -186,6 +187,14 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             raise StoreError("invalid_input", f"{option}: empty")
     if args.sink:
         outbox.check_sink(args.sink, timeout=args.timeout.total_seconds())
+        if args.sink.startswith("file:") and _is_the_database(Path(args.sink[len("file:") :]), args):
+            # Appended to, the file the exporter reads would lose the messages at its next checkpoint, and a
+            # cut back of an unended last line (JsonLinesSink) would truncate the database itself.
+            raise StoreError(
+                "invalid_input",
+                f"--sink: {shown_text(args.sink)} is the SQLite database --db names (or one of its own files); "
+                "appending messages to it would corrupt it",
+            )
     store = _open(args, read_only=args.parked or args.status)
     sink = None
     try:
@@ -249,6 +258,19 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         close = getattr(sink, "close", None)
         if close is not None:
             close()
+
+
+def _is_the_database(path: Path, args: argparse.Namespace) -> bool:
+    """Whether ``path`` is the SQLite file ``--db`` names, or one of SQLite's own files beside it."""
+    from .connect import parse_url  # noqa: PLC0415 - loads only for these commands
+
+    location = parse_url(args.db, schema=args.schema)
+    if location.kind != "sqlite" or location.path is None:
+        return False
+    database = [Path(f"{location.path}{suffix}") for suffix in ("", "-wal", "-shm", "-journal")]
+    if path.exists():
+        return any(d.exists() and os.path.samefile(path, d) for d in database)
+    return any(path.resolve() == d.resolve() for d in database)
 
 
 def _parked_json(m: Any) -> dict[str, Any]:

@@ -104,6 +104,10 @@ def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys:
         (["export", "--db", str(db), "--sink", "http://hooks:80a/", "--until-idle"], "--sink: 'http://hooks:80a/' is not a URL"),
         (["export", "--db", str(db), "--sink", "http://hooks:99999/", "--until-idle"], "is not a URL"),
         (["export", "--db", str(db), "--sink", "http://hooks.example/a b", "--until-idle"], "contains a space"),
+        # The database itself, or SQLite's own files beside it: appended to, it would be corrupted.
+        (["export", "--db", str(db), "--sink", f"file:{db}", "--until-idle"], "is the SQLite database --db names"),
+        (["export", "--db", f"sqlite:///{db}", "--sink", f"file:{db}-wal"], "is the SQLite database --db names"),
+        (["export", "--db", str(db), "--sink", f"file:{tmp_path}/../{tmp_path.name}/{db.name}"], "is the SQLite"),
         (["export", "--db", str(db), "--sink", f"file:{tmp_path}/no/such/dir/x.jsonl"], "does not exist"),
         (["export", "--db", str(tmp_path / "absent.db"), "--sink", f"file:{tmp_path}/x.jsonl"], "no database at"),
         # Something is at the path, but not a database: named for what it is, not said to be missing.
