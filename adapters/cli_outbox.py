@@ -52,6 +52,15 @@ def _duration(text: str) -> timedelta:
     return timedelta(seconds=value * unit)
 
 
+def _spelt(window: timedelta) -> str:
+    """A duration as ``_duration`` takes it: ``40d``, ``12h``, ``90s``, ``1.5s``."""
+    seconds = window.total_seconds()
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -284,6 +293,16 @@ def _parked_json(m: Any) -> dict[str, Any]:
 def run_prune(args: argparse.Namespace, out: Output) -> int:
     from . import retention  # noqa: PLC0415 - the pruner loads only for this command
 
+    # RetentionWindows refuses these too, in the Python API's words (`results`, `40 days, 0:00:00`): here the
+    # options are named as they were typed.
+    for option in ("results", "history"):
+        window = getattr(args, option)
+        if window > args.operations:
+            raise StoreError(
+                "invalid_input",
+                f"--{option}: {_spelt(window)} is longer than --operations ({_spelt(args.operations)}); an "
+                f"Operation's {option} cannot outlive its record",
+            )
     windows = retention.RetentionWindows(
         operations=args.operations, results=args.results, identities=args.identities, history=args.history,
         outbox=args.outbox, executions=args.executions,

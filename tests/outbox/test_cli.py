@@ -119,7 +119,13 @@ def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys:
         (["export", "--db", str(db), "--requeue", ""], "--requeue: empty"),
         (["export", "--db", str(db), "--discard", ""], "--discard: empty"),
         (["export", "--db", str(db), "--sink", ""], "--sink: empty"),
-        (["prune", "--db", str(db), "--results", "40d"], "longer than operations"),
+        # Named as typed, not in the Python API's words (`results: 40 days, 0:00:00 ...`).
+        (["prune", "--db", str(db), "--results", "40d"], "--results: 40d is longer than --operations (30d)"),
+        (["prune", "--db", str(db), "--operations", "36h"], "--results: 7d is longer than --operations (36h)"),
+        (
+            ["prune", "--db", str(db), "--operations", "90s", "--results", "0", "--history", "1.6m"],
+            "--history: 96s is longer than --operations (90s)",
+        ),
         (["prune", "--db", str(db), "--outbox", "soon"], "not a duration"),
     ):
         code, _, err = run(args, capsys)
