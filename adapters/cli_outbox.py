@@ -33,6 +33,8 @@ from .store import StoreError
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
+_PARKED_SHOWN = 1000
+"""The most parked messages ``--parked`` lists, the oldest first."""
 _USAGE_STORE_CODES = frozenset({"store_unavailable", "not_a_database", "invalid_input", "message_not_found"})
 
 
@@ -210,13 +212,16 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         # Opened only once the store is: bad input creates no file.
         sink = outbox.open_sink(args.sink, timeout=args.timeout.total_seconds()) if args.sink else None
         if args.parked:
-            parked = outbox.parked_messages(store, limit=1000)
+            parked = outbox.parked_messages(store, limit=_PARKED_SHOWN)
+            # The oldest are listed; how many there are in all is counted, not taken from the list's length.
+            total = outbox.outbox_status(store).parked if len(parked) == _PARKED_SHOWN else len(parked)
             if out.json_mode:
-                out.data({"parked": [_parked_json(m) for m in parked]})
+                out.data({"parked": [_parked_json(m) for m in parked], "total": total})
             else:
                 for m in parked:
                     out.line(f"{m.message_id} ({m.topic}, seq {m.seq}): {m.attempts} attempts; {m.last_error}")
-                out.note(f"{len(parked)} parked")
+                shown_part = f"; the oldest {len(parked)} are listed" if total > len(parked) else ""
+                out.note(f"{total} parked{shown_part}")
             return EXIT_OK
         if args.status:
             status = outbox.outbox_status(store)

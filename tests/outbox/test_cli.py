@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fencekeeper.adapters import cli
+from fencekeeper.adapters import cli, cli_outbox
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.outbox import ExportRetry, OutboxExporter
 from fencekeeper.adapters.store import ManualClock
@@ -175,9 +175,31 @@ def test_status_and_parked_only_read_so_a_held_write_lock_does_not_stop_them(
         assert (code, err) == (0, ""), err
         assert json.loads(stdout)["pending"] == 6
         code, stdout, err = run(["export", "--db", str(db), "--parked", "--json"], capsys)
-        assert (code, json.loads(stdout), err) == (0, {"parked": []}, "")
+        assert (code, json.loads(stdout), err) == (0, {"parked": [], "total": 0}, "")
         assert time.monotonic() - started < 5, "it waited for the writer's lock"
         assert db.read_bytes() == before
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def test_parked_counts_every_parked_message_when_it_lists_only_the_oldest(
+    db: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--parked lists the oldest of them; the count it prints is of them all, not of the list (it said "1000 parked")."""
+    store = SQLiteOperationStore(db, ManualClock())
+    sink = Recording()
+    sink.failing = {str(r[0]) for r in store.application_execute("SELECT message_id FROM outbox")}
+    assert OutboxExporter(store, sink, retry=ExportRetry(maximum_attempts=1)).run(until_idle=True).parked == 2
+    store.close()
+    monkeypatch.setattr(cli_outbox, "_PARKED_SHOWN", 1)  # as if there were more parked than it lists
+    code, stdout, err = run(["export", "--db", str(db), "--parked"], capsys)
+    assert code == 0
+    assert len(stdout.splitlines()) == 1
+    assert err == "2 parked; the oldest 1 are listed\n"
+    code, stdout, err = run(["export", "--db", str(db), "--parked", "--json"], capsys)
+    listed = json.loads(stdout)
+    assert (len(listed["parked"]), listed["total"]) == (1, 2)
+    monkeypatch.setattr(cli_outbox, "_PARKED_SHOWN", 1000)
+    code, stdout, err = run(["export", "--db", str(db), "--parked"], capsys)
+    assert (len(stdout.splitlines()), err) == (2, "2 parked\n")
