@@ -94,6 +94,14 @@ def _count_up_to(most: int) -> Callable[[str], int]:
     return count
 
 
+def _poll(text: str) -> timedelta:
+    """Above zero: an exporter polling every 0 s claims in a busy loop, a transaction after another, while idle."""
+    value = _duration(text)
+    if value <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
 def _timeout(text: str) -> timedelta:
     """As WebhookSink takes it: above zero and at most ten minutes."""
     value = _duration(text)
@@ -128,7 +136,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
     export.add_argument("--max-attempts", type=_count, default=10, metavar="N", help="before parking (default 10)")
     export.add_argument("--timeout", type=_timeout, default=timedelta(seconds=10), metavar="DURATION",
                         help="webhook timeout (default 10s)")  # fmt: skip
-    export.add_argument("--poll", type=_duration, default=timedelta(seconds=1), metavar="DURATION",
+    export.add_argument("--poll", type=_poll, default=timedelta(seconds=1), metavar="DURATION",
                         help="wait between empty claims (default 1s)")  # fmt: skip
 
     prune = command(

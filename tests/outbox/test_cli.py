@@ -145,6 +145,9 @@ def test_an_out_of_range_option_is_named_and_opens_no_sink(
         (["export", "--db", str(db), "--sink", "http://127.0.0.1:9/", "--timeout", "0s"], "--timeout"),
         (["export", "--db", str(db), "--sink", "http://127.0.0.1:9/", "--timeout", "11m"], "--timeout"),
         (["prune", "--db", str(db), "--batch", "200000"], "--batch"),
+        # Polling every 0 s, an idle exporter claimed in a busy loop, one transaction after another.
+        (["export", "--db", str(db), "--sink", f"file:{sink}", "--until-idle", "--poll", "0s"], "--poll: must be above 0, got 0s"),
+        (["export", "--db", str(db), "--sink", f"file:{sink}", "--until-idle", "--poll", "0"], "--poll"),
     ):
         code, _, err = run(args, capsys)
         assert code == 2, (args, err)
