@@ -731,6 +731,11 @@ def outbox_status(store: TransactionalOperationStore) -> OutboxStatus:
 
 def _error_text(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
+    # Stored on the row, so it must be text both stores take: a lone surrogate (a path or an answer decoded
+    # with surrogateescape) is no UTF-8, and PostgreSQL's text holds no NUL.  Either failed the marking
+    # transaction itself: the exporter stopped, the row stayed claimed, and every later claim of it
+    # stopped the exporter again, so the message was never parked and its subject never went on.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
     return text if isinstance(exc, SinkError) else f"{type(exc).__name__}: {text}"
 
 

@@ -503,3 +503,30 @@ def test_a_row_that_failed_many_times_waits_the_maximum_interval(
     assert attempts == 1101
     until = waits_until if isinstance(waits_until, datetime) else codec.decode_time(str(waits_until))
     assert until == clock.now() + retry.maximum_interval
+
+
+@pytest.mark.parametrize("text", ["cannot write /data/\udcff.log", "answer b'\x00\x01' is no JSON"])
+def test_a_sink_error_no_store_takes_as_text_is_recorded_escaped_and_parks(
+    world: World, store: TransactionalOperationStore, text: str
+) -> None:
+    """A lone surrogate (a path decoded with surrogateescape) or a NUL in a sink's error is stored escaped.
+
+    Stored as it was, it failed the marking transaction (no UTF-8; PostgreSQL's
+    text holds no NUL): the exporter stopped with the row still claimed, and
+    every later claim of it stopped it again, so the message never parked.
+    """
+    [op] = make_operations(world, 1)
+
+    class Failing(Recording):
+        def send(self, message: ExportedMessage) -> None:
+            if message.message_id == f"{op}/1":
+                raise RuntimeError(text)
+            super().send(message)
+
+    report = OutboxExporter(store, Failing(), retry=ExportRetry(maximum_attempts=1)).export_batch()
+    assert (report.failed, report.parked) == (1, 1)
+    [parked] = parked_messages(store)
+    assert parked.message_id == f"{op}/1"
+    assert parked.last_error.startswith("RuntimeError: ")
+    assert "\\udcff" in parked.last_error or "\\x00" in parked.last_error, parked.last_error
+    assert rows(store, "SELECT count(*) FROM outbox WHERE claimed_by IS NOT NULL") == [(0,)], "nothing left claimed"
