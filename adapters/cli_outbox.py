@@ -204,6 +204,13 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         # Given but empty is a mistake of its own, not the absence of every choice.
         if value == "":
             raise StoreError("invalid_input", f"{option}: empty")
+    for option, value in (("--requeue", args.requeue), ("--discard", args.discard)):
+        # No message id holds a control character or a byte no UTF-8 decodes (a lone surrogate, from the
+        # command line): looked up, such a value failed in the store's encoder as an internal error.
+        if value is not None and not value.isprintable():
+            raise StoreError(
+                "invalid_input", f"{option}: {shown(value)} is no message id (it holds a character that is not printable text)"
+            )
     if args.sink:
         outbox.check_sink(args.sink, timeout=args.timeout.total_seconds())
         if args.sink.startswith("file:") and _is_the_database(Path(args.sink[len("file:") :]), args):

@@ -118,6 +118,9 @@ def test_bad_input_exits_2_and_creates_nothing(db: Path, tmp_path: Path, capsys:
         # An option given empty is named, not taken for no option at all.
         (["export", "--db", str(db), "--requeue", ""], "--requeue: empty"),
         (["export", "--db", str(db), "--discard", ""], "--discard: empty"),
+        # A byte no UTF-8 decodes (a lone surrogate in argv) failed in the store's encoder: an internal error, exit 1.
+        (["export", "--db", str(db), "--requeue", "op-1/\udcff"], "--requeue: 'op-1/\\udcff' is no message id"),
+        (["export", "--db", str(db), "--discard", "op-1/\x01"], "--discard: 'op-1/\\x01' is no message id"),
         (["export", "--db", str(db), "--sink", ""], "--sink: empty"),
         # Named as typed, not in the Python API's words (`results: 40 days, 0:00:00 ...`).
         (["prune", "--db", str(db), "--results", "40d"], "--results: 40d is longer than --operations (30d)"),
