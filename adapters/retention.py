@@ -239,6 +239,10 @@ def _removed(report: PruneReport) -> int:
     )  # fmt: skip
 
 
+_LONGEST_REST = 86_400 * 366 * 100
+"""A century, the longest ``--pause``: a tiny ``duty`` asks for more than ``time.sleep`` takes (OverflowError)."""
+
+
 def prune(
     store: TransactionalOperationStore,
     windows: RetentionWindows | None = None,
@@ -296,7 +300,10 @@ def prune(
             spent += _removed(report) > 0
             if _removed(report) < limit:
                 break
-            rest = max(pause, held * (1 - duty) / duty)
+            rest = min(max(pause, held * (1 - duty) / duty), _LONGEST_REST)
+            if stop_at is not None:
+                # No batch starts after the limit: resting past it would only delay the report.
+                rest = min(rest, max(0.0, stop_at - time.monotonic()))
             if rest > 0:
                 time.sleep(rest)
     return total

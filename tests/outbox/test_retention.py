@@ -116,6 +116,30 @@ def test_batches_are_bounded_and_a_stopped_prune_resumes(
     assert removed(prune(store, WINDOWS)) == (0, 0, 0, 0, 0, 0)
 
 
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(("pause", "duty", "time_limit"), [(3600.0, 0.25, 30.0), (0.0, 1e-300, None)])
+def test_a_rest_between_batches_stays_within_the_time_limit_and_what_sleep_takes(
+    world: World,
+    store: TransactionalOperationStore,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    pause: float,
+    duty: float,
+    time_limit: float | None,
+) -> None:
+    """A rest past time_limit only delayed the report (no batch starts after it); a tiny duty asked
+    time.sleep for more than it takes, and the prune ended in an OverflowError after its first batch."""
+    make_operations(world, 3)
+    clock.advance(timedelta(days=40))
+    rests: list[float] = []
+    monkeypatch.setattr("fencekeeper.adapters.retention.time.sleep", rests.append)
+    report = prune(store, WINDOWS, batch_size=1, pause=pause, duty=duty, time_limit=time_limit)
+    assert rests, "full batches were followed by a rest"
+    assert max(rests) <= (time_limit if time_limit is not None else 86_400 * 366 * 100)
+    assert report.results_expired >= 1
+
+
 def test_windows_are_checked() -> None:
     with pytest.raises(StoreError, match=r"results: .* longer than operations"):
         RetentionWindows(operations=timedelta(days=1), results=timedelta(days=2))
