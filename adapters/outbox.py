@@ -79,7 +79,12 @@ class ExportedMessage:
     payload: str
     """The JSON text the store wrote with the transition."""
     attempt: int
-    """1 on the first delivery, then one more on each retry."""
+    """1 until a delivery of it fails, then one more after each recorded failure (``attempts`` + 1).
+
+    A delivery again after an exporter was killed, or after its claim's
+    lease ran out, carries the same number; a requeued message starts at 1
+    again.  It tells a consumer nothing about duplicates: ``message_id`` does.
+    """
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -530,3 +530,16 @@ def test_a_sink_error_no_store_takes_as_text_is_recorded_escaped_and_parks(
     assert parked.last_error.startswith("RuntimeError: ")
     assert "\\udcff" in parked.last_error or "\\x00" in parked.last_error, parked.last_error
     assert rows(store, "SELECT count(*) FROM outbox WHERE claimed_by IS NOT NULL") == [(0,)], "nothing left claimed"
+
+
+def test_attempt_counts_failures_not_deliveries(world: World, store: TransactionalOperationStore) -> None:
+    """docs/outbox.md: a delivery again after an exporter's claim was lost carries the same attempt number."""
+    [op] = make_operations(world, 1)
+    first = f"{op}/1"
+    lost = OutboxExporter(store, Recording(), exporter_id="lost")
+    claimed = lost._claim("lost/token")  # claimed, then the exporter is killed: nothing marked
+    assert [m.attempt for m in claimed if m.message_id == first] == [1]
+    rows(store, "UPDATE outbox SET claimed_until = NULL WHERE claimed_by = ?", ("lost/token",))  # its lease ran out
+    sink = Recording()
+    OutboxExporter(store, sink).run(until_idle=True)
+    assert [m.attempt for m in sink.sent if m.message_id == first] == [1], "delivered again, not a failure"
