@@ -291,10 +291,14 @@ def prune(
     spent = 0  # batches that removed something: a resumed prune re-checks the earlier kinds without using its budget
     for window, step, limit in steps:
         while True:
-            if (max_batches is not None and spent >= max_batches) or (
-                stop_at is not None and time.monotonic() >= stop_at
-            ):
+            if stop_at is not None and time.monotonic() >= stop_at:
                 return attrs.evolve(total, finished=False)
+            if max_batches is not None and spent >= max_batches:
+                # Finished only if nothing is left: without asking, a prune whose last batch emptied its
+                # kind reported work left whenever a kind after it (or this one) had none.
+                if _work_left(store, window, step):
+                    return attrs.evolve(total, finished=False)
+                break
             report, held = _batch(store, window, step, limit)
             total = total + attrs.evolve(report, batches=1)
             spent += _removed(report) > 0
@@ -309,13 +313,35 @@ def prune(
     return total
 
 
+class _WorkLeft(Exception):
+    """Raised inside a probe's transaction (:func:`_work_left`), so that what it removed is rolled back."""
+
+
+def _work_left(
+    store: TransactionalOperationStore,
+    window: timedelta,
+    step: Callable[[SqlTx, datetime, datetime, int], PruneReport],
+) -> bool:
+    """Whether ``step`` has anything left to remove: a batch of one, rolled back if it found something."""
+    try:
+        _batch(store, window, step, 1, probe=True)
+    except _WorkLeft:
+        return True
+    return False
+
+
 def _batch(
     store: TransactionalOperationStore,
     window: timedelta,
     step: Callable[[SqlTx, datetime, datetime, int], PruneReport],
     limit: int,
+    *,
+    probe: bool = False,
 ) -> tuple[PruneReport, float]:
-    """One batch, and how long it held the store (from its lock granted to its commit; not the wait for it)."""
+    """One batch, and how long it held the store (from its lock granted to its commit; not the wait for it).
+
+    With ``probe``, a batch that removes something raises :class:`_WorkLeft` instead of committing.
+    """
     with store._transaction() as tx:  # the store's own transaction: its lock order, its clock
         started = time.monotonic()
         if not isinstance(tx, SqlTx):
@@ -324,6 +350,8 @@ def _batch(
         now = tx.now()
         tx.enter_pruning()
         report = step(tx, now - window, now, limit)
+        if probe and _removed(report) > 0:
+            raise _WorkLeft
         tx.leave_pruning()
     return report, time.monotonic() - started
 

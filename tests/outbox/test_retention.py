@@ -140,6 +140,24 @@ def test_a_rest_between_batches_stays_within_the_time_limit_and_what_sleep_takes
     assert report.results_expired >= 1
 
 
+def test_a_prune_that_removed_everything_within_its_batches_says_it_finished(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    """max_batches spent by the batch that emptied the last kind with work: finished, not "run it again"."""
+    make_operations(world, 1)
+    clock.advance(timedelta(days=40))
+    # One batch each: the result, the identity, the history, the Operation; the outbox was never exported.
+    report = prune(store, WINDOWS, max_batches=4)
+    assert removed(report)[:5] == (1, 1, 3, 1, 1)
+    assert report.finished, "nothing is left to prune"
+    assert removed(prune(store, WINDOWS)) == (0, 0, 0, 0, 0, 0)
+    # And with work left after the budget, it still says so, and removes nothing past the budget.
+    make_operations(world, 2)
+    clock.advance(timedelta(days=40))
+    stopped = prune(store, WINDOWS, max_batches=1)
+    assert (stopped.finished, stopped.results_expired, stopped.identities) == (False, 2, 0)
+
+
 def test_windows_are_checked() -> None:
     with pytest.raises(StoreError, match=r"results: .* longer than operations"):
         RetentionWindows(operations=timedelta(days=1), results=timedelta(days=2))
