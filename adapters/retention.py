@@ -181,9 +181,14 @@ def _operations(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> Prune
 
 
 def _outbox(tx: SqlTx, cutoff: datetime, now: datetime, limit: int) -> PruneReport:
+    # SQLite numbers a new row one past the largest seq the table holds (seq is its rowid, without
+    # AUTOINCREMENT): with the newest row gone, the next message would take a seq already delivered, and a
+    # consumer keeping each subject's last seq would read it as older, and could drop it.  The newest row
+    # stays, so seq only grows.  PostgreSQL's identity column never gives a number twice.
+    newest = " AND seq < (SELECT max(seq) FROM outbox)" if tx.d.name == "sqlite" else ""
     gone = tx.run(
-        "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE exported_at IS NOT NULL AND exported_at <= ? "
-        "ORDER BY exported_at LIMIT ?)",
+        "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE exported_at IS NOT NULL AND exported_at <= ?"
+        f"{newest} ORDER BY exported_at LIMIT ?)",
         (tx.d.encode_time(cutoff), limit),
     )
     return PruneReport(outbox=int(gone.rowcount))
