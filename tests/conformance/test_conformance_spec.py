@@ -36,3 +36,32 @@ def test_every_operations_refusal_field_the_cases_compare_is_named_in_the_spec()
             [field] = named
             assert re.search(rf"`{code}`,? \(?`(field` `)?{field}`", spec), (code, field)
             assert f"`{code}`, `field` `{field}`" in operations, f"specs/operations.md never names {code}'s {field}"
+
+
+def _field_names(value: object, found: set[str]) -> None:
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            found.add(name)
+            _field_names(inner, found)
+    elif isinstance(value, list):
+        for inner in value:
+            _field_names(inner, found)
+
+
+def test_every_field_a_written_operation_decision_is_compared_on_is_named_in_operations_md() -> None:
+    """A decision's writes are compared whole (the Operation, its Attempts, guard, outbox, credential).
+
+    A field the cases compare that specs/operations.md never names (``cancel_requested_by`` was one) is a value a
+    driver written from the spec cannot know to write.
+    """
+    compared: set[str] = set()
+    for case in json.loads((CASES / "operations.json").read_text(encoding="utf-8"))["cases"]:
+        expected = case["expected"]
+        if expected["outcome"] in ("decision", "unchanged"):
+            for part in ("operation", "attempts", "guard", "outbox", "credential"):
+                _field_names(expected.get(part), compared)
+    spec = (ROOT / "specs" / "operations.md").read_text(encoding="utf-8")
+    # A field is named in code spans, alone or in a value's tuple: `(operation_id, number, worker_id, ...)`.
+    named = {word for span in re.findall(r"`([^`]+)`", spec) for word in re.findall(r"[A-Za-z_]+", span)}
+    missing = sorted(compared - named)
+    assert not missing, f"specs/operations.md never names these fields the operations cases compare: {missing}"
