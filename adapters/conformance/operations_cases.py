@@ -23,6 +23,7 @@ from fencekeeper.kernel import operations as o
 from fencekeeper.kernel import opsmodel
 
 from . import wire
+from .basis import US
 from .values import structure, unstructure
 
 Case = dict[str, Any]
@@ -272,6 +273,7 @@ def operation_cases() -> list[Case]:
                 "now": wire.time_text(moment)}
         cases.append(_case(f"expire/{label}", data))
     cases += _due_is_claimed_cases(cases)
+    cases += _rule_cases(cases)
     return cases
 
 
@@ -307,6 +309,140 @@ def _due_is_claimed_cases(cases: list[Case]) -> list[Case]:
     found.append(_case("claim/approval_misbound/replacement", expired))
     late = {**operation, "next_eligible_at": wire.time_text(wire.parse_time(operation["deadline"]) + timedelta(hours=1))}
     found.append(_case("claim/deadline_before_eligibility", {**first, "operation": late, "now": operation["deadline"]}))
+    return found
+
+
+def _shifted(text: str, delta: timedelta) -> str:
+    moved = wire.time_text(wire.parse_time(text) + delta)
+    assert moved is not None  # a time moved is a time
+    return moved
+
+
+def _rule_cases(cases: list[Case]) -> list[Case]:
+    """Written outcomes of operations.md the model's calls above do not reach, one case per rule (cases 2.9.0).
+
+    The calls above are a few per (decision, outcome, code), so a written decision stands for every kind of
+    write its decision makes: these add each other kind, built from the first claim's Operation.  A
+    replacement claim and the limits that end it, in their order (deadline, then attempts, then the
+    approval); every end of ``fail`` and its backoff (growth, cap, rounding, the deadline's instant); the
+    external effect's unsettled window through intent, answer, success, unknown outcome and cancellation;
+    a rejection; the deadline sweep on each state; a submission past its window, with other unbound fields,
+    and requiring approval; a lease the claim granted past the deadline, which a heartbeat never shortens.
+    """
+    first = next(
+        c["input"] for c in cases if c["input"]["decision"] == "claim" and c["expected"].get("credential")
+        and c["input"]["operation"]["state"] == "admitted" and c["input"]["operation"]["approval"] is not None
+    )
+    admitted, claim_request = first["operation"], first["request"]
+    running = decide_operation(first)["operation"]
+    started, expiry = running["attempt_started_at"], running["lease_expires_at"]
+    live = _shifted(started, timedelta(seconds=1))
+    credential = {"operation_id": running["operation_id"], "worker_id": running["owner"], "fence": running["fence"]}
+    second = {**running, "fence": 2, "attempt_count": 2}
+    found: list[Case] = []
+
+    def add(label: str, decision: str, operation: dict[str, Any] | None, request: dict[str, Any], now: str) -> None:
+        found.append(_case(f"rule/{label}", {"decision": decision, "operation": operation, "request": request,
+                                              "now": now}))
+
+    replacement = {**claim_request, "worker_id": "w2"}
+    misbound = {**running["approval"], "approver": running["identity"]["principal"]}
+    add("claim/replacement", "claim", running, replacement, expiry)
+    add("claim/replacement_attempts_used", "claim", second, replacement, expiry)
+    add("claim/replacement_at_deadline", "claim", {**running, "deadline": expiry}, replacement, expiry)
+    add("claim/replacement_at_deadline_attempts_used", "claim", {**second, "deadline": expiry}, replacement, expiry)
+    add("claim/replacement_attempts_used_misbound", "claim", {**second, "approval": misbound}, replacement, expiry)
+    unconsumed = admitted["approval"]
+    add("claim/approval_expired", "claim", {**admitted, "approval": {**unconsumed, "expires_at": first["now"]}},
+        claim_request, first["now"])
+    add("claim/approval_expired_misbound", "claim",
+        {**admitted, "approval": {**unconsumed, "expires_at": first["now"], "approved": False}},
+        claim_request, first["now"])
+    awaiting = {**admitted, "state": "awaiting_approval", "approval": None}
+    add("claim/awaiting_approval", "claim", awaiting, claim_request, first["now"])
+    add("claim/awaiting_approval_at_deadline", "claim", awaiting, claim_request, admitted["deadline"])
+
+    backing_off = {"credential": credential, "error_code": "busy", "retryable": True}
+    add("fail/not_retryable", "fail", running, {**backing_off, "retryable": False}, live)
+    add("fail/not_authorized", "fail", running, {**backing_off, "not_authorized": True}, live)
+    add("fail/not_authorized_attempts_used", "fail", second, {**backing_off, "not_authorized": True,
+                                                             "credential": {**credential, "fence": 2}}, live)
+    add("fail/attempts_used", "fail", second, {**backing_off, "credential": {**credential, "fence": 2}}, live)
+    pause = timedelta(microseconds=running["policy"]["initial_interval"])
+    add("fail/backoff_reaches_deadline", "fail", {**running, "deadline": _shifted(live, pause)}, backing_off, live)
+    add("fail/backoff_before_deadline", "fail", {**running, "deadline": _shifted(live, pause + US)}, backing_off, live)
+    second_us = 1_000_000
+    for label, coefficient, maximum, made in (
+        ("grows", 2.0, 10 * second_us, 3),  # 1 s * 2^2
+        ("capped", 2.0, 10 * second_us, 6),  # 1 s * 2^5 = 32 s, capped at 10 s
+        ("rounded", 1.7, 10 * second_us, 3),  # 1.7^2 s is 2.8899999999999997 in binary: 2.890000 s, not 2.889999 s
+    ):
+        policy = {**running["policy"], "backoff_coefficient": coefficient, "maximum_interval": maximum,
+                  "maximum_attempts": 9}
+        add(f"fail/backoff_{label}", "fail", {**running, "policy": policy, "fence": made, "attempt_count": made},
+            {**backing_off, "credential": {**credential, "fence": made}}, live)
+    add("fail/effect_not_applied_not_external", "fail", running, {**backing_off, "effect_not_applied": True}, live)
+
+    three = {**running["policy"], "maximum_attempts": 3}
+    external = {**running, "policy": three, "effect_class": "external", "effect_id": f"{running['operation_id']}/effect",
+                "effect_unsettled_since": 1}
+    earlier = {**external, "fence": 2, "attempt_count": 2}
+    answered = {**external, "effect_unsettled_since": None}
+    later = {**credential, "fence": 2}
+    not_applied = {**backing_off, "error_code": "effect_failed", "effect_not_applied": True}
+    add("record_intent/earlier_issue_unanswered", "record_intent", earlier, {"credential": later}, live)
+    add("record_intent/after_not_applied", "record_intent", answered, {"credential": credential}, live)
+    add("complete/external_after_intent", "complete", external,
+        {"credential": credential, "authority": {"granted": True, "principal": running["identity"]["principal"]},
+         "result": "{\"ok\":true}"}, live)
+    add("complete/external_after_not_applied", "complete", answered,
+        {"credential": credential, "authority": {"granted": True, "principal": running["identity"]["principal"]}},
+        live)
+    add("fail/effect_not_applied_own_issue", "fail", external, not_applied, live)
+    add("fail/effect_not_applied_earlier_issue", "fail", earlier, {**not_applied, "credential": later}, live)
+    add("fail/effect_not_applied_no_intent", "fail", answered, not_applied, live)
+    add("fail/effect_ambiguous", "fail", external, {**backing_off, "error_code": "handler_error"}, live)
+    add("outcome_unknown/unsettled", "outcome_unknown", external, {"credential": credential, "detail": "timed out"},
+        live)
+    add("outcome_unknown/earlier_issue", "outcome_unknown", earlier, {"credential": later, "detail": ""}, live)
+    add("outcome_unknown/after_not_applied", "outcome_unknown", answered, {"credential": credential, "detail": ""},
+        live)
+    canceller = {"operation_id": running["operation_id"], "principal": "users:v1:canceller",
+                 "authority": {"granted": True, "principal": "users:v1:canceller"}, "reason": "no longer needed"}
+    add("cancel/running_external_unsettled", "cancel", external, canceller, live)
+    add("cancel/retrying_external_unsettled", "cancel",
+        {**external, "state": "admitted", "owner": None, "lease_expires_at": None, "attempt_started_at": None},
+        canceller, live)
+    add("cancel/awaiting_approval", "cancel", awaiting, canceller, first["now"])
+
+    decided = next(c["input"] for c in cases if c["id"] == "model/decide/decision_written_0")
+    add("decide/rejection", "decide", decided["operation"], {**decided["request"], "approved": False},
+        decided["now"])
+
+    sweep = {"actor": "system:deadline"}
+    add("expire/awaiting_approval", "expire", awaiting, sweep, admitted["deadline"])
+    add("expire/running_live_owner", "expire", {**running, "deadline": started}, sweep, live)
+    add("expire/running_expired_owner", "expire", {**running, "deadline": started}, sweep, expiry)
+    add("expire/terminal", "expire", {**admitted, "state": "failed", "outcome": "action_failed"}, sweep,
+        admitted["deadline"])
+
+    resubmitted = next(c["input"] for c in cases if c["id"] == "model/submit/unchanged_same_submission_0")
+    stored, request = resubmitted["operation"], resubmitted["request"]
+    ended = {**stored, "state": "succeeded", "outcome": "succeeded"}
+    window = stored["retain_until"]
+    add("submit/window_passed_ended", "submit", ended, request, window)
+    add("submit/window_last_microsecond_ended", "submit", ended, request, _shifted(window, -US))
+    add("submit/window_passed_active", "submit", stored, request, window)
+    add("submit/window_passed_active_other_digest", "submit", stored, {**request, "input_digest": "e" * 64}, window)
+    add("submit/unbound_fields_differ", "submit", stored,
+        {**request, "effect_class": "external", "requires_approval": True, "retention": 1,
+         "policy": {**request["policy"], "maximum_attempts": 9}}, resubmitted["now"])
+    add("submit/requires_approval", "submit", None, {**request, "requires_approval": True}, resubmitted["now"])
+    add("submit/retention_shorter_than_deadline", "submit", None, {**request, "retention": 1}, resubmitted["now"])
+
+    beyond = {**running, "deadline": _shifted(started, timedelta(milliseconds=1500))}
+    heartbeat = {"credential": credential, "lease_duration": claim_request["lease_duration"]}
+    add("heartbeat/claimed_lease_past_deadline_stands", "heartbeat", beyond, heartbeat, live)
     return found
 
 
