@@ -652,6 +652,27 @@ class OperationStoreTests:
         assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.LEASE_EXPIRED
         assert accounts(world.store) == {"acc-1": 100, "acc-2": 0}
 
+    def test_an_action_for_an_operation_that_is_not_atomic_is_refused_before_it_runs(self, world: World) -> None:
+        """Only an atomic Operation's completion runs an action in the store's transaction (operations.md, Effect
+        classes): a read-only one's writes would otherwise commit with its success."""
+        op_id = world.service.submit(
+            tenant=TENANT, principal=ALICE, action="balance", input={"account": "acc-1"}, client_key="b1"
+        ).operation_id
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        before = world.store.view(op_id)
+        ran: list[str] = []
+
+        def writes(context: GuardedContext) -> str:
+            ran.append("ran")
+            examples.transfer(context, {"from": "acc-1", "to": "acc-2", "amount": 10})
+            return "null"
+
+        outcome = world.store.complete(o.CompleteRequest(claim.credential, o.Authority(True, ALICE.ref)), writes)
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.WRONG_EFFECT_CLASS, outcome
+        assert ran == [] and accounts(world.store) == {"acc-1": 100, "acc-2": 0}
+        assert world.store.view(op_id) == before
+
     # --- cancellation ---------------------------------------------------------------------------
 
     def test_cancel_first_refuses_the_effect(self, world: World) -> None:
