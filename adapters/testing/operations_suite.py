@@ -898,6 +898,29 @@ class OperationStoreTests:
         assert "the adapter's reconcile returned str, not an EffectResult or None" in report.detail
         assert adapter.performed == 1
 
+    def test_a_call_not_found_at_once_after_a_timeout_is_looked_up_again_before_any_repeat(
+        self, world: World
+    ) -> None:
+        """A lookup right after an ambiguous answer that finds nothing is no answer to the call (operations.md, An
+        Attempt, step by step): the call may still land, so the Attempt's failure leaves the effect unsettled and
+        the next Attempt reconciles before it performs.  Recorded as the provider's "not applied", the next Attempt
+        would capture again, and a provider that does not deduplicate would be charged twice."""
+        world.adapter.idempotent = False
+        op_id = self._capture(world, action="capture_unapproved")
+        effect_id = f"{op_id}/effect"
+        world.provider.mode = "timeout"
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "retry", report
+        operation = world.store.get(op_id)
+        assert operation is not None and o.effect_plan(operation) is o.EffectPlan.RECONCILE
+        # The call that timed out lands at the provider after all.
+        world.provider.captures[effect_id] = 2500
+        world.provider.mode = "ok"
+        world.clock.advance(timedelta(minutes=1))
+        report = world.worker("w2").run_once()
+        assert report is not None and report.outcome == "succeeded", report
+        assert world.provider.calls == [effect_id]
+
     def test_a_replacement_reconciles_before_performing_with_the_same_effect_id(self, world: World) -> None:
         op_id = self._capture(world, action="capture_unapproved")
         claim = world.store.claim_next(TENANT, "w1", LEASE)
