@@ -710,6 +710,7 @@ class UnknownRequest:
 
     credential: Credential
     detail: str = ""
+    """Kept in the transition's reason: text a store can keep, at most ``MAX_RATIONALE`` characters."""
 
 
 @attrs.frozen
@@ -1558,6 +1559,11 @@ def outcome_unknown(operation: Operation | None, request: UnknownRequest, now: d
         _check_credential(request.credential)
         if not isinstance(request.detail, str):
             raise _Invalid("detail", "must be text")
+        # The detail is kept in the transition, as a cancellation's reason is: text every store can keep, bounded
+        # alike, or a NUL and a lone surrogate fail inside the store's transaction instead of being refused here.
+        _check("detail", text_problem(request.detail))
+        if len(request.detail) > MAX_RATIONALE:
+            raise _Invalid("detail", f"must be at most {MAX_RATIONALE} characters, got {len(request.detail)}")
         _check_now(now)
     except _Invalid as exc:
         return exc.refusal

@@ -434,6 +434,29 @@ def test_a_cancellation_reason_is_at_most_as_long_as_a_review_decisions_rational
     )
 
 
+@pytest.mark.parametrize(
+    ("detail", "problem"),
+    [
+        ("a\x00b", "NUL"),
+        ("\ud800", "surrogate"),
+        ("x" * 2001, "must be at most 2000 characters, got 2001"),
+    ],
+)
+def test_an_unknown_outcomes_detail_is_text_a_store_keeps_and_bounded_as_a_cancellation_reason(
+    detail: str, problem: str
+) -> None:
+    # The detail is kept in the transition.  Unchecked, a NUL failed PostgreSQL's insert and a lone surrogate the
+    # encoding of either store, inside the transaction, instead of being refused naming the field.
+    op, cred, _ = claimed(admitted(effect_class=o.EffectClass.EXTERNAL), "w1", T0)
+    intent = o.record_intent(op, o.IntentRequest(cred), T0)
+    assert isinstance(intent, o.Decision)
+    outcome = o.outcome_unknown(intent.operation, o.UnknownRequest(cred, detail), T0)
+    assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.INVALID_REQUEST, outcome
+    assert outcome.field == "detail" and problem in outcome.message, outcome.message
+    longest = o.outcome_unknown(intent.operation, o.UnknownRequest(cred, "x" * 2000), T0)
+    assert isinstance(longest, o.Decision) and longest.transition.reason.endswith("x" * 2000)
+
+
 def test_cancel_after_the_effect_is_too_late() -> None:
     op, cred, _ = claimed(admitted(), "w1", T0)
     effect = o.complete(op, o.CompleteRequest(cred, GRANTED), T0 + SECOND)
