@@ -407,6 +407,11 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     add("outcome_unknown/earlier_issue", "outcome_unknown", earlier, {"credential": later, "detail": ""}, live)
     add("outcome_unknown/after_not_applied", "outcome_unknown", answered, {"credential": credential, "detail": ""},
         live)
+    # The detail is kept in the transition: text a store can keep, bounded as a cancellation's reason.
+    for label, detail in (("nul", "a\x00b"), ("lone_surrogate", "\ud800"), ("too_long", "x" * 2001),
+                          ("longest", "x" * 2000)):
+        add(f"outcome_unknown/detail_{label}", "outcome_unknown", external,
+            {"credential": credential, "detail": detail}, live)
     canceller = {"operation_id": running["operation_id"], "principal": "users:v1:canceller",
                  "authority": {"granted": True, "principal": "users:v1:canceller"}, "reason": "no longer needed"}
     add("cancel/running_external_unsettled", "cancel", external, canceller, live)
@@ -440,9 +445,97 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     add("submit/requires_approval", "submit", None, {**request, "requires_approval": True}, resubmitted["now"])
     add("submit/retention_shorter_than_deadline", "submit", None, {**request, "retention": 1}, resubmitted["now"])
 
+    found += _malformed_cases(first, running, credential=credential, live=live, decided=decided,
+                              resubmitted=resubmitted)
+
     beyond = {**running, "deadline": _shifted(started, timedelta(milliseconds=1500))}
     heartbeat = {"credential": credential, "lease_duration": claim_request["lease_duration"]}
     add("heartbeat/claimed_lease_past_deadline_stands", "heartbeat", beyond, heartbeat, live)
+    return found
+
+
+def _malformed_cases(
+    first: dict[str, Any], running: dict[str, Any], *, credential: dict[str, Any], live: str,
+    decided: dict[str, Any], resubmitted: dict[str, Any],
+) -> list[Case]:
+    """A malformed field of each decision's request, refused ``invalid_request`` naming it (operations.md,
+    Well-formed requests); two at once are named in the decision's order, before anything else is asked."""
+    found: list[Case] = []
+    too_long = "a" * 129
+    end_of_time = "9999-12-31T23:59:59.999999Z"
+
+    def add(label: str, decision: str, operation: dict[str, Any] | None, request: dict[str, Any], now: str) -> None:
+        found.append(_case(f"rule/malformed/{label}", {"decision": decision, "operation": operation,
+                                                        "request": request, "now": now}))
+
+    submission, stored = resubmitted["request"], resubmitted["operation"]
+    at = resubmitted["now"]
+    policy = submission["policy"]
+    for label, change in (
+        ("operation_id_too_long", {"operation_id": too_long}),
+        ("operation_id_and_action_name", {"operation_id": ".op", "action_name": "a b"}),
+        ("identity_principal_stable_form", {"identity": {**submission["identity"], "principal": "users:v*:alice"}}),
+        ("identity_client_key_empty", {"identity": {**submission["identity"], "client_key": ""}}),
+        ("action_version_zero", {"action_version": 0}),
+        ("action_version_boolean", {"action_version": True}),
+        ("effect_class_unknown", {"effect_class": "remote"}),
+        ("input_digest_upper_case", {"input_digest": "A" * 64}),
+        ("earlier_input_digest_short", {"earlier_input_digest": "e" * 63}),
+        ("authority_granted_not_boolean", {"authority": {**submission["authority"], "granted": "yes"}}),
+        ("authority_principal", {"authority": {**submission["authority"], "principal": "users v1"}}),
+        ("policy_initial_interval_zero", {"policy": {**policy, "initial_interval": 0}}),
+        ("policy_maximum_attempts_zero", {"policy": {**policy, "maximum_attempts": 0}}),
+        ("policy_backoff_coefficient_below_one", {"policy": {**policy, "backoff_coefficient": 0.5}}),
+        ("policy_backoff_coefficient_above_hundred", {"policy": {**policy, "backoff_coefficient": 101}}),
+        ("policy_schedule_to_close_past_the_last_time", {"policy": {**policy, "schedule_to_close": 3 * 10**17}}),
+        ("retention_negative", {"retention": -1}),
+        ("requires_approval_not_boolean", {"requires_approval": 1}),
+    ):
+        # An existing Operation under the identity answers nothing: the request is refused first.
+        add(f"submit/{label}", "submit", stored, {**submission, **change}, at)
+    add("submit/not_authorized_and_malformed", "submit", stored,
+        {**submission, "action_version": 0, "authority": {**submission["authority"], "granted": False}}, at)
+    add("submit/at_the_last_time", "submit", None, {**submission, "retention": 1}, end_of_time)
+
+    claiming = first["request"]
+    add("claim/worker_id_too_long", "claim", first["operation"], {**claiming, "worker_id": too_long}, first["now"])
+    add("claim/lease_duration_zero", "claim", first["operation"], {**claiming, "lease_duration": 0}, first["now"])
+    add("claim/lease_past_the_last_time", "claim", first["operation"], claiming, end_of_time)
+
+    renewal = {"credential": credential, "lease_duration": claiming["lease_duration"]}
+    add("heartbeat/credential_worker_id", "heartbeat", running,
+        {**renewal, "credential": {**credential, "worker_id": "w 1"}}, live)
+    add("heartbeat/credential_fence_and_lease_duration", "heartbeat", running,
+        {"credential": {**credential, "fence": -1}, "lease_duration": -1}, live)
+    add("heartbeat/lease_duration_negative", "heartbeat", running, {**renewal, "lease_duration": -1}, live)
+    grant = {"granted": True, "principal": running["identity"]["principal"]}
+    for label, result in (("not_json", "{"), ("nan", "NaN"), ("infinity", "[Infinity]"), ("escaped_nul", '"a\\u0000b"'),
+                          ("nul_text", "\x00"), ("lone_surrogate", '"\ud800"')):
+        add(f"complete/result_{label}", "complete", running,
+            {"credential": credential, "authority": grant, "result": result}, live)
+    add("complete/authority_and_result", "complete", running,
+        {"credential": credential, "authority": {**grant, "granted": None}, "result": "{"}, live)
+    failing = {"credential": credential, "error_code": "busy", "retryable": True}
+    add("fail/error_code_malformed", "fail", running, {**failing, "error_code": "no such thing"}, live)
+    add("fail/retryable_not_boolean", "fail", running, {**failing, "retryable": "true"}, live)
+    add("fail/effect_not_applied_not_boolean", "fail", running, {**failing, "effect_not_applied": 0}, live)
+
+    deciding, awaiting = decided["request"], decided["operation"]
+    for label, change in (
+        ("approval_id_malformed", {"approval_id": "ap 1"}),
+        ("tenant_malformed", {"tenant": ""}),
+        ("approved_not_boolean", {"approved": "no"}),
+        ("expires_at_naive", {"expires_at": deciding["expires_at"].rstrip("Z")}),
+        ("approver_and_expires_at", {"approver": "", "expires_at": deciding["expires_at"].rstrip("Z")}),
+    ):
+        add(f"decide/{label}", "decide", awaiting, {**deciding, **change}, decided["now"])
+    cancelling = {"operation_id": running["operation_id"], "principal": "users:v1:canceller",
+                  "authority": {"granted": True, "principal": "users:v1:canceller"}}
+    for label, reason in (("longest", "x" * 2000), ("too_long", "x" * 2001), ("nul", "a\x00b"),
+                          ("lone_surrogate", "\ud800")):
+        add(f"cancel/reason_{label}", "cancel", running, {**cancelling, "reason": reason}, live)
+    add("cancel/reason_on_a_missing_operation", "cancel", None, {**cancelling, "reason": "x" * 2001}, live)
+    add("expire/actor_malformed", "expire", running, {"actor": "system deadline"}, live)
     return found
 
 
