@@ -362,6 +362,22 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     add("claim/awaiting_approval", "claim", awaiting, claim_request, first["now"])
     add("claim/awaiting_approval_at_deadline", "claim", awaiting, claim_request, admitted["deadline"])
 
+    # A consumed approval stays valid for every replacement, expired or not.
+    lapsed = {**running, "approval": {**running["approval"], "expires_at": started}}
+    add("claim/replacement_approval_expired_after_consumed", "claim", lapsed, replacement, expiry)
+
+    # The owner checks in their order: missing, fence, running, worker, lease; the first that fails answers.
+    heartbeat_request = {"credential": credential, "lease_duration": claim_request["lease_duration"]}
+    ended_later = {**second, "state": "cancelled", "outcome": "cancelled", "error_code": "cancelled",
+                   "owner": None, "lease_expires_at": None, "attempt_started_at": None}
+    add("owner/another_operation", "heartbeat", {**ended_later, "operation_id": "op-other"}, heartbeat_request,
+        expiry)
+    add("owner/stale_fence_on_an_ended_operation", "heartbeat", ended_later, heartbeat_request, expiry)
+    add("owner/not_running_with_another_worker", "heartbeat", {**ended_later, "fence": 1},
+        {**heartbeat_request, "credential": {**credential, "worker_id": "w-x"}}, expiry)
+    add("owner/another_worker_past_the_lease", "heartbeat", running,
+        {**heartbeat_request, "credential": {**credential, "worker_id": "w-x"}}, expiry)
+
     backing_off = {"credential": credential, "error_code": "busy", "retryable": True}
     add("fail/not_retryable", "fail", running, {**backing_off, "retryable": False}, live)
     add("fail/not_authorized", "fail", running, {**backing_off, "not_authorized": True}, live)
