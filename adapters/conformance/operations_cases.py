@@ -378,6 +378,14 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     add("owner/another_worker_past_the_lease", "heartbeat", running,
         {**heartbeat_request, "credential": {**credential, "worker_id": "w-x"}}, expiry)
 
+    # Only a heartbeat looks at the deadline: a live owner past it may still finish what it began.
+    overdue = {**running, "deadline": started}
+    add("complete/past_the_deadline_live_lease", "complete", overdue,
+        {"credential": credential, "authority": {"granted": True, "principal": running["identity"]["principal"]}},
+        live)
+    add("record_intent/past_the_deadline_live_lease", "record_intent", {**overdue, "effect_class": "external"},
+        {"credential": credential}, live)
+
     backing_off = {"credential": credential, "error_code": "busy", "retryable": True}
     add("fail/not_retryable", "fail", running, {**backing_off, "retryable": False}, live)
     add("fail/not_authorized", "fail", running, {**backing_off, "not_authorized": True}, live)
