@@ -1241,6 +1241,32 @@ def test_reconcile_command_keeps_the_review_state_and_counts_the_settled_visit()
     assert decision.recovery is not None and decision.recovery.resulting_state == ExecutionState.RECONCILIATION_REQUIRED
 
 
+def test_reconcile_command_counts_no_step_for_an_attempt_its_handler_left_unknown() -> None:
+    # Only a quarantined visit (its attempt still reconciliation_required) went uncounted; an attempt the
+    # handler answered unknown was counted when its visit finalized to reconciliation_required, so its
+    # settlement links the answer without a second step (specs/protocol.md, the reconcile_command row).
+    snap = _in_review()
+    unknown_attempt = attrs.evolve(QUARANTINED_ATTEMPT, state="unknown")
+    facts = recovery.RecoveryFacts(
+        (unknown_attempt, UNKNOWN_COMMAND), facts_for(snap.execution).definition,
+        (SETTLEMENT[0], unknown_attempt.next("completed", {"status": "completed", "next_node_id": "n"})),
+    )
+    request = recovery_request(snap, RecoveryKind.RECONCILE_COMMAND, command_id="cmd-2")
+    decision = decided(recover(snap.execution, snap.dispatch, None, request, EXPIRES, facts=facts))
+    assert decision.execution == attrs.evolve(snap.execution, revision=snap.execution.revision + 1)
+    assert decision.dispatch == snap.dispatch
+
+
+def test_a_resume_never_queues_recovered_work_later_than_now() -> None:
+    # eligible_at = min(eligible_at, now): a store clock that stepped back below the row's eligible_at
+    # must not leave the resumed execution unclaimable until the clock catches up.
+    snap = _in_review()
+    earlier = snap.dispatch.eligible_at - timedelta(seconds=5)
+    request = recovery_request(snap, RecoveryKind.RESUME_SAFE, command_id="cmd-2")
+    decision = decided(recover(snap.execution, snap.dispatch, None, request, earlier))
+    assert decision.dispatch is not None and decision.dispatch.eligible_at == earlier
+
+
 def test_reconcile_command_records_a_settlement_at_the_step_bound_without_counting_past_it() -> None:
     # No visit starts past the bound (the dispatcher stops at 100 processed steps), so facts that show one
     # quarantined there are the store's, not a visit's: the settlement is recorded and INV-STEP-LIMIT holds.
