@@ -86,6 +86,10 @@ EVENT_WAIT = p.WaitSpec(
     "await", "a-2", "payment.received", (("order_id", "o-1"),), continuations=(("event", "done"),)
 )
 TIMER_WAIT = p.WaitSpec("sleep", "a-3", None, wake_at=T0 + timedelta(seconds=60, microseconds=7))
+FAR_WAIT = p.WaitSpec(
+    "await", "a-5", "payment.received", (("order_id", "o-1"),), wake_after=timedelta(days=999_999_999),
+    timeout=True, continuations=(("event", "done"), ("timeout", "rejected")),
+)
 TIMEOUT_WAIT = p.WaitSpec(
     "await", "a-4", "payment.received", (("order_id", "o-1"),), wake_after=timedelta(seconds=5, microseconds=3),
     timeout=True, continuations=(("event", "done"), ("timeout", "rejected")),
@@ -174,6 +178,22 @@ def worlds() -> dict[str, World]:
     )
     waiting_row = out["waiting"]
     assert waiting_row.dispatch is not None
+    # A holder of an execution that got past an error (resumed after quarantine, then claimed again):
+    # its dispatch row still carries that error's code, which only a move to succeeded clears.
+    out["running_after_error"] = attrs.evolve(
+        running, name="running_after_error",
+        dispatch=attrs.evolve(running.dispatch, last_error_code="quarantine_expired"),
+    )
+    # Suspended at the bound, as the interpreter leaves it: no visit, the reason step_limit.
+    full_world = out["running_at_100_steps"]
+    out["suspended_at_step_limit"] = _apply(
+        full_world, "suspended_at_step_limit",
+        p.finalize(
+            full_world.execution, full_world.dispatch,
+            _finalize_request(full_world, "suspended", step=None, error_code="step_limit"), T0 + 5 * US,
+        ),
+        credential=full_world.credential,
+    )
     out["waiting_dispatch_eligible"] = attrs.evolve(
         waiting_row, name="waiting_dispatch_eligible",
         dispatch=attrs.evolve(waiting_row.dispatch, dispatch_state=DispatchState.ELIGIBLE),
@@ -333,7 +353,8 @@ def _fenced_cases(w: dict[str, World]) -> list[Case]:
     """
     cases: list[Case] = []
     for decision in ("renew", "record_step", "release", "fenced"):
-        for name in dict.fromkeys(("running_at_99_steps", "running_at_100_steps", *_LEASE_STATES)):
+        for name in dict.fromkeys(("running_at_99_steps", "running_at_100_steps", "running_after_error",
+                                   *_LEASE_STATES)):
             world = w[name]
             cred = w["running"].credential if world.credential is None else world.credential
             assert cred is not None
@@ -410,8 +431,24 @@ def _finalize_cases(w: dict[str, World]) -> list[Case]:
         ("error_code", {"target_state": "failed", "error_code": "order_rejected"}),
         ("reason_at_the_bound", {"target_state": "failed", "reason": "r" * p.MAX_RATIONALE}),
         ("reason_over_the_bound", {"target_state": "failed", "reason": "r" * (p.MAX_RATIONALE + 1)}),
+        # A relative wake whose wake_at would lie past the last representable time is malformed, but it is
+        # turned into wake_at only once every precondition holds: a broken lease check names the refusal.
+        ("relative_wait_past_last_time", {"target_state": "waiting", "wait": _j(FAR_WAIT)}),
+        ("relative_wait_past_last_time_other_token",
+         {"target_state": "waiting", "wait": _j(FAR_WAIT), "lease_token": "tok-x"}),
+        ("relative_wait_past_last_time_on_other_target", {"wait": _j(FAR_WAIT)}),
     ):
         cases.append(_case("finalize", running, {**base, **changed}, now, label))
+    # last_error_code: a move to succeeded that sets no code clears it; every other move keeps it unless
+    # it sets its own (specs/protocol.md, Snapshots).
+    after_error = w["running_after_error"]
+    for label, changed in (
+        ("to_succeeded", {}),
+        ("to_suspended", {"target_state": "suspended"}),
+        ("to_failed_with_error_code", {"target_state": "failed", "error_code": "order_rejected"}),
+        ("to_waiting", {"target_state": "waiting", "wait": _j(EVENT_WAIT)}),
+    ):
+        cases.append(_case("finalize", after_error, {**base, **changed}, now, label))
     for label, request, at in _mutations(
         base, now,
         {"execution_id": BAD_ID, "worker_id": "", "fence": 0, "target_state": "finished", "expected_revision": -1,
@@ -705,9 +742,31 @@ def recovery_cases() -> list[Case]:
     cases.append(_case("recover", quarantined, replay, end + US, "replayed"))
     cases.append(_case("recover", quarantined, {**replay, "kind": "fail"}, end + US, "conflict"))
     cases.append(_case("recover", quarantined, {**replay, "command_id": BAD_ID}, end + US, "bad_command_id"))
+    # A stored result answers only a caller who may see it; a conflict is told only to one as well.
+    cases.append(_case("recover", quarantined, {**replay, "authority": _j(NO)}, end + US, "replayed_not_authorized"))
+    cases.append(_case("recover", quarantined, {**replay, "business_id": "b-2"}, end + US, "replayed_other_business"))
+    cases.append(_case("recover", quarantined, {**replay, "kind": "fail", "authority": _j(NO)}, end + US,
+                       "conflict_not_authorized"))
+    cases.append(_case("recover", quarantined, {**replay, "expected_revision": 1}, end + US, "conflict_other_revision"))
     suspended = w["suspended"]
     cases.append(_case("recover", suspended, request(suspended, "resume_suspended", next_node_id="check"), end,
                        "without_rationale"))
+    # The review decisions' checks after the state, in order: business, revision, authority.
+    for name in ("reconciliation_required", "suspended"):
+        world = w[name]
+        for kind in ("fail", "resume_suspended" if name == "suspended" else "resume_safe"):
+            extra = {"next_node_id": "check", "rationale": "nothing was sent"} if kind.startswith("resume") else {}
+            for label, changed in (
+                ("other_business", {"business_id": "b-2", "expected_revision": 1, "authority": _j(NO)}),
+                ("stale_revision", {"expected_revision": 1, "authority": _j(NO)}),
+                ("not_authorized", {"authority": _j(NO)}),
+            ):
+                cases.append(_case("recover", world, request(world, kind, **extra, **changed), end, f"{kind}_{label}"))
+    # A step_limit suspension (the dispatch row's last_error_code) can be failed, never resumed.
+    at_limit = w["suspended_at_step_limit"]
+    cases.append(_case("recover", at_limit, request(at_limit, "fail"), end, "fail"))
+    cases.append(_case("recover", at_limit, request(at_limit, "resume_suspended", next_node_id="check",
+                                                     rationale="the bound was raised"), end, "resume_suspended"))
     return [_tagged(case) for case in _unique(cases)]
 
 
