@@ -40,6 +40,14 @@ from .protocol import WaitSpec
 
 MAX_CORRELATION: Final = 16
 MAX_VALUE_LENGTH: Final = 256
+RESERVED_EVENT_TYPE_PREFIX: Final = "fencekeeper."
+"""Event Types the kernel's own waits use (an approval request waits on ``fencekeeper.approval``).
+
+Only a reviewer's authorized Decision may wake such a wait (seed 000,
+request_approval: 'An approval resolution must be an authorized governed
+Decision'; 'Unauthorized ... decisions do not wake the execution'), so no
+published Event may carry one of these types: it would match the wait's
+exact type and predicate and wake it with no decision at all."""
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
 
@@ -116,6 +124,11 @@ class Event:
         for field, given in (("event_id", event_id), ("business_id", business_id), ("event_type", event_type)):
             if not isinstance(given, str) or not _ID.fullmatch(given):
                 raise EventError(f"{field}: malformed identifier {shown(given)}")
+        if event_type.startswith(RESERVED_EVENT_TYPE_PREFIX):
+            raise EventError(
+                f"event_type: {shown(event_type)} is reserved: types beginning {RESERVED_EVENT_TYPE_PREFIX!r} "
+                "are the kernel's own waits, which only an authorized decision wakes"
+            )
         if not isinstance(correlation, Mapping):
             raise EventError("correlation: must be an object of name -> value")
         if not correlation:
@@ -175,6 +188,7 @@ def projection(spec: WaitSpec, event: Event) -> tuple[tuple[str, str], ...]:
 __all__ = [
     "MAX_CORRELATION",
     "MAX_VALUE_LENGTH",
+    "RESERVED_EVENT_TYPE_PREFIX",
     "Event",
     "EventError",
     "correlation_value",

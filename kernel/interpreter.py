@@ -69,7 +69,7 @@ from .definition import (
     integer_text,
     reads,
 )
-from .events import correlation_value, json_problem
+from .events import RESERVED_EVENT_TYPE_PREFIX, correlation_value, json_problem
 from .evidence import Evidence
 from .expr import INTEGER_MAX, INTEGER_MIN, Truth, evaluate
 from .machines import AttemptEvent, AttemptState, ExecutionState
@@ -77,8 +77,9 @@ from .protocol import MAX_RATIONALE, STEP_LIMIT, Authority, Execution, StepRecor
 from .text import first_problem
 from .text import problem as text_problem
 
-APPROVAL_EVENT_TYPE: Final = "fencekeeper.approval"
-"""The Event Type an approval request's registration waits on; Decisions wake it (reason ``decision``)."""
+APPROVAL_EVENT_TYPE: Final = RESERVED_EVENT_TYPE_PREFIX + "approval"
+"""The Event Type an approval request's registration waits on; only Decisions wake it (reason ``decision``):
+no Event may be published with a reserved type (``events.RESERVED_EVENT_TYPE_PREFIX``)."""
 
 EXECUTION_INPUT: Final = "ExecutionInput"
 COMMAND: Final = "Command"

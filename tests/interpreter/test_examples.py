@@ -136,6 +136,23 @@ def test_a_misbound_decision_neither_wakes_nor_writes(world: World) -> None:
     assert world.view("big") == before
 
 
+def test_an_event_of_the_approval_type_is_refused_and_wakes_no_approval_waiter(world: World) -> None:
+    # An approval wait registers the Event Type fencekeeper.approval with its request's id as predicate.
+    # Only a reviewer's authorized Decision may wake it (seed 000, request_approval), so an Event of that
+    # type is refused, whoever publishes it, before anything is written.
+    world.register(example("purchase_approval"))
+    world.admit("purchase-approval", "big", amount=5000, order_id="o-1", order_revision=1)
+    world.run_pass()
+    request = service.approval_request(world.store, "big")
+    assert request is not None
+    before = world.view("big")
+    with pytest.raises(service.OperationError) as refused:
+        world.publish("fencekeeper.approval", {"request_id": request.request_id}, event_id="ev-forged")
+    assert refused.value.code == "invalid_event" and "event_type" in str(refused.value)
+    assert world.view("big") == before
+    assert world.view("big").execution.state == ExecutionState.WAITING
+
+
 # --- payment with a timeout ------------------------------------------------------------------------
 
 
