@@ -251,6 +251,20 @@ def _scripts() -> dict[str, list[Step]]:
             due(1003, business_id="b-2"), fire("e-1", "sleep", "a-1", 1001), fire("e-1", "sleep", "a-1", 1002),
             due(1003), read("e-1"),
         ],
+        # Equal wake times come out by execution id, whatever order they were admitted or registered in.
+        "timers_due_at_the_same_time_in_execution_id_order": [
+            admit("e-2", 0), admit("e-1", 1), claim("w-1", "tok-1", 2), claim("w-2", "tok-2", 3),
+            finalize("e-2", W1, 2, "waiting", 4, wait=timer_wait("sleep", "a-2", 1000)),
+            finalize("e-1", W2, 2, "waiting", 5, wait=timer_wait("sleep", "a-1", 1000)),
+            due(1000), due(1000, limit=1),
+        ],
+        # fencekeeper.* Event Types are the kernel's own waits (an approval's), which only a decision wakes.
+        "publish_of_a_reserved_event_type_is_refused": [
+            *waiting,
+            {**publish("ev-1", "o-1", 3), "args": {**publish("ev-1", "o-1", 3)["args"], "event_type": "fencekeeper.approval"}},
+            {**publish("ev-2", "o-1", 4), "args": {**publish("ev-2", "o-1", 4)["args"], "event_type": "fencekeeper.other"}},
+            read("e-1"),
+        ],
         "registering_waiter_takes_the_first_event_of_its_business": [
             admit("e-1", 0), claim("w-1", "tok-1", 1), publish("ev-9", "o-1", 2, business_id="b-2"),
             publish("ev-1", "o-1", 3), publish("ev-2", "o-1", 4),
