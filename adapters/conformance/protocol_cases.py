@@ -90,6 +90,10 @@ FAR_WAIT = p.WaitSpec(
     "await", "a-5", "payment.received", (("order_id", "o-1"),), wake_after=timedelta(days=999_999_999),
     timeout=True, continuations=(("event", "done"), ("timeout", "rejected")),
 )
+APPROVAL_WAIT = p.WaitSpec(
+    "ask", "a-6", "fencekeeper.approval", (("request_id", "a-6/approval"),), wake_after=timedelta(hours=1),
+    timeout=True, continuations=(("approved", "place"), ("rejected", "rejected"), ("timeout", "rejected")),
+)
 TIMEOUT_WAIT = p.WaitSpec(
     "await", "a-4", "payment.received", (("order_id", "o-1"),), wake_after=timedelta(seconds=5, microseconds=3),
     timeout=True, continuations=(("event", "done"), ("timeout", "rejected")),
@@ -130,7 +134,8 @@ def worlds() -> dict[str, World]:
         p.claim(released.execution, released.dispatch, p.ClaimRequest("w-2", "tok-2", LEASE), T0 + 3 * US),
     )
     out[reclaimed.name] = reclaimed
-    for target, spec in (("waiting", EVENT_WAIT), ("waiting_timer", TIMER_WAIT), ("waiting_timeout", TIMEOUT_WAIT)):
+    for target, spec in (("waiting", EVENT_WAIT), ("waiting_timer", TIMER_WAIT), ("waiting_timeout", TIMEOUT_WAIT),
+                         ("waiting_approval", APPROVAL_WAIT)):
         w = _apply(
             running, target,
             p.finalize(running.execution, running.dispatch, _finalize_request(running, "waiting", wait=spec), T0 + 5 * US),
@@ -510,6 +515,28 @@ def _wake_cases(w: dict[str, World]) -> list[Case]:
         other = "timeout" if reason == "timer" else "timer"
         cases.append(_case("wake", world, {**timer, "reason": other}, due, f"as_{other}"))
     cases.append(_case("wake", w["waiting_timer"], {**event_wake, "key": _j(_timer_key(w))}, now, "event_on_timer"))
+    # A decision selects the continuation its determination names; without one the execution stays at the node.
+    approval = w["waiting_approval"]
+    assert approval.registration is not None
+    decision_wake = _request_json(
+        p.WakeRequest(approval.registration.key, p.WakeReason.DECISION, "d-1", B, OK, "fencekeeper.approval",
+                      (("request_id", "a-6/approval"),), "approved")
+    )
+    for label, changed in (
+        ("approved", {}),
+        ("rejected", {"outcome": "rejected"}),
+        ("without_outcome", {"outcome": None}),
+        ("other_request", {"correlation": [["request_id", "a-9/approval"]]}),
+    ):
+        cases.append(_case("wake", approval, {**decision_wake, **changed}, now, f"decision_{label}"))
+    cases.append(_case("wake", w["waiting_timer"], {**decision_wake, "key": _j(_timer_key(w))}, now,
+                       "decision_on_timer"))
+    # The registration the wake names must be given, open: none, or one already closed, wakes nothing.
+    cases.append(_case("wake", attrs.evolve(waiting, name="waiting_without_registration", registration=None),
+                       event_wake, now, "event"))
+    closed = attrs.evolve(waiting.registration, closed_by="cancel")
+    cases.append(_case("wake", attrs.evolve(waiting, name="waiting_registration_closed", registration=closed),
+                       event_wake, now, "event"))
     # The registration handed over with a wake must be the one it names: an earlier attempt's never answers for it.
     earlier = attrs.evolve(waiting.registration, key=attrs.evolve(waiting.registration.key, attempt_id="a-0"))
     for label, registration in (
