@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -21,7 +21,8 @@ from fencekeeper.adapters.store import Backend, _Written, definition_object_id
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.definition import from_json, parse_definition, to_json
+from fencekeeper.kernel.definition import Definition, from_json, parse_definition, to_json
+from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import ExecutionState
 
 from .conftest import BUSINESS, EXAMPLES, MANAGER, OPS, RUNNER, World, example
@@ -423,3 +424,92 @@ def test_a_wait_on_a_long_correlation_value_still_commits_its_registration(world
     assert len(view.history[-1].reason) == p.MAX_RATIONALE
     (registration,) = view.registrations
     assert registration.spec.correlation == (("order_id", order_id),)
+
+
+# --- reasons the stores never reach on their own: planned from the context a store would read -------------------
+
+WAITER = """
+id = "waiter"
+revision = 1
+start = "poll"
+inputs = ["order_id"]
+
+[[nodes]]
+id = "poll"
+kind = "local_command"
+revision = 1
+operation = "job.poll"
+next = "await"
+on_failure = "await"
+
+[[nodes]]
+id = "await"
+kind = "wait_for_event"
+revision = 1
+event_type = "payment.received"
+correlation = { order_id = { from = "input.order_id" }, ref = { from = "poll.ref" } }
+next = "done"
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+"""
+
+def _planned(node_id: str, *, definition: Definition | None, inputs: dict[str, object],
+             outputs: dict[str, dict[str, object]], unsettled: tuple[Evidence, ...] = ()) -> i.Plan:
+    execution = p.Execution("e-1", BUSINESS, ExecutionState.RUNNING, 3, "waiter", 1, node_id, 1, 1)
+    ctx = i.Context(execution, definition, RUNNER, inputs, outputs, unsettled)
+    return i.plan_visit(
+        ctx, datetime(2026, 3, 1, 12, 0, 0, 123457, tzinfo=UTC), worker_id="w-1", fence=1,
+        node_authority=p.Authority(True, RUNNER),
+    )
+
+
+def test_a_pinned_revision_that_cannot_be_found_suspends_definition_not_pinned() -> None:
+    plan = _planned("poll", definition=None, inputs={"order_id": "o-1"}, outputs={})
+    assert isinstance(plan, i.Finish) and plan.target == ExecutionState.SUSPENDED
+    assert plan.error_code == "definition_not_pinned"
+    # The visit is still recorded, as a rejected attempt, and counted.
+    assert plan.step is not None and [e.state for e in plan.evidence] == ["pending", "failed"]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs"),
+    [
+        ({"order_id": "o-1"}, {}),  # poll.ref: poll never completed
+        ({"order_id": "o-1"}, {"poll": {"ref": 1.5}}),  # a decimal has no canonical correlation string
+        ({"order_id": "o-1"}, {"poll": {"ref": None}}),
+        ({"order_id": "o-1"}, {"poll": {"ref": ["r-1"]}}),
+    ],
+    ids=["missing", "decimal", "null", "array"],
+)
+def test_a_correlation_without_a_comparable_value_suspends_unresolved_binding(
+    inputs: dict[str, object], outputs: dict[str, dict[str, object]]
+) -> None:
+    definition = parse_definition(WAITER, "waiter.toml")
+    plan = _planned("await", definition=definition, inputs=inputs, outputs=outputs)
+    assert isinstance(plan, i.Finish) and plan.target == ExecutionState.SUSPENDED
+    assert plan.error_code == "unresolved_binding" and "ref" in plan.reason
+    assert plan.wait is None
+
+
+def test_a_correlation_of_strings_integers_and_booleans_registers_their_canonical_strings() -> None:
+    definition = parse_definition(WAITER, "waiter.toml")
+    for value, text in (("r-1", "r-1"), (-12, "-12"), (True, "true"), (False, "false")):
+        plan = _planned("await", definition=definition, inputs={"order_id": "o-1"}, outputs={"poll": {"ref": value}})
+        assert isinstance(plan, i.Finish) and plan.wait is not None
+        assert plan.wait.correlation == (("order_id", "o-1"), ("ref", text))
+
+
+def test_a_command_node_with_an_unsettled_earlier_attempt_issues_nothing_and_goes_to_review() -> None:
+    definition = parse_definition(WAITER, "waiter.toml")
+    earlier = _planned("poll", definition=definition, inputs={"order_id": "o-1"}, outputs={})
+    assert isinstance(earlier, i.Invoke)
+    interrupted = earlier.attempt
+    plan = _planned("poll", definition=definition, inputs={"order_id": "o-1"}, outputs={}, unsettled=(interrupted,))
+    assert isinstance(plan, i.Finish) and plan.target == ExecutionState.RECONCILIATION_REQUIRED
+    assert plan.error_code == "command_unsettled"
+    # Nothing of this visit is written: no attempt, no Command, no step.
+    assert plan.step is None and plan.evidence == ()
