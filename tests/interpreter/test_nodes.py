@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,6 +22,7 @@ from fencekeeper.adapters.store import Backend, _Written, definition_object_id
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.attempts import attempt_id
 from fencekeeper.kernel.definition import Definition, from_json, parse_definition, to_json
 from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import ExecutionState
@@ -513,3 +515,19 @@ def test_a_command_node_with_an_unsettled_earlier_attempt_issues_nothing_and_goe
     assert plan.error_code == "command_unsettled"
     # Nothing of this visit is written: no attempt, no Command, no step.
     assert plan.step is None and plan.evidence == ()
+
+
+@pytest.mark.parametrize(("length", "revision"), [(10, 7), (125, 7), (126, 7), (128, 7), (128, 12345)])
+def test_an_attempt_identity_is_spelt_as_the_spec_spells_it(length: int, revision: int) -> None:
+    # specs/interpreter.md, Step attempts: '<execution>/a<revision>', or past 128 characters the first 98 of
+    # the execution id, '/a<revision>', '.' and the first 24 lower-case hex digits of the long form's
+    # SHA-256, cut at 128.  Another engine must spell it alike: it is the identity every record names.
+    execution_id = ("e-" + "x" * 200)[:length]
+    execution = p.Execution(execution_id, BUSINESS, ExecutionState.RUNNING, revision, "loop", 1, "poll", 0, 1)
+    long_form = f"{execution_id}/a{revision}"
+    if len(long_form) <= 128:
+        expected = long_form
+    else:
+        digest = hashlib.sha256(long_form.encode("utf-8")).hexdigest()[:24]
+        expected = f"{execution_id[:98]}/a{revision}.{digest}"[:128]
+    assert attempt_id(execution) == expected and len(expected) <= 128
