@@ -433,6 +433,8 @@ def _finalize_cases(w: dict[str, World]) -> list[Case]:
         ("timer_wait", {"target_state": "waiting", "wait": _j(TIMER_WAIT)}),
         ("relative_timeout_wait", {"target_state": "waiting", "wait": _j(TIMEOUT_WAIT)}),
         ("without_step", {"step": None}),
+        # The final step moves current_node_id to the continuation it names, as record_step does.
+        ("step_with_next", {"step": {"node_id": "check", "attempt_id": "a-1", "next_node_id": "done"}}),
         ("error_code", {"target_state": "failed", "error_code": "order_rejected"}),
         ("reason_at_the_bound", {"target_state": "failed", "reason": "r" * p.MAX_RATIONALE}),
         ("reason_over_the_bound", {"target_state": "failed", "reason": "r" * (p.MAX_RATIONALE + 1)}),
