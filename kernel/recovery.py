@@ -388,14 +388,14 @@ def _decided(
 
 
 def _resume_eligible_at(dispatch: Dispatch, now: datetime) -> datetime:
-    """Recovered work keeps its place: it is queued at the time it first became eligible, not behind the backlog.
+    """Recovered work keeps its place: it is queued at the time it last became eligible, not behind the backlog.
 
     The dispatcher orders by eligible_at (seed 000, Dispatcher Pass).  An
     execution that an operator has just reviewed already waited its turn
     once; putting it behind everything admitted since would make recovery
-    take as long as the whole queue.  Its original eligible_at is never
-    later than now, so it is claimable at once and never jumps ahead of
-    work that was already waiting before it.
+    take as long as the whole queue.  It is taken as at most now (a store
+    clock may have stepped back below it), so it is claimable at once, and
+    it never jumps ahead of work that was already waiting before it.
     """
     return min(dispatch.eligible_at, now)
 

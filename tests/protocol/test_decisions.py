@@ -1196,7 +1196,7 @@ def test_resume_safe_with_the_whole_proof_makes_the_execution_claimable_under_a_
     decision = decided(recover(snap.execution, snap.dispatch, None, request, now))
     assert decision.execution is not None and decision.dispatch is not None
     assert decision.execution.state == ExecutionState.ELIGIBLE
-    # Recovered work keeps its place in the queue: its first eligible_at, not now.
+    # Recovered work keeps its place in the queue: the eligible_at its row holds, not now.
     assert decision.dispatch.dispatch_state == DispatchState.ELIGIBLE
     assert decision.dispatch.eligible_at == snap.dispatch.eligible_at < now
     assert decision.recovery is not None and decision.recovery.proof is not None
