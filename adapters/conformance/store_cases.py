@@ -186,6 +186,10 @@ def _scripts() -> dict[str, list[Step]]:
             admit("e-2", 0), admit("e-1", 1), claim("w-1", "tok-1", 2), read("e-1"), read("e-2"),
         ],
         "claim_nothing_due": [claim("w-1", "tok-1", 0)],
+        # Seed 000, Dispatcher Pass: 'ordered by eligible_at ASC, workflow_execution_id ASC'.
+        "claim_ties_on_eligible_at_by_execution_id": [
+            admit("e-2", 0), admit("e-1", 0), claim("w-1", "tok-1", 1), claim("w-2", "tok-2", 2),
+        ],
         "claim_scoped_to_business": [
             admit("e-1", 0, "b-1"), claim("w-1", "tok-1", 1, business_id="b-2"),
             claim("w-1", "tok-1", 2, business_id="b-1"), read("e-1"),
