@@ -217,11 +217,14 @@ NAIVE = "2026-03-01T12:00:00.123457"
 OFFSET = "2026-03-01T13:00:00.123457+01:00"
 
 
-def _case(decision: str, world: World, request: Any, now: Any, label: str) -> Case:
+def _case(decision: str, world: World, request: Any, now: Any, label: str, *, facts: Any = None) -> Case:
     rows: dict[str, Any] = {
         "execution": wire.execution(world.execution),
         "dispatch": wire.dispatch(world.dispatch),
     }
+    if facts is not None:
+        # Cases 2.9.0: the evidence and pinned definition a store holds for a recovery.
+        rows["facts"] = facts
     if decision == "admit" and world.name == "id_taken":
         # The identity already names another object (an evidence object): one space of identities.
         rows["id_taken"] = True
@@ -237,6 +240,8 @@ def _case(decision: str, world: World, request: Any, now: Any, label: str) -> Ca
         normative = ["outcome", "guard", "execution", "dispatch", "registration", "lease", "closes"]
         if decision == "recover":
             normative.append("recovery")
+        if facts is not None:
+            normative.append("objects")
     elif expected["outcome"] == "unchanged" and decision == "recover":
         normative = ["outcome", "code", "record"]
     elif expected["outcome"] == "unchanged":
@@ -796,7 +801,87 @@ def recovery_cases() -> list[Case]:
     cases.append(_case("recover", at_limit, request(at_limit, "fail"), end, "fail"))
     cases.append(_case("recover", at_limit, request(at_limit, "resume_suspended", next_node_id="check",
                                                      rationale="the bound was raised"), end, "resume_suspended"))
+    cases.extend(_recovery_fact_cases(w, request))
     return [_tagged(case) for case in _unique(cases)]
+
+
+# A pinned definition holding the node the worlds stand at ("check") and its continuation.
+_PINNED = {
+    "id": "purchase", "revision": 1, "start": "check", "inputs": [],
+    "nodes": [
+        {"id": "check", "kind": "local_command", "revision": 1, "operation": "order.place", "targets": [],
+         "payload": {}, "next": "done", "on_failure": "done"},
+        {"id": "done", "kind": "end", "revision": 1, "outcome": "succeeded"},
+    ],
+}
+_ATTEMPT = "e-1/a5"
+_COMMAND = "e-1/a5/command"
+
+
+def _attempt(state: str, revision: int, **body: Any) -> dict[str, Any]:
+    return {"object_id": _ATTEMPT, "kind": "StepAttempt", "revision": revision, "state": state,
+            "body": {"attempt_id": _ATTEMPT, "execution_id": "e-1", "node_id": "check", "node_kind": "local_command",
+                     "status": state, **body}}
+
+
+def _command(state: str, revision: int) -> dict[str, Any]:
+    return {"object_id": _COMMAND, "kind": "Command", "revision": revision, "state": state,
+            "body": {"command_id": _COMMAND, "attempt_id": _ATTEMPT, "execution_id": "e-1", "status": state}}
+
+
+def _facts(*evidence: dict[str, Any], definition: bool = True, submitted: tuple[dict[str, Any], ...] = ()) -> Any:
+    return {"evidence": list(evidence), "definition": _PINNED if definition else None, "submitted": list(submitted)}
+
+
+def _recovery_fact_cases(w: dict[str, World], request: Callable[..., dict[str, Any]]) -> list[Case]:
+    """Recoveries decided on the store's facts (cases 2.9.0): what a resume and a settlement write.
+
+    The proof is the kernel's, from the evidence and the pinned definition (specs/protocol.md, Safe-resume
+    proof); each case breaks one fact, or shows what the decision writes when all hold.
+    """
+    review, suspended = w["reconciliation_required"], w["suspended"]
+    assert review.dispatch is not None
+    later = review.dispatch.eligible_at + timedelta(seconds=90)
+    resume = {"next_node_id": "check", "rationale": "the visit issued no Command"}
+    pending = _attempt("pending", 1)
+    unknown_attempt = _attempt("unknown", 3, command_id=_COMMAND)
+    quarantined = _attempt("reconciliation_required", 3, command_id=_COMMAND)
+    applied = _attempt("completed", 4, command_id=_COMMAND, next_node_id="done")
+    settled = (_command("succeeded", 3), _attempt("completed", 4, command_id=_COMMAND, next_node_id="done"))
+    cases: list[Case] = []
+    for label, kind, changes, facts, now in (
+        # No attempt at the node: the node itself may be entered again, as a new attempt.
+        ("no_evidence", "resume_safe", resume, _facts(), later),
+        # The store's clock below the row's eligible_at: the resume queues at now, claimable at once.
+        ("clock_behind_eligible_at", "resume_safe", resume, _facts(), review.dispatch.eligible_at - timedelta(seconds=1)),
+        # An attempt that never issued its Command is settled as not applied by the resume itself.
+        ("inert_attempt", "resume_safe", resume, _facts(pending), later),
+        ("inert_attempt_at_its_continuation", "resume_safe", {**resume, "next_node_id": "done"}, _facts(pending), later),
+        ("unknown_command", "resume_safe", resume, _facts(unknown_attempt, _command("unknown", 2)), later),
+        ("issued_command", "resume_safe", resume, _facts(quarantined, _command("issued", 1)), later),
+        ("applied_then_reentered", "resume_safe", resume, _facts(applied, _command("succeeded", 3)), later),
+        ("applied_then_continued", "resume_safe", {**resume, "next_node_id": "done"},
+         _facts(applied, _command("succeeded", 3)), later),
+        ("definition_not_registered", "resume_safe", resume, _facts(definition=False), later),
+        ("node_not_in_definition", "resume_safe", {**resume, "next_node_id": "elsewhere"}, _facts(), later),
+        ("without_continuation", "resume_safe", {"rationale": "the visit issued no Command"}, _facts(), later),
+        ("without_rationale", "resume_safe", {"next_node_id": "check"}, _facts(), later),
+        # A settlement: the quarantined visit counts its step here; one its handler left unknown was counted.
+        ("quarantined_visit_settled", "reconcile_command", {"command_to_reconcile": _COMMAND},
+         _facts(quarantined, _command("unknown", 2), submitted=settled), later),
+        ("unknown_visit_settled", "reconcile_command", {"command_to_reconcile": _COMMAND},
+         _facts(unknown_attempt, _command("unknown", 2), submitted=settled), later),
+        ("settlement_still_unknown", "reconcile_command", {"command_to_reconcile": _COMMAND},
+         _facts(quarantined, _command("unknown", 2)), later),
+        ("command_already_settled", "reconcile_command", {"command_to_reconcile": _COMMAND},
+         _facts(applied, _command("succeeded", 3), submitted=settled), later),
+    ):
+        cases.append(_case("recover", review, request(review, kind, **changes), wire.time_text(now), f"facts/{label}",
+                           facts=facts))
+    for label, changes in (("at_its_node", resume), ("elsewhere", {**resume, "next_node_id": "done"})):
+        cases.append(_case("recover", suspended, request(suspended, "resume_suspended", **changes),
+                           wire.time_text(later), f"facts/{label}", facts=_facts()))
+    return cases
 
 
 def _recover_outcome(world: World, request: dict[str, Any], now: datetime) -> p.Outcome:

@@ -19,11 +19,13 @@ Rules of this module (specs/conformance.md, "Values"):
 from __future__ import annotations
 
 import contextlib
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import from_json, to_json
 from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 from fencekeeper.kernel.recovery import RecoveryFacts, recover
@@ -438,11 +440,42 @@ def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
     elif decision == "recover":
         result = recover(
             execution_row, dispatch_row, parse_recovery_record(rows.get("recovery")), parsed, at,
-            facts=RecoveryFacts(),
+            facts=parse_facts(rows.get("facts")),
         )
+        if "facts" in rows:
+            # Cases 2.9.0: with the store's facts a resume settles attempts itself; what it writes of
+            # them is compared by identity, revision and state (a settlement's detail is text).
+            written = outcome(result)
+            if isinstance(result, p.Decision):
+                written["objects"] = [
+                    {"object_id": o.object_id, "kind": o.kind, "revision": o.revision, "state": o.state}
+                    for o in result.objects
+                ]
+            return written
     else:
         raise WireError(f"unknown decision {decision!r}")
     return outcome(result)
+
+
+def facts(value: RecoveryFacts) -> Json:
+    """The store's facts a recovery decides on (cases 2.9.0): evidence, the pinned definition, the submission."""
+    return {
+        "evidence": [evidence(item) for item in value.evidence],
+        "definition": None if value.definition is None else json.loads(to_json(value.definition)),
+        "submitted": [evidence(item) for item in value.submitted],
+    }
+
+
+def parse_facts(data: Json) -> RecoveryFacts:
+    """The facts of a ``recover`` case; a case without them is a store that holds nothing."""
+    if data is None:
+        return RecoveryFacts()
+    definition = data.get("definition")
+    return RecoveryFacts(
+        evidence=tuple(parse_evidence(item) for item in data.get("evidence", [])),  # type: ignore[misc]
+        definition=None if definition is None else from_json(json.dumps(definition)),
+        submitted=tuple(parse_evidence(item) for item in data.get("submitted", [])),  # type: ignore[misc]
+    )
 
 
 EVENTS = tuple(e.value for e in ExecutionEvent)
