@@ -856,6 +856,7 @@ def _recovery_fact_cases(w: dict[str, World], request: Callable[..., dict[str, A
         ("clock_behind_eligible_at", "resume_safe", resume, _facts(), review.dispatch.eligible_at - timedelta(seconds=1)),
         # An attempt that never issued its Command is settled as not applied by the resume itself.
         ("inert_attempt", "resume_safe", resume, _facts(pending), later),
+        ("inert_quarantined_attempt", "resume_safe", resume, _facts(_attempt("reconciliation_required", 3)), later),
         ("inert_attempt_at_its_continuation", "resume_safe", {**resume, "next_node_id": "done"}, _facts(pending), later),
         ("unknown_command", "resume_safe", resume, _facts(unknown_attempt, _command("unknown", 2)), later),
         ("issued_command", "resume_safe", resume, _facts(quarantined, _command("issued", 1)), later),
