@@ -223,7 +223,7 @@ def _case(decision: str, world: World, request: Any, now: Any, label: str, *, fa
         "dispatch": wire.dispatch(world.dispatch),
     }
     if facts is not None:
-        # Cases 2.9.0: the evidence and pinned definition a store holds for a recovery.
+        # Cases 2.10.0: the evidence and pinned definition a store holds for a recovery.
         rows["facts"] = facts
     if decision == "admit" and world.name == "id_taken":
         # The identity already names another object (an evidence object): one space of identities.
@@ -834,7 +834,7 @@ def _facts(*evidence: dict[str, Any], definition: bool = True, submitted: tuple[
 
 
 def _recovery_fact_cases(w: dict[str, World], request: Callable[..., dict[str, Any]]) -> list[Case]:
-    """Recoveries decided on the store's facts (cases 2.9.0): what a resume and a settlement write.
+    """Recoveries decided on the store's facts (cases 2.10.0): what a resume and a settlement write.
 
     The proof is the kernel's, from the evidence and the pinned definition (specs/protocol.md, Safe-resume
     proof); each case breaks one fact, or shows what the decision writes when all hold.

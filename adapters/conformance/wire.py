@@ -443,7 +443,7 @@ def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
             facts=parse_facts(rows.get("facts")),
         )
         if "facts" in rows:
-            # Cases 2.9.0: with the store's facts a resume settles attempts itself; what it writes of
+            # Cases 2.10.0: with the store's facts a resume settles attempts itself; what it writes of
             # them is compared by identity, revision and state (a settlement's detail is text).
             written = outcome(result)
             if isinstance(result, p.Decision):
@@ -458,7 +458,7 @@ def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
 
 
 def facts(value: RecoveryFacts) -> Json:
-    """The store's facts a recovery decides on (cases 2.9.0): evidence, the pinned definition, the submission."""
+    """The store's facts a recovery decides on (cases 2.10.0): evidence, the pinned definition, the submission."""
     return {
         "evidence": [evidence(item) for item in value.evidence],
         "definition": None if value.definition is None else json.loads(to_json(value.definition)),
