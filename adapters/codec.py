@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import threading
 from datetime import UTC, datetime
 from typing import Any
@@ -77,6 +78,31 @@ _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]+|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\{\}|\[\]")
+
+
+def nests_deeper(text: str, levels: int) -> bool:
+    """Whether the JSON ``text`` nests objects and arrays more than ``levels`` deep; without decoding it.
+
+    ``json.loads`` follows nesting on the interpreter's stack, so text nested
+    near the recursion limit decodes in one call and raises RecursionError in
+    a deeper one: a store asks this first of text it did not bound itself
+    (an Event published before payloads were).  Text with no more brackets
+    than ``levels`` is answered by counting them; otherwise strings are
+    dropped, then the innermost pairs, once a level, in C.
+    """
+    if text.count("{") + text.count("[") <= levels:
+        return False
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    for _ in range(levels):
+        brackets = _INNERMOST.sub("", brackets)
+        if not brackets:
+            return False
+    return True
 
 
 class _Revisions:

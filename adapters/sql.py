@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import attrs
 
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.events import Event, matches
+from fencekeeper.kernel.events import MAX_PAYLOAD_DEPTH, WITHHELD_DEEP, Event, matches
 from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 from . import codec
@@ -705,12 +705,17 @@ class SqlBackend(Backend):
         return True
 
     def _event_from(self, row: Sequence[Any]) -> Event:
+        # An Event published before payloads were bounded may nest past what json.loads follows on a
+        # worker's stack: left unread, and said so (kernel/events.py, wake_outputs), rather than a
+        # RecursionError on every visit that looks for it.
+        withheld = WITHHELD_DEEP if codec.nests_deeper(row[4], MAX_PAYLOAD_DEPTH) else None
         return Event(
             event_id=row[0],
             business_id=row[1],
             event_type=row[2],
             correlation=tuple((n, v) for n, v in json.loads(row[3])),
-            payload=json.loads(row[4]),
+            payload={} if withheld is not None else json.loads(row[4]),
+            payload_withheld=withheld,
         )
 
     def load_event(self, event_id: str) -> Event | None:

@@ -44,7 +44,7 @@ import attrs
 from fencekeeper.kernel import approvals, attempts, recovery
 from fencekeeper.kernel import definition as d
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.events import Event, matches, projection
+from fencekeeper.kernel.events import Event, matches, projection, wake_outputs
 from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import ExecutionState
 
@@ -384,9 +384,10 @@ def definition_object_id(business_id: str, definition_id: str) -> str:
     return f"definition:{business_id}:{definition_id}"
 
 
-def _event_outputs(event: Event) -> dict[str, Any]:
-    """What a matched Event gives the nodes after the wait: its identity and payload."""
-    return {"event_id": event.event_id, **dict(event.payload)}
+def _completed_by_event(attempt: Evidence | None, event: Event) -> tuple[Evidence, ...]:
+    """The waiting attempt, completed by ``event``: what it gives the nodes after the wait (kernel ``wake_outputs``)."""
+    outputs, withheld = wake_outputs(event)
+    return attempts.completed_by_wake(attempt, p.WakeReason.EVENT.value, event.event_id, outputs, withheld)
 
 
 @attrs.frozen
@@ -704,9 +705,7 @@ def _finalized(
     if isinstance(woke, p.Decision):
         # The attempt's newest revision is in this very decision's evidence.
         latest = [item for item in evidence if item.object_id == registration.key.attempt_id]
-        completed = attempts.completed_by_wake(
-            latest[-1] if latest else None, p.WakeReason.EVENT.value, event.event_id, _event_outputs(event)
-        )
+        completed = _completed_by_event(latest[-1] if latest else None, event)
         _apply(tx, woke, completed, now)
     return _Written(outcome)
 
@@ -1262,7 +1261,7 @@ class TransactionalStore(abc.ABC):
                         now,
                     )
                 if isinstance(outcome, p.Decision):
-                    items = _wake_evidence(tx, registration.key, p.WakeReason.EVENT, event.event_id, _event_outputs(event))
+                    items = list(_completed_by_event(tx.load_evidence(registration.key.attempt_id), event))
                     _apply(tx, outcome, items, now)
                     woken.append(registration.key.execution_id)
             return _Written(PublishResult(event.event_id, False, tuple(woken)))

@@ -105,18 +105,27 @@ def settle(attempt: Evidence, *events: AttemptEvent, **outcome: Any) -> tuple[Ev
 
 
 def completed_by_wake(
-    attempt: Evidence | None, reason: str, source_id: str, outputs: Mapping[str, Any]
+    attempt: Evidence | None,
+    reason: str,
+    source_id: str,
+    outputs: Mapping[str, Any],
+    payload_withheld: str | None = None,
 ) -> tuple[Evidence, ...]:
     """The waiting attempt's completion, committed with the wake that ends its wait.
 
     A wait or approval attempt stays ``running`` while it waits; whatever
     wakes it (an Event, a Decision, a timeout) completes it, recording what
     woke it and the outputs later nodes may read.  Nothing for an attempt that
-    is not waiting (absent, or already settled).
+    is not waiting (absent, or already settled).  ``payload_withheld`` says
+    why an Event's payload is not among the outputs
+    (:func:`~fencekeeper.kernel.events.wake_outputs`); the wake records it.
     """
     if attempt is None or attempt.state != AttemptState.RUNNING.value:
         return ()
-    return (advance(attempt, AttemptEvent.COMPLETE, wake={"reason": reason, "source_id": source_id}, outputs=dict(outputs)),)
+    wake = {"reason": reason, "source_id": source_id}
+    if payload_withheld is not None:
+        wake["payload_withheld"] = payload_withheld
+    return (advance(attempt, AttemptEvent.COMPLETE, wake=wake, outputs=dict(outputs)),)
 
 
 __all__ = [

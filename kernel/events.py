@@ -22,6 +22,13 @@ Rules of this module:
   lone surrogate: kernel/text.py); :meth:`Event.build` refuses it naming the
   field, so that SQLite and PostgreSQL agree.  Its payload is JSON that reads
   back equal (no NaN, string keys only), so a republication is idempotent.
+- A payload is bounded as an object input is (kernel/definition.py): at
+  most :data:`MAX_PAYLOAD_DEPTH` levels and :data:`MAX_PAYLOAD_JSON`
+  characters as compact JSON.  A matching payload becomes the wait node's
+  outputs, which every later revision of the attempt carries again, and a
+  payload nested past the recursion limit could be published but not read
+  back by a worker.  The bound is one of publication: an Event stored
+  before it keeps waking its waiters (:func:`wake_outputs`).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import attrs
 
 from . import text
 from .common import shown
+from .definition import MAX_INPUT_DEPTH, MAX_INPUT_JSON
 from .protocol import WaitSpec
 
 MAX_CORRELATION: Final = 16
@@ -48,6 +56,10 @@ request_approval: 'An approval resolution must be an authorized governed
 Decision'; 'Unauthorized ... decisions do not wake the execution'), so no
 published Event may carry one of these types: it would match the wait's
 exact type and predicate and wake it with no decision at all."""
+MAX_PAYLOAD_JSON: Final = MAX_INPUT_JSON
+"""The longest a payload may be, as compact JSON text: the bound of an object input, whose place it takes."""
+MAX_PAYLOAD_DEPTH: Final = MAX_INPUT_DEPTH
+"""How deeply a payload may nest, the payload object itself the first level: the depth of an object input."""
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
 
@@ -76,7 +88,8 @@ def json_problem(value: object, field: str) -> tuple[str, str] | None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                return (f"{field}[{shown(key)}]", "keys must be strings")
+                # The object is the field at fault, and the key says which member: "lines[1]" read as an index.
+                return (field, f"has the key {shown(key)}, of type {type(key).__name__}; object keys must be strings")
             found = json_problem(item, text.member(field, key))
             if found is not None:
                 return found
@@ -88,6 +101,64 @@ def json_problem(value: object, field: str) -> tuple[str, str] | None:
                 return found
         return None
     return (field, f"is a {type(value).__name__}, which is not a JSON value")
+
+
+def payload_nests_deeper(payload: Mapping[str, Any]) -> bool:
+    """Whether ``payload`` nests deeper than :data:`MAX_PAYLOAD_DEPTH` levels (itself the first); without recursion."""
+    return _walk(payload, measure=False) is not None
+
+
+def payload_bound_problem(payload: Mapping[str, Any]) -> str | None:
+    """Whether ``payload`` nests deeper than :data:`MAX_PAYLOAD_DEPTH` or is surely longer than :data:`MAX_PAYLOAD_JSON`.
+
+    Walked level by level without recursion, before anything that recurses
+    (:func:`json_problem`, encoding), so that a payload nested 100,000
+    levels deep, or containing itself, is refused here rather than raising
+    RecursionError.  The length counted is a lower bound of its compact
+    JSON (every string with its quotes, every other value one character),
+    so a 50 MB string is refused without being encoded, and a value shared
+    many times over is refused before its encoding could grow past memory;
+    :meth:`Event.build` measures the exact text once this passes.
+    """
+    return _walk(payload, measure=True)
+
+
+def _walk(payload: Mapping[str, Any], *, measure: bool) -> str | None:
+    level: list[object] = [payload]
+    depth = 0
+    least = 0
+    while level:
+        depth += 1
+        if depth > MAX_PAYLOAD_DEPTH:
+            return f"nests deeper than {MAX_PAYLOAD_DEPTH} levels"
+        below: list[object] = []
+        for container in level:
+            least += 2
+            if isinstance(container, Mapping):
+                for key in container:
+                    least += (len(key) if isinstance(key, str) else 1) + 3
+                items: Any = container.values()
+            else:
+                items = container
+            for item in items:
+                if isinstance(item, str):
+                    least += len(item) + 2
+                elif isinstance(item, Mapping | list | tuple):
+                    below.append(item)
+                else:
+                    least += 1
+                if measure and least > MAX_PAYLOAD_JSON:
+                    return _TOO_LONG
+        # A value shared many times over is one container to a depth question: without this, a payload
+        # built in memory (never one read from JSON text) could make each level twice as long as the last.
+        level = below if measure else list({id(item): item for item in below}.values())
+    return None
+
+
+_TOO_LONG: Final = f"is longer than {MAX_PAYLOAD_JSON} characters as compact JSON"
+
+# Compact, as an object input is measured; allow_nan=False as a last word on NaN, which json_problem refuses first.
+_PAYLOAD_JSON: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def correlation_value(value: object) -> str:
@@ -110,6 +181,9 @@ class Event:
     event_type: str
     correlation: tuple[tuple[str, str], ...]
     payload: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+    payload_withheld: str | None = attrs.field(default=None, eq=False, hash=False)
+    """Why ``payload`` is empty although the stored Event has one, or None: a store reading an Event
+    published before the bound (:data:`WITHHELD_DEEP`) leaves a payload it could not read safely unread."""
 
     @classmethod
     def build(
@@ -153,22 +227,66 @@ class Event:
             pairs.append((name, value_text))
         if payload is not None and not isinstance(payload, Mapping):
             raise EventError("payload: must be an object")
-        found = json_problem(payload or {}, "payload") or text.first_problem(payload or {}, "payload")
+        payload = payload or {}
+        bound = payload_bound_problem(payload)
+        if bound is not None:
+            raise EventError(f"payload: {bound}")
+        found = json_problem(payload, "payload") or text.first_problem(payload, "payload")
         if found is not None:
             raise EventError(f"{found[0]}: {found[1]}")
+        try:
+            written = _PAYLOAD_JSON.encode(dict(payload))
+        except (TypeError, ValueError) as exc:
+            # What the checks above let through and JSON still cannot write: a Mapping that is no dict
+            # nested inside, an integer longer than Python writes.
+            raise EventError(f"payload: cannot be written as JSON: {shown(str(exc))}") from None
+        if len(written) > MAX_PAYLOAD_JSON:
+            raise EventError(f"payload: {_TOO_LONG}")
         # The payload as a store reads it back (a tuple is a list), so that publishing the same Event
         # again compares equal to the kept one and is a duplicate, not a conflict.
-        kept = json.loads(json.dumps(payload or {}, ensure_ascii=False))
+        kept = json.loads(written)
         return cls(event_id, business_id, event_type, tuple(sorted(pairs)), kept)
 
     def same_content(self, other: Event) -> bool:
         """Whether a second publication with this identity is the same Event (then it is idempotent)."""
-        return (self.business_id, self.event_type, self.correlation, dict(self.payload)) == (
+        return (self.business_id, self.event_type, self.correlation, dict(self.payload), self.payload_withheld) == (
             other.business_id,
             other.event_type,
             other.correlation,
             dict(other.payload),
+            other.payload_withheld,
         )
+
+
+WITHHELD_DEEP: Final = (
+    f"the Event's payload nests deeper than {MAX_PAYLOAD_DEPTH} levels (published before payloads were bounded); "
+    "it stays on the Event and is not read into the attempt"
+)
+"""Why a wake carries no payload from a stored Event nested past the bound (:func:`wake_outputs`)."""
+
+
+def wake_outputs(event: Event) -> tuple[dict[str, Any], str | None]:
+    """What a matched Event gives the nodes after the wait, and why its payload was withheld (or None).
+
+    The outputs are the Event's identity and its payload.  Publication
+    bounds a payload (:meth:`Event.build`), but an Event stored before it
+    was may hold anything a store kept: a long payload is carried as
+    before, and one nested deeper than :data:`MAX_PAYLOAD_DEPTH` is not.
+    Carried into the attempt, every later read of the execution's evidence
+    would have to follow it, and near the recursion limit a worker could
+    not, so it failed on every visit.  Its waiter still wakes; the outputs
+    hold the Event's identity only, and the reason is recorded on the
+    attempt, so that a node reading a member of it finds a missing binding
+    (an explicit review), never a crash.  The answer is the same on every
+    store: a database does not decode such a payload (``payload_withheld``)
+    and the in-memory store's is measured here.
+    """
+    withheld = event.payload_withheld
+    if withheld is None and payload_nests_deeper(event.payload):
+        withheld = WITHHELD_DEEP
+    if withheld is not None:
+        return {"event_id": event.event_id}, withheld
+    return {"event_id": event.event_id, **dict(event.payload)}, None
 
 
 def matches(spec: WaitSpec, business_id: str, event: Event) -> bool:
@@ -187,12 +305,18 @@ def projection(spec: WaitSpec, event: Event) -> tuple[tuple[str, str], ...]:
 
 __all__ = [
     "MAX_CORRELATION",
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_PAYLOAD_JSON",
     "MAX_VALUE_LENGTH",
     "RESERVED_EVENT_TYPE_PREFIX",
+    "WITHHELD_DEEP",
     "Event",
     "EventError",
     "correlation_value",
     "json_problem",
     "matches",
+    "payload_bound_problem",
+    "payload_nests_deeper",
     "projection",
+    "wake_outputs",
 ]

@@ -68,7 +68,7 @@ UNSTORABLE: list[tuple[str, i.CommandResult, str]] = [
     ("outputs key surrogate", i.CommandResult(SUCCEEDED, None, "", {"\udc00": 1}), "outputs key '\\udc00': contains an unpaired"),
     ("outputs NaN", i.CommandResult(SUCCEEDED, None, "", {"rate": math.nan}), "outputs.rate: must be a finite number"),
     ("outputs infinity", i.CommandResult(SUCCEEDED, None, "", {"rate": -math.inf}), "outputs.rate: must be a finite number"),
-    ("outputs int key", i.CommandResult(SUCCEEDED, None, "", {"lines": {1: "a"}}), "outputs.lines[1]: keys must be strings"),
+    ("outputs int key", i.CommandResult(SUCCEEDED, None, "", {"lines": {1: "a"}}), "outputs.lines: has the key 1, of type int; object keys must be strings"),
     ("outputs object", i.CommandResult(SUCCEEDED, None, "", {"order": Opaque()}), "outputs.order: is a Opaque"),
     ("outputs set", i.CommandResult(SUCCEEDED, None, "", {"ids": {1, 2}}), "outputs.ids: is a set"),
     ("outputs huge", i.CommandResult(SUCCEEDED, None, "", {"blob": HUGE}), "outputs: is 65548 characters long as JSON"),
