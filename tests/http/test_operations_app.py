@@ -320,6 +320,54 @@ def test_a_body_over_the_limit_is_413_and_unread(app: tuple[TestClient, Path]) -
     assert dump(db) == before
 
 
+EVENT = b'{"type": "payment.received", "correlation": {"order_id": "o-1"}, "payload": '
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "problem"),
+    [
+        # Inside the 1 MiB body, past the payload's bound: malformed, as an object input past its own is.
+        (
+            b'{"blob": "' + b"x" * 65_526 + b'"}',
+            422,
+            {"code": "invalid_event", "field": "event",
+             "message": "event: payload: is longer than 65536 characters as compact JSON"},
+        ),
+        (
+            b'{"a": ' * 32 + b"{}" + b"}" * 32,
+            422,
+            {"code": "invalid_event", "field": "event", "message": "event: payload: nests deeper than 32 levels"},
+        ),
+        # Past what the body's reader follows: refused before the payload is looked at.
+        (
+            b'{"a": ' * 100_000 + b"{}" + b"}" * 100_000,
+            422,
+            {"code": "invalid_body", "message": "the body is not JSON this boundary reads: nested too deeply"},
+        ),
+        # Past the body's bound (a 50 MB payload among them): 413, unread.
+        (
+            b'{"blob": "' + b"x" * (2 << 20) + b'"}',
+            413,
+            {"code": "body_too_large", "message": f"the body is {len(EVENT) + (2 << 20) + 13} bytes; at most 1048576 are read"},
+        ),
+    ],
+    ids=["65537-characters", "33-levels", "100000-levels", "2MiB"],
+)  # fmt: skip
+def test_an_event_payload_past_a_bound_is_refused_naming_it_and_writes_nothing(
+    app: tuple[TestClient, Path], payload: bytes, status: int, problem: dict[str, str]
+) -> None:
+    client, db = app
+    before = dump(db)
+    response = client.post(
+        "/events", content=EVENT + payload + b"}", headers={**ALICE, "Content-Type": "application/json"}
+    )
+    assert (response.status_code, error(response)) == (status, problem)
+    assert dump(db) == before
+    # A payload at the bounds is published.
+    at_bound = b'{"blob": "' + b"x" * 65_525 + b'"}'
+    assert client.post("/events", content=EVENT + at_bound + b"}", headers={**ALICE, "Content-Type": "application/json"}).status_code == 200
+
+
 def test_an_async_authenticate_is_awaited(tmp_path: Path) -> None:
     async def authenticate(request: Any) -> Any:
         return deployment.authenticate(request)
