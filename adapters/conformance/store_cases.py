@@ -21,6 +21,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -111,10 +112,26 @@ def wake_event(execution_id: str, source: str, at: int, *, node: str = "await", 
         "correlation": [["order_id", order]]}}
 
 
-def publish(event_id: str, order: str, at: int, business_id: str = "b-1") -> Step:
-    return {"call": "publish_event", "now": _t(at), "args": {
+def publish(event_id: str, order: str, at: int, business_id: str = "b-1", payload: Any = None) -> Step:
+    step: Step = {"call": "publish_event", "now": _t(at), "args": {
         "event_id": event_id, "business_id": business_id, "event_type": "payment.received",
         "correlation": {"order_id": order}, "authority": OPS}}
+    if payload is not None:
+        # Left out when absent, so that the cases before payloads were given did not change (cases 2.11.0).
+        step["args"]["payload"] = payload
+    return step
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _levels(levels: int) -> dict[str, Any]:
+    """A payload nesting exactly ``levels`` levels, itself the first."""
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
 
 
 def quarantine(execution_id: str, revision: int, at: int, actor: str = "user:ops", session: str = "a") -> Step:
@@ -215,6 +232,14 @@ def _scripts() -> dict[str, list[Step]]:
         "wait_then_event_wakes": [
             *waiting, publish("ev-0", "o-9", 3), publish("ev-1", "o-1", 4), publish("ev-1", "o-1", 5),
             wake_event("e-1", "ev-2", 6), read("e-1"),
+        ],
+        # interpreter.md, Events: 32 levels and 65,536 characters of compact JSON; past either, invalid_event
+        # and nothing written, so the same identity then publishes afresh and wakes the waiter.
+        "a_payload_past_its_bounds_is_refused_and_writes_nothing": [
+            *waiting, publish("ev-1", "o-1", 3, payload=_levels(33)),
+            publish("ev-1", "o-1", 4, payload={"blob": "x" * (65_536 - len('{"blob":""}') + 1)}),
+            publish("ev-1", "o-1", 5, payload={**_levels(32), "blob": "x" * (65_536 - len(_compact(_levels(32))) - 10)}),
+            read("e-1"),
         ],
         "event_of_another_business_wakes_nothing": [
             *waiting, publish("ev-1", "o-1", 3, business_id="b-2"), read("e-1"),

@@ -259,7 +259,7 @@ class StoreHarness:
             return wire.outcome(store.fire_timer(wire.parse_key(a["key"]), wire.parse_authority(a["authority"])))
         if call == "publish_event":
             try:
-                event = Event.build(a["event_id"], a["business_id"], a["event_type"], a["correlation"])
+                event = Event.build(a["event_id"], a["business_id"], a["event_type"], a["correlation"], a.get("payload"))
             except EventError:
                 return {"outcome": "error", "code": "invalid_event"}
             try:
