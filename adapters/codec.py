@@ -80,7 +80,9 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-_JSON_STRING = re.compile(r'"(?:[^"\\]+|\\.)*"')
+# Possessive: a string is never split two ways, so text with a quote left open (a row edited by hand)
+# fails to match at once instead of backtracking through every split of the characters after it.
+_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\{\}|\[\]")
 

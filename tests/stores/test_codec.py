@@ -13,7 +13,10 @@ What these tests prove:
   reads back equal to what was written, and the
   revision cache answers exactly what parsing the text afresh answers, both
   for a revision this process wrote and for one it has only read;
-- the cache is bounded, least recently used first out.
+- the cache is bounded, least recently used first out;
+- ``nests_deeper`` answers for JSON text what its nesting is, without
+  decoding it: brackets inside strings are not nesting, and text with a
+  quote left open is answered at once.
 """
 
 from __future__ import annotations
@@ -146,3 +149,31 @@ def test_the_revision_cache_is_bounded_least_recently_used_first_out() -> None:
     cache.put("3", third)
     assert cache.get("2") is None
     assert cache.get("1") is first and cache.get("3") is third
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+_NESTED = st.recursive(
+    st.one_of(st.none(), st.integers(), st.text(alphabet='ab{}[]"\\ ')),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(alphabet='k{["\\', max_size=3), inner, max_size=3)),
+    max_leaves=20,
+)
+
+
+@given(value=_NESTED, levels=st.integers(min_value=0, max_value=8))
+def test_nests_deeper_is_the_depth_of_the_value_the_text_holds(value: object, levels: int) -> None:
+    assert codec.nests_deeper(json.dumps(value), levels) == (_depth(value) > levels)
+    assert codec.nests_deeper(codec.dumps(value), levels) == (_depth(value) > levels)
+
+
+def test_nests_deeper_answers_text_nested_past_the_recursion_limit_and_text_with_a_quote_left_open() -> None:
+    assert codec.nests_deeper('{"d":' * 100_000 + "{}" + "}" * 100_000, 32)
+    assert not codec.nests_deeper('{"d":' * 31 + "{}" + "}" * 31, 32)
+    # Backtracking through every split of the characters after the open quote took longer than any test run.
+    assert codec.nests_deeper('{"a":"' + "ab\\x" * 40 + "c" * 40 + "{{{{", 1)
