@@ -101,10 +101,10 @@ def nests_deeper(text: str, levels: int) -> bool:
         return False
     brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
     for _ in range(levels):
-        brackets = _INNERMOST.sub("", brackets)
         if not brackets:
             return False
-    return True
+        brackets = _INNERMOST.sub("", brackets)
+    return bool(brackets)
 
 
 class _Revisions:
