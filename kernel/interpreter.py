@@ -69,7 +69,13 @@ from .definition import (
     integer_text,
     reads,
 )
-from .events import RESERVED_EVENT_TYPE_PREFIX, correlation_value, json_problem
+from .events import (
+    MAX_PAYLOAD_DEPTH,
+    RESERVED_EVENT_TYPE_PREFIX,
+    correlation_value,
+    json_problem,
+    payload_nests_deeper,
+)
 from .evidence import Evidence
 from .expr import INTEGER_MAX, INTEGER_MIN, Truth, evaluate
 from .machines import AttemptEvent, AttemptState, ExecutionState
@@ -355,8 +361,13 @@ def _result_problem(result: CommandResult) -> tuple[str, str, object] | None:
     if not isinstance(outputs, Mapping):
         return ("outputs", f"must be an object of names to JSON values, not {type(outputs).__name__}", outputs)
     try:
-        # The checks an Event's payload passes: storable text first (it names any key), then JSON values.
-        found = first_problem(outputs, "outputs") or json_problem(outputs, "outputs")
+        # The checks an Event's payload passes.  Depth first, level by level without recursion: outputs
+        # nested some 900 levels deep were kept, and a later read that recursed through them (a store's
+        # JSON decoder, a condition) passed Python's limit and ended the worker.  Then storable text (it
+        # names any key), then JSON values.
+        found = (
+            ("outputs", f"nests deeper than {MAX_PAYLOAD_DEPTH} levels") if payload_nests_deeper(outputs) else None
+        ) or (first_problem(outputs, "outputs") or json_problem(outputs, "outputs"))
     except RecursionError:
         found = ("outputs", "nests too deeply, or contains itself")
     except Exception as exc:  # a key whose str() raises: the handler's fault, never the end of the worker

@@ -56,6 +56,14 @@ def _cyclic() -> dict[str, Any]:
     return outputs
 
 
+def _nested(levels: int) -> dict[str, Any]:
+    """Outputs ``levels`` objects below the outputs object itself: ``levels + 1`` levels in all."""
+    outputs: dict[str, Any] = {}
+    for _ in range(levels):
+        outputs = {"inner": outputs}
+    return outputs
+
+
 UNSTORABLE: list[tuple[str, i.CommandResult, str]] = [
     ("detail NUL", i.CommandResult(REJECTED, i.Rejection.REJECTED, "a\x00b"), "detail: contains NUL"),
     ("detail surrogate", i.CommandResult(REJECTED, i.Rejection.REJECTED, "a\ud800b"), "detail: contains an unpaired"),
@@ -73,7 +81,9 @@ UNSTORABLE: list[tuple[str, i.CommandResult, str]] = [
     ("outputs set", i.CommandResult(SUCCEEDED, None, "", {"ids": {1, 2}}), "outputs.ids: is a set"),
     ("outputs huge", i.CommandResult(SUCCEEDED, None, "", {"blob": HUGE}), "outputs: is 65548 characters long as JSON"),
     ("outputs not an object", i.CommandResult(SUCCEEDED, None, "", [1, 2]), "outputs: must be an object"),  # type: ignore[arg-type]
-    ("outputs contain themselves", i.CommandResult(SUCCEEDED, None, "", _cyclic()), "outputs: nests too deeply"),
+    ("outputs contain themselves", i.CommandResult(SUCCEEDED, None, "", _cyclic()), "outputs: nests deeper than 32 levels"),
+    ("outputs nest too deep", i.CommandResult(SUCCEEDED, None, "", _nested(32)), "outputs: nests deeper than 32 levels"),
+    ("outputs nest far too deep", i.CommandResult(SUCCEEDED, None, "", _nested(5000)), "outputs: nests deeper than 32 levels"),
     ("outputs integer too long", i.CommandResult(SUCCEEDED, None, "", {"n": 10**5000}), "outputs: cannot be written as JSON"),
     ("outputs repr with NUL", i.CommandResult(SUCCEEDED, None, "", {"x": Flooding()}), "outputs.x: is a Flooding"),
     ("status not a status", i.CommandResult("succeeded", None, ""), "status: must be a CommandStatus, not str"),  # type: ignore[arg-type]
@@ -194,6 +204,11 @@ def test_storable_result_keeps_a_good_result() -> None:
     good = i.CommandResult(REJECTED, i.Rejection.STALE_VERSION, "the order changed", {"revision": 3})
     assert i.storable_result(COMMAND, good) == good
     assert i.storable_result(COMMAND, good).outputs == {"revision": 3}
+
+
+def test_outputs_of_exactly_the_depth_bound_are_kept() -> None:
+    deepest = i.CommandResult(SUCCEEDED, None, "", _nested(31))
+    assert i.storable_result(COMMAND, deepest) == deepest
 
 
 # --- through the command line a user runs -------------------------------------------------------
