@@ -144,7 +144,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
         "remove what has ended and is past its retention window, in small batches",
         prints_data=True,
         description="Never touches an Operation or a workflow execution that has not ended, an identity inside its "
-        "promised window, or an outbox row not yet exported. Executions are pruned only with --executions. Each batch is one short transaction; run it again to resume.",
+        "promised window, or an outbox row not yet exported. Executions are pruned only with --executions, once their outbox messages are exported. Each batch is one short transaction; run it again to resume.",
     )
     db_option(prune)
     prune.add_argument("--operations", type=_duration, default=timedelta(days=30), metavar="DURATION",
