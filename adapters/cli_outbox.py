@@ -11,6 +11,11 @@ an unknown message id).
 
 With ``--sink stdout`` the messages are the data, one JSON document per
 line, and the summary goes to stderr.
+
+Stopping ``export``: SIGINT or SIGTERM, as they stop ``fencekeeper worker``
+(``cli.py`` module header): the send in progress ends, what was sent is
+marked and the rest of the claim released; exit 0 with the summary.  A
+second signal exits at once (130); what is still claimed waits out its lease.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fencekeeper.kernel.common import SHOWN_LENGTH, shown, shown_text
@@ -117,7 +125,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
         prints_data=True,
         description="Claims outbox rows in order, delivers them to --sink (stdout, file:PATH as JSON lines, or an "
         "http(s):// webhook that gets one POST per message), and marks them exported. A message that keeps failing "
-        "is parked with its error after --max-attempts; --parked lists them, --requeue and --discard act on one.",
+        "is parked with its error after --max-attempts; --parked lists them, --requeue and --discard act on one. "
+        "SIGINT/SIGTERM stop it after the current send, releasing the rest of its batch; a second signal exits at once.",
     )
     db_option(export)
     what = export.add_mutually_exclusive_group()
@@ -266,7 +275,7 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts)
         )
         try:
-            report = exporter.run(until_idle=args.until_idle, poll_interval=args.poll.total_seconds())
+            report = _export_until_stopped(exporter, args, out)
         except outbox.SinkClosed as exc:
             if args.sink in ("stdout", "-"):
                 # Nothing more reaches the reader; the interpreter's own flush at exit must not fail too.
@@ -287,6 +296,51 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         close = getattr(sink, "close", None)
         if close is not None:
             close()
+
+
+def _export_until_stopped(exporter: Any, args: argparse.Namespace, out: Output) -> Any:
+    """Run ``exporter`` until idle (``--until-idle``), stopped by SIGINT or SIGTERM, or failed.
+
+    As ``fencekeeper worker`` stops: the first signal lets the send in
+    progress end, marks what was sent and releases the rest of the claim, so
+    that the next exporter delivers it at once rather than after the claim's
+    lease; a second signal exits at once (130), leaving the claim to its
+    lease.  The exporter runs in a thread of its own, so that the handler, in
+    the main thread, only sets an event that nothing else holds a lock of.
+    """
+    stop = threading.Event()
+    signals = 0
+    outcome: dict[str, Any] = {}
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            os._exit(130)
+        # Set before it is said: once the line is out, no further send begins.
+        stop.set()
+        out.note("stopping after the current send; send the signal again to quit at once")
+
+    def export() -> None:
+        try:
+            outcome["report"] = exporter.run(
+                until_idle=args.until_idle, poll_interval=args.poll.total_seconds(), stop=stop
+            )
+        except BaseException as exc:  # raised again in the main thread, where the command's errors are handled
+            outcome["error"] = exc
+
+    previous = {number: signal.signal(number, on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread = threading.Thread(target=export, name="export", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["report"]
 
 
 def _is_the_database(path: Path, args: argparse.Namespace) -> bool:

@@ -28,6 +28,9 @@ Rules of this module:
   (:meth:`OutboxExporter.parked`), then requeues or discards it.
 - Time is the store's (the database's on PostgreSQL), read inside each
   transaction.
+- A stop (``run``'s ``stop``) ends the batch after the send in progress:
+  what was sent is marked, the rest of the claim released at once rather
+  than left to its lease.
 """
 
 from __future__ import annotations
@@ -446,7 +449,8 @@ class OutboxExporter:
 
     # -- one batch --------------------------------------------------------------------------------
 
-    def export_batch(self) -> ExportReport:
+    def export_batch(self, stop: threading.Event | None = None) -> ExportReport:
+        """Claim, deliver, mark one batch.  Once ``stop`` is set, the send in progress ends it: the rest is released."""
         token = f"{self.exporter_id}/{uuid.uuid4().hex[:12]}"
         # Read before the claim, so it ends no later than the lease the claim writes: once it has, another
         # exporter may hold these subjects, and sending on would deliver beside it (two holders of a subject).
@@ -460,7 +464,7 @@ class OutboxExporter:
         broken: set[tuple[str, str]] = set()
         for message in claimed:
             subject = (message.kind, message.subject_id)
-            if subject in broken or time.monotonic() >= lease_ends:
+            if subject in broken or time.monotonic() >= lease_ends or (stop is not None and stop.is_set()):
                 held.append(message.seq)
                 continue
             try:
@@ -614,13 +618,15 @@ class OutboxExporter:
     ) -> ExportReport:
         """Export batch after batch; with ``until_idle``, return once a batch finds nothing to claim.
 
-        Returns the totals.  ``stop`` ends the loop between batches.  A sink
-        that can take nothing more ends it by raising :class:`SinkClosed`.
+        Returns the totals.  ``stop`` ends the loop after the send in
+        progress: what was sent is marked exported and the rest of the batch
+        released for the next claim.  A sink that can take nothing more ends
+        it by raising :class:`SinkClosed`.
         """
         totals = [0, 0, 0, 0, 0]
         stop = stop or threading.Event()
         while not stop.is_set():
-            report = self.export_batch()
+            report = self.export_batch(stop)
             for k, value in enumerate(attrs.astuple(report)):
                 totals[k] += value
             if report.claimed == 0:
