@@ -7,7 +7,9 @@ module header): data on stdout (one JSON document with ``--json``), one
 ``fencekeeper: error: ...`` line on stderr, exit 0 on success, 1 when the
 store refuses, something is parked or the sink's reader went away, 2 for
 bad usage or input (a ``--db`` that names no store, a malformed ``--sink``,
-an unknown message id).
+an unknown message id).  A store that fails once export runs is waited out
+as ``fencekeeper worker`` waits it out (``StorePatience``); still failing
+after ``RIDE_OUT_SECONDS``, export exits 1 naming the error.
 
 With ``--sink stdout`` the messages are the data, one JSON document per
 line, and the summary goes to stderr.
@@ -36,7 +38,7 @@ from typing import Any
 from fencekeeper.kernel.common import SHOWN_LENGTH, shown, shown_text
 
 from .render import Output
-from .store import StoreError
+from .store import RETRYABLE_STORE_CODES, RIDE_OUT_SECONDS, StoreError
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -272,10 +274,21 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             return EXIT_OK
         assert sink is not None
         exporter = outbox.OutboxExporter(
-            store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts)
-        )
+            store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts),
+            log=out.note,
+        )  # fmt: skip
         try:
             report = _export_until_stopped(exporter, args, out)
+        except StoreError as exc:
+            if exc.code not in RETRYABLE_STORE_CODES:
+                raise
+            # What `fencekeeper worker` does with a store still failing after it was waited out: exit 1 naming
+            # the error, for the service manager to restart; 2 is for a --db that named no store to begin with.
+            out.note(
+                f"fencekeeper: error: {exc.message} [{exc.code}]; the store failed for {RIDE_OUT_SECONDS:g} s in a "
+                "row; what was claimed and not marked is delivered again once its lease ends"
+            )
+            return EXIT_PROBLEM
         except outbox.SinkClosed as exc:
             if args.sink in ("stdout", "-"):
                 # Nothing more reaches the reader; the interpreter's own flush at exit must not fail too.

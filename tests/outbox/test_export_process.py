@@ -1,4 +1,5 @@
-"""``fencekeeper export`` as a long-running process: it stops cleanly on a signal, on SQLite and PostgreSQL.
+"""``fencekeeper export`` as a long-running process: it stops cleanly on a signal, and outlasts a store that goes
+away for a moment, on SQLite and PostgreSQL.
 
 Each test runs the real command in a child process, as a service manager
 runs it, and reads what it left in the store.
@@ -6,6 +7,7 @@ runs it, and reads what it left in the store.
 
 from __future__ import annotations
 
+import functools
 import http.server
 import json
 import signal
@@ -18,12 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psycopg
 import pytest
 
 from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.outbox import OutboxExporter
-from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.store import ManualClock, StoreError, StorePatience
 from fencekeeper.adapters.testing.operations_suite import World, open_accounts
 from tests.outbox.conftest import rows
 from tests.outbox.test_exporter import Recording, make_operations
@@ -156,3 +159,93 @@ def test_a_second_signal_exits_at_once(target: Store, held_webhook: str) -> None
             proc.wait()
     assert code == 130
     assert rows(target.store, "SELECT count(*) FROM outbox WHERE exported_at IS NOT NULL") == [(0,)]
+
+
+@pytest.mark.parametrize("target", ["postgresql"], indirect=True)
+def test_export_outlasts_its_backends_being_terminated(target: Store, tmp_path: Path, pg_dsn: str) -> None:
+    out = tmp_path / "events.jsonl"
+
+    def lines() -> int:
+        return len(out.read_text(encoding="utf-8").splitlines()) if out.exists() else 0
+
+    make_operations(target.world, 2)
+    first = rows(target.store, "SELECT count(*) FROM outbox")[0][0]
+    assert isinstance(first, int)
+    proc = export(target.url, "--sink", f"file:{out}", "--poll", "50ms")
+    try:
+        until(lambda: lines() == first, "the first messages exported")
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            terminated = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                (APPLICATION,),
+            ).fetchone()
+        assert terminated is not None and terminated[0] >= 1
+        for key in ("later-1", "later-2"):  # keys of their own: new Operations, new messages
+            target.world.transfer(key, 1)
+        worker = target.world.worker("w2")
+        while worker.run_once() is not None:
+            pass
+        total = rows(target.store, "SELECT count(*) FROM outbox")[0][0]
+        assert isinstance(total, int) and total > first
+        until(lambda: lines() == total or proc.poll() is not None, "the messages committed since exported")
+        assert proc.poll() is None, f"it stopped (exit {proc.returncode}): {proc.communicate()[1]}"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "the store failed:" in err and "[store_unavailable]" in err and "the store answers again" in err, err
+    assert rows(target.store, "SELECT count(*) FROM outbox WHERE exported_at IS NULL") == [(0,)]
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+def test_a_marking_the_store_failed_is_made_again_so_nothing_is_sent_twice(
+    target: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_operations(target.world, 2)
+    sink = Recording()
+    exporter = OutboxExporter(target.store, sink)
+    mark = exporter._mark
+    failures = [StoreError("store_unavailable", "the connection was lost")]
+
+    def flaky(*args: Any) -> int:
+        if failures:
+            raise failures.pop()
+        return mark(*args)
+
+    monkeypatch.setattr(exporter, "_mark", flaky)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    exporter.run(until_idle=True)
+    assert not failures
+    total = rows(target.store, "SELECT count(*) FROM outbox")[0][0]
+    assert len(sink.sent) == total, "each message once"
+    assert rows(target.store, "SELECT count(*) FROM outbox WHERE exported_at IS NULL") == [(0,)]
+
+
+def test_a_store_that_keeps_failing_stops_export_with_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fencekeeper.adapters import cli, outbox  # noqa: PLC0415
+
+    path = tmp_path / "ops.db"
+    opened = SQLiteOperationStore(path, ManualClock())
+    open_accounts(opened, {"acc-1": 10, "acc-2": 0})
+    opened.close()
+    calls = [0]
+
+    def down(self: OutboxExporter, stop: Any = None) -> Any:
+        calls[0] += 1
+        raise StoreError("store_unavailable", "server closed the connection unexpectedly")
+
+    monkeypatch.setattr(OutboxExporter, "export_batch", down)
+    # No time to wait it out: the second failure in a row is past it.
+    monkeypatch.setattr(outbox, "StorePatience", functools.partial(StorePatience, budget=0.0))
+    capsys.readouterr()
+    code = cli.main(["export", "--db", str(path), "--sink", f"file:{tmp_path / 'out.jsonl'}"])
+    err = capsys.readouterr().err
+    assert (code, calls[0]) == (1, 2), err
+    assert "the store failed: server closed the connection unexpectedly [store_unavailable]; trying again" in err
+    assert err.splitlines()[-1].startswith("fencekeeper: error: server closed the connection unexpectedly "
+                                           "[store_unavailable]")  # fmt: skip
