@@ -288,6 +288,18 @@ class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
 _NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirect)
 
 
+def _http_url(spec: str) -> str | None:
+    """``spec`` with its scheme in lower case when it is an http(s) URL, or None.
+
+    A scheme is case-insensitive (RFC 3986, section 3.1): ``HTTP://host/``
+    names what ``http://host/`` does, and is sent there.
+    """
+    for scheme in ("http://", "https://"):
+        if spec[: len(scheme)].lower() == scheme:
+            return scheme + spec[len(scheme) :]
+    return None
+
+
 def _url_problem(url: str) -> str | None:
     """Why no request can be sent to the http(s) ``url``, or None."""
     if any(character.isspace() or not character.isprintable() for character in url):
@@ -310,10 +322,12 @@ class WebhookSink:
     """
 
     def __init__(self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
-        if not url.startswith(("http://", "https://")):
+        lowered = _http_url(url)
+        if lowered is None:
             raise StoreError(
                 "invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {shown(url)}"
             )
+        url = lowered
         # Refused here, before a message is tried: taken, a URL no request can go to failed every delivery,
         # spending each message's attempts until all were parked.
         problem = _url_problem(url)
@@ -834,7 +848,7 @@ def open_sink(spec: str, *, timeout: float = 10.0) -> Sink:
         if not path:
             raise StoreError("invalid_input", "--sink: file: needs a path (file:PATH)")
         return JsonLinesSink(path)
-    if spec.startswith(("http://", "https://")):
+    if _http_url(spec) is not None:
         return WebhookSink(spec, timeout=timeout)
     raise StoreError("invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {shown(spec)}")
 
