@@ -75,6 +75,17 @@ def until(condition: Any, what: str, seconds: float = 60) -> None:
         time.sleep(0.02)
 
 
+def said_stopping(proc: subprocess.Popen[str]) -> None:
+    """Read its stderr up to the line saying it stops: the stop is set before that line is written."""
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        if "stopping after the current send" in line:
+            return
+        seen.append(line)
+    raise AssertionError(f"it never said it was stopping: {''.join(seen)}")
+
+
 class _Held(http.server.BaseHTTPRequestHandler):
     """A receiver that takes each POST but answers the first only once the test lets it."""
 
@@ -119,9 +130,7 @@ def test_a_signal_ends_the_send_in_progress_marks_it_and_releases_the_rest_of_th
     try:
         assert _Held.arrived.wait(60), "the first message's POST never arrived"
         proc.send_signal(number)
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert "stopping after the current send" in line, line
+        said_stopping(proc)
         _Held.answer.set()
         out, err = proc.communicate(timeout=60)
     finally:
@@ -147,8 +156,7 @@ def test_a_second_signal_exits_at_once(target: Store, held_webhook: str) -> None
     try:
         assert _Held.arrived.wait(60), "the first message's POST never arrived"
         proc.send_signal(signal.SIGTERM)
-        assert proc.stderr is not None
-        assert "stopping after the current send" in proc.stderr.readline()
+        said_stopping(proc)
         proc.send_signal(signal.SIGTERM)
         # The receiver has not answered: only a process that leaves at once ends now.
         code = proc.wait(timeout=60)
