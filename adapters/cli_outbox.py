@@ -7,10 +7,17 @@ module header): data on stdout (one JSON document with ``--json``), one
 ``fencekeeper: error: ...`` line on stderr, exit 0 on success, 1 when the
 store refuses, something is parked or the sink's reader went away, 2 for
 bad usage or input (a ``--db`` that names no store, a malformed ``--sink``,
-an unknown message id).
+an unknown message id).  A store that fails once export runs is waited out
+as ``fencekeeper worker`` waits it out (``StorePatience``); still failing
+after ``RIDE_OUT_SECONDS``, export exits 1 naming the error.
 
 With ``--sink stdout`` the messages are the data, one JSON document per
 line, and the summary goes to stderr.
+
+Stopping ``export``: SIGINT or SIGTERM, as they stop ``fencekeeper worker``
+(``cli.py`` module header): the send in progress ends, what was sent is
+marked and the rest of the claim released; exit 0 with the summary.  A
+second signal exits at once (130); what is still claimed waits out its lease.
 """
 
 from __future__ import annotations
@@ -19,16 +26,19 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fencekeeper.kernel.common import SHOWN_LENGTH, shown, shown_text
 
 from .render import Output
-from .store import StoreError
+from .store import RETRYABLE_STORE_CODES, RIDE_OUT_SECONDS, StoreError
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -117,7 +127,8 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
         prints_data=True,
         description="Claims outbox rows in order, delivers them to --sink (stdout, file:PATH as JSON lines, or an "
         "http(s):// webhook that gets one POST per message), and marks them exported. A message that keeps failing "
-        "is parked with its error after --max-attempts; --parked lists them, --requeue and --discard act on one.",
+        "is parked with its error after --max-attempts; --parked lists them, --requeue and --discard act on one. "
+        "SIGINT/SIGTERM stop it after the current send, releasing the rest of its batch; a second signal exits at once.",
     )
     db_option(export)
     what = export.add_mutually_exclusive_group()
@@ -144,7 +155,7 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
         "remove what has ended and is past its retention window, in small batches",
         prints_data=True,
         description="Never touches an Operation or a workflow execution that has not ended, an identity inside its "
-        "promised window, or an outbox row not yet exported. Executions are pruned only with --executions. Each batch is one short transaction; run it again to resume.",
+        "promised window, or an outbox row not yet exported. Executions are pruned only with --executions, once their outbox messages are exported. Each batch is one short transaction; run it again to resume.",
     )
     db_option(prune)
     prune.add_argument("--operations", type=_duration, default=timedelta(days=30), metavar="DURATION",
@@ -263,10 +274,21 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             return EXIT_OK
         assert sink is not None
         exporter = outbox.OutboxExporter(
-            store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts)
-        )
+            store, sink, batch_size=args.batch, retry=outbox.ExportRetry(maximum_attempts=args.max_attempts),
+            log=out.note,
+        )  # fmt: skip
         try:
-            report = exporter.run(until_idle=args.until_idle, poll_interval=args.poll.total_seconds())
+            report = _export_until_stopped(exporter, args, out)
+        except StoreError as exc:
+            if exc.code not in RETRYABLE_STORE_CODES:
+                raise
+            # What `fencekeeper worker` does with a store still failing after it was waited out: exit 1 naming
+            # the error, for the service manager to restart; 2 is for a --db that named no store to begin with.
+            out.note(
+                f"fencekeeper: error: {exc.message} [{exc.code}]; the store failed for {RIDE_OUT_SECONDS:g} s in a "
+                "row; what was claimed and not marked is delivered again once its lease ends"
+            )
+            return EXIT_PROBLEM
         except outbox.SinkClosed as exc:
             if args.sink in ("stdout", "-"):
                 # Nothing more reaches the reader; the interpreter's own flush at exit must not fail too.
@@ -287,6 +309,51 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         close = getattr(sink, "close", None)
         if close is not None:
             close()
+
+
+def _export_until_stopped(exporter: Any, args: argparse.Namespace, out: Output) -> Any:
+    """Run ``exporter`` until idle (``--until-idle``), stopped by SIGINT or SIGTERM, or failed.
+
+    As ``fencekeeper worker`` stops: the first signal lets the send in
+    progress end, marks what was sent and releases the rest of the claim, so
+    that the next exporter delivers it at once rather than after the claim's
+    lease; a second signal exits at once (130), leaving the claim to its
+    lease.  The exporter runs in a thread of its own, so that the handler, in
+    the main thread, only sets an event that nothing else holds a lock of.
+    """
+    stop = threading.Event()
+    signals = 0
+    outcome: dict[str, Any] = {}
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            os._exit(130)
+        # Set before it is said: once the line is out, no further send begins.
+        stop.set()
+        out.note("stopping after the current send; send the signal again to quit at once")
+
+    def export() -> None:
+        try:
+            outcome["report"] = exporter.run(
+                until_idle=args.until_idle, poll_interval=args.poll.total_seconds(), stop=stop
+            )
+        except BaseException as exc:  # raised again in the main thread, where the command's errors are handled
+            outcome["error"] = exc
+
+    previous = {number: signal.signal(number, on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread = threading.Thread(target=export, name="export", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["report"]
 
 
 def _is_the_database(path: Path, args: argparse.Namespace) -> bool:

@@ -28,6 +28,14 @@ Rules of this module:
   (:meth:`OutboxExporter.parked`), then requeues or discards it.
 - Time is the store's (the database's on PostgreSQL), read inside each
   transaction.
+- A running exporter outlasts a store that stops answering for a while,
+  as a worker does (``StorePatience``: a backoff of 0.2 s doubling to 5 s,
+  for up to ``RIDE_OUT_SECONDS`` of failures in a row); a marking that
+  fails is made again, so a blip delivers nothing twice.  Past that, or on
+  any other store error, it stops with the error.
+- A stop (``run``'s ``stop``) ends the batch after the send in progress:
+  what was sent is marked, the rest of the claim released at once rather
+  than left to its lease.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -55,7 +63,7 @@ from fencekeeper.kernel.common import shown
 from . import codec
 from .operations.base import TransactionalOperationStore
 from .operations.sql import SqlTx
-from .store import StoreError
+from .store import RIDE_OUT_SECONDS, StoreError, StorePatience
 
 if sys.platform != "win32":
     import fcntl
@@ -280,6 +288,18 @@ class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
 _NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirect)
 
 
+def _http_url(spec: str) -> str | None:
+    """``spec`` with its scheme in lower case when it is an http(s) URL, or None.
+
+    A scheme is case-insensitive (RFC 3986, section 3.1): ``HTTP://host/``
+    names what ``http://host/`` does, and is sent there.
+    """
+    for scheme in ("http://", "https://"):
+        if spec[: len(scheme)].lower() == scheme:
+            return scheme + spec[len(scheme) :]
+    return None
+
+
 def _url_problem(url: str) -> str | None:
     """Why no request can be sent to the http(s) ``url``, or None."""
     if any(character.isspace() or not character.isprintable() for character in url):
@@ -302,10 +322,12 @@ class WebhookSink:
     """
 
     def __init__(self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
-        if not url.startswith(("http://", "https://")):
+        lowered = _http_url(url)
+        if lowered is None:
             raise StoreError(
                 "invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {shown(url)}"
             )
+        url = lowered
         # Refused here, before a message is tried: taken, a URL no request can go to failed every delivery,
         # spending each message's attempts until all were parked.
         problem = _url_problem(url)
@@ -431,6 +453,7 @@ class OutboxExporter:
         lease: timedelta = timedelta(seconds=60),
         retry: ExportRetry | None = None,
         exporter_id: str | None = None,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
             raise StoreError("invalid_input", f"batch_size: must be between 1 and 10000, got {batch_size!r}")
@@ -442,11 +465,14 @@ class OutboxExporter:
         self.lease = lease
         self.retry = retry or ExportRetry()
         self.exporter_id = exporter_id or f"exporter-{os.getpid()}"
+        self.log = log
+        """Told when the store fails and is waited out, and when it answers again."""
         self._view_checked = False
 
     # -- one batch --------------------------------------------------------------------------------
 
-    def export_batch(self) -> ExportReport:
+    def export_batch(self, stop: threading.Event | None = None) -> ExportReport:
+        """Claim, deliver, mark one batch.  Once ``stop`` is set, the send in progress ends it: the rest is released."""
         token = f"{self.exporter_id}/{uuid.uuid4().hex[:12]}"
         # Read before the claim, so it ends no later than the lease the claim writes: once it has, another
         # exporter may hold these subjects, and sending on would deliver beside it (two holders of a subject).
@@ -460,7 +486,7 @@ class OutboxExporter:
         broken: set[tuple[str, str]] = set()
         for message in claimed:
             subject = (message.kind, message.subject_id)
-            if subject in broken or time.monotonic() >= lease_ends:
+            if subject in broken or time.monotonic() >= lease_ends or (stop is not None and stop.is_set()):
                 held.append(message.seq)
                 continue
             try:
@@ -483,8 +509,42 @@ class OutboxExporter:
             by_seq = {m.seq: m for m in claimed}
             failed += [(by_seq[seq], reason) for seq in delivered]
             delivered = []
-        parked = self._mark(token, delivered, failed, held)
+        parked = self._mark_patiently(token, delivered, failed, held)
         return ExportReport(len(claimed), len(delivered), len(failed), parked, len(held))
+
+    def _mark_patiently(
+        self, token: str, delivered: Sequence[int], failed: Sequence[tuple[ExportedMessage, str]], held: Sequence[int]
+    ) -> int:
+        """``_mark``, made again while the store is waited out: the batch is out, and unmarked it would be sent again.
+
+        Safe to repeat: each update is guarded by the claim's token, so one
+        that committed although its answer was lost changes nothing the
+        second time.
+        """
+        patience = StorePatience()
+        while True:
+            try:
+                parked = self._mark(token, delivered, failed, held)
+            except StoreError as exc:
+                wait = patience.failed(exc.code)
+                if wait is None:
+                    raise
+                self._told_failure(exc, first=patience.failures == 1)
+                time.sleep(wait)
+                continue
+            if patience.failures:
+                self._told_back()
+            return parked
+
+    def _told_failure(self, exc: StoreError, *, first: bool) -> None:
+        if self.log is not None and first:
+            self.log(
+                f"the store failed: {exc.message} [{exc.code}]; trying again for up to {RIDE_OUT_SECONDS:g} s"
+            )
+
+    def _told_back(self) -> None:
+        if self.log is not None:
+            self.log("the store answers again; exporting")
 
     def _claim(self, token: str) -> list[ExportedMessage]:
         with self.store._transaction() as tx:
@@ -614,20 +674,41 @@ class OutboxExporter:
     ) -> ExportReport:
         """Export batch after batch; with ``until_idle``, return once a batch finds nothing to claim.
 
-        Returns the totals.  ``stop`` ends the loop between batches.  A sink
-        that can take nothing more ends it by raising :class:`SinkClosed`.
+        Returns the totals.  ``stop`` ends the loop after the send in
+        progress: what was sent is marked exported and the rest of the batch
+        released for the next claim.  A sink that can take nothing more ends
+        it by raising :class:`SinkClosed`.  A store that fails with a code it
+        may recover from (``RETRYABLE_STORE_CODES``) is waited out for up to
+        ``RIDE_OUT_SECONDS`` in a row, as a worker waits it out; still
+        failing then, or failing otherwise, it raises the ``StoreError``.
         """
         totals = [0, 0, 0, 0, 0]
         stop = stop or threading.Event()
+        patience = StorePatience()
         while not stop.is_set():
-            report = self.export_batch()
+            try:
+                report = self.export_batch(stop)
+                waiting_only = report.claimed > 0 and report.delivered == 0 and until_idle and self._only_waiting()
+            except StoreError as exc:
+                # A lost connection (the pool replaces it), a row held past lock_timeout, a busy SQLite
+                # file: a long-running exporter that exited here would leave its subjects to wait for a
+                # restart.  What it had claimed and not marked stays claimed until its lease ends.
+                wait = patience.failed(exc.code)
+                if wait is None:
+                    raise
+                self._told_failure(exc, first=patience.failures == 1)
+                stop.wait(wait)
+                continue
+            if patience.failures:
+                self._told_back()
+            patience.succeeded()
             for k, value in enumerate(attrs.astuple(report)):
                 totals[k] += value
             if report.claimed == 0:
                 if until_idle:
                     break
                 stop.wait(poll_interval)
-            elif report.delivered == 0 and until_idle and self._only_waiting():
+            elif waiting_only:
                 break
         return ExportReport(*totals)
 
@@ -767,7 +848,7 @@ def open_sink(spec: str, *, timeout: float = 10.0) -> Sink:
         if not path:
             raise StoreError("invalid_input", "--sink: file: needs a path (file:PATH)")
         return JsonLinesSink(path)
-    if spec.startswith(("http://", "https://")):
+    if _http_url(spec) is not None:
         return WebhookSink(spec, timeout=timeout)
     raise StoreError("invalid_input", f"--sink: expected stdout, file:PATH or an http(s):// URL, got {shown(spec)}")
 

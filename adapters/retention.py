@@ -32,7 +32,9 @@ Rules of this module:
   given (by default they are kept): an execution that has ended
   (succeeded, failed, cancelled) and was last changed before the window
   goes whole, with its evidence objects, revisions, dispatch row,
-  transitions, wait registrations and commands.  A batch takes
+  transitions, wait registrations and commands, once every outbox message
+  of it has been exported (or discarded): until then its id stays taken,
+  so no new execution under that id queues behind its messages.  A batch takes
   ``batch_size // EXECUTION_ROWS`` executions, so its rows stay near
   ``batch_size``.  Events are a Business's, not an execution's, and stay;
   the execution's outbox rows go with the outbox window, once exported.
@@ -72,6 +74,18 @@ EXECUTION_ROWS = 20
 ``batch_size`` rows takes ``batch_size // EXECUTION_ROWS`` executions (at least one)."""
 
 _ENDED_EXECUTION = "object_type = 'WorkflowExecution' AND state IN ('succeeded', 'failed', 'cancelled')"
+
+_UNEXPORTED_MESSAGE = (
+    "SELECT 1 FROM outbox WHERE kind = 'execution' AND subject_id = objects.object_id AND exported_at IS NULL"
+)
+"""An execution's message not yet exported (parked included): the execution waits for it.
+
+Pruned, its id would be free while the message was still undelivered: a new
+execution run under that id shares its subject (``kind``, ``subject_id``),
+and every message of the new one would queue behind the old one's, held for
+as long as that stays parked.  Kept, the old execution explains its messages
+until they are out, and its id frees only once nothing of it is left to send.
+"""
 
 
 @attrs.frozen
@@ -207,7 +221,7 @@ def _executions(scan: list[str]) -> Callable[[SqlTx, datetime, datetime, int], P
             str(r[0])
             for r in tx.run(
                 f"SELECT object_id FROM objects WHERE object_id > ? AND {_ENDED_EXECUTION} AND updated_at <= ? "
-                f"ORDER BY object_id LIMIT ?{' FOR UPDATE SKIP LOCKED' if tx.d.name == 'postgresql' else ''}",
+                f"AND NOT EXISTS ({_UNEXPORTED_MESSAGE}) ORDER BY object_id LIMIT ?{' FOR UPDATE SKIP LOCKED' if tx.d.name == 'postgresql' else ''}",
                 (scan[0], tx.d.encode_time(cutoff), limit),
             ).fetchall()
         ]

@@ -112,6 +112,11 @@ class StorePatience:
         self._failures += 1
         return float(min(2.0**self._failures / 10, 5.0))
 
+    @property
+    def failures(self) -> int:
+        """Failures waited out since the last success: 1 on the first of a run of them."""
+        return self._failures
+
     def succeeded(self) -> None:
         """A request went through: the store is back."""
         self._since = None

@@ -21,6 +21,15 @@ from fencekeeper.adapters import cli, examples, service
 from fencekeeper.adapters.operations.base import TransactionalOperationStore
 from fencekeeper.adapters.operations.sql import SqlTx
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
+from fencekeeper.adapters.outbox import (
+    ExportedMessage,
+    ExportRetry,
+    OutboxExporter,
+    SinkError,
+    discard,
+    outbox_status,
+    parked_messages,
+)
 from fencekeeper.adapters.retention import RetentionWindows, _remove_executions, prune
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ManualClock
@@ -128,6 +137,12 @@ def side_rows(store: TransactionalOperationStore, clock: ManualClock, *execution
             )
 
 
+def exported(store: TransactionalOperationStore) -> None:
+    """Every message delivered: an execution is pruned only once nothing of it is left to export."""
+    OutboxExporter(store, _Refusing()).run(until_idle=True)
+    assert outbox_status(store).pending == 0
+
+
 def footprint(store: TransactionalOperationStore, execution_id: str) -> dict[str, int]:
     return {table: int(rows(store, sql, (execution_id, execution_id))[0][0]) for table, sql in FOOTPRINT.items()}  # type: ignore[call-overload]
 
@@ -154,6 +169,7 @@ def test_ended_executions_go_whole_after_their_window_and_live_ones_stay(
     definitions = rows(store, "SELECT count(*) FROM objects WHERE object_type = 'WorkflowDefinition'")
     events = rows(store, "SELECT count(*) FROM events")
 
+    exported(store)
     assert prune(store, RetentionWindows()).executions == 0, "without an executions window they are kept"
     clock.advance(timedelta(hours=20))
     assert prune(store, DAY).executions == 0, "inside the window"
@@ -175,6 +191,7 @@ def test_ended_executions_go_whole_after_their_window_and_live_ones_stay(
     # What stayed still works: po-2 is cancelled now, and goes in its turn.
     cancel(executions, 2)
     assert state(store, "po-2") == "cancelled"
+    exported(store)
     assert prune(store, DAY).executions == 0, "its window counts from when it ended"
     clock.advance(timedelta(days=2))
     assert prune(store, DAY).executions == 1
@@ -232,6 +249,7 @@ def test_execution_batches_are_bounded_and_a_stopped_prune_resumes(
     purchases(executions, 5, 5, 2500, 2500, 2500)
     for n in (2, 3):
         cancel(executions, n)
+    exported(store)
     clock.advance(timedelta(days=2))
     # 40 rows a batch: two executions per transaction.
     first = prune(store, DAY, batch_size=40, max_batches=1)
@@ -256,6 +274,9 @@ def test_prune_executions_from_the_command_line(tmp_path: Path, capsys: pytest.C
 
     code, report = prune_json()
     assert (code, report["executions"], report["execution_rows"]) == (0, 0, 0), "kept unless --executions is given"
+    code, report = prune_json("--executions", "30d")
+    assert (code, report["executions"]) == (0, 0), "kept until its messages are exported"
+    assert cli.main(["export", "--db", str(db), "--sink", f"file:{tmp_path / 'events.jsonl'}", "--until-idle"]) == 0
     code, report = prune_json("--executions", "30d")
     assert (code, report["executions"], report["finished"]) == (0, 1, True) and report["execution_rows"] > 1
     with contextlib.closing(sqlite3.connect(db)) as conn:
@@ -314,3 +335,57 @@ def test_a_decision_on_an_execution_pruned_while_it_waited_is_refused_cleanly(
     assert "error" not in outcome, repr(outcome.get("error"))
     assert isinstance(outcome["result"], p.Refusal)
     assert state(operations, "po-0") is None
+
+
+class _Refusing:
+    """A sink that keeps what it was sent and refuses every message of the executions in ``refusing``."""
+
+    def __init__(self, *refusing: str) -> None:
+        self.sent: list[ExportedMessage] = []
+        self.refusing = set(refusing)
+
+    def send(self, message: ExportedMessage) -> None:
+        if message.subject_id in self.refusing:
+            raise SinkError(f"refused {message.subject_id}")
+        self.sent.append(message)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_an_id_reused_after_pruning_starts_a_subject_its_old_messages_do_not_hold_back(
+    stores: tuple[Any, TransactionalOperationStore, ManualClock],
+) -> None:
+    executions, store, clock = stores
+    purchases(executions, 5, 7)  # po-0 and po-1 run to their end
+    sink = _Refusing("po-0")
+    exporter = OutboxExporter(store, sink, retry=ExportRetry(maximum_attempts=1))
+    exporter.run(until_idle=True)
+    old = parked_messages(store)
+    assert old and {m.subject_id for m in old} == {"po-0"}, "po-0's first message is parked, and holds the rest"
+
+    clock.advance(timedelta(days=2))
+    # An execution whose messages are not all exported is kept: its history explains them, and its id stays
+    # taken, so that no new execution's messages queue behind them.
+    report = prune(store, DAY)
+    assert (report.executions, state(store, "po-0"), state(store, "po-1")) == (1, "succeeded", None)
+    for m in old:
+        assert discard(store, m.message_id)
+    sink.refusing.clear()
+    exporter.run(until_idle=True)
+    assert prune(store, DAY).executions == 1 and state(store, "po-0") is None
+
+    # po-0 and po-1 again: each a new execution, whose every message is delivered, in commit order.
+    sink.sent.clear()
+    for n in (0, 1):
+        service.run(
+            executions, POLICY, **WHO, definition_id="purchase-approval", execution_id=f"po-{n}",
+            input={"amount": 5, "order_id": f"o-{n}", "order_revision": 1},
+        )  # fmt: skip
+    drain(executions)
+    exporter.run(until_idle=True)
+    assert outbox_status(store).pending == 0 and parked_messages(store) == []
+    for n in (0, 1):
+        mine = [m for m in sink.sent if m.subject_id == f"po-{n}"]
+        assert [m.topic for m in mine][:1] == ["execution.eligible"] and mine[-1].topic == "execution.succeeded"
+        assert [m.seq for m in mine] == sorted(m.seq for m in mine)

@@ -34,12 +34,14 @@ from fencekeeper.adapters.outbox import (
     SinkClosed,
     SinkError,
     WebhookSink,
+    check_sink,
     discard,
+    open_sink,
     outbox_status,
     parked_messages,
     requeue,
 )
-from fencekeeper.adapters.store import ManualClock
+from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.operations_suite import World, open_accounts
 from tests.outbox.conftest import rows
 
@@ -315,6 +317,25 @@ def test_webhook_posts_each_message_with_its_id_and_retries_an_error_status(
     assert [key for key, _ in _Hook.received] == [f"{op}/1", f"{op}/2", f"{op}/3"]
     assert [body["message_id"] for _, body in _Hook.received] == [key for key, _ in _Hook.received]
     assert _Hook.received[0][1]["attempt"] == 2
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("scheme", ["HTTP", "Http"])
+def test_a_webhook_url_whose_scheme_is_in_capitals_is_taken(
+    world: World, store: TransactionalOperationStore, webhook: str, scheme: str
+) -> None:
+    # RFC 3986, section 3.1: a scheme is case-insensitive, so HTTP://host/ names what http://host/ does.
+    url = scheme + webhook[len("http") :]
+    check_sink(url)
+    check_sink("HTTPS://hooks.example/fk")
+    [op] = make_operations(world, 1)
+    sink = open_sink(url, timeout=5)
+    assert isinstance(sink, WebhookSink)
+    assert OutboxExporter(store, sink).run(until_idle=True).delivered == 3
+    assert [key for key, _ in _Hook.received] == [f"{op}/1", f"{op}/2", f"{op}/3"]
+    for refused in ("HTTPX://host/", "ftp://host/"):
+        with pytest.raises(StoreError, match="expected stdout, file:PATH or an http"):
+            check_sink(refused)
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
