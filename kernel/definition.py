@@ -498,6 +498,18 @@ class Definition:
         return tuple(target for _field, target in continuations(node))
 
 
+RESERVED_EVENT_TYPE_PREFIX: Final = "fencekeeper."
+"""Event Types the kernel's own waits use (an approval request waits on ``fencekeeper.approval``).
+
+Only a reviewer's authorized Decision may wake such a wait (seed 000,
+request_approval: 'An approval resolution must be an authorized governed
+Decision'; 'Unauthorized ... decisions do not wake the execution'), so no
+published Event may carry one of these types: it would match the wait's
+exact type and predicate and wake it with no decision at all.  For the same
+reason a definition's wait_for_event may not name one: no Event could ever
+match it, and it would end only by its timeout."""
+
+
 class DefinitionError(KernelError):
     """A definition that is malformed or fails validation, or may not be registered.
 
@@ -734,6 +746,19 @@ class _Reader:
                 "starting with a letter or digit)",
                 node_id=node_id,
                 field=field,
+            )
+        return text
+
+    def event_type(self, value: object, node_id: str) -> str:
+        text = self.identifier(value, "event_type", node_id, "event type")
+        # Strict only: a stored revision registered before this rule still loads, and its wait still
+        # ends by its timeout as it always could.
+        if self.strict and text.startswith(RESERVED_EVENT_TYPE_PREFIX):
+            self.fail(
+                f"{shown(text)} is reserved: event types beginning {RESERVED_EVENT_TYPE_PREFIX!r} are the kernel's "
+                "own waits', which no published Event may carry, so this wait could never be woken",
+                node_id=node_id,
+                field="event_type",
             )
         return text
 
@@ -1029,7 +1054,7 @@ class _Reader:
                 return WaitForEventNode(
                     node_id=node_id,
                     revision=revision,
-                    event_type=self.identifier(data["event_type"], "event_type", node_id, "event type"),
+                    event_type=self.event_type(data["event_type"], node_id),
                     correlation=self.keyed_operands(data["correlation"], "correlation", node_id, 1, MAX_CORRELATION),
                     next=self.node_name(data["next"], "next", node_id),
                     timeout=self.timeout(data["timeout"], node_id) if "timeout" in data else None,
@@ -1413,6 +1438,7 @@ __all__ = [
     "OPTIONAL_FIELDS",
     "OUTCOMES",
     "REQUIRED_FIELDS",
+    "RESERVED_EVENT_TYPE_PREFIX",
     "SUPPORTED_KINDS",
     "ConditionNode",
     "Definition",

@@ -43,19 +43,11 @@ import attrs
 
 from . import text
 from .common import shown
-from .definition import MAX_INPUT_DEPTH, MAX_INPUT_JSON
+from .definition import MAX_INPUT_DEPTH, MAX_INPUT_JSON, RESERVED_EVENT_TYPE_PREFIX
 from .protocol import WaitSpec
 
 MAX_CORRELATION: Final = 16
 MAX_VALUE_LENGTH: Final = 256
-RESERVED_EVENT_TYPE_PREFIX: Final = "fencekeeper."
-"""Event Types the kernel's own waits use (an approval request waits on ``fencekeeper.approval``).
-
-Only a reviewer's authorized Decision may wake such a wait (seed 000,
-request_approval: 'An approval resolution must be an authorized governed
-Decision'; 'Unauthorized ... decisions do not wake the execution'), so no
-published Event may carry one of these types: it would match the wait's
-exact type and predicate and wake it with no decision at all."""
 MAX_PAYLOAD_JSON: Final = MAX_INPUT_JSON
 """The longest a payload may be, as compact JSON text: the bound of an object input, whose place it takes."""
 MAX_PAYLOAD_DEPTH: Final = MAX_INPUT_DEPTH

@@ -116,6 +116,7 @@ _DEFINITION_EDITS: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
     ("condition_dangling_true_next", _edit(node="check_amount", true_next="nowhere")),
     ("node_revision_0", _edit(node="done", revision=0)),
     ("wait_without_event_type", _edit(node="await_payment", event_type=_DELETE)),
+    ("wait_reserved_event_type", _edit(node="await_payment", event_type="fencekeeper.approval")),
     ("wait_bad_timeout", _edit(node="await_payment", timeout={"after_seconds": 0, "next": "done"})),
     ("approval_without_reviewers", _edit(node="ask_manager", reviewers=[])),
     ("command_without_operation", _edit(node="place_order", operation=_DELETE)),

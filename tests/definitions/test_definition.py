@@ -784,6 +784,21 @@ def test_dangling_continuation_is_kept_leniently() -> None:
     assert d.node("compensate") is None
 
 
+def test_a_wait_on_a_reserved_event_type_is_refused_and_a_stored_one_still_loads() -> None:
+    # No published Event may carry a fencekeeper.* type (only a Decision wakes such a wait), so a
+    # definition's wait on one could never be woken; a revision stored before the rule still loads.
+    data = to_mapping(example())
+    node_data(data, "await_payment")["event_type"] = "fencekeeper.approval"
+    error = refusal(data)
+    assert (error.node_id, error.field) == ("await_payment", "event_type")
+    assert "'fencekeeper.approval' is reserved" in str(error)
+    stored = from_json(json.dumps(data), strict=False)
+    wait = stored.node("await_payment")
+    assert isinstance(wait, WaitForEventNode) and wait.event_type == "fencekeeper.approval"
+    node_data(data, "await_payment")["event_type"] = "fencekeeper_approval"
+    assert definition_from_mapping(data).node("await_payment") is not None
+
+
 def test_outputs_of_an_unsupported_node_may_be_read_leniently() -> None:
     data = _with_parallel_node()
     node_data(data, "await_payment")["correlation"]["branch"] = {"from": "fan_out.branch"}

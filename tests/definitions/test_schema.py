@@ -267,3 +267,15 @@ def test_schema_ties_error_code_to_a_failed_end() -> None:
     assert schema_errors({"id": "x", "kind": "end", "revision": 1, "outcome": "succeeded"}, end) == []
     assert schema_errors({"id": "x", "kind": "end", "revision": 1, "outcome": "failed"}, end) == ["$: missing 'error_code'"]
     assert schema_errors({"id": "x", "kind": "end", "revision": 1, "outcome": "succeeded", "error_code": "e"}, end)
+
+
+def test_schema_refuses_a_wait_on_a_reserved_event_type_as_the_validator_does() -> None:
+    data = json.loads(to_json(parse_definition(EXAMPLE)))
+    wait = next(node for node in data["nodes"] if node["kind"] == "wait_for_event")
+    wait["event_type"] = "fencekeeper.approval"
+    assert schema_errors(data, SCHEMA)
+    with pytest.raises(DefinitionError, match="is reserved"):
+        definition_from_mapping(data)
+    wait["event_type"] = "fencekeeper_approval.x"
+    assert schema_errors(data, SCHEMA) == []
+    definition_from_mapping(data)
