@@ -367,7 +367,8 @@ def forge(journal: j.Journal, command: j.Command, at: datetime, nodes: tuple[tup
         fields: dict[str, Any] = {
             "execution_id": journal.execution_id, "ordinal": number, "previous": previous,
             "request_id": command.request_id, "request_digest": digest, "node_id": node_id, "event": event,
-            "prior_state": journal.states[node_id], "resulting_state": resulting, "actor_id": command.actor_id,
+            "prior_state": command.prior_state if isinstance(command, j.Transition) else journal.states[node_id],
+            "resulting_state": resulting, "actor_id": command.actor_id,
             "role": command.role, "at": j.format_time(at), "rationale": command.rationale, "attempt": None,
             "records": (), "approvals": (), "error": None, "invalidation": None, "successor": None,
         }  # fmt: skip
@@ -507,6 +508,17 @@ def cases() -> list[Case]:
     found.extend(_forged(complete))
     found.extend(_forged_batches(first))
     found.extend(_forged_successors(first, second))
+    found.extend(_forged_rules(complete, first, second))
+    # A header that does not bind the workflow and policy it is replayed with, one member at a time.
+    for name, description, change in (
+        ("header-other-workflow", "the header's workflow digest rewritten", {"workflow_digest": sha("another workflow")}),
+        ("header-other-policy", "the header's policy digest rewritten", {"policy_digest": sha("another policy")}),
+        ("header-other-protocol", "the header's protocol rewritten", {"protocol": "protocol-v2"}),
+        ("header-node-order", "the header's nodes listed in reverse", {"nodes": list(reversed(json.loads(header)["nodes"]))}),
+        ("header-automation-creator", "the header's creator rewritten to bot:search, an automation actor",
+         {"created_by": "bot:search"}),
+    ):
+        bad(name, f"{description}, digest recomputed", [resign(header, **change), *events], "unverified_authority", 0)
     return found
 
 
@@ -670,6 +682,104 @@ def _forged_successors(first: Script, second: Script) -> list[Case]:
           j.RecordRef(j.SUCCESSOR_KIND, "ghost-9", sha("ghost-9")))  # fmt: skip
     bound("successor-digest", "review-1 bound to review-2 under a digest that is not its header's",
           j.RecordRef(j.SUCCESSOR_KIND, "review-2", sha("review-2")))  # fmt: skip
+    return found
+
+
+def _forged_rules(complete: Script, first: Script, second: Script) -> list[Case]:
+    """A case for each rule of specs/journal.md, section 6, that the cases above leave unchecked.
+
+    Each breaks one rule in a record whose digests are all right, so that a
+    reader passes it only by checking that rule (and gives the rule's code).
+    """
+    journal = complete.journal
+    found: list[Case] = []
+    at_screening = _prefix(journal, 6)
+    chain = lines(at_screening)
+    head = at_screening.head
+    at = T0 + timedelta(seconds=6, milliseconds=500)
+    start = j.AttemptRef("screen-a-1", 1)
+
+    def forged(name: str, description: str, command: j.Command, code: str,
+               rows: tuple[tuple[str, NodeEvent, NodeState], ...] = ()) -> None:  # fmt: skip
+        found.append(Case(name, description, [*chain, *forge(at_screening, command, at, rows)], code, len(chain)))
+
+    def screen_a(request: str, event: NodeEvent = NodeEvent.WORK_STARTED, **fields: Any) -> j.Transition:
+        values: dict[str, Any] = {"attempt": start, **fields}
+        return j.Transition(request, head, "screen-a", event, NodeState.READY, "alice", "screener", **values)
+
+    forged("request-id-reused", "alice starts screen-a under review-1-r1, the request id of event 1",
+           screen_a("review-1-r1"), "conflicting_request")  # fmt: skip
+    forged("unknown-node", "alice starts screen-z, a node the workflow does not have",
+           attrs.evolve(screen_a("f12"), node_id="screen-z"), "unknown_node")  # fmt: skip
+    forged("prior-state-mismatch", "alice starts screen-b, recording it ready while it is still pending",
+           attrs.evolve(screen_a("f13"), node_id="screen-b", attempt=j.AttemptRef("screen-b-1", 1)),
+           "prior_state_mismatch")  # fmt: skip
+    forged("attempt-out-of-sequence", "alice starts screen-a's first attempt numbered 2",
+           screen_a("f14", attempt=j.AttemptRef("screen-a-1", 2)), "invalid_attempt")  # fmt: skip
+    forged("attempt-on-dependencies", "the scheduler makes screen-b ready binding an attempt",
+           j.Transition("f15", head, "screen-b", NodeEvent.DEPENDENCIES_SATISFIED, NodeState.PENDING, "bot:search",
+                        "scheduler", attempt=j.AttemptRef("screen-b-1", 1)),
+           "invalid_attempt", (("screen-b", NodeEvent.DEPENDENCIES_SATISFIED, NodeState.READY),))  # fmt: skip
+    forged("error-without-failure", "alice starts screen-a with an error", screen_a("f16", error="nothing went wrong"),
+           "invalid_request")  # fmt: skip
+    started = forge(at_screening, screen_a("f17"), at)
+    after = j.continue_replay(at_screening, started)
+
+    def then(name: str, description: str, command: j.Transition, code: str, resulting: NodeState) -> None:
+        rows = ((command.node_id, command.event, resulting),)
+        found.append(Case(name, description, [*chain, *started, *forge(after, command, at + timedelta(seconds=1), rows)],
+                          code, len(chain) + 1))  # fmt: skip
+
+    def screen_a_active(request: str, event: NodeEvent, **fields: Any) -> j.Transition:
+        values: dict[str, Any] = {"attempt": start, **fields}
+        return j.Transition(request, after.head, "screen-a", event, NodeState.ACTIVE, "alice", "screener", **values)
+
+    then("attempt-not-current", "alice completes screen-a binding an attempt id that is not the one she started",
+         screen_a_active("f18", NodeEvent.WORK_COMPLETED, attempt=j.AttemptRef("screen-a-x", 1),
+                         records=(ref("screening", "screening-a"),)),
+         "invalid_attempt", NodeState.COMPLETED)  # fmt: skip
+    then("failure-without-error", "alice fails screen-a with an empty error",
+         screen_a_active("f19", NodeEvent.WORK_FAILED, error=""), "invalid_request", NodeState.FAILED)  # fmt: skip
+
+    # The retraction's batch written in review order rather than topological order.
+    batch = [e for e in first.journal.events if e.event is NodeEvent.WORK_INVALIDATED]
+    reviewed = _prefix(first.journal, batch[0].ordinal - 1)
+    command = invalidation(Script(reviewed))
+    order = ("screen-b", "screen-a", "extraction", "synthesis", "sign-off")
+    rows = tuple((n, NodeEvent.WORK_INVALIDATED, NodeState.INVALIDATED) for n in order)
+    found.append(Case("batch-out-of-order", "the retraction's batch, digests right, with screen-b's event before "
+                      "screen-a's, which the topological order puts first",
+                      [*lines(reviewed), *forge(reviewed, command, T0 + timedelta(hours=2), rows)],
+                      "malformed_record", batch[0].ordinal))  # fmt: skip
+
+    # After review-2 superseded the screening onwards.
+    done = first.journal
+    after_binding = T0 + timedelta(days=2)
+    again = j.BindSuccessor(
+        request_id="f20", expected_head=done.head,
+        successor=j.RecordRef(j.SUCCESSOR_KIND, "review-2", second.journal.header.digest),
+        nodes=(j.NodeExpectation("screen-a", NodeState.SUPERSEDED),), actor_id="carol", role="coordinator",
+    )  # fmt: skip
+    found.append(Case("superseded-bound-again", "screen-a, superseded, bound to review-2 a second time",
+                      [*lines(done), *forge(done, again, after_binding,
+                                            (("screen-a", NodeEvent.SUCCESSOR_BOUND, NodeState.SUPERSEDED),))],
+                      "bad_successor_binding", len(done.events) + 1, headers=(second.journal.header,)))  # fmt: skip
+    undo = j.Invalidate(
+        request_id="f21", expected_head=done.head, source=RETRACTION, policy="retraction-policy",
+        nodes=(j.NodeExpectation("screen-a", NodeState.SUPERSEDED),), actor_id="carol", role="coordinator",
+    )  # fmt: skip
+    found.append(Case("superseded-invalidated", "screen-a, superseded, invalidated again",
+                      [*lines(done), *forge(done, undo, after_binding,
+                                            (("screen-a", NodeEvent.WORK_INVALIDATED, NodeState.INVALIDATED),))],
+                      "invalid_transition", len(done.events) + 1, headers=(second.journal.header,)))  # fmt: skip
+    bound = next(e.ordinal for e in done.events if e.event is NodeEvent.SUCCESSOR_BOUND)
+    invalidated = _prefix(done, bound - 1)
+    by_bot = attrs.evolve(binding(Script(invalidated), second.journal), request_id="f22", actor_id="bot:search",
+                          role="scheduler")  # fmt: skip
+    rows = tuple((n, NodeEvent.SUCCESSOR_BOUND, NodeState.SUPERSEDED) for n in DOWNSTREAM)
+    found.append(Case("successor-by-automation", "bot:search, automation, binds review-2 to review-1's invalidated work",
+                      [*lines(invalidated), *forge(invalidated, by_bot, T0 + timedelta(days=1, hours=1), rows)],
+                      "automation_claims_human", bound, headers=(second.journal.header,)))  # fmt: skip
     return found
 
 

@@ -49,6 +49,24 @@ REQUIRED = {
     "successor-other-workflow": "bad_successor_binding",
     "successor-unknown": "bad_successor_binding",
     "successor-digest": "bad_successor_binding",
+    # One for each rule of specs/journal.md no case above breaks alone.
+    "header-other-workflow": "unverified_authority",
+    "header-other-policy": "unverified_authority",
+    "header-other-protocol": "unverified_authority",
+    "header-node-order": "unverified_authority",
+    "header-automation-creator": "unverified_authority",
+    "request-id-reused": "conflicting_request",
+    "unknown-node": "unknown_node",
+    "prior-state-mismatch": "prior_state_mismatch",
+    "attempt-out-of-sequence": "invalid_attempt",
+    "attempt-on-dependencies": "invalid_attempt",
+    "attempt-not-current": "invalid_attempt",
+    "error-without-failure": "invalid_request",
+    "failure-without-error": "invalid_request",
+    "batch-out-of-order": "malformed_record",
+    "superseded-bound-again": "bad_successor_binding",
+    "superseded-invalidated": "invalid_transition",
+    "successor-by-automation": "automation_claims_human",
 }
 
 
