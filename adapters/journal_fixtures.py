@@ -682,6 +682,15 @@ def _forged_successors(first: Script, second: Script) -> list[Case]:
           j.RecordRef(j.SUCCESSOR_KIND, "ghost-9", sha("ghost-9")))  # fmt: skip
     bound("successor-digest", "review-1 bound to review-2 under a digest that is not its header's",
           j.RecordRef(j.SUCCESSOR_KIND, "review-2", sha("review-2")))  # fmt: skip
+    bound("successor-self", "review-1 bound to itself, under its own header's digest", named(journal.header))
+    bound("successor-not-execution", "review-1 bound to review-2's header named as a record of kind 'header'",
+          j.RecordRef("header", "review-2", second.journal.header.digest))  # fmt: skip
+    short = attrs.evolve(binding(Script(invalidated), second.journal), request_id="successor-partial",
+                         nodes=tuple(j.NodeExpectation(n, NodeState.INVALIDATED) for n in DOWNSTREAM[:-1]))  # fmt: skip
+    rows = tuple((n, NodeEvent.SUCCESSOR_BOUND, NodeState.SUPERSEDED) for n in DOWNSTREAM[:-1])
+    found.append(Case("successor-partial", "review-2 bound to four of the five invalidated nodes, sign-off left out",
+                      [*chain, *forge(invalidated, short, at, rows)], "bad_successor_binding", len(chain),
+                      headers=known))  # fmt: skip
     return found
 
 
@@ -740,6 +749,90 @@ def _forged_rules(complete: Script, first: Script, second: Script) -> list[Case]
          "invalid_attempt", NodeState.COMPLETED)  # fmt: skip
     then("failure-without-error", "alice fails screen-a with an empty error",
          screen_a_active("f19", NodeEvent.WORK_FAILED, error=""), "invalid_request", NodeState.FAILED)  # fmt: skip
+
+    # Roles: one the policy does not give the actor, one the node does not admit.
+    forged("role-not-assigned", "carol, who is no screener, starts screen-a as a screener",
+           attrs.evolve(screen_a("f23"), actor_id="carol"), "forged_role")  # fmt: skip
+    forged("role-not-admitted", "alice starts screen-a as a reviewer, a role she holds that screen-a does not admit",
+           attrs.evolve(screen_a("f24"), role="reviewer"), "forged_role")  # fmt: skip
+    then("approvals-off-approval-node", "alice completes screen-a citing an approval",
+         screen_a_active("f25", NodeEvent.WORK_COMPLETED, records=(ref("screening", "screening-a"),),
+                         approvals=SIGN_OFF[:1]),
+         "invalid_approval", NodeState.COMPLETED)  # fmt: skip
+
+    # Attempts: a retry's attempt id reused, and a start that is not of the authorized attempt.
+    failed = _prefix(journal, 2)
+    reused = j.Transition("f26", failed.head, "search", NodeEvent.RETRY_AUTHORIZED, NodeState.FAILED, "bot:search",
+                          "searcher", attempt=j.AttemptRef("search-1", 2))  # fmt: skip
+    found.append(Case("attempt-id-reused", "the search's retry authorized under search-1, the failed attempt's id",
+                      [*lines(failed), *forge(failed, reused, at, (("search", NodeEvent.RETRY_AUTHORIZED, NodeState.READY),))],
+                      "invalid_attempt", 3))  # fmt: skip
+    authorized = _prefix(journal, 3)
+    other = j.Transition("f27", authorized.head, "search", NodeEvent.WORK_STARTED, NodeState.READY, "bot:search",
+                         "searcher", attempt=j.AttemptRef("search-3", 3))  # fmt: skip
+    found.append(Case("attempt-not-authorized", "the search started as search-3 #3 where the retry authorized search-2 #2",
+                      [*lines(authorized), *forge(authorized, other, at)], "invalid_attempt", 4))  # fmt: skip
+
+    # The hybrid extraction, worked by automation, which may do it but not complete it or authorize a retry.
+    ready = next(e.ordinal for e in journal.events if e.node_id == "extraction")
+    extraction = _prefix(journal, ready)
+    attempt = j.AttemptRef("extraction-1", 1)
+    begun = forge(extraction, j.Transition("f28", extraction.head, "extraction", NodeEvent.WORK_STARTED,
+                                           NodeState.READY, "bot:extract", "extractor", attempt=attempt), at)  # fmt: skip
+    working = j.continue_replay(extraction, begun)
+
+    def automated(name: str, description: str, command: j.Transition, resulting: NodeState, *,
+               before: tuple[bytes, ...] = (), base: j.Journal = working) -> None:  # fmt: skip
+        rows = ((command.node_id, command.event, resulting),)
+        body = forge(base, command, at + timedelta(seconds=2), rows)
+        found.append(Case(name, description, [*lines(extraction), *begun, *before, *body], "automation_claims_human",
+                          len(extraction.events) + 2 + len(before)))  # fmt: skip
+
+    automated("hybrid-completed-by-automation", "bot:extract completes the hybrid extraction it started",
+           j.Transition("f29", working.head, "extraction", NodeEvent.WORK_COMPLETED, NodeState.ACTIVE, "bot:extract",
+                        "extractor", attempt=attempt, records=(ref("extraction", "extraction-table"),)),
+           NodeState.COMPLETED)  # fmt: skip
+    broke = forge(working, j.Transition("f30", working.head, "extraction", NodeEvent.WORK_FAILED, NodeState.ACTIVE,
+                                        "bot:extract", "extractor", attempt=attempt, error="table parser crashed"),
+                  at + timedelta(seconds=1), (("extraction", NodeEvent.WORK_FAILED, NodeState.FAILED),))  # fmt: skip
+    broken = j.continue_replay(working, broke)
+    automated("hybrid-retry-by-automation", "bot:extract authorizes a retry of the hybrid extraction it failed",
+           j.Transition("f31", broken.head, "extraction", NodeEvent.RETRY_AUTHORIZED, NodeState.FAILED, "bot:extract",
+                        "extractor", attempt=j.AttemptRef("extraction-2", 2)),
+           NodeState.READY, before=tuple(broke), base=broken)  # fmt: skip
+
+    # The sign-off's approvals, each breaking one rule of its requirement (two human reviewers, distinct).
+    signing = _prefix(journal, len(journal.events) - 1)
+    sign_off = j.AttemptRef("sign-off-1", 1)
+
+    def signed(name: str, description: str, approvals: tuple[j.Approval, ...], code: str) -> None:
+        command = j.Transition(name, signing.head, "sign-off", NodeEvent.WORK_COMPLETED, NodeState.ACTIVE, "carol",
+                               "coordinator", attempt=sign_off, approvals=approvals)  # fmt: skip
+        rows = (("sign-off", NodeEvent.WORK_COMPLETED, NodeState.COMPLETED),)
+        found.append(Case(name, description, [*lines(signing), *forge(signing, command, T0 + timedelta(hours=1), rows)],
+                          code, len(signing.events) + 1))  # fmt: skip
+
+    def approval(actor: str, role: str) -> j.Approval:
+        return j.Approval(actor, role, ref("approval", f"{actor}-as-{role}"))
+
+    signed("approval-forged-role", "alice and carol approve as reviewers; carol is no reviewer",
+           (approval("alice", "reviewer"), approval("carol", "reviewer")), "forged_role")  # fmt: skip
+    signed("approval-other-role", "alice approves as a reviewer, bob as a screener, a role the sign-off does not take",
+           (approval("alice", "reviewer"), approval("bob", "screener")), "invalid_approval")  # fmt: skip
+    signed("approval-by-automation", "alice and bot:extract approve as reviewers; the sign-off takes humans only",
+           (approval("alice", "reviewer"), approval("bot:extract", "reviewer")), "invalid_approval")  # fmt: skip
+    signed("approval-same-actor", "alice approves twice, with two records; the sign-off needs distinct approvers",
+           (approval("alice", "reviewer"), j.Approval("alice", "reviewer", ref("approval", "alice-again"))),
+           "invalid_approval")  # fmt: skip
+    signed("approval-order", "bob approves as a screener, then carol as a reviewer she is not: the first "
+           "approval's rule is broken first", (approval("bob", "screener"), approval("carol", "reviewer")),
+           "invalid_approval")  # fmt: skip
+    starting = _prefix(journal, len(journal.events) - 2)
+    early = j.Transition("approvals-on-start", starting.head, "sign-off", NodeEvent.WORK_STARTED, NodeState.READY,
+                         "carol", "coordinator", attempt=sign_off, approvals=SIGN_OFF)  # fmt: skip
+    found.append(Case("approvals-on-start", "the sign-off started with its two approvals, which belong to its completion",
+                      [*lines(starting), *forge(starting, early, T0 + timedelta(hours=1))], "invalid_approval",
+                      len(starting.events) + 1))  # fmt: skip
 
     # The retraction's batch written in review order rather than topological order.
     batch = [e for e in first.journal.events if e.event is NodeEvent.WORK_INVALIDATED]

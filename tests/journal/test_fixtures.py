@@ -67,6 +67,22 @@ REQUIRED = {
     "superseded-bound-again": "bad_successor_binding",
     "superseded-invalidated": "invalid_transition",
     "successor-by-automation": "automation_claims_human",
+    "successor-self": "bad_successor_binding",
+    "successor-not-execution": "bad_successor_binding",
+    "successor-partial": "bad_successor_binding",
+    "role-not-assigned": "forged_role",
+    "role-not-admitted": "forged_role",
+    "approvals-off-approval-node": "invalid_approval",
+    "approvals-on-start": "invalid_approval",
+    "approval-forged-role": "forged_role",
+    "approval-other-role": "invalid_approval",
+    "approval-by-automation": "invalid_approval",
+    "approval-same-actor": "invalid_approval",
+    "approval-order": "invalid_approval",
+    "attempt-id-reused": "invalid_attempt",
+    "attempt-not-authorized": "invalid_attempt",
+    "hybrid-completed-by-automation": "automation_claims_human",
+    "hybrid-retry-by-automation": "automation_claims_human",
 }
 
 
