@@ -346,6 +346,17 @@ def written_before_the_bound() -> Script:
     return script
 
 
+def clock_set_back() -> Script:
+    """review-1 whose second event's time is an hour before its first's (specs/journal.md, section 6)."""
+    script = new("review-1")
+    attempt = j.AttemptRef("search-1", 1)
+    script.do("search", NodeEvent.WORK_STARTED, "bot:search", "searcher", attempt=attempt)
+    script.clock -= timedelta(hours=1)
+    script.do("search", NodeEvent.WORK_FAILED, "bot:search", "searcher", attempt=attempt, error="index timed out")
+    script.do("search", NodeEvent.RETRY_AUTHORIZED, "bot:search", "searcher", attempt=j.AttemptRef("search-2", 2))
+    return script
+
+
 # --- forging and tampering ---------------------------------------------------------------------
 
 
@@ -446,6 +457,12 @@ def cases() -> list[Case]:
             headers=(second.journal.header,),
         ),
         _valid(
+            "valid-clock-back",
+            "the search's failure recorded by an appender whose clock was an hour behind: the ordinal, not the "
+            "time, orders a journal",
+            clock_set_back().journal,
+        ),
+        _valid(
             "valid-long-text",
             f"the search's failure carries an error and a rationale longer than the {MAX_RATIONALE} characters an "
             "append now admits: replay reads what was appended",
@@ -493,6 +510,29 @@ def cases() -> list[Case]:
     surrogate = events[1].replace(b'"rationale":"', b'"rationale":"\\ud800', 1)
     bad("lone-surrogate", "event 2's rationale holds an escaped unpaired surrogate", [header, events[0], surrogate, *events[2:]],
         "malformed_record", 2)  # fmt: skip
+    without_role = {k: v for k, v in json.loads(events[1]).items() if k not in ("role", "digest")}
+    bad("missing-field", "event 2 without its role, digest recomputed",
+        [header, events[0], canonical_bytes({**without_role, "digest": digest_of(without_role)}), *events[2:]],
+        "missing_field", 2)  # fmt: skip
+    bad("time-spelling", "event 2's time written without its fraction, digest recomputed",
+        [header, events[0], resign(events[1], at="2026-03-01T09:00:02Z"), *events[2:]], "malformed_record", 2)  # fmt: skip
+    request = json.loads(events[1])["request"]
+    shouted = {**request, "digest": "sha256:" + request["digest"].removeprefix("sha256:").upper()}
+    bad("digest-spelling", "event 2's request digest in capital hexadecimal digits, digest recomputed",
+        [header, events[0], resign(events[1], request=shouted), *events[2:]], "malformed_record", 2)  # fmt: skip
+    # Numbers JCS could write but the format refuses: a fraction, and a whole number past 2^53 - 1.
+    bad("number-fraction", "event 2's ordinal written 2.5",
+        [header, events[0], events[1].replace(b'"ordinal":2,', b'"ordinal":2.5,', 1), *events[2:]],
+        "malformed_record", 2)  # fmt: skip
+    bad("number-range", "event 2's ordinal written 2^53",
+        [header, events[0], events[1].replace(b'"ordinal":2,', b'"ordinal":9007199254740992,', 1), *events[2:]],
+        "malformed_record", 2)  # fmt: skip
+    # A stored event's identifiers and attempt sequence are its request's (section 6, rule 1).
+    bad("event-identifier", "event 2's actor written 'bot search', which is no identifier, digest recomputed",
+        [header, events[0], resign(events[1], actor="bot search"), *events[2:]], "invalid_request", 2)  # fmt: skip
+    bad("attempt-sequence-zero", "event 2's attempt numbered 0, digest recomputed",
+        [header, events[0], resign(events[1], attempt={"id": "search-1", "sequence": 0}), *events[2:]],
+        "invalid_request", 2)  # fmt: skip
     bad("ordinal-gap", "event 2 renumbered 3, digest recomputed", [header, events[0], resign(events[1], ordinal=3), *events[2:]],
         "ordinal_gap", 2)  # fmt: skip
     bad("request-digest", "event 2's content changed and its digest recomputed, its request digest not",

@@ -83,6 +83,13 @@ REQUIRED = {
     "attempt-not-authorized": "invalid_attempt",
     "hybrid-completed-by-automation": "automation_claims_human",
     "hybrid-retry-by-automation": "automation_claims_human",
+    "missing-field": "missing_field",
+    "time-spelling": "malformed_record",
+    "digest-spelling": "malformed_record",
+    "number-fraction": "malformed_record",
+    "number-range": "malformed_record",
+    "event-identifier": "invalid_request",
+    "attempt-sequence-zero": "invalid_request",
 }
 
 
