@@ -30,6 +30,7 @@ from .examples import (
     fresh,
     invalidate_screening,
     ref,
+    review_workflow,
     reviewed,
     stored,
 )
@@ -391,6 +392,45 @@ def test_the_two_screenings_are_done_by_different_people() -> None:
     assert "screen-a" in outcome.message
     driver.do("screen-b", NodeEvent.WORK_STARTED, "bob", "screener", attempt=j.AttemptRef("b-1", 1))
     assert driver.journal.workers == {"search": {"bot:search"}, "screen-a": {"alice"}, "screen-b": {"bob"}}
+
+
+def test_invalidating_or_binding_is_not_work_independence_limits() -> None:
+    # specs/journal.md, section 6, rule 5: independence is checked on transitions only; undoing
+    # work is not doing it (section 3), so alice, who screened screen-a, may invalidate screen-b's
+    # screening and its descendants under a policy admitting her role, and is not thereby one
+    # who has worked on screen-b.
+    workflow = review_workflow()
+    declared = fixtures.review_policy(workflow)
+    recall = j.InvalidationPolicy("screening-recall", ("screener",))
+    policy = j.verify_policy(
+        attrs.evolve(declared, invalidation_policies=(*declared.invalidation_policies, recall)), workflow
+    )
+    header = j.create_header("review-1", workflow, policy, created_by="carol", now=T0)
+    driver = Driver(j.new_journal(header, workflow, policy))
+    driver.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    driver.work("screen-a", "alice", "screener", (ref("screening", "screening-a"),))
+    driver.work("screen-b", "bob", "screener", (ref("screening", "screening-b"),))
+    journal = driver.journal
+    outcome = driver.apply(
+        j.Invalidate(
+            request_id="recall-b",
+            expected_head=journal.head,
+            source=ref("recall-notice", "screening-b"),
+            policy="screening-recall",
+            nodes=(
+                j.NodeExpectation("screen-b", NodeState.COMPLETED),
+                *(j.NodeExpectation(n, NodeState.PENDING) for n in ("extraction", "synthesis", "sign-off")),
+            ),
+            actor_id="alice",
+            role="screener",
+        )
+    )
+    assert isinstance(outcome, j.Appended), outcome
+    assert [e.node_id for e in outcome.events] == ["screen-b", "extraction", "synthesis", "sign-off"]
+    assert driver.journal.workers["screen-b"] == {"bob"}
+    assert "extraction" not in driver.journal.workers
+    chain = fixtures.lines(driver.journal)
+    assert j.replay(chain[0], chain[1:], workflow, policy).head == driver.journal.head
 
 
 def test_hybrid_work_may_be_automated_but_only_a_human_completes_it() -> None:
