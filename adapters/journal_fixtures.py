@@ -787,6 +787,9 @@ def _forged_rules(complete: Script, first: Script, second: Script) -> list[Case]
          screen_a_active("f18", NodeEvent.WORK_COMPLETED, attempt=j.AttemptRef("screen-a-x", 1),
                          records=(ref("screening", "screening-a"),)),
          "invalid_attempt", NodeState.COMPLETED)  # fmt: skip
+    then("records-repeated", "alice completes screen-a referencing screening-a twice",
+         screen_a_active("f32", NodeEvent.WORK_COMPLETED, records=(ref("screening", "screening-a"),) * 2),
+         "invalid_request", NodeState.COMPLETED)  # fmt: skip
     then("failure-without-error", "alice fails screen-a with an empty error",
          screen_a_active("f19", NodeEvent.WORK_FAILED, error=""), "invalid_request", NodeState.FAILED)  # fmt: skip
 
@@ -884,6 +887,13 @@ def _forged_rules(complete: Script, first: Script, second: Script) -> list[Case]
                       "screen-a's, which the topological order puts first",
                       [*lines(reviewed), *forge(reviewed, command, T0 + timedelta(hours=2), rows)],
                       "malformed_record", batch[0].ordinal))  # fmt: skip
+
+    twice = attrs.evolve(command, request_id="f33", nodes=(*command.nodes, command.nodes[0]))
+    rows = tuple((n.node_id, NodeEvent.WORK_INVALIDATED, NodeState.INVALIDATED) for n in twice.nodes)
+    rows = tuple(sorted(rows, key=lambda r: reviewed.workflow.order.index(r[0])))
+    found.append(Case("batch-node-repeated", "the retraction's batch with two events for screen-a",
+                      [*lines(reviewed), *forge(reviewed, twice, T0 + timedelta(hours=2), rows)],
+                      "invalid_request", batch[0].ordinal))  # fmt: skip
 
     # After review-2 superseded the screening onwards.
     done = first.journal

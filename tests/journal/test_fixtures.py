@@ -90,6 +90,8 @@ REQUIRED = {
     "number-range": "malformed_record",
     "event-identifier": "invalid_request",
     "attempt-sequence-zero": "invalid_request",
+    "records-repeated": "invalid_request",
+    "batch-node-repeated": "invalid_request",
 }
 
 

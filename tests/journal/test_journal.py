@@ -394,6 +394,34 @@ def test_the_two_screenings_are_done_by_different_people() -> None:
     assert driver.journal.workers == {"search": {"bot:search"}, "screen-a": {"alice"}, "screen-b": {"bob"}}
 
 
+def test_a_batch_names_some_node_and_none_twice_and_a_completion_each_record_once() -> None:
+    # specs/journal.md, section 6, rule 1: shape, before the head or any node is looked at.
+    driver = searched()
+    stale = "sha256:" + "0" * 64
+    for nodes in ((), (j.NodeExpectation("search", NodeState.COMPLETED),) * 2):
+        refused(
+            driver,
+            j.Invalidate(request_id="x", expected_head=stale, source=RETRACTION, policy="retraction-policy",
+                         nodes=nodes, actor_id="carol", role="coordinator"),
+            C.INVALID_REQUEST,
+        )  # fmt: skip
+        refused(
+            driver,
+            j.BindSuccessor(request_id="y", expected_head=stale, successor=j.RecordRef("execution", "review-2", stale),
+                            nodes=nodes, actor_id="carol", role="coordinator"),
+            C.INVALID_REQUEST,
+        )  # fmt: skip
+    driver.do("screen-a", NodeEvent.DEPENDENCIES_SATISFIED, "bot:search", "scheduler")
+    attempt = j.AttemptRef("a-1", 1)
+    driver.do("screen-a", NodeEvent.WORK_STARTED, "alice", "screener", attempt=attempt)
+    refused(
+        driver,
+        attrs.evolve(driver.transition("screen-a", NodeEvent.WORK_COMPLETED, "alice", "screener", attempt=attempt,
+                                       records=(ref("screening", "screening-a"),) * 2), expected_head=stale),
+        C.INVALID_REQUEST,
+    )  # fmt: skip
+
+
 def test_invalidating_or_binding_is_not_work_independence_limits() -> None:
     # specs/journal.md, section 6, rule 5: independence is checked on transitions only; undoing
     # work is not doing it (section 3), so alice, who screened screen-a, may invalidate screen-b's
