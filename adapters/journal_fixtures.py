@@ -346,6 +346,26 @@ def written_before_the_bound() -> Script:
     return script
 
 
+def untouched_human_work() -> Script:
+    """review-1 invalidated by automation after its search alone: no human has worked on any node (section 3)."""
+    script = new("review-1")
+    script.work("search", "bot:search", "searcher", (ref("search-results", "search-results"),))
+    journal = script.journal
+    script.send(
+        j.Invalidate(
+            request_id=f"{journal.execution_id}-index-withdrawal",
+            expected_head=journal.head,
+            source=INDEX_WITHDRAWAL,
+            policy="index-withdrawal",
+            nodes=tuple(j.NodeExpectation(n, journal.states[n]) for n in journal.workflow.order),
+            actor_id="bot:search",
+            role="scheduler",
+            rationale="the search index withdrew records the search returned",
+        )
+    )
+    return script
+
+
 def clock_set_back() -> Script:
     """review-1 whose second event's time is an hour before its first's (specs/journal.md, section 6)."""
     script = new("review-1")
@@ -455,6 +475,12 @@ def cases() -> list[Case]:
                 invalidated_after_binding()[0].journal,
             ),
             headers=(second.journal.header,),
+        ),
+        _valid(
+            "valid-untouched-human-work",
+            "bot:search, automation, invalidates the search and everything after it, human screenings included, "
+            "before any human has worked on them",
+            untouched_human_work().journal,
         ),
         _valid(
             "valid-clock-back",
