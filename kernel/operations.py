@@ -874,12 +874,67 @@ def _iso(value: datetime | None) -> str:
     return "never" if value is None else value.isoformat()
 
 
-def _guard(operation: Operation, *, live: bool = False) -> Guard:
+def _guard(operation: Operation, *, live: bool = False, event: OperationEvent | None = None) -> Guard:
     return Guard(
         operation.operation_id,
         operation.revision,
         operation.fence,
-        live_until=operation.lease_expires_at if live else None,
+        live_until=(operation.lease_expires_at if event is None else _live_until(operation, event)) if live else None,
+    )
+
+
+def _begins_effect(operation: Operation, event: OperationEvent) -> bool:
+    """Whether a commit of ``event`` starts the Operation's effect: an external intent, or an atomic success.
+
+    Neither may commit from the overall deadline on (seed 001, Approval, cancellation, and limits: the deadline
+    is a limit that survives restart; specs/operations.md, "The overall deadline and effects").  An external
+    call's answer, a failure, an unknown outcome and a read-only result start nothing and stay allowed.
+    """
+    if event is OperationEvent.RECORD_INTENT:
+        return True
+    return event is OperationEvent.SUCCEED and operation.effect_class is EffectClass.ATOMIC
+
+
+def _live_until(operation: Operation, event: OperationEvent) -> datetime | None:
+    """The guard's ``live_until`` for an owner's decision: the lease, and for one that starts an effect the deadline.
+
+    Judged again at commit with the store's own time, so a decision made just before the deadline that commits
+    after it (an atomic action that ran past it) writes nothing.
+    """
+    lease = operation.lease_expires_at
+    if lease is not None and _begins_effect(operation, event):
+        return min(lease, operation.deadline)
+    return lease
+
+
+def commit_refusal(decision: Decision, now: datetime) -> Refusal | None:
+    """The refusal a store answers when ``decision``'s guard ``live_until`` has passed at its commit, ``now``.
+
+    None while it holds.  ``deadline_exceeded`` for a decision that starts an effect (an external intent, an
+    atomic success) once the overall deadline has come, else ``lease_expired``: deciding again at ``now``
+    gives the same code.
+    """
+    if not isinstance(decision, Decision):
+        raise TypeError(f"decision: must be of type Decision, got {type(decision).__name__}")
+    problem = utc_problem(now)
+    if problem is not None:
+        raise (TypeError if not isinstance(now, datetime) else ValueError)(f"now: {problem}")
+    live = decision.guard.live_until
+    if live is None or now < live:
+        return None
+    after, event = decision.operation, decision.transition.event
+    if event is not None and _begins_effect(after, event) and now >= after.deadline:
+        return _past_deadline(after, now, event)
+    return Refusal(
+        RefusalCode.LEASE_EXPIRED, f"the lease expired at {live.isoformat()} before the commit at {now.isoformat()}"
+    )
+
+
+def _past_deadline(operation: Operation, now: datetime, event: OperationEvent) -> Refusal:
+    what = "an external effect's intent" if event is OperationEvent.RECORD_INTENT else "an atomic action's effect"
+    return Refusal(
+        RefusalCode.DEADLINE_EXCEEDED,
+        f"the deadline {_iso(operation.deadline)} has passed (now {_iso(now)}): {what} may not begin",
     )
 
 
@@ -947,7 +1002,7 @@ def _decision(
     credential: Credential | None = None,
 ) -> Decision:
     return Decision(
-        guard=_guard(before, live=live),
+        guard=_guard(before, live=live, event=record.event),
         operation=after,
         transition=record,
         attempts=attempts,
@@ -1139,9 +1194,12 @@ def expire(operation: Operation | None, now: datetime, actor: str = "system:dead
     """End an Operation whose overall deadline has passed, naming the limit (seed 001: limits survive restart).
 
     A running Operation is ended only once its owner's lease has expired
-    too: a live owner keeps its chance to commit before the deadline sweep
-    fences it (its own guarded commit checks nothing about the deadline:
-    work that finished may commit).
+    too: a live owner keeps its chance to record the answer to a call it
+    began before the deadline, or to end its Attempt, before the sweep
+    fences it.  It can begin no effect meanwhile: an intent and an atomic
+    success are refused from the deadline on (:func:`record_intent`,
+    :func:`complete`), and its retryable failure ends the Operation
+    ``deadline_exceeded`` at once (:func:`fail`).
     """
     try:
         # The actor is the transition's recorded actor, as a worker's or principal's id is elsewhere.
@@ -1378,6 +1436,10 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
     answer may be lost.  An intent on a settled effect begins a new window
     with this Attempt's fence; one on an unsettled effect keeps the earlier
     fence, so this Attempt's answer alone cannot settle the earlier issue.
+
+    No call begins from the overall deadline on: an intent is refused
+    ``deadline_exceeded`` then, under a live lease too, and its guard holds
+    it to the earlier of the lease and the deadline at commit.
     """
     try:
         _check_request(request, IntentRequest)
@@ -1393,6 +1455,10 @@ def record_intent(operation: Operation | None, request: IntentRequest, now: date
         return Refusal(
             RefusalCode.WRONG_EFFECT_CLASS, f"{operation.effect_class.value} actions record no external intent"
         )
+    if now >= operation.deadline:
+        # The intent precedes the provider call, so refusing it is what keeps a call from starting past the
+        # deadline; a live owner's answer to a call it began in time is still recorded (complete, fail).
+        return _past_deadline(operation, now, OperationEvent.RECORD_INTENT)
     effect_id = operation.effect_id or f"{operation.operation_id}/effect"
     unsettled = operation.effect_unsettled_since
     if operation.effect_id is None:
@@ -1436,6 +1502,9 @@ def complete_refusal(operation: Operation | None, request: CompleteRequest, now:
     if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} is not authorized now{why}")
+    if operation.effect_class is EffectClass.ATOMIC and now >= operation.deadline:
+        # An atomic success is its effect: nothing of it may become visible from the deadline on.
+        return _past_deadline(operation, now, OperationEvent.SUCCEED)
     if operation.effect_class is EffectClass.EXTERNAL and operation.effect_unsettled_since is None:
         return Refusal(
             RefusalCode.INTENT_REQUIRED,
@@ -1450,7 +1519,11 @@ def complete(operation: Operation | None, request: CompleteRequest, now: datetim
     For an atomic action the store applies this in the same transaction as
     the action's own writes, so both commit or neither does.  Current
     authorization is checked here, not only at submission: a denial is a
-    refusal and the store rolls the action's writes back with it.
+    refusal and the store rolls the action's writes back with it.  An
+    atomic success is its effect, so from the overall deadline on it is
+    refused ``deadline_exceeded``, and its guard holds it to the earlier of
+    the lease and the deadline at commit; an external success records the
+    answer to a call begun before the deadline and is decided after it.
     """
     refusal = complete_refusal(operation, request, now)
     if refusal is not None:
@@ -1478,9 +1551,9 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
     """The owner reports a failure: retried after backoff while Attempts and time remain, else a named end.
 
     A current-authorization denial never retries (it fails closed); a
-    retryable failure with no Attempt left ends ``max_attempts_exceeded``,
-    and one whose next eligibility would fall past the deadline ends
-    ``deadline_exceeded``.
+    retryable failure from the deadline on ends ``deadline_exceeded``, one
+    with no Attempt left ``max_attempts_exceeded``, and one whose next
+    eligibility would fall past the deadline ``deadline_exceeded``.
 
     ``effect_not_applied`` records the provider's conclusive "not applied"
     answer to this Attempt's own call.  It settles the effect only if this
@@ -1524,6 +1597,10 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
         terminal = TerminalOutcome.NOT_AUTHORIZED
     elif not request.retryable:
         terminal = TerminalOutcome.ACTION_FAILED
+    elif now >= operation.deadline:
+        # Both limits may be spent; the deadline is named first, as a claim names it (and as the owner refused
+        # an effect past the deadline expects its failure to end the Operation).
+        terminal, event = TerminalOutcome.DEADLINE_EXCEEDED, OperationEvent.DEADLINE_EXCEEDED
     elif operation.attempt_count >= operation.policy.maximum_attempts:
         terminal = TerminalOutcome.MAX_ATTEMPTS_EXCEEDED
     else:
@@ -1836,6 +1913,7 @@ __all__ = [
     "cancel",
     "check_owner",
     "claim",
+    "commit_refusal",
     "complete",
     "complete_refusal",
     "decide",

@@ -327,7 +327,8 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     approval); every end of ``fail`` and its backoff (growth, cap, rounding, the deadline's instant); the
     external effect's unsettled window through intent, answer, success, unknown outcome and cancellation;
     a rejection; the deadline sweep on each state; a submission past its window, with other unbound fields,
-    and requiring approval; a lease the claim granted past the deadline, which a heartbeat never shortens.
+    and requiring approval; a lease the claim granted past the deadline, which a heartbeat never shortens; no
+    effect begun from the deadline on, and an answer to a call begun before it still recorded (cases 3.0.0).
     """
     first = next(
         c["input"] for c in cases if c["input"]["decision"] == "claim" and c["expected"].get("credential")
@@ -378,7 +379,8 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     add("owner/another_worker_past_the_lease", "heartbeat", running,
         {**heartbeat_request, "credential": {**credential, "worker_id": "w-x"}}, expiry)
 
-    # Only a heartbeat looks at the deadline: a live owner past it may still finish what it began.
+    # No effect begins from the deadline on, even under a live lease: an external intent and an atomic success
+    # are refused deadline_exceeded (cases 3.0.0; until 2.13.0 both were decided).
     overdue = {**running, "deadline": started}
     add("complete/past_the_deadline_live_lease", "complete", overdue,
         {"credential": credential, "authority": {"granted": True, "principal": running["identity"]["principal"]}},
@@ -475,6 +477,32 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     beyond = {**running, "deadline": _shifted(started, timedelta(milliseconds=1500))}
     heartbeat = {"credential": credential, "lease_duration": claim_request["lease_duration"]}
     add("heartbeat/claimed_lease_past_deadline_stands", "heartbeat", beyond, heartbeat, live)
+
+    # The overall deadline and effects (cases 3.0.0).  Before the deadline, a decision that begins an effect is
+    # guarded until the earlier of the lease and the deadline, so its commit past the deadline writes nothing.
+    authorized = {"granted": True, "principal": running["identity"]["principal"]}
+    add("record_intent/deadline_before_lease", "record_intent", {**beyond, "effect_class": "external"},
+        {"credential": credential}, live)
+    add("complete/atomic_deadline_before_lease", "complete", beyond,
+        {"credential": credential, "authority": authorized}, live)
+    # Owner checks and current authority come first; the deadline is the atomic success's own check after them.
+    add("complete/atomic_past_the_deadline_and_the_lease", "complete", overdue,
+        {"credential": credential, "authority": authorized}, expiry)
+    add("complete/atomic_past_the_deadline_not_authorized", "complete", overdue,
+        {"credential": credential, "authority": {**authorized, "granted": False}}, live)
+    # A call begun in time is answered past the deadline: its success, its "not applied" and its unknown outcome
+    # are recorded, never lost.  A read-only result begins no effect.
+    external_overdue = {**external, "deadline": started}
+    add("complete/external_past_the_deadline_after_intent", "complete", external_overdue,
+        {"credential": credential, "authority": authorized, "result": "{\"ok\":true}"}, live)
+    add("complete/read_only_past_the_deadline", "complete", {**overdue, "effect_class": "read_only"},
+        {"credential": credential, "authority": authorized}, live)
+    add("fail/effect_not_applied_past_the_deadline", "fail", external_overdue, not_applied, live)
+    add("outcome_unknown/past_the_deadline", "outcome_unknown", external_overdue,
+        {"credential": credential, "detail": "timed out"}, live)
+    # A retryable failure from the deadline on names the deadline before the attempts, as a claim does.
+    add("fail/past_the_deadline_attempts_used", "fail", {**second, "deadline": started},
+        {**backing_off, "error_code": "deadline_exceeded", "credential": {**credential, "fence": 2}}, live)
     return found
 
 

@@ -203,16 +203,11 @@ class TransactionalOperationStore(abc.ABC):
 
     @staticmethod
     def _write(tx: Tx, decision: o.Decision, input_json: str | None = None) -> None:
-        live = decision.guard.live_until
-        if live is not None and not tx.checks_live_lease:
-            now = tx.now()
-            if now >= live:
-                raise _Rollback(
-                    o.Refusal(
-                        o.RefusalCode.LEASE_EXPIRED,
-                        f"the lease expired at {live.isoformat()} before the commit at {now.isoformat()}",
-                    )
-                )
+        if decision.guard.live_until is not None and not tx.checks_live_lease:
+            # The kernel names it: an expired lease, or the deadline for a decision that starts an effect.
+            late = o.commit_refusal(decision, tx.now())
+            if late is not None:
+                raise _Rollback(late)
         if not tx.write(decision, input_json):
             raise _GuardFailed()
 

@@ -294,6 +294,8 @@ class DurableOperationWorker:
             return _result_json(action.handler(context, payload))
 
         outcome = self.store.complete(o.CompleteRequest(credential, authority), write)
+        if isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.DEADLINE_EXCEEDED:
+            return self._past_deadline(credential, outcome)
         return self._report(credential, outcome)
 
     def _external(
@@ -312,6 +314,8 @@ class DurableOperationWorker:
         # ambiguous issue behind for the next Attempt to reconcile.
         request = action.handler(payload)
         intent = self.store.record_intent(o.IntentRequest(credential))
+        if isinstance(intent, o.Refusal) and intent.code is o.RefusalCode.DEADLINE_EXCEEDED:
+            return self._past_deadline(credential, intent)
         if not isinstance(intent, o.Decision):
             return self._report(credential, intent)
         effect_id = intent.operation.effect_id
@@ -409,6 +413,15 @@ class DurableOperationWorker:
         outcome = self.store.fail(request)
         report = self._report(credential, outcome)
         return attrs.evolve(report, detail=detail or report.detail)
+
+    def _past_deadline(self, credential: o.Credential, refusal: o.Refusal) -> WorkReport:
+        """The store refused to let this Attempt start its effect past the overall deadline: end the Operation so.
+
+        A retryable failure from the deadline on ends ``deadline_exceeded`` (the kernel's ``fail``), at once,
+        rather than leaving the Operation running until the lease runs out.  If the lease ran out too, the
+        failure is refused as well and the next claim ends it ``deadline_exceeded``: nothing is retried here.
+        """
+        return self._fail(credential, "deadline_exceeded", retryable=True, detail=refusal.message)
 
     def _unknown(self, credential: o.Credential, detail: str) -> WorkReport:
         return self._report(credential, self.store.outcome_unknown(o.UnknownRequest(credential, detail)))

@@ -54,7 +54,7 @@ import hashlib
 import itertools
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -1069,6 +1069,94 @@ class OperationStoreTests:
         assert report is not None and (report.outcome, report.attempt) == ("deadline_exceeded", None)
         record = world.service.get(op_id)
         assert record is not None and record.attempt_count == 0
+
+    # --- the overall deadline and effects (specs/operations.md, "The overall deadline and effects") ------------
+
+    @staticmethod
+    def _to_the_deadline_less(world: World, op_id: str, before: timedelta) -> datetime:
+        """Move the clock to ``before`` ahead of the Operation's deadline; the deadline."""
+        record = world.service.get(op_id)
+        assert record is not None
+        world.clock.advance(record.deadline - before - world.clock.now())
+        return record.deadline
+
+    @staticmethod
+    def _past_the_deadline(world: World) -> None:
+        """From half a lease before the deadline: past it, the lease claimed then still live."""
+        world.clock.advance(LEASE / 4 * 3)
+
+    def test_an_atomic_action_reached_past_the_deadline_commits_nothing_and_ends_deadline_exceeded(
+        self, world: World
+    ) -> None:
+        op_id = world.transfer("k1", 10)
+        self._to_the_deadline_less(world, op_id, LEASE / 2)
+        worker = world.worker("w1")
+        # Claimed before the deadline under a lease that outlives it; the action is reached after it.
+        worker.before_effect = lambda operation: self._past_the_deadline(world)
+        report = worker.run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("deadline_exceeded", 1), report
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0} and transfers(world.store) == set()
+        record = world.service.get(op_id)
+        assert record is not None and (record.state, record.outcome) == (
+            OperationState.FAILED, o.TerminalOutcome.DEADLINE_EXCEEDED,
+        )
+        assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "deadline_exceeded")]
+
+    def test_an_atomic_action_that_runs_across_the_deadline_commits_nothing(self, world: World) -> None:
+        op_id = world.transfer("k1", 10)
+        deadline = self._to_the_deadline_less(world, op_id, LEASE / 2)
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        assert claim.operation.lease_expires_at is not None and claim.operation.lease_expires_at > deadline
+
+        def slow(context: GuardedContext) -> str:
+            examples.transfer(context, {"from": "acc-1", "to": "acc-2", "amount": 10})
+            world.clock.advance(LEASE / 4 * 3)  # past the deadline, the lease still live
+            return "null"
+
+        before = world.store.view(op_id)
+        outcome = world.store.complete(o.CompleteRequest(claim.credential, o.Authority(True, ALICE.ref)), slow)
+        assert isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.DEADLINE_EXCEEDED, outcome
+        assert accounts(world.store) == {"acc-1": 100, "acc-2": 0} and transfers(world.store) == set()
+        assert world.store.view(op_id) == before
+        # The owner's retryable failure from the deadline on ends the Operation by the deadline.
+        ended = world.store.fail(o.FailRequest(claim.credential, "deadline_exceeded", retryable=True))
+        assert isinstance(ended, o.Decision) and ended.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+
+    def test_an_external_intent_past_the_deadline_is_refused_and_the_provider_never_called(
+        self, world: World
+    ) -> None:
+        op_id = self._capture(world, action="capture_unapproved")
+        self._to_the_deadline_less(world, op_id, LEASE / 2)
+        worker = world.worker("w1")
+        worker.before_effect = lambda operation: self._past_the_deadline(world)
+        report = worker.run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("deadline_exceeded", 1), report
+        assert world.provider.calls == [] and world.provider.captures == {}
+        record = world.service.get(op_id)
+        assert record is not None and record.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+        assert record.effect_id is None  # no intent was written
+        assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "deadline_exceeded")]
+
+    def test_a_call_begun_before_the_deadline_records_its_answer_after_it(
+        self, world: World, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        op_id = self._capture(world, action="capture_unapproved")
+        self._to_the_deadline_less(world, op_id, LEASE / 2)
+        capture = world.provider.capture
+
+        def slow_capture(key: str, amount: int) -> str:
+            receipt = capture(key, amount)
+            world.clock.advance(LEASE / 4 * 3)  # the provider answers after the deadline
+            return receipt
+
+        monkeypatch.setattr(world.provider, "capture", slow_capture)
+        report = world.worker("w1").run_once()
+        assert report is not None and report.outcome == "succeeded", report
+        assert world.provider.captures == {f"{op_id}/effect": 2500}
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.SUCCEEDED
+        assert world.clock.now() >= record.deadline
 
     def test_the_deployment_check_names_what_active_operations_need(self, world: World) -> None:
         from fencekeeper.adapters.operations.service import check_durable_operations  # noqa: PLC0415

@@ -647,7 +647,7 @@ def test_a_heartbeat_never_carries_the_lease_past_the_deadline() -> None:
     capped = o.heartbeat(op, o.HeartbeatRequest(cred, LEASE), deadline - 7 * SECOND)
     assert isinstance(capped, o.Decision)
     assert capped.operation.lease_expires_at == deadline
-    # A lease the claim granted past the deadline stands (a live owner keeps its chance to commit) ...
+    # A lease the claim granted past the deadline stands (a live owner keeps its chance to record an answer) ...
     late, late_cred, _ = claimed(admitted(), "w1", deadline - SECOND)
     kept = o.heartbeat(late, o.HeartbeatRequest(late_cred, LEASE), deadline - SECOND / 2)
     assert isinstance(kept, o.Decision) and kept.operation.lease_expires_at == late.lease_expires_at
@@ -656,6 +656,67 @@ def test_a_heartbeat_never_carries_the_lease_past_the_deadline() -> None:
     assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.DEADLINE_EXCEEDED, refused
     ended = o.claim(late, o.ClaimRequest("w2", LEASE), late.lease_expires_at)  # type: ignore[arg-type]
     assert isinstance(ended, o.Decision) and ended.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+
+
+@pytest.mark.parametrize("effect", [o.EffectClass.EXTERNAL, o.EffectClass.ATOMIC])
+def test_no_effect_begins_from_the_deadline_on_under_a_live_lease(effect: o.EffectClass) -> None:
+    """Seed 001: the overall deadline is a limit.  An intent and an atomic success past it are refused, writing
+    nothing; before it, their guard holds them to the deadline at commit; the owner's failure ends it so."""
+    op = admitted(effect_class=effect)
+    deadline = op.deadline
+    op, cred, _ = claimed(op, "w1", deadline - SECOND)
+    assert op.lease_expires_at is not None and op.lease_expires_at > deadline  # a live owner past the deadline
+    begin = (
+        (lambda at: o.record_intent(op, o.IntentRequest(cred), at))
+        if effect is o.EffectClass.EXTERNAL
+        else (lambda at: o.complete(op, o.CompleteRequest(cred, GRANTED), at))
+    )
+    refused = begin(deadline)
+    assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.DEADLINE_EXCEEDED, refused
+    assert "deadline" in refused.message
+    in_time = begin(deadline - SECOND / 2)
+    assert isinstance(in_time, o.Decision) and in_time.guard.live_until == deadline
+    assert o.commit_refusal(in_time, deadline - SECOND / 4) is None
+    late = o.commit_refusal(in_time, deadline)
+    assert late is not None and late.code is o.RefusalCode.DEADLINE_EXCEEDED
+    ended = o.fail(op, o.FailRequest(cred, "deadline_exceeded", retryable=True), deadline)
+    assert isinstance(ended, o.Decision) and ended.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+    assert ended.transition.event is OperationEvent.DEADLINE_EXCEEDED
+
+
+def test_an_answer_to_a_call_begun_before_the_deadline_is_recorded_after_it() -> None:
+    op = admitted(effect_class=o.EffectClass.EXTERNAL)
+    deadline = op.deadline
+    op, cred, _ = claimed(op, "w1", deadline - SECOND)
+    intent = o.record_intent(op, o.IntentRequest(cred), deadline - SECOND / 2)
+    assert isinstance(intent, o.Decision)
+    issued = intent.operation
+    success = o.complete(issued, o.CompleteRequest(cred, GRANTED, '{"ok":true}'), deadline + SECOND)
+    assert isinstance(success, o.Decision) and success.operation.outcome is o.TerminalOutcome.SUCCEEDED
+    # Its guard is the lease alone: the answer commits after the deadline.
+    assert success.guard.live_until == issued.lease_expires_at
+    assert o.commit_refusal(success, deadline + SECOND) is None
+    unknown = o.outcome_unknown(issued, o.UnknownRequest(cred, "timed out"), deadline + SECOND)
+    assert isinstance(unknown, o.Decision)
+    assert unknown.operation.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+
+
+def test_a_late_commit_of_an_owner_decision_that_begins_nothing_is_lease_expired() -> None:
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    failed = o.fail(op, o.FailRequest(cred, "busy", retryable=True), T0 + SECOND)
+    assert isinstance(failed, o.Decision) and op.lease_expires_at is not None
+    late = o.commit_refusal(failed, op.lease_expires_at)
+    assert late is not None and late.code is o.RefusalCode.LEASE_EXPIRED
+    assert o.commit_refusal(failed, op.lease_expires_at - SECOND) is None
+
+
+def test_a_retryable_failure_past_the_deadline_names_the_deadline_before_the_attempts() -> None:
+    op = admitted(policy=attrs.evolve(POLICY, maximum_attempts=1))
+    op, cred, _ = claimed(op, "w1", op.deadline - SECOND)
+    ended = o.fail(op, o.FailRequest(cred, "busy", retryable=True), op.deadline)
+    assert isinstance(ended, o.Decision) and ended.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+    before = o.fail(op, o.FailRequest(cred, "busy", retryable=True), op.deadline - SECOND / 2)
+    assert isinstance(before, o.Decision) and before.operation.outcome is o.TerminalOutcome.MAX_ATTEMPTS_EXCEEDED
 
 
 @pytest.mark.parametrize("approved", [True, False])
