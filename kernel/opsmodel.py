@@ -39,6 +39,10 @@ Rules of this module:
   move with four answers -- declined (not applied, and said so), succeeded,
   a lost reply (applied, unanswered), a timeout (not applied, unanswered)
   -- and a zombie whose intent committed may still make its call.
+- ``Bounds.deadline_ticks`` puts the overall deadline inside the explored
+  clock, before a claim's lease ends: a live owner then decides and commits
+  on both sides of it, and INV-OP-NO-EFFECT-AFTER-DEADLINE asks that no
+  intent and no atomic success commits from the deadline on.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Invariant(enum.Enum):
     UNKNOWN_ONLY_IF_AMBIGUOUS = "INV-OP-UNKNOWN-ONLY-IF-AMBIGUOUS"
     AUTHORIZED_ANSWER = "INV-OP-AUTHORIZED-ANSWER"
     DUE_CLAIMED = "INV-OP-DUE-CLAIMED"
+    NO_EFFECT_AFTER_DEADLINE = "INV-OP-NO-EFFECT-AFTER-DEADLINE"
 
 
 class Answer(enum.Enum):
@@ -152,6 +157,8 @@ class Bounds:
     """The action is an external effect of a provider neither idempotent nor reconcilable (see the module rules)."""
     revoked_submitter: bool = False
     """The last submitter's principal is no longer authorized: the same identity and input, a denied authority."""
+    deadline_ticks: int = 100
+    """The retry policy's ``schedule_to_close``, in ticks from admission at tick 0 (beyond ``max_tick`` by default)."""
     moved_submitter: bool = False
     """The second submitter is the same principal under the next version of its resolver: the same identity key.
 
@@ -173,6 +180,17 @@ STANDARD: tuple[tuple[str, Bounds], ...] = (
     (
         "operations: an external effect, two workers, every provider answer (every interleaving to depth 17)",
         Bounds(workers=2, approval=False, cancel=False, max_claims=3, max_tick=3, max_depth=17, external=True),
+    ),
+    (
+        "operations: the deadline falls inside a live lease, an atomic action and a canceller (every interleaving to depth 13)",
+        Bounds(workers=2, approval=False, max_claims=2, max_tick=3, deadline_ticks=1, max_depth=13),
+    ),
+    (
+        "operations: the deadline falls inside a live lease, an external effect (every interleaving to depth 16)",
+        Bounds(
+            workers=2, approval=False, cancel=False, max_claims=2, max_tick=3, deadline_ticks=1, max_depth=16,
+            external=True,
+        ),
     ),
 )
 """The configurations ``fencekeeper modelcheck`` runs for operations by default.
@@ -289,7 +307,7 @@ def _policy(bounds: Bounds) -> o.RetryPolicy:
         backoff_coefficient=1.0,
         maximum_interval=TICK,
         maximum_attempts=bounds.maximum_attempts,
-        schedule_to_close=100 * TICK,
+        schedule_to_close=bounds.deadline_ticks * TICK,
     )
 
 
@@ -613,6 +631,12 @@ def check_write(before: World, after: World, pending: Pending) -> tuple[Invarian
             f"and was written again by {pending.actor}'s {pending.kind} -> {new.state.value}"
         )
     credential = pending.credential
+    begins = pending.kind == "intent" or (pending.kind == "complete" and new.effect_class is o.EffectClass.ATOMIC)
+    if begins and old is not None and before.now >= old.deadline:
+        return Invariant.NO_EFFECT_AFTER_DEADLINE, (
+            f"{pending.actor}'s {pending.kind} committed at tick {before.tick}, from the deadline "
+            f"{_tick(old.deadline)} on: an effect began after it"
+        )
     if credential is not None and old is not None:
         live = old.lease_expires_at is not None and before.now < old.lease_expires_at
         if credential.fence != old.fence or old.owner != credential.worker_id or not live:

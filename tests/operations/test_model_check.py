@@ -35,10 +35,18 @@ EXTERNAL = Bounds(
     workers=2, approval=False, cancel=False, max_claims=2, max_tick=2, maximum_attempts=2, max_depth=15, external=True
 )
 
+# The deadline at tick 1, inside a claim's two-tick lease: an owner decides and commits on both sides of it.
+DEADLINE = Bounds(workers=2, approval=False, max_claims=2, max_tick=3, deadline_ticks=1, max_depth=13)
+DEADLINE_EXTERNAL = attrs.evolve(DEADLINE, cancel=False, max_depth=16, external=True)
+
 
 def _bounds(variant: Variant) -> Bounds:
     if variant.breaks in (Invariant.ONE_OPERATION, Invariant.AUTHORIZED_ANSWER):
         return SUBMISSION
+    if variant.name == "intent-after-the-deadline":
+        return DEADLINE_EXTERNAL
+    if variant.name == "atomic-commit-after-the-deadline":
+        return DEADLINE
     if variant.breaks in (Invariant.NO_BLIND_RESEND, Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS):
         return EXTERNAL
     return EXECUTION
@@ -50,7 +58,7 @@ def zoo_results() -> dict[str, Result]:
 
 
 def test_the_real_decisions_hold_every_invariant() -> None:
-    for bounds in (EXECUTION, SUBMISSION, EXTERNAL):
+    for bounds in (EXECUTION, SUBMISSION, EXTERNAL, DEADLINE, DEADLINE_EXTERNAL):
         result = explore(bounds)
         assert result.violation is None, result.violation
         assert result.states > 1000
@@ -157,3 +165,26 @@ def _replay_from(world: World, labels: list[str]) -> World:
 def test_turning_the_store_guard_off_lets_two_claims_own_one_operation() -> None:
     result = explore(attrs.evolve(EXECUTION, max_depth=8), OpsProtocol(apply_guard=False))
     assert result.violation is not None
+
+
+def test_an_atomic_success_decided_before_the_deadline_and_committed_after_it_writes_nothing() -> None:
+    # The decision is made in time; its guard holds it to the deadline, which has come when it commits.
+    world = _replay(DEADLINE, ["w1 decides claim", "w1 commits claim", "w1 decides complete (fence 1)", "clock ticks to 1"])
+    labels = [m.label for m in moves(world, DEADLINE, OpsProtocol())[0]]
+    assert "w1 commits complete: guard fails, nothing written" in labels
+    assert world.operations[0].lease_expires_at is not None and world.now < world.operations[0].lease_expires_at
+
+
+def test_an_intent_decided_before_the_deadline_and_committed_after_it_writes_nothing() -> None:
+    world = _replay(
+        DEADLINE_EXTERNAL, ["w1 decides claim", "w1 commits claim", "w1 decides intent (fence 1)", "clock ticks to 1"]
+    )
+    labels = [m.label for m in moves(world, DEADLINE_EXTERNAL, OpsProtocol())[0]]
+    assert "w1 commits intent: guard fails, nothing written" in labels
+
+
+def test_a_call_begun_before_the_deadline_is_answered_after_it() -> None:
+    # Never lose what the provider did: the owner's success past the deadline commits.
+    labels = [*_attempt("w1", 1, "succeeded"), "clock ticks to 1", "w1 decides complete (fence 1)", "w1 commits complete"]
+    world = _replay(DEADLINE_EXTERNAL, labels)
+    assert world.operations[0].state is OperationState.SUCCEEDED and world.now >= world.operations[0].deadline

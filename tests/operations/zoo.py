@@ -5,7 +5,8 @@ work of a replaced attempt, re-using an approval for every retry, letting an
 effect commit after cancellation, admitting one request twice, answering a
 revoked principal's resubmission with its Operation, calling a
 provider again after a lost reply, giving up on an effect the provider
-said it did not apply, or refusing a claim of an Operation the store
+said it did not apply, starting an effect after the overall deadline (an
+atomic commit, an external intent), or refusing a claim of an Operation the store
 finds due (a grace after an owner's lease expired).  A checker
 that passes the real decisions but misses any of these proves nothing, so
 ``test_model_check.py`` runs every variant and asserts the named invariant
@@ -134,6 +135,22 @@ def _heartbeat_ignoring_expiry(op: o.Operation | None, request: o.HeartbeatReque
     return o.heartbeat(op, request, now)
 
 
+def _ignoring_the_deadline(decide: Decide) -> Decide:
+    """The decision judged as if the overall deadline lay far ahead, in the decision and in its commit's guard."""
+
+    def variant(op: o.Operation | None, request: object, now: datetime) -> o.Outcome:
+        if op is None:
+            return decide(op, request, now)
+        outcome = decide(attrs.evolve(op, deadline=op.deadline + 1000 * TICK), request, now)
+        if isinstance(outcome, o.Decision):
+            written = attrs.evolve(outcome.operation, deadline=op.deadline)
+            guard = attrs.evolve(outcome.guard, live_until=op.lease_expires_at)
+            return attrs.evolve(outcome, operation=written, guard=guard)
+        return outcome
+
+    return variant
+
+
 def _plan_ignoring_answers(op: o.Operation) -> o.EffectPlan:
     # Any recorded intent counts as unanswered, even one the provider answered "not applied".
     return o.effect_plan(attrs.evolve(op, effect_unsettled_since=0) if op.effect_id is not None else op)
@@ -212,6 +229,18 @@ ZOO: tuple[Variant, ...] = (
         "expiry: the due row is refused, and stays first in its tenant's queue",
         Invariant.DUE_CLAIMED,
         OpsProtocol(claim=_claim_with_a_grace_after_expiry),
+    ),
+    Variant(
+        "atomic-commit-after-the-deadline",
+        "an owner whose lease outlives the deadline commits its atomic action's writes after it",
+        Invariant.NO_EFFECT_AFTER_DEADLINE,
+        OpsProtocol(complete=_ignoring_the_deadline(o.complete)),
+    ),
+    Variant(
+        "intent-after-the-deadline",
+        "an owner whose lease outlives the deadline records an external effect's intent after it, and may call",
+        Invariant.NO_EFFECT_AFTER_DEADLINE,
+        OpsProtocol(record_intent=_ignoring_the_deadline(o.record_intent)),
     ),
     Variant(
         "resend-after-a-lost-reply",
