@@ -315,6 +315,12 @@ class DurableOperationWorker:
         request = action.handler(payload)
         intent = self.store.record_intent(o.IntentRequest(credential))
         if isinstance(intent, o.Refusal) and intent.code is o.RefusalCode.DEADLINE_EXCEEDED:
+            if plan is o.EffectPlan.RECONCILE and operation.effect_id is not None:
+                # No new call may start, but an earlier Attempt's call may have been applied: look, and record
+                # its success rather than end the Operation as if the provider had done nothing.
+                settled = _answer(action, "reconcile", adapter.reconcile(operation.effect_id))
+                if settled is not None and settled.status is EffectStatus.SUCCEEDED:
+                    return self._complete(credential, authority, _result_json(settled.result))
             return self._past_deadline(credential, intent)
         if not isinstance(intent, o.Decision):
             return self._report(credential, intent)

@@ -1138,6 +1138,23 @@ class OperationStoreTests:
         assert record.effect_id is None  # no intent was written
         assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "deadline_exceeded")]
 
+    def test_past_the_deadline_an_earlier_attempts_applied_call_is_reconciled_not_lost(self, world: World) -> None:
+        op_id = self._capture(world, action="capture_unapproved")
+        self._to_the_deadline_less(world, op_id, 2 * LEASE)
+        zombie = world.store.claim_next(TENANT, "w0", LEASE)
+        assert isinstance(zombie, o.Decision) and zombie.credential is not None
+        assert isinstance(world.store.record_intent(o.IntentRequest(zombie.credential)), o.Decision)
+        world.provider.capture(f"{op_id}/effect", 2500)  # applied; its reply never recorded
+        world.clock.advance(LEASE * 3 / 2)  # w0's lease ran out; half a lease before the deadline
+        worker = world.worker("w1")
+        worker.before_effect = lambda operation: self._past_the_deadline(world)
+        report = worker.run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("succeeded", 2), report
+        assert world.provider.calls == [f"{op_id}/effect"]  # looked up, never called again
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.SUCCEEDED
+        assert [(a.number, a.state) for a in record.attempts] == [(1, "abandoned"), (2, "succeeded")]
+
     def test_a_call_begun_before_the_deadline_records_its_answer_after_it(
         self, world: World, monkeypatch: pytest.MonkeyPatch
     ) -> None:
