@@ -43,7 +43,12 @@ external effects, history, and retention).  Rules of this module:
   authorizer that raises denies (fails closed).  Every refusal the store
   returns (a stale fence after a replacement, a cancellation that won) is
   reported, never retried: the fence says this worker no longer owns the
-  Operation.
+  Operation.  One refusal is answered: ``deadline_exceeded`` for an
+  external intent or an atomic completion (the overall deadline came while
+  the lease is live, and no effect may begin) is followed by the owner's
+  retryable failure, code ``deadline_exceeded``, which ends the Operation
+  so at once; an external action whose earlier issue is unanswered asks
+  the provider first and completes from a succeeded answer.
 - A claim the kernel refuses for the row the store found due (the kernel
   claims or ends every due Operation, so only a row that disagrees with it:
   edited data, a store's wrong ``due_at``) is reported once and then passed
