@@ -6,7 +6,8 @@ Rules of this module:
   or, for the store layer, by the reference in-memory store; never written
   by hand.  Each layer's inputs are chosen in its own module
   (``protocol_cases``, ``expression_cases``, ``definition_cases``,
-  ``operations_cases``, ``journal_cases``, ``store_cases``); this one holds
+  ``operations_cases``, ``journal_cases``, ``journal_append_cases``,
+  ``store_cases``); this one holds
   the machines layer and writes the files.  ``make specs`` writes them, and
   ``tests/conformance/test_cases_committed.py`` fails if a regeneration
   would change a byte.
@@ -27,6 +28,7 @@ from fencekeeper.kernel.machines import MACHINES
 from .basis import LAYERS, SUITE_VERSION, Case
 from .definition_cases import definition_cases
 from .expression_cases import expression_cases
+from .journal_append_cases import journal_append_cases
 from .journal_cases import journal_cases
 from .operations_cases import operation_cases
 from .protocol_cases import protocol_cases, recovery_cases
@@ -70,6 +72,9 @@ _DESCRIPTIONS = {
     "the refusal code and field, the unchanged code and Operation, or the writes and the guard.",
     "journal": "The journal fixture pack of specs/journal.md (section 9): workflow, policy and chain; then valid "
     "with the head, event count, node states and attempt history, or the refusal code and ordinal.",
+    "journal-append": "Appending one command to a chain (specs/journal.md, section 6): workflow, policy, headers, "
+    "chain, the command in its JSON form, now and the records a resolver finds; then the refusal code, an "
+    "idempotent repeat with the head, or the digests of the records appended and the new head.",
     "store": "Whole-store scripts (specs/conformance.md, Store layer): sessions, requests, outcomes and "
     "final rows, including concurrent interleavings.",
 }
@@ -83,6 +88,7 @@ _GENERATORS: dict[str, Callable[[], list[Case]]] = {
     "definitions": definition_cases,
     "operations": operation_cases,
     "journal": journal_cases,
+    "journal-append": journal_append_cases,
     "store": store_cases,
 }
 assert tuple(_GENERATORS) == LAYERS

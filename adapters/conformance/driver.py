@@ -34,13 +34,14 @@ from fencekeeper.kernel.machines import MACHINES
 from . import wire
 from .definition_cases import evaluate_definition
 from .expression_cases import evaluate_expression
+from .journal_append_cases import append_answer
 from .journal_cases import replay_answer
 from .operations_cases import decide_operation
 from .store_driver import HOLD_POINTS, StoreHarness, hold_point
 
 PROTOCOL_VERSION = 1
 """The protocol's major number, the one ``hello`` carries; this driver speaks 1.2 (it offers the clock hold, echoes seq)."""
-KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal")
+KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append")
 
 
 def machine_answer(data: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +65,8 @@ def kernel_answer(layer: str, data: dict[str, Any]) -> dict[str, Any]:
         return decide_operation(data)
     if layer == "journal":
         return replay_answer(data)
+    if layer == "journal-append":
+        return append_answer(data)
     raise ValueError(layer)
 
 
