@@ -650,9 +650,13 @@ def render(reports: list[LayerReport], implementation: str = "") -> str:
     versions = sorted({r.version for r in reports if r.version is not None})
     if versions:
         lines[0] += f", cases {', '.join(versions)}"
+    # As wide as the longest layer name, so that every row's columns line up (journal-append is 14).
+    width = max(len(layer) for layer in (*LAYERS, *(r.layer for r in reports)))
     for r in reports:
         note = f" ({r.skip_reason})" if r.skip_reason else ""
-        lines.append(f"  {r.layer:<12} {r.verdict:<8} passed {r.passed}, failed {r.failed}, skipped {r.skipped}{note}")
+        lines.append(
+            f"  {r.layer:<{width}} {r.verdict:<8} passed {r.passed}, failed {r.failed}, skipped {r.skipped}{note}"
+        )
     for r in reports:
         if r.first_failure is not None:
             lines.append(f"first difference in {r.layer}:")

@@ -98,8 +98,8 @@ def test_the_command_exits_1_on_a_failure_and_prints_the_first_difference(
                      "--layer", "machines", "--layer", "expressions", "--cases", str(CASES)])
     out = capsys.readouterr().out
     assert code == 1
-    assert f"machines     failed   passed {_machines_cases() - 1}, failed 1, skipped 0" in out
-    assert "expressions  skipped" in out and "does not declare" in out
+    assert f"machines       failed   passed {_machines_cases() - 1}, failed 1, skipped 0" in out
+    assert "expressions    skipped" in out and "does not declare" in out
     assert '"id": "execution/eligible/claim"' in out
 
 
@@ -108,7 +108,7 @@ def test_the_command_exits_0_when_everything_chosen_passes(
 ) -> None:
     monkeypatch.chdir(ROOT)
     assert cli.main(["conformance", "--driver", DRIVER, "--layer", "machines"]) == 0
-    assert f"machines     passed   passed {_machines_cases()}," in capsys.readouterr().out
+    assert f"machines       passed   passed {_machines_cases()}," in capsys.readouterr().out
 
 
 def _machines_cases() -> int:

@@ -19,6 +19,7 @@ import pytest
 
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.conformance import runner
+from fencekeeper.adapters.conformance.basis import LAYERS
 from fencekeeper.adapters.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,7 +269,7 @@ def test_a_driver_that_fails_after_answering_bye_is_warned_of_and_its_report_sta
     code = cli.main(["conformance", "--driver", f"{MISBEHAVING} byecrash", "--layer", "machines", "--cases", str(CASES)])
     captured = capsys.readouterr()
     assert code == 0, captured
-    assert "machines     passed" in captured.out
+    assert "machines       passed" in captured.out
     assert captured.err.splitlines() == [f"fencekeeper: warning: {warned[0]}"]
 
 
@@ -325,7 +326,7 @@ def test_a_run_where_every_case_is_skipped_exits_3(
     # It exited 0, and a CI job running a driver that supports nothing reported success.
     assert cli.main(["conformance", "--driver", f"{MISBEHAVING} {arguments}", "--layer", "machines"]) == 3
     captured = capsys.readouterr()
-    assert "machines     skipped  passed 0, failed 0" in captured.out
+    assert "machines       skipped  passed 0, failed 0" in captured.out
     (line,) = captured.err.splitlines()
     assert line == f"fencekeeper: error: no case ran: every case of machines was skipped ({reason})"
 
@@ -333,7 +334,7 @@ def test_a_run_where_every_case_is_skipped_exits_3(
 def test_a_run_where_one_case_ran_is_not_empty(capsys: pytest.CaptureFixture[str]) -> None:
     # Everything but the first case answered unsupported: partial, and nothing failed.
     assert cli.main(["conformance", "--driver", f"{MISBEHAVING} unsupported 2", "--layer", "machines"]) == 0
-    assert "machines     partial  passed 1, failed 0" in capsys.readouterr().out
+    assert "machines       partial  passed 1, failed 0" in capsys.readouterr().out
 
 
 def _scripts_only(tmp_path: Path) -> Path:
@@ -483,3 +484,12 @@ def test_a_store_step_answered_both_output_and_unsupported_fails_the_case(tmp_pa
     [store] = runner.run(answers, ["store"], _scripts_only(tmp_path))
     assert (store.verdict, store.skipped, store.passed) == ("failed", 0, 0)
     assert store.first_failure is not None and set(store.first_failure["differences"]) == {"reset"}
+
+
+def test_every_row_of_the_report_lines_up_whatever_its_layer_is_called() -> None:
+    reports = [runner.LayerReport(layer, passed=3, version="1.0.0") for layer in LAYERS]
+    rows = runner.render(reports).splitlines()[1:]
+    assert len(rows) == len(LAYERS)
+    # The verdict starts at one column on every row, the longest name's (journal-append) included.
+    assert len({row.index(" passed ") for row in rows}) == 1
+    assert all(row[2:].split(" ", 1)[0] in LAYERS for row in rows)
