@@ -656,6 +656,11 @@ OPERATION_SPEC = build_machine_spec(
                "Tasks, external effects, history, and retention: 'An unreconcilable ambiguous result becomes external_outcome_unknown.'",
                "No safe next step exists once an effect may or may not have happened and cannot be "
                "reconciled; the state is final and says so."),
+            _t("outcome_unknown", "admitted", "outcome_unknown",
+               "Tasks, external effects, history, and retention: 'An unreconcilable ambiguous result becomes external_outcome_unknown.'",
+               "An Operation waiting for its retry may hold an earlier Attempt's unanswered call; once its "
+               "deadline passes nothing may repeat it, and the deadline sweep, which cannot ask the provider, "
+               "ends it with its outcome unknown rather than as if nothing had been issued."),
             _t("cancel", "running", "cancelled",
                "Approval, cancellation, and limits: 'Cancellation persists intent and deterministically "
                "competes with a guarded effect through Operation-row locking.'",

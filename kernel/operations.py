@@ -938,6 +938,24 @@ def _past_deadline(operation: Operation, now: datetime, event: OperationEvent) -
     )
 
 
+def _unanswered(operation: Operation) -> bool:
+    """Whether the Operation's external effect has an issued call no conclusive answer settled.
+
+    Such an Operation never ends by its deadline as if nothing had happened (seed 001, Tasks, external
+    effects, history, and retention: "An unreconcilable ambiguous result becomes external_outcome_unknown"):
+    a claim gives a worker the chance to ask the provider, and whatever ends it without an answer ends it
+    ``external_outcome_unknown`` (specs/operations.md, "The overall deadline and effects").
+    """
+    return operation.effect_class is EffectClass.EXTERNAL and operation.effect_unsettled_since is not None
+
+
+def _issued_note(operation: Operation) -> str:
+    """What an ending's reason says of an issued, unanswered call, as a cancellation's reason does."""
+    since = operation.effect_unsettled_since
+    by = "before its attempt was recorded" if since == 0 else f"by attempt {since}"
+    return f"external effect {operation.effect_id} was issued {by} and never answered; it is not resent"
+
+
 def _outbox(operation: Operation, now: datetime) -> tuple[OutboxMessage, ...]:
     """Every transition gets one outbox message, committed with it; its id is the revision the transition made."""
     return (
@@ -1200,6 +1218,12 @@ def expire(operation: Operation | None, now: datetime, actor: str = "system:dead
     success are refused from the deadline on (:func:`record_intent`,
     :func:`complete`), and its retryable failure ends the Operation
     ``deadline_exceeded`` at once (:func:`fail`).
+
+    An external effect with an issued call no conclusive answer settled
+    (``effect_unsettled_since``) ends ``external_outcome_unknown`` instead,
+    its reason saying so: the sweep cannot ask the provider and nothing may
+    repeat the call past the deadline, so the result is ambiguous and
+    unreconciled, never a deadline missed with nothing done.
     """
     try:
         # The actor is the transition's recorded actor, as a worker's or principal's id is elsewhere.
@@ -1225,12 +1249,18 @@ def expire(operation: Operation | None, now: datetime, actor: str = "system:dead
     else:
         return Refusal(RefusalCode.NOT_ELIGIBLE, f"operation is already {state.value}")
     attempts = (_end_attempt(operation, AttemptState.ABANDONED, now, "lease_expired"),) if operation.owner else ()
+    reason = f"deadline {_iso(operation.deadline)} passed"
+    if event is OperationEvent.DEADLINE_EXCEEDED and _unanswered(operation):
+        # No one asked the provider, and past the deadline no call may be repeated: the result is ambiguous
+        # and cannot be reconciled here, which the seed names external_outcome_unknown, not a missed deadline.
+        event, outcome = OperationEvent.OUTCOME_UNKNOWN, TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+        reason += f"; {_issued_note(operation)}: its outcome is unknown"
     after, record = _move(
         operation,
         event,
         now=now,
         actor=actor,
-        reason=f"deadline {_iso(operation.deadline)} passed",
+        reason=reason,
         changes={"outcome": outcome, "error_code": outcome.value},
     )
     return _decision(operation, after, record, now, attempts=attempts)
@@ -1244,7 +1274,12 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     automatically: its Attempt is recorded ``abandoned`` first, in the same
     decision.  Past the deadline (whatever its next eligibility says), or
     with every Attempt used, the claim ends the Operation with the named
-    limit instead of creating an Attempt.
+    limit instead of creating an Attempt, with one exception: past the
+    deadline, an external effect with an issued, unanswered call and an
+    Attempt left gets that Attempt, so that a worker may ask the provider
+    (a look, not an effect: its intent is refused) and record the answer;
+    with none left it ends ``external_outcome_unknown`` as :func:`expire`
+    decides.
 
     An Operation that needs an approval and holds none that authorizes it
     (none, a rejection, one bound to another Operation, input, action,
@@ -1281,7 +1316,12 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
         return expire(operation, now, request.worker_id)
     else:
         return Refusal(RefusalCode.NOT_ELIGIBLE, f"operation is {state.value}; only admitted work can be claimed")
-    if now >= operation.deadline:
+    # Past the deadline an issued, unanswered call gets an Attempt that can only look (its intent is refused
+    # deadline_exceeded): asking the provider is no new effect, and its answer is what the record must say.
+    look = now >= operation.deadline and _unanswered(operation)
+    if look and state is OperationState.RUNNING and operation.attempt_count >= operation.policy.maximum_attempts:
+        look = False  # no Attempt is left to look with: expire ends it external_outcome_unknown
+    if now >= operation.deadline and not look:
         return expire(operation, now, request.worker_id)
     abandoned: tuple[Attempt, ...] = ()
     if state is OperationState.RUNNING:
@@ -1334,6 +1374,11 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     if approval is not None and approval is not operation.approval:
         # The consumption is a change of this revision like the fence: history says which approval it was.
         reason += f"; approval {approval.approval_id} by {approval.approver} consumed"
+    if look:
+        reason += (
+            f"; the deadline {_iso(operation.deadline)} has passed and {_issued_note(operation)}: "
+            "this attempt may only ask the provider"
+        )
     after, record = _move(
         operation,
         event,
@@ -1553,7 +1598,10 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
     A current-authorization denial never retries (it fails closed); a
     retryable failure from the deadline on ends ``deadline_exceeded``, one
     with no Attempt left ``max_attempts_exceeded``, and one whose next
-    eligibility would fall past the deadline ``deadline_exceeded``.
+    eligibility would fall past the deadline ``deadline_exceeded``.  Where
+    the deadline ends it while an issued call of its external effect is
+    unanswered (and this failure does not settle it), it ends
+    ``external_outcome_unknown`` instead: nothing may repeat the call.
 
     ``effect_not_applied`` records the provider's conclusive "not applied"
     answer to this Attempt's own call.  It settles the effect only if this
@@ -1618,6 +1666,11 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
             )
             return _decision(operation, after, record, now, live=True, attempts=(attempt,))
     outcome = terminal
+    if event is OperationEvent.DEADLINE_EXCEEDED and not settle and _unanswered(operation):
+        # The deadline ends it with a call issued and no conclusive answer to it (a look that found nothing
+        # included: the call may still land), and no Attempt may repeat it: the seed's ambiguous result.
+        event, outcome = OperationEvent.OUTCOME_UNKNOWN, TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+        note += f"; the deadline {_iso(operation.deadline)} leaves no retry and {_issued_note(operation)}"
     after, record = _move(
         operation,
         event,

@@ -48,7 +48,9 @@ external effects, history, and retention).  Rules of this module:
   the lease is live, and no effect may begin) is followed by the owner's
   retryable failure, code ``deadline_exceeded``, which ends the Operation
   so at once; an external action whose earlier issue is unanswered asks
-  the provider first and completes from a succeeded answer.
+  the provider first, completes from a succeeded answer and otherwise
+  ends ``external_outcome_unknown`` (a claim past the deadline gives such
+  an Operation an Attempt for this look).
 - A claim the kernel refuses for the row the store found due (the kernel
   claims or ends every due Operation, so only a row that disagrees with it:
   edited data, a store's wrong ``due_at``) is reported once and then passed
@@ -322,10 +324,19 @@ class DurableOperationWorker:
         if isinstance(intent, o.Refusal) and intent.code is o.RefusalCode.DEADLINE_EXCEEDED:
             if plan is o.EffectPlan.RECONCILE and operation.effect_id is not None:
                 # No new call may start, but an earlier Attempt's call may have been applied: look, and record
-                # its success rather than end the Operation as if the provider had done nothing.
+                # its success rather than end the Operation as if the provider had done nothing.  A claim past
+                # the deadline hands out an Attempt for exactly this look.
                 settled = _answer(action, "reconcile", adapter.reconcile(operation.effect_id))
                 if settled is not None and settled.status is EffectStatus.SUCCEEDED:
                     return self._complete(credential, authority, _result_json(settled.result))
+                # Nothing conclusive (a look that finds nothing leaves a lost call free to land) and nothing may be
+                # repeated: the ambiguous result the seed names, whether or not the adapter deduplicates.
+                found = "no answer" if settled is None else settled.status.value
+                return self._unknown(
+                    credential,
+                    f"effect {operation.effect_id} was issued and never answered; past the deadline "
+                    f"{operation.deadline.isoformat()} the provider's look found {found}",
+                )
             return self._past_deadline(credential, intent)
         if not isinstance(intent, o.Decision):
             return self._report(credential, intent)

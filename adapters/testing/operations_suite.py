@@ -1155,6 +1155,63 @@ class OperationStoreTests:
         assert record is not None and record.state is OperationState.SUCCEEDED
         assert [(a.number, a.state) for a in record.attempts] == [(1, "abandoned"), (2, "succeeded")]
 
+    def _issued_then_abandoned_across_the_deadline(self, world: World, *, applied: bool) -> str:
+        """w0 records its intent before the deadline (its call applied, or never made) and is lost; past the
+        deadline and past w0's lease, whatever happened there is still unanswered."""
+        op_id = self._capture(world, action="capture_unapproved")
+        self._to_the_deadline_less(world, op_id, 2 * LEASE)
+        zombie = world.store.claim_next(TENANT, "w0", LEASE)
+        assert isinstance(zombie, o.Decision) and zombie.credential is not None
+        assert isinstance(world.store.record_intent(o.IntentRequest(zombie.credential)), o.Decision)
+        if applied:
+            world.provider.capture(f"{op_id}/effect", 2500)  # applied; its reply never recorded
+        world.clock.advance(LEASE * 5 / 2)  # past w0's lease and half a lease past the deadline
+        return op_id
+
+    def test_an_unanswered_call_past_the_deadline_is_looked_up_and_its_success_recorded(self, world: World) -> None:
+        op_id = self._issued_then_abandoned_across_the_deadline(world, applied=True)
+        report = world.worker("w1").run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("succeeded", 2), report
+        assert world.provider.calls == [f"{op_id}/effect"]  # looked up, never called again
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.SUCCEEDED
+        assert [(a.number, a.state) for a in record.attempts] == [(1, "abandoned"), (2, "succeeded")]
+        claimed = world.service.history(op_id)[-2]
+        assert (claimed.event, claimed.attempt) == ("reclaim_expired", 2)
+        assert "never answered" in claimed.reason and "may only ask the provider" in claimed.reason
+
+    def test_an_unanswered_call_the_provider_cannot_place_ends_outcome_unknown_not_deadline_exceeded(
+        self, world: World
+    ) -> None:
+        op_id = self._issued_then_abandoned_across_the_deadline(world, applied=False)
+        report = world.worker("w1").run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("external_outcome_unknown", 2), report
+        assert world.provider.calls == []  # looked up only: nothing is called past the deadline
+        record = world.service.get(op_id)
+        assert record is not None and (record.state, record.outcome) == (
+            OperationState.OUTCOME_UNKNOWN, o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN,
+        )
+        assert [(a.number, a.state) for a in record.attempts] == [(1, "abandoned"), (2, "outcome_unknown")]
+        assert "never answered" in world.service.history(op_id)[-1].reason
+
+    def test_a_retryable_failure_past_the_deadline_with_its_call_unanswered_ends_outcome_unknown(
+        self, world: World
+    ) -> None:
+        op_id = self._capture(world, action="capture_unapproved")
+        self._to_the_deadline_less(world, op_id, LEASE / 2)
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        assert isinstance(world.store.record_intent(o.IntentRequest(claim.credential)), o.Decision)
+        self._past_the_deadline(world)  # the call timed out; the lease is still live
+        ended = world.store.fail(o.FailRequest(claim.credential, "effect_ambiguous", retryable=True))
+        assert isinstance(ended, o.Decision), ended
+        assert (ended.operation.state, ended.operation.outcome) == (
+            OperationState.OUTCOME_UNKNOWN, o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN,
+        )
+        assert ended.operation.effect_unsettled_since == 1
+        last = world.service.history(op_id)[-1]
+        assert last.event == "outcome_unknown" and "never answered" in last.reason
+
     def test_a_call_begun_before_the_deadline_records_its_answer_after_it(
         self, world: World, monkeypatch: pytest.MonkeyPatch
     ) -> None:
