@@ -328,7 +328,8 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     external effect's unsettled window through intent, answer, success, unknown outcome and cancellation;
     a rejection; the deadline sweep on each state; a submission past its window, with other unbound fields,
     and requiring approval; a lease the claim granted past the deadline, which a heartbeat never shortens; no
-    effect begun from the deadline on, and an answer to a call begun before it still recorded (cases 3.0.0).
+    effect begun from the deadline on, and an answer to a call begun before it still recorded (cases 3.0.0);
+    an issued call nobody answered looked up or ended unknown, never ended as a missed deadline (cases 4.0.0).
     """
     first = next(
         c["input"] for c in cases if c["input"]["decision"] == "claim" and c["expected"].get("credential")
@@ -503,6 +504,25 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     # A retryable failure from the deadline on names the deadline before the attempts, as a claim does.
     add("fail/past_the_deadline_attempts_used", "fail", {**second, "deadline": started},
         {**backing_off, "error_code": "deadline_exceeded", "credential": {**credential, "fence": 2}}, live)
+
+    # An issued call nobody answered is never ended as a missed deadline (cases 4.0.0): a claim past the deadline
+    # hands out an Attempt that may only look, or with none left ends it external_outcome_unknown, as the sweep
+    # and a failure the deadline ends do.
+    unanswered = {**external_overdue, "policy": three}
+    add("claim/replacement_past_the_deadline_call_unanswered", "claim", unanswered, replacement, expiry)
+    add("claim/replacement_past_the_deadline_call_unanswered_attempts_used", "claim",
+        {**unanswered, "fence": 3, "attempt_count": 3}, replacement, expiry)
+    retrying = {**unanswered, "state": "admitted", "owner": None, "lease_expires_at": None,
+                "attempt_started_at": None, "next_eligible_at": _shifted(expiry, timedelta(hours=1))}
+    add("claim/admitted_past_the_deadline_call_unanswered", "claim", retrying, claim_request, expiry)
+    add("claim/admitted_past_the_deadline_call_answered", "claim", {**retrying, "effect_unsettled_since": None},
+        claim_request, expiry)
+    add("expire/running_expired_owner_call_unanswered", "expire", unanswered, sweep, expiry)
+    add("expire/admitted_call_unanswered", "expire", retrying, sweep, expiry)
+    add("fail/past_the_deadline_call_unanswered", "fail", unanswered,
+        {**backing_off, "error_code": "effect_ambiguous"}, live)
+    add("fail/backoff_reaches_deadline_call_unanswered", "fail", {**external, "deadline": _shifted(live, pause)},
+        {**backing_off, "error_code": "effect_ambiguous"}, live)
     return found
 
 
