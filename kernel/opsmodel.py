@@ -42,7 +42,13 @@ Rules of this module:
 - ``Bounds.deadline_ticks`` puts the overall deadline inside the explored
   clock, before a claim's lease ends: a live owner then decides and commits
   on both sides of it, and INV-OP-NO-EFFECT-AFTER-DEADLINE asks that no
-  intent and no atomic success commits from the deadline on.
+  intent and no atomic success commits from the deadline on.  A worker
+  refused its intent past the deadline does what the worker does: with an
+  earlier issue unanswered it would look, and this provider cannot say,
+  so it ends the Operation ``external_outcome_unknown``; otherwise its
+  retryable failure ends it by the deadline.
+  INV-OP-UNANSWERED-NOT-DEADLINE asks that no commit ends it
+  ``deadline_exceeded`` while an intent has no "not applied" answer.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class Invariant(enum.Enum):
     AUTHORIZED_ANSWER = "INV-OP-AUTHORIZED-ANSWER"
     DUE_CLAIMED = "INV-OP-DUE-CLAIMED"
     NO_EFFECT_AFTER_DEADLINE = "INV-OP-NO-EFFECT-AFTER-DEADLINE"
+    UNANSWERED_NOT_DEADLINE = "INV-OP-UNANSWERED-NOT-DEADLINE"
 
 
 class Answer(enum.Enum):
@@ -432,7 +439,16 @@ def _external_decisions(
     unknown = o.UnknownRequest(credential, "ambiguous and not reconcilable")
     choices: list[tuple[str, str, o.Outcome]] = []
     if not knows.intended:
-        choices.append(("intent", "intent", proto.record_intent(op, o.IntentRequest(credential), now)))
+        intent = proto.record_intent(op, o.IntentRequest(credential), now)
+        choices.append(("intent", "intent", intent))
+        if isinstance(intent, o.Refusal) and intent.code is o.RefusalCode.DEADLINE_EXCEEDED:
+            # As the worker answers it: with an earlier issue unanswered it would look, and this provider cannot
+            # say, so the outcome is unknown; with none, its retryable failure ends the Operation by the deadline.
+            if knows.plan is o.EffectPlan.RECONCILE:
+                choices.append(("outcome unknown", "unknown", proto.outcome_unknown(op, unknown, now)))
+            else:
+                late = o.FailRequest(credential, "deadline_exceeded", retryable=True)
+                choices.append(("failure past the deadline", "fail", proto.fail(op, late, now)))
     elif knows.plan is o.EffectPlan.RECONCILE:
         # An earlier issue is unanswered and this provider can neither be asked nor deduplicate.
         choices.append(("outcome unknown", "unknown", proto.outcome_unknown(op, unknown, now)))
@@ -644,6 +660,15 @@ def check_write(before: World, after: World, pending: Pending) -> tuple[Invarian
                 f"{pending.actor} wrote {pending.kind} with fence {credential.fence}; the operation was at fence "
                 f"{old.fence} owned by {old.owner}, lease until {_tick(old.lease_expires_at)}, now tick {before.tick}"
             )
+    open_now = sorted(after.intents - after.answered)  # a "not applied" answer committing now counts
+    ended_by_deadline = new.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED and old is not None and old.outcome is None
+    if ended_by_deadline and open_now:
+        # Each open intent's call may have been applied, and nothing answered it: ending the Operation as a
+        # missed deadline would say nothing happened (its only honest ends are a success or an unknown outcome).
+        return Invariant.UNANSWERED_NOT_DEADLINE, (
+            f"{pending.actor}'s {pending.kind} ended {new.operation_id} deadline_exceeded while the issues of "
+            f"attempts {open_now} were unanswered: calls {[(f, a.value) for f, a in before.calls]}"
+        )
     if pending.kind == "unknown" and credential is not None and old is not None and old.state is OperationState.RUNNING:
         # Ambiguous: some committed intent (another Attempt's, or this one's once it called) has no committed
         # "not applied" answer, so its call may have been made and applied.

@@ -43,7 +43,7 @@ DEADLINE_EXTERNAL = attrs.evolve(DEADLINE, cancel=False, max_depth=16, external=
 def _bounds(variant: Variant) -> Bounds:
     if variant.breaks in (Invariant.ONE_OPERATION, Invariant.AUTHORIZED_ANSWER):
         return SUBMISSION
-    if variant.name == "intent-after-the-deadline":
+    if variant.name in ("intent-after-the-deadline", "deadline-ends-an-unanswered-call"):
         return DEADLINE_EXTERNAL
     if variant.name == "atomic-commit-after-the-deadline":
         return DEADLINE

@@ -6,7 +6,8 @@ effect commit after cancellation, admitting one request twice, answering a
 revoked principal's resubmission with its Operation, calling a
 provider again after a lost reply, giving up on an effect the provider
 said it did not apply, starting an effect after the overall deadline (an
-atomic commit, an external intent), or refusing a claim of an Operation the store
+atomic commit, an external intent), ending an Operation whose issued call
+was never answered as a missed deadline, or refusing a claim of an Operation the store
 finds due (a grace after an owner's lease expired).  A checker
 that passes the real decisions but misses any of these proves nothing, so
 ``test_model_check.py`` runs every variant and asserts the named invariant
@@ -151,6 +152,21 @@ def _ignoring_the_deadline(decide: Decide) -> Decide:
     return variant
 
 
+def _ignoring_an_unanswered_call(decide: Decide) -> Decide:
+    """The decision judged as if every issue of the effect had been answered; what it writes keeps the record."""
+
+    def variant(op: o.Operation | None, request: object, now: datetime) -> o.Outcome:
+        if op is None or op.effect_unsettled_since is None:
+            return decide(op, request, now)
+        outcome = decide(attrs.evolve(op, effect_unsettled_since=None), request, now)
+        if isinstance(outcome, o.Decision) and outcome.operation.effect_id is not None:
+            written = attrs.evolve(outcome.operation, effect_unsettled_since=op.effect_unsettled_since)
+            return attrs.evolve(outcome, operation=written)
+        return outcome
+
+    return variant
+
+
 def _plan_ignoring_answers(op: o.Operation) -> o.EffectPlan:
     # Any recorded intent counts as unanswered, even one the provider answered "not applied".
     return o.effect_plan(attrs.evolve(op, effect_unsettled_since=0) if op.effect_id is not None else op)
@@ -241,6 +257,14 @@ ZOO: tuple[Variant, ...] = (
         "an owner whose lease outlives the deadline records an external effect's intent after it, and may call",
         Invariant.NO_EFFECT_AFTER_DEADLINE,
         OpsProtocol(record_intent=_ignoring_the_deadline(o.record_intent)),
+    ),
+    Variant(
+        "deadline-ends-an-unanswered-call",
+        "a claim past the deadline ends the Operation deadline_exceeded although an issued call was never "
+        "answered: no one asks the provider, and the record says nothing happened while the call may have been "
+        "applied",
+        Invariant.UNANSWERED_NOT_DEADLINE,
+        OpsProtocol(claim=_ignoring_an_unanswered_call(o.claim)),
     ),
     Variant(
         "resend-after-a-lost-reply",
