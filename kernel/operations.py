@@ -1439,7 +1439,8 @@ def heartbeat(operation: Operation | None, request: HeartbeatRequest, now: datet
     lease is extended at most to the deadline, never shortened, so a lease
     the claim granted past it stands; from the deadline on a heartbeat is
     refused ``deadline_exceeded``, the lease runs out, and the next claim
-    ends the Operation ``deadline_exceeded``.
+    ends the Operation ``deadline_exceeded`` (or, with an issued call
+    unanswered, hands out an Attempt that may only ask the provider).
     """
     try:
         _check_request(request, HeartbeatRequest)
