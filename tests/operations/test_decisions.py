@@ -701,6 +701,53 @@ def test_an_answer_to_a_call_begun_before_the_deadline_is_recorded_after_it() ->
     assert unknown.operation.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
 
 
+def _issued_before_the_deadline(**changes: object) -> o.Operation:
+    """An external Operation whose intent committed just before the deadline, under a lease that ends after it."""
+    op = admitted(effect_class=o.EffectClass.EXTERNAL, **changes)
+    deadline = op.deadline
+    op, cred, _ = claimed(op, "w1", deadline - SECOND)
+    intent = o.record_intent(op, o.IntentRequest(cred), deadline - SECOND / 2)
+    assert isinstance(intent, o.Decision) and intent.operation.lease_expires_at is not None
+    return intent.operation
+
+
+def test_a_claim_past_the_deadline_gives_an_unanswered_call_an_attempt_that_may_only_look() -> None:
+    issued = _issued_before_the_deadline()
+    late = issued.lease_expires_at
+    assert late is not None and late > issued.deadline
+    claim = o.claim(issued, o.ClaimRequest("w2", LEASE), late)
+    assert isinstance(claim, o.Decision) and claim.credential is not None, claim
+    assert [(a.number, a.state) for a in claim.attempts] == [(1, o.AttemptState.ABANDONED), (2, o.AttemptState.RUNNING)]
+    assert "never answered" in claim.transition.reason and "may only ask the provider" in claim.transition.reason
+    looking = claim.operation
+    refused = o.record_intent(looking, o.IntentRequest(claim.credential), late)
+    assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.DEADLINE_EXCEEDED
+    found = o.complete(looking, o.CompleteRequest(claim.credential, GRANTED, '{"ok":true}'), late)
+    assert isinstance(found, o.Decision) and found.operation.outcome is o.TerminalOutcome.SUCCEEDED
+    # With no Attempt left there is none to look with: the claim ends it unknown, as the sweep does.
+    used = attrs.evolve(issued, policy=attrs.evolve(POLICY, maximum_attempts=1))
+    ended = o.claim(used, o.ClaimRequest("w2", LEASE), late)
+    assert isinstance(ended, o.Decision) and ended.credential is None
+    assert ended.operation.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+
+
+def test_the_deadline_sweep_ends_an_unanswered_call_unknown_saying_it_was_issued() -> None:
+    issued = _issued_before_the_deadline()
+    late = issued.lease_expires_at
+    assert late is not None
+    swept = o.expire(issued, late)
+    assert isinstance(swept, o.Decision), swept
+    assert (swept.operation.state, swept.operation.outcome) == (
+        OperationState.OUTCOME_UNKNOWN, o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN,
+    )
+    assert swept.transition.event is OperationEvent.OUTCOME_UNKNOWN
+    assert swept.operation.effect_unsettled_since == 1
+    assert f"external effect {issued.effect_id} was issued by attempt 1 and never answered" in swept.transition.reason
+    # An Operation that issued nothing still ends by its deadline.
+    quiet = o.expire(admitted(effect_class=o.EffectClass.EXTERNAL), issued.deadline)
+    assert isinstance(quiet, o.Decision) and quiet.operation.outcome is o.TerminalOutcome.DEADLINE_EXCEEDED
+
+
 def test_a_late_commit_of_an_owner_decision_that_begins_nothing_is_lease_expired() -> None:
     op, cred, _ = claimed(admitted(), "w1", T0)
     failed = o.fail(op, o.FailRequest(cred, "busy", retryable=True), T0 + SECOND)
