@@ -16,27 +16,7 @@ import pytest
 
 from fencekeeper.kernel.events import WITHHELD_DEEP
 from tests.cli.runner import assert_one_error_line, data, fencekeeper, ok, snapshot
-
-WAITS = """\
-id = "waits"
-revision = 1
-start = "await_payment"
-inputs = ["order_id"]
-
-[[nodes]]
-id = "await_payment"
-kind = "wait_for_event"
-revision = 1
-event_type = "payment.received"
-correlation = { order_id = { from = "input.order_id" } }
-next = "done"
-
-[[nodes]]
-id = "done"
-kind = "end"
-revision = 1
-outcome = "succeeded"
-"""
+from tests.definitions.examples import WAITS
 
 
 @pytest.mark.parametrize(

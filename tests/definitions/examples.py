@@ -1,4 +1,4 @@
-"""The example definition of specs/definitions.md, and its digest."""
+"""The example definition of specs/definitions.md, and its digest; and the smallest workflow that waits for an Event."""
 
 from __future__ import annotations
 
@@ -66,3 +66,25 @@ error_code = "order_rejected"
 
 EXAMPLE_DIGEST = "sha256:0f908c37e3f55799b2f63cae3303f8bb40012e1d806b559cb3703332dbda54cc"
 """Published in specs/definitions.md: the canonical form may never change silently."""
+
+WAITS = """\
+id = "waits"
+revision = 1
+start = "await_payment"
+inputs = ["order_id"]
+
+[[nodes]]
+id = "await_payment"
+kind = "wait_for_event"
+revision = 1
+event_type = "payment.received"
+correlation = { order_id = { from = "input.order_id" } }
+next = "done"
+
+[[nodes]]
+id = "done"
+kind = "end"
+revision = 1
+outcome = "succeeded"
+"""
+"""One wait for ``payment.received`` correlated on ``order_id``, then the end: what the stored-text and payload tests publish to."""

@@ -26,32 +26,11 @@ from fencekeeper.adapters.store import TransactionalStore
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
+from tests.definitions.examples import WAITS
 
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
-DEFINITION = parse_definition(
-    """\
-id = "waits"
-revision = 1
-start = "await_payment"
-inputs = ["order_id"]
-
-[[nodes]]
-id = "await_payment"
-kind = "wait_for_event"
-revision = 1
-event_type = "payment.received"
-correlation = { order_id = { from = "input.order_id" } }
-next = "done"
-
-[[nodes]]
-id = "done"
-kind = "end"
-revision = 1
-outcome = "succeeded"
-""",
-    "waits.toml",
-)
+DEFINITION = parse_definition(WAITS, "waits.toml")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
