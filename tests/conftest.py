@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -65,6 +66,27 @@ def pg_schema(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield schema
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def granted_role(pg_dsn: str, schema: str, tables: Iterable[str], privileges: str) -> Iterator[str]:
+    """A login role the tenant policies bind, with ``privileges`` on ``tables`` and what opening a store needs.
+
+    USAGE on the schema and SELECT on schema_migrations, as
+    docs/operating-postgres.md grants an application's role; dropped
+    afterwards (:func:`drop_role`).
+    """
+    role = f"fk_app_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS")  # type: ignore[arg-type]
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")  # type: ignore[arg-type]
+        conn.execute(f"GRANT SELECT ON {schema}.schema_migrations TO {role}")  # type: ignore[arg-type]
+        for table in tables:
+            conn.execute(f"GRANT {privileges} ON {schema}.{table} TO {role}")  # type: ignore[arg-type]
+    try:
+        yield role
+    finally:
+        drop_role(pg_dsn, role)
 
 
 def drop_role(pg_dsn: str, role: str) -> None:

@@ -25,7 +25,7 @@ from fencekeeper.adapters.operations.service import DurableOperationService, Pri
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
 from fencekeeper.adapters.postgres_store import MIGRATIONS, migrate
 from fencekeeper.adapters.store import StoreError
-from tests.conftest import drop_role
+from tests.conftest import drop_role, granted_role
 
 TABLES = ("operations", "operation_identities", "operation_attempts", "operation_transitions", "outbox")
 # How each child table names its Operation.
@@ -36,17 +36,8 @@ ALICE = PrincipalReference("users", 1, "alice")
 @pytest.fixture
 def restricted_role(pg_dsn: str, pg_schema: str) -> Iterator[str]:
     """A login role with the grants docs/operating-postgres.md shows, and nothing else; dropped after the test."""
-    role = f"fk_app_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS")  # type: ignore[arg-type]
-        conn.execute(f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}")  # type: ignore[arg-type]
-        conn.execute(f"GRANT SELECT ON {pg_schema}.schema_migrations TO {role}")  # type: ignore[arg-type]
-        for table in TABLES:
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE ON {pg_schema}.{table} TO {role}")  # type: ignore[arg-type]
-    try:
+    with granted_role(pg_dsn, pg_schema, TABLES, "SELECT, INSERT, UPDATE") as role:
         yield role
-    finally:
-        drop_role(pg_dsn, role)
 
 
 def _service(store: PostgresOperationStore) -> DurableOperationService:

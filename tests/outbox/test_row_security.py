@@ -13,7 +13,6 @@ what it was scoped to, as its caller asked.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +36,7 @@ from fencekeeper.adapters.outbox import (
 from fencekeeper.adapters.retention import RetentionWindows, prune
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.operations_suite import TENANT, World, open_accounts
-from tests.conftest import drop_role
+from tests.conftest import granted_role
 from tests.operations.test_postgres_tenant_boundary import TABLES
 
 
@@ -55,17 +54,8 @@ class Recording:
 @pytest.fixture
 def application_role(pg_dsn: str, pg_schema: str) -> Iterator[str]:
     """The application's role as docs/operating-postgres.md grants it, with DELETE too (so only the policies bind it)."""
-    role = f"fk_app_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS")  # type: ignore[arg-type]
-        conn.execute(f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}")  # type: ignore[arg-type]
-        conn.execute(f"GRANT SELECT ON {pg_schema}.schema_migrations TO {role}")  # type: ignore[arg-type]
-        for table in TABLES:
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {pg_schema}.{table} TO {role}")  # type: ignore[arg-type]
-    try:
+    with granted_role(pg_dsn, pg_schema, TABLES, "SELECT, INSERT, UPDATE, DELETE") as role:
         yield role
-    finally:
-        drop_role(pg_dsn, role)
 
 
 @pytest.fixture
