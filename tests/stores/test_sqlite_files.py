@@ -38,6 +38,8 @@ import hashlib
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -275,6 +277,25 @@ def test_reopening_keeps_the_data_and_migrates_nothing_again(tmp_path: Path) -> 
         assert conn.execute("SELECT * FROM schema_migrations").fetchall() == migrations
     finally:
         conn.close()
+
+
+def test_opening_a_store_that_is_already_ours_does_not_import_sqlite_utils(tmp_path: Path) -> None:
+    # sqlite-utils inspects a file that is not yet ours; importing it (and its
+    # plugin scan) at every worker start-up cost about 60 ms, for nothing.
+    path = tmp_path / "store.db"
+    SQLiteStore(path).close()
+    program = (
+        "import sys; from pathlib import Path; from fencekeeper.adapters.sqlite_store import SQLiteStore; "
+        "SQLiteStore(Path(sys.argv[1])).close(); print('sqlite_utils' in sys.modules)"
+    )
+    opened = subprocess.run([sys.executable, "-c", program, str(path)], capture_output=True, text=True, check=True)
+    assert opened.stdout.strip() == "False"
+    # A file of something else is still inspected, and named for what it holds.
+    other = tmp_path / "other.db"
+    with contextlib.closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+    with pytest.raises(StoreError, match=r"something else \(tables \['invoices'\]\)"):
+        SQLiteStore(other)
 
 
 def test_a_version_2_store_migrates_forward_keeping_every_row_and_its_order(
