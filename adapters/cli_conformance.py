@@ -107,7 +107,7 @@ def add_parser(command: object) -> None:
     parser.add_argument(
         "--layer",
         action="append",
-        choices=("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append", "store"),
+        choices=("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append", "interpreter", "store"),
         help="run only this layer (repeatable; default: all)",
     )
     parser.add_argument("--cases", type=Path, metavar="DIR", help="case files (default: the ones shipped)")

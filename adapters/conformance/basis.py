@@ -13,12 +13,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-SUITE_VERSION = "4.0.0"
+SUITE_VERSION = "4.1.0"
 """Semantic version of the case format and contents (specs/conformance.md, Versions)."""
 
 Case = dict[str, Any]
 
-LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append", "store")
+LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append", "interpreter", "store")
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123457, tzinfo=UTC)
 LEASE = timedelta(seconds=30, microseconds=1)

@@ -7,7 +7,7 @@ Rules of this module:
   by hand.  Each layer's inputs are chosen in its own module
   (``protocol_cases``, ``expression_cases``, ``definition_cases``,
   ``operations_cases``, ``journal_cases``, ``journal_append_cases``,
-  ``store_cases``); this one holds
+  ``interpreter_cases``, ``store_cases``); this one holds
   the machines layer and writes the files.  ``make specs`` writes them, and
   ``tests/conformance/test_cases_committed.py`` fails if a regeneration
   would change a byte.
@@ -28,6 +28,7 @@ from fencekeeper.kernel.machines import MACHINES
 from .basis import LAYERS, SUITE_VERSION, Case
 from .definition_cases import definition_cases
 from .expression_cases import expression_cases
+from .interpreter_cases import interpreter_cases
 from .journal_append_cases import journal_append_cases
 from .journal_cases import journal_cases
 from .operations_cases import operation_cases
@@ -75,6 +76,9 @@ _DESCRIPTIONS = {
     "journal-append": "Appending one command to a chain (specs/journal.md, section 6): workflow, policy, headers, "
     "chain, the command in its JSON form, now and the records a resolver finds; then the refusal code, an "
     "idempotent repeat with the head, or the digests of the records appended and the new head.",
+    "interpreter": "One node visit (specs/interpreter.md): the execution row, its pinned definition, its evidence, "
+    "the lease, the node's authority answer, now and a Command's result; then the plan: continue at a node, leave "
+    "running for a state with its code, step and wait registration, or issue a Command, with the evidence it commits.",
     "store": "Whole-store scripts (specs/conformance.md, Store layer): sessions, requests, outcomes and "
     "final rows, including concurrent interleavings.",
 }
@@ -89,6 +93,7 @@ _GENERATORS: dict[str, Callable[[], list[Case]]] = {
     "operations": operation_cases,
     "journal": journal_cases,
     "journal-append": journal_append_cases,
+    "interpreter": interpreter_cases,
     "store": store_cases,
 }
 assert tuple(_GENERATORS) == LAYERS

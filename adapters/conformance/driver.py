@@ -34,6 +34,7 @@ from fencekeeper.kernel.machines import MACHINES
 from . import wire
 from .definition_cases import evaluate_definition
 from .expression_cases import evaluate_expression
+from .interpreter_cases import plan_answer
 from .journal_append_cases import append_answer
 from .journal_cases import replay_answer
 from .operations_cases import decide_operation
@@ -41,7 +42,7 @@ from .store_driver import HOLD_POINTS, StoreHarness, hold_point
 
 PROTOCOL_VERSION = 1
 """The protocol's major number, the one ``hello`` carries; this driver speaks 1.2 (it offers the clock hold, echoes seq)."""
-KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append")
+KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append", "interpreter")
 
 
 def machine_answer(data: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +68,8 @@ def kernel_answer(layer: str, data: dict[str, Any]) -> dict[str, Any]:
         return replay_answer(data)
     if layer == "journal-append":
         return append_answer(data)
+    if layer == "interpreter":
+        return plan_answer(data)
     raise ValueError(layer)
 
 
