@@ -65,3 +65,26 @@ def test_every_field_a_written_operation_decision_is_compared_on_is_named_in_ope
     named = {word for span in re.findall(r"`([^`]+)`", spec) for word in re.findall(r"[A-Za-z_]+", span)}
     missing = sorted(compared - named)
     assert not missing, f"specs/operations.md never names these fields the operations cases compare: {missing}"
+
+
+def test_every_field_an_interpreter_plan_is_compared_on_is_named_in_the_spec() -> None:
+    """A plan is compared whole, its evidence bodies included: a member the layer's section never names is one a
+    driver written from the spec cannot know to write; so is a refusal's field."""
+    compared: set[str] = set()
+    fields: set[str] = set()
+    for case in json.loads((CASES / "interpreter.json").read_text(encoding="utf-8"))["cases"]:
+        expected = case["expected"]
+        if expected["plan"] == "refused":
+            fields.add(expected["field"])
+            continue
+        for part in case["normative"]:
+            compared.add(part)
+            _field_names(expected.get(part), compared)
+    section = _section((ROOT / "specs" / "conformance.md").read_text(encoding="utf-8"), "interpreter")
+    named = {word for span in re.findall(r"`([^`]+)`", section) for word in re.findall(r"[A-Za-z_]+", span)}
+    # Payload, input and output members are the case's own data, not names the spec defines.
+    data = {"amount", "currency", "lines", "ref", "d", "r", "order_id", "note", "event_id"}
+    missing = sorted(name for name in compared - named - data if "." not in name)  # a binding's name: `input.amount`
+    assert not missing, f"specs/conformance.md (interpreter) never names these fields the cases compare: {missing}"
+    unnamed = sorted(f for f in fields if f"`{f.split('[')[0]}" not in section)
+    assert not unnamed, f"specs/conformance.md (interpreter) never names these refused fields: {unnamed}"
