@@ -47,7 +47,9 @@ Rules of this module:
   :class:`Authority` fact from a check the caller made against *current*
   facts, and an approval never stands in for it.  A submission's authority
   is judged before its identity, so an identity naming the principal's own
-  Operation never answers a caller no longer authorized.
+  Operation never answers a caller no longer authorized.  Only an external
+  success is recorded whatever its authority says: it is the provider's
+  answer to a call already issued, no side effect of its own.
 - An external effect's record says whether it may have been issued without
   a conclusive answer (``Operation.effect_unsettled_since``, seed 001,
   Tasks, external effects, history, and retention): only an issue whose
@@ -1279,7 +1281,8 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     Attempt left gets that Attempt, so that a worker may ask the provider
     (a look, not an effect: its intent is refused) and record the answer;
     with none left it ends ``external_outcome_unknown`` as :func:`expire`
-    decides.
+    decides, and so does a replacement that finds every Attempt used
+    while such a call is unanswered (no Attempt is left to look with).
 
     An Operation that needs an approval and holds none that authorizes it
     (none, a rejection, one bound to another Operation, input, action,
@@ -1327,13 +1330,20 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     if state is OperationState.RUNNING:
         abandoned = (_end_attempt(operation, AttemptState.ABANDONED, now, "lease_expired"),)
         if operation.attempt_count >= operation.policy.maximum_attempts:
+            event, outcome = OperationEvent.FAIL, TerminalOutcome.MAX_ATTEMPTS_EXCEEDED
+            reason = f"attempt {operation.fence} abandoned and all {operation.attempt_count} attempts are used"
+            if _unanswered(operation):
+                # No Attempt is left to ask the provider with, and none may repeat the call: the limit would say
+                # nothing happened while the call may have been applied, the seed's ambiguous result.
+                event, outcome = OperationEvent.OUTCOME_UNKNOWN, TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+                reason += f"; {_issued_note(operation)}: its outcome is unknown"
             after, record = _move(
                 operation,
-                OperationEvent.FAIL,
+                event,
                 now=now,
                 actor=request.worker_id,
-                reason=f"attempt {operation.fence} abandoned and all {operation.attempt_count} attempts are used",
-                changes={"outcome": TerminalOutcome.MAX_ATTEMPTS_EXCEEDED, "error_code": "max_attempts_exceeded"},
+                reason=reason,
+                changes={"outcome": outcome, "error_code": outcome.value},
             )
             return _decision(operation, after, record, now, attempts=abandoned)
     approval = operation.approval
@@ -1545,7 +1555,9 @@ def complete_refusal(operation: Operation | None, request: CompleteRequest, now:
     refusal = _owner_refusal(operation, request.credential, now)
     if refusal is not None or operation is None:
         return refusal
-    if not request.authority.granted:
+    if not request.authority.granted and operation.effect_class is not EffectClass.EXTERNAL:
+        # An external success is the provider's answer to a call already issued (after the authority its Attempt
+        # checked): it begins nothing, and refusing it would only lose what the provider did.
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} is not authorized now{why}")
     if operation.effect_class is EffectClass.ATOMIC and now >= operation.deadline:
@@ -1569,7 +1581,10 @@ def complete(operation: Operation | None, request: CompleteRequest, now: datetim
     atomic success is its effect, so from the overall deadline on it is
     refused ``deadline_exceeded``, and its guard holds it to the earlier of
     the lease and the deadline at commit; an external success records the
-    answer to a call begun before the deadline and is decided after it.
+    answer to a call begun before the deadline and is decided after it,
+    and whatever the authority: it begins nothing (the call it answers was
+    issued under the authority its Attempt checked), so a principal revoked
+    since does not lose what the provider did.
     """
     refusal = complete_refusal(operation, request, now)
     if refusal is not None:
@@ -1600,9 +1615,11 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
     retryable failure from the deadline on ends ``deadline_exceeded``, one
     with no Attempt left ``max_attempts_exceeded``, and one whose next
     eligibility would fall past the deadline ``deadline_exceeded``.  Where
-    the deadline ends it while an issued call of its external effect is
-    unanswered (and this failure does not settle it), it ends
-    ``external_outcome_unknown`` instead: nothing may repeat the call.
+    any of these, or a failure that is not retryable, ends it while an
+    issued call of its external effect is unanswered (and this failure does
+    not settle it), it ends ``external_outcome_unknown`` instead, with the
+    request's error code: nothing may repeat the call, and the outcome says
+    the effect may have happened.
 
     ``effect_not_applied`` records the provider's conclusive "not applied"
     answer to this Attempt's own call.  It settles the effect only if this
@@ -1667,11 +1684,21 @@ def fail(operation: Operation | None, request: FailRequest, now: datetime) -> Ou
             )
             return _decision(operation, after, record, now, live=True, attempts=(attempt,))
     outcome = terminal
-    if event is OperationEvent.DEADLINE_EXCEEDED and not settle and _unanswered(operation):
-        # The deadline ends it with a call issued and no conclusive answer to it (a look that found nothing
-        # included: the call may still land), and no Attempt may repeat it: the seed's ambiguous result.
+    if not settle and _unanswered(operation):
+        # Whatever ends it -- the deadline, the last Attempt, a denial of current authority, a failure that is not
+        # retryable -- it ends with a call issued and no conclusive answer to it (a look that found nothing
+        # included: the call may still land), and no Attempt may repeat it: the seed's ambiguous result.  The
+        # request's error code still says what ended it.
+        if event is OperationEvent.DEADLINE_EXCEEDED:
+            limit = f"the deadline {_iso(operation.deadline)}"
+        elif terminal is TerminalOutcome.MAX_ATTEMPTS_EXCEEDED:
+            limit = f"the last of {operation.policy.maximum_attempts} attempts"
+        elif terminal is TerminalOutcome.NOT_AUTHORIZED:
+            limit = "the denial of current authority"
+        else:
+            limit = "a failure that is not retryable"
         event, outcome = OperationEvent.OUTCOME_UNKNOWN, TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
-        note += f"; the deadline {_iso(operation.deadline)} leaves no retry and {_issued_note(operation)}"
+        note += f"; {limit} leaves no retry and {_issued_note(operation)}"
     after, record = _move(
         operation,
         event,

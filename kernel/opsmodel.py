@@ -49,6 +49,12 @@ Rules of this module:
   retryable failure ends it by the deadline.
   INV-OP-UNANSWERED-NOT-DEADLINE asks that no commit ends it
   ``deadline_exceeded`` while an intent has no "not applied" answer.
+- ``Bounds.denials`` lets a worker, before its intent, meet a revoked
+  principal or a handler failure that is not retryable instead, and with
+  ``maximum_attempts`` below ``max_claims`` a replacement finds every
+  Attempt used: INV-OP-UNANSWERED-NOT-FAILED asks that none of these ends
+  the Operation ``max_attempts_exceeded``, ``not_authorized`` or
+  ``action_failed`` while an intent has no "not applied" answer.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ class Invariant(enum.Enum):
     DUE_CLAIMED = "INV-OP-DUE-CLAIMED"
     NO_EFFECT_AFTER_DEADLINE = "INV-OP-NO-EFFECT-AFTER-DEADLINE"
     UNANSWERED_NOT_DEADLINE = "INV-OP-UNANSWERED-NOT-DEADLINE"
+    UNANSWERED_NOT_FAILED = "INV-OP-UNANSWERED-NOT-FAILED"
 
 
 class Answer(enum.Enum):
@@ -166,6 +173,9 @@ class Bounds:
     """The last submitter's principal is no longer authorized: the same identity and input, a denied authority."""
     deadline_ticks: int = 100
     """The retry policy's ``schedule_to_close``, in ticks from admission at tick 0 (beyond ``max_tick`` by default)."""
+    denials: bool = False
+    """External effects: before its intent a worker may instead meet a revoked principal, or a handler's failure that
+    is not retryable, and fail so (each ends the Operation whatever an earlier Attempt's call did)."""
     moved_submitter: bool = False
     """The second submitter is the same principal under the next version of its resolver: the same identity key.
 
@@ -189,6 +199,14 @@ STANDARD: tuple[tuple[str, Bounds], ...] = (
         Bounds(workers=2, approval=False, cancel=False, max_claims=3, max_tick=3, max_depth=17, external=True),
     ),
     (
+        "operations: an external effect whose Attempts run out, a revoked principal and a failure that is not "
+        "retryable (every interleaving to depth 15)",
+        Bounds(
+            workers=2, approval=False, cancel=False, max_claims=3, maximum_attempts=2, max_tick=3, max_depth=15,
+            external=True, denials=True,
+        ),
+    ),
+    (
         "operations: the deadline falls inside a live lease, an atomic action and a canceller (every interleaving to depth 13)",
         Bounds(workers=2, approval=False, max_claims=2, max_tick=3, deadline_ticks=1, max_depth=13),
     ),
@@ -209,6 +227,9 @@ Depth 14 (2.2 million states, about 6.5 minutes here) found nothing more;
 ``explore(attrs.evolve(STANDARD[1][1], max_depth=14))`` repeats it.
 The external configuration's depth 17 holds two Attempts that each call
 the provider and a third that claims after them (about 86,000 states, ten
+seconds here).  The one whose Attempts run out (two Attempts, three claims)
+reaches at depth 15 a lost reply, its retry's failure and a replacement
+that finds every Attempt used, 14 moves (about 73,000 states, eight
 seconds here).
 """
 
@@ -385,7 +406,7 @@ def _decisions(world: World, bounds: Bounds, proto: OpsProtocol) -> Iterator[tup
                 credential,
             )
             if bounds.external:
-                yield from _external_decisions(world, w, credential, proto)
+                yield from _external_decisions(world, w, credential, proto, bounds)
                 continue
             yield (
                 w,
@@ -430,7 +451,7 @@ def _decisions(world: World, bounds: Bounds, proto: OpsProtocol) -> Iterator[tup
 
 
 def _external_decisions(
-    world: World, w: int, credential: o.Credential, proto: OpsProtocol
+    world: World, w: int, credential: o.Credential, proto: OpsProtocol, bounds: Bounds
 ) -> Iterator[tuple[int, str, str, o.Outcome, o.Credential | None]]:
     """The worker's next decision on an external effect, from what it knows (its call is a move of its own)."""
     op, now, name = world.operations[0], world.now, worker_id(w)
@@ -441,6 +462,13 @@ def _external_decisions(
     if not knows.intended:
         intent = proto.record_intent(op, o.IntentRequest(credential), now)
         choices.append(("intent", "intent", intent))
+        if bounds.denials:
+            # What the worker meets before its intent: a principal revoked since the claim (after a look this provider
+            # cannot answer), or a payload builder's failure that is not retryable.
+            denied = o.FailRequest(credential, "not_authorized", retryable=False, not_authorized=True)
+            choices.append(("denial", "fail", proto.fail(op, denied, now)))
+            rejected = o.FailRequest(credential, "rejected", retryable=False)
+            choices.append(("failure that is not retryable", "fail", proto.fail(op, rejected, now)))
         if isinstance(intent, o.Refusal) and intent.code is o.RefusalCode.DEADLINE_EXCEEDED:
             # As the worker answers it: with an earlier issue unanswered it would look, and this provider cannot
             # say, so the outcome is unknown; with none, its retryable failure ends the Operation by the deadline.
@@ -669,6 +697,22 @@ def check_write(before: World, after: World, pending: Pending) -> tuple[Invarian
             f"{pending.actor}'s {pending.kind} ended {new.operation_id} deadline_exceeded while the issues of "
             f"attempts {open_now} were unanswered: calls {[(f, a.value) for f, a in before.calls]}"
         )
+    ended_failed = new.outcome in _FAILED_ENDINGS and old is not None and old.outcome is None
+    if ended_failed and open_now:
+        # The same for every other failed ending: a limit of Attempts, a denial, a failure that is not retryable
+        # would each say the Operation stopped while a call the provider may have applied is unanswered.
+        assert new.outcome is not None
+        return Invariant.UNANSWERED_NOT_FAILED, (
+            f"{pending.actor}'s {pending.kind} ended {new.operation_id} {new.outcome.value} while the issues of "
+            f"attempts {open_now} were unanswered: calls {[(f, a.value) for f, a in before.calls]}"
+        )
+    ended_unknown = new.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN and old is not None and old.outcome is None
+    if ended_unknown and pending.kind != "unknown" and not open_now:
+        # A claim, a failure or a sweep that ends it unknown: only while some issue is unanswered.
+        return Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS, (
+            f"{pending.actor}'s {pending.kind} ended {new.operation_id} external_outcome_unknown, but every issue "
+            f"was answered not applied: intents {sorted(after.intents)}, calls {[(f, a.value) for f, a in before.calls]}"
+        )
     if pending.kind == "unknown" and credential is not None and old is not None and old.state is OperationState.RUNNING:
         # Ambiguous: some committed intent (another Attempt's, or this one's once it called) has no committed
         # "not applied" answer, so its call may have been made and applied.
@@ -686,6 +730,12 @@ def check_write(before: World, after: World, pending: Pending) -> tuple[Invarian
     ):
         return Invariant.TABLES, f"{old.state.value} -> {new.state.value} is in no row of the operation machine"
     return None
+
+
+_FAILED_ENDINGS = frozenset(
+    {o.TerminalOutcome.MAX_ATTEMPTS_EXCEEDED, o.TerminalOutcome.ACTION_FAILED, o.TerminalOutcome.NOT_AUTHORIZED}
+)
+"""The failed endings INV-OP-UNANSWERED-NOT-FAILED names (the deadline has its own invariant)."""
 
 
 def _tick(moment: datetime | None) -> str:

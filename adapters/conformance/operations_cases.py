@@ -329,7 +329,8 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     a rejection; the deadline sweep on each state; a submission past its window, with other unbound fields,
     and requiring approval; a lease the claim granted past the deadline, which a heartbeat never shortens; no
     effect begun from the deadline on, and an answer to a call begun before it still recorded (cases 3.0.0);
-    an issued call nobody answered looked up or ended unknown, never ended as a missed deadline (cases 4.0.0).
+    an issued call nobody answered looked up or ended unknown, never ended as a missed deadline (cases 4.0.0),
+    a limit of Attempts or a failure (cases 4.2.0).
     """
     first = next(
         c["input"] for c in cases if c["input"]["decision"] == "claim" and c["expected"].get("credential")
@@ -523,6 +524,31 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
         {**backing_off, "error_code": "effect_ambiguous"}, live)
     add("fail/backoff_reaches_deadline_call_unanswered", "fail", {**external, "deadline": _shifted(live, pause)},
         {**backing_off, "error_code": "effect_ambiguous"}, live)
+
+    # Nor as a limit of Attempts or a failure (cases 4.2.0): a replacement that finds every Attempt used, and a
+    # failure that ends the Operation -- the last Attempt's, a denial, one that is not retryable -- end an
+    # issued, unanswered call external_outcome_unknown, the failure's own code kept; a failure whose own "not
+    # applied" answer settles the effect keeps its outcome.  An external success is recorded whatever the
+    # authority says: it answers a call already issued.
+    last = {**external, "fence": 3, "attempt_count": 3}
+    third = {**credential, "fence": 3}
+    add("claim/replacement_attempts_used_call_unanswered", "claim", last, replacement, expiry)
+    add("claim/replacement_attempts_used_call_answered", "claim", {**last, "effect_unsettled_since": None},
+        replacement, expiry)
+    add("fail/attempts_used_call_unanswered", "fail", last,
+        {**backing_off, "error_code": "effect_ambiguous", "credential": third}, live)
+    add("fail/not_retryable_call_unanswered", "fail", external, {**backing_off, "error_code": "card_rejected",
+                                                                  "retryable": False}, live)
+    add("fail/not_authorized_call_unanswered", "fail", external,
+        {**backing_off, "error_code": "not_authorized", "retryable": False, "not_authorized": True}, live)
+    add("fail/not_retryable_own_call_not_applied", "fail", external, {**not_applied, "retryable": False}, live)
+    add("fail/not_retryable_earlier_call_unanswered", "fail", earlier,
+        {**not_applied, "retryable": False, "credential": later}, live)
+    denied = {**authorized, "granted": False, "reason": "revoked"}
+    add("complete/external_not_authorized", "complete", external,
+        {"credential": credential, "authority": denied, "result": "{\"ok\":true}"}, live)
+    add("complete/external_not_authorized_without_intent", "complete", answered,
+        {"credential": credential, "authority": denied}, live)
     return found
 
 

@@ -11,7 +11,12 @@ external effects, history, and retention).  Rules of this module:
   through the resolver registry and the action re-authorized; a missing,
   disabled or revoked identity fails the Operation closed, a temporarily
   unavailable one (after the registry's bounded retry) fails the Attempt
-  retryably.  An approval never stands in for this.
+  retryably.  An approval never stands in for this.  A look at the
+  provider is no side effect: before a denial, or an unavailability that
+  ends the Operation (its last Attempt, or past its deadline), an external
+  action whose earlier issue is unanswered asks ``reconcile`` and records
+  a succeeded answer; anything else leaves the failure to end the
+  Operation ``external_outcome_unknown``.
 - ``atomic``: the handler runs inside the completion transaction and writes
   only through the guarded context; its writes commit with the Attempt's
   success or not at all.  ``read_only``: the handler's result is the only
@@ -259,6 +264,12 @@ class DurableOperationWorker:
         reference = _reference(operation.identity.principal)
         resolution = self.resolvers.resolve(reference)
         if resolution.status is ResolutionStatus.UNAVAILABLE:
+            if self._last_chance(operation):
+                # This failure ends it (no Attempt or no time is left): ask the provider about the unanswered call
+                # first, which needs no authority, rather than leave its outcome unknown unasked.
+                looked = self._look(action, operation, credential, o.Authority(False, reference.ref, resolution.reason))
+                if looked is not None:
+                    return looked
             return self._fail(credential, "principal_unavailable", retryable=True, detail=resolution.reason)
         why = resolution.reason or resolution.status.value
         try:
@@ -272,6 +283,11 @@ class DurableOperationWorker:
             # that forgot to return) is authority that was not established.
             why = f"the action's authorizer answered {shown(authorized)}, not True or False"
         if authorized is not True:
+            # Failing closed begins nothing; but an earlier Attempt's call may have been applied unanswered, and a
+            # look at the provider is no side effect, so it needs no current authority: its success is recorded.
+            looked = self._look(action, operation, credential, o.Authority(False, reference.ref, why))
+            if looked is not None:
+                return looked
             return self._fail(credential, "not_authorized", retryable=False, denied=True, detail=why)
         authority = o.Authority(True, reference.ref)
         if self.before_effect is not None:
@@ -293,6 +309,40 @@ class DurableOperationWorker:
             # that is no EffectResult (_answer); raised from here, it ended run_once with the Attempt still
             # running, to be retried only after its lease ran out.
             return self._fail(credential, "handler_error", retryable=True, detail=f"{type(exc).__name__}: {exc}")
+
+    def _last_chance(self, operation: o.Operation) -> bool:
+        """Whether a failure of this Attempt ends the Operation by a limit: its last Attempt, or past the deadline."""
+        if operation.attempt_count >= operation.policy.maximum_attempts:
+            return True
+        return self.store.now() >= operation.deadline
+
+    def _look(
+        self, action: DurableAction, operation: o.Operation, credential: o.Credential, authority: o.Authority
+    ) -> WorkReport | None:
+        """Before a failure that ends the Operation: ask the provider about an earlier Attempt's unanswered call.
+
+        A report when the provider says it succeeded (recorded, whatever the authority: it begins nothing);
+        None when there is nothing to ask or no conclusive success, and the failure goes on (the kernel then
+        ends the Operation ``external_outcome_unknown``, the call being still unanswered).
+        """
+        adapter = action.adapter
+        if (
+            action.effect_class is not o.EffectClass.EXTERNAL
+            or adapter is None
+            or operation.effect_id is None
+            or o.effect_plan(operation) is not o.EffectPlan.RECONCILE
+        ):
+            return None
+        try:
+            with self._heartbeats(credential):
+                settled = _answer(action, "reconcile", adapter.reconcile(operation.effect_id))
+            if settled is None or settled.status is not EffectStatus.SUCCEEDED:
+                return None
+            result = _result_json(settled.result)
+        except Exception:
+            # A look that breaks has answered nothing: the call stays unanswered and the failure goes on.
+            return None
+        return self._complete(credential, authority, result)
 
     def _atomic(
         self, action: DurableAction, credential: o.Credential, authority: o.Authority, payload: Any

@@ -31,9 +31,13 @@ go through the Python API (``DurableOperationService``,
   a provider's conclusive "declined" is recorded, so the retry performs
   again (same effect id) whatever the provider, while a lost reply, a
   timeout or a crash after the intent is never resent unreconciled;
-- limits: backoff, maximum attempts, deadline, each a named outcome;
-- current authorization: a revoked principal fails closed, and gets no
-  Operation back by resubmitting its identity;
+- limits: backoff, maximum attempts, deadline, each a named outcome; an
+  issued call left unanswered makes any ending but a success or a
+  cancellation ``external_outcome_unknown``, after a look at the provider
+  where an Attempt can make one;
+- current authorization: a revoked principal fails closed (after a look at
+  an unanswered call, which needs no authority), and gets no Operation back
+  by resubmitting its identity;
 - (SQL stores, :class:`SqlOperationStoreTests`) an atomic action's
   statements never end, split or leave its transaction: ``COMMIT``,
   ``ROLLBACK``, ``SAVEPOINT``, ``BEGIN``, one behind a comment, two
@@ -1211,6 +1215,117 @@ class OperationStoreTests:
         assert ended.operation.effect_unsettled_since == 1
         last = world.service.history(op_id)[-1]
         assert last.event == "outcome_unknown" and "never answered" in last.reason
+
+    # --- every other ending with an issued call unanswered (specs/operations.md, "Endings with a call unanswered")
+
+    def _issued_by_a_lost_attempt(self, world: World, *, left: int | None = None, applied: bool) -> str:
+        """Attempts fail retryably; then one records its intent (its call applied, or never made) and is lost, its
+        lease run out, with ``left`` Attempts left after it (None: it is the first)."""
+        op_id = self._capture(world, action="capture_unapproved")
+        record = world.service.get(op_id)
+        assert record is not None
+        for _ in range(0 if left is None else record.maximum_attempts - left - 1):
+            claim = world.store.claim_next(TENANT, "w0", LEASE)
+            assert isinstance(claim, o.Decision) and claim.credential is not None
+            assert isinstance(world.store.fail(o.FailRequest(claim.credential, "busy", retryable=True)), o.Decision)
+            world.clock.advance(timedelta(minutes=1))
+        zombie = world.store.claim_next(TENANT, "w0", LEASE)
+        assert isinstance(zombie, o.Decision) and zombie.credential is not None
+        assert isinstance(world.store.record_intent(o.IntentRequest(zombie.credential)), o.Decision)
+        if applied:
+            world.provider.capture(f"{op_id}/effect", 2500)  # applied; its reply never recorded
+        world.clock.advance(LEASE)
+        return op_id
+
+    def _ended_unknown(self, world: World, op_id: str, error_code: str) -> None:
+        record = world.service.get(op_id)
+        assert record is not None and (record.state, record.outcome, record.error_code) == (
+            OperationState.OUTCOME_UNKNOWN, o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN, error_code,
+        ), record
+        last = world.service.history(op_id)[-1]
+        assert last.event == "outcome_unknown" and "never answered" in last.reason, last
+        stored = world.store.get(op_id)
+        assert stored is not None and stored.effect_unsettled_since is not None
+
+    def test_a_replacement_finding_every_attempt_used_ends_an_unanswered_call_unknown(self, world: World) -> None:
+        op_id = self._issued_by_a_lost_attempt(world, left=0, applied=True)
+        report = world.worker("w1").run_once()
+        assert report is not None and (report.outcome, report.attempt) == ("external_outcome_unknown", None), report
+        assert world.provider.calls == [f"{op_id}/effect"]  # no Attempt is left to ask, and nothing is resent
+        self._ended_unknown(world, op_id, "external_outcome_unknown")
+        record = world.service.get(op_id)
+        assert record is not None
+        last = record.maximum_attempts
+        assert [a.state for a in record.attempts] == ["failed"] * (last - 1) + ["abandoned"]
+        assert f"external effect {op_id}/effect was issued by attempt {last}" in world.service.history(op_id)[-1].reason
+
+    def test_a_provider_that_keeps_timing_out_ends_unknown_not_max_attempts_exceeded(self, world: World) -> None:
+        # Each Attempt's look right after its timeout finds nothing, but the calls may still land: the last one
+        # ends with its outcome unknown, not as a limit hit with nothing done.
+        op_id = self._capture(world, action="capture_unapproved")
+        record = world.service.get(op_id)
+        assert record is not None
+        last = record.maximum_attempts
+        world.provider.mode = "timeout"
+        reports = []
+        for number in range(1, last + 1):
+            reports.append(world.worker(f"w{number}").run_once())
+            world.clock.advance(timedelta(minutes=5))
+        assert [(r.outcome, r.attempt) for r in reports if r is not None] == [
+            *(("retry", n) for n in range(1, last)), ("external_outcome_unknown", last),
+        ], reports
+        assert world.provider.calls == [f"{op_id}/effect"] * last  # the adapter deduplicates by the effect id
+        self._ended_unknown(world, op_id, "effect_not_applied")
+        assert f"the last of {last} attempts" in world.service.history(op_id)[-1].reason
+
+    @pytest.mark.parametrize("applied", [True, False], ids=["applied", "never_made"])
+    def test_a_revoked_principal_with_a_call_unanswered_is_looked_up_before_failing_closed(
+        self, world: World, applied: bool
+    ) -> None:
+        # A look at the provider is no side effect and needs no current authority: what it finds is recorded.
+        op_id = self._issued_by_a_lost_attempt(world, applied=applied)
+        world.directory.set("alice", ResolutionStatus.REVOKED)
+        lookups: list[str] = []
+        lookup = world.provider.lookup
+
+        def recorded_lookup(key: str) -> int | None:
+            lookups.append(key)
+            return lookup(key)
+
+        world.provider.lookup = recorded_lookup  # type: ignore[method-assign]
+        report = world.worker("w1").run_once()
+        expected = "succeeded" if applied else "external_outcome_unknown"
+        assert report is not None and (report.outcome, report.attempt) == (expected, 2), report
+        assert lookups == [f"{op_id}/effect"]
+        assert world.provider.calls == ([f"{op_id}/effect"] if applied else [])  # nothing sent after the denial
+        if applied:
+            record = world.service.get(op_id)
+            assert record is not None and record.state is OperationState.SUCCEEDED and record.result == {
+                "receipt": f"cap-{op_id}/effect", "amount": 2500,
+            }
+        else:
+            self._ended_unknown(world, op_id, "not_authorized")
+            assert "the denial of current authority" in world.service.history(op_id)[-1].reason
+
+    def test_an_unavailable_principal_on_the_last_attempt_is_looked_up_before_the_failure_ends_it(
+        self, world: World
+    ) -> None:
+        op_id = self._issued_by_a_lost_attempt(world, left=1, applied=True)
+        world.directory.set("alice", ResolutionStatus.UNAVAILABLE)
+        report = world.worker("w1").run_once()
+        record = world.service.get(op_id)
+        assert record is not None and record.state is OperationState.SUCCEEDED
+        assert report is not None and (report.outcome, report.attempt) == ("succeeded", record.maximum_attempts), report
+        assert world.provider.calls == [f"{op_id}/effect"]
+
+    def test_a_failure_that_is_not_retryable_with_a_call_unanswered_ends_unknown(self, world: World) -> None:
+        op_id = self._issued_by_a_lost_attempt(world, applied=False)
+        claim = world.store.claim_next(TENANT, "w1", LEASE)
+        assert isinstance(claim, o.Decision) and claim.credential is not None
+        ended = world.store.fail(o.FailRequest(claim.credential, "card_rejected", retryable=False))
+        assert isinstance(ended, o.Decision), ended
+        self._ended_unknown(world, op_id, "card_rejected")
+        assert "a failure that is not retryable" in world.service.history(op_id)[-1].reason
 
     def test_a_call_begun_before_the_deadline_records_its_answer_after_it(
         self, world: World, monkeypatch: pytest.MonkeyPatch

@@ -882,3 +882,87 @@ def test_the_identity_helpers_name_an_argument_not_of_its_type() -> None:
         o.stable_principal(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"^identity: must be of type Identity, got tuple"):
         o.identity_key(("shop", "tenant-a", "users:v1:alice", "key-1"))  # type: ignore[arg-type]
+
+
+def _issued_by_attempt(number: int, **changes: object) -> tuple[o.Operation, o.Credential]:
+    """An external Operation whose ``number``-th Attempt (every earlier one failed retryably) recorded its intent."""
+    op = admitted(effect_class=o.EffectClass.EXTERNAL, **changes)
+    now = T0
+    for _ in range(number - 1):
+        op, cred, _ = claimed(op, "w1", now)
+        retried = o.fail(op, o.FailRequest(cred, "busy", retryable=True), now)
+        assert isinstance(retried, o.Decision) and retried.operation.state is OperationState.ADMITTED
+        op, now = retried.operation, retried.operation.next_eligible_at
+    op, cred, _ = claimed(op, "w1", now)
+    intent = o.record_intent(op, o.IntentRequest(cred), now)
+    assert isinstance(intent, o.Decision)
+    return intent.operation, cred
+
+
+def test_a_replacement_finding_every_attempt_used_ends_an_unanswered_call_unknown() -> None:
+    issued, _ = _issued_by_attempt(3)
+    assert issued.attempt_count == POLICY.maximum_attempts and issued.lease_expires_at is not None
+    ended = o.claim(issued, o.ClaimRequest("w2", LEASE), issued.lease_expires_at)
+    assert isinstance(ended, o.Decision) and ended.credential is None, ended
+    assert (ended.operation.state, ended.operation.outcome, ended.operation.error_code) == (
+        OperationState.OUTCOME_UNKNOWN, o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN, "external_outcome_unknown",
+    )
+    assert ended.transition.event is OperationEvent.OUTCOME_UNKNOWN
+    assert [(a.number, a.state, a.error_code) for a in ended.attempts] == [(3, o.AttemptState.ABANDONED, "lease_expired")]
+    assert ended.operation.effect_unsettled_since == 3
+    assert f"external effect {issued.effect_id} was issued by attempt 3 and never answered" in ended.transition.reason
+    # A call answered "not applied" (or none issued) still ends by the limit it hit.
+    answered = attrs.evolve(issued, effect_unsettled_since=None)
+    limit = o.claim(answered, o.ClaimRequest("w2", LEASE), issued.lease_expires_at)
+    assert isinstance(limit, o.Decision) and limit.operation.outcome is o.TerminalOutcome.MAX_ATTEMPTS_EXCEEDED
+
+
+@pytest.mark.parametrize(
+    ("request_changes", "ended_by"),
+    [
+        ({"retryable": True}, "the last of 3 attempts"),
+        ({"retryable": False}, "a failure that is not retryable"),
+        ({"retryable": False, "not_authorized": True}, "the denial of current authority"),
+    ],
+)
+def test_a_failure_that_ends_an_operation_with_its_call_unanswered_ends_it_unknown(
+    request_changes: dict[str, bool], ended_by: str
+) -> None:
+    issued, cred = _issued_by_attempt(3)
+    ended = o.fail(issued, o.FailRequest(cred, "handler_error", **request_changes), T0 + 10 * SECOND)
+    assert isinstance(ended, o.Decision), ended
+    assert (ended.operation.state, ended.operation.outcome) == (
+        OperationState.OUTCOME_UNKNOWN, o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN,
+    )
+    # The request's code still says what ended it; the effect stays unsettled.
+    assert ended.operation.error_code == "handler_error" and ended.operation.effect_unsettled_since == 3
+    assert ended.transition.event is OperationEvent.OUTCOME_UNKNOWN
+    assert ended_by in ended.transition.reason and "was issued by attempt 3 and never answered" in ended.transition.reason
+    assert [(a.number, a.state) for a in ended.attempts] == [(3, o.AttemptState.FAILED)]
+
+
+def test_an_ending_failure_that_settles_its_own_call_or_follows_none_keeps_its_outcome() -> None:
+    issued, cred = _issued_by_attempt(3)
+    declined = o.FailRequest(cred, "effect_failed", retryable=False, effect_not_applied=True)
+    settled = o.fail(issued, declined, T0 + 10 * SECOND)
+    assert isinstance(settled, o.Decision) and settled.operation.outcome is o.TerminalOutcome.ACTION_FAILED
+    quiet, quiet_cred, _ = claimed(admitted(effect_class=o.EffectClass.EXTERNAL), "w1", T0)
+    denied = o.fail(quiet, o.FailRequest(quiet_cred, "not_authorized", retryable=False, not_authorized=True), T0)
+    assert isinstance(denied, o.Decision) and denied.operation.outcome is o.TerminalOutcome.NOT_AUTHORIZED
+    # An earlier Attempt's call stays unanswered when a later one's own call is declined: the outcome is unknown.
+    earlier = attrs.evolve(issued, effect_unsettled_since=2)
+    still = o.fail(earlier, declined, T0 + 10 * SECOND)
+    assert isinstance(still, o.Decision) and still.operation.outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+
+
+def test_an_external_success_is_recorded_whatever_the_authority_says() -> None:
+    # A principal revoked since the call was issued: the provider's answer is still what the record says.
+    issued, cred = _issued_by_attempt(1)
+    revoked = o.Authority(False, "users:v1:alice", "revoked")
+    found = o.complete(issued, o.CompleteRequest(cred, revoked, '{"ok":true}'), T0 + SECOND)
+    assert isinstance(found, o.Decision) and found.operation.outcome is o.TerminalOutcome.SUCCEEDED
+    # An atomic or read-only success is its action's own work and still needs current authority.
+    for effect_class in (o.EffectClass.ATOMIC, o.EffectClass.READ_ONLY):
+        op, own, _ = claimed(admitted(effect_class=effect_class), "w1", T0)
+        refused = o.complete(op, o.CompleteRequest(own, revoked), T0)
+        assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.NOT_AUTHORIZED

@@ -38,6 +38,10 @@ EXTERNAL = Bounds(
 # The deadline at tick 1, inside a claim's two-tick lease: an owner decides and commits on both sides of it.
 DEADLINE = Bounds(workers=2, approval=False, max_claims=2, max_tick=3, deadline_ticks=1, max_depth=13)
 DEADLINE_EXTERNAL = attrs.evolve(DEADLINE, cancel=False, max_depth=16, external=True)
+# Fewer Attempts than claims, and a worker that may meet a denial or a failure that is not retryable: depth 15 holds a
+# lost reply, its retry's failure and a replacement that finds every Attempt used (14 moves).  As
+# `fencekeeper modelcheck` explores it.
+LIMITS_EXTERNAL = next(bounds for _, bounds in STANDARD if bounds.denials)
 
 
 def _bounds(variant: Variant) -> Bounds:
@@ -45,6 +49,8 @@ def _bounds(variant: Variant) -> Bounds:
         return SUBMISSION
     if variant.name in ("intent-after-the-deadline", "deadline-ends-an-unanswered-call"):
         return DEADLINE_EXTERNAL
+    if variant.breaks is Invariant.UNANSWERED_NOT_FAILED:
+        return LIMITS_EXTERNAL
     if variant.name == "atomic-commit-after-the-deadline":
         return DEADLINE
     if variant.breaks in (Invariant.NO_BLIND_RESEND, Invariant.UNKNOWN_ONLY_IF_AMBIGUOUS):
@@ -58,7 +64,7 @@ def zoo_results() -> dict[str, Result]:
 
 
 def test_the_real_decisions_hold_every_invariant() -> None:
-    for bounds in (EXECUTION, SUBMISSION, EXTERNAL, DEADLINE, DEADLINE_EXTERNAL):
+    for bounds in (EXECUTION, SUBMISSION, EXTERNAL, DEADLINE, DEADLINE_EXTERNAL, LIMITS_EXTERNAL):
         result = explore(bounds)
         assert result.violation is None, result.violation
         assert result.states > 1000
@@ -188,3 +194,31 @@ def test_a_call_begun_before_the_deadline_is_answered_after_it() -> None:
     labels = [*_attempt("w1", 1, "succeeded"), "clock ticks to 1", "w1 decides complete (fence 1)", "w1 commits complete"]
     world = _replay(DEADLINE_EXTERNAL, labels)
     assert world.operations[0].state is OperationState.SUCCEEDED and world.now >= world.operations[0].deadline
+
+
+def test_a_replacement_that_finds_every_attempt_used_ends_an_unanswered_call_unknown() -> None:
+    # Attempt 1's reply was lost and its failure retried; attempt 2 was lost with nothing recorded: no Attempt is
+    # left to look with, and the outcome is unknown, never max_attempts_exceeded.
+    labels = [
+        *_attempt("w1", 1, "lost_reply"),
+        "w1 decides handler error (fence 1)",
+        "w1 commits fail",
+        "clock ticks to 1",
+        "w1 decides claim",
+        "w1 commits claim",
+        "clock ticks to 2",
+        "clock ticks to 3",
+        "w2 decides claim",
+        "w2 commits claim",
+    ]
+    world = _replay(LIMITS_EXTERNAL, labels)
+    assert world.operations[0].outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+    assert world.operations[0].attempt_count == LIMITS_EXTERNAL.maximum_attempts
+
+
+def test_a_denial_after_an_unanswered_call_ends_unknown_and_without_one_ends_not_authorized() -> None:
+    lost = [*_attempt("w1", 1, "lost_reply"), "w1 decides handler error (fence 1)", "w1 commits fail",
+            "clock ticks to 1", "w2 decides claim", "w2 commits claim", "w2 decides denial (fence 2)", "w2 commits fail"]
+    assert _replay(LIMITS_EXTERNAL, lost).operations[0].outcome is o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+    quiet = ["w1 decides claim", "w1 commits claim", "w1 decides denial (fence 1)", "w1 commits fail"]
+    assert _replay(LIMITS_EXTERNAL, quiet).operations[0].outcome is o.TerminalOutcome.NOT_AUTHORIZED

@@ -7,7 +7,8 @@ revoked principal's resubmission with its Operation, calling a
 provider again after a lost reply, giving up on an effect the provider
 said it did not apply, starting an effect after the overall deadline (an
 atomic commit, an external intent), ending an Operation whose issued call
-was never answered as a missed deadline, or refusing a claim of an Operation the store
+was never answered as a missed deadline, a limit of Attempts or a failure,
+or refusing a claim of an Operation the store
 finds due (a grace after an owner's lease expired).  A checker
 that passes the real decisions but misses any of these proves nothing, so
 ``test_model_check.py`` runs every variant and asserts the named invariant
@@ -265,6 +266,20 @@ ZOO: tuple[Variant, ...] = (
         "applied",
         Invariant.UNANSWERED_NOT_DEADLINE,
         OpsProtocol(claim=_ignoring_an_unanswered_call(o.claim)),
+    ),
+    Variant(
+        "attempts-end-an-unanswered-call",
+        "a replacement that finds every Attempt used ends the Operation max_attempts_exceeded although an issued "
+        "call was never answered: the record says a limit was hit while the call may have been applied",
+        Invariant.UNANSWERED_NOT_FAILED,
+        OpsProtocol(claim=_ignoring_an_unanswered_call(o.claim)),
+    ),
+    Variant(
+        "failure-ends-an-unanswered-call",
+        "a denial, a failure that is not retryable or the last Attempt's failure ends the Operation by its own name "
+        "although an issued call was never answered",
+        Invariant.UNANSWERED_NOT_FAILED,
+        OpsProtocol(fail=_ignoring_an_unanswered_call(o.fail)),
     ),
     Variant(
         "resend-after-a-lost-reply",
