@@ -44,7 +44,7 @@ import attrs
 from fencekeeper.kernel import approvals, attempts, recovery
 from fencekeeper.kernel import definition as d
 from fencekeeper.kernel import protocol as p
-from fencekeeper.kernel.events import Event, matches, projection, wake_outputs
+from fencekeeper.kernel.events import Event, checked_payload, matches, projection, wake_outputs
 from fencekeeper.kernel.evidence import Evidence
 from fencekeeper.kernel.machines import ExecutionState
 
@@ -368,7 +368,10 @@ class Store(Protocol):
         ...
 
     def publish_event(self, event: Event, authority: p.Authority) -> PublishResult:
-        """Commit an Event and wake every waiter it matches exactly, in one transaction."""
+        """Commit an Event and wake every waiter it matches exactly, in one transaction.
+
+        A payload past the publication bounds raises ``EventError`` (``invalid_event``) and writes nothing.
+        """
         ...
 
     def decide_approval(self, decision: approvals.ApprovalDecision) -> approvals.DecideOutcome | p.Decision:
@@ -1224,7 +1227,16 @@ class TransactionalStore(abc.ABC):
         publication/wake path evaluates committed wait registrations before
         releasing'.  Republishing the same Event is idempotent; the same
         identity with other content is refused (StoreError ``event_conflict``).
+
+        The payload is held to the bounds of publication here as well as by
+        ``Event.build`` (kernel ``checked_payload``, :class:`EventError`
+        ``invalid_event``, the same message), before anything is read: an
+        Event made directly cannot be stored past what a waiter reads.  The
+        same content as an Event stored before the bound is refused too, not
+        answered as a duplicate (specs/interpreter.md, Events: "Publishing
+        such an Event's identity again is a new publication").
         """
+        checked_payload(event.payload)
         if not authority.granted:
             raise StoreError("not_authorized", f"{authority.principal_id!r} may not publish events")
 

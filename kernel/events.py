@@ -28,7 +28,10 @@ Rules of this module:
   outputs, which every later revision of the attempt carries again, and a
   payload nested past the recursion limit could be published but not read
   back by a worker.  The bound is one of publication: an Event stored
-  before it keeps waking its waiters (:func:`wake_outputs`).
+  before it keeps waking its waiters (:func:`wake_outputs`).  Every store
+  holds it as well (:func:`checked_payload`), for an Event made without
+  :meth:`Event.build`; publishing a stored Event past it again is refused,
+  as any publication past it is, not answered as a duplicate.
 """
 
 from __future__ import annotations
@@ -153,6 +156,36 @@ _TOO_LONG: Final = f"is longer than {MAX_PAYLOAD_JSON} characters as compact JSO
 _PAYLOAD_JSON: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def checked_payload(payload: object) -> dict[str, Any]:
+    """``payload`` as a store reads it back, or :class:`EventError` naming the field if it may not be published.
+
+    The one payload check of publication: :meth:`Event.build` applies it,
+    and so does every store's ``publish_event`` to the Event it is given,
+    so that an Event made without :meth:`Event.build` is refused with the
+    same message and no store keeps a payload a waiter could not read.
+    """
+    if not isinstance(payload, Mapping):
+        raise EventError("payload: must be an object")
+    bound = payload_bound_problem(payload)
+    if bound is not None:
+        raise EventError(f"payload: {bound}")
+    found = json_problem(payload, "payload") or text.first_problem(payload, "payload")
+    if found is not None:
+        raise EventError(f"{found[0]}: {found[1]}")
+    try:
+        written = _PAYLOAD_JSON.encode(dict(payload))
+    except (TypeError, ValueError) as exc:
+        # What the checks above let through and JSON still cannot write: a Mapping that is no dict
+        # nested inside, an integer longer than Python writes.
+        raise EventError(f"payload: cannot be written as JSON: {shown(str(exc))}") from None
+    if len(written) > MAX_PAYLOAD_JSON:
+        raise EventError(f"payload: {_TOO_LONG}")
+    # The payload as a store reads it back (a tuple is a list), so that publishing the same Event
+    # again compares equal to the kept one and is a duplicate, not a conflict.
+    kept: dict[str, Any] = json.loads(written)
+    return kept
+
+
 def correlation_value(value: object) -> str:
     """The canonical string of a correlation value (str as is, int in decimal, bool as true/false)."""
     if isinstance(value, bool):
@@ -217,26 +250,7 @@ class Event:
             if unstorable is not None:
                 raise EventError(f"correlation.{name}: {unstorable}")
             pairs.append((name, value_text))
-        if payload is not None and not isinstance(payload, Mapping):
-            raise EventError("payload: must be an object")
-        payload = payload or {}
-        bound = payload_bound_problem(payload)
-        if bound is not None:
-            raise EventError(f"payload: {bound}")
-        found = json_problem(payload, "payload") or text.first_problem(payload, "payload")
-        if found is not None:
-            raise EventError(f"{found[0]}: {found[1]}")
-        try:
-            written = _PAYLOAD_JSON.encode(dict(payload))
-        except (TypeError, ValueError) as exc:
-            # What the checks above let through and JSON still cannot write: a Mapping that is no dict
-            # nested inside, an integer longer than Python writes.
-            raise EventError(f"payload: cannot be written as JSON: {shown(str(exc))}") from None
-        if len(written) > MAX_PAYLOAD_JSON:
-            raise EventError(f"payload: {_TOO_LONG}")
-        # The payload as a store reads it back (a tuple is a list), so that publishing the same Event
-        # again compares equal to the kept one and is a duplicate, not a conflict.
-        kept = json.loads(written)
+        kept = checked_payload({} if payload is None else payload)
         return cls(event_id, business_id, event_type, tuple(sorted(pairs)), kept)
 
     def same_content(self, other: Event) -> bool:
@@ -304,6 +318,7 @@ __all__ = [
     "WITHHELD_DEEP",
     "Event",
     "EventError",
+    "checked_payload",
     "correlation_value",
     "json_problem",
     "matches",

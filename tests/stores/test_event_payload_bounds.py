@@ -28,7 +28,7 @@ from fencekeeper.adapters.store import TransactionalStore
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import attempts
 from fencekeeper.kernel.definition import parse_definition
-from fencekeeper.kernel.events import WITHHELD_DEEP, Event
+from fencekeeper.kernel.events import WITHHELD_DEEP, Event, EventError
 from fencekeeper.kernel.machines import ExecutionState
 
 BUSINESS = "default"
@@ -79,9 +79,11 @@ def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Tra
         store = MemoryStore()
 
         def plant(event_id: str, payload: Any, text: str) -> None:
-            # The in-memory store keeps the Event as given: no encoding to get past.
+            # The in-memory store keeps the Event as given, and its publication now holds the bound too:
+            # the row goes in as an earlier release's publication wrote it, past every check.
             event = Event(event_id, BUSINESS, "payment.received", (("order_id", "o-1"),), payload)
-            store.publish_event(event, POLICY.check(PRINCIPAL, BUSINESS, service.EVENT_PUBLISH))
+            with store._transaction() as tx:
+                tx.insert_event(event, store.clock.now())
 
     elif request.param == "sqlite":
         import sqlite3  # noqa: PLC0415
@@ -237,3 +239,53 @@ def test_a_deep_payload_stored_before_the_bound_wakes_its_waiter_without_it(
     with pytest.raises(Exception) as caught:
         publish(store, {}, event_id="ev-old")
     assert getattr(caught.value, "code", None) == "event_conflict"
+
+
+def _direct(event_id: str, payload: Any) -> Event:
+    """An Event made without ``Event.build``, as a caller of a store's own ``publish_event`` may make one."""
+    return Event(event_id, BUSINESS, "payment.received", (("order_id", "o-1"),), payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"blob": "x" * 65_526}, "payload: is longer than 65536 characters as compact JSON"),
+        (nested(33), "payload: nests deeper than 32 levels"),
+        (nested(100_000), "payload: nests deeper than 32 levels"),
+    ],
+    ids=["one-over", "33-levels", "100000-levels"],
+)
+def test_a_stores_own_publication_holds_the_bound_and_writes_nothing(
+    opened: tuple[TransactionalStore, Plant], payload: Any, message: str
+) -> None:
+    # Every user path builds its Event (Event.build), and the bound was applied there only: an Event made
+    # directly and given to publish_event was stored, and read back by the waiter it woke.
+    store, _ = opened
+    service.run(
+        store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="waits",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )  # fmt: skip
+    Worker(store, "w-1", POLICY, ScriptedHandler({})).run_pass()
+    granted = POLICY.check(PRINCIPAL, BUSINESS, service.EVENT_PUBLISH)
+    with pytest.raises(EventError) as caught:
+        store.publish_event(_direct("ev-1", payload), granted)
+    # The same code and message as a publication through the service (the test above).
+    assert (caught.value.code, str(caught.value)) == ("invalid_event", message)
+    view = store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.WAITING
+    again = store.publish_event(_direct("ev-1", {"amount": 1}), granted)
+    assert (again.duplicate, again.woken) == (False, ("x-1",))
+
+
+def test_the_same_content_as_a_stored_event_past_the_bound_is_refused_not_a_duplicate(
+    opened: tuple[TransactionalStore, Plant],
+) -> None:
+    # specs/interpreter.md, Events: publishing such an Event's identity again is a new publication, past
+    # the bound refused; the answer does not depend on what the store holds, and it reads nothing.
+    store, plant = opened
+    stored = {"amount": 5, "blob": "x" * 100_000}
+    plant("ev-old", stored, json.dumps(stored, separators=(",", ":")))
+    granted = POLICY.check(PRINCIPAL, BUSINESS, service.EVENT_PUBLISH)
+    with pytest.raises(EventError) as caught:
+        store.publish_event(_direct("ev-old", stored), granted)
+    assert str(caught.value) == "payload: is longer than 65536 characters as compact JSON"
