@@ -252,6 +252,21 @@ _OPERATION_REFUSALS = {
 }
 
 
+_EVENT_PARAMETERS = frozenset({"event_type", "correlation", "payload", "event_id"})
+
+
+def _event_field(message: str) -> str:
+    """The parameter of :meth:`Client.publish` an Event's refusal is about.
+
+    The kernel's message begins with the field at fault (kernel/events.py),
+    a member of a parameter (``payload.lines``, ``correlation[0]``) named
+    under it; naming the Event as a whole told an HTTP caller that sent a
+    ``payload`` of a field its request did not carry.
+    """
+    head = re.split(r"[:.\[]", message, maxsplit=1)[0]
+    return head if head in _EVENT_PARAMETERS else "event"
+
+
 class _RefusedHere(Exception):
     """Internal: a refusal found below the kernel call, carried up to the caller's choice."""
 
@@ -269,6 +284,8 @@ def translated() -> Iterator[None]:
         if exc.code in _OPERATION_REFUSALS:
             raise _RefusedHere(p.Refusal(_OPERATION_REFUSALS[exc.code], exc.message)) from None
         code, field = _OPERATION_REQUEST_CODES.get(exc.code, (RequestCode.INVALID_ARGUMENT, "request"))
+        if code is RequestCode.INVALID_EVENT:
+            field = _event_field(exc.message)
         message = exc.message
         if message.startswith(f"{field}: "):
             message = message[len(field) + 2 :]
@@ -278,7 +295,8 @@ def translated() -> Iterator[None]:
             raise _RefusedHere(p.Refusal(p.RefusalCode.NOT_AUTHORIZED, exc.message)) from None
         raise StoreFailure(exc.code, exc.message) from None
     except EventError as exc:
-        raise RequestError(RequestCode.INVALID_EVENT, "event", str(exc)) from None
+        field = _event_field(str(exc))
+        raise RequestError(RequestCode.INVALID_EVENT, field, str(exc).removeprefix(f"{field}: ")) from None
     except i.InputError as exc:
         raise RequestError(RequestCode.INVALID_INPUT, "input", str(exc).removeprefix("input: ")) from None
     except DefinitionError as exc:

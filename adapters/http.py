@@ -544,7 +544,10 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
         # A client per request: the business and principal are the authenticated ones, never the request's.
         return Client(store, policy=policy, handler=None, business=principal.tenant, principal=principal.executions_principal)
 
-    async def call(work: Callable[[], Any]) -> Any:
+    async def call(work: Callable[[], Any], members: Mapping[str, str] | None = None) -> Any:
+        """``work`` in a thread, its errors as problems; ``members`` renames a client parameter to the body
+        member that carried it, so that a refusal names the field the request sent."""
+
         def run() -> Any:
             try:
                 return work()
@@ -556,7 +559,10 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
                 # The client's hint for a Python caller (a definition file is passed as a pathlib.Path) means
                 # nothing to a request, which names registered definitions only.
                 message = str(exc).removesuffix(" (a file needs pathlib.Path)")
-                raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, message, exc.field) from None
+                field = (members or {}).get(exc.field, exc.field)
+                if field != exc.field:
+                    message = field + message.removeprefix(exc.field)
+                raise _Problem(_REQUEST_STATUS.get(exc.code, 422), exc.code.value, message, field) from None
             except StoreFailure as exc:
                 # By the store's own code, as the operation routes map it: StoreFailure.code folds the
                 # codes the client does not know (tenant_denied) into store_error.
@@ -610,7 +616,8 @@ def _execution_routes(authenticate: Authenticate, store: TransactionalStore, pol
         published = await call(
             lambda: client(principal).publish(
                 body["type"], body["correlation"], body.get("payload"), event_id=body.get("event_id")
-            )
+            ),
+            {"event_type": "type"},
         )
         return JSONResponse(render.jsonable(published))
 

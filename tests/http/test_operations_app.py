@@ -233,7 +233,7 @@ MALFORMED_OPERATIONS: list[tuple[str, str, bytes | None, str | None]] = [
     ("/events", "no correlation", b'{"type": "payment.received"}', "correlation"),
     ("/events", "payload not finite", b'{"type": "paid", "correlation": {"a": "b"}, "payload": {"x": NaN}}', None),
     ("/events", "correlation a string", b'{"type": "payment.received", "correlation": "o-1"}', "correlation"),
-    ("/events", "correlation empty", b'{"type": "payment.received", "correlation": {}}', "event"),
+    ("/events", "correlation empty", b'{"type": "payment.received", "correlation": {}}', "correlation"),
     # Read as the command line reads its JSON (kernel/strict_json.py): json would keep the second, silently.
     ("/operations/{op}/cancel", "a member named twice", b'{"reason": "a", "reason": "b"}', None),
 ]
@@ -261,6 +261,35 @@ def test_a_malformed_body_is_422_naming_the_field_and_writes_nothing(
     problem = error(response)
     if field is not None:
         assert problem.get("field") == field or problem["message"].startswith(f"{field}:"), problem
+    assert dump(db) == before
+
+
+EVENT_REFUSALS = [
+    # Each names the body member the request carried: the Event as a whole ("event") is no member of it.
+    # A member within it follows, as the kernel names it (as an input's member is: "input: input.total").
+    (b'{"type": "paid", "correlation": {"a": "b"}, "payload": {"x": ["a\\u0000"]}}', "payload",
+     "payload: payload.x[0]: contains NUL (U+0000), which a store cannot keep in text"),
+    (b'{"type": "payment.received", "correlation": {}}', "correlation",
+     "correlation: at least one value; an Event without correlation matches no waiter"),
+    (b'{"type": "payment.received", "correlation": {"order_id": [1]}}', "correlation",
+     "correlation: correlation.order_id: correlation values are strings, integers or booleans, not list"),
+    (b'{"type": "", "correlation": {"a": "b"}}', "type", "type: malformed identifier ''"),
+    (b'{"type": "fencekeeper.approval", "correlation": {"a": "b"}}', "type",
+     "type: 'fencekeeper.approval' is reserved: types beginning 'fencekeeper.' are the kernel's own waits, "
+     "which only an authorized decision wakes"),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "message"), EVENT_REFUSALS, ids=["payload", "correlation-empty",
+                                                                            "correlation-member", "type-empty",
+                                                                            "type-reserved"])
+def test_an_event_refusal_names_the_member_the_request_carried(
+    app: tuple[TestClient, Path], body: bytes, field: str, message: str
+) -> None:
+    client, db = app
+    before = dump(db)
+    response = client.post("/events", content=body, headers={**ALICE, "Content-Type": "application/json"})
+    assert (response.status_code, error(response)) == (422, {"code": "invalid_event", "field": field, "message": message})
     assert dump(db) == before
 
 
@@ -330,13 +359,13 @@ EVENT = b'{"type": "payment.received", "correlation": {"order_id": "o-1"}, "payl
         (
             b'{"blob": "' + b"x" * 65_526 + b'"}',
             422,
-            {"code": "invalid_event", "field": "event",
-             "message": "event: payload: is longer than 65536 characters as compact JSON"},
+            {"code": "invalid_event", "field": "payload",
+             "message": "payload: is longer than 65536 characters as compact JSON"},
         ),
         (
             b'{"a": ' * 32 + b"{}" + b"}" * 32,
             422,
-            {"code": "invalid_event", "field": "event", "message": "event: payload: nests deeper than 32 levels"},
+            {"code": "invalid_event", "field": "payload", "message": "payload: nests deeper than 32 levels"},
         ),
         # Past what the body's reader follows: refused before the payload is looked at.
         (
