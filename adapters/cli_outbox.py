@@ -224,7 +224,8 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
             )
     if args.sink:
         outbox.check_sink(args.sink, timeout=args.timeout.total_seconds())
-        if args.sink.startswith("file:") and _is_the_database(Path(args.sink[len("file:") :]), args):
+        named = outbox.sink_file(args.sink)
+        if named is not None and _is_the_database(Path(named), args):
             # Appended to, the file the exporter reads would lose the messages at its next checkpoint, and a
             # cut back of an unended last line (JsonLinesSink) would truncate the database itself.
             raise StoreError(

@@ -825,14 +825,28 @@ def _error_text(exc: BaseException) -> str:
     return text if isinstance(exc, SinkError) else f"{type(exc).__name__}: {text}"
 
 
+def sink_file(spec: str) -> str | None:
+    """The path of a ``file:PATH`` sink spec (empty when none follows the prefix), or None for another sink.
+
+    The prefix is read in any case, as a URL scheme is (:func:`_http_url`,
+    RFC 3986, section 3.1): ``FILE:/tmp/x`` is the file ``/tmp/x``, as
+    ``HTTPS://host/`` is a webhook.  The path keeps its case.  Every reader of
+    the spec asks here, so that the check that refuses the database itself
+    as a sink cannot read a spec otherwise than the sink that opens it.
+    """
+    prefix = "file:"
+    return spec[len(prefix) :] if spec[: len(prefix)].lower() == prefix else None
+
+
 def check_sink(spec: str, *, timeout: float = 10.0) -> None:
     """Refuse a malformed sink spec (``invalid_input``) without opening anything."""
     if spec in ("stdout", "-"):
         return
-    if spec.startswith("file:"):
-        path = Path(spec[len("file:") :])
-        if not spec[len("file:") :]:
+    named = sink_file(spec)
+    if named is not None:
+        if not named:
             raise StoreError("invalid_input", "--sink: file: needs a path (file:PATH)")
+        path = Path(named)
         if not path.parent.is_dir():
             raise StoreError("invalid_input", f"--sink: directory {path.parent} does not exist")
         return
@@ -843,8 +857,8 @@ def open_sink(spec: str, *, timeout: float = 10.0) -> Sink:
     """``stdout``, ``file:PATH`` or an ``http(s)://`` URL, as ``fencekeeper export --sink`` takes them."""
     if spec in ("stdout", "-"):
         return JsonLinesSink(sys.stdout)
-    if spec.startswith("file:"):
-        path = spec[len("file:") :]
+    path = sink_file(spec)
+    if path is not None:
         if not path:
             raise StoreError("invalid_input", "--sink: file: needs a path (file:PATH)")
         return JsonLinesSink(path)
@@ -871,4 +885,5 @@ __all__ = [
     "outbox_status",
     "parked_messages",
     "requeue",
+    "sink_file",
 ]

@@ -63,6 +63,26 @@ def test_export_to_a_file_then_prune_what_is_past_its_windows(
     assert (code, json.loads(stdout)["outbox"]) == (0, 5)
 
 
+@pytest.mark.parametrize("prefix", ["FILE:", "File:"])
+def test_the_file_prefix_is_read_in_any_case_as_a_url_scheme_is(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], prefix: str
+) -> None:
+    # As HTTP://host/ is a webhook (RFC 3986, section 3.1), FILE:PATH is the file PATH: it was taken for a
+    # URL and refused, "expected stdout, file:PATH or an http(s):// URL".
+    out = tmp_path / "Events.jsonl"
+    code, stdout, err = run(["export", "--db", str(db), "--sink", f"{prefix}{out}", "--until-idle", "--json"], capsys)
+    assert (code, err) == (0, "")
+    assert json.loads(stdout)["delivered"] == 6
+    assert len(out.read_text().splitlines()) == 6
+    # The database itself is refused as a sink whatever the prefix's case: the check reads it as the sink does.
+    before = db.read_bytes()
+    code, _, err = run(["export", "--db", str(db), "--sink", f"{prefix}{db}", "--until-idle"], capsys)
+    assert code == 2 and "is the SQLite database --db names" in err, err
+    code, _, err = run(["export", "--db", str(db), "--sink", prefix], capsys)
+    assert code == 2 and "--sink: file: needs a path (file:PATH)" in err, err
+    assert db.read_bytes() == before
+
+
 def test_status_reports_parked_rows_apart_from_the_pending_backlog(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

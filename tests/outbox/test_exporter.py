@@ -40,6 +40,7 @@ from fencekeeper.adapters.outbox import (
     outbox_status,
     parked_messages,
     requeue,
+    sink_file,
 )
 from fencekeeper.adapters.store import ManualClock, StoreError
 from fencekeeper.adapters.testing.operations_suite import World, open_accounts
@@ -333,9 +334,25 @@ def test_a_webhook_url_whose_scheme_is_in_capitals_is_taken(
     assert isinstance(sink, WebhookSink)
     assert OutboxExporter(store, sink).run(until_idle=True).delivered == 3
     assert [key for key, _ in _Hook.received] == [f"{op}/1", f"{op}/2", f"{op}/3"]
-    for refused in ("HTTPX://host/", "ftp://host/"):
+    for refused in ("HTTPX://host/", "ftp://host/", "FILEX:/tmp/x"):
         with pytest.raises(StoreError, match="expected stdout, file:PATH or an http"):
             check_sink(refused)
+
+
+@pytest.mark.parametrize("prefix", ["file:", "FILE:", "File:"])
+def test_a_file_sink_prefix_is_read_in_any_case_and_the_path_keeps_its_own(tmp_path: Path, prefix: str) -> None:
+    # Consistent with the webhook's scheme above: FILE:/tmp/x was taken for a URL and refused.
+    path = tmp_path / "Out.jsonl"
+    assert sink_file(prefix + str(path)) == str(path)
+    check_sink(prefix + str(path))
+    sink = open_sink(prefix + str(path))
+    assert isinstance(sink, JsonLinesSink)
+    sink.close()
+    assert path.exists() and not (tmp_path / "out.jsonl").exists()
+    with pytest.raises(StoreError, match="needs a path"):
+        check_sink(prefix)
+    with pytest.raises(StoreError, match="does not exist"):
+        check_sink(f"{prefix}{tmp_path}/no/such/x.jsonl")
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
