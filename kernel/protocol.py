@@ -715,6 +715,7 @@ def _snapshot_time(field: str, value: object, *, optional: bool = False) -> None
 
 # An enum member read through its class costs as much again as the rest of this comparison (Python 3.11).
 _WAITING: Final = ExecutionState.WAITING
+_CLAIMED: Final = DispatchState.CLAIMED
 
 
 def _check_rows(execution: object, dispatch: object) -> None:
@@ -766,6 +767,11 @@ def _check_rows(execution: object, dispatch: object) -> None:
         and (dispatch.last_error_code is None or type(dispatch.last_error_code) is str)
         # The execution, if any, passed the check above.
         and (type(execution) is not Execution or dispatch.step_count == execution.step_count)
+        # Only a claimed row holds a lease (_explain_contradiction).
+        and (
+            dispatch.dispatch_state is _CLAIMED
+            or (dispatch.lease_token is None and dispatch.leased_by is None and dispatch.lease_expires_at is None)
+        )
     ):
         _explain_rows(execution, dispatch)
 
@@ -834,6 +840,16 @@ def _explain_contradiction(execution: object, dispatch: object) -> None:
       to both rows, so a dispatch row at the bound would be set back below
       it, which seed 000 (Dispatcher Pass) forbids: a later pass 'must not
       ... reset the step counter'.
+    - a lease field (``lease_token``, ``leased_by``, ``lease_expires_at``)
+      on a row that is not claimed: every move out of claimed clears all
+      three (:func:`_move`), and seed 000 (Lease) assigns a lease only by a
+      claim, so the row names a holder no claim made.  A reconciliation's
+      linking revision keeps the dispatch row's fields and would write it
+      on, where a store's schema refuses it (its CHECK of the three
+      against the state) as an error naming no execution.  A claimed row
+      without them is not raised here: no decision writes it on (each one
+      on a claimed row checks the lease first, :func:`_check_lease`, and
+      refuses), and the same CHECK refuses it on write.
 
     The other disagreements are refused by the checks of each decision, as
     the seed lists them: a dispatch row of another execution
@@ -856,6 +872,13 @@ def _explain_contradiction(execution: object, dispatch: object) -> None:
             "execution.wait: missing, but execution.state is waiting; a waiting execution names the "
             "registration it waits on"
         )
+    if isinstance(dispatch, Dispatch) and dispatch.dispatch_state is not _CLAIMED:
+        for name in ("lease_token", "leased_by", "lease_expires_at"):
+            if getattr(dispatch, name) is not None:
+                raise _SnapshotValueError(
+                    f"dispatch.{name}: set, but dispatch.dispatch_state is {dispatch.dispatch_state.value}; "
+                    "only a claimed row holds a lease"
+                )
     if (
         isinstance(execution, Execution)
         and isinstance(dispatch, Dispatch)

@@ -625,7 +625,10 @@ PRECONDITIONS: tuple[tuple[str, RefusalCode, Callable[[Finalization], Finalizati
     (
         "dispatch claimed",
         RefusalCode.DISPATCH_NOT_CLAIMED,
-        lambda c: _dispatch_change(c, dispatch_state=DispatchState.SUSPENDED),
+        # Without its lease, as a row that is not claimed is: one holding lease fields is raised (below).
+        lambda c: _dispatch_change(
+            c, dispatch_state=DispatchState.SUSPENDED, lease_token=None, leased_by=None, lease_expires_at=None
+        ),
     ),
     (
         "execution running",
@@ -2217,10 +2220,39 @@ def test_states_that_disagree_are_refused_and_write_nothing(decision: str) -> No
             assert isinstance(outcome, Refusal), (state, outcome)
     for dispatch_state in DispatchState:
         if dispatch_state != snap.dispatch.dispatch_state:
-            outcome = call(snap.execution, attrs.evolve(snap.dispatch, dispatch_state=dispatch_state))
+            outcome = call(snap.execution, _in_state(snap.dispatch, dispatch_state))
             assert isinstance(outcome, Refusal), (dispatch_state, outcome)
     foreign = attrs.evolve(snap.dispatch, workflow_execution_id="ex-2")
     refused(call(snap.execution, foreign), RefusalCode.IDENTITY_MISMATCH)
+
+
+def _in_state(dispatch: Dispatch, state: DispatchState) -> Dispatch:
+    """``dispatch`` moved to ``state`` as a decision moves it: a row that is not claimed holds no lease."""
+    if state is DispatchState.CLAIMED:
+        return attrs.evolve(dispatch, dispatch_state=state)
+    return attrs.evolve(dispatch, dispatch_state=state, lease_token=None, leased_by=None, lease_expires_at=None)
+
+
+@pytest.mark.parametrize("decision", list(ROW_CALLS))
+def test_a_lease_on_a_row_that_is_not_claimed_is_raised_not_decided_on(decision: str) -> None:
+    # Every move out of claimed clears the lease, and the stores' schema holds the three fields to the state;
+    # a row that holds a lease it is not claimed under was written by no decision.  Where a claimed row
+    # without its lease is refused (the lease checks), this one named a holder no claim made, and a
+    # reconciliation's linking revision carried it on to a write the schema refused.
+    call, snap = ROW_CALLS[decision]
+    held = _LEASED.dispatch
+    for state in DispatchState:
+        if state is DispatchState.CLAIMED:
+            continue
+        base = snap.dispatch if snap.dispatch.dispatch_state is state else _in_state(snap.dispatch, state)
+        for field in ("lease_token", "leased_by", "lease_expires_at"):
+            stray = attrs.evolve(base, **{field: getattr(held, field)})
+            with pytest.raises(MalformedSnapshot, match=rf"^dispatch\.{field}: set, but dispatch\.dispatch_state is {state.value}; ") as raised:
+                call(snap.execution, stray)
+            assert isinstance(raised.value, ValueError)
+            assert snapshot_problem(snap.execution, stray) == str(raised.value)
+    # The row as a decision leaves it is decided on (or refused), never raised.
+    assert snapshot_problem(snap.execution, snap.dispatch) is None
 
 
 def test_snapshot_problem_names_what_a_decision_would_raise_on_and_nothing_else() -> None:

@@ -137,15 +137,27 @@ def _cancel_running(
     # Running work is cancelled as if it were eligible, lease and all.
     if execution is None or dispatch is None or execution.state != ExecutionState.RUNNING:
         return p.cancel(execution, dispatch, request, now)
+    # The pretended row holds no lease, as an eligible one does (the kernel raises on one that does); the
+    # guard then expects the real row's.
     outcome = p.cancel(
         attrs.evolve(execution, state=ExecutionState.ELIGIBLE),
-        attrs.evolve(dispatch, dispatch_state=DispatchState.ELIGIBLE),
+        attrs.evolve(
+            dispatch,
+            dispatch_state=DispatchState.ELIGIBLE,
+            lease_token=None,
+            leased_by=None,
+            lease_expires_at=None,
+        ),
         request,
         now,
     )
     if isinstance(outcome, p.Decision) and outcome.dispatch is not None:
         guard = attrs.evolve(
-            outcome.guard, expected_state=ExecutionState.RUNNING, expected_dispatch_state=DispatchState.CLAIMED
+            outcome.guard,
+            expected_state=ExecutionState.RUNNING,
+            expected_dispatch_state=DispatchState.CLAIMED,
+            expected_lease_token=dispatch.lease_token,
+            expected_lease_expires_at=dispatch.lease_expires_at,
         )
         return attrs.evolve(outcome, guard=guard)
     return outcome

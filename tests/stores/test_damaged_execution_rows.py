@@ -166,6 +166,33 @@ def test_a_damaged_row_at_the_head_of_the_queue_is_passed_over_and_left_as_it_is
     assert before[0][0][5] == "eligible"
 
 
+_STRAY_LEASE = (
+    "UPDATE workflow_dispatch SET lease_token = 'tok-stray', leased_by = 'w-gone', "
+    "lease_expires_at = '2026-01-01T00:00:00.000000+00:00' WHERE workflow_execution_id = 'x-1'"
+)
+
+
+def test_an_eligible_row_holding_a_lease_is_passed_over_and_left_as_it_is(opened: Opened) -> None:
+    # The schema holds the three lease fields to the state on both stores; a row past that check (SQLite's
+    # ignore_check_constraints, a PostgreSQL constraint dropped) was claimed over its stray lease, as if
+    # whole.  The kernel raises it as a row no decision wrote, and the store reports it naming it.
+    store, edit = opened
+    bypass = (
+        "PRAGMA ignore_check_constraints = ON"
+        if isinstance(store, SQLiteStore)
+        else "ALTER TABLE workflow_dispatch DROP CONSTRAINT workflow_dispatch_check"
+    )
+    edit(f"{bypass}; {_STRAY_LEASE}; {_ROWS}")
+    before = (edit(_ROWS), edit(_REVISIONS))
+    assert before[0][0][5:8] == ("eligible", before[0][0][6], "tok-stray")
+    report = _worker(store, "w-1", [0.0], []).run_pass()
+    assert sorted(report.claimed) == ["x-2", "x-3"] and report.finished == {"succeeded": 2}
+    [malformed] = report.malformed
+    assert (malformed.execution_id, malformed.code) == ("x-1", "malformed_row")
+    assert "dispatch.lease_token: set, but dispatch.dispatch_state is eligible" in malformed.message
+    assert (edit(_ROWS), edit(_REVISIONS)) == before
+
+
 def test_a_damaged_row_is_reported_once_and_claimed_again_by_the_same_worker_after_its_pause(opened: Opened) -> None:
     store, edit = opened
     edit(DAMAGES["a revision with no body"])
