@@ -33,6 +33,15 @@ Rules of this module:
   handler that raises is treated as UNKNOWN: the work may have happened.
   So is one interrupted by KeyboardInterrupt or SystemExit, which the
   worker raises again once that UNKNOWN is committed.
+- A KeyboardInterrupt or SystemExit that lands anywhere else while the
+  worker holds a lease (after its claim, planning, between decisions)
+  hands the lease back (``release``, running -> eligible) before it is
+  raised, so that the execution continues at once rather than when its
+  lease expires and a sweep sends it to review.  Never while a Command's
+  intent may be committed without its result (:meth:`Worker.holds_command`,
+  set from the moment a transaction may commit the intent): that lease is
+  left to expire, for quarantine and reconciliation (seed 000, Lease: "A
+  process crash leaves the lease to expire").
 - The lease is renewed when less than half of it remains before a visit.
 - A claim whose candidate's row is malformed (it names a revision with no
   stored body, or a body that is no execution revision: edited by hand or
@@ -247,7 +256,10 @@ class Worker:
     """The process clock that paces the lookups; never the time of a decision."""
     _queue_busy: bool = attrs.field(default=False, init=False)
     _holding: str | None = attrs.field(default=None, init=False)
-    """The execution whose Command a composed transaction issued, until its result's transaction returns."""
+    """The execution whose Command's intent may be committed, until its result's transaction returns.
+
+    Set before the transaction that may commit the intent (a composed one, when its planner plans it;
+    ``append_evidence``), so that an interruption inside it, committed or not, counts as holding."""
     _timers_looked_at: float = attrs.field(default=0.0, init=False)
     _passing_over: dict[str, _Pause] = attrs.field(factory=dict, init=False)
     """Executions whose row this worker found malformed, with how long it passes over each."""
@@ -340,18 +352,24 @@ class Worker:
                 break
             if not isinstance(outcome, p.Decision) or outcome.lease is None or outcome.execution is None:
                 break
-            report.claim_seconds.append(time.perf_counter() - started)
             execution_id = outcome.execution.execution_id
-            if self._passing_over:
-                self._passing_over.pop(execution_id, None)  # repaired: met afresh if damaged again
             self._holding = execution_id if _issues_a_command(composed.followed) else None
-            report.claimed.append(execution_id)
-            self._tell(
-                execution_id,
-                "claimed",
-                f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}",
-                fence=outcome.lease.fence,
-            )
+            try:
+                report.claim_seconds.append(time.perf_counter() - started)
+                if self._passing_over:
+                    self._passing_over.pop(execution_id, None)  # repaired: met afresh if damaged again
+                report.claimed.append(execution_id)
+                self._tell(
+                    execution_id,
+                    "claimed",
+                    f"fence {outcome.lease.fence}, token {outcome.lease.lease_token[:8]}",
+                    fence=outcome.lease.fence,
+                )
+            except (KeyboardInterrupt, SystemExit) as exc:
+                # Between the claim and the visit (a hook's output, say): the lease is this worker's.
+                self._let_go(execution_id, outcome.lease, exc)
+                self._holding = None
+                raise
             try:
                 self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
             except StoreError as exc:
@@ -416,6 +434,11 @@ class Worker:
         """
         try:
             self._drive(execution_id, credential, report, view, followed)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Outside the handler (which records its own interruption, _invoke): planning, a hook,
+            # a decision's call.  The lease is handed back when that is safe (_let_go).
+            self._let_go(execution_id, credential, exc)
+            raise
         finally:
             self._holding = None
             interrupted, self._interrupted = self._interrupted, None
@@ -468,6 +491,8 @@ class Worker:
                     self._hand_back(execution_id, credential, execution, exc)
                     raise
                 if isinstance(plan, i.Invoke):
+                    # Held from before the intent's commit: interrupted inside it, the intent may be committed.
+                    self._holding = execution_id
                     outcome = self.store.append_evidence(execution_id, credential, plan.evidence)
                     if not self._applied(execution_id, outcome, report, "issue command", credential.fence):
                         return
@@ -496,7 +521,7 @@ class Worker:
             view, followed = composed.view, composed.followed
 
     def holds_command(self, execution_id: str) -> bool:
-        """True while a Command a composed transaction issued on ``execution_id`` awaits its result's commit.
+        """True while a Command this worker issued on ``execution_id`` (or may have) awaits its result's commit.
 
         A composed transaction may commit a Command's intent together with
         the claim or step before it, so the ``claimed`` or ``step`` event it
@@ -519,6 +544,33 @@ class Worker:
         and ``WorkerPool`` both ask this, so they hand back at the same points.
         """
         return what in ("claimed", "step") and self.stopping() and not self.holds_command(execution_id)
+
+    def _let_go(self, execution_id: str, credential: p.LeaseCredential, exc: BaseException) -> None:
+        """Hand back the lease of a visit a KeyboardInterrupt or SystemExit ended outside the handler, if safe.
+
+        Not while :meth:`holds_command`: a Command's intent may be committed
+        without its result, and releasing would make the execution eligible
+        for a worker that plans the visit again without knowing whether the
+        Command ran.  That lease expires, and quarantine sends the execution
+        to review (seed 000, Lease).  Otherwise the execution is read afresh
+        (the interruption may have come after a decision committed) and, if
+        it is still running, released under ``credential``: the kernel's
+        release refuses a lease that is no longer this worker's.  Any error
+        on the way is dropped: the interruption is the one to raise.
+        """
+        if self.holds_command(execution_id):
+            return
+        try:
+            view = self.store.read_for_visit(execution_id)
+            if view is None or view.execution.state != ExecutionState.RUNNING:
+                return
+            outcome = self.store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))
+        except Exception:
+            return
+        if isinstance(outcome, p.Decision):
+            self._tell(
+                execution_id, "released", f"interrupted by {type(exc).__name__}", fence=credential.fence
+            )
 
     def _hand_back(self, execution_id: str, credential: p.LeaseCredential, execution: p.Execution, exc: Exception) -> None:
         """Release the lease of a visit that could not be planned (``running -> eligible``), and say why."""
@@ -624,6 +676,9 @@ class Worker:
             # Command's result included.  Left to drive instead, which asks again outside it.
             return None
         if isinstance(plan, i.Invoke):
+            # Held from here: the transaction this joins may commit the intent, and an interruption may come
+            # before it returns.  Set again from what it committed once it has.
+            self._holding = execution.execution_id
             return NextVisit("intent", credential, tuple(plan.evidence), (execution, plan, authority))
         if isinstance(plan, i.Step):
             request = p.StepRequest(credential, execution.revision, plan.step, authority)
