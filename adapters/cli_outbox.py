@@ -141,14 +141,17 @@ def add_parsers(command: Callable[..., argparse.ArgumentParser], db_option: Call
         action="store_true",
         help="how many messages wait, are parked, were exported; when the oldest waiting and oldest parked committed",
     )
-    export.add_argument("--until-idle", action="store_true", help="stop once nothing is left to deliver now")
-    export.add_argument("--batch", type=_count_up_to(10_000), default=100, metavar="N",
-                        help="messages per claim (default 100)")  # fmt: skip
-    export.add_argument("--max-attempts", type=_count, default=10, metavar="N", help="before parking (default 10)")
-    export.add_argument("--timeout", type=_timeout, default=timedelta(seconds=10), metavar="DURATION",
-                        help="webhook timeout (default 10s)")  # fmt: skip
-    export.add_argument("--poll", type=_poll, default=timedelta(seconds=1), metavar="DURATION",
-                        help="wait between empty claims (default 1s)")  # fmt: skip
+    # Defaults are None here and filled in by run_export (_DELIVERY_DEFAULTS), so that an option given to an
+    # action it does not apply to is refused rather than silently ignored.
+    export.add_argument("--until-idle", action="store_true", default=None,
+                        help="with --sink: stop once nothing is left to deliver now")  # fmt: skip
+    export.add_argument("--batch", type=_count_up_to(10_000), metavar="N",
+                        help="with --sink: messages per claim (default 100)")  # fmt: skip
+    export.add_argument("--max-attempts", type=_count, metavar="N", help="with --sink: before parking (default 10)")
+    export.add_argument("--timeout", type=_timeout, metavar="DURATION",
+                        help="with an http(s):// --sink: webhook timeout (default 10s)")  # fmt: skip
+    export.add_argument("--poll", type=_poll, metavar="DURATION",
+                        help="with --sink: wait between empty claims (default 1s)")  # fmt: skip
 
     prune = command(
         "prune",
@@ -204,6 +207,36 @@ def _guarded(body: Callable[[argparse.Namespace, Output], int]) -> Callable[[arg
     return run
 
 
+_DELIVERY_DEFAULTS: dict[str, Any] = {
+    "until_idle": False,
+    "batch": 100,
+    "max_attempts": 10,
+    "timeout": timedelta(seconds=10),
+    "poll": timedelta(seconds=1),
+}
+"""The options that only a delivery (``--sink``) reads, with their defaults."""
+
+
+def _delivery_options(args: argparse.Namespace, sink_file: Callable[[str], str | None]) -> None:
+    """Refuse a delivery option given to an action that does not deliver, then fill in the defaults.
+
+    ``--status --batch 5`` or ``--requeue ID --poll 2s`` used to run with the
+    option ignored, which let a typo in a script pass for a setting.
+    ``--timeout`` applies to a webhook only: a file or stdout sink has none.
+    """
+    given = [name for name in _DELIVERY_DEFAULTS if getattr(args, name) is not None]
+    if not args.sink and given:
+        action = next(flag for flag in ("--parked", "--status", "--requeue", "--discard")
+                      if getattr(args, flag[2:]) not in (None, False))  # fmt: skip
+        option = "--" + given[0].replace("_", "-")
+        raise StoreError("invalid_input", f"{option}: applies only with --sink, not with {action}")
+    if args.sink and args.timeout is not None and (args.sink in ("stdout", "-") or sink_file(args.sink) is not None):
+        raise StoreError("invalid_input", f"--timeout: applies only to an http(s):// sink, not {shown_text(args.sink)}")
+    for name, default in _DELIVERY_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
 @_guarded
 def run_export(args: argparse.Namespace, out: Output) -> int:
     from . import outbox  # noqa: PLC0415 - the exporter loads only for this command
@@ -215,6 +248,7 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
         # Given but empty is a mistake of its own, not the absence of every choice.
         if value == "":
             raise StoreError("invalid_input", f"{option}: empty")
+    _delivery_options(args, outbox.sink_file)
     for option, value in (("--requeue", args.requeue), ("--discard", args.discard)):
         # No message id holds a control character or a byte no UTF-8 decodes (a lone surrogate, from the
         # command line): looked up, such a value failed in the store's encoder as an internal error.

@@ -180,6 +180,41 @@ def test_an_out_of_range_option_is_named_and_opens_no_sink(
     assert db.read_bytes() == before
 
 
+@pytest.mark.parametrize(
+    ("action", "option"),
+    [
+        (["--status"], ["--batch", "5"]),
+        (["--parked"], ["--until-idle"]),
+        (["--requeue", "op-1/1"], ["--poll", "2s"]),
+        (["--discard", "op-1/1"], ["--max-attempts", "3"]),
+        (["--status"], ["--timeout", "5s"]),
+    ],
+)
+def test_a_delivery_option_given_to_an_action_that_delivers_nothing_is_refused(
+    db: Path, capsys: pytest.CaptureFixture[str], action: list[str], option: list[str]
+) -> None:
+    # Ignored before: `export --status --batch 5` ran, and a typo in a script passed for a setting.
+    before = db.read_bytes()
+    code, stdout, err = run(["export", "--db", str(db), *action, *option], capsys)
+    assert (code, stdout) == (2, "")
+    assert f"{option[0]}: applies only with --sink, not with {action[0]}" in err and err.count("error:") == 1, err
+    assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("sink", ["stdout", "-", "file:{dir}/x.jsonl", "FILE:{dir}/x.jsonl"])
+def test_a_webhook_timeout_given_to_another_sink_is_refused(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], sink: str
+) -> None:
+    spec = sink.format(dir=tmp_path)
+    code, stdout, err = run(["export", "--db", str(db), "--sink", spec, "--until-idle", "--timeout", "5s"], capsys)
+    assert (code, stdout) == (2, "")
+    assert "--timeout: applies only to an http(s):// sink" in err, err
+    assert not (tmp_path / "x.jsonl").exists()
+    # Without it the same export runs, with every default filled in.
+    code, _, err = run(["export", "--db", str(db), "--sink", spec, "--until-idle", "--json"], capsys)
+    assert code == 0, err
+
+
 def test_the_pause_docs_outbox_md_suggests_is_taken_in_milliseconds(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # docs/outbox.md spaces a SQLite prune's batches with `--pause 50ms`: a pause is often under a second.
     code, out, err = run(["prune", "--db", str(db), "--pause", "50ms", "--json"], capsys)
