@@ -1187,11 +1187,20 @@ def _run_kept(
     """Send writes kept by the transaction (``_Kept``), in order, in one exchange; raise the first one's error.
 
     A failed statement aborts the transaction and the rest are skipped, so
-    none of them is written.  With ``commit``, a ``COMMIT`` follows after a
-    sync of its own, as :func:`_run`'s: the transaction commits every
-    statement or, one having failed, rolls back.  ``then`` (a ``NOTIFY``)
-    goes behind the last statement and runs only if all of them succeeded.
-    Without ``commit`` the transaction goes on, open, after them.
+    none of them is written.  With ``commit``, a ``COMMIT`` follows them in
+    the same pipeline segment, before the one sync: it runs only if every
+    statement succeeded, and the transaction commits every statement.  One
+    having failed, the ``COMMIT`` is skipped too and the transaction is left
+    aborted; the error raised here ends it, and the caller's connection
+    context rolls it back (``_Checkout``; the asyncio store's transaction
+    block).  That costs the rare failure one more exchange, where a
+    ``COMMIT`` after a sync of its own (as :func:`_run`'s) would cost every
+    success a second flush of the client's buffer (libpq's
+    ``PQpipelineSync`` sends at once) and a second reply to wait for (the
+    server flushes at every sync): one ``send``, one ``poll`` and one
+    ``recv`` more per transaction.  ``then`` (a ``NOTIFY``) goes behind
+    the last statement and runs only if all of them succeeded.  Without
+    ``commit`` the transaction goes on, open, after them.
     """
     session = _SESSIONS.get(conn)
     if session is None:
@@ -1204,11 +1213,10 @@ def _run_kept(
             _send_all(pgconn, sends)
             if then is not None:
                 pgconn.send_query_params(then, None)
-            pgconn.pipeline_sync()
             if commit:
-                # After a sync of its own: a failed statement does not skip it, and it rolls the transaction back.
+                # In the statements' segment: skipped, as they are, after a failure (see above).
                 pgconn.send_query_params(b"COMMIT", None)
-                pgconn.pipeline_sync()
+            pgconn.pipeline_sync()
             answers, followed, committed, synced = session.wait(
                 conn, _kept_results(pgconn, len(sends), commit, then is not None)
             )
@@ -1237,11 +1245,8 @@ def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool) -
     for _ in range(count):
         answers.append((yield from generators.fetch_many(pgconn)))
     followed = (yield from generators.fetch_many(pgconn)) if then else None
+    committed = (yield from generators.fetch_many(pgconn)) if commit else None
     synced = yield from generators.fetch_many(pgconn)
-    committed = None
-    if commit and _only_sync(synced):
-        committed = yield from generators.fetch_many(pgconn)
-        synced = yield from generators.fetch_many(pgconn)
     return answers, followed, committed, synced
 
 
