@@ -85,13 +85,19 @@ def start(
 
 def state_of(attempt: Evidence) -> AttemptState:
     """The attempt machine's state of a step attempt's evidence object (its ``state`` field, as the enum)."""
-    return AttemptState(attempt.state)
+    known = _ATTEMPT_STATES.get(attempt.state) if type(attempt.state) is str else None
+    return known if known is not None else AttemptState(attempt.state)
+
+
+_ATTEMPT_STATES: Final[dict[str, AttemptState]] = {state.value: state for state in AttemptState}
+"""The state each value names: what ``AttemptState(value)`` returns, by a lookup (every attempt revision asks)."""
 
 
 def advance(attempt: Evidence, event: AttemptEvent, **outcome: Any) -> Evidence:
     """The next revision after ``event``; raises IllegalTransition if the attempt table does not admit it."""
     state = ATTEMPT.step(state_of(attempt), event)
-    return attempt.next(state.value, {**outcome, "status": state.value})
+    value = state.value
+    return attempt.next(value, {**outcome, "status": value})
 
 
 def settle(attempt: Evidence, *events: AttemptEvent, **outcome: Any) -> tuple[Evidence, ...]:

@@ -369,7 +369,15 @@ def dispatch_state_of(state: ExecutionState) -> DispatchState:
     post: DISPATCH.events_from(__return__) == EXECUTION.events_from(state)
     post: all(dispatch_state_of(EXECUTION.step(state, e)) == DISPATCH.step(__return__, e) for e in EXECUTION.events_from(state))
     """
-    return DispatchState(_DISPATCH_OF.get(state.value, state.value))
+    known = _DISPATCH_STATE_OF.get(state) if type(state) is ExecutionState else None
+    return known if known is not None else DispatchState(_DISPATCH_OF.get(state.value, state.value))
+
+
+_DISPATCH_STATE_OF: dict[ExecutionState, DispatchState] = {
+    state: DispatchState(_DISPATCH_OF.get(state.value, state.value)) for state in ExecutionState
+}
+""":func:`dispatch_state_of` for every member, spelt once: two decisions of every execution ask it, and an
+enum's ``value`` and call each run Python code.  Anything else takes the spelling above (and fails as it does)."""
 
 
 # --- node (seed 002: Closed state machine) -------------------------------------

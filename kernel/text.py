@@ -34,6 +34,18 @@ def problem(value: str) -> str | None:
     """Why ``value`` cannot be stored, or None when it can."""
     if "\x00" in value:
         return "contains NUL (U+0000), which a store cannot keep in text"
+    # ASCII holds no surrogate, and strict UTF-8 encodes every code point but
+    # the surrogates: both ask in C what the loop below asks one character at
+    # a time, which is kept to name the first one (a decision's reason, an
+    # input's every key and value, are checked on every request).
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return None
     for ch in value:
         if ord(ch) in _SURROGATES:
             return f"contains an unpaired surrogate (U+{ord(ch):04X}), which is not a character"
