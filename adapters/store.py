@@ -851,6 +851,13 @@ class TransactionalStore(abc.ABC):
                     failures += 1
             except _GuardFailed:
                 failures += 1
+            except p.MalformedSnapshot as exc:
+                # Every decision on one execution's rows (a renewal, a step, a release, a finalization, a
+                # cancellation, a recovery) reports damaged rows as a claim does: malformed_row naming the
+                # execution, not the kernel's bare ValueError; the transaction was rolled back, nothing written.
+                if lock is None:
+                    raise
+                raise _malformed_rows(lock, exc) from None
         # Two guard failures inside write-locked transactions mean something
         # outside the store changes rows: refuse to guess.
         raise StoreError(

@@ -545,6 +545,45 @@ def test_rows_that_disagree_are_malformed_row_on_every_wake_path(
         store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_rows_that_disagree_are_malformed_row_on_every_decision_of_their_execution(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    # A renewal, a step, a release, a finalization or a cancellation on rows the kernel will not decide on
+    # (MalformedSnapshot) raised the kernel's bare ValueError, an internal error with a traceback; each is now
+    # malformed_row naming the execution, as a claim and every wake path are, and nothing is written.
+    from fencekeeper.adapters.testing import suite  # noqa: PLC0415
+    from fencekeeper.kernel.machines import ExecutionState  # noqa: PLC0415
+
+    store, edit = _empty_store(request, tmp_path, kind)
+    try:
+        suite.admit(store, "e-r")
+        claimed, credential = suite.claim(store, "w-1")
+        assert claimed == "e-r"
+        at = suite.revision(store, "e-r")
+        suite.admit(store, "e-c")
+        edit("UPDATE workflow_dispatch SET step_count = 7 WHERE workflow_execution_id IN ('e-r', 'e-c')")
+        rows = "SELECT * FROM workflow_dispatch ORDER BY workflow_execution_id"
+        before = edit(rows), edit("SELECT count(*) FROM object_revisions")
+        decisions: dict[str, Callable[[], object]] = {
+            "renew": lambda: store.renew("e-r", p.RenewRequest(credential, suite.LEASE)),
+            "release": lambda: store.release("e-r", p.ReleaseRequest(credential, at)),
+            "finalize": lambda: store.finalize(
+                suite.finalize_request(store, "e-r", credential, ExecutionState.SUCCEEDED)
+            ),
+            "cancel": lambda: store.cancel(p.CancelRequest("e-c", "b-1", 1, suite.GRANTED)),
+        }
+        for name, decide in decisions.items():
+            with pytest.raises(StoreError) as raised:
+                decide()
+            named = "e-c" if name == "cancel" else "e-r"
+            assert raised.value.code == "malformed_row", (name, raised.value)
+            assert f"execution {named!r}" in raised.value.message and "step_count" in raised.value.message, name
+        assert (edit(rows), edit("SELECT count(*) FROM object_revisions")) == before
+    finally:
+        store.close()
+
+
 def test_a_store_wrapper_that_predates_skip_still_drives_a_worker(tmp_path: Path) -> None:
     # The worker passes ``skip`` to claim_and_visit only while it passes something over: a store that
     # wraps another (a ledger, a proxy) written before ``skip`` existed is called as it always was.
