@@ -124,6 +124,50 @@ class MemoryEffectLog:
         return list(self._entries.values())
 
 
+_OPENING = threading.Lock()
+"""Held while a thread opens a log: two threads opening one at once failed one of them."""
+
+
+def _open_log(path: Path) -> sqlite3.Connection:
+    """A connection to the log at ``path``, in WAL mode, with its table; waits out another opener.
+
+    Switching a file to WAL and creating its table take locks that SQLite
+    does not wait for as it waits for a transaction's: two workers' first
+    Commands at the same moment failed one of them at once with "database
+    is locked", so that Command was reported UNKNOWN and its execution went
+    to review (about 3% of first uses by three threads at once).  Threads
+    of one process open one at a time (``_OPENING``); processes retry for
+    as long as a transaction would wait.
+    """
+    # Imported here, as the log is opened: a worker over PostgreSQL that has nothing to do never loads sqlite3.
+    import sqlite3  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + _LOG_TIMEOUT
+    while True:
+        conn = sqlite3.connect(path, timeout=_LOG_TIMEOUT, isolation_level=None)
+        try:
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS effects (command_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, "
+                "fence INTEGER NOT NULL, operation TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL)"
+            )
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+        except BaseException:
+            conn.close()
+            raise
+
+
+_LOG_TIMEOUT = 30.0
+"""Seconds a Command waits for another process's hold on the log (its transactions and its opening)."""
+
+
 class FileEffectLog:
     """An effect log in its own SQLite file, shared by every process on this machine that names it.
 
@@ -142,15 +186,8 @@ class FileEffectLog:
         # must not leave an effect log behind.
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            # Imported here, as the log is opened: a worker over PostgreSQL that has nothing to do never loads sqlite3.
-            import sqlite3  # noqa: PLC0415
-
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS effects (command_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, "
-                "fence INTEGER NOT NULL, operation TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL)"
-            )
+            with _OPENING:
+                conn = _open_log(self.path)
             self._local.conn = conn
         return conn
 
