@@ -610,9 +610,10 @@ def _claim_on_rows(tx: Backend, execution_id: str, request: p.ClaimRequest, now:
 def _rows_of(execution_id: str) -> Iterator[None]:
     """A kernel decision on ``execution_id``'s stored rows: :class:`~fencekeeper.kernel.protocol.MalformedSnapshot` is ``malformed_row`` naming it.
 
-    Every path that decides on rows a store read (a claim, a timer, an Event's or an approval's wake)
-    reports damaged rows as the codec does, one error naming the execution, which a worker passes
-    over; nothing of the transaction is written.
+    For a transaction that decides on an execution it did not lock by its id (an Event's wakes, an
+    approval's): damaged rows are reported as the codec reports them, one error naming the execution,
+    which a worker passes over; nothing of the transaction is written.  A transaction run with
+    ``lock`` gets the same from :meth:`TransactionalStore._run`.
     """
     try:
         yield
@@ -1102,8 +1103,7 @@ class TransactionalStore(abc.ABC):
         """Apply :func:`~fencekeeper.kernel.protocol.wake` in one transaction."""
         def decide(tx: Backend, now: datetime) -> p.Outcome:
             execution, dispatch = tx.load(request.key.execution_id)
-            with _rows_of(request.key.execution_id):
-                return p.wake(execution, dispatch, tx.load_registration(request.key), request, now)
+            return p.wake(execution, dispatch, tx.load_registration(request.key), request, now)
 
         return self._one(decide, lock=request.key.execution_id)
 
@@ -1369,14 +1369,13 @@ class TransactionalStore(abc.ABC):
                 p.WakeReason.TIMEOUT if registration is not None and registration.spec.timeout else p.WakeReason.TIMER
             )
             source = f"{key.attempt_id}/{reason.value}"
-            with _rows_of(key.execution_id):
-                outcome = p.wake(
-                    execution,
-                    dispatch,
-                    registration,
-                    p.WakeRequest(key, reason, source, execution.business_id if execution else "unknown", authority),
-                    now,
-                )
+            outcome = p.wake(
+                execution,
+                dispatch,
+                registration,
+                p.WakeRequest(key, reason, source, execution.business_id if execution else "unknown", authority),
+                now,
+            )
             if not isinstance(outcome, p.Decision):
                 return outcome
             items = _wake_evidence(tx, key, reason, source, {"timed_out": reason == p.WakeReason.TIMEOUT})

@@ -20,25 +20,18 @@ import attrs
 import pytest
 
 from fencekeeper.adapters.conformance.interpreter_cases import plan_answer
-from fencekeeper.adapters.conformance.runner import InProcessDriver, LayerReport, run
+from fencekeeper.adapters.conformance.runner import LayerReport
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.expr import Truth
+from tests.conformance.kernel_layer import run_kernel_layer
 
 LAYER = "interpreter"
 
 
-def _no_store(clock: Any) -> None:
-    raise AssertionError("the interpreter layer needs no store")
-
-
 def _run(layers: tuple[str, ...] | None = None) -> LayerReport:
-    driver = InProcessDriver(_no_store)
-    if layers is not None:
-        driver._layers = layers  # a driver of an earlier version, declaring only these
-    (report,) = run(driver, layers=(LAYER,))
-    return report
+    return run_kernel_layer(LAYER, layers)
 
 
 def _wrapped(name: str, change: Callable[..., Any]) -> Callable[[pytest.MonkeyPatch], None]:

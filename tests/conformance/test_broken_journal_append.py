@@ -17,23 +17,16 @@ from typing import Any
 
 import pytest
 
-from fencekeeper.adapters.conformance.runner import InProcessDriver, LayerReport, run
+from fencekeeper.adapters.conformance.runner import LayerReport
 from fencekeeper.kernel import journal as kj
 from fencekeeper.kernel.journal_codes import JournalCode, JournalError
+from tests.conformance.kernel_layer import run_kernel_layer
 
 LAYER = "journal-append"
 
 
-def _no_store(clock: Any) -> None:
-    raise AssertionError("the journal-append layer needs no store")
-
-
 def _run(layers: tuple[str, ...] | None = None) -> LayerReport:
-    driver = InProcessDriver(_no_store)
-    if layers is not None:
-        driver._layers = layers  # a driver of an earlier version, declaring only these
-    (report,) = run(driver, layers=(LAYER,))
-    return report
+    return run_kernel_layer(LAYER, layers)
 
 
 def _head_before_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
