@@ -20,7 +20,7 @@ const { parse, evaluate, ExpressionError } = require("./expr");
 
 const SPECS = process.env.FENCEKEEPER_SPECS || path.join(__dirname, "..", "..", "..", "specs");
 const machines = loadMachines(SPECS);
-const LAYERS = ["machines", "protocol", "expressions"];
+const LAYERS = ["machines", "protocol", "expressions", "interpreter"];
 
 function answer(layer, input) {
   if (layer === "machines") {
@@ -38,6 +38,7 @@ function answer(layer, input) {
       throw err;
     }
   }
+  if (layer === "interpreter") return require("./interpreter").visit(machines, input);
   return undefined;
 }
 
