@@ -19,6 +19,11 @@
 // - Attempt states move only along specs/machines/attempt.toml (machines.js).
 // - Free text for people (a handler's `detail`) is not written: only codes, states
 //   and values are compared.
+// - A stored definition is read for the structure a visit relies on and the rules of
+//   the whole revision (definitions.md, Validation 4 to 8, leniently); the name
+//   patterns and bounds of each field are the definitions layer's, not declared here.
+// - The view's values are plain JSON: a number with a fraction is a decimal, one
+//   without an integer (JSON.parse cannot tell 2.0 from 2; no case holds one).
 
 "use strict";
 
