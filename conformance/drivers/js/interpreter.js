@@ -398,7 +398,7 @@ function resolvePayload(read, payload) {
   return values;
 }
 
-// The node's continuations, name -> node id, as the wait registration lists them.
+// The node ids a node may continue at, timeout included: each must name a node.
 function continuationsOf(node) {
   switch (node.kind) {
     case "condition": return [node.true_next, node.false_next];
@@ -704,6 +704,8 @@ function visit(machines, input) {
   const inputs = {};
   if (known) for (const name of bindingNames(node)) inputs[name] = lookup(read, name) ?? null;
   const attempt = new Attempt(machines, view, nodeId, node, inputs);
+  // The order of interpreter.md (Resolution and pinning); an unsupported node declares no
+  // continuations, so its check and the continuations' commute.
   if (!pinned) return suspendBefore(attempt, "definition_not_pinned");
   if (node === undefined) return suspendBefore(attempt, "dangling_continuation");
   if (!known) return suspendBefore(attempt, "unsupported_node");
