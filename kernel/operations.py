@@ -45,7 +45,11 @@ Rules of this module:
   fence N cannot commit once fence N+1 exists, whatever it decided.
 - Stored provenance is never permission: completion and submission take an
   :class:`Authority` fact from a check the caller made against *current*
-  facts, and an approval never stands in for it.  A submission's authority
+  facts, and an approval never stands in for it.  That fact answers for
+  one principal: one for another than the request acts for (the
+  submitter, the canceller, the approver, the Operation's own principal
+  on completion) is refused ``not_authorized`` naming
+  ``authority.principal``, granted or not.  A submission's authority
   is judged before its identity, so an identity naming the principal's own
   Operation never answers a caller no longer authorized.  Only an external
   success is recorded whatever its authority says: it is the provider's
@@ -531,7 +535,11 @@ class Credential:
 
 @attrs.frozen
 class Authority:
-    """The result of a check of *current* facts (seed 001, Current authorization)."""
+    """The result of a check of *current* facts (seed 001, Current authorization) for ``principal``.
+
+    It answers for that principal only: every decision that takes one refuses it when ``principal`` is not the
+    principal the request acts for (any version of its resolver being the same principal).
+    """
 
     granted: bool
     principal: str
@@ -841,6 +849,25 @@ def _same_principal(one: str, other: str) -> bool:
     (:func:`stable_principal`, the same rule idempotency keys by).
     """
     return stable_principal(one) == stable_principal(other)
+
+
+def _misbound_authority(authority: Authority, principal: str, whom: str) -> Refusal | None:
+    """``not_authorized`` naming ``authority.principal`` when the authority answers for another principal than ``principal``.
+
+    An authority is the result of a check of current facts *for one principal* (seed 001, Current
+    authorization: "resolves a current Principal, verifies the immutable provenance binding, and rechecks"); a
+    granted answer for someone else says nothing of ``principal``, so it authorizes nothing, and is refused before
+    it is read as granted or denied.  One principal under another version of its resolver is the same principal
+    (:func:`_same_principal`), as the approver's check and the idempotency key say.
+    """
+    if _same_principal(authority.principal, principal):
+        return None
+    return Refusal(
+        RefusalCode.NOT_AUTHORIZED,
+        f"authority.principal: the authority answers for {authority.principal!r}, not for {whom} {principal!r}; "
+        "an answer for another principal authorizes nothing",
+        "authority.principal",
+    )
 
 
 _ADMITTED_STATE: Final = OPERATION.initial[0]
@@ -1153,6 +1180,9 @@ def submit(existing: Operation | None, request: SubmitRequest, now: datetime) ->
         _check("retention", later_problem(now, request.retention))
     except _Invalid as exc:
         return exc.refusal
+    misbound = _misbound_authority(request.authority, request.identity.principal, "the submitter")
+    if misbound is not None:
+        return misbound
     if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.authority.principal!r} may not submit{why}")
@@ -1555,6 +1585,11 @@ def complete_refusal(operation: Operation | None, request: CompleteRequest, now:
     refusal = _owner_refusal(operation, request.credential, now)
     if refusal is not None or operation is None:
         return refusal
+    # Whatever the effect class: an external success is recorded whatever its authority *says*, but an answer
+    # for another principal is no answer about this Operation's at all, and a caller that sends one is mistaken.
+    refusal = _misbound_authority(request.authority, operation.identity.principal, "the operation's principal")
+    if refusal is not None:
+        return refusal
     if not request.authority.granted and operation.effect_class is not EffectClass.EXTERNAL:
         # An external success is the provider's answer to a call already issued (after the authority its Attempt
         # checked): it begins nothing, and refusing it would only lose what the provider did.
@@ -1781,7 +1816,10 @@ def decide(operation: Operation | None, request: DecideRequest, now: datetime) -
     assert operation is not None
     # Current authority first (seed 001: an approval "never overrides current authorization"): an
     # approver denied now is answered neither by a decision stored earlier nor by the stored bindings.
-    if not request.authority.granted or request.authority.principal != request.approver:
+    misbound = _misbound_authority(request.authority, request.approver, "the approver")
+    if misbound is not None:
+        return misbound
+    if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.approver!r} may not decide this operation{why}")
     for name, stored, given in (
@@ -1897,6 +1935,9 @@ def cancel(operation: Operation | None, request: CancelRequest, now: datetime) -
     assert operation is not None
     # Current authority first: a repeat answered Unchanged (with the Operation) or a late cancel naming
     # its outcome would tell a principal who may not cancel what became of the Operation.
+    misbound = _misbound_authority(request.authority, request.principal, "the canceller")
+    if misbound is not None:
+        return misbound
     if not request.authority.granted:
         why = f": {request.authority.reason}" if request.authority.reason else ""
         return Refusal(RefusalCode.NOT_AUTHORIZED, f"{request.principal!r} may not cancel{why}")

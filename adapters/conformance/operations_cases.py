@@ -330,7 +330,8 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     and requiring approval; a lease the claim granted past the deadline, which a heartbeat never shortens; no
     effect begun from the deadline on, and an answer to a call begun before it still recorded (cases 3.0.0);
     an issued call nobody answered looked up or ended unknown, never ended as a missed deadline (cases 4.0.0),
-    a limit of Attempts or a failure (cases 4.2.0).
+    a limit of Attempts or a failure (cases 4.2.0); an authority refused when it answers for another principal
+    than the one the request acts for (cases 4.3.0).
     """
     first = next(
         c["input"] for c in cases if c["input"]["decision"] == "claim" and c["expected"].get("credential")
@@ -549,6 +550,44 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
         {"credential": credential, "authority": denied, "result": "{\"ok\":true}"}, live)
     add("complete/external_not_authorized_without_intent", "complete", answered,
         {"credential": credential, "authority": denied}, live)
+
+    # An authority answers for one principal (cases 4.3.0): an answer for another than the one the request acts
+    # for -- the submitter, the Operation's principal on completion, the approver, the canceller -- is refused
+    # not_authorized naming authority.principal, granted or not, before anything stored answers; the same
+    # principal under another version of its resolver is that principal.
+    requester = running["identity"]["principal"]
+    other = {"granted": True, "principal": "users:v1:mallory"}
+    resolver, version, subject = requester.split(":", 2)
+    moved = {"granted": True, "principal": f"{resolver}:v{int(version[1:]) + 1}:{subject}"}
+    submitted = {**request, "authority": other}
+    add("authority/submit_new_other_principal", "submit", None, submitted, resubmitted["now"])
+    add("authority/submit_identical_other_principal", "submit", stored, submitted, resubmitted["now"])
+    add("authority/submit_other_digest_other_principal", "submit", stored, {**submitted, "input_digest": "e" * 64},
+        resubmitted["now"])
+    add("authority/submit_other_principal_denied", "submit", None,
+        {**request, "authority": {**other, "granted": False, "reason": "revoked"}}, resubmitted["now"])
+    add("authority/submit_other_resolver_version", "submit", None, {**request, "authority": moved}, resubmitted["now"])
+    for label, operation in (("atomic", running), ("read_only", {**running, "effect_class": "read_only"}),
+                             ("external_after_intent", external)):
+        add(f"authority/complete_{label}_other_principal", "complete", operation,
+            {"credential": credential, "authority": other, "result": "{\"ok\":true}"}, live)
+    add("authority/complete_stale_fence_other_principal", "complete", running,
+        {"credential": {**credential, "fence": 2}, "authority": other}, live)
+    add("authority/complete_other_resolver_version", "complete", running,
+        {"credential": credential, "authority": moved}, live)
+    deciding = decided["request"]
+    approver = deciding["approver"]
+    resolver, version, subject = approver.split(":", 2)
+    add("authority/decide_other_principal", "decide", decided["operation"], {**deciding, "authority": other},
+        decided["now"])
+    add("authority/decide_other_resolver_version", "decide", decided["operation"],
+        {**deciding, "authority": {"granted": True, "principal": f"{resolver}:v{int(version[1:]) + 1}:{subject}"}},
+        decided["now"])
+    add("authority/cancel_other_principal", "cancel", running, {**canceller, "authority": other}, live)
+    add("authority/cancel_ended_other_principal", "cancel", {**admitted, "state": "cancelled", "outcome": "cancelled"},
+        {**canceller, "authority": other}, live)
+    add("authority/cancel_other_resolver_version", "cancel", running,
+        {**canceller, "principal": requester, "authority": moved}, live)
     return found
 
 

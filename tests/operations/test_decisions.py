@@ -966,3 +966,66 @@ def test_an_external_success_is_recorded_whatever_the_authority_says() -> None:
         op, own, _ = claimed(admitted(effect_class=effect_class), "w1", T0)
         refused = o.complete(op, o.CompleteRequest(own, revoked), T0)
         assert isinstance(refused, o.Refusal) and refused.code is o.RefusalCode.NOT_AUTHORIZED
+
+
+# --- an authority answers for one principal (seed 001, Current authorization) ---------------------------------
+
+MALLORY = o.Authority(True, "users:v1:mallory")
+"""A granted answer, but for another principal than the one each request acts for."""
+
+
+def _misbound(outcome: o.Outcome) -> None:
+    assert isinstance(outcome, o.Refusal), outcome
+    assert (outcome.code, outcome.field) == (o.RefusalCode.NOT_AUTHORIZED, "authority.principal"), outcome
+    assert "users:v1:mallory" in outcome.message
+
+
+def test_a_submission_whose_authority_answers_for_another_principal_is_refused() -> None:
+    _misbound(o.submit(None, submit_request(authority=MALLORY), T0))
+    # Before the identity answers: the Operation it names is not given back, nor a conflict naming it.
+    existing = admitted()
+    _misbound(o.submit(existing, submit_request(operation_id="op-2", authority=MALLORY), T0 + SECOND))
+    _misbound(o.submit(existing, submit_request(operation_id="op-2", input_digest=digest("x"), authority=MALLORY),
+                       T0 + SECOND))
+    # A denied answer for someone else is no answer about the submitter either: the binding is named.
+    _misbound(o.submit(None, submit_request(authority=attrs.evolve(MALLORY, granted=False)), T0))
+
+
+@pytest.mark.parametrize("effect_class", list(o.EffectClass))
+def test_a_completion_whose_authority_answers_for_another_principal_is_refused(effect_class: o.EffectClass) -> None:
+    op, cred, _ = claimed(admitted(effect_class=effect_class), "w1", T0)
+    if effect_class is o.EffectClass.EXTERNAL:
+        intent = o.record_intent(op, o.IntentRequest(cred), T0)
+        assert isinstance(intent, o.Decision)
+        op = intent.operation
+    request = o.CompleteRequest(cred, MALLORY, '{"ok":true}')
+    _misbound(o.complete_refusal(op, request, T0 + SECOND))
+    _misbound(o.complete(op, request, T0 + SECOND))
+    # The owner checks still come first: a stale credential is told so, whatever its authority.
+    stale = o.complete(op, attrs.evolve(request, credential=attrs.evolve(cred, fence=2)), T0 + SECOND)
+    assert isinstance(stale, o.Refusal) and stale.code is o.RefusalCode.STALE_FENCE
+
+
+def test_a_cancellation_whose_authority_answers_for_another_principal_is_refused() -> None:
+    op, _, _ = claimed(admitted(), "w1", T0)
+    _misbound(o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", MALLORY), T0 + SECOND))
+    # Whatever the Operation became: a repeat and a late cancel tell it nothing either.
+    cancelled = o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", GRANTED), T0 + SECOND)
+    assert isinstance(cancelled, o.Decision)
+    _misbound(o.cancel(cancelled.operation, o.CancelRequest("op-1", "users:v1:alice", MALLORY), T0 + SECOND))
+
+
+def test_a_decision_whose_authority_answers_for_another_principal_is_refused_naming_it() -> None:
+    _misbound(_decide(_approval_op(), authority=MALLORY))
+
+
+def test_an_authority_under_another_version_of_the_principals_resolver_answers_for_that_principal() -> None:
+    """The one rule of principals: ``users:v2:alice`` is ``users:v1:alice`` (the idempotency key and self-approval say so)."""
+    moved = o.Authority(True, "users:v2:alice")
+    assert isinstance(o.submit(None, submit_request(authority=moved), T0), o.Decision)
+    op, cred, _ = claimed(admitted(), "w1", T0)
+    assert isinstance(o.complete(op, o.CompleteRequest(cred, moved), T0 + SECOND), o.Decision)
+    assert isinstance(o.cancel(op, o.CancelRequest("op-1", "users:v1:alice", moved), T0 + SECOND), o.Decision)
+    decided = _decide(_approval_op(), authority=o.Authority(True, "users:v2:bob"))
+    assert isinstance(decided, o.Decision) and decided.operation.approval is not None
+    assert decided.operation.approval.approver == "users:v1:bob"
