@@ -1321,7 +1321,11 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
     one is stored, so it can never become usable, and a refusal here would
     leave the Operation due and first in its tenant's queue for good.  So a
     claim of an Operation :func:`due` says is due never refuses: it creates
-    an Attempt or ends the Operation.
+    an Attempt or ends the Operation.  Such an approval can follow an issued
+    call only in a row no decision of this module wrote (one an earlier
+    release consumed, an edited one): with that call unanswered the claim
+    ends it ``external_outcome_unknown`` instead, its ``error_code``
+    ``approval_misbound``, as every other ending of an unanswered call.
     """
     try:
         _check_request(request, ClaimRequest)
@@ -1381,13 +1385,22 @@ def claim(operation: Operation | None, request: ClaimRequest, now: datetime) -> 
         # The table only lets an approved Operation become admitted; this checks its expiry and binding.
         flaw = _approval_flaw(operation)
         if flaw is not None:
+            event, outcome = OperationEvent.APPROVAL_MISBOUND, TerminalOutcome.APPROVAL_MISBOUND
+            reason = (f"attempt {operation.fence} abandoned; " if abandoned else "") + f"{flaw}: it can never run"
+            if _unanswered(operation):
+                # An approval an earlier release consumed (or an edited row) let an Attempt issue the call; the
+                # approval authorizes no Attempt now, so none is left to ask the provider with, and the ending must
+                # not say nothing happened while the call may have been applied: the seed's ambiguous result.
+                event, outcome = OperationEvent.OUTCOME_UNKNOWN, TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN
+                reason += f"; {_issued_note(operation)}: its outcome is unknown"
             after, record = _move(
                 operation,
-                OperationEvent.APPROVAL_MISBOUND,
+                event,
                 now=now,
                 actor=request.worker_id,
-                reason=(f"attempt {operation.fence} abandoned; " if abandoned else "") + f"{flaw}: it can never run",
-                changes={"outcome": TerminalOutcome.APPROVAL_MISBOUND, "error_code": "approval_misbound"},
+                reason=reason,
+                # The code still names what ended it, as a failure's does.
+                changes={"outcome": outcome, "error_code": "approval_misbound"},
             )
             return _decision(operation, after, record, now, attempts=abandoned)
         assert approval is not None

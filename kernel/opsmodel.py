@@ -55,6 +55,13 @@ Rules of this module:
   Attempt used: INV-OP-UNANSWERED-NOT-FAILED asks that none of these ends
   the Operation ``max_attempts_exceeded``, ``not_authorized`` or
   ``action_failed`` while an intent has no "not applied" answer.
+- ``Bounds.older_approval`` starts from a row an earlier release left: the
+  Operation's approval was given by its requester under the resolver's
+  next version (``decide`` refuses that now; that release consumed it), and
+  its Attempt 1, by a worker no longer present, recorded its intent.  No
+  claim may end it ``approval_misbound`` while that call is unanswered
+  (INV-OP-UNANSWERED-NOT-FAILED): the kernel's own decisions never reach
+  ``approval_misbound`` after a call, so only such a row can.
 """
 
 from __future__ import annotations
@@ -176,6 +183,9 @@ class Bounds:
     denials: bool = False
     """External effects: before its intent a worker may instead meet a revoked principal, or a handler's failure that
     is not retryable, and fail so (each ends the Operation whatever an earlier Attempt's call did)."""
+    older_approval: bool = False
+    """External effects: the world starts from the row an earlier release left (see the module rules): an approval
+    that authorizes nothing now, consumed by Attempt 1, whose lost worker recorded its intent."""
     moved_submitter: bool = False
     """The second submitter is the same principal under the next version of its resolver: the same identity key.
 
@@ -205,6 +215,11 @@ STANDARD: tuple[tuple[str, Bounds], ...] = (
             workers=2, approval=False, cancel=False, max_claims=3, maximum_attempts=2, max_tick=3, max_depth=15,
             external=True, denials=True,
         ),
+    ),
+    (
+        "operations: an external call issued under an approval an earlier release consumed, which authorizes nothing "
+        "now, two workers and a canceller (complete)",
+        Bounds(workers=2, approval=False, max_claims=3, max_tick=3, external=True, older_approval=True),
     ),
     (
         "operations: the deadline falls inside a live lease, an atomic action and a canceller (every interleaving to depth 13)",
@@ -359,12 +374,44 @@ def _submit_request(bounds: Bounds, client: int) -> o.SubmitRequest:
     )
 
 
+def _older_row(bounds: Bounds) -> tuple[o.Operation, tuple[o.Attempt, ...]]:
+    """The Operation and its Attempt as an earlier release left them (``Bounds.older_approval``), at tick 0.
+
+    Made by today's decisions up to the intent of Attempt 1 (by ``w0``, no worker of the world), then given the
+    approval that release stored and consumed: the requester's own, under the next version of their resolver.
+    """
+    request = attrs.evolve(_submit_request(bounds, 0), operation_id="op-1", requires_approval=True)
+    admitted = o.submit(None, request, EPOCH)
+    assert isinstance(admitted, o.Decision)
+    op = admitted.operation
+    approve = o.DecideRequest(
+        "ap-1", op.operation_id, op.input_digest, op.action_name, op.action_version, op.identity.tenant, APPROVER,
+        True, EPOCH + 100 * TICK, o.Authority(True, APPROVER),
+    )
+    decided = o.decide(op, approve, EPOCH)
+    assert isinstance(decided, o.Decision)
+    claimed = o.claim(decided.operation, o.ClaimRequest("w0", bounds.lease_ticks * TICK), EPOCH)
+    assert isinstance(claimed, o.Decision) and claimed.credential is not None
+    intent = o.record_intent(claimed.operation, o.IntentRequest(claimed.credential), EPOCH)
+    assert isinstance(intent, o.Decision)
+    op = intent.operation
+    assert op.approval is not None
+    return attrs.evolve(op, approval=attrs.evolve(op.approval, approver=MOVED_IDENTITY.principal)), claimed.attempts
+
+
 def initial_world(bounds: Bounds) -> World:
-    """The world a search starts from: tick 0, one admitted Operation (none while submitters race to admit it)."""
+    """The world a search starts from: tick 0, one admitted Operation (none while submitters race to admit it).
+
+    With ``Bounds.older_approval``, the running Operation an earlier release left instead, its intent committed.
+    """
     slots = bounds.workers + bounds.submitters + 2
     operations: tuple[o.Operation, ...] = ()
+    attempts: tuple[o.Attempt, ...] = ()
     holder = None
-    if bounds.submitters == 0:
+    if bounds.older_approval:
+        older, attempts = _older_row(bounds)
+        operations, holder = (older,), older.operation_id
+    elif bounds.submitters == 0:
         admitted = o.submit(None, attrs.evolve(_submit_request(bounds, 0), operation_id="op-1"), EPOCH)
         assert isinstance(admitted, o.Decision)
         operations, holder = (admitted.operation,), admitted.operation.operation_id
@@ -372,11 +419,12 @@ def initial_world(bounds: Bounds) -> World:
         tick=0,
         operations=operations,
         holder=holder,
-        attempts=(),
+        attempts=attempts,
         credentials=((),) * bounds.workers,
         pending=(None,) * slots,
         submitted=(False,) * bounds.submitters,
         knows=(None,) * bounds.workers if bounds.external else (),
+        intents=frozenset({1}) if bounds.older_approval else frozenset(),
     )
 
 
@@ -699,8 +747,9 @@ def check_write(before: World, after: World, pending: Pending) -> tuple[Invarian
         )
     ended_failed = new.outcome in _FAILED_ENDINGS and old is not None and old.outcome is None
     if ended_failed and open_now:
-        # The same for every other failed ending: a limit of Attempts, a denial, a failure that is not retryable
-        # would each say the Operation stopped while a call the provider may have applied is unanswered.
+        # The same for every other failed ending: a limit of Attempts, a denial, a failure that is not retryable, an
+        # approval that authorizes nothing would each say the Operation stopped while a call the provider may have
+        # applied is unanswered.
         assert new.outcome is not None
         return Invariant.UNANSWERED_NOT_FAILED, (
             f"{pending.actor}'s {pending.kind} ended {new.operation_id} {new.outcome.value} while the issues of "
@@ -733,7 +782,12 @@ def check_write(before: World, after: World, pending: Pending) -> tuple[Invarian
 
 
 _FAILED_ENDINGS = frozenset(
-    {o.TerminalOutcome.MAX_ATTEMPTS_EXCEEDED, o.TerminalOutcome.ACTION_FAILED, o.TerminalOutcome.NOT_AUTHORIZED}
+    {
+        o.TerminalOutcome.MAX_ATTEMPTS_EXCEEDED,
+        o.TerminalOutcome.ACTION_FAILED,
+        o.TerminalOutcome.NOT_AUTHORIZED,
+        o.TerminalOutcome.APPROVAL_MISBOUND,
+    }
 )
 """The failed endings INV-OP-UNANSWERED-NOT-FAILED names (the deadline has its own invariant)."""
 

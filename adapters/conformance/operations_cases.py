@@ -330,8 +330,8 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
     and requiring approval; a lease the claim granted past the deadline, which a heartbeat never shortens; no
     effect begun from the deadline on, and an answer to a call begun before it still recorded (cases 3.0.0);
     an issued call nobody answered looked up or ended unknown, never ended as a missed deadline (cases 4.0.0),
-    a limit of Attempts or a failure (cases 4.2.0); an authority refused when it answers for another principal
-    than the one the request acts for (cases 4.3.0).
+    a limit of Attempts or a failure (cases 4.2.0), or an approval that authorizes nothing; an authority refused
+    when it answers for another principal than the one the request acts for (cases 4.3.0).
     """
     first = next(
         c["input"] for c in cases if c["input"]["decision"] == "claim" and c["expected"].get("credential")
@@ -550,6 +550,17 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
         {"credential": credential, "authority": denied, "result": "{\"ok\":true}"}, live)
     add("complete/external_not_authorized_without_intent", "complete", answered,
         {"credential": credential, "authority": denied}, live)
+
+    # An approval that authorizes nothing, found after an issued call (a row an earlier release left, cases 4.3.0):
+    # the claim ends the Operation external_outcome_unknown, its error_code approval_misbound; with every call
+    # answered it keeps approval_misbound.
+    issued_misbound = {**external, "approval": misbound}
+    waiting_misbound = {**issued_misbound, "state": "admitted", "owner": None, "lease_expires_at": None,
+                        "attempt_started_at": None}
+    add("claim/replacement_misbound_call_unanswered", "claim", issued_misbound, replacement, expiry)
+    add("claim/admitted_misbound_call_unanswered", "claim", waiting_misbound, claim_request, expiry)
+    add("claim/admitted_misbound_call_answered", "claim", {**waiting_misbound, "effect_unsettled_since": None},
+        claim_request, expiry)
 
     # An authority answers for one principal (cases 4.3.0): an answer for another than the one the request acts
     # for -- the submitter, the Operation's principal on completion, the approver, the canceller -- is refused

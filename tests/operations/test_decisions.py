@@ -1029,3 +1029,55 @@ def test_an_authority_under_another_version_of_the_principals_resolver_answers_f
     decided = _decide(_approval_op(), authority=o.Authority(True, "users:v2:bob"))
     assert isinstance(decided, o.Decision) and decided.operation.approval is not None
     assert decided.operation.approval.approver == "users:v1:bob"
+
+
+@pytest.mark.parametrize("how", ["replacement", "retry"])
+def test_an_approval_that_authorizes_nothing_after_an_issued_call_ends_it_unknown(how: str) -> None:
+    """``approval_misbound`` after a call: only a row no decision writes, but then its ending is the call's.
+
+    decide never stores such an approval and the first claim's check is the one every later claim repeats, so
+    the kernel's own decisions never reach it; an earlier release did consume a self-approval given under another
+    version of the requester's resolver (``_same_principal`` came later), and its Attempt may have issued a call.
+    """
+    op = admitted(effect_class=o.EffectClass.EXTERNAL, requires_approval=True)
+    decided = _decide(op)
+    assert isinstance(decided, o.Decision)
+    op, cred, _ = claimed(decided.operation, "w1", T0 + SECOND)
+    intent = o.record_intent(op, o.IntentRequest(cred), T0 + SECOND)
+    assert isinstance(intent, o.Decision)
+    issued = intent.operation
+    assert issued.approval is not None and issued.lease_expires_at is not None
+    if how == "retry":
+        retried = o.fail(issued, o.FailRequest(cred, "handler_error", retryable=True), T0 + SECOND)
+        assert isinstance(retried, o.Decision) and retried.operation.state is OperationState.ADMITTED
+        issued = retried.operation
+    # As an earlier release stored and consumed it: the requester's own approval, under the next resolver version.
+    older = attrs.evolve(issued, approval=attrs.evolve(issued.approval, approver="users:v2:alice"))
+    now = T0 + timedelta(minutes=1)
+    ended = o.claim(older, o.ClaimRequest("w2", LEASE), now)
+    assert isinstance(ended, o.Decision) and ended.credential is None, ended
+    assert (ended.operation.state, ended.operation.outcome, ended.operation.error_code) == (
+        OperationState.OUTCOME_UNKNOWN, o.TerminalOutcome.EXTERNAL_OUTCOME_UNKNOWN, "approval_misbound",
+    )
+    assert ended.transition.event is OperationEvent.OUTCOME_UNKNOWN
+    assert ended.operation.effect_unsettled_since == 1
+    assert "is not bound to this operation" in ended.transition.reason
+    assert f"external effect {issued.effect_id} was issued by attempt 1 and never answered" in ended.transition.reason
+    expected = [(1, o.AttemptState.ABANDONED, "lease_expired")] if how == "replacement" else []
+    assert [(a.number, a.state, a.error_code) for a in ended.attempts] == expected
+    # Every issue answered "not applied": nothing may have happened, and the ending keeps its own name.
+    settled = o.claim(attrs.evolve(older, effect_unsettled_since=None), o.ClaimRequest("w2", LEASE), now)
+    assert isinstance(settled, o.Decision) and settled.operation.outcome is o.TerminalOutcome.APPROVAL_MISBOUND
+
+
+def test_the_kernels_own_decisions_never_reach_approval_misbound_after_an_issued_call() -> None:
+    """An approval decide stored and a claim consumed authorizes every later claim: the check reads only bound fields."""
+    op = admitted(effect_class=o.EffectClass.EXTERNAL, requires_approval=True)
+    decided = _decide(op)
+    assert isinstance(decided, o.Decision)
+    op, cred, _ = claimed(decided.operation, "w1", T0 + SECOND)
+    intent = o.record_intent(op, o.IntentRequest(cred), T0 + SECOND)
+    assert isinstance(intent, o.Decision)
+    replaced = o.claim(intent.operation, o.ClaimRequest("w2", LEASE), T0 + SECOND + LEASE)
+    assert isinstance(replaced, o.Decision) and replaced.credential is not None, replaced
+    assert replaced.operation.approval == intent.operation.approval

@@ -282,6 +282,13 @@ ZOO: tuple[Variant, ...] = (
         OpsProtocol(fail=_ignoring_an_unanswered_call(o.fail)),
     ),
     Variant(
+        "misbound-approval-ends-an-unanswered-call",
+        "a claim that finds an approval an earlier release consumed, which authorizes nothing now, ends the "
+        "Operation approval_misbound although that release's Attempt issued a call never answered",
+        Invariant.UNANSWERED_NOT_FAILED,
+        OpsProtocol(claim=_ignoring_an_unanswered_call(o.claim)),
+    ),
+    Variant(
         "resend-after-a-lost-reply",
         "a retry calls a provider that can neither deduplicate nor be asked while an earlier call is unanswered",
         Invariant.NO_BLIND_RESEND,
