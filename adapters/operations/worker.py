@@ -22,10 +22,12 @@ external effects, history, and retention).  Rules of this module:
   success or not at all.  ``read_only``: the handler's result is the only
   write.  ``external``: the intent and the stable effect id commit first.
   The provider's payload is built before the intent, so a payload builder
-  that raises issues nothing.  What happens before the provider is the
-  kernel's ``effect_plan``: an effect an earlier Attempt may have issued
-  without a conclusive answer (a lost reply, a timeout, a crash, a
-  replaced owner) is reconciled before
+  that raises issues nothing; when an earlier Attempt's issue is
+  unanswered, the worker asks ``reconcile`` before that failure is
+  reported, as before a denial, and records a succeeded answer.  What
+  happens before the provider is the kernel's ``effect_plan``: an effect
+  an earlier Attempt may have issued without a conclusive answer (a lost
+  reply, a timeout, a crash, a replaced owner) is reconciled before
   anything is repeated (and the lease renewed, under the fence, between the
   lookup's answer and the call), repeated with the same id only if the
   adapter is idempotent, and otherwise ends ``external_outcome_unknown``: an
@@ -325,24 +327,11 @@ class DurableOperationWorker:
         None when there is nothing to ask or no conclusive success, and the failure goes on (the kernel then
         ends the Operation ``external_outcome_unknown``, the call being still unanswered).
         """
-        adapter = action.adapter
-        if (
-            action.effect_class is not o.EffectClass.EXTERNAL
-            or adapter is None
-            or operation.effect_id is None
-            or o.effect_plan(operation) is not o.EffectPlan.RECONCILE
-        ):
+        if action.effect_class is not o.EffectClass.EXTERNAL:
             return None
-        try:
-            with self._heartbeats(credential):
-                settled = _answer(action, "reconcile", adapter.reconcile(operation.effect_id))
-            if settled is None or settled.status is not EffectStatus.SUCCEEDED:
-                return None
-            result = _result_json(settled.result)
-        except Exception:
-            # A look that breaks has answered nothing: the call stays unanswered and the failure goes on.
-            return None
-        return self._complete(credential, authority, result)
+        with self._heartbeats(credential):
+            result = _looked_up(action, operation)
+        return None if result is None else self._complete(credential, authority, result)
 
     def _atomic(
         self, action: DurableAction, credential: o.Credential, authority: o.Authority, payload: Any
@@ -369,7 +358,18 @@ class DurableOperationWorker:
         # The provider's payload is built before the intent commits: a builder that raises has
         # issued nothing, and fails the Attempt like any handler error without leaving an
         # ambiguous issue behind for the next Attempt to reconcile.
-        request = action.handler(payload)
+        try:
+            request = action.handler(payload)
+        except Exception:
+            # But an earlier Attempt's call may be unanswered, and this failure comes before the look step 3
+            # would make: on the last Attempt (or past the deadline) it would end the Operation
+            # external_outcome_unknown with the provider never asked.  Look first, as before a denial; a
+            # success is recorded, and anything else lets the failure go on as the handler raised it.
+            if plan is o.EffectPlan.RECONCILE:
+                found = _looked_up(action, operation)
+                if found is not None:
+                    return self._complete(credential, authority, found)
+            raise
         intent = self.store.record_intent(o.IntentRequest(credential))
         if isinstance(intent, o.Refusal) and intent.code is o.RefusalCode.DEADLINE_EXCEEDED:
             if plan is o.EffectPlan.RECONCILE and operation.effect_id is not None:
@@ -599,6 +599,24 @@ def _answer(action: DurableAction, method: str, value: object, *, none: bool = T
         returned = "None" if value is None else type(value).__name__
         problem = f"{returned}, not an EffectResult" + (" or None" if none else "")
     raise TypeError(f"action {action.name!r} v{action.version}: the adapter's {method} returned {problem}")
+
+
+def _looked_up(action: DurableAction, operation: o.Operation) -> str | None:
+    """The result an earlier Attempt's unanswered call had, if the provider's ``reconcile`` says it succeeded.
+
+    None when there is nothing to ask (no adapter, no intent, every issue answered) and when the look answers
+    anything but a success, or breaks (a look that raises has answered nothing: the call stays unanswered).
+    """
+    adapter = action.adapter
+    if adapter is None or operation.effect_id is None or o.effect_plan(operation) is not o.EffectPlan.RECONCILE:
+        return None
+    try:
+        settled = _answer(action, "reconcile", adapter.reconcile(operation.effect_id))
+        if settled is None or settled.status is not EffectStatus.SUCCEEDED:
+            return None
+        return _result_json(settled.result)
+    except Exception:
+        return None
 
 
 def _performed(action: DurableAction, value: object) -> EffectResult:

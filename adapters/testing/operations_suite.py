@@ -34,7 +34,7 @@ go through the Python API (``DurableOperationService``,
 - limits: backoff, maximum attempts, deadline, each a named outcome; an
   issued call left unanswered makes any ending but a success or a
   cancellation ``external_outcome_unknown``, after a look at the provider
-  where an Attempt can make one;
+  where an Attempt can make one (a payload builder that raises included);
 - current authorization: a revoked principal fails closed (after a look at
   an unanswered call, which needs no authority), and gets no Operation back
   by resubmitting its identity;
@@ -1218,10 +1218,12 @@ class OperationStoreTests:
 
     # --- every other ending with an issued call unanswered (specs/operations.md, "Endings with a call unanswered")
 
-    def _issued_by_a_lost_attempt(self, world: World, *, left: int | None = None, applied: bool) -> str:
+    def _issued_by_a_lost_attempt(
+        self, world: World, *, left: int | None = None, applied: bool, action: str = "capture_unapproved"
+    ) -> str:
         """Attempts fail retryably; then one records its intent (its call applied, or never made) and is lost, its
         lease run out, with ``left`` Attempts left after it (None: it is the first)."""
-        op_id = self._capture(world, action="capture_unapproved")
+        op_id = self._capture(world, action=action)
         record = world.service.get(op_id)
         assert record is not None
         for _ in range(0 if left is None else record.maximum_attempts - left - 1):
@@ -1326,6 +1328,38 @@ class OperationStoreTests:
         assert isinstance(ended, o.Decision), ended
         self._ended_unknown(world, op_id, "card_rejected")
         assert "a failure that is not retryable" in world.service.history(op_id)[-1].reason
+
+    @pytest.mark.parametrize(("left", "applied"), [(1, True), (1, False), (None, True)],
+                             ids=["last_applied", "last_never_made", "first_applied"])
+    def test_a_payload_builder_failing_on_a_replacement_looks_up_the_unanswered_call_first(
+        self, world: World, left: int | None, applied: bool
+    ) -> None:
+        # The builder's failure comes before the look the replacement's reconcile plan makes: asked first, the
+        # provider's success is recorded; on the last Attempt, without it, the Operation ended unknown unasked.
+        op_id = self._issued_by_a_lost_attempt(world, left=left, applied=applied, action="capture_built")
+        world.build_fails = True
+        lookups: list[str] = []
+        lookup = world.provider.lookup
+
+        def recorded_lookup(key: str) -> int | None:
+            lookups.append(key)
+            return lookup(key)
+
+        world.provider.lookup = recorded_lookup  # type: ignore[method-assign]
+        report = world.worker("w1").run_once()
+        record = world.service.get(op_id)
+        assert record is not None and report is not None
+        assert lookups == [f"{op_id}/effect"], lookups
+        assert world.provider.calls == ([f"{op_id}/effect"] if applied else [])  # looked up, nothing sent
+        if applied:
+            assert (report.outcome, record.state) == ("succeeded", OperationState.SUCCEEDED), report
+            assert record.result == {"receipt": f"cap-{op_id}/effect", "amount": 2500}
+            assert [a.state for a in record.attempts][-2:] == ["abandoned", "succeeded"]
+        else:
+            # Nothing found, and the builder's failure on the last Attempt ends it: unknown, its own code kept.
+            assert report.outcome == "external_outcome_unknown" and "LookupError" in report.detail, report
+            self._ended_unknown(world, op_id, "handler_error")
+            assert "the last of" in world.service.history(op_id)[-1].reason
 
     def test_a_call_begun_before_the_deadline_records_its_answer_after_it(
         self, world: World, monkeypatch: pytest.MonkeyPatch
