@@ -426,6 +426,11 @@ def interpreter_cases() -> list[Case]:
     c.add("condition/a_node_never_completed_is_missing", "settled",
           earlier=(_attempt("await", "wait_for_event", 5, "running"),),
           expect="finish/suspended/condition_unknown")
+    # The latest completed attempt's outputs are the node's, even none: never an earlier attempt's.
+    c.add("condition/the_latest_completed_attempt_without_outputs_has_none", "settled",
+          earlier=(_attempt("await", "wait_for_event", 4, "completed", {"status": "ok"}),
+                   _attempt("await", "wait_for_event", 5, "completed")),
+          expect="finish/suspended/condition_unknown")
 
     # --- request_approval ---------------------------------------------------------------------------
     c.add("approval/waits_for_a_decision", "ask", expect="finish/waiting")
@@ -434,6 +439,10 @@ def interpreter_cases() -> list[Case]:
     c.add("approval/no_authority_check_suspends", "ask", authority=None, expect="finish/suspended/not_authorized")
     c.add("approval/unresolved_target", "ask", inputs={"amount": 250}, expect="finish/suspended/unresolved_binding")
     c.add("approval/target_id_of_another_type", "ask", inputs={**_INPUT, "order_id": 1.5},
+          expect="finish/suspended/unresolved_binding")
+    c.add("approval/target_id_integer_is_its_decimal", "ask", inputs={**_INPUT, "order_id": 17}, expect="finish/waiting")
+    # Targets are resolved before authority is asked about them: an unresolved target is the answer, not the denial.
+    c.add("approval/unresolved_target_before_authority", "ask", inputs={"amount": 250}, authority=_DENIED,
           expect="finish/suspended/unresolved_binding")
 
     # --- local_command -------------------------------------------------------------------------------
@@ -465,6 +474,22 @@ def interpreter_cases() -> list[Case]:
     c.add("command/unresolved_target_revision", "pay",
           definition=_edited("pay", targets=[{"id": {"from": "input.order_id"}, "revision": {"from": "input.note"}}]),
           expect="finish/suspended/unresolved_binding")
+    c.add("command/unresolved_payload_before_authority", "pay", inputs={"order_id": "o-1"}, authority=_DENIED,
+          expect="finish/suspended/unresolved_binding")
+    c.add("command/unresolved_target_before_no_authority_check", "pay", inputs={"amount": 250}, authority=None,
+          expect="finish/suspended/unresolved_binding")
+    for label, value in (("array", [250]), ("object", {"amount": 250})):
+        c.add(f"command/payload_{label}_is_unresolved", "pay", inputs={**_INPUT, "amount": value},
+              expect="finish/suspended/unresolved_binding")
+    c.add("command/target_id_integer_is_its_decimal", "pay", inputs={**_INPUT, "order_id": 17},
+          result=_result("succeeded"), expect="invoke/await")
+    for label, value in (("zero", 0), ("decimal", 2.5), ("text", "4")):
+        c.add(f"command/target_revision_{label}_is_unresolved", "pay", inputs={**_INPUT, "note": value},
+              definition=_edited("pay", targets=[{"id": {"from": "input.order_id"}, "revision": {"from": "input.note"}}]),
+              expect="finish/suspended/unresolved_binding")
+    c.add("command/target_revision_from_a_binding", "pay", inputs={**_INPUT, "note": 7},
+          definition=_edited("pay", targets=[{"id": {"from": "input.order_id"}, "revision": {"from": "input.note"}}]),
+          result=_result("succeeded"), expect="invoke/await")
     c.add("command/fence_reaches_the_command", "pay", fence=9, result=_result("succeeded"), expect="invoke/await")
     c.add("command/unsettled_earlier_attempt_issues_nothing", "pay",
           earlier=(_attempt("pay", "local_command", 5, "running"),),
@@ -472,6 +497,14 @@ def interpreter_cases() -> list[Case]:
     c.add("command/unknown_earlier_attempt_issues_nothing", "pay",
           earlier=(_attempt("pay", "local_command", 5, "unknown"),),
           expect="finish/reconciliation_required/command_unsettled")
+    # Only an earlier Command blocks: a running attempt of another kind at this node issued nothing.
+    c.add("command/an_earlier_attempt_of_another_kind_does_not_block", "pay",
+          earlier=(_attempt("pay", "wait_for_event", 5, "running"),), result=_result("succeeded"),
+          expect="invoke/await")
+    # Pinning and continuations are read before the Command's own history.
+    c.add("command/dangling_continuation_before_unsettled", "pay", definition=_edited("pay", on_failure="nowhere"),
+          earlier=(_attempt("pay", "local_command", 5, "running"),),
+          expect="finish/suspended/dangling_continuation")
     c.add("command/settled_earlier_attempts_do_not_block", "pay",
           earlier=(_attempt("pay", "local_command", 3, "failed"), _attempt("pay", "local_command", 4, "completed")),
           result=_result("succeeded"), expect="invoke/await")
