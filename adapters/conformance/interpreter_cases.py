@@ -478,13 +478,15 @@ def interpreter_cases() -> list[Case]:
           expect="finish/suspended/unresolved_binding")
     c.add("command/unresolved_target_before_no_authority_check", "pay", inputs={"amount": 250}, authority=None,
           expect="finish/suspended/unresolved_binding")
-    for label, value in (("array", [250]), ("object", {"amount": 250})):
+    shapes: tuple[tuple[str, Any], ...] = (("array", [250]), ("object", {"amount": 250}))
+    for label, value in shapes:
         c.add(f"command/payload_{label}_is_unresolved", "pay", inputs={**_INPUT, "amount": value},
               expect="finish/suspended/unresolved_binding")
     c.add("command/target_id_integer_is_its_decimal", "pay", inputs={**_INPUT, "order_id": 17},
           result=_result("succeeded"), expect="invoke/await")
-    for label, value in (("zero", 0), ("decimal", 2.5), ("text", "4")):
-        c.add(f"command/target_revision_{label}_is_unresolved", "pay", inputs={**_INPUT, "note": value},
+    revisions: tuple[tuple[str, Any], ...] = (("zero", 0), ("decimal", 2.5), ("text", "4"))
+    for label, revision in revisions:
+        c.add(f"command/target_revision_{label}_is_unresolved", "pay", inputs={**_INPUT, "note": revision},
               definition=_edited("pay", targets=[{"id": {"from": "input.order_id"}, "revision": {"from": "input.note"}}]),
               expect="finish/suspended/unresolved_binding")
     c.add("command/target_revision_from_a_binding", "pay", inputs={**_INPUT, "note": 7},
