@@ -18,6 +18,9 @@ Stopping ``export``: SIGINT or SIGTERM, as they stop ``fencekeeper worker``
 (``cli.py`` module header): the send in progress ends, what was sent is
 marked and the rest of the claim released; exit 0 with the summary.  A
 second signal exits at once (130); what is still claimed waits out its lease.
+A store that does not answer then is given ``outbox.STOP_GRACE`` seconds
+(5) and one more: past them export exits 1 saying so, and what it sent and
+could not mark is delivered again once its claim's lease ends.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -324,6 +328,14 @@ def run_export(args: argparse.Namespace, out: Output) -> int:
                 "row; what was claimed and not marked is delivered again once its lease ends"
             )
             return EXIT_PROBLEM
+        except _StoppedUnanswered as exc:
+            cause = exc.__cause__
+            why = f" ({cause.message})" if isinstance(cause, StoreError) else ""
+            out.note(
+                f"fencekeeper: error: stopped with the store not answering{why}; what was sent and not marked "
+                "exported is delivered again once its claim's lease ends [store_unavailable]"
+            )
+            return EXIT_PROBLEM
         except outbox.SinkClosed as exc:
             if args.sink in ("stdout", "-"):
                 # Nothing more reaches the reader; the interpreter's own flush at exit must not fail too.
@@ -356,9 +368,13 @@ def _export_until_stopped(exporter: Any, args: argparse.Namespace, out: Output) 
     lease.  The exporter runs in a thread of its own, so that the handler, in
     the main thread, only sets an event that nothing else holds a lock of.
     """
+    from . import outbox  # noqa: PLC0415 - loaded already by the command that calls this
+
     stop = threading.Event()
     signals = 0
     outcome: dict[str, Any] = {}
+
+    stopped_at: list[float] = []
 
     def on_signal(number: int, frame: FrameType | None) -> None:
         nonlocal signals
@@ -367,6 +383,7 @@ def _export_until_stopped(exporter: Any, args: argparse.Namespace, out: Output) 
             os._exit(130)
         # Set before it is said: once the line is out, no further send begins.
         stop.set()
+        stopped_at.append(time.monotonic())
         out.note("stopping after the current send; send the signal again to quit at once")
 
     def export() -> None:
@@ -383,12 +400,23 @@ def _export_until_stopped(exporter: Any, args: argparse.Namespace, out: Output) 
         thread.start()
         while thread.is_alive():
             thread.join(timeout=0.2)
+            if stopped_at and time.monotonic() - stopped_at[0] > outbox.STOP_GRACE + 1:
+                # The store does not answer (a claim waiting for a connection, a marking tried for
+                # STOP_GRACE): the command's store.close() ends what the thread still waits for.
+                raise _StoppedUnanswered
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    if "error" in outcome:
-        raise outcome["error"]
+    error = outcome.get("error")
+    if stopped_at and isinstance(error, StoreError) and error.code in RETRYABLE_STORE_CODES:
+        raise _StoppedUnanswered from error
+    if error is not None:
+        raise error
     return outcome["report"]
+
+
+class _StoppedUnanswered(Exception):
+    """A stop that the store did not let finish within ``STOP_GRACE`` and a second."""
 
 
 def _is_the_database(path: Path, args: argparse.Namespace) -> bool:

@@ -292,6 +292,13 @@ class MemoryStore(TransactionalStore):
                 ),
             )
 
+    def leased_to(self, worker_id: str, lease_token: str) -> str | None:
+        with self._lock:
+            for eid, d in self._rows_now().dispatches.items():
+                if d.dispatch_state == DispatchState.CLAIMED and (d.leased_by, d.lease_token) == (worker_id, lease_token):
+                    return eid
+            return None
+
     def execution_ids(self, state: ExecutionState | None = None) -> list[str]:
         with self._lock:
             return sorted(

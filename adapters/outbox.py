@@ -35,7 +35,9 @@ Rules of this module:
   any other store error, it stops with the error.
 - A stop (``run``'s ``stop``) ends the batch after the send in progress:
   what was sent is marked, the rest of the claim released at once rather
-  than left to its lease.
+  than left to its lease.  A store that fails then is tried for
+  ``STOP_GRACE`` seconds, not the whole ride-out: what was sent and not
+  marked is delivered again once the claim's lease ends, never lost.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Final, Protocol
 
 import attrs
 
@@ -440,6 +442,18 @@ class OutboxStatus:
 
 _COLUMNS = "seq, message_id, kind, subject_id, tenant, topic, at, payload, attempts"
 
+STOP_GRACE: Final = 5.0
+"""Seconds a stopping exporter keeps trying to mark the batch it sent on a store that fails.
+
+Without a stop it tries for ``RIDE_OUT_SECONDS`` (30 s), each try waiting up
+to the PostgreSQL pool's 10 s for a connection: a Ctrl-C seemed to hang.
+Stopping, it tries this long, each try waiting no longer than what is left
+(PostgreSQL; a SQLite file held by another writer is waited for up to its
+busy timeout), then stops.  Nothing is lost: what it sent and could not mark
+stays claimed and is delivered again once the claim's lease ends, as after
+a kill.  ``fencekeeper export`` waits at most this long, and one second
+more, after its first signal."""
+
 
 class OutboxExporter:
     """Claims outbox rows in order, delivers them to ``sink``, marks them exported (module header)."""
@@ -509,28 +523,59 @@ class OutboxExporter:
             by_seq = {m.seq: m for m in claimed}
             failed += [(by_seq[seq], reason) for seq in delivered]
             delivered = []
-        parked = self._mark_patiently(token, delivered, failed, held)
+        parked = self._mark_patiently(token, delivered, failed, held, stop)
         return ExportReport(len(claimed), len(delivered), len(failed), parked, len(held))
 
     def _mark_patiently(
-        self, token: str, delivered: Sequence[int], failed: Sequence[tuple[ExportedMessage, str]], held: Sequence[int]
+        self,
+        token: str,
+        delivered: Sequence[int],
+        failed: Sequence[tuple[ExportedMessage, str]],
+        held: Sequence[int],
+        stop: threading.Event | None = None,
     ) -> int:
         """``_mark``, made again while the store is waited out: the batch is out, and unmarked it would be sent again.
 
         Safe to repeat: each update is guarded by the claim's token, so one
         that committed although its answer was lost changes nothing the
-        second time.
+        second time.  Once ``stop`` is set, for :data:`STOP_GRACE` seconds
+        only, each try waiting for a connection no longer than what is left
+        of them (where the store can bound it): then the StoreError is
+        raised, and what was sent stays claimed, to be delivered again once
+        the claim's lease ends.
         """
         patience = StorePatience()
+        deadline: float | None = None
         while True:
+            bound = None
+            if stop is not None and stop.is_set():
+                now = time.monotonic()
+                deadline = now + STOP_GRACE if deadline is None else deadline
+                bound = max(deadline - now, 0.1)
             try:
-                parked = self._mark(token, delivered, failed, held)
+                parked = (
+                    self._mark(token, delivered, failed, held)
+                    if bound is None
+                    else self._mark(token, delivered, failed, held, wait=bound)
+                )
             except StoreError as exc:
                 wait = patience.failed(exc.code)
                 if wait is None:
                     raise
+                if deadline is not None and time.monotonic() + min(wait, 0.5) >= deadline:
+                    if self.log is not None:
+                        self.log(
+                            f"stopping with the store failing ({exc.message} [{exc.code}]): {len(delivered)} "
+                            "message(s) sent and not marked exported are delivered again once the claim's lease ends"
+                        )
+                    raise
                 self._told_failure(exc, first=patience.failures == 1)
-                time.sleep(wait)
+                if deadline is not None:
+                    time.sleep(min(wait, 0.5, max(deadline - time.monotonic(), 0.0)))
+                elif stop is not None:
+                    stop.wait(wait)  # a stop meanwhile starts the grace at once
+                else:
+                    time.sleep(wait)
                 continue
             if patience.failures:
                 self._told_back()
@@ -624,10 +669,16 @@ class OutboxExporter:
         self._mark(token, [], [], [m.seq for m in claimed])
 
     def _mark(
-        self, token: str, delivered: Sequence[int], failed: Sequence[tuple[ExportedMessage, str]], held: Sequence[int]
+        self,
+        token: str,
+        delivered: Sequence[int],
+        failed: Sequence[tuple[ExportedMessage, str]],
+        held: Sequence[int],
+        *,
+        wait: float | None = None,
     ) -> int:
         parked = 0
-        with self.store._transaction() as tx:
+        with self._writing(wait) as tx:
             assert isinstance(tx, SqlTx)
             moment = tx.now()
             now = tx.d.encode_time(moment)
@@ -663,6 +714,17 @@ class OutboxExporter:
                 )
         return parked
 
+    def _writing(self, wait: float | None) -> contextlib.AbstractContextManager[Any]:
+        """The store's write transaction; waiting at most ``wait`` seconds for a connection where the store says how.
+
+        The PostgreSQL store's pool otherwise waits its own 10 s for a
+        connection while the server is away; a stopping exporter has less.
+        """
+        if wait is not None and getattr(self.store, "BOUNDS_CONNECTION_WAIT", False):
+            opened: contextlib.AbstractContextManager[Any] = getattr(self.store, "_transaction")(wait=wait)  # noqa: B009
+            return opened
+        return self.store._transaction()
+
     # -- running ---------------------------------------------------------------------------------
 
     def run(
@@ -681,6 +743,9 @@ class OutboxExporter:
         may recover from (``RETRYABLE_STORE_CODES``) is waited out for up to
         ``RIDE_OUT_SECONDS`` in a row, as a worker waits it out; still
         failing then, or failing otherwise, it raises the ``StoreError``.
+        Once ``stop`` is set a failing store is tried for ``STOP_GRACE``
+        seconds at most, then its ``StoreError`` is raised: what was sent and
+        not marked is delivered again once the claim's lease ends.
         """
         totals = [0, 0, 0, 0, 0]
         stop = stop or threading.Event()
@@ -693,6 +758,10 @@ class OutboxExporter:
                 # A lost connection (the pool replaces it), a row held past lock_timeout, a busy SQLite
                 # file: a long-running exporter that exited here would leave its subjects to wait for a
                 # restart.  What it had claimed and not marked stays claimed until its lease ends.
+                # Stopping, it is not waited out (the marking had its STOP_GRACE): the caller learns
+                # that the stop was not clean.
+                if stop.is_set():
+                    raise
                 wait = patience.failed(exc.code)
                 if wait is None:
                     raise
@@ -868,6 +937,7 @@ def open_sink(spec: str, *, timeout: float = 10.0) -> Sink:
 
 
 __all__ = [
+    "STOP_GRACE",
     "ExportReport",
     "ExportRetry",
     "ExportedMessage",

@@ -2372,6 +2372,11 @@ class PostgresStore(TransactionalStore):
         with self._read() as tx:
             return [eid for eid in tx.execution_ids(state) if self._visible(tx, eid)]
 
+    def leased_to(self, worker_id: str, lease_token: str) -> str | None:
+        with self._read() as tx:
+            found = tx.leased_to(worker_id, lease_token)
+            return found if found is not None and self._visible(tx, found) else None
+
     def read(self, execution_id: str) -> ExecutionView | None:
         with self._read() as tx:
             if not self._visible(tx, execution_id):

@@ -432,10 +432,14 @@ def reconcile(
         )
     # An answer no store can keep is no answer: still unknown, and the refusal below says why.
     result = i.storable_result(command, result)
+    review: tuple[Evidence, ...] = ()
     if attempt.state == AttemptState.RUNNING.value:
-        # An attempt left running by an earlier version's path: make it the
-        # explicit review item quarantine would have made it.
+        # Left running by a quarantine decided through the store itself (TransactionalStore.quarantine
+        # and recover take the attempt's evidence but need none; the sweep, quarantine_expired, passes
+        # it): made here the explicit review item the sweep makes it, and recorded with the settlement,
+        # since the attempt machine settles a review item, never a running attempt.
         attempt = attempts.advance(attempt, AttemptEvent.QUARANTINE_EXPIRED, quarantined_by=principal_id)
+        review = (attempt,)
     settled = i.reconcile_command(node, attempt, command_item, result, principal_id)
     if settled is None:
         still = p.Refusal(
@@ -446,7 +450,7 @@ def reconcile(
         _recovery_request(
             view, p.RecoveryKind.RECONCILE_COMMAND, principal_id, authority, command_to_reconcile=command.command_id
         ),
-        settled.evidence,
+        (*review, *settled.evidence),
     )
     return Reconciled(command.command_id, result, outcome)
 

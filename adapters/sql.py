@@ -168,6 +168,15 @@ class SqlBackend(Backend):
         ).fetchall()
         return [str(r[0]) for r in rows]
 
+    def leased_to(self, worker_id: str, lease_token: str) -> str | None:
+        # Through the partial index of claimed rows: only the executions running now are read.
+        row = self._execute(
+            "SELECT workflow_execution_id FROM workflow_dispatch WHERE dispatch_state = 'claimed' "
+            "AND leased_by = ? AND lease_token = ?",
+            (worker_id, lease_token),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def execution_ids(self, state: ExecutionState | None) -> list[str]:
         # The state is an enum member, so it is spelt into the SQL: a bound
         # value compared with a partial index's condition makes SQLite prepare

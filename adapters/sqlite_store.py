@@ -850,6 +850,10 @@ class SQLiteStore(TransactionalStore):
         with self._read() as conn:
             return _SQLiteBackend(conn).execution_ids(state)
 
+    def leased_to(self, worker_id: str, lease_token: str) -> str | None:
+        with self._read() as conn:
+            return _SQLiteBackend(conn).leased_to(worker_id, lease_token)
+
     def read(self, execution_id: str) -> ExecutionView | None:
         with self._read() as conn:
             return _SQLiteBackend(conn).read_view(execution_id)

@@ -797,6 +797,22 @@ class TransactionalStore(abc.ABC):
         """Every execution's id (only those in ``state`` when given), sorted."""
         ...
 
+    def leased_to(self, worker_id: str, lease_token: str) -> str | None:
+        """The execution running under the lease ``lease_token`` of ``worker_id`` now, or None.
+
+        Read only by a worker a KeyboardInterrupt or SystemExit stopped inside
+        its claim (:meth:`~fencekeeper.adapters.worker.Worker.run_pass`): the
+        claim may have committed, and the worker knows the token it asked
+        for, not the execution it got.  Tokens are fresh per claim, so at
+        most one execution holds one.  This default reads every running
+        execution; the stores ask their index of claimed rows.
+        """
+        for execution_id in self.execution_ids(ExecutionState.RUNNING):
+            view = self.read_for_visit(execution_id)
+            if view is not None and (view.dispatch.leased_by, view.dispatch.lease_token) == (worker_id, lease_token):
+                return execution_id
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release the store's connections and set ``_closed``: every call after it is StoreError('store_unavailable').

@@ -42,6 +42,15 @@ Rules of this module:
   set from the moment a transaction may commit the intent): that lease is
   left to expire, for quarantine and reconciliation (seed 000, Lease: "A
   process crash leaves the lease to expire").
+- One that lands inside the claim call, after its transaction committed
+  and before the worker holds the credential it returns, is handled the
+  same way: the worker asks the store which execution runs under the token
+  it asked for (``leased_to``, read on that way out only, never in a pass)
+  and hands that lease back.  What is left to expire: a lease whose claim
+  composed a Command's intent, as above; and one the store could not name
+  (it was down, or is a wrapper without ``leased_to``), whose execution a
+  quarantine sweep sends to review once the lease has run out, nothing
+  lost or run twice.
 - The lease is renewed when less than half of it remains before a visit.
 - A claim whose candidate's row is malformed (it names a revision with no
   stored body, or a body that is no execution revision: edited by hand or
@@ -326,15 +335,21 @@ class Worker:
         skip = self._skipped() if self._passing_over else frozenset()
         while max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
+            request = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
             try:
                 # ``skip`` only while there is something to pass over: a store that wraps another
                 # (a ledger, a proxy) and predates it is then called exactly as before.
                 composed = self.store.claim_and_visit(
-                    p.ClaimRequest(self.worker_id, self.make_token(), self.lease),
+                    request,
                     self._plan_next,
                     business_id=self.business_id,
                     **({"skip": skip} if skip else {}),
                 )
+            except (KeyboardInterrupt, SystemExit) as exc:
+                # Inside the claim: its transaction may have committed, and only the store knows what
+                # it claimed.  Looked up by the token asked for, here and never on the way in.
+                self._let_go_of_claim(request, exc)
+                raise
             except StoreError as exc:
                 # The claim met a damaged row at the head of the queue and wrote nothing; claimed
                 # again without it, the rest of the queue runs.  (One already passed over means a
@@ -571,6 +586,33 @@ class Worker:
             self._tell(
                 execution_id, "released", f"interrupted by {type(exc).__name__}", fence=credential.fence
             )
+
+    def _let_go_of_claim(self, request: p.ClaimRequest, exc: BaseException) -> None:
+        """Hand back the lease of a claim a KeyboardInterrupt or SystemExit interrupted, if it committed and it is safe.
+
+        The claim's transaction may have committed before the interruption
+        (inside the store's call, or on its way back): the worker then holds
+        a lease it never saw.  The store is asked which execution runs under
+        the token this claim asked for (``leased_to``); none, and the claim
+        did not commit, or its composed visits finished the execution.  Found,
+        it is released as :meth:`_let_go` releases, and not while a Command's
+        intent may have been committed with it (the planner marked it held).
+        A store without ``leased_to`` (a wrapper written before it), or one
+        that fails to answer, leaves the lease to expire, as before: the
+        execution is claimed again once a sweep has sent it to review.
+        """
+        try:
+            lookup = getattr(self.store, "leased_to", None)
+            execution_id = None if lookup is None else lookup(request.worker_id, request.lease_token)
+            view = None if execution_id is None else self.store.read_for_visit(execution_id)
+        except Exception:
+            view = None
+        try:
+            if view is not None and view.dispatch.lease_token == request.lease_token:
+                credential = p.LeaseCredential(request.worker_id, request.lease_token, view.execution.fence)
+                self._let_go(view.execution.execution_id, credential, exc)
+        finally:
+            self._holding = None
 
     def _hand_back(self, execution_id: str, credential: p.LeaseCredential, execution: p.Execution, exc: Exception) -> None:
         """Release the lease of a visit that could not be planned (``running -> eligible``), and say why."""

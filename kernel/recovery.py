@@ -512,8 +512,13 @@ def _reconcile_command(
     # step committed.  Its settlement is where it counts -- up to the bound:
     # no visit starts once 100 steps are processed (seed 000, Dispatcher
     # Pass), so a quarantined one there is the store's facts, not a visit,
-    # and the settlement is recorded without a 101st step (INV-STEP-LIMIT).
-    uncounted = before is not None and before.state == AttemptState.RECONCILIATION_REQUIRED.value
+    # and the settlement is recorded without a 101st step (INV-STEP-LIMIT).  A quarantine decided
+    # without the attempt's evidence (a store's own quarantine takes none) leaves it running: its
+    # worker died before the step all the same.
+    uncounted = before is not None and before.state in (
+        AttemptState.RECONCILIATION_REQUIRED.value,
+        AttemptState.RUNNING.value,
+    )
     return _decided(
         execution, dispatch, request, now, reason="", count_step=uncounted and execution.step_count < STEP_LIMIT
     )

@@ -557,15 +557,18 @@ class PostgresOperationStore(TransactionalOperationStore):
             opening = conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
             _run(conn, "SELECT set_config('fencekeeper.tenant', %s, true)", (scoped,), begin=opening)
 
+    BOUNDS_CONNECTION_WAIT = True
+    """``_transaction(wait=...)`` waits at most that many seconds for a pooled connection (a stopping exporter)."""
+
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[Tx]:
+    def _transaction(self, *, wait: float | None = None) -> Iterator[Tx]:
         # Not psycopg's transaction block: its BEGIN would cost a round trip of its own.  The
         # first statement opens the transaction in its own exchange (_run's begin); it is
         # committed here on a normal exit and rolled back on any exception, as before.
         # The pool's getconn/putconn, not its connection() block: that block's own commit or
         # rollback on exit (and its timing) repeat what this one does, on every decision.
         try:
-            conn = self._pool.getconn()
+            conn = self._pool.getconn(timeout=wait)
             try:
                 tx = _PgOpsTx(conn, self.clock, self.schema)
                 tx.opens = True

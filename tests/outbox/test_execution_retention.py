@@ -376,6 +376,8 @@ def test_an_id_reused_after_pruning_starts_a_subject_its_old_messages_do_not_hol
     assert prune(store, DAY).executions == 1 and state(store, "po-0") is None
 
     # po-0 and po-1 again: each a new execution, whose every message is delivered, in commit order.
+    earlier = {m.message_id for m in (*sink.sent, *old)}
+    top = max(m.seq for m in (*sink.sent, *old))
     sink.sent.clear()
     for n in (0, 1):
         service.run(
@@ -389,3 +391,6 @@ def test_an_id_reused_after_pruning_starts_a_subject_its_old_messages_do_not_hol
         mine = [m for m in sink.sent if m.subject_id == f"po-{n}"]
         assert [m.topic for m in mine][:1] == ["execution.eligible"] and mine[-1].topic == "execution.succeeded"
         assert [m.seq for m in mine] == sorted(m.seq for m in mine)
+        # The same subject and revisions as the pruned execution's: neither a message id nor a seq of theirs,
+        # so that a consumer deduplicating on the one, or keeping the last of the other, drops nothing.
+        assert mine[0].seq > top and not earlier & {m.message_id for m in mine}

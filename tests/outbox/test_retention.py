@@ -312,3 +312,31 @@ def test_a_message_after_a_prune_takes_a_seq_past_every_one_delivered(
     OutboxExporter(store, later).run(until_idle=True)
     assert later.sent and min(m.seq for m in later.sent) > delivered
     assert op not in {m.subject_id for m in later.sent}
+
+
+def test_a_message_after_a_prune_is_never_taken_for_one_already_delivered(
+    world: World, store: TransactionalOperationStore, clock: ManualClock
+) -> None:
+    # A consumer deduplicates on message_id and may keep the last seq it saw: a pruned row's seq or id given
+    # to a new message would read as a redelivery, or as older than what it has, and be dropped.
+    make_operations(world, 3)
+    sink = Recording()
+    OutboxExporter(store, sink).run(until_idle=True)
+    delivered = {m.message_id for m in sink.sent}
+    last_seq = max(m.seq for m in sink.sent)
+    clock.advance(timedelta(days=40))
+    everything = RetentionWindows(
+        operations=timedelta(0), results=timedelta(0), identities=timedelta(0), history=timedelta(0),
+        outbox=timedelta(0),
+    )  # fmt: skip
+    while not prune(store, everything).finished:
+        pass
+    assert rows(store, "SELECT count(*) FROM outbox WHERE seq < ?", (last_seq,)) == [(0,)], "the delivered rows went"
+    # The same client keys again: their identities were pruned, so these are new Operations.
+    new = make_operations(world, 3)
+    sink.sent.clear()
+    OutboxExporter(store, sink).run(until_idle=True)
+    assert {m.subject_id for m in sink.sent} == set(new)
+    assert min(m.seq for m in sink.sent) > last_seq, "seq only grows, pruning or not"
+    assert not delivered & {m.message_id for m in sink.sent}, "no new message carries a delivered one's id"
+    assert len({m.message_id for m in sink.sent}) == len(sink.sent), "each delivered once"

@@ -289,3 +289,12 @@ def test_the_same_content_as_a_stored_event_past_the_bound_is_refused_not_a_dupl
     with pytest.raises(EventError) as caught:
         store.publish_event(_direct("ev-old", stored), granted)
     assert str(caught.value) == "payload: is longer than 65536 characters as compact JSON"
+    # Refused, and nothing was written: the stored Event is as it was, and still wakes a waiter with it.
+    admit_and_work(store)
+    assert wait_attempt(store).body["outputs"] == {"event_id": "ev-old", **stored}
+    # Through the service, the same refusal: invalid_event naming the payload, never a duplicate.
+    with pytest.raises(service.OperationError) as refused:
+        publish(store, stored, event_id="ev-old")
+    assert (refused.value.code, refused.value.message) == (
+        "invalid_event", "payload: is longer than 65536 characters as compact JSON"
+    )

@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 
 from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.ports import WORKFLOW_DISPATCH, Authority
 from fencekeeper.adapters.sqlite_store import SQLiteStore
-from fencekeeper.adapters.store import Evidence, TransactionalStore
+from fencekeeper.adapters.store import Evidence, ManualClock, StoreError, TransactionalStore
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
-from fencekeeper.kernel.machines import DispatchState, ExecutionState
+from fencekeeper.kernel.machines import DispatchState, ExecutionEvent, ExecutionState
 
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
@@ -337,3 +338,158 @@ def test_inside_a_step_that_composed_the_next_intent_the_lease_is_left_to_expire
     )
     assert [e.state for e in view.evidence if e.kind == i.COMMAND] == ["issued"]
     assert "released" not in seen and handler.executed == []
+
+
+# --- inside the claim call ----------------------------------------------------------------------
+#
+# The claim's transaction may commit before an interruption that lands inside the store's call (or on
+# its way back), and the worker then never sees the credential it returns.  It asks the store which
+# execution runs under the token it claimed with (``leased_to``) and hands that lease back, unless the
+# claim composed a Command's intent.  On every store.
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransactionalStore]:
+    opened: TransactionalStore
+    if request.param == "memory":
+        opened = MemoryStore(ManualClock())
+    elif request.param == "sqlite":
+        opened = SQLiteStore(tmp_path / "store.db", ManualClock())
+    else:
+        from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415
+
+        opened = PostgresStore(request.getfixturevalue("pg_dsn"), schema=request.getfixturevalue("pg_schema"))
+    service.register(opened, DEFINITION, BUSINESS, PRINCIPAL, POLICY)
+    service.run(
+        opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-steps",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )  # fmt: skip
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+class InterruptedClaim:
+    """The store, interrupted inside ``claim_and_visit``: before its transaction commits, or after.
+
+    ``composed`` keeps the worker's planner (the claim's transaction may then compose the first visit's
+    intent); otherwise the claim is the transaction's only decision.
+    """
+
+    def __init__(
+        self, inner: TransactionalStore, interruption: type[BaseException], *, committed: bool, composed: bool = False
+    ) -> None:
+        self._inner = inner
+        self._interruption = interruption
+        self._committed = committed
+        self._composed = composed
+        self.tokens: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def claim_and_visit(self, request: p.ClaimRequest, plan: Any, **kwargs: Any) -> Any:
+        self.tokens.append(request.lease_token)
+        interruption = self._interruption
+
+        def planner(view: Any, now: Any, held: Any) -> Any:
+            if not self._committed:
+                raise interruption()  # inside the transaction: it rolls back
+            return plan(view, now, held) if self._composed else None
+
+        self._inner.claim_and_visit(request, planner, **kwargs)
+        raise interruption()  # committed; the credential never reaches the worker
+
+
+@INTERRUPTIONS
+def test_inside_the_claim_after_it_committed_the_lease_is_handed_back(
+    any_store: TransactionalStore, interruption: type[BaseException]
+) -> None:
+    handler, seen = Handler(), []
+    store = InterruptedClaim(any_store, interruption, committed=True)
+    worker = Worker(store, "w-1", POLICY, handler, on_event=lambda _x, what, _d: seen.append(what))  # type: ignore[arg-type]
+    with pytest.raises(interruption):
+        worker.run_pass()
+    # Claimed (fence 1) and handed back: eligible at once, no lease to wait out, nothing run.
+    assert dispatch_of(any_store) == (ExecutionState.ELIGIBLE, "first", DispatchState.ELIGIBLE, None)
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.fence == 1
+    assert [t.event for t in view.history][-2:] == [ExecutionEvent.CLAIM, ExecutionEvent.RELEASE]
+    assert seen == ["released"] and handler.executed == [] and worker.holds_command("x-1") is False
+    finish(any_store, handler)
+    assert handler.executed == ["order.first", "order.second"]
+
+
+@INTERRUPTIONS
+def test_inside_the_claim_before_it_committed_nothing_is_claimed(
+    any_store: TransactionalStore, interruption: type[BaseException]
+) -> None:
+    handler, seen = Handler(), []
+    store = InterruptedClaim(any_store, interruption, committed=False)
+    worker = Worker(store, "w-1", POLICY, handler, on_event=lambda _x, what, _d: seen.append(what))  # type: ignore[arg-type]
+    with pytest.raises(interruption):
+        worker.run_pass()
+    assert dispatch_of(any_store) == (ExecutionState.ELIGIBLE, "first", DispatchState.ELIGIBLE, None)
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.fence == 0, "rolled back: the claim never happened"
+    assert seen == [] and handler.executed == []
+    finish(any_store, handler)
+
+
+@INTERRUPTIONS
+def test_inside_a_claim_that_committed_an_intent_the_lease_is_left_to_expire(
+    any_store: TransactionalStore, interruption: type[BaseException]
+) -> None:
+    # The claim's transaction composed the first visit's intent: whether the Command ran is for
+    # reconciliation to find out, so the lease is kept, as after any committed intent.
+    assert any_store.load_definition(BUSINESS, "two-steps", 1) is not None
+    handler, seen = Handler(), []
+    store = InterruptedClaim(any_store, interruption, committed=True, composed=True)
+    worker = Worker(store, "w-1", POLICY, handler, on_event=lambda _x, what, _d: seen.append(what))  # type: ignore[arg-type]
+    with pytest.raises(interruption):
+        worker.run_pass()
+    assert dispatch_of(any_store) == (ExecutionState.RUNNING, "first", DispatchState.CLAIMED, "w-1")
+    assert any_store.leased_to("w-1", store.tokens[0]) == "x-1"
+    view = any_store.read("x-1")
+    assert view is not None and [e.state for e in view.evidence if e.kind == i.COMMAND] == ["issued"]
+    assert seen == [] and handler.executed == [] and worker.holds_command("x-1") is False
+
+
+class Unanswering(InterruptedClaim):
+    """As InterruptedClaim, on a store that cannot say what the claim took (it went away meanwhile)."""
+
+    def leased_to(self, worker_id: str, lease_token: str) -> str | None:
+        raise StoreError("store_unavailable", "the store went away")
+
+
+@INTERRUPTIONS
+def test_a_claim_the_store_cannot_name_expires_and_is_swept_to_review_with_nothing_lost(
+    tmp_path: Path, interruption: type[BaseException]
+) -> None:
+    # The window left open: the lease runs out, a sweep sends the execution to review, and an operator's
+    # resume continues it where it was.  No Command was issued, so none is in doubt.
+    clock = ManualClock()
+    opened = SQLiteStore(tmp_path / "store.db", clock)
+    service.register(opened, DEFINITION, BUSINESS, PRINCIPAL, POLICY)
+    service.run(
+        opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-steps",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )  # fmt: skip
+    handler = Handler()
+    worker = Worker(Unanswering(opened, interruption, committed=True), "w-1", POLICY, handler)  # type: ignore[arg-type]
+    with pytest.raises(interruption):
+        worker.run_pass()
+    assert dispatch_of(opened) == (ExecutionState.RUNNING, "first", DispatchState.CLAIMED, "w-1")
+    assert opened.expired() == []
+    clock.advance(worker.lease)
+    sweep = service.quarantine_expired(opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL)
+    assert sweep.quarantined == ["x-1"]
+    outcome = service.resume(
+        opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, execution_id="x-1", at_node="first",
+        rationale="interrupted inside its claim; no Command was issued",
+    )  # fmt: skip
+    assert isinstance(outcome, p.Decision)
+    finish(opened, handler)
+    assert handler.executed == ["order.first", "order.second"]
+    opened.close()
