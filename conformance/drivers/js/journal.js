@@ -9,12 +9,19 @@
 // the refusal, and nothing is appended.
 //
 // The rules follow these sections of specs/journal.md:
-//   1 bytes and digests   -- canonical(), digest(), the spellings
+//   1 bytes and digests   -- canonical(), digest(), parseLine(), the spellings
 //   2 the verified workflow, 3 the authority policy -- loadAuthority()
-//   4 the header, 5 events -- the member tables HEADER and EVENT
-//   6 commands and requests -- apply(), rules 1 to 6 in order
+//   4 the header, 5 events -- the forms HEADER and eventForm()
+//   6 commands and requests -- readCommand() (the JSON form), apply() (rules 1 to 6 in order)
 //   7 replay and the projection -- replay(), project()
 // The node states and events are those of specs/machines/node.toml (machines.js).
+// The conformance layers `journal` and `journal-append` (specs/conformance.md)
+// are replayCase() and appendCase().
+//
+// The workflow and policy are always the fixture pack's, which are valid:
+// loadAuthority() derives what the rules look up (topological order,
+// independence both ways, the digests) and checks that the policy binds the
+// workflow, but not the rest of section 2's shape rules.
 //
 // The journal has no clock of its own: an event's time is the `now` it is given.
 
@@ -45,6 +52,15 @@ class JournalError extends Error {
 
 const fail = (code) => {
   throw new JournalError(code);
+};
+
+// A batch command that leaves out nodes its request must cover.  Replay
+// needs to tell this from every other refusal: a batch cut short by a record
+// it cannot read is reported as that record (section 7, the last paragraph).
+const failLeavesOut = (code) => {
+  const err = new JournalError(code);
+  err.leavesOut = true;
+  throw err;
 };
 
 // --- 1. Bytes and digests --------------------------------------------------------------
@@ -242,7 +258,8 @@ function eventForm(node) {
       request: { members: { id: T.string, digest: T.digest } },
       node: T.string, event: node.event, prior_state: node.state, resulting_state: node.state,
       actor: T.string, role: T.string, at: T.time, rationale: T.string,
-      attempt: { nullable: { members: { id: T.string, sequence: T.whole } } },
+      // A sequence below 0 is no sequence at all; 0 is one that numbers no attempt (rule 1, in step 3).
+      attempt: { nullable: { members: { id: T.string, sequence: (v) => T.whole(v) && v >= 0 } } },
       records: { array: RECORD_REF },
       approvals: { array: { members: { actor: T.string, role: T.string, record: RECORD_REF } } },
       error: { nullable: T.string },
@@ -264,8 +281,29 @@ function parseLine(line) {
   // NaN and Infinity are not JSON, so JSON.parse has already refused them as non_canonical.
   // A value with no canonical bytes (a lone surrogate, a float) is malformed_record, raised by canonical().
   if (value === null || typeof value !== "object" || Array.isArray(value)) fail("malformed_record");
+  // JSON.parse reads 3.0 as 3, but the record held a float, which no record may (section 1).
+  if (writesFraction(line)) fail("malformed_record");
   if (canonical(value) !== line) fail("non_canonical");
   return value;
+}
+
+// Whether a JSON text writes a number with a fraction or an exponent, outside its strings.
+function writesFraction(text) {
+  let inString = false;
+  for (let i = 0; i < text.length; i += 1) {
+    const ch = text[i];
+    if (inString) {
+      if (ch === "\\") i += 1;
+      else if (ch === '"') inString = false;
+    } else if (ch === '"') {
+      inString = true;
+    } else if (ch === ".") {
+      return true; // outside a string, only a number's fraction
+    } else if ((ch === "e" || ch === "E") && /[0-9]/.test(text[i - 1] || "")) {
+      return true; // an exponent follows a digit; the e of true and false does not
+    }
+  }
+  return false;
 }
 
 // A header, strictly decoded: its bytes, members, digest (section 7, step 1, up to the binding).
@@ -507,7 +545,7 @@ function invalidate(journal, auth, machine, c) {
       }
     }
   }
-  if ([...batch].some((n) => !named.has(n))) fail("partial_invalidation");
+  if ([...batch].some((n) => !named.has(n))) failLeavesOut("partial_invalidation");
   if (auth.actors.get(c.actor).kind === "automation" && !declared.automation_may_invalidate_human_work) {
     const humanWork = (n) => [...journal.workedOn.get(n)].some((actor) => isHuman(auth, actor));
     if ([...batch].some(humanWork)) fail("automation_claims_human");
@@ -524,10 +562,10 @@ function bindSuccessor(journal, auth, c, headers) {
   const execution = journal.header.execution;
   if (c.successor.kind !== "execution" || c.successor.id === execution) fail("bad_successor_binding");
   for (const n of c.nodes) checkNode(journal, auth, null, n.node, n.prior_state, "successor-bound", false);
-  const invalidated = [...journal.states].filter(([, state]) => state === "invalidated").map(([n]) => n);
-  if (c.nodes.some((n) => n.prior_state !== "invalidated") || invalidated.length !== c.nodes.length) {
-    fail("bad_successor_binding");
-  }
+  // Bound only to invalidated work, and to all of it.
+  if (c.nodes.some((n) => n.prior_state !== "invalidated")) fail("bad_successor_binding");
+  const invalidated = [...journal.states].filter(([, state]) => state === "invalidated");
+  if (invalidated.length !== c.nodes.length) failLeavesOut("bad_successor_binding");
   if (!holdsRole(auth, c.actor, c.role)) fail("forged_role");
   if (!isHuman(auth, c.actor)) fail("automation_claims_human");
   // Without a header lookup nothing can show the successor takes over from this execution.
@@ -628,11 +666,13 @@ function readCommand(value, machine) {
 // The command a stored event, or a batch of them, records (section 7, step 3).
 function rebuild(events) {
   const [first] = events;
+  // An invalidation or binding whose record lacks its source or successor records no command at all.
+  if ((first.event === "work-invalidated" && first.invalidation === null)
+      || (first.event === "successor-bound" && first.successor === null)) fail("malformed_record");
   const common = { request: first.request.id, expected_head: first.previous, actor: first.actor,
     role: first.role, rationale: first.rationale };
   if (first.event === "work-invalidated") {
-    return { command: "invalidate", ...common, source: first.invalidation === null ? null : first.invalidation.source,
-      policy: first.invalidation === null ? null : first.invalidation.policy,
+    return { command: "invalidate", ...common, source: first.invalidation.source, policy: first.invalidation.policy,
       nodes: events.map((e) => ({ node: e.node, prior_state: e.prior_state })) };
   }
   if (first.event === "successor-bound") {
@@ -677,24 +717,36 @@ function replay(lines, auth, machine, headers) {
   while (index < lines.length) {
     const first = readEvent(lines[index], form, journal, index, at);
     const batch = [first];
-    // A batch is one request's consecutive invalidations or bindings.
+    // A batch is one request's consecutive invalidations or bindings, read
+    // whole before its command is checked, up to a record of another request
+    // or one that cannot be read.
+    let unreadable = null;
     if (first.event in BATCH_EVENTS) {
-      let previous = first.digest;
       while (index + batch.length < lines.length) {
         const ordinal = index + batch.length;
-        const next = at(ordinal, () => JSON.parse(lines[ordinal]));
-        if (next === null || typeof next !== "object" || next.event !== first.event
-            || next.request === null || typeof next.request !== "object" || next.request.id !== first.request.id) break;
-        batch.push(readEvent(lines[ordinal], form, { ...journal, head: previous, count: ordinal - 1 }, ordinal, at));
-        previous = batch[batch.length - 1].digest;
+        const after = { ...journal, head: batch[batch.length - 1].digest, count: ordinal - 1 };
+        let next;
+        try {
+          next = readEvent(lines[ordinal], form, after, ordinal, at);
+        } catch (err) {
+          if (!(err instanceof JournalError)) throw err;
+          unreadable = err;
+          break;
+        }
+        if (next.event !== first.event || next.request.id !== first.request.id) break;
+        batch.push(next);
       }
     }
     at(index, () => {
-      const command = rebuild(batch);
-      const result = apply(journal, auth, machine, command,
-        { now: first.at, resolves: null, headers, replay: true });
-      compare(result.events, batch);
-      if (result.events.length !== batch.length) fail(first.event === "work-invalidated" ? "partial_invalidation" : "bad_successor_binding");
+      try {
+        const command = rebuild(batch);
+        const result = apply(journal, auth, machine, command, { now: first.at, resolves: null, headers, replay: true });
+        compare(result.events, batch);
+      } catch (err) {
+        // Left out because a record could not be read: that record is what happened.
+        if (err instanceof JournalError && err.leavesOut && unreadable !== null) throw unreadable;
+        throw err;
+      }
     });
     for (const event of batch) project(journal, auth, event);
     index += batch.length;
@@ -748,4 +800,27 @@ function appendCase(machines, input) {
   }
 }
 
-module.exports = { appendCase, replay, loadAuthority, headerLookup, canonical, digest, JournalError };
+// One `journal` case: replay a chain of the fixture pack, and say what it holds or where it breaks.
+function replayCase(machines, input) {
+  const machine = machines.node;
+  const auth = loadAuthority(input.workflow, input.policy);
+  const headers = headerLookup(input.headers);
+  let journal;
+  try {
+    journal = replay(input.chain, auth, machine, headers);
+  } catch (err) {
+    if (err instanceof JournalError) return { valid: false, code: err.code, ordinal: err.ordinal };
+    throw err;
+  }
+  const states = {};
+  const attempts = {};
+  for (const node of auth.workflow.nodes) {
+    states[node.id] = journal.states.get(node.id);
+    // Only a node that has an attempt has a history to show (specs/conformance.md, `journal`).
+    const history = journal.attempts.get(node.id);
+    if (history.length > 0) attempts[node.id] = history.map((a) => ({ id: a.id, sequence: a.sequence, status: a.status }));
+  }
+  return { valid: true, code: null, ordinal: null, head: journal.head, events: journal.count, states, attempts };
+}
+
+module.exports = { appendCase, replayCase, replay, loadAuthority, headerLookup, canonical, digest, JournalError };
