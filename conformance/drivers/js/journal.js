@@ -105,8 +105,11 @@ function isTime(v) {
   const m = TIME.exec(v);
   if (!m) return false;
   // The spelling is fixed, and it must also name a real instant (no 31 February, no 24:00).
+  // setUTCFullYear, not Date.UTC, which would read the years 0 to 99 as 1900 to 1999.
   const [y, mo, d, h, mi, s] = m.slice(1).map(Number);
-  const t = new Date(Date.UTC(y, mo - 1, d, h, mi, s));
+  const t = new Date(0);
+  t.setUTCFullYear(y, mo - 1, d);
+  t.setUTCHours(h, mi, s, 0);
   return t.getUTCFullYear() === y && t.getUTCMonth() === mo - 1 && t.getUTCDate() === d
     && t.getUTCHours() === h && t.getUTCMinutes() === mi && t.getUTCSeconds() === s && y >= 1;
 }
@@ -118,7 +121,7 @@ const codePoints = (text) => [...text].length;
 //
 // A form is a small description of a record: the exact members of an object,
 // the type of each.  `read` refuses a value that does not fit with the codes of
-// section 5 (and the append's JSON form, specs/conformance.md `journal-append`):
+// section 5 (and of section 6, "The JSON form of a command"):
 // a member not in the form `unknown_field`, one absent `missing_field` (unless
 // the form lists it in `optional`), one of another type or value
 // `malformed_record`.  Every unknown member of an object is reported before
@@ -128,7 +131,6 @@ const T = {
   string: (v) => typeof v === "string",
   // A number with a fraction, or beyond 2^53 - 1, is no number of a record (section 1).
   whole: (v) => typeof v === "number" && Number.isSafeInteger(v),
-  boolean: (v) => typeof v === "boolean",
   digest: isDigest,
   time: isTime,
 };
@@ -627,10 +629,10 @@ function apply(journal, auth, machine, c, options) {
 // --- The command's JSON form (specs/journal.md, section 6, "The JSON form of a command") ----
 
 // Read before rule 1: a value the form does not take is unknown_field,
-// missing_field or malformed_record.  A reference's digest is spelled here
-// (a reference is a record's), `expected_head`'s by rule 1: it is the command's
-// own question, not a reference.  The sequence needs only to be a whole
-// number from 0 here; that 0 numbers no attempt is rule 1's.
+// missing_field or malformed_record.  A record reference's digest is spelled
+// here, as a stored event's references are; `expected_head`'s spelling is left
+// to rule 1 (invalid_request), as the section says.  The sequence need only
+// be a whole number from 0 here; that 0 numbers no attempt is rule 1's.
 function commandForm(kind, node) {
   const ref = { members: { kind: T.string, id: T.string, digest: T.digest } };
   const nodes = { array: { members: { node: T.string, prior_state: node.state } } };
