@@ -559,6 +559,15 @@ def cases() -> list[Case]:
     bad("attempt-sequence-zero", "event 2's attempt numbered 0, digest recomputed",
         [header, events[0], resign(events[1], attempt={"id": "search-1", "sequence": 0}), *events[2:]],
         "invalid_request", 2)  # fmt: skip
+    # Cases 4.3.0.  A JSON parser may read 2.0 as the integer 2 and see only bytes that are not canonical; the
+    # record holds a float, which no record may, and that is checked on the value before its bytes (section 1).
+    bad("number-integral-fraction", "event 2's ordinal written 2.0",
+        [header, events[0], events[1].replace(b'"ordinal":2,', b'"ordinal":2.0,', 1), *events[2:]],
+        "malformed_record", 2)  # fmt: skip
+    # Below 0 a sequence is no whole number a record takes (section 7, step 2); only 0 is left to rule 1.
+    bad("attempt-sequence-negative", "event 2's attempt numbered -1, digest recomputed",
+        [header, events[0], resign(events[1], attempt={"id": "search-1", "sequence": -1}), *events[2:]],
+        "malformed_record", 2)  # fmt: skip
     bad("ordinal-gap", "event 2 renumbered 3, digest recomputed", [header, events[0], resign(events[1], ordinal=3), *events[2:]],
         "ordinal_gap", 2)  # fmt: skip
     bad("request-digest", "event 2's content changed and its digest recomputed, its request digest not",
@@ -569,6 +578,17 @@ def cases() -> list[Case]:
     batch = [e.ordinal for e in first.journal.events if e.event is NodeEvent.WORK_INVALIDATED]
     bad("batch-removal", f"event {batch[2]}, the third of the retraction's batch, removed",
         [*superseded_lines[: batch[2]], *superseded_lines[batch[2] + 1 :]], "broken_chain", batch[2])  # fmt: skip
+    # Cases 4.3.0.  A batch read as far as it can be is checked before the record that cut it short is named,
+    # and a rule checked before the batch's nodes are counted names its first record (section 7).
+    forged = _rechained(superseded_lines, batch[0], batch[0] + 2, actor="alice", role="reviewer")
+    bad("batch-cut-short-after-forged-role", f"events {batch[0]} and {batch[0] + 1} of the retraction's batch "
+        "rewritten to alice as reviewer, a role the retraction policy does not admit, digests recomputed; event "
+        f"{batch[2]} left as it was, so it no longer names the head before it",
+        forged, "forged_role", batch[0])  # fmt: skip
+    # An invalidation's event without its invalidation records no command to rebuild (section 7, step 3).
+    bare = _rechained(superseded_lines, batch[0], len(superseded_lines), invalidation=None, only=batch[0])
+    bad("invalidation-missing", f"event {batch[0]}, the first of the retraction's batch, without its invalidation "
+        "(null), every digest after it recomputed", bare, "malformed_record", batch[0])  # fmt: skip
 
     # Forged events: every digest right, a rule broken.
     found.extend(_forged(complete))
@@ -586,6 +606,19 @@ def cases() -> list[Case]:
     ):
         bad(name, f"{description}, digest recomputed", [resign(header, **change), *events], "unverified_authority", 0)
     return found
+
+
+def _rechained(chain: list[bytes], start: int, stop: int, *, only: int | None = None, **changes: Json) -> list[bytes]:
+    """``chain`` with ``changes`` made to its records ``start`` to ``stop`` (or to record ``only`` alone), each of
+    them re-signed and naming the digest of the one before it; the records after ``stop`` are left as they were."""
+    out = list(chain)
+    for ordinal in range(start, stop):
+        value = json.loads(out[ordinal])
+        if only is None or ordinal == only:
+            value.update(changes)
+        value["previous"] = json.loads(out[ordinal - 1])["digest"]
+        out[ordinal] = resign(canonical_bytes(value))
+    return out
 
 
 def _prefix(journal: j.Journal, count: int) -> j.Journal:

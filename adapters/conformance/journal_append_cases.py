@@ -250,6 +250,27 @@ def journal_append_cases() -> list[Case]:
     del without["actor"]
     c.add("json/missing-field", empty, without, expect="missing_field")
     c.add("json/not-a-node-event", empty, {**command_json(start), "event": "work-teleported"}, expect="malformed_record")
+    # Cases 4.3.0: what section 6, "The JSON form of a command", says beyond the three codes.  The members a
+    # form may leave out are filled in with exactly the values valid/dependencies-satisfied writes out, so the
+    # record appended, and its digest, are that case's.
+    optional = ("rationale", "attempt", "records", "approvals", "error")
+    c.add("json/omitted-members", searched, {k: v for k, v in command_json(ready).items() if k not in optional},
+          expect="appended")  # fmt: skip
+    c.add("json/no-command", empty, {k: v for k, v in command_json(start).items() if k != "command"},
+          expect="malformed_record")  # fmt: skip
+    misspelt = {"kind": "search-results", "id": "x", "digest": "sha256:abc"}
+    c.add("json/reference-digest-misspelt", empty, {**command_json(start), "records": [misspelt]},
+          expect="malformed_record")  # fmt: skip
+    c.add("json/attempt-sequence-negative", empty, {**command_json(start), "attempt": {"id": "search-1", "sequence": -1}},
+          expect="malformed_record")  # fmt: skip
+    # The form is read whole before rule 1 (an actor that is no identifier is invalid_request alone), and its
+    # values in the order the section gives: approvals before event.
+    c.add("json/order/form-before-shape", empty, {**command_json(start), "actor": "bot search", "event": "work-teleported"},
+          expect="malformed_record")  # fmt: skip
+    weighed: list[Json] = [{"actor": a.actor_id, "role": a.role, "record": a.record.to_json(), "weight": 2} for a in fx.SIGN_OFF]
+    c.add("json/order/approvals-before-event", signing,
+          {**command_json(sign_off(fx.SIGN_OFF)), "approvals": weighed, "event": "work-teleported"},
+          expect="unknown_field")  # fmt: skip
 
     # --- the head and the resolver (rule 3) ----------------------------------------------------
     stale = attrs.evolve(ready, expected_head=started.journal.head, request_id="late-r1")

@@ -71,12 +71,15 @@ def test_the_javascript_implementation_passes_its_layers() -> None:
         if os.environ.get("FENCEKEEPER_REQUIRE_NODE"):
             pytest.fail("FENCEKEEPER_REQUIRE_NODE is set but node is not on PATH")
         pytest.skip("node is not on PATH: the JavaScript driver cannot run (set FENCEKEEPER_REQUIRE_NODE=1 to fail)")
-    reports = _run(f"{node} conformance/drivers/js/driver.js", (*KERNEL_LAYERS, "store"))
+    reports = _run(f"{node} conformance/drivers/js/driver.js", (*KERNEL_LAYERS, "journal-append", "store"))
     assert _verdicts(reports) == {
         "machines": "passed", "protocol": "passed", "expressions": "passed", "interpreter": "passed",
-        "recovery": "skipped", "definitions": "skipped", "operations": "skipped", "journal": "skipped",
-        "store": "skipped",
+        "journal": "passed", "journal-append": "passed",
+        "recovery": "skipped", "definitions": "skipped", "operations": "skipped", "store": "skipped",
     }, runner.render(reports)
+    # Every case of a declared layer answered, none left unsupported: the journal is written from the spec whole.
+    declared = [r for r in reports if r.verdict == "passed"]
+    assert all(r.skipped == 0 and r.failed == 0 and r.passed > 0 for r in declared), runner.render(reports)
 
 
 def test_a_wrong_driver_is_reported_failed_and_skipped_never_passed() -> None:
@@ -129,14 +132,16 @@ def test_a_factory_runs_in_process_through_the_same_protocol() -> None:
 
 def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() -> None:
     # No package to install and no Python to borrow from: only node's own modules and its own files
-    # (crypto for the SHA-256 of a long attempt identity, specs/interpreter.md, Step attempts).
+    # (crypto for the SHA-256 of a long attempt identity, specs/interpreter.md, Step attempts, and of the
+    # journal's records, specs/journal.md, section 1).
     sources = sorted((ROOT / "conformance" / "drivers" / "js").glob("*.js"))
     assert len(sources) >= 4
     for source in sources:
         text = source.read_text(encoding="utf-8")
         required = set(re.findall(r"require\(\"([^\"]+)\"\)", text))
-        assert required <= {"fs", "path", "readline", "crypto", "./machines", "./protocol", "./expr", "./approvals",
-                            "./interpreter"}, (source.name, required)
+        allowed = {"fs", "path", "readline", "crypto", "./machines", "./protocol", "./expr", "./approvals",
+                   "./interpreter", "./journal"}
+        assert required <= allowed, (source.name, required)
         assert "kernel/" not in text and ".py" not in text, source.name
 
 

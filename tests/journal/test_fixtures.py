@@ -92,6 +92,11 @@ REQUIRED = {
     "attempt-sequence-zero": "invalid_request",
     "records-repeated": "invalid_request",
     "batch-node-repeated": "invalid_request",
+    # What a reader of the spec alone got wrong while every case above passed (cases 4.3.0).
+    "number-integral-fraction": "malformed_record",
+    "attempt-sequence-negative": "malformed_record",
+    "batch-cut-short-after-forged-role": "forged_role",
+    "invalidation-missing": "malformed_record",
 }
 
 

@@ -20,7 +20,7 @@ const { parse, evaluate, ExpressionError } = require("./expr");
 
 const SPECS = process.env.FENCEKEEPER_SPECS || path.join(__dirname, "..", "..", "..", "specs");
 const machines = loadMachines(SPECS);
-const LAYERS = ["machines", "protocol", "expressions", "interpreter"];
+const LAYERS = ["machines", "protocol", "expressions", "interpreter", "journal", "journal-append"];
 
 function answer(layer, input) {
   if (layer === "machines") {
@@ -39,6 +39,8 @@ function answer(layer, input) {
     }
   }
   if (layer === "interpreter") return require("./interpreter").visit(machines, input);
+  if (layer === "journal") return require("./journal").replayCase(machines, input);
+  if (layer === "journal-append") return require("./journal").appendCase(machines, input);
   return undefined;
 }
 
