@@ -2,10 +2,14 @@
 // A fencekeeper conformance driver in JavaScript (specs/conformance.md, protocol 1.2).
 //
 // It reads one JSON request per line on stdin and writes one JSON response per
-// line on stdout.  It implements three layers, from specs/ alone:
-//   machines     -- the tables of specs/machines/*.toml   (machines.js)
-//   protocol     -- the decisions of specs/protocol.md     (protocol.js)
-//   expressions  -- the language of specs/expressions.md   (expr.js)
+// line on stdout.  It implements seven layers, from specs/ alone:
+//   machines        -- the tables of specs/machines/*.toml       (machines.js)
+//   protocol        -- the decisions of specs/protocol.md         (protocol.js)
+//   expressions     -- the language of specs/expressions.md       (expr.js)
+//   interpreter     -- one node visit of specs/interpreter.md     (interpreter.js)
+//   journal         -- a chain replayed as specs/journal.md says  (journal.js)
+//   journal-append  -- one command appended to a journal          (journal.js)
+//   operations      -- the decisions of specs/operations.md       (operations.js)
 // Every other layer is declared unsupported, so the runner skips it.
 //
 // Run: fencekeeper conformance --driver "node conformance/drivers/js/driver.js"
@@ -17,10 +21,11 @@ const readline = require("readline");
 const { loadMachines, step } = require("./machines");
 const { decide } = require("./protocol");
 const { parse, evaluate, ExpressionError } = require("./expr");
+const { decideOperation } = require("./operations");
 
 const SPECS = process.env.FENCEKEEPER_SPECS || path.join(__dirname, "..", "..", "..", "specs");
 const machines = loadMachines(SPECS);
-const LAYERS = ["machines", "protocol", "expressions", "interpreter", "journal", "journal-append"];
+const LAYERS = ["machines", "protocol", "expressions", "interpreter", "journal", "journal-append", "operations"];
 
 function answer(layer, input) {
   if (layer === "machines") {
@@ -29,6 +34,9 @@ function answer(layer, input) {
   }
   if (layer === "protocol") {
     return decide(machines, input);
+  }
+  if (layer === "operations") {
+    return decideOperation(machines, input);
   }
   if (layer === "expressions") {
     try {
