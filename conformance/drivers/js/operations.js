@@ -12,6 +12,9 @@
 //     before the Operation is looked at or any authority is read.
 //   - "Decisions" (the table) and "Owner checks": then the preconditions in
 //     the order the table gives; the first that fails names the refusal.
+//   - "An authority answers for one principal": an authority for anybody
+//     else (under any version of the same resolver is the same principal)
+//     is refused before its `granted` is read.
 //   - "What each decision writes": the Operation's next revision, the Attempt
 //     rows, one outbox message ("Outbox") and the guard, field by field.
 //   - "The overall deadline and effects" and "Endings with a call
@@ -197,6 +200,16 @@ function stablePrincipal(reference) {
   return m ? `${m[1]}:v*:${m[2]}` : reference;
 }
 
+const samePrincipal = (a, b) => stablePrincipal(a) === stablePrincipal(b);
+
+// An authority answers for one principal ("An authority answers for one principal"): one for
+// anybody else authorizes nothing, and is refused before its `granted` is read, the field saying
+// which of the two it was.
+function authorityRefusal(authority, principal) {
+  if (!samePrincipal(authority.principal, principal)) return refusal("not_authorized", "authority.principal");
+  return authority.granted ? null : refusal("not_authorized");
+}
+
 // --- retry ------------------------------------------------------------------------------
 
 // Rounds a non-negative double to the nearest integer, ties to even.
@@ -281,10 +294,11 @@ function decision(guard, op, nowText, attempts = [], credential = null) {
 const earlier = (a, b) => (at(a) <= at(b) ? a : b);
 
 // Ends the Operation by a limit (a claim or the deadline sweep): a running owner's Attempt is
-// written abandoned first, `error_code` is the outcome's name, effect_unsettled_since is kept.
-function endByLimit(machines, op, event, outcome, nowText) {
+// written abandoned first, `error_code` is the outcome's name unless another is given,
+// effect_unsettled_since is kept.
+function endByLimit(machines, op, event, outcome, nowText, errorCode = outcome) {
   const attempts = op.state === "running" ? [ended(op, "abandoned", "lease_expired", nowText)] : [];
-  const next = move(machines, op, event, { outcome, error_code: outcome });
+  const next = move(machines, op, event, { outcome, error_code: errorCode });
   return decision(guardOf(op), next, nowText, attempts);
 }
 
@@ -359,7 +373,8 @@ function submit(machines, op, request, nowText) {
   const { now, toClose, retention } = checked.value;
   // Current authority first, whatever the identity names: stored provenance is never
   // permission, and only an authorized caller may have an Operation's state back.
-  if (!r.authority.granted) return refusal("not_authorized");
+  const denied = authorityRefusal(r.authority, r.identity.principal);
+  if (denied) return denied;
   let holder = null;
   if (op !== null) {
     // The identity is free again only once its window has passed *and* its Operation ended.
@@ -464,9 +479,16 @@ function claim(machines, op, r, nowText) {
     return endByLimit(machines, op, "fail", "max_attempts_exceeded", nowText);
   }
   // A misbound approval can never become usable (decide refuses every decision once one is
-  // stored), so the claim ends the Operation rather than leave it due and refused for ever.
+  // stored), so the claim ends the Operation rather than leave it due and refused for ever; with
+  // an issued call unanswered it ends external_outcome_unknown ("Endings with a call unanswered":
+  // the approval authorizes no Attempt, so none may look), the code still naming the approval.
   if (op.requires_approval) {
-    if (!approvalAuthorizes(op)) return endByLimit(machines, op, "approval_misbound", "approval_misbound", nowText);
+    if (!approvalAuthorizes(op)) {
+      if (unsettled(op)) {
+        return endByLimit(machines, op, "outcome_unknown", "external_outcome_unknown", nowText, "approval_misbound");
+      }
+      return endByLimit(machines, op, "approval_misbound", "approval_misbound", nowText);
+    }
     if (!given(op.approval.consumed_by) && now >= at(op.approval.expires_at)) {
       return endByLimit(machines, op, "approval_expired", "approval_expired", nowText);
     }
@@ -547,8 +569,10 @@ function complete(machines, op, r, nowText) {
   const { now, result } = checked.value;
   const refused = ownerRefusal(op, r.credential, now);
   if (refused) return refused;
-  // An external success records the provider's answer to a call already issued and begins
-  // nothing, so it is decided whatever the authority says; the others need it granted now.
+  // The authority must answer for the Operation's principal, whatever the effect class.  An
+  // external success records the provider's answer to a call already issued and begins nothing,
+  // so it is decided whatever that answer says; the others need it granted now.
+  if (!samePrincipal(r.authority.principal, op.identity.principal)) return refusal("not_authorized", "authority.principal");
   if (op.effect_class !== "external" && !r.authority.granted) return refusal("not_authorized");
   if (op.effect_class === "external" && !given(op.effect_unsettled_since)) return refusal("intent_required");
   // An atomic success is its effect, which may not begin from the deadline on.
@@ -643,7 +667,8 @@ function decide(machines, op, r, nowText) {
   if (op === null || op.operation_id !== r.operation_id) return refusal("operation_not_found");
   // The approver's own current authority, before anything stored answers: a refused approver
   // learns nothing of a decision stored earlier.
-  if (!r.authority.granted || r.authority.principal !== r.approver) return refusal("not_authorized");
+  const denied = authorityRefusal(r.authority, r.approver);
+  if (denied) return denied;
   if (r.input_digest !== op.input_digest) return refusal("approval_misbound", "input_digest");
   if (r.action_name !== op.action_name) return refusal("approval_misbound", "action_name");
   if (r.action_version !== op.action_version) return refusal("approval_misbound", "action_version");
@@ -692,7 +717,8 @@ function cancel(machines, op, r, nowText) {
   if (checked.refused) return checked.refused;
   if (op === null || op.operation_id !== r.operation_id) return refusal("operation_not_found");
   // The canceller's authority before the state answers, so a refused caller learns nothing.
-  if (!r.authority.granted) return refusal("not_authorized");
+  const denied = authorityRefusal(r.authority, r.principal);
+  if (denied) return denied;
   if (op.state === "cancelled") return { outcome: "unchanged", code: "already_cancelled", operation: op };
   if (isTerminal(op)) return refusal("cancel_too_late");
   const attempts = op.state === "running" ? [ended(op, "cancelled", "cancelled", nowText)] : [];
