@@ -12,6 +12,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import attrs
+
+from fencekeeper.kernel import operations as o
+
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "specs" / "conformance"
 
@@ -65,6 +69,56 @@ def test_every_field_a_written_operation_decision_is_compared_on_is_named_in_ope
     named = {word for span in re.findall(r"`([^`]+)`", spec) for word in re.findall(r"[A-Za-z_]+", span)}
     missing = sorted(compared - named)
     assert not missing, f"specs/operations.md never names these fields the operations cases compare: {missing}"
+
+
+def _omitted_fields_paragraph() -> str:
+    spec = (ROOT / "specs" / "operations.md").read_text(encoding="utf-8")
+    start = spec.index("- **Omitted fields.**")
+    return " ".join(spec[start : spec.index("\n- ", start + 1) if "\n- " in spec[start + 1 :] else None].split())
+
+
+def test_every_request_field_the_operations_cases_leave_out_has_its_default_in_operations_md() -> None:
+    """A case that leaves a request field out expects the decision its default gives.
+
+    ``rule/complete/read_only_past_the_deadline`` has no ``result`` and expects the Operation to hold the JSON
+    text ``null``: a driver written from the spec must be told that default, not guess null.  Every request
+    field with a default is named, so the next case that leaves one out is covered too.
+    """
+    paragraph = _omitted_fields_paragraph()
+    left_out: set[str] = set()
+    given: dict[str, set[str]] = defaultdict(set)
+    requests: dict[str, list[set[str]]] = defaultdict(list)
+    for case in json.loads((CASES / "operations.json").read_text(encoding="utf-8"))["cases"]:
+        request = set(case["input"]["request"])
+        requests[case["input"]["decision"]].append(request)
+        given[case["input"]["decision"]] |= request
+    for decision, seen in requests.items():
+        left_out |= {name for request in seen for name in given[decision] - request}
+    assert left_out, "no case leaves a field out: this test checks nothing"
+    defaults = {
+        f.name for kind in (o.SubmitRequest, o.CompleteRequest, o.FailRequest, o.UnknownRequest, o.CancelRequest)
+        for f in attrs.fields(kind) if f.default is not attrs.NOTHING
+    }
+    defaults |= {f"policy.{f.name}" for f in attrs.fields(o.RetryPolicy)}
+    unnamed = sorted(name for name in left_out | defaults if f"`{name.removeprefix('policy.')}`" not in paragraph)
+    assert not unnamed, f"specs/operations.md (Well-formed requests, Omitted fields) never gives these defaults: {unnamed}"
+    assert "`result` the JSON text `null`" in paragraph, o.CompleteRequest.__attrs_attrs__.result.default
+
+
+def test_the_stable_principals_the_spec_spells_are_the_kernels() -> None:
+    """specs/operations.md spells the stable form of a reference; the kernel keys identities by its own."""
+    spec = " ".join((ROOT / "specs" / "operations.md").read_text(encoding="utf-8").split())
+    start = spec.index("- **Identity key**")
+    bullet = spec[start : spec.index(" - **", start + 1)]
+    # The rule's own pattern, `resolver:vVERSION:subject`, is not an example of it.
+    pairs = [p for p in re.findall(r"`([^`*]+)` is `([^`]*\*[^`]*)`", bullet) if "VERSION" not in p[0]]
+    assert pairs, "the spec spells no stable form"
+    for reference, stable in pairs:
+        assert o.stable_principal(reference) == stable, (reference, stable)
+    own = re.search(r"any other shape \(((?:`[^`]+`,? ?(?:and )?)+)\) is its own", bullet)
+    assert own is not None, "the spec gives no reference that is its own stable form"
+    for reference in re.findall(r"`([^`]+)`", own.group(1)):
+        assert o.stable_principal(reference) == reference, reference
 
 
 def test_every_field_an_interpreter_plan_is_compared_on_is_named_in_the_spec() -> None:

@@ -1081,3 +1081,18 @@ def test_the_kernels_own_decisions_never_reach_approval_misbound_after_an_issued
     replaced = o.claim(intent.operation, o.ClaimRequest("w2", LEASE), T0 + SECOND + LEASE)
     assert isinstance(replaced, o.Decision) and replaced.credential is not None, replaced
     assert replaced.operation.approval == intent.operation.approval
+
+
+def test_an_operation_awaiting_approval_ends_approval_expired_whatever_its_row_says_of_an_effect() -> None:
+    """specs/operations.md (claim, expire): the unanswered-call exception is for admitted and running Operations.
+
+    One awaiting approval has never been claimed, so no decision issued a call for it; a row that says one is
+    unanswered (edited, or written by older code) still ends approval_expired past the deadline, by a claim or
+    the sweep, since the machine has no outcome_unknown from that state and no Attempt may start.
+    """
+    op = attrs.evolve(_approval_op(), effect_class=o.EffectClass.EXTERNAL, effect_id="op-1/effect",
+                      effect_unsettled_since=1)
+    for outcome in (o.claim(op, o.ClaimRequest("w1", LEASE), op.deadline), o.expire(op, op.deadline, "sweeper")):
+        assert isinstance(outcome, o.Decision), outcome
+        assert outcome.operation.outcome is o.TerminalOutcome.APPROVAL_EXPIRED
+        assert outcome.attempts == () and outcome.credential is None
