@@ -74,12 +74,16 @@ def test_the_javascript_implementation_passes_its_layers() -> None:
     reports = _run(f"{node} conformance/drivers/js/driver.js", (*KERNEL_LAYERS, "journal-append", "store"))
     assert _verdicts(reports) == {
         "machines": "passed", "protocol": "passed", "expressions": "passed", "interpreter": "passed",
-        "journal": "passed", "journal-append": "passed",
-        "recovery": "skipped", "definitions": "skipped", "operations": "skipped", "store": "skipped",
+        "journal": "passed", "journal-append": "passed", "operations": "passed",
+        "recovery": "skipped", "definitions": "skipped", "store": "skipped",
     }, runner.render(reports)
-    # Every case of a declared layer answered, none left unsupported: the journal is written from the spec whole.
+    # Every case of a declared layer answered, none left unsupported: each is written from the spec whole.
     declared = [r for r in reports if r.verdict == "passed"]
     assert all(r.skipped == 0 and r.failed == 0 and r.passed > 0 for r in declared), runner.render(reports)
+    # Every operations case among them: none was answered unsupported.
+    operations = next(r for r in reports if r.layer == "operations")
+    cases = json.loads((CASES / "operations.json").read_text(encoding="utf-8"))["cases"]
+    assert (operations.passed, operations.failed, operations.skipped) == (len(cases), 0, 0)
 
 
 def test_a_wrong_driver_is_reported_failed_and_skipped_never_passed() -> None:
@@ -140,7 +144,7 @@ def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() ->
         text = source.read_text(encoding="utf-8")
         required = set(re.findall(r"require\(\"([^\"]+)\"\)", text))
         allowed = {"fs", "path", "readline", "crypto", "./machines", "./protocol", "./expr", "./approvals",
-                   "./interpreter", "./journal"}
+                   "./interpreter", "./journal", "./operations"}
         assert required <= allowed, (source.name, required)
         assert "kernel/" not in text and ".py" not in text, source.name
 
