@@ -221,12 +221,55 @@ function roundHalfEven(x) {
   return floor % 2 === 0 ? floor : floor + 1;
 }
 
+// Bits kept while a power is multiplied out: far more than a double's 53, so that rounding the
+// result once is rounding the exact power.
+const POWER_BITS = 200n;
+
+const bitLength = (n) => BigInt(n.toString(2).length);
+
+// `base ** k` as the double nearest the exact power ("Values", Retry policy).  JavaScript's `**`
+// may be a unit in the last place off, which a pause of days shows as a microsecond; so the
+// power is multiplied out in integers, each product cut to POWER_BITS bits (remembering whether
+// anything was cut), and rounded once, ties to even.  A power past 2^70 makes every pause the
+// bound of 10^9 seconds, whatever its last bits, so the estimate is enough there.
+function power(base, k) {
+  const estimate = base ** k;
+  if (k === 0 || base === 1 || !(estimate < 2 ** 70)) return estimate;
+  // base = mantissa * 2^exponent exactly: a double is a 53-bit integer scaled by a power of two.
+  let exponent = Math.floor(Math.log2(base)) - 52;
+  let mantissa = BigInt(base / 2 ** exponent);
+  while (mantissa % 2n === 0n) {
+    mantissa /= 2n;
+    exponent += 1;
+  }
+  let m = 1n, e = 0n, cut = false;
+  let sm = mantissa, se = BigInt(exponent);
+  const keep = (x, xe) => {
+    const extra = bitLength(x) - POWER_BITS;
+    if (extra <= 0n) return [x, xe];
+    if (x & ((1n << extra) - 1n)) cut = true;
+    return [x >> extra, xe + extra];
+  };
+  for (let rest = k; rest > 0; rest = Math.floor(rest / 2)) {
+    if (rest % 2 === 1) [m, e] = keep(m * sm, e + se);
+    if (rest > 1) [sm, se] = keep(sm * sm, se + se);
+  }
+  const extra = bitLength(m) - 53n;
+  if (extra <= 0n) return Number(m) * 2 ** Number(e);
+  let q = m >> extra;
+  const rest = m & ((1n << extra) - 1n);
+  const half = 1n << (extra - 1n);
+  // What was cut is below the kept bits, so an exact half with a cut is more than half.
+  if (rest > half || (rest === half && (cut || q % 2n === 1n))) q += 1n;
+  return Number(q) * 2 ** Number(e + extra);
+}
+
 // The pause after the n-th failed Attempt ("Values", Retry policy): in seconds as IEEE doubles,
 // at most 10^9 seconds (an overflowing power is that bound too), rounded to the nearest
 // microsecond, ties to even, then capped by maximum_interval.  The whole seconds are exact and
 // only the fraction is rounded, so a pause of 10^9 seconds keeps every microsecond.
 function backoff(policy, n) {
-  const seconds = Math.min((policy.initial_interval / 1e6) * policy.backoff_coefficient ** Math.max(0, n - 1),
+  const seconds = Math.min((policy.initial_interval / 1e6) * power(policy.backoff_coefficient, Math.max(0, n - 1)),
     MAX_PAUSE_SECONDS);
   const whole = Math.trunc(seconds);
   const micros = BigInt(whole) * 1000000n + BigInt(roundHalfEven((seconds - whole) * 1e6));
