@@ -319,6 +319,8 @@ function ended(op, state, code, nowText) {
   };
 }
 
+// The guard names the row as it was read (its id, revision and fence), so a decision made on an
+// earlier revision, or by an older fence, fails at commit; `live_until` only for an owner's write.
 function guardOf(op, liveUntil = null) {
   return {
     operation_id: op.operation_id,
