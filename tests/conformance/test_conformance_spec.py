@@ -14,6 +14,7 @@ from pathlib import Path
 
 import attrs
 
+from fencekeeper.adapters.conformance.basis import LAYERS
 from fencekeeper.kernel import operations as o
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,3 +143,10 @@ def test_every_field_an_interpreter_plan_is_compared_on_is_named_in_the_spec() -
     assert not missing, f"specs/conformance.md (interpreter) never names these fields the cases compare: {missing}"
     unnamed = sorted(f for f in fields if f"`{f.split('[')[0]}" not in section)
     assert not unnamed, f"specs/conformance.md (interpreter) never names these refused fields: {unnamed}"
+
+
+def test_the_specs_index_names_every_layer_of_the_suite() -> None:
+    # specs/README.md is where a reader of the specs alone first learns which layers exist.
+    index = " ".join((ROOT / "specs" / "README.md").read_text(encoding="utf-8").split())
+    missing = [layer for layer in LAYERS if f"`{layer}`" not in index]
+    assert not missing, f"specs/README.md never names the layers {missing}"
