@@ -822,16 +822,42 @@ def _no_constant(name: str) -> Any:
 # NaN and the infinities are Python's extension of JSON; a store reads a result back as JSON without them.
 _RESULT_JSON: Final = json.JSONDecoder(parse_constant=_no_constant)
 
+MAX_RESULT_DEPTH: Final = 32
+"""How deeply a result may nest, each array or object a level: the bound of an Event payload and an object input.
+
+A reader in any language reads a result this deep (specs/operations.md, "Well-formed requests"); past some depth
+of its own each one fails, at a depth no two of them share, and Python's decoder at its recursion limit.
+"""
+
+# A JSON string (its escapes included) or a bracket: what the depth of a text is counted from, strings skipped.
+_RESULT_TOKEN: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def result_depth_problem(text: str) -> str | None:
+    """Whether the JSON text ``text`` nests deeper than :data:`MAX_RESULT_DEPTH` levels, counted without recursion.
+
+    Counted before the text is decoded, so the decoder never goes deeper than the bound.  On JSON text the count
+    is exact; on text that is not JSON it may differ from the decoder's, which refuses that text in any case.
+    """
+    depth = 0
+    for token in _RESULT_TOKEN.finditer(text):
+        bracket = token.group()
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > MAX_RESULT_DEPTH:
+                return f"must be JSON text nested at most {MAX_RESULT_DEPTH} levels deep"
+        elif bracket in ("]", "}"):
+            depth -= 1
+    return None
+
 
 def _json_text_problem(text: str) -> str | None:
     """Why ``text`` is no result a store can keep and read back as JSON, or None."""
-    unstorable = text_problem(text)
+    unstorable = text_problem(text) or result_depth_problem(text)
     if unstorable is not None:
         return unstorable
     try:
         _RESULT_JSON.decode(text)
-    except RecursionError:
-        return "must be JSON text: nested too deeply"
     except ValueError as exc:  # json.JSONDecodeError is one
         return f"must be JSON text: {exc}"
     return None

@@ -642,6 +642,11 @@ def _result_json(value: Any) -> str:
         with suppress(RecursionError):  # nested too deeply: the encoder's own error says so
             problem = _key_problem(value, "result")
         raise ValueError(problem or exc.message) from None
+    deep = o.result_depth_problem(text)
+    if deep is not None:
+        # complete would refuse it (invalid_request): the action's error, so the Attempt fails and is retried
+        # rather than left running until its lease expires.
+        raise ValueError(f"result: {deep}")
     if "{" in text:
         problem = _key_problem(value, "result")
         if problem is not None:

@@ -91,6 +91,27 @@ def test_a_result_whose_object_key_is_no_string_is_the_handlers_error_not_a_chan
     assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
 
 
+@pytest.mark.parametrize("effect_class", [o.EffectClass.READ_ONLY, o.EffectClass.ATOMIC], ids=lambda e: e.value)
+def test_a_result_nested_past_the_bound_is_the_handlers_error(effect_class: o.EffectClass) -> None:
+    # complete refuses a result nested deeper than 32 levels (operations.md, "The depth of a result"); a worker
+    # that passed one on would have its success refused and its Attempt left running until the lease expired.
+    deep: Any = []
+    for _ in range(o.MAX_RESULT_DEPTH):
+        deep = [deep]
+
+    def handler(*args: Any) -> Any:
+        return deep
+
+    world, service, registry = _world(DurableAction("r", 1, effect_class, handler))
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="r", input={}, client_key="k1").operation_id
+    report = _worker(world, registry).run_once()
+    assert report is not None and report.outcome == "retry", report
+    assert report.detail.startswith("ValueError: result: must be JSON text nested at most 32 levels"), report.detail
+    record = service.get(op_id)
+    assert record is not None and record.state.value == "admitted" and record.result is None
+    assert [(a.state, a.error_code) for a in record.attempts] == [("failed", "handler_error")]
+
+
 def test_a_result_with_string_keys_is_stored_as_it_was_returned() -> None:
     # The key walk runs only for a result that holds an object; what it passes is stored as before.
     result = {"order": {"lines": [{"sku": "a{", "qty": 1.0}], "1": None}, "note": "no {object} here"}

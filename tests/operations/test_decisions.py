@@ -855,6 +855,34 @@ def test_complete_refuses_a_result_that_is_no_storable_json_text(result: str) ->
     assert isinstance(o.complete(operation, attrs.evolve(request, result='{"ok": [1, 2.5, null]}'), T0 + SECOND), o.Decision)
 
 
+@pytest.mark.parametrize(
+    ("result", "decided"),
+    [
+        ("[" * 32 + "]" * 32, True),
+        ('{"a":' * 31 + "{}" + "}" * 31, True),
+        ("[" * 31 + '"' + "[{" * 50 + '\\"' + '"' + "]" * 31, True),  # brackets in a string nest nothing
+        ("[" * 33 + "]" * 33, False),
+        ('{"a":' * 32 + "{}" + "}" * 32, False),
+        ("[" * 1000 + "]" * 1000, False),
+        ("[" * 100_000, False),
+    ],
+    ids=["32-arrays", "32-objects", "brackets-in-a-string", "33-arrays", "33-objects", "1000", "100000-unclosed"],
+)
+def test_a_result_nests_at_most_32_levels(result: str, decided: bool) -> None:
+    # Before: Python's decoder decided, refusing "nested too deeply" at its recursion limit, near 1000 levels,
+    # a bound no other language shares; operations.md now states 32, the bound of an Event payload.
+    operation, credential, _ = claimed(admitted(), "w-1", T0)
+    outcome = o.complete(operation, o.CompleteRequest(credential, GRANTED, result), T0 + SECOND)
+    if decided:
+        assert isinstance(outcome, o.Decision), outcome
+        assert outcome.operation.result == result
+    else:
+        assert isinstance(outcome, o.Refusal), outcome
+        assert (outcome.code, outcome.field) == (o.RefusalCode.INVALID_REQUEST, "result")
+        assert "nested at most 32 levels" in outcome.message
+    assert o.MAX_RESULT_DEPTH == 32
+
+
 def test_the_questions_beside_the_decisions_name_a_malformed_argument() -> None:
     # Before: AttributeErrors on None, and datetime comparison errors on a naive now.
     operation, credential, _ = claimed(admitted(), "w-1", T0)
