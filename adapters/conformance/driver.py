@@ -45,30 +45,82 @@ PROTOCOL_VERSION = 1
 KERNEL_LAYERS = ("machines", "protocol", "recovery", "expressions", "definitions", "operations", "journal", "journal-append", "interpreter")
 
 
+def _input(data: Any, *names: str) -> list[Any]:
+    """The required members ``names`` of a case's input, or a :class:`~.wire.WireError` naming the first missing.
+
+    Used where the layer documents no refusal of its own for a malformed input (specs/conformance.md, Layers):
+    the runner then reports the driver's error, which names the member, never a reader's KeyError.
+    """
+    if not isinstance(data, dict):
+        raise wire.WireError(f"input: must be an object, got {type(data).__name__}")
+    for name in names:
+        if name not in data:
+            raise wire.WireError(f"input.{name}: missing")
+    return [data[name] for name in names]
+
+
+def _lines(chain: Any, headers: Any) -> None:
+    """A journal's ``chain`` (its header first) and the ``headers`` it may name: arrays of lines, as stored."""
+    if not isinstance(chain, list) or not chain or not all(isinstance(line, str) for line in chain):
+        raise wire.WireError("input.chain: must be an array of lines (strings), the header first")
+    if not isinstance(headers, list) or not all(isinstance(line, str) for line in headers):
+        raise wire.WireError("input.headers: must be an array of lines (strings)")
+
+
 def machine_answer(data: dict[str, Any]) -> dict[str, Any]:
-    machine = MACHINES[data["machine"]]
-    state = machine.state_type(data["state"])
-    event = machine.event_type(data["event"])
+    name, state_name, event_name = _input(data, "machine", "state", "event")
+    if not isinstance(name, str) or name not in MACHINES:
+        raise wire.WireError(f"input.machine: not a machine: {name!r}")
+    machine = MACHINES[name]
+    try:
+        state = machine.state_type(state_name)
+    except (ValueError, TypeError):
+        raise wire.WireError(f"input.state: not a state of {name}: {state_name!r}") from None
+    try:
+        event = machine.event_type(event_name)
+    except (ValueError, TypeError):
+        raise wire.WireError(f"input.event: not an event of {name}: {event_name!r}") from None
     found = machine.table.get((state, event))
     return {"illegal": True} if found is None else {"target": found.value}
 
 
 def kernel_answer(layer: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The kernel's answer to one case of a kernel layer.
+
+    A malformed input gets the layer's own refusal where the layer documents one (an ``operations`` request's
+    ``invalid_request`` naming the field, a ``protocol`` request's, an ``interpreter`` view's ``invalid_view``);
+    elsewhere a :class:`~.wire.WireError` naming the member, which :func:`answer` sends as the case's error.
+    """
     if layer == "machines":
         return machine_answer(data)
     if layer in ("protocol", "recovery"):
-        return dict(wire.decide(data["decision"], data["rows"], data["request"], data["now"]))
+        decision, rows = _input(data, "decision", "rows")
+        if not isinstance(decision, str):
+            raise wire.WireError(f"input.decision: not a decision: {decision!r}")
+        # A missing request or ``now`` is the kernel's to refuse, naming it, as a malformed one is.
+        return dict(wire.decide(decision, rows, data.get("request", wire.MISSING), data.get("now", wire.MISSING)))
     if layer == "expressions":
-        return evaluate_expression(data["source"], data["bindings"])
+        source, bindings = _input(data, "source", "bindings")
+        if not isinstance(bindings, dict):
+            raise wire.WireError(f"input.bindings: must be an object, got {type(bindings).__name__}")
+        return evaluate_expression(source, bindings)
     if layer == "definitions":
-        return evaluate_definition(data["definition"])
+        (definition,) = _input(data, "definition")
+        return evaluate_definition(definition)
     if layer == "operations":
+        _input(data)
         return decide_operation(data)
     if layer == "journal":
+        _lines(*_input(data, "chain", "headers"))
         return replay_answer(data)
     if layer == "journal-append":
+        chain, headers, _, _, _, _, _ = _input(data, "chain", "headers", "workflow", "policy", "command", "now", "resolves")
+        _lines(chain, headers)
         return append_answer(data)
     if layer == "interpreter":
+        # Every member but these is judged by the view check (invalid_view naming it); these may be null, so a
+        # member left out is the case's input broken, not a null.
+        _input(data, "definition", "authority", "result")
         return plan_answer(data)
     raise ValueError(layer)
 
@@ -119,6 +171,8 @@ def _respond(request: dict[str, Any], harness: StoreHarness | None, supported: t
             return {"unsupported": True}
         try:
             return {"output": kernel_answer(layer, request["input"])}
+        except wire.WireError as exc:  # the case's input broken where the layer has no refusal for it
+            return {"error": f"malformed case input: {exc}"}
         except Exception as exc:  # an answer the runner reports, never a crashed driver
             return {"error": f"{type(exc).__name__}: {exc}"}
     if op == "reset":

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from fencekeeper.kernel.journal_codes import JournalError
 from fencekeeper.kernel.machines import NodeEvent, NodeState
 
 from .. import journal_fixtures as fx
+from . import wire
 from .journal_cases import pack
 
 Case = dict[str, Any]
@@ -71,8 +72,16 @@ def command_json(command: j.Command) -> dict[str, Json]:
     return {"command": "bind-successor", **common, "successor": command.successor.to_json(), "nodes": nodes}
 
 
-def _time(text: str) -> datetime:
-    return datetime.fromisoformat(text.removesuffix("Z")).replace(tzinfo=UTC)
+def _time(text: object) -> datetime:
+    """The append's time, in the one spelling the suite writes times in (specs/conformance.md, Values).
+
+    The layer has no refusal of its own for it (an append is given its time, never asked for one), so
+    another spelling is the case's input broken, named as such.
+    """
+    moment = wire.parse_time(text)
+    if not isinstance(moment, datetime) or moment.tzinfo is None or moment.utcoffset() != timedelta(0):
+        raise wire.WireError(f"input.now: must be a UTC time written as 2026-03-01T12:00:00.123457Z, got {text!r}")
+    return moment
 
 
 def append_answer(data: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from fencekeeper.kernel import opsmodel
 
 from . import wire
 from .basis import US
-from .values import structure, unstructure
+from .values import missing_member, structure, unstructure
+from .wire import MISSING
 
 Case = dict[str, Any]
 
@@ -49,14 +50,38 @@ _REQUESTS: dict[str, type[Any]] = {
 
 
 def decide_operation(data: dict[str, Any]) -> dict[str, Any]:
-    """The kernel's outcome for one operations case, in its JSON form."""
-    decision = data["decision"]
-    operation = structure(o.Operation | None, data["operation"])
-    now = wire.parse_time(data["now"])
+    """The kernel's outcome for one operations case, in its JSON form.
+
+    A request that leaves out a required member, or holds one of another JSON type, reaches the kernel as it
+    is (the missing member as :data:`~.values.MISSING`), which refuses it ``invalid_request`` naming the field
+    in its order (operations.md, "Well-formed requests"); so does a missing ``now`` or ``request``.  The
+    layer has no refusal for a case whose ``decision`` is no decision or whose stored ``operation`` is
+    malformed: those are the suite's input broken, a :class:`~.wire.WireError` naming the member.
+    """
+    decision = data.get("decision", MISSING)
+    if decision != "expire" and (not isinstance(decision, str) or decision not in _REQUESTS):
+        raise wire.WireError(f"input.decision: not an operations decision: {decision!r}")
+    if "operation" not in data:
+        raise wire.WireError("input.operation: missing (null when there is no Operation)")
+    stored = data["operation"]
+    absent = missing_member(o.Operation | None, stored, "operation")
+    if absent is not None:
+        raise wire.WireError(f"input.{absent}: missing")
+    if stored is not None and not isinstance(stored, dict):
+        raise wire.WireError(f"input.operation: must be an object or null, got {type(stored).__name__}")
+    try:
+        operation = structure(o.Operation | None, stored)
+    except (TypeError, ValueError) as exc:  # InvalidOperation is a ValueError: a row whose fields contradict
+        raise wire.WireError(f"input.operation: {exc}") from None
+    now = wire.parse_time(data.get("now", MISSING))
+    request_data = data.get("request", MISSING)
     if decision == "expire":
-        result = o.expire(operation, now, data["request"]["actor"])
+        if not isinstance(request_data, dict):
+            # As every other decision refuses a request that is no request, before its fields.
+            return {"outcome": "refusal", "code": "invalid_request", "field": "request"}
+        result = o.expire(operation, now, request_data.get("actor", MISSING))
     else:
-        request = structure(_REQUESTS[decision], data["request"])
+        request = structure(_REQUESTS[decision], request_data)
         result = getattr(o, decision)(operation, request, now)
     if isinstance(result, o.Refusal):
         return {"outcome": "refusal", "code": result.code.value, "field": result.field}
@@ -476,6 +501,7 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
 
     found += _malformed_cases(first, running, credential=credential, live=live, decided=decided,
                               resubmitted=resubmitted)
+    found += _stated_cases(running, credential=credential, live=live, resubmitted=resubmitted)
 
     beyond = {**running, "deadline": _shifted(started, timedelta(milliseconds=1500))}
     heartbeat = {"credential": credential, "lease_duration": claim_request["lease_duration"]}
@@ -599,6 +625,98 @@ def _rule_cases(cases: list[Case]) -> list[Case]:
         {**canceller, "authority": other}, live)
     add("authority/cancel_other_resolver_version", "cancel", running,
         {**canceller, "principal": requester, "authority": moved}, live)
+    return found
+
+
+def _stated_cases(
+    running: dict[str, Any], *, credential: dict[str, Any], live: str, resubmitted: dict[str, Any],
+) -> list[Case]:
+    """Rules of operations.md, "Well-formed requests", that a reader of the spec alone may read otherwise (4.6.0).
+
+    The default of every field a request may leave out (and ``null``, which is given, not left out); the
+    idempotency window's last instant for other content; ``wrong_effect_class`` named before the deadline; a
+    ``result`` checked as text (the tokens JSON lacks refused, an escape and a numeral of any size kept) and by
+    its depth, 32 levels; and the 2000-character bound counted in code points.
+    """
+    found: list[Case] = []
+
+    def add(label: str, decision: str, operation: dict[str, Any] | None, request: dict[str, Any], now: str) -> None:
+        found.append(_case(f"rule/{label}", {"decision": decision, "operation": operation, "request": request,
+                                              "now": now}))
+
+    grant = {"granted": True, "principal": running["identity"]["principal"]}
+    submission, stored, at = resubmitted["request"], resubmitted["operation"], resubmitted["now"]
+    bare = {k: v for k, v in submission.items() if k not in ("policy", "retention", "requires_approval")}
+    add("omitted/submit_policy_retention_approval", "submit", None, bare, at)
+    add("omitted/submit_policy_fields", "submit", None, {**bare, "policy": {"maximum_attempts": 2}}, at)
+    add("omitted/submit_policy_empty", "submit", None, {**bare, "policy": {}}, at)
+    for field in ("policy", "retention", "requires_approval"):
+        add(f"omitted/submit_{field}_null", "submit", None, {**submission, field: None}, at)
+    external = {**running, "effect_class": "external", "effect_id": f"{running['operation_id']}/effect",
+                "effect_unsettled_since": 1}
+    # Were either flag true by default, the unanswered call would be settled, or the Operation end not_authorized.
+    add("omitted/fail_flags", "fail", external, {"credential": credential, "error_code": "busy", "retryable": True},
+        live)
+    add("omitted/fail_flags_null", "fail", external,
+        {"credential": credential, "error_code": "busy", "retryable": True, "not_authorized": None}, live)
+    add("omitted/complete_result", "complete", running, {"credential": credential, "authority": grant}, live)
+    add("omitted/complete_result_null", "complete", running,
+        {"credential": credential, "authority": grant, "result": None}, live)
+    add("omitted/outcome_unknown_detail", "outcome_unknown", external, {"credential": credential}, live)
+    add("omitted/outcome_unknown_detail_null", "outcome_unknown", external, {"credential": credential, "detail": None},
+        live)
+    canceller = {"operation_id": running["operation_id"], "principal": "users:v1:canceller",
+                 "authority": {"granted": True, "principal": "users:v1:canceller"}}
+    add("omitted/cancel_reason", "cancel", running, canceller, live)
+    add("omitted/cancel_reason_null", "cancel", running, {**canceller, "reason": None}, live)
+
+    # The window ends at retain_until (now < retain_until): there an ended Operation's identity is free, for other
+    # content too; a microsecond before, other content is a conflict.
+    ended = {**stored, "state": "succeeded", "outcome": "succeeded"}
+    other = {**submission, "input_digest": "e" * 64}
+    add("submit/window_passed_ended_other_digest", "submit", ended, other, stored["retain_until"])
+    add("submit/window_last_microsecond_ended_other_digest", "submit", ended, other,
+        _shifted(stored["retain_until"], -US))
+
+    # The effect class is the first check after the owner's: an Operation with no effect to begin is told so, past
+    # its deadline too.
+    overdue = {**running, "deadline": running["attempt_started_at"]}
+    for effect_class in ("atomic", "read_only"):
+        add(f"record_intent/{effect_class}_past_the_deadline", "record_intent", {**overdue, "effect_class": effect_class},
+            {"credential": credential}, live)
+
+    # A result is JSON text, checked as text: NaN and the infinities are no JSON; an escaped lone surrogate is JSON
+    # (a store keeps the escape), and so is a numeral no double holds; a bracket inside a string nests nothing.
+    for label, result in (
+        ("minus_infinity", "-Infinity"),
+        ("nan_in_an_object", '{"a":NaN}'),
+        ("escaped_lone_surrogate", '"\\ud800"'),
+        ("numeral_past_every_double", "1e400"),
+        ("numerals_past_every_double", "[1e400,-1e400,1e-400]"),
+        ("nan_as_a_string", '"NaN"'),
+        ("depth_32_arrays", "[" * 32 + "]" * 32),
+        ("depth_33_arrays", "[" * 33 + "]" * 33),
+        ("depth_32_objects", '{"a":' * 31 + "{}" + "}" * 31),
+        ("depth_33_objects", '{"a":' * 32 + "{}" + "}" * 32),
+        ("depth_1000", "[" * 1000 + "]" * 1000),
+        ("brackets_in_a_string", "[" * 31 + '"' + "[{" * 40 + '\\"' + '"' + "]" * 31),
+    ):
+        add(f"complete/result_{label}", "complete", running,
+            {"credential": credential, "authority": grant, "result": result}, live)
+
+    # A time has one spelling (specs/conformance.md, Values): any other is no time, UTC's "+00:00" included.
+    stamp = live.removesuffix("Z")
+    for label, moment in (("zero_offset", stamp + "+00:00"), ("space_for_t", stamp.replace("T", " ") + "Z"),
+                          ("milliseconds", stamp[:-3] + "Z"), ("whole_seconds", stamp[:-7] + "Z"),
+                          ("lower_case", stamp.replace("T", "t") + "z")):
+        add(f"malformed/now_{label}", "complete", running, {"credential": credential, "authority": grant}, moment)
+
+    # Characters are code points: 2000 beyond U+FFFF (4000 UTF-16 code units, 8000 bytes of UTF-8) are kept.
+    astral = "\U0001F600"
+    for label, text in (("2000_astral", astral * 2000), ("2001_astral", astral * 2001)):
+        add(f"cancel/reason_{label}", "cancel", running, {**canceller, "reason": text}, live)
+        add(f"outcome_unknown/detail_{label}", "outcome_unknown", external, {"credential": credential, "detail": text},
+            live)
     return found
 
 

@@ -14,7 +14,10 @@ Rules of this module:
   driver that reads them needs nothing new.
 - :func:`structure` reads the JSON back into the type a decision takes.  A
   value of the wrong shape is passed through unchanged, so that the kernel,
-  not this reader, refuses it and names the field.
+  not this reader, refuses it and names the field.  A required member that
+  is missing is :data:`MISSING` for the same reason: the kernel checks its
+  request's fields in their order, so a missing one is refused where the
+  order places it, as a malformed one is, never as a reader's error.
 """
 
 from __future__ import annotations
@@ -28,10 +31,37 @@ from typing import Any
 import attrs
 
 from . import wire
+from .wire import MISSING
 
 TEXT_FIELDS = frozenset({"message", "reason"})
 LATER_FIELDS = frozenset({"earlier_input_digest"})
 """Fields left out while None (see the module's rules)."""
+
+
+
+
+def missing_member(kind: Any, data: Any, path: str) -> str | None:
+    """The dotted name of the first required member of ``kind`` that ``data`` leaves out, at any depth, or None.
+
+    For values that are stored rows rather than requests (an Operation as stored): the layer documents no
+    refusal of a malformed row, so the driver names the member in a protocol error instead.
+    """
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(kind) if a is not type(None)]
+        return missing_member(options[0], data, path) if len(options) == 1 and data is not None else None
+    if not (isinstance(kind, type) and attrs.has(kind)) or not isinstance(data, dict):
+        return None
+    hints = typing.get_type_hints(kind)
+    for f in attrs.fields(kind):
+        if f.name not in data:
+            if f.default is attrs.NOTHING:
+                return f"{path}.{f.name}"
+            continue
+        found = missing_member(hints[f.name], data[f.name], f"{path}.{f.name}")
+        if found is not None:
+            return found
+    return None
 
 
 def unstructure(value: Any) -> Any:
@@ -85,5 +115,7 @@ def structure(kind: Any, data: Any) -> Any:
         for f in attrs.fields(kind):
             if f.name in data:
                 values[f.name] = structure(hints[f.name], data[f.name])
+            elif f.default is attrs.NOTHING:
+                values[f.name] = MISSING
         return kind(**values)
     return data

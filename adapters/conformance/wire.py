@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import typing
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from fencekeeper.kernel import approvals
 from fencekeeper.kernel import protocol as p
@@ -37,9 +39,47 @@ class WireError(ValueError):
     """A request whose JSON does not have the shape of the conformance format (not a kernel refusal)."""
 
 
+@typing.final
+class Missing:
+    """The value of a required member a JSON object leaves out: no value of any type a kernel check accepts.
+
+    A request's member that is missing reaches the kernel as this, so that the kernel refuses it where its
+    order of checks places it, naming the field, as it refuses a member of the wrong type.
+    """
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING: typing.Final = Missing()
+
+
 def _get(data: Any, name: str, default: Any = None) -> Any:
     """A field of a JSON object, as Any: what a field holds is for the kernel to judge."""
     return data.get(name, default)
+
+
+def _need(data: Any, name: str) -> Any:
+    """A required member of a request: :data:`MISSING` when it is left out, for the kernel to refuse in its order."""
+    return data.get(name, MISSING)
+
+
+def _member(kind: Any, value: Any, where: str) -> Any:
+    """``value`` as a member of the enumeration ``kind``, or a :class:`WireError` naming ``where``."""
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        raise WireError(f"{where}: not a {kind.__name__}: {value!r}") from None
+
+
+def _row(data: Any, name: str, where: str) -> Any:
+    """A required member of a stored row (a snapshot): a row is the suite's fact, never judged by a decision,
+    so a missing one is a :class:`WireError` naming it rather than a refusal."""
+    if not isinstance(data, dict):
+        raise WireError(f"{where}: must be an object, got {type(data).__name__}")
+    if name not in data:
+        raise WireError(f"{where}.{name}: missing")
+    return data[name]
 
 
 # --- times and durations -----------------------------------------------------------
@@ -57,18 +97,33 @@ def time_text(value: datetime | None) -> str | None:
     return value.isoformat(timespec="microseconds")
 
 
+# The one form of a time (specs/conformance.md, Values): RFC 3339's date, ``T``, time with exactly six fractional
+# digits, then ``Z``.  Without the offset, or with another one, it is still read, as the naive or offset time it
+# is, for the kernel to refuse as not UTC; nothing else is a time.  ASCII digits only: ``\d`` would take others.
+_TIME: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}(Z|[+-][0-9]{2}:[0-9]{2})?")
+
+
 def parse_time(value: Json) -> Any:
-    """A datetime from its text; anything else is passed on for the kernel to refuse."""
+    """A datetime from its text in the suite's one form; anything else is passed on for the kernel to refuse.
+
+    Python's ``fromisoformat`` reads far more than that form (a space for ``T``, no fraction, a week date,
+    a basic-format time): a driver in another language that reads only the form the spec states must not
+    disagree with this one, so those are not times here either.
+    """
     if not isinstance(value, str):
         return value
-    text = value[:-1] + "+00:00" if value.endswith("Z") else value
+    found = _TIME.fullmatch(value)
+    if found is None:
+        return value
+    text = value[:-1] + "+00:00" if found.group(1) == "Z" else value
     try:
         parsed = datetime.fromisoformat(text)
-    except ValueError:
+    except ValueError:  # a month 13, a 31st of April: the form, but no time
         return value
-    if parsed.tzinfo is not None and parsed.utcoffset() == timedelta(0):
-        return parsed.astimezone(UTC)
-    return parsed
+    if parsed.tzinfo is None or parsed.utcoffset() != timedelta(0):
+        return parsed  # naive, or another offset: a time, which the kernel refuses as not UTC
+    # ``+00:00`` is UTC's offset, but not its spelling here: passed on as text, so that it is refused too.
+    return parsed.astimezone(UTC) if found.group(1) == "Z" else value
 
 
 def shift_times(value: Json, by: timedelta) -> Json:
@@ -111,7 +166,7 @@ def _key(key: p.WaitKey | None) -> Json:
 def parse_key(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.WaitKey(_get(data, "execution_id"), _get(data, "node_id"), _get(data, "attempt_id"))
+    return p.WaitKey(_need(data, "execution_id"), _need(data, "node_id"), _need(data, "attempt_id"))
 
 
 def execution(value: p.Execution | None) -> Json:
@@ -135,16 +190,16 @@ def parse_execution(data: Json) -> p.Execution | None:
     if data is None:
         return None
     return p.Execution(
-        execution_id=data["execution_id"],
-        business_id=data["business_id"],
-        state=ExecutionState(data["state"]),
-        revision=data["revision"],
-        definition_id=data["definition_id"],
-        definition_revision=data["definition_revision"],
-        current_node_id=data["current_node_id"],
-        step_count=data["step_count"],
-        fence=data["fence"],
-        wait=parse_key(data["wait"]) if data["wait"] is not None else None,
+        execution_id=_row(data, "execution_id", "rows.execution"),
+        business_id=_row(data, "business_id", "rows.execution"),
+        state=_member(ExecutionState, _row(data, "state", "rows.execution"), "rows.execution.state"),
+        revision=_row(data, "revision", "rows.execution"),
+        definition_id=_row(data, "definition_id", "rows.execution"),
+        definition_revision=_row(data, "definition_revision", "rows.execution"),
+        current_node_id=_row(data, "current_node_id", "rows.execution"),
+        step_count=_row(data, "step_count", "rows.execution"),
+        fence=_row(data, "fence", "rows.execution"),
+        wait=None if _row(data, "wait", "rows.execution") is None else parse_key(data["wait"]),
     )
 
 
@@ -167,14 +222,15 @@ def parse_dispatch(data: Json) -> p.Dispatch | None:
     if data is None:
         return None
     return p.Dispatch(
-        workflow_execution_id=data["workflow_execution_id"],
-        dispatch_state=DispatchState(data["dispatch_state"]),
-        eligible_at=parse_time(data["eligible_at"]),
-        lease_token=data["lease_token"],
-        leased_by=data["leased_by"],
-        lease_expires_at=parse_time(data["lease_expires_at"]),
-        step_count=data["step_count"],
-        last_error_code=data["last_error_code"],
+        workflow_execution_id=_row(data, "workflow_execution_id", "rows.dispatch"),
+        dispatch_state=_member(DispatchState, _row(data, "dispatch_state", "rows.dispatch"),
+                               "rows.dispatch.dispatch_state"),
+        eligible_at=parse_time(_row(data, "eligible_at", "rows.dispatch")),
+        lease_token=_row(data, "lease_token", "rows.dispatch"),
+        leased_by=_row(data, "leased_by", "rows.dispatch"),
+        lease_expires_at=parse_time(_row(data, "lease_expires_at", "rows.dispatch")),
+        step_count=_row(data, "step_count", "rows.dispatch"),
+        last_error_code=_row(data, "last_error_code", "rows.dispatch"),
     )
 
 
@@ -235,12 +291,13 @@ def parse_registration(data: Json) -> p.WaitRegistration | None:
     if data is None:
         return None
     return p.WaitRegistration(
-        key=parse_key(data["key"]),
-        business_id=data["business_id"],
-        spec=parse_wait_spec(data["spec"]),
-        woken_by=data["woken_by"],
-        wake_reason=p.WakeReason(data["wake_reason"]) if data["wake_reason"] is not None else None,
-        closed_by=data["closed_by"],
+        key=parse_key(_row(data, "key", "rows.registration")),
+        business_id=_row(data, "business_id", "rows.registration"),
+        spec=parse_wait_spec(_row(data, "spec", "rows.registration")),
+        woken_by=_row(data, "woken_by", "rows.registration"),
+        wake_reason=None if _row(data, "wake_reason", "rows.registration") is None
+        else _member(p.WakeReason, data["wake_reason"], "rows.registration.wake_reason"),
+        closed_by=_row(data, "closed_by", "rows.registration"),
     )
 
 
@@ -272,12 +329,13 @@ def parse_recovery_record(data: Json) -> p.RecoveryRecord | None:
         return None
     # A stored record is given without its proof: replay compares identity only.
     return p.RecoveryRecord(
-        command_id=data["command_id"],
-        kind=p.RecoveryKind(data["kind"]),
-        execution_id=data["execution_id"],
-        expected_revision=data["expected_revision"],
-        resulting_revision=data["resulting_revision"],
-        resulting_state=ExecutionState(data["resulting_state"]),
+        command_id=_row(data, "command_id", "rows.recovery"),
+        kind=_member(p.RecoveryKind, _row(data, "kind", "rows.recovery"), "rows.recovery.kind"),
+        execution_id=_row(data, "execution_id", "rows.recovery"),
+        expected_revision=_row(data, "expected_revision", "rows.recovery"),
+        resulting_revision=_row(data, "resulting_revision", "rows.recovery"),
+        resulting_state=_member(ExecutionState, _row(data, "resulting_state", "rows.recovery"),
+                                "rows.recovery.resulting_state"),
     )
 
 
@@ -291,7 +349,7 @@ def authority(value: p.Authority) -> Json:
 def parse_authority(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.Authority(granted=_get(data, "granted"), principal_id=_get(data, "principal_id"))
+    return p.Authority(granted=_need(data, "granted"), principal_id=_need(data, "principal_id"))
 
 
 def credential(value: p.LeaseCredential | None) -> Json:
@@ -303,7 +361,7 @@ def credential(value: p.LeaseCredential | None) -> Json:
 def parse_credential(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.LeaseCredential(_get(data, "worker_id"), _get(data, "lease_token"), _get(data, "fence"))
+    return p.LeaseCredential(_need(data, "worker_id"), _need(data, "lease_token"), _need(data, "fence"))
 
 
 def step(value: p.StepRecord | None) -> Json:
@@ -315,57 +373,65 @@ def step(value: p.StepRecord | None) -> Json:
 def parse_step(data: Json) -> Any:
     if not isinstance(data, dict):
         return data
-    return p.StepRecord(_get(data, "node_id"), _get(data, "attempt_id"), _get(data, "next_node_id"))
+    return p.StepRecord(_need(data, "node_id"), _need(data, "attempt_id"), _need(data, "next_node_id"))
+
+
+def _recovery_kind(value: Json) -> Any:
+    with contextlib.suppress(ValueError, TypeError):
+        return p.RecoveryKind(value)
+    return value  # no kind of recovery: the kernel refuses it, naming ``kind``
 
 
 def parse_request(decision: str, data: Json) -> Any:
     """The kernel request a decision takes, from its JSON form."""
+    if not isinstance(data, dict):
+        return data  # no request at all: the kernel's first check refuses it, naming ``request``
     d = data
     if decision == "admit":
         return p.AdmitRequest(
-            d["execution_id"], d["business_id"], d["definition_id"], d["definition_revision"],
-            d["start_node_id"], parse_authority(d["authority"]),
+            _need(d, "execution_id"), _need(d, "business_id"), _need(d, "definition_id"), _need(d, "definition_revision"),
+            _need(d, "start_node_id"), parse_authority(_need(d, "authority")),
         )
     if decision == "claim":
-        return p.ClaimRequest(d["worker_id"], d["lease_token"], parse_duration(d["lease_duration"]))
+        return p.ClaimRequest(_need(d, "worker_id"), _need(d, "lease_token"), parse_duration(_need(d, "lease_duration")))
     if decision == "renew":
-        return p.RenewRequest(parse_credential(d["credential"]), parse_duration(d["lease_duration"]))
+        return p.RenewRequest(parse_credential(_need(d, "credential")), parse_duration(_need(d, "lease_duration")))
     if decision == "record_step":
         return p.StepRequest(
-            parse_credential(d["credential"]), d["expected_revision"], parse_step(d["step"]),
-            parse_authority(d["authority"]),
+            parse_credential(_need(d, "credential")), _need(d, "expected_revision"), parse_step(_need(d, "step")),
+            parse_authority(_need(d, "authority")),
         )
     if decision == "release":
-        return p.ReleaseRequest(parse_credential(d["credential"]), d["expected_revision"])
+        return p.ReleaseRequest(parse_credential(_need(d, "credential")), _need(d, "expected_revision"))
     if decision == "fenced":
         # An evidence append names no request of its own: the credential it is made under is the request.
-        return parse_credential(d["credential"])
+        return parse_credential(_need(d, "credential"))
     if decision == "finalize":
         return p.FinalizeRequest(
-            execution_id=d["execution_id"], dispatch_id=d["dispatch_id"], worker_id=d["worker_id"],
-            lease_token=d["lease_token"], fence=d["fence"], target_state=d["target_state"],
-            business_id=d["business_id"], expected_revision=d["expected_revision"],
-            authority=parse_authority(d["authority"]),
-            step=parse_step(d["step"]) if d.get("step") is not None else None,
-            wait=parse_wait_spec(d["wait"]) if d.get("wait") is not None else None,
+            execution_id=_need(d, "execution_id"), dispatch_id=_need(d, "dispatch_id"), worker_id=_need(d, "worker_id"),
+            lease_token=_need(d, "lease_token"), fence=_need(d, "fence"), target_state=_need(d, "target_state"),
+            business_id=_need(d, "business_id"), expected_revision=_need(d, "expected_revision"),
+            authority=parse_authority(_need(d, "authority")),
+            step=parse_step(_need(d, "step")) if d.get("step") is not None else None,
+            wait=parse_wait_spec(_need(d, "wait")) if d.get("wait") is not None else None,
             reason=d.get("reason", ""), error_code=d.get("error_code"),
         )
     if decision == "wake":
-        reason: Any = d["reason"]
+        reason: Any = _need(d, "reason")
         with contextlib.suppress(ValueError):
             reason = p.WakeReason(reason)
         return p.WakeRequest(
-            key=parse_key(d["key"]), reason=reason, source_id=d["source_id"], business_id=d["business_id"],
-            authority=parse_authority(d["authority"]), event_type=d.get("event_type"),
+            key=parse_key(_need(d, "key")), reason=reason, source_id=_need(d, "source_id"), business_id=_need(d, "business_id"),
+            authority=parse_authority(_need(d, "authority")), event_type=d.get("event_type"),
             correlation=_parse_pairs(d.get("correlation", [])), outcome=d.get("outcome"),
         )
     if decision == "cancel":
-        return p.CancelRequest(d["execution_id"], d["business_id"], d["expected_revision"], parse_authority(d["authority"]))
+        return p.CancelRequest(_need(d, "execution_id"), _need(d, "business_id"), _need(d, "expected_revision"), parse_authority(_need(d, "authority")))
     if decision == "recover":
         return p.RecoveryRequest(
-            command_id=d["command_id"], kind=p.RecoveryKind(d["kind"]), execution_id=d["execution_id"],
-            business_id=d["business_id"], expected_revision=d["expected_revision"], actor_id=d["actor_id"],
-            authority=parse_authority(d["authority"]), command_to_reconcile=d.get("command_to_reconcile"),
+            command_id=_need(d, "command_id"), kind=_recovery_kind(_need(d, "kind")), execution_id=_need(d, "execution_id"),
+            business_id=_need(d, "business_id"), expected_revision=_need(d, "expected_revision"), actor_id=_need(d, "actor_id"),
+            authority=parse_authority(_need(d, "authority")), command_to_reconcile=d.get("command_to_reconcile"),
             next_node_id=d.get("next_node_id"), rationale=d.get("rationale", ""),
         )
     raise WireError(f"unknown decision {decision!r}")
@@ -412,6 +478,8 @@ def outcome(value: p.Outcome | None) -> Json:
 
 def decide(decision: str, rows: Json, request: Json, now: Json) -> Json:
     """The kernel's outcome for one protocol-decision case, in JSON form: the reference driver's answer."""
+    if not isinstance(rows, dict):
+        raise WireError(f"rows: must be an object, got {type(rows).__name__}")
     if decision == "decide_approval":
         return approval_outcome(rows, request)
     at = parse_time(now)
@@ -508,14 +576,35 @@ def parse_evidence(data: Json) -> Evidence | None:
 
 
 def parse_approval_decision(data: Json) -> approvals.ApprovalDecision:
+    """A reviewer's decision from its JSON form.
+
+    Only ``determination`` and ``rationale`` have a refusal of their own (``invalid_request``,
+    interpreter.md, Approvals); any other member missing or of the wrong JSON type is a
+    :class:`WireError` naming it, never a reader's KeyError.
+    """
+    if data is MISSING:
+        raise WireError("request: missing")
+    if not isinstance(data, dict):
+        raise WireError(f"request: must be an object, got {type(data).__name__}")
+    for name in ("decision_id", "request_id", "business_id", "reviewer_id"):
+        _row(data, name, "request")
+    binding = _row(data, "binding", "request")
+    try:
+        bound = approvals.Binding.from_json(binding)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"request.binding: not a binding ({type(exc).__name__}: {exc})") from None
+    granted = _row(data, "authority", "request")
+    if not isinstance(granted, dict):
+        raise WireError(f"request.authority: must be an object, got {type(granted).__name__}")
     return approvals.ApprovalDecision(
         decision_id=data["decision_id"],
         request_id=data["request_id"],
         business_id=data["business_id"],
         reviewer_id=data["reviewer_id"],
-        determination=data["determination"],
-        binding=approvals.Binding.from_json(data["binding"]),
-        authority=parse_authority(data["authority"]),
+        determination=_need(data, "determination"),
+        binding=bound,
+        authority=p.Authority(granted=_row(granted, "granted", "request.authority"),
+                              principal_id=_row(granted, "principal_id", "request.authority")),
         rationale=data.get("rationale", ""),
     )
 
@@ -528,8 +617,12 @@ def approval_outcome(rows: Json, request: Json) -> Json:
     decision with the same identity, or null.
     """
     stored = rows.get("approval_request")
+    try:
+        found = None if stored is None else approvals.ApprovalRequest.from_json(stored)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise WireError(f"rows.approval_request: not a stored approval request ({type(exc).__name__}: {exc})") from None
     result = approvals.decide(
-        None if stored is None else approvals.ApprovalRequest.from_json(stored),
+        found,
         int(rows.get("request_revision", 1)),
         parse_evidence(rows.get("prior_decision")),
         parse_approval_decision(request),

@@ -63,14 +63,15 @@ const refusal = (code, field = null) => ({ outcome: "refusal", code, field });
 
 // --- values ---------------------------------------------------------------------------
 
-const TIME = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?(Z|[+-]\d{2}:\d{2})?$/;
+// The one form of a time (specs/conformance.md, Values): `T`, exactly six fractional digits, `Z`.
+const TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{6})Z$/;
 
-// A UTC time from its text, or null: a naive time or another offset is not one.
+// A UTC time from its text, or null: a naive time, an offset (`+00:00` included) or another
+// spelling is not one.
 function parseTime(text) {
   if (typeof text !== "string") return null;
   const m = TIME.exec(text);
-  if (!m || m[8] === undefined) return null;
-  if (m[8] !== "Z" && m[8] !== "+00:00" && m[8] !== "-00:00") return null;
+  if (!m) return null;
   // setUTCFullYear, not Date.UTC, which reads the years 0-99 as 1900-1999.
   const date = new Date(0);
   date.setUTCFullYear(+m[1], +m[2] - 1, +m[3]);
@@ -78,7 +79,7 @@ function parseTime(text) {
   // A field that overflows is carried into the next (February 30th is March 2nd): a date that
   // does not read back as written is no date.
   if (Number.isNaN(date.getTime()) || date.toISOString().slice(0, 19) !== text.slice(0, 19)) return null;
-  return BigInt(date.getTime()) * 1000n + BigInt((m[7] || "").padEnd(6, "0"));
+  return BigInt(date.getTime()) * 1000n + BigInt(m[7]);
 }
 
 // Six fractional digits and `Z`, always (specs/conformance.md, Values).
@@ -163,12 +164,33 @@ function checkText(field, value) {
   if (!storable(value) || Array.from(value).length > MAX_TEXT) throw new Invalid(field);
 }
 
+// How deeply a result may nest, each array or object a level ("Well-formed requests").
+const MAX_RESULT_DEPTH = 32;
+
+// A JSON string (its escapes included) or a bracket: the depth is counted from these, strings skipped.
+const RESULT_TOKEN = /"[^"\\]*(?:\\[\s\S][^"\\]*)*"|[[\]{}]/g;
+
+// Whether JSON text nests deeper than MAX_RESULT_DEPTH, counted by a scan rather than by parsing, so
+// that no parser's own limit (each language has its own) decides.
+function nestsTooDeeply(text) {
+  let depth = 0;
+  for (const [token] of text.matchAll(RESULT_TOKEN)) {
+    if (token === "[" || token === "{") {
+      depth += 1;
+      if (depth > MAX_RESULT_DEPTH) return true;
+    } else if (token === "]" || token === "}") {
+      depth -= 1;
+    }
+  }
+  return false;
+}
+
 // A result is JSON text a store can keep and read back: the text itself has no NUL and no lone
-// surrogate, and it parses as JSON (so `NaN` and `Infinity`, which JSON does not have, are refused).
-// It is kept as written: an escape inside a string (`\u0000`) is JSON, and so is a numeral of any
-// size (`1e400`), so what JSON.parse would make of the value is never asked.
+// surrogate, it nests at most 32 levels, and it parses as JSON (so `NaN` and `Infinity`, which JSON
+// does not have, are refused). It is kept as written: an escape inside a string (`\u0000`) is JSON,
+// and so is a numeral of any size (`1e400`), so what JSON.parse would make of the value is never asked.
 function checkResult(value) {
-  if (!storable(value)) throw new Invalid("result");
+  if (!storable(value) || nestsTooDeeply(value)) throw new Invalid("result");
   try {
     JSON.parse(value);
   } catch (err) {
