@@ -22,10 +22,11 @@ const { loadMachines, step } = require("./machines");
 const { decide } = require("./protocol");
 const { parse, evaluate, ExpressionError } = require("./expr");
 const { decideOperation } = require("./operations");
+const { definitionCase, parseJson } = require("./definitions");
 
 const SPECS = process.env.FENCEKEEPER_SPECS || path.join(__dirname, "..", "..", "..", "specs");
 const machines = loadMachines(SPECS);
-const LAYERS = ["machines", "protocol", "expressions", "interpreter", "journal", "journal-append", "operations"];
+const LAYERS = ["machines", "protocol", "expressions", "definitions", "interpreter", "journal", "journal-append", "operations"];
 
 function answer(layer, input) {
   if (layer === "machines") {
@@ -46,6 +47,7 @@ function answer(layer, input) {
       throw err;
     }
   }
+  if (layer === "definitions") return definitionCase(input);
   if (layer === "interpreter") return require("./interpreter").visit(machines, input);
   if (layer === "journal") return require("./journal").replayCase(machines, input);
   if (layer === "journal-append") return require("./journal").appendCase(machines, input);
@@ -74,10 +76,18 @@ function handle(request) {
   }
 }
 
+// A definition is read from the request's own text (definitions.js, parseJson): JSON.parse
+// would read 1.0 as 1 and keep the last of two equal keys, which a definition refuses.
+function read(line) {
+  const request = JSON.parse(line);
+  if (request.op === "case" && request.layer === "definitions") request.input = parseJson(line).input;
+  return request;
+}
+
 const lines = readline.createInterface({ input: process.stdin, terminal: false });
 lines.on("line", (line) => {
   if (!line.trim()) return;
-  const request = JSON.parse(line);
+  const request = read(line);
   const response = handle(request);
   // Protocol 1.2: echo the request's number, so the runner can tell an answer from a stray line.
   if ("seq" in request) response.seq = request.seq;

@@ -19,9 +19,9 @@
 // - Attempt states move only along specs/machines/attempt.toml (machines.js).
 // - Free text for people (a handler's `detail`) is not written: only codes, states
 //   and values are compared.
-// - A stored definition is read for the structure a visit relies on and the rules of
-//   the whole revision (definitions.md, Validation 4 to 8, leniently); the name
-//   patterns and bounds of each field are the definitions layer's, not declared here.
+// - A stored definition is read by definitions.js, leniently (definitions.md, Lenient
+//   reading of a stored definition): every field's form and bound and the rules of the
+//   whole revision, as the definitions layer reads one, but for what a stored one keeps.
 // - The view's values are plain JSON: a number with a fraction is a decimal, one
 //   without an integer (JSON.parse cannot tell 2.0 from 2; no case holds one).
 
@@ -29,12 +29,12 @@
 
 const crypto = require("crypto");
 const { step: tableStep } = require("./machines");
-const { parse, evaluate } = require("./expr");
+const { evaluate } = require("./expr");
+const { readDefinition: readStored, DefinitionError } = require("./definitions");
 
 const STEP_LIMIT = 100;
 const MAX_IDENTITY = 128;
 const KINDS = ["condition", "wait_for_event", "request_approval", "local_command", "end"];
-const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$/;
 // The handler contract's bounds on a result (specs/interpreter.md, What a result may hold).
 const STATUSES = ["succeeded", "rejected", "unknown"];
 const REJECTIONS = ["validation", "authorization", "stale_version", "rejected", "stale_fence"];
@@ -112,183 +112,17 @@ function canonicalString(value) {
 // --- the view ---------------------------------------------------------------------------
 
 const isReference = (v) => isObject(v) && Object.keys(v).length === 1 && typeof v.from === "string";
-const isOperand = (v) => typeof v === "string" || typeof v === "boolean" || Number.isInteger(v) || isReference(v);
 
-function checkTimeout(t) {
-  if (t === undefined) return;
-  if (!isObject(t) || !isInt(t.after_seconds, 1) || !nonEmpty(t.next)) throw new Invalid("definition");
-}
-
-function checkTargets(targets) {
-  if (!Array.isArray(targets)) throw new Invalid("definition");
-  for (const t of targets) {
-    if (!isObject(t) || !isOperand(t.id) || !isOperand(t.revision)) throw new Invalid("definition");
-  }
-}
-
-// The fields of a known kind, checked for their types: a stored definition is read
-// leniently only in what specs/definitions.md (Lenient reading) allows -- an unknown
-// kind, a continuation naming no node -- and everything a visit reads must be there.
-const TOP_FIELDS = ["id", "revision", "title", "start", "inputs", "nodes"];
-const NODE_FIELDS = {
-  condition: ["expression", "bindings", "true_next", "false_next"],
-  wait_for_event: ["event_type", "correlation", "next", "timeout"],
-  request_approval: ["operation", "targets", "policies", "reviewers", "distinct_reviewer", "approved_next", "rejected_next", "timeout"],
-  local_command: ["operation", "targets", "payload", "next", "on_failure"],
-  end: ["outcome", "error_code"],
-};
-
-function checkNode(node) {
-  // Unknown fields of a known kind are refused even in a lenient reading.
-  if (KINDS.includes(node.kind) &&
-      !Object.keys(node).every((k) => ["id", "kind", "revision", ...NODE_FIELDS[node.kind]].includes(k))) {
-    throw new Invalid("definition");
-  }
-  const names = (list) => Array.isArray(list) && list.every((n) => typeof n === "string");
-  const operands = (map) => isObject(map) && Object.values(map).every(isOperand);
-  switch (node.kind) {
-    case "condition":
-      if (typeof node.expression !== "string" || !names(node.bindings) || !nonEmpty(node.true_next) ||
-          !nonEmpty(node.false_next)) throw new Invalid("definition");
-      try {
-        node.tree = parse(node.expression);
-      } catch (err) {
-        throw new Invalid("definition");
-      }
-      return;
-    case "wait_for_event":
-      if (!nonEmpty(node.event_type) || !operands(node.correlation) || !nonEmpty(node.next)) throw new Invalid("definition");
-      checkTimeout(node.timeout);
-      return;
-    case "request_approval":
-      if (!nonEmpty(node.operation) || !names(node.reviewers) || !nonEmpty(node.approved_next) ||
-          !nonEmpty(node.rejected_next)) throw new Invalid("definition");
-      checkTargets(node.targets);
-      if (node.policies !== undefined && !(Array.isArray(node.policies) &&
-          node.policies.every((p) => isObject(p) && nonEmpty(p.id) && isInt(p.revision, 1)))) throw new Invalid("definition");
-      if (node.distinct_reviewer !== undefined && typeof node.distinct_reviewer !== "boolean") throw new Invalid("definition");
-      checkTimeout(node.timeout);
-      return;
-    case "local_command":
-      if (!nonEmpty(node.operation) || !nonEmpty(node.next) || !nonEmpty(node.on_failure)) throw new Invalid("definition");
-      if (node.targets !== undefined) checkTargets(node.targets);
-      if (node.payload !== undefined && !operands(node.payload)) throw new Invalid("definition");
-      return;
-    case "end":
-      if (node.outcome !== "succeeded" && node.outcome !== "failed") throw new Invalid("definition");
-      if ((node.outcome === "failed") !== nonEmpty(node.error_code)) throw new Invalid("definition");
-      return;
-    default:
-      // Lenient reading: a kind this code does not run is kept, by an identifier, to suspend on.
-      if (!IDENTIFIER.test(node.kind)) throw new Invalid("definition");
-  }
-}
-
-// Every name an expression reads (definitions.md, condition: each must be declared).
-function namesOf(tree) {
-  const found = [];
-  const stack = [tree];
-  while (stack.length) {
-    const t = stack.pop();
-    if (t.t === "name") found.push(t.name);
-    else if (t.t === "cmp") stack.push(t.left, t.right);
-    else if (t.t === "in") stack.push(t.item, t.coll);
-    else if (t.t === "not") stack.push(t.operand);
-    else if (t.t === "and" || t.t === "or") stack.push(...t.operands);
-  }
-  return found;
-}
-
-const ACTING = ["wait_for_event", "request_approval", "local_command"];
-
-// The rules of the whole revision that a lenient reading keeps (definitions.md,
-// Validation 4 and 6 to 8): start names a node, every binding read is a declared input
-// (never an object or array one) or another acting node's output, no cycle of conditions
-// alone, every node reachable -- unless an unsupported node hides its continuations.
-// Continuations naming no node are kept, for the visit to suspend on.
-function checkGraph(definition, nodes) {
-  if (!nodes.has(definition.start)) throw new Invalid("definition");
-  const typed = isObject(definition.inputs);
-  const inputs = typed ? definition.inputs : Object.fromEntries((definition.inputs || []).map((n) => [n, {}]));
-  for (const node of nodes.values()) {
-    if (!KINDS.includes(node.kind)) continue;
-    if (node.kind === "condition" && !namesOf(node.tree).every((n) => node.bindings.includes(n))) throw new Invalid("definition");
-    for (const name of bindingNames(node)) {
-      const dot = name.indexOf(".");
-      const [source, field] = [name.slice(0, dot), name.slice(dot + 1)];
-      if (dot < 1 || field === "" || field.includes(".")) throw new Invalid("definition");
-      if (source === "input") {
-        if (!Object.prototype.hasOwnProperty.call(inputs, field)) throw new Invalid("definition");
-        const type = inputs[field] && inputs[field].type;
-        if (type === "object" || type === "array") throw new Invalid("definition");
-        continue;
-      }
-      const from = nodes.get(source);
-      if (from === undefined || source === node.id || from.kind === "condition" || from.kind === "end") throw new Invalid("definition");
-    }
-  }
-  const successors = (node) => continuationsOf(node).filter((next) => nodes.has(next));
-  // A cycle of conditions alone could never wait, act or end: depth-first over conditions only.
-  const colour = new Map();
-  for (const start of nodes.values()) {
-    if (start.kind !== "condition" || colour.has(start.id)) continue;
-    const stack = [[start, successors(start)]];
-    colour.set(start.id, "open");
-    while (stack.length) {
-      const [node, rest] = stack[stack.length - 1];
-      const next = rest.shift();
-      if (next === undefined) {
-        colour.set(node.id, "done");
-        stack.pop();
-        continue;
-      }
-      const target = nodes.get(next);
-      if (target.kind !== "condition") continue;
-      if (colour.get(next) === "open") throw new Invalid("definition");
-      if (!colour.has(next)) {
-        colour.set(next, "open");
-        stack.push([target, successors(target)]);
-      }
-    }
-  }
-  if ([...nodes.values()].some((n) => !KINDS.includes(n.kind))) return;
-  const reached = new Set([definition.start]);
-  const queue = [definition.start];
-  while (queue.length) {
-    for (const next of successors(nodes.get(queue.shift()))) {
-      if (!reached.has(next)) {
-        reached.add(next);
-        queue.push(next);
-      }
-    }
-  }
-  if (reached.size !== nodes.size) throw new Invalid("definition");
-}
-
-// The definition as a stored revision is read: id -> node, or null when none was found.
+// The definition as a stored revision is read (definitions.js, leniently): id -> node, or
+// null when none was found.  Any refusal of the reader is a definition the view cannot use.
 function readDefinition(definition) {
   if (definition === null) return null;
-  if (!isObject(definition) || !nonEmpty(definition.id) || !isInt(definition.revision, 1) ||
-      !nonEmpty(definition.start) || !Array.isArray(definition.nodes) || definition.nodes.length === 0) {
-    throw new Invalid("definition");
+  try {
+    return readStored(definition, { lenient: true });
+  } catch (err) {
+    if (err instanceof DefinitionError) throw new Invalid("definition");
+    throw err;
   }
-  if (definition.inputs !== undefined && !Array.isArray(definition.inputs) && !isObject(definition.inputs)) {
-    throw new Invalid("definition");
-  }
-  if (!Object.keys(definition).every((k) => TOP_FIELDS.includes(k)) ||
-      (definition.title !== undefined && (typeof definition.title !== "string" || codePoints(definition.title) > 256))) {
-    throw new Invalid("definition");
-  }
-  const nodes = new Map();
-  for (const raw of definition.nodes) {
-    if (!isObject(raw) || !nonEmpty(raw.id) || typeof raw.kind !== "string" || !isInt(raw.revision, 1) ||
-        nodes.has(raw.id)) throw new Invalid("definition");
-    const node = { ...raw };
-    checkNode(node);
-    nodes.set(node.id, node);
-  }
-  checkGraph(definition, nodes);
-  return { id: definition.id, revision: definition.revision, nodes };
 }
 
 // The order of specs/conformance.md (`interpreter`, refused): the first field that fails.
