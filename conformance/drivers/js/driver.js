@@ -26,14 +26,14 @@ const { definitionCase, parseJson } = require("./definitions");
 
 const SPECS = process.env.FENCEKEEPER_SPECS || path.join(__dirname, "..", "..", "..", "specs");
 const machines = loadMachines(SPECS);
-const LAYERS = ["machines", "protocol", "expressions", "definitions", "interpreter", "journal", "journal-append", "operations"];
+const LAYERS = ["machines", "protocol", "recovery", "expressions", "definitions", "interpreter", "journal", "journal-append", "operations"];
 
 function answer(layer, input) {
   if (layer === "machines") {
     const target = step(machines[input.machine], input.state, input.event);
     return target === null ? { illegal: true } : { target };
   }
-  if (layer === "protocol") {
+  if (layer === "protocol" || layer === "recovery") {
     return decide(machines, input);
   }
   if (layer === "operations") {

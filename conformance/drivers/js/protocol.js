@@ -538,6 +538,8 @@ const DECISIONS = { admit, claim, renew, record_step: recordStep, release, fence
 
 function decide(machines, input) {
   if (input.decision === "decide_approval") return decideApproval(input.rows, input.request);
+  // Required here, not above: recovery.js builds on this module's helpers.
+  if (input.decision === "recover") return require("./recovery").recover(machines, { recovery: null, ...input.rows }, input.request, input.now);
   const fn = DECISIONS[input.decision];
   if (!fn) return null;
   const rows = { registration: null, ...input.rows };
@@ -545,4 +547,9 @@ function decide(machines, input) {
   return fn(machines, rows, input.request, input.now);
 }
 
-module.exports = { decide };
+module.exports = {
+  decide,
+  // What recovery.js shares: the request's checks, the rows' checks, a move and its guard.
+  Invalid, refusal, validated, checkId, checkUtc, checkPositiveInt, checkAuthority, checkText, us, timeText,
+  checkPair, checkBusiness, checkRevision, checkAuthorized, guardOf, move, decision,
+};
