@@ -49,9 +49,9 @@ class JsonFloat {
 // --- JSON text ------------------------------------------------------------------------------
 // JSON.parse keeps the last of two equal keys, reads 2.0 as 2 and rounds 2^53 + 1; a
 // definition must refuse the first and second and see the third as out of bounds.  The
-// driver's own requests come from a JSON writer that may emit NaN and Infinity, so those
-// are read too, as floats the reader then refuses (definitions.md, Values: "NaN ... refused").
-// A duplicate key is marked on its object, for the reader to refuse as not JSON.
+// runner's JSON writer may emit NaN and Infinity, so those are read too, as floats the
+// reader refuses at their field (definitions.md, Values: "NaN ... refused").  A duplicate
+// key is marked on its object, for the reader to refuse as not JSON.
 const DUPLICATE = Symbol("duplicate key");
 
 function parseJson(text) {
@@ -170,9 +170,9 @@ function parseJson(text) {
   return result;
 }
 
-// Not JSON at all, though it parsed: a duplicate key or a number JSON has no spelling for.
+// Not JSON at all, though it parsed: an object with a duplicate key.  (NaN and Infinity
+// are read as floats, refused at their field as the float they are on the wire.)
 function notJson(value) {
-  if (value instanceof JsonFloat) return !/^-?\d/.test(value.text);
   if (Array.isArray(value)) return value.some(notJson);
   if (value !== null && typeof value === "object") return Boolean(value[DUPLICATE]) || Object.values(value).some(notJson);
   return false;
@@ -274,18 +274,20 @@ class Reader {
     this.table(field, value);
     const keys = Object.keys(value);
     if (keys.length < min || keys.length > max) this.fail(field);
-    for (const key of keys) {
-      this.name(`${field}.${key}`, key);
-      this.operand(`${field}.${key}`, value[key]);
-    }
+    // A key that is not a name is the table's fault: it has no field of its own to blame.
+    for (const key of keys) if (!NAME.test(key)) this.fail(field);
+    for (const key of keys) this.operand(`${field}.${key}`, value[key]);
     return value;
   }
 
-  // A list of strings, each of its form, none twice.
+  // A list of strings, each of its form and none twice, entry by entry: a repeat is found
+  // before the form of any entry after it is read.
   names(field, value, min, max, check) {
     this.array(field, value, min, max);
-    value.forEach((item, n) => check(`${field}[${n}]`, item));
-    if (new Set(value).size !== value.length) this.fail(field);
+    value.forEach((item, n) => {
+      check(`${field}[${n}]`, item);
+      if (value.indexOf(item) !== n) this.fail(field);
+    });
     return value;
   }
 
@@ -299,6 +301,8 @@ class Reader {
 
   targets(field, value, min) {
     this.array(field, value, min, 16);
+    // Two equal targets would bind one object twice: the later one repeats the earlier.
+    const key = (t) => JSON.stringify([t.id, t.revision], (k, v) => (typeof v === "bigint" ? String(v) : v));
     value.forEach((t, n) => {
       const at = `${field}[${n}]`;
       this.table(at, t);
@@ -313,10 +317,9 @@ class Reader {
       }
       if (isTable(t.revision)) this.operand(`${at}.revision`, t.revision);
       else this.integer(`${at}.revision`, t.revision, 1, MAX_SAFE);
+      // An entry of a list of tables that repeats an earlier one is blamed, not the list.
+      if (value.slice(0, n).some((earlier) => key(earlier) === key(t))) this.fail(at);
     });
-    // Two equal targets would bind one object twice (`repeats targets[0]`).
-    const seen = value.map((t) => JSON.stringify([t.id, t.revision], (k, v) => (typeof v === "bigint" ? String(v) : v)));
-    if (new Set(seen).size !== seen.length) this.fail(field);
   }
 
   policies(field, value) {
@@ -327,8 +330,8 @@ class Reader {
       this.fields(at, p, ["id", "revision"], ["id", "revision"]);
       this.identifier(`${at}.id`, p.id);
       this.integer(`${at}.revision`, p.revision, 1, MAX_SAFE);
+      if (value.slice(0, n).some((earlier) => earlier.id === p.id)) this.fail(at);
     });
-    if (new Set(value.map((p) => p.id)).size !== value.length) this.fail(field);
   }
 }
 
@@ -342,6 +345,7 @@ const KEYWORDS_OF = {
   object: [],
   array: [],
 };
+const KEYWORD_ORDER = ["minimum", "maximum", "minLength", "maxLength", "enum"];
 const TYPE_FIELDS = ["type", "required", "description", "enum", "minimum", "maximum", "minLength", "maxLength"];
 
 // Typed inputs, each in the order written: its name, its fields, `type`, the keywords that
@@ -351,11 +355,12 @@ function readTyped(r, inputs) {
   if (names.length > 64) r.fail("inputs");
   for (const name of names) {
     const at = `inputs.${name}`;
-    r.name(at, name);
+    if (!NAME.test(name)) r.fail("inputs");
     const type = r.table(at, inputs[name]);
     r.fields(at, type, TYPE_FIELDS, ["type"]);
     if (typeof type.type !== "string" || !INPUT_TYPES.includes(type.type)) r.fail(`${at}.type`);
-    const misplaced = Object.keys(type).find((k) => TYPE_FIELDS.slice(3).includes(k) && !KEYWORDS_OF[type.type].includes(k));
+    // The keywords in this order, whatever order they are written in.
+    const misplaced = KEYWORD_ORDER.find((k) => has(type, k) && !KEYWORDS_OF[type.type].includes(k));
     if (misplaced !== undefined) r.fail(`${at}.${misplaced}`);
     for (const k of ["minimum", "maximum"]) if (has(type, k)) r.integer(`${at}.${k}`, type[k], -MAX_SAFE, MAX_SAFE);
     for (const k of ["minLength", "maxLength"]) if (has(type, k)) r.integer(`${at}.${k}`, type[k], 0, 4096);
@@ -365,9 +370,12 @@ function readTyped(r, inputs) {
     if (has(type, "description")) r.string(`${at}.description`, type.description, 256);
     if (has(type, "enum")) {
       r.array(`${at}.enum`, type.enum, 1, 64);
-      type.enum.forEach((entry, n) => admissible(r, `${at}.enum[${n}]`, type, entry));
-      const seen = type.enum.map((e) => `${typeof e}:${String(e)}`);
-      if (new Set(seen).size !== seen.length) r.fail(`${at}.enum`);
+      // `true` is not 1: equal entries are equal values of one type.
+      const key = (e) => `${typeof e === "bigint" ? "number" : typeof e}:${String(e)}`;
+      type.enum.forEach((entry, n) => {
+        admissible(r, `${at}.enum[${n}]`, type, entry);
+        if (type.enum.slice(0, n).some((earlier) => key(earlier) === key(entry))) r.fail(`${at}.enum`);
+      });
     }
   }
 }
@@ -457,7 +465,8 @@ function readKind(r, node, lenient) {
 // Validation 3, for one node: id, kind, unknown fields, missing fields, then the kind's own.
 function readNode(raw, n, ids, lenient) {
   const anonymous = new Reader(null);
-  if (!isTable(raw)) anonymous.fail(`nodes[${n}]`);
+  // `nodes` is "an array of 1 to 200 tables" (Validation 2): an entry of another type is its fault.
+  if (!isTable(raw)) anonymous.fail("nodes");
   if (!has(raw, "id")) anonymous.fail("id");
   anonymous.name("id", raw.id);
   if (raw.id === "input") anonymous.fail("id");
@@ -510,12 +519,15 @@ function continuations(node) {
 }
 
 // Every binding name a node reads, with the field that reads it: a condition's `bindings`,
-// then each reference in field order.
+// then each reference in field order, blamed on the operand that holds it (the binding's
+// own form, `.from`, was checked with the node).
 function readings(node) {
   if (node.kind === "condition") return node.bindings.map((name) => ["bindings", name]);
+  // An unsupported node's fields were not read: what it reads is a newer reader's to say.
+  if (node.unsupported) return [];
   const found = [];
   const add = (field, operand) => {
-    if (isTable(operand)) found.push([`${field}.from`, operand.from]);
+    if (isTable(operand)) found.push([field, operand.from]);
   };
   for (const [k, v] of Object.entries(node.correlation || {})) add(`correlation.${k}`, v);
   (node.targets || []).forEach((t, n) => {
@@ -551,33 +563,28 @@ function checkGraph(start, inputs, nodes, lenient) {
       }
     }
   }
-  // A cycle of conditions alone could never wait, act or end: depth first from each
-  // condition in file order, each continuation in field order; the cycle is blamed on the
-  // node it is first entered by, and on that node's continuation into it.
-  const colour = new Map();
+  // A cycle of conditions alone could never wait, act or end.  Depth first over conditions,
+  // from each in file order, each continuation in field order: the first continuation back
+  // to a node on the path closes a cycle, which is blamed on the node it closes at and on
+  // that node's first continuation to the next node of the cycle.
+  const done = new Set();
+  const path = [];
   const visit = (node) => {
-    colour.set(node.id, "open");
-    for (const [field, next] of continuations(node)) {
-      const target = nodes.get(next);
-      if (target === undefined || target.kind !== "condition") continue;
-      if (colour.get(next) === "open") return { next, field, from: node.id };
-      if (!colour.has(next)) {
-        const found = visit(target);
-        if (found) return found;
+    path.push(node.id);
+    for (const [, next] of continuations(node)) {
+      const at = path.indexOf(next);
+      if (at !== -1) {
+        const after = path[at + 1] ?? next;
+        const [field] = continuations(nodes.get(next)).find(([, t]) => t === after);
+        new Reader(next).fail(field);
       }
+      const target = nodes.get(next);
+      if (target !== undefined && target.kind === "condition" && !done.has(next)) visit(target);
     }
-    colour.set(node.id, "done");
-    return null;
+    path.pop();
+    done.add(node.id);
   };
-  for (const node of nodes.values()) {
-    if (node.kind !== "condition" || colour.has(node.id)) continue;
-    const found = visit(node);
-    if (found) {
-      // The back edge closes the cycle at `next`: blame `next` and its edge into the cycle.
-      const path = cyclePath(nodes, found.next, found.from);
-      new Reader(found.next).fail(path);
-    }
-  }
+  for (const node of nodes.values()) if (node.kind === "condition" && !done.has(node.id)) visit(node);
   // An unsupported node's continuations are unknown, so nothing is unreachable for sure.
   if ([...nodes.values()].some((n) => n.unsupported)) return;
   const reached = new Set([start]);
@@ -592,26 +599,6 @@ function checkGraph(start, inputs, nodes, lenient) {
   }
   const lost = [...nodes.keys()].find((id) => !reached.has(id));
   if (lost !== undefined) new Reader(lost).fail(null);
-}
-
-// The field by which `first`, entering a condition-only cycle that returns to it from
-// `last`, continues into the cycle: its first continuation from which `last` is reached
-// through conditions.
-function cyclePath(nodes, first, last) {
-  const node = nodes.get(first);
-  for (const [field, next] of continuations(node)) {
-    const seen = new Set();
-    const stack = [next];
-    while (stack.length) {
-      const id = stack.pop();
-      const n = nodes.get(id);
-      if (n === undefined || n.kind !== "condition" || seen.has(id)) continue;
-      if (id === last) return field;
-      seen.add(id);
-      for (const [, after] of continuations(n)) stack.push(after);
-    }
-  }
-  return null;
 }
 
 // --- the definition -------------------------------------------------------------------------

@@ -79,9 +79,8 @@ function handle(request) {
 // A definition is read from the request's own text (definitions.js, parseJson): JSON.parse
 // would read 1.0 as 1 and keep the last of two equal keys, which a definition refuses.
 function read(line) {
-  const request = JSON.parse(line);
-  if (request.op === "case" && request.layer === "definitions") request.input = parseJson(line).input;
-  return request;
+  const exact = parseJson(line);
+  return exact.op === "case" && exact.layer === "definitions" ? exact : JSON.parse(line);
 }
 
 const lines = readline.createInterface({ input: process.stdin, terminal: false });
