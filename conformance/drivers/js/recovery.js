@@ -25,13 +25,14 @@
 "use strict";
 
 const { step: tableStep } = require("./machines");
-const { readDefinition, DefinitionError } = require("./definitions");
+const { readDefinition } = require("./definitions");
 const p = require("./protocol");
 
 const KINDS = ["quarantine_expired", "fail", "resume_safe", "reconcile_command", "resume_suspended"];
 const STEP_LIMIT = 100;
 const MAX_RATIONALE = 2000;
 const REVIEW = ["reconciliation_required", "suspended"];
+const RESUMES = ["resume_safe", "resume_suspended"];
 // A Command still open: issued and not answered, or answered unknown (interpreter.md, The
 // handler contract).  Every other state is an answer that settles it.
 const UNRESOLVED_COMMAND = ["issued", "unknown"];
@@ -43,29 +44,39 @@ const INERT_ATTEMPT = { pending: "reject", unknown: "reconcile_not_applied", rec
 
 // --- the request ----------------------------------------------------------------------------
 
+// The fields in the order specs/protocol.md (Recovery requests) lists them.
 function checkRequest(r, nowText) {
-  p.checkId("execution_id", r.execution_id);
-  p.checkId("business_id", r.business_id);
   p.checkId("command_id", r.command_id);
   if (!KINDS.includes(r.kind)) throw new p.Invalid("kind");
-  p.checkId("actor_id", r.actor_id);
+  p.checkId("execution_id", r.execution_id);
+  p.checkId("business_id", r.business_id);
   p.checkPositiveInt("expected_revision", r.expected_revision);
+  p.checkId("actor_id", r.actor_id);
   p.checkAuthority("authority", r.authority);
-  if (r.next_node_id != null) p.checkId("next_node_id", r.next_node_id);
   if (r.command_to_reconcile != null) p.checkId("command_to_reconcile", r.command_to_reconcile);
+  if (r.next_node_id != null) {
+    p.checkId("next_node_id", r.next_node_id);
+    // Only a resume enters a node: a continuation named to any other decision is a mistake.
+    if (!RESUMES.includes(r.kind)) throw new p.Invalid("next_node_id");
+  }
   const rationale = r.rationale ?? "";
+  // Characters are code points, as the spec counts them; a string's length counts UTF-16 units.
+  if (typeof rationale !== "string" || [...rationale].length > MAX_RATIONALE) throw new p.Invalid("rationale");
   p.checkText("rationale", rationale);
-  if ([...rationale].length > MAX_RATIONALE) throw new p.Invalid("rationale");
   return p.checkUtc("now", nowText);
 }
 
 // --- the store's facts ----------------------------------------------------------------------
 
 // The facts as the store passes them; a case without them has none (no evidence, no
-// registered definition, nothing submitted).  Evidence of another execution is a row no
-// store could have read for this one: raised, never decided on.
+// registered definition, nothing submitted).  Evidence of another execution, or a
+// definition that is not one, is a row no store could have read for this one: raised,
+// never decided on.
 function factsOf(rows, execution) {
-  const facts = rows.facts || { evidence: [], definition: null, submitted: [] };
+  const given = rows.facts || {};
+  const facts = { evidence: given.evidence || [], submitted: given.submitted || [], definition: null };
+  // A registered revision was read strictly when it was registered.
+  if (given.definition != null) facts.definition = readDefinition(given.definition);
   for (const e of [...facts.evidence, ...facts.submitted]) {
     const owner = e.body && e.body.execution_id;
     if (execution !== null && owner !== undefined && owner !== execution.execution_id) {
@@ -76,11 +87,13 @@ function factsOf(rows, execution) {
 }
 
 const attemptsOf = (evidence) => evidence.filter((e) => e.kind === "StepAttempt");
-const commandOf = (evidence, attempt) => {
-  const id = attempt.body.command_id ?? `${attempt.object_id}/command`;
-  return evidence.find((e) => e.kind === "Command" && e.object_id === id) || null;
-};
-const hasOwnCommand = (evidence, attempt) => attempt.body.command_id != null || commandOf(evidence, attempt) !== null;
+// An attempt that issued a Command says so (`command_id` in its body), or its Command
+// `<attempt>/command` is there to say it.
+const hasOwnCommand = (evidence, attempt) => "command_id" in attempt.body
+  || evidence.some((e) => e.kind === "Command" && e.object_id === `${attempt.object_id}/command`);
+// The newest revision of an object among those given.
+const newest = (list, objectId) => list.filter((e) => e.object_id === objectId)
+  .reduce((best, e) => (best === null || e.revision > best.revision ? e : best), null);
 
 // no_unresolved_command: no Command open, every local_command attempt settled, and the
 // attempts that never reached a handler settled as not applied by the resume itself.
@@ -97,17 +110,6 @@ function unresolved(machines, evidence) {
     if (attempt.body.node_kind === "local_command") return { holds: false, settles };
   }
   return { holds: true, settles };
-}
-
-// The pinned definition, read as a stored revision is; one that cannot be read proves nothing.
-function pinned(definition) {
-  if (definition === null || definition === undefined) return null;
-  try {
-    return readDefinition(definition, { lenient: true });
-  } catch (err) {
-    if (err instanceof DefinitionError) return null;
-    throw err;
-  }
 }
 
 // The continuations the evidence permits at the execution's current node: with no attempt
@@ -128,13 +130,16 @@ function permitted(execution, evidence, settles) {
 }
 
 // The safe-resume proof: the record of it, or null when a fact does not hold.
+// resume_suspended re-enters the node its visit stopped at, and only that (Leaving suspended).
 function prove(machines, execution, facts, r, onlyCurrent) {
   const { holds, settles } = unresolved(machines, facts.evidence);
-  const definition = pinned(facts.definition);
+  // The definition given is the pinned one only if it is the execution's id and revision.
+  const d = facts.definition;
+  const definition = d !== null && d.id === execution.definition_id && d.revision === execution.definition_revision ? d : null;
   const next = r.next_node_id ?? null;
   const dependencies = definition !== null && next !== null && definition.nodes.has(next);
-  let approved = next !== null && permitted(execution, facts.evidence, settles).includes(next);
-  if (onlyCurrent) approved = approved && next === execution.current_node_id;
+  const allowed = onlyCurrent ? [execution.current_node_id] : permitted(execution, facts.evidence, settles);
+  const approved = next !== null && allowed.includes(next);
   const contract = typeof r.rationale === "string" && r.rationale.trim() !== "";
   if (!holds || !dependencies || !approved || !contract) return null;
   return {
@@ -149,21 +154,19 @@ function prove(machines, execution, facts, r, onlyCurrent) {
   };
 }
 
-// reconcile_command: the named Command is the execution's and still open, and what the
-// caller submits settles it and its attempt conclusively, each as the next revision of the
-// object the store holds.  Returns the attempt as the store holds it, or null.
+// reconcile_command: the named Command is the execution's and still open, and the newest
+// revision the caller submits of it, and of the attempt its body names, settles each
+// conclusively.  Returns { attempt }, the attempt as the store holds it (or null), or null
+// when there is nothing to settle.
 function settlement(evidence, submitted, commandId) {
   const command = evidence.find((e) => e.kind === "Command" && e.object_id === commandId);
   if (!command || !UNRESOLVED_COMMAND.includes(command.state)) return null;
-  const attempt = evidence.find((e) => e.kind === "StepAttempt" && e.object_id === command.body.attempt_id);
-  if (!attempt) return null;
-  const next = (object) => submitted.find((s) => s.object_id === object.object_id && s.kind === object.kind
-    && s.revision === object.revision + 1);
-  const settledCommand = next(command);
-  const settledAttempt = next(attempt);
+  const attemptId = String(command.body.attempt_id ?? "");
+  const settledCommand = newest(submitted, commandId);
+  const settledAttempt = newest(submitted, attemptId);
   if (!settledCommand || UNRESOLVED_COMMAND.includes(settledCommand.state)) return null;
   if (!settledAttempt || !SETTLED_ATTEMPT.includes(settledAttempt.state)) return null;
-  return attempt;
+  return { attempt: newest(evidence, attemptId) };
 }
 
 // --- the decision ---------------------------------------------------------------------------
@@ -192,7 +195,10 @@ function recover(machines, rows, r, nowText) {
     if (!r.authority.granted) return p.refusal("not_authorized");
     const same = stored.kind === r.kind && stored.execution_id === r.execution_id
       && stored.expected_revision === r.expected_revision;
-    return same ? { outcome: "unchanged", code: "recovery_replayed", record: stored } : p.refusal("recovery_conflict");
+    // The stored record is answered as specs/conformance.md (`recovery`) gives it back: its proof is not
+    // part of what a repeat is compared by, and is not repeated.
+    return same ? { outcome: "unchanged", code: "recovery_replayed", record: { ...stored, proof: null } }
+      : p.refusal("recovery_conflict");
   }
   const pair = p.checkPair(execution, dispatch, r.execution_id);
   if (pair) return pair;
@@ -210,7 +216,7 @@ function recover(machines, rows, r, nowText) {
       || (dispatch.lease_expires_at === null || p.us(dispatch.lease_expires_at) > now ? p.refusal("lease_not_expired") : null)
       || revision() || authority();
     if (first) return first;
-    if (r.actor_id === dispatch.leased_by) return p.refusal("worker_cannot_recover");
+    if (dispatch.leased_by !== null && r.actor_id === dispatch.leased_by) return p.refusal("worker_cannot_recover");
     const [e, d] = p.move(machines, execution, dispatch, "quarantine_expired", { error_code: "quarantine_expired" });
     return p.decision(guard, e, d, { recovery: recordOf(r, execution, e), objects: [] });
   }
@@ -232,11 +238,12 @@ function recover(machines, rows, r, nowText) {
   }
 
   if (r.kind === "reconcile_command") {
-    const attempt = r.command_to_reconcile == null ? null
+    const settled = r.command_to_reconcile == null ? null
       : settlement(facts.evidence, facts.submitted, r.command_to_reconcile);
-    if (attempt === null) return p.refusal("no_unresolved_command", "command_to_reconcile");
+    if (settled === null) return p.refusal("no_unresolved_command", "command_to_reconcile");
     // A quarantined visit was never counted by its worker; the settlement counts it, within the bound.
-    const quarantined = attempt.state === "reconciliation_required" || attempt.state === "running";
+    const attempt = settled.attempt;
+    const quarantined = attempt !== null && (attempt.state === "reconciliation_required" || attempt.state === "running");
     const steps = execution.step_count + (quarantined && execution.step_count < STEP_LIMIT ? 1 : 0);
     const e = { ...execution, revision: execution.revision + 1, step_count: steps };
     const d = { ...dispatch, step_count: steps };
