@@ -2,15 +2,17 @@
 // A fencekeeper conformance driver in JavaScript (specs/conformance.md, protocol 1.2).
 //
 // It reads one JSON request per line on stdin and writes one JSON response per
-// line on stdout.  It implements seven layers, from specs/ alone:
+// line on stdout.  It implements nine layers, every one but `store`, from specs/ alone:
 //   machines        -- the tables of specs/machines/*.toml       (machines.js)
-//   protocol        -- the decisions of specs/protocol.md         (protocol.js)
+//   protocol        -- the decisions of specs/protocol.md         (protocol.js, approvals.js)
+//   recovery        -- its governed `recover` decisions           (recovery.js)
 //   expressions     -- the language of specs/expressions.md       (expr.js)
+//   definitions     -- a definition read as specs/definitions.md  (definitions.js)
 //   interpreter     -- one node visit of specs/interpreter.md     (interpreter.js)
 //   journal         -- a chain replayed as specs/journal.md says  (journal.js)
 //   journal-append  -- one command appended to a journal          (journal.js)
 //   operations      -- the decisions of specs/operations.md       (operations.js)
-// Every other layer is declared unsupported, so the runner skips it.
+// The store layer is declared unsupported (there is no store here), so the runner skips it.
 //
 // Run: fencekeeper conformance --driver "node conformance/drivers/js/driver.js"
 

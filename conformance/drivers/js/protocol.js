@@ -7,7 +7,8 @@
 //   { outcome: "decision", guard, execution, dispatch, registration, lease, closes }
 // Checks run in the order the spec's tables list them; the first that fails
 // names the refusal.  Malformed input is refused first, naming the field.
-// States change only through the machine tables (machines.js).
+// States change only through the machine tables (machines.js).  The governed `recover`
+// decisions are recovery.js's, which builds on the helpers this module exports.
 //
 // Times are BigInt microseconds since the epoch: the spec's times have
 // microsecond precision and a JavaScript Date has only milliseconds.
