@@ -648,4 +648,4 @@ function definitionCase(input) {
   }
 }
 
-module.exports = { readDefinition, definitionCase, parseJson, DefinitionError, JsonFloat, namesOf, continuations };
+module.exports = { readDefinition, definitionCase, parseJson, DefinitionError };
