@@ -639,6 +639,11 @@ function readDefinition(data, { lenient = false } = {}) {
 
 // The answer of the `definitions` layer (specs/conformance.md).
 function definitionCase(input) {
+  // A case without its definition is the suite's input broken, not a definition to refuse
+  // (specs/conformance.md, "A case's input is whole"): the driver answers it as an error.
+  if (input === null || typeof input !== "object" || !("definition" in input)) {
+    throw new Error("malformed case input: input.definition: missing");
+  }
   try {
     const definition = readDefinition(input.definition);
     return { valid: true, code: null, node: null, field: null, start: definition.start };

@@ -65,6 +65,9 @@ function timeText(us) {
   return `${date.toISOString().slice(0, 19)}.${micro}Z`;
 }
 
+// A JSON object: an array is an object to typeof, but no record of the request's.
+const isRecord = (value) => value !== null && typeof value === "object" && !Array.isArray(value);
+
 function checkId(field, value) {
   if (typeof value !== "string" || !IDENTIFIER.test(value)) throw new Invalid(field);
 }
@@ -94,20 +97,20 @@ function checkBool(field, value) {
 }
 
 function checkAuthority(field, value) {
-  if (value === null || typeof value !== "object") throw new Invalid(field);
+  if (!isRecord(value)) throw new Invalid(field);
   checkBool(`${field}.granted`, value.granted);
   checkId(`${field}.principal_id`, value.principal_id);
 }
 
 function checkCredential(value) {
-  if (value === null || typeof value !== "object") throw new Invalid("credential");
+  if (!isRecord(value)) throw new Invalid("credential");
   checkId("credential.worker_id", value.worker_id);
   checkId("credential.lease_token", value.lease_token);
   checkPositiveInt("credential.fence", value.fence);
 }
 
 function checkStep(field, value) {
-  if (value === null || typeof value !== "object") throw new Invalid(field);
+  if (!isRecord(value)) throw new Invalid(field);
   checkId(`${field}.node_id`, value.node_id);
   checkId(`${field}.attempt_id`, value.attempt_id);
   if (value.next_node_id !== null && value.next_node_id !== undefined) checkId(`${field}.next_node_id`, value.next_node_id);
@@ -152,7 +155,7 @@ function checkCorrelation(field, value) {
 }
 
 function checkWaitSpec(field, value) {
-  if (value === null || typeof value !== "object") throw new Invalid(field);
+  if (!isRecord(value)) throw new Invalid(field);
   checkId(`${field}.node_id`, value.node_id);
   checkId(`${field}.attempt_id`, value.attempt_id);
   if (value.event_type !== null && value.event_type !== undefined) checkId(`${field}.event_type`, value.event_type);
@@ -461,7 +464,7 @@ const samePairs = (a, b) => a.length === b.length && a.every((p, i) => p[0] === 
 function wake(m, { execution, dispatch, registration }, r, nowText) {
   let now;
   const bad = validated(() => {
-    if (r.key === null || typeof r.key !== "object") throw new Invalid("key");
+    if (!isRecord(r.key)) throw new Invalid("key");
     checkId("key.execution_id", r.key.execution_id);
     checkId("key.node_id", r.key.node_id);
     checkId("key.attempt_id", r.key.attempt_id);

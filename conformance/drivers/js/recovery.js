@@ -59,7 +59,8 @@ function checkRequest(r, nowText) {
     // Only a resume enters a node: a continuation named to any other decision is a mistake.
     if (!RESUMES.includes(r.kind)) throw new p.Invalid("next_node_id");
   }
-  const rationale = r.rationale ?? "";
+  // Left out, the rationale is empty; given as null it is not a string, and refused.
+  const rationale = r.rationale === undefined ? "" : r.rationale;
   // Characters are code points, as the spec counts them; a string's length counts UTF-16 units.
   if (typeof rationale !== "string" || [...rationale].length > MAX_RATIONALE) throw new p.Invalid("rationale");
   p.checkText("rationale", rationale);
