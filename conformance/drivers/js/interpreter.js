@@ -69,9 +69,10 @@ function byCodePoint(a, b) {
 
 const sortedPairs = (object) => Object.keys(object).sort(byCodePoint).map((k) => [k, object[k]]);
 
-// A time is UTC (`Z` or a zero offset); a time without an offset or at another offset is
-// no time of this suite's.  Microseconds are kept: started_at is written back exactly.
-const TIME = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?(Z|[+-]00:00)$/;
+// A time is in the wire's one form (specs/conformance.md, Values): the date, `T`, the time with
+// six fractional digits, and `Z`.  A naive time, an offset (`+00:00` included) or another
+// spelling is no time of this suite's.  Microseconds are kept: started_at is written back exactly.
+const TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{6})Z$/;
 
 function utcText(text) {
   const m = typeof text === "string" ? TIME.exec(text) : null;
@@ -81,7 +82,7 @@ function utcText(text) {
   // A day or hour that does not exist (Feb 30, 25:00) is no time, not the next one.
   if (Number.isNaN(ms) || date.getUTCDate() !== +m[3] || date.getUTCHours() !== +m[4] ||
       date.getUTCMinutes() !== +m[5] || date.getUTCSeconds() !== +m[6]) return null;
-  return `${m[1]}-${m[2]}-${m[3]}T${m[4]}:${m[5]}:${m[6]}.${(m[7] || "").padEnd(6, "0")}Z`;
+  return text;
 }
 
 // A plain JSON value as expr.js's tagged binding (specs/conformance.md, Values): the

@@ -818,9 +818,9 @@ const DECISIONS = {
 function decideOperation(machines, input) {
   const fn = DECISIONS[input.decision];
   if (!fn) return null;
-  // Every time a decision writes is in the one form of the wire (six digits and `Z`), so a `now`
-  // given as `+00:00` is rewritten before it is copied anywhere; one that is no UTC time is
-  // passed on as it is, for the decision to refuse where its table checks `now`.
+  // Every time a decision writes is in the one form of the wire (six digits and `Z`), the only
+  // form read as a time; a `now` in any other is no time and is passed on as it is, for the
+  // decision to refuse where its table checks `now`.
   const now = parseTime(input.now);
   return fn(machines, input.operation, input.request, now === null ? input.now : timeText(now));
 }

@@ -43,18 +43,24 @@ const refusal = (code, field = null) => ({ outcome: "refusal", code, field });
 
 // --- values ---------------------------------------------------------------------------
 
-const TIME = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?(Z|[+-]\d{2}:\d{2})?$/;
+// The one form of a time on the wire (specs/conformance.md, Values): the date, `T`, the time
+// with six fractional digits, and `Z`.  A naive time, an offset (`+00:00` included) or any other
+// spelling is no time here.
+const TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{6})Z$/;
 
-// A time from its text: { us } for UTC, or { problem } (not a time, naive, or not UTC).
+// A time from its text: { us } for a time in that form, or { problem }.
 function parseTime(text) {
   if (typeof text !== "string") return { problem: "not a time" };
   const m = TIME.exec(text);
   if (!m) return { problem: "not a time" };
-  if (m[8] === undefined) return { problem: "naive" };
-  if (m[8] !== "Z" && m[8] !== "+00:00" && m[8] !== "-00:00") return { problem: "not UTC" };
-  const ms = Date.UTC(+m[1], +m[2] - 1, +m[3], +m[4], +m[5], +m[6]);
-  const fraction = BigInt((m[7] || "").padEnd(6, "0"));
-  return { us: BigInt(ms) * 1000n + fraction };
+  // setUTCFullYear, not Date.UTC, which reads the years 0-99 as 1900-1999.
+  const date = new Date(0);
+  date.setUTCFullYear(+m[1], +m[2] - 1, +m[3]);
+  date.setUTCHours(+m[4], +m[5], +m[6], 0);
+  // A field that overflows is carried into the next (February 30th is March 2nd): a date that
+  // does not read back as written is no date.
+  if (Number.isNaN(date.getTime()) || date.toISOString().slice(0, 19) !== text.slice(0, 19)) return { problem: "not a time" };
+  return { us: BigInt(date.getTime()) * 1000n + BigInt(m[7]) };
 }
 
 function timeText(us) {
