@@ -566,6 +566,15 @@ def interpreter_cases() -> list[Case]:
     c.add("pinning/unsupported_kind", "done",
           definition=_edited("done", kind="teleport", outcome=None),
           expect="finish/suspended/unsupported_node")
+    # Cases 4.7.0: an unsupported node's fields are not examined, its references included, so one that
+    # would read an undeclared input or a node without outputs leaves the definition readable.
+    unreadable_refs = {"payload": {"x": {"from": "input.nothing"}}, "targets": [{"id": {"from": "check.x"}, "revision": 1}]}
+    c.add("pinning/unsupported_kind_reads_no_binding", "done",
+          definition=_edited("done", kind="teleport", outcome=None, **unreadable_refs),
+          expect="finish/suspended/unsupported_node")
+    c.add("pinning/unsupported_kind_elsewhere_reads_no_binding", "check",
+          definition=_edited("done", kind="teleport", outcome=None, **unreadable_refs),
+          expect="step/ask")
 
     # --- step attempts: identity ---------------------------------------------------------------------
     long_id = "x-" + "7" * 130

@@ -802,7 +802,171 @@ def recovery_cases() -> list[Case]:
     cases.append(_case("recover", at_limit, request(at_limit, "resume_suspended", next_node_id="check",
                                                      rationale="the bound was raised"), end, "resume_suspended"))
     cases.extend(_recovery_fact_cases(w, request))
+    cases.extend(_recovery_request_cases(w, request))
+    cases.extend(_recovery_rule_cases(w, request))
     return [_tagged(case) for case in _unique(cases)]
+
+
+def _recovery_request_cases(w: dict[str, World], request: Callable[..., dict[str, Any]]) -> list[Case]:
+    """Cases 4.7.0: the recovery request, checked field by field (specs/protocol.md, Recovery requests).
+
+    Each order case breaks two fields next to each other in the table and expects the first; the holder
+    cases pin who the lease holder is and where that check stands among the others.
+    """
+    running, review, reclaimed = w["running"], w["reconciliation_required"], w["reclaimed"]
+    end = _lease_end(running)
+    bad_authority = {"granted": 1, "principal_id": "user:ops"}
+    cases: list[Case] = []
+    for label, kind, changes in (
+        ("command_id_before_kind", "fail", {"command_id": BAD_ID, "kind": "reboot"}),
+        ("kind_before_execution_id", "fail", {"kind": "reboot", "execution_id": BAD_ID}),
+        ("execution_id_before_business_id", "fail", {"execution_id": BAD_ID, "business_id": BAD_ID}),
+        ("business_id_before_expected_revision", "fail", {"business_id": BAD_ID, "expected_revision": 0}),
+        ("expected_revision_before_actor_id", "fail", {"expected_revision": 0, "actor_id": BAD_ID}),
+        ("actor_id_before_authority", "fail", {"actor_id": BAD_ID, "authority": bad_authority}),
+        ("authority_before_command_to_reconcile", "reconcile_command",
+         {"authority": bad_authority, "command_to_reconcile": BAD_ID}),
+        ("command_to_reconcile_before_next_node_id", "resume_safe",
+         {"command_to_reconcile": BAD_ID, "next_node_id": BAD_ID}),
+        ("next_node_id_before_rationale", "resume_safe", {"next_node_id": BAD_ID, "rationale": 7}),
+        ("continuation_of_no_resume_before_rationale", "fail", {"next_node_id": "check", "rationale": 7}),
+        ("rationale_before_now", "fail", {"rationale": "x" * 2001}),
+    ):
+        now = NAIVE if label == "rationale_before_now" else wire.time_text(end)
+        cases.append(_case("recover", review, {**request(review, kind), **changes}, now, f"request/{label}"))
+    # A malformed request is refused before the rows are read: here they hold no execution at all.
+    cases.append(_case("recover", w["none"], request(review, "fail", rationale="x" * 2001), end,
+                       "request/before_the_rows"))
+    # Only a resume names a continuation; any other decision naming one is refused, even a well-formed one.
+    for world, kind, extra in (
+        (running, "quarantine_expired", {}),
+        (review, "fail", {}),
+        (review, "reconcile_command", {"command_to_reconcile": "cmd-1"}),
+    ):
+        cases.append(_case("recover", world, request(world, kind, next_node_id="check", **extra), end,
+                           f"request/{kind}_names_a_continuation"))
+    # The rationale: at most 2000 characters (code points), text a store can keep.
+    for label, rationale in (
+        ("rationale_of_2000_characters", "x" * 2000),
+        ("rationale_of_2000_characters_beyond_u_ffff", "\U0001f600" * 2000),
+        ("rationale_of_2001_characters_beyond_u_ffff", "\U0001f600" * 2001),
+        ("rationale_with_nul", "nothing\x00was sent"),
+        ("rationale_with_lone_surrogate", "nothing\ud800was sent"),
+    ):
+        cases.append(_case("recover", review, request(review, "fail", rationale=rationale), end, f"request/{label}"))
+    # The lease holder is the dispatch row's leased_by, compared with the request's actor_id alone.
+    cases.append(_case("recover", running, request(running, "quarantine_expired",
+                                                   authority=_j(p.Authority(True, "w-1"))), end,
+                       "holder/principal_is_the_holder"))
+    reclaimed_end = _lease_end(reclaimed)
+    cases.append(_case("recover", reclaimed, request(reclaimed, "quarantine_expired", actor_id="w-1"), reclaimed_end,
+                       "holder/an_earlier_holder"))
+    cases.append(_case("recover", reclaimed, request(reclaimed, "quarantine_expired", actor_id="w-2"), reclaimed_end,
+                       "holder/the_current_holder"))
+    # The holder check comes after the lease's expiry, the revision and the authority.
+    held: tuple[tuple[str, dict[str, Any], datetime], ...] = (
+        ("holder_with_live_lease", {}, end - US),
+        ("holder_with_stale_revision", {"expected_revision": 1}, end),
+        ("holder_not_authorized", {"authority": _j(NO)}, end),
+    )
+    for label, changes, at in held:
+        cases.append(_case("recover", running, request(running, "quarantine_expired", actor_id="w-1", **changes), at,
+                           f"holder/{label}"))
+    return cases
+
+
+def _evidence(object_id: str, kind: str, state: str, revision: int, **body: Any) -> dict[str, Any]:
+    return {"object_id": object_id, "kind": kind, "revision": revision, "state": state,
+            "body": {"execution_id": "e-1", "status": state, **body}}
+
+
+def _step(object_id: str, node_id: str, state: str, revision: int, node_kind: str = "local_command",
+          **body: Any) -> dict[str, Any]:
+    return _evidence(object_id, "StepAttempt", state, revision, attempt_id=object_id, node_id=node_id,
+                     node_kind=node_kind, **body)
+
+
+def _cmd(object_id: str, attempt_id: str, state: str, revision: int) -> dict[str, Any]:
+    return _evidence(object_id, "Command", state, revision, command_id=object_id, attempt_id=attempt_id)
+
+
+def _recovery_rule_cases(w: dict[str, World], request: Callable[..., dict[str, Any]]) -> list[Case]:
+    """Cases 4.7.0: the safe-resume proof and a settlement as specs/protocol.md now states them.
+
+    Which attempt decides the permitted continuations (the newest at the current node, after the inert
+    ones are settled), which definition is the pinned one, what counts as a rationale, what
+    resume_suspended permits, and which submitted revisions settle a Command and its attempt.
+    """
+    review, suspended = w["reconciliation_required"], w["suspended"]
+    assert review.dispatch is not None
+    later = wire.time_text(review.dispatch.eligible_at + timedelta(seconds=90))
+    at_check = {"next_node_id": "check", "rationale": "the visit issued no Command"}
+    at_done = {**at_check, "next_node_id": "done"}
+    a1, a2 = "e-1/a1", "e-1/a2"
+    applied = (_step(a1, "check", "completed", 4, command_id=f"{a1}/command", next_node_id="done"),
+               _cmd(f"{a1}/command", a1, "succeeded", 3))
+    not_applied = (_step(a2, "check", "failed", 4, command_id=f"{a2}/command"), _cmd(f"{a2}/command", a2, "rejected", 3))
+    cases: list[Case] = []
+
+    def resume(label: str, changes: dict[str, Any], *evidence: dict[str, Any], definition: Any = _PINNED,
+               world: World = review, kind: str = "resume_safe") -> None:
+        facts = {"evidence": list(evidence), "definition": definition, "submitted": []}
+        cases.append(_case("recover", world, request(world, kind, **changes), later, f"facts/{label}", facts=facts))
+
+    # Inert attempts are settled first, whatever their kind and node, and the proof reads the settlements.
+    resume("inert_attempt_of_another_kind", at_check, _step(a1, "check", "unknown", 2, node_kind="wait_for_event"))
+    resume("inert_attempt_at_another_node", at_check, _step(a1, "done", "reconciliation_required", 3))
+    resume("newest_attempt_inert_after_an_applied_one", at_check, *applied, _step(a2, "check", "pending", 1))
+    # The newest attempt at the current node decides, in creation order.
+    resume("newest_not_applied_after_applied", at_check, *applied, *not_applied)
+    resume("newest_applied_after_not_applied", at_check, *not_applied, *applied)
+    resume("newest_applied_after_not_applied_continued", at_done, *not_applied, *applied)
+    resume("newest_at_another_node_does_not_decide", at_check, *applied,
+           _step(a2, "done", "failed", 4, node_kind="end"))
+    resume("not_applied_at_its_recorded_continuation", at_done,
+           _step(a1, "check", "failed", 4, command_id=f"{a1}/command", next_node_id="done"),
+           _cmd(f"{a1}/command", a1, "rejected", 3))
+    resume("newest_running_permits_none", at_check, _step(a1, "check", "running", 2, node_kind="wait_for_event"))
+    # The pinned definition is the one at the execution's id and revision, nothing else.
+    resume("definition_of_another_revision", at_check, definition={**_PINNED, "revision": 2})
+    resume("definition_of_another_id", at_check, definition={**_PINNED, "id": "purchase-v2"})
+    # A rationale that is empty or only whitespace is none.
+    resume("empty_rationale", {**at_check, "rationale": ""})
+    resume("whitespace_rationale", {**at_check, "rationale": " \t\n "})
+    resume("suspended_whitespace_rationale", {**at_check, "rationale": " \t\n "}, world=suspended,
+           kind="resume_suspended")
+    # resume_suspended permits its current node, whatever the evidence records.
+    resume("suspended_after_an_applied_attempt", at_check, *applied, world=suspended, kind="resume_suspended")
+    resume("suspended_not_at_the_recorded_continuation", at_done, *applied, world=suspended, kind="resume_suspended")
+    resume("suspended_settles_an_inert_attempt", at_check, _step(a1, "check", "pending", 1), world=suspended,
+           kind="resume_suspended")
+
+    # A settlement: the newest submitted revision (by number, not by place) of the Command and of the
+    # attempt its body names decides.
+    command = "cmd-9"
+    stored = (_step(a1, "check", "reconciliation_required", 3, command_id=command), _cmd(command, a1, "unknown", 2))
+
+    def settle(label: str, *submitted: dict[str, Any], evidence: tuple[dict[str, Any], ...] = stored,
+               named: str = command) -> None:
+        facts = {"evidence": list(evidence), "definition": _PINNED, "submitted": list(submitted)}
+        cases.append(_case("recover", review, request(review, "reconcile_command", command_to_reconcile=named), later,
+                           f"facts/{label}", facts=facts))
+
+    done_attempt = _step(a1, "check", "completed", 4, command_id=command, next_node_id="done")
+    settle("settled_by_the_newest_command_revision", _cmd(command, a1, "succeeded", 4), _cmd(command, a1, "unknown", 3),
+           done_attempt)
+    settle("unsettled_by_the_newest_command_revision", _cmd(command, a1, "unknown", 4),
+           _cmd(command, a1, "succeeded", 3), done_attempt)
+    settle("attempt_settled_by_its_newest_revision", _cmd(command, a1, "succeeded", 3), done_attempt,
+           _step(a1, "check", "reconciliation_required", 3, command_id=command))
+    settle("attempt_unsettled_by_its_newest_revision", _cmd(command, a1, "succeeded", 3),
+           _step(a1, "check", "reconciliation_required", 5, command_id=command), done_attempt)
+    settle("attempt_settled_as_failed", _cmd(command, a1, "rejected", 3),
+           _step(a1, "check", "failed", 4, command_id=command))
+    settle("another_attempt_settled", _cmd(command, a1, "succeeded", 3),
+           _step(a2, "check", "completed", 4, command_id=command, next_node_id="done"))
+    settle("named_object_not_a_command", _cmd(command, a1, "succeeded", 3), done_attempt, named=a1)
+    return cases
 
 
 # A pinned definition holding the node the worlds stand at ("check") and its continuation.
