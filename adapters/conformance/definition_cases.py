@@ -168,6 +168,11 @@ _BLAME_EDITS: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
     ("key/payload_key_blames_table", _edit(node="place_order", payload={"Amount": 1})),
     ("key/typed_input_key_blames_table", _typed(**{"z-note": {"type": "string"}})),
     ("key/typed_input_key_before_its_value", _typed(**{"Note": {"type": "money"}})),
+    # A table of names is read entry by entry: an earlier entry's value is read before a later entry's key.
+    ("key/correlation_value_before_a_later_key",
+     _edit(node="await_payment", correlation={"order_id": {"from": "Bad"}, "z-ref": "x"})),
+    ("key/payload_value_before_a_later_key", _edit(node="place_order", payload={"amount": 1.5, "z-ref": "x"})),
+    ("key/typed_input_value_before_a_later_key", _typed(amount={"type": "money"}, **{"z-note": {"type": "string"}})),
     # Keywords that do not apply, and the bounds, in the fixed order whatever the order written.
     ("keyword/minimum_before_enum", _typed(flag={"type": "object", "enum": [1], "minimum": 1})),
     ("keyword/maximum_before_maxLength", _typed(flag={"type": "array", "maxLength": 1, "maximum": 1})),

@@ -274,9 +274,12 @@ class Reader {
     this.table(field, value);
     const keys = Object.keys(value);
     if (keys.length < min || keys.length > max) this.fail(field);
-    // A key that is not a name is the table's fault: it has no field of its own to blame.
-    for (const key of keys) if (!NAME.test(key)) this.fail(field);
-    for (const key of keys) this.operand(`${field}.${key}`, value[key]);
+    // Entry by entry, as a list is read.  A key that is not a name is the table's fault: it has
+    // no field of its own to blame.
+    for (const key of keys) {
+      if (!NAME.test(key)) this.fail(field);
+      this.operand(`${field}.${key}`, value[key]);
+    }
     return value;
   }
 
