@@ -2087,6 +2087,7 @@ __all__ = [
     "operation_problem",
     "outcome_unknown",
     "record_intent",
+    "result_depth_problem",
     "stable_principal",
     "submit",
 ]
