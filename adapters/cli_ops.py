@@ -290,6 +290,27 @@ def _service(
         store.close()
 
 
+def _prepare_patiently(prepare: Callable[[Any], object], store: TransactionalOperationStore, stop: threading.Event) -> None:
+    """The actions module's ``prepare(store)``, a lost connection waited out as the worker loop waits it out.
+
+    It runs once, as the worker starts, on a store that has just answered:
+    a connection ended under it then (a failover, an administrator's
+    ``pg_terminate_backend``) is no more a reason to exit than the same loss
+    a moment later, inside the loop.  What the loop gives up on, it gives up
+    on: another code, a store failing past ``RIDE_OUT_SECONDS``, or a stop.
+    """
+    patience = StorePatience()
+    while True:
+        try:
+            prepare(store)
+            return
+        except StoreError as exc:
+            wait = patience.failed(exc.code)
+            if wait is None or stop.is_set():
+                raise
+            stop.wait(wait)
+
+
 def _principal(text: str) -> PrincipalReference:
     return PrincipalReference.parse(text)
 
@@ -590,7 +611,7 @@ def _work(
         with _service(args, idle_in_transaction_timeout=args.lease) as (service, store, module):
             prepare = getattr(module, "prepare", None)
             if callable(prepare):
-                prepare(store)
+                _prepare_patiently(prepare, store, stop)
 
             def loop(number: int) -> None:
                 worker = DurableOperationWorker(

@@ -101,6 +101,7 @@ from .store import (
     VisitView,
     _GuardFailed,
     _KeptWriteFailed,
+    checked_again_if_lost,
 )
 
 CHANNEL = "fencekeeper_eligible"
@@ -2251,9 +2252,12 @@ class PostgresStore(TransactionalStore):
             self._open_pool(dsn, pool_size, settings)
         except Exception as exc:
             raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
-        try:
+        def check() -> None:
             with self._pooled() as conn:
                 check_schema_with(functools.partial(self._statement, conn), self.schema)
+
+        try:
+            checked_again_if_lost(check, psycopg.OperationalError)
         except psycopg.OperationalError as exc:
             self._close_pool()
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
@@ -73,6 +73,8 @@ class StoreError(Exception):
         """The execution whose stored row a ``malformed_row`` error is about, when it names one: a
         worker passes over it (:class:`~fencekeeper.adapters.worker.Worker`) and claims the others."""
 
+
+_T = TypeVar("_T")
 
 RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
 """StoreError codes a running worker waits out: the store is reachable again soon, or a holder lets go."""
@@ -121,6 +123,28 @@ class StorePatience:
         """A request went through: the store is back."""
         self._since = None
         self._failures = 0
+
+
+def checked_again_if_lost(check: Callable[[], _T], lost: type[BaseException], *, tries: int = 3) -> _T:
+    """``check()``, tried again on a ``lost`` error (a connection dropped after the server answered), ``tries`` in all.
+
+    A store opens by checking its schema on a connection the server has just
+    given it.  An administrator ending that backend in between
+    (``pg_terminate_backend``, a failover) says nothing about the store: a
+    worker starting at that moment would exit with nothing wrong, where the
+    same loss a moment later is ridden out by its loop
+    (:class:`StorePatience`).  The pool hands each try a fresh connection; a
+    server that cannot be reached at all is not this (the pool's own
+    connecting fails first, and is reported at once).
+    """
+    for attempt in range(1, tries + 1):
+        try:
+            return check()
+        except lost:
+            if attempt == tries:
+                raise
+            time.sleep(0.1 * attempt)
+    raise AssertionError("unreachable")
 
 
 def registration_conflict(key: p.WaitKey) -> StoreError:
@@ -1425,6 +1449,7 @@ __all__ = [
     "SystemClock",
     "TransactionalStore",
     "VisitView",
+    "checked_again_if_lost",
     "definition_object_id",
     "evidence_revision_conflict",
     "registration_conflict",

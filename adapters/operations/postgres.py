@@ -103,7 +103,7 @@ from ..postgres_store import (
     permission_denied,
     row_security_refusal,
 )
-from ..store import Clock, StoreError
+from ..store import Clock, StoreError, checked_again_if_lost
 from .base import TransactionalOperationStore, Tx
 from .ports import OperationView
 from .sql import (
@@ -523,9 +523,12 @@ class PostgresOperationStore(TransactionalOperationStore):
             self._pool.wait(timeout=10)
         except Exception as exc:
             raise StoreError("store_unavailable", f"cannot connect to PostgreSQL ({_safe(dsn)}): {_one_line(exc)}") from None
-        try:
+        def check() -> None:
             with self._pool.connection() as conn:
                 check_schema(conn, self.schema)
+
+        try:
+            checked_again_if_lost(check, psycopg.OperationalError)
         except psycopg.OperationalError as exc:
             # Lost between the pool's connection and the check: what every other call of the store says of it.
             self._pool.close()
