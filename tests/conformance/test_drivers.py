@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from fencekeeper.adapters import cli
 from fencekeeper.adapters.conformance import runner
 from fencekeeper.adapters.memory import MemoryStore
 
+from .test_wire_form import PROVEN, replayed_resume
 from .unlocked_store import UnlockedMemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,23 @@ def test_the_javascript_implementation_passes_its_layers() -> None:
         report = next(r for r in reports if r.layer == layer)
         cases = json.loads((CASES / f"{layer}.json").read_text(encoding="utf-8"))["cases"]
         assert (report.passed, report.failed, report.skipped) == (len(cases), 0, 0), layer
+
+
+def test_the_javascript_implementation_answers_a_repeated_recovery_with_its_stored_proof() -> None:
+    # No committed case stores a record with a proof, so the spec's statement (specs/conformance.md,
+    # `recovery`: the record as stored, its proof included) is asked of the driver directly.
+    node = shutil.which("node")
+    if node is None:
+        if os.environ.get("FENCEKEEPER_REQUIRE_NODE"):
+            pytest.fail("FENCEKEEPER_REQUIRE_NODE is set but node is not on PATH")
+        pytest.skip("node is not on PATH: the JavaScript driver cannot run (set FENCEKEEPER_REQUIRE_NODE=1 to fail)")
+    data = replayed_resume()
+    request = {"op": "case", "layer": "recovery", "id": "x", "input": data, "seq": 1}
+    done = subprocess.run([node, "conformance/drivers/js/driver.js"], cwd=ROOT, input=json.dumps(request) + "\n",
+                          capture_output=True, text=True, timeout=30, check=True)
+    answered = json.loads(done.stdout)["output"]
+    assert (answered["outcome"], answered["code"]) == ("unchanged", "recovery_replayed")
+    assert answered["record"] == data["rows"]["recovery"] and answered["record"]["proof"] == PROVEN
 
 
 def test_a_wrong_driver_is_reported_failed_and_skipped_never_passed() -> None:

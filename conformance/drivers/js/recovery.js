@@ -196,9 +196,9 @@ function recover(machines, rows, r, nowText) {
     if (!r.authority.granted) return p.refusal("not_authorized");
     const same = stored.kind === r.kind && stored.execution_id === r.execution_id
       && stored.expected_revision === r.expected_revision;
-    // The stored record is answered as specs/conformance.md (`recovery`) gives it back: its proof is not
-    // part of what a repeat is compared by, and is not repeated.
-    return same ? { outcome: "unchanged", code: "recovery_replayed", record: { ...stored, proof: null } }
+    // Compared by identity alone, never by its proof; answered as stored, proof included: a repeat
+    // "returns its durable result" (seed 000, Expired-lease quarantine; specs/conformance.md, `recovery`).
+    return same ? { outcome: "unchanged", code: "recovery_replayed", record: stored }
       : p.refusal("recovery_conflict");
   }
   const pair = p.checkPair(execution, dispatch, r.execution_id);
