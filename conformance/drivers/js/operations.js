@@ -24,21 +24,21 @@
 // States change only through the `operation` machine (specs/machines/operation.toml,
 // read by machines.js): a decision names its event and asks the table where it leads.
 //
-// Times are BigInt microseconds since the epoch, as in protocol.js: the cases
-// test the last microsecond of a lease, which a JavaScript Date cannot hold.
+// The wire's values (times as BigInt microseconds, since the cases test the last
+// microsecond of a lease; identifiers; text) are read by values.js, as in protocol.js.
 
 "use strict";
 
 const { step: tableStep } = require("./machines");
+const {
+  isRecord, isStorableText, parseTime, timeOf: at, timeText,
+  Invalid, refusal, validated, checkId, checkPositiveInt, checkDuration, checkBool, checkTime, later, checkFreeText,
+} = require("./values");
 
-// Free text kept with a transition (a cancellation's reason, an unknown outcome's detail).
-const MAX_TEXT = 2000;
 const EFFECT_CLASSES = ["atomic", "read_only", "external"];
 const TERMINAL = ["succeeded", "failed", "cancelled", "outcome_unknown"];
-const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$/;
-const DIGEST = /^[0-9a-f]{64}$/;
-// The last representable time: 9999-12-31T23:59:59.999999Z ("Well-formed requests").
-const MAX_TIME = BigInt(Date.UTC(9999, 11, 31, 23, 59, 59)) * 1000n + 999999n;
+// An input's digest: bare hex ("Values"), not a journal record's `sha256:` form (journal.js).
+const INPUT_DIGEST = /^[0-9a-f]{64}$/;
 // The longest pause a retry policy gives, in seconds ("Values", Retry policy).
 const MAX_PAUSE_SECONDS = 1e9;
 // What a submission that leaves them out gets ("Well-formed requests", omitted fields):
@@ -52,70 +52,12 @@ const DEFAULT_POLICY = {
 };
 const DEFAULT_RETENTION = 86400000000;
 
-class Invalid extends Error {
-  constructor(field) {
-    super(field);
-    this.field = field;
-  }
-}
-
-const refusal = (code, field = null) => ({ outcome: "refusal", code, field });
-
 // --- values ---------------------------------------------------------------------------
 
-// The one form of a time (specs/conformance.md, Values): `T`, exactly six fractional digits, `Z`.
-const TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{6})Z$/;
-
-// A UTC time from its text, or null: a naive time, an offset (`+00:00` included) or another
-// spelling is not one.
-function parseTime(text) {
-  if (typeof text !== "string") return null;
-  const m = TIME.exec(text);
-  if (!m) return null;
-  // setUTCFullYear, not Date.UTC, which reads the years 0-99 as 1900-1999.
-  const date = new Date(0);
-  date.setUTCFullYear(+m[1], +m[2] - 1, +m[3]);
-  date.setUTCHours(+m[4], +m[5], +m[6], 0);
-  // A field that overflows is carried into the next (February 30th is March 2nd): a date that
-  // does not read back as written is no date.
-  if (Number.isNaN(date.getTime()) || date.toISOString().slice(0, 19) !== text.slice(0, 19)) return null;
-  return BigInt(date.getTime()) * 1000n + BigInt(m[7]);
-}
-
-// Six fractional digits and `Z`, always (specs/conformance.md, Values).
-function timeText(us) {
-  if (us === null) return null;
-  // Floored, not truncated: before 1970 the microseconds are counted up from the second before.
-  let seconds = us / 1000000n;
-  if (seconds * 1000000n > us) seconds -= 1n;
-  const date = new Date(Number(seconds * 1000n));
-  return `${date.toISOString().slice(0, 19)}.${String(us - seconds * 1000000n).padStart(6, "0")}Z`;
-}
-
-const at = (text) => (text === null || text === undefined ? null : parseTime(text));
 const given = (value) => value !== null && value !== undefined;
 
-function checkId(field, value) {
-  if (typeof value !== "string" || !IDENTIFIER.test(value)) throw new Invalid(field);
-}
-
 function checkDigest(field, value) {
-  if (typeof value !== "string" || !DIGEST.test(value)) throw new Invalid(field);
-}
-
-// An integer of at least 1; JSON true is not one, though it would compare equal to 1 elsewhere.
-function checkPositiveInt(field, value) {
-  if (typeof value !== "number" || !Number.isInteger(value) || value < 1) throw new Invalid(field);
-}
-
-// Durations are integer microseconds on the wire, and positive.
-function checkDuration(field, value) {
-  if (typeof value !== "number" || !Number.isInteger(value) || value <= 0) throw new Invalid(field);
-  return BigInt(value);
-}
-
-function checkBool(field, value) {
-  if (typeof value !== "boolean") throw new Invalid(field);
+  if (typeof value !== "string" || !INPUT_DIGEST.test(value)) throw new Invalid(field);
 }
 
 // An omitted flag is false ("Well-formed requests", omitted fields).
@@ -125,26 +67,27 @@ function checkFlag(field, value) {
   return value;
 }
 
-function checkNow(value) {
-  const now = parseTime(value);
-  if (now === null) throw new Invalid("now");
-  return now;
+const checkNow = (value) => checkTime("now", value);
+
+// A lease asked for from `now` (claim, heartbeat): a duration, then `now`, then that the lease
+// ends by the last representable time.
+function checkLease(r, nowText) {
+  const lease = checkDuration("lease_duration", r.lease_duration);
+  const now = checkNow(nowText);
+  later("lease_duration", now, lease);
+  return { now, lease };
 }
 
-// A duration counted from `now` must end by the last representable time, checked after `now`.
-function checkFrom(field, now, duration) {
-  if (now + duration > MAX_TIME) throw new Invalid(field);
-}
-
-// A record is a JSON object: null and an array are not one.
-const isRecord = (value) => value !== null && typeof value === "object" && !Array.isArray(value);
-
+// An authority names its `principal` ("An authority answers for one principal"); a workflow's
+// Authority fact (protocol.js) names a `principal_id`, and is its own rule.
 function checkAuthority(value) {
   if (!isRecord(value)) throw new Invalid("authority");
   checkBool("authority.granted", value.granted);
   checkId("authority.principal", value.principal);
 }
 
+// An owner's credential ("Owner checks"): its Operation, worker and fence.  A workflow lease's
+// credential (protocol.js) is another: a lease token where this has the Operation.
 function checkCredential(value) {
   if (!isRecord(value)) throw new Invalid("credential");
   checkId("credential.operation_id", value.operation_id);
@@ -152,16 +95,9 @@ function checkCredential(value) {
   checkPositiveInt("credential.fence", value.fence);
 }
 
-// Text a store keeps: no NUL and no lone surrogate.
-function storable(text) {
-  return typeof text === "string" && !text.includes("\u0000") && text.isWellFormed();
-}
-
-// Free text of at most MAX_TEXT characters (omitted, it is empty); characters are code points,
-// not UTF-16 units.
+// Free text (omitted, it is empty), with the bound of a recovery's rationale ("Decisions", `cancel`).
 function checkText(field, value) {
-  if (value === undefined) return;
-  if (!storable(value) || Array.from(value).length > MAX_TEXT) throw new Invalid(field);
+  if (value !== undefined) checkFreeText(field, value);
 }
 
 // How deeply a result may nest, each array or object a level ("Well-formed requests").
@@ -190,21 +126,11 @@ function nestsTooDeeply(text) {
 // does not have, are refused). It is kept as written: an escape inside a string (`\u0000`) is JSON,
 // and so is a numeral of any size (`1e400`), so what JSON.parse would make of the value is never asked.
 function checkResult(value) {
-  if (!storable(value) || nestsTooDeeply(value)) throw new Invalid("result");
+  if (!isStorableText(value) || nestsTooDeeply(value)) throw new Invalid("result");
   try {
     JSON.parse(value);
   } catch (err) {
     throw new Invalid("result");
-  }
-}
-
-// Runs the validators; a thrown Invalid becomes the invalid_request refusal naming its field.
-function validated(check) {
-  try {
-    return { value: check() };
-  } catch (err) {
-    if (err instanceof Invalid) return { refused: refusal("invalid_request", err.field) };
-    throw err;
   }
 }
 
@@ -432,8 +358,8 @@ function submit(machines, op, request, nowText) {
     const retention = checkDuration("retention", r.retention);
     checkBool("requires_approval", r.requires_approval);
     const now = checkNow(nowText);
-    checkFrom("policy.schedule_to_close", now, toClose);
-    checkFrom("retention", now, retention);
+    later("policy.schedule_to_close", now, toClose);
+    later("retention", now, retention);
     return { now, toClose, retention };
   });
   if (checked.refused) return checked.refused;
@@ -517,10 +443,7 @@ function approvalAuthorizes(op) {
 function claim(machines, op, r, nowText) {
   const checked = validated(() => {
     checkId("worker_id", r.worker_id);
-    const lease = checkDuration("lease_duration", r.lease_duration);
-    const now = checkNow(nowText);
-    checkFrom("lease_duration", now, lease);
-    return { now, lease };
+    return checkLease(r, nowText);
   });
   if (checked.refused) return checked.refused;
   const { now, lease } = checked.value;
@@ -584,10 +507,7 @@ function claim(machines, op, r, nowText) {
 function heartbeat(machines, op, r, nowText) {
   const checked = validated(() => {
     checkCredential(r.credential);
-    const lease = checkDuration("lease_duration", r.lease_duration);
-    const now = checkNow(nowText);
-    checkFrom("lease_duration", now, lease);
-    return { now, lease };
+    return checkLease(r, nowText);
   });
   if (checked.refused) return checked.refused;
   const { now, lease } = checked.value;
@@ -724,8 +644,7 @@ function decide(machines, op, r, nowText) {
     checkId("tenant", r.tenant);
     checkId("approver", r.approver);
     checkBool("approved", r.approved);
-    const expires = parseTime(r.expires_at);
-    if (expires === null) throw new Invalid("expires_at");
+    const expires = checkTime("expires_at", r.expires_at);
     checkAuthority(r.authority);
     return { now: checkNow(nowText), expires };
   });
