@@ -31,7 +31,7 @@
 
 const { step: tableStep } = require("./machines");
 const {
-  isRecord, isStorableText, parseTime, timeOf: at, timeText,
+  isRecord, isStorableText, parseTime, timeOf, timeText,
   Invalid, refusal, validated, checkId, checkPositiveInt, checkDuration, checkBool, checkTime, later, checkFreeText,
 } = require("./values");
 
@@ -284,7 +284,7 @@ function decision(guard, op, nowText, attempts = [], credential = null) {
   return { outcome: "decision", guard, operation: op, attempts, outbox: outboxOf(op, nowText), credential };
 }
 
-const earlier = (a, b) => (at(a) <= at(b) ? a : b);
+const earlier = (a, b) => (timeOf(a) <= timeOf(b) ? a : b);
 
 // Ends the Operation by a limit (a claim or the deadline sweep): a running owner's Attempt is
 // written abandoned first, `error_code` is the outcome's name unless another is given,
@@ -315,7 +315,7 @@ function ownerRefusal(op, credential, now) {
   if (credential.fence !== op.fence) return refusal("stale_fence");
   if (op.state !== "running") return refusal("not_running");
   if (op.owner !== credential.worker_id) return refusal("worker_mismatch");
-  if (now >= at(op.lease_expires_at)) return refusal("lease_expired");
+  if (now >= timeOf(op.lease_expires_at)) return refusal("lease_expired");
   return null;
 }
 
@@ -371,7 +371,7 @@ function submit(machines, op, request, nowText) {
   let holder = null;
   if (op !== null) {
     // The identity is free again only once its window has passed *and* its Operation ended.
-    if (now < at(op.retain_until) || !isTerminal(op)) {
+    if (now < timeOf(op.retain_until) || !isTerminal(op)) {
       if (op.action_name !== r.action_name) return refusal("idempotency_conflict", "action_name");
       if (op.action_version !== r.action_version) return refusal("idempotency_conflict", "action_version");
       // An Operation admitted before inputs were canonical is stored under the earlier digest.
@@ -448,12 +448,12 @@ function claim(machines, op, r, nowText) {
   if (checked.refused) return checked.refused;
   const { now, lease } = checked.value;
   if (op === null) return refusal("operation_not_found");
-  const deadline = at(op.deadline);
+  const deadline = timeOf(op.deadline);
   const past = now >= deadline;
   // Not claimable: terminal, a live owner, backoff or awaiting approval before the deadline.
   if (isTerminal(op)) return refusal("not_eligible");
-  if (op.state === "running" && now < at(op.lease_expires_at)) return refusal("not_eligible");
-  if (op.state === "admitted" && now < at(op.next_eligible_at) && !past) return refusal("not_eligible");
+  if (op.state === "running" && now < timeOf(op.lease_expires_at)) return refusal("not_eligible");
+  if (op.state === "admitted" && now < timeOf(op.next_eligible_at) && !past) return refusal("not_eligible");
   if (op.state === "awaiting_approval" && !past) return refusal("not_eligible");
   const replacement = op.state === "running";
   // An Attempt is left for an admitted Operation, or a replacement with Attempts unused; never for
@@ -479,7 +479,7 @@ function claim(machines, op, r, nowText) {
       }
       return endByLimit(machines, op, "approval_misbound", "approval_misbound", nowText);
     }
-    if (!given(op.approval.consumed_by) && now >= at(op.approval.expires_at)) {
+    if (!given(op.approval.consumed_by) && now >= timeOf(op.approval.expires_at)) {
       return endByLimit(machines, op, "approval_expired", "approval_expired", nowText);
     }
   }
@@ -514,9 +514,9 @@ function heartbeat(machines, op, r, nowText) {
   const refused = ownerRefusal(op, r.credential, now);
   if (refused) return refused;
   // From the deadline on no renewal: an Attempt that keeps renewing cannot outrun the limit.
-  const deadline = at(op.deadline);
+  const deadline = timeOf(op.deadline);
   if (now >= deadline) return refusal("deadline_exceeded");
-  const current = at(op.lease_expires_at);
+  const current = timeOf(op.lease_expires_at);
   const asked = now + lease < deadline ? now + lease : deadline;
   // Never shortened: a lease the claim granted past the deadline stands.
   const next = move(machines, op, "heartbeat", { lease_expires_at: timeText(asked > current ? asked : current) });
@@ -534,7 +534,7 @@ function recordIntent(machines, op, r, nowText) {
   if (refused) return refused;
   if (op.effect_class !== "external") return refusal("wrong_effect_class");
   // The intent precedes the provider call, so refusing it past the deadline starts no call.
-  if (now >= at(op.deadline)) return refusal("deadline_exceeded");
+  if (now >= timeOf(op.deadline)) return refusal("deadline_exceeded");
   const next = move(machines, op, "record_intent", {
     // A later Attempt keeps the first effect id, and the fence that began the unanswered issues.
     effect_id: op.effect_id ?? `${op.operation_id}/effect`,
@@ -564,7 +564,7 @@ function complete(machines, op, r, nowText) {
   if (op.effect_class === "external" && !given(op.effect_unsettled_since)) return refusal("intent_required");
   // An atomic success is its effect, which may not begin from the deadline on.
   const atomic = op.effect_class === "atomic";
-  if (atomic && now >= at(op.deadline)) return refusal("deadline_exceeded");
+  if (atomic && now >= timeOf(op.deadline)) return refusal("deadline_exceeded");
   const next = move(machines, op, "succeed", {
     outcome: "succeeded", result, error_code: null, effect_unsettled_since: null,
   });
@@ -590,7 +590,7 @@ function fail(machines, op, r, nowText) {
   // only issue since the last answer; an earlier Attempt's issue stays unanswered.
   let stillUnsettled = op.effect_unsettled_since;
   if (notApplied && stillUnsettled === op.fence) stillUnsettled = null;
-  const deadline = at(op.deadline);
+  const deadline = timeOf(op.deadline);
   const pause = backoff(op.policy, op.attempt_count);
   let ending = null;
   if (notAuthorized) ending = ["fail", "not_authorized"];
@@ -668,7 +668,7 @@ function decide(machines, op, r, nowText) {
   }
   if (op.state !== "awaiting_approval") return refusal("not_awaiting_approval");
   // Past its deadline the Operation can only end approval_expired: no decision changes that.
-  if (now >= at(op.deadline)) return refusal("deadline_exceeded");
+  if (now >= timeOf(op.deadline)) return refusal("deadline_exceeded");
   if (stablePrincipal(r.approver) === stablePrincipal(op.identity.principal)) return refusal("self_approval", "approver");
   if (expires <= now) return refusal("approval_expired", "expires_at");
   const approval = {
@@ -723,9 +723,9 @@ function expire(machines, op, r, nowText) {
   if (checked.refused) return checked.refused;
   const now = checked.value;
   if (op === null) return refusal("operation_not_found");
-  if (isTerminal(op) || now < at(op.deadline)) return refusal("not_eligible");
+  if (isTerminal(op) || now < timeOf(op.deadline)) return refusal("not_eligible");
   // A live owner keeps its chance to commit.
-  if (op.state === "running" && now < at(op.lease_expires_at)) return refusal("not_eligible");
+  if (op.state === "running" && now < timeOf(op.lease_expires_at)) return refusal("not_eligible");
   return endByDeadline(machines, op, nowText);
 }
 

@@ -18,8 +18,8 @@
 const { decideApproval, DETERMINATIONS } = require("./approvals");
 const { step: tableStep } = require("./machines");
 const {
-  isRecord, byCodePoint, isStorableText, timeOf: us, timeText,
-  Invalid, refusal, validated, checkId, checkPositiveInt, checkDuration, checkBool, checkTime: checkUtc, later,
+  isRecord, byCodePoint, isStorableText, timeOf, timeText,
+  Invalid, refusal, validated, checkId, checkPositiveInt, checkDuration, checkBool, checkTime, later,
   checkFreeText,
 } = require("./values");
 
@@ -31,6 +31,7 @@ const STATES = ["eligible", "running", "waiting", "succeeded", "failed", "cancel
   "reconciliation_required"];
 const WAKE_REASONS = ["event", "decision", "timer", "timeout"];
 const WAKE_OUTCOMES = ["approved", "event", "rejected", "timeout", "timer"];
+
 // --- the request's values ---------------------------------------------------------------
 
 // The Authority fact (specs/protocol.md): `granted` and a `principal_id`; an Operation's authority
@@ -85,7 +86,7 @@ function checkWaitSpec(field, value) {
   checkCorrelation(`${field}.correlation`, value.correlation ?? []);
   const hasAt = value.wake_at !== null && value.wake_at !== undefined;
   const hasAfter = value.wake_after !== null && value.wake_after !== undefined;
-  if (hasAt) checkUtc(`${field}.wake_at`, value.wake_at);
+  if (hasAt) checkTime(`${field}.wake_at`, value.wake_at);
   if (hasAfter) {
     checkDuration(`${field}.wake_after`, value.wake_after);
     if (hasAt) throw new Invalid(`${field}.wake_after`);
@@ -175,7 +176,7 @@ function checkLease(execution, dispatch, credential, now) {
   if (execution.state !== "running") return refusal("execution_not_running");
   if (dispatch.lease_token !== credential.lease_token) return refusal("lease_token_mismatch");
   if (dispatch.leased_by !== credential.worker_id) return refusal("worker_mismatch");
-  if (dispatch.lease_expires_at === null || now >= us(dispatch.lease_expires_at)) return refusal("lease_expired");
+  if (dispatch.lease_expires_at === null || now >= timeOf(dispatch.lease_expires_at)) return refusal("lease_expired");
   if (credential.fence !== execution.fence) return refusal("stale_fence");
   return null;
 }
@@ -200,7 +201,7 @@ function admit(m, rows, r, nowText) {
     checkPositiveInt("definition_revision", r.definition_revision);
     checkId("start_node_id", r.start_node_id);
     checkAuthority("authority", r.authority);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   if (rows.execution !== null || rows.id_taken) return refusal("already_exists");
@@ -228,14 +229,14 @@ function claim(m, { execution, dispatch }, r, nowText) {
     checkId("worker_id", r.worker_id);
     checkId("lease_token", r.lease_token);
     const duration = checkDuration("lease_duration", r.lease_duration);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
     expires = later("lease_duration", now, duration);
   });
   if (bad) return bad;
   const pair = checkPair(execution, dispatch, execution === null ? "?" : execution.execution_id);
   if (pair) return pair;
   if (execution.state !== "eligible" || dispatch.dispatch_state !== "eligible") return refusal("not_eligible");
-  if (now < us(dispatch.eligible_at)) return refusal("not_eligible");
+  if (now < timeOf(dispatch.eligible_at)) return refusal("not_eligible");
   const fence = execution.fence + 1;
   const [e, d] = move(m, execution, dispatch, "claim", { fence });
   d.lease_token = r.lease_token;
@@ -251,7 +252,7 @@ function renew(m, { execution, dispatch }, r, nowText) {
   const { refused: bad } = validated(() => {
     checkCredential(r.credential);
     const duration = checkDuration("lease_duration", r.lease_duration);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
     expires = later("lease_duration", now, duration);
   });
   if (bad) return bad;
@@ -268,7 +269,7 @@ function recordStep(m, { execution, dispatch }, r, nowText) {
     checkPositiveInt("expected_revision", r.expected_revision);
     checkStep("step", r.step);
     checkAuthority("authority", r.authority);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   const first = checkHeld(execution, dispatch, r.credential, now)
@@ -284,7 +285,7 @@ function release(m, { execution, dispatch }, r, nowText) {
   const { refused: bad } = validated(() => {
     checkCredential(r.credential);
     checkPositiveInt("expected_revision", r.expected_revision);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   const first = checkHeld(execution, dispatch, r.credential, now) || checkRevision(execution, r.expected_revision);
@@ -300,7 +301,7 @@ function fenced(m, { execution, dispatch }, r, nowText) {
   let now;
   const { refused: bad } = validated(() => {
     checkCredential(r.credential);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   const held = checkHeld(execution, dispatch, r.credential, now);
@@ -324,7 +325,7 @@ function finalize(m, { execution, dispatch }, r, nowText) {
     if (r.wait != null) checkWaitSpec("wait", r.wait);
     if (r.error_code != null) checkId("error_code", r.error_code);
     checkFreeText("reason", r.reason ?? "");
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   let first = checkPair(execution, dispatch, r.execution_id);
@@ -386,7 +387,7 @@ function wake(m, { execution, dispatch, registration }, r, nowText) {
     if (r.outcome != null && (r.reason !== "decision" || !DETERMINATIONS.includes(r.outcome))) {
       throw new Invalid("outcome");
     }
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   // Only the registration the wake names answers for it: another attempt's never wakes, nor counts as a repeat.
@@ -412,7 +413,7 @@ function wake(m, { execution, dispatch, registration }, r, nowText) {
     }
   } else {
     if (spec.wake_at === null || spec.timeout !== (r.reason === "timeout")) return refusal("wake_mismatch");
-    if (now < us(spec.wake_at)) return refusal("wake_not_due");
+    if (now < timeOf(spec.wake_at)) return refusal("wake_not_due");
   }
   const outcome = r.reason === "decision" ? r.outcome : r.reason;
   const found = spec.continuations.find((p) => p[0] === outcome);
@@ -430,7 +431,7 @@ function cancel(m, { execution, dispatch }, r, nowText) {
     checkId("business_id", r.business_id);
     checkPositiveInt("expected_revision", r.expected_revision);
     checkAuthority("authority", r.authority);
-    checkUtc("now", nowText);
+    checkTime("now", nowText);
   });
   if (bad) return bad;
   const first = checkPair(execution, dispatch, r.execution_id) || checkBusiness(execution, r.business_id)
