@@ -327,7 +327,10 @@ def recovery_record(value: p.RecoveryRecord | None) -> Json:
 def parse_recovery_record(data: Json) -> p.RecoveryRecord | None:
     if data is None:
         return None
-    # A stored record is given without its proof: replay compares identity only.
+    # The stored record is read whole, its proof included: a repeat is compared by identity alone, but
+    # what it answers is the durable result as stored (seed 000, Expired-lease quarantine: "returns its
+    # durable result idempotently"; specs/protocol.md, Recovery command identity), and a resume's result
+    # keeps the proof the resume rested on.
     return p.RecoveryRecord(
         command_id=_row(data, "command_id", "rows.recovery"),
         kind=_member(p.RecoveryKind, _row(data, "kind", "rows.recovery"), "rows.recovery.kind"),
@@ -336,6 +339,26 @@ def parse_recovery_record(data: Json) -> p.RecoveryRecord | None:
         resulting_revision=_row(data, "resulting_revision", "rows.recovery"),
         resulting_state=_member(ExecutionState, _row(data, "resulting_state", "rows.recovery"),
                                 "rows.recovery.resulting_state"),
+        proof=parse_recovery_proof(_row(data, "proof", "rows.recovery")),
+    )
+
+
+def parse_recovery_proof(data: Json) -> p.SafeResumeEvidence | None:
+    """A stored record's proof in its wire form (:func:`recovery_record`).
+
+    The wire leaves out the proof's text (its ``idempotency_contract`` and ``basis``), so they read as
+    empty; every member the wire carries is kept, and written back by :func:`recovery_record` as it came.
+    """
+    if data is None:
+        return None
+    where = "rows.recovery.proof"
+    return p.SafeResumeEvidence(
+        no_unresolved_command=_row(data, "no_unresolved_command", where),
+        dependencies_current=_row(data, "dependencies_current", where),
+        continuation_approved=_row(data, "continuation_approved", where),
+        idempotency_contract="",
+        continuation=_row(data, "continuation", where),
+        approved_by=_row(data, "approved_by", where),
     )
 
 

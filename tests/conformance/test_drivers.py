@@ -13,15 +13,19 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fencekeeper.adapters import cli
 from fencekeeper.adapters.conformance import runner
+from fencekeeper.adapters.conformance.driver import kernel_answer
 from fencekeeper.adapters.memory import MemoryStore
 
+from .test_wire_form import PROVEN, replayed_resume
 from .unlocked_store import UnlockedMemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +91,71 @@ def test_the_javascript_implementation_passes_its_layers() -> None:
         assert (report.passed, report.failed, report.skipped) == (len(cases), 0, 0), layer
 
 
+def _node_answers(asked: list[tuple[str, Any]]) -> list[Any]:
+    """The JavaScript driver's outputs to cases no committed file holds, one (layer, input) each."""
+    node = shutil.which("node")
+    if node is None:
+        if os.environ.get("FENCEKEEPER_REQUIRE_NODE"):
+            pytest.fail("FENCEKEEPER_REQUIRE_NODE is set but node is not on PATH")
+        pytest.skip("node is not on PATH: the JavaScript driver cannot run (set FENCEKEEPER_REQUIRE_NODE=1 to fail)")
+    lines = "".join(json.dumps({"op": "case", "layer": layer, "id": "x", "input": data, "seq": n}) + "\n"
+                    for n, (layer, data) in enumerate(asked))
+    done = subprocess.run([node, "conformance/drivers/js/driver.js"], cwd=ROOT, input=lines,
+                          capture_output=True, text=True, timeout=30, check=True)
+    return [json.loads(line)["output"] for line in done.stdout.splitlines()]
+
+
+def test_the_javascript_implementation_answers_a_repeated_recovery_with_its_stored_proof() -> None:
+    # No committed case stores a record with a proof, so the spec's statement (specs/conformance.md,
+    # `recovery`: the record as stored, its proof included) is asked of the driver directly.
+    data = replayed_resume()
+    [answered] = _node_answers([("recovery", data)])
+    assert (answered["outcome"], answered["code"]) == ("unchanged", "recovery_replayed")
+    assert answered["record"] == data["rows"]["recovery"] and answered["record"]["proof"] == PROVEN
+
+
+def _first_input(layer: str, decision: str | None = None) -> dict[str, Any]:
+    cases = json.loads((CASES / f"{layer}.json").read_text(encoding="utf-8"))["cases"]
+    data: dict[str, Any] = next(c["input"] for c in cases if decision is None or c["input"].get("decision") == decision)
+    return data
+
+
+def _changed(data: dict[str, Any], path: tuple[str, ...], value: object) -> dict[str, Any]:
+    changed: dict[str, Any] = json.loads(json.dumps(data))
+    inner = changed
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = value
+    return changed
+
+
+def test_the_javascript_layers_read_a_value_alike_and_as_the_kernel_does() -> None:
+    # Each layer once read these values with its own copy of the rule, and some copies differed from
+    # the spec: a time before 1970 written with a negative fraction, a year 0 read as a time, a
+    # reviewer's rationale without its bound of 2000 characters (specs/interpreter.md, Approvals).
+    asked: list[tuple[str, Any]] = [
+        ("protocol", _changed(_first_input("protocol", "admit"), ("now",), "1969-12-31T23:59:59.500001Z")),
+        ("protocol", _changed(_first_input("protocol", "admit"), ("now",), "0000-01-01T00:00:00.000000Z")),
+        ("operations", _changed(_first_input("operations", "submit"), ("now",), "0000-01-01T00:00:00.000000Z")),
+        ("interpreter", _changed(_first_input("interpreter"), ("now",), "0000-01-01T00:00:00.000000Z")),
+        ("protocol", _changed(_first_input("protocol", "decide_approval"), ("request", "rationale"), "x" * 2001)),
+        ("protocol", _changed(_first_input("protocol", "decide_approval"), ("request", "rationale"),
+                              "\U0001f600" * 2000)),
+    ]
+    answered = _node_answers(asked)
+    # Part by part as the JavaScript driver answers them (the kernel's answer has parts no case of
+    # these decisions holds normative, a protocol decision's `recovery` among them).
+    for (layer, data), got in zip(asked, answered, strict=True):
+        kernel = kernel_answer(layer, data)
+        assert {part: kernel.get(part) for part in got} == got, (layer, data)
+    # What the kernel answers, so that the comparison above is not of two answers alike but wrong.
+    assert answered[0]["dispatch"]["eligible_at"] == "1969-12-31T23:59:59.500001Z"
+    assert [a["field"] for a in answered[1:3]] == ["now", "now"]
+    assert answered[3] == {"plan": "refused", "code": "invalid_view", "field": "now"}
+    # The bound counts code points: 2000 characters beyond U+FFFF are 4000 UTF-16 units, and within it.
+    assert (answered[4]["field"], answered[5]["outcome"]) == ("rationale", "accepted")
+
+
 def test_a_wrong_driver_is_reported_failed_and_skipped_never_passed() -> None:
     reports = _run(f"{sys.executable} -m tests.conformance.wrong_driver", ("machines", "protocol", "expressions"))
     verdicts = _verdicts(reports)
@@ -145,7 +214,7 @@ def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() ->
         text = source.read_text(encoding="utf-8")
         required = set(re.findall(r"require\(\"([^\"]+)\"\)", text))
         allowed = {"fs", "path", "readline", "crypto", "./machines", "./protocol", "./expr", "./approvals",
-                   "./interpreter", "./journal", "./operations", "./definitions", "./recovery"}
+                   "./interpreter", "./journal", "./operations", "./definitions", "./recovery", "./values"}
         assert required <= allowed, (source.name, required)
         assert "kernel/" not in text and ".py" not in text, source.name
 

@@ -211,3 +211,36 @@ def test_a_decide_approval_member_without_a_refusal_is_named() -> None:
     del data["request"]["determination"]  # a member with a refusal of its own (interpreter.md, Approvals)
     assert _case("protocol", data)["output"] == {"outcome": "refusal", "code": "invalid_request",
                                                  "field": "determination"}
+
+
+# --- a repeated recovery command ---------------------------------------------------------------
+
+# A resume's stored record: its proof is what the resume rested on (specs/protocol.md, Safe-resume proof).
+PROVEN = {
+    "no_unresolved_command": True, "dependencies_current": True, "continuation_approved": True,
+    "continuation": "review", "approved_by": "operator-1",
+}
+
+
+def replayed_resume() -> dict[str, Any]:
+    """A repeat of a resume whose stored record carries its proof (no committed case stores one)."""
+    data = copy.deepcopy(next(c["input"] for c in _cases("recovery") if c["id"] == "recover/quarantined/replayed"))
+    data["rows"]["recovery"].update(kind="resume_safe", proof=PROVEN)
+    data["request"].update(kind="resume_safe", next_node_id="review", rationale="settled by hand")
+    return data
+
+
+def test_a_repeated_recovery_command_answers_the_stored_record_proof_included() -> None:
+    data = replayed_resume()
+    answered = kernel_answer("recovery", data)
+    assert (answered["outcome"], answered["code"]) == ("unchanged", "recovery_replayed")
+    # Compared by identity alone, answered whole: the durable result as stored (seed 000, Expired-lease
+    # quarantine), not a copy without the proof.
+    assert answered["record"] == data["rows"]["recovery"]
+    assert answered["record"]["proof"] == PROVEN
+
+
+def test_a_stored_record_without_its_proof_member_is_named_in_the_drivers_error() -> None:
+    data = replayed_resume()
+    del data["rows"]["recovery"]["proof"]
+    assert _case("recovery", data)["error"] == "malformed case input: rows.recovery.proof: missing"

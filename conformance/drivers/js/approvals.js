@@ -12,15 +12,13 @@
 
 "use strict";
 
+const { refusal, isFreeText } = require("./values");
+
+// A reviewer's determination; a wake by a decision carries one of them too (protocol.js).
 const DETERMINATIONS = ["approved", "rejected"];
 
-const refusal = (code, field = null) => ({ outcome: "refusal", code, field });
-
-function storable(text) {
-  return typeof text === "string" && !text.includes("\u0000") && text.isWellFormed();
-}
-
-// JSON with sorted keys: two values are the same when their canonical texts are.
+// JSON with sorted keys, only to compare two values: they are the same when these texts are.
+// Not journal.js's canonical(), which makes a record's bytes and refuses what a record may not hold.
 function canonical(value) {
   if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
   if (value !== null && typeof value === "object") {
@@ -47,9 +45,9 @@ function content(d) {
 function decideApproval(rows, d) {
   const request = rows.approval_request;
   const prior = rows.prior_decision;
-  // 1. the determination is one of the two, and the rationale is storable text
+  // 1. the determination is one of the two, and the rationale is storable text of at most 2000 characters
   if (!DETERMINATIONS.includes(d.determination)) return refusal("invalid_request", "determination");
-  if (!storable(d.rationale === undefined ? "" : d.rationale)) return refusal("invalid_request", "rationale");
+  if (!isFreeText(d.rationale === undefined ? "" : d.rationale)) return refusal("invalid_request", "rationale");
   // 2. another Business's request does not exist for this caller
   if (request === null || request.business_id !== d.business_id) return refusal("approval_not_found");
   // 3. current authority, reviewer scope, distinct reviewer: before anything stored answers, so that a
@@ -94,4 +92,4 @@ function decideApproval(rows, d) {
   return { outcome: "recorded", evidence: [decisionEvidence("rejected_conflict")] };
 }
 
-module.exports = { decideApproval };
+module.exports = { decideApproval, DETERMINATIONS };

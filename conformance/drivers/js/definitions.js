@@ -20,10 +20,10 @@
 "use strict";
 
 const { parse } = require("./expr");
+const { IDENTIFIER, isRecord, isUnicodeText, codePoints } = require("./values");
 
 const MAX_SAFE = 9007199254740991;
 const KINDS = ["condition", "wait_for_event", "request_approval", "local_command", "end"];
-const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$/;
 const NAME = /^[a-z][a-z0-9_]{0,63}$/;
 // Words the expression language reserves: a binding named with one could never be read.
 const RESERVED = new Set(["and", "or", "not", "in", "true", "false"]);
@@ -180,11 +180,10 @@ function notJson(value) {
 
 // --- values ---------------------------------------------------------------------------------
 
-const isTable = (v) => v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof JsonFloat);
+// A float is read as an object (JsonFloat), and is no table.
+const isTable = (v) => isRecord(v) && !(v instanceof JsonFloat);
 const isInteger = (v) => (typeof v === "number" && Number.isInteger(v)) || typeof v === "bigint";
 const has = (object, key) => Object.prototype.hasOwnProperty.call(object, key);
-// Characters are code points, as the spec counts them; a string's length counts UTF-16 units.
-const length = (text) => Array.from(text).length;
 
 // Reads one node's fields (or the top level's) and throws the first problem, naming them.
 class Reader {
@@ -196,10 +195,11 @@ class Reader {
     throw new DefinitionError(this.node, field);
   }
 
+  // Unicode text, NUL included (Values: "Strings are Unicode text"); what a store refuses of an
+  // input's value is admission's to refuse (Typed inputs), not the definition's.
   string(field, value, max) {
-    if (typeof value !== "string") this.fail(field);
-    if (!value.isWellFormed()) this.fail(field);
-    if (max !== undefined && length(value) > max) this.fail(field);
+    if (!isUnicodeText(value)) this.fail(field);
+    if (max !== undefined && codePoints(value) > max) this.fail(field);
     return value;
   }
 
@@ -389,8 +389,8 @@ function admissible(r, field, type, entry) {
   switch (type.type) {
     case "string":
       r.string(field, entry, 256);
-      if (has(type, "minLength") && length(entry) < type.minLength) r.fail(field);
-      if (has(type, "maxLength") && length(entry) > type.maxLength) r.fail(field);
+      if (has(type, "minLength") && codePoints(entry) < type.minLength) r.fail(field);
+      if (has(type, "maxLength") && codePoints(entry) > type.maxLength) r.fail(field);
       return;
     case "integer":
     case "number":

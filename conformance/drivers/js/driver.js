@@ -12,6 +12,7 @@
 //   journal         -- a chain replayed as specs/journal.md says  (journal.js)
 //   journal-append  -- one command appended to a journal          (journal.js)
 //   operations      -- the decisions of specs/operations.md       (operations.js)
+// What every layer reads alike (a time, an identifier, text, a malformed field) is values.js's.
 // The store layer is declared unsupported (there is no store here), so the runner skips it.
 //
 // Run: fencekeeper conformance --driver "node conformance/drivers/js/driver.js"

@@ -9,6 +9,8 @@
 
 "use strict";
 
+const { codePoints, byCodePoint } = require("./values");
+
 const MAX_SOURCE = 1000, MAX_DEPTH = 16, MAX_NODES = 200, MAX_ITEMS = 64, MAX_STRING = 256;
 const KEYWORDS = new Set(["and", "or", "not", "in", "true", "false"]);
 const INT_MIN = -(2n ** 63n), INT_MAX = 2n ** 63n - 1n;
@@ -65,7 +67,7 @@ function lex(chars) {
         value += d;
         i++;
       }
-      if (Array.from(value).length > MAX_STRING) throw new ExpressionError(start, "string too long");
+      if (codePoints(value) > MAX_STRING) throw new ExpressionError(start, "string too long");
       tokens.push({ kind: "str", value, position: start });
       continue;
     }
@@ -263,15 +265,6 @@ function scalar(binding) {
     }
     default: return null;
   }
-}
-
-function byCodePoint(a, b) {
-  const x = Array.from(a), y = Array.from(b);
-  for (let i = 0; i < Math.min(x.length, y.length); i++) {
-    const d = x[i].codePointAt(0) - y[i].codePointAt(0);
-    if (d !== 0) return d;
-  }
-  return x.length - y.length;
 }
 
 function compare(op, left, right) {

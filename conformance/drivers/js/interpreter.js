@@ -31,8 +31,9 @@ const crypto = require("crypto");
 const { step: tableStep } = require("./machines");
 const { evaluate } = require("./expr");
 const { readDefinition: readStored, DefinitionError } = require("./definitions");
+const { STEP_LIMIT } = require("./protocol");
+const { isRecord, isStorableText, codePoints, byCodePoint, parseTime, Invalid } = require("./values");
 
-const STEP_LIMIT = 100;
 const MAX_IDENTITY = 128;
 const KINDS = ["condition", "wait_for_event", "request_approval", "local_command", "end"];
 // The handler contract's bounds on a result (specs/interpreter.md, What a result may hold).
@@ -42,48 +43,13 @@ const MAX_RESULT_LENGTH = 65536;
 const MAX_OUTPUTS_DEPTH = 32;
 const MAX_OUTPUTS_JSON = 65536;
 
-class Invalid extends Error {
-  constructor(field) {
-    super(field);
-    this.field = field;
-  }
-}
-
 // --- values ---------------------------------------------------------------------------
 
-const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
 // A boolean is never an integer here (typeof rules it out), as specs/conformance.md asks.
 const isInt = (v, min) => typeof v === "number" && Number.isInteger(v) && v >= min;
 const nonEmpty = (v) => typeof v === "string" && v !== "";
-const storable = (t) => typeof t === "string" && !t.includes("\u0000") && t.isWellFormed();
-const codePoints = (t) => Array.from(t).length;
-
-function byCodePoint(a, b) {
-  const x = Array.from(a), y = Array.from(b);
-  for (let i = 0; i < Math.min(x.length, y.length); i++) {
-    const d = x[i].codePointAt(0) - y[i].codePointAt(0);
-    if (d !== 0) return d;
-  }
-  return x.length - y.length;
-}
 
 const sortedPairs = (object) => Object.keys(object).sort(byCodePoint).map((k) => [k, object[k]]);
-
-// A time is in the wire's one form (specs/conformance.md, Values): the date, `T`, the time with
-// six fractional digits, and `Z`.  A naive time, an offset (`+00:00` included) or another
-// spelling is no time of this suite's.  Microseconds are kept: started_at is written back exactly.
-const TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{6})Z$/;
-
-function utcText(text) {
-  const m = typeof text === "string" ? TIME.exec(text) : null;
-  if (!m) return null;
-  const ms = Date.UTC(+m[1], +m[2] - 1, +m[3], +m[4], +m[5], +m[6]);
-  const date = new Date(ms);
-  // A day or hour that does not exist (Feb 30, 25:00) is no time, not the next one.
-  if (Number.isNaN(ms) || date.getUTCDate() !== +m[3] || date.getUTCHours() !== +m[4] ||
-      date.getUTCMinutes() !== +m[5] || date.getUTCSeconds() !== +m[6]) return null;
-  return text;
-}
 
 // A plain JSON value as expr.js's tagged binding (specs/conformance.md, Values): the
 // expression language tells an integer from a decimal, and JSON numbers with a fraction
@@ -112,7 +78,7 @@ function canonicalString(value) {
 
 // --- the view ---------------------------------------------------------------------------
 
-const isReference = (v) => isObject(v) && Object.keys(v).length === 1 && typeof v.from === "string";
+const isReference = (v) => isRecord(v) && Object.keys(v).length === 1 && typeof v.from === "string";
 
 // The definition as a stored revision is read (definitions.js, leniently): id -> node, or
 // null when none was found.  Any refusal of the reader is a definition the view cannot use.
@@ -129,7 +95,7 @@ function readDefinition(definition) {
 // The order of specs/conformance.md (`interpreter`, refused): the first field that fails.
 function checkView(input) {
   const x = input.execution;
-  if (!isObject(x)) throw new Invalid("execution");
+  if (!isRecord(x)) throw new Invalid("execution");
   for (const f of ["execution_id", "business_id", "definition_id", "current_node_id"]) {
     if (!nonEmpty(x[f])) throw new Invalid(`execution.${f}`);
   }
@@ -141,19 +107,20 @@ function checkView(input) {
   const definition = readDefinition(input.definition === undefined ? null : input.definition);
   if (!Array.isArray(input.evidence)) throw new Invalid("evidence");
   input.evidence.forEach((e, n) => {
-    if (!isObject(e) || typeof e.object_id !== "string" || typeof e.kind !== "string" || typeof e.state !== "string" ||
-        !isInt(e.revision, Number.MIN_SAFE_INTEGER) || !isObject(e.body)) throw new Invalid(`evidence[${n}]`);
+    if (!isRecord(e) || typeof e.object_id !== "string" || typeof e.kind !== "string" || typeof e.state !== "string" ||
+        !isInt(e.revision, Number.MIN_SAFE_INTEGER) || !isRecord(e.body)) throw new Invalid(`evidence[${n}]`);
   });
-  const now = utcText(input.now);
-  if (now === null) throw new Invalid("now");
+  // The wire's one form of a time (values.js); kept as its text, so started_at is written back exactly.
+  if (parseTime(input.now) === null) throw new Invalid("now");
+  const now = input.now;
   const lease = input.lease;
-  if (!isObject(lease)) throw new Invalid("lease");
+  if (!isRecord(lease)) throw new Invalid("lease");
   if (!nonEmpty(lease.worker_id)) throw new Invalid("lease.worker_id");
   if (!isInt(lease.fence, 1)) throw new Invalid("lease.fence");
   const authority = input.authority === undefined ? null : input.authority;
-  if (authority !== null && !(isObject(authority) && typeof authority.granted === "boolean")) throw new Invalid("authority");
+  if (authority !== null && !(isRecord(authority) && typeof authority.granted === "boolean")) throw new Invalid("authority");
   const result = input.result === undefined ? null : input.result;
-  if (result !== null && !isObject(result)) throw new Invalid("result");
+  if (result !== null && !isRecord(result)) throw new Invalid("result");
   return { execution: x, definition, evidence: input.evidence, now, lease, authority, result };
 }
 
@@ -168,11 +135,11 @@ function readEvidence(evidence) {
   const attempts = [];
   for (const e of evidence) {
     if (e.kind === "ExecutionInput") {
-      admission = { principal_id: e.body.principal_id ?? null, input: isObject(e.body.input) ? e.body.input : {} };
+      admission = { principal_id: e.body.principal_id ?? null, input: isRecord(e.body.input) ? e.body.input : {} };
     } else if (e.kind === "StepAttempt") {
       attempts.push(e);
       // The latest completed attempt decides, even one that recorded no outputs.
-      if (e.state === "completed") outputs.set(e.body.node_id, isObject(e.body.outputs) ? e.body.outputs : {});
+      if (e.state === "completed") outputs.set(e.body.node_id, isRecord(e.body.outputs) ? e.body.outputs : {});
     }
   }
   return { admission, outputs, attempts };
@@ -420,11 +387,11 @@ function allText(value) {
   const stack = [value];
   while (stack.length) {
     const v = stack.pop();
-    if (typeof v === "string" && !storable(v)) return false;
+    if (typeof v === "string" && !isStorableText(v)) return false;
     if (typeof v === "number" && !Number.isFinite(v)) return false;
     if (v !== null && typeof v === "object") {
       for (const [k, member] of Object.entries(v)) {
-        if (!Array.isArray(v) && !storable(k)) return false;
+        if (!Array.isArray(v) && !isStorableText(k)) return false;
         stack.push(member);
       }
     }
@@ -436,9 +403,9 @@ function allText(value) {
 function keepable(result) {
   if (!STATUSES.includes(result.status)) return false;
   if (result.rejection !== null && !REJECTIONS.includes(result.rejection)) return false;
-  if (!storable(result.detail) || codePoints(result.detail) > MAX_RESULT_LENGTH) return false;
+  if (!isStorableText(result.detail) || codePoints(result.detail) > MAX_RESULT_LENGTH) return false;
   const outputs = result.outputs;
-  if (!isObject(outputs) || !allText(outputs) || depthOf(outputs) > MAX_OUTPUTS_DEPTH) return false;
+  if (!isRecord(outputs) || !allText(outputs) || depthOf(outputs) > MAX_OUTPUTS_DEPTH) return false;
   return codePoints(JSON.stringify(outputs)) <= MAX_OUTPUTS_JSON;
 }
 

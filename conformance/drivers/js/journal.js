@@ -29,13 +29,13 @@
 
 const crypto = require("crypto");
 const { step } = require("./machines");
+const { isIdentifier: isId, isUnicodeText, codePoints, parseTime } = require("./values");
 
 const FORMAT = "fencekeeper.journal/1";
 // Free text given with a command: at most this many code points, checked when it is appended (section 6, rule 2).
 const MAX_TEXT = 2000;
-const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$/;
+// A record's digest names its hash (section 1), unlike an Operation's bare input digest (operations.js).
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
-const TIME = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.\d{6}Z$/;
 const MAX_WHOLE = Number.MAX_SAFE_INTEGER; // 2^53 - 1: the largest whole number a record may hold (section 1)
 // The two events a transition command may not carry: they belong to the batch commands.
 const BATCH_EVENTS = { "work-invalidated": "invalidate", "successor-bound": "bind-successor" };
@@ -97,25 +97,10 @@ function ownDigest(record) {
   return digest(rest);
 }
 
-const isId = (v) => typeof v === "string" && IDENTIFIER.test(v);
 const isDigest = (v) => typeof v === "string" && DIGEST.test(v);
 
-function isTime(v) {
-  if (typeof v !== "string") return false;
-  const m = TIME.exec(v);
-  if (!m) return false;
-  // The spelling is fixed, and it must also name a real instant (no 31 February, no 24:00).
-  // setUTCFullYear, not Date.UTC, which would read the years 0 to 99 as 1900 to 1999.
-  const [y, mo, d, h, mi, s] = m.slice(1).map(Number);
-  const t = new Date(0);
-  t.setUTCFullYear(y, mo - 1, d);
-  t.setUTCHours(h, mi, s, 0);
-  return t.getUTCFullYear() === y && t.getUTCMonth() === mo - 1 && t.getUTCDate() === d
-    && t.getUTCHours() === h && t.getUTCMinutes() === mi && t.getUTCSeconds() === s && y >= 1;
-}
-
-// Code points, not UTF-16 code units: the 2000-character bound counts characters (section 6, rule 2).
-const codePoints = (text) => [...text].length;
+// The spelling is fixed, and it must name a real instant (no 31 February, no 24:00): values.js.
+const isTime = (v) => parseTime(v) !== null;
 
 // --- Reading JSON values against a form -----------------------------------------------
 //
@@ -403,7 +388,8 @@ function checkShape(c) {
     if (!cond) fail("invalid_request");
   };
   const ref = (r) => ok(isId(r.kind) && isId(r.id) && isDigest(r.digest));
-  const text = (t) => ok(typeof t === "string" && t.isWellFormed());
+  // Text is Unicode (section 1): no unpaired surrogate, but NUL is text, escaped as JSON escapes it.
+  const text = (t) => ok(isUnicodeText(t));
   ok(isId(c.request) && isId(c.actor) && isId(c.role) && isDigest(c.expected_head));
   text(c.rationale);
   if (c.command === "transition") {

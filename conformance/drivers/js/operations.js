@@ -24,21 +24,21 @@
 // States change only through the `operation` machine (specs/machines/operation.toml,
 // read by machines.js): a decision names its event and asks the table where it leads.
 //
-// Times are BigInt microseconds since the epoch, as in protocol.js: the cases
-// test the last microsecond of a lease, which a JavaScript Date cannot hold.
+// The wire's values (times as BigInt microseconds, since the cases test the last
+// microsecond of a lease; identifiers; text) are read by values.js, as in protocol.js.
 
 "use strict";
 
 const { step: tableStep } = require("./machines");
+const {
+  isRecord, isStorableText, parseTime, timeOf, timeText,
+  Invalid, refusal, validated, checkId, checkPositiveInt, checkDuration, checkBool, checkTime, later, checkFreeText,
+} = require("./values");
 
-// Free text kept with a transition (a cancellation's reason, an unknown outcome's detail).
-const MAX_TEXT = 2000;
 const EFFECT_CLASSES = ["atomic", "read_only", "external"];
 const TERMINAL = ["succeeded", "failed", "cancelled", "outcome_unknown"];
-const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$/;
-const DIGEST = /^[0-9a-f]{64}$/;
-// The last representable time: 9999-12-31T23:59:59.999999Z ("Well-formed requests").
-const MAX_TIME = BigInt(Date.UTC(9999, 11, 31, 23, 59, 59)) * 1000n + 999999n;
+// An input's digest: bare hex ("Values"), not a journal record's `sha256:` form (journal.js).
+const INPUT_DIGEST = /^[0-9a-f]{64}$/;
 // The longest pause a retry policy gives, in seconds ("Values", Retry policy).
 const MAX_PAUSE_SECONDS = 1e9;
 // What a submission that leaves them out gets ("Well-formed requests", omitted fields):
@@ -52,70 +52,12 @@ const DEFAULT_POLICY = {
 };
 const DEFAULT_RETENTION = 86400000000;
 
-class Invalid extends Error {
-  constructor(field) {
-    super(field);
-    this.field = field;
-  }
-}
-
-const refusal = (code, field = null) => ({ outcome: "refusal", code, field });
-
 // --- values ---------------------------------------------------------------------------
 
-// The one form of a time (specs/conformance.md, Values): `T`, exactly six fractional digits, `Z`.
-const TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{6})Z$/;
-
-// A UTC time from its text, or null: a naive time, an offset (`+00:00` included) or another
-// spelling is not one.
-function parseTime(text) {
-  if (typeof text !== "string") return null;
-  const m = TIME.exec(text);
-  if (!m) return null;
-  // setUTCFullYear, not Date.UTC, which reads the years 0-99 as 1900-1999.
-  const date = new Date(0);
-  date.setUTCFullYear(+m[1], +m[2] - 1, +m[3]);
-  date.setUTCHours(+m[4], +m[5], +m[6], 0);
-  // A field that overflows is carried into the next (February 30th is March 2nd): a date that
-  // does not read back as written is no date.
-  if (Number.isNaN(date.getTime()) || date.toISOString().slice(0, 19) !== text.slice(0, 19)) return null;
-  return BigInt(date.getTime()) * 1000n + BigInt(m[7]);
-}
-
-// Six fractional digits and `Z`, always (specs/conformance.md, Values).
-function timeText(us) {
-  if (us === null) return null;
-  // Floored, not truncated: before 1970 the microseconds are counted up from the second before.
-  let seconds = us / 1000000n;
-  if (seconds * 1000000n > us) seconds -= 1n;
-  const date = new Date(Number(seconds * 1000n));
-  return `${date.toISOString().slice(0, 19)}.${String(us - seconds * 1000000n).padStart(6, "0")}Z`;
-}
-
-const at = (text) => (text === null || text === undefined ? null : parseTime(text));
 const given = (value) => value !== null && value !== undefined;
 
-function checkId(field, value) {
-  if (typeof value !== "string" || !IDENTIFIER.test(value)) throw new Invalid(field);
-}
-
 function checkDigest(field, value) {
-  if (typeof value !== "string" || !DIGEST.test(value)) throw new Invalid(field);
-}
-
-// An integer of at least 1; JSON true is not one, though it would compare equal to 1 elsewhere.
-function checkPositiveInt(field, value) {
-  if (typeof value !== "number" || !Number.isInteger(value) || value < 1) throw new Invalid(field);
-}
-
-// Durations are integer microseconds on the wire, and positive.
-function checkDuration(field, value) {
-  if (typeof value !== "number" || !Number.isInteger(value) || value <= 0) throw new Invalid(field);
-  return BigInt(value);
-}
-
-function checkBool(field, value) {
-  if (typeof value !== "boolean") throw new Invalid(field);
+  if (typeof value !== "string" || !INPUT_DIGEST.test(value)) throw new Invalid(field);
 }
 
 // An omitted flag is false ("Well-formed requests", omitted fields).
@@ -125,26 +67,27 @@ function checkFlag(field, value) {
   return value;
 }
 
-function checkNow(value) {
-  const now = parseTime(value);
-  if (now === null) throw new Invalid("now");
-  return now;
+const checkNow = (value) => checkTime("now", value);
+
+// A lease asked for from `now` (claim, heartbeat): a duration, then `now`, then that the lease
+// ends by the last representable time.
+function checkLease(r, nowText) {
+  const lease = checkDuration("lease_duration", r.lease_duration);
+  const now = checkNow(nowText);
+  later("lease_duration", now, lease);
+  return { now, lease };
 }
 
-// A duration counted from `now` must end by the last representable time, checked after `now`.
-function checkFrom(field, now, duration) {
-  if (now + duration > MAX_TIME) throw new Invalid(field);
-}
-
-// A record is a JSON object: null and an array are not one.
-const isRecord = (value) => value !== null && typeof value === "object" && !Array.isArray(value);
-
+// An authority names its `principal` ("An authority answers for one principal"); a workflow's
+// Authority fact (protocol.js) names a `principal_id`, and is its own rule.
 function checkAuthority(value) {
   if (!isRecord(value)) throw new Invalid("authority");
   checkBool("authority.granted", value.granted);
   checkId("authority.principal", value.principal);
 }
 
+// An owner's credential ("Owner checks"): its Operation, worker and fence.  A workflow lease's
+// credential (protocol.js) is another: a lease token where this has the Operation.
 function checkCredential(value) {
   if (!isRecord(value)) throw new Invalid("credential");
   checkId("credential.operation_id", value.operation_id);
@@ -152,16 +95,9 @@ function checkCredential(value) {
   checkPositiveInt("credential.fence", value.fence);
 }
 
-// Text a store keeps: no NUL and no lone surrogate.
-function storable(text) {
-  return typeof text === "string" && !text.includes("\u0000") && text.isWellFormed();
-}
-
-// Free text of at most MAX_TEXT characters (omitted, it is empty); characters are code points,
-// not UTF-16 units.
+// Free text (omitted, it is empty), with the bound of a recovery's rationale ("Decisions", `cancel`).
 function checkText(field, value) {
-  if (value === undefined) return;
-  if (!storable(value) || Array.from(value).length > MAX_TEXT) throw new Invalid(field);
+  if (value !== undefined) checkFreeText(field, value);
 }
 
 // How deeply a result may nest, each array or object a level ("Well-formed requests").
@@ -190,21 +126,11 @@ function nestsTooDeeply(text) {
 // does not have, are refused). It is kept as written: an escape inside a string (`\u0000`) is JSON,
 // and so is a numeral of any size (`1e400`), so what JSON.parse would make of the value is never asked.
 function checkResult(value) {
-  if (!storable(value) || nestsTooDeeply(value)) throw new Invalid("result");
+  if (!isStorableText(value) || nestsTooDeeply(value)) throw new Invalid("result");
   try {
     JSON.parse(value);
   } catch (err) {
     throw new Invalid("result");
-  }
-}
-
-// Runs the validators; a thrown Invalid becomes the invalid_request refusal naming its field.
-function validated(check) {
-  try {
-    return { value: check() };
-  } catch (err) {
-    if (err instanceof Invalid) return { refused: refusal("invalid_request", err.field) };
-    throw err;
   }
 }
 
@@ -358,7 +284,7 @@ function decision(guard, op, nowText, attempts = [], credential = null) {
   return { outcome: "decision", guard, operation: op, attempts, outbox: outboxOf(op, nowText), credential };
 }
 
-const earlier = (a, b) => (at(a) <= at(b) ? a : b);
+const earlier = (a, b) => (timeOf(a) <= timeOf(b) ? a : b);
 
 // Ends the Operation by a limit (a claim or the deadline sweep): a running owner's Attempt is
 // written abandoned first, `error_code` is the outcome's name unless another is given,
@@ -389,7 +315,7 @@ function ownerRefusal(op, credential, now) {
   if (credential.fence !== op.fence) return refusal("stale_fence");
   if (op.state !== "running") return refusal("not_running");
   if (op.owner !== credential.worker_id) return refusal("worker_mismatch");
-  if (now >= at(op.lease_expires_at)) return refusal("lease_expired");
+  if (now >= timeOf(op.lease_expires_at)) return refusal("lease_expired");
   return null;
 }
 
@@ -432,8 +358,8 @@ function submit(machines, op, request, nowText) {
     const retention = checkDuration("retention", r.retention);
     checkBool("requires_approval", r.requires_approval);
     const now = checkNow(nowText);
-    checkFrom("policy.schedule_to_close", now, toClose);
-    checkFrom("retention", now, retention);
+    later("policy.schedule_to_close", now, toClose);
+    later("retention", now, retention);
     return { now, toClose, retention };
   });
   if (checked.refused) return checked.refused;
@@ -445,7 +371,7 @@ function submit(machines, op, request, nowText) {
   let holder = null;
   if (op !== null) {
     // The identity is free again only once its window has passed *and* its Operation ended.
-    if (now < at(op.retain_until) || !isTerminal(op)) {
+    if (now < timeOf(op.retain_until) || !isTerminal(op)) {
       if (op.action_name !== r.action_name) return refusal("idempotency_conflict", "action_name");
       if (op.action_version !== r.action_version) return refusal("idempotency_conflict", "action_version");
       // An Operation admitted before inputs were canonical is stored under the earlier digest.
@@ -517,20 +443,17 @@ function approvalAuthorizes(op) {
 function claim(machines, op, r, nowText) {
   const checked = validated(() => {
     checkId("worker_id", r.worker_id);
-    const lease = checkDuration("lease_duration", r.lease_duration);
-    const now = checkNow(nowText);
-    checkFrom("lease_duration", now, lease);
-    return { now, lease };
+    return checkLease(r, nowText);
   });
   if (checked.refused) return checked.refused;
   const { now, lease } = checked.value;
   if (op === null) return refusal("operation_not_found");
-  const deadline = at(op.deadline);
+  const deadline = timeOf(op.deadline);
   const past = now >= deadline;
   // Not claimable: terminal, a live owner, backoff or awaiting approval before the deadline.
   if (isTerminal(op)) return refusal("not_eligible");
-  if (op.state === "running" && now < at(op.lease_expires_at)) return refusal("not_eligible");
-  if (op.state === "admitted" && now < at(op.next_eligible_at) && !past) return refusal("not_eligible");
+  if (op.state === "running" && now < timeOf(op.lease_expires_at)) return refusal("not_eligible");
+  if (op.state === "admitted" && now < timeOf(op.next_eligible_at) && !past) return refusal("not_eligible");
   if (op.state === "awaiting_approval" && !past) return refusal("not_eligible");
   const replacement = op.state === "running";
   // An Attempt is left for an admitted Operation, or a replacement with Attempts unused; never for
@@ -556,7 +479,7 @@ function claim(machines, op, r, nowText) {
       }
       return endByLimit(machines, op, "approval_misbound", "approval_misbound", nowText);
     }
-    if (!given(op.approval.consumed_by) && now >= at(op.approval.expires_at)) {
+    if (!given(op.approval.consumed_by) && now >= timeOf(op.approval.expires_at)) {
       return endByLimit(machines, op, "approval_expired", "approval_expired", nowText);
     }
   }
@@ -584,19 +507,16 @@ function claim(machines, op, r, nowText) {
 function heartbeat(machines, op, r, nowText) {
   const checked = validated(() => {
     checkCredential(r.credential);
-    const lease = checkDuration("lease_duration", r.lease_duration);
-    const now = checkNow(nowText);
-    checkFrom("lease_duration", now, lease);
-    return { now, lease };
+    return checkLease(r, nowText);
   });
   if (checked.refused) return checked.refused;
   const { now, lease } = checked.value;
   const refused = ownerRefusal(op, r.credential, now);
   if (refused) return refused;
   // From the deadline on no renewal: an Attempt that keeps renewing cannot outrun the limit.
-  const deadline = at(op.deadline);
+  const deadline = timeOf(op.deadline);
   if (now >= deadline) return refusal("deadline_exceeded");
-  const current = at(op.lease_expires_at);
+  const current = timeOf(op.lease_expires_at);
   const asked = now + lease < deadline ? now + lease : deadline;
   // Never shortened: a lease the claim granted past the deadline stands.
   const next = move(machines, op, "heartbeat", { lease_expires_at: timeText(asked > current ? asked : current) });
@@ -614,7 +534,7 @@ function recordIntent(machines, op, r, nowText) {
   if (refused) return refused;
   if (op.effect_class !== "external") return refusal("wrong_effect_class");
   // The intent precedes the provider call, so refusing it past the deadline starts no call.
-  if (now >= at(op.deadline)) return refusal("deadline_exceeded");
+  if (now >= timeOf(op.deadline)) return refusal("deadline_exceeded");
   const next = move(machines, op, "record_intent", {
     // A later Attempt keeps the first effect id, and the fence that began the unanswered issues.
     effect_id: op.effect_id ?? `${op.operation_id}/effect`,
@@ -644,7 +564,7 @@ function complete(machines, op, r, nowText) {
   if (op.effect_class === "external" && !given(op.effect_unsettled_since)) return refusal("intent_required");
   // An atomic success is its effect, which may not begin from the deadline on.
   const atomic = op.effect_class === "atomic";
-  if (atomic && now >= at(op.deadline)) return refusal("deadline_exceeded");
+  if (atomic && now >= timeOf(op.deadline)) return refusal("deadline_exceeded");
   const next = move(machines, op, "succeed", {
     outcome: "succeeded", result, error_code: null, effect_unsettled_since: null,
   });
@@ -670,7 +590,7 @@ function fail(machines, op, r, nowText) {
   // only issue since the last answer; an earlier Attempt's issue stays unanswered.
   let stillUnsettled = op.effect_unsettled_since;
   if (notApplied && stillUnsettled === op.fence) stillUnsettled = null;
-  const deadline = at(op.deadline);
+  const deadline = timeOf(op.deadline);
   const pause = backoff(op.policy, op.attempt_count);
   let ending = null;
   if (notAuthorized) ending = ["fail", "not_authorized"];
@@ -724,8 +644,7 @@ function decide(machines, op, r, nowText) {
     checkId("tenant", r.tenant);
     checkId("approver", r.approver);
     checkBool("approved", r.approved);
-    const expires = parseTime(r.expires_at);
-    if (expires === null) throw new Invalid("expires_at");
+    const expires = checkTime("expires_at", r.expires_at);
     checkAuthority(r.authority);
     return { now: checkNow(nowText), expires };
   });
@@ -749,7 +668,7 @@ function decide(machines, op, r, nowText) {
   }
   if (op.state !== "awaiting_approval") return refusal("not_awaiting_approval");
   // Past its deadline the Operation can only end approval_expired: no decision changes that.
-  if (now >= at(op.deadline)) return refusal("deadline_exceeded");
+  if (now >= timeOf(op.deadline)) return refusal("deadline_exceeded");
   if (stablePrincipal(r.approver) === stablePrincipal(op.identity.principal)) return refusal("self_approval", "approver");
   if (expires <= now) return refusal("approval_expired", "expires_at");
   const approval = {
@@ -804,9 +723,9 @@ function expire(machines, op, r, nowText) {
   if (checked.refused) return checked.refused;
   const now = checked.value;
   if (op === null) return refusal("operation_not_found");
-  if (isTerminal(op) || now < at(op.deadline)) return refusal("not_eligible");
+  if (isTerminal(op) || now < timeOf(op.deadline)) return refusal("not_eligible");
   // A live owner keeps its chance to commit.
-  if (op.state === "running" && now < at(op.lease_expires_at)) return refusal("not_eligible");
+  if (op.state === "running" && now < timeOf(op.lease_expires_at)) return refusal("not_eligible");
   return endByDeadline(machines, op, nowText);
 }
 

@@ -10,104 +10,40 @@
 // States change only through the machine tables (machines.js).  The governed `recover`
 // decisions are recovery.js's, which builds on the helpers this module exports.
 //
-// Times are BigInt microseconds since the epoch: the spec's times have
-// microsecond precision and a JavaScript Date has only milliseconds.
+// The wire's values (times as BigInt microseconds, identifiers, text) are read by values.js,
+// which also turns a malformed field into the invalid_request refusal naming it.
 
 "use strict";
 
-const { decideApproval } = require("./approvals");
-
+const { decideApproval, DETERMINATIONS } = require("./approvals");
 const { step: tableStep } = require("./machines");
+const {
+  isRecord, byCodePoint, isStorableText, timeOf, timeText,
+  Invalid, refusal, validated, checkId, checkPositiveInt, checkDuration, checkBool, checkTime, later,
+  checkFreeText,
+} = require("./values");
 
+// The most steps one dispatcher pass takes (seed 000, Persistence: "the 100-step bound");
+// recovery.js and interpreter.js count against the same bound.
 const STEP_LIMIT = 100;
-// Free text given with a decision (a finalization's reason): at most this many characters.
-const MAX_RATIONALE = 2000;
 const FINALIZE_TARGETS = ["waiting", "succeeded", "failed", "suspended", "reconciliation_required"];
 const STATES = ["eligible", "running", "waiting", "succeeded", "failed", "cancelled", "suspended",
   "reconciliation_required"];
 const WAKE_REASONS = ["event", "decision", "timer", "timeout"];
 const WAKE_OUTCOMES = ["approved", "event", "rejected", "timeout", "timer"];
-const DETERMINATIONS = ["approved", "rejected"];
-const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$/;
-// The last representable time: 9999-12-31T23:59:59.999999Z.
-const MAX_TIME = BigInt(Date.UTC(9999, 11, 31, 23, 59, 59)) * 1000n + 999999n;
 
-class Invalid extends Error {
-  constructor(field) {
-    super(field);
-    this.field = field;
-  }
-}
+// --- the request's values ---------------------------------------------------------------
 
-const refusal = (code, field = null) => ({ outcome: "refusal", code, field });
-
-// --- values ---------------------------------------------------------------------------
-
-// The one form of a time on the wire (specs/conformance.md, Values): the date, `T`, the time
-// with six fractional digits, and `Z`.  A naive time, an offset (`+00:00` included) or any other
-// spelling is no time here.
-const TIME = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.([0-9]{6})Z$/;
-
-// A time from its text: { us } for a time in that form, or { problem }.
-function parseTime(text) {
-  if (typeof text !== "string") return { problem: "not a time" };
-  const m = TIME.exec(text);
-  if (!m) return { problem: "not a time" };
-  // setUTCFullYear, not Date.UTC, which reads the years 0-99 as 1900-1999.
-  const date = new Date(0);
-  date.setUTCFullYear(+m[1], +m[2] - 1, +m[3]);
-  date.setUTCHours(+m[4], +m[5], +m[6], 0);
-  // A field that overflows is carried into the next (February 30th is March 2nd): a date that
-  // does not read back as written is no date.
-  if (Number.isNaN(date.getTime()) || date.toISOString().slice(0, 19) !== text.slice(0, 19)) return { problem: "not a time" };
-  return { us: BigInt(date.getTime()) * 1000n + BigInt(m[7]) };
-}
-
-function timeText(us) {
-  if (us === null) return null;
-  const ms = us / 1000n;
-  const date = new Date(Number(ms));
-  const micro = String(us % 1000000n).padStart(6, "0");
-  return `${date.toISOString().slice(0, 19)}.${micro}Z`;
-}
-
-// A JSON object: an array is an object to typeof, but no record of the request's.
-const isRecord = (value) => value !== null && typeof value === "object" && !Array.isArray(value);
-
-function checkId(field, value) {
-  if (typeof value !== "string" || !IDENTIFIER.test(value)) throw new Invalid(field);
-}
-
-function checkUtc(field, value) {
-  const parsed = parseTime(value);
-  if (parsed.problem) throw new Invalid(field);
-  return parsed.us;
-}
-
-function checkPositiveInt(field, value) {
-  if (typeof value !== "number" || !Number.isInteger(value) || value < 1) throw new Invalid(field);
-}
-
-function checkDuration(field, value) {
-  if (typeof value !== "number" || !Number.isInteger(value) || value <= 0) throw new Invalid(field);
-  return BigInt(value);
-}
-
-function later(field, now, duration) {
-  if (now + duration > MAX_TIME) throw new Invalid(field);
-  return now + duration;
-}
-
-function checkBool(field, value) {
-  if (typeof value !== "boolean") throw new Invalid(field);
-}
-
+// The Authority fact (specs/protocol.md): `granted` and a `principal_id`; an Operation's authority
+// (operations.js) names a `principal`, and is another rule.
 function checkAuthority(field, value) {
   if (!isRecord(value)) throw new Invalid(field);
   checkBool(`${field}.granted`, value.granted);
   checkId(`${field}.principal_id`, value.principal_id);
 }
 
+// A lease credential: the worker, its lease token and the fence.  An Operation owner's credential
+// (operations.js) is another rule, naming its Operation and no token.
 function checkCredential(value) {
   if (!isRecord(value)) throw new Invalid("credential");
   checkId("credential.worker_id", value.worker_id);
@@ -122,26 +58,8 @@ function checkStep(field, value) {
   if (value.next_node_id !== null && value.next_node_id !== undefined) checkId(`${field}.next_node_id`, value.next_node_id);
 }
 
-function storable(text) {
-  // No NUL and no unpaired surrogate: a store keeps the value as text.
-  return typeof text === "string" && !text.includes("\u0000") && text.isWellFormed();
-}
-
-function checkText(field, value) {
-  if (!storable(value)) throw new Invalid(field);
-}
-
 function isPairs(value) {
   return Array.isArray(value) && value.every((p) => Array.isArray(p) && p.length === 2);
-}
-
-function byCodePoint(a, b) {
-  const x = Array.from(a), y = Array.from(b);
-  for (let i = 0; i < Math.min(x.length, y.length); i++) {
-    const d = x[i].codePointAt(0) - y[i].codePointAt(0);
-    if (d !== 0) return d;
-  }
-  return x.length - y.length;
 }
 
 function sortedUnique(names) {
@@ -156,7 +74,7 @@ function checkCorrelation(field, value) {
   if (!sortedUnique(value.map((p) => p[0]))) throw new Invalid(field);
   for (const [name, text] of value) {
     checkId(`${field}['${name}']`, name);
-    checkText(`${field}['${name}']`, text);
+    if (!isStorableText(text)) throw new Invalid(`${field}['${name}']`);
   }
 }
 
@@ -168,7 +86,7 @@ function checkWaitSpec(field, value) {
   checkCorrelation(`${field}.correlation`, value.correlation ?? []);
   const hasAt = value.wake_at !== null && value.wake_at !== undefined;
   const hasAfter = value.wake_after !== null && value.wake_after !== undefined;
-  if (hasAt) checkUtc(`${field}.wake_at`, value.wake_at);
+  if (hasAt) checkTime(`${field}.wake_at`, value.wake_at);
   if (hasAfter) {
     checkDuration(`${field}.wake_after`, value.wake_after);
     if (hasAt) throw new Invalid(`${field}.wake_after`);
@@ -183,21 +101,9 @@ function checkWaitSpec(field, value) {
   for (const [outcome, node] of pairs) checkId(`${field}.continuations[${outcome}]`, node);
 }
 
-// Runs the validators; a thrown Invalid becomes the invalid_request refusal naming its field.
-function validated(check) {
-  try {
-    check();
-    return null;
-  } catch (err) {
-    if (err instanceof Invalid) return refusal("invalid_request", err.field);
-    throw err;
-  }
-}
-
 // --- rows -------------------------------------------------------------------------------
 
 const dispatchStateOf = (state) => (state === "running" ? "claimed" : state);
-const us = (text) => (text === null ? null : parseTime(text).us);
 
 function guardOf(execution, dispatch, live) {
   return {
@@ -270,7 +176,7 @@ function checkLease(execution, dispatch, credential, now) {
   if (execution.state !== "running") return refusal("execution_not_running");
   if (dispatch.lease_token !== credential.lease_token) return refusal("lease_token_mismatch");
   if (dispatch.leased_by !== credential.worker_id) return refusal("worker_mismatch");
-  if (dispatch.lease_expires_at === null || now >= us(dispatch.lease_expires_at)) return refusal("lease_expired");
+  if (dispatch.lease_expires_at === null || now >= timeOf(dispatch.lease_expires_at)) return refusal("lease_expired");
   if (credential.fence !== execution.fence) return refusal("stale_fence");
   return null;
 }
@@ -288,14 +194,14 @@ const checkAuthorized = (authority) => (authority.granted ? null : refusal("not_
 
 function admit(m, rows, r, nowText) {
   let now;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkId("execution_id", r.execution_id);
     checkId("business_id", r.business_id);
     checkId("definition_id", r.definition_id);
     checkPositiveInt("definition_revision", r.definition_revision);
     checkId("start_node_id", r.start_node_id);
     checkAuthority("authority", r.authority);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   if (rows.execution !== null || rows.id_taken) return refusal("already_exists");
@@ -319,18 +225,18 @@ function admit(m, rows, r, nowText) {
 
 function claim(m, { execution, dispatch }, r, nowText) {
   let now, expires;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkId("worker_id", r.worker_id);
     checkId("lease_token", r.lease_token);
     const duration = checkDuration("lease_duration", r.lease_duration);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
     expires = later("lease_duration", now, duration);
   });
   if (bad) return bad;
   const pair = checkPair(execution, dispatch, execution === null ? "?" : execution.execution_id);
   if (pair) return pair;
   if (execution.state !== "eligible" || dispatch.dispatch_state !== "eligible") return refusal("not_eligible");
-  if (now < us(dispatch.eligible_at)) return refusal("not_eligible");
+  if (now < timeOf(dispatch.eligible_at)) return refusal("not_eligible");
   const fence = execution.fence + 1;
   const [e, d] = move(m, execution, dispatch, "claim", { fence });
   d.lease_token = r.lease_token;
@@ -343,10 +249,10 @@ function claim(m, { execution, dispatch }, r, nowText) {
 
 function renew(m, { execution, dispatch }, r, nowText) {
   let now, expires;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkCredential(r.credential);
     const duration = checkDuration("lease_duration", r.lease_duration);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
     expires = later("lease_duration", now, duration);
   });
   if (bad) return bad;
@@ -358,12 +264,12 @@ function renew(m, { execution, dispatch }, r, nowText) {
 
 function recordStep(m, { execution, dispatch }, r, nowText) {
   let now;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkCredential(r.credential);
     checkPositiveInt("expected_revision", r.expected_revision);
     checkStep("step", r.step);
     checkAuthority("authority", r.authority);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   const first = checkHeld(execution, dispatch, r.credential, now)
@@ -376,10 +282,10 @@ function recordStep(m, { execution, dispatch }, r, nowText) {
 
 function release(m, { execution, dispatch }, r, nowText) {
   let now;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkCredential(r.credential);
     checkPositiveInt("expected_revision", r.expected_revision);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   const first = checkHeld(execution, dispatch, r.credential, now) || checkRevision(execution, r.expected_revision);
@@ -393,9 +299,9 @@ function release(m, { execution, dispatch }, r, nowText) {
 // renewal, which asks the store to recheck expiry at commit.
 function fenced(m, { execution, dispatch }, r, nowText) {
   let now;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkCredential(r.credential);
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   const held = checkHeld(execution, dispatch, r.credential, now);
@@ -405,7 +311,7 @@ function fenced(m, { execution, dispatch }, r, nowText) {
 
 function finalize(m, { execution, dispatch }, r, nowText) {
   let now;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkId("execution_id", r.execution_id);
     checkId("dispatch_id", r.dispatch_id);
     checkId("worker_id", r.worker_id);
@@ -418,10 +324,8 @@ function finalize(m, { execution, dispatch }, r, nowText) {
     if (r.step != null) checkStep("step", r.step);
     if (r.wait != null) checkWaitSpec("wait", r.wait);
     if (r.error_code != null) checkId("error_code", r.error_code);
-    checkText("reason", r.reason ?? "");
-    // Characters are code points, as the spec counts them; a string's length counts UTF-16 units.
-    if ([...(r.reason ?? "")].length > MAX_RATIONALE) throw new Invalid("reason");
-    now = checkUtc("now", nowText);
+    checkFreeText("reason", r.reason ?? "");
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   let first = checkPair(execution, dispatch, r.execution_id);
@@ -446,7 +350,7 @@ function finalize(m, { execution, dispatch }, r, nowText) {
   if (wait !== null) {
     let wakeAt = wait.wake_at ?? null;
     if (wait.wake_after != null) {
-      const bad2 = validated(() => { wakeAt = timeText(later("wait.wake_after", now, BigInt(wait.wake_after))); });
+      const { refused: bad2 } = validated(() => { wakeAt = timeText(later("wait.wake_after", now, BigInt(wait.wake_after))); });
       if (bad2) return bad2;
     }
     registration = {
@@ -469,7 +373,7 @@ const samePairs = (a, b) => a.length === b.length && a.every((p, i) => p[0] === 
 
 function wake(m, { execution, dispatch, registration }, r, nowText) {
   let now;
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     if (!isRecord(r.key)) throw new Invalid("key");
     checkId("key.execution_id", r.key.execution_id);
     checkId("key.node_id", r.key.node_id);
@@ -483,7 +387,7 @@ function wake(m, { execution, dispatch, registration }, r, nowText) {
     if (r.outcome != null && (r.reason !== "decision" || !DETERMINATIONS.includes(r.outcome))) {
       throw new Invalid("outcome");
     }
-    now = checkUtc("now", nowText);
+    now = checkTime("now", nowText);
   });
   if (bad) return bad;
   // Only the registration the wake names answers for it: another attempt's never wakes, nor counts as a repeat.
@@ -509,7 +413,7 @@ function wake(m, { execution, dispatch, registration }, r, nowText) {
     }
   } else {
     if (spec.wake_at === null || spec.timeout !== (r.reason === "timeout")) return refusal("wake_mismatch");
-    if (now < us(spec.wake_at)) return refusal("wake_not_due");
+    if (now < timeOf(spec.wake_at)) return refusal("wake_not_due");
   }
   const outcome = r.reason === "decision" ? r.outcome : r.reason;
   const found = spec.continuations.find((p) => p[0] === outcome);
@@ -522,12 +426,12 @@ function wake(m, { execution, dispatch, registration }, r, nowText) {
 }
 
 function cancel(m, { execution, dispatch }, r, nowText) {
-  const bad = validated(() => {
+  const { refused: bad } = validated(() => {
     checkId("execution_id", r.execution_id);
     checkId("business_id", r.business_id);
     checkPositiveInt("expected_revision", r.expected_revision);
     checkAuthority("authority", r.authority);
-    checkUtc("now", nowText);
+    checkTime("now", nowText);
   });
   if (bad) return bad;
   const first = checkPair(execution, dispatch, r.execution_id) || checkBusiness(execution, r.business_id)
@@ -559,7 +463,7 @@ function decide(machines, input) {
 
 module.exports = {
   decide,
-  // What recovery.js shares: the request's checks, the rows' checks, a move and its guard.
-  Invalid, refusal, validated, checkId, checkUtc, checkPositiveInt, checkAuthority, checkText, us, timeText,
-  checkPair, checkBusiness, checkRevision, checkAuthorized, guardOf, move, decision,
+  STEP_LIMIT,
+  // What recovery.js shares: the authority's check, the rows' checks, a move and its guard.
+  checkAuthority, checkPair, checkBusiness, checkRevision, checkAuthorized, guardOf, move, decision,
 };

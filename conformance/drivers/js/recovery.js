@@ -27,10 +27,9 @@
 const { step: tableStep } = require("./machines");
 const { readDefinition } = require("./definitions");
 const p = require("./protocol");
+const v = require("./values");
 
 const KINDS = ["quarantine_expired", "fail", "resume_safe", "reconcile_command", "resume_suspended"];
-const STEP_LIMIT = 100;
-const MAX_RATIONALE = 2000;
 const REVIEW = ["reconciliation_required", "suspended"];
 const RESUMES = ["resume_safe", "resume_suspended"];
 // A Command still open: issued and not answered, or answered unknown (interpreter.md, The
@@ -46,25 +45,22 @@ const INERT_ATTEMPT = { pending: "reject", unknown: "reconcile_not_applied", rec
 
 // The fields in the order specs/protocol.md (Recovery requests) lists them.
 function checkRequest(r, nowText) {
-  p.checkId("command_id", r.command_id);
-  if (!KINDS.includes(r.kind)) throw new p.Invalid("kind");
-  p.checkId("execution_id", r.execution_id);
-  p.checkId("business_id", r.business_id);
-  p.checkPositiveInt("expected_revision", r.expected_revision);
-  p.checkId("actor_id", r.actor_id);
+  v.checkId("command_id", r.command_id);
+  if (!KINDS.includes(r.kind)) throw new v.Invalid("kind");
+  v.checkId("execution_id", r.execution_id);
+  v.checkId("business_id", r.business_id);
+  v.checkPositiveInt("expected_revision", r.expected_revision);
+  v.checkId("actor_id", r.actor_id);
   p.checkAuthority("authority", r.authority);
-  if (r.command_to_reconcile != null) p.checkId("command_to_reconcile", r.command_to_reconcile);
+  if (r.command_to_reconcile != null) v.checkId("command_to_reconcile", r.command_to_reconcile);
   if (r.next_node_id != null) {
-    p.checkId("next_node_id", r.next_node_id);
+    v.checkId("next_node_id", r.next_node_id);
     // Only a resume enters a node: a continuation named to any other decision is a mistake.
-    if (!RESUMES.includes(r.kind)) throw new p.Invalid("next_node_id");
+    if (!RESUMES.includes(r.kind)) throw new v.Invalid("next_node_id");
   }
   // Left out, the rationale is empty; given as null it is not a string, and refused.
-  const rationale = r.rationale === undefined ? "" : r.rationale;
-  // Characters are code points, as the spec counts them; a string's length counts UTF-16 units.
-  if (typeof rationale !== "string" || [...rationale].length > MAX_RATIONALE) throw new p.Invalid("rationale");
-  p.checkText("rationale", rationale);
-  return p.checkUtc("now", nowText);
+  v.checkFreeText("rationale", r.rationale === undefined ? "" : r.rationale);
+  return v.checkTime("now", nowText);
 }
 
 // --- the store's facts ----------------------------------------------------------------------
@@ -184,7 +180,7 @@ const recordOf = (r, execution, resulting) => ({
 
 function recover(machines, rows, r, nowText) {
   let now;
-  const bad = p.validated(() => {
+  const { refused: bad } = v.validated(() => {
     now = checkRequest(r, nowText);
   });
   if (bad) return bad;
@@ -192,14 +188,14 @@ function recover(machines, rows, r, nowText) {
   const stored = rows.recovery ?? null;
   // A stored result, or that the identity is taken, is told only to a caller who may see it.
   if (stored !== null) {
-    if (execution !== null && execution.business_id !== r.business_id) return p.refusal("business_mismatch");
-    if (!r.authority.granted) return p.refusal("not_authorized");
+    if (execution !== null && execution.business_id !== r.business_id) return v.refusal("business_mismatch");
+    if (!r.authority.granted) return v.refusal("not_authorized");
     const same = stored.kind === r.kind && stored.execution_id === r.execution_id
       && stored.expected_revision === r.expected_revision;
-    // The stored record is answered as specs/conformance.md (`recovery`) gives it back: its proof is not
-    // part of what a repeat is compared by, and is not repeated.
-    return same ? { outcome: "unchanged", code: "recovery_replayed", record: { ...stored, proof: null } }
-      : p.refusal("recovery_conflict");
+    // Compared by identity alone, never by its proof; answered as stored, proof included: a repeat
+    // "returns its durable result" (seed 000, Expired-lease quarantine; specs/conformance.md, `recovery`).
+    return same ? { outcome: "unchanged", code: "recovery_replayed", record: stored }
+      : v.refusal("recovery_conflict");
   }
   const pair = p.checkPair(execution, dispatch, r.execution_id);
   if (pair) return pair;
@@ -211,23 +207,23 @@ function recover(machines, rows, r, nowText) {
 
   if (r.kind === "quarantine_expired") {
     // Seed 000, Expired-lease quarantine, conditions 1-6, then authority; never by the holder.
-    if (execution.state !== "running") return p.refusal("execution_not_running");
-    if (dispatch.dispatch_state !== "claimed") return p.refusal("dispatch_not_claimed");
+    if (execution.state !== "running") return v.refusal("execution_not_running");
+    if (dispatch.dispatch_state !== "claimed") return v.refusal("dispatch_not_claimed");
     const first = business()
-      || (dispatch.lease_expires_at === null || p.us(dispatch.lease_expires_at) > now ? p.refusal("lease_not_expired") : null)
+      || (dispatch.lease_expires_at === null || v.timeOf(dispatch.lease_expires_at) > now ? v.refusal("lease_not_expired") : null)
       || revision() || authority();
     if (first) return first;
-    if (dispatch.leased_by !== null && r.actor_id === dispatch.leased_by) return p.refusal("worker_cannot_recover");
+    if (dispatch.leased_by !== null && r.actor_id === dispatch.leased_by) return v.refusal("worker_cannot_recover");
     const [e, d] = p.move(machines, execution, dispatch, "quarantine_expired", { error_code: "quarantine_expired" });
     return p.decision(guard, e, d, { recovery: recordOf(r, execution, e), objects: [] });
   }
 
   if (r.kind === "resume_suspended") {
-    if (execution.state !== "suspended" || dispatch.dispatch_state !== "suspended") return p.refusal("not_suspended");
+    if (execution.state !== "suspended" || dispatch.dispatch_state !== "suspended") return v.refusal("not_suspended");
   } else {
     const states = r.kind === "fail" ? REVIEW : ["reconciliation_required"];
     if (!states.includes(execution.state) || dispatch.dispatch_state !== execution.state) {
-      return p.refusal("not_in_reconciliation");
+      return v.refusal("not_in_reconciliation");
     }
   }
   const first = business() || revision() || authority();
@@ -241,11 +237,11 @@ function recover(machines, rows, r, nowText) {
   if (r.kind === "reconcile_command") {
     const settled = r.command_to_reconcile == null ? null
       : settlement(facts.evidence, facts.submitted, r.command_to_reconcile);
-    if (settled === null) return p.refusal("no_unresolved_command", "command_to_reconcile");
+    if (settled === null) return v.refusal("no_unresolved_command", "command_to_reconcile");
     // A quarantined visit was never counted by its worker; the settlement counts it, within the bound.
     const attempt = settled.attempt;
     const quarantined = attempt !== null && (attempt.state === "reconciliation_required" || attempt.state === "running");
-    const steps = execution.step_count + (quarantined && execution.step_count < STEP_LIMIT ? 1 : 0);
+    const steps = execution.step_count + (quarantined && execution.step_count < p.STEP_LIMIT ? 1 : 0);
     const e = { ...execution, revision: execution.revision + 1, step_count: steps };
     const d = { ...dispatch, step_count: steps };
     return p.decision(guard, e, d, { recovery: recordOf(r, execution, e), objects: [] });
@@ -254,14 +250,14 @@ function recover(machines, rows, r, nowText) {
   // resume_safe, resume_suspended: the proof, then eligible where the operator named.
   if (r.kind === "resume_suspended" && dispatch.last_error_code === "step_limit") {
     // A later pass "must not ... reset the step counter": it would suspend again at once.
-    return p.refusal("unsafe_resume", "kind");
+    return v.refusal("unsafe_resume", "kind");
   }
   const proven = prove(machines, execution, facts, r, r.kind === "resume_suspended");
-  if (proven === null) return p.refusal("unsafe_resume", "next_node_id");
-  const eligible = p.us(dispatch.eligible_at);
+  if (proven === null) return v.refusal("unsafe_resume", "next_node_id");
+  const eligible = v.timeOf(dispatch.eligible_at);
   const [e, d] = p.move(machines, execution, dispatch, r.kind, {
     node_id: proven.proof.continuation,
-    eligible_at: p.timeText(eligible < now ? eligible : now),
+    eligible_at: v.timeText(eligible < now ? eligible : now),
   });
   return p.decision(guard, e, d, { recovery: { ...recordOf(r, execution, e), proof: proven.proof }, objects: proven.settles });
 }
