@@ -31,7 +31,7 @@ from fencekeeper.kernel import journal as j
 
 from .journal_store import JournalStoreBase, StoredChain, Tail
 from .postgres_store import _one_line, _safe, check_schema, check_schema_name, permission_denied
-from .store import Clock, StoreError
+from .store import Clock, StoreError, checked_again_if_lost
 
 # The head's compare-and-set, and the insert that runs only if it moved: every append's guard.
 _MOVE_HEAD_THEN_INSERT = """
@@ -74,10 +74,17 @@ class PostgresJournalStore(JournalStoreBase):
         self._conn = self._connect()
         self._cursor: psycopg.Cursor[Any] | None = None
         self._closed = False
-        try:
+        def check() -> None:
+            # A connection lost before the check is answered (a backend ended, a failover) is replaced
+            # for the next try: the store then opens as the same loss a moment later would be ridden out.
+            if self._conn.broken:
+                self._conn = self._connect()
             check_schema(self._conn, self.schema)
+
+        try:
+            checked_again_if_lost(check, psycopg.OperationalError)
         except psycopg.OperationalError as exc:
-            # Lost between the connection and the check: what every other call of the store says of it.
+            # Lost between the connection and the check, every try: what every other call of the store says of it.
             self._conn.close()
             raise StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}") from None
         except BaseException:

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from fencekeeper.adapters import cli, cli_ops, postgres_store
+from fencekeeper.adapters import cli, cli_ops, journal_postgres, postgres_store
 from fencekeeper.adapters.operations import postgres as ops_postgres
 from fencekeeper.adapters.operations.connect import open_operation_store
 from fencekeeper.adapters.store import StoreError
@@ -142,3 +142,26 @@ def test_op_worker_started_into_a_lost_connection_keeps_working(
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert sys.modules[name].calls == [1, 1]
+
+
+def test_a_journal_store_opens_through_its_backend_ended_before_its_check(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real loss, not a raised error: the backend of the store's one connection is ended from outside,
+    # as pg_terminate_backend ends it, and the check then fails on it; the store opens on a new one.
+    real = journal_postgres.check_schema
+    ended: list[int] = []
+
+    def check(conn: psycopg.Connection[Any], schema: str) -> None:
+        if not ended:
+            ended.append(conn.info.backend_pid)
+            with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        real(conn, schema)
+
+    monkeypatch.setattr(journal_postgres, "check_schema", check)
+    store = journal_postgres.PostgresJournalStore(pg_dsn, schema=pg_schema)
+    try:
+        assert ended and store._conn.info.backend_pid != ended[0]
+    finally:
+        store.close()
