@@ -619,7 +619,13 @@ class Decision:
 
 @attrs.frozen
 class Refusal:
-    """No writes: a stable code, a message naming the field or precondition, and ``field`` for ``invalid_request``."""
+    """No writes: a stable code, a message naming the field or precondition, and ``field`` where one field is at fault.
+
+    Always for ``invalid_request``; for another code where the request
+    names the fault (``not_authorized`` naming ``authority.principal``: an
+    answer for another principal).  Which codes carry one is in
+    specs/conformance.md (``operations``).
+    """
 
     code: RefusalCode
     message: str
