@@ -79,13 +79,14 @@ def test_the_javascript_implementation_passes_its_layers() -> None:
     assert _verdicts(reports) == {
         "machines": "passed", "protocol": "passed", "recovery": "passed", "expressions": "passed",
         "definitions": "passed", "interpreter": "passed", "journal": "passed", "journal-append": "passed",
-        "operations": "passed", "store": "skipped",
+        "operations": "passed", "store": "passed",
     }, runner.render(reports)
     # Every case of a declared layer answered, none left unsupported: each is written from the spec whole.
     declared = [r for r in reports if r.verdict == "passed"]
     assert all(r.skipped == 0 and r.failed == 0 and r.passed > 0 for r in declared), runner.render(reports)
     # Every case of these layers among them: none was answered unsupported.
-    for layer in ("operations", "recovery", "definitions"):
+    # The store's races among them: both hold points are offered, so none of its races is skipped.
+    for layer in ("operations", "recovery", "definitions", "store"):
         report = next(r for r in reports if r.layer == layer)
         cases = json.loads((CASES / f"{layer}.json").read_text(encoding="utf-8"))["cases"]
         assert (report.passed, report.failed, report.skipped) == (len(cases), 0, 0), layer
@@ -204,6 +205,25 @@ def test_a_factory_runs_in_process_through_the_same_protocol() -> None:
     assert report.first_failure["id"].startswith("race/")
 
 
+def test_the_javascript_store_offers_both_hold_points_and_refuses_an_unknown_one() -> None:
+    node = shutil.which("node")
+    if node is None:
+        if os.environ.get("FENCEKEEPER_REQUIRE_NODE"):
+            pytest.fail("FENCEKEEPER_REQUIRE_NODE is set but node is not on PATH")
+        pytest.skip("node is not on PATH: the JavaScript driver cannot run (set FENCEKEEPER_REQUIRE_NODE=1 to fail)")
+    step = {"session": "a", "call": "expired", "now": "2026-03-01T12:00:00.123457Z", "args": {}}
+    asked = [{"op": "hello", "protocol": 1}, {"op": "reset"}, {"op": "store", "step": step, "hold": "after-commit"},
+             {"op": "store", "step": step}]
+    lines = "".join(json.dumps({**request, "seq": n}) + "\n" for n, request in enumerate(asked, 1))
+    done = subprocess.run([node, "conformance/drivers/js/driver.js"], cwd=ROOT, input=lines,
+                          capture_output=True, text=True, timeout=30, check=True)
+    hello, reset, unknown, plain = (json.loads(line) for line in done.stdout.splitlines())
+    assert hello["holds"] == ["commit", "clock"] and "store" in hello["layers"]
+    assert reset == {"ok": True, "seq": 2}
+    assert unknown == {"unsupported": True, "seq": 3}
+    assert plain == {"output": {"outcome": "ids", "ids": []}, "seq": 4}
+
+
 def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() -> None:
     # No package to install and no Python to borrow from: only node's own modules and its own files
     # (crypto for the SHA-256 of a long attempt identity, specs/interpreter.md, Step attempts, and of the
@@ -214,7 +234,7 @@ def test_the_javascript_implementation_needs_nothing_but_node_and_the_specs() ->
         text = source.read_text(encoding="utf-8")
         required = set(re.findall(r"require\(\"([^\"]+)\"\)", text))
         allowed = {"fs", "path", "readline", "crypto", "./machines", "./protocol", "./expr", "./approvals",
-                   "./interpreter", "./journal", "./operations", "./definitions", "./recovery", "./values"}
+                   "./interpreter", "./journal", "./operations", "./definitions", "./recovery", "./values", "./store"}
         assert required <= allowed, (source.name, required)
         assert "kernel/" not in text and ".py" not in text, source.name
 
