@@ -118,10 +118,10 @@ from fencekeeper.kernel.text import problem as text_problem
 
 # The service functions (and their OperationError) and the sequence diagram are imported by the
 # commands that use them: a worker's start-up never needs them (about 8 ms of imports).
-from . import connect, examples, observe, prefork, render
+from . import cli_logging, connect, examples, observe, prefork, render
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
-from .store import ExecutionView, StoreError, StorePatience, TransactionalStore
+from .store import RIDE_OUT_SECONDS, ExecutionView, StoreError, StorePatience, TransactionalStore
 from .worker import (
     MAX_CONCURRENCY,
     MAX_LEASE,
@@ -629,7 +629,35 @@ def _run(args: argparse.Namespace) -> int:
         "serve": _serve,
         "conformance": _conformance,
     }
-    return handlers[args.command](args, out) or EXIT_OK
+    say, warn = _library_notes(args, out)
+    with cli_logging.routed(say, warn, lost=_lost_connection_note(args), debug=getattr(args, "debug", False)):
+        return handlers[args.command](args, out) or EXIT_OK
+
+
+def _library_notes(args: argparse.Namespace, out: Output) -> tuple[Callable[[str], None], Callable[[str, str], None]]:
+    """How a library's log record is said: a note in the command's format, or a line of the worker's JSON log."""
+    if getattr(args, "log_json", False):
+        log = observe.JsonLog(sys.stderr)
+        return (
+            lambda message: log.line("warning", "store_connection_lost", detail=message),
+            lambda logger, message: log.line("warning", "library_warning", logger=logger, detail=message),
+        )
+    return out.note, lambda logger, message: out.note(f"fencekeeper: warning: {logger}: {message}")
+
+
+def _lost_connection_note(args: argparse.Namespace) -> str | None:
+    """What a command says, once per outage, when its store's connections are lost (cli_logging); None: nothing.
+
+    The workers ride the loss out without a word of their own: this is it.
+    `export` says it itself, with what it does about the batch in hand;
+    any other command either never meets it or fails with its own one-line
+    error, which names it.
+    """
+    if args.command == "worker" or (args.command == "op" and getattr(args, "op_command", None) == "worker"):
+        return f"the store's connection was lost; reconnecting and trying again for up to {RIDE_OUT_SECONDS:g} s"
+    if args.command == "serve":
+        return "the store's connection was lost; reconnecting"
+    return None
 
 
 def _journal(args: argparse.Namespace, out: Output) -> int:
