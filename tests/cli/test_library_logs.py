@@ -143,3 +143,9 @@ def test_without_an_outage_note_the_losses_are_folded_and_debug_shows_them(capsy
         _record("psycopg.pool", "discarding closed connection: %s", "<conn>")
     assert said == ["lost"] and warned == [("psycopg.pool", "discarding closed connection: <conn>")]
     assert capsys.readouterr().err == ""  # nothing raw (logging.lastResort) while routed
+
+
+def test_the_operating_page_quotes_the_line_and_the_outage_gap() -> None:
+    page = (EXAMPLES.parent / "operating-postgres.md").read_text(encoding="utf-8")
+    assert f"```text\n{NOTE}\n```" in page
+    assert f"less than {cli_logging.OUTAGE_GAP:g} seconds apart are one outage" in page
