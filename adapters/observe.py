@@ -73,9 +73,11 @@ _ERRORS = frozenset({"failed", "suspended", "reconciliation_required"})
 class JsonLog:
     """Writes each :class:`WorkerEvent` as one JSON object on one line of ``stream`` (thread-safe)."""
 
+    _lock = threading.Lock()
+    """One for every log of the process: the worker's and the command line's library records share stderr."""
+
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
-        self._lock = threading.Lock()
 
     def __call__(self, event: WorkerEvent) -> None:
         """Write ``event``; a refusal is a warning, an execution leaving for failed or a review state an error."""
