@@ -51,13 +51,15 @@ def _succeeded(dsn: str, schema: str) -> int:
     return int(found[0])
 
 
+@pytest.mark.parametrize("log", ["text", "json"])
 def test_a_worker_whose_connections_are_ended_says_so_once_prints_nothing_raw_and_runs_everything(
-    pg_dsn: str, pg_schema: str, tmp_path: Path
+    pg_dsn: str, pg_schema: str, tmp_path: Path, log: str
 ) -> None:
     url = f"{pg_dsn}?schema={pg_schema}"
     application = f"fk-test-{uuid.uuid4().hex[:12]}"
     worker = subprocess.Popen(
-        [str(FENCEKEEPER), "worker", "--db", url, "--concurrency", "2", "--poll", "0.2", "--json"],
+        [str(FENCEKEEPER), "worker", "--db", url, "--concurrency", "2", "--poll", "0.2", "--json",
+         *(["--log-json"] if log == "json" else [])],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -91,6 +93,12 @@ def test_a_worker_whose_connections_are_ended_says_so_once_prints_nothing_raw_an
     summary = json.loads(stdout)  # --json: stdout is the one summary document, nothing else
     assert summary["finished"] == {"succeeded": EXECUTIONS} and summary["errors"] == [], summary
     lines = stderr.splitlines()
+    if log == "json":
+        # Every line of stderr is an object of the log; the outage is one of them, and no library record is.
+        events = [json.loads(line)["event"] for line in lines]
+        assert events.count("store_connection_lost") == 1 and "library_warning" not in events, stderr
+        assert [json.loads(line)["detail"] for line in lines if "store_connection_lost" in line] == [NOTE]
+        return
     assert lines.count(NOTE) == 1, stderr
     # Nothing else but the worker's own note of the signal: no psycopg record, raw or routed.
     assert [line for line in lines if line != NOTE and not line.startswith("stopping")] == [], stderr
