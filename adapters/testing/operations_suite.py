@@ -1218,6 +1218,19 @@ class OperationStoreTests:
 
     # --- every other ending with an issued call unanswered (specs/operations.md, "Endings with a call unanswered")
 
+    @staticmethod
+    def _recorded_lookups(world: World) -> list[str]:
+        """The keys the provider is looked up by from now on, in order (it still answers as before)."""
+        lookups: list[str] = []
+        lookup = world.provider.lookup
+
+        def recorded_lookup(key: str) -> int | None:
+            lookups.append(key)
+            return lookup(key)
+
+        world.provider.lookup = recorded_lookup  # type: ignore[method-assign]
+        return lookups
+
     def _issued_by_a_lost_attempt(
         self, world: World, *, left: int | None = None, applied: bool, action: str = "capture_unapproved"
     ) -> str:
@@ -1287,14 +1300,7 @@ class OperationStoreTests:
         # A look at the provider is no side effect and needs no current authority: what it finds is recorded.
         op_id = self._issued_by_a_lost_attempt(world, applied=applied)
         world.directory.set("alice", ResolutionStatus.REVOKED)
-        lookups: list[str] = []
-        lookup = world.provider.lookup
-
-        def recorded_lookup(key: str) -> int | None:
-            lookups.append(key)
-            return lookup(key)
-
-        world.provider.lookup = recorded_lookup  # type: ignore[method-assign]
+        lookups = self._recorded_lookups(world)
         report = world.worker("w1").run_once()
         expected = "succeeded" if applied else "external_outcome_unknown"
         assert report is not None and (report.outcome, report.attempt) == (expected, 2), report
@@ -1338,14 +1344,7 @@ class OperationStoreTests:
         # provider's success is recorded; on the last Attempt, without it, the Operation ended unknown unasked.
         op_id = self._issued_by_a_lost_attempt(world, left=left, applied=applied, action="capture_built")
         world.build_fails = True
-        lookups: list[str] = []
-        lookup = world.provider.lookup
-
-        def recorded_lookup(key: str) -> int | None:
-            lookups.append(key)
-            return lookup(key)
-
-        world.provider.lookup = recorded_lookup  # type: ignore[method-assign]
+        lookups = self._recorded_lookups(world)
         report = world.worker("w1").run_once()
         record = world.service.get(op_id)
         assert record is not None and report is not None
