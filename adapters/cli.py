@@ -1224,7 +1224,7 @@ def _work(
             def on_event(execution_id: str, what: str, detail: str) -> None:
                 first = False
                 with tally.lock:
-                    if what == "claimed":
+                    if what in ("claimed", "resumed"):
                         tally.in_flight[execution_id] = worker_id
                     elif what not in ("step", "command", "renewed"):
                         tally.in_flight.pop(execution_id, None)

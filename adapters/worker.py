@@ -51,6 +51,22 @@ Rules of this module:
   (it was down, or is a wrapper without ``leased_to``), whose execution a
   quarantine sweep sends to review once the lease has run out, nothing
   lost or run twice.
+- A decision whose outcome the store could not report (its connection was
+  lost, or a lock or a busy file failed it: a retryable ``StoreError``)
+  may have committed or not.  The worker remembers what it held
+  (:class:`_Unfinished`) and raises; the next pass, once the store answers
+  again, starts with it before claiming anything: it reads the execution
+  afresh and goes on only where the read shows it running under this very
+  lease (a claim of unknown outcome is looked up by its token,
+  ``leased_to``).  A Command's handler is called there only for the intent
+  this worker planned, which the read shows committed and unsettled, and
+  whose handler it has not called; a handler's answer still in hand is
+  committed, never asked for again.  Anything else is planned afresh from
+  the read, where an unsettled Command goes to reconciliation as after a
+  crash.  Every write is still a decision under the lease's guard, so a
+  lease that expired or was replaced meanwhile is refused as always; what
+  this saves is the wait for the lease to run out and the operator's
+  review after it (specs/protocol.md, "A decision of unknown outcome").
 - The lease is renewed when less than half of it remains before a visit.
 - A claim whose candidate's row is malformed (it names a revision with no
   stored body, or a body that is no execution revision: edited by hand or
@@ -71,6 +87,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections import Counter
@@ -86,7 +103,7 @@ from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler, ask
-from .store import NextVisit, StoreError, TransactionalStore, VisitView
+from .store import RETRYABLE_STORE_CODES, NextVisit, StoreError, TransactionalStore, VisitView
 
 MIN_LEASE: Final = timedelta(seconds=1)
 """The shortest lease a worker takes.
@@ -212,6 +229,31 @@ class _Pause:
 
 
 @attrs.frozen
+class _Pending:
+    """A Command this worker planned: its intent, under ``execution``'s revision, and its handler's answer once called."""
+
+    execution: p.Execution
+    invoke: i.Invoke
+    authority: p.Authority
+    settled: i.Step | i.Finish | None = None
+    """What the handler's answer commits; None until the handler has been called."""
+
+
+@attrs.frozen
+class _Unfinished:
+    """The lease a worker may still hold after a decision of unknown outcome, to take up on its next pass.
+
+    ``execution_id`` and ``credential`` are None when the claim itself is
+    what failed: only the token it asked with is known, and the store is
+    asked which execution, if any, runs under it.
+    """
+
+    lease_token: str
+    execution_id: str | None = None
+    credential: p.LeaseCredential | None = None
+
+
+@attrs.frozen
 class WorkerEvent:
     """One line of a worker's timeline, as data: what the structured log writes and metrics may count.
 
@@ -274,6 +316,14 @@ class Worker:
     """Executions whose row this worker found malformed, with how long it passes over each."""
     _interrupted: BaseException | None = attrs.field(default=None, init=False)
     """A KeyboardInterrupt or SystemExit that came while the handler ran, raised again after the visit."""
+    _unfinished: _Unfinished | None = attrs.field(default=None, init=False)
+    """The lease of a decision whose outcome the store could not report: the next pass takes it up first."""
+    _carried: PassReport | None = attrs.field(default=None, init=False)
+    """The report of a pass a lost connection ended with a lease to take up: the next pass goes on with it."""
+    _intent: _Pending | None = attrs.field(default=None, init=False)
+    """The last Command whose intent this worker sent and whose handler it has not called."""
+    _answered: _Pending | None = attrs.field(default=None, init=False)
+    """The last Command whose handler answered and whose result's transaction has not returned."""
 
     def _tell(
         self,
@@ -326,7 +376,15 @@ class Worker:
         empty looks before it ends, so a pass that reports nothing claimed
         and no timer fired has always looked.
         """
-        report = PassReport()
+        # A pass a lost connection ended hands on what it did, so that nothing it did goes uncounted.
+        report, self._carried = self._carried or PassReport(), None
+        if self._unfinished is not None:
+            # A lease this worker may still hold, ticking: before any timer or claim.
+            try:
+                self._take_up(report)
+            except StoreError as exc:
+                self._carry(report, exc)
+                raise
         looked = False
         if not self._queue_busy or self.monotonic() - self._timers_looked_at >= self.timer_interval:
             self._look_for_timers(report)
@@ -351,6 +409,11 @@ class Worker:
                 self._let_go_of_claim(request, exc)
                 raise
             except StoreError as exc:
+                if exc.code in RETRYABLE_STORE_CODES:
+                    # The claim may have committed: the next pass asks the store what runs under its token.
+                    self._unfinished = _Unfinished(request.lease_token)
+                    self._carry(report, exc)
+                    raise
                 # The claim met a damaged row at the head of the queue and wrote nothing; claimed
                 # again without it, the rest of the queue runs.  (One already passed over means a
                 # store that ignores ``skip``: its error goes to the caller, as it always did.)
@@ -388,6 +451,7 @@ class Worker:
             try:
                 self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
             except StoreError as exc:
+                self._carry(report, exc)
                 # Damaged while this worker drove it: the decision that met it wrote nothing, and
                 # the lease runs out as a stopped worker's does.  The queue goes on without it.
                 if _malformed(exc) != execution_id:
@@ -401,6 +465,11 @@ class Worker:
         else:
             self._queue_busy = True
         return report
+
+    def _carry(self, report: PassReport, exc: StoreError) -> None:
+        """Keep ``report`` for the next pass when ``exc`` left a lease to take up there."""
+        if exc.code in RETRYABLE_STORE_CODES and self._unfinished is not None:
+            self._carried = report
 
     def _skipped(self) -> frozenset[str]:
         """The executions whose pause has not ended: the claims of this pass pass over them."""
@@ -447,8 +516,25 @@ class Worker:
         step's transaction are used in the same way.  A visit reads the
         execution only when it has no view.
         """
+        self._drive_guarded(execution_id, credential, report, view, followed, pending=None)
+
+    def _drive_guarded(
+        self,
+        execution_id: str,
+        credential: p.LeaseCredential,
+        report: PassReport,
+        view: VisitView | None,
+        followed: Sequence[tuple[NextVisit, p.Outcome]],
+        *,
+        pending: _Pending | None,
+    ) -> None:
         try:
-            self._drive(execution_id, credential, report, view, followed)
+            self._drive(execution_id, credential, report, view, followed, pending=pending)
+        except StoreError as exc:
+            if exc.code in RETRYABLE_STORE_CODES:
+                # The decision in flight may have committed: the next pass reads what it did.
+                self._unfinished = _Unfinished(credential.lease_token, execution_id, credential)
+            raise
         except (KeyboardInterrupt, SystemExit) as exc:
             # Outside the handler (which records its own interruption, _invoke): planning, a hook,
             # a decision's call.  The lease is handed back when that is safe (_let_go).
@@ -468,17 +554,22 @@ class Worker:
         report: PassReport,
         view: VisitView | None,
         followed: Sequence[tuple[NextVisit, p.Outcome]],
+        *,
+        pending: _Pending | None,
     ) -> None:
         while True:
-            issued: tuple[p.Execution, i.Invoke, p.Authority] | None = None
-            if followed:
+            issued: _Pending | None = None
+            if pending is not None:
+                # Taken up after a decision of unknown outcome (_take_up): the intent is committed.
+                issued, pending = pending, None
+            elif followed:
                 going, issued = self._report_followed(execution_id, credential, report, followed)
                 if not going:
                     return
             if issued is not None:
-                # A composed transaction committed the Command's intent: call its handler now.
-                execution, invoke, authority = issued
-                settled = self._invoke(invoke)
+                # A committed intent: call its handler now, unless it has answered already.
+                execution, authority = issued.execution, issued.authority
+                settled = issued.settled if issued.settled is not None else self._call(issued)
             else:
                 if view is None or self.stopping():
                     view = self.store.read_for_visit(execution_id)
@@ -508,17 +599,20 @@ class Worker:
                 if isinstance(plan, i.Invoke):
                     # Held from before the intent's commit: interrupted inside it, the intent may be committed.
                     self._holding = execution_id
+                    self._intent = _Pending(execution, plan, authority)
                     outcome = self.store.append_evidence(execution_id, credential, plan.evidence)
                     if not self._applied(execution_id, outcome, report, "issue command", credential.fence):
+                        self._intent = None
                         return
                     self._report_command(execution_id, execution, credential, plan)
-                    settled = self._invoke(plan)
+                    settled = self._call(self._intent)
                 else:
                     settled = plan
             if isinstance(settled, i.Finish):
                 request = self._finalize_request(execution, credential, settled, authority)
                 outcome = self.store.finalize(request, settled.evidence)
                 self._holding = None
+                self._answered = None
                 if self._applied(execution_id, outcome, report, "finalize", credential.fence):
                     self._report_finish(execution_id, execution, credential, settled, report)
                 return
@@ -528,12 +622,85 @@ class Worker:
                 settled.evidence,
                 self._plan_next,
             )
+            self._answered = None
             self._holding = execution_id if _issues_a_command(composed.followed) else None
             assert composed.outcome is not None  # a step's transaction always decides
             if not self._applied(execution_id, composed.outcome, report, "step", credential.fence):
                 return
             self._report_step(execution_id, credential, settled.step, report)
             view, followed = composed.view, composed.followed
+
+    def _call(self, intent: _Pending) -> i.Step | i.Finish:
+        """Call the handler of ``intent`` (its intent is committed) once, and keep its answer until it commits.
+
+        Forgotten as the next intent before the call, so that no later pass
+        ever calls it again; its answer is kept (``_answered``) until the
+        transaction carrying it returns, so that a pass after a lost
+        connection commits it instead of sending the execution to review.
+        """
+        self._intent = None
+        settled = self._invoke(intent.invoke)
+        self._answered = attrs.evolve(intent, settled=settled)
+        return settled
+
+    def _take_up(self, report: PassReport) -> None:
+        """Go on with the lease a decision of unknown outcome left this worker, if the store shows it is.
+
+        Reads first (raising, with the lease still remembered, while the
+        store fails); then, only where the execution runs under this
+        worker's very lease token: a Command's answer in hand is committed,
+        an intent of this worker's that committed without its handler
+        being called has it called, and anything else is planned afresh
+        from the read.  Every write is decided under the lease, as always.
+        """
+        unfinished = self._unfinished
+        assert unfinished is not None
+        execution_id = unfinished.execution_id
+        if execution_id is None:
+            lookup = getattr(self.store, "leased_to", None)
+            execution_id = None if lookup is None else lookup(self.worker_id, unfinished.lease_token)
+        view = None if execution_id is None else self.store.read_for_visit(execution_id)
+        self._unfinished = None
+        if (
+            execution_id is None
+            or view is None
+            or view.execution.state != ExecutionState.RUNNING
+            or view.dispatch.lease_token != unfinished.lease_token
+            or view.dispatch.leased_by != self.worker_id
+            or view.dispatch.lease_expires_at is None
+            or view.dispatch.lease_expires_at <= self.store.clock.now()
+        ):
+            # Not committed, finished, or no longer this worker's: nothing of it is left to do here.  A
+            # lease that ran out while the store was away is the quarantine sweep's, as after a crash.
+            self._intent = self._answered = None
+            return
+        credential = unfinished.credential or p.LeaseCredential(
+            self.worker_id, unfinished.lease_token, view.execution.fence
+        )
+        pending = next(
+            (held for held in (self._answered, self._intent) if held is not None and _committed_unsettled(view, held)),
+            None,
+        )
+        if pending is None:
+            self._intent = self._answered = None
+        if unfinished.execution_id is None:
+            report.claimed.append(execution_id)
+        self._tell(
+            execution_id,
+            "resumed",
+            "the store answers again and the execution still runs under this lease"
+            + ("" if pending is None else f"; Command {pending.invoke.command.command_id} "
+               + ("is answered: its result is committed now" if pending.settled is not None
+                  else "was not yet sent: it is sent now")),
+            fence=credential.fence,
+        )
+        self._holding = execution_id if pending is not None else None
+        try:
+            self._drive_guarded(execution_id, credential, report, view, (), pending=pending)
+        except StoreError as exc:
+            if _malformed(exc) != execution_id:
+                raise
+            self._pass_over(execution_id, exc.message, report)
 
     def holds_command(self, execution_id: str) -> bool:
         """True while a Command this worker issued on ``execution_id`` (or may have) awaits its result's commit.
@@ -721,6 +888,7 @@ class Worker:
             # Held from here: the transaction this joins may commit the intent, and an interruption may come
             # before it returns.  Set again from what it committed once it has.
             self._holding = execution.execution_id
+            self._intent = _Pending(execution, plan, authority)
             return NextVisit("intent", credential, tuple(plan.evidence), (execution, plan, authority))
         if isinstance(plan, i.Step):
             request = p.StepRequest(credential, execution.revision, plan.step, authority)
@@ -734,7 +902,7 @@ class Worker:
         credential: p.LeaseCredential,
         report: PassReport,
         followed: Sequence[tuple[NextVisit, p.Outcome]],
-    ) -> tuple[bool, tuple[p.Execution, i.Invoke, p.Authority] | None]:
+    ) -> tuple[bool, _Pending | None]:
         """Report the visits a transaction composed.
 
         Returns whether the execution is still running under the lease, and
@@ -748,7 +916,7 @@ class Worker:
                 return False, None
             if isinstance(plan, i.Invoke):
                 self._report_command(execution_id, execution, credential, plan)
-                return True, (execution, plan, authority)
+                return True, _Pending(execution, plan, authority)
             if isinstance(plan, i.Step):
                 self._report_step(execution_id, credential, plan.step, report)
             else:
@@ -825,6 +993,39 @@ MALFORMED_ROW: Final = "malformed_row"
 def _malformed(exc: StoreError) -> str | None:
     """The execution a ``malformed_row`` error names, if it names one."""
     return exc.execution_id if exc.code == MALFORMED_ROW else None
+
+
+def _committed_unsettled(view: VisitView, held: _Pending) -> bool:
+    """Whether ``view`` shows ``held``'s intent committed as planned and its Command not yet settled.
+
+    The attempt at its newest revision and the Command as issued, at the
+    execution revision it was planned on, and its node still current: the
+    intent this worker sent, nothing after it.  Anything else (an attempt
+    settled, a revision moved on) is planned afresh from the read.
+    """
+    if view.execution.revision != held.execution.revision:
+        return False
+    if view.execution.current_node_id != held.invoke.node.node_id:
+        return False
+    wanted = {item.object_id: item for item in held.invoke.evidence}
+    found = 0
+    for item in view.evidence:
+        planned = wanted.get(item.object_id)
+        if planned is None:
+            continue
+        if item.object_id == held.invoke.attempt.object_id:
+            planned = held.invoke.attempt
+        if (item.kind, item.revision, item.state) != (planned.kind, planned.revision, planned.state):
+            return False
+        if _canonical(item.body) != _canonical(planned.body):
+            return False
+        found += 1
+    return found == len(wanted)
+
+
+def _canonical(body: object) -> str:
+    """A body as JSON text, keys sorted: a body read back from a store has lists where a plan has tuples."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _issues_a_command(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:

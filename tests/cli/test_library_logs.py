@@ -72,8 +72,8 @@ def test_a_worker_whose_connections_are_ended_says_so_once_prints_nothing_raw_an
             assert worker.poll() is None, worker.communicate()
             assert time.monotonic() < deadline, "the worker never started"
             time.sleep(0.05)
-        # Ended while the worker idles, holding no lease: a visit whose record is lost leaves its
-        # execution to the quarantine (docs/operating-postgres.md), which is not what this test is about.
+        # Ended while the worker idles, holding no lease: a visit whose record is lost is taken up again
+        # (tests/cli/test_worker_outage.py), which is not what this test is about.
         assert _sessions(pg_dsn, application, end=True) >= 2
         for n in range(EXECUTIONS):
             order = json.dumps({"amount": 50, "order_id": f"o-{n}", "order_revision": 1})

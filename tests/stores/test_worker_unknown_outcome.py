@@ -1,0 +1,287 @@
+"""A decision whose outcome the store could not report: the worker takes its lease up again once the store answers.
+
+A connection lost inside a claim, an intent's commit, a step or a
+finalization leaves the worker not knowing whether its transaction
+committed.  Before, the worker raised, its loop waited for the store and
+claimed something else: the execution stayed running under the old lease
+until the lease expired and a quarantine sweep sent it to review, where an
+operator had to continue it (seed 000, Lease: "A process crash leaves the
+lease to expire").  Now the worker's next pass reads the execution first and
+goes on where the read shows it still running under its own lease: a
+handler's answer in hand is committed, an intent it committed without
+calling its handler has the handler called, once, and the rest is planned
+afresh.  What is checked here, on every store, for every place the loss can
+land, committed or not: the execution ends as if nothing had happened (one
+claim, each Command run exactly once, nobody's review), and a lease that ran
+out or passed to another worker meanwhile is left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencekeeper.adapters import service
+from fencekeeper.adapters.memory import MemoryStore
+from fencekeeper.adapters.sqlite_store import SQLiteStore
+from fencekeeper.adapters.store import ManualClock, StoreError, TransactionalStore
+from fencekeeper.adapters.worker import PassReport, Worker
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState
+
+from .test_worker_interrupted import BUSINESS, DEFINITION, POLICY, PRINCIPAL, Handler
+
+LOST = "the connection to the store was lost"
+
+
+class Lossy:
+    """The store, whose connection is lost in the ``nth`` call of ``call``: before its transaction commits, or after.
+
+    After the commit, the worker's answer is what is lost; before it, nothing
+    was written.  ``down`` more calls of any kind fail the same way after it
+    (the store away for a while).  Without ``composed``, claims and steps
+    compose no visit, so every visit is the worker's own (an intent's own
+    ``append_evidence``, a ``finalize``).
+    """
+
+    def __init__(
+        self, inner: TransactionalStore, call: str, *, nth: int = 1, committed: bool, composed: bool, down: int = 0
+    ) -> None:
+        self._inner = inner
+        self._call = call
+        self._nth = nth
+        self._committed = committed
+        self._composed = composed
+        self.down = 0
+        self._down_after = down
+        self.calls: list[str] = []
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        inner = getattr(self._inner, name)
+        if not callable(inner) or name in ("clock",):
+            return inner
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down > 0:
+                self.down -= 1
+                raise StoreError("store_unavailable", LOST)
+            if name in ("claim_and_visit", "record_step_and_visit") and not self._composed:
+                args = (*args[:-1], lambda *_: None)
+            self.calls.append(name)
+            if name != self._call or self.calls.count(name) != self._nth:
+                return inner(*args, **kwargs)
+            self.lost += 1
+            self.down = self._down_after
+            if self._committed:
+                inner(*args, **kwargs)
+            raise StoreError("store_unavailable", LOST)
+
+        return call
+
+
+def drain(worker: Worker, store: Lossy) -> PassReport:
+    """Passes until idle, waiting out the store as ``fencekeeper worker``'s loop does; what the passes did."""
+    total = PassReport()
+    for _ in range(50):
+        try:
+            report = worker.run_pass()
+        except StoreError as exc:
+            assert exc.code == "store_unavailable" and exc.message == LOST
+            continue
+        total.claimed += report.claimed
+        total.steps += report.steps
+        total.finished.update(report.finished)
+        total.refused += report.refused
+        if not report.claimed and not report.timers_fired:
+            return total
+    raise AssertionError("the worker never went idle")
+
+
+def opened_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest, clock: ManualClock) -> TransactionalStore:
+    if kind == "memory":
+        return MemoryStore(clock)
+    if kind == "sqlite":
+        return SQLiteStore(tmp_path / "store.db", clock)
+    from fencekeeper.adapters.postgres_store import PostgresStore  # noqa: PLC0415 - only where PostgreSQL runs
+
+    return PostgresStore(request.getfixturevalue("pg_dsn"), schema=request.getfixturevalue("pg_schema"))
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TransactionalStore]:
+    opened = opened_store(request.param, tmp_path, request, ManualClock())
+    service.register(opened, DEFINITION, BUSINESS, PRINCIPAL, POLICY)
+    service.run(
+        opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-steps",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )  # fmt: skip
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+# Every call of a two-Command execution's run, as a worker makes it: uncomposed, each visit its own
+# transaction; composed, the claim carries the first intent and each result the next visit.
+UNCOMPOSED = [
+    ("claim_and_visit", 1),
+    ("append_evidence", 1),
+    ("record_step_and_visit", 1),
+    ("append_evidence", 2),
+    ("record_step_and_visit", 2),
+    ("finalize", 1),
+]
+COMPOSED = [("claim_and_visit", 1), ("record_step_and_visit", 1), ("record_step_and_visit", 2)]
+FINISHING = {("finalize", 1, False), ("record_step_and_visit", 2, True)}
+"""The transactions that end the execution (the last, composed, carries the end node's finalization)."""
+PLACES = [(call, nth, False) for call, nth in UNCOMPOSED] + [(call, nth, True) for call, nth in COMPOSED]
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "rolled-back"])
+@pytest.mark.parametrize(("call", "nth", "composed"), PLACES, ids=[f"{c}-{n}-{'composed' if k else 'alone'}" for c, n, k in PLACES])
+def test_a_lost_answer_anywhere_ends_as_if_nothing_happened(
+    any_store: TransactionalStore, call: str, nth: int, composed: bool, committed: bool
+) -> None:
+    handler, seen = Handler(), []
+    store = Lossy(any_store, call, nth=nth, committed=committed, composed=composed)
+    worker = Worker(store, "w-1", POLICY, handler, on_event=lambda _x, what, _d: seen.append(what))  # type: ignore[arg-type]
+    report = drain(worker, store)
+    assert store.lost == 1, f"the loss never landed: {store.calls}"
+    view = any_store.read("x-1")
+    assert view is not None
+    assert view.execution.state == ExecutionState.SUCCEEDED, (view.execution.state, seen)
+    assert handler.executed == ["order.first", "order.second"], "each Command once: none lost, none run twice"
+    assert view.execution.fence == 1, "one claim: the lease was taken up, not left to expire and claimed again"
+    events = [t.event for t in view.history]
+    assert ExecutionEvent.QUARANTINE_EXPIRED not in events and events.count(ExecutionEvent.CLAIM) == 1
+    assert report.refused == []
+    assert report.claimed == ["x-1"], "claimed once, whether the claim's answer was lost or not"
+    held = committed or call != "claim_and_visit"
+    finished = committed and (call, nth, composed) in FINISHING
+    if held and not finished:
+        assert "resumed" in seen
+    else:
+        assert "resumed" not in seen  # nothing held (a claim rolled back), or nothing left to do (it ended)
+    assert worker.holds_command("x-1") is False
+
+
+def test_a_lost_answer_with_the_store_away_for_a_while(any_store: TransactionalStore) -> None:
+    # The pass that takes the lease up meets the store still down: it raises again, remembering the lease.
+    handler = Handler()
+    store = Lossy(any_store, "append_evidence", nth=1, committed=True, composed=False, down=4)
+    worker = Worker(store, "w-1", POLICY, handler)  # type: ignore[arg-type]
+    drain(worker, store)
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.SUCCEEDED
+    assert handler.executed == ["order.first", "order.second"] and view.execution.fence == 1
+
+
+class Unknowing(Handler):
+    """Answers the first Command UNKNOWN: its result sends the execution to reconciliation."""
+
+    def execute(self, command: i.Command) -> i.CommandResult:
+        self.executed.append(command.operation)
+        return i.CommandResult(i.CommandStatus.UNKNOWN, None, "the provider timed out")
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "rolled-back"])
+def test_an_unknown_answer_in_hand_is_committed_as_the_handler_gave_it(
+    any_store: TransactionalStore, committed: bool
+) -> None:
+    # The finalization carrying the handler's UNKNOWN is lost: the answer is committed, not a guess of it
+    # (`command_unsettled` would say no answer came at all), and the handler is not asked again.
+    handler = Unknowing()
+    store = Lossy(any_store, "finalize", committed=committed, composed=False)
+    worker = Worker(store, "w-1", POLICY, handler)  # type: ignore[arg-type]
+    drain(worker, store)
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.RECONCILIATION_REQUIRED
+    assert handler.executed == ["order.first"]
+    assert view.dispatch.last_error_code == i.Reason.COMMAND_UNKNOWN.value
+
+
+def lost_then(
+    call: str, clock: ManualClock, tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> tuple[TransactionalStore, Handler, Worker]:
+    """An admitted execution, and a worker whose ``call`` committed and lost its answer."""
+    opened = opened_store(kind, tmp_path, request, clock)
+    service.register(opened, DEFINITION, BUSINESS, PRINCIPAL, POLICY)
+    service.run(
+        opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-steps",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )  # fmt: skip
+    handler = Handler()
+    worker = Worker(Lossy(opened, call, committed=True, composed=False), "w-1", POLICY, handler)  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        worker.run_pass()
+    return opened, handler, worker
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_lease_that_ran_out_while_the_store_was_away_is_left_to_the_sweep(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    # The intent committed; then the store was away longer than the lease.  Nothing may be written under
+    # it any more, and whether the Command ran is no longer this worker's to settle: it is not sent.
+    clock = ManualClock()
+    opened, handler, worker = lost_then("append_evidence", clock, tmp_path, request, kind)
+    clock.advance(worker.lease)
+    report = worker.run_pass()
+    # The pass the loss ended hands on its claim; nothing more is claimed, refused or sent.
+    assert handler.executed == [] and report.refused == [] and report.claimed == ["x-1"]
+    assert worker.run_pass().claimed == []
+    view = opened.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.RUNNING
+    sweep = service.quarantine_expired(opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL)
+    assert sweep.quarantined == ["x-1"]
+    view = opened.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.RECONCILIATION_REQUIRED
+    opened.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_lease_another_worker_holds_by_then_is_left_alone(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    # The claim committed and its answer was lost; the lease ran out, a sweep and an operator's resume
+    # made the execution eligible, and w-2 holds it now.  w-1, back, finds a lease that is not its own.
+    clock = ManualClock()
+    opened, handler, worker = lost_then("claim_and_visit", clock, tmp_path, request, kind)
+    clock.advance(worker.lease)
+    assert service.quarantine_expired(opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL).quarantined == ["x-1"]
+    resumed = service.resume(
+        opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, execution_id="x-1", at_node="first",
+        rationale="its claim's answer was lost; no Command was issued",
+    )  # fmt: skip
+    assert isinstance(resumed, p.Decision)
+    claimed = opened.claim_and_visit(p.ClaimRequest("w-2", "t-2", worker.lease), lambda *_: None)
+    assert isinstance(claimed.outcome, p.Decision)
+    report = worker.run_pass()
+    assert report.claimed == [] and report.steps == 0 and report.refused == [] and handler.executed == []
+    view = opened.read("x-1")
+    assert view is not None and view.dispatch.leased_by == "w-2" and view.execution.state == ExecutionState.RUNNING
+    opened.close()
+
+
+def test_events_say_what_was_taken_up(tmp_path: Path) -> None:
+    clock = ManualClock()
+    opened = MemoryStore(clock)
+    service.register(opened, DEFINITION, BUSINESS, PRINCIPAL, POLICY)
+    service.run(
+        opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="two-steps",
+        input={"order_id": "o-1"}, execution_id="x-1",
+    )  # fmt: skip
+    told: list[tuple[str, str]] = []
+    store = Lossy(opened, "record_step_and_visit", committed=False, composed=False)
+    worker = Worker(store, "w-1", POLICY, Handler(), on_event=lambda _x, what, detail: told.append((what, detail)))  # type: ignore[arg-type]
+    drain(worker, store)
+    resumed = [detail for what, detail in told if what == "resumed"]
+    assert len(resumed) == 1
+    assert "x-1:a" in resumed[0] or "command" in resumed[0]
+    assert "its result is committed now" in resumed[0]
+
