@@ -629,35 +629,62 @@ def _run(args: argparse.Namespace) -> int:
         "serve": _serve,
         "conformance": _conformance,
     }
-    say, warn = _library_notes(args, out)
-    with cli_logging.routed(say, warn, lost=_lost_connection_note(args), debug=getattr(args, "debug", False)):
+    say, warn, back = _library_notes(args, out)
+    with cli_logging.routed(
+        say,
+        warn,
+        lost=_lost_connection_note(args),
+        back=back if _is_worker(args) else None,  # `serve` answers each request: no loop of its own tells
+        debug=getattr(args, "debug", False),
+    ):
         return handlers[args.command](args, out) or EXIT_OK
 
 
-def _library_notes(args: argparse.Namespace, out: Output) -> tuple[Callable[[str], None], Callable[[str, str], None]]:
-    """How a library's log record is said: a note in the command's format, or a line of the worker's JSON log."""
+def _library_notes(
+    args: argparse.Namespace, out: Output
+) -> tuple[Callable[[str], None], Callable[[str, str], None], Callable[[float, int], None]]:
+    """How a library's log record is said, and that the store answers again: a note in the command's format, or a
+    line of the worker's JSON log."""
     if getattr(args, "log_json", False):
         log = observe.JsonLog(sys.stderr)
         return (
             lambda message: log.line("warning", "store_connection_lost", detail=message),
             lambda logger, message: log.line("warning", "library_warning", logger=logger, detail=message),
+            lambda seconds, failures: log.line(
+                "info",
+                "store_answers_again",
+                seconds=round(seconds, 3),
+                failures=failures,
+                detail=cli_logging.answers_again(seconds, failures),
+            ),
         )
-    return out.note, lambda logger, message: out.note(f"fencekeeper: warning: {logger}: {message}")
+    return (
+        out.note,
+        lambda logger, message: out.note(f"fencekeeper: warning: {logger}: {message}"),
+        lambda seconds, failures: out.note(cli_logging.answers_again(seconds, failures)),
+    )
 
 
 def _lost_connection_note(args: argparse.Namespace) -> str | None:
     """What a command says, once per outage, when its store's connections are lost (cli_logging); None: nothing.
 
-    The workers ride the loss out without a word of their own: this is it.
+    The workers ride the loss out without a word of their own: this is it,
+    and once a request goes through again, ``cli_logging.answers_again``
+    (their loops tell the router: ``store_failed``, ``store_answered``).
     `export` says it itself, with what it does about the batch in hand;
     any other command either never meets it or fails with its own one-line
     error, which names it.
     """
-    if args.command == "worker" or (args.command == "op" and getattr(args, "op_command", None) == "worker"):
+    if _is_worker(args):
         return f"the store's connection was lost; reconnecting and trying again for up to {RIDE_OUT_SECONDS:g} s"
     if args.command == "serve":
         return "the store's connection was lost; reconnecting"
     return None
+
+
+def _is_worker(args: argparse.Namespace) -> bool:
+    """`worker` or `op worker`: a command whose loops ride a store outage out (StorePatience)."""
+    return bool(args.command == "worker" or (args.command == "op" and getattr(args, "op_command", None) == "worker"))
 
 
 def _journal(args: argparse.Namespace, out: Output) -> int:
@@ -1283,6 +1310,7 @@ def _work(
                             tally.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                         stop.set()
                         return
+                    cli_logging.store_failed()
                     stop.idle(wait)
                     continue
                 except Exception as exc:
@@ -1292,6 +1320,8 @@ def _work(
                     if args.debug:
                         raise
                     return
+                # The outage's other note, once per process whichever thread gets through first (cli_logging).
+                cli_logging.store_answered(patience.failures)
                 patience.succeeded()
                 tally.add(report)
                 if metrics is not None:

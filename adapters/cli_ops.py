@@ -54,7 +54,7 @@ from fencekeeper.kernel.common import identifier_problem, shown, shown_text
 from fencekeeper.kernel.operations import RefusalCode
 from fencekeeper.kernel.recovery import MAX_RATIONALE
 
-from . import prefork
+from . import cli_logging, prefork
 from .cli import CliError, json_option
 from .connect import parse_url
 from .operations.base import TransactionalOperationStore
@@ -303,12 +303,15 @@ def _prepare_patiently(prepare: Callable[[Any], object], store: TransactionalOpe
     while True:
         try:
             prepare(store)
-            return
         except StoreError as exc:
             wait = patience.failed(exc.code)
             if wait is None or stop.is_set():
                 raise
+            cli_logging.store_failed()
             stop.wait(wait)
+            continue
+        cli_logging.store_answered(patience.failures)
+        return
 
 
 def _principal(text: str) -> PrincipalReference:
@@ -639,6 +642,7 @@ def _work(
                                 errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                             stop.set()
                             return
+                        cli_logging.store_failed()
                         stop.wait(wait)
                         continue
                     except Exception as exc:
@@ -646,6 +650,8 @@ def _work(
                             errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
                         stop.set()
                         return
+                    # Said once per outage and process, as `fencekeeper worker` says it (cli_logging).
+                    cli_logging.store_answered(patience.failures)
                     patience.succeeded()
                     if report is None:
                         if args.until_idle:

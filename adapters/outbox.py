@@ -578,7 +578,7 @@ class OutboxExporter:
                     time.sleep(wait)
                 continue
             if patience.failures:
-                self._told_back()
+                self._told_back(patience)
             return parked
 
     def _told_failure(self, exc: StoreError, *, first: bool) -> None:
@@ -587,9 +587,15 @@ class OutboxExporter:
                 f"the store failed: {exc.message} [{exc.code}]; trying again for up to {RIDE_OUT_SECONDS:g} s"
             )
 
-    def _told_back(self) -> None:
+    def _told_back(self, patience: StorePatience) -> None:
+        # The other half of _told_failure's note: how long the store failed (from the first failure, the note's
+        # moment) and how many requests, so that a log read later shows the outage's length.
         if self.log is not None:
-            self.log("the store answers again; exporting")
+            failures = patience.failures
+            self.log(
+                f"the store answers again after {patience.failing_for():.1f} s "
+                f"({failures} request{'' if failures == 1 else 's'} failed); exporting"
+            )
 
     def _claim(self, token: str) -> list[ExportedMessage]:
         with self.store._transaction() as tx:
@@ -769,7 +775,7 @@ class OutboxExporter:
                 stop.wait(wait)
                 continue
             if patience.failures:
-                self._told_back()
+                self._told_back(patience)
             patience.succeeded()
             for k, value in enumerate(attrs.astuple(report)):
                 totals[k] += value

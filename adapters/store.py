@@ -119,6 +119,10 @@ class StorePatience:
         """Failures waited out since the last success: 1 on the first of a run of them."""
         return self._failures
 
+    def failing_for(self) -> float:
+        """Seconds since the first failure of the run waited out (``clock``); 0.0 with none since the last success."""
+        return 0.0 if self._since is None else max(self.clock() - self._since, 0.0)
+
     def succeeded(self) -> None:
         """A request went through: the store is back."""
         self._since = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -204,8 +205,24 @@ def test_export_outlasts_its_backends_being_terminated(target: Store, tmp_path: 
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
-    assert "the store failed:" in err and "[store_unavailable]" in err and "the store answers again" in err, err
+    assert "the store failed:" in err and "[store_unavailable]" in err, err
+    # One pair for the outage: the failure, then the answer with how long it took and how many requests failed.
+    said = err.splitlines()
+    failed = [n for n, line in enumerate(said) if line.startswith("the store failed:")]
+    back = [n for n, line in enumerate(said) if line.startswith("the store answers again")]
+    assert len(failed) == 1 and len(back) == 1 and failed[0] < back[0], err
+    answered = re.fullmatch(r"the store answers again after (\d+\.\d) s \((\d+) requests? failed\); exporting", said[back[0]])
+    assert answered is not None, said[back[0]]
+    assert 0.0 <= float(answered[1]) < 30.0 and 1 <= int(answered[2]) <= 40, said[back[0]]
     assert rows(target.store, "SELECT count(*) FROM outbox WHERE exported_at IS NULL") == [(0,)]
+
+
+def test_an_export_the_store_never_fails_says_neither_note(target: Store, tmp_path: Path) -> None:
+    make_operations(target.world, 2)
+    proc = export(target.url, "--sink", f"file:{tmp_path / 'events.jsonl'}", "--until-idle")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "delivered" in out and "the store" not in err, err
 
 
 @pytest.mark.parametrize("target", ["sqlite"], indirect=True)
