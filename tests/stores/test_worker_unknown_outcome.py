@@ -18,6 +18,7 @@ out or passed to another worker meanwhile is left alone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from fencekeeper.adapters import service
+from fencekeeper.adapters.client import Client
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ManualClock, StoreError, TransactionalStore
@@ -285,3 +287,22 @@ def test_events_say_what_was_taken_up(tmp_path: Path) -> None:
     assert "x-1:a" in resumed[0] or "command" in resumed[0]
     assert "its result is committed now" in resumed[0]
 
+
+
+UNFINISHED = (ExecutionState.ELIGIBLE, ExecutionState.RUNNING)
+
+
+def test_a_pool_of_workers_takes_the_lease_up_too(any_store: TransactionalStore) -> None:
+    # The client's pool (client.start_workers) waits out the store and keeps its workers: the same take-up.
+    handler = Handler()
+    store = Lossy(any_store, "record_step_and_visit", committed=True, composed=True, down=2)
+    client = Client(store, policy=POLICY, handler=handler, business=BUSINESS, principal=PRINCIPAL)  # type: ignore[arg-type]
+    with client.start_workers(1, poll=0.05) as pool:
+        deadline = time.monotonic() + 30
+        # Read past the wrapper: the test's own reads must not meet the loss it stages.
+        while (view := any_store.read("x-1")) is None or view.execution.state in UNFINISHED:
+            assert time.monotonic() < deadline, view
+            time.sleep(0.02)
+    assert view.execution.state == ExecutionState.SUCCEEDED and pool.errors == []
+    assert handler.executed == ["order.first", "order.second"] and store.lost == 1
+    assert view.execution.fence == 1
