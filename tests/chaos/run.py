@@ -230,6 +230,14 @@ class Crew:
         self.started.append(name)
         return name
 
+    def taken_up(self) -> int:
+        """Leases the workers took up again after a decision's answer was lost (their ``resumed`` lines, from ``-v``)."""
+        return sum(
+            line.split()[2:3] == ["resumed"]
+            for name in self.started
+            for line in (self.directory / f"{name}.err").read_text(errors="replace").splitlines()
+        )
+
     def reap(self) -> None:
         """A worker that exits on its own is noted with its last error line and replaced, as a supervisor would."""
         for name, proc in list(self.running.items()):
@@ -665,7 +673,9 @@ def run_one(config: Config, kind: str) -> RunOutcome:
     report = {
         "faults": dict(faults),
         "driver": dict(sorted(driver.stats.items())),
-        "recovery during the run": dict(sorted(recovery.items())),
+        "recovery during the run": dict(
+            sorted(recovery.items()), **{"taken up by their own worker after a lost answer": crew.taken_up()}
+        ),
         "recovery at the end": dict(sorted(final_recovery.items())),
         "worker exits": dict(crew.exits),
         "checks": checks,
