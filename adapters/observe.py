@@ -66,7 +66,7 @@ from .worker import PassReport, WorkerEvent
 CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Claim latency buckets, in seconds: a healthy store claims in milliseconds."""
 
-_WARNINGS = frozenset({"refused", "malformed"})
+_WARNINGS = frozenset({"refused", "malformed", "lapsed"})
 _ERRORS = frozenset({"failed", "suspended", "reconciliation_required"})
 
 

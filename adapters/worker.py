@@ -63,7 +63,8 @@ Rules of this module:
   whose handler it has not called; a handler's answer still in hand is
   committed, never asked for again.  Anything else is planned afresh from
   the read, where an unsettled Command goes to reconciliation as after a
-  crash.  Every write is still a decision under the lease's guard, so a
+  crash.  A lease found expired is left to the quarantine sweep, and said
+  (``lapsed``).  Every write is still a decision under the lease's guard, so a
   lease that expired or was replaced meanwhile is refused as always; what
   this saves is the wait for the lease to run out and the operator's
   review after it (specs/protocol.md, "A decision of unknown outcome").
@@ -668,11 +669,22 @@ class Worker:
             or view.dispatch.lease_token != unfinished.lease_token
             or view.dispatch.leased_by != self.worker_id
             or view.dispatch.lease_expires_at is None
-            or view.dispatch.lease_expires_at <= self.store.clock.now()
         ):
-            # Not committed, finished, or no longer this worker's: nothing of it is left to do here.  A
-            # lease that ran out while the store was away is the quarantine sweep's, as after a crash.
+            # Not committed, finished, or no longer this worker's: nothing of it is left to do here.
             self._intent = self._answered = None
+            return
+        if view.dispatch.lease_expires_at <= self.store.clock.now():
+            # Still this worker's lease, run out while the store was away: the quarantine sweep's, as after a
+            # crash.  Said, since nothing else tells an operator which execution now waits for the sweep.
+            self._intent = self._answered = None
+            self._tell(
+                execution_id,
+                LAPSED,
+                f"the store was away past this lease's expiry ({view.dispatch.lease_expires_at.isoformat()}); "
+                "nothing more is written under it: a quarantine sweep (`fencekeeper reconcile --quarantine`) "
+                "sends the execution to review",
+                fence=view.execution.fence,
+            )
             return
         credential = unfinished.credential or p.LeaseCredential(
             self.worker_id, unfinished.lease_token, view.execution.fence
@@ -988,6 +1000,9 @@ class Worker:
 
 
 MALFORMED_ROW: Final = "malformed_row"
+
+LAPSED: Final = "lapsed"
+"""The event of a lease a worker would have taken up again after a lost answer, found expired: the sweep's now."""
 
 
 def _malformed(exc: StoreError) -> str | None:

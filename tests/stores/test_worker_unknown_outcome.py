@@ -233,9 +233,12 @@ def test_a_lease_that_ran_out_while_the_store_was_away_is_left_to_the_sweep(
     clock = ManualClock()
     opened, handler, worker = lost_then("append_evidence", clock, tmp_path, request, kind)
     clock.advance(worker.lease)
+    told: list[tuple[str, str]] = []
+    worker.on_event = lambda _x, what, detail: told.append((what, detail))
     report = worker.run_pass()
-    # The pass the loss ended hands on its claim; nothing more is claimed, refused or sent.
+    # The pass the loss ended hands on its claim; nothing more is claimed, refused or sent, and it says why.
     assert handler.executed == [] and report.refused == [] and report.claimed == ["x-1"]
+    assert [what for what, _ in told] == ["lapsed"] and "fencekeeper reconcile --quarantine" in told[0][1]
     assert worker.run_pass().claimed == []
     view = opened.read("x-1")
     assert view is not None and view.execution.state == ExecutionState.RUNNING
