@@ -275,6 +275,40 @@ class WorkerEvent:
     """The node visited (``command``, ``step`` and finishing events)."""
 
 
+class _Bookkeeping:
+    """A worker's own state between and within visits, set several times a visit.
+
+    A plain class with slots, not a field of the attrs :class:`Worker`:
+    ``attrs.define`` sends every assignment to a Worker attribute through its
+    ``on_setattr`` hook (which validates ``lease``), a Python call or a caught
+    ``KeyError`` per assignment; a dozen a visit were about 1% of a two-node
+    execution's CPU in the worker.
+    """
+
+    __slots__ = ("answered", "carried", "holding", "intent", "interrupted", "queue_busy", "timers_looked_at", "unfinished")
+
+    def __init__(self) -> None:
+        self.queue_busy: bool = False
+        """Whether the last pass stopped at its claim limit with work possibly left (timers are then looked at less often)."""
+        self.holding: str | None = None
+        """The execution whose Command's intent may be committed, until its result's transaction returns.
+
+        Set before the transaction that may commit the intent (a composed one, when its planner plans it;
+        ``append_evidence``), so that an interruption inside it, committed or not, counts as holding."""
+        self.timers_looked_at: float = 0.0
+        """When the due timers were last looked for (the process clock)."""
+        self.interrupted: BaseException | None = None
+        """A KeyboardInterrupt or SystemExit that came while the handler ran, raised again after the visit."""
+        self.unfinished: _Unfinished | None = None
+        """The lease of a decision whose outcome the store could not report: the next pass takes it up first."""
+        self.carried: PassReport | None = None
+        """The report of a pass a lost connection ended with a lease to take up: the next pass goes on with it."""
+        self.intent: _Pending | None = None
+        """The last Command whose intent this worker sent and whose handler it has not called."""
+        self.answered: _Pending | None = None
+        """The last Command whose handler answered and whose result's transaction has not returned."""
+
+
 @attrs.define
 class Worker:
     """One worker: claims eligible executions and drives each under its lease until it leaves running.
@@ -306,25 +340,10 @@ class Worker:
     checks it is due); this bounds how late a busy worker notices one."""
     monotonic: Callable[[], float] = time.monotonic
     """The process clock that paces the lookups; never the time of a decision."""
-    _queue_busy: bool = attrs.field(default=False, init=False)
-    _holding: str | None = attrs.field(default=None, init=False)
-    """The execution whose Command's intent may be committed, until its result's transaction returns.
-
-    Set before the transaction that may commit the intent (a composed one, when its planner plans it;
-    ``append_evidence``), so that an interruption inside it, committed or not, counts as holding."""
-    _timers_looked_at: float = attrs.field(default=0.0, init=False)
+    _at: _Bookkeeping = attrs.field(factory=_Bookkeeping, init=False)
+    """What the worker holds between and within visits (see :class:`_Bookkeeping`)."""
     _passing_over: dict[str, _Pause] = attrs.field(factory=dict, init=False)
     """Executions whose row this worker found malformed, with how long it passes over each."""
-    _interrupted: BaseException | None = attrs.field(default=None, init=False)
-    """A KeyboardInterrupt or SystemExit that came while the handler ran, raised again after the visit."""
-    _unfinished: _Unfinished | None = attrs.field(default=None, init=False)
-    """The lease of a decision whose outcome the store could not report: the next pass takes it up first."""
-    _carried: PassReport | None = attrs.field(default=None, init=False)
-    """The report of a pass a lost connection ended with a lease to take up: the next pass goes on with it."""
-    _intent: _Pending | None = attrs.field(default=None, init=False)
-    """The last Command whose intent this worker sent and whose handler it has not called."""
-    _answered: _Pending | None = attrs.field(default=None, init=False)
-    """The last Command whose handler answered and whose result's transaction has not returned."""
 
     def _tell(
         self,
@@ -378,8 +397,8 @@ class Worker:
         and no timer fired has always looked.
         """
         # A pass a lost connection ended hands on what it did, so that nothing it did goes uncounted.
-        report, self._carried = self._carried or PassReport(), None
-        if self._unfinished is not None:
+        report, self._at.carried = self._at.carried or PassReport(), None
+        if self._at.unfinished is not None:
             # A lease this worker may still hold, ticking: before any timer or claim.
             try:
                 self._take_up(report)
@@ -387,10 +406,10 @@ class Worker:
                 self._carry(report, exc)
                 raise
         looked = False
-        if not self._queue_busy or self.monotonic() - self._timers_looked_at >= self.timer_interval:
+        if not self._at.queue_busy or self.monotonic() - self._at.timers_looked_at >= self.timer_interval:
             self._look_for_timers(report)
             looked = True
-        self._queue_busy = False
+        self._at.queue_busy = False
         skip = self._skipped() if self._passing_over else frozenset()
         while max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
@@ -412,7 +431,7 @@ class Worker:
             except StoreError as exc:
                 if exc.code in RETRYABLE_STORE_CODES:
                     # The claim may have committed: the next pass asks the store what runs under its token.
-                    self._unfinished = _Unfinished(request.lease_token)
+                    self._at.unfinished = _Unfinished(request.lease_token)
                     self._carry(report, exc)
                     raise
                 # The claim met a damaged row at the head of the queue and wrote nothing; claimed
@@ -432,7 +451,7 @@ class Worker:
             if not isinstance(outcome, p.Decision) or outcome.lease is None or outcome.execution is None:
                 break
             execution_id = outcome.execution.execution_id
-            self._holding = execution_id if _issues_a_command(composed.followed) else None
+            self._at.holding = execution_id if _issues_a_command(composed.followed) else None
             try:
                 report.claim_seconds.append(time.perf_counter() - started)
                 if self._passing_over:
@@ -447,7 +466,7 @@ class Worker:
             except (KeyboardInterrupt, SystemExit) as exc:
                 # Between the claim and the visit (a hook's output, say): the lease is this worker's.
                 self._let_go(execution_id, outcome.lease, exc)
-                self._holding = None
+                self._at.holding = None
                 raise
             try:
                 self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
@@ -464,13 +483,13 @@ class Worker:
                 # visit, and the next claim would take the same execution again, endlessly.
                 break
         else:
-            self._queue_busy = True
+            self._at.queue_busy = True
         return report
 
     def _carry(self, report: PassReport, exc: StoreError) -> None:
         """Keep ``report`` for the next pass when ``exc`` left a lease to take up there."""
-        if exc.code in RETRYABLE_STORE_CODES and self._unfinished is not None:
-            self._carried = report
+        if exc.code in RETRYABLE_STORE_CODES and self._at.unfinished is not None:
+            self._at.carried = report
 
     def _skipped(self) -> frozenset[str]:
         """The executions whose pause has not ended: the claims of this pass pass over them."""
@@ -498,7 +517,7 @@ class Worker:
             )
 
     def _look_for_timers(self, report: PassReport) -> None:
-        self._timers_looked_at = self.monotonic()
+        self._at.timers_looked_at = self.monotonic()
         self.fire_due_timers(report)
 
     def drive(
@@ -534,7 +553,7 @@ class Worker:
         except StoreError as exc:
             if exc.code in RETRYABLE_STORE_CODES:
                 # The decision in flight may have committed: the next pass reads what it did.
-                self._unfinished = _Unfinished(credential.lease_token, execution_id, credential)
+                self._at.unfinished = _Unfinished(credential.lease_token, execution_id, credential)
             raise
         except (KeyboardInterrupt, SystemExit) as exc:
             # Outside the handler (which records its own interruption, _invoke): planning, a hook,
@@ -542,8 +561,8 @@ class Worker:
             self._let_go(execution_id, credential, exc)
             raise
         finally:
-            self._holding = None
-            interrupted, self._interrupted = self._interrupted, None
+            self._at.holding = None
+            interrupted, self._at.interrupted = self._at.interrupted, None
             if interrupted is not None:
                 # The caller asked to stop: that comes first, whatever failed after it as its context.
                 raise interrupted
@@ -599,21 +618,21 @@ class Worker:
                     raise
                 if isinstance(plan, i.Invoke):
                     # Held from before the intent's commit: interrupted inside it, the intent may be committed.
-                    self._holding = execution_id
-                    self._intent = _Pending(execution, plan, authority)
+                    self._at.holding = execution_id
+                    self._at.intent = _Pending(execution, plan, authority)
                     outcome = self.store.append_evidence(execution_id, credential, plan.evidence)
                     if not self._applied(execution_id, outcome, report, "issue command", credential.fence):
-                        self._intent = None
+                        self._at.intent = None
                         return
                     self._report_command(execution_id, execution, credential, plan)
-                    settled = self._call(self._intent)
+                    settled = self._call(self._at.intent)
                 else:
                     settled = plan
             if isinstance(settled, i.Finish):
                 request = self._finalize_request(execution, credential, settled, authority)
                 outcome = self.store.finalize(request, settled.evidence)
-                self._holding = None
-                self._answered = None
+                self._at.holding = None
+                self._at.answered = None
                 if self._applied(execution_id, outcome, report, "finalize", credential.fence):
                     self._report_finish(execution_id, execution, credential, settled, report)
                 return
@@ -623,8 +642,8 @@ class Worker:
                 settled.evidence,
                 self._plan_next,
             )
-            self._answered = None
-            self._holding = execution_id if _issues_a_command(composed.followed) else None
+            self._at.answered = None
+            self._at.holding = execution_id if _issues_a_command(composed.followed) else None
             assert composed.outcome is not None  # a step's transaction always decides
             if not self._applied(execution_id, composed.outcome, report, "step", credential.fence):
                 return
@@ -639,9 +658,9 @@ class Worker:
         transaction carrying it returns, so that a pass after a lost
         connection commits it instead of sending the execution to review.
         """
-        self._intent = None
+        self._at.intent = None
         settled = self._invoke(intent.invoke)
-        self._answered = attrs.evolve(intent, settled=settled)
+        self._at.answered = _Pending(intent.execution, intent.invoke, intent.authority, settled)
         return settled
 
     def _take_up(self, report: PassReport) -> None:
@@ -654,14 +673,14 @@ class Worker:
         being called has it called, and anything else is planned afresh
         from the read.  Every write is decided under the lease, as always.
         """
-        unfinished = self._unfinished
+        unfinished = self._at.unfinished
         assert unfinished is not None
         execution_id = unfinished.execution_id
         if execution_id is None:
             lookup = getattr(self.store, "leased_to", None)
             execution_id = None if lookup is None else lookup(self.worker_id, unfinished.lease_token)
         view = None if execution_id is None else self.store.read_for_visit(execution_id)
-        self._unfinished = None
+        self._at.unfinished = None
         if (
             execution_id is None
             or view is None
@@ -671,12 +690,12 @@ class Worker:
             or view.dispatch.lease_expires_at is None
         ):
             # Not committed, finished, or no longer this worker's: nothing of it is left to do here.
-            self._intent = self._answered = None
+            self._at.intent = self._at.answered = None
             return
         if view.dispatch.lease_expires_at <= self.store.clock.now():
             # Still this worker's lease, run out while the store was away: the quarantine sweep's, as after a
             # crash.  Said, since nothing else tells an operator which execution now waits for the sweep.
-            self._intent = self._answered = None
+            self._at.intent = self._at.answered = None
             self._tell(
                 execution_id,
                 LAPSED,
@@ -690,11 +709,11 @@ class Worker:
             self.worker_id, unfinished.lease_token, view.execution.fence
         )
         pending = next(
-            (held for held in (self._answered, self._intent) if held is not None and _committed_unsettled(view, held)),
+            (held for held in (self._at.answered, self._at.intent) if held is not None and _committed_unsettled(view, held)),
             None,
         )
         if pending is None:
-            self._intent = self._answered = None
+            self._at.intent = self._at.answered = None
         if unfinished.execution_id is None:
             report.claimed.append(execution_id)
         self._tell(
@@ -706,7 +725,7 @@ class Worker:
                   else "was not yet sent: it is sent now")),
             fence=credential.fence,
         )
-        self._holding = execution_id if pending is not None else None
+        self._at.holding = execution_id if pending is not None else None
         try:
             self._drive_guarded(execution_id, credential, report, view, (), pending=pending)
         except StoreError as exc:
@@ -726,7 +745,7 @@ class Worker:
         result's transaction has returned (its ``step`` event may hand the
         lease back as usual).
         """
-        return self._holding == execution_id
+        return self._at.holding == execution_id
 
     def hands_back_after(self, execution_id: str, what: str) -> bool:
         """Whether a stopping worker's hook should hand ``execution_id``'s lease back after the event ``what``.
@@ -791,7 +810,7 @@ class Worker:
                 credential = p.LeaseCredential(request.worker_id, request.lease_token, view.execution.fence)
                 self._let_go(view.execution.execution_id, credential, exc)
         finally:
-            self._holding = None
+            self._at.holding = None
 
     def _hand_back(self, execution_id: str, credential: p.LeaseCredential, execution: p.Execution, exc: Exception) -> None:
         """Release the lease of a visit that could not be planned (``running -> eligible``), and say why."""
@@ -815,7 +834,7 @@ class Worker:
             # at once, it left the execution running under this lease until the lease expired and a
             # quarantine sweep sent it to review; recorded first, the review can start now.  drive()
             # raises it again once the visit's finalization has returned.
-            self._interrupted = exc
+            self._at.interrupted = exc
             result = i.CommandResult(i.CommandStatus.UNKNOWN, None, f"handler interrupted by {type(exc).__name__}")
         if not isinstance(result, i.CommandResult):
             # An answer that says nothing says no more than a handler that raised: the Command may have been
@@ -899,8 +918,8 @@ class Worker:
         if isinstance(plan, i.Invoke):
             # Held from here: the transaction this joins may commit the intent, and an interruption may come
             # before it returns.  Set again from what it committed once it has.
-            self._holding = execution.execution_id
-            self._intent = _Pending(execution, plan, authority)
+            self._at.holding = execution.execution_id
+            self._at.intent = _Pending(execution, plan, authority)
             return NextVisit("intent", credential, tuple(plan.evidence), (execution, plan, authority))
         if isinstance(plan, i.Step):
             request = p.StepRequest(credential, execution.revision, plan.step, authority)
@@ -928,7 +947,8 @@ class Worker:
                 return False, None
             if isinstance(plan, i.Invoke):
                 self._report_command(execution_id, execution, credential, plan)
-                return True, _Pending(execution, plan, authority)
+                held = self._at.intent  # the planner's own, unless a store planned it otherwise
+                return True, held if held is not None and held.invoke is plan else _Pending(execution, plan, authority)
             if isinstance(plan, i.Step):
                 self._report_step(execution_id, credential, plan.step, report)
             else:
