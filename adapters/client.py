@@ -364,6 +364,8 @@ class Client:
         self.business = _identifier("business", business)
         self.principal = _identifier("principal", principal)
         self._pools: builtins.list[WorkerPool] = []
+        self._held: builtins.list[Worker] = []
+        self._held_lock = threading.Lock()
 
     def _made_work(self) -> None:
         # Something may have become eligible: wake this client's idle workers now rather than at their next poll.
@@ -985,7 +987,12 @@ class Client:
     ) -> PassReport:
         """Run dispatcher passes in this thread until one finds nothing to do; what they did, summed.
 
-        Work that becomes due later (a timeout) is not waited for.
+        Work that becomes due later (a timeout) is not waited for.  A call
+        that fails with StoreFailure while its worker's last decision may
+        have committed (a lost connection) leaves that worker with the
+        client: the next call goes on with it first, under its lease if the
+        store shows it is still live (its ``worker_id`` and ``lease``, not
+        the call's).
         """
         return self._run_until_idle(worker_id, lease, max_passes)
 
@@ -1003,19 +1010,34 @@ class Client:
         """
         if not isinstance(max_passes, int) or isinstance(max_passes, bool) or max_passes < 1:
             raise RequestError(RequestCode.INVALID_ARGUMENT, "max_passes", f"must be a positive int, got {shown(max_passes)}")
-        worker = self.worker(worker_id, lease=lease)
+        worker = self._held_worker() if stop is None else None
+        if worker is None:
+            worker = self.worker(worker_id, lease=lease)
         if stop is not None:
             _hand_back_on_stop(worker, stop.is_set)
         total = PassReport()
         for _ in range(max_passes):
             if stop is not None and stop.is_set():
                 break
-            with translated():
-                report = worker.run_pass()
+            try:
+                with translated():
+                    report = worker.run_pass()
+            except StoreFailure:
+                if stop is None and worker.holds_unfinished():
+                    # Its lease may still be live: the next call goes on with it (specs/protocol.md, "A
+                    # decision of unknown outcome") instead of leaving it to expire into review.
+                    with self._held_lock:
+                        self._held.append(worker)
+                raise
             _add(total, report)
             if not report.claimed and not report.timers_fired:
                 break
         return total
+
+    def _held_worker(self) -> Worker | None:
+        """A worker an earlier :meth:`run_until_idle` left holding a lease of unknown outcome, to go on with."""
+        with self._held_lock:
+            return self._held.pop() if self._held else None
 
     def start_workers(
         self,

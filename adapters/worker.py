@@ -733,6 +733,14 @@ class Worker:
                 raise
             self._pass_over(execution_id, exc.message, report)
 
+    def holds_unfinished(self) -> bool:
+        """Whether a decision of unknown outcome left this worker a lease its next pass takes up first.
+
+        A caller that makes a new worker after a StoreError instead of
+        passing again with this one leaves that lease to expire into review.
+        """
+        return self._at.unfinished is not None
+
     def holds_command(self, execution_id: str) -> bool:
         """True while a Command this worker issued on ``execution_id`` (or may have) awaits its result's commit.
 

@@ -27,6 +27,7 @@ import pytest
 
 from fencekeeper.adapters import service
 from fencekeeper.adapters.client import Client
+from fencekeeper.adapters.errors import StoreFailure
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ManualClock, StoreError, TransactionalStore
@@ -309,3 +310,20 @@ def test_a_pool_of_workers_takes_the_lease_up_too(any_store: TransactionalStore)
     assert view.execution.state == ExecutionState.SUCCEEDED and pool.errors == []
     assert handler.executed == ["order.first", "order.second"] and store.lost == 1
     assert view.execution.fence == 1
+
+
+def test_run_until_idle_goes_on_with_what_a_failed_call_held(any_store: TransactionalStore) -> None:
+    # client.run_until_idle makes a worker per call: the one whose answer was lost is kept for the next.
+    handler = Handler()
+    store = Lossy(any_store, "append_evidence", nth=2, committed=True, composed=False)
+    client = Client(store, policy=POLICY, handler=handler, business=BUSINESS, principal=PRINCIPAL)  # type: ignore[arg-type]
+    with pytest.raises(StoreFailure) as failed:
+        client.run_until_idle(worker_id="w-1")
+    assert failed.value.code.value == "store_unavailable" and handler.executed == ["order.first"]
+    report = client.run_until_idle(worker_id="w-9")  # the held worker goes on first, as w-1
+    assert report.claimed == ["x-1"] and report.finished["succeeded"] == 1
+    assert handler.executed == ["order.first", "order.second"]
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.SUCCEEDED and view.execution.fence == 1
+    assert {t.actor for t in view.history if t.event == ExecutionEvent.FINALIZE_SUCCEEDED} == {"w-1"}
+    assert client.run_until_idle().claimed == []  # nothing held any more
