@@ -396,15 +396,8 @@ class Worker:
         empty looks before it ends, so a pass that reports nothing claimed
         and no timer fired has always looked.
         """
-        # A pass a lost connection ended hands on what it did, so that nothing it did goes uncounted.
-        report, self._at.carried = self._at.carried or PassReport(), None
-        if self._at.unfinished is not None:
-            # A lease this worker may still hold, ticking: before any timer or claim.
-            try:
-                self._take_up(report)
-            except StoreError as exc:
-                self._carry(report, exc)
-                raise
+        # A lease this worker may still hold, ticking: before any timer or claim.
+        report = self.take_up()
         looked = False
         if not self._at.queue_busy or self.monotonic() - self._at.timers_looked_at >= self.timer_interval:
             self._look_for_timers(report)
@@ -484,6 +477,25 @@ class Worker:
                 break
         else:
             self._at.queue_busy = True
+        return report
+
+    def take_up(self) -> PassReport:
+        """Go on with the lease a decision of unknown outcome left this worker, and nothing else (see the module's rules).
+
+        Every pass starts with it.  A stopping worker's caller calls it on
+        its own, so that a visit whose answer was lost is finished under its
+        lease and handed back, rather than left to expire into review.  The
+        report is the pass's that the loss ended, completed; StoreError
+        while the store still fails, the lease still remembered.
+        """
+        # A pass a lost connection ended hands on what it did, so that nothing it did goes uncounted.
+        report, self._at.carried = self._at.carried or PassReport(), None
+        if self._at.unfinished is not None:
+            try:
+                self._take_up(report)
+            except StoreError as exc:
+                self._carry(report, exc)
+                raise
         return report
 
     def _carry(self, report: PassReport, exc: StoreError) -> None:

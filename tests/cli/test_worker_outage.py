@@ -11,6 +11,7 @@ as if nothing had happened, well within one lease, with no sweep run.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ import psycopg
 from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.kernel.definition import parse_definition
+from fencekeeper.kernel.machines import ExecutionState
 from tests.cli.runner import EXAMPLES, FENCEKEEPER, environment
 
 PURCHASE = EXAMPLES / "purchase_approval.toml"
@@ -117,3 +119,84 @@ def test_a_worker_whose_connections_are_ended_mid_visit_finishes_every_execution
     # What the log says of each: the execution still ran under the lease it had claimed.
     assert all("still runs under this lease" in str(entry["detail"]) for entry in resumed), resumed
     assert not [entry for entry in log if entry["event"] == "refused"], "a taken-up lease was refused"
+
+
+SLOW_HANDLER = """
+import time
+from pathlib import Path
+
+from fencekeeper.kernel.interpreter import CommandResult, CommandStatus
+
+
+class Slow:
+    def execute(self, command):
+        with open("executed.log", "a", encoding="utf-8") as log:
+            log.write(command.command_id + "\\n")
+        Path("in-handler").write_text("yes", encoding="utf-8")
+        time.sleep(2)
+        return CommandResult(CommandStatus.SUCCEEDED)
+
+    def reconcile(self, command):
+        return CommandResult(CommandStatus.UNKNOWN, detail="keeps no record")
+
+
+def make():
+    return Slow()
+"""
+
+
+def test_a_worker_stopped_while_its_store_was_lost_mid_visit_finishes_the_visit_and_hands_the_lease_back(
+    pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    # Its connections are ended while the handler runs, and SIGTERM comes before the handler returns: the
+    # answer's commit fails, the loop stops, and the worker's last look commits the answer and hands back.
+    (tmp_path / "slow_handler.py").write_text(SLOW_HANDLER, encoding="utf-8")
+    url = f"{pg_dsn}?schema={pg_schema}"
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    policy = examples.grants(BUSINESS, PRINCIPAL)
+    definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
+    try:
+        service.register(store, definition, BUSINESS, PRINCIPAL, policy)
+        service.run(
+            store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id="purchase-approval",
+            input={"amount": 50, "order_id": "o-1", "order_revision": 1}, execution_id="o-1",
+        )  # fmt: skip
+    finally:
+        store.close()
+    application = f"fk-test-{uuid.uuid4().hex[:12]}"
+    worker = subprocess.Popen(
+        [str(FENCEKEEPER), "worker", "--db", url, "--handler", "slow_handler:make", "--poll", "0.1",
+         "--json", "--log-json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+        env=environment(PGAPPNAME=application),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "in-handler").exists():
+            assert worker.poll() is None, worker.communicate()
+            assert time.monotonic() < deadline, "the handler was never called"
+            time.sleep(0.02)
+        assert _end_sessions(pg_dsn, application) >= 1
+        worker.send_signal(signal.SIGTERM)
+        stdout, stderr = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, stderr
+    events = [json.loads(line) for line in stderr.splitlines()]
+    assert "resumed" in [e["event"] for e in events], stderr
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    try:
+        view = store.read("o-1")
+    finally:
+        store.close()
+    # The Command's answer committed (the execution moved past place_order) and the lease handed back:
+    # nothing left running for a lease to run out, and the Command sent once.
+    assert view is not None, stderr
+    assert (view.execution.state, view.execution.current_node_id) == (ExecutionState.ELIGIBLE, "done"), stderr
+    assert len((tmp_path / "executed.log").read_text(encoding="utf-8").splitlines()) == 1
+    assert json.loads(stdout)["errors"] == []

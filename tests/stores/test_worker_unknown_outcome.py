@@ -18,6 +18,7 @@ out or passed to another worker meanwhile is left alone.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from fencekeeper.adapters import service
-from fencekeeper.adapters.client import Client
+from fencekeeper.adapters import cli, service
+from fencekeeper.adapters.client import Client, _hand_back_on_stop
 from fencekeeper.adapters.errors import StoreFailure
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
@@ -36,7 +37,7 @@ from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState
 
-from .test_worker_interrupted import BUSINESS, DEFINITION, POLICY, PRINCIPAL, Handler
+from .test_worker_interrupted import BUSINESS, DEFINITION, POLICY, PRINCIPAL, Handler, finish
 
 LOST = "the connection to the store was lost"
 
@@ -327,3 +328,40 @@ def test_run_until_idle_goes_on_with_what_a_failed_call_held(any_store: Transact
     assert view is not None and view.execution.state == ExecutionState.SUCCEEDED and view.execution.fence == 1
     assert {t.actor for t in view.history if t.event == ExecutionEvent.FINALIZE_SUCCEEDED} == {"w-1"}
     assert client.run_until_idle().claimed == []  # nothing held any more
+
+
+@pytest.mark.parametrize("down", [0, 3])
+def test_a_stopping_worker_finishes_the_visit_whose_answer_was_lost_and_hands_the_lease_back(
+    any_store: TransactionalStore, down: int
+) -> None:
+    # Stopped (SIGTERM, Ctrl-C) while the store was away mid-visit: fencekeeper worker's last look finishes that
+    # visit under the lease and its hook hands the lease back, so nothing waits for a lease to run out.
+    handler = Handler()
+    store = Lossy(any_store, "record_step_and_visit", committed=False, composed=False, down=down)
+    worker = Worker(store, "w-1", POLICY, handler)  # type: ignore[arg-type]
+    stopping = threading.Event()
+    _hand_back_on_stop(worker, stopping.is_set)  # the hook a stopping worker runs after a committed visit
+    with pytest.raises(StoreError):
+        worker.run_pass()
+    stopping.set()
+    assert worker.holds_unfinished()
+    report = cli._take_up_on_stop(worker)  # rides out the `down` failures within its few seconds
+    assert report is not None and report.claimed == ["x-1"] and report.steps == 1
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.ELIGIBLE, "handed back"
+    assert view.execution.current_node_id == "second", "the first Command's answer is committed"
+    assert handler.executed == ["order.first"] and not worker.holds_unfinished()
+    finish(any_store, handler)
+    assert handler.executed == ["order.first", "order.second"]
+
+
+def test_a_stopping_worker_does_not_wait_out_an_outage(any_store: TransactionalStore) -> None:
+    handler = Handler()
+    store = Lossy(any_store, "append_evidence", committed=True, composed=False, down=1000)
+    worker = Worker(store, "w-1", POLICY, handler)  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        worker.run_pass()
+    started = time.monotonic()
+    assert cli._take_up_on_stop(worker) is None
+    assert time.monotonic() - started < sum(cli.STOP_TAKE_UP_WAITS) + 1
+    assert handler.executed == [] and worker.holds_unfinished()  # left for the sweep once the lease runs out
