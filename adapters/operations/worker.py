@@ -60,8 +60,13 @@ external effects, history, and retention).  Rules of this module:
   cancellation or a limit) is left alone for the ordinary reclaim.  Every
   request sent again is a decision under the same fence, so a replaced or
   expired owner is refused as always (specs/operations.md, "An owner write
-  of unknown outcome").  A claim of unknown outcome is not taken up: its
-  credential was never handed out, so its lease runs out.
+  of unknown outcome").  A claim of unknown outcome names no Operation
+  before it commits: the next pass asks the store which of the tenant's
+  Operations run under this worker's id (``running_under``), and runs the
+  Attempt of the last one claimed whose lease is live, from its start,
+  under the credential the read shows (the worker never had the claim's
+  answer, so it did nothing of that Attempt).  Worker ids must differ
+  between workers that run at once, as the fence already requires.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
   the policy's maximum attempts), and so is a result that is not JSON (or
@@ -269,11 +274,18 @@ class DurableOperationWorker:
         """The worker's own pause after a refusal that named no row."""
         self._unfinished: _Unfinished | None = None
         """An owner write whose outcome the store could not report: the next pass takes it up before any claim."""
+        self._claim_lost = False
+        """A claim whose outcome the store could not report (or whose Attempt a failed read kept from beginning):
+        the next pass asks what runs under this worker."""
 
     def run_once(self) -> WorkReport | None:
+        # An Attempt this worker may still own, its lease running: taken up before any claim (or pause).
         if self._unfinished is not None:
-            # An Attempt this worker may still own, its lease running: before any claim (or pause).
             resumed = self._take_up(self._unfinished)
+            if resumed is not None:
+                return resumed
+        if self._claim_lost:
+            resumed = self._take_up_claim()
             if resumed is not None:
                 return resumed
         if self._paused is not None and self.store.now() < self._paused.until:
@@ -281,10 +293,15 @@ class DurableOperationWorker:
         skip = self._passing_over()
         for _ in range(_REMEMBERED):
             # Passing over the rows this worker already reported: a pass ends with a claim, a report or None.
-            outcome = self.store.claim_next(
-                self.tenant, self.worker_id, self.lease, namespace=self.namespace, runs=self.actions.has,
-                **({"skip": skip} if skip else {}),
-            )
+            try:
+                outcome = self.store.claim_next(
+                    self.tenant, self.worker_id, self.lease, namespace=self.namespace, runs=self.actions.has,
+                    **({"skip": skip} if skip else {}),
+                )
+            except StoreError as exc:
+                # The claim may have committed: the next pass asks the store what runs under this worker.
+                self._claim_lost = exc.code in RETRYABLE_STORE_CODES
+                raise
             if not isinstance(outcome, ClaimRefused) or outcome.operation_id in skip:
                 break  # (a store that ignores ``skip``: the worker pauses below)
             if self._pass_over(outcome.operation_id):
@@ -305,7 +322,21 @@ class DurableOperationWorker:
         if not isinstance(outcome, o.Decision) or outcome.credential is None:
             # The claim ended the Operation by a limit (deadline, attempts, an unused approval's expiry).
             return _ended(operation, None)
-        return self._run(operation, outcome.credential)
+        return self._begin(operation, outcome.credential)
+
+    def _begin(self, operation: o.Operation, credential: o.Credential) -> WorkReport:
+        """Run the Attempt of ``credential``; a read the store fails before any write leaves it to the next pass.
+
+        Only a write is remembered as such (``_unfinished``); a StoreError without one came from a read before
+        the first write (the input, the time), so nothing of the Attempt happened, and the next pass finds it
+        as after a claim whose answer was lost.
+        """
+        try:
+            return self._run(operation, credential)
+        except StoreError as exc:
+            if exc.code in RETRYABLE_STORE_CODES and self._unfinished is None:
+                self._claim_lost = True
+            raise
 
     def _passing_over(self) -> frozenset[str]:
         """The refused rows whose pause has not ended, at the store's time (read only when there are some)."""
@@ -721,6 +752,41 @@ class DurableOperationWorker:
         return self._resumed(
             self._classified(credential, send),
             f"attempt {credential.fence} still runs under this worker's lease; {said}",
+        )
+
+    def _take_up_claim(self) -> WorkReport | None:
+        """Run the Attempt a claim of unknown outcome committed, if the store shows one this worker holds.
+
+        The claim names no Operation before it commits, so the store is asked which of the tenant's
+        Operations run under this worker's id (``running_under``; a store without it answers none, and such
+        a claim's lease runs out as after a crash).  Of those whose lease is live on the store's clock, the
+        one claimed last is run from its start under the credential the read shows: nothing of that Attempt
+        was done, since this worker never had the claim's answer.  Raises, still asking, while the store fails.
+        """
+        lookup = getattr(self.store, "running_under", None)
+        found: list[str] = [] if lookup is None else lookup(self.tenant, self.worker_id, namespace=self.namespace)
+        live: list[o.Operation] = []
+        for operation_id in found:
+            try:
+                view = self.store.view(operation_id)
+            except MalformedRow:
+                continue  # the claim that meets the row names it and passes over it
+            if view is not None:
+                live.append(view.operation)
+        now = self.store.now()
+        self._claim_lost = False
+        mine = [
+            operation for operation in live
+            if o.check_owner(operation, o.Credential(operation.operation_id, self.worker_id, operation.fence), now) is None
+        ]  # fmt: skip
+        if not mine:
+            return None  # not committed, or no longer this worker's: the claims go on as usual
+        operation = max(mine, key=lambda op: (op.attempt_started_at or now, op.fence))
+        credential = o.Credential(operation.operation_id, self.worker_id, operation.fence)
+        self._refused.pop(operation.operation_id, None)
+        return self._resumed(
+            self._begin(operation, credential),
+            f"attempt {credential.fence}'s claim had committed before its answer was lost: the attempt runs now",
         )
 
     def _beating(self, credential: o.Credential, body: Callable[[], WorkReport]) -> WorkReport:

@@ -374,3 +374,69 @@ def test_an_operation_cancelled_meanwhile_is_left_alone(world: World) -> None:
     assert the_view(world, op_id) == before
     assert before.operation.outcome is o.TerminalOutcome.CANCELLED
     assert attempts(before) == [(1, "w1", "cancelled")]
+
+
+# A claim names no operation before it commits: the worker asks the store what runs under its id.
+CLAIMS = [
+    ("echo", "claim_next", "before"),
+    ("echo", "claim_next", "after"),
+    ("move", "claim_next", "after"),
+    ("capture", "claim_next", "after"),
+    # The claim's answer came, and the read of the input before the first write failed: nothing was begun.
+    ("echo", "input_value", "before"),
+]
+
+
+@pytest.mark.parametrize(("action", "call", "when"), CLAIMS, ids=["-".join(c) for c in CLAIMS])
+def test_a_claim_whose_answer_was_lost_is_found_and_its_one_attempt_runs(
+    world: World, action: str, call: str, when: str
+) -> None:
+    counted = Counted(world)
+    op_id = submit(world, counted, action)
+    lossy = Lossy(world.store, call, when=when)
+    reports, raised = drain(worker(world, lossy, counted).run_once)
+    view = the_view(world, op_id)
+    assert view.operation.state is OperationState.SUCCEEDED, (view.operation, reports)
+    assert (lossy.lost, raised) == (1, 1)
+    assert attempts(view) == [(1, "w1", "succeeded")]
+    committed = when == "after" or call == "input_value"
+    assert [(r.attempt, r.outcome, r.resumed) for r in reports] == [(1, "succeeded", committed)], reports
+    if committed:
+        assert "attempt 1's claim had committed before its answer was lost" in reports[0].detail, reports[0].detail
+    assert counted.calls == (action != "capture")
+    assert world.provider.calls == ([f"{op_id}/effect"] if action == "capture" else [])
+
+
+def test_a_claim_lost_after_its_lease_ran_out_is_left_to_the_ordinary_reclaim(world: World) -> None:
+    counted = Counted(world, attempts=2)
+    op_id = submit(world, counted, "echo")
+    lossy = Lossy(world.store, "claim_next", when="after")
+    lost = worker(world, lossy, counted)
+    with pytest.raises(StoreError):
+        lost.run_once()
+    world.clock.advance(LEASE + timedelta(seconds=1))
+    lossy.calls.clear()
+    report = lost.run_once()
+    # Found under this worker's id but expired: not run under that credential; the claim replaced it.
+    assert lossy.calls[:4] == ["running_under", "view", "now", "claim_next"], lossy.calls
+    assert report is not None and (report.attempt, report.outcome, report.resumed) == (2, "succeeded", False)
+    assert attempts(the_view(world, op_id)) == [(1, "w1", "abandoned"), (2, "w1", "succeeded")]
+    assert counted.calls == 1
+
+
+def test_the_stores_say_which_operations_run_under_a_worker(world: World) -> None:
+    counted = Counted(world, attempts=2)
+    first, second = submit(world, counted, "echo"), submit(world, counted, "echo", key="k2")
+    store: Any = world.store
+    assert store.running_under(TENANT, "w1") == []
+    claimed = [world.store.claim_next(TENANT, name, LEASE) for name in ("w1", "w2")]
+    assert all(isinstance(c, o.Decision) for c in claimed)
+    mine = [c.operation.operation_id for c in claimed if isinstance(c, o.Decision)]
+    assert sorted(mine) == sorted([first, second])
+    assert store.running_under(TENANT, "w1") == [mine[0]]
+    assert store.running_under(TENANT, "w1", namespace="shop") == [mine[0]]
+    assert store.running_under(TENANT, "w1", namespace="elsewhere") == []
+    assert store.running_under("tenant-b", "w1") == []
+    # Whatever its lease: the worker judges that from the operation as it reads it.
+    world.clock.advance(LEASE + timedelta(seconds=1))
+    assert store.running_under(TENANT, "w2") == [mine[1]]
