@@ -19,11 +19,14 @@ external action, lost before it reaches the store, inside its transaction
 (atomic: the action ran, and was rolled back), or after its commit, the
 Operation ends ``succeeded`` with the action's result, under its one
 Attempt, the action or the provider called once (atomic: its write present
-once); and what is left alone is left alone.
+once); and what is left alone is left alone.  A claim whose answer was lost
+is found by the worker's id; a renewal the store fails for a moment is
+tried again rather than given up.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -42,7 +45,7 @@ from fencekeeper.adapters.operations.service import (
 )
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.operations.worker import DurableOperationWorker, WorkReport
-from fencekeeper.adapters.store import ManualClock, StoreError
+from fencekeeper.adapters.store import ManualClock, StoreError, SystemClock
 from fencekeeper.adapters.testing.operations_suite import (
     ALICE,
     LEASE,
@@ -440,3 +443,34 @@ def test_the_stores_say_which_operations_run_under_a_worker(world: World) -> Non
     # Whatever its lease: the worker judges that from the operation as it reads it.
     world.clock.advance(LEASE + timedelta(seconds=1))
     assert store.running_under(TENANT, "w2") == [mine[1]]
+
+
+def test_a_renewal_the_store_fails_for_a_moment_is_tried_again_and_the_lease_kept() -> None:
+    # A read-only action longer than its lease: only renewals keep it.  The first one meets the store away.
+    world = World(MemoryOperationStore(SystemClock()), ManualClock())
+    renewals: list[str] = []
+    heartbeat = world.store.heartbeat
+
+    def lost_once(request: o.HeartbeatRequest) -> o.Outcome:
+        renewals.append("lost" if not renewals else "renewed")
+        if renewals == ["lost"]:
+            raise StoreError("store_unavailable", LOST)
+        return heartbeat(request)
+
+    world.store.heartbeat = lost_once  # type: ignore[method-assign]
+
+    def slow(value: Any) -> Any:
+        time.sleep(0.5)
+        return value
+
+    actions = DurableActionRegistry((DurableAction("slow", 1, o.EffectClass.READ_ONLY, slow, policy=ONCE),))
+    service = DurableOperationService(world.store, actions, world.resolvers, namespace="shop")
+    op_id = service.submit(tenant=TENANT, principal=ALICE, action="slow", input={"n": 1}, client_key="k").operation_id
+    worker = DurableOperationWorker(
+        world.store, actions, world.resolvers, tenant=TENANT, worker_id="w1", lease=timedelta(milliseconds=300)
+    )
+    report = worker.run_once()
+    # Given up after the first failure, the lease ran out under the action and its completion was refused.
+    assert report is not None and (report.outcome, report.resumed) == ("succeeded", False), report
+    assert renewals[0] == "lost" and "renewed" in renewals, renewals
+    assert attempts(the_view(world, op_id)) == [(1, "w1", "succeeded")]
