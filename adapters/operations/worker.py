@@ -57,7 +57,8 @@ external effects, history, and retention).  Rules of this module:
   read shows committed goes on to the provider's call, after a renewal,
   and only then.  A provider's answer in hand is recorded, never asked for
   again.  Anything else (the lease ran out, another owner, an end by
-  cancellation or a limit) is left alone for the ordinary reclaim.  Every
+  cancellation or a limit) is left alone for the ordinary reclaim; a lease
+  of this very Attempt found expired is said (``lease_expired``).  Every
   request sent again is a decision under the same fence, so a replaced or
   expired owner is refused as always (specs/operations.md, "An owner write
   of unknown outcome").  A claim of unknown outcome names no Operation
@@ -737,9 +738,20 @@ class DurableOperationWorker:
                 _settled(view, credential),
                 f"attempt {credential.fence}'s {unfinished.what} had committed before its answer was lost",
             )
-        if o.check_owner(view.operation, credential, now) is not None:
-            # The lease ran out while the store was away, another worker holds it, or a cancellation or a limit
-            # ended it: not this worker's any more, and nothing of it is written here.
+        refusal = o.check_owner(view.operation, credential, now)
+        if refusal is not None and refusal.code is o.RefusalCode.LEASE_EXPIRED:
+            # Still this worker's Attempt, its lease run out while the store was away: the next claim's to record
+            # abandoned, as after a crash.  Said, so that the Attempt the store lost is not dropped in silence.
+            expired = view.operation.lease_expires_at
+            assert expired is not None
+            return self._resumed(
+                WorkReport(credential.operation_id, credential.fence, refusal.code.value),
+                f"attempt {credential.fence}'s lease ran out ({expired.isoformat()}) while it was away: nothing more "
+                f"is written under it, and the next claim replaces the attempt",
+            )
+        if refusal is not None:
+            # Another worker holds it, or a cancellation or a limit ended it: not this worker's any more, and
+            # nothing of it is written here.
             return None
         send: Callable[[], WorkReport] = unfinished.send
         said = f"its {unfinished.what} is sent again"

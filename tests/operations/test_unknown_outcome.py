@@ -342,10 +342,15 @@ def test_a_lease_that_expired_meanwhile_is_left_to_the_ordinary_reclaim(world: W
     op_id, lossy, lost = _lost(world, counted, "move")
     world.clock.advance(LEASE + timedelta(seconds=1))
     lossy.calls.clear()
+    before = the_view(world, op_id)
+    lapsed = lost.run_once()
+    # Read, found expired, left alone, and said: nothing written.
+    assert lossy.calls == ["view", "now"], lossy.calls
+    assert the_view(world, op_id) == before
+    assert lapsed is not None and (lapsed.attempt, lapsed.outcome, lapsed.resumed) == (1, "lease_expired", True)
+    assert "attempt 1's lease ran out" in lapsed.detail and "the next claim replaces the attempt" in lapsed.detail
+    # The ordinary reclaim then replaces the expired Attempt.
     report = lost.run_once()
-    # Read, found expired, left alone: the pass went on to its claim, which replaced the expired Attempt.
-    assert lossy.calls[: lossy.calls.index("claim_next")] == ["view", "now"], lossy.calls
-    assert "complete" not in lossy.calls[: lossy.calls.index("claim_next")]
     assert report is not None and (report.attempt, report.outcome, report.resumed) == (2, "succeeded", False)
     view = the_view(world, op_id)
     assert attempts(view) == [(1, "w1", "abandoned"), (2, "w1", "succeeded")]
