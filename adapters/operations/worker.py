@@ -46,14 +46,16 @@ external effects, history, and retention).  Rules of this module:
   was lost, or a lock or a busy file failed it: a retryable ``StoreError``)
   may have committed or not.  The worker remembers the request, exactly as
   sent, with what it needs to send it again (:class:`_Unfinished`), and
-  raises; its next pass, before it claims anything, reads that Operation.
-  Where the read shows the request committed (its Attempt ended as the
+  raises (never taken for the action's own failure: no ``handler_error``
+  is sent for it); its next pass, before it claims anything, reads that
+  Operation.  Where the read shows the request committed (its Attempt ended as the
   request ends it), the outcome is reported and nothing is written.  Where
   the Operation still runs under this very credential, its lease live on
   the store's clock, the same request is sent again: the same completion
   with the same result, the same failure; an atomic completion runs its
   action again inside the new transaction (nothing of the lost one
-  committed, since the Attempt is still open); an effect's intent that the
+  committed, since the Attempt is still open: a reread, then no blind
+  write, seed 001, Durable truth and recovery); an effect's intent that the
   read shows committed goes on to the provider's call, after a renewal,
   and only then.  A provider's answer in hand is recorded, never asked for
   again.  Anything else (the lease ran out, another owner, an end by
@@ -66,8 +68,12 @@ external effects, history, and retention).  Rules of this module:
   Operations run under this worker's id (``running_under``), and runs the
   Attempt of the last one claimed whose lease is live, from its start,
   under the credential the read shows (the worker never had the claim's
-  answer, so it did nothing of that Attempt).  Worker ids must differ
-  between workers that run at once, as the fence already requires.
+  answer, so it did nothing of that Attempt), unless another worker of
+  this process with the same id is busy (from before its claim until
+  nothing of its pass is left to take up; the Python default id, host and
+  process, is shared by every worker of a process made without one): what
+  runs under the id may then be that one's, and such a claim's lease runs
+  out as before.  Workers of different processes must not share an id.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
   the policy's maximum attempts), and so is a result that is not JSON (or
@@ -105,6 +111,7 @@ import socket
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
@@ -228,6 +235,24 @@ class _Call:
     """The kernel's ``effect_plan`` for the Operation as claimed."""
 
 
+@attrs.frozen
+class _Namesakes:
+    """The workers of this process under one id that hold or may hold an Attempt now, and their lock."""
+
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    busy: weakref.WeakSet[DurableOperationWorker] = attrs.field(factory=weakref.WeakSet)
+
+
+_NAMESAKES: dict[str, _Namesakes] = {}
+"""By worker id: a claim of unknown outcome is looked up by id only where no other worker of it is busy."""
+_NAMESAKES_LOCK = threading.Lock()
+
+
+def _namesakes(worker_id: str) -> _Namesakes:
+    with _NAMESAKES_LOCK:
+        return _NAMESAKES.setdefault(worker_id, _Namesakes())
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -278,8 +303,21 @@ class DurableOperationWorker:
         self._claim_lost = False
         """A claim whose outcome the store could not report (or whose Attempt a failed read kept from beginning):
         the next pass asks what runs under this worker."""
+        self._namesakes = _namesakes(self.worker_id)
 
     def run_once(self) -> WorkReport | None:
+        # Busy from before its claim until nothing of the pass is left to take up: while it is, what runs
+        # under this worker's id may be this worker's, and no namesake of the process takes it up.
+        with self._namesakes.lock:
+            self._namesakes.busy.add(self)
+        try:
+            return self._pass()
+        finally:
+            if self._unfinished is None and not self._claim_lost:
+                with self._namesakes.lock:
+                    self._namesakes.busy.discard(self)
+
+    def _pass(self) -> WorkReport | None:
         # An Attempt this worker may still own, its lease running: taken up before any claim (or pause).
         if self._unfinished is not None:
             resumed = self._take_up(self._unfinished)
@@ -770,23 +808,31 @@ class DurableOperationWorker:
         """Run the Attempt a claim of unknown outcome committed, if the store shows one this worker holds.
 
         The claim names no Operation before it commits, so the store is asked which of the tenant's
-        Operations run under this worker's id (``running_under``; a store without it answers none, and such
-        a claim's lease runs out as after a crash).  Of those whose lease is live on the store's clock, the
+        Operations run under this worker's id (``running_under``; a store without it, or another worker of
+        this process under the same id, takes nothing up, and such a claim's lease runs out as after a crash).  Of those whose lease is live on the store's clock, the
         one claimed last is run from its start under the credential the read shows: nothing of that Attempt
         was done, since this worker never had the claim's answer.  Raises, still asking, while the store fails.
         """
         lookup = getattr(self.store, "running_under", None)
-        found: list[str] = [] if lookup is None else lookup(self.tenant, self.worker_id, namespace=self.namespace)
-        live: list[o.Operation] = []
-        for operation_id in found:
-            try:
-                view = self.store.view(operation_id)
-            except MalformedRow:
-                continue  # the claim that meets the row names it and passes over it
-            if view is not None:
-                live.append(view.operation)
-        now = self.store.now()
-        self._claim_lost = False
+        with self._namesakes.lock:
+            # Held until the choice is made: a namesake that starts a pass meanwhile claims only after it.
+            if lookup is None or set(self._namesakes.busy) != {self}:
+                # Another worker of this process has this id and is busy (the Python default id is the host and
+                # process): what runs under it may be that one's, running now.  Nothing is taken up, and such a
+                # claim's lease runs out, as after a crash.
+                self._claim_lost = False
+                return None
+            found: list[str] = lookup(self.tenant, self.worker_id, namespace=self.namespace)
+            live: list[o.Operation] = []
+            for operation_id in found:
+                try:
+                    view = self.store.view(operation_id)
+                except MalformedRow:
+                    continue  # the claim that meets the row names it and passes over it
+                if view is not None:
+                    live.append(view.operation)
+            now = self.store.now()
+            self._claim_lost = False
         mine = [
             operation for operation in live
             if o.check_owner(operation, o.Credential(operation.operation_id, self.worker_id, operation.fence), now) is None

@@ -479,3 +479,27 @@ def test_a_renewal_the_store_fails_for_a_moment_is_tried_again_and_the_lease_kep
     assert report is not None and (report.outcome, report.resumed) == ("succeeded", False), report
     assert renewals[0] == "lost" and "renewed" in renewals, renewals
     assert attempts(the_view(world, op_id)) == [(1, "w1", "succeeded")]
+
+
+def test_a_claim_lost_while_a_namesake_of_the_process_is_busy_is_not_taken_up(world: World) -> None:
+    # Workers made without an id share the host's and process's: what runs under it may be another one's.
+    counted = Counted(world)
+    held = submit(world, counted, "echo")
+    namesake_store = Lossy(world.store, "complete", when="before")
+    namesake = worker(world, namesake_store, counted)
+    with pytest.raises(StoreError):
+        namesake.run_once()  # it holds `held`, its completion to be taken up
+    op_id = submit(world, counted, "echo", key="k2")
+    lossy = Lossy(world.store, "claim_next", when="after")
+    lost = worker(world, lossy, counted)
+    with pytest.raises(StoreError):
+        lost.run_once()
+    before = the_view(world, op_id)
+    assert lost.run_once() is None
+    assert the_view(world, op_id) == before
+    assert "running_under" not in lossy.calls and counted.calls == 1
+    assert attempts(before) == [(1, "w1", "running")]
+    # The namesake still finishes its own.
+    report = namesake.run_once()
+    assert report is not None and (report.operation_id, report.outcome, report.resumed) == (held, "succeeded", True)
+    assert attempts(the_view(world, held)) == [(1, "w1", "succeeded")]
