@@ -153,8 +153,8 @@ class WorkReport:
     resumed: bool = False
     """The Attempt was taken up after an owner write of unknown outcome, once the store answered again.
 
-    ``detail`` then starts with ``resumed:`` and says whether the write had committed before its answer
-    was lost or was sent again now.
+    ``detail`` then starts with ``resumed:`` and says whether the write (or the claim) had committed before
+    its answer was lost, was sent again now, or found its lease run out (outcome ``lease_expired``).
     """
 
 
@@ -808,10 +808,11 @@ class DurableOperationWorker:
         """Run the Attempt a claim of unknown outcome committed, if the store shows one this worker holds.
 
         The claim names no Operation before it commits, so the store is asked which of the tenant's
-        Operations run under this worker's id (``running_under``; a store without it, or another worker of
-        this process under the same id, takes nothing up, and such a claim's lease runs out as after a crash).  Of those whose lease is live on the store's clock, the
-        one claimed last is run from its start under the credential the read shows: nothing of that Attempt
-        was done, since this worker never had the claim's answer.  Raises, still asking, while the store fails.
+        Operations run under this worker's id (``running_under``; with a store without it, or another worker
+        of this process under the same id busy, nothing is taken up, and such a claim's lease runs out as
+        after a crash).  Of those whose lease is live on the store's clock, the one claimed last is run from
+        its start under the credential the read shows: nothing of that Attempt was done, since this worker
+        never had the claim's answer.  Raises, still asking, while the store fails.
         """
         lookup = getattr(self.store, "running_under", None)
         with self._namesakes.lock:
