@@ -665,7 +665,9 @@ def _work(
                         attempt = "" if report.attempt is None else f" attempt {report.attempt}"
                         # A damaged row is told with what the store found wrong (field and repair are the
                         # operator's), on the one line: the worker passes over it and goes on.
-                        why = f": {' '.join(report.detail.split())}" if report.outcome == MALFORMED_ROW else ""
+                        # So is an attempt taken up after its store lost a write's answer (`resumed: ...`).
+                        shown = report.outcome == MALFORMED_ROW or report.resumed
+                        why = f": {' '.join(report.detail.split())}" if shown else ""
                         out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}{why}")
 
             numbers = range(first, first + args.concurrency)
@@ -679,8 +681,12 @@ def _work(
         for number, handler in previous.items():
             signal.signal(number, handler)
     listed = [
-        {"operation_id": r.operation_id, "attempt": r.attempt, "outcome": r.outcome, "detail": r.detail} for r in reports
-    ]
+        {
+            "operation_id": r.operation_id, "attempt": r.attempt, "outcome": r.outcome, "detail": r.detail,
+            **({"resumed": True} if r.resumed else {}),
+        }
+        for r in reports
+    ]  # fmt: skip
     return listed, not stop.is_set(), errors
 
 

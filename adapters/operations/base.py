@@ -107,6 +107,15 @@ class Tx(abc.ABC):
     def prune_identities(self, limit: int) -> int:
         """Forget up to ``limit`` identities whose window has passed and whose Operation has ended."""
 
+    def running_under(self, tenant: str, namespace: str | None, worker_id: str) -> list[str]:
+        """The ids of ``tenant``'s Operations running with ``worker_id`` as their owner, whatever their lease.
+
+        Asked only by a worker whose claim lost its answer, which knows whom it claimed as but not what
+        (:meth:`TransactionalOperationStore.running_under`).  A transaction that cannot say answers none:
+        such a claim's lease then runs out, as after a crash.
+        """
+        return []
+
     @abc.abstractmethod
     def context(self, operation: o.Operation) -> GuardedContext: ...
 
@@ -324,6 +333,23 @@ class TransactionalOperationStore(abc.ABC):
 
         self._run(body)
         return pruned[0]
+
+    def running_under(self, tenant: str, worker_id: str, *, namespace: str | None = None) -> list[str]:
+        """The ids of ``tenant``'s Operations (of ``namespace``, if given) running with ``worker_id`` as their owner.
+
+        Not the port's: a worker whose ``claim_next`` lost its answer (a ``StoreError`` it may recover from)
+        asks it on its next pass, to go on with what that claim may have committed (specs/operations.md,
+        "An owner write of unknown outcome").  The lease is not judged here: the worker reads each Operation
+        and judges its credential itself.
+        """
+        found: list[str] = []
+
+        def body(tx: Tx) -> o.Outcome:
+            found.extend(tx.running_under(tenant, namespace, worker_id))
+            return _NOTHING
+
+        self._run(body)
+        return found
 
     def claim(self, operation_id: str, request: o.ClaimRequest) -> o.Outcome:
         return self._decide(operation_id, o.claim, request)

@@ -24,6 +24,7 @@ import attrs
 
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.errors import InvalidOperation
+from fencekeeper.kernel.machines import OperationState
 
 from ..store import Clock, StoreError, SystemClock
 from .base import TransactionalOperationStore, Tx, due_at
@@ -102,6 +103,16 @@ class _MemoryTx(Tx):
             and when <= now
         ]
         return self.state.operations[min(due)[1]] if due else None
+
+    def running_under(self, tenant: str, namespace: str | None, worker_id: str) -> list[str]:
+        return sorted(
+            op.operation_id
+            for op in self.state.operations.values()
+            if op.identity.tenant == tenant
+            and (namespace is None or op.identity.namespace == namespace)
+            and op.state is OperationState.RUNNING
+            and op.owner == worker_id
+        )
 
     def write(self, decision: o.Decision, input_json: str | None) -> bool:
         state = self.state

@@ -602,6 +602,13 @@ class PostgresOperationStore(TransactionalOperationStore):
         """
         if self._closed:
             return StoreError("store_unavailable", f"the PostgreSQL operation store of schema {self.schema} is closed")
+        # As the execution store does: the pool hands its idle connections out unchecked, and after a server
+        # restart or pg_terminate_backend each of them failed a request of its own.  A worker waiting out its
+        # failures came back, after each pause, to connections ended meanwhile, and never got through while
+        # backends were ended every 0.4 s.  Checked now, on the failure's path only, the dead ones are replaced
+        # and the next request gets a live connection.
+        with contextlib.suppress(Exception):
+            self._pool.check()
         return StoreError("store_unavailable", f"PostgreSQL connection failed: {_one_line(exc)}")
 
     def _refused(self, exc: psycopg.Error) -> StoreError:

@@ -583,6 +583,15 @@ class SqlTx(Tx):
             params,
         )
 
+    def running_under(self, tenant: str, namespace: str | None, worker_id: str) -> list[str]:
+        scope = " AND namespace = ?" if namespace is not None else ""
+        rows = self.run(
+            f"SELECT operation_id FROM operations WHERE tenant = ? AND state = ? AND owner = ?{scope} "
+            "ORDER BY operation_id",
+            [tenant, OperationState.RUNNING.value, worker_id, *([namespace] if namespace is not None else [])],
+        ).fetchall()
+        return [str(row[0]) for row in rows]
+
     def due_bound(self) -> tuple[str, list[Any]]:
         """The SQL of "now" for finding due work, and its parameters (the store's time by default)."""
         return "?", [self.d.encode_time(self.now())]

@@ -39,7 +39,41 @@ external effects, history, and retention).  Rules of this module:
   timeout, and is reconciled at once.
 - While a read-only or external action runs, a heartbeat renews the lease
   every third of it; an atomic action runs inside the transaction that
-  holds the Operation's row, so its lease must cover it.
+  holds the Operation's row, so its lease must cover it.  A renewal the
+  store fails retryably (a lost connection) is tried again a second later,
+  not given up: the lease still runs.
+- An owner write whose outcome the store could not report (its connection
+  was lost, or a lock or a busy file failed it: a retryable ``StoreError``)
+  may have committed or not.  The worker remembers the request, exactly as
+  sent, with what it needs to send it again (:class:`_Unfinished`), and
+  raises (never taken for the action's own failure: no ``handler_error``
+  is sent for it); its next pass, before it claims anything, reads that
+  Operation.  Where the read shows the request committed (its Attempt ended as the
+  request ends it), the outcome is reported and nothing is written.  Where
+  the Operation still runs under this very credential, its lease live on
+  the store's clock, the same request is sent again: the same completion
+  with the same result, the same failure; an atomic completion runs its
+  action again inside the new transaction (nothing of the lost one
+  committed, since the Attempt is still open: a reread, then no blind
+  write, seed 001, Durable truth and recovery); an effect's intent that the
+  read shows committed goes on to the provider's call, after a renewal,
+  and only then.  A provider's answer in hand is recorded, never asked for
+  again.  Anything else (the lease ran out, another owner, an end by
+  cancellation or a limit) is left alone for the ordinary reclaim; a lease
+  of this very Attempt found expired is said (``lease_expired``).  Every
+  request sent again is a decision under the same fence, so a replaced or
+  expired owner is refused as always (specs/operations.md, "An owner write
+  of unknown outcome").  A claim of unknown outcome names no Operation
+  before it commits: the next pass asks the store which of the tenant's
+  Operations run under this worker's id (``running_under``), and runs the
+  Attempt of the last one claimed whose lease is live, from its start,
+  under the credential the read shows (the worker never had the claim's
+  answer, so it did nothing of that Attempt), unless another worker of
+  this process with the same id is busy (from before its claim until
+  nothing of its pass is left to take up; the Python default id, host and
+  process, is shared by every worker of a process made without one): what
+  runs under the id may then be that one's, and such a claim's lease runs
+  out as before.  Workers of different processes must not share an id.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
   the policy's maximum attempts), and so is a result that is not JSON (or
@@ -77,6 +111,7 @@ import socket
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
@@ -86,8 +121,10 @@ import attrs
 
 from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import duration_problem, identifier_problem, shown
+from fencekeeper.kernel.machines import OperationEvent
 
-from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore
+from ..store import RETRYABLE_STORE_CODES, StoreError
+from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore, OperationView
 from .service import (
     ActionFailed,
     DurableAction,
@@ -95,6 +132,7 @@ from .service import (
     DurableOperationError,
     EffectResult,
     EffectStatus,
+    ExternalEffectAdapter,
     PrincipalReference,
     PrincipalResolverRegistry,
     ResolutionStatus,
@@ -112,6 +150,12 @@ class WorkReport:
     outcome: str
     """A terminal outcome (``succeeded``, ``max_attempts_exceeded``, ...), ``retry``, or a refusal code."""
     detail: str = ""
+    resumed: bool = False
+    """The Attempt was taken up after an owner write of unknown outcome, once the store answered again.
+
+    ``detail`` then starts with ``resumed:`` and says whether the write (or the claim) had committed before
+    its answer was lost, was sent again now, or found its lease run out (outcome ``lease_expired``).
+    """
 
 
 # A stored reference's parse is a pure function of its text (a frozen value): made once per text.
@@ -136,6 +180,77 @@ _REMEMBERED = 1000
 class _Pause:
     until: datetime
     length: timedelta
+
+
+_OwnerRequest = o.CompleteRequest | o.FailRequest | o.UnknownRequest | o.IntentRequest | o.HeartbeatRequest
+
+_RENEWAL_RETRY = 1.0
+"""Seconds before a heartbeat the store failed retryably is tried again (the lease is still running)."""
+
+
+@attrs.frozen
+class _Unfinished:
+    """An owner write whose outcome the store could not report: the worker's next pass takes it up first.
+
+    ``request`` is exactly what was sent.  ``send`` sends it again and goes
+    on with the Attempt from there, as the first sending would have (for an
+    atomic completion, the action runs again inside the new transaction; for
+    an intent or a renewal, the provider's call follows).  ``go_on`` is for
+    an intent the read shows committed: the rest of the Attempt, from the
+    Operation as read.  ``beats``: what follows calls the provider, so the
+    lease is renewed while it runs.
+    """
+
+    request: _OwnerRequest
+    send: Callable[[], WorkReport]
+    go_on: Callable[[o.Operation], WorkReport] | None = None
+    beats: bool = False
+
+    @property
+    def what(self) -> str:
+        """The request, in words, for the report."""
+        request = self.request
+        if isinstance(request, o.CompleteRequest):
+            return "completion"
+        if isinstance(request, o.FailRequest):
+            return f"failure ({request.error_code})"
+        if isinstance(request, o.UnknownRequest):
+            return "unknown outcome"
+        if isinstance(request, o.IntentRequest):
+            return "effect's intent"
+        return "lease renewal"
+
+
+@attrs.frozen
+class _Call:
+    """An external action's Attempt, as far as its provider's call: who calls, with what payload, by which plan."""
+
+    action: DurableAction
+    adapter: ExternalEffectAdapter
+    credential: o.Credential
+    authority: o.Authority
+    payload: Any
+    """What the action's handler built for the provider, once, before the intent."""
+    plan: o.EffectPlan
+    """The kernel's ``effect_plan`` for the Operation as claimed."""
+
+
+@attrs.frozen
+class _Namesakes:
+    """The workers of this process under one id that hold or may hold an Attempt now, and their lock."""
+
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    busy: weakref.WeakSet[DurableOperationWorker] = attrs.field(factory=weakref.WeakSet)
+
+
+_NAMESAKES: dict[str, _Namesakes] = {}
+"""By worker id: a claim of unknown outcome is looked up by id only where no other worker of it is busy."""
+_NAMESAKES_LOCK = threading.Lock()
+
+
+def _namesakes(worker_id: str) -> _Namesakes:
+    with _NAMESAKES_LOCK:
+        return _NAMESAKES.setdefault(worker_id, _Namesakes())
 
 
 def default_worker_id() -> str:
@@ -183,17 +298,49 @@ class DurableOperationWorker:
         """Rows whose claim was refused, passed over until their pause ends (the store's time)."""
         self._paused: _Pause | None = None
         """The worker's own pause after a refusal that named no row."""
+        self._unfinished: _Unfinished | None = None
+        """An owner write whose outcome the store could not report: the next pass takes it up before any claim."""
+        self._claim_lost = False
+        """A claim whose outcome the store could not report (or whose Attempt a failed read kept from beginning):
+        the next pass asks what runs under this worker."""
+        self._namesakes = _namesakes(self.worker_id)
 
     def run_once(self) -> WorkReport | None:
+        # Busy from before its claim until nothing of the pass is left to take up: while it is, what runs
+        # under this worker's id may be this worker's, and no namesake of the process takes it up.
+        with self._namesakes.lock:
+            self._namesakes.busy.add(self)
+        try:
+            return self._pass()
+        finally:
+            if self._unfinished is None and not self._claim_lost:
+                with self._namesakes.lock:
+                    self._namesakes.busy.discard(self)
+
+    def _pass(self) -> WorkReport | None:
+        # An Attempt this worker may still own, its lease running: taken up before any claim (or pause).
+        if self._unfinished is not None:
+            resumed = self._take_up(self._unfinished)
+            if resumed is not None:
+                return resumed
+        if self._claim_lost:
+            resumed = self._take_up_claim()
+            if resumed is not None:
+                return resumed
         if self._paused is not None and self.store.now() < self._paused.until:
             return None
         skip = self._passing_over()
         for _ in range(_REMEMBERED):
             # Passing over the rows this worker already reported: a pass ends with a claim, a report or None.
-            outcome = self.store.claim_next(
-                self.tenant, self.worker_id, self.lease, namespace=self.namespace, runs=self.actions.has,
-                **({"skip": skip} if skip else {}),
-            )
+            try:
+                outcome = self.store.claim_next(
+                    self.tenant, self.worker_id, self.lease, namespace=self.namespace, runs=self.actions.has,
+                    **({"skip": skip} if skip else {}),
+                )
+            except StoreError as exc:
+                # The claim may have committed: the next pass asks the store what runs under this worker.
+                self._claim_lost = exc.code in RETRYABLE_STORE_CODES
+                raise
             if not isinstance(outcome, ClaimRefused) or outcome.operation_id in skip:
                 break  # (a store that ignores ``skip``: the worker pauses below)
             if self._pass_over(outcome.operation_id):
@@ -214,7 +361,21 @@ class DurableOperationWorker:
         if not isinstance(outcome, o.Decision) or outcome.credential is None:
             # The claim ended the Operation by a limit (deadline, attempts, an unused approval's expiry).
             return _ended(operation, None)
-        return self._run(operation, outcome.credential)
+        return self._begin(operation, outcome.credential)
+
+    def _begin(self, operation: o.Operation, credential: o.Credential) -> WorkReport:
+        """Run the Attempt of ``credential``; a read the store fails before any write leaves it to the next pass.
+
+        Only a write is remembered as such (``_unfinished``); a StoreError without one came from a read before
+        the first write (the input, the time), so nothing of the Attempt happened, and the next pass finds it
+        as after a claim whose answer was lost.
+        """
+        try:
+            return self._run(operation, credential)
+        except StoreError as exc:
+            if exc.code in RETRYABLE_STORE_CODES and self._unfinished is None:
+                self._claim_lost = True
+            raise
 
     def _passing_over(self) -> frozenset[str]:
         """The refused rows whose pause has not ended, at the store's time (read only when there are some)."""
@@ -294,7 +455,8 @@ class DurableOperationWorker:
         authority = o.Authority(True, reference.ref)
         if self.before_effect is not None:
             self.before_effect(operation)
-        try:
+
+        def attempt() -> WorkReport:
             if action.effect_class is o.EffectClass.ATOMIC:
                 return self._atomic(action, credential, authority, payload)
             with self._heartbeats(credential):
@@ -303,9 +465,21 @@ class DurableOperationWorker:
                 else:
                     return self._external(action, operation, credential, authority, payload)
             return self._complete(credential, authority, result)
+
+        return self._classified(credential, attempt)
+
+    def _classified(self, credential: o.Credential, attempt: Callable[[], WorkReport]) -> WorkReport:
+        """``attempt()``, with what its action raises reported as the Attempt's failure."""
+        try:
+            return attempt()
         except ActionFailed as failure:
             return self._fail(credential, failure.code, retryable=failure.retryable, detail=str(failure))
         except Exception as exc:
+            if isinstance(exc, StoreError) and self._unfinished is not None:
+                # The worker's own write lost its answer (_send): no failure of the action, and none to send
+                # now.  Sent here, it could go through on another connection and end an Attempt whose result
+                # was in hand (the last one: the whole Operation) handler_error.
+                raise
             # A DurableOperationError included: one the handler's own code met (a follow-up submission refused, a
             # value canonical_json refused) is the handler's failure, not the worker's, as is an adapter's answer
             # that is no EffectResult (_answer); raised from here, it ended run_once with the Attempt still
@@ -336,13 +510,26 @@ class DurableOperationWorker:
     def _atomic(
         self, action: DurableAction, credential: o.Credential, authority: o.Authority, payload: Any
     ) -> WorkReport:
-        def write(context: GuardedContext) -> str:
-            return _result_json(action.handler(context, payload))
+        raised: list[BaseException] = []
 
-        outcome = self.store.complete(o.CompleteRequest(credential, authority), write)
-        if isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.DEADLINE_EXCEEDED:
-            return self._past_deadline(credential, outcome)
-        return self._report(credential, outcome)
+        def write(context: GuardedContext) -> str:
+            try:
+                return _result_json(action.handler(context, payload))
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+        def answered(outcome: o.Outcome) -> WorkReport:
+            if isinstance(outcome, o.Refusal) and outcome.code is o.RefusalCode.DEADLINE_EXCEEDED:
+                return self._past_deadline(credential, outcome)
+            return self._report(credential, outcome)
+
+        request = o.CompleteRequest(credential, authority)
+        # A StoreError the handler itself raised (a store of its own) is its failure, not a lost answer: the
+        # store's own loss of the transaction, a statement of the handler's included, is the store's error.
+        return self._send(
+            request, lambda: self.store.complete(request, write), answered, lost=lambda exc: exc not in raised
+        )
 
     def _external(
         self,
@@ -370,9 +557,22 @@ class DurableOperationWorker:
                 if found is not None:
                     return self._complete(credential, authority, found)
             raise
-        intent = self.store.record_intent(o.IntentRequest(credential))
+        call = _Call(action, adapter, credential, authority, request, plan)
+        intent = o.IntentRequest(credential)
+        return self._send(
+            intent,
+            lambda: self.store.record_intent(intent),
+            lambda outcome: self._intended(call, operation, outcome),
+            # Taken up (_take_up): the intent committed and only its answer was lost; the provider was never called.
+            go_on=lambda read: self._issue(call, _effect_id(read), renew=True),
+            beats=True,
+        )
+
+    def _intended(self, call: _Call, operation: o.Operation, intent: o.Outcome) -> WorkReport:
+        """What follows the store's answer to the intent: the provider's call, or what stands in for it."""
+        action, adapter, credential, authority = call.action, call.adapter, call.credential, call.authority
         if isinstance(intent, o.Refusal) and intent.code is o.RefusalCode.DEADLINE_EXCEEDED:
-            if plan is o.EffectPlan.RECONCILE and operation.effect_id is not None:
+            if call.plan is o.EffectPlan.RECONCILE and operation.effect_id is not None:
                 # No new call may start, but an earlier Attempt's call may have been applied: look, and record
                 # its success rather than end the Operation as if the provider had done nothing.  A claim past
                 # the deadline hands out an Attempt for exactly this look.
@@ -390,9 +590,12 @@ class DurableOperationWorker:
             return self._past_deadline(credential, intent)
         if not isinstance(intent, o.Decision):
             return self._report(credential, intent)
-        effect_id = intent.operation.effect_id
-        assert effect_id is not None
-        if plan is o.EffectPlan.RECONCILE:
+        return self._issue(call, _effect_id(intent.operation), renew=False)
+
+    def _issue(self, call: _Call, effect_id: str, *, renew: bool) -> WorkReport:
+        """The provider's call under a committed intent (``renew``: after a renewal, the intent's write being old)."""
+        action, adapter, credential, authority = call.action, call.adapter, call.credential, call.authority
+        if call.plan is o.EffectPlan.RECONCILE:
             # An earlier Attempt's issue may have been applied unanswered: look before repeating anything.
             settled = _answer(action, "reconcile", adapter.reconcile(effect_id))
             if settled is not None and settled.status is EffectStatus.SUCCEEDED:
@@ -405,11 +608,23 @@ class DurableOperationWorker:
             # fence N+1 owns it, N may not retry (seed 001, "Claims, leases, and fencing"): a guarded
             # write (a renewal, under the fence and the live lease, at the database's time) comes
             # between the answer and the call, or a replacement's own call could be repeated.
-            renewed = self.store.heartbeat(o.HeartbeatRequest(credential, self.lease))
-            if not isinstance(renewed, o.Decision):
-                return self._report(credential, renewed)
+            renew = True
+        if not renew:
+            return self._perform(call, effect_id)
+        renewal = o.HeartbeatRequest(credential, self.lease)
+
+        def renewed(outcome: o.Outcome) -> WorkReport:
+            if not isinstance(outcome, o.Decision):
+                return self._report(credential, outcome)
+            return self._perform(call, effect_id)
+
+        return self._send(renewal, lambda: self.store.heartbeat(renewal), renewed, beats=True)
+
+    def _perform(self, call: _Call, effect_id: str) -> WorkReport:
+        """Call the provider, once, and record its answer."""
+        action, adapter, credential, authority = call.action, call.adapter, call.credential, call.authority
         try:
-            outcome = adapter.perform(effect_id, request)
+            outcome = adapter.perform(effect_id, call.payload)
         except Exception as exc:
             # The call may have reached the provider before the adapter raised: an ambiguous answer like a
             # timeout, reconciled at once, and never a plain handler error a non-idempotent provider would
@@ -469,7 +684,8 @@ class DurableOperationWorker:
     # --- reporting ----------------------------------------------------------------------------
 
     def _complete(self, credential: o.Credential, authority: o.Authority, result: str) -> WorkReport:
-        return self._report(credential, self.store.complete(o.CompleteRequest(credential, authority, result)))
+        request = o.CompleteRequest(credential, authority, result)
+        return self._send(request, lambda: self.store.complete(request), lambda outcome: self._report(credential, outcome))
 
     def _fail(
         self,
@@ -482,9 +698,12 @@ class DurableOperationWorker:
         not_applied: bool = False,
     ) -> WorkReport:
         request = o.FailRequest(credential, code, retryable, not_authorized=denied, effect_not_applied=not_applied)
-        outcome = self.store.fail(request)
-        report = self._report(credential, outcome)
-        return attrs.evolve(report, detail=detail or report.detail)
+
+        def answered(outcome: o.Outcome) -> WorkReport:
+            report = self._report(credential, outcome)
+            return attrs.evolve(report, detail=detail or report.detail)
+
+        return self._send(request, lambda: self.store.fail(request), answered)
 
     def _past_deadline(self, credential: o.Credential, refusal: o.Refusal) -> WorkReport:
         """The store refused to let this Attempt start its effect past the overall deadline: end the Operation so.
@@ -496,7 +715,147 @@ class DurableOperationWorker:
         return self._fail(credential, "deadline_exceeded", retryable=True, detail=refusal.message)
 
     def _unknown(self, credential: o.Credential, detail: str) -> WorkReport:
-        return self._report(credential, self.store.outcome_unknown(o.UnknownRequest(credential, detail)))
+        request = o.UnknownRequest(credential, detail)
+        return self._send(
+            request, lambda: self.store.outcome_unknown(request), lambda outcome: self._report(credential, outcome)
+        )
+
+    # --- an owner write of unknown outcome ------------------------------------------------------
+
+    def _send(
+        self,
+        request: _OwnerRequest,
+        call: Callable[[], o.Outcome],
+        answered: Callable[[o.Outcome], WorkReport],
+        *,
+        lost: Callable[[StoreError], bool] = lambda exc: True,
+        go_on: Callable[[o.Operation], WorkReport] | None = None,
+        beats: bool = False,
+    ) -> WorkReport:
+        """``call()`` (the store's decision on ``request``), then ``answered`` with its outcome.
+
+        A retryable StoreError from ``call`` (one ``lost`` says is the store's) leaves the write's outcome
+        unknown: it is remembered for the next pass, and raised.  Only ``call`` is watched: a write that
+        ``answered`` makes is remembered by its own ``_send``.
+        """
+
+        def send() -> WorkReport:
+            try:
+                outcome = call()
+            except StoreError as exc:
+                if exc.code in RETRYABLE_STORE_CODES and lost(exc):
+                    self._unfinished = _Unfinished(request, send, go_on, beats)
+                raise
+            return answered(outcome)
+
+        return send()
+
+    def _take_up(self, unfinished: _Unfinished) -> WorkReport | None:
+        """Read the Operation of an owner write of unknown outcome, and finish that write if it is still this worker's.
+
+        Raises, still remembering it, while the store fails.  A report when the read shows the write
+        committed (nothing is written) or when the Attempt still runs under this credential, its lease live
+        on the store's clock (the write is sent again, and the Attempt goes on from there); None when anything
+        else holds the Operation now (nothing is written: the ordinary reclaim handles it).
+        """
+        credential = unfinished.request.credential
+        try:
+            view = self.store.view(credential.operation_id)
+        except MalformedRow:
+            # Damaged meanwhile: the claim that meets the row names it and passes over it.
+            self._unfinished = None
+            return None
+        now = self.store.now()
+        self._unfinished = None
+        if view is None:
+            return None
+        attempt = next((a for a in view.attempts if a.number == credential.fence), None)
+        if attempt is not None and attempt.worker_id == credential.worker_id and _ended_by(unfinished.request, attempt):
+            # Committed; only its answer was lost.
+            return self._resumed(
+                _settled(view, credential),
+                f"attempt {credential.fence}'s {unfinished.what} had committed before its answer was lost",
+            )
+        refusal = o.check_owner(view.operation, credential, now)
+        if refusal is not None and refusal.code is o.RefusalCode.LEASE_EXPIRED:
+            # Still this worker's Attempt, its lease run out while the store was away: the next claim's to record
+            # abandoned, as after a crash.  Said, so that the Attempt the store lost is not dropped in silence.
+            expired = view.operation.lease_expires_at
+            assert expired is not None
+            return self._resumed(
+                WorkReport(credential.operation_id, credential.fence, refusal.code.value),
+                f"attempt {credential.fence}'s lease ran out ({expired.isoformat()}) while it was away: nothing more "
+                f"is written under it, and the next claim replaces the attempt",
+            )
+        if refusal is not None:
+            # Another worker holds it, or a cancellation or a limit ended it: not this worker's any more, and
+            # nothing of it is written here.
+            return None
+        send: Callable[[], WorkReport] = unfinished.send
+        said = f"its {unfinished.what} is sent again"
+        if unfinished.go_on is not None and _intent_committed(view, credential):
+            # Only the intent's answer was lost: the provider has not been called, and is called now, once.
+            send = functools.partial(unfinished.go_on, view.operation)
+            said = "its effect's intent had committed: the provider is called now"
+        if unfinished.beats:
+            send = functools.partial(self._beating, credential, send)
+        return self._resumed(
+            self._classified(credential, send),
+            f"attempt {credential.fence} still runs under this worker's lease; {said}",
+        )
+
+    def _take_up_claim(self) -> WorkReport | None:
+        """Run the Attempt a claim of unknown outcome committed, if the store shows one this worker holds.
+
+        The claim names no Operation before it commits, so the store is asked which of the tenant's
+        Operations run under this worker's id (``running_under``; with a store without it, or another worker
+        of this process under the same id busy, nothing is taken up, and such a claim's lease runs out as
+        after a crash).  Of those whose lease is live on the store's clock, the one claimed last is run from
+        its start under the credential the read shows: nothing of that Attempt was done, since this worker
+        never had the claim's answer.  Raises, still asking, while the store fails.
+        """
+        lookup = getattr(self.store, "running_under", None)
+        with self._namesakes.lock:
+            # Held until the choice is made: a namesake that starts a pass meanwhile claims only after it.
+            if lookup is None or set(self._namesakes.busy) != {self}:
+                # Another worker of this process has this id and is busy (the Python default id is the host and
+                # process): what runs under it may be that one's, running now.  Nothing is taken up, and such a
+                # claim's lease runs out, as after a crash.
+                self._claim_lost = False
+                return None
+            found: list[str] = lookup(self.tenant, self.worker_id, namespace=self.namespace)
+            live: list[o.Operation] = []
+            for operation_id in found:
+                try:
+                    view = self.store.view(operation_id)
+                except MalformedRow:
+                    continue  # the claim that meets the row names it and passes over it
+                if view is not None:
+                    live.append(view.operation)
+            now = self.store.now()
+            self._claim_lost = False
+        mine = [
+            operation for operation in live
+            if o.check_owner(operation, o.Credential(operation.operation_id, self.worker_id, operation.fence), now) is None
+        ]  # fmt: skip
+        if not mine:
+            return None  # not committed, or no longer this worker's: the claims go on as usual
+        operation = max(mine, key=lambda op: (op.attempt_started_at or now, op.fence))
+        credential = o.Credential(operation.operation_id, self.worker_id, operation.fence)
+        self._refused.pop(operation.operation_id, None)
+        return self._resumed(
+            self._begin(operation, credential),
+            f"attempt {credential.fence}'s claim had committed before its answer was lost: the attempt runs now",
+        )
+
+    def _beating(self, credential: o.Credential, body: Callable[[], WorkReport]) -> WorkReport:
+        with self._heartbeats(credential):
+            return body()
+
+    @staticmethod
+    def _resumed(report: WorkReport, said: str) -> WorkReport:
+        detail = f"resumed: the store answers again and {said}"
+        return attrs.evolve(report, detail=f"{detail}; {report.detail}" if report.detail else detail, resumed=True)
 
     @staticmethod
     def _report(credential: o.Credential, outcome: o.Outcome) -> WorkReport:
@@ -528,12 +887,15 @@ class _Heartbeat:
         self.credential: o.Credential | None = None
         self.generation = 0
         self.busy = False
+        self.failing = False
+        """The last renewal failed retryably: the next one is tried sooner."""
         self.thread: threading.Thread | None = None
 
     def start(self, credential: o.Credential) -> None:
         with self.changed:
             self.credential = credential
             self.generation += 1
+            self.failing = False
             if self.thread is None or not self.thread.is_alive():  # not yet, ended idle, or lost in a fork
                 self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self.thread.start()
@@ -556,15 +918,22 @@ class _Heartbeat:
                         return
                     continue
                 credential, generation = self.credential, self.generation
-                due = time.monotonic() + self.interval
+                due = time.monotonic() + (min(self.interval, _RENEWAL_RETRY) if self.failing else self.interval)
                 while self.generation == generation and (left := due - time.monotonic()) > 0:
                     self.changed.wait(left)
                 if self.generation != generation:
                     continue
                 self.busy = True
                 self.changed.release()
+                self.failing = False
                 try:
                     renewed = isinstance(self.store.heartbeat(o.HeartbeatRequest(credential, self.lease)), o.Decision)
+                except StoreError as exc:
+                    if exc.code not in RETRYABLE_STORE_CODES:
+                        traceback.print_exc()
+                    # The store is away for a moment (a lost connection, a busy file): the lease still runs, so
+                    # renewing goes on, a second later.  Given up, a blip ran a long action's lease out under it.
+                    renewed = self.failing = exc.code in RETRYABLE_STORE_CODES
                 except Exception:
                     renewed = False
                     traceback.print_exc()  # as the thread's own death printed it: renewing this action stops
@@ -652,6 +1021,38 @@ def _result_json(value: Any) -> str:
         if problem is not None:
             raise ValueError(problem)
     return text
+
+
+def _ended_by(request: _OwnerRequest, attempt: o.Attempt) -> bool:
+    """Whether ``attempt`` ended as ``request`` ends it (an intent or a renewal ends no Attempt)."""
+    if isinstance(request, o.CompleteRequest):
+        return attempt.state is o.AttemptState.SUCCEEDED
+    if isinstance(request, o.FailRequest):
+        return attempt.state is o.AttemptState.FAILED and attempt.error_code == request.error_code
+    if isinstance(request, o.UnknownRequest):
+        return attempt.state is o.AttemptState.OUTCOME_UNKNOWN
+    return False
+
+
+def _settled(view: OperationView, credential: o.Credential) -> WorkReport:
+    """The report of a write that ended the Attempt of ``credential``, from the Operation as read."""
+    if view.operation.fence == credential.fence:
+        return _ended(view.operation, credential.fence)
+    # Retried, and claimed again since: this Attempt's end was a retry.
+    return WorkReport(view.operation.operation_id, credential.fence, "retry", f"claimed again as attempt {view.operation.fence}")
+
+
+def _effect_id(operation: o.Operation) -> str:
+    """The effect id of an Operation whose intent is committed (the intent sets it, and nothing clears it)."""
+    assert operation.effect_id is not None
+    return operation.effect_id
+
+
+def _intent_committed(view: OperationView, credential: o.Credential) -> bool:
+    """Whether the history holds the effect's intent recorded under ``credential``'s fence (only its owner records one)."""
+    return any(
+        t.event is OperationEvent.RECORD_INTENT and t.fence == credential.fence for t in view.history
+    )
 
 
 def _ended(operation: o.Operation, attempt: int | None) -> WorkReport:

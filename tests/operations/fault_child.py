@@ -12,7 +12,9 @@
   atomic action that prints ``INSIDE`` after its writes and pauses half a
   second inside the transaction (the test stops it there), then returns;
   prints the report's outcome.  On PostgreSQL its sessions are ended by the
-  server after IDLE seconds idle in a transaction;
+  server after IDLE seconds idle in a transaction: the completion's answer
+  is lost, the pass raises (printed ``LOST`` and the code), and a second
+  pass takes it up, as ``op worker``'s loop does, before the report;
 - ``submit START``: waits until the epoch second START, submits one fixed
   identity and prints ``operation_id created``.
 """
@@ -36,6 +38,7 @@ from fencekeeper.adapters.operations.service import (
     PrincipalReference,
 )
 from fencekeeper.adapters.operations.worker import DurableOperationWorker
+from fencekeeper.adapters.store import StoreError
 from fencekeeper.kernel.operations import EffectClass
 
 TENANT = "default"
@@ -97,7 +100,11 @@ def main(mode: str, url: str, *rest: str) -> None:
             store, DurableActionRegistry((pausing,)), resolvers, tenant=TENANT, worker_id="stalled",
             lease=timedelta(seconds=1),
         )
-        report = worker.run_once()
+        try:
+            report = worker.run_once()
+        except StoreError as exc:
+            print("LOST", exc.code, flush=True)
+            report = worker.run_once()
         print("REPORT", None if report is None else report.outcome, flush=True)
         return
     if mode == "stop-before":
