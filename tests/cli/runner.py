@@ -84,3 +84,15 @@ def catches(pid: int, number: int) -> bool:
     status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
     caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
     return bool(int(caught, 16) >> (number - 1) & 1)
+
+
+def end_sessions(dsn: str, application: str) -> int:
+    """End every PostgreSQL session named ``application`` (libpq's PGAPPNAME), as an administrator would; how many."""
+    import psycopg  # noqa: PLC0415 - only the PostgreSQL tests need it, and it is slow to import
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (application,)
+        ).fetchone()
+    assert found is not None
+    return int(found[0])

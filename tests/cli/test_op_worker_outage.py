@@ -25,22 +25,13 @@ import psycopg
 
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableOperationService, PrincipalReference
-from tests.cli.runner import FENCEKEEPER, environment
+from tests.cli.runner import FENCEKEEPER, end_sessions, environment
 from tests.operations import outage_actions
 
 BATCH = 30
 BATCHES = 5
 PRINCIPAL = PrincipalReference.parse("users:v1:operator")
 REPORT = re.compile(r"(?P<worker>\S+): (?P<operation>op-\w+) attempt (?P<attempt>\d+): (?P<outcome>\w+)(?:: (?P<detail>.*))?")
-
-
-def _end_sessions(dsn: str, application: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        found = conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (application,)
-        ).fetchone()
-    assert found is not None
-    return int(found[0])
 
 
 def _count(dsn: str, sql: str) -> dict[str, int]:
@@ -96,7 +87,7 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
                 assert time.monotonic() < deadline, f"not ended: {outcomes}; {lines[-5:]}"
                 if time.monotonic() >= next_kill:
                     # Often enough to land inside attempts, seldom enough for the worker to get work done between.
-                    ended += _end_sessions(pg_dsn, application)
+                    ended += end_sessions(pg_dsn, application)
                     next_kill = time.monotonic() + 0.4
                 time.sleep(0.02)
             if batch >= 1 and any(": resumed: " in line for line in lines):

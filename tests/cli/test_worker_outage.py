@@ -24,22 +24,13 @@ from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
-from tests.cli.runner import EXAMPLES, FENCEKEEPER, environment
+from tests.cli.runner import EXAMPLES, FENCEKEEPER, end_sessions, environment
 
 PURCHASE = EXAMPLES / "purchase_approval.toml"
 BUSINESS = "default"
 PRINCIPAL = "user:operator"
 BATCH = 40
 BATCHES = 5
-
-
-def _end_sessions(dsn: str, application: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        found = conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (application,)
-        ).fetchone()
-    assert found is not None
-    return int(found[0])
 
 
 def _states(dsn: str, schema: str) -> dict[str, int]:
@@ -95,7 +86,7 @@ def test_a_worker_whose_connections_are_ended_mid_visit_finishes_every_execution
                 assert time.monotonic() < deadline, f"stranded: {_states(pg_dsn, pg_schema)}; {log[-5:]}"
                 if time.monotonic() >= next_kill:
                     # Often enough to land inside visits, seldom enough for the worker to get work done between.
-                    ended += _end_sessions(pg_dsn, application)
+                    ended += end_sessions(pg_dsn, application)
                     next_kill = time.monotonic() + 0.4
                 time.sleep(0.02)
             if any(entry["event"] == "resumed" for entry in log):
@@ -179,7 +170,7 @@ def test_a_worker_stopped_while_its_store_was_lost_mid_visit_finishes_the_visit_
             assert worker.poll() is None, worker.communicate()
             assert time.monotonic() < deadline, "the handler was never called"
             time.sleep(0.02)
-        assert _end_sessions(pg_dsn, application) >= 1
+        assert end_sessions(pg_dsn, application) >= 1
         worker.send_signal(signal.SIGTERM)
         stdout, stderr = worker.communicate(timeout=30)
     finally:
