@@ -226,7 +226,7 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
     alice = PrincipalReference("users", 1, "alice")
     first_decided = threading.Event()
     release = threading.Event()
-    written: list[bool] = []
+    written: dict[str, list[bool]] = {"first": [], "second": []}
     write = _PgOpsTx.write
 
     def held(self: _PgOpsTx, decision: Any, input_json: str | None) -> bool:
@@ -234,7 +234,8 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
             first_decided.set()
             assert release.wait(30)  # the first submission holds the identity's lock here
         result = write(self, decision, input_json)
-        written.append(result)
+        # By thread, not in order: the write carries its COMMIT, so the second may write before the first notes it.
+        written[threading.current_thread().name].append(result)
         return result
 
     monkeypatch.setattr(_PgOpsTx, "write", held)
@@ -244,10 +245,10 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
         answers[name] = service.submit(tenant="acme", principal=alice, action="noop", input={"n": 1}, client_key="k")
 
     try:
-        first = threading.Thread(target=submit, args=("first",))
+        first = threading.Thread(target=submit, args=("first",), name="first")
         first.start()
         assert first_decided.wait(30)
-        second = threading.Thread(target=submit, args=("second",))
+        second = threading.Thread(target=submit, args=("second",), name="second")
         second.start()
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             for _ in range(300):  # until the second one waits for the identity's advisory lock
@@ -268,7 +269,7 @@ def test_a_submission_that_waited_for_the_identity_finds_the_first_one(
         assert answers["first"].operation_id == answers["second"].operation_id
         # The second decided on a snapshot without the identity, its write was refused by the
         # identity's key (nothing written), and it decided again on the committed Operation.
-        assert written == [True, False]
+        assert written == {"first": [True], "second": [False]}
         assert store.application_execute("SELECT count(*) FROM operations") == [(1,)]
     finally:
         release.set()
