@@ -1175,8 +1175,11 @@ def check_workers(directory: Path, check: Callable[[str, str, list[str]], None])
     """
     problems: list[str] = []
     threads = 0
+    taken_up = 0
     for path in sorted(directory.glob(f"{WORKER_PREFIX}*.err")):
         lines = path.read_text(errors="replace").splitlines()
+        # An attempt whose write lost its answer, finished by its own worker once the store answered.
+        taken_up += sum(1 for line in lines if ": resumed: " in line)
         for number, line in enumerate(lines):
             if line.startswith("Exception in thread"):
                 threads += 1
@@ -1191,7 +1194,8 @@ def check_workers(directory: Path, check: Callable[[str, str, list[str]], None])
     check(
         "every worker kept working until it was stopped",
         f"{len(workers.get('started', []))} worker processes started; exits: "
-        + (", ".join(f"{w} {n}" for w, n in sorted(exits.items())) or "none"),
+        + (", ".join(f"{w} {n}" for w, n in sorted(exits.items())) or "none")
+        + f"; {taken_up} attempts taken up by their own worker after a lost answer",
         problems,
     )
 
