@@ -88,7 +88,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections import Counter
@@ -721,7 +720,11 @@ class Worker:
             self.worker_id, unfinished.lease_token, view.execution.fence
         )
         pending = next(
-            (held for held in (self._at.answered, self._at.intent) if held is not None and _committed_unsettled(view, held)),
+            (
+                held
+                for held in (self._at.answered, self._at.intent)
+                if held is not None and i.intent_as_planned(held.invoke, held.execution, view.execution, view.evidence)
+            ),
             None,
         )
         if pending is None:
@@ -1048,39 +1051,6 @@ LAPSED: Final = "lapsed"
 def _malformed(exc: StoreError) -> str | None:
     """The execution a ``malformed_row`` error names, if it names one."""
     return exc.execution_id if exc.code == MALFORMED_ROW else None
-
-
-def _committed_unsettled(view: VisitView, held: _Pending) -> bool:
-    """Whether ``view`` shows ``held``'s intent committed as planned and its Command not yet settled.
-
-    The attempt at its newest revision and the Command as issued, at the
-    execution revision it was planned on, and its node still current: the
-    intent this worker sent, nothing after it.  Anything else (an attempt
-    settled, a revision moved on) is planned afresh from the read.
-    """
-    if view.execution.revision != held.execution.revision:
-        return False
-    if view.execution.current_node_id != held.invoke.node.node_id:
-        return False
-    wanted = {item.object_id: item for item in held.invoke.evidence}
-    found = 0
-    for item in view.evidence:
-        planned = wanted.get(item.object_id)
-        if planned is None:
-            continue
-        if item.object_id == held.invoke.attempt.object_id:
-            planned = held.invoke.attempt
-        if (item.kind, item.revision, item.state) != (planned.kind, planned.revision, planned.state):
-            return False
-        if _canonical(item.body) != _canonical(planned.body):
-            return False
-        found += 1
-    return found == len(wanted)
-
-
-def _canonical(body: object) -> str:
-    """A body as JSON text, keys sorted: a body read back from a store has lists where a plan has tuples."""
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _issues_a_command(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:

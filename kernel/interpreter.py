@@ -754,6 +754,40 @@ def _local_command(
     return Invoke(node, command, running, (attempt, running, issued))
 
 
+def intent_as_planned(invoke: Invoke, planned: Execution, execution: Execution, evidence: Sequence[Evidence]) -> bool:
+    """Whether a read (``execution`` and its ``evidence``) shows ``invoke``'s intent committed, as planned, unsettled.
+
+    ``planned`` is the execution ``invoke`` was planned on.  True only where
+    the read is exactly the intent and nothing after it: the execution at
+    the revision it was planned on, its node still current, and every
+    evidence object the intent commits at the revision, state and body it
+    planned (the attempt at its newest, ``running``, revision).  This is
+    what lets a worker whose answer to the intent's ``COMMIT`` was lost call
+    the handler for it, once (specs/protocol.md, "A decision of unknown
+    outcome"; seed 000, local_command: the Command and its attempt exist
+    before invocation).  Anything else (an attempt settled or moved on, a
+    revision since, an object missing or different) is False, and the
+    visit is planned afresh from the read, which sends an unsettled Command
+    to reconciliation, never to its handler again.
+    """
+    if execution.revision != planned.revision or execution.current_node_id != invoke.node.node_id:
+        return False
+    wanted = {item.object_id: item for item in invoke.evidence}
+    wanted[invoke.attempt.object_id] = invoke.attempt
+    found = 0
+    for item in evidence:
+        intended = wanted.get(item.object_id)
+        if intended is None:
+            continue
+        if (item.kind, item.revision, item.state) != (intended.kind, intended.revision, intended.state):
+            return False
+        # Compared as the text a store writes: a body read back holds lists where a plan holds tuples.
+        if item.body_json() != intended.body_json():
+            return False
+        found += 1
+    return found == len(wanted)
+
+
 def settle(invoke: Invoke, result: CommandResult) -> Step | Finish:
     """What the Command's result commits: its outcome, the attempt's, and where the execution goes."""
     node, attempt = invoke.node, invoke.attempt
@@ -975,6 +1009,7 @@ __all__ = [
     "context_from_evidence",
     "current_node",
     "input_evidence",
+    "intent_as_planned",
     "plan_visit",
     "reconcile_command",
     "settle",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 
+import attrs
 import pytest
 
 from fencekeeper.adapters import service
@@ -515,6 +517,65 @@ def test_a_command_node_with_an_unsettled_earlier_attempt_issues_nothing_and_goe
     assert plan.error_code == "command_unsettled"
     # Nothing of this visit is written: no attempt, no Command, no step.
     assert plan.step is None and plan.evidence == ()
+
+
+def _read_back(item: Evidence) -> Evidence:
+    """``item`` as a store hands it back: its body through JSON (lists where the plan has tuples)."""
+    return Evidence(item.object_id, item.kind, json.loads(item.body_json()), item.revision, item.state)
+
+
+def _intent_and_read() -> tuple[i.Invoke, p.Execution, list[Evidence]]:
+    definition = parse_definition(WAITER, "waiter.toml")
+    plan = _planned("poll", definition=definition, inputs={"order_id": "o-1"}, outputs={})
+    assert isinstance(plan, i.Invoke)
+    planned = p.Execution("e-1", BUSINESS, ExecutionState.RUNNING, 3, "waiter", 1, "poll", 1, 1)
+    # A read holds each object at its newest revision, and the execution's other evidence beside it.
+    newest = {item.object_id: item for item in plan.evidence}
+    admitted = Evidence("e-1/input", i.EXECUTION_INPUT, {"order_id": "o-1"})
+    return plan, planned, [_read_back(admitted), *(_read_back(item) for item in newest.values())]
+
+
+def test_a_read_of_exactly_the_planned_intent_lets_its_command_be_sent() -> None:
+    # specs/protocol.md, "A decision of unknown outcome": an intent whose COMMIT's answer was lost is sent to
+    # its handler once, only where the read is that intent and nothing after it.
+    plan, planned, read = _intent_and_read()
+    assert i.intent_as_planned(plan, planned, planned, read)
+    assert i.intent_as_planned(plan, planned, planned, list(reversed(read)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["execution revision", "current node", "attempt settled", "command settled", "command missing",
+     "attempt missing", "payload", "attempt state", "kind"],
+)
+def test_a_read_that_differs_from_the_planned_intent_in_anything_is_planned_afresh(change: str) -> None:
+    # Planned afresh, an unsettled Command goes to reconciliation: never to its handler a second time.
+    plan, planned, read = _intent_and_read()
+    execution = planned
+    attempt = next(n for n, item in enumerate(read) if item.object_id == plan.attempt.object_id)
+    command = next(n for n, item in enumerate(read) if item.object_id == plan.command.command_id)
+    if change == "execution revision":
+        execution = attrs.evolve(planned, revision=planned.revision + 1)
+    elif change == "current node":
+        execution = attrs.evolve(planned, current_node_id="await")
+    elif change == "attempt settled":
+        read[attempt] = read[attempt].next("completed", {"outputs": {"ref": "r-1"}})
+    elif change == "command settled":
+        read[command] = read[command].next("succeeded", {"status": "succeeded"})
+    elif change == "command missing":
+        del read[command]
+    elif change == "attempt missing":
+        del read[attempt]
+    elif change == "payload":
+        item = read[command]
+        read[command] = Evidence(item.object_id, item.kind, {**item.body, "payload": {"x": 1}}, item.revision, item.state)
+    elif change == "attempt state":
+        item = read[attempt]
+        read[attempt] = Evidence(item.object_id, item.kind, item.body, item.revision, "pending")
+    else:
+        item = read[command]
+        read[command] = Evidence(item.object_id, "Other", item.body, item.revision, item.state)
+    assert not i.intent_as_planned(plan, planned, execution, read)
 
 
 @pytest.mark.parametrize(("length", "revision"), [(10, 7), (125, 7), (126, 7), (128, 7), (128, 12345)])
