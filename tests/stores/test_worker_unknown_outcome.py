@@ -299,6 +299,25 @@ def test_events_say_what_was_taken_up(tmp_path: Path) -> None:
 
 
 
+def test_an_unsettled_command_the_worker_cannot_account_for_goes_to_reconciliation_never_to_its_handler(
+    any_store: TransactionalStore,
+) -> None:
+    # The intent committed and its answer was lost, and the worker holds nothing of it (no answer, no intent of
+    # its own waiting): the read is planned afresh, and the unsettled Command is reconciled, not sent.
+    handler, seen = Handler(), []
+    store = Lossy(any_store, "append_evidence", committed=True, composed=False)
+    worker = Worker(store, "w-1", POLICY, handler, on_event=lambda _x, what, _d: seen.append(what))  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        worker.run_pass()
+    assert worker.holds_unfinished()
+    worker._at.intent = None  # what a worker that kept nothing of its intent would hold
+    worker.run_pass()
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.RECONCILIATION_REQUIRED
+    assert view.dispatch.last_error_code == i.Reason.COMMAND_UNSETTLED.value
+    assert handler.executed == [] and "resumed" in seen and view.execution.fence == 1
+
+
 UNFINISHED = (ExecutionState.ELIGIBLE, ExecutionState.RUNNING)
 
 
