@@ -26,6 +26,7 @@ tried again rather than given up.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -503,3 +504,70 @@ def test_a_claim_lost_while_a_namesake_of_the_process_is_busy_is_not_taken_up(wo
     report = namesake.run_once()
     assert report is not None and (report.operation_id, report.outcome, report.resumed) == (held, "succeeded", True)
     assert attempts(the_view(world, held)) == [(1, "w1", "succeeded")]
+
+
+class Told:
+    """An adapter that notes each call to the provider in ``said`` (the store's calls, as a Lossy store notes them)."""
+
+    def __init__(self, inner: examples.PaymentCaptureAdapter, said: list[str]) -> None:
+        self.inner = inner
+        self.said = said
+        self.idempotent = inner.idempotent
+
+    def perform(self, effect_id: str, payload: Any) -> Any:
+        self.said.append("perform")
+        return self.inner.perform(effect_id, payload)
+
+    def reconcile(self, effect_id: str) -> Any:
+        self.said.append("reconcile")
+        return self.inner.reconcile(effect_id)
+
+
+@pytest.mark.parametrize("plan", ["perform", "reconcile"])
+def test_an_intent_taken_up_renews_the_lease_before_the_call_whatever_the_plan(world: World, plan: str) -> None:
+    # The intent committed and its answer was lost: the provider's call comes after a renewal under the fence
+    # (the intent's own write is old by then), and, when an earlier issue is unanswered, after the look.
+    lossy = Lossy(world.store, "record_intent", when="after")
+    counted = Counted(world, attempts=2, adapter=Told(world.adapter, lossy.calls))
+    op_id = submit(world, counted, "capture")
+    if plan == "reconcile":
+        world.provider.mode = "timeout"  # attempt 1's call: unanswered, and nothing captured
+        first = worker(world, world.store, counted).run_once()
+        assert first is not None and first.outcome == "retry", first
+        world.provider.mode = "ok"
+        world.clock.advance(timedelta(minutes=1))
+    lost = worker(world, lossy, counted)
+    with pytest.raises(StoreError):
+        lost.run_once()
+    assert lossy.lost == 1 and lossy.calls[-1] == "record_intent", lossy.calls
+    lossy.calls.clear()
+    report = lost.run_once()
+    assert report is not None and (report.outcome, report.resumed) == ("succeeded", True), report
+    assert "its effect's intent had committed: the provider is called now" in report.detail, report.detail
+    looked = ["reconcile"] if plan == "reconcile" else []
+    assert lossy.calls == ["view", "now", *looked, "heartbeat", "perform", "complete"], lossy.calls
+    view = the_view(world, op_id)
+    intents = [t.fence for t in view.history if t.event is not None and t.event.value == "record_intent"]
+    assert intents == ([1, 2] if plan == "reconcile" else [1]), intents  # the lost one not sent again
+    assert attempts(view)[-1] == (2 if plan == "reconcile" else 1, "w1", "succeeded")
+
+
+def test_a_lost_claim_takes_up_the_last_attempt_claimed_under_the_id(world: World) -> None:
+    # Two Operations run under w1 with live leases: one a worker gave up (made again, its claim lost too),
+    # and the one the claim whose answer was just lost made.  Only the one claimed last is this claim's.
+    counted = Counted(world)
+    older = submit(world, counted, "echo")
+    given_up = worker(world, Lossy(world.store, "claim_next", when="after"), counted)
+    with pytest.raises(StoreError):
+        given_up.run_once()
+    del given_up
+    gc.collect()  # no longer a busy namesake of the process
+    world.clock.advance(timedelta(seconds=1))
+    newer = submit(world, counted, "echo", key="k2")
+    lossy = Lossy(world.store, "claim_next", when="after")
+    reports, raised = drain(worker(world, lossy, counted).run_once)
+    assert raised == 1 and lossy.calls.count("running_under") == 1, lossy.calls
+    assert [(r.operation_id, r.attempt, r.outcome, r.resumed) for r in reports] == [(newer, 1, "succeeded", True)]
+    assert attempts(the_view(world, newer)) == [(1, "w1", "succeeded")]
+    # The older one is left to its lease, as after a crash: nothing of it was run under this worker's claim.
+    assert attempts(the_view(world, older)) == [(1, "w1", "running")] and counted.calls == 1
