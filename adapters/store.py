@@ -828,10 +828,12 @@ class TransactionalStore(abc.ABC):
     def leased_to(self, worker_id: str, lease_token: str) -> str | None:
         """The execution running under the lease ``lease_token`` of ``worker_id`` now, or None.
 
-        Read only by a worker a KeyboardInterrupt or SystemExit stopped inside
-        its claim (:meth:`~fencekeeper.adapters.worker.Worker.run_pass`): the
-        claim may have committed, and the worker knows the token it asked
-        for, not the execution it got.  Tokens are fresh per claim, so at
+        Read only by a worker whose claim may have committed without its
+        answer reaching it: a KeyboardInterrupt or SystemExit stopped it
+        inside the claim (:meth:`~fencekeeper.adapters.worker.Worker.run_pass`),
+        or the store failed it retryably and the next pass takes it up
+        (:meth:`~fencekeeper.adapters.worker.Worker.take_up`).  The worker
+        knows the token it asked for, not the execution it got.  Tokens are fresh per claim, so at
         most one execution holds one.  This default reads every running
         execution; the stores ask their index of claimed rows.
         """

@@ -45,9 +45,10 @@ Rules of this module:
 - One that lands inside the claim call, after its transaction committed
   and before the worker holds the credential it returns, is handled the
   same way: the worker asks the store which execution runs under the token
-  it asked for (``leased_to``, read on that way out only, never in a pass)
-  and hands that lease back.  What is left to expire: a lease whose claim
-  composed a Command's intent, as above; and one the store could not name
+  it asked for (``leased_to``, read on that way out, and by the next pass
+  after a claim of unknown outcome, below) and hands that lease back.
+  What is left to expire: a lease whose claim composed a Command's
+  intent, as above; and one the store could not name
   (it was down, or is a wrapper without ``leased_to``), whose execution a
   quarantine sweep sends to review once the lease has run out, nothing
   lost or run twice.
@@ -417,7 +418,7 @@ class Worker:
                 )
             except (KeyboardInterrupt, SystemExit) as exc:
                 # Inside the claim: its transaction may have committed, and only the store knows what
-                # it claimed.  Looked up by the token asked for, here and never on the way in.
+                # it claimed.  Looked up by the token asked for (_let_go_of_claim).
                 self._let_go_of_claim(request, exc)
                 raise
             except StoreError as exc:
