@@ -299,6 +299,22 @@ def test_events_say_what_was_taken_up(tmp_path: Path) -> None:
 
 
 
+@pytest.mark.parametrize(("call", "first"), [("claim_and_visit", ["leased_to", "read_for_visit"]), ("append_evidence", ["read_for_visit"])])
+def test_the_pass_after_a_loss_reads_the_execution_before_any_timer_or_claim(
+    any_store: TransactionalStore, call: str, first: list[str]
+) -> None:
+    # A claim of unknown outcome is looked up by its token first; a visit's, read by its execution's id.
+    store = Lossy(any_store, call, committed=True, composed=False)
+    worker = Worker(store, "w-1", POLICY, Handler())  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        worker.run_pass()
+    lost = len(store.calls)  # (kept, not cleared: the Lossy store counts calls to find the one it loses)
+    worker.run_pass()
+    after = store.calls[lost:]
+    assert after[: len(first)] == first, after
+    assert "due_wakes" in after and "claim_and_visit" in after, after
+
+
 def test_an_unsettled_command_the_worker_cannot_account_for_goes_to_reconciliation_never_to_its_handler(
     any_store: TransactionalStore,
 ) -> None:
