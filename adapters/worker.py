@@ -53,8 +53,9 @@ Rules of this module:
   quarantine sweep sends to review once the lease has run out, nothing
   lost or run twice.
 - A decision whose outcome the store could not report (its connection was
-  lost, or a lock or a busy file failed it: a retryable ``StoreError``)
-  may have committed or not.  The worker remembers what it held
+  lost: a retryable ``StoreError``) may have committed or not; one a lock
+  or a busy file failed (the other retryable codes) wrote nothing, and is
+  treated the same, the read telling.  The worker remembers what it held
   (:class:`_Unfinished`) and raises; the next pass, once the store answers
   again, starts with it before claiming anything: it reads the execution
   afresh and goes on only where the read shows it running under this very

@@ -43,10 +43,11 @@ external effects, history, and retention).  Rules of this module:
   store fails retryably (a lost connection) is tried again a second later,
   not given up: the lease still runs.
 - An owner write whose outcome the store could not report (its connection
-  was lost, or a lock or a busy file failed it: a retryable ``StoreError``)
-  may have committed or not.  The worker remembers the request, exactly as
-  sent, with what it needs to send it again (:class:`_Unfinished`), and
-  raises (never taken for the action's own failure: no ``handler_error``
+  was lost: a retryable ``StoreError``) may have committed or not; one a
+  lock or a busy file failed (the other retryable codes) wrote nothing,
+  and is treated the same, the read telling.  The worker remembers the
+  request, exactly as sent, with what it needs to send it again
+  (:class:`_Unfinished`), and raises (never taken for the action's own failure: no ``handler_error``
   is sent for it); its next pass, before it claims anything, reads that
   Operation.  Where the read shows the request committed (its Attempt ended as the
   request ends it), the outcome is reported and nothing is written.  Where
