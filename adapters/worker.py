@@ -733,6 +733,9 @@ class Worker:
             self._at.intent = self._at.answered = None
         if unfinished.execution_id is None:
             report.claimed.append(execution_id)
+        # Before the event: a stopping worker's hook hands the lease back on it unless a Command is pending
+        # (hands_back_after), instead of running the next visit first.
+        self._at.holding = execution_id if pending is not None else None
         self._tell(
             execution_id,
             "resumed",
@@ -742,7 +745,6 @@ class Worker:
                   else "was not yet sent: it is sent now")),
             fence=credential.fence,
         )
-        self._at.holding = execution_id if pending is not None else None
         try:
             self._drive_guarded(execution_id, credential, report, view, (), pending=pending)
         except StoreError as exc:
@@ -775,13 +777,14 @@ class Worker:
     def hands_back_after(self, execution_id: str, what: str) -> bool:
         """Whether a stopping worker's hook should hand ``execution_id``'s lease back after the event ``what``.
 
-        After a committed claim or step (``claimed``, ``step``), once the
-        worker is stopping, so that another worker continues at once; not
-        while :meth:`holds_command`, since the Command's result comes next
-        and its ``step`` hands the lease back then.  ``fencekeeper worker``
-        and ``WorkerPool`` both ask this, so they hand back at the same points.
+        After a committed claim or step (``claimed``, ``step``), or a lease
+        taken up after a lost answer (``resumed``), once the worker is
+        stopping, so that another worker continues at once; not while
+        :meth:`holds_command`, since the Command's result comes next and its
+        ``step`` hands the lease back then.  ``fencekeeper worker`` and
+        ``WorkerPool`` both ask this, so they hand back at the same points.
         """
-        return what in ("claimed", "step") and self.stopping() and not self.holds_command(execution_id)
+        return what in ("claimed", "resumed", "step") and self.stopping() and not self.holds_command(execution_id)
 
     def _let_go(self, execution_id: str, credential: p.LeaseCredential, exc: BaseException) -> None:
         """Hand back the lease of a visit a KeyboardInterrupt or SystemExit ended outside the handler, if safe.

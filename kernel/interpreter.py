@@ -764,8 +764,8 @@ def intent_as_planned(invoke: Invoke, planned: Execution, execution: Execution, 
     planned (the attempt at its newest, ``running``, revision).  This is
     what lets a worker whose answer to the intent's ``COMMIT`` was lost call
     the handler for it, once (specs/protocol.md, "A decision of unknown
-    outcome"; seed 000, local_command: the Command and its attempt exist
-    before invocation).  Anything else (an attempt settled or moved on, a
+    outcome"; seed 000, Fenced Execution Finalization: "Stable Command
+    identity must exist before invocation").  Anything else (an attempt settled or moved on, a
     revision since, an object missing or different) is False, and the
     visit is planned afresh from the read, which sends an unsettled Command
     to reconciliation, never to its handler again.
