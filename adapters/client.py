@@ -364,7 +364,7 @@ class Client:
         self.business = _identifier("business", business)
         self.principal = _identifier("principal", principal)
         self._pools: builtins.list[WorkerPool] = []
-        self._held: builtins.list[Worker] = []
+        self._held: builtins.list[tuple[Worker, _StopSwitch | None]] = []
         self._held_lock = threading.Lock()
 
     def _made_work(self) -> None:
@@ -1010,11 +1010,16 @@ class Client:
         """
         if not isinstance(max_passes, int) or isinstance(max_passes, bool) or max_passes < 1:
             raise RequestError(RequestCode.INVALID_ARGUMENT, "max_passes", f"must be a positive int, got {shown(max_passes)}")
-        worker = self._held_worker() if stop is None else None
-        if worker is None:
-            worker = self.worker(worker_id, lease=lease)
-        if stop is not None:
-            _hand_back_on_stop(worker, stop.is_set)
+        worker, switch = self._held_worker() or (self.worker(worker_id, lease=lease), None)
+        if stop is not None or switch is not None:
+            # A held worker keeps the hook an earlier call gave it (with the lease token it remembers), asked
+            # about this call's stop instead: one hook per worker, however many calls it serves.
+            stopping = (lambda: False) if stop is None else stop.is_set
+            if switch is None:
+                switch = _StopSwitch(stopping)
+                _hand_back_on_stop(worker, switch)
+            else:
+                switch.stopping = stopping
         total = PassReport()
         for _ in range(max_passes):
             if stop is not None and stop.is_set():
@@ -1023,18 +1028,19 @@ class Client:
                 with translated():
                     report = worker.run_pass()
             except StoreFailure:
-                if stop is None and worker.holds_unfinished():
+                if worker.holds_unfinished() and not (stop is not None and stop.is_set()):
                     # Its lease may still be live: the next call goes on with it (specs/protocol.md, "A
-                    # decision of unknown outcome") instead of leaving it to expire into review.
+                    # decision of unknown outcome") instead of leaving it to expire into review.  A call
+                    # that was asked to stop (cancelled, or its client closing) leaves it to expire.
                     with self._held_lock:
-                        self._held.append(worker)
+                        self._held.append((worker, switch))
                 raise
             _add(total, report)
             if not report.claimed and not report.timers_fired:
                 break
         return total
 
-    def _held_worker(self) -> Worker | None:
+    def _held_worker(self) -> tuple[Worker, _StopSwitch | None] | None:
         """A worker an earlier :meth:`run_until_idle` left holding a lease of unknown outcome, to go on with."""
         with self._held_lock:
             return self._held.pop() if self._held else None
@@ -1216,6 +1222,18 @@ class WorkerPool:
                 self.passes += 1
             if not report.claimed and not report.timers_fired:
                 self._idle(self.poll)
+
+
+class _StopSwitch:
+    """What a worker's stop hook asks: re-pointed when a worker held after a lost answer serves another call."""
+
+    __slots__ = ("stopping",)
+
+    def __init__(self, stopping: Callable[[], bool]) -> None:
+        self.stopping = stopping
+
+    def __call__(self) -> bool:
+        return self.stopping()
 
 
 def _hand_back_on_stop(

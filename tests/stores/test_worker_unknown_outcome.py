@@ -18,6 +18,7 @@ out or passed to another worker meanwhile is left alone.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from fencekeeper.adapters import cli, service
+from fencekeeper.adapters.aio import AsyncClient
 from fencekeeper.adapters.client import Client, _hand_back_on_stop
 from fencekeeper.adapters.errors import StoreFailure
 from fencekeeper.adapters.memory import MemoryStore
@@ -368,6 +370,28 @@ def test_run_until_idle_goes_on_with_what_a_failed_call_held(any_store: Transact
     assert view is not None and view.execution.state == ExecutionState.SUCCEEDED and view.execution.fence == 1
     assert {t.actor for t in view.history if t.event == ExecutionEvent.FINALIZE_SUCCEEDED} == {"w-1"}
     assert client.run_until_idle().claimed == []  # nothing held any more
+
+
+def test_the_asyncio_run_until_idle_goes_on_with_what_a_failed_call_held(any_store: TransactionalStore) -> None:
+    # The asyncio client's calls run the sync client's passes in threads, each with a stop of its own (for
+    # cancellation): the held worker keeps its one stop hook, asked about the next call's stop.
+    handler = Handler()
+    store = Lossy(any_store, "append_evidence", nth=2, committed=True, composed=False)
+    client = AsyncClient(Client(store, policy=POLICY, handler=handler, business=BUSINESS, principal=PRINCIPAL))  # type: ignore[arg-type]
+
+    async def scenario() -> tuple[StoreFailure, PassReport, PassReport]:
+        with pytest.raises(StoreFailure) as failed:
+            await client.run_until_idle(worker_id="w-1")
+        report = await client.run_until_idle(worker_id="w-9")  # the held worker goes on first, as w-1
+        return failed.value, report, await client.run_until_idle()
+
+    failure, report, after = asyncio.run(scenario())
+    assert failure.code.value == "store_unavailable"
+    assert report.claimed == ["x-1"] and report.finished["succeeded"] == 1 and after.claimed == []
+    assert handler.executed == ["order.first", "order.second"]
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.SUCCEEDED and view.execution.fence == 1
+    assert {t.actor for t in view.history if t.event == ExecutionEvent.FINALIZE_SUCCEEDED} == {"w-1"}
 
 
 @pytest.mark.parametrize("committed", [False, True], ids=["lost-before-commit", "lost-after-commit"])
