@@ -693,14 +693,17 @@ def _take_up_on_stop(worker: Worker) -> PassReport | None:
     as after any visit of a stopping worker.  A store still failing after
     :data:`STOP_TAKE_UP_WAITS` leaves the lease to expire, for the sweep: a
     stopping process does not wait out an outage (a second signal ends it at
-    once anyway).
+    once anyway).  Any other error is raised, for the command's summary
+    to name, as an error in a pass is.
     """
     waits: tuple[float | None, ...] = (*STOP_TAKE_UP_WAITS, None)
     for wait in waits:
         try:
             return worker.take_up()
         except StoreError as exc:
-            if exc.code not in RETRYABLE_STORE_CODES or wait is None:
+            if exc.code not in RETRYABLE_STORE_CODES:
+                raise
+            if wait is None:
                 return None
             time.sleep(wait)
     return None

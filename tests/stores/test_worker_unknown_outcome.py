@@ -421,6 +421,35 @@ def test_a_stopping_worker_finishes_the_visit_whose_answer_was_lost_and_hands_th
     assert handler.executed == ["order.first", "order.second"]
 
 
+class Altered:
+    """The store, whose schema was altered under the worker: every read fails, and not with a doubt to wait out."""
+
+    def __init__(self, inner: TransactionalStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("leased_to", "read_for_visit", "read"):
+
+            def altered(*_: object) -> None:
+                raise StoreError("schema_altered", "a column of executions is missing")
+
+            return altered
+        return getattr(self._inner, name)
+
+
+def test_a_stopping_worker_reports_what_else_fails_its_last_look(any_store: TransactionalStore) -> None:
+    # Only the store's retryable doubt is ridden out (and then given up on); anything else reaches the
+    # command's summary as an error, not silence.
+    handler = Handler()
+    worker = Worker(Lossy(any_store, "append_evidence", committed=True, composed=False), "w-1", POLICY, handler)  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        worker.run_pass()
+    worker.store = Altered(any_store)  # type: ignore[assignment]
+    with pytest.raises(StoreError) as raised:
+        cli._take_up_on_stop(worker)
+    assert raised.value.code == "schema_altered" and handler.executed == []
+
+
 def test_a_stopping_worker_does_not_wait_out_an_outage(any_store: TransactionalStore) -> None:
     handler = Handler()
     store = Lossy(any_store, "append_evidence", committed=True, composed=False, down=1000)
