@@ -128,6 +128,7 @@ from .worker import (
     MIN_LEASE,
     PassReport,
     Worker,
+    WorkerEvent,
     WorkerSettingError,
     check_concurrency,
     check_lease,
@@ -1302,6 +1303,7 @@ def _work(
                         execution_id=execution_id,
                         tally=tally,
                         say=say,
+                        record=record if log is not None else None,
                     )
 
             made.append(
@@ -1455,7 +1457,9 @@ def _release(
     execution_id: str,
     tally: _Tally,
     say: Callable[..., None],
+    record: Callable[[WorkerEvent], None] | None = None,
 ) -> None:
+    """Hand back a stopping worker's lease; said as a ``released`` event in the JSON log (``record``), else a note."""
     view = store.read(execution_id)
     if view is None or lease_token is None or view.execution.state is not ExecutionState.RUNNING:
         # Nothing to hand back: the visits composed into the same transaction finished it.
@@ -1466,7 +1470,12 @@ def _release(
         with tally.lock:
             tally.released.append(execution_id)
             tally.in_flight.pop(execution_id, None)
-        say(f"{worker_id}  {execution_id}  released: running -> eligible, for another worker to continue")
+        detail = "running -> eligible, for another worker to continue"
+        if record is not None:
+            # The event a Worker says for every lease it hands back (Python code's too): one key to alert on.
+            record(WorkerEvent(worker_id, execution_id, "released", detail, credential.fence))
+        else:
+            say(f"{worker_id}  {execution_id}  released: {detail}")
     else:
         say(f"{worker_id}  {execution_id}  release refused [{outcome.code.value}]: {outcome.message}")
 

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.cli.runner import EXAMPLES, FENCEKEEPER, catches, data, environment, ok
 
 SLOW_HANDLER = '''\
@@ -56,11 +58,13 @@ def _start(cwd: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_sigint_finishes_the_visit_then_releases_the_lease(tmp_path: Path) -> None:
+@pytest.mark.parametrize("log", ["text", "json"])
+def test_sigint_finishes_the_visit_then_releases_the_lease(tmp_path: Path, log: str) -> None:
     (tmp_path / "slow_handler.py").write_text(SLOW_HANDLER, encoding="utf-8")
     order = '{"amount": 50, "order_id": "o-1", "order_revision": 1}'
     ok("run", EXAMPLES / "purchase_approval.toml", "--db", "shop.db", "--input", order, "--id", "po-1", cwd=tmp_path)
-    worker = _start(tmp_path, "--db", "shop.db", "--handler", "slow_handler:make", "--id", "w", "--json")
+    json_log = ["--log-json"] if log == "json" else []
+    worker = _start(tmp_path, "--db", "shop.db", "--handler", "slow_handler:make", "--id", "w", "--json", *json_log)
     try:
         deadline = time.monotonic() + 20
         while not (tmp_path / "started").exists():
@@ -77,6 +81,12 @@ def test_sigint_finishes_the_visit_then_releases_the_lease(tmp_path: Path) -> No
     summary = json.loads(stdout)
     assert summary["stopped_by"] == "SIGINT"
     assert summary["released"] == ["po-1"]
+    if log == "json":
+        # The JSON log says the hand-back as the event a Worker says in Python code: one key to alert on.
+        records = [json.loads(line) for line in stderr.splitlines()]
+        released = [r for r in records if r["event"] == "released"]
+        assert [(r["worker_id"], r["execution_id"], r["fence"]) for r in released] == [("w-1", "po-1", 1)]
+        assert not any("released" in str(r.get("detail", "")) for r in records if r["event"] == "note")
     assert summary["refused"] == [] and summary["errors"] == []
     # The visit in progress committed (order.place succeeded, the execution moved on to done), and the
     # lease was handed back: eligible again, nobody holding it, for the next worker to finish.
