@@ -121,7 +121,7 @@ from fencekeeper.kernel.text import problem as text_problem
 from . import cli_logging, connect, examples, observe, prefork, render
 from .ports import AuthorityPolicy, CommandHandler
 from .render import Output, state, text
-from .store import RETRYABLE_STORE_CODES, RIDE_OUT_SECONDS, ExecutionView, StoreError, StorePatience, TransactionalStore
+from .store import RIDE_OUT_SECONDS, ExecutionView, StoreError, StorePatience, TransactionalStore
 from .worker import (
     MAX_CONCURRENCY,
     MAX_LEASE,
@@ -680,33 +680,6 @@ def _lost_connection_note(args: argparse.Namespace) -> str | None:
         return f"the store's connection was lost; reconnecting and trying again for up to {RIDE_OUT_SECONDS:g} s"
     if args.command == "serve":
         return "the store's connection was lost; reconnecting"
-    return None
-
-
-STOP_TAKE_UP_WAITS = (0.2, 0.4, 0.8, 1.6)
-"""Pauses between a stopping worker's tries at a lease whose answer was lost, while the store still fails: 3 s in all."""
-
-
-def _take_up_on_stop(worker: Worker) -> PassReport | None:
-    """A stopping worker's last look at a lease a lost answer left it (``Worker.take_up``); None if the store stays away.
-
-    The visit is finished under the lease and its hook hands the lease back,
-    as after any visit of a stopping worker.  A store still failing after
-    :data:`STOP_TAKE_UP_WAITS` leaves the lease to expire, for the sweep: a
-    stopping process does not wait out an outage (a second signal ends it at
-    once anyway).  Any other error is raised, for the command's summary
-    to name, as an error in a pass is.
-    """
-    waits: tuple[float | None, ...] = (*STOP_TAKE_UP_WAITS, None)
-    for wait in waits:
-        try:
-            return worker.take_up()
-        except StoreError as exc:
-            if exc.code not in RETRYABLE_STORE_CODES:
-                raise
-            if wait is None:
-                return None
-            time.sleep(wait)
     return None
 
 
@@ -1364,7 +1337,7 @@ def _work(
                 # Stopped while a visit's answer was lost: finished under its lease and handed back if the
                 # store answers within a few seconds, rather than left to expire into review.
                 try:
-                    taken = _take_up_on_stop(worker)
+                    taken = worker.take_up_before_stop()
                 except Exception as exc:
                     with tally.lock:
                         tally.errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")

@@ -1222,6 +1222,18 @@ class WorkerPool:
                 self.passes += 1
             if not report.claimed and not report.timers_fired:
                 self._idle(self.poll)
+        if worker.holds_unfinished():
+            # Stopped while a visit's answer was lost: finished under its lease and handed back if the store
+            # answers within a few seconds, as `fencekeeper worker` does, rather than left to expire into review.
+            try:
+                taken = worker.take_up_before_stop()
+            except Exception as exc:
+                with self._lock:
+                    self.errors.append(f"{worker.worker_id}: {type(exc).__name__}: {exc}")
+                return
+            if taken is not None:
+                with self._lock:
+                    _add(self.report, taken)
 
 
 class _StopSwitch:

@@ -136,6 +136,9 @@ The first pause is the worker's lease; each time the row is still
 malformed it doubles, up to this.  A worker started after the row is
 repaired claims it at once."""
 
+STOP_TAKE_UP_WAITS: Final = (0.2, 0.4, 0.8, 1.6)
+"""Pauses between a stopping worker's tries at a lease whose answer was lost, while the store still fails: 3 s in all."""
+
 _MALFORMED_REMEMBERED: Final = 1000
 """Malformed rows a worker passes over at most: past that, the oldest are forgotten (and met again)."""
 
@@ -498,6 +501,27 @@ class Worker:
                 self._carry(report, exc)
                 raise
         return report
+
+    def take_up_before_stop(self, sleep: Callable[[float], None] = time.sleep) -> PassReport | None:
+        """A stopping worker's last look at a lease a lost answer left it (:meth:`take_up`); None if the store stays away.
+
+        The visit is finished under the lease and a stop hook hands the
+        lease back, as after any visit of a stopping worker.  A store still
+        failing after :data:`STOP_TAKE_UP_WAITS` leaves the lease to expire,
+        for the sweep: a stopping process does not wait out an outage.  Any
+        other error is raised, as an error in a pass is.
+        """
+        waits: tuple[float | None, ...] = (*STOP_TAKE_UP_WAITS, None)
+        for wait in waits:
+            try:
+                return self.take_up()
+            except StoreError as exc:
+                if exc.code not in RETRYABLE_STORE_CODES:
+                    raise
+                if wait is None:
+                    return None
+                sleep(wait)
+        return None
 
     def _carry(self, report: PassReport, exc: StoreError) -> None:
         """Keep ``report`` for the next pass when ``exc`` left a lease to take up there."""
@@ -1068,6 +1092,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_LEASE",
     "MIN_LEASE",
+    "STOP_TAKE_UP_WAITS",
     "SYSTEM_PRINCIPAL",
     "PassReport",
     "Refused",

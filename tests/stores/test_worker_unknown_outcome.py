@@ -27,14 +27,14 @@ from typing import Any
 
 import pytest
 
-from fencekeeper.adapters import cli, service
+from fencekeeper.adapters import service
 from fencekeeper.adapters.aio import AsyncClient
 from fencekeeper.adapters.client import Client, _hand_back_on_stop
 from fencekeeper.adapters.errors import StoreFailure
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import ManualClock, StoreError, TransactionalStore
-from fencekeeper.adapters.worker import PassReport, Worker
+from fencekeeper.adapters.worker import STOP_TAKE_UP_WAITS, PassReport, Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState
@@ -355,6 +355,30 @@ def test_a_pool_of_workers_takes_the_lease_up_too(any_store: TransactionalStore)
     assert view.execution.fence == 1
 
 
+def test_a_pool_stopped_while_it_waits_out_the_store_finishes_the_visit_and_hands_the_lease_back(
+    any_store: TransactionalStore,
+) -> None:
+    # As `fencekeeper worker`: a pool stopped between its tries does not leave the lease to expire into review.
+    handler = Handler()
+    store = Lossy(any_store, "record_step_and_visit", committed=False, composed=False, down=4)
+    client = Client(store, policy=POLICY, handler=handler, business=BUSINESS, principal=PRINCIPAL)  # type: ignore[arg-type]
+    pool = client.start_workers(1, poll=0.05)
+    try:
+        deadline = time.monotonic() + 30
+        while not (store.lost == 1 and store.down <= 3):  # the answer lost, and the first try after it failed
+            assert time.monotonic() < deadline and pool.errors == [], pool.errors
+            time.sleep(0.01)
+    finally:
+        pool.stop()
+    assert pool.errors == [] and pool.released == ["x-1"] and store.down == 0
+    view = any_store.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.ELIGIBLE, "handed back"
+    assert view.execution.current_node_id == "second", "the first Command's answer is committed"
+    assert handler.executed == ["order.first"] and view.execution.fence == 1
+    finish(any_store, handler)
+    assert handler.executed == ["order.first", "order.second"]
+
+
 def test_run_until_idle_goes_on_with_what_a_failed_call_held(any_store: TransactionalStore) -> None:
     # client.run_until_idle makes a worker per call: the one whose answer was lost is kept for the next.
     handler = Handler()
@@ -411,7 +435,7 @@ def test_a_stopping_worker_finishes_the_visit_whose_answer_was_lost_and_hands_th
         worker.run_pass()
     stopping.set()
     assert worker.holds_unfinished()
-    report = cli._take_up_on_stop(worker)  # rides out the `down` failures within its few seconds
+    report = worker.take_up_before_stop()  # rides out the `down` failures within its few seconds
     assert report is not None and report.claimed == ["x-1"] and report.steps == (0 if committed else 1)
     view = any_store.read("x-1")
     assert view is not None and view.execution.state == ExecutionState.ELIGIBLE, "handed back"
@@ -446,7 +470,7 @@ def test_a_stopping_worker_reports_what_else_fails_its_last_look(any_store: Tran
         worker.run_pass()
     worker.store = Altered(any_store)  # type: ignore[assignment]
     with pytest.raises(StoreError) as raised:
-        cli._take_up_on_stop(worker)
+        worker.take_up_before_stop()
     assert raised.value.code == "schema_altered" and handler.executed == []
 
 
@@ -457,6 +481,6 @@ def test_a_stopping_worker_does_not_wait_out_an_outage(any_store: TransactionalS
     with pytest.raises(StoreError):
         worker.run_pass()
     started = time.monotonic()
-    assert cli._take_up_on_stop(worker) is None
-    assert time.monotonic() - started < sum(cli.STOP_TAKE_UP_WAITS) + 1
+    assert worker.take_up_before_stop() is None
+    assert time.monotonic() - started < sum(STOP_TAKE_UP_WAITS) + 1
     assert handler.executed == [] and worker.holds_unfinished()  # left for the sweep once the lease runs out
