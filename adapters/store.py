@@ -79,6 +79,13 @@ _T = TypeVar("_T")
 RETRYABLE_STORE_CODES = frozenset({"store_unavailable", "row_locked", "store_locked"})
 """StoreError codes a running worker waits out: the store is reachable again soon, or a holder lets go."""
 
+STOP_TAKE_UP_WAITS = (0.2, 0.4, 0.8, 1.6)
+"""Pauses between a stopping worker's tries at work whose answer was lost, while the store still fails: 3 s in all.
+
+Both workers (executions and durable operations) take such work up on
+their way out, so that it is finished under its lease rather than left to
+expire; a stopping process does not wait out a longer outage."""
+
 RIDE_OUT_SECONDS = 30.0
 """How long a worker keeps trying a store that fails every time before it gives up and its command exits 1.
 
@@ -1440,6 +1447,7 @@ __all__ = [
     "MAX_COMPOSED",
     "RETRYABLE_STORE_CODES",
     "RIDE_OUT_SECONDS",
+    "STOP_TAKE_UP_WAITS",
     "Backend",
     "Clock",
     "Composed",

@@ -105,7 +105,7 @@ from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler, ask
-from .store import RETRYABLE_STORE_CODES, NextVisit, StoreError, TransactionalStore, VisitView
+from .store import RETRYABLE_STORE_CODES, STOP_TAKE_UP_WAITS, NextVisit, StoreError, TransactionalStore, VisitView
 
 MIN_LEASE: Final = timedelta(seconds=1)
 """The shortest lease a worker takes.
@@ -135,9 +135,6 @@ MALFORMED_PAUSE_LIMIT: Final = timedelta(hours=1)
 The first pause is the worker's lease; each time the row is still
 malformed it doubles, up to this.  A worker started after the row is
 repaired claims it at once."""
-
-STOP_TAKE_UP_WAITS: Final = (0.2, 0.4, 0.8, 1.6)
-"""Pauses between a stopping worker's tries at a lease whose answer was lost, while the store still fails: 3 s in all."""
 
 _MALFORMED_REMEMBERED: Final = 1000
 """Malformed rows a worker passes over at most: past that, the oldest are forgotten (and met again)."""
@@ -1092,7 +1089,6 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_LEASE",
     "MIN_LEASE",
-    "STOP_TAKE_UP_WAITS",
     "SYSTEM_PRINCIPAL",
     "PassReport",
     "Refused",

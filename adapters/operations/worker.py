@@ -124,7 +124,7 @@ from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import duration_problem, identifier_problem, shown
 from fencekeeper.kernel.machines import OperationEvent
 
-from ..store import RETRYABLE_STORE_CODES, StoreError
+from ..store import RETRYABLE_STORE_CODES, STOP_TAKE_UP_WAITS, StoreError
 from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore, OperationView
 from .service import (
     ActionFailed,
@@ -307,27 +307,65 @@ class DurableOperationWorker:
         self._namesakes = _namesakes(self.worker_id)
 
     def run_once(self) -> WorkReport | None:
+        with self._busy():
+            return self._pass()
+
+    def holds_unfinished(self) -> bool:
+        """Whether a write or a claim of unknown outcome left this worker an Attempt its next pass takes up first."""
+        return self._unfinished is not None or self._claim_lost
+
+    def take_up_before_stop(self, sleep: Callable[[float], None] = time.sleep) -> WorkReport | None:
+        """A stopping worker's last look at an Attempt a lost answer left it; None if there is none or the store stays away.
+
+        The take-up a pass starts with, and nothing else (no claim): the
+        write is finished under the lease, so that an Attempt whose action
+        already ran is not left to expire (and, at its last Attempt, fail
+        the Operation).  A store still failing after
+        :data:`~fencekeeper.adapters.store.STOP_TAKE_UP_WAITS` leaves it to
+        the ordinary reclaim: a stopping process does not wait out an
+        outage.  Any other error is raised.
+        """
+        waits: tuple[float | None, ...] = (*STOP_TAKE_UP_WAITS, None)
+        for wait in waits:
+            try:
+                with self._busy():
+                    return self._taken_up()
+            except StoreError as exc:
+                if exc.code not in RETRYABLE_STORE_CODES:
+                    raise
+                if wait is None:
+                    return None
+                sleep(wait)
+        return None
+
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
         # Busy from before its claim until nothing of the pass is left to take up: while it is, what runs
         # under this worker's id may be this worker's, and no namesake of the process takes it up.
         with self._namesakes.lock:
             self._namesakes.busy.add(self)
         try:
-            return self._pass()
+            yield
         finally:
             if self._unfinished is None and not self._claim_lost:
                 with self._namesakes.lock:
                     self._namesakes.busy.discard(self)
 
-    def _pass(self) -> WorkReport | None:
-        # An Attempt this worker may still own, its lease running: taken up before any claim (or pause).
+    def _taken_up(self) -> WorkReport | None:
+        """An Attempt this worker may still own, its lease running, taken up; None when there is none to go on with."""
         if self._unfinished is not None:
             resumed = self._take_up(self._unfinished)
             if resumed is not None:
                 return resumed
         if self._claim_lost:
-            resumed = self._take_up_claim()
-            if resumed is not None:
-                return resumed
+            return self._take_up_claim()
+        return None
+
+    def _pass(self) -> WorkReport | None:
+        # Taken up before any claim (or pause).
+        resumed = self._taken_up()
+        if resumed is not None:
+            return resumed
         if self._paused is not None and self.store.now() < self._paused.until:
             return None
         skip = self._passing_over()

@@ -46,7 +46,7 @@ from fencekeeper.adapters.operations.service import (
 )
 from fencekeeper.adapters.operations.sqlite import SQLiteOperationStore
 from fencekeeper.adapters.operations.worker import DurableOperationWorker, WorkReport
-from fencekeeper.adapters.store import ManualClock, StoreError, SystemClock
+from fencekeeper.adapters.store import STOP_TAKE_UP_WAITS, ManualClock, StoreError, SystemClock
 from fencekeeper.adapters.testing.operations_suite import (
     ALICE,
     LEASE,
@@ -159,6 +159,14 @@ def opened(kind: str, tmp_path: Path, request: pytest.FixtureRequest, clock: Man
 
     dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
     return PostgresOperationStore(dsn, schema=schema, clock=clock, pool_size=2)
+
+
+@pytest.fixture(autouse=True)
+def _no_busy_namesake_left() -> Iterator[None]:
+    # A worker a test leaves holding a lost write stays a busy namesake of the process (for its id) until it
+    # is collected, and a later test's worker of the same id would then rightly take nothing up.
+    yield
+    gc.collect()
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
@@ -325,6 +333,45 @@ def test_a_store_down_for_a_while_is_waited_out_and_the_write_still_taken_up(wor
     assert attempts(the_view(world, op_id)) == [(1, "w1", "succeeded")]
     assert [(r.outcome, r.resumed) for r in reports] == [("succeeded", True)]
     assert counted.calls == 1
+
+
+@pytest.mark.parametrize(("call", "when"), [("claim_next", "after"), ("complete", "before"), ("complete", "after")])
+def test_a_stopping_worker_finishes_the_attempt_whose_answer_was_lost_and_claims_nothing(
+    world: World, call: str, when: str
+) -> None:
+    # `op worker` stopped (SIGTERM, Ctrl-C) while its store was away: its last look finishes the Attempt under
+    # its lease within a few seconds, rather than leaving it to expire and, at its last Attempt, fail.
+    counted = Counted(world)
+    op_id = submit(world, counted, "echo")
+    other = submit(world, counted, "echo", key="k2")
+    lossy = Lossy(world.store, call, when=when, down=2)
+    stopping = worker(world, lossy, counted)
+    with pytest.raises(StoreError):
+        stopping.run_once()
+    assert stopping.holds_unfinished()
+    slept: list[float] = []
+    report = stopping.take_up_before_stop(sleep=slept.append)
+    assert slept == [0.2, 0.4], "the two failures after the loss, waited out"
+    assert report is not None and (report.outcome, report.resumed) == ("succeeded", True)
+    assert not stopping.holds_unfinished()
+    claimed, left = (op_id, other) if report.operation_id == op_id else (other, op_id)
+    assert attempts(the_view(world, claimed)) == [(1, "w1", "succeeded")] and counted.calls == 1
+    # Nothing more: the other due operation is not claimed by a stopping worker.
+    assert the_view(world, left).operation.state is OperationState.ADMITTED
+    assert stopping.take_up_before_stop(sleep=slept.append) is None
+
+
+def test_a_stopping_worker_gives_an_outage_a_few_seconds_only(world: World) -> None:
+    counted = Counted(world)
+    op_id = submit(world, counted, "echo")
+    lossy = Lossy(world.store, "complete", when="after", down=1000)
+    stopping = worker(world, lossy, counted)
+    with pytest.raises(StoreError):
+        stopping.run_once()
+    slept: list[float] = []
+    assert stopping.take_up_before_stop(sleep=slept.append) is None
+    assert slept == list(STOP_TAKE_UP_WAITS) and stopping.holds_unfinished()  # left to the ordinary reclaim
+    assert attempts(the_view(world, op_id)) == [(1, "w1", "succeeded")], "the lost completion had committed"
 
 
 def _lost(world: World, counted: Counted, action: str) -> tuple[str, Lossy, DurableOperationWorker]:

@@ -33,8 +33,8 @@ from fencekeeper.adapters.client import Client, _hand_back_on_stop
 from fencekeeper.adapters.errors import StoreFailure
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
-from fencekeeper.adapters.store import ManualClock, StoreError, TransactionalStore
-from fencekeeper.adapters.worker import STOP_TAKE_UP_WAITS, PassReport, Worker
+from fencekeeper.adapters.store import STOP_TAKE_UP_WAITS, ManualClock, StoreError, TransactionalStore
+from fencekeeper.adapters.worker import PassReport, Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import ExecutionEvent, ExecutionState
