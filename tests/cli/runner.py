@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,10 @@ FENCEKEEPER = Path(sys.executable).parent / "fencekeeper"
 
 # Plain output must not depend on the environment the suite runs in.
 _COLOUR_VARIABLES = {"FORCE_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS"}
+
+# The workers' two notes of a store outage, as a user reads them (adapters/cli_logging.py, docs/operating-postgres.md).
+LOST_NOTE = "the store's connection was lost; reconnecting and trying again for up to 30 s"
+ANSWERED_NOTE = re.compile(r"the store answers again after (\d+\.\d) s \((\d+) requests? failed\); continuing")
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -96,3 +101,10 @@ def end_sessions(dsn: str, application: str) -> int:
         ).fetchone()
     assert found is not None
     return int(found[0])
+
+
+def sane_outage(seconds: float, failures: int) -> None:
+    """What a worker says of an outage its test made by ending its sessions: short, and at least one request failed."""
+    # Ended sessions are replaced at once: the store answers within the first backoffs, long before the
+    # ride-out is spent; at least the request that met a dead connection failed, and a handful at most.
+    assert 0.0 <= seconds < 30.0 and 1 <= failures <= 40, (seconds, failures)

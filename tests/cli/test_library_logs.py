@@ -32,31 +32,33 @@ import psycopg
 import pytest
 
 from fencekeeper.adapters import cli_logging
-from tests.cli.runner import EXAMPLES, FENCEKEEPER, catches, environment, fencekeeper, ok
+from tests.cli.runner import (
+    ANSWERED_NOTE,
+    EXAMPLES,
+    FENCEKEEPER,
+    LOST_NOTE,
+    catches,
+    environment,
+    fencekeeper,
+    ok,
+    sane_outage,
+)
 
 EXECUTIONS = 6
 PURCHASE = EXAMPLES / "purchase_approval.toml"
-NOTE = "the store's connection was lost; reconnecting and trying again for up to 30 s"
-BACK = re.compile(r"the store answers again after (\d+\.\d) s \((\d+) requests? failed\); continuing")
 TRANSFERS = 4
 
 
 def _answered_once(lines: list[str]) -> tuple[float, int]:
     """The one note that the store answers again, after the one lost-connection note: its seconds and failures."""
     back = [n for n, line in enumerate(lines) if line.startswith("the store answers again")]
-    lost = [n for n, line in enumerate(lines) if line == NOTE]
+    lost = [n for n, line in enumerate(lines) if line == LOST_NOTE]
     assert len(lost) == 1 and len(back) == 1 and lost[0] < back[0], lines
-    matched = BACK.fullmatch(lines[back[0]])
+    matched = ANSWERED_NOTE.fullmatch(lines[back[0]])
     assert matched is not None, lines[back[0]]
     seconds, failures = float(matched[1]), int(matched[2])
-    _sane(seconds, failures)
+    sane_outage(seconds, failures)
     return seconds, failures
-
-
-def _sane(seconds: float, failures: int) -> None:
-    # Ended sessions are replaced at once: the store answers within the first backoffs, long before the
-    # ride-out is spent; at least the request that met a dead connection failed, and a handful at most.
-    assert 0.0 <= seconds < 30.0 and 1 <= failures <= 40, (seconds, failures)
 
 
 def _sessions(dsn: str, application: str, *, end: bool = False) -> int:
@@ -127,19 +129,23 @@ def test_a_worker_whose_connections_are_ended_says_so_once_prints_nothing_raw_an
         objects = [json.loads(line) for line in lines]
         events = [o["event"] for o in objects]
         assert events.count("store_connection_lost") == 1 and "library_warning" not in events, stderr
-        assert [o["detail"] for o in objects if o["event"] == "store_connection_lost"] == [NOTE]
+        assert [o["detail"] for o in objects if o["event"] == "store_connection_lost"] == [LOST_NOTE]
         # Three threads met the outage; the process answers it once, after the note of it.
         assert events.count("store_answers_again") == 1, stderr
         assert events.index("store_connection_lost") < events.index("store_answers_again"), stderr
         back = objects[events.index("store_answers_again")]
         assert back["level"] == "info" and isinstance(back["seconds"], float) and isinstance(back["failures"], int)
-        _sane(back["seconds"], back["failures"])
+        sane_outage(back["seconds"], back["failures"])
         assert back["detail"] == cli_logging.answers_again(back["seconds"], back["failures"])
-        assert BACK.fullmatch(back["detail"]), back
+        assert ANSWERED_NOTE.fullmatch(back["detail"]), back
         return
     _answered_once(lines)
     # Nothing else but the worker's own note of the signal: no psycopg record, raw or routed.
-    assert [line for line in lines if line != NOTE and not BACK.fullmatch(line) and not line.startswith("stopping")] == [], stderr
+    assert [
+        line
+        for line in lines
+        if line != LOST_NOTE and not ANSWERED_NOTE.fullmatch(line) and not line.startswith("stopping")
+    ] == [], stderr
 
 
 def _transfers(dsn: str, schema: str) -> int:
@@ -189,7 +195,11 @@ def test_an_op_worker_whose_connections_are_ended_says_once_that_the_store_answe
     assert [r["outcome"] for r in json.loads(stdout)["reports"]] == ["succeeded"] * TRANSFERS, stdout
     lines = stderr.splitlines()
     _answered_once(lines)
-    assert [line for line in lines if line != NOTE and not BACK.fullmatch(line) and not line.startswith("stopping")] == [], stderr
+    assert [
+        line
+        for line in lines
+        if line != LOST_NOTE and not ANSWERED_NOTE.fullmatch(line) and not line.startswith("stopping")
+    ] == [], stderr
 
 
 def _has_accounts(dsn: str, schema: str) -> bool:
@@ -383,8 +393,8 @@ def test_the_answer_reads_as_the_lost_note_does() -> None:
 
 def test_the_operating_page_quotes_the_line_and_the_outage_gap() -> None:
     page = (EXAMPLES.parent / "operating-postgres.md").read_text(encoding="utf-8")
-    assert f"```text\n{NOTE}\n```" in page
+    assert f"```text\n{LOST_NOTE}\n```" in page
     assert f"less than {cli_logging.OUTAGE_GAP:g} seconds apart are one outage" in page
     quoted = re.search(r"```text\n(the store answers again[^\n]*)\n```", page)
-    assert quoted is not None and BACK.fullmatch(quoted[1]), "the page quotes the answer as the worker says it"
+    assert quoted is not None and ANSWERED_NOTE.fullmatch(quoted[1]), "the page quotes the answer as the worker says it"
     assert '"event": "store_answers_again"' in " ".join(page.split())

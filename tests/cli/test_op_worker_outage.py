@@ -10,10 +10,15 @@ worker reads the operation once the store answers and finishes the write
 under its own credential (specs/operations.md, "An owner write of unknown
 outcome"), so every operation succeeds under its one Attempt, well within
 one lease.
+
+Run twice: with the text log, whose lines name each resumed attempt as it
+happens, and with ``--json``, whose one document on stdout carries each
+report with ``"resumed": true`` (docs/operations.md, "Running workers").
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
@@ -22,15 +27,21 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableOperationService, PrincipalReference
-from tests.cli.runner import FENCEKEEPER, end_sessions, environment
+from tests.cli.runner import ANSWERED_NOTE, FENCEKEEPER, LOST_NOTE, end_sessions, environment, sane_outage
 from tests.operations import outage_actions
 
 BATCH = 30
 BATCHES = 5
+JSON_BATCHES = 3
+"""With ``--json`` the reports come only at the end, so no batch can tell that a kill landed: a fixed few (each
+resumes two or three attempts in a run of its own, ten to fifteen in five batches), near the text run's length."""
 PRINCIPAL = PrincipalReference.parse("users:v1:operator")
+RESUMED = "resumed: the store answers again and attempt 1"
+"""How a resumed attempt's detail starts, in either output: the write under attempt 1 committed or was sent again."""
 REPORT = re.compile(r"(?P<worker>\S+): (?P<operation>op-\w+) attempt (?P<attempt>\d+): (?P<outcome>\w+)(?:: (?P<detail>.*))?")
 
 
@@ -49,8 +60,9 @@ def _submit(service: DurableOperationService, batch: int) -> None:
         service.submit(tenant="default", principal=PRINCIPAL, action=action, input=value, client_key=f"k-{batch}-{n}")
 
 
+@pytest.mark.parametrize("output", ["text", "json"])
 def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_operation(
-    pg_dsn: str, pg_schema: str, tmp_path: Path
+    pg_dsn: str, pg_schema: str, tmp_path: Path, output: str
 ) -> None:
     url = f"{pg_dsn}?schema={pg_schema}"
     store = PostgresOperationStore(pg_dsn, schema=pg_schema, pool_size=1)
@@ -58,7 +70,7 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
     application = f"fk-test-{uuid.uuid4().hex[:12]}"
     worker = subprocess.Popen(
         [str(FENCEKEEPER), "op", "worker", "--db", url, "--actions", "tests.operations.outage_actions",
-         "--concurrency", "3", "--poll", "0.1", "--lease", "30"],
+         "--concurrency", "3", "--poll", "0.1", "--lease", "30", *(["--json"] if output == "json" else [])],
         cwd=Path(__file__).resolve().parents[2],  # where tests.operations is importable from
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -76,21 +88,24 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
     operations = f"SELECT outcome, count(*) FROM {pg_schema}.operations WHERE outcome IS NOT NULL GROUP BY outcome"
     admitted = ended = 0
     try:
-        for batch in range(BATCHES):
+        for batch in range(BATCHES if output == "text" else JSON_BATCHES):
             _submit(service, batch)
             admitted += BATCH
             deadline = time.monotonic() + 25  # well inside the 30 s lease: no lease may be waited out
             next_kill = time.monotonic()
-            while sum((outcomes := _count(pg_dsn, operations)).values()) < admitted:
+            progress = admitted - BATCH  # how many had ended when the sessions were last ended
+            while (done := sum((outcomes := _count(pg_dsn, operations)).values())) < admitted:
                 assert worker.poll() is None, (worker.returncode, lines[-5:])
                 assert set(outcomes) <= {"succeeded"}, outcomes  # none failed (before: max_attempts_exceeded)
                 assert time.monotonic() < deadline, f"not ended: {outcomes}; {lines[-5:]}"
-                if time.monotonic() >= next_kill:
-                    # Often enough to land inside attempts, seldom enough for the worker to get work done between.
+                if time.monotonic() >= next_kill and done > progress:
+                    # Often enough to land inside attempts, and only after the worker got work done since the last
+                    # time: ended on a clock alone, on a loaded machine its backed-off requests met only sessions
+                    # ended since they were opened, and nothing ended for the whole deadline.
                     ended += end_sessions(pg_dsn, application)
-                    next_kill = time.monotonic() + 0.4
+                    next_kill, progress = time.monotonic() + 0.4, done
                 time.sleep(0.02)
-            if batch >= 1 and any(": resumed: " in line for line in lines):
+            if output == "text" and batch >= 1 and any(": resumed: " in line for line in lines):
                 break
         worker.terminate()
         stdout, _ = worker.communicate(timeout=60)
@@ -111,10 +126,44 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
     assert transfers == {"all": admitted // 3}
     balances = _count(pg_dsn, f"SELECT account_id, balance FROM {pg_schema}.app_accounts")
     assert balances == {"acc-1": 10_000 - 5 * admitted // 3, "acc-2": 5 * admitted // 3}
+    # The outage is said as in any worker's run: the store answered again after a lost connection, in a
+    # request or more that failed, in either output (op worker has no JSON log: its notes are text lines).
+    lost = [n for n, line in enumerate(lines) if line == LOST_NOTE]
+    back = [(n, m) for n, m in enumerate(map(ANSWERED_NOTE.fullmatch, lines)) if m is not None]
+    assert lost and back and lost[0] < back[0][0], lines
+    for _, matched in back:
+        sane_outage(float(matched[1]), int(matched[2]))
+    if output == "json":
+        counts = _count(pg_dsn, f"SELECT operation_id, attempt_count FROM {pg_schema}.operations")
+        _assert_json_reports(stdout, lines, counts)
+        return
     reports = [m for m in map(REPORT.fullmatch, lines) if m is not None]
     assert {m["outcome"] for m in reports} == {"succeeded"}, [m.string for m in reports if m["outcome"] != "succeeded"]
     assert stdout.strip() == f"{len(reports)} operation attempts reported"
     resumed = [m for m in reports if m["detail"] is not None]
     assert resumed, "no kill landed inside an owner write in any batch"
     # What each says: the attempt's write committed before its answer was lost, or was sent again under its lease.
-    assert all(m["detail"].startswith("resumed: the store answers again and attempt 1") for m in resumed), resumed
+    assert all(m["detail"].startswith(RESUMED) for m in resumed), resumed
+
+
+REPORT_FIELDS = {"operation_id", "attempt", "outcome", "detail"}
+"""A report's fields in ``op worker --json``, and ``resumed`` (only ever true) on an attempt taken up."""
+
+
+def _assert_json_reports(stdout: str, stderr: list[str], attempts: dict[str, int]) -> None:
+    summary = json.loads(stdout)  # the whole of stdout is the one document: anything more would not parse
+    assert set(summary) == {"stopped_by", "at", "reports"} and summary["stopped_by"] == "signal", set(summary)
+    reports: list[dict[str, object]] = summary["reports"]
+    # One report per operation, of its one attempt, succeeded: a resumed attempt is reported once, not twice.
+    assert {str(r["operation_id"]): r["attempt"] for r in reports} == attempts and len(reports) == len(attempts)
+    assert set(attempts.values()) == {1} and {r["outcome"] for r in reports} == {"succeeded"}, reports
+    resumed = [r for r in reports if "resumed" in r]
+    assert resumed, "no kill landed inside an owner write in any batch"
+    assert all(r["resumed"] is True and set(r) == REPORT_FIELDS | {"resumed"} for r in resumed), resumed
+    assert all(str(r["detail"]).startswith(RESUMED) for r in resumed), resumed
+    # The others carry no flag and no such detail: the flag is the report's own, not a guess from its words.
+    others = [r for r in reports if "resumed" not in r]
+    assert all(set(r) == REPORT_FIELDS and not str(r["detail"] or "").startswith("resumed:") for r in others), others
+    # The reports are stdout's alone: stderr holds the outage's notes and the signal's, no report line.
+    notes = [line for line in stderr if line != LOST_NOTE and not ANSWERED_NOTE.fullmatch(line)]
+    assert all(line.startswith("stopping after the current attempt") for line in notes), notes

@@ -5,19 +5,26 @@ namespace; only what the page leaves to the reader (its user directory) is
 given here.  A block that stops working, or an import it forgets, fails; so
 does a block that uses a name no block of the page imports or defines,
 other than those it leaves to the reader (a DSN, a directory, a gateway).
+So does a field of ``op worker --json`` the page's tables leave out, or name
+and the command does not print.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import json
 import re
+import sqlite3
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from tests.cli.runner import data, fencekeeper
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
@@ -230,3 +237,37 @@ def test_every_name_a_block_uses_is_imported_or_defined_on_the_page() -> None:
         known |= _bound(tree)
         used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
         assert used <= known, f"python block {n} of docs/operations.md uses {sorted(used - known)}"
+
+
+def _worker_json_fields() -> tuple[set[str], set[str]]:
+    """The fields the page's two tables give ``op worker --json``: the document's, and each report's."""
+    section = PAGE.read_text(encoding="utf-8").split("With `--json`, `op worker` prints one JSON document", 1)[1]
+    document, report = section.split("A claim never refuses", 1)[0].split("and each report's:", 1)
+
+    def names(table: str) -> set[str]:
+        return set(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.MULTILINE))
+
+    return names(document), names(report)
+
+
+def test_the_pages_op_worker_json_fields_are_the_commands(tmp_path: Path) -> None:
+    db = tmp_path / "ops.db"
+    transfer = '{"from": "acc-1", "to": "acc-2", "amount": 5}'
+    bad, good = (
+        data("op", "submit", "transfer", "--db", db, "--key", key, "--input", transfer, cwd=tmp_path)["operation_id"]
+        for key in ("k-bad", "k-good")
+    )
+    # A row that contradicts its state, for "malformed"; two processes, for "errors" (always there with more than one).
+    with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        conn.execute("UPDATE operations SET owner = 'w-old' WHERE operation_id = ?", (bad,))
+    result = fencekeeper("op", "worker", "--db", db, "--until-idle", "--processes", "2", "--json", cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.rstrip().endswith("[malformed_row]"), result.stderr
+    summary = json.loads(result.stdout)
+    documented, report_fields = _worker_json_fields()
+    assert set(summary) == documented and summary["stopped_by"] == "idle", (set(summary), documented)
+    assert summary["errors"] == [] and summary["malformed"] == [bad]
+    outcomes = {r["operation_id"]: r["outcome"] for r in summary["reports"]}
+    assert outcomes == {bad: "malformed_row", good: "succeeded"}, summary["reports"]
+    # `resumed` is on a resumed attempt's report only (tests/cli/test_op_worker_outage.py makes some).
+    assert all(set(r) == report_fields - {"resumed"} for r in summary["reports"]), (summary["reports"], report_fields)
+    assert "resumed" in report_fields
