@@ -616,6 +616,19 @@ def _work(
             if callable(prepare):
                 _prepare_patiently(prepare, store, stop)
 
+            def tell(worker: DurableOperationWorker, report: WorkReport) -> None:
+                with lock:
+                    reports.append(report)
+                if not out.json_mode:
+                    # An operation can end with no attempt made (an approval that expired first).
+                    attempt = "" if report.attempt is None else f" attempt {report.attempt}"
+                    # A damaged row is told with what the store found wrong (field and repair are the
+                    # operator's), on the one line: the worker passes over it and goes on.
+                    # So is an attempt taken up after its store lost a write's answer (`resumed: ...`).
+                    shown = report.outcome == MALFORMED_ROW or report.resumed
+                    why = f": {' '.join(report.detail.split())}" if shown else ""
+                    out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}{why}")
+
             def loop(number: int) -> None:
                 worker = DurableOperationWorker(
                     store,
@@ -658,17 +671,19 @@ def _work(
                             return
                         stop.wait(args.poll)
                         continue
-                    with lock:
-                        reports.append(report)
-                    if not out.json_mode:
-                        # An operation can end with no attempt made (an approval that expired first).
-                        attempt = "" if report.attempt is None else f" attempt {report.attempt}"
-                        # A damaged row is told with what the store found wrong (field and repair are the
-                        # operator's), on the one line: the worker passes over it and goes on.
-                        # So is an attempt taken up after its store lost a write's answer (`resumed: ...`).
-                        shown = report.outcome == MALFORMED_ROW or report.resumed
-                        why = f": {' '.join(report.detail.split())}" if shown else ""
-                        out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}{why}")
+                    tell(worker, report)
+                if worker.holds_unfinished():
+                    # Stopped while a write's (or a claim's) answer was lost: its Attempt is finished under the
+                    # lease if the store answers within a few seconds, rather than left to expire (at its last
+                    # Attempt, failing the Operation with the action's result in hand).
+                    try:
+                        taken = worker.take_up_before_stop()
+                    except Exception as exc:
+                        with lock:
+                            errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+                        return
+                    if taken is not None:
+                        tell(worker, taken)
 
             numbers = range(first, first + args.concurrency)
             threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in numbers]

@@ -18,8 +18,10 @@ report with ``"resumed": true`` (docs/operations.md, "Running workers").
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -30,7 +32,7 @@ import psycopg
 import pytest
 
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
-from fencekeeper.adapters.operations.service import DurableOperationService, PrincipalReference
+from fencekeeper.adapters.operations.service import DurableActionRegistry, DurableOperationService, PrincipalReference
 from tests.cli.runner import ANSWERED_NOTE, FENCEKEEPER, LOST_NOTE, end_sessions, environment, sane_outage
 from tests.operations import outage_actions
 
@@ -167,3 +169,91 @@ def _assert_json_reports(stdout: str, stderr: list[str], attempts: dict[str, int
     # The reports are stdout's alone: stderr holds the outage's notes and the signal's, no report line.
     notes = [line for line in stderr if line != LOST_NOTE and not ANSWERED_NOTE.fullmatch(line)]
     assert all(line.startswith("stopping after the current attempt") for line in notes), notes
+
+
+SLOW_ACTIONS = """
+import pathlib
+import time
+
+from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations.service import DurableAction, DurableActionRegistry
+from fencekeeper.kernel.operations import EffectClass, RetryPolicy
+
+
+def look(value):
+    pathlib.Path("in-action").touch()
+    while not pathlib.Path("go-on").exists():
+        time.sleep(0.01)
+    with open("looked.log", "a", encoding="utf-8") as log:
+        log.write("looked\\n")
+    return {"looked": value["account"]}
+
+
+def registry():
+    return DurableActionRegistry((
+        DurableAction("look", 1, EffectClass.READ_ONLY, look, policy=RetryPolicy(maximum_attempts=1)),
+    ))
+
+
+def resolvers():
+    return examples.resolvers()
+"""
+
+
+def test_an_op_worker_stopped_while_its_store_was_lost_mid_attempt_finishes_the_attempt(
+    pg_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    # Its connections are ended while the action runs and SIGTERM comes before the action returns: the
+    # completion's write fails, the loop stops, and the worker's last look sends the completion again.  Left
+    # to expire instead, the Operation's one Attempt would end it max_attempts_exceeded with the result in hand.
+    (tmp_path / "slow_actions.py").write_text(SLOW_ACTIONS, encoding="utf-8")
+    url = f"{pg_dsn}?schema={pg_schema}"
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        service = DurableOperationService(store, _slow_registry(tmp_path), outage_actions.resolvers())
+        operation_id = service.submit(
+            tenant="default", principal=PRINCIPAL, action="look", input={"account": "acc-1"}, client_key="k-1"
+        ).operation_id
+    finally:
+        store.close()
+    application = f"fk-test-{uuid.uuid4().hex[:12]}"
+    worker = subprocess.Popen(
+        [str(FENCEKEEPER), "op", "worker", "--db", url, "--actions", "slow_actions", "--poll", "0.1", "--json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+        env=environment(PGAPPNAME=application),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "in-action").exists():
+            assert worker.poll() is None, worker.communicate()
+            assert time.monotonic() < deadline, "the action was never called"
+            time.sleep(0.02)
+        assert end_sessions(pg_dsn, application) >= 1
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.2)  # the signal first: the completion is sent by a worker that is already stopping
+        (tmp_path / "go-on").touch()
+        stdout, stderr = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, stderr
+    reports = json.loads(stdout)["reports"]
+    assert [(r["operation_id"], r["outcome"], r.get("resumed")) for r in reports] == [(operation_id, "succeeded", True)]
+    outcomes = _count(pg_dsn, f"SELECT outcome, count(*) FROM {pg_schema}.operations GROUP BY outcome")
+    attempts = _count(pg_dsn, f"SELECT state, count(*) FROM {pg_schema}.operation_attempts GROUP BY state")
+    assert (outcomes, attempts) == ({"succeeded": 1}, {"succeeded": 1}), stderr
+    assert (tmp_path / "looked.log").read_text(encoding="utf-8").splitlines() == ["looked"]
+
+
+def _slow_registry(directory: Path) -> DurableActionRegistry:
+    """The registry of ``SLOW_ACTIONS``, loaded from ``directory`` for the submitting side."""
+    spec = importlib.util.spec_from_file_location("slow_actions_submit", directory / "slow_actions.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    registry: DurableActionRegistry = module.registry()
+    return registry
