@@ -306,3 +306,25 @@ def test_a_worker_reporting_in_json_starts_without_rich(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", probe, str(db)], capture_output=True, text=True, check=True)
     assert done.stderr == "(0, [])", done.stderr
     assert json.loads(done.stdout)["stopped_by"] == "idle"
+
+
+def test_a_worker_given_its_id_starts_without_socket(tmp_path: Path) -> None:
+    """Only the default worker id asks for the host name; a SQLite worker given --id never loads socket."""
+    db = tmp_path / "empty.db"
+    with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):
+        assert cli.main(["migrate", "--db", str(db)]) == 0
+    probe = (
+        "import contextlib, io, json, os, sys\n"
+        "from fencekeeper.adapters import cli\n"
+        "def run(*extra):\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        assert cli.main(['worker', '--db', sys.argv[1], '--until-idle', '--json', *extra]) == 0\n"
+        "    return json.loads(out.getvalue())['workers'], 'socket' in sys.modules\n"
+        "given = run('--id', 'w')\n"
+        "default = run()\n"
+        "import socket\n"
+        "sys.stderr.write(repr((given, default == ([f\"{socket.gethostname().split('.')[0]}-{os.getpid()}-1\"], True))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(db)], capture_output=True, text=True, check=True)
+    assert done.stderr == "((['w-1'], False), True)", done.stderr
