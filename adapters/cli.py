@@ -91,7 +91,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import sys
 import threading
 import time
@@ -221,31 +220,38 @@ class CliError(Exception):
 # cli_conformance), imported only when a command line may need them:
 # importing them (the journal's and durable operations' kernels and stores)
 # cost every `fencekeeper worker` about 0.13 s of start-up for commands it
-# never runs.
-_LIGHT_COMMANDS = frozenset(
-    {
-        "demo", "run", "worker", "inspect", "list", "event", "decide", "cancel", "reconcile", "migrate", "check",
-        "diagram", "docs", "export-specs", "modelcheck", "check-spec",
-    }
-)
-"""The commands defined in this module: parsing them needs neither group's module."""
+# never runs.  The commands defined here are built one by one for the same
+# reason (below).
+
+_AddCommand = Callable[..., argparse.ArgumentParser]
+"""``command(name, help, *, prints_data=False, **kwargs)`` of :func:`_parser`: a subcommand's parser, added."""
 
 
-def _needs_groups(argv: Sequence[str] | None) -> bool:
-    """Whether parsing ``argv`` may need the journal and op groups: their command, or no plain command at all.
+def _chosen_command(argv: Sequence[str] | None) -> str | None:
+    """The command defined in this module that ``argv`` runs, when its parser alone parses ``argv`` alike; else None.
 
-    The first word that is not an option is the command (the options before
-    it, --debug and --version, take no value).  Without one (``--help``, a
-    usage error) every group is registered, so that help and argparse's
-    "choose from" list name them all.
+    A command line that starts with such a command's name (after any
+    ``--debug``) is all that command's: every word after the name is its
+    parser's, and the top-level parser, whose usage names no command
+    (``COMMAND ...``), is left nothing it could refuse.  Anything else
+    (``--help``, ``--version``, a group's command, a word that is no command)
+    may need every command's parser: for the help's list of commands, or
+    argparse's "choose from" list.
     """
-    words = sys.argv[1:] if argv is None else list(argv)
-    command = next((word for word in words if not word.startswith("-")), None)
-    return command is None or command not in _LIGHT_COMMANDS
+    words = sys.argv[1:] if argv is None else argv
+    for word in words:
+        if word != "--debug":
+            return word if word in _COMMAND_PARSERS else None
+    return None
 
 
-def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
-    """The command line's parser; with ``groups`` False, without the journal and op groups."""
+def _parser(*, only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``only`` (see :func:`_chosen_command`), with that command's parser alone.
+
+    Building a parser costs argparse's message lookups (gettext) and the
+    options' objects: a worker's command line took about 6 ms to build and
+    parse with the parsers of every command here, 3 ms with its own alone.
+    """
     # --debug is accepted before or after the command name; --json after it, on commands that print data.
     # allow_abbrev=False on every parser, parents and subparsers alike (argparse does not pass it down): an
     # abbreviation (--conc for --concurrency) would change meaning, or stop parsing, the day an option sharing
@@ -271,6 +277,21 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         parents = [common, data] if prints_data else [common]
         return sub.add_parser(name, help=help, parents=parents, allow_abbrev=False, **kwargs)
 
+    for name, build in _COMMAND_PARSERS.items():
+        if only in (None, name):
+            build(command)
+    if only is None:
+        from . import cli_conformance, cli_journal, cli_ops, cli_outbox, cli_serve  # noqa: PLC0415 - only when needed (above)
+
+        cli_journal.register(sub, common, data)
+        cli_ops.add_parser(command)
+        cli_outbox.add_parsers(command, _db_option)
+        cli_serve.add_parser(command)
+        cli_conformance.add_parser(command)
+    return parser
+
+
+def _demo_parser(command: _AddCommand) -> None:
     demo = command(
         "demo",
         "a real scenario: two workers, an expired lease fenced out, a recovery, approvals",
@@ -280,6 +301,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     )
     _db_option(demo, required=False)
 
+
+def _run_parser(command: _AddCommand) -> None:
     run = command("run", "register a definition file and admit an execution of it; prints its id", prints_data=True)
     run.add_argument("definition", type=Path, metavar="DEFINITION", help="a definition file, TOML or JSON (.json)")
     _db_option(run)
@@ -291,6 +314,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     _who_options(run)
     run.add_argument("--id", metavar="EXECUTION_ID", help="the execution's id (default: a fresh x-... id)")
 
+
+def _worker_parser(command: _AddCommand) -> None:
     worker = command(
         "worker",
         "run dispatcher passes until stopped (or until idle)",
@@ -353,6 +378,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         "needs pip install 'fencekeeper[metrics]')",
     )
 
+
+def _inspect_parser(command: _AddCommand) -> None:
     inspect = command("inspect", "an execution's whole timeline", prints_data=True)
     inspect.add_argument("execution_id", metavar="EXECUTION_ID")
     _db_option(inspect)
@@ -361,11 +388,15 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         help="table (default), or mermaid: the history as a sequence diagram (adapters/sequence.py)",
     )
 
+
+def _list_parser(command: _AddCommand) -> None:
     listing = command("list", "executions, with their state and node", prints_data=True)
     _db_option(listing)
     listing.add_argument("--state", choices=[s.value for s in ExecutionState], metavar="STATE")
     listing.add_argument("--business", help="only this business")
 
+
+def _event_parser(command: _AddCommand) -> None:
     event = command("event", "publish an Event; prints which executions it woke", prints_data=True)
     _db_option(event)
     event.add_argument("event_type", metavar="TYPE")
@@ -381,6 +412,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     )
     _who_options(event)
 
+
+def _decide_parser(command: _AddCommand) -> None:
     decide = command("decide", "approve or reject an execution's pending approval request", prints_data=True)
     _db_option(decide)
     decide.add_argument("execution_id", metavar="EXECUTION_ID")
@@ -392,11 +425,15 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     decide.add_argument("--id", metavar="DECISION_ID", help="the decision's identity (repeat it to retry idempotently)")
     decide.add_argument("--rationale", default="", metavar="TEXT")
 
+
+def _cancel_parser(command: _AddCommand) -> None:
     cancel = command("cancel", "cancel an eligible or waiting execution", prints_data=True)
     _db_option(cancel)
     cancel.add_argument("execution_id", metavar="EXECUTION_ID")
     _who_options(cancel)
 
+
+def _reconcile_parser(command: _AddCommand) -> None:
     reconcile = command(
         "reconcile",
         "quarantine expired executions; review, settle, resume or fail one in review",
@@ -427,9 +464,13 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     )
     _who_options(reconcile)
 
+
+def _migrate_parser(command: _AddCommand) -> None:
     mig = command("migrate", "create or upgrade a store's schema (forward-only, numbered migrations)", prints_data=True)
     _db_option(mig)
 
+
+def _check_parser(command: _AddCommand) -> None:
     check = command(
         "check",
         "the deployment check: schema, migrations, actions, resolvers and definitions work not yet ended needs",
@@ -450,12 +491,18 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         "(without it, what is referenced is listed but not compared)",
     )
 
+
+def _diagram_parser(command: _AddCommand) -> None:
     diagram = command("diagram", "render a machine's diagram from its spec")
     diagram.add_argument("machine", choices=sorted(MACHINES), metavar="MACHINE", help=", ".join(MACHINES))
     diagram.add_argument("--format", choices=("mermaid", "dot"), default="mermaid")
 
+
+def _docs_parser(command: _AddCommand) -> None:
     command("docs", "print docs/machines.md as generated from the kernel's tables")
 
+
+def _export_specs_parser(command: _AddCommand) -> None:
     export = command(
         "export-specs",
         "write the language-neutral specs into DIR: the machine tables from the kernel's tables, and the "
@@ -463,6 +510,8 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
     )
     export.add_argument("directory", type=Path)
 
+
+def _modelcheck_parser(command: _AddCommand) -> None:
     mc = command(
         "modelcheck",
         "explore every interleaving of the lease protocol and check every invariant",
@@ -482,18 +531,31 @@ def _parser(*, groups: bool = True) -> argparse.ArgumentParser:
         "configuration of specs/protocol.md only)",
     )
 
+
+def _check_spec_parser(command: _AddCommand) -> None:
     spec = command("check-spec", "validate machine spec TOML files")
     spec.add_argument("files", type=Path, nargs="+", metavar="FILE")
 
-    if groups:
-        from . import cli_conformance, cli_journal, cli_ops, cli_outbox, cli_serve  # noqa: PLC0415 - see _GROUPS
 
-        cli_journal.register(sub, common, data)
-        cli_ops.add_parser(command)
-        cli_outbox.add_parsers(command, _db_option)
-        cli_serve.add_parser(command)
-        cli_conformance.add_parser(command)
-    return parser
+_COMMAND_PARSERS: dict[str, Callable[[_AddCommand], None]] = {
+    "demo": _demo_parser,
+    "run": _run_parser,
+    "worker": _worker_parser,
+    "inspect": _inspect_parser,
+    "list": _list_parser,
+    "event": _event_parser,
+    "decide": _decide_parser,
+    "cancel": _cancel_parser,
+    "reconcile": _reconcile_parser,
+    "migrate": _migrate_parser,
+    "check": _check_parser,
+    "diagram": _diagram_parser,
+    "docs": _docs_parser,
+    "export-specs": _export_specs_parser,
+    "modelcheck": _modelcheck_parser,
+    "check-spec": _check_spec_parser,
+}
+"""The commands defined in this module, in the order the help lists them; each builds its own parser."""
 
 
 def _db_option(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -537,7 +599,7 @@ def _seconds(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser(groups=_needs_groups(argv)).parse_args(argv)
+    args = _parser(only=_chosen_command(argv)).parse_args(argv)
     try:
         return _run(args)
     except _one_line_errors() as exc:
@@ -1050,7 +1112,7 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     for principal in principals:
         _identifier("--as", principal)
     _identifier("--business", args.business)
-    prefix = args.worker_prefix or f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    prefix = args.worker_prefix or _default_worker_prefix()
     if args.worker_prefix is not None:
         _identifier("--id", args.worker_prefix)
     elif not IDENTIFIER.fullmatch(prefix):
@@ -1107,6 +1169,15 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
             EXIT_PROBLEM,
         )
     return EXIT_OK
+
+
+def _default_worker_prefix() -> str:
+    """The worker ids' prefix without --id: the host's name and the process id."""
+    # Imported for this default alone: a worker given --id starts without socket (about 3 ms of imports,
+    # which psycopg pays anyway for PostgreSQL).
+    import socket  # noqa: PLC0415
+
+    return f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
 
 
 def _processes(text: str) -> int:

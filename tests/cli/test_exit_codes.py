@@ -255,17 +255,24 @@ def test_every_command_is_swept() -> None:
 
 
 def test_the_command_groups_load_only_when_a_command_line_may_need_them() -> None:
-    """Every command is either defined in cli.py or a group; a plain command's parser leaves the groups out."""
+    """Every command is either defined in cli.py or a group; a plain command's parser is that command's alone."""
     parser = cli._parser()
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(commands.choices) == cli._LIGHT_COMMANDS | {"journal", "op", "export", "prune", "serve", "conformance"}
-    light = cli._parser(groups=False)
-    [fewer] = [a for a in light._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(fewer.choices) == cli._LIGHT_COMMANDS
-    assert not cli._needs_groups(["--debug", "worker", "--db", "x.db"])
-    assert cli._needs_groups(["journal", "show"]) and cli._needs_groups(["op", "status"])
-    assert cli._needs_groups(["serve", "--db", "x.db"])
-    assert cli._needs_groups(["--help"]) and cli._needs_groups(["no-such-command"])
+    assert set(commands.choices) == set(cli._COMMAND_PARSERS) | {"journal", "op", "export", "prune", "serve", "conformance"}
+    for name in cli._COMMAND_PARSERS:
+        alone = cli._parser(only=name)
+        [one] = [a for a in alone._actions if isinstance(a, argparse._SubParsersAction)]
+        assert set(one.choices) == {name}
+    assert cli._chosen_command(["worker", "--db", "x.db"]) == "worker"
+    assert cli._chosen_command(["--debug", "--debug", "worker", "--db", "x.db"]) == "worker"
+    assert cli._chosen_command(["journal", "show"]) is None and cli._chosen_command(["op", "status"]) is None
+    assert cli._chosen_command(["serve", "--db", "x.db"]) is None
+    assert cli._chosen_command(["--help"]) is None and cli._chosen_command(["no-such-command"]) is None
+    assert cli._chosen_command([]) is None
+    # Whatever comes before the command but --debug may be the top-level parser's to answer (its help, the
+    # version, an error naming every command: "-1" is a positional to argparse, so an invalid choice).
+    for before in ("-h", "--help", "--version", "--no-such-option", "-1", "--debug=1"):
+        assert cli._chosen_command([before, "worker", "--db", "x.db"]) is None, before
 
 
 def test_a_worker_command_line_imports_neither_group() -> None:
@@ -299,3 +306,25 @@ def test_a_worker_reporting_in_json_starts_without_rich(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", probe, str(db)], capture_output=True, text=True, check=True)
     assert done.stderr == "(0, [])", done.stderr
     assert json.loads(done.stdout)["stopped_by"] == "idle"
+
+
+def test_a_worker_given_its_id_starts_without_socket(tmp_path: Path) -> None:
+    """Only the default worker id asks for the host name; a SQLite worker given --id never loads socket."""
+    db = tmp_path / "empty.db"
+    with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):
+        assert cli.main(["migrate", "--db", str(db)]) == 0
+    probe = (
+        "import contextlib, io, json, os, sys\n"
+        "from fencekeeper.adapters import cli\n"
+        "def run(*extra):\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        assert cli.main(['worker', '--db', sys.argv[1], '--until-idle', '--json', *extra]) == 0\n"
+        "    return json.loads(out.getvalue())['workers'], 'socket' in sys.modules\n"
+        "given = run('--id', 'w')\n"
+        "default = run()\n"
+        "import socket\n"
+        "sys.stderr.write(repr((given, default == ([f\"{socket.gethostname().split('.')[0]}-{os.getpid()}-1\"], True))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(db)], capture_output=True, text=True, check=True)
+    assert done.stderr == "((['w-1'], False), True)", done.stderr
