@@ -1,19 +1,20 @@
 """Random runs of real workers on a store that loses answers, with crashes, expiring leases and an operator.
 
-What is explored: a Hypothesis state machine drives the real ``Worker``
-(two or three of them, each behind its own connection to one store) over a
-few executions of the two-Command definition and of one whose condition
-composes with its Command's intent.  Each pass may lose the store's answer
-at the k-th call of a method (the claim, an intent's ``append_evidence``, a
-step, a finalization, a renewal, a read), after its transaction committed or
-before, and the store may stay away for a few calls more; a handler may die
-with its process while it runs; the clock moves by less than a lease, about
-one, or more; a worker crashes and is started again, under its old id or a
-new one, knowing nothing; an operator sweeps expired leases, settles each
-Command in review by asking the handler (never resending it) and resumes at
-the continuation the evidence permits, or fails the execution.  The handler
-answers by the Command's id: mostly succeeded, sometimes rejected or
-unknown; asked to reconcile, it tells the truth about what it applied.
+What is explored: a Hypothesis state machine drives the real ``Worker`` (two
+or three of them, each behind its own connection to one store) over a few
+executions of the two-Command definition and of one whose condition composes with its
+Command's intent.  Each pass may lose the store's answer at the k-th call of
+a method (the claim, an intent's ``append_evidence``, a step, a
+finalization, a renewal, a read, the lookup of a lost claim), after its
+transaction committed or before, and the store may stay away for a few calls
+more; a handler may die with its process while it runs; the clock moves by
+less than a lease, about one, or more; a worker crashes and is started
+again, under its old id or a new one, knowing nothing; an operator sweeps
+expired leases, settles each Command in review by asking the handler (never
+resending it) and resumes at the continuation the evidence permits, or fails
+the execution.  The handler answers by the Command's id: mostly succeeded,
+sometimes rejected or unknown; asked to reconcile, it tells the truth about
+what it applied.
 
 What is checked after every step, from the store's own rows and the
 handler's log: each Command is executed at most once, by any worker; only
@@ -21,15 +22,17 @@ while its intent is committed and unsettled, by the worker that holds the
 execution's live lease, under the fence the Command names; never after it
 was reconciled as not applied; every result the store shows is the one the
 handler gave (or the one reconciliation found); every row is coherent (the
-store suite's ``assert_coherent``); a lease whose worker crashed is never
-renewed or stepped under again; a worker says ``resumed`` only under its own
-live lease and ``lapsed`` only for its own expired one.  At the end of a run
-(and now and then in the middle of one), with the faults off: the workers
-take up what they hold without the clock moving, and where nobody crashed
-and no lease expired that already ends every execution, with no quarantine
-and no unsettled Command (the point of taking a lease up again after a lost
-answer: it costs a read, not a lease's length and a review); then the leases
-run out, the operator sweeps and settles, a fresh worker drains, and every
+store suite's ``assert_coherent``); a decision whose answer was lost after
+it committed is in the store (a store that sends some writes with the COMMIT
+sent them); a lease whose worker crashed is never renewed or stepped under
+again; a worker says ``resumed`` only under its own live lease and
+``lapsed`` only for its own expired one.  At the end of a run (and now and
+then in the middle of one), with the faults off: the workers take up what
+they hold without the clock moving, and where nobody crashed and no lease
+expired that already ends every execution, with no quarantine and no
+unsettled Command (the point of taking a lease up again after a lost answer:
+it costs a read, not a lease's length and a review); then the leases run
+out, the operator sweeps and settles, a fresh worker drains, and every
 execution ends succeeded or failed.
 
 Why: tests/stores/test_worker_unknown_outcome.py loses one answer at each
@@ -59,7 +62,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from fencekeeper.adapters import service
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
-from fencekeeper.adapters.store import RETRYABLE_STORE_CODES, ManualClock, StoreError, TransactionalStore
+from fencekeeper.adapters.store import (
+    RETRYABLE_STORE_CODES,
+    Composed,
+    ExecutionView,
+    ManualClock,
+    StoreError,
+    TransactionalStore,
+)
 from fencekeeper.adapters.testing.suite import assert_coherent
 from fencekeeper.adapters.worker import Worker
 from fencekeeper.kernel import interpreter as i
@@ -70,8 +80,9 @@ from .test_worker_interrupted import BUSINESS, CHECK_FIRST, DEFINITION, POLICY, 
 
 LEASE = timedelta(seconds=30)
 LOST = "the connection to the store was lost"
-CALLS = ("claim_and_visit", "append_evidence", "record_step_and_visit", "finalize", "renew", "read_for_visit")
-"""The calls a loss is armed at: every write a worker makes, and the read its take-up starts with."""
+CALLS = ("claim_and_visit", "append_evidence", "record_step_and_visit", "finalize", "renew", "read_for_visit", "leased_to")
+"""The calls a loss is armed at: every write a worker makes, and the reads its take-up starts with (the
+lookup of what a claim whose answer was lost claimed, then the execution)."""
 UNTOUCHED = frozenset({"clock", "known_definition"})
 """What a worker asks its store without a round trip (a planner inside a transaction asks known_definition)."""
 MOVES = (0.1, 0.4, 0.6, 0.99, 1.0, 1.01, 2.0)
@@ -103,8 +114,10 @@ class Connection:
     The store's ``down`` count outlives a pass, as an outage outlives one.
     """
 
-    def __init__(self, inner: TransactionalStore) -> None:
+    def __init__(self, inner: TransactionalStore, broken: list[str]) -> None:
         self._inner = inner
+        self.broken = broken
+        """Where a committed loss that left the store as it was is noted (the ledger's, asserted empty after every step)."""
         self.loss: Loss | None = None
         self.composed = True
         self.down = 0
@@ -132,13 +145,28 @@ class Connection:
             event(f"lost: {name} {'committed' if loss.committed else 'rolled back'}")
             try:
                 if loss.committed:
-                    inner(*args, **kwargs)
+                    before = self._rows()
+                    answer = inner(*args, **kwargs)
+                    self._check_landed(name, answer, before)
             finally:
                 # Set after the call: a planner the committed call runs must not meet the outage it causes.
                 self.down = loss.down
             raise StoreError("store_unavailable", LOST)
 
         return call
+
+    def _rows(self) -> dict[str, ExecutionView | None]:
+        return {x: self._inner.read(x) for x in self._inner.execution_ids()}
+
+    def _check_landed(self, name: str, answer: object, before: dict[str, ExecutionView | None]) -> None:
+        """A decision whose answer is lost after it committed is in the store: else "committed" tests a rollback.
+
+        A store that kept a decision's writes for a later exchange (PostgreSQL
+        sends some with the COMMIT) must have sent them before it answered.
+        """
+        outcome = answer.outcome if isinstance(answer, Composed) else answer
+        if isinstance(outcome, p.Decision) and self._rows() == before:
+            self.broken.append(f"{name} on {outcome.guard.execution_id} committed, and the store shows nothing of it")
 
 
 @attrs.define
@@ -341,7 +369,7 @@ class WorkerFaults(RuleBasedStateMachine):
 
     def _slot(self, worker_id: str) -> Slot:
         life = self._life(worker_id)
-        connection = Connection(self.store)
+        connection = Connection(self.store, self.ledger.broken)
         return Slot(connection, life, self._worker(connection, life))
 
     def _admit(self, definition_id: str) -> None:
