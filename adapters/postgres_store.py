@@ -853,7 +853,8 @@ POSTGRES = Dialect(
     seq="seq",
     encode_time=lambda moment: moment,
     decode_time=_aware,
-    integrity_errors=(psycopg.errors.UniqueViolation,),
+    # A foreign key fails only for a revision of an object nobody made (SQLStore._missing_revision).
+    integrity_errors=(psycopg.errors.UniqueViolation, psycopg.errors.ForeignKeyViolation),
     wait_item="(({body})::jsonb->'wait'->>{index})",
     # A body that is no JSON, or holds an escape jsonb cannot keep (\u0000), fails the cast.
     unreadable_json=(psycopg.errors.InvalidTextRepresentation, psycopg.errors.UntranslatableCharacter),
@@ -1819,6 +1820,13 @@ class _PostgresBackend(SqlBackend):
         # "Key (object_id, revision)=(att-1, 2) already exists."; identifiers hold no comma.
         diag = getattr(exc, "diag", None)
         match = re.match(r"Key \(object_id, revision\)=\(([^,]+), \d+\)", (diag and diag.message_detail) or "")
+        return match.group(1) if match else None
+
+    def _missing_object(self, exc: Exception) -> str | None:
+        # 'Key (object_id)=(att-1) is not present in table "objects".': a revision's object row (never the
+        # parent_id or execution keys, whose column names differ).
+        diag = getattr(exc, "diag", None)
+        match = re.match(r'Key \(object_id\)=\((.+)\) is not present in table "objects"', (diag and diag.message_detail) or "")
         return match.group(1) if match else None
 
     def _remember(self, row: Sequence[Any] | None, evidence: _Rows | None = None) -> str | None:

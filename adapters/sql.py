@@ -358,6 +358,28 @@ class SqlBackend(Backend):
         """The object id in the key ``exc`` reports as duplicated, where the database says."""
         return None
 
+    def _missing_object(self, exc: Exception) -> str | None:
+        """The object id ``exc`` reports a revision of as having no object row, where the database says."""
+        return None
+
+    def _missing_revision(self, evidence: Sequence[Evidence], exc: Exception) -> Evidence | None:
+        """The revision of ``evidence`` that ``exc`` refused for want of its object, if that is what it says.
+
+        A revision past the first goes on top of an existing object of this
+        execution (the compare-and-set in :meth:`_queue_evidence`); of an
+        object nobody made, the revision row's foreign key fails first.  That
+        is the same conflict as any revision not on top of its object's:
+        the caller's evidence, not the execution, is what is wrong.
+        """
+        later = [item for item in evidence if item.revision > 1]
+        named = self._missing_object(exc)
+        if named is not None:
+            return next((item for item in later if item.object_id == named), None)
+        if "FOREIGN KEY constraint failed" in str(exc):
+            # SQLite names no key, but checks it at once: the compare-and-set before it has touched no row.
+            return next((item for item, cursor in self._revision_checks if cursor.rowcount == 0), None)
+        return None
+
     def _guarded(self, sql: str, params: Sequence[object]) -> None:
         """A write that must touch exactly one row, or the decision does not hold."""
         self._checks.append(self._execute(sql, params))
@@ -390,6 +412,9 @@ class SqlBackend(Backend):
         table = self._conflict_table(exc)
         if table == "wait_registrations" and decision.registration is not None:
             raise registration_conflict(decision.registration.key) from None
+        missing = self._missing_revision(evidence, exc)
+        if missing is not None:
+            raise evidence_revision_conflict(missing) from None
         later = [item for item in evidence if item.revision > 1]
         # The duplicate revision is an evidence object's when the database
         # names it, or (where it does not) when every guard so far held;
@@ -649,7 +674,10 @@ class SqlBackend(Backend):
         try:
             with self._batch():
                 self._queue_evidence(execution_id, evidence, self.dialect.encode_time(now))
-        except self.dialect.integrity_errors:
+        except self.dialect.integrity_errors as exc:
+            missing = self._missing_revision(evidence, exc)
+            if missing is not None:
+                raise evidence_revision_conflict(missing) from None
             raise StoreError(
                 "evidence_conflict",
                 f"evidence {', '.join(repr(e.object_id) for e in evidence)}: an id already exists; "

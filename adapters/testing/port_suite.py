@@ -29,6 +29,7 @@ Rules every test here checks, through the port alone:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -173,6 +174,25 @@ class PortTests(RequestTests):
             ("att-1", 6, "closed", "StepAttempt")
         ]
         assert dict(found.evidence[0].body) == {"status": "pending", "n": 6}
+
+    def test_a_later_revision_of_an_object_nobody_made_is_a_conflict_that_names_it(self, store: Store) -> None:
+        # A caller's bug (a revision planned on top of evidence that never committed) gets the same one error
+        # on every store, naming the object, and writes nothing: not a database's own constraint error.
+        credential = self.running(store)
+        decided(store.append_evidence("e-1", credential, [Evidence("att-1", "StepAttempt", {}, 1, "pending")]))
+        for items in (
+            [Evidence("att-missing", "StepAttempt", {}, 2, "running")],
+            [Evidence("att-missing", "StepAttempt", {}, 2, "running"), Evidence("att-missing", "StepAttempt", {}, 3, "done")],
+            [Evidence("ev-new", "note"), Evidence("att-missing", "StepAttempt", {}, 5, "running")],
+        ):
+            appending = functools.partial(store.append_evidence, "e-1", credential, items)
+            error = store_error(store, appending, "evidence_conflict")
+            assert "'att-missing'" in error.message, error.message
+        request = step_request(store, "e-1", credential)
+        missing = [Evidence("att-missing", "StepAttempt", {}, 2, "running")]
+        error = store_error(store, lambda: store.record_step("e-1", request, missing), "evidence_conflict")
+        assert "'att-missing'" in error.message, error.message
+        assert [(e.object_id, e.revision) for e in view(store, "e-1").evidence] == [("att-1", 1)]
 
     def test_an_evidence_object_keeps_its_kind(self, store: Store) -> None:
         credential = self.running(store)

@@ -27,7 +27,8 @@ test below then runs against that store.  What the tests prove:
   expired (``lease_expires_at <= now``).
 - what the interpreter needs: an evidence revision lands only on top of the
   one before it, on the same execution's object (``evidence_conflict``
-  otherwise, changing nothing); a definition registers each revision once,
+  otherwise, naming the object and changing nothing, including for an
+  object nobody made); a definition registers each revision once,
   identically or not at all, per Business; an Event wakes exactly the
   waiters of its Business and type whose predicates it matches, with the
   continuation the registration committed, is idempotent when republished
