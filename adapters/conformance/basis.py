@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-SUITE_VERSION = "4.7.0"
+SUITE_VERSION = "4.8.0"
 """Semantic version of the case format and contents (specs/conformance.md, Versions)."""
 
 Case = dict[str, Any]

@@ -258,6 +258,13 @@ def _scripts() -> dict[str, list[Step]]:
             evidence("e-1", W1, 1 + END, ("cmd-1", "command", 4, "failed")),
             read("e-1"),
         ],
+        "evidence_revision_of_an_object_nobody_made": [
+            admit("e-1", 0), claim("w-1", "tok-1", 1),
+            evidence("e-1", W1, 2, ("att-1", "attempt", 1, "started")),
+            evidence("e-1", W1, 3, ("cmd-9", "command", 2, "issued")),
+            evidence("e-1", W1, 4, ("cmd-8", "command", 1, "issued"), ("cmd-9", "command", 3, "unknown")),
+            current_evidence("e-1"),
+        ],
         "ids_are_one_space_for_executions_and_evidence": [
             admit("e-1", 0), claim("w-1", "tok-1", 1), evidence("e-1", W1, 2, ("e-2", "command", 1, "issued")),
             admit("e-2", 3), evidence("e-1", W1, 4, ("e-1", "command", 1, "issued")), read("e-1"), read("e-2"),
