@@ -86,6 +86,24 @@ Both workers (executions and durable operations) take such work up on
 their way out, so that it is finished under its lease rather than left to
 expire; a stopping process does not wait out a longer outage."""
 
+
+def tried_before_stop(attempt: Callable[[], _T], sleep: Callable[[float], None] = time.sleep) -> _T | None:
+    """``attempt()``, tried again after each of :data:`STOP_TAKE_UP_WAITS` while the store fails retryably.
+
+    None once the last try failed so too; any other error is raised.  For a
+    stopping worker's last look at work whose answer was lost.
+    """
+    for wait in (*STOP_TAKE_UP_WAITS, None):
+        try:
+            return attempt()
+        except StoreError as exc:
+            if exc.code not in RETRYABLE_STORE_CODES:
+                raise
+            if wait is None:
+                return None
+            sleep(wait)
+    return None
+
 RIDE_OUT_SECONDS = 30.0
 """How long a worker keeps trying a store that fails every time before it gives up and its command exits 1.
 
@@ -1467,4 +1485,5 @@ __all__ = [
     "definition_object_id",
     "evidence_revision_conflict",
     "registration_conflict",
+    "tried_before_stop",
 ]

@@ -105,7 +105,7 @@ from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler, ask
-from .store import RETRYABLE_STORE_CODES, STOP_TAKE_UP_WAITS, NextVisit, StoreError, TransactionalStore, VisitView
+from .store import RETRYABLE_STORE_CODES, NextVisit, StoreError, TransactionalStore, VisitView, tried_before_stop
 
 MIN_LEASE: Final = timedelta(seconds=1)
 """The shortest lease a worker takes.
@@ -504,21 +504,12 @@ class Worker:
 
         The visit is finished under the lease and a stop hook hands the
         lease back, as after any visit of a stopping worker.  A store still
-        failing after :data:`STOP_TAKE_UP_WAITS` leaves the lease to expire,
-        for the sweep: a stopping process does not wait out an outage.  Any
-        other error is raised, as an error in a pass is.
+        failing after :data:`~fencekeeper.adapters.store.STOP_TAKE_UP_WAITS`
+        leaves the lease to expire, for the sweep: a stopping process does
+        not wait out an outage.  Any other error is raised, as an error in a
+        pass is.
         """
-        waits: tuple[float | None, ...] = (*STOP_TAKE_UP_WAITS, None)
-        for wait in waits:
-            try:
-                return self.take_up()
-            except StoreError as exc:
-                if exc.code not in RETRYABLE_STORE_CODES:
-                    raise
-                if wait is None:
-                    return None
-                sleep(wait)
-        return None
+        return tried_before_stop(self.take_up, sleep)
 
     def _carry(self, report: PassReport, exc: StoreError) -> None:
         """Keep ``report`` for the next pass when ``exc`` left a lease to take up there."""

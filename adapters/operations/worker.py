@@ -124,7 +124,7 @@ from fencekeeper.kernel import operations as o
 from fencekeeper.kernel.common import duration_problem, identifier_problem, shown
 from fencekeeper.kernel.machines import OperationEvent
 
-from ..store import RETRYABLE_STORE_CODES, STOP_TAKE_UP_WAITS, StoreError
+from ..store import RETRYABLE_STORE_CODES, StoreError, tried_before_stop
 from .ports import ClaimRefused, GuardedContext, MalformedRow, OperationStore, OperationView
 from .service import (
     ActionFailed,
@@ -325,18 +325,11 @@ class DurableOperationWorker:
         the ordinary reclaim: a stopping process does not wait out an
         outage.  Any other error is raised.
         """
-        waits: tuple[float | None, ...] = (*STOP_TAKE_UP_WAITS, None)
-        for wait in waits:
-            try:
-                with self._busy():
-                    return self._taken_up()
-            except StoreError as exc:
-                if exc.code not in RETRYABLE_STORE_CODES:
-                    raise
-                if wait is None:
-                    return None
-                sleep(wait)
-        return None
+        return tried_before_stop(self._taken_up_busy, sleep)
+
+    def _taken_up_busy(self) -> WorkReport | None:
+        with self._busy():
+            return self._taken_up()
 
     @contextmanager
     def _busy(self) -> Iterator[None]:
