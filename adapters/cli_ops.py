@@ -29,6 +29,12 @@ a workflow execution's.  A due row that
 contradicts its state is reported on one line and passed over; with
 ``--until-idle`` the command then exits 1, naming it on its last line
 (``malformed`` in ``--json``), since work is left that no worker can claim.
+With ``--log-json`` every line it writes on stderr once its options are
+accepted is one JSON object (:func:`_log_report`, :func:`_note`,
+:func:`_stopped`), made by the executions worker's log
+(:class:`~fencekeeper.adapters.observe.JsonLog`); the store's outage notes
+and other libraries' warnings come through the command line's router
+(``cli_logging``) into the same log.
 """
 
 from __future__ import annotations
@@ -51,10 +57,10 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from fencekeeper.kernel.common import identifier_problem, shown, shown_text
-from fencekeeper.kernel.operations import RefusalCode
+from fencekeeper.kernel.operations import RefusalCode, TerminalOutcome
 from fencekeeper.kernel.recovery import MAX_RATIONALE
 
-from . import cli_logging, prefork
+from . import cli_logging, observe, prefork
 from .cli import CliError, json_option
 from .connect import parse_url
 from .operations.base import TransactionalOperationStore
@@ -187,6 +193,9 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     worker.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="idle poll interval (default 1)")
     worker.add_argument("--until-idle", action="store_true", help="stop when nothing is due")
     worker.add_argument("--id", dest="worker_prefix", metavar="PREFIX", help="worker ids PREFIX-1..N")
+    worker.add_argument(
+        "--log-json", action="store_true", help="log every report and note on stderr as one JSON object a line"
+    )
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -516,6 +525,21 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     last = f"{prefix}-{processes * args.concurrency}"
     if identifier_problem(last) is not None:
         raise _Usage(f"--id: {prefix!r} is too long to name workers: {last!r} must be at most 128 characters")
+    if not args.log_json:
+        return _run_workers(args, out, prefix, processes)
+    try:
+        return _run_workers(args, out, prefix, processes)
+    except (_Usage, DurableOperationError, StoreError) as exc:
+        # Options accepted, the log has begun: an --actions or a --db that cannot be used is its last line, not a
+        # line of text a log collector cannot parse.
+        if getattr(args, "debug", False):
+            raise
+        message, code = _describe(exc)
+        _stopped(args, out, message)
+        return code
+
+
+def _run_workers(args: argparse.Namespace, out: Output, prefix: str, processes: int) -> int:
     errors: list[str] = []
     if processes == 1:
         reports, idle, errors = _work(args, out, prefix, 1, None)
@@ -530,16 +554,16 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
                 lambda number, lifeline: _work(args, out, prefix, (number - 1) * args.concurrency + 1, lifeline),
                 describe=_describe,
                 failed=lambda result: bool(result and result[2]),
-                note=out.note,
+                note=lambda message: _note(args, out, message),
                 finishes="attempt",
             )
         except prefork.ProcessesError as exc:
-            out.note(f"fencekeeper: error: --processes: {exc}")
+            _stopped(args, out, f"--processes: {exc}")
             return EXIT_PROBLEM
         common = prefork.common_error(ends)
         if common is not None:
             message, code = common
-            out.note(f"fencekeeper: error: {message}")
+            _stopped(args, out, message)
             return code
         reports, idle = [], received is None
         for end in ends:
@@ -565,17 +589,58 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     else:
         out.line(f"{len(reports)} operation attempts reported")
     if errors:
-        out.note(f"fencekeeper: error: {'; '.join(errors)}")
+        _stopped(args, out, "; ".join(errors))
         return EXIT_PROBLEM
     if malformed and args.until_idle:
         # Idle, yet work is left that no worker can claim: an exit 0 would tell a script or an operator that the
         # queue is done.  Without --until-idle the workers keep running (and the rows stay passed over).
-        out.note(
-            f"fencekeeper: error: passed over {len(malformed)} operation(s) whose stored row contradicts its "
-            f"state: {', '.join(malformed)}; repair the row (docs/operations.md) [{MALFORMED_ROW}]"
+        _stopped(
+            args,
+            out,
+            f"passed over {len(malformed)} operation(s) whose stored row contradicts its state: "
+            f"{', '.join(malformed)}; repair the row (docs/operations.md) [{MALFORMED_ROW}]",
         )
         return EXIT_PROBLEM
     return EXIT_OK
+
+
+_SAID_WELL = frozenset({TerminalOutcome.SUCCEEDED.value, "retry", TerminalOutcome.CANCELLED.value,
+                        TerminalOutcome.APPROVAL_REJECTED.value})  # fmt: skip
+"""The outcomes the log says at level ``info``: what was asked happened, or will be tried again, or a person decided."""
+_SAID_AS_ERRORS = frozenset(o.value for o in TerminalOutcome) - _SAID_WELL
+"""An operation ended without its result (``max_attempts_exceeded``, ``external_outcome_unknown``, ...): ``error``,
+as an execution that left for ``failed`` is in the executions worker's log.  Every other report is a refusal
+(``malformed_row``, ``lease_expired``, ``action_not_registered``, ...): ``warning``, as a refused visit is there."""
+
+
+def _log_report(log: observe.JsonLog, worker_id: str, report: WorkReport) -> None:
+    """One report as one object of the ``--log-json`` log: its outcome is the ``event`` an operator alerts on."""
+    level = "info" if report.outcome in _SAID_WELL else "error" if report.outcome in _SAID_AS_ERRORS else "warning"
+    log.line(
+        level,
+        report.outcome,
+        worker_id=worker_id,
+        operation_id=report.operation_id,
+        attempt=report.attempt,
+        detail=report.detail,
+        **({"resumed": True} if report.resumed else {}),
+    )
+
+
+def _note(args: argparse.Namespace, out: Output, message: str) -> None:
+    """One of op worker's own notes: a line of text, or with ``--log-json`` a ``note`` of the log."""
+    if args.log_json:
+        observe.JsonLog(sys.stderr).line("info", "note", detail=message)
+    else:
+        out.note(message)
+
+
+def _stopped(args: argparse.Namespace, out: Output, message: str) -> None:
+    """What ends an op worker run that exits 1 or 2: ``fencekeeper: error: ...``, or with ``--log-json`` an ``error``."""
+    if args.log_json:
+        observe.JsonLog(sys.stderr).line("error", "error", detail=message)
+    else:
+        out.note(f"fencekeeper: error: {message}")
 
 
 def _work(
@@ -597,7 +662,7 @@ def _work(
             # attempt in flight (an atomic action's transaction) to end, and let it commit.
             os._exit(130)
         # As `fencekeeper worker` says it: an operator who pressed Ctrl-C learns why the command has not ended yet.
-        out.note("stopping after the current attempt; send the signal again to quit at once")
+        _note(args, out, "stopping after the current attempt; send the signal again to quit at once")
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -607,6 +672,8 @@ def _work(
     reports: list[WorkReport] = []
     errors: list[str] = []
     lock = threading.Lock()
+    # A JSON log owns stderr, as `fencekeeper worker --log-json`'s does: every report is one of its objects.
+    log = observe.JsonLog(sys.stderr) if args.log_json else None
     try:
         # The idle-in-transaction timeout is the lease: a worker stalled inside an atomic action loses its
         # session (its row lock, its commit) once its lease is over, when a replacement may claim the
@@ -619,7 +686,9 @@ def _work(
             def tell(worker: DurableOperationWorker, report: WorkReport) -> None:
                 with lock:
                     reports.append(report)
-                if not out.json_mode:
+                if log is not None:
+                    _log_report(log, worker.worker_id, report)
+                elif not out.json_mode:
                     # An operation can end with no attempt made (an approval that expired first).
                     attempt = "" if report.attempt is None else f" attempt {report.attempt}"
                     # A damaged row is told with what the store found wrong (field and repair are the
