@@ -271,3 +271,52 @@ def test_the_pages_op_worker_json_fields_are_the_commands(tmp_path: Path) -> Non
     # `resumed` is on a resumed attempt's report only (tests/cli/test_op_worker_outage.py makes some).
     assert all(set(r) == report_fields - {"resumed"} for r in summary["reports"]), (summary["reports"], report_fields)
     assert "resumed" in report_fields
+
+
+def _log_table() -> dict[str, str]:
+    """The page's table of ``op worker --log-json``'s fields: each field the table names, with its row's meaning."""
+    section = PAGE.read_text(encoding="utf-8").split("### The JSON log: `--log-json`", 1)[1].split("\n#", 1)[0]
+    fields: dict[str, str] = {}
+    for row in re.findall(r"^\| (`[^|]+`) \| (.+) \|$", section, flags=re.MULTILINE):
+        for name in re.findall(r"`([a-z_]+)`", row[0]):
+            fields[name] = row[1]
+    return fields
+
+
+OUTAGE_AND_LIBRARY_FIELDS = {"resumed", "seconds", "failures", "logger"}
+"""The log's fields a SQLite run without an outage cannot show: tests/cli/test_op_worker_outage.py shows the first three
+on PostgreSQL with its sessions ended, tests/cli/test_library_logs.py the executions worker's ``logger``."""
+
+
+def test_the_pages_op_worker_log_fields_and_events_are_the_commands(tmp_path: Path) -> None:
+    db = tmp_path / "ops.db"
+    submitted = {
+        key: data("op", "submit", "transfer", "--db", db, "--key", key, "--input", json.dumps(value), cwd=tmp_path)[
+            "operation_id"
+        ]
+        for key, value in (
+            ("k-good", {"from": "acc-1", "to": "acc-2", "amount": 5}),
+            ("k-failing", {"from": "acc-9", "to": "acc-2", "amount": 5}),
+            ("k-bad", {"from": "acc-1", "to": "acc-2", "amount": 5}),
+        )
+    }
+    with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        conn.execute("UPDATE operations SET owner = 'w-old' WHERE operation_id = ?", (submitted["k-bad"],))
+    result = fencekeeper("op", "worker", "--db", db, "--until-idle", "--log-json", "--concurrency", "2", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    documented = _log_table()
+    seen = {field for record in records for field in record}
+    # Every field the command writes is in the table, and the table names none it cannot write.
+    assert seen <= set(documented) and set(documented) - seen == OUTAGE_AND_LIBRARY_FIELDS, (seen, set(documented))
+    events = {record["event"] for record in records}
+    assert events == {"succeeded", "action_failed", "malformed_row", "error"}, records
+    # Each event and level the run wrote is one the table's `event` and `level` rows name.
+    named = set(re.findall(r"`([a-z_]+)`", documented["event"]))
+    assert events <= named, events - named
+    for record in records:
+        said = documented["level"].split(f"`{record['level']}` for ", 1)[1].split(";", 1)[0]
+        kind = "refusal" if record["event"] == "malformed_row" else f"`{record['event']}`"
+        if record["event"] == "action_failed":
+            kind = "every other terminal outcome"
+        assert kind in said, (record, said)
