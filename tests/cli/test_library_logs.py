@@ -208,7 +208,7 @@ def _has_accounts(dsn: str, schema: str) -> bool:
     return bool(found and found[0])
 
 
-@pytest.mark.parametrize("command", ["worker", "worker --log-json", "op worker"])
+@pytest.mark.parametrize("command", ["worker", "worker --log-json", "op worker", "op worker --log-json"])
 def test_a_run_with_no_store_failure_says_neither_note(pg_dsn: str, pg_schema: str, tmp_path: Path, command: str) -> None:
     url = f"{pg_dsn}?schema={pg_schema}"
     if command.startswith("op"):

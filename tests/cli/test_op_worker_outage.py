@@ -12,8 +12,10 @@ outcome"), so every operation succeeds under its one Attempt, well within
 one lease.
 
 Run twice: with the text log, whose lines name each resumed attempt as it
-happens, and with ``--json``, whose one document on stdout carries each
-report with ``"resumed": true`` (docs/operations.md, "Running workers").
+happens, and with ``--json --log-json``, whose one document on stdout
+carries each report with ``"resumed": true`` (docs/operations.md, "Running
+workers"), and whose JSON log on stderr says each report as it happens, the
+outage's two lines among them (docs/operations.md, "The JSON log").
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ from tests.operations import outage_actions
 
 BATCH = 30
 BATCHES = 5
-JSON_BATCHES = 3
-"""With ``--json`` the reports come only at the end, so no batch can tell that a kill landed: a fixed few (each
-resumes two or three attempts in a run of its own, ten to fifteen in five batches), near the text run's length."""
+"""At most; a run stops after its second batch once a report said an attempt was resumed (in the text log or the
+JSON log: both say each report as it happens)."""
 PRINCIPAL = PrincipalReference.parse("users:v1:operator")
 RESUMED = "resumed: the store answers again and attempt 1"
 """How a resumed attempt's detail starts, in either output: the write under attempt 1 committed or was sent again."""
@@ -72,7 +73,7 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
     application = f"fk-test-{uuid.uuid4().hex[:12]}"
     worker = subprocess.Popen(
         [str(FENCEKEEPER), "op", "worker", "--db", url, "--actions", "tests.operations.outage_actions",
-         "--concurrency", "3", "--poll", "0.1", "--lease", "30", *(["--json"] if output == "json" else [])],
+         "--concurrency", "3", "--poll", "0.1", "--lease", "30", *(["--json", "--log-json"] if output == "json" else [])],
         cwd=Path(__file__).resolve().parents[2],  # where tests.operations is importable from
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -87,10 +88,18 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
 
     reader = threading.Thread(target=read_log, daemon=True)
     reader.start()
+    document: list[str] = []
+
+    def read_document() -> None:
+        assert worker.stdout is not None
+        document.append(worker.stdout.read())  # read meanwhile: a document past a pipe's buffer would block the worker
+
+    printed = threading.Thread(target=read_document, daemon=True)
+    printed.start()
     operations = f"SELECT outcome, count(*) FROM {pg_schema}.operations WHERE outcome IS NOT NULL GROUP BY outcome"
     admitted = ended = 0
     try:
-        for batch in range(BATCHES if output == "text" else JSON_BATCHES):
+        for batch in range(BATCHES):
             _submit(service, batch)
             admitted += BATCH
             deadline = time.monotonic() + 25  # well inside the 30 s lease: no lease may be waited out
@@ -107,16 +116,20 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
                     ended += end_sessions(pg_dsn, application)
                     next_kill, progress = time.monotonic() + 0.4, done
                 time.sleep(0.02)
-            if output == "text" and batch >= 1 and any(": resumed: " in line for line in lines):
+            if batch >= 1 and any(": resumed: " in line or '"resumed": true' in line for line in lines):
                 break
         worker.terminate()
-        stdout, _ = worker.communicate(timeout=60)
+        # Waited for, not communicate()d with: that would read stderr too, racing the reader for its lines (a JSON
+        # line split between the two would not parse).  stdout's one document is read as it is written.
+        worker.wait(timeout=60)
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.communicate()
+            worker.wait()
         store.close()
     reader.join(timeout=10)
+    printed.join(timeout=10)
+    stdout = "".join(document)
     assert worker.returncode == 0, lines[-10:]
     assert ended > 0
     # Every operation succeeded under its one Attempt: none failed, none was abandoned and claimed again.
@@ -128,17 +141,18 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
     assert transfers == {"all": admitted // 3}
     balances = _count(pg_dsn, f"SELECT account_id, balance FROM {pg_schema}.app_accounts")
     assert balances == {"acc-1": 10_000 - 5 * admitted // 3, "acc-2": 5 * admitted // 3}
+    if output == "json":
+        counts = _count(pg_dsn, f"SELECT operation_id, attempt_count FROM {pg_schema}.operations")
+        _assert_json_reports(stdout, counts)
+        _assert_json_log(lines, json.loads(stdout)["reports"])
+        return
     # The outage is said as in any worker's run: the store answered again after a lost connection, in a
-    # request or more that failed, in either output (op worker has no JSON log: its notes are text lines).
+    # request or more that failed.
     lost = [n for n, line in enumerate(lines) if line == LOST_NOTE]
     back = [(n, m) for n, m in enumerate(map(ANSWERED_NOTE.fullmatch, lines)) if m is not None]
     assert lost and back and lost[0] < back[0][0], lines
     for _, matched in back:
         sane_outage(float(matched[1]), int(matched[2]))
-    if output == "json":
-        counts = _count(pg_dsn, f"SELECT operation_id, attempt_count FROM {pg_schema}.operations")
-        _assert_json_reports(stdout, lines, counts)
-        return
     reports = [m for m in map(REPORT.fullmatch, lines) if m is not None]
     assert {m["outcome"] for m in reports} == {"succeeded"}, [m.string for m in reports if m["outcome"] != "succeeded"]
     assert stdout.strip() == f"{len(reports)} operation attempts reported"
@@ -152,7 +166,7 @@ REPORT_FIELDS = {"operation_id", "attempt", "outcome", "detail"}
 """A report's fields in ``op worker --json``, and ``resumed`` (only ever true) on an attempt taken up."""
 
 
-def _assert_json_reports(stdout: str, stderr: list[str], attempts: dict[str, int]) -> None:
+def _assert_json_reports(stdout: str, attempts: dict[str, int]) -> None:
     summary = json.loads(stdout)  # the whole of stdout is the one document: anything more would not parse
     assert set(summary) == {"stopped_by", "at", "reports"} and summary["stopped_by"] == "signal", set(summary)
     reports: list[dict[str, object]] = summary["reports"]
@@ -166,9 +180,41 @@ def _assert_json_reports(stdout: str, stderr: list[str], attempts: dict[str, int
     # The others carry no flag and no such detail: the flag is the report's own, not a guess from its words.
     others = [r for r in reports if "resumed" not in r]
     assert all(set(r) == REPORT_FIELDS and not str(r["detail"] or "").startswith("resumed:") for r in others), others
-    # The reports are stdout's alone: stderr holds the outage's notes and the signal's, no report line.
-    notes = [line for line in stderr if line != LOST_NOTE and not ANSWERED_NOTE.fullmatch(line)]
-    assert all(line.startswith("stopping after the current attempt") for line in notes), notes
+
+
+LOG_REPORT_FIELDS = {"ts", "level", "event", "worker_id", "operation_id", "attempt", "detail"}
+
+
+def _assert_json_log(stderr: list[str], reports: list[dict[str, object]]) -> None:
+    """``--log-json``'s log: every line an object; the outage's two as `fencekeeper worker` says them; every report."""
+    records = [json.loads(line) for line in stderr]  # every line of stderr is one object: nothing else is there
+    # The outage is said as in any worker's run: the store answered again after a lost connection, in a request or
+    # more that failed, now as the executions worker's log says it (docs/operating-postgres.md).
+    lost = [n for n, r in enumerate(records) if r["event"] == "store_connection_lost"]
+    back = [(n, r) for n, r in enumerate(records) if r["event"] == "store_answers_again"]
+    assert lost and back and lost[0] < back[0][0], records
+    for n in lost:
+        assert records[n] == {"ts": records[n]["ts"], "level": "warning", "event": "store_connection_lost",
+                              "detail": LOST_NOTE}, records[n]  # fmt: skip
+    for _, record in back:
+        assert set(record) == {"ts", "level", "event", "seconds", "failures", "detail"} and record["level"] == "info"
+        seconds, failures = record["seconds"], record["failures"]
+        assert isinstance(seconds, int | float) and not isinstance(seconds, bool), record
+        assert isinstance(failures, int) and not isinstance(failures, bool) and failures >= 1, record
+        sane_outage(float(seconds), failures)
+        assert ANSWERED_NOTE.fullmatch(record["detail"]), record
+    # Each report, as it happened: the document's reports and the log's are the same, a resumed one flagged in both.
+    said = [r for r in records if r["event"] not in {"store_connection_lost", "store_answers_again", "note"}]
+    assert sorted((r["operation_id"], r["attempt"], r["event"], r["detail"], r.get("resumed")) for r in said) == sorted(
+        (r["operation_id"], r["attempt"], r["outcome"], r["detail"], r.get("resumed")) for r in reports
+    ), said
+    resumed = [r for r in said if "resumed" in r]
+    assert resumed and all(r["resumed"] is True and set(r) == LOG_REPORT_FIELDS | {"resumed"} for r in resumed), said
+    assert all(r["level"] == "info" and str(r["detail"]).startswith(RESUMED) for r in resumed), resumed
+    assert all(set(r) == LOG_REPORT_FIELDS and r["level"] == "info" for r in said if "resumed" not in r), said
+    # The signal's note is the log's too.
+    notes = [r for r in records if r["event"] == "note"]
+    assert [str(r["detail"]).split(";")[0] for r in notes] == ["stopping after the current attempt"], notes
 
 
 SLOW_ACTIONS = """
