@@ -525,14 +525,12 @@ def _worker(args: argparse.Namespace, out: Output) -> int:
     last = f"{prefix}-{processes * args.concurrency}"
     if identifier_problem(last) is not None:
         raise _Usage(f"--id: {prefix!r} is too long to name workers: {last!r} must be at most 128 characters")
-    if not args.log_json:
-        return _run_workers(args, out, prefix, processes)
     try:
         return _run_workers(args, out, prefix, processes)
     except (_Usage, DurableOperationError, StoreError) as exc:
         # Options accepted, the log has begun: an --actions or a --db that cannot be used is its last line, not a
-        # line of text a log collector cannot parse.
-        if getattr(args, "debug", False):
+        # line of text a log collector cannot parse.  Without it, run() says it as every op command's error.
+        if not args.log_json or getattr(args, "debug", False):
             raise
         message, code = _describe(exc)
         _stopped(args, out, message)
