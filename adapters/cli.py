@@ -605,11 +605,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _one_line_errors() as exc:
         if args.debug:
             raise
-        print(f"fencekeeper: error: {render.printable(shown_text(_message(exc), _MESSAGE_LENGTH))}", file=sys.stderr)
+        _say_error(args, render.printable(shown_text(_message(exc), _MESSAGE_LENGTH)))
         return _exit_code(exc)
     except KeyboardInterrupt:
         # Ctrl-C outside a worker (which handles it itself): what was committed stays committed.
-        print("fencekeeper: error: interrupted", file=sys.stderr)
+        _say_error(args, "interrupted")
         return 130
     except BrokenPipeError:
         # The reader went away (`fencekeeper list | head -1`); that is not an error.
@@ -621,11 +621,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         detail = render.printable(shown_text(" ".join(str(exc).split()), _MESSAGE_LENGTH))
-        print(
-            f"fencekeeper: error: internal error: {type(exc).__name__}: {detail} (rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
+        _say_error(args, f"internal error: {type(exc).__name__}: {detail} (rerun with --debug for the traceback)")
         return EXIT_PROBLEM
+
+
+def _say_error(args: argparse.Namespace, message: str) -> None:
+    """A command's closing error: ``fencekeeper: error: ...``, or under ``--log-json`` the log's ``error`` object.
+
+    A worker's log collector reads every line of stderr as JSON; the line
+    that says why the run ended must parse too.
+    """
+    if getattr(args, "log_json", False):
+        observe.JsonLog(sys.stderr).line("error", "error", detail=message)
+    else:
+        print(f"fencekeeper: error: {message}", file=sys.stderr)
 
 
 def _one_line_errors() -> tuple[type[Exception], ...]:

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import fencekeeper
 from fencekeeper.adapters import examples
-from tests.cli.runner import EXAMPLES, FENCEKEEPER, environment
+from tests.cli.runner import EXAMPLES, FENCEKEEPER, assert_one_error_line, environment
+from tests.cli.runner import fencekeeper as run_command
 
 PURCHASE = EXAMPLES / "purchase_approval.toml"
 
@@ -124,3 +125,17 @@ def test_a_bad_metrics_address_is_usage(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("fencekeeper: error: --metrics-port: '99999'")
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_worker_that_cannot_start_ends_its_json_log_with_an_error_object(tmp_path: Path) -> None:
+    # A log collector reads every line of stderr as JSON: the line that says why the run ended parses too, with
+    # the same words the text line has.  Without --log-json it stays the one text line.
+    missing = tmp_path / "missing.db"
+    logged = run_command("worker", "--db", missing, "--until-idle", "--log-json", cwd=tmp_path)
+    text = run_command("worker", "--db", missing, "--until-idle", cwd=tmp_path)
+    line = assert_one_error_line(text, 2)
+    assert logged.returncode == 2 and "Traceback" not in logged.stderr
+    [record] = [json.loads(entry) for entry in logged.stderr.splitlines()]
+    assert (record["level"], record["event"]) == ("error", "error")
+    assert "fencekeeper: error: " + record["detail"] == line and "no database at" in line
+    assert logged.stdout == text.stdout == ""
