@@ -55,6 +55,18 @@ def fencekeeper(
     )
 
 
+def started(*args: str | Path, cwd: Path, **env: str) -> subprocess.Popen[str]:
+    """A long-running ``fencekeeper`` command (a worker), its stdout and stderr piped as text; ``env`` added."""
+    return subprocess.Popen(
+        [str(FENCEKEEPER), *map(str, args)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+        env=environment(**env),
+    )
+
+
 def ok(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     """A command that must succeed, with nothing on stderr that looks like an error."""
     result = fencekeeper(*args, cwd=cwd)

@@ -14,7 +14,6 @@ import json
 import re
 import signal
 import sqlite3
-import subprocess
 import threading
 import time
 from datetime import datetime
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.runner import FENCEKEEPER, catches, data, environment, fencekeeper
+from tests.cli.runner import catches, data, fencekeeper, started
 
 TRANSFER = {"from": "acc-1", "to": "acc-2", "amount": 5}
 REPORT_FIELDS = {"ts", "level", "event", "worker_id", "operation_id", "attempt", "detail"}
@@ -112,14 +111,8 @@ def test_without_json_the_log_still_owns_stderr_and_stdout_keeps_its_count(tmp_p
 def test_a_signals_note_is_an_object_of_the_log(tmp_path: Path, shape: str) -> None:
     db = tmp_path / "ops.db"
     first = _submit(db, "k-0", TRANSFER, tmp_path)
-    worker = subprocess.Popen(
-        [str(FENCEKEEPER), "op", "worker", "--db", str(db), "--poll", "0.1", "--log-json", "--json", "--id", "w",
-         *SHAPES[shape]],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        encoding="utf-8",
-        env=environment(),
+    worker = started(
+        "op", "worker", "--db", db, "--poll", "0.1", "--log-json", "--json", "--id", "w", *SHAPES[shape], cwd=tmp_path
     )  # fmt: skip
     lines: list[str] = []
 

@@ -24,7 +24,6 @@ import importlib.util
 import json
 import re
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -35,7 +34,7 @@ import pytest
 
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableActionRegistry, DurableOperationService, PrincipalReference
-from tests.cli.runner import ANSWERED_NOTE, FENCEKEEPER, LOST_NOTE, end_sessions, environment, sane_outage
+from tests.cli.runner import ANSWERED_NOTE, LOST_NOTE, end_sessions, sane_outage, started
 from tests.operations import outage_actions
 
 BATCH = 30
@@ -71,14 +70,11 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
     store = PostgresOperationStore(pg_dsn, schema=pg_schema, pool_size=1)
     service = DurableOperationService(store, outage_actions.registry(), outage_actions.resolvers())
     application = f"fk-test-{uuid.uuid4().hex[:12]}"
-    worker = subprocess.Popen(
-        [str(FENCEKEEPER), "op", "worker", "--db", url, "--actions", "tests.operations.outage_actions",
-         "--concurrency", "3", "--poll", "0.1", "--lease", "30", *(["--json", "--log-json"] if output == "json" else [])],
+    worker = started(
+        "op", "worker", "--db", url, "--actions", "tests.operations.outage_actions",
+        "--concurrency", "3", "--poll", "0.1", "--lease", "30", *(["--json", "--log-json"] if output == "json" else []),
         cwd=Path(__file__).resolve().parents[2],  # where tests.operations is importable from
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        encoding="utf-8",
-        env=environment(PGAPPNAME=application),
+        PGAPPNAME=application,
     )  # fmt: skip
     lines: list[str] = []
 
@@ -263,13 +259,9 @@ def test_an_op_worker_stopped_while_its_store_was_lost_mid_attempt_finishes_the_
     finally:
         store.close()
     application = f"fk-test-{uuid.uuid4().hex[:12]}"
-    worker = subprocess.Popen(
-        [str(FENCEKEEPER), "op", "worker", "--db", url, "--actions", "slow_actions", "--poll", "0.1", "--json"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        encoding="utf-8",
-        env=environment(PGAPPNAME=application),
+    worker = started(
+        "op", "worker", "--db", url, "--actions", "slow_actions", "--poll", "0.1", "--json",
+        cwd=tmp_path, PGAPPNAME=application,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30

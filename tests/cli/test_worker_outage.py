@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -24,7 +23,7 @@ from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
-from tests.cli.runner import EXAMPLES, FENCEKEEPER, end_sessions, environment
+from tests.cli.runner import EXAMPLES, end_sessions, started
 
 PURCHASE = EXAMPLES / "purchase_approval.toml"
 BUSINESS = "default"
@@ -50,14 +49,10 @@ def test_a_worker_whose_connections_are_ended_mid_visit_finishes_every_execution
     definition = parse_definition(PURCHASE.read_text(encoding="utf-8"), PURCHASE.name)
     service.register(store, definition, BUSINESS, PRINCIPAL, policy)
     application = f"fk-test-{uuid.uuid4().hex[:12]}"
-    worker = subprocess.Popen(
-        [str(FENCEKEEPER), "worker", "--db", url, "--concurrency", "3", "--poll", "0.1", "--lease", "30",
-         "--json", "--log-json"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        encoding="utf-8",
-        env=environment(PGAPPNAME=application),
+    worker = started(
+        "worker", "--db", url, "--concurrency", "3", "--poll", "0.1", "--lease", "30",
+        "--json", "--log-json",
+        cwd=tmp_path, PGAPPNAME=application,
     )  # fmt: skip
     log: list[dict[str, object]] = []
 
@@ -155,14 +150,10 @@ def test_a_worker_stopped_while_its_store_was_lost_mid_visit_finishes_the_visit_
     finally:
         store.close()
     application = f"fk-test-{uuid.uuid4().hex[:12]}"
-    worker = subprocess.Popen(
-        [str(FENCEKEEPER), "worker", "--db", url, "--handler", "slow_handler:make", "--poll", "0.1",
-         "--json", "--log-json"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        encoding="utf-8",
-        env=environment(PGAPPNAME=application),
+    worker = started(
+        "worker", "--db", url, "--handler", "slow_handler:make", "--poll", "0.1",
+        "--json", "--log-json",
+        cwd=tmp_path, PGAPPNAME=application,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
