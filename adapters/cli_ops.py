@@ -61,7 +61,7 @@ from fencekeeper.kernel.operations import RefusalCode, TerminalOutcome
 from fencekeeper.kernel.recovery import MAX_RATIONALE
 
 from . import cli_logging, observe, prefork
-from .cli import CliError, json_option
+from .cli import CliError, _Stop, json_option
 from .connect import parse_url
 from .operations.base import TransactionalOperationStore
 from .operations.connect import open_operation_store
@@ -649,7 +649,8 @@ def _work(
     What they reported, whether they ran out of work, and the errors that
     stopped them (each stops every thread of the process).
     """
-    stop = threading.Event()
+    # Idle workers wait on it: a signal, or a notification of work (the listening thread), wakes them at once.
+    stop = _Stop()
     signals = [0]
 
     def on_signal(number: int, frame: FrameType | None) -> None:
@@ -679,7 +680,7 @@ def _work(
         with _service(args, idle_in_transaction_timeout=args.lease) as (service, store, module):
             prepare = getattr(module, "prepare", None)
             if callable(prepare):
-                _prepare_patiently(prepare, store, stop)
+                _prepare_patiently(prepare, store, stop.event)
 
             def tell(worker: DurableOperationWorker, report: WorkReport) -> None:
                 with lock:
@@ -707,7 +708,7 @@ def _work(
                     namespace=args.namespace,
                 )
                 patience = StorePatience()
-                while not stop.is_set():
+                while not stop.event.is_set():
                     try:
                         report = worker.run_once()
                     except StoreError as exc:
@@ -723,7 +724,7 @@ def _work(
                             stop.set()
                             return
                         cli_logging.store_failed()
-                        stop.wait(wait)
+                        stop.idle(wait)
                         continue
                     except Exception as exc:
                         with lock:
@@ -736,7 +737,7 @@ def _work(
                     if report is None:
                         if args.until_idle:
                             return
-                        stop.wait(args.poll)
+                        stop.idle(args.poll)
                         continue
                     tell(worker, report)
                 if worker.holds_unfinished():
@@ -752,8 +753,25 @@ def _work(
                     if taken is not None:
                         tell(worker, taken)
 
+            wait_for_work = getattr(store, "wait_for_work", None)
+
+            def listen() -> None:
+                # PostgreSQL: a submission or an approval wakes idle workers when it commits, not on
+                # their next poll, as `fencekeeper worker`'s listening thread does for executions.
+                assert wait_for_work is not None
+                while not stop.event.is_set():
+                    try:
+                        if wait_for_work(args.poll):
+                            stop.poke()
+                    except Exception:
+                        # A lost listening connection is opened again by the next wait; meanwhile the workers poll.
+                        stop.idle(args.poll)
+
             numbers = range(first, first + args.concurrency)
             threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in numbers]
+            if wait_for_work is not None and not args.until_idle:
+                # Not joined: it ends with the process, and the workers' ending ends the command.
+                threading.Thread(target=listen, name="listen", daemon=True).start()
             for thread in threads:
                 thread.start()
             while any(t.is_alive() for t in threads):
@@ -769,7 +787,7 @@ def _work(
         }
         for r in reports
     ]  # fmt: skip
-    return listed, not stop.is_set(), errors
+    return listed, not stop.event.is_set(), errors
 
 
 def _describe(exc: BaseException) -> tuple[str, int]:

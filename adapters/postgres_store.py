@@ -2238,8 +2238,7 @@ class PostgresStore(TransactionalStore):
         self.channel = f"{CHANNEL}:{self.schema}"
         # The schema name is checked ([a-z_][a-z0-9_]*), so the quoted identifier needs no escaping.
         self._notify = f'NOTIFY "{self.channel}"'.encode()
-        self._listener: psycopg.Connection[Any] | None = None
-        self._listener_lock = threading.Lock()
+        self._listener = Listener(dsn, self.channel, f"the PostgreSQL store of schema {self.schema}")
         # The store prepares its own statements (_run); psycopg's own
         # preparing is off, because psycopg deallocates every prepared
         # statement of a connection, the store's too, after a rollback.
@@ -2450,25 +2449,55 @@ class PostgresStore(TransactionalStore):
         True when a notification arrived.  Workers still poll after a
         timeout: a notification is a hint, never the only way to find work.
         """
-        with self._listener_lock:
+        return self._listener.wait(timeout)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        self._close_pool()
+
+
+class Listener:
+    """A store's ``LISTEN`` connection: opened by the first wait, opened again after it is lost, closed with the store.
+
+    A notification is a hint that something may have become eligible, never
+    the only way work is found: whoever waits here still polls after a
+    timeout.  One thread waits at a time (a process's one listening thread).
+    """
+
+    def __init__(self, dsn: str, channel: str, store: str) -> None:
+        self._dsn = dsn
+        self.channel = channel
+        self._store = store
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def listening(self) -> bool:
+        """Whether a listening connection is open (none before the first wait, none after :meth:`close`)."""
+        return self._conn is not None and not self._conn.closed
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a notification arrives (True) or ``timeout`` seconds pass (False)."""
+        with self._lock:
             if self._closed:
                 # Else a listening connection would be opened again, and nothing would close it.
-                raise StoreError("store_unavailable", f"the PostgreSQL store of schema {self.schema} is closed")
-            if self._listener is None or self._listener.closed:
-                self._listener = psycopg.connect(self.dsn, autocommit=True)
-                self._listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
-            listener = self._listener
-        for _ in listener.notifies(timeout=timeout, stop_after=1):
+                raise StoreError("store_unavailable", f"{self._store} is closed")
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._dsn, autocommit=True)
+                self._conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
+            conn = self._conn
+        for _ in conn.notifies(timeout=timeout, stop_after=1):
             return True
         return False
 
     def close(self) -> None:
-        with self._listener_lock:
+        with self._lock:
             self._closed = True
-            if self._listener is not None:
-                self._listener.close()
-                self._listener = None
-        self._close_pool()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 def _one_line(exc: BaseException) -> str:

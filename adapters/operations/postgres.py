@@ -54,6 +54,15 @@ Rules of this module:
   its locks released and nothing of it committed, so that an expired lease
   is replaced.  That timeout should not exceed the shortest lease of the
   workers on the store (docs/operations.md, "Timeouts").
+- A decision that leaves an Operation due at once (a submission, an
+  approval granted, a retry without backoff) sends
+  ``NOTIFY "fencekeeper_operations:<schema>"`` behind its write, in the
+  same exchange, committed with it or not at all: an idle worker
+  (:meth:`PostgresOperationStore.wait_for_work`) claims it when it
+  commits, not on its next poll.  Work that becomes due later (a backoff, a
+  lease running out, a deadline) is found by the poll.  The channel is the
+  executions' one's neighbour, not the same: a submission wakes no
+  execution worker.
 - Opening the store checks the schema version (``postgres_store``'s
   deployment check): a schema without the operation tables is refused.
 - The tenant boundary (migration 9, forced row-level security): a store
@@ -94,6 +103,7 @@ from ..postgres_store import (
     GUARD_FAILED,
     IDLE_IN_TRANSACTION_TIMEOUT,
     LOCK_TIMEOUT,
+    Listener,
     _check_schema_name,
     _milliseconds,
     _one_line,
@@ -104,7 +114,7 @@ from ..postgres_store import (
     row_security_refusal,
 )
 from ..store import Clock, StoreError, checked_again_if_lost
-from .base import TransactionalOperationStore, Tx
+from .base import TransactionalOperationStore, Tx, due_at
 from .ports import OperationView
 from .sql import (
     COLUMNS,
@@ -317,15 +327,19 @@ class _PgOpsTx(SqlTx):
         self.clock = clock
         self.schema = schema
         self.checks_live_lease = clock is None
+        # The schema name is checked ([a-z_][a-z0-9_]*), so the quoted identifier needs no escaping.
+        self._notify = f'NOTIFY "{channel(schema)}"'.encode()
 
-    def _store_statement(self, sql: str, params: Sequence[Any], *, commit: bool = False) -> Any:
+    def _store_statement(
+        self, sql: str, params: Sequence[Any], *, commit: bool = False, then: bytes | None = None
+    ) -> Any:
         # A write transaction (PostgresOperationStore._transaction) is opened by its
         # first statement, in the same exchange; psycopg's cursor opens its own
         # when an atomic action's statement comes first.
         assert not self.ended, "a statement after the decision's write, which ended the transaction"
         opening = self.opens and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
         try:
-            return _run(self.conn, _store_sql(sql), params, begin=opening, commit=commit)
+            return _run(self.conn, _store_sql(sql), params, begin=opening, commit=commit, then=then)
         finally:
             # With its COMMIT, the statement ends the transaction whatever it did: committed, or rolled back.
             self.ended = self.ended or commit
@@ -353,8 +367,10 @@ class _PgOpsTx(SqlTx):
         key = None if guard.identity is None else self.key_columns(guard.identity)
         values = _write_values(decision, input_json, live, to_row(decision.operation, self.d), key)
         assert _placeholders(sql) == len(values), "the write's text and parameters disagree"
+        # Runs only if the write succeeded, so a guard that failed wakes nobody.
+        notify = self._notify if self.opens and _due_now(decision) else None
         try:
-            result = self._store_statement(sql, values, commit=self.opens).fetchone()
+            result = self._store_statement(sql, values, commit=self.opens, then=notify).fetchone()
         except self.d.integrity_errors:
             return False
         except psycopg.DatabaseError as exc:
@@ -458,6 +474,21 @@ class _PgOpsTx(SqlTx):
 # does not count as an OperationalError) is a lost connection like any other.
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
+CHANNEL = "fencekeeper_operations"
+"""The ``NOTIFY`` channel's prefix; a store's channel is ``<CHANNEL>:<schema>`` (:func:`channel`)."""
+
+
+def channel(schema: str) -> str:
+    """The channel on which a schema's stores announce Operations that became due at once."""
+    return f"{CHANNEL}:{schema}"
+
+
+def _due_now(decision: o.Decision) -> bool:
+    # As of the decision's own time: a submission's next_eligible_at is that time, a retry's is later.
+    due = due_at(decision.operation)
+    return due is not None and due <= decision.transition.at
+
+
 def _identity_key(schema: str, columns: tuple[str, str, str, str]) -> str:
     # The advisory lock's key is the row's key (``identity_columns``): submissions under two versions of one
     # principal's resolver serialize on one lock, as they meet on one row.  Advisory locks are the whole
@@ -499,6 +530,8 @@ class PostgresOperationStore(TransactionalOperationStore):
         self.lock_timeout = lock_timeout
         self.idle_in_transaction_timeout = idle
         self.tenant = _check_tenant(tenant) if tenant is not None else None
+        self.channel = channel(self.schema)
+        self._listener = Listener(dsn, self.channel, f"the PostgreSQL operation store of schema {self.schema}")
         self._scope: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"fencekeeper_tenant_{id(self)}", default=None)
         self._closed = False
         # Both timeouts travel with the connection request: no round trip of their own.
@@ -686,6 +719,16 @@ class PostgresOperationStore(TransactionalOperationStore):
             assert isinstance(tx, SqlTx)
             return tx.application(sql, params)
 
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until an Operation may have become due, or ``timeout`` seconds pass.
+
+        True when a notification arrived: a decision of this schema committed
+        an Operation due at once, for any tenant.  Workers still poll after a
+        timeout: a notification is a hint, never the only way to find work.
+        """
+        return self._listener.wait(timeout)
+
     def close(self) -> None:
         self._closed = True
+        self._listener.close()
         self._pool.close()

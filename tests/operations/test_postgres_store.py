@@ -16,6 +16,7 @@ from psycopg import pq
 from fencekeeper.adapters.operations import examples
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore, _PgOpsTx
 from fencekeeper.adapters.operations.service import (
+    ActionFailed,
     DurableAction,
     DurableActionRegistry,
     DurableOperationService,
@@ -552,3 +553,58 @@ def test_a_cancel_during_the_atomic_action_waits_for_its_row_and_is_too_late(pg_
     finally:
         release.set()
         store.close()
+
+
+def test_a_decision_that_leaves_an_operation_due_at_once_wakes_idle_workers(pg_dsn: str, pg_schema: str) -> None:
+    # A notification is sent with exactly the writes that leave an Operation claimable at once (a submission,
+    # an approval granted), committed with them: not for one that waits (approval, a retry's backoff), nor
+    # for an identical resubmission, which writes nothing.
+    actions = DurableActionRegistry(
+        (
+            DurableAction("noop", 1, EffectClass.ATOMIC, lambda context, value: None),
+            DurableAction("gated", 1, EffectClass.ATOMIC, lambda context, value: None, requires_approval=True),
+            DurableAction(
+                "flaky", 1, EffectClass.ATOMIC, _fails,
+                policy=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=600)),
+            ),
+        )
+    )  # fmt: skip
+    store = PostgresOperationStore(pg_dsn, schema=pg_schema, pool_size=2)
+    waiter = PostgresOperationStore(pg_dsn, schema=pg_schema, pool_size=1)
+    try:
+        service = DurableOperationService(store, actions, examples.resolvers())
+        worker = DurableOperationWorker(store, actions, examples.resolvers(), tenant="acme", worker_id="w")
+        alice, bob = PrincipalReference("users", 1, "alice"), PrincipalReference("users", 1, "bob")
+        assert waiter.wait_for_work(0.05) is False  # subscribes; nothing pending
+
+        def submit(action: str, key: str) -> str:
+            return service.submit(tenant="acme", principal=alice, action=action, input={}, client_key=key).operation_id
+
+        submit("noop", "k1")
+        assert waiter.wait_for_work(5.0) is True
+        submit("noop", "k1")  # the same identity: the same Operation, nothing written
+        assert waiter.wait_for_work(0.5) is False
+        report = worker.run_once()  # a claim and a success: nothing left due
+        assert report is not None and report.outcome == "succeeded", report
+        assert waiter.wait_for_work(0.5) is False
+
+        gated = submit("gated", "k2")
+        assert waiter.wait_for_work(0.5) is False  # awaiting approval
+        service.decide(gated, approver=bob, approve=True)
+        assert waiter.wait_for_work(5.0) is True
+        report = worker.run_once()
+        assert report is not None and report.operation_id == gated and report.outcome == "succeeded", report
+
+        submit("flaky", "k3")
+        assert waiter.wait_for_work(5.0) is True
+        report = worker.run_once()  # fails; the retry is due in ten minutes
+        assert report is not None and report.outcome == "retry", report
+        assert waiter.wait_for_work(0.5) is False
+    finally:
+        waiter.close()
+        store.close()
+    assert not waiter._listener.listening
+
+
+def _fails(context: object, value: object) -> None:
+    raise ActionFailed("declined", "the provider said no", retryable=True)

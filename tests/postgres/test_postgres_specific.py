@@ -266,7 +266,7 @@ def test_waiting_for_work_after_close_is_store_unavailable_and_listens_no_more(p
     with pytest.raises(StoreError) as caught:
         store.wait_for_work(0.01)
     assert caught.value.code == "store_unavailable" and "closed" in str(caught.value), caught.value
-    assert store._listener is None
+    assert not store._listener.listening
     store.close()  # a second close does nothing
 
 
