@@ -61,10 +61,11 @@ from fencekeeper.kernel.operations import RefusalCode, TerminalOutcome
 from fencekeeper.kernel.recovery import MAX_RATIONALE
 
 from . import cli_logging, observe, prefork
-from .cli import CliError, _Stop, json_option
+from .cli import CliError, json_option
 from .connect import parse_url
 from .operations.base import TransactionalOperationStore
 from .operations.connect import open_operation_store
+from .operations.pool import OperationWorkerPool
 from .operations.service import (
     DurableActionRegistry,
     DurableOperationError,
@@ -299,7 +300,7 @@ def _service(
         store.close()
 
 
-def _prepare_patiently(prepare: Callable[[Any], object], store: TransactionalOperationStore, stop: threading.Event) -> None:
+def _prepare_patiently(prepare: Callable[[Any], object], store: TransactionalOperationStore, pool: OperationWorkerPool) -> None:
     """The actions module's ``prepare(store)``, a lost connection waited out as the worker loop waits it out.
 
     It runs once, as the worker starts, on a store that has just answered:
@@ -314,10 +315,10 @@ def _prepare_patiently(prepare: Callable[[Any], object], store: TransactionalOpe
             prepare(store)
         except StoreError as exc:
             wait = patience.failed(exc.code)
-            if wait is None or stop.is_set():
+            if wait is None or pool.stopping:
                 raise
             cli_logging.store_failed()
-            stop.wait(wait)
+            pool.wait_for_stop(wait)
             continue
         cli_logging.store_answered(patience.failures)
         return
@@ -649,9 +650,15 @@ def _work(
     What they reported, whether they ran out of work, and the errors that
     stopped them (each stops every thread of the process).
     """
-    # Idle workers wait on it: a signal, or a notification of work (the listening thread), wakes them at once.
-    stop = _Stop()
+    # A signal may come before the pool is made (while the store opens, while `prepare` runs): it is kept here.
+    asked = threading.Event()
+    made: list[OperationWorkerPool] = []
     signals = [0]
+
+    def ask_stop() -> None:
+        asked.set()
+        for pool in made:
+            pool.request_stop()
 
     def on_signal(number: int, frame: FrameType | None) -> None:
         signals[0] += 1
@@ -662,43 +669,35 @@ def _work(
             os._exit(130)
         # As `fencekeeper worker` says it: an operator who pressed Ctrl-C learns why the command has not ended yet.
         _note(args, out, "stopping after the current attempt; send the signal again to quit at once")
-        stop.set()
+        ask_stop()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     if lifeline is not None:
         # A relayed stop is idempotent, unlike a signal: it may have reached this process already.
-        lifeline.heed(lambda reason: stop.set())
-    reports: list[WorkReport] = []
-    errors: list[str] = []
-    lock = threading.Lock()
+        lifeline.heed(lambda reason: ask_stop())
     # A JSON log owns stderr, as `fencekeeper worker --log-json`'s does: every report is one of its objects.
     log = observe.JsonLog(sys.stderr) if args.log_json else None
+
+    def tell(worker: DurableOperationWorker, report: WorkReport) -> None:
+        if log is not None:
+            _log_report(log, worker.worker_id, report)
+        elif not out.json_mode:
+            # An operation can end with no attempt made (an approval that expired first).
+            attempt = "" if report.attempt is None else f" attempt {report.attempt}"
+            # A damaged row is told with what the store found wrong (field and repair are the
+            # operator's), on the one line: the worker passes over it and goes on.
+            # So is an attempt taken up after its store lost a write's answer (`resumed: ...`).
+            shown = report.outcome == MALFORMED_ROW or report.resumed
+            why = f": {' '.join(report.detail.split())}" if shown else ""
+            out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}{why}")
+
     try:
         # The idle-in-transaction timeout is the lease: a worker stalled inside an atomic action loses its
         # session (its row lock, its commit) once its lease is over, when a replacement may claim the
         # operation, and never while an action is still within it, however long the lease.
         with _service(args, idle_in_transaction_timeout=args.lease) as (service, store, module):
-            prepare = getattr(module, "prepare", None)
-            if callable(prepare):
-                _prepare_patiently(prepare, store, stop.event)
-
-            def tell(worker: DurableOperationWorker, report: WorkReport) -> None:
-                with lock:
-                    reports.append(report)
-                if log is not None:
-                    _log_report(log, worker.worker_id, report)
-                elif not out.json_mode:
-                    # An operation can end with no attempt made (an approval that expired first).
-                    attempt = "" if report.attempt is None else f" attempt {report.attempt}"
-                    # A damaged row is told with what the store found wrong (field and repair are the
-                    # operator's), on the one line: the worker passes over it and goes on.
-                    # So is an attempt taken up after its store lost a write's answer (`resumed: ...`).
-                    shown = report.outcome == MALFORMED_ROW or report.resumed
-                    why = f": {' '.join(report.detail.split())}" if shown else ""
-                    out.note(f"{worker.worker_id}: {report.operation_id}{attempt}: {report.outcome}{why}")
-
-            def loop(number: int) -> None:
-                worker = DurableOperationWorker(
+            workers = [
+                DurableOperationWorker(
                     store,
                     service.actions,
                     service.resolvers,
@@ -707,79 +706,33 @@ def _work(
                     lease=timedelta(seconds=args.lease),
                     namespace=args.namespace,
                 )
-                patience = StorePatience()
-                while not stop.event.is_set():
-                    try:
-                        report = worker.run_once()
-                    except StoreError as exc:
-                        # A lost connection (the pool replaces it), a row held past lock_timeout, a busy
-                        # SQLite file: try again shortly, as `fencekeeper worker` does.  Anything else, or
-                        # a store still failing after RIDE_OUT_SECONDS, stops every worker of the command,
-                        # which then exits 1: a worker that ended quietly would leave a supervisor nothing
-                        # to restart.
-                        wait = patience.failed(exc.code)
-                        if wait is None:
-                            with lock:
-                                errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
-                            stop.set()
-                            return
-                        cli_logging.store_failed()
-                        stop.idle(wait)
-                        continue
-                    except Exception as exc:
-                        with lock:
-                            errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
-                        stop.set()
-                        return
-                    # Said once per outage and process, as `fencekeeper worker` says it (cli_logging).
-                    cli_logging.store_answered(patience.failures)
-                    patience.succeeded()
-                    if report is None:
-                        if args.until_idle:
-                            return
-                        stop.idle(args.poll)
-                        continue
-                    tell(worker, report)
-                if worker.holds_unfinished():
-                    # Stopped while a write's (or a claim's) answer was lost: its Attempt is finished under the
-                    # lease if the store answers within a few seconds, rather than left to expire (at its last
-                    # Attempt, failing the Operation with the action's result in hand).
-                    try:
-                        taken = worker.take_up_before_stop()
-                    except Exception as exc:
-                        with lock:
-                            errors.append(f"{worker.worker_id}: {type(exc).__name__}: {' '.join(str(exc).split())}")
-                        return
-                    if taken is not None:
-                        tell(worker, taken)
-
-            wait_for_work = getattr(store, "wait_for_work", None)
-
-            def listen() -> None:
-                # PostgreSQL: a submission or an approval wakes idle workers when it commits, not on
-                # their next poll, as `fencekeeper worker`'s listening thread does for executions.
-                assert wait_for_work is not None
-                while not stop.event.is_set():
-                    try:
-                        if wait_for_work(args.poll):
-                            stop.poke()
-                    except Exception:
-                        # A lost listening connection is opened again by the next wait; meanwhile the workers poll.
-                        stop.idle(args.poll)
-
-            numbers = range(first, first + args.concurrency)
-            threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in numbers]
-            if wait_for_work is not None and not args.until_idle:
-                # Not joined: it ends with the process, and the workers' ending ends the command.
-                threading.Thread(target=listen, name="listen", daemon=True).start()
-            for thread in threads:
-                thread.start()
-            while any(t.is_alive() for t in threads):
-                for thread in threads:
-                    thread.join(timeout=0.2)
+                for number in range(first, first + args.concurrency)
+            ]
+            # The loop every worker thread runs, as a Python program runs it (adapters/operations/pool.py): a store
+            # failure waited out for up to RIDE_OUT_SECONDS (said once per outage and process, as `fencekeeper
+            # worker` says it: cli_logging), anything else stopping every worker, so that the command exits 1 and a
+            # supervisor restarts it; idle workers woken by a submission's NOTIFY on PostgreSQL.
+            pool = OperationWorkerPool(
+                workers,
+                poll=args.poll,
+                until_idle=args.until_idle,
+                on_report=tell,
+                on_store_failed=cli_logging.store_failed,
+                on_store_answered=cli_logging.store_answered,
+            )
+            made.append(pool)
+            if asked.is_set():
+                pool.request_stop()
+            prepare = getattr(module, "prepare", None)
+            if callable(prepare):
+                _prepare_patiently(prepare, store, pool)
+            pool.start()
+            while not pool.join(0.2):
+                pass
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+    reports, errors = pool.reports, pool.errors
     listed = [
         {
             "operation_id": r.operation_id, "attempt": r.attempt, "outcome": r.outcome, "detail": r.detail,
@@ -787,7 +740,7 @@ def _work(
         }
         for r in reports
     ]  # fmt: skip
-    return listed, not stop.event.is_set(), errors
+    return listed, not pool.stopping, errors
 
 
 def _describe(exc: BaseException) -> tuple[str, int]:

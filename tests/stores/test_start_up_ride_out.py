@@ -92,19 +92,34 @@ def _failing_prepare(codes: list[str]) -> tuple[Callable[[Any], None], list[int]
     return prepare, calls
 
 
+class _Stop:
+    """What ``_prepare_patiently`` asks of the worker pool: whether a stop was asked, and a wait a stop cuts short."""
+
+    def __init__(self, *, asked: bool = False) -> None:
+        self.event = threading.Event()
+        if asked:
+            self.event.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.event.is_set()
+
+    def wait_for_stop(self, seconds: float) -> bool:
+        return self.event.wait(seconds)
+
+
 def test_prepare_is_tried_again_after_a_lost_connection() -> None:
     prepare, calls = _failing_prepare(["store_unavailable", "store_unavailable"])
-    cli_ops._prepare_patiently(prepare, object(), threading.Event())  # type: ignore[arg-type]
+    cli_ops._prepare_patiently(prepare, object(), _Stop())  # type: ignore[arg-type]
     assert len(calls) == 3
 
 
 def test_prepare_failing_otherwise_or_while_stopping_is_not_tried_again() -> None:
     prepare, calls = _failing_prepare(["schema_missing"])
     with pytest.raises(StoreError, match=TERMINATED):
-        cli_ops._prepare_patiently(prepare, object(), threading.Event())  # type: ignore[arg-type]
+        cli_ops._prepare_patiently(prepare, object(), _Stop())  # type: ignore[arg-type]
     assert len(calls) == 1
-    stopping = threading.Event()
-    stopping.set()
+    stopping = _Stop(asked=True)
     prepare, calls = _failing_prepare(["store_unavailable"])
     with pytest.raises(StoreError):
         cli_ops._prepare_patiently(prepare, object(), stopping)  # type: ignore[arg-type]
