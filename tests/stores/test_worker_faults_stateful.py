@@ -436,6 +436,20 @@ class WorkerFaults(RuleBasedStateMachine):
         self.time_passes(lease)
         self._pass(slot, then, composed, dies=False)
 
+    @rule(
+        slot=st.integers(min_value=0, max_value=2),
+        loss=LOSSES,
+        committed=st.booleans(),
+        composed=st.booleans(),
+    )
+    def a_renewal_loses_its_answer(self, slot: int, loss: Loss, committed: bool, composed: bool) -> None:
+        # The outage above, aimed: past half a lease the take-up renews first, and that renewal's answer is lost
+        # too (an_outage meets it only when its drawn loss happens to name the renewal).  Then the worker goes on.
+        self._pass(slot, loss, composed, dies=False)
+        self.time_passes(0.6)
+        self._pass(slot, Loss("renew", 1, committed, down=0), composed, dies=False)
+        self._pass(slot, None, composed, dies=False)
+
     def _pass(self, slot: int, loss: Loss | None, composed: bool, dies: bool) -> None:
         self._started()
         chosen = self.slots[slot % len(self.slots)]
