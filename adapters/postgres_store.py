@@ -2706,6 +2706,7 @@ def _recorded_version(query: Query, schema: str) -> int:
 __all__ = [
     "CHANNEL",
     "MIGRATIONS",
+    "Listener",
     "PostgresStore",
     "check_schema",
     "check_schema_name",

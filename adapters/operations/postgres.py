@@ -55,7 +55,7 @@ Rules of this module:
   is replaced.  That timeout should not exceed the shortest lease of the
   workers on the store (docs/operations.md, "Timeouts").
 - A decision that leaves an Operation due at once (a submission, an
-  approval granted, a retry without backoff) sends
+  approval granted) sends
   ``NOTIFY "fencekeeper_operations:<schema>"`` behind its write, in the
   same exchange, committed with it or not at all: an idle worker
   (:meth:`PostgresOperationStore.wait_for_work`) claims it when it
