@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 PACKAGE_FILES := $(shell find api kernel adapters specs -name '*.py' -o -name py.typed -o -name "*.toml" -o -name "*.md" -o -name "*.json" -o -name "*.jsonl" | sort)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg bench-ops bench-journal bench-e2e specs apidocs clean
+.PHONY: demo test modelcheck contracts contracts-executions contracts-journal chaos bench bench-pg bench-ops bench-journal bench-e2e bench-pickup specs apidocs clean
 
 demo: $(STAMP)
 	$(BIN)/fencekeeper demo
@@ -81,6 +81,11 @@ bench-journal: $(STAMP)
 BENCH_E2E_ARGS ?=
 bench-e2e: $(VENV)/.bench-installed
 	$(BIN)/python -m bench.e2e $(BENCH_E2E_ARGS)
+
+# How soon an idle worker starts what is submitted to it (fencekeeper op worker, fencekeeper worker,
+# procrastinate worker), by the database's own clocks; about three minutes (bench/README.md).
+bench-pickup: $(VENV)/.bench-installed
+	$(BIN)/python -m bench.pickup
 
 $(VENV)/.bench-installed: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[bench]' --config-settings editable_mode=strict
