@@ -109,37 +109,65 @@ def _milliseconds(rows: list[tuple[Any, ...]]) -> list[float]:
     return [(started - submitted).total_seconds() * 1000 for submitted, started in rows]
 
 
+def _pickups(
+    server: Server,
+    *,
+    name: str,
+    command: list[str],
+    env: dict[str, str],
+    channel: str,
+    submit: Callable[[int], object],
+    finished: str,
+    pickup: str,
+    samples: int,
+    gap: float,
+) -> list[float]:
+    """Start ``command``, ``submit`` ``samples`` times to it idle, then read each pickup (``pickup``: submitted, started)."""
+    worker = _started(command, env)
+    try:
+        _ready(server, channel, worker, name)
+        for n, pause in enumerate(_gaps(samples, gap)):
+            submit(n)
+            time.sleep(pause)
+        _await(lambda: server.scalar(finished) == samples, f"{samples} submissions to {name} finished")
+        _stopped(worker, name)
+        return _milliseconds(server.conn.execute(pickup).fetchall())
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
 def operations(server: Server, samples: int, gap: float) -> list[float]:
     """Pickup of one atomic transfer at a time by an idle ``fencekeeper op worker``, in milliseconds."""
     schema = server.fresh_schema("fk_ops")
     connect.migrate(server.url, schema=schema)
     store = PostgresOperationStore(server.url, schema=schema, pool_size=1)
-    worker = _started(
-        [str(BIN / "fencekeeper"), "op", "worker", "--db", f"{server.url}?schema={schema}", "--id", "pickup"], dict(os.environ)
-    )
+    service = DurableOperationService(store, op_examples.registry(), op_examples.resolvers())
+    alice = PrincipalReference("users", 1, "alice")
+
+    def submit(n: int) -> object:
+        value = {"from": "acc-1", "to": "acc-2", "amount": 1}
+        return service.submit(tenant="default", principal=alice, action="transfer", input=value, client_key=f"k-{n}")
+
     try:
         # A worker that never listens (a tree from before operations had a channel) is measured all the same:
         # it finds work by its poll alone, which is what the figure then shows.
-        _ready(server, f"fencekeeper_operations:{schema}", worker, "fencekeeper op worker")
-        submit = DurableOperationService(store, op_examples.registry(), op_examples.resolvers())
-        alice = PrincipalReference("users", 1, "alice")
-        for n, pause in enumerate(_gaps(samples, gap)):
-            value = {"from": "acc-1", "to": "acc-2", "amount": 1}
-            submit.submit(tenant="default", principal=alice, action="transfer", input=value, client_key=f"k-{n}")
-            time.sleep(pause)
-        finished = f"SELECT count(*) FROM {schema}.operations WHERE outcome IS NOT NULL"
-        _await(lambda: server.scalar(finished) == samples, f"{samples} operations finished")
-        _stopped(worker, "fencekeeper op worker")
-        rows = server.conn.execute(
-            f"SELECT o.admitted_at, a.started_at FROM {schema}.operations o "
-            f"JOIN {schema}.operation_attempts a ON a.operation_id = o.operation_id AND a.number = 1"
-        ).fetchall()
+        return _pickups(
+            server,
+            name="fencekeeper op worker",
+            command=[str(BIN / "fencekeeper"), "op", "worker", "--db", f"{server.url}?schema={schema}", "--id", "pickup"],
+            env=dict(os.environ),
+            channel=f"fencekeeper_operations:{schema}",
+            submit=submit,
+            finished=f"SELECT count(*) FROM {schema}.operations WHERE outcome IS NOT NULL",
+            pickup=f"SELECT o.admitted_at, a.started_at FROM {schema}.operations o "
+            f"JOIN {schema}.operation_attempts a ON a.operation_id = o.operation_id AND a.number = 1",
+            samples=samples,
+            gap=gap,
+        )
     finally:
-        if worker.poll() is None:
-            worker.kill()
         store.close()
         server.drop_schema(schema)
-    return _milliseconds(rows)
 
 
 def executions(server: Server, samples: int, gap: float) -> list[float]:
@@ -149,35 +177,36 @@ def executions(server: Server, samples: int, gap: float) -> list[float]:
     definition = parse_definition(WORKFLOWS["one-node"], "bench:one-node")
     policy = examples.grants(BUSINESS, PRINCIPAL)
     store = connect.open_store(server.url, schema=schema, pool_size=1)
-    worker = _started(
-        [str(BIN / "fencekeeper"), "worker", "--db", server.url, "--schema", schema, "--id", "pickup", "--json"],
-        dict(os.environ),
-    )
+
+    def submit(n: int) -> object:
+        outcome = service.run(
+            store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id=definition.definition_id,
+            input={"order_id": f"o-{n}", "amount": n}, execution_id=f"e-{n}",
+        )  # fmt: skip
+        if not isinstance(outcome, p.Decision):
+            raise PickupError(f"fencekeeper: admission {n} refused: {outcome}")
+        return outcome
+
     try:
         service.register(store, definition, BUSINESS, PRINCIPAL, policy)
-        _ready(server, f"fencekeeper_eligible:{schema}", worker, "fencekeeper worker")
-        for n, pause in enumerate(_gaps(samples, gap)):
-            outcome = service.run(
-                store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id=definition.definition_id,
-                input={"order_id": f"o-{n}", "amount": n}, execution_id=f"e-{n}",
-            )  # fmt: skip
-            if not isinstance(outcome, p.Decision):
-                raise PickupError(f"fencekeeper: admission {n} refused: {outcome}")
-            time.sleep(pause)
-        finished = f"SELECT count(*) FROM {schema}.objects WHERE object_type = 'WorkflowExecution' AND state = 'succeeded'"
-        _await(lambda: server.scalar(finished) == samples, f"{samples} executions finished")
-        _stopped(worker, "fencekeeper worker")
-        rows = server.conn.execute(
-            f"SELECT o.created_at, min(r.committed_at) FROM {schema}.objects o JOIN {schema}.object_revisions r "
+        return _pickups(
+            server,
+            name="fencekeeper worker",
+            command=[str(BIN / "fencekeeper"), "worker", "--db", server.url, "--schema", schema, "--id", "pickup", "--json"],
+            env=dict(os.environ),
+            channel=f"fencekeeper_eligible:{schema}",
+            submit=submit,
+            finished=f"SELECT count(*) FROM {schema}.objects WHERE object_type = 'WorkflowExecution' AND state = 'succeeded'",
+            # The admission is the execution's first revision; the claim's transaction wrote its second.
+            pickup=f"SELECT o.created_at, min(r.committed_at) FROM {schema}.objects o JOIN {schema}.object_revisions r "
             "ON r.object_id = o.object_id AND r.revision > 1 WHERE o.object_type = 'WorkflowExecution' "
-            "GROUP BY o.object_id, o.created_at"
-        ).fetchall()
+            "GROUP BY o.object_id, o.created_at",
+            samples=samples,
+            gap=gap,
+        )
     finally:
-        if worker.poll() is None:
-            worker.kill()
         store.close()
         server.drop_schema(schema)
-    return _milliseconds(rows)
 
 
 def procrastinate(server: Server, samples: int, gap: float) -> list[float]:
@@ -189,30 +218,24 @@ def procrastinate(server: Server, samples: int, gap: float) -> list[float]:
     schema = server.fresh_schema("procrastinate")
     dsn = _search_path_url(server.url, schema)
     server.conn.execute(f"CREATE SCHEMA {schema}")
-    env = dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT))
-    worker: subprocess.Popen[bytes] | None = None
     try:
         with app.replace_connector(procrastinate.SyncPsycopgConnector(conninfo=dsn)) as sync_app, sync_app.open():
             sync_app.schema_manager.apply_schema()
-            worker = _started(
-                [str(BIN / "procrastinate"), "--app", "bench.e2e_procrastinate.app", "worker", "--concurrency", "1"], env
+            return _pickups(
+                server,
+                name="procrastinate worker",
+                command=[str(BIN / "procrastinate"), "--app", "bench.e2e_procrastinate.app", "worker", "--concurrency", "1"],
+                env=dict(os.environ, FK_BENCH_PROCRASTINATE_DSN=dsn, PYTHONPATH=str(ROOT)),
+                channel="procrastinate_any_queue",
+                submit=lambda n: sync_app.configure_task("noop_async").defer(),
+                finished=f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'",
+                pickup=f"SELECT d.at, s.at FROM {schema}.procrastinate_events d JOIN {schema}.procrastinate_events s "
+                "ON s.job_id = d.job_id AND s.type = 'started' WHERE d.type = 'deferred'",
+                samples=samples,
+                gap=gap,
             )
-            _ready(server, "procrastinate_any_queue", worker, "procrastinate worker")
-            for pause in _gaps(samples, gap):
-                sync_app.configure_task("noop_async").defer()
-                time.sleep(pause)
-        finished = f"SELECT count(*) FROM {schema}.procrastinate_jobs WHERE status = 'succeeded'"
-        _await(lambda: server.scalar(finished) == samples, f"{samples} jobs finished")
-        _stopped(worker, "procrastinate worker")
-        rows = server.conn.execute(
-            f"SELECT d.at, s.at FROM {schema}.procrastinate_events d JOIN {schema}.procrastinate_events s "
-            "ON s.job_id = d.job_id AND s.type = 'started' WHERE d.type = 'deferred'"
-        ).fetchall()
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.kill()
         server.drop_schema(schema)
-    return _milliseconds(rows)
 
 
 MEASURE: dict[str, Callable[[Server, int, float], list[float]]] = {

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,22 @@ def started(*args: str | Path, cwd: Path, **env: str) -> subprocess.Popen[str]:
         encoding="utf-8",
         env=environment(**env),
     )
+
+
+def stderr_lines(worker: subprocess.Popen[str]) -> tuple[list[str], threading.Thread]:
+    """Every line ``worker`` writes on stderr, appended as it comes by a reader thread (returned, started).
+
+    Read meanwhile, not after: a worker whose stderr pipe filled would block.
+    """
+    lines: list[str] = []
+
+    def read() -> None:
+        assert worker.stderr is not None
+        lines.extend(line.rstrip("\n") for line in worker.stderr)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
 
 
 def ok(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:

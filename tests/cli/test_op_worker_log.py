@@ -14,7 +14,6 @@ import json
 import re
 import signal
 import sqlite3
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.runner import catches, data, fencekeeper, started
+from tests.cli.runner import catches, data, fencekeeper, started, stderr_lines
 
 TRANSFER = {"from": "acc-1", "to": "acc-2", "amount": 5}
 REPORT_FIELDS = {"ts", "level", "event", "worker_id", "operation_id", "attempt", "detail"}
@@ -114,14 +113,7 @@ def test_a_signals_note_is_an_object_of_the_log(tmp_path: Path, shape: str) -> N
     worker = started(
         "op", "worker", "--db", db, "--poll", "0.1", "--log-json", "--json", "--id", "w", *SHAPES[shape], cwd=tmp_path
     )  # fmt: skip
-    lines: list[str] = []
-
-    def read_log() -> None:
-        assert worker.stderr is not None
-        lines.extend(line.rstrip("\n") for line in worker.stderr)
-
-    reader = threading.Thread(target=read_log, daemon=True)
-    reader.start()
+    lines, reader = stderr_lines(worker)
     try:
         deadline = time.monotonic() + 30
         # Its report says the worker runs and has its handlers in place (they are set before its threads start).

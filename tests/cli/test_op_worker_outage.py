@@ -34,7 +34,7 @@ import pytest
 
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableActionRegistry, DurableOperationService, PrincipalReference
-from tests.cli.runner import ANSWERED_NOTE, LOST_NOTE, end_sessions, sane_outage, started
+from tests.cli.runner import ANSWERED_NOTE, LOST_NOTE, end_sessions, sane_outage, started, stderr_lines
 from tests.operations import outage_actions
 
 BATCH = 30
@@ -76,14 +76,7 @@ def test_an_op_worker_whose_connections_are_ended_mid_attempt_succeeds_every_ope
         cwd=Path(__file__).resolve().parents[2],  # where tests.operations is importable from
         PGAPPNAME=application,
     )  # fmt: skip
-    lines: list[str] = []
-
-    def read_log() -> None:
-        assert worker.stderr is not None
-        lines.extend(line.rstrip("\n") for line in worker.stderr)
-
-    reader = threading.Thread(target=read_log, daemon=True)
-    reader.start()
+    lines, reader = stderr_lines(worker)
     document: list[str] = []
 
     def read_document() -> None:

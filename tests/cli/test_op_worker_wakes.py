@@ -8,13 +8,12 @@ worker (adapters/operations/postgres.py, and docs/operations.md, "Workers").
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import psycopg
 
-from tests.cli.runner import data, started
+from tests.cli.runner import data, started, stderr_lines
 
 TRANSFER = {"from": "acc-1", "to": "acc-2", "amount": 5}
 POLL = 60.0
@@ -35,14 +34,7 @@ def _listening(pg_dsn: str, schema: str) -> bool:
 def test_an_idle_op_worker_claims_a_submission_when_it_commits(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
     url = f"{pg_dsn}?schema={pg_schema}"
     worker = started("op", "worker", "--db", url, "--poll", str(POLL), "--log-json", "--id", "w", cwd=tmp_path)
-    lines: list[str] = []
-
-    def read_log() -> None:
-        assert worker.stderr is not None
-        lines.extend(line.rstrip("\n") for line in worker.stderr)
-
-    reader = threading.Thread(target=read_log, daemon=True)
-    reader.start()
+    lines, reader = stderr_lines(worker)
     try:
         deadline = time.monotonic() + 30
         while not _listening(pg_dsn, pg_schema):
