@@ -70,7 +70,7 @@ from . import service
 from .errors import Refused, RequestCode, RequestError, StoreFailure
 from .memory import MemoryStore
 from .ports import DEFINITION_REGISTER, WORKFLOW_RUN, AuthorityPolicy, CommandHandler, ask
-from .store import Clock, ExecutionView, PublishResult, StoreError, TransactionalStore
+from .store import RIDE_OUT_SECONDS, Clock, ExecutionView, PublishResult, StoreError, StorePatience, TransactionalStore
 from .worker import PassReport, Worker, WorkerSettingError, check_concurrency, check_lease
 
 T = TypeVar("T")
@@ -1103,8 +1103,9 @@ class WorkerPool:
     LISTEN/NOTIFY.  A wake-up is a hint; polling still finds everything.
     """
 
-    RETRIES = 5
-    """Consecutive store failures a worker retries (with backoff) before it stops."""
+    RIDE_OUT = RIDE_OUT_SECONDS
+    """Seconds of store failures in a row (a lost connection, a row or file held) a worker waits out, with a backoff,
+    before it stops, as ``fencekeeper worker`` does: a server restart or a failover does not end the pool's workers."""
 
     def __init__(self, workers: list[Worker], *, poll: float) -> None:
         self.workers = workers
@@ -1200,23 +1201,23 @@ class WorkerPool:
         self.stop()
 
     def _loop(self, worker: Worker) -> None:
-        failures = 0
+        patience = StorePatience(budget=self.RIDE_OUT)
         while not self._stop.is_set():
             try:
                 report = worker.run_pass(max_claims=1)
             except StoreError as exc:
-                if exc.code not in ("store_unavailable", "row_locked", "store_locked") or failures >= self.RETRIES:
+                wait = patience.failed(exc.code)
+                if wait is None:
                     with self._lock:
                         self.errors.append(f"{worker.worker_id}: {exc.message} [{exc.code}]")
                     return
-                failures += 1
-                self._idle(min(2.0**failures / 10, 5.0))
+                self._idle(wait)
                 continue
             except Exception as exc:
                 with self._lock:
                     self.errors.append(f"{worker.worker_id}: {type(exc).__name__}: {exc}")
                 return
-            failures = 0
+            patience.succeeded()
             with self._lock:
                 _add(self.report, report)
                 self.passes += 1

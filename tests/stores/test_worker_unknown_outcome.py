@@ -27,13 +27,20 @@ from typing import Any
 
 import pytest
 
+from fencekeeper.adapters import client as client_module
 from fencekeeper.adapters import service
 from fencekeeper.adapters.aio import AsyncClient
 from fencekeeper.adapters.client import Client, _hand_back_on_stop
 from fencekeeper.adapters.errors import StoreFailure
 from fencekeeper.adapters.memory import MemoryStore
 from fencekeeper.adapters.sqlite_store import SQLiteStore
-from fencekeeper.adapters.store import STOP_TAKE_UP_WAITS, ManualClock, StoreError, TransactionalStore
+from fencekeeper.adapters.store import (
+    STOP_TAKE_UP_WAITS,
+    ManualClock,
+    StoreError,
+    StorePatience,
+    TransactionalStore,
+)
 from fencekeeper.adapters.worker import PassReport, Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
@@ -353,6 +360,32 @@ def test_a_pool_of_workers_takes_the_lease_up_too(any_store: TransactionalStore)
     assert view.execution.state == ExecutionState.SUCCEEDED and pool.errors == []
     assert handler.executed == ["order.first", "order.second"] and store.lost == 1
     assert view.execution.fence == 1
+
+
+class _QuickPatience(StorePatience):
+    """The command line's patience, its backoff shortened: the same give-up rule, over the same budget."""
+
+    def failed(self, code: str) -> float | None:
+        wait = super().failed(code)
+        return None if wait is None else 0.01
+
+
+def test_a_pool_rides_out_an_outage_as_long_as_the_command_line_does(
+    any_store: TransactionalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pool's worker gave up after five failed tries in a row, about six seconds: a server restart or a failover
+    # ended every worker of a program's pool, where `fencekeeper worker` waits out 30 s.  Now the same patience.
+    monkeypatch.setattr(client_module, "StorePatience", _QuickPatience)
+    handler = Handler()
+    store = Lossy(any_store, "record_step_and_visit", committed=True, composed=True, down=12)
+    client = Client(store, policy=POLICY, handler=handler, business=BUSINESS, principal=PRINCIPAL)  # type: ignore[arg-type]
+    with client.start_workers(1, poll=0.05) as pool:
+        deadline = time.monotonic() + 30
+        while (view := any_store.read("x-1")) is None or view.execution.state in UNFINISHED:
+            assert time.monotonic() < deadline and pool.errors == [], (view, pool.errors)
+            time.sleep(0.02)
+    assert view.execution.state == ExecutionState.SUCCEEDED and pool.errors == [] and store.down == 0
+    assert handler.executed == ["order.first", "order.second"]
 
 
 def test_a_pool_stopped_while_it_waits_out_the_store_finishes_the_visit_and_hands_the_lease_back(
