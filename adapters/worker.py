@@ -607,6 +607,17 @@ class Worker:
             if pending is not None:
                 # Taken up after a decision of unknown outcome (_take_up): the intent is committed.
                 issued, pending = pending, None
+                if (
+                    issued.settled is None
+                    and view is not None
+                    and self._renewal_due(view, self.store.clock.now())
+                    and not self._renewed(execution_id, credential, report)
+                ):
+                    # The outage may have used up much of the lease since the intent committed: its handler
+                    # gets the half a lease every visit starts with, as the visit it belongs to did.  Refused
+                    # (the lease ran out meanwhile, or is another's), it is never called: the intent is forgotten.
+                    self._at.intent = None
+                    return
             elif followed:
                 going, issued = self._report_followed(execution_id, credential, report, followed)
                 if not going:
@@ -620,14 +631,10 @@ class Worker:
                     view = self.store.read_for_visit(execution_id)
                 if view is None or view.execution.state != ExecutionState.RUNNING:
                     return
-                if self._renewal_due(view, self.store.clock.now()):
-                    renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
-                    if not self._applied(execution_id, renewed, report, "renew", credential.fence):
-                        return
-                    report.renewals += 1
-                    self._tell(
-                        execution_id, "renewed", f"lease of {self.lease.total_seconds():g} s", fence=credential.fence
-                    )
+                if self._renewal_due(view, self.store.clock.now()) and not self._renewed(
+                    execution_id, credential, report
+                ):
+                    return
                 execution = view.execution
                 definition = self.store.load_definition(
                     execution.business_id, execution.definition_id, execution.definition_revision
@@ -894,6 +901,15 @@ class Worker:
             fence=credential.fence,
             node_id=execution.current_node_id,
         )
+
+    def _renewed(self, execution_id: str, credential: p.LeaseCredential, report: PassReport) -> bool:
+        """Renew the lease for a whole ``self.lease``; whether it was (a refusal is reported, and the visit ends)."""
+        renewed = self.store.renew(execution_id, p.RenewRequest(credential, self.lease))
+        if not self._applied(execution_id, renewed, report, "renew", credential.fence):
+            return False
+        report.renewals += 1
+        self._tell(execution_id, "renewed", f"lease of {self.lease.total_seconds():g} s", fence=credential.fence)
+        return True
 
     def _renewal_due(self, view: VisitView, now: datetime) -> bool:
         """Whether less than half the lease is left at ``now``: the lease is renewed before the visit."""

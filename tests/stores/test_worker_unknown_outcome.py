@@ -22,6 +22,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,74 @@ def lost_then(
     with pytest.raises(StoreError):
         worker.run_pass()
     return opened, handler, worker
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "rolled-back"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])  # a clock the test moves (PostgreSQL's is the server's)
+def test_a_take_up_past_half_the_lease_renews_before_the_handler_even_when_that_answer_is_lost(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str, committed: bool
+) -> None:
+    # The intent committed and its answer was lost, and the store came back with less than half the lease left.
+    # The Command's handler gets what every visit starts with: the take-up renews first (it called the handler
+    # on what was left).  That renewal's answer is lost too; the next pass goes on: the Command is sent once,
+    # under the fence the claim gave, and the execution ends.
+    clock = ManualClock()
+    opened, handler, worker = lost_then("append_evidence", clock, tmp_path, request, kind)
+    clock.advance(worker.lease * 0.6)
+    worker.store = Lossy(opened, "renew", committed=committed, composed=False)  # type: ignore[assignment]
+    with pytest.raises(StoreError):
+        worker.run_pass()
+    assert worker.store.lost == 1 and handler.executed == []  # type: ignore[attr-defined]
+    renewals: list[datetime] = []
+    real = handler.execute
+
+    def execute(command: i.Command) -> i.CommandResult:
+        view = opened.read("x-1")
+        assert view is not None and view.dispatch.lease_expires_at is not None
+        renewals.append(view.dispatch.lease_expires_at)
+        return real(command)
+
+    handler.execute = execute  # type: ignore[method-assign]
+    drain(worker, worker.store)  # type: ignore[arg-type]
+    view = opened.read("x-1")
+    assert view is not None and view.execution.state == ExecutionState.SUCCEEDED
+    assert handler.executed == ["order.first", "order.second"] and view.execution.fence == 1
+    # The first Command ran with a whole lease ahead of it, as the visit that issued it would have.
+    assert renewals[0] - clock.now() == worker.lease
+    opened.close()
+
+
+class _LateRenewal:
+    """The store, whose clock passes the lease's expiry just as a renewal is asked: the renewal is refused."""
+
+    def __init__(self, inner: TransactionalStore, clock: ManualClock, lease: timedelta) -> None:
+        self._inner, self._clock, self._lease = inner, clock, lease
+
+    def renew(self, *args: Any, **kwargs: Any) -> Any:
+        self._clock.advance(self._lease)
+        return self._inner.renew(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_take_up_whose_renewal_is_refused_never_calls_the_handler(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    # The take-up's renewal comes too late (the lease ran out between the read and the renewal): the Command
+    # is never sent under a lease no longer held, and no later pass sends it; the sweep takes the execution.
+    clock = ManualClock()
+    opened, handler, worker = lost_then("append_evidence", clock, tmp_path, request, kind)
+    clock.advance(worker.lease * 0.6)
+    worker.store = _LateRenewal(opened, clock, worker.lease)  # type: ignore[assignment]
+    report = worker.run_pass()
+    assert [r.code for r in report.refused] == ["lease_expired"], report.refused
+    assert handler.executed == [] and not worker.holds_command("x-1")
+    assert worker.run_pass().claimed == [] and handler.executed == []
+    sweep = service.quarantine_expired(opened, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL)
+    assert sweep.quarantined == ["x-1"] and handler.executed == []
+    opened.close()
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
