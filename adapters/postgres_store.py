@@ -2481,16 +2481,31 @@ class Listener:
     def wait(self, timeout: float) -> bool:
         """Block until a notification arrives (True) or ``timeout`` seconds pass (False)."""
         with self._lock:
-            if self._closed:
-                # Else a listening connection would be opened again, and nothing would close it.
-                raise StoreError("store_unavailable", f"{self._store} is closed")
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._dsn, autocommit=True)
-                self._conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
+            self._refuse_if_closed()
             conn = self._conn
+        if conn is None or conn.closed:
+            # Opened outside the lock: towards a server that does not answer (a partition), the connect lasts
+            # until libpq's connect_timeout, and close() must not wait for it.
+            fresh = psycopg.connect(self._dsn, autocommit=True)
+            kept = False
+            try:
+                fresh.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self.channel)))
+                with self._lock:
+                    # Closed meanwhile: else a listening connection would be kept that nothing closes.
+                    self._refuse_if_closed()
+                    if self._conn is None or self._conn.closed:
+                        self._conn, kept = fresh, True
+                    conn = self._conn
+            finally:
+                if not kept:  # refused, failed, or another waiter's connection was opened first
+                    fresh.close()
         for _ in conn.notifies(timeout=timeout, stop_after=1):
             return True
         return False
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise StoreError("store_unavailable", f"{self._store} is closed")
 
     def close(self) -> None:
         with self._lock:

@@ -6,6 +6,8 @@ The behaviour every store shares is proven by the shipped suite
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 import uuid
@@ -19,7 +21,7 @@ import pytest
 
 from fencekeeper.adapters import codec, postgres_store, sql
 from fencekeeper.adapters import store as store_module
-from fencekeeper.adapters.postgres_store import MIGRATIONS, PostgresStore, migrate
+from fencekeeper.adapters.postgres_store import MIGRATIONS, Listener, PostgresStore, migrate
 from fencekeeper.adapters.store import Evidence, ManualClock, StoreError
 from fencekeeper.adapters.testing.bulk import admit_in_bulk
 from fencekeeper.adapters.testing.suite import (
@@ -814,3 +816,37 @@ def test_a_claim_that_passes_over_executions_still_walks_the_eligible_index_in_o
     assert "Sort" not in plan, plan
     # The executions passed over are a filter below the row locks: the claim never locks them.
     assert plan.index("LockRows") < plan.index("<> ALL"), plan
+
+
+def test_closing_a_store_never_waits_for_its_listener_to_connect(pg_dsn: str) -> None:
+    # A listening connection being opened towards a server that does not answer (a partition: the connection is
+    # accepted, nothing comes back) held the listener's lock, so the store's close waited for libpq's connect
+    # to time out.  A worker stopped during such an outage then hung on its way out.
+    silent = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()[0]), daemon=True).start()
+    dsn = psycopg.conninfo.make_conninfo(pg_dsn, host="127.0.0.1", port=silent.getsockname()[1], connect_timeout=30)
+    listener = Listener(dsn, "fencekeeper_eligible:nowhere", "the test's store")
+    def wait() -> None:
+        with contextlib.suppress(psycopg.Error, StoreError):  # the connect fails once the server goes
+            listener.wait(0.1)
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    try:
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not accepted:  # the listener's connect is under way, and will not be answered
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        started = time.monotonic()
+        listener.close()
+        assert time.monotonic() - started < 2.0
+        with pytest.raises(StoreError) as caught:
+            listener.wait(0.01)
+        assert caught.value.code == "store_unavailable" and "closed" in caught.value.message
+    finally:
+        for sock in accepted:
+            sock.close()  # the connect fails now; a connection it made after the close is closed, not kept
+        silent.close()
+        waiting.join(timeout=10)
+    assert not waiting.is_alive() and not listener.listening
