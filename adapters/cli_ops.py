@@ -193,7 +193,7 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
     worker.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="lease length (default 30)")
     worker.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="idle poll interval (default 1)")
     worker.add_argument("--until-idle", action="store_true", help="stop when nothing is due")
-    worker.add_argument("--id", dest="worker_prefix", metavar="PREFIX", help="worker ids PREFIX-1..N (default: host-pid); must differ between processes that run at once")
+    worker.add_argument("--id", dest="worker_prefix", metavar="PREFIX", help="worker ids PREFIX-1..N (default: host-pid)")
     worker.add_argument(
         "--log-json", action="store_true", help="log every report and note on stderr as one JSON object a line"
     )

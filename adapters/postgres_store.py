@@ -818,6 +818,20 @@ WHERE k.rank = 1 AND i.namespace = k.namespace AND i.tenant = k.tenant AND i.pri
     AND i.client_key = k.client_key;
 """,
     ),
+    (
+        16,
+        "attempt_claim_tokens",
+        # As SQLite's migration 13: each claim's Attempt keeps the token its worker made for it
+        # (seed 001, Durable truth and recovery; specs/operations.md, "An
+        # owner write of unknown outcome"): a worker whose claim lost its
+        # answer finds the Attempt by that token, never by its worker id
+        # alone, which another process may share.  Attempts written before
+        # have none, and no lookup by token finds them.  IF NOT EXISTS: a
+        # schema whose record of it was lost runs it again, changing nothing.
+        """
+ALTER TABLE operation_attempts ADD COLUMN IF NOT EXISTS claim_token text;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

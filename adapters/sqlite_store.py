@@ -626,6 +626,19 @@ UPDATE operation_identities SET principal = (SELECT k.stable FROM stable_identit
 DROP TABLE stable_identity_keys;
 """,
     ),
+    (
+        13,
+        "attempt_claim_tokens",
+        # each claim's Attempt keeps the token its worker made for it
+        # (seed 001, Durable truth and recovery; specs/operations.md, "An
+        # owner write of unknown outcome"): a worker whose claim lost its
+        # answer finds the Attempt by that token, never by its worker id
+        # alone, which another process may share.  Attempts written before
+        # have none, and no lookup by token finds them.
+        """
+ALTER TABLE operation_attempts ADD COLUMN claim_token TEXT;
+""",
+    ),
 )
 """Numbered, immutable, forward-only.  Never edit one: add the next."""
 

@@ -71,6 +71,18 @@ class Tx(abc.ABC):
     checks_live_lease: bool = False
     """True when :meth:`write` itself checks a guard's ``live_until`` against the store's time at write."""
 
+    claim_token: str | None = None
+    """The token the claiming worker made for the claim this transaction writes (set by ``claim_next``).
+
+    Kept on the claim's new Attempt, and nowhere else: the worker finds that Attempt by it if the claim's answer
+    is lost (:meth:`running_under`), whatever other process runs under the same worker id.
+    """
+
+    def token_of(self, decision: o.Decision, attempt: o.Attempt) -> str | None:
+        """The claim token ``attempt`` is written with: this transaction's, on the Attempt its claim begins."""
+        credential = decision.credential
+        return self.claim_token if credential is not None and attempt.number == credential.fence else None
+
     @abc.abstractmethod
     def now(self) -> datetime:
         """The store's authoritative time, read now."""
@@ -107,10 +119,13 @@ class Tx(abc.ABC):
     def prune_identities(self, limit: int) -> int:
         """Forget up to ``limit`` identities whose window has passed and whose Operation has ended."""
 
-    def running_under(self, tenant: str, namespace: str | None, worker_id: str) -> list[str]:
+    def running_under(
+        self, tenant: str, namespace: str | None, worker_id: str, claim_token: str | None = None
+    ) -> list[str]:
         """The ids of ``tenant``'s Operations running with ``worker_id`` as their owner, whatever their lease.
 
-        Asked only by a worker whose claim lost its answer, which knows whom it claimed as but not what
+        With ``claim_token``, only those whose current Attempt its claim wrote with that token.  Asked only by
+        a worker whose claim lost its answer, which knows whom it claimed as but not what
         (:meth:`TransactionalOperationStore.running_under`).  A transaction that cannot say answers none:
         such a claim's lease then runs out, as after a crash.
         """
@@ -253,11 +268,13 @@ class TransactionalOperationStore(abc.ABC):
         namespace: str | None = None,
         skip: Collection[str] = (),
         runs: Callable[[str, int], bool] | None = None,
+        claim_token: str | None = None,
     ) -> o.Outcome | None:
         request = o.ClaimRequest(worker_id, lease)
         passed_over = frozenset(skip)
 
         def body(tx: Tx) -> o.Outcome:
+            tx.claim_token = claim_token
             operation: o.Operation | None = None
             try:
                 operation = _read(
@@ -334,18 +351,24 @@ class TransactionalOperationStore(abc.ABC):
         self._run(body)
         return pruned[0]
 
-    def running_under(self, tenant: str, worker_id: str, *, namespace: str | None = None) -> list[str]:
+    claim_tokens = True
+    """This store keeps the token of ``claim_next(claim_token=...)`` and finds by it (:meth:`running_under`)."""
+
+    def running_under(
+        self, tenant: str, worker_id: str, *, namespace: str | None = None, claim_token: str | None = None
+    ) -> list[str]:
         """The ids of ``tenant``'s Operations (of ``namespace``, if given) running with ``worker_id`` as their owner.
 
-        Not the port's: a worker whose ``claim_next`` lost its answer (a ``StoreError`` it may recover from)
-        asks it on its next pass, to go on with what that claim may have committed (specs/operations.md,
-        "An owner write of unknown outcome").  The lease is not judged here: the worker reads each Operation
-        and judges its credential itself.
+        With ``claim_token``, only the one whose current Attempt the claim made with that token began.  Not the
+        port's: a worker whose ``claim_next`` lost its answer (a ``StoreError`` it may recover from) asks it on
+        its next pass, to go on with what that claim may have committed (specs/operations.md, "An owner write
+        of unknown outcome").  The lease is not judged here: the worker reads each Operation and judges its
+        credential itself.
         """
         found: list[str] = []
 
         def body(tx: Tx) -> o.Outcome:
-            found.extend(tx.running_under(tenant, namespace, worker_id))
+            found.extend(tx.running_under(tenant, namespace, worker_id, claim_token))
             return _NOTHING
 
         self._run(body)

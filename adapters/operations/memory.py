@@ -41,6 +41,8 @@ class _State:
     history: dict[str, list[o.Transition]] = attrs.Factory(dict)
     outbox: list[o.OutboxMessage] = attrs.Factory(list)
     tables: dict[str, dict[Any, Any]] = attrs.Factory(dict)
+    claim_tokens: dict[tuple[str, int], str] = attrs.Factory(dict)
+    """By (operation, Attempt number): the token of the claim that began the Attempt, where it carried one."""
 
     def copy(self) -> _State:
         return _State(
@@ -51,6 +53,7 @@ class _State:
             {k: list(v) for k, v in self.history.items()},
             list(self.outbox),
             copy.deepcopy(self.tables),
+            dict(self.claim_tokens),
         )
 
 
@@ -104,7 +107,9 @@ class _MemoryTx(Tx):
         ]
         return self.state.operations[min(due)[1]] if due else None
 
-    def running_under(self, tenant: str, namespace: str | None, worker_id: str) -> list[str]:
+    def running_under(
+        self, tenant: str, namespace: str | None, worker_id: str, claim_token: str | None = None
+    ) -> list[str]:
         return sorted(
             op.operation_id
             for op in self.state.operations.values()
@@ -112,6 +117,7 @@ class _MemoryTx(Tx):
             and (namespace is None or op.identity.namespace == namespace)
             and op.state is OperationState.RUNNING
             and op.owner == worker_id
+            and (claim_token is None or self.state.claim_tokens.get((op.operation_id, op.fence)) == claim_token)
         )
 
     def write(self, decision: o.Decision, input_json: str | None) -> bool:
@@ -132,6 +138,9 @@ class _MemoryTx(Tx):
         for attempt in decision.attempts:
             attempts[:] = [a for a in attempts if a.number != attempt.number] + [attempt]
             attempts.sort(key=lambda a: a.number)
+            token = self.token_of(decision, attempt)
+            if token is not None:
+                state.claim_tokens[(attempt.operation_id, attempt.number)] = token
         state.history.setdefault(new.operation_id, []).append(decision.transition)
         state.outbox.extend(decision.outbox)
         return True

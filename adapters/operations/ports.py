@@ -173,6 +173,7 @@ class OperationStore(Protocol):
         namespace: str | None = None,
         skip: Collection[str] = (),
         runs: Callable[[str, int], bool] | None = None,
+        claim_token: str | None = None,
     ) -> o.Outcome | None:
         """Claim (or end by its limits) the Operation of ``tenant`` that has been due longest; None if none is.
 
@@ -183,6 +184,10 @@ class OperationStore(Protocol):
         start an Attempt of one it cannot is not written (code ``action_not_registered``), so a worker deployed
         without an action never uses up an Operation's attempts.  A claim that ends the Operation by its limits
         is made whatever ``runs`` says: it runs nothing.
+
+        A store whose ``claim_tokens`` attribute is True also takes ``claim_token``: a token the worker made for
+        this claim, kept with the Attempt the claim begins, by which ``running_under`` finds it if the claim's
+        answer is lost.  The stores here all do; a worker passes it only to a store that says so.
         """
         ...
 

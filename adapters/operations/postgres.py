@@ -85,7 +85,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -167,7 +167,7 @@ def _slots(types: Sequence[str]) -> str:
 
 
 _NEW_COLUMNS = (*COLUMNS, "input", "ended_at")
-_ATTEMPT_TYPES = ("text", "integer", "text", "text", _TIME, _TIME, "text")
+_ATTEMPT_TYPES = ("text", "integer", "text", "text", _TIME, _TIME, "text", "text")
 _TRANSITION_TYPES = ("text", "integer", "text", "text", "text", _TIME, "text", "integer", "text")
 _OUTBOX_TYPES = ("text", "text", "text", "text", "text", _TIME, "text")
 
@@ -207,7 +207,7 @@ def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbo
     for k in range(attempts):
         parts.append(
             f"a{k} AS (INSERT INTO operation_attempts (operation_id, number, worker_id, state, started_at, "
-            f"ended_at, error_code) SELECT {_slots(_ATTEMPT_TYPES)} FROM u ON CONFLICT (operation_id, number) "
+            f"ended_at, error_code, claim_token) SELECT {_slots(_ATTEMPT_TYPES)} FROM u ON CONFLICT (operation_id, number) "
             "DO UPDATE SET state = excluded.state, ended_at = excluded.ended_at, error_code = excluded.error_code)"
         )
     parts.append(
@@ -225,7 +225,13 @@ def _write_sql(new: bool, live: bool, identity: str | None, attempts: int, outbo
 
 
 def _write_values(
-    decision: o.Decision, input_json: str | None, live: bool, row: tuple[Any, ...], key: tuple[str, ...] | None
+    decision: o.Decision,
+    input_json: str | None,
+    live: bool,
+    row: tuple[Any, ...],
+    key: tuple[str, ...] | None,
+    *,
+    token_of: Callable[[o.Decision, o.Attempt], str | None],
 ) -> list[Any]:
     """The parameters of :func:`_write_sql`'s statement for ``decision``, in the order of its placeholders.
 
@@ -249,7 +255,7 @@ def _write_values(
             values += (op.operation_id, op.retain_until, *key, guard.expected_holder)
     for attempt in decision.attempts:
         values += (attempt.operation_id, attempt.number, attempt.worker_id, attempt.state.value, attempt.started_at,
-                   attempt.ended_at, attempt.error_code)
+                   attempt.ended_at, attempt.error_code, token_of(decision, attempt))
     t = decision.transition
     values += (t.operation_id, t.revision, None if t.event is None else OPERATION_TEXT[t.event],
                None if t.from_state is None else OPERATION_TEXT[t.from_state], OPERATION_TEXT[t.to_state], t.at,
@@ -365,7 +371,7 @@ class _PgOpsTx(SqlTx):
         identity = None if guard.identity is None else "new" if guard.expected_holder is None else "moved"
         sql = _write_sql(guard.expected_revision == 0, live, identity, len(decision.attempts), len(decision.outbox))
         key = None if guard.identity is None else self.key_columns(guard.identity)
-        values = _write_values(decision, input_json, live, to_row(decision.operation, self.d), key)
+        values = _write_values(decision, input_json, live, to_row(decision.operation, self.d), key, token_of=self.token_of)
         assert _placeholders(sql) == len(values), "the write's text and parameters disagree"
         # Runs only if the write succeeded, so a guard that failed wakes nobody.
         notify = self._notify if self.opens and _due_now(decision) else None

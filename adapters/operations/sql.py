@@ -583,12 +583,22 @@ class SqlTx(Tx):
             params,
         )
 
-    def running_under(self, tenant: str, namespace: str | None, worker_id: str) -> list[str]:
+    def running_under(
+        self, tenant: str, namespace: str | None, worker_id: str, claim_token: str | None = None
+    ) -> list[str]:
         scope = " AND namespace = ?" if namespace is not None else ""
+        # The current Attempt's number is the Operation's fence: the one its last claim began.
+        token = (
+            " AND EXISTS (SELECT 1 FROM operation_attempts a WHERE a.operation_id = operations.operation_id "
+            "AND a.number = operations.fence AND a.claim_token = ?)"
+            if claim_token is not None
+            else ""
+        )
         rows = self.run(
-            f"SELECT operation_id FROM operations WHERE tenant = ? AND state = ? AND owner = ?{scope} "
+            f"SELECT operation_id FROM operations WHERE tenant = ? AND state = ? AND owner = ?{scope}{token} "
             "ORDER BY operation_id",
-            [tenant, OperationState.RUNNING.value, worker_id, *([namespace] if namespace is not None else [])],
+            [tenant, OperationState.RUNNING.value, worker_id, *([namespace] if namespace is not None else []),
+             *([claim_token] if claim_token is not None else [])],
         ).fetchall()
         return [str(row[0]) for row in rows]
 
@@ -653,8 +663,8 @@ class SqlTx(Tx):
         for attempt in decision.attempts:
             self.run(
                 "INSERT INTO operation_attempts (operation_id, number, worker_id, state, started_at, ended_at, "
-                "error_code) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (operation_id, number) DO UPDATE SET "
-                "state = excluded.state, ended_at = excluded.ended_at, error_code = excluded.error_code",
+                "error_code, claim_token) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (operation_id, number) DO UPDATE "
+                "SET state = excluded.state, ended_at = excluded.ended_at, error_code = excluded.error_code",
                 (
                     attempt.operation_id,
                     attempt.number,
@@ -663,6 +673,7 @@ class SqlTx(Tx):
                     self.d.time(attempt.started_at),
                     self.d.time(attempt.ended_at),
                     attempt.error_code,
+                    self.token_of(decision, attempt),
                 ),
             )
         t = decision.transition

@@ -65,16 +65,18 @@ external effects, history, and retention).  Rules of this module:
   request sent again is a decision under the same fence, so a replaced or
   expired owner is refused as always (specs/operations.md, "An owner write
   of unknown outcome").  A claim of unknown outcome names no Operation
-  before it commits: the next pass asks the store which of the tenant's
-  Operations run under this worker's id (``running_under``), and runs the
-  Attempt of the last one claimed whose lease is live, from its start,
-  under the credential the read shows (the worker never had the claim's
-  answer, so it did nothing of that Attempt), unless another worker of
-  this process with the same id is busy (from before its claim until
-  nothing of its pass is left to take up; the Python default id, host and
-  process, is shared by every worker of a process made without one): what
-  runs under the id may then be that one's, and such a claim's lease runs
-  out as before.  Workers of different processes must not share an id.
+  before it commits, so each claim carries a token the worker makes for it
+  (where the store keeps one, ``claim_tokens``), kept with the Attempt it
+  begins: the next pass asks the store which of the tenant's Operations
+  run under this worker's id with that token (``running_under``), and runs
+  that Attempt, if its lease is live, from its start, under the credential
+  the read shows (the worker never had the claim's answer, so it did
+  nothing of that Attempt).  No other worker's Attempt can answer, whoever
+  shares the id, in this process or another.  With a store that keeps no
+  token the lookup goes by id alone, and is made only while no other
+  worker of this process with the same id is busy (the Python default id,
+  host and process, is shared by every worker of a process made without
+  one); otherwise such a claim's lease runs out as before.
 - A handler's :class:`ActionFailed` is classified by its ``retryable``
   flag; any other exception is a retryable ``handler_error`` (bounded by
   the policy's maximum attempts), and so is a result that is not JSON (or
@@ -108,6 +110,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import socket
 import threading
 import time
@@ -304,6 +307,9 @@ class DurableOperationWorker:
         self._claim_lost = False
         """A claim whose outcome the store could not report (or whose Attempt a failed read kept from beginning):
         the next pass asks what runs under this worker."""
+        self._claim_token: str | None = None
+        """The token of the last claim sent, where the store keeps one (``claim_tokens``): the Attempt that claim
+        began, if it committed, is the one running under this worker with that token, and no other."""
         self._namesakes = _namesakes(self.worker_id)
 
     def run_once(self) -> WorkReport | None:
@@ -362,12 +368,18 @@ class DurableOperationWorker:
         if self._paused is not None and self.store.now() < self._paused.until:
             return None
         skip = self._passing_over()
+        tokens = getattr(self.store, "claim_tokens", False) is True
         for _ in range(_REMEMBERED):
             # Passing over the rows this worker already reported: a pass ends with a claim, a report or None.
+            # Each claim its own token, made here (the kernel makes none): the one that may commit is the last sent.
+            self._claim_token = secrets.token_hex(16) if tokens else None
+            # Passed only where given, so that a store of an older port (neither argument) still claims.
+            extra: dict[str, Any] = {"skip": skip} if skip else {}
+            if tokens:
+                extra["claim_token"] = self._claim_token
             try:
                 outcome = self.store.claim_next(
-                    self.tenant, self.worker_id, self.lease, namespace=self.namespace, runs=self.actions.has,
-                    **({"skip": skip} if skip else {}),
+                    self.tenant, self.worker_id, self.lease, namespace=self.namespace, runs=self.actions.has, **extra
                 )
             except StoreError as exc:
                 # The claim may have committed: the next pass asks the store what runs under this worker.
@@ -840,22 +852,27 @@ class DurableOperationWorker:
         """Run the Attempt a claim of unknown outcome committed, if the store shows one this worker holds.
 
         The claim names no Operation before it commits, so the store is asked which of the tenant's
-        Operations run under this worker's id (``running_under``; with a store without it, or another worker
-        of this process under the same id busy, nothing is taken up, and such a claim's lease runs out as
-        after a crash).  Of those whose lease is live on the store's clock, the one claimed last is run from
-        its start under the credential the read shows: nothing of that Attempt was done, since this worker
-        never had the claim's answer.  Raises, still asking, while the store fails.
+        Operations run under this worker's id and the claim's token (``running_under``; with a store without
+        it nothing is taken up, nor, with a store that keeps no token, while another worker of this process
+        under the same id is busy: such a claim's lease runs out as after a crash).  Of those whose lease is
+        live on the store's clock, the one claimed last is run from its start under the credential the read
+        shows: nothing of that Attempt was done, since this worker never had the claim's answer.  Raises,
+        still asking, while the store fails.
         """
         lookup = getattr(self.store, "running_under", None)
+        token = self._claim_token
         with self._namesakes.lock:
             # Held until the choice is made: a namesake that starts a pass meanwhile claims only after it.
-            if lookup is None or set(self._namesakes.busy) != {self}:
-                # Another worker of this process has this id and is busy (the Python default id is the host and
-                # process): what runs under it may be that one's, running now.  Nothing is taken up, and such a
-                # claim's lease runs out, as after a crash.
+            if lookup is None or (token is None and set(self._namesakes.busy) != {self}):
+                # A store that keeps no claim token, and another worker of this process with this id busy (the
+                # Python default id is the host and process): what runs under it may be that one's, running now.
+                # Nothing is taken up, and such a claim's lease runs out, as after a crash.  With a token, only
+                # the Attempt this worker's own claim began is found, whoever else shares the id.
                 self._claim_lost = False
                 return None
-            found: list[str] = lookup(self.tenant, self.worker_id, namespace=self.namespace)
+            found: list[str] = lookup(
+                self.tenant, self.worker_id, namespace=self.namespace, **({"claim_token": token} if token else {})
+            )
             live: list[o.Operation] = []
             for operation_id in found:
                 try:

@@ -83,7 +83,7 @@ def test_migration_13_leaves_an_older_intent_unsettled_for_good(pg_dsn: str, pg_
         conn.execute("ALTER TABLE operations DROP COLUMN effect_unsettled_since")
         conn.execute("DROP FUNCTION fencekeeper_journal_head_forward CASCADE")
         conn.execute("DELETE FROM schema_migrations WHERE version >= 13")
-    assert migrate(pg_dsn, pg_schema) == [13, 14, 15]  # 15 changes rows only: it runs again
+    assert migrate(pg_dsn, pg_schema) == [13, 14, 15, 16]  # 15 changes rows only, 16 adds only what is missing
     store = PostgresOperationStore(pg_dsn, schema=pg_schema, clock=clock, pool_size=1)
     try:
         check_an_older_intent_is_reconciled_not_resent(World(store, clock), crashed, succeeded)
@@ -105,14 +105,14 @@ def test_migration_15_keys_identities_by_the_stable_reference_and_loses_nothing(
             for statement in before.statements:
                 conn.execute(statement)  # type: ignore[arg-type]
             conn.execute("DELETE FROM schema_migrations WHERE version >= 15")
-    assert migrate(pg_dsn, pg_schema) == [15]
+    assert migrate(pg_dsn, pg_schema) == [15, 16]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"SET search_path TO {pg_schema}")  # type: ignore[arg-type]
         keys = "SELECT client_key, principal, operation_id FROM operation_identities ORDER BY 1, 2"
         migrated = conn.execute(keys).fetchall()
         # Run again (its record lost), it changes nothing.
         conn.execute("DELETE FROM schema_migrations WHERE version >= 15")
-        assert migrate(pg_dsn, pg_schema) == [15]
+        assert migrate(pg_dsn, pg_schema) == [15, 16]
         assert conn.execute(keys).fetchall() == migrated
     store = PostgresOperationStore(pg_dsn, schema=pg_schema, clock=clock, pool_size=1)
     try:

@@ -47,6 +47,7 @@ def test_migration_10_leaves_an_older_intent_unsettled_for_good(tmp_path: Path) 
     try:
         conn.execute("ALTER TABLE operations DROP COLUMN effect_unsettled_since")
         conn.execute("DROP TRIGGER journal_heads_move_forward")
+        conn.execute("ALTER TABLE operation_attempts DROP COLUMN claim_token")
         conn.execute("DELETE FROM schema_migrations WHERE version >= 10")  # 12 changes rows only: it runs again
     finally:
         conn.close()
@@ -71,16 +72,18 @@ def test_migration_12_keys_identities_by_the_stable_reference_and_loses_nothing(
     try:
         for statement in before.statements:
             conn.execute(statement)
+        conn.execute("ALTER TABLE operation_attempts DROP COLUMN claim_token")
         conn.execute("DELETE FROM schema_migrations WHERE version >= 12")
     finally:
         conn.close()
     store = SQLiteOperationStore(path, clock)
     migrated = store.application_execute("SELECT client_key, principal, operation_id FROM operation_identities")
-    assert store.application_execute("SELECT max(version) FROM schema_migrations") == [(12,)]
+    assert store.application_execute("SELECT max(version) FROM schema_migrations") == [(13,)]
     store.close()
     # Run again (its record lost), it changes nothing.
     conn = sqlite3.connect(path, isolation_level=None)
     try:
+        conn.execute("ALTER TABLE operation_attempts DROP COLUMN claim_token")  # 13 would add it again
         conn.execute("DELETE FROM schema_migrations WHERE version >= 12")
     finally:
         conn.close()

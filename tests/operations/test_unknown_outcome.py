@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from fencekeeper.adapters.operations import examples
+from fencekeeper.adapters.operations import worker as worker_module
 from fencekeeper.adapters.operations.memory import MemoryOperationStore
 from fencekeeper.adapters.operations.ports import GuardedContext, OperationStore, OperationView
 from fencekeeper.adapters.operations.service import (
@@ -529,8 +530,9 @@ def test_a_renewal_the_store_fails_for_a_moment_is_tried_again_and_the_lease_kep
     assert attempts(the_view(world, op_id)) == [(1, "w1", "succeeded")]
 
 
-def test_a_claim_lost_while_a_namesake_of_the_process_is_busy_is_not_taken_up(world: World) -> None:
-    # Workers made without an id share the host's and process's: what runs under it may be another one's.
+def test_a_claim_lost_while_a_namesake_of_the_process_is_busy_takes_up_its_own_attempt_only(world: World) -> None:
+    # Workers made without an id share the host's and process's: what runs under it may be another one's.  The
+    # claim's own token tells which: the lost claim's Attempt is taken up, the namesake's is left to it.
     counted = Counted(world)
     held = submit(world, counted, "echo")
     namesake_store = Lossy(world.store, "complete", when="before")
@@ -542,15 +544,41 @@ def test_a_claim_lost_while_a_namesake_of_the_process_is_busy_is_not_taken_up(wo
     lost = worker(world, lossy, counted)
     with pytest.raises(StoreError):
         lost.run_once()
-    before = the_view(world, op_id)
-    assert lost.run_once() is None
-    assert the_view(world, op_id) == before
-    assert "running_under" not in lossy.calls and counted.calls == 1
-    assert attempts(before) == [(1, "w1", "running")]
+    report = lost.run_once()
+    assert report is not None and (report.operation_id, report.outcome, report.resumed) == (op_id, "succeeded", True)
+    assert "running_under" in lossy.calls and counted.calls == 2
+    assert attempts(the_view(world, op_id)) == [(1, "w1", "succeeded")]
+    assert attempts(the_view(world, held)) == [(1, "w1", "running")], "the namesake's own, untouched"
     # The namesake still finishes its own.
     report = namesake.run_once()
     assert report is not None and (report.operation_id, report.outcome, report.resumed) == (held, "succeeded", True)
     assert attempts(the_view(world, held)) == [(1, "w1", "succeeded")]
+
+
+def test_a_claim_lost_before_it_committed_takes_nothing_of_a_namesake_in_another_process(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes under one worker id (replicas given the same --id).  One runs an Attempt; the other's claim
+    # is lost before it commits.  Asked what runs under the id, the store would name the first one's Attempt,
+    # live and this id's: by its id alone the second took it up and ran its action a second time.  By its claim's
+    # token it finds nothing, and claims as usual.
+    counted = Counted(world)
+    held = submit(world, counted, "echo")
+    first = worker(world, Lossy(world.store, "complete", when="before"), counted)
+    with pytest.raises(StoreError):
+        first.run_once()  # it runs `held` (its completion not yet through)
+    # Another process: none of this process's namesakes (the in-process guard) stands in the way.
+    monkeypatch.setattr(worker_module, "_namesakes", lambda worker_id: worker_module._Namesakes())
+    lossy = Lossy(world.store, "claim_next", when="before")
+    second = worker(world, lossy, counted)
+    with pytest.raises(StoreError):
+        second.run_once()
+    assert second.run_once() is None, "nothing was claimed, and nothing of the first's is taken"
+    assert "running_under" in lossy.calls and counted.calls == 1
+    assert attempts(the_view(world, held)) == [(1, "w1", "running")]
+    report = first.run_once()
+    assert report is not None and (report.operation_id, report.outcome) == (held, "succeeded")
+    assert counted.calls == 1, "its action ran once"
 
 
 class Told:

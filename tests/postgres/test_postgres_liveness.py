@@ -114,7 +114,7 @@ def test_migration_6_closes_registrations_left_open_by_earlier_cancellations(
         "DELETE FROM schema_migrations WHERE version >= 6",
     )
     assert _sql(pg_dsn, pg_schema, "SELECT count(*) FROM wait_registrations WHERE woken_by IS NULL") == [(4,)]
-    assert migrate(pg_dsn, pg_schema) == [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert migrate(pg_dsn, pg_schema) == [6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
     closed = _sql(pg_dsn, pg_schema, "SELECT execution_id, closed_by FROM wait_registrations ORDER BY execution_id")
     assert closed == [("e-live", None), ("e-stale-0", "cancel"), ("e-stale-1", "cancel"), ("e-stale-2", "cancel")]
     reopened = PostgresStore(pg_dsn, schema=pg_schema, clock=clock)
