@@ -629,7 +629,7 @@ DROP TABLE stable_identity_keys;
     (
         13,
         "attempt_claim_tokens",
-        # each claim's Attempt keeps the token its worker made for it
+        # Each claim's Attempt keeps the token its worker made for it
         # (seed 001, Durable truth and recovery; specs/operations.md, "An
         # owner write of unknown outcome"): a worker whose claim lost its
         # answer finds the Attempt by that token, never by its worker id

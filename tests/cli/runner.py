@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,15 @@ def stderr_lines(worker: subprocess.Popen[str]) -> tuple[list[str], threading.Th
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     return lines, reader
+
+
+def reached(worker: subprocess.Popen[str], marker: Path, what: str, seconds: float = 30) -> None:
+    """Wait until ``worker`` has made ``marker`` (a handler or action saying where it is), failing if it exits first."""
+    deadline = time.monotonic() + seconds
+    while not marker.exists():
+        assert worker.poll() is None, worker.communicate()
+        assert time.monotonic() < deadline, f"{what} was never called"
+        time.sleep(0.02)
 
 
 def ok(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -34,7 +34,7 @@ import pytest
 
 from fencekeeper.adapters.operations.postgres import PostgresOperationStore
 from fencekeeper.adapters.operations.service import DurableActionRegistry, DurableOperationService, PrincipalReference
-from tests.cli.runner import ANSWERED_NOTE, LOST_NOTE, end_sessions, sane_outage, started, stderr_lines
+from tests.cli.runner import ANSWERED_NOTE, LOST_NOTE, end_sessions, reached, sane_outage, started, stderr_lines
 from tests.operations import outage_actions
 
 BATCH = 30
@@ -257,11 +257,7 @@ def test_an_op_worker_stopped_while_its_store_was_lost_mid_attempt_finishes_the_
         cwd=tmp_path, PGAPPNAME=application,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "in-action").exists():
-            assert worker.poll() is None, worker.communicate()
-            assert time.monotonic() < deadline, "the action was never called"
-            time.sleep(0.02)
+        reached(worker, tmp_path / "in-action", "the action")
         assert end_sessions(pg_dsn, application) >= 1
         worker.send_signal(signal.SIGTERM)
         time.sleep(0.2)  # the signal first: the completion is sent by a worker that is already stopping

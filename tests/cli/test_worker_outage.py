@@ -23,7 +23,7 @@ from fencekeeper.adapters import examples, service
 from fencekeeper.adapters.postgres_store import PostgresStore
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
-from tests.cli.runner import EXAMPLES, end_sessions, started
+from tests.cli.runner import EXAMPLES, end_sessions, reached, started
 
 PURCHASE = EXAMPLES / "purchase_approval.toml"
 BUSINESS = "default"
@@ -156,11 +156,7 @@ def test_a_worker_stopped_while_its_store_was_lost_mid_visit_finishes_the_visit_
         cwd=tmp_path, PGAPPNAME=application,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "in-handler").exists():
-            assert worker.poll() is None, worker.communicate()
-            assert time.monotonic() < deadline, "the handler was never called"
-            time.sleep(0.02)
+        reached(worker, tmp_path / "in-handler", "the handler")
         assert end_sessions(pg_dsn, application) >= 1
         worker.send_signal(signal.SIGTERM)
         stdout, stderr = worker.communicate(timeout=30)
