@@ -1379,10 +1379,17 @@ def _work(
         workers = [make_worker(n, handler) for n, handler in enumerate(handlers, start=first)]
 
         def loop(worker: Worker) -> None:
+            try:
+                claims(worker)
+            finally:
+                # A claim read ahead for a pass that will not come (continues): rolled back, its row let go.
+                worker.drop_read_ahead()
+
+        def claims(worker: Worker) -> None:
             patience = StorePatience()
             while not stop.event.is_set():
                 try:
-                    report = worker.run_pass(max_claims=1)
+                    report = worker.run_pass(max_claims=1, continues=True)
                 except StoreError as exc:
                     # A lost connection, or a row or file another transaction holds: the
                     # pool replaces the one, the holder lets go of the other; try again shortly.

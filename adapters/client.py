@@ -1201,10 +1201,17 @@ class WorkerPool:
         self.stop()
 
     def _loop(self, worker: Worker) -> None:
+        try:
+            self._claims(worker)
+        finally:
+            # A claim read ahead for a pass that will not come (run_pass's continues): rolled back.
+            worker.drop_read_ahead()
+
+    def _claims(self, worker: Worker) -> None:
         patience = StorePatience(budget=self.RIDE_OUT)
         while not self._stop.is_set():
             try:
-                report = worker.run_pass(max_claims=1)
+                report = worker.run_pass(max_claims=1, continues=True)
             except StoreError as exc:
                 wait = patience.failed(exc.code)
                 if wait is None:

@@ -44,6 +44,14 @@ Rules of this module:
   whole transaction, and the request is decided again with every write
   checked as it is made.  ``verify_views`` (tests) compares every made view
   with the database's read.
+- A composed transaction that finishes its execution, for a worker that
+  will claim next (``NextClaim``), carries that claim's ``BEGIN`` and
+  locking read behind its ``COMMIT``, in the same exchange.  The
+  connection is then kept for the worker's thread with the claim's
+  transaction open (``_Parked``), and the thread's next claim decides on
+  what that read locked.  Any other use of the store by that thread, a
+  claim of another scope, ``drop_read_ahead`` and ``close`` roll it back
+  first: it has written nothing, and holds its locks only until then.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
@@ -72,6 +80,7 @@ import json
 import logging
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -96,9 +105,11 @@ from .store import (
     Clock,
     Evidence,
     ExecutionView,
+    NextClaim,
     StoreError,
     TransactionalStore,
     VisitView,
+    _Claim,
     _GuardFailed,
     _KeptWriteFailed,
     checked_again_if_lost,
@@ -966,19 +977,28 @@ class _Checkout:
     instructions of every decision's transaction.
     """
 
-    __slots__ = ("_conn", "_pool")
+    __slots__ = ("_conn", "_given", "_kept", "_pool")
 
-    def __init__(self, pool: ConnectionPool[Any]) -> None:
+    def __init__(self, pool: ConnectionPool[Any], conn: psycopg.Connection[Any] | None = None) -> None:
         self._pool = pool
         self._conn: psycopg.Connection[Any] | None = None
+        # A connection already out of the pool (a claim read ahead, _Parked): it goes back at the exit.
+        self._given = conn
+        self._kept = False
 
     def __enter__(self) -> psycopg.Connection[Any]:
-        self._conn = self._pool.getconn()
+        self._conn = self._given if self._given is not None else self._pool.getconn()
         return self._conn
+
+    def keep(self) -> None:
+        """On a normal exit, leave the connection out of the pool, its transaction open (a claim read ahead)."""
+        self._kept = True
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         conn, self._conn = self._conn, None
         assert conn is not None
+        if self._kept and exc_type is None:
+            return
         try:
             if conn.closed:
                 return
@@ -1199,7 +1219,8 @@ def _run_kept(
     *,
     commit: bool = False,
     then: bytes | None = None,
-) -> None:
+    ahead: _Ahead | None = None,
+) -> tuple[_Rows, _Rows] | None:
     """Send writes kept by the transaction (``_Kept``), in order, in one exchange; raise the first one's error.
 
     A failed statement aborts the transaction and the rest are skipped, so
@@ -1217,13 +1238,22 @@ def _run_kept(
     ``recv`` more per transaction.  ``then`` (a ``NOTIFY``) goes behind
     the last statement and runs only if all of them succeeded.  Without
     ``commit`` the transaction goes on, open, after them.
+
+    ``ahead``, with ``commit``: the next claim's locking read and the read
+    of its evidence, sent behind the ``COMMIT`` in the same segment, after a
+    ``BEGIN`` (and the claim's ``preface``): the next transaction's first
+    exchange rides on this one's last.  Skipped, as the ``COMMIT`` is, after
+    a failure.  Returns their rows when they ran; when the read itself
+    failed, None, with that new transaction left for the caller to end.
     """
     session = _SESSIONS.get(conn)
     if session is None:
         session = _SESSIONS[conn] = _Session(conn)
     pgconn = conn.pgconn
+    assert ahead is None or commit, "a claim read ahead opens the transaction after this one's COMMIT"
     with session.lock:
         sends = _prepared_all(conn, session, statements)
+        reads = _prepared_all(conn, session, ahead.statements) if ahead is not None else []
         pgconn.enter_pipeline_mode()
         try:
             _send_all(pgconn, sends)
@@ -1232,9 +1262,14 @@ def _run_kept(
             if commit:
                 # In the statements' segment: skipped, as they are, after a failure (see above).
                 pgconn.send_query_params(b"COMMIT", None)
+            if ahead is not None:
+                pgconn.send_query_params(b"BEGIN", None)
+                if ahead.preface is not None:
+                    pgconn.send_query_params(ahead.preface, None)
+                _send_all(pgconn, reads)
             pgconn.pipeline_sync()
             answers, followed, committed, synced = session.wait(
-                conn, _kept_results(pgconn, len(sends), commit, then is not None)
+                conn, _kept_results(pgconn, len(sends), commit, then is not None, _ahead_count(ahead))
             )
             if not _only_sync(synced):
                 raise psycopg.OperationalError(f"the server ended the session during a pipelined exchange: {synced}")
@@ -1249,19 +1284,69 @@ def _run_kept(
         if followed is not None:
             _result(conn, session, followed)
         if committed is not None:
-            ended = _result(conn, session, committed)
+            ended = _result(conn, session, committed[0])
             if ended.command_status != b"COMMIT":
                 raise StoreError("store_unavailable", f"the transaction was rolled back at COMMIT ({ended.command_status!r})")
+        if ahead is None:
+            return None
+        # Committed: the read ahead is the next transaction's, and its failure is not this one's.
+        try:
+            for opened in committed[1 : -len(reads)]:
+                _result(conn, session, opened)
+            found = []
+            for results in committed[-len(reads) :]:
+                result = _result(conn, session, results)
+                session.transformer.set_pgresult(result)
+                count = result.command_tuples
+                found.append(_Rows(session.transformer.load_rows(0, result.ntuples, tuple), -1 if count is None else count))
+        except psycopg.Error:
+            return None
+        return found[0], found[1]
 
 
-def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool) -> Any:
-    # As _pipeline_results, for ``count`` statements.
+@attrs.frozen
+class _Parked:
+    """A claim read ahead on a connection kept out of the pool, its transaction open, until its worker claims.
+
+    What it read holds the row locks of the execution it found (none is kept
+    when it found none: nothing would be held, and what it saw would be old
+    by the time the worker claims).
+    """
+
+    conn: Any
+    claim: NextClaim
+    statement: tuple[str, Sequence[object]]
+    rows: _Rows
+    evidence: _Rows
+    at: float
+    """When it was read (the process clock): one kept too long is not used (``_claim_transaction``)."""
+
+
+@attrs.frozen
+class _Ahead:
+    """A claim read ahead (``_run_kept``'s ``ahead``): its locking read and evidence read, and what it plans with."""
+
+    statements: tuple[tuple[str, Sequence[object]], tuple[str, Sequence[object]]]
+    preface: bytes | None
+
+
+def _ahead_count(ahead: _Ahead | None) -> int:
+    """How many results a read ahead brings: its BEGIN, its preface, its two reads."""
+    return 0 if ahead is None else 3 + (ahead.preface is not None)
+
+
+def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool, after: int = 0) -> Any:
+    # As _pipeline_results, for ``count`` statements; the COMMIT's results, then ``after`` more (a read ahead).
     yield from generators.send(pgconn)
     answers = []
     for _ in range(count):
         answers.append((yield from generators.fetch_many(pgconn)))
     followed = (yield from generators.fetch_many(pgconn)) if then else None
-    committed = (yield from generators.fetch_many(pgconn)) if commit else None
+    committed = None
+    if commit:
+        committed = [(yield from generators.fetch_many(pgconn))]
+        for _ in range(after):
+            committed.append((yield from generators.fetch_many(pgconn)))
     synced = yield from generators.fetch_many(pgconn)
     return answers, followed, committed, synced
 
@@ -1601,6 +1686,8 @@ class _PostgresBackend(SqlBackend):
     """Whether a view made from a kept write (:meth:`write_and_view`) is checked against the database's
     own, read after sending the write: for tests, which set it; it costs a round trip per view."""
     _collecting: list[tuple[str, _Deferred]] | None = None
+    _parked: _Parked | None = None
+    """The claim read ahead that this transaction began with (:meth:`read_ahead_with`), until a claim uses it."""
 
     def __init__(
         self, conn: psycopg.Connection[Any], business_id: str | None, database_clock: bool, *, begin: bool = False
@@ -1740,9 +1827,11 @@ class _PostgresBackend(SqlBackend):
         self._send_kept(self._chain_statements())
         self._verify_views()
 
-    def _send_kept(self, statements: Sequence[_Kept], *, commit: bool = False, notify: bytes | None = None) -> None:
+    def _send_kept(
+        self, statements: Sequence[_Kept], *, commit: bool = False, notify: bytes | None = None, ahead: _Ahead | None = None
+    ) -> tuple[_Rows, _Rows] | None:
         try:
-            _run_kept(self.conn, [(k.statement, k.params) for k in statements], commit=commit, then=notify)
+            return _run_kept(self.conn, [(k.statement, k.params) for k in statements], commit=commit, then=notify, ahead=ahead)
         except psycopg.DatabaseError as exc:
             if isinstance(exc, self.dialect.integrity_errors) or exc.sqlstate == GUARD_FAILED:
                 # The transaction is aborted on the server: decided again, every write checked as it is made.
@@ -1948,29 +2037,41 @@ class _PostgresBackend(SqlBackend):
         # one statement with "(? IS NULL OR business_id = ?)" costs the
         # planner more as a generic plan than as a custom one, so PostgreSQL
         # planned it again on every claim.
-        scope = business_id if business_id is not None else self.business_id
-        if scope is not None:
-            values = (*values, scope)
-        if skip:
-            values = (*values, sorted(skip))
-        sql = claim_sql(bound, scoped=scope is not None, skipping=bool(skip))
-        preface = _CLAIM_PLANNING if scope is not None else None
+        sql, values, preface = self._claim_statement(bound, business_id, skip, *values)
         self._nothing_kept()
         self._flush_pending()
+        parked, self._parked = self._parked, None
+        if parked is not None and parked.statement == (sql, values):
+            # Read ahead behind the COMMIT of this worker's transaction before (NextClaim): this
+            # transaction began with it, and holds what it locked.
+            row = parked.rows.fetchone()
+            return self._remember(row, parked.evidence if self._views_kept() else None), row
         if not self._views_kept():
-            row = _run(self.conn, self._sql(sql), values, begin=self._opening(), preface=preface).fetchone()
+            row = _run(self.conn, sql, values, begin=self._opening(), preface=preface).fetchone()
             return self._remember(row), row
         # The claimed execution's evidence, read behind the lock in the same exchange, for the view
         # the claim's write leaves (write_and_view), which is then made here, not read.
         rows, evidence = _run_pair(
             self.conn,
-            (self._sql(sql), values),
+            (sql, values),
             (self._sql(_CLAIMED_EVIDENCE_SQL), ()),
             begin=self._opening(),
             preface=preface,
         )
         row = rows.fetchone()
         return self._remember(row, evidence), row
+
+    def _claim_statement(
+        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object
+    ) -> tuple[str, tuple[object, ...], bytes | None]:
+        """A claim's locking read: its text, its values and the preface its exchange carries."""
+        scope = business_id if business_id is not None else self.business_id
+        if scope is not None:
+            values = (*values, scope)
+        if skip:
+            values = (*values, sorted(skip))
+        sql = claim_sql(bound, scoped=scope is not None, skipping=bool(skip))
+        return self._sql(sql), values, _CLAIM_PLANNING if scope is not None else None
 
     def claim_time(self, clock: Clock, business_id: str | None, skip: frozenset[str] = frozenset()) -> datetime:
         if not self.database_clock:
@@ -2101,8 +2202,13 @@ class _PostgresBackend(SqlBackend):
         finally:
             self._keeping = None
 
-    def commit_kept(self, notify: bytes | None) -> None:
+    def commit_kept(self, notify: bytes | None, ahead: _Ahead | None = None) -> tuple[_Rows, _Rows] | None:
         """Send the kept writes, ``notify`` when given, and ``COMMIT``: one exchange, all of it or none.
+
+        With ``ahead``, the next claim's locking read rides behind the
+        ``COMMIT`` (``_run_kept``), and its rows are returned: the connection
+        is then in that claim's transaction (None: the read failed, and its
+        transaction is the caller's to roll back).
 
         A unique-key conflict rolls the transaction back and means what it
         means to :meth:`write`: a named conflict is raised as its StoreError,
@@ -2118,8 +2224,7 @@ class _PostgresBackend(SqlBackend):
                 statements = [kept] if kept is not None else []
             else:
                 statements = [*self._chain_statements(), *([kept] if kept is not None else [])]
-            self._send_kept(statements, commit=True, notify=notify)
-            return
+            return self._send_kept(statements, commit=True, notify=notify, ahead=ahead)
         assert kept is not None
         try:
             _run(self.conn, kept.statement, kept.params, commit=True, then=notify)
@@ -2133,6 +2238,17 @@ class _PostgresBackend(SqlBackend):
             if kept.guarded and exc.sqlstate == GUARD_FAILED:
                 raise _KeptWriteFailed from None
             raise
+        # Not a composed transaction's: nothing is read ahead behind it.
+        return None
+
+    def ahead_of(self, claim: NextClaim) -> _Ahead:
+        """The statements of ``claim``'s locking read, as :meth:`claim_time` sends them, to read it ahead."""
+        sql, values, preface = self._claim_statement("statement_timestamp()", claim.business_id, claim.skip)
+        return _Ahead(((sql, values), (self._sql(_CLAIMED_EVIDENCE_SQL), ())), preface)
+
+    def read_ahead_with(self, parked: _Parked) -> None:
+        """Claim from what ``parked`` read ahead, in its transaction: the next claim's locking read is not sent again."""
+        self._parked = parked
 
 
 _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
@@ -2228,6 +2344,10 @@ class PostgresStore(TransactionalStore):
     _commits_with_last = True
     """Whether a write transaction's last read may carry its COMMIT (see ``_begun``)."""
 
+    reads_ahead: ClassVar[bool] = True
+    """Whether a worker's next claim may be read ahead behind the COMMIT of its transaction before
+    (:class:`~fencekeeper.adapters.store.NextClaim`): one exchange less per execution."""
+
     def __init__(
         self,
         dsn: str,
@@ -2240,10 +2360,15 @@ class PostgresStore(TransactionalStore):
         idle_in_transaction_timeout: float = IDLE_IN_TRANSACTION_TIMEOUT,
     ) -> None:
         super().__init__(clock)
+        # Claims read ahead and not yet used, by the thread whose worker will use them (NextClaim).
+        self._parked: dict[int, _Parked] = {}
+        self._parked_lock = threading.Lock()
         for name, seconds in (("lock_timeout", lock_timeout), ("idle_in_transaction_timeout", idle_in_transaction_timeout)):
             if not 0 < seconds <= 86_400:
                 raise ValueError(f"{name}: must be positive seconds, at most a day, got {seconds!r}")
         self.lock_timeout = lock_timeout
+        # A claim read ahead and kept longer than half of this is not used: the server may end its session.
+        self._idle_timeout = idle_in_transaction_timeout
         self.dsn = dsn
         self.schema = _check_schema_name(schema)
         self.business_id = business_id
@@ -2312,8 +2437,72 @@ class PostgresStore(TransactionalStore):
             raise
 
     def _pooled(self) -> contextlib.AbstractContextManager[Any]:
-        """A connection of the pool, for the length of a ``with`` block."""
+        """A connection of the pool, for the length of a ``with`` block.
+
+        A claim this thread read ahead is rolled back first: its worker asks
+        for something else, so it will not be used (NextClaim).
+        """
+        if self._parked:
+            self.drop_read_ahead()
         return _Checkout(self._pool)
+
+    def drop_read_ahead(self) -> None:
+        """Roll back the claim this thread read ahead (:class:`~fencekeeper.adapters.store.NextClaim`), if any.
+
+        It wrote nothing; its row locks are released.  A worker calls this
+        when it stops claiming; any other call of the store on the thread
+        does it first.
+        """
+        with self._parked_lock:
+            parked = self._parked.pop(threading.get_ident(), None)
+        if parked is not None:
+            self._give_back(parked.conn)
+
+    def _give_back(self, conn: psycopg.Connection[Any]) -> None:
+        """Return a parked connection to the pool, its transaction rolled back (the pool discards a broken one)."""
+        try:
+            if not conn.closed:
+                conn.rollback()
+        except Exception as failed:
+            _LOGGER.warning("error ignored in rollback on %s: %s", conn, failed)
+        finally:
+            self._pool.putconn(conn)
+
+    def _claim_transaction(self, claim: _Claim) -> contextlib.AbstractContextManager[Backend]:
+        if not self._parked:
+            return self._transaction()
+        with self._parked_lock:
+            parked = self._parked.pop(threading.get_ident(), None)
+        if parked is None:
+            return self._transaction()
+        if (parked.claim.business_id, parked.claim.skip) != (claim.business_id, claim.skip) or (
+            time.monotonic() - parked.at > self._idle_timeout / 2
+        ):
+            # Another claim's, or kept so long (a worker's hook stalled) that the server may be ending its
+            # session as idle in a transaction: rolled back, and this claim reads afresh.
+            self._give_back(parked.conn)
+            return self._transaction()
+        return self._transaction(parked)
+
+    def _park(self, checkout: _Checkout, conn: psycopg.Connection[Any], claim: NextClaim, ahead: _Ahead, read: tuple[_Rows, _Rows] | None) -> None:
+        """Keep the claim read ahead behind a COMMIT for this thread's next claim, when it found an execution."""
+        if read is None or read[0].fetchone() is None:
+            # Nothing due (or the read failed): nothing is worth holding, and what it saw will be old
+            # when the worker claims.  Its transaction ends now.  The COMMIT before it stands whatever
+            # happens here: a connection that cannot roll back is closed, and the pool replaces it.
+            if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                try:
+                    conn.rollback()
+                except psycopg.Error:
+                    conn.close()
+            return
+        checkout.keep()
+        parked = _Parked(conn, claim, ahead.statements[0], read[0], read[1], time.monotonic())
+        with self._parked_lock:
+            stale = self._parked.pop(threading.get_ident(), None)
+            self._parked[threading.get_ident()] = parked
+        if stale is not None:
+            self._give_back(stale.conn)
 
     def _begun(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """What opens the transaction on ``conn`` before its first statement.
@@ -2344,19 +2533,29 @@ class PostgresStore(TransactionalStore):
             return self._statement(conn, statement, params)
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[Backend]:
+    def _transaction(self, parked: _Parked | None = None) -> Iterator[Backend]:
         try:
             # BEGIN goes to the server with the transaction's first statement
             # (_run's begin), so it costs no round trip of its own; the pool's
             # connection context commits on a normal exit and rolls back on any
-            # exception, as conn.transaction() did.
-            with self._pooled() as conn, self._begun(conn):
+            # exception, as conn.transaction() did.  A claim read ahead (parked)
+            # began its transaction already, and goes on in it.
+            checkout = self._pooled() if parked is None else _Checkout(self._pool, parked.conn)
+            with checkout as conn, self._begun(conn):
                 backend = _PostgresBackend(conn, self.business_id, self._database_clock, begin=True)
                 backend.commits_with_last = self._commits_with_last
+                if parked is not None:
+                    backend.read_ahead_with(parked)
                 yield backend
                 if backend.keeps_any():
-                    # The decision's writes, NOTIFY when they make work eligible, and COMMIT: one exchange.
-                    backend.commit_kept(self._notify if backend.made_eligible else None)
+                    # The decision's writes, NOTIFY when they make work eligible, and COMMIT: one exchange;
+                    # and behind them, when the transaction finished its execution, its worker's next claim.
+                    claim = backend.read_ahead if self.reads_ahead else None
+                    ahead = backend.ahead_of(claim) if claim is not None else None
+                    read = backend.commit_kept(self._notify if backend.made_eligible else None, ahead)
+                    if claim is not None and ahead is not None:
+                        assert isinstance(checkout, _Checkout)
+                        self._park(checkout, conn, claim, ahead, read)
                 elif backend.made_eligible:
                     if self._commits_with_last and conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
                         # NOTIFY and COMMIT in one exchange; the pool's context then finds nothing to commit.
@@ -2467,6 +2666,11 @@ class PostgresStore(TransactionalStore):
 
     def close(self) -> None:
         self._closed = True
+        with self._parked_lock:
+            parked = list(self._parked.values())
+            self._parked.clear()
+        for claim in parked:
+            self._give_back(claim.conn)
         self._listener.close()
         self._close_pool()
 

@@ -452,6 +452,26 @@ def _completed_by_event(attempt: Evidence | None, event: Event) -> tuple[Evidenc
 
 
 @attrs.frozen
+class NextClaim:
+    """The claim a worker makes next when a composed transaction finishes its execution.
+
+    Given to :meth:`TransactionalStore.claim_and_visit` or
+    :meth:`TransactionalStore.record_step_and_visit`, it is a hint, never a
+    decision: a store that reads ahead (``reads_ahead``, PostgreSQL) may send
+    that claim's locking read in the same exchange as the finishing
+    transaction's ``COMMIT``, as the first statement of the claim's own
+    transaction, and use what it locked when the worker's next
+    :meth:`~TransactionalStore.claim_and_visit` names the same
+    ``business_id`` and ``skip``.  Anything else the worker asks of the
+    store on that thread first rolls that transaction back, unused, having
+    written nothing.
+    """
+
+    business_id: str | None
+    skip: frozenset[str] = frozenset()
+
+
+@attrs.frozen
 class _Claim:
     """A transaction that claims: its time may come with its candidate."""
 
@@ -529,6 +549,9 @@ class Backend(abc.ABC):
         """Write everything ``decision`` lists under its guard; False (having written nothing) if it fails."""
 
     keeps_writes: bool = True
+    read_ahead: NextClaim | None = None
+    """The claim to read ahead behind this transaction's COMMIT (:class:`NextClaim`); set by a composed
+    transaction that finished its execution, and ignored by a store that does not read ahead."""
     """Whether :meth:`write_last` may keep the writes for the COMMIT (the store's loop turns it off when a
     kept write failed there, and decides the request again)."""
 
@@ -826,6 +849,11 @@ class TransactionalStore(abc.ABC):
     def _transaction(self) -> contextlib.AbstractContextManager[Backend]:
         """A write transaction: commits on normal exit, rolls back on any exception."""
 
+    def _claim_transaction(self, claim: _Claim) -> contextlib.AbstractContextManager[Backend]:
+        """The transaction of a claim: :meth:`_transaction`, unless the store read this claim ahead (:class:`NextClaim`)."""
+        del claim
+        return self._transaction()
+
     @abc.abstractmethod
     def read(self, execution_id: str) -> ExecutionView | None:
         """The execution with its whole history, from one consistent snapshot."""
@@ -892,7 +920,7 @@ class TransactionalStore(abc.ABC):
         keep = True
         while failures < 2:
             try:
-                with self._transaction() as tx:
+                with self._transaction() if claim is None else self._claim_transaction(claim) as tx:
                     tx.keeps_writes = keep
                     # Topic first, then rows: the one lock order of every store.
                     if topic is not None:
@@ -1025,7 +1053,13 @@ class TransactionalStore(abc.ABC):
     # --- composed decisions (specs/protocol.md, "Composed decisions") ------------------
 
     def claim_and_visit(
-        self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None, skip: Collection[str] = ()
+        self,
+        request: p.ClaimRequest,
+        plan: Planner,
+        *,
+        business_id: str | None = None,
+        skip: Collection[str] = (),
+        next_claim: NextClaim | None = None,
     ) -> Composed:
         """:meth:`claim_next`, and the visits after it that call no handler, in the claim's transaction.
 
@@ -1038,6 +1072,7 @@ class TransactionalStore(abc.ABC):
         Executions named in ``skip`` are passed over: a claim whose candidate's row is malformed
         raises ``StoreError('malformed_row')`` with its ``execution_id``, having written nothing,
         and a worker claims again without it, so that the rest of the queue runs.
+        ``next_claim``: see :class:`NextClaim`.
         """
         passed_over = frozenset(skip)
 
@@ -1047,18 +1082,28 @@ class TransactionalStore(abc.ABC):
                 return None
             return _claim_on_rows(tx, execution_id, request, now)
 
-        return self._compose(first, (), plan, claim=_Claim(business_id, passed_over))
+        return self._compose(first, (), plan, claim=_Claim(business_id, passed_over), next_claim=next_claim)
 
     def record_step_and_visit(
-        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner
+        self,
+        execution_id: str,
+        request: p.StepRequest,
+        evidence: Sequence[Evidence],
+        plan: Planner,
+        *,
+        next_claim: NextClaim | None = None,
     ) -> Composed:
-        """:meth:`record_step`, and the visits after it that call no handler, in the step's transaction."""
+        """:meth:`record_step`, and the visits after it that call no handler, in the step's transaction.
+
+        ``next_claim``: see :class:`NextClaim`.
+        """
         return self._compose(
             lambda tx, now: p.record_step(*tx.load(execution_id), request, now),
             evidence,
             plan,
             lock=execution_id,
             credential=request.credential,
+            next_claim=next_claim,
         )
 
     def _compose(
@@ -1070,6 +1115,7 @@ class TransactionalStore(abc.ABC):
         lock: str | None = None,
         claim: _Claim | None = None,
         credential: p.LeaseCredential | None = None,
+        next_claim: NextClaim | None = None,
     ) -> Composed:
         def decide(tx: Backend, now: datetime) -> _Written:
             outcome = first(tx, now)
@@ -1088,6 +1134,9 @@ class TransactionalStore(abc.ABC):
                 followed.append((visit, result))
                 if not isinstance(result, p.Decision) or visit.kind != "step":
                     break
+            if next_claim is not None and followed and followed[-1][0].kind == "finish" and isinstance(followed[-1][1], p.Decision):
+                # The holder's lease ends with this transaction: its worker claims next.
+                tx.read_ahead = next_claim
             return _Written(Composed(outcome, tuple(followed), view))
 
         composed = self._run(decide, lock=lock, claim=claim, visit=True)
@@ -1472,6 +1521,7 @@ __all__ = [
     "Evidence",
     "ExecutionView",
     "ManualClock",
+    "NextClaim",
     "NextVisit",
     "Planner",
     "PublishResult",

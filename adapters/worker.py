@@ -105,7 +105,15 @@ from fencekeeper.kernel.definition import Definition
 from fencekeeper.kernel.machines import ExecutionState
 
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler, ask
-from .store import RETRYABLE_STORE_CODES, NextVisit, StoreError, TransactionalStore, VisitView, tried_before_stop
+from .store import (
+    RETRYABLE_STORE_CODES,
+    NextClaim,
+    NextVisit,
+    StoreError,
+    TransactionalStore,
+    VisitView,
+    tried_before_stop,
+)
 
 MIN_LEASE: Final = timedelta(seconds=1)
 """The shortest lease a worker takes.
@@ -286,7 +294,17 @@ class _Bookkeeping:
     execution's CPU in the worker.
     """
 
-    __slots__ = ("answered", "carried", "holding", "intent", "interrupted", "queue_busy", "timers_looked_at", "unfinished")
+    __slots__ = (
+        "answered",
+        "carried",
+        "holding",
+        "intent",
+        "interrupted",
+        "next_claim",
+        "queue_busy",
+        "timers_looked_at",
+        "unfinished",
+    )
 
     def __init__(self) -> None:
         self.queue_busy: bool = False
@@ -308,6 +326,9 @@ class _Bookkeeping:
         """The last Command whose intent this worker sent and whose handler it has not called."""
         self.answered: _Pending | None = None
         """The last Command whose handler answered and whose result's transaction has not returned."""
+        self.next_claim: NextClaim | None = None
+        """The claim this pass makes next, while it drives an execution: a store that reads ahead may send
+        its locking read behind the COMMIT of the transaction that finishes this one (:class:`NextClaim`)."""
 
 
 @attrs.define
@@ -387,8 +408,16 @@ class Worker:
         view = self.store.read_for_visit(execution_id)
         return view.execution.business_id if view is not None else ""
 
-    def run_pass(self, *, max_claims: int | None = None) -> PassReport:
+    def run_pass(self, *, max_claims: int | None = None, continues: bool = False) -> PassReport:
         """One bounded pass: due timers, then every eligible execution (at most ``max_claims``).
+
+        ``continues``: the caller runs the next pass at once when this one
+        claims (a worker's loop).  Its last claim may then read the next
+        one ahead, as every claim before it in the pass may, where the store
+        does (:class:`~fencekeeper.adapters.store.NextClaim`); the next pass's
+        claim uses it, and anything else the worker asks of the store first
+        rolls it back.  A caller that stops calling says so with
+        :meth:`drop_read_ahead`.
 
         The due-timer lookup is skipped at the start of a pass only while
         the queue is busy: the previous pass stopped at ``max_claims`` with
@@ -405,18 +434,55 @@ class Worker:
             looked = True
         self._at.queue_busy = False
         skip = self._skipped() if self._passing_over else frozenset()
+        reads_ahead = _reads_ahead(self.store)
+        going_on = False
+        try:
+            going_on = self._claim_all(report, skip, looked, max_claims, reads_ahead=reads_ahead, continues=continues)
+        finally:
+            self._at.next_claim = None
+            if not going_on:
+                # A claim read ahead behind this pass's last COMMIT will not be made (the pass stopped, or failed).
+                self.drop_read_ahead()
+        return report
+
+    def drop_read_ahead(self) -> None:
+        """Roll back a claim this worker's thread read ahead and will not make (see ``continues``); nothing was written."""
+        if _reads_ahead(self.store):
+            self.store.drop_read_ahead()  # type: ignore[attr-defined]
+
+    def _claim_all(
+        self,
+        report: PassReport,
+        skip: frozenset[str],
+        looked: bool,
+        max_claims: int | None,
+        *,
+        reads_ahead: bool,
+        continues: bool,
+    ) -> bool:
+        """:meth:`run_pass`'s claims: each eligible execution in turn, driven, until none is left or ``max_claims``.
+
+        Returns whether the pass stopped at ``max_claims`` for a caller that ``continues``: a claim
+        read ahead behind its last COMMIT is then the next pass's.
+        """
         while max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
             request = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
+            # The claim after this one, when there will be one: a store that reads ahead may send its locking
+            # read with the COMMIT that finishes this execution (NextClaim).  A hint, never a decision.
+            then = (
+                NextClaim(self.business_id, skip)
+                if reads_ahead and (continues or max_claims is None or len(report.claimed) + 1 < max_claims)
+                else None
+            )
             try:
                 # ``skip`` only while there is something to pass over: a store that wraps another
-                # (a ledger, a proxy) and predates it is then called exactly as before.
-                composed = self.store.claim_and_visit(
-                    request,
-                    self._plan_next,
-                    business_id=self.business_id,
-                    **({"skip": skip} if skip else {}),
-                )
+                # (a ledger, a proxy) and predates it is then called exactly as before; ``next_claim``
+                # only to a store that reads ahead.
+                extra: dict[str, Any] = {"skip": skip} if skip else {}
+                if then is not None:
+                    extra["next_claim"] = then
+                composed = self.store.claim_and_visit(request, self._plan_next, business_id=self.business_id, **extra)
             except (KeyboardInterrupt, SystemExit) as exc:
                 # Inside the claim: its transaction may have committed, and only the store knows what
                 # it claimed.  Looked up by the token asked for (_let_go_of_claim).
@@ -463,6 +529,7 @@ class Worker:
                 self._at.holding = None
                 raise
             try:
+                self._at.next_claim = then
                 self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
             except StoreError as exc:
                 self._carry(report, exc)
@@ -472,13 +539,16 @@ class Worker:
                     raise
                 self._pass_over(execution_id, exc.message, report)
                 skip = skip | {execution_id}
+            finally:
+                self._at.next_claim = None
             if self.stopping():
                 # Claim nothing more: a stopping worker's hook hands each lease back after the
                 # visit, and the next claim would take the same execution again, endlessly.
                 break
         else:
             self._at.queue_busy = True
-        return report
+            return continues
+        return False
 
     def take_up(self) -> PassReport:
         """Go on with the lease a decision of unknown outcome left this worker, and nothing else (see the module's rules).
@@ -668,11 +738,13 @@ class Worker:
                 if self._applied(execution_id, outcome, report, "finalize", credential.fence):
                     self._report_finish(execution_id, execution, credential, settled, report)
                 return
+            then = self._at.next_claim
             composed = self.store.record_step_and_visit(
                 execution_id,
                 p.StepRequest(credential, execution.revision, settled.step, authority),
                 settled.evidence,
                 self._plan_next,
+                **({"next_claim": then} if then is not None else {}),
             )
             self._at.answered = None
             self._at.holding = execution_id if _issues_a_command(composed.followed) else None
@@ -1079,6 +1151,19 @@ MALFORMED_ROW: Final = "malformed_row"
 
 LAPSED: Final = "lapsed"
 """The event of a lease a worker would have taken up again after a lost answer, found expired: the sweep's now."""
+
+
+def _reads_ahead(store: object) -> bool:
+    """Whether ``store`` takes a worker's ``next_claim`` (:class:`~fencekeeper.adapters.store.NextClaim`).
+
+    Asked of the store's class: a store that wraps another and hands on its
+    attributes (a ledger, a proxy) takes none unless it says so itself, with
+    a class attribute or a property of its own.
+    """
+    declared = getattr(type(store), "reads_ahead", False)
+    if isinstance(declared, property):
+        declared = getattr(store, "reads_ahead", False)
+    return declared is True
 
 
 def _malformed(exc: StoreError) -> str | None:

@@ -205,22 +205,34 @@ class LedgeredStore:
             lambda: self._store.claim_next(request, business_id=business_id),
         )
 
+    @property
+    def reads_ahead(self) -> bool:
+        # The worker's next claim read ahead, as the store it wraps does it (PostgreSQL): the campaign
+        # ends backends in the middle of those exchanges too.
+        return getattr(type(self._store), "reads_ahead", False) is True
+
     def claim_and_visit(
-        self, request: p.ClaimRequest, plan: Planner, *, business_id: str | None = None, skip: Collection[str] = ()
+        self,
+        request: p.ClaimRequest,
+        plan: Planner,
+        *,
+        business_id: str | None = None,
+        skip: Collection[str] = (),
+        **ahead: Any,
     ) -> Composed:
         # The worker's claim, and the visits composed into its transaction: each its own ledger request.
         return self._composed(
             "claim", None, (request.worker_id, request.lease_token, None), (), plan=plan,
-            call=lambda planner: self._store.claim_and_visit(request, planner, business_id=business_id, skip=skip),
+            call=lambda planner: self._store.claim_and_visit(request, planner, business_id=business_id, skip=skip, **ahead),
         )
 
     def record_step_and_visit(
-        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner
+        self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner, **ahead: Any
     ) -> Composed:
         c = request.credential
         return self._composed(
             "record_step", execution_id, (c.worker_id, c.lease_token, c.fence), evidence, plan=plan,
-            call=lambda planner: self._store.record_step_and_visit(execution_id, request, evidence, planner),
+            call=lambda planner: self._store.record_step_and_visit(execution_id, request, evidence, planner, **ahead),
         )
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> Any:

@@ -24,6 +24,11 @@ per connection):
   (each transaction: its locking read with BEGIN and the evidence read
   behind it, then every write it decided with COMMIT), SQLite 16 and 34
   statements.  A change that adds a round trip fails here;
+- a pass that drains the queue, as ``fencekeeper worker`` runs it, sends
+  each next claim's locking read on PostgreSQL behind the COMMIT that
+  finished the execution before (``NextClaim``): one round trip per one-node
+  execution and 3 per two-node one, the transactions all still there, one
+  each per decision's transaction as before;
 - an admission through ``service.run`` is one transaction: 2 round trips on
   PostgreSQL, 9 statements on SQLite; a refused one writes nothing.
 """
@@ -134,6 +139,36 @@ def test_round_trips_per_execution_stay_within_the_bound(store: TransactionalSto
     # transaction is at least two (BEGIN with the locking read, the writes with COMMIT); on SQLite,
     # BEGIN and COMMIT and more.
     assert tally.round_trips >= 2 * tally.write_transactions
+
+
+# Per execution in a pass that drains the queue (PostgreSQL round trips), and what a pass adds once:
+# the due-timer lookups at its start and end, its first claim's locking read, and the last read
+# ahead, which finds nothing and is rolled back, before the claim that ends the pass.
+DRAINED = {"one-node": 1, "two-node": 3}
+PER_PASS = 6
+
+
+@pytest.mark.parametrize("workflow", sorted(BOUNDS))
+def test_a_draining_pass_reads_each_next_claim_ahead(store: TransactionalStore, workflow: str) -> None:
+    text, writes, pg_bound, sqlite_bound = BOUNDS[workflow]
+    handler = _Handler()
+    worker = Worker(
+        store, "w-1", examples.grants(BUSINESS, PRINCIPAL), handler, business_id=BUSINESS, monotonic=lambda: 0.0
+    )
+    _admit(store, workflow, text, WARM)
+    worker.run_pass()
+    drained = 2 * COUNTED
+    _admit(store, workflow, text, drained)
+    with counting(store) as tally:
+        report = worker.run_pass()
+    assert len(report.claimed) == drained and report.finished == {"succeeded": drained}, report
+    # Every decision's transaction is there, and the claim that found nothing.
+    assert tally.write_transactions == writes * drained + 1, tally
+    if isinstance(store, SQLiteStore):
+        assert tally.round_trips <= sqlite_bound * drained + PER_PASS * 4, tally
+        return
+    assert tally.round_trips <= DRAINED[workflow] * drained + PER_PASS, (tally.round_trips, drained)
+    assert DRAINED[workflow] < pg_bound
 
 
 def test_the_intent_is_committed_before_the_handler_is_called(store: TransactionalStore) -> None:

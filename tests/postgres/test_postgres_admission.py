@@ -79,9 +79,9 @@ def _kept_failures(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
     failures: list[BaseException] = []
     original = postgres_store._PostgresBackend.commit_kept
 
-    def recorded(self: Any, notify: bytes | None) -> None:
+    def recorded(self: Any, notify: bytes | None, *ahead: Any) -> Any:
         try:
-            original(self, notify)
+            return original(self, notify, *ahead)
         except BaseException as exc:
             failures.append(exc)
             raise
