@@ -765,9 +765,13 @@ def count_trace(directory: Path) -> TraceCount:
     connection, which a run over N executions may do and the run over none
     not, so it would not cancel out;
     a statement is a ``Query`` or an ``Execute``; a transaction is a
-    ``ReadyForQuery`` that reports the session idle after at least one
-    completed command since the one before (an explicit ``COMMIT``, or a
-    statement run in autocommit, as Procrastinate runs them).
+    completed ``COMMIT``, or a ``ReadyForQuery`` that reports the session
+    idle after at least one other completed command since the one before (a
+    statement run in autocommit, as Procrastinate runs them).  A ``COMMIT``
+    is counted where it completes, not where the session next reports idle:
+    fencekeeper's worker sends its next claim's ``BEGIN`` and locking read
+    behind it, in the same segment, so the session may never be idle between
+    two transactions.  A ``ROLLBACK`` commits nothing and is not counted.
 
     A flight that runs fencekeeper's due-timer lookup (a prepared statement
     whose ``Parse`` shows :data:`TIMER_LOOKUP`) is counted apart, in
@@ -805,7 +809,12 @@ def count_trace(directory: Path) -> TraceCount:
                 flight = set()
                 looks_for_timers = False
             if kind == "CommandComplete":
-                completed = True
+                tag = rest.strip('"')
+                if tag == "COMMIT":
+                    transactions += not answering_timer_lookup
+                    completed = False
+                else:
+                    completed = tag != "ROLLBACK"
             elif kind == "ReadyForQuery":
                 transactions += completed and rest == "I" and not answering_timer_lookup
                 completed = False

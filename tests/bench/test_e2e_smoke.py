@@ -153,6 +153,46 @@ def test_the_trace_counter_reads_libpq_trace_lines(tmp_path: Path) -> None:
     assert count == e2e.TraceCount(round_trips=6, statements=8, transactions=3, timer_lookups=2)
 
 
+def test_the_trace_counter_counts_a_commit_with_the_next_transaction_begun_behind_it(tmp_path: Path) -> None:
+    # A worker's writes, COMMIT, and its next claim's BEGIN and locking read in one segment (the claim
+    # read ahead): the session reports itself in a transaction, never idle, yet one transaction
+    # committed.  Then that claim's writes and COMMIT.  A ROLLBACK (a read ahead that found nothing)
+    # commits nothing.
+    trace = "\n".join(
+        [
+            'F\t20\tBind\t "" "w1" 0',
+            'F\t9\tExecute\t "" 0',
+            'F\t20\tBind\t "" "" 0',
+            'F\t9\tExecute\t "" 0',
+            'F\t20\tBind\t "" "" 0',
+            'F\t9\tExecute\t "" 0',
+            'F\t20\tBind\t "" "c1" 0',
+            'F\t9\tExecute\t "" 0',
+            "F\t4\tSync",
+            'B\t13\tCommandComplete\t "SELECT 3"',
+            'B\t11\tCommandComplete\t "COMMIT"',
+            'B\t10\tCommandComplete\t "BEGIN"',
+            'B\t13\tCommandComplete\t "SELECT 1"',
+            "B\t5\tReadyForQuery\t T",
+            'F\t20\tBind\t "" "w1" 0',
+            'F\t9\tExecute\t "" 0',
+            'F\t20\tBind\t "" "" 0',
+            'F\t9\tExecute\t "" 0',
+            "F\t4\tSync",
+            'B\t13\tCommandComplete\t "SELECT 3"',
+            'B\t11\tCommandComplete\t "COMMIT"',
+            "B\t5\tReadyForQuery\t I",
+        ]
+    )
+    (tmp_path / "trace-1-0.txt").write_text(trace + "\n", encoding="utf-8")
+    assert e2e.count_trace(tmp_path) == e2e.TraceCount(round_trips=2, statements=6, transactions=2)
+    rolled_back = "\n".join(
+        ['F\t13\tQuery\t "ROLLBACK"', 'B\t13\tCommandComplete\t "ROLLBACK"', "B\t5\tReadyForQuery\t I"]
+    )
+    (tmp_path / "trace-1-0.txt").write_text(rolled_back + "\n", encoding="utf-8")
+    assert e2e.count_trace(tmp_path) == e2e.TraceCount(round_trips=1, statements=1, transactions=0)
+
+
 def test_the_traced_entry_runs_the_real_command_line(tmp_path: Path) -> None:
     # In a process of its own: the entry replaces psycopg's connect for the rest of its process.
     db = tmp_path / "empty.db"
