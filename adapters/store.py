@@ -549,11 +549,12 @@ class Backend(abc.ABC):
         """Write everything ``decision`` lists under its guard; False (having written nothing) if it fails."""
 
     keeps_writes: bool = True
+    """Whether :meth:`write_last` may keep the writes for the COMMIT (the store's loop turns it off when a
+    kept write failed there, and decides the request again)."""
+
     read_ahead: NextClaim | None = None
     """The claim to read ahead behind this transaction's COMMIT (:class:`NextClaim`); set by a composed
     transaction that finished its execution, and ignored by a store that does not read ahead."""
-    """Whether :meth:`write_last` may keep the writes for the COMMIT (the store's loop turns it off when a
-    kept write failed there, and decides the request again)."""
 
     def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         """:meth:`write`, as the transaction's last action: nothing is read or written in it afterwards.
