@@ -999,18 +999,28 @@ class _Checkout:
         assert conn is not None
         if self._kept and exc_type is None:
             return
+        if exc_type is not None:
+            _give_back(self._pool, conn)
+            return
         try:
-            if conn.closed:
-                return
-            if exc_type is not None:
-                try:
-                    conn.rollback()
-                except Exception as failed:
-                    _LOGGER.warning("error ignored in rollback on %s: %s", conn, failed)
-            elif conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            if not conn.closed and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
                 conn.commit()
         finally:
             self._pool.putconn(conn)
+
+
+def _give_back(pool: ConnectionPool[Any], conn: psycopg.Connection[Any]) -> None:
+    """Return ``conn`` to ``pool`` with its transaction rolled back, warning rather than raising if that fails.
+
+    The pool discards a connection that is closed or broken.
+    """
+    try:
+        if not conn.closed:
+            conn.rollback()
+    except Exception as failed:
+        _LOGGER.warning("error ignored in rollback on %s: %s", conn, failed)
+    finally:
+        pool.putconn(conn)
 
 
 class _AsyncLock:
@@ -2456,17 +2466,7 @@ class PostgresStore(TransactionalStore):
         with self._parked_lock:
             parked = self._parked.pop(threading.get_ident(), None)
         if parked is not None:
-            self._give_back(parked.conn)
-
-    def _give_back(self, conn: psycopg.Connection[Any]) -> None:
-        """Return a parked connection to the pool, its transaction rolled back (the pool discards a broken one)."""
-        try:
-            if not conn.closed:
-                conn.rollback()
-        except Exception as failed:
-            _LOGGER.warning("error ignored in rollback on %s: %s", conn, failed)
-        finally:
-            self._pool.putconn(conn)
+            _give_back(self._pool, parked.conn)
 
     def _claim_transaction(self, claim: _Claim) -> contextlib.AbstractContextManager[Backend]:
         if not self._parked:
@@ -2480,7 +2480,7 @@ class PostgresStore(TransactionalStore):
         ):
             # Another claim's, or kept so long (a worker's hook stalled) that the server may be ending its
             # session as idle in a transaction: rolled back, and this claim reads afresh.
-            self._give_back(parked.conn)
+            _give_back(self._pool, parked.conn)
             return self._transaction()
         return self._transaction(parked)
 
@@ -2502,7 +2502,7 @@ class PostgresStore(TransactionalStore):
             stale = self._parked.pop(threading.get_ident(), None)
             self._parked[threading.get_ident()] = parked
         if stale is not None:
-            self._give_back(stale.conn)
+            _give_back(self._pool, stale.conn)
 
     def _begun(self, conn: Any) -> contextlib.AbstractContextManager[Any]:
         """What opens the transaction on ``conn`` before its first statement.
@@ -2670,7 +2670,7 @@ class PostgresStore(TransactionalStore):
             parked = list(self._parked.values())
             self._parked.clear()
         for claim in parked:
-            self._give_back(claim.conn)
+            _give_back(self._pool, claim.conn)
         self._listener.close()
         self._close_pool()
 
