@@ -2158,7 +2158,9 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
         print(
             f"{title}: {_number(bounds.workers, 'worker')}, {_number(bounds.executions, 'execution')}, "
             f"{_number(bounds.claims_per_execution, 'claim')} each, ticks 0-{bounds.max_tick}, "
-            f"{_number(bounds.steps_per_execution, 'step')} each"
+            # Named only where it is not the default, which no option changes.
+            + (f"leases of {_number(bounds.lease_ticks, 'tick')}, " if bounds.lease_ticks != modelcheck.Bounds().lease_ticks else "")
+            + f"{_number(bounds.steps_per_execution, 'step')} each"
             + (", composed" if composed else "")
             + f": {result.states:,} states explored, {result.transitions:,} decisions, {scope}"
             + (f", {refined}" if refined else "")

@@ -27,8 +27,9 @@ Rules of this module:
   Within the bounds the search is complete unless ``max_depth`` cuts it,
   and the result says which.
 - A composed transaction (``Protocol.compose``: a claim or a step and the
-  holder's next decisions, steps and then a finalize, committed together)
-  is one move made of them all, each decided on the world the one before
+  holder's next decisions, steps and then a finalize, and after a finalize
+  the same worker's claim of another execution and that claim's own chain,
+  committed together) is one move made of them all, each decided on the world the one before
   it wrote, each applied under its own guard, every write checked; if one
   is not a decision or its guard fails, the chain ends before it (its
   prefixes are moves of their own).  :func:`check_refinement` proves
@@ -153,12 +154,20 @@ COMPOSED: tuple[tuple[str, Bounds], ...] = (
         "one execution, two steps, composed transactions (complete, refines the uncomposed protocol)",
         Bounds(workers=2, executions=1, claims_per_execution=2, steps_per_execution=2, max_tick=3),
     ),
+    (
+        "two executions, a claim after a finalize, composed transactions (complete, refines the uncomposed protocol)",
+        Bounds(workers=2, executions=2, claims_per_execution=1, steps_per_execution=1, lease_ticks=1, max_tick=1),
+    ),
 )
-"""The configuration ``fencekeeper modelcheck`` also runs with ``Protocol.compose`` (:func:`check_refinement`).
+"""The configurations ``fencekeeper modelcheck`` also runs with ``Protocol.compose`` (:func:`check_refinement`).
 
-Two steps, so that a step composes with the next one as well as with a
-finalize; a holder and its replacement, so that a zombie tries to compose
-too; complete, so that the refinement is proved on every reachable world.
+The first: two steps, so that a step composes with the next one as well as
+with a finalize; a holder and its replacement, so that a zombie tries to
+compose too.  The second: two executions, so that a finalize composes with
+the same worker's claim of the other execution and that claim with its
+visits, while another worker claims, and leases of one tick, so that they
+expire into quarantine and recovery within the ticks the search can afford.
+Both complete, so that the refinement is proved on every reachable world.
 """
 
 
@@ -931,9 +940,10 @@ def moves(
         broken = check_write(base, after, action, outcome, kind)
         found.append(Move(action.label, after, broken))
         # A composed transaction needs room for all its commits in the race window of a decision in flight;
-        # without one, a chain is bounded by the holder's steps (each composed step is one).
+        # without one, a chain is bounded by the steps (each composed step is one), a finalize, and a claim,
+        # steps and finalize of each other execution.
         room = (
-            bounds.steps_per_execution + 1
+            bounds.steps_per_execution + 1 + (bounds.executions - 1) * (bounds.steps_per_execution + 2)
             if world.inflight is None
             else bounds.race_window - world.inflight.age - 1
         )
@@ -973,8 +983,9 @@ def _composed(
     """The composed moves that begin with ``first``, whose ``decision`` turned ``before`` into ``written``.
 
     Each next decision is the holder's own (the credential the claim just
-    gave, or the step's), decided on the world the decision before it wrote
-    and guarded on it; a refusal, an idempotent repeat or a failed guard
+    gave, or the step's), or after a finalize the same worker's claim of
+    another execution (:func:`_chained`), decided on the world the decision
+    before it wrote and guarded on it; a refusal, an idempotent repeat or a failed guard
     ends the chain there (the transaction commits what came before, which is
     a shorter chain, or the first decision's own move).  After a step the
     chain may go on, as a store's does (``MAX_COMPOSED``), while ``room``
@@ -989,13 +1000,16 @@ def _composed(
     opening = f"claims {eid}" if first.kind == "claim" else f"records a step on {eid}"
     found: list[Move] = []
     considered = 0
-    # (the world before the last write, the world after it, its kind, the phrases so far, what broke)
-    chains = [(before, written, first.kind, [opening], broken)]
+    # (the world before the last write, the world after it, its kind, the phrases so far, what broke,
+    # the execution the chain is on and the credential it holds there)
+    chains = [(before, written, first.kind, [opening], broken, first.execution, credential)]
     for length in range(2, 2 + room):
         longer = []
-        for last_before, last_written, last_kind, phrases, was_broken in chains:
+        for last_before, last_written, last_kind, phrases, was_broken, e, held in chains:
             planned_on = last_written if proto.compose_plans_on_written else last_before
-            for phrase, then in _next_visit(planned_on, bounds, proto, first.execution, credential):
+            for phrase, then in _chained(
+                planned_on, bounds, proto, last_kind=last_kind, e=e, held=held, first=first.execution
+            ):
                 considered += 1
                 outcome = then.outcome
                 if not isinstance(outcome, p.Decision):
@@ -1008,10 +1022,44 @@ def _composed(
                 after = _apply(last_written, outcome, step.actor, step.credential)
                 now_broken = was_broken or check_write(last_written, after, step, outcome, step.kind)
                 found.append(Move(label, after, now_broken, length=length))
-                if then.kind == "record_step":
-                    longer.append((last_written, after, then.kind, [*phrases, said], now_broken))
+                if then.kind in _CHAIN_GOES_ON:
+                    # A claim hands the chain the credential it gave; a step or a finalize keeps the one held.
+                    going = outcome.lease if then.kind == "claim" else held
+                    assert going is not None
+                    longer.append((last_written, after, then.kind, [*phrases, said], now_broken, then.execution, going))
         chains = longer
     return found, considered
+
+
+_CHAIN_GOES_ON = frozenset({"record_step", "finalize", "claim"})
+"""After these a composed chain may go on: a step with the next visit, a finalize with a claim of another execution,
+a claim with that execution's visits.  (A finalize is followed only by a claim, :func:`_chained`.)"""
+
+
+def _chained(
+    world: World, bounds: Bounds, proto: Protocol, *, last_kind: str, e: int, held: p.LeaseCredential, first: int
+) -> Iterator[tuple[str, _Action]]:
+    """What a composed chain may commit next, after a ``last_kind`` decision on execution ``e`` under ``held``.
+
+    After a finalize, the holder's lease has ended with it: the same worker
+    may claim another execution in the same transaction, one the claim
+    bound allows, with the token a claim of it would carry (specs/protocol.md,
+    Composed decisions).  Otherwise the holder's next visit on ``e``.  A
+    phrase on an execution other than the chain's first names it.
+    """
+    wid = held.worker_id
+    if last_kind == "finalize":
+        lease = bounds.lease_ticks * TICK
+        for other, execution in enumerate(world.executions):
+            if other == e or execution.fence >= bounds.claims_per_execution:
+                continue
+            eid = execution.execution_id
+            token = f"t.{eid}.{execution.fence + 1}.{wid}"
+            outcome = proto.claim(execution, world.dispatches[other], p.ClaimRequest(wid, token, lease), world.now)
+            yield f"claims {eid}", _Action(f"{wid} claims {eid}", wid, None, "claim", other, outcome)
+        return
+    for phrase, then in _next_visit(world, bounds, proto, e, held):
+        yield (phrase if e == first else f"{phrase} on {execution_id(e)}"), then
 
 
 def without_exit(world: World, bounds: Bounds, successors: list[Move]) -> tuple[Invariant, str] | None:

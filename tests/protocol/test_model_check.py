@@ -47,7 +47,11 @@ WALK = attrs.evolve(SMALL, max_tick=3)
 REFINE = (
     Bounds(workers=2, executions=1, claims_per_execution=2, steps_per_execution=2, lease_ticks=1, max_tick=1),
     Bounds(workers=2, executions=1, claims_per_execution=1, steps_per_execution=2, max_tick=3),
+    # Two executions, so that a finalize composes with a claim of the other one (its clock stopped, to stay
+    # small: `fencekeeper modelcheck` proves it with leases that expire, modelcheck.COMPOSED).
+    Bounds(workers=2, executions=2, claims_per_execution=1, steps_per_execution=1, lease_ticks=1, max_tick=0),
 )
+NEXT = REFINE[2]
 FENCEKEEPER = str(Path(sys.executable).with_name("fencekeeper"))
 
 
@@ -161,7 +165,7 @@ def _labels(bounds: Bounds, proto: Protocol) -> set[str]:
     return labels
 
 
-@pytest.mark.parametrize("bounds", REFINE, ids=["zombie", "timer"])
+@pytest.mark.parametrize("bounds", REFINE, ids=["zombie", "timer", "next-claim"])
 def test_composed_transactions_reach_exactly_the_uncomposed_worlds(bounds: Bounds) -> None:
     composed_result, composed = reachable(bounds, Protocol(compose=True))
     plain_result, plain = reachable(bounds, Protocol())
@@ -228,6 +232,48 @@ def test_a_composed_chain_is_its_commits_and_nothing_else() -> None:
     assert apart.executions[0].state.value == "succeeded" and apart.executions[0].step_count == 2
 
 
+def test_a_finalize_composes_with_the_same_workers_claim_of_another_execution() -> None:
+    composed = Protocol(compose=True)
+    start = initial_world(NEXT)
+    first = {m.label for m in moves(start, NEXT, composed)[0]}
+    for needle in (
+        "w1 claims e1 and finalizes -> succeeded and claims e2",
+        "w1 claims e1 and records a step and finalizes -> failed and claims e2 and finalizes -> succeeded on e2",
+        "w1 claims e2 and finalizes -> succeeded and claims e1 and records a step on e1",
+    ):
+        assert f"{needle} (fence 1), in one transaction" in first, needle
+    # The chain a two-Command execution's step would end with: the step, the finalize, the next claim.
+    held = _after(start, NEXT, Protocol(), "w1 claims e1")
+    then = {m.label for m in moves(held, NEXT, composed)[0]}
+    assert "w1 records a step on e1 and finalizes -> succeeded and claims e2 (fence 1), in one transaction" in then
+    # Only after a finalize (a step or a claim is followed by the holder's visits), and never of an execution
+    # another worker holds: that claim is refused, and the chain ends at the finalize.
+    assert not [label for label in first | then if "step and claims" in label or "e1 and claims e1" in label]
+    taken = _after(held, NEXT, Protocol(), "w2 claims e2")
+    assert not [m for m in moves(taken, NEXT, composed)[0] if "claims e2" in m.label and m.label.startswith("w1")]
+    assert [m for m in moves(taken, NEXT, composed)[0] if m.label.startswith("w1 records a step on e1 and finalizes")]
+
+
+def test_a_chain_across_two_executions_is_its_commits_and_nothing_else() -> None:
+    composed = Protocol(compose=True)
+    start = initial_world(NEXT)
+    label = "w1 claims e1 and records a step and finalizes -> succeeded and claims e2 and records a step on e2"
+    (move,) = [m for m in moves(start, NEXT, composed)[0] if m.label == f"{label} (fence 1), in one transaction"]
+    apart = _after(
+        start,
+        NEXT,
+        Protocol(),
+        "w1 claims e1",
+        "w1 records a step on e1 (fence 1)",
+        "w1 commits finalize e1 -> succeeded (fence 1)",
+        "w1 claims e2",
+        "w1 records a step on e2 (fence 1)",
+    )
+    assert move.world == apart and move.length == 5
+    assert [x.state.value for x in apart.executions] == ["succeeded", "running"]
+    assert apart.holdings[0][1] is not None and apart.holdings[0][1].credential.lease_token == "t.e2.1.w1"
+
+
 def test_a_composed_move_ages_a_decision_in_flight_by_both_commits() -> None:
     # Both commits must fit in the race window, or composing would let more happen before the late commit.
     bounds, composed = REFINE[1], Protocol(compose=True)
@@ -283,7 +329,10 @@ def test_command_line_names_every_bound_in_correct_number() -> None:
 
 
 def test_command_line_checks_a_composed_configuration() -> None:
-    assert all(b.max_depth is None and b.steps_per_execution >= 2 for _, b in COMPOSED)
+    # Complete, a step composed with the next one, and a finalize with a claim of another execution.
+    assert all(b.max_depth is None for _, b in COMPOSED)
+    assert any(b.steps_per_execution >= 2 for _, b in COMPOSED)
+    assert any(b.executions >= 2 and b.lease_ticks <= b.max_tick for _, b in COMPOSED)
     bounds = ["--workers", "2", "--executions", "1", "--claims", "1", "--steps", "2", "--ticks", "3"]
     run = subprocess.run(
         [FENCEKEEPER, "modelcheck", "--compose", *bounds],
