@@ -137,6 +137,8 @@ if TYPE_CHECKING:
     # Annotations only: rich loads when something is drawn for a person (adapters/render.py).
     from rich.text import Text
 
+    from fencekeeper.kernel.modelcheck import Bounds
+
     from . import service
 
 EXIT_OK = 0
@@ -2153,14 +2155,8 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
                 refined = "refinement not checked (the search was cut)"
         seconds = time.perf_counter() - started
         scope = "complete" if result.complete else f"to depth {result.depth}"
-        # Every bound the search ran under, the node steps too: they change what is explored with or
-        # without --compose.
         print(
-            f"{title}: {_number(bounds.workers, 'worker')}, {_number(bounds.executions, 'execution')}, "
-            f"{_number(bounds.claims_per_execution, 'claim')} each, ticks 0-{bounds.max_tick}, "
-            # Named only where it is not the default, which no option changes.
-            + (f"leases of {_number(bounds.lease_ticks, 'tick')}, " if bounds.lease_ticks != modelcheck.Bounds().lease_ticks else "")
-            + f"{_number(bounds.steps_per_execution, 'step')} each"
+            f"{title}: {_bounds_text(bounds)}"
             + (", composed" if composed else "")
             + f": {result.states:,} states explored, {result.transitions:,} decisions, {scope}"
             + (f", {refined}" if refined else "")
@@ -2181,6 +2177,23 @@ def _modelcheck(args: argparse.Namespace, out: Output) -> int:
 
         return cli_ops.modelcheck_operations()
     return EXIT_OK
+
+
+def _bounds_text(bounds: Bounds) -> str:
+    """Every bound a model-checker search ran under, as ``fencekeeper modelcheck`` prints it.
+
+    The node steps too, which change what is explored with or without
+    ``--compose``; the lease length only where it is not the default, which
+    no option changes.
+    """
+    from fencekeeper.kernel import modelcheck  # noqa: PLC0415 - the explorer loads only when it runs
+
+    lease = "" if bounds.lease_ticks == modelcheck.Bounds().lease_ticks else f"leases of {_number(bounds.lease_ticks, 'tick')}, "
+    return (
+        f"{_number(bounds.workers, 'worker')}, {_number(bounds.executions, 'execution')}, "
+        f"{_number(bounds.claims_per_execution, 'claim')} each, ticks 0-{bounds.max_tick}, {lease}"
+        f"{_number(bounds.steps_per_execution, 'step')} each"
+    )
 
 
 def _number(count: int, noun: str) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from fencekeeper.adapters.cli import _bounds_text
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState
 from fencekeeper.kernel.modelcheck import (
@@ -326,6 +327,13 @@ def test_command_line_names_every_bound_in_correct_number() -> None:
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("custom: 1 worker, 1 execution, 1 claim each, ticks 0-1, 3 steps each: "), run.stdout
     assert "composed" not in run.stdout
+
+
+def test_command_line_names_a_lease_length_other_than_the_default() -> None:
+    # The second composed configuration's leases last one tick: its line says so, where the default is not named.
+    (two,) = [b for _, b in COMPOSED if b.executions == 2]
+    assert _bounds_text(two) == "2 workers, 2 executions, 1 claim each, ticks 0-1, leases of 1 tick, 1 step each"
+    assert "leases" not in _bounds_text(Bounds())
 
 
 def test_command_line_checks_a_composed_configuration() -> None:
