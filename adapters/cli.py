@@ -1324,12 +1324,10 @@ def _work(
 
         def make_worker(number: int, handler: CommandHandler) -> Worker:
             worker_id = f"{prefix}-{number}"
-            tokens: dict[str, str] = {}
             made: list[Worker] = []
 
             def make_token() -> str:
-                tokens["last"] = secrets.token_hex(16)
-                return tokens["last"]
+                return secrets.token_hex(16)
 
             def on_event(execution_id: str, what: str, detail: str) -> None:
                 first = False
@@ -1354,7 +1352,7 @@ def _work(
                     _release(
                         store,
                         worker_id=worker_id,
-                        lease_token=tokens.get("last"),
+                        lease_token=made[0].lease_token_of(execution_id),
                         execution_id=execution_id,
                         tally=tally,
                         say=say,

@@ -1261,28 +1261,22 @@ def _hand_back_on_stop(
 ) -> None:
     """Make ``worker`` stop once ``stopping()``: it releases its lease after the next committed visit
     (``released`` is told which execution), and claims nothing more."""
-    tokens: dict[str, str] = {}
-    make_token = worker.make_token
     previous = worker.on_event
-
-    def remembering() -> str:
-        tokens["last"] = make_token()
-        return tokens["last"]
 
     def on_event(execution_id: str, what: str, detail: str) -> None:
         if previous is not None:
             previous(execution_id, what, detail)
-        if "last" not in tokens or not worker.hands_back_after(execution_id, what):
+        token = worker.lease_token_of(execution_id)
+        if token is None or not worker.hands_back_after(execution_id, what):
             return
         view = worker.store.read(execution_id)
         if view is None or view.execution.state is not ExecutionState.RUNNING:
             return
-        credential = p.LeaseCredential(worker.worker_id, tokens["last"], view.execution.fence)
+        credential = p.LeaseCredential(worker.worker_id, token, view.execution.fence)
         outcome = worker.store.release(execution_id, p.ReleaseRequest(credential, view.execution.revision))
         if isinstance(outcome, p.Decision) and released is not None:
             released(execution_id)
 
-    worker.make_token = remembering
     worker.on_event = on_event
     worker.stopping = stopping
 

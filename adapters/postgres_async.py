@@ -39,8 +39,9 @@ class AsyncPostgresStore(PostgresStore):
     _async_pool: AsyncConnectionPool[Any]
     # psycopg's transaction block ends each transaction here (_begun): the store sends no COMMIT of its own.
     _commits_with_last = False
-    # So nothing rides behind a COMMIT either; and no worker runs on this store.
+    # So nothing rides behind a COMMIT either, nor is a claim kept for one; and no worker runs on this store.
     reads_ahead = False
+    composes_claims = False
 
     def _open_pool(self, dsn: str, pool_size: int, settings: dict[str, Any]) -> None:
         self._async_pool = AsyncConnectionPool(

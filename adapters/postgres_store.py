@@ -52,6 +52,13 @@ Rules of this module:
   what that read locked.  Any other use of the store by that thread, a
   claim of another scope, ``drop_read_ahead`` and ``close`` roll it back
   first: it has written nothing, and holds its locks only until then.
+- A step's transaction that finalizes its execution, for a worker that
+  offers its next claim (``NextClaim.request``), makes that claim too: its
+  locking read (``SKIP LOCKED``) and evidence read go in the step's first
+  exchange, behind the step's own locking read, so the claim is decided
+  on rows read before any write was kept, and each execution's kept
+  writes go as a statement of its own with the one ``COMMIT``
+  (``next_claimed_after``, ``_closed_chains``).
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
@@ -1178,14 +1185,26 @@ def _run_pair(
     begin: bool = False,
     preface: bytes | None = None,
 ) -> tuple[_Rows, _Rows]:
-    """Run two statements of the store in one exchange (pipeline mode, one sync), as :func:`_run` runs one.
+    """Run two statements of the store in one exchange (:func:`_run_many`): a write and the read of what it leaves, say."""
+    one, two = _run_many(conn, (first, second), begin=begin, preface=preface)
+    return one, two
 
-    The second runs only if the first succeeded (a failed statement aborts
-    the rest of its pipeline); the first's error is raised as ``_run``
+
+def _run_many(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    statements: Sequence[tuple[str, Sequence[object]]],
+    *,
+    begin: bool = False,
+    preface: bytes | None = None,
+) -> list[_Rows]:
+    """Run statements of the store in one exchange (pipeline mode, one sync), as :func:`_run` runs one.
+
+    Each runs only if every one before it succeeded (a failed statement
+    aborts the rest of its pipeline); the first error is raised as ``_run``
     raises it, and the transaction is left for its caller to end.  With
-    ``begin``, a ``BEGIN`` goes ahead of both, and ``preface`` (as ``_run``'s)
-    after it.  A write and the read of what
-    it leaves cost one round trip this way instead of two.
+    ``begin``, a ``BEGIN`` goes ahead of them, and ``preface`` (as ``_run``'s)
+    after it.  Statements that need nothing from each other's rows cost one
+    round trip this way instead of one each.
     """
     session = _SESSIONS.get(conn)
     if session is None:
@@ -1193,7 +1212,7 @@ def _run_pair(
     tx = session.transformer
     pgconn = conn.pgconn
     with session.lock:
-        sends = _prepared_all(conn, session, (first, second))
+        sends = _prepared_all(conn, session, statements)
         pgconn.enter_pipeline_mode()
         try:
             if begin:
@@ -1202,7 +1221,9 @@ def _run_pair(
                 pgconn.send_query_params(preface, None)
             _send_all(pgconn, sends)
             pgconn.pipeline_sync()
-            began, prefaced, one, two, synced = session.wait(conn, _pair_results(pgconn, begin, preface is not None))
+            began, prefaced, answers, synced = session.wait(
+                conn, _many_results(pgconn, len(sends), begin, preface is not None)
+            )
             if not _only_sync(synced):
                 raise psycopg.OperationalError(f"the server ended the session during a pipelined exchange: {synced}")
             pgconn.exit_pipeline_mode()
@@ -1214,13 +1235,13 @@ def _run_pair(
             if opened is not None:
                 _result(conn, session, opened)
         rows = []
-        for results in (one, two):
-            # The first's error is raised before the second, skipped by it, is looked at.
+        for results in answers:
+            # In order: the first error is raised before a statement it skipped is looked at.
             result = _result(conn, session, results)
             tx.set_pgresult(result)
             count = result.command_tuples
             rows.append(_Rows(tx.load_rows(0, result.ntuples, tuple), -1 if count is None else count))
-    return rows[0], rows[1]
+    return rows
 
 
 def _run_kept(
@@ -1361,15 +1382,16 @@ def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool, a
     return answers, followed, committed, synced
 
 
-def _pair_results(pgconn: pq.abc.PGconn, begin: bool, prefaced: bool) -> Any:
+def _many_results(pgconn: pq.abc.PGconn, count: int, begin: bool, prefaced: bool) -> Any:
     # As _pipeline_results: send everything, then each command's results and the sync.
     yield from generators.send(pgconn)
     began = (yield from generators.fetch_many(pgconn)) if begin else None
     preface = (yield from generators.fetch_many(pgconn)) if prefaced else None
-    one = yield from generators.fetch_many(pgconn)
-    two = yield from generators.fetch_many(pgconn)
+    answers = []
+    for _ in range(count):
+        answers.append((yield from generators.fetch_many(pgconn)))
     synced = yield from generators.fetch_many(pgconn)
-    return began, preface, one, two, synced
+    return began, preface, answers, synced
 
 
 def _pipelined(
@@ -1730,6 +1752,13 @@ class _PostgresBackend(SqlBackend):
         self._chain: list[_Link] = []
         self._chain_now: datetime | None = None
         self._chain_closed = False
+        # The chains of executions finalized before a claim after them (claim_after) began another:
+        # sent with it, each its own statement.
+        self._closed_chains: list[list[_Link]] = []
+        # The candidate of claim_after, locked by the transaction's first exchange, and its evidence;
+        # and whether the claim of it, made, begins a chain of its own.
+        self._pre_claim: tuple[_Rows, _Rows] | None = None
+        self._opens_chain = False
         # Where _batch puts the statements it builds for the chain, instead of running them.
         self._building: list[_Kept] | None = None
         # What a visit is planned from, per execution whose rows this transaction holds: as the
@@ -1828,11 +1857,11 @@ class _PostgresBackend(SqlBackend):
 
     def keeps_any(self) -> bool:
         """Whether writes are kept for the COMMIT (commit_kept sends them)."""
-        return self.kept is not None or bool(self._chain)
+        return self.kept is not None or bool(self._chain) or bool(self._closed_chains)
 
     def _flush_pending(self) -> None:
         """Send the chain's kept writes, in one exchange: whatever is sent next sees them."""
-        if not self._chain:
+        if not self._chain and not self._closed_chains:
             return
         self._send_kept(self._chain_statements())
         self._verify_views()
@@ -1860,7 +1889,15 @@ class _PostgresBackend(SqlBackend):
         the database would check it; where one does not hold, each decision
         is its own statement under its own guard, and the database refuses it.
         """
-        chain, self._chain = self._chain, []
+        chains, self._closed_chains, self._chain = [*self._closed_chains, self._chain], [], []
+        built: list[_Kept] = []
+        for chain in chains:
+            if chain:
+                built.extend(self._statements_of(chain))
+        return built
+
+    def _statements_of(self, chain: list[_Link]) -> list[_Kept]:
+        """One execution's chain of kept decisions as statements (:meth:`_chain_statements`)."""
         now = self._chain_now
         assert now is not None and chain
         built: list[_Kept] = []
@@ -1973,9 +2010,14 @@ class _PostgresBackend(SqlBackend):
     def lock_for_visit(self, execution_id: str) -> None:
         # The execution's evidence travels behind the locking read (a statement of its own, so
         # read after the lock is held): the composed decisions' first view needs no read of its own.
-        self.lock(execution_id, evidence=self._views_kept())
+        # So does a claim after the visit's finalize (claim_after): its locking read and its candidate's
+        # evidence, so that the claim, made after writes kept for the COMMIT, sends nothing before it.
+        evidence = self._views_kept()
+        self.lock(execution_id, evidence=evidence, after=self.claim_after if evidence and self.database_clock else None)
 
-    def lock(self, execution_id: str, *, wait: float | None = None, evidence: bool = False) -> None:
+    def lock(
+        self, execution_id: str, *, wait: float | None = None, evidence: bool = False, after: NextClaim | None = None
+    ) -> None:
         if wait is not None:
             # For this transaction only; the session's lock_timeout comes back with the next one.
             self._execute("SELECT set_config('lock_timeout', ?, true)", (f"{_milliseconds(wait)}ms",))
@@ -1984,12 +2026,20 @@ class _PostgresBackend(SqlBackend):
             if evidence:
                 self._nothing_kept()
                 self._flush_pending()
-                rows, found = _run_pair(
-                    self.conn,
+                statements: list[tuple[str, Sequence[object]]] = [
                     (self._sql(_LOCK_SQL), (execution_id, EXECUTION_TYPE)),
                     (self._sql(_LOCKED_EVIDENCE_SQL), (execution_id,)),
-                    begin=self._opening(),
-                )
+                ]
+                preface = None
+                if after is not None:
+                    # Never waits: SKIP LOCKED passes over rows another transaction holds, and this
+                    # execution's own are no longer eligible.  The preface is the claim's planning only.
+                    sql, values, preface = self._claim_statement("statement_timestamp()", after.business_id, after.skip)
+                    statements += [(sql, values), (self._sql(_CLAIMED_EVIDENCE_SQL), ())]
+                results = _run_many(self.conn, statements, begin=self._opening(), preface=preface)
+                rows, found = results[0], results[1]
+                if after is not None:
+                    self._pre_claim = (results[2], results[3])
                 row = rows.fetchone()
             else:
                 row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
@@ -2124,9 +2174,30 @@ class _PostgresBackend(SqlBackend):
         self._views.clear()
         return super().append_objects(execution_id, evidence, now)
 
+    def next_claimed_after(self) -> str | None:
+        found, self._pre_claim = self._pre_claim, None
+        row = None if found is None else found[0].fetchone()
+        if found is None or row is None:
+            return None
+        execution_id = self._remember(row, found[1])
+        if execution_id is None or execution_id not in self._locked or execution_id not in self._views:
+            # Read at another revision than its body's, or of another business: claimed, if at all, by a
+            # transaction of its own, since a read now would come after writes kept for the COMMIT.
+            self._locked.pop(str(row[9]), None)
+            return None
+        self._opens_chain = True
+        return execution_id
+
     def write_and_view(
         self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime, execution_id: str
     ) -> tuple[bool, VisitView | None]:
+        if self._opens_chain:
+            # The claim after a finalize: the finalized execution's chain is complete, and this one
+            # begins another, kept for the same COMMIT as its own statement.
+            self._opens_chain = False
+            if self._chain_closed:
+                self._closed_chains.append(self._chain)
+                self._chain, self._chain_closed = [], False
         before = self._views.get(execution_id)
         if (
             before is not None
@@ -2226,7 +2297,7 @@ class _PostgresBackend(SqlBackend):
         as :class:`_GuardFailed`, so that the request is decided again.
         """
         kept, self.kept = self.kept, None
-        if self._chain:
+        if self._chain or self._closed_chains:
             # Every write kept in this transaction, checked by the database: one exchange, with the COMMIT.
             if self.verify_views:
                 # Sent first, and every view checked against the database's read, before the COMMIT.
@@ -2357,6 +2428,10 @@ class PostgresStore(TransactionalStore):
     reads_ahead: ClassVar[bool] = True
     """Whether a worker's next claim may be read ahead behind the COMMIT of its transaction before
     (:class:`~fencekeeper.adapters.store.NextClaim`): one exchange less per execution."""
+
+    composes_claims: ClassVar[bool] = True
+    """Whether a step's transaction that finalizes its execution makes the worker's next claim too
+    (``NextClaim.request``), read with the step's locking read: one transaction less per execution."""
 
     def __init__(
         self,

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import attrs
 
@@ -321,6 +321,9 @@ class Composed:
     view: VisitView | None = None
     """The execution as the transaction left it, while it may still be running under the lease; None
     when the last decision finalized it, issued a Command (its handler is next) or was refused."""
+    then: Composed | None = None
+    """The next execution's claim and its visits, made in the same transaction after this execution's
+    finalize (:attr:`NextClaim.request`, where the store ``composes_claims``); None when none was made."""
 
 
 MAX_COMPOSED = 16
@@ -465,10 +468,19 @@ class NextClaim:
     ``business_id`` and ``skip``.  Anything else the worker asks of the
     store on that thread first rolls that transaction back, unused, having
     written nothing.
+
+    With ``request``, a store that ``composes_claims`` (PostgreSQL) makes
+    that claim in the same transaction instead, after the finalize, with
+    ``request``'s lease token, and the claimed execution's visits after it
+    (:attr:`Composed.then`; specs/protocol.md, "Composed decisions").  Its
+    candidate is read with the transaction's first locking read, so the claim
+    costs no exchange of its own.
     """
 
     business_id: str | None
     skip: frozenset[str] = frozenset()
+    request: p.ClaimRequest | None = None
+    """The claim to make after the finalize, where the store composes claims; None: read ahead only."""
 
 
 @attrs.frozen
@@ -556,8 +568,23 @@ class Backend(abc.ABC):
     """The claim to read ahead behind this transaction's COMMIT (:class:`NextClaim`); set by a composed
     transaction that finished its execution, and ignored by a store that does not read ahead."""
 
+    claim_after: NextClaim | None = None
+    """A claim this transaction may make after its execution's finalize (:attr:`NextClaim.request`); set
+    before the transaction's locking read, so that a store may read the claim's candidate with it."""
+
+    def next_claimed_after(self) -> str | None:
+        """The candidate of :attr:`claim_after`, as the transaction's locking read locked it; None when there is none.
+
+        Its rows are then what :meth:`load` answers.  This default reads none:
+        only a store that ``composes_claims`` reads one.
+        """
+        return None
+
     def write_last(self, decision: p.Decision, evidence: Sequence[Evidence], now: datetime) -> bool:
         """:meth:`write`, as the transaction's last action: nothing is read or written in it afterwards.
+
+        (But for a claim after a finalize, where the store composes claims: decided on rows read before,
+        its writes kept for the same ``COMMIT``.)
 
         A store may then keep the writes and send them with the transaction's
         ``COMMIT`` (PostgreSQL: one exchange instead of two), and True is
@@ -815,6 +842,13 @@ def _written_then_viewed(
     return view
 
 
+def _finished(composed: Composed) -> bool:
+    """Whether ``composed``'s last visit finalized its execution: the holder's lease ends with the transaction."""
+    return bool(composed.followed) and composed.followed[-1][0].kind == "finish" and isinstance(
+        composed.followed[-1][1], p.Decision
+    )
+
+
 def _composable(visit: NextVisit) -> bool:
     """Whether ``visit`` may join the transaction of the decision before it.
 
@@ -836,6 +870,10 @@ Decide = Callable[[Backend, datetime], "p.Outcome | _Written | None"]
 
 class TransactionalStore(abc.ABC):
     """The shared half of every store: one transaction per request, the kernel decides."""
+
+    composes_claims: ClassVar[bool] = False
+    """Whether a composed transaction that finalizes its execution may also make the worker's next claim
+    (:attr:`NextClaim.request`); a store that does reads that claim's candidate with its first locking read."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
@@ -916,6 +954,7 @@ class TransactionalStore(abc.ABC):
         wait: float | None = None,
         before: Callable[[Backend], None] | None = None,
         visit: bool = False,
+        claim_after: NextClaim | None = None,
     ) -> p.Outcome | None:
         failures = 0
         keep = True
@@ -923,6 +962,7 @@ class TransactionalStore(abc.ABC):
             try:
                 with self._transaction() if claim is None else self._claim_transaction(claim) as tx:
                     tx.keeps_writes = keep
+                    tx.claim_after = claim_after
                     # Topic first, then rows: the one lock order of every store.
                     if topic is not None:
                         tx.lock_topic(*topic)
@@ -1118,6 +1158,9 @@ class TransactionalStore(abc.ABC):
         credential: p.LeaseCredential | None = None,
         next_claim: NextClaim | None = None,
     ) -> Composed:
+        # A claim after the finalize only where the store makes one (its candidate is read with the lock).
+        after = next_claim if next_claim is not None and next_claim.request is not None and self.composes_claims else None
+
         def decide(tx: Backend, now: datetime) -> _Written:
             outcome = first(tx, now)
             if not isinstance(outcome, p.Decision) or outcome.execution is None:
@@ -1126,23 +1169,57 @@ class TransactionalStore(abc.ABC):
             view = _written_then_viewed(tx, outcome, evidence, now, execution_id)
             held = outcome.lease if outcome.lease is not None else credential
             assert held is not None
-            followed: list[tuple[NextVisit, p.Outcome]] = []
-            for _ in range(MAX_COMPOSED):
-                visit = None if view is None else plan(view, now, held)
-                if view is None or visit is None or not _composable(visit):
-                    break
-                result, view = self._next_visit(tx, now, view, visit)
-                followed.append((visit, result))
-                if not isinstance(result, p.Decision) or visit.kind != "step":
-                    break
-            if next_claim is not None and followed and followed[-1][0].kind == "finish" and isinstance(followed[-1][1], p.Decision):
-                # The holder's lease ends with this transaction: its worker claims next.
+            composed = Composed(outcome, *self._follow(tx, now, view, held, plan))
+            if after is not None and _finished(composed):
+                # The holder's lease ends with the finalize: the same worker's next claim, and its visits.
+                composed = attrs.evolve(composed, then=self._claim_after(tx, now, after, plan))
+            if next_claim is not None and _finished(composed.then or composed):
+                # The last lease of this transaction ends with it: its worker claims next.
                 tx.read_ahead = next_claim
-            return _Written(Composed(outcome, tuple(followed), view))
+            return _Written(composed)
 
-        composed = self._run(decide, lock=lock, claim=claim, visit=True)
+        composed = self._run(decide, lock=lock, claim=claim, visit=True, claim_after=after)
         assert isinstance(composed, Composed)
         return composed
+
+    def _follow(
+        self, tx: Backend, now: datetime, view: VisitView | None, held: p.LeaseCredential, plan: Planner
+    ) -> tuple[tuple[tuple[NextVisit, p.Outcome], ...], VisitView | None]:
+        """The visits after a claim or a step that call no handler, each decided on the rows the one before left."""
+        followed: list[tuple[NextVisit, p.Outcome]] = []
+        for _ in range(MAX_COMPOSED):
+            visit = None if view is None else plan(view, now, held)
+            if view is None or visit is None or not _composable(visit):
+                break
+            result, view = self._next_visit(tx, now, view, visit)
+            followed.append((visit, result))
+            if not isinstance(result, p.Decision) or visit.kind != "step":
+                break
+        return tuple(followed), view
+
+    def _claim_after(self, tx: Backend, now: datetime, after: NextClaim, plan: Planner) -> Composed | None:
+        """The claim of ``after`` on the candidate the transaction's locking read found, and its visits; None: none made.
+
+        A candidate whose rows are malformed, or a claim the kernel refuses,
+        makes nothing: the worker's own next claim meets it, as it would have.
+        """
+        assert after.request is not None
+        try:
+            execution_id = tx.next_claimed_after()
+            if execution_id is None:
+                return None
+            execution, dispatch = tx.load(execution_id)
+            outcome = p.claim(execution, dispatch, after.request, now)
+        except p.MalformedSnapshot:
+            return None
+        except StoreError as exc:
+            if exc.code != "malformed_row":
+                raise
+            return None
+        if not isinstance(outcome, p.Decision) or outcome.lease is None:
+            return None
+        view = _written_then_viewed(tx, outcome, (), now, execution_id)
+        return Composed(outcome, *self._follow(tx, now, view, outcome.lease, plan))
 
     @staticmethod
     def _next_visit(tx: Backend, now: datetime, view: VisitView, visit: NextVisit) -> tuple[p.Outcome, VisitView | None]:

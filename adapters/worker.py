@@ -22,7 +22,10 @@ Rules of this module:
 - A pass first fires due one-time wakes (while every pass finds work, at
   most once per ``timer_interval``; a pass that finds none always looks),
   then claims eligible executions in the store's order (eligible_at, then id) and drives each until it leaves
-  running.  One node visit is one step; renewal is not a step.  At 100
+  running.  Where the store composes claims, a step that finalizes its execution may make the pass's next
+  claim in its own transaction (offered while the pass would claim again, is not stopping and, in a loop of
+  one-claim passes, for ``timer_interval``); the pass drives that execution next, as its own claim.  One node
+  visit is one step; renewal is not a step.  At 100
   steps the interpreter suspends the execution with reason ``step_limit``;
   nothing here resets the count or creates another execution.
 - Any refusal ends the worker's work on that execution at once: a refused
@@ -60,7 +63,8 @@ Rules of this module:
   again, starts with it before claiming anything: it reads the execution
   afresh and goes on only where the read shows it running under this very
   lease (a claim of unknown outcome is looked up by its token,
-  ``leased_to``).  A Command's handler is called there only for the intent
+  ``leased_to``, and so is a claim a step of unknown outcome was offered,
+  after the stepped execution).  A Command's handler is called there only for the intent
   this worker planned, which the read shows committed and unsettled, and
   whose handler it has not called; a handler's answer still in hand is
   committed, never asked for again.  Anything else is planned afresh from
@@ -90,6 +94,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections import Counter
@@ -107,6 +112,7 @@ from fencekeeper.kernel.machines import ExecutionState
 from .ports import SYSTEM_PRINCIPAL, WORKFLOW_DISPATCH, AuthorityPolicy, CommandHandler, ask
 from .store import (
     RETRYABLE_STORE_CODES,
+    Composed,
     NextClaim,
     NextVisit,
     StoreError,
@@ -297,13 +303,18 @@ class _Bookkeeping:
     __slots__ = (
         "answered",
         "carried",
+        "chained",
+        "compose_until",
         "holding",
         "intent",
         "interrupted",
+        "lease",
         "next_claim",
+        "offered",
         "queue_busy",
         "timers_looked_at",
         "unfinished",
+        "unfinished_claim",
     )
 
     def __init__(self) -> None:
@@ -329,6 +340,18 @@ class _Bookkeeping:
         self.next_claim: NextClaim | None = None
         """The claim this pass makes next, while it drives an execution: a store that reads ahead may send
         its locking read behind the COMMIT of the transaction that finishes this one (:class:`NextClaim`)."""
+        self.lease: tuple[str, str] | None = None
+        """The execution this worker drives and the lease token it holds it by (its claim's, or a take-up's)."""
+        self.offered: p.ClaimRequest | None = None
+        """The claim offered to the step's transaction in flight, to make after its finalize (a store that
+        ``composes_claims``): an interruption or a lost answer there may have committed it."""
+        self.chained: tuple[Composed, p.ClaimRequest] | None = None
+        """The claim a step's transaction made after its finalize, and its visits: the pass drives it next."""
+        self.unfinished_claim: str | None = None
+        """The lease token of such a claim whose answer was lost: taken up after :attr:`unfinished`."""
+        self.compose_until: float = 0.0
+        """Until when (the process clock) a pass that ``continues`` lets a step's transaction claim next:
+        its timer_interval, after which the next pass looks at due timers."""
 
 
 @attrs.define
@@ -464,10 +487,16 @@ class Worker:
 
         Returns whether the pass stopped at ``max_claims`` for a caller that ``continues``: a claim
         read ahead behind its last COMMIT is then the next pass's.
+
+        A claim that a step's transaction made after its finalize (``chained``, a store that
+        ``composes_claims``) is driven next, as a claim of this pass: it was offered only while the pass
+        would claim again, and, for a caller that ``continues``, for ``timer_interval`` seconds, after
+        which the next pass looks at due timers.
         """
-        while max_claims is None or len(report.claimed) < max_claims:
+        self._at.compose_until = self.monotonic() + self.timer_interval if continues else math.inf
+        chained: tuple[Composed, p.ClaimRequest] | None = None
+        while chained is not None or max_claims is None or len(report.claimed) < max_claims:
             started = time.perf_counter()
-            request = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
             # The claim after this one, when there will be one: a store that reads ahead may send its locking
             # read with the COMMIT that finishes this execution (NextClaim).  A hint, never a decision.
             then = (
@@ -475,34 +504,42 @@ class Worker:
                 if reads_ahead and (continues or max_claims is None or len(report.claimed) + 1 < max_claims)
                 else None
             )
-            try:
-                # ``skip`` only while there is something to pass over: a store that wraps another
-                # (a ledger, a proxy) and predates it is then called exactly as before; ``next_claim``
-                # only to a store that reads ahead.
-                extra: dict[str, Any] = {"skip": skip} if skip else {}
-                if then is not None:
-                    extra["next_claim"] = then
-                composed = self.store.claim_and_visit(request, self._plan_next, business_id=self.business_id, **extra)
-            except (KeyboardInterrupt, SystemExit) as exc:
-                # Inside the claim: its transaction may have committed, and only the store knows what
-                # it claimed.  Looked up by the token asked for (_let_go_of_claim).
-                self._let_go_of_claim(request, exc)
-                raise
-            except StoreError as exc:
-                if exc.code in RETRYABLE_STORE_CODES:
-                    # The claim may have committed: the next pass asks the store what runs under its token.
-                    self._at.unfinished = _Unfinished(request.lease_token)
-                    self._carry(report, exc)
+            if chained is not None:
+                # Claimed by the step's transaction of the execution before, its visits committed with it.
+                composed, request = chained
+                chained = None
+            else:
+                request = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
+                try:
+                    # ``skip`` only while there is something to pass over: a store that wraps another
+                    # (a ledger, a proxy) and predates it is then called exactly as before; ``next_claim``
+                    # only to a store that reads ahead.
+                    extra: dict[str, Any] = {"skip": skip} if skip else {}
+                    if then is not None:
+                        extra["next_claim"] = then
+                    composed = self.store.claim_and_visit(
+                        request, self._plan_next, business_id=self.business_id, **extra
+                    )
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    # Inside the claim: its transaction may have committed, and only the store knows what
+                    # it claimed.  Looked up by the token asked for (_let_go_of_claim).
+                    self._let_go_of_claim(request, exc)
                     raise
-                # The claim met a damaged row at the head of the queue and wrote nothing; claimed
-                # again without it, the rest of the queue runs.  (One already passed over means a
-                # store that ignores ``skip``: its error goes to the caller, as it always did.)
-                passed = _malformed(exc)
-                if passed is None or passed in skip:
-                    raise
-                self._pass_over(passed, exc.message, report)
-                skip = skip | {passed}
-                continue
+                except StoreError as exc:
+                    if exc.code in RETRYABLE_STORE_CODES:
+                        # The claim may have committed: the next pass asks the store what runs under its token.
+                        self._at.unfinished = _Unfinished(request.lease_token)
+                        self._carry(report, exc)
+                        raise
+                    # The claim met a damaged row at the head of the queue and wrote nothing; claimed
+                    # again without it, the rest of the queue runs.  (One already passed over means a
+                    # store that ignores ``skip``: its error goes to the caller, as it always did.)
+                    passed = _malformed(exc)
+                    if passed is None or passed in skip:
+                        raise
+                    self._pass_over(passed, exc.message, report)
+                    skip = skip | {passed}
+                    continue
             outcome = composed.outcome
             if outcome is None:
                 if not looked:
@@ -512,6 +549,7 @@ class Worker:
                 break
             execution_id = outcome.execution.execution_id
             self._at.holding = execution_id if _issues_a_command(composed.followed) else None
+            self._at.lease = (execution_id, outcome.lease.lease_token)
             try:
                 report.claim_seconds.append(time.perf_counter() - started)
                 if self._passing_over:
@@ -529,18 +567,29 @@ class Worker:
                 self._at.holding = None
                 raise
             try:
-                self._at.next_claim = then
-                self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
-            except StoreError as exc:
-                self._carry(report, exc)
-                # Damaged while this worker drove it: the decision that met it wrote nothing, and
-                # the lease runs out as a stopped worker's does.  The queue goes on without it.
-                if _malformed(exc) != execution_id:
-                    raise
-                self._pass_over(execution_id, exc.message, report)
-                skip = skip | {execution_id}
-            finally:
-                self._at.next_claim = None
+                try:
+                    self._at.next_claim = then
+                    self.drive(execution_id, outcome.lease, report, composed.view, composed.followed)
+                except StoreError as exc:
+                    self._carry(report, exc)
+                    # Damaged while this worker drove it: the decision that met it wrote nothing, and
+                    # the lease runs out as a stopped worker's does.  The queue goes on without it.
+                    if _malformed(exc) != execution_id:
+                        raise
+                    self._pass_over(execution_id, exc.message, report)
+                    skip = skip | {execution_id}
+                finally:
+                    self._at.next_claim = None
+            except BaseException:
+                leftover, self._at.chained = self._at.chained, None
+                if leftover is not None:
+                    # Claimed by a step this visit committed, and not driven: a next pass takes it up.
+                    self._at.unfinished_claim = leftover[1].lease_token
+                raise
+            chained, self._at.chained = self._at.chained, None
+            if chained is not None:
+                # Claimed already: driven even by a stopping worker, whose hook hands it back after its visit.
+                continue
             if self.stopping():
                 # Claim nothing more: a stopping worker's hook hands each lease back after the
                 # visit, and the next claim would take the same execution again, endlessly.
@@ -561,12 +610,17 @@ class Worker:
         """
         # A pass a lost connection ended hands on what it did, so that nothing it did goes uncounted.
         report, self._at.carried = self._at.carried or PassReport(), None
-        if self._at.unfinished is not None:
+        if self._at.unfinished is None and self._at.unfinished_claim is not None:
+            # The claim a step's transaction made after its finalize: only its token is known.
+            self._at.unfinished, self._at.unfinished_claim = _Unfinished(self._at.unfinished_claim), None
+        while self._at.unfinished is not None:
             try:
                 self._take_up(report)
             except StoreError as exc:
                 self._carry(report, exc)
                 raise
+            if self._at.unfinished is None and self._at.unfinished_claim is not None:
+                self._at.unfinished, self._at.unfinished_claim = _Unfinished(self._at.unfinished_claim), None
         return report
 
     def take_up_before_stop(self, sleep: Callable[[float], None] = time.sleep) -> PassReport | None:
@@ -583,7 +637,7 @@ class Worker:
 
     def _carry(self, report: PassReport, exc: StoreError) -> None:
         """Keep ``report`` for the next pass when ``exc`` left a lease to take up there."""
-        if exc.code in RETRYABLE_STORE_CODES and self._at.unfinished is not None:
+        if exc.code in RETRYABLE_STORE_CODES and (self._at.unfinished is not None or self._at.unfinished_claim is not None):
             self._at.carried = report
 
     def _skipped(self) -> frozenset[str]:
@@ -647,16 +701,23 @@ class Worker:
             self._drive(execution_id, credential, report, view, followed, pending=pending)
         except StoreError as exc:
             if exc.code in RETRYABLE_STORE_CODES:
-                # The decision in flight may have committed: the next pass reads what it did.
+                # The decision in flight may have committed: the next pass reads what it did, and then
+                # what runs under the claim offered to it, or made by it (a step's that claims next).
                 self._at.unfinished = _Unfinished(credential.lease_token, execution_id, credential)
+                self._at.unfinished_claim = self._claim_in_doubt()
             raise
         except (KeyboardInterrupt, SystemExit) as exc:
             # Outside the handler (which records its own interruption, _invoke): planning, a hook,
             # a decision's call.  The lease is handed back when that is safe (_let_go).
             self._let_go(execution_id, credential, exc)
+            offered, self._at.offered = self._at.offered, None
+            if offered is not None:
+                self._let_go_of_claim(offered, exc)
+            self._let_go_of_chained(exc)
             raise
         finally:
             self._at.holding = None
+            self._at.offered = None
             interrupted, self._at.interrupted = self._at.interrupted, None
             if interrupted is not None:
                 # The caller asked to stop: that comes first, whatever failed after it as its context.
@@ -739,6 +800,11 @@ class Worker:
                     self._report_finish(execution_id, execution, credential, settled, report)
                 return
             then = self._at.next_claim
+            if then is not None and _composes_claims(self.store) and not self.stopping() and self._may_compose():
+                # The step's transaction may claim this pass's next execution after the finalize, and its
+                # visits: one transaction less (specs/protocol.md, "Composed decisions").
+                self._at.offered = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
+                then = attrs.evolve(then, request=self._at.offered)
             composed = self.store.record_step_and_visit(
                 execution_id,
                 p.StepRequest(credential, execution.revision, settled.step, authority),
@@ -746,6 +812,10 @@ class Worker:
                 self._plan_next,
                 **({"next_claim": then} if then is not None else {}),
             )
+            offered, self._at.offered = self._at.offered, None
+            if composed.then is not None and offered is not None:
+                # Claimed and its visits committed with this step: driven next by this pass (_claim_all).
+                self._at.chained = (composed.then, offered)
             self._at.answered = None
             self._at.holding = execution_id if _issues_a_command(composed.followed) else None
             assert composed.outcome is not None  # a step's transaction always decides
@@ -794,12 +864,12 @@ class Worker:
             or view.dispatch.lease_expires_at is None
         ):
             # Not committed, finished, or no longer this worker's: nothing of it is left to do here.
-            self._at.intent = self._at.answered = None
+            self._forget_pending(execution_id)
             return
         if view.dispatch.lease_expires_at <= self.store.clock.now():
             # Still this worker's lease, run out while the store was away: the quarantine sweep's, as after a
             # crash.  Said, since nothing else tells an operator which execution now waits for the sweep.
-            self._at.intent = self._at.answered = None
+            self._forget_pending(execution_id)
             self._tell(
                 execution_id,
                 LAPSED,
@@ -821,12 +891,13 @@ class Worker:
             None,
         )
         if pending is None:
-            self._at.intent = self._at.answered = None
+            self._forget_pending(execution_id)
         if unfinished.execution_id is None:
             report.claimed.append(execution_id)
         # Before the event: a stopping worker's hook hands the lease back on it unless a Command is pending
         # (hands_back_after), instead of running the next visit first.
         self._at.holding = execution_id if pending is not None else None
+        self._at.lease = (execution_id, credential.lease_token)
         self._tell(
             execution_id,
             "resumed",
@@ -843,13 +914,28 @@ class Worker:
                 raise
             self._pass_over(execution_id, exc.message, report)
 
+    def _forget_pending(self, execution_id: str | None) -> None:
+        """Forget the Command intent and answer kept for ``execution_id`` (every one kept, for None).
+
+        A step's transaction that claimed next may leave two executions to
+        take up after a lost answer, the stepped one and the one claimed,
+        whose Command's intent it committed: taking up the first keeps the
+        second's, so that its handler is called rather than reconciled.
+        """
+        for held in (self._at.intent, self._at.answered):
+            if held is not None and (execution_id is None or held.execution.execution_id == execution_id):
+                if held is self._at.intent:
+                    self._at.intent = None
+                if held is self._at.answered:
+                    self._at.answered = None
+
     def holds_unfinished(self) -> bool:
         """Whether a decision of unknown outcome left this worker a lease its next pass takes up first.
 
         A caller that makes a new worker after a StoreError instead of
         passing again with this one leaves that lease to expire into review.
         """
-        return self._at.unfinished is not None
+        return self._at.unfinished is not None or self._at.unfinished_claim is not None
 
     def holds_command(self, execution_id: str) -> bool:
         """True while a Command this worker issued on ``execution_id`` (or may have) awaits its result's commit.
@@ -864,6 +950,17 @@ class Worker:
         lease back as usual).
         """
         return self._at.holding == execution_id
+
+    def lease_token_of(self, execution_id: str) -> str | None:
+        """The lease token this worker holds ``execution_id`` by, as its claim or take-up gave it; None if it holds none.
+
+        What a stopping worker's hook hands the lease back with
+        (:meth:`hands_back_after`).  Not the last token the worker made: a
+        step may be offered a claim with a token of its own (a store that
+        composes claims) that it never uses.
+        """
+        lease = self._at.lease
+        return lease[1] if lease is not None and lease[0] == execution_id else None
 
     def hands_back_after(self, execution_id: str, what: str) -> bool:
         """Whether a stopping worker's hook should hand ``execution_id``'s lease back after the event ``what``.
@@ -903,6 +1000,42 @@ class Worker:
             self._tell(
                 execution_id, "released", f"interrupted by {type(exc).__name__}", fence=credential.fence
             )
+
+    def _may_compose(self) -> bool:
+        """Whether a step's transaction may claim next now: within the pass's ``compose_until``."""
+        return self.monotonic() < self._at.compose_until
+
+    def _claim_in_doubt(self) -> str | None:
+        """The lease token of a claim a step's transaction was offered, or made, that no pass has driven yet.
+
+        Asked when that transaction's answer, or a later one of the visit,
+        was lost: the next pass asks the store what runs under the token.
+        """
+        offered, self._at.offered = self._at.offered, None
+        chained, self._at.chained = self._at.chained, None
+        if offered is not None:
+            return offered.lease_token
+        return None if chained is None else chained[1].lease_token
+
+    def _let_go_of_chained(self, exc: BaseException) -> None:
+        """Hand back the claim a step's transaction made, interrupted before it was driven, where that is safe.
+
+        Not when its transaction also committed a Command's intent (the
+        handler is next): that lease expires, as after an interrupted claim
+        whose transaction issued one (:meth:`_let_go`).
+        """
+        chained, self._at.chained = self._at.chained, None
+        if chained is None:
+            return
+        composed = chained[0]
+        outcome = composed.outcome
+        if (
+            isinstance(outcome, p.Decision)
+            and outcome.lease is not None
+            and outcome.execution is not None
+            and not _issues_a_command(composed.followed)
+        ):
+            self._let_go(outcome.execution.execution_id, outcome.lease, exc)
 
     def _let_go_of_claim(self, request: p.ClaimRequest, exc: BaseException) -> None:
         """Hand back the lease of a claim a KeyboardInterrupt or SystemExit interrupted, if it committed and it is safe.
@@ -1151,6 +1284,18 @@ MALFORMED_ROW: Final = "malformed_row"
 
 LAPSED: Final = "lapsed"
 """The event of a lease a worker would have taken up again after a lost answer, found expired: the sweep's now."""
+
+
+def _composes_claims(store: object) -> bool:
+    """Whether ``store`` makes a claim in the transaction that finalizes the execution before it (``NextClaim.request``).
+
+    Asked of the store's class, as :func:`_reads_ahead` asks: a store that wraps another composes
+    claims only where it says so itself.
+    """
+    declared = getattr(type(store), "composes_claims", False)
+    if isinstance(declared, property):
+        declared = getattr(store, "composes_claims", False)
+    return declared is True
 
 
 def _reads_ahead(store: object) -> bool:

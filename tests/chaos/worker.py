@@ -155,6 +155,7 @@ class LedgeredStore:
         *,
         plan: Planner,
         call: Callable[[Planner], Composed],
+        claim_after: p.ClaimRequest | None = None,
     ) -> Composed:
         """A composed transaction: a ledger request for its first decision and one for each visit it plans.
 
@@ -162,7 +163,10 @@ class LedgeredStore:
         inside the transaction and before it can commit, so a process killed
         there leaves that visit of unknown outcome, as any request cut short.
         A visit planned by an attempt the store then decided again stays
-        unknown too (it did not commit; unknown allows that).
+        unknown too (it did not commit; unknown allows that).  A claim the
+        transaction may make after its finalize (``claim_after``, a store
+        that composes claims) is a request of its own, written before the
+        transaction begins, and answered with the claim it made, or none.
         """
         noted: dict[int, _Noted] = {}
 
@@ -185,16 +189,26 @@ class LedgeredStore:
             return visit
 
         first = self._intent(op, execution_id, who, evidence)
+        after = (
+            None
+            if claim_after is None
+            else self._intent("claim", None, (claim_after.worker_id, claim_after.lease_token, None), ())
+        )
         try:
             composed = call(planner)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-            for line in (first, *noted.values()):
+            for line in (first, *([] if after is None else [after]), *noted.values()):
                 self._line({**line.common, "done": "unavailable", "error": error})
             raise
         self._returned(first, composed.outcome)
         for visit, outcome in composed.followed:
             self._returned(noted[id(visit)], outcome)
+        if after is not None:
+            then = composed.then
+            self._returned(after, None if then is None else then.outcome)
+            for visit, outcome in () if then is None else then.followed:
+                self._returned(noted[id(visit)], outcome)
         return composed
 
     # --- the write requests the worker makes ------------------------------------------------
@@ -210,6 +224,12 @@ class LedgeredStore:
         # The worker's next claim read ahead, as the store it wraps does it (PostgreSQL): the campaign
         # ends backends in the middle of those exchanges too.
         return getattr(type(self._store), "reads_ahead", False) is True
+
+    @property
+    def composes_claims(self) -> bool:
+        # A step's transaction that claims next, as the store it wraps makes it (PostgreSQL): that claim is
+        # a ledger request of its own (_composed), and killed workers and ended backends meet it too.
+        return getattr(type(self._store), "composes_claims", False) is True
 
     def claim_and_visit(
         self,
@@ -230,9 +250,11 @@ class LedgeredStore:
         self, execution_id: str, request: p.StepRequest, evidence: Sequence[Evidence], plan: Planner, **ahead: Any
     ) -> Composed:
         c = request.credential
+        then = ahead.get("next_claim")
         return self._composed(
             "record_step", execution_id, (c.worker_id, c.lease_token, c.fence), evidence, plan=plan,
             call=lambda planner: self._store.record_step_and_visit(execution_id, request, evidence, planner, **ahead),
+            claim_after=None if then is None or not self.composes_claims else then.request,
         )
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> Any:
