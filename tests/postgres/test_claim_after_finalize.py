@@ -146,7 +146,8 @@ def test_the_step_that_finalizes_claims_the_next_execution_and_the_pass_drives_i
 def test_a_pass_that_continues_keeps_claiming_with_each_step(store: _Watched) -> None:
     admitted = _admit(store, 5)
     handler = _Counts()
-    worker = _worker(store, handler)
+    # A process clock that stands still: a loaded machine must not end the pass's timer interval early.
+    worker = _worker(store, handler, monotonic=lambda: 0.0)
     with counting(store) as tally:
         report = worker.run_pass(max_claims=1, continues=True)
         worker.drop_read_ahead()
@@ -155,6 +156,25 @@ def test_a_pass_that_continues_keeps_claiming_with_each_step(store: _Watched) ->
     assert handler.calls == dict.fromkeys(admitted, 1)
     assert all(_state(store, x) == ExecutionState.SUCCEEDED for x in admitted)
     assert tally.transactions == len(admitted) + 1
+
+
+def test_a_pass_that_continues_stops_offering_once_its_timer_interval_has_passed(store: _Watched) -> None:
+    admitted = _admit(store, 3)
+    now = [0.0]
+
+    class _Slow(_Counts):
+        def execute(self, command: i.Command) -> i.CommandResult:
+            now[0] += 5.0  # a handler that takes longer than the pass's timer interval (a second)
+            return super().execute(command)
+
+    worker = _worker(store, _Slow(), monotonic=lambda: now[0])
+    report = worker.run_pass(max_claims=1, continues=True)
+    worker.drop_read_ahead()
+    # Past the interval no step is offered a claim: the pass ends at its one claim, and the next pass
+    # looks at due timers before it claims again.
+    assert report.claimed == admitted[:1]
+    assert all(offer is None or offer.request is None for offer in store.offered)
+    assert [_state(store, x) for x in admitted[1:]] == [ExecutionState.ELIGIBLE] * 2
 
 
 def test_nothing_is_offered_where_the_pass_claims_no_more_or_the_worker_stops(store: _Watched) -> None:
