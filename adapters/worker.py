@@ -922,12 +922,13 @@ class Worker:
         whose Command's intent it committed: taking up the first keeps the
         second's, so that its handler is called rather than reconciled.
         """
-        for held in (self._at.intent, self._at.answered):
-            if held is not None and (execution_id is None or held.execution.execution_id == execution_id):
-                if held is self._at.intent:
-                    self._at.intent = None
-                if held is self._at.answered:
-                    self._at.answered = None
+        def kept_for(held: _Pending | None) -> bool:
+            return held is not None and execution_id in (None, held.execution.execution_id)
+
+        if kept_for(self._at.intent):
+            self._at.intent = None
+        if kept_for(self._at.answered):
+            self._at.answered = None
 
     def holds_unfinished(self) -> bool:
         """Whether a decision of unknown outcome left this worker a lease its next pass takes up first.
@@ -1287,27 +1288,24 @@ LAPSED: Final = "lapsed"
 
 
 def _composes_claims(store: object) -> bool:
-    """Whether ``store`` makes a claim in the transaction that finalizes the execution before it (``NextClaim.request``).
-
-    Asked of the store's class, as :func:`_reads_ahead` asks: a store that wraps another composes
-    claims only where it says so itself.
-    """
-    declared = getattr(type(store), "composes_claims", False)
-    if isinstance(declared, property):
-        declared = getattr(store, "composes_claims", False)
-    return declared is True
+    """Whether ``store`` makes a claim in the transaction that finalizes the execution before it (``NextClaim.request``)."""
+    return _says(store, "composes_claims")
 
 
 def _reads_ahead(store: object) -> bool:
-    """Whether ``store`` takes a worker's ``next_claim`` (:class:`~fencekeeper.adapters.store.NextClaim`).
+    """Whether ``store`` takes a worker's ``next_claim`` (:class:`~fencekeeper.adapters.store.NextClaim`)."""
+    return _says(store, "reads_ahead")
 
-    Asked of the store's class: a store that wraps another and hands on its
-    attributes (a ledger, a proxy) takes none unless it says so itself, with
-    a class attribute or a property of its own.
+
+def _says(store: object, capability: str) -> bool:
+    """Whether ``store``'s own class declares ``capability`` (a class attribute, or a property of its own).
+
+    Asked of the class: a store that wraps another and hands on its
+    attributes (a ledger, a proxy) has none unless it says so itself.
     """
-    declared = getattr(type(store), "reads_ahead", False)
+    declared = getattr(type(store), capability, False)
     if isinstance(declared, property):
-        declared = getattr(store, "reads_ahead", False)
+        declared = getattr(store, capability, False)
     return declared is True
 
 
