@@ -58,7 +58,11 @@ Rules of this module:
   exchange, behind the step's own locking read, so the claim is decided
   on rows read before any write was kept, and each execution's kept
   writes go as a statement of its own with the one ``COMMIT``
-  (``next_claimed_after``, ``_closed_chains``).
+  (``next_claimed_after``, ``_closed_chains``).  A claim's transaction
+  offered the same makes it the same way: its one locking read locks two
+  candidates (``claim_sql``'s ``pair``) and its evidence read brings both
+  executions' evidence; the second is the claim after the finalize's
+  candidate, and is only locked, never written, unless that claim is made.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
@@ -1351,6 +1355,8 @@ class _Parked:
     evidence: _Rows
     at: float
     """When it was read (the process clock): one kept too long is not used (``_claim_transaction``)."""
+    pair: bool = False
+    """Whether it locked two candidates (:func:`claim_sql`'s ``pair``): the second is the claim after the finalize's."""
 
 
 @attrs.frozen
@@ -1359,6 +1365,7 @@ class _Ahead:
 
     statements: tuple[tuple[str, Sequence[object]], tuple[str, Sequence[object]]]
     preface: bytes | None
+    pair: bool = False
 
 
 def _ahead_count(ahead: _Ahead | None) -> int:
@@ -1573,7 +1580,7 @@ def _one_statement(parts: tuple[str, ...]) -> str:
     return f"WITH {ctes} " + " UNION ALL ".join(f"SELECT * FROM w{n}" for n in range(len(parts)))
 
 
-def _locking_read(where: str, also: str = "") -> str:
+def _locking_read(where: str, also: str = "", order: str = "") -> str:
     """A statement that locks an execution's rows, then reads them and the time.
 
     The inner query locks objects, then workflow_dispatch (the order of its
@@ -1590,7 +1597,7 @@ def _locking_read(where: str, also: str = "") -> str:
         f"c.last_error_code, c.business_id, c.object_id, c.revision, clock_timestamp(){also} FROM ("
         "SELECT d.dispatch_state, d.eligible_at, d.lease_token, d.leased_by, d.lease_expires_at, d.step_count, "
         "d.last_error_code, o.business_id, o.object_id, o.revision "
-        f"FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id {where}) c"
+        f"FROM objects o JOIN workflow_dispatch d ON d.workflow_execution_id = o.object_id {where}) c{order}"
     )
 
 
@@ -1619,7 +1626,7 @@ ever committed) and lets the rest of the deployment go on."""
 
 
 @functools.cache
-def claim_sql(bound: str, *, scoped: bool, skipping: bool = False) -> str:
+def claim_sql(bound: str, *, scoped: bool, skipping: bool = False, pair: bool = False) -> str:
     """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``.
 
     It also names the execution it locked in the transaction's setting
@@ -1629,13 +1636,26 @@ def claim_sql(bound: str, *, scoped: bool, skipping: bool = False) -> str:
     malformed.  It is a statement of its own, run only while a worker
     passes some over, so that every other claim is the statement it always
     was (no parameter to send, no condition to test on each row).
+
+    ``pair`` locks the first two, for a claim that offers the claim after
+    its finalize (``NextClaim.request``): the second is that claim's
+    candidate.  It names both, as an array, in ``fencekeeper.claimed_pair``
+    (:data:`_CLAIMED_PAIR_EVIDENCE_SQL`).  The array is a window aggregate
+    over the locked rows, so every row is locked before the first is
+    returned, and the time each row reads comes after both locks are held.
     """
     return _locking_read(
         f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= {bound} "
         + ("AND o.business_id = ? " if scoped else "")
         + ("AND d.workflow_execution_id <> ALL(?::text[]) " if skipping else "")
-        + "ORDER BY d.eligible_at, d.workflow_execution_id LIMIT 1 FOR UPDATE OF o, d SKIP LOCKED",
-        also=", set_config('fencekeeper.claimed', c.object_id, true)",
+        + f"ORDER BY d.eligible_at, d.workflow_execution_id LIMIT {2 if pair else 1} FOR UPDATE OF o, d SKIP LOCKED",
+        also=(
+            ", set_config('fencekeeper.claimed_pair', (array_agg(c.object_id) OVER ())::text, true)"
+            if pair
+            else ", set_config('fencekeeper.claimed', c.object_id, true)"
+        ),
+        # The claim's order, said again: the first row is the claim's candidate, the second the next one's.
+        order=" ORDER BY c.eligible_at, c.object_id" if pair else "",
     )
 
 
@@ -1690,6 +1710,14 @@ sees whatever the execution's previous holder committed, as a read after
 the claim's write did.  The setting is local to the transaction, and read
 only when the claim found an execution (else it is an earlier claim's, or
 empty, and the rows are not used)."""
+
+_CLAIMED_PAIR_EVIDENCE_SQL = (
+    _EVIDENCE_COLUMNS.replace("o.state FROM", "o.state, o.parent_id FROM")
+    + "WHERE o.parent_id = ANY(NULLIF(current_setting('fencekeeper.claimed_pair', true), '')::text[]) ORDER BY o.{seq}"
+)
+"""The current evidence of both executions a ``pair`` claim (:func:`claim_sql`) has just locked, each row
+naming its execution last.  A setting of its own, so that it is never another claim's single id; empty or
+unset (the claim found nothing), it reads no row rather than failing to parse."""
 
 _LOCKED_EVIDENCE_SQL = _EVIDENCE_COLUMNS + "WHERE o.parent_id = ? ORDER BY o.{seq}"
 """The current evidence of an execution whose rows :data:`_LOCK_SQL`, just before, locked."""
@@ -2089,7 +2117,7 @@ class _PostgresBackend(SqlBackend):
         return _aware(moment)
 
     def _claim(
-        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object
+        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object, pair: bool = False
     ) -> tuple[str | None, Any]:
         # eligible_at, workflow_execution_id order through the partial index
         # of eligible rows, up to ``bound``; locked rows are skipped, never
@@ -2097,32 +2125,51 @@ class _PostgresBackend(SqlBackend):
         # one statement with "(? IS NULL OR business_id = ?)" costs the
         # planner more as a generic plan than as a custom one, so PostgreSQL
         # planned it again on every claim.
-        sql, values, preface = self._claim_statement(bound, business_id, skip, *values)
+        sql, params, preface = self._claim_statement(bound, business_id, skip, *values, pair=pair)
         self._nothing_kept()
         self._flush_pending()
         parked, self._parked = self._parked, None
-        if parked is not None and parked.statement == (sql, values):
+        if parked is not None and parked.statement == (
+            (sql, params) if parked.pair == pair else self._claim_statement(bound, business_id, skip, *values, pair=parked.pair)[:2]
+        ):
             # Read ahead behind the COMMIT of this worker's transaction before (NextClaim): this
-            # transaction began with it, and holds what it locked.
-            row = parked.rows.fetchone()
-            return self._remember(row, parked.evidence if self._views_kept() else None), row
+            # transaction began with it, and holds what it locked, one candidate or two, whichever
+            # this claim would have read.
+            return self._claimed(parked.rows, parked.evidence if self._views_kept() else None, parked.pair)
         if not self._views_kept():
-            row = _run(self.conn, sql, values, begin=self._opening(), preface=preface).fetchone()
+            row = _run(self.conn, sql, params, begin=self._opening(), preface=preface).fetchone()
             return self._remember(row), row
         # The claimed execution's evidence, read behind the lock in the same exchange, for the view
         # the claim's write leaves (write_and_view), which is then made here, not read.
         rows, evidence = _run_pair(
             self.conn,
-            (sql, values),
-            (self._sql(_CLAIMED_EVIDENCE_SQL), ()),
+            (sql, params),
+            (self._sql(_CLAIMED_PAIR_EVIDENCE_SQL if pair else _CLAIMED_EVIDENCE_SQL), ()),
             begin=self._opening(),
             preface=preface,
         )
-        row = rows.fetchone()
-        return self._remember(row, evidence), row
+        return self._claimed(rows, evidence, pair)
+
+    def _claimed(self, rows: _Rows, evidence: _Rows | None, pair: bool) -> tuple[str | None, Any]:
+        """The claim's candidate, from its locking read and the read of its evidence.
+
+        Of a ``pair`` read (:func:`claim_sql`), the first row is; the second,
+        with its own evidence, is the candidate of the claim after the
+        finalize (:meth:`next_claimed_after`).  Unused, it stays locked until
+        the transaction ends, and is claimed by whoever comes next.
+        """
+        if not pair:
+            row = rows.fetchone()
+            return self._remember(row, evidence), row
+        if not rows.rows:
+            return None, None
+        first, *rest = rows.rows
+        if rest and evidence is not None:
+            self._pre_claim = (_Rows(rest[:1], 1), _evidence_of(evidence, rest[0][9]))
+        return self._remember(first, None if evidence is None else _evidence_of(evidence, first[9])), first
 
     def _claim_statement(
-        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object
+        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object, pair: bool = False
     ) -> tuple[str, tuple[object, ...], bytes | None]:
         """A claim's locking read: its text, its values and the preface its exchange carries."""
         scope = business_id if business_id is not None else self.business_id
@@ -2130,8 +2177,16 @@ class _PostgresBackend(SqlBackend):
             values = (*values, scope)
         if skip:
             values = (*values, sorted(skip))
-        sql = claim_sql(bound, scoped=scope is not None, skipping=bool(skip))
+        sql = claim_sql(bound, scoped=scope is not None, skipping=bool(skip), pair=pair)
         return self._sql(sql), values, _CLAIM_PLANNING if scope is not None else None
+
+    def _pairs(self) -> bool:
+        """Whether a claim's locking read may lock two candidates, the second for the claim after its finalize.
+
+        Only where that claim can be made with nothing sent before it: the
+        database's time, and views made from kept writes (as ``lock_for_visit``).
+        """
+        return self.database_clock and self._views_kept()
 
     def claim_time(self, clock: Clock, business_id: str | None, skip: frozenset[str] = frozenset()) -> datetime:
         if not self.database_clock:
@@ -2142,7 +2197,8 @@ class _PostgresBackend(SqlBackend):
         # than that time, because the index can only be searched up to a
         # value that stays the same during the scan (clock_timestamp() would
         # be a filter on every eligible row, due or not).
-        execution_id, row = self._claim("statement_timestamp()", business_id, skip)
+        offered = self.claim_after is not None and self.claim_after.request is not None
+        execution_id, row = self._claim("statement_timestamp()", business_id, skip, pair=offered and self._pairs())
         if row is None:
             # Nothing due: a claim at the time read next finds nothing either.
             moment = self.now(clock)
@@ -2323,9 +2379,16 @@ class _PostgresBackend(SqlBackend):
         return None
 
     def ahead_of(self, claim: NextClaim) -> _Ahead:
-        """The statements of ``claim``'s locking read, as :meth:`claim_time` sends them, to read it ahead."""
-        sql, values, preface = self._claim_statement("statement_timestamp()", claim.business_id, claim.skip)
-        return _Ahead(((sql, values), (self._sql(_CLAIMED_EVIDENCE_SQL), ())), preface)
+        """The statements of ``claim``'s locking read, as :meth:`claim_time` sends them, to read it ahead.
+
+        Two candidates when ``claim.pairs`` (the worker will offer it the claim
+        after its finalize), where that claim could be made (:meth:`_pairs`);
+        the claim uses whichever read it finds.
+        """
+        pair = claim.pairs and self._pairs()
+        sql, values, preface = self._claim_statement("statement_timestamp()", claim.business_id, claim.skip, pair=pair)
+        evidence = _CLAIMED_PAIR_EVIDENCE_SQL if pair else _CLAIMED_EVIDENCE_SQL
+        return _Ahead(((sql, values), (self._sql(evidence), ())), preface, pair)
 
     def read_ahead_with(self, parked: _Parked) -> None:
         """Claim from what ``parked`` read ahead, in its transaction: the next claim's locking read is not sent again."""
@@ -2336,6 +2399,12 @@ _CONNECTION_LOST = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSe
 """What a request meets when its session is gone: the server ended it (idle in a transaction past
 the timeout: a process that was stopped and has resumed) or the connection broke.  The pool
 discards the connection; the request fails as ``store_unavailable``, which callers retry."""
+
+
+def _evidence_of(evidence: _Rows, execution_id: str) -> _Rows:
+    """The rows of a pair claim's evidence read (:data:`_CLAIMED_PAIR_EVIDENCE_SQL`) that belong to ``execution_id``, in order."""
+    rows = [row for row in evidence.rows if row[5] == execution_id]
+    return _Rows(rows, len(rows))
 
 
 def _one_statement_holds(chain: Sequence[_Link], now: datetime) -> bool:
@@ -2572,7 +2641,7 @@ class PostgresStore(TransactionalStore):
                     conn.close()
             return
         checkout.keep()
-        parked = _Parked(conn, claim, ahead.statements[0], read[0], read[1], time.monotonic())
+        parked = _Parked(conn, claim, ahead.statements[0], read[0], read[1], time.monotonic(), ahead.pair)
         with self._parked_lock:
             stale = self._parked.pop(threading.get_ident(), None)
             self._parked[threading.get_ident()] = parked

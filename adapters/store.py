@@ -473,14 +473,18 @@ class NextClaim:
     that claim in the same transaction instead, after the finalize, with
     ``request``'s lease token, and the claimed execution's visits after it
     (:attr:`Composed.then`; specs/protocol.md, "Composed decisions").  Its
-    candidate is read with the transaction's first locking read, so the claim
-    costs no exchange of its own.
+    candidate is read with the transaction's first locking read (a claim's
+    locks two candidates), so the claim costs no exchange of its own.
     """
 
     business_id: str | None
     skip: frozenset[str] = frozenset()
     request: p.ClaimRequest | None = None
     """The claim to make after the finalize, where the store composes claims; None: read ahead only."""
+    pairs: bool = False
+    """Set by the store on the claim it reads ahead (:attr:`Backend.read_ahead`) when the execution this
+    transaction finalized last was claimed in it too: a worker then offers that next claim a claim after
+    its finalize (:meth:`~fencekeeper.adapters.worker.Worker.run_pass`), so the read locks two candidates."""
 
 
 @attrs.frozen
@@ -1174,8 +1178,10 @@ class TransactionalStore(abc.ABC):
                 # The holder's lease ends with the finalize: the same worker's next claim, and its visits.
                 composed = attrs.evolve(composed, then=self._claim_after(tx, now, after, plan))
             if next_claim is not None and _finished(composed.then or composed):
-                # The last lease of this transaction ends with it: its worker claims next.
-                tx.read_ahead = next_claim
+                # The last lease of this transaction ends with it: its worker claims next, and offers that
+                # claim the one after it when this transaction claimed the execution it finalized last.
+                pairs = self.composes_claims and (claim is not None or composed.then is not None)
+                tx.read_ahead = attrs.evolve(next_claim, pairs=pairs) if pairs else next_claim
             return _Written(composed)
 
         composed = self._run(decide, lock=lock, claim=claim, visit=True, claim_after=after)

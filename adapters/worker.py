@@ -24,7 +24,10 @@ Rules of this module:
   then claims eligible executions in the store's order (eligible_at, then id) and drives each until it leaves
   running.  Where the store composes claims, a step that finalizes its execution may make the pass's next
   claim in its own transaction (offered while the pass would claim again, is not stopping and, in a loop of
-  one-claim passes, for ``timer_interval``); the pass drives that execution next, as its own claim.  One node
+  one-claim passes, for ``timer_interval``); the pass drives that execution next, as its own claim.  So may
+  a claim whose transaction finalizes its execution, offered on the same terms, and only while the last
+  execution this worker claimed was finalized in its claim's transaction too (otherwise the offer would
+  lock a second candidate for nothing).  One node
   visit is one step; renewal is not a step.  At 100
   steps the interpreter suspends the execution with reason ``step_limit``;
   nothing here resets the count or creates another execution.
@@ -304,6 +307,7 @@ class _Bookkeeping:
         "answered",
         "carried",
         "chained",
+        "claims_finish",
         "compose_until",
         "holding",
         "intent",
@@ -349,6 +353,9 @@ class _Bookkeeping:
         """The claim a step's transaction made after its finalize, and its visits: the pass drives it next."""
         self.unfinished_claim: str | None = None
         """The lease token of such a claim whose answer was lost: taken up after :attr:`unfinished`."""
+        self.claims_finish: bool = False
+        """Whether the last execution this worker claimed was finalized in its claim's transaction: its next
+        claim is then offered the claim after, where the store composes claims (one-node work, say)."""
         self.compose_until: float = 0.0
         """Until when (the process clock) a pass that ``continues`` lets a step's transaction claim next:
         its timer_interval, after which the next pass looks at due timers."""
@@ -505,30 +512,38 @@ class Worker:
                 else None
             )
             if chained is not None:
-                # Claimed by the step's transaction of the execution before, its visits committed with it.
+                # Claimed by the transaction of the execution before, after its finalize, its visits committed with it.
                 composed, request = chained
                 chained = None
             else:
                 request = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
+                offered = self._offer(then) if self._at.claims_finish else None
                 try:
                     # ``skip`` only while there is something to pass over: a store that wraps another
                     # (a ledger, a proxy) and predates it is then called exactly as before; ``next_claim``
                     # only to a store that reads ahead.
                     extra: dict[str, Any] = {"skip": skip} if skip else {}
                     if then is not None:
-                        extra["next_claim"] = then
+                        extra["next_claim"] = then if offered is None else attrs.evolve(then, request=offered)
                     composed = self.store.claim_and_visit(
                         request, self._plan_next, business_id=self.business_id, **extra
                     )
                 except (KeyboardInterrupt, SystemExit) as exc:
                     # Inside the claim: its transaction may have committed, and only the store knows what
-                    # it claimed.  Looked up by the token asked for (_let_go_of_claim).
-                    self._let_go_of_claim(request, exc)
+                    # it claimed, and claimed after its finalize.  Looked up by the tokens asked for.
+                    try:
+                        self._let_go_of_claim(request, exc)
+                        if offered is not None:
+                            self._let_go_of_claim(offered, exc)
+                    finally:
+                        self._at.holding = None
                     raise
                 except StoreError as exc:
                     if exc.code in RETRYABLE_STORE_CODES:
-                        # The claim may have committed: the next pass asks the store what runs under its token.
+                        # The claim may have committed: the next pass asks the store what runs under its
+                        # token, and then under the token of the claim offered after its finalize.
                         self._at.unfinished = _Unfinished(request.lease_token)
+                        self._at.unfinished_claim = None if offered is None else offered.lease_token
                         self._carry(report, exc)
                         raise
                     # The claim met a damaged row at the head of the queue and wrote nothing; claimed
@@ -540,6 +555,9 @@ class Worker:
                     self._pass_over(passed, exc.message, report)
                     skip = skip | {passed}
                     continue
+                if composed.then is not None and offered is not None:
+                    # Claimed after this claim's finalize, its visits committed with it: driven next.
+                    self._at.chained = (composed.then, offered)
             outcome = composed.outcome
             if outcome is None:
                 if not looked:
@@ -547,6 +565,7 @@ class Worker:
                 break
             if not isinstance(outcome, p.Decision) or outcome.lease is None or outcome.execution is None:
                 break
+            self._at.claims_finish = _finishes(composed.followed)
             execution_id = outcome.execution.execution_id
             self._at.holding = execution_id if _issues_a_command(composed.followed) else None
             self._at.lease = (execution_id, outcome.lease.lease_token)
@@ -562,8 +581,10 @@ class Worker:
                     fence=outcome.lease.fence,
                 )
             except (KeyboardInterrupt, SystemExit) as exc:
-                # Between the claim and the visit (a hook's output, say): the lease is this worker's.
+                # Between the claim and the visit (a hook's output, say): the lease is this worker's, and so
+                # is the one its transaction claimed after the finalize, if any.
                 self._let_go(execution_id, outcome.lease, exc)
+                self._let_go_of_chained(exc)
                 self._at.holding = None
                 raise
             try:
@@ -800,10 +821,10 @@ class Worker:
                     self._report_finish(execution_id, execution, credential, settled, report)
                 return
             then = self._at.next_claim
-            if then is not None and _composes_claims(self.store) and not self.stopping() and self._may_compose():
+            self._at.offered = self._offer(then)
+            if then is not None and self._at.offered is not None:
                 # The step's transaction may claim this pass's next execution after the finalize, and its
                 # visits: one transaction less (specs/protocol.md, "Composed decisions").
-                self._at.offered = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
                 then = attrs.evolve(then, request=self._at.offered)
             composed = self.store.record_step_and_visit(
                 execution_id,
@@ -863,8 +884,11 @@ class Worker:
             or view.dispatch.leased_by != self.worker_id
             or view.dispatch.lease_expires_at is None
         ):
-            # Not committed, finished, or no longer this worker's: nothing of it is left to do here.
-            self._forget_pending(execution_id)
+            # Not committed, finished, or no longer this worker's: nothing of it is left to do here.  A claim
+            # found under no execution forgets nothing while the claim offered after its finalize is still to
+            # be taken up: that claim's Command intent may be the one kept.
+            if execution_id is not None or self._at.unfinished_claim is None:
+                self._forget_pending(execution_id)
             return
         if view.dispatch.lease_expires_at <= self.store.clock.now():
             # Still this worker's lease, run out while the store was away: the quarantine sweep's, as after a
@@ -1002,8 +1026,19 @@ class Worker:
                 execution_id, "released", f"interrupted by {type(exc).__name__}", fence=credential.fence
             )
 
+    def _offer(self, then: NextClaim | None) -> p.ClaimRequest | None:
+        """The claim to offer a transaction that may finalize its execution, to make after it; None: none.
+
+        Offered while the pass would claim again (``then``), the store composes
+        claims, the worker is not stopping, and within the pass's
+        ``compose_until``.  Its lease token is fresh, as every claim's.
+        """
+        if then is None or not _composes_claims(self.store) or self.stopping() or not self._may_compose():
+            return None
+        return p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
+
     def _may_compose(self) -> bool:
-        """Whether a step's transaction may claim next now: within the pass's ``compose_until``."""
+        """Whether a transaction may claim next now: within the pass's ``compose_until``."""
         return self.monotonic() < self._at.compose_until
 
     def _claim_in_doubt(self) -> str | None:
@@ -1051,6 +1086,8 @@ class Worker:
         A store without ``leased_to`` (a wrapper written before it), or one
         that fails to answer, leaves the lease to expire, as before: the
         execution is claimed again once a sweep has sent it to review.
+        The caller forgets what the planner held once every claim of the
+        transaction (its own, and one made after its finalize) is looked up.
         """
         try:
             lookup = getattr(self.store, "leased_to", None)
@@ -1058,12 +1095,9 @@ class Worker:
             view = None if execution_id is None else self.store.read_for_visit(execution_id)
         except Exception:
             view = None
-        try:
-            if view is not None and view.dispatch.lease_token == request.lease_token:
-                credential = p.LeaseCredential(request.worker_id, request.lease_token, view.execution.fence)
-                self._let_go(view.execution.execution_id, credential, exc)
-        finally:
-            self._at.holding = None
+        if view is not None and view.dispatch.lease_token == request.lease_token:
+            credential = p.LeaseCredential(request.worker_id, request.lease_token, view.execution.fence)
+            self._let_go(view.execution.execution_id, credential, exc)
 
     def _hand_back(self, execution_id: str, credential: p.LeaseCredential, execution: p.Execution, exc: Exception) -> None:
         """Release the lease of a visit that could not be planned (``running -> eligible``), and say why."""
@@ -1307,6 +1341,11 @@ def _says(store: object, capability: str) -> bool:
     if isinstance(declared, property):
         declared = getattr(store, capability, False)
     return declared is True
+
+
+def _finishes(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:
+    """Whether a composed transaction's visits ended in its execution's finalize, decided."""
+    return bool(followed) and followed[-1][0].kind == "finish" and isinstance(followed[-1][1], p.Decision)
 
 
 def _malformed(exc: StoreError) -> str | None:

@@ -227,7 +227,7 @@ class LedgeredStore:
 
     @property
     def composes_claims(self) -> bool:
-        # A step's transaction that claims next, as the store it wraps makes it (PostgreSQL): that claim is
+        # A claim's or step's transaction that claims next, as the store it wraps makes it (PostgreSQL): that claim is
         # a ledger request of its own (_composed), and killed workers and ended backends meet it too.
         return getattr(type(self._store), "composes_claims", False) is True
 
@@ -240,10 +240,13 @@ class LedgeredStore:
         skip: Collection[str] = (),
         **ahead: Any,
     ) -> Composed:
-        # The worker's claim, and the visits composed into its transaction: each its own ledger request.
+        # The worker's claim, and the visits composed into its transaction: each its own ledger request,
+        # and so is a claim offered after its finalize.
+        then = ahead.get("next_claim")
         return self._composed(
             "claim", None, (request.worker_id, request.lease_token, None), (), plan=plan,
             call=lambda planner: self._store.claim_and_visit(request, planner, business_id=business_id, skip=skip, **ahead),
+            claim_after=None if then is None or not self.composes_claims else then.request,
         )
 
     def record_step_and_visit(

@@ -1,0 +1,295 @@
+"""A claim's transaction that finalizes its execution claims the worker's next one, on PostgreSQL.
+
+specs/protocol.md, "Composed decisions": after a finalize the same worker's
+claim of another execution, and that claim's visits, may join the
+transaction, each under its own guard; a claim's transaction is one such
+chain as much as a step's is (the model checker's composed configurations
+reach claim, finalize, claim, finalize).  A worker whose last claim finished
+its execution in the claim's own transaction (one-node work) offers its next
+claim the claim after (``NextClaim.request``); the PostgreSQL store then locks
+two candidates with the claim's one locking read (``SKIP LOCKED``) and reads
+both executions' evidence behind it, so the second claim costs no exchange of
+its own, and two executions commit with one ``COMMIT``.  What these tests
+prove:
+
+- a draining pass of one-node executions claims them two to a transaction,
+  each claim with its own token, and every view the store made is what the
+  database reads (``verify_views``, on for every PostgreSQL test);
+- the first claim of a worker, and any claim after one whose execution went
+  on to a handler, offers nothing: two-node work never locks a candidate it
+  cannot use;
+- a second candidate the claimed execution does not finalize before is left
+  eligible, its lock gone with the ``COMMIT``; one another transaction holds is
+  passed over; one whose row is malformed is not claimed there, and the
+  worker's own next claim passes over it as always;
+- an execution claimed second whose next visit calls a handler commits its
+  Command's intent in that transaction, and the pass calls the handler, once;
+- an answer lost after such a transaction committed leaves nothing behind:
+  the next pass finds the second claim under its offered token, its
+  Command's handler called, never reconciled; an interruption there hands
+  back nothing whose Command may run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.postgres_store import PostgresStore
+from fencekeeper.adapters.store import (
+    Composed,
+    NextClaim,
+    NextVisit,
+    Planner,
+    StoreError,
+    TransactionalStore,
+    VisitView,
+)
+from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE, counting
+from fencekeeper.adapters.worker import Worker
+from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+from fencekeeper.kernel.definition import parse_definition
+from fencekeeper.kernel.machines import ExecutionState
+
+BUSINESS = "b-1"
+PRINCIPAL = "user:operator"
+POLICY = examples.grants(BUSINESS, PRINCIPAL)
+
+
+class _Counts:
+    """A handler that succeeds and counts its calls per Command."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def execute(self, command: i.Command) -> i.CommandResult:
+        self.calls[command.execution_id] = self.calls.get(command.execution_id, 0) + 1
+        return i.CommandResult(i.CommandStatus.SUCCEEDED)
+
+    def reconcile(self, command: i.Command) -> i.CommandResult:
+        raise AssertionError("a Command whose handler was never called is called, not reconciled")
+
+
+class _Watched(PostgresStore):
+    """The store, keeping what each claim's transaction was offered and what it made; optionally failing once after it."""
+
+    offered: list[NextClaim | None]
+    made: list[Composed]
+    fail_after: BaseException | None = None
+    unplanned: frozenset[str] = frozenset()
+    """Executions whose visits the planner leaves to the worker (it plans none in the transaction)."""
+
+    def claim_and_visit(
+        self, request: p.ClaimRequest, plan: Planner, *args: Any, next_claim: NextClaim | None = None, **kwargs: Any
+    ) -> Composed:
+        def planner(view: VisitView, now: datetime, credential: p.LeaseCredential) -> NextVisit | None:
+            return None if view.execution.execution_id in self.unplanned else plan(view, now, credential)
+
+        self.offered.append(next_claim)
+        composed = super().claim_and_visit(request, planner, *args, next_claim=next_claim, **kwargs)
+        self.made.append(composed)
+        failing, self.fail_after = self.fail_after, None
+        if failing is not None and composed.then is not None:
+            # Committed, and the answer lost on its way back (or the process interrupted there).
+            raise failing
+        return composed
+
+
+@pytest.fixture
+def store(pg_dsn: str, pg_schema: str) -> Iterator[_Watched]:
+    watched = _Watched(pg_dsn, schema=pg_schema, pool_size=2)
+    watched.offered, watched.made = [], []
+    for text in (ONE_NODE, TWO_NODE):
+        service.register(watched, parse_definition(text), BUSINESS, PRINCIPAL, POLICY)
+    try:
+        yield watched
+    finally:
+        watched.close()
+
+
+def _admit(store: TransactionalStore, *workflows: str) -> list[str]:
+    """One execution of each of ``workflows``, admitted in that order: the claims' order."""
+    admitted = []
+    for n, workflow in enumerate(workflows):
+        outcome = service.run(
+            store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id=workflow,
+            input={"order_id": f"o-{n}"} if workflow == "two-node" else {},
+        )
+        assert isinstance(outcome, p.Decision) and outcome.execution is not None, outcome
+        admitted.append(outcome.execution.execution_id)
+    return admitted
+
+
+def _worker(store: TransactionalStore, handler: _Counts, **kwargs: Any) -> Worker:
+    # A process clock that stands still: a loaded machine must not end the pass's timer interval early.
+    kwargs.setdefault("monotonic", lambda: 0.0)
+    return Worker(store, "w-1", POLICY, handler, business_id=BUSINESS, **kwargs)
+
+
+def _state(store: TransactionalStore, execution_id: str) -> ExecutionState:
+    view = store.read_for_visit(execution_id)
+    assert view is not None
+    return view.execution.state
+
+
+def _offers(store: _Watched) -> list[bool]:
+    return [offer is not None and offer.request is not None for offer in store.offered]
+
+
+def _warmed(store: _Watched, handler: _Counts) -> Worker:
+    """A worker whose last claim finished its one-node execution in the claim's transaction: it offers next."""
+    (warm,) = _admit(store, "one-node")
+    worker = _worker(store, handler)
+    assert worker.run_pass(max_claims=1).claimed == [warm]
+    store.offered.clear()
+    store.made.clear()
+    return worker
+
+
+def test_a_draining_pass_claims_one_node_executions_two_to_a_transaction(store: _Watched) -> None:
+    admitted = _admit(store, *["one-node"] * 5)
+    worker = _worker(store, _Counts())
+    with counting(store) as tally:
+        report = worker.run_pass()
+        worker.drop_read_ahead()
+    assert report.claimed == admitted and report.finished == {"succeeded": 5}
+    assert all(_state(store, x) == ExecutionState.SUCCEEDED for x in admitted)
+    # The first claim offers nothing (nothing yet says the work is one-node); then each claim does, and
+    # claims the next after its finalize: 1, 2 and 3, 4 and 5, and the claim that finds nothing.
+    assert _offers(store) == [False, True, True, True]
+    assert tally.write_transactions == 4
+    for offer, made in zip(store.offered[1:3], store.made[1:3], strict=True):
+        assert offer is not None and offer.request is not None
+        then = made.then
+        assert then is not None and isinstance(then.outcome, p.Decision) and then.outcome.lease is not None
+        # Claimed with the token offered, a fence of its own, and finalized in the same transaction.
+        assert then.outcome.lease.lease_token == offer.request.lease_token
+        assert [visit.kind for visit, _ in then.followed] == ["finish"]
+    assert store.made[3].outcome is None and store.made[3].then is None
+
+
+def test_two_node_work_offers_nothing_with_its_claims(store: _Watched) -> None:
+    admitted = _admit(store, *["two-node"] * 3)
+    handler = _Counts()
+    report = _worker(store, handler).run_pass()
+    assert report.claimed == admitted and handler.calls == dict.fromkeys(admitted, 1)
+    # Its steps claim next (tests/postgres/test_claim_after_finalize.py); its claims lock one candidate.
+    assert not any(_offers(store))
+
+
+def test_a_second_candidate_the_claimed_execution_does_not_finalize_before_is_left_to_the_next_claim(
+    store: _Watched,
+) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    command, after = _admit(store, "two-node", "one-node")
+    report = worker.run_pass(max_claims=2)
+    # Offered (the last claim finished its execution), the claim's execution went on to its handler: the
+    # second candidate, locked by the claim's read, was not claimed, and its lock went with the COMMIT,
+    # so the step's own claim after its finalize (SKIP LOCKED) found it.
+    assert _offers(store) == [True] and store.made[0].then is None
+    assert report.claimed == [command, after] and handler.calls == {command: 1}
+    assert [_state(store, x) for x in (command, after)] == [ExecutionState.SUCCEEDED] * 2
+
+
+def test_an_execution_claimed_second_commits_its_commands_intent_and_is_driven_next(store: _Watched) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, second = _admit(store, "one-node", "two-node")
+    report = worker.run_pass(max_claims=2)
+    assert report.claimed == [first, second]
+    then = store.made[0].then
+    assert then is not None and [visit.kind for visit, _ in then.followed] == ["intent"]
+    assert [_state(store, x) for x in (first, second)] == [ExecutionState.SUCCEEDED] * 2
+    assert handler.calls == {second: 1}
+
+
+def test_a_second_candidate_another_transaction_holds_is_passed_over(
+    store: _Watched, pg_dsn: str, pg_schema: str
+) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, held, third = _admit(store, *["one-node"] * 3)
+    with psycopg.connect(pg_dsn) as other:
+        other.execute(f"SELECT 1 FROM {pg_schema}.workflow_dispatch WHERE workflow_execution_id = %s FOR UPDATE", (held,))
+        report = worker.run_pass(max_claims=2)
+        worker.drop_read_ahead()
+        # The claim never waited for the row: it locked the next one instead, and claimed it after the first.
+        assert report.claimed == [first, third]
+        then = store.made[0].then
+        assert then is not None and isinstance(then.outcome, p.Decision) and then.outcome.execution is not None
+        assert then.outcome.execution.execution_id == third
+        assert _state(store, held) == ExecutionState.ELIGIBLE
+    assert _worker(store, handler).run_pass(max_claims=1).claimed == [held]
+
+
+def test_a_malformed_second_candidate_is_not_claimed_and_is_passed_over_after(
+    store: _Watched, pg_dsn: str, pg_schema: str
+) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, damaged, third = _admit(store, *["one-node"] * 3)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {pg_schema}.objects SET revision = 99 WHERE object_id = %s", (damaged,))
+    report = worker.run_pass()
+    worker.drop_read_ahead()
+    # Claimed first with the damaged row locked behind it: nothing was made of that row there.  The
+    # worker's next claim met it at the head of the queue and passed over it, as any claim does.
+    assert store.made[0].then is None
+    assert report.claimed == [first, third] and [r.execution_id for r in report.malformed] == [damaged]
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(f"SELECT revision FROM {pg_schema}.objects WHERE object_id = %s", (damaged,)).fetchone()
+    assert row == (99,)
+
+
+def test_a_lost_answer_after_the_claim_leaves_the_second_claim_to_the_next_pass(store: _Watched) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, second = _admit(store, "one-node", "two-node")
+    store.fail_after = StoreError("store_unavailable", "the answer was lost")
+    with pytest.raises(StoreError):
+        worker.run_pass(max_claims=2)
+    assert worker.holds_unfinished()
+    assert _state(store, first) == ExecutionState.SUCCEEDED and _state(store, second) == ExecutionState.RUNNING
+    report = worker.run_pass(max_claims=0)
+    # The first claim's token names no running execution (it finished); the second's is taken up, and its
+    # Command's handler called (its intent kept, never reconciled), once.
+    assert report.claimed == [second] and not worker.holds_unfinished()
+    assert _state(store, second) == ExecutionState.SUCCEEDED
+    assert handler.calls == {second: 1}
+
+
+def test_an_interruption_after_the_claim_hands_back_nothing_whose_command_may_run(store: _Watched) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, second = _admit(store, "one-node", "two-node")
+    store.fail_after = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_pass(max_claims=2)
+    # The second execution's intent committed: released, another worker would plan it again without
+    # knowing whether the Command ran.  Its lease runs out into review instead, as after any such claim.
+    view = store.read_for_visit(second)
+    assert view is not None and view.execution.state == ExecutionState.RUNNING
+    assert view.dispatch.leased_by == "w-1" and _state(store, first) == ExecutionState.SUCCEEDED
+    assert handler.calls == {}
+
+
+def test_an_interruption_after_the_claim_hands_back_a_second_claim_that_issued_nothing(store: _Watched) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, second = _admit(store, "one-node", "one-node")
+    # The second claim's visits are left to the worker (none planned in the transaction), and the
+    # interruption lands before it drives them: its lease is handed back, not left to expire into review.
+    store.unplanned = frozenset({second})
+    store.fail_after = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_pass(max_claims=2)
+    assert _state(store, first) == ExecutionState.SUCCEEDED
+    view = store.read_for_visit(second)
+    assert view is not None and view.execution.state == ExecutionState.ELIGIBLE and view.dispatch.leased_by is None
