@@ -2364,9 +2364,10 @@ class _PostgresBackend(SqlBackend):
             return self._send_kept(statements, commit=True, notify=notify, ahead=ahead)
         assert kept is not None
         try:
-            _run(self.conn, kept.statement, kept.params, commit=True, then=notify)
+            # The COMMIT in the statement's pipeline segment, behind one sync (as a chain's): skipped if the
+            # statement fails, which leaves the transaction aborted for the connection's context to roll back.
+            _run_kept(self.conn, [(kept.statement, kept.params)], commit=True, then=notify)
         except self.dialect.integrity_errors as exc:
-            # Rolled back on the server already: the COMMIT behind the failed statement ended it.
             if kept.guarded:
                 raise _KeptWriteFailed from None
             self._write_conflict(kept.decision, kept.evidence, exc)
