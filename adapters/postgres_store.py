@@ -59,10 +59,11 @@ Rules of this module:
   on rows read before any write was kept, and each execution's kept
   writes go as a statement of its own with the one ``COMMIT``
   (``next_claimed_after``, ``_closed_chains``).  A claim's transaction
-  offered the same makes it the same way: its one locking read locks two
-  candidates (``claim_sql``'s ``pair``) and its evidence read brings both
-  executions' evidence; the second is the claim after the finalize's
-  candidate, and is only locked, never written, unless that claim is made.
+  offered the same makes it the same way, for each claim offered: its one
+  locking read locks that many candidates more (``claim_sql``'s
+  ``candidates``) and its evidence read brings every one's evidence; each
+  after the first is the candidate of a claim after a finalize, and is only
+  locked, never written, unless that claim is made.
 - Authoritative time is the database's ``clock_timestamp()``, read once per
   transaction *after* the row locks are held, by the statement that takes
   them (its outer query reads the time from the row the lock returned):
@@ -1355,8 +1356,8 @@ class _Parked:
     evidence: _Rows
     at: float
     """When it was read (the process clock): one kept too long is not used (``_claim_transaction``)."""
-    pair: bool = False
-    """Whether it locked two candidates (:func:`claim_sql`'s ``pair``): the second is the claim after the finalize's."""
+    candidates: int = 1
+    """How many candidates it locked at most (:func:`claim_sql`): those after the first are the claims after finalizes'."""
 
 
 @attrs.frozen
@@ -1365,7 +1366,7 @@ class _Ahead:
 
     statements: tuple[tuple[str, Sequence[object]], tuple[str, Sequence[object]]]
     preface: bytes | None
-    pair: bool = False
+    candidates: int = 1
 
 
 def _ahead_count(ahead: _Ahead | None) -> int:
@@ -1626,7 +1627,7 @@ ever committed) and lets the rest of the deployment go on."""
 
 
 @functools.cache
-def claim_sql(bound: str, *, scoped: bool, skipping: bool = False, pair: bool = False) -> str:
+def claim_sql(bound: str, *, scoped: bool, skipping: bool = False, candidates: int = 1) -> str:
     """The claim's locking read: the first eligible execution due at ``bound``, of one business if ``scoped``.
 
     It also names the execution it locked in the transaction's setting
@@ -1637,25 +1638,26 @@ def claim_sql(bound: str, *, scoped: bool, skipping: bool = False, pair: bool = 
     passes some over, so that every other claim is the statement it always
     was (no parameter to send, no condition to test on each row).
 
-    ``pair`` locks the first two, for a claim that offers the claim after
-    its finalize (``NextClaim.request``): the second is that claim's
-    candidate.  It names both, as an array, in ``fencekeeper.claimed_pair``
-    (:data:`_CLAIMED_PAIR_EVIDENCE_SQL`).  The array is a window aggregate
+    ``candidates`` more than one locks the first that many, for a claim
+    that offers claims after its finalize (``NextClaim.request`` and
+    ``more``): each after the first is the candidate of the next such
+    claim.  It names them all, as an array, in ``fencekeeper.claimed_ids``
+    (:data:`_CLAIMED_ALL_EVIDENCE_SQL`).  The array is a window aggregate
     over the locked rows, so every row is locked before the first is
-    returned, and the time each row reads comes after both locks are held.
+    returned, and the time each row reads comes after every lock is held.
     """
     return _locking_read(
         f"WHERE d.dispatch_state = 'eligible' AND d.eligible_at <= {bound} "
         + ("AND o.business_id = ? " if scoped else "")
         + ("AND d.workflow_execution_id <> ALL(?::text[]) " if skipping else "")
-        + f"ORDER BY d.eligible_at, d.workflow_execution_id LIMIT {2 if pair else 1} FOR UPDATE OF o, d SKIP LOCKED",
+        + f"ORDER BY d.eligible_at, d.workflow_execution_id LIMIT {candidates} FOR UPDATE OF o, d SKIP LOCKED",
         also=(
-            ", set_config('fencekeeper.claimed_pair', (array_agg(c.object_id) OVER ())::text, true)"
-            if pair
+            ", set_config('fencekeeper.claimed_ids', (array_agg(c.object_id) OVER ())::text, true)"
+            if candidates > 1
             else ", set_config('fencekeeper.claimed', c.object_id, true)"
         ),
-        # The claim's order, said again: the first row is the claim's candidate, the second the next one's.
-        order=" ORDER BY c.eligible_at, c.object_id" if pair else "",
+        # The claim's order, said again: the first row is the claim's candidate, each next one the next claim's.
+        order=" ORDER BY c.eligible_at, c.object_id" if candidates > 1 else "",
     )
 
 
@@ -1711,12 +1713,12 @@ the claim's write did.  The setting is local to the transaction, and read
 only when the claim found an execution (else it is an earlier claim's, or
 empty, and the rows are not used)."""
 
-_CLAIMED_PAIR_EVIDENCE_SQL = (
+_CLAIMED_ALL_EVIDENCE_SQL = (
     _EVIDENCE_COLUMNS.replace("o.state FROM", "o.state, o.parent_id FROM")
-    + "WHERE o.parent_id = ANY(NULLIF(current_setting('fencekeeper.claimed_pair', true), '')::text[]) ORDER BY o.{seq}"
+    + "WHERE o.parent_id = ANY(NULLIF(current_setting('fencekeeper.claimed_ids', true), '')::text[]) ORDER BY o.{seq}"
 )
-"""The current evidence of both executions a ``pair`` claim (:func:`claim_sql`) has just locked, each row
-naming its execution last.  A setting of its own, so that it is never another claim's single id; empty or
+"""The current evidence of every execution a claim of several ``candidates`` (:func:`claim_sql`) has just
+locked, each row naming its execution last.  A setting of its own, so that it is never another claim's single id; empty or
 unset (the claim found nothing), it reads no row rather than failing to parse."""
 
 _LOCKED_EVIDENCE_SQL = _EVIDENCE_COLUMNS + "WHERE o.parent_id = ? ORDER BY o.{seq}"
@@ -1783,9 +1785,9 @@ class _PostgresBackend(SqlBackend):
         # The chains of executions finalized before a claim after them (claim_after) began another:
         # sent with it, each its own statement.
         self._closed_chains: list[list[_Link]] = []
-        # The candidate of claim_after, locked by the transaction's first exchange, and its evidence;
-        # and whether the claim of it, made, begins a chain of its own.
-        self._pre_claim: tuple[_Rows, _Rows] | None = None
+        # The candidates of claim_after, in order, locked by the transaction's first exchange, each with
+        # its evidence; and whether the claim of the next, made, begins a chain of its own.
+        self._pre_claim: list[tuple[_Rows, _Rows]] = []
         self._opens_chain = False
         # Where _batch puts the statements it builds for the chain, instead of running them.
         self._building: list[_Kept] | None = None
@@ -2067,7 +2069,7 @@ class _PostgresBackend(SqlBackend):
                 results = _run_many(self.conn, statements, begin=self._opening(), preface=preface)
                 rows, found = results[0], results[1]
                 if after is not None:
-                    self._pre_claim = (results[2], results[3])
+                    self._pre_claim = [(results[2], results[3])]
                 row = rows.fetchone()
             else:
                 row = self._execute(_LOCK_SQL, (execution_id, EXECUTION_TYPE)).fetchone()
@@ -2117,7 +2119,7 @@ class _PostgresBackend(SqlBackend):
         return _aware(moment)
 
     def _claim(
-        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object, pair: bool = False
+        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object, candidates: int = 1
     ) -> tuple[str | None, Any]:
         # eligible_at, workflow_execution_id order through the partial index
         # of eligible rows, up to ``bound``; locked rows are skipped, never
@@ -2125,17 +2127,19 @@ class _PostgresBackend(SqlBackend):
         # one statement with "(? IS NULL OR business_id = ?)" costs the
         # planner more as a generic plan than as a custom one, so PostgreSQL
         # planned it again on every claim.
-        sql, params, preface = self._claim_statement(bound, business_id, skip, *values, pair=pair)
+        sql, params, preface = self._claim_statement(bound, business_id, skip, *values, candidates=candidates)
         self._nothing_kept()
         self._flush_pending()
         parked, self._parked = self._parked, None
         if parked is not None and parked.statement == (
-            (sql, params) if parked.pair == pair else self._claim_statement(bound, business_id, skip, *values, pair=parked.pair)[:2]
+            (sql, params)
+            if parked.candidates == candidates
+            else self._claim_statement(bound, business_id, skip, *values, candidates=parked.candidates)[:2]
         ):
             # Read ahead behind the COMMIT of this worker's transaction before (NextClaim): this
-            # transaction began with it, and holds what it locked, one candidate or two, whichever
-            # this claim would have read.
-            return self._claimed(parked.rows, parked.evidence if self._views_kept() else None, parked.pair)
+            # transaction began with it, and holds what it locked, however many candidates this claim
+            # would have read.
+            return self._claimed(parked.rows, parked.evidence if self._views_kept() else None, parked.candidates)
         if not self._views_kept():
             row = _run(self.conn, sql, params, begin=self._opening(), preface=preface).fetchone()
             return self._remember(row), row
@@ -2144,32 +2148,33 @@ class _PostgresBackend(SqlBackend):
         rows, evidence = _run_pair(
             self.conn,
             (sql, params),
-            (self._sql(_CLAIMED_PAIR_EVIDENCE_SQL if pair else _CLAIMED_EVIDENCE_SQL), ()),
+            (self._sql(_CLAIMED_ALL_EVIDENCE_SQL if candidates > 1 else _CLAIMED_EVIDENCE_SQL), ()),
             begin=self._opening(),
             preface=preface,
         )
-        return self._claimed(rows, evidence, pair)
+        return self._claimed(rows, evidence, candidates)
 
-    def _claimed(self, rows: _Rows, evidence: _Rows | None, pair: bool) -> tuple[str | None, Any]:
+    def _claimed(self, rows: _Rows, evidence: _Rows | None, candidates: int) -> tuple[str | None, Any]:
         """The claim's candidate, from its locking read and the read of its evidence.
 
-        Of a ``pair`` read (:func:`claim_sql`), the first row is; the second,
-        with its own evidence, is the candidate of the claim after the
-        finalize (:meth:`next_claimed_after`).  Unused, it stays locked until
-        the transaction ends, and is claimed by whoever comes next.
+        Of a read of several ``candidates`` (:func:`claim_sql`), the first
+        row is; each next one, with its own evidence, is the candidate of the
+        next claim after a finalize (:meth:`next_claimed_after`).  Unused, it
+        stays locked until the transaction ends, and is claimed by whoever
+        comes next.
         """
-        if not pair:
+        if candidates == 1:
             row = rows.fetchone()
             return self._remember(row, evidence), row
         if not rows.rows:
             return None, None
         first, *rest = rows.rows
-        if rest and evidence is not None:
-            self._pre_claim = (_Rows(rest[:1], 1), _evidence_of(evidence, rest[0][9]))
+        if evidence is not None:
+            self._pre_claim = [(_Rows([row], 1), _evidence_of(evidence, row[9])) for row in rest]
         return self._remember(first, None if evidence is None else _evidence_of(evidence, first[9])), first
 
     def _claim_statement(
-        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object, pair: bool = False
+        self, bound: str, business_id: str | None, skip: frozenset[str], *values: object, candidates: int = 1
     ) -> tuple[str, tuple[object, ...], bytes | None]:
         """A claim's locking read: its text, its values and the preface its exchange carries."""
         scope = business_id if business_id is not None else self.business_id
@@ -2177,11 +2182,11 @@ class _PostgresBackend(SqlBackend):
             values = (*values, scope)
         if skip:
             values = (*values, sorted(skip))
-        sql = claim_sql(bound, scoped=scope is not None, skipping=bool(skip), pair=pair)
+        sql = claim_sql(bound, scoped=scope is not None, skipping=bool(skip), candidates=candidates)
         return self._sql(sql), values, _CLAIM_PLANNING if scope is not None else None
 
-    def _pairs(self) -> bool:
-        """Whether a claim's locking read may lock two candidates, the second for the claim after its finalize.
+    def _chains(self) -> bool:
+        """Whether a claim's locking read may lock several candidates, those after the first for claims after finalizes.
 
         Only where that claim can be made with nothing sent before it: the
         database's time, and views made from kept writes (as ``lock_for_visit``).
@@ -2197,8 +2202,9 @@ class _PostgresBackend(SqlBackend):
         # than that time, because the index can only be searched up to a
         # value that stays the same during the scan (clock_timestamp() would
         # be a filter on every eligible row, due or not).
-        offered = self.claim_after is not None and self.claim_after.request is not None
-        execution_id, row = self._claim("statement_timestamp()", business_id, skip, pair=offered and self._pairs())
+        after = self.claim_after
+        candidates = 2 + len(after.more) if after is not None and after.request is not None and self._chains() else 1
+        execution_id, row = self._claim("statement_timestamp()", business_id, skip, candidates=candidates)
         if row is None:
             # Nothing due: a claim at the time read next finds nothing either.
             moment = self.now(clock)
@@ -2231,7 +2237,7 @@ class _PostgresBackend(SqlBackend):
         return super().append_objects(execution_id, evidence, now)
 
     def next_claimed_after(self) -> str | None:
-        found, self._pre_claim = self._pre_claim, None
+        found = self._pre_claim.pop(0) if self._pre_claim else None
         row = None if found is None else found[0].fetchone()
         if found is None or row is None:
             return None
@@ -2382,14 +2388,16 @@ class _PostgresBackend(SqlBackend):
     def ahead_of(self, claim: NextClaim) -> _Ahead:
         """The statements of ``claim``'s locking read, as :meth:`claim_time` sends them, to read it ahead.
 
-        Two candidates when ``claim.pairs`` (the worker will offer it the claim
-        after its finalize), where that claim could be made (:meth:`_pairs`);
-        the claim uses whichever read it finds.
+        ``claim.chain`` candidates (the claims the worker will offer its next
+        claim after its finalize, and its own), where those claims could be made
+        (:meth:`_chains`); the claim uses whichever read it finds.
         """
-        pair = claim.pairs and self._pairs()
-        sql, values, preface = self._claim_statement("statement_timestamp()", claim.business_id, claim.skip, pair=pair)
-        evidence = _CLAIMED_PAIR_EVIDENCE_SQL if pair else _CLAIMED_EVIDENCE_SQL
-        return _Ahead(((sql, values), (self._sql(evidence), ())), preface, pair)
+        candidates = claim.chain if self._chains() else 1
+        sql, values, preface = self._claim_statement(
+            "statement_timestamp()", claim.business_id, claim.skip, candidates=candidates
+        )
+        evidence = _CLAIMED_ALL_EVIDENCE_SQL if candidates > 1 else _CLAIMED_EVIDENCE_SQL
+        return _Ahead(((sql, values), (self._sql(evidence), ())), preface, candidates)
 
     def read_ahead_with(self, parked: _Parked) -> None:
         """Claim from what ``parked`` read ahead, in its transaction: the next claim's locking read is not sent again."""
@@ -2403,7 +2411,7 @@ discards the connection; the request fails as ``store_unavailable``, which calle
 
 
 def _evidence_of(evidence: _Rows, execution_id: str) -> _Rows:
-    """The rows of a pair claim's evidence read (:data:`_CLAIMED_PAIR_EVIDENCE_SQL`) that belong to ``execution_id``, in order."""
+    """The rows of a claim's evidence read of several candidates (:data:`_CLAIMED_ALL_EVIDENCE_SQL`) that belong to ``execution_id``, in order."""
     rows = [row for row in evidence.rows if row[5] == execution_id]
     return _Rows(rows, len(rows))
 
@@ -2642,7 +2650,7 @@ class PostgresStore(TransactionalStore):
                     conn.close()
             return
         checkout.keep()
-        parked = _Parked(conn, claim, ahead.statements[0], read[0], read[1], time.monotonic(), ahead.pair)
+        parked = _Parked(conn, claim, ahead.statements[0], read[0], read[1], time.monotonic(), ahead.candidates)
         with self._parked_lock:
             stale = self._parked.pop(threading.get_ident(), None)
             self._parked[threading.get_ident()] = parked

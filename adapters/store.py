@@ -323,7 +323,8 @@ class Composed:
     when the last decision finalized it, issued a Command (its handler is next) or was refused."""
     then: Composed | None = None
     """The next execution's claim and its visits, made in the same transaction after this execution's
-    finalize (:attr:`NextClaim.request`, where the store ``composes_claims``); None when none was made."""
+    finalize (:attr:`NextClaim.request`, where the store ``composes_claims``); None when none was made.
+    Its own ``then`` is the claim after its finalize (:attr:`NextClaim.more`), and so on."""
 
 
 MAX_COMPOSED = 16
@@ -473,18 +474,23 @@ class NextClaim:
     that claim in the same transaction instead, after the finalize, with
     ``request``'s lease token, and the claimed execution's visits after it
     (:attr:`Composed.then`; specs/protocol.md, "Composed decisions").  Its
-    candidate is read with the transaction's first locking read (a claim's
-    locks two candidates), so the claim costs no exchange of its own.
+    candidate is read with the transaction's first locking read, so the claim
+    costs no exchange of its own.  A claim's transaction makes ``more``
+    claims after that, each after the finalize of the one before, while
+    each finalizes its execution (a step's makes one: it reads one candidate).
     """
 
     business_id: str | None
     skip: frozenset[str] = frozenset()
     request: p.ClaimRequest | None = None
     """The claim to make after the finalize, where the store composes claims; None: read ahead only."""
-    pairs: bool = False
-    """Set by the store on the claim it reads ahead (:attr:`Backend.read_ahead`) when the execution this
-    transaction finalized last was claimed in it too: a worker then offers that next claim a claim after
-    its finalize (:meth:`~fencekeeper.adapters.worker.Worker.run_pass`), so the read locks two candidates."""
+    more: tuple[p.ClaimRequest, ...] = ()
+    """Claims to make after that one's finalize, in order, where the store composes claims (a claim's transaction)."""
+    chain: int = 1
+    """The most executions the worker's next claim takes in its transaction (itself and the claims it will offer
+    after it, :meth:`~fencekeeper.adapters.worker.Worker.run_pass`): a claim read ahead locks that many
+    candidates.  The store reads one instead unless the execution this transaction finalized last was
+    claimed in it too (the worker offers its next claim claims after only then)."""
 
 
 @attrs.frozen
@@ -846,6 +852,13 @@ def _written_then_viewed(
     return view
 
 
+def _last(composed: Composed) -> Composed:
+    """The last execution's part of a composed transaction: ``composed``, or the last claim after its finalize."""
+    while composed.then is not None:
+        composed = composed.then
+    return composed
+
+
 def _finished(composed: Composed) -> bool:
     """Whether ``composed``'s last visit finalized its execution: the holder's lease ends with the transaction."""
     return bool(composed.followed) and composed.followed[-1][0].kind == "finish" and isinstance(
@@ -1174,14 +1187,14 @@ class TransactionalStore(abc.ABC):
             held = outcome.lease if outcome.lease is not None else credential
             assert held is not None
             composed = Composed(outcome, *self._follow(tx, now, view, held, plan))
-            if after is not None and _finished(composed):
-                # The holder's lease ends with the finalize: the same worker's next claim, and its visits.
-                composed = attrs.evolve(composed, then=self._claim_after(tx, now, after, plan))
-            if next_claim is not None and _finished(composed.then or composed):
+            if after is not None and after.request is not None and _finished(composed):
+                # The holder's lease ends with the finalize: the same worker's next claims, and their visits.
+                composed = attrs.evolve(composed, then=self._claims_after(tx, now, (after.request, *after.more), plan))
+            if next_claim is not None and _finished(_last(composed)):
                 # The last lease of this transaction ends with it: its worker claims next, and offers that
-                # claim the one after it when this transaction claimed the execution it finalized last.
-                pairs = self.composes_claims and (claim is not None or composed.then is not None)
-                tx.read_ahead = attrs.evolve(next_claim, pairs=pairs) if pairs else next_claim
+                # claim claims after it only when this transaction claimed the execution it finalized last.
+                chains = self.composes_claims and (claim is not None or composed.then is not None)
+                tx.read_ahead = next_claim if chains or next_claim.chain == 1 else attrs.evolve(next_claim, chain=1)
             return _Written(composed)
 
         composed = self._run(decide, lock=lock, claim=claim, visit=True, claim_after=after)
@@ -1203,19 +1216,38 @@ class TransactionalStore(abc.ABC):
                 break
         return tuple(followed), view
 
-    def _claim_after(self, tx: Backend, now: datetime, after: NextClaim, plan: Planner) -> Composed | None:
-        """The claim of ``after`` on the candidate the transaction's locking read found, and its visits; None: none made.
+    def _claims_after(
+        self, tx: Backend, now: datetime, requests: Sequence[p.ClaimRequest], plan: Planner
+    ) -> Composed | None:
+        """The claims of ``requests`` after a finalize, each made while the one before finalized its execution.
+
+        The first made is returned, each next one as the :attr:`Composed.then` of the one before; None: none made.
+        """
+        made: list[Composed] = []
+        for request in requests:
+            claimed = self._claim_after(tx, now, request, plan)
+            if claimed is None:
+                break
+            made.append(claimed)
+            if not _finished(claimed):
+                break
+        then = None
+        for claimed in reversed(made):
+            then = attrs.evolve(claimed, then=then)
+        return then
+
+    def _claim_after(self, tx: Backend, now: datetime, request: p.ClaimRequest, plan: Planner) -> Composed | None:
+        """The claim of ``request`` on the next candidate the transaction's locking read found, and its visits; None: none made.
 
         A candidate whose rows are malformed, or a claim the kernel refuses,
         makes nothing: the worker's own next claim meets it, as it would have.
         """
-        assert after.request is not None
         try:
             execution_id = tx.next_claimed_after()
             if execution_id is None:
                 return None
             execution, dispatch = tx.load(execution_id)
-            outcome = p.claim(execution, dispatch, after.request, now)
+            outcome = p.claim(execution, dispatch, request, now)
         except p.MalformedSnapshot:
             return None
         except StoreError as exc:

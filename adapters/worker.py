@@ -25,9 +25,10 @@ Rules of this module:
   running.  Where the store composes claims, a step that finalizes its execution may make the pass's next
   claim in its own transaction (offered while the pass would claim again, is not stopping and, in a loop of
   one-claim passes, for ``timer_interval``); the pass drives that execution next, as its own claim.  So may
-  a claim whose transaction finalizes its execution, offered on the same terms, and only while the last
+  a claim whose transaction finalizes its execution, up to :data:`CLAIMS_PER_TRANSACTION` executions in all,
+  each claimed after the one before finalized, offered on the same terms, and only while the last
   execution this worker claimed was finalized in its claim's transaction too (otherwise the offer would
-  lock a second candidate for nothing).  One node
+  lock candidates for nothing).  One node
   visit is one step; renewal is not a step.  At 100
   steps the interpreter suspends the execution with reason ``step_limit``;
   nothing here resets the count or creates another execution.
@@ -144,6 +145,17 @@ Each is a thread of one Python process sharing one interpreter lock and the
 store's connections (``--concurrency`` + 1 to PostgreSQL, whose default
 ``max_connections`` is 100; SQLite serializes every write anyway): beyond a
 few dozen, threads only queue for those.  Run more processes instead."""
+
+CLAIMS_PER_TRANSACTION: Final = 4
+"""The most executions one claim's transaction takes, where the store composes claims: the claim, and
+the claims it is offered to make after its finalize, each after the one before finalized its execution.
+
+Each one after the first saves its own transaction (BEGIN, COMMIT, an exchange, the claim's reads):
+about three quarters of a one-node execution's work on PostgreSQL.  Offered only while the worker's
+last claim was finalized in its claim's transaction, so two-node work never locks candidates for
+nothing; each one made is a claim of the pass, within its ``max_claims``, but for a caller that
+``continues``, whose pass may claim up to three more.  Four keeps a transaction's row locks brief (its
+executions call no handler) and leaves the rest of the queue to the other workers."""
 
 
 MALFORMED_PAUSE_LIMIT: Final = timedelta(hours=1)
@@ -349,13 +361,14 @@ class _Bookkeeping:
         self.offered: p.ClaimRequest | None = None
         """The claim offered to the step's transaction in flight, to make after its finalize (a store that
         ``composes_claims``): an interruption or a lost answer there may have committed it."""
-        self.chained: tuple[Composed, p.ClaimRequest] | None = None
-        """The claim a step's transaction made after its finalize, and its visits: the pass drives it next."""
-        self.unfinished_claim: str | None = None
-        """The lease token of such a claim whose answer was lost: taken up after :attr:`unfinished`."""
+        self.chained: list[tuple[Composed, p.ClaimRequest]] = []
+        """The claims a transaction made after a finalize, and their visits, each with the request offered for
+        it, in order: the pass drives them next."""
+        self.unfinished_claim: list[str] = []
+        """The lease tokens of such claims whose answer was lost, in order: taken up after :attr:`unfinished`."""
         self.claims_finish: bool = False
         """Whether the last execution this worker claimed was finalized in its claim's transaction: its next
-        claim is then offered the claim after, where the store composes claims (one-node work, say)."""
+        claim is then offered claims after, where the store composes claims (one-node work, say)."""
         self.compose_until: float = 0.0
         """Until when (the process clock) a pass that ``continues`` lets a step's transaction claim next:
         its timer_interval, after which the next pass looks at due timers."""
@@ -507,7 +520,7 @@ class Worker:
             # The claim after this one, when there will be one: a store that reads ahead may send its locking
             # read with the COMMIT that finishes this execution (NextClaim).  A hint, never a decision.
             then = (
-                NextClaim(self.business_id, skip)
+                NextClaim(self.business_id, skip, chain=CLAIMS_PER_TRANSACTION)
                 if reads_ahead and (continues or max_claims is None or len(report.claimed) + 1 < max_claims)
                 else None
             )
@@ -517,33 +530,38 @@ class Worker:
                 chained = None
             else:
                 request = p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
-                offered = self._offer(then) if self._at.claims_finish else None
+                # As many as the pass would claim besides this one: all it may, for a caller that continues.
+                room = CLAIMS_PER_TRANSACTION - 1
+                if max_claims is not None and not continues:
+                    room = min(room, max_claims - len(report.claimed) - 1)
+                offered = self._offers(then, room) if self._at.claims_finish else ()
                 try:
                     # ``skip`` only while there is something to pass over: a store that wraps another
                     # (a ledger, a proxy) and predates it is then called exactly as before; ``next_claim``
                     # only to a store that reads ahead.
                     extra: dict[str, Any] = {"skip": skip} if skip else {}
                     if then is not None:
-                        extra["next_claim"] = then if offered is None else attrs.evolve(then, request=offered)
+                        extra["next_claim"] = (
+                            attrs.evolve(then, request=offered[0], more=offered[1:]) if offered else then
+                        )
                     composed = self.store.claim_and_visit(
                         request, self._plan_next, business_id=self.business_id, **extra
                     )
                 except (KeyboardInterrupt, SystemExit) as exc:
                     # Inside the claim: its transaction may have committed, and only the store knows what
-                    # it claimed, and claimed after its finalize.  Looked up by the tokens asked for.
+                    # it claimed, and claimed after its finalizes.  Looked up by the tokens asked for.
                     try:
-                        self._let_go_of_claim(request, exc)
-                        if offered is not None:
-                            self._let_go_of_claim(offered, exc)
+                        for made in (request, *offered):
+                            self._let_go_of_claim(made, exc)
                     finally:
                         self._at.holding = None
                     raise
                 except StoreError as exc:
                     if exc.code in RETRYABLE_STORE_CODES:
                         # The claim may have committed: the next pass asks the store what runs under its
-                        # token, and then under the token of the claim offered after its finalize.
+                        # token, and then under the tokens of the claims offered after its finalizes.
                         self._at.unfinished = _Unfinished(request.lease_token)
-                        self._at.unfinished_claim = None if offered is None else offered.lease_token
+                        self._at.unfinished_claim = [made.lease_token for made in offered]
                         self._carry(report, exc)
                         raise
                     # The claim met a damaged row at the head of the queue and wrote nothing; claimed
@@ -555,9 +573,9 @@ class Worker:
                     self._pass_over(passed, exc.message, report)
                     skip = skip | {passed}
                     continue
-                if composed.then is not None and offered is not None:
-                    # Claimed after this claim's finalize, its visits committed with it: driven next.
-                    self._at.chained = (composed.then, offered)
+                # Claimed after this claim's finalize, each after the one before's, their visits committed
+                # with it: driven next, in order.
+                self._at.chained.extend(zip(_chained_claims(composed), offered, strict=False))
             outcome = composed.outcome
             if outcome is None:
                 if not looked:
@@ -602,12 +620,12 @@ class Worker:
                 finally:
                     self._at.next_claim = None
             except BaseException:
-                leftover, self._at.chained = self._at.chained, None
-                if leftover is not None:
-                    # Claimed by a step this visit committed, and not driven: a next pass takes it up.
-                    self._at.unfinished_claim = leftover[1].lease_token
+                leftover, self._at.chained = self._at.chained, []
+                # Claimed by a transaction this visit committed, or the claim's, and not driven: a next pass
+                # takes each up.
+                self._at.unfinished_claim.extend(made.lease_token for _, made in leftover)
                 raise
-            chained, self._at.chained = self._at.chained, None
+            chained = self._at.chained.pop(0) if self._at.chained else None
             if chained is not None:
                 # Claimed already: driven even by a stopping worker, whose hook hands it back after its visit.
                 continue
@@ -631,17 +649,17 @@ class Worker:
         """
         # A pass a lost connection ended hands on what it did, so that nothing it did goes uncounted.
         report, self._at.carried = self._at.carried or PassReport(), None
-        if self._at.unfinished is None and self._at.unfinished_claim is not None:
-            # The claim a step's transaction made after its finalize: only its token is known.
-            self._at.unfinished, self._at.unfinished_claim = _Unfinished(self._at.unfinished_claim), None
+        if self._at.unfinished is None and self._at.unfinished_claim:
+            # A claim a transaction made after a finalize: only its token is known.
+            self._at.unfinished = _Unfinished(self._at.unfinished_claim.pop(0))
         while self._at.unfinished is not None:
             try:
                 self._take_up(report)
             except StoreError as exc:
                 self._carry(report, exc)
                 raise
-            if self._at.unfinished is None and self._at.unfinished_claim is not None:
-                self._at.unfinished, self._at.unfinished_claim = _Unfinished(self._at.unfinished_claim), None
+            if self._at.unfinished is None and self._at.unfinished_claim:
+                self._at.unfinished = _Unfinished(self._at.unfinished_claim.pop(0))
         return report
 
     def take_up_before_stop(self, sleep: Callable[[float], None] = time.sleep) -> PassReport | None:
@@ -658,7 +676,7 @@ class Worker:
 
     def _carry(self, report: PassReport, exc: StoreError) -> None:
         """Keep ``report`` for the next pass when ``exc`` left a lease to take up there."""
-        if exc.code in RETRYABLE_STORE_CODES and (self._at.unfinished is not None or self._at.unfinished_claim is not None):
+        if exc.code in RETRYABLE_STORE_CODES and (self._at.unfinished is not None or self._at.unfinished_claim):
             self._at.carried = report
 
     def _skipped(self) -> frozenset[str]:
@@ -725,7 +743,7 @@ class Worker:
                 # The decision in flight may have committed: the next pass reads what it did, and then
                 # what runs under the claim offered to it, or made by it (a step's that claims next).
                 self._at.unfinished = _Unfinished(credential.lease_token, execution_id, credential)
-                self._at.unfinished_claim = self._claim_in_doubt()
+                self._at.unfinished_claim.extend(self._claim_in_doubt())
             raise
         except (KeyboardInterrupt, SystemExit) as exc:
             # Outside the handler (which records its own interruption, _invoke): planning, a hook,
@@ -821,7 +839,7 @@ class Worker:
                     self._report_finish(execution_id, execution, credential, settled, report)
                 return
             then = self._at.next_claim
-            self._at.offered = self._offer(then)
+            self._at.offered = next(iter(self._offers(then, 1)), None)
             if then is not None and self._at.offered is not None:
                 # The step's transaction may claim this pass's next execution after the finalize, and its
                 # visits: one transaction less (specs/protocol.md, "Composed decisions").
@@ -836,7 +854,7 @@ class Worker:
             offered, self._at.offered = self._at.offered, None
             if composed.then is not None and offered is not None:
                 # Claimed and its visits committed with this step: driven next by this pass (_claim_all).
-                self._at.chained = (composed.then, offered)
+                self._at.chained.append((composed.then, offered))
             self._at.answered = None
             self._at.holding = execution_id if _issues_a_command(composed.followed) else None
             assert composed.outcome is not None  # a step's transaction always decides
@@ -887,7 +905,7 @@ class Worker:
             # Not committed, finished, or no longer this worker's: nothing of it is left to do here.  A claim
             # found under no execution forgets nothing while the claim offered after its finalize is still to
             # be taken up: that claim's Command intent may be the one kept.
-            if execution_id is not None or self._at.unfinished_claim is None:
+            if execution_id is not None or not self._at.unfinished_claim:
                 self._forget_pending(execution_id)
             return
         if view.dispatch.lease_expires_at <= self.store.clock.now():
@@ -960,7 +978,7 @@ class Worker:
         A caller that makes a new worker after a StoreError instead of
         passing again with this one leaves that lease to expire into review.
         """
-        return self._at.unfinished is not None or self._at.unfinished_claim is not None
+        return self._at.unfinished is not None or bool(self._at.unfinished_claim)
 
     def holds_command(self, execution_id: str) -> bool:
         """True while a Command this worker issued on ``execution_id`` (or may have) awaits its result's commit.
@@ -1026,52 +1044,50 @@ class Worker:
                 execution_id, "released", f"interrupted by {type(exc).__name__}", fence=credential.fence
             )
 
-    def _offer(self, then: NextClaim | None) -> p.ClaimRequest | None:
-        """The claim to offer a transaction that may finalize its execution, to make after it; None: none.
+    def _offers(self, then: NextClaim | None, count: int) -> tuple[p.ClaimRequest, ...]:
+        """The ``count`` claims to offer a transaction that may finalize its execution, to make after it; () for none.
 
         Offered while the pass would claim again (``then``), the store composes
         claims, the worker is not stopping, and within the pass's
-        ``compose_until``.  Its lease token is fresh, as every claim's.
+        ``compose_until``.  Each lease token is fresh, as every claim's.
         """
         if then is None or not _composes_claims(self.store) or self.stopping() or not self._may_compose():
-            return None
-        return p.ClaimRequest(self.worker_id, self.make_token(), self.lease)
+            return ()
+        return tuple(p.ClaimRequest(self.worker_id, self.make_token(), self.lease) for _ in range(count))
 
     def _may_compose(self) -> bool:
         """Whether a transaction may claim next now: within the pass's ``compose_until``."""
         return self.monotonic() < self._at.compose_until
 
-    def _claim_in_doubt(self) -> str | None:
-        """The lease token of a claim a step's transaction was offered, or made, that no pass has driven yet.
+    def _claim_in_doubt(self) -> list[str]:
+        """The lease tokens of the claims a transaction was offered, or made, that no pass has driven yet.
 
         Asked when that transaction's answer, or a later one of the visit,
-        was lost: the next pass asks the store what runs under the token.
+        was lost: the next pass asks the store what runs under each token.
         """
         offered, self._at.offered = self._at.offered, None
-        chained, self._at.chained = self._at.chained, None
-        if offered is not None:
-            return offered.lease_token
-        return None if chained is None else chained[1].lease_token
+        chained, self._at.chained = self._at.chained, []
+        return [made.lease_token for _, made in chained] + ([] if offered is None else [offered.lease_token])
 
     def _let_go_of_chained(self, exc: BaseException) -> None:
-        """Hand back the claim a step's transaction made, interrupted before it was driven, where that is safe.
+        """Hand back the claims a transaction made after a finalize, interrupted before they were driven, where safe.
 
-        Not when its transaction also committed a Command's intent (the
-        handler is next): that lease expires, as after an interrupted claim
-        whose transaction issued one (:meth:`_let_go`).
+        Not when a claim's transaction also committed its Command's intent
+        (the handler is next): that lease expires, as after an interrupted
+        claim whose transaction issued one (:meth:`_let_go`).  One whose
+        execution the transaction finalized holds nothing to hand back.
         """
-        chained, self._at.chained = self._at.chained, None
-        if chained is None:
-            return
-        composed = chained[0]
-        outcome = composed.outcome
-        if (
-            isinstance(outcome, p.Decision)
-            and outcome.lease is not None
-            and outcome.execution is not None
-            and not _issues_a_command(composed.followed)
-        ):
-            self._let_go(outcome.execution.execution_id, outcome.lease, exc)
+        chained, self._at.chained = self._at.chained, []
+        for composed, _ in chained:
+            outcome = composed.outcome
+            if (
+                isinstance(outcome, p.Decision)
+                and outcome.lease is not None
+                and outcome.execution is not None
+                and not _issues_a_command(composed.followed)
+                and not _finishes(composed.followed)
+            ):
+                self._let_go(outcome.execution.execution_id, outcome.lease, exc)
 
     def _let_go_of_claim(self, request: p.ClaimRequest, exc: BaseException) -> None:
         """Hand back the lease of a claim a KeyboardInterrupt or SystemExit interrupted, if it committed and it is safe.
@@ -1343,6 +1359,16 @@ def _says(store: object, capability: str) -> bool:
     return declared is True
 
 
+def _chained_claims(composed: Composed) -> list[Composed]:
+    """The claims a transaction made after finalizes (:attr:`Composed.then`, and each one's own), in order."""
+    made = []
+    then = composed.then
+    while then is not None:
+        made.append(then)
+        then = then.then
+    return made
+
+
 def _finishes(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:
     """Whether a composed transaction's visits ended in its execution's finalize, decided."""
     return bool(followed) and followed[-1][0].kind == "finish" and isinstance(followed[-1][1], p.Decision)
@@ -1359,6 +1385,7 @@ def _issues_a_command(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:
 
 
 __all__ = [
+    "CLAIMS_PER_TRANSACTION",
     "MALFORMED_PAUSE_LIMIT",
     "MAX_CONCURRENCY",
     "MAX_LEASE",

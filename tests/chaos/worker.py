@@ -36,7 +36,7 @@ from typing import Any, TextIO
 import attrs
 
 from fencekeeper.adapters import cli, connect
-from fencekeeper.adapters.store import Composed, NextVisit, Planner
+from fencekeeper.adapters.store import Composed, NextClaim, NextVisit, Planner
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.evidence import Evidence
 
@@ -155,7 +155,7 @@ class LedgeredStore:
         *,
         plan: Planner,
         call: Callable[[Planner], Composed],
-        claim_after: p.ClaimRequest | None = None,
+        claim_after: Sequence[p.ClaimRequest] = (),
     ) -> Composed:
         """A composed transaction: a ledger request for its first decision and one for each visit it plans.
 
@@ -166,7 +166,8 @@ class LedgeredStore:
         unknown too (it did not commit; unknown allows that).  A claim the
         transaction may make after its finalize (``claim_after``, a store
         that composes claims) is a request of its own, written before the
-        transaction begins, and answered with the claim it made, or none.
+        transaction begins, and answered with the claim it made, or none; so
+        is each further claim offered after that one's finalize.
         """
         noted: dict[int, _Noted] = {}
 
@@ -189,26 +190,23 @@ class LedgeredStore:
             return visit
 
         first = self._intent(op, execution_id, who, evidence)
-        after = (
-            None
-            if claim_after is None
-            else self._intent("claim", None, (claim_after.worker_id, claim_after.lease_token, None), ())
-        )
+        afters = [self._intent("claim", None, (made.worker_id, made.lease_token, None), ()) for made in claim_after]
         try:
             composed = call(planner)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-            for line in (first, *([] if after is None else [after]), *noted.values()):
+            for line in (first, *afters, *noted.values()):
                 self._line({**line.common, "done": "unavailable", "error": error})
             raise
         self._returned(first, composed.outcome)
         for visit, outcome in composed.followed:
             self._returned(noted[id(visit)], outcome)
-        if after is not None:
-            then = composed.then
+        then = composed.then
+        for after in afters:
             self._returned(after, None if then is None else then.outcome)
             for visit, outcome in () if then is None else then.followed:
                 self._returned(noted[id(visit)], outcome)
+            then = None if then is None else then.then
         return composed
 
     # --- the write requests the worker makes ------------------------------------------------
@@ -246,7 +244,7 @@ class LedgeredStore:
         return self._composed(
             "claim", None, (request.worker_id, request.lease_token, None), (), plan=plan,
             call=lambda planner: self._store.claim_and_visit(request, planner, business_id=business_id, skip=skip, **ahead),
-            claim_after=None if then is None or not self.composes_claims else then.request,
+            claim_after=_offered(then) if self.composes_claims else (),
         )
 
     def record_step_and_visit(
@@ -257,7 +255,7 @@ class LedgeredStore:
         return self._composed(
             "record_step", execution_id, (c.worker_id, c.lease_token, c.fence), evidence, plan=plan,
             call=lambda planner: self._store.record_step_and_visit(execution_id, request, evidence, planner, **ahead),
-            claim_after=None if then is None or not self.composes_claims else then.request,
+            claim_after=_offered(then) if self.composes_claims else (),
         )
 
     def renew(self, execution_id: str, request: p.RenewRequest) -> Any:
@@ -299,6 +297,11 @@ class LedgeredStore:
             "fire_timer", key.execution_id, (f"{authority.principal_id}@{os.getpid()}", None, None), (),
             lambda: self._store.fire_timer(key, authority),
         )
+
+
+def _offered(then: NextClaim | None) -> tuple[p.ClaimRequest, ...]:
+    """The claims a transaction is offered to make after its finalizes, in order (none without a request)."""
+    return () if then is None or then.request is None else (then.request, *then.more)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

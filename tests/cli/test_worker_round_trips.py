@@ -29,10 +29,10 @@ per connection):
   finished the execution before (``NextClaim``); a two-node execution's
   step, which finalizes it, makes the next claim and its Command's intent in
   its own transaction, and a one-node execution's claim, which finalizes it,
-  makes the next claim and its finalize (``NextClaim.request``): half a
-  round trip and half a write transaction per one-node execution, 2 round
-  trips and one write transaction per two-node one, every decision still
-  under its own guard;
+  makes the next three claims and their finalizes (``NextClaim.request`` and
+  ``more``): a quarter of a round trip and of a write transaction per
+  one-node execution, 2 round trips and one write transaction per two-node
+  one, every decision still under its own guard;
 - an admission through ``service.run`` is one transaction: 2 round trips on
   PostgreSQL, 9 statements on SQLite; a refused one writes nothing.
 """
@@ -51,7 +51,7 @@ from fencekeeper.adapters.postgres_store import PostgresStore, _PostgresBackend
 from fencekeeper.adapters.sqlite_store import SQLiteStore
 from fencekeeper.adapters.store import TransactionalStore
 from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE, Tally, counting
-from fencekeeper.adapters.worker import Worker
+from fencekeeper.adapters.worker import CLAIMS_PER_TRANSACTION, Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
@@ -150,9 +150,9 @@ def test_round_trips_per_execution_stay_within_the_bound(store: TransactionalSto
 # transactions the pass adds besides the claim that finds nothing: a two-node pass's first claim, whose
 # execution's step is its own), and what a pass adds once: the due-timer lookups at its start and end, its
 # first claim's transaction, and the last read ahead, which finds nothing and is rolled back, before the
-# claim that ends the pass.  A one-node pass's claims each claim two (the warm-up pass's last claim
-# finished its execution: the worker offers the claim after from the first).
-DRAINED = {"one-node": (Fraction(1, 2), Fraction(1, 2), 0), "two-node": (2, 1, 1)}
+# claim that ends the pass.  A one-node pass's claims each claim four (the warm-up pass's last claim
+# finished its execution: the worker offers the claims after from the first).
+DRAINED = {"one-node": (Fraction(1, CLAIMS_PER_TRANSACTION), Fraction(1, CLAIMS_PER_TRANSACTION), 0), "two-node": (2, 1, 1)}
 PER_PASS = 7
 
 
@@ -176,7 +176,7 @@ def test_a_draining_pass_reads_each_next_claim_ahead(store: TransactionalStore, 
         assert tally.round_trips <= sqlite_bound * drained + PER_PASS * 4, tally
         return
     round_trips, transactions, first = DRAINED[workflow]
-    # On PostgreSQL a transaction that finalizes makes the next claim too: one transaction for every two
+    # On PostgreSQL a transaction that finalizes makes the next claim too: one transaction for every four
     # one-node executions, or for every two-node one, the first claim's own, and the claim that found nothing.
     assert tally.write_transactions == transactions * drained + first + 1, tally
     assert tally.round_trips <= round_trips * drained + PER_PASS, (tally.round_trips, drained)

@@ -1,4 +1,4 @@
-"""A claim's transaction that finalizes its execution claims the worker's next one, on PostgreSQL.
+"""A claim's transaction that finalizes its execution claims the worker's next ones, on PostgreSQL.
 
 specs/protocol.md, "Composed decisions": after a finalize the same worker's
 claim of another execution, and that claim's visits, may join the
@@ -6,28 +6,30 @@ transaction, each under its own guard; a claim's transaction is one such
 chain as much as a step's is (the model checker's composed configurations
 reach claim, finalize, claim, finalize).  A worker whose last claim finished
 its execution in the claim's own transaction (one-node work) offers its next
-claim the claim after (``NextClaim.request``); the PostgreSQL store then locks
-two candidates with the claim's one locking read (``SKIP LOCKED``) and reads
-both executions' evidence behind it, so the second claim costs no exchange of
-its own, and two executions commit with one ``COMMIT``.  What these tests
-prove:
+claim up to ``CLAIMS_PER_TRANSACTION - 1`` claims after (``NextClaim.request``
+and ``more``); the PostgreSQL store then locks that many candidates more with
+the claim's one locking read (``SKIP LOCKED``) and reads every execution's
+evidence behind it, so each further claim costs no exchange of its own, and
+up to four executions commit with one ``COMMIT``.  What these tests prove:
 
-- a draining pass of one-node executions claims them two to a transaction,
+- a draining pass of one-node executions claims them four to a transaction,
   each claim with its own token, and every view the store made is what the
-  database reads (``verify_views``, on for every PostgreSQL test);
+  database reads (``verify_views``, on for every PostgreSQL test); a pass
+  offers no more claims than its ``max_claims`` leaves room for;
 - the first claim of a worker, and any claim after one whose execution went
   on to a handler, offers nothing: two-node work never locks a candidate it
   cannot use;
-- a second candidate the claimed execution does not finalize before is left
-  eligible, its lock gone with the ``COMMIT``; one another transaction holds is
-  passed over; one whose row is malformed is not claimed there, and the
+- a candidate after an execution the transaction does not finalize is left
+  eligible, its lock gone with the ``COMMIT``; one another transaction holds
+  is passed over; one whose row is malformed is not claimed, and the
   worker's own next claim passes over it as always;
-- an execution claimed second whose next visit calls a handler commits its
-  Command's intent in that transaction, and the pass calls the handler, once;
+- an execution claimed after another's finalize whose next visit calls a
+  handler commits its Command's intent in that transaction, ends the chain,
+  and the pass calls the handler, once;
 - an answer lost after such a transaction committed leaves nothing behind:
-  the next pass finds the second claim under its offered token, its
-  Command's handler called, never reconciled; an interruption there hands
-  back nothing whose Command may run.
+  the next pass looks up every offered token in order and finds the claim
+  whose Command's intent committed, its handler called, never reconciled;
+  an interruption there hands back nothing whose Command may run.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from fencekeeper.adapters.store import (
     VisitView,
 )
 from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE, counting
-from fencekeeper.adapters.worker import Worker
+from fencekeeper.adapters.worker import CLAIMS_PER_TRANSACTION, Worker
 from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
@@ -152,26 +154,84 @@ def _warmed(store: _Watched, handler: _Counts) -> Worker:
     return worker
 
 
-def test_a_draining_pass_claims_one_node_executions_two_to_a_transaction(store: _Watched) -> None:
-    admitted = _admit(store, *["one-node"] * 5)
+def _chain(composed: Composed) -> list[Composed]:
+    """The claims a transaction made after finalizes, in order."""
+    made = []
+    while composed.then is not None:
+        composed = composed.then
+        made.append(composed)
+    return made
+
+
+def test_a_draining_pass_claims_one_node_executions_four_to_a_transaction(store: _Watched) -> None:
+    admitted = _admit(store, *["one-node"] * 7)
     worker = _worker(store, _Counts())
     with counting(store) as tally:
         report = worker.run_pass()
         worker.drop_read_ahead()
-    assert report.claimed == admitted and report.finished == {"succeeded": 5}
+    assert CLAIMS_PER_TRANSACTION == 4
+    assert report.claimed == admitted and report.finished == {"succeeded": 7}
     assert all(_state(store, x) == ExecutionState.SUCCEEDED for x in admitted)
-    # The first claim offers nothing (nothing yet says the work is one-node); then each claim does, and
-    # claims the next after its finalize: 1, 2 and 3, 4 and 5, and the claim that finds nothing.
+    # The first claim offers nothing (nothing yet says the work is one-node); then each claim offers three,
+    # and claims each next after the one before finalized: 1; 2 to 5; 6 and 7; the claim that finds nothing.
     assert _offers(store) == [False, True, True, True]
     assert tally.write_transactions == 4
+    assert [len(_chain(made)) for made in store.made] == [0, 3, 1, 0]
     for offer, made in zip(store.offered[1:3], store.made[1:3], strict=True):
         assert offer is not None and offer.request is not None
-        then = made.then
-        assert then is not None and isinstance(then.outcome, p.Decision) and then.outcome.lease is not None
-        # Claimed with the token offered, a fence of its own, and finalized in the same transaction.
-        assert then.outcome.lease.lease_token == offer.request.lease_token
-        assert [visit.kind for visit, _ in then.followed] == ["finish"]
+        tokens = [offer.request.lease_token, *(more.lease_token for more in offer.more)]
+        assert len(tokens) == CLAIMS_PER_TRANSACTION - 1
+        for then, token in zip(_chain(made), tokens, strict=False):
+            # Claimed with the token offered for it, a fence of its own, and finalized in the same transaction.
+            assert isinstance(then.outcome, p.Decision) and then.outcome.lease is not None
+            assert then.outcome.lease.lease_token == token
+            assert [visit.kind for visit, _ in then.followed] == ["finish"]
     assert store.made[3].outcome is None and store.made[3].then is None
+
+
+def test_a_pass_offers_no_more_claims_than_its_max_claims_leaves_room_for(store: _Watched) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    admitted = _admit(store, *["one-node"] * 6)
+    report = worker.run_pass(max_claims=3)
+    worker.drop_read_ahead()
+    assert report.claimed == admitted[:3]
+    offer = store.offered[0]
+    assert offer is not None and offer.request is not None and len(offer.more) == 1
+    assert [_state(store, x) for x in admitted[3:]] == [ExecutionState.ELIGIBLE] * 3
+
+
+def test_a_chain_ends_at_an_execution_that_goes_on_to_its_handler(store: _Watched) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, command, last = _admit(store, "one-node", "two-node", "one-node")
+    report = worker.run_pass(max_claims=3)
+    worker.drop_read_ahead()
+    # Claimed after the first's finalize, the second committed its Command's intent, which ends the chain: the
+    # third candidate, locked by the claim's read, was left, and the second's step claimed it after its own
+    # finalize.
+    assert [len(_chain(made)) for made in store.made] == [1]
+    assert [visit.kind for visit, _ in _chain(store.made[0])[0].followed] == ["intent"]
+    assert report.claimed == [first, command, last] and handler.calls == {command: 1}
+    assert all(_state(store, x) == ExecutionState.SUCCEEDED for x in (first, command, last))
+
+
+def test_a_lost_answer_after_a_chain_takes_up_each_claim_in_order(store: _Watched) -> None:
+    handler = _Counts()
+    worker = _warmed(store, handler)
+    first, second, third = _admit(store, "one-node", "one-node", "two-node")
+    store.fail_after = StoreError("store_unavailable", "the answer was lost")
+    with pytest.raises(StoreError):
+        worker.run_pass(max_claims=3)
+    assert worker.holds_unfinished()
+    assert [_state(store, x) for x in (first, second)] == [ExecutionState.SUCCEEDED] * 2
+    assert _state(store, third) == ExecutionState.RUNNING
+    report = worker.run_pass(max_claims=0)
+    # The first two tokens name no running execution (each finished); the third's is taken up, and its
+    # Command's handler called (its intent kept through the two look-ups, never reconciled), once.
+    assert report.claimed == [third] and not worker.holds_unfinished()
+    assert _state(store, third) == ExecutionState.SUCCEEDED
+    assert handler.calls == {third: 1}
 
 
 def test_two_node_work_offers_nothing_with_its_claims(store: _Watched) -> None:
