@@ -44,23 +44,10 @@ from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
+from tests.postgres.claiming import CountingHandler
 
 BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
-
-
-class _Counts:
-    """A handler that succeeds and counts its calls per Command."""
-
-    def __init__(self) -> None:
-        self.calls: dict[str, int] = {}
-
-    def execute(self, command: i.Command) -> i.CommandResult:
-        self.calls[command.execution_id] = self.calls.get(command.execution_id, 0) + 1
-        return i.CommandResult(i.CommandStatus.SUCCEEDED)
-
-    def reconcile(self, command: i.Command) -> i.CommandResult:
-        raise AssertionError("a Command whose handler was never called is called, not reconciled")
 
 
 class _Watched(PostgresStore):
@@ -105,7 +92,7 @@ def _admit(store: TransactionalStore, count: int) -> list[str]:
     return admitted
 
 
-def _worker(store: TransactionalStore, handler: _Counts, events: list[WorkerEvent] | None = None, **kwargs: Any) -> Worker:
+def _worker(store: TransactionalStore, handler: CountingHandler, events: list[WorkerEvent] | None = None, **kwargs: Any) -> Worker:
     return Worker(
         store, "w-1", examples.grants(BUSINESS, PRINCIPAL), handler, business_id=BUSINESS,
         on_record=None if events is None else events.append, **kwargs,
@@ -120,7 +107,7 @@ def _state(store: TransactionalStore, execution_id: str) -> ExecutionState:
 
 def test_the_step_that_finalizes_claims_the_next_execution_and_the_pass_drives_it(store: _Watched) -> None:
     first, second = _admit(store, 2)
-    handler, events = _Counts(), []
+    handler, events = CountingHandler(), []
     worker = _worker(store, handler, events)
     with counting(store) as tally:
         report = worker.run_pass(max_claims=2)
@@ -145,7 +132,7 @@ def test_the_step_that_finalizes_claims_the_next_execution_and_the_pass_drives_i
 
 def test_a_pass_that_continues_keeps_claiming_with_each_step(store: _Watched) -> None:
     admitted = _admit(store, 5)
-    handler = _Counts()
+    handler = CountingHandler()
     # A process clock that stands still: a loaded machine must not end the pass's timer interval early.
     worker = _worker(store, handler, monotonic=lambda: 0.0)
     with counting(store) as tally:
@@ -162,7 +149,7 @@ def test_a_pass_that_continues_stops_offering_once_its_timer_interval_has_passed
     admitted = _admit(store, 3)
     now = [0.0]
 
-    class _Slow(_Counts):
+    class _Slow(CountingHandler):
         def execute(self, command: i.Command) -> i.CommandResult:
             now[0] += 5.0  # a handler that takes longer than the pass's timer interval (a second)
             return super().execute(command)
@@ -179,7 +166,7 @@ def test_a_pass_that_continues_stops_offering_once_its_timer_interval_has_passed
 
 def test_nothing_is_offered_where_the_pass_claims_no_more_or_the_worker_stops(store: _Watched) -> None:
     first, second = _admit(store, 2)
-    handler = _Counts()
+    handler = CountingHandler()
     assert _worker(store, handler).run_pass(max_claims=1).claimed == [first]
     assert store.offered == [None] and _state(store, second) == ExecutionState.ELIGIBLE
     stopping = _worker(store, handler, stopping=lambda: True)
@@ -190,7 +177,7 @@ def test_nothing_is_offered_where_the_pass_claims_no_more_or_the_worker_stops(st
 
 def test_a_candidate_another_transaction_holds_is_passed_over(store: _Watched, pg_dsn: str, pg_schema: str) -> None:
     first, second = _admit(store, 2)
-    handler = _Counts()
+    handler = CountingHandler()
     with psycopg.connect(pg_dsn) as other:
         other.execute(f"SELECT 1 FROM {pg_schema}.workflow_dispatch WHERE workflow_execution_id = %s FOR UPDATE", (second,))
         report = _worker(store, handler).run_pass(max_claims=2)
@@ -203,7 +190,7 @@ def test_a_candidate_another_transaction_holds_is_passed_over(store: _Watched, p
 
 def test_a_lost_answer_after_the_step_leaves_the_claim_to_the_next_pass(store: _Watched) -> None:
     first, second = _admit(store, 2)
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _worker(store, handler)
     store.fail_after = StoreError("store_unavailable", "the answer was lost")
     with pytest.raises(StoreError):
@@ -219,7 +206,7 @@ def test_a_lost_answer_after_the_step_leaves_the_claim_to_the_next_pass(store: _
 
 def test_an_interruption_after_the_step_hands_back_nothing_whose_command_may_run(store: _Watched) -> None:
     first, second = _admit(store, 2)
-    handler = _Counts()
+    handler = CountingHandler()
     store.fail_after = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
         _worker(store, handler).run_pass(max_claims=2)
@@ -240,7 +227,7 @@ def test_only_the_synchronous_postgresql_store_composes_claims(tmp_path: Any) ->
     sqlite = SQLiteStore(tmp_path / "x.db")
     try:
         admitted = _admit(sqlite, 2)
-        handler = _Counts()
+        handler = CountingHandler()
         with counting(sqlite) as tally:
             assert _worker(sqlite, handler).run_pass(max_claims=2).claimed == admitted
         assert tally.transactions == 4

@@ -54,28 +54,14 @@ from fencekeeper.adapters.store import (
 )
 from fencekeeper.adapters.testing.roundtrips import ONE_NODE, TWO_NODE, counting
 from fencekeeper.adapters.worker import CLAIMS_PER_TRANSACTION, Worker
-from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
+from tests.postgres.claiming import CountingHandler
 
 BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
 POLICY = examples.grants(BUSINESS, PRINCIPAL)
-
-
-class _Counts:
-    """A handler that succeeds and counts its calls per Command."""
-
-    def __init__(self) -> None:
-        self.calls: dict[str, int] = {}
-
-    def execute(self, command: i.Command) -> i.CommandResult:
-        self.calls[command.execution_id] = self.calls.get(command.execution_id, 0) + 1
-        return i.CommandResult(i.CommandStatus.SUCCEEDED)
-
-    def reconcile(self, command: i.Command) -> i.CommandResult:
-        raise AssertionError("a Command whose handler was never called is called, not reconciled")
 
 
 class _Watched(PostgresStore):
@@ -128,7 +114,7 @@ def _admit(store: TransactionalStore, *workflows: str) -> list[str]:
     return admitted
 
 
-def _worker(store: TransactionalStore, handler: _Counts, **kwargs: Any) -> Worker:
+def _worker(store: TransactionalStore, handler: CountingHandler, **kwargs: Any) -> Worker:
     # A process clock that stands still: a loaded machine must not end the pass's timer interval early.
     kwargs.setdefault("monotonic", lambda: 0.0)
     return Worker(store, "w-1", POLICY, handler, business_id=BUSINESS, **kwargs)
@@ -144,7 +130,7 @@ def _offers(store: _Watched) -> list[bool]:
     return [offer is not None and offer.request is not None for offer in store.offered]
 
 
-def _warmed(store: _Watched, handler: _Counts) -> Worker:
+def _warmed(store: _Watched, handler: CountingHandler) -> Worker:
     """A worker whose last claim finished its one-node execution in the claim's transaction: it offers next."""
     (warm,) = _admit(store, "one-node")
     worker = _worker(store, handler)
@@ -165,7 +151,7 @@ def _chain(composed: Composed) -> list[Composed]:
 
 def test_a_draining_pass_claims_one_node_executions_four_to_a_transaction(store: _Watched) -> None:
     admitted = _admit(store, *["one-node"] * 7)
-    worker = _worker(store, _Counts())
+    worker = _worker(store, CountingHandler())
     with counting(store) as tally:
         report = worker.run_pass()
         worker.drop_read_ahead()
@@ -190,7 +176,7 @@ def test_a_draining_pass_claims_one_node_executions_four_to_a_transaction(store:
 
 
 def test_a_pass_offers_no_more_claims_than_its_max_claims_leaves_room_for(store: _Watched) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     admitted = _admit(store, *["one-node"] * 6)
     report = worker.run_pass(max_claims=3)
@@ -202,7 +188,7 @@ def test_a_pass_offers_no_more_claims_than_its_max_claims_leaves_room_for(store:
 
 
 def test_a_chain_ends_at_an_execution_that_goes_on_to_its_handler(store: _Watched) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, command, last = _admit(store, "one-node", "two-node", "one-node")
     report = worker.run_pass(max_claims=3)
@@ -217,7 +203,7 @@ def test_a_chain_ends_at_an_execution_that_goes_on_to_its_handler(store: _Watche
 
 
 def test_a_lost_answer_after_a_chain_takes_up_each_claim_in_order(store: _Watched) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, second, third = _admit(store, "one-node", "one-node", "two-node")
     store.fail_after = StoreError("store_unavailable", "the answer was lost")
@@ -236,7 +222,7 @@ def test_a_lost_answer_after_a_chain_takes_up_each_claim_in_order(store: _Watche
 
 def test_two_node_work_offers_nothing_with_its_claims(store: _Watched) -> None:
     admitted = _admit(store, *["two-node"] * 3)
-    handler = _Counts()
+    handler = CountingHandler()
     report = _worker(store, handler).run_pass()
     assert report.claimed == admitted and handler.calls == dict.fromkeys(admitted, 1)
     # Its steps claim next (tests/postgres/test_claim_after_finalize.py); its claims lock one candidate.
@@ -246,7 +232,7 @@ def test_two_node_work_offers_nothing_with_its_claims(store: _Watched) -> None:
 def test_a_second_candidate_the_claimed_execution_does_not_finalize_before_is_left_to_the_next_claim(
     store: _Watched,
 ) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     command, after = _admit(store, "two-node", "one-node")
     report = worker.run_pass(max_claims=2)
@@ -259,7 +245,7 @@ def test_a_second_candidate_the_claimed_execution_does_not_finalize_before_is_le
 
 
 def test_an_execution_claimed_second_commits_its_commands_intent_and_is_driven_next(store: _Watched) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, second = _admit(store, "one-node", "two-node")
     report = worker.run_pass(max_claims=2)
@@ -273,7 +259,7 @@ def test_an_execution_claimed_second_commits_its_commands_intent_and_is_driven_n
 def test_a_second_candidate_another_transaction_holds_is_passed_over(
     store: _Watched, pg_dsn: str, pg_schema: str
 ) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, held, third = _admit(store, *["one-node"] * 3)
     with psycopg.connect(pg_dsn) as other:
@@ -292,7 +278,7 @@ def test_a_second_candidate_another_transaction_holds_is_passed_over(
 def test_a_malformed_second_candidate_is_not_claimed_and_is_passed_over_after(
     store: _Watched, pg_dsn: str, pg_schema: str
 ) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, damaged, third = _admit(store, *["one-node"] * 3)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -309,7 +295,7 @@ def test_a_malformed_second_candidate_is_not_claimed_and_is_passed_over_after(
 
 
 def test_a_lost_answer_after_the_claim_leaves_the_second_claim_to_the_next_pass(store: _Watched) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, second = _admit(store, "one-node", "two-node")
     store.fail_after = StoreError("store_unavailable", "the answer was lost")
@@ -326,7 +312,7 @@ def test_a_lost_answer_after_the_claim_leaves_the_second_claim_to_the_next_pass(
 
 
 def test_an_interruption_after_the_claim_hands_back_nothing_whose_command_may_run(store: _Watched) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, second = _admit(store, "one-node", "two-node")
     store.fail_after = KeyboardInterrupt()
@@ -341,7 +327,7 @@ def test_an_interruption_after_the_claim_hands_back_nothing_whose_command_may_ru
 
 
 def test_an_interruption_after_the_claim_hands_back_a_second_claim_that_issued_nothing(store: _Watched) -> None:
-    handler = _Counts()
+    handler = CountingHandler()
     worker = _warmed(store, handler)
     first, second = _admit(store, "one-node", "one-node")
     # The second claim's visits are left to the worker (none planned in the transaction), and the
