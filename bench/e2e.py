@@ -33,7 +33,9 @@ Rules of this module:
   (``local_command``, then ``end``: two nodes visited) and ``five-node`` (a
   condition, two ``local_command`` nodes and ``end``: four visited, a fifth,
   the failure end, never reached), against Procrastinate's no-op job and DBOS
-  workflows of one and three no-op steps.  Procrastinate's job is measured
+  workflows of one and three no-op steps; and, asked for, ``mixed`` (one-node
+  and two-node executions drawn at random, :data:`MIXES`), which no target
+  judges.  Procrastinate's job is measured
   twice: as a coroutine, which its worker runs on its event loop with no
   thread per job (the reference of every target), and as a plain
   function, which it runs in a thread per job (the reference of runs 1 to
@@ -83,6 +85,7 @@ import functools
 import itertools
 import json
 import os
+import random
 import signal
 import sqlite3
 import statistics
@@ -188,6 +191,14 @@ false_next = "failed"
 }
 """Each workload's definition.  The end ``failed`` is there because a Command node must name where a
 deterministic rejection goes; no execution reaches it."""
+
+MIXES: dict[str, tuple[str, ...]] = {"mixed": ("one-node", "two-node")}
+"""Workloads of several definitions, each execution's drawn at random (a fixed seed, so every run admits the
+same sequence): what a deployment running more than one kind of work drains.  A worker that composes claims
+guesses from its last claim whether the next one will finalize in its own transaction; here the guess is
+often wrong, and what that costs is measured.  No target: there is no peer figure of the same mix."""
+
+MIX_SEED = 16
 
 DBOS_STEPS = {"one-step": 1, "three-step": 3}
 
@@ -345,13 +356,20 @@ def _fencekeeper_target(store: str, server: Server | None, directory: Path) -> F
 
 
 def admit(target: FencekeeperTarget, workload: str, executions: int) -> float:
-    """Migrate, register the workload's definition and admit ``executions`` through ``service.run``; seconds taken."""
+    """Migrate, register the workload's definitions and admit ``executions`` through ``service.run``; seconds taken.
+
+    A mix (:data:`MIXES`) draws each execution's definition with :data:`MIX_SEED`, before the clock starts.
+    """
     connect.migrate(target.url, schema=target.schema)
-    definition = parse_definition(WORKFLOWS[workload], f"bench:{workload}")
+    names = MIXES.get(workload, (workload,))
+    definitions = [parse_definition(WORKFLOWS[name], f"bench:{name}") for name in names]
+    draw = random.Random(MIX_SEED)
+    drawn = [definitions[draw.randrange(len(definitions))].definition_id for _ in range(executions)]
     policy = examples.grants(BUSINESS, PRINCIPAL)
     store = connect.open_store(target.url, schema=target.schema, pool_size=1)
     try:
-        service.register(store, definition, BUSINESS, PRINCIPAL, policy)
+        for definition in definitions:
+            service.register(store, definition, BUSINESS, PRINCIPAL, policy)
         started = time.perf_counter()
         for n in range(executions):
             outcome = service.run(
@@ -359,7 +377,7 @@ def admit(target: FencekeeperTarget, workload: str, executions: int) -> float:
                 policy,
                 business_id=BUSINESS,
                 principal_id=PRINCIPAL,
-                definition_id=definition.definition_id,
+                definition_id=drawn[n],
                 input={"order_id": f"o-{n}", "amount": n},
                 execution_id=f"e-{n}",
             )
@@ -1198,7 +1216,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, bool]:
     parser.add_argument("--sqlite-workers", type=_ints, default=(1,), help="on SQLite, for both systems (default 1)")
     parser.add_argument("--peer-concurrency", type=_ints, default=(1, 8), help="Procrastinate's and DBOS's (default 1,8)")
     parser.add_argument(
-        "--workloads", type=_choices(tuple(WORKFLOWS)), default=tuple(WORKFLOWS), help="fencekeeper's (default: all three)"
+        "--workloads",
+        type=_choices((*WORKFLOWS, *MIXES)),
+        default=tuple(WORKFLOWS),
+        help="fencekeeper's (default: the three single ones; 'mixed' draws one-node and two-node at random)",
     )
     parser.add_argument(
         "--systems",

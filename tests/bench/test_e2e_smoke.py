@@ -34,7 +34,7 @@ def make():
 '''
 
 
-@pytest.mark.parametrize(("workload", "workers"), [("one-node", 1), ("two-node", 2), ("five-node", 1)])
+@pytest.mark.parametrize(("workload", "workers"), [("one-node", 1), ("two-node", 2), ("five-node", 1), ("mixed", 2)])
 def test_worker_processes_drain_every_admitted_execution(tmp_path: Path, workload: str, workers: int) -> None:
     drain = e2e.fencekeeper_drain("sqlite", workload, 4, workers, server=None, directory=tmp_path)
     assert drain.key == ("fencekeeper", workload, "sqlite", workers)
@@ -43,6 +43,16 @@ def test_worker_processes_drain_every_admitted_execution(tmp_path: Path, workloa
     assert drain.rate == pytest.approx(4 / drain.seconds)
     # The worker got the bench's no-I/O handler, not the example one: no effect log was written.
     assert not list(tmp_path.glob("*.effects"))
+
+
+def test_a_mix_admits_each_of_its_definitions_in_the_same_order_every_run() -> None:
+    draw = e2e.random.Random(e2e.MIX_SEED)
+    drawn = [e2e.MIXES["mixed"][draw.randrange(2)] for _ in range(40)]
+    assert set(drawn) == {"one-node", "two-node"}
+    again = e2e.random.Random(e2e.MIX_SEED)
+    assert drawn == [e2e.MIXES["mixed"][again.randrange(2)] for _ in range(40)]
+    plan, _ = e2e.parse_args(["--workloads", "mixed,one-node"])
+    assert plan.workloads == ("mixed", "one-node")
 
 
 def test_one_process_of_worker_threads_drains_every_admitted_execution(tmp_path: Path) -> None:
