@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from fencekeeper.adapters.store import Composed, NextClaim
 from fencekeeper.kernel import interpreter as i
 
 
@@ -21,3 +24,25 @@ class CountingHandler:
 
     def reconcile(self, command: i.Command) -> i.CommandResult:
         raise AssertionError("a Command whose handler was never called is called, not reconciled")
+
+
+class Watching:
+    """Keeps what each watched transaction was offered and what it made; fails once after it, when asked.
+
+    Mixed into a store whose composed method calls :meth:`watch`.  ``fail_after`` is raised after a
+    transaction that made a claim after a finalize has committed: the answer lost on its way back (a
+    ``StoreError``), or the process interrupted there (``KeyboardInterrupt``).
+    """
+
+    offered: list[NextClaim | None]
+    made: list[Composed]
+    fail_after: BaseException | None = None
+
+    def watch(self, next_claim: NextClaim | None, call: Callable[[], Composed]) -> Composed:
+        self.offered.append(next_claim)
+        composed = call()
+        self.made.append(composed)
+        failing, self.fail_after = self.fail_after, None
+        if failing is not None and composed.then is not None:
+            raise failing
+        return composed

@@ -44,28 +44,17 @@ from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
-from tests.postgres.claiming import CountingHandler
+from tests.postgres.claiming import CountingHandler, Watching
 
 BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
 
 
-class _Watched(PostgresStore):
+class _Watched(Watching, PostgresStore):
     """The store, keeping what each step's transaction was offered and what it made; optionally failing once after it."""
 
-    offered: list[NextClaim | None]
-    made: list[Composed]
-    fail_after: BaseException | None = None
-
     def record_step_and_visit(self, *args: Any, next_claim: NextClaim | None = None, **kwargs: Any) -> Composed:
-        self.offered.append(next_claim)
-        composed = super().record_step_and_visit(*args, next_claim=next_claim, **kwargs)
-        self.made.append(composed)
-        failing, self.fail_after = self.fail_after, None
-        if failing is not None and composed.then is not None:
-            # Committed, and the answer lost on its way back (or the process interrupted there).
-            raise failing
-        return composed
+        return self.watch(next_claim, lambda: super(_Watched, self).record_step_and_visit(*args, next_claim=next_claim, **kwargs))
 
 
 @pytest.fixture

@@ -57,19 +57,16 @@ from fencekeeper.adapters.worker import CLAIMS_PER_TRANSACTION, Worker
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
-from tests.postgres.claiming import CountingHandler
+from tests.postgres.claiming import CountingHandler, Watching
 
 BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
 POLICY = examples.grants(BUSINESS, PRINCIPAL)
 
 
-class _Watched(PostgresStore):
+class _Watched(Watching, PostgresStore):
     """The store, keeping what each claim's transaction was offered and what it made; optionally failing once after it."""
 
-    offered: list[NextClaim | None]
-    made: list[Composed]
-    fail_after: BaseException | None = None
     unplanned: frozenset[str] = frozenset()
     """Executions whose visits the planner leaves to the worker (it plans none in the transaction)."""
 
@@ -79,14 +76,10 @@ class _Watched(PostgresStore):
         def planner(view: VisitView, now: datetime, credential: p.LeaseCredential) -> NextVisit | None:
             return None if view.execution.execution_id in self.unplanned else plan(view, now, credential)
 
-        self.offered.append(next_claim)
-        composed = super().claim_and_visit(request, planner, *args, next_claim=next_claim, **kwargs)
-        self.made.append(composed)
-        failing, self.fail_after = self.fail_after, None
-        if failing is not None and composed.then is not None:
-            # Committed, and the answer lost on its way back (or the process interrupted there).
-            raise failing
-        return composed
+        return self.watch(
+            next_claim,
+            lambda: super(_Watched, self).claim_and_visit(request, planner, *args, next_claim=next_claim, **kwargs),
+        )
 
 
 @pytest.fixture
