@@ -326,6 +326,23 @@ class Composed:
     finalize (:attr:`NextClaim.request`, where the store ``composes_claims``); None when none was made.
     Its own ``then`` is the claim after its finalize (:attr:`NextClaim.more`), and so on."""
 
+    @property
+    def finished(self) -> bool:
+        """Whether this execution's last visit finalized it, decided: the holder's lease ends with the transaction."""
+        return bool(self.followed) and self.followed[-1][0].kind == "finish" and isinstance(
+            self.followed[-1][1], p.Decision
+        )
+
+    @property
+    def claimed_after(self) -> tuple[Composed, ...]:
+        """The claims the transaction made after this execution's finalize, in order (``then``, its ``then``, ...)."""
+        made: list[Composed] = []
+        then = self.then
+        while then is not None:
+            made.append(then)
+            then = then.then
+        return tuple(made)
+
 
 MAX_COMPOSED = 16
 """The most next visits one transaction carries.
@@ -852,20 +869,6 @@ def _written_then_viewed(
     return view
 
 
-def _last(composed: Composed) -> Composed:
-    """The last execution's part of a composed transaction: ``composed``, or the last claim after its finalize."""
-    while composed.then is not None:
-        composed = composed.then
-    return composed
-
-
-def _finished(composed: Composed) -> bool:
-    """Whether ``composed``'s last visit finalized its execution: the holder's lease ends with the transaction."""
-    return bool(composed.followed) and composed.followed[-1][0].kind == "finish" and isinstance(
-        composed.followed[-1][1], p.Decision
-    )
-
-
 def _composable(visit: NextVisit) -> bool:
     """Whether ``visit`` may join the transaction of the decision before it.
 
@@ -1187,10 +1190,10 @@ class TransactionalStore(abc.ABC):
             held = outcome.lease if outcome.lease is not None else credential
             assert held is not None
             composed = Composed(outcome, *self._follow(tx, now, view, held, plan))
-            if after is not None and after.request is not None and _finished(composed):
+            if after is not None and after.request is not None and composed.finished:
                 # The holder's lease ends with the finalize: the same worker's next claims, and their visits.
                 composed = attrs.evolve(composed, then=self._claims_after(tx, now, (after.request, *after.more), plan))
-            if next_claim is not None and _finished(_last(composed)):
+            if next_claim is not None and (composed.claimed_after or (composed,))[-1].finished:
                 # The last lease of this transaction ends with it: its worker claims next, and offers that
                 # claim claims after it only when this transaction claimed the execution it finalized last.
                 chains = self.composes_claims and (claim is not None or composed.then is not None)
@@ -1229,7 +1232,7 @@ class TransactionalStore(abc.ABC):
             if claimed is None:
                 break
             made.append(claimed)
-            if not _finished(claimed):
+            if not claimed.finished:
                 break
         then = None
         for claimed in reversed(made):

@@ -575,7 +575,7 @@ class Worker:
                     continue
                 # Claimed after this claim's finalize, each after the one before's, their visits committed
                 # with it: driven next, in order.
-                self._at.chained.extend(zip(_chained_claims(composed), offered, strict=False))
+                self._at.chained.extend(zip(composed.claimed_after, offered, strict=False))
             outcome = composed.outcome
             if outcome is None:
                 if not looked:
@@ -583,7 +583,7 @@ class Worker:
                 break
             if not isinstance(outcome, p.Decision) or outcome.lease is None or outcome.execution is None:
                 break
-            self._at.claims_finish = _finishes(composed.followed)
+            self._at.claims_finish = composed.finished
             execution_id = outcome.execution.execution_id
             self._at.holding = execution_id if _issues_a_command(composed.followed) else None
             self._at.lease = (execution_id, outcome.lease.lease_token)
@@ -1085,7 +1085,7 @@ class Worker:
                 and outcome.lease is not None
                 and outcome.execution is not None
                 and not _issues_a_command(composed.followed)
-                and not _finishes(composed.followed)
+                and not composed.finished
             ):
                 self._let_go(outcome.execution.execution_id, outcome.lease, exc)
 
@@ -1357,21 +1357,6 @@ def _says(store: object, capability: str) -> bool:
     if isinstance(declared, property):
         declared = getattr(store, capability, False)
     return declared is True
-
-
-def _chained_claims(composed: Composed) -> list[Composed]:
-    """The claims a transaction made after finalizes (:attr:`Composed.then`, and each one's own), in order."""
-    made = []
-    then = composed.then
-    while then is not None:
-        made.append(then)
-        then = then.then
-    return made
-
-
-def _finishes(followed: Sequence[tuple[NextVisit, p.Outcome]]) -> bool:
-    """Whether a composed transaction's visits ended in its execution's finalize, decided."""
-    return bool(followed) and followed[-1][0].kind == "finish" and isinstance(followed[-1][1], p.Decision)
 
 
 def _malformed(exc: StoreError) -> str | None:
