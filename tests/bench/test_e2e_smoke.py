@@ -9,6 +9,7 @@ and DBOS are not needed (they come from the ``bench`` extra).
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,27 @@ def test_a_drain_whose_executions_did_not_succeed_is_refused(tmp_path: Path, mon
         e2e.fencekeeper_drain(
             "sqlite", "two-node", 3, 1, server=None, directory=tmp_path, handler="rejecting_handler:make"
         )
+
+
+def test_the_drain_probe_counts_the_executions_that_succeeded_and_no_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The mix's one-node executions succeed without a handler; its two-node ones reach the rejecting handler and fail.
+    (tmp_path / "rejecting_handler.py").write_text(REJECTING_HANDLER, encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    target = e2e._fencekeeper_target("sqlite", None, tmp_path)
+    e2e.admit(target, "mixed", 8)
+    probe = e2e._fencekeeper_succeeded(target, None)
+    assert probe() == 0
+    e2e._run_all([e2e.worker_command(target, 1, "rejecting_handler:make")], e2e._worker_env(tmp_path))
+    with sqlite3.connect(target.url) as conn:
+        states = dict(
+            conn.execute(
+                "SELECT state, count(*) FROM objects WHERE object_type = 'WorkflowExecution' GROUP BY state"
+            ).fetchall()
+        )
+    assert set(states) == {"succeeded", "failed"}
+    assert probe() == states["succeeded"]
 
 
 def test_a_run_reports_medians_and_leaves_unmeasured_targets_unjudged(tmp_path: Path) -> None:
