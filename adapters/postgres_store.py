@@ -1073,12 +1073,13 @@ def _run(
     pipeline mode): the transaction's first statement costs no round trip of
     its own for opening it.  The caller then ends the transaction.
 
-    With ``commit``, a ``COMMIT`` follows it in the same exchange, after a
-    pipeline sync: it runs whether or not the statement failed, so a failed
-    statement's transaction is rolled back on the server (PostgreSQL answers
-    the COMMIT of an aborted transaction with a rollback) and the statement's
-    error is raised, the connection left idle.  The statement must be the
-    transaction's last.  ``then``, with ``commit``, is one more statement
+    With ``commit``, a ``COMMIT`` follows it in the same exchange and the
+    same pipeline segment, before the one sync (as :func:`_run_kept`'s): it
+    runs only if the statement succeeded.  A failed statement's error is
+    raised with the ``COMMIT`` skipped and the transaction left aborted, for
+    the caller's connection context to roll back: one more exchange on the
+    rare failure, one flush and one reply less on every success.  The
+    statement must be the transaction's last.  ``then``, with ``commit``, is one more statement
     without parameters (a ``NOTIFY``) sent between the two, in the
     statement's part of the exchange: it runs only if the statement
     succeeded, and commits with it or not at all.  ``preface`` is one
@@ -1419,12 +1420,10 @@ def _pipelined(
     """
     pgconn = conn.pgconn
     try:
-        pgconn.pipeline_sync()
         if commit:
-            # After a sync of its own: a statement's error does not skip it, and the
-            # COMMIT of the aborted transaction rolls it back.
+            # In the statement's segment: skipped, as a statement after it is, when it fails (_run).
             pgconn.send_query_params(b"COMMIT", None)
-            pgconn.pipeline_sync()
+        pgconn.pipeline_sync()
         began, preface, results, followed, committed, synced = session.wait(
             conn, _pipeline_results(pgconn, begin, commit, then, prefaced)
         )
@@ -1454,6 +1453,7 @@ def _pipelined(
         # The statement's own error, when it failed, is its caller's to raise; the one after it was then skipped.
         _result(conn, session, followed)
     if committed is not None:
+        # Skipped (PIPELINE_ABORTED) when the statement failed: its error is its caller's to raise.
         ended = _result(conn, session, [*results, *committed]) if _succeeded(results) else None
         if ended is not None and ended.command_status != b"COMMIT":
             # The statement succeeded, so the transaction was aborted before it: nothing committed.
@@ -1486,11 +1486,8 @@ def _pipeline_results(
     preface = (yield from generators.fetch_many(pgconn)) if prefaced else None
     results = yield from generators.fetch_many(pgconn)
     followed = (yield from generators.fetch_many(pgconn)) if then else None
+    committed = (yield from generators.fetch_many(pgconn)) if commit else None
     synced = yield from generators.fetch_many(pgconn)
-    committed = None
-    if commit and _only_sync(synced):
-        committed = yield from generators.fetch_many(pgconn)
-        synced = yield from generators.fetch_many(pgconn)
     return began, preface, results, followed, committed, synced
 
 

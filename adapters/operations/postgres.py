@@ -362,9 +362,10 @@ class _PgOpsTx(SqlTx):
         The guard is in the statement's WHERE clauses.  Every other part of it
         writes only if the Operation's own write (``u``) touched its row, and a
         guard that did not hold fails the statement (migration 11), so the
-        COMMIT behind it rolls everything back, an atomic action's writes
-        too; the live-lease clause compares with the database's time at the
-        write.  The write is therefore the transaction's last statement.
+        COMMIT behind it is skipped and the transaction's context rolls
+        everything back, an atomic action's writes too; the live-lease clause
+        compares with the database's time at the write.  The write is
+        therefore the transaction's last statement.
         """
         guard = decision.guard
         live = guard.live_until is not None and self.checks_live_lease
@@ -618,10 +619,15 @@ class PostgresOperationStore(TransactionalOperationStore):
                     self._enter_scope(conn)
                     yield tx
                 except BaseException:
-                    conn.rollback()  # nothing to send when the write's COMMIT already rolled it back
+                    conn.rollback()  # nothing to send when the write's COMMIT already ended it
                     raise
                 if not tx.ended:  # no decision written (a refusal): the reads end here
                     conn.commit()
+                elif conn.pgconn.transaction_status == pq.TransactionStatus.INERROR:
+                    # The write failed its guard (write() answered False): its COMMIT was skipped
+                    # with it (_run), and the aborted transaction, an atomic action's writes in it,
+                    # is rolled back here rather than by the pool.
+                    conn.rollback()
             finally:
                 # A connection left broken or inside a transaction is replaced or reset by the pool.
                 self._pool.putconn(conn)

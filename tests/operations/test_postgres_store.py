@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -316,7 +317,9 @@ def test_stores_in_two_schemas_never_wait_for_each_others_identities(
         other_store.close()
 
 
-def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_server(pg_dsn: str, pg_schema: str) -> None:
+def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_server(
+    pg_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """The write's COMMIT travels with it: a guard that did not hold must abort the transaction first."""
     from datetime import timedelta  # noqa: PLC0415
 
@@ -342,9 +345,15 @@ def test_a_guard_that_fails_at_the_write_rolls_the_transaction_back_on_the_serve
             # Everything else of a real decision, on a revision that is no longer the row's.
             stale = attrs.evolve(decision, guard=attrs.evolve(decision.guard, expected_revision=operation.revision + 1))
             tx.application("INSERT INTO app_marks VALUES (1)", ())
-            assert tx.write(stale, None) is False
-            # The COMMIT sent with the write found the transaction aborted: it rolled it back.
-            assert tx.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+            with caplog.at_level(logging.WARNING, logger="psycopg.pool"):
+                assert tx.write(stale, None) is False
+                # The COMMIT sent behind the write was skipped with it: the transaction is aborted, not committed.
+                assert tx.conn.pgconn.transaction_status == pq.TransactionStatus.INERROR
+                conn_used = tx.conn
+        # The store's transaction rolled it back itself, before handing the connection back to the pool
+        # (which would otherwise warn that it rolled back a returned connection).
+        assert conn_used.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg.pool")] == []
         assert store.application_execute("SELECT count(*) FROM app_marks") == [(0,)]
         assert store.view(operation_id) == before, "neither the Operation nor its history changed"
         with psycopg.connect(pg_dsn) as conn:
