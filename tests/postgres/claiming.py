@@ -1,11 +1,28 @@
-"""What the tests of claims made after a finalize share (test_claim_after_finalize.py, test_claim_chains.py)."""
+"""What the tests of claims made after a finalize or read ahead share (test_claim_after_finalize.py,
+test_claim_chains.py, test_read_ahead.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from fencekeeper.adapters.store import Composed, NextClaim
+from fencekeeper.adapters import examples, service
+from fencekeeper.adapters.store import Composed, NextClaim, TransactionalStore
 from fencekeeper.kernel import interpreter as i
+from fencekeeper.kernel import protocol as p
+
+
+def admit_in_order(store: TransactionalStore, business_id: str, principal_id: str, *workflows: str) -> list[str]:
+    """One execution of each of ``workflows`` (registered already), admitted in that order: the claims' order."""
+    policy = examples.grants(business_id, principal_id)
+    admitted = []
+    for n, workflow in enumerate(workflows):
+        outcome = service.run(
+            store, policy, business_id=business_id, principal_id=principal_id, definition_id=workflow,
+            input={"order_id": f"o-{n}"} if workflow == "two-node" else {},
+        )
+        assert isinstance(outcome, p.Decision) and outcome.execution is not None, outcome
+        admitted.append(outcome.execution.execution_id)
+    return admitted
 
 
 class CountingHandler:

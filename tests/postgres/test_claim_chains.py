@@ -57,7 +57,7 @@ from fencekeeper.adapters.worker import CLAIMS_PER_TRANSACTION, Worker
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
-from tests.postgres.claiming import CountingHandler, Watching
+from tests.postgres.claiming import CountingHandler, Watching, admit_in_order
 
 BUSINESS = "b-1"
 PRINCIPAL = "user:operator"
@@ -95,16 +95,7 @@ def store(pg_dsn: str, pg_schema: str) -> Iterator[_Watched]:
 
 
 def _admit(store: TransactionalStore, *workflows: str) -> list[str]:
-    """One execution of each of ``workflows``, admitted in that order: the claims' order."""
-    admitted = []
-    for n, workflow in enumerate(workflows):
-        outcome = service.run(
-            store, POLICY, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id=workflow,
-            input={"order_id": f"o-{n}"} if workflow == "two-node" else {},
-        )
-        assert isinstance(outcome, p.Decision) and outcome.execution is not None, outcome
-        admitted.append(outcome.execution.execution_id)
-    return admitted
+    return admit_in_order(store, BUSINESS, PRINCIPAL, *workflows)
 
 
 def _worker(store: TransactionalStore, handler: CountingHandler, **kwargs: Any) -> Worker:

@@ -44,6 +44,7 @@ from fencekeeper.kernel import interpreter as i
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.definition import parse_definition
 from fencekeeper.kernel.machines import ExecutionState
+from tests.postgres.claiming import admit_in_order
 
 BUSINESS = "b-1"
 LEASE = timedelta(seconds=30)
@@ -75,15 +76,7 @@ def stores(pg_dsn: str, pg_schema: str) -> Iterator[tuple[PostgresStore, Postgre
 def _admit(store: TransactionalStore, workflow: str, count: int) -> list[str]:
     policy = examples.grants(BUSINESS, PRINCIPAL)
     service.register(store, parse_definition(WORKFLOWS[workflow]), BUSINESS, PRINCIPAL, policy)
-    admitted = []
-    for n in range(count):
-        outcome = service.run(
-            store, policy, business_id=BUSINESS, principal_id=PRINCIPAL, definition_id=workflow,
-            input={"order_id": f"o-{n}"} if workflow == "two-node" else {},
-        )
-        assert isinstance(outcome, p.Decision) and outcome.execution is not None, outcome
-        admitted.append(outcome.execution.execution_id)
-    return admitted
+    return admit_in_order(store, BUSINESS, PRINCIPAL, *[workflow] * count)
 
 
 def _worker(store: TransactionalStore, worker_id: str = "w-1", **kwargs: Any) -> Worker:
