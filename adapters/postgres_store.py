@@ -33,6 +33,14 @@ Rules of this module:
   transaction's last action, ``write_last``), that statement travels with
   the ``NOTIFY`` and ``COMMIT`` in one exchange (``commit_kept``); a
   unique-key conflict there means what it means to ``write``.
+- An admission whose facts the store can predict (the identity free, the
+  definition's latest revision as last read, the moment ``PREDICTED_AT``)
+  reads nothing first: its ``BEGIN`` goes with that exchange, and its one
+  statement writes the database's time where the decision has the predicted
+  moment and fails unless every prediction holds
+  (``PostgresStore.admit_run``, ``_predicted_statement``); then the
+  admission is decided on read facts.  specs/protocol.md, "An admission
+  decided on predicted facts".
 - A composed transaction (a claim or a step, and the visits after it) keeps
   every decision's writes until its ``COMMIT``: its locking read brings the
   execution's evidence behind it, each view a next visit plans from is made
@@ -107,6 +115,7 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
+from fencekeeper.kernel import definition as d
 from fencekeeper.kernel import protocol as p
 from fencekeeper.kernel.machines import DispatchState, ExecutionState, OperationState
 
@@ -125,6 +134,7 @@ from .store import (
     _GuardFailed,
     _KeptWriteFailed,
     checked_again_if_lost,
+    definition_object_id,
 )
 
 CHANNEL = "fencekeeper_eligible"
@@ -1257,6 +1267,8 @@ def _run_kept(
     commit: bool = False,
     then: bytes | None = None,
     ahead: _Ahead | None = None,
+    begin: bool = False,
+    rows: list[_Rows] | None = None,
 ) -> tuple[_Rows, _Rows] | None:
     """Send writes kept by the transaction (``_Kept``), in order, in one exchange; raise the first one's error.
 
@@ -1282,6 +1294,11 @@ def _run_kept(
     exchange rides on this one's last.  Skipped, as the ``COMMIT`` is, after
     a failure.  Returns their rows when they ran; when the read itself
     failed, None, with that new transaction left for the caller to end.
+
+    ``begin``: a ``BEGIN`` goes ahead of the statements, in the same segment
+    (a transaction that is this one exchange: an admission decided on
+    predicted facts, ``_predicted_statement``).  ``rows``, when given, gets
+    each statement's rows, in order.
     """
     session = _SESSIONS.get(conn)
     if session is None:
@@ -1293,6 +1310,8 @@ def _run_kept(
         reads = _prepared_all(conn, session, ahead.statements) if ahead is not None else []
         pgconn.enter_pipeline_mode()
         try:
+            if begin:
+                pgconn.send_query_params(b"BEGIN", None)
             _send_all(pgconn, sends)
             if then is not None:
                 pgconn.send_query_params(then, None)
@@ -1305,8 +1324,8 @@ def _run_kept(
                     pgconn.send_query_params(ahead.preface, None)
                 _send_all(pgconn, reads)
             pgconn.pipeline_sync()
-            answers, followed, committed, synced = session.wait(
-                conn, _kept_results(pgconn, len(sends), commit, then is not None, _ahead_count(ahead))
+            began, answers, followed, committed, synced = session.wait(
+                conn, _kept_results(pgconn, len(sends), commit, then is not None, _ahead_count(ahead), begin=begin)
             )
             if not _only_sync(synced):
                 raise psycopg.OperationalError(f"the server ended the session during a pipelined exchange: {synced}")
@@ -1315,9 +1334,15 @@ def _run_kept(
             # Cut short: the connection's state is unknown, so it is closed and the pool replaces it.
             conn.pgconn.finish()
             raise
+        if began is not None:
+            _result(conn, session, began)
         for results in answers:
             # In order: the first failure is raised; the statements after it were skipped.
-            _result(conn, session, results)
+            result = _result(conn, session, results)
+            if rows is not None:
+                session.transformer.set_pgresult(result)
+                count = result.command_tuples
+                rows.append(_Rows(session.transformer.load_rows(0, result.ntuples, tuple), -1 if count is None else count))
         if followed is not None:
             _result(conn, session, followed)
         if committed is not None:
@@ -1375,9 +1400,10 @@ def _ahead_count(ahead: _Ahead | None) -> int:
     return 0 if ahead is None else 3 + (ahead.preface is not None)
 
 
-def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool, after: int = 0) -> Any:
+def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool, after: int = 0, *, begin: bool = False) -> Any:
     # As _pipeline_results, for ``count`` statements; the COMMIT's results, then ``after`` more (a read ahead).
     yield from generators.send(pgconn)
+    began = (yield from generators.fetch_many(pgconn)) if begin else None
     answers = []
     for _ in range(count):
         answers.append((yield from generators.fetch_many(pgconn)))
@@ -1388,7 +1414,7 @@ def _kept_results(pgconn: pq.abc.PGconn, count: int, commit: bool, then: bool, a
         for _ in range(after):
             committed.append((yield from generators.fetch_many(pgconn)))
     synced = yield from generators.fetch_many(pgconn)
-    return answers, followed, committed, synced
+    return began, answers, followed, committed, synced
 
 
 def _many_results(pgconn: pq.abc.PGconn, count: int, begin: bool, prefaced: bool) -> Any:
@@ -1566,6 +1592,88 @@ def _guarded_statement(parts: tuple[str, ...], checked: tuple[int, ...]) -> str:
     touched = " UNION ALL ".join(f"SELECT part FROM w{n}" for n in range(len(parts)))
     held = " AND ".join(f"count(*) FILTER (WHERE part = {n}) = 1" for n in checked) or "true"
     return f"WITH {ctes}, touched AS ({touched}) SELECT fencekeeper_guard_held({held}) FROM touched"
+
+
+class _CannotPredict(Exception):
+    """An admission that cannot be decided on predicted facts (``PostgresStore.admit_run``); nothing was sent."""
+
+
+PREDICTED_AT = datetime(1111, 11, 11, 11, 11, 11, 111111, tzinfo=UTC)
+"""The time an admission decided on predicted facts is decided at; its statement writes the database's time instead.
+
+A moment no store ever reads from a clock, so every value the decision
+derived from it is recognised where it stands (``_predicted_statement``).
+"""
+
+_PREDICTED_DAY = PREDICTED_AT.date().isoformat()
+_PREDICTED_AT_JSON = f'"at":"{codec.encode_time(PREDICTED_AT)}"'
+# The same text, of the time the statement reads (codec.encode_time: UTC, microseconds, "+00:00").
+_DATABASE_AT_JSON = (
+    "(SELECT '\"at\":\"' || to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US') || '+00:00\"' "
+    "FROM fencekeeper_now)"
+)
+_OUTBOX_INSERT = "INSERT INTO outbox ("
+
+
+def _predicted_statement(
+    parts: tuple[str, ...], params: Sequence[object], definition: tuple[str, str, int, int]
+) -> tuple[str, list[object]]:
+    """An admission's writes, decided at :data:`PREDICTED_AT`, as one statement that writes the database's time there.
+
+    The statement reads ``clock_timestamp()`` once and writes it wherever a
+    parameter is ``PREDICTED_AT``, and its text where the outbox row's
+    payload says ``"at"`` of it; and it fails (``fencekeeper_guard_held``,
+    SQLSTATE ZG001) unless the definition's latest registered revision is
+    within ``definition``'s bounds: (object id, business, lowest, highest).
+    Its one row is the time it read.  Any other value that could derive
+    from that moment (a time before 1900, the day's text anywhere else)
+    raises :class:`_CannotPredict`: such a decision is decided on read facts.
+    """
+    marks: list[str] = []
+    values: list[object] = []
+    index = 0
+    for part in parts:
+        count = part.count("%s")
+        payload = index + count - 1 if part.startswith(_OUTBOX_INSERT) else -1
+        for at in range(index, index + count):
+            value = params[at]
+            if isinstance(value, datetime):
+                if value == PREDICTED_AT:
+                    marks.append("t")
+                    continue
+                if value.year < 1900:
+                    raise _CannotPredict
+            elif isinstance(value, str) and _PREDICTED_DAY in value:
+                if at != payload or value.count(_PREDICTED_DAY) != 1 or _PREDICTED_AT_JSON not in value:
+                    raise _CannotPredict
+                marks.append("j")
+                values.append(value)
+                continue
+            marks.append("p")
+            values.append(value)
+        index += count
+    object_id, business_id, lowest, highest = definition
+    return _predicted_text(parts, tuple(marks)), [*values, object_id, business_id, lowest, highest]
+
+
+@functools.lru_cache(maxsize=64)
+def _predicted_text(parts: tuple[str, ...], marks: tuple[str, ...]) -> str:
+    """The text of :func:`_predicted_statement` (an admission's shape repeats, so its text is kept)."""
+    spelled = {"p": "%s", "t": "(SELECT at FROM fencekeeper_now)", "j": f"replace(%s, '{_PREDICTED_AT_JSON}', {_DATABASE_AT_JSON})"}
+    written = iter(marks)
+    texts = []
+    for part in parts:
+        pieces = part.split("%s")
+        texts.append(pieces[0] + "".join(spelled[next(written)] + piece for piece in pieces[1:]))
+    # Each part read in order through one UNION ALL, as _guarded_statement's: objects.seq keeps the decision's order.
+    ctes = ", ".join(f"w{n} AS ({sql} RETURNING {n} AS part)" for n, sql in enumerate(texts))
+    touched = " UNION ALL ".join(f"SELECT part FROM w{n}" for n in range(len(texts)))
+    head = f"(SELECT revision FROM objects WHERE object_id = %s AND object_type = '{DEFINITION_TYPE}' AND business_id = %s)"
+    return (
+        f"WITH fencekeeper_now AS MATERIALIZED (SELECT clock_timestamp() AS at), {ctes}, touched AS ({touched}) "
+        f"SELECT fencekeeper_guard_held(count(*) > 0 AND coalesce({head} BETWEEN %s AND %s, false)), "
+        "(SELECT at FROM fencekeeper_now) FROM touched"
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -1773,6 +1881,11 @@ class _PostgresBackend(SqlBackend):
         # (write_last), and the one kept: sent by commit_kept when the transaction ends.
         self._keeping: tuple[p.Decision, tuple[Evidence, ...]] | None = None
         self.kept: _Kept | None = None
+        # An admission decided on predicted facts (PostgresStore.admit_run): the definition's
+        # object id, business and bounds its latest revision must be within; nothing is sent
+        # before its one exchange, which carries BEGIN and returns the time it wrote.
+        self._predicting: tuple[str, str, int, int] | None = None
+        self.predicted_at: datetime | None = None
         # The decisions of a composed transaction whose writes are kept (write_and_view, and the
         # write_last that may end them), at the transaction's one time: sent ahead of the next
         # statement, or with the COMMIT (_chain_statements).  Closed once write_last has joined.
@@ -1818,6 +1931,13 @@ class _PostgresBackend(SqlBackend):
         if not parts:
             return
         texts = tuple(sql for sql, _ in parts)
+        if self._predicting is not None:
+            if self._keeping is None or self._checks or self._revision_checks:
+                raise _CannotPredict
+            self.kept = _Kept(*_predicted_statement(texts, self._params, self._predicting), True, *self._keeping)
+            for _, deferred in parts:
+                deferred.rowcount = 1
+            return
         if self._building is not None:
             # The chain's writes, checked by the database as a kept write is (write_last).
             checked = {id(cursor) for cursor in (*self._checks, *(c for _, c in self._revision_checks))}
@@ -1862,6 +1982,9 @@ class _PostgresBackend(SqlBackend):
         return begin and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> Any:
+        if self._collecting is None and self._predicting is not None:
+            # A read would be the transaction's first exchange: the admission is decided on read facts.
+            raise _CannotPredict
         if self._collecting is None:
             self._nothing_kept()
             self._flush_pending()
@@ -1881,6 +2004,17 @@ class _PostgresBackend(SqlBackend):
         if self.database_clock:
             self._time = row[0]
         return self._admission_from(execution_id, row[1], row[2])
+
+    def predict(self, definition: tuple[str, str, int, int]) -> None:
+        """Keep this transaction's one decision, an admission on predicted facts, for one exchange with BEGIN.
+
+        ``definition``: the object id, business and bounds its latest
+        revision must be within (``_predicted_statement``).  Nothing is sent
+        until ``commit_kept``; anything that would send first raises
+        :class:`_CannotPredict`.
+        """
+        self._predicting = definition
+        self.keeps_writes = True
 
     def keeps_any(self) -> bool:
         """Whether writes are kept for the COMMIT (commit_kept sends them)."""
@@ -2312,6 +2446,16 @@ class _PostgresBackend(SqlBackend):
         # open (BEGIN went with the admission's facts).
         # A guarded decision's writes go the same way, their guard checked by the database in the
         # statement (_guarded_statement), unless a kept write already failed at this request's COMMIT.
+        if self._predicting is not None:
+            # Kept before anything is sent: the one exchange carries BEGIN (commit_kept).
+            self._keeping = (decision, tuple(evidence))
+            try:
+                self.write(decision, evidence, now)
+            finally:
+                self._keeping = None
+            if self.kept is None:
+                raise _CannotPredict
+            return True
         if (
             not self.commits_with_last
             or not self.keeps_writes
@@ -2366,10 +2510,13 @@ class _PostgresBackend(SqlBackend):
                 statements = [*self._chain_statements(), *([kept] if kept is not None else [])]
             return self._send_kept(statements, commit=True, notify=notify, ahead=ahead)
         assert kept is not None
+        predicted = self._predicting is not None
+        rows: list[_Rows] = []
         try:
             # The COMMIT in the statement's pipeline segment, behind one sync (as a chain's): skipped if the
             # statement fails, which leaves the transaction aborted for the connection's context to roll back.
-            _run_kept(self.conn, [(kept.statement, kept.params)], commit=True, then=notify)
+            # A predicted admission's BEGIN goes ahead of it: the whole transaction is this exchange.
+            _run_kept(self.conn, [(kept.statement, kept.params)], commit=True, then=notify, begin=predicted, rows=rows)
         except self.dialect.integrity_errors as exc:
             if kept.guarded:
                 raise _KeptWriteFailed from None
@@ -2379,6 +2526,8 @@ class _PostgresBackend(SqlBackend):
             if kept.guarded and exc.sqlstate == GUARD_FAILED:
                 raise _KeptWriteFailed from None
             raise
+        if predicted:
+            self.predicted_at = _aware(rows[0].rows[0][1])
         # Not a composed transaction's: nothing is read ahead behind it.
         return None
 
@@ -2724,6 +2873,77 @@ class PostgresStore(TransactionalStore):
             ) from None
         except _CONNECTION_LOST as exc:
             raise self._unavailable(exc) from None
+
+    def admit_run(
+        self,
+        execution_id: str,
+        business_id: str,
+        definition_id: str,
+        revision: int | None,
+        make: Callable[[d.Definition], tuple[p.AdmitRequest, Sequence[Evidence]]],
+    ) -> p.Outcome | None:
+        """:meth:`TransactionalStore.admit_run`, in one exchange where the facts it needs can be predicted.
+
+        An admission's facts are the database's time, whether its identity is
+        free and the definition's latest registered revision.  Once an
+        admission of this store has read the latest revision, the next is
+        decided without reading: on an identity that is free, that revision,
+        and the moment :data:`PREDICTED_AT`.  Its one statement then checks
+        each prediction where it writes (``_predicted_statement``): the
+        identity by the objects' unique key, the revision by the guard, and
+        the time by writing the database's own wherever the decision has it.
+        ``BEGIN``, that statement, ``NOTIFY`` and ``COMMIT`` go in one
+        exchange (``commit_kept``).  A prediction that does not hold fails
+        the statement and writes nothing, and the admission is decided again
+        on read facts, as :meth:`TransactionalStore.admit_run` decides every one.
+        The decision returned is the kernel's at the time the statement wrote.
+        """
+        predicted = None if self._closed else self._predicted_admission(execution_id, business_id, definition_id, revision, make)
+        if predicted is not None:
+            return predicted
+        return super().admit_run(execution_id, business_id, definition_id, revision, make)
+
+    def _predicted_admission(
+        self,
+        execution_id: str,
+        business_id: str,
+        definition_id: str,
+        revision: int | None,
+        make: Callable[[d.Definition], tuple[p.AdmitRequest, Sequence[Evidence]]],
+    ) -> p.Decision | None:
+        """The admission decided on predicted facts and written in one exchange; None where it was not (see :meth:`admit_run`)."""
+        # Only where the store sends the COMMIT itself, and time is the database's (an injected
+        # clock is a test's, and its time is read in the transaction).
+        if not self._commits_with_last or not self._database_clock:
+            return None
+        head = self._heads.get((business_id, definition_id))
+        if head is None:
+            return None
+        number = head if revision is None else revision
+        definition = self._definitions.get((business_id, definition_id, number)) if 1 <= number <= head else None
+        if definition is None:
+            return None
+        request, evidence = make(definition)
+        if request.execution_id != execution_id:
+            raise ValueError("admit_run: make() must admit the execution_id it was given")
+        decided = p.admit(None, request, PREDICTED_AT, id_taken=False)
+        if not isinstance(decided, p.Decision):
+            # A refusal's code depends on what the identity names: decided on read facts.
+            return None
+        # The latest revision must still be the one predicted; a revision asked for, at least it.
+        bounds = (definition_object_id(business_id, definition_id), business_id, number, head if revision is None else 2**31 - 1)
+        try:
+            with self._transaction() as tx:
+                assert isinstance(tx, _PostgresBackend)
+                tx.predict(bounds)
+                tx.write_last(decided, evidence, PREDICTED_AT)
+        except (_GuardFailed, _CannotPredict):
+            return None
+        at = tx.predicted_at
+        assert at is not None
+        outcome = p.admit(None, request, at, id_taken=False)
+        assert isinstance(outcome, p.Decision), outcome
+        return outcome
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[_PostgresBackend]:

@@ -901,6 +901,11 @@ class TransactionalStore(abc.ABC):
         # immutable once registered (load_definition).  Shared by the store's
         # threads; a Definition is a frozen value.
         self._definitions: dict[tuple[str, str, int | None], d.Definition] = {}
+        # The latest revision number of each (business, definition) that an
+        # admission's facts last found: a prediction, never a fact.  Revisions
+        # only ever grow, so a store that decides an admission on it checks it
+        # in the admission's own statement (PostgresStore.admit_run).
+        self._heads: dict[tuple[str, str], int] = {}
         # Set by close(): from then on every call is StoreError('store_unavailable').
         self._closed = False
 
@@ -1068,6 +1073,8 @@ class TransactionalStore(abc.ABC):
 
         def decide(tx: Backend, now: datetime) -> _Written:
             existing, taken, head = facts[0]
+            if head is not None:
+                self._remember_head((business_id, definition_id), head)
             number = head if revision is None else revision
             if head is None or number is None or not 1 <= number <= head:
                 return _Written(None)
@@ -1457,6 +1464,12 @@ class TransactionalStore(abc.ABC):
         What a planner inside a transaction may use (it must not use the store).
         """
         return self._definitions.get((business_id, definition_id, revision))
+
+    def _remember_head(self, key: tuple[str, str], head: int) -> None:
+        """Keep the latest revision an admission's facts found for ``key`` (business, definition), as a prediction."""
+        if key not in self._heads and len(self._heads) >= DEFINITION_CACHE:
+            self._heads.clear()
+        self._heads[key] = head
 
     def _remember_definition(self, key: tuple[str, str, int | None], definition: d.Definition) -> None:
         """Keep a registered revision, found by its number, in memory (it never changes)."""

@@ -4,13 +4,20 @@ Run: ``python -m bench.admission`` (PostgreSQL from FENCEKEEPER_PG_DSN or
 postgresql://postgres@127.0.0.1:5432/test; a fresh schema, dropped after).
 
 What it compares, in one process on one connection, so that the load of
-the machine weighs on both sides alike: admissions as the store makes
-them, whose writes travel with ``NOTIFY`` and ``COMMIT`` (two round trips),
-against the same admissions with the writes sent on their own
-(``Backend.write_last`` as the base class has it: ``write``, then
-``NOTIFY`` with ``COMMIT``; three round trips, the path before).  Blocks
-of ``--block`` admissions alternate between the two, the order swapped
-every block; it prints each side's median per admission (CPU by
+the machine weighs on every side alike, three ways to make the same
+admissions:
+
+- ``predicted``, the store as shipped: decided on predicted facts, its
+  ``BEGIN``, writes, ``NOTIFY`` and ``COMMIT`` in one round trip
+  (``PostgresStore.admit_run``);
+- ``read``: the facts read first, with ``BEGIN``, then the writes with
+  ``NOTIFY`` and ``COMMIT`` (two round trips, the path before);
+- ``sent``: the facts read first, the writes sent on their own
+  (``Backend.write_last`` as the base class has it: ``write``, then
+  ``NOTIFY`` with ``COMMIT``; three round trips, the path before that).
+
+Blocks of ``--block`` admissions alternate between them, the order
+reversed every block; it prints each side's median per admission (CPU by
 ``time.process_time``, wall by ``time.perf_counter``) and the median of
 the blocks' quotients.  The round trips are counted
 (``fencekeeper.adapters.testing.roundtrips``) after a warm-up, and are the
@@ -33,17 +40,23 @@ from fencekeeper.kernel.definition import parse_definition
 
 from .worker_path import BUSINESS, DSN, PRINCIPAL, WORKFLOWS, pg_schema
 
-SIDES = ("kept", "sent")
-"""kept: the writes go with COMMIT (the store as shipped); sent: on their own, before it."""
+SIDES = ("predicted", "read", "sent")
+"""predicted: one exchange (the store as shipped); read: the facts read first; sent: and the writes before COMMIT."""
 
 
 _KEPT = postgres_store._PostgresBackend.write_last
+_PREDICTED = PostgresStore._predicted_admission
+
+
+def _never(self: PostgresStore, *args: object) -> None:
+    """No admission decided on predicted facts: each reads them first."""
 
 
 def _side(name: str) -> None:
     """Make the store's admissions those of side ``name``."""
-    chosen = _KEPT if name == "kept" else Backend.write_last
+    chosen = Backend.write_last if name == "sent" else _KEPT
     postgres_store._PostgresBackend.write_last = chosen  # type: ignore[method-assign]
+    PostgresStore._predicted_admission = _PREDICTED if name == "predicted" else _never  # type: ignore[method-assign, assignment]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 store.close()
     finally:
-        _side("kept")
+        _side("predicted")
 
 
 def _measure(store: PostgresStore, admit: Callable[[], None], block: int, blocks: int) -> None:
@@ -97,9 +110,10 @@ def _measure(store: PostgresStore, admit: Callable[[], None], block: int, blocks
             f"{side}: CPU {statistics.median(cpu[side]):.3f} ms, wall {statistics.median(wall[side]):.3f} ms "
             f"per admission (medians of {blocks} blocks of {block})"
         )
-    for name, figures in (("CPU", cpu), ("wall", wall)):
-        quotients = [kept / sent for kept, sent in zip(figures["kept"], figures["sent"], strict=True)]
-        print(f"kept / sent, {name}: {statistics.median(quotients):.3f} (median of the blocks' quotients)")
+    for one, other in (("predicted", "read"), ("read", "sent")):
+        for name, figures in (("CPU", cpu), ("wall", wall)):
+            quotients = [a / b for a, b in zip(figures[one], figures[other], strict=True)]
+            print(f"{one} / {other}, {name}: {statistics.median(quotients):.3f} (median of the blocks' quotients)")
 
 
 if __name__ == "__main__":
