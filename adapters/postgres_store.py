@@ -2516,7 +2516,9 @@ class _PostgresBackend(SqlBackend):
             # The COMMIT in the statement's pipeline segment, behind one sync (as a chain's): skipped if the
             # statement fails, which leaves the transaction aborted for the connection's context to roll back.
             # A predicted admission's BEGIN goes ahead of it: the whole transaction is this exchange.
-            _run_kept(self.conn, [(kept.statement, kept.params)], commit=True, then=notify, begin=predicted, rows=rows)
+            _run_kept(
+                self.conn, [(kept.statement, kept.params)], commit=True, then=notify, begin=predicted, rows=rows if predicted else None
+            )
         except self.dialect.integrity_errors as exc:
             if kept.guarded:
                 raise _KeptWriteFailed from None
@@ -2898,10 +2900,19 @@ class PostgresStore(TransactionalStore):
         on read facts, as :meth:`TransactionalStore.admit_run` decides every one.
         The decision returned is the kernel's at the time the statement wrote.
         """
-        predicted = None if self._closed else self._predicted_admission(execution_id, business_id, definition_id, revision, make)
+        made: dict[int, tuple[p.AdmitRequest, Sequence[Evidence]]] = {}
+
+        def once(definition: d.Definition) -> tuple[p.AdmitRequest, Sequence[Evidence]]:
+            # Decided again on read facts at the revision predicted: the request already made
+            # (its input checked, its authority asked) is the same, and is not made twice.
+            if definition.revision not in made:
+                made[definition.revision] = make(definition)
+            return made[definition.revision]
+
+        predicted = None if self._closed else self._predicted_admission(execution_id, business_id, definition_id, revision, once)
         if predicted is not None:
             return predicted
-        return super().admit_run(execution_id, business_id, definition_id, revision, make)
+        return super().admit_run(execution_id, business_id, definition_id, revision, once)
 
     def _predicted_admission(
         self,

@@ -340,9 +340,20 @@ def test_a_repeated_admission_gets_the_answer_a_read_gives_and_writes_nothing(
     assert isinstance(_run(store, "x-1", "o"), p.Decision)
     before = _database(pg_dsn, pg_schema)
     failures = _kept_failures(monkeypatch)
+    asked: list[str] = []
+    check = POLICY.check
+
+    def counted(principal_id: str, business_id: str, operation: str, targets: Any = ()) -> p.Authority:
+        asked.append(operation)
+        return check(principal_id, business_id, operation, targets)
+
+    monkeypatch.setattr(POLICY, "check", counted)
     again = _run(store, "x-1", "o")
-    # The identity's unique key refused the predicted writes; the read facts find the execution.
+    # The identity's unique key refused the predicted writes; the read facts find the execution,
+    # decided on the request already made: its authority was asked once.
     assert len(failures) == 1 and isinstance(failures[0], _GuardFailed), failures
+    assert asked == ["workflow_run"], asked
+    monkeypatch.undo()
     fresh = PostgresStore(pg_dsn, schema=pg_schema, pool_size=1)
     try:
         assert _run(fresh, "x-1", "o") == again  # a store that predicts nothing answers the same
