@@ -3320,6 +3320,7 @@ def _recorded_version(query: Query, schema: str) -> int:
 __all__ = [
     "CHANNEL",
     "MIGRATIONS",
+    "PREDICTED_AT",
     "Listener",
     "PostgresStore",
     "check_schema",

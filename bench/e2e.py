@@ -47,7 +47,8 @@ Rules of this module:
   functions: written as coroutines they drained no faster.
 - **Admission is timed apart,** before the drain, one at a time:
   ``service.run`` (the service API, which reads the pinned definition, checks
-  the input and the policy, then admits: one transaction of two round trips), Procrastinate's
+  the input and the policy, then admits: one transaction, of one round trip after a store's first admission
+  of a definition), Procrastinate's
   ``defer`` one job at a time, DBOS's ``Queue.enqueue`` one workflow at a time.
 - **Every measurement starts clean.**  A fresh schema (a fresh file on
   SQLite) and a ``CHECKPOINT`` before admission (where the role may), then
