@@ -72,16 +72,20 @@ def _run(store: PostgresStore, execution_id: str, order: str) -> p.Outcome:
     )
 
 
+def _tables(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    return [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
+            (schema,),
+        )
+    ]
+
+
 def _database(pg_dsn: str, schema: str) -> dict[str, list[str]]:
     """Every row of every table of the schema, as text, sorted: the database as a client cannot see it."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        tables = [
-            str(r[0])
-            for r in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
-                (schema,),
-            )
-        ]
+        tables = _tables(conn, schema)
         assert "objects" in tables and "workflow_dispatch" in tables, tables
         return {
             table: sorted(
@@ -221,15 +225,8 @@ _TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?(\+00(:00)?)?")
 def _written_for(pg_dsn: str, schema: str, execution_id: str) -> dict[str, list[str]]:
     """Every row an admission of ``execution_id`` wrote, its id, times, message id and sequence numbers made alike."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        tables = [
-            str(r[0])
-            for r in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_type = 'BASE TABLE'",
-                (schema,),
-            )
-        ]
         found = {}
-        for table in tables:
+        for table in _tables(conn, schema):
             rows = [str(r[0]) for r in conn.execute(f'SELECT (to_jsonb(t) - \'seq\')::text FROM "{schema}"."{table}" t')]
             mine = [r for r in rows if f'"{execution_id}' in r]
             if mine:
