@@ -14,6 +14,8 @@ must hold anyway:
 
 - an admission in one exchange writes exactly what one decided on read facts
   writes, at the database's time, and returns the kernel's decision at it;
+  the kernel's ``admit`` at ``PREDICTED_AT`` is its decision at any moment
+  with that moment written in (what the store relies on);
 - a revision registered by another process since, a repeated identity, an
   input that carries the predicted moment's text: each is decided on read
   facts, with the answer a read would give, and nothing else written;
@@ -35,11 +37,14 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from psycopg import pq
 
 from fencekeeper.adapters import codec, examples, postgres_store, service
@@ -418,3 +423,37 @@ def test_many_stores_admitting_one_identity_in_one_exchange_each_admit_it_once(p
     assert view is not None and len(view.history) == 1
     winner = outcomes.index(decisions[0])
     assert [e.body["input"]["order_id"] for e in view.evidence] == [f"o-{winner}"]
+
+
+def _moment_written(value: Any, at: datetime) -> Any:
+    """``value`` (attrs.asdict of a decision) with every ``PREDICTED_AT`` in it replaced by ``at``."""
+    if value == postgres_store.PREDICTED_AT:
+        return at
+    if isinstance(value, dict):
+        return {k: _moment_written(v, at) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_moment_written(v, at) for v in value)
+    return value
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    at=st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)),
+    execution_id=st.sampled_from(["x-1", "e/2", "order-ñ"]),
+    granted=st.booleans(),
+)
+def test_an_admission_at_the_predicted_moment_is_the_admission_at_any_moment_with_it_written_in(
+    at: datetime, execution_id: str, granted: bool
+) -> None:
+    # What the store relies on (specs/protocol.md, "An admission decided on predicted facts"):
+    # admit uses its time only to record it, so the decision at the database's moment is the
+    # one at PREDICTED_AT with that moment written where PREDICTED_AT stands, and nothing else.
+    request = p.AdmitRequest(execution_id, BUSINESS, "two-node", 1, "ship", p.Authority(granted, "ops"))
+    predicted = p.admit(None, request, postgres_store.PREDICTED_AT, id_taken=False)
+    decided = p.admit(None, request, at, id_taken=False)
+    assert type(predicted) is type(decided)
+    if isinstance(decided, p.Decision):
+        assert isinstance(predicted, p.Decision)
+        assert _moment_written(attrs.asdict(predicted, recurse=True), at) == attrs.asdict(decided, recurse=True)
+    else:
+        assert predicted == decided
