@@ -2659,6 +2659,10 @@ class PostgresStore(TransactionalStore):
     """Whether a step's transaction that finalizes its execution makes the worker's next claim too
     (``NextClaim.request``), read with the step's locking read: one transaction less per execution."""
 
+    predicts_admissions: ClassVar[bool] = True
+    """Whether an admission after the store's first of a definition is decided on predicted facts, in one
+    exchange (:meth:`admit_run`); without it every admission reads its facts first."""
+
     def __init__(
         self,
         dsn: str,
@@ -2909,38 +2913,25 @@ class PostgresStore(TransactionalStore):
                 made[definition.revision] = make(definition)
             return made[definition.revision]
 
-        predicted = None if self._closed else self._predicted_admission(execution_id, business_id, definition_id, revision, once)
-        if predicted is not None:
-            return predicted
-        return super().admit_run(execution_id, business_id, definition_id, revision, once)
+        def on_read_facts() -> p.Outcome | None:
+            return super(PostgresStore, self).admit_run(execution_id, business_id, definition_id, revision, once)
 
-    def _predicted_admission(
-        self,
-        execution_id: str,
-        business_id: str,
-        definition_id: str,
-        revision: int | None,
-        make: Callable[[d.Definition], tuple[p.AdmitRequest, Sequence[Evidence]]],
-    ) -> p.Decision | None:
-        """The admission decided on predicted facts and written in one exchange; None where it was not (see :meth:`admit_run`)."""
         # Only where the store sends the COMMIT itself, and time is the database's (an injected
         # clock is a test's, and its time is read in the transaction).
-        if not self._commits_with_last or not self._database_clock:
-            return None
         head = self._heads.get((business_id, definition_id))
-        if head is None:
-            return None
+        if self._closed or not self.predicts_admissions or not self._commits_with_last or not self._database_clock or head is None:
+            return on_read_facts()
         number = head if revision is None else revision
         definition = self._definitions.get((business_id, definition_id, number)) if 1 <= number <= head else None
         if definition is None:
-            return None
-        request, evidence = make(definition)
+            return on_read_facts()
+        request, evidence = once(definition)
         if request.execution_id != execution_id:
             raise ValueError("admit_run: make() must admit the execution_id it was given")
         decided = p.admit(None, request, PREDICTED_AT, id_taken=False)
         if not isinstance(decided, p.Decision):
             # A refusal's code depends on what the identity names: decided on read facts.
-            return None
+            return on_read_facts()
         # The latest revision must still be the one predicted; a revision asked for, at least it.
         bounds = (definition_object_id(business_id, definition_id), business_id, number, head if revision is None else 2**31 - 1)
         try:
@@ -2949,7 +2940,7 @@ class PostgresStore(TransactionalStore):
                 tx.predict(bounds)
                 tx.write_last(decided, evidence, PREDICTED_AT)
         except (_GuardFailed, _CannotPredict):
-            return None
+            return on_read_facts()
         at = tx.predicted_at
         assert at is not None
         outcome = p.admit(None, request, at, id_taken=False)

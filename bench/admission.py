@@ -45,18 +45,13 @@ SIDES = ("predicted", "read", "sent")
 
 
 _KEPT = postgres_store._PostgresBackend.write_last
-_PREDICTED = PostgresStore._predicted_admission
-
-
-def _never(self: PostgresStore, *args: object) -> None:
-    """No admission decided on predicted facts: each reads them first."""
 
 
 def _side(name: str) -> None:
     """Make the store's admissions those of side ``name``."""
     chosen = Backend.write_last if name == "sent" else _KEPT
     postgres_store._PostgresBackend.write_last = chosen  # type: ignore[method-assign]
-    PostgresStore._predicted_admission = _PREDICTED if name == "predicted" else _never  # type: ignore[method-assign, assignment]
+    PostgresStore.predicts_admissions = name == "predicted"
 
 
 def main(argv: list[str] | None = None) -> None:
